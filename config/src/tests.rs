@@ -1,0 +1,102 @@
+use super::*;
+use std::path::Path;
+use std::time::Duration;
+
+fn parse_str(text: &str) -> Result<Config, ConfigError> {
+    parse(text, Path::new("remora.yaml"))
+}
+
+#[test]
+fn defaults_are_istios_sidecar() {
+    let c = Config::default();
+    assert_eq!(c.outbound.port.get(), 15001);
+    assert_eq!(c.inbound.port.get(), 15006);
+    assert_eq!(c.readiness.port.get(), 15021);
+    assert_eq!(c.metrics.port.get(), 15090);
+    assert_eq!(c.admin.address.to_string(), "127.0.0.1:15000");
+    assert_eq!(c.outbound.connect_timeout, Duration::from_secs(10));
+    assert_eq!(c.drain.duration, Duration::from_secs(5));
+    assert_eq!(c.inbound.passthrough_source_v4.to_string(), "127.0.0.6");
+    assert_eq!(c.inbound.passthrough_source_v6.to_string(), "::6");
+    assert!(!c.access_log.enabled);
+}
+
+#[test]
+fn empty_or_comment_only_file_is_all_defaults() {
+    assert_eq!(parse_str("").unwrap(), Config::default());
+    assert_eq!(parse_str("# nothing\n---\n").unwrap(), Config::default());
+}
+
+#[test]
+fn partial_file_overrides_only_what_it_names() {
+    let c = parse_str("outbound:\n  connect_timeout: 250ms\ndrain:\n  duration: 1m\n").unwrap();
+    assert_eq!(c.outbound.connect_timeout, Duration::from_millis(250));
+    assert_eq!(c.outbound.port.get(), 15001);
+    assert_eq!(c.drain.duration, Duration::from_secs(60));
+    assert_eq!(c.inbound, InboundConfig::default());
+}
+
+#[test]
+fn type_error_names_file_line_and_field() {
+    let err = parse_str("outbound:\n  port: 15001\ninbound:\n  port: lots\n").unwrap_err();
+    assert_eq!(err.line(), Some(4));
+    assert_eq!(err.field(), Some("inbound.port"));
+    let text = err.to_string();
+    assert!(text.starts_with("remora.yaml:4:"), "{text}");
+    assert!(text.contains("`inbound.port`"), "{text}");
+}
+
+#[test]
+fn unknown_field_is_refused_with_its_line() {
+    let err = parse_str("drain:\n  duraton: 5s\n").unwrap_err();
+    assert_eq!(err.line(), Some(2));
+    assert!(err.to_string().contains("duraton"), "{err}");
+}
+
+#[test]
+fn zero_port_is_refused() {
+    let err = parse_str("metrics:\n  port: 0\n").unwrap_err();
+    assert_eq!(err.field(), Some("metrics.port"));
+    assert_eq!(err.line(), Some(2));
+}
+
+#[test]
+fn duplicate_ports_name_the_later_field_and_its_line() {
+    let err = parse_str("outbound:\n  port: 15001\ninbound:\n  port: 15001\n").unwrap_err();
+    assert_eq!(err.field(), Some("inbound.port"));
+    assert_eq!(err.line(), Some(4));
+    assert!(err.to_string().contains("outbound.port"), "{err}");
+}
+
+#[test]
+fn zero_timeout_is_refused() {
+    let err = parse_str("inbound:\n  connect_timeout: 0s\n").unwrap_err();
+    assert_eq!(err.field(), Some("inbound.connect_timeout"));
+    assert_eq!(err.line(), Some(2));
+}
+
+#[test]
+fn bad_duration_and_bad_address_are_refused() {
+    assert!(parse_str("drain:\n  duration: soon\n").is_err());
+    assert!(parse_str("inbound:\n  passthrough_source_v4: '::6'\n").is_err());
+    assert!(parse_str("admin:\n  address: localhost\n").is_err());
+}
+
+#[test]
+fn syntax_error_has_a_line() {
+    let err = parse_str("outbound:\n  port: [1\n").unwrap_err();
+    assert!(err.line().is_some(), "{err}");
+}
+
+#[test]
+fn access_log_format_json() {
+    let c = parse_str("access_log:\n  enabled: true\n  format: json\n").unwrap();
+    assert!(c.access_log.enabled);
+    assert_eq!(c.access_log.format, AccessLogFormat::Json);
+}
+
+#[test]
+fn load_names_a_missing_file() {
+    let err = load(Path::new("/nonexistent/remora.yaml")).unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/remora.yaml"), "{err}");
+}

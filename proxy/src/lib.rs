@@ -1,0 +1,1 @@
+//! Remora's data plane (placeholder).
