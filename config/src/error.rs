@@ -5,7 +5,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("{}: cannot read config: {source}", file.display())]
+    #[error("{}: cannot read config", file.display())]
     Read {
         file: PathBuf,
         #[source]

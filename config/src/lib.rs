@@ -31,12 +31,19 @@ pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
             Some(loc) => (Some(loc.line()), Some(loc.column())),
             None => (locate::line_of(text, &field), None),
         };
+        let field = if field == "." { String::new() } else { field };
+        let message = strip_location(&inner.to_string());
+        // serde_yaml_ng already prefixes nested errors with the path; we print it once.
+        let message = match message.split_once(": ") {
+            Some((prefix, rest)) if !field.is_empty() && field.starts_with(prefix) => rest.to_string(),
+            _ => message,
+        };
         ConfigError::Invalid {
             file: file.to_path_buf(),
             line,
             column,
-            field: if field == "." { String::new() } else { field },
-            message: strip_location(&inner.to_string()),
+            field,
+            message,
         }
     })?;
     config.validate().map_err(|(field, message)| ConfigError::Invalid {

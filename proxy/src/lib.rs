@@ -1,1 +1,40 @@
-//! Remora's data plane (placeholder).
+//! Remora's data plane: the sidecar behind `remora run`.
+//!
+//! A connection flows top to bottom through these modules: a capture `listener` accepts it,
+//! `proxy` learns where it was going (`orig_dst`), refuses it if it would loop (`loop_guard`),
+//! opens the upstream (`connect`) and copies bytes both ways (`tcp`), then records it
+//! (`metrics`, `access_log`). Around that: `admin` serves readiness, metrics and the admin API on
+//! its own thread, `drain` carries SIGTERM's shutdown, `reload` swaps in new configs, and `cli`
+//! is the binary's edge. See ARCHITECTURE.md for the whole picture.
+
+pub mod access_log;
+pub mod admin;
+pub mod cli;
+pub mod connect;
+pub mod drain;
+pub mod listener;
+pub mod loop_guard;
+pub mod metrics;
+pub mod orig_dst;
+pub mod proxy;
+pub mod reload;
+pub mod tcp;
+
+/// Which capture listener a connection arrived on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// From the application to the world (15001).
+    Outbound,
+    /// From the world to the application (15006).
+    Inbound,
+}
+
+impl Direction {
+    /// The label value used in metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Outbound => "outbound",
+            Direction::Inbound => "inbound",
+        }
+    }
+}

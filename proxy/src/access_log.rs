@@ -1,0 +1,180 @@
+//! The per-connection access log: one line on stdout when a connection closes.
+//!
+//! Lines are handed to a writer thread through a bounded queue, so a slow stdout (a full pipe, a
+//! stalled log collector) never blocks the data path; when the queue is full the line is dropped
+//! and counted, as Envoy's access loggers do under back-pressure.
+
+use crate::metrics::Metrics;
+use crate::Direction;
+use remora_config::AccessLogFormat;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+const QUEUE_LINES: usize = 4096;
+
+/// How a connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Both directions finished with end of stream.
+    Closed,
+    /// The downstream peer reset or failed; the upstream was reset.
+    DownstreamReset,
+    /// The upstream peer reset or failed; the downstream was reset.
+    UpstreamReset,
+    /// The upstream connection failed.
+    ConnectFailed,
+    /// The upstream connection did not complete in time.
+    ConnectTimeout,
+    /// Refused by a loop guard.
+    LoopRefused(crate::loop_guard::Guard),
+    /// The socket could not tell its own addresses (the peer vanished at once).
+    NoDestination,
+}
+
+impl End {
+    /// The `end` field of the log line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            End::Closed => "closed",
+            End::DownstreamReset => "downstream_reset",
+            End::UpstreamReset => "upstream_reset",
+            End::ConnectFailed => "connect_failed",
+            End::ConnectTimeout => "connect_timeout",
+            End::LoopRefused(crate::loop_guard::Guard::OwnListener) => "loop_own_listener",
+            End::LoopRefused(crate::loop_guard::Guard::OwnUpstream) => "loop_own_upstream",
+            End::NoDestination => "no_destination",
+        }
+    }
+
+    /// Envoy's response flag for this outcome (`-` for none), so operators read it as they do
+    /// Envoy's logs.
+    pub fn response_flag(self) -> &'static str {
+        match self {
+            End::Closed => "-",
+            End::DownstreamReset => "DC",
+            End::UpstreamReset => "UC",
+            End::ConnectFailed | End::ConnectTimeout => "UF",
+            End::LoopRefused(_) | End::NoDestination => "-",
+        }
+    }
+}
+
+/// One finished connection.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub start: SystemTime,
+    pub direction: Direction,
+    pub source: SocketAddr,
+    pub destination: Option<SocketAddr>,
+    pub sent: u64,
+    pub received: u64,
+    pub duration: Duration,
+    pub end: End,
+}
+
+impl Entry {
+    fn format(&self, format: AccessLogFormat) -> String {
+        let start = humantime::format_rfc3339_millis(self.start);
+        let dst = self
+            .destination
+            .map(|d| d.to_string())
+            .unwrap_or_else(|| "-".into());
+        let ms = self.duration.as_millis();
+        match format {
+            AccessLogFormat::Text => format!(
+                "[{start}] {} src={} dst={dst} sent={} received={} duration_ms={ms} end={} flags={}\n",
+                self.direction.as_str(),
+                self.source,
+                self.sent,
+                self.received,
+                self.end.as_str(),
+                self.end.response_flag(),
+            ),
+            // Every value is an address, a number or one of our own words: nothing to escape.
+            AccessLogFormat::Json => format!(
+                "{{\"start_time\":\"{start}\",\"direction\":\"{}\",\"source\":\"{}\",\"destination\":\"{dst}\",\"bytes_sent\":{},\"bytes_received\":{},\"duration_ms\":{ms},\"end\":\"{}\",\"response_flags\":\"{}\"}}\n",
+                self.direction.as_str(),
+                self.source,
+                self.sent,
+                self.received,
+                self.end.as_str(),
+                self.end.response_flag(),
+            ),
+        }
+    }
+}
+
+/// The sending end of the access log.
+#[derive(Debug, Clone)]
+pub struct AccessLog {
+    tx: SyncSender<String>,
+    metrics: Arc<Metrics>,
+}
+
+impl AccessLog {
+    /// Start the writer thread, writing to stdout.
+    pub fn start(metrics: Arc<Metrics>) -> std::io::Result<Self> {
+        let (tx, rx) = sync_channel::<String>(QUEUE_LINES);
+        std::thread::Builder::new()
+            .name("access-log".into())
+            .spawn(move || {
+                let stdout = std::io::stdout();
+                for line in rx {
+                    let mut out = stdout.lock();
+                    if out.write_all(line.as_bytes()).and_then(|_| out.flush()).is_err() {
+                        // stdout is gone; nothing useful left to do with access logs.
+                        return;
+                    }
+                }
+            })?;
+        Ok(AccessLog { tx, metrics })
+    }
+
+    /// Queue one entry; drops it (and counts the drop) if the writer is behind.
+    pub fn log(&self, entry: &Entry, format: AccessLogFormat) {
+        match self.tx.try_send(entry.format(format)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.metrics.access_log_dropped.inc();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> Entry {
+        Entry {
+            start: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            direction: Direction::Outbound,
+            source: "10.0.0.1:40000".parse().unwrap(),
+            destination: Some("10.0.0.2:80".parse().unwrap()),
+            sent: 12,
+            received: 3456,
+            duration: Duration::from_millis(42),
+            end: End::ConnectFailed,
+        }
+    }
+
+    #[test]
+    fn text_line_has_every_field() {
+        let line = entry().format(AccessLogFormat::Text);
+        assert_eq!(
+            line,
+            "[2023-11-14T22:13:20.000Z] outbound src=10.0.0.1:40000 dst=10.0.0.2:80 sent=12 received=3456 duration_ms=42 end=connect_failed flags=UF\n"
+        );
+    }
+
+    #[test]
+    fn json_line_is_one_object() {
+        let line = entry().format(AccessLogFormat::Json);
+        assert!(line.starts_with('{') && line.ends_with("}\n"), "{line}");
+        assert!(line.contains("\"bytes_received\":3456"), "{line}");
+        assert!(line.contains("\"response_flags\":\"UF\""), "{line}");
+    }
+}

@@ -1,0 +1,126 @@
+//! Opening the upstream connection: to the original destination, from a chosen source address
+//! when asked (inbound passthrough), bounded in time, and registered with the loop guard before
+//! the handshake can complete, so a capture that sends it straight back to us is recognised.
+
+use crate::loop_guard::{LoopGuard, Registration};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpStream;
+
+/// An open upstream connection and its loop-guard registration (dropped with it).
+#[derive(Debug)]
+pub struct Upstream {
+    pub stream: TcpStream,
+    _registration: Registration,
+}
+
+/// Why the upstream connection could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// No answer within the connect timeout.
+    #[error("connect to {dst} timed out after {timeout:?}")]
+    Timeout { dst: SocketAddr, timeout: Duration },
+    /// The connection failed (refused, unreachable, no source address…).
+    #[error("connect to {dst}: {source}")]
+    Io {
+        dst: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Connect to `dst`, from `source_ip` if given, within `timeout`.
+pub async fn connect(
+    dst: SocketAddr,
+    source_ip: Option<IpAddr>,
+    timeout: Duration,
+    guard: &Arc<LoopGuard>,
+) -> Result<Upstream, ConnectError> {
+    match tokio::time::timeout(timeout, dial(dst, source_ip, guard)).await {
+        Ok(Ok(upstream)) => Ok(upstream),
+        Ok(Err(source)) => Err(ConnectError::Io { dst, source }),
+        Err(_) => Err(ConnectError::Timeout { dst, timeout }),
+    }
+}
+
+async fn dial(
+    dst: SocketAddr,
+    source_ip: Option<IpAddr>,
+    guard: &Arc<LoopGuard>,
+) -> io::Result<Upstream> {
+    let socket = Socket::new(
+        Domain::for_address(dst),
+        Type::STREAM.nonblocking().cloexec(),
+        Some(Protocol::TCP),
+    )?;
+    socket.set_tcp_nodelay(true)?;
+    if let Some(ip) = source_ip {
+        socket.bind(&SockAddr::from(SocketAddr::new(ip, 0)))?;
+    }
+    match socket.connect(&SockAddr::from(dst)) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    // The kernel chose our local port in connect(); register it now, before awaiting the
+    // handshake, because on loopback the captured copy of this connection can be accepted by our
+    // own listener before the handshake future is polled again.
+    let local = socket
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| io::Error::other("upstream socket has no IP address"))?;
+    let registration = guard.register(crate::orig_dst::canonical(local));
+    let stream = TcpStream::from_std(std::net::TcpStream::from(socket))?;
+    stream.writable().await?;
+    if let Some(e) = stream.take_error()? {
+        return Err(e);
+    }
+    Ok(Upstream {
+        stream,
+        _registration: registration,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn connects_from_the_requested_source() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dst = listener.local_addr().unwrap();
+        let guard = LoopGuard::new(vec![]);
+        let source: IpAddr = "127.0.0.6".parse().unwrap();
+        let up = connect(dst, Some(source), Duration::from_secs(5), &guard)
+            .await
+            .unwrap();
+        let (_, peer) = listener.accept().await.unwrap();
+        assert_eq!(peer.ip(), source);
+        // While open, its local address is known to the loop guard.
+        assert!(guard.check(peer, dst).is_some());
+        drop(up);
+        assert!(guard.check(peer, dst).is_none());
+    }
+
+    #[tokio::test]
+    async fn refused_connect_is_an_io_error() {
+        // Bind then drop a listener to get a port that refuses.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let guard = LoopGuard::new(vec![]);
+        let err = connect(port, None, Duration::from_secs(5), &guard)
+            .await
+            .unwrap_err();
+        match err {
+            ConnectError::Io { source, .. } => {
+                assert_eq!(source.kind(), io::ErrorKind::ConnectionRefused)
+            }
+            other => panic!("expected refused, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Refusing connections that would loop back into Remora.
+//!
+//! Two ways a connection can come back to us, each with its own guard:
+//! - its original destination is one of our own listeners on a local address (someone dialled
+//!   15001 directly, or a rule sends our listener ports to us): proxying it would connect to
+//!   ourselves, forever;
+//! - its peer is the local end of one of our own upstream connections: our traffic was captured
+//!   again, which is what happens when capture runs without the owner exclusion for our UID.
+//!   Without this guard each hop opens another, until file descriptors run out.
+
+use std::collections::HashSet;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Which guard refused a connection; a metric label and an access-log field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    OwnListener,
+    OwnUpstream,
+}
+
+impl Guard {
+    /// The label value used in metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Guard::OwnListener => "own_listener",
+            Guard::OwnUpstream => "own_upstream",
+        }
+    }
+}
+
+/// The local addresses of Remora's open upstream connections, and the ports it listens on.
+#[derive(Debug, Default)]
+pub struct LoopGuard {
+    own_ports: Vec<u16>,
+    // A plain mutex: held for one hash operation, never across an await.
+    upstreams: Mutex<HashSet<SocketAddr>>,
+}
+
+impl LoopGuard {
+    /// A guard for a process listening on `own_ports`.
+    pub fn new(own_ports: Vec<u16>) -> Arc<Self> {
+        Arc::new(LoopGuard {
+            own_ports,
+            upstreams: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// Which guard, if any, refuses a connection from `peer` to `orig_dst`.
+    pub fn check(&self, peer: SocketAddr, orig_dst: SocketAddr) -> Option<Guard> {
+        if self.is_own_upstream(peer) {
+            return Some(Guard::OwnUpstream);
+        }
+        if self.own_ports.contains(&orig_dst.port()) && is_local_address(orig_dst.ip()) {
+            return Some(Guard::OwnListener);
+        }
+        None
+    }
+
+    fn is_own_upstream(&self, peer: SocketAddr) -> bool {
+        self.upstreams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&peer)
+    }
+
+    /// Record an upstream connection's local address for as long as the returned value lives.
+    pub fn register(self: &Arc<Self>, local: SocketAddr) -> Registration {
+        self.upstreams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(local);
+        Registration {
+            guard: Arc::clone(self),
+            local,
+        }
+    }
+}
+
+/// Keeps an upstream's local address registered; removes it when dropped.
+#[derive(Debug)]
+pub struct Registration {
+    guard: Arc<LoopGuard>,
+    local: SocketAddr,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.guard
+            .upstreams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.local);
+    }
+}
+
+/// Whether `ip` belongs to this machine (network namespace). Only asked when the port is one of
+/// ours, so the cost of a bind probe is paid on suspicious connections alone. Binding to an
+/// address that is not local fails with `EADDRNOTAVAIL`; any other outcome counts as local, so a
+/// doubt refuses rather than loops.
+fn is_local_address(ip: IpAddr) -> bool {
+    if ip.is_loopback() || ip.is_unspecified() {
+        return true;
+    }
+    match std::net::TcpListener::bind(SocketAddr::new(ip, 0)) {
+        Ok(_) => true,
+        Err(e) => e.kind() != io::ErrorKind::AddrNotAvailable,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn own_listener_on_a_local_address_is_refused() {
+        let guard = LoopGuard::new(vec![15001, 15006]);
+        let peer = addr("10.0.0.9:40000");
+        assert_eq!(guard.check(peer, addr("127.0.0.1:15001")), Some(Guard::OwnListener));
+        assert_eq!(guard.check(peer, addr("[::1]:15006")), Some(Guard::OwnListener));
+        assert_eq!(guard.check(peer, addr("127.0.0.1:8080")), None);
+    }
+
+    #[test]
+    fn own_port_on_a_remote_address_is_allowed() {
+        // Another pod's sidecar listens on the same ports; dialling it is not a loop.
+        let guard = LoopGuard::new(vec![15001]);
+        // TEST-NET-1: never assigned to this machine.
+        assert_eq!(guard.check(addr("10.0.0.9:1"), addr("192.0.2.1:15001")), None);
+    }
+
+    #[test]
+    fn registered_upstream_peer_is_refused_until_dropped() {
+        let guard = LoopGuard::new(vec![]);
+        let local = addr("10.0.0.5:43210");
+        let dst = addr("10.0.0.7:80");
+        assert_eq!(guard.check(local, dst), None);
+        let registration = guard.register(local);
+        assert_eq!(guard.check(local, dst), Some(Guard::OwnUpstream));
+        assert_eq!(guard.check(addr("10.0.0.5:43211"), dst), None);
+        drop(registration);
+        assert_eq!(guard.check(local, dst), None);
+    }
+}

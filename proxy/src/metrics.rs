@@ -1,0 +1,181 @@
+//! Counters for the data path, exposed in Prometheus text on `/stats/prometheus`.
+//!
+//! Counters are resolved once at start-up, so the data path increments an atomic and never
+//! looks up a label set. Istio's standard metrics (`istio_tcp_*` with workload labels) arrive
+//! with the observability work; these are Remora's own and stay.
+
+use crate::Direction;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(&'static str, &'static str)>;
+
+/// Every metric Remora exports, with its registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    outbound: DirectionMetrics,
+    inbound: DirectionMetrics,
+    /// Connections refused because they would loop, by guard.
+    pub loop_refused_own_listener: Counter,
+    pub loop_refused_own_upstream: Counter,
+    /// Config reloads that took effect.
+    pub reloads_ok: Counter,
+    /// Config reloads refused (the running config stayed).
+    pub reloads_failed: Counter,
+    /// Access-log lines dropped because the writer fell behind.
+    pub access_log_dropped: Counter,
+}
+
+/// The per-direction connection metrics.
+#[derive(Debug, Clone, Default)]
+pub struct DirectionMetrics {
+    pub opened: Counter,
+    pub closed: Counter,
+    pub active: Gauge,
+    pub connect_failures: Counter,
+    /// Bytes from downstream to upstream.
+    pub sent_bytes: Counter,
+    /// Bytes from upstream to downstream.
+    pub received_bytes: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Register every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let opened = Family::<Labels, Counter>::default();
+        let closed = Family::<Labels, Counter>::default();
+        let active = Family::<Labels, Gauge>::default();
+        let connect_failures = Family::<Labels, Counter>::default();
+        let sent = Family::<Labels, Counter>::default();
+        let received = Family::<Labels, Counter>::default();
+        let loop_refused = Family::<Labels, Counter>::default();
+        let reloads = Family::<Labels, Counter>::default();
+        let dropped = Counter::default();
+
+        registry.register(
+            "remora_connections_opened",
+            "Connections accepted on a capture listener",
+            opened.clone(),
+        );
+        registry.register(
+            "remora_connections_closed",
+            "Connections finished, whatever the outcome",
+            closed.clone(),
+        );
+        registry.register(
+            "remora_connections_active",
+            "Connections open now",
+            active.clone(),
+        );
+        registry.register(
+            "remora_upstream_connect_failures",
+            "Upstream connections that failed or timed out",
+            connect_failures.clone(),
+        );
+        registry.register(
+            "remora_tcp_sent_bytes",
+            "Bytes copied from downstream to upstream",
+            sent.clone(),
+        );
+        registry.register(
+            "remora_tcp_received_bytes",
+            "Bytes copied from upstream to downstream",
+            received.clone(),
+        );
+        registry.register(
+            "remora_loop_refused",
+            "Connections refused because they would loop into Remora",
+            loop_refused.clone(),
+        );
+        registry.register(
+            "remora_config_reloads",
+            "Config reloads by result",
+            reloads.clone(),
+        );
+        registry.register(
+            "remora_access_log_dropped",
+            "Access-log lines dropped because the writer fell behind",
+            dropped.clone(),
+        );
+
+        let direction = |d: Direction| {
+            let l = vec![("direction", d.as_str())];
+            DirectionMetrics {
+                opened: opened.get_or_create(&l).clone(),
+                closed: closed.get_or_create(&l).clone(),
+                active: active.get_or_create(&l).clone(),
+                connect_failures: connect_failures.get_or_create(&l).clone(),
+                sent_bytes: sent.get_or_create(&l).clone(),
+                received_bytes: received.get_or_create(&l).clone(),
+            }
+        };
+        let outbound = direction(Direction::Outbound);
+        let inbound = direction(Direction::Inbound);
+        let guard = |g: &'static str| loop_refused.get_or_create(&vec![("guard", g)]).clone();
+        let result = |r: &'static str| reloads.get_or_create(&vec![("result", r)]).clone();
+        Metrics {
+            registry,
+            outbound,
+            inbound,
+            loop_refused_own_listener: guard("own_listener"),
+            loop_refused_own_upstream: guard("own_upstream"),
+            reloads_ok: result("success"),
+            reloads_failed: result("failure"),
+            access_log_dropped: dropped,
+        }
+    }
+
+    /// The metrics of one direction.
+    pub fn direction(&self, d: Direction) -> &DirectionMetrics {
+        match d {
+            Direction::Outbound => &self.outbound,
+            Direction::Inbound => &self.inbound,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_appear_with_direction_labels() {
+        let m = Metrics::new();
+        m.direction(Direction::Outbound).opened.inc();
+        m.direction(Direction::Inbound).opened.inc_by(2);
+        m.loop_refused_own_upstream.inc();
+        let text = m.encode();
+        assert!(
+            text.contains("remora_connections_opened_total{direction=\"outbound\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("remora_connections_opened_total{direction=\"inbound\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("remora_loop_refused_total{guard=\"own_upstream\"} 1"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+}

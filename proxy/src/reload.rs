@@ -1,0 +1,148 @@
+//! Reloading the config file on SIGHUP and when its content changes.
+//!
+//! The file is polled rather than watched with inotify: Kubernetes updates a mounted ConfigMap by
+//! swapping a symlink in the parent directory, which file-level watches miss, and comparing the
+//! bytes of one small file once a second costs nothing. A valid new config is swapped in whole
+//! and new connections use it; an invalid one is logged with its file, line and field, counted,
+//! and the running config stays.
+
+use crate::metrics::Metrics;
+use arc_swap::ArcSwap;
+use remora_config::Config;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Settings given on the command line or in the environment; they win over every loaded file.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Overrides {
+    /// `--access-log`.
+    pub access_log: bool,
+    /// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true`.
+    pub exit_on_zero_active_connections: bool,
+}
+
+impl Overrides {
+    /// `config` with the overrides applied.
+    pub fn apply(&self, mut config: Config) -> Config {
+        if self.access_log {
+            config.access_log.enabled = true;
+        }
+        if self.exit_on_zero_active_connections {
+            config.drain.exit_on_zero_active_connections = true;
+        }
+        config
+    }
+}
+
+/// Watches one config file and swaps new configs into `store`.
+#[derive(Debug)]
+pub struct Reloader {
+    pub path: PathBuf,
+    pub overrides: Overrides,
+    pub store: Arc<ArcSwap<Config>>,
+    pub metrics: Arc<Metrics>,
+    /// The content last acted upon (`None`: the file could not be read).
+    pub last: Option<Vec<u8>>,
+}
+
+impl Reloader {
+    /// Run until the process ends.
+    pub async fn watch(mut self) {
+        let mut hup = match signal(SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot handle SIGHUP; the config file is still polled");
+                None
+            }
+        };
+        loop {
+            let interval = self.store.load().reload.watch_interval;
+            tokio::select! {
+                Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => None } } => {
+                    let content = tokio::fs::read(&self.path).await;
+                    self.reload(content.ok(), "SIGHUP");
+                }
+                () = tokio::time::sleep(interval) => {
+                    let content = tokio::fs::read(&self.path).await.ok();
+                    if content != self.last {
+                        self.reload(content, "file changed");
+                    }
+                }
+            }
+        }
+    }
+
+    fn reload(&mut self, content: Option<Vec<u8>>, why: &str) {
+        self.last.clone_from(&content);
+        let result = match content {
+            None => remora_config::load(&self.path),
+            Some(bytes) => match String::from_utf8(bytes) {
+                Ok(text) => remora_config::parse(&text, &self.path),
+                Err(_) => remora_config::load(&self.path),
+            },
+        };
+        match result {
+            Ok(new) => {
+                let new = self.overrides.apply(new);
+                let old = self.store.load();
+                warn_if_needs_restart(&old, &new);
+                self.store.store(Arc::new(new));
+                self.metrics.reloads_ok.inc();
+                tracing::info!(file = %self.path.display(), why, "config reloaded");
+            }
+            Err(e) => {
+                self.metrics.reloads_failed.inc();
+                tracing::error!(why, "config reload refused, keeping the running config: {e}");
+            }
+        }
+    }
+}
+
+/// Listeners are bound once at start; say so when a reload asks for different ones.
+fn warn_if_needs_restart(old: &Config, new: &Config) {
+    if old.own_ports() != new.own_ports() || old.bind_addresses != new.bind_addresses {
+        tracing::warn!("listener ports or addresses changed; they take effect at the next start");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn reloader(path: PathBuf) -> Reloader {
+        Reloader {
+            path,
+            overrides: Overrides {
+                access_log: true,
+                exit_on_zero_active_connections: false,
+            },
+            store: Arc::new(ArcSwap::from_pointee(Config::default())),
+            metrics: Arc::new(Metrics::new()),
+            last: None,
+        }
+    }
+
+    #[test]
+    fn valid_file_replaces_and_invalid_file_keeps_the_running_config() {
+        let dir = std::env::temp_dir().join(format!("remora-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("remora.yaml");
+        let mut r = reloader(path.clone());
+
+        std::fs::write(&path, "drain:\n  duration: 7s\n").unwrap();
+        r.reload(std::fs::read(&path).ok(), "test");
+        assert_eq!(r.store.load().drain.duration, Duration::from_secs(7));
+        // The command-line override survives a reload.
+        assert!(r.store.load().access_log.enabled);
+        assert_eq!(r.metrics.reloads_ok.get(), 1);
+
+        std::fs::write(&path, "drain:\n  duration: never\n").unwrap();
+        r.reload(std::fs::read(&path).ok(), "test");
+        assert_eq!(r.store.load().drain.duration, Duration::from_secs(7));
+        assert_eq!(r.metrics.reloads_failed.get(), 1);
+
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

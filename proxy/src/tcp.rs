@@ -1,0 +1,163 @@
+//! Copying bytes both ways between the downstream and upstream sockets of a TCP connection.
+//!
+//! Each direction reads from one socket and writes to the other until end of stream, then shuts
+//! down the write side of the other socket (half-close), so a client that finishes sending still
+//! receives the whole response. The connection is done when both directions are. A reset or
+//! other error on either side ends both, and the surviving side is reset too (`SO_LINGER` 0),
+//! because a peer that sees a clean FIN after its partner crashed would take a truncated stream
+//! for a complete one.
+
+use socket2::SockRef;
+use std::io;
+use std::net::Shutdown;
+use std::time::Duration;
+use tokio::net::TcpStream;
+
+// Buffers start small because most connections are short or idle: the memory a connection holds
+// is what the sidecar costs per connection, multiplied by every connection in the pod. No buffer
+// is allocated until the first byte arrives. A read that fills the buffer signals bulk traffic;
+// the buffer then doubles, up to a size where syscall overhead stops mattering.
+const INITIAL_BUFFER: usize = 4 * 1024;
+const MAX_BUFFER: usize = 64 * 1024;
+
+/// Bytes moved in each direction, and how the connection ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Transfer {
+    /// Bytes read from downstream and written upstream.
+    pub sent: u64,
+    /// Bytes read from upstream and written downstream.
+    pub received: u64,
+}
+
+/// Why a copy ended early.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    /// The downstream peer reset or failed.
+    #[error("downstream: {source}")]
+    Downstream {
+        #[source]
+        source: io::Error,
+        transfer: Transfer,
+    },
+    /// The upstream peer reset or failed.
+    #[error("upstream: {source}")]
+    Upstream {
+        #[source]
+        source: io::Error,
+        transfer: Transfer,
+    },
+}
+
+impl CopyError {
+    /// Bytes moved before the error.
+    pub fn transfer(&self) -> Transfer {
+        match self {
+            CopyError::Downstream { transfer, .. } | CopyError::Upstream { transfer, .. } => {
+                *transfer
+            }
+        }
+    }
+}
+
+/// Which socket an I/O error happened on.
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    Downstream,
+    Upstream,
+}
+
+/// Copy between `downstream` and `upstream` until both directions end.
+pub async fn copy_bidirectional(
+    downstream: &TcpStream,
+    upstream: &TcpStream,
+) -> Result<Transfer, CopyError> {
+    let mut transfer = Transfer::default();
+    let up = copy_one_way(downstream, upstream, Side::Downstream, Side::Upstream);
+    let down = copy_one_way(upstream, downstream, Side::Upstream, Side::Downstream);
+    tokio::pin!(up, down);
+    let (mut up_done, mut down_done) = (false, false);
+    let failed = loop {
+        tokio::select! {
+            r = &mut up, if !up_done => match r {
+                Ok(n) => { transfer.sent = n; up_done = true; }
+                Err((side, e, n)) => { transfer.sent = n; break (side, e); }
+            },
+            r = &mut down, if !down_done => match r {
+                Ok(n) => { transfer.received = n; down_done = true; }
+                Err((side, e, n)) => { transfer.received = n; break (side, e); }
+            },
+        }
+        if up_done && down_done {
+            return Ok(transfer);
+        }
+    };
+    // Pass the failure on as a reset to the other side; errors here only mean it is gone too.
+    for s in [downstream, upstream] {
+        let _ = SockRef::from(s).set_linger(Some(Duration::ZERO));
+    }
+    let (side, source) = failed;
+    Err(match side {
+        Side::Downstream => CopyError::Downstream { source, transfer },
+        Side::Upstream => CopyError::Upstream { source, transfer },
+    })
+}
+
+/// Copy `from` → `to` until end of stream, then half-close `to`. Returns the byte count, or the
+/// side that failed with the error and the count so far.
+async fn copy_one_way(
+    from: &TcpStream,
+    to: &TcpStream,
+    from_side: Side,
+    to_side: Side,
+) -> Result<u64, (Side, io::Error, u64)> {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut total: u64 = 0;
+    loop {
+        if let Err(e) = from.readable().await {
+            return Err((from_side, e, total));
+        }
+        if buf.is_empty() {
+            buf.resize(INITIAL_BUFFER, 0);
+        }
+        let n = match from.try_read(&mut buf) {
+            Ok(0) => {
+                // Peer finished sending: pass the FIN on. Failing to do so is the other side's
+                // problem (it is gone), reported as such.
+                if let Err(e) = SockRef::from(to).shutdown(Shutdown::Write) {
+                    if e.kind() != io::ErrorKind::NotConnected {
+                        return Err((to_side, e, total));
+                    }
+                }
+                return Ok(total);
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err((from_side, e, total)),
+        };
+        if let Err(e) = write_all(to, &buf[..n]).await {
+            return Err((to_side, e, total));
+        }
+        total += n as u64;
+        if n == buf.len() && buf.len() < MAX_BUFFER {
+            buf.resize(buf.len() * 2, 0);
+        }
+    }
+}
+
+async fn write_all(to: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        to.writable().await?;
+        match to.try_write(data) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,86 @@
+use super::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// A connected pair of sockets: (the end we hand to the copier, the end the test drives).
+async fn pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+    let (server, _) = l.accept().await.unwrap();
+    (server, client)
+}
+
+#[tokio::test]
+async fn half_close_still_delivers_the_whole_response() {
+    let (down, mut client) = pair().await;
+    let (up, mut server) = pair().await;
+    let copier = tokio::spawn(async move { copy_bidirectional(&down, &up).await });
+
+    let payload: Vec<u8> = (0..2_000_000u32).map(|i| (i % 251) as u8).collect();
+    let sent = payload.clone();
+    let echo = tokio::spawn(async move {
+        // Echo everything, then close once the client's FIN arrives.
+        let mut buf = vec![0u8; 65536];
+        loop {
+            let n = server.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            server.write_all(&buf[..n]).await.unwrap();
+        }
+        server.shutdown().await.unwrap();
+    });
+    let (mut rd, mut wr) = client.split();
+    let writer = async {
+        wr.write_all(&sent).await.unwrap();
+        wr.shutdown().await.unwrap();
+    };
+    let mut got = Vec::new();
+    let reader = async { rd.read_to_end(&mut got).await.unwrap() };
+    tokio::join!(writer, reader);
+    echo.await.unwrap();
+    assert_eq!(got.len(), payload.len());
+    assert!(got == payload, "echo differs from what was sent");
+    let transfer = copier.await.unwrap().unwrap();
+    assert_eq!(transfer.sent, 2_000_000);
+    assert_eq!(transfer.received, 2_000_000);
+}
+
+#[tokio::test]
+async fn upstream_reset_becomes_downstream_reset() {
+    let (down, mut client) = pair().await;
+    let (up, server) = pair().await;
+    let copier = tokio::spawn(async move { copy_bidirectional(&down, &up).await });
+    client.write_all(b"hello").await.unwrap();
+    // Reset from the upstream side.
+    SockRef::from(&server).set_linger(Some(Duration::ZERO)).unwrap();
+    drop(server);
+    let err = copier.await.unwrap().unwrap_err();
+    assert!(matches!(err, CopyError::Upstream { .. }), "{err:?}");
+    let mut buf = [0u8; 16];
+    let r = client.read(&mut buf).await;
+    assert_eq!(
+        r.map_err(|e| e.kind()),
+        Err(io::ErrorKind::ConnectionReset),
+        "client should see a reset, not a clean close"
+    );
+}
+
+#[tokio::test]
+async fn clean_close_both_ways_reports_byte_counts() {
+    let (down, mut client) = pair().await;
+    let (up, mut server) = pair().await;
+    let copier = tokio::spawn(async move { copy_bidirectional(&down, &up).await });
+    client.write_all(b"ping").await.unwrap();
+    client.shutdown().await.unwrap();
+    let mut got = Vec::new();
+    server.read_to_end(&mut got).await.unwrap();
+    assert_eq!(got, b"ping");
+    server.write_all(b"pong!").await.unwrap();
+    server.shutdown().await.unwrap();
+    let mut back = Vec::new();
+    client.read_to_end(&mut back).await.unwrap();
+    assert_eq!(back, b"pong!");
+    let t = copier.await.unwrap().unwrap();
+    assert_eq!((t.sent, t.received), (4, 5));
+}

@@ -1,0 +1,355 @@
+//! The foundation, end to end: capture rules written by `remora capture`, `remora run` as UID
+//! 1337 in a pod namespace, and real clients and servers on both sides of a veth pair.
+
+use remora_e2e::peer::{self, Server};
+use remora_e2e::process::run_bounded;
+use remora_e2e::{PodNet, RemoraBinary, DEFAULT_CAPTURE_ARGS};
+use std::io::{self, Read};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const OPENED: &str = "remora_connections_opened_total";
+const CLOSED: &str = "remora_connections_closed_total";
+const ACTIVE: &str = "remora_connections_active";
+const LOOP_REFUSED: &str = "remora_loop_refused_total";
+const OUTBOUND: (&str, &str) = ("direction", "outbound");
+const INBOUND: (&str, &str) = ("direction", "inbound");
+
+/// Bound on a counter catching up with traffic that has already finished.
+const METRICS_SETTLE: Duration = Duration::from_secs(3);
+/// Bound on one curl request.
+const CURL_TIME: Duration = Duration::from_secs(5);
+/// The app's port inside the pod, and the service port on the peer.
+const APP_PORT: u16 = 8080;
+
+/// An address on every interface of the namespace it is bound in.
+fn any_addr(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
+}
+
+fn curl_ok(out: &std::process::Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: curl failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn outbound_http_from_the_pod_reaches_the_peer_through_the_outbound_listener() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net.remora().start_ready();
+    let server = Server::http(&net.peer, net.peer_addr(APP_PORT), "hello from the peer\n");
+    let before = remora.metrics().value(OPENED, &[OUTBOUND]);
+
+    let out = peer::curl(
+        &net.pod,
+        &[&format!("http://{}/", server.addr())],
+        CURL_TIME,
+    );
+
+    let body = curl_ok(&out, "outbound GET");
+    assert_eq!(body, "hello from the peer\n");
+    assert_eq!(server.peers().len(), 1, "the peer saw one connection");
+    assert_eq!(server.peers()[0].ip(), IpAddr::V4(net.pod_ip));
+    remora.wait_for_metrics(
+        "the outbound connection counted as opened and closed",
+        METRICS_SETTLE,
+        |m| {
+            m.value(OPENED, &[OUTBOUND]) >= before + 1.0
+                && m.value(CLOSED, &[OUTBOUND]) >= 1.0
+                && m.value(ACTIVE, &[OUTBOUND]) == 0.0
+        },
+    );
+}
+
+#[test]
+fn two_megabyte_upload_with_half_close_is_echoed_back_byte_exact() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net.remora().start_ready();
+    let echo = Server::echo(&net.peer, net.peer_addr(9000));
+    let data = peer::pattern(2 << 20);
+
+    // The client writes everything, then shuts down its write half and reads until the echo
+    // server (which half-closes in turn) is done: the proxy must carry the FIN both ways and
+    // not lose the bytes still in flight behind it.
+    let echoed = peer::echo_exchange(&net.pod, echo.addr(), &data)
+        .unwrap_or_else(|e| panic!("echo exchange: {e}\nremora stderr:\n{}", remora.stderr()));
+
+    peer::assert_same_bytes("echoed upload", &data, &echoed);
+    assert_eq!(echo.peers().len(), 1, "the echo server saw one connection");
+    remora.wait_for_metrics("the upload counted as outbound", METRICS_SETTLE, |m| {
+        m.value(OPENED, &[OUTBOUND]) >= 1.0 && m.value(ACTIVE, &[OUTBOUND]) == 0.0
+    });
+}
+
+#[test]
+fn inbound_http_reaches_the_app_from_127_0_0_6_through_the_inbound_listener() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net.remora().start_ready();
+    let app = Server::http(&net.pod, any_addr(APP_PORT), "hello from the app\n");
+
+    let out = peer::curl(
+        &net.peer,
+        &[&format!("http://{}/", net.pod_addr(APP_PORT))],
+        CURL_TIME,
+    );
+
+    let body = curl_ok(&out, "inbound GET");
+    assert_eq!(body, "hello from the app\n");
+    assert_eq!(
+        app.peers().iter().map(SocketAddr::ip).collect::<Vec<_>>(),
+        vec![IpAddr::V4(Ipv4Addr::new(127, 0, 0, 6))],
+        "the app sees the proxy's inbound passthrough source, not the peer"
+    );
+    remora.wait_for_metrics("the connection counted as inbound", METRICS_SETTLE, |m| {
+        m.value(OPENED, &[INBOUND]) >= 1.0 && m.value(ACTIVE, &[INBOUND]) == 0.0
+    });
+}
+
+#[test]
+fn outbound_traffic_from_the_pod_fails_once_the_proxy_is_killed() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let mut remora = net.remora().start_ready();
+    let server = Server::http(&net.peer, net.peer_addr(APP_PORT), "hello\n");
+    let url = format!("http://{}/", server.addr());
+    curl_ok(
+        &peer::curl(&net.pod, &[&url], CURL_TIME),
+        "GET with the proxy up",
+    );
+
+    remora.kill();
+
+    // The capture rules still send the connection to 15001, where nothing listens any more.
+    match peer::connect(&net.pod, server.addr()) {
+        Err(e) if matches!(
+            e.kind(),
+            io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionReset
+        ) => {}
+        Err(e) => panic!("expected the connection to be refused, got: {e}"),
+        Ok(stream) => panic!(
+            "a connection from the pod succeeded without the proxy ({:?} -> {:?}); capture rules:\n{}",
+            stream.local_addr(),
+            stream.peer_addr(),
+            net.pod_nat_rules()
+        ),
+    }
+    let out = peer::curl(&net.pod, &[&url], CURL_TIME);
+    assert!(!out.status.success(), "curl succeeded without the proxy");
+    assert_eq!(
+        server.peers().len(),
+        1,
+        "only the request made through the proxy reached the peer"
+    );
+}
+
+#[test]
+fn capture_without_owner_exclusion_is_stopped_by_the_own_upstream_loop_guard() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    // The injector's rules, but exempting UID/GID 4242 instead of the proxy's 1337: the proxy's
+    // own upstream connection is captured again into 15001.
+    let mut args: Vec<&str> = DEFAULT_CAPTURE_ARGS.to_vec();
+    let uid = args
+        .iter()
+        .position(|a| *a == "-u")
+        .expect("the default args name a UID")
+        + 1;
+    args[uid] = "4242";
+    args.extend(["-g", "4242"]);
+    net.capture(&args);
+    let remora = net.remora().start_ready();
+    let server = Server::http(&net.peer, net.peer_addr(APP_PORT), "hello\n");
+
+    let started = Instant::now();
+    let out = peer::curl(
+        &net.pod,
+        &[&format!("http://{}/", server.addr())],
+        CURL_TIME,
+    );
+    let took = started.elapsed();
+
+    assert!(
+        !out.status.success(),
+        "the request succeeded although the proxy's upstream is captured; capture rules:\n{}",
+        net.pod_nat_rules()
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "the client should fail promptly, took {took:?} (curl: {})",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(server.peers().is_empty(), "nothing should reach the peer");
+    let refused = remora.wait_for_metrics("an own_upstream loop refusal", METRICS_SETTLE, |m| {
+        m.value(LOOP_REFUSED, &[("guard", "own_upstream")]) >= 1.0
+    });
+    // No loop: a little later the count of opened connections has not moved and stays small
+    // (the client's connection and the proxy's captured upstream).
+    std::thread::sleep(Duration::from_millis(500));
+    let later = remora.metrics();
+    let opened = later.value(OPENED, &[OUTBOUND]);
+    assert!(
+        opened <= 10.0,
+        "{opened} outbound connections opened for one request:\n{later}"
+    );
+    assert_eq!(
+        opened,
+        refused.value(OPENED, &[OUTBOUND]),
+        "outbound connections kept opening after the refusal:\n{later}"
+    );
+    assert_eq!(
+        remora.readiness(),
+        Some(200),
+        "remora should still be ready; stderr:\n{}",
+        remora.stderr()
+    );
+}
+
+#[test]
+fn sigterm_drains_an_inflight_transfer_refuses_new_inbound_and_exits_zero() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let mut remora = net
+        .remora()
+        .config("drain:\n  duration: 5s\n")
+        .start_ready();
+    let data: Arc<[u8]> = peer::pattern(4 << 20).into();
+    let app = Server::paced(
+        &net.pod,
+        any_addr(APP_PORT),
+        data.clone(),
+        Duration::from_millis(1500),
+    );
+    let service = Server::http(&net.peer, net.peer_addr(APP_PORT), "still here\n");
+
+    // An inbound download, well under way when SIGTERM arrives.
+    let mut download = peer::connect(&net.peer, net.pod_addr(APP_PORT)).expect("inbound connect");
+    let mut received = vec![0; 64 << 10];
+    download
+        .read_exact(&mut received)
+        .unwrap_or_else(|e| panic!("first bytes of the download: {e}\n{}", remora.stderr()));
+    remora.terminate();
+    let terminated = Instant::now();
+
+    // The inbound listener stops accepting: a new inbound connection is refused. Signal
+    // handling takes a moment, so look for a while.
+    let mut outcomes = Vec::new();
+    let refused = (0..20).any(|_| {
+        let outcome = peer::connect(&net.peer, net.pod_addr(APP_PORT));
+        let refused = matches!(&outcome, Err(e) if e.kind() == io::ErrorKind::ConnectionRefused);
+        outcomes.push(format!(
+            "{:?}: {:?}",
+            terminated.elapsed(),
+            outcome.map(|_| "connected")
+        ));
+        if !refused {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        refused
+    });
+    assert!(
+        refused,
+        "new inbound connections were not refused after SIGTERM: {outcomes:#?}\nremora stderr:\n{}",
+        remora.stderr()
+    );
+    assert_eq!(remora.readiness(), Some(503), "readiness while draining");
+
+    // Outbound keeps serving while draining.
+    let out = peer::curl(
+        &net.pod,
+        &[&format!("http://{}/", service.addr())],
+        CURL_TIME,
+    );
+    assert_eq!(curl_ok(&out, "outbound GET while draining"), "still here\n");
+
+    // The download that was open at SIGTERM completes, byte-exact.
+    download
+        .read_to_end(&mut received)
+        .unwrap_or_else(|e| panic!("rest of the download: {e}\n{}", remora.stderr()));
+    peer::assert_same_bytes("download across SIGTERM", &data, &received);
+    assert_eq!(app.peers()[0].ip(), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 6)));
+
+    let status = remora.wait_exit(Duration::from_secs(15));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "remora should exit 0 at the end of the drain period, got {status:?} after {:?}; \
+         stderr:\n{}",
+        terminated.elapsed(),
+        remora.stderr()
+    );
+}
+
+#[test]
+fn exit_on_zero_active_connections_exits_well_before_the_drain_period() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    let mut remora = net
+        .remora()
+        .config("drain:\n  duration: 60s\n")
+        .env("EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "true")
+        .start_ready();
+
+    remora.terminate();
+
+    let status = remora.wait_exit(Duration::from_secs(10));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "with no connection open, remora should exit 0 at once, got {status:?}; stderr:\n{}",
+        remora.stderr()
+    );
+}
+
+#[test]
+fn config_error_names_the_file_line_and_field() {
+    let binary = RemoraBinary::install();
+    let config = binary.write_file(
+        "bad.yaml",
+        "drain:\n  duration: 3s\ninbound:\n  port: lots\n",
+    );
+
+    // Parsing fails before anything binds; the bound only matters if it does not.
+    let out = run_bounded(
+        Command::new(binary.path())
+            .arg("run")
+            .arg("--config")
+            .arg(&config),
+        Duration::from_secs(5),
+    )
+    .expect("remora run with a bad config should exit by itself");
+
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "remora accepted a bad config");
+    let file = config.display().to_string();
+    assert!(
+        stderr.contains(&file),
+        "stderr should name {file}:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("{file}:4")) || stderr.contains("line 4"),
+        "stderr should name line 4:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("inbound.port"),
+        "stderr should name the field inbound.port:\n{stderr}"
+    );
+}
