@@ -13,6 +13,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::signal::unix::{signal, SignalKind};
 
+/// How long a changed file must stay unchanged before it is read as a new config.
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Settings given on the command line or in the environment; they win over every loaded file.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Overrides {
@@ -65,7 +68,14 @@ impl Reloader {
                 }
                 () = tokio::time::sleep(interval) => {
                     let content = tokio::fs::read(&self.path).await.ok();
-                    if content != self.last {
+                    if content == self.last {
+                        continue;
+                    }
+                    // Editors and `echo >` truncate before they write: act only on content that
+                    // stays the same across a short pause, never on a half-written file.
+                    tokio::time::sleep(SETTLE).await;
+                    let again = tokio::fs::read(&self.path).await.ok();
+                    if again == content {
                         self.reload(content, "file changed");
                     }
                 }

@@ -1,0 +1,222 @@
+//! `remora run` as a process, on loopback only: start-up errors, reload, loop refusal. No root
+//! needed; the capture path is covered by the end-to-end tests in `tests/`.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_remora");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Ports {
+    outbound: u16,
+    inbound: u16,
+    readiness: u16,
+    metrics: u16,
+    admin: u16,
+}
+
+impl Ports {
+    fn new() -> Self {
+        Ports {
+            outbound: free_port(),
+            inbound: free_port(),
+            readiness: free_port(),
+            metrics: free_port(),
+            admin: free_port(),
+        }
+    }
+
+    /// A config on loopback with these ports, plus `extra` YAML.
+    fn config(&self, extra: &str) -> String {
+        format!(
+            "bind_addresses: [127.0.0.1]\noutbound:\n  port: {}\ninbound:\n  port: {}\nreadiness:\n  port: {}\nmetrics:\n  port: {}\nadmin:\n  address: 127.0.0.1:{}\nreload:\n  watch_interval: 100ms\n{extra}",
+            self.outbound, self.inbound, self.readiness, self.metrics, self.admin
+        )
+    }
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("remora-run-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct Remora(Child);
+
+impl Remora {
+    fn start(config: &Path) -> Self {
+        let child = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Remora(child)
+    }
+}
+
+impl Drop for Remora {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A plain HTTP/1.1 GET; returns (status, body).
+fn get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(
+        &SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_secs(2),
+    )?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    Ok((status, body))
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn metric(port: u16, line_prefix: &str) -> Option<u64> {
+    let (_, body) = get(port, "/stats/prometheus").ok()?;
+    body.lines()
+        .find(|l| l.starts_with(line_prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn invalid_config_fails_the_start_naming_file_line_and_field() {
+    let dir = TempDir::new("invalid");
+    let path = dir.0.join("remora.yaml");
+    std::fs::write(&path, "outbound:\n  port: 15001\ninbound:\n  port: lots\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let expected = format!("{}:4:", path.display());
+    assert!(stderr.contains(&expected), "{stderr}");
+    assert!(stderr.contains("inbound.port"), "{stderr}");
+}
+
+#[test]
+fn port_in_use_fails_the_start_naming_the_address() {
+    let dir = TempDir::new("inuse");
+    let ports = Ports::new();
+    let held = TcpListener::bind(("127.0.0.1", ports.inbound)).unwrap();
+    let path = dir.0.join("remora.yaml");
+    std::fs::write(&path, ports.config("")).unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    drop(held);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{}", ports.inbound)),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn reload_applies_valid_files_and_keeps_running_on_invalid_ones() {
+    let dir = TempDir::new("reload");
+    let ports = Ports::new();
+    let path = dir.0.join("remora.yaml");
+    std::fs::write(&path, ports.config("")).unwrap();
+    let remora = Remora::start(&path);
+    wait_until("readiness", || {
+        get(ports.readiness, "/healthz/ready").is_ok_and(|(s, _)| s == 200)
+    });
+    let ok = "remora_config_reloads_total{result=\"success\"}";
+    let failed = "remora_config_reloads_total{result=\"failure\"}";
+    assert_eq!(metric(ports.metrics, ok), Some(0));
+
+    // An invalid file: refused, counted, still serving.
+    std::fs::write(&path, ports.config("drain:\n  duration: never\n")).unwrap();
+    wait_until("the failed reload", || metric(ports.metrics, failed) == Some(1));
+    assert_eq!(get(ports.readiness, "/healthz/ready").unwrap().0, 200);
+
+    // A valid change is picked up without a signal.
+    std::fs::write(&path, ports.config("drain:\n  duration: 2s\n")).unwrap();
+    wait_until("the reload", || metric(ports.metrics, ok) == Some(1));
+
+    // SIGHUP reloads even when nothing changed.
+    let status = Command::new("kill")
+        .args(["-HUP", &remora.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    wait_until("the SIGHUP reload", || metric(ports.metrics, ok) == Some(2));
+    assert_eq!(metric(ports.metrics, failed), Some(1));
+}
+
+#[test]
+fn a_connection_to_the_capture_port_itself_is_refused_not_looped() {
+    let dir = TempDir::new("ownport");
+    let ports = Ports::new();
+    let path = dir.0.join("remora.yaml");
+    std::fs::write(&path, ports.config("")).unwrap();
+    let _remora = Remora::start(&path);
+    wait_until("readiness", || {
+        get(ports.readiness, "/healthz/ready").is_ok_and(|(s, _)| s == 200)
+    });
+    // Dialled directly, the original destination is the listener itself.
+    let mut s = TcpStream::connect(("127.0.0.1", ports.outbound)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.write_all(b"hello");
+    let mut buf = [0u8; 16];
+    let n = s.read(&mut buf);
+    assert!(matches!(n, Ok(0) | Err(_)), "expected the connection to be closed: {n:?}");
+    let refused = "remora_loop_refused_total{guard=\"own_listener\"}";
+    wait_until("the refusal to be counted", || {
+        metric(ports.metrics, refused) == Some(1)
+    });
+    let opened = "remora_connections_opened_total{direction=\"outbound\"}";
+    assert_eq!(metric(ports.metrics, opened), Some(1), "nothing looped");
+}
