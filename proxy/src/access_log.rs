@@ -124,7 +124,11 @@ impl AccessLog {
                 let stdout = std::io::stdout();
                 for line in rx {
                     let mut out = stdout.lock();
-                    if out.write_all(line.as_bytes()).and_then(|_| out.flush()).is_err() {
+                    if out
+                        .write_all(line.as_bytes())
+                        .and_then(|_| out.flush())
+                        .is_err()
+                    {
                         // stdout is gone; nothing useful left to do with access logs.
                         return;
                     }

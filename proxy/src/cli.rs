@@ -180,14 +180,24 @@ async fn serve(
         tracing::info!(local = ?l.local_addr().ok(), "outbound capture listener");
         // Outbound keeps serving while draining: the application may still need its peers.
         let stop = std::future::pending();
-        tokio::spawn(listener::accept_loop(l, Direction::Outbound, Arc::clone(&proxy), stop));
+        tokio::spawn(listener::accept_loop(
+            l,
+            Direction::Outbound,
+            Arc::clone(&proxy),
+            stop,
+        ));
     }
     for l in inbound {
         let l = TcpListener::from_std(l)?;
         tracing::info!(local = ?l.local_addr().ok(), "inbound capture listener");
         let drain = Arc::clone(&drain);
         let stop = async move { drain.started().await };
-        tokio::spawn(listener::accept_loop(l, Direction::Inbound, Arc::clone(&proxy), stop));
+        tokio::spawn(listener::accept_loop(
+            l,
+            Direction::Inbound,
+            Arc::clone(&proxy),
+            stop,
+        ));
     }
     if let Some(r) = reloader {
         tokio::spawn(r.watch());

@@ -121,8 +121,14 @@ mod tests {
     fn own_listener_on_a_local_address_is_refused() {
         let guard = LoopGuard::new(vec![15001, 15006]);
         let peer = addr("10.0.0.9:40000");
-        assert_eq!(guard.check(peer, addr("127.0.0.1:15001")), Some(Guard::OwnListener));
-        assert_eq!(guard.check(peer, addr("[::1]:15006")), Some(Guard::OwnListener));
+        assert_eq!(
+            guard.check(peer, addr("127.0.0.1:15001")),
+            Some(Guard::OwnListener)
+        );
+        assert_eq!(
+            guard.check(peer, addr("[::1]:15006")),
+            Some(Guard::OwnListener)
+        );
         assert_eq!(guard.check(peer, addr("127.0.0.1:8080")), None);
     }
 
@@ -131,7 +137,10 @@ mod tests {
         // Another pod's sidecar listens on the same ports; dialling it is not a loop.
         let guard = LoopGuard::new(vec![15001]);
         // TEST-NET-1: never assigned to this machine.
-        assert_eq!(guard.check(addr("10.0.0.9:1"), addr("192.0.2.1:15001")), None);
+        assert_eq!(
+            guard.check(addr("10.0.0.9:1"), addr("192.0.2.1:15001")),
+            None
+        );
     }
 
     #[test]

@@ -4,7 +4,11 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "remora", version, about = "A sidecar proxy for Istio-style service meshes")]
+#[command(
+    name = "remora",
+    version,
+    about = "A sidecar proxy for Istio-style service meshes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -49,7 +49,10 @@ mod tests {
     #[test]
     fn v4_mapped_is_canonicalised() {
         let mapped: SocketAddr = "[::ffff:10.1.2.3]:80".parse().unwrap();
-        assert_eq!(canonical(mapped), "10.1.2.3:80".parse::<SocketAddr>().unwrap());
+        assert_eq!(
+            canonical(mapped),
+            "10.1.2.3:80".parse::<SocketAddr>().unwrap()
+        );
         let v6: SocketAddr = "[2001:db8::1]:80".parse().unwrap();
         assert_eq!(canonical(v6), v6);
     }

@@ -164,3 +164,32 @@ fn refused(destination: Option<SocketAddr>, end: End) -> Outcome {
 fn reset(stream: &TcpStream) {
     let _ = SockRef::from(stream).set_linger(Some(Duration::ZERO));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    /// Every open connection holds one of these futures; its size is memory per connection
+    /// before any buffer is allocated. Raise the bound only knowingly.
+    #[tokio::test]
+    async fn connection_future_stays_small() {
+        let metrics = Arc::new(Metrics::new());
+        let proxy = Arc::new(Proxy {
+            config: Arc::new(ArcSwap::from_pointee(Config::default())),
+            loop_guard: LoopGuard::new(vec![]),
+            metrics: Arc::clone(&metrics),
+            drain: Drain::new(),
+            access_log: AccessLog::start(metrics).unwrap(),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (stream, peer) = listener.accept().await.unwrap();
+        let fut = proxy.serve(stream, peer, Direction::Outbound);
+        let size = std::mem::size_of_val(&fut);
+        eprintln!("connection future: {size} bytes");
+        assert!(size <= 1536, "connection future is {size} bytes");
+    }
+}

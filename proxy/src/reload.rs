@@ -103,7 +103,10 @@ impl Reloader {
             }
             Err(e) => {
                 self.metrics.reloads_failed.inc();
-                tracing::error!(why, "config reload refused, keeping the running config: {e}");
+                tracing::error!(
+                    why,
+                    "config reload refused, keeping the running config: {e}"
+                );
             }
         }
     }

@@ -179,7 +179,9 @@ fn reload_applies_valid_files_and_keeps_running_on_invalid_ones() {
 
     // An invalid file: refused, counted, still serving.
     std::fs::write(&path, ports.config("drain:\n  duration: never\n")).unwrap();
-    wait_until("the failed reload", || metric(ports.metrics, failed) == Some(1));
+    wait_until("the failed reload", || {
+        metric(ports.metrics, failed) == Some(1)
+    });
     assert_eq!(get(ports.readiness, "/healthz/ready").unwrap().0, 200);
 
     // A valid change is picked up without a signal.
@@ -212,7 +214,10 @@ fn a_connection_to_the_capture_port_itself_is_refused_not_looped() {
     let _ = s.write_all(b"hello");
     let mut buf = [0u8; 16];
     let n = s.read(&mut buf);
-    assert!(matches!(n, Ok(0) | Err(_)), "expected the connection to be closed: {n:?}");
+    assert!(
+        matches!(n, Ok(0) | Err(_)),
+        "expected the connection to be closed: {n:?}"
+    );
     let refused = "remora_loop_refused_total{guard=\"own_listener\"}";
     wait_until("the refusal to be counted", || {
         metric(ports.metrics, refused) == Some(1)

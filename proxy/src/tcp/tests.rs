@@ -53,7 +53,9 @@ async fn upstream_reset_becomes_downstream_reset() {
     let copier = tokio::spawn(async move { copy_bidirectional(&down, &up).await });
     client.write_all(b"hello").await.unwrap();
     // Reset from the upstream side.
-    SockRef::from(&server).set_linger(Some(Duration::ZERO)).unwrap();
+    SockRef::from(&server)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
     drop(server);
     let err = copier.await.unwrap().unwrap_err();
     assert!(matches!(err, CopyError::Upstream { .. }), "{err:?}");
