@@ -70,13 +70,24 @@ mod tests {
     #[test]
     fn keeps_host_bits_and_canonicalises_ipv6() {
         assert_eq!(Cidr::parse("10.1.2.3/8").unwrap().to_string(), "10.1.2.3/8");
-        assert_eq!(Cidr::parse("2001:DB8:0::/32").unwrap().to_string(), "2001:db8::/32");
+        assert_eq!(
+            Cidr::parse("2001:DB8:0::/32").unwrap().to_string(),
+            "2001:db8::/32"
+        );
         assert_eq!(Cidr::parse("0.0.0.0/0").unwrap().bits(), 0);
     }
 
     #[test]
     fn rejects_what_go_rejects() {
-        for bad in ["10.0.0.0", "10.0.0.0/33", "10.0.0.0/08", "10.0.0.0/+8", "x/8", "*", ""] {
+        for bad in [
+            "10.0.0.0",
+            "10.0.0.0/33",
+            "10.0.0.0/08",
+            "10.0.0.0/+8",
+            "x/8",
+            "*",
+            "",
+        ] {
             assert!(Cidr::parse(bad).is_err(), "{bad} should not parse");
         }
         assert!(Cidr::parse("::/129").is_err());

@@ -41,7 +41,11 @@ pub struct CaptureArgs {
 
     /// Inbound interception mode: REDIRECT or TPROXY [env: ISTIO_INBOUND_INTERCEPTION_MODE]
     /// [default: REDIRECT]
-    #[arg(short = 'm', long = "istio-inbound-interception-mode", value_name = "MODE")]
+    #[arg(
+        short = 'm',
+        long = "istio-inbound-interception-mode",
+        value_name = "MODE"
+    )]
     pub inbound_interception_mode: Option<String>,
 
     /// Packet mark used by TPROXY mode [env: ISTIO_INBOUND_TPROXY_MARK] [default: 1337]
@@ -49,7 +53,11 @@ pub struct CaptureArgs {
     pub inbound_tproxy_mark: Option<String>,
 
     /// Routing table used by TPROXY mode [env: ISTIO_INBOUND_TPROXY_ROUTE_TABLE] [default: 133]
-    #[arg(short = 'r', long = "istio-inbound-tproxy-route-table", value_name = "TABLE")]
+    #[arg(
+        short = 'r',
+        long = "istio-inbound-tproxy-route-table",
+        value_name = "TABLE"
+    )]
     pub inbound_tproxy_route_table: Option<String>,
 
     /// Comma-separated inbound ports to capture; '*' for all, '' for none
@@ -76,7 +84,11 @@ pub struct CaptureArgs {
     pub outbound_ports: Option<String>,
 
     /// Comma-separated outbound ports never captured [env: ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE]
-    #[arg(short = 'o', long = "istio-local-outbound-ports-exclude", value_name = "PORTS")]
+    #[arg(
+        short = 'o',
+        long = "istio-local-outbound-ports-exclude",
+        value_name = "PORTS"
+    )]
     pub outbound_exclude_ports: Option<String>,
 
     /// Comma-separated virtual interfaces whose inbound traffic is treated as outbound
@@ -142,8 +154,11 @@ pub struct CaptureArgs {
 /// What `remora capture` is asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// Print the restore inputs; touch nothing.
-    DryRun,
+    /// Print the restore inputs (none when only cleaning up); touch nothing.
+    DryRun {
+        /// `--cleanup-only` was given too.
+        cleanup_only: bool,
+    },
     /// Install the rules (replacing a previous, different installation).
     Apply,
     /// Remove what a previous run installed.
@@ -181,9 +196,10 @@ impl CaptureArgs {
     /// The action the flags (and their environment variables) select. `--dry-run` wins over
     /// `--cleanup-only`, since a dry run promises to change nothing.
     pub fn action(&self, env: &Environment) -> Action {
+        let cleanup_only = flag_or_env(self.cleanup_only, env, &[var::CLEANUP_ONLY]);
         if flag_or_env(self.dry_run, env, &[var::DRY_RUN]) {
-            Action::DryRun
-        } else if flag_or_env(self.cleanup_only, env, &[var::CLEANUP_ONLY]) {
+            Action::DryRun { cleanup_only }
+        } else if cleanup_only {
             Action::CleanupOnly
         } else {
             Action::Apply
@@ -204,7 +220,9 @@ pub(crate) fn flag_or_env(flag: Option<bool>, env: &Environment, vars: &[&str]) 
             match parse_bool(raw) {
                 Ok(v) => value = v,
                 // istio-iptables silently ignores such values; say so at least.
-                Err(_) => tracing::warn!(variable = name, value = raw, "ignoring non-boolean value"),
+                Err(_) => {
+                    tracing::warn!(variable = name, value = raw, "ignoring non-boolean value")
+                }
             }
         }
     }
@@ -348,7 +366,18 @@ mod tests {
 
     #[test]
     fn short_and_long_forms_set_the_same_field() {
-        let short = parse(&["-p", "1", "-z", "2", "-b", "*", "-i", "10.0.0.0/8", "-c", "eth9"]);
+        let short = parse(&[
+            "-p",
+            "1",
+            "-z",
+            "2",
+            "-b",
+            "*",
+            "-i",
+            "10.0.0.0/8",
+            "-c",
+            "eth9",
+        ]);
         let long = parse(&[
             "--envoy-port=1",
             "--inbound-capture-port",
@@ -388,14 +417,26 @@ mod tests {
 
     #[test]
     fn repeated_flags_keep_the_last_value() {
-        let args = parse(&["-p", "1", "-p", "2", "--redirect-dns", "--redirect-dns=false"]);
+        let args = parse(&[
+            "-p",
+            "1",
+            "-p",
+            "2",
+            "--redirect-dns",
+            "--redirect-dns=false",
+        ]);
         assert_eq!(args.envoy_port.as_deref(), Some("2"));
         assert_eq!(args.redirect_dns, Some(false));
     }
 
     #[test]
     fn booleans_take_an_optional_go_style_value() {
-        let args = parse(&["--redirect-dns", "--capture-all-dns=0", "-n", "--drop-invalid=T"]);
+        let args = parse(&[
+            "--redirect-dns",
+            "--capture-all-dns=0",
+            "-n",
+            "--drop-invalid=T",
+        ]);
         assert_eq!(args.redirect_dns, Some(true));
         assert_eq!(args.capture_all_dns, Some(false));
         assert_eq!(args.dry_run, Some(true));
@@ -412,12 +453,19 @@ mod tests {
 
     #[test]
     fn boolean_flags_fall_back_to_their_variables() {
-        let env = Environment::from_pairs([("REDIRECT_DNS", "false"), ("ISTIO_META_DNS_CAPTURE", "true")]);
+        let env = Environment::from_pairs([
+            ("REDIRECT_DNS", "false"),
+            ("ISTIO_META_DNS_CAPTURE", "true"),
+        ]);
         let vars = [var::REDIRECT_DNS, var::META_DNS_CAPTURE];
         assert!(flag_or_env(None, &env, &vars));
         assert!(!flag_or_env(Some(false), &env, &vars));
-        let junk = Environment::from_pairs([("REDIRECT_DNS", "true"), ("ISTIO_META_DNS_CAPTURE", "on")]);
-        assert!(flag_or_env(None, &junk, &vars), "an invalid value is ignored");
+        let junk =
+            Environment::from_pairs([("REDIRECT_DNS", "true"), ("ISTIO_META_DNS_CAPTURE", "on")]);
+        assert!(
+            flag_or_env(None, &junk, &vars),
+            "an invalid value is ignored"
+        );
         assert!(!flag_or_env(None, &Environment::default(), &vars));
     }
 
@@ -426,9 +474,15 @@ mod tests {
         let env = Environment::default();
         assert_eq!(parse(&[]).action(&env), Action::Apply);
         assert_eq!(parse(&["--cleanup-only"]).action(&env), Action::CleanupOnly);
-        assert_eq!(parse(&["--cleanup-only", "-n"]).action(&env), Action::DryRun);
+        let dry_cleanup = Action::DryRun { cleanup_only: true };
+        assert_eq!(parse(&["--cleanup-only", "-n"]).action(&env), dry_cleanup);
         let env = Environment::from_pairs([("DRY_RUN", "1")]);
-        assert_eq!(parse(&[]).action(&env), Action::DryRun);
+        assert_eq!(
+            parse(&[]).action(&env),
+            Action::DryRun {
+                cleanup_only: false
+            }
+        );
     }
 
     #[test]

@@ -107,9 +107,18 @@ mod tests {
 
     #[test]
     fn first_usable_address_decides() {
-        assert!(!pod_is_ipv6(ips(&["127.0.0.1", "10.1.1.1", "fd00::1"]), false));
-        assert!(pod_is_ipv6(ips(&["127.0.0.1", "::1", "fe80::1", "fd00::1"]), false));
-        assert!(!pod_is_ipv6(ips(&["169.254.1.1", "::ffff:10.0.0.1", "fd00::1"]), false));
+        assert!(!pod_is_ipv6(
+            ips(&["127.0.0.1", "10.1.1.1", "fd00::1"]),
+            false
+        ));
+        assert!(pod_is_ipv6(
+            ips(&["127.0.0.1", "::1", "fe80::1", "fd00::1"]),
+            false
+        ));
+        assert!(!pod_is_ipv6(
+            ips(&["169.254.1.1", "::ffff:10.0.0.1", "fd00::1"]),
+            false
+        ));
     }
 
     #[test]
@@ -122,6 +131,11 @@ mod tests {
     fn no_usable_address_means_ipv4() {
         assert!(!pod_is_ipv6(ips(&["127.0.0.1", "::1"]), false));
         assert!(!pod_is_ipv6(Vec::new(), true));
+    }
+
+    #[test]
+    fn this_machine_can_be_asked() {
+        SystemPodNetwork.is_ipv6(false).expect("getifaddrs works");
     }
 
     #[test]

@@ -35,7 +35,9 @@ pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
         let message = strip_location(&inner.to_string());
         // serde_yaml_ng already prefixes nested errors with the path; we print it once.
         let message = match message.split_once(": ") {
-            Some((prefix, rest)) if !field.is_empty() && field.starts_with(prefix) => rest.to_string(),
+            Some((prefix, rest)) if !field.is_empty() && field.starts_with(prefix) => {
+                rest.to_string()
+            }
             _ => message,
         };
         ConfigError::Invalid {
@@ -46,13 +48,15 @@ pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
             message,
         }
     })?;
-    config.validate().map_err(|(field, message)| ConfigError::Invalid {
-        file: file.to_path_buf(),
-        line: locate::line_of(text, &field),
-        column: None,
-        field,
-        message,
-    })?;
+    config
+        .validate()
+        .map_err(|(field, message)| ConfigError::Invalid {
+            file: file.to_path_buf(),
+            line: locate::line_of(text, &field),
+            column: None,
+            field,
+            message,
+        })?;
     Ok(config)
 }
 

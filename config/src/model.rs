@@ -212,7 +212,10 @@ impl Config {
     /// Checks that span fields. Returns the dotted path of the offending field and why.
     pub(crate) fn validate(&self) -> Result<(), (String, String)> {
         if self.bind_addresses.is_empty() {
-            return Err(("bind_addresses".into(), "must list at least one address".into()));
+            return Err((
+                "bind_addresses".into(),
+                "must list at least one address".into(),
+            ));
         }
         let named = [
             ("outbound.port", self.outbound.port.get()),

@@ -98,5 +98,8 @@ fn access_log_format_json() {
 #[test]
 fn load_names_a_missing_file() {
     let err = load(Path::new("/nonexistent/remora.yaml")).unwrap_err();
-    assert!(err.to_string().contains("/nonexistent/remora.yaml"), "{err}");
+    assert!(
+        err.to_string().contains("/nonexistent/remora.yaml"),
+        "{err}"
+    );
 }

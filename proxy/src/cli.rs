@@ -69,7 +69,7 @@ pub fn run(args: RunArgs) -> ExitCode {
 
 /// `remora capture`.
 pub fn capture(args: remora_capture::CaptureArgs) -> ExitCode {
-    init_tracing("info", false);
+    init_tracing(args.log_level().unwrap_or("info"), args.log_as_json());
     match remora_capture::run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

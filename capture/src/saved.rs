@@ -1,0 +1,189 @@
+//! Reading what is installed, from `iptables-save` output.
+//!
+//! Only the facts the installer needs are kept: which chains each table has, which of them
+//! are built in, and every rule line as iptables printed it. A printed rule is valid
+//! restore input, so a rule to delete is deleted by replaying its own line with `-D`.
+
+use crate::rules::{is_own_chain, Table};
+
+/// The installed state of the tables Remora uses, for one IP family.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SavedState {
+    tables: Vec<SavedTable>,
+}
+
+/// One table of [`SavedState`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SavedTable {
+    /// Which table.
+    pub table: Table,
+    /// Its chains, in the order printed.
+    pub chains: Vec<SavedChain>,
+    /// Its rules, in the order printed.
+    pub rules: Vec<SavedRule>,
+}
+
+/// A chain declaration (`:NAME POLICY [counters]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SavedChain {
+    /// The chain's name.
+    pub name: String,
+    /// Built-in chains have a policy; user chains print `-`.
+    pub built_in: bool,
+}
+
+/// A rule line (`-A CHAIN ...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SavedRule {
+    /// The chain it is in.
+    pub chain: String,
+    /// The whole line, e.g. `-A OUTPUT -j ISTIO_OUTPUT`.
+    pub line: String,
+    /// Where it jumps or goes to (`-j`/`-g`), if anywhere.
+    pub target: Option<String>,
+}
+
+impl SavedRule {
+    /// The line with `-A` replaced by `-D`, which deletes this very rule.
+    pub fn delete_line(&self) -> String {
+        let rest = self.line.strip_prefix("-A").unwrap_or(&self.line);
+        format!("-D{rest}")
+    }
+
+    /// Whether it jumps into one of our chains.
+    pub fn targets_own_chain(&self) -> bool {
+        self.target.as_deref().is_some_and(is_own_chain)
+    }
+}
+
+impl SavedTable {
+    /// Whether `name` is a built-in chain of this table.
+    pub fn is_built_in(&self, name: &str) -> bool {
+        self.chains.iter().any(|c| c.name == name && c.built_in)
+    }
+
+    /// Our chains in this table, in the order printed.
+    pub fn own_chains(&self) -> impl Iterator<Item = &str> {
+        self.chains
+            .iter()
+            .map(|c| c.name.as_str())
+            .filter(|name| is_own_chain(name))
+    }
+
+    /// The rules of one chain.
+    pub fn rules_in<'a>(&'a self, chain: &'a str) -> impl Iterator<Item = &'a SavedRule> {
+        self.rules.iter().filter(move |r| r.chain == chain)
+    }
+}
+
+impl SavedState {
+    /// Parses `iptables-save` output; tables Remora does not use are skipped.
+    pub fn parse(text: &str) -> SavedState {
+        let mut tables: Vec<SavedTable> = Vec::new();
+        let mut current: Option<SavedTable> = None;
+        for line in text.lines().map(str::trim_end) {
+            if let Some(name) = line.strip_prefix('*') {
+                current = Table::from_name(name.trim()).map(|table| SavedTable {
+                    table,
+                    chains: Vec::new(),
+                    rules: Vec::new(),
+                });
+            } else if line == "COMMIT" {
+                tables.extend(current.take());
+            } else if let Some(table) = current.as_mut() {
+                if let Some(decl) = line.strip_prefix(':') {
+                    let mut fields = decl.split_whitespace();
+                    if let (Some(name), Some(policy)) = (fields.next(), fields.next()) {
+                        table.chains.push(SavedChain {
+                            name: name.to_owned(),
+                            built_in: policy != "-",
+                        });
+                    }
+                } else if line.starts_with("-A ") {
+                    table.rules.extend(parse_rule(line));
+                }
+            }
+        }
+        SavedState { tables }
+    }
+
+    /// The tables found, in the order printed.
+    pub fn tables(&self) -> &[SavedTable] {
+        &self.tables
+    }
+
+    /// One table, if it was printed.
+    pub fn table(&self, table: Table) -> Option<&SavedTable> {
+        self.tables.iter().find(|t| t.table == table)
+    }
+
+    /// Whether any of our chains exists.
+    pub fn has_own_chains(&self) -> bool {
+        self.tables.iter().any(|t| t.own_chains().next().is_some())
+    }
+}
+
+fn parse_rule(line: &str) -> Option<SavedRule> {
+    // iptables-save quotes values with spaces (comments), so split as a shell would; a line
+    // we cannot split is still kept, just without a known target.
+    let words =
+        shlex::split(line).unwrap_or_else(|| line.split_whitespace().map(str::to_owned).collect());
+    let chain = words.get(1)?.clone();
+    let target = words
+        .windows(2)
+        .find(|w| matches!(w[0].as_str(), "-j" | "--jump" | "-g" | "--goto"))
+        .map(|w| w[1].clone());
+    Some(SavedRule {
+        chain,
+        line: line.to_owned(),
+        target,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAVE: &str = "\
+# Generated by iptables-save v1.8.9 (nf_tables) on Sat Nov 21 19:53:23 2026
+*security
+:INPUT ACCEPT [0:0]
+-A INPUT -j ACCEPT
+COMMIT
+*nat
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:FOREIGN - [0:0]
+:ISTIO_OUTPUT - [0:0]
+-A OUTPUT -m comment --comment \"not -j ISTIO_OUTPUT\" -j FOREIGN
+-A OUTPUT -j ISTIO_OUTPUT
+-A ISTIO_OUTPUT -p tcp -m tcp --dport 15020 -j RETURN
+COMMIT
+# Completed on Sat Nov 21 19:53:23 2026
+";
+
+    #[test]
+    fn parses_chains_rules_and_targets() {
+        let state = SavedState::parse(SAVE);
+        assert_eq!(state.tables().len(), 1, "security is not ours");
+        let nat = state.table(Table::Nat).unwrap();
+        assert!(nat.is_built_in("OUTPUT"));
+        assert!(!nat.is_built_in("FOREIGN"));
+        assert_eq!(nat.own_chains().collect::<Vec<_>>(), ["ISTIO_OUTPUT"]);
+        let targets: Vec<_> = nat.rules.iter().map(|r| r.target.as_deref()).collect();
+        assert_eq!(
+            targets,
+            [Some("FOREIGN"), Some("ISTIO_OUTPUT"), Some("RETURN")]
+        );
+        assert!(state.has_own_chains());
+        assert_eq!(nat.rules_in("OUTPUT").count(), 2);
+        assert_eq!(nat.rules[1].delete_line(), "-D OUTPUT -j ISTIO_OUTPUT");
+    }
+
+    #[test]
+    fn empty_output_has_nothing() {
+        let state = SavedState::parse("");
+        assert!(!state.has_own_chains());
+        assert!(state.table(Table::Nat).is_none());
+    }
+}

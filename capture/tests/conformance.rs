@@ -1,0 +1,263 @@
+//! The istio-iptables conformance cases (shared/conformance/capture): for each case, the
+//! generator's dry-run output must equal the case's `.rules` byte for byte.
+//!
+//! Each case's `.args` gives the flags on line 1 (shell-quoted) and, on further lines, the
+//! inputs istio-iptables takes from the pod: `env NAME=value`, `ipv6 true` and
+//! `dns-servers LIST`. They are fed to the generator explicitly: the environment through an
+//! [`Environment`] (never the process's), the pod facts through `--assume-ipv6`,
+//! `--dns-servers` and a [`PodNetwork`] that says "IPv4" and refuses to read resolv.conf
+//! (the cases give nameservers whenever istio-iptables would read them).
+
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use remora_capture::{generate, CaptureArgs, CaptureConfig, CaptureError, Environment, PodNetwork};
+
+/// The cases that must pass for capture to ship.
+const REQUIRED: &[&str] = &[
+    "default-sidecar",
+    "empty",
+    "inbound-ports-include",
+    "inbound-ports-wildcard",
+    "ipnets",
+    "outbound-ports-include",
+    "outbound-owner-groups",
+    "outbound-owner-groups-exclude",
+    "host-ipv4-loopback-cidr",
+    "cni-basic",
+    "cni-custom-uid",
+    "cni-include-exclude-ip",
+    "cni-include-exclude-ports",
+];
+
+/// The other cases that pass (TPROXY, IPv6, DNS, -k, -c, --drop-invalid).
+const ALSO_PASSING: &[&str] = &[
+    "basic-exclude-nic",
+    "cni-custom-uid-tproxy",
+    "cni-dns",
+    "cni-invalid-drop",
+    "cni-tproxy",
+    "dns-uid-gid",
+    "drop-invalid",
+    "inbound-ports-tproxy",
+    "inbound-ports-wildcard-tproxy",
+    "ip-range",
+    "ipnets-with-kube-virt-interfaces",
+    "ipv6-dns-outbound-owner-groups-exclude",
+    "ipv6-dns-outbound-owner-groups",
+    "ipv6-dns-uid-gid",
+    "ipv6-empty-inbound-ports",
+    "ipv6-inbound-ports",
+    "ipv6-ipnets",
+    "ipv6-outbound-ports",
+    "ipv6-uid-gid",
+    "ipv6-virt-interfaces",
+    "kube-virt-interfaces",
+    "loopback-outbound-iprange",
+    "tproxy",
+];
+
+/// Cases not implemented yet. Each must still fail: once one passes, move it to
+/// [`ALSO_PASSING`] (the `pending_cases_still_fail` test insists).
+const PENDING: &[&str] = &[];
+
+#[derive(Debug, Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: CaptureArgs,
+}
+
+/// A pod that is IPv4 and whose resolv.conf must not be needed.
+struct NoDiscovery;
+
+impl PodNetwork for NoDiscovery {
+    fn is_ipv6(&self, _dual_stack: bool) -> Result<bool, CaptureError> {
+        Ok(false)
+    }
+
+    fn nameservers(&self) -> Result<Vec<String>, CaptureError> {
+        panic!("resolv.conf consulted although the case gives no dns-servers line");
+    }
+}
+
+/// The conformance folder, or `None` (after saying why) when it is absent outside CI.
+fn cases_dir() -> Option<PathBuf> {
+    let dir = match std::env::var_os("REMORA_CONFORMANCE_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/conformance/capture"),
+    };
+    if dir.is_dir() {
+        return Some(dir);
+    }
+    let reason = format!("conformance cases not found at {}", dir.display());
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{reason} (set REMORA_CONFORMANCE_DIR)");
+    }
+    eprintln!("skipping: {reason} (set REMORA_CONFORMANCE_DIR)");
+    None
+}
+
+/// Runs the generator on a case's inputs and returns (dry-run output, expected rules).
+fn run_case(dir: &Path, case: &str) -> Result<(String, String), String> {
+    let read = |ext: &str| {
+        let path = dir.join(format!("{case}.{ext}"));
+        std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    let (args_text, expected) = (read("args")?, read("rules")?);
+    let mut lines = args_text.lines();
+    let flags = lines.next().ok_or("empty .args")?;
+    let mut argv = shlex::split(flags).ok_or("line 1 is not valid shell words")?;
+    let mut env = Vec::new();
+    for line in lines.filter(|l| !l.trim().is_empty()) {
+        let (key, value) = line.split_once(' ').unwrap_or((line, ""));
+        match key {
+            "env" => {
+                let (name, value) = value.split_once('=').ok_or("env line without '='")?;
+                env.push((name.to_owned(), value.to_owned()));
+            }
+            "ipv6" if value == "true" => argv.push("--assume-ipv6".to_owned()),
+            "dns-servers" => argv.push(format!("--dns-servers={value}")),
+            _ => return Err(format!("unknown .args line {line:?}")),
+        }
+    }
+    let argv = std::iter::once("capture".to_owned()).chain(argv);
+    let cli = Cli::try_parse_from(argv).map_err(|e| format!("flags: {e}"))?;
+    let env = Environment::from_pairs(env);
+    let config =
+        CaptureConfig::resolve(&cli.args, &env, &NoDiscovery).map_err(|e| e.to_string())?;
+    Ok((generate(&config).dry_run_output(), expected))
+}
+
+/// A line-by-line report of where two texts differ.
+fn diff(expected: &str, actual: &str) -> String {
+    let (e, a): (Vec<_>, Vec<_>) = (expected.lines().collect(), actual.lines().collect());
+    let mut out = String::new();
+    for i in 0..e.len().max(a.len()) {
+        let (el, al) = (e.get(i).copied(), a.get(i).copied());
+        if el != al {
+            out.push_str(&format!(
+                "line {}:\n  expected: {}\n  actual:   {}\n",
+                i + 1,
+                el.unwrap_or("<none>"),
+                al.unwrap_or("<none>")
+            ));
+        }
+    }
+    if out.is_empty() && expected != actual {
+        out.push_str("texts differ only in line endings or a final newline\n");
+    }
+    out
+}
+
+fn assert_case(case: &str) {
+    let Some(dir) = cases_dir() else { return };
+    match run_case(&dir, case) {
+        Ok((actual, expected)) if actual == expected => {}
+        Ok((actual, expected)) => panic!(
+            "case {case}: dry-run output differs from {case}.rules\n{}\n--- actual output ---\n{actual}",
+            diff(&expected, &actual)
+        ),
+        Err(e) => panic!("case {case}: {e}"),
+    }
+}
+
+macro_rules! cases {
+    ($($name:ident => $case:literal,)*) => {
+        $(
+            #[test]
+            fn $name() {
+                assert_case($case);
+            }
+        )*
+    };
+}
+
+// One test per case, so a failure names it.
+cases! {
+    required_default_sidecar => "default-sidecar",
+    required_empty => "empty",
+    required_inbound_ports_include => "inbound-ports-include",
+    required_inbound_ports_wildcard => "inbound-ports-wildcard",
+    required_ipnets => "ipnets",
+    required_outbound_ports_include => "outbound-ports-include",
+    required_outbound_owner_groups => "outbound-owner-groups",
+    required_outbound_owner_groups_exclude => "outbound-owner-groups-exclude",
+    required_host_ipv4_loopback_cidr => "host-ipv4-loopback-cidr",
+    required_cni_basic => "cni-basic",
+    required_cni_custom_uid => "cni-custom-uid",
+    required_cni_include_exclude_ip => "cni-include-exclude-ip",
+    required_cni_include_exclude_ports => "cni-include-exclude-ports",
+}
+
+cases! {
+    basic_exclude_nic => "basic-exclude-nic",
+    cni_custom_uid_tproxy => "cni-custom-uid-tproxy",
+    cni_dns => "cni-dns",
+    cni_invalid_drop => "cni-invalid-drop",
+    cni_tproxy => "cni-tproxy",
+    dns_uid_gid => "dns-uid-gid",
+    drop_invalid => "drop-invalid",
+    inbound_ports_tproxy => "inbound-ports-tproxy",
+    inbound_ports_wildcard_tproxy => "inbound-ports-wildcard-tproxy",
+    ip_range => "ip-range",
+    ipnets_with_kube_virt_interfaces => "ipnets-with-kube-virt-interfaces",
+    ipv6_dns_outbound_owner_groups_exclude => "ipv6-dns-outbound-owner-groups-exclude",
+    ipv6_dns_outbound_owner_groups => "ipv6-dns-outbound-owner-groups",
+    ipv6_dns_uid_gid => "ipv6-dns-uid-gid",
+    ipv6_empty_inbound_ports => "ipv6-empty-inbound-ports",
+    ipv6_inbound_ports => "ipv6-inbound-ports",
+    ipv6_ipnets => "ipv6-ipnets",
+    ipv6_outbound_ports => "ipv6-outbound-ports",
+    ipv6_uid_gid => "ipv6-uid-gid",
+    ipv6_virt_interfaces => "ipv6-virt-interfaces",
+    kube_virt_interfaces => "kube-virt-interfaces",
+    loopback_outbound_iprange => "loopback-outbound-iprange",
+    tproxy => "tproxy",
+}
+
+/// Every case in the folder is accounted for exactly once, and every listed case has a
+/// test above (the lists and the macros must agree).
+#[test]
+fn every_case_is_listed() {
+    let Some(dir) = cases_dir() else { return };
+    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+        .expect("read conformance dir")
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            name.strip_suffix(".args").map(str::to_owned)
+        })
+        .collect();
+    on_disk.sort();
+    let mut listed: Vec<String> = [REQUIRED, ALSO_PASSING, PENDING]
+        .concat()
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        on_disk,
+        "case lists out of date with {}",
+        dir.display()
+    );
+    assert_eq!(REQUIRED.len(), 13);
+    let tested = include_str!("conformance.rs").matches(" => \"").count();
+    assert_eq!(
+        tested,
+        REQUIRED.len() + ALSO_PASSING.len(),
+        "a listed case has no test"
+    );
+}
+
+#[test]
+fn pending_cases_still_fail() {
+    let Some(dir) = cases_dir() else { return };
+    for case in PENDING {
+        if let Ok((actual, expected)) = run_case(&dir, case) {
+            assert_ne!(
+                actual, expected,
+                "pending case {case} passes now: move it to ALSO_PASSING"
+            );
+        }
+    }
+}
