@@ -2,6 +2,9 @@
 //! loop, beside the same exchange with no proxy. Quote the ratio, not the absolute numbers: the
 //! machines these run on are shared and noisy.
 
+// Benchmark set-up fails loudly; there is no user input here.
+#![allow(clippy::unwrap_used)]
+
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::path::Path;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

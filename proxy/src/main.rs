@@ -19,13 +19,13 @@ enum Command {
     /// Run the sidecar: capture listeners, readiness, metrics and admin.
     Run(remora::cli::RunArgs),
     /// Write the iptables rules that send a pod's TCP through the sidecar (istio-iptables flags).
-    Capture(remora_capture::CaptureArgs),
+    Capture(Box<remora_capture::CaptureArgs>),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => remora::cli::run(args),
-        Command::Capture(args) => remora::cli::capture(args),
+        Command::Capture(args) => remora::cli::capture(*args),
     }
 }

@@ -1,6 +1,9 @@
 //! `remora run` as a process, on loopback only: start-up errors, reload, loop refusal. No root
 //! needed; the capture path is covered by the end-to-end tests in `tests/`.
 
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
