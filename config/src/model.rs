@@ -40,6 +40,10 @@ pub struct Config {
     pub access_log: AccessLogConfig,
     /// How the config file is watched for changes.
     pub reload: ReloadConfig,
+    /// Explicit listeners, each forwarding to one upstream. When any is given, Remora runs as a
+    /// plain proxy (no capture listeners: no iptables, no root), as on a laptop or in a
+    /// benchmark.
+    pub listeners: Vec<ListenerConfig>,
 }
 
 impl Default for Config {
@@ -57,8 +61,31 @@ impl Default for Config {
             drain: DrainConfig::default(),
             access_log: AccessLogConfig::default(),
             reload: ReloadConfig::default(),
+            listeners: Vec::new(),
         }
     }
+}
+
+/// One explicit listener.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    /// Where to listen, e.g. `127.0.0.1:8080`.
+    pub address: SocketAddr,
+    /// Where every accepted connection goes.
+    pub upstream: SocketAddr,
+    /// What is proxied; `tcp` copies bytes (HTTP-aware modes come with HTTP support).
+    #[serde(default)]
+    pub protocol: ListenerProtocol,
+}
+
+/// How an explicit listener treats its traffic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ListenerProtocol {
+    /// Opaque bytes.
+    #[default]
+    Tcp,
 }
 
 /// The outbound capture listener (`istio-iptables -p`).
@@ -229,6 +256,35 @@ impl Config {
                 return Err((
                     name.to_string(),
                     format!("port {port} is already used by `{other}`"),
+                ));
+            }
+        }
+        let side_ports = [
+            self.readiness.port.get(),
+            self.metrics.port.get(),
+            self.admin.address.port(),
+        ];
+        for (i, l) in self.listeners.iter().enumerate() {
+            let field = format!("listeners.{i}.address");
+            if l.address.port() == 0 {
+                return Err((field, "must name a port".into()));
+            }
+            if side_ports.contains(&l.address.port()) {
+                return Err((
+                    field,
+                    format!(
+                        "port {} is taken by readiness, metrics or admin",
+                        l.address.port()
+                    ),
+                ));
+            }
+            if self.listeners[..i].iter().any(|o| o.address == l.address) {
+                return Err((field, format!("{} is listed twice", l.address)));
+            }
+            if l.upstream == l.address {
+                return Err((
+                    format!("listeners.{i}.upstream"),
+                    "is the listener itself: every connection would loop".into(),
                 ));
             }
         }

@@ -103,3 +103,28 @@ fn load_names_a_missing_file() {
         "{err}"
     );
 }
+
+#[test]
+fn explicit_listeners_parse_and_are_checked() {
+    let c = parse_str(
+        "listeners:\n  - address: 127.0.0.1:8080\n    upstream: 127.0.0.1:9090\n    protocol: tcp\n",
+    )
+    .unwrap();
+    assert_eq!(c.listeners.len(), 1);
+    assert_eq!(c.listeners[0].upstream.port(), 9090);
+    assert_eq!(c.listeners[0].protocol, ListenerProtocol::Tcp);
+
+    let err = parse_str("listeners:\n  - address: 127.0.0.1:15021\n    upstream: 127.0.0.1:1\n")
+        .unwrap_err();
+    assert_eq!(err.field(), Some("listeners.0.address"));
+
+    let err = parse_str("listeners:\n  - address: 127.0.0.1:80\n    upstream: 127.0.0.1:80\n")
+        .unwrap_err();
+    assert_eq!(err.field(), Some("listeners.0.upstream"));
+
+    let err = parse_str(
+        "listeners:\n  - address: 127.0.0.1:80\n    upstream: 127.0.0.1:81\n    protocol: smtp\n",
+    )
+    .unwrap_err();
+    assert_eq!(err.line(), Some(4), "{err}");
+}

@@ -7,7 +7,7 @@ use crate::drain::Drain;
 use crate::listener;
 use crate::loop_guard::LoopGuard;
 use crate::metrics::Metrics;
-use crate::proxy::Proxy;
+use crate::proxy::{Proxy, Route};
 use crate::reload::{Overrides, Reloader};
 use crate::Direction;
 use anyhow::Context;
@@ -43,9 +43,25 @@ pub struct RunArgs {
     /// Worker threads for the data path (Istio's sidecar default is 2).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
+    /// Run as a plain proxy on this address instead of the capture listeners (needs
+    /// `--upstream`); no iptables, no root.
+    #[arg(long, value_name = "ADDR", requires = "upstream")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Where `--listen` forwards every connection.
+    #[arg(long, value_name = "ADDR", requires = "listen")]
+    pub upstream: Option<std::net::SocketAddr>,
+    /// What `--listen` proxies.
+    #[arg(long, value_enum, default_value_t = ProtocolArg::Tcp, requires = "listen")]
+    pub protocol: ProtocolArg,
     /// On SIGTERM, exit as soon as no connection is left rather than after the drain period.
     #[arg(long, env = "EXIT_ON_ZERO_ACTIVE_CONNECTIONS")]
     pub exit_on_zero_active_connections: bool,
+}
+
+/// `--protocol` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProtocolArg {
+    Tcp,
 }
 
 /// Log line format.
@@ -100,6 +116,15 @@ fn start(args: RunArgs) -> anyhow::Result<()> {
     let overrides = Overrides {
         access_log: args.access_log,
         exit_on_zero_active_connections: args.exit_on_zero_active_connections,
+        listener: args.listen.zip(args.upstream).map(|(address, upstream)| {
+            remora_config::ListenerConfig {
+                address,
+                upstream,
+                protocol: match args.protocol {
+                    ProtocolArg::Tcp => remora_config::ListenerProtocol::Tcp,
+                },
+            }
+        }),
     };
     let config = match &args.config {
         Some(path) => remora_config::load(path)?,
@@ -109,8 +134,23 @@ fn start(args: RunArgs) -> anyhow::Result<()> {
 
     // Bind everything before anything runs, so a port in use fails the start.
     let addrs = &config.bind_addresses;
-    let outbound = listener::bind_all(addrs, config.outbound.port.get())?;
-    let inbound = listener::bind_all(addrs, config.inbound.port.get())?;
+    let mut routes = Vec::new();
+    if config.listeners.is_empty() {
+        for l in listener::bind_all(addrs, config.outbound.port.get())? {
+            routes.push((Route::Capture(Direction::Outbound), l));
+        }
+        for l in listener::bind_all(addrs, config.inbound.port.get())? {
+            routes.push((Route::Capture(Direction::Inbound), l));
+        }
+    } else {
+        for explicit in &config.listeners {
+            let l = listener::bind(explicit.address).map_err(|source| listener::BindError {
+                addr: explicit.address,
+                source,
+            })?;
+            routes.push((Route::Fixed(explicit.upstream), l));
+        }
+    }
     let mut side = Vec::new();
     for l in listener::bind_all(addrs, config.readiness.port.get())? {
         side.push((Role::Readiness, l));
@@ -135,7 +175,11 @@ fn start(args: RunArgs) -> anyhow::Result<()> {
     });
     admin::spawn(side, Arc::clone(&state)).context("starting the admin thread")?;
 
-    let capture_ports = vec![config.outbound.port.get(), config.inbound.port.get()];
+    // Ports that would loop into us if they were a connection's destination.
+    let capture_ports = routes
+        .iter()
+        .filter_map(|(_, l)| l.local_addr().ok().map(|a| a.port()))
+        .collect();
     let store = Arc::new(ArcSwap::from_pointee(config));
     let proxy = Arc::new(Proxy {
         config: Arc::clone(&store),
@@ -158,7 +202,7 @@ fn start(args: RunArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let result = runtime.block_on(serve(proxy, outbound, inbound, state, reloader));
+    let result = runtime.block_on(serve(proxy, routes, state, reloader));
     // Connections still open after the drain period are cut here.
     runtime.shutdown_timeout(Duration::from_millis(100));
     result
@@ -166,8 +210,7 @@ fn start(args: RunArgs) -> anyhow::Result<()> {
 
 async fn serve(
     proxy: Arc<Proxy>,
-    outbound: Vec<std::net::TcpListener>,
-    inbound: Vec<std::net::TcpListener>,
+    routes: Vec<(Route, std::net::TcpListener)>,
     state: Arc<AdminState>,
     reloader: Option<Reloader>,
 ) -> anyhow::Result<()> {
@@ -175,29 +218,19 @@ async fn serve(
     let mut sigint = signal(SignalKind::interrupt()).context("handling SIGINT")?;
     let drain = Arc::clone(&proxy.drain);
 
-    for l in outbound {
+    for (route, l) in routes {
         let l = TcpListener::from_std(l)?;
-        tracing::info!(local = ?l.local_addr().ok(), "outbound capture listener");
-        // Outbound keeps serving while draining: the application may still need its peers.
-        let stop = std::future::pending();
-        tokio::spawn(listener::accept_loop(
-            l,
-            Direction::Outbound,
-            Arc::clone(&proxy),
-            stop,
-        ));
-    }
-    for l in inbound {
-        let l = TcpListener::from_std(l)?;
-        tracing::info!(local = ?l.local_addr().ok(), "inbound capture listener");
-        let drain = Arc::clone(&drain);
-        let stop = async move { drain.started().await };
-        tokio::spawn(listener::accept_loop(
-            l,
-            Direction::Inbound,
-            Arc::clone(&proxy),
-            stop,
-        ));
+        tracing::info!(local = ?l.local_addr().ok(), ?route, "listening");
+        let proxy = Arc::clone(&proxy);
+        if route == Route::Capture(Direction::Inbound) {
+            let drain = Arc::clone(&drain);
+            let stop = async move { drain.started().await };
+            tokio::spawn(listener::accept_loop(l, route, proxy, stop));
+        } else {
+            // Outbound keeps serving while draining: the application may still need its peers.
+            let stop = std::future::pending();
+            tokio::spawn(listener::accept_loop(l, route, proxy, stop));
+        }
     }
     if let Some(r) = reloader {
         tokio::spawn(r.watch());

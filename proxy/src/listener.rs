@@ -1,7 +1,6 @@
 //! Binding listeners on every configured address, and the accept loop of a capture listener.
 
-use crate::proxy::Proxy;
-use crate::Direction;
+use crate::proxy::{Proxy, Route};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::future::Future;
 use std::io;
@@ -73,7 +72,7 @@ pub fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
 /// Returning drops the listener, so connections arriving later are refused by the kernel.
 pub async fn accept_loop(
     listener: TcpListener,
-    dir: Direction,
+    route: Route,
     proxy: Arc<Proxy>,
     stop: impl Future<Output = ()>,
 ) {
@@ -82,17 +81,17 @@ pub async fn accept_loop(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    tokio::spawn(Arc::clone(&proxy).serve(stream, peer, dir));
+                    tokio::spawn(Arc::clone(&proxy).serve(stream, peer, route));
                 }
                 Err(e) => {
                     // Out of file descriptors or memory: back off instead of spinning; the
                     // pending connection stays in the backlog until we can take it.
-                    tracing::warn!(error = %e, direction = dir.as_str(), "accept failed");
+                    tracing::warn!(error = %e, ?route, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
             () = &mut stop => {
-                tracing::info!(direction = dir.as_str(), local = ?listener.local_addr().ok(), "listener closed");
+                tracing::info!(?route, local = ?listener.local_addr().ok(), "listener closed");
                 return;
             }
         }

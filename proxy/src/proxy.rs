@@ -27,6 +27,25 @@ pub struct Proxy {
     pub access_log: AccessLog,
 }
 
+/// Where a listener's connections go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// A capture listener: to the original destination.
+    Capture(Direction),
+    /// An explicit listener: always to this upstream. Counted as outbound.
+    Fixed(SocketAddr),
+}
+
+impl Route {
+    /// The direction metrics and logs file the connection under.
+    pub fn direction(self) -> Direction {
+        match self {
+            Route::Capture(d) => d,
+            Route::Fixed(_) => Direction::Outbound,
+        }
+    }
+}
+
 /// What happened to one connection.
 struct Outcome {
     destination: Option<SocketAddr>,
@@ -36,7 +55,8 @@ struct Outcome {
 
 impl Proxy {
     /// Serve one accepted connection until it is finished.
-    pub async fn serve(self: Arc<Self>, downstream: TcpStream, peer: SocketAddr, dir: Direction) {
+    pub async fn serve(self: Arc<Self>, downstream: TcpStream, peer: SocketAddr, route: Route) {
+        let dir = route.direction();
         let _active = self.drain.track();
         let config = self.config.load_full();
         let started = (SystemTime::now(), Instant::now());
@@ -45,7 +65,7 @@ impl Proxy {
         m.active.inc();
         let peer = orig_dst::canonical(peer);
 
-        let outcome = self.proxy(&config, &downstream, peer, dir).await;
+        let outcome = self.proxy(&config, &downstream, peer, route).await;
 
         m.closed.inc();
         m.active.dec();
@@ -71,14 +91,18 @@ impl Proxy {
         config: &Config,
         downstream: &TcpStream,
         peer: SocketAddr,
-        dir: Direction,
+        route: Route,
     ) -> Outcome {
-        let destination = match orig_dst::original_dst(downstream) {
-            Ok((dst, _)) => dst,
-            Err(e) => {
-                tracing::debug!(%peer, error = %e, "no destination for connection");
-                return refused(None, End::NoDestination);
-            }
+        let dir = route.direction();
+        let destination = match route {
+            Route::Fixed(upstream) => upstream,
+            Route::Capture(_) => match orig_dst::original_dst(downstream) {
+                Ok((dst, _)) => dst,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "no destination for connection");
+                    return refused(None, End::NoDestination);
+                }
+            },
         };
         if let Some(guard) = self.loop_guard.check(peer, destination) {
             let counter = match guard {
@@ -187,7 +211,7 @@ mod tests {
             .await
             .unwrap();
         let (stream, peer) = listener.accept().await.unwrap();
-        let fut = proxy.serve(stream, peer, Direction::Outbound);
+        let fut = proxy.serve(stream, peer, Route::Capture(Direction::Outbound));
         let size = std::mem::size_of_val(&fut);
         eprintln!("connection future: {size} bytes");
         assert!(size <= 1536, "connection future is {size} bytes");

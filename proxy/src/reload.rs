@@ -17,12 +17,14 @@ use tokio::signal::unix::{signal, SignalKind};
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Settings given on the command line or in the environment; they win over every loaded file.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Overrides {
     /// `--access-log`.
     pub access_log: bool,
     /// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true`.
     pub exit_on_zero_active_connections: bool,
+    /// `--listen`/`--upstream`/`--protocol`: replaces the file's listeners.
+    pub listener: Option<remora_config::ListenerConfig>,
 }
 
 impl Overrides {
@@ -33,6 +35,9 @@ impl Overrides {
         }
         if self.exit_on_zero_active_connections {
             config.drain.exit_on_zero_active_connections = true;
+        }
+        if let Some(l) = &self.listener {
+            config.listeners = vec![l.clone()];
         }
         config
     }
@@ -114,7 +119,10 @@ impl Reloader {
 
 /// Listeners are bound once at start; say so when a reload asks for different ones.
 fn warn_if_needs_restart(old: &Config, new: &Config) {
-    if old.own_ports() != new.own_ports() || old.bind_addresses != new.bind_addresses {
+    if old.own_ports() != new.own_ports()
+        || old.bind_addresses != new.bind_addresses
+        || old.listeners != new.listeners
+    {
         tracing::warn!("listener ports or addresses changed; they take effect at the next start");
     }
 }
@@ -130,6 +138,7 @@ mod tests {
             overrides: Overrides {
                 access_log: true,
                 exit_on_zero_active_connections: false,
+                listener: None,
             },
             store: Arc::new(ArcSwap::from_pointee(Config::default())),
             metrics: Arc::new(Metrics::new()),

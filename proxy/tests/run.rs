@@ -228,3 +228,51 @@ fn a_connection_to_the_capture_port_itself_is_refused_not_looped() {
     let opened = "remora_connections_opened_total{direction=\"outbound\"}";
     assert_eq!(metric(ports.metrics, opened), Some(1), "nothing looped");
 }
+
+#[test]
+fn explicit_listener_proxies_to_its_upstream_without_capture() {
+    // An echo server that half-closes after echoing everything it got.
+    let echo = TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = echo.local_addr().unwrap();
+    std::thread::spawn(move || {
+        if let Ok((mut s, _)) = echo.accept() {
+            let mut data = Vec::new();
+            s.read_to_end(&mut data).unwrap();
+            s.write_all(&data).unwrap();
+        }
+    });
+    let dir = TempDir::new("explicit");
+    let ports = Ports::new();
+    let path = dir.0.join("remora.yaml");
+    std::fs::write(&path, ports.config("")).unwrap();
+    let listen = free_port();
+    let child = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&path)
+        .args(["--listen", &format!("127.0.0.1:{listen}")])
+        .args(["--upstream", &upstream.to_string(), "--protocol", "tcp"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _remora = Remora(child);
+    wait_until("readiness", || {
+        get(ports.readiness, "/healthz/ready").is_ok_and(|(s, _)| s == 200)
+    });
+    // The capture listeners are not bound in explicit mode.
+    assert!(TcpStream::connect(("127.0.0.1", ports.outbound)).is_err());
+
+    let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+    let mut s = TcpStream::connect(("127.0.0.1", listen)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&payload).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut back = Vec::new();
+    s.read_to_end(&mut back).unwrap();
+    assert!(
+        back == payload,
+        "echo through the explicit listener differs"
+    );
+    let opened = "remora_connections_opened_total{direction=\"outbound\"}";
+    assert_eq!(metric(ports.metrics, opened), Some(1));
+}
