@@ -13,6 +13,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 /// How often a bounded wait looks again.
@@ -25,13 +26,24 @@ const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Counter that makes config and log file names unique within one work directory.
 static NEXT_FILE: AtomicU32 = AtomicU32::new(0);
 
+/// Tests run in parallel threads. A child forked while another thread holds a freshly copied
+/// executable open for writing inherits that descriptor until it execs, and exec of the copy
+/// then fails with ETXTBSY ("Text file busy"). So every spawn here holds this lock shared and
+/// every copy of an executable holds it exclusively.
+static SPAWN_LOCK: RwLock<()> = RwLock::new(());
+
+fn spawn(cmd: &mut Command) -> io::Result<Child> {
+    let _shared = SPAWN_LOCK.read().unwrap_or_else(PoisonError::into_inner);
+    cmd.spawn()
+}
+
 /// Run a command to completion, killing it if it outlives `timeout`.
 pub fn run_bounded(cmd: &mut Command, timeout: Duration) -> io::Result<Output> {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
+    let mut child = spawn(
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )?;
     // Drain both pipes on their own threads so a chatty child never blocks on a full pipe.
     let stdout = child.stdout.take().map(drain);
     let stderr = child.stderr.take().map(drain);
@@ -97,8 +109,11 @@ impl RemoraBinary {
         fs::set_permissions(dir.path(), Permissions::from_mode(0o755))
             .expect("make the temporary directory world-readable");
         let path = dir.path().join("remora");
-        fs::copy(&source, &path)
-            .unwrap_or_else(|e| panic!("copy {} to {}: {e}", source.display(), path.display()));
+        {
+            let _exclusive = SPAWN_LOCK.write().unwrap_or_else(PoisonError::into_inner);
+            fs::copy(&source, &path)
+                .unwrap_or_else(|e| panic!("copy {} to {}: {e}", source.display(), path.display()));
+        }
         fs::set_permissions(&path, Permissions::from_mode(0o755))
             .expect("make the remora copy executable");
         RemoraBinary { dir, path }
@@ -211,11 +226,7 @@ impl<'a> RemoraCommand<'a> {
         let stderr = File::create(&stderr_path).expect("create the stderr log");
         // `ip netns exec` and `setpriv` both exec, so the child's PID is remora's own and a
         // signal sent to it reaches remora.
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .spawn()
+        let child = spawn(cmd.stdin(Stdio::null()).stdout(stdout).stderr(stderr))
             .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
         Remora {
             ns: self.ns,

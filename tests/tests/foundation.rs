@@ -2,11 +2,9 @@
 //! 1337 in a pod namespace, and real clients and servers on both sides of a veth pair.
 
 use remora_e2e::peer::{self, Server};
-use remora_e2e::process::run_bounded;
-use remora_e2e::{PodNet, RemoraBinary, DEFAULT_CAPTURE_ARGS};
+use remora_e2e::{PodNet, DEFAULT_CAPTURE_ARGS};
 use std::io::{self, Read};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -316,40 +314,5 @@ fn exit_on_zero_active_connections_exits_well_before_the_drain_period() {
         status.is_some_and(|s| s.success()),
         "with no connection open, remora should exit 0 at once, got {status:?}; stderr:\n{}",
         remora.stderr()
-    );
-}
-
-#[test]
-fn config_error_names_the_file_line_and_field() {
-    let binary = RemoraBinary::install();
-    let config = binary.write_file(
-        "bad.yaml",
-        "drain:\n  duration: 3s\ninbound:\n  port: lots\n",
-    );
-
-    // Parsing fails before anything binds; the bound only matters if it does not.
-    let out = run_bounded(
-        Command::new(binary.path())
-            .arg("run")
-            .arg("--config")
-            .arg(&config),
-        Duration::from_secs(5),
-    )
-    .expect("remora run with a bad config should exit by itself");
-
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "remora accepted a bad config");
-    let file = config.display().to_string();
-    assert!(
-        stderr.contains(&file),
-        "stderr should name {file}:\n{stderr}"
-    );
-    assert!(
-        stderr.contains(&format!("{file}:4")) || stderr.contains("line 4"),
-        "stderr should name line 4:\n{stderr}"
-    );
-    assert!(
-        stderr.contains("inbound.port"),
-        "stderr should name the field inbound.port:\n{stderr}"
     );
 }

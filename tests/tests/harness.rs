@@ -1,4 +1,4 @@
-//! Checks of the harness itself: namespaces, the veth pair, peers, and cleanup on drop.
+//! Checks of the harness itself: the veth pair, the peers, and cleanup on drop.
 
 use remora_e2e::peer::{self, Server};
 use remora_e2e::PodNet;
@@ -31,27 +31,25 @@ fn pod_and_peer_reach_each_other_over_the_veth_pair() {
 }
 
 #[test]
-fn namespaces_are_deleted_on_drop_even_when_the_test_panics() {
-    let names = std::sync::Mutex::new(Vec::new());
-    let result = std::panic::catch_unwind(|| {
-        let Some(net) = PodNet::create_or_skip() else {
-            return;
-        };
-        names
-            .lock()
-            .unwrap()
-            .extend([net.pod.name().to_string(), net.peer.name().to_string()]);
-        panic!("deliberate");
-    });
-    let names = names.into_inner().unwrap();
-    if names.is_empty() {
-        return; // skipped
-    }
-    assert!(result.is_err());
+fn dropping_the_pod_net_kills_remora_and_deletes_both_namespaces() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    let names = [net.pod.name().to_string(), net.peer.name().to_string()];
+    let remora = net.remora().start_ready();
+    let pid = remora.pid();
+
+    drop(remora);
+    drop(net);
+
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "remora (PID {pid}) outlived its handle"
+    );
     for name in names {
         assert!(
             !Path::new("/var/run/netns").join(&name).exists(),
-            "{name} left behind"
+            "namespace {name} left behind"
         );
     }
 }
