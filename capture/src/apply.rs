@@ -1,26 +1,33 @@
-//! Installing and removing the rules: the thin layer between the generator and iptables.
+//! Installing and removing the iptables rules: the thin layer between the generator and
+//! iptables.
 //!
-//! Per IP family, IPv4 first:
-//! - **install** reads the installed state with `iptables-save`. Without any `ISTIO_*` chain
-//!   it writes the rules with one `iptables-restore --noflush`, whose input is exactly what
-//!   `--dry-run` prints. If our chains exist and hold exactly the wanted rules (same chains,
-//!   same rule counts, and every rule confirmed by iptables' own `-C` matching), it does
-//!   nothing; otherwise it removes them first, then writes.
+//! Per IP family, IPv4 first, with the binaries [`crate::iptables_binaries`] chose:
+//! - **install** reads the installed state with `*-save`. Without any `ISTIO_*` chain it
+//!   writes the rules with one `*-restore --noflush`, whose input is exactly what `--dry-run`
+//!   prints. If our chains exist and hold exactly the wanted rules (same chains, same rule
+//!   counts, and every rule confirmed by iptables' own `-C` matching), it changes nothing.
+//!   If they differ, it fails unless asked to reconcile (as istio-iptables does, though it
+//!   fails less clearly), and with `--reconcile` (or `--force-apply`) it replaces them with
+//!   one restore per family that deletes, flushes and re-adds in the same transaction, so
+//!   there is never a moment with the old rules gone and the new ones missing.
 //! - **cleanup** removes what we own: every `ISTIO_*` chain, the jumps into them from built-in
 //!   chains, and the rules the current flags put straight into built-in chains (the RETURNs
 //!   for `-c`/`-k` and the TPROXY marks), found with `-C`. Everything else is left alone; a
-//!   user chain that jumps into ours is an error rather than something we silently edit.
+//!   user chain that jumps into a chain we delete is an error rather than something we
+//!   silently edit.
 //!
-//! Removal is one `iptables-restore --noflush` per family too, so it either fully happens or
-//! not at all.
+//! Rules in built-in chains that jump nowhere of ours can only be recognised by content, so
+//! only those the current flags would write are removed: after `-c eth9` becomes `-c eth8`,
+//! the old `-i eth9 -j RETURN` stays (as it does with istio-iptables).
 
 use std::fmt::Write as _;
 
 use crate::error::{CaptureError, CommandError, CommandFailure};
 use crate::generate::CaptureRules;
+use crate::iptables_binaries::{IptablesCommands, IptablesToolset};
 use crate::rules::{is_own_chain, Family, Rule, RuleSet, Table};
 use crate::runner::Runner;
-use crate::saved::SavedState;
+use crate::saved::{SavedState, SavedTable};
 
 /// What [`install`] did for one family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,76 +36,134 @@ pub enum Installed {
     Fresh,
     /// The same rules were already there; nothing was changed.
     Unchanged,
-    /// Different rules of ours were there; they were removed and the rules written.
+    /// Different rules of ours were there (or `force_apply`); they were replaced.
     Replaced,
 }
 
-/// Installs the rules, family by family (IPv4 first).
+/// How [`install_with`] treats rules of ours that are already installed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InstallOptions {
+    /// Replace installed rules that differ (`--reconcile`); otherwise that is an error.
+    pub reconcile: bool,
+    /// Replace installed rules even when they look identical (`--force-apply`).
+    pub force_apply: bool,
+}
+
+/// Installs the rules with the unsuffixed binaries, replacing different rules of ours.
 pub fn install(rules: &CaptureRules, runner: &dyn Runner) -> Result<Vec<Installed>, CaptureError> {
+    let options = InstallOptions {
+        reconcile: true,
+        force_apply: false,
+    };
+    install_with(rules, &IptablesToolset::unsuffixed(), options, runner)
+}
+
+/// Installs the rules, family by family (IPv4 first).
+pub fn install_with(
+    rules: &CaptureRules,
+    tools: &IptablesToolset,
+    options: InstallOptions,
+    runner: &dyn Runner,
+) -> Result<Vec<Installed>, CaptureError> {
     rules
         .families()
-        .map(|(family, wanted)| install_family(family, wanted, runner))
+        .map(|(family, wanted)| install_family(family, tools.get(family), wanted, options, runner))
         .collect()
 }
 
-/// Removes what Remora installed, for the families the rules cover.
+/// Removes what Remora installed with the unsuffixed binaries.
 pub fn cleanup(rules: &CaptureRules, runner: &dyn Runner) -> Result<(), CaptureError> {
+    cleanup_with(rules, &IptablesToolset::unsuffixed(), runner)
+}
+
+/// Removes what Remora installed, for the families the rules cover.
+pub fn cleanup_with(
+    rules: &CaptureRules,
+    tools: &IptablesToolset,
+    runner: &dyn Runner,
+) -> Result<(), CaptureError> {
     for (family, wanted) in rules.families() {
-        let saved = read_saved(family, runner)?;
-        if !remove(family, &saved, wanted, runner)? {
+        let commands = tools.get(family);
+        let saved = read_saved(commands, runner)?;
+        let input = removal_input(commands, &saved, wanted, None, runner)?;
+        if input.is_empty() {
             tracing::info!(family = family.label(), "nothing to remove");
+            continue;
         }
+        tracing::info!(
+            family = family.label(),
+            "removing capture rules:\n{}",
+            input.trim_end()
+        );
+        restore(commands, &input, runner)?;
     }
     Ok(())
 }
 
 fn install_family(
     family: Family,
+    commands: &IptablesCommands,
     wanted: &RuleSet,
+    options: InstallOptions,
     runner: &dyn Runner,
 ) -> Result<Installed, CaptureError> {
     let name = family.label();
-    let saved = read_saved(family, runner)?;
-    let outcome = if !saved.has_own_chains() {
-        Installed::Fresh
-    } else if is_installed(family, wanted, &saved, runner)? {
+    let saved = read_saved(commands, runner)?;
+    if !saved.has_own_chains() {
+        let input = wanted.restore_input();
+        tracing::info!(
+            family = name,
+            "installing capture rules:\n{}",
+            input.trim_end()
+        );
+        restore(commands, &input, runner)?;
+        return Ok(Installed::Fresh);
+    }
+    if !options.force_apply && is_installed(commands, wanted, &saved, runner)? {
         tracing::info!(
             family = name,
             "capture rules are already installed; nothing to do"
         );
         return Ok(Installed::Unchanged);
-    } else {
-        tracing::info!(
-            family = name,
-            "replacing previously installed capture rules"
-        );
-        remove(family, &saved, wanted, runner)?;
-        Installed::Replaced
-    };
-    let input = wanted.restore_input();
+    }
+    if !options.reconcile && !options.force_apply {
+        return Err(CaptureError::Drift { family: name });
+    }
+    let input = removal_input(commands, &saved, wanted, Some(wanted), runner)?;
     tracing::info!(
         family = name,
-        "installing capture rules:\n{}",
+        "replacing capture rules:\n{}",
         input.trim_end()
     );
-    restore(family, &input, runner)?;
-    Ok(outcome)
+    restore(commands, &input, runner)?;
+    Ok(Installed::Replaced)
 }
 
-fn read_saved(family: Family, runner: &dyn Runner) -> Result<SavedState, CaptureError> {
-    let text = runner.run(family.save_command(), &[], None)?;
+fn read_saved(
+    commands: &IptablesCommands,
+    runner: &dyn Runner,
+) -> Result<SavedState, CaptureError> {
+    let text = runner.run(&commands.save, &[], None)?;
     Ok(SavedState::parse(&text))
 }
 
-fn restore(family: Family, input: &str, runner: &dyn Runner) -> Result<(), CommandError> {
+fn restore(
+    commands: &IptablesCommands,
+    input: &str,
+    runner: &dyn Runner,
+) -> Result<(), CommandError> {
     runner
-        .run(family.restore_command(), &["--noflush"], Some(input))
+        .run(&commands.restore, &commands.restore_args(), Some(input))
         .map(drop)
 }
 
 /// Runs a restore input made of `-C` lines: true if every rule exists.
-fn all_present(family: Family, input: &str, runner: &dyn Runner) -> Result<bool, CommandError> {
-    match restore(family, input, runner) {
+fn all_present(
+    commands: &IptablesCommands,
+    input: &str,
+    runner: &dyn Runner,
+) -> Result<bool, CommandError> {
+    match restore(commands, input, runner) {
         Ok(()) => Ok(true),
         Err(CommandError {
             failure: CommandFailure::Exit { stderr, .. },
@@ -113,7 +178,7 @@ fn all_present(family: Family, input: &str, runner: &dyn Runner) -> Result<bool,
 
 /// Whether the installed chains of ours are exactly `wanted`.
 fn is_installed(
-    family: Family,
+    commands: &IptablesCommands,
     wanted: &RuleSet,
     saved: &SavedState,
     runner: &dyn Runner,
@@ -161,7 +226,7 @@ fn is_installed(
         }
         check.push_str("COMMIT\n");
     }
-    Ok(all_present(family, &check, runner)?)
+    Ok(all_present(commands, &check, runner)?)
 }
 
 /// Rules that go into chains we do not own (built-in ones).
@@ -169,47 +234,35 @@ fn outside_own_chains(wanted: &RuleSet, table: Table) -> impl Iterator<Item = &R
     wanted.in_table(table).filter(|r| !is_own_chain(r.chain))
 }
 
-/// Removes our chains and the rules leading into them; returns whether anything was removed.
-fn remove(
-    family: Family,
+/// The restore input that removes our rules and chains and, with `replacement`, writes those
+/// rules in the same input, table by table. Chains that stay are flushed rather than
+/// deleted, so a foreign jump into one does not stop a replacement. Empty if there is nothing
+/// to do.
+fn removal_input(
+    commands: &IptablesCommands,
     saved: &SavedState,
     wanted: &RuleSet,
+    replacement: Option<&RuleSet>,
     runner: &dyn Runner,
-) -> Result<bool, CaptureError> {
+) -> Result<String, CaptureError> {
     let mut input = String::new();
-    for saved_table in saved.tables() {
-        let table = saved_table.table;
-        let mut lines = Vec::new();
-        for rule in &saved_table.rules {
-            if is_own_chain(&rule.chain) || !rule.targets_own_chain() {
-                continue;
+    for table in Table::ALL {
+        let saved_table = saved.table(table);
+        let keep: Vec<&str> = replacement.map_or_else(Vec::new, |r| r.declared_chains(table));
+        let mut lines = match saved_table {
+            Some(t) => removal_lines(commands, t, wanted, &keep, runner)?,
+            None => Vec::new(),
+        };
+        if let Some(replacement) = replacement {
+            let existing: Vec<&str> =
+                saved_table.map_or_else(Vec::new, |t| t.own_chains().collect());
+            for chain in &keep {
+                if !existing.contains(chain) {
+                    lines.push(format!("-N {chain}"));
+                }
             }
-            if !saved_table.is_built_in(&rule.chain) {
-                return Err(CaptureError::ForeignReference {
-                    table: table.name().to_owned(),
-                    chain: rule.chain.clone(),
-                    target: rule.target.clone().unwrap_or_default(),
-                });
-            }
-            lines.push(rule.delete_line());
+            lines.extend(replacement.in_table(table).map(Rule::line));
         }
-        // Our rules in built-in chains that jump nowhere of ours can only be recognised by
-        // content, which iptables prints in its own form; so ask iptables, rule by rule.
-        let mut loose: Vec<String> = Vec::new();
-        for rule in outside_own_chains(wanted, table).filter(|r| !r.jumps_to_own_chain()) {
-            let delete = rule.line_as("-D");
-            if loose.contains(&delete) {
-                continue;
-            }
-            let check = format!("*{}\n{}\nCOMMIT\n", table.name(), rule.line_as("-C"));
-            if all_present(family, &check, runner)? {
-                loose.push(delete);
-            }
-        }
-        lines.extend(loose);
-        let own: Vec<&str> = saved_table.own_chains().collect();
-        lines.extend(own.iter().map(|chain| format!("-F {chain}")));
-        lines.extend(own.iter().map(|chain| format!("-X {chain}")));
         if !lines.is_empty() {
             let _ = writeln!(input, "*{}", table.name());
             for line in lines {
@@ -218,17 +271,56 @@ fn remove(
             input.push_str("COMMIT\n");
         }
     }
-    if input.is_empty() {
-        return Ok(false);
+    Ok(input)
+}
+
+/// For one table: delete the jumps into our chains and our loose rules in built-in chains,
+/// flush our chains, and delete those not in `keep`.
+fn removal_lines(
+    commands: &IptablesCommands,
+    saved_table: &SavedTable,
+    wanted: &RuleSet,
+    keep: &[&str],
+    runner: &dyn Runner,
+) -> Result<Vec<String>, CaptureError> {
+    let table = saved_table.table;
+    let mut lines = Vec::new();
+    for rule in &saved_table.rules {
+        if is_own_chain(&rule.chain) || !rule.targets_own_chain() {
+            continue;
+        }
+        if !saved_table.is_built_in(&rule.chain) {
+            let target = rule.target.clone().unwrap_or_default();
+            if keep.contains(&target.as_str()) {
+                continue;
+            }
+            return Err(CaptureError::ForeignReference {
+                table: table.name().to_owned(),
+                chain: rule.chain.clone(),
+                target,
+            });
+        }
+        lines.push(rule.delete_line());
     }
-    let name = family.label();
-    tracing::info!(
-        family = name,
-        "removing capture rules:\n{}",
-        input.trim_end()
-    );
-    restore(family, &input, runner)?;
-    Ok(true)
+    // Our rules in built-in chains that jump nowhere of ours can only be recognised by
+    // content, which iptables prints in its own form; so ask iptables, rule by rule.
+    let mut loose: Vec<String> = Vec::new();
+    for rule in outside_own_chains(wanted, table).filter(|r| !r.jumps_to_own_chain()) {
+        let delete = rule.line_as("-D");
+        if loose.contains(&delete) {
+            continue;
+        }
+        let check = format!("*{}\n{}\nCOMMIT\n", table.name(), rule.line_as("-C"));
+        if all_present(commands, &check, runner)? {
+            loose.push(delete);
+        }
+    }
+    lines.extend(loose);
+    let own: Vec<&str> = saved_table.own_chains().collect();
+    lines.extend(own.iter().map(|chain| format!("-F {chain}")));
+    let dropped = own.iter().filter(|chain| !keep.contains(chain));
+    lines.extend(dropped.map(|chain| format!("-X {chain}")));
+    Ok(lines)
 }
 
 #[cfg(test)]

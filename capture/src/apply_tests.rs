@@ -96,7 +96,7 @@ impl Runner for Fake {
         if program.ends_with("-save") {
             return Ok(self.saved.clone());
         }
-        assert_eq!(args, ["--noflush"]);
+        assert_eq!(args[0], "--noflush");
         if stdin.is_some_and(|s| s.contains("\n-C ")) && !self.checks_pass {
             return Err(CommandError {
                 command: program.to_owned(),
@@ -131,26 +131,100 @@ fn identical_installation_is_left_alone() {
 }
 
 #[test]
-fn different_installation_is_replaced() {
+fn different_installation_is_replaced_in_one_restore() {
     let old = rules_for(&["-b", "*", "-i", "*"]);
-    let new = rules_for(&["-b", "8080,9090", "-i", "*"]);
+    let new = rules_for(&["-b", "8080,9090", "-i", "*", "--drop-invalid"]);
     let fake = Fake::new(as_saved(&old.v4, FOREIGN), true);
     assert_eq!(install(&new, &fake).unwrap(), [Installed::Replaced]);
     let writes = fake.writes();
-    assert_eq!(writes.len(), 2);
-    let removal = &writes[0];
-    assert!(removal.starts_with("*nat\n"), "{removal}");
+    assert_eq!(writes.len(), 1, "removal and re-adding are one transaction");
+    let input = &writes[0];
+    assert!(input.starts_with("*mangle\n-N ISTIO_DROP\n"), "{input}");
+    let nat = &input[input.find("*nat\n").unwrap()..];
+    for line in [
+        "-D PREROUTING -p tcp -j ISTIO_INBOUND\n",
+        "-D OUTPUT -j ISTIO_OUTPUT\n",
+        "-F ISTIO_INBOUND\n",
+        "-A ISTIO_INBOUND -p tcp --dport 8080 -j ISTIO_IN_REDIRECT\n",
+        "-A OUTPUT -j ISTIO_OUTPUT\n",
+    ] {
+        assert!(nat.contains(line), "{line:?} missing from {nat}");
+    }
+    // Chains that stay are flushed, not deleted and re-created.
+    assert!(!nat.contains("-X ISTIO_INBOUND") && !nat.contains("-N ISTIO_INBOUND"));
+    assert!(!input.contains("FOREIGN"), "foreign rules stay: {input}");
+    let first = |needle: &str| nat.find(needle).unwrap();
+    assert!(first("-D ") < first("-F ") && first("-F ") < first("-A "));
+    assert_eq!(nat.matches("COMMIT").count(), 1);
+}
+
+#[test]
+fn chains_no_longer_wanted_are_deleted_when_replacing() {
+    let old = rules_for(&["-b", "*", "-i", "*", "--drop-invalid"]);
+    let new = rules_for(&["-b", "*", "-i", "*"]);
+    let fake = Fake::new(as_saved(&old.v4, ""), true);
+    assert_eq!(install(&new, &fake).unwrap(), [Installed::Replaced]);
+    let input = fake.writes().concat();
+    assert!(input.contains("*mangle\n-D PREROUTING -m conntrack --ctstate INVALID -j ISTIO_DROP\n-F ISTIO_DROP\n-X ISTIO_DROP\nCOMMIT\n"), "{input}");
+}
+
+#[test]
+fn drift_without_reconcile_is_an_error_and_changes_nothing() {
+    let old = rules_for(&["-b", "*", "-i", "*"]);
+    let new = rules_for(&["-b", "8080,9090", "-i", "*"]);
+    let fake = Fake::new(as_saved(&old.v4, ""), true);
+    let options = InstallOptions {
+        reconcile: false,
+        force_apply: false,
+    };
+    let tools = IptablesToolset::unsuffixed();
+    let err = install_with(&new, &tools, options, &fake).unwrap_err();
     assert!(
-        removal.contains("-D PREROUTING -p tcp -j ISTIO_INBOUND\n"),
-        "{removal}"
+        matches!(err, CaptureError::Drift { family: "IPv4" }),
+        "{err}"
     );
-    assert!(removal.contains("-D OUTPUT -j ISTIO_OUTPUT\n"), "{removal}");
-    assert!(removal.contains("-F ISTIO_INBOUND\n") && removal.contains("-X ISTIO_INBOUND\n"));
-    assert!(
-        !removal.contains("FOREIGN"),
-        "foreign rules stay: {removal}"
+    assert!(err.to_string().contains("--reconcile"), "{err}");
+    assert!(fake.writes().is_empty());
+    // Identical rules need no reconcile.
+    let fake = Fake::new(as_saved(&new.v4, ""), true);
+    let done = install_with(&new, &tools, options, &fake).unwrap();
+    assert_eq!(done, [Installed::Unchanged]);
+}
+
+#[test]
+fn force_apply_rewrites_identical_rules() {
+    let rules = rules_for(&["-b", "*", "-i", "*"]);
+    let fake = Fake::new(as_saved(&rules.v4, ""), true);
+    let options = InstallOptions {
+        reconcile: false,
+        force_apply: true,
+    };
+    let done = install_with(&rules, &IptablesToolset::unsuffixed(), options, &fake).unwrap();
+    assert_eq!(done, [Installed::Replaced]);
+    assert_eq!(fake.writes().len(), 1);
+}
+
+#[test]
+fn detected_binaries_and_lock_wait_are_used() {
+    let rules = rules_for(&[]);
+    let mut tools = IptablesToolset::unsuffixed();
+    tools.v4 = crate::iptables_binaries::IptablesCommands::new(
+        Family::V4,
+        crate::iptables_binaries::Flavour::Legacy,
     );
-    assert_eq!(writes[1], new.v4.restore_input());
+    tools.v4.write_args.push("--wait=30".to_owned());
+    let fake = Fake::new("", true);
+    let options = InstallOptions {
+        reconcile: false,
+        force_apply: false,
+    };
+    install_with(&rules, &tools, options, &fake).unwrap();
+    let calls = fake.calls.borrow();
+    let programs: Vec<&str> = calls.iter().map(|c| c.0.as_str()).collect();
+    assert_eq!(
+        programs,
+        ["iptables-legacy-save", "iptables-legacy-restore"]
+    );
 }
 
 #[test]
@@ -205,7 +279,7 @@ fn cleanup_with_nothing_installed_writes_nothing() {
 }
 
 #[test]
-fn a_foreign_chain_jumping_into_ours_stops_removal() {
+fn a_foreign_chain_jumping_into_ours_stops_removal_but_not_replacement() {
     let rules = rules_for(&[]);
     let extra = ":FOREIGN - [0:0]\n-A FOREIGN -j ISTIO_OUTPUT\n";
     let fake = Fake::new(as_saved(&rules.v4, extra), true);
@@ -215,6 +289,10 @@ fn a_foreign_chain_jumping_into_ours_stops_removal() {
         "{err}"
     );
     assert!(fake.writes().is_empty());
+    // Replacing keeps ISTIO_OUTPUT (flushed), so the foreign jump stays valid.
+    let new = rules_for(&["-b", "*"]);
+    assert_eq!(install(&new, &fake).unwrap(), [Installed::Replaced]);
+    assert!(!fake.writes().concat().contains("FOREIGN"));
 }
 
 #[test]

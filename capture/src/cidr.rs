@@ -8,7 +8,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 /// An address with a prefix length, e.g. `10.0.0.0/8`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Cidr {
     addr: IpAddr,
     bits: u8,
@@ -34,6 +34,49 @@ impl Cidr {
             .filter(|b| plain && *b <= max)
             .ok_or_else(|| format!("prefix length {bits:?} is not in 0..={max}"))?;
         Ok(Cidr { addr, bits })
+    }
+
+    /// A single address (`/32` or `/128`).
+    pub fn host(addr: IpAddr) -> Cidr {
+        let bits = if addr.is_ipv4() { 32 } else { 128 };
+        Cidr { addr, bits }
+    }
+
+    /// Parses `ADDR/BITS` or a bare address (a host), as iptables and nft print them.
+    pub fn parse_lenient(s: &str) -> Result<Cidr, String> {
+        match s.parse::<IpAddr>() {
+            Ok(addr) => Ok(Cidr::host(addr)),
+            Err(_) => Cidr::parse(s),
+        }
+    }
+
+    /// The range without host bits, for comparing ranges that were written differently.
+    pub fn network(&self) -> Cidr {
+        let addr = match self.addr {
+            IpAddr::V4(v4) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.bits)).unwrap_or(0);
+                IpAddr::V4((u32::from(v4) & mask).into())
+            }
+            IpAddr::V6(v6) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.bits))
+                    .unwrap_or(0);
+                IpAddr::V6((u128::from(v6) & mask).into())
+            }
+        };
+        Cidr {
+            addr,
+            bits: self.bits,
+        }
+    }
+
+    /// Whether `addr` is in the range (never for an address of the other family).
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        let other = Cidr {
+            addr,
+            bits: self.bits,
+        };
+        addr.is_ipv4() == self.addr.is_ipv4() && other.network().addr == self.network().addr
     }
 
     /// The address part.
@@ -91,6 +134,19 @@ mod tests {
             assert!(Cidr::parse(bad).is_err(), "{bad} should not parse");
         }
         assert!(Cidr::parse("::/129").is_err());
+    }
+
+    #[test]
+    fn containment_ignores_host_bits_and_other_families() {
+        let c = Cidr::parse("10.1.2.3/8").unwrap();
+        assert!(c.contains("10.200.0.1".parse().unwrap()));
+        assert!(!c.contains("11.0.0.1".parse().unwrap()));
+        assert!(!c.contains("::a01:203".parse().unwrap()));
+        assert!(Cidr::parse("0.0.0.0/0")
+            .unwrap()
+            .contains("1.2.3.4".parse().unwrap()));
+        assert_eq!(Cidr::parse_lenient("::6").unwrap().to_string(), "::6/128");
+        assert_eq!(c.network().to_string(), "10.0.0.0/8");
     }
 
     #[test]

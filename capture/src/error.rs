@@ -37,9 +37,96 @@ pub enum CaptureError {
         /// The ISTIO_* chain it jumps to.
         target: String,
     },
+    /// No iptables binary set can program the nat table.
+    #[error("{}", no_usable_iptables(family, *forced, attempts))]
+    NoUsableIptables {
+        /// `IPv4` or `IPv6`.
+        family: &'static str,
+        /// The set was forced with `--force-iptables-binary`.
+        forced: bool,
+        /// Each binary tried, and why it cannot be used.
+        attempts: Vec<(String, crate::iptables_binaries::Unusable)>,
+    },
+    /// Capture rules are installed but differ from the wanted ones, and `--reconcile` was not
+    /// given.
+    #[error(
+        "{family} capture rules from an earlier run are installed and differ from the ones \
+         these flags install; rerun with --reconcile to replace them, or with --cleanup-only to \
+         remove them"
+    )]
+    Drift {
+        /// `IPv4` or `IPv6`.
+        family: &'static str,
+    },
+    /// `--native-nftables` is set but `nft` cannot be run.
+    #[error(
+        "--native-nftables is set, but the nft binary cannot be run (install the nftables \
+         package): {0}"
+    )]
+    NftMissing(#[source] io::Error),
+    /// `--run-validation` found that connections are not redirected.
+    #[error(transparent)]
+    Validation(#[from] crate::validation::ValidationError),
+    /// A network namespace could not be entered.
+    #[error("cannot enter network namespace {path}: {source}")]
+    Netns {
+        /// The namespace's path.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// `remora capture explain` could not do its work.
+    #[error(transparent)]
+    Explain(#[from] crate::explain::ExplainError),
     /// Writing the dry-run output failed.
     #[error("cannot write the dry-run output: {0}")]
     Stdout(#[source] io::Error),
+}
+
+impl CaptureError {
+    /// The process exit status for this error: 126 when validation failed (what
+    /// istio-iptables exits with, and what Istio's CNI repair controller looks for), else 1.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CaptureError::Validation(_) => crate::validation::EXIT_CODE,
+            _ => 1,
+        }
+    }
+}
+
+fn no_usable_iptables(
+    family: &str,
+    forced: bool,
+    attempts: &[(String, crate::iptables_binaries::Unusable)],
+) -> String {
+    use crate::iptables_binaries::Unusable;
+    let cause = if attempts
+        .iter()
+        .all(|(_, why)| matches!(why, Unusable::NotInstalled(_)))
+    {
+        "no iptables binaries are installed (install the iptables package)"
+    } else if attempts
+        .iter()
+        .any(|(_, why)| matches!(why, Unusable::NoNatTable(_)))
+    {
+        "the kernel offers no usable nat table (load iptable_nat for legacy or nft_chain_nat \
+         for nf_tables), or this process lacks NET_ADMIN"
+    } else {
+        "every iptables binary set failed"
+    };
+    let tried: Vec<String> = attempts
+        .iter()
+        .map(|(binary, why)| format!("{binary}: {why}"))
+        .collect();
+    let forced = if forced {
+        " (forced with --force-iptables-binary)"
+    } else {
+        ""
+    };
+    format!(
+        "cannot install {family} capture rules{forced}: {cause}; tried {}",
+        tried.join("; ")
+    )
 }
 
 /// A flag (or the environment variable standing in for it) has an unusable value.

@@ -26,27 +26,56 @@ pub struct SystemPodNetwork;
 
 impl PodNetwork for SystemPodNetwork {
     fn is_ipv6(&self, dual_stack: bool) -> Result<bool, CaptureError> {
-        let addrs = nix::ifaddrs::getifaddrs()
-            .map_err(|e| CaptureError::Interfaces(std::io::Error::from(e)))?;
-        let ips = addrs.filter_map(|a| {
+        Ok(pod_is_ipv6(interface_addresses()?, dual_stack))
+    }
+
+    fn nameservers(&self) -> Result<Vec<String>, CaptureError> {
+        read_resolv_conf()
+    }
+}
+
+/// Like [`SystemPodNetwork`], but looks at the interfaces of another network namespace
+/// (`--network-namespace`). resolv.conf is still read from this machine's filesystem, as
+/// istio-iptables does.
+#[derive(Debug, Clone)]
+pub struct NetnsPodNetwork {
+    /// The namespace's path.
+    pub path: std::path::PathBuf,
+}
+
+impl PodNetwork for NetnsPodNetwork {
+    fn is_ipv6(&self, dual_stack: bool) -> Result<bool, CaptureError> {
+        let addrs = crate::netns::run_in(Some(&self.path), interface_addresses)??;
+        Ok(pod_is_ipv6(addrs, dual_stack))
+    }
+
+    fn nameservers(&self) -> Result<Vec<String>, CaptureError> {
+        read_resolv_conf()
+    }
+}
+
+fn interface_addresses() -> Result<Vec<IpAddr>, CaptureError> {
+    let addrs = nix::ifaddrs::getifaddrs()
+        .map_err(|e| CaptureError::Interfaces(std::io::Error::from(e)))?;
+    Ok(addrs
+        .filter_map(|a| {
             let addr = a.address?;
             match (addr.as_sockaddr_in(), addr.as_sockaddr_in6()) {
                 (Some(v4), _) => Some(IpAddr::V4(v4.ip())),
                 (_, Some(v6)) => Some(IpAddr::V6(v6.ip())),
                 _ => None,
             }
-        });
-        Ok(pod_is_ipv6(ips, dual_stack))
-    }
+        })
+        .collect())
+}
 
-    fn nameservers(&self) -> Result<Vec<String>, CaptureError> {
-        let path = Path::new(RESOLV_CONF);
-        let text = std::fs::read_to_string(path).map_err(|source| CaptureError::ResolvConf {
-            path: path.to_owned(),
-            source,
-        })?;
-        Ok(parse_resolv_conf(&text))
-    }
+fn read_resolv_conf() -> Result<Vec<String>, CaptureError> {
+    let path = Path::new(RESOLV_CONF);
+    let text = std::fs::read_to_string(path).map_err(|source| CaptureError::ResolvConf {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(parse_resolv_conf(&text))
 }
 
 /// Decides whether the pod is IPv6 from its addresses, in the order the kernel lists them

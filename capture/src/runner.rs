@@ -1,8 +1,10 @@
 //! Running external commands (iptables-restore, iptables-save, ip).
 //!
 //! [`Runner`] is the seam between the installer and the machine: [`SystemRunner`] runs the
-//! commands, optionally behind a prefix such as `ip netns exec NS`, which is how tests apply
-//! rules inside a network namespace of their own instead of the machine's.
+//! commands, optionally behind a prefix that enters a network namespace (`ip netns exec NS`
+//! for a named one, `nsenter --net=PATH` for `--network-namespace`), which is also how tests
+//! apply rules inside a namespace of their own instead of the machine's. Entering the
+//! namespace in a child process keeps this crate free of `unsafe` and of thread-state tricks.
 
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
@@ -31,6 +33,7 @@ pub trait Runner {
 #[derive(Debug, Clone, Default)]
 pub struct SystemRunner {
     prefix: Vec<String>,
+    env: Vec<(String, String)>,
     timeout: Option<Duration>,
 }
 
@@ -45,8 +48,24 @@ impl SystemRunner {
         let prefix = ["ip", "netns", "exec", namespace];
         SystemRunner {
             prefix: prefix.map(str::to_owned).to_vec(),
-            timeout: None,
+            ..SystemRunner::default()
         }
+    }
+
+    /// Runs every command as `nsenter --net=PATH command...`, inside the network namespace
+    /// that `path` (e.g. `/var/run/netns/NAME` or `/proc/PID/ns/net`) refers to.
+    pub fn in_netns_path(path: &std::path::Path) -> Self {
+        SystemRunner {
+            prefix: vec!["nsenter".to_owned(), format!("--net={}", path.display())],
+            ..SystemRunner::default()
+        }
+    }
+
+    /// Sets an environment variable for every command (the process's own environment is
+    /// left alone).
+    pub fn with_env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_owned(), value.to_owned()));
+        self
     }
 
     /// The command line that would run, for logs and errors.
@@ -76,6 +95,7 @@ impl Runner for SystemRunner {
         tracing::debug!(%command, "running");
         let mut child = Command::new(&argv[0])
             .args(&argv[1..])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(if stdin.is_some() {
                 Stdio::piped()
             } else {
@@ -195,5 +215,18 @@ mod tests {
         let runner = SystemRunner::in_netns("ns1");
         let argv = runner.command_line("iptables-save", &["-t", "nat"]);
         assert_eq!(argv.join(" "), "ip netns exec ns1 iptables-save -t nat");
+        let runner = SystemRunner::in_netns_path(std::path::Path::new("/proc/7/ns/net"));
+        let argv = runner.command_line("nft", &["-f", "-"]);
+        assert_eq!(argv.join(" "), "nsenter --net=/proc/7/ns/net nft -f -");
+    }
+
+    #[test]
+    fn environment_reaches_the_command_only() {
+        let runner = SystemRunner::new().with_env("REMORA_RUNNER_TEST", "yes");
+        let out = runner
+            .run("sh", &["-c", "echo $REMORA_RUNNER_TEST"], None)
+            .unwrap();
+        assert_eq!(out, "yes\n");
+        assert!(std::env::var_os("REMORA_RUNNER_TEST").is_none());
     }
 }

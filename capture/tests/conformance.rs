@@ -5,13 +5,15 @@
 //! inputs istio-iptables takes from the pod: `env NAME=value`, `ipv6 true` and
 //! `dns-servers LIST`. They are fed to the generator explicitly: the environment through an
 //! [`Environment`] (never the process's), the pod facts through `--assume-ipv6`,
-//! `--dns-servers` and a [`PodNetwork`] that says "IPv4" and refuses to read resolv.conf
-//! (the cases give nameservers whenever istio-iptables would read them).
+//! `--dns-servers` and a pod that says "IPv4" and refuses to read resolv.conf (the cases give
+//! nameservers whenever istio-iptables would read them).
 
-use std::path::{Path, PathBuf};
+mod support;
 
-use clap::Parser;
-use remora_capture::{generate, CaptureArgs, CaptureConfig, CaptureError, Environment, PodNetwork};
+use std::path::Path;
+
+use remora_capture::generate;
+use support::{cases_dir, diff};
 
 /// The cases that must pass for capture to ship.
 const REQUIRED: &[&str] = &[
@@ -61,96 +63,19 @@ const ALSO_PASSING: &[&str] = &[
 /// [`ALSO_PASSING`] (the `pending_cases_still_fail` test insists).
 const PENDING: &[&str] = &[];
 
-#[derive(Debug, Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: CaptureArgs,
-}
-
-/// A pod that is IPv4 and whose resolv.conf must not be needed.
-struct NoDiscovery;
-
-impl PodNetwork for NoDiscovery {
-    fn is_ipv6(&self, _dual_stack: bool) -> Result<bool, CaptureError> {
-        Ok(false)
-    }
-
-    fn nameservers(&self) -> Result<Vec<String>, CaptureError> {
-        panic!("resolv.conf consulted although the case gives no dns-servers line");
-    }
-}
-
-/// The conformance folder, or `None` (after saying why) when it is absent outside CI.
-fn cases_dir() -> Option<PathBuf> {
-    let dir = match std::env::var_os("REMORA_CONFORMANCE_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/conformance/capture"),
-    };
-    if dir.is_dir() {
-        return Some(dir);
-    }
-    let reason = format!("conformance cases not found at {}", dir.display());
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{reason} (set REMORA_CONFORMANCE_DIR)");
-    }
-    eprintln!("skipping: {reason} (set REMORA_CONFORMANCE_DIR)");
-    None
-}
-
 /// Runs the generator on a case's inputs and returns (dry-run output, expected rules).
 fn run_case(dir: &Path, case: &str) -> Result<(String, String), String> {
-    let read = |ext: &str| {
-        let path = dir.join(format!("{case}.{ext}"));
-        std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
-    };
-    let (args_text, expected) = (read("args")?, read("rules")?);
-    let mut lines = args_text.lines();
-    let flags = lines.next().ok_or("empty .args")?;
-    let mut argv = shlex::split(flags).ok_or("line 1 is not valid shell words")?;
-    let mut env = Vec::new();
-    for line in lines.filter(|l| !l.trim().is_empty()) {
-        let (key, value) = line.split_once(' ').unwrap_or((line, ""));
-        match key {
-            "env" => {
-                let (name, value) = value.split_once('=').ok_or("env line without '='")?;
-                env.push((name.to_owned(), value.to_owned()));
-            }
-            "ipv6" if value == "true" => argv.push("--assume-ipv6".to_owned()),
-            "dns-servers" => argv.push(format!("--dns-servers={value}")),
-            _ => return Err(format!("unknown .args line {line:?}")),
-        }
-    }
-    let argv = std::iter::once("capture".to_owned()).chain(argv);
-    let cli = Cli::try_parse_from(argv).map_err(|e| format!("flags: {e}"))?;
-    let env = Environment::from_pairs(env);
-    let config =
-        CaptureConfig::resolve(&cli.args, &env, &NoDiscovery).map_err(|e| e.to_string())?;
+    let path = dir.join(format!("{case}.rules"));
+    let expected =
+        std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let config = support::case_config(&support::read_case_args(dir, case)?)?;
     Ok((generate(&config).dry_run_output(), expected))
 }
 
-/// A line-by-line report of where two texts differ.
-fn diff(expected: &str, actual: &str) -> String {
-    let (e, a): (Vec<_>, Vec<_>) = (expected.lines().collect(), actual.lines().collect());
-    let mut out = String::new();
-    for i in 0..e.len().max(a.len()) {
-        let (el, al) = (e.get(i).copied(), a.get(i).copied());
-        if el != al {
-            out.push_str(&format!(
-                "line {}:\n  expected: {}\n  actual:   {}\n",
-                i + 1,
-                el.unwrap_or("<none>"),
-                al.unwrap_or("<none>")
-            ));
-        }
-    }
-    if out.is_empty() && expected != actual {
-        out.push_str("texts differ only in line endings or a final newline\n");
-    }
-    out
-}
-
 fn assert_case(case: &str) {
-    let Some(dir) = cases_dir() else { return };
+    let Some(dir) = cases_dir("capture") else {
+        return;
+    };
     match run_case(&dir, case) {
         Ok((actual, expected)) if actual == expected => {}
         Ok((actual, expected)) => panic!(
@@ -219,15 +144,10 @@ cases! {
 /// test above (the lists and the macros must agree).
 #[test]
 fn every_case_is_listed() {
-    let Some(dir) = cases_dir() else { return };
-    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
-        .expect("read conformance dir")
-        .filter_map(|e| {
-            let name = e.ok()?.file_name().into_string().ok()?;
-            name.strip_suffix(".args").map(str::to_owned)
-        })
-        .collect();
-    on_disk.sort();
+    let Some(dir) = cases_dir("capture") else {
+        return;
+    };
+    let on_disk = support::case_names(&dir, "args");
     let mut listed: Vec<String> = [REQUIRED, ALSO_PASSING, PENDING]
         .concat()
         .into_iter()
@@ -251,7 +171,9 @@ fn every_case_is_listed() {
 
 #[test]
 fn pending_cases_still_fail() {
-    let Some(dir) = cases_dir() else { return };
+    let Some(dir) = cases_dir("capture") else {
+        return;
+    };
     for case in PENDING {
         if let Ok((actual, expected)) = run_case(&dir, case) {
             assert_ne!(

@@ -4,95 +4,20 @@
 //! Needs root, iproute2 and iptables. Without them it is skipped with a message, except
 //! under CI=true, where it fails instead.
 
-use std::process::Command;
+mod support;
 
-use clap::Parser;
 use remora_capture::apply::{self, Installed};
-use remora_capture::{
-    generate, host_net, CaptureArgs, CaptureConfig, CaptureError, CaptureRules, Environment,
-    PodNetwork, Runner, SystemRunner,
-};
-
-/// A network namespace that is deleted when dropped.
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn create() -> Result<Netns, String> {
-        let name = format!("remora-cap-test-{}", std::process::id());
-        let out = Command::new("ip")
-            .args(["netns", "add", &name])
-            .output()
-            .map_err(|e| format!("cannot run `ip`: {e}"))?;
-        if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            return Err(format!(
-                "`ip netns add {name}` failed (root needed?): {}",
-                stderr.trim()
-            ));
-        }
-        let ns = Netns { name };
-        // Pods have lo up; TPROXY's local route needs it.
-        ns.runner()
-            .run("ip", &["link", "set", "lo", "up"], None)
-            .map_err(|e| e.to_string())?;
-        for save in ["iptables-save", "ip6tables-save"] {
-            ns.runner()
-                .run(save, &[], None)
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(ns)
-    }
-
-    fn runner(&self) -> SystemRunner {
-        SystemRunner::in_netns(&self.name)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
+use remora_capture::{generate, host_net, CaptureConfig, CaptureRules, Environment, Runner};
+use support::{parse_args, Netns, NoDiscovery};
 
 fn namespace_or_skip() -> Option<Netns> {
-    match Netns::create() {
-        Ok(ns) => Some(ns),
-        Err(reason) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("network-namespace test cannot run under CI: {reason}")
-        }
-        Err(reason) => {
-            eprintln!("skipping network-namespace test: {reason}");
-            None
-        }
-    }
-}
-
-#[derive(Debug, Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: CaptureArgs,
-}
-
-struct TestPod;
-
-impl PodNetwork for TestPod {
-    fn is_ipv6(&self, _: bool) -> Result<bool, CaptureError> {
-        Ok(false)
-    }
-    fn nameservers(&self) -> Result<Vec<String>, CaptureError> {
-        unreachable!("the flags give --dns-servers")
-    }
+    Netns::create_or_skip("cap-test", &[&["iptables-save"], &["ip6tables-save"]])
 }
 
 fn config(flags: &str) -> CaptureConfig {
     let argv = shlex::split(flags).expect("shell words");
-    let argv = std::iter::once("capture".to_owned()).chain(argv);
-    let args = Cli::try_parse_from(argv).expect("flags parse").args;
-    CaptureConfig::resolve(&args, &Environment::default(), &TestPod).expect("resolves")
+    let args = parse_args(&argv).expect("flags parse");
+    CaptureConfig::resolve(&args, &Environment::default(), &NoDiscovery).expect("resolves")
 }
 
 /// Rules and user chains of both families, one "family table: line" each, without counters

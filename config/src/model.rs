@@ -2,6 +2,7 @@
 //! not a silently ignored setting. Defaults are Istio's sidecar defaults.
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroU16;
 use std::time::Duration;
@@ -44,6 +45,13 @@ pub struct Config {
     /// plain proxy (no capture listeners: no iptables, no root), as on a laptop or in a
     /// benchmark.
     pub listeners: Vec<ListenerConfig>,
+    /// Telling HTTP from opaque TCP on the capture listeners.
+    pub detection: DetectionConfig,
+    /// Protocols declared per destination port, with Istio's protocol names; a declared port
+    /// skips detection. Ports in [`ALWAYS_TCP_PORTS`] are TCP unless declared otherwise here.
+    pub ports: BTreeMap<u16, PortProtocol>,
+    /// HTTP limits, timeouts, the upstream connection pool and retries.
+    pub http: HttpConfig,
 }
 
 impl Default for Config {
@@ -62,6 +70,9 @@ impl Default for Config {
             access_log: AccessLogConfig::default(),
             reload: ReloadConfig::default(),
             listeners: Vec::new(),
+            detection: DetectionConfig::default(),
+            ports: BTreeMap::new(),
+            http: HttpConfig::default(),
         }
     }
 }
@@ -74,7 +85,8 @@ pub struct ListenerConfig {
     pub address: SocketAddr,
     /// Where every accepted connection goes.
     pub upstream: SocketAddr,
-    /// What is proxied; `tcp` copies bytes (HTTP-aware modes come with HTTP support).
+    /// What is proxied: `tcp` copies bytes, `http` proxies HTTP/1.1 and HTTP/2 requests,
+    /// `auto` detects which (as the capture listeners do).
     #[serde(default)]
     pub protocol: ListenerProtocol,
 }
@@ -86,6 +98,113 @@ pub enum ListenerProtocol {
     /// Opaque bytes.
     #[default]
     Tcp,
+    /// HTTP/1.1 or HTTP/2 (cleartext, prior knowledge), told apart by the client's first bytes.
+    Http,
+    /// Detect HTTP, falling back to TCP, as on the capture listeners.
+    Auto,
+}
+
+/// Ports Istio never sniffs: server-first or otherwise non-HTTP protocols (SMTP, DNS, MySQL,
+/// MongoDB). They are TCP unless `ports` declares otherwise.
+pub const ALWAYS_TCP_PORTS: [u16; 4] = [25, 53, 3306, 27017];
+
+/// A port's protocol, named as Istio names service ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PortProtocol {
+    Http,
+    Http2,
+    Grpc,
+    GrpcWeb,
+    Tcp,
+    Tls,
+    Https,
+    Mongo,
+    Mysql,
+    Redis,
+}
+
+impl PortProtocol {
+    /// Whether Remora proxies the port as HTTP requests (the others are opaque bytes).
+    pub fn is_http(self) -> bool {
+        matches!(
+            self,
+            PortProtocol::Http | PortProtocol::Http2 | PortProtocol::Grpc | PortProtocol::GrpcWeb
+        )
+    }
+}
+
+/// Protocol detection on the capture listeners (and `auto` listeners).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DetectionConfig {
+    /// How long to wait for the client's first bytes before the connection is taken as TCP.
+    /// Server-first protocols do not wait for it: the upstream is dialled during detection and
+    /// a server that speaks first makes the connection TCP at once.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for DetectionConfig {
+    fn default() -> Self {
+        DetectionConfig {
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// HTTP limits and timeouts, the upstream connection pool and the retry policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Bound on receiving a request's headers (against slowloris); also how long an idle
+    /// HTTP/1.1 connection waits for its next request.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// Largest request header block, request line included (Envoy's `max_request_headers_kb`,
+    /// 60 KiB). Larger is answered 431.
+    pub max_header_bytes: usize,
+    /// Most request headers (Envoy's `max_headers_count`, 100). More is answered 431.
+    pub max_headers: usize,
+    /// A downstream connection with no request in flight for this long is closed.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Concurrent streams a downstream HTTP/2 client may open.
+    pub max_concurrent_streams: u32,
+    /// Bound on a whole request, response headers included; `0s` is none, as in Istio.
+    /// `grpc-timeout` applies per request in any case.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// An idle pooled upstream connection is closed after this long.
+    #[serde(with = "humantime_serde")]
+    pub pool_idle_timeout: Duration,
+    /// Most idle HTTP/1.1 connections kept per upstream; more are closed when they come back.
+    pub pool_max_idle_per_upstream: usize,
+    /// Retries of an outbound request (Istio's default policy: 2). `0` turns retries off.
+    pub retries: u32,
+    /// Largest request body kept for replay; a longer request is not retried.
+    pub retry_buffer_bytes: usize,
+    /// First back-off between attempts; it doubles per retry, with jitter (Envoy's 25 ms).
+    #[serde(with = "humantime_serde")]
+    pub retry_backoff: Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            header_read_timeout: Duration::from_secs(30),
+            max_header_bytes: 60 * 1024,
+            max_headers: 100,
+            idle_timeout: Duration::from_secs(3600),
+            max_concurrent_streams: 1024,
+            request_timeout: Duration::ZERO,
+            pool_idle_timeout: Duration::from_secs(30),
+            pool_max_idle_per_upstream: 64,
+            retries: 2,
+            retry_buffer_bytes: 64 * 1024,
+            retry_backoff: Duration::from_millis(25),
+        }
+    }
 }
 
 /// The outbound capture listener (`istio-iptables -p`).
@@ -224,6 +343,16 @@ impl Default for ReloadConfig {
 }
 
 impl Config {
+    /// The protocol declared for a destination port, if any: `ports` first, then Istio's
+    /// always-TCP ports.
+    pub fn declared_protocol(&self, port: u16) -> Option<PortProtocol> {
+        match self.ports.get(&port) {
+            Some(p) => Some(*p),
+            None if ALWAYS_TCP_PORTS.contains(&port) => Some(PortProtocol::Tcp),
+            None => None,
+        }
+    }
+
     /// Ports of every listener Remora binds. A connection whose original destination is one of
     /// these (on a local address) would loop into Remora itself.
     pub fn own_ports(&self) -> [u16; 5] {
@@ -292,10 +421,32 @@ impl Config {
             ("outbound.connect_timeout", self.outbound.connect_timeout),
             ("inbound.connect_timeout", self.inbound.connect_timeout),
             ("reload.watch_interval", self.reload.watch_interval),
+            ("detection.timeout", self.detection.timeout),
+            ("http.header_read_timeout", self.http.header_read_timeout),
+            ("http.idle_timeout", self.http.idle_timeout),
+            ("http.pool_idle_timeout", self.http.pool_idle_timeout),
         ] {
             if d.is_zero() {
                 return Err((name.into(), "must be greater than zero".into()));
             }
+        }
+        // hyper cannot read a request line and headers in less than this.
+        if self.http.max_header_bytes < 8192 {
+            return Err((
+                "http.max_header_bytes".into(),
+                "must be at least 8192".into(),
+            ));
+        }
+        for (name, n) in [
+            ("http.max_headers", self.http.max_headers),
+            ("http.max_concurrent_streams", self.http.max_concurrent_streams as usize),
+        ] {
+            if n == 0 {
+                return Err((name.into(), "must be greater than zero".into()));
+            }
+        }
+        if self.ports.contains_key(&0) {
+            return Err(("ports".into(), "port 0 cannot be declared".into()));
         }
         Ok(())
     }

@@ -128,3 +128,49 @@ fn explicit_listeners_parse_and_are_checked() {
     .unwrap_err();
     assert_eq!(err.line(), Some(4), "{err}");
 }
+
+#[test]
+fn declared_ports_and_always_tcp_ports() {
+    let c = parse_str("ports:\n  8080: http\n  9000: grpc\n  3306: http\n  5432: tcp\n").unwrap();
+    assert_eq!(c.declared_protocol(8080), Some(PortProtocol::Http));
+    assert_eq!(c.declared_protocol(9000), Some(PortProtocol::Grpc));
+    assert!(c.declared_protocol(9000).is_some_and(PortProtocol::is_http));
+    // A declaration wins over Istio's always-TCP list.
+    assert_eq!(c.declared_protocol(3306), Some(PortProtocol::Http));
+    assert_eq!(c.declared_protocol(27017), Some(PortProtocol::Tcp));
+    assert_eq!(c.declared_protocol(5432), Some(PortProtocol::Tcp));
+    assert_eq!(c.declared_protocol(8081), None);
+
+    let err = parse_str("ports:\n  8080: htp\n").unwrap_err();
+    assert_eq!(err.line(), Some(2), "{err}");
+}
+
+#[test]
+fn http_section_has_documented_defaults_and_is_checked() {
+    let c = Config::default();
+    assert_eq!(c.detection.timeout, Duration::from_secs(5));
+    assert_eq!(c.http.max_header_bytes, 60 * 1024);
+    assert_eq!(c.http.max_headers, 100);
+    assert_eq!(c.http.retries, 2);
+    assert_eq!(c.http.pool_idle_timeout, Duration::from_secs(30));
+    assert_eq!(c.http.request_timeout, Duration::ZERO);
+
+    let c = parse_str("detection:\n  timeout: 30s\nhttp:\n  retries: 0\n").unwrap();
+    assert_eq!(c.detection.timeout, Duration::from_secs(30));
+    assert_eq!(c.http.retries, 0);
+
+    let err = parse_str("http:\n  max_header_bytes: 100\n").unwrap_err();
+    assert_eq!(err.field(), Some("http.max_header_bytes"));
+    let err = parse_str("detection:\n  timeout: 0s\n").unwrap_err();
+    assert_eq!(err.field(), Some("detection.timeout"));
+}
+
+#[test]
+fn listener_protocols_http_and_auto_parse() {
+    let c = parse_str(
+        "listeners:\n  - address: 127.0.0.1:8080\n    upstream: 127.0.0.1:9090\n    protocol: http\n  - address: 127.0.0.1:8081\n    upstream: 127.0.0.1:9090\n    protocol: auto\n",
+    )
+    .unwrap();
+    assert_eq!(c.listeners[0].protocol, ListenerProtocol::Http);
+    assert_eq!(c.listeners[1].protocol, ListenerProtocol::Auto);
+}

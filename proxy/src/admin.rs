@@ -186,7 +186,7 @@ mod tests {
 
     fn state() -> AdminState {
         AdminState {
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::new(Metrics::default()),
             drain: Drain::new(),
             ready: AtomicBool::new(false),
             quit: Notify::new(),

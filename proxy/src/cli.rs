@@ -9,6 +9,7 @@ use crate::loop_guard::LoopGuard;
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, Route};
 use crate::reload::{Overrides, Reloader};
+use crate::workload::Workload;
 use crate::Direction;
 use anyhow::Context;
 use arc_swap::ArcSwap;
@@ -53,6 +54,10 @@ pub struct RunArgs {
     /// What `--listen` proxies.
     #[arg(long, value_enum, default_value_t = ProtocolArg::Tcp, requires = "listen")]
     pub protocol: ProtocolArg,
+    /// The pod's labels as Istio's injector mounts them (downward API); app, version and
+    /// canonical service in Istio's metrics come from here. A missing file means no labels.
+    #[arg(long, value_name = "FILE", default_value = "/etc/istio/pod/labels")]
+    pub pod_labels_file: PathBuf,
     /// On SIGTERM, exit as soon as no connection is left rather than after the drain period.
     #[arg(long, env = "EXIT_ON_ZERO_ACTIVE_CONNECTIONS")]
     pub exit_on_zero_active_connections: bool,
@@ -165,7 +170,10 @@ fn start(args: RunArgs) -> anyhow::Result<()> {
     })?;
     side.push((Role::Admin, admin_listener));
 
-    let metrics = Arc::new(Metrics::new());
+    let pod_labels = std::fs::read_to_string(&args.pod_labels_file).unwrap_or_default();
+    let own = Workload::from_environment(|k| std::env::var(k).ok(), &pod_labels);
+    tracing::debug!(?own, "workload identity");
+    let metrics = Arc::new(Metrics::new(&own));
     let drain = Drain::new();
     let state = Arc::new(AdminState {
         metrics: Arc::clone(&metrics),

@@ -17,6 +17,14 @@ pub struct Upstream {
     _registration: Registration,
 }
 
+impl Upstream {
+    /// The socket and its registration, for a connection handed to an HTTP client: the
+    /// registration must live as long as the connection does.
+    pub fn into_parts(self) -> (TcpStream, Registration) {
+        (self.stream, self._registration)
+    }
+}
+
 /// Why the upstream connection could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {

@@ -19,6 +19,7 @@ pub mod orig_dst;
 pub mod proxy;
 pub mod reload;
 pub mod tcp;
+pub mod workload;
 
 /// Which capture listener a connection arrived on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -61,16 +61,16 @@ impl Proxy {
         let config = self.config.load_full();
         let started = (SystemTime::now(), Instant::now());
         let m = self.metrics.direction(dir);
-        m.opened.inc();
-        m.active.inc();
+        m.connection_opened();
         let peer = orig_dst::canonical(peer);
 
         let outcome = self.proxy(&config, &downstream, peer, route).await;
 
-        m.closed.inc();
-        m.active.dec();
-        m.sent_bytes.inc_by(outcome.transfer.sent);
-        m.received_bytes.inc_by(outcome.transfer.received);
+        m.connection_closed(
+            outcome.end.response_flag(),
+            outcome.transfer.sent,
+            outcome.transfer.received,
+        );
         if config.access_log.enabled {
             let entry = Entry {
                 start: started.0,
@@ -198,7 +198,7 @@ mod tests {
     /// before any buffer is allocated. Raise the bound only knowingly.
     #[tokio::test]
     async fn connection_future_stays_small() {
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(Metrics::default());
         let proxy = Arc::new(Proxy {
             config: Arc::new(ArcSwap::from_pointee(Config::default())),
             loop_guard: LoopGuard::new(vec![]),

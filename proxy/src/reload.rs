@@ -141,7 +141,7 @@ mod tests {
                 listener: None,
             },
             store: Arc::new(ArcSwap::from_pointee(Config::default())),
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::new(Metrics::default()),
             last: None,
         }
     }

@@ -1,9 +1,18 @@
 //! Counters for the data path, exposed in Prometheus text on `/stats/prometheus`.
 //!
 //! Counters are resolved once at start-up, so the data path increments an atomic and never
-//! looks up a label set. Istio's standard metrics (`istio_tcp_*` with workload labels) arrive
-//! with the observability work; these are Remora's own and stay.
+//! looks up a label set. Three vocabularies share one registry: Istio's standard metrics
+//! (`istio`), process metrics (`process`), and Remora's own `remora_*` counters, which carry only
+//! a direction and are what Remora's tests and alerts read.
 
+mod exposition;
+mod istio;
+mod process;
+
+pub use istio::{IstioLabels, FLAGS};
+pub use process::{sample as process_sample, Sample as ProcessSample};
+
+use crate::workload::Workload;
 use crate::Direction;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -41,18 +50,48 @@ pub struct DirectionMetrics {
     pub sent_bytes: Counter,
     /// Bytes from upstream to downstream.
     pub received_bytes: Counter,
+    istio: istio::IstioTcp,
+}
+
+impl DirectionMetrics {
+    /// A connection was accepted.
+    pub fn connection_opened(&self) {
+        self.opened.inc();
+        self.active.inc();
+        self.istio.opened();
+    }
+
+    /// A connection finished, with Envoy's response flag (`-` for none) and the bytes moved
+    /// from downstream to upstream (`sent`) and back (`received`).
+    pub fn connection_closed(&self, flag: &str, sent: u64, received: u64) {
+        self.closed.inc();
+        self.active.dec();
+        self.sent_bytes.inc_by(sent);
+        self.received_bytes.inc_by(received);
+        self.istio.closed(flag, sent, received);
+    }
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new()
+        Self::new(&Workload::default())
     }
 }
 
 impl Metrics {
-    /// Register every metric.
-    pub fn new() -> Self {
+    /// Register every metric; `own` fills Istio's labels for this side of each connection.
+    pub fn new(own: &Workload) -> Self {
         let mut registry = Registry::default();
+        let istio_tcp = istio::TcpFamilies::register(&mut registry);
+        let build = Family::<IstioLabels, Gauge>::default();
+        registry.register("istio_build", "Istio component build info", build.clone());
+        build
+            .get_or_create(&vec![
+                ("component", "proxy".to_string()),
+                ("tag", env!("CARGO_PKG_VERSION").to_string()),
+            ])
+            .set(1);
+        registry.register_collector(Box::new(process::ProcessCollector::new()));
         let opened = Family::<Labels, Counter>::default();
         let closed = Family::<Labels, Counter>::default();
         let active = Family::<Labels, Gauge>::default();
@@ -118,6 +157,7 @@ impl Metrics {
                 connect_failures: connect_failures.get_or_create(&l).clone(),
                 sent_bytes: sent.get_or_create(&l).clone(),
                 received_bytes: received.get_or_create(&l).clone(),
+                istio: istio_tcp.resolve(own, d),
             }
         };
         let outbound = direction(Direction::Outbound);
@@ -144,8 +184,13 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// Every metric in Prometheus text format 0.0.4, as Envoy serves it.
     pub fn encode(&self) -> String {
+        exposition::openmetrics_to_text(&self.encode_openmetrics())
+    }
+
+    /// Every metric in OpenMetrics text, for scrapers that ask for it.
+    pub fn encode_openmetrics(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
@@ -159,9 +204,10 @@ mod tests {
 
     #[test]
     fn counters_appear_with_direction_labels() {
-        let m = Metrics::new();
-        m.direction(Direction::Outbound).opened.inc();
-        m.direction(Direction::Inbound).opened.inc_by(2);
+        let m = Metrics::default();
+        m.direction(Direction::Outbound).connection_opened();
+        m.direction(Direction::Inbound).connection_opened();
+        m.direction(Direction::Inbound).connection_opened();
         m.loop_refused_own_upstream.inc();
         let text = m.encode();
         assert!(
@@ -176,6 +222,16 @@ mod tests {
             text.contains("remora_loop_refused_total{guard=\"own_upstream\"} 1"),
             "{text}"
         );
-        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(!text.contains("# EOF"), "{text}");
+        assert!(
+            text.contains("# TYPE remora_connections_opened_total counter"),
+            "{text}"
+        );
+        assert!(text.contains("istio_build{component=\"proxy\""), "{text}");
+        assert!(text.contains("process_resident_memory_bytes "), "{text}");
+        assert!(
+            text.contains("istio_tcp_connections_opened_total{reporter=\"destination\""),
+            "{text}"
+        );
     }
 }

@@ -1,0 +1,200 @@
+//! Protocol detection: is a new connection HTTP/2 (cleartext, prior knowledge), HTTP/1.x, TLS or
+//! something else, and does its server speak first?
+//!
+//! Detection reads the client's first bytes under a timeout, as linkerd does, but it does not
+//! make server-first protocols (MySQL, SMTP, SSH…) wait for that timeout: the upstream connection
+//! is opened while we read, and if the server sends a byte before the client has said anything
+//! recognisable, the connection is opaque TCP at once. When the client turns out to speak HTTP,
+//! that early upstream connection is not wasted: it becomes the first pooled connection to the
+//! destination.
+//!
+//! The bytes read while detecting are kept and replayed to whichever side handles the connection.
+
+use crate::connect::{ConnectError, Upstream};
+use bytes::BytesMut;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::time::Duration;
+use tokio::net::TcpStream;
+
+/// The HTTP/2 connection preface a prior-knowledge client sends first (RFC 9113 §3.4).
+pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+// A request line longer than this is taken as opaque bytes; Envoy's default limit on the whole
+// request head is 60 KiB, but a line this long is rare enough that TCP is the safer guess.
+const MAX_DETECT_BYTES: usize = 16 * 1024;
+// Most request lines and many whole request heads fit in the first read.
+const INITIAL_READ: usize = 4 * 1024;
+// Longest HTTP method we accept as one (`PROPPATCH`, `UPDATEREDIRECTREF`…, with room to spare).
+const MAX_METHOD_LEN: usize = 24;
+
+/// Which HTTP a client speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HttpVersion {
+    Http1,
+    Http2,
+}
+
+/// What detection decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The client sent an HTTP request line or the HTTP/2 preface.
+    Http(HttpVersion),
+    /// The client sent a TLS record (a ClientHello): opaque here.
+    Tls,
+    /// The client sent something else.
+    Opaque,
+    /// The server sent bytes before the client said anything recognisable.
+    ServerFirst,
+    /// Nothing decided within the detection timeout.
+    Timeout,
+    /// The client closed its sending side before anything decided.
+    ClientClosed,
+    /// Reading from the client failed (a reset).
+    ClientFailed,
+}
+
+/// The outcome of detection: the verdict, the client's bytes read so far, and the early
+/// upstream connection if it finished (`None` while it is still being opened).
+#[derive(Debug)]
+pub struct Detection {
+    pub verdict: Verdict,
+    pub prefix: BytesMut,
+    pub upstream: Option<Result<Upstream, ConnectError>>,
+}
+
+/// Read the client's first bytes until they decide the protocol, while `connect` opens the
+/// upstream. With `watch_server`, a server that speaks first decides at once. `connect` must not
+/// have completed; if `Detection::upstream` is `None` it is still pending and may be awaited.
+pub async fn detect<F>(
+    downstream: &TcpStream,
+    mut connect: Pin<&mut F>,
+    timeout: Duration,
+    watch_server: bool,
+) -> Detection
+where
+    F: Future<Output = Result<Upstream, ConnectError>>,
+{
+    let mut prefix = BytesMut::new();
+    let mut upstream: Option<Result<Upstream, ConnectError>> = None;
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let verdict = loop {
+        tokio::select! {
+            // Client bytes first: when both sides have spoken, the client's request decides.
+            biased;
+            ready = downstream.readable() => {
+                if ready.is_err() {
+                    break Verdict::ClientFailed;
+                }
+                let want = if prefix.capacity() == 0 { INITIAL_READ } else { prefix.len() };
+                prefix.reserve(want.min(MAX_DETECT_BYTES - prefix.len()).max(1));
+                match downstream.try_read_buf(&mut prefix) {
+                    Ok(0) => break Verdict::ClientClosed,
+                    Ok(_) => {
+                        if let Some(v) = classify(&prefix) {
+                            break v;
+                        }
+                    }
+                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
+                    Err(_) => break Verdict::ClientFailed,
+                }
+            }
+            result = &mut connect, if upstream.is_none() => upstream = Some(result),
+            () = server_spoke(&upstream), if watch_server => break Verdict::ServerFirst,
+            () = &mut deadline => break Verdict::Timeout,
+        }
+    };
+    Detection {
+        verdict,
+        prefix,
+        upstream,
+    }
+}
+
+/// Resolves when the open upstream connection has something to read (data, end of stream or a
+/// reset); never while there is no open connection.
+async fn server_spoke(upstream: &Option<Result<Upstream, ConnectError>>) {
+    match upstream {
+        Some(Ok(up)) => {
+            // An error here means the socket is unusable, which the copy will report.
+            let _ = up.stream.readable().await;
+        }
+        _ => std::future::pending().await,
+    }
+}
+
+/// Decide the protocol from the client's first bytes; `None` while they are a consistent but
+/// incomplete start of HTTP or TLS.
+pub fn classify(bytes: &[u8]) -> Option<Verdict> {
+    if bytes.is_empty() {
+        return None;
+    }
+    let n = bytes.len().min(H2_PREFACE.len());
+    if bytes[..n] == H2_PREFACE[..n] {
+        return if n == H2_PREFACE.len() {
+            Some(Verdict::Http(HttpVersion::Http2))
+        } else {
+            None
+        };
+    }
+    if bytes[0] == 0x16 {
+        // A TLS handshake record: content type 22, then protocol version 3.x.
+        return match bytes.get(1) {
+            None => None,
+            Some(3) => Some(Verdict::Tls),
+            Some(_) => Some(Verdict::Opaque),
+        };
+    }
+    match request_line(bytes) {
+        Line::Http1 => Some(Verdict::Http(HttpVersion::Http1)),
+        Line::Incomplete if bytes.len() < MAX_DETECT_BYTES => None,
+        Line::Incomplete | Line::NotHttp => Some(Verdict::Opaque),
+    }
+}
+
+enum Line {
+    Http1,
+    Incomplete,
+    NotHttp,
+}
+
+/// Whether `bytes` start with `method SP request-target SP HTTP/1.x CRLF` (RFC 9112 §3).
+fn request_line(bytes: &[u8]) -> Line {
+    const VERSION: &[u8] = b"HTTP/1.";
+    #[derive(Clone, Copy)]
+    enum State {
+        Method(usize),
+        Target(usize),
+        Version(usize),
+        Cr,
+    }
+    let mut state = State::Method(0);
+    for &b in bytes {
+        state = match state {
+            State::Method(n) if is_tchar(b) && n < MAX_METHOD_LEN => State::Method(n + 1),
+            State::Method(n) if b == b' ' && n > 0 => State::Target(0),
+            State::Target(n) if b == b' ' && n > 0 => State::Version(0),
+            // Visible ASCII, and bytes above it that lenient servers take in paths.
+            State::Target(n) if b > b' ' && b != 0x7f => State::Target(n + 1),
+            State::Version(i) if i < VERSION.len() && b == VERSION[i] => State::Version(i + 1),
+            State::Version(i) if i == VERSION.len() && (b == b'0' || b == b'1') => {
+                State::Version(i + 1)
+            }
+            State::Version(i) if i == VERSION.len() + 1 && b == b'\r' => State::Cr,
+            State::Version(i) if i == VERSION.len() + 1 && b == b'\n' => return Line::Http1,
+            State::Cr if b == b'\n' => return Line::Http1,
+            _ => return Line::NotHttp,
+        };
+    }
+    Line::Incomplete
+}
+
+/// RFC 9110 `tchar`, the characters of a method token.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,117 @@
+use super::*;
+use crate::connect;
+use crate::loop_guard::LoopGuard;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+
+fn http(v: HttpVersion) -> Option<Verdict> {
+    Some(Verdict::Http(v))
+}
+
+#[test]
+fn request_lines_are_http1() {
+    for line in [
+        &b"GET / HTTP/1.1\r\n"[..],
+        b"POST /upload?x=1 HTTP/1.0\r\nHost: a\r\n\r\n",
+        b"OPTIONS * HTTP/1.1\n",
+        b"CONNECT example.com:443 HTTP/1.1\r\n",
+        b"GET http://example.com/a HTTP/1.1\r\n",
+    ] {
+        assert_eq!(classify(line), http(HttpVersion::Http1), "{line:?}");
+    }
+}
+
+#[test]
+fn partial_request_lines_wait_for_more() {
+    for partial in [&b"G"[..], b"GET", b"GET /", b"GET / HTTP/1", b"GET / HTTP/1.1\r"] {
+        assert_eq!(classify(partial), None, "{partial:?}");
+    }
+}
+
+#[test]
+fn the_h2_preface_is_http2_and_its_start_waits() {
+    assert_eq!(classify(H2_PREFACE), http(HttpVersion::Http2));
+    assert_eq!(classify(&H2_PREFACE[..10]), None);
+    let mut more = H2_PREFACE.to_vec();
+    more.extend_from_slice(&[0, 0, 0, 4]);
+    assert_eq!(classify(&more), http(HttpVersion::Http2));
+}
+
+#[test]
+fn tls_and_other_bytes_are_opaque() {
+    assert_eq!(classify(&[0x16, 0x03, 0x01, 0x02, 0x00]), Some(Verdict::Tls));
+    assert_eq!(classify(&[0x16]), None);
+    for other in [
+        &b"\x00\x00\x00\x01"[..],
+        b"HELO example.com\r\n",
+        b"GET / HTTP/2.0\r\n",
+        b"GET  / HTTP/1.1\r\n",
+        b"SSH-2.0-OpenSSH_9.2\r\n",
+        b"get\x01",
+    ] {
+        assert_eq!(classify(other), Some(Verdict::Opaque), "{other:?}");
+    }
+}
+
+#[test]
+fn an_endless_request_line_is_opaque() {
+    let mut line = b"GET /".to_vec();
+    line.resize(MAX_DETECT_BYTES, b'a');
+    assert_eq!(classify(&line), Some(Verdict::Opaque));
+}
+
+/// A client socket and the proxy's accepted end of it.
+async fn pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+    let (accepted, _) = l.accept().await.unwrap();
+    (client, accepted)
+}
+
+#[tokio::test]
+async fn a_server_banner_decides_before_the_timeout_and_the_connection_is_kept() {
+    let (_client, downstream) = pair().await;
+    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = server.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = server.accept().await.unwrap();
+        s.write_all(b"220 banner\r\n").await.unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    });
+    let guard = LoopGuard::new(vec![]);
+    let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
+    tokio::pin!(connecting);
+    let started = std::time::Instant::now();
+    let d = detect(&downstream, connecting, Duration::from_secs(30), true).await;
+    assert_eq!(d.verdict, Verdict::ServerFirst);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(matches!(d.upstream, Some(Ok(_))));
+    assert!(d.prefix.is_empty());
+}
+
+#[tokio::test]
+async fn client_bytes_decide_and_are_kept_while_the_upstream_connects() {
+    let (mut client, downstream) = pair().await;
+    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = server.local_addr().unwrap();
+    client.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let guard = LoopGuard::new(vec![]);
+    let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
+    tokio::pin!(connecting);
+    let d = detect(&downstream, connecting, Duration::from_secs(30), true).await;
+    assert_eq!(d.verdict, Verdict::Http(HttpVersion::Http1));
+    assert_eq!(&d.prefix[..], b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+}
+
+#[tokio::test]
+async fn silence_on_both_sides_times_out() {
+    let (_client, downstream) = pair().await;
+    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = server.local_addr().unwrap();
+    let guard = LoopGuard::new(vec![]);
+    let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
+    tokio::pin!(connecting);
+    let d = detect(&downstream, connecting, Duration::from_millis(100), true).await;
+    assert_eq!(d.verdict, Verdict::Timeout);
+    assert!(matches!(d.upstream, Some(Ok(_))), "{:?}", d.upstream);
+}

@@ -1,0 +1,264 @@
+//! What can go wrong with one request, where (downstream, upstream or inside Remora), whether it
+//! may be retried, and how it is reported: Envoy's response flag, the HTTP status of the local
+//! reply, and the gRPC status when the client speaks gRPC.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+/// Envoy's response flags, as a set. Displayed the way Envoy prints them: `UF,URX`, or `-`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Flags(u16);
+
+impl Flags {
+    /// Upstream connection failure.
+    pub const UF: Flags = Flags(1);
+    /// Upstream connection termination (before or during the response).
+    pub const UC: Flags = Flags(1 << 1);
+    /// Upstream remote reset of the stream.
+    pub const UR: Flags = Flags(1 << 2);
+    /// Upstream request timeout.
+    pub const UT: Flags = Flags(1 << 3);
+    /// Upstream retry limit exceeded.
+    pub const URX: Flags = Flags(1 << 4);
+    /// Downstream protocol error: a malformed request.
+    pub const DPE: Flags = Flags(1 << 5);
+    /// Downstream connection termination before the response was complete.
+    pub const DC: Flags = Flags(1 << 6);
+    /// Upstream protocol error: a malformed response.
+    pub const UPE: Flags = Flags(1 << 7);
+
+    const NAMES: [(Flags, &'static str); 8] = [
+        (Flags::UF, "UF"),
+        (Flags::UC, "UC"),
+        (Flags::UR, "UR"),
+        (Flags::UT, "UT"),
+        (Flags::URX, "URX"),
+        (Flags::DPE, "DPE"),
+        (Flags::DC, "DC"),
+        (Flags::UPE, "UPE"),
+    ];
+
+    /// Add `other` to the set.
+    pub fn insert(&mut self, other: Flags) {
+        self.0 |= other.0;
+    }
+
+    /// Whether every flag of `other` is set.
+    pub fn contains(self, other: Flags) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Whether no flag is set.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl fmt::Display for Flags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return f.write_str("-");
+        }
+        let mut first = true;
+        for (flag, name) in Flags::NAMES {
+            if self.contains(flag) {
+                if !first {
+                    f.write_str(",")?;
+                }
+                f.write_str(name)?;
+                first = false;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Which party a failure belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Downstream,
+    Upstream,
+    Internal,
+}
+
+/// What went wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The upstream connection could not be opened (refused, unreachable, handshake failed).
+    ConnectFailed,
+    /// The upstream connection was not opened within the connect timeout.
+    ConnectTimeout,
+    /// The upstream connection ended before the response headers.
+    ConnectionTerminated,
+    /// The upstream refused the HTTP/2 stream (REFUSED_STREAM): it never processed it.
+    RefusedStream,
+    /// The upstream reset the stream before the response headers.
+    RemoteReset,
+    /// The upstream's response could not be parsed.
+    UpstreamProtocol,
+    /// No response within the request's timeout (`grpc-timeout` or `http.request_timeout`).
+    Timeout,
+    /// The request is malformed; it is answered here and never forwarded.
+    MalformedRequest(&'static str),
+}
+
+impl ErrorKind {
+    /// Who is at fault.
+    pub fn origin(self) -> Origin {
+        match self {
+            ErrorKind::MalformedRequest(_) => Origin::Downstream,
+            ErrorKind::Timeout => Origin::Internal,
+            _ => Origin::Upstream,
+        }
+    }
+
+    /// Envoy's response flag for it.
+    pub fn flag(self) -> Flags {
+        match self {
+            ErrorKind::ConnectFailed | ErrorKind::ConnectTimeout => Flags::UF,
+            ErrorKind::ConnectionTerminated => Flags::UC,
+            ErrorKind::RefusedStream | ErrorKind::RemoteReset => Flags::UR,
+            ErrorKind::UpstreamProtocol => Flags::UPE,
+            ErrorKind::Timeout => Flags::UT,
+            ErrorKind::MalformedRequest(_) => Flags::DPE,
+        }
+    }
+
+    /// Whether Istio's default retry policy retries it: `connect-failure` and `refused-stream`.
+    /// Other resets are not retried: the upstream may have acted on the request.
+    pub fn retryable(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::ConnectFailed | ErrorKind::ConnectTimeout | ErrorKind::RefusedStream
+        )
+    }
+
+    /// The status of the local reply, as Envoy answers.
+    pub fn status(self) -> http::StatusCode {
+        use http::StatusCode;
+        match self {
+            ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            ErrorKind::UpstreamProtocol => StatusCode::BAD_GATEWAY,
+            ErrorKind::MalformedRequest(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The gRPC status of the local reply to a gRPC client.
+    pub fn grpc_status(self) -> u8 {
+        match self {
+            // DEADLINE_EXCEEDED
+            ErrorKind::Timeout => 4,
+            // INTERNAL
+            ErrorKind::MalformedRequest(_) | ErrorKind::UpstreamProtocol => 13,
+            // UNAVAILABLE: the call may be retried by the client.
+            _ => 14,
+        }
+    }
+
+    /// The body of the local reply, worded as Envoy words it.
+    pub fn details(self) -> &'static str {
+        match self {
+            ErrorKind::ConnectFailed => {
+                "upstream connect error or disconnect/reset before headers. reset reason: connection failure"
+            }
+            ErrorKind::ConnectTimeout => {
+                "upstream connect error or disconnect/reset before headers. reset reason: connection timeout"
+            }
+            ErrorKind::ConnectionTerminated => {
+                "upstream connect error or disconnect/reset before headers. reset reason: connection termination"
+            }
+            ErrorKind::RefusedStream => {
+                "upstream connect error or disconnect/reset before headers. reset reason: remote refused stream reset"
+            }
+            ErrorKind::RemoteReset => {
+                "upstream connect error or disconnect/reset before headers. reset reason: remote reset"
+            }
+            ErrorKind::UpstreamProtocol => "upstream protocol error",
+            ErrorKind::Timeout => "upstream request timeout",
+            ErrorKind::MalformedRequest(why) => why,
+        }
+    }
+}
+
+/// One failed request, with the upstream it was going to and the underlying error.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {upstream}{}", kind.details(), source.as_ref().map(|s| format!(": {s}")).unwrap_or_default())]
+pub struct ProxyError {
+    pub kind: ErrorKind,
+    pub upstream: SocketAddr,
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl ProxyError {
+    /// A failure of `kind` talking to `upstream`.
+    pub fn new(
+        kind: ErrorKind,
+        upstream: SocketAddr,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        ProxyError {
+            kind,
+            upstream,
+            source: Some(source.into()),
+        }
+    }
+
+    /// Classify an error of the HTTP client sending a request and awaiting its response head.
+    pub fn from_send(upstream: SocketAddr, e: hyper::Error) -> Self {
+        let kind = if e.is_parse() {
+            ErrorKind::UpstreamProtocol
+        } else if e.is_timeout() {
+            ErrorKind::Timeout
+        } else {
+            match h2_reason(&e) {
+                Some(h2::Reason::REFUSED_STREAM) => ErrorKind::RefusedStream,
+                Some(h2::Reason::NO_ERROR) | None => ErrorKind::ConnectionTerminated,
+                Some(_) => ErrorKind::RemoteReset,
+            }
+        };
+        ProxyError::new(kind, upstream, e)
+    }
+}
+
+/// The HTTP/2 error code carried somewhere in an error's source chain.
+pub fn h2_reason(e: &(dyn std::error::Error + 'static)) -> Option<h2::Reason> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    // Source chains are short; the bound only guards against a cycle.
+    for _ in 0..16 {
+        let c = cause?;
+        if let Some(h2) = c.downcast_ref::<h2::Error>() {
+            return h2.reason();
+        }
+        cause = c.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_print_as_envoy_prints_them() {
+        let mut f = Flags::default();
+        assert_eq!(f.to_string(), "-");
+        f.insert(Flags::URX);
+        f.insert(Flags::UF);
+        assert_eq!(f.to_string(), "UF,URX");
+    }
+
+    #[test]
+    fn connect_failure_is_a_retryable_503_uf_and_grpc_unavailable() {
+        let k = ErrorKind::ConnectFailed;
+        assert_eq!(k.status(), 503);
+        assert_eq!(k.flag(), Flags::UF);
+        assert!(k.retryable());
+        assert_eq!(k.grpc_status(), 14);
+        assert_eq!(k.origin(), Origin::Upstream);
+        assert!(!ErrorKind::ConnectionTerminated.retryable());
+        assert_eq!(ErrorKind::Timeout.status(), 504);
+        assert_eq!(ErrorKind::MalformedRequest("x").status(), 400);
+    }
+}

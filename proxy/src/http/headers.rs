@@ -1,0 +1,251 @@
+//! What the proxy does to headers: refuse malformed framing, drop hop-by-hop headers
+//! (RFC 9110 §7.6.1) in both directions, and add the ones a mesh adds (`x-request-id`,
+//! `x-forwarded-proto`). Everything else, Host and tracing headers included, passes unchanged.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use std::time::Duration;
+
+/// Envoy's retry attempt header, sent upstream with the attempt's number.
+pub static ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-attempt-count");
+static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+static FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+/// The gRPC status trailer (or header, in a trailers-only response).
+pub static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+/// The gRPC message trailer.
+pub static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+
+/// Why a request is refused before it is forwarded. hyper itself refuses the rest of the
+/// request-smuggling shapes (differing Content-Lengths, obs-fold, invalid header names).
+pub fn check_request(headers: &HeaderMap) -> Result<(), &'static str> {
+    let mut te = headers.get_all(header::TRANSFER_ENCODING).iter();
+    if let Some(value) = te.next() {
+        // Only `chunked` alone is a framing we forward; `gzip, chunked` and friends are
+        // refused, as Envoy refuses them.
+        if te.next().is_some() || !value.as_bytes().eq_ignore_ascii_case(b"chunked") {
+            return Err("transfer-encoding other than chunked");
+        }
+    }
+    Ok(())
+}
+
+/// Whether the request is gRPC (`content-type: application/grpc…`).
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// Whether an HTTP/1.1 request asks to switch protocols (`Connection: upgrade` + `Upgrade`).
+pub fn wants_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .any(|v| has_token(v, b"upgrade"))
+}
+
+/// Rewrite a request's headers for the upstream hop.
+pub fn prepare_request(headers: &mut HeaderMap, upgrade: bool) {
+    remove_hop_by_hop(headers, upgrade);
+    // Envoy answers `Expect: 100-continue` itself (hyper sends the 100 when the body is first
+    // read, which is when the upstream starts taking it) and does not forward it.
+    headers.remove(header::EXPECT);
+    if !headers.contains_key(&REQUEST_ID) {
+        headers.insert(REQUEST_ID.clone(), request_id());
+    }
+    if !headers.contains_key(&FORWARDED_PROTO) {
+        // Plain text on this hop; mesh TLS will set `https`.
+        headers.insert(FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    }
+}
+
+/// Rewrite a response's headers for the downstream hop.
+pub fn prepare_response(headers: &mut HeaderMap, upgraded: bool) {
+    remove_hop_by_hop(headers, upgraded);
+}
+
+/// Remove the hop-by-hop headers and those the `Connection` header names. With `upgrade`, the
+/// `Upgrade` and `Connection: upgrade` headers stay: they are the point of the request.
+fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+    // Nominated headers first, while `Connection` is still there to read. Most requests carry
+    // no Connection header, or one naming only close/keep-alive/upgrade: no allocation then.
+    let nominated: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(|t| t.trim_ascii())
+        .filter(|t| {
+            !t.is_empty()
+                && !t.eq_ignore_ascii_case(b"close")
+                && !t.eq_ignore_ascii_case(b"keep-alive")
+                && !t.eq_ignore_ascii_case(b"upgrade")
+        })
+        .filter_map(|t| HeaderName::from_bytes(t).ok())
+        .collect();
+    for name in nominated {
+        // Never let a client strip what the mesh relies on for framing or identity.
+        if name != header::HOST && name != header::CONTENT_LENGTH {
+            headers.remove(name);
+        }
+    }
+    if !upgrade {
+        headers.remove(header::CONNECTION);
+        headers.remove(header::UPGRADE);
+    } else {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    headers.remove(&KEEP_ALIVE);
+    headers.remove(&PROXY_CONNECTION);
+    headers.remove(header::TRANSFER_ENCODING);
+    headers.remove(header::PROXY_AUTHENTICATE);
+    // `TE: trailers` is the one TE value an HTTP/2 peer accepts, and gRPC servers require it.
+    let te_trailers = headers
+        .get_all(header::TE)
+        .iter()
+        .any(|v| has_token(v, b"trailers"));
+    headers.remove(header::TE);
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+fn has_token(value: &HeaderValue, token: &[u8]) -> bool {
+    value
+        .as_bytes()
+        .split(|b| *b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// A random (version 4) UUID, the shape Envoy gives `x-request-id`.
+fn request_id() -> HeaderValue {
+    let (hi, lo) = (fastrand::u64(..), fastrand::u64(..));
+    let hi = (hi & 0xffff_ffff_ffff_0fff) | 0x0000_0000_0000_4000;
+    let lo = (lo & 0x3fff_ffff_ffff_ffff) | 0x8000_0000_0000_0000;
+    let mut out = [0u8; 36];
+    let hex = b"0123456789abcdef";
+    let mut i = 0;
+    for (n, byte) in hi.to_be_bytes().iter().chain(lo.to_be_bytes().iter()).enumerate() {
+        if matches!(n, 4 | 6 | 8 | 10) {
+            out[i] = b'-';
+            i += 1;
+        }
+        out[i] = hex[usize::from(byte >> 4)];
+        out[i + 1] = hex[usize::from(byte & 0xf)];
+        i += 2;
+    }
+    // Hex digits and dashes are always a valid header value.
+    HeaderValue::from_bytes(&out).unwrap_or_else(|_| HeaderValue::from_static("-"))
+}
+
+/// The deadline a gRPC client set (`grpc-timeout: 100m`), per the gRPC-over-HTTP/2 spec.
+pub fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let v = headers.get(&GRPC_TIMEOUT)?.as_bytes();
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    // At most 8 digits, says the spec.
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b"H" => Duration::from_secs(n * 3600),
+        b"M" => Duration::from_secs(n * 60),
+        b"S" => Duration::from_secs(n),
+        b"m" => Duration::from_millis(n),
+        b"u" => Duration::from_micros(n),
+        b"n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// The `grpc-status` of a trailers-only response, if that is what `headers` are.
+pub fn grpc_status(headers: &HeaderMap) -> Option<u32> {
+    std::str::from_utf8(headers.get(&GRPC_STATUS)?.as_bytes())
+        .ok()?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn hop_by_hop_and_nominated_headers_go_end_to_end_ones_stay() {
+        let mut h = map(&[
+            ("host", "svc:80"),
+            ("connection", "keep-alive, x-secret"),
+            ("keep-alive", "timeout=5"),
+            ("x-secret", "1"),
+            ("te", "trailers, deflate"),
+            ("traceparent", "00-abc-def-01"),
+            ("b3", "80f198ee56343ba8-e457b5a2e4d86bd1-1"),
+            ("expect", "100-continue"),
+            ("upgrade", "websocket"),
+        ]);
+        prepare_request(&mut h, false);
+        for gone in ["connection", "keep-alive", "x-secret", "expect", "upgrade"] {
+            assert!(!h.contains_key(gone), "{gone} should be removed");
+        }
+        assert_eq!(h["te"], "trailers");
+        assert_eq!(h["host"], "svc:80");
+        assert_eq!(h["traceparent"], "00-abc-def-01");
+        assert_eq!(h["b3"], "80f198ee56343ba8-e457b5a2e4d86bd1-1");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        let id = h["x-request-id"].to_str().unwrap();
+        assert_eq!(id.len(), 36);
+        assert_eq!(&id[14..15], "4", "{id}");
+    }
+
+    #[test]
+    fn an_existing_request_id_is_kept() {
+        let mut h = map(&[("x-request-id", "abc"), ("x-forwarded-proto", "https")]);
+        prepare_request(&mut h, false);
+        assert_eq!(h["x-request-id"], "abc");
+        assert_eq!(h["x-forwarded-proto"], "https");
+    }
+
+    #[test]
+    fn an_upgrade_keeps_its_headers() {
+        let mut h = map(&[("connection", "Upgrade"), ("upgrade", "websocket")]);
+        assert!(wants_upgrade(&h));
+        prepare_request(&mut h, true);
+        assert_eq!(h["upgrade"], "websocket");
+        assert_eq!(h["connection"], "upgrade");
+    }
+
+    #[test]
+    fn transfer_encodings_other_than_chunked_are_refused() {
+        assert!(check_request(&map(&[("transfer-encoding", "chunked")])).is_ok());
+        assert!(check_request(&map(&[("transfer-encoding", "gzip, chunked")])).is_err());
+        assert!(check_request(&map(&[
+            ("transfer-encoding", "chunked"),
+            ("transfer-encoding", "chunked")
+        ]))
+        .is_err());
+    }
+
+    #[test]
+    fn grpc_timeouts_parse_per_the_spec() {
+        let t = |v: &str| grpc_timeout(&map(&[("grpc-timeout", v)]));
+        assert_eq!(t("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(t("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(t("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(t("123456789S"), None);
+        assert_eq!(t("m"), None);
+        assert_eq!(t("10x"), None);
+    }
+}
