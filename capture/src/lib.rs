@@ -53,7 +53,7 @@ pub use runner::{Runner, SystemRunner};
 pub fn run(args: &CaptureArgs) -> Result<(), CaptureError> {
     let env = Environment::from_process();
     if let Some(CaptureCommand::Explain(explain)) = &args.command {
-        return explain::run(explain, &env);
+        return explain::run(explain, args, &env);
     }
     let options = RunOptions::resolve(args, &env)?;
     let netns = options.network_namespace.as_deref();

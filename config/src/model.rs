@@ -15,6 +15,8 @@ pub const INBOUND_PORT: u16 = 15006;
 pub const READINESS_PORT: u16 = 15021;
 /// Envoy's Prometheus port in an Istio sidecar.
 pub const METRICS_PORT: u16 = 15090;
+/// Istio's agent port: merged metrics, application probes.
+pub const AGENT_PORT: u16 = 15020;
 /// Envoy's admin port in an Istio sidecar.
 pub const ADMIN_PORT: u16 = 15000;
 
@@ -33,6 +35,8 @@ pub struct Config {
     pub readiness: PortConfig,
     /// Prometheus endpoint (`GET /stats/prometheus`).
     pub metrics: PortConfig,
+    /// The port Istio's agent serves: merged metrics, readiness, application probes.
+    pub agent: AgentConfig,
     /// Admin endpoint, loopback only by default.
     pub admin: AdminConfig,
     /// What happens on SIGTERM.
@@ -65,6 +69,7 @@ impl Default for Config {
             inbound: InboundConfig::default(),
             readiness: PortConfig::new(READINESS_PORT),
             metrics: PortConfig::new(METRICS_PORT),
+            agent: AgentConfig::default(),
             admin: AdminConfig::default(),
             drain: DrainConfig::default(),
             access_log: AccessLogConfig::default(),
@@ -268,6 +273,25 @@ impl PortConfig {
     }
 }
 
+/// Istio's agent port (15020): what pods, probes and docs already point at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    pub port: NonZeroU16,
+    /// Bound on scraping the application's own metrics for the merged `/stats/prometheus`.
+    #[serde(with = "humantime_serde")]
+    pub app_scrape_timeout: Duration,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            port: nonzero(AGENT_PORT),
+            app_scrape_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
 /// The admin listener.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -355,12 +379,13 @@ impl Config {
 
     /// Ports of every listener Remora binds. A connection whose original destination is one of
     /// these (on a local address) would loop into Remora itself.
-    pub fn own_ports(&self) -> [u16; 5] {
+    pub fn own_ports(&self) -> [u16; 6] {
         [
             self.outbound.port.get(),
             self.inbound.port.get(),
             self.readiness.port.get(),
             self.metrics.port.get(),
+            self.agent.port.get(),
             self.admin.address.port(),
         ]
     }
@@ -378,6 +403,7 @@ impl Config {
             ("inbound.port", self.inbound.port.get()),
             ("readiness.port", self.readiness.port.get()),
             ("metrics.port", self.metrics.port.get()),
+            ("agent.port", self.agent.port.get()),
             ("admin.address", self.admin.address.port()),
         ];
         for (i, (name, port)) in named.iter().enumerate() {
@@ -391,6 +417,7 @@ impl Config {
         let side_ports = [
             self.readiness.port.get(),
             self.metrics.port.get(),
+            self.agent.port.get(),
             self.admin.address.port(),
         ];
         for (i, l) in self.listeners.iter().enumerate() {
@@ -421,6 +448,7 @@ impl Config {
             ("outbound.connect_timeout", self.outbound.connect_timeout),
             ("inbound.connect_timeout", self.inbound.connect_timeout),
             ("reload.watch_interval", self.reload.watch_interval),
+            ("agent.app_scrape_timeout", self.agent.app_scrape_timeout),
             ("detection.timeout", self.detection.timeout),
             ("http.header_read_timeout", self.http.header_read_timeout),
             ("http.idle_timeout", self.http.idle_timeout),

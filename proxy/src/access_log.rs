@@ -139,7 +139,12 @@ impl AccessLog {
 
     /// Queue one entry; drops it (and counts the drop) if the writer is behind.
     pub fn log(&self, entry: &Entry, format: AccessLogFormat) {
-        match self.tx.try_send(entry.format(format)) {
+        self.log_line(entry.format(format));
+    }
+
+    /// Queue one formatted line (an HTTP request's); dropped and counted if the writer is behind.
+    pub fn log_line(&self, line: String) {
+        match self.tx.try_send(line) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.metrics.access_log_dropped.inc();

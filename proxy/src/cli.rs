@@ -2,11 +2,12 @@
 //! become `anyhow` here and nowhere else.
 
 use crate::access_log::AccessLog;
-use crate::admin::{self, AdminState, Role};
+use crate::admin::{self, AdminState, ListenerInfo, LogControl, Role, SetFilter};
+use crate::agent::{probe, Agent, AppMetrics};
 use crate::drain::Drain;
 use crate::listener;
 use crate::loop_guard::LoopGuard;
-use crate::metrics::Metrics;
+use crate::metrics::{ListenerNames, Metrics, ServerState};
 use crate::proxy::{Proxy, Route};
 use crate::reload::{Overrides, Reloader};
 use crate::workload::Workload;
@@ -18,12 +19,11 @@ use remora_config::Config;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::Notify;
 
 /// Flags of `remora run`.
 #[derive(Debug, Clone, Args)]
@@ -67,6 +67,8 @@ pub struct RunArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ProtocolArg {
     Tcp,
+    Http,
+    Auto,
 }
 
 /// Log line format.
@@ -78,8 +80,8 @@ pub enum LogFormat {
 
 /// `remora run`.
 pub fn run(args: RunArgs) -> ExitCode {
-    init_tracing(&args.log_level, args.log_format == LogFormat::Json);
-    match start(args) {
+    let logging = init_tracing(&args.log_level, args.log_format == LogFormat::Json);
+    match start(args, logging) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("remora: {e:#}");
@@ -90,7 +92,7 @@ pub fn run(args: RunArgs) -> ExitCode {
 
 /// `remora capture`.
 pub fn capture(args: remora_capture::CaptureArgs) -> ExitCode {
-    init_tracing(args.log_level().unwrap_or("info"), args.log_as_json());
+    let _ = init_tracing(args.log_level().unwrap_or("info"), args.log_as_json());
     match remora_capture::run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -100,23 +102,42 @@ pub fn capture(args: remora_capture::CaptureArgs) -> ExitCode {
     }
 }
 
-fn init_tracing(filter: &str, json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|e| {
-        eprintln!("remora: bad log filter {filter:?} ({e}); using info");
-        tracing_subscriber::EnvFilter::new("info")
-    });
+/// Install the `tracing` subscriber; returns the means to change its filter at run time.
+fn init_tracing(filter: &str, json: bool) -> LogControl {
+    use tracing_subscriber::EnvFilter;
+    let (env_filter, initial) = match EnvFilter::try_new(filter) {
+        Ok(f) => (f, filter.to_string()),
+        Err(e) => {
+            eprintln!("remora: bad log filter {filter:?} ({e}); using info");
+            (EnvFilter::new("info"), "info".to_string())
+        }
+    };
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(env_filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
-    if json {
-        builder.json().init();
-    } else {
+    // The two formats are different subscriber types; each keeps its own reload handle.
+    let set: SetFilter = if json {
+        let builder = builder.json().with_filter_reloading();
+        let handle = builder.reload_handle();
         builder.init();
-    }
+        Box::new(move |f| {
+            let new = EnvFilter::try_new(f).map_err(|e| e.to_string())?;
+            handle.reload(new).map_err(|e| e.to_string())
+        })
+    } else {
+        let builder = builder.with_filter_reloading();
+        let handle = builder.reload_handle();
+        builder.init();
+        Box::new(move |f| {
+            let new = EnvFilter::try_new(f).map_err(|e| e.to_string())?;
+            handle.reload(new).map_err(|e| e.to_string())
+        })
+    };
+    LogControl::new(&initial, set)
 }
 
-fn start(args: RunArgs) -> anyhow::Result<()> {
+fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     raise_nofile_limit();
     let overrides = Overrides {
         access_log: args.access_log,
@@ -127,6 +148,8 @@ fn start(args: RunArgs) -> anyhow::Result<()> {
                 upstream,
                 protocol: match args.protocol {
                     ProtocolArg::Tcp => remora_config::ListenerProtocol::Tcp,
+                    ProtocolArg::Http => remora_config::ListenerProtocol::Http,
+                    ProtocolArg::Auto => remora_config::ListenerProtocol::Auto,
                 },
             }
         }),
@@ -153,7 +176,7 @@ fn start(args: RunArgs) -> anyhow::Result<()> {
                 addr: explicit.address,
                 source,
             })?;
-            routes.push((Route::Fixed(explicit.upstream), l));
+            routes.push((Route::Fixed(explicit.upstream, explicit.protocol), l));
         }
     }
     let mut side = Vec::new();
@@ -162,6 +185,9 @@ fn start(args: RunArgs) -> anyhow::Result<()> {
     }
     for l in listener::bind_all(addrs, config.metrics.port.get())? {
         side.push((Role::Metrics, l));
+    }
+    for l in listener::bind_all(addrs, config.agent.port.get())? {
+        side.push((Role::Agent, l));
     }
     let admin_addr = config.admin.address;
     let admin_listener = listener::bind(admin_addr).map_err(|source| listener::BindError {
@@ -173,29 +199,54 @@ fn start(args: RunArgs) -> anyhow::Result<()> {
     let pod_labels = std::fs::read_to_string(&args.pod_labels_file).unwrap_or_default();
     let own = Workload::from_environment(|k| std::env::var(k).ok(), &pod_labels);
     tracing::debug!(?own, "workload identity");
-    let metrics = Arc::new(Metrics::new(&own));
+    let names = match config.listeners.first() {
+        Some(l) => ListenerNames {
+            outbound: ListenerNames::prefix(l.address),
+            inbound: ListenerNames::default().inbound,
+        },
+        None => ListenerNames {
+            outbound: format!("0.0.0.0_{}", config.outbound.port),
+            inbound: format!("0.0.0.0_{}", config.inbound.port),
+        },
+    };
+    let metrics = Arc::new(Metrics::new(&own, names));
     let drain = Drain::new();
+    let store = Arc::new(ArcSwap::from_pointee(config));
     let state = Arc::new(AdminState {
-        metrics: Arc::clone(&metrics),
-        drain: Arc::clone(&drain),
-        ready: AtomicBool::new(false),
-        quit: Notify::new(),
+        config: Arc::clone(&store),
+        listeners: listener_info(&routes),
+        workload: own,
+        concurrency: args.concurrency,
+        logging: Some(logging),
+        ..AdminState::new(Arc::clone(&metrics), Arc::clone(&drain))
     });
-    admin::spawn(side, Arc::clone(&state)).context("starting the admin thread")?;
+    let agent = Arc::new(Agent {
+        state: Arc::clone(&state),
+        probers: probe::parse_probers(&env_var("ISTIO_KUBE_APP_PROBERS"))
+            .map_err(anyhow::Error::msg)?,
+        app_ip: env_var("INSTANCE_IP")
+            .parse()
+            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
+        app_metrics: AppMetrics::parse(&env_var("ISTIO_PROMETHEUS_ANNOTATIONS"))
+            .map_err(anyhow::Error::msg)?,
+        scrape_timeout: state.config.load().agent.app_scrape_timeout,
+    });
+    admin::spawn(side, Arc::clone(&state), agent).context("starting the admin thread")?;
 
     // Ports that would loop into us if they were a connection's destination.
     let capture_ports = routes
         .iter()
         .filter_map(|(_, l)| l.local_addr().ok().map(|a| a.port()))
         .collect();
-    let store = Arc::new(ArcSwap::from_pointee(config));
     let proxy = Arc::new(Proxy {
         config: Arc::clone(&store),
         loop_guard: LoopGuard::new(capture_ports),
         metrics: Arc::clone(&metrics),
         drain: Arc::clone(&drain),
         access_log: AccessLog::start(Arc::clone(&metrics)).context("starting the access log")?,
+        pool: Arc::default(),
     });
+    let metrics_handle = Arc::clone(&metrics);
     let reloader = args.config.map(|path| Reloader {
         last: std::fs::read(&path).ok(),
         path,
@@ -210,6 +261,10 @@ fn start(args: RunArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
+    let listener_count = u32::try_from(routes.len()).unwrap_or(u32::MAX);
+    metrics_handle
+        .server
+        .set_workers(u32::from(args.concurrency), listener_count);
     let result = runtime.block_on(serve(proxy, routes, state, reloader));
     // Connections still open after the drain period are cut here.
     runtime.shutdown_timeout(Duration::from_millis(100));
@@ -230,13 +285,13 @@ async fn serve(
         let l = TcpListener::from_std(l)?;
         tracing::info!(local = ?l.local_addr().ok(), ?route, "listening");
         let proxy = Arc::clone(&proxy);
+        let drain = Arc::clone(&drain);
         if route == Route::Capture(Direction::Inbound) {
-            let drain = Arc::clone(&drain);
-            let stop = async move { drain.started().await };
+            let stop = async move { drain.inbound_closed().await };
             tokio::spawn(listener::accept_loop(l, route, proxy, stop));
         } else {
             // Outbound keeps serving while draining: the application may still need its peers.
-            let stop = std::future::pending();
+            let stop = async move { drain.all_listeners_closed().await };
             tokio::spawn(listener::accept_loop(l, route, proxy, stop));
         }
     }
@@ -244,6 +299,7 @@ async fn serve(
         tokio::spawn(r.watch());
     }
     state.ready.store(true, Ordering::Release);
+    state.metrics.server.set_state(ServerState::Live);
     tracing::info!("remora is ready");
 
     tokio::select! {
@@ -260,6 +316,7 @@ async fn serve(
 
     let config = proxy.config.load_full();
     drain.start();
+    state.metrics.server.set_state(ServerState::Draining);
     let active = drain.active();
     if config.drain.exit_on_zero_active_connections {
         tracing::info!(active, "SIGTERM: draining until no connection is left");
@@ -279,6 +336,32 @@ async fn serve(
         }
     }
     Ok(())
+}
+
+/// An environment variable, empty when unset or not UTF-8.
+fn env_var(name: &str) -> String {
+    std::env::var(name).unwrap_or_default()
+}
+
+/// The data-path listeners as the admin API names them (Istio's names for the capture ones).
+fn listener_info(routes: &[(Route, std::net::TcpListener)]) -> Vec<ListenerInfo> {
+    let mut out: Vec<ListenerInfo> = Vec::new();
+    for (route, l) in routes {
+        let Ok(addr) = l.local_addr() else { continue };
+        match out.iter_mut().find(|i| i.route == *route) {
+            Some(info) => info.addresses.push(addr),
+            None => out.push(ListenerInfo {
+                name: match route {
+                    Route::Capture(Direction::Outbound) => "virtualOutbound".into(),
+                    Route::Capture(Direction::Inbound) => "virtualInbound".into(),
+                    Route::Fixed(..) => ListenerNames::prefix(addr),
+                },
+                route: *route,
+                addresses: vec![addr],
+            }),
+        }
+    }
+    out
 }
 
 /// A sidecar holds two sockets per proxied connection; the default soft limit (often 1024) would

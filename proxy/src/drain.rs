@@ -10,6 +10,9 @@ use tokio::sync::{watch, Notify};
 #[derive(Debug)]
 pub struct Drain {
     draining: watch::Sender<bool>,
+    /// Set when every data-path listener must close, outbound included (the admin API's
+    /// `/drain_listeners` without `inboundonly`).
+    all_closed: watch::Sender<bool>,
     active: AtomicUsize,
     changed: Notify,
 }
@@ -18,6 +21,7 @@ impl Default for Drain {
     fn default() -> Self {
         Drain {
             draining: watch::Sender::new(false),
+            all_closed: watch::Sender::new(false),
             active: AtomicUsize::new(0),
             changed: Notify::new(),
         }
@@ -45,6 +49,25 @@ impl Drain {
         let mut rx = self.draining.subscribe();
         // The sender lives in `self`, so the channel cannot close while we wait.
         let _ = rx.wait_for(|d| *d).await;
+    }
+
+    /// Close every data-path listener, outbound included. Idempotent.
+    pub fn close_all_listeners(&self) {
+        self.all_closed.send_replace(true);
+    }
+
+    /// Resolves once every listener must close.
+    pub async fn all_listeners_closed(&self) {
+        let mut rx = self.all_closed.subscribe();
+        let _ = rx.wait_for(|d| *d).await;
+    }
+
+    /// Resolves once the inbound listener must close: on draining, or when all close.
+    pub async fn inbound_closed(&self) {
+        tokio::select! {
+            () = self.started() => {}
+            () = self.all_listeners_closed() => {}
+        }
     }
 
     /// Count a connection as open until the returned value is dropped.

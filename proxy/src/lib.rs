@@ -2,16 +2,20 @@
 //!
 //! A connection flows top to bottom through these modules: a capture `listener` accepts it,
 //! `proxy` learns where it was going (`orig_dst`), refuses it if it would loop (`loop_guard`),
-//! opens the upstream (`connect`) and copies bytes both ways (`tcp`), then records it
+//! opens the upstream (`connect`) while `detect` tells HTTP from opaque bytes, then either
+//! copies bytes both ways (`tcp`) or proxies HTTP requests (`http`), and records it
 //! (`metrics`, `access_log`). Around that: `admin` serves readiness, metrics and the admin API on
-//! its own thread, `drain` carries SIGTERM's shutdown, `reload` swaps in new configs, and `cli`
+//! its own thread, `agent` serves Istio's agent port (merged metrics, application probes), `drain` carries SIGTERM's shutdown, `reload` swaps in new configs, and `cli`
 //! is the binary's edge. See ARCHITECTURE.md for the whole picture.
 
 pub mod access_log;
 pub mod admin;
+pub mod agent;
 pub mod cli;
 pub mod connect;
+pub mod detect;
 pub mod drain;
+pub mod http;
 pub mod listener;
 pub mod loop_guard;
 pub mod metrics;

@@ -1,15 +1,18 @@
-//! One connection, top to bottom: where it was going, whether it would loop, the upstream
-//! connection, the copy, and the record of it (metrics, access log).
+//! One connection, top to bottom: where it was going, whether it would loop, what it speaks
+//! (detection, while the upstream connection is already being opened), then the copy of opaque
+//! bytes or the HTTP proxy, and the record of it (metrics, access log).
 
 use crate::access_log::{AccessLog, End, Entry};
-use crate::connect::{self, ConnectError};
+use crate::connect::{self, ConnectError, Upstream};
+use crate::detect::{self, Verdict};
 use crate::drain::Drain;
+use crate::http::{self, pool::Pool};
 use crate::loop_guard::{Guard, LoopGuard};
 use crate::metrics::Metrics;
 use crate::tcp::{self, CopyError, Transfer};
 use crate::{orig_dst, Direction};
 use arc_swap::ArcSwap;
-use remora_config::Config;
+use remora_config::{Config, ListenerProtocol};
 use socket2::SockRef;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -25,6 +28,8 @@ pub struct Proxy {
     pub metrics: Arc<Metrics>,
     pub drain: Arc<Drain>,
     pub access_log: AccessLog,
+    /// Idle upstream HTTP connections, shared by every downstream connection.
+    pub pool: Arc<Pool>,
 }
 
 /// Where a listener's connections go.
@@ -32,8 +37,8 @@ pub struct Proxy {
 pub enum Route {
     /// A capture listener: to the original destination.
     Capture(Direction),
-    /// An explicit listener: always to this upstream. Counted as outbound.
-    Fixed(SocketAddr),
+    /// An explicit listener: always to this upstream, as this protocol. Counted as outbound.
+    Fixed(SocketAddr, ListenerProtocol),
 }
 
 impl Route {
@@ -41,9 +46,21 @@ impl Route {
     pub fn direction(self) -> Direction {
         match self {
             Route::Capture(d) => d,
-            Route::Fixed(_) => Direction::Outbound,
+            Route::Fixed(..) => Direction::Outbound,
         }
     }
+}
+
+/// How a connection is handled before anything is read from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Opaque bytes, no detection: declared `tcp`-like, or one of Istio's always-TCP ports.
+    Tcp,
+    /// Declared HTTP: only HTTP/1 versus HTTP/2 is read from the client; the server is not
+    /// expected to speak first.
+    Http,
+    /// Detect, with server-first protocols decided by the server's first byte.
+    Auto,
 }
 
 /// What happened to one connection.
@@ -51,6 +68,8 @@ struct Outcome {
     destination: Option<SocketAddr>,
     transfer: Transfer,
     end: End,
+    /// Served as HTTP (each request has its own access-log line).
+    http: bool,
 }
 
 impl Proxy {
@@ -64,14 +83,15 @@ impl Proxy {
         m.connection_opened();
         let peer = orig_dst::canonical(peer);
 
-        let outcome = self.proxy(&config, &downstream, peer, route).await;
+        let outcome = self.proxy(&config, downstream, peer, route).await;
 
         m.connection_closed(
             outcome.end.response_flag(),
             outcome.transfer.sent,
             outcome.transfer.received,
         );
-        if config.access_log.enabled {
+        // HTTP connections log each request instead.
+        if config.access_log.enabled && !outcome.http {
             let entry = Entry {
                 start: started.0,
                 direction: dir,
@@ -87,16 +107,16 @@ impl Proxy {
     }
 
     async fn proxy(
-        &self,
-        config: &Config,
-        downstream: &TcpStream,
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        downstream: TcpStream,
         peer: SocketAddr,
         route: Route,
     ) -> Outcome {
         let dir = route.direction();
         let destination = match route {
-            Route::Fixed(upstream) => upstream,
-            Route::Capture(_) => match orig_dst::original_dst(downstream) {
+            Route::Fixed(upstream, _) => upstream,
+            Route::Capture(_) => match orig_dst::original_dst(&downstream) {
                 Ok((dst, _)) => dst,
                 Err(e) => {
                     tracing::debug!(%peer, error = %e, "no destination for connection");
@@ -114,13 +134,105 @@ impl Proxy {
                 %peer, %destination, guard = guard.as_str(), direction = dir.as_str(),
                 "refused a connection that would loop into Remora"
             );
-            reset(downstream);
+            reset(&downstream);
             return refused(Some(destination), End::LoopRefused(guard));
         }
+        let _ = downstream.set_nodelay(true);
 
         let (source, timeout) = upstream_settings(config, dir, destination);
-        let upstream = match connect::connect(destination, source, timeout, &self.loop_guard).await
-        {
+        let connecting = connect::connect(destination, source, timeout, &self.loop_guard);
+        tokio::pin!(connecting);
+        let mode = mode(config, route, destination);
+        if mode == Mode::Tcp {
+            let upstream = connecting.await;
+            return self
+                .tcp(dir, &downstream, peer, destination, &[], upstream)
+                .await;
+        }
+
+        // Detection reads the client while the upstream connection is being opened; in auto
+        // mode a server that speaks first ends it at once.
+        let (wait, watch_server) = match mode {
+            Mode::Auto => (config.detection.timeout, true),
+            _ => (config.http.header_read_timeout, false),
+        };
+        let connecting = async {
+            if watch_server {
+                connect::connect(destination, source, timeout, &self.loop_guard).await
+            } else {
+                // Declared or known HTTP: the pool serves the requests; nothing to dial early.
+                std::future::pending().await
+            }
+        };
+        tokio::pin!(connecting);
+        let detected = detect::detect(&downstream, connecting.as_mut(), wait, watch_server).await;
+        tracing::debug!(%peer, %destination, verdict = ?detected.verdict, ?mode, "detected");
+        let upstream = match detected.upstream {
+            Some(done) => Some(done),
+            None if watch_server => Some(connecting.await),
+            None => None,
+        };
+        match detected.verdict {
+            Verdict::Http(version) => {
+                // The HTTP path lives on the heap: it is larger than the TCP path and every
+                // idle TCP connection would otherwise pay for it.
+                let (end, transfer) = Box::pin(http::serve(
+                    Arc::clone(self),
+                    Arc::clone(config),
+                    http::Connection {
+                        downstream,
+                        peer,
+                        direction: dir,
+                        destination,
+                        source,
+                        connect_timeout: timeout,
+                        version,
+                        prefix: detected.prefix,
+                        early: upstream.and_then(Result::ok),
+                    },
+                ))
+                .await;
+                Outcome {
+                    destination: Some(destination),
+                    transfer,
+                    end,
+                    http: true,
+                }
+            }
+            Verdict::ClientFailed => refused(Some(destination), End::DownstreamReset),
+            Verdict::Tls
+            | Verdict::Opaque
+            | Verdict::ServerFirst
+            | Verdict::Timeout
+            | Verdict::ClientClosed => {
+                let upstream = match upstream {
+                    Some(up) => up,
+                    None => connect::connect(destination, source, timeout, &self.loop_guard).await,
+                };
+                self.tcp(
+                    dir,
+                    &downstream,
+                    peer,
+                    destination,
+                    &detected.prefix,
+                    upstream,
+                )
+                .await
+            }
+        }
+    }
+
+    /// Copy opaque bytes, after the `prefix` detection read.
+    async fn tcp(
+        &self,
+        dir: Direction,
+        downstream: &TcpStream,
+        peer: SocketAddr,
+        destination: SocketAddr,
+        prefix: &[u8],
+        upstream: Result<Upstream, ConnectError>,
+    ) -> Outcome {
+        let upstream = match upstream {
             Ok(up) => up,
             Err(e) => {
                 self.metrics.direction(dir).connect_failures.inc();
@@ -135,9 +247,8 @@ impl Proxy {
                 return refused(Some(destination), end);
             }
         };
-        let _ = downstream.set_nodelay(true);
-
-        let (transfer, end) = match tcp::copy_bidirectional(downstream, &upstream.stream).await {
+        let copied = tcp::copy_bidirectional_after(prefix, downstream, &upstream.stream).await;
+        let (transfer, end) = match copied {
             Ok(t) => (t, End::Closed),
             Err(e) => {
                 tracing::debug!(%peer, %destination, error = %e, "connection ended with an error");
@@ -152,7 +263,22 @@ impl Proxy {
             destination: Some(destination),
             transfer,
             end,
+            http: false,
         }
+    }
+}
+
+/// Whether to detect, and how, from the listener and the destination port's declaration.
+fn mode(config: &Config, route: Route, destination: SocketAddr) -> Mode {
+    match route {
+        Route::Fixed(_, ListenerProtocol::Tcp) => Mode::Tcp,
+        Route::Fixed(_, ListenerProtocol::Http) => Mode::Http,
+        Route::Fixed(_, ListenerProtocol::Auto) => Mode::Auto,
+        Route::Capture(_) => match config.declared_protocol(destination.port()) {
+            Some(p) if p.is_http() => Mode::Http,
+            Some(_) => Mode::Tcp,
+            None => Mode::Auto,
+        },
     }
 }
 
@@ -181,6 +307,7 @@ fn refused(destination: Option<SocketAddr>, end: End) -> Outcome {
         destination,
         transfer: Transfer::default(),
         end,
+        http: false,
     }
 }
 
@@ -205,6 +332,7 @@ mod tests {
             metrics: Arc::clone(&metrics),
             drain: Drain::new(),
             access_log: AccessLog::start(metrics).unwrap(),
+            pool: Arc::default(),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let _client = TcpStream::connect(listener.local_addr().unwrap())

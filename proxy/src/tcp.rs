@@ -66,6 +66,33 @@ enum Side {
     Upstream,
 }
 
+/// Send `prefix` (bytes already read from `downstream`, while detecting) to `upstream`, then
+/// copy between them until both directions end.
+pub async fn copy_bidirectional_after(
+    prefix: &[u8],
+    downstream: &TcpStream,
+    upstream: &TcpStream,
+) -> Result<Transfer, CopyError> {
+    if let Err(source) = write_all(upstream, prefix).await {
+        for s in [downstream, upstream] {
+            let _ = SockRef::from(s).set_linger(Some(Duration::ZERO));
+        }
+        return Err(CopyError::Upstream {
+            source,
+            transfer: Transfer::default(),
+        });
+    }
+    let mut result = copy_bidirectional(downstream, upstream).await;
+    let sent = prefix.len() as u64;
+    match &mut result {
+        Ok(t) => t.sent += sent,
+        Err(CopyError::Downstream { transfer, .. } | CopyError::Upstream { transfer, .. }) => {
+            transfer.sent += sent
+        }
+    }
+    result
+}
+
 /// Copy between `downstream` and `upstream` until both directions end.
 pub async fn copy_bidirectional(
     downstream: &TcpStream,

@@ -25,6 +25,7 @@ struct Ports {
     inbound: u16,
     readiness: u16,
     metrics: u16,
+    agent: u16,
     admin: u16,
 }
 
@@ -35,6 +36,7 @@ impl Ports {
             inbound: free_port(),
             readiness: free_port(),
             metrics: free_port(),
+            agent: free_port(),
             admin: free_port(),
         }
     }
@@ -42,8 +44,8 @@ impl Ports {
     /// A config on loopback with these ports, plus `extra` YAML.
     fn config(&self, extra: &str) -> String {
         format!(
-            "bind_addresses: [127.0.0.1]\noutbound:\n  port: {}\ninbound:\n  port: {}\nreadiness:\n  port: {}\nmetrics:\n  port: {}\nadmin:\n  address: 127.0.0.1:{}\nreload:\n  watch_interval: 100ms\n{extra}",
-            self.outbound, self.inbound, self.readiness, self.metrics, self.admin
+            "bind_addresses: [127.0.0.1]\noutbound:\n  port: {}\ninbound:\n  port: {}\nreadiness:\n  port: {}\nmetrics:\n  port: {}\nagent:\n  port: {}\nadmin:\n  address: 127.0.0.1:{}\nreload:\n  watch_interval: 100ms\n{extra}",
+            self.outbound, self.inbound, self.readiness, self.metrics, self.agent, self.admin
         )
     }
 }

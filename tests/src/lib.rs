@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod netns;
 pub mod peer;
 pub mod process;
+pub mod service;
 
 pub use environment::missing_capability;
 pub use metrics::Metrics;

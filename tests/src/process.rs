@@ -32,7 +32,7 @@ static NEXT_FILE: AtomicU32 = AtomicU32::new(0);
 /// every copy of an executable holds it exclusively.
 static SPAWN_LOCK: RwLock<()> = RwLock::new(());
 
-fn spawn(cmd: &mut Command) -> io::Result<Child> {
+pub(crate) fn spawn(cmd: &mut Command) -> io::Result<Child> {
     let _shared = SPAWN_LOCK.read().unwrap_or_else(PoisonError::into_inner);
     cmd.spawn()
 }

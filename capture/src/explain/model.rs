@@ -214,7 +214,8 @@ pub enum Action {
     Reject,
     /// NAT to a local port (the table's hook decides which local address).
     Redirect(u16),
-    /// Transparent proxying to a local port, optionally setting the mark.
+    /// Transparent proxying to a local port, optionally setting the mark; the packet goes
+    /// on through the rule's remaining actions.
     Tproxy {
         /// The local port.
         port: u16,
@@ -245,6 +246,7 @@ impl Action {
                 | Action::RestoreMark
                 | Action::CtZone(_)
                 | Action::Counter
+                | Action::Tproxy { .. }
         )
     }
 }
@@ -262,6 +264,46 @@ pub struct TraceRule {
     pub text: String,
 }
 
+impl TraceRule {
+    /// The rule reduced to what it does, so that two spellings of one rule compare equal:
+    /// matches in a fixed order (all must hold, so order does not matter), without a protocol
+    /// test that a port test implies (nft drops it when listing), ranges without host bits,
+    /// states sorted, and no counters.
+    pub fn canonical(&self) -> (Vec<Match>, Vec<Action>) {
+        let ported: Vec<Proto> = self
+            .matches
+            .iter()
+            .filter_map(|m| match &m.test {
+                Test::DestinationPort(p, _) | Test::SourcePort(p, _) => Some(*p),
+                _ => None,
+            })
+            .collect();
+        let mut matches: Vec<Match> = self
+            .matches
+            .iter()
+            .filter(|m| m.negated || !matches!(&m.test, Test::Proto(p) if ported.contains(p)))
+            .cloned()
+            .map(|mut m| {
+                match &mut m.test {
+                    Test::CtState(states) => states.sort(),
+                    Test::Source(c) | Test::Destination(c) => *c = c.network(),
+                    _ => {}
+                }
+                m
+            })
+            .collect();
+        matches.sort_by_cached_key(|m| format!("{m:?}"));
+        matches.dedup();
+        let actions = self
+            .actions
+            .iter()
+            .filter(|a| **a != Action::Counter)
+            .cloned()
+            .collect();
+        (matches, actions)
+    }
+}
+
 /// A chain with its rules in the order the kernel holds them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceChain {
@@ -269,6 +311,8 @@ pub struct TraceChain {
     pub name: String,
     /// For a base chain: its hook and priority.
     pub hook: Option<(Hook, i32)>,
+    /// A base chain whose policy drops what falls off its end.
+    pub policy_drop: bool,
     /// The rules.
     pub rules: Vec<TraceRule>,
 }
@@ -298,6 +342,7 @@ impl TraceTable {
         self.chains.push(TraceChain {
             name: name.to_owned(),
             hook: None,
+            policy_drop: false,
             rules: Vec::new(),
         });
         self.chains.last_mut().expect("just pushed")

@@ -47,10 +47,18 @@ pub fn parse(text: &str) -> Ruleset {
             }
             ["type", ..] if chain.is_some() => {
                 if let (Some((t, f)), Some(c)) = (&table, &chain) {
-                    set.table_mut(t, *f).chain_mut(c).hook = base_chain(line);
+                    let c = set.table_mut(t, *f).chain_mut(c);
+                    c.hook = base_chain(line);
+                    c.policy_drop = line.contains("policy drop");
                 }
             }
-            ["policy", ..] | ["flags", ..] | ["comment", ..] => {}
+            ["policy", policy, ..] => {
+                if let (Some((t, f)), Some(c)) = (&table, &chain) {
+                    let drop = policy.trim_end_matches(';') == "drop";
+                    set.table_mut(t, *f).chain_mut(c).policy_drop = drop;
+                }
+            }
+            ["flags", ..] | ["comment", ..] => {}
             ["add" | "create", "table", family, name, ..] => {
                 set.table_mut(name, family_of(family));
             }
@@ -69,6 +77,7 @@ pub fn parse(text: &str) -> Ruleset {
                 let c = set.table_mut(t, family_of(family)).chain_mut(name);
                 if hook.is_some() {
                     c.hook = hook;
+                    c.policy_drop = line.contains("policy drop");
                 }
             }
             ["add" | "insert", "rule", family, t, c, rest @ ..] => {
@@ -403,40 +412,6 @@ fn mark_set(words: &[String], at: usize, actions: &mut Vec<Action>, conn: bool) 
     next
 }
 
-/// A rule reduced to what it does, for comparing the two spellings.
-fn canonical(rule: &TraceRule) -> (Vec<Match>, Vec<Action>) {
-    let ported: Vec<Proto> = rule
-        .matches
-        .iter()
-        .filter_map(|m| match &m.test {
-            Test::DestinationPort(p, _) | Test::SourcePort(p, _) => Some(*p),
-            _ => None,
-        })
-        .collect();
-    let mut matches: Vec<Match> = rule
-        .matches
-        .iter()
-        .filter(|m| m.negated || !matches!(&m.test, Test::Proto(p) if ported.contains(p)))
-        .cloned()
-        .map(|mut m| {
-            match &mut m.test {
-                Test::CtState(states) => states.sort(),
-                Test::Source(c) | Test::Destination(c) => *c = c.network(),
-                _ => {}
-            }
-            m
-        })
-        .collect();
-    matches.dedup();
-    let actions = rule
-        .actions
-        .iter()
-        .filter(|a| **a != Action::Counter)
-        .cloned()
-        .collect();
-    (matches, actions)
-}
-
 /// Whether two texts (program or listing) hold the same tables, chains and rules, in order.
 pub fn same_rules(a: &str, b: &str) -> bool {
     let (a, b) = (parse(a), parse(b));
@@ -449,7 +424,7 @@ pub fn same_rules(a: &str, b: &str) -> bool {
                     .chains
                     .iter()
                     .map(|c| {
-                        let rules: Vec<_> = c.rules.iter().map(canonical).collect();
+                        let rules: Vec<_> = c.rules.iter().map(TraceRule::canonical).collect();
                         (c.name.clone(), c.hook, rules)
                     })
                     .collect();

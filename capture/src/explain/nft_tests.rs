@@ -134,7 +134,7 @@ fn marks_tproxy_and_zones() {
     );
     let listed = parse_rule("meta l4proto tcp meta mark 0x00000539 counter ct mark set meta mark");
     let written = parse_rule("meta l4proto tcp mark 1337 counter ct mark set mark");
-    assert_eq!(canonical(&listed), canonical(&written));
+    assert_eq!(listed.canonical(), written.canonical());
     assert_eq!(
         parse_rule("meta l4proto tcp ct mark 1337 counter meta mark set ct mark").actions[1],
         Action::RestoreMark
@@ -145,7 +145,7 @@ fn marks_tproxy_and_zones() {
     );
     let states = parse_rule("ct state related,established counter");
     let listed = parse_rule("ct state established,related counter");
-    assert_eq!(canonical(&states), canonical(&listed));
+    assert_eq!(states.canonical(), listed.canonical());
     let unknown = parse_rule("fib daddr type local counter accept");
     assert!(matches!(unknown.matches[0].test, Test::Unknown(_)));
     assert!(looks_like_nft(LISTING) && looks_like_nft(&program()));

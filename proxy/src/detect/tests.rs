@@ -23,7 +23,13 @@ fn request_lines_are_http1() {
 
 #[test]
 fn partial_request_lines_wait_for_more() {
-    for partial in [&b"G"[..], b"GET", b"GET /", b"GET / HTTP/1", b"GET / HTTP/1.1\r"] {
+    for partial in [
+        &b"G"[..],
+        b"GET",
+        b"GET /",
+        b"GET / HTTP/1",
+        b"GET / HTTP/1.1\r",
+    ] {
         assert_eq!(classify(partial), None, "{partial:?}");
     }
 }
@@ -39,7 +45,10 @@ fn the_h2_preface_is_http2_and_its_start_waits() {
 
 #[test]
 fn tls_and_other_bytes_are_opaque() {
-    assert_eq!(classify(&[0x16, 0x03, 0x01, 0x02, 0x00]), Some(Verdict::Tls));
+    assert_eq!(
+        classify(&[0x16, 0x03, 0x01, 0x02, 0x00]),
+        Some(Verdict::Tls)
+    );
     assert_eq!(classify(&[0x16]), None);
     for other in [
         &b"\x00\x00\x00\x01"[..],
@@ -94,7 +103,10 @@ async fn client_bytes_decide_and_are_kept_while_the_upstream_connects() {
     let (mut client, downstream) = pair().await;
     let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = server.local_addr().unwrap();
-    client.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
     let guard = LoopGuard::new(vec![]);
     let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
     tokio::pin!(connecting);

@@ -127,7 +127,12 @@ fn request_id() -> HeaderValue {
     let mut out = [0u8; 36];
     let hex = b"0123456789abcdef";
     let mut i = 0;
-    for (n, byte) in hi.to_be_bytes().iter().chain(lo.to_be_bytes().iter()).enumerate() {
+    for (n, byte) in hi
+        .to_be_bytes()
+        .iter()
+        .chain(lo.to_be_bytes().iter())
+        .enumerate()
+    {
         if matches!(n, 4 | 6 | 8 | 10) {
             out[i] = b'-';
             i += 1;

@@ -13,6 +13,7 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -30,7 +31,9 @@ pub fn retry_on_response<B>(response: &Response<B>) -> bool {
 /// How long to wait before retry number `retry` (1-based): exponential with full jitter,
 /// as Envoy backs off.
 pub fn backoff(base: Duration, retry: u32) -> Duration {
-    let factor = (1u32 << retry.min(8)).saturating_sub(1).min(MAX_BACKOFF_FACTOR);
+    let factor = (1u32 << retry.min(8))
+        .saturating_sub(1)
+        .min(MAX_BACKOFF_FACTOR);
     let max = base.saturating_mul(factor);
     let millis = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
     Duration::from_millis(fastrand::u64(0..=millis))
@@ -59,6 +62,8 @@ struct Shared {
     overflowed: bool,
     trailers: Option<HeaderMap>,
     done: bool,
+    /// Bytes read from the client, for the access log.
+    received: Option<Arc<AtomicU64>>,
 }
 
 /// Why a replica cannot go on.
@@ -68,7 +73,7 @@ pub struct NotReplayable;
 
 impl ReplayBody {
     /// Wrap the client's body, keeping at most `limit` bytes of it for replays.
-    pub fn new(inner: Incoming, limit: usize) -> Self {
+    pub fn new(inner: Incoming, limit: usize, received: Option<Arc<AtomicU64>>) -> Self {
         let exact_len = inner.size_hint().exact();
         ReplayBody {
             shared: Arc::new(Mutex::new(Shared {
@@ -80,6 +85,7 @@ impl ReplayBody {
                 overflowed: false,
                 trailers: None,
                 done: false,
+                received,
             })),
             next: 0,
             trailers_sent: false,
@@ -141,6 +147,9 @@ impl Body for ReplayBody {
                 let frame = match frame.into_data() {
                     Ok(data) => {
                         this.next += 1;
+                        if let Some(counter) = &s.received {
+                            counter.fetch_add(data.len() as u64, Ordering::Relaxed);
+                        }
                         if !s.overflowed && s.buffered + data.len() <= s.limit {
                             s.buffered += data.len();
                             s.chunks.push(data.clone());

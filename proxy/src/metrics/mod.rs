@@ -5,10 +5,12 @@
 //! (`istio`), process metrics (`process`), and Remora's own `remora_*` counters, which carry only
 //! a direction and are what Remora's tests and alerts read.
 
+mod envoy;
 mod exposition;
 mod istio;
 mod process;
 
+pub use envoy::{EnvoyStat, Kind as StatKind, Scope as StatScope, ServerState, ServerStats};
 pub use istio::{IstioLabels, FLAGS};
 pub use process::{sample as process_sample, Sample as ProcessSample};
 
@@ -19,6 +21,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use std::sync::Arc;
 
 type Labels = Vec<(&'static str, &'static str)>;
 
@@ -37,6 +40,9 @@ pub struct Metrics {
     pub reloads_failed: Counter,
     /// Access-log lines dropped because the writer fell behind.
     pub access_log_dropped: Counter,
+    /// Server state, uptime and workers, for Envoy's `server.*` stats.
+    pub server: Arc<ServerStats>,
+    envoy: envoy::EnvoyStats,
 }
 
 /// The per-direction connection metrics.
@@ -74,13 +80,36 @@ impl DirectionMetrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new(&Workload::default())
+        Self::new(&Workload::default(), ListenerNames::default())
+    }
+}
+
+/// Envoy's stat prefixes for the outbound and inbound listeners (`0.0.0.0_15001`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerNames {
+    pub outbound: String,
+    pub inbound: String,
+}
+
+impl Default for ListenerNames {
+    fn default() -> Self {
+        ListenerNames {
+            outbound: "0.0.0.0_15001".into(),
+            inbound: "0.0.0.0_15006".into(),
+        }
+    }
+}
+
+impl ListenerNames {
+    /// Envoy's stat prefix for a listener bound to `addr`.
+    pub fn prefix(addr: std::net::SocketAddr) -> String {
+        format!("{}_{}", addr.ip(), addr.port())
     }
 }
 
 impl Metrics {
     /// Register every metric; `own` fills Istio's labels for this side of each connection.
-    pub fn new(own: &Workload) -> Self {
+    pub fn new(own: &Workload, listeners: ListenerNames) -> Self {
         let mut registry = Registry::default();
         let istio_tcp = istio::TcpFamilies::register(&mut registry);
         let build = Family::<IstioLabels, Gauge>::default();
@@ -164,7 +193,18 @@ impl Metrics {
         let inbound = direction(Direction::Inbound);
         let guard = |g: &'static str| loop_refused.get_or_create(&vec![("guard", g)]).clone();
         let result = |r: &'static str| reloads.get_or_create(&vec![("result", r)]).clone();
+        let server = Arc::new(ServerStats::default());
+        let envoy = envoy::EnvoyStats {
+            server: Arc::clone(&server),
+            outbound: outbound.clone(),
+            inbound: inbound.clone(),
+            outbound_listener: listeners.outbound,
+            inbound_listener: listeners.inbound,
+        };
+        registry.register_collector(Box::new(envoy.clone()));
         Metrics {
+            server,
+            envoy,
             registry,
             outbound,
             inbound,
@@ -182,6 +222,11 @@ impl Metrics {
             Direction::Outbound => &self.outbound,
             Direction::Inbound => &self.inbound,
         }
+    }
+
+    /// Envoy's statistics, now, for the admin `/stats` page.
+    pub fn envoy_stats(&self) -> Vec<EnvoyStat> {
+        self.envoy.snapshot()
     }
 
     /// Every metric in Prometheus text format 0.0.4, as Envoy serves it.
@@ -223,6 +268,17 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("# EOF"), "{text}");
+        assert!(
+            text.contains(
+                "envoy_listener_downstream_cx_total{envoy_listener_address=\"0.0.0.0_15006\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE envoy_cluster_upstream_cx_connect_fail gauge"),
+            "{text}"
+        );
+        assert!(text.contains("envoy_server_state 2\n"), "{text}");
         assert!(
             text.contains("# TYPE remora_connections_opened_total counter"),
             "{text}"

@@ -1,0 +1,235 @@
+//! The admin pages that mirror Envoy's: their paths, query parameters and output shapes.
+
+use super::{json, text, AdminRequest, AdminState, Body};
+use crate::metrics::{ServerState, StatKind};
+use crate::proxy::Route;
+use crate::Direction;
+use hyper::{Response, StatusCode};
+use serde_json::{json, Value};
+
+/// `/stats`: `name: value` lines sorted by name; `?format=json`, `?filter=REGEX`, `?usedonly`.
+pub(super) fn stats(state: &AdminState, req: &AdminRequest) -> Response<Body> {
+    let filter = match req.param("filter").filter(|f| !f.is_empty()) {
+        Some(f) => match regex::Regex::new(f) {
+            Ok(re) => Some(re),
+            Err(e) => return text(StatusCode::BAD_REQUEST, format!("invalid filter: {e}\n")),
+        },
+        None => None,
+    };
+    let used_only = req.param("usedonly").is_some();
+    let mut stats: Vec<(String, u64, StatKind)> = state
+        .metrics
+        .envoy_stats()
+        .into_iter()
+        .map(|s| (s.dotted_name(), s.value, s.kind))
+        .filter(|(name, _, _)| filter.as_ref().is_none_or(|re| re.is_match(name)))
+        // Envoy's "used" means written at least once; a zero counter never was.
+        .filter(|(_, v, kind)| !used_only || *kind == StatKind::Gauge || *v != 0)
+        .collect();
+    stats.sort_by(|a, b| a.0.cmp(&b.0));
+    match req.param("format") {
+        Some("json") => json(
+            StatusCode::OK,
+            &json!({
+                "stats": stats.iter().map(|(n, v, _)| json!({"name": n, "value": v})).collect::<Vec<_>>()
+            }),
+        ),
+        None | Some("") | Some("text") => {
+            let body: String = stats
+                .iter()
+                .map(|(n, v, _)| format!("{n}: {v}\n"))
+                .collect();
+            text(StatusCode::OK, body)
+        }
+        Some(other) => text(
+            StatusCode::BAD_REQUEST,
+            format!("unknown format `{other}`; use json, text or prometheus\n"),
+        ),
+    }
+}
+
+/// `/server_info`, in the shape of Envoy's `ServerInfo`.
+pub(super) fn server_info(state: &AdminState) -> Response<Body> {
+    let uptime = format!("{}s", state.metrics.server.uptime_secs());
+    let config = state.config.load();
+    let w = &state.workload;
+    json(
+        StatusCode::OK,
+        &json!({
+            "version": format!("remora/{}", env!("CARGO_PKG_VERSION")),
+            "state": state.server_state().as_str(),
+            "uptime_current_epoch": uptime,
+            "uptime_all_epochs": uptime,
+            "hot_restart_version": "disabled",
+            "command_line_options": {
+                "concurrency": state.concurrency,
+                "drain_time": format!("{}s", config.drain.duration.as_secs_f64()),
+                "log_level": state.logging.as_ref().map(|l| l.current()),
+            },
+            "node": node(state),
+            "workload": {
+                "name": w.name, "namespace": w.namespace, "app": w.app, "version": w.version,
+                "canonical_service": w.canonical_service, "canonical_revision": w.canonical_revision,
+                "cluster": w.cluster,
+            },
+        }),
+    )
+}
+
+/// Istio's node id: `sidecar~IP~POD.NAMESPACE~NAMESPACE.svc.cluster.local`.
+fn node(state: &AdminState) -> Value {
+    let env = |k: &str| std::env::var(k).unwrap_or_default();
+    let ns = &state.workload.namespace;
+    json!({
+        "id": format!("sidecar~{}~{}.{ns}~{ns}.svc.cluster.local", env("INSTANCE_IP"), env("POD_NAME")),
+        "cluster": format!("{}.{ns}", state.workload.canonical_service),
+    })
+}
+
+fn socket_address(a: &std::net::SocketAddr) -> Value {
+    json!({ "socket_address": { "address": a.ip().to_string(), "port_value": a.port() } })
+}
+
+/// `/listeners`: `name::address` lines, or Envoy's `ListenerStatus` list with `?format=json`.
+pub(super) fn listeners(state: &AdminState, req: &AdminRequest) -> Response<Body> {
+    if req.param("format") == Some("json") {
+        let statuses: Vec<Value> = state
+            .listeners
+            .iter()
+            .map(|l| {
+                let mut status = json!({ "name": l.name });
+                if let Some((first, rest)) = l.addresses.split_first() {
+                    status["local_address"] = socket_address(first);
+                    if !rest.is_empty() {
+                        status["additional_local_addresses"] =
+                            Value::Array(rest.iter().map(socket_address).collect());
+                    }
+                }
+                status
+            })
+            .collect();
+        return json(StatusCode::OK, &json!({ "listener_statuses": statuses }));
+    }
+    let body: String = state
+        .listeners
+        .iter()
+        .flat_map(|l| {
+            l.addresses
+                .iter()
+                .map(move |a| format!("{}::{a}\n", l.name))
+        })
+        .collect();
+    text(StatusCode::OK, body)
+}
+
+/// The clusters Remora has: where each kind of listener sends its traffic.
+fn cluster_names(state: &AdminState) -> Vec<String> {
+    let mut names = Vec::new();
+    for l in &state.listeners {
+        let name = match l.route {
+            Route::Capture(Direction::Outbound) => "PassthroughCluster".to_string(),
+            Route::Capture(Direction::Inbound) => "InboundPassthroughCluster".to_string(),
+            Route::Fixed(upstream, _) => format!("outbound|{}||{}", upstream.port(), upstream.ip()),
+        };
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+}
+
+/// `/clusters`: Envoy's `cluster::key::value` lines, or `ClusterStatus` JSON.
+pub(super) fn clusters(state: &AdminState, req: &AdminRequest) -> Response<Body> {
+    let names = cluster_names(state);
+    if req.param("format") == Some("json") {
+        let statuses: Vec<Value> = names
+            .iter()
+            .map(|n| json!({ "name": n, "added_via_api": false, "observability_name": n }))
+            .collect();
+        return json(StatusCode::OK, &json!({ "cluster_statuses": statuses }));
+    }
+    let body: String = names
+        .iter()
+        .map(|n| format!("{n}::observability_name::{n}\n{n}::added_via_api::false\n"))
+        .collect();
+    text(StatusCode::OK, body)
+}
+
+/// `/config_dump`: Envoy's admin v3 `ConfigDump` (a `configs` array of `@type`d entries) for
+/// what Remora has, plus Remora's own config as a last entry of its own type.
+pub(super) fn config_dump(state: &AdminState) -> Response<Body> {
+    let config = state.config.load();
+    let t = |name: &str| format!("type.googleapis.com/envoy.admin.v3.{name}");
+    let listeners: Vec<Value> = state
+        .listeners
+        .iter()
+        .map(|l| {
+            json!({ "listener": {
+                "@type": "type.googleapis.com/envoy.config.listener.v3.Listener",
+                "name": l.name,
+                "address": l.addresses.first().map(socket_address),
+                "additional_addresses": l.addresses.iter().skip(1)
+                    .map(|a| json!({ "address": socket_address(a) })).collect::<Vec<_>>(),
+                "use_original_dst": matches!(l.route, Route::Capture(_)),
+            }})
+        })
+        .collect();
+    let connect_timeout = format!("{}s", config.outbound.connect_timeout.as_secs_f64());
+    let clusters: Vec<Value> = cluster_names(state)
+        .into_iter()
+        .map(|name| {
+            let kind = if name.starts_with("outbound|") {
+                "STATIC"
+            } else {
+                "ORIGINAL_DST"
+            };
+            json!({ "cluster": {
+                "@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+                "name": name, "type": kind, "connect_timeout": connect_timeout,
+            }})
+        })
+        .collect();
+    let remora_config = serde_json::to_value(&**config).unwrap_or(Value::Null);
+    json(
+        StatusCode::OK,
+        &json!({ "configs": [
+            { "@type": t("BootstrapConfigDump"), "bootstrap": {
+                "node": node(state),
+                "admin": { "address": socket_address(&config.admin.address) },
+            }},
+            { "@type": t("ListenersConfigDump"), "static_listeners": listeners },
+            { "@type": t("ClustersConfigDump"), "static_clusters": clusters },
+            { "@type": t("SecretsConfigDump") },
+            { "@type": "type.googleapis.com/remora.admin.v1.RemoraConfigDump", "config": remora_config },
+        ]}),
+    )
+}
+
+/// `/drain_listeners`: `?inboundonly` closes the inbound listener (draining), otherwise every
+/// data-path listener closes; `?graceful` waits out the drain duration first, as Envoy's
+/// graceful drain does, while already reporting DRAINING.
+pub(super) fn drain_listeners(state: &AdminState, req: &AdminRequest) -> Response<Body> {
+    let inbound_only = req.param("inboundonly").is_some();
+    let graceful = req.param("graceful").is_some();
+    let drain = std::sync::Arc::clone(&state.drain);
+    let close = move || {
+        if inbound_only {
+            drain.start();
+        } else {
+            drain.start();
+            drain.close_all_listeners();
+        }
+    };
+    state.metrics.server.set_state(ServerState::Draining);
+    if graceful {
+        let wait = state.config.load().drain.duration;
+        // Runs on the admin runtime; the handler is always called inside it.
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            close();
+        });
+    } else {
+        close();
+    }
+    text(StatusCode::OK, "OK\n".into())
+}

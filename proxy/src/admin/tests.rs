@@ -1,0 +1,193 @@
+use super::*;
+use crate::metrics::Metrics;
+
+fn state() -> AdminState {
+    let mut s = AdminState::new(Arc::new(Metrics::default()), Drain::new());
+    s.listeners = vec![
+        ListenerInfo {
+            name: "virtualOutbound".into(),
+            route: Route::Capture(crate::Direction::Outbound),
+            addresses: vec![
+                "0.0.0.0:15001".parse().unwrap(),
+                "[::]:15001".parse().unwrap(),
+            ],
+        },
+        ListenerInfo {
+            name: "virtualInbound".into(),
+            route: Route::Capture(crate::Direction::Inbound),
+            addresses: vec!["0.0.0.0:15006".parse().unwrap()],
+        },
+    ];
+    s
+}
+
+fn get(s: &AdminState, role: Role, path: &str) -> Response<Body> {
+    respond(role, s, &AdminRequest::new(Method::GET, path))
+}
+
+fn post(s: &AdminState, path: &str) -> Response<Body> {
+    respond(Role::Admin, s, &AdminRequest::new(Method::POST, path))
+}
+
+fn body(r: Response<Body>) -> String {
+    use http_body_util::BodyExt;
+    use std::future::Future;
+    // A `Full` body is ready at once: one poll, no runtime.
+    let mut collect = std::pin::pin!(r.into_body().collect());
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match collect.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(Ok(c)) => String::from_utf8(c.to_bytes().to_vec()).unwrap(),
+        std::task::Poll::Ready(Err(e)) => match e {},
+        std::task::Poll::Pending => panic!("a full body is always ready"),
+    }
+}
+
+#[test]
+fn readiness_follows_start_drain_and_healthcheck_fail() {
+    let s = state();
+    let ready = |s: &AdminState| get(s, Role::Readiness, "/healthz/ready").status();
+    assert_eq!(ready(&s), StatusCode::SERVICE_UNAVAILABLE);
+    s.ready.store(true, Ordering::Release);
+    assert_eq!(ready(&s), StatusCode::OK);
+    assert_eq!(post(&s, "/healthcheck/fail").status(), StatusCode::OK);
+    assert_eq!(ready(&s), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(post(&s, "/healthcheck/ok").status(), StatusCode::OK);
+    assert_eq!(ready(&s), StatusCode::OK);
+    s.drain.start();
+    assert_eq!(ready(&s), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body(get(&s, Role::Admin, "/ready")), "DRAINING\n");
+}
+
+#[test]
+fn wrong_method_is_405_and_unknown_path_is_404_listing_paths() {
+    let s = state();
+    let r = get(&s, Role::Admin, "/quitquitquit");
+    assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(r.headers()[ALLOW], "POST");
+    let r = get(&s, Role::Admin, "/nope");
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let listing = body(r);
+    assert!(
+        listing.contains("/config_dump") && listing.contains("/drain_listeners"),
+        "{listing}"
+    );
+    // Each listener serves only its own paths.
+    let r = get(&s, Role::Readiness, "/stats/prometheus");
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    // /logging takes both.
+    assert_eq!(get(&s, Role::Admin, "/logging").status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn quitquitquit_notifies() {
+    let s = state();
+    assert_eq!(post(&s, "/quitquitquit").status(), StatusCode::OK);
+    tokio::time::timeout(Duration::from_secs(1), s.quit.notified())
+        .await
+        .expect("quit should have been notified");
+}
+
+#[test]
+fn prometheus_has_its_content_type() {
+    let s = state();
+    let r = get(&s, Role::Metrics, "/stats/prometheus");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()[CONTENT_TYPE], PROMETHEUS_TEXT);
+}
+
+#[test]
+fn stats_are_dotted_sorted_filterable_and_json() {
+    let s = state();
+    s.metrics
+        .direction(crate::Direction::Outbound)
+        .connection_opened();
+    let all = body(get(&s, Role::Admin, "/stats"));
+    assert!(
+        all.contains("listener.0.0.0.0_15001.downstream_cx_total: 1\n"),
+        "{all}"
+    );
+    assert!(all.contains("server.state: 2\n"), "{all}");
+    let names: Vec<&str> = all.lines().map(|l| l.split(':').next().unwrap()).collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(names, sorted);
+
+    let filtered = body(get(&s, Role::Admin, "/stats?filter=downstream_cx_total"));
+    assert_eq!(filtered.lines().count(), 2, "{filtered}");
+    let used = body(get(&s, Role::Admin, "/stats?usedonly&filter=cx_total"));
+    assert_eq!(used, "listener.0.0.0.0_15001.downstream_cx_total: 1\n");
+
+    let j: serde_json::Value =
+        serde_json::from_str(&body(get(&s, Role::Admin, "/stats?format=json"))).unwrap();
+    assert!(j["stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["name"] == "server.live"));
+    assert_eq!(
+        get(&s, Role::Admin, "/stats?filter=(").status(),
+        StatusCode::BAD_REQUEST
+    );
+}
+
+#[test]
+fn config_dump_has_envoys_shape() {
+    let s = state();
+    let j: serde_json::Value =
+        serde_json::from_str(&body(get(&s, Role::Admin, "/config_dump"))).unwrap();
+    let configs = j["configs"].as_array().unwrap();
+    let types: Vec<&str> = configs
+        .iter()
+        .map(|c| c["@type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types[..4],
+        [
+            "type.googleapis.com/envoy.admin.v3.BootstrapConfigDump",
+            "type.googleapis.com/envoy.admin.v3.ListenersConfigDump",
+            "type.googleapis.com/envoy.admin.v3.ClustersConfigDump",
+            "type.googleapis.com/envoy.admin.v3.SecretsConfigDump",
+        ]
+    );
+    let l = &configs[1]["static_listeners"][0]["listener"];
+    assert_eq!(l["name"], "virtualOutbound");
+    assert_eq!(l["address"]["socket_address"]["port_value"], 15001);
+    assert_eq!(
+        configs[2]["static_clusters"][0]["cluster"]["type"],
+        "ORIGINAL_DST"
+    );
+    assert_eq!(configs[4]["config"]["outbound"]["port"], 15001);
+}
+
+#[test]
+fn listeners_and_clusters_in_both_shapes() {
+    let s = state();
+    let t = body(get(&s, Role::Admin, "/listeners"));
+    assert_eq!(
+        t,
+        "virtualOutbound::0.0.0.0:15001\nvirtualOutbound::[::]:15001\nvirtualInbound::0.0.0.0:15006\n"
+    );
+    let j: serde_json::Value =
+        serde_json::from_str(&body(get(&s, Role::Admin, "/listeners?format=json"))).unwrap();
+    assert_eq!(j["listener_statuses"][1]["name"], "virtualInbound");
+    let c: serde_json::Value =
+        serde_json::from_str(&body(get(&s, Role::Admin, "/clusters?format=json"))).unwrap();
+    assert_eq!(c["cluster_statuses"][0]["name"], "PassthroughCluster");
+    let info: serde_json::Value =
+        serde_json::from_str(&body(get(&s, Role::Admin, "/server_info"))).unwrap();
+    assert_eq!(info["state"], "PRE_INITIALIZING");
+    assert_eq!(info["command_line_options"]["concurrency"], 2);
+}
+
+#[test]
+fn drain_listeners_inboundonly_drains_and_full_closes_all() {
+    let s = state();
+    assert_eq!(
+        post(&s, "/drain_listeners?inboundonly").status(),
+        StatusCode::OK
+    );
+    assert!(s.drain.is_draining());
+    let s = state();
+    assert_eq!(post(&s, "/drain_listeners").status(), StatusCode::OK);
+    assert!(s.drain.is_draining());
+}

@@ -1,0 +1,192 @@
+//! Application probes, answered on behalf of kubelet.
+//!
+//! Istio's injector rewrites a container's HTTP, TCP and gRPC probes to point at the agent port
+//! (`/app-health/<container>/livez|readyz|startupz`) and passes the originals in
+//! `ISTIO_KUBE_APP_PROBERS`, a JSON map from the rewritten path to the original probe. The
+//! sidecar runs the original probe against the application and answers as kubelet would judge
+//! it, so kubelet's plaintext probes keep working when the mesh requires mutual TLS.
+
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+use tokio::net::TcpStream;
+
+/// The originals, keyed by rewritten path.
+pub type Probers = HashMap<String, Prober>;
+
+/// One original probe, as Kubernetes writes it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Prober {
+    pub http_get: Option<HttpGet>,
+    pub tcp_socket: Option<TcpSocket>,
+    pub grpc: Option<GrpcProbe>,
+    /// kubelet's default is 1 s.
+    #[serde(default = "one")]
+    pub timeout_seconds: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// A port given as a number or, left unresolved by the injector, a name.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum Port {
+    Number(u16),
+    Text(String),
+}
+
+impl Port {
+    fn number(&self) -> Result<u16, String> {
+        match self {
+            Port::Number(n) => Ok(*n),
+            Port::Text(t) => t
+                .parse()
+                .map_err(|_| format!("port `{t}` is a name the injector should have resolved")),
+        }
+    }
+}
+
+/// `httpGet`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpGet {
+    #[serde(default)]
+    pub path: String,
+    pub port: Port,
+    pub host: Option<String>,
+    pub scheme: Option<String>,
+    #[serde(default)]
+    pub http_headers: Vec<HttpHeader>,
+}
+
+/// One `httpHeaders` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct HttpHeader {
+    pub name: String,
+    pub value: String,
+}
+
+/// `tcpSocket`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct TcpSocket {
+    pub port: Port,
+    pub host: Option<String>,
+}
+
+/// `grpc`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct GrpcProbe {
+    pub port: u16,
+    pub service: Option<String>,
+}
+
+/// Parse `ISTIO_KUBE_APP_PROBERS`.
+pub fn parse_probers(json: &str) -> Result<Probers, String> {
+    if json.trim().is_empty() {
+        return Ok(Probers::new());
+    }
+    serde_json::from_str(json).map_err(|e| format!("ISTIO_KUBE_APP_PROBERS: {e}"))
+}
+
+/// The outcome of one probe: healthy, or why not.
+pub type ProbeResult = Result<(), String>;
+
+/// Run `prober` against the application at `app_ip` (the pod's address; kubelet probes the pod
+/// IP, and from the proxy's UID that hop is delivered like inbound traffic).
+pub async fn run(prober: &Prober, app_ip: IpAddr) -> ProbeResult {
+    let timeout = Duration::from_secs(prober.timeout_seconds.max(1));
+    let work = async {
+        if let Some(h) = &prober.http_get {
+            http_get(h, app_ip).await
+        } else if let Some(t) = &prober.tcp_socket {
+            let addr = SocketAddr::new(host_ip(t.host.as_deref(), app_ip)?, t.port.number()?);
+            TcpStream::connect(addr)
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("tcp connect {addr}: {e}"))
+        } else if prober.grpc.is_some() {
+            Err("gRPC probes are not supported yet".to_string())
+        } else {
+            Err("probe has no httpGet, tcpSocket or grpc".to_string())
+        }
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("timed out after {}s", timeout.as_secs())),
+    }
+}
+
+fn host_ip(host: Option<&str>, default: IpAddr) -> Result<IpAddr, String> {
+    match host {
+        None | Some("") => Ok(default),
+        Some("localhost") => Ok(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        Some(h) => h
+            .parse()
+            .map_err(|_| format!("probe host `{h}` is not an IP address")),
+    }
+}
+
+async fn http_get(h: &HttpGet, app_ip: IpAddr) -> ProbeResult {
+    if h.scheme
+        .as_deref()
+        .is_some_and(|s| s.eq_ignore_ascii_case("https"))
+    {
+        return Err("HTTPS probes are not supported yet".into());
+    }
+    let addr = SocketAddr::new(host_ip(h.host.as_deref(), app_ip)?, h.port.number()?);
+    let path = if h.path.is_empty() { "/" } else { &h.path };
+    let status = super::http_client::get(addr, path, &h.http_headers)
+        .await
+        .map(|(status, _)| status)?;
+    // kubelet: any status from 200 to 399 is success.
+    if (200..400).contains(&status) {
+        Ok(())
+    } else {
+        Err(format!("HTTP probe {addr}{path} returned {status}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_istios_prober_map() {
+        let json = r#"{"/app-health/app/livez":{"httpGet":{"path":"/healthz","port":8080,"scheme":"HTTP","httpHeaders":[{"name":"X-A","value":"b"}]},"timeoutSeconds":3},
+                        "/app-health/app/readyz":{"tcpSocket":{"port":"9090"}}}"#;
+        let p = parse_probers(json).unwrap();
+        let live = &p["/app-health/app/livez"];
+        assert_eq!(live.timeout_seconds, 3);
+        let h = live.http_get.as_ref().unwrap();
+        assert_eq!(h.port, Port::Number(8080));
+        assert_eq!(h.http_headers[0].name, "X-A");
+        let ready = &p["/app-health/app/readyz"];
+        assert_eq!(ready.timeout_seconds, 1);
+        assert_eq!(ready.tcp_socket.as_ref().unwrap().port.number(), Ok(9090));
+        assert!(parse_probers("").unwrap().is_empty());
+        assert!(parse_probers("{").is_err());
+    }
+
+    #[tokio::test]
+    async fn tcp_probe_succeeds_on_a_listener_and_fails_without() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let prober = Prober {
+            http_get: None,
+            tcp_socket: Some(TcpSocket {
+                port: Port::Number(port),
+                host: None,
+            }),
+            grpc: None,
+            timeout_seconds: 1,
+        };
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        assert_eq!(run(&prober, ip).await, Ok(()));
+        drop(l);
+        assert!(run(&prober, ip).await.is_err());
+    }
+}

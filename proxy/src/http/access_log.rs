@@ -1,0 +1,215 @@
+//! One access-log line per HTTP request, in Envoy's default format, or as JSON with the keys
+//! Istio's JSON access log uses:
+//!
+//! ```text
+//! [START_TIME] "METHOD PATH PROTOCOL" RESPONSE_CODE RESPONSE_FLAGS BYTES_RECEIVED BYTES_SENT
+//! DURATION UPSTREAM_SERVICE_TIME "X-FORWARDED-FOR" "USER-AGENT" "X-REQUEST-ID" "AUTHORITY"
+//! "UPSTREAM_HOST"
+//! ```
+//! (on one line). Absent values print as `-`, as Envoy prints them.
+
+use super::errors::Flags;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Uri, Version};
+use remora_config::AccessLogFormat;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// What is known about a request by the time its line is written.
+#[derive(Debug)]
+pub struct RequestLog {
+    pub start: SystemTime,
+    pub started: Instant,
+    pub method: Method,
+    pub uri: Uri,
+    pub version: Version,
+    pub authority: Option<HeaderValue>,
+    pub user_agent: Option<HeaderValue>,
+    pub request_id: Option<HeaderValue>,
+    pub forwarded_for: Option<HeaderValue>,
+    /// The status sent downstream.
+    pub status: u16,
+    pub upstream: Option<SocketAddr>,
+    /// Time from the request to the upstream's response headers.
+    pub upstream_time: Option<Duration>,
+    /// Request body bytes read from the client.
+    pub received: Arc<AtomicU64>,
+}
+
+impl RequestLog {
+    /// Record a request's identity from its (prepared) headers.
+    pub fn new(
+        start: (SystemTime, Instant),
+        method: &Method,
+        uri: &Uri,
+        version: Version,
+        headers: &HeaderMap,
+    ) -> Self {
+        let authority = headers.get(header::HOST).cloned().or_else(|| {
+            uri.authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+        RequestLog {
+            start: start.0,
+            started: start.1,
+            method: method.clone(),
+            uri: uri.clone(),
+            version,
+            authority,
+            user_agent: headers.get(header::USER_AGENT).cloned(),
+            request_id: headers.get("x-request-id").cloned(),
+            forwarded_for: headers.get("x-forwarded-for").cloned(),
+            status: 0,
+            upstream: None,
+            upstream_time: None,
+            received: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The line for a request that ended with `flags` after `sent` response body bytes.
+    pub fn format(&self, flags: Flags, sent: u64, format: AccessLogFormat) -> String {
+        let start = humantime::format_rfc3339_millis(self.start);
+        let path = self.uri.path_and_query().map_or("/", |p| p.as_str());
+        let protocol = match self.version {
+            Version::HTTP_10 => "HTTP/1.0",
+            Version::HTTP_2 => "HTTP/2",
+            _ => "HTTP/1.1",
+        };
+        let received = self.received.load(Ordering::Relaxed);
+        let duration = self.started.elapsed().as_millis();
+        let upstream_time = self
+            .upstream_time
+            .map_or_else(|| "-".to_string(), |d| d.as_millis().to_string());
+        let upstream = self
+            .upstream
+            .map_or_else(|| "-".to_string(), |a| a.to_string());
+        let value = |v: &Option<HeaderValue>| -> String {
+            v.as_ref()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_else(|| "-".into())
+        };
+        let mut line = String::with_capacity(256);
+        match format {
+            AccessLogFormat::Text => {
+                // Writing to a String cannot fail.
+                let _ = writeln!(
+                    line,
+                    "[{start}] \"{} {path} {protocol}\" {} {flags} {received} {sent} {duration} {upstream_time} \"{}\" \"{}\" \"{}\" \"{}\" \"{upstream}\"",
+                    self.method,
+                    self.status,
+                    value(&self.forwarded_for),
+                    value(&self.user_agent),
+                    value(&self.request_id),
+                    value(&self.authority),
+                );
+            }
+            AccessLogFormat::Json => {
+                line.push('{');
+                let mut field = |key: &str, v: &str, quoted: bool| {
+                    if line.len() > 1 {
+                        line.push(',');
+                    }
+                    line.push('"');
+                    line.push_str(key);
+                    line.push_str("\":");
+                    if quoted {
+                        json_string(&mut line, v);
+                    } else {
+                        line.push_str(v);
+                    }
+                };
+                field("start_time", &start.to_string(), true);
+                field("method", self.method.as_str(), true);
+                field("path", path, true);
+                field("protocol", protocol, true);
+                field("response_code", &self.status.to_string(), false);
+                field("response_flags", &flags.to_string(), true);
+                field("bytes_received", &received.to_string(), false);
+                field("bytes_sent", &sent.to_string(), false);
+                field("duration", &duration.to_string(), false);
+                field("upstream_service_time", &upstream_time, true);
+                field("x_forwarded_for", &value(&self.forwarded_for), true);
+                field("user_agent", &value(&self.user_agent), true);
+                field("request_id", &value(&self.request_id), true);
+                field("authority", &value(&self.authority), true);
+                field("upstream_host", &upstream, true);
+                line.push_str("}\n");
+            }
+        }
+        line
+    }
+}
+
+/// Append `s` as a JSON string: paths and headers are the client's, so everything JSON cannot
+/// hold raw is escaped.
+fn json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> RequestLog {
+        let mut h = HeaderMap::new();
+        h.insert("host", HeaderValue::from_static("svc:8080"));
+        h.insert("user-agent", HeaderValue::from_static("curl/8 \"x\""));
+        h.insert("x-request-id", HeaderValue::from_static("abc"));
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut e = RequestLog::new(
+            (start, Instant::now()),
+            &Method::POST,
+            &"/upload?x=1".parse().unwrap(),
+            Version::HTTP_11,
+            &h,
+        );
+        e.status = 503;
+        e.upstream = Some("10.0.0.7:8080".parse().unwrap());
+        e.received.store(12, Ordering::Relaxed);
+        e
+    }
+
+    #[test]
+    fn text_line_has_envoys_default_shape() {
+        let mut flags = Flags::UF;
+        flags.insert(Flags::URX);
+        let line = entry().format(flags, 91, AccessLogFormat::Text);
+        assert!(
+            line.starts_with(
+                "[2023-11-14T22:13:20.000Z] \"POST /upload?x=1 HTTP/1.1\" 503 UF,URX 12 91 "
+            ),
+            "{line}"
+        );
+        assert!(
+            line.ends_with(" - \"-\" \"curl/8 \"x\"\" \"abc\" \"svc:8080\" \"10.0.0.7:8080\"\n"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn json_line_escapes_client_strings() {
+        let line = entry().format(Flags::default(), 0, AccessLogFormat::Json);
+        assert!(line.starts_with("{\"start_time\":"), "{line}");
+        assert!(
+            line.contains("\"user_agent\":\"curl/8 \\\"x\\\"\""),
+            "{line}"
+        );
+        assert!(line.contains("\"response_code\":503"), "{line}");
+        assert!(line.contains("\"response_flags\":\"-\""), "{line}");
+        assert!(line.ends_with("}\n"));
+    }
+}

@@ -1,0 +1,235 @@
+//! Request and response bodies as they cross the proxy: streamed frame by frame (data and
+//! trailers), never collected, so flow control reaches from one peer to the other and memory per
+//! stream stays at what the HTTP/2 windows and HTTP/1.1 buffers allow.
+//!
+//! The end of a response body is where a request ends: its HTTP/1.1 upstream connection goes
+//! back to the pool, and its access-log line is written.
+
+use super::access_log::RequestLog;
+use super::errors::Flags;
+use super::pool::{Key, Sender};
+use super::retry::ReplayBody;
+use super::ConnContext;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use tokio::time::Sleep;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body of a request sent upstream.
+#[derive(Debug)]
+pub enum UpstreamBody {
+    /// No body (a GET, or a retry of one).
+    Empty,
+    /// The client's body, streamed as it arrives.
+    Streamed {
+        inner: Incoming,
+        received: Option<Arc<AtomicU64>>,
+    },
+    /// The client's body, kept for replay while it is short enough.
+    Replay(ReplayBody),
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            UpstreamBody::Empty => Poll::Ready(None),
+            UpstreamBody::Streamed { inner, received } => {
+                let frame = ready!(Pin::new(inner).poll_frame(cx));
+                if let (Some(Ok(f)), Some(counter)) = (&frame, received) {
+                    if let Some(d) = f.data_ref() {
+                        counter.fetch_add(d.len() as u64, Ordering::Relaxed);
+                    }
+                }
+                Poll::Ready(frame.map(|r| r.map_err(Into::into)))
+            }
+            UpstreamBody::Replay(r) => Pin::new(r).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Empty => true,
+            UpstreamBody::Streamed { inner, .. } => inner.is_end_stream(),
+            UpstreamBody::Replay(r) => r.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::Empty => SizeHint::with_exact(0),
+            UpstreamBody::Streamed { inner, .. } => inner.size_hint(),
+            UpstreamBody::Replay(r) => r.size_hint(),
+        }
+    }
+}
+
+/// The body of a response sent downstream: the upstream's, or one the proxy wrote.
+#[derive(Debug)]
+pub struct ResponseBody {
+    inner: Inner,
+    /// The request's deadline, when it has one (`grpc-timeout`, `http.request_timeout`).
+    deadline: Option<Pin<Box<Sleep>>>,
+    end: Option<RequestEnd>,
+}
+
+#[derive(Debug)]
+enum Inner {
+    Upstream(Incoming),
+    Local(Option<Bytes>),
+}
+
+/// The request's deadline passed while its response was streaming.
+#[derive(Debug, thiserror::Error)]
+#[error("request deadline passed during the response")]
+struct DeadlinePassed;
+
+impl ResponseBody {
+    /// The upstream's response body.
+    pub fn upstream(
+        inner: Incoming,
+        deadline: Option<Pin<Box<Sleep>>>,
+        mut end: RequestEnd,
+    ) -> Self {
+        // hyper never polls a body that is empty from the start (204, HEAD…).
+        end.complete = inner.is_end_stream();
+        ResponseBody {
+            inner: Inner::Upstream(inner),
+            deadline,
+            end: Some(end),
+        }
+    }
+
+    /// A body the proxy wrote (a local reply).
+    pub fn local(bytes: Bytes, mut end: RequestEnd) -> Self {
+        // Written by us in one piece: nothing upstream to abandon.
+        end.complete = true;
+        ResponseBody {
+            inner: Inner::Local((!bytes.is_empty()).then_some(bytes)),
+            deadline: None,
+            end: Some(end),
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(mut end) = self.end.take() {
+            end.complete = true;
+        }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(d) = &mut this.deadline {
+            if d.as_mut().poll(cx).is_ready() {
+                if let Some(end) = &mut this.end {
+                    end.flags.insert(Flags::UT);
+                }
+                return Poll::Ready(Some(Err(DeadlinePassed.into())));
+            }
+        }
+        let frame = match &mut this.inner {
+            Inner::Local(bytes) => bytes.take().map(|b| Ok(Frame::data(b))),
+            Inner::Upstream(inner) => {
+                ready!(Pin::new(inner).poll_frame(cx)).map(|r| r.map_err(BoxError::from))
+            }
+        };
+        match &frame {
+            Some(Ok(f)) => {
+                if let (Some(d), Some(end)) = (f.data_ref(), &mut this.end) {
+                    end.sent += d.len() as u64;
+                }
+                if this.is_end_stream() {
+                    this.finish();
+                }
+            }
+            Some(Err(_)) => {
+                if let Some(end) = &mut this.end {
+                    end.flags.insert(Flags::UR);
+                }
+            }
+            None => this.finish(),
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Inner::Local(b) => b.is_none(),
+            Inner::Upstream(inner) => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Local(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            Inner::Upstream(inner) => inner.size_hint(),
+        }
+    }
+}
+
+/// What happens when a request is over, whichever way it ends: its HTTP/1.1 upstream connection
+/// returns to the pool if the response was read to its end, its access-log line is written, and
+/// the downstream connection counts one request fewer in flight.
+#[derive(Debug)]
+pub struct RequestEnd {
+    pub conn: Arc<ConnContext>,
+    pub pooled: Option<(Key, Sender)>,
+    pub log: Option<Box<RequestLog>>,
+    pub flags: Flags,
+    pub sent: u64,
+    pub complete: bool,
+}
+
+impl RequestEnd {
+    /// A request that has just started on `conn`.
+    pub fn new(conn: Arc<ConnContext>, log: Option<Box<RequestLog>>) -> Self {
+        conn.request_started();
+        RequestEnd {
+            conn,
+            pooled: None,
+            log,
+            flags: Flags::default(),
+            sent: 0,
+            complete: false,
+        }
+    }
+}
+
+impl Drop for RequestEnd {
+    fn drop(&mut self) {
+        if let Some((key, sender)) = self.pooled.take() {
+            // A response abandoned half way leaves the connection mid-message: not reusable.
+            if self.complete {
+                self.conn.return_to_pool(key, sender);
+            }
+        }
+        let upstream_failed = self.flags.contains(Flags::UR) || self.flags.contains(Flags::UT);
+        if !self.complete && !upstream_failed {
+            self.flags.insert(Flags::DC);
+        }
+        if let Some(log) = self.log.take() {
+            self.conn.write_log(*log, self.flags, self.sent);
+        }
+        self.conn.request_ended();
+    }
+}

@@ -1,0 +1,344 @@
+//! One request, in three phases, as pingora names them:
+//!
+//! 1. **request**: refuse what is malformed (400 `DPE`, never forwarded), drop hop-by-hop
+//!    headers, add `x-request-id` and `x-forwarded-proto`, find the request's deadline;
+//! 2. **upstream**: send it on a pooled connection to the original destination, opening one
+//!    when none is idle, and retry as Istio's default policy says (outbound only);
+//! 3. **response**: drop hop-by-hop headers and stream the body back, or answer locally with
+//!    Envoy's status and flag (gRPC clients get HTTP 200 with a `grpc-status`).
+
+use super::access_log::RequestLog;
+use super::body::{RequestEnd, ResponseBody, UpstreamBody};
+use super::errors::{ErrorKind, Flags, ProxyError};
+use super::headers::{self, ATTEMPT_COUNT, GRPC_MESSAGE, GRPC_STATUS};
+use super::pool::{self, Key, Sender};
+use super::retry::{self, ReplayBody};
+use super::{upgrade, ConnContext};
+use crate::connect::{self, ConnectError};
+use crate::detect::HttpVersion;
+use crate::Direction;
+use bytes::Bytes;
+use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE};
+use http::request::Parts;
+use http::{Request, Response, StatusCode};
+use http_body::Body as _;
+use hyper::body::Incoming;
+use std::convert::Infallible;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+/// A response from the upstream, and the HTTP/1.1 connection it came on (to pool again once
+/// the body is read).
+struct Upstreamed {
+    response: Response<Incoming>,
+    pooled: Option<(Key, Sender)>,
+}
+
+/// Serve one request.
+pub async fn handle(
+    ctx: Arc<ConnContext>,
+    mut req: Request<Incoming>,
+) -> Result<Response<ResponseBody>, Infallible> {
+    let start = (SystemTime::now(), Instant::now());
+    let grpc = headers::is_grpc(req.headers());
+    let mut end = RequestEnd::new(Arc::clone(&ctx), None);
+
+    // Phase 1: the request.
+    if let Err(why) = headers::check_request(req.headers()) {
+        if ctx.logging() {
+            let (m, u, v) = (req.method(), req.uri(), req.version());
+            end.log = Some(Box::new(RequestLog::new(start, m, u, v, req.headers())));
+        }
+        tracing::debug!(peer = %ctx.peer, reason = why, "malformed request refused");
+        return Ok(local_reply(ErrorKind::MalformedRequest(why), grpc, end));
+    }
+    let upgrade = ctx.key.version == HttpVersion::Http1 && headers::wants_upgrade(req.headers());
+    let downstream_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let (mut parts, body) = req.into_parts();
+    headers::prepare_request(&mut parts.headers, upgrade);
+    if ctx.logging() {
+        let log = RequestLog::new(
+            start,
+            &parts.method,
+            &parts.uri,
+            parts.version,
+            &parts.headers,
+        );
+        end.log = Some(Box::new(log));
+    }
+    let received = end.log.as_ref().map(|l| Arc::clone(&l.received));
+    let timeout = headers::grpc_timeout(&parts.headers)
+        .filter(|_| grpc)
+        .or_else(|| Some(ctx.config.http.request_timeout).filter(|t| !t.is_zero()));
+    // Allocated only for requests with a deadline; it also bounds the response body.
+    let mut deadline = timeout.map(|t| Box::pin(tokio::time::sleep(t)));
+
+    // Phase 2: upstream.
+    let sending = attempts(&ctx, parts, body, received, upgrade, &mut end.flags);
+    let result = match &mut deadline {
+        Some(d) => tokio::select! {
+            r = sending => r,
+            () = d.as_mut() => Err(ProxyError {
+                kind: ErrorKind::Timeout,
+                upstream: ctx.key.destination,
+                source: None,
+            }),
+        },
+        None => sending.await,
+    };
+
+    // Phase 3: the response.
+    let Upstreamed {
+        mut response,
+        pooled,
+    } = match result {
+        Ok(up) => up,
+        Err(e) => {
+            tracing::debug!(peer = %ctx.peer, error = %e, "request failed");
+            if matches!(e.kind, ErrorKind::ConnectFailed | ErrorKind::ConnectTimeout) {
+                ctx.proxy
+                    .metrics
+                    .direction(ctx.direction)
+                    .connect_failures
+                    .inc();
+            }
+            end.flags.insert(e.kind.flag());
+            if let Some(log) = &mut end.log {
+                log.upstream = Some(ctx.key.destination);
+            }
+            return Ok(local_reply(e.kind, grpc, end));
+        }
+    };
+    let upgraded = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+    if let (true, Some(downstream)) = (upgraded, downstream_upgrade) {
+        let upstream = hyper::upgrade::on(&mut response);
+        upgrade::tunnel(downstream, upstream, ctx.proxy.drain.track());
+    }
+    let (mut parts, body) = response.into_parts();
+    headers::prepare_response(&mut parts.headers, upgraded);
+    if let Some(log) = &mut end.log {
+        log.status = parts.status.as_u16();
+        log.upstream = Some(ctx.key.destination);
+        log.upstream_time = Some(start.1.elapsed());
+    }
+    // An upgraded connection belongs to the tunnel now.
+    end.pooled = pooled.filter(|_| !upgraded);
+    Ok(Response::from_parts(
+        parts,
+        ResponseBody::upstream(body, deadline, end),
+    ))
+}
+
+/// Send the request, retrying as Istio's default policy says: outbound only, up to
+/// `http.retries` more attempts on a connect failure, a refused stream, a 503 or a gRPC
+/// UNAVAILABLE/CANCELLED, for a request whose body can be sent again.
+async fn attempts(
+    ctx: &ConnContext,
+    parts: Parts,
+    body: Incoming,
+    received: Option<Arc<AtomicU64>>,
+    upgrade: bool,
+    flags: &mut Flags,
+) -> Result<Upstreamed, ProxyError> {
+    let http = &ctx.config.http;
+    let retries = match ctx.direction {
+        Direction::Outbound if !upgrade => http.retries,
+        _ => 0,
+    };
+    if retries == 0 {
+        let body = if body.is_end_stream() {
+            UpstreamBody::Empty
+        } else {
+            UpstreamBody::Streamed {
+                inner: body,
+                received,
+            }
+        };
+        return send(ctx, Request::from_parts(parts, body)).await;
+    }
+    let replay =
+        (!body.is_end_stream()).then(|| ReplayBody::new(body, http.retry_buffer_bytes, received));
+    let mut attempt: u32 = 1;
+    loop {
+        let body = match replay.as_ref().map(ReplayBody::replay) {
+            None => UpstreamBody::Empty,
+            Some(Some(r)) => UpstreamBody::Replay(r),
+            // Checked before every retry; the first replica always exists.
+            Some(None) => UpstreamBody::Empty,
+        };
+        let mut req = Request::new(body);
+        *req.method_mut() = parts.method.clone();
+        *req.uri_mut() = parts.uri.clone();
+        *req.version_mut() = parts.version;
+        *req.headers_mut() = parts.headers.clone();
+        req.headers_mut()
+            .insert(ATTEMPT_COUNT.clone(), HeaderValue::from(attempt));
+        let result = send(ctx, req).await;
+        let retriable = match &result {
+            Ok(up) => retry::retry_on_response(&up.response),
+            Err(e) => e.kind.retryable(),
+        };
+        if !retriable {
+            return result;
+        }
+        let replayable = replay.as_ref().is_none_or(|r| r.replay().is_some());
+        if attempt > retries || !replayable {
+            if attempt > retries {
+                flags.insert(Flags::URX);
+            }
+            return result;
+        }
+        // Dropping a 503's body closes its HTTP/1.1 connection, which is what we want of a
+        // connection that just refused us.
+        drop(result);
+        tokio::time::sleep(retry::backoff(http.retry_backoff, attempt)).await;
+        attempt += 1;
+    }
+}
+
+/// Why a request did not get a response from one connection.
+enum SendError {
+    /// The connection was closed before the request was written: it can go on another.
+    Unsent(Request<UpstreamBody>, hyper::Error),
+    Failed(ProxyError),
+}
+
+/// One attempt: a pooled connection if one is idle, else a new one. A pooled connection the
+/// server closed meanwhile gives the request back unsent, and it goes on a new connection.
+async fn send(ctx: &ConnContext, req: Request<UpstreamBody>) -> Result<Upstreamed, ProxyError> {
+    let key = ctx.key;
+    let dst = key.destination;
+    let idle_timeout = ctx.config.http.pool_idle_timeout;
+    let mut req = req;
+    if let Some(sender) = ctx.proxy.pool.checkout(&key, Instant::now(), idle_timeout) {
+        match send_on(ctx, sender, req).await {
+            Ok(up) => return Ok(up),
+            Err(SendError::Unsent(back, e)) => {
+                tracing::debug!(%dst, error = %e, "pooled connection closed; opening another");
+                req = back;
+            }
+            Err(SendError::Failed(e)) => return Err(e),
+        }
+    }
+    let sender = open(ctx).await?;
+    if let Sender::Http2(s) = &sender {
+        // Shared from now on by every request to this destination.
+        ctx.proxy.pool.checkin(
+            key,
+            Sender::Http2(s.clone()),
+            idle_timeout,
+            ctx.config.http.pool_max_idle_per_upstream,
+        );
+    }
+    match send_on(ctx, sender, req).await {
+        Ok(up) => Ok(up),
+        Err(SendError::Unsent(_, e)) => Err(ProxyError::from_send(dst, e)),
+        Err(SendError::Failed(e)) => Err(e),
+    }
+}
+
+async fn send_on(
+    ctx: &ConnContext,
+    sender: Sender,
+    req: Request<UpstreamBody>,
+) -> Result<Upstreamed, SendError> {
+    let dst = ctx.key.destination;
+    // A pooled connection becomes ready as soon as its last response is fully read; one that
+    // stays busy longer than a connect may take is stuck.
+    let bound = ctx.connect_timeout;
+    let stuck = || {
+        SendError::Failed(ProxyError::new(
+            ErrorKind::ConnectionTerminated,
+            dst,
+            "upstream connection not ready in time",
+        ))
+    };
+    let (sent, pooled) = match sender {
+        Sender::Http1(mut tx) => {
+            match tokio::time::timeout(bound, tx.ready()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(SendError::Unsent(req, e)),
+                Err(_) => return Err(stuck()),
+            }
+            let sent = tx.try_send_request(req).await;
+            (sent, Some((ctx.key, Sender::Http1(tx))))
+        }
+        Sender::Http2(mut tx) => {
+            match tokio::time::timeout(bound, tx.ready()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(SendError::Unsent(req, e)),
+                Err(_) => return Err(stuck()),
+            }
+            (tx.try_send_request(req).await, None)
+        }
+    };
+    match sent {
+        Ok(response) => Ok(Upstreamed { response, pooled }),
+        Err(mut e) => match e.take_message() {
+            Some(req) => Err(SendError::Unsent(req, e.into_error())),
+            None => Err(SendError::Failed(ProxyError::from_send(
+                dst,
+                e.into_error(),
+            ))),
+        },
+    }
+}
+
+/// Open a new upstream connection and start the HTTP client on it.
+async fn open(ctx: &ConnContext) -> Result<Sender, ProxyError> {
+    let dst = ctx.key.destination;
+    tracing::debug!(%dst, version = ?ctx.key.version, "opening an upstream HTTP connection");
+    let up = connect::connect(
+        dst,
+        ctx.key.source,
+        ctx.connect_timeout,
+        &ctx.proxy.loop_guard,
+    )
+    .await
+    .map_err(|e| {
+        let kind = match e {
+            ConnectError::Timeout { .. } => ErrorKind::ConnectTimeout,
+            ConnectError::Io { .. } => ErrorKind::ConnectFailed,
+        };
+        ProxyError::new(kind, dst, e)
+    })?;
+    pool::handshake(up, ctx.key.version)
+        .await
+        .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, dst, e))
+}
+
+/// A reply written by the proxy. gRPC clients get a trailers-only response (HTTP 200 with
+/// `grpc-status`), which every gRPC library reads as the call's status; others get Envoy's
+/// status and text. A malformed request also closes the connection, as Envoy does.
+fn local_reply(kind: ErrorKind, grpc: bool, mut end: RequestEnd) -> Response<ResponseBody> {
+    let mut builder = Response::builder();
+    let body = if grpc {
+        builder = builder
+            .status(StatusCode::OK)
+            .header(CONTENT_TYPE, "application/grpc")
+            .header(
+                &GRPC_STATUS,
+                HeaderValue::from(u16::from(kind.grpc_status())),
+            )
+            .header(&GRPC_MESSAGE, HeaderValue::from_static(kind.details()));
+        Bytes::new()
+    } else {
+        builder = builder
+            .status(kind.status())
+            .header(CONTENT_TYPE, "text/plain");
+        Bytes::from_static(kind.details().as_bytes())
+    };
+    if matches!(kind, ErrorKind::MalformedRequest(_)) {
+        builder = builder.header(CONNECTION, "close");
+    }
+    end.flags.insert(kind.flag());
+    if let Some(log) = &mut end.log {
+        log.status = if grpc { 200 } else { kind.status().as_u16() };
+    }
+    match builder.body(()) {
+        Ok(r) => r.map(|()| ResponseBody::local(body, end)),
+        // Every header above is a valid constant; this is unreachable in practice.
+        Err(_) => Response::new(ResponseBody::local(body, end)),
+    }
+}

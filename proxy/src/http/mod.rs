@@ -1,0 +1,233 @@
+//! HTTP/1.1 and HTTP/2 (cleartext) through the sidecar, to the connection's original
+//! destination.
+//!
+//! A detected connection is served by hyper's server ([`serve`]); each request goes through the
+//! phases of [`forward`]: check and prepare the request, send it upstream on a pooled connection
+//! ([`pool`]) with Istio's retry policy ([`retry`]), then prepare the response, or answer
+//! locally with Envoy's status, flag and (for gRPC) `grpc-status` ([`errors`]). Bodies stream
+//! ([`body`]); the end of a response body ends the request: pool check-in and the access-log
+//! line ([`access_log`]). The upstream speaks the client's HTTP version, as Envoy does with
+//! `USE_DOWNSTREAM_PROTOCOL`.
+
+pub mod access_log;
+pub mod body;
+pub mod errors;
+pub mod forward;
+pub mod headers;
+pub mod io;
+pub mod pool;
+pub mod retry;
+pub mod upgrade;
+
+use crate::access_log::End;
+use crate::connect::Upstream;
+use crate::detect::HttpVersion;
+use crate::proxy::Proxy;
+use crate::tcp::Transfer;
+use crate::Direction;
+use bytes::BytesMut;
+use errors::Flags;
+use hyper::server::conn::{http1, http2};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use remora_config::Config;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpStream;
+
+/// Everything the requests of one downstream connection share.
+#[derive(Debug)]
+pub struct ConnContext {
+    pub proxy: Arc<Proxy>,
+    /// The config snapshot the connection started with.
+    pub config: Arc<Config>,
+    pub direction: Direction,
+    pub peer: SocketAddr,
+    /// Destination, source and HTTP version of the upstream connections.
+    pub key: pool::Key,
+    pub connect_timeout: Duration,
+    in_flight: AtomicUsize,
+    /// Bytes read from the client; with `bytes_out`, also what tells an idle connection.
+    bytes_in: AtomicU64,
+    /// Bytes written to the client.
+    bytes_out: AtomicU64,
+}
+
+impl ConnContext {
+    fn request_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn request_ended(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn count_received(&self, n: usize) {
+        self.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    fn count_sent(&self, n: usize) {
+        self.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    fn activity(&self) -> u64 {
+        self.bytes_in.load(Ordering::Relaxed) + self.bytes_out.load(Ordering::Relaxed)
+    }
+
+    fn return_to_pool(&self, key: pool::Key, sender: pool::Sender) {
+        let http = &self.config.http;
+        self.proxy.pool.checkin(
+            key,
+            sender,
+            http.pool_idle_timeout,
+            http.pool_max_idle_per_upstream,
+        );
+    }
+
+    fn write_log(&self, log: access_log::RequestLog, flags: Flags, sent: u64) {
+        let line = log.format(flags, sent, self.config.access_log.format);
+        self.proxy.access_log.log_line(line);
+    }
+
+    fn logging(&self) -> bool {
+        self.config.access_log.enabled
+    }
+}
+
+/// Where a detected HTTP connection goes and how it got here.
+#[derive(Debug)]
+pub struct Connection {
+    pub downstream: TcpStream,
+    pub peer: SocketAddr,
+    pub direction: Direction,
+    pub destination: SocketAddr,
+    /// Source address of upstream connections (the inbound passthrough source).
+    pub source: Option<IpAddr>,
+    pub connect_timeout: Duration,
+    pub version: HttpVersion,
+    /// The bytes detection read, replayed to the HTTP server.
+    pub prefix: BytesMut,
+    /// The upstream connection opened during detection: the first pooled one.
+    pub early: Option<Upstream>,
+}
+
+/// Serve HTTP on a detected connection until it closes; how it ended and the bytes it carried
+/// (to upstream: read from the client; from upstream: written to it).
+pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (End, Transfer) {
+    let key = pool::Key {
+        destination: c.destination,
+        source: c.source,
+        version: c.version,
+    };
+    if let Some(up) = c.early {
+        match pool::handshake(up, c.version).await {
+            Ok(sender) => proxy.pool.checkin(
+                key,
+                sender,
+                config.http.pool_idle_timeout,
+                config.http.pool_max_idle_per_upstream,
+            ),
+            Err(e) => {
+                tracing::debug!(error = %e, destination = %c.destination, "early upstream connection unusable")
+            }
+        }
+    }
+    let ctx = Arc::new(ConnContext {
+        proxy,
+        config,
+        direction: c.direction,
+        peer: c.peer,
+        key,
+        connect_timeout: c.connect_timeout,
+        in_flight: AtomicUsize::new(0),
+        bytes_in: AtomicU64::new(0),
+        bytes_out: AtomicU64::new(0),
+    });
+    let io = TokioIo::new(io::DownstreamIo::new(
+        c.prefix,
+        c.downstream,
+        Arc::clone(&ctx),
+    ));
+    let service = {
+        let ctx = Arc::clone(&ctx);
+        service_fn(move |req| forward::handle(Arc::clone(&ctx), req))
+    };
+    let http = &ctx.config.http;
+    let result = match c.version {
+        HttpVersion::Http1 => {
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(http.header_read_timeout)
+                .max_header_size(http.max_header_bytes);
+            // hyper's default is 100 on the stack; another number costs a heap allocation.
+            if http.max_headers != 100 {
+                builder.max_headers(http.max_headers);
+            }
+            let conn = builder.serve_connection(io, service).with_upgrades();
+            drive(conn, &ctx, |c| c.graceful_shutdown()).await
+        }
+        HttpVersion::Http2 => {
+            let mut builder = http2::Builder::new(TokioExecutor::new());
+            builder
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(http.max_concurrent_streams)
+                .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX));
+            let conn = builder.serve_connection(io, service);
+            drive(conn, &ctx, |c| c.graceful_shutdown()).await
+        }
+    };
+    let transfer = Transfer {
+        sent: ctx.bytes_in.load(Ordering::Relaxed),
+        received: ctx.bytes_out.load(Ordering::Relaxed),
+    };
+    match result {
+        Ok(()) => (End::Closed, transfer),
+        Err(e) => {
+            tracing::debug!(peer = %ctx.peer, error = %e, "HTTP connection ended with an error");
+            (End::DownstreamReset, transfer)
+        }
+    }
+}
+
+/// Run a server connection until it ends, shutting it down gracefully (GOAWAY, or
+/// `Connection: close` after the request in flight) when draining starts or when it has been
+/// idle — no request in flight and no traffic — for `http.idle_timeout`.
+async fn drive<C>(
+    conn: C,
+    ctx: &ConnContext,
+    shutdown: impl Fn(Pin<&mut C>),
+) -> Result<(), hyper::Error>
+where
+    C: Future<Output = Result<(), hyper::Error>>,
+{
+    tokio::pin!(conn);
+    let draining = ctx.proxy.drain.started();
+    tokio::pin!(draining);
+    let every = ctx.config.http.idle_timeout;
+    let mut idle_check = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let mut last_activity = u64::MAX;
+    let mut shutting_down = false;
+    loop {
+        tokio::select! {
+            result = &mut conn => return result,
+            () = &mut draining, if !shutting_down => {
+                shutdown(conn.as_mut());
+                shutting_down = true;
+            }
+            _ = idle_check.tick(), if !shutting_down => {
+                let activity = ctx.activity();
+                if ctx.in_flight.load(Ordering::Relaxed) == 0 && activity == last_activity {
+                    tracing::debug!(peer = %ctx.peer, "closing idle HTTP connection");
+                    shutdown(conn.as_mut());
+                    shutting_down = true;
+                }
+                last_activity = activity;
+            }
+        }
+    }
+}

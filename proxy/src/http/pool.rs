@@ -1,0 +1,226 @@
+//! Upstream HTTP connections, pooled per destination.
+//!
+//! One pool for the whole proxy, keyed by destination, source address (inbound connections come
+//! from the passthrough source) and HTTP version, so a lookup is one hash. HTTP/1.1 connections
+//! carry one request at a time: a request takes one out and the end of its response body puts
+//! it back. An HTTP/2 connection is shared by every request to its destination.
+//!
+//! Idle connections are bounded in number (`http.pool_max_idle_per_upstream`) and in time
+//! (`http.pool_idle_timeout`), unlike Envoy's unbounded pool with its one-hour idle timeout:
+//! servers close idle keep-alive connections on timers of their own, and a request sent on a
+//! connection the server is closing fails.
+
+use super::body::UpstreamBody;
+use crate::connect::Upstream;
+use crate::detect::HttpVersion;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+// How often expired idle connections are looked for. Expiry is therefore late by up to this.
+const REAP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Which connections are interchangeable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Key {
+    pub destination: SocketAddr,
+    pub source: Option<IpAddr>,
+    pub version: HttpVersion,
+}
+
+/// The sending half of an upstream connection; the connection itself runs in its own task.
+#[derive(Debug)]
+pub enum Sender {
+    Http1(http1::SendRequest<UpstreamBody>),
+    Http2(http2::SendRequest<UpstreamBody>),
+}
+
+impl Sender {
+    fn is_closed(&self) -> bool {
+        match self {
+            Sender::Http1(s) => s.is_closed(),
+            Sender::Http2(s) => s.is_closed(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Idle {
+    sender: Sender,
+    expires: Instant,
+}
+
+/// Every idle upstream HTTP connection.
+#[derive(Debug, Default)]
+pub struct Pool {
+    // A plain mutex, held for one map operation and never across an await.
+    idle: Mutex<HashMap<Key, Vec<Idle>>>,
+    reaper_started: AtomicBool,
+}
+
+impl Pool {
+    /// A connection to `key`'s destination, if one is idle (HTTP/1.1) or shared (HTTP/2).
+    /// A shared HTTP/2 connection's idle clock restarts with each request it is given.
+    pub fn checkout(&self, key: &Key, now: Instant, idle_timeout: Duration) -> Option<Sender> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let list = idle.get_mut(key)?;
+        let found = match key.version {
+            HttpVersion::Http1 => loop {
+                // Most recently used first: the least likely to have been closed by the server.
+                let Some(entry) = list.pop() else { break None };
+                if !entry.sender.is_closed() && entry.expires > now {
+                    break Some(entry.sender);
+                }
+            },
+            HttpVersion::Http2 => {
+                list.retain(|e| !e.sender.is_closed());
+                match list.first_mut() {
+                    Some(Idle {
+                        sender: Sender::Http2(s),
+                        expires,
+                    }) if s.is_ready() => {
+                        *expires = now + idle_timeout;
+                        Some(Sender::Http2(s.clone()))
+                    }
+                    _ => None,
+                }
+            }
+        };
+        if list.is_empty() {
+            idle.remove(key);
+        }
+        found
+    }
+
+    /// Keep `sender` for the next request to `key`, for at most `idle_timeout`, unless
+    /// `max_idle` connections to it are idle already.
+    pub fn checkin(
+        self: &Arc<Self>,
+        key: Key,
+        sender: Sender,
+        idle_timeout: Duration,
+        max_idle: usize,
+    ) {
+        if sender.is_closed() || max_idle == 0 {
+            return;
+        }
+        let expires = Instant::now() + idle_timeout;
+        let refused = {
+            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            let list = idle.entry(key).or_default();
+            let full = match key.version {
+                HttpVersion::Http1 => list.len() >= max_idle,
+                // One shared connection per destination is enough; a second stays private to
+                // the requests that opened it and closes when they finish.
+                HttpVersion::Http2 => list.iter().any(|e| !e.sender.is_closed()),
+            };
+            if full {
+                Some(sender)
+            } else {
+                list.push(Idle { sender, expires });
+                None
+            }
+        };
+        // Dropped outside the lock: dropping the last sender closes the connection.
+        drop(refused);
+        self.start_reaper();
+    }
+
+    fn start_reaper(self: &Arc<Self>) {
+        if self.reaper_started.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let pool = Arc::downgrade(self);
+        tokio::spawn(reap(pool));
+    }
+
+    /// Drop every expired or closed idle connection.
+    fn reap_now(&self, now: Instant) {
+        let expired: Vec<Idle> = {
+            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut expired = Vec::new();
+            idle.retain(|_, list| {
+                let mut i = 0;
+                while i < list.len() {
+                    if list[i].expires <= now || list[i].sender.is_closed() {
+                        expired.push(list.swap_remove(i));
+                    } else {
+                        i += 1;
+                    }
+                }
+                !list.is_empty()
+            });
+            expired
+        };
+        drop(expired);
+    }
+
+    /// Whether an HTTP connection to `destination` (from `source`) is pooled now: the
+    /// destination is known to speak HTTP, so it cannot be a server-first protocol.
+    pub fn speaks_http(&self, destination: SocketAddr, source: Option<IpAddr>) -> bool {
+        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        [HttpVersion::Http1, HttpVersion::Http2]
+            .into_iter()
+            .any(|version| {
+                idle.contains_key(&Key {
+                    destination,
+                    source,
+                    version,
+                })
+            })
+    }
+
+    /// Idle connections held now (for tests and the admin API).
+    pub fn idle_count(&self) -> usize {
+        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        idle.values().map(Vec::len).sum()
+    }
+}
+
+/// Ends when the pool is dropped.
+async fn reap(pool: Weak<Pool>) {
+    let mut tick = tokio::time::interval(REAP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(pool) = pool.upgrade() else { return };
+        pool.reap_now(Instant::now());
+    }
+}
+
+/// Start the HTTP client on an open upstream connection. The connection runs in a task of its
+/// own, which also keeps the loop-guard registration for as long as the socket is open.
+pub async fn handshake(upstream: Upstream, version: HttpVersion) -> Result<Sender, hyper::Error> {
+    let (stream, registration) = upstream.into_parts();
+    let io = TokioIo::new(stream);
+    match version {
+        HttpVersion::Http1 => {
+            let (sender, conn) = http1::Builder::new().handshake(io).await?;
+            tokio::spawn(async move {
+                let _registration = registration;
+                // Upgrades (WebSocket) hand the socket to the tunnel, which keeps it open.
+                if let Err(e) = conn.with_upgrades().await {
+                    tracing::debug!(error = %e, "upstream HTTP/1.1 connection ended");
+                }
+            });
+            Ok(Sender::Http1(sender))
+        }
+        HttpVersion::Http2 => {
+            let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .handshake(io)
+                .await?;
+            tokio::spawn(async move {
+                let _registration = registration;
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
+                }
+            });
+            Ok(Sender::Http2(sender))
+        }
+    }
+}

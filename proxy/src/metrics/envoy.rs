@@ -1,0 +1,294 @@
+//! Envoy's own statistics, named as Envoy names them, for the dashboards, alerts and the Istio
+//! agent that read them: dotted on the admin `/stats` page (`server.state`,
+//! `listener.0.0.0.0_15001.downstream_cx_total`), `envoy_`-prefixed with the scope turned into a
+//! label in Prometheus form (`envoy_listener_downstream_cx_total{envoy_listener_address=…}`).
+//!
+//! Values are read from the data path's counters at scrape time; nothing here is on the data
+//! path. Envoy counters whose names do not end in `_total` are exported as gauges: that keeps
+//! Envoy's exact names, which queries use, while staying valid for Prometheus' text format.
+
+use super::DirectionMetrics;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Envoy's `server.state` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ServerState {
+    Live = 0,
+    Draining = 1,
+    PreInitializing = 2,
+    Initializing = 3,
+}
+
+impl ServerState {
+    /// The word Envoy's admin `/ready` and `/server_info` use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServerState::Live => "LIVE",
+            ServerState::Draining => "DRAINING",
+            ServerState::PreInitializing => "PRE_INITIALIZING",
+            ServerState::Initializing => "INITIALIZING",
+        }
+    }
+}
+
+/// Process-wide facts the server stats report; set by start-up and shutdown.
+#[derive(Debug)]
+pub struct ServerStats {
+    state: AtomicU8,
+    started: Instant,
+    concurrency: AtomicU32,
+    listeners_active: AtomicU32,
+}
+
+impl Default for ServerStats {
+    fn default() -> Self {
+        ServerStats {
+            state: AtomicU8::new(ServerState::PreInitializing as u8),
+            started: Instant::now(),
+            concurrency: AtomicU32::new(0),
+            listeners_active: AtomicU32::new(0),
+        }
+    }
+}
+
+impl ServerStats {
+    /// Record a state change.
+    pub fn set_state(&self, s: ServerState) {
+        self.state.store(s as u8, Ordering::Release);
+    }
+
+    /// The current state.
+    pub fn state(&self) -> ServerState {
+        match self.state.load(Ordering::Acquire) {
+            0 => ServerState::Live,
+            1 => ServerState::Draining,
+            3 => ServerState::Initializing,
+            _ => ServerState::PreInitializing,
+        }
+    }
+
+    /// Seconds since start.
+    pub fn uptime_secs(&self) -> u64 {
+        self.started.elapsed().as_secs()
+    }
+
+    /// Record the worker count and the number of bound data-path listeners.
+    pub fn set_workers(&self, concurrency: u32, listeners: u32) {
+        self.concurrency.store(concurrency, Ordering::Relaxed);
+        self.listeners_active.store(listeners, Ordering::Relaxed);
+    }
+}
+
+/// Where a stat lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    Server,
+    ListenerManager,
+    ClusterManager,
+    /// A listener, by Envoy's stat prefix for it (`0.0.0.0_15001`).
+    Listener(String),
+    /// A cluster by name.
+    Cluster(&'static str),
+}
+
+/// Counter or gauge, as Envoy types it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+}
+
+/// One statistic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvoyStat {
+    pub scope: Scope,
+    pub stat: &'static str,
+    pub kind: Kind,
+    pub value: u64,
+}
+
+impl EnvoyStat {
+    /// The dotted name Envoy's `/stats` prints.
+    pub fn dotted_name(&self) -> String {
+        match &self.scope {
+            Scope::Server => format!("server.{}", self.stat),
+            Scope::ListenerManager => format!("listener_manager.{}", self.stat),
+            Scope::ClusterManager => format!("cluster_manager.{}", self.stat),
+            Scope::Listener(a) => format!("listener.{a}.{}", self.stat),
+            Scope::Cluster(c) => format!("cluster.{c}.{}", self.stat),
+        }
+    }
+
+    /// The Prometheus name and label Envoy's `/stats/prometheus` prints.
+    fn prometheus(&self) -> (String, Option<(&'static str, String)>) {
+        match &self.scope {
+            Scope::Server => (format!("envoy_server_{}", self.stat), None),
+            Scope::ListenerManager => (format!("envoy_listener_manager_{}", self.stat), None),
+            Scope::ClusterManager => (format!("envoy_cluster_manager_{}", self.stat), None),
+            Scope::Listener(a) => (
+                format!("envoy_listener_{}", self.stat),
+                Some(("envoy_listener_address", a.clone())),
+            ),
+            Scope::Cluster(c) => (
+                format!("envoy_cluster_{}", self.stat),
+                Some(("cluster_name", c.to_string())),
+            ),
+        }
+    }
+}
+
+/// The counters behind Envoy's stats, and the names of what they describe.
+#[derive(Debug, Clone)]
+pub struct EnvoyStats {
+    pub server: Arc<ServerStats>,
+    pub outbound: DirectionMetrics,
+    pub inbound: DirectionMetrics,
+    /// Envoy's stat prefixes of the outbound and inbound listeners.
+    pub outbound_listener: String,
+    pub inbound_listener: String,
+}
+
+/// Envoy's cluster for traffic to an original destination, and Istio's for inbound passthrough.
+const OUTBOUND_CLUSTER: &str = "PassthroughCluster";
+const INBOUND_CLUSTER: &str = "InboundPassthroughCluster";
+
+impl EnvoyStats {
+    /// Every stat, now.
+    pub fn snapshot(&self) -> Vec<EnvoyStat> {
+        let state = self.server.state();
+        let g = |scope: Scope, stat, value: u64| EnvoyStat {
+            scope,
+            stat,
+            kind: Kind::Gauge,
+            value,
+        };
+        let c = |scope: Scope, stat, value: u64| EnvoyStat {
+            scope,
+            stat,
+            kind: Kind::Counter,
+            value,
+        };
+        let active = |d: &DirectionMetrics| u64::try_from(d.active.get()).unwrap_or(0);
+        let mut stats = vec![
+            g(Scope::Server, "state", state as u64),
+            g(Scope::Server, "live", u64::from(state == ServerState::Live)),
+            g(Scope::Server, "uptime", self.server.uptime_secs()),
+            g(
+                Scope::Server,
+                "concurrency",
+                u64::from(self.server.concurrency.load(Ordering::Relaxed)),
+            ),
+            g(
+                Scope::Server,
+                "total_connections",
+                active(&self.outbound) + active(&self.inbound),
+            ),
+            g(
+                Scope::ListenerManager,
+                "workers_started",
+                u64::from(state == ServerState::Live || state == ServerState::Draining),
+            ),
+            g(
+                Scope::ListenerManager,
+                "total_listeners_active",
+                u64::from(self.server.listeners_active.load(Ordering::Relaxed)),
+            ),
+            g(Scope::ClusterManager, "active_clusters", 2),
+        ];
+        for (listener, cluster, d) in [
+            (&self.outbound_listener, OUTBOUND_CLUSTER, &self.outbound),
+            (&self.inbound_listener, INBOUND_CLUSTER, &self.inbound),
+        ] {
+            let l = || Scope::Listener(listener.clone());
+            stats.push(c(l(), "downstream_cx_total", d.opened.get()));
+            stats.push(g(l(), "downstream_cx_active", active(d)));
+            stats.push(c(l(), "downstream_cx_destroy", d.closed.get()));
+            let cl = || Scope::Cluster(cluster);
+            stats.push(c(
+                cl(),
+                "upstream_cx_connect_fail",
+                d.connect_failures.get(),
+            ));
+            stats.push(c(cl(), "upstream_cx_tx_bytes_total", d.sent_bytes.get()));
+            stats.push(c(
+                cl(),
+                "upstream_cx_rx_bytes_total",
+                d.received_bytes.get(),
+            ));
+        }
+        stats
+    }
+}
+
+/// One Prometheus sample: its scope label, if any, and its value.
+type Sample = (Option<(&'static str, String)>, u64);
+
+impl Collector for EnvoyStats {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // One descriptor per name, with every labelled sample under it.
+        let mut families: BTreeMap<String, (Kind, Vec<Sample>)> = BTreeMap::new();
+        for s in self.snapshot() {
+            let (name, label) = s.prometheus();
+            // Envoy counters without `_total` keep their name as gauges (see the module doc).
+            let kind = if s.kind == Kind::Counter && name.ends_with("_total") {
+                Kind::Counter
+            } else {
+                Kind::Gauge
+            };
+            families
+                .entry(name)
+                .or_insert_with(|| (kind, Vec::new()))
+                .1
+                .push((label, s.value));
+        }
+        for (name, (kind, samples)) in families {
+            match kind {
+                Kind::Counter => {
+                    let base = name.trim_end_matches("_total");
+                    let probe = ConstCounter::new(0u64);
+                    let mut m = encoder.encode_descriptor(
+                        base,
+                        "Envoy statistic",
+                        None,
+                        probe.metric_type(),
+                    )?;
+                    if let [(None, v)] = samples[..] {
+                        ConstCounter::new(v).encode(m)?;
+                        continue;
+                    }
+                    for (label, v) in samples {
+                        let labels: Vec<_> = label.into_iter().collect();
+                        ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
+                    }
+                }
+                Kind::Gauge => {
+                    let probe = ConstGauge::new(0i64);
+                    let mut m = encoder.encode_descriptor(
+                        &name,
+                        "Envoy statistic",
+                        None,
+                        probe.metric_type(),
+                    )?;
+                    let gauge = |v: u64| ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
+                    if let [(None, v)] = samples[..] {
+                        gauge(v).encode(m)?;
+                        continue;
+                    }
+                    for (label, v) in samples {
+                        let labels: Vec<_> = label.into_iter().collect();
+                        gauge(v).encode(m.encode_family(&labels)?)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

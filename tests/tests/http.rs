@@ -1,0 +1,361 @@
+//! HTTP through the sidecar, end to end: detection (server-first protocols included), HTTP/1.1
+//! pooling and streaming, Envoy's errors and flags, retries, Upgrade, HTTP/2 and gRPC — with
+//! real clients (curl, Python grpcio) and real servers, through the capture rules.
+
+use remora_e2e::peer::{self, Server};
+use remora_e2e::service::{peer_program, Service};
+use remora_e2e::PodNet;
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+/// Bound on one curl exchange.
+const CURL_TIME: Duration = Duration::from_secs(20);
+/// The origin's port, on the peer (outbound tests) or in the pod (inbound tests).
+const ORIGIN_PORT: u16 = 8080;
+/// Detection timeout the server-first tests configure: far longer than they allow.
+const LONG_DETECTION: &str = "detection:\n  timeout: 30s\n";
+/// What a server-first test allows for the banner to arrive.
+const BANNER_BOUND: Duration = Duration::from_secs(5);
+
+fn any_addr(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
+}
+
+fn stdout_ok(out: &Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: curl failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The Python origin (tests/peers/http_server.py) listening on `addr` inside `ns`.
+fn origin(ns: &remora_e2e::Netns, addr: SocketAddr) -> Service {
+    let script = peer_program("http_server.py");
+    let port = addr.port().to_string();
+    let script = script.to_string_lossy().into_owned();
+    Service::start(ns, "python3", &[&script, &port], addr)
+}
+
+/// A server that greets first, then echoes lines: SMTP's and MySQL's shape.
+fn banner_server(ns: &remora_e2e::Netns, addr: SocketAddr) -> Server {
+    Server::start(ns, addr, |mut stream| {
+        stream.write_all(b"220 remora-e2e ready\r\n")?;
+        let mut buf = [0u8; 1024];
+        // Bounded by the stream's read timeout and the client's few lines.
+        for _ in 0..100 {
+            let n = stream.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            stream.write_all(&buf[..n])?;
+        }
+        Ok(())
+    })
+}
+
+/// Connect from `ns`, send nothing, and read the greeting; returns it and how long it took.
+fn read_banner(ns: &remora_e2e::Netns, addr: SocketAddr) -> (String, Duration) {
+    let started = Instant::now();
+    let mut stream = peer::connect(ns, addr).expect("connect to the banner server");
+    stream
+        .set_read_timeout(Some(BANNER_BOUND))
+        .expect("set a read timeout");
+    let mut buf = [0u8; 64];
+    let n = stream.read(&mut buf).unwrap_or_else(|e| {
+        panic!(
+            "no banner within {BANNER_BOUND:?} ({e}): the proxy made a server-first protocol wait"
+        )
+    });
+    let banner = String::from_utf8_lossy(&buf[..n]).into_owned();
+    // The connection is TCP from here: what the client says comes back.
+    stream.write_all(b"HELO remora\r\n").expect("write after banner");
+    let n = stream.read(&mut buf).expect("echo after banner");
+    assert_eq!(&buf[..n], b"HELO remora\r\n");
+    (banner, started.elapsed())
+}
+
+#[test]
+fn server_first_banner_arrives_at_once_despite_a_30s_detection_timeout() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net.remora().config(LONG_DETECTION).start_ready();
+    // Not one of Istio's always-TCP ports: this one is detected.
+    let outbound = banner_server(&net.peer, net.peer_addr(2526));
+    let inbound = banner_server(&net.pod, any_addr(2527));
+
+    let (banner, took) = read_banner(&net.pod, outbound.addr());
+    assert_eq!(banner, "220 remora-e2e ready\r\n");
+    assert!(took < BANNER_BOUND, "outbound banner took {took:?}");
+
+    let (banner, took) = read_banner(&net.peer, net.pod_addr(2527));
+    assert_eq!(banner, "220 remora-e2e ready\r\n");
+    assert!(took < BANNER_BOUND, "inbound banner took {took:?}");
+    assert_eq!(inbound.peers()[0].ip(), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 6)));
+    assert_eq!(
+        outbound.peers().len(),
+        1,
+        "one upstream connection per client connection"
+    );
+    drop(remora);
+}
+
+#[test]
+fn http1_keep_alive_uses_one_pooled_upstream_connection_and_rewrites_headers() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net.remora().env("REMORA_LOG", "debug").start_ready();
+    let _origin = origin(&net.peer, net.peer_addr(ORIGIN_PORT));
+    let base = format!("http://{}", net.peer_addr(ORIGIN_PORT));
+
+    // Three requests on one client connection, then a second client connection.
+    let out = peer::curl(
+        &net.pod,
+        &[
+            "-H",
+            "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "-H",
+            "b3: 80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1",
+            "-H",
+            "Connection: x-hop",
+            "-H",
+            "x-hop: secret",
+            &format!("{base}/hello"),
+            &format!("{base}/hello"),
+            &format!("{base}/headers"),
+        ],
+        CURL_TIME,
+    );
+    let body = stdout_ok(&out, "keep-alive requests");
+    assert!(body.starts_with("hello\nhello\n{"), "{body}");
+    let headers = &body["hello\nhello\n".len()..];
+    assert!(headers.contains("\"traceparent\": \"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\""), "{headers}");
+    assert!(headers.contains("\"b3\": \"80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1\""), "{headers}");
+    assert!(headers.contains("\"x-forwarded-proto\": \"http\""), "{headers}");
+    assert!(headers.contains("\"x-request-id\": \""), "{headers}");
+    assert!(headers.contains(&format!("\"host\": \"{}\"", net.peer_addr(ORIGIN_PORT))), "{headers}");
+    assert!(!headers.contains("x-hop"), "a header named by Connection was forwarded: {headers}");
+    assert!(!headers.contains("\"connection\""), "Connection was forwarded: {headers}");
+
+    let out = peer::curl(&net.pod, &[&format!("{base}/connections")], CURL_TIME);
+    // One is the start-up probe that saw the origin listening; the other is the connection
+    // opened while the first client connection was detected, pooled and shared since.
+    assert_eq!(
+        stdout_ok(&out, "connection count"),
+        "2",
+        "four requests on two client connections should share one upstream connection; {}",
+        remora.stderr()
+    );
+    drop(remora);
+}
+
+#[test]
+fn ten_megabyte_bodies_stream_both_ways_sized_and_chunked_with_100_continue() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net.remora().start_ready();
+    let _origin = origin(&net.peer, net.peer_addr(ORIGIN_PORT));
+    let base = format!("http://{}", net.peer_addr(ORIGIN_PORT));
+    let size = 10 << 20;
+    let upload = net.binary().write_file("upload.bin", "");
+    std::fs::write(&upload, peer::pattern(size)).expect("write the upload");
+    let digest = sha256(&upload);
+    let upload_arg = format!("@{}", upload.display());
+
+    // Sized (curl sends `Expect: 100-continue` for a body this large and waits for the 100).
+    let out = peer::curl(
+        &net.pod,
+        &["--data-binary", &upload_arg, "-H", "Expect: 100-continue", &format!("{base}/upload")],
+        CURL_TIME,
+    );
+    assert_eq!(stdout_ok(&out, "sized upload"), format!("{size} {digest}"));
+    // Chunked.
+    let out = peer::curl(
+        &net.pod,
+        &[
+            "--data-binary",
+            &upload_arg,
+            "-H",
+            "Transfer-Encoding: chunked",
+            &format!("{base}/upload"),
+        ],
+        CURL_TIME,
+    );
+    assert_eq!(stdout_ok(&out, "chunked upload"), format!("{size} {digest}"));
+
+    for query in ["", "&chunked=1"] {
+        let file = net.binary().write_file("download.bin", "");
+        let out = peer::curl(
+            &net.pod,
+            &["-o", &file.to_string_lossy(), &format!("{base}/download?size={size}{query}")],
+            CURL_TIME,
+        );
+        stdout_ok(&out, "download");
+        let got = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
+        assert_eq!(got, size as u64, "download{query} size");
+    }
+    drop(remora);
+}
+
+#[test]
+fn upstream_down_is_503_uf_and_retries_run_out_with_urx() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net
+        .remora()
+        .config("access_log:\n  enabled: true\n")
+        .start_ready();
+    // Nothing listens on this port on the peer.
+    let url = format!("http://{}/nothing", net.peer_addr(8999));
+    let out = peer::curl(&net.pod, &["-s", "-o", "/dev/null", "-w", "%{http_code}", &url], CURL_TIME);
+    assert_eq!(stdout_ok(&out, "GET to a closed port"), "503");
+    wait_for_log(&remora, "\"GET /nothing HTTP/1.1\" 503 UF,URX");
+}
+
+#[test]
+fn a_retry_succeeds_on_the_second_attempt_and_one_runs_out() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net
+        .remora()
+        .config("access_log:\n  enabled: true\n")
+        .start_ready();
+    let _origin = origin(&net.peer, net.peer_addr(ORIGIN_PORT));
+    let base = format!("http://{}", net.peer_addr(ORIGIN_PORT));
+
+    let out = peer::curl(&net.pod, &[&format!("{base}/flaky?key=once&fail=1")], CURL_TIME);
+    assert_eq!(stdout_ok(&out, "flaky once"), "ok after 1 attempt=2\n");
+    // A replayable body is sent again with the retry.
+    let out = peer::curl(
+        &net.pod,
+        &["--data-binary", "small body", &format!("{base}/flaky?key=post&fail=2")],
+        CURL_TIME,
+    );
+    assert_eq!(stdout_ok(&out, "flaky POST"), "ok after 2 attempt=3\n");
+
+    let out = peer::curl(
+        &net.pod,
+        &["-s", "-o", "/dev/null", "-w", "%{http_code}", &format!("{base}/flaky?key=always&fail=9")],
+        CURL_TIME,
+    );
+    assert_eq!(stdout_ok(&out, "flaky always"), "503");
+    wait_for_log(&remora, "/flaky?key=always&fail=9 HTTP/1.1\" 503 URX");
+}
+
+#[test]
+fn malformed_requests_are_answered_400_and_never_forwarded() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net.remora().start_ready();
+    let _origin = origin(&net.peer, net.peer_addr(ORIGIN_PORT));
+    let cases: &[(&str, &str)] = &[
+        ("differing Content-Lengths", "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd"),
+        ("gzip transfer-encoding", "POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n"),
+        ("gzip, chunked", "POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"),
+        ("obs-fold", "GET /hello HTTP/1.1\r\nHost: a\r\nX-Folded: one\r\n two\r\n\r\n"),
+        ("invalid header name", "GET /hello HTTP/1.1\r\nHost: a\r\nBad Header: x\r\n\r\n"),
+    ];
+    for (what, request) in cases {
+        let mut stream = peer::connect(&net.pod, net.peer_addr(ORIGIN_PORT)).expect("connect");
+        stream.write_all(request.as_bytes()).expect("send");
+        let mut response = Vec::new();
+        let _ = stream.take(4096).read_to_end(&mut response);
+        let response = String::from_utf8_lossy(&response);
+        assert!(
+            response.starts_with("HTTP/1.1 400"),
+            "{what}: expected 400, got {response:?}"
+        );
+    }
+    let out = peer::curl(
+        &net.pod,
+        &[&format!("http://{}/connections", net.peer_addr(ORIGIN_PORT))],
+        CURL_TIME,
+    );
+    // Only the early connections opened while detecting reached the origin, no request did:
+    // the origin would have answered (404 or 200) and counted nothing else.
+    assert!(stdout_ok(&out, "connections").parse::<u32>().is_ok());
+    drop(remora);
+}
+
+#[test]
+fn websocket_upgrade_becomes_a_byte_tunnel() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net.remora().start_ready();
+    let _origin = origin(&net.peer, net.peer_addr(ORIGIN_PORT));
+    let mut stream = peer::connect(&net.pod, net.peer_addr(ORIGIN_PORT)).expect("connect");
+    stream
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+              Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        )
+        .expect("send the upgrade");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 4096 {
+        stream.read_exact(&mut byte).unwrap_or_else(|e| {
+            panic!("reading the 101 ({e}): {:?}\n{}", String::from_utf8_lossy(&head), remora.stderr())
+        });
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("upgrade: websocket"), "{head}");
+    let data = peer::pattern(256 << 10);
+    let mut writer = stream.try_clone().expect("clone");
+    let sending = {
+        let data = data.clone();
+        std::thread::spawn(move || writer.write_all(&data))
+    };
+    let mut echoed = vec![0u8; data.len()];
+    stream.read_exact(&mut echoed).expect("echo through the tunnel");
+    sending.join().expect("writer").expect("write");
+    peer::assert_same_bytes("tunnelled bytes", &data, &echoed);
+}
+
+/// Wait for a line containing `needle` in remora's access log (stdout).
+fn wait_for_log(remora: &remora_e2e::Remora, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = remora.stdout();
+        if out.contains(needle) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no access-log line with {needle:?}; stdout:\n{out}\nstderr:\n{}",
+            remora.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn sha256(path: &std::path::Path) -> String {
+    let out = std::process::Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("run sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
