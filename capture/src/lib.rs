@@ -1,18 +1,26 @@
-//! Capture: the iptables rules that send a pod's TCP through Remora, written by
-//! `remora capture`, a drop-in for Istio's `istio-iptables`.
+//! Capture: the rules that send a pod's TCP through Remora, written by `remora capture`, a
+//! drop-in for Istio's `istio-iptables` (its flags, environment variables, rules and exit
+//! codes), with iptables or, with `--native-nftables`, nftables.
 //!
 //! The parts, in the order a run uses them:
-//! - [`flags`]: the command line ([`CaptureArgs`]) and the environment snapshot
-//!   ([`Environment`]) that stands in for unset flags;
-//! - [`model`]: resolution into a validated [`CaptureConfig`], with the facts learnt from the
-//!   pod ([`pod_network`]: IPv4 or IPv6, nameservers) injected through a trait;
-//! - [`generate`]: the pure generator, [`CaptureConfig`] to [`CaptureRules`], rendered as
-//!   `iptables-restore` input by [`rules`]; its output matches istio-iptables byte for byte;
-//! - [`apply`]: installation and removal through a [`Runner`] ([`runner`]), reading the
-//!   installed state with `iptables-save` ([`saved`]); [`host_net`] adds the addresses and
-//!   routes IPv6 and TPROXY need.
+//! - [`flags`] and [`environment`]: the command line ([`CaptureArgs`]) and the snapshot of
+//!   the environment variables that stand in for unset flags ([`Environment`]);
+//! - [`model`] resolves what the rules depend on into a [`CaptureConfig`], with the facts
+//!   learnt from the pod ([`pod_network`]) injected through a trait; [`options`] resolves how
+//!   the run goes ([`RunOptions`]: backend, reconcile, namespace, validation);
+//! - the pure generators: [`mod@generate`] (iptables, rendered by [`rules`]) and [`nft`] (one
+//!   `nft -f` program); both match Istio's output byte for byte;
+//! - installation: [`apply`] for iptables, with the binaries [`iptables_binaries`] detects,
+//!   reading the installed state back with `*-save` ([`saved`]); [`nft::apply`] for nftables;
+//!   [`host_net`] adds the addresses and routes IPv6 and TPROXY need. Every external command
+//!   goes through a [`Runner`] ([`runner`]), which can enter another network namespace;
+//!   [`netns`] does the same for this process's own sockets;
+//! - [`validation`] proves the redirect works (`--run-validation`, exit status 126 if not);
+//! - [`explain`] traces a connection through installed or given rules, or compares them with
+//!   what flags would install.
 //!
-//! With `--dry-run` only the first three run and the restore inputs go to stdout.
+//! With `--dry-run` only the resolution and the generators run, and the program goes to
+//! stdout.
 
 pub mod apply;
 pub mod cidr;

@@ -275,3 +275,60 @@ enum Side {
     Pod(Option<u32>),
     Client,
 }
+
+/// `explain --check` (and a trace) reading back what `remora capture` installed in a
+/// namespace, with each backend.
+#[test]
+fn check_compares_installed_rules_with_flags() {
+    use remora_capture::options::RunOptions;
+    use remora_capture::{apply_rules, system_runner, CaptureCommand, CaptureConfig, Environment};
+    let tools: &[&[&str]] = &[&["iptables-save"], &["nft", "list", "ruleset"]];
+    let Some(ns) = Netns::create_or_skip("cap-check", tools) else {
+        return;
+    };
+    let netns = format!("--network-namespace={}", ns.path().display());
+    let explain = |argv: &[&str]| {
+        let mut full = vec![netns.as_str(), "explain"];
+        full.extend_from_slice(argv);
+        let args = support::parse_args(&full).expect("flags parse");
+        let Some(CaptureCommand::Explain(e)) = args.command.clone() else {
+            panic!("no explain subcommand")
+        };
+        remora_capture::explain::run(&e, &args, &Environment::default())
+    };
+    for backend in [&[][..], &["--native-nftables"][..]] {
+        let mut flags = vec!["-b", "*", "-i", "*"];
+        flags.extend_from_slice(backend);
+        let mut install = flags.clone();
+        install.push(&netns);
+        let args = support::parse_args(&install).expect("flags parse");
+        let env = Environment::default();
+        let options = RunOptions::resolve(&args, &env).expect("options");
+        let config = CaptureConfig::resolve(&args, &env, &support::NoDiscovery).expect("config");
+        apply_rules(&config, &options, &system_runner(&options)).expect("install");
+
+        let mut check = vec!["--check"];
+        check.extend_from_slice(&flags);
+        explain(&check).expect("installed rules match the flags that wrote them");
+        check.extend(["-d", "15021"]);
+        let err = explain(&check).expect_err("an exclusion is missing");
+        assert!(err.to_string().contains("differ"), "{err}");
+        let trace = [
+            "--direction",
+            "outbound",
+            "--uid",
+            "1000",
+            "--dst",
+            "10.0.0.1",
+            "--dport",
+            "80",
+        ];
+        explain(&trace).expect("trace the installed rules");
+
+        let cleanup = RunOptions {
+            action: remora_capture::Action::CleanupOnly,
+            ..options.clone()
+        };
+        apply_rules(&config, &cleanup, &system_runner(&options)).expect("cleanup");
+    }
+}

@@ -42,7 +42,8 @@ fn passes_with_rules_and_fails_without(tag: &str, flags: &str, tools: &[&[&str]]
     )
     .expect_err("nothing redirects yet");
     assert_eq!(err.exit_code(), 126, "{err}");
-    assert!(err.to_string().contains("127.0.0.6:15002"), "{err}");
+    let target = probe.target.to_string();
+    assert!(err.to_string().contains(&target), "{err}");
 
     apply_rules(&config, &options, &system_runner(&options)).expect("install");
     validate(&probe, Some(&path)).expect("redirected once the rules are in");
@@ -74,5 +75,15 @@ fn validation_with_native_nftables() {
         "cap-val-nft",
         "--native-nftables -b '*' -i '*'",
         &[&["nft", "list", "ruleset"]],
+    );
+}
+
+#[test]
+fn validation_with_ipv6() {
+    // An IPv6 pod: the probe listens on ::1 and dials ::6, which host_net puts on lo.
+    passes_with_rules_and_fails_without(
+        "cap-val-v6",
+        "-b '*' -i '*' --assume-ipv6",
+        &[&["ip6tables-save"]],
     );
 }

@@ -224,9 +224,17 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         state: Arc::clone(&state),
         probers: probe::parse_probers(&env_var("ISTIO_KUBE_APP_PROBERS"))
             .map_err(anyhow::Error::msg)?,
-        app_ip: env_var("INSTANCE_IP")
-            .parse()
-            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
+        target: {
+            let config = state.config.load();
+            probe::Target {
+                // kubelet probes the pod IP; without one (a laptop), loopback.
+                app_ip: env_var("INSTANCE_IP")
+                    .parse()
+                    .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
+                source_v4: config.inbound.passthrough_source_v4.into(),
+                source_v6: config.inbound.passthrough_source_v6.into(),
+            }
+        },
         app_metrics: AppMetrics::parse(&env_var("ISTIO_PROMETHEUS_ANNOTATIONS"))
             .map_err(anyhow::Error::msg)?,
         scrape_timeout: state.config.load().agent.app_scrape_timeout,

@@ -140,11 +140,14 @@ impl Proxy {
         let _ = downstream.set_nodelay(true);
 
         let (source, timeout) = upstream_settings(config, dir, destination);
-        let connecting = connect::connect(destination, source, timeout, &self.loop_guard);
-        tokio::pin!(connecting);
-        let mode = mode(config, route, destination);
+        let mut mode = mode(config, route, destination);
+        if mode == Mode::Auto && self.pool.speaks_http(destination, source) {
+            // A pooled HTTP connection to it exists: no need to dial early or to watch for a
+            // server that speaks first, and no new upstream connection per client connection.
+            mode = Mode::Http;
+        }
         if mode == Mode::Tcp {
-            let upstream = connecting.await;
+            let upstream = connect::connect(destination, source, timeout, &self.loop_guard).await;
             return self
                 .tcp(dir, &downstream, peer, destination, &[], upstream)
                 .await;

@@ -172,7 +172,7 @@ fn set_timeouts(stream: &TcpStream) -> io::Result<()> {
 }
 
 /// Read up to the end of an HTTP request head (`\r\n\r\n`).
-fn read_request_head(stream: &mut TcpStream) -> io::Result<Vec<u8>> {
+pub fn read_request_head(stream: &mut TcpStream) -> io::Result<Vec<u8>> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {

@@ -36,7 +36,10 @@ impl Service {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Ok(Some(status)) = service.child.try_wait() {
-                panic!("{} exited ({status}) before accepting connections", service.what);
+                panic!(
+                    "{} exited ({status}) before accepting connections",
+                    service.what
+                );
             }
             if ns.connect(ready, Duration::from_secs(1)).is_ok() {
                 return service;
@@ -60,7 +63,9 @@ impl Drop for Service {
 
 /// A file shipped with the tests (`tests/peers/NAME`).
 pub fn peer_program(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("peers").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("peers")
+        .join(name)
 }
 
 /// Whether `python3 -c "import MODULE"` works: the gRPC tests need `grpcio`.

@@ -73,7 +73,9 @@ fn read_banner(ns: &remora_e2e::Netns, addr: SocketAddr) -> (String, Duration) {
     });
     let banner = String::from_utf8_lossy(&buf[..n]).into_owned();
     // The connection is TCP from here: what the client says comes back.
-    stream.write_all(b"HELO remora\r\n").expect("write after banner");
+    stream
+        .write_all(b"HELO remora\r\n")
+        .expect("write after banner");
     let n = stream.read(&mut buf).expect("echo after banner");
     assert_eq!(&buf[..n], b"HELO remora\r\n");
     (banner, started.elapsed())
@@ -97,7 +99,10 @@ fn server_first_banner_arrives_at_once_despite_a_30s_detection_timeout() {
     let (banner, took) = read_banner(&net.peer, net.pod_addr(2527));
     assert_eq!(banner, "220 remora-e2e ready\r\n");
     assert!(took < BANNER_BOUND, "inbound banner took {took:?}");
-    assert_eq!(inbound.peers()[0].ip(), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 6)));
+    assert_eq!(
+        inbound.peers()[0].ip(),
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 6))
+    );
     assert_eq!(
         outbound.peers().len(),
         1,
@@ -137,13 +142,33 @@ fn http1_keep_alive_uses_one_pooled_upstream_connection_and_rewrites_headers() {
     let body = stdout_ok(&out, "keep-alive requests");
     assert!(body.starts_with("hello\nhello\n{"), "{body}");
     let headers = &body["hello\nhello\n".len()..];
-    assert!(headers.contains("\"traceparent\": \"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\""), "{headers}");
-    assert!(headers.contains("\"b3\": \"80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1\""), "{headers}");
-    assert!(headers.contains("\"x-forwarded-proto\": \"http\""), "{headers}");
+    assert!(
+        headers.contains(
+            "\"traceparent\": \"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\""
+        ),
+        "{headers}"
+    );
+    assert!(
+        headers.contains("\"b3\": \"80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1\""),
+        "{headers}"
+    );
+    assert!(
+        headers.contains("\"x-forwarded-proto\": \"http\""),
+        "{headers}"
+    );
     assert!(headers.contains("\"x-request-id\": \""), "{headers}");
-    assert!(headers.contains(&format!("\"host\": \"{}\"", net.peer_addr(ORIGIN_PORT))), "{headers}");
-    assert!(!headers.contains("x-hop"), "a header named by Connection was forwarded: {headers}");
-    assert!(!headers.contains("\"connection\""), "Connection was forwarded: {headers}");
+    assert!(
+        headers.contains(&format!("\"host\": \"{}\"", net.peer_addr(ORIGIN_PORT))),
+        "{headers}"
+    );
+    assert!(
+        !headers.contains("x-hop"),
+        "a header named by Connection was forwarded: {headers}"
+    );
+    assert!(
+        !headers.contains("\"connection\""),
+        "Connection was forwarded: {headers}"
+    );
 
     let out = peer::curl(&net.pod, &[&format!("{base}/connections")], CURL_TIME);
     // One is the start-up probe that saw the origin listening; the other is the connection
@@ -175,7 +200,13 @@ fn ten_megabyte_bodies_stream_both_ways_sized_and_chunked_with_100_continue() {
     // Sized (curl sends `Expect: 100-continue` for a body this large and waits for the 100).
     let out = peer::curl(
         &net.pod,
-        &["--data-binary", &upload_arg, "-H", "Expect: 100-continue", &format!("{base}/upload")],
+        &[
+            "--data-binary",
+            &upload_arg,
+            "-H",
+            "Expect: 100-continue",
+            &format!("{base}/upload"),
+        ],
         CURL_TIME,
     );
     assert_eq!(stdout_ok(&out, "sized upload"), format!("{size} {digest}"));
@@ -191,13 +222,20 @@ fn ten_megabyte_bodies_stream_both_ways_sized_and_chunked_with_100_continue() {
         ],
         CURL_TIME,
     );
-    assert_eq!(stdout_ok(&out, "chunked upload"), format!("{size} {digest}"));
+    assert_eq!(
+        stdout_ok(&out, "chunked upload"),
+        format!("{size} {digest}")
+    );
 
     for query in ["", "&chunked=1"] {
         let file = net.binary().write_file("download.bin", "");
         let out = peer::curl(
             &net.pod,
-            &["-o", &file.to_string_lossy(), &format!("{base}/download?size={size}{query}")],
+            &[
+                "-o",
+                &file.to_string_lossy(),
+                &format!("{base}/download?size={size}{query}"),
+            ],
             CURL_TIME,
         );
         stdout_ok(&out, "download");
@@ -219,7 +257,11 @@ fn upstream_down_is_503_uf_and_retries_run_out_with_urx() {
         .start_ready();
     // Nothing listens on this port on the peer.
     let url = format!("http://{}/nothing", net.peer_addr(8999));
-    let out = peer::curl(&net.pod, &["-s", "-o", "/dev/null", "-w", "%{http_code}", &url], CURL_TIME);
+    let out = peer::curl(
+        &net.pod,
+        &["-s", "-o", "/dev/null", "-w", "%{http_code}", &url],
+        CURL_TIME,
+    );
     assert_eq!(stdout_ok(&out, "GET to a closed port"), "503");
     wait_for_log(&remora, "\"GET /nothing HTTP/1.1\" 503 UF,URX");
 }
@@ -237,19 +279,34 @@ fn a_retry_succeeds_on_the_second_attempt_and_one_runs_out() {
     let _origin = origin(&net.peer, net.peer_addr(ORIGIN_PORT));
     let base = format!("http://{}", net.peer_addr(ORIGIN_PORT));
 
-    let out = peer::curl(&net.pod, &[&format!("{base}/flaky?key=once&fail=1")], CURL_TIME);
+    let out = peer::curl(
+        &net.pod,
+        &[&format!("{base}/flaky?key=once&fail=1")],
+        CURL_TIME,
+    );
     assert_eq!(stdout_ok(&out, "flaky once"), "ok after 1 attempt=2\n");
     // A replayable body is sent again with the retry.
     let out = peer::curl(
         &net.pod,
-        &["--data-binary", "small body", &format!("{base}/flaky?key=post&fail=2")],
+        &[
+            "--data-binary",
+            "small body",
+            &format!("{base}/flaky?key=post&fail=2"),
+        ],
         CURL_TIME,
     );
     assert_eq!(stdout_ok(&out, "flaky POST"), "ok after 2 attempt=3\n");
 
     let out = peer::curl(
         &net.pod,
-        &["-s", "-o", "/dev/null", "-w", "%{http_code}", &format!("{base}/flaky?key=always&fail=9")],
+        &[
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &format!("{base}/flaky?key=always&fail=9"),
+        ],
         CURL_TIME,
     );
     assert_eq!(stdout_ok(&out, "flaky always"), "503");
@@ -284,7 +341,10 @@ fn malformed_requests_are_answered_400_and_never_forwarded() {
     }
     let out = peer::curl(
         &net.pod,
-        &[&format!("http://{}/connections", net.peer_addr(ORIGIN_PORT))],
+        &[&format!(
+            "http://{}/connections",
+            net.peer_addr(ORIGIN_PORT)
+        )],
         CURL_TIME,
     );
     // Only the early connections opened while detecting reached the origin, no request did:
@@ -312,13 +372,20 @@ fn websocket_upgrade_becomes_a_byte_tunnel() {
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") && head.len() < 4096 {
         stream.read_exact(&mut byte).unwrap_or_else(|e| {
-            panic!("reading the 101 ({e}): {:?}\n{}", String::from_utf8_lossy(&head), remora.stderr())
+            panic!(
+                "reading the 101 ({e}): {:?}\n{}",
+                String::from_utf8_lossy(&head),
+                remora.stderr()
+            )
         });
         head.push(byte[0]);
     }
     let head = String::from_utf8_lossy(&head);
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    assert!(head.to_ascii_lowercase().contains("upgrade: websocket"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("upgrade: websocket"),
+        "{head}"
+    );
     let data = peer::pattern(256 << 10);
     let mut writer = stream.try_clone().expect("clone");
     let sending = {
@@ -326,7 +393,9 @@ fn websocket_upgrade_becomes_a_byte_tunnel() {
         std::thread::spawn(move || writer.write_all(&data))
     };
     let mut echoed = vec![0u8; data.len()];
-    stream.read_exact(&mut echoed).expect("echo through the tunnel");
+    stream
+        .read_exact(&mut echoed)
+        .expect("echo through the tunnel");
     sending.join().expect("writer").expect("write");
     peer::assert_same_bytes("tunnelled bytes", &data, &echoed);
 }

@@ -234,9 +234,12 @@ fn describe_connection(conn: &Connection) -> String {
         });
         format!("{a}:{}", p.map_or("?".to_owned(), |p| p.to_string()))
     };
+    let direction = match conn.direction {
+        Direction::Outbound => "outbound",
+        Direction::Inbound => "inbound",
+    };
     let mut text = format!(
-        "connection: {:?} {} {} -> {}",
-        conn.direction,
+        "connection: {direction} {} {} -> {}",
         conn.proto.name(),
         addr(conn.src, conn.sport),
         addr(conn.dst, conn.dport)

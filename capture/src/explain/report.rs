@@ -3,14 +3,15 @@
 
 use std::fmt;
 
-use crate::explain::model::{Match, Ports, Test};
+use crate::explain::model::{Family, Match, Ports, Test};
 use crate::explain::trace::{Outcome, RuleResult, Step, Trace};
 
 /// A match in words, the same for both tools.
 pub fn describe(m: &Match) -> String {
     let not = if m.negated { "not " } else { "" };
     let body = match &m.test {
-        Test::Family(f) => format!("{f:?}"),
+        Test::Family(Family::V4) => "IPv4".to_owned(),
+        Test::Family(Family::V6) => "IPv6".to_owned(),
         Test::Proto(p) => format!("protocol {}", p.name()),
         Test::Source(c) => format!("source in {c}"),
         Test::Destination(c) => format!("destination in {c}"),
@@ -55,7 +56,8 @@ impl fmt::Display for Trace {
                     hook: Some((hook, prio)),
                     ..
                 } => {
-                    writeln!(f, "{table} {chain} (hook {hook:?}, priority {prio})")?;
+                    let hook = format!("{hook:?}").to_lowercase();
+                    writeln!(f, "{table} {chain} (hook {hook}, priority {prio})")?;
                 }
                 Step::Enter { chain, depth, .. } => {
                     writeln!(f, "{:indent$}-> {chain}", "", indent = 2 * depth)?;
@@ -118,4 +120,3 @@ impl fmt::Display for Trace {
         writeln!(f)
     }
 }
-

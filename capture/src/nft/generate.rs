@@ -2,7 +2,7 @@
 //! [`NftProgram`], in the order Istio's nftables backend builds its rules (which the
 //! conformance cases compare as text).
 //!
-//! The decisions are the iptables generator's ([`crate::generate`]); what differs is the
+//! The decisions are the iptables generator's ([`mod@crate::generate`]); what differs is the
 //! shape: one `inet` program instead of one ruleset per family, IPv6 rules added to it only
 //! for an IPv6 pod, and each rule written in nft syntax with a `counter`.
 

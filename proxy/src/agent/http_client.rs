@@ -1,24 +1,25 @@
 //! A minimal HTTP/1.1 GET for probes and metrics scraping: one request per connection, bounded
 //! by the caller's timeout, the body capped so a misbehaving application cannot balloon us.
 
-use super::probe::HttpHeader;
+use super::probe::{HttpHeader, Target};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
-use tokio::net::TcpStream;
 
 /// The most of an application's response body we read (its metrics page, say).
 const MAX_BODY: usize = 16 * 1024 * 1024;
 
 /// GET `path` from `addr`; returns the status and the body.
 pub async fn get(
+    target: &Target,
     addr: SocketAddr,
     path: &str,
     headers: &[HttpHeader],
 ) -> Result<(u16, Bytes), String> {
-    let stream = TcpStream::connect(addr)
+    let stream = target
+        .connect(addr)
         .await
         .map_err(|e| format!("connect {addr}: {e}"))?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))

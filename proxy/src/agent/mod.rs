@@ -16,7 +16,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Deserialize;
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -66,8 +66,8 @@ impl AppMetrics {
 pub struct Agent {
     pub state: Arc<AdminState>,
     pub probers: probe::Probers,
-    /// The application's address for probes and scrapes (the pod IP, else loopback).
-    pub app_ip: IpAddr,
+    /// The application's address for probes and scrapes, and the source they come from.
+    pub target: probe::Target,
     /// The application's metrics port and path, when it asks to be scraped.
     pub app_metrics: Option<(u16, String)>,
     pub scrape_timeout: Duration,
@@ -139,7 +139,7 @@ pub async fn respond(
             text(StatusCode::OK, "OK\n".into())
         }
         p if p.starts_with("/app-health/") && get => match agent.probers.get(p) {
-            Some(prober) => match probe::run(prober, agent.app_ip).await {
+            Some(prober) => match probe::run(prober, &agent.target).await {
                 Ok(()) => text(StatusCode::OK, "OK\n".into()),
                 Err(why) => {
                     tracing::debug!(path = p, %why, "application probe failed");
@@ -166,8 +166,8 @@ pub async fn respond(
 async fn merged_metrics(agent: &Agent) -> Response<Body> {
     let mut body = agent.state.metrics.encode();
     if let Some((port, path)) = &agent.app_metrics {
-        let addr = SocketAddr::new(agent.app_ip, *port);
-        let scrape = http_client::get(addr, path, &[]);
+        let addr = SocketAddr::new(agent.target.app_ip, *port);
+        let scrape = http_client::get(&agent.target, addr, path, &[]);
         match tokio::time::timeout(agent.scrape_timeout, scrape).await {
             Ok(Ok((200, app))) => {
                 if !body.ends_with('\n') {

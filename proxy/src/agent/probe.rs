@@ -95,16 +95,41 @@ pub fn parse_probers(json: &str) -> Result<Probers, String> {
 /// The outcome of one probe: healthy, or why not.
 pub type ProbeResult = Result<(), String>;
 
-/// Run `prober` against the application at `app_ip` (the pod's address; kubelet probes the pod
-/// IP, and from the proxy's UID that hop is delivered like inbound traffic).
-pub async fn run(prober: &Prober, app_ip: IpAddr) -> ProbeResult {
+/// Where probes go and where they come from.
+#[derive(Debug, Clone, Copy)]
+pub struct Target {
+    /// The application's address: the pod IP, as kubelet probes it.
+    pub app_ip: IpAddr,
+    /// The passthrough source (`127.0.0.6` / `::6`). From any other source our own connection to
+    /// the pod IP would be captured into the inbound listener, whose handshake succeeds whether
+    /// or not the application listens: a TCP probe would never fail.
+    pub source_v4: IpAddr,
+    pub source_v6: IpAddr,
+}
+
+impl Target {
+    /// Connect to `addr` from the passthrough source of its family.
+    pub async fn connect(&self, addr: SocketAddr) -> std::io::Result<TcpStream> {
+        let (socket, source) = match addr {
+            SocketAddr::V4(_) => (tokio::net::TcpSocket::new_v4()?, self.source_v4),
+            SocketAddr::V6(_) => (tokio::net::TcpSocket::new_v6()?, self.source_v6),
+        };
+        socket.bind(SocketAddr::new(source, 0))?;
+        socket.connect(addr).await
+    }
+}
+
+/// Run `prober` against the application.
+pub async fn run(prober: &Prober, target: &Target) -> ProbeResult {
+    let app_ip = target.app_ip;
     let timeout = Duration::from_secs(prober.timeout_seconds.max(1));
     let work = async {
         if let Some(h) = &prober.http_get {
-            http_get(h, app_ip).await
+            http_get(h, target).await
         } else if let Some(t) = &prober.tcp_socket {
             let addr = SocketAddr::new(host_ip(t.host.as_deref(), app_ip)?, t.port.number()?);
-            TcpStream::connect(addr)
+            target
+                .connect(addr)
                 .await
                 .map(|_| ())
                 .map_err(|e| format!("tcp connect {addr}: {e}"))
@@ -130,7 +155,8 @@ fn host_ip(host: Option<&str>, default: IpAddr) -> Result<IpAddr, String> {
     }
 }
 
-async fn http_get(h: &HttpGet, app_ip: IpAddr) -> ProbeResult {
+async fn http_get(h: &HttpGet, target: &Target) -> ProbeResult {
+    let app_ip = target.app_ip;
     if h.scheme
         .as_deref()
         .is_some_and(|s| s.eq_ignore_ascii_case("https"))
@@ -139,7 +165,7 @@ async fn http_get(h: &HttpGet, app_ip: IpAddr) -> ProbeResult {
     }
     let addr = SocketAddr::new(host_ip(h.host.as_deref(), app_ip)?, h.port.number()?);
     let path = if h.path.is_empty() { "/" } else { &h.path };
-    let status = super::http_client::get(addr, path, &h.http_headers)
+    let status = super::http_client::get(target, addr, path, &h.http_headers)
         .await
         .map(|(status, _)| status)?;
     // kubelet: any status from 200 to 399 is success.
@@ -184,9 +210,13 @@ mod tests {
             grpc: None,
             timeout_seconds: 1,
         };
-        let ip: IpAddr = "127.0.0.1".parse().unwrap();
-        assert_eq!(run(&prober, ip).await, Ok(()));
+        let target = Target {
+            app_ip: "127.0.0.1".parse().unwrap(),
+            source_v4: "127.0.0.6".parse().unwrap(),
+            source_v6: "::1".parse().unwrap(),
+        };
+        assert_eq!(run(&prober, &target).await, Ok(()));
         drop(l);
-        assert!(run(&prober, ip).await.is_err());
+        assert!(run(&prober, &target).await.is_err());
     }
 }

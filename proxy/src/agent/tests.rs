@@ -10,7 +10,11 @@ fn agent(probers: &str, app_metrics: Option<(u16, String)>) -> Agent {
     Agent {
         state: Arc::new(state),
         probers: probe::parse_probers(probers).unwrap(),
-        app_ip: "127.0.0.1".parse().unwrap(),
+        target: probe::Target {
+            app_ip: "127.0.0.1".parse().unwrap(),
+            source_v4: "127.0.0.6".parse().unwrap(),
+            source_v6: "::1".parse().unwrap(),
+        },
         app_metrics,
         scrape_timeout: Duration::from_secs(2),
     }

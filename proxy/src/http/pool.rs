@@ -106,6 +106,7 @@ impl Pool {
         max_idle: usize,
     ) {
         if sender.is_closed() || max_idle == 0 {
+            tracing::debug!(?key, closed = sender.is_closed(), "not pooled");
             return;
         }
         let expires = Instant::now() + idle_timeout;

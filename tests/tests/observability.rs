@@ -1,0 +1,304 @@
+//! Metrics, admin API, agent port and probes, end to end: real traffic through capture, then
+//! what Istio's tooling would read — checked with promtool, parsed as Envoy's shapes.
+
+use remora_e2e::peer::{self, Server};
+use remora_e2e::process::run_bounded;
+use remora_e2e::{Metrics, PodNet};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::Command;
+use std::time::Duration;
+
+const CURL_TIME: Duration = Duration::from_secs(5);
+const SETTLE: Duration = Duration::from_secs(3);
+const APP_PORT: u16 = 8080;
+const ADMIN: &str = "http://127.0.0.1:15000";
+
+fn any_addr(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
+}
+
+/// curl inside the pod; returns (status code, body).
+fn curl_in(ns: &remora_e2e::Netns, args: &[&str]) -> (u16, String) {
+    let mut all = vec!["--write-out", "\n%{http_code}"];
+    all.extend_from_slice(args);
+    let out = peer::curl(ns, &all, CURL_TIME);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// The identity Istio's injector would hand the sidecar.
+fn identity_env<'a>(
+    remora: remora_e2e::RemoraCommand<'a>,
+    labels: &std::path::Path,
+) -> remora_e2e::RemoraCommand<'a> {
+    remora
+        .env("POD_NAME", "reviews-v2-5d9f8c7b6d-x7k2p")
+        .env("POD_NAMESPACE", "bookinfo")
+        .env("ISTIO_META_WORKLOAD_NAME", "reviews-v2")
+        .arg("--pod-labels-file")
+        .arg(labels)
+}
+
+#[test]
+fn istio_metrics_after_real_traffic_pass_promtool_and_carry_workload_labels() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    let promtool = Command::new("promtool").arg("--version").output();
+    if promtool.is_err() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "promtool is missing"
+        );
+        eprintln!("skipped: promtool is not installed (scripts/install-test-deps installs it)");
+        return;
+    }
+    net.capture_default();
+    let labels = net
+        .binary()
+        .write_file("labels", "app=\"reviews\"\nversion=\"v2\"\n");
+    let remora = identity_env(net.remora(), &labels).start_ready();
+    let outside = Server::http(&net.peer, net.peer_addr(APP_PORT), "from the peer\n");
+    let app = Server::http(&net.pod, any_addr(APP_PORT), "from the app\n");
+
+    let out = peer::curl(
+        &net.pod,
+        &[&format!("http://{}/", outside.addr())],
+        CURL_TIME,
+    );
+    assert!(out.status.success(), "outbound curl failed");
+    let out = peer::curl(
+        &net.peer,
+        &[&format!("http://{}/", net.pod_addr(APP_PORT))],
+        CURL_TIME,
+    );
+    assert!(out.status.success(), "inbound curl failed");
+    assert_eq!(app.peers().len(), 1);
+
+    let opened = "istio_tcp_connections_opened_total";
+    let source = [
+        ("reporter", "source"),
+        ("source_workload", "reviews-v2"),
+        ("source_workload_namespace", "bookinfo"),
+        ("source_app", "reviews"),
+        ("source_version", "v2"),
+        ("source_canonical_service", "reviews"),
+        ("source_canonical_revision", "v2"),
+        ("destination_service_name", "PassthroughCluster"),
+        ("request_protocol", "tcp"),
+        ("response_flags", "-"),
+    ];
+    let destination = [
+        ("reporter", "destination"),
+        ("destination_workload", "reviews-v2"),
+        ("destination_app", "reviews"),
+        ("source_workload", "unknown"),
+        ("connection_security_policy", "none"),
+    ];
+    remora.wait_for_metrics(
+        "Istio TCP metrics for both directions",
+        SETTLE,
+        |m: &Metrics| {
+            m.value(opened, &source) >= 1.0
+                && m.value(opened, &destination) >= 1.0
+                && m.value("istio_tcp_connections_closed_total", &destination) >= 1.0
+        },
+    );
+    let m = remora.metrics();
+    // Istio counts bytes from the server's side: the response is "sent".
+    assert!(m.value("istio_tcp_sent_bytes_total", &source) >= "from the peer\n".len() as f64);
+    assert!(
+        m.value(
+            "envoy_listener_downstream_cx_total",
+            &[("envoy_listener_address", "0.0.0.0_15001")]
+        ) >= 1.0
+    );
+    assert_eq!(m.value("istio_build", &[("component", "proxy")]), 1.0);
+    assert!(m.value("process_resident_memory_bytes", &[]) > 0.0);
+
+    // promtool on the real exposition.
+    let file = net.binary().write_file("scrape.prom", &m.to_string());
+    let check = run_bounded(
+        Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::fs::File::open(&file).unwrap()),
+        Duration::from_secs(20),
+    )
+    .expect("promtool ran");
+    assert!(
+        check.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
+
+#[test]
+fn admin_paths_answer_in_envoys_shapes() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    let _remora = net.remora().start_ready();
+    let get = |path: &str| curl_in(&net.pod, &[&format!("{ADMIN}{path}")]);
+    let post = |path: &str| curl_in(&net.pod, &["-X", "POST", &format!("{ADMIN}{path}")]);
+
+    assert_eq!(get("/ready"), (200, "LIVE\n".into()));
+    let (code, stats) = get("/stats");
+    assert_eq!(code, 200);
+    assert!(stats.contains("server.state: 0\n"), "{stats}");
+    assert!(
+        stats.contains("listener_manager.workers_started: 1\n"),
+        "{stats}"
+    );
+    let (_, filtered) = get("/stats?filter=%5Eserver%5C.live");
+    assert_eq!(filtered, "server.live: 1\n");
+    let stats_json = json(&get("/stats?format=json").1);
+    assert!(stats_json["stats"]
+        .as_array()
+        .is_some_and(|a| !a.is_empty()));
+
+    let dump = json(&get("/config_dump").1);
+    let types: Vec<String> = dump["configs"]
+        .as_array()
+        .expect("configs array")
+        .iter()
+        .map(|c| c["@type"].as_str().unwrap_or("").to_string())
+        .collect();
+    for t in [
+        "BootstrapConfigDump",
+        "ListenersConfigDump",
+        "ClustersConfigDump",
+        "SecretsConfigDump",
+    ] {
+        assert!(
+            types.contains(&format!("type.googleapis.com/envoy.admin.v3.{t}")),
+            "{types:?}"
+        );
+    }
+    let (_, listeners) = get("/listeners");
+    assert!(
+        listeners.contains("virtualOutbound::0.0.0.0:15001\n"),
+        "{listeners}"
+    );
+    assert!(
+        listeners.contains("virtualInbound::0.0.0.0:15006\n"),
+        "{listeners}"
+    );
+    assert_eq!(json(&get("/server_info").1)["state"], "LIVE");
+    assert_eq!(
+        json(&get("/clusters?format=json").1)["cluster_statuses"][0]["name"],
+        "PassthroughCluster"
+    );
+
+    // Wrong method, unknown path.
+    assert_eq!(get("/quitquitquit").0, 405);
+    let (code, listing) = get("/nope");
+    assert_eq!(code, 404);
+    assert!(listing.contains("/config_dump"), "{listing}");
+
+    // Health check fail / ok drive readiness.
+    let ready = || curl_in(&net.pod, &["http://127.0.0.1:15021/healthz/ready"]).0;
+    assert_eq!(post("/healthcheck/fail").0, 200);
+    assert_eq!(ready(), 503);
+    assert_eq!(post("/healthcheck/ok").0, 200);
+    assert_eq!(ready(), 200);
+
+    // Log level at run time.
+    let (code, body) = post("/logging?level=debug");
+    assert_eq!((code, body.as_str()), (200, "active filter: debug\n"));
+    assert_eq!(post("/logging?level=loud").0, 400);
+    assert_eq!(get("/logging").1, "active filter: debug\n");
+}
+
+#[test]
+fn app_health_probes_answer_from_the_original_definitions_through_capture() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let app = Server::http(&net.pod, any_addr(APP_PORT), "ok\n");
+    let probers = format!(
+        r#"{{"/app-health/app/livez":{{"httpGet":{{"path":"/healthz","port":{APP_PORT},"scheme":"HTTP"}},"timeoutSeconds":2}},
+            "/app-health/app/readyz":{{"tcpSocket":{{"port":9999}},"timeoutSeconds":1}}}}"#
+    );
+    let _remora = net
+        .remora()
+        .env("ISTIO_KUBE_APP_PROBERS", probers)
+        .env("INSTANCE_IP", net.pod_ip.to_string())
+        .start_ready();
+    // kubelet probes from outside the pod, in plaintext, at the agent port.
+    let probe = |path: &str| curl_in(&net.peer, &[&format!("http://{}:15020{path}", net.pod_ip)]).0;
+    assert_eq!(probe("/app-health/app/livez"), 200);
+    // The probe reached the app from the passthrough source, which capture lets through: a probe
+    // captured into the inbound listener would "succeed" even with nothing listening.
+    assert!(
+        app.peers()
+            .iter()
+            .any(|p| p.ip().to_string() == "127.0.0.6"),
+        "app saw {:?}",
+        app.peers()
+    );
+    assert_eq!(
+        probe("/app-health/app/readyz"),
+        500,
+        "nothing listens on 9999"
+    );
+    assert_eq!(probe("/app-health/other/livez"), 404);
+    assert_eq!(probe("/healthz/ready"), 200);
+}
+
+#[test]
+fn agent_port_merges_the_applications_metrics_and_quits_only_for_localhost() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    let _app_metrics = Server::start(&net.pod, any_addr(9100), |mut s| {
+        use std::io::Write;
+        peer::read_request_head(&mut s)?;
+        let body = "# TYPE app_requests_total counter\napp_requests_total 7\n";
+        write!(
+            s,
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    });
+    let mut remora = net
+        .remora()
+        .env(
+            "ISTIO_PROMETHEUS_ANNOTATIONS",
+            r#"{"scrape":"true","port":"9100","path":"/metrics"}"#,
+        )
+        .start_ready();
+    let (code, merged) = curl_in(
+        &net.peer,
+        &[&format!("http://{}:15020/stats/prometheus", net.pod_ip)],
+    );
+    assert_eq!(code, 200);
+    assert!(merged.contains("istio_build{"), "{merged}");
+    assert!(merged.contains("app_requests_total 7\n"), "{merged}");
+
+    let quit = |ns: &remora_e2e::Netns, host: &str| {
+        curl_in(
+            ns,
+            &["-X", "POST", &format!("http://{host}:15020/quitquitquit")],
+        )
+        .0
+    };
+    assert_eq!(quit(&net.peer, &net.pod_ip.to_string()), 403);
+    assert_eq!(
+        remora.exit_status(),
+        None,
+        "a remote quit must not stop the sidecar"
+    );
+    assert_eq!(quit(&net.pod, "127.0.0.1"), 200);
+    let status = remora.wait_exit(Duration::from_secs(5));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "quitquitquit exits 0 at once: {status:?}"
+    );
+}
