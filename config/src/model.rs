@@ -318,6 +318,11 @@ pub struct DrainConfig {
     /// Exit as soon as no connection is left instead of waiting out `duration`.
     /// The `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` environment variable, as in Istio, also sets it.
     pub exit_on_zero_active_connections: bool,
+    /// With `exit_on_zero_active_connections`, stay at least this long (Istio's
+    /// `MINIMUM_DRAIN_DURATION`, which defaults to 5 s there), giving load balancers time to
+    /// stop sending new connections before the count is trusted. 0 here: exit as soon as idle.
+    #[serde(with = "humantime_serde")]
+    pub minimum_duration: Duration,
 }
 
 impl Default for DrainConfig {
@@ -325,6 +330,7 @@ impl Default for DrainConfig {
         DrainConfig {
             duration: Duration::from_secs(5),
             exit_on_zero_active_connections: false,
+            minimum_duration: Duration::ZERO,
         }
     }
 }
@@ -467,7 +473,10 @@ impl Config {
         }
         for (name, n) in [
             ("http.max_headers", self.http.max_headers),
-            ("http.max_concurrent_streams", self.http.max_concurrent_streams as usize),
+            (
+                "http.max_concurrent_streams",
+                self.http.max_concurrent_streams as usize,
+            ),
         ] {
             if n == 0 {
                 return Err((name.into(), "must be greater than zero".into()));

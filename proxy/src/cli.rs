@@ -97,7 +97,8 @@ pub fn capture(args: remora_capture::CaptureArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("remora capture: {e}");
-            ExitCode::FAILURE
+            // 126 for a failed --run-validation, as istio-iptables exits; 1 otherwise.
+            ExitCode::from(e.exit_code())
         }
     }
 }
@@ -327,9 +328,18 @@ async fn serve(
     state.metrics.server.set_state(ServerState::Draining);
     let active = drain.active();
     if config.drain.exit_on_zero_active_connections {
-        tracing::info!(active, "SIGTERM: draining until no connection is left");
+        let minimum = config.drain.minimum_duration;
+        tracing::info!(
+            active,
+            ?minimum,
+            "SIGTERM: draining until no connection is left"
+        );
+        let idle = async {
+            tokio::time::sleep(minimum).await;
+            drain.idle().await
+        };
         tokio::select! {
-            () = drain.idle() => tracing::info!("no connection left: exiting"),
+            () = idle => tracing::info!("no connection left: exiting"),
             () = state.quit.notified() => tracing::info!("quitquitquit: exiting now"),
             _ = sigint.recv() => tracing::info!("SIGINT: exiting now"),
         }

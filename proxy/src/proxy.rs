@@ -159,23 +159,30 @@ impl Proxy {
             Mode::Auto => (config.detection.timeout, true),
             _ => (config.http.header_read_timeout, false),
         };
-        let connecting = async {
-            if watch_server {
-                connect::connect(destination, source, timeout, &self.loop_guard).await
-            } else {
-                // Declared or known HTTP: the pool serves the requests; nothing to dial early.
-                std::future::pending().await
-            }
-        };
-        tokio::pin!(connecting);
-        let detected = detect::detect(&downstream, connecting.as_mut(), wait, watch_server).await;
-        tracing::debug!(%peer, %destination, verdict = ?detected.verdict, ?mode, "detected");
-        let upstream = match detected.upstream {
-            Some(done) => Some(done),
-            None if watch_server => Some(connecting.await),
-            None => None,
-        };
-        match detected.verdict {
+        // On the heap, and freed when detection ends: a long-lived connection does not keep
+        // paying for the detection and connect futures.
+        let (verdict, prefix, upstream) = Box::pin(async {
+            let connecting = async {
+                if watch_server {
+                    connect::connect(destination, source, timeout, &self.loop_guard).await
+                } else {
+                    // Declared or known HTTP: the pool serves the requests; nothing to dial.
+                    std::future::pending().await
+                }
+            };
+            tokio::pin!(connecting);
+            let detected =
+                detect::detect(&downstream, connecting.as_mut(), wait, watch_server).await;
+            let upstream = match detected.upstream {
+                Some(done) => Some(done),
+                None if watch_server => Some(connecting.await),
+                None => None,
+            };
+            (detected.verdict, detected.prefix, upstream)
+        })
+        .await;
+        tracing::debug!(%peer, %destination, ?verdict, ?mode, "detected");
+        match verdict {
             Verdict::Http(version) => {
                 // The HTTP path lives on the heap: it is larger than the TCP path and every
                 // idle TCP connection would otherwise pay for it.
@@ -190,7 +197,7 @@ impl Proxy {
                         source,
                         connect_timeout: timeout,
                         version,
-                        prefix: detected.prefix,
+                        prefix,
                         early: upstream.and_then(Result::ok),
                     },
                 ))
@@ -212,15 +219,8 @@ impl Proxy {
                     Some(up) => up,
                     None => connect::connect(destination, source, timeout, &self.loop_guard).await,
                 };
-                self.tcp(
-                    dir,
-                    &downstream,
-                    peer,
-                    destination,
-                    &detected.prefix,
-                    upstream,
-                )
-                .await
+                self.tcp(dir, &downstream, peer, destination, &prefix, upstream)
+                    .await
             }
         }
     }
@@ -342,6 +342,22 @@ mod tests {
             .await
             .unwrap();
         let (stream, peer) = listener.accept().await.unwrap();
+        {
+            let guard = LoopGuard::new(vec![]);
+            let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+            let c = connect::connect(addr, None, Duration::from_secs(1), &guard);
+            eprintln!("connect: {}", std::mem::size_of_val(&c));
+            let up = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+                .await
+                .unwrap();
+            let t = tcp::copy_bidirectional_after(&[], &up, &up);
+            eprintln!("copy_after: {}", std::mem::size_of_val(&t));
+            let t2 = tcp::copy_bidirectional(&up, &up);
+            eprintln!("copy: {}", std::mem::size_of_val(&t2));
+            tokio::pin!(c);
+            let d = detect::detect(&up, c.as_mut(), Duration::from_secs(1), true);
+            eprintln!("detect: {}", std::mem::size_of_val(&d));
+        }
         let fut = proxy.serve(stream, peer, Route::Capture(Direction::Outbound));
         let size = std::mem::size_of_val(&fut);
         eprintln!("connection future: {size} bytes");

@@ -143,7 +143,7 @@ fn admin_paths_answer_in_envoys_shapes() {
     let Some(net) = PodNet::create_or_skip() else {
         return;
     };
-    let _remora = net.remora().start_ready();
+    let mut remora = net.remora().start_ready();
     let get = |path: &str| curl_in(&net.pod, &[&format!("{ADMIN}{path}")]);
     let post = |path: &str| curl_in(&net.pod, &["-X", "POST", &format!("{ADMIN}{path}")]);
 
@@ -213,6 +213,11 @@ fn admin_paths_answer_in_envoys_shapes() {
     assert_eq!((code, body.as_str()), (200, "active filter: debug\n"));
     assert_eq!(post("/logging?level=loud").0, 400);
     assert_eq!(get("/logging").1, "active filter: debug\n");
+
+    // And the admin port's quitquitquit exits at once, with 0.
+    assert_eq!(post("/quitquitquit").0, 200);
+    let status = remora.wait_exit(Duration::from_secs(5));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
 }
 
 #[test]
