@@ -247,6 +247,32 @@ fn parse_response(raw: &[u8]) -> io::Result<HttpResponse> {
     })
 }
 
+/// An address on every interface of the namespace a server binds it in.
+pub fn any_addr(port: u16) -> SocketAddr {
+    SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, port))
+}
+
+/// The body curl printed; panics naming `what`, with curl's stderr, if curl failed.
+pub fn curl_ok(out: &Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: curl failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// curl inside `ns` with `args`; returns the HTTP status code and the body.
+pub fn curl_status(ns: &Netns, args: &[&str], max_time: Duration) -> (u16, String) {
+    let mut all = vec!["--write-out", "\n%{http_code}"];
+    all.extend_from_slice(args);
+    let out = curl(ns, &all, max_time);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
 /// Run `curl ARGS` inside `ns`, bounded by `max_time` (`curl --max-time`, and a kill a little
 /// later should curl itself hang).
 pub fn curl(ns: &Netns, args: &[&str], max_time: Duration) -> Output {

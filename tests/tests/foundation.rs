@@ -1,7 +1,7 @@
 //! The foundation, end to end: capture rules written by `remora capture`, `remora run` as UID
 //! 1337 in a pod namespace, and real clients and servers on both sides of a veth pair.
 
-use remora_e2e::peer::{self, Server};
+use remora_e2e::peer::{self, any_addr, curl_ok, Server};
 use remora_e2e::{PodNet, DEFAULT_CAPTURE_ARGS};
 use std::io::{self, Read};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -21,21 +21,6 @@ const METRICS_SETTLE: Duration = Duration::from_secs(3);
 const CURL_TIME: Duration = Duration::from_secs(5);
 /// The app's port inside the pod, and the service port on the peer.
 const APP_PORT: u16 = 8080;
-
-/// An address on every interface of the namespace it is bound in.
-fn any_addr(port: u16) -> SocketAddr {
-    SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
-}
-
-fn curl_ok(out: &std::process::Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what}: curl failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 #[test]
 fn outbound_http_from_the_pod_reaches_the_peer_through_the_outbound_listener() {

@@ -1,10 +1,9 @@
 //! Metrics, admin API, agent port and probes, end to end: real traffic through capture, then
 //! what Istio's tooling would read — checked with promtool, parsed as Envoy's shapes.
 
-use remora_e2e::peer::{self, Server};
+use remora_e2e::peer::{self, any_addr, Server};
 use remora_e2e::process::run_bounded;
 use remora_e2e::{Metrics, PodNet};
-use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;
 use std::time::Duration;
 
@@ -13,18 +12,9 @@ const SETTLE: Duration = Duration::from_secs(3);
 const APP_PORT: u16 = 8080;
 const ADMIN: &str = "http://127.0.0.1:15000";
 
-fn any_addr(port: u16) -> SocketAddr {
-    SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
-}
-
-/// curl inside the pod; returns (status code, body).
+/// curl inside `ns`; returns (status code, body).
 fn curl_in(ns: &remora_e2e::Netns, args: &[&str]) -> (u16, String) {
-    let mut all = vec!["--write-out", "\n%{http_code}"];
-    all.extend_from_slice(args);
-    let out = peer::curl(ns, &all, CURL_TIME);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (code.trim().parse().unwrap_or(0), body.to_string())
+    peer::curl_status(ns, args, CURL_TIME)
 }
 
 fn json(body: &str) -> serde_json::Value {
