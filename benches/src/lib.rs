@@ -1,1 +1,21 @@
-//! Benchmarks live in `benches/`; this crate has no library code.
+//! Remora's benchmarks. The criterion micro-benchmarks live in `benches/`; this library is the
+//! load harness (`src/bin/harness.rs`) that runs the same scenarios, on loopback, against no
+//! proxy, Remora, Envoy, HAProxy and nginx, and prints tables of absolute numbers and ratios.
+//!
+//! How the parts fit: [`proxy_config`] writes each proxy's configuration (pure functions, so
+//! tests check them without launching anything); [`process`] starts programs pinned to a core,
+//! reads their CPU time and memory from `/proc`, and kills them by PID; [`upstream`] is the
+//! server every proxy forwards to (1 KiB responses over HTTP/1.1, h2c and gRPC); [`open_loop`]
+//! is the fixed-rate load generator with coordinated-omission correction; [`tcp_load`] opens
+//! connections as fast as it can or holds many idle; [`load_tools`] drives and parses wrk,
+//! h2load and iperf3; [`scenarios`] puts these together per scenario and [`report`] renders
+//! the tables as markdown and JSON.
+
+pub mod load_tools;
+pub mod open_loop;
+pub mod process;
+pub mod proxy_config;
+pub mod report;
+pub mod scenarios;
+pub mod tcp_load;
+pub mod upstream;

@@ -1,6 +1,7 @@
 //! The config schema. Every struct denies unknown fields, so a typo is an error with a line number,
 //! not a silently ignored setting. Defaults are Istio's sidecar defaults.
 
+pub use crate::dns::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -56,6 +57,8 @@ pub struct Config {
     pub ports: BTreeMap<u16, PortProtocol>,
     /// HTTP limits, timeouts, the upstream connection pool and retries.
     pub http: HttpConfig,
+    /// The DNS forwarder that `remora capture --redirect-dns` sends port 53 to.
+    pub dns: DnsConfig,
 }
 
 impl Default for Config {
@@ -78,6 +81,7 @@ impl Default for Config {
             detection: DetectionConfig::default(),
             ports: BTreeMap::new(),
             http: HttpConfig::default(),
+            dns: DnsConfig::default(),
         }
     }
 }
@@ -245,6 +249,29 @@ pub struct InboundConfig {
     pub passthrough_source_v4: Ipv4Addr,
     /// The same for IPv6 (`::6`, which capture adds to `lo`).
     pub passthrough_source_v6: Ipv6Addr,
+    /// How capture delivers inbound traffic: `redirect` (NAT to the port; the application sees
+    /// connections from the passthrough source) or `tproxy` (`remora capture -m TPROXY`: the
+    /// listener is transparent and the application sees the original client's address).
+    /// Istio's `interceptionMode`; `ISTIO_META_INTERCEPTION_MODE` in the environment sets it.
+    pub interception_mode: InterceptionMode,
+    /// In `tproxy` mode, the mark on connections to the application, so the capture rules
+    /// route the application's answers back to Remora (`remora capture --istio-inbound-tproxy-mark`,
+    /// 1337; Envoy's `original_src` mark in Istio).
+    pub tproxy_mark: u32,
+}
+
+/// How inbound traffic reaches the inbound listener (Istio's `interceptionMode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InterceptionMode {
+    /// NAT `REDIRECT`: the original destination comes from conntrack.
+    #[default]
+    #[serde(alias = "REDIRECT")]
+    Redirect,
+    /// `TPROXY`: the original destination is the socket's local address and the client's
+    /// address is kept on the connection to the application.
+    #[serde(alias = "TPROXY")]
+    Tproxy,
 }
 
 impl Default for InboundConfig {
@@ -254,6 +281,8 @@ impl Default for InboundConfig {
             connect_timeout: Duration::from_secs(10),
             passthrough_source_v4: Ipv4Addr::new(127, 0, 0, 6),
             passthrough_source_v6: Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6),
+            interception_mode: InterceptionMode::Redirect,
+            tproxy_mark: 1337,
         }
     }
 }
@@ -411,6 +440,7 @@ impl Config {
             ("metrics.port", self.metrics.port.get()),
             ("agent.port", self.agent.port.get()),
             ("admin.address", self.admin.address.port()),
+            ("dns.port", self.dns.port.get()),
         ];
         for (i, (name, port)) in named.iter().enumerate() {
             if let Some((other, _)) = named[..i].iter().find(|(_, p)| p == port) {
@@ -485,7 +515,17 @@ impl Config {
         if self.ports.contains_key(&0) {
             return Err(("ports".into(), "port 0 cannot be declared".into()));
         }
-        Ok(())
+        if self.inbound.interception_mode == InterceptionMode::Tproxy
+            && self.inbound.tproxy_mark == 0
+        {
+            return Err((
+                "inbound.tproxy_mark".into(),
+                "must not be 0 in tproxy mode: unmarked answers from the application would not \
+                 come back to Remora"
+                    .into(),
+            ));
+        }
+        self.dns.validate()
     }
 }
 

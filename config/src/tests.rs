@@ -174,3 +174,42 @@ fn listener_protocols_http_and_auto_parse() {
     assert_eq!(c.listeners[0].protocol, ListenerProtocol::Http);
     assert_eq!(c.listeners[1].protocol, ListenerProtocol::Auto);
 }
+
+#[test]
+fn dns_is_off_by_default_on_istios_port() {
+    let c = Config::default();
+    assert!(!c.dns.enabled);
+    assert_eq!(c.dns.port.get(), 15053);
+    assert_eq!(c.dns.resolv_conf, Path::new("/etc/resolv.conf"));
+    assert_eq!(c.dns.upstream_timeout, Duration::from_secs(5));
+}
+
+#[test]
+fn dns_section_parses_and_refuses_zero_bounds() {
+    let c =
+        parse_str("dns:\n  enabled: true\n  resolv_conf: /tmp/r.conf\n  upstream_timeout: 2s\n")
+            .unwrap();
+    assert!(c.dns.enabled);
+    assert_eq!(c.dns.resolv_conf, Path::new("/tmp/r.conf"));
+    assert_eq!(c.dns.upstream_timeout, Duration::from_secs(2));
+    let err = parse_str("dns:\n  max_udp_in_flight: 0\n").unwrap_err();
+    assert_eq!(err.field(), Some("dns.max_udp_in_flight"));
+    assert_eq!(err.line(), Some(2));
+    let err = parse_str("dns:\n  port: 15001\n").unwrap_err();
+    assert_eq!(err.field(), Some("dns.port"));
+}
+
+#[test]
+fn interception_mode_takes_istios_spelling_too() {
+    assert_eq!(
+        Config::default().inbound.interception_mode,
+        InterceptionMode::Redirect
+    );
+    for text in ["tproxy", "TPROXY"] {
+        let c = parse_str(&format!("inbound:\n  interception_mode: {text}\n")).unwrap();
+        assert_eq!(c.inbound.interception_mode, InterceptionMode::Tproxy);
+        assert_eq!(c.inbound.tproxy_mark, 1337);
+    }
+    let err = parse_str("inbound:\n  interception_mode: tproxy\n  tproxy_mark: 0\n").unwrap_err();
+    assert_eq!(err.field(), Some("inbound.tproxy_mark"));
+}

@@ -4,6 +4,7 @@
 use crate::access_log::AccessLog;
 use crate::admin::{self, AdminState, ListenerInfo, LogControl, Role, SetFilter};
 use crate::agent::{probe, Agent, AppMetrics};
+use crate::dns;
 use crate::drain::Drain;
 use crate::listener;
 use crate::loop_guard::LoopGuard;
@@ -15,7 +16,7 @@ use crate::Direction;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use clap::{Args, ValueEnum};
-use remora_config::Config;
+use remora_config::{Config, InterceptionMode};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -61,6 +62,28 @@ pub struct RunArgs {
     /// On SIGTERM, exit as soon as no connection is left rather than after the drain period.
     #[arg(long, env = "EXIT_ON_ZERO_ACTIVE_CONNECTIONS")]
     pub exit_on_zero_active_connections: bool,
+    /// Serve DNS on 15053 (UDP and TCP, loopback), where `remora capture --redirect-dns` sends
+    /// port 53; sets `dns.enabled`. Istio's agent serves DNS only when this variable is true.
+    #[arg(long, env = "ISTIO_META_DNS_CAPTURE")]
+    pub dns_capture: bool,
+    /// How capture delivers inbound traffic (sets `inbound.interception_mode`); Istio's
+    /// injector sets the variable from the `sidecar.istio.io/interceptionMode` annotation.
+    /// TPROXY needs CAP_NET_ADMIN. NONE changes nothing.
+    #[arg(
+        long,
+        env = "ISTIO_META_INTERCEPTION_MODE",
+        value_enum,
+        ignore_case = true
+    )]
+    pub interception_mode: Option<InterceptionArg>,
+}
+
+/// `--interception-mode` values, Istio's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum InterceptionArg {
+    Redirect,
+    Tproxy,
+    None,
 }
 
 /// `--protocol` values.
@@ -143,6 +166,12 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     let overrides = Overrides {
         access_log: args.access_log,
         exit_on_zero_active_connections: args.exit_on_zero_active_connections,
+        dns_capture: args.dns_capture,
+        interception_mode: match args.interception_mode {
+            Some(InterceptionArg::Redirect) => Some(InterceptionMode::Redirect),
+            Some(InterceptionArg::Tproxy) => Some(InterceptionMode::Tproxy),
+            Some(InterceptionArg::None) | None => None,
+        },
         listener: args.listen.zip(args.upstream).map(|(address, upstream)| {
             remora_config::ListenerConfig {
                 address,
@@ -168,7 +197,19 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         for l in listener::bind_all(addrs, config.outbound.port.get())? {
             routes.push((Route::Capture(Direction::Outbound), l));
         }
-        for l in listener::bind_all(addrs, config.inbound.port.get())? {
+        let transparency = match config.inbound.interception_mode {
+            InterceptionMode::Redirect => listener::Transparency::Off,
+            // TPROXY delivers packets still addressed to the application.
+            InterceptionMode::Tproxy => listener::Transparency::On,
+        };
+        let inbound = listener::bind_all_as(addrs, config.inbound.port.get(), transparency)
+            .with_context(|| {
+                format!(
+                    "inbound.interception_mode is {:?}",
+                    config.inbound.interception_mode
+                )
+            })?;
+        for l in inbound {
             routes.push((Route::Capture(Direction::Inbound), l));
         }
     } else {
@@ -211,6 +252,10 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         },
     };
     let metrics = Arc::new(Metrics::new(&own, names));
+    let dns = match config.dns.enabled {
+        true => Some(dns::bind(&config.dns, metrics.dns.clone()).context("starting DNS")?),
+        false => None,
+    };
     let drain = Drain::new();
     let store = Arc::new(ArcSwap::from_pointee(config));
     let state = Arc::new(AdminState {
@@ -274,7 +319,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     metrics_handle
         .server
         .set_workers(u32::from(args.concurrency), listener_count);
-    let result = runtime.block_on(serve(proxy, routes, state, reloader));
+    let result = runtime.block_on(serve(proxy, routes, dns, state, reloader));
     // Connections still open after the drain period are cut here.
     runtime.shutdown_timeout(Duration::from_millis(100));
     result
@@ -283,6 +328,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
 async fn serve(
     proxy: Arc<Proxy>,
     routes: Vec<(Route, std::net::TcpListener)>,
+    dns: Option<dns::Dns>,
     state: Arc<AdminState>,
     reloader: Option<Reloader>,
 ) -> anyhow::Result<()> {
@@ -303,6 +349,9 @@ async fn serve(
             let stop = async move { drain.all_listeners_closed().await };
             tokio::spawn(listener::accept_loop(l, route, proxy, stop));
         }
+    }
+    if let Some(dns) = dns {
+        dns.spawn().context("serving DNS")?;
     }
     if let Some(r) = reloader {
         tokio::spawn(r.watch());

@@ -1,5 +1,5 @@
 //! Opening the upstream connection: to the original destination, from a chosen source address
-//! when asked (inbound passthrough), bounded in time, and registered with the loop guard before
+//! when asked (inbound passthrough, or the client's own address in TPROXY mode), bounded in time, and registered with the loop guard before
 //! the handshake can complete, so a capture that sends it straight back to us is recognised.
 
 use crate::loop_guard::{LoopGuard, Registration};
@@ -25,6 +25,17 @@ impl Upstream {
     }
 }
 
+/// Where an upstream connection comes from, when not from the kernel's choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// A local address: the inbound passthrough source (`127.0.0.6`, `::6`).
+    Local(IpAddr),
+    /// The original client's address, bound transparently (TPROXY mode, as Envoy's
+    /// `original_src` does for Istio), so the application sees the client. The mark makes the
+    /// capture rules route the application's answers to that address back to us.
+    Transparent { ip: IpAddr, mark: u32 },
+}
+
 /// Why the upstream connection could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -40,14 +51,14 @@ pub enum ConnectError {
     },
 }
 
-/// Connect to `dst`, from `source_ip` if given, within `timeout`.
+/// Connect to `dst`, from `source` if given, within `timeout`.
 pub async fn connect(
     dst: SocketAddr,
-    source_ip: Option<IpAddr>,
+    source: Option<Source>,
     timeout: Duration,
     guard: &Arc<LoopGuard>,
 ) -> Result<Upstream, ConnectError> {
-    match tokio::time::timeout(timeout, dial(dst, source_ip, guard)).await {
+    match tokio::time::timeout(timeout, dial(dst, source, guard)).await {
         Ok(Ok(upstream)) => Ok(upstream),
         Ok(Err(source)) => Err(ConnectError::Io { dst, source }),
         Err(_) => Err(ConnectError::Timeout { dst, timeout }),
@@ -56,7 +67,7 @@ pub async fn connect(
 
 async fn dial(
     dst: SocketAddr,
-    source_ip: Option<IpAddr>,
+    source: Option<Source>,
     guard: &Arc<LoopGuard>,
 ) -> io::Result<Upstream> {
     let socket = Socket::new(
@@ -65,8 +76,18 @@ async fn dial(
         Some(Protocol::TCP),
     )?;
     socket.set_tcp_nodelay(true)?;
-    if let Some(ip) = source_ip {
-        socket.bind(&SockAddr::from(SocketAddr::new(ip, 0)))?;
+    match source {
+        None => {}
+        Some(Source::Local(ip)) => socket.bind(&SockAddr::from(SocketAddr::new(ip, 0)))?,
+        Some(Source::Transparent { ip, mark }) => {
+            // Both need CAP_NET_ADMIN, which TPROXY mode runs with.
+            match ip {
+                IpAddr::V4(_) => socket.set_ip_transparent_v4(true)?,
+                IpAddr::V6(_) => socket.set_ip_transparent_v6(true)?,
+            }
+            socket.set_mark(mark)?;
+            socket.bind(&SockAddr::from(SocketAddr::new(ip, 0)))?;
+        }
     }
     match socket.connect(&SockAddr::from(dst)) {
         Ok(()) => {}
@@ -102,9 +123,14 @@ mod tests {
         let dst = listener.local_addr().unwrap();
         let guard = LoopGuard::new(vec![]);
         let source: IpAddr = "127.0.0.6".parse().unwrap();
-        let up = connect(dst, Some(source), Duration::from_secs(5), &guard)
-            .await
-            .unwrap();
+        let up = connect(
+            dst,
+            Some(Source::Local(source)),
+            Duration::from_secs(5),
+            &guard,
+        )
+        .await
+        .unwrap();
         let (_, peer) = listener.accept().await.unwrap();
         assert_eq!(peer.ip(), source);
         // While open, its local address is known to the loop guard.

@@ -5,7 +5,7 @@
 //! opens the upstream (`connect`) while `detect` tells HTTP from opaque bytes, then either
 //! copies bytes both ways (`tcp`) or proxies HTTP requests (`http`), and records it
 //! (`metrics`, `access_log`). Around that: `admin` serves readiness, metrics and the admin API on
-//! its own thread, `agent` serves Istio's agent port (merged metrics, application probes), `drain` carries SIGTERM's shutdown, `reload` swaps in new configs, and `cli`
+//! its own thread, `agent` serves Istio's agent port (merged metrics, application probes), `dns` forwards the DNS queries capture redirects to 15053, `drain` carries SIGTERM's shutdown, `reload` swaps in new configs, and `cli`
 //! is the binary's edge. See ARCHITECTURE.md for the whole picture.
 
 pub mod access_log;
@@ -14,6 +14,7 @@ pub mod agent;
 pub mod cli;
 pub mod connect;
 pub mod detect;
+pub mod dns;
 pub mod drain;
 pub mod http;
 pub mod listener;

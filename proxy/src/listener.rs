@@ -25,11 +25,29 @@ pub struct BindError {
 /// Bind `port` on each of `addrs`. An IPv6 address the machine cannot use (IPv6 disabled) is
 /// skipped with a warning as long as another address was bound; anything else is an error.
 pub fn bind_all(addrs: &[IpAddr], port: u16) -> Result<Vec<std::net::TcpListener>, BindError> {
+    bind_all_as(addrs, port, Transparency::Off)
+}
+
+/// Whether a listener takes connections addressed to any IP (`IP_TRANSPARENT`), as a TPROXY
+/// capture listener must: the packets it receives keep their original destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transparency {
+    Off,
+    /// Needs CAP_NET_ADMIN.
+    On,
+}
+
+/// [`bind_all`], transparently or not.
+pub fn bind_all_as(
+    addrs: &[IpAddr],
+    port: u16,
+    transparency: Transparency,
+) -> Result<Vec<std::net::TcpListener>, BindError> {
     let mut bound = Vec::new();
     let mut skipped = None;
     for ip in addrs {
         let addr = SocketAddr::new(*ip, port);
-        match bind(addr) {
+        match bind_as(addr, transparency) {
             Ok(l) => bound.push(l),
             Err(source) if ip.is_ipv6() && ipv6_unavailable(&source) => {
                 tracing::warn!(%addr, error = %source, "IPv6 unavailable, not listening there");
@@ -44,7 +62,8 @@ pub fn bind_all(addrs: &[IpAddr], port: u16) -> Result<Vec<std::net::TcpListener
     }
 }
 
-fn ipv6_unavailable(e: &io::Error) -> bool {
+/// Whether binding an IPv6 address failed because the machine has no usable IPv6.
+pub(crate) fn ipv6_unavailable(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(code) if code == 97 /* EAFNOSUPPORT */ || code == 99 /* EADDRNOTAVAIL */
@@ -53,12 +72,22 @@ fn ipv6_unavailable(e: &io::Error) -> bool {
 
 /// Bind one listening socket.
 pub fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    bind_as(addr, Transparency::Off)
+}
+
+fn bind_as(addr: SocketAddr, transparency: Transparency) -> io::Result<std::net::TcpListener> {
     let socket = Socket::new(
         Domain::for_address(addr),
         Type::STREAM.nonblocking().cloexec(),
         Some(Protocol::TCP),
     )?;
     socket.set_reuse_address(true)?;
+    if transparency == Transparency::On {
+        match addr {
+            SocketAddr::V4(_) => socket.set_ip_transparent_v4(true)?,
+            SocketAddr::V6(_) => socket.set_ip_transparent_v6(true)?,
+        }
+    }
     if addr.is_ipv6() {
         // IPv4 has its own socket; without this `[::]` would also claim the IPv4 port.
         socket.set_only_v6(true)?;

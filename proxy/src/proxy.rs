@@ -4,7 +4,7 @@
 
 use crate::access_log::{AccessLog, End, Entry};
 use crate::connect::{self, ConnectError, Upstream};
-use crate::detect::{self, Verdict};
+use crate::detect::{self, HttpVersion, Verdict};
 use crate::drain::Drain;
 use crate::http::{self, pool::Pool};
 use crate::loop_guard::{Guard, LoopGuard};
@@ -12,7 +12,8 @@ use crate::metrics::Metrics;
 use crate::tcp::{self, CopyError, Transfer};
 use crate::{orig_dst, Direction};
 use arc_swap::ArcSwap;
-use remora_config::{Config, ListenerProtocol};
+use bytes::BytesMut;
+use remora_config::{Config, InterceptionMode, ListenerProtocol};
 use socket2::SockRef;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -139,102 +140,143 @@ impl Proxy {
         }
         let _ = downstream.set_nodelay(true);
 
-        let (source, timeout) = upstream_settings(config, dir, destination);
+        let (source, timeout) = upstream_settings(config, dir, peer, destination);
         let mut mode = mode(config, route, destination);
         if mode == Mode::Auto && self.pool.speaks_http(destination, source) {
             // A pooled HTTP connection to it exists: no need to dial early or to watch for a
             // server that speaks first, and no new upstream connection per client connection.
             mode = Mode::Http;
         }
-        if mode == Mode::Tcp {
-            let upstream = connect::connect(destination, source, timeout, &self.loop_guard).await;
-            return self
-                .tcp(dir, &downstream, peer, destination, &[], upstream)
-                .await;
-        }
-
-        // Detection reads the client while the upstream connection is being opened; in auto
-        // mode a server that speaks first ends it at once.
-        let (wait, watch_server) = match mode {
-            Mode::Auto => (config.detection.timeout, true),
-            _ => (config.http.header_read_timeout, false),
+        let hop = Hop {
+            dir,
+            peer,
+            destination,
+            source,
+            timeout,
         };
-        // On the heap, and freed when detection ends: a long-lived connection does not keep
-        // paying for the detection and connect futures.
-        let (verdict, prefix, upstream) = Box::pin(async {
+        // One call site for the copy: each `.await` of it would get its own slot in this
+        // future, and the copy is what every TCP connection holds for its whole life.
+        let (prefix, upstream) = match mode {
+            Mode::Tcp => (BytesMut::new(), None),
+            Mode::Http | Mode::Auto => {
+                // On the heap, and freed when detection ends: a long-lived connection does not
+                // keep paying for the detection and connect futures.
+                let detecting = Box::pin(self.detect(config, &downstream, hop, mode == Mode::Auto));
+                match detecting.await {
+                    Detected::Tcp(prefix, upstream) => (prefix, upstream),
+                    Detected::ClientFailed => {
+                        return refused(Some(destination), End::DownstreamReset)
+                    }
+                    Detected::Http(version, prefix, early) => {
+                        // The HTTP path lives on the heap: it is larger than the TCP path and
+                        // every TCP connection would otherwise pay for it.
+                        let (end, transfer) = Box::pin(http::serve(
+                            Arc::clone(self),
+                            Arc::clone(config),
+                            http::Connection {
+                                downstream,
+                                peer,
+                                direction: dir,
+                                destination,
+                                source,
+                                connect_timeout: timeout,
+                                version,
+                                prefix,
+                                early,
+                            },
+                        ))
+                        .await;
+                        return Outcome {
+                            destination: Some(destination),
+                            transfer,
+                            end,
+                            http: true,
+                        };
+                    }
+                }
+            }
+        };
+        let upstream = match upstream {
+            Some(up) => up,
+            // Boxed: the connect future is only needed until the handshake, and a long-lived
+            // connection should not keep its memory inline for the copy's whole life.
+            None => {
+                Box::pin(connect::connect(
+                    destination,
+                    source,
+                    timeout,
+                    &self.loop_guard,
+                ))
+                .await
+            }
+        };
+        self.tcp(&hop, &downstream, &prefix, upstream).await
+    }
+
+    /// Read the client's first bytes while the upstream connection is opened; with
+    /// `watch_server` (auto mode) a server that speaks first decides at once. Declared or known
+    /// HTTP destinations dial nothing here: the pool serves their requests.
+    async fn detect(
+        &self,
+        config: &Config,
+        downstream: &TcpStream,
+        hop: Hop,
+        watch_server: bool,
+    ) -> Detected {
+        let wait = if watch_server {
+            config.detection.timeout
+        } else {
+            config.http.header_read_timeout
+        };
+        let (verdict, prefix, upstream) = async {
             let connecting = async {
                 if watch_server {
-                    connect::connect(destination, source, timeout, &self.loop_guard).await
+                    connect::connect(hop.destination, hop.source, hop.timeout, &self.loop_guard)
+                        .await
                 } else {
-                    // Declared or known HTTP: the pool serves the requests; nothing to dial.
                     std::future::pending().await
                 }
             };
             tokio::pin!(connecting);
             let detected =
-                detect::detect(&downstream, connecting.as_mut(), wait, watch_server).await;
+                detect::detect(downstream, connecting.as_mut(), wait, watch_server).await;
             let upstream = match detected.upstream {
                 Some(done) => Some(done),
                 None if watch_server => Some(connecting.await),
                 None => None,
             };
             (detected.verdict, detected.prefix, upstream)
-        })
+        }
         .await;
-        tracing::debug!(%peer, %destination, ?verdict, ?mode, "detected");
+        tracing::debug!(peer = %hop.peer, destination = %hop.destination, ?verdict, watch_server, "detected");
         match verdict {
             Verdict::Http(version) => {
-                // The HTTP path lives on the heap: it is larger than the TCP path and every
-                // idle TCP connection would otherwise pay for it.
-                let (end, transfer) = Box::pin(http::serve(
-                    Arc::clone(self),
-                    Arc::clone(config),
-                    http::Connection {
-                        downstream,
-                        peer,
-                        direction: dir,
-                        destination,
-                        source,
-                        connect_timeout: timeout,
-                        version,
-                        prefix,
-                        early: upstream.and_then(Result::ok),
-                    },
-                ))
-                .await;
-                Outcome {
-                    destination: Some(destination),
-                    transfer,
-                    end,
-                    http: true,
-                }
+                Detected::Http(version, prefix, upstream.and_then(Result::ok))
             }
-            Verdict::ClientFailed => refused(Some(destination), End::DownstreamReset),
+            Verdict::ClientFailed => Detected::ClientFailed,
             Verdict::Tls
             | Verdict::Opaque
             | Verdict::ServerFirst
             | Verdict::Timeout
-            | Verdict::ClientClosed => {
-                let upstream = match upstream {
-                    Some(up) => up,
-                    None => connect::connect(destination, source, timeout, &self.loop_guard).await,
-                };
-                self.tcp(dir, &downstream, peer, destination, &prefix, upstream)
-                    .await
-            }
+            | Verdict::ClientClosed => Detected::Tcp(prefix, upstream),
         }
     }
 
-    /// Copy opaque bytes, after the `prefix` detection read.
+    /// Copy opaque bytes, after the `prefix` detection read, over the upstream connection
+    /// detection opened or (`None`) a new one.
     async fn tcp(
         &self,
-        dir: Direction,
+        hop: &Hop,
         downstream: &TcpStream,
-        peer: SocketAddr,
-        destination: SocketAddr,
         prefix: &[u8],
         upstream: Result<Upstream, ConnectError>,
     ) -> Outcome {
+        let Hop {
+            dir,
+            peer,
+            destination,
+            ..
+        } = *hop;
         let upstream = match upstream {
             Ok(up) => up,
             Err(e) => {
@@ -271,6 +313,26 @@ impl Proxy {
     }
 }
 
+/// What detection leaves for the rest of the connection.
+enum Detected {
+    /// HTTP: the version, the bytes read, and the upstream connection opened meanwhile.
+    Http(HttpVersion, BytesMut, Option<Upstream>),
+    /// Opaque bytes: the bytes read, and the upstream connection if one was opened.
+    Tcp(BytesMut, Option<Result<Upstream, ConnectError>>),
+    /// The client reset the connection.
+    ClientFailed,
+}
+
+/// The upstream hop of one connection.
+#[derive(Debug, Clone, Copy)]
+struct Hop {
+    dir: Direction,
+    peer: SocketAddr,
+    destination: SocketAddr,
+    source: Option<connect::Source>,
+    timeout: Duration,
+}
+
 /// Whether to detect, and how, from the listener and the destination port's declaration.
 fn mode(config: &Config, route: Route, destination: SocketAddr) -> Mode {
     match route {
@@ -289,16 +351,25 @@ fn mode(config: &Config, route: Route, destination: SocketAddr) -> Mode {
 fn upstream_settings(
     config: &Config,
     dir: Direction,
+    peer: SocketAddr,
     destination: SocketAddr,
-) -> (Option<IpAddr>, Duration) {
+) -> (Option<connect::Source>, Duration) {
     match dir {
         Direction::Outbound => (None, config.outbound.connect_timeout),
-        // Inbound traffic is delivered from the passthrough source, which the capture rules let
-        // through; from any other address the hop would be captured into 15006 again.
         Direction::Inbound => {
-            let source = match destination {
-                SocketAddr::V4(_) => IpAddr::V4(config.inbound.passthrough_source_v4),
-                SocketAddr::V6(_) => IpAddr::V6(config.inbound.passthrough_source_v6),
+            let source = match config.inbound.interception_mode {
+                // Delivered from the passthrough source, which the capture rules let through;
+                // from any other address the hop would be captured into 15006 again.
+                InterceptionMode::Redirect => connect::Source::Local(match destination {
+                    SocketAddr::V4(_) => IpAddr::V4(config.inbound.passthrough_source_v4),
+                    SocketAddr::V6(_) => IpAddr::V6(config.inbound.passthrough_source_v6),
+                }),
+                // TPROXY rules do not capture the proxy's marked traffic, and the application
+                // sees the client as it would without a sidecar.
+                InterceptionMode::Tproxy => connect::Source::Transparent {
+                    ip: peer.ip(),
+                    mark: config.inbound.tproxy_mark,
+                },
             };
             (Some(source), config.inbound.connect_timeout)
         }
@@ -342,25 +413,13 @@ mod tests {
             .await
             .unwrap();
         let (stream, peer) = listener.accept().await.unwrap();
-        {
-            let guard = LoopGuard::new(vec![]);
-            let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
-            let c = connect::connect(addr, None, Duration::from_secs(1), &guard);
-            eprintln!("connect: {}", std::mem::size_of_val(&c));
-            let up = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-                .await
-                .unwrap();
-            let t = tcp::copy_bidirectional_after(&[], &up, &up);
-            eprintln!("copy_after: {}", std::mem::size_of_val(&t));
-            let t2 = tcp::copy_bidirectional(&up, &up);
-            eprintln!("copy: {}", std::mem::size_of_val(&t2));
-            tokio::pin!(c);
-            let d = detect::detect(&up, c.as_mut(), Duration::from_secs(1), true);
-            eprintln!("detect: {}", std::mem::size_of_val(&d));
-        }
         let fut = proxy.serve(stream, peer, Route::Capture(Direction::Outbound));
         let size = std::mem::size_of_val(&fut);
         eprintln!("connection future: {size} bytes");
-        assert!(size <= 1536, "connection future is {size} bytes");
+        // Detection added the replayed prefix, the early upstream connection and the hop to
+        // what a TCP connection keeps for its life (about 400 bytes); the transient phases
+        // (detection with its connect, a later connect, the whole HTTP path) are boxed and
+        // freed when done, so they are not counted here.
+        assert!(size <= 2048, "connection future is {size} bytes");
     }
 }

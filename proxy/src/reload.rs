@@ -23,6 +23,10 @@ pub struct Overrides {
     pub access_log: bool,
     /// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true`.
     pub exit_on_zero_active_connections: bool,
+    /// `ISTIO_META_DNS_CAPTURE=true`: serve DNS.
+    pub dns_capture: bool,
+    /// `ISTIO_META_INTERCEPTION_MODE`.
+    pub interception_mode: Option<remora_config::InterceptionMode>,
     /// `--listen`/`--upstream`/`--protocol`: replaces the file's listeners.
     pub listener: Option<remora_config::ListenerConfig>,
 }
@@ -35,6 +39,12 @@ impl Overrides {
         }
         if self.exit_on_zero_active_connections {
             config.drain.exit_on_zero_active_connections = true;
+        }
+        if self.dns_capture {
+            config.dns.enabled = true;
+        }
+        if let Some(mode) = self.interception_mode {
+            config.inbound.interception_mode = mode;
         }
         if let Some(l) = &self.listener {
             config.listeners = vec![l.clone()];
@@ -139,6 +149,7 @@ mod tests {
                 access_log: true,
                 exit_on_zero_active_connections: false,
                 listener: None,
+                ..Overrides::default()
             },
             store: Arc::new(ArcSwap::from_pointee(Config::default())),
             metrics: Arc::new(Metrics::default()),

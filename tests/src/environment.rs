@@ -32,6 +32,11 @@ pub fn skip<T>(reason: &str) -> Option<T> {
     None
 }
 
+/// Whether `command` is on `PATH`.
+pub fn has_command(command: &str) -> bool {
+    on_path(command)
+}
+
 fn on_path(command: &str) -> bool {
     let Some(path) = std::env::var_os("PATH") else {
         return false;

@@ -5,7 +5,7 @@ use crate::process::{run_bounded, RemoraBinary, RemoraCommand};
 use nix::sched::CloneFlags;
 use std::ffi::OsStr;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -184,12 +184,62 @@ impl PodNet {
         &self.binary
     }
 
-    /// Run `remora capture ARGS` as root in the pod namespace; panics if it fails.
-    pub fn capture(&self, args: &[&str]) {
+    /// The pod's IPv6 address on the veth pair, once [`PodNet::enable_ipv6`] has added it:
+    /// a unique-local address derived from the IPv4 one, so pairs never share a subnet.
+    pub fn pod_ip6(&self) -> Ipv6Addr {
+        self.ip6(1)
+    }
+
+    /// The peer's IPv6 address on the veth pair (see [`PodNet::pod_ip6`]).
+    pub fn peer_ip6(&self) -> Ipv6Addr {
+        self.ip6(2)
+    }
+
+    fn ip6(&self, host: u16) -> Ipv6Addr {
+        let [_, second, third, _] = self.pod_ip.octets();
+        Ipv6Addr::new(
+            0xfd00,
+            0,
+            u16::from(second),
+            u16::from(third),
+            0,
+            0,
+            0,
+            host,
+        )
+    }
+
+    /// Give both ends of the veth pair an IPv6 address ([`PodNet::pod_ip6`],
+    /// [`PodNet::peer_ip6`]), usable at once (no duplicate address detection), so the pod is
+    /// dual-stack. They exist only inside the two namespaces.
+    pub fn enable_ipv6(&self) -> io::Result<()> {
+        for (ns, addr) in [(&self.pod, self.pod_ip6()), (&self.peer, self.peer_ip6())] {
+            ip(&[
+                "-n",
+                ns.name(),
+                "-6",
+                "addr",
+                "add",
+                &format!("{addr}/64"),
+                "dev",
+                "eth0",
+                "nodad",
+            ])?;
+        }
+        Ok(())
+    }
+
+    /// Run `remora capture ARGS` as root in the pod namespace and return how it ended.
+    pub fn capture_output(&self, args: &[&str]) -> Output {
         let mut cmd = self.pod.command(self.binary.path());
         cmd.arg("capture").args(args);
-        let out = run_bounded(&mut cmd, SETUP_COMMAND_TIMEOUT)
-            .unwrap_or_else(|e| panic!("remora capture {args:?}: {e}"));
+        run_bounded(&mut cmd, SETUP_COMMAND_TIMEOUT)
+            .unwrap_or_else(|e| panic!("remora capture {args:?}: {e}"))
+    }
+
+    /// Run `remora capture ARGS` as root in the pod namespace; panics if it fails.
+    pub fn capture(&self, args: &[&str]) {
+        let out = self.capture_output(args);
         assert!(
             out.status.success(),
             "remora capture {args:?} failed ({}):\n{}",

@@ -176,6 +176,8 @@ pub struct RemoraCommand<'a> {
     config: Option<String>,
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
+    uid: u32,
+    gid: u32,
 }
 
 impl<'a> RemoraCommand<'a> {
@@ -186,6 +188,8 @@ impl<'a> RemoraCommand<'a> {
             config: None,
             args: Vec::new(),
             envs: Vec::new(),
+            uid: crate::PROXY_UID,
+            gid: crate::PROXY_UID,
         }
     }
 
@@ -207,11 +211,19 @@ impl<'a> RemoraCommand<'a> {
         self
     }
 
+    /// Run as this UID and GID instead of 1337/1337 (Istio's TPROXY mode runs the proxy as
+    /// UID 0, GID 1337). As UID 0 the process keeps root's capabilities (`NET_ADMIN`).
+    pub fn user(mut self, uid: u32, gid: u32) -> Self {
+        self.uid = uid;
+        self.gid = gid;
+        self
+    }
+
     /// Start the process without waiting for it to become ready.
     pub fn start(self) -> Remora<'a> {
-        let uid = crate::PROXY_UID.to_string();
+        let (uid, gid) = (self.uid.to_string(), self.gid.to_string());
         let mut cmd = self.ns.command("setpriv");
-        cmd.args(["--reuid", &uid, "--regid", &uid, "--clear-groups"])
+        cmd.args(["--reuid", &uid, "--regid", &gid, "--clear-groups"])
             .arg(self.binary.path())
             .arg("run");
         if let Some(yaml) = &self.config {

@@ -162,9 +162,10 @@ fn capture_without_owner_exclusion_is_stopped_by_the_own_upstream_loop_guard() {
     let server = Server::http(&net.peer, net.peer_addr(APP_PORT), "hello\n");
 
     let started = Instant::now();
+    // `--fail`: the proxy speaks HTTP here and answers the refused upstream with a 503.
     let out = peer::curl(
         &net.pod,
-        &[&format!("http://{}/", server.addr())],
+        &["--fail", &format!("http://{}/", server.addr())],
         CURL_TIME,
     );
     let took = started.elapsed();

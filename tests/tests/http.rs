@@ -428,3 +428,283 @@ fn sha256(path: &std::path::Path) -> String {
         .unwrap_or_default()
         .to_string()
 }
+
+/// The gRPC peer (tests/peers/grpc_peer.py), or `None` with a skip when grpcio is missing.
+fn grpc_available() -> bool {
+    if remora_e2e::service::python_has("grpc") {
+        return true;
+    }
+    remora_e2e::environment::skip::<()>(
+        "python3 has no grpcio (scripts/install-test-deps installs it)",
+    );
+    false
+}
+
+fn grpc_peer(ns: &remora_e2e::Netns, args: &[&str], time: Duration) -> Output {
+    let script = peer_program("grpc_peer.py").to_string_lossy().into_owned();
+    let mut cmd = ns.command("python3");
+    cmd.arg(script).args(args);
+    remora_e2e::process::run_bounded(&mut cmd, time).expect("run the gRPC client")
+}
+
+fn assert_grpc_client_ok(out: &Output, what: &str, remora: &remora_e2e::Remora) {
+    assert!(
+        out.status.success(),
+        "{what}: gRPC client failed ({}):\n{}{}\nremora stderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        remora.stderr()
+    );
+}
+
+#[test]
+fn grpc_all_call_types_4mib_messages_trailers_errors_and_deadlines_both_directions() {
+    if !grpc_available() {
+        return;
+    }
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net.remora().start_ready();
+    let script = peer_program("grpc_peer.py").to_string_lossy().into_owned();
+    let _outbound = Service::start(
+        &net.peer,
+        "python3",
+        &[&script, "server", "9090"],
+        net.peer_addr(9090),
+    );
+    let _inbound = Service::start(
+        &net.pod,
+        "python3",
+        &[&script, "server", "9091"],
+        any_addr(9091),
+    );
+
+    let out = grpc_peer(
+        &net.pod,
+        &["client", &net.peer_addr(9090).to_string()],
+        Duration::from_secs(60),
+    );
+    assert_grpc_client_ok(&out, "outbound", &remora);
+    let out = grpc_peer(
+        &net.peer,
+        &["client", &net.pod_addr(9091).to_string()],
+        Duration::from_secs(60),
+    );
+    assert_grpc_client_ok(&out, "inbound", &remora);
+
+    // curl as an HTTP/2 prior-knowledge client of the same server: a trailers-only error.
+    let out = peer::curl(
+        &net.pod,
+        &[
+            "--http2-prior-knowledge",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_version} %{http_code}",
+            "-H",
+            "content-type: application/grpc",
+            "-H",
+            "te: trailers",
+            "--data-binary",
+            "",
+            &format!("http://{}/test.Echo/Missing", net.peer_addr(9090)),
+        ],
+        CURL_TIME,
+    );
+    assert_eq!(stdout_ok(&out, "h2c curl"), "2 200");
+}
+
+#[test]
+fn grpc_to_a_down_upstream_is_grpc_status_14_from_the_proxy() {
+    if !grpc_available() {
+        return;
+    }
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net.remora().start_ready();
+    let out = grpc_peer(
+        &net.pod,
+        &["down", &net.peer_addr(9099).to_string()],
+        Duration::from_secs(30),
+    );
+    assert_grpc_client_ok(&out, "upstream down", &remora);
+}
+
+/// `program` on PATH, or a skip (a failure under CI=true).
+fn have(program: &str) -> bool {
+    let found = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        remora_e2e::environment::skip::<()>(&format!(
+            "{program} is not installed (scripts/install-test-deps installs it)"
+        ));
+    }
+    found
+}
+
+#[test]
+fn mariadb_greets_its_client_at_once_through_detection() {
+    if !have("mariadbd") || !have("mariadb-install-db") {
+        return;
+    }
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net.remora().config(LONG_DETECTION).start_ready();
+    // Not 3306 (which is never sniffed): this port goes through detection.
+    let port = 13306;
+    let data = tempfile::tempdir().expect("a data directory");
+    let datadir = data.path().join("data");
+    let datadir_arg = format!("--datadir={}", datadir.display());
+    let mut install = std::process::Command::new("mariadb-install-db");
+    install.args([
+        "--no-defaults",
+        &datadir_arg,
+        "--user=root",
+        "--skip-test-db",
+        "--auth-root-authentication-method=normal",
+    ]);
+    let out = remora_e2e::process::run_bounded(&mut install, Duration::from_secs(120))
+        .expect("mariadb-install-db");
+    assert!(
+        out.status.success(),
+        "mariadb-install-db failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let socket = format!("--socket={}", data.path().join("sock").display());
+    let pid_file = format!("--pid-file={}", data.path().join("pid").display());
+    let log = format!("--log-error={}", data.path().join("err.log").display());
+    let port_arg = format!("--port={port}");
+    let _mariadb = Service::start(
+        &net.peer,
+        "mariadbd",
+        &[
+            "--no-defaults",
+            &datadir_arg,
+            &socket,
+            &pid_file,
+            &log,
+            &port_arg,
+            "--bind-address=0.0.0.0",
+            "--user=root",
+            "--skip-grant-tables",
+            "--skip-name-resolve",
+        ],
+        net.peer_addr(port),
+    );
+
+    // The client sends nothing: MySQL's protocol starts with the server's greeting.
+    let started = Instant::now();
+    let mut stream = peer::connect(&net.pod, net.peer_addr(port)).expect("connect to MariaDB");
+    stream
+        .set_read_timeout(Some(BANNER_BOUND))
+        .expect("timeout");
+    let mut greeting = [0u8; 128];
+    let n = stream.read(&mut greeting).unwrap_or_else(|e| {
+        panic!(
+            "no MariaDB greeting within {BANNER_BOUND:?} ({e}); remora:\n{}",
+            remora.stderr()
+        )
+    });
+    let took = started.elapsed();
+    assert!(took < BANNER_BOUND, "the greeting took {took:?}");
+    // A handshake packet: 3-byte length, sequence 0, protocol version 10, server version.
+    assert!(
+        n > 5 && greeting[3] == 0 && greeting[4] == 10,
+        "{:?}",
+        &greeting[..n]
+    );
+    assert!(
+        String::from_utf8_lossy(&greeting[5..n]).contains("MariaDB"),
+        "{:?}",
+        String::from_utf8_lossy(&greeting[..n])
+    );
+    drop(stream);
+
+    // A real client session, query and answer, through the proxy.
+    if have("mariadb") {
+        let mut client = net.pod.command("mariadb");
+        client.args([
+            "--no-defaults",
+            "--protocol=tcp",
+            "-h",
+            &net.peer_ip.to_string(),
+            "-P",
+            &port.to_string(),
+            "-u",
+            "root",
+            "--connect-timeout=5",
+            "-N",
+            "-e",
+            "SELECT 40 + 2",
+        ]);
+        let out = remora_e2e::process::run_bounded(&mut client, Duration::from_secs(20))
+            .expect("mariadb client");
+        assert!(
+            out.status.success(),
+            "mariadb client failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42");
+    }
+}
+
+/// Resident memory of a process, in bytes (`VmRSS` in /proc).
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+#[test]
+fn a_slow_reader_slows_the_writer_and_memory_stays_bounded() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net.remora().start_ready();
+    let _origin = origin(&net.peer, net.peer_addr(ORIGIN_PORT));
+    let size: usize = 256 << 20;
+    let baseline = rss(remora.pid());
+
+    let mut stream = peer::connect(&net.pod, net.peer_addr(ORIGIN_PORT)).expect("connect");
+    write!(
+        stream,
+        "GET /download?size={size} HTTP/1.1\r\nHost: origin\r\n\r\n"
+    )
+    .expect("send");
+    let mut buf = vec![0u8; 1 << 20];
+    stream.read_exact(&mut buf).expect("the first MiB");
+    // Stop reading: the origin keeps writing until every window and buffer on the way is full.
+    std::thread::sleep(Duration::from_secs(2));
+    let grown = rss(remora.pid()).saturating_sub(baseline);
+    assert!(
+        grown < 32 << 20,
+        "remora grew by {} MiB while its client did not read a 256 MiB response",
+        grown >> 20
+    );
+    // Reading again drains the whole response: the writer was slowed, not failed.
+    let mut total = buf.len();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while total < size && Instant::now() < deadline {
+        let n = stream.read(&mut buf).expect("the rest");
+        assert!(n > 0, "response ended after {total} bytes");
+        total += n;
+    }
+    assert!(
+        total >= size,
+        "read {total} of {size} bytes within the bound"
+    );
+}

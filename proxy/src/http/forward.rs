@@ -122,6 +122,11 @@ pub async fn handle(
         log.upstream = Some(ctx.key.destination);
         log.upstream_time = Some(start.1.elapsed());
     }
+    if ctx.closing() && ctx.key.version == HttpVersion::Http1 && !upgraded {
+        parts
+            .headers
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
     // An upgraded connection belongs to the tunnel now.
     end.pooled = pooled.filter(|_| !upgraded);
     Ok(Response::from_parts(
@@ -200,7 +205,7 @@ async fn attempts(
 /// Why a request did not get a response from one connection.
 enum SendError {
     /// The connection was closed before the request was written: it can go on another.
-    Unsent(Request<UpstreamBody>, hyper::Error),
+    Unsent(Box<Request<UpstreamBody>>, hyper::Error),
     Failed(ProxyError),
 }
 
@@ -216,7 +221,7 @@ async fn send(ctx: &ConnContext, req: Request<UpstreamBody>) -> Result<Upstreame
             Ok(up) => return Ok(up),
             Err(SendError::Unsent(back, e)) => {
                 tracing::debug!(%dst, error = %e, "pooled connection closed; opening another");
-                req = back;
+                req = *back;
             }
             Err(SendError::Failed(e)) => return Err(e),
         }
@@ -258,7 +263,7 @@ async fn send_on(
         Sender::Http1(mut tx) => {
             match tokio::time::timeout(bound, tx.ready()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(SendError::Unsent(req, e)),
+                Ok(Err(e)) => return Err(SendError::Unsent(Box::new(req), e)),
                 Err(_) => return Err(stuck()),
             }
             let sent = tx.try_send_request(req).await;
@@ -267,7 +272,7 @@ async fn send_on(
         Sender::Http2(mut tx) => {
             match tokio::time::timeout(bound, tx.ready()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(SendError::Unsent(req, e)),
+                Ok(Err(e)) => return Err(SendError::Unsent(Box::new(req), e)),
                 Err(_) => return Err(stuck()),
             }
             (tx.try_send_request(req).await, None)
@@ -276,7 +281,7 @@ async fn send_on(
     match sent {
         Ok(response) => Ok(Upstreamed { response, pooled }),
         Err(mut e) => match e.take_message() {
-            Some(req) => Err(SendError::Unsent(req, e.into_error())),
+            Some(req) => Err(SendError::Unsent(Box::new(req), e.into_error())),
             None => Err(SendError::Failed(ProxyError::from_send(
                 dst,
                 e.into_error(),
@@ -329,7 +334,7 @@ fn local_reply(kind: ErrorKind, grpc: bool, mut end: RequestEnd) -> Response<Res
             .header(CONTENT_TYPE, "text/plain");
         Bytes::from_static(kind.details().as_bytes())
     };
-    if matches!(kind, ErrorKind::MalformedRequest(_)) {
+    if matches!(kind, ErrorKind::MalformedRequest(_)) || end.conn.closing() {
         builder = builder.header(CONNECTION, "close");
     }
     end.flags.insert(kind.flag());

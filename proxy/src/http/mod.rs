@@ -32,9 +32,9 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use remora_config::Config;
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -55,6 +55,10 @@ pub struct ConnContext {
     bytes_in: AtomicU64,
     /// Bytes written to the client.
     bytes_out: AtomicU64,
+    /// Requests finished on this connection.
+    served: AtomicU64,
+    /// Draining: HTTP/1.1 responses carry `Connection: close` from now on.
+    closing: AtomicBool,
 }
 
 impl ConnContext {
@@ -63,7 +67,13 @@ impl ConnContext {
     }
 
     fn request_ended(&self) {
+        self.served.fetch_add(1, Ordering::Relaxed);
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Whether responses should tell HTTP/1.1 clients to close (the proxy is draining).
+    fn closing(&self) -> bool {
+        self.closing.load(Ordering::Relaxed)
     }
 
     fn count_received(&self, n: usize) {
@@ -106,7 +116,7 @@ pub struct Connection {
     pub direction: Direction,
     pub destination: SocketAddr,
     /// Source address of upstream connections (the inbound passthrough source).
-    pub source: Option<IpAddr>,
+    pub source: Option<crate::connect::Source>,
     pub connect_timeout: Duration,
     pub version: HttpVersion,
     /// The bytes detection read, replayed to the HTTP server.
@@ -146,6 +156,8 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         in_flight: AtomicUsize::new(0),
         bytes_in: AtomicU64::new(0),
         bytes_out: AtomicU64::new(0),
+        served: AtomicU64::new(0),
+        closing: AtomicBool::new(false),
     });
     let io = TokioIo::new(io::DownstreamIo::new(
         c.prefix,
@@ -195,8 +207,11 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
 }
 
 /// Run a server connection until it ends, shutting it down gracefully (GOAWAY, or
-/// `Connection: close` after the request in flight) when draining starts or when it has been
-/// idle — no request in flight and no traffic — for `http.idle_timeout`.
+/// `Connection: close` after the request in flight) when it has been idle — no request in
+/// flight and no traffic — for `http.idle_timeout`, and for inbound connections when draining
+/// starts. Outbound keeps serving while draining: the application may still need its peers. A
+/// drained HTTP/1.1 connection that has not sent its first request yet is not cut: it is
+/// answered, with `Connection: close`.
 async fn drive<C>(
     conn: C,
     ctx: &ConnContext,
@@ -206,7 +221,12 @@ where
     C: Future<Output = Result<(), hyper::Error>>,
 {
     tokio::pin!(conn);
-    let draining = ctx.proxy.drain.started();
+    let draining = async {
+        match ctx.direction {
+            Direction::Inbound => ctx.proxy.drain.started().await,
+            Direction::Outbound => std::future::pending().await,
+        }
+    };
     tokio::pin!(draining);
     let every = ctx.config.http.idle_timeout;
     let mut idle_check = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
@@ -215,9 +235,14 @@ where
     loop {
         tokio::select! {
             result = &mut conn => return result,
-            () = &mut draining, if !shutting_down => {
-                shutdown(conn.as_mut());
-                shutting_down = true;
+            () = &mut draining, if !ctx.closing() => {
+                ctx.closing.store(true, Ordering::Relaxed);
+                let idle_after_a_request = ctx.in_flight.load(Ordering::Relaxed) == 0
+                    && ctx.served.load(Ordering::Relaxed) > 0;
+                if ctx.key.version == HttpVersion::Http2 || idle_after_a_request {
+                    shutdown(conn.as_mut());
+                    shutting_down = true;
+                }
             }
             _ = idle_check.tick(), if !shutting_down => {
                 let activity = ctx.activity();

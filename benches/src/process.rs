@@ -1,0 +1,306 @@
+//! The programs under test: started pinned to a core (`taskset`), measured through `/proc`
+//! (CPU time from `stat`, `VmRSS` from `status`, summed over the process and its children, so
+//! nginx's master and worker count together), and ended by PID when dropped, on error too. A
+//! [`Registry`] of live PIDs lets a signal handler end them if the harness itself is stopped.
+
+use anyhow::Context;
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::unistd::Pid;
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The core the proxy under test runs on.
+pub const PROXY_CPU: usize = 0;
+/// The core the load generators and the upstream share.
+pub const LOAD_CPU: usize = 1;
+/// `/proc/<pid>/stat` counts CPU time in USER_HZ ticks, which Linux fixes at 100 per second for
+/// user space whatever the kernel's own tick rate.
+pub const TICKS_PER_SECOND: u64 = 100;
+/// How long a program gets to exit after SIGTERM before SIGKILL.
+const TERMINATE_GRACE: Duration = Duration::from_secs(3);
+
+/// PIDs of the programs the harness started and has not yet ended.
+#[derive(Debug, Clone, Default)]
+pub struct Registry(Arc<Mutex<Vec<u32>>>);
+
+impl Registry {
+    fn add(&self, pid: u32) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
+    }
+
+    fn remove(&self, pid: u32) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).retain(|p| *p != pid);
+    }
+
+    /// SIGKILLs every registered program and its children.
+    pub fn kill_all(&self) {
+        let pids = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for pid in pids {
+            for p in descendants(pid).into_iter().chain([pid]) {
+                let _ = kill(pid_of(p), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread (and so in every thread started after
+/// it: call this first) and ends the registered programs when one arrives. Children do not
+/// inherit the mask: std resets it before `exec`.
+pub fn end_children_on_signal(registry: Registry) -> anyhow::Result<()> {
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        signals.add(s);
+    }
+    signals.thread_block().context("blocking signals")?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Ok(signal) = signals.wait() {
+                eprintln!("harness: {signal}, ending the programs it started");
+                registry.kill_all();
+                std::process::exit(128 + signal as i32);
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(())
+}
+
+/// Pins the calling process (all its threads from now on) to one core.
+pub fn pin_self(cpu: usize) -> anyhow::Result<()> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).context("cpu index")?;
+    nix::sched::sched_setaffinity(Pid::from_raw(0), &set).context("sched_setaffinity")?;
+    Ok(())
+}
+
+/// A program the harness started; ended (SIGTERM, then SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct Spawned {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    registry: Registry,
+}
+
+/// Starts `program` with `args`, on core `cpu` when one is given, stdout and stderr to `log`.
+pub fn spawn(
+    registry: &Registry,
+    name: &str,
+    cpu: Option<usize>,
+    program: &Path,
+    args: &[String],
+    log: &Path,
+) -> anyhow::Result<Spawned> {
+    let out = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let err = out.try_clone()?;
+    let mut command = match cpu {
+        // taskset execs the program, so the PID is the program's own.
+        Some(cpu) => {
+            let mut c = Command::new("taskset");
+            c.arg("-c").arg(cpu.to_string()).arg(program);
+            c
+        }
+        None => Command::new(program),
+    };
+    let child = command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .with_context(|| format!("starting {name} ({})", program.display()))?;
+    registry.add(child.id());
+    Ok(Spawned {
+        name: name.to_string(),
+        child,
+        log: log.to_path_buf(),
+        registry: registry.clone(),
+    })
+}
+
+impl Spawned {
+    /// The program's PID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The exit status, if it has already exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// The last `lines` lines of its output, for error messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// CPU time and memory of the program and its children now.
+    pub fn usage(&self) -> Usage {
+        tree_usage(self.pid())
+    }
+
+    /// Waits for the program to exit on its own, at most `limit`; kills it after that.
+    pub fn wait_bounded(mut self, limit: Duration) -> anyhow::Result<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(status) = self.exited() {
+                return Ok(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        anyhow::bail!("{} did not finish within {limit:?}; killed", self.name)
+    }
+
+    fn terminate(&mut self) {
+        let pid = self.pid();
+        if self.exited().is_none() {
+            let children = descendants(pid);
+            let _ = kill(pid_of(pid), Signal::SIGTERM);
+            let deadline = Instant::now() + TERMINATE_GRACE;
+            while self.exited().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            for p in children.into_iter().chain([pid]) {
+                let _ = kill(pid_of(p), Signal::SIGKILL);
+            }
+            let _ = self.child.wait();
+        }
+        self.registry.remove(pid);
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+fn pid_of(pid: u32) -> Pid {
+    Pid::from_raw(pid as i32)
+}
+
+/// CPU time and resident memory of a process tree at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// utime + stime, in [`TICKS_PER_SECOND`] ticks.
+    pub cpu_ticks: u64,
+    /// VmRSS, in KiB.
+    pub rss_kib: u64,
+}
+
+impl Usage {
+    /// CPU seconds spent between `earlier` and `self`.
+    pub fn cpu_seconds_since(&self, earlier: &Usage) -> f64 {
+        self.cpu_ticks.saturating_sub(earlier.cpu_ticks) as f64 / TICKS_PER_SECOND as f64
+    }
+}
+
+/// Usage of `pid` and all its descendants.
+pub fn tree_usage(pid: u32) -> Usage {
+    let mut total = Usage::default();
+    for p in descendants(pid).into_iter().chain([pid]) {
+        if let Some((_, ticks)) = fs::read_to_string(format!("/proc/{p}/stat")).ok().as_deref().and_then(parse_stat) {
+            total.cpu_ticks += ticks;
+        }
+        if let Some(kib) = fs::read_to_string(format!("/proc/{p}/status")).ok().as_deref().and_then(parse_vm_rss) {
+            total.rss_kib += kib;
+        }
+    }
+    total
+}
+
+/// All descendants of `pid` (children, their children…).
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    if let Ok(entries) = fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(p) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Some((ppid, _)) = fs::read_to_string(format!("/proc/{p}/stat")).ok().as_deref().and_then(parse_stat) {
+                parent_of.push((p, ppid));
+            }
+        }
+    }
+    let mut found = vec![];
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for &(p, ppid) in &parent_of {
+            if ppid == parent && !found.contains(&p) {
+                found.push(p);
+                frontier.push(p);
+            }
+        }
+    }
+    found
+}
+
+/// `(ppid, utime + stime)` from a `/proc/<pid>/stat` line. The command name may contain spaces
+/// and parentheses, so fields are counted from the last `)`.
+fn parse_stat(text: &str) -> Option<(u32, u64)> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state(3) ppid(4) … utime(14) stime(15), numbered as in proc(5).
+    let ppid = fields.get(1)?.parse().ok()?;
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((ppid, utime + stime))
+}
+
+/// `VmRSS` in KiB from `/proc/<pid>/status`.
+fn parse_vm_rss(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// `n` distinct free loopback ports (all held open until every one is chosen).
+pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .context("binding a free loopback port")?;
+    Ok(listeners.iter().map(|l| l.local_addr().map(|a| a.port()).unwrap_or(0)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_are_counted_from_the_last_parenthesis() {
+        let line = "4242 (nginx: worker (x) 1) S 4241 4241 4241 0 -1 4194624 100 0 0 0 \
+                    37 12 0 0 20 0 1 0 12345 1000000 250 18446744073709551615";
+        assert_eq!(parse_stat(line), Some((4241, 49)));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn vm_rss_is_read_in_kib() {
+        let status = "Name:\tremora\nVmPeak:\t  20000 kB\nVmRSS:\t    5120 kB\nThreads:\t4\n";
+        assert_eq!(parse_vm_rss(status), Some(5120));
+        assert_eq!(parse_vm_rss("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn our_own_usage_is_readable() {
+        let me = tree_usage(std::process::id());
+        assert!(me.rss_kib > 0);
+        assert_eq!(Usage { cpu_ticks: 150, rss_kib: 0 }.cpu_seconds_since(&Usage::default()), 1.5);
+    }
+
+    #[test]
+    fn free_ports_are_distinct() {
+        let ports = free_ports(5).unwrap();
+        let mut unique = ports.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), 5);
+        assert!(ports.iter().all(|p| *p != 0));
+    }
+}

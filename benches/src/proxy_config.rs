@@ -1,0 +1,375 @@
+//! Each proxy's configuration for each job, written by the harness itself: the same job for all
+//! (one worker, access logs off, each proxy's own default telemetry, L7 where the scenario is
+//! HTTP). Pure functions from addresses to text, so tests can check them without a proxy.
+
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+
+/// One contender in a scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Proxy {
+    /// The load generator talks to the upstream directly: the physical limit.
+    NoProxy,
+    /// Remora in the scenario's mode (L7 for HTTP scenarios).
+    Remora,
+    /// Remora forwarding opaque TCP even in HTTP scenarios: a reference row, not a like-for-like
+    /// comparison (the others parse HTTP).
+    RemoraTcp,
+    Envoy,
+    Haproxy,
+    Nginx,
+}
+
+impl Proxy {
+    /// Every contender, in table order.
+    pub const ALL: [Proxy; 6] = [
+        Proxy::NoProxy,
+        Proxy::Remora,
+        Proxy::Envoy,
+        Proxy::Haproxy,
+        Proxy::Nginx,
+        Proxy::RemoraTcp,
+    ];
+
+    /// The name in tables, JSON and `--proxies`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Proxy::NoProxy => "no-proxy",
+            Proxy::Remora => "remora",
+            Proxy::RemoraTcp => "remora-tcp",
+            Proxy::Envoy => "envoy",
+            Proxy::Haproxy => "haproxy",
+            Proxy::Nginx => "nginx",
+        }
+    }
+
+    /// Parses a `--proxies` entry.
+    pub fn from_name(name: &str) -> Option<Proxy> {
+        Proxy::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
+/// What the proxy is asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// HTTP/1.1 in, HTTP/1.1 (kept alive) to the upstream, parsed at L7.
+    Http1,
+    /// h2c with prior knowledge in, HTTP/2 to the upstream: gRPC unary calls.
+    Grpc,
+    /// Opaque TCP.
+    Tcp,
+}
+
+/// The ports a Remora instance binds besides its listener; each instance gets free ones so that
+/// several can run beside each other and beside a real sidecar.
+#[derive(Debug, Clone, Copy)]
+pub struct RemoraPorts {
+    pub readiness: u16,
+    pub metrics: u16,
+    pub agent: u16,
+    pub admin: u16,
+}
+
+/// Remora's config file: loopback only, free side ports, everything else at the defaults
+/// (Istio's metrics on, access log off). The listener itself comes from the command line.
+pub fn remora_config(ports: &RemoraPorts) -> String {
+    format!(
+        "# Written by the benchmark harness.\n\
+         bind_addresses: [127.0.0.1]\n\
+         readiness:\n  port: {}\n\
+         metrics:\n  port: {}\n\
+         agent:\n  port: {}\n\
+         admin:\n  address: 127.0.0.1:{}\n",
+        ports.readiness, ports.metrics, ports.agent, ports.admin
+    )
+}
+
+/// `remora run`'s `--protocol` for a mode.
+pub fn remora_protocol(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Http1 | Mode::Grpc => "http",
+        Mode::Tcp => "tcp",
+    }
+}
+
+/// `remora run` arguments: one explicit listener, one data-path worker.
+pub fn remora_args(config: &Path, listen: SocketAddr, upstream: SocketAddr, mode: Mode) -> Vec<String> {
+    vec![
+        "run".into(),
+        "--config".into(),
+        config.display().to_string(),
+        "--listen".into(),
+        listen.to_string(),
+        "--upstream".into(),
+        upstream.to_string(),
+        "--protocol".into(),
+        remora_protocol(mode).into(),
+        "--concurrency".into(),
+        "1".into(),
+        "--log-level".into(),
+        "warn".into(),
+    ]
+}
+
+/// Envoy's static bootstrap: one listener with the HTTP connection manager and the router (or
+/// `tcp_proxy` for TCP) to one static cluster; admin on its own loopback port; default stats;
+/// no access log.
+pub fn envoy_config(mode: Mode, listen: SocketAddr, upstream: SocketAddr, admin_port: u16) -> String {
+    let mut out = String::from("# Written by the benchmark harness.\n");
+    let _ = write!(
+        out,
+        "admin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }}\n\
+         static_resources:\n  listeners:\n  - name: bench\n    address:\n      \
+         socket_address: {{ address: {}, port_value: {} }}\n    filter_chains:\n    - filters:\n",
+        listen.ip(),
+        listen.port()
+    );
+    let filter = match mode {
+        Mode::Tcp => "      - name: envoy.filters.network.tcp_proxy\n        typed_config:\n          \
+             \"@type\": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy\n          \
+             stat_prefix: bench\n          cluster: upstream\n"
+            .to_string(),
+        Mode::Http1 | Mode::Grpc => "      - name: envoy.filters.network.http_connection_manager\n        typed_config:\n          \
+             \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager\n          \
+             stat_prefix: bench\n          codec_type: AUTO\n          route_config:\n            name: local\n            \
+             virtual_hosts:\n            - name: all\n              domains: [\"*\"]\n              routes:\n              \
+             - match: {{ prefix: \"/\" }}\n                route: {{ cluster: upstream }}\n          http_filters:\n          \
+             - name: envoy.filters.http.router\n            typed_config:\n              \
+             \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router\n"
+            .replace("{{", "{")
+            .replace("}}", "}"),
+    };
+    out.push_str(&filter);
+    let _ = write!(
+        out,
+        "  clusters:\n  - name: upstream\n    type: STATIC\n    connect_timeout: 5s\n    load_assignment:\n      \
+         cluster_name: upstream\n      endpoints:\n      - lb_endpoints:\n        - endpoint:\n            address:\n              \
+         socket_address: {{ address: {}, port_value: {} }}\n",
+        upstream.ip(),
+        upstream.port()
+    );
+    if mode == Mode::Grpc {
+        out.push_str(
+            "    typed_extension_protocol_options:\n      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:\n        \
+             \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions\n        \
+             explicit_http_config:\n          http2_protocol_options: {}\n",
+        );
+    }
+    out
+}
+
+/// Envoy's command line: one worker, no hot restart (so several can run at once).
+pub fn envoy_args(config: &Path) -> Vec<String> {
+    vec![
+        "-c".into(),
+        config.display().to_string(),
+        "--concurrency".into(),
+        "1".into(),
+        "--disable-hot-restart".into(),
+        "--log-level".into(),
+        "warn".into(),
+    ]
+}
+
+/// HAProxy: one thread, `mode http` (h2c with prior knowledge and HTTP/2 to the upstream for
+/// gRPC) or `mode tcp`, no logging. `maxconn` is sized for the idle-connection test.
+pub fn haproxy_config(mode: Mode, listen: SocketAddr, upstream: SocketAddr, maxconn: u32) -> String {
+    let (haproxy_mode, bind_proto, server_proto) = match mode {
+        Mode::Http1 => ("http", "", ""),
+        Mode::Grpc => ("http", " proto h2", " proto h2"),
+        Mode::Tcp => ("tcp", "", ""),
+    };
+    format!(
+        "# Written by the benchmark harness.\n\
+         global\n    nbthread 1\n    maxconn {maxconn}\n\n\
+         defaults\n    mode {haproxy_mode}\n    maxconn {maxconn}\n    timeout connect 5s\n    \
+         timeout client 120s\n    timeout server 120s\n    timeout http-keep-alive 120s\n\n\
+         frontend bench\n    bind {listen}{bind_proto}\n    default_backend upstream\n\n\
+         backend upstream\n    server upstream {upstream}{server_proto}\n"
+    )
+}
+
+/// HAProxy's command line: foreground.
+pub fn haproxy_args(config: &Path) -> Vec<String> {
+    vec!["-f".into(), config.display().to_string(), "-db".into()]
+}
+
+/// File-descriptor limits for nginx's one worker.
+#[derive(Debug, Clone, Copy)]
+pub struct NginxLimits {
+    pub rlimit_nofile: u64,
+    pub worker_connections: u64,
+}
+
+/// nginx: one worker, access log off; HTTP with an upstream keep-alive pool (gRPC through
+/// `grpc_pass` behind an `http2` listener), or the `stream` module for TCP. `keepalive_requests`
+/// is raised from its default of 1000 on both sides, so that keep-alive means the same as for the
+/// others (which never close a busy connection).
+pub fn nginx_config(
+    mode: Mode,
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    prefix: &Path,
+    limits: NginxLimits,
+    stream_module: Option<&Path>,
+) -> String {
+    let prefix = prefix.display();
+    let mut out = String::from("# Written by the benchmark harness.\n");
+    if let (Mode::Tcp, Some(module)) = (mode, stream_module) {
+        let _ = writeln!(out, "load_module {};", module.display());
+    }
+    let _ = write!(
+        out,
+        "daemon off;\nworker_processes 1;\npid {prefix}/nginx.pid;\nerror_log {prefix}/error.log warn;\n\
+         worker_rlimit_nofile {};\nevents {{\n    worker_connections {};\n}}\n",
+        limits.rlimit_nofile, limits.worker_connections
+    );
+    match mode {
+        Mode::Tcp => {
+            let _ = write!(
+                out,
+                "stream {{\n    server {{\n        listen {listen};\n        proxy_pass {upstream};\n    }}\n}}\n"
+            );
+        }
+        Mode::Http1 | Mode::Grpc => {
+            let (listen_opts, location) = match mode {
+                Mode::Grpc => (" http2", "        grpc_pass grpc://upstream;\n".to_string()),
+                _ => (
+                    "",
+                    "        proxy_pass http://upstream;\n        proxy_http_version 1.1;\n        \
+                     proxy_set_header Connection \"\";\n"
+                        .to_string(),
+                ),
+            };
+            let _ = write!(
+                out,
+                "http {{\n    access_log off;\n    keepalive_requests 1000000;\n    keepalive_timeout 120s;\n    \
+                 client_body_temp_path {prefix}/client_body;\n    proxy_temp_path {prefix}/proxy;\n    \
+                 fastcgi_temp_path {prefix}/fastcgi;\n    uwsgi_temp_path {prefix}/uwsgi;\n    scgi_temp_path {prefix}/scgi;\n    \
+                 upstream upstream {{\n        server {upstream};\n        keepalive 64;\n        keepalive_requests 1000000;\n    }}\n    \
+                 server {{\n        listen {listen}{listen_opts};\n        location / {{\n{location}        }}\n    }}\n}}\n"
+            );
+        }
+    }
+    out
+}
+
+/// nginx's command line: its own prefix, config and early error log (before the config is read).
+pub fn nginx_args(prefix: &Path, config: &Path) -> Vec<String> {
+    vec![
+        "-p".into(),
+        prefix.display().to_string(),
+        "-c".into(),
+        config.display().to_string(),
+        "-e".into(),
+        prefix.join("error.log").display().to_string(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn addrs() -> (SocketAddr, SocketAddr) {
+        ("127.0.0.1:41000".parse().unwrap(), "127.0.0.1:42000".parse().unwrap())
+    }
+
+    #[test]
+    fn remora_config_is_valid_and_moves_every_port() {
+        let ports = RemoraPorts { readiness: 41001, metrics: 41002, agent: 41003, admin: 41004 };
+        let text = remora_config(&ports);
+        let config = remora_config::parse(&text, Path::new("bench.yaml")).expect("Remora accepts the harness's config");
+        assert_eq!(config.readiness.port.get(), 41001);
+        assert_eq!(config.metrics.port.get(), 41002);
+        assert_eq!(config.agent.port.get(), 41003);
+        assert_eq!(config.admin.address, "127.0.0.1:41004".parse().unwrap());
+        assert_eq!(config.bind_addresses, vec!["127.0.0.1".parse::<std::net::IpAddr>().unwrap()]);
+        assert!(!config.access_log.enabled);
+
+        let (listen, upstream) = addrs();
+        let args = remora_args(Path::new("/tmp/r.yaml"), listen, upstream, Mode::Http1).join(" ");
+        assert!(args.contains("--listen 127.0.0.1:41000 --upstream 127.0.0.1:42000 --protocol http"));
+        assert!(args.contains("--concurrency 1"));
+        assert_eq!(remora_protocol(Mode::Tcp), "tcp");
+    }
+
+    #[test]
+    fn envoy_bootstrap_is_yaml_with_the_right_filter_and_cluster() {
+        let (listen, upstream) = addrs();
+        for mode in [Mode::Http1, Mode::Grpc, Mode::Tcp] {
+            let text = envoy_config(mode, listen, upstream, 41005);
+            let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("valid YAML");
+            assert_eq!(doc["admin"]["address"]["socket_address"]["port_value"], 41005);
+            let listener = &doc["static_resources"]["listeners"][0];
+            assert_eq!(listener["address"]["socket_address"]["port_value"], 41000);
+            let filter = &listener["filter_chains"][0]["filters"][0];
+            let cluster = &doc["static_resources"]["clusters"][0];
+            let endpoint = &cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"];
+            assert_eq!(endpoint["address"]["socket_address"]["port_value"], 42000);
+            match mode {
+                Mode::Tcp => {
+                    assert_eq!(filter["name"], "envoy.filters.network.tcp_proxy");
+                    assert_eq!(filter["typed_config"]["cluster"], "upstream");
+                }
+                Mode::Http1 | Mode::Grpc => {
+                    assert_eq!(filter["name"], "envoy.filters.network.http_connection_manager");
+                    let hcm = &filter["typed_config"];
+                    assert_eq!(hcm["codec_type"], "AUTO");
+                    assert!(hcm.get("access_log").is_none(), "access log stays off");
+                    let route = &hcm["route_config"]["virtual_hosts"][0]["routes"][0];
+                    assert_eq!(route["route"]["cluster"], "upstream");
+                    assert_eq!(hcm["http_filters"][0]["name"], "envoy.filters.http.router");
+                }
+            }
+            let http2 = cluster.get("typed_extension_protocol_options").is_some();
+            assert_eq!(http2, mode == Mode::Grpc, "HTTP/2 to the upstream only for gRPC");
+        }
+        assert!(envoy_args(Path::new("e.yaml")).join(" ").contains("--concurrency 1"));
+    }
+
+    #[test]
+    fn haproxy_config_has_one_thread_and_the_mode() {
+        let (listen, upstream) = addrs();
+        let http = haproxy_config(Mode::Http1, listen, upstream, 12000);
+        assert!(http.contains("nbthread 1") && http.contains("mode http") && http.contains("maxconn 12000"));
+        assert!(http.contains("bind 127.0.0.1:41000\n") && http.contains("server upstream 127.0.0.1:42000\n"));
+        assert!(!http.contains("\n    log "), "no logging");
+        let grpc = haproxy_config(Mode::Grpc, listen, upstream, 100);
+        assert!(grpc.contains("bind 127.0.0.1:41000 proto h2") && grpc.contains("127.0.0.1:42000 proto h2"));
+        assert!(haproxy_config(Mode::Tcp, listen, upstream, 100).contains("mode tcp"));
+    }
+
+    #[test]
+    fn nginx_config_has_one_worker_and_the_right_module() {
+        let (listen, upstream) = addrs();
+        let prefix = PathBuf::from("/tmp/nginx-bench");
+        let limits = NginxLimits { rlimit_nofile: 20000, worker_connections: 19900 };
+        let module = PathBuf::from("/usr/lib/nginx/modules/ngx_stream_module.so");
+        let http = nginx_config(Mode::Http1, listen, upstream, &prefix, limits, Some(&module));
+        assert!(http.contains("worker_processes 1;") && http.contains("access_log off;"));
+        assert!(http.contains("keepalive 64;") && http.contains("proxy_http_version 1.1;"));
+        assert!(http.contains("listen 127.0.0.1:41000;") && http.contains("server 127.0.0.1:42000;"));
+        assert!(!http.contains("load_module"), "the stream module only for TCP");
+        assert_eq!(http.matches('{').count(), http.matches('}').count());
+        let grpc = nginx_config(Mode::Grpc, listen, upstream, &prefix, limits, Some(&module));
+        assert!(grpc.contains("listen 127.0.0.1:41000 http2;") && grpc.contains("grpc_pass grpc://upstream;"));
+        let tcp = nginx_config(Mode::Tcp, listen, upstream, &prefix, limits, Some(&module));
+        assert!(tcp.starts_with("# Written") && tcp.contains("load_module /usr/lib/nginx/modules/ngx_stream_module.so;"));
+        assert!(tcp.contains("stream {") && tcp.contains("proxy_pass 127.0.0.1:42000;"));
+        assert!(tcp.contains("worker_rlimit_nofile 20000;") && tcp.contains("worker_connections 19900;"));
+        assert_eq!(tcp.matches('{').count(), tcp.matches('}').count());
+    }
+
+    #[test]
+    fn proxy_names_round_trip() {
+        for proxy in Proxy::ALL {
+            assert_eq!(Proxy::from_name(proxy.name()), Some(proxy));
+        }
+        assert_eq!(Proxy::from_name("linkerd"), None);
+    }
+}

@@ -1,0 +1,121 @@
+//! Scenario 4, what a proxy costs: start-up time until the first request is answered, resident
+//! memory idle and under Istio's 1000 rps load, CPU per 1000 requests at that load, and memory
+//! per idle connection, HTTP keep-alive and TCP separately:
+//! (RSS with N idle connections − RSS idle) / N. Each measurement gets a fresh proxy, so one
+//! does not inherit another's allocator state.
+
+use super::{cpu_ms_per_1000, latency, median, mib, Bench, Contender};
+use crate::open_loop::{self, Plan};
+use crate::proxy_config::{Mode, Proxy};
+use crate::report::{Column, Table};
+use crate::tcp_load;
+use std::time::Duration;
+
+/// Connections opened at once while building up the idle set.
+const OPEN_PARALLEL: usize = 64;
+
+/// Runs the scenario for every proxy (no proxy has no cost to measure).
+pub fn run(bench: &Bench) -> Table {
+    let s = &bench.settings;
+    let n = s.idle_connections;
+    let mut table = Table::new(
+        "cost",
+        "4. Cost: start-up, memory, CPU",
+        vec![
+            Column::new("start-up", "ms", 1).with_envoy_ratio(),
+            Column::new("RSS idle", "MiB", 1).with_envoy_ratio(),
+            Column::new("RSS at 1000 rps", "MiB", 1).with_envoy_ratio(),
+            Column::new("CPU / 1000 req at 1000 rps", "ms", 1).with_envoy_ratio(),
+            Column::new("per idle HTTP conn", "KiB", 1).with_envoy_ratio(),
+            Column::new("per idle TCP conn", "KiB", 1).with_envoy_ratio(),
+            Column::new("RSS idle, TCP mode", "MiB", 1),
+        ],
+    );
+    table.notes.push("Start-up: from spawn until a request through the proxy is answered (median of its three starts here). RSS: VmRSS of the proxy's processes (nginx: master + worker).".into());
+    table.notes.push(format!(
+        "Per idle connection: (RSS with {n} idle connections − RSS idle) / {n}; each connection first carries one request and its 1 KiB answer, so every hop is established, then stays open and idle. HTTP: the proxy in its L7 HTTP/1.1 mode; TCP: in TCP mode."
+    ));
+    if let Some(note) = &s.idle_connections_note {
+        table.notes.push(note.clone());
+    }
+    table.notes.push(format!(
+        "1000 rps: the latency scenario's open-loop load ({} connections), {:?} per proxy.",
+        latency::CONNECTIONS,
+        s.run
+    ));
+    for proxy in s.contenders(false).into_iter().filter(|p| *p != Proxy::NoProxy) {
+        eprintln!("cost: {}", proxy.name());
+        let mut startups = vec![];
+        let mut notes = vec![];
+        let mut note_err = |what: &str, why: String| notes.push(format!("{what}: {why}"));
+
+        let http_idle = bench.start(proxy, Mode::Http1, bench.upstream).map(|c| {
+            startups.extend(c.startup);
+            idle_memory(bench, &c, n)
+        });
+        let (rss_idle, per_http) = match http_idle {
+            Ok(m) => (Some(m.rss_idle_kib), m.per_connection_kib),
+            Err(why) => {
+                note_err("HTTP", why);
+                (None, None)
+            }
+        };
+
+        let plan = Plan { rate: latency::RATE, connections: latency::CONNECTIONS, warmup: s.warmup, duration: s.run };
+        let under_load = bench.start(proxy, Mode::Http1, bench.upstream).map(|c| {
+            startups.extend(c.startup);
+            let (outcome, cost) = bench.measure(&c, || bench.block_on(open_loop::run(c.addr, plan)));
+            match (outcome, cost) {
+                (Ok(o), Some(cost)) => (Some(mib(cost.max_rss_kib)), Some(cpu_ms_per_1000(cost.cpu_seconds, o.answered))),
+                _ => (None, None),
+            }
+        });
+        let (rss_load, cpu) = under_load.unwrap_or((None, None));
+
+        let tcp_idle = bench.start(proxy, Mode::Tcp, bench.upstream).map(|c| {
+            startups.extend(c.startup);
+            idle_memory(bench, &c, n)
+        });
+        let (rss_idle_tcp, per_tcp) = match tcp_idle {
+            Ok(m) => (Some(m.rss_idle_kib), m.per_connection_kib),
+            Err(why) => {
+                note_err("TCP", why);
+                (None, None)
+            }
+        };
+        let startup_ms = median(startups).map(|d| d.as_secs_f64() * 1000.0);
+        eprintln!(
+            "  start-up {startup_ms:.1?} ms, idle {:.1?} MiB, {per_http:.1?} KiB/HTTP conn, {per_tcp:.1?} KiB/TCP conn",
+            rss_idle.map(mib)
+        );
+        table.push(
+            proxy.name(),
+            vec![startup_ms, rss_idle.map(mib), rss_load, cpu, per_http, per_tcp, rss_idle_tcp.map(mib)],
+            (!notes.is_empty()).then(|| notes.join("; ")),
+        );
+    }
+    table
+}
+
+/// Memory of a proxy idle and per idle connection.
+struct IdleMemory {
+    rss_idle_kib: u64,
+    per_connection_kib: Option<f64>,
+}
+
+fn idle_memory(bench: &Bench, contender: &Contender, n: usize) -> IdleMemory {
+    let settle = if bench.settings.quick { Duration::from_millis(500) } else { Duration::from_secs(1) };
+    std::thread::sleep(settle);
+    let rss_idle_kib = contender.usage().map_or(0, |u| u.rss_kib);
+    let idle = bench.block_on(tcp_load::open_idle(contender.addr, n, OPEN_PARALLEL));
+    std::thread::sleep(settle);
+    let with = contender.usage().map_or(0, |u| u.rss_kib);
+    let open = idle.streams.len();
+    if idle.failed > 0 {
+        eprintln!("  {} of {n} idle connections failed", idle.failed);
+    }
+    drop(idle);
+    // With too many failures the difference says little; report nothing rather than a guess.
+    let per_connection_kib = (open * 100 >= n * 99).then(|| with.saturating_sub(rss_idle_kib) as f64 / open as f64);
+    IdleMemory { rss_idle_kib, per_connection_kib }
+}

@@ -1,0 +1,94 @@
+//! Scenario 1, Istio's: HTTP/1.1, 1 KiB responses, 16 connections, 1000 requests per second at
+//! a fixed rate with coordinated-omission correction; the percentiles, and what each proxy adds
+//! over no proxy.
+
+use super::{cpu_ms_per_1000, mib, Bench};
+use crate::open_loop::{self, Plan};
+use crate::proxy_config::{Mode, Proxy};
+use crate::report::{Column, Table};
+
+/// Istio's benchmark load.
+pub const RATE: f64 = 1000.0;
+pub const CONNECTIONS: usize = 16;
+const QUANTILES: [f64; 4] = [0.5, 0.9, 0.99, 0.999];
+
+/// Runs the scenario for every contender.
+pub fn run(bench: &Bench) -> Table {
+    let s = &bench.settings;
+    let plan = Plan { rate: RATE, connections: CONNECTIONS, warmup: s.warmup, duration: s.latency_run };
+    let mut table = Table::new(
+        "latency",
+        "1. Latency (Istio's benchmark): HTTP/1.1, 1 KiB responses, 16 connections, 1000 rps open loop",
+        vec![
+            Column::new("p50", "µs", 0).with_ratios(),
+            Column::new("p90", "µs", 0),
+            Column::new("p99", "µs", 0).with_ratios(),
+            Column::new("p99.9", "µs", 0),
+            Column::new("added p50", "µs", 0),
+            Column::new("added p90", "µs", 0),
+            Column::new("added p99", "µs", 0),
+            Column::new("added p99.9", "µs", 0),
+            Column::new("rps", "", 0),
+            Column::new("errors", "", 0),
+            Column::new("proxy CPU / 1000 req", "ms", 1).with_envoy_ratio(),
+            Column::new("proxy RSS", "MiB", 1),
+        ],
+    );
+    table.notes.push(format!(
+        "Open-loop generator in the benches crate (hyper client, hdrhistogram): requests due every 1 ms spread evenly over {CONNECTIONS} keep-alive connections, latency measured from when each was due; {:?} warm-up, then {:?} recorded.",
+        plan.warmup, plan.duration
+    ));
+    table.notes.push("\"added\" = this row's percentile − no proxy's. remora-tcp is Remora forwarding opaque TCP (L4): a reference, not like-for-like.".into());
+    let mut baseline: Option<Vec<f64>> = None;
+    for proxy in s.contenders(true) {
+        eprintln!("latency: {}", proxy.name());
+        let contender = match bench.start(proxy, Mode::Http1, bench.upstream) {
+            Ok(c) => c,
+            Err(why) => {
+                table.push_missing(proxy.name(), why);
+                continue;
+            }
+        };
+        let (outcome, cost) = bench.measure(&contender, || bench.block_on(open_loop::run(contender.addr, plan)));
+        drop(contender);
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                table.push_missing(proxy.name(), format!("load failed: {e:#}"));
+                continue;
+            }
+        };
+        let percentiles: Vec<f64> = QUANTILES.iter().map(|q| outcome.percentile_us(*q)).collect();
+        if proxy == Proxy::NoProxy {
+            baseline = Some(percentiles.clone());
+        }
+        let added: Vec<Option<f64>> = match &baseline {
+            Some(base) => percentiles.iter().zip(base).map(|(p, b)| Some(p - b)).collect(),
+            None => vec![None; 4],
+        };
+        let mut values: Vec<Option<f64>> = percentiles.iter().map(|p| Some(*p)).collect();
+        values.extend(added);
+        values.push(Some(outcome.achieved_rate()));
+        values.push(Some(outcome.errors as f64));
+        values.push(cost.map(|c| cpu_ms_per_1000(c.cpu_seconds, outcome.answered)));
+        values.push(cost.map(|c| mib(c.max_rss_kib)));
+        let mut notes = vec![];
+        if outcome.max_generator_lag.as_millis() >= 5 {
+            notes.push(format!("generator lagged up to {:?}", outcome.max_generator_lag));
+        }
+        if outcome.errors > 0 {
+            notes.push(format!("{} failed requests", outcome.errors));
+        }
+        eprintln!(
+            "latency: {} p50 {:.0} µs p99 {:.0} µs p99.9 {:.0} µs, {:.0} rps, {} errors",
+            proxy.name(),
+            percentiles[0],
+            percentiles[2],
+            percentiles[3],
+            outcome.achieved_rate(),
+            outcome.errors
+        );
+        table.push(proxy.name(), values, (!notes.is_empty()).then(|| notes.join("; ")));
+    }
+    table
+}

@@ -1,0 +1,109 @@
+//! Scenario 2, maximum throughput through each proxy's L7 mode: HTTP/1.1 keep-alive over 64
+//! connections (wrk), and gRPC unary calls over h2c, 16 connections × 16 streams (h2load).
+
+use super::{cpu_ms_per_1000, grpc_request_body, Bench};
+use crate::load_tools::{self, HttpLoad};
+use crate::proxy_config::{Mode, Proxy};
+use crate::report::{Column, Table};
+use std::fs;
+use std::time::Duration;
+
+const HTTP1_CONNECTIONS: usize = 64;
+const GRPC_CONNECTIONS: usize = 16;
+const GRPC_STREAMS: usize = 16;
+/// Extra time a tool gets beyond its own duration before it is killed.
+const TOOL_GRACE: Duration = Duration::from_secs(15);
+
+fn columns(percentiles: bool) -> Vec<Column> {
+    let mut c = vec![Column::new("req/s", "", 0).with_ratios(), Column::new("mean latency", "µs", 0)];
+    if percentiles {
+        c.push(Column::new("p50", "µs", 0));
+        c.push(Column::new("p99", "µs", 0));
+    }
+    c.extend([
+        Column::new("errors", "", 0),
+        Column::new("proxy CPU", "cores", 2),
+        Column::new("proxy CPU / 1000 req", "ms", 1).with_envoy_ratio(),
+    ]);
+    c
+}
+
+/// Runs both halves of the scenario.
+pub fn run(bench: &Bench) -> Vec<Table> {
+    let mut http1 = Table::new(
+        "throughput-http1",
+        "2a. Max throughput, HTTP/1.1 keep-alive, 64 connections (wrk, 1 thread)",
+        columns(true),
+    );
+    http1.notes.push(format!("wrk -t1 -c{HTTP1_CONNECTIONS} -d{}s --latency; wrk and the upstream share the load core.", bench.settings.run.as_secs()));
+    let mut grpc = Table::new(
+        "throughput-grpc",
+        "2b. Max throughput, gRPC unary over h2c, 16 connections × 16 streams (h2load, 1 thread)",
+        columns(false),
+    );
+    grpc.notes.push("h2load -c16 -m16 -t1, POST of a 100-byte gRPC message, 1 KiB gRPC answer with grpc-status trailers; HTTP/2 end to end (Envoy's cluster, HAProxy's `proto h2`, nginx's grpc_pass, Remora's HTTP mode).".into());
+
+    let body_file = bench.work_dir.join("grpc-request.bin");
+    let body_written = fs::write(&body_file, grpc_request_body()).map_err(|e| e.to_string());
+    for proxy in bench.settings.contenders(true) {
+        eprintln!("throughput: {} (HTTP/1.1)", proxy.name());
+        let row = bench.tools.wrk.clone().ok_or("wrk not found (scripts/bench-deps installs it)".to_string()).and_then(|wrk| {
+            one_run(bench, proxy, Mode::Http1, |addr| {
+                let args = load_tools::wrk_args(addr, HTTP1_CONNECTIONS, bench.settings.run);
+                let out = bench.run_tool("wrk", &wrk, &args, bench.settings.run + TOOL_GRACE)?;
+                load_tools::parse_wrk(&out).ok_or_else(|| format!("wrk printed no report: {}", out.trim()))
+            })
+        });
+        push(&mut http1, proxy, row, true);
+
+        eprintln!("throughput: {} (gRPC over h2c)", proxy.name());
+        let row = match (&bench.tools.h2load, &body_written) {
+            (None, _) => Err("h2load not found (scripts/bench-deps installs nghttp2-client)".to_string()),
+            (_, Err(e)) => Err(format!("writing the request body: {e}")),
+            (Some(h2load), Ok(())) => one_run(bench, proxy, Mode::Grpc, |addr| {
+                let args = load_tools::h2load_args(addr, GRPC_CONNECTIONS, GRPC_STREAMS, bench.settings.run, &body_file);
+                let out = bench.run_tool("h2load", h2load, &args, bench.settings.run + TOOL_GRACE)?;
+                load_tools::parse_h2load(&out).ok_or_else(|| format!("h2load printed no report: {}", out.trim()))
+            }),
+        };
+        push(&mut grpc, proxy, row, false);
+    }
+    vec![http1, grpc]
+}
+
+type Measured = (HttpLoad, Option<(f64, f64)>);
+
+/// Starts `proxy` in `mode`, runs `load` through it, and returns the load's numbers with the
+/// proxy's CPU (cores busy, ms per 1000 requests).
+fn one_run(
+    bench: &Bench,
+    proxy: Proxy,
+    mode: Mode,
+    load: impl FnOnce(std::net::SocketAddr) -> Result<HttpLoad, String>,
+) -> Result<Measured, String> {
+    let contender = bench.start(proxy, mode, bench.upstream)?;
+    let started = std::time::Instant::now();
+    let (result, cost) = bench.measure(&contender, || load(contender.addr));
+    let elapsed = started.elapsed().as_secs_f64();
+    let measured = result?;
+    let cpu = cost.map(|c| (c.cpu_seconds / elapsed, cpu_ms_per_1000(c.cpu_seconds, measured.requests + measured.errors)));
+    Ok((measured, cpu))
+}
+
+fn push(table: &mut Table, proxy: Proxy, row: Result<Measured, String>, percentiles: bool) {
+    match row {
+        Err(why) => table.push_missing(proxy.name(), why),
+        Ok((load, cpu)) => {
+            eprintln!("  {:.0} req/s, {} errors", load.requests_per_second, load.errors);
+            let mut values = vec![Some(load.requests_per_second), load.mean_us];
+            if percentiles {
+                values.push(load.p50_us);
+                values.push(load.p99_us);
+            }
+            values.extend([Some(load.errors as f64), cpu.map(|c| c.0), cpu.map(|c| c.1)]);
+            let total = load.requests + load.errors;
+            let note = (load.errors > 0).then(|| format!("{} of {total} requests failed", load.errors));
+            table.push(proxy.name(), values, note);
+        }
+    }
+}

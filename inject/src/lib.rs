@@ -1,0 +1,33 @@
+//! Sidecar injection: adds Remora to Kubernetes pods as Istio's injector adds Envoy.
+//!
+//! One library, two front ends: `remora inject` rewrites manifests ([`documents`]), and
+//! `remora webhook` answers the API server's admission reviews ([`webhook`]). Both hand each
+//! pod template to the [`Injector`] ([`injector`]), which decides ([`decision`]), resolves the
+//! pod's settings from the [`config`] and its annotations ([`settings`], checked by
+//! [`mod@validate`]), builds the capture and proxy containers as typed Kubernetes objects
+//! ([`capture`], [`sidecar`]), merges a user's own `istio-proxy` over them ([`overlay`]),
+//! rewrites application probes ([`probes`]) and writes the metadata ([`metadata`]). Pods stay
+//! untyped YAML values ([`pod`]) so that fields the injector does not know pass through.
+
+#![forbid(unsafe_code)]
+
+pub mod capture;
+pub mod config;
+pub mod decision;
+pub mod documents;
+pub mod error;
+pub mod injector;
+pub mod metadata;
+pub mod overlay;
+pub mod probes;
+pub mod names;
+pub mod pod;
+pub mod proxy_config;
+pub mod quantity;
+pub mod settings;
+pub mod sidecar;
+pub mod validate;
+
+pub use config::InjectorConfig;
+pub use error::InjectError;
+pub use injector::{Injector, Outcome, Request};
