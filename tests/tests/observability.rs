@@ -297,3 +297,56 @@ fn agent_port_merges_the_applications_metrics_and_quits_only_for_localhost() {
         "quitquitquit exits 0 at once: {status:?}"
     );
 }
+
+#[test]
+fn request_metrics_label_each_kind_of_request_as_istio_does() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net.remora().start_ready();
+    let outside = Server::http(&net.peer, net.peer_addr(APP_PORT), "from the peer\n");
+    let _app = Server::http(&net.pod, any_addr(APP_PORT), "from the app\n");
+
+    // Outbound 200, outbound to a closed port (503 UF after retries), inbound 200.
+    assert_eq!(
+        curl_in(&net.pod, &[&format!("http://{}/", outside.addr())]).0,
+        200
+    );
+    assert_eq!(
+        curl_in(&net.pod, &[&format!("http://{}/", net.peer_addr(9))]).0,
+        503
+    );
+    let inbound = format!("http://{}/", net.pod_addr(APP_PORT));
+    assert_eq!(curl_in(&net.peer, &[&inbound]).0, 200);
+
+    let requests = "istio_requests_total";
+    let ok_out = [
+        ("reporter", "source"),
+        ("request_protocol", "http"),
+        ("response_code", "200"),
+        ("response_flags", "-"),
+    ];
+    let failed_out = [
+        ("reporter", "source"),
+        ("response_code", "503"),
+        ("response_flags", "UF,URX"),
+    ];
+    let ok_in = [
+        ("reporter", "destination"),
+        ("response_code", "200"),
+        ("connection_security_policy", "none"),
+    ];
+    remora.wait_for_metrics("request metrics of three kinds", SETTLE, |m: &Metrics| {
+        m.value(requests, &ok_out) == 1.0
+            && m.value(requests, &failed_out) == 1.0
+            && m.value(requests, &ok_in) == 1.0
+    });
+    let m = remora.metrics();
+    let count = "istio_request_duration_milliseconds_count";
+    assert_eq!(m.value(count, &ok_in), 1.0);
+    assert_eq!(
+        m.value("istio_response_bytes_sum", &ok_out),
+        "from the peer\n".len() as f64
+    );
+}

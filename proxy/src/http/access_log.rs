@@ -8,13 +8,13 @@
 //! ```
 //! (on one line). Absent values print as `-`, as Envoy prints them.
 
+use super::counting::BodyCounter;
 use super::errors::Flags;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Uri, Version};
 use remora_config::AccessLogFormat;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -36,7 +36,7 @@ pub struct RequestLog {
     /// Time from the request to the upstream's response headers.
     pub upstream_time: Option<Duration>,
     /// Request body bytes read from the client.
-    pub received: Arc<AtomicU64>,
+    pub received: Arc<BodyCounter>,
 }
 
 impl RequestLog {
@@ -65,7 +65,7 @@ impl RequestLog {
             status: 0,
             upstream: None,
             upstream_time: None,
-            received: Arc::new(AtomicU64::new(0)),
+            received: Arc::new(BodyCounter::default()),
         }
     }
 
@@ -78,7 +78,7 @@ impl RequestLog {
             Version::HTTP_2 => "HTTP/2",
             _ => "HTTP/1.1",
         };
-        let received = self.received.load(Ordering::Relaxed);
+        let received = self.received.bytes();
         let duration = self.started.elapsed().as_millis();
         let upstream_time = self
             .upstream_time
@@ -179,7 +179,7 @@ mod tests {
         );
         e.status = 503;
         e.upstream = Some("10.0.0.7:8080".parse().unwrap());
-        e.received.store(12, Ordering::Relaxed);
+        e.received.set_bytes(12);
         e
     }
 

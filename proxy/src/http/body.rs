@@ -6,18 +6,20 @@
 //! back to the pool, and its access-log line is written.
 
 use super::access_log::RequestLog;
+use super::counting::{BodyCounter, GrpcFraming};
 use super::errors::Flags;
 use super::pool::{Key, Sender};
 use super::retry::ReplayBody;
 use super::ConnContext;
+use crate::metrics::RequestOutcome;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Instant;
 use tokio::time::Sleep;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -30,7 +32,7 @@ pub enum UpstreamBody {
     /// The client's body, streamed as it arrives.
     Streamed {
         inner: Incoming,
-        received: Option<Arc<AtomicU64>>,
+        received: Option<Arc<BodyCounter>>,
     },
     /// The client's body, kept for replay while it is short enough.
     Replay(ReplayBody),
@@ -50,7 +52,7 @@ impl Body for UpstreamBody {
                 let frame = ready!(Pin::new(inner).poll_frame(cx));
                 if let (Some(Ok(f)), Some(counter)) = (&frame, received) {
                     if let Some(d) = f.data_ref() {
-                        counter.fetch_add(d.len() as u64, Ordering::Relaxed);
+                        counter.data(d);
                     }
                 }
                 Poll::Ready(frame.map(|r| r.map_err(Into::into)))
@@ -157,6 +159,14 @@ impl Body for ResponseBody {
             Some(Ok(f)) => {
                 if let (Some(d), Some(end)) = (f.data_ref(), &mut this.end) {
                     end.sent += d.len() as u64;
+                    if end.grpc {
+                        end.response_framing.feed(d);
+                    }
+                }
+                if let (Some(t), Some(end)) = (f.trailers_ref(), &mut this.end) {
+                    if let Some(s) = super::headers::grpc_status(t) {
+                        end.grpc_status = Some(s);
+                    }
                 }
                 if this.is_end_stream() {
                     this.finish();
@@ -198,11 +208,26 @@ pub struct RequestEnd {
     pub flags: Flags,
     pub sent: u64,
     pub complete: bool,
+    /// When the request arrived.
+    pub started: Instant,
+    pub grpc: bool,
+    /// The status sent downstream; 0 until there is one.
+    pub status: u16,
+    /// From the response's trailers (or headers, for a trailers-only response).
+    pub grpc_status: Option<u32>,
+    /// The request body as it was read from the client.
+    pub received: Arc<BodyCounter>,
+    pub response_framing: GrpcFraming,
 }
 
 impl RequestEnd {
     /// A request that has just started on `conn`.
-    pub fn new(conn: Arc<ConnContext>, log: Option<Box<RequestLog>>) -> Self {
+    pub fn new(
+        conn: Arc<ConnContext>,
+        log: Option<Box<RequestLog>>,
+        grpc: bool,
+        started: Instant,
+    ) -> Self {
         conn.request_started();
         RequestEnd {
             conn,
@@ -211,6 +236,12 @@ impl RequestEnd {
             flags: Flags::default(),
             sent: 0,
             complete: false,
+            started,
+            grpc,
+            status: 0,
+            grpc_status: None,
+            received: Arc::new(BodyCounter::new(grpc)),
+            response_framing: GrpcFraming::default(),
         }
     }
 }
@@ -227,6 +258,18 @@ impl Drop for RequestEnd {
         if !self.complete && !upstream_failed {
             self.flags.insert(Flags::DC);
         }
+        self.conn.proxy.metrics.request_finished(&RequestOutcome {
+            direction: self.conn.direction,
+            grpc: self.grpc,
+            code: self.status,
+            grpc_status: self.grpc_status,
+            flags: self.flags,
+            duration: self.started.elapsed(),
+            request_bytes: self.received.bytes(),
+            response_bytes: self.sent,
+            request_messages: self.received.messages(),
+            response_messages: self.response_framing.messages,
+        });
         if let Some(log) = self.log.take() {
             self.conn.write_log(*log, self.flags, self.sent);
         }

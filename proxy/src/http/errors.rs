@@ -6,7 +6,7 @@ use std::fmt;
 use std::net::SocketAddr;
 
 /// Envoy's response flags, as a set. Displayed the way Envoy prints them: `UF,URX`, or `-`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Flags(u16);
 
 impl Flags {

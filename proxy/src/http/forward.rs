@@ -9,6 +9,7 @@
 
 use super::access_log::RequestLog;
 use super::body::{RequestEnd, ResponseBody, UpstreamBody};
+use super::counting::BodyCounter;
 use super::errors::{ErrorKind, Flags, ProxyError};
 use super::headers::{self, ATTEMPT_COUNT, GRPC_MESSAGE, GRPC_STATUS};
 use super::pool::{self, Key, Sender};
@@ -24,7 +25,6 @@ use http::{Request, Response, StatusCode};
 use http_body::Body as _;
 use hyper::body::Incoming;
 use std::convert::Infallible;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -42,7 +42,7 @@ pub async fn handle(
 ) -> Result<Response<ResponseBody>, Infallible> {
     let start = (SystemTime::now(), Instant::now());
     let grpc = headers::is_grpc(req.headers());
-    let mut end = RequestEnd::new(Arc::clone(&ctx), None);
+    let mut end = RequestEnd::new(Arc::clone(&ctx), None, grpc, start.1);
 
     // Phase 1: the request.
     if let Err(why) = headers::check_request(req.headers()) {
@@ -67,7 +67,10 @@ pub async fn handle(
         );
         end.log = Some(Box::new(log));
     }
-    let received = end.log.as_ref().map(|l| Arc::clone(&l.received));
+    if let Some(log) = &mut end.log {
+        log.received = Arc::clone(&end.received);
+    }
+    let received = Some(Arc::clone(&end.received));
     let timeout = headers::grpc_timeout(&parts.headers)
         .filter(|_| grpc)
         .or_else(|| Some(ctx.config.http.request_timeout).filter(|t| !t.is_zero()));
@@ -117,6 +120,9 @@ pub async fn handle(
     }
     let (mut parts, body) = response.into_parts();
     headers::prepare_response(&mut parts.headers, upgraded);
+    end.status = parts.status.as_u16();
+    // A trailers-only gRPC response carries its status in the headers.
+    end.grpc_status = headers::grpc_status(&parts.headers);
     if let Some(log) = &mut end.log {
         log.status = parts.status.as_u16();
         log.upstream = Some(ctx.key.destination);
@@ -142,7 +148,7 @@ async fn attempts(
     ctx: &ConnContext,
     parts: Parts,
     body: Incoming,
-    received: Option<Arc<AtomicU64>>,
+    received: Option<Arc<BodyCounter>>,
     upgrade: bool,
     flags: &mut Flags,
 ) -> Result<Upstreamed, ProxyError> {
@@ -338,8 +344,10 @@ fn local_reply(kind: ErrorKind, grpc: bool, mut end: RequestEnd) -> Response<Res
         builder = builder.header(CONNECTION, "close");
     }
     end.flags.insert(kind.flag());
+    end.status = if grpc { 200 } else { kind.status().as_u16() };
+    end.grpc_status = grpc.then(|| u32::from(kind.grpc_status()));
     if let Some(log) = &mut end.log {
-        log.status = if grpc { 200 } else { kind.status().as_u16() };
+        log.status = end.status;
     }
     match builder.body(()) {
         Ok(r) => r.map(|()| ResponseBody::local(body, end)),

@@ -11,6 +11,7 @@
 
 pub mod access_log;
 pub mod body;
+pub mod counting;
 pub mod errors;
 pub mod forward;
 pub mod headers;

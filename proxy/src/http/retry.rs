@@ -7,13 +7,13 @@
 //! `http.retry_buffer_bytes`. The body is still streamed to the first attempt as it arrives (no
 //! added latency); a copy is kept on the side, and dropped as soon as it outgrows the bound.
 
+use super::counting::BodyCounter;
 use super::headers;
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -63,7 +63,7 @@ struct Shared {
     trailers: Option<HeaderMap>,
     done: bool,
     /// Bytes read from the client, for the access log.
-    received: Option<Arc<AtomicU64>>,
+    received: Option<Arc<BodyCounter>>,
 }
 
 /// Why a replica cannot go on.
@@ -73,7 +73,7 @@ pub struct NotReplayable;
 
 impl ReplayBody {
     /// Wrap the client's body, keeping at most `limit` bytes of it for replays.
-    pub fn new(inner: Incoming, limit: usize, received: Option<Arc<AtomicU64>>) -> Self {
+    pub fn new(inner: Incoming, limit: usize, received: Option<Arc<BodyCounter>>) -> Self {
         let exact_len = inner.size_hint().exact();
         ReplayBody {
             shared: Arc::new(Mutex::new(Shared {
@@ -148,7 +148,7 @@ impl Body for ReplayBody {
                     Ok(data) => {
                         this.next += 1;
                         if let Some(counter) = &s.received {
-                            counter.fetch_add(data.len() as u64, Ordering::Relaxed);
+                            counter.data(&data);
                         }
                         if !s.overflowed && s.buffered + data.len() <= s.limit {
                             s.buffered += data.len();

@@ -9,11 +9,13 @@ mod dns;
 mod envoy;
 mod exposition;
 mod istio;
+mod istio_http;
 mod process;
 
 pub use dns::DnsMetrics;
 pub use envoy::{EnvoyStat, Kind as StatKind, Scope as StatScope, ServerState, ServerStats};
 pub use istio::{IstioLabels, FLAGS};
+pub use istio_http::RequestOutcome;
 pub use process::{sample as process_sample, Sample as ProcessSample};
 
 use crate::workload::Workload;
@@ -44,6 +46,7 @@ pub struct Metrics {
     pub access_log_dropped: Counter,
     /// Server state, uptime and workers, for Envoy's `server.*` stats.
     pub server: Arc<ServerStats>,
+    requests: istio_http::RequestMetrics,
     /// The DNS forwarder.
     pub dns: DnsMetrics,
     envoy: envoy::EnvoyStats,
@@ -116,6 +119,7 @@ impl Metrics {
     pub fn new(own: &Workload, listeners: ListenerNames) -> Self {
         let mut registry = Registry::default();
         let istio_tcp = istio::TcpFamilies::register(&mut registry);
+        let requests = istio_http::RequestMetrics::register(&mut registry, own);
         let build = Family::<IstioLabels, Gauge>::default();
         registry.register("istio_build", "Istio component build info", build.clone());
         build
@@ -208,6 +212,7 @@ impl Metrics {
         registry.register_collector(Box::new(envoy.clone()));
         let dns = DnsMetrics::register(&mut registry);
         Metrics {
+            requests,
             server,
             dns,
             envoy,
@@ -228,6 +233,11 @@ impl Metrics {
             Direction::Outbound => &self.outbound,
             Direction::Inbound => &self.inbound,
         }
+    }
+
+    /// Record one finished HTTP or gRPC request in Istio's request metrics.
+    pub fn request_finished(&self, outcome: &RequestOutcome) {
+        self.requests.record(outcome);
     }
 
     /// Envoy's statistics, now, for the admin `/stats` page.

@@ -1,0 +1,294 @@
+//! Istio's standard request metrics: `istio_requests_total`, the duration and size histograms,
+//! and the gRPC message counters, with Istio's names, labels and buckets.
+//!
+//! A series is keyed by what varies per request — direction, protocol, status, gRPC status and
+//! response flags, each from a small closed set — and the workload labels, fixed at start-up,
+//! are shared by every key. Looking up a series hashes a few integers, not 25 strings.
+
+use super::istio::{labels, IstioLabels};
+use crate::http::errors::Flags;
+use crate::workload::Workload;
+use crate::Direction;
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Istio's buckets for `istio_request_duration_milliseconds`.
+const DURATION_BUCKETS_MS: [f64; 19] = [
+    0.5, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0,
+    60000.0, 300000.0, 600000.0, 1800000.0, 3600000.0,
+];
+/// Istio's buckets for the request and response size histograms: 1 B to 100 MB by tens.
+const SIZE_BUCKETS: [f64; 9] = [1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8];
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS_MS)
+}
+
+fn size_histogram() -> Histogram {
+    Histogram::new(SIZE_BUCKETS)
+}
+
+type Histograms = Family<RequestKey, Histogram, fn() -> Histogram>;
+
+/// The labels every request of one direction shares: ours and the (unknown) peer's.
+#[derive(Debug)]
+struct Base {
+    /// Istio's labels up to `destination_cluster`.
+    leading: IstioLabels,
+    connection_security_policy: String,
+}
+
+/// One series: the per-request labels, and the shared ones.
+#[derive(Debug, Clone)]
+pub struct RequestKey {
+    direction: Direction,
+    grpc: bool,
+    code: u16,
+    grpc_status: Option<u8>,
+    flags: Flags,
+    base: Arc<Base>,
+}
+
+// The shared labels follow from the direction, so they take no part in identity.
+impl PartialEq for RequestKey {
+    fn eq(&self, o: &Self) -> bool {
+        (
+            self.direction,
+            self.grpc,
+            self.code,
+            self.grpc_status,
+            self.flags,
+        ) == (o.direction, o.grpc, o.code, o.grpc_status, o.flags)
+    }
+}
+
+impl Eq for RequestKey {}
+
+impl Hash for RequestKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        (
+            self.direction,
+            self.grpc,
+            self.code,
+            self.grpc_status,
+            self.flags,
+        )
+            .hash(h);
+    }
+}
+
+impl EncodeLabelSet for RequestKey {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        self.base.leading.as_slice().encode(encoder)?;
+        let grpc_status = match self.grpc_status {
+            Some(s) => s.to_string(),
+            None => String::new(),
+        };
+        [
+            (
+                "request_protocol",
+                if self.grpc { "grpc" } else { "http" }.to_string(),
+            ),
+            ("response_code", self.code.to_string()),
+            ("grpc_response_status", grpc_status),
+            ("response_flags", self.flags.to_string()),
+            (
+                "connection_security_policy",
+                self.base.connection_security_policy.clone(),
+            ),
+        ]
+        .encode(encoder)
+    }
+}
+
+/// What one finished request reports.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestOutcome {
+    pub direction: Direction,
+    pub grpc: bool,
+    /// The status sent downstream (0 when no response was sent).
+    pub code: u16,
+    pub grpc_status: Option<u32>,
+    pub flags: Flags,
+    pub duration: Duration,
+    pub request_bytes: u64,
+    pub response_bytes: u64,
+    /// gRPC messages each way (0 for plain HTTP).
+    pub request_messages: u64,
+    pub response_messages: u64,
+}
+
+/// The request families and the shared labels of each direction.
+#[derive(Debug, Clone)]
+pub struct RequestMetrics {
+    requests: Family<RequestKey, Counter>,
+    duration: Histograms,
+    request_bytes: Histograms,
+    response_bytes: Histograms,
+    request_messages: Family<RequestKey, Counter>,
+    response_messages: Family<RequestKey, Counter>,
+    outbound: Arc<Base>,
+    inbound: Arc<Base>,
+}
+
+impl RequestMetrics {
+    /// Register the families under Istio's names.
+    pub fn register(registry: &mut Registry, own: &Workload) -> Self {
+        let base = |dir| {
+            let mut l = labels(own, dir, "-");
+            let security = l.pop().map(|(_, v)| v).unwrap_or_default();
+            // Drop request_protocol and response_flags: they are per request.
+            l.truncate(l.len().saturating_sub(2));
+            Arc::new(Base {
+                leading: l,
+                connection_security_policy: security,
+            })
+        };
+        let m = RequestMetrics {
+            requests: Family::default(),
+            duration: Family::new_with_constructor(duration_histogram),
+            request_bytes: Family::new_with_constructor(size_histogram),
+            response_bytes: Family::new_with_constructor(size_histogram),
+            request_messages: Family::default(),
+            response_messages: Family::default(),
+            outbound: base(Direction::Outbound),
+            inbound: base(Direction::Inbound),
+        };
+        registry.register("istio_requests", "Total requests", m.requests.clone());
+        registry.register(
+            "istio_request_duration_milliseconds",
+            "Request duration in milliseconds",
+            m.duration.clone(),
+        );
+        registry.register(
+            "istio_request_bytes",
+            "Request body size in bytes",
+            m.request_bytes.clone(),
+        );
+        registry.register(
+            "istio_response_bytes",
+            "Response body size in bytes",
+            m.response_bytes.clone(),
+        );
+        registry.register(
+            "istio_request_messages",
+            "gRPC messages sent by clients",
+            m.request_messages.clone(),
+        );
+        registry.register(
+            "istio_response_messages",
+            "gRPC messages sent by servers",
+            m.response_messages.clone(),
+        );
+        m
+    }
+
+    /// Record one finished request.
+    pub fn record(&self, o: &RequestOutcome) {
+        let key = RequestKey {
+            direction: o.direction,
+            grpc: o.grpc,
+            code: o.code,
+            // gRPC defines 0–16; anything else is folded into one value to bound cardinality.
+            grpc_status: o.grpc_status.map(|s| u8::try_from(s.min(17)).unwrap_or(17)),
+            flags: o.flags,
+            base: Arc::clone(match o.direction {
+                Direction::Outbound => &self.outbound,
+                Direction::Inbound => &self.inbound,
+            }),
+        };
+        self.requests.get_or_create(&key).inc();
+        self.duration
+            .get_or_create(&key)
+            .observe(o.duration.as_secs_f64() * 1000.0);
+        self.request_bytes
+            .get_or_create(&key)
+            .observe(o.request_bytes as f64);
+        self.response_bytes
+            .get_or_create(&key)
+            .observe(o.response_bytes as f64);
+        if o.grpc {
+            self.request_messages
+                .get_or_create(&key)
+                .inc_by(o.request_messages);
+            self.response_messages
+                .get_or_create(&key)
+                .inc_by(o.response_messages);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_lands_in_every_family_with_istios_labels() {
+        let mut registry = Registry::default();
+        let own = Workload {
+            name: "reviews-v2".into(),
+            ..Workload::default()
+        };
+        let m = RequestMetrics::register(&mut registry, &own);
+        let mut o = RequestOutcome {
+            direction: Direction::Inbound,
+            grpc: true,
+            code: 200,
+            grpc_status: Some(14),
+            flags: Flags::default(),
+            duration: Duration::from_millis(12),
+            request_bytes: 300,
+            response_bytes: 4000,
+            request_messages: 1,
+            response_messages: 2,
+        };
+        m.record(&o);
+        o.flags.insert(Flags::UF);
+        o.code = 503;
+        o.grpc = false;
+        o.grpc_status = None;
+        m.record(&o);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let grpc_line = text
+            .lines()
+            .find(|l| {
+                l.starts_with("istio_requests_total{") && l.contains("grpc_response_status=\"14\"")
+            })
+            .expect(&text);
+        assert!(
+            grpc_line.contains("reporter=\"destination\""),
+            "{grpc_line}"
+        );
+        assert!(
+            grpc_line.contains("destination_workload=\"reviews-v2\""),
+            "{grpc_line}"
+        );
+        assert!(
+            grpc_line.contains("request_protocol=\"grpc\",response_code=\"200\""),
+            "{grpc_line}"
+        );
+        assert!(
+            grpc_line.ends_with("response_flags=\"-\",connection_security_policy=\"none\"} 1"),
+            "{grpc_line}"
+        );
+        assert!(
+            text.contains("response_code=\"503\",grpc_response_status=\"\",response_flags=\"UF\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("istio_request_duration_milliseconds_bucket{"),
+            "{text}"
+        );
+        assert!(
+            text.contains("istio_response_messages_total{") && text.contains("} 2\n"),
+            "{text}"
+        );
+    }
+}
