@@ -49,7 +49,8 @@ pub fn parse_wrk(text: &str) -> Option<HttpLoad> {
                 .sum::<u64>();
         } else if fields.len() >= 2 && fields[1] == "requests" && line.contains(" in ") {
             total = fields[0].parse::<u64>().ok();
-        } else if fields.first() == Some(&"Latency") && fields.len() >= 2 {
+        } else if fields.first() == Some(&"Latency") && fields.len() >= 5 {
+            // The thread-stats line (not "Latency Distribution"): avg, stdev, max, +/- stdev.
             load.mean_us = parse_wrk_duration_us(fields[1]);
         } else if fields.len() == 2 && fields[0] == "50%" {
             load.p50_us = parse_wrk_duration_us(fields[1]);

@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod capture;
+pub mod cli;
 pub mod config;
 pub mod decision;
 pub mod documents;
@@ -19,6 +20,7 @@ pub mod error;
 pub mod injector;
 pub mod metadata;
 pub mod overlay;
+pub mod patch;
 pub mod probes;
 pub mod names;
 pub mod pod;
@@ -27,6 +29,7 @@ pub mod quantity;
 pub mod settings;
 pub mod sidecar;
 pub mod validate;
+pub mod webhook;
 
 pub use config::InjectorConfig;
 pub use error::InjectError;

@@ -109,9 +109,12 @@ impl Reloader {
         };
         match result {
             Ok(new) => {
-                let new = self.overrides.apply(new);
+                let mut new = self.overrides.apply(new);
                 let old = self.store.load();
                 warn_if_needs_restart(&old, &new);
+                // The inbound listener was bound transparent or not at start; its connections
+                // must go on being dialled for that mode.
+                new.inbound.interception_mode = old.inbound.interception_mode;
                 self.store.store(Arc::new(new));
                 self.metrics.reloads_ok.inc();
                 tracing::info!(file = %self.path.display(), why, "config reloaded");
@@ -134,6 +137,11 @@ fn warn_if_needs_restart(old: &Config, new: &Config) {
         || old.listeners != new.listeners
     {
         tracing::warn!("listener ports or addresses changed; they take effect at the next start");
+    }
+    if old.inbound.interception_mode != new.inbound.interception_mode || old.dns != new.dns {
+        tracing::warn!(
+            "inbound.interception_mode or dns changed; they take effect at the next start"
+        );
     }
 }
 

@@ -467,3 +467,39 @@ fn tproxy_without_the_gid_exemption_captures_the_proxys_own_upstream() {
         |m| m.value(LOOP_REFUSED, &[("guard", "own_upstream")]) >= 1.0,
     );
 }
+
+#[test]
+fn tproxy_ipv6_inbound_shows_the_app_the_client() {
+    let Some(net) = dual_stack_pod() else {
+        return;
+    };
+    let mut args = TPROXY_CAPTURE_ARGS.to_vec();
+    args.push("--dual-stack");
+    net.capture(&args);
+    let remora = net
+        .remora()
+        .user(TPROXY_UID, PROXY_GID)
+        .env("ISTIO_META_INTERCEPTION_MODE", "TPROXY")
+        .start_ready();
+    let app = Server::http(
+        &net.pod,
+        SocketAddr::new(unspecified(IpFamily::V6), APP_PORT),
+        "app\n",
+    );
+
+    let target = SocketAddr::new(net.pod_ip6().into(), APP_PORT);
+    let out = peer::curl(&net.peer, &["-g", &url(target)], CURL_TIME);
+
+    assert_eq!(
+        curl_ok(&out, "IPv6 inbound GET in TPROXY mode"),
+        "app\n",
+        "{}",
+        remora.stderr()
+    );
+    assert_eq!(sources(&app), [IpAddr::V6(net.peer_ip6())]);
+    remora.wait_for_metrics(
+        "the inbound connection crossed Remora",
+        METRICS_SETTLE,
+        |m| m.value(OPENED, &[INBOUND]) >= 1.0,
+    );
+}

@@ -1,0 +1,512 @@
+//! Shared by the conformance and webhook tests: finding Istio's injection goldens
+//! (shared/conformance/inject), turning a case's Istio settings into Remora's injector config,
+//! and reading back from an injected pod the facts the goldens record.
+
+#![allow(dead_code)] // each test file uses its own part
+
+use k8s_openapi::api::core::v1::Namespace;
+use remora_inject::config::{CniProvider, InterceptionMode, Platform};
+use remora_inject::documents::{is_blank, split_documents};
+use remora_inject::InjectorConfig;
+use serde_json::{json, Map, Value as Json};
+use std::path::PathBuf;
+
+/// One conformance case.
+pub struct Case {
+    pub name: String,
+    pub expect: Json,
+    pub input: String,
+}
+
+/// The conformance folder, or `None` (with the reason printed) when it is absent outside CI.
+pub fn conformance_dir() -> Option<PathBuf> {
+    let dir = match std::env::var_os("REMORA_INJECT_CONFORMANCE_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/conformance/inject"),
+    };
+    if dir.join("README.md").is_file() {
+        return Some(dir);
+    }
+    let reason = format!("no conformance cases at {}", dir.display());
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{reason} (set REMORA_INJECT_CONFORMANCE_DIR)");
+    }
+    println!("skipped: {reason}");
+    None
+}
+
+pub fn load_cases(dir: &std::path::Path) -> Vec<Case> {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("read conformance dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(".expect.json"))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|path| {
+            let expect: Json = serde_json::from_str(&std::fs::read_to_string(&path).expect("read case"))
+                .expect("case json");
+            let input_file = expect["input"].as_str().expect("input name");
+            let input = std::fs::read_to_string(dir.join(input_file)).expect("read input");
+            Case {
+                name: expect["case"].as_str().expect("case name").to_string(),
+                expect,
+                input,
+            }
+        })
+        .collect()
+}
+
+/// Istio settings Remora has no equivalent for, and why; each may only appear in cases whose
+/// settings change nothing the goldens record (checked by the caller).
+pub const NOT_EXPRESSIBLE: &[(&str, &str)] = &[
+    ("values.global.proxy_init.image", "Remora runs one image for both containers"),
+    ("values.global.podDNSSearchNamespaces", "unused by Istio's own template"),
+    ("mesh.defaultConfig.drainDuration", "remora run's drain.duration, not an injector setting"),
+    ("mesh.defaultConfig.tracing", "Remora has no tracing yet"),
+    ("mesh.extensionProviders", "Remora has no telemetry providers yet"),
+    ("mesh.inboundTrafficPolicy.mode", "Remora always delivers inbound from 127.0.0.6"),
+    ("compliance_policy", "Istio's Go crypto policy; Remora's TLS is rustls"),
+];
+
+/// The injector config (and Namespace object) equivalent to a case's Istio settings, and the
+/// settings it could not express.
+pub fn config_for(settings: &Json) -> (InjectorConfig, Option<Namespace>, Vec<String>) {
+    let mut c = InjectorConfig::default();
+    let mut unexpressed = Vec::new();
+    let mut namespace = None;
+    let s = settings.as_object().expect("settings object");
+    for (k, v) in s {
+        match k.as_str() {
+            "native_sidecar" => c.native_sidecars = v.as_bool().expect("bool"),
+            "cni" => c.cni.enabled = v.as_bool().expect("bool"),
+            "platform" => {
+                assert_eq!(v, "openshift");
+                c.platform = Platform::Openshift;
+            }
+            "namespace" => namespace = Some(serde_json::from_value(json!({"metadata": v})).expect("namespace")),
+            "values" | "mesh" => {
+                for (path, value) in v.as_object().expect("map") {
+                    if !apply_setting(&mut c, k, path, value) {
+                        unexpressed.push(format!("{k}.{path}"));
+                    }
+                }
+            }
+            other => unexpressed.push(other.to_string()),
+        }
+    }
+    (c, namespace, unexpressed)
+}
+
+fn apply_setting(c: &mut InjectorConfig, section: &str, path: &str, v: &Json) -> bool {
+    let text = || v.as_str().expect("string setting").to_string();
+    let number = || u32::try_from(v.as_u64().expect("number setting")).expect("u32");
+    match (section, path) {
+        ("values", "cni.provider") => {
+            assert_eq!(v, "multus");
+            c.cni.provider = CniProvider::Multus;
+        }
+        ("values", "global.network") => c.network = Some(text()),
+        ("values", "global.imagePullPolicy") => c.image_pull_policy = Some(text()),
+        ("values", "global.imagePullSecrets") => {
+            c.image_pull_secrets = serde_json::from_value(v.clone()).expect("list")
+        }
+        ("values", "global.mountMtlsCerts") => c.proxy.mount_mtls_certs = v.as_bool().expect("bool"),
+        ("values", "global.proxy.holdApplicationUntilProxyStarts") => {
+            c.proxy.hold_application_until_proxy_starts = v.as_bool().expect("bool")
+        }
+        ("values", "global.proxy.image") => c.image = text(),
+        ("values", "global.proxy.statusPort") => c.proxy.status_port = u16::try_from(number()).expect("port"),
+        ("values", "global.proxy.readinessInitialDelaySeconds") => {
+            c.proxy.readiness.initial_delay_seconds = number()
+        }
+        ("values", "global.proxy.readinessPeriodSeconds") => c.proxy.readiness.period_seconds = number(),
+        ("values", "global.proxy.readinessFailureThreshold") => {
+            c.proxy.readiness.failure_threshold = number()
+        }
+        ("values", "global.proxy.resources") => {
+            c.proxy.resources = serde_json::from_value(v.clone()).expect("resources")
+        }
+        ("values", "global.proxy.includeIPRanges") => c.capture.include_ip_ranges = text(),
+        ("values", "global.proxy.excludeIPRanges") => c.capture.exclude_ip_ranges = text(),
+        ("values", "global.proxy.excludeInboundPorts") => c.capture.exclude_inbound_ports = text(),
+        ("mesh", "defaultConfig.interceptionMode") => {
+            c.capture.interception_mode = InterceptionMode::parse(&text()).expect("mode")
+        }
+        ("mesh", p) if p.starts_with("defaultConfig.proxyMetadata.") => {
+            let name = p.trim_start_matches("defaultConfig.proxyMetadata.");
+            c.proxy.env.insert(name.to_string(), text());
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// A pod template found in an injected stream: kind, name, metadata and spec (as JSON).
+pub struct FoundTemplate {
+    pub kind: String,
+    pub name: String,
+    pub metadata: Json,
+    pub spec: Json,
+}
+
+/// The pod templates of a YAML stream, in document order, `List` items expanded.
+pub fn templates_of(yaml: &str) -> Vec<FoundTemplate> {
+    let mut out = Vec::new();
+    for doc in split_documents(yaml).into_iter().filter(|d| !is_blank(d)) {
+        let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(doc).expect("output yaml");
+        let json = serde_json::to_value(&value).expect("json");
+        if json["kind"] == "List" {
+            for item in json["items"].as_array().into_iter().flatten() {
+                out.extend(template_of(item));
+            }
+        } else {
+            out.extend(template_of(&json));
+        }
+    }
+    out
+}
+
+fn template_of(object: &Json) -> Option<FoundTemplate> {
+    let kind = object["kind"].as_str().unwrap_or_default().to_string();
+    let template = match kind.as_str() {
+        "Pod" => object,
+        "CronJob" => &object["spec"]["jobTemplate"]["spec"]["template"],
+        "Service" | "" => return None,
+        _ => &object["spec"]["template"],
+    };
+    let metadata = match &template["metadata"] {
+        Json::Null => json!({}),
+        m => m.clone(),
+    };
+    Some(FoundTemplate {
+        name: object["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+        kind,
+        metadata,
+        spec: template["spec"].clone(),
+    })
+}
+
+fn containers(spec: &Json, field: &str) -> Vec<Json> {
+    spec[field].as_array().cloned().unwrap_or_default()
+}
+
+fn named<'a>(list: &'a [Json], name: &str) -> Option<&'a Json> {
+    list.iter().find(|c| c["name"] == name)
+}
+
+fn string_map(m: &Json) -> Map<String, Json> {
+    m.as_object().cloned().unwrap_or_default()
+}
+
+fn probe_facts(p: &Json) -> Json {
+    if p.is_null() {
+        return Json::Null;
+    }
+    json!({
+        "path": p["httpGet"]["path"], "port": p["httpGet"]["port"],
+        "initial_delay_seconds": p["initialDelaySeconds"], "period_seconds": p["periodSeconds"],
+        "timeout_seconds": p["timeoutSeconds"], "failure_threshold": p["failureThreshold"],
+    })
+}
+
+fn env_json(container: &Json, name: &str) -> Json {
+    container["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str())
+        .map_or(Json::Null, |v| serde_json::from_str(v).expect("env json"))
+}
+
+fn diff(before: &Json, after: &Json) -> (Json, Json, Json) {
+    let (b, a) = (string_map(before), string_map(after));
+    let mask = |k: &str, v: &Json| {
+        if k == "sidecar.istio.io/status" || k == "proxy.istio.io/overrides" {
+            json!("<present>")
+        } else {
+            v.clone()
+        }
+    };
+    let mut added = Map::new();
+    let mut changed = Map::new();
+    for (k, v) in &a {
+        match b.get(k) {
+            None => {
+                added.insert(k.clone(), mask(k, v));
+            }
+            Some(old) if old != v => {
+                changed.insert(k.clone(), json!({"from": mask(k, old), "to": mask(k, v)}));
+            }
+            _ => {}
+        }
+    }
+    let removed: Vec<&String> = b.keys().filter(|k| !a.contains_key(*k)).collect();
+    (Json::Object(added), Json::Object(changed), json!(removed))
+}
+
+/// The facts the goldens record, read from a template before and after injection.
+pub fn facts(before_meta: &Json, before_spec: &Json, after_meta: &Json, after_spec: &Json) -> Json {
+    let inits = containers(after_spec, "initContainers");
+    let mains = containers(after_spec, "containers");
+    let injected = after_meta["annotations"]["sidecar.istio.io/status"].is_string();
+    let capture = named(&inits, "istio-init").or_else(|| named(&inits, "istio-validation"));
+    let proxy_in_init = named(&inits, "istio-proxy").is_some();
+    let proxy = named(&inits, "istio-proxy").or_else(|| named(&mains, "istio-proxy"));
+    let sc = |c: Option<&Json>, f: &str| c.map_or(Json::Null, |c| c["securityContext"][f].clone());
+    let caps = |c: Option<&Json>, f: &str| {
+        c.map(|c| c["securityContext"]["capabilities"][f].as_array().cloned().unwrap_or_default())
+    };
+    let capture_container_args = capture.map_or(Json::Null, |c| c["args"].clone());
+    let args: Vec<Json> = capture_container_args.as_array().cloned().unwrap_or_default();
+    let validation_only = args.iter().any(|a| a == "--skip-rule-apply");
+    // Our container runs `remora capture <istio-iptables flags>`; a user's own args are not.
+    let capture_args = match args.first() {
+        Some(first) if first == "capture" => json!(args[1..].to_vec()),
+        _ => Json::Null,
+    };
+    let mut rewritten = Map::new();
+    let before_all: Vec<Json> = containers(before_spec, "initContainers")
+        .into_iter()
+        .chain(containers(before_spec, "containers"))
+        .collect();
+    for after in inits.iter().chain(&mains).filter(|c| c["name"] != "istio-proxy") {
+        let name = after["name"].as_str().unwrap_or_default();
+        let before = named(&before_all, name).cloned().unwrap_or(Json::Null);
+        let mut changes = Map::new();
+        for (label, pointer) in [
+            ("readinessProbe", "/readinessProbe"),
+            ("livenessProbe", "/livenessProbe"),
+            ("startupProbe", "/startupProbe"),
+            ("lifecycle.preStop", "/lifecycle/preStop"),
+            ("lifecycle.postStart", "/lifecycle/postStart"),
+        ] {
+            let new = after.pointer(&format!("{pointer}/httpGet"));
+            let old = before.pointer(&format!("{pointer}/httpGet"));
+            if let Some(new) = new.filter(|n| Some(*n) != old) {
+                let mut target = json!({"path": new["path"], "port": new["port"]});
+                if !new["scheme"].is_null() {
+                    target["scheme"] = new["scheme"].clone();
+                }
+                changes.insert(label.into(), target);
+            }
+        }
+        if !changes.is_empty() {
+            rewritten.insert(name.into(), Json::Object(changes));
+        }
+    }
+    let (annotations_added, annotations_changed, annotations_removed) =
+        diff(&before_meta["annotations"], &after_meta["annotations"]);
+    let (labels_added, labels_changed, labels_removed) = diff(&before_meta["labels"], &after_meta["labels"]);
+    let names = |list: &[Json]| json!(list.iter().map(|c| c["name"].clone()).collect::<Vec<_>>());
+    let secrets = |spec: &Json| containers(spec, "imagePullSecrets");
+    let before_secrets = secrets(before_spec);
+    let secrets_added: Vec<Json> = secrets(after_spec)
+        .into_iter()
+        .filter(|s| !before_secrets.contains(s))
+        .map(|s| s["name"].clone())
+        .collect();
+    let user_volume_names: Vec<String> = after_meta["annotations"]["sidecar.istio.io/userVolume"]
+        .as_str()
+        .and_then(|v| serde_json::from_str::<Map<String, Json>>(v).ok())
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+    let mut user_volumes = Map::new();
+    for v in containers(after_spec, "volumes") {
+        if let Some(name) = v["name"].as_str().filter(|n| user_volume_names.iter().any(|u| u == n)) {
+            let mut v = v.clone();
+            v.as_object_mut().map(|o| o.remove("name"));
+            user_volumes.insert(name.to_string(), v);
+        }
+    }
+    let mount_names: Vec<String> = after_meta["annotations"]["sidecar.istio.io/userVolumeMount"]
+        .as_str()
+        .and_then(|v| serde_json::from_str::<Map<String, Json>>(v).ok())
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+    let user_mounts: Vec<Json> = proxy
+        .map(|p| containers(p, "volumeMounts"))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m["name"].as_str().is_some_and(|n| mount_names.iter().any(|u| u == n)))
+        .collect();
+    let hooks = proxy.map(|p| {
+        let mut h: Vec<String> = string_map(&p["lifecycle"]).keys().cloned().collect();
+        h.sort();
+        h
+    });
+    json!({
+        "injected": injected,
+        "capture_container": capture.map(|c| c["name"].clone()),
+        "capture_args": capture_args,
+        "capture_container_args": capture_container_args,
+        "validation_only": validation_only,
+        "init_run_as_user": sc(capture, "runAsUser"),
+        "init_run_as_group": sc(capture, "runAsGroup"),
+        "init_run_as_non_root": sc(capture, "runAsNonRoot"),
+        "init_capabilities_add": caps(capture, "add"),
+        "init_capabilities_drop": caps(capture, "drop"),
+        "init_privileged": sc(capture, "privileged"),
+        "init_resources": capture.map(|c| c["resources"].clone()),
+        "proxy_present": proxy.is_some(),
+        "proxy_in_init_containers": proxy.map(|_| proxy_in_init),
+        "proxy_restart_policy": proxy.map(|p| p["restartPolicy"].clone()),
+        "proxy_run_as_user": sc(proxy, "runAsUser"),
+        "proxy_run_as_group": sc(proxy, "runAsGroup"),
+        "proxy_run_as_non_root": sc(proxy, "runAsNonRoot"),
+        "proxy_capabilities_add": caps(proxy, "add"),
+        "proxy_privileged": sc(proxy, "privileged"),
+        "proxy_read_only_root_filesystem": sc(proxy, "readOnlyRootFilesystem"),
+        "proxy_lifecycle_hooks": hooks,
+        "readiness_probe": proxy.map_or(Json::Null, |p| probe_facts(&p["readinessProbe"])),
+        "startup_probe": proxy.map_or(Json::Null, |p| probe_facts(&p["startupProbe"])),
+        "proxy_liveness_probe": proxy.map_or(Json::Null, |p| probe_facts(&p["livenessProbe"])),
+        "proxy_resources": proxy.map(|p| p["resources"].clone()),
+        "app_probes_rewritten": !rewritten.is_empty(),
+        "rewritten_probes": rewritten,
+        "app_probers": proxy.map_or(Json::Null, |p| env_json(p, "ISTIO_KUBE_APP_PROBERS")),
+        "prometheus_merge_config": proxy.map_or(Json::Null, |p| env_json(p, "ISTIO_PROMETHEUS_ANNOTATIONS")),
+        "annotations_added": annotations_added,
+        "annotations_changed": annotations_changed,
+        "annotations_removed": annotations_removed,
+        "labels_added": labels_added,
+        "labels_changed": labels_changed,
+        "labels_removed": labels_removed,
+        "containers_order": names(&mains),
+        "init_containers_order": names(&inits),
+        "image_pull_secrets_added": secrets_added,
+        "user_volumes_added": user_volumes,
+        "proxy_user_volume_mounts": user_mounts,
+    })
+}
+
+/// Fields compared verbatim.
+const EXACT: &[&str] = &[
+    "injected",
+    "capture_container",
+    "validation_only",
+    "init_run_as_user",
+    "init_run_as_group",
+    "init_run_as_non_root",
+    "init_capabilities_add",
+    "init_capabilities_drop",
+    "init_privileged",
+    "proxy_present",
+    "proxy_in_init_containers",
+    "proxy_restart_policy",
+    "proxy_run_as_user",
+    "proxy_run_as_group",
+    "proxy_run_as_non_root",
+    "proxy_capabilities_add",
+    "proxy_privileged",
+    "proxy_read_only_root_filesystem",
+    "proxy_lifecycle_hooks",
+    "readiness_probe",
+    "startup_probe",
+    "proxy_liveness_probe",
+    "app_probes_rewritten",
+    "rewritten_probes",
+    "app_probers",
+    "prometheus_merge_config",
+    "annotations_changed",
+    "annotations_removed",
+    "labels_added",
+    "labels_changed",
+    "labels_removed",
+    "containers_order",
+    "init_containers_order",
+    "image_pull_secrets_added",
+    "user_volumes_added",
+    "proxy_user_volume_mounts",
+];
+
+/// Compares a template's facts with the golden's; returns the mismatches. `agent_port` is
+/// where Remora points `prometheus.io/port` (the golden's 15020 is Istio's agent port).
+pub fn compare(expected: &Json, got: &Json, agent_port: u16, tolerated: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut check = |field: &str, e: &Json, g: &Json| {
+        if e != g && !tolerated.contains(&field) {
+            out.push(format!("{field}: expected {e}, got {g}"));
+        }
+    };
+    for field in EXACT {
+        check(field, &expected[*field], &got[*field]);
+    }
+    if expected["capture_args"].is_null() {
+        check("capture_container_args", &expected["capture_container_args"], &got["capture_container_args"]);
+    } else {
+        check("capture_args", &expected["capture_args"], &got["capture_args"]);
+    }
+    let mut added = expected["annotations_added"].clone();
+    // Istio records its overrides as Go-ordered JSON; only their presence is a decision.
+    if added["proxy.istio.io/overrides"].is_string() {
+        added["proxy.istio.io/overrides"] = json!("<present>");
+    }
+    if added["prometheus.io/port"] == "15020" {
+        added["prometheus.io/port"] = json!(agent_port.to_string());
+    }
+    check("annotations_added", &added, &got["annotations_added"]);
+    for field in ["init_resources", "proxy_resources"] {
+        if !same_resources(&expected[field], &got[field]) {
+            check(field, &expected[field], &got[field]);
+        }
+    }
+    out
+}
+
+/// Resource lists equal as Kubernetes quantities (`2000m` is `2`).
+fn same_resources(e: &Json, g: &Json) -> bool {
+    let sections = |r: &Json| -> Vec<(String, String, f64)> {
+        let mut v = Vec::new();
+        for section in ["requests", "limits"] {
+            for (k, q) in string_map(&r[section]) {
+                let value = remora_inject::quantity::value(q.as_str().unwrap_or_default()).unwrap_or(f64::NAN);
+                v.push((section.to_string(), k, value));
+            }
+        }
+        v.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        v
+    };
+    match (e.is_null(), g.is_null()) {
+        (true, true) => true,
+        (false, false) => {
+            let (a, b) = (sections(e), sections(g));
+            a.len() == b.len()
+                && a.iter().zip(&b).all(|(x, y)| x.0 == y.0 && x.1 == y.1 && (x.2 - y.2).abs() < 1e-9)
+        }
+        _ => false,
+    }
+}
+
+/// An IPv4 pod without nameservers, for resolving capture flags without a machine.
+struct Ipv4Pod;
+
+impl remora_capture::PodNetwork for Ipv4Pod {
+    fn is_ipv6(&self, _: bool) -> Result<bool, remora_capture::CaptureError> {
+        Ok(false)
+    }
+    fn nameservers(&self) -> Result<Vec<String>, remora_capture::CaptureError> {
+        Ok(vec![])
+    }
+}
+
+#[derive(clap::Parser)]
+struct CaptureCli {
+    #[command(flatten)]
+    args: remora_capture::CaptureArgs,
+}
+
+/// The iptables rules `remora capture --dry-run <args>` prints for these istio-iptables
+/// arguments, computed in-process with capture's own generator (nothing is installed).
+pub fn capture_rules(args: &[Json]) -> Result<String, String> {
+    use clap::Parser;
+    let args: Vec<&str> = args.iter().map(|a| a.as_str().unwrap_or_default()).collect();
+    let argv = ["capture", "--dry-run"].into_iter().chain(args);
+    let cli = CaptureCli::try_parse_from(argv).map_err(|e| e.to_string())?;
+    let env = remora_capture::Environment::default();
+    let config =
+        remora_capture::CaptureConfig::resolve(&cli.args, &env, &Ipv4Pod).map_err(|e| e.to_string())?;
+    Ok(remora_capture::generate(&config).dry_run_output())
+}
