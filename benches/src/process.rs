@@ -259,6 +259,50 @@ fn parse_vm_rss(text: &str) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Whether something listens on TCP `port` of 127.0.0.1 (or of every address), from
+/// `/proc/net/tcp`: a readiness check that sends nothing through the listener.
+pub fn is_listening(port: u16) -> bool {
+    fs::read_to_string("/proc/net/tcp").is_ok_and(|table| listening_in(&table, port))
+}
+
+fn listening_in(table: &str, port: u16) -> bool {
+    const LISTEN: &str = "0A";
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (Some(local), Some(state)) = (fields.get(1), fields.get(3)) else { return false };
+        let Some((ip, p)) = local.split_once(':') else { return false };
+        *state == LISTEN
+            && u16::from_str_radix(p, 16).ok() == Some(port)
+            && (ip == "0100007F" || ip == "00000000")
+    })
+}
+
+/// Busy time of every core, from `/proc/stat`: `(busy, total)` jiffies per core.
+pub fn core_times() -> Vec<(u64, u64)> {
+    fs::read_to_string("/proc/stat").map(|t| parse_core_times(&t)).unwrap_or_default()
+}
+
+fn parse_core_times(text: &str) -> Vec<(u64, u64)> {
+    text.lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .map(|l| {
+            let v: Vec<u64> = l.split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
+            let total: u64 = v.iter().take(8).sum();
+            // idle and iowait are the 4th and 5th fields.
+            let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+            (total - idle.min(total), total)
+        })
+        .collect()
+}
+
+/// The fraction of `core` busy between two [`core_times`] readings.
+pub fn core_busy(before: &[(u64, u64)], after: &[(u64, u64)], core: usize) -> Option<f64> {
+    let (b0, t0) = before.get(core)?;
+    let (b1, t1) = after.get(core)?;
+    let total = t1.checked_sub(*t0).filter(|t| *t > 0)?;
+    Some(b1.saturating_sub(*b0) as f64 / total as f64)
+}
+
 /// `n` distinct free loopback ports (all held open until every one is chosen).
 pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
     let listeners = (0..n)
@@ -292,6 +336,30 @@ mod tests {
         let me = tree_usage(std::process::id());
         assert!(me.rss_kib > 0);
         assert_eq!(Usage { cpu_ticks: 150, rss_kib: 0 }.cpu_seconds_since(&Usage::default()), 1.5);
+    }
+
+    #[test]
+    fn listeners_are_found_in_proc_net_tcp() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 10 0
+   1: 0100007F:1F91 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0 10 0
+   2: 00000000:0050 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 3 1 0 10 0";
+        assert!(listening_in(table, 8080));
+        assert!(!listening_in(table, 8081), "an established connection is not a listener");
+        assert!(listening_in(table, 80));
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(is_listening(l.local_addr().unwrap().port()));
+    }
+
+    #[test]
+    fn core_busy_comes_from_proc_stat() {
+        let before = parse_core_times("cpu  10 0 10 80 0 0 0 0 0 0\ncpu0 5 0 5 40 0 0 0 0 0 0\ncpu1 5 0 5 40 0 0 0 0 0 0\nintr 1\n");
+        let after = parse_core_times("cpu  0\ncpu0 55 0 5 90 0 0 0 0 0 0\ncpu1 5 0 5 140 0 0 0 0 0 0\n");
+        assert_eq!(before.len(), 2);
+        assert_eq!(core_busy(&before, &after, 0), Some(0.5));
+        assert_eq!(core_busy(&before, &after, 1), Some(0.0));
+        assert_eq!(core_busy(&before, &after, 2), None);
+        assert!(!core_times().is_empty());
     }
 
     #[test]

@@ -96,8 +96,8 @@ pub fn remora_protocol(mode: Mode) -> &'static str {
     }
 }
 
-/// `remora run` arguments: one explicit listener, one data-path worker.
-pub fn remora_args(config: &Path, listen: SocketAddr, upstream: SocketAddr, mode: Mode) -> Vec<String> {
+/// `remora run` arguments: one explicit listener, one data-path worker, logging at `log_level`.
+pub fn remora_args(config: &Path, listen: SocketAddr, upstream: SocketAddr, mode: Mode, log_level: &str) -> Vec<String> {
     vec![
         "run".into(),
         "--config".into(),
@@ -111,7 +111,7 @@ pub fn remora_args(config: &Path, listen: SocketAddr, upstream: SocketAddr, mode
         "--concurrency".into(),
         "1".into(),
         "--log-level".into(),
-        "warn".into(),
+        log_level.into(),
     ]
 }
 
@@ -292,7 +292,7 @@ mod tests {
         assert!(!config.access_log.enabled);
 
         let (listen, upstream) = addrs();
-        let args = remora_args(Path::new("/tmp/r.yaml"), listen, upstream, Mode::Http1).join(" ");
+        let args = remora_args(Path::new("/tmp/r.yaml"), listen, upstream, Mode::Http1, "warn").join(" ");
         assert!(args.contains("--listen 127.0.0.1:41000 --upstream 127.0.0.1:42000 --protocol http"));
         assert!(args.contains("--concurrency 1"));
         assert_eq!(remora_protocol(Mode::Tcp), "tcp");

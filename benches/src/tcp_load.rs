@@ -79,6 +79,8 @@ pub struct IdleConnections {
     pub streams: Vec<TcpStream>,
     /// Connections that could not be opened or got no answer.
     pub failed: usize,
+    /// Why the first of them failed.
+    pub first_error: Option<String>,
 }
 
 /// Opens `n` connections, at most `parallel` at a time, each carrying one keep-alive request and
@@ -89,15 +91,22 @@ pub async fn open_idle(addr: SocketAddr, n: usize, parallel: usize) -> IdleConne
     for _ in 0..n {
         let permits = permits.clone();
         set.spawn(async move {
-            let _permit = permits.acquire_owned().await.ok()?;
-            tokio::time::timeout(EXCHANGE_TIMEOUT, keep_alive_exchange(addr)).await.ok()?.ok()
+            let _permit = permits.acquire_owned().await.map_err(|e| e.to_string())?;
+            match tokio::time::timeout(EXCHANGE_TIMEOUT, keep_alive_exchange(addr)).await {
+                Ok(Ok(stream)) => Ok(stream),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer within {EXCHANGE_TIMEOUT:?}")),
+            }
         });
     }
-    let mut idle = IdleConnections { streams: Vec::with_capacity(n), failed: 0 };
+    let mut idle = IdleConnections { streams: Vec::with_capacity(n), failed: 0, first_error: None };
     while let Some(result) = set.join_next().await {
-        match result {
-            Ok(Some(stream)) => idle.streams.push(stream),
-            _ => idle.failed += 1,
+        match result.map_err(|e| e.to_string()).and_then(|r| r) {
+            Ok(stream) => idle.streams.push(stream),
+            Err(e) => {
+                idle.failed += 1;
+                idle.first_error.get_or_insert(e);
+            }
         }
     }
     idle

@@ -8,6 +8,7 @@
 mod dns;
 mod error;
 mod locate;
+mod mesh;
 mod model;
 
 pub use error::ConfigError;

@@ -2,6 +2,7 @@
 //! not a silently ignored setting. Defaults are Istio's sidecar defaults.
 
 pub use crate::dns::*;
+pub use crate::mesh::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -59,6 +60,10 @@ pub struct Config {
     pub http: HttpConfig,
     /// The DNS forwarder that `remora capture --redirect-dns` sends port 53 to.
     pub dns: DnsConfig,
+    /// The workload's certificate files (its SPIFFE identity), and TLS settings.
+    pub tls: TlsConfig,
+    /// Mutual TLS between sidecars: the inbound mode and the outbound mesh destinations.
+    pub mesh: MeshConfig,
 }
 
 impl Default for Config {
@@ -82,6 +87,8 @@ impl Default for Config {
             ports: BTreeMap::new(),
             http: HttpConfig::default(),
             dns: DnsConfig::default(),
+            tls: TlsConfig::default(),
+            mesh: MeshConfig::default(),
         }
     }
 }
@@ -525,7 +532,9 @@ impl Config {
                     .into(),
             ));
         }
-        self.dns.validate()
+        self.dns.validate()?;
+        self.tls.validate()?;
+        self.mesh.validate(&self.tls)
     }
 }
 

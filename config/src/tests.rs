@@ -213,3 +213,45 @@ fn interception_mode_takes_istios_spelling_too() {
     let err = parse_str("inbound:\n  interception_mode: tproxy\n  tproxy_mark: 0\n").unwrap_err();
     assert_eq!(err.field(), Some("inbound.tproxy_mark"));
 }
+
+#[test]
+fn tls_and_mesh_parse_with_istios_names_and_are_checked() {
+    let c = Config::default();
+    assert_eq!(c.tls.cert_dir, None);
+    assert_eq!(c.tls.min_protocol_version, TlsVersion::Tls13);
+    assert_eq!(c.mesh.mtls_mode, MtlsMode::Permissive);
+    let c = parse_str(
+        "tls:\n  cert_dir: /etc/certs\n  min_protocol_version: TLSV1_2\nmesh:\n  mtls_mode: STRICT\n  destinations:\n    - cidrs: [10.0.0.0/8, 198.18.0.2]\n      ports: [80]\n      hostname: reviews.default.svc.cluster.local\n      identities: [spiffe://cluster.local/ns/default/sa/reviews]\n",
+    )
+    .unwrap();
+    assert_eq!(c.tls.cert_dir.as_deref(), Some(Path::new("/etc/certs")));
+    assert_eq!(c.tls.min_protocol_version, TlsVersion::Tls12);
+    assert_eq!(c.mesh.mtls_mode, MtlsMode::Strict);
+    let d = c.mesh.destination("10.1.2.3".parse().unwrap(), 80).unwrap();
+    assert_eq!(
+        d.hostname.as_deref(),
+        Some("reviews.default.svc.cluster.local")
+    );
+    assert!(c
+        .mesh
+        .destination("10.1.2.3".parse().unwrap(), 81)
+        .is_none());
+    assert!(c
+        .mesh
+        .destination("198.18.0.2".parse().unwrap(), 80)
+        .is_some());
+
+    let err = parse_str("mesh:\n  mtls_mode: strict\n").unwrap_err();
+    assert_eq!(err.field(), Some("mesh.mtls_mode"));
+    let err =
+        parse_str("tls:\n  cert_dir: /c\nmesh:\n  destinations:\n    - cidrs: [10.0.0.0/33]\n")
+            .unwrap_err();
+    assert_eq!(err.field(), Some("mesh.destinations[0].cidrs[0]"), "{err}");
+    let err = parse_str(
+        "tls:\n  cert_dir: /c\nmesh:\n  destinations:\n    - cidrs: [10.0.0.0/8]\n      identities: [reviews]\n",
+    )
+    .unwrap_err();
+    assert_eq!(err.field(), Some("mesh.destinations.0.identities"));
+    let err = parse_str("tls:\n  handshake_timeout: 0s\n").unwrap_err();
+    assert_eq!(err.field(), Some("tls.handshake_timeout"));
+}

@@ -23,7 +23,10 @@ impl Lookup<'_> {
     }
 
     fn non_empty(&self, k: &str) -> Option<&str> {
-        self.annotations.get(k).map(String::as_str).filter(|v| !v.is_empty())
+        self.annotations
+            .get(k)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
     }
 }
 
@@ -52,23 +55,36 @@ pub fn args(
         "-m".into(),
         settings.mode.as_str().into(),
         "-i".into(),
-        a.get(key::INCLUDE_OUTBOUND_IP_RANGES, &c.include_ip_ranges).into(),
+        a.get(key::INCLUDE_OUTBOUND_IP_RANGES, &c.include_ip_ranges)
+            .into(),
         "-x".into(),
-        a.get(key::EXCLUDE_OUTBOUND_IP_RANGES, &c.exclude_ip_ranges).into(),
+        a.get(key::EXCLUDE_OUTBOUND_IP_RANGES, &c.exclude_ip_ranges)
+            .into(),
         "-b".into(),
-        a.get(key::INCLUDE_INBOUND_PORTS, &c.include_inbound_ports).into(),
+        a.get(key::INCLUDE_INBOUND_PORTS, &c.include_inbound_ports)
+            .into(),
         "-d".into(),
     ];
     let excluded = excluded_inbound_ports(settings, config, annotations);
     let fixed = format!("{},{}", port::METRICS, port::READINESS);
-    args.push(if excluded.is_empty() { fixed } else { format!("{fixed},{excluded}") });
+    args.push(if excluded.is_empty() {
+        fixed
+    } else {
+        format!("{fixed},{excluded}")
+    });
     if a.has(key::INCLUDE_OUTBOUND_PORTS) || !c.include_outbound_ports.is_empty() {
         args.push("-q".into());
-        args.push(a.get(key::INCLUDE_OUTBOUND_PORTS, &c.include_outbound_ports).into());
+        args.push(
+            a.get(key::INCLUDE_OUTBOUND_PORTS, &c.include_outbound_ports)
+                .into(),
+        );
     }
     if a.has(key::EXCLUDE_OUTBOUND_PORTS) || !c.exclude_outbound_ports.is_empty() {
         args.push("-o".into());
-        args.push(a.get(key::EXCLUDE_OUTBOUND_PORTS, &c.exclude_outbound_ports).into());
+        args.push(
+            a.get(key::EXCLUDE_OUTBOUND_PORTS, &c.exclude_outbound_ports)
+                .into(),
+        );
     }
     // The newer annotation wins over the older one.
     let virt = annotations
@@ -109,7 +125,10 @@ fn excluded_inbound_ports(
     annotations: &BTreeMap<String, String>,
 ) -> String {
     let a = Lookup { annotations };
-    let excluded = a.get(key::EXCLUDE_INBOUND_PORTS, &config.capture.exclude_inbound_ports);
+    let excluded = a.get(
+        key::EXCLUDE_INBOUND_PORTS,
+        &config.capture.exclude_inbound_ports,
+    );
     let Some(status) = settings.status_port else {
         return excluded.to_string();
     };
@@ -140,8 +159,13 @@ pub fn cni_annotations(
     let mut out: Vec<(String, String)> = Vec::new();
     let mut set = |k: &str, v: &str| out.push((k.to_string(), v.to_string()));
     if config.cni.provider == CniProvider::Multus {
-        let existing = annotations.get(key::MULTUS_NETWORKS).map_or("", String::as_str);
-        set(key::MULTUS_NETWORKS, &append_multus_network(existing, "default/istio-cni"));
+        let existing = annotations
+            .get(key::MULTUS_NETWORKS)
+            .map_or("", String::as_str);
+        set(
+            key::MULTUS_NETWORKS,
+            &append_multus_network(existing, "default/istio-cni"),
+        );
     }
     set(key::INTERCEPTION_MODE, settings.mode.as_str());
     let include = a.get(key::INCLUDE_OUTBOUND_IP_RANGES, &c.include_ip_ranges);
@@ -229,7 +253,10 @@ mod tests {
 
     #[test]
     fn multus_forms() {
-        assert_eq!(append_multus_network("", "default/istio-cni"), "default/istio-cni");
+        assert_eq!(
+            append_multus_network("", "default/istio-cni"),
+            "default/istio-cni"
+        );
         assert_eq!(
             append_multus_network("alt_cni", "default/istio-cni"),
             "alt_cni, default/istio-cni"

@@ -57,13 +57,13 @@ pub struct WebhookArgs {
 /// Why a front end failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Write {
         path: PathBuf,
         #[source]
@@ -71,13 +71,13 @@ pub enum CliError {
     },
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("{}: not a Namespace: {source}", path.display())]
+    #[error("{}: not a Namespace", path.display())]
     Namespace {
         path: PathBuf,
         #[source]
         source: serde_yaml_ng::Error,
     },
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Inject {
         path: PathBuf,
         #[source]
@@ -85,13 +85,13 @@ pub enum CliError {
     },
     #[error(transparent)]
     Server(#[from] ServerError),
-    #[error("listening on {addr}: {source}")]
+    #[error("listening on {addr}")]
     Listen {
         addr: SocketAddr,
         #[source]
         source: std::io::Error,
     },
-    #[error("starting the runtime: {0}")]
+    #[error("starting the runtime")]
     Runtime(#[source] std::io::Error),
 }
 
@@ -122,19 +122,23 @@ pub fn inject(args: &InjectArgs) -> Result<(), CliError> {
             source,
         })
     };
-    let namespace: Option<Namespace> = match &args.namespace_file {
-        Some(path) => Some(serde_yaml_ng::from_str(&read(path)?).map_err(|source| CliError::Namespace {
-            path: path.clone(),
-            source,
-        })?),
-        None => None,
-    };
+    let namespace: Option<Namespace> =
+        match &args.namespace_file {
+            Some(path) => Some(serde_yaml_ng::from_str(&read(path)?).map_err(|source| {
+                CliError::Namespace {
+                    path: path.clone(),
+                    source,
+                }
+            })?),
+            None => None,
+        };
     let input = read(&args.file)?;
     let injector = Injector::new(config);
-    let (output, reports) = inject_yaml(&input, &injector, namespace.as_ref()).map_err(|source| CliError::Inject {
-        path: args.file.clone(),
-        source,
-    })?;
+    let (output, reports) =
+        inject_yaml(&input, &injector, namespace.as_ref()).map_err(|source| CliError::Inject {
+            path: args.file.clone(),
+            source,
+        })?;
     for r in reports {
         if let Outcome::Skipped(why) = r.outcome {
             eprintln!("===> Skipping injection of {} {:?}: {why}", r.kind, r.name);

@@ -219,9 +219,14 @@ impl Default for InjectorConfig {
             never_inject_selector: Vec::new(),
             always_inject_selector: Vec::new(),
             // Istio's: system namespaces whose pods must not depend on the mesh.
-            ignored_namespaces: ["kube-system", "kube-public", "kube-node-lease", "local-path-storage"]
-                .map(String::from)
-                .to_vec(),
+            ignored_namespaces: [
+                "kube-system",
+                "kube-public",
+                "kube-node-lease",
+                "local-path-storage",
+            ]
+            .map(String::from)
+            .to_vec(),
             injected_annotations: BTreeMap::new(),
             cluster_id: "Kubernetes".into(),
             network: None,
@@ -385,11 +390,17 @@ impl InjectorConfig {
             return Err(("image", "must not be empty".into()));
         }
         let quantities = self.proxy.resources.requests.values();
-        for q in quantities.chain(self.proxy.resources.limits.values()).flatten() {
+        for q in quantities
+            .chain(self.proxy.resources.limits.values())
+            .flatten()
+        {
             crate::quantity::check(q).map_err(|e| ("proxy.resources", e))?;
         }
         if self.cni.enabled && c.force_apply {
-            return Err(("capture.force_apply", "has no effect with cni.enabled".into()));
+            return Err((
+                "capture.force_apply",
+                "has no effect with cni.enabled".into(),
+            ));
         }
         Ok(())
     }

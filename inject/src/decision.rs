@@ -53,10 +53,18 @@ pub fn decide(pod: &PodFacts<'_>, config: &InjectorConfig, front_end: FrontEnd) 
     if front_end == FrontEnd::Cli {
         return Decision::Inject;
     }
-    if config.never_inject_selector.iter().any(|s| matches(s, pod.labels)) {
+    if config
+        .never_inject_selector
+        .iter()
+        .any(|s| matches(s, pod.labels))
+    {
         return Decision::Skip("the pod matches a never-inject selector");
     }
-    if config.always_inject_selector.iter().any(|s| matches(s, pod.labels)) {
+    if config
+        .always_inject_selector
+        .iter()
+        .any(|s| matches(s, pod.labels))
+    {
         return Decision::Inject;
     }
     match config.policy {
@@ -98,10 +106,16 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
-    fn facts<'a>(labels: &'a BTreeMap<String, String>, annotations: &'a BTreeMap<String, String>) -> PodFacts<'a> {
+    fn facts<'a>(
+        labels: &'a BTreeMap<String, String>,
+        annotations: &'a BTreeMap<String, String>,
+    ) -> PodFacts<'a> {
         PodFacts {
             labels,
             annotations,
@@ -119,16 +133,28 @@ mod tests {
         };
         let opt_in = map(&[(key::INJECT, "true")]);
         let opt_out = map(&[(key::INJECT, "false")]);
-        assert_eq!(decide(&facts(&opt_in, &opt_out), &config, FrontEnd::Webhook), Decision::Inject);
-        assert!(matches!(decide(&facts(&none, &none), &config, FrontEnd::Webhook), Decision::Skip(_)));
-        assert_eq!(decide(&facts(&none, &none), &config, FrontEnd::Cli), Decision::Inject);
+        assert_eq!(
+            decide(&facts(&opt_in, &opt_out), &config, FrontEnd::Webhook),
+            Decision::Inject
+        );
+        assert!(matches!(
+            decide(&facts(&none, &none), &config, FrontEnd::Webhook),
+            Decision::Skip(_)
+        ));
+        assert_eq!(
+            decide(&facts(&none, &none), &config, FrontEnd::Cli),
+            Decision::Inject
+        );
 
         let app = map(&[("app", "db")]);
         config.always_inject_selector.push(LabelSelector {
             match_labels: Some(map(&[("app", "db")])),
             ..LabelSelector::default()
         });
-        assert_eq!(decide(&facts(&app, &none), &config, FrontEnd::Webhook), Decision::Inject);
+        assert_eq!(
+            decide(&facts(&app, &none), &config, FrontEnd::Webhook),
+            Decision::Inject
+        );
         config.policy = Policy::Enabled;
         config.never_inject_selector.push(LabelSelector {
             match_expressions: Some(vec![LabelSelectorRequirement {
@@ -138,7 +164,10 @@ mod tests {
             }]),
             ..LabelSelector::default()
         });
-        assert!(matches!(decide(&facts(&app, &none), &config, FrontEnd::Webhook), Decision::Skip(_)));
+        assert!(matches!(
+            decide(&facts(&app, &none), &config, FrontEnd::Webhook),
+            Decision::Skip(_)
+        ));
     }
 
     #[test]
@@ -148,9 +177,15 @@ mod tests {
         let config = InjectorConfig::default();
         let mut pod = facts(&opt_in, &none);
         pod.host_network = true;
-        assert!(matches!(decide(&pod, &config, FrontEnd::Cli), Decision::Skip(_)));
+        assert!(matches!(
+            decide(&pod, &config, FrontEnd::Cli),
+            Decision::Skip(_)
+        ));
         pod.host_network = false;
         pod.namespace = "kube-system";
-        assert!(matches!(decide(&pod, &config, FrontEnd::Webhook), Decision::Skip(_)));
+        assert!(matches!(
+            decide(&pod, &config, FrontEnd::Webhook),
+            Decision::Skip(_)
+        ));
     }
 }

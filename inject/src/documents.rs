@@ -45,9 +45,12 @@ pub fn inject_yaml(
         fix_octal_modes(&mut object);
         let before = reports.len();
         inject_object(&mut object, injector, namespace, &mut reports)?;
-        let changed = reports[before..].iter().any(|r| r.outcome == Outcome::Injected);
+        let changed = reports[before..]
+            .iter()
+            .any(|r| r.outcome == Outcome::Injected);
         if changed {
-            let text = serde_yaml_ng::to_string(&Value::Mapping(object)).map_err(InjectError::Emit)?;
+            let text =
+                serde_yaml_ng::to_string(&Value::Mapping(object)).map_err(InjectError::Emit)?;
             out.push_str(&text);
         } else {
             out.push_str(raw);
@@ -100,9 +103,18 @@ fn inject_object(
     namespace: Option<&Namespace>,
     reports: &mut Vec<TemplateReport>,
 ) -> Result<(), InjectError> {
-    let text = |m: &Mapping, k: &str| m.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+    let text = |m: &Mapping, k: &str| {
+        m.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
     let kind = text(object, "kind");
-    let meta = object.get("metadata").and_then(Value::as_mapping).cloned().unwrap_or_default();
+    let meta = object
+        .get("metadata")
+        .and_then(Value::as_mapping)
+        .cloned()
+        .unwrap_or_default();
     if kind == "List" {
         if let Some(Value::Sequence(items)) = object.get_mut("items") {
             for item in items {
@@ -121,16 +133,28 @@ fn inject_object(
     };
     let template_path: &[&str] = match kind.as_str() {
         "Pod" => &[],
-        "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet" | "ReplicationController"
-        | "Job" | "DeploymentConfig" => &["spec", "template"],
+        "Deployment"
+        | "StatefulSet"
+        | "DaemonSet"
+        | "ReplicaSet"
+        | "ReplicationController"
+        | "Job"
+        | "DeploymentConfig" => &["spec", "template"],
         // Remora writes a CronJob's labels on its pod template, where pods get them (Istio's
         // kube-inject writes them on the Job template instead).
         "CronJob" => &["spec", "jobTemplate", "spec", "template"],
         _ => return Ok(()),
     };
-    let workload = if kind == "Pod" { Workload::of_pod(&meta) } else { owner };
+    let workload = if kind == "Pod" {
+        Workload::of_pod(&meta)
+    } else {
+        owner
+    };
     let Some(template) = descend(object, template_path) else {
-        return Err(InjectError::pod(template_path.join("."), format!("a {kind} needs a pod template")));
+        return Err(InjectError::pod(
+            template_path.join("."),
+            format!("a {kind} needs a pod template"),
+        ));
     };
     let mut metadata = match template.get("metadata") {
         Some(Value::Mapping(m)) => m.clone(),
@@ -181,7 +205,9 @@ fn fix_octal_modes(value: &mut Mapping) {
     for (k, v) in value.iter_mut() {
         match v {
             Value::String(s) if matches!(k.as_str(), Some("defaultMode" | "mode")) => {
-                let octal = s.len() > 1 && s.starts_with('0') && s.bytes().all(|b| (b'0'..=b'7').contains(&b));
+                let octal = s.len() > 1
+                    && s.starts_with('0')
+                    && s.bytes().all(|b| (b'0'..=b'7').contains(&b));
                 if let (true, Ok(n)) = (octal, i64::from_str_radix(s, 8)) {
                     *v = Value::from(n);
                 }
@@ -205,8 +231,14 @@ mod tests {
 
     #[test]
     fn splits_like_kubernetes() {
-        assert_eq!(split_documents("a: 1\n---\nb: 2\n"), vec!["a: 1\n", "b: 2\n"]);
-        assert_eq!(split_documents("---\na: 1\n--- # c\nb: 2\n---\n"), vec!["a: 1\n", "b: 2\n"]);
+        assert_eq!(
+            split_documents("a: 1\n---\nb: 2\n"),
+            vec!["a: 1\n", "b: 2\n"]
+        );
+        assert_eq!(
+            split_documents("---\na: 1\n--- # c\nb: 2\n---\n"),
+            vec!["a: 1\n", "b: 2\n"]
+        );
         assert_eq!(split_documents("a: '---'\n"), vec!["a: '---'\n"]);
     }
 

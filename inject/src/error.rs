@@ -19,7 +19,7 @@ pub enum InjectError {
     #[error("{path}: {reason}")]
     InvalidPod { path: String, reason: String },
     /// A YAML document could not be parsed.
-    #[error("document {document}: {source}")]
+    #[error("document {document} is not valid YAML")]
     Yaml {
         /// 1-based index among the input's documents.
         document: usize,
@@ -27,7 +27,7 @@ pub enum InjectError {
         source: serde_yaml_ng::Error,
     },
     /// Injected output could not be written as YAML.
-    #[error("writing YAML: {0}")]
+    #[error("writing YAML")]
     Emit(#[source] serde_yaml_ng::Error),
 }
 

@@ -53,7 +53,11 @@ impl Injector {
     }
 
     /// Injects one pod template in place. On error the template is unchanged.
-    pub fn inject(&self, template: PodTemplate<'_>, request: &Request<'_>) -> Result<Outcome, InjectError> {
+    pub fn inject(
+        &self,
+        template: PodTemplate<'_>,
+        request: &Request<'_>,
+    ) -> Result<Outcome, InjectError> {
         let mut metadata = template.metadata.clone();
         let mut spec = template.spec.clone();
         let outcome = self.inject_copy(&mut metadata, &mut spec, request)?;
@@ -87,20 +91,30 @@ impl Injector {
         }
         crate::validate::annotations(&annotations)?;
         if let Some(templates) = annotations.get(key::TEMPLATES) {
-            if let Some(other) = templates.split(',').map(str::trim).find(|t| *t != "sidecar") {
-                return Err(InjectError::UnsupportedTemplate { template: other.into() });
+            if let Some(other) = templates
+                .split(',')
+                .map(str::trim)
+                .find(|t| *t != "sidecar")
+            {
+                return Err(InjectError::UnsupportedTemplate {
+                    template: other.into(),
+                });
             }
         }
 
         let already_injected = annotations.contains_key(key::STATUS);
-        let previous_probers = self.strip_previous_injection(meta, spec, &annotations)?;
+        let previous = self.strip_previous_injection(meta, spec, &annotations)?;
         let annotations = pod::string_map(meta, "annotations");
         let settings = PodSettings::resolve(config, &annotations, request.namespace)?;
         let (user_volumes, user_mounts) = sidecar::user_volumes(&annotations)?;
 
         let mut inits = pod::containers(spec, "initContainers")?;
         let mut mains = pod::containers(spec, "containers")?;
-        let capture_name = if settings.cni { VALIDATION_CONTAINER } else { INIT_CONTAINER };
+        let capture_name = if settings.cni {
+            VALIDATION_CONTAINER
+        } else {
+            INIT_CONTAINER
+        };
         let find = |name: &str, mains: &[Value], inits: &[Value]| {
             mains
                 .iter()
@@ -129,13 +143,17 @@ impl Injector {
                 let all: Vec<&Value> = inits.iter().chain(&mains).collect();
                 app_probers = probes::app_probers(&all, agent_port)?;
                 // An earlier injection's probers still describe the probes it rewrote.
-                app_probers.extend(previous_probers);
+                app_probers.extend(previous.probers);
                 for c in inits.iter_mut().chain(mains.iter_mut()) {
                     probes::rewrite(c, agent_port);
                 }
             }
         }
-        let metrics = metadata::metrics_merge(&annotations, config, settings.agent_port())?;
+        let mut metrics = metadata::metrics_merge(&annotations, config, settings.agent_port())?;
+        if !metrics.set.is_empty() && metrics.app_metrics.is_none() {
+            // The application's own settings were consumed by the earlier injection.
+            metrics.app_metrics = previous.app_metrics;
+        }
 
         let network = labels
             .get(key::NETWORK)
@@ -152,12 +170,15 @@ impl Injector {
             app_metrics: metrics.app_metrics.clone(),
             network,
         };
-        let proxy = sidecar::proxy_container(&settings, config, &inputs, resources.clone(), user_mounts);
+        let proxy =
+            sidecar::proxy_container(&settings, config, &inputs, resources.clone(), user_mounts);
         let mut proxy = to_value(&proxy)?;
         let mut capture = capture::wanted(&settings)
             .then(|| {
                 let args = capture::args(&settings, config, &annotations);
-                to_value(&sidecar::capture_container(&settings, config, args, resources))
+                to_value(&sidecar::capture_container(
+                    &settings, config, args, resources,
+                ))
             })
             .transpose()?;
 
@@ -206,7 +227,9 @@ impl Injector {
         pod::put_containers(spec, "initContainers", inits);
         pod::put_containers(spec, "containers", mains);
 
-        let service_account = pod::str_at(spec, "serviceAccountName").unwrap_or_default().to_string();
+        let service_account = pod::str_at(spec, "serviceAccountName")
+            .unwrap_or_default()
+            .to_string();
         let volumes = sidecar::volumes(config, &service_account, user_volumes);
         status["volumes"] = json!(volumes.iter().map(|v| v.name.clone()).collect::<Vec<_>>());
         let list = pod::child_sequence(spec, "volumes")?;
@@ -260,25 +283,38 @@ impl Injector {
 
     /// Undoes what a previous injection added, so that injecting again gives the same pod:
     /// removes the containers its status annotation lists and the Prometheus annotations it
-    /// pointed at the agent, and re-inserts the user's recorded overrides. Returns the
-    /// previous proxy's `ISTIO_KUBE_APP_PROBERS`, which describe the probes it rewrote.
+    /// pointed at the agent, and re-inserts the user's recorded overrides. Returns what the
+    /// previous proxy was handed about the application, which its annotations no longer say.
     fn strip_previous_injection(
         &self,
         meta: &mut Mapping,
         spec: &mut Mapping,
         annotations: &BTreeMap<String, String>,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, InjectError> {
+    ) -> Result<Previous, InjectError> {
+        let mut previous = Previous::default();
         let Some(status) = annotations.get(key::STATUS) else {
-            return Ok(serde_json::Map::new());
+            return Ok(previous);
         };
         // An unreadable status (another injector's) removes nothing, as in Istio.
         let status: Status = serde_json::from_str(status).unwrap_or_default();
-        let mut probers = serde_json::Map::new();
-        for (field, names) in [("initContainers", status.init_containers), ("containers", status.containers)] {
+        for (field, names) in [
+            ("initContainers", status.init_containers),
+            ("containers", status.containers),
+        ] {
             let names = names.unwrap_or_default();
             let mut list = pod::containers(spec, field)?;
-            for c in list.iter().filter(|c| container_name(c) == Some(PROXY_CONTAINER)) {
-                probers.extend(previous_probers(c));
+            for c in list
+                .iter()
+                .filter(|c| container_name(c) == Some(PROXY_CONTAINER))
+            {
+                if let Some(probers) = env_value(c, "ISTIO_KUBE_APP_PROBERS")
+                    .and_then(|v| serde_json::from_str::<serde_json::Map<_, _>>(v).ok())
+                {
+                    previous.probers.extend(probers);
+                }
+                if let Some(metrics) = env_value(c, "ISTIO_PROMETHEUS_ANNOTATIONS") {
+                    previous.app_metrics = Some(metrics.to_string());
+                }
             }
             list.retain(|c| !container_name(c).is_some_and(|n| names.iter().any(|s| s == n)));
             if let Some(Value::Mapping(o)) = annotations
@@ -295,27 +331,34 @@ impl Injector {
             }
             pod::put_containers(spec, field, list);
         }
-        let agent_port = crate::validate::port(annotations.get(key::STATUS_PORT).map_or("", String::as_str))
-            .ok()
-            .filter(|p| *p != 0)
-            .unwrap_or(self.config.proxy.status_port);
+        let agent_port =
+            crate::validate::port(annotations.get(key::STATUS_PORT).map_or("", String::as_str))
+                .ok()
+                .filter(|p| *p != 0)
+                .unwrap_or(self.config.proxy.status_port);
         if metadata::points_at_agent(annotations, agent_port) {
             for k in metadata::prometheus_keys(annotations) {
                 pod::remove_entry(meta, "annotations", &k);
             }
         }
         pod::remove_entry(meta, "annotations", key::STATUS);
-        Ok(probers)
+        Ok(previous)
     }
 }
 
-fn previous_probers(proxy: &Value) -> serde_json::Map<String, serde_json::Value> {
-    let env = proxy.get("env").and_then(Value::as_sequence).into_iter().flatten();
-    env.filter(|e| container_name(e) == Some("ISTIO_KUBE_APP_PROBERS"))
-        .filter_map(|e| e.get("value").and_then(Value::as_str))
-        .filter_map(|v| serde_json::from_str::<serde_json::Map<_, _>>(v).ok())
-        .flatten()
-        .collect()
+/// What an earlier injection handed its proxy about the application.
+#[derive(Default)]
+struct Previous {
+    probers: serde_json::Map<String, serde_json::Value>,
+    app_metrics: Option<String>,
+}
+
+fn env_value<'c>(container: &'c Value, name: &str) -> Option<&'c str> {
+    let env = container.get("env").and_then(Value::as_sequence)?;
+    env.iter()
+        .find(|e| container_name(e) == Some(name))
+        .and_then(|e| e.get("value"))
+        .and_then(Value::as_str)
 }
 
 /// OpenShift gives every container of a pod the same `runAsUser`; kept on the proxy, it would
@@ -331,7 +374,12 @@ fn forget_platform_assigned_user(proxy: &mut Value, mains: &[Value], inits: &[Va
     let app_uid = mains
         .iter()
         .chain(inits)
-        .filter(|c| !matches!(container_name(c), Some(PROXY_CONTAINER | INIT_CONTAINER | VALIDATION_CONTAINER)))
+        .filter(|c| {
+            !matches!(
+                container_name(c),
+                Some(PROXY_CONTAINER | INIT_CONTAINER | VALIDATION_CONTAINER)
+            )
+        })
         .map(uid)
         .next_back()
         .unwrap_or(0);
@@ -352,8 +400,12 @@ fn adjust_capture_user(
     capture: Option<&mut Value>,
 ) {
     let user_sc = user_proxy.and_then(|p| p.get("securityContext"));
-    let user_uid = user_sc.and_then(|s| s.get("runAsUser")).and_then(Value::as_i64);
-    let user_gid = user_sc.and_then(|s| s.get("runAsGroup")).and_then(Value::as_i64);
+    let user_uid = user_sc
+        .and_then(|s| s.get("runAsUser"))
+        .and_then(Value::as_i64);
+    let user_gid = user_sc
+        .and_then(|s| s.get("runAsGroup"))
+        .and_then(Value::as_i64);
     if user_uid.is_none() && user_gid.is_none() {
         return;
     }
@@ -374,7 +426,9 @@ fn adjust_capture_user(
         }
     }
     // iptables' --uid-owner cannot be root.
-    let Some(uid) = user_uid.filter(|u| *u != 0) else { return };
+    let Some(uid) = user_uid.filter(|u| *u != 0) else {
+        return;
+    };
     if let Some(Value::Sequence(args)) = capture.get_mut("args") {
         if let Some(i) = args.iter().position(|a| a.as_str() == Some("-u")) {
             if let Some(slot) = args.get_mut(i + 1) {
@@ -407,9 +461,15 @@ impl OverrideRecord {
 
     fn to_json(&self) -> String {
         let mut record = serde_json::Map::new();
-        for (field, list) in [("containers", &self.containers), ("initContainers", &self.init_containers)] {
+        for (field, list) in [
+            ("containers", &self.containers),
+            ("initContainers", &self.init_containers),
+        ] {
             if !list.is_empty() {
-                let list = list.iter().filter_map(|c| serde_json::to_value(c).ok()).collect();
+                let list = list
+                    .iter()
+                    .filter_map(|c| serde_json::to_value(c).ok())
+                    .collect();
                 record.insert(field.into(), serde_json::Value::Array(list));
             }
         }
@@ -418,12 +478,18 @@ impl OverrideRecord {
 }
 
 fn names(containers: &[Value]) -> serde_json::Value {
-    json!(containers.iter().filter_map(container_name).collect::<Vec<_>>())
+    json!(containers
+        .iter()
+        .filter_map(container_name)
+        .collect::<Vec<_>>())
 }
 
 /// Replaces the item of the same name, or appends.
 fn put_named(list: &mut Vec<Value>, item: Value) {
-    match list.iter_mut().find(|v| container_name(v).is_some() && container_name(v) == container_name(&item)) {
+    match list
+        .iter_mut()
+        .find(|v| container_name(v).is_some() && container_name(v) == container_name(&item))
+    {
         Some(slot) => *slot = item,
         None => list.push(item),
     }
@@ -432,7 +498,9 @@ fn put_named(list: &mut Vec<Value>, item: Value) {
 /// A typed object as a YAML value, `name` first so that manifests stay readable.
 fn to_value<T: serde::Serialize>(object: &T) -> Result<Value, InjectError> {
     let value = serde_yaml_ng::to_value(object).map_err(InjectError::Emit)?;
-    let Value::Mapping(m) = value else { return Ok(value) };
+    let Value::Mapping(m) = value else {
+        return Ok(value);
+    };
     let mut ordered = Mapping::new();
     if let Some(name) = m.get("name") {
         ordered.insert("name".into(), name.clone());

@@ -27,7 +27,10 @@ pub fn labels(
     };
     let tls_mode = first(&[key::TLS_MODE], "istio");
     let name = first(&[key::CANONICAL_NAME, key::APP_NAME, "app"], workload_name);
-    let revision = first(&[key::CANONICAL_REVISION, key::APP_VERSION, "version"], "latest");
+    let revision = first(
+        &[key::CANONICAL_REVISION, key::APP_VERSION, "version"],
+        "latest",
+    );
     let mut out = vec![
         (key::TLS_MODE, tls_mode),
         (key::CANONICAL_NAME, label_value(&name)),
@@ -49,7 +52,13 @@ fn label_value(name: &str) -> String {
 /// such as `prometheus.io.scrape`.
 fn sanitize(k: &str) -> String {
     k.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -185,7 +194,9 @@ pub fn default_container(
     annotations: &BTreeMap<String, String>,
     app_containers: &[String],
 ) -> Vec<(&'static str, String)> {
-    let Some(first) = app_containers.first() else { return Vec::new() };
+    let Some(first) = app_containers.first() else {
+        return Vec::new();
+    };
     [key::DEFAULT_LOGS_CONTAINER, key::DEFAULT_CONTAINER]
         .into_iter()
         .filter(|k| !annotations.contains_key(*k))
@@ -198,7 +209,10 @@ mod tests {
     use super::*;
 
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -206,7 +220,11 @@ mod tests {
         let long = format!("{}-tail", "a".repeat(62));
         let l = labels(&BTreeMap::new(), &long, None);
         assert_eq!(l[1].1, "a".repeat(62));
-        let l = labels(&map(&[("app", "web"), ("version", "v2")]), "ignored", Some("net1"));
+        let l = labels(
+            &map(&[("app", "web"), ("version", "v2")]),
+            "ignored",
+            Some("net1"),
+        );
         assert_eq!(l[1].1, "web");
         assert_eq!(l[2].1, "v2");
         assert_eq!(l[3], (key::NETWORK, "net1".to_string()));
@@ -216,9 +234,13 @@ mod tests {
     fn merging_keeps_the_apps_settings_and_honours_opt_out() {
         let config = InjectorConfig::default();
         let m = metrics_merge(&map(&[("prometheus.io/port", "8080")]), &config, 15020).unwrap();
-        assert_eq!(m.app_metrics.as_deref(), Some(r#"{"path":"","port":"8080","scrape":""}"#));
+        assert_eq!(
+            m.app_metrics.as_deref(),
+            Some(r#"{"path":"","port":"8080","scrape":""}"#)
+        );
         assert_eq!(m.remove, vec!["prometheus.io/port".to_string()]);
-        let off = metrics_merge(&map(&[("prometheus.io.scrape", "false")]), &config, 15020).unwrap();
+        let off =
+            metrics_merge(&map(&[("prometheus.io.scrape", "false")]), &config, 15020).unwrap();
         assert_eq!(off, MetricsMerge::default());
         assert!(metrics_merge(&map(&[("prometheus.io/port", "15090")]), &config, 15020).is_err());
     }

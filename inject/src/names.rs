@@ -25,10 +25,8 @@ pub mod key {
     pub const READINESS_PERIOD: &str = "readiness.status.sidecar.istio.io/periodSeconds";
     pub const READINESS_FAILURE_THRESHOLD: &str =
         "readiness.status.sidecar.istio.io/failureThreshold";
-    pub const INCLUDE_OUTBOUND_IP_RANGES: &str =
-        "traffic.sidecar.istio.io/includeOutboundIPRanges";
-    pub const EXCLUDE_OUTBOUND_IP_RANGES: &str =
-        "traffic.sidecar.istio.io/excludeOutboundIPRanges";
+    pub const INCLUDE_OUTBOUND_IP_RANGES: &str = "traffic.sidecar.istio.io/includeOutboundIPRanges";
+    pub const EXCLUDE_OUTBOUND_IP_RANGES: &str = "traffic.sidecar.istio.io/excludeOutboundIPRanges";
     pub const INCLUDE_INBOUND_PORTS: &str = "traffic.sidecar.istio.io/includeInboundPorts";
     pub const EXCLUDE_INBOUND_PORTS: &str = "traffic.sidecar.istio.io/excludeInboundPorts";
     pub const INCLUDE_OUTBOUND_PORTS: &str = "traffic.sidecar.istio.io/includeOutboundPorts";

@@ -17,15 +17,34 @@ const MERGE_KEYS: [(&str, &str); 5] = [
 /// The image a user writes to keep the injected one (a container must name some image).
 pub const AUTO_IMAGE: &str = "auto";
 
-/// The user's container as an override: without `image: auto`.
+/// The user's container as an override: without `image: auto`, and with its keys sorted, as
+/// `proxy.istio.io/overrides` records them (JSON objects have no order), so that applying the
+/// recorded override on re-injection adds fields in the same order as the first injection.
 pub fn as_override(user: &Value) -> Value {
-    let mut user = user.clone();
+    let mut user = sorted(user);
     if let Some(m) = user.as_mapping_mut() {
         if m.get("image").and_then(Value::as_str) == Some(AUTO_IMAGE) {
             m.shift_remove("image");
         }
     }
     user
+}
+
+fn sorted(v: &Value) -> Value {
+    match v {
+        Value::Mapping(m) => {
+            let mut entries: Vec<(&Value, &Value)> = m.iter().collect();
+            entries.sort_by_key(|(k, _)| k.as_str().unwrap_or_default().to_string());
+            Value::Mapping(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k.clone(), sorted(v)))
+                    .collect(),
+            )
+        }
+        Value::Sequence(items) => Value::Sequence(items.iter().map(sorted).collect()),
+        other => other.clone(),
+    }
 }
 
 /// Merges `overlay` (the user's container) over `base` (the injected one).
@@ -42,7 +61,11 @@ fn merge_mapping(base: &mut Mapping, overlay: &Mapping, top: bool) {
             continue;
         }
         let merge_key = top
-            .then(|| MERGE_KEYS.iter().find(|(field, _)| k.as_str() == Some(field)))
+            .then(|| {
+                MERGE_KEYS
+                    .iter()
+                    .find(|(field, _)| k.as_str() == Some(field))
+            })
             .flatten()
             .map(|(_, key)| *key);
         match (base.get_mut(k), v) {

@@ -23,7 +23,12 @@ fn diff_at(old: &Value, new: &Value, at: &mut PointerBuf, ops: &mut Vec<PatchOpe
     }
 }
 
-fn diff_objects(old: &Map<String, Value>, new: &Map<String, Value>, at: &mut PointerBuf, ops: &mut Vec<PatchOperation>) {
+fn diff_objects(
+    old: &Map<String, Value>,
+    new: &Map<String, Value>,
+    at: &mut PointerBuf,
+    ops: &mut Vec<PatchOperation>,
+) {
     for (k, n) in new {
         at.push_back(k.as_str());
         match old.get(k) {
@@ -47,7 +52,9 @@ fn diff_arrays(old: &[Value], new: &[Value], at: &mut PointerBuf, ops: &mut Vec<
         return;
     }
     if let (Some(old_names), Some(new_names)) = (names(old), names(new)) {
-        let kept: Vec<usize> = (0..old.len()).filter(|i| new_names.contains(&old_names[*i])).collect();
+        let kept: Vec<usize> = (0..old.len())
+            .filter(|i| new_names.contains(&old_names[*i]))
+            .collect();
         let kept_names: Vec<&str> = kept.iter().map(|i| old_names[*i]).collect();
         let in_order = new_names
             .iter()
@@ -131,7 +138,10 @@ mod tests {
         let patch = roundtrip(old, new);
         let text = serde_json::to_string(&patch).unwrap();
         assert_eq!(patch.0.len(), 3, "{text}");
-        assert!(!text.contains("\"u\""), "the user's container is not rewritten: {text}");
+        assert!(
+            !text.contains("\"u\""),
+            "the user's container is not rewritten: {text}"
+        );
     }
 
     #[test]
@@ -142,6 +152,9 @@ mod tests {
         );
         roundtrip(json!({"l": [1, 2]}), json!({"l": [1, 2, 3]}));
         roundtrip(json!({"l": [1, 2]}), json!({"l": [2]}));
-        roundtrip(json!({"l": [{"name": "a"}, {"name": "a"}]}), json!({"l": [{"name": "b"}]}));
+        roundtrip(
+            json!({"l": [{"name": "a"}, {"name": "a"}]}),
+            json!({"l": [{"name": "b"}]}),
+        );
     }
 }

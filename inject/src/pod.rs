@@ -29,7 +29,9 @@ impl Workload {
         let name = str_at(metadata, "name").unwrap_or_default().to_string();
         let mut workload = Workload {
             name: name.clone(),
-            namespace: str_at(metadata, "namespace").unwrap_or_default().to_string(),
+            namespace: str_at(metadata, "namespace")
+                .unwrap_or_default()
+                .to_string(),
             kind: "Pod".into(),
             api_version: "v1".into(),
         };
@@ -43,8 +45,14 @@ impl Workload {
             });
         if let (true, Some(owner)) = (generated, controller) {
             let labels = string_map(metadata, "labels");
-            let owner_name = owner.get("name").and_then(Value::as_str).unwrap_or_default();
-            let owner_kind = owner.get("kind").and_then(Value::as_str).unwrap_or_default();
+            let owner_name = owner
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let owner_kind = owner
+                .get("kind")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             workload.kind = owner_kind.to_string();
             workload.api_version = owner
                 .get("apiVersion")
@@ -54,7 +62,9 @@ impl Workload {
             workload.name = owner_name.to_string();
             let hash = |label: &str| labels.get(label).filter(|h| !h.is_empty());
             if owner_kind == "ReplicaSet" {
-                if let Some(h) = hash("pod-template-hash").filter(|h| owner_name.ends_with(h.as_str())) {
+                if let Some(h) =
+                    hash("pod-template-hash").filter(|h| owner_name.ends_with(h.as_str()))
+                {
                     workload.name = trim_suffix(owner_name, &format!("-{h}"));
                     workload.kind = "Deployment".into();
                 } else if let Some(h) =
@@ -153,7 +163,10 @@ pub fn child_mapping<'m>(m: &'m mut Mapping, field: &str) -> Result<&'m mut Mapp
 }
 
 /// `m[field]` as a list, created empty if missing or null.
-pub fn child_sequence<'m>(m: &'m mut Mapping, field: &str) -> Result<&'m mut Vec<Value>, InjectError> {
+pub fn child_sequence<'m>(
+    m: &'m mut Mapping,
+    field: &str,
+) -> Result<&'m mut Vec<Value>, InjectError> {
     let slot = m
         .entry(Value::from(field))
         .or_insert_with(|| Value::Sequence(Vec::new()));
@@ -176,7 +189,10 @@ pub fn containers(spec: &Mapping, field: &str) -> Result<Vec<Value>, InjectError
     };
     for (i, c) in list.iter().enumerate() {
         if container_name(c).is_none() {
-            return Err(InjectError::pod(format!("{field}[{i}]"), "a container needs a name"));
+            return Err(InjectError::pod(
+                format!("{field}[{i}]"),
+                "a container needs a name",
+            ));
         }
     }
     Ok(list.clone())

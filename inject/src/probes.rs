@@ -44,7 +44,10 @@ struct PortsOnly {
 /// The agent's view of the application probes of these containers, before they are rewritten:
 /// path on the agent → the original probe, named ports resolved to numbers. A probe already
 /// pointing at the agent port (an injected pod injected again) is left out.
-pub fn app_probers(containers: &[&Value], agent_port: u16) -> Result<Map<String, Json>, InjectError> {
+pub fn app_probers(
+    containers: &[&Value],
+    agent_port: u16,
+) -> Result<Map<String, Json>, InjectError> {
     let mut out = Map::new();
     for c in containers {
         let Some(name) = container_name(c).filter(|n| *n != PROXY_CONTAINER) else {
@@ -59,33 +62,38 @@ pub fn app_probers(containers: &[&Value], agent_port: u16) -> Result<Map<String,
                 .find(|cp| cp.name.as_deref() == Some(s))
                 .map(|cp| cp.container_port),
         };
-        let mut record = |path: String, handler: Handler, with_grpc: bool| -> Result<(), InjectError> {
-            let mut entry = Map::new();
-            if let Some(mut http) = handler.http_get {
-                let Some(port) = port_of(&http.port) else { return Ok(()) };
-                if port == i32::from(agent_port) {
+        let mut record =
+            |path: String, handler: Handler, with_grpc: bool| -> Result<(), InjectError> {
+                let mut entry = Map::new();
+                if let Some(mut http) = handler.http_get {
+                    let Some(port) = port_of(&http.port) else {
+                        return Ok(());
+                    };
+                    if port == i32::from(agent_port) {
+                        return Ok(());
+                    }
+                    http.port = IntOrString::Int(port);
+                    entry.insert("httpGet".into(), to_json(&http)?);
+                } else if let Some(mut tcp) = handler.tcp_socket {
+                    let Some(port) = port_of(&tcp.port) else {
+                        return Ok(());
+                    };
+                    if port == i32::from(agent_port) {
+                        return Ok(());
+                    }
+                    tcp.port = IntOrString::Int(port);
+                    entry.insert("tcpSocket".into(), to_json(&tcp)?);
+                } else if let (Some(grpc), true) = (handler.grpc, with_grpc) {
+                    entry.insert("grpc".into(), to_json(&grpc)?);
+                } else {
                     return Ok(());
                 }
-                http.port = IntOrString::Int(port);
-                entry.insert("httpGet".into(), to_json(&http)?);
-            } else if let Some(mut tcp) = handler.tcp_socket {
-                let Some(port) = port_of(&tcp.port) else { return Ok(()) };
-                if port == i32::from(agent_port) {
-                    return Ok(());
+                if let Some(t) = handler.timeout_seconds.filter(|t| *t != 0) {
+                    entry.insert("timeoutSeconds".into(), json!(t));
                 }
-                tcp.port = IntOrString::Int(port);
-                entry.insert("tcpSocket".into(), to_json(&tcp)?);
-            } else if let (Some(grpc), true) = (handler.grpc, with_grpc) {
-                entry.insert("grpc".into(), to_json(&grpc)?);
-            } else {
-                return Ok(());
-            }
-            if let Some(t) = handler.timeout_seconds.filter(|t| *t != 0) {
-                entry.insert("timeoutSeconds".into(), json!(t));
-            }
-            out.insert(path, Json::Object(entry));
-            Ok(())
-        };
+                out.insert(path, Json::Object(entry));
+                Ok(())
+            };
         for (field, kind, suffix) in PROBES {
             if let Some(probe) = c.get(field).filter(|p| !p.is_null()) {
                 let handler = typed(probe, name, field)?;
@@ -93,7 +101,11 @@ pub fn app_probers(containers: &[&Value], agent_port: u16) -> Result<Map<String,
             }
         }
         for (field, kind, suffix) in HOOKS {
-            if let Some(hook) = c.get("lifecycle").and_then(|l| l.get(field)).filter(|h| !h.is_null()) {
+            if let Some(hook) = c
+                .get("lifecycle")
+                .and_then(|l| l.get(field))
+                .filter(|h| !h.is_null())
+            {
                 let mut handler: Handler = typed(hook, name, field)?;
                 // Hooks have no timeout of their own.
                 handler.timeout_seconds = None;
@@ -114,7 +126,9 @@ pub fn rewrite(container: &mut Value, agent_port: u16) -> bool {
         return false;
     }
     let mut changed = false;
-    let Some(c) = container.as_mapping_mut() else { return false };
+    let Some(c) = container.as_mapping_mut() else {
+        return false;
+    };
     for (field, kind, suffix) in PROBES {
         if let Some(Value::Mapping(probe)) = c.get_mut(field) {
             changed |= point_at_agent(probe, &format!("/{kind}/{name}/{suffix}"), agent_port, true);
@@ -123,7 +137,8 @@ pub fn rewrite(container: &mut Value, agent_port: u16) -> bool {
     if let Some(Value::Mapping(lifecycle)) = c.get_mut("lifecycle") {
         for (field, kind, suffix) in HOOKS {
             if let Some(Value::Mapping(hook)) = lifecycle.get_mut(field) {
-                changed |= point_at_agent(hook, &format!("/{kind}/{name}/{suffix}"), agent_port, false);
+                changed |=
+                    point_at_agent(hook, &format!("/{kind}/{name}/{suffix}"), agent_port, false);
             }
         }
     }
@@ -146,7 +161,9 @@ fn point_at_agent(handler: &mut Mapping, path: &str, agent_port: u16, with_grpc:
         .into_iter()
         .filter(|k| with_grpc || *k == "tcpSocket")
         .find(|k| handler.get(*k).is_some_and(|v| !v.is_null()));
-    let Some(replaced) = replaced else { return false };
+    let Some(replaced) = replaced else {
+        return false;
+    };
     handler.shift_remove(replaced);
     let mut http = Mapping::new();
     http.insert("path".into(), path.into());
@@ -155,7 +172,11 @@ fn point_at_agent(handler: &mut Mapping, path: &str, agent_port: u16, with_grpc:
     true
 }
 
-fn typed<T: serde::de::DeserializeOwned>(v: &Value, container: &str, field: &str) -> Result<T, InjectError> {
+fn typed<T: serde::de::DeserializeOwned>(
+    v: &Value,
+    container: &str,
+    field: &str,
+) -> Result<T, InjectError> {
     serde_yaml_ng::from_value(v.clone())
         .map_err(|e| InjectError::pod(format!("container {container}: {field}"), e.to_string()))
 }
@@ -191,7 +212,10 @@ mod tests {
         assert_eq!(ready["httpGet"]["port"], Value::from(15020));
         assert_eq!(ready["httpGet"]["scheme"], Value::from("HTTP"));
         assert_eq!(ready["timeoutSeconds"], Value::from(5));
-        assert_eq!(c["livenessProbe"]["httpGet"]["path"], Value::from("/app-health/app/livez"));
+        assert_eq!(
+            c["livenessProbe"]["httpGet"]["path"],
+            Value::from("/app-health/app/livez")
+        );
         assert!(c["livenessProbe"].get("tcpSocket").is_none());
         assert!(c["startupProbe"].get("httpGet").is_none());
         // Rewritten probes are left out next time and rewriting again changes nothing.

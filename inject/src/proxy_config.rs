@@ -23,7 +23,9 @@ impl ProxyConfig {
         let config: ProxyConfig = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
         if let Some(mode) = &config.interception_mode {
             if crate::config::InterceptionMode::parse(mode).is_none() {
-                return Err(format!("interceptionMode {mode:?}: expected REDIRECT, TPROXY or NONE"));
+                return Err(format!(
+                    "interceptionMode {mode:?}: expected REDIRECT, TPROXY or NONE"
+                ));
             }
         }
         Ok(config)
@@ -36,7 +38,8 @@ mod tests {
 
     #[test]
     fn reads_yaml_and_json_and_ignores_envoy_fields() {
-        let c = ProxyConfig::parse("holdApplicationUntilProxyStarts: true\nconcurrency: 4").unwrap();
+        let c =
+            ProxyConfig::parse("holdApplicationUntilProxyStarts: true\nconcurrency: 4").unwrap();
         assert_eq!(c.hold_application_until_proxy_starts, Some(true));
         let c = ProxyConfig::parse(r#"{"interceptionMode":"TPROXY"}"#).unwrap();
         assert_eq!(c.interception_mode.as_deref(), Some("TPROXY"));

@@ -58,14 +58,18 @@ impl PodSettings {
             .and_then(InterceptionMode::parse)
             .unwrap_or(config.capture.interception_mode);
         let status_port = match annotation(key::STATUS_PORT) {
-            Some(v) => crate::validate::port(v).map_err(|reason| InjectError::InvalidAnnotation {
-                annotation: key::STATUS_PORT.into(),
-                value: v.into(),
-                reason,
-            })?,
+            Some(v) => {
+                crate::validate::port(v).map_err(|reason| InjectError::InvalidAnnotation {
+                    annotation: key::STATUS_PORT.into(),
+                    value: v.into(),
+                    reason,
+                })?
+            }
             None => config.proxy.status_port,
         };
-        let hold = proxy_config.hold_application_until_proxy_starts.unwrap_or(false)
+        let hold = proxy_config
+            .hold_application_until_proxy_starts
+            .unwrap_or(false)
             || config.proxy.hold_application_until_proxy_starts;
         let (uid, gid) = match (config.platform, namespace) {
             (Platform::Openshift, Some(ns)) => openshift_ids(ns, config),
@@ -84,7 +88,9 @@ impl PodSettings {
             .to_string();
         let readiness = &config.proxy.readiness;
         let number = |k: &str, default: u32| {
-            annotation(k).and_then(|v| v.parse().ok()).unwrap_or(default)
+            annotation(k)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
         };
         Ok(PodSettings {
             native,
@@ -98,7 +104,10 @@ impl PodSettings {
             rewrite_probes,
             cap_net_bind_service,
             image,
-            readiness_initial_delay: number(key::READINESS_INITIAL_DELAY, readiness.initial_delay_seconds),
+            readiness_initial_delay: number(
+                key::READINESS_INITIAL_DELAY,
+                readiness.initial_delay_seconds,
+            ),
             readiness_period: number(key::READINESS_PERIOD, readiness.period_seconds),
             readiness_failure_threshold: number(
                 key::READINESS_FAILURE_THRESHOLD,

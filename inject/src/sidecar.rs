@@ -8,10 +8,10 @@ use crate::pod::Workload;
 use crate::settings::PodSettings;
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, DownwardAPIVolumeFile,
-    DownwardAPIVolumeSource, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
-    HTTPGetAction, Lifecycle, LifecycleHandler, ObjectFieldSelector, Probe,
-    ProjectedVolumeSource, ResourceRequirements, SecretVolumeSource, SecurityContext,
-    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    DownwardAPIVolumeSource, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, HTTPGetAction,
+    Lifecycle, LifecycleHandler, ObjectFieldSelector, Probe, ProjectedVolumeSource,
+    ResourceRequirements, SecretVolumeSource, SecurityContext, ServiceAccountTokenProjection,
+    Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -61,7 +61,11 @@ pub fn capture_container(
             ..SecurityContext::default()
         }
     };
-    let name = if settings.cni { VALIDATION_CONTAINER } else { INIT_CONTAINER };
+    let name = if settings.cni {
+        VALIDATION_CONTAINER
+    } else {
+        INIT_CONTAINER
+    };
     Container {
         name: name.into(),
         image: Some(settings.image.clone()),
@@ -119,11 +123,19 @@ pub fn proxy_container(
         read_only_root_filesystem: Some(true),
         run_as_non_root: Some(!root),
         run_as_user: Some(if root { 0 } else { settings.uid }),
-        run_as_group: Some(if root { settings.tproxy_gid } else { settings.gid }),
+        run_as_group: Some(if root {
+            settings.tproxy_gid
+        } else {
+            settings.gid
+        }),
         ..SecurityContext::default()
     };
     let mut args = vec!["run".to_string()];
-    if let Some(level) = inputs.annotations.get(key::PROXY_LOG_LEVEL).and_then(|l| log_filter(l)) {
+    if let Some(level) = inputs
+        .annotations
+        .get(key::PROXY_LOG_LEVEL)
+        .and_then(|l| log_filter(l))
+    {
         args.extend(["--log-level".to_string(), level.to_string()]);
     }
     let exec = |verb: &str| LifecycleHandler {
@@ -151,9 +163,11 @@ pub fn proxy_container(
     let (startup_probe, readiness_probe) = match settings.status_port {
         None => (None, None),
         Some(_) => {
-            let startup = config.proxy.startup_probe.enabled.then(|| {
-                ready_probe(0, 1, config.proxy.startup_probe.failure_threshold)
-            });
+            let startup = config
+                .proxy
+                .startup_probe
+                .enabled
+                .then(|| ready_probe(0, 1, config.proxy.startup_probe.failure_threshold));
             let readiness = ready_probe(
                 settings.readiness_initial_delay,
                 settings.readiness_period,
@@ -166,7 +180,10 @@ pub fn proxy_container(
         mount("istio-podinfo", POD_INFO_DIR),
         mount("istio-token", "/var/run/secrets/tokens"),
         mount("istiod-ca-cert", "/var/run/secrets/istio"),
-        mount("workload-certs", "/var/run/secrets/workload-spiffe-credentials"),
+        mount(
+            "workload-certs",
+            "/var/run/secrets/workload-spiffe-credentials",
+        ),
     ];
     if config.proxy.mount_mtls_certs {
         mounts.push(VolumeMount {
@@ -260,7 +277,11 @@ fn value_env(name: &str, value: &str) -> EnvVar {
 
 /// The proxy's environment: the downward-API identity `remora run` reads, Istio's metadata
 /// variables, and the probe and metrics hand-over from the application.
-fn proxy_env(settings: &PodSettings, config: &InjectorConfig, inputs: &ProxyInputs<'_>) -> Vec<EnvVar> {
+fn proxy_env(
+    settings: &PodSettings,
+    config: &InjectorConfig,
+    inputs: &ProxyInputs<'_>,
+) -> Vec<EnvVar> {
     let mut env = vec![
         field_env("POD_NAME", "metadata.name"),
         field_env("POD_NAMESPACE", "metadata.namespace"),
@@ -270,7 +291,10 @@ fn proxy_env(settings: &PodSettings, config: &InjectorConfig, inputs: &ProxyInpu
         field_env("ISTIO_META_NODE_NAME", "spec.nodeName"),
         value_env("ISTIO_META_CLUSTER_ID", &config.cluster_id),
         value_env("ISTIO_META_INTERCEPTION_MODE", settings.mode.as_str()),
-        value_env("ISTIO_META_APP_CONTAINERS", &inputs.app_containers.join(",")),
+        value_env(
+            "ISTIO_META_APP_CONTAINERS",
+            &inputs.app_containers.join(","),
+        ),
     ];
     if let Some(network) = inputs.network {
         env.push(value_env("ISTIO_META_NETWORK", network));
@@ -284,7 +308,11 @@ fn proxy_env(settings: &PodSettings, config: &InjectorConfig, inputs: &ProxyInpu
     }
     let w = inputs.workload;
     if !w.api_version.is_empty() && !w.name.is_empty() {
-        let namespace = if w.namespace.is_empty() { "default" } else { &w.namespace };
+        let namespace = if w.namespace.is_empty() {
+            "default"
+        } else {
+            &w.namespace
+        };
         let owner = format!(
             "kubernetes://apis/{}/namespaces/{namespace}/{}s/{}",
             w.api_version,
@@ -322,7 +350,10 @@ pub fn resources(
     };
     let from_annotations = ResourceRequirements {
         requests: pick(&[("cpu", key::PROXY_CPU), ("memory", key::PROXY_MEMORY)]),
-        limits: pick(&[("cpu", key::PROXY_CPU_LIMIT), ("memory", key::PROXY_MEMORY_LIMIT)]),
+        limits: pick(&[
+            ("cpu", key::PROXY_CPU_LIMIT),
+            ("memory", key::PROXY_MEMORY_LIMIT),
+        ]),
         ..ResourceRequirements::default()
     };
     if from_annotations.requests.is_some() || from_annotations.limits.is_some() {
@@ -406,7 +437,11 @@ pub fn volumes(
         },
     ];
     if config.proxy.mount_mtls_certs {
-        let account = if service_account.is_empty() { "default" } else { service_account };
+        let account = if service_account.is_empty() {
+            "default"
+        } else {
+            service_account
+        };
         volumes.push(Volume {
             secret: Some(SecretVolumeSource {
                 secret_name: Some(format!("istio.{account}")),

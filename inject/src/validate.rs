@@ -14,18 +14,22 @@ pub fn annotations(annotations: &BTreeMap<String, String>) -> Result<(), InjectE
         let check: fn(&str) -> Result<(), String> = match name.as_str() {
             key::INTERCEPTION_MODE => interception_mode,
             key::STATUS_PORT => |v| port(v).map(drop),
-            key::READINESS_INITIAL_DELAY | key::READINESS_PERIOD | key::READINESS_FAILURE_THRESHOLD => {
-                |v| uint32(v).map(drop)
-            }
+            key::READINESS_INITIAL_DELAY
+            | key::READINESS_PERIOD
+            | key::READINESS_FAILURE_THRESHOLD => |v| uint32(v).map(drop),
             key::INCLUDE_OUTBOUND_IP_RANGES => |v| if v == "*" { Ok(()) } else { cidr_list(v) },
             key::EXCLUDE_OUTBOUND_IP_RANGES => cidr_list,
             key::INCLUDE_INBOUND_PORTS => |v| if v == "*" { Ok(()) } else { port_list(v) },
             key::EXCLUDE_INBOUND_PORTS | key::EXCLUDE_OUTBOUND_PORTS => port_list,
             key::INCLUDE_OUTBOUND_PORTS => port_list,
-            key::EXCLUDE_INTERFACES | key::KUBEVIRT_INTERFACES | key::REROUTE_VIRTUAL_INTERFACES => {
-                interface_list
-            }
-            key::MERGE_METRICS => |v| parse_bool(v).map(drop).ok_or_else(|| "not a boolean".into()),
+            key::EXCLUDE_INTERFACES
+            | key::KUBEVIRT_INTERFACES
+            | key::REROUTE_VIRTUAL_INTERFACES => interface_list,
+            key::MERGE_METRICS => |v| {
+                parse_bool(v)
+                    .map(drop)
+                    .ok_or_else(|| "not a boolean".into())
+            },
             key::PROXY_CONFIG => |v| crate::proxy_config::ProxyConfig::parse(v).map(drop),
             key::PROXY_CPU | key::PROXY_MEMORY | key::PROXY_CPU_LIMIT | key::PROXY_MEMORY_LIMIT => {
                 quantity::check
@@ -85,7 +89,8 @@ pub fn port(v: &str) -> Result<u16, String> {
 }
 
 fn uint32(v: &str) -> Result<u32, String> {
-    v.parse().map_err(|_| format!("`{v}` is not an unsigned 32-bit integer"))
+    v.parse()
+        .map_err(|_| format!("`{v}` is not an unsigned 32-bit integer"))
 }
 
 /// Interface names as Linux allows them (at most 15 characters, no spaces or slashes).
@@ -122,7 +127,14 @@ mod tests {
     fn cidrs() {
         assert!(cidr_list("10.0.0.0/8,fd00::/8,127.0.0.1/24").is_ok());
         assert!(cidr_list("").is_ok());
-        for bad in ["*", "bad", "10.0.0.1", "10.0.0.0/33", "10.0.0.0/08", "10.0.0.0/8,"] {
+        for bad in [
+            "*",
+            "bad",
+            "10.0.0.1",
+            "10.0.0.0/33",
+            "10.0.0.0/08",
+            "10.0.0.0/8,",
+        ] {
             assert!(cidr_list(bad).is_err(), "{bad}");
         }
     }

@@ -32,6 +32,10 @@ pub enum End {
     LoopRefused(crate::loop_guard::Guard),
     /// The socket could not tell its own addresses (the peer vanished at once).
     NoDestination,
+    /// Inbound mesh TLS is required (STRICT) and the client spoke something else.
+    MtlsRequired,
+    /// The mesh TLS handshake with the client failed (see the log for why).
+    TlsHandshakeFailed,
 }
 
 impl End {
@@ -46,6 +50,8 @@ impl End {
             End::LoopRefused(crate::loop_guard::Guard::OwnListener) => "loop_own_listener",
             End::LoopRefused(crate::loop_guard::Guard::OwnUpstream) => "loop_own_upstream",
             End::NoDestination => "no_destination",
+            End::MtlsRequired => "mtls_required",
+            End::TlsHandshakeFailed => "tls_handshake_failed",
         }
     }
 
@@ -57,7 +63,9 @@ impl End {
             End::DownstreamReset => "DC",
             End::UpstreamReset => "UC",
             End::ConnectFailed | End::ConnectTimeout => "UF",
-            End::LoopRefused(_) | End::NoDestination => "-",
+            End::LoopRefused(_) | End::NoDestination | End::TlsHandshakeFailed => "-",
+            // Envoy's "no filter chain found" when STRICT has no chain for plaintext.
+            End::MtlsRequired => "NR",
         }
     }
 }

@@ -6,6 +6,7 @@ use crate::admin::{self, AdminState, ListenerInfo, LogControl, Role, SetFilter};
 use crate::agent::{probe, Agent, AppMetrics};
 use crate::dns;
 use crate::drain::Drain;
+use crate::identity;
 use crate::listener;
 use crate::loop_guard::LoopGuard;
 use crate::metrics::{ListenerNames, Metrics, ServerState};
@@ -122,6 +123,30 @@ pub fn capture(args: remora_capture::CaptureArgs) -> ExitCode {
             eprintln!("remora capture: {e}");
             // 126 for a failed --run-validation, as istio-iptables exits; 1 otherwise.
             ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// `remora inject`.
+pub fn inject(args: &remora_inject::cli::InjectArgs) -> ExitCode {
+    match remora_inject::cli::inject(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("remora inject: {:#}", anyhow::Error::from(e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `remora webhook`.
+pub fn webhook(args: &remora_inject::cli::WebhookArgs) -> ExitCode {
+    let filter = std::env::var("REMORA_LOG").unwrap_or_else(|_| "info".into());
+    let _ = init_tracing(&filter, false);
+    match remora_inject::cli::webhook(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("remora webhook: {:#}", anyhow::Error::from(e));
+            ExitCode::FAILURE
         }
     }
 }
@@ -251,6 +276,19 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
             inbound: format!("0.0.0.0_{}", config.inbound.port),
         },
     };
+    // The workload certificate: loaded now, so a missing or broken one fails the start.
+    let identity = Arc::new(identity::Store::default());
+    let watcher = match identity::Paths::from_config(&config.tls) {
+        Some(paths) => Some(
+            identity::Watcher::start(paths, Arc::clone(&identity), config.tls.watch_interval)
+                .context("loading the workload certificate (tls.cert_dir)")?,
+        ),
+        None => None,
+    };
+    let mut own = own;
+    if let Some(id) = identity.current() {
+        own.principal = id.spiffe_id.to_string();
+    }
     let metrics = Arc::new(Metrics::new(&own, names));
     let dns = match config.dns.enabled {
         true => Some(dns::bind(&config.dns, metrics.dns.clone()).context("starting DNS")?),
@@ -264,6 +302,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         workload: own,
         concurrency: args.concurrency,
         logging: Some(logging),
+        identity: Arc::clone(&identity),
         ..AdminState::new(Arc::clone(&metrics), Arc::clone(&drain))
     });
     let agent = Arc::new(Agent {
@@ -299,6 +338,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         drain: Arc::clone(&drain),
         access_log: AccessLog::start(Arc::clone(&metrics)).context("starting the access log")?,
         pool: Arc::default(),
+        mesh: Arc::new(crate::tls::Mesh::new(identity)),
     });
     let metrics_handle = Arc::clone(&metrics);
     let reloader = args.config.map(|path| Reloader {
@@ -319,7 +359,12 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     metrics_handle
         .server
         .set_workers(u32::from(args.concurrency), listener_count);
-    let result = runtime.block_on(serve(proxy, routes, dns, state, reloader));
+    let result = runtime.block_on(async {
+        if let Some(w) = watcher {
+            tokio::spawn(w.watch(Arc::clone(&metrics_handle)));
+        }
+        serve(proxy, routes, dns, state, reloader).await
+    });
     // Connections still open after the drain period are cut here.
     runtime.shutdown_timeout(Duration::from_millis(100));
     result

@@ -11,12 +11,13 @@
 //! The bytes read while detecting are kept and replayed to whichever side handles the connection.
 
 use crate::connect::{ConnectError, Upstream};
+use crate::tls::client_hello;
 use bytes::BytesMut;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::time::Duration;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// The HTTP/2 connection preface a prior-knowledge client sends first (RFC 9113 §3.4).
 pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -41,7 +42,7 @@ pub enum HttpVersion {
 pub enum Verdict {
     /// The client sent an HTTP request line or the HTTP/2 preface.
     Http(HttpVersion),
-    /// The client sent a TLS record (a ClientHello): opaque here.
+    /// The client sent a TLS ClientHello (complete, unless it was too long to be one).
     Tls,
     /// The client sent something else.
     Opaque,
@@ -67,13 +68,14 @@ pub struct Detection {
 /// Read the client's first bytes until they decide the protocol, while `connect` opens the
 /// upstream. With `watch_server`, a server that speaks first decides at once. `connect` must not
 /// have completed; if `Detection::upstream` is `None` it is still pending and may be awaited.
-pub async fn detect<F>(
-    downstream: &TcpStream,
+pub async fn detect<S, F>(
+    downstream: &mut S,
     mut connect: Pin<&mut F>,
     timeout: Duration,
     watch_server: bool,
 ) -> Detection
 where
+    S: AsyncRead + Unpin,
     F: Future<Output = Result<Upstream, ConnectError>>,
 {
     let mut prefix = BytesMut::new();
@@ -81,26 +83,28 @@ where
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
     let verdict = loop {
+        if prefix.len() == prefix.capacity() {
+            let want = if prefix.capacity() == 0 {
+                INITIAL_READ
+            } else {
+                prefix.len()
+            };
+            prefix.reserve(want.min(MAX_DETECT_BYTES - prefix.len()).max(1));
+        }
         tokio::select! {
             // Client bytes first: when both sides have spoken, the client's request decides.
             biased;
-            ready = downstream.readable() => {
-                if ready.is_err() {
-                    break Verdict::ClientFailed;
-                }
-                let want = if prefix.capacity() == 0 { INITIAL_READ } else { prefix.len() };
-                prefix.reserve(want.min(MAX_DETECT_BYTES - prefix.len()).max(1));
-                match downstream.try_read_buf(&mut prefix) {
-                    Ok(0) => break Verdict::ClientClosed,
-                    Ok(_) => {
-                        if let Some(v) = classify(&prefix) {
-                            break v;
-                        }
+            // Cancel-safe: when another branch wins, no byte has been taken from the stream.
+            read = downstream.read_buf(&mut prefix) => match read {
+                Ok(0) => break Verdict::ClientClosed,
+                Ok(_) => {
+                    if let Some(v) = classify(&prefix) {
+                        break v;
                     }
-                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
-                    Err(_) => break Verdict::ClientFailed,
                 }
-            }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break Verdict::ClientFailed,
+            },
             result = &mut connect, if upstream.is_none() => upstream = Some(result),
             () = server_spoke(&upstream), if watch_server => break Verdict::ServerFirst,
             () = &mut deadline => break Verdict::Timeout,
@@ -140,10 +144,15 @@ pub fn classify(bytes: &[u8]) -> Option<Verdict> {
         };
     }
     if bytes[0] == 0x16 {
-        // A TLS handshake record: content type 22, then protocol version 3.x.
+        // A TLS handshake record: content type 22, then protocol version 3.x. The whole
+        // ClientHello is read (a client sends it at once), so its ALPN can tell mesh mutual
+        // TLS from the application's own.
         return match bytes.get(1) {
             None => None,
-            Some(3) => Some(Verdict::Tls),
+            Some(3) => match client_hello::parse(bytes) {
+                client_hello::Parsed::Incomplete if bytes.len() < MAX_DETECT_BYTES => None,
+                _ => Some(Verdict::Tls),
+            },
             Some(_) => Some(Verdict::Opaque),
         };
     }

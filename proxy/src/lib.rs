@@ -5,8 +5,8 @@
 //! opens the upstream (`connect`) while `detect` tells HTTP from opaque bytes, then either
 //! copies bytes both ways (`tcp`) or proxies HTTP requests (`http`), and records it
 //! (`metrics`, `access_log`). Around that: `admin` serves readiness, metrics and the admin API on
-//! its own thread, `agent` serves Istio's agent port (merged metrics, application probes), `dns` forwards the DNS queries capture redirects to 15053, `drain` carries SIGTERM's shutdown, `reload` swaps in new configs, and `cli`
-//! is the binary's edge. See ARCHITECTURE.md for the whole picture.
+//! its own thread, `agent` serves Istio's agent port (merged metrics, application probes), `dns` forwards the DNS queries capture redirects to 15053, `drain` carries SIGTERM's shutdown, `reload` swaps in new configs, `lifecycle` holds the
+//! commands the injected container's hooks run, and `cli` is the binary's edge. See ARCHITECTURE.md for the whole picture.
 
 pub mod access_log;
 pub mod admin;
@@ -17,6 +17,8 @@ pub mod detect;
 pub mod dns;
 pub mod drain;
 pub mod http;
+pub mod identity;
+pub mod lifecycle;
 pub mod listener;
 pub mod loop_guard;
 pub mod metrics;
@@ -24,6 +26,7 @@ pub mod orig_dst;
 pub mod proxy;
 pub mod reload;
 pub mod tcp;
+pub mod tls;
 pub mod workload;
 
 /// Which capture listener a connection arrived on.

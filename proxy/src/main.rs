@@ -1,5 +1,6 @@
-//! The `remora` binary: one executable for the init container (`remora capture`) and the
-//! sidecar (`remora run`).
+//! The `remora` binary: one executable for the init container (`remora capture`), the
+//! sidecar (`remora run` and its lifecycle hooks `remora wait` / `remora drain`) and the
+//! injector (`remora inject`, `remora webhook`).
 
 use clap::{Parser, Subcommand};
 
@@ -20,6 +21,14 @@ enum Command {
     Run(remora::cli::RunArgs),
     /// Write the iptables rules that send a pod's TCP through the sidecar (istio-iptables flags).
     Capture(Box<remora_capture::CaptureArgs>),
+    /// Add the sidecar to the pod templates of Kubernetes manifests (like istioctl kube-inject).
+    Inject(Box<remora_inject::cli::InjectArgs>),
+    /// Serve the sidecar-injection admission webhook over HTTPS.
+    Webhook(Box<remora_inject::cli::WebhookArgs>),
+    /// Block until the proxy is ready (GET 15021/healthz/ready answers 200), or time out.
+    Wait(remora::lifecycle::WaitArgs),
+    /// Ask the local proxy to start draining (the native sidecar's preStop hook).
+    Drain(remora::lifecycle::DrainArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -27,5 +36,9 @@ fn main() -> std::process::ExitCode {
     match cli.command {
         Command::Run(args) => remora::cli::run(args),
         Command::Capture(args) => remora::cli::capture(*args),
+        Command::Inject(args) => remora::cli::inject(&args),
+        Command::Webhook(args) => remora::cli::webhook(&args),
+        Command::Wait(args) => remora::lifecycle::wait(args),
+        Command::Drain(args) => remora::lifecycle::drain(args),
     }
 }

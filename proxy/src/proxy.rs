@@ -10,6 +10,7 @@ use crate::http::{self, pool::Pool};
 use crate::loop_guard::{Guard, LoopGuard};
 use crate::metrics::Metrics;
 use crate::tcp::{self, CopyError, Transfer};
+use crate::tls::stream::Downstream;
 use crate::{orig_dst, Direction};
 use arc_swap::ArcSwap;
 use bytes::BytesMut;
@@ -19,6 +20,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::net::TcpStream;
+
+mod mesh;
 
 /// Everything a connection needs, shared by all of them.
 #[derive(Debug)]
@@ -31,6 +34,8 @@ pub struct Proxy {
     pub access_log: AccessLog,
     /// Idle upstream HTTP connections, shared by every downstream connection.
     pub pool: Arc<Pool>,
+    /// The workload identity and mesh TLS configs; without an identity, no mesh TLS.
+    pub mesh: Arc<crate::tls::Mesh>,
 }
 
 /// Where a listener's connections go.
@@ -110,7 +115,7 @@ impl Proxy {
     async fn proxy(
         self: &Arc<Self>,
         config: &Arc<Config>,
-        downstream: TcpStream,
+        mut downstream: TcpStream,
         peer: SocketAddr,
         route: Route,
     ) -> Outcome {
@@ -154,6 +159,10 @@ impl Proxy {
             source,
             timeout,
         };
+        if let Some(leg) = mesh::leg(&self.mesh, config, route, destination) {
+            // Boxed: only connections that meet mesh TLS carry its state.
+            return Box::pin(self.mesh(config, downstream, hop, mode, leg)).await;
+        }
         // One call site for the copy: each `.await` of it would get its own slot in this
         // future, and the copy is what every TCP connection holds for its whole life.
         let (prefix, upstream) = match mode {
@@ -161,37 +170,23 @@ impl Proxy {
             Mode::Http | Mode::Auto => {
                 // On the heap, and freed when detection ends: a long-lived connection does not
                 // keep paying for the detection and connect futures.
-                let detecting = Box::pin(self.detect(config, &downstream, hop, mode == Mode::Auto));
+                let watch_server = mode == Mode::Auto;
+                let wait = detect_wait(config, watch_server);
+                let detecting =
+                    Box::pin(self.detect(&mut downstream, hop, watch_server, wait, None));
                 match detecting.await {
-                    Detected::Tcp(prefix, upstream) => (prefix, upstream),
+                    Detected::Tcp(prefix, upstream) | Detected::Tls(prefix, upstream) => {
+                        (prefix, upstream)
+                    }
                     Detected::ClientFailed => {
                         return refused(Some(destination), End::DownstreamReset)
                     }
                     Detected::Http(version, prefix, early) => {
                         // The HTTP path lives on the heap: it is larger than the TCP path and
                         // every TCP connection would otherwise pay for it.
-                        let (end, transfer) = Box::pin(http::serve(
-                            Arc::clone(self),
-                            Arc::clone(config),
-                            http::Connection {
-                                downstream,
-                                peer,
-                                direction: dir,
-                                destination,
-                                source,
-                                connect_timeout: timeout,
-                                version,
-                                prefix,
-                                early,
-                            },
-                        ))
-                        .await;
-                        return Outcome {
-                            destination: Some(destination),
-                            transfer,
-                            end,
-                            http: true,
-                        };
+                        let downstream = Downstream::Plain(downstream);
+                        let http = (version, prefix, early);
+                        return Box::pin(self.http(config, downstream, hop, http, None)).await;
                     }
                 }
             }
@@ -216,25 +211,25 @@ impl Proxy {
     /// Read the client's first bytes while the upstream connection is opened; with
     /// `watch_server` (auto mode) a server that speaks first decides at once. Declared or known
     /// HTTP destinations dial nothing here: the pool serves their requests.
-    async fn detect(
+    ///
+    /// An `early` upstream (one opened before a TLS handshake) is watched as a fresh dial is.
+    async fn detect<S: tokio::io::AsyncRead + Unpin>(
         &self,
-        config: &Config,
-        downstream: &TcpStream,
+        downstream: &mut S,
         hop: Hop,
         watch_server: bool,
+        wait: Duration,
+        early: Option<Result<Upstream, ConnectError>>,
     ) -> Detected {
-        let wait = if watch_server {
-            config.detection.timeout
-        } else {
-            config.http.header_read_timeout
-        };
         let (verdict, prefix, upstream) = async {
             let connecting = async {
-                if watch_server {
-                    connect::connect(hop.destination, hop.source, hop.timeout, &self.loop_guard)
-                        .await
-                } else {
-                    std::future::pending().await
+                match early {
+                    Some(done) => done,
+                    None if watch_server => {
+                        connect::connect(hop.destination, hop.source, hop.timeout, &self.loop_guard)
+                            .await
+                    }
+                    None => std::future::pending().await,
                 }
             };
             tokio::pin!(connecting);
@@ -254,11 +249,10 @@ impl Proxy {
                 Detected::Http(version, prefix, upstream.and_then(Result::ok))
             }
             Verdict::ClientFailed => Detected::ClientFailed,
-            Verdict::Tls
-            | Verdict::Opaque
-            | Verdict::ServerFirst
-            | Verdict::Timeout
-            | Verdict::ClientClosed => Detected::Tcp(prefix, upstream),
+            Verdict::Tls => Detected::Tls(prefix, upstream),
+            Verdict::Opaque | Verdict::ServerFirst | Verdict::Timeout | Verdict::ClientClosed => {
+                Detected::Tcp(prefix, upstream)
+            }
         }
     }
 
@@ -313,12 +307,61 @@ impl Proxy {
     }
 }
 
+impl Proxy {
+    /// Serve a connection detected as HTTP; `mesh_peer` is the client's sidecar when mesh TLS
+    /// was terminated.
+    async fn http(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        downstream: Downstream,
+        hop: Hop,
+        (version, prefix, early): (HttpVersion, BytesMut, Option<Upstream>),
+        mesh_peer: Option<Arc<crate::tls::Peer>>,
+    ) -> Outcome {
+        let (end, transfer) = http::serve(
+            Arc::clone(self),
+            Arc::clone(config),
+            http::Connection {
+                downstream,
+                mesh_peer,
+                peer: hop.peer,
+                direction: hop.dir,
+                destination: hop.destination,
+                source: hop.source,
+                connect_timeout: hop.timeout,
+                version,
+                prefix,
+                early,
+            },
+        )
+        .await;
+        Outcome {
+            destination: Some(hop.destination),
+            transfer,
+            end,
+            http: true,
+        }
+    }
+}
+
+/// How long detection waits for the client: the detection timeout when the server may speak
+/// first, otherwise (declared HTTP) as long as a request's headers may take.
+fn detect_wait(config: &Config, watch_server: bool) -> Duration {
+    if watch_server {
+        config.detection.timeout
+    } else {
+        config.http.header_read_timeout
+    }
+}
+
 /// What detection leaves for the rest of the connection.
 enum Detected {
     /// HTTP: the version, the bytes read, and the upstream connection opened meanwhile.
     Http(HttpVersion, BytesMut, Option<Upstream>),
     /// Opaque bytes: the bytes read, and the upstream connection if one was opened.
     Tcp(BytesMut, Option<Result<Upstream, ConnectError>>),
+    /// A TLS ClientHello (in the bytes read), and the upstream connection if one was opened.
+    Tls(BytesMut, Option<Result<Upstream, ConnectError>>),
     /// The client reset the connection.
     ClientFailed,
 }
@@ -407,6 +450,7 @@ mod tests {
             drain: Drain::new(),
             access_log: AccessLog::start(metrics).unwrap(),
             pool: Arc::default(),
+            mesh: Arc::default(),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let _client = TcpStream::connect(listener.local_addr().unwrap())

@@ -7,6 +7,10 @@
 //! because a peer that sees a clean FIN after its partner crashed would take a truncated stream
 //! for a complete one.
 
+mod streams;
+
+pub use streams::copy_streams;
+
 use socket2::SockRef;
 use std::io;
 use std::net::Shutdown;

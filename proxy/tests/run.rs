@@ -12,12 +12,24 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_remora");
 
+/// A port free now and not handed to another test of this process: tests run in parallel, and
+/// the kernel may give a just-released port out again.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 struct Ports {
@@ -70,15 +82,32 @@ impl Drop for TempDir {
 struct Remora(Child);
 
 impl Remora {
+    /// Start `remora run --config FILE`; its stderr goes to `FILE.stderr` (never a pipe nobody
+    /// reads, which would stall it once full).
     fn start(config: &Path) -> Self {
+        let stderr = std::fs::File::create(config.with_extension("stderr")).unwrap();
         let child = Command::new(BIN)
             .args(["run", "--config"])
             .arg(config)
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         Remora(child)
+    }
+
+    /// Wait for readiness; on failure say whether remora exited and what it printed.
+    fn wait_ready(&mut self, config: &Path, readiness: u16) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if get(readiness, "/healthz/ready").is_ok_and(|(s, _)| s == 200) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let status = self.0.try_wait().ok().flatten();
+        let stderr = std::fs::read_to_string(config.with_extension("stderr")).unwrap_or_default();
+        panic!("remora not ready within 10 s (exit status {status:?}); stderr:\n{stderr}");
     }
 }
 
@@ -174,10 +203,8 @@ fn reload_applies_valid_files_and_keeps_running_on_invalid_ones() {
     let ports = Ports::new();
     let path = dir.0.join("remora.yaml");
     std::fs::write(&path, ports.config("")).unwrap();
-    let remora = Remora::start(&path);
-    wait_until("readiness", || {
-        get(ports.readiness, "/healthz/ready").is_ok_and(|(s, _)| s == 200)
-    });
+    let mut remora = Remora::start(&path);
+    remora.wait_ready(&path, ports.readiness);
     let ok = "remora_config_reloads_total{result=\"success\"}";
     let failed = "remora_config_reloads_total{result=\"failure\"}";
     assert_eq!(metric(ports.metrics, ok), Some(0));
@@ -209,10 +236,8 @@ fn a_connection_to_the_capture_port_itself_is_refused_not_looped() {
     let ports = Ports::new();
     let path = dir.0.join("remora.yaml");
     std::fs::write(&path, ports.config("")).unwrap();
-    let _remora = Remora::start(&path);
-    wait_until("readiness", || {
-        get(ports.readiness, "/healthz/ready").is_ok_and(|(s, _)| s == 200)
-    });
+    let mut remora = Remora::start(&path);
+    remora.wait_ready(&path, ports.readiness);
     // Dialled directly, the original destination is the listener itself.
     let mut s = TcpStream::connect(("127.0.0.1", ports.outbound)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

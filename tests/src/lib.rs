@@ -13,6 +13,7 @@
 //! proxy fails a test instead of hanging it. Tests that need root call [`PodNet::create_or_skip`],
 //! which skips (or, under `CI=true`, fails) when the machine cannot run them.
 
+pub mod certs;
 pub mod dns;
 pub mod environment;
 pub mod metrics;
@@ -20,6 +21,7 @@ pub mod netns;
 pub mod peer;
 pub mod process;
 pub mod service;
+pub mod sniff;
 
 pub use environment::{has_command, missing_capability, skip};
 pub use metrics::Metrics;

@@ -267,6 +267,26 @@ impl PodNet {
     pub fn remora(&self) -> RemoraCommand<'_> {
         RemoraCommand::new(&self.pod, &self.binary)
     }
+
+    /// Make the peer a pod too: capture with the injector's default arguments there. With
+    /// [`PodNet::peer_remora`], traffic between the two namespaces crosses two sidecars.
+    pub fn capture_peer_default(&self) {
+        let mut cmd = self.peer.command(self.binary.path());
+        cmd.arg("capture").args(crate::DEFAULT_CAPTURE_ARGS);
+        let out = run_bounded(&mut cmd, SETUP_COMMAND_TIMEOUT)
+            .unwrap_or_else(|e| panic!("remora capture in the peer: {e}"));
+        assert!(
+            out.status.success(),
+            "remora capture in the peer failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A `remora run` in the peer namespace, as the second pod's sidecar.
+    pub fn peer_remora(&self) -> RemoraCommand<'_> {
+        RemoraCommand::new(&self.peer, &self.binary)
+    }
 }
 
 /// Run `ip ARGS`, turning a failure into an error that carries its stderr.

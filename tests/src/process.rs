@@ -133,6 +133,15 @@ impl RemoraBinary {
         path
     }
 
+    /// A fresh directory (mode 0755) in the work directory, which UID 1337 can read.
+    pub fn make_dir(&self, stem: &str) -> PathBuf {
+        let path = self.unique_path(stem);
+        fs::create_dir(&path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+        fs::set_permissions(&path, Permissions::from_mode(0o755))
+            .expect("make the directory world-readable");
+        path
+    }
+
     fn unique_path(&self, stem: &str) -> PathBuf {
         let n = NEXT_FILE.fetch_add(1, Ordering::Relaxed);
         self.dir.path().join(format!("{n}-{stem}"))

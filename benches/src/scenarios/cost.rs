@@ -4,7 +4,7 @@
 //! (RSS with N idle connections − RSS idle) / N. Each measurement gets a fresh proxy, so one
 //! does not inherit another's allocator state.
 
-use super::{cpu_ms_per_1000, latency, median, mib, Bench, Contender};
+use super::{cpu_ms_per_1000, latency, median, mib, seconds, Bench, Contender};
 use crate::open_loop::{self, Plan};
 use crate::proxy_config::{Mode, Proxy};
 use crate::report::{Column, Table};
@@ -39,50 +39,41 @@ pub fn run(bench: &Bench) -> Table {
         table.notes.push(note.clone());
     }
     table.notes.push(format!(
-        "1000 rps: the latency scenario's open-loop load ({} connections), {:?} per proxy.",
+        "1000 rps: the latency scenario's open-loop load ({} connections), {} per proxy.",
         latency::CONNECTIONS,
-        s.run
+        seconds(s.run)
     ));
     for proxy in s.contenders(false).into_iter().filter(|p| *p != Proxy::NoProxy) {
         eprintln!("cost: {}", proxy.name());
         let mut startups = vec![];
         let mut notes = vec![];
-        let mut note_err = |what: &str, why: String| notes.push(format!("{what}: {why}"));
 
         let http_idle = bench.start(proxy, Mode::Http1, bench.upstream).map(|c| {
             startups.extend(c.startup);
             idle_memory(bench, &c, n)
         });
-        let (rss_idle, per_http) = match http_idle {
-            Ok(m) => (Some(m.rss_idle_kib), m.per_connection_kib),
-            Err(why) => {
-                note_err("HTTP", why);
-                (None, None)
-            }
-        };
+        let (rss_idle, per_http) = idle_columns("HTTP", http_idle, &mut notes);
 
         let plan = Plan { rate: latency::RATE, connections: latency::CONNECTIONS, warmup: s.warmup, duration: s.run };
         let under_load = bench.start(proxy, Mode::Http1, bench.upstream).map(|c| {
             startups.extend(c.startup);
-            let (outcome, cost) = bench.measure(&c, || bench.block_on(open_loop::run(c.addr, plan)));
-            match (outcome, cost) {
-                (Ok(o), Some(cost)) => (Some(mib(cost.max_rss_kib)), Some(cpu_ms_per_1000(cost.cpu_seconds, o.answered))),
-                _ => (None, None),
-            }
+            bench.measure(&c, || bench.block_on(open_loop::run(c.addr, plan)))
         });
-        let (rss_load, cpu) = under_load.unwrap_or((None, None));
+        let (rss_load, cpu) = match under_load {
+            Ok((Ok(outcome), cost)) => (cost.max_rss_kib.map(mib), cost.cpu_seconds.map(|c| cpu_ms_per_1000(c, outcome.answered))),
+            Ok((Err(e), _)) => {
+                notes.push(format!("1000 rps: {e:#}"));
+                (None, None)
+            }
+            // Already noted by the idle HTTP start, which failed the same way.
+            Err(_) => (None, None),
+        };
 
         let tcp_idle = bench.start(proxy, Mode::Tcp, bench.upstream).map(|c| {
             startups.extend(c.startup);
             idle_memory(bench, &c, n)
         });
-        let (rss_idle_tcp, per_tcp) = match tcp_idle {
-            Ok(m) => (Some(m.rss_idle_kib), m.per_connection_kib),
-            Err(why) => {
-                note_err("TCP", why);
-                (None, None)
-            }
-        };
+        let (rss_idle_tcp, per_tcp) = idle_columns("TCP", tcp_idle, &mut notes);
         let startup_ms = median(startups).map(|d| d.as_secs_f64() * 1000.0);
         eprintln!(
             "  start-up {startup_ms:.1?} ms, idle {:.1?} MiB, {per_http:.1?} KiB/HTTP conn, {per_tcp:.1?} KiB/TCP conn",
@@ -97,10 +88,28 @@ pub fn run(bench: &Bench) -> Table {
     table
 }
 
+/// Idle RSS and KiB per connection from one idle-memory measurement, noting what went wrong.
+fn idle_columns(mode: &str, measured: Result<IdleMemory, String>, notes: &mut Vec<String>) -> (Option<u64>, Option<f64>) {
+    match measured {
+        Ok(m) => {
+            if let Some(failure) = m.failure {
+                notes.push(format!("{mode}: {failure}"));
+            }
+            (Some(m.rss_idle_kib), m.per_connection_kib)
+        }
+        Err(why) => {
+            notes.push(format!("{mode}: {why}"));
+            (None, None)
+        }
+    }
+}
+
 /// Memory of a proxy idle and per idle connection.
 struct IdleMemory {
     rss_idle_kib: u64,
     per_connection_kib: Option<f64>,
+    /// How many connections failed, and the first one's error.
+    failure: Option<String>,
 }
 
 fn idle_memory(bench: &Bench, contender: &Contender, n: usize) -> IdleMemory {
@@ -111,11 +120,15 @@ fn idle_memory(bench: &Bench, contender: &Contender, n: usize) -> IdleMemory {
     std::thread::sleep(settle);
     let with = contender.usage().map_or(0, |u| u.rss_kib);
     let open = idle.streams.len();
-    if idle.failed > 0 {
-        eprintln!("  {} of {n} idle connections failed", idle.failed);
+    let failure = (idle.failed > 0).then(|| {
+        format!("{} of {n} idle connections failed ({})", idle.failed, idle.first_error.as_deref().unwrap_or("?"))
+    });
+    if let Some(f) = &failure {
+        eprintln!("  {f}");
     }
     drop(idle);
-    // With too many failures the difference says little; report nothing rather than a guess.
-    let per_connection_kib = (open * 100 >= n * 99).then(|| with.saturating_sub(rss_idle_kib) as f64 / open as f64);
-    IdleMemory { rss_idle_kib, per_connection_kib }
+    // Divided by the connections that did open (a refused one holds nothing); with too many
+    // failures the difference says little, so report nothing rather than a guess.
+    let per_connection_kib = (open * 10 >= n * 9).then(|| with.saturating_sub(rss_idle_kib) as f64 / open as f64);
+    IdleMemory { rss_idle_kib, per_connection_kib, failure }
 }

@@ -2,7 +2,7 @@
 //! a fixed rate with coordinated-omission correction; the percentiles, and what each proxy adds
 //! over no proxy.
 
-use super::{cpu_ms_per_1000, mib, Bench};
+use super::{cpu_ms_per_1000, mib, seconds, Bench};
 use crate::open_loop::{self, Plan};
 use crate::proxy_config::{Mode, Proxy};
 use crate::report::{Column, Table};
@@ -35,8 +35,9 @@ pub fn run(bench: &Bench) -> Table {
         ],
     );
     table.notes.push(format!(
-        "Open-loop generator in the benches crate (hyper client, hdrhistogram): requests due every 1 ms spread evenly over {CONNECTIONS} keep-alive connections, latency measured from when each was due; {:?} warm-up, then {:?} recorded.",
-        plan.warmup, plan.duration
+        "Open-loop generator in the benches crate (hyper client, hdrhistogram): requests due every 1 ms spread evenly over {CONNECTIONS} keep-alive connections, latency measured from when each was due; {} warm-up, then {} recorded.",
+        seconds(plan.warmup),
+        seconds(plan.duration)
     ));
     table.notes.push("\"added\" = this row's percentile − no proxy's. remora-tcp is Remora forwarding opaque TCP (L4): a reference, not like-for-like.".into());
     let mut baseline: Option<Vec<f64>> = None;
@@ -70,11 +71,11 @@ pub fn run(bench: &Bench) -> Table {
         values.extend(added);
         values.push(Some(outcome.achieved_rate()));
         values.push(Some(outcome.errors as f64));
-        values.push(cost.map(|c| cpu_ms_per_1000(c.cpu_seconds, outcome.answered)));
-        values.push(cost.map(|c| mib(c.max_rss_kib)));
+        values.push(cost.cpu_seconds.map(|c| cpu_ms_per_1000(c, outcome.answered)));
+        values.push(cost.max_rss_kib.map(mib));
         let mut notes = vec![];
         if outcome.max_generator_lag.as_millis() >= 5 {
-            notes.push(format!("generator lagged up to {:?}", outcome.max_generator_lag));
+            notes.push(format!("generator timer lagged up to {:.1} ms (not counted)", outcome.max_generator_lag.as_secs_f64() * 1000.0));
         }
         if outcome.errors > 0 {
             notes.push(format!("{} failed requests", outcome.errors));

@@ -18,7 +18,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -122,11 +122,32 @@ impl Contender {
     }
 }
 
-/// What a piece of load cost the proxy.
+/// What a piece of load cost: the proxy's CPU time and peak memory (`None` for no proxy) and
+/// how busy each core was, which tells who the bottleneck was.
 #[derive(Debug, Clone, Copy)]
 pub struct Cost {
-    pub cpu_seconds: f64,
-    pub max_rss_kib: u64,
+    pub cpu_seconds: Option<f64>,
+    pub max_rss_kib: Option<u64>,
+    /// Wall-clock length of the load.
+    pub seconds: f64,
+    pub proxy_core_busy: Option<f64>,
+    pub load_core_busy: Option<f64>,
+}
+
+impl Cost {
+    /// Cores' worth of CPU the proxy used.
+    pub fn proxy_cores(&self) -> Option<f64> {
+        self.cpu_seconds.map(|c| c / self.seconds)
+    }
+}
+
+/// How a start decides the contender is ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ready {
+    /// A request through it is answered (and that time is its start-up time).
+    Answers,
+    /// Its port is listening; for upstreams that must not see a stray request (iperf3).
+    Listens,
 }
 
 /// The shared state of a harness run.
@@ -139,6 +160,8 @@ pub struct Bench {
     /// The HTTP upstream every contender forwards to.
     pub upstream: SocketAddr,
     runtime: tokio::runtime::Runtime,
+    /// Numbers each start's log, so a second start of the same config keeps the first's log.
+    starts: AtomicUsize,
     _upstream: Spawned,
 }
 
@@ -158,7 +181,7 @@ impl Bench {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        Ok(Bench { tools, settings, registry, work_dir, upstream, runtime, _upstream: spawned })
+        Ok(Bench { tools, settings, registry, work_dir, upstream, runtime, starts: AtomicUsize::new(0), _upstream: spawned })
     }
 
     /// Runs a future on the harness's load-generating runtime.
@@ -169,6 +192,11 @@ impl Bench {
     /// Starts `proxy` doing `mode` in front of `upstream` and waits until a request through it
     /// is answered. `Err` says why it cannot run (not installed, not in this build, failed).
     pub fn start(&self, proxy: Proxy, mode: Mode, upstream: SocketAddr) -> Result<Contender, String> {
+        self.start_with(proxy, mode, upstream, Ready::Answers)
+    }
+
+    /// [`Bench::start`] with a choice of readiness check.
+    pub fn start_with(&self, proxy: Proxy, mode: Mode, upstream: SocketAddr, ready: Ready) -> Result<Contender, String> {
         if proxy == Proxy::NoProxy {
             return Ok(Contender { proxy, addr: upstream, startup: None, process: None });
         }
@@ -177,7 +205,11 @@ impl Bench {
         let (mut spawned, addr) = self.launch(proxy, mode, upstream).map_err(|e| format!("{e:#}"))?;
         let deadline = started + READY_TIMEOUT;
         loop {
-            if self.block_on(probe(addr, mode)) {
+            let up = match ready {
+                Ready::Answers => self.block_on(probe(addr, mode)),
+                Ready::Listens => process::is_listening(addr.port()),
+            };
+            if up {
                 let startup = started.elapsed();
                 return Ok(Contender { proxy, addr, startup: Some(startup), process: Some(spawned) });
             }
@@ -208,7 +240,9 @@ impl Bench {
                 let file = dir.join("remora.yaml");
                 let side = RemoraPorts { readiness: ports[1], metrics: ports[2], agent: ports[3], admin: ports[4] };
                 fs::write(&file, config::remora_config(&side))?;
-                (program, config::remora_args(&file, listen, upstream, mode))
+                // REMORA_LOG (as for `remora run` itself) turns up its logging when debugging a run.
+                let log_level = std::env::var("REMORA_LOG").unwrap_or_else(|_| "warn".into());
+                (program, config::remora_args(&file, listen, upstream, mode, &log_level))
             }
             Proxy::Envoy => {
                 let program = self.tools.envoy.clone().ok_or_else(|| missing("envoy"))?;
@@ -239,17 +273,18 @@ impl Bench {
             }
         };
         let cpu = self.settings.pin.then_some(PROXY_CPU);
-        let log = dir.join("output.log");
+        let log = dir.join(format!("output-{}.log", self.starts.fetch_add(1, Ordering::Relaxed)));
         let spawned = process::spawn(&self.registry, proxy.name(), cpu, &program, &args, &log)?;
         Ok((spawned, listen))
     }
 
-    /// Runs `load` while sampling what it costs `contender` (`None` for no proxy).
-    pub fn measure<T>(&self, contender: &Contender, load: impl FnOnce() -> T) -> (T, Option<Cost>) {
-        let Some(pid) = contender.pid() else { return (load(), None) };
-        let before = process::tree_usage(pid);
+    /// Runs `load` while sampling what it costs `contender` and how busy both cores are.
+    pub fn measure<T>(&self, contender: &Contender, load: impl FnOnce() -> T) -> (T, Cost) {
+        let pid = contender.pid();
+        let cores_before = process::core_times();
+        let before = pid.map(process::tree_usage);
         let stop = Arc::new(AtomicBool::new(false));
-        let sampler = {
+        let sampler = pid.map(|pid| {
             let stop = stop.clone();
             std::thread::spawn(move || {
                 let mut max = 0;
@@ -259,12 +294,23 @@ impl Bench {
                 }
                 max
             })
-        };
+        });
+        let started = Instant::now();
         let result = load();
-        let after = process::tree_usage(pid);
+        let seconds = started.elapsed().as_secs_f64();
+        let after = pid.map(process::tree_usage);
+        let cores_after = process::core_times();
         stop.store(true, Ordering::Relaxed);
-        let max_rss_kib = sampler.join().unwrap_or(0).max(after.rss_kib);
-        (result, Some(Cost { cpu_seconds: after.cpu_seconds_since(&before), max_rss_kib }))
+        let sampled_max = sampler.map(|s| s.join().unwrap_or(0));
+        let (proxy_core, load_core) = if self.settings.pin { (PROXY_CPU, LOAD_CPU) } else { (usize::MAX, usize::MAX) };
+        let cost = Cost {
+            cpu_seconds: before.zip(after).map(|(b, a)| a.cpu_seconds_since(&b)),
+            max_rss_kib: after.map(|a| a.rss_kib.max(sampled_max.unwrap_or(0))),
+            seconds,
+            proxy_core_busy: process::core_busy(&cores_before, &cores_after, proxy_core),
+            load_core_busy: process::core_busy(&cores_before, &cores_after, load_core),
+        };
+        (result, cost)
     }
 
     /// Runs an external load tool on the load core for at most `limit`, returning its output.
@@ -345,6 +391,11 @@ pub fn cpu_ms_per_1000(cpu_seconds: f64, requests: u64) -> f64 {
     cpu_seconds * 1000.0 * 1000.0 / requests.max(1) as f64
 }
 
+/// A duration for notes: "0.5 s", "20 s".
+pub fn seconds(d: Duration) -> String {
+    format!("{} s", (d.as_secs_f64() * 10.0).round() / 10.0)
+}
+
 /// KiB to MiB.
 pub fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
@@ -378,5 +429,7 @@ mod tests {
         assert_eq!(median(vec![]), None);
         assert_eq!(one_line("a |\n b"), "a / b");
         assert_eq!(cpu_ms_per_1000(2.0, 20_000), 100.0);
+        assert_eq!(seconds(Duration::from_millis(500)), "0.5 s");
+        assert_eq!(seconds(Duration::from_secs(20)), "20 s");
     }
 }

@@ -1,7 +1,8 @@
 //! Scenario 3, opaque TCP: bulk throughput of one stream (iperf3) and new connections per second
 //! (each one a short HTTP/1.1 exchange with `Connection: close`, so every hop is really dialled).
 
-use super::{Bench, Contender};
+use super::throughput::CORES_NOTE;
+use super::{Bench, Contender, Ready};
 use crate::load_tools;
 use crate::process::{self, LOAD_CPU};
 use crate::proxy_config::{Mode, Proxy};
@@ -27,12 +28,15 @@ fn bulk(bench: &Bench) -> Table {
         vec![
             Column::new("throughput", "Gbit/s", 2).with_ratios(),
             Column::new("proxy CPU", "cores", 2),
+            Column::new("proxy core busy", "%", 0),
+            Column::new("load core busy", "%", 0),
         ],
     );
     table.notes.push(format!(
         "iperf3 -c … -t {} (client and server both on the load core); proxies in TCP mode (Envoy tcp_proxy, HAProxy mode tcp, nginx stream, Remora --protocol tcp).",
         bench.settings.run.as_secs()
     ));
+    table.notes.push(CORES_NOTE.into());
     let Some(iperf3) = bench.tools.iperf3.clone() else {
         for proxy in bench.settings.contenders(false) {
             table.push_missing(proxy.name(), "iperf3 not found (scripts/bench-deps installs it)".into());
@@ -50,19 +54,24 @@ fn bulk(bench: &Bench) -> Table {
     };
     for proxy in bench.settings.contenders(false) {
         eprintln!("tcp bulk: {}", proxy.name());
-        let measured = bench.start(proxy, Mode::Tcp, server.1).and_then(|contender| {
-            let started = Instant::now();
+        // A readiness request would confuse iperf3's server: wait for the port only.
+        let measured = bench.start_with(proxy, Mode::Tcp, server.1, Ready::Listens).and_then(|contender| {
             let (out, cost) = bench.measure(&contender, || {
                 let args = load_tools::iperf3_client_args(contender.addr, bench.settings.run);
                 bench.run_tool("iperf3-client", &iperf3, &args, bench.settings.run + TOOL_GRACE)
             });
-            let bits = load_tools::parse_iperf3(&out?)?;
-            Ok((bits, cost.map(|c| c.cpu_seconds / started.elapsed().as_secs_f64())))
+            Ok((load_tools::parse_iperf3(&out?)?, cost))
         });
         match measured {
-            Ok((bits, cores)) => {
+            Ok((bits, cost)) => {
                 eprintln!("  {:.2} Gbit/s", bits / 1e9);
-                table.push(proxy.name(), vec![Some(bits / 1e9), cores], None);
+                let values = vec![
+                    Some(bits / 1e9),
+                    cost.proxy_cores(),
+                    cost.proxy_core_busy.map(|b| b * 100.0),
+                    cost.load_core_busy.map(|b| b * 100.0),
+                ];
+                table.push(proxy.name(), values, None);
             }
             Err(why) => table.push_missing(proxy.name(), why),
         }
@@ -95,6 +104,8 @@ fn connection_rate(bench: &Bench) -> Table {
             Column::new("errors", "", 0),
             Column::new("proxy CPU", "cores", 2),
             Column::new("proxy CPU / 1000 conns", "ms", 1).with_envoy_ratio(),
+            Column::new("proxy core busy", "%", 0),
+            Column::new("load core busy", "%", 0),
         ],
     );
     table.notes.push(format!(
@@ -116,8 +127,15 @@ fn push_rate(bench: &Bench, table: &mut Table, proxy: Proxy, contender: &Contend
         bench.block_on(tcp_load::connection_rate(contender.addr, CONNECT_WORKERS, bench.settings.run))
     });
     eprintln!("  {:.0} connections/s, {} errors", rate.per_second(), rate.errors);
-    let cores = cost.map(|c| c.cpu_seconds / rate.duration.as_secs_f64());
-    let per_1000 = cost.map(|c| super::cpu_ms_per_1000(c.cpu_seconds, rate.connections + rate.errors));
+    let per_1000 = cost.cpu_seconds.map(|c| super::cpu_ms_per_1000(c, rate.connections + rate.errors));
     let note = (rate.errors > 0).then(|| format!("{} failed connections", rate.errors));
-    table.push(proxy.name(), vec![Some(rate.per_second()), Some(rate.errors as f64), cores, per_1000], note);
+    let values = vec![
+        Some(rate.per_second()),
+        Some(rate.errors as f64),
+        cost.proxy_cores(),
+        per_1000,
+        cost.proxy_core_busy.map(|b| b * 100.0),
+        cost.load_core_busy.map(|b| b * 100.0),
+    ];
+    table.push(proxy.name(), values, note);
 }

@@ -1,7 +1,7 @@
 //! Scenario 2, maximum throughput through each proxy's L7 mode: HTTP/1.1 keep-alive over 64
 //! connections (wrk), and gRPC unary calls over h2c, 16 connections × 16 streams (h2load).
 
-use super::{cpu_ms_per_1000, grpc_request_body, Bench};
+use super::{cpu_ms_per_1000, grpc_request_body, Bench, Cost};
 use crate::load_tools::{self, HttpLoad};
 use crate::proxy_config::{Mode, Proxy};
 use crate::report::{Column, Table};
@@ -11,6 +11,8 @@ use std::time::Duration;
 const HTTP1_CONNECTIONS: usize = 64;
 const GRPC_CONNECTIONS: usize = 16;
 const GRPC_STREAMS: usize = 16;
+/// How to read the two core columns.
+pub const CORES_NOTE: &str = "Core busy % is from /proc/stat and includes kernel and softirq time (loopback TCP is processed there): a load core near 100% means the load generator and upstream, not the proxy, set the limit.";
 /// Extra time a tool gets beyond its own duration before it is killed.
 const TOOL_GRACE: Duration = Duration::from_secs(15);
 
@@ -24,6 +26,8 @@ fn columns(percentiles: bool) -> Vec<Column> {
         Column::new("errors", "", 0),
         Column::new("proxy CPU", "cores", 2),
         Column::new("proxy CPU / 1000 req", "ms", 1).with_envoy_ratio(),
+        Column::new("proxy core busy", "%", 0),
+        Column::new("load core busy", "%", 0),
     ]);
     c
 }
@@ -36,11 +40,13 @@ pub fn run(bench: &Bench) -> Vec<Table> {
         columns(true),
     );
     http1.notes.push(format!("wrk -t1 -c{HTTP1_CONNECTIONS} -d{}s --latency; wrk and the upstream share the load core.", bench.settings.run.as_secs()));
+    http1.notes.push(CORES_NOTE.into());
     let mut grpc = Table::new(
         "throughput-grpc",
         "2b. Max throughput, gRPC unary over h2c, 16 connections × 16 streams (h2load, 1 thread)",
         columns(false),
     );
+    grpc.notes.push(CORES_NOTE.into());
     grpc.notes.push("h2load -c16 -m16 -t1, POST of a 100-byte gRPC message, 1 KiB gRPC answer with grpc-status trailers; HTTP/2 end to end (Envoy's cluster, HAProxy's `proto h2`, nginx's grpc_pass, Remora's HTTP mode).".into());
 
     let body_file = bench.work_dir.join("grpc-request.bin");
@@ -71,10 +77,10 @@ pub fn run(bench: &Bench) -> Vec<Table> {
     vec![http1, grpc]
 }
 
-type Measured = (HttpLoad, Option<(f64, f64)>);
+type Measured = (HttpLoad, Cost);
 
-/// Starts `proxy` in `mode`, runs `load` through it, and returns the load's numbers with the
-/// proxy's CPU (cores busy, ms per 1000 requests).
+/// Starts `proxy` in `mode`, runs `load` through it, and returns the load's numbers with what
+/// it cost.
 fn one_run(
     bench: &Bench,
     proxy: Proxy,
@@ -82,25 +88,28 @@ fn one_run(
     load: impl FnOnce(std::net::SocketAddr) -> Result<HttpLoad, String>,
 ) -> Result<Measured, String> {
     let contender = bench.start(proxy, mode, bench.upstream)?;
-    let started = std::time::Instant::now();
     let (result, cost) = bench.measure(&contender, || load(contender.addr));
-    let elapsed = started.elapsed().as_secs_f64();
-    let measured = result?;
-    let cpu = cost.map(|c| (c.cpu_seconds / elapsed, cpu_ms_per_1000(c.cpu_seconds, measured.requests + measured.errors)));
-    Ok((measured, cpu))
+    Ok((result?, cost))
 }
 
 fn push(table: &mut Table, proxy: Proxy, row: Result<Measured, String>, percentiles: bool) {
     match row {
         Err(why) => table.push_missing(proxy.name(), why),
-        Ok((load, cpu)) => {
+        Ok((load, cost)) => {
             eprintln!("  {:.0} req/s, {} errors", load.requests_per_second, load.errors);
             let mut values = vec![Some(load.requests_per_second), load.mean_us];
             if percentiles {
                 values.push(load.p50_us);
                 values.push(load.p99_us);
             }
-            values.extend([Some(load.errors as f64), cpu.map(|c| c.0), cpu.map(|c| c.1)]);
+            let per_1000 = cost.cpu_seconds.map(|c| cpu_ms_per_1000(c, load.requests + load.errors));
+            values.extend([
+                Some(load.errors as f64),
+                cost.proxy_cores(),
+                per_1000,
+                cost.proxy_core_busy.map(|b| b * 100.0),
+                cost.load_core_busy.map(|b| b * 100.0),
+            ]);
             let total = load.requests + load.errors;
             let note = (load.errors > 0).then(|| format!("{} of {total} requests failed", load.errors));
             table.push(proxy.name(), values, note);

@@ -38,36 +38,50 @@ fn malformed(what: impl Into<String>) -> ReviewError {
 }
 
 /// Answers one review body with the response review's JSON.
-pub fn review(body: &[u8], injector: &Injector, namespaces: &dyn NamespaceLookup) -> Result<Json, ReviewError> {
-    let review: Json = serde_json::from_slice(body).map_err(|e| malformed(format!("not JSON: {e}")))?;
+pub fn review(
+    body: &[u8],
+    injector: &Injector,
+    namespaces: &dyn NamespaceLookup,
+) -> Result<Json, ReviewError> {
+    let review: Json =
+        serde_json::from_slice(body).map_err(|e| malformed(format!("not JSON: {e}")))?;
     let api_version = review["apiVersion"].as_str().unwrap_or_default();
-    if !matches!(api_version, "admission.k8s.io/v1" | "admission.k8s.io/v1beta1") {
-        return Err(malformed(format!("apiVersion {api_version:?} is not admission.k8s.io/v1")));
+    if !matches!(
+        api_version,
+        "admission.k8s.io/v1" | "admission.k8s.io/v1beta1"
+    ) {
+        return Err(malformed(format!(
+            "apiVersion {api_version:?} is not admission.k8s.io/v1"
+        )));
     }
     if review["kind"] != "AdmissionReview" {
         return Err(malformed("kind is not AdmissionReview"));
     }
     let request = &review["request"];
-    let uid = request["uid"].as_str().ok_or_else(|| malformed("request.uid is missing"))?;
+    let uid = request["uid"]
+        .as_str()
+        .ok_or_else(|| malformed("request.uid is missing"))?;
     let pod = &request["object"];
     if !pod.is_object() {
         return Err(malformed("request.object is not an object"));
     }
     let mut metadata: Mapping = match &pod["metadata"] {
         Json::Null => Mapping::new(),
-        m => serde_json::from_value(m.clone()).map_err(|e| malformed(format!("request.object.metadata: {e}")))?,
+        m => serde_json::from_value(m.clone())
+            .map_err(|e| malformed(format!("request.object.metadata: {e}")))?,
     };
     let mut spec: Mapping = serde_json::from_value(pod["spec"].clone())
         .map_err(|e| malformed(format!("request.object.spec: {e}")))?;
 
     let mut workload = Workload::of_pod(&metadata);
     if workload.namespace.is_empty() {
-        workload.namespace = request["namespace"].as_str().unwrap_or_default().to_string();
+        workload.namespace = request["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
     }
     let namespace = namespaces.namespace(&workload.namespace);
-    let answer = |response: Json| {
-        json!({"apiVersion": api_version, "kind": "AdmissionReview", "response": response})
-    };
+    let answer = |response: Json| json!({"apiVersion": api_version, "kind": "AdmissionReview", "response": response});
     let req = Request {
         workload: &workload,
         front_end: FrontEnd::Webhook,

@@ -48,7 +48,7 @@ impl Default for WebhookOptions {
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Pem {
         path: PathBuf,
         #[source]
@@ -56,9 +56,9 @@ pub enum ServerError {
     },
     #[error("{}: no certificate in the file", path.display())]
     NoCertificate { path: PathBuf },
-    #[error("TLS configuration: {0}")]
+    #[error("TLS configuration")]
     Tls(#[from] rustls::Error),
-    #[error("accepting connections: {0}")]
+    #[error("accepting connections")]
     Accept(#[source] std::io::Error),
 }
 
@@ -131,17 +131,20 @@ pub async fn serve(
         let state = Arc::clone(&state);
         tokio::spawn(async move {
             let _permit = permit;
-            let tls = match tokio::time::timeout(state.options.handshake_timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
+            let tls =
+                match tokio::time::timeout(state.options.handshake_timeout, acceptor.accept(tcp))
+                    .await
+                {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
+                };
             let service = service_fn(|req| {
                 let state = Arc::clone(&state);
                 async move { Ok::<_, std::convert::Infallible>(handle(req, &state).await) }
@@ -164,7 +167,10 @@ async fn handle(req: Request<Incoming>, state: &State) -> Response<Full<Bytes>> 
         return text(StatusCode::OK, "ok");
     }
     if path != "/inject" && !path.starts_with("/inject/") {
-        return text(StatusCode::NOT_FOUND, "not found: POST /inject, GET /healthz");
+        return text(
+            StatusCode::NOT_FOUND,
+            "not found: POST /inject, GET /healthz",
+        );
     }
     if req.method() != Method::POST {
         return text(StatusCode::METHOD_NOT_ALLOWED, "POST an AdmissionReview");
@@ -176,9 +182,15 @@ async fn handle(req: Request<Incoming>, state: &State) -> Response<Full<Bytes>> 
         .and_then(|v| v.split(';').next())
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
     if !json {
-        return text(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json");
+        return text(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type must be application/json",
+        );
     }
-    let body = match Limited::new(req.into_body(), state.options.max_body).collect().await {
+    let body = match Limited::new(req.into_body(), state.options.max_body)
+        .collect()
+        .await
+    {
         Ok(b) => b.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             return text(StatusCode::PAYLOAD_TOO_LARGE, "the review is too large");
@@ -194,7 +206,10 @@ async fn handle(req: Request<Incoming>, state: &State) -> Response<Full<Bytes>> 
                 .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "response")),
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
         },
-        Err(e) => text(StatusCode::BAD_REQUEST, &format!("malformed AdmissionReview: {e}")),
+        Err(e) => text(
+            StatusCode::BAD_REQUEST,
+            &format!("malformed AdmissionReview: {e}"),
+        ),
     }
 }
 

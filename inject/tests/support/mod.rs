@@ -45,8 +45,9 @@ pub fn load_cases(dir: &std::path::Path) -> Vec<Case> {
     names
         .into_iter()
         .map(|path| {
-            let expect: Json = serde_json::from_str(&std::fs::read_to_string(&path).expect("read case"))
-                .expect("case json");
+            let expect: Json =
+                serde_json::from_str(&std::fs::read_to_string(&path).expect("read case"))
+                    .expect("case json");
             let input_file = expect["input"].as_str().expect("input name");
             let input = std::fs::read_to_string(dir.join(input_file)).expect("read input");
             Case {
@@ -61,13 +62,31 @@ pub fn load_cases(dir: &std::path::Path) -> Vec<Case> {
 /// Istio settings Remora has no equivalent for, and why; each may only appear in cases whose
 /// settings change nothing the goldens record (checked by the caller).
 pub const NOT_EXPRESSIBLE: &[(&str, &str)] = &[
-    ("values.global.proxy_init.image", "Remora runs one image for both containers"),
-    ("values.global.podDNSSearchNamespaces", "unused by Istio's own template"),
-    ("mesh.defaultConfig.drainDuration", "remora run's drain.duration, not an injector setting"),
+    (
+        "values.global.proxy_init.image",
+        "Remora runs one image for both containers",
+    ),
+    (
+        "values.global.podDNSSearchNamespaces",
+        "unused by Istio's own template",
+    ),
+    (
+        "mesh.defaultConfig.drainDuration",
+        "remora run's drain.duration, not an injector setting",
+    ),
     ("mesh.defaultConfig.tracing", "Remora has no tracing yet"),
-    ("mesh.extensionProviders", "Remora has no telemetry providers yet"),
-    ("mesh.inboundTrafficPolicy.mode", "Remora always delivers inbound from 127.0.0.6"),
-    ("compliance_policy", "Istio's Go crypto policy; Remora's TLS is rustls"),
+    (
+        "mesh.extensionProviders",
+        "Remora has no telemetry providers yet",
+    ),
+    (
+        "mesh.inboundTrafficPolicy.mode",
+        "Remora always delivers inbound from 127.0.0.6",
+    ),
+    (
+        "compliance_policy",
+        "Istio's Go crypto policy; Remora's TLS is rustls",
+    ),
 ];
 
 /// The injector config (and Namespace object) equivalent to a case's Istio settings, and the
@@ -85,7 +104,9 @@ pub fn config_for(settings: &Json) -> (InjectorConfig, Option<Namespace>, Vec<St
                 assert_eq!(v, "openshift");
                 c.platform = Platform::Openshift;
             }
-            "namespace" => namespace = Some(serde_json::from_value(json!({"metadata": v})).expect("namespace")),
+            "namespace" => {
+                namespace = Some(serde_json::from_value(json!({"metadata": v})).expect("namespace"))
+            }
             "values" | "mesh" => {
                 for (path, value) in v.as_object().expect("map") {
                     if !apply_setting(&mut c, k, path, value) {
@@ -112,16 +133,22 @@ fn apply_setting(c: &mut InjectorConfig, section: &str, path: &str, v: &Json) ->
         ("values", "global.imagePullSecrets") => {
             c.image_pull_secrets = serde_json::from_value(v.clone()).expect("list")
         }
-        ("values", "global.mountMtlsCerts") => c.proxy.mount_mtls_certs = v.as_bool().expect("bool"),
+        ("values", "global.mountMtlsCerts") => {
+            c.proxy.mount_mtls_certs = v.as_bool().expect("bool")
+        }
         ("values", "global.proxy.holdApplicationUntilProxyStarts") => {
             c.proxy.hold_application_until_proxy_starts = v.as_bool().expect("bool")
         }
         ("values", "global.proxy.image") => c.image = text(),
-        ("values", "global.proxy.statusPort") => c.proxy.status_port = u16::try_from(number()).expect("port"),
+        ("values", "global.proxy.statusPort") => {
+            c.proxy.status_port = u16::try_from(number()).expect("port")
+        }
         ("values", "global.proxy.readinessInitialDelaySeconds") => {
             c.proxy.readiness.initial_delay_seconds = number()
         }
-        ("values", "global.proxy.readinessPeriodSeconds") => c.proxy.readiness.period_seconds = number(),
+        ("values", "global.proxy.readinessPeriodSeconds") => {
+            c.proxy.readiness.period_seconds = number()
+        }
         ("values", "global.proxy.readinessFailureThreshold") => {
             c.proxy.readiness.failure_threshold = number()
         }
@@ -181,7 +208,10 @@ fn template_of(object: &Json) -> Option<FoundTemplate> {
         m => m.clone(),
     };
     Some(FoundTemplate {
-        name: object["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+        name: object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
         kind,
         metadata,
         spec: template["spec"].clone(),
@@ -257,10 +287,18 @@ pub fn facts(before_meta: &Json, before_spec: &Json, after_meta: &Json, after_sp
     let proxy = named(&inits, "istio-proxy").or_else(|| named(&mains, "istio-proxy"));
     let sc = |c: Option<&Json>, f: &str| c.map_or(Json::Null, |c| c["securityContext"][f].clone());
     let caps = |c: Option<&Json>, f: &str| {
-        c.map(|c| c["securityContext"]["capabilities"][f].as_array().cloned().unwrap_or_default())
+        c.map(|c| {
+            c["securityContext"]["capabilities"][f]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
     };
     let capture_container_args = capture.map_or(Json::Null, |c| c["args"].clone());
-    let args: Vec<Json> = capture_container_args.as_array().cloned().unwrap_or_default();
+    let args: Vec<Json> = capture_container_args
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let validation_only = args.iter().any(|a| a == "--skip-rule-apply");
     // Our container runs `remora capture <istio-iptables flags>`; a user's own args are not.
     let capture_args = match args.first() {
@@ -272,7 +310,11 @@ pub fn facts(before_meta: &Json, before_spec: &Json, after_meta: &Json, after_sp
         .into_iter()
         .chain(containers(before_spec, "containers"))
         .collect();
-    for after in inits.iter().chain(&mains).filter(|c| c["name"] != "istio-proxy") {
+    for after in inits
+        .iter()
+        .chain(&mains)
+        .filter(|c| c["name"] != "istio-proxy")
+    {
         let name = after["name"].as_str().unwrap_or_default();
         let before = named(&before_all, name).cloned().unwrap_or(Json::Null);
         let mut changes = Map::new();
@@ -299,7 +341,8 @@ pub fn facts(before_meta: &Json, before_spec: &Json, after_meta: &Json, after_sp
     }
     let (annotations_added, annotations_changed, annotations_removed) =
         diff(&before_meta["annotations"], &after_meta["annotations"]);
-    let (labels_added, labels_changed, labels_removed) = diff(&before_meta["labels"], &after_meta["labels"]);
+    let (labels_added, labels_changed, labels_removed) =
+        diff(&before_meta["labels"], &after_meta["labels"]);
     let names = |list: &[Json]| json!(list.iter().map(|c| c["name"].clone()).collect::<Vec<_>>());
     let secrets = |spec: &Json| containers(spec, "imagePullSecrets");
     let before_secrets = secrets(before_spec);
@@ -315,7 +358,10 @@ pub fn facts(before_meta: &Json, before_spec: &Json, after_meta: &Json, after_sp
         .unwrap_or_default();
     let mut user_volumes = Map::new();
     for v in containers(after_spec, "volumes") {
-        if let Some(name) = v["name"].as_str().filter(|n| user_volume_names.iter().any(|u| u == n)) {
+        if let Some(name) = v["name"]
+            .as_str()
+            .filter(|n| user_volume_names.iter().any(|u| u == n))
+        {
             let mut v = v.clone();
             v.as_object_mut().map(|o| o.remove("name"));
             user_volumes.insert(name.to_string(), v);
@@ -330,7 +376,11 @@ pub fn facts(before_meta: &Json, before_spec: &Json, after_meta: &Json, after_sp
         .map(|p| containers(p, "volumeMounts"))
         .unwrap_or_default()
         .into_iter()
-        .filter(|m| m["name"].as_str().is_some_and(|n| mount_names.iter().any(|u| u == n)))
+        .filter(|m| {
+            m["name"]
+                .as_str()
+                .is_some_and(|n| mount_names.iter().any(|u| u == n))
+        })
         .collect();
     let hooks = proxy.map(|p| {
         let mut h: Vec<String> = string_map(&p["lifecycle"]).keys().cloned().collect();
@@ -435,9 +485,17 @@ pub fn compare(expected: &Json, got: &Json, agent_port: u16, tolerated: &[&str])
         check(field, &expected[*field], &got[*field]);
     }
     if expected["capture_args"].is_null() {
-        check("capture_container_args", &expected["capture_container_args"], &got["capture_container_args"]);
+        check(
+            "capture_container_args",
+            &expected["capture_container_args"],
+            &got["capture_container_args"],
+        );
     } else {
-        check("capture_args", &expected["capture_args"], &got["capture_args"]);
+        check(
+            "capture_args",
+            &expected["capture_args"],
+            &got["capture_args"],
+        );
     }
     let mut added = expected["annotations_added"].clone();
     // Istio records its overrides as Go-ordered JSON; only their presence is a decision.
@@ -462,7 +520,8 @@ fn same_resources(e: &Json, g: &Json) -> bool {
         let mut v = Vec::new();
         for section in ["requests", "limits"] {
             for (k, q) in string_map(&r[section]) {
-                let value = remora_inject::quantity::value(q.as_str().unwrap_or_default()).unwrap_or(f64::NAN);
+                let value = remora_inject::quantity::value(q.as_str().unwrap_or_default())
+                    .unwrap_or(f64::NAN);
                 v.push((section.to_string(), k, value));
             }
         }
@@ -474,7 +533,9 @@ fn same_resources(e: &Json, g: &Json) -> bool {
         (false, false) => {
             let (a, b) = (sections(e), sections(g));
             a.len() == b.len()
-                && a.iter().zip(&b).all(|(x, y)| x.0 == y.0 && x.1 == y.1 && (x.2 - y.2).abs() < 1e-9)
+                && a.iter()
+                    .zip(&b)
+                    .all(|(x, y)| x.0 == y.0 && x.1 == y.1 && (x.2 - y.2).abs() < 1e-9)
         }
         _ => false,
     }
@@ -502,11 +563,14 @@ struct CaptureCli {
 /// arguments, computed in-process with capture's own generator (nothing is installed).
 pub fn capture_rules(args: &[Json]) -> Result<String, String> {
     use clap::Parser;
-    let args: Vec<&str> = args.iter().map(|a| a.as_str().unwrap_or_default()).collect();
+    let args: Vec<&str> = args
+        .iter()
+        .map(|a| a.as_str().unwrap_or_default())
+        .collect();
     let argv = ["capture", "--dry-run"].into_iter().chain(args);
     let cli = CaptureCli::try_parse_from(argv).map_err(|e| e.to_string())?;
     let env = remora_capture::Environment::default();
-    let config =
-        remora_capture::CaptureConfig::resolve(&cli.args, &env, &Ipv4Pod).map_err(|e| e.to_string())?;
+    let config = remora_capture::CaptureConfig::resolve(&cli.args, &env, &Ipv4Pod)
+        .map_err(|e| e.to_string())?;
     Ok(remora_capture::generate(&config).dry_run_output())
 }

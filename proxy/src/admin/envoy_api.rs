@@ -233,3 +233,46 @@ pub(super) fn drain_listeners(state: &AdminState, req: &AdminRequest) -> Respons
     }
     text(StatusCode::OK, "OK\n".into())
 }
+
+/// `/certs`: Envoy's `Certificates` shape: the trust roots (`ca_cert`) and the workload chain
+/// (`cert_chain`), each with serial, SANs, validity and days until expiry.
+pub(super) fn certs(state: &AdminState) -> Response<Body> {
+    let Some(identity) = state.identity.current() else {
+        return json(StatusCode::OK, &json!({ "certificates": [] }));
+    };
+    let now = std::time::SystemTime::now();
+    let details = |path: &std::path::Path, c: &crate::identity::CertSummary| {
+        let days = c
+            .not_after
+            .duration_since(now)
+            .map_or(0, |d| d.as_secs() / 86_400);
+        let sans: Vec<Value> = c
+            .uri_sans
+            .iter()
+            .map(|u| json!({ "uri": u }))
+            .chain(c.dns_sans.iter().map(|d| json!({ "dns": d })))
+            .collect();
+        json!({
+            "path": path.display().to_string(),
+            "serial_number": c.serial,
+            "subject_alt_names": sans,
+            "days_until_expiration": days.to_string(),
+            "valid_from": humantime::format_rfc3339_seconds(c.not_before).to_string(),
+            "expiration_time": humantime::format_rfc3339_seconds(c.not_after).to_string(),
+        })
+    };
+    let ca: Vec<Value> = identity
+        .ca
+        .iter()
+        .map(|c| details(&identity.root_path, c))
+        .collect();
+    let chain: Vec<Value> = identity
+        .chain
+        .iter()
+        .map(|c| details(&identity.chain_path, c))
+        .collect();
+    json(
+        StatusCode::OK,
+        &json!({ "certificates": [ { "ca_cert": ca, "cert_chain": chain } ] }),
+    )
+}

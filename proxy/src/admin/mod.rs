@@ -73,6 +73,8 @@ pub struct AdminState {
     pub concurrency: u16,
     /// `None` when the log filter cannot be changed (tests).
     pub logging: Option<LogControl>,
+    /// The workload certificate, for `/certs`.
+    pub identity: Arc<crate::identity::Store>,
 }
 
 impl AdminState {
@@ -89,6 +91,7 @@ impl AdminState {
             workload: Workload::default(),
             concurrency: 2,
             logging: None,
+            identity: Arc::default(),
         }
     }
 
@@ -229,7 +232,7 @@ pub fn respond(role: Role, state: &AdminState, req: &AdminRequest) -> Response<B
         (_, "/listeners") => envoy_api::listeners(state, req),
         (_, "/clusters") => envoy_api::clusters(state, req),
         (_, "/config_dump") => envoy_api::config_dump(state),
-        (_, "/certs") => json(StatusCode::OK, &serde_json::json!({ "certificates": [] })),
+        (_, "/certs") => envoy_api::certs(state),
         (Method::GET, "/logging") => match &state.logging {
             Some(l) => text(StatusCode::OK, format!("active filter: {}\n", l.current())),
             None => text(StatusCode::OK, "active filter: (fixed)\n".into()),

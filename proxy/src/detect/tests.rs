@@ -3,6 +3,7 @@ use crate::connect;
 use crate::loop_guard::LoopGuard;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
+use tokio::net::TcpStream;
 
 fn http(v: HttpVersion) -> Option<Verdict> {
     Some(Verdict::Http(v))
@@ -45,8 +46,11 @@ fn the_h2_preface_is_http2_and_its_start_waits() {
 
 #[test]
 fn tls_and_other_bytes_are_opaque() {
+    // A ClientHello is read whole (so its ALPN can be read); another handshake message is TLS
+    // at once.
+    assert_eq!(classify(&[0x16, 0x03, 0x01, 0x02, 0x00]), None);
     assert_eq!(
-        classify(&[0x16, 0x03, 0x01, 0x02, 0x00]),
+        classify(&[0x16, 0x03, 0x01, 0x00, 0x04, 0x02, 0x00, 0x00, 0x00]),
         Some(Verdict::Tls)
     );
     assert_eq!(classify(&[0x16]), None);
@@ -79,7 +83,7 @@ async fn pair() -> (TcpStream, TcpStream) {
 
 #[tokio::test]
 async fn a_server_banner_decides_before_the_timeout_and_the_connection_is_kept() {
-    let (_client, downstream) = pair().await;
+    let (_client, mut downstream) = pair().await;
     let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = server.local_addr().unwrap();
     tokio::spawn(async move {
@@ -91,7 +95,7 @@ async fn a_server_banner_decides_before_the_timeout_and_the_connection_is_kept()
     let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
     tokio::pin!(connecting);
     let started = std::time::Instant::now();
-    let d = detect(&downstream, connecting, Duration::from_secs(30), true).await;
+    let d = detect(&mut downstream, connecting, Duration::from_secs(30), true).await;
     assert_eq!(d.verdict, Verdict::ServerFirst);
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(matches!(d.upstream, Some(Ok(_))));
@@ -100,7 +104,7 @@ async fn a_server_banner_decides_before_the_timeout_and_the_connection_is_kept()
 
 #[tokio::test]
 async fn client_bytes_decide_and_are_kept_while_the_upstream_connects() {
-    let (mut client, downstream) = pair().await;
+    let (mut client, mut downstream) = pair().await;
     let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = server.local_addr().unwrap();
     client
@@ -110,20 +114,26 @@ async fn client_bytes_decide_and_are_kept_while_the_upstream_connects() {
     let guard = LoopGuard::new(vec![]);
     let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
     tokio::pin!(connecting);
-    let d = detect(&downstream, connecting, Duration::from_secs(30), true).await;
+    let d = detect(&mut downstream, connecting, Duration::from_secs(30), true).await;
     assert_eq!(d.verdict, Verdict::Http(HttpVersion::Http1));
     assert_eq!(&d.prefix[..], b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
 }
 
 #[tokio::test]
 async fn silence_on_both_sides_times_out() {
-    let (_client, downstream) = pair().await;
+    let (_client, mut downstream) = pair().await;
     let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = server.local_addr().unwrap();
     let guard = LoopGuard::new(vec![]);
     let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
     tokio::pin!(connecting);
-    let d = detect(&downstream, connecting, Duration::from_millis(100), true).await;
+    let d = detect(
+        &mut downstream,
+        connecting,
+        Duration::from_millis(100),
+        true,
+    )
+    .await;
     assert_eq!(d.verdict, Verdict::Timeout);
     assert!(matches!(d.upstream, Some(Ok(_))), "{:?}", d.upstream);
 }

@@ -259,6 +259,11 @@ impl Drop for RequestEnd {
             self.flags.insert(Flags::DC);
         }
         self.conn.proxy.metrics.request_finished(&RequestOutcome {
+            mesh_peer: self
+                .conn
+                .mesh_peer
+                .as_ref()
+                .map(|(peer, _)| Arc::clone(peer)),
             direction: self.conn.direction,
             grpc: self.grpc,
             code: self.status,

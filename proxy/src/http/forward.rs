@@ -56,6 +56,9 @@ pub async fn handle(
     let upgrade = ctx.key.version == HttpVersion::Http1 && headers::wants_upgrade(req.headers());
     let downstream_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
+    if ctx.direction == Direction::Inbound {
+        mesh_identity_headers(&ctx, &mut parts.headers);
+    }
     headers::prepare_request(&mut parts.headers, upgrade);
     if ctx.logging() {
         let log = RequestLog::new(
@@ -293,6 +296,24 @@ async fn send_on(
                 e.into_error(),
             ))),
         },
+    }
+}
+
+/// What an Istio sidecar tells the application about the client: over mesh TLS,
+/// `x-forwarded-proto: https` (unless set already) and this hop's `x-forwarded-client-cert` element; over plaintext,
+/// no `x-forwarded-client-cert` at all, since a client could forge one.
+fn mesh_identity_headers(ctx: &ConnContext, headers: &mut http::HeaderMap) {
+    match &ctx.mesh_peer {
+        Some((peer, ours)) => {
+            // Kept when the client's sidecar set it, as Envoy keeps it.
+            headers
+                .entry(http::header::HeaderName::from_static("x-forwarded-proto"))
+                .or_insert(HeaderValue::from_static("https"));
+            crate::tls::xfcc::append(headers, ours, peer);
+        }
+        None => {
+            headers.remove(&crate::tls::xfcc::XFCC);
+        }
     }
 }
 

@@ -3,25 +3,25 @@
 //! any traffic at all marks the connection as not idle.
 
 use super::ConnContext;
+use crate::tls::stream::Downstream;
 use bytes::{Buf, BytesMut};
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 
 /// The client connection behind the HTTP server.
 #[derive(Debug)]
 pub struct DownstreamIo {
     prefix: BytesMut,
-    stream: TcpStream,
+    stream: Downstream,
     ctx: Arc<ConnContext>,
 }
 
 impl DownstreamIo {
     /// `prefix` is replayed before anything is read from `stream`.
-    pub fn new(prefix: BytesMut, stream: TcpStream, ctx: Arc<ConnContext>) -> Self {
+    pub fn new(prefix: BytesMut, stream: Downstream, ctx: Arc<ConnContext>) -> Self {
         DownstreamIo {
             prefix,
             stream,

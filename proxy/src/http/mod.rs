@@ -38,7 +38,6 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpStream;
 
 /// Everything the requests of one downstream connection share.
 #[derive(Debug)]
@@ -51,6 +50,8 @@ pub struct ConnContext {
     /// Destination, source and HTTP version of the upstream connections.
     pub key: pool::Key,
     pub connect_timeout: Duration,
+    /// The client's sidecar and our own identity, when mesh TLS was terminated.
+    pub mesh_peer: Option<(Arc<crate::tls::Peer>, crate::identity::SpiffeId)>,
     in_flight: AtomicUsize,
     /// Bytes read from the client; with `bytes_out`, also what tells an idle connection.
     bytes_in: AtomicU64,
@@ -112,7 +113,10 @@ impl ConnContext {
 /// Where a detected HTTP connection goes and how it got here.
 #[derive(Debug)]
 pub struct Connection {
-    pub downstream: TcpStream,
+    /// The client's socket, or mesh TLS terminated on it.
+    pub downstream: crate::tls::stream::Downstream,
+    /// The client's sidecar, when mesh TLS was terminated: x-forwarded-client-cert names it.
+    pub mesh_peer: Option<Arc<crate::tls::Peer>>,
     pub peer: SocketAddr,
     pub direction: Direction,
     pub destination: SocketAddr,
@@ -147,6 +151,10 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
             }
         }
     }
+    let mesh_peer = c.mesh_peer.and_then(|peer| {
+        let ours = proxy.mesh.identity.current()?.spiffe_id.clone();
+        Some((peer, ours))
+    });
     let ctx = Arc::new(ConnContext {
         proxy,
         config,
@@ -154,6 +162,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         peer: c.peer,
         key,
         connect_timeout: c.connect_timeout,
+        mesh_peer,
         in_flight: AtomicUsize::new(0),
         bytes_in: AtomicU64::new(0),
         bytes_out: AtomicU64::new(0),

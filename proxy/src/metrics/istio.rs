@@ -94,12 +94,34 @@ impl IstioTcp {
 
 /// Istio's label set for a TCP connection in `dir` that ended with `flag`.
 pub fn labels(own: &Workload, dir: Direction, flag: &str) -> IstioLabels {
+    labels_for(own, dir, flag, None)
+}
+
+/// Istio's label set with the peer's side filled from its mutual-TLS certificate: its principal
+/// and, from an Istio SPIFFE ID, its namespace.
+pub fn labels_for(
+    own: &Workload,
+    dir: Direction,
+    flag: &str,
+    mesh_peer: Option<&crate::tls::Peer>,
+) -> IstioLabels {
     let unknown = || UNKNOWN.to_string();
+    let peer = mesh_peer.map_or_else(Side::peer, Side::mesh_peer);
     let (reporter, source, destination, security) = match dir {
         // We are the client's sidecar: the source is us, the destination is whoever it dialled.
-        Direction::Outbound => ("source", Side::own(own), Side::peer(), "unknown"),
-        // We are the server's sidecar. Plaintext until mutual TLS arrives.
-        Direction::Inbound => ("destination", Side::peer(), Side::own(own), "none"),
+        // Istio's client side reports the policy as unknown, mutual TLS or not.
+        Direction::Outbound => ("source", Side::own(own), peer, "unknown"),
+        // We are the server's sidecar.
+        Direction::Inbound => (
+            "destination",
+            peer,
+            Side::own(own),
+            if mesh_peer.is_some() {
+                "mutual_tls"
+            } else {
+                "none"
+            },
+        ),
     };
     let service_name = match dir {
         Direction::Outbound => "PassthroughCluster",
@@ -164,6 +186,17 @@ impl Side {
         }
     }
 
+    fn mesh_peer(p: &crate::tls::Peer) -> Self {
+        let mut side = Side::peer();
+        if let Some(id) = &p.spiffe_id {
+            side.principal = id.as_str().to_string();
+            if let Some(ns) = id.namespace() {
+                side.namespace = ns.to_string();
+            }
+        }
+        side
+    }
+
     fn peer() -> Self {
         let u = || UNKNOWN.to_string();
         Side {
@@ -207,6 +240,31 @@ mod tests {
         assert_eq!(get(&inb, "source_workload"), "unknown");
         assert_eq!(get(&inb, "connection_security_policy"), "none");
         assert_eq!(out.len(), 23);
+    }
+
+    #[test]
+    fn a_mesh_peer_fills_the_other_side_and_inbound_is_mutual_tls() {
+        let peer = crate::tls::Peer {
+            spiffe_id: crate::identity::SpiffeId::parse("spiffe://cluster.local/ns/shop/sa/cart"),
+            cert_hash: String::new(),
+            subject: String::new(),
+            dns_sans: vec![],
+            alpn: None,
+        };
+        let own = Workload::default();
+        let inb = labels_for(&own, Direction::Inbound, "-", Some(&peer));
+        assert_eq!(
+            get(&inb, "source_principal"),
+            "spiffe://cluster.local/ns/shop/sa/cart"
+        );
+        assert_eq!(get(&inb, "source_workload_namespace"), "shop");
+        assert_eq!(get(&inb, "connection_security_policy"), "mutual_tls");
+        let out = labels_for(&own, Direction::Outbound, "-", Some(&peer));
+        assert_eq!(
+            get(&out, "destination_principal"),
+            "spiffe://cluster.local/ns/shop/sa/cart"
+        );
+        assert_eq!(get(&out, "connection_security_policy"), "unknown");
     }
 
     #[test]

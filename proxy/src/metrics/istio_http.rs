@@ -5,7 +5,7 @@
 //! response flags, each from a small closed set — and the workload labels, fixed at start-up,
 //! are shared by every key. Looking up a series hashes a few integers, not 25 strings.
 
-use super::istio::{labels, IstioLabels};
+use super::istio::{labels_for, IstioLabels};
 use crate::http::errors::Flags;
 use crate::workload::Workload;
 use crate::Direction;
@@ -14,9 +14,14 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+/// Most distinct mesh peers given label sets of their own, per direction; later ones share the
+/// unknown peer's labels, so a flood of identities cannot grow the registry without bound.
+const MAX_PEERS: usize = 1024;
 
 /// Istio's buckets for `istio_request_duration_milliseconds`.
 const DURATION_BUCKETS_MS: [f64; 19] = [
@@ -55,7 +60,8 @@ pub struct RequestKey {
     base: Arc<Base>,
 }
 
-// The shared labels follow from the direction, so they take no part in identity.
+// The shared labels are one `Base` per direction and peer, kept for the registry's life, so
+// the pointer stands for them.
 impl PartialEq for RequestKey {
     fn eq(&self, o: &Self) -> bool {
         (
@@ -65,6 +71,7 @@ impl PartialEq for RequestKey {
             self.grpc_status,
             self.flags,
         ) == (o.direction, o.grpc, o.code, o.grpc_status, o.flags)
+            && Arc::ptr_eq(&self.base, &o.base)
     }
 }
 
@@ -78,6 +85,7 @@ impl Hash for RequestKey {
             self.code,
             self.grpc_status,
             self.flags,
+            Arc::as_ptr(&self.base) as usize,
         )
             .hash(h);
     }
@@ -108,8 +116,10 @@ impl EncodeLabelSet for RequestKey {
 }
 
 /// What one finished request reports.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct RequestOutcome {
+    /// The client's sidecar, when mesh TLS was terminated.
+    pub mesh_peer: Option<Arc<crate::tls::Peer>>,
     pub direction: Direction,
     pub grpc: bool,
     /// The status sent downstream (0 when no response was sent).
@@ -135,21 +145,25 @@ pub struct RequestMetrics {
     response_messages: Family<RequestKey, Counter>,
     outbound: Arc<Base>,
     inbound: Arc<Base>,
+    own: Arc<Workload>,
+    /// The shared labels of each (direction, mesh peer principal) seen.
+    peers: Arc<Mutex<HashMap<(Direction, String), Arc<Base>>>>,
+}
+
+fn base(own: &Workload, dir: Direction, peer: Option<&crate::tls::Peer>) -> Arc<Base> {
+    let mut l = labels_for(own, dir, "-", peer);
+    let security = l.pop().map(|(_, v)| v).unwrap_or_default();
+    // Drop request_protocol and response_flags: they are per request.
+    l.truncate(l.len().saturating_sub(2));
+    Arc::new(Base {
+        leading: l,
+        connection_security_policy: security,
+    })
 }
 
 impl RequestMetrics {
     /// Register the families under Istio's names.
     pub fn register(registry: &mut Registry, own: &Workload) -> Self {
-        let base = |dir| {
-            let mut l = labels(own, dir, "-");
-            let security = l.pop().map(|(_, v)| v).unwrap_or_default();
-            // Drop request_protocol and response_flags: they are per request.
-            l.truncate(l.len().saturating_sub(2));
-            Arc::new(Base {
-                leading: l,
-                connection_security_policy: security,
-            })
-        };
         let m = RequestMetrics {
             requests: Family::default(),
             duration: Family::new_with_constructor(duration_histogram),
@@ -157,8 +171,10 @@ impl RequestMetrics {
             response_bytes: Family::new_with_constructor(size_histogram),
             request_messages: Family::default(),
             response_messages: Family::default(),
-            outbound: base(Direction::Outbound),
-            inbound: base(Direction::Inbound),
+            outbound: base(own, Direction::Outbound, None),
+            inbound: base(own, Direction::Inbound, None),
+            own: Arc::new(own.clone()),
+            peers: Arc::default(),
         };
         registry.register("istio_requests", "Total requests", m.requests.clone());
         registry.register(
@@ -189,6 +205,28 @@ impl RequestMetrics {
         m
     }
 
+    /// The shared labels for requests in `dir` from or to `peer`.
+    fn base_for(&self, dir: Direction, peer: Option<&crate::tls::Peer>) -> Arc<Base> {
+        let plain = match dir {
+            Direction::Outbound => &self.outbound,
+            Direction::Inbound => &self.inbound,
+        };
+        let Some(peer) = peer else {
+            return Arc::clone(plain);
+        };
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (dir, peer.principal());
+        if let Some(b) = peers.get(&key) {
+            return Arc::clone(b);
+        }
+        if peers.len() >= MAX_PEERS {
+            return Arc::clone(plain);
+        }
+        let b = base(&self.own, dir, Some(peer));
+        peers.insert(key, Arc::clone(&b));
+        b
+    }
+
     /// Record one finished request.
     pub fn record(&self, o: &RequestOutcome) {
         let key = RequestKey {
@@ -198,10 +236,7 @@ impl RequestMetrics {
             // gRPC defines 0–16; anything else is folded into one value to bound cardinality.
             grpc_status: o.grpc_status.map(|s| u8::try_from(s.min(17)).unwrap_or(17)),
             flags: o.flags,
-            base: Arc::clone(match o.direction {
-                Direction::Outbound => &self.outbound,
-                Direction::Inbound => &self.inbound,
-            }),
+            base: self.base_for(o.direction, o.mesh_peer.as_deref()),
         };
         self.requests.get_or_create(&key).inc();
         self.duration
@@ -237,6 +272,7 @@ mod tests {
         };
         let m = RequestMetrics::register(&mut registry, &own);
         let mut o = RequestOutcome {
+            mesh_peer: None,
             direction: Direction::Inbound,
             grpc: true,
             code: 200,

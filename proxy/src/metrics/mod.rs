@@ -11,12 +11,14 @@ mod exposition;
 mod istio;
 mod istio_http;
 mod process;
+mod tls;
 
 pub use dns::DnsMetrics;
 pub use envoy::{EnvoyStat, Kind as StatKind, Scope as StatScope, ServerState, ServerStats};
 pub use istio::{IstioLabels, FLAGS};
 pub use istio_http::RequestOutcome;
 pub use process::{sample as process_sample, Sample as ProcessSample};
+pub use tls::TlsMetrics;
 
 use crate::workload::Workload;
 use crate::Direction;
@@ -49,6 +51,8 @@ pub struct Metrics {
     requests: istio_http::RequestMetrics,
     /// The DNS forwarder.
     pub dns: DnsMetrics,
+    /// Mesh TLS: certificate expiry and rotations, handshakes.
+    pub tls: TlsMetrics,
     envoy: envoy::EnvoyStats,
 }
 
@@ -211,7 +215,9 @@ impl Metrics {
         };
         registry.register_collector(Box::new(envoy.clone()));
         let dns = DnsMetrics::register(&mut registry);
+        let tls = TlsMetrics::register(&mut registry);
         Metrics {
+            tls,
             requests,
             server,
             dns,

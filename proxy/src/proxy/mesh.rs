@@ -1,0 +1,356 @@
+//! The two legs of a connection that meet mesh TLS, read top to bottom like the plaintext one.
+//!
+//! **Inbound** (with a workload identity): detection reads the client's first bytes as usual, a
+//! whole ClientHello included. One that offers Istio's ALPN values is mesh traffic: it is
+//! terminated with the workload certificate (the client's must chain to the mesh roots), and
+//! the decrypted stream is served exactly as plaintext would be, HTTP or TCP, with the client's
+//! sidecar known. Plaintext and the application's own TLS pass as before in PERMISSIVE mode and
+//! are refused in STRICT mode, where nothing is dialled before the client has proven itself.
+//!
+//! **Outbound** to a declared mesh destination: detection tells what the application speaks,
+//! which picks Istio's ALPN values; the upstream connection is wrapped in TLS with the workload
+//! certificate, Istio's SNI, and a check of the server's SPIFFE ID. Each client connection gets
+//! its own mesh connection: without endpoint discovery, Kubernetes balances per connection.
+
+use super::*;
+use crate::tls::client_hello::{self, ClientHello, Parsed};
+use crate::tls::stream::Rewind;
+use crate::tls::{self, HandshakeFailure, Mesh, Peer, ALPN_H2, ALPN_HTTP10, ALPN_HTTP11};
+use remora_config::{MeshDestination, MtlsMode};
+use rustls::pki_types::ServerName;
+
+/// Which mesh leg a connection takes.
+#[derive(Debug)]
+pub(super) enum Leg {
+    /// Inbound: terminate mesh TLS; `strict` refuses anything else.
+    Inbound { strict: bool },
+    /// Outbound to a declared mesh destination (boxed: the plaintext path's future holds
+    /// room for this value).
+    Outbound(Box<MeshDestination>),
+}
+
+/// The mesh leg of a connection, if it has one: only with a workload identity loaded.
+pub(super) fn leg(mesh: &Mesh, config: &Config, route: Route, dst: SocketAddr) -> Option<Leg> {
+    if !mesh.has_identity() {
+        return None;
+    }
+    match route {
+        Route::Capture(Direction::Inbound) => match config.mesh.mtls_mode {
+            MtlsMode::Permissive => Some(Leg::Inbound { strict: false }),
+            MtlsMode::Strict => Some(Leg::Inbound { strict: true }),
+            MtlsMode::Disable => None,
+        },
+        Route::Capture(Direction::Outbound) => config
+            .mesh
+            .destination(dst.ip(), dst.port())
+            .map(|d| Leg::Outbound(Box::new(d.clone()))),
+        Route::Fixed(..) => None,
+    }
+}
+
+impl Proxy {
+    pub(super) async fn mesh(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        downstream: TcpStream,
+        hop: Hop,
+        mode: Mode,
+        leg: Leg,
+    ) -> Outcome {
+        match leg {
+            Leg::Inbound { strict } => {
+                self.inbound_mesh(config, downstream, hop, mode, strict)
+                    .await
+            }
+            Leg::Outbound(dest) => {
+                self.outbound_mesh(config, downstream, hop, mode, &dest)
+                    .await
+            }
+        }
+    }
+
+    async fn inbound_mesh(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        mut downstream: TcpStream,
+        hop: Hop,
+        mode: Mode,
+        strict: bool,
+    ) -> Outcome {
+        let watch_server = !strict && mode != Mode::Http;
+        let wait = match strict {
+            true => config.tls.handshake_timeout,
+            false => detect_wait(config, watch_server),
+        };
+        let detected = self
+            .detect(&mut downstream, hop, watch_server, wait, None)
+            .await;
+        let (prefix, upstream) = match detected {
+            Detected::Tls(prefix, upstream) => match client_hello::parse(&prefix) {
+                Parsed::Complete(hello) if hello.offers_any(&tls::MESH_ALPNS) => {
+                    return self
+                        .terminate(config, downstream, prefix, upstream, hop, mode, &hello)
+                        .await;
+                }
+                _ if strict => return self.refuse(&downstream, hop, "TLS without Istio's ALPN"),
+                // The application's own TLS: its bytes pass untouched.
+                _ => (prefix, upstream),
+            },
+            Detected::ClientFailed => return refused(Some(hop.destination), End::DownstreamReset),
+            _ if strict => return self.refuse(&downstream, hop, "plaintext"),
+            Detected::Http(version, prefix, early) if mode != Mode::Tcp => {
+                let http = (version, prefix, early);
+                let downstream = Downstream::Plain(downstream);
+                return self.http(config, downstream, hop, http, None).await;
+            }
+            Detected::Http(_, prefix, early) => (prefix, early.map(Ok)),
+            Detected::Tcp(prefix, upstream) => (prefix, upstream),
+        };
+        let upstream = match upstream {
+            Some(up) => up,
+            None => {
+                connect::connect(hop.destination, hop.source, hop.timeout, &self.loop_guard).await
+            }
+        };
+        self.tcp(&hop, &downstream, &prefix, upstream).await
+    }
+
+    /// STRICT: anything but mesh TLS is closed, as Envoy closes a connection no filter chain
+    /// matches.
+    fn refuse(&self, downstream: &TcpStream, hop: Hop, what: &'static str) -> Outcome {
+        self.metrics.tls.handshake(hop.dir, "mtls_required");
+        tracing::info!(peer = %hop.peer, destination = %hop.destination, what, "refused: mutual TLS is required (STRICT)");
+        reset(downstream);
+        refused(Some(hop.destination), End::MtlsRequired)
+    }
+
+    /// Terminate mesh TLS on a connection whose ClientHello is in `prefix`, then serve what it
+    /// carries as plaintext would be served.
+    #[allow(clippy::too_many_arguments)]
+    async fn terminate(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        downstream: TcpStream,
+        prefix: BytesMut,
+        upstream: Option<Result<Upstream, ConnectError>>,
+        hop: Hop,
+        mode: Mode,
+        hello: &ClientHello,
+    ) -> Outcome {
+        let server = match self.mesh.server_config(&config.tls) {
+            Some(Ok(server)) => server,
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "cannot terminate mesh TLS");
+                reset(&downstream);
+                return refused(Some(hop.destination), End::TlsHandshakeFailed);
+            }
+            None => return refused(Some(hop.destination), End::TlsHandshakeFailed),
+        };
+        let accepting =
+            tokio_rustls::TlsAcceptor::from(server).accept(Rewind::new(prefix, downstream));
+        let handshake = tokio::time::timeout(config.tls.handshake_timeout, accepting).await;
+        let (failure, error) = match handshake {
+            Ok(Ok(stream)) => {
+                return self
+                    .serve_terminated(config, Box::new(stream), upstream, hop, mode, hello)
+                    .await
+            }
+            Ok(Err(e)) => (HandshakeFailure::of(&e), e.to_string()),
+            Err(_) => (HandshakeFailure::Timeout, "timed out".to_string()),
+        };
+        self.metrics.tls.handshake(hop.dir, failure.as_str());
+        tracing::warn!(
+            peer = %hop.peer, destination = %hop.destination, reason = failure.as_str(),
+            %error, sni = hello.server_name.as_deref().unwrap_or("-"),
+            "inbound mesh TLS handshake failed"
+        );
+        refused(Some(hop.destination), End::TlsHandshakeFailed)
+    }
+
+    async fn serve_terminated(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        mut stream: Box<tls::stream::ServerStream>,
+        upstream: Option<Result<Upstream, ConnectError>>,
+        hop: Hop,
+        mode: Mode,
+        hello: &ClientHello,
+    ) -> Outcome {
+        let (_, session) = stream.get_ref();
+        let chain = session.peer_certificates().unwrap_or_default();
+        let Some(peer) = Peer::from_chain(chain, session.alpn_protocol()) else {
+            // The verifier requires a certificate that parses; this is unreachable.
+            return refused(Some(hop.destination), End::TlsHandshakeFailed);
+        };
+        self.metrics.tls.handshake(hop.dir, "ok");
+        tracing::debug!(peer = %hop.peer, principal = %peer.principal(), "inbound mesh TLS established");
+        let peer = Arc::new(peer);
+        // The client's sidecar says HTTP in its ALPN; otherwise the port's declaration and
+        // detection decide, as for plaintext.
+        let mode = match hello.offers_any(&[ALPN_HTTP10, ALPN_HTTP11, ALPN_H2]) {
+            true => Mode::Http,
+            false => mode,
+        };
+        let (prefix, upstream) = match mode {
+            Mode::Tcp => (BytesMut::new(), upstream),
+            Mode::Http | Mode::Auto => {
+                let watch_server = mode == Mode::Auto;
+                let wait = detect_wait(config, watch_server);
+                let detected = self
+                    .detect(&mut *stream, hop, watch_server, wait, upstream)
+                    .await;
+                match detected {
+                    Detected::Http(version, prefix, early) => {
+                        let http = (version, prefix, early);
+                        let downstream = Downstream::Mesh(stream);
+                        return self.http(config, downstream, hop, http, Some(peer)).await;
+                    }
+                    Detected::Tcp(prefix, up) | Detected::Tls(prefix, up) => (prefix, up),
+                    Detected::ClientFailed => {
+                        return refused(Some(hop.destination), End::DownstreamReset)
+                    }
+                }
+            }
+        };
+        let upstream = match upstream {
+            Some(up) => up,
+            None => {
+                connect::connect(hop.destination, hop.source, hop.timeout, &self.loop_guard).await
+            }
+        };
+        let mut upstream = match upstream {
+            Ok(up) => up,
+            Err(e) => return self.connect_failed(&hop, e, stream.get_ref().0.inner()),
+        };
+        let copied = tcp::copy_streams(&prefix, &mut *stream, &mut upstream.stream).await;
+        copy_outcome(&hop, copied, stream.get_ref().0.inner(), &upstream.stream)
+    }
+
+    async fn outbound_mesh(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        mut downstream: TcpStream,
+        hop: Hop,
+        mode: Mode,
+        dest: &MeshDestination,
+    ) -> Outcome {
+        let (version, prefix, upstream) = match mode {
+            Mode::Tcp => (None, BytesMut::new(), None),
+            Mode::Http | Mode::Auto => {
+                let watch_server = mode == Mode::Auto;
+                let wait = detect_wait(config, watch_server);
+                let detected = self
+                    .detect(&mut downstream, hop, watch_server, wait, None)
+                    .await;
+                match detected {
+                    Detected::Http(version, prefix, early) => {
+                        (Some(version), prefix, early.map(Ok))
+                    }
+                    Detected::Tcp(prefix, up) | Detected::Tls(prefix, up) => (None, prefix, up),
+                    Detected::ClientFailed => {
+                        return refused(Some(hop.destination), End::DownstreamReset)
+                    }
+                }
+            }
+        };
+        let upstream = match upstream {
+            Some(up) => up,
+            None => {
+                connect::connect(hop.destination, hop.source, hop.timeout, &self.loop_guard).await
+            }
+        };
+        let upstream = match upstream {
+            Ok(up) => up,
+            Err(e) => return self.connect_failed(&hop, e, &downstream),
+        };
+        // Istio's outbound ALPN: what the application speaks, then "istio" for mesh traffic.
+        let alpn: &[&[u8]] = match version {
+            Some(HttpVersion::Http1) => &[ALPN_HTTP11, tls::ALPN_ISTIO],
+            Some(HttpVersion::Http2) => &[ALPN_H2, tls::ALPN_ISTIO],
+            None => &[tls::ALPN_ISTIO],
+        };
+        let client = match self.mesh.client_config(&config.tls, &dest.identities, alpn) {
+            Some(Ok(client)) => client,
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "cannot originate mesh TLS");
+                reset(&downstream);
+                return refused(Some(hop.destination), End::ConnectFailed);
+            }
+            None => return refused(Some(hop.destination), End::ConnectFailed),
+        };
+        // The registration lives as long as the connection does.
+        let (stream, _registration) = upstream.into_parts();
+        let name = server_name(dest, hop.destination);
+        let connecting = tokio_rustls::TlsConnector::from(client).connect(name, stream);
+        let handshake = tokio::time::timeout(config.tls.handshake_timeout, connecting).await;
+        let (failure, error, end) = match handshake {
+            Ok(Ok(mut tls)) => {
+                self.metrics.tls.handshake(hop.dir, "ok");
+                let copied = tcp::copy_streams(&prefix, &mut downstream, &mut tls).await;
+                return copy_outcome(&hop, copied, &downstream, tls.get_ref().0);
+            }
+            Ok(Err(e)) => (HandshakeFailure::of(&e), e.to_string(), End::ConnectFailed),
+            Err(_) => (
+                HandshakeFailure::Timeout,
+                "timed out".to_string(),
+                End::ConnectTimeout,
+            ),
+        };
+        self.metrics.tls.handshake(hop.dir, failure.as_str());
+        self.metrics.direction(hop.dir).connect_failures.inc();
+        tracing::warn!(
+            destination = %hop.destination, reason = failure.as_str(), %error,
+            "outbound mesh TLS handshake failed"
+        );
+        reset(&downstream);
+        refused(Some(hop.destination), end)
+    }
+
+    fn connect_failed(&self, hop: &Hop, e: ConnectError, downstream: &TcpStream) -> Outcome {
+        self.metrics.direction(hop.dir).connect_failures.inc();
+        tracing::debug!(peer = %hop.peer, error = %e, direction = hop.dir.as_str(), "upstream connect failed");
+        reset(downstream);
+        let end = match e {
+            ConnectError::Timeout { .. } => End::ConnectTimeout,
+            ConnectError::Io { .. } => End::ConnectFailed,
+        };
+        refused(Some(hop.destination), end)
+    }
+}
+
+/// Istio's SNI for a mesh destination, `outbound_.PORT_._.HOSTNAME`; without a hostname, none
+/// (rustls sends no SNI for an address).
+fn server_name(dest: &MeshDestination, dst: SocketAddr) -> ServerName<'static> {
+    dest.hostname
+        .as_ref()
+        .and_then(|host| ServerName::try_from(format!("outbound_.{}_._.{host}", dst.port())).ok())
+        .unwrap_or_else(|| ServerName::IpAddress(dst.ip().into()))
+}
+
+/// How a copy ended; an error resets both sockets, as the plaintext copy does.
+fn copy_outcome(
+    hop: &Hop,
+    copied: Result<Transfer, CopyError>,
+    downstream: &TcpStream,
+    upstream: &TcpStream,
+) -> Outcome {
+    let (transfer, end) = match copied {
+        Ok(t) => (t, End::Closed),
+        Err(e) => {
+            tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "connection ended with an error");
+            reset(downstream);
+            reset(upstream);
+            let end = match e {
+                CopyError::Downstream { .. } => End::DownstreamReset,
+                CopyError::Upstream { .. } => End::UpstreamReset,
+            };
+            (e.transfer(), end)
+        }
+    };
+    Outcome {
+        destination: Some(hop.destination),
+        transfer,
+        end,
+        http: false,
+    }
+}

@@ -1,0 +1,309 @@
+//! Mutual TLS between sidecars, as Istio speaks it.
+//!
+//! The crypto is rustls with the `ring` provider: ring builds with nothing but a C compiler,
+//! where aws-lc-rs needs cmake (and Go or bindgen on some targets). Inbound, a ClientHello that
+//! offers one of Istio's ALPN values ([`client_hello`]) is mesh traffic and is terminated with
+//! the workload certificate, requiring a client certificate that chains to the mesh roots
+//! ([`Mesh::server_config`]); the peer's SPIFFE ID then names it in metrics and
+//! `x-forwarded-client-cert` ([`xfcc`]). Outbound, traffic to a declared mesh destination is
+//! wrapped in TLS with Istio's ALPN values and Istio's SNI, and the server must chain to the
+//! roots and carry an expected SPIFFE ID ([`verify`]). The certificate comes from the
+//! [`crate::identity`] store at each handshake, so a rotation applies to the next one.
+
+pub mod client_hello;
+pub mod stream;
+pub mod verify;
+pub mod xfcc;
+
+use crate::identity::{CertSummary, Identity, SpiffeId, Store};
+use arc_swap::ArcSwapOption;
+use remora_config::{TlsConfig, TlsVersion};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::CertificateDer;
+use rustls::server::WebPkiClientVerifier;
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, ServerConfig};
+use std::sync::Arc;
+
+/// Offered by Istio's sidecars when they speak metadata exchange on a TCP connection.
+pub const ALPN_PEER_EXCHANGE: &[u8] = b"istio-peer-exchange";
+/// Mesh traffic, whatever it carries.
+pub const ALPN_ISTIO: &[u8] = b"istio";
+pub const ALPN_HTTP10: &[u8] = b"istio-http/1.0";
+pub const ALPN_HTTP11: &[u8] = b"istio-http/1.1";
+pub const ALPN_H2: &[u8] = b"istio-h2";
+
+/// The ALPN values that make a ClientHello mesh traffic: what Istio's inbound listener matches
+/// its mutual-TLS filter chains on.
+pub const MESH_ALPNS: [&[u8]; 5] = [
+    ALPN_PEER_EXCHANGE,
+    ALPN_ISTIO,
+    ALPN_HTTP10,
+    ALPN_HTTP11,
+    ALPN_H2,
+];
+
+/// What the inbound side selects from a mesh client's offer, best first. Metadata exchange is
+/// not spoken yet, so `istio-peer-exchange` is never selected: an Envoy client then skips the
+/// exchange rather than sending its framed metadata into the application's stream.
+const SERVER_ALPNS: [&[u8]; 6] = [
+    ALPN_HTTP11,
+    ALPN_HTTP10,
+    ALPN_H2,
+    ALPN_ISTIO,
+    b"h2",
+    b"http/1.1",
+];
+
+/// The crypto provider every TLS config here uses.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+static TLS13_ONLY: [&rustls::SupportedProtocolVersion; 1] = [&rustls::version::TLS13];
+static TLS12_AND_13: [&rustls::SupportedProtocolVersion; 2] =
+    [&rustls::version::TLS13, &rustls::version::TLS12];
+
+fn versions(min: TlsVersion) -> &'static [&'static rustls::SupportedProtocolVersion] {
+    match min {
+        TlsVersion::Tls13 => &TLS13_ONLY,
+        TlsVersion::Tls12 => &TLS12_AND_13,
+    }
+}
+
+/// Why a TLS config could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("building the TLS config: {0}")]
+pub struct ConfigError(String);
+
+/// The identity and the TLS configs built from it.
+#[derive(Debug, Default)]
+pub struct Mesh {
+    pub identity: Arc<Store>,
+    /// The server config for the current identity and settings; rebuilt when either changes.
+    server: ArcSwapOption<CachedServer>,
+}
+
+#[derive(Debug)]
+struct CachedServer {
+    identity: Arc<Identity>,
+    min: TlsVersion,
+    config: Arc<ServerConfig>,
+}
+
+impl Mesh {
+    /// A mesh whose identity lives in `identity`.
+    pub fn new(identity: Arc<Store>) -> Self {
+        Mesh {
+            identity,
+            server: ArcSwapOption::empty(),
+        }
+    }
+
+    /// Whether a workload certificate is loaded.
+    pub fn has_identity(&self) -> bool {
+        self.identity.is_loaded()
+    }
+
+    /// The config that terminates inbound mesh TLS, requiring a client certificate that chains
+    /// to the roots; `None` without an identity.
+    pub fn server_config(&self, tls: &TlsConfig) -> Option<Result<Arc<ServerConfig>, ConfigError>> {
+        let identity = self.identity.current()?;
+        let min = tls.min_protocol_version;
+        if let Some(c) = self.server.load().as_ref() {
+            if Arc::ptr_eq(&c.identity, &identity) && c.min == min {
+                return Some(Ok(Arc::clone(&c.config)));
+            }
+        }
+        let built = build_server(&identity, min).map(Arc::new);
+        if let Ok(config) = &built {
+            self.server.store(Some(Arc::new(CachedServer {
+                identity,
+                min,
+                config: Arc::clone(config),
+            })));
+        }
+        Some(built)
+    }
+
+    /// A config for one outbound connection: the workload certificate, `alpn` offered, and a
+    /// server that must chain to the roots and carry one of `expected` (any, if empty).
+    pub fn client_config(
+        &self,
+        tls: &TlsConfig,
+        expected: &[String],
+        alpn: &[&[u8]],
+    ) -> Option<Result<Arc<ClientConfig>, ConfigError>> {
+        let identity = self.identity.current()?;
+        let provider = provider();
+        let verifier = verify::SpiffeServerVerifier::new(
+            Arc::clone(&identity.roots),
+            Arc::clone(&provider),
+            expected.to_vec(),
+        );
+        let built = ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(versions(tls.min_protocol_version))
+            .map_err(|e| ConfigError(e.to_string()))
+            .map(|b| {
+                let mut config = b
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(verifier))
+                    .with_client_cert_resolver(Arc::new(Fixed(Arc::clone(&identity.certified))));
+                config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+                Arc::new(config)
+            });
+        Some(built)
+    }
+}
+
+fn build_server(identity: &Identity, min: TlsVersion) -> Result<ServerConfig, ConfigError> {
+    let provider = provider();
+    let verifier = WebPkiClientVerifier::builder_with_provider(
+        Arc::clone(&identity.roots),
+        Arc::clone(&provider),
+    )
+    .build()
+    .map_err(|e| ConfigError(e.to_string()))?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(versions(min))
+        .map_err(|e| ConfigError(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(Arc::new(Fixed(Arc::clone(&identity.certified))));
+    config.alpn_protocols = SERVER_ALPNS.iter().map(|p| p.to_vec()).collect();
+    // Sessions are not resumed: each connection proves its client certificate afresh, so a
+    // revoked or rotated peer certificate is never honoured from a ticket.
+    config.send_tls13_tickets = 0;
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    Ok(config)
+}
+
+/// Presents the same certificate to every peer.
+#[derive(Debug)]
+struct Fixed(Arc<CertifiedKey>);
+
+impl rustls::server::ResolvesServerCert for Fixed {
+    fn resolve(&self, _: rustls::server::ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(Arc::clone(&self.0))
+    }
+}
+
+impl rustls::client::ResolvesClientCert for Fixed {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        Some(Arc::clone(&self.0))
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// Who is at the other end of a mutual-TLS connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    /// The SPIFFE ID of its certificate; `None` if it has none.
+    pub spiffe_id: Option<SpiffeId>,
+    /// SHA-256 of its certificate, lower-case hex (`Hash=` in x-forwarded-client-cert).
+    pub cert_hash: String,
+    /// Its certificate's subject, as Envoy prints it (`""` when empty).
+    pub subject: String,
+    pub dns_sans: Vec<String>,
+    /// The ALPN value negotiated, if any.
+    pub alpn: Option<Vec<u8>>,
+}
+
+impl Peer {
+    /// Describe the peer from its certificate chain (leaf first) and the negotiated ALPN.
+    pub fn from_chain(chain: &[CertificateDer<'_>], alpn: Option<&[u8]>) -> Option<Peer> {
+        let leaf = chain.first()?;
+        let summary = CertSummary::parse(leaf).ok()?;
+        let digest = ring::digest::digest(&ring::digest::SHA256, leaf);
+        Some(Peer {
+            spiffe_id: summary.spiffe_id(),
+            cert_hash: digest.as_ref().iter().map(|b| format!("{b:02x}")).collect(),
+            subject: xfcc::subject(leaf),
+            dns_sans: summary.dns_sans,
+            alpn: alpn.map(<[u8]>::to_vec),
+        })
+    }
+
+    /// Istio's principal label: the SPIFFE ID without its scheme, or `unknown`.
+    pub fn principal(&self) -> String {
+        match &self.spiffe_id {
+            Some(id) => id.as_str().to_string(),
+            None => crate::workload::UNKNOWN.to_string(),
+        }
+    }
+}
+
+/// Why a handshake failed, as a metric label and a log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandshakeFailure {
+    /// The peer presented no certificate.
+    NoCertificate,
+    /// The certificate does not chain to the mesh roots.
+    UnknownCa,
+    /// The certificate is expired or not valid yet.
+    Expired,
+    /// The certificate lacks the expected SPIFFE ID.
+    WrongSan,
+    /// The peer refused our certificate.
+    RefusedByPeer,
+    /// Not within `tls.handshake_timeout`.
+    Timeout,
+    /// Anything else: a protocol error, a reset.
+    Other,
+}
+
+impl HandshakeFailure {
+    /// Classify an error from a handshake.
+    pub fn of(e: &std::io::Error) -> HandshakeFailure {
+        use rustls::{AlertDescription as A, CertificateError as C, Error as E};
+        let Some(tls) = e.get_ref().and_then(|inner| inner.downcast_ref::<E>()) else {
+            return HandshakeFailure::Other;
+        };
+        match tls {
+            E::NoCertificatesPresented => HandshakeFailure::NoCertificate,
+            E::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => {
+                HandshakeFailure::UnknownCa
+            }
+            E::InvalidCertificate(C::Expired | C::NotValidYet)
+            | E::InvalidCertificate(C::ExpiredContext { .. } | C::NotValidYetContext { .. }) => {
+                HandshakeFailure::Expired
+            }
+            E::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
+                HandshakeFailure::WrongSan
+            }
+            E::AlertReceived(
+                A::BadCertificate
+                | A::UnknownCA
+                | A::CertificateExpired
+                | A::CertificateRequired
+                | A::CertificateUnknown
+                | A::AccessDenied,
+            ) => HandshakeFailure::RefusedByPeer,
+            _ => HandshakeFailure::Other,
+        }
+    }
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HandshakeFailure::NoCertificate => "no_client_certificate",
+            HandshakeFailure::UnknownCa => "unknown_ca",
+            HandshakeFailure::Expired => "expired",
+            HandshakeFailure::WrongSan => "wrong_san",
+            HandshakeFailure::RefusedByPeer => "refused_by_peer",
+            HandshakeFailure::Timeout => "timeout",
+            HandshakeFailure::Other => "error",
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_certs;
+#[cfg(test)]
+mod tests;
