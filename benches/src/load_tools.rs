@@ -80,7 +80,13 @@ fn parse_wrk_duration_us(text: &str) -> Option<f64> {
 
 /// h2load: h2c with prior knowledge, `connections` × `streams` concurrent gRPC unary calls
 /// (POST of `body_file`, gRPC headers) for `duration`.
-pub fn h2load_args(target: SocketAddr, connections: usize, streams: usize, duration: Duration, body_file: &Path) -> Vec<String> {
+pub fn h2load_args(
+    target: SocketAddr,
+    connections: usize,
+    streams: usize,
+    duration: Duration,
+    body_file: &Path,
+) -> Vec<String> {
     vec![
         format!("-c{connections}"),
         format!("-m{streams}"),
@@ -111,7 +117,9 @@ pub fn parse_h2load(text: &str) -> Option<HttpLoad> {
             // "N total, N started, N done, N succeeded, N failed, N errored, N timeout"
             for part in rest.split(',') {
                 let mut it = part.split_whitespace();
-                let (Some(n), Some(what)) = (it.next(), it.next()) else { continue };
+                let (Some(n), Some(what)) = (it.next(), it.next()) else {
+                    continue;
+                };
                 let n: u64 = n.parse().ok()?;
                 match what {
                     "succeeded" => load.requests = n,
@@ -121,7 +129,10 @@ pub fn parse_h2load(text: &str) -> Option<HttpLoad> {
             }
         } else if let Some(rest) = line.strip_prefix("time for request:") {
             // min max mean sd +/-sd
-            load.mean_us = rest.split_whitespace().nth(2).and_then(parse_wrk_duration_us);
+            load.mean_us = rest
+                .split_whitespace()
+                .nth(2)
+                .and_then(parse_wrk_duration_us);
         }
     }
     seen.then_some(load)
@@ -129,7 +140,13 @@ pub fn parse_h2load(text: &str) -> Option<HttpLoad> {
 
 /// iperf3's server, on one port, until killed.
 pub fn iperf3_server_args(listen: SocketAddr) -> Vec<String> {
-    vec!["-s".into(), "-B".into(), listen.ip().to_string(), "-p".into(), listen.port().to_string()]
+    vec![
+        "-s".into(),
+        "-B".into(),
+        listen.ip().to_string(),
+        "-p".into(),
+        listen.port().to_string(),
+    ]
 }
 
 /// iperf3's client: one stream for `duration`, JSON report.
@@ -190,8 +207,16 @@ Transfer/sec:    110.00MB
         assert_eq!(load.mean_us, Some(620.12));
         assert_eq!(load.p50_us, Some(600.0));
         assert_eq!(load.p99_us, Some(1050.0));
-        assert_eq!(parse_wrk("unable to connect to 127.0.0.1:1 Connection refused"), None);
-        let args = wrk_args("127.0.0.1:40000".parse().unwrap(), 64, Duration::from_secs(10)).join(" ");
+        assert_eq!(
+            parse_wrk("unable to connect to 127.0.0.1:1 Connection refused"),
+            None
+        );
+        let args = wrk_args(
+            "127.0.0.1:40000".parse().unwrap(),
+            64,
+            Duration::from_secs(10),
+        )
+        .join(" ");
         assert_eq!(args, "-t1 -c64 -d10s --latency http://127.0.0.1:40000/");
     }
 
@@ -211,7 +236,14 @@ time for request:      112us     12.34ms      4.98ms       1.02ms    70.00%
         assert_eq!((load.requests, load.errors), (512_340, 5));
         assert_eq!(load.mean_us, Some(4980.0));
         assert_eq!(parse_h2load("connect error"), None);
-        let args = h2load_args("127.0.0.1:1".parse().unwrap(), 16, 16, Duration::from_secs(3), Path::new("/b")).join(" ");
+        let args = h2load_args(
+            "127.0.0.1:1".parse().unwrap(),
+            16,
+            16,
+            Duration::from_secs(3),
+            Path::new("/b"),
+        )
+        .join(" ");
         assert!(args.starts_with("-c16 -m16 -t1 -D 3 -d /b"), "{args}");
     }
 
@@ -219,7 +251,10 @@ time for request:      112us     12.34ms      4.98ms       1.02ms    70.00%
     fn iperf3_report() {
         let text = r#"{"start":{},"end":{"sum_received":{"bits_per_second":2.5e10}}}"#;
         assert_eq!(parse_iperf3(text), Ok(2.5e10));
-        assert_eq!(parse_iperf3(r#"{"error":"unable to connect"}"#), Err("unable to connect".into()));
+        assert_eq!(
+            parse_iperf3(r#"{"error":"unable to connect"}"#),
+            Err("unable to connect".into())
+        );
         assert!(parse_iperf3("iperf3: error").is_err());
     }
 }

@@ -64,7 +64,12 @@ impl Schedule {
 /// The request could have left at `max(due, previous_done)`: later than `due` only because the
 /// server was still busy with the previous request on this connection, and that wait counts.
 /// Any further delay until `sent` was the generator's own (a late timer) and does not.
-pub fn corrected_latency(due: Duration, previous_done: Duration, sent: Duration, done: Duration) -> Duration {
+pub fn corrected_latency(
+    due: Duration,
+    previous_done: Duration,
+    sent: Duration,
+    done: Duration,
+) -> Duration {
     let could_send = due.max(previous_done);
     let generator_lag = sent.saturating_sub(could_send);
     done.saturating_sub(due).saturating_sub(generator_lag)
@@ -108,7 +113,10 @@ fn new_histogram() -> Histogram<u64> {
 /// Runs `plan` against `GET /` on `addr` (HTTP/1.1, keep-alive). Call it on a runtime of its
 /// own: every connection is a task, and the timing is only as good as that runtime's latency.
 pub async fn run(addr: SocketAddr, plan: Plan) -> anyhow::Result<Outcome> {
-    anyhow::ensure!(plan.rate > 0.0 && plan.connections > 0, "rate and connections must be positive");
+    anyhow::ensure!(
+        plan.rate > 0.0 && plan.connections > 0,
+        "rate and connections must be positive"
+    );
     let mut senders = Vec::with_capacity(plan.connections);
     for _ in 0..plan.connections {
         senders.push(connect(addr).await?);
@@ -117,7 +125,15 @@ pub async fn run(addr: SocketAddr, plan: Plan) -> anyhow::Result<Outcome> {
     let tasks: Vec<_> = senders
         .into_iter()
         .enumerate()
-        .map(|(k, sender)| tokio::spawn(drive_connection(addr, sender, Schedule::for_connection(&plan, k), start, plan)))
+        .map(|(k, sender)| {
+            tokio::spawn(drive_connection(
+                addr,
+                sender,
+                Schedule::for_connection(&plan, k),
+                start,
+                plan,
+            ))
+        })
         .collect();
     let mut outcome = Outcome {
         latency_ns: new_histogram(),
@@ -148,7 +164,13 @@ async fn connect(addr: SocketAddr) -> anyhow::Result<Sender> {
     Ok(sender)
 }
 
-async fn drive_connection(addr: SocketAddr, sender: Sender, schedule: Schedule, start: Instant, plan: Plan) -> Outcome {
+async fn drive_connection(
+    addr: SocketAddr,
+    sender: Sender,
+    schedule: Schedule,
+    start: Instant,
+    plan: Plan,
+) -> Outcome {
     let mut outcome = Outcome {
         latency_ns: new_histogram(),
         requests: 0,
@@ -171,11 +193,15 @@ async fn drive_connection(addr: SocketAddr, sender: Sender, schedule: Schedule, 
         }
         let sent = start.elapsed();
         let ok = match sender.as_mut() {
-            Some(s) => tokio::time::timeout(REQUEST_TIMEOUT, one_request(s)).await.unwrap_or(false),
+            Some(s) => tokio::time::timeout(REQUEST_TIMEOUT, one_request(s))
+                .await
+                .unwrap_or(false),
             None => false,
         };
         let done = start.elapsed();
-        outcome.max_generator_lag = outcome.max_generator_lag.max(sent.saturating_sub(due.max(previous_done)));
+        outcome.max_generator_lag = outcome
+            .max_generator_lag
+            .max(sent.saturating_sub(due.max(previous_done)));
         if !ok {
             outcome.errors += 1;
             sender = None;
@@ -185,7 +211,9 @@ async fn drive_connection(addr: SocketAddr, sender: Sender, schedule: Schedule, 
         outcome.answered += 1;
         if due >= plan.warmup {
             let latency = corrected_latency(due, previous_done, sent, done);
-            outcome.latency_ns.saturating_record(latency.as_nanos().min(u128::from(HISTOGRAM_MAX_NS)) as u64);
+            outcome
+                .latency_ns
+                .saturating_record(latency.as_nanos().min(u128::from(HISTOGRAM_MAX_NS)) as u64);
             outcome.requests += 1;
         }
         previous_done = done;
@@ -222,7 +250,12 @@ mod tests {
 
     #[test]
     fn connections_together_send_evenly() {
-        let plan = Plan { rate: 1000.0, connections: 16, warmup: Duration::ZERO, duration: Duration::from_secs(1) };
+        let plan = Plan {
+            rate: 1000.0,
+            connections: 16,
+            warmup: Duration::ZERO,
+            duration: Duration::from_secs(1),
+        };
         let mut due: Vec<Duration> = (0..16)
             .flat_map(|k| {
                 let s = Schedule::for_connection(&plan, k);
@@ -234,7 +267,10 @@ mod tests {
         for (n, d) in due.iter().enumerate() {
             let expected = ms(n as f64);
             let error = d.abs_diff(expected);
-            assert!(error < Duration::from_nanos(10), "request {n} due at {d:?}, expected {expected:?}");
+            assert!(
+                error < Duration::from_nanos(10),
+                "request {n} due at {d:?}, expected {expected:?}"
+            );
         }
         // Each connection on its own sends every 16 ms.
         let s = Schedule::for_connection(&plan, 3);
@@ -244,7 +280,12 @@ mod tests {
     /// One connection at 100 rps against a server that answers in 1 ms except for one 100 ms
     /// stall: what a closed-loop generator and this one record.
     fn simulate(timer_lag: Duration) -> (Vec<Duration>, Vec<Duration>) {
-        let plan = Plan { rate: 100.0, connections: 1, warmup: Duration::ZERO, duration: Duration::from_secs(1) };
+        let plan = Plan {
+            rate: 100.0,
+            connections: 1,
+            warmup: Duration::ZERO,
+            duration: Duration::from_secs(1),
+        };
         let schedule = Schedule::for_connection(&plan, 0);
         let (mut corrected, mut naive) = (vec![], vec![]);
         let mut previous_done = Duration::ZERO;
@@ -271,17 +312,28 @@ mod tests {
         assert_eq!(slow(&corrected), 6);
         assert_eq!(corrected[10], ms(100.0));
         assert!(corrected[11].abs_diff(ms(91.0)) < Duration::from_micros(1));
-        assert!(corrected[30].abs_diff(ms(1.0)) < Duration::from_micros(1), "caught up again");
+        assert!(
+            corrected[30].abs_diff(ms(1.0)) < Duration::from_micros(1),
+            "caught up again"
+        );
     }
 
     #[test]
     fn the_generators_own_timer_lag_is_not_counted() {
         let (corrected, _) = simulate(ms(0.9));
-        assert!(corrected[0].abs_diff(ms(1.0)) < Duration::from_micros(1), "{:?}", corrected[0]);
+        assert!(
+            corrected[0].abs_diff(ms(1.0)) < Duration::from_micros(1),
+            "{:?}",
+            corrected[0]
+        );
         // The stall still counts in full, from when each request was due. (The queue behind it
         // carries the one late tick of the request that stalled: 91.9 ms, not 91.)
         assert!(corrected[10].abs_diff(ms(100.0)) < Duration::from_micros(1));
-        assert!(corrected[11].abs_diff(ms(91.9)) < Duration::from_micros(1), "{:?}", corrected[11]);
+        assert!(
+            corrected[11].abs_diff(ms(91.9)) < Duration::from_micros(1),
+            "{:?}",
+            corrected[11]
+        );
     }
 
     #[tokio::test]
@@ -289,10 +341,19 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(crate::upstream::serve(listener));
-        let plan = Plan { rate: 200.0, connections: 4, warmup: ms(100.0), duration: ms(500.0) };
+        let plan = Plan {
+            rate: 200.0,
+            connections: 4,
+            warmup: ms(100.0),
+            duration: ms(500.0),
+        };
         let outcome = run(addr, plan).await.unwrap();
         assert_eq!(outcome.errors, 0);
-        assert!((95..=105).contains(&outcome.requests), "{} requests", outcome.requests);
+        assert!(
+            (95..=105).contains(&outcome.requests),
+            "{} requests",
+            outcome.requests
+        );
         assert!(outcome.percentile_us(0.5) > 0.0);
         assert!(outcome.percentile_us(0.999) < 1_000_000.0);
     }

@@ -33,7 +33,10 @@ impl Registry {
     }
 
     fn remove(&self, pid: u32) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).retain(|p| *p != pid);
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|p| *p != pid);
     }
 
     /// SIGKILLs every registered program and its children.
@@ -205,10 +208,18 @@ impl Usage {
 pub fn tree_usage(pid: u32) -> Usage {
     let mut total = Usage::default();
     for p in descendants(pid).into_iter().chain([pid]) {
-        if let Some((_, ticks)) = fs::read_to_string(format!("/proc/{p}/stat")).ok().as_deref().and_then(parse_stat) {
+        if let Some((_, ticks)) = fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .as_deref()
+            .and_then(parse_stat)
+        {
             total.cpu_ticks += ticks;
         }
-        if let Some(kib) = fs::read_to_string(format!("/proc/{p}/status")).ok().as_deref().and_then(parse_vm_rss) {
+        if let Some(kib) = fs::read_to_string(format!("/proc/{p}/status"))
+            .ok()
+            .as_deref()
+            .and_then(parse_vm_rss)
+        {
             total.rss_kib += kib;
         }
     }
@@ -220,10 +231,18 @@ pub fn descendants(pid: u32) -> Vec<u32> {
     let mut parent_of = Vec::new();
     if let Ok(entries) = fs::read_dir("/proc") {
         for entry in entries.flatten() {
-            let Some(p) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            let Some(p) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
                 continue;
             };
-            if let Some((ppid, _)) = fs::read_to_string(format!("/proc/{p}/stat")).ok().as_deref().and_then(parse_stat) {
+            if let Some((ppid, _)) = fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .as_deref()
+                .and_then(parse_stat)
+            {
                 parent_of.push((p, ppid));
             }
         }
@@ -269,8 +288,12 @@ fn listening_in(table: &str, port: u16) -> bool {
     const LISTEN: &str = "0A";
     table.lines().skip(1).any(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        let (Some(local), Some(state)) = (fields.get(1), fields.get(3)) else { return false };
-        let Some((ip, p)) = local.split_once(':') else { return false };
+        let (Some(local), Some(state)) = (fields.get(1), fields.get(3)) else {
+            return false;
+        };
+        let Some((ip, p)) = local.split_once(':') else {
+            return false;
+        };
         *state == LISTEN
             && u16::from_str_radix(p, 16).ok() == Some(port)
             && (ip == "0100007F" || ip == "00000000")
@@ -279,14 +302,20 @@ fn listening_in(table: &str, port: u16) -> bool {
 
 /// Busy time of every core, from `/proc/stat`: `(busy, total)` jiffies per core.
 pub fn core_times() -> Vec<(u64, u64)> {
-    fs::read_to_string("/proc/stat").map(|t| parse_core_times(&t)).unwrap_or_default()
+    fs::read_to_string("/proc/stat")
+        .map(|t| parse_core_times(&t))
+        .unwrap_or_default()
 }
 
 fn parse_core_times(text: &str) -> Vec<(u64, u64)> {
     text.lines()
         .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
         .map(|l| {
-            let v: Vec<u64> = l.split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
+            let v: Vec<u64> = l
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|f| f.parse().ok())
+                .collect();
             let total: u64 = v.iter().take(8).sum();
             // idle and iowait are the 4th and 5th fields.
             let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
@@ -309,7 +338,10 @@ pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<Result<Vec<_>, _>>()
         .context("binding a free loopback port")?;
-    Ok(listeners.iter().map(|l| l.local_addr().map(|a| a.port()).unwrap_or(0)).collect())
+    Ok(listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()).unwrap_or(0))
+        .collect())
 }
 
 #[cfg(test)]
@@ -335,7 +367,14 @@ mod tests {
     fn our_own_usage_is_readable() {
         let me = tree_usage(std::process::id());
         assert!(me.rss_kib > 0);
-        assert_eq!(Usage { cpu_ticks: 150, rss_kib: 0 }.cpu_seconds_since(&Usage::default()), 1.5);
+        assert_eq!(
+            Usage {
+                cpu_ticks: 150,
+                rss_kib: 0
+            }
+            .cpu_seconds_since(&Usage::default()),
+            1.5
+        );
     }
 
     #[test]
@@ -345,7 +384,10 @@ mod tests {
    1: 0100007F:1F91 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0 10 0
    2: 00000000:0050 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 3 1 0 10 0";
         assert!(listening_in(table, 8080));
-        assert!(!listening_in(table, 8081), "an established connection is not a listener");
+        assert!(
+            !listening_in(table, 8081),
+            "an established connection is not a listener"
+        );
         assert!(listening_in(table, 80));
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         assert!(is_listening(l.local_addr().unwrap().port()));
@@ -354,7 +396,8 @@ mod tests {
     #[test]
     fn core_busy_comes_from_proc_stat() {
         let before = parse_core_times("cpu  10 0 10 80 0 0 0 0 0 0\ncpu0 5 0 5 40 0 0 0 0 0 0\ncpu1 5 0 5 40 0 0 0 0 0 0\nintr 1\n");
-        let after = parse_core_times("cpu  0\ncpu0 55 0 5 90 0 0 0 0 0 0\ncpu1 5 0 5 140 0 0 0 0 0 0\n");
+        let after =
+            parse_core_times("cpu  0\ncpu0 55 0 5 90 0 0 0 0 0 0\ncpu1 5 0 5 140 0 0 0 0 0 0\n");
         assert_eq!(before.len(), 2);
         assert_eq!(core_busy(&before, &after, 0), Some(0.5));
         assert_eq!(core_busy(&before, &after, 1), Some(0.0));

@@ -97,7 +97,13 @@ pub fn remora_protocol(mode: Mode) -> &'static str {
 }
 
 /// `remora run` arguments: one explicit listener, one data-path worker, logging at `log_level`.
-pub fn remora_args(config: &Path, listen: SocketAddr, upstream: SocketAddr, mode: Mode, log_level: &str) -> Vec<String> {
+pub fn remora_args(
+    config: &Path,
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    mode: Mode,
+    log_level: &str,
+) -> Vec<String> {
     vec![
         "run".into(),
         "--config".into(),
@@ -118,7 +124,12 @@ pub fn remora_args(config: &Path, listen: SocketAddr, upstream: SocketAddr, mode
 /// Envoy's static bootstrap: one listener with the HTTP connection manager and the router (or
 /// `tcp_proxy` for TCP) to one static cluster; admin on its own loopback port; default stats;
 /// no access log.
-pub fn envoy_config(mode: Mode, listen: SocketAddr, upstream: SocketAddr, admin_port: u16) -> String {
+pub fn envoy_config(
+    mode: Mode,
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    admin_port: u16,
+) -> String {
     let mut out = String::from("# Written by the benchmark harness.\n");
     let _ = write!(
         out,
@@ -177,7 +188,12 @@ pub fn envoy_args(config: &Path) -> Vec<String> {
 
 /// HAProxy: one thread, `mode http` (h2c with prior knowledge and HTTP/2 to the upstream for
 /// gRPC) or `mode tcp`, no logging. `maxconn` is sized for the idle-connection test.
-pub fn haproxy_config(mode: Mode, listen: SocketAddr, upstream: SocketAddr, maxconn: u32) -> String {
+pub fn haproxy_config(
+    mode: Mode,
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    maxconn: u32,
+) -> String {
     let (haproxy_mode, bind_proto, server_proto) = match mode {
         Mode::Http1 => ("http", "", ""),
         Mode::Grpc => ("http", " proto h2", " proto h2"),
@@ -276,24 +292,45 @@ mod tests {
     use std::path::PathBuf;
 
     fn addrs() -> (SocketAddr, SocketAddr) {
-        ("127.0.0.1:41000".parse().unwrap(), "127.0.0.1:42000".parse().unwrap())
+        (
+            "127.0.0.1:41000".parse().unwrap(),
+            "127.0.0.1:42000".parse().unwrap(),
+        )
     }
 
     #[test]
     fn remora_config_is_valid_and_moves_every_port() {
-        let ports = RemoraPorts { readiness: 41001, metrics: 41002, agent: 41003, admin: 41004 };
+        let ports = RemoraPorts {
+            readiness: 41001,
+            metrics: 41002,
+            agent: 41003,
+            admin: 41004,
+        };
         let text = remora_config(&ports);
-        let config = remora_config::parse(&text, Path::new("bench.yaml")).expect("Remora accepts the harness's config");
+        let config = remora_config::parse(&text, Path::new("bench.yaml"))
+            .expect("Remora accepts the harness's config");
         assert_eq!(config.readiness.port.get(), 41001);
         assert_eq!(config.metrics.port.get(), 41002);
         assert_eq!(config.agent.port.get(), 41003);
         assert_eq!(config.admin.address, "127.0.0.1:41004".parse().unwrap());
-        assert_eq!(config.bind_addresses, vec!["127.0.0.1".parse::<std::net::IpAddr>().unwrap()]);
+        assert_eq!(
+            config.bind_addresses,
+            vec!["127.0.0.1".parse::<std::net::IpAddr>().unwrap()]
+        );
         assert!(!config.access_log.enabled);
 
         let (listen, upstream) = addrs();
-        let args = remora_args(Path::new("/tmp/r.yaml"), listen, upstream, Mode::Http1, "warn").join(" ");
-        assert!(args.contains("--listen 127.0.0.1:41000 --upstream 127.0.0.1:42000 --protocol http"));
+        let args = remora_args(
+            Path::new("/tmp/r.yaml"),
+            listen,
+            upstream,
+            Mode::Http1,
+            "warn",
+        )
+        .join(" ");
+        assert!(
+            args.contains("--listen 127.0.0.1:41000 --upstream 127.0.0.1:42000 --protocol http")
+        );
         assert!(args.contains("--concurrency 1"));
         assert_eq!(remora_protocol(Mode::Tcp), "tcp");
     }
@@ -304,12 +341,16 @@ mod tests {
         for mode in [Mode::Http1, Mode::Grpc, Mode::Tcp] {
             let text = envoy_config(mode, listen, upstream, 41005);
             let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("valid YAML");
-            assert_eq!(doc["admin"]["address"]["socket_address"]["port_value"], 41005);
+            assert_eq!(
+                doc["admin"]["address"]["socket_address"]["port_value"],
+                41005
+            );
             let listener = &doc["static_resources"]["listeners"][0];
             assert_eq!(listener["address"]["socket_address"]["port_value"], 41000);
             let filter = &listener["filter_chains"][0]["filters"][0];
             let cluster = &doc["static_resources"]["clusters"][0];
-            let endpoint = &cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"];
+            let endpoint =
+                &cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"];
             assert_eq!(endpoint["address"]["socket_address"]["port_value"], 42000);
             match mode {
                 Mode::Tcp => {
@@ -317,7 +358,10 @@ mod tests {
                     assert_eq!(filter["typed_config"]["cluster"], "upstream");
                 }
                 Mode::Http1 | Mode::Grpc => {
-                    assert_eq!(filter["name"], "envoy.filters.network.http_connection_manager");
+                    assert_eq!(
+                        filter["name"],
+                        "envoy.filters.network.http_connection_manager"
+                    );
                     let hcm = &filter["typed_config"];
                     assert_eq!(hcm["codec_type"], "AUTO");
                     assert!(hcm.get("access_log").is_none(), "access log stays off");
@@ -327,20 +371,36 @@ mod tests {
                 }
             }
             let http2 = cluster.get("typed_extension_protocol_options").is_some();
-            assert_eq!(http2, mode == Mode::Grpc, "HTTP/2 to the upstream only for gRPC");
+            assert_eq!(
+                http2,
+                mode == Mode::Grpc,
+                "HTTP/2 to the upstream only for gRPC"
+            );
         }
-        assert!(envoy_args(Path::new("e.yaml")).join(" ").contains("--concurrency 1"));
+        assert!(envoy_args(Path::new("e.yaml"))
+            .join(" ")
+            .contains("--concurrency 1"));
     }
 
     #[test]
     fn haproxy_config_has_one_thread_and_the_mode() {
         let (listen, upstream) = addrs();
         let http = haproxy_config(Mode::Http1, listen, upstream, 12000);
-        assert!(http.contains("nbthread 1") && http.contains("mode http") && http.contains("maxconn 12000"));
-        assert!(http.contains("bind 127.0.0.1:41000\n") && http.contains("server upstream 127.0.0.1:42000\n"));
+        assert!(
+            http.contains("nbthread 1")
+                && http.contains("mode http")
+                && http.contains("maxconn 12000")
+        );
+        assert!(
+            http.contains("bind 127.0.0.1:41000\n")
+                && http.contains("server upstream 127.0.0.1:42000\n")
+        );
         assert!(!http.contains("\n    log "), "no logging");
         let grpc = haproxy_config(Mode::Grpc, listen, upstream, 100);
-        assert!(grpc.contains("bind 127.0.0.1:41000 proto h2") && grpc.contains("127.0.0.1:42000 proto h2"));
+        assert!(
+            grpc.contains("bind 127.0.0.1:41000 proto h2")
+                && grpc.contains("127.0.0.1:42000 proto h2")
+        );
         assert!(haproxy_config(Mode::Tcp, listen, upstream, 100).contains("mode tcp"));
     }
 
@@ -348,20 +408,44 @@ mod tests {
     fn nginx_config_has_one_worker_and_the_right_module() {
         let (listen, upstream) = addrs();
         let prefix = PathBuf::from("/tmp/nginx-bench");
-        let limits = NginxLimits { rlimit_nofile: 20000, worker_connections: 19900 };
+        let limits = NginxLimits {
+            rlimit_nofile: 20000,
+            worker_connections: 19900,
+        };
         let module = PathBuf::from("/usr/lib/nginx/modules/ngx_stream_module.so");
-        let http = nginx_config(Mode::Http1, listen, upstream, &prefix, limits, Some(&module));
+        let http = nginx_config(
+            Mode::Http1,
+            listen,
+            upstream,
+            &prefix,
+            limits,
+            Some(&module),
+        );
         assert!(http.contains("worker_processes 1;") && http.contains("access_log off;"));
         assert!(http.contains("keepalive 64;") && http.contains("proxy_http_version 1.1;"));
-        assert!(http.contains("listen 127.0.0.1:41000;") && http.contains("server 127.0.0.1:42000;"));
-        assert!(!http.contains("load_module"), "the stream module only for TCP");
+        assert!(
+            http.contains("listen 127.0.0.1:41000;") && http.contains("server 127.0.0.1:42000;")
+        );
+        assert!(
+            !http.contains("load_module"),
+            "the stream module only for TCP"
+        );
         assert_eq!(http.matches('{').count(), http.matches('}').count());
         let grpc = nginx_config(Mode::Grpc, listen, upstream, &prefix, limits, Some(&module));
-        assert!(grpc.contains("listen 127.0.0.1:41000 http2;") && grpc.contains("grpc_pass grpc://upstream;"));
+        assert!(
+            grpc.contains("listen 127.0.0.1:41000 http2;")
+                && grpc.contains("grpc_pass grpc://upstream;")
+        );
         let tcp = nginx_config(Mode::Tcp, listen, upstream, &prefix, limits, Some(&module));
-        assert!(tcp.starts_with("# Written") && tcp.contains("load_module /usr/lib/nginx/modules/ngx_stream_module.so;"));
+        assert!(
+            tcp.starts_with("# Written")
+                && tcp.contains("load_module /usr/lib/nginx/modules/ngx_stream_module.so;")
+        );
         assert!(tcp.contains("stream {") && tcp.contains("proxy_pass 127.0.0.1:42000;"));
-        assert!(tcp.contains("worker_rlimit_nofile 20000;") && tcp.contains("worker_connections 19900;"));
+        assert!(
+            tcp.contains("worker_rlimit_nofile 20000;")
+                && tcp.contains("worker_connections 19900;")
+        );
         assert_eq!(tcp.matches('{').count(), tcp.matches('}').count());
     }
 

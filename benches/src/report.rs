@@ -24,7 +24,12 @@ pub struct Column {
 impl Column {
     /// A column without ratios.
     pub fn new(name: &str, unit: &str, decimals: usize) -> Column {
-        Column { name: name.into(), unit: unit.into(), decimals, baselines: vec![] }
+        Column {
+            name: name.into(),
+            unit: unit.into(),
+            decimals,
+            baselines: vec![],
+        }
     }
 
     /// A headline column: ratios against no proxy and against Envoy follow it.
@@ -62,19 +67,33 @@ pub struct Table {
 impl Table {
     /// An empty table.
     pub fn new(id: &str, title: &str, columns: Vec<Column>) -> Table {
-        Table { id: id.into(), title: title.into(), notes: vec![], columns, rows: vec![] }
+        Table {
+            id: id.into(),
+            title: title.into(),
+            notes: vec![],
+            columns,
+            rows: vec![],
+        }
     }
 
     /// Adds a row of measured values (one per column).
     pub fn push(&mut self, proxy: &str, values: Vec<Option<f64>>, note: Option<String>) {
         debug_assert_eq!(values.len(), self.columns.len());
-        self.rows.push(Row { proxy: proxy.into(), values, note });
+        self.rows.push(Row {
+            proxy: proxy.into(),
+            values,
+            note,
+        });
     }
 
     /// Adds a row with no numbers and the reason.
     pub fn push_missing(&mut self, proxy: &str, why: String) {
         let values = vec![None; self.columns.len()];
-        self.rows.push(Row { proxy: proxy.into(), values, note: Some(why) });
+        self.rows.push(Row {
+            proxy: proxy.into(),
+            values,
+            note: Some(why),
+        });
     }
 
     /// `row`'s value in `column` divided by the `baseline` row's.
@@ -95,7 +114,11 @@ impl Table {
         }
         let mut header = vec!["proxy".to_string()];
         for c in &self.columns {
-            header.push(if c.unit.is_empty() { c.name.clone() } else { format!("{} ({})", c.name, c.unit) });
+            header.push(if c.unit.is_empty() {
+                c.name.clone()
+            } else {
+                format!("{} ({})", c.name, c.unit)
+            });
             for baseline in &c.baselines {
                 header.push(format!("{} ÷ {baseline}", c.name));
             }
@@ -108,7 +131,10 @@ impl Table {
             for (i, c) in self.columns.iter().enumerate() {
                 cells.push(row.values[i].map_or("–".into(), |v| format_number(v, c.decimals)));
                 for baseline in &c.baselines {
-                    cells.push(self.ratio(row, i, baseline).map_or("–".into(), |r| format!("{r:.2}×")));
+                    cells.push(
+                        self.ratio(row, i, baseline)
+                            .map_or("–".into(), |r| format!("{r:.2}×")),
+                    );
                 }
             }
             cells.push(row.note.clone().unwrap_or_default());
@@ -126,13 +152,22 @@ impl Table {
                 let mut values = serde_json::Map::new();
                 let mut ratios = serde_json::Map::new();
                 for (i, c) in self.columns.iter().enumerate() {
-                    let key = if c.unit.is_empty() { c.name.clone() } else { format!("{} ({})", c.name, c.unit) };
+                    let key = if c.unit.is_empty() {
+                        c.name.clone()
+                    } else {
+                        format!("{} ({})", c.name, c.unit)
+                    };
                     values.insert(key.clone(), json!(row.values[i]));
                     if !c.baselines.is_empty() {
                         let by: serde_json::Map<String, serde_json::Value> = c
                             .baselines
                             .iter()
-                            .map(|b| (format!("vs_{}", b.replace('-', "_")), json!(self.ratio(row, i, b))))
+                            .map(|b| {
+                                (
+                                    format!("vs_{}", b.replace('-', "_")),
+                                    json!(self.ratio(row, i, b)),
+                                )
+                            })
                             .collect();
                         ratios.insert(key, serde_json::Value::Object(by));
                     }
@@ -167,7 +202,16 @@ pub struct Report {
 impl Report {
     /// The report as markdown.
     pub fn markdown(&self) -> String {
-        let mut out = format!("# Remora benchmark results\n\n`{}` — started {}{}\n\n", self.command, self.started, if self.quick { " (quick mode: short runs, for smoke testing only)" } else { "" });
+        let mut out = format!(
+            "# Remora benchmark results\n\n`{}` — started {}{}\n\n",
+            self.command,
+            self.started,
+            if self.quick {
+                " (quick mode: short runs, for smoke testing only)"
+            } else {
+                ""
+            }
+        );
         for line in &self.setup {
             let _ = writeln!(out, "- {line}");
         }
@@ -213,7 +257,11 @@ mod tests {
         let mut t = Table::new(
             "t",
             "Throughput",
-            vec![Column::new("req/s", "", 0).with_ratios(), Column::new("errors", "", 0), Column::new("CPU", "ms", 0).with_envoy_ratio()],
+            vec![
+                Column::new("req/s", "", 0).with_ratios(),
+                Column::new("errors", "", 0),
+                Column::new("CPU", "ms", 0).with_envoy_ratio(),
+            ],
         );
         t.push(NO_PROXY, vec![Some(100.0), Some(0.0), None], None);
         t.push("remora", vec![Some(50.0), Some(1.0), Some(3.0)], None);
@@ -236,13 +284,21 @@ mod tests {
         let t = table();
         let md = t.markdown();
         assert!(md.contains("| proxy | req/s | req/s ÷ no-proxy | req/s ÷ envoy | errors | CPU (ms) | CPU ÷ envoy | note |"), "{md}");
-        assert!(md.contains("| remora | 50 | 0.50× | 2.00× | 1 | 3 | 0.50× |  |"), "{md}");
-        assert!(md.contains("| nginx | – | – | – | – | – | – | not installed |"), "{md}");
+        assert!(
+            md.contains("| remora | 50 | 0.50× | 2.00× | 1 | 3 | 0.50× |  |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| nginx | – | – | – | – | – | – | not installed |"),
+            "{md}"
+        );
         let json = t.json();
         assert_eq!(json["rows"][1]["ratios"]["req/s"]["vs_envoy"], 2.0);
         assert_eq!(json["rows"][1]["ratios"]["req/s"]["vs_no_proxy"], 0.5);
         assert_eq!(json["rows"][1]["ratios"]["CPU (ms)"]["vs_envoy"], 0.5);
-        assert!(json["rows"][1]["ratios"]["CPU (ms)"].get("vs_no_proxy").is_none());
+        assert!(json["rows"][1]["ratios"]["CPU (ms)"]
+            .get("vs_no_proxy")
+            .is_none());
         assert_eq!(json["rows"][3]["note"], "not installed");
     }
 }

@@ -34,7 +34,11 @@ impl ConnectionRate {
 
 /// `workers` loops, each opening a connection, sending one request with `Connection: close`,
 /// reading the answer to the end and starting over, for `duration`.
-pub async fn connection_rate(addr: SocketAddr, workers: usize, duration: Duration) -> ConnectionRate {
+pub async fn connection_rate(
+    addr: SocketAddr,
+    workers: usize,
+    duration: Duration,
+) -> ConnectionRate {
     let start = Instant::now();
     let deadline = start + duration;
     let mut set = JoinSet::new();
@@ -50,7 +54,11 @@ pub async fn connection_rate(addr: SocketAddr, workers: usize, duration: Duratio
             (ok, errors)
         });
     }
-    let mut rate = ConnectionRate { connections: 0, errors: 0, duration: Duration::ZERO };
+    let mut rate = ConnectionRate {
+        connections: 0,
+        errors: 0,
+        duration: Duration::ZERO,
+    };
     while let Some(Ok((ok, errors))) = set.join_next().await {
         rate.connections += ok;
         rate.errors += errors;
@@ -99,7 +107,11 @@ pub async fn open_idle(addr: SocketAddr, n: usize, parallel: usize) -> IdleConne
             }
         });
     }
-    let mut idle = IdleConnections { streams: Vec::with_capacity(n), failed: 0, first_error: None };
+    let mut idle = IdleConnections {
+        streams: Vec::with_capacity(n),
+        failed: 0,
+        first_error: None,
+    };
     while let Some(result) = set.join_next().await {
         match result.map_err(|e| e.to_string()).and_then(|r| r) {
             Ok(stream) => idle.streams.push(stream),
@@ -121,7 +133,9 @@ async fn keep_alive_exchange(addr: SocketAddr) -> std::io::Result<TcpStream> {
     loop {
         let n = stream.read(&mut chunk).await?;
         if n == 0 {
-            return Err(std::io::Error::other("closed before the answer was complete"));
+            return Err(std::io::Error::other(
+                "closed before the answer was complete",
+            ));
         }
         reply.extend_from_slice(&chunk[..n]);
         match response_complete(&reply) {
@@ -146,8 +160,16 @@ pub fn response_complete(buf: &[u8]) -> Option<bool> {
         .headers
         .iter()
         .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-        .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse::<usize>().ok());
-    let Some(length) = length else { return Some(false) };
+        .and_then(|h| {
+            std::str::from_utf8(h.value)
+                .ok()?
+                .trim()
+                .parse::<usize>()
+                .ok()
+        });
+    let Some(length) = length else {
+        return Some(false);
+    };
     (buf.len() >= head_len + length).then_some(response.code == Some(200))
 }
 
@@ -160,8 +182,14 @@ mod tests {
         let head = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n";
         assert_eq!(response_complete(&head[..10]), None);
         assert_eq!(response_complete(head), None);
-        assert_eq!(response_complete(&[&head[..], b"abcd"].concat()), Some(true));
-        assert_eq!(response_complete(b"HTTP/1.1 503 No\r\ncontent-length: 0\r\n\r\n"), Some(false));
+        assert_eq!(
+            response_complete(&[&head[..], b"abcd"].concat()),
+            Some(true)
+        );
+        assert_eq!(
+            response_complete(b"HTTP/1.1 503 No\r\ncontent-length: 0\r\n\r\n"),
+            Some(false)
+        );
         assert_eq!(response_complete(b"garbage\r\n\r\n"), Some(false));
     }
 

@@ -26,7 +26,9 @@ type Body = BoxBody<Bytes, Infallible>;
 
 /// Serves on `addr` until the process is killed, on a single-threaded runtime.
 pub fn serve_forever(addr: SocketAddr) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
         let listener = TcpListener::bind(addr).await?;
         eprintln!("upstream: serving 1 KiB responses on {addr}");
@@ -63,7 +65,9 @@ async fn serve_connection(stream: TcpStream, body: Bytes) {
             .serve_connection(io, service)
             .await
     } else {
-        hyper::server::conn::http1::Builder::new().serve_connection(io, service).await
+        hyper::server::conn::http1::Builder::new()
+            .serve_connection(io, service)
+            .await
     };
 }
 
@@ -137,7 +141,9 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         tokio::spawn(serve(listener));
         let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET / HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n").await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
         let mut reply = Vec::new();
         tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut reply))
             .await

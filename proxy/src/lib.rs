@@ -4,7 +4,8 @@
 //! `proxy` learns where it was going (`orig_dst`), refuses it if it would loop (`loop_guard`),
 //! opens the upstream (`connect`) while `detect` tells HTTP from opaque bytes, then either
 //! copies bytes both ways (`tcp`) or proxies HTTP requests (`http`), and records it
-//! (`metrics`, `access_log`). Around that: `admin` serves readiness, metrics and the admin API on
+//! (`metrics`, `access_log`). With a workload certificate (`identity`), mesh mutual TLS (`tls`)
+//! is terminated inbound and originated outbound around that same path. Around that: `admin` serves readiness, metrics and the admin API on
 //! its own thread, `agent` serves Istio's agent port (merged metrics, application probes), `dns` forwards the DNS queries capture redirects to 15053, `drain` carries SIGTERM's shutdown, `reload` swaps in new configs, `lifecycle` holds the
 //! commands the injected container's hooks run, and `cli` is the binary's edge. See ARCHITECTURE.md for the whole picture.
 

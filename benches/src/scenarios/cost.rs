@@ -43,7 +43,11 @@ pub fn run(bench: &Bench) -> Table {
         latency::CONNECTIONS,
         seconds(s.run)
     ));
-    for proxy in s.contenders(false).into_iter().filter(|p| *p != Proxy::NoProxy) {
+    for proxy in s
+        .contenders(false)
+        .into_iter()
+        .filter(|p| *p != Proxy::NoProxy)
+    {
         eprintln!("cost: {}", proxy.name());
         let mut startups = vec![];
         let mut notes = vec![];
@@ -54,13 +58,22 @@ pub fn run(bench: &Bench) -> Table {
         });
         let (rss_idle, per_http) = idle_columns("HTTP", http_idle, &mut notes);
 
-        let plan = Plan { rate: latency::RATE, connections: latency::CONNECTIONS, warmup: s.warmup, duration: s.run };
+        let plan = Plan {
+            rate: latency::RATE,
+            connections: latency::CONNECTIONS,
+            warmup: s.warmup,
+            duration: s.run,
+        };
         let under_load = bench.start(proxy, Mode::Http1, bench.upstream).map(|c| {
             startups.extend(c.startup);
             bench.measure(&c, || bench.block_on(open_loop::run(c.addr, plan)))
         });
         let (rss_load, cpu) = match under_load {
-            Ok((Ok(outcome), cost)) => (cost.max_rss_kib.map(mib), cost.cpu_seconds.map(|c| cpu_ms_per_1000(c, outcome.answered))),
+            Ok((Ok(outcome), cost)) => (
+                cost.max_rss_kib.map(mib),
+                cost.cpu_seconds
+                    .map(|c| cpu_ms_per_1000(c, outcome.answered)),
+            ),
             Ok((Err(e), _)) => {
                 notes.push(format!("1000 rps: {e:#}"));
                 (None, None)
@@ -81,7 +94,15 @@ pub fn run(bench: &Bench) -> Table {
         );
         table.push(
             proxy.name(),
-            vec![startup_ms, rss_idle.map(mib), rss_load, cpu, per_http, per_tcp, rss_idle_tcp.map(mib)],
+            vec![
+                startup_ms,
+                rss_idle.map(mib),
+                rss_load,
+                cpu,
+                per_http,
+                per_tcp,
+                rss_idle_tcp.map(mib),
+            ],
             (!notes.is_empty()).then(|| notes.join("; ")),
         );
     }
@@ -89,7 +110,11 @@ pub fn run(bench: &Bench) -> Table {
 }
 
 /// Idle RSS and KiB per connection from one idle-memory measurement, noting what went wrong.
-fn idle_columns(mode: &str, measured: Result<IdleMemory, String>, notes: &mut Vec<String>) -> (Option<u64>, Option<f64>) {
+fn idle_columns(
+    mode: &str,
+    measured: Result<IdleMemory, String>,
+    notes: &mut Vec<String>,
+) -> (Option<u64>, Option<f64>) {
     match measured {
         Ok(m) => {
             if let Some(failure) = m.failure {
@@ -113,7 +138,11 @@ struct IdleMemory {
 }
 
 fn idle_memory(bench: &Bench, contender: &Contender, n: usize) -> IdleMemory {
-    let settle = if bench.settings.quick { Duration::from_millis(500) } else { Duration::from_secs(1) };
+    let settle = if bench.settings.quick {
+        Duration::from_millis(500)
+    } else {
+        Duration::from_secs(1)
+    };
     std::thread::sleep(settle);
     let rss_idle_kib = contender.usage().map_or(0, |u| u.rss_kib);
     let idle = bench.block_on(tcp_load::open_idle(contender.addr, n, OPEN_PARALLEL));
@@ -121,7 +150,11 @@ fn idle_memory(bench: &Bench, contender: &Contender, n: usize) -> IdleMemory {
     let with = contender.usage().map_or(0, |u| u.rss_kib);
     let open = idle.streams.len();
     let failure = (idle.failed > 0).then(|| {
-        format!("{} of {n} idle connections failed ({})", idle.failed, idle.first_error.as_deref().unwrap_or("?"))
+        format!(
+            "{} of {n} idle connections failed ({})",
+            idle.failed,
+            idle.first_error.as_deref().unwrap_or("?")
+        )
     });
     if let Some(f) = &failure {
         eprintln!("  {f}");
@@ -129,6 +162,11 @@ fn idle_memory(bench: &Bench, contender: &Contender, n: usize) -> IdleMemory {
     drop(idle);
     // Divided by the connections that did open (a refused one holds nothing); with too many
     // failures the difference says little, so report nothing rather than a guess.
-    let per_connection_kib = (open * 10 >= n * 9).then(|| with.saturating_sub(rss_idle_kib) as f64 / open as f64);
-    IdleMemory { rss_idle_kib, per_connection_kib, failure }
+    let per_connection_kib =
+        (open * 10 >= n * 9).then(|| with.saturating_sub(rss_idle_kib) as f64 / open as f64);
+    IdleMemory {
+        rss_idle_kib,
+        per_connection_kib,
+        failure,
+    }
 }

@@ -15,7 +15,12 @@ const QUANTILES: [f64; 4] = [0.5, 0.9, 0.99, 0.999];
 /// Runs the scenario for every contender.
 pub fn run(bench: &Bench) -> Table {
     let s = &bench.settings;
-    let plan = Plan { rate: RATE, connections: CONNECTIONS, warmup: s.warmup, duration: s.latency_run };
+    let plan = Plan {
+        rate: RATE,
+        connections: CONNECTIONS,
+        warmup: s.warmup,
+        duration: s.latency_run,
+    };
     let mut table = Table::new(
         "latency",
         "1. Latency (Istio's benchmark): HTTP/1.1, 1 KiB responses, 16 connections, 1000 rps open loop",
@@ -50,7 +55,9 @@ pub fn run(bench: &Bench) -> Table {
                 continue;
             }
         };
-        let (outcome, cost) = bench.measure(&contender, || bench.block_on(open_loop::run(contender.addr, plan)));
+        let (outcome, cost) = bench.measure(&contender, || {
+            bench.block_on(open_loop::run(contender.addr, plan))
+        });
         drop(contender);
         let outcome = match outcome {
             Ok(o) => o,
@@ -59,23 +66,36 @@ pub fn run(bench: &Bench) -> Table {
                 continue;
             }
         };
-        let percentiles: Vec<f64> = QUANTILES.iter().map(|q| outcome.percentile_us(*q)).collect();
+        let percentiles: Vec<f64> = QUANTILES
+            .iter()
+            .map(|q| outcome.percentile_us(*q))
+            .collect();
         if proxy == Proxy::NoProxy {
             baseline = Some(percentiles.clone());
         }
         let added: Vec<Option<f64>> = match &baseline {
-            Some(base) => percentiles.iter().zip(base).map(|(p, b)| Some(p - b)).collect(),
+            Some(base) => percentiles
+                .iter()
+                .zip(base)
+                .map(|(p, b)| Some(p - b))
+                .collect(),
             None => vec![None; 4],
         };
         let mut values: Vec<Option<f64>> = percentiles.iter().map(|p| Some(*p)).collect();
         values.extend(added);
         values.push(Some(outcome.achieved_rate()));
         values.push(Some(outcome.errors as f64));
-        values.push(cost.cpu_seconds.map(|c| cpu_ms_per_1000(c, outcome.answered)));
+        values.push(
+            cost.cpu_seconds
+                .map(|c| cpu_ms_per_1000(c, outcome.answered)),
+        );
         values.push(cost.max_rss_kib.map(mib));
         let mut notes = vec![];
         if outcome.max_generator_lag.as_millis() >= 5 {
-            notes.push(format!("generator timer lagged up to {:.1} ms (not counted)", outcome.max_generator_lag.as_secs_f64() * 1000.0));
+            notes.push(format!(
+                "generator timer lagged up to {:.1} ms (not counted)",
+                outcome.max_generator_lag.as_secs_f64() * 1000.0
+            ));
         }
         if outcome.errors > 0 {
             notes.push(format!("{} failed requests", outcome.errors));
@@ -89,7 +109,11 @@ pub fn run(bench: &Bench) -> Table {
             outcome.achieved_rate(),
             outcome.errors
         );
-        table.push(proxy.name(), values, (!notes.is_empty()).then(|| notes.join("; ")));
+        table.push(
+            proxy.name(),
+            values,
+            (!notes.is_empty()).then(|| notes.join("; ")),
+        );
     }
     table
 }

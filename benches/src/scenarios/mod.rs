@@ -79,7 +79,9 @@ impl Settings {
         let idle_connections_note = (idle_connections < wanted).then(|| {
             format!("{idle_connections} idle connections, not {wanted}: RLIMIT_NOFILE is {nofile} here and a proxy holds two descriptors per connection")
         });
-        let secs = |quick_s: f64, full_s: f64| Duration::from_secs_f64(if quick { quick_s } else { full_s });
+        let secs = |quick_s: f64, full_s: f64| {
+            Duration::from_secs_f64(if quick { quick_s } else { full_s })
+        };
         Settings {
             quick,
             warmup: secs(0.5, 2.0),
@@ -96,7 +98,11 @@ impl Settings {
     /// The contenders of a scenario: `http` scenarios add the Remora-in-TCP-mode reference
     /// row; the others drop it (it would repeat Remora's row).
     pub fn contenders(&self, http: bool) -> Vec<Proxy> {
-        self.proxies.iter().copied().filter(|p| http || *p != Proxy::RemoraTcp).collect()
+        self.proxies
+            .iter()
+            .copied()
+            .filter(|p| http || *p != Proxy::RemoraTcp)
+            .collect()
     }
 }
 
@@ -167,13 +173,32 @@ pub struct Bench {
 
 impl Bench {
     /// Starts the upstream (on the load core) and returns once it answers.
-    pub fn new(tools: Tools, settings: Settings, registry: Registry, work_dir: PathBuf) -> anyhow::Result<Bench> {
-        fs::create_dir_all(&work_dir).with_context(|| format!("creating {}", work_dir.display()))?;
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    pub fn new(
+        tools: Tools,
+        settings: Settings,
+        registry: Registry,
+        work_dir: PathBuf,
+    ) -> anyhow::Result<Bench> {
+        fs::create_dir_all(&work_dir)
+            .with_context(|| format!("creating {}", work_dir.display()))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
         let upstream: SocketAddr = format!("127.0.0.1:{}", process::free_ports(1)?[0]).parse()?;
-        let args = vec!["upstream".to_string(), "--listen".into(), upstream.to_string()];
+        let args = vec![
+            "upstream".to_string(),
+            "--listen".into(),
+            upstream.to_string(),
+        ];
         let cpu = settings.pin.then_some(LOAD_CPU);
-        let mut spawned = process::spawn(&registry, "upstream", cpu, &tools.harness, &args, &work_dir.join("upstream.log"))?;
+        let mut spawned = process::spawn(
+            &registry,
+            "upstream",
+            cpu,
+            &tools.harness,
+            &args,
+            &work_dir.join("upstream.log"),
+        )?;
         let deadline = Instant::now() + READY_TIMEOUT;
         while !runtime.block_on(probe(upstream, Mode::Http1)) {
             if spawned.exited().is_some() || Instant::now() > deadline {
@@ -181,7 +206,16 @@ impl Bench {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        Ok(Bench { tools, settings, registry, work_dir, upstream, runtime, starts: AtomicUsize::new(0), _upstream: spawned })
+        Ok(Bench {
+            tools,
+            settings,
+            registry,
+            work_dir,
+            upstream,
+            runtime,
+            starts: AtomicUsize::new(0),
+            _upstream: spawned,
+        })
     }
 
     /// Runs a future on the harness's load-generating runtime.
@@ -191,18 +225,40 @@ impl Bench {
 
     /// Starts `proxy` doing `mode` in front of `upstream` and waits until a request through it
     /// is answered. `Err` says why it cannot run (not installed, not in this build, failed).
-    pub fn start(&self, proxy: Proxy, mode: Mode, upstream: SocketAddr) -> Result<Contender, String> {
+    pub fn start(
+        &self,
+        proxy: Proxy,
+        mode: Mode,
+        upstream: SocketAddr,
+    ) -> Result<Contender, String> {
         self.start_with(proxy, mode, upstream, Ready::Answers)
     }
 
     /// [`Bench::start`] with a choice of readiness check.
-    pub fn start_with(&self, proxy: Proxy, mode: Mode, upstream: SocketAddr, ready: Ready) -> Result<Contender, String> {
+    pub fn start_with(
+        &self,
+        proxy: Proxy,
+        mode: Mode,
+        upstream: SocketAddr,
+        ready: Ready,
+    ) -> Result<Contender, String> {
         if proxy == Proxy::NoProxy {
-            return Ok(Contender { proxy, addr: upstream, startup: None, process: None });
+            return Ok(Contender {
+                proxy,
+                addr: upstream,
+                startup: None,
+                process: None,
+            });
         }
-        let mode = if proxy == Proxy::RemoraTcp { Mode::Tcp } else { mode };
+        let mode = if proxy == Proxy::RemoraTcp {
+            Mode::Tcp
+        } else {
+            mode
+        };
         let started = Instant::now();
-        let (mut spawned, addr) = self.launch(proxy, mode, upstream).map_err(|e| format!("{e:#}"))?;
+        let (mut spawned, addr) = self
+            .launch(proxy, mode, upstream)
+            .map_err(|e| format!("{e:#}"))?;
         let deadline = started + READY_TIMEOUT;
         loop {
             let up = match ready {
@@ -211,50 +267,89 @@ impl Bench {
             };
             if up {
                 let startup = started.elapsed();
-                return Ok(Contender { proxy, addr, startup: Some(startup), process: Some(spawned) });
+                return Ok(Contender {
+                    proxy,
+                    addr,
+                    startup: Some(startup),
+                    process: Some(spawned),
+                });
             }
             if let Some(status) = spawned.exited() {
-                return Err(format!("exited ({status}) before answering: {}", one_line(&spawned.log_tail(3))));
+                return Err(format!(
+                    "exited ({status}) before answering: {}",
+                    one_line(&spawned.log_tail(3))
+                ));
             }
             if Instant::now() > deadline {
-                return Err(format!("did not answer within {READY_TIMEOUT:?}: {}", one_line(&spawned.log_tail(3))));
+                return Err(format!(
+                    "did not answer within {READY_TIMEOUT:?}: {}",
+                    one_line(&spawned.log_tail(3))
+                ));
             }
             std::thread::sleep(Duration::from_millis(2));
         }
     }
 
     /// Writes `proxy`'s config for `mode` and spawns it on the proxy core.
-    fn launch(&self, proxy: Proxy, mode: Mode, upstream: SocketAddr) -> anyhow::Result<(Spawned, SocketAddr)> {
-        let missing = |what: &str| anyhow::anyhow!("{what} not found (scripts/bench-deps installs it)");
-        let dir = self.work_dir.join(format!("{}-{}", proxy.name(), mode_name(mode)));
+    fn launch(
+        &self,
+        proxy: Proxy,
+        mode: Mode,
+        upstream: SocketAddr,
+    ) -> anyhow::Result<(Spawned, SocketAddr)> {
+        let missing =
+            |what: &str| anyhow::anyhow!("{what} not found (scripts/bench-deps installs it)");
+        let dir = self
+            .work_dir
+            .join(format!("{}-{}", proxy.name(), mode_name(mode)));
         fs::create_dir_all(&dir)?;
         let ports = process::free_ports(5)?;
         let listen: SocketAddr = format!("127.0.0.1:{}", ports[0]).parse()?;
         let (program, args) = match proxy {
             Proxy::NoProxy => anyhow::bail!("no proxy has nothing to launch"),
             Proxy::Remora | Proxy::RemoraTcp => {
-                let program = self.tools.remora.clone().ok_or_else(|| missing("target/release/remora (cargo build --release -p remora)"))?;
+                let program = self.tools.remora.clone().ok_or_else(|| {
+                    missing("target/release/remora (cargo build --release -p remora)")
+                })?;
                 if mode != Mode::Tcp && !self.tools.remora_http {
                     anyhow::bail!("HTTP mode not available in this build (`remora run --protocol http` is not offered)");
                 }
                 let file = dir.join("remora.yaml");
-                let side = RemoraPorts { readiness: ports[1], metrics: ports[2], agent: ports[3], admin: ports[4] };
+                let side = RemoraPorts {
+                    readiness: ports[1],
+                    metrics: ports[2],
+                    agent: ports[3],
+                    admin: ports[4],
+                };
                 fs::write(&file, config::remora_config(&side))?;
                 // REMORA_LOG (as for `remora run` itself) turns up its logging when debugging a run.
                 let log_level = std::env::var("REMORA_LOG").unwrap_or_else(|_| "warn".into());
-                (program, config::remora_args(&file, listen, upstream, mode, &log_level))
+                (
+                    program,
+                    config::remora_args(&file, listen, upstream, mode, &log_level),
+                )
             }
             Proxy::Envoy => {
                 let program = self.tools.envoy.clone().ok_or_else(|| missing("envoy"))?;
                 let file = dir.join("envoy.yaml");
-                fs::write(&file, config::envoy_config(mode, listen, upstream, ports[1]))?;
+                fs::write(
+                    &file,
+                    config::envoy_config(mode, listen, upstream, ports[1]),
+                )?;
                 (program, config::envoy_args(&file))
             }
             Proxy::Haproxy => {
-                let program = self.tools.haproxy.clone().ok_or_else(|| missing("haproxy"))?;
+                let program = self
+                    .tools
+                    .haproxy
+                    .clone()
+                    .ok_or_else(|| missing("haproxy"))?;
                 let file = dir.join("haproxy.cfg");
                 let maxconn = (self.settings.idle_connections + 200) as u32;
-                fs::write(&file, config::haproxy_config(mode, listen, upstream, maxconn))?;
+                fs::write(
+                    &file,
+                    config::haproxy_config(mode, listen, upstream, maxconn),
+                )?;
                 (program, config::haproxy_args(&file))
             }
             Proxy::Nginx => {
@@ -268,12 +363,18 @@ impl Bench {
                     worker_connections: self.settings.nofile.saturating_sub(100),
                 };
                 let module = self.tools.nginx_stream_module.as_deref();
-                fs::write(&file, config::nginx_config(mode, listen, upstream, &dir, limits, module))?;
+                fs::write(
+                    &file,
+                    config::nginx_config(mode, listen, upstream, &dir, limits, module),
+                )?;
                 (program, config::nginx_args(&dir, &file))
             }
         };
         let cpu = self.settings.pin.then_some(PROXY_CPU);
-        let log = dir.join(format!("output-{}.log", self.starts.fetch_add(1, Ordering::Relaxed)));
+        let log = dir.join(format!(
+            "output-{}.log",
+            self.starts.fetch_add(1, Ordering::Relaxed)
+        ));
         let spawned = process::spawn(&self.registry, proxy.name(), cpu, &program, &args, &log)?;
         Ok((spawned, listen))
     }
@@ -302,7 +403,11 @@ impl Bench {
         let cores_after = process::core_times();
         stop.store(true, Ordering::Relaxed);
         let sampled_max = sampler.map(|s| s.join().unwrap_or(0));
-        let (proxy_core, load_core) = if self.settings.pin { (PROXY_CPU, LOAD_CPU) } else { (usize::MAX, usize::MAX) };
+        let (proxy_core, load_core) = if self.settings.pin {
+            (PROXY_CPU, LOAD_CPU)
+        } else {
+            (usize::MAX, usize::MAX)
+        };
         let cost = Cost {
             cpu_seconds: before.zip(after).map(|(b, a)| a.cpu_seconds_since(&b)),
             max_rss_kib: after.map(|a| a.rss_kib.max(sampled_max.unwrap_or(0))),
@@ -314,10 +419,17 @@ impl Bench {
     }
 
     /// Runs an external load tool on the load core for at most `limit`, returning its output.
-    pub fn run_tool(&self, name: &str, program: &Path, args: &[String], limit: Duration) -> Result<String, String> {
+    pub fn run_tool(
+        &self,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        limit: Duration,
+    ) -> Result<String, String> {
         let log = self.work_dir.join(format!("{name}.log"));
         let cpu = self.settings.pin.then_some(LOAD_CPU);
-        let spawned = process::spawn(&self.registry, name, cpu, program, args, &log).map_err(|e| format!("{e:#}"))?;
+        let spawned = process::spawn(&self.registry, name, cpu, program, args, &log)
+            .map_err(|e| format!("{e:#}"))?;
         let status = spawned.wait_bounded(limit).map_err(|e| e.to_string());
         let output = fs::read_to_string(&log).unwrap_or_default();
         match status {
@@ -345,7 +457,9 @@ pub async fn probe(addr: SocketAddr, mode: Mode) -> bool {
             Mode::Grpc => grpc_call(addr).await.unwrap_or(false),
         }
     };
-    tokio::time::timeout(PROBE_TIMEOUT, call).await.unwrap_or(false)
+    tokio::time::timeout(PROBE_TIMEOUT, call)
+        .await
+        .unwrap_or(false)
 }
 
 /// The body of every gRPC request: one 100-byte message.
@@ -355,7 +469,8 @@ pub fn grpc_request_body() -> Bytes {
 
 async fn grpc_call(addr: SocketAddr) -> anyhow::Result<bool> {
     let stream = tokio::net::TcpStream::connect(addr).await?;
-    let (mut sender, connection) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await?;
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await?;
     tokio::spawn(connection);
     let request = http::Request::post(format!("http://{addr}/bench.Bench/Unary"))
         .header(http::header::CONTENT_TYPE, "application/grpc")
@@ -364,7 +479,10 @@ async fn grpc_call(addr: SocketAddr) -> anyhow::Result<bool> {
     let response = sender.send_request(request).await?;
     let status_ok = response.status() == http::StatusCode::OK;
     let body = response.into_body().collect().await?;
-    let grpc_ok = body.trailers().and_then(|t| t.get("grpc-status")).is_some_and(|v| v == "0");
+    let grpc_ok = body
+        .trailers()
+        .and_then(|t| t.get("grpc-status"))
+        .is_some_and(|v| v == "0");
     Ok(status_ok && grpc_ok)
 }
 
@@ -373,7 +491,14 @@ fn one_line(text: &str) -> String {
     let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
     let joined = joined.replace('|', "/");
     if joined.chars().count() > 200 {
-        let tail: String = joined.chars().rev().take(200).collect::<Vec<_>>().into_iter().rev().collect();
+        let tail: String = joined
+            .chars()
+            .rev()
+            .take(200)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
         format!("…{tail}")
     } else {
         joined
@@ -413,11 +538,16 @@ mod tests {
         assert!(roomy.idle_connections_note.is_none());
         let tight = Settings::new(false, all.clone(), true, 20_000);
         assert_eq!(tight.idle_connections, 9_500);
-        assert!(tight.idle_connections_note.unwrap().contains("RLIMIT_NOFILE is 20000"));
+        assert!(tight
+            .idle_connections_note
+            .unwrap()
+            .contains("RLIMIT_NOFILE is 20000"));
         let quick = Settings::new(true, all, true, 20_000);
         assert_eq!(quick.idle_connections, 1_000);
         assert!(quick.run <= Duration::from_secs(3) && quick.latency_run <= Duration::from_secs(3));
-        assert!(roomy.run <= Duration::from_secs(20) && roomy.latency_run <= Duration::from_secs(20));
+        assert!(
+            roomy.run <= Duration::from_secs(20) && roomy.latency_run <= Duration::from_secs(20)
+        );
         assert!(!roomy.contenders(false).contains(&Proxy::RemoraTcp));
         assert!(roomy.contenders(true).contains(&Proxy::RemoraTcp));
     }

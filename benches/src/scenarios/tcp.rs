@@ -39,7 +39,10 @@ fn bulk(bench: &Bench) -> Table {
     table.notes.push(CORES_NOTE.into());
     let Some(iperf3) = bench.tools.iperf3.clone() else {
         for proxy in bench.settings.contenders(false) {
-            table.push_missing(proxy.name(), "iperf3 not found (scripts/bench-deps installs it)".into());
+            table.push_missing(
+                proxy.name(),
+                "iperf3 not found (scripts/bench-deps installs it)".into(),
+            );
         }
         return table;
     };
@@ -55,13 +58,20 @@ fn bulk(bench: &Bench) -> Table {
     for proxy in bench.settings.contenders(false) {
         eprintln!("tcp bulk: {}", proxy.name());
         // A readiness request would confuse iperf3's server: wait for the port only.
-        let measured = bench.start_with(proxy, Mode::Tcp, server.1, Ready::Listens).and_then(|contender| {
-            let (out, cost) = bench.measure(&contender, || {
-                let args = load_tools::iperf3_client_args(contender.addr, bench.settings.run);
-                bench.run_tool("iperf3-client", &iperf3, &args, bench.settings.run + TOOL_GRACE)
+        let measured = bench
+            .start_with(proxy, Mode::Tcp, server.1, Ready::Listens)
+            .and_then(|contender| {
+                let (out, cost) = bench.measure(&contender, || {
+                    let args = load_tools::iperf3_client_args(contender.addr, bench.settings.run);
+                    bench.run_tool(
+                        "iperf3-client",
+                        &iperf3,
+                        &args,
+                        bench.settings.run + TOOL_GRACE,
+                    )
+                });
+                Ok((load_tools::parse_iperf3(&out?)?, cost))
             });
-            Ok((load_tools::parse_iperf3(&out?)?, cost))
-        });
         match measured {
             Ok((bits, cost)) => {
                 eprintln!("  {:.2} Gbit/s", bits / 1e9);
@@ -80,7 +90,10 @@ fn bulk(bench: &Bench) -> Table {
 }
 
 /// The iperf3 server on the load core, and its address.
-fn start_iperf3_server(bench: &Bench, iperf3: &std::path::Path) -> anyhow::Result<(process::Spawned, SocketAddr)> {
+fn start_iperf3_server(
+    bench: &Bench,
+    iperf3: &std::path::Path,
+) -> anyhow::Result<(process::Spawned, SocketAddr)> {
     let addr: SocketAddr = format!("127.0.0.1:{}", process::free_ports(1)?[0]).parse()?;
     let log = bench.work_dir.join("iperf3-server.log");
     let cpu = bench.settings.pin.then_some(LOAD_CPU);
@@ -124,10 +137,20 @@ fn connection_rate(bench: &Bench) -> Table {
 
 fn push_rate(bench: &Bench, table: &mut Table, proxy: Proxy, contender: &Contender) {
     let (rate, cost) = bench.measure(contender, || {
-        bench.block_on(tcp_load::connection_rate(contender.addr, CONNECT_WORKERS, bench.settings.run))
+        bench.block_on(tcp_load::connection_rate(
+            contender.addr,
+            CONNECT_WORKERS,
+            bench.settings.run,
+        ))
     });
-    eprintln!("  {:.0} connections/s, {} errors", rate.per_second(), rate.errors);
-    let per_1000 = cost.cpu_seconds.map(|c| super::cpu_ms_per_1000(c, rate.connections + rate.errors));
+    eprintln!(
+        "  {:.0} connections/s, {} errors",
+        rate.per_second(),
+        rate.errors
+    );
+    let per_1000 = cost
+        .cpu_seconds
+        .map(|c| super::cpu_ms_per_1000(c, rate.connections + rate.errors));
     let note = (rate.errors > 0).then(|| format!("{} failed connections", rate.errors));
     let values = vec![
         Some(rate.per_second()),

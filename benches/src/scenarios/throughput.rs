@@ -17,7 +17,10 @@ pub const CORES_NOTE: &str = "Core busy % is from /proc/stat and includes kernel
 const TOOL_GRACE: Duration = Duration::from_secs(15);
 
 fn columns(percentiles: bool) -> Vec<Column> {
-    let mut c = vec![Column::new("req/s", "", 0).with_ratios(), Column::new("mean latency", "µs", 0)];
+    let mut c = vec![
+        Column::new("req/s", "", 0).with_ratios(),
+        Column::new("mean latency", "µs", 0),
+    ];
     if percentiles {
         c.push(Column::new("p50", "µs", 0));
         c.push(Column::new("p99", "µs", 0));
@@ -39,7 +42,10 @@ pub fn run(bench: &Bench) -> Vec<Table> {
         "2a. Max throughput, HTTP/1.1 keep-alive, 64 connections (wrk, 1 thread)",
         columns(true),
     );
-    http1.notes.push(format!("wrk -t1 -c{HTTP1_CONNECTIONS} -d{}s --latency; wrk and the upstream share the load core.", bench.settings.run.as_secs()));
+    http1.notes.push(format!(
+        "wrk -t1 -c{HTTP1_CONNECTIONS} -d{}s --latency; wrk and the upstream share the load core.",
+        bench.settings.run.as_secs()
+    ));
     http1.notes.push(CORES_NOTE.into());
     let mut grpc = Table::new(
         "throughput-grpc",
@@ -53,23 +59,40 @@ pub fn run(bench: &Bench) -> Vec<Table> {
     let body_written = fs::write(&body_file, grpc_request_body()).map_err(|e| e.to_string());
     for proxy in bench.settings.contenders(true) {
         eprintln!("throughput: {} (HTTP/1.1)", proxy.name());
-        let row = bench.tools.wrk.clone().ok_or("wrk not found (scripts/bench-deps installs it)".to_string()).and_then(|wrk| {
-            one_run(bench, proxy, Mode::Http1, |addr| {
-                let args = load_tools::wrk_args(addr, HTTP1_CONNECTIONS, bench.settings.run);
-                let out = bench.run_tool("wrk", &wrk, &args, bench.settings.run + TOOL_GRACE)?;
-                load_tools::parse_wrk(&out).ok_or_else(|| format!("wrk printed no report: {}", out.trim()))
-            })
-        });
+        let row = bench
+            .tools
+            .wrk
+            .clone()
+            .ok_or("wrk not found (scripts/bench-deps installs it)".to_string())
+            .and_then(|wrk| {
+                one_run(bench, proxy, Mode::Http1, |addr| {
+                    let args = load_tools::wrk_args(addr, HTTP1_CONNECTIONS, bench.settings.run);
+                    let out =
+                        bench.run_tool("wrk", &wrk, &args, bench.settings.run + TOOL_GRACE)?;
+                    load_tools::parse_wrk(&out)
+                        .ok_or_else(|| format!("wrk printed no report: {}", out.trim()))
+                })
+            });
         push(&mut http1, proxy, row, true);
 
         eprintln!("throughput: {} (gRPC over h2c)", proxy.name());
         let row = match (&bench.tools.h2load, &body_written) {
-            (None, _) => Err("h2load not found (scripts/bench-deps installs nghttp2-client)".to_string()),
+            (None, _) => {
+                Err("h2load not found (scripts/bench-deps installs nghttp2-client)".to_string())
+            }
             (_, Err(e)) => Err(format!("writing the request body: {e}")),
             (Some(h2load), Ok(())) => one_run(bench, proxy, Mode::Grpc, |addr| {
-                let args = load_tools::h2load_args(addr, GRPC_CONNECTIONS, GRPC_STREAMS, bench.settings.run, &body_file);
-                let out = bench.run_tool("h2load", h2load, &args, bench.settings.run + TOOL_GRACE)?;
-                load_tools::parse_h2load(&out).ok_or_else(|| format!("h2load printed no report: {}", out.trim()))
+                let args = load_tools::h2load_args(
+                    addr,
+                    GRPC_CONNECTIONS,
+                    GRPC_STREAMS,
+                    bench.settings.run,
+                    &body_file,
+                );
+                let out =
+                    bench.run_tool("h2load", h2load, &args, bench.settings.run + TOOL_GRACE)?;
+                load_tools::parse_h2load(&out)
+                    .ok_or_else(|| format!("h2load printed no report: {}", out.trim()))
             }),
         };
         push(&mut grpc, proxy, row, false);
@@ -96,13 +119,18 @@ fn push(table: &mut Table, proxy: Proxy, row: Result<Measured, String>, percenti
     match row {
         Err(why) => table.push_missing(proxy.name(), why),
         Ok((load, cost)) => {
-            eprintln!("  {:.0} req/s, {} errors", load.requests_per_second, load.errors);
+            eprintln!(
+                "  {:.0} req/s, {} errors",
+                load.requests_per_second, load.errors
+            );
             let mut values = vec![Some(load.requests_per_second), load.mean_us];
             if percentiles {
                 values.push(load.p50_us);
                 values.push(load.p99_us);
             }
-            let per_1000 = cost.cpu_seconds.map(|c| cpu_ms_per_1000(c, load.requests + load.errors));
+            let per_1000 = cost
+                .cpu_seconds
+                .map(|c| cpu_ms_per_1000(c, load.requests + load.errors));
             values.extend([
                 Some(load.errors as f64),
                 cost.proxy_cores(),
@@ -111,7 +139,8 @@ fn push(table: &mut Table, proxy: Proxy, row: Result<Measured, String>, percenti
                 cost.load_core_busy.map(|b| b * 100.0),
             ]);
             let total = load.requests + load.errors;
-            let note = (load.errors > 0).then(|| format!("{} of {total} requests failed", load.errors));
+            let note =
+                (load.errors > 0).then(|| format!("{} of {total} requests failed", load.errors));
             table.push(proxy.name(), values, note);
         }
     }

@@ -147,8 +147,11 @@ pub struct RequestMetrics {
     inbound: Arc<Base>,
     own: Arc<Workload>,
     /// The shared labels of each (direction, mesh peer principal) seen.
-    peers: Arc<Mutex<HashMap<(Direction, String), Arc<Base>>>>,
+    peers: Arc<Mutex<PeerBases>>,
 }
+
+/// The shared labels per direction and mesh peer principal.
+type PeerBases = HashMap<(Direction, String), Arc<Base>>;
 
 fn base(own: &Workload, dir: Direction, peer: Option<&crate::tls::Peer>) -> Arc<Base> {
     let mut l = labels_for(own, dir, "-", peer);
