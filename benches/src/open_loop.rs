@@ -99,6 +99,17 @@ impl Outcome {
         self.latency_ns.value_at_quantile(q) as f64 / 1000.0
     }
 
+    /// Adds another run's measurements (a later round of the same plan) to these.
+    pub fn merge(&mut self, other: &Outcome) {
+        // Both histograms have the same bounds, so adding cannot fail.
+        let _ = self.latency_ns.add(&other.latency_ns);
+        self.requests += other.requests;
+        self.answered += other.answered;
+        self.errors += other.errors;
+        self.duration += other.duration;
+        self.max_generator_lag = self.max_generator_lag.max(other.max_generator_lag);
+    }
+
     /// Answered requests per second in the recorded window.
     pub fn achieved_rate(&self) -> f64 {
         self.requests as f64 / self.duration.as_secs_f64()
@@ -356,5 +367,11 @@ mod tests {
         );
         assert!(outcome.percentile_us(0.5) > 0.0);
         assert!(outcome.percentile_us(0.999) < 1_000_000.0);
+        let mut merged = outcome.clone();
+        merged.merge(&outcome);
+        assert_eq!(merged.requests, 2 * outcome.requests);
+        assert_eq!(merged.duration, 2 * outcome.duration);
+        assert_eq!(merged.latency_ns.len(), 2 * outcome.latency_ns.len());
+        assert!((merged.achieved_rate() - outcome.achieved_rate()).abs() < 1e-9);
     }
 }

@@ -123,7 +123,9 @@ pub fn remora_args(
 
 /// Envoy's static bootstrap: one listener with the HTTP connection manager and the router (or
 /// `tcp_proxy` for TCP) to one static cluster; admin on its own loopback port; default stats;
-/// no access log.
+/// no access log. The cluster's circuit breakers are lifted as Istio lifts them for every
+/// cluster it writes (Envoy's own default of 1024 connections would refuse the idle-connection
+/// test's upstream connections past 1024).
 pub fn envoy_config(
     mode: Mode,
     listen: SocketAddr,
@@ -157,7 +159,9 @@ pub fn envoy_config(
     out.push_str(&filter);
     let _ = write!(
         out,
-        "  clusters:\n  - name: upstream\n    type: STATIC\n    connect_timeout: 5s\n    load_assignment:\n      \
+        "  clusters:\n  - name: upstream\n    type: STATIC\n    connect_timeout: 5s\n    circuit_breakers:\n      thresholds:\n      \
+         - {{ max_connections: 4294967295, max_pending_requests: 4294967295, max_requests: 4294967295, max_retries: 4294967295 }}\n    \
+         load_assignment:\n      \
          cluster_name: upstream\n      endpoints:\n      - lb_endpoints:\n        - endpoint:\n            address:\n              \
          socket_address: {{ address: {}, port_value: {} }}\n",
         upstream.ip(),
@@ -370,6 +374,10 @@ mod tests {
                     assert_eq!(hcm["http_filters"][0]["name"], "envoy.filters.http.router");
                 }
             }
+            assert_eq!(
+                cluster["circuit_breakers"]["thresholds"][0]["max_connections"], 4294967295u64,
+                "Istio's thresholds"
+            );
             let http2 = cluster.get("typed_extension_protocol_options").is_some();
             assert_eq!(
                 http2,

@@ -5,6 +5,7 @@
 //! The proxy never mutates a `Config`: a reload builds a new one and swaps it in whole.
 //! The schema is documented for users in `docs/config.md`; keep the two in step.
 
+mod authz;
 mod dns;
 mod error;
 mod locate;

@@ -57,7 +57,7 @@ pub enum TlsVersion {
 }
 
 /// Mutual TLS between sidecars.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MeshConfig {
     /// What the inbound listener accepts (Istio's `PeerAuthentication` mode). Needs
@@ -66,6 +66,20 @@ pub struct MeshConfig {
     /// Destinations that are sidecars of the mesh: traffic to them leaves in mutual TLS. The
     /// first entry that matches a destination applies.
     pub destinations: Vec<MeshDestination>,
+    /// Bound on Istio's metadata exchange on an `istio-peer-exchange` connection: writing our
+    /// header and reading the peer's. A peer that takes longer is closed.
+    #[serde(with = "humantime_serde")]
+    pub metadata_exchange_timeout: Duration,
+}
+
+impl Default for MeshConfig {
+    fn default() -> Self {
+        MeshConfig {
+            mtls_mode: MtlsMode::default(),
+            destinations: Vec::new(),
+            metadata_exchange_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// Istio's `PeerAuthentication` modes.
@@ -114,6 +128,12 @@ impl MeshConfig {
 
     /// Field checks; returns the field under `mesh.` and why.
     pub(crate) fn validate(&self, tls: &TlsConfig) -> Result<(), (String, String)> {
+        if self.metadata_exchange_timeout.is_zero() {
+            return Err((
+                "mesh.metadata_exchange_timeout".into(),
+                "must be greater than zero".into(),
+            ));
+        }
         if tls.cert_dir.is_none() {
             if self.mtls_mode == MtlsMode::Strict {
                 return Err((

@@ -1,6 +1,7 @@
 //! The config schema. Every struct denies unknown fields, so a typo is an error with a line number,
 //! not a silently ignored setting. Defaults are Istio's sidecar defaults.
 
+pub use crate::authz::*;
 pub use crate::dns::*;
 pub use crate::mesh::*;
 use serde::{Deserialize, Serialize};
@@ -64,6 +65,8 @@ pub struct Config {
     pub tls: TlsConfig,
     /// Mutual TLS between sidecars: the inbound mode and the outbound mesh destinations.
     pub mesh: MeshConfig,
+    /// Istio `AuthorizationPolicy` on inbound traffic, and inbound path normalisation.
+    pub authorization: AuthorizationConfig,
 }
 
 impl Default for Config {
@@ -89,6 +92,7 @@ impl Default for Config {
             dns: DnsConfig::default(),
             tls: TlsConfig::default(),
             mesh: MeshConfig::default(),
+            authorization: AuthorizationConfig::default(),
         }
     }
 }
@@ -534,6 +538,7 @@ impl Config {
         }
         self.dns.validate()?;
         self.tls.validate()?;
+        self.authorization.validate()?;
         self.mesh.validate(&self.tls)
     }
 }

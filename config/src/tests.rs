@@ -220,6 +220,11 @@ fn tls_and_mesh_parse_with_istios_names_and_are_checked() {
     assert_eq!(c.tls.cert_dir, None);
     assert_eq!(c.tls.min_protocol_version, TlsVersion::Tls13);
     assert_eq!(c.mesh.mtls_mode, MtlsMode::Permissive);
+    assert_eq!(c.mesh.metadata_exchange_timeout, Duration::from_secs(10));
+    let c = parse_str("mesh:\n  metadata_exchange_timeout: 2s\n").unwrap();
+    assert_eq!(c.mesh.metadata_exchange_timeout, Duration::from_secs(2));
+    let err = parse_str("mesh:\n  metadata_exchange_timeout: 0s\n").unwrap_err();
+    assert_eq!(err.field(), Some("mesh.metadata_exchange_timeout"));
     let c = parse_str(
         "tls:\n  cert_dir: /etc/certs\n  min_protocol_version: TLSV1_2\nmesh:\n  mtls_mode: STRICT\n  destinations:\n    - cidrs: [10.0.0.0/8, 198.18.0.2]\n      ports: [80]\n      hostname: reviews.default.svc.cluster.local\n      identities: [spiffe://cluster.local/ns/default/sa/reviews]\n",
     )

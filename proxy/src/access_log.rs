@@ -36,6 +36,8 @@ pub enum End {
     MtlsRequired,
     /// The mesh TLS handshake with the client failed (see the log for why).
     TlsHandshakeFailed,
+    /// An authorization policy denied the connection (Envoy's network RBAC filter).
+    RbacDenied,
 }
 
 impl End {
@@ -52,6 +54,7 @@ impl End {
             End::NoDestination => "no_destination",
             End::MtlsRequired => "mtls_required",
             End::TlsHandshakeFailed => "tls_handshake_failed",
+            End::RbacDenied => "rbac_access_denied",
         }
     }
 
@@ -63,7 +66,11 @@ impl End {
             End::DownstreamReset => "DC",
             End::UpstreamReset => "UC",
             End::ConnectFailed | End::ConnectTimeout => "UF",
-            End::LoopRefused(_) | End::NoDestination | End::TlsHandshakeFailed => "-",
+            // Envoy's RBAC filter sets no flag, only its details.
+            End::LoopRefused(_)
+            | End::NoDestination
+            | End::TlsHandshakeFailed
+            | End::RbacDenied => "-",
             // Envoy's "no filter chain found" when STRICT has no chain for plaintext.
             End::MtlsRequired => "NR",
         }

@@ -290,6 +290,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         own.principal = id.spiffe_id.to_string();
     }
     let metrics = Arc::new(Metrics::new(&own, names));
+    let exchange_header = crate::metadata_exchange::LocalHeader::new(&own);
     let dns = match config.dns.enabled {
         true => Some(dns::bind(&config.dns, metrics.dns.clone()).context("starting DNS")?),
         false => None,
@@ -331,6 +332,22 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         .iter()
         .filter_map(|(_, l)| l.local_addr().ok().map(|a| a.port()))
         .collect();
+    // Authorization policies: loaded now, so a broken policy fails the start instead of leaving
+    // the workload open; then kept in step with the directory.
+    let authz = Arc::new(crate::authz::Authorizer::new(metrics.authz.clone()));
+    let mut policies = crate::authz::load::Watcher::new(
+        Arc::clone(&authz),
+        Arc::clone(&store),
+        Arc::clone(&identity),
+        crate::authz::load::Workload {
+            namespace: Some(state.workload.namespace.clone())
+                .filter(|ns| ns != crate::workload::UNKNOWN),
+            labels: crate::workload::parse_pod_labels(&pod_labels),
+        },
+    );
+    policies
+        .load()
+        .context("loading authorization policies (authorization.policy_dir)")?;
     let proxy = Arc::new(Proxy {
         config: Arc::clone(&store),
         loop_guard: LoopGuard::new(capture_ports),
@@ -338,7 +355,8 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         drain: Arc::clone(&drain),
         access_log: AccessLog::start(Arc::clone(&metrics)).context("starting the access log")?,
         pool: Arc::default(),
-        mesh: Arc::new(crate::tls::Mesh::new(identity)),
+        mesh: Arc::new(crate::tls::Mesh::new(identity).with_exchange_header(exchange_header)),
+        authz,
     });
     let metrics_handle = Arc::clone(&metrics);
     let reloader = args.config.map(|path| Reloader {
@@ -363,6 +381,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         if let Some(w) = watcher {
             tokio::spawn(w.watch(Arc::clone(&metrics_handle)));
         }
+        tokio::spawn(policies.watch());
         serve(proxy, routes, dns, state, reloader).await
     });
     // Connections still open after the drain period are cut here.
@@ -411,7 +430,7 @@ async fn serve(
             tracing::info!("SIGINT: exiting now");
             return Ok(());
         }
-        () = state.quit.notified() => {
+        () = quit_requested(&state) => {
             tracing::info!("quitquitquit: exiting now");
             return Ok(());
         }
@@ -434,7 +453,7 @@ async fn serve(
         };
         tokio::select! {
             () = idle => tracing::info!("no connection left: exiting"),
-            () = state.quit.notified() => tracing::info!("quitquitquit: exiting now"),
+            () = quit_requested(&state) => tracing::info!("quitquitquit: exiting now"),
             _ = sigint.recv() => tracing::info!("SIGINT: exiting now"),
         }
     } else {
@@ -443,12 +462,22 @@ async fn serve(
             () = tokio::time::sleep(config.drain.duration) => {
                 tracing::info!(active = drain.active(), "drain period over: exiting");
             }
-            () = state.quit.notified() => tracing::info!("quitquitquit: exiting now"),
+            () = quit_requested(&state) => tracing::info!("quitquitquit: exiting now"),
             _ = sigint.recv() => tracing::info!("SIGINT: exiting now"),
         }
     }
     Ok(())
 }
+
+/// Resolves after `/quitquitquit`, once its `OK` has had time to reach the caller: the answer is
+/// written on the admin thread, and exiting the moment we are told would cut it off.
+async fn quit_requested(state: &AdminState) {
+    state.quit.notified().await;
+    tokio::time::sleep(QUIT_RESPONSE_GRACE).await;
+}
+
+/// How long `/quitquitquit` waits for its own response to be sent.
+const QUIT_RESPONSE_GRACE: Duration = Duration::from_millis(100);
 
 /// An environment variable, empty when unset or not UTF-8.
 fn env_var(name: &str) -> String {

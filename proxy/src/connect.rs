@@ -101,7 +101,7 @@ async fn dial(
         .local_addr()?
         .as_socket()
         .ok_or_else(|| io::Error::other("upstream socket has no IP address"))?;
-    let registration = guard.register(crate::orig_dst::canonical(local));
+    let registration = guard.register(crate::orig_dst::canonical(local), dst);
     let stream = TcpStream::from_std(std::net::TcpStream::from(socket))?;
     stream.writable().await?;
     if let Some(e) = stream.take_error()? {

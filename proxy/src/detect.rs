@@ -56,6 +56,22 @@ pub enum Verdict {
     ClientFailed,
 }
 
+impl Verdict {
+    /// The `result` label of `remora_protocol_detection_total`.
+    pub fn metric_label(self) -> &'static str {
+        match self {
+            Verdict::Http(HttpVersion::Http1) => "http1",
+            Verdict::Http(HttpVersion::Http2) => "http2",
+            Verdict::Tls => "tls",
+            Verdict::Opaque => "opaque",
+            Verdict::ServerFirst => "server_first",
+            Verdict::Timeout => "timeout",
+            Verdict::ClientClosed => "client_closed",
+            Verdict::ClientFailed => "client_failed",
+        }
+    }
+}
+
 /// The outcome of detection: the verdict, the client's bytes read so far, and the early
 /// upstream connection if it finished (`None` while it is still being opened).
 #[derive(Debug)]

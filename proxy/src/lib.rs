@@ -5,13 +5,16 @@
 //! opens the upstream (`connect`) while `detect` tells HTTP from opaque bytes, then either
 //! copies bytes both ways (`tcp`) or proxies HTTP requests (`http`), and records it
 //! (`metrics`, `access_log`). With a workload certificate (`identity`), mesh mutual TLS (`tls`)
-//! is terminated inbound and originated outbound around that same path. Around that: `admin` serves readiness, metrics and the admin API on
+//! is terminated inbound and originated outbound around that same path, and on TCP the two
+//! sidecars tell each other which workload they are (`metadata_exchange`). Inbound requests
+//! and connections are decided by Istio's authorization policies (`authz`). Around that: `admin` serves readiness, metrics and the admin API on
 //! its own thread, `agent` serves Istio's agent port (merged metrics, application probes), `dns` forwards the DNS queries capture redirects to 15053, `drain` carries SIGTERM's shutdown, `reload` swaps in new configs, `lifecycle` holds the
 //! commands the injected container's hooks run, and `cli` is the binary's edge. See ARCHITECTURE.md for the whole picture.
 
 pub mod access_log;
 pub mod admin;
 pub mod agent;
+pub mod authz;
 pub mod cli;
 pub mod connect;
 pub mod detect;
@@ -22,6 +25,7 @@ pub mod identity;
 pub mod lifecycle;
 pub mod listener;
 pub mod loop_guard;
+pub mod metadata_exchange;
 pub mod metrics;
 pub mod orig_dst;
 pub mod proxy;

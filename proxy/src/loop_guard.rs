@@ -4,9 +4,12 @@
 //! - its original destination is one of our own listeners on a local address (someone dialled
 //!   15001 directly, or a rule sends our listener ports to us): proxying it would connect to
 //!   ourselves, forever;
-//! - its peer is the local end of one of our own upstream connections: our traffic was captured
-//!   again, which is what happens when capture runs without the owner exclusion for our UID.
-//!   Without this guard each hop opens another, until file descriptors run out.
+//! - it is one of our own upstream connections, captured again: its peer is our upstream's local
+//!   address *and* it was going where our upstream goes. That is what happens when capture runs
+//!   without the owner exclusion for our UID; without this guard each hop opens another, until
+//!   file descriptors run out. Both ends are compared because Linux gives one ephemeral port to
+//!   several sockets with different destinations: an application's connection can share a
+//!   local address with one of ours and must not be refused for it.
 
 use std::collections::HashSet;
 use std::io;
@@ -30,12 +33,13 @@ impl Guard {
     }
 }
 
-/// The local addresses of Remora's open upstream connections, and the ports it listens on.
+/// The (local, remote) address pairs of Remora's open upstream connections, and the ports it
+/// listens on.
 #[derive(Debug, Default)]
 pub struct LoopGuard {
     own_ports: Vec<u16>,
     // A plain mutex: held for one hash operation, never across an await.
-    upstreams: Mutex<HashSet<SocketAddr>>,
+    upstreams: Mutex<HashSet<(SocketAddr, SocketAddr)>>,
 }
 
 impl LoopGuard {
@@ -49,7 +53,7 @@ impl LoopGuard {
 
     /// Which guard, if any, refuses a connection from `peer` to `orig_dst`.
     pub fn check(&self, peer: SocketAddr, orig_dst: SocketAddr) -> Option<Guard> {
-        if self.is_own_upstream(peer) {
+        if self.is_own_upstream(peer, orig_dst) {
             return Some(Guard::OwnUpstream);
         }
         if self.own_ports.contains(&orig_dst.port()) && is_local_address(orig_dst.ip()) {
@@ -58,31 +62,33 @@ impl LoopGuard {
         None
     }
 
-    fn is_own_upstream(&self, peer: SocketAddr) -> bool {
+    fn is_own_upstream(&self, peer: SocketAddr, orig_dst: SocketAddr) -> bool {
         self.upstreams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .contains(&peer)
+            .contains(&(peer, orig_dst))
     }
 
-    /// Record an upstream connection's local address for as long as the returned value lives.
-    pub fn register(self: &Arc<Self>, local: SocketAddr) -> Registration {
+    /// Record an upstream connection from `local` to `remote` for as long as the returned value
+    /// lives.
+    pub fn register(self: &Arc<Self>, local: SocketAddr, remote: SocketAddr) -> Registration {
+        let pair = (local, remote);
         self.upstreams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(local);
+            .insert(pair);
         Registration {
             guard: Arc::clone(self),
-            local,
+            pair,
         }
     }
 }
 
-/// Keeps an upstream's local address registered; removes it when dropped.
+/// Keeps an upstream's addresses registered; removes them when dropped.
 #[derive(Debug)]
 pub struct Registration {
     guard: Arc<LoopGuard>,
-    local: SocketAddr,
+    pair: (SocketAddr, SocketAddr),
 }
 
 impl Drop for Registration {
@@ -91,7 +97,7 @@ impl Drop for Registration {
             .upstreams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.local);
+            .remove(&self.pair);
     }
 }
 
@@ -149,10 +155,20 @@ mod tests {
         let local = addr("10.0.0.5:43210");
         let dst = addr("10.0.0.7:80");
         assert_eq!(guard.check(local, dst), None);
-        let registration = guard.register(local);
+        let registration = guard.register(local, dst);
         assert_eq!(guard.check(local, dst), Some(Guard::OwnUpstream));
         assert_eq!(guard.check(addr("10.0.0.5:43211"), dst), None);
         drop(registration);
         assert_eq!(guard.check(local, dst), None);
+    }
+
+    #[test]
+    fn an_application_sharing_our_local_port_to_elsewhere_is_not_refused() {
+        // Linux reuses an ephemeral port across destinations: the app's connection from the
+        // same local address, going somewhere else, is not our traffic captured again.
+        let guard = LoopGuard::new(vec![]);
+        let local = addr("10.0.0.5:43210");
+        let _ours = guard.register(local, addr("10.0.0.7:80"));
+        assert_eq!(guard.check(local, addr("10.0.0.8:443")), None);
     }
 }

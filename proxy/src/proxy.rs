@@ -8,7 +8,7 @@ use crate::detect::{self, HttpVersion, Verdict};
 use crate::drain::Drain;
 use crate::http::{self, pool::Pool};
 use crate::loop_guard::{Guard, LoopGuard};
-use crate::metrics::Metrics;
+use crate::metrics::{IstioOpen, Metrics};
 use crate::tcp::{self, CopyError, Transfer};
 use crate::tls::stream::Downstream;
 use crate::{orig_dst, Direction};
@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::net::TcpStream;
 
+mod authorize;
 mod mesh;
 
 /// Everything a connection needs, shared by all of them.
@@ -36,6 +37,8 @@ pub struct Proxy {
     pub pool: Arc<Pool>,
     /// The workload identity and mesh TLS configs; without an identity, no mesh TLS.
     pub mesh: Arc<crate::tls::Mesh>,
+    /// Istio authorization policies in force for inbound traffic.
+    pub authz: Arc<crate::authz::Authorizer>,
 }
 
 /// Where a listener's connections go.
@@ -76,6 +79,9 @@ struct Outcome {
     end: End,
     /// Served as HTTP (each request has its own access-log line).
     http: bool,
+    /// Where Istio's open was counted: at once for plaintext, once the peer is known for mesh
+    /// connections.
+    istio: IstioOpen,
 }
 
 impl Proxy {
@@ -92,6 +98,7 @@ impl Proxy {
         let outcome = self.proxy(&config, downstream, peer, route).await;
 
         m.connection_closed(
+            &outcome.istio,
             outcome.end.response_flag(),
             outcome.transfer.sent,
             outcome.transfer.received,
@@ -163,6 +170,9 @@ impl Proxy {
             // Boxed: only connections that meet mesh TLS carry its state.
             return Box::pin(self.mesh(config, downstream, hop, mode, leg)).await;
         }
+        // No mesh peer to learn: Istio's open is counted now, for an unknown peer, and every
+        // outcome below says so.
+        let _ = self.metrics.direction(dir).istio_opened(None);
         // One call site for the copy: each `.await` of it would get its own slot in this
         // future, and the copy is what every TCP connection holds for its whole life.
         let (prefix, upstream) = match mode {
@@ -180,17 +190,22 @@ impl Proxy {
                     }
                     Detected::ClientFailed => {
                         return refused(Some(destination), End::DownstreamReset)
+                            .counted_in(IstioOpen::Unknown);
                     }
                     Detected::Http(version, prefix, early) => {
                         // The HTTP path lives on the heap: it is larger than the TCP path and
                         // every TCP connection would otherwise pay for it.
                         let downstream = Downstream::Plain(downstream);
                         let http = (version, prefix, early);
-                        return Box::pin(self.http(config, downstream, hop, http, None)).await;
+                        let served = Box::pin(self.http(config, downstream, hop, http, None));
+                        return served.await.counted_in(IstioOpen::Unknown);
                     }
                 }
             }
         };
+        if let Some(denied) = self.tcp_denied(&hop, None, || authorize::tls_sni(&prefix)) {
+            return denied.counted_in(IstioOpen::Unknown);
+        }
         let upstream = match upstream {
             Some(up) => up,
             // Boxed: the connect future is only needed until the handshake, and a long-lived
@@ -205,7 +220,8 @@ impl Proxy {
                 .await
             }
         };
-        self.tcp(&hop, &downstream, &prefix, upstream).await
+        let copied = self.tcp(&hop, &downstream, &prefix, upstream).await;
+        copied.counted_in(IstioOpen::Unknown)
     }
 
     /// Read the client's first bytes while the upstream connection is opened; with
@@ -221,6 +237,7 @@ impl Proxy {
         wait: Duration,
         early: Option<Result<Upstream, ConnectError>>,
     ) -> Detected {
+        let started = std::time::Instant::now();
         let (verdict, prefix, upstream) = async {
             let connecting = async {
                 match early {
@@ -244,6 +261,8 @@ impl Proxy {
         }
         .await;
         tracing::debug!(peer = %hop.peer, destination = %hop.destination, ?verdict, watch_server, "detected");
+        self.metrics
+            .detection_finished(verdict.metric_label(), started.elapsed());
         match verdict {
             Verdict::Http(version) => {
                 Detected::Http(version, prefix, upstream.and_then(Result::ok))
@@ -303,6 +322,7 @@ impl Proxy {
             transfer,
             end,
             http: false,
+            istio: IstioOpen::Pending,
         }
     }
 }
@@ -340,6 +360,7 @@ impl Proxy {
             transfer,
             end,
             http: true,
+            istio: IstioOpen::Pending,
         }
     }
 }
@@ -364,6 +385,26 @@ enum Detected {
     Tls(BytesMut, Option<Result<Upstream, ConnectError>>),
     /// The client reset the connection.
     ClientFailed,
+}
+
+impl Detected {
+    /// Append `rest`: bytes that were due to detection after what it read (from a stream with
+    /// bytes put back in front) but that it did not read.
+    fn after(self, rest: BytesMut) -> Detected {
+        if rest.is_empty() {
+            return self;
+        }
+        let join = |mut prefix: BytesMut| {
+            prefix.extend_from_slice(&rest);
+            prefix
+        };
+        match self {
+            Detected::Http(v, prefix, early) => Detected::Http(v, join(prefix), early),
+            Detected::Tcp(prefix, up) => Detected::Tcp(join(prefix), up),
+            Detected::Tls(prefix, up) => Detected::Tls(join(prefix), up),
+            Detected::ClientFailed => Detected::ClientFailed,
+        }
+    }
 }
 
 /// The upstream hop of one connection.
@@ -419,12 +460,21 @@ fn upstream_settings(
     }
 }
 
+impl Outcome {
+    /// This outcome, for a connection counted open in Istio's metrics as `istio` says.
+    fn counted_in(mut self, istio: IstioOpen) -> Outcome {
+        self.istio = istio;
+        self
+    }
+}
+
 fn refused(destination: Option<SocketAddr>, end: End) -> Outcome {
     Outcome {
         destination,
         transfer: Transfer::default(),
         end,
         http: false,
+        istio: IstioOpen::Pending,
     }
 }
 
@@ -451,6 +501,7 @@ mod tests {
             access_log: AccessLog::start(metrics).unwrap(),
             pool: Arc::default(),
             mesh: Arc::default(),
+            authz: Arc::new(crate::authz::Authorizer::new(Default::default())),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let _client = TcpStream::connect(listener.local_addr().unwrap())

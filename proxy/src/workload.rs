@@ -13,6 +13,8 @@ pub const UNKNOWN: &str = "unknown";
 /// The pod's workload identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Workload {
+    /// The pod (`POD_NAME`).
+    pub pod: String,
     pub name: String,
     pub namespace: String,
     pub app: String,
@@ -27,6 +29,7 @@ pub struct Workload {
 impl Default for Workload {
     fn default() -> Self {
         Workload {
+            pod: UNKNOWN.into(),
             name: UNKNOWN.into(),
             namespace: UNKNOWN.into(),
             app: UNKNOWN.into(),
@@ -57,6 +60,7 @@ impl Workload {
             .or_else(|| label("version"))
             .unwrap_or_else(|| "latest".into());
         Workload {
+            pod: env("POD_NAME").unwrap_or_else(|| UNKNOWN.into()),
             namespace: env("POD_NAMESPACE").unwrap_or_else(|| UNKNOWN.into()),
             app: label("app")
                 .or_else(|| label("app.kubernetes.io/name"))

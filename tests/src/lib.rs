@@ -5,8 +5,9 @@
 //! rest of the world), joined by a veth pair on a subnet of their own. [`Remora`] runs the real
 //! binary inside the pod as UID/GID 1337, the way an injected sidecar runs. Peers are small
 //! std-thread servers ([`peer::Server`]) and clients whose sockets are created inside a namespace
-//! ([`Netns::enter`]), plus `curl` run through `ip netns exec`. [`Metrics`] reads Remora's
-//! Prometheus text so a test can prove a connection really crossed the proxy.
+//! ([`Netns::enter`]), plus `curl` run through `ip netns exec`, and a real Envoy ([`envoy`]) as
+//! the other pod's sidecar. [`Metrics`] reads Remora's Prometheus text so a test can prove a
+//! connection really crossed the proxy.
 //!
 //! Everything is torn down on drop, panics included: processes are killed by PID and the
 //! namespaces deleted. Every wait has a time bound and every loop a count bound, so a broken
@@ -16,6 +17,8 @@
 pub mod certs;
 pub mod dns;
 pub mod environment;
+pub mod envoy;
+pub mod mesh;
 pub mod metrics;
 pub mod netns;
 pub mod peer;

@@ -4,19 +4,19 @@
 //! certificates are tried with `openssl s_client`; rotation happens under an open connection.
 
 use remora_e2e::certs::MeshCa;
+use remora_e2e::mesh::{
+    client_config, has_openssl, s_client, server_config, two_pods, CLIENT_ID, SERVER_HOST,
+    SERVER_ID,
+};
 use remora_e2e::peer::{self, Server};
 use remora_e2e::service::{peer_program, python_has, Service};
 use remora_e2e::sniff::{self, Sniffer};
-use remora_e2e::{has_command, skip, Netns, PodNet, Remora};
+use remora_e2e::{has_command, skip, PodNet, Remora};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
-use std::process::{Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-const SERVER_ID: &str = "spiffe://cluster.local/ns/server/sa/httpbin";
-const CLIENT_ID: &str = "spiffe://cluster.local/ns/client/sa/sleep";
-const SERVER_HOST: &str = "httpbin.server.svc.cluster.local";
 /// Bound on one client exchange (curl, openssl, gRPC).
 const CLIENT_TIME: Duration = Duration::from_secs(20);
 /// Bound on a counter catching up with the traffic.
@@ -27,35 +27,6 @@ const GRPC_PORT: u16 = 9091;
 
 fn any_addr(port: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
-}
-
-/// The server pod's sidecar config: its certificate directory and inbound mode.
-fn server_config(cert_dir: &Path, mode: &str) -> String {
-    format!(
-        "tls:\n  cert_dir: {}\nmesh:\n  mtls_mode: {mode}\n",
-        cert_dir.display()
-    )
-}
-
-/// The client pod's sidecar config: the server pod is a mesh destination.
-fn client_config(cert_dir: &Path, server: Ipv4Addr, identity: &str) -> String {
-    format!(
-        "tls:\n  cert_dir: {}\nmesh:\n  destinations:\n    - cidrs: [\"{server}\"]\n      \
-         hostname: {SERVER_HOST}\n      identities: [\"{identity}\"]\n",
-        cert_dir.display()
-    )
-}
-
-/// Two pods with their own certificates from `ca`: the pod namespace serves, the peer
-/// namespace is the client's pod. Returns the certificate directories (server, client).
-fn two_pods(net: &PodNet, ca: &MeshCa) -> (std::path::PathBuf, std::path::PathBuf) {
-    let server_dir = net.binary().make_dir("server-certs");
-    let client_dir = net.binary().make_dir("client-certs");
-    ca.install(&server_dir, &ca.workload(SERVER_ID));
-    ca.install(&client_dir, &ca.workload(CLIENT_ID));
-    net.capture_default();
-    net.capture_peer_default();
-    (server_dir, client_dir)
 }
 
 fn handshakes(remora: &Remora, direction: &str, result: &str) -> f64 {
@@ -203,45 +174,6 @@ fn http_grpc_and_tcp_cross_encrypted_between_two_sidecars() {
     if grpc {
         assert!(sniff::contains(&wire, b"istio-h2"));
     }
-}
-
-/// `openssl s_client` from `ns` to `addr` with `args`, sending `input`; its output once it
-/// exits or after `CLIENT_TIME`.
-fn s_client(ns: &Netns, addr: SocketAddr, args: &[&str], input: &[u8]) -> Output {
-    let mut cmd = ns.command("openssl");
-    cmd.args(["s_client", "-connect", &addr.to_string(), "-quiet"])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn openssl s_client");
-    if let Some(mut stdin) = child.stdin.take() {
-        // The server may close first; a failed write is then what the test looks at.
-        let _ = stdin.write_all(input);
-    }
-    let deadline = Instant::now() + CLIENT_TIME;
-    while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let status = child.wait().expect("wait for openssl");
-    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    if let Some(mut s) = child.stdout.take() {
-        let _ = s.read_to_end(&mut stdout);
-    }
-    if let Some(mut s) = child.stderr.take() {
-        let _ = s.read_to_end(&mut stderr);
-    }
-    Output {
-        status,
-        stdout,
-        stderr,
-    }
-}
-
-fn has_openssl() -> bool {
-    has_command("openssl")
-        || skip::<()>("openssl is missing (scripts/install-test-deps installs it)").is_some()
 }
 
 #[test]

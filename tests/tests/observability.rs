@@ -3,7 +3,9 @@
 
 use remora_e2e::peer::{self, any_addr, Server};
 use remora_e2e::process::run_bounded;
+use remora_e2e::service::Service;
 use remora_e2e::{Metrics, PodNet};
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
@@ -217,9 +219,37 @@ fn app_health_probes_answer_from_the_original_definitions_through_capture() {
     };
     net.capture_default();
     let app = Server::http(&net.pod, any_addr(APP_PORT), "ok\n");
+    // An HTTPS endpoint of the application's own, with a certificate nobody could verify.
+    let dir = net.binary().make_dir("tls-app");
+    let (key, cert) = (dir.join("key.pem"), dir.join("cert.pem"));
+    let made = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=app",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let (key, cert) = (key.display().to_string(), cert.display().to_string());
+    let _https_app = Service::start(
+        &net.pod,
+        "openssl",
+        &[
+            "s_server", "-accept", "8443", "-cert", &cert, "-key", &key, "-www", "-quiet",
+        ],
+        SocketAddr::from(([127, 0, 0, 1], 8443)),
+    );
     let probers = format!(
         r#"{{"/app-health/app/livez":{{"httpGet":{{"path":"/healthz","port":{APP_PORT},"scheme":"HTTP"}},"timeoutSeconds":2}},
-            "/app-health/app/readyz":{{"tcpSocket":{{"port":9999}},"timeoutSeconds":1}}}}"#
+            "/app-health/app/readyz":{{"tcpSocket":{{"port":9999}},"timeoutSeconds":1}},
+            "/app-health/app/startupz":{{"httpGet":{{"path":"/","port":8443,"scheme":"HTTPS"}},"timeoutSeconds":3}}}}"#
     );
     let _remora = net
         .remora()
@@ -242,6 +272,11 @@ fn app_health_probes_answer_from_the_original_definitions_through_capture() {
         probe("/app-health/app/readyz"),
         500,
         "nothing listens on 9999"
+    );
+    assert_eq!(
+        probe("/app-health/app/startupz"),
+        200,
+        "HTTPS probe, unverified as kubelet's"
     );
     assert_eq!(probe("/app-health/other/livez"), 404);
     assert_eq!(probe("/healthz/ready"), 200);
@@ -343,6 +378,9 @@ fn request_metrics_label_each_kind_of_request_as_istio_does() {
             && m.value(requests, &ok_in) == 1.0
     });
     let m = remora.metrics();
+    // Every connection above was told HTTP/1.1 by detection.
+    assert!(m.value("remora_protocol_detection_total", &[("result", "http1")]) >= 3.0);
+    assert!(m.value("remora_protocol_detection_duration_seconds_count", &[]) >= 3.0);
     let count = "istio_request_duration_milliseconds_count";
     assert_eq!(m.value(count, &ok_in), 1.0);
     assert_eq!(

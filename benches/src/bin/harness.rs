@@ -143,6 +143,8 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
     };
 
     let nofile = rlimit::increase_nofile_limit(u64::MAX).context("raising RLIMIT_NOFILE")?;
+    // Counted before pinning narrows what this process may use.
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let pin = can_pin();
     if pin {
         process::pin_self(LOAD_CPU)?;
@@ -152,7 +154,7 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
     let settings = Settings::new(cli.quick, proxies, pin, nofile);
     let tools = find_tools(&cli, &exe, &target_dir);
     let versions = versions(&tools);
-    let setup = setup_lines(&settings, nofile);
+    let setup = setup_lines(&settings, nofile, cores);
     let load_at_start = load_average();
 
     let mut report = Report {
@@ -357,7 +359,7 @@ fn load_average() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-fn setup_lines(settings: &Settings, nofile: u64) -> Vec<String> {
+fn setup_lines(settings: &Settings, nofile: u64, cores: usize) -> Vec<String> {
     let cpu_model = fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|t| {
@@ -368,7 +370,6 @@ fn setup_lines(settings: &Settings, nofile: u64) -> Vec<String> {
         })
         .unwrap_or_else(|| "unknown CPU".into());
     let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let pinning = if settings.pin {
         format!("proxy pinned to core {PROXY_CPU} (all its threads; one worker each); load generators and upstream pinned to core {LOAD_CPU}")
     } else {

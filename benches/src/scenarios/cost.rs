@@ -161,9 +161,9 @@ fn idle_memory(bench: &Bench, contender: &Contender, n: usize) -> IdleMemory {
     }
     drop(idle);
     // Divided by the connections that did open (a refused one holds nothing); with too many
-    // failures the difference says little, so report nothing rather than a guess.
+    // failures (over half) the difference says little, so report nothing rather than a guess.
     let per_connection_kib =
-        (open * 10 >= n * 9).then(|| with.saturating_sub(rss_idle_kib) as f64 / open as f64);
+        (open * 2 >= n).then(|| with.saturating_sub(rss_idle_kib) as f64 / open as f64);
     IdleMemory {
         rss_idle_kib,
         per_connection_kib,

@@ -1,9 +1,9 @@
 //! Scenario 1, Istio's: HTTP/1.1, 1 KiB responses, 16 connections, 1000 requests per second at
 //! a fixed rate with coordinated-omission correction; the percentiles, and what each proxy adds
-//! over no proxy.
+//! over no proxy. The recorded time is split into interleaved rounds whose histograms are merged.
 
-use super::{cpu_ms_per_1000, mib, seconds, Bench};
-use crate::open_loop::{self, Plan};
+use super::{cpu_ms_per_1000, interleaved, mib, seconds, Bench, Cost};
+use crate::open_loop::{self, Outcome, Plan};
 use crate::proxy_config::{Mode, Proxy};
 use crate::report::{Column, Table};
 
@@ -19,7 +19,7 @@ pub fn run(bench: &Bench) -> Table {
         rate: RATE,
         connections: CONNECTIONS,
         warmup: s.warmup,
-        duration: s.latency_run,
+        duration: s.latency_round,
     };
     let mut table = Table::new(
         "latency",
@@ -40,31 +40,37 @@ pub fn run(bench: &Bench) -> Table {
         ],
     );
     table.notes.push(format!(
-        "Open-loop generator in the benches crate (hyper client, hdrhistogram): requests due every 1 ms spread evenly over {CONNECTIONS} keep-alive connections, latency measured from when each was due; {} warm-up, then {} recorded.",
-        seconds(plan.warmup),
-        seconds(plan.duration)
+        "Open-loop generator in the benches crate (hyper client, hdrhistogram): requests due every 1 ms spread evenly over {CONNECTIONS} keep-alive connections, latency measured from when each was due. {} round(s) of {} recorded (after {} warm-up each), interleaved across contenders, histograms merged.",
+        s.latency_rounds,
+        seconds(plan.duration),
+        seconds(plan.warmup)
     ));
     table.notes.push("\"added\" = this row's percentile − no proxy's. remora-tcp is Remora forwarding opaque TCP (L4): a reference, not like-for-like.".into());
-    let mut baseline: Option<Vec<f64>> = None;
-    for proxy in s.contenders(true) {
-        eprintln!("latency: {}", proxy.name());
-        let contender = match bench.start(proxy, Mode::Http1, bench.upstream) {
-            Ok(c) => c,
-            Err(why) => {
-                table.push_missing(proxy.name(), why);
-                continue;
-            }
-        };
+    let results = interleaved("latency", &s.contenders(true), s.latency_rounds, |proxy| {
+        let contender = bench.start(proxy, Mode::Http1, bench.upstream)?;
         let (outcome, cost) = bench.measure(&contender, || {
             bench.block_on(open_loop::run(contender.addr, plan))
         });
-        drop(contender);
-        let outcome = match outcome {
-            Ok(o) => o,
-            Err(e) => {
-                table.push_missing(proxy.name(), format!("load failed: {e:#}"));
-                continue;
+        outcome
+            .map(|o| (o, cost))
+            .map_err(|e| format!("load failed: {e:#}"))
+    });
+    let mut baseline: Option<Vec<f64>> = None;
+    for (proxy, rounds) in results {
+        let mut merged: Option<(Outcome, Option<f64>, Option<u64>)> = None;
+        let mut failures = vec![];
+        for round in rounds {
+            match round {
+                Ok((outcome, cost)) => merge(&mut merged, outcome, cost),
+                Err(e) => failures.push(e),
             }
+        }
+        let Some((outcome, cpu_seconds, max_rss_kib)) = merged else {
+            table.push_missing(
+                proxy.name(),
+                failures.into_iter().next().unwrap_or_default(),
+            );
+            continue;
         };
         let percentiles: Vec<f64> = QUANTILES
             .iter()
@@ -85,11 +91,8 @@ pub fn run(bench: &Bench) -> Table {
         values.extend(added);
         values.push(Some(outcome.achieved_rate()));
         values.push(Some(outcome.errors as f64));
-        values.push(
-            cost.cpu_seconds
-                .map(|c| cpu_ms_per_1000(c, outcome.answered)),
-        );
-        values.push(cost.max_rss_kib.map(mib));
+        values.push(cpu_seconds.map(|c| cpu_ms_per_1000(c, outcome.answered)));
+        values.push(max_rss_kib.map(mib));
         let mut notes = vec![];
         if outcome.max_generator_lag.as_millis() >= 5 {
             notes.push(format!(
@@ -99,6 +102,9 @@ pub fn run(bench: &Bench) -> Table {
         }
         if outcome.errors > 0 {
             notes.push(format!("{} failed requests", outcome.errors));
+        }
+        if let Some(first) = failures.first() {
+            notes.push(format!("{} round(s) failed: {first}", failures.len()));
         }
         eprintln!(
             "latency: {} p50 {:.0} µs p99 {:.0} µs p99.9 {:.0} µs, {:.0} rps, {} errors",
@@ -116,4 +122,16 @@ pub fn run(bench: &Bench) -> Table {
         );
     }
     table
+}
+
+/// Adds one round (its outcome, the proxy's CPU time and peak memory) to the merged total.
+fn merge(merged: &mut Option<(Outcome, Option<f64>, Option<u64>)>, outcome: Outcome, cost: Cost) {
+    match merged {
+        None => *merged = Some((outcome, cost.cpu_seconds, cost.max_rss_kib)),
+        Some((total, cpu, rss)) => {
+            total.merge(&outcome);
+            *cpu = cpu.zip(cost.cpu_seconds).map(|(a, b)| a + b);
+            *rss = (*rss).max(cost.max_rss_kib);
+        }
+    }
 }

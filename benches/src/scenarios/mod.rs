@@ -5,6 +5,7 @@
 
 pub mod cost;
 pub mod latency;
+mod rounds;
 pub mod tcp;
 pub mod throughput;
 
@@ -15,6 +16,7 @@ use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+pub use rounds::{best_round, interleaved};
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -52,10 +54,14 @@ pub struct Settings {
     pub quick: bool,
     /// Load sent before recording (open-loop runs).
     pub warmup: Duration,
-    /// Length of every throughput, TCP and cost run.
+    /// Length of the cost scenario's 1000 rps run.
     pub run: Duration,
-    /// Length of the recorded part of the latency run.
-    pub latency_run: Duration,
+    /// Rounds of the latency scenario (merged), and the recorded length of each.
+    pub latency_rounds: usize,
+    pub latency_round: Duration,
+    /// Rounds of the throughput and TCP scenarios (the best is kept), and the length of each.
+    pub rounds: usize,
+    pub round: Duration,
     /// Idle connections for memory per connection.
     pub idle_connections: usize,
     /// Why fewer idle connections than the 10,000, if so.
@@ -86,7 +92,10 @@ impl Settings {
             quick,
             warmup: secs(0.5, 2.0),
             run: secs(3.0, 10.0),
-            latency_run: secs(3.0, 20.0),
+            latency_rounds: if quick { 1 } else { 4 },
+            latency_round: secs(3.0, 5.0),
+            rounds: if quick { 1 } else { 2 },
+            round: secs(3.0, 5.0),
             idle_connections,
             idle_connections_note,
             proxies,
@@ -544,10 +553,16 @@ mod tests {
             .contains("RLIMIT_NOFILE is 20000"));
         let quick = Settings::new(true, all, true, 20_000);
         assert_eq!(quick.idle_connections, 1_000);
-        assert!(quick.run <= Duration::from_secs(3) && quick.latency_run <= Duration::from_secs(3));
         assert!(
-            roomy.run <= Duration::from_secs(20) && roomy.latency_run <= Duration::from_secs(20)
+            quick.run <= Duration::from_secs(3) && quick.latency_round <= Duration::from_secs(3)
         );
+        assert_eq!((quick.rounds, quick.latency_rounds), (1, 1));
+        // The 20 s at 1000 rps, in four interleaved rounds.
+        assert_eq!(
+            roomy.latency_round * roomy.latency_rounds as u32,
+            Duration::from_secs(20)
+        );
+        assert!(roomy.run <= Duration::from_secs(20) && roomy.round <= Duration::from_secs(20));
         assert!(!roomy.contenders(false).contains(&Proxy::RemoraTcp));
         assert!(roomy.contenders(true).contains(&Proxy::RemoraTcp));
     }

@@ -1,20 +1,20 @@
 //! Scenario 3, opaque TCP: bulk throughput of one stream (iperf3) and new connections per second
 //! (each one a short HTTP/1.1 exchange with `Connection: close`, so every hop is really dialled).
+//! Interleaved rounds; each contender's best round is kept.
 
-use super::throughput::CORES_NOTE;
-use super::{Bench, Contender, Ready};
+use super::throughput::{rounds_note, CORES_NOTE, TOOL_GRACE};
+use super::{best_round, cpu_ms_per_1000, interleaved, Bench, Cost, Ready};
 use crate::load_tools;
 use crate::process::{self, LOAD_CPU};
 use crate::proxy_config::{Mode, Proxy};
 use crate::report::{Column, Table};
-use crate::tcp_load;
+use crate::tcp_load::{self, ConnectionRate};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Concurrent connection-opening loops.
 const CONNECT_WORKERS: usize = 16;
-/// Extra time iperf3 gets beyond its own duration before it is killed.
-const TOOL_GRACE: Duration = Duration::from_secs(15);
 
 /// Runs both halves of the scenario.
 pub fn run(bench: &Bench) -> Vec<Table> {
@@ -32,56 +32,46 @@ fn bulk(bench: &Bench) -> Table {
             Column::new("load core busy", "%", 0),
         ],
     );
+    let run = bench.settings.round;
     table.notes.push(format!(
         "iperf3 -c … -t {} (client and server both on the load core); proxies in TCP mode (Envoy tcp_proxy, HAProxy mode tcp, nginx stream, Remora --protocol tcp).",
-        bench.settings.run.as_secs()
+        run.as_secs()
     ));
+    table.notes.push(rounds_note(bench));
     table.notes.push(CORES_NOTE.into());
-    let Some(iperf3) = bench.tools.iperf3.clone() else {
-        for proxy in bench.settings.contenders(false) {
-            table.push_missing(
-                proxy.name(),
-                "iperf3 not found (scripts/bench-deps installs it)".into(),
-            );
-        }
-        return table;
-    };
-    let server = match start_iperf3_server(bench, &iperf3) {
-        Ok(s) => s,
-        Err(e) => {
-            for proxy in bench.settings.contenders(false) {
-                table.push_missing(proxy.name(), format!("iperf3 server: {e:#}"));
-            }
-            return table;
+    let server = match &bench.tools.iperf3 {
+        None => Err("iperf3 not found (scripts/bench-deps installs it)".to_string()),
+        Some(iperf3) => {
+            start_iperf3_server(bench, iperf3).map_err(|e| format!("iperf3 server: {e:#}"))
         }
     };
-    for proxy in bench.settings.contenders(false) {
-        eprintln!("tcp bulk: {}", proxy.name());
-        // A readiness request would confuse iperf3's server: wait for the port only.
-        let measured = bench
-            .start_with(proxy, Mode::Tcp, server.1, Ready::Listens)
-            .and_then(|contender| {
-                let (out, cost) = bench.measure(&contender, || {
-                    let args = load_tools::iperf3_client_args(contender.addr, bench.settings.run);
-                    bench.run_tool(
-                        "iperf3-client",
-                        &iperf3,
-                        &args,
-                        bench.settings.run + TOOL_GRACE,
-                    )
-                });
-                Ok((load_tools::parse_iperf3(&out?)?, cost))
+    let results = interleaved(
+        "tcp bulk",
+        &bench.settings.contenders(false),
+        bench.settings.rounds,
+        |proxy| {
+            let (_, server_addr) = server.as_ref().map_err(Clone::clone)?;
+            let iperf3 = bench.tools.iperf3.clone().ok_or("iperf3 not found")?;
+            // A readiness request would confuse iperf3's server: wait for the port only.
+            let contender = bench.start_with(proxy, Mode::Tcp, *server_addr, Ready::Listens)?;
+            let (out, cost) = bench.measure(&contender, || {
+                let args = load_tools::iperf3_client_args(contender.addr, run);
+                bench.run_tool("iperf3-client", &iperf3, &args, run + TOOL_GRACE)
             });
-        match measured {
-            Ok((bits, cost)) => {
-                eprintln!("  {:.2} Gbit/s", bits / 1e9);
+            Ok((load_tools::parse_iperf3(&out?)?, cost))
+        },
+    );
+    for (proxy, rounds) in results {
+        match best_round(rounds, |(bits, _): &(f64, Cost)| *bits) {
+            Ok(((bits, cost), note)) => {
+                eprintln!("  {}: {:.2} Gbit/s", proxy.name(), bits / 1e9);
                 let values = vec![
                     Some(bits / 1e9),
                     cost.proxy_cores(),
                     cost.proxy_core_busy.map(|b| b * 100.0),
                     cost.load_core_busy.map(|b| b * 100.0),
                 ];
-                table.push(proxy.name(), values, None);
+                table.push(proxy.name(), values, note);
             }
             Err(why) => table.push_missing(proxy.name(), why),
         }
@@ -92,7 +82,7 @@ fn bulk(bench: &Bench) -> Table {
 /// The iperf3 server on the load core, and its address.
 fn start_iperf3_server(
     bench: &Bench,
-    iperf3: &std::path::Path,
+    iperf3: &Path,
 ) -> anyhow::Result<(process::Spawned, SocketAddr)> {
     let addr: SocketAddr = format!("127.0.0.1:{}", process::free_ports(1)?[0]).parse()?;
     let log = bench.work_dir.join("iperf3-server.log");
@@ -100,7 +90,7 @@ fn start_iperf3_server(
     let args = load_tools::iperf3_server_args(addr);
     let mut server = process::spawn(&bench.registry, "iperf3-server", cpu, iperf3, &args, &log)?;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(addr).is_err() {
+    while !process::is_listening(addr.port()) {
         anyhow::ensure!(server.exited().is_none(), "exited: {}", server.log_tail(3));
         anyhow::ensure!(Instant::now() < deadline, "not listening after 10 s");
         std::thread::sleep(Duration::from_millis(10));
@@ -121,37 +111,59 @@ fn connection_rate(bench: &Bench) -> Table {
             Column::new("load core busy", "%", 0),
         ],
     );
-    table.notes.push(format!(
-        "Generator in the benches crate on the load core; {} s per contender; each connection carries `GET /` with `Connection: close` and its 1 KiB answer.",
-        bench.settings.run.as_secs()
-    ));
-    for proxy in bench.settings.contenders(false) {
-        eprintln!("tcp connections: {}", proxy.name());
-        match bench.start(proxy, Mode::Tcp, bench.upstream) {
+    let run = bench.settings.round;
+    table.notes.push("Generator in the benches crate on the load core; each connection carries `GET /` with `Connection: close` and its 1 KiB answer; proxies in TCP mode.".into());
+    table.notes.push(rounds_note(bench));
+    table.notes.push(CORES_NOTE.into());
+    let results = interleaved(
+        "tcp connections",
+        &bench.settings.contenders(false),
+        bench.settings.rounds,
+        |proxy| {
+            let contender = bench.start(proxy, Mode::Tcp, bench.upstream)?;
+            Ok(bench.measure(&contender, || {
+                bench.block_on(tcp_load::connection_rate(
+                    contender.addr,
+                    CONNECT_WORKERS,
+                    run,
+                ))
+            }))
+        },
+    );
+    for (proxy, rounds) in results {
+        match best_round(rounds, |(rate, _): &(ConnectionRate, Cost)| {
+            rate.per_second()
+        }) {
+            Ok(((rate, cost), note)) => push_rate(&mut table, proxy, rate, cost, note),
             Err(why) => table.push_missing(proxy.name(), why),
-            Ok(contender) => push_rate(bench, &mut table, proxy, &contender),
         }
     }
     table
 }
 
-fn push_rate(bench: &Bench, table: &mut Table, proxy: Proxy, contender: &Contender) {
-    let (rate, cost) = bench.measure(contender, || {
-        bench.block_on(tcp_load::connection_rate(
-            contender.addr,
-            CONNECT_WORKERS,
-            bench.settings.run,
-        ))
-    });
+fn push_rate(
+    table: &mut Table,
+    proxy: Proxy,
+    rate: ConnectionRate,
+    cost: Cost,
+    rounds_note: Option<String>,
+) {
     eprintln!(
-        "  {:.0} connections/s, {} errors",
+        "  {}: {:.0} connections/s, {} errors",
+        proxy.name(),
         rate.per_second(),
         rate.errors
     );
     let per_1000 = cost
         .cpu_seconds
-        .map(|c| super::cpu_ms_per_1000(c, rate.connections + rate.errors));
-    let note = (rate.errors > 0).then(|| format!("{} failed connections", rate.errors));
+        .map(|c| cpu_ms_per_1000(c, rate.connections + rate.errors));
+    let notes: Vec<String> = [
+        (rate.errors > 0).then(|| format!("{} failed connections", rate.errors)),
+        rounds_note,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let values = vec![
         Some(rate.per_second()),
         Some(rate.errors as f64),
@@ -160,5 +172,9 @@ fn push_rate(bench: &Bench, table: &mut Table, proxy: Proxy, contender: &Contend
         cost.proxy_core_busy.map(|b| b * 100.0),
         cost.load_core_busy.map(|b| b * 100.0),
     ];
-    table.push(proxy.name(), values, note);
+    table.push(
+        proxy.name(),
+        values,
+        (!notes.is_empty()).then(|| notes.join("; ")),
+    );
 }

@@ -1,20 +1,22 @@
 //! Scenario 2, maximum throughput through each proxy's L7 mode: HTTP/1.1 keep-alive over 64
 //! connections (wrk), and gRPC unary calls over h2c, 16 connections × 16 streams (h2load).
+//! Interleaved rounds; each contender's best round is kept.
 
-use super::{cpu_ms_per_1000, grpc_request_body, Bench, Cost};
+use super::{best_round, cpu_ms_per_1000, grpc_request_body, interleaved, seconds, Bench, Cost};
 use crate::load_tools::{self, HttpLoad};
 use crate::proxy_config::{Mode, Proxy};
 use crate::report::{Column, Table};
 use std::fs;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 const HTTP1_CONNECTIONS: usize = 64;
 const GRPC_CONNECTIONS: usize = 16;
 const GRPC_STREAMS: usize = 16;
-/// How to read the two core columns.
-pub const CORES_NOTE: &str = "Core busy % is from /proc/stat and includes kernel and softirq time (loopback TCP is processed there): a load core near 100% means the load generator and upstream, not the proxy, set the limit.";
 /// Extra time a tool gets beyond its own duration before it is killed.
-const TOOL_GRACE: Duration = Duration::from_secs(15);
+pub const TOOL_GRACE: Duration = Duration::from_secs(15);
+/// How to read the two core columns.
+pub const CORES_NOTE: &str = "Core busy % is from /proc/stat and includes kernel and softirq time (loopback TCP is processed there): a load core near 100% means the load generator and upstream, not the proxy, set the limit; a proxy core busy without a proxy means other work on the machine.";
 
 fn columns(percentiles: bool) -> Vec<Column> {
     let mut c = vec![
@@ -35,8 +37,21 @@ fn columns(percentiles: bool) -> Vec<Column> {
     c
 }
 
+/// The note every throughput-like table carries about its rounds.
+pub fn rounds_note(bench: &Bench) -> String {
+    let s = &bench.settings;
+    format!(
+        "{} round(s) of {} per contender, interleaved across contenders; the best round is shown.",
+        s.rounds,
+        seconds(s.round)
+    )
+}
+
 /// Runs both halves of the scenario.
 pub fn run(bench: &Bench) -> Vec<Table> {
+    let run = bench.settings.round;
+    let contenders = bench.settings.contenders(true);
+
     let mut http1 = Table::new(
         "throughput-http1",
         "2a. Max throughput, HTTP/1.1 keep-alive, 64 connections (wrk, 1 thread)",
@@ -44,58 +59,75 @@ pub fn run(bench: &Bench) -> Vec<Table> {
     );
     http1.notes.push(format!(
         "wrk -t1 -c{HTTP1_CONNECTIONS} -d{}s --latency; wrk and the upstream share the load core.",
-        bench.settings.run.as_secs()
+        run.as_secs()
     ));
+    http1.notes.push(rounds_note(bench));
     http1.notes.push(CORES_NOTE.into());
+    let results = interleaved(
+        "throughput http/1.1",
+        &contenders,
+        bench.settings.rounds,
+        |proxy| {
+            let wrk = bench
+                .tools
+                .wrk
+                .clone()
+                .ok_or("wrk not found (scripts/bench-deps installs it)")?;
+            one_run(bench, proxy, Mode::Http1, |addr| {
+                let args = load_tools::wrk_args(addr, HTTP1_CONNECTIONS, run);
+                let out = bench.run_tool("wrk", &wrk, &args, run + TOOL_GRACE)?;
+                load_tools::parse_wrk(&out)
+                    .ok_or_else(|| format!("wrk printed no report: {}", out.trim()))
+            })
+        },
+    );
+    for (proxy, rounds) in results {
+        push(
+            &mut http1,
+            proxy,
+            best_round(rounds, |(load, _)| load.requests_per_second),
+            true,
+        );
+    }
+
     let mut grpc = Table::new(
         "throughput-grpc",
         "2b. Max throughput, gRPC unary over h2c, 16 connections × 16 streams (h2load, 1 thread)",
         columns(false),
     );
+    grpc.notes.push(format!("h2load -c{GRPC_CONNECTIONS} -m{GRPC_STREAMS} -t1 -D {}: POST of a 100-byte gRPC message, 1 KiB gRPC answer with grpc-status trailers; HTTP/2 end to end (Envoy's cluster, HAProxy's `proto h2`, nginx's grpc_pass, Remora's HTTP mode).", run.as_secs()));
+    grpc.notes.push(rounds_note(bench));
     grpc.notes.push(CORES_NOTE.into());
-    grpc.notes.push("h2load -c16 -m16 -t1, POST of a 100-byte gRPC message, 1 KiB gRPC answer with grpc-status trailers; HTTP/2 end to end (Envoy's cluster, HAProxy's `proto h2`, nginx's grpc_pass, Remora's HTTP mode).".into());
-
     let body_file = bench.work_dir.join("grpc-request.bin");
-    let body_written = fs::write(&body_file, grpc_request_body()).map_err(|e| e.to_string());
-    for proxy in bench.settings.contenders(true) {
-        eprintln!("throughput: {} (HTTP/1.1)", proxy.name());
-        let row = bench
-            .tools
-            .wrk
-            .clone()
-            .ok_or("wrk not found (scripts/bench-deps installs it)".to_string())
-            .and_then(|wrk| {
-                one_run(bench, proxy, Mode::Http1, |addr| {
-                    let args = load_tools::wrk_args(addr, HTTP1_CONNECTIONS, bench.settings.run);
-                    let out =
-                        bench.run_tool("wrk", &wrk, &args, bench.settings.run + TOOL_GRACE)?;
-                    load_tools::parse_wrk(&out)
-                        .ok_or_else(|| format!("wrk printed no report: {}", out.trim()))
-                })
-            });
-        push(&mut http1, proxy, row, true);
-
-        eprintln!("throughput: {} (gRPC over h2c)", proxy.name());
-        let row = match (&bench.tools.h2load, &body_written) {
-            (None, _) => {
-                Err("h2load not found (scripts/bench-deps installs nghttp2-client)".to_string())
-            }
-            (_, Err(e)) => Err(format!("writing the request body: {e}")),
-            (Some(h2load), Ok(())) => one_run(bench, proxy, Mode::Grpc, |addr| {
-                let args = load_tools::h2load_args(
-                    addr,
-                    GRPC_CONNECTIONS,
-                    GRPC_STREAMS,
-                    bench.settings.run,
-                    &body_file,
-                );
-                let out =
-                    bench.run_tool("h2load", h2load, &args, bench.settings.run + TOOL_GRACE)?;
+    let body_written = fs::write(&body_file, grpc_request_body())
+        .map_err(|e| format!("writing the request body: {e}"));
+    let results = interleaved(
+        "throughput grpc",
+        &contenders,
+        bench.settings.rounds,
+        |proxy| {
+            let h2load = bench
+                .tools
+                .h2load
+                .clone()
+                .ok_or("h2load not found (scripts/bench-deps installs nghttp2-client)")?;
+            body_written.clone()?;
+            one_run(bench, proxy, Mode::Grpc, |addr| {
+                let args =
+                    load_tools::h2load_args(addr, GRPC_CONNECTIONS, GRPC_STREAMS, run, &body_file);
+                let out = bench.run_tool("h2load", &h2load, &args, run + TOOL_GRACE)?;
                 load_tools::parse_h2load(&out)
                     .ok_or_else(|| format!("h2load printed no report: {}", out.trim()))
-            }),
-        };
-        push(&mut grpc, proxy, row, false);
+            })
+        },
+    );
+    for (proxy, rounds) in results {
+        push(
+            &mut grpc,
+            proxy,
+            best_round(rounds, |(load, _)| load.requests_per_second),
+            false,
+        );
     }
     vec![http1, grpc]
 }
@@ -108,20 +140,27 @@ fn one_run(
     bench: &Bench,
     proxy: Proxy,
     mode: Mode,
-    load: impl FnOnce(std::net::SocketAddr) -> Result<HttpLoad, String>,
+    load: impl FnOnce(SocketAddr) -> Result<HttpLoad, String>,
 ) -> Result<Measured, String> {
     let contender = bench.start(proxy, mode, bench.upstream)?;
     let (result, cost) = bench.measure(&contender, || load(contender.addr));
     Ok((result?, cost))
 }
 
-fn push(table: &mut Table, proxy: Proxy, row: Result<Measured, String>, percentiles: bool) {
+fn push(
+    table: &mut Table,
+    proxy: Proxy,
+    row: Result<(Measured, Option<String>), String>,
+    percentiles: bool,
+) {
     match row {
         Err(why) => table.push_missing(proxy.name(), why),
-        Ok((load, cost)) => {
+        Ok(((load, cost), rounds_note)) => {
             eprintln!(
-                "  {:.0} req/s, {} errors",
-                load.requests_per_second, load.errors
+                "  {}: {:.0} req/s, {} errors",
+                proxy.name(),
+                load.requests_per_second,
+                load.errors
             );
             let mut values = vec![Some(load.requests_per_second), load.mean_us];
             if percentiles {
@@ -139,9 +178,18 @@ fn push(table: &mut Table, proxy: Proxy, row: Result<Measured, String>, percenti
                 cost.load_core_busy.map(|b| b * 100.0),
             ]);
             let total = load.requests + load.errors;
-            let note =
-                (load.errors > 0).then(|| format!("{} of {total} requests failed", load.errors));
-            table.push(proxy.name(), values, note);
+            let notes: Vec<String> = [
+                (load.errors > 0).then(|| format!("{} of {total} requests failed", load.errors)),
+                rounds_note,
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            table.push(
+                proxy.name(),
+                values,
+                (!notes.is_empty()).then(|| notes.join("; ")),
+            );
         }
     }
 }

@@ -4,6 +4,7 @@
 
 mod http_client;
 pub mod probe;
+mod probe_clients;
 
 use crate::admin::{self, AdminRequest, AdminState, Role};
 use crate::metrics::ServerState;

@@ -133,8 +133,10 @@ pub async fn run(prober: &Prober, target: &Target) -> ProbeResult {
                 .await
                 .map(|_| ())
                 .map_err(|e| format!("tcp connect {addr}: {e}"))
-        } else if prober.grpc.is_some() {
-            Err("gRPC probes are not supported yet".to_string())
+        } else if let Some(g) = &prober.grpc {
+            let addr = SocketAddr::new(app_ip, g.port);
+            super::probe_clients::grpc_health(target, addr, g.service.as_deref().unwrap_or(""))
+                .await
         } else {
             Err("probe has no httpGet, tcpSocket or grpc".to_string())
         }
@@ -157,17 +159,20 @@ fn host_ip(host: Option<&str>, default: IpAddr) -> Result<IpAddr, String> {
 
 async fn http_get(h: &HttpGet, target: &Target) -> ProbeResult {
     let app_ip = target.app_ip;
-    if h.scheme
-        .as_deref()
-        .is_some_and(|s| s.eq_ignore_ascii_case("https"))
-    {
-        return Err("HTTPS probes are not supported yet".into());
-    }
     let addr = SocketAddr::new(host_ip(h.host.as_deref(), app_ip)?, h.port.number()?);
     let path = if h.path.is_empty() { "/" } else { &h.path };
-    let status = super::http_client::get(target, addr, path, &h.http_headers)
-        .await
-        .map(|(status, _)| status)?;
+    let https = h
+        .scheme
+        .as_deref()
+        .is_some_and(|s| s.eq_ignore_ascii_case("https"));
+    let status = if https {
+        let host = h.host.clone().unwrap_or_else(|| app_ip.to_string());
+        super::probe_clients::https_get(target, addr, &host, path, &h.http_headers).await?
+    } else {
+        super::http_client::get(target, addr, path, &h.http_headers)
+            .await
+            .map(|(status, _)| status)?
+    };
     // kubelet: any status from 200 to 399 is success.
     if (200..400).contains(&status) {
         Ok(())

@@ -100,13 +100,15 @@ pub enum ErrorKind {
     Timeout,
     /// The request is malformed; it is answered here and never forwarded.
     MalformedRequest(&'static str),
+    /// An authorization policy denied the request (Envoy's RBAC filter); never forwarded.
+    AccessDenied,
 }
 
 impl ErrorKind {
     /// Who is at fault.
     pub fn origin(self) -> Origin {
         match self {
-            ErrorKind::MalformedRequest(_) => Origin::Downstream,
+            ErrorKind::MalformedRequest(_) | ErrorKind::AccessDenied => Origin::Downstream,
             ErrorKind::Timeout => Origin::Internal,
             _ => Origin::Upstream,
         }
@@ -121,6 +123,8 @@ impl ErrorKind {
             ErrorKind::UpstreamProtocol => Flags::UPE,
             ErrorKind::Timeout => Flags::UT,
             ErrorKind::MalformedRequest(_) => Flags::DPE,
+            // Envoy's RBAC filter sets no flag, only its response code details.
+            ErrorKind::AccessDenied => Flags::default(),
         }
     }
 
@@ -140,6 +144,7 @@ impl ErrorKind {
             ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
             ErrorKind::UpstreamProtocol => StatusCode::BAD_GATEWAY,
             ErrorKind::MalformedRequest(_) => StatusCode::BAD_REQUEST,
+            ErrorKind::AccessDenied => StatusCode::FORBIDDEN,
             _ => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -151,6 +156,8 @@ impl ErrorKind {
             ErrorKind::Timeout => 4,
             // INTERNAL
             ErrorKind::MalformedRequest(_) | ErrorKind::UpstreamProtocol => 13,
+            // PERMISSION_DENIED, as Envoy maps a 403.
+            ErrorKind::AccessDenied => 7,
             // UNAVAILABLE: the call may be retried by the client.
             _ => 14,
         }
@@ -177,6 +184,7 @@ impl ErrorKind {
             ErrorKind::UpstreamProtocol => "upstream protocol error",
             ErrorKind::Timeout => "upstream request timeout",
             ErrorKind::MalformedRequest(why) => why,
+            ErrorKind::AccessDenied => "RBAC: access denied",
         }
     }
 }

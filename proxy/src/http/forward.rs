@@ -1,7 +1,8 @@
 //! One request, in three phases, as pingora names them:
 //!
 //! 1. **request**: refuse what is malformed (400 `DPE`, never forwarded), drop hop-by-hop
-//!    headers, add `x-request-id` and `x-forwarded-proto`, find the request's deadline;
+//!    headers, add `x-request-id` and `x-forwarded-proto`; inbound, normalise the path and
+//!    apply the authorization policies (403, never forwarded); find the request's deadline;
 //! 2. **upstream**: send it on a pooled connection to the original destination, opening one
 //!    when none is idle, and retry as Istio's default policy says (outbound only);
 //! 3. **response**: drop hop-by-hop headers and stream the body back, or answer locally with
@@ -60,6 +61,10 @@ pub async fn handle(
         mesh_identity_headers(&ctx, &mut parts.headers);
     }
     headers::prepare_request(&mut parts.headers, upgrade);
+    let refused = match ctx.direction {
+        Direction::Inbound => super::authorize::inbound(&ctx, &mut parts).err(),
+        Direction::Outbound => None,
+    };
     if ctx.logging() {
         let log = RequestLog::new(
             start,
@@ -69,6 +74,10 @@ pub async fn handle(
             &parts.headers,
         );
         end.log = Some(Box::new(log));
+    }
+    if let Some(kind) = refused {
+        tracing::debug!(peer = %ctx.peer, reason = kind.details(), "inbound request refused");
+        return Ok(local_reply(kind, grpc, end));
     }
     if let Some(log) = &mut end.log {
         log.received = Arc::clone(&end.received);

@@ -10,6 +10,7 @@
 //! `USE_DOWNSTREAM_PROTOCOL`.
 
 pub mod access_log;
+mod authorize;
 pub mod body;
 pub mod counting;
 pub mod errors;
@@ -52,6 +53,8 @@ pub struct ConnContext {
     pub connect_timeout: Duration,
     /// The client's sidecar and our own identity, when mesh TLS was terminated.
     pub mesh_peer: Option<(Arc<crate::tls::Peer>, crate::identity::SpiffeId)>,
+    /// The server name the client's TLS asked for, when mesh TLS was terminated.
+    pub sni: Option<Box<str>>,
     in_flight: AtomicUsize,
     /// Bytes read from the client; with `bytes_out`, also what tells an idle connection.
     bytes_in: AtomicU64,
@@ -155,6 +158,10 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         let ours = proxy.mesh.identity.current()?.spiffe_id.clone();
         Some((peer, ours))
     });
+    let sni = match &c.downstream {
+        crate::tls::stream::Downstream::Mesh(tls) => tls.get_ref().1.server_name().map(Into::into),
+        crate::tls::stream::Downstream::Plain(_) => None,
+    };
     let ctx = Arc::new(ConnContext {
         proxy,
         config,
@@ -163,6 +170,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         key,
         connect_timeout: c.connect_timeout,
         mesh_peer,
+        sni,
         in_flight: AtomicUsize::new(0),
         bytes_in: AtomicU64::new(0),
         bytes_out: AtomicU64::new(0),

@@ -97,6 +97,10 @@ pub enum Scope {
     Listener(String),
     /// A cluster by name.
     Cluster(&'static str),
+    /// An HTTP connection manager, by its stat prefix (`inbound_0.0.0.0_15006`).
+    HttpConnManager(String),
+    /// Istio's network RBAC filter (stat prefix `tcp.`).
+    Tcp,
 }
 
 /// Counter or gauge, as Envoy types it.
@@ -124,6 +128,8 @@ impl EnvoyStat {
             Scope::ClusterManager => format!("cluster_manager.{}", self.stat),
             Scope::Listener(a) => format!("listener.{a}.{}", self.stat),
             Scope::Cluster(c) => format!("cluster.{c}.{}", self.stat),
+            Scope::HttpConnManager(p) => format!("http.{p}.{}", self.stat),
+            Scope::Tcp => format!("tcp.{}", self.stat),
         }
     }
 
@@ -141,6 +147,11 @@ impl EnvoyStat {
                 format!("envoy_cluster_{}", self.stat),
                 Some(("cluster_name", c.to_string())),
             ),
+            Scope::HttpConnManager(p) => (
+                format!("envoy_http_{}", self.stat.replace('.', "_")),
+                Some(("envoy_http_conn_manager_prefix", p.clone())),
+            ),
+            Scope::Tcp => (format!("envoy_tcp_{}", self.stat.replace('.', "_")), None),
         }
     }
 }
@@ -149,6 +160,8 @@ impl EnvoyStat {
 #[derive(Debug, Clone)]
 pub struct EnvoyStats {
     pub server: Arc<ServerStats>,
+    /// Authorization decisions, for the RBAC filters' stats.
+    pub authz: super::AuthzMetrics,
     pub outbound: DirectionMetrics,
     pub inbound: DirectionMetrics,
     /// Envoy's stat prefixes of the outbound and inbound listeners.
@@ -224,9 +237,31 @@ impl EnvoyStats {
                 d.received_bytes.get(),
             ));
         }
+        // Inbound authorization, as Istio's RBAC filters count it; only once policies are in
+        // force, as Envoy only has the filters then.
+        if self.authz.policies_in_force() {
+            let http = || Scope::HttpConnManager(format!("inbound_{}", self.inbound_listener));
+            let stats_of = |p| self.authz.envoy_rbac(p);
+            for (scope, values) in [
+                (http(), stats_of(super::AuthzProtocol::Http)),
+                (Scope::Tcp, stats_of(super::AuthzProtocol::Tcp)),
+            ] {
+                for (stat, v) in RBAC_STATS.into_iter().zip(values) {
+                    stats.push(c(scope.clone(), stat, v));
+                }
+            }
+        }
         stats
     }
 }
+
+/// Envoy's RBAC filter statistics, in [`super::AuthzMetrics::envoy_rbac`]'s order.
+const RBAC_STATS: [&str; 4] = [
+    "rbac.allowed",
+    "rbac.denied",
+    "rbac.shadow_allowed",
+    "rbac.shadow_denied",
+];
 
 /// One Prometheus sample: its scope label, if any, and its value.
 type Sample = (Option<(&'static str, String)>, u64);

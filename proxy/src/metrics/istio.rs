@@ -1,20 +1,32 @@
 //! Istio's standard TCP metrics, with Istio's names and labels.
 //!
-//! Label sets are built once per (direction, response flag) at start-up: our own side comes from
-//! the [`Workload`], the peer's side is `unknown` until mutual TLS and metadata exchange tell us
-//! who it is. No label ever takes a value a client chooses, so cardinality stays bounded.
+//! Our side of every label set comes from the [`Workload`]; the peer's side is `unknown` until
+//! mutual TLS names it (its SPIFFE ID, with the namespace in it) and metadata exchange says
+//! which workload it is. A connection's series is picked once, when Istio's proxies report the
+//! open: at once for plaintext, after the handshake and the exchange for mesh connections. The
+//! connection holds its counters from then on, so the data path never looks labels up. Peers
+//! are authenticated, and at most [`MAX_PEERS`] distinct ones per direction get series of their
+//! own; later ones are counted as the unknown peer, so cardinality stays bounded.
 
+use crate::metadata_exchange::WorkloadMetadata;
+use crate::tls::Peer;
 use crate::workload::{Workload, UNKNOWN};
 use crate::Direction;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// Istio's labels, in the order Istio's proxies print them.
 pub type IstioLabels = Vec<(&'static str, String)>;
 
 /// The response flags a TCP connection can end with (`-` for none).
 pub const FLAGS: [&str; 4] = ["-", "UF", "DC", "UC"];
+
+/// Most distinct mesh peers (principal and exchanged metadata) given TCP series of their own,
+/// per direction. Each costs up to thirteen series; a sidecar talks to far fewer workloads.
+pub const MAX_PEERS: usize = 256;
 
 /// The four `istio_tcp_*` families.
 #[derive(Debug, Default, Clone)]
@@ -25,13 +37,48 @@ pub struct TcpFamilies {
     received: Family<IstioLabels, Counter>,
 }
 
-/// One direction's pre-resolved `istio_tcp_*` counters.
-#[derive(Debug, Clone, Default)]
+/// The `istio_tcp_*` counters of one direction and one peer.
+#[derive(Debug)]
 pub struct IstioTcp {
+    families: TcpFamilies,
+    /// The label set, with no response flag.
+    labels: IstioLabels,
     opened: Counter,
-    closed: [Counter; FLAGS.len()],
-    sent: [Counter; FLAGS.len()],
-    received: [Counter; FLAGS.len()],
+    /// Per response flag, resolved when first used, so a peer's series appear as they happen.
+    by_flag: [OnceLock<FlagCounters>; FLAGS.len()],
+}
+
+#[derive(Debug, Clone)]
+struct FlagCounters {
+    closed: Counter,
+    sent: Counter,
+    received: Counter,
+}
+
+/// One direction's TCP series: the unknown peer's, and those of the mesh peers seen.
+#[derive(Debug)]
+pub struct TcpSeries {
+    families: TcpFamilies,
+    own: Workload,
+    dir: Direction,
+    unknown: Arc<IstioTcp>,
+    peers: Mutex<HashMap<PeerKey, Arc<IstioTcp>>>,
+}
+
+/// What a mesh peer's labels are made of; peers with equal keys share their series.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PeerKey {
+    principal: String,
+    metadata: Option<Arc<WorkloadMetadata>>,
+}
+
+impl PeerKey {
+    pub fn of(peer: &Peer) -> Self {
+        PeerKey {
+            principal: peer.principal(),
+            metadata: peer.metadata.clone(),
+        }
+    }
 }
 
 impl TcpFamilies {
@@ -61,22 +108,75 @@ impl TcpFamilies {
         f
     }
 
-    /// The counters for one direction.
-    pub fn resolve(&self, own: &Workload, dir: Direction) -> IstioTcp {
-        let per_flag = |family: &Family<IstioLabels, Counter>| {
-            FLAGS.map(|flag| family.get_or_create(&labels(own, dir, flag)).clone())
-        };
-        IstioTcp {
-            opened: self.opened.get_or_create(&labels(own, dir, "-")).clone(),
-            closed: per_flag(&self.closed),
-            sent: per_flag(&self.sent),
-            received: per_flag(&self.received),
+    /// The series of one direction. The unknown peer's are created now, every flag included,
+    /// so they show (at zero) before any connection.
+    pub fn resolve(&self, own: &Workload, dir: Direction) -> TcpSeries {
+        let unknown = IstioTcp::new(self, labels(own, dir, "-"));
+        for i in 0..FLAGS.len() {
+            unknown.flag(i);
+        }
+        TcpSeries {
+            families: self.clone(),
+            own: own.clone(),
+            dir,
+            unknown: Arc::new(unknown),
+            peers: Mutex::default(),
         }
     }
 }
 
+impl TcpSeries {
+    /// The series of connections whose peer is not known.
+    pub fn unknown(&self) -> &Arc<IstioTcp> {
+        &self.unknown
+    }
+
+    /// The series of connections with `peer`, or the unknown peer's once [`MAX_PEERS`] others
+    /// have series.
+    pub fn of(&self, peer: Option<&Peer>) -> Arc<IstioTcp> {
+        let Some(peer) = peer else {
+            return Arc::clone(&self.unknown);
+        };
+        let key = PeerKey::of(peer);
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(series) = peers.get(&key) {
+            return Arc::clone(series);
+        }
+        if peers.len() >= MAX_PEERS {
+            return Arc::clone(&self.unknown);
+        }
+        let labels = labels_for(&self.own, self.dir, "-", Some(peer));
+        let series = Arc::new(IstioTcp::new(&self.families, labels));
+        peers.insert(key, Arc::clone(&series));
+        series
+    }
+}
+
 impl IstioTcp {
-    /// A connection was accepted.
+    fn new(families: &TcpFamilies, labels: IstioLabels) -> Self {
+        IstioTcp {
+            opened: families.opened.get_or_create(&labels).clone(),
+            families: families.clone(),
+            labels,
+            by_flag: Default::default(),
+        }
+    }
+
+    fn flag(&self, i: usize) -> &FlagCounters {
+        self.by_flag[i].get_or_init(|| {
+            let mut l = self.labels.clone();
+            if let Some(entry) = l.iter_mut().find(|(name, _)| *name == "response_flags") {
+                entry.1 = FLAGS[i].to_string();
+            }
+            FlagCounters {
+                closed: self.families.closed.get_or_create(&l).clone(),
+                sent: self.families.sent.get_or_create(&l).clone(),
+                received: self.families.received.get_or_create(&l).clone(),
+            }
+        })
+    }
+
+    /// A connection opened.
     pub fn opened(&self) {
         self.opened.inc();
     }
@@ -85,10 +185,11 @@ impl IstioTcp {
     /// sent (Istio's "received during request"), `received` what it got back.
     pub fn closed(&self, flag: &str, sent: u64, received: u64) {
         let i = FLAGS.iter().position(|f| *f == flag).unwrap_or(0);
-        self.closed[i].inc();
+        let c = self.flag(i);
+        c.closed.inc();
         // Istio counts from the server's point of view: bytes *sent* are the response.
-        self.sent[i].inc_by(received);
-        self.received[i].inc_by(sent);
+        c.sent.inc_by(received);
+        c.received.inc_by(sent);
     }
 }
 
@@ -103,7 +204,7 @@ pub fn labels_for(
     own: &Workload,
     dir: Direction,
     flag: &str,
-    mesh_peer: Option<&crate::tls::Peer>,
+    mesh_peer: Option<&Peer>,
 ) -> IstioLabels {
     let unknown = || UNKNOWN.to_string();
     let peer = mesh_peer.map_or_else(Side::peer, Side::mesh_peer);
@@ -186,8 +287,23 @@ impl Side {
         }
     }
 
-    fn mesh_peer(p: &crate::tls::Peer) -> Self {
+    fn mesh_peer(p: &Peer) -> Self {
         let mut side = Side::peer();
+        if let Some(m) = &p.metadata {
+            let said = |field: &mut String, v: &str| {
+                if !v.is_empty() {
+                    *field = v.to_string();
+                }
+            };
+            said(&mut side.workload, &m.workload);
+            said(&mut side.canonical_service, &m.canonical_service);
+            said(&mut side.canonical_revision, &m.canonical_revision);
+            said(&mut side.namespace, &m.namespace);
+            said(&mut side.app, &m.app);
+            said(&mut side.version, &m.version);
+            said(&mut side.cluster, &m.cluster);
+        }
+        // The certificate's namespace wins over the one the peer says, as in Istio's proxies.
         if let Some(id) = &p.spiffe_id {
             side.principal = id.as_str().to_string();
             if let Some(ns) = id.namespace() {
@@ -242,15 +358,20 @@ mod tests {
         assert_eq!(out.len(), 23);
     }
 
-    #[test]
-    fn a_mesh_peer_fills_the_other_side_and_inbound_is_mutual_tls() {
-        let peer = crate::tls::Peer {
+    fn cart(metadata: Option<WorkloadMetadata>) -> Peer {
+        Peer {
             spiffe_id: crate::identity::SpiffeId::parse("spiffe://cluster.local/ns/shop/sa/cart"),
             cert_hash: String::new(),
             subject: String::new(),
             dns_sans: vec![],
             alpn: None,
-        };
+            metadata: metadata.map(Arc::new),
+        }
+    }
+
+    #[test]
+    fn a_mesh_peer_fills_the_other_side_and_inbound_is_mutual_tls() {
+        let peer = cart(None);
         let own = Workload::default();
         let inb = labels_for(&own, Direction::Inbound, "-", Some(&peer));
         assert_eq!(
@@ -268,10 +389,80 @@ mod tests {
     }
 
     #[test]
+    fn exchanged_metadata_names_the_peer_but_the_certificate_names_its_namespace() {
+        let peer = cart(Some(WorkloadMetadata {
+            workload: "cart-v1".into(),
+            namespace: "claimed".into(),
+            app: "cart".into(),
+            version: "v1".into(),
+            canonical_service: "cart-svc".into(),
+            cluster: "east".into(),
+            ..WorkloadMetadata::default()
+        }));
+        let own = Workload::default();
+        let inb = labels_for(&own, Direction::Inbound, "-", Some(&peer));
+        assert_eq!(get(&inb, "source_workload"), "cart-v1");
+        assert_eq!(get(&inb, "source_app"), "cart");
+        assert_eq!(get(&inb, "source_version"), "v1");
+        assert_eq!(get(&inb, "source_canonical_service"), "cart-svc");
+        assert_eq!(get(&inb, "source_canonical_revision"), "latest");
+        assert_eq!(get(&inb, "source_cluster"), "east");
+        assert_eq!(get(&inb, "source_workload_namespace"), "shop");
+        let out = labels_for(&own, Direction::Outbound, "-", Some(&peer));
+        assert_eq!(get(&out, "destination_workload"), "cart-v1");
+        assert_eq!(get(&out, "destination_version"), "v1");
+        assert_eq!(get(&out, "source_workload"), "unknown");
+    }
+
+    #[test]
+    fn peers_get_series_of_their_own_up_to_the_cap() {
+        let mut registry = Registry::default();
+        let families = TcpFamilies::register(&mut registry);
+        let series = families.resolve(&Workload::default(), Direction::Inbound);
+        let named = |i: usize| {
+            cart(Some(WorkloadMetadata {
+                workload: format!("w{i}"),
+                ..WorkloadMetadata::default()
+            }))
+        };
+        let first = series.of(Some(&named(0)));
+        assert!(Arc::ptr_eq(&first, &series.of(Some(&named(0)))));
+        assert!(!Arc::ptr_eq(&first, series.unknown()));
+        for i in 1..MAX_PEERS {
+            series.of(Some(&named(i)));
+        }
+        let over = series.of(Some(&named(MAX_PEERS)));
+        assert!(Arc::ptr_eq(&over, series.unknown()));
+        assert!(Arc::ptr_eq(&series.of(None), series.unknown()));
+        first.opened();
+        first.closed("-", 5, 7);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let opened = text
+            .lines()
+            .find(|l| {
+                l.starts_with("istio_tcp_connections_opened_total")
+                    && l.contains("source_workload=\"w0\"")
+            })
+            .expect(&text);
+        assert!(opened.contains("connection_security_policy=\"mutual_tls\""));
+        assert!(opened.ends_with(" 1"), "{opened}");
+        // A peer's series per flag appear only once a connection ends with that flag.
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("istio_tcp_connections_closed_total")
+                    && l.contains("source_workload=\"w1\"")),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn closed_connections_count_bytes_from_the_servers_view() {
         let mut registry = Registry::default();
         let families = TcpFamilies::register(&mut registry);
-        let tcp = families.resolve(&Workload::default(), Direction::Outbound);
+        let series = families.resolve(&Workload::default(), Direction::Outbound);
+        let tcp = series.unknown();
         tcp.opened();
         tcp.closed("DC", 10, 2000);
         let mut text = String::new();

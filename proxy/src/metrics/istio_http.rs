@@ -5,7 +5,7 @@
 //! response flags, each from a small closed set — and the workload labels, fixed at start-up,
 //! are shared by every key. Looking up a series hashes a few integers, not 25 strings.
 
-use super::istio::{labels_for, IstioLabels};
+use super::istio::{labels_for, IstioLabels, PeerKey};
 use crate::http::errors::Flags;
 use crate::workload::Workload;
 use crate::Direction;
@@ -19,8 +19,9 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-/// Most distinct mesh peers given label sets of their own, per direction; later ones share the
-/// unknown peer's labels, so a flood of identities cannot grow the registry without bound.
+/// Most distinct mesh peers (principal and exchanged metadata) given label sets of their own, per
+/// direction; later ones share the unknown peer's labels, so a flood of identities cannot grow
+/// the registry without bound.
 const MAX_PEERS: usize = 1024;
 
 /// Istio's buckets for `istio_request_duration_milliseconds`.
@@ -146,12 +147,12 @@ pub struct RequestMetrics {
     outbound: Arc<Base>,
     inbound: Arc<Base>,
     own: Arc<Workload>,
-    /// The shared labels of each (direction, mesh peer principal) seen.
+    /// The shared labels of each (direction, mesh peer) seen.
     peers: Arc<Mutex<PeerBases>>,
 }
 
-/// The shared labels per direction and mesh peer principal.
-type PeerBases = HashMap<(Direction, String), Arc<Base>>;
+/// The shared labels per direction and mesh peer (principal and exchanged metadata).
+type PeerBases = HashMap<(Direction, PeerKey), Arc<Base>>;
 
 fn base(own: &Workload, dir: Direction, peer: Option<&crate::tls::Peer>) -> Arc<Base> {
     let mut l = labels_for(own, dir, "-", peer);
@@ -218,7 +219,7 @@ impl RequestMetrics {
             return Arc::clone(plain);
         };
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
-        let key = (dir, peer.principal());
+        let key = (dir, PeerKey::of(peer));
         if let Some(b) = peers.get(&key) {
             return Arc::clone(b);
         }

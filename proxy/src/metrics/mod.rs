@@ -5,6 +5,7 @@
 //! (`istio`), process metrics (`process`), and Remora's own `remora_*` counters, which carry only
 //! a direction and are what Remora's tests and alerts read.
 
+mod authz;
 mod dns;
 mod envoy;
 mod exposition;
@@ -13,9 +14,10 @@ mod istio_http;
 mod process;
 mod tls;
 
+pub use authz::{AuthzMetrics, Outcome as AuthzOutcome, Protocol as AuthzProtocol};
 pub use dns::DnsMetrics;
 pub use envoy::{EnvoyStat, Kind as StatKind, Scope as StatScope, ServerState, ServerStats};
-pub use istio::{IstioLabels, FLAGS};
+pub use istio::{IstioLabels, IstioTcp, FLAGS};
 pub use istio_http::RequestOutcome;
 pub use process::{sample as process_sample, Sample as ProcessSample};
 pub use tls::TlsMetrics;
@@ -30,6 +32,18 @@ use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
 type Labels = Vec<(&'static str, &'static str)>;
+
+/// The `result` values of `remora_protocol_detection_total`.
+pub const DETECTION_RESULTS: [&str; 8] = [
+    "http1",
+    "http2",
+    "tls",
+    "opaque",
+    "server_first",
+    "timeout",
+    "client_closed",
+    "client_failed",
+];
 
 /// Every metric Remora exports, with its registry.
 #[derive(Debug)]
@@ -46,6 +60,9 @@ pub struct Metrics {
     pub reloads_failed: Counter,
     /// Access-log lines dropped because the writer fell behind.
     pub access_log_dropped: Counter,
+    /// Protocol detection outcomes, by `DETECTION_RESULTS` index, and how long they took.
+    detections: Vec<Counter>,
+    detection_seconds: prometheus_client::metrics::histogram::Histogram,
     /// Server state, uptime and workers, for Envoy's `server.*` stats.
     pub server: Arc<ServerStats>,
     requests: istio_http::RequestMetrics,
@@ -53,11 +70,13 @@ pub struct Metrics {
     pub dns: DnsMetrics,
     /// Mesh TLS: certificate expiry and rotations, handshakes.
     pub tls: TlsMetrics,
+    /// Authorization decisions and the policies in force.
+    pub authz: AuthzMetrics,
     envoy: envoy::EnvoyStats,
 }
 
 /// The per-direction connection metrics.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct DirectionMetrics {
     pub opened: Counter,
     pub closed: Counter,
@@ -67,26 +86,65 @@ pub struct DirectionMetrics {
     pub sent_bytes: Counter,
     /// Bytes from upstream to downstream.
     pub received_bytes: Counter,
-    istio: istio::IstioTcp,
+    istio: Arc<istio::TcpSeries>,
 }
 
 impl DirectionMetrics {
-    /// A connection was accepted.
+    /// A connection was accepted. Istio's open waits for [`DirectionMetrics::istio_opened`],
+    /// when the peer is known.
     pub fn connection_opened(&self) {
         self.opened.inc();
         self.active.inc();
-        self.istio.opened();
+    }
+
+    /// Count the connection open in Istio's metrics, in the series of `peer` (the mesh peer,
+    /// `None` when unknown); the connection is closed where this says.
+    pub fn istio_opened(&self, peer: Option<&crate::tls::Peer>) -> IstioOpen {
+        match peer {
+            None => {
+                self.istio.unknown().opened();
+                IstioOpen::Unknown
+            }
+            Some(peer) => {
+                let series = self.istio.of(Some(peer));
+                series.opened();
+                IstioOpen::Peer(series)
+            }
+        }
     }
 
     /// A connection finished, with Envoy's response flag (`-` for none) and the bytes moved
-    /// from downstream to upstream (`sent`) and back (`received`).
-    pub fn connection_closed(&self, flag: &str, sent: u64, received: u64) {
+    /// from downstream to upstream (`sent`) and back (`received`). `istio` is where Istio's
+    /// open was counted; if it was not yet, open and close both go to the unknown peer's
+    /// series, as Istio's proxies report a connection that ends before its peer is known.
+    pub fn connection_closed(&self, istio: &IstioOpen, flag: &str, sent: u64, received: u64) {
         self.closed.inc();
         self.active.dec();
         self.sent_bytes.inc_by(sent);
         self.received_bytes.inc_by(received);
-        self.istio.closed(flag, sent, received);
+        let series = match istio {
+            IstioOpen::Peer(series) => series,
+            IstioOpen::Unknown => self.istio.unknown(),
+            IstioOpen::Pending => {
+                self.istio.unknown().opened();
+                self.istio.unknown()
+            }
+        };
+        series.closed(flag, sent, received);
     }
+}
+
+/// Where a connection was counted open in Istio's TCP metrics, so its close lands in the same
+/// series.
+#[derive(Debug, Clone, Default)]
+pub enum IstioOpen {
+    /// Not yet: the connection is ending before its peer was known.
+    #[default]
+    Pending,
+    /// For an unknown peer (plaintext, or mesh TLS not terminated).
+    Unknown,
+    /// In a mesh peer's series.
+    Peer(Arc<IstioTcp>),
 }
 
 impl Default for Metrics {
@@ -124,6 +182,29 @@ impl Metrics {
         let mut registry = Registry::default();
         let istio_tcp = istio::TcpFamilies::register(&mut registry);
         let requests = istio_http::RequestMetrics::register(&mut registry, own);
+        let detection_family = Family::<Labels, Counter>::default();
+        registry.register(
+            "remora_protocol_detection",
+            "Connections by what protocol detection decided",
+            detection_family.clone(),
+        );
+        let detections = DETECTION_RESULTS
+            .iter()
+            .map(|r| {
+                detection_family
+                    .get_or_create(&vec![("result", *r)])
+                    .clone()
+            })
+            .collect();
+        // From 100 µs (the client's first packet was already there) to the 5 s default timeout.
+        let detection_seconds = prometheus_client::metrics::histogram::Histogram::new(
+            prometheus_client::metrics::histogram::exponential_buckets(0.0001, 4.0, 9),
+        );
+        registry.register(
+            "remora_protocol_detection_duration_seconds",
+            "Time protocol detection took",
+            detection_seconds.clone(),
+        );
         let build = Family::<IstioLabels, Gauge>::default();
         registry.register("istio_build", "Istio component build info", build.clone());
         build
@@ -198,7 +279,7 @@ impl Metrics {
                 connect_failures: connect_failures.get_or_create(&l).clone(),
                 sent_bytes: sent.get_or_create(&l).clone(),
                 received_bytes: received.get_or_create(&l).clone(),
-                istio: istio_tcp.resolve(own, d),
+                istio: Arc::new(istio_tcp.resolve(own, d)),
             }
         };
         let outbound = direction(Direction::Outbound);
@@ -206,7 +287,9 @@ impl Metrics {
         let guard = |g: &'static str| loop_refused.get_or_create(&vec![("guard", g)]).clone();
         let result = |r: &'static str| reloads.get_or_create(&vec![("result", r)]).clone();
         let server = Arc::new(ServerStats::default());
+        let authz = AuthzMetrics::register(&mut registry);
         let envoy = envoy::EnvoyStats {
+            authz: authz.clone(),
             server: Arc::clone(&server),
             outbound: outbound.clone(),
             inbound: inbound.clone(),
@@ -217,7 +300,10 @@ impl Metrics {
         let dns = DnsMetrics::register(&mut registry);
         let tls = TlsMetrics::register(&mut registry);
         Metrics {
+            detections,
+            detection_seconds,
             tls,
+            authz,
             requests,
             server,
             dns,
@@ -239,6 +325,19 @@ impl Metrics {
             Direction::Outbound => &self.outbound,
             Direction::Inbound => &self.inbound,
         }
+    }
+
+    /// Record what protocol detection decided (one of [`DETECTION_RESULTS`]) and how long it
+    /// took.
+    pub fn detection_finished(&self, result: &str, took: std::time::Duration) {
+        let i = DETECTION_RESULTS
+            .iter()
+            .position(|r| *r == result)
+            .unwrap_or(0);
+        if let Some(c) = self.detections.get(i) {
+            c.inc();
+        }
+        self.detection_seconds.observe(took.as_secs_f64());
     }
 
     /// Record one finished HTTP or gRPC request in Istio's request metrics.
@@ -306,6 +405,16 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("istio_build{component=\"proxy\""), "{text}");
+        m.detection_finished("server_first", std::time::Duration::from_millis(2));
+        let text = m.encode();
+        assert!(
+            text.contains("remora_protocol_detection_total{result=\"server_first\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("remora_protocol_detection_duration_seconds_count 1"),
+            "{text}"
+        );
         assert!(text.contains("process_resident_memory_bytes "), "{text}");
         assert!(
             text.contains("istio_tcp_connections_opened_total{reporter=\"destination\""),

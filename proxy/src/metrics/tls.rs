@@ -1,5 +1,6 @@
 //! Mesh TLS: the workload certificate's expiry (Envoy's `server.days_until_first_cert_expiring`
-//! and Istio agent's `cert_expiry_seconds`), rotations, and handshakes by outcome.
+//! and Istio agent's `cert_expiry_seconds`), rotations, and handshakes and metadata exchanges by
+//! outcome.
 
 use crate::identity::Identity;
 use crate::Direction;
@@ -22,6 +23,7 @@ pub struct TlsMetrics {
     /// Changed certificate files that did not load.
     pub load_failures: Counter,
     handshakes: Family<Labels, Counter>,
+    exchanges: Family<Labels, Counter>,
 }
 
 impl TlsMetrics {
@@ -52,6 +54,11 @@ impl TlsMetrics {
             "Mesh TLS handshakes by direction and result",
             m.handshakes.clone(),
         );
+        registry.register(
+            "remora_metadata_exchanges",
+            "Istio metadata exchanges on istio-peer-exchange connections, by direction and result",
+            m.exchanges.clone(),
+        );
         m
     }
 
@@ -64,6 +71,14 @@ impl TlsMetrics {
         self.cert_expiry_seconds.set(left);
         self.days_until_first_cert_expiring
             .set(left.max(0) / 86_400);
+    }
+
+    /// One metadata exchange finished: `ok` (the peer's metadata learned), `no_metadata` (a
+    /// header without it), `not_spoken` (no header), or why it failed.
+    pub fn exchange(&self, dir: Direction, result: &'static str) {
+        self.exchanges
+            .get_or_create(&vec![("direction", dir.as_str()), ("result", result)])
+            .inc();
     }
 
     /// One handshake finished: `ok`, or why not.

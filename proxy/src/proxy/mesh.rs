@@ -11,13 +11,23 @@
 //! which picks Istio's ALPN values; the upstream connection is wrapped in TLS with the workload
 //! certificate, Istio's SNI, and a check of the server's SPIFFE ID. Each client connection gets
 //! its own mesh connection: without endpoint discovery, Kubernetes balances per connection.
+//!
+//! **Metadata exchange**: for TCP the client offers `istio-peer-exchange` first, as Istio's
+//! sidecars do, and the server selects it when offered; both sides then exchange Istio's
+//! metadata header ([`crate::metadata_exchange`]) before the stream, and the peer's workload
+//! joins its certificate in naming it in metrics. Istio's open of a mesh connection is counted
+//! once that is done, in the peer's series.
 
 use super::*;
+use crate::metadata_exchange::{self, Exchanged};
 use crate::tls::client_hello::{self, ClientHello, Parsed};
 use crate::tls::stream::Rewind;
-use crate::tls::{self, HandshakeFailure, Mesh, Peer, ALPN_H2, ALPN_HTTP10, ALPN_HTTP11};
+use crate::tls::{
+    self, HandshakeFailure, Mesh, Peer, ALPN_H2, ALPN_HTTP10, ALPN_HTTP11, ALPN_PEER_EXCHANGE,
+};
 use remora_config::{MeshDestination, MtlsMode};
 use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 /// Which mesh leg a connection takes.
 #[derive(Debug)]
@@ -99,20 +109,29 @@ impl Proxy {
             Detected::ClientFailed => return refused(Some(hop.destination), End::DownstreamReset),
             _ if strict => return self.refuse(&downstream, hop, "plaintext"),
             Detected::Http(version, prefix, early) if mode != Mode::Tcp => {
+                let istio = self.metrics.direction(hop.dir).istio_opened(None);
                 let http = (version, prefix, early);
                 let downstream = Downstream::Plain(downstream);
-                return self.http(config, downstream, hop, http, None).await;
+                let served = self.http(config, downstream, hop, http, None).await;
+                return served.counted_in(istio);
             }
             Detected::Http(_, prefix, early) => (prefix, early.map(Ok)),
             Detected::Tcp(prefix, upstream) => (prefix, upstream),
         };
+        if let Some(denied) = self.tcp_denied(&hop, None, || authorize::tls_sni(&prefix)) {
+            return denied;
+        }
+        // Not mesh traffic: no peer to learn.
+        let istio = self.metrics.direction(hop.dir).istio_opened(None);
         let upstream = match upstream {
             Some(up) => up,
             None => {
                 connect::connect(hop.destination, hop.source, hop.timeout, &self.loop_guard).await
             }
         };
-        self.tcp(&hop, &downstream, &prefix, upstream).await
+        self.tcp(&hop, &downstream, &prefix, upstream)
+            .await
+            .counted_in(istio)
     }
 
     /// STRICT: anything but mesh TLS is closed, as Envoy closes a connection no filter chain
@@ -167,6 +186,8 @@ impl Proxy {
         refused(Some(hop.destination), End::TlsHandshakeFailed)
     }
 
+    /// Name the client from its certificate and, on `istio-peer-exchange`, its metadata; count
+    /// the connection open for it; then serve what it carries.
     async fn serve_terminated(
         self: &Arc<Self>,
         config: &Arc<Config>,
@@ -178,13 +199,42 @@ impl Proxy {
     ) -> Outcome {
         let (_, session) = stream.get_ref();
         let chain = session.peer_certificates().unwrap_or_default();
-        let Some(peer) = Peer::from_chain(chain, session.alpn_protocol()) else {
+        let Some(mut peer) = Peer::from_chain(chain, session.alpn_protocol()) else {
             // The verifier requires a certificate that parses; this is unreachable.
             return refused(Some(hop.destination), End::TlsHandshakeFailed);
         };
         self.metrics.tls.handshake(hop.dir, "ok");
         tracing::debug!(peer = %hop.peer, principal = %peer.principal(), "inbound mesh TLS established");
+        let mut unread = BytesMut::new();
+        if peer.alpn.as_deref() == Some(ALPN_PEER_EXCHANGE) {
+            let Some(exchanged) = self.exchange(&mut *stream, config, &hop).await else {
+                reset(stream.get_ref().0.inner());
+                return refused(Some(hop.destination), End::DownstreamReset);
+            };
+            peer.metadata = exchanged.peer.map(Arc::new);
+            unread = exchanged.unread;
+        }
         let peer = Arc::new(peer);
+        let istio = self.metrics.direction(hop.dir).istio_opened(Some(&peer));
+        let decrypted = (stream, unread);
+        self.serve_decrypted(config, decrypted, upstream, hop, mode, hello, peer)
+            .await
+            .counted_in(istio)
+    }
+
+    /// Serve the decrypted stream of a mesh client, after `unread` (bytes read during the
+    /// metadata exchange that belong to the stream), as plaintext would be served.
+    #[allow(clippy::too_many_arguments)]
+    async fn serve_decrypted(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        (mut stream, unread): (Box<tls::stream::ServerStream>, BytesMut),
+        upstream: Option<Result<Upstream, ConnectError>>,
+        hop: Hop,
+        mode: Mode,
+        hello: &ClientHello,
+        peer: Arc<Peer>,
+    ) -> Outcome {
         // The client's sidecar says HTTP in its ALPN; otherwise the port's declaration and
         // detection decide, as for plaintext.
         let mode = match hello.offers_any(&[ALPN_HTTP10, ALPN_HTTP11, ALPN_H2]) {
@@ -192,13 +242,16 @@ impl Proxy {
             false => mode,
         };
         let (prefix, upstream) = match mode {
-            Mode::Tcp => (BytesMut::new(), upstream),
+            Mode::Tcp => (unread, upstream),
             Mode::Http | Mode::Auto => {
                 let watch_server = mode == Mode::Auto;
                 let wait = detect_wait(config, watch_server);
+                let mut replayed = Rewind::new(unread, &mut *stream);
                 let detected = self
-                    .detect(&mut *stream, hop, watch_server, wait, upstream)
+                    .detect(&mut replayed, hop, watch_server, wait, upstream)
                     .await;
+                let (not_read, _) = replayed.into_parts();
+                let detected = detected.after(not_read);
                 match detected {
                     Detected::Http(version, prefix, early) => {
                         let http = (version, prefix, early);
@@ -212,6 +265,9 @@ impl Proxy {
                 }
             }
         };
+        if let Some(denied) = self.tcp_denied(&hop, Some(&peer), || hello.server_name.clone()) {
+            return denied;
+        }
         let upstream = match upstream {
             Some(up) => up,
             None => {
@@ -263,11 +319,12 @@ impl Proxy {
             Ok(up) => up,
             Err(e) => return self.connect_failed(&hop, e, &downstream),
         };
-        // Istio's outbound ALPN: what the application speaks, then "istio" for mesh traffic.
+        // Istio's outbound ALPN: what the application speaks, then "istio" for mesh traffic;
+        // for TCP, metadata exchange first, which a server that does not speak it ignores.
         let alpn: &[&[u8]] = match version {
             Some(HttpVersion::Http1) => &[ALPN_HTTP11, tls::ALPN_ISTIO],
             Some(HttpVersion::Http2) => &[ALPN_H2, tls::ALPN_ISTIO],
-            None => &[tls::ALPN_ISTIO],
+            None => &[ALPN_PEER_EXCHANGE, tls::ALPN_ISTIO],
         };
         let client = match self.mesh.client_config(&config.tls, &dest.identities, alpn) {
             Some(Ok(client)) => client,
@@ -284,10 +341,11 @@ impl Proxy {
         let connecting = tokio_rustls::TlsConnector::from(client).connect(name, stream);
         let handshake = tokio::time::timeout(config.tls.handshake_timeout, connecting).await;
         let (failure, error, end) = match handshake {
-            Ok(Ok(mut tls)) => {
+            Ok(Ok(tls)) => {
                 self.metrics.tls.handshake(hop.dir, "ok");
-                let copied = tcp::copy_streams(&prefix, &mut downstream, &mut tls).await;
-                return copy_outcome(&hop, copied, &downstream, tls.get_ref().0);
+                return self
+                    .serve_originated(config, &hop, downstream, &prefix, tls)
+                    .await;
             }
             Ok(Err(e)) => (HandshakeFailure::of(&e), e.to_string(), End::ConnectFailed),
             Err(_) => (
@@ -304,6 +362,69 @@ impl Proxy {
         );
         reset(&downstream);
         refused(Some(hop.destination), end)
+    }
+
+    /// Name the server from its certificate and, on `istio-peer-exchange`, its metadata; count
+    /// the connection open for it; then copy the client's bytes (`prefix` first) both ways.
+    async fn serve_originated(
+        &self,
+        config: &Config,
+        hop: &Hop,
+        mut downstream: TcpStream,
+        prefix: &[u8],
+        mut tls: tls::stream::ClientStream,
+    ) -> Outcome {
+        let (_, session) = tls.get_ref();
+        let chain = session.peer_certificates().unwrap_or_default();
+        let mut peer = Peer::from_chain(chain, session.alpn_protocol());
+        let mut unread = BytesMut::new();
+        if let Some(server) = peer.as_mut() {
+            if server.alpn.as_deref() == Some(ALPN_PEER_EXCHANGE) {
+                let Some(exchanged) = self.exchange(&mut tls, config, hop).await else {
+                    self.metrics.direction(hop.dir).connect_failures.inc();
+                    reset(&downstream);
+                    reset(tls.get_ref().0);
+                    return refused(Some(hop.destination), End::ConnectFailed);
+                };
+                server.metadata = exchanged.peer.map(Arc::new);
+                unread = exchanged.unread;
+            }
+        }
+        let istio = self.metrics.direction(hop.dir).istio_opened(peer.as_ref());
+        let copied = {
+            let mut upstream = Rewind::new(unread, &mut tls);
+            tcp::copy_streams(prefix, &mut downstream, &mut upstream).await
+        };
+        copy_outcome(hop, copied, &downstream, tls.get_ref().0).counted_in(istio)
+    }
+
+    /// Istio's metadata exchange on a connection whose ALPN selected it; `None` when it failed
+    /// (logged and counted), and the connection must be closed.
+    async fn exchange<S>(&self, stream: &mut S, config: &Config, hop: &Hop) -> Option<Exchanged>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let ours = &self.mesh.exchange_header;
+        let timeout = config.mesh.metadata_exchange_timeout;
+        match metadata_exchange::exchange(stream, ours, timeout).await {
+            Ok(exchanged) => {
+                let result = exchanged.result();
+                self.metrics.tls.exchange(hop.dir, result);
+                tracing::debug!(
+                    peer = %hop.peer, destination = %hop.destination, direction = hop.dir.as_str(),
+                    result, metadata = ?exchanged.peer, "metadata exchanged"
+                );
+                Some(exchanged)
+            }
+            Err(e) => {
+                self.metrics.tls.exchange(hop.dir, e.as_str());
+                tracing::warn!(
+                    peer = %hop.peer, destination = %hop.destination, direction = hop.dir.as_str(),
+                    error = %e, "metadata exchange failed"
+                );
+                None
+            }
+        }
     }
 
     fn connect_failed(&self, hop: &Hop, e: ConnectError, downstream: &TcpStream) -> Outcome {
@@ -352,5 +473,6 @@ fn copy_outcome(
         transfer,
         end,
         http: false,
+        istio: IstioOpen::Pending,
     }
 }

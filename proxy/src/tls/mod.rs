@@ -16,6 +16,7 @@ pub mod verify;
 pub mod xfcc;
 
 use crate::identity::{CertSummary, Identity, SpiffeId, Store};
+use crate::metadata_exchange::{LocalHeader, WorkloadMetadata};
 use arc_swap::ArcSwapOption;
 use remora_config::{TlsConfig, TlsVersion};
 use rustls::crypto::CryptoProvider;
@@ -43,13 +44,16 @@ pub const MESH_ALPNS: [&[u8]; 5] = [
     ALPN_H2,
 ];
 
-/// What the inbound side selects from a mesh client's offer, best first. Metadata exchange is
-/// not spoken yet, so `istio-peer-exchange` is never selected: an Envoy client then skips the
-/// exchange rather than sending its framed metadata into the application's stream.
-const SERVER_ALPNS: [&[u8]; 6] = [
+/// What the inbound side selects from a mesh client's offer, best first (rustls picks the first
+/// of these the client offers). Istio's clients offer `istio-peer-exchange` only for TCP, and
+/// selecting it commits both sides to [`crate::metadata_exchange`] before the stream, which
+/// the inbound leg then speaks; a client that offers an HTTP value gets that instead, as from
+/// Istio's sidecars, whose HTTP carries peer metadata in headers.
+const SERVER_ALPNS: [&[u8]; 7] = [
     ALPN_HTTP11,
     ALPN_HTTP10,
     ALPN_H2,
+    ALPN_PEER_EXCHANGE,
     ALPN_ISTIO,
     b"h2",
     b"http/1.1",
@@ -80,6 +84,8 @@ pub struct ConfigError(String);
 #[derive(Debug, Default)]
 pub struct Mesh {
     pub identity: Arc<Store>,
+    /// Our metadata-exchange header, sent first on `istio-peer-exchange` connections.
+    pub exchange_header: LocalHeader,
     /// The server config for the current identity and settings; rebuilt when either changes.
     server: ArcSwapOption<CachedServer>,
 }
@@ -96,8 +102,15 @@ impl Mesh {
     pub fn new(identity: Arc<Store>) -> Self {
         Mesh {
             identity,
+            exchange_header: LocalHeader::default(),
             server: ArcSwapOption::empty(),
         }
+    }
+
+    /// Describe this workload as `header` in metadata exchange.
+    pub fn with_exchange_header(mut self, header: LocalHeader) -> Self {
+        self.exchange_header = header;
+        self
     }
 
     /// Whether a workload certificate is loaded.
@@ -213,6 +226,8 @@ pub struct Peer {
     pub dns_sans: Vec<String>,
     /// The ALPN value negotiated, if any.
     pub alpn: Option<Vec<u8>>,
+    /// Which workload it is, when it said so in metadata exchange.
+    pub metadata: Option<Arc<WorkloadMetadata>>,
 }
 
 impl Peer {
@@ -227,6 +242,7 @@ impl Peer {
             subject: xfcc::subject(leaf),
             dns_sans: summary.dns_sans,
             alpn: alpn.map(<[u8]>::to_vec),
+            metadata: None,
         })
     }
 

@@ -31,6 +31,11 @@ impl<S> Rewind<S> {
     pub fn inner(&self) -> &S {
         &self.inner
     }
+
+    /// The bytes not read yet, and the stream underneath.
+    pub fn into_parts(self) -> (BytesMut, S) {
+        (self.prefix, self.inner)
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {

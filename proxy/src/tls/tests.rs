@@ -63,19 +63,28 @@ async fn mesh_peers_authenticate_each_other_and_learn_the_spiffe_id() {
 }
 
 #[tokio::test]
-async fn peer_exchange_is_never_selected() {
+async fn peer_exchange_is_selected_when_offered_but_http_values_win() {
     let ca = Ca::new("mesh");
     let tls = TlsConfig::default();
-    let cc = mesh(ca.identity(CLIENT))
-        .client_config(&tls, &[], &[ALPN_PEER_EXCHANGE, ALPN_ISTIO])
-        .unwrap()
-        .unwrap();
     let sc = mesh(ca.identity(SERVER))
         .server_config(&tls)
         .unwrap()
         .unwrap();
-    let (c, _s) = handshake(cc, sc).await;
-    assert_eq!(c.unwrap().get_ref().1.alpn_protocol(), Some(ALPN_ISTIO));
+    for (offer, selected) in [
+        (&[ALPN_PEER_EXCHANGE, ALPN_ISTIO][..], ALPN_PEER_EXCHANGE),
+        (
+            &[ALPN_HTTP11, ALPN_PEER_EXCHANGE, ALPN_ISTIO][..],
+            ALPN_HTTP11,
+        ),
+        (&[ALPN_ISTIO][..], ALPN_ISTIO),
+    ] {
+        let cc = mesh(ca.identity(CLIENT))
+            .client_config(&tls, &[], offer)
+            .unwrap()
+            .unwrap();
+        let (c, _s) = handshake(cc, Arc::clone(&sc)).await;
+        assert_eq!(c.unwrap().get_ref().1.alpn_protocol(), Some(selected));
+    }
 }
 
 #[tokio::test]

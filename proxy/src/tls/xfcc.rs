@@ -85,6 +85,7 @@ mod tests {
             subject: String::new(),
             dns_sans: vec![],
             alpn: None,
+            metadata: None,
         }
     }
 

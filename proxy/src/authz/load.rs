@@ -1,0 +1,274 @@
+//! The policy directory: read it, keep the policies that apply to this workload, and put a new
+//! set in force when the files change.
+//!
+//! As Istio does for a sidecar, a policy applies when it is in the pod's own namespace or in the
+//! root namespace, names no `targetRef` (those are for gateways and waypoints), and its
+//! `selector.matchLabels` are all among the pod's labels (no selector: every workload there).
+//! The directory is polled, like the config file: a mounted ConfigMap changes by a symlink swap
+//! that file watches miss. A set is built from all files at once; if any file is invalid, the
+//! whole change is refused, logged with its file, line and field, and the running set stays.
+
+use super::compile::Context;
+use super::engine::{Action, Policy, PolicySet};
+use super::policy::{self, PolicyError};
+use super::Authorizer;
+use crate::identity::Store;
+use arc_swap::ArcSwap;
+use remora_config::{AuthorizationConfig, Config};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long changed files must stay the same before they are read as a new set.
+const SETTLE: Duration = Duration::from_millis(100);
+/// Files read from the directory.
+const EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
+
+/// Who the policies are selected for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Workload {
+    /// `POD_NAMESPACE`; `None` when unknown (then only the root namespace's policies apply).
+    pub namespace: Option<String>,
+    /// The pod's labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Whether `p` applies to `w`, with `root` the root namespace.
+pub fn applies(p: &Policy, w: &Workload, root: &str) -> bool {
+    let in_scope = p.namespace == root || w.namespace.as_deref() == Some(p.namespace.as_str());
+    let selected = p
+        .selector
+        .as_ref()
+        .is_none_or(|s| s.iter().all(|(k, v)| w.labels.get(k) == Some(v)));
+    in_scope && selected && !p.targets_gateways
+}
+
+/// The policy files of `dir` (`*.yaml`, `*.yml`, `*.json`, hidden ones skipped), by name,
+/// with their contents.
+pub fn read_dir(dir: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, PolicyError> {
+    let read_error = |file: &Path, source| PolicyError::Read {
+        file: file.to_path_buf(),
+        source,
+    };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| read_error(dir, e))? {
+        let path = entry.map_err(|e| read_error(dir, e))?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or(".");
+        let wanted = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| EXTENSIONS.contains(&e));
+        // Kubernetes' `..data` links and editors' temporary files start with a dot.
+        if name.starts_with('.') || !wanted || !path.is_file() {
+            continue;
+        }
+        let contents = std::fs::read(&path).map_err(|e| read_error(&path, e))?;
+        files.push((path, contents));
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// A set built from a directory's files.
+#[derive(Debug, Default)]
+pub struct Built {
+    pub set: PolicySet,
+    /// `namespace/name` of the policies that apply.
+    pub applied: Vec<String>,
+    /// What deserves a warning in the log.
+    pub warnings: Vec<String>,
+}
+
+/// Parse every file and keep what applies to `w`.
+pub fn build(
+    files: &[(PathBuf, Vec<u8>)],
+    ctx: &Context,
+    w: &Workload,
+    root: &str,
+) -> Result<Built, PolicyError> {
+    let mut built = Built::default();
+    let mut applying = Vec::new();
+    for (file, bytes) in files {
+        let text = std::str::from_utf8(bytes).map_err(|_| PolicyError::Invalid {
+            file: file.clone(),
+            line: None,
+            column: None,
+            field: String::new(),
+            message: "not UTF-8 text".into(),
+        })?;
+        let parsed = policy::parse(text, file, ctx)?;
+        built.warnings.extend(parsed.warnings);
+        applying.extend(parsed.policies.into_iter().filter(|p| applies(p, w, root)));
+    }
+    for p in &applying {
+        built.applied.push(format!("{}/{}", p.namespace, p.name));
+        if p.action == Action::Custom {
+            built.warnings.push(format!(
+                "{}/{}: CUSTOM (external authorization) is not supported; the policy is not enforced",
+                p.namespace, p.name
+            ));
+        }
+    }
+    built.set = PolicySet::new(&applying);
+    Ok(built)
+}
+
+/// Everything a set depends on: when any of it changes, the set is built again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Inputs {
+    dir: Option<PathBuf>,
+    root: String,
+    trust_domains: Vec<String>,
+    files: Option<Vec<(PathBuf, Vec<u8>)>>,
+}
+
+/// Keeps the authorizer's set in step with the policy directory and the config.
+#[derive(Debug)]
+pub struct Watcher {
+    pub authorizer: Arc<Authorizer>,
+    pub config: Arc<ArcSwap<Config>>,
+    /// The workload certificate: its trust domain is the one `cluster.local` stands for.
+    pub identity: Arc<Store>,
+    pub workload: Workload,
+    last: Option<Inputs>,
+}
+
+impl Watcher {
+    pub fn new(
+        authorizer: Arc<Authorizer>,
+        config: Arc<ArcSwap<Config>>,
+        identity: Arc<Store>,
+        workload: Workload,
+    ) -> Self {
+        Watcher {
+            authorizer,
+            config,
+            identity,
+            workload,
+            last: None,
+        }
+    }
+
+    /// Load the policies now (at start): an error is returned, so a broken policy fails the
+    /// start instead of leaving the workload open.
+    pub fn load(&mut self) -> Result<(), PolicyError> {
+        let inputs = self.inputs()?;
+        let result = self.apply(&inputs);
+        self.last = Some(inputs);
+        result
+    }
+
+    /// Poll until the process ends.
+    pub async fn watch(mut self) {
+        loop {
+            let interval = self.config.load().authorization.watch_interval;
+            tokio::time::sleep(interval).await;
+            let inputs = match self.read_inputs().await {
+                Ok(i) => i,
+                Err(e) => {
+                    if self.last.as_ref().is_some_and(|l| l.files.is_some()) {
+                        self.refused(&e);
+                        // Logged once, until the directory reads again.
+                        if let Some(last) = &mut self.last {
+                            last.files = None;
+                        }
+                    }
+                    continue;
+                }
+            };
+            if self.last.as_ref() == Some(&inputs) {
+                continue;
+            }
+            // Files being written: act only on what stays the same across a short pause.
+            tokio::time::sleep(SETTLE).await;
+            match self.read_inputs().await {
+                Ok(again) if again == inputs => {}
+                _ => continue,
+            }
+            if let Err(e) = self.apply(&inputs) {
+                self.refused(&e);
+            }
+            self.last = Some(inputs);
+        }
+    }
+
+    fn refused(&self, e: &PolicyError) {
+        self.authorizer.metrics().reloads_failed.inc();
+        tracing::error!("authorization policies refused, keeping the running ones: {e}");
+    }
+
+    async fn read_inputs(&self) -> Result<Inputs, PolicyError> {
+        let settings = self.settings();
+        let dir = settings.0.clone();
+        let files = tokio::task::spawn_blocking(move || dir.as_deref().map(read_dir).transpose())
+            .await
+            .unwrap_or_else(|e| {
+                Err(PolicyError::Read {
+                    file: PathBuf::new(),
+                    source: std::io::Error::other(e),
+                })
+            })?;
+        Ok(Inputs {
+            dir: settings.0,
+            root: settings.1,
+            trust_domains: settings.2,
+            files: files.or(Some(Vec::new())),
+        })
+    }
+
+    fn inputs(&self) -> Result<Inputs, PolicyError> {
+        let (dir, root, trust_domains) = self.settings();
+        let files = dir.as_deref().map(read_dir).transpose()?;
+        Ok(Inputs {
+            dir,
+            root,
+            trust_domains,
+            files: files.or(Some(Vec::new())),
+        })
+    }
+
+    /// The directory, the root namespace, and the trust domains `cluster.local` stands for.
+    fn settings(&self) -> (Option<PathBuf>, String, Vec<String>) {
+        let config = self.config.load();
+        let AuthorizationConfig {
+            policy_dir,
+            root_namespace,
+            trust_domain_aliases,
+            ..
+        } = &config.authorization;
+        let local = self
+            .identity
+            .current()
+            .map(|id| id.spiffe_id.trust_domain().to_string())
+            .unwrap_or_else(|| super::compile::CLUSTER_LOCAL.to_string());
+        let mut trust_domains = vec![local];
+        for alias in trust_domain_aliases {
+            if !trust_domains.contains(alias) {
+                trust_domains.push(alias.clone());
+            }
+        }
+        (policy_dir.clone(), root_namespace.clone(), trust_domains)
+    }
+
+    fn apply(&self, inputs: &Inputs) -> Result<(), PolicyError> {
+        let files = inputs.files.as_deref().unwrap_or_default();
+        let ctx = Context {
+            trust_domains: inputs.trust_domains.clone(),
+        };
+        let built = build(files, &ctx, &self.workload, &inputs.root)?;
+        for w in &built.warnings {
+            tracing::warn!("authorization policy {w}");
+        }
+        let c = built.set.counts;
+        tracing::info!(
+            dir = %inputs.dir.as_deref().unwrap_or(Path::new("-")).display(),
+            files = files.len(), applied = ?built.applied,
+            allow = c.allow, deny = c.deny, audit = c.audit, custom = c.custom, dry_run = c.dry_run,
+            "authorization policies in force"
+        );
+        self.authorizer.install(built.set);
+        self.authorizer.metrics().reloads_ok.inc();
+        Ok(())
+    }
+}

@@ -1,0 +1,57 @@
+//! Inbound requests before they go upstream: the path is normalised as Istio's
+//! `pathNormalization` says (and the application receives the normalised path, as from Envoy),
+//! then the authorization policies decide (Envoy's HTTP RBAC filter). A denied request is
+//! answered `403 RBAC: access denied`.
+
+use super::errors::ErrorKind;
+use super::ConnContext;
+use crate::authz::{path, Attributes, Request, Verdict};
+use http::request::Parts;
+use http::uri::{PathAndQuery, Uri};
+use std::borrow::Cow;
+
+/// Normalise the request's path and decide it; `Err` is the local reply to send instead.
+pub(super) fn inbound(ctx: &ConnContext, parts: &mut Parts) -> Result<(), ErrorKind> {
+    const UNNORMALIZABLE: ErrorKind = ErrorKind::MalformedRequest("path_normalization_failed");
+    let mode = ctx.config.authorization.path_normalization;
+    if let Some(pq) = parts.uri.path_and_query() {
+        let normalized = path::normalize(pq.as_str(), mode).map_err(|_| UNNORMALIZABLE)?;
+        if let Cow::Owned(new) = normalized {
+            let pq = PathAndQuery::try_from(new).map_err(|_| UNNORMALIZABLE)?;
+            let mut uri = std::mem::take(&mut parts.uri).into_parts();
+            uri.path_and_query = Some(pq);
+            parts.uri = Uri::from_parts(uri).map_err(|_| UNNORMALIZABLE)?;
+        }
+    }
+    let authz = &ctx.proxy.authz;
+    if !authz.is_active() {
+        return Ok(());
+    }
+    let host = match parts.uri.authority() {
+        Some(a) => Some(a.as_str()),
+        None => parts
+            .headers
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok()),
+    };
+    let attributes = Attributes {
+        source: ctx.peer,
+        destination: ctx.key.destination,
+        principal: ctx
+            .mesh_peer
+            .as_ref()
+            .and_then(|(peer, _)| peer.spiffe_id.as_ref())
+            .map(crate::identity::SpiffeId::as_str),
+        sni: ctx.sni.as_deref(),
+        request: Some(Request {
+            method: parts.method.as_str(),
+            path: parts.uri.path(),
+            host,
+            headers: &parts.headers,
+        }),
+    };
+    match authz.check(&attributes) {
+        Verdict::Allowed => Ok(()),
+        Verdict::Denied(_) => Err(ErrorKind::AccessDenied),
+    }
+}
