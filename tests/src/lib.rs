@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod netns;
 pub mod peer;
 pub mod process;
+pub mod promtool;
 pub mod service;
 pub mod sniff;
 

@@ -495,6 +495,23 @@ fn grpc_all_call_types_4mib_messages_trailers_errors_and_deadlines_both_directio
     );
     assert_grpc_client_ok(&out, "inbound", &remora);
 
+    // Istio's request metrics know these were gRPC, with statuses and messages, and the whole
+    // exposition passes promtool after real gRPC traffic.
+    let m = remora.metrics();
+    let grpc_ok = [("request_protocol", "grpc"), ("grpc_response_status", "0")];
+    assert!(m.value("istio_requests_total", &grpc_ok) >= 1.0, "{m}");
+    assert!(
+        m.value("istio_request_messages_total", &grpc_ok) >= 1.0,
+        "{m}"
+    );
+    assert!(
+        m.value("istio_response_messages_total", &grpc_ok) >= 1.0,
+        "{m}"
+    );
+    if remora_e2e::promtool::available() {
+        remora_e2e::promtool::assert_valid(&m.to_string());
+    }
+
     // curl as an HTTP/2 prior-knowledge client of the same server: a trailers-only error.
     let out = peer::curl(
         &net.pod,

@@ -2,7 +2,6 @@
 //! what Istio's tooling would read — checked with promtool, parsed as Envoy's shapes.
 
 use remora_e2e::peer::{self, any_addr, Server};
-use remora_e2e::process::run_bounded;
 use remora_e2e::service::Service;
 use remora_e2e::{Metrics, PodNet};
 use std::net::SocketAddr;
@@ -41,13 +40,7 @@ fn istio_metrics_after_real_traffic_pass_promtool_and_carry_workload_labels() {
     let Some(net) = PodNet::create_or_skip() else {
         return;
     };
-    let promtool = Command::new("promtool").arg("--version").output();
-    if promtool.is_err() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "promtool is missing"
-        );
-        eprintln!("skipped: promtool is not installed (scripts/install-test-deps installs it)");
+    if !remora_e2e::promtool::available() {
         return;
     }
     net.capture_default();
@@ -114,20 +107,7 @@ fn istio_metrics_after_real_traffic_pass_promtool_and_carry_workload_labels() {
     assert!(m.value("process_resident_memory_bytes", &[]) > 0.0);
 
     // promtool on the real exposition.
-    let file = net.binary().write_file("scrape.prom", &m.to_string());
-    let check = run_bounded(
-        Command::new("promtool")
-            .args(["check", "metrics"])
-            .stdin(std::fs::File::open(&file).unwrap()),
-        Duration::from_secs(20),
-    )
-    .expect("promtool ran");
-    assert!(
-        check.status.success(),
-        "promtool check metrics failed:\n{}{}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
-    );
+    remora_e2e::promtool::assert_valid(&m.to_string());
 }
 
 #[test]
