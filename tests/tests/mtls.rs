@@ -8,7 +8,7 @@ use remora_e2e::mesh::{
     client_config, has_openssl, s_client, server_config, two_pods, CLIENT_ID, SERVER_HOST,
     SERVER_ID,
 };
-use remora_e2e::peer::{self, Server};
+use remora_e2e::peer::{self, any_addr, Server};
 use remora_e2e::service::{peer_program, python_has, Service};
 use remora_e2e::sniff::{self, Sniffer};
 use remora_e2e::{has_command, skip, PodNet, Remora};
@@ -24,10 +24,6 @@ const METRICS_TIME: Duration = Duration::from_secs(5);
 const HTTP_PORT: u16 = 8080;
 const ECHO_PORT: u16 = 7000;
 const GRPC_PORT: u16 = 9091;
-
-fn any_addr(port: u16) -> SocketAddr {
-    SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
-}
 
 fn handshakes(remora: &Remora, direction: &str, result: &str) -> f64 {
     remora.metrics().value(
@@ -171,6 +167,11 @@ fn http_grpc_and_tcp_cross_encrypted_between_two_sidecars() {
         ],
     );
     assert!(mtls_requests >= 1.0, "no mutual_tls request series:\n{m}");
+    // Both sidecars' expositions, with peer labels from certificates, still pass promtool.
+    if remora_e2e::promtool::available() {
+        remora_e2e::promtool::assert_valid(&m.to_string());
+        remora_e2e::promtool::assert_valid(&client.metrics().to_string());
+    }
     if grpc {
         assert!(sniff::contains(&wire, b"istio-h2"));
     }
