@@ -63,6 +63,9 @@ pub struct RunArgs {
     /// On SIGTERM, exit as soon as no connection is left rather than after the drain period.
     #[arg(long, env = "EXIT_ON_ZERO_ACTIVE_CONNECTIONS")]
     pub exit_on_zero_active_connections: bool,
+    /// With exit-on-zero, stay at least this long after SIGTERM (Istio's variable; e.g. `5s`).
+    #[arg(long, env = "MINIMUM_DRAIN_DURATION", value_parser = humantime::parse_duration)]
+    pub minimum_drain_duration: Option<std::time::Duration>,
     /// Serve DNS on 15053 (UDP and TCP, loopback), where `remora capture --redirect-dns` sends
     /// port 53; sets `dns.enabled`. Istio's agent serves DNS only when this variable is true.
     #[arg(long, env = "ISTIO_META_DNS_CAPTURE")]
@@ -191,6 +194,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     let overrides = Overrides {
         access_log: args.access_log,
         exit_on_zero_active_connections: args.exit_on_zero_active_connections,
+        minimum_drain_duration: args.minimum_drain_duration,
         dns_capture: args.dns_capture,
         interception_mode: match args.interception_mode {
             Some(InterceptionArg::Redirect) => Some(InterceptionMode::Redirect),

@@ -23,6 +23,8 @@ pub struct Overrides {
     pub access_log: bool,
     /// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true`.
     pub exit_on_zero_active_connections: bool,
+    /// `MINIMUM_DRAIN_DURATION`.
+    pub minimum_drain_duration: Option<std::time::Duration>,
     /// `ISTIO_META_DNS_CAPTURE=true`: serve DNS.
     pub dns_capture: bool,
     /// `ISTIO_META_INTERCEPTION_MODE`.
@@ -39,6 +41,9 @@ impl Overrides {
         }
         if self.exit_on_zero_active_connections {
             config.drain.exit_on_zero_active_connections = true;
+        }
+        if let Some(minimum) = self.minimum_drain_duration {
+            config.drain.minimum_duration = minimum;
         }
         if self.dns_capture {
             config.dns.enabled = true;
@@ -156,6 +161,7 @@ mod tests {
             overrides: Overrides {
                 access_log: true,
                 exit_on_zero_active_connections: false,
+                minimum_drain_duration: None,
                 listener: None,
                 ..Overrides::default()
             },

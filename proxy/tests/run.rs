@@ -303,3 +303,49 @@ fn explicit_listener_proxies_to_its_upstream_without_capture() {
     let opened = "remora_connections_opened_total{direction=\"outbound\"}";
     assert_eq!(metric(ports.metrics, opened), Some(1));
 }
+
+#[test]
+fn exit_on_zero_waits_out_the_minimum_drain_duration_then_exits_zero() {
+    let dir = TempDir::new("mindrain");
+    let ports = Ports::new();
+    let path = dir.0.join("remora.yaml");
+    std::fs::write(&path, ports.config("drain:\n  duration: 60s\n")).unwrap();
+    let stderr = std::fs::File::create(path.with_extension("stderr")).unwrap();
+    let child = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&path)
+        .env("EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "true")
+        .env("MINIMUM_DRAIN_DURATION", "1s")
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let mut remora = Remora(child);
+    remora.wait_ready(&path, ports.readiness);
+    let status = Command::new("kill")
+        .args(["-TERM", &remora.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // No connection is open, but the minimum drain holds it: still there, and draining.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        remora.0.try_wait().unwrap(),
+        None,
+        "exited before the minimum drain"
+    );
+    assert_eq!(get(ports.readiness, "/healthz/ready").unwrap().0, 503);
+    // Then it goes, with 0, long before the 60 s drain period.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(s) = remora.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 10 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exit.success(), "{exit:?}");
+}
