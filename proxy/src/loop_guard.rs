@@ -79,7 +79,7 @@ impl LoopGuard {
             .insert(pair);
         Registration {
             guard: Arc::clone(self),
-            pair,
+            pair: Box::new(pair),
         }
     }
 }
@@ -88,7 +88,9 @@ impl LoopGuard {
 #[derive(Debug)]
 pub struct Registration {
     guard: Arc<LoopGuard>,
-    pair: (SocketAddr, SocketAddr),
+    // Boxed: every open upstream holds a registration for its whole life, and two IPv6-sized
+    // addresses inline would grow each connection's future by 64 bytes.
+    pair: Box<(SocketAddr, SocketAddr)>,
 }
 
 impl Drop for Registration {
@@ -97,7 +99,7 @@ impl Drop for Registration {
             .upstreams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.pair);
+            .remove(&*self.pair);
     }
 }
 
