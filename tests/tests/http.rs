@@ -2,12 +2,11 @@
 //! pooling and streaming, Envoy's errors and flags, retries, Upgrade, HTTP/2 and gRPC — with
 //! real clients (curl, Python grpcio) and real servers, through the capture rules.
 
-use remora_e2e::peer::{self, Server};
+use remora_e2e::peer::{self, any_addr, curl_ok, Server};
 use remora_e2e::service::{peer_program, Service};
 use remora_e2e::PodNet;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::Output;
 use std::time::{Duration, Instant};
 
 /// Bound on one curl exchange.
@@ -18,20 +17,6 @@ const ORIGIN_PORT: u16 = 8080;
 const LONG_DETECTION: &str = "detection:\n  timeout: 30s\n";
 /// What a server-first test allows for the banner to arrive.
 const BANNER_BOUND: Duration = Duration::from_secs(5);
-
-fn any_addr(port: u16) -> SocketAddr {
-    SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
-}
-
-fn stdout_ok(out: &Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what}: curl failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// The Python origin (tests/peers/http_server.py) listening on `addr` inside `ns`.
 fn origin(ns: &remora_e2e::Netns, addr: SocketAddr) -> Service {
@@ -139,7 +124,7 @@ fn http1_keep_alive_uses_one_pooled_upstream_connection_and_rewrites_headers() {
         ],
         CURL_TIME,
     );
-    let body = stdout_ok(&out, "keep-alive requests");
+    let body = curl_ok(&out, "keep-alive requests");
     assert!(body.starts_with("hello\nhello\n{"), "{body}");
     let headers = &body["hello\nhello\n".len()..];
     assert!(
@@ -174,7 +159,7 @@ fn http1_keep_alive_uses_one_pooled_upstream_connection_and_rewrites_headers() {
     // One is the start-up probe that saw the origin listening; the other is the connection
     // opened while the first client connection was detected, pooled and shared since.
     assert_eq!(
-        stdout_ok(&out, "connection count"),
+        curl_ok(&out, "connection count"),
         "2",
         "four requests on two client connections should share one upstream connection; {}",
         remora.stderr()
@@ -209,7 +194,7 @@ fn ten_megabyte_bodies_stream_both_ways_sized_and_chunked_with_100_continue() {
         ],
         CURL_TIME,
     );
-    assert_eq!(stdout_ok(&out, "sized upload"), format!("{size} {digest}"));
+    assert_eq!(curl_ok(&out, "sized upload"), format!("{size} {digest}"));
     // Chunked.
     let out = peer::curl(
         &net.pod,
@@ -222,10 +207,7 @@ fn ten_megabyte_bodies_stream_both_ways_sized_and_chunked_with_100_continue() {
         ],
         CURL_TIME,
     );
-    assert_eq!(
-        stdout_ok(&out, "chunked upload"),
-        format!("{size} {digest}")
-    );
+    assert_eq!(curl_ok(&out, "chunked upload"), format!("{size} {digest}"));
 
     for query in ["", "&chunked=1"] {
         let file = net.binary().write_file("download.bin", "");
@@ -238,7 +220,7 @@ fn ten_megabyte_bodies_stream_both_ways_sized_and_chunked_with_100_continue() {
             ],
             CURL_TIME,
         );
-        stdout_ok(&out, "download");
+        curl_ok(&out, "download");
         let got = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
         assert_eq!(got, size as u64, "download{query} size");
     }
@@ -262,7 +244,7 @@ fn upstream_down_is_503_uf_and_retries_run_out_with_urx() {
         &["-s", "-o", "/dev/null", "-w", "%{http_code}", &url],
         CURL_TIME,
     );
-    assert_eq!(stdout_ok(&out, "GET to a closed port"), "503");
+    assert_eq!(curl_ok(&out, "GET to a closed port"), "503");
     wait_for_log(&remora, "\"GET /nothing HTTP/1.1\" 503 UF,URX");
 }
 
@@ -284,7 +266,7 @@ fn a_retry_succeeds_on_the_second_attempt_and_one_runs_out() {
         &[&format!("{base}/flaky?key=once&fail=1")],
         CURL_TIME,
     );
-    assert_eq!(stdout_ok(&out, "flaky once"), "ok after 1 attempt=2\n");
+    assert_eq!(curl_ok(&out, "flaky once"), "ok after 1 attempt=2\n");
     // A replayable body is sent again with the retry.
     let out = peer::curl(
         &net.pod,
@@ -295,7 +277,7 @@ fn a_retry_succeeds_on_the_second_attempt_and_one_runs_out() {
         ],
         CURL_TIME,
     );
-    assert_eq!(stdout_ok(&out, "flaky POST"), "ok after 2 attempt=3\n");
+    assert_eq!(curl_ok(&out, "flaky POST"), "ok after 2 attempt=3\n");
 
     let out = peer::curl(
         &net.pod,
@@ -309,7 +291,7 @@ fn a_retry_succeeds_on_the_second_attempt_and_one_runs_out() {
         ],
         CURL_TIME,
     );
-    assert_eq!(stdout_ok(&out, "flaky always"), "503");
+    assert_eq!(curl_ok(&out, "flaky always"), "503");
     wait_for_log(&remora, "/flaky?key=always&fail=9 HTTP/1.1\" 503 URX");
 }
 
@@ -349,7 +331,7 @@ fn malformed_requests_are_answered_400_and_never_forwarded() {
     );
     // Only the early connections opened while detecting reached the origin, no request did:
     // the origin would have answered (404 or 200) and counted nothing else.
-    assert!(stdout_ok(&out, "connections").parse::<u32>().is_ok());
+    assert!(curl_ok(&out, "connections").parse::<u32>().is_ok());
     drop(remora);
 }
 
@@ -427,130 +409,6 @@ fn sha256(path: &std::path::Path) -> String {
         .next()
         .unwrap_or_default()
         .to_string()
-}
-
-/// The gRPC peer (tests/peers/grpc_peer.py), or `None` with a skip when grpcio is missing.
-fn grpc_available() -> bool {
-    if remora_e2e::service::python_has("grpc") {
-        return true;
-    }
-    remora_e2e::environment::skip::<()>(
-        "python3 has no grpcio (scripts/install-test-deps installs it)",
-    );
-    false
-}
-
-fn grpc_peer(ns: &remora_e2e::Netns, args: &[&str], time: Duration) -> Output {
-    let script = peer_program("grpc_peer.py").to_string_lossy().into_owned();
-    let mut cmd = ns.command("python3");
-    cmd.arg(script).args(args);
-    remora_e2e::process::run_bounded(&mut cmd, time).expect("run the gRPC client")
-}
-
-fn assert_grpc_client_ok(out: &Output, what: &str, remora: &remora_e2e::Remora) {
-    assert!(
-        out.status.success(),
-        "{what}: gRPC client failed ({}):\n{}{}\nremora stderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        remora.stderr()
-    );
-}
-
-#[test]
-fn grpc_all_call_types_4mib_messages_trailers_errors_and_deadlines_both_directions() {
-    if !grpc_available() {
-        return;
-    }
-    let Some(net) = PodNet::create_or_skip() else {
-        return;
-    };
-    net.capture_default();
-    let remora = net.remora().start_ready();
-    let script = peer_program("grpc_peer.py").to_string_lossy().into_owned();
-    let _outbound = Service::start(
-        &net.peer,
-        "python3",
-        &[&script, "server", "9090"],
-        net.peer_addr(9090),
-    );
-    let _inbound = Service::start(
-        &net.pod,
-        "python3",
-        &[&script, "server", "9091"],
-        any_addr(9091),
-    );
-
-    let out = grpc_peer(
-        &net.pod,
-        &["client", &net.peer_addr(9090).to_string()],
-        Duration::from_secs(60),
-    );
-    assert_grpc_client_ok(&out, "outbound", &remora);
-    let out = grpc_peer(
-        &net.peer,
-        &["client", &net.pod_addr(9091).to_string()],
-        Duration::from_secs(60),
-    );
-    assert_grpc_client_ok(&out, "inbound", &remora);
-
-    // Istio's request metrics know these were gRPC, with statuses and messages, and the whole
-    // exposition passes promtool after real gRPC traffic.
-    let m = remora.metrics();
-    let grpc_ok = [("request_protocol", "grpc"), ("grpc_response_status", "0")];
-    assert!(m.value("istio_requests_total", &grpc_ok) >= 1.0, "{m}");
-    assert!(
-        m.value("istio_request_messages_total", &grpc_ok) >= 1.0,
-        "{m}"
-    );
-    assert!(
-        m.value("istio_response_messages_total", &grpc_ok) >= 1.0,
-        "{m}"
-    );
-    if remora_e2e::promtool::available() {
-        remora_e2e::promtool::assert_valid(&m.to_string());
-    }
-
-    // curl as an HTTP/2 prior-knowledge client of the same server: a trailers-only error.
-    let out = peer::curl(
-        &net.pod,
-        &[
-            "--http2-prior-knowledge",
-            "-s",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_version} %{http_code}",
-            "-H",
-            "content-type: application/grpc",
-            "-H",
-            "te: trailers",
-            "--data-binary",
-            "",
-            &format!("http://{}/test.Echo/Missing", net.peer_addr(9090)),
-        ],
-        CURL_TIME,
-    );
-    assert_eq!(stdout_ok(&out, "h2c curl"), "2 200");
-}
-
-#[test]
-fn grpc_to_a_down_upstream_is_grpc_status_14_from_the_proxy() {
-    if !grpc_available() {
-        return;
-    }
-    let Some(net) = PodNet::create_or_skip() else {
-        return;
-    };
-    net.capture_default();
-    let remora = net.remora().start_ready();
-    let out = grpc_peer(
-        &net.pod,
-        &["down", &net.peer_addr(9099).to_string()],
-        Duration::from_secs(30),
-    );
-    assert_grpc_client_ok(&out, "upstream down", &remora);
 }
 
 /// `program` on PATH, or a skip (a failure under CI=true).
