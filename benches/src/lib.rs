@@ -2,7 +2,8 @@
 //! load harness (`src/bin/harness.rs`) that runs the same scenarios, on loopback, against no
 //! proxy, Remora, Envoy, HAProxy and nginx, and prints tables of absolute numbers and ratios.
 //!
-//! How the parts fit: [`proxy_config`] writes each proxy's configuration (pure functions, so
+//! How the parts fit: [`proxy_config`] writes each proxy's configuration (and [`mesh_certs`] the mTLS scenario's
+//! identities) (pure functions, so
 //! tests check them without launching anything); [`process`] starts programs pinned to a core,
 //! reads their CPU time and memory from `/proc`, and kills them by PID; [`upstream`] is the
 //! server every proxy forwards to (1 KiB responses over HTTP/1.1, h2c and gRPC); [`open_loop`]
@@ -12,6 +13,7 @@
 //! the tables as markdown and JSON.
 
 pub mod load_tools;
+pub mod mesh_certs;
 pub mod open_loop;
 pub mod process;
 pub mod proxy_config;

@@ -190,6 +190,180 @@ pub fn envoy_args(config: &Path) -> Vec<String> {
     ]
 }
 
+/// Workers of each sidecar in the mTLS scenario: Istio's published benchmark setup.
+pub const MESH_WORKERS: usize = 2;
+
+/// The `common_tls_context` both Envoy sidecars share: the workload's chain and key and the
+/// mesh roots from files in Istio's layout, TLS 1.2 to 1.3 (Istio's mesh mTLS), ALPN values,
+/// and, when `peer_id` is given, the peer's SPIFFE ID that its certificate must carry.
+fn envoy_common_tls(cert_dir: &Path, alpn: &[&str], peer_id: Option<&str>) -> String {
+    use crate::mesh_certs::{CERT_CHAIN, KEY, ROOT_CERT};
+    let file = |name: &str| cert_dir.join(name).display().to_string();
+    let alpn = alpn
+        .iter()
+        .map(|a| format!("\"{a}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut out = format!(
+        "        common_tls_context:\n          \
+         tls_params: {{ tls_minimum_protocol_version: TLSv1_2, tls_maximum_protocol_version: TLSv1_3 }}\n          \
+         alpn_protocols: [{alpn}]\n          \
+         tls_certificates:\n          \
+         - certificate_chain: {{ filename: \"{}\" }}\n            \
+         private_key: {{ filename: \"{}\" }}\n          \
+         validation_context:\n            \
+         trusted_ca: {{ filename: \"{}\" }}\n",
+        file(CERT_CHAIN),
+        file(KEY),
+        file(ROOT_CERT)
+    );
+    if let Some(id) = peer_id {
+        let _ = write!(
+            out,
+            "            match_typed_subject_alt_names:\n            \
+             - san_type: URI\n              matcher: {{ exact: \"{id}\" }}\n"
+        );
+    }
+    out
+}
+
+/// The HTTP connection manager routing everything to `cluster`, Envoy's router, no access log;
+/// `xfcc` adds Istio's inbound `x-forwarded-client-cert` handling.
+fn envoy_hcm(stat_prefix: &str, cluster: &str, xfcc: bool) -> String {
+    let mut out = format!(
+        "      - name: envoy.filters.network.http_connection_manager\n        typed_config:\n          \
+         \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager\n          \
+         stat_prefix: {stat_prefix}\n          codec_type: AUTO\n"
+    );
+    if xfcc {
+        out.push_str(
+            "          forward_client_cert_details: APPEND_FORWARD\n          \
+             set_current_client_cert_details: { subject: true, dns: true, uri: true }\n",
+        );
+    }
+    let _ = write!(
+        out,
+        "          route_config:\n            name: local\n            virtual_hosts:\n            \
+         - name: all\n              domains: [\"*\"]\n              routes:\n              \
+         - match: {{ prefix: \"/\" }}\n                route: {{ cluster: {cluster} }}\n          \
+         http_filters:\n          - name: envoy.filters.http.router\n            typed_config:\n              \
+         \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router\n"
+    );
+    out
+}
+
+/// One static cluster to `to` with Istio's lifted circuit breakers.
+fn envoy_cluster(name: &str, to: SocketAddr) -> String {
+    format!(
+        "  - name: {name}\n    type: STATIC\n    connect_timeout: 5s\n    circuit_breakers:\n      thresholds:\n      \
+         - {{ max_connections: 4294967295, max_pending_requests: 4294967295, max_requests: 4294967295, max_retries: 4294967295 }}\n    \
+         load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n        - endpoint:\n            \
+         address:\n              socket_address: {{ address: {}, port_value: {} }}\n",
+        to.ip(),
+        to.port()
+    )
+}
+
+fn envoy_admin_and_listener(admin_port: u16, name: &str, listen: SocketAddr) -> String {
+    format!(
+        "# Written by the benchmark harness.\n\
+         admin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }}\n\
+         static_resources:\n  listeners:\n  - name: {name}\n    address:\n      \
+         socket_address: {{ address: {}, port_value: {} }}\n    filter_chains:\n    - filters:\n",
+        listen.ip(),
+        listen.port()
+    )
+}
+
+/// Sidecar A as Envoy: plain HTTP in on `listen`, to `server` (sidecar B) over mTLS as Istio's
+/// outbound cluster does: the workload certificate from `cert_dir`, Istio's ALPN for HTTP/1.1,
+/// SNI `outbound_.PORT_._.HOSTNAME`, and the server's certificate must carry `server_id`.
+pub fn envoy_mesh_client_config(
+    listen: SocketAddr,
+    server: SocketAddr,
+    admin_port: u16,
+    cert_dir: &Path,
+    server_id: &str,
+) -> String {
+    let mut out = envoy_admin_and_listener(admin_port, "outbound", listen);
+    out.push_str(&envoy_hcm("outbound", "mesh", false));
+    out.push_str("  clusters:\n");
+    out.push_str(&envoy_cluster("mesh", server));
+    let _ = write!(
+        out,
+        "    transport_socket:\n      name: envoy.transport_sockets.tls\n      typed_config:\n        \
+         \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext\n        \
+         sni: \"outbound_.{}_._.{}\"\n",
+        server.port(),
+        crate::mesh_certs::SERVER_HOSTNAME
+    );
+    out.push_str(&envoy_common_tls(
+        cert_dir,
+        &["istio-http/1.1", "istio"],
+        Some(server_id),
+    ));
+    out
+}
+
+/// Sidecar B as Envoy: mTLS in on `listen` (a client certificate that chains to the mesh roots
+/// is required, as Istio's inbound in STRICT mode), `x-forwarded-client-cert` as Istio sets
+/// it, plain HTTP/1.1 to `upstream`.
+pub fn envoy_mesh_server_config(
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    admin_port: u16,
+    cert_dir: &Path,
+) -> String {
+    let mut out = envoy_admin_and_listener(admin_port, "inbound", listen);
+    out.push_str(&envoy_hcm("inbound", "upstream", true));
+    out.push_str(
+        "      transport_socket:\n        name: envoy.transport_sockets.tls\n        typed_config:\n          \
+         \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext\n          \
+         require_client_certificate: true\n",
+    );
+    // The common context sits two spaces deeper under a filter chain than under a cluster.
+    for line in envoy_common_tls(cert_dir, &["h2", "http/1.1"], None).lines() {
+        let _ = writeln!(out, "  {line}");
+    }
+    out.push_str("  clusters:\n");
+    out.push_str(&envoy_cluster("upstream", upstream));
+    out
+}
+
+/// Envoy's command line with `concurrency` workers (see [`envoy_args`]).
+pub fn envoy_args_with(config: &Path, concurrency: usize) -> Vec<String> {
+    let mut args = envoy_args(config);
+    if let Some(i) = args.iter().position(|a| a == "--concurrency") {
+        args[i + 1] = concurrency.to_string();
+    }
+    args
+}
+
+/// Remora as sidecar A or B of the mTLS scenario, for when explicit listeners speak mesh mTLS:
+/// [`remora_config`] plus the workload identity from `cert_dir` and, for A (`server` given),
+/// sidecar B as a mesh destination that must be `server_id`; for B, strict mTLS.
+pub fn remora_mesh_config(
+    ports: &RemoraPorts,
+    cert_dir: &Path,
+    server: Option<(SocketAddr, &str)>,
+) -> String {
+    let mut out = remora_config(ports);
+    let _ = writeln!(out, "tls:\n  cert_dir: \"{}\"", cert_dir.display());
+    match server {
+        Some((addr, id)) => {
+            let _ = write!(
+                out,
+                "mesh:\n  destinations:\n  - cidrs: [\"{}\"]\n    ports: [{}]\n    hostname: {}\n    identities: [\"{id}\"]\n",
+                addr.ip(),
+                addr.port(),
+                crate::mesh_certs::SERVER_HOSTNAME
+            );
+        }
+        None => out.push_str("mesh:\n  mtls_mode: strict\n"),
+    }
+    out
+}
+
 /// HAProxy: one thread, `mode http` (h2c with prior knowledge and HTTP/2 to the upstream for
 /// gRPC) or `mode tcp`, no logging. `maxconn` is sized for the idle-connection test.
 pub fn haproxy_config(
@@ -388,6 +562,114 @@ mod tests {
         assert!(envoy_args(Path::new("e.yaml"))
             .join(" ")
             .contains("--concurrency 1"));
+    }
+
+    #[test]
+    fn mesh_pair_configs_carry_the_identities() {
+        let (listen, upstream) = addrs();
+        let server: SocketAddr = "127.0.0.1:43000".parse().unwrap();
+        let dir = Path::new("/tmp/certs");
+        let tls_files = |tls: &serde_yaml_ng::Value| {
+            let ctx = &tls["typed_config"]["common_tls_context"];
+            assert_eq!(
+                ctx["tls_certificates"][0]["certificate_chain"]["filename"],
+                "/tmp/certs/cert-chain.pem"
+            );
+            assert_eq!(
+                ctx["tls_certificates"][0]["private_key"]["filename"],
+                "/tmp/certs/key.pem"
+            );
+            assert_eq!(
+                ctx["validation_context"]["trusted_ca"]["filename"],
+                "/tmp/certs/root-cert.pem"
+            );
+            ctx.clone()
+        };
+
+        let text = envoy_mesh_client_config(
+            listen,
+            server,
+            41005,
+            dir,
+            "spiffe://cluster.local/ns/bench/sa/b",
+        );
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("valid YAML");
+        let listener = &doc["static_resources"]["listeners"][0];
+        assert_eq!(listener["address"]["socket_address"]["port_value"], 41000);
+        assert!(listener["filter_chains"][0]
+            .get("transport_socket")
+            .is_none());
+        let cluster = &doc["static_resources"]["clusters"][0];
+        let endpoint = &cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"];
+        assert_eq!(endpoint["address"]["socket_address"]["port_value"], 43000);
+        let tls = &cluster["transport_socket"];
+        assert!(tls["typed_config"]["@type"]
+            .as_str()
+            .unwrap()
+            .ends_with("UpstreamTlsContext"));
+        assert_eq!(
+            tls["typed_config"]["sni"],
+            "outbound_.43000_._.b.bench.svc.cluster.local"
+        );
+        let ctx = tls_files(tls);
+        assert_eq!(ctx["alpn_protocols"][0], "istio-http/1.1");
+        let san = &ctx["validation_context"]["match_typed_subject_alt_names"][0];
+        assert_eq!(san["san_type"], "URI");
+        assert_eq!(
+            san["matcher"]["exact"],
+            "spiffe://cluster.local/ns/bench/sa/b"
+        );
+
+        let text = envoy_mesh_server_config(server, upstream, 41006, dir);
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("valid YAML");
+        let listener = &doc["static_resources"]["listeners"][0];
+        assert_eq!(listener["address"]["socket_address"]["port_value"], 43000);
+        let chain = &listener["filter_chains"][0];
+        let tls = &chain["transport_socket"];
+        assert!(tls["typed_config"]["@type"]
+            .as_str()
+            .unwrap()
+            .ends_with("DownstreamTlsContext"));
+        assert_eq!(tls["typed_config"]["require_client_certificate"], true);
+        tls_files(tls);
+        let hcm = &chain["filters"][0]["typed_config"];
+        assert_eq!(hcm["forward_client_cert_details"], "APPEND_FORWARD");
+        let cluster = &doc["static_resources"]["clusters"][0];
+        assert!(
+            cluster.get("transport_socket").is_none(),
+            "plain to the upstream"
+        );
+        let endpoint = &cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"];
+        assert_eq!(endpoint["address"]["socket_address"]["port_value"], 42000);
+        assert!(envoy_args_with(Path::new("e.yaml"), MESH_WORKERS)
+            .join(" ")
+            .contains("--concurrency 2"));
+
+        let ports = RemoraPorts {
+            readiness: 41001,
+            metrics: 41002,
+            agent: 41003,
+            admin: 41004,
+        };
+        let a = remora_mesh_config(
+            &ports,
+            dir,
+            Some((server, "spiffe://cluster.local/ns/bench/sa/b")),
+        );
+        let a = remora_config::parse(&a, Path::new("a.yaml")).expect("Remora accepts sidecar A");
+        assert_eq!(a.tls.cert_dir.as_deref(), Some(dir));
+        let to_b = a
+            .mesh
+            .destination(server.ip(), server.port())
+            .expect("B is a mesh destination");
+        assert_eq!(
+            to_b.identities[0].to_string(),
+            "spiffe://cluster.local/ns/bench/sa/b"
+        );
+        assert!(a.mesh.destination(upstream.ip(), upstream.port()).is_none());
+        let b = remora_mesh_config(&ports, dir, None);
+        let b = remora_config::parse(&b, Path::new("b.yaml")).expect("Remora accepts sidecar B");
+        assert_eq!(b.mesh.mtls_mode, remora_config::MtlsMode::Strict);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 pub mod cost;
 pub mod latency;
+pub mod mtls;
 mod rounds;
 pub mod tcp;
 pub mod throughput;
