@@ -13,7 +13,7 @@ mod support;
 use std::path::Path;
 
 use remora_capture::generate;
-use support::{cases_dir, diff};
+use support::cases_dir;
 
 /// The cases that must pass for capture to ship.
 const REQUIRED: &[&str] = &[
@@ -73,17 +73,7 @@ fn run_case(dir: &Path, case: &str) -> Result<(String, String), String> {
 }
 
 fn assert_case(case: &str) {
-    let Some(dir) = cases_dir("capture") else {
-        return;
-    };
-    match run_case(&dir, case) {
-        Ok((actual, expected)) if actual == expected => {}
-        Ok((actual, expected)) => panic!(
-            "case {case}: dry-run output differs from {case}.rules\n{}\n--- actual output ---\n{actual}",
-            diff(&expected, &actual)
-        ),
-        Err(e) => panic!("case {case}: {e}"),
-    }
+    support::assert_golden("capture", "rules", case, run_case);
 }
 
 macro_rules! cases {

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use remora_capture::options::RunOptions;
 use remora_capture::{dry_run_output, CaptureConfig};
-use support::{cases_dir, diff, parse_args, read_case_args, NoDiscovery};
+use support::{cases_dir, parse_args, read_case_args, NoDiscovery};
 
 /// What the command would print for a case, and the expected program.
 fn run_case(dir: &Path, case: &str) -> Result<(String, String), String> {
@@ -31,17 +31,7 @@ fn run_case(dir: &Path, case: &str) -> Result<(String, String), String> {
 }
 
 fn assert_case(case: &str) {
-    let Some(dir) = cases_dir("capture-nft") else {
-        return;
-    };
-    match run_case(&dir, case) {
-        Ok((actual, expected)) if actual == expected => {}
-        Ok((actual, expected)) => panic!(
-            "case {case}: dry-run output differs from {case}.nft\n{}\n--- actual output ---\n{actual}",
-            diff(&expected, &actual)
-        ),
-        Err(e) => panic!("case {case}: {e}"),
-    }
+    support::assert_golden("capture-nft", "nft", case, run_case);
 }
 
 macro_rules! cases {

@@ -239,12 +239,8 @@ fn upstream_down_is_503_uf_and_retries_run_out_with_urx() {
         .start_ready();
     // Nothing listens on this port on the peer.
     let url = format!("http://{}/nothing", net.peer_addr(8999));
-    let out = peer::curl(
-        &net.pod,
-        &["-s", "-o", "/dev/null", "-w", "%{http_code}", &url],
-        CURL_TIME,
-    );
-    assert_eq!(curl_ok(&out, "GET to a closed port"), "503");
+    let (status, _) = peer::curl_status(&net.pod, &[&url], CURL_TIME);
+    assert_eq!(status, 503, "GET to a closed port");
     wait_for_log(&remora, "\"GET /nothing HTTP/1.1\" 503 UF,URX");
 }
 
@@ -279,19 +275,9 @@ fn a_retry_succeeds_on_the_second_attempt_and_one_runs_out() {
     );
     assert_eq!(curl_ok(&out, "flaky POST"), "ok after 2 attempt=3\n");
 
-    let out = peer::curl(
-        &net.pod,
-        &[
-            "-s",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            &format!("{base}/flaky?key=always&fail=9"),
-        ],
-        CURL_TIME,
-    );
-    assert_eq!(curl_ok(&out, "flaky always"), "503");
+    let url = format!("{base}/flaky?key=always&fail=9");
+    let (status, _) = peer::curl_status(&net.pod, &[&url], CURL_TIME);
+    assert_eq!(status, 503, "flaky always");
     wait_for_log(&remora, "/flaky?key=always&fail=9 HTTP/1.1\" 503 URX");
 }
 

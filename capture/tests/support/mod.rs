@@ -209,3 +209,23 @@ impl Drop for Netns {
             .status();
     }
 }
+
+/// Produces a case's (actual output, expected golden text), or why it could not.
+pub type RunCase = fn(&Path, &str) -> Result<(String, String), String>;
+
+/// Assert that `run` reproduces the golden `<case>.<ext>` of `folder` byte for byte; on a
+/// difference, panic naming the case with a line diff. Skips (or fails under CI) without the
+/// shared folder.
+pub fn assert_golden(folder: &str, ext: &str, case: &str, run: RunCase) {
+    let Some(dir) = cases_dir(folder) else {
+        return;
+    };
+    match run(&dir, case) {
+        Ok((actual, expected)) if actual == expected => {}
+        Ok((actual, expected)) => panic!(
+            "case {case}: dry-run output differs from {case}.{ext}\n{}\n--- actual output ---\n{actual}",
+            diff(&expected, &actual)
+        ),
+        Err(e) => panic!("case {case}: {e}"),
+    }
+}
