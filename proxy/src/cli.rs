@@ -371,8 +371,16 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         metrics,
     });
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(usize::from(args.concurrency))
+    // One worker runs on the calling thread with the current-thread scheduler: no run queues
+    // to steal from, no other worker to wake, so each event costs less than on a pool of one.
+    let mut builder = if args.concurrency == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(usize::from(args.concurrency));
+        b
+    };
+    let runtime = builder
         .thread_name("remora-worker")
         .enable_all()
         .build()

@@ -62,7 +62,8 @@ impl LoopGuard {
         None
     }
 
-    fn is_own_upstream(&self, peer: SocketAddr, orig_dst: SocketAddr) -> bool {
+    /// Whether `peer` → `orig_dst` is one of our own upstream connections, accepted by us.
+    pub fn is_own_upstream(&self, peer: SocketAddr, orig_dst: SocketAddr) -> bool {
         self.upstreams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -137,7 +137,11 @@ impl Proxy {
                 }
             },
         };
-        if let Some(guard) = self.loop_guard.check(peer, destination) {
+        let dialled = match route {
+            Route::Fixed(..) => downstream.local_addr().ok(),
+            Route::Capture(_) => Some(destination),
+        };
+        if let Some(guard) = dialled.and_then(|d| loop_check(&self.loop_guard, route, peer, d)) {
             let counter = match guard {
                 Guard::OwnListener => &self.metrics.loop_refused_own_listener,
                 Guard::OwnUpstream => &self.metrics.loop_refused_own_upstream,
@@ -468,6 +472,25 @@ impl Outcome {
     }
 }
 
+/// Whether a connection from `peer`, which dialled `dialled`, is one of our own coming back.
+/// An explicit listener loops only when its upstream is itself: the peer is then one of our
+/// upstream sockets and what it dialled is this listener. Its routed upstream is no key: Linux
+/// reuses an ephemeral port towards another address, so a client may share its port with one of
+/// our upstream sockets to the same upstream.
+fn loop_check(
+    guard: &LoopGuard,
+    route: Route,
+    peer: SocketAddr,
+    dialled: SocketAddr,
+) -> Option<Guard> {
+    match route {
+        Route::Fixed(..) => guard
+            .is_own_upstream(peer, dialled)
+            .then_some(Guard::OwnUpstream),
+        Route::Capture(_) => guard.check(peer, dialled),
+    }
+}
+
 fn refused(destination: Option<SocketAddr>, end: End) -> Outcome {
     Outcome {
         destination,
@@ -487,6 +510,30 @@ fn reset(stream: &TcpStream) {
 mod tests {
     use super::*;
     use crate::metrics::Metrics;
+
+    #[test]
+    fn an_explicit_listener_refuses_only_its_own_upstream_coming_back() {
+        let guard = LoopGuard::new(vec![15001]);
+        let upstream: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let listener: SocketAddr = "127.0.0.1:9000".parse().unwrap();
+        let ours: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let _registration = guard.register(ours, upstream);
+        let route = Route::Fixed(upstream, ListenerProtocol::Tcp);
+        // A client that happens to use the port of our upstream socket to the same upstream.
+        assert_eq!(loop_check(&guard, route, ours, listener), None);
+        // Our upstream socket dialled this listener: a loop.
+        let looping = Route::Fixed(listener, ListenerProtocol::Tcp);
+        let _back = guard.register(ours, listener);
+        assert_eq!(
+            loop_check(&guard, looping, ours, listener),
+            Some(Guard::OwnUpstream)
+        );
+        // Capture listeners key on the original destination, as before.
+        assert_eq!(
+            loop_check(&guard, Route::Capture(Direction::Outbound), ours, upstream),
+            Some(Guard::OwnUpstream)
+        );
+    }
 
     /// Every open connection holds one of these futures; its size is memory per connection
     /// before any buffer is allocated. Raise the bound only knowingly.

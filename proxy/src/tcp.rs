@@ -7,6 +7,7 @@
 //! because a peer that sees a clean FIN after its partner crashed would take a truncated stream
 //! for a complete one.
 
+mod splice;
 mod streams;
 
 pub use streams::copy_streams;
@@ -18,11 +19,14 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 
 // Buffers start small because most connections are short or idle: the memory a connection holds
-// is what the sidecar costs per connection, multiplied by every connection in the pod. No buffer
-// is allocated until the first byte arrives. A read that fills the buffer signals bulk traffic;
-// the buffer then doubles, up to a size where syscall overhead stops mattering.
+// is what the sidecar costs per connection, multiplied by every connection in the pod. A buffer
+// exists only while bytes are moving: it is allocated when the socket becomes readable and given
+// back when it has nothing more to read. A read that fills the buffer signals bulk traffic; the
+// buffer then doubles, and past `SPLICE_AFTER` the direction moves by splice(2) instead.
 const INITIAL_BUFFER: usize = 4 * 1024;
 const MAX_BUFFER: usize = 64 * 1024;
+// A read that fills a buffer this large marks bulk traffic, which then moves by splice(2).
+const SPLICE_AFTER: usize = 16 * 1024;
 
 /// Bytes moved in each direction, and how the connection ended.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -144,25 +148,35 @@ async fn copy_one_way(
             }
             if buf.is_empty() {
                 buf.resize(INITIAL_BUFFER, 0);
-            } else if last_read_filled && buf.len() < MAX_BUFFER {
-                buf.resize(buf.len() * 2, 0);
+            } else if last_read_filled {
+                if buf.len() >= SPLICE_AFTER {
+                    // Bulk traffic: the rest of the stream goes through the kernel only.
+                    match splice::Pipe::new() {
+                        Ok(pipe) => {
+                            drop(buf);
+                            // Boxed: only bulk directions pay for its state.
+                            return Box::pin(spliced(pipe, from, to, from_side, to_side, total))
+                                .await;
+                        }
+                        Err(e) => tracing::debug!(error = %e, "no pipe; copying through memory"),
+                    }
+                }
+                if buf.len() < MAX_BUFFER {
+                    buf.resize(buf.len() * 2, 0);
+                }
             }
             match from.try_read(&mut buf) {
-                Ok(0) => {
-                    // Peer finished sending: pass the FIN on. Failing to do so is the other
-                    // side's problem (it is gone), reported as such.
-                    if let Err(e) = SockRef::from(to).shutdown(Shutdown::Write) {
-                        if e.kind() != io::ErrorKind::NotConnected {
-                            return Err((to_side, e, total));
-                        }
-                    }
-                    return Ok(total);
-                }
+                Ok(0) => return finish(to, to_side, total),
                 Ok(n) => {
                     last_read_filled = n == buf.len();
                     &buf[..n]
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Nothing more for now: an idle connection holds no buffer.
+                    buf = Vec::new();
+                    last_read_filled = false;
+                    continue;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err((from_side, e, total)),
             }
@@ -174,6 +188,40 @@ async fn copy_one_way(
         }
         total += chunk.len() as u64;
     }
+}
+
+/// The rest of a bulk direction, through a pipe (Linux splices TCP sockets since 2.6.25).
+async fn spliced(
+    mut pipe: splice::Pipe,
+    from: &TcpStream,
+    to: &TcpStream,
+    from_side: Side,
+    to_side: Side,
+    mut total: u64,
+) -> Result<u64, (Side, io::Error, u64)> {
+    loop {
+        match pipe.fill(from).await {
+            Ok(0) => return finish(to, to_side, total),
+            Ok(n) => {
+                if let Err(e) = pipe.drain(to).await {
+                    return Err((to_side, e, total));
+                }
+                total += n as u64;
+            }
+            Err(e) => return Err((from_side, e, total)),
+        }
+    }
+}
+
+/// The peer finished sending: pass the FIN on. Failing to do so is the other side's problem
+/// (it is gone), reported as such.
+fn finish(to: &TcpStream, to_side: Side, total: u64) -> Result<u64, (Side, io::Error, u64)> {
+    if let Err(e) = SockRef::from(to).shutdown(Shutdown::Write) {
+        if e.kind() != io::ErrorKind::NotConnected {
+            return Err((to_side, e, total));
+        }
+    }
+    Ok(total)
 }
 
 async fn write_all(to: &TcpStream, mut data: &[u8]) -> io::Result<()> {

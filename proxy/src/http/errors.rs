@@ -39,6 +39,11 @@ impl Flags {
     ];
 
     /// Add `other` to the set.
+    /// The set as bits, one per flag.
+    pub fn bits(self) -> u16 {
+        self.0
+    }
+
     pub fn insert(&mut self, other: Flags) {
         self.0 |= other.0;
     }

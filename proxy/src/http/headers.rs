@@ -70,6 +70,13 @@ pub fn prepare_response(headers: &mut HeaderMap, upgraded: bool) {
 /// Remove the hop-by-hop headers and those the `Connection` header names. With `upgrade`, the
 /// `Upgrade` and `Connection: upgrade` headers stay: they are the point of the request.
 fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+    // Most messages carry none: one pass over the names is cheaper than a lookup per name.
+    if !headers.keys().any(is_hop_by_hop) {
+        if upgrade {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        }
+        return;
+    }
     // Nominated headers first, while `Connection` is still there to read. Most requests carry
     // no Connection header, or one naming only close/keep-alive/upgrade: no allocation then.
     let nominated: Vec<HeaderName> = headers
@@ -110,6 +117,17 @@ fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     if te_trailers {
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }
+}
+
+/// Whether `remove_hop_by_hop` has anything to do for a header of this name.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::UPGRADE
+        || name == header::TRANSFER_ENCODING
+        || name == header::TE
+        || name == header::PROXY_AUTHENTICATE
+        || name == KEEP_ALIVE
+        || name == PROXY_CONNECTION
 }
 
 fn has_token(value: &HeaderValue, token: &[u8]) -> bool {

@@ -184,7 +184,10 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
     ));
     let service = {
         let ctx = Arc::clone(&ctx);
-        service_fn(move |req| forward::handle(Arc::clone(&ctx), req))
+        // Boxed: hyper's HTTP/1.1 server allocates room for one service future per connection
+        // up front and keeps it while the connection idles; a request's state (several KiB)
+        // should cost memory only while the request runs.
+        service_fn(move |req| Box::pin(forward::handle(Arc::clone(&ctx), req)))
     };
     let http = &ctx.config.http;
     let result = match c.version {
