@@ -142,7 +142,9 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         version: c.version,
     };
     if let Some(up) = c.early {
-        match pool::handshake(up, c.version).await {
+        // Boxed, like the HTTP/2 arm below: the connection's future holds the largest of its
+        // states for its whole life, and an idle HTTP/1.1 connection should not pay for these.
+        match Box::pin(pool::handshake(up, c.version)).await {
             Ok(sender) => proxy.pool.checkin(
                 key,
                 sender,
@@ -211,7 +213,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
                 .max_concurrent_streams(http.max_concurrent_streams)
                 .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX));
             let conn = builder.serve_connection(io, service);
-            drive(conn, &ctx, |c| c.graceful_shutdown()).await
+            Box::pin(drive(conn, &ctx, |c| c.graceful_shutdown())).await
         }
     };
     let transfer = Transfer {
