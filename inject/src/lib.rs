@@ -17,6 +17,8 @@ pub mod config;
 pub mod decision;
 pub mod documents;
 pub mod error;
+pub mod gateway;
+pub mod grpc;
 pub mod injector;
 pub mod metadata;
 pub mod names;
@@ -28,6 +30,8 @@ pub mod proxy_config;
 pub mod quantity;
 pub mod settings;
 pub mod sidecar;
+pub mod sidecar_template;
+pub mod template;
 pub mod validate;
 pub mod webhook;
 

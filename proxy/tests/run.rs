@@ -349,3 +349,48 @@ fn exit_on_zero_waits_out_the_minimum_drain_duration_then_exits_zero() {
     };
     assert!(exit.success(), "{exit:?}");
 }
+
+/// The injector passes a pod's `status.sidecar.istio.io/port` as `--status-port`: the agent
+/// (readiness, rewritten probes, merged metrics) must listen there, and not on the config's port.
+#[test]
+fn status_port_flag_moves_the_agent() {
+    let dir = TempDir::new("statusport");
+    let ports = Ports::new();
+    let path = dir.0.join("remora.yaml");
+    std::fs::write(&path, ports.config("")).unwrap();
+    let status_port = free_port();
+    let stderr = std::fs::File::create(path.with_extension("stderr")).unwrap();
+    let child = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&path)
+        .args(["--status-port", &status_port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let mut remora = Remora(child);
+    remora.wait_ready(&path, ports.readiness);
+    let (status, _) = get(status_port, "/healthz/ready").unwrap();
+    assert_eq!(status, 200, "the agent answers on --status-port");
+    let (status, body) = get(status_port, "/stats/prometheus").unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("istio_") || body.contains("remora_"),
+        "{body}"
+    );
+    assert!(
+        TcpStream::connect(("127.0.0.1", ports.agent)).is_err(),
+        "the config's agent port is not bound"
+    );
+}
+
+#[test]
+fn status_port_zero_is_refused() {
+    let out = Command::new(BIN)
+        .args(["run", "--status-port", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--status-port"), "{stderr}");
+}

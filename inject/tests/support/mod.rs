@@ -382,12 +382,50 @@ pub fn facts(before_meta: &Json, before_spec: &Json, after_meta: &Json, after_sp
                 .is_some_and(|n| mount_names.iter().any(|u| u == n))
         })
         .collect();
+    // Application containers changed beyond what probe rewriting changes.
+    let mut app_changes = Map::new();
+    for after in inits.iter().chain(&mains) {
+        let name = after["name"].as_str().unwrap_or_default();
+        let injected_names = ["istio-proxy", "istio-init", "istio-validation"];
+        let Some(before) = named(&before_all, name).filter(|_| !injected_names.contains(&name))
+        else {
+            continue;
+        };
+        let (b, a) = (string_map(before), string_map(after));
+        let mut fields: Vec<&String> = b
+            .keys()
+            .chain(a.keys())
+            .filter(|k| !PROBE_FIELDS.contains(&k.as_str()) && b.get(*k) != a.get(*k))
+            .collect();
+        fields.sort();
+        fields.dedup();
+        if !fields.is_empty() {
+            app_changes.insert(name.into(), json!(fields));
+        }
+    }
+    let (spec_b, spec_a) = (string_map(before_spec), string_map(after_spec));
+    let mut spec_changes = Map::new();
+    for k in spec_b.keys().chain(spec_a.keys()) {
+        let listed = [
+            "containers",
+            "initContainers",
+            "volumes",
+            "imagePullSecrets",
+        ];
+        if !listed.contains(&k.as_str()) && spec_b.get(k) != spec_a.get(k) {
+            let side = |m: &Map<String, Json>| m.get(k).cloned().unwrap_or(Json::Null);
+            spec_changes.insert(
+                k.clone(),
+                json!({"from": side(&spec_b), "to": side(&spec_a)}),
+            );
+        }
+    }
     let hooks = proxy.map(|p| {
         let mut h: Vec<String> = string_map(&p["lifecycle"]).keys().cloned().collect();
         h.sort();
         h
     });
-    json!({
+    let mut facts = json!({
         "injected": injected,
         "capture_container": capture.map(|c| c["name"].clone()),
         "capture_args": capture_args,
@@ -429,8 +467,20 @@ pub fn facts(before_meta: &Json, before_spec: &Json, after_meta: &Json, after_sp
         "image_pull_secrets_added": secrets_added,
         "user_volumes_added": user_volumes,
         "proxy_user_volume_mounts": user_mounts,
-    })
+    });
+    // Added outside `json!`, whose macro recursion the literal above already uses up.
+    facts["app_container_changes"] = Json::Object(app_changes);
+    facts["other_pod_spec_changes"] = Json::Object(spec_changes);
+    facts
 }
+
+/// Container fields that probe rewriting changes (compared on their own).
+const PROBE_FIELDS: &[&str] = &[
+    "readinessProbe",
+    "livenessProbe",
+    "startupProbe",
+    "lifecycle",
+];
 
 /// Fields compared verbatim.
 const EXACT: &[&str] = &[
@@ -470,6 +520,8 @@ const EXACT: &[&str] = &[
     "image_pull_secrets_added",
     "user_volumes_added",
     "proxy_user_volume_mounts",
+    "app_container_changes",
+    "other_pod_spec_changes",
 ];
 
 /// Compares a template's facts with the golden's; returns the mismatches. `agent_port` is
