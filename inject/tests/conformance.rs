@@ -8,9 +8,8 @@ use remora_inject::decision::FrontEnd;
 use remora_inject::documents::inject_yaml;
 use remora_inject::pod::{PodTemplate, Workload};
 use remora_inject::{Injector, Request};
-use support::{
-    capture_rules, compare, config_for, facts, load_cases, templates_of, Case, NOT_EXPRESSIBLE,
-};
+use support::facts::{compare, facts};
+use support::{capture_rules, config_for, load_cases, templates_of, Case, NOT_EXPRESSIBLE};
 
 /// Fields in which a golden records an Istio quirk (see the README's Doubts) that Remora
 /// deliberately does not reproduce.

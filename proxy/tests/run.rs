@@ -394,3 +394,42 @@ fn status_port_zero_is_refused() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--status-port"), "{stderr}");
 }
+
+/// The grpc-simple init container runs exactly these arguments, with the pod's identity from
+/// the downward API in its environment.
+#[test]
+fn grpc_bootstrap_writes_the_file_the_injector_names() {
+    let dir = TempDir::new("grpcboot");
+    let output = dir.0.join("bootstrap.json");
+    let out = Command::new(BIN)
+        .args(["grpc-bootstrap", "--output"])
+        .arg(&output)
+        .args(["--xds-address", "istiod.istio-system.svc:15010"])
+        .args(["--cluster-domain", "cluster.local"])
+        .env("INSTANCE_IP", "10.4.0.7")
+        .env("POD_NAME", "grpc-7c9")
+        .env("POD_NAMESPACE", "shop")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read_to_string(&output).unwrap();
+    assert!(
+        text.contains("\"sidecar~10.4.0.7~grpc-7c9.shop~shop.svc.cluster.local\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("dns:///istiod.istio-system.svc:15010"),
+        "{text}"
+    );
+
+    // Without the pod's identity it fails rather than write a bootstrap istiod would refuse.
+    let out = Command::new(BIN)
+        .args(["grpc-bootstrap", "--output"])
+        .arg(dir.0.join("other.json"))
+        .env_remove("INSTANCE_IP")
+        .env_remove("POD_NAME")
+        .env_remove("POD_NAMESPACE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
