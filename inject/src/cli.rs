@@ -6,12 +6,14 @@ use crate::config::{ConfigError, InjectorConfig};
 use crate::documents::inject_yaml;
 use crate::error::InjectError;
 use crate::injector::{Injector, Outcome};
+use crate::webhook::cert::RotatingCert;
 use crate::webhook::{self, NoNamespaces, ServerError, WebhookOptions};
 use clap::Args;
 use k8s_openapi::api::core::v1::Namespace;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Flags of `remora inject`.
 #[derive(Debug, Clone, Args)]
@@ -165,7 +167,12 @@ pub fn inject(args: &InjectArgs) -> Result<(), CliError> {
 /// `remora webhook`: serves until SIGTERM or SIGINT.
 pub fn webhook(args: &WebhookArgs) -> Result<(), CliError> {
     let config = load_config(args.config.as_deref(), args.revision.as_deref())?;
-    let tls = webhook::server::tls_config(&args.tls_cert, &args.tls_key)?;
+    let cert = Arc::new(
+        RotatingCert::load(&args.tls_cert, &args.tls_key, webhook::server::provider())
+            .map_err(ServerError::from)?,
+    );
+    let tls = webhook::server::tls_config(Arc::clone(&cert))?;
+    let options = WebhookOptions::default();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("remora-webhook")
@@ -195,12 +202,14 @@ pub fn webhook(args: &WebhookArgs) -> Result<(), CliError> {
             tracing::info!("stopping");
         };
         let injector = Injector::new(config);
+        // A rotated Secret is picked up without a restart.
+        tokio::spawn(cert.watch(options.cert_poll_interval));
         webhook::serve(
             listener,
             tls,
             injector,
             Box::new(NoNamespaces),
-            WebhookOptions::default(),
+            options,
             shutdown,
         )
         .await?;

@@ -4,7 +4,8 @@
 //! Istio's injection ConfigMap (Go templates plus Helm values) is deliberately not accepted:
 //! what Remora injects is code, and the knobs that shape it are the fields below.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -51,6 +52,12 @@ pub struct InjectorConfig {
     pub network: Option<String>,
     /// `openshift` derives the proxy's uid and gid from the namespace's SCC annotations.
     pub platform: Platform,
+    /// OpenShift: the uid range and supplemental groups the platform assigned to each
+    /// namespace (its `openshift.io/sa.scc.*` annotations). The webhook reads no Namespace
+    /// objects, so this is how it learns them; `remora inject --namespace-file` wins.
+    pub openshift_namespaces: BTreeMap<String, OpenshiftNamespace>,
+    /// Proxyless gRPC (the `grpc-agent` and `grpc-simple` templates).
+    pub grpc: GrpcConfig,
     /// Capture by Istio's CNI node agent instead of an init container.
     pub cni: CniConfig,
     /// Mesh-wide defaults of the capture rules; pod annotations override them.
@@ -73,6 +80,38 @@ pub enum Policy {
 pub enum Platform {
     Kubernetes,
     Openshift,
+}
+
+/// What OpenShift assigned to one namespace, in its annotations' syntax
+/// (`1000620000/10000` or `1000620000-1000629999`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenshiftNamespace {
+    /// `openshift.io/sa.scc.uid-range`: the proxy runs as its last uid.
+    pub uid_range: String,
+    /// `openshift.io/sa.scc.supplemental-groups`: the proxy's gid is the last of the first
+    /// block; without it, `proxy.gid`.
+    #[serde(default)]
+    pub supplemental_groups: Option<String>,
+}
+
+/// Where proxyless gRPC applications find istiod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GrpcConfig {
+    /// istiod's plaintext xDS address, written into the applications' xDS bootstrap.
+    pub xds_address: String,
+    /// The cluster's DNS domain, part of the node id.
+    pub cluster_domain: String,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        GrpcConfig {
+            xds_address: "istiod.istio-system.svc:15010".into(),
+            cluster_domain: "cluster.local".into(),
+        }
+    }
 }
 
 /// CNI mode.
@@ -231,6 +270,8 @@ impl Default for InjectorConfig {
             cluster_id: "Kubernetes".into(),
             network: None,
             platform: Platform::Kubernetes,
+            openshift_namespaces: BTreeMap::new(),
+            grpc: GrpcConfig::default(),
             cni: CniConfig::default(),
             capture: CaptureDefaults::default(),
             proxy: ProxyDefaults::default(),
@@ -336,6 +377,33 @@ pub enum ConfigError {
 }
 
 impl InjectorConfig {
+    /// The Namespace object OpenShift's settings of this namespace amount to, when the
+    /// platform is OpenShift and the config lists the namespace.
+    pub fn namespace_object(&self, name: &str) -> Option<Namespace> {
+        if self.platform != Platform::Openshift {
+            return None;
+        }
+        let ns = self.openshift_namespaces.get(name)?;
+        let mut annotations = BTreeMap::from([(
+            crate::names::key::OPENSHIFT_UID_RANGE.to_string(),
+            ns.uid_range.clone(),
+        )]);
+        if let Some(groups) = &ns.supplemental_groups {
+            annotations.insert(
+                crate::names::key::OPENSHIFT_SUPPLEMENTAL_GROUPS.to_string(),
+                groups.clone(),
+            );
+        }
+        Some(Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                annotations: Some(annotations),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        })
+    }
+
     /// Reads and parses a config file.
     pub fn load(path: &Path) -> Result<InjectorConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -395,6 +463,21 @@ impl InjectorConfig {
             .flatten()
         {
             crate::quantity::check(q).map_err(|e| ("proxy.resources", e))?;
+        }
+        for (name, ns) in &self.openshift_namespaces {
+            let blocks = [Some(&ns.uid_range), ns.supplemental_groups.as_ref()];
+            for block in blocks.into_iter().flatten() {
+                let first = block.split(',').next().unwrap_or_default();
+                if crate::settings::last_of_block(first).is_none() {
+                    return Err((
+                        "openshift_namespaces",
+                        format!("{name}: {block:?} is neither start/size nor start-end"),
+                    ));
+                }
+            }
+        }
+        if self.grpc.xds_address.trim().is_empty() {
+            return Err(("grpc.xds_address", "must not be empty".into()));
         }
         if self.cni.enabled && c.force_apply {
             return Err((

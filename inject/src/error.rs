@@ -12,8 +12,8 @@ pub enum InjectError {
         reason: String,
     },
     /// `inject.istio.io/templates` asks for a template Remora does not implement.
-    #[error("injection template {template:?} (annotation inject.istio.io/templates) is not supported by Remora; only \"sidecar\" is")]
-    UnsupportedTemplate { template: String },
+    #[error("injection template {template:?} (annotation inject.istio.io/templates) is not supported: {reason}")]
+    UnsupportedTemplate { template: String, reason: String },
     /// The pod template is not shaped like one (a list where a map belongs, a container
     /// without a name).
     #[error("{path}: {reason}")]

@@ -12,11 +12,31 @@ use std::collections::BTreeMap;
 /// Kubernetes' limit on a label value.
 const LABEL_VALUE_MAX: usize = 63;
 
-/// The labels to set, in order; existing values of the first two are kept.
+/// The labels to set, in order: the mesh's TLS mode and canonical service (existing values
+/// kept), and the network.
 pub fn labels(
     labels: &BTreeMap<String, String>,
     workload_name: &str,
     network: Option<&str>,
+) -> Vec<(&'static str, String)> {
+    let tls_mode = labels
+        .get(key::TLS_MODE)
+        .filter(|v| !v.is_empty())
+        .cloned()
+        .unwrap_or_else(|| "istio".to_string());
+    let mut out = vec![(key::TLS_MODE, tls_mode)];
+    out.extend(canonical_labels(labels, workload_name));
+    if let Some(network) = network {
+        out.push((key::NETWORK, network.to_string()));
+    }
+    out
+}
+
+/// The canonical service name and revision, from the pod's labels or its workload. Every
+/// template but grpc-simple sets them; only the sidecar's pods also carry the TLS mode.
+pub fn canonical_labels(
+    labels: &BTreeMap<String, String>,
+    workload_name: &str,
 ) -> Vec<(&'static str, String)> {
     let first = |keys: &[&str], fallback: &str| {
         keys.iter()
@@ -25,21 +45,15 @@ pub fn labels(
             .cloned()
             .unwrap_or_else(|| fallback.to_string())
     };
-    let tls_mode = first(&[key::TLS_MODE], "istio");
     let name = first(&[key::CANONICAL_NAME, key::APP_NAME, "app"], workload_name);
     let revision = first(
         &[key::CANONICAL_REVISION, key::APP_VERSION, "version"],
         "latest",
     );
-    let mut out = vec![
-        (key::TLS_MODE, tls_mode),
+    vec![
         (key::CANONICAL_NAME, label_value(&name)),
         (key::CANONICAL_REVISION, revision),
-    ];
-    if let Some(network) = network {
-        out.push((key::NETWORK, network.to_string()));
-    }
-    out
+    ]
 }
 
 /// Cut to a label's length, then trimmed of the separators a label may not end with.

@@ -144,7 +144,7 @@ fn openshift_ids(ns: &Namespace, config: &InjectorConfig) -> (i64, i64) {
 }
 
 /// `1000620000/10000` (start/size) or `1000620000-1000629999` (start-end) → its last id.
-fn last_of_block(block: &str) -> Option<i64> {
+pub(crate) fn last_of_block(block: &str) -> Option<i64> {
     let block = block.trim();
     if let Some((start, size)) = block.split_once('/') {
         let (start, size): (i64, i64) = (start.trim().parse().ok()?, size.trim().parse().ok()?);

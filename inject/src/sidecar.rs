@@ -20,8 +20,11 @@ use std::collections::BTreeMap;
 /// Where the pod's labels and annotations appear in the proxy (`remora run
 /// --pod-labels-file` defaults to `<this>/labels`).
 pub const POD_INFO_DIR: &str = "/etc/istio/pod";
-/// The binary inside the image; lifecycle hooks exec it directly (the image has no shell).
-const REMORA: &str = "remora";
+/// Where the workload certificate lives (Istio's file layout, which `remora run`'s
+/// `tls.cert_dir` reads).
+pub const WORKLOAD_CERTS_DIR: &str = "/var/run/secrets/workload-spiffe-credentials";
+/// The binary inside the image; hooks and init containers exec it directly, needing no shell.
+pub(crate) const REMORA: &str = "remora";
 
 /// The capture init container: `remora capture` with istio-iptables' arguments. Without CNI it
 /// installs the rules and so runs as root with NET_ADMIN and NET_RAW, nothing more; with CNI it
@@ -77,7 +80,7 @@ pub fn capture_container(
     }
 }
 
-fn capabilities(add: &[&str]) -> Capabilities {
+pub(crate) fn capabilities(add: &[&str]) -> Capabilities {
     Capabilities {
         add: (!add.is_empty()).then(|| add.iter().map(|c| c.to_string()).collect()),
         drop: Some(vec!["ALL".into()]),
@@ -130,31 +133,18 @@ pub fn proxy_container(
         }),
         ..SecurityContext::default()
     };
-    let mut args = vec!["run".to_string()];
-    if let Some(level) = inputs
-        .annotations
-        .get(key::PROXY_LOG_LEVEL)
-        .and_then(|l| log_filter(l))
-    {
-        args.extend(["--log-level".to_string(), level.to_string()]);
-    }
-    let exec = |verb: &str| LifecycleHandler {
-        exec: Some(ExecAction {
-            command: Some(vec![REMORA.into(), verb.into()]),
-        }),
-        ..LifecycleHandler::default()
-    };
+    let args = proxy_args(settings, inputs.annotations);
     // Holding the application: kubelet starts the next container only when this hook returns,
     // which `remora wait` does once the proxy is ready. A native sidecar instead drains when
     // the pod begins to stop, while the application still runs.
     let lifecycle = if settings.hold {
         Some(Lifecycle {
-            post_start: Some(exec("wait")),
+            post_start: Some(remora_hook("wait")),
             ..Lifecycle::default()
         })
     } else if settings.native {
         Some(Lifecycle {
-            pre_stop: Some(exec("drain")),
+            pre_stop: Some(remora_hook("drain")),
             ..Lifecycle::default()
         })
     } else {
@@ -163,12 +153,16 @@ pub fn proxy_container(
     let (startup_probe, readiness_probe) = match settings.status_port {
         None => (None, None),
         Some(_) => {
-            let startup = config
-                .proxy
-                .startup_probe
-                .enabled
-                .then(|| ready_probe(0, 1, config.proxy.startup_probe.failure_threshold));
+            let startup = config.proxy.startup_probe.enabled.then(|| {
+                ready_probe(
+                    port::READINESS,
+                    0,
+                    1,
+                    config.proxy.startup_probe.failure_threshold,
+                )
+            });
             let readiness = ready_probe(
+                port::READINESS,
                 settings.readiness_initial_delay,
                 settings.readiness_period,
                 settings.readiness_failure_threshold,
@@ -176,34 +170,14 @@ pub fn proxy_container(
             (startup, Some(readiness))
         }
     };
-    let mut mounts = vec![
-        mount("istio-podinfo", POD_INFO_DIR),
-        mount("istio-token", "/var/run/secrets/tokens"),
-        mount("istiod-ca-cert", "/var/run/secrets/istio"),
-        mount(
-            "workload-certs",
-            "/var/run/secrets/workload-spiffe-credentials",
-        ),
-    ];
-    if config.proxy.mount_mtls_certs {
-        mounts.push(VolumeMount {
-            read_only: Some(true),
-            ..mount("istio-certs", "/etc/certs/")
-        });
-    }
-    mounts.extend(user_mounts);
+    let mounts = proxy_mounts(config, user_mounts);
     Container {
         name: PROXY_CONTAINER.into(),
         image: Some(settings.image.clone()),
         image_pull_policy: config.image_pull_policy.clone(),
         restart_policy: settings.native.then(|| "Always".to_string()),
         args: Some(args),
-        ports: Some(vec![ContainerPort {
-            container_port: i32::from(port::METRICS),
-            name: Some("http-envoy-prom".into()),
-            protocol: Some("TCP".into()),
-            ..ContainerPort::default()
-        }]),
+        ports: Some(metrics_ports()),
         env: Some(proxy_env(settings, config, inputs)),
         lifecycle,
         startup_probe,
@@ -213,6 +187,59 @@ pub fn proxy_container(
         volume_mounts: Some(mounts),
         ..Container::default()
     }
+}
+
+/// `remora run` and its flags: the pod's proxy log level, and the agent port when the pod
+/// moved it off 15020 (the rewritten probes and the Prometheus annotations point there, so the
+/// agent must listen there).
+pub(crate) fn proxy_args(
+    settings: &PodSettings,
+    annotations: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut args = vec!["run".to_string()];
+    if let Some(level) = annotations
+        .get(key::PROXY_LOG_LEVEL)
+        .and_then(|l| log_filter(l))
+    {
+        args.extend(["--log-level".to_string(), level.to_string()]);
+    }
+    let agent_port = settings.agent_port();
+    if agent_port != port::AGENT {
+        args.extend(["--status-port".to_string(), agent_port.to_string()]);
+    }
+    args
+}
+
+/// The proxy's mounts: pod info, the token and CA for its certificate, the certificate
+/// itself, and the user's.
+pub(crate) fn proxy_mounts(
+    config: &InjectorConfig,
+    user_mounts: Vec<VolumeMount>,
+) -> Vec<VolumeMount> {
+    let mut mounts = vec![
+        mount("istio-podinfo", POD_INFO_DIR),
+        mount("istio-token", "/var/run/secrets/tokens"),
+        mount("istiod-ca-cert", "/var/run/secrets/istio"),
+        mount("workload-certs", WORKLOAD_CERTS_DIR),
+    ];
+    if config.proxy.mount_mtls_certs {
+        mounts.push(VolumeMount {
+            read_only: Some(true),
+            ..mount("istio-certs", "/etc/certs/")
+        });
+    }
+    mounts.extend(user_mounts);
+    mounts
+}
+
+/// The proxy's Prometheus port, named as Istio names it (scrape configs select on the name).
+pub(crate) fn metrics_ports() -> Vec<ContainerPort> {
+    vec![ContainerPort {
+        container_port: i32::from(port::METRICS),
+        name: Some("http-envoy-prom".into()),
+        protocol: Some("TCP".into()),
+        ..ContainerPort::default()
+    }]
 }
 
 /// Istio's proxy log levels in `remora run --log-level` terms.
@@ -228,12 +255,18 @@ fn log_filter(level: &str) -> Option<&'static str> {
     })
 }
 
-fn ready_probe(initial_delay: u32, period: u32, failure_threshold: u32) -> Probe {
+/// `GET /healthz/ready` on `port`: the proxy's readiness (15021), or the agent's.
+pub(crate) fn ready_probe(
+    port: u16,
+    initial_delay: u32,
+    period: u32,
+    failure_threshold: u32,
+) -> Probe {
     let seconds = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
     Probe {
         http_get: Some(HTTPGetAction {
             path: Some("/healthz/ready".into()),
-            port: IntOrString::Int(i32::from(port::READINESS)),
+            port: IntOrString::Int(i32::from(port)),
             ..HTTPGetAction::default()
         }),
         // Kubernetes treats an absent delay as 0; leaving it out keeps the pod spec minimal.
@@ -245,7 +278,17 @@ fn ready_probe(initial_delay: u32, period: u32, failure_threshold: u32) -> Probe
     }
 }
 
-fn mount(name: &str, path: &str) -> VolumeMount {
+/// A lifecycle hook running `remora <verb>`.
+pub(crate) fn remora_hook(verb: &str) -> LifecycleHandler {
+    LifecycleHandler {
+        exec: Some(ExecAction {
+            command: Some(vec![REMORA.into(), verb.into()]),
+        }),
+        ..LifecycleHandler::default()
+    }
+}
+
+pub(crate) fn mount(name: &str, path: &str) -> VolumeMount {
     VolumeMount {
         name: name.into(),
         mount_path: path.into(),
@@ -253,7 +296,7 @@ fn mount(name: &str, path: &str) -> VolumeMount {
     }
 }
 
-fn field_env(name: &str, path: &str) -> EnvVar {
+pub(crate) fn field_env(name: &str, path: &str) -> EnvVar {
     EnvVar {
         name: name.into(),
         value_from: Some(EnvVarSource {
@@ -267,7 +310,7 @@ fn field_env(name: &str, path: &str) -> EnvVar {
     }
 }
 
-fn value_env(name: &str, value: &str) -> EnvVar {
+pub(crate) fn value_env(name: &str, value: &str) -> EnvVar {
     EnvVar {
         name: name.into(),
         value: Some(value.into()),
@@ -277,7 +320,7 @@ fn value_env(name: &str, value: &str) -> EnvVar {
 
 /// The proxy's environment: the downward-API identity `remora run` reads, Istio's metadata
 /// variables, and the probe and metrics hand-over from the application.
-fn proxy_env(
+pub(crate) fn proxy_env(
     settings: &PodSettings,
     config: &InjectorConfig,
     inputs: &ProxyInputs<'_>,

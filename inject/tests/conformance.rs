@@ -7,19 +7,9 @@ mod support;
 use remora_inject::decision::FrontEnd;
 use remora_inject::documents::inject_yaml;
 use remora_inject::pod::{PodTemplate, Workload};
-use remora_inject::{InjectError, Injector, Request};
-use support::{
-    capture_rules, compare, config_for, facts, load_cases, templates_of, Case, NOT_EXPRESSIBLE,
-};
-
-/// Istio's gateway and proxyless-gRPC templates: Remora implements only the sidecar, and
-/// refuses these by name rather than injecting something else.
-const UNSUPPORTED_TEMPLATES: &[&str] = &[
-    "gateway",
-    "gateway-with-default-container",
-    "grpc-agent",
-    "grpc-simple",
-];
+use remora_inject::{Injector, Request};
+use support::facts::{compare, facts};
+use support::{capture_rules, config_for, load_cases, templates_of, Case, NOT_EXPRESSIBLE};
 
 /// Fields in which a golden records an Istio quirk (see the README's Doubts) that Remora
 /// deliberately does not reproduce.
@@ -47,10 +37,8 @@ fn every_conformance_case() {
             Err(e) => failures.push(format!("{}: {e}", case.name)),
         }
     }
-    let refused = UNSUPPORTED_TEMPLATES.len();
     println!(
-        "conformance: {} match Istio, {refused} refused as unsupported templates, {} failed",
-        passed - refused,
+        "conformance: {passed} match Istio, {} failed",
         failures.len()
     );
     assert!(
@@ -90,14 +78,6 @@ fn run_case(case: &Case) -> Result<(), String> {
         .find(|(name, _)| *name == case.name)
         .map_or(&[][..], |(_, fields)| fields);
 
-    if UNSUPPORTED_TEMPLATES.contains(&case.name.as_str()) {
-        return match inject_yaml(&case.input, &injector, namespace.as_ref()) {
-            Err(InjectError::UnsupportedTemplate { .. }) => Ok(()),
-            other => Err(format!(
-                "expected the template to be refused, got {other:?}"
-            )),
-        };
-    }
     if !e["expect_error"].is_null() {
         let annotation = e["expect_error"]["annotation"].as_str().unwrap_or_default();
         return match inject_yaml(&case.input, &injector, namespace.as_ref()) {

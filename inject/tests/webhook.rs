@@ -10,7 +10,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Namespace;
 use remora_inject::documents::inject_yaml;
-use remora_inject::webhook::{serve, NamespaceLookup, WebhookOptions};
+use remora_inject::webhook::cert::RotatingCert;
+use remora_inject::webhook::{serve, server, NamespaceLookup, WebhookOptions};
 use remora_inject::{Injector, InjectorConfig};
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{json, Value as Json};
@@ -47,8 +48,9 @@ impl Webhook {
         let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
         std::fs::write(&cert_path, cert.cert.pem()).expect("write cert");
         std::fs::write(&key_path, cert.key_pair.serialize_pem()).expect("write key");
-        let tls =
-            remora_inject::webhook::server::tls_config(&cert_path, &key_path).expect("tls config");
+        let cert_files = RotatingCert::load(&cert_path, &key_path, server::provider())
+            .expect("certificate pair");
+        let tls = server::tls_config(Arc::new(cert_files)).expect("tls config");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -337,4 +339,99 @@ async fn hostile_requests_get_4xx_and_the_server_keeps_serving() {
         .as_str()
         .unwrap_or_default()
         .contains("includeInboundPorts"));
+}
+
+/// The certificate presented by a fresh handshake with `addr`.
+async fn presented_certificate(addr: SocketAddr, roots: &rustls::RootCertStore) -> Vec<u8> {
+    let provider = server::provider();
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots.clone())
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let name = ServerName::try_from("localhost").expect("name");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(client))
+        .connect(name, tcp)
+        .await
+        .expect("handshake");
+    let (_, session) = tls.get_ref();
+    let chain = session.peer_certificates().expect("a certificate");
+    chain[0].to_vec()
+}
+
+/// A rotated certificate (the Secret's files rewritten) is presented to new connections
+/// without a restart; a pair that does not match keeps the previous certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotated_certificate_is_served_and_a_broken_pair_is_not() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let make = || rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
+    let (first, second, third) = (make(), make(), make());
+    let write = |cert: &str, key: &str| {
+        std::fs::write(&cert_path, cert).expect("write cert");
+        std::fs::write(&key_path, key).expect("write key");
+    };
+    write(&first.cert.pem(), &first.key_pair.serialize_pem());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in [&first, &second, &third] {
+        roots
+            .add(CertificateDer::from(c.cert.der().to_vec()))
+            .expect("root");
+    }
+
+    let cert = Arc::new(
+        RotatingCert::load(&cert_path, &key_path, server::provider()).expect("first pair"),
+    );
+    let tls = server::tls_config(Arc::clone(&cert)).expect("tls config");
+    let watcher = tokio::spawn(Arc::clone(&cert).watch(std::time::Duration::from_millis(50)));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(serve(
+        listener,
+        tls,
+        Injector::default(),
+        Box::new(StaticNamespace(None)),
+        WebhookOptions::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    assert_eq!(
+        presented_certificate(addr, &roots).await,
+        first.cert.der().to_vec()
+    );
+
+    write(&second.cert.pem(), &second.key_pair.serialize_pem());
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        if presented_certificate(addr, &roots).await == second.cert.der().to_vec() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the rotated certificate is not presented 5 s after the files changed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    // The third certificate with the second's key: not a pair, so the second stays.
+    write(&third.cert.pem(), &second.key_pair.serialize_pem());
+    // Whether the watcher or this call reads the files first, the pair is never swapped in.
+    assert!(
+        !matches!(cert.reload(), Ok(true)),
+        "a mismatched pair is refused"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(
+        presented_certificate(addr, &roots).await,
+        second.cert.der().to_vec()
+    );
+
+    let _ = stop.send(());
+    server.await.expect("join").expect("serve");
+    watcher.abort();
 }

@@ -80,6 +80,11 @@ pub struct RunArgs {
         ignore_case = true
     )]
     pub interception_mode: Option<InterceptionArg>,
+    /// The agent port (Istio's status port: merged metrics, readiness, the application's
+    /// rewritten probes); sets `agent.port`. The injector passes a pod's
+    /// `status.sidecar.istio.io/port` here when it is not 15020.
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub status_port: Option<u16>,
 }
 
 /// `--interception-mode` values, Istio's names.
@@ -154,6 +159,17 @@ pub fn webhook(args: &remora_inject::cli::WebhookArgs) -> ExitCode {
     }
 }
 
+/// `remora grpc-bootstrap`.
+pub fn grpc_bootstrap(args: &remora_inject::grpc::BootstrapArgs) -> ExitCode {
+    match remora_inject::grpc::write_bootstrap(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("remora grpc-bootstrap: {:#}", anyhow::Error::from(e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Install the `tracing` subscriber; returns the means to change its filter at run time.
 fn init_tracing(filter: &str, json: bool) -> LogControl {
     use tracing_subscriber::EnvFilter;
@@ -196,6 +212,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         exit_on_zero_active_connections: args.exit_on_zero_active_connections,
         minimum_drain_duration: args.minimum_drain_duration,
         dns_capture: args.dns_capture,
+        agent_port: args.status_port.and_then(std::num::NonZeroU16::new),
         interception_mode: match args.interception_mode {
             Some(InterceptionArg::Redirect) => Some(InterceptionMode::Redirect),
             Some(InterceptionArg::Tproxy) => Some(InterceptionMode::Tproxy),

@@ -29,6 +29,8 @@ enum Command {
     Wait(remora::lifecycle::WaitArgs),
     /// Ask the local proxy to start draining (the native sidecar's preStop hook).
     Drain(remora::lifecycle::DrainArgs),
+    /// Write a proxyless gRPC application's xDS bootstrap (the grpc-simple init container).
+    GrpcBootstrap(Box<remora_inject::grpc::BootstrapArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -40,5 +42,6 @@ fn main() -> std::process::ExitCode {
         Command::Webhook(args) => remora::cli::webhook(&args),
         Command::Wait(args) => remora::lifecycle::wait(args),
         Command::Drain(args) => remora::lifecycle::drain(args),
+        Command::GrpcBootstrap(args) => remora::cli::grpc_bootstrap(&args),
     }
 }

@@ -29,6 +29,8 @@ pub struct Overrides {
     pub dns_capture: bool,
     /// `ISTIO_META_INTERCEPTION_MODE`.
     pub interception_mode: Option<remora_config::InterceptionMode>,
+    /// `--status-port`: where the agent listens.
+    pub agent_port: Option<std::num::NonZeroU16>,
     /// `--listen`/`--upstream`/`--protocol`: replaces the file's listeners.
     pub listener: Option<remora_config::ListenerConfig>,
 }
@@ -47,6 +49,9 @@ impl Overrides {
         }
         if self.dns_capture {
             config.dns.enabled = true;
+        }
+        if let Some(port) = self.agent_port {
+            config.agent.port = port;
         }
         if let Some(mode) = self.interception_mode {
             config.inbound.interception_mode = mode;

@@ -349,3 +349,87 @@ fn exit_on_zero_waits_out_the_minimum_drain_duration_then_exits_zero() {
     };
     assert!(exit.success(), "{exit:?}");
 }
+
+/// The injector passes a pod's `status.sidecar.istio.io/port` as `--status-port`: the agent
+/// (readiness, rewritten probes, merged metrics) must listen there, and not on the config's port.
+#[test]
+fn status_port_flag_moves_the_agent() {
+    let dir = TempDir::new("statusport");
+    let ports = Ports::new();
+    let path = dir.0.join("remora.yaml");
+    std::fs::write(&path, ports.config("")).unwrap();
+    let status_port = free_port();
+    let stderr = std::fs::File::create(path.with_extension("stderr")).unwrap();
+    let child = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&path)
+        .args(["--status-port", &status_port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let mut remora = Remora(child);
+    remora.wait_ready(&path, ports.readiness);
+    let (status, _) = get(status_port, "/healthz/ready").unwrap();
+    assert_eq!(status, 200, "the agent answers on --status-port");
+    let (status, body) = get(status_port, "/stats/prometheus").unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("istio_") || body.contains("remora_"),
+        "{body}"
+    );
+    assert!(
+        TcpStream::connect(("127.0.0.1", ports.agent)).is_err(),
+        "the config's agent port is not bound"
+    );
+}
+
+#[test]
+fn status_port_zero_is_refused() {
+    let out = Command::new(BIN)
+        .args(["run", "--status-port", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--status-port"), "{stderr}");
+}
+
+/// The grpc-simple init container runs exactly these arguments, with the pod's identity from
+/// the downward API in its environment.
+#[test]
+fn grpc_bootstrap_writes_the_file_the_injector_names() {
+    let dir = TempDir::new("grpcboot");
+    let output = dir.0.join("bootstrap.json");
+    let out = Command::new(BIN)
+        .args(["grpc-bootstrap", "--output"])
+        .arg(&output)
+        .args(["--xds-address", "istiod.istio-system.svc:15010"])
+        .args(["--cluster-domain", "cluster.local"])
+        .env("INSTANCE_IP", "10.4.0.7")
+        .env("POD_NAME", "grpc-7c9")
+        .env("POD_NAMESPACE", "shop")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read_to_string(&output).unwrap();
+    assert!(
+        text.contains("\"sidecar~10.4.0.7~grpc-7c9.shop~shop.svc.cluster.local\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("dns:///istiod.istio-system.svc:15010"),
+        "{text}"
+    );
+
+    // Without the pod's identity it fails rather than write a bootstrap istiod would refuse.
+    let out = Command::new(BIN)
+        .args(["grpc-bootstrap", "--output"])
+        .arg(dir.0.join("other.json"))
+        .env_remove("INSTANCE_IP")
+        .env_remove("POD_NAME")
+        .env_remove("POD_NAMESPACE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}

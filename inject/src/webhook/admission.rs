@@ -159,6 +159,53 @@ mod tests {
         }
     }
 
+    /// The webhook reads no Namespace; on OpenShift the config's record of the namespace's
+    /// uid range gives the proxy its uid, as the Namespace's annotations would.
+    #[test]
+    fn openshift_ranges_come_from_the_config() {
+        let config = crate::InjectorConfig::parse(
+            "platform: openshift\nopenshift_namespaces:\n  shop:\n    uid_range: 1000620000/10000\n    supplemental_groups: 1000620000/10000,1000700000/10000\n",
+            std::path::Path::new("test.yaml"),
+        )
+        .unwrap();
+        let body = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","namespace":"NS","object":{"metadata":{"generateName":"web-"},"spec":{"containers":[{"name":"web","image":"w"}]}}}}"#;
+        let uid_of = |namespace: &str| {
+            let r = review(
+                body.replace("NS", namespace).as_bytes(),
+                &Injector::new(config.clone()),
+                &NoNamespaces,
+            )
+            .unwrap();
+            let patch = base64::engine::general_purpose::STANDARD
+                .decode(r["response"]["patch"].as_str().unwrap())
+                .unwrap();
+            let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+            let request: Json = serde_json::from_str(body).unwrap();
+            let mut pod = request["request"]["object"].clone();
+            json_patch::patch(&mut pod, &patch).unwrap();
+            let proxy = pod["spec"]["initContainers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["name"] == "istio-proxy")
+                .cloned()
+                .unwrap();
+            (
+                proxy["securityContext"]["runAsUser"].clone(),
+                proxy["securityContext"]["runAsGroup"].clone(),
+            )
+        };
+        assert_eq!(uid_of("shop"), (json!(1000629999), json!(1000629999)));
+        // A namespace the config does not list keeps the configured ids.
+        assert_eq!(uid_of("other"), (json!(1337), json!(1337)));
+
+        let bad = crate::InjectorConfig::parse(
+            "openshift_namespaces:\n  shop: {uid_range: lots}\n",
+            std::path::Path::new("test.yaml"),
+        );
+        assert!(bad.is_err_and(|e| e.to_string().contains("openshift_namespaces")));
+    }
+
     #[test]
     fn invalid_annotations_are_refused() {
         let r = call(r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","object":{"metadata":{"annotations":{"traffic.sidecar.istio.io/excludeInboundPorts":"*"}},"spec":{"containers":[{"name":"a"}]}}}}"#).unwrap();

@@ -3,6 +3,7 @@
 //! or hostile client costs a connection slot for a bounded time and nothing more.
 
 use super::admission::{review, NamespaceLookup};
+use super::cert::{CertError, RotatingCert};
 use crate::injector::Injector;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -10,10 +11,8 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::crypto::CryptoProvider;
 use std::future::Future;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -32,6 +31,8 @@ pub struct WebhookOptions {
     pub max_body: usize,
     /// Connections served at once; more wait to be accepted.
     pub max_connections: usize,
+    /// How often the certificate files are checked for a rotated pair.
+    pub cert_poll_interval: Duration,
 }
 
 impl Default for WebhookOptions {
@@ -41,6 +42,7 @@ impl Default for WebhookOptions {
             header_timeout: Duration::from_secs(10),
             max_body: 8 * 1024 * 1024,
             max_connections: 256,
+            cert_poll_interval: Duration::from_secs(5),
         }
     }
 }
@@ -48,41 +50,25 @@ impl Default for WebhookOptions {
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("{}", path.display())]
-    Pem {
-        path: PathBuf,
-        #[source]
-        source: rustls::pki_types::pem::Error,
-    },
-    #[error("{}: no certificate in the file", path.display())]
-    NoCertificate { path: PathBuf },
+    #[error("the serving certificate")]
+    Cert(#[from] CertError),
     #[error("TLS configuration")]
     Tls(#[from] rustls::Error),
     #[error("accepting connections")]
     Accept(#[source] std::io::Error),
 }
 
-/// The TLS configuration from a PEM certificate chain and key.
-pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, ServerError> {
-    fn pem(path: &Path) -> impl Fn(rustls::pki_types::pem::Error) -> ServerError + '_ {
-        move |source| ServerError::Pem {
-            path: path.to_path_buf(),
-            source,
-        }
-    }
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(pem(cert))?
-        .collect::<Result<_, _>>()
-        .map_err(pem(cert))?;
-    if chain.is_empty() {
-        return Err(ServerError::NoCertificate { path: cert.into() });
-    }
-    let key = PrivateKeyDer::from_pem_file(key).map_err(pem(key))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+/// The crypto provider of the webhook's TLS.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The TLS configuration presenting `cert`'s current certificate at each handshake.
+pub fn tls_config(cert: Arc<RotatingCert>) -> Result<Arc<rustls::ServerConfig>, ServerError> {
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
-        .with_single_cert(chain, key)?;
+        .with_cert_resolver(cert);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
