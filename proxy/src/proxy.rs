@@ -555,7 +555,7 @@ mod tests {
             .await
             .unwrap();
         let (stream, peer) = listener.accept().await.unwrap();
-        let fut = proxy.serve(stream, peer, Route::Capture(Direction::Outbound));
+        let fut = Arc::clone(&proxy).serve(stream, peer, Route::Capture(Direction::Outbound));
         let size = std::mem::size_of_val(&fut);
         eprintln!("connection future: {size} bytes");
         // Detection added the replayed prefix, the early upstream connection and the hop to
@@ -563,5 +563,31 @@ mod tests {
         // (detection with its connect, a later connect, the whole HTTP path) are boxed and
         // freed when done, so they are not counted here.
         assert!(size <= 2048, "connection future is {size} bytes");
+
+        // An HTTP connection keeps its (boxed) HTTP future besides: hyper's connection state,
+        // without any request's state or hyper's two buffers.
+        let (stream, peer) = {
+            let _client = TcpStream::connect(listener.local_addr().unwrap()).await;
+            listener.accept().await.unwrap()
+        };
+        let http = http::serve(
+            Arc::clone(&proxy),
+            Arc::new(Config::default()),
+            http::Connection {
+                downstream: Downstream::Plain(stream),
+                mesh_peer: None,
+                peer,
+                direction: Direction::Outbound,
+                destination: peer,
+                source: None,
+                connect_timeout: std::time::Duration::from_secs(1),
+                version: crate::detect::HttpVersion::Http1,
+                prefix: BytesMut::new(),
+                early: None,
+            },
+        );
+        let size = std::mem::size_of_val(&http);
+        eprintln!("HTTP connection future: {size} bytes");
+        assert!(size <= 3072, "HTTP connection future is {size} bytes");
     }
 }

@@ -193,26 +193,29 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
     };
     let http = &ctx.config.http;
     let result = match c.version {
+        // Each connection is built inside the call that drives it: a builder or a connection
+        // held in a local would keep its own room in this future for the connection's life.
         HttpVersion::Http1 => {
-            let mut builder = http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(http.header_read_timeout)
-                .max_header_size(http.max_header_bytes);
-            // hyper's default is 100 on the stack; another number costs a heap allocation.
-            if http.max_headers != 100 {
-                builder.max_headers(http.max_headers);
-            }
-            let conn = builder.serve_connection(io, service).with_upgrades();
-            drive(conn, &ctx, |c| c.graceful_shutdown()).await
+            let conn = |io, service| {
+                let mut builder = http1::Builder::new();
+                builder
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(http.header_read_timeout)
+                    .max_header_size(http.max_header_bytes);
+                // hyper's default is 100 on the stack; another number costs a heap allocation.
+                if http.max_headers != 100 {
+                    builder.max_headers(http.max_headers);
+                }
+                builder.serve_connection(io, service).with_upgrades()
+            };
+            drive(conn(io, service), &ctx, |c| c.graceful_shutdown()).await
         }
         HttpVersion::Http2 => {
-            let mut builder = http2::Builder::new(TokioExecutor::new());
-            builder
+            let conn = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(http.max_concurrent_streams)
-                .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX));
-            let conn = builder.serve_connection(io, service);
+                .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX))
+                .serve_connection(io, service);
             Box::pin(drive(conn, &ctx, |c| c.graceful_shutdown())).await
         }
     };
