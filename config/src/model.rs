@@ -163,12 +163,19 @@ pub struct DetectionConfig {
     /// a server that speaks first makes the connection TCP at once.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
+    /// How long the client still has to say what it speaks once the upstream connection
+    /// dialled during detection has failed. Its first bytes normally arrive within a round
+    /// trip of the handshake, so an HTTP client gets its 503; a silent one is reset this soon
+    /// instead of after `timeout`.
+    #[serde(with = "humantime_serde")]
+    pub after_connect_failure: Duration,
 }
 
 impl Default for DetectionConfig {
     fn default() -> Self {
         DetectionConfig {
             timeout: Duration::from_secs(5),
+            after_connect_failure: Duration::from_millis(100),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! real clients (curl, Python grpcio) and real servers, through the capture rules.
 
 use remora_e2e::peer::{self, any_addr, curl_ok, Server};
-use remora_e2e::service::{peer_program, Service};
+use remora_e2e::service::{http_origin as origin, Service};
 use remora_e2e::PodNet;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -17,14 +17,6 @@ const ORIGIN_PORT: u16 = 8080;
 const LONG_DETECTION: &str = "detection:\n  timeout: 30s\n";
 /// What a server-first test allows for the banner to arrive.
 const BANNER_BOUND: Duration = Duration::from_secs(5);
-
-/// The Python origin (tests/peers/http_server.py) listening on `addr` inside `ns`.
-fn origin(ns: &remora_e2e::Netns, addr: SocketAddr) -> Service {
-    let script = peer_program("http_server.py");
-    let port = addr.port().to_string();
-    let script = script.to_string_lossy().into_owned();
-    Service::start(ns, "python3", &[&script, &port], addr)
-}
 
 /// A server that greets first, then echoes lines: SMTP's and MySQL's shape.
 fn banner_server(ns: &remora_e2e::Netns, addr: SocketAddr) -> Server {
@@ -287,7 +279,10 @@ fn malformed_requests_are_answered_400_and_never_forwarded() {
         return;
     };
     net.capture_default();
-    let remora = net.remora().start_ready();
+    let remora = net
+        .remora()
+        .config("access_log:\n  enabled: true\n")
+        .start_ready();
     let _origin = origin(&net.peer, net.peer_addr(ORIGIN_PORT));
     let cases: &[(&str, &str)] = &[
         ("differing Content-Lengths", "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd"),
@@ -295,6 +290,8 @@ fn malformed_requests_are_answered_400_and_never_forwarded() {
         ("gzip, chunked", "POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"),
         ("obs-fold", "GET /hello HTTP/1.1\r\nHost: a\r\nX-Folded: one\r\n two\r\n\r\n"),
         ("invalid header name", "GET /hello HTTP/1.1\r\nHost: a\r\nBad Header: x\r\n\r\n"),
+        ("Content-Length and Transfer-Encoding", "POST /smuggle HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+        ("Transfer-Encoding and Content-Length", "POST /smuggle2 HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n"),
     ];
     for (what, request) in cases {
         let mut stream = peer::connect(&net.pod, net.peer_addr(ORIGIN_PORT)).expect("connect");
@@ -307,17 +304,47 @@ fn malformed_requests_are_answered_400_and_never_forwarded() {
             "{what}: expected 400, got {response:?}"
         );
     }
+    // The smuggling shape hyper would otherwise accept is refused after a well-formed request
+    // on the same connection too, and the body of that first request (which looks like a head
+    // with both headers) is not mistaken for one.
+    let body = "GET /x HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let mut stream = peer::connect(&net.pod, net.peer_addr(ORIGIN_PORT)).expect("connect");
+    write!(
+        stream,
+        "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n{body}\
+         POST /smuggle3 HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        body.len()
+    )
+    .expect("send");
+    let mut response = Vec::new();
+    let _ = stream.take(8192).read_to_end(&mut response);
+    let response = String::from_utf8_lossy(&response);
+    assert!(response.starts_with("HTTP/1.1 200"), "{response:?}");
+    assert!(
+        response.contains(&format!("\r\n\r\n{} ", body.len())),
+        "the first request's body should reach the origin whole: {response:?}"
+    );
+    assert!(
+        response.contains("HTTP/1.1 400 Bad Request\r\n"),
+        "the second request should be refused: {response:?}"
+    );
+    for path in ["/smuggle", "/smuggle2", "/smuggle3"] {
+        wait_for_log(&remora, &format!("\"POST {path} HTTP/1.1\" 400 DPE"));
+    }
+    let flags = [("response_flags", "DPE"), ("response_code", "400")];
+    assert!(
+        remora.metrics().value("istio_requests_total", &flags) >= 3.0,
+        "{}",
+        remora.metrics()
+    );
+
     let out = peer::curl(
         &net.pod,
-        &[&format!(
-            "http://{}/connections",
-            net.peer_addr(ORIGIN_PORT)
-        )],
+        &[&format!("http://{}/requests", net.peer_addr(ORIGIN_PORT))],
         CURL_TIME,
     );
-    // Only the early connections opened while detecting reached the origin, no request did:
-    // the origin would have answered (404 or 200) and counted nothing else.
-    assert!(curl_ok(&out, "connections").parse::<u32>().is_ok());
+    // Only the one well-formed upload reached the origin.
+    assert_eq!(curl_ok(&out, "requests"), "1", "{}", remora.stdout());
     drop(remora);
 }
 

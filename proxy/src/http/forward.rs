@@ -46,7 +46,12 @@ pub async fn handle(
     let mut end = RequestEnd::new(Arc::clone(&ctx), None, grpc, start.1);
 
     // Phase 1: the request.
-    if let Err(why) = headers::check_request(req.headers()) {
+    let framing = if ctx.smuggled(end.position) {
+        Err("content-length with transfer-encoding")
+    } else {
+        headers::check_request(req.headers())
+    };
+    if let Err(why) = framing {
         if ctx.logging() {
             let (m, u, v) = (req.method(), req.uri(), req.version());
             end.log = Some(Box::new(RequestLog::new(start, m, u, v, req.headers())));
