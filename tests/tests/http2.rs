@@ -223,8 +223,7 @@ fn rst_stream_crosses_the_proxy_both_ways_and_spares_the_other_streams() {
         .await;
         get_ok(&mut send, addr, "/ok").await;
     });
-    let log = remora.stdout();
-    assert!(log.contains("\"GET /reset HTTP/2\" 503 UR"), "{log}");
+    remora.wait_for_access_log("\"GET /reset HTTP/2\" 503 UR");
 }
 
 #[test]
@@ -358,6 +357,5 @@ fn grpc_timeout_is_answered_deadline_exceeded_by_the_proxy_and_the_upstream_stre
         })
         .await;
     });
-    let log = remora.stdout();
-    assert!(log.contains("/test.Echo/Hang HTTP/2\" 200 UT"), "{log}");
+    remora.wait_for_access_log("/test.Echo/Hang HTTP/2\" 200 UT");
 }

@@ -1,13 +1,14 @@
-//! HTTP/1.1 limits through the sidecar, with a raw TCP client (curl will not misbehave on
-//! purpose): request header size and count answered 431 and never forwarded; the header read
-//! timeout cutting a slowloris client with a 408 while idle keep-alive connections live by
-//! `http.idle_timeout` alone.
+//! What the sidecar refuses of HTTP/1.1, with a raw TCP client (curl will not misbehave on
+//! purpose): malformed framing answered 400 `DPE` and never forwarded, both ways; request
+//! header size and count answered 431 and never forwarded; the header read timeout cutting a
+//! slowloris client with a 408 while idle keep-alive connections live by `http.idle_timeout`
+//! alone.
 
-use remora_e2e::peer;
+use remora_e2e::peer::{self, any_addr};
 use remora_e2e::service::http_origin;
-use remora_e2e::PodNet;
+use remora_e2e::{Netns, PodNet};
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 /// The origin's port on the peer.
@@ -40,13 +41,112 @@ fn read_response(stream: &mut TcpStream) -> io::Result<(String, String)> {
     Ok((head, String::from_utf8_lossy(&body).into_owned()))
 }
 
-fn requests_served(net: &PodNet) -> String {
+/// How many requests reached the origin at `addr`, asked from `ns`.
+fn requests_at(ns: &Netns, addr: SocketAddr) -> String {
     let out = peer::curl(
-        &net.pod,
-        &[&format!("http://{}/requests", net.peer_addr(ORIGIN_PORT))],
+        ns,
+        &[&format!("http://{addr}/requests")],
         Duration::from_secs(20),
     );
     peer::curl_ok(&out, "requests")
+}
+
+fn requests_served(net: &PodNet) -> String {
+    requests_at(&net.pod, net.peer_addr(ORIGIN_PORT))
+}
+
+/// Every malformed shape the issue names, sent from `client` to the origin at `dst` (which
+/// `origin_ns` can reach as `origin`); each must be answered 400 and none reach the origin.
+fn assert_malformed_refused(
+    remora: &remora_e2e::Remora,
+    client: &Netns,
+    dst: SocketAddr,
+    (origin_ns, origin): (&Netns, SocketAddr),
+    tag: &str,
+) {
+    let cases = [
+        ("differing Content-Lengths", "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd".to_string()),
+        ("gzip transfer-encoding", "POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n".to_string()),
+        ("gzip, chunked", "POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n".to_string()),
+        ("obs-fold", "GET /hello HTTP/1.1\r\nHost: a\r\nX-Folded: one\r\n two\r\n\r\n".to_string()),
+        ("invalid header name", "GET /hello HTTP/1.1\r\nHost: a\r\nBad Header: x\r\n\r\n".to_string()),
+        ("Content-Length and Transfer-Encoding", format!("POST /{tag}-cl-te HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")),
+        ("Transfer-Encoding and Content-Length", format!("POST /{tag}-te-cl HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n")),
+    ];
+    for (what, request) in &cases {
+        let mut stream = peer::connect(client, dst).expect("connect");
+        let response = exchange(&mut stream, request.as_bytes());
+        assert!(
+            response.starts_with("HTTP/1.1 400"),
+            "{tag} {what}: expected 400, got {response:?}"
+        );
+    }
+    // The smuggling shape hyper alone would accept is refused after a well-formed request on
+    // the same connection too, and the body of that first request (which looks like a head
+    // with both headers) is not mistaken for one.
+    let body = "GET /x HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n";
+    let mut stream = peer::connect(client, dst).expect("connect");
+    let request = format!(
+        "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n{body}\
+         POST /{tag}-second HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\
+         Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        body.len()
+    );
+    let response = exchange(&mut stream, request.as_bytes());
+    assert!(response.starts_with("HTTP/1.1 200"), "{tag}: {response:?}");
+    assert!(
+        response.contains(&format!("\r\n\r\n{} ", body.len())),
+        "{tag}: the first request's body should reach the origin whole: {response:?}"
+    );
+    assert!(
+        response.contains("HTTP/1.1 400 Bad Request\r\n"),
+        "{tag}: the second request should be refused: {response:?}"
+    );
+    for path in ["cl-te", "te-cl", "second"] {
+        remora.wait_for_access_log(&format!("\"POST /{tag}-{path} HTTP/1.1\" 400 DPE"));
+    }
+    // Heads hyper refused itself are logged as Envoy logs a codec error.
+    remora.wait_for_access_log("\"- - HTTP/1.1\" 400 DPE");
+    // Only the one well-formed upload reached the origin.
+    assert_eq!(
+        requests_at(origin_ns, origin),
+        "1",
+        "{tag}: {}",
+        remora.stdout()
+    );
+}
+
+#[test]
+fn malformed_requests_are_answered_400_and_never_forwarded() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net
+        .remora()
+        .config("access_log:\n  enabled: true\n")
+        .start_ready();
+    let outbound = net.peer_addr(ORIGIN_PORT);
+    let _outbound = http_origin(&net.peer, outbound);
+    assert_malformed_refused(&remora, &net.pod, outbound, (&net.pod, outbound), "out");
+    let _inbound = http_origin(&net.pod, any_addr(ORIGIN_PORT));
+    let inbound = net.pod_addr(ORIGIN_PORT);
+    assert_malformed_refused(&remora, &net.peer, inbound, (&net.peer, inbound), "in");
+    // Istio's metrics, from each side's point of view, carry the flag.
+    let m = remora.metrics();
+    for reporter in ["source", "destination"] {
+        let labels = [
+            ("response_flags", "DPE"),
+            ("response_code", "400"),
+            ("reporter", reporter),
+        ];
+        // Seven malformed heads and one malformed request after a good one: those hyper
+        // refuses itself are counted too.
+        assert!(
+            m.value("istio_requests_total", &labels) >= 8.0,
+            "{reporter}: {m}"
+        );
+    }
 }
 
 #[test]
@@ -57,7 +157,9 @@ fn request_header_size_and_count_over_the_limits_are_431_and_never_forwarded() {
     net.capture_default();
     let remora = net
         .remora()
-        .config("http:\n  max_header_bytes: 16384\n  max_headers: 20\n")
+        .config(
+            "access_log:\n  enabled: true\nhttp:\n  max_header_bytes: 16384\n  max_headers: 20\n",
+        )
         .start_ready();
     let _origin = http_origin(&net.peer, net.peer_addr(ORIGIN_PORT));
     let dst = net.peer_addr(ORIGIN_PORT);
@@ -79,6 +181,10 @@ fn request_header_size_and_count_over_the_limits_are_431_and_never_forwarded() {
         "0",
         "a refused request reached the origin"
     );
+    let too_large = [("response_flags", "DPE"), ("response_code", "431")];
+    let m = remora.metrics();
+    assert_eq!(m.value("istio_requests_total", &too_large), 2.0, "{m}");
+    remora.wait_for_access_log("\"- - HTTP/1.1\" 431 DPE");
 
     // Just under both limits: served, so the limits are the configured ones.
     let fits = format!("X-Big: {}\r\n", "b".repeat(12 << 10));
@@ -104,7 +210,9 @@ fn idle_keep_alive_outlives_the_header_read_timeout_and_a_slowloris_head_is_cut_
     net.capture_default();
     let remora = net
         .remora()
-        .config("http:\n  header_read_timeout: 1s\n  idle_timeout: 3s\n")
+        .config(
+            "access_log:\n  enabled: true\nhttp:\n  header_read_timeout: 1s\n  idle_timeout: 3s\n",
+        )
         .start_ready();
     let _origin = http_origin(&net.peer, net.peer_addr(ORIGIN_PORT));
     let dst = net.peer_addr(ORIGIN_PORT);
@@ -171,6 +279,7 @@ fn idle_keep_alive_outlives_the_header_read_timeout_and_a_slowloris_head_is_cut_
                 "cut after {took:?}"
             );
             assert_eq!(requests_served(&net), "2");
+            remora.wait_for_access_log("\"- - HTTP/1.1\" 408 - ");
             return;
         }
     }

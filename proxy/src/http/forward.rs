@@ -354,6 +354,51 @@ async fn open(ctx: &ConnContext) -> Result<Sender, ProxyError> {
         .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, dst, e))
 }
 
+/// Record a request head that never became a request, as Envoy records a codec error: one
+/// access-log line without method or path, and one request in the metrics. hyper answered a
+/// malformed head 400 and one over the limits 431 itself (`DPE` both); a head that did not
+/// arrive within `http.header_read_timeout` was answered 408 by the downstream IO.
+pub fn record_refused_head(ctx: &Arc<ConnContext>, e: &hyper::Error) {
+    let (status, flags) = if e.is_parse_too_large() {
+        (431, Flags::DPE)
+    } else if e.is_parse() {
+        (400, Flags::DPE)
+    } else if header_timeout_answered(e) {
+        (408, Flags::default())
+    } else {
+        return;
+    };
+    let started = Instant::now();
+    let log = ctx
+        .logging()
+        .then(|| Box::new(RequestLog::unparsed((SystemTime::now(), started), status)));
+    let mut end = RequestEnd::new(Arc::clone(ctx), log, false, started);
+    end.status = status;
+    end.flags = flags;
+    // Answered in full; dropping `end` records it.
+    end.complete = true;
+}
+
+/// Whether the connection ended with the downstream IO's 408 for a slow request head.
+fn header_timeout_answered(e: &hyper::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    // Source chains are short; the bound only guards against a cycle.
+    for _ in 0..8 {
+        let Some(c) = cause else {
+            return false;
+        };
+        // An io::Error's `source` skips the error it wraps: look inside it instead.
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return io
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<super::io::HeaderReadTimeout>())
+                .is_some_and(|t| t.answered);
+        }
+        cause = c.source();
+    }
+    false
+}
+
 /// A reply written by the proxy. gRPC clients get a trailers-only response (HTTP 200 with
 /// `grpc-status`), which every gRPC library reads as the call's status; others get Envoy's
 /// status and text. A malformed request also closes the connection, as Envoy does.

@@ -25,8 +25,12 @@ const HEADER_TIMEOUT_RESPONSE: &[u8] =
 
 /// A request head took longer than `http.header_read_timeout`.
 #[derive(Debug, thiserror::Error)]
-#[error("request headers not received within {0:?}")]
-pub struct HeaderReadTimeout(std::time::Duration);
+#[error("request headers not received within {timeout:?}")]
+pub struct HeaderReadTimeout {
+    pub timeout: std::time::Duration,
+    /// Whether the client was answered 408 (not when a response was still being written).
+    pub answered: bool,
+}
 
 /// The client connection behind the HTTP server.
 #[derive(Debug)]
@@ -79,28 +83,30 @@ impl DownstreamIo {
         self.head_timer_armed = in_head;
     }
 
-    /// Whether the head in progress is out of time; registers for a wake-up when it will be.
-    /// A timed-out client gets a 408 if nothing else is being written to it.
-    fn head_timed_out(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some(deadline) = self
+    /// The timeout, if the head in progress is out of time; otherwise registers for a wake-up
+    /// when it will be. A timed-out client gets a 408 if nothing else is being written to it.
+    fn head_timed_out(&mut self, cx: &mut Context<'_>) -> Option<HeaderReadTimeout> {
+        let deadline = self
             .head_deadline
             .as_mut()
-            .filter(|_| self.head_timer_armed)
-        else {
-            return false;
-        };
+            .filter(|_| self.head_timer_armed)?;
         if deadline.as_mut().poll(cx).is_pending() {
-            return false;
+            return None;
         }
+        let mut answered = false;
         if self.ctx.idle() && !self.write_blocked {
             // Best effort: a client that does not read does not get it.
             let stream = Pin::new(&mut self.stream);
             if let Poll::Ready(Ok(n)) = stream.poll_write(cx, HEADER_TIMEOUT_RESPONSE) {
                 self.ctx.count_sent(n);
                 let _ = Pin::new(&mut self.stream).poll_flush(cx);
+                answered = n == HEADER_TIMEOUT_RESPONSE.len();
             }
         }
-        true
+        Some(HeaderReadTimeout {
+            timeout: self.ctx.config.http.header_read_timeout,
+            answered,
+        })
     }
 }
 
@@ -123,15 +129,15 @@ impl AsyncRead for DownstreamIo {
         } else {
             match Pin::new(&mut this.stream).poll_read(cx, buf) {
                 Poll::Ready(result) => result?,
-                Poll::Pending if this.head_timed_out(cx) => {
-                    let timeout = this.ctx.config.http.header_read_timeout;
-                    tracing::debug!(peer = %this.ctx.peer, ?timeout, "request headers timed out");
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        HeaderReadTimeout(timeout),
-                    )));
+                Poll::Pending => {
+                    return match this.head_timed_out(cx) {
+                        Some(e) => {
+                            tracing::debug!(peer = %this.ctx.peer, error = %e, "request head cut");
+                            Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, e)))
+                        }
+                        None => Poll::Pending,
+                    };
                 }
-                Poll::Pending => return Poll::Pending,
             }
         }
         let n = buf.filled().len() - before;

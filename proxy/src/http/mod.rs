@@ -252,6 +252,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         Ok(()) => (End::Closed, transfer),
         Err(e) => {
             tracing::debug!(peer = %ctx.peer, error = %e, "HTTP connection ended with an error");
+            forward::record_refused_head(&ctx, &e);
             (End::DownstreamReset, transfer)
         }
     }
