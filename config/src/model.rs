@@ -184,8 +184,8 @@ impl Default for DetectionConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
-    /// Bound on receiving a request's headers (against slowloris); also how long an idle
-    /// HTTP/1.1 connection waits for its next request.
+    /// Bound on receiving an HTTP/1.1 request head, from its first byte to its end (against
+    /// slowloris); a slower one is answered 408. The wait between requests is not counted.
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
     /// Largest request header block, request line included (Envoy's `max_request_headers_kb`,
@@ -193,7 +193,8 @@ pub struct HttpConfig {
     pub max_header_bytes: usize,
     /// Most request headers (Envoy's `max_headers_count`, 100). More is answered 431.
     pub max_headers: usize,
-    /// A downstream connection with no request in flight for this long is closed.
+    /// A downstream connection with no request in flight and no traffic for this long is
+    /// closed; this alone bounds an idle keep-alive connection.
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
     /// Concurrent streams a downstream HTTP/2 client may open.

@@ -149,6 +149,10 @@ fn declared_ports_and_always_tcp_ports() {
 fn http_section_has_documented_defaults_and_is_checked() {
     let c = Config::default();
     assert_eq!(c.detection.timeout, Duration::from_secs(5));
+    assert_eq!(
+        c.detection.after_connect_failure,
+        Duration::from_millis(100)
+    );
     assert_eq!(c.http.max_header_bytes, 60 * 1024);
     assert_eq!(c.http.max_headers, 100);
     assert_eq!(c.http.retries, 2);
