@@ -86,6 +86,12 @@ impl DownstreamIo {
     /// The timeout, if the head in progress is out of time; otherwise registers for a wake-up
     /// when it will be. A timed-out client gets a 408 if nothing else is being written to it.
     fn head_timed_out(&mut self, cx: &mut Context<'_>) -> Option<HeaderReadTimeout> {
+        // A head pipelined behind a request in flight is timed once that request is over
+        // (hyper reads again for the next head then): the bound is on slow heads, and must not
+        // cut a response on its way.
+        if !self.ctx.idle() {
+            return None;
+        }
         let deadline = self
             .head_deadline
             .as_mut()
@@ -94,7 +100,7 @@ impl DownstreamIo {
             return None;
         }
         let mut answered = false;
-        if self.ctx.idle() && !self.write_blocked {
+        if !self.write_blocked {
             // Best effort: a client that does not read does not get it.
             let stream = Pin::new(&mut self.stream);
             if let Poll::Ready(Ok(n)) = stream.poll_write(cx, HEADER_TIMEOUT_RESPONSE) {
