@@ -29,6 +29,7 @@ struct Seen {
     connections: AtomicUsize,
     /// Streams the client side reset while the origin was answering them.
     resets: AtomicUsize,
+    requests: AtomicUsize,
 }
 
 /// An h2c origin: `/ok` answers, `/reset` resets the stream before answering, `/reset-mid`
@@ -47,6 +48,7 @@ async fn origin(listener: std::net::TcpListener, seen: Arc<Seen>) {
                 return;
             };
             while let Some(Ok((request, mut respond))) = conn.accept().await {
+                seen.requests.fetch_add(1, Ordering::SeqCst);
                 let path = request.uri().path().to_string();
                 if path == "/goaway" {
                     conn.graceful_shutdown();
@@ -358,4 +360,54 @@ fn grpc_timeout_is_answered_deadline_exceeded_by_the_proxy_and_the_upstream_stre
         .await;
     });
     remora.wait_for_access_log("/test.Echo/Hang HTTP/2\" 200 UT");
+}
+
+#[test]
+fn http2_request_headers_over_the_limits_are_431_and_never_forwarded() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net
+        .remora()
+        .config(
+            "access_log:\n  enabled: true\nhttp:\n  max_header_bytes: 16384\n  max_headers: 20\n",
+        )
+        .start_ready();
+    let addr = net.peer_addr(ORIGIN_PORT);
+    let listener = net.peer.bind(addr).expect("bind the origin");
+    let seen = Arc::new(Seen::default());
+    runtime().block_on(async {
+        tokio::spawn(origin(listener, Arc::clone(&seen)));
+        let (send, _driver) = connect(&net.pod, addr).await;
+        let many = (0..30).fold(Request::get(format!("http://{addr}/many")), |r, i| {
+            r.header(format!("x-h{i}"), "v")
+        });
+        let big = Request::get(format!("http://{addr}/big")).header("x-big", "b".repeat(20 << 10));
+        for (what, request) in [("30 headers", many), ("a 20 KiB header", big)] {
+            let mut ready = bounded("stream capacity", send.clone().ready())
+                .await
+                .expect("ready");
+            let (response, _) = ready
+                .send_request(request.body(()).expect("request"), true)
+                .expect("send");
+            let response = bounded(what, response)
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(
+                response.status(),
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "{what}"
+            );
+        }
+        // The connection serves on.
+        let mut send = send;
+        get_ok(&mut send, addr, "/ok").await;
+        assert_eq!(
+            seen.requests.load(Ordering::SeqCst),
+            1,
+            "a refused request reached the origin"
+        );
+    });
+    remora.wait_for_access_log("\"GET /many HTTP/2\" 431 DPE");
 }

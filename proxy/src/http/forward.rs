@@ -46,18 +46,24 @@ pub async fn handle(
     let mut end = RequestEnd::new(Arc::clone(&ctx), None, grpc, start.1);
 
     // Phase 1: the request.
-    let framing = if ctx.smuggled(end.position) {
-        Err("content-length with transfer-encoding")
+    let refused = if ctx.smuggled(end.position) {
+        Err(ErrorKind::MalformedRequest(
+            "content-length with transfer-encoding",
+        ))
+    } else if req.headers().len() > ctx.config.http.max_headers {
+        // hyper refuses this on HTTP/1.1 before the request is ours; HTTP/2 bounds only the
+        // size of the header list.
+        Err(ErrorKind::HeadersTooLarge)
     } else {
-        headers::check_request(req.headers())
+        headers::check_request(req.headers()).map_err(ErrorKind::MalformedRequest)
     };
-    if let Err(why) = framing {
+    if let Err(kind) = refused {
         if ctx.logging() {
             let (m, u, v) = (req.method(), req.uri(), req.version());
             end.log = Some(Box::new(RequestLog::new(start, m, u, v, req.headers())));
         }
-        tracing::debug!(peer = %ctx.peer, reason = why, "malformed request refused");
-        return Ok(local_reply(ErrorKind::MalformedRequest(why), grpc, end));
+        tracing::debug!(peer = %ctx.peer, reason = kind.details(), "request refused");
+        return Ok(local_reply(kind, grpc, end));
     }
     let upgrade = ctx.key.version == HttpVersion::Http1 && headers::wants_upgrade(req.headers());
     let downstream_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
