@@ -23,7 +23,8 @@ const CONTENT_LENGTH: u8 = 1 << 0;
 const TRANSFER_ENCODING: u8 = 1 << 1;
 const UPGRADE: u8 = 1 << 2;
 const ALL: u8 = CONTENT_LENGTH | TRANSFER_ENCODING | UPGRADE;
-/// `transfer-encoding`: with its colon, the longest name a line start must see to be decided.
+/// The length of `transfer-encoding`, the longest tracked name: with that many bytes and one
+/// more (the colon) in the buffer, a header line is decided at once.
 const LONGEST_NAME: usize = 17;
 /// The one request line prefix that ends HTTP on the connection, matched byte by byte.
 const CONNECT: &[u8] = b"CONNECT ";
@@ -181,9 +182,9 @@ impl RequestFraming {
         None
     }
 
-    /// At the start of a header line (not the blank one) with the longest tracked name and its
-    /// colon in `bytes`:
-    /// decide the line at once, as `step` would byte by byte. Returns the bytes taken.
+    /// At the start of a header line (not the blank one) with room in `bytes` for the longest
+    /// tracked name and its colon: decide the line at once, as `step` would byte by byte.
+    /// Returns the bytes taken.
     fn whole_name(&mut self, bytes: &[u8]) -> usize {
         let starts = |name: &[u8]| {
             bytes[..name.len()].eq_ignore_ascii_case(name) && bytes[name.len()] == b':'
