@@ -264,3 +264,15 @@ fn tls_and_mesh_parse_with_istios_names_and_are_checked() {
     let err = parse_str("tls:\n  handshake_timeout: 0s\n").unwrap_err();
     assert_eq!(err.field(), Some("tls.handshake_timeout"));
 }
+
+#[test]
+fn the_documented_schema_is_the_defaults() {
+    let md = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/config.md"))
+        .expect("docs/config.md");
+    let yaml = md
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("the schema's YAML block");
+    assert_eq!(parse_str(yaml).unwrap(), Config::default());
+}
