@@ -163,12 +163,19 @@ pub struct DetectionConfig {
     /// a server that speaks first makes the connection TCP at once.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
+    /// How long the client still has to say what it speaks once the upstream connection
+    /// dialled during detection has failed. Its first bytes normally arrive within a round
+    /// trip of the handshake, so an HTTP client gets its 503; a silent one is reset this soon
+    /// instead of after `timeout`.
+    #[serde(with = "humantime_serde")]
+    pub after_connect_failure: Duration,
 }
 
 impl Default for DetectionConfig {
     fn default() -> Self {
         DetectionConfig {
             timeout: Duration::from_secs(5),
+            after_connect_failure: Duration::from_millis(100),
         }
     }
 }
@@ -177,8 +184,8 @@ impl Default for DetectionConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
-    /// Bound on receiving a request's headers (against slowloris); also how long an idle
-    /// HTTP/1.1 connection waits for its next request.
+    /// Bound on receiving an HTTP/1.1 request head, from its first byte to its end (against
+    /// slowloris); a slower one is answered 408. The wait between requests is not counted.
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
     /// Largest request header block, request line included (Envoy's `max_request_headers_kb`,
@@ -186,7 +193,8 @@ pub struct HttpConfig {
     pub max_header_bytes: usize,
     /// Most request headers (Envoy's `max_headers_count`, 100). More is answered 431.
     pub max_headers: usize,
-    /// A downstream connection with no request in flight for this long is closed.
+    /// A downstream connection with no request in flight and no traffic for this long is
+    /// closed; this alone bounds an idle keep-alive connection.
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
     /// Concurrent streams a downstream HTTP/2 client may open.

@@ -149,6 +149,10 @@ fn declared_ports_and_always_tcp_ports() {
 fn http_section_has_documented_defaults_and_is_checked() {
     let c = Config::default();
     assert_eq!(c.detection.timeout, Duration::from_secs(5));
+    assert_eq!(
+        c.detection.after_connect_failure,
+        Duration::from_millis(100)
+    );
     assert_eq!(c.http.max_header_bytes, 60 * 1024);
     assert_eq!(c.http.max_headers, 100);
     assert_eq!(c.http.retries, 2);
@@ -259,4 +263,16 @@ fn tls_and_mesh_parse_with_istios_names_and_are_checked() {
     assert_eq!(err.field(), Some("mesh.destinations.0.identities"));
     let err = parse_str("tls:\n  handshake_timeout: 0s\n").unwrap_err();
     assert_eq!(err.field(), Some("tls.handshake_timeout"));
+}
+
+#[test]
+fn the_documented_schema_is_the_defaults() {
+    let md = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/config.md"))
+        .expect("docs/config.md");
+    let yaml = md
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("the schema's YAML block");
+    assert_eq!(parse_str(yaml).unwrap(), Config::default());
 }

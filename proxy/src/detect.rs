@@ -30,6 +30,17 @@ const INITIAL_READ: usize = 4 * 1024;
 // Longest HTTP method we accept as one (`PROPPATCH`, `UPDATEREDIRECTREF`…, with room to spare).
 const MAX_METHOD_LEN: usize = 24;
 
+/// How long detection waits for the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait {
+    /// For its first recognisable bytes.
+    pub client: Duration,
+    /// For them once the upstream connection opened meanwhile has failed: the connection goes
+    /// nowhere then, and a client that waits for its server to speak first would otherwise
+    /// wait the whole of `client` for the reset.
+    pub after_connect_failure: Duration,
+}
+
 /// Which HTTP a client speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum HttpVersion {
@@ -54,6 +65,8 @@ pub enum Verdict {
     ClientClosed,
     /// Reading from the client failed (a reset).
     ClientFailed,
+    /// The upstream connection failed and the client said nothing recognisable soon after.
+    UpstreamFailed,
 }
 
 impl Verdict {
@@ -68,6 +81,7 @@ impl Verdict {
             Verdict::Timeout => "timeout",
             Verdict::ClientClosed => "client_closed",
             Verdict::ClientFailed => "client_failed",
+            Verdict::UpstreamFailed => "upstream_failed",
         }
     }
 }
@@ -82,12 +96,14 @@ pub struct Detection {
 }
 
 /// Read the client's first bytes until they decide the protocol, while `connect` opens the
-/// upstream. With `watch_server`, a server that speaks first decides at once. `connect` must not
+/// upstream. With `watch_server`, a server that speaks first decides at once. If the upstream
+/// connection fails, the client has `wait.after_connect_failure` more (an HTTP client that is
+/// sending its request gets an HTTP answer, a silent one its reset soon). `connect` must not
 /// have completed; if `Detection::upstream` is `None` it is still pending and may be awaited.
 pub async fn detect<S, F>(
     downstream: &mut S,
     mut connect: Pin<&mut F>,
-    timeout: Duration,
+    wait: Wait,
     watch_server: bool,
 ) -> Detection
 where
@@ -96,8 +112,9 @@ where
 {
     let mut prefix = BytesMut::new();
     let mut upstream: Option<Result<Upstream, ConnectError>> = None;
-    let deadline = tokio::time::sleep(timeout);
+    let deadline = tokio::time::sleep(wait.client);
     tokio::pin!(deadline);
+    let mut connect_failed = false;
     let verdict = loop {
         if prefix.len() == prefix.capacity() {
             let want = if prefix.capacity() == 0 {
@@ -121,9 +138,21 @@ where
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => break Verdict::ClientFailed,
             },
-            result = &mut connect, if upstream.is_none() => upstream = Some(result),
+            result = &mut connect, if upstream.is_none() => {
+                if result.is_err() {
+                    connect_failed = true;
+                    let sooner = tokio::time::Instant::now() + wait.after_connect_failure;
+                    if sooner < deadline.deadline() {
+                        deadline.as_mut().reset(sooner);
+                    }
+                }
+                upstream = Some(result);
+            }
             () = server_spoke(&upstream), if watch_server => break Verdict::ServerFirst,
-            () = &mut deadline => break Verdict::Timeout,
+            () = &mut deadline => break match connect_failed {
+                true => Verdict::UpstreamFailed,
+                false => Verdict::Timeout,
+            },
         }
     };
     Detection {

@@ -238,7 +238,7 @@ impl Proxy {
         downstream: &mut S,
         hop: Hop,
         watch_server: bool,
-        wait: Duration,
+        wait: detect::Wait,
         early: Option<Result<Upstream, ConnectError>>,
     ) -> Detected {
         let started = std::time::Instant::now();
@@ -273,9 +273,11 @@ impl Proxy {
             }
             Verdict::ClientFailed => Detected::ClientFailed,
             Verdict::Tls => Detected::Tls(prefix, upstream),
-            Verdict::Opaque | Verdict::ServerFirst | Verdict::Timeout | Verdict::ClientClosed => {
-                Detected::Tcp(prefix, upstream)
-            }
+            Verdict::Opaque
+            | Verdict::ServerFirst
+            | Verdict::Timeout
+            | Verdict::ClientClosed
+            | Verdict::UpstreamFailed => Detected::Tcp(prefix, upstream),
         }
     }
 
@@ -371,11 +373,14 @@ impl Proxy {
 
 /// How long detection waits for the client: the detection timeout when the server may speak
 /// first, otherwise (declared HTTP) as long as a request's headers may take.
-fn detect_wait(config: &Config, watch_server: bool) -> Duration {
-    if watch_server {
-        config.detection.timeout
-    } else {
-        config.http.header_read_timeout
+fn detect_wait(config: &Config, watch_server: bool) -> detect::Wait {
+    detect::Wait {
+        client: if watch_server {
+            config.detection.timeout
+        } else {
+            config.http.header_read_timeout
+        },
+        after_connect_failure: config.detection.after_connect_failure,
     }
 }
 

@@ -8,6 +8,7 @@ generated code).
 """
 
 import sys
+import threading
 import time
 from concurrent import futures
 
@@ -35,9 +36,26 @@ def unary(request, context):
     return request
 
 
+lock = threading.Lock()
+# Slow calls that ended (cancelled, or past their deadline) before they were answered.
+abandoned = 0
+
+
 def slow(request, context):
-    time.sleep(3)
+    global abandoned
+    end = time.monotonic() + 3
+    while time.monotonic() < end:
+        if not context.is_active():
+            with lock:
+                abandoned += 1
+            return request
+        time.sleep(0.02)
     return request
+
+
+def abandoned_count(request, context):
+    with lock:
+        return str(abandoned).encode()
 
 
 def client_stream(requests, context):
@@ -64,6 +82,7 @@ def serve(port):
     handlers = {
         "Unary": grpc.unary_unary_rpc_method_handler(unary),
         "Slow": grpc.unary_unary_rpc_method_handler(slow),
+        "Abandoned": grpc.unary_unary_rpc_method_handler(abandoned_count),
         "ClientStream": grpc.stream_unary_rpc_method_handler(client_stream),
         "ServerStream": grpc.unary_stream_rpc_method_handler(server_stream),
         "Bidi": grpc.stream_stream_rpc_method_handler(bidi),
@@ -115,6 +134,15 @@ def client(target):
         check("deadline", False, "no error")
     except grpc.RpcError as e:
         check("deadline", e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e.code())
+    # The server's call ends with the deadline too, not 3 s later: the stream was cancelled
+    # through the proxy.
+    count = b"0"
+    for _ in range(100):
+        count = channel.unary_unary("/test.Echo/Abandoned")(b"", timeout=10)
+        if count != b"0":
+            break
+        time.sleep(0.05)
+    check("deadline cancels the server's call", count == b"1", count)
 
 
 def down(target):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """An HTTP/1.1 origin for Remora's end-to-end tests: keep-alive, chunked and sized bodies,
-uploads, a flaky endpoint for retries, an Upgrade that echoes bytes, and a count of the
-connections it accepted. Bound with `http_server.py PORT`; stops after LIFETIME seconds."""
+uploads, a flaky endpoint for retries, an Upgrade that echoes bytes, and counts of the
+connections it accepted and of the requests that reached it (the counting ones aside). Bound with `http_server.py PORT`;
+stops after LIFETIME seconds."""
 
 import hashlib
 import json
@@ -16,6 +17,7 @@ CHUNK = 64 * 1024
 
 lock = threading.Lock()
 connections = set()
+requests = 0
 flaky_failures = {}
 
 
@@ -76,8 +78,12 @@ class Handler(BaseHTTPRequestHandler):
         return size, digest.hexdigest()
 
     def route(self):
+        global requests
         url = urlparse(self.path)
         q = {k: v[0] for k, v in parse_qs(url.query).items()}
+        if url.path not in ("/connections", "/requests"):
+            with lock:
+                requests += 1
         if self.headers.get("Upgrade", "").lower() == "websocket":
             return self.upgrade()
         if url.path == "/hello":
@@ -88,6 +94,10 @@ class Handler(BaseHTTPRequestHandler):
         if url.path == "/connections":
             with lock:
                 n = len(connections)
+            return self.send_body(200, str(n).encode())
+        if url.path == "/requests":
+            with lock:
+                n = requests
             return self.send_body(200, str(n).encode())
         if url.path == "/download":
             size = int(q.get("size", "0"))

@@ -296,6 +296,24 @@ impl Remora<'_> {
             .unwrap_or_else(|e| format!("(cannot read stdout log: {e})"))
     }
 
+    /// Wait (up to 5 s) for a line containing `needle` in the access log (stdout); panics with
+    /// both logs when none comes.
+    pub fn wait_for_access_log(&self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let out = self.stdout();
+            if out.contains(needle) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no access-log line with {needle:?}; stdout:\n{out}\nstderr:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The exit status, if the process has exited.
     pub fn exit_status(&mut self) -> Option<ExitStatus> {
         if self.status.is_none() {

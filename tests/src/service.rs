@@ -61,6 +61,14 @@ impl Drop for Service {
     }
 }
 
+/// The Python HTTP/1.1 origin (tests/peers/http_server.py) listening on `addr` inside `ns`.
+pub fn http_origin(ns: &Netns, addr: SocketAddr) -> Service {
+    let script = peer_program("http_server.py");
+    let port = addr.port().to_string();
+    let script = script.to_string_lossy().into_owned();
+    Service::start(ns, "python3", &[&script, &port], addr)
+}
+
 /// A file shipped with the tests (`tests/peers/NAME`).
 pub fn peer_program(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

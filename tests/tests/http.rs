@@ -3,7 +3,7 @@
 //! real clients (curl, Python grpcio) and real servers, through the capture rules.
 
 use remora_e2e::peer::{self, any_addr, curl_ok, Server};
-use remora_e2e::service::{peer_program, Service};
+use remora_e2e::service::{http_origin as origin, Service};
 use remora_e2e::PodNet;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -17,14 +17,6 @@ const ORIGIN_PORT: u16 = 8080;
 const LONG_DETECTION: &str = "detection:\n  timeout: 30s\n";
 /// What a server-first test allows for the banner to arrive.
 const BANNER_BOUND: Duration = Duration::from_secs(5);
-
-/// The Python origin (tests/peers/http_server.py) listening on `addr` inside `ns`.
-fn origin(ns: &remora_e2e::Netns, addr: SocketAddr) -> Service {
-    let script = peer_program("http_server.py");
-    let port = addr.port().to_string();
-    let script = script.to_string_lossy().into_owned();
-    Service::start(ns, "python3", &[&script, &port], addr)
-}
 
 /// A server that greets first, then echoes lines: SMTP's and MySQL's shape.
 fn banner_server(ns: &remora_e2e::Netns, addr: SocketAddr) -> Server {
@@ -94,6 +86,41 @@ fn server_first_banner_arrives_at_once_despite_a_30s_detection_timeout() {
         "one upstream connection per client connection"
     );
     drop(remora);
+}
+
+#[test]
+fn inbound_to_a_closed_port_resets_a_silent_client_at_once_and_answers_http_503_uf() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net
+        .remora()
+        .config(&format!("{LONG_DETECTION}access_log:\n  enabled: true\n"))
+        .start_ready();
+    // Nothing listens on this pod port, and it is detected (not one of the always-TCP ports).
+    let closed = net.pod_addr(2529);
+
+    // A client waiting for its server to speak first learns at once that there is none.
+    let started = Instant::now();
+    let mut stream = peer::connect(&net.peer, closed).expect("connect");
+    let mut buf = [0u8; 16];
+    let read = stream.read(&mut buf);
+    let took = started.elapsed();
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "a closed port answered {read:?}"
+    );
+    assert!(
+        took < BANNER_BOUND,
+        "a silent client waited {took:?} for a destination that refused (detection: 30 s)"
+    );
+
+    // An HTTP client gets Envoy's answer instead of a reset.
+    let (status, body) = peer::curl_status(&net.peer, &[&format!("http://{closed}/")], CURL_TIME);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("connection failure"), "{body}");
+    remora.wait_for_access_log("\"GET / HTTP/1.1\" 503 UF");
 }
 
 #[test]
@@ -241,7 +268,7 @@ fn upstream_down_is_503_uf_and_retries_run_out_with_urx() {
     let url = format!("http://{}/nothing", net.peer_addr(8999));
     let (status, _) = peer::curl_status(&net.pod, &[&url], CURL_TIME);
     assert_eq!(status, 503, "GET to a closed port");
-    wait_for_log(&remora, "\"GET /nothing HTTP/1.1\" 503 UF,URX");
+    remora.wait_for_access_log("\"GET /nothing HTTP/1.1\" 503 UF,URX");
 }
 
 #[test]
@@ -278,47 +305,7 @@ fn a_retry_succeeds_on_the_second_attempt_and_one_runs_out() {
     let url = format!("{base}/flaky?key=always&fail=9");
     let (status, _) = peer::curl_status(&net.pod, &[&url], CURL_TIME);
     assert_eq!(status, 503, "flaky always");
-    wait_for_log(&remora, "/flaky?key=always&fail=9 HTTP/1.1\" 503 URX");
-}
-
-#[test]
-fn malformed_requests_are_answered_400_and_never_forwarded() {
-    let Some(net) = PodNet::create_or_skip() else {
-        return;
-    };
-    net.capture_default();
-    let remora = net.remora().start_ready();
-    let _origin = origin(&net.peer, net.peer_addr(ORIGIN_PORT));
-    let cases: &[(&str, &str)] = &[
-        ("differing Content-Lengths", "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd"),
-        ("gzip transfer-encoding", "POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n"),
-        ("gzip, chunked", "POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n"),
-        ("obs-fold", "GET /hello HTTP/1.1\r\nHost: a\r\nX-Folded: one\r\n two\r\n\r\n"),
-        ("invalid header name", "GET /hello HTTP/1.1\r\nHost: a\r\nBad Header: x\r\n\r\n"),
-    ];
-    for (what, request) in cases {
-        let mut stream = peer::connect(&net.pod, net.peer_addr(ORIGIN_PORT)).expect("connect");
-        stream.write_all(request.as_bytes()).expect("send");
-        let mut response = Vec::new();
-        let _ = stream.take(4096).read_to_end(&mut response);
-        let response = String::from_utf8_lossy(&response);
-        assert!(
-            response.starts_with("HTTP/1.1 400"),
-            "{what}: expected 400, got {response:?}"
-        );
-    }
-    let out = peer::curl(
-        &net.pod,
-        &[&format!(
-            "http://{}/connections",
-            net.peer_addr(ORIGIN_PORT)
-        )],
-        CURL_TIME,
-    );
-    // Only the early connections opened while detecting reached the origin, no request did:
-    // the origin would have answered (404 or 200) and counted nothing else.
-    assert!(curl_ok(&out, "connections").parse::<u32>().is_ok());
-    drop(remora);
+    remora.wait_for_access_log("/flaky?key=always&fail=9 HTTP/1.1\" 503 URX");
 }
 
 #[test]
@@ -366,23 +353,6 @@ fn websocket_upgrade_becomes_a_byte_tunnel() {
         .expect("echo through the tunnel");
     sending.join().expect("writer").expect("write");
     peer::assert_same_bytes("tunnelled bytes", &data, &echoed);
-}
-
-/// Wait for a line containing `needle` in remora's access log (stdout).
-fn wait_for_log(remora: &remora_e2e::Remora, needle: &str) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let out = remora.stdout();
-        if out.contains(needle) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no access-log line with {needle:?}; stdout:\n{out}\nstderr:\n{}",
-            remora.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn sha256(path: &std::path::Path) -> String {

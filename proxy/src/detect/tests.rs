@@ -95,7 +95,13 @@ async fn a_server_banner_decides_before_the_timeout_and_the_connection_is_kept()
     let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
     tokio::pin!(connecting);
     let started = std::time::Instant::now();
-    let d = detect(&mut downstream, connecting, Duration::from_secs(30), true).await;
+    let d = detect(
+        &mut downstream,
+        connecting,
+        wait(Duration::from_secs(30)),
+        true,
+    )
+    .await;
     assert_eq!(d.verdict, Verdict::ServerFirst);
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(matches!(d.upstream, Some(Ok(_))));
@@ -114,7 +120,13 @@ async fn client_bytes_decide_and_are_kept_while_the_upstream_connects() {
     let guard = LoopGuard::new(vec![]);
     let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
     tokio::pin!(connecting);
-    let d = detect(&mut downstream, connecting, Duration::from_secs(30), true).await;
+    let d = detect(
+        &mut downstream,
+        connecting,
+        wait(Duration::from_secs(30)),
+        true,
+    )
+    .await;
     assert_eq!(d.verdict, Verdict::Http(HttpVersion::Http1));
     assert_eq!(&d.prefix[..], b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
 }
@@ -130,10 +142,72 @@ async fn silence_on_both_sides_times_out() {
     let d = detect(
         &mut downstream,
         connecting,
-        Duration::from_millis(100),
+        wait(Duration::from_millis(100)),
         true,
     )
     .await;
     assert_eq!(d.verdict, Verdict::Timeout);
     assert!(matches!(d.upstream, Some(Ok(_))), "{:?}", d.upstream);
+}
+
+/// Detection's waits: `client` for the client, and a tenth of a second after a failed connect.
+fn wait(client: Duration) -> Wait {
+    Wait {
+        client,
+        after_connect_failure: Duration::from_millis(100),
+    }
+}
+
+/// A local address where nothing listens: connecting to it is refused at once.
+async fn refusing_addr() -> std::net::SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    l.local_addr().unwrap()
+}
+
+#[tokio::test]
+async fn a_refused_upstream_ends_the_wait_for_a_silent_client_soon() {
+    let (_client, mut downstream) = pair().await;
+    let addr = refusing_addr().await;
+    let guard = LoopGuard::new(vec![]);
+    let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
+    tokio::pin!(connecting);
+    let started = std::time::Instant::now();
+    let d = detect(
+        &mut downstream,
+        connecting,
+        wait(Duration::from_secs(30)),
+        true,
+    )
+    .await;
+    assert_eq!(d.verdict, Verdict::UpstreamFailed);
+    assert!(matches!(d.upstream, Some(Err(_))), "{:?}", d.upstream);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_speaks_soon_after_a_refused_connect_is_still_detected() {
+    let (mut client, mut downstream) = pair().await;
+    let addr = refusing_addr().await;
+    let guard = LoopGuard::new(vec![]);
+    let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
+    tokio::pin!(connecting);
+    let speaking = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        client
+    });
+    let d = detect(
+        &mut downstream,
+        connecting,
+        wait(Duration::from_secs(30)),
+        true,
+    )
+    .await;
+    assert_eq!(d.verdict, Verdict::Http(HttpVersion::Http1));
+    assert!(matches!(d.upstream, Some(Err(_))), "{:?}", d.upstream);
+    drop(speaking.await.unwrap());
 }

@@ -23,8 +23,9 @@ use std::time::{Duration, Instant, SystemTime};
 pub struct RequestLog {
     pub start: SystemTime,
     pub started: Instant,
-    pub method: Method,
-    pub uri: Uri,
+    /// `None` for a head that never became a request (malformed, too large, too slow).
+    pub method: Option<Method>,
+    pub uri: Option<Uri>,
     pub version: Version,
     pub authority: Option<HeaderValue>,
     pub user_agent: Option<HeaderValue>,
@@ -55,8 +56,8 @@ impl RequestLog {
         RequestLog {
             start: start.0,
             started: start.1,
-            method: method.clone(),
-            uri: uri.clone(),
+            method: Some(method.clone()),
+            uri: Some(uri.clone()),
             version,
             authority,
             user_agent: headers.get(header::USER_AGENT).cloned(),
@@ -69,10 +70,34 @@ impl RequestLog {
         }
     }
 
+    /// A request head that never became a request: Envoy logs a codec error with no method or
+    /// path.
+    pub fn unparsed(start: (SystemTime, Instant), status: u16) -> Self {
+        RequestLog {
+            start: start.0,
+            started: start.1,
+            method: None,
+            uri: None,
+            version: Version::HTTP_11,
+            authority: None,
+            user_agent: None,
+            request_id: None,
+            forwarded_for: None,
+            status,
+            upstream: None,
+            upstream_time: None,
+            received: Arc::new(BodyCounter::default()),
+        }
+    }
+
     /// The line for a request that ended with `flags` after `sent` response body bytes.
     pub fn format(&self, flags: Flags, sent: u64, format: AccessLogFormat) -> String {
         let start = humantime::format_rfc3339_millis(self.start);
-        let path = self.uri.path_and_query().map_or("/", |p| p.as_str());
+        let method = self.method.as_ref().map_or("-", Method::as_str);
+        let path = self
+            .uri
+            .as_ref()
+            .map_or("-", |u| u.path_and_query().map_or("/", |p| p.as_str()));
         let protocol = match self.version {
             Version::HTTP_10 => "HTTP/1.0",
             Version::HTTP_2 => "HTTP/2",
@@ -97,8 +122,7 @@ impl RequestLog {
                 // Writing to a String cannot fail.
                 let _ = writeln!(
                     line,
-                    "[{start}] \"{} {path} {protocol}\" {} {flags} {received} {sent} {duration} {upstream_time} \"{}\" \"{}\" \"{}\" \"{}\" \"{upstream}\"",
-                    self.method,
+                    "[{start}] \"{method} {path} {protocol}\" {} {flags} {received} {sent} {duration} {upstream_time} \"{}\" \"{}\" \"{}\" \"{}\" \"{upstream}\"",
                     self.status,
                     value(&self.forwarded_for),
                     value(&self.user_agent),
@@ -122,7 +146,7 @@ impl RequestLog {
                     }
                 };
                 field("start_time", &start.to_string(), true);
-                field("method", self.method.as_str(), true);
+                field("method", method, true);
                 field("path", path, true);
                 field("protocol", protocol, true);
                 field("response_code", &self.status.to_string(), false);
@@ -196,6 +220,20 @@ mod tests {
         );
         assert!(
             line.ends_with(" - \"-\" \"curl/8 \"x\"\" \"abc\" \"svc:8080\" \"10.0.0.7:8080\"\n"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn a_head_that_never_became_a_request_has_no_method_or_path() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let line = RequestLog::unparsed((start, Instant::now()), 431).format(
+            Flags::DPE,
+            0,
+            AccessLogFormat::Text,
+        );
+        assert!(
+            line.starts_with("[2023-11-14T22:13:20.000Z] \"- - HTTP/1.1\" 431 DPE 0 0 "),
             "{line}"
         );
     }

@@ -218,6 +218,8 @@ pub struct RequestEnd {
     /// The request body as it was read from the client.
     pub received: Arc<BodyCounter>,
     pub response_framing: GrpcFraming,
+    /// The request's position on its connection, from 1.
+    pub position: u64,
 }
 
 impl RequestEnd {
@@ -228,7 +230,7 @@ impl RequestEnd {
         grpc: bool,
         started: Instant,
     ) -> Self {
-        conn.request_started();
+        let position = conn.request_started();
         RequestEnd {
             conn,
             pooled: None,
@@ -242,6 +244,7 @@ impl RequestEnd {
             grpc_status: None,
             received: Arc::new(BodyCounter::new(grpc)),
             response_framing: GrpcFraming::default(),
+            position,
         }
     }
 }

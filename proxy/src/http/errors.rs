@@ -105,6 +105,8 @@ pub enum ErrorKind {
     Timeout,
     /// The request is malformed; it is answered here and never forwarded.
     MalformedRequest(&'static str),
+    /// The request has more headers than `http.max_headers`; never forwarded.
+    HeadersTooLarge,
     /// An authorization policy denied the request (Envoy's RBAC filter); never forwarded.
     AccessDenied,
 }
@@ -113,7 +115,9 @@ impl ErrorKind {
     /// Who is at fault.
     pub fn origin(self) -> Origin {
         match self {
-            ErrorKind::MalformedRequest(_) | ErrorKind::AccessDenied => Origin::Downstream,
+            ErrorKind::MalformedRequest(_)
+            | ErrorKind::HeadersTooLarge
+            | ErrorKind::AccessDenied => Origin::Downstream,
             ErrorKind::Timeout => Origin::Internal,
             _ => Origin::Upstream,
         }
@@ -127,7 +131,7 @@ impl ErrorKind {
             ErrorKind::RefusedStream | ErrorKind::RemoteReset => Flags::UR,
             ErrorKind::UpstreamProtocol => Flags::UPE,
             ErrorKind::Timeout => Flags::UT,
-            ErrorKind::MalformedRequest(_) => Flags::DPE,
+            ErrorKind::MalformedRequest(_) | ErrorKind::HeadersTooLarge => Flags::DPE,
             // Envoy's RBAC filter sets no flag, only its response code details.
             ErrorKind::AccessDenied => Flags::default(),
         }
@@ -149,6 +153,7 @@ impl ErrorKind {
             ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
             ErrorKind::UpstreamProtocol => StatusCode::BAD_GATEWAY,
             ErrorKind::MalformedRequest(_) => StatusCode::BAD_REQUEST,
+            ErrorKind::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ErrorKind::AccessDenied => StatusCode::FORBIDDEN,
             _ => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -160,7 +165,9 @@ impl ErrorKind {
             // DEADLINE_EXCEEDED
             ErrorKind::Timeout => 4,
             // INTERNAL
-            ErrorKind::MalformedRequest(_) | ErrorKind::UpstreamProtocol => 13,
+            ErrorKind::MalformedRequest(_)
+            | ErrorKind::HeadersTooLarge
+            | ErrorKind::UpstreamProtocol => 13,
             // PERMISSION_DENIED, as Envoy maps a 403.
             ErrorKind::AccessDenied => 7,
             // UNAVAILABLE: the call may be retried by the client.
@@ -189,6 +196,7 @@ impl ErrorKind {
             ErrorKind::UpstreamProtocol => "upstream protocol error",
             ErrorKind::Timeout => "upstream request timeout",
             ErrorKind::MalformedRequest(why) => why,
+            ErrorKind::HeadersTooLarge => "request headers too large",
             ErrorKind::AccessDenied => "RBAC: access denied",
         }
     }
@@ -273,5 +281,8 @@ mod tests {
         assert!(!ErrorKind::ConnectionTerminated.retryable());
         assert_eq!(ErrorKind::Timeout.status(), 504);
         assert_eq!(ErrorKind::MalformedRequest("x").status(), 400);
+        assert_eq!(ErrorKind::HeadersTooLarge.status(), 431);
+        assert_eq!(ErrorKind::HeadersTooLarge.flag(), Flags::DPE);
+        assert_eq!(ErrorKind::HeadersTooLarge.origin(), Origin::Downstream);
     }
 }

@@ -46,13 +46,24 @@ pub async fn handle(
     let mut end = RequestEnd::new(Arc::clone(&ctx), None, grpc, start.1);
 
     // Phase 1: the request.
-    if let Err(why) = headers::check_request(req.headers()) {
+    let refused = if ctx.smuggled(end.position) {
+        Err(ErrorKind::MalformedRequest(
+            "content-length with transfer-encoding",
+        ))
+    } else if req.headers().len() > ctx.config.http.max_headers {
+        // hyper refuses this on HTTP/1.1 before the request is ours; HTTP/2 bounds only the
+        // size of the header list.
+        Err(ErrorKind::HeadersTooLarge)
+    } else {
+        headers::check_request(req.headers()).map_err(ErrorKind::MalformedRequest)
+    };
+    if let Err(kind) = refused {
         if ctx.logging() {
             let (m, u, v) = (req.method(), req.uri(), req.version());
             end.log = Some(Box::new(RequestLog::new(start, m, u, v, req.headers())));
         }
-        tracing::debug!(peer = %ctx.peer, reason = why, "malformed request refused");
-        return Ok(local_reply(ErrorKind::MalformedRequest(why), grpc, end));
+        tracing::debug!(peer = %ctx.peer, reason = kind.details(), "request refused");
+        return Ok(local_reply(kind, grpc, end));
     }
     let upgrade = ctx.key.version == HttpVersion::Http1 && headers::wants_upgrade(req.headers());
     let downstream_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -347,6 +358,51 @@ async fn open(ctx: &ConnContext) -> Result<Sender, ProxyError> {
     pool::handshake(up, ctx.key.version)
         .await
         .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, dst, e))
+}
+
+/// Record a request head that never became a request, as Envoy records a codec error: one
+/// access-log line without method or path, and one request in the metrics. hyper answered a
+/// malformed head 400 and one over the limits 431 itself (`DPE` both); a head that did not
+/// arrive within `http.header_read_timeout` was answered 408 by the downstream IO.
+pub fn record_refused_head(ctx: &Arc<ConnContext>, e: &hyper::Error) {
+    let (status, flags) = if e.is_parse_too_large() {
+        (431, Flags::DPE)
+    } else if e.is_parse() {
+        (400, Flags::DPE)
+    } else if header_timeout_answered(e) {
+        (408, Flags::default())
+    } else {
+        return;
+    };
+    let started = Instant::now();
+    let log = ctx
+        .logging()
+        .then(|| Box::new(RequestLog::unparsed((SystemTime::now(), started), status)));
+    let mut end = RequestEnd::new(Arc::clone(ctx), log, false, started);
+    end.status = status;
+    end.flags = flags;
+    // Answered in full; dropping `end` records it.
+    end.complete = true;
+}
+
+/// Whether the connection ended with the downstream IO's 408 for a slow request head.
+fn header_timeout_answered(e: &hyper::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    // Source chains are short; the bound only guards against a cycle.
+    for _ in 0..8 {
+        let Some(c) = cause else {
+            return false;
+        };
+        // An io::Error's `source` skips the error it wraps: look inside it instead.
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return io
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<super::io::HeaderReadTimeout>())
+                .is_some_and(|t| t.answered);
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// A reply written by the proxy. gRPC clients get a trailers-only response (HTTP 200 with

@@ -17,8 +17,10 @@ pub static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// The gRPC message trailer.
 pub static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 
-/// Why a request is refused before it is forwarded. hyper itself refuses the rest of the
-/// request-smuggling shapes (differing Content-Lengths, obs-fold, invalid header names).
+/// Why a request is refused before it is forwarded. hyper itself refuses most other
+/// request-smuggling shapes (differing Content-Lengths, obs-fold, invalid header names); a
+/// Content-Length beside Transfer-Encoding, which hyper drops, is found in the raw head
+/// ([`super::framing`]).
 pub fn check_request(headers: &HeaderMap) -> Result<(), &'static str> {
     let mut te = headers.get_all(header::TRANSFER_ENCODING).iter();
     if let Some(value) = te.next() {

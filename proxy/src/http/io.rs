@@ -1,15 +1,36 @@
 //! The downstream socket as the HTTP server reads it: first the bytes detection already read,
 //! then the socket itself. Every byte is counted into the direction's metrics as it passes, and
 //! any traffic at all marks the connection as not idle.
+//!
+//! On HTTP/1.x connections the bytes are also followed before hyper parses them
+//! ([`RequestFraming`]): a head with both `Content-Length` and `Transfer-Encoding` is reported
+//! to the service, and a head that takes longer than `http.header_read_timeout` from its first
+//! byte is answered 408 and the connection closed (Envoy's `request_headers_timeout`).
 
+use super::framing::RequestFraming;
 use super::ConnContext;
 use crate::tls::stream::Downstream;
 use bytes::{Buf, BytesMut};
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+/// What a client whose request head did not arrive in time is told, as Envoy tells it.
+const HEADER_TIMEOUT_RESPONSE: &[u8] =
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
+/// A request head took longer than `http.header_read_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("request headers not received within {timeout:?}")]
+pub struct HeaderReadTimeout {
+    pub timeout: std::time::Duration,
+    /// Whether the client was answered 408 (not when a response was still being written).
+    pub answered: bool,
+}
 
 /// The client connection behind the HTTP server.
 #[derive(Debug)]
@@ -17,16 +38,81 @@ pub struct DownstreamIo {
     prefix: BytesMut,
     stream: Downstream,
     ctx: Arc<ConnContext>,
+    framing: RequestFraming,
+    /// When the head being read must be complete; allocated on the first head that does not
+    /// arrive in one read, and reset for later ones.
+    head_deadline: Option<Pin<Box<Sleep>>>,
+    head_timer_armed: bool,
+    /// The last write could not complete: hyper holds response bytes we have not written, so
+    /// nothing may be written in front of them.
+    write_blocked: bool,
 }
 
 impl DownstreamIo {
-    /// `prefix` is replayed before anything is read from `stream`.
-    pub fn new(prefix: BytesMut, stream: Downstream, ctx: Arc<ConnContext>) -> Self {
+    /// `prefix` is replayed before anything is read from `stream`; `http1` turns on the
+    /// inspection of request heads.
+    pub fn new(prefix: BytesMut, stream: Downstream, ctx: Arc<ConnContext>, http1: bool) -> Self {
         DownstreamIo {
             prefix,
             stream,
             ctx,
+            framing: if http1 {
+                RequestFraming::new()
+            } else {
+                RequestFraming::stopped()
+            },
+            head_deadline: None,
+            head_timer_armed: false,
+            write_blocked: false,
         }
+    }
+
+    /// Follow bytes just read: report a smuggling-shaped head, and time the head in progress.
+    fn inspect(&mut self, read: &[u8]) {
+        if let Some(head) = self.framing.feed(read) {
+            self.ctx.refuse_head(head);
+        }
+        let in_head = self.framing.in_head();
+        if in_head && !self.head_timer_armed {
+            let deadline = Instant::now() + self.ctx.config.http.header_read_timeout;
+            match &mut self.head_deadline {
+                Some(sleep) => sleep.as_mut().reset(deadline),
+                None => self.head_deadline = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+        }
+        self.head_timer_armed = in_head;
+    }
+
+    /// The timeout, if the head in progress is out of time; otherwise registers for a wake-up
+    /// when it will be. A timed-out client gets a 408 if nothing else is being written to it.
+    fn head_timed_out(&mut self, cx: &mut Context<'_>) -> Option<HeaderReadTimeout> {
+        // A head pipelined behind a request in flight is timed once that request is over
+        // (hyper reads again for the next head then): the bound is on slow heads, and must not
+        // cut a response on its way.
+        if !self.ctx.idle() {
+            return None;
+        }
+        let deadline = self
+            .head_deadline
+            .as_mut()
+            .filter(|_| self.head_timer_armed)?;
+        if deadline.as_mut().poll(cx).is_pending() {
+            return None;
+        }
+        let mut answered = false;
+        if !self.write_blocked {
+            // Best effort: a client that does not read does not get it.
+            let stream = Pin::new(&mut self.stream);
+            if let Poll::Ready(Ok(n)) = stream.poll_write(cx, HEADER_TIMEOUT_RESPONSE) {
+                self.ctx.count_sent(n);
+                let _ = Pin::new(&mut self.stream).poll_flush(cx);
+                answered = n == HEADER_TIMEOUT_RESPONSE.len();
+            }
+        }
+        Some(HeaderReadTimeout {
+            timeout: self.ctx.config.http.header_read_timeout,
+            answered,
+        })
     }
 }
 
@@ -47,9 +133,24 @@ impl AsyncRead for DownstreamIo {
                 this.prefix = BytesMut::new();
             }
         } else {
-            ready!(Pin::new(&mut this.stream).poll_read(cx, buf))?;
+            match Pin::new(&mut this.stream).poll_read(cx, buf) {
+                Poll::Ready(result) => result?,
+                Poll::Pending => {
+                    return match this.head_timed_out(cx) {
+                        Some(e) => {
+                            tracing::debug!(peer = %this.ctx.peer, error = %e, "request head cut");
+                            Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, e)))
+                        }
+                        None => Poll::Pending,
+                    };
+                }
+            }
         }
-        this.ctx.count_received(buf.filled().len() - before);
+        let n = buf.filled().len() - before;
+        this.ctx.count_received(n);
+        if n > 0 {
+            this.inspect(&buf.filled()[before..]);
+        }
         Poll::Ready(Ok(()))
     }
 }
@@ -61,7 +162,9 @@ impl AsyncWrite for DownstreamIo {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let n = ready!(Pin::new(&mut this.stream).poll_write(cx, data))?;
+        let written = Pin::new(&mut this.stream).poll_write(cx, data);
+        this.write_blocked = written.is_pending();
+        let n = ready!(written)?;
         this.ctx.count_sent(n);
         Poll::Ready(Ok(n))
     }
@@ -72,7 +175,9 @@ impl AsyncWrite for DownstreamIo {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let n = ready!(Pin::new(&mut this.stream).poll_write_vectored(cx, bufs))?;
+        let written = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.write_blocked = written.is_pending();
+        let n = ready!(written)?;
         this.ctx.count_sent(n);
         Poll::Ready(Ok(n))
     }

@@ -15,6 +15,7 @@ pub mod body;
 pub mod counting;
 pub mod errors;
 pub mod forward;
+pub mod framing;
 pub mod headers;
 pub mod io;
 pub mod pool;
@@ -56,6 +57,12 @@ pub struct ConnContext {
     /// The server name the client's TLS asked for, when mesh TLS was terminated.
     pub sni: Option<Box<str>>,
     in_flight: AtomicUsize,
+    /// Requests started on this connection.
+    started: AtomicU64,
+    /// The position (from 1) of the first HTTP/1.1 request head that carried both
+    /// Content-Length and Transfer-Encoding; 0 while there is none. Set by the downstream IO
+    /// when the head's last byte is read, before hyper can parse it.
+    smuggled_head: AtomicU64,
     /// Bytes read from the client; with `bytes_out`, also what tells an idle connection.
     bytes_in: AtomicU64,
     /// Bytes written to the client.
@@ -67,8 +74,29 @@ pub struct ConnContext {
 }
 
 impl ConnContext {
-    fn request_started(&self) {
+    /// Count a request in; returns its position on the connection (from 1).
+    fn request_started(&self) -> u64 {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.started.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Whether no request is in flight.
+    fn idle(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed) == 0
+    }
+
+    /// The HTTP/1.1 request head at `position` had both Content-Length and Transfer-Encoding.
+    fn refuse_head(&self, position: u64) {
+        let _ =
+            self.smuggled_head
+                .compare_exchange(0, position, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Whether the request at `position` is one whose head had both Content-Length and
+    /// Transfer-Encoding. HTTP/1.1 requests are served in order, so the IO's count of heads and
+    /// ours of requests agree.
+    fn smuggled(&self, position: u64) -> bool {
+        self.smuggled_head.load(Ordering::Relaxed) == position
     }
 
     fn request_ended(&self) {
@@ -174,6 +202,8 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         mesh_peer,
         sni,
         in_flight: AtomicUsize::new(0),
+        started: AtomicU64::new(0),
+        smuggled_head: AtomicU64::new(0),
         bytes_in: AtomicU64::new(0),
         bytes_out: AtomicU64::new(0),
         served: AtomicU64::new(0),
@@ -183,6 +213,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         c.prefix,
         c.downstream,
         Arc::clone(&ctx),
+        c.version == HttpVersion::Http1,
     ));
     let service = {
         let ctx = Arc::clone(&ctx);
@@ -198,9 +229,11 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         HttpVersion::Http1 => {
             let conn = |io, service| {
                 let mut builder = http1::Builder::new();
+                // The header read timeout is the IO's: hyper's would also bound the idle time
+                // between requests, which is `http.idle_timeout`'s.
                 builder
                     .timer(TokioTimer::new())
-                    .header_read_timeout(http.header_read_timeout)
+                    .header_read_timeout(None)
                     .max_header_size(http.max_header_bytes);
                 // hyper's default is 100 on the stack; another number costs a heap allocation.
                 if http.max_headers != 100 {
@@ -227,6 +260,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         Ok(()) => (End::Closed, transfer),
         Err(e) => {
             tracing::debug!(peer = %ctx.peer, error = %e, "HTTP connection ended with an error");
+            forward::record_refused_head(&ctx, &e);
             (End::DownstreamReset, transfer)
         }
     }

@@ -34,7 +34,7 @@ use std::sync::Arc;
 type Labels = Vec<(&'static str, &'static str)>;
 
 /// The `result` values of `remora_protocol_detection_total`.
-pub const DETECTION_RESULTS: [&str; 8] = [
+pub const DETECTION_RESULTS: [&str; 9] = [
     "http1",
     "http2",
     "tls",
@@ -43,6 +43,7 @@ pub const DETECTION_RESULTS: [&str; 8] = [
     "timeout",
     "client_closed",
     "client_failed",
+    "upstream_failed",
 ];
 
 /// Every metric Remora exports, with its registry.

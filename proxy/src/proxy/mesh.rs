@@ -89,7 +89,10 @@ impl Proxy {
     ) -> Outcome {
         let watch_server = !strict && mode != Mode::Http;
         let wait = match strict {
-            true => config.tls.handshake_timeout,
+            true => detect::Wait {
+                client: config.tls.handshake_timeout,
+                ..detect_wait(config, watch_server)
+            },
             false => detect_wait(config, watch_server),
         };
         let detected = self
