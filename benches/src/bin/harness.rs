@@ -203,6 +203,7 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
 
     let bench = Bench::new(tools, settings, registry, work_dir)?;
     for scenario in scenarios {
+        let scenario_started = std::time::Instant::now();
         let tables = match scenario {
             Scenario::Latency => vec![scenarios::latency::run(&bench)],
             Scenario::Throughput => scenarios::throughput::run(&bench),
@@ -214,6 +215,10 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
             println!("{}", table.markdown());
             report.tables.push(table);
         }
+        eprintln!(
+            "harness: {scenario:?} took {:.0} s",
+            scenario_started.elapsed().as_secs_f64()
+        );
     }
     drop(bench);
     report.machine.load_average_end = load_average();
