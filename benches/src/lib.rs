@@ -9,8 +9,9 @@
 //! server every proxy forwards to (1 KiB responses over HTTP/1.1, h2c and gRPC); [`open_loop`]
 //! is the fixed-rate load generator with coordinated-omission correction; [`tcp_load`] opens
 //! connections as fast as it can or holds many idle; [`load_tools`] drives and parses wrk,
-//! h2load and iperf3; [`scenarios`] puts these together per scenario and [`report`] renders
-//! the tables as markdown and JSON.
+//! h2load and iperf3; [`scenarios`] puts these together per scenario (interleaved rounds,
+//! reduced to medians with their spread), [`report`] renders the tables and their ratio
+//! matrices as markdown and JSON, and [`targets`] judges the targets from them.
 
 pub mod load_tools;
 pub mod mesh_certs;
@@ -19,5 +20,6 @@ pub mod process;
 pub mod proxy_config;
 pub mod report;
 pub mod scenarios;
+pub mod targets;
 pub mod tcp_load;
 pub mod upstream;

@@ -339,29 +339,66 @@ pub fn envoy_args_with(config: &Path, concurrency: usize) -> Vec<String> {
     args
 }
 
-/// Remora as sidecar A or B of the mTLS scenario, for when explicit listeners speak mesh mTLS:
-/// [`remora_config`] plus the workload identity from `cert_dir` and, for A (`server` given),
-/// sidecar B as a mesh destination that must be `server_id`; for B, strict mTLS.
-pub fn remora_mesh_config(
-    ports: &RemoraPorts,
-    cert_dir: &Path,
-    server: Option<(SocketAddr, &str)>,
-) -> String {
+/// Which sidecar of the mTLS scenario a Remora plays.
+#[derive(Debug, Clone, Copy)]
+pub enum MeshSide<'a> {
+    /// Sidecar A: plain HTTP in on `listen`, mutual TLS out to `server`, which must carry
+    /// `server_id`.
+    Client {
+        listen: SocketAddr,
+        server: SocketAddr,
+        server_id: &'a str,
+    },
+    /// Sidecar B: mutual TLS in on `listen` (any client certificate from the mesh root, as
+    /// Envoy B), plain HTTP out to `upstream`.
+    Server {
+        listen: SocketAddr,
+        upstream: SocketAddr,
+    },
+}
+
+/// Remora as sidecar A or B of the mTLS scenario: [`remora_config`] plus the workload identity
+/// from `cert_dir` and one explicit HTTP listener that originates (A, with Istio's SNI for
+/// B's service) or terminates (B) mesh mutual TLS.
+pub fn remora_mesh_config(ports: &RemoraPorts, cert_dir: &Path, side: MeshSide<'_>) -> String {
     let mut out = remora_config(ports);
     let _ = writeln!(out, "tls:\n  cert_dir: \"{}\"", cert_dir.display());
-    match server {
-        Some((addr, id)) => {
-            let _ = write!(
-                out,
-                "mesh:\n  destinations:\n  - cidrs: [\"{}\"]\n    ports: [{}]\n    hostname: {}\n    identities: [\"{id}\"]\n",
-                addr.ip(),
-                addr.port(),
+    let (listen, upstream, tls) = match side {
+        MeshSide::Client {
+            listen,
+            server,
+            server_id,
+        } => (
+            listen,
+            server,
+            format!(
+                "      mode: originate\n      hostname: {}\n      identities: [\"{server_id}\"]\n",
                 crate::mesh_certs::SERVER_HOSTNAME
-            );
+            ),
+        ),
+        MeshSide::Server { listen, upstream } => {
+            (listen, upstream, "      mode: terminate\n".to_string())
         }
-        None => out.push_str("mesh:\n  mtls_mode: strict\n"),
-    }
+    };
+    let _ = write!(
+        out,
+        "listeners:\n  - address: {listen}\n    upstream: {upstream}\n    protocol: http\n    tls:\n{tls}"
+    );
     out
+}
+
+/// `remora run` arguments for a sidecar of the mTLS scenario: its config's listener, `workers`
+/// data-path workers, logging at `log_level`.
+pub fn remora_mesh_args(config: &Path, workers: usize, log_level: &str) -> Vec<String> {
+    vec![
+        "run".into(),
+        "--config".into(),
+        config.display().to_string(),
+        "--concurrency".into(),
+        workers.to_string(),
+        "--log-level".into(),
+        log_level.into(),
+    ]
 }
 
 /// HAProxy: one thread, `mode http` (h2c with prior knowledge and HTTP/2 to the upstream for
@@ -654,22 +691,43 @@ mod tests {
         let a = remora_mesh_config(
             &ports,
             dir,
-            Some((server, "spiffe://cluster.local/ns/bench/sa/b")),
+            MeshSide::Client {
+                listen,
+                server,
+                server_id: "spiffe://cluster.local/ns/bench/sa/b",
+            },
         );
         let a = remora_config::parse(&a, Path::new("a.yaml")).expect("Remora accepts sidecar A");
         assert_eq!(a.tls.cert_dir.as_deref(), Some(dir));
-        let to_b = a
-            .mesh
-            .destination(server.ip(), server.port())
-            .expect("B is a mesh destination");
+        let to_b = &a.listeners[0];
+        assert_eq!((to_b.address, to_b.upstream), (listen, server));
+        assert_eq!(to_b.protocol, remora_config::ListenerProtocol::Http);
+        let tls = to_b.tls.as_ref().expect("A originates mutual TLS");
+        assert_eq!(tls.mode, remora_config::ListenerTlsMode::Originate);
+        assert_eq!(tls.identities, ["spiffe://cluster.local/ns/bench/sa/b"]);
         assert_eq!(
-            to_b.identities[0].to_string(),
-            "spiffe://cluster.local/ns/bench/sa/b"
+            tls.hostname.as_deref(),
+            Some(crate::mesh_certs::SERVER_HOSTNAME)
         );
-        assert!(a.mesh.destination(upstream.ip(), upstream.port()).is_none());
-        let b = remora_mesh_config(&ports, dir, None);
+        let b = remora_mesh_config(
+            &ports,
+            dir,
+            MeshSide::Server {
+                listen: server,
+                upstream,
+            },
+        );
         let b = remora_config::parse(&b, Path::new("b.yaml")).expect("Remora accepts sidecar B");
-        assert_eq!(b.mesh.mtls_mode, remora_config::MtlsMode::Strict);
+        assert_eq!(
+            (b.listeners[0].address, b.listeners[0].upstream),
+            (server, upstream)
+        );
+        assert!(b.listeners[0].terminates_tls());
+        let args = remora_mesh_args(Path::new("b.yaml"), MESH_WORKERS, "warn").join(" ");
+        assert!(
+            args.contains("--concurrency 2") && !args.contains("--listen"),
+            "{args}"
+        );
     }
 
     #[test]

@@ -117,6 +117,73 @@ pub struct MeshDestination {
     pub identities: Vec<String>,
 }
 
+/// Istio mutual TLS on an explicit listener, with the workload certificate of `tls:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTls {
+    /// Which side of the mesh hop the listener is.
+    pub mode: ListenerTlsMode,
+    /// `originate`: the upstream's service name; the SNI becomes Istio's
+    /// `outbound_.PORT_._.HOSTNAME`. Unset: no SNI.
+    #[serde(default)]
+    pub hostname: Option<String>,
+    /// SPIFFE IDs the peer's certificate must carry one of: the server's for `originate`, the
+    /// client's for `terminate`. Empty accepts any certificate that chains to the trust roots.
+    #[serde(default)]
+    pub identities: Vec<String>,
+}
+
+/// The two sides of a mesh hop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ListenerTlsMode {
+    /// The client's sidecar: plaintext in, mutual TLS to the upstream with Istio's ALPN values
+    /// and SNI, the server's SPIFFE ID checked (as to a `mesh.destinations` entry).
+    Originate,
+    /// The server's sidecar: only mutual TLS in, with a client certificate from the mesh
+    /// roots; plaintext to the upstream, HTTP with `x-forwarded-client-cert` (as on the
+    /// inbound listener in `strict` mode). Counted as inbound.
+    Terminate,
+}
+
+impl ListenerTls {
+    /// Field checks; returns the field under the listener's `tls` and why.
+    pub(crate) fn validate(&self, tls: &TlsConfig) -> Result<(), (String, String)> {
+        if tls.cert_dir.is_none() {
+            return Err((
+                String::new(),
+                "mutual TLS on a listener needs a workload certificate: set tls.cert_dir".into(),
+            ));
+        }
+        if self.hostname.is_some() && self.mode == ListenerTlsMode::Terminate {
+            return Err((
+                ".hostname".into(),
+                "only an originating listener sends SNI; a terminating one accepts any".into(),
+            ));
+        }
+        if let Some(host) = &self.hostname {
+            let valid = !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+            if !valid {
+                return Err((".hostname".into(), format!("`{host}` is not a DNS name")));
+            }
+        }
+        check_spiffe_ids(&self.identities).map_err(|why| (".identities".into(), why))
+    }
+}
+
+/// Every entry must be a SPIFFE ID.
+fn check_spiffe_ids(ids: &[String]) -> Result<(), String> {
+    match ids.iter().find(|id| !id.starts_with("spiffe://")) {
+        Some(id) => Err(format!(
+            "`{id}` is not a SPIFFE ID (spiffe://TRUST-DOMAIN/ns/NS/sa/SA)"
+        )),
+        None => Ok(()),
+    }
+}
+
 impl MeshConfig {
     /// The first destination entry that covers `ip:port`.
     pub fn destination(&self, ip: IpAddr, port: u16) -> Option<&MeshDestination> {
@@ -163,12 +230,8 @@ impl MeshConfig {
                     "port 0 cannot be a destination".into(),
                 ));
             }
-            if let Some(id) = d.identities.iter().find(|id| !id.starts_with("spiffe://")) {
-                return Err((
-                    format!("mesh.destinations.{i}.identities"),
-                    format!("`{id}` is not a SPIFFE ID (spiffe://TRUST-DOMAIN/ns/NS/sa/SA)"),
-                ));
-            }
+            check_spiffe_ids(&d.identities)
+                .map_err(|why| (format!("mesh.destinations.{i}.identities"), why))?;
         }
         Ok(())
     }
@@ -218,6 +281,14 @@ impl Cidr {
             }
             _ => false,
         }
+    }
+}
+
+impl From<IpAddr> for Cidr {
+    /// The range of one address.
+    fn from(addr: IpAddr) -> Self {
+        let prefix = if addr.is_ipv4() { 32 } else { 128 };
+        Cidr { addr, prefix }
     }
 }
 

@@ -109,6 +109,20 @@ pub struct ListenerConfig {
     /// `auto` detects which (as the capture listeners do).
     #[serde(default)]
     pub protocol: ListenerProtocol,
+    /// Istio mutual TLS on this listener: originated to the upstream (the client's sidecar) or
+    /// terminated from the clients (the server's sidecar). Unset: plaintext both sides.
+    #[serde(default)]
+    pub tls: Option<ListenerTls>,
+}
+
+impl ListenerConfig {
+    /// Whether the listener plays the server's sidecar (it terminates mesh TLS): its traffic
+    /// is inbound, as on Istio's inbound listener.
+    pub fn terminates_tls(&self) -> bool {
+        self.tls
+            .as_ref()
+            .is_some_and(|t| t.mode == ListenerTlsMode::Terminate)
+    }
 }
 
 /// How an explicit listener treats its traffic.
@@ -497,6 +511,10 @@ impl Config {
                     format!("listeners.{i}.upstream"),
                     "is the listener itself: every connection would loop".into(),
                 ));
+            }
+            if let Some(tls) = &l.tls {
+                tls.validate(&self.tls)
+                    .map_err(|(f, why)| (format!("listeners.{i}.tls{f}"), why))?;
             }
         }
         for (name, d) in [

@@ -130,6 +130,39 @@ fn explicit_listeners_parse_and_are_checked() {
 }
 
 #[test]
+fn listener_mesh_tls_parses_and_is_checked() {
+    let certs = "tls:\n  cert_dir: /etc/certs\n";
+    let listeners = "listeners:\n  - address: 127.0.0.1:8080\n    upstream: 127.0.0.1:9090\n    protocol: http\n    tls:\n      mode: originate\n      hostname: b.ns.svc.cluster.local\n      identities: [spiffe://cluster.local/ns/ns/sa/b]\n  - address: 127.0.0.1:9090\n    upstream: 127.0.0.1:9091\n    tls:\n      mode: terminate\n";
+    let c = parse_str(&format!("{certs}{listeners}")).unwrap();
+    let a = c.listeners[0].tls.as_ref().unwrap();
+    assert_eq!(a.mode, ListenerTlsMode::Originate);
+    assert_eq!(a.hostname.as_deref(), Some("b.ns.svc.cluster.local"));
+    assert_eq!(a.identities, ["spiffe://cluster.local/ns/ns/sa/b"]);
+    assert!(!c.listeners[0].terminates_tls());
+    assert!(c.listeners[1].terminates_tls());
+    assert!(c.listeners[1].tls.as_ref().unwrap().identities.is_empty());
+
+    // Without a workload certificate there is nothing to speak mutual TLS with.
+    let err = parse_str(listeners).unwrap_err();
+    assert_eq!(err.field(), Some("listeners.0.tls"), "{err}");
+    let err = parse_str(&format!(
+        "{certs}listeners:\n  - address: 127.0.0.1:80\n    upstream: 127.0.0.1:81\n    tls:\n      mode: terminate\n      hostname: a.b\n"
+    ))
+    .unwrap_err();
+    assert_eq!(err.field(), Some("listeners.0.tls.hostname"), "{err}");
+    let err = parse_str(&format!(
+        "{certs}listeners:\n  - address: 127.0.0.1:80\n    upstream: 127.0.0.1:81\n    tls:\n      mode: originate\n      identities: [cluster.local/ns/a/sa/b]\n"
+    ))
+    .unwrap_err();
+    assert_eq!(err.field(), Some("listeners.0.tls.identities"), "{err}");
+    let err = parse_str(&format!(
+        "{certs}listeners:\n  - address: 127.0.0.1:80\n    upstream: 127.0.0.1:81\n    tls:\n      mode: both\n"
+    ))
+    .unwrap_err();
+    assert_eq!(err.line(), Some(7), "{err}");
+}
+
+#[test]
 fn declared_ports_and_always_tcp_ports() {
     let c = parse_str("ports:\n  8080: http\n  9000: grpc\n  3306: http\n  5432: tcp\n").unwrap();
     assert_eq!(c.declared_protocol(8080), Some(PortProtocol::Http));

@@ -227,6 +227,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
                     ProtocolArg::Http => remora_config::ListenerProtocol::Http,
                     ProtocolArg::Auto => remora_config::ListenerProtocol::Auto,
                 },
+                tls: None,
             }
         }),
     };
@@ -264,7 +265,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
                 addr: explicit.address,
                 source,
             })?;
-            routes.push((Route::Fixed(explicit.upstream, explicit.protocol), l));
+            routes.push((Route::Fixed(Arc::new(explicit.clone())), l));
         }
     }
     let mut side = Vec::new();
@@ -526,7 +527,7 @@ fn listener_info(routes: &[(Route, std::net::TcpListener)]) -> Vec<ListenerInfo>
                     Route::Capture(Direction::Inbound) => "virtualInbound".into(),
                     Route::Fixed(..) => ListenerNames::prefix(addr),
                 },
-                route: *route,
+                route: route.clone(),
                 addresses: vec![addr],
             }),
         }

@@ -110,7 +110,7 @@ pub async fn accept_loop(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    tokio::spawn(Arc::clone(&proxy).serve(stream, peer, route));
+                    tokio::spawn(Arc::clone(&proxy).serve(stream, peer, route.clone()));
                 }
                 Err(e) => {
                     // Out of file descriptors or memory: back off instead of spinning; the

@@ -51,15 +51,24 @@ impl LoopGuard {
         })
     }
 
-    /// Which guard, if any, refuses a connection from `peer` to `orig_dst`.
+    /// Which guard, if any, refuses a captured connection from `peer` to `orig_dst`.
     pub fn check(&self, peer: SocketAddr, orig_dst: SocketAddr) -> Option<Guard> {
         if self.is_own_upstream(peer, orig_dst) {
             return Some(Guard::OwnUpstream);
         }
-        if self.own_ports.contains(&orig_dst.port()) && is_local_address(orig_dst.ip()) {
-            return Some(Guard::OwnListener);
-        }
-        None
+        self.check_destination(orig_dst)
+    }
+
+    /// Whether proxying to `dst` would connect to one of our own listeners. The only check for
+    /// an explicit listener's connections: they arrived at our listener, not captured on their
+    /// way somewhere, so they cannot be one of our upstream connections coming back, and
+    /// comparing the client's address with our upstreams' would refuse every local client
+    /// that happens to get the same ephemeral port as one of them (Linux gives one port to
+    /// sockets with different destinations; with thousands of connections open, that is a
+    /// large share of them).
+    pub fn check_destination(&self, dst: SocketAddr) -> Option<Guard> {
+        (self.own_ports.contains(&dst.port()) && is_local_address(dst.ip()))
+            .then_some(Guard::OwnListener)
     }
 
     /// Whether `peer` → `orig_dst` is one of our own upstream connections, accepted by us.
@@ -173,5 +182,20 @@ mod tests {
         let local = addr("10.0.0.5:43210");
         let _ours = guard.register(local, addr("10.0.0.7:80"));
         assert_eq!(guard.check(local, addr("10.0.0.8:443")), None);
+    }
+
+    #[test]
+    fn an_explicit_listeners_client_sharing_our_upstreams_port_is_not_refused() {
+        // A local client of an explicit listener got the ephemeral port one of our upstream
+        // connections (to that listener's upstream) has: it is not a loop.
+        let guard = LoopGuard::new(vec![8080]);
+        let upstream = addr("127.0.0.1:9090");
+        let _ours = guard.register(addr("127.0.0.1:43210"), upstream);
+        assert_eq!(guard.check_destination(upstream), None);
+        // An upstream that is one of our own listeners is.
+        assert_eq!(
+            guard.check_destination(addr("127.0.0.1:8080")),
+            Some(Guard::OwnListener)
+        );
     }
 }

@@ -14,7 +14,7 @@ use crate::tls::stream::Downstream;
 use crate::{orig_dst, Direction};
 use arc_swap::ArcSwap;
 use bytes::BytesMut;
-use remora_config::{Config, InterceptionMode, ListenerProtocol};
+use remora_config::{Config, InterceptionMode, ListenerConfig, ListenerProtocol};
 use socket2::SockRef;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -42,20 +42,23 @@ pub struct Proxy {
 }
 
 /// Where a listener's connections go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
     /// A capture listener: to the original destination.
     Capture(Direction),
-    /// An explicit listener: always to this upstream, as this protocol. Counted as outbound.
-    Fixed(SocketAddr, ListenerProtocol),
+    /// An explicit listener, as configured when it was bound: always to its upstream, as its
+    /// protocol, with mesh TLS if it says so. Counted as outbound, or as inbound when it
+    /// terminates mesh TLS (the server's sidecar).
+    Fixed(Arc<ListenerConfig>),
 }
 
 impl Route {
     /// The direction metrics and logs file the connection under.
-    pub fn direction(self) -> Direction {
+    pub fn direction(&self) -> Direction {
         match self {
-            Route::Capture(d) => d,
-            Route::Fixed(..) => Direction::Outbound,
+            Route::Capture(d) => *d,
+            Route::Fixed(l) if l.terminates_tls() => Direction::Inbound,
+            Route::Fixed(_) => Direction::Outbound,
         }
     }
 }
@@ -95,7 +98,7 @@ impl Proxy {
         m.connection_opened();
         let peer = orig_dst::canonical(peer);
 
-        let outcome = self.proxy(&config, downstream, peer, route).await;
+        let outcome = self.proxy(&config, downstream, peer, &route).await;
 
         m.connection_closed(
             &outcome.istio,
@@ -124,11 +127,11 @@ impl Proxy {
         config: &Arc<Config>,
         mut downstream: TcpStream,
         peer: SocketAddr,
-        route: Route,
+        route: &Route,
     ) -> Outcome {
         let dir = route.direction();
         let destination = match route {
-            Route::Fixed(upstream, _) => upstream,
+            Route::Fixed(l) => l.upstream,
             Route::Capture(_) => match orig_dst::original_dst(&downstream) {
                 Ok((dst, _)) => dst,
                 Err(e) => {
@@ -137,11 +140,14 @@ impl Proxy {
                 }
             },
         };
-        let dialled = match route {
-            Route::Fixed(..) => downstream.local_addr().ok(),
-            Route::Capture(_) => Some(destination),
+        let guard = match &route {
+            Route::Capture(_) => self.loop_guard.check(peer, destination),
+            Route::Fixed(_) => {
+                let dialled = downstream.local_addr().ok();
+                fixed_listener_loop(&self.loop_guard, peer, dialled, destination)
+            }
         };
-        if let Some(guard) = dialled.and_then(|d| loop_check(&self.loop_guard, route, peer, d)) {
+        if let Some(guard) = guard {
             let counter = match guard {
                 Guard::OwnListener => &self.metrics.loop_refused_own_listener,
                 Guard::OwnUpstream => &self.metrics.loop_refused_own_upstream,
@@ -156,7 +162,7 @@ impl Proxy {
         }
         let _ = downstream.set_nodelay(true);
 
-        let (source, timeout) = upstream_settings(config, dir, peer, destination);
+        let (source, timeout) = upstream_settings(config, route, peer, destination);
         let mut mode = mode(config, route, destination);
         if mode == Mode::Auto && self.pool.speaks_http(destination, source) {
             // A pooled HTTP connection to it exists: no need to dial early or to watch for a
@@ -427,11 +433,13 @@ struct Hop {
 }
 
 /// Whether to detect, and how, from the listener and the destination port's declaration.
-fn mode(config: &Config, route: Route, destination: SocketAddr) -> Mode {
+fn mode(config: &Config, route: &Route, destination: SocketAddr) -> Mode {
     match route {
-        Route::Fixed(_, ListenerProtocol::Tcp) => Mode::Tcp,
-        Route::Fixed(_, ListenerProtocol::Http) => Mode::Http,
-        Route::Fixed(_, ListenerProtocol::Auto) => Mode::Auto,
+        Route::Fixed(l) => match l.protocol {
+            ListenerProtocol::Tcp => Mode::Tcp,
+            ListenerProtocol::Http => Mode::Http,
+            ListenerProtocol::Auto => Mode::Auto,
+        },
         Route::Capture(_) => match config.declared_protocol(destination.port()) {
             Some(p) if p.is_http() => Mode::Http,
             Some(_) => Mode::Tcp,
@@ -443,13 +451,18 @@ fn mode(config: &Config, route: Route, destination: SocketAddr) -> Mode {
 /// The source address and connect timeout for the upstream hop.
 fn upstream_settings(
     config: &Config,
-    dir: Direction,
+    route: &Route,
     peer: SocketAddr,
     destination: SocketAddr,
 ) -> (Option<connect::Source>, Duration) {
-    match dir {
-        Direction::Outbound => (None, config.outbound.connect_timeout),
-        Direction::Inbound => {
+    match route {
+        Route::Capture(Direction::Outbound) => (None, config.outbound.connect_timeout),
+        // Nothing captures an explicit listener's upstream hop: any source will do.
+        Route::Fixed(_) => match route.direction() {
+            Direction::Outbound => (None, config.outbound.connect_timeout),
+            Direction::Inbound => (None, config.inbound.connect_timeout),
+        },
+        Route::Capture(Direction::Inbound) => {
             let source = match config.inbound.interception_mode {
                 // Delivered from the passthrough source, which the capture rules let through;
                 // from any other address the hop would be captured into 15006 again.
@@ -477,23 +490,21 @@ impl Outcome {
     }
 }
 
-/// Whether a connection from `peer`, which dialled `dialled`, is one of our own coming back.
-/// An explicit listener loops only when its upstream is itself: the peer is then one of our
-/// upstream sockets and what it dialled is this listener. Its routed upstream is no key: Linux
-/// reuses an ephemeral port towards another address, so a client may share its port with one of
-/// our upstream sockets to the same upstream.
-fn loop_check(
+/// Whether a connection to an explicit listener is one of our own coming back. It loops only
+/// when its upstream is the listener itself (the peer is then one of our upstream sockets, and
+/// what it dialled is this listener) or one of our capture ports. The client's address alone
+/// is no key: Linux gives one ephemeral port to sockets with different destinations, so a
+/// client may share its port with one of our upstream sockets to the same upstream.
+fn fixed_listener_loop(
     guard: &LoopGuard,
-    route: Route,
     peer: SocketAddr,
-    dialled: SocketAddr,
+    dialled: Option<SocketAddr>,
+    upstream: SocketAddr,
 ) -> Option<Guard> {
-    match route {
-        Route::Fixed(..) => guard
-            .is_own_upstream(peer, dialled)
-            .then_some(Guard::OwnUpstream),
-        Route::Capture(_) => guard.check(peer, dialled),
-    }
+    dialled
+        .filter(|d| guard.is_own_upstream(peer, *d))
+        .map(|_| Guard::OwnUpstream)
+        .or_else(|| guard.check_destination(upstream))
 }
 
 fn refused(destination: Option<SocketAddr>, end: End) -> Outcome {
@@ -523,20 +534,20 @@ mod tests {
         let listener: SocketAddr = "127.0.0.1:9000".parse().unwrap();
         let ours: SocketAddr = "127.0.0.1:40000".parse().unwrap();
         let _registration = guard.register(ours, upstream);
-        let route = Route::Fixed(upstream, ListenerProtocol::Tcp);
         // A client that happens to use the port of our upstream socket to the same upstream.
-        assert_eq!(loop_check(&guard, route, ours, listener), None);
-        // Our upstream socket dialled this listener: a loop.
-        let looping = Route::Fixed(listener, ListenerProtocol::Tcp);
+        let dialled = Some(listener);
+        assert_eq!(fixed_listener_loop(&guard, ours, dialled, upstream), None);
+        // Our upstream socket dialled this listener: its upstream is itself.
         let _back = guard.register(ours, listener);
         assert_eq!(
-            loop_check(&guard, looping, ours, listener),
+            fixed_listener_loop(&guard, ours, dialled, listener),
             Some(Guard::OwnUpstream)
         );
-        // Capture listeners key on the original destination, as before.
+        // An upstream that is one of our capture ports.
+        let capture: SocketAddr = "127.0.0.1:15001".parse().unwrap();
         assert_eq!(
-            loop_check(&guard, Route::Capture(Direction::Outbound), ours, upstream),
-            Some(Guard::OwnUpstream)
+            fixed_listener_loop(&guard, listener, dialled, capture),
+            Some(Guard::OwnListener)
         );
     }
 

@@ -1,15 +1,16 @@
 //! The load harness: runs the benchmark issue's scenarios on loopback against no proxy, Remora,
-//! Envoy, HAProxy and nginx, prints a table per scenario and writes them (markdown and JSON) to
-//! `target/bench-results/`. `scripts/bench` installs what it drives, builds Remora and runs it;
+//! Envoy, HAProxy and nginx, prints a table per scenario and writes them (markdown and JSON),
+//! with the machine's description and the targets judged, to `benches/results/`
+//! (quick runs: `target/bench-results/`). `scripts/bench` installs what it drives, builds Remora and runs it;
 //! `harness upstream` is the upstream server it starts (itself, on the load core).
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use remora_benches::process::{self, Registry, LOAD_CPU, PROXY_CPU};
 use remora_benches::proxy_config::Proxy;
-use remora_benches::report::Report;
+use remora_benches::report::{Machine, Report};
 use remora_benches::scenarios::{self, Bench, Settings, Tools};
-use remora_benches::upstream;
+use remora_benches::{targets, upstream};
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -23,7 +24,7 @@ use std::process::{Command, ExitCode};
 struct Cli {
     #[command(subcommand)]
     command: Option<Internal>,
-    /// Short runs (about 3 s each, 1,000 idle connections): a smoke test, not a measurement.
+    /// Two short rounds (2 s each, 1,000 idle connections): a smoke test, not a measurement.
     #[arg(long)]
     quick: bool,
     /// Scenarios to run (repeatable); all by default.
@@ -39,7 +40,7 @@ struct Cli {
     /// The Envoy binary (default: $ENVOY, then what scripts/bench-deps installed, then PATH).
     #[arg(long, value_name = "PATH", env = "ENVOY")]
     envoy: Option<PathBuf>,
-    /// Where results go (default: target/bench-results).
+    /// Where results go (default: benches/results, or target/bench-results with --quick).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
 }
@@ -117,10 +118,16 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
     if exe.parent().is_some_and(|p| p.ends_with("debug")) {
         eprintln!("harness: warning: a debug build of the harness; run it with `cargo run --release` (the load generator's timing depends on it)");
     }
-    let out_dir = cli
-        .out
-        .clone()
-        .unwrap_or_else(|| target_dir.join("bench-results"));
+    // Measurements are kept with the sources; smoke tests are not measurements.
+    let out_dir = cli.out.clone().unwrap_or_else(|| {
+        if cli.quick {
+            target_dir.join("bench-results")
+        } else {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results")
+        }
+    });
+    // Configs and logs of the programs run: never kept with the results.
+    let work_dir = target_dir.join("bench-results").join("work");
 
     let proxies = if cli.proxies.is_empty() {
         Proxy::ALL.to_vec()
@@ -154,15 +161,29 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
     let settings = Settings::new(cli.quick, proxies, pin, nofile);
     let tools = find_tools(&cli, &exe, &target_dir);
     let versions = versions(&tools);
-    let setup = setup_lines(&settings, nofile, cores);
-    let load_at_start = load_average();
+    let setup = setup_lines(&settings);
+    let machine = Machine {
+        cores,
+        cpu_model: cpu_model(),
+        kernel: fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+        memory_mib: memory_mib(),
+        rlimit_nofile: nofile,
+        load_average_start: load_average(),
+        load_average_end: String::new(),
+    };
+    let complete = scenarios.len() == ALL_SCENARIOS.len() && cli.proxies.is_empty();
 
     let mut report = Report {
         started,
         command,
         quick: cli.quick,
+        machine,
         setup,
         versions,
+        targets: vec![],
         tables: vec![],
         skipped: vec![],
     };
@@ -180,9 +201,9 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
         report.skipped.push("remora in HTTP scenarios: HTTP mode not available in this build (`remora run --protocol http` is not offered); the remora-tcp row shows its L4 path".into());
     }
 
-    let work_dir = out_dir.join("work");
     let bench = Bench::new(tools, settings, registry, work_dir)?;
     for scenario in scenarios {
+        let scenario_started = std::time::Instant::now();
         let tables = match scenario {
             Scenario::Latency => vec![scenarios::latency::run(&bench)],
             Scenario::Throughput => scenarios::throughput::run(&bench),
@@ -194,18 +215,27 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
             println!("{}", table.markdown());
             report.tables.push(table);
         }
+        eprintln!(
+            "harness: {scenario:?} took {:.0} s",
+            scenario_started.elapsed().as_secs_f64()
+        );
     }
     drop(bench);
-    report.setup.push(format!(
-        "Load average (1 min) at start {load_at_start}, at end {}: anything above ~2 means other work shared the cores and the numbers are noisier",
-        load_average()
-    ));
+    report.machine.load_average_end = load_average();
+    report.targets = targets::judge(&report.tables);
+    println!("{}", targets::markdown(&report.targets));
 
     fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let stamp = report.started.replace([':', '-'], "");
     let markdown = report.markdown();
     let json = serde_json::to_string_pretty(&report.json())?;
-    for name in [format!("bench-{stamp}"), "latest".to_string()] {
+    // `latest` is the last run of every scenario and contender (or any quick run, which
+    // stays under target/); a partial run keeps only its own timestamped files.
+    let mut names = vec![format!("bench-{stamp}")];
+    if complete || cli.quick {
+        names.push("latest".into());
+    }
+    for name in names {
         fs::write(out_dir.join(format!("{name}.md")), &markdown)?;
         fs::write(out_dir.join(format!("{name}.json")), &json)?;
     }
@@ -356,8 +386,9 @@ fn load_average() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-fn setup_lines(settings: &Settings, nofile: u64, cores: usize) -> Vec<String> {
-    let cpu_model = fs::read_to_string("/proc/cpuinfo")
+/// The CPU's model name from /proc/cpuinfo.
+fn cpu_model() -> String {
+    fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|t| {
             t.lines()
@@ -365,15 +396,25 @@ fn setup_lines(settings: &Settings, nofile: u64, cores: usize) -> Vec<String> {
                 .and_then(|l| l.split(':').nth(1))
                 .map(|s| s.trim().to_string())
         })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// Total memory from /proc/meminfo, in MiB.
+fn memory_mib() -> Option<u64> {
+    let text = fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
+}
+
+fn setup_lines(settings: &Settings) -> Vec<String> {
     let pinning = if settings.pin {
         format!("proxy pinned to core {PROXY_CPU} (all its threads; one worker each); load generators and upstream pinned to core {LOAD_CPU}")
     } else {
         "nothing pinned (fewer than two usable cores)".to_string()
     };
     vec![
-        format!("{cores} cores ({cpu_model}), Linux {}, RLIMIT_NOFILE {nofile}; everything on 127.0.0.1", kernel.trim()),
+        format!("{} interleaved rounds per scenario (each contender freshly started per round); every figure is the median of the rounds, min–max in brackets; ratios divide medians of the same run; everything on 127.0.0.1", settings.rounds),
         pinning,
         "Upstream: the benches crate's hyper server (`harness upstream`, one thread): 1 KiB body for HTTP/1.1 and h2c, gRPC-framed with grpc-status trailers for gRPC".into(),
         "Remora: one data-path worker (--concurrency 1), default telemetry (Istio metrics on), access log off; Envoy: --concurrency 1, default stats, no access log; HAProxy: nbthread 1, no log; nginx: worker_processes 1, access_log off".into(),

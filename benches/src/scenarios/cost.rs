@@ -2,14 +2,16 @@
 //! memory idle and under Istio's 1000 rps load, CPU per 1000 requests at that load, and memory
 //! per idle connection, HTTP keep-alive and TCP separately:
 //! (RSS with N idle connections − RSS idle) / N. Each measurement gets a fresh proxy, so one
-//! does not inherit another's allocator state.
+//! does not inherit another's allocator state; the rounds are interleaved across proxies and
+//! each figure is the median of the rounds, with their spread.
 
-use super::{cpu_ms_per_1000, latency, median, mib, seconds, Bench, Contender};
+use super::{
+    cpu_ms_per_1000, interleaved, latency, median, mib, seconds, summarize, Bench, Contender,
+};
 use crate::open_loop::{self, Plan};
 use crate::proxy_config::{Mode, Proxy};
 use crate::report::{Column, Table};
 use crate::tcp_load;
-use std::time::Duration;
 
 /// Connections opened at once while building up the idle set.
 const OPEN_PARALLEL: usize = 64;
@@ -22,16 +24,16 @@ pub fn run(bench: &Bench) -> Table {
         "cost",
         "4. Cost: start-up, memory, CPU",
         vec![
-            Column::new("start-up", "ms", 1).with_envoy_ratio(),
-            Column::new("RSS idle", "MiB", 1).with_envoy_ratio(),
-            Column::new("RSS at 1000 rps", "MiB", 1).with_envoy_ratio(),
-            Column::new("CPU / 1000 req at 1000 rps", "ms", 1).with_envoy_ratio(),
-            Column::new("per idle HTTP conn", "KiB", 1).with_envoy_ratio(),
-            Column::new("per idle TCP conn", "KiB", 1).with_envoy_ratio(),
+            Column::new("start-up", "ms", 1).with_peer_ratios(),
+            Column::new("RSS idle", "MiB", 1).with_peer_ratios(),
+            Column::new("RSS at 1000 rps", "MiB", 1).with_peer_ratios(),
+            Column::new("CPU / 1000 req at 1000 rps", "ms", 1).with_peer_ratios(),
+            Column::new("per idle HTTP conn", "KiB", 1).with_peer_ratios(),
+            Column::new("per idle TCP conn", "KiB", 1).with_peer_ratios(),
             Column::new("RSS idle, TCP mode", "MiB", 1),
         ],
     );
-    table.notes.push("Start-up: from spawn until a request through the proxy is answered (median of its three starts here). RSS: VmRSS of the proxy's processes (nginx: master + worker).".into());
+    table.notes.push(format!("{} rounds, interleaved across proxies; every figure is the median of the rounds (min–max in brackets). Start-up: from spawn until a request through the proxy is answered (each round: the median of its three starts). RSS: VmRSS of the proxy's processes (nginx: master + worker).", s.rounds));
     table.notes.push(format!(
         "Per idle connection: (RSS with {n} idle connections − RSS idle) / {n}; each connection first carries one request and its 1 KiB answer, so every hop is established, then stays open and idle. HTTP: the proxy in its L7 HTTP/1.1 mode; TCP: in TCP mode."
     ));
@@ -39,74 +41,119 @@ pub fn run(bench: &Bench) -> Table {
         table.notes.push(note.clone());
     }
     table.notes.push(format!(
-        "1000 rps: the latency scenario's open-loop load ({} connections), {} per proxy.",
+        "1000 rps: the latency scenario's open-loop load ({} connections), {} per proxy and round.",
         latency::CONNECTIONS,
         seconds(s.run)
     ));
-    for proxy in s
+    let proxies: Vec<Proxy> = s
         .contenders(false)
         .into_iter()
         .filter(|p| *p != Proxy::NoProxy)
-    {
-        eprintln!("cost: {}", proxy.name());
-        let mut startups = vec![];
-        let mut notes = vec![];
-
-        let http_idle = bench.start(proxy, Mode::Http1, bench.upstream).map(|c| {
-            startups.extend(c.startup);
-            idle_memory(bench, &c, n)
-        });
-        let (rss_idle, per_http) = idle_columns("HTTP", http_idle, &mut notes);
-
-        let plan = Plan {
-            rate: latency::RATE,
-            connections: latency::CONNECTIONS,
-            warmup: s.warmup,
-            duration: s.run,
-        };
-        let under_load = bench.start(proxy, Mode::Http1, bench.upstream).map(|c| {
-            startups.extend(c.startup);
-            bench.measure(&c, || bench.block_on(open_loop::run(c.addr, plan)))
-        });
-        let (rss_load, cpu) = match under_load {
-            Ok((Ok(outcome), cost)) => (
-                cost.max_rss_kib.map(mib),
-                cost.cpu_seconds
-                    .map(|c| cpu_ms_per_1000(c, outcome.answered)),
-            ),
-            Ok((Err(e), _)) => {
-                notes.push(format!("1000 rps: {e:#}"));
-                (None, None)
+        .collect();
+    let results = interleaved("cost", &proxies, s.rounds, |proxy| {
+        one_round(bench, proxy, n)
+    });
+    for (proxy, rounds) in results {
+        let mut notes: Vec<String> = vec![];
+        let per_round = rounds
+            .into_iter()
+            .map(|round| {
+                let round = round?;
+                for note in round.notes {
+                    if !notes.contains(&note) {
+                        notes.push(note);
+                    }
+                }
+                Ok(round.values)
+            })
+            .collect();
+        match summarize(per_round) {
+            Err(why) => table.push_missing(proxy.name(), why),
+            Ok((values, rounds_note)) => {
+                let median = |i: usize| values[i].map_or(f64::NAN, |f| f.median);
+                eprintln!(
+                    "  {}: start-up {:.1} ms, idle {:.1} MiB, {:.1} KiB/HTTP conn, {:.1} KiB/TCP conn (medians)",
+                    proxy.name(),
+                    median(0),
+                    median(1),
+                    median(4),
+                    median(5)
+                );
+                notes.extend(rounds_note);
+                table.push(
+                    proxy.name(),
+                    values,
+                    (!notes.is_empty()).then(|| notes.join("; ")),
+                );
             }
-            // Already noted by the idle HTTP start, which failed the same way.
-            Err(_) => (None, None),
-        };
-
-        let tcp_idle = bench.start(proxy, Mode::Tcp, bench.upstream).map(|c| {
-            startups.extend(c.startup);
-            idle_memory(bench, &c, n)
-        });
-        let (rss_idle_tcp, per_tcp) = idle_columns("TCP", tcp_idle, &mut notes);
-        let startup_ms = median(startups).map(|d| d.as_secs_f64() * 1000.0);
-        eprintln!(
-            "  start-up {startup_ms:.1?} ms, idle {:.1?} MiB, {per_http:.1?} KiB/HTTP conn, {per_tcp:.1?} KiB/TCP conn",
-            rss_idle.map(mib)
-        );
-        table.push(
-            proxy.name(),
-            vec![
-                startup_ms,
-                rss_idle.map(mib),
-                rss_load,
-                cpu,
-                per_http,
-                per_tcp,
-                rss_idle_tcp.map(mib),
-            ],
-            (!notes.is_empty()).then(|| notes.join("; ")),
-        );
+        }
     }
     table
+}
+
+/// One round of every cost measurement for a proxy, each with a fresh proxy.
+struct CostRound {
+    /// In the table's column order.
+    values: Vec<Option<f64>>,
+    notes: Vec<String>,
+}
+
+/// Measures one round; `Err` when the proxy cannot start at all.
+fn one_round(bench: &Bench, proxy: Proxy, n: usize) -> Result<CostRound, String> {
+    let s = &bench.settings;
+    let mut startups = vec![];
+    let mut notes = vec![];
+
+    let c = bench.start(proxy, Mode::Http1, bench.upstream)?;
+    startups.extend(c.startup);
+    let http_idle = Ok(idle_memory(bench, &c, n));
+    drop(c);
+    let (rss_idle, per_http) = idle_columns("HTTP", http_idle, &mut notes);
+
+    let plan = Plan {
+        rate: latency::RATE,
+        connections: latency::CONNECTIONS,
+        warmup: s.warmup,
+        duration: s.run,
+    };
+    let under_load = bench.start(proxy, Mode::Http1, bench.upstream).map(|c| {
+        startups.extend(c.startup);
+        bench.measure(&c, || bench.block_on(open_loop::run(c.addr, plan)))
+    });
+    let (rss_load, cpu) = match under_load {
+        Ok((Ok(outcome), cost)) => (
+            cost.max_rss_kib.map(mib),
+            cost.cpu_seconds
+                .map(|c| cpu_ms_per_1000(c, outcome.answered)),
+        ),
+        Ok((Err(e), _)) => {
+            notes.push(format!("1000 rps: {e:#}"));
+            (None, None)
+        }
+        Err(e) => {
+            notes.push(format!("1000 rps: {e}"));
+            (None, None)
+        }
+    };
+
+    let tcp_idle = bench.start(proxy, Mode::Tcp, bench.upstream).map(|c| {
+        startups.extend(c.startup);
+        idle_memory(bench, &c, n)
+    });
+    let (rss_idle_tcp, per_tcp) = idle_columns("TCP", tcp_idle, &mut notes);
+    let startup_ms = median(startups).map(|d| d.as_secs_f64() * 1000.0);
+    Ok(CostRound {
+        values: vec![
+            startup_ms,
+            rss_idle.map(mib),
+            rss_load,
+            cpu,
+            per_http,
+            per_tcp,
+            rss_idle_tcp.map(mib),
+        ],
+        notes,
+    })
 }
 
 /// Idle RSS and KiB per connection from one idle-memory measurement, noting what went wrong.
@@ -138,11 +185,7 @@ struct IdleMemory {
 }
 
 fn idle_memory(bench: &Bench, contender: &Contender, n: usize) -> IdleMemory {
-    let settle = if bench.settings.quick {
-        Duration::from_millis(500)
-    } else {
-        Duration::from_secs(1)
-    };
+    let settle = bench.settings.settle;
     std::thread::sleep(settle);
     let rss_idle_kib = contender.usage().map_or(0, |u| u.rss_kib);
     let idle = bench.block_on(tcp_load::open_idle(contender.addr, n, OPEN_PARALLEL));

@@ -2,10 +2,11 @@
 //! a fixed rate with coordinated-omission correction; the percentiles, and what each proxy adds
 //! over no proxy. The recorded time is split into interleaved rounds whose histograms are merged.
 
-use super::{cpu_ms_per_1000, interleaved, mib, seconds, Bench, Cost};
+use super::{cpu_ms_per_1000, interleaved, mib, seconds, summarize, Bench};
 use crate::open_loop::{self, Outcome, Plan};
 use crate::proxy_config::{Mode, Proxy};
 use crate::report::{Column, Table};
+use std::time::Duration;
 
 /// Istio's benchmark load.
 pub const RATE: f64 = 1000.0;
@@ -29,24 +30,24 @@ pub fn run(bench: &Bench) -> Table {
             Column::new("p90", "µs", 0),
             Column::new("p99", "µs", 0).with_ratios(),
             Column::new("p99.9", "µs", 0),
-            Column::new("added p50", "µs", 0),
+            Column::new("added p50", "µs", 0).with_peer_ratios(),
             Column::new("added p90", "µs", 0),
-            Column::new("added p99", "µs", 0),
+            Column::new("added p99", "µs", 0).with_peer_ratios(),
             Column::new("added p99.9", "µs", 0),
             Column::new("rps", "", 0),
             Column::new("errors", "", 0),
-            Column::new("proxy CPU / 1000 req", "ms", 1).with_envoy_ratio(),
-            Column::new("proxy RSS", "MiB", 1),
+            Column::new("proxy CPU / 1000 req", "ms", 1).with_peer_ratios(),
+            Column::new("proxy RSS", "MiB", 1).with_peer_ratios(),
         ],
     );
     table.notes.push(format!(
-        "Open-loop generator in the benches crate (hyper client, hdrhistogram): requests due every 1 ms spread evenly over {CONNECTIONS} keep-alive connections, latency measured from when each was due. {} round(s) of {} recorded (after {} warm-up each), interleaved across contenders, histograms merged.",
-        s.latency_rounds,
+        "Open-loop generator in the benches crate (hyper client, hdrhistogram): requests due every 1 ms spread evenly over {CONNECTIONS} keep-alive connections, latency measured from when each was due. {} rounds of {} recorded (after {} warm-up each), interleaved across contenders, each contender freshly started per round; every figure is the median of the rounds (min–max in brackets).",
+        s.rounds,
         seconds(plan.duration),
         seconds(plan.warmup)
     ));
-    table.notes.push("\"added\" = this row's percentile − no proxy's. remora-tcp is Remora forwarding opaque TCP (L4): a reference, not like-for-like.".into());
-    let results = interleaved("latency", &s.contenders(true), s.latency_rounds, |proxy| {
+    table.notes.push("\"added\" = this row's percentile − no proxy's in the same round. remora-tcp is Remora forwarding opaque TCP (L4): a reference, not like-for-like.".into());
+    let results = interleaved("latency", &s.contenders(true), s.rounds, |proxy| {
         let contender = bench.start(proxy, Mode::Http1, bench.upstream)?;
         let (outcome, cost) = bench.measure(&contender, || {
             bench.block_on(open_loop::run(contender.addr, plan))
@@ -55,65 +56,67 @@ pub fn run(bench: &Bench) -> Table {
             .map(|o| (o, cost))
             .map_err(|e| format!("load failed: {e:#}"))
     });
-    let mut baseline: Option<Vec<f64>> = None;
-    for (proxy, rounds) in results {
-        let mut merged: Option<(Outcome, Option<f64>, Option<u64>)> = None;
-        let mut failures = vec![];
-        for round in rounds {
-            match round {
-                Ok((outcome, cost)) => merge(&mut merged, outcome, cost),
-                Err(e) => failures.push(e),
-            }
-        }
-        let Some((outcome, cpu_seconds, max_rss_kib)) = merged else {
-            table.push_missing(
-                proxy.name(),
-                failures.into_iter().next().unwrap_or_default(),
-            );
-            continue;
-        };
-        let percentiles: Vec<f64> = QUANTILES
-            .iter()
-            .map(|q| outcome.percentile_us(*q))
-            .collect();
-        if proxy == Proxy::NoProxy {
-            baseline = Some(percentiles.clone());
-        }
-        let added: Vec<Option<f64>> = match &baseline {
-            Some(base) => percentiles
+    // Each round's added latency is over no proxy's in the same round: interleaving makes
+    // them neighbours in time, so a burst of outside load shows in both.
+    let baseline: Vec<Option<Vec<f64>>> = results
+        .iter()
+        .find(|(p, _)| *p == Proxy::NoProxy)
+        .map(|(_, rounds)| {
+            rounds
                 .iter()
-                .zip(base)
-                .map(|(p, b)| Some(p - b))
-                .collect(),
-            None => vec![None; 4],
+                .map(|r| r.as_ref().ok().map(|(o, _)| percentiles(o)))
+                .collect()
+        })
+        .unwrap_or_default();
+    for (proxy, rounds) in results {
+        let mut lag = Duration::ZERO;
+        let mut errors = 0;
+        let per_round: Vec<Result<Vec<Option<f64>>, String>> = rounds
+            .into_iter()
+            .enumerate()
+            .map(|(i, round)| {
+                let (outcome, cost) = round?;
+                lag = lag.max(outcome.max_generator_lag);
+                errors += outcome.errors;
+                let p = percentiles(&outcome);
+                let base = baseline.get(i).cloned().flatten();
+                let mut values: Vec<Option<f64>> = p.iter().map(|v| Some(*v)).collect();
+                values.extend((0..QUANTILES.len()).map(|q| base.as_ref().map(|b| p[q] - b[q])));
+                values.push(Some(outcome.achieved_rate()));
+                values.push(Some(outcome.errors as f64));
+                values.push(
+                    cost.cpu_seconds
+                        .map(|c| cpu_ms_per_1000(c, outcome.answered)),
+                );
+                values.push(cost.max_rss_kib.map(mib));
+                Ok(values)
+            })
+            .collect();
+        let (values, rounds_note) = match summarize(per_round) {
+            Ok(row) => row,
+            Err(why) => {
+                table.push_missing(proxy.name(), why);
+                continue;
+            }
         };
-        let mut values: Vec<Option<f64>> = percentiles.iter().map(|p| Some(*p)).collect();
-        values.extend(added);
-        values.push(Some(outcome.achieved_rate()));
-        values.push(Some(outcome.errors as f64));
-        values.push(cpu_seconds.map(|c| cpu_ms_per_1000(c, outcome.answered)));
-        values.push(max_rss_kib.map(mib));
         let mut notes = vec![];
-        if outcome.max_generator_lag.as_millis() >= 5 {
+        if lag.as_millis() >= 5 {
             notes.push(format!(
                 "generator timer lagged up to {:.1} ms (not counted)",
-                outcome.max_generator_lag.as_secs_f64() * 1000.0
+                lag.as_secs_f64() * 1000.0
             ));
         }
-        if outcome.errors > 0 {
-            notes.push(format!("{} failed requests", outcome.errors));
+        if errors > 0 {
+            notes.push(format!("{errors} failed requests in all rounds"));
         }
-        if let Some(first) = failures.first() {
-            notes.push(format!("{} round(s) failed: {first}", failures.len()));
-        }
+        notes.extend(rounds_note);
+        let median = |i: usize| values[i].map_or(f64::NAN, |f| f.median);
         eprintln!(
-            "latency: {} p50 {:.0} µs p99 {:.0} µs p99.9 {:.0} µs, {:.0} rps, {} errors",
+            "latency: {} p50 {:.0} µs p99 {:.0} µs p99.9 {:.0} µs (medians), {errors} errors",
             proxy.name(),
-            percentiles[0],
-            percentiles[2],
-            percentiles[3],
-            outcome.achieved_rate(),
-            outcome.errors
+            median(0),
+            median(2),
+            median(3),
         );
         table.push(
             proxy.name(),
@@ -124,14 +127,10 @@ pub fn run(bench: &Bench) -> Table {
     table
 }
 
-/// Adds one round (its outcome, the proxy's CPU time and peak memory) to the merged total.
-fn merge(merged: &mut Option<(Outcome, Option<f64>, Option<u64>)>, outcome: Outcome, cost: Cost) {
-    match merged {
-        None => *merged = Some((outcome, cost.cpu_seconds, cost.max_rss_kib)),
-        Some((total, cpu, rss)) => {
-            total.merge(&outcome);
-            *cpu = cpu.zip(cost.cpu_seconds).map(|(a, b)| a + b);
-            *rss = (*rss).max(cost.max_rss_kib);
-        }
-    }
+/// The round's latency at each of [`QUANTILES`], in µs.
+fn percentiles(outcome: &Outcome) -> Vec<f64> {
+    QUANTILES
+        .iter()
+        .map(|q| outcome.percentile_us(*q))
+        .collect()
 }

@@ -4,18 +4,15 @@
 //! 16 connections, 1000 rps open loop); latency percentiles and the CPU of both sidecars
 //! together per 1000 requests.
 
-use super::{cpu_ms_per_1000, interleaved, mib, probe, seconds, Bench, READY_TIMEOUT};
+use super::{cpu_ms_per_1000, interleaved, mib, probe, seconds, summarize, Bench, READY_TIMEOUT};
 use crate::mesh_certs::{self, MeshCerts};
 use crate::open_loop::{self, Outcome, Plan};
 use crate::process::{self, Spawned, Usage, PROXY_CPU};
-use crate::proxy_config::{self as config, Mode, Proxy, RemoraPorts, MESH_WORKERS};
+use crate::proxy_config::{self as config, MeshSide, Mode, Proxy, RemoraPorts, MESH_WORKERS};
 use crate::report::{Column, Table};
 use std::fs;
 use std::net::SocketAddr;
 use std::time::Instant;
-
-/// Why Remora has no row yet (checked against proxy/src/proxy/mesh.rs).
-pub const REMORA_NOT_EXPRESSIBLE: &str = "not expressible with explicit listeners yet: mesh mTLS is only originated on the outbound capture listener (15001, destination from SO_ORIGINAL_DST) and only terminated on the inbound capture listener (15006); `mesh::leg` returns None for explicit listeners (Route::Fixed), and a config with `listeners` does not bind the capture listeners, which need iptables (root) to learn a destination";
 
 /// Runs the scenario: no proxy, the Remora pair (when expressible) and the Envoy pair.
 pub fn run(bench: &Bench) -> Table {
@@ -34,22 +31,23 @@ pub fn run(bench: &Bench) -> Table {
             Column::new("p90", "µs", 0),
             Column::new("p99", "µs", 0).with_ratios(),
             Column::new("p99.9", "µs", 0),
-            Column::new("added p50", "µs", 0),
-            Column::new("added p99", "µs", 0),
+            Column::new("added p50", "µs", 0).with_peer_ratios(),
+            Column::new("added p99", "µs", 0).with_peer_ratios(),
             Column::new("rps", "", 0),
             Column::new("errors", "", 0),
-            Column::new("both sidecars' CPU / 1000 req", "ms", 1).with_envoy_ratio(),
-            Column::new("both sidecars' RSS", "MiB", 1),
+            Column::new("both sidecars' CPU / 1000 req", "ms", 1).with_peer_ratios(),
+            Column::new("both sidecars' RSS", "MiB", 1).with_peer_ratios(),
         ],
     );
     table.notes.push(format!(
-        "Each row is a pair of sidecars with {MESH_WORKERS} workers each, both pinned to the proxy core (the generator and upstream on the other). mTLS between them with rcgen-generated SPIFFE certificates ({} → {}) in Istio's file layout; A checks B's SPIFFE ID, B requires a client certificate from the mesh root. {} round(s) of {} recorded (after {} warm-up each), interleaved, histograms merged; RSS is the pair's at the end of the last round.",
+        "Each row is a pair of sidecars with {MESH_WORKERS} workers each, both pinned to the proxy core (the generator and upstream on the other). mTLS between them with rcgen-generated SPIFFE certificates ({} → {}) in Istio's file layout; A checks B's SPIFFE ID, B requires a client certificate from the mesh root; Remora's pair is explicit listeners with `tls.mode: originate` (A) and `terminate` (B). {} rounds of {} recorded (after {} warm-up each), interleaved, each pair freshly started per round; every figure is the median of the rounds (min–max in brackets), \"added\" over no proxy in the same round; RSS is the pair's at the end of a round.",
         mesh_certs::CLIENT_ID,
         mesh_certs::SERVER_ID,
-        s.latency_rounds,
+        s.rounds,
         seconds(plan.duration),
         seconds(plan.warmup)
     ));
+    table.notes.push("Not quite the same job on A's side: Envoy A parses HTTP (connection manager and router) and pools its TLS connections to B; Remora A, as its outbound capture path does, wraps each client connection in its own mesh TLS connection and passes the detected HTTP/1.1 through as bytes (B parses it). With 16 keep-alive connections the TLS handshakes fall in the warm-up.".into());
     let contenders: Vec<Proxy> = s
         .contenders(false)
         .into_iter()
@@ -65,14 +63,10 @@ pub fn run(bench: &Bench) -> Table {
             return table;
         }
     };
-    let results = interleaved("mtls", &contenders, s.latency_rounds, |proxy| {
+    let results = interleaved("mtls", &contenders, s.rounds, |proxy| {
         let pair = match proxy {
             Proxy::NoProxy => None,
-            Proxy::Remora => {
-                // Written for when explicit listeners speak mesh mTLS; not started.
-                write_remora_configs(bench, &certs);
-                return Err(REMORA_NOT_EXPRESSIBLE.to_string());
-            }
+            Proxy::Remora => Some(start_remora_pair(bench, &certs)?),
             Proxy::Envoy => Some(start_envoy_pair(bench, &certs)?),
             _ => return Err("not part of this scenario".into()),
         };
@@ -87,71 +81,78 @@ pub fn run(bench: &Bench) -> Table {
             .map_err(|e| format!("load failed: {e:#}"))
     });
     let _ = fs::remove_dir_all(&cert_root);
-    let mut baseline: Option<Vec<f64>> = None;
+    let baseline: Vec<Option<Vec<f64>>> = results
+        .iter()
+        .find(|(p, _)| *p == Proxy::NoProxy)
+        .map(|(_, rounds)| {
+            rounds
+                .iter()
+                .map(|r| r.as_ref().ok().map(|(o, _, _)| percentiles(o)))
+                .collect()
+        })
+        .unwrap_or_default();
     for (proxy, rounds) in results {
-        let mut merged: Option<(Outcome, Option<f64>, Option<u64>)> = None;
-        let mut failures = vec![];
-        for round in rounds {
-            match round {
-                Ok((outcome, cpu, rss)) => match &mut merged {
-                    None => merged = Some((outcome, cpu, rss)),
-                    Some((total, total_cpu, last_rss)) => {
-                        total.merge(&outcome);
-                        *total_cpu = total_cpu.zip(cpu).map(|(a, b)| a + b);
-                        *last_rss = rss;
-                    }
-                },
-                Err(e) => failures.push(e),
-            }
-        }
-        let Some((outcome, cpu_seconds, rss_kib)) = merged else {
-            let why = failures.into_iter().next().unwrap_or_default();
-            table.push_missing(proxy.name(), why);
-            continue;
-        };
-        let p: Vec<f64> = [0.5, 0.9, 0.99, 0.999]
-            .iter()
-            .map(|q| outcome.percentile_us(*q))
+        let mut errors = 0;
+        let per_round = rounds
+            .into_iter()
+            .enumerate()
+            .map(|(i, round)| {
+                let (outcome, cpu, rss) = round?;
+                errors += outcome.errors;
+                let p = percentiles(&outcome);
+                let base = baseline.get(i).cloned().flatten();
+                let added = |q: usize| base.as_ref().map(|b| p[q] - b[q]);
+                Ok(vec![
+                    Some(p[0]),
+                    Some(p[1]),
+                    Some(p[2]),
+                    Some(p[3]),
+                    added(0),
+                    added(2),
+                    Some(outcome.achieved_rate()),
+                    Some(outcome.errors as f64),
+                    cpu.map(|c| cpu_ms_per_1000(c, outcome.answered)),
+                    rss.map(mib),
+                ])
+            })
             .collect();
-        if proxy == Proxy::NoProxy {
-            baseline = Some(p.clone());
-        }
-        let added = |i: usize| baseline.as_ref().map(|b| p[i] - b[i]);
-        let values = vec![
-            Some(p[0]),
-            Some(p[1]),
-            Some(p[2]),
-            Some(p[3]),
-            added(0),
-            added(2),
-            Some(outcome.achieved_rate()),
-            Some(outcome.errors as f64),
-            cpu_seconds.map(|c| cpu_ms_per_1000(c, outcome.answered)),
-            rss_kib.map(mib),
-        ];
-        let mut notes = vec![];
-        if outcome.errors > 0 {
-            notes.push(format!("{} failed requests", outcome.errors));
-        }
-        if let Some(first) = failures.first() {
-            notes.push(format!("{} round(s) failed: {first}", failures.len()));
-        }
-        eprintln!(
-            "mtls: {} p50 {:.0} µs p99 {:.0} µs, {:.0} rps, {} errors, CPU/1000 req {:?} ms",
-            proxy.name(),
-            p[0],
-            p[2],
-            outcome.achieved_rate(),
-            outcome.errors,
-            cpu_seconds.map(|c| cpu_ms_per_1000(c, outcome.answered))
-        );
-        let row = match proxy {
-            Proxy::NoProxy => "no-proxy",
-            _ => proxy.name(),
+        let (values, rounds_note) = match summarize(per_round) {
+            Ok(row) => row,
+            Err(why) => {
+                table.push_missing(proxy.name(), why);
+                continue;
+            }
         };
-        table.push(row, values, (!notes.is_empty()).then(|| notes.join("; ")));
+        let median = |i: usize| values[i].map_or(f64::NAN, |f| f.median);
+        eprintln!(
+            "mtls: {} p50 {:.0} µs p99 {:.0} µs, CPU/1000 req {:.1} ms (medians), {errors} errors",
+            proxy.name(),
+            median(0),
+            median(2),
+            median(8)
+        );
+        let notes: Vec<String> = [
+            (errors > 0).then(|| format!("{errors} failed requests in all rounds")),
+            rounds_note,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        table.push(
+            proxy.name(),
+            values,
+            (!notes.is_empty()).then(|| notes.join("; ")),
+        );
     }
     table
+}
+
+/// The round's latency at p50, p90, p99 and p99.9, in µs.
+fn percentiles(outcome: &Outcome) -> Vec<f64> {
+    [0.5, 0.9, 0.99, 0.999]
+        .iter()
+        .map(|q| outcome.percentile_us(*q))
+        .collect()
 }
 
 /// Two running sidecars; clients connect to `listen` (sidecar A).
@@ -224,8 +225,18 @@ fn start_envoy_pair(bench: &Bench, certs: &MeshCerts) -> Result<Pair, String> {
         )
         .map_err(fail)
     };
-    let mut server = spawn("envoy-b", &server_file, "output-b.log")?;
-    let mut client = spawn("envoy-a", &client_file, "output-a.log")?;
+    let server = spawn("envoy-b", &server_file, "output-b.log")?;
+    let client = spawn("envoy-a", &client_file, "output-a.log")?;
+    wait_for_pair(bench, listen, client, server)
+}
+
+/// Waits until a request through sidecar A (`listen`) and B is answered.
+fn wait_for_pair(
+    bench: &Bench,
+    listen: SocketAddr,
+    mut client: Spawned,
+    mut server: Spawned,
+) -> Result<Pair, String> {
     let deadline = Instant::now() + READY_TIMEOUT;
     while !bench.block_on(probe(listen, Mode::Http1)) {
         for (side, spawned) in [("A", &mut client), ("B", &mut server)] {
@@ -252,31 +263,62 @@ fn start_envoy_pair(bench: &Bench, certs: &MeshCerts) -> Result<Pair, String> {
     })
 }
 
-/// Remora's pair configs, kept in the work directory for when explicit listeners can carry
-/// mesh mTLS (see [`REMORA_NOT_EXPRESSIBLE`]).
-fn write_remora_configs(bench: &Bench, certs: &MeshCerts) {
+/// Starts Remora's pair: B (terminating in front of the upstream), then A (originating to B),
+/// each with explicit listeners and its workload identity, and waits until both answer.
+fn start_remora_pair(bench: &Bench, certs: &MeshCerts) -> Result<Pair, String> {
+    let program = bench
+        .tools
+        .remora
+        .clone()
+        .ok_or("target/release/remora not found (cargo build --release -p remora)")?;
+    let fail = |e: anyhow::Error| format!("{e:#}");
     let dir = bench.work_dir.join("remora-mtls");
-    let Ok(ports) = process::free_ports(9) else {
-        return;
-    };
+    fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let ports = process::free_ports(10).map_err(fail)?;
+    let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+    let (listen, server_listen) = (addr(ports[0]), addr(ports[1]));
     let side = |i: usize| RemoraPorts {
         readiness: ports[i],
         metrics: ports[i + 1],
         agent: ports[i + 2],
         admin: ports[i + 3],
     };
-    let server = SocketAddr::from(([127, 0, 0, 1], ports[8]));
-    let _ = fs::create_dir_all(&dir);
-    let _ = fs::write(
-        dir.join("remora-a.yaml"),
-        config::remora_mesh_config(
-            &side(0),
-            &certs.client_dir,
-            Some((server, mesh_certs::SERVER_ID)),
-        ),
-    );
-    let _ = fs::write(
-        dir.join("remora-b.yaml"),
-        config::remora_mesh_config(&side(4), &certs.server_dir, None),
-    );
+    let server_file = dir.join("remora-b.yaml");
+    let client_file = dir.join("remora-a.yaml");
+    let server_side = MeshSide::Server {
+        listen: server_listen,
+        upstream: bench.upstream,
+    };
+    let client_side = MeshSide::Client {
+        listen,
+        server: server_listen,
+        server_id: mesh_certs::SERVER_ID,
+    };
+    fs::write(
+        &server_file,
+        config::remora_mesh_config(&side(2), &certs.server_dir, server_side),
+    )
+    .and_then(|()| {
+        fs::write(
+            &client_file,
+            config::remora_mesh_config(&side(6), &certs.client_dir, client_side),
+        )
+    })
+    .map_err(|e| e.to_string())?;
+    let log_level = std::env::var("REMORA_LOG").unwrap_or_else(|_| "warn".into());
+    let cpu = bench.settings.pin.then_some(PROXY_CPU);
+    let spawn = |name: &str, file: &std::path::Path, log: &str| {
+        process::spawn(
+            &bench.registry,
+            name,
+            cpu,
+            &program,
+            &config::remora_mesh_args(file, MESH_WORKERS, &log_level),
+            &dir.join(log),
+        )
+        .map_err(fail)
+    };
+    let server = spawn("remora-b", &server_file, "output-b.log")?;
+    let client = spawn("remora-a", &client_file, "output-a.log")?;
+    wait_for_pair(bench, listen, client, server)
 }

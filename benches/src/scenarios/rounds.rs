@@ -2,6 +2,7 @@
 //! one row.
 
 use crate::proxy_config::Proxy;
+use crate::report::Figure;
 
 /// Measures every contender `rounds` times, round by round, so that a burst of outside load
 /// hits all contenders alike rather than whichever ran at that moment. Returns each
@@ -27,36 +28,35 @@ pub fn interleaved<R>(
     results
 }
 
-/// The best successful round by `score` (throughput: noise only ever slows a run down), with a
-/// note when some rounds failed; the first error when all did.
-pub fn best_round<R>(
-    rounds: Vec<Result<R, String>>,
-    score: impl Fn(&R) -> f64,
-) -> Result<(R, Option<String>), String> {
+/// One contender's rounds reduced to a row: per column, the median of the rounds that measured
+/// it and their spread, with a note when some rounds failed; the first error when all did.
+/// Each round gives one value per column (`None` where that round did not measure it).
+pub fn summarize(
+    rounds: Vec<Result<Vec<Option<f64>>, String>>,
+) -> Result<(Vec<Option<Figure>>, Option<String>), String> {
     let total = rounds.len();
     let mut errors = vec![];
-    let mut best: Option<R> = None;
+    let mut columns: Vec<Vec<f64>> = vec![];
     for round in rounds {
         match round {
-            Ok(r) => {
-                if best.as_ref().is_none_or(|b| score(&r) > score(b)) {
-                    best = Some(r);
+            Ok(values) => {
+                columns.resize(values.len().max(columns.len()), vec![]);
+                for (column, value) in columns.iter_mut().zip(values) {
+                    column.extend(value);
                 }
             }
             Err(e) => errors.push(e),
         }
     }
-    match best {
-        Some(b) => {
-            let note = (!errors.is_empty())
-                .then(|| format!("{} of {total} rounds failed: {}", errors.len(), errors[0]));
-            Ok((b, note))
-        }
-        None => Err(errors
+    if errors.len() == total {
+        return Err(errors
             .into_iter()
             .next()
-            .unwrap_or_else(|| "not run".into())),
+            .unwrap_or_else(|| "not run".into()));
     }
+    let note = (!errors.is_empty())
+        .then(|| format!("{} of {total} rounds failed: {}", errors.len(), errors[0]));
+    Ok((columns.iter().map(|c| Figure::of(c)).collect(), note))
 }
 
 #[cfg(test)]
@@ -64,7 +64,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rounds_interleave_and_the_best_is_kept() {
+    fn rounds_interleave_and_reduce_to_medians() {
         let mut order = vec![];
         let contenders = [Proxy::NoProxy, Proxy::Envoy, Proxy::Nginx];
         let results = interleaved("t", &contenders, 2, |p| {
@@ -72,7 +72,7 @@ mod tests {
             if p == Proxy::Nginx {
                 Err("not installed".to_string())
             } else {
-                Ok(order.len() as f64)
+                Ok(vec![Some(order.len() as f64), None])
             }
         });
         // Round by round; nginx failed in round 1, so it is not tried in round 2.
@@ -87,16 +87,22 @@ mod tests {
             ]
         );
         let (_, envoy) = &results[1];
-        assert_eq!(best_round(envoy.clone(), |v| *v), Ok((5.0, None)));
+        let (row, note) = summarize(envoy.clone()).unwrap();
+        assert_eq!(
+            row[0].map(|f| (f.median, f.min, f.max)),
+            Some((3.5, 2.0, 5.0))
+        );
+        assert_eq!(row[1], None, "a column no round measured");
+        assert_eq!(note, None);
         let (_, nginx) = &results[2];
-        assert_eq!(
-            best_round(nginx.clone(), |v| *v),
-            Err("not installed".into())
-        );
-        let mixed = vec![Ok(1.0), Err("reset".to_string())];
-        assert_eq!(
-            best_round(mixed, |v| *v),
-            Ok((1.0, Some("1 of 2 rounds failed: reset".into())))
-        );
+        assert_eq!(summarize(nginx.clone()), Err("not installed".into()));
+        let mixed = vec![
+            Ok(vec![Some(1.0)]),
+            Err("reset".to_string()),
+            Ok(vec![Some(3.0)]),
+        ];
+        let (row, note) = summarize(mixed).unwrap();
+        assert_eq!(row[0].map(|f| f.median), Some(2.0));
+        assert_eq!(note.as_deref(), Some("1 of 3 rounds failed: reset"));
     }
 }

@@ -1,12 +1,12 @@
 //! Scenario 3, opaque TCP: bulk throughput of one stream (iperf3) and new connections per second
 //! (each one a short HTTP/1.1 exchange with `Connection: close`, so every hop is really dialled).
-//! Interleaved rounds; each contender's best round is kept.
+//! Interleaved rounds; each figure is the median of the rounds, with their spread.
 
 use super::throughput::{rounds_note, CORES_NOTE, TOOL_GRACE};
-use super::{best_round, cpu_ms_per_1000, interleaved, Bench, Cost, Ready};
+use super::{cpu_ms_per_1000, interleaved, summarize, Bench, Cost, Ready};
 use crate::load_tools;
 use crate::process::{self, LOAD_CPU};
-use crate::proxy_config::{Mode, Proxy};
+use crate::proxy_config::Mode;
 use crate::report::{Column, Table};
 use crate::tcp_load::{self, ConnectionRate};
 use std::net::SocketAddr;
@@ -27,7 +27,7 @@ fn bulk(bench: &Bench) -> Table {
         "3a. TCP bulk throughput, one stream (iperf3)",
         vec![
             Column::new("throughput", "Gbit/s", 2).with_ratios(),
-            Column::new("proxy CPU", "cores", 2),
+            Column::new("proxy CPU", "cores", 2).with_peer_ratios(),
             Column::new("proxy core busy", "%", 0),
             Column::new("load core busy", "%", 0),
         ],
@@ -62,15 +62,25 @@ fn bulk(bench: &Bench) -> Table {
         },
     );
     for (proxy, rounds) in results {
-        match best_round(rounds, |(bits, _): &(f64, Cost)| *bits) {
-            Ok(((bits, cost), note)) => {
-                eprintln!("  {}: {:.2} Gbit/s", proxy.name(), bits / 1e9);
-                let values = vec![
+        let per_round = rounds
+            .into_iter()
+            .map(|round| {
+                let (bits, cost): (f64, Cost) = round?;
+                Ok(vec![
                     Some(bits / 1e9),
                     cost.proxy_cores(),
                     cost.proxy_core_busy.map(|b| b * 100.0),
                     cost.load_core_busy.map(|b| b * 100.0),
-                ];
+                ])
+            })
+            .collect();
+        match summarize(per_round) {
+            Ok((values, note)) => {
+                eprintln!(
+                    "  {}: {:.2} Gbit/s (median)",
+                    proxy.name(),
+                    values[0].map_or(f64::NAN, |f| f.median)
+                );
                 table.push(proxy.name(), values, note);
             }
             Err(why) => table.push_missing(proxy.name(), why),
@@ -106,7 +116,7 @@ fn connection_rate(bench: &Bench) -> Table {
             Column::new("connections/s", "", 0).with_ratios(),
             Column::new("errors", "", 0),
             Column::new("proxy CPU", "cores", 2),
-            Column::new("proxy CPU / 1000 conns", "ms", 1).with_envoy_ratio(),
+            Column::new("proxy CPU / 1000 conns", "ms", 1).with_peer_ratios(),
             Column::new("proxy core busy", "%", 0),
             Column::new("load core busy", "%", 0),
         ],
@@ -131,50 +141,50 @@ fn connection_rate(bench: &Bench) -> Table {
         },
     );
     for (proxy, rounds) in results {
-        match best_round(rounds, |(rate, _): &(ConnectionRate, Cost)| {
-            rate.per_second()
-        }) {
-            Ok(((rate, cost), note)) => push_rate(&mut table, proxy, rate, cost, note),
+        let (mut connections, mut errors) = (0, 0);
+        let per_round = rounds
+            .into_iter()
+            .map(|round| {
+                let (rate, cost): (ConnectionRate, Cost) = round?;
+                connections += rate.connections + rate.errors;
+                errors += rate.errors;
+                let per_1000 = cost
+                    .cpu_seconds
+                    .map(|c| cpu_ms_per_1000(c, rate.connections + rate.errors));
+                Ok(vec![
+                    Some(rate.per_second()),
+                    Some(rate.errors as f64),
+                    cost.proxy_cores(),
+                    per_1000,
+                    cost.proxy_core_busy.map(|b| b * 100.0),
+                    cost.load_core_busy.map(|b| b * 100.0),
+                ])
+            })
+            .collect();
+        match summarize(per_round) {
+            Ok((values, rounds_note)) => {
+                eprintln!(
+                    "  {}: {:.0} connections/s (median), {errors} errors",
+                    proxy.name(),
+                    values[0].map_or(f64::NAN, |f| f.median)
+                );
+                let notes: Vec<String> = [
+                    (errors > 0).then(|| {
+                        format!("{errors} of {connections} connections failed in all rounds")
+                    }),
+                    rounds_note,
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                table.push(
+                    proxy.name(),
+                    values,
+                    (!notes.is_empty()).then(|| notes.join("; ")),
+                );
+            }
             Err(why) => table.push_missing(proxy.name(), why),
         }
     }
     table
-}
-
-fn push_rate(
-    table: &mut Table,
-    proxy: Proxy,
-    rate: ConnectionRate,
-    cost: Cost,
-    rounds_note: Option<String>,
-) {
-    eprintln!(
-        "  {}: {:.0} connections/s, {} errors",
-        proxy.name(),
-        rate.per_second(),
-        rate.errors
-    );
-    let per_1000 = cost
-        .cpu_seconds
-        .map(|c| cpu_ms_per_1000(c, rate.connections + rate.errors));
-    let notes: Vec<String> = [
-        (rate.errors > 0).then(|| format!("{} failed connections", rate.errors)),
-        rounds_note,
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    let values = vec![
-        Some(rate.per_second()),
-        Some(rate.errors as f64),
-        cost.proxy_cores(),
-        per_1000,
-        cost.proxy_core_busy.map(|b| b * 100.0),
-        cost.load_core_busy.map(|b| b * 100.0),
-    ];
-    table.push(
-        proxy.name(),
-        values,
-        (!notes.is_empty()).then(|| notes.join("; ")),
-    );
 }

@@ -1,8 +1,8 @@
 //! Scenario 2, maximum throughput through each proxy's L7 mode: HTTP/1.1 keep-alive over 64
 //! connections (wrk), and gRPC unary calls over h2c, 16 connections × 16 streams (h2load).
-//! Interleaved rounds; each contender's best round is kept.
+//! Interleaved rounds; each figure is the median of the rounds, with their spread.
 
-use super::{best_round, cpu_ms_per_1000, grpc_request_body, interleaved, seconds, Bench, Cost};
+use super::{cpu_ms_per_1000, grpc_request_body, interleaved, seconds, summarize, Bench, Cost};
 use crate::load_tools::{self, HttpLoad};
 use crate::proxy_config::{Mode, Proxy};
 use crate::report::{Column, Table};
@@ -21,6 +21,7 @@ pub const CORES_NOTE: &str = "Core busy % is from /proc/stat and includes kernel
 fn columns(percentiles: bool) -> Vec<Column> {
     let mut c = vec![
         Column::new("req/s", "", 0).with_ratios(),
+        Column::new("req/s per proxy core", "", 0).with_peer_ratios(),
         Column::new("mean latency", "µs", 0),
     ];
     if percentiles {
@@ -30,7 +31,7 @@ fn columns(percentiles: bool) -> Vec<Column> {
     c.extend([
         Column::new("errors", "", 0),
         Column::new("proxy CPU", "cores", 2),
-        Column::new("proxy CPU / 1000 req", "ms", 1).with_envoy_ratio(),
+        Column::new("proxy CPU / 1000 req", "ms", 1).with_peer_ratios(),
         Column::new("proxy core busy", "%", 0),
         Column::new("load core busy", "%", 0),
     ]);
@@ -41,7 +42,7 @@ fn columns(percentiles: bool) -> Vec<Column> {
 pub fn rounds_note(bench: &Bench) -> String {
     let s = &bench.settings;
     format!(
-        "{} round(s) of {} per contender, interleaved across contenders; the best round is shown.",
+        "{} rounds of {} per contender, interleaved across contenders, each contender freshly started per round; every figure is the median of the rounds (min–max in brackets).",
         s.rounds,
         seconds(s.round)
     )
@@ -82,12 +83,7 @@ pub fn run(bench: &Bench) -> Vec<Table> {
         },
     );
     for (proxy, rounds) in results {
-        push(
-            &mut http1,
-            proxy,
-            best_round(rounds, |(load, _)| load.requests_per_second),
-            true,
-        );
+        push(&mut http1, proxy, rounds, true);
     }
 
     let mut grpc = Table::new(
@@ -122,12 +118,7 @@ pub fn run(bench: &Bench) -> Vec<Table> {
         },
     );
     for (proxy, rounds) in results {
-        push(
-            &mut grpc,
-            proxy,
-            best_round(rounds, |(load, _)| load.requests_per_second),
-            false,
-        );
+        push(&mut grpc, proxy, rounds, false);
     }
     vec![http1, grpc]
 }
@@ -147,39 +138,28 @@ fn one_run(
     Ok((result?, cost))
 }
 
-fn push(
-    table: &mut Table,
-    proxy: Proxy,
-    row: Result<(Measured, Option<String>), String>,
-    percentiles: bool,
-) {
-    match row {
+fn push(table: &mut Table, proxy: Proxy, rounds: Vec<Result<Measured, String>>, percentiles: bool) {
+    let (mut requests, mut errors) = (0, 0);
+    let per_round = rounds
+        .into_iter()
+        .map(|round| {
+            let (load, cost) = round?;
+            requests += load.requests + load.errors;
+            errors += load.errors;
+            Ok(values(&load, &cost, percentiles))
+        })
+        .collect();
+    match summarize(per_round) {
         Err(why) => table.push_missing(proxy.name(), why),
-        Ok(((load, cost), rounds_note)) => {
+        Ok((values, rounds_note)) => {
             eprintln!(
-                "  {}: {:.0} req/s, {} errors",
+                "  {}: {:.0} req/s (median), {errors} errors",
                 proxy.name(),
-                load.requests_per_second,
-                load.errors
+                values[0].map_or(f64::NAN, |f| f.median),
             );
-            let mut values = vec![Some(load.requests_per_second), load.mean_us];
-            if percentiles {
-                values.push(load.p50_us);
-                values.push(load.p99_us);
-            }
-            let per_1000 = cost
-                .cpu_seconds
-                .map(|c| cpu_ms_per_1000(c, load.requests + load.errors));
-            values.extend([
-                Some(load.errors as f64),
-                cost.proxy_cores(),
-                per_1000,
-                cost.proxy_core_busy.map(|b| b * 100.0),
-                cost.load_core_busy.map(|b| b * 100.0),
-            ]);
-            let total = load.requests + load.errors;
             let notes: Vec<String> = [
-                (load.errors > 0).then(|| format!("{} of {total} requests failed", load.errors)),
+                (errors > 0)
+                    .then(|| format!("{errors} of {requests} requests failed in all rounds")),
                 rounds_note,
             ]
             .into_iter()
@@ -192,4 +172,28 @@ fn push(
             );
         }
     }
+}
+
+/// One round's figures, in [`columns`] order.
+fn values(load: &HttpLoad, cost: &Cost, percentiles: bool) -> Vec<Option<f64>> {
+    let per_core = cost
+        .proxy_cores()
+        .filter(|cores| *cores > 0.0)
+        .map(|cores| load.requests_per_second / cores);
+    let mut values = vec![Some(load.requests_per_second), per_core, load.mean_us];
+    if percentiles {
+        values.push(load.p50_us);
+        values.push(load.p99_us);
+    }
+    let per_1000 = cost
+        .cpu_seconds
+        .map(|c| cpu_ms_per_1000(c, load.requests + load.errors));
+    values.extend([
+        Some(load.errors as f64),
+        cost.proxy_cores(),
+        per_1000,
+        cost.proxy_core_busy.map(|b| b * 100.0),
+        cost.load_core_busy.map(|b| b * 100.0),
+    ]);
+    values
 }

@@ -126,10 +126,11 @@ pub(super) fn listeners(state: &AdminState, req: &AdminRequest) -> Response<Body
 fn cluster_names(state: &AdminState) -> Vec<String> {
     let mut names = Vec::new();
     for l in &state.listeners {
-        let name = match l.route {
+        let name = match &l.route {
             Route::Capture(Direction::Outbound) => "PassthroughCluster".to_string(),
             Route::Capture(Direction::Inbound) => "InboundPassthroughCluster".to_string(),
-            Route::Fixed(upstream, _) => format!("outbound|{}||{}", upstream.port(), upstream.ip()),
+            Route::Fixed(l) if l.terminates_tls() => format!("inbound|{}||", l.upstream.port()),
+            Route::Fixed(l) => format!("outbound|{}||{}", l.upstream.port(), l.upstream.ip()),
         };
         if !names.contains(&name) {
             names.push(name);

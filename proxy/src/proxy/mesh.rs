@@ -25,36 +25,80 @@ use crate::tls::stream::Rewind;
 use crate::tls::{
     self, HandshakeFailure, Mesh, Peer, ALPN_H2, ALPN_HTTP10, ALPN_HTTP11, ALPN_PEER_EXCHANGE,
 };
-use remora_config::{MeshDestination, MtlsMode};
+use remora_config::{Cidr, ListenerTlsMode, MeshDestination, MtlsMode};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 /// Which mesh leg a connection takes.
 #[derive(Debug)]
 pub(super) enum Leg {
-    /// Inbound: terminate mesh TLS; `strict` refuses anything else.
-    Inbound { strict: bool },
+    /// Inbound: terminate mesh TLS.
+    Inbound(Inbound),
     /// Outbound to a declared mesh destination (boxed: the plaintext path's future holds
     /// room for this value).
     Outbound(Box<MeshDestination>),
 }
 
-/// The mesh leg of a connection, if it has one: only with a workload identity loaded.
-pub(super) fn leg(mesh: &Mesh, config: &Config, route: Route, dst: SocketAddr) -> Option<Leg> {
+/// How an inbound leg terminates.
+#[derive(Debug)]
+pub(super) struct Inbound {
+    /// Refuse anything but mesh TLS.
+    strict: bool,
+    /// An explicit listener that terminates: any TLS client is mesh traffic (not only one
+    /// offering Istio's ALPN values: nothing else is expected here), and its SPIFFE ID must be
+    /// one of the listener's `identities`.
+    listener: Option<Arc<ListenerConfig>>,
+}
+
+impl Inbound {
+    /// The SPIFFE IDs a client must carry one of; empty accepts any from the roots.
+    fn allowed_clients(&self) -> &[String] {
+        self.listener
+            .as_ref()
+            .and_then(|l| l.tls.as_ref())
+            .map_or(&[], |t| t.identities.as_slice())
+    }
+}
+
+/// The mesh leg of a connection, if it has one. Capture listeners have one only with a
+/// workload identity loaded; an explicit listener configured for mesh TLS always has one, so
+/// that without an identity it fails closed (refuses) rather than passing plaintext.
+pub(super) fn leg(mesh: &Mesh, config: &Config, route: &Route, dst: SocketAddr) -> Option<Leg> {
+    if let Route::Fixed(listener) = route {
+        let tls = listener.tls.as_ref()?;
+        return Some(match tls.mode {
+            ListenerTlsMode::Terminate => Leg::Inbound(Inbound {
+                strict: true,
+                listener: Some(Arc::clone(listener)),
+            }),
+            ListenerTlsMode::Originate => Leg::Outbound(Box::new(MeshDestination {
+                cidrs: vec![Cidr::from(dst.ip())],
+                ports: vec![dst.port()],
+                hostname: tls.hostname.clone(),
+                identities: tls.identities.clone(),
+            })),
+        });
+    }
     if !mesh.has_identity() {
         return None;
     }
+    let inbound = |strict| {
+        Leg::Inbound(Inbound {
+            strict,
+            listener: None,
+        })
+    };
     match route {
         Route::Capture(Direction::Inbound) => match config.mesh.mtls_mode {
-            MtlsMode::Permissive => Some(Leg::Inbound { strict: false }),
-            MtlsMode::Strict => Some(Leg::Inbound { strict: true }),
+            MtlsMode::Permissive => Some(inbound(false)),
+            MtlsMode::Strict => Some(inbound(true)),
             MtlsMode::Disable => None,
         },
         Route::Capture(Direction::Outbound) => config
             .mesh
             .destination(dst.ip(), dst.port())
             .map(|d| Leg::Outbound(Box::new(d.clone()))),
-        Route::Fixed(..) => None,
+        Route::Fixed(_) => None,
     }
 }
 
@@ -68,8 +112,8 @@ impl Proxy {
         leg: Leg,
     ) -> Outcome {
         match leg {
-            Leg::Inbound { strict } => {
-                self.inbound_mesh(config, downstream, hop, mode, strict)
+            Leg::Inbound(inbound) => {
+                self.inbound_mesh(config, downstream, hop, mode, &inbound)
                     .await
             }
             Leg::Outbound(dest) => {
@@ -85,8 +129,9 @@ impl Proxy {
         mut downstream: TcpStream,
         hop: Hop,
         mode: Mode,
-        strict: bool,
+        inbound: &Inbound,
     ) -> Outcome {
+        let strict = inbound.strict;
         let watch_server = !strict && mode != Mode::Http;
         let wait = match strict {
             true => detect::Wait {
@@ -100,9 +145,13 @@ impl Proxy {
             .await;
         let (prefix, upstream) = match detected {
             Detected::Tls(prefix, upstream) => match client_hello::parse(&prefix) {
-                Parsed::Complete(hello) if hello.offers_any(&tls::MESH_ALPNS) => {
+                Parsed::Complete(hello)
+                    if inbound.listener.is_some() || hello.offers_any(&tls::MESH_ALPNS) =>
+                {
+                    let clients = inbound.allowed_clients();
+                    let (hop, hello) = (Terminating { hop, mode, clients }, &hello);
                     return self
-                        .terminate(config, downstream, prefix, upstream, hop, mode, &hello)
+                        .terminate(config, downstream, prefix, upstream, hop, hello)
                         .await;
                 }
                 _ if strict => return self.refuse(&downstream, hop, "TLS without Istio's ALPN"),
@@ -148,17 +197,16 @@ impl Proxy {
 
     /// Terminate mesh TLS on a connection whose ClientHello is in `prefix`, then serve what it
     /// carries as plaintext would be served.
-    #[allow(clippy::too_many_arguments)]
     async fn terminate(
         self: &Arc<Self>,
         config: &Arc<Config>,
         downstream: TcpStream,
         prefix: BytesMut,
         upstream: Option<Result<Upstream, ConnectError>>,
-        hop: Hop,
-        mode: Mode,
+        t: Terminating<'_>,
         hello: &ClientHello,
     ) -> Outcome {
+        let hop = t.hop;
         let server = match self.mesh.server_config(&config.tls) {
             Some(Ok(server)) => server,
             Some(Err(e)) => {
@@ -166,7 +214,11 @@ impl Proxy {
                 reset(&downstream);
                 return refused(Some(hop.destination), End::TlsHandshakeFailed);
             }
-            None => return refused(Some(hop.destination), End::TlsHandshakeFailed),
+            None => {
+                tracing::warn!(peer = %hop.peer, "refused: no workload certificate to terminate mesh TLS with");
+                reset(&downstream);
+                return refused(Some(hop.destination), End::TlsHandshakeFailed);
+            }
         };
         let accepting =
             tokio_rustls::TlsAcceptor::from(server).accept(Rewind::new(prefix, downstream));
@@ -174,7 +226,7 @@ impl Proxy {
         let (failure, error) = match handshake {
             Ok(Ok(stream)) => {
                 return self
-                    .serve_terminated(config, Box::new(stream), upstream, hop, mode, hello)
+                    .serve_terminated(config, Box::new(stream), upstream, t, hello)
                     .await
             }
             Ok(Err(e)) => (HandshakeFailure::of(&e), e.to_string()),
@@ -196,16 +248,30 @@ impl Proxy {
         config: &Arc<Config>,
         mut stream: Box<tls::stream::ServerStream>,
         upstream: Option<Result<Upstream, ConnectError>>,
-        hop: Hop,
-        mode: Mode,
+        t: Terminating<'_>,
         hello: &ClientHello,
     ) -> Outcome {
+        let Terminating { hop, mode, clients } = t;
         let (_, session) = stream.get_ref();
         let chain = session.peer_certificates().unwrap_or_default();
         let Some(mut peer) = Peer::from_chain(chain, session.alpn_protocol()) else {
             // The verifier requires a certificate that parses; this is unreachable.
             return refused(Some(hop.destination), End::TlsHandshakeFailed);
         };
+        let allowed = |id: &crate::identity::SpiffeId| clients.iter().any(|c| c == id.as_str());
+        if !clients.is_empty() && !peer.spiffe_id.as_ref().is_some_and(allowed) {
+            // Checked once the handshake is done: the roots vouch for the certificate, the
+            // listener's `identities` for who may use it.
+            self.metrics
+                .tls
+                .handshake(hop.dir, HandshakeFailure::WrongSan.as_str());
+            tracing::warn!(
+                peer = %hop.peer, principal = %peer.principal(), expected = ?clients,
+                "refused: the client's SPIFFE ID is not one the listener accepts"
+            );
+            reset(stream.get_ref().0.inner());
+            return refused(Some(hop.destination), End::TlsHandshakeFailed);
+        }
         self.metrics.tls.handshake(hop.dir, "ok");
         tracing::debug!(peer = %hop.peer, principal = %peer.principal(), "inbound mesh TLS established");
         let mut unread = BytesMut::new();
@@ -336,7 +402,11 @@ impl Proxy {
                 reset(&downstream);
                 return refused(Some(hop.destination), End::ConnectFailed);
             }
-            None => return refused(Some(hop.destination), End::ConnectFailed),
+            None => {
+                tracing::warn!(destination = %hop.destination, "refused: no workload certificate to originate mesh TLS with");
+                reset(&downstream);
+                return refused(Some(hop.destination), End::ConnectFailed);
+            }
         };
         // The registration lives as long as the connection does.
         let (stream, _registration) = upstream.into_parts();
@@ -440,6 +510,15 @@ impl Proxy {
         };
         refused(Some(hop.destination), end)
     }
+}
+
+/// A connection whose mesh TLS is being terminated.
+#[derive(Clone, Copy)]
+pub(super) struct Terminating<'a> {
+    hop: Hop,
+    mode: Mode,
+    /// SPIFFE IDs the client must carry one of; empty accepts any from the roots.
+    clients: &'a [String],
 }
 
 /// Istio's SNI for a mesh destination, `outbound_.PORT_._.HOSTNAME`; without a hostname, none
