@@ -11,7 +11,6 @@
 //!   several sockets with different destinations: an application's connection can share a
 //!   local address with one of ours and must not be refused for it.
 
-use std::collections::HashSet;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -39,7 +38,7 @@ impl Guard {
 pub struct LoopGuard {
     own_ports: Vec<u16>,
     // A plain mutex: held for one hash operation, never across an await.
-    upstreams: Mutex<HashSet<(SocketAddr, SocketAddr)>>,
+    upstreams: Mutex<foldhash::HashSet<(SocketAddr, SocketAddr)>>,
 }
 
 impl LoopGuard {
@@ -47,7 +46,7 @@ impl LoopGuard {
     pub fn new(own_ports: Vec<u16>) -> Arc<Self> {
         Arc::new(LoopGuard {
             own_ports,
-            upstreams: Mutex::new(HashSet::new()),
+            upstreams: Mutex::default(),
         })
     }
 
