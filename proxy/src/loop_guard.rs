@@ -58,20 +58,32 @@ impl LoopGuard {
         self.check_destination(orig_dst)
     }
 
-    /// Whether proxying to `dst` would connect to one of our own listeners. The only check for
-    /// an explicit listener's connections: they arrived at our listener, not captured on their
-    /// way somewhere, so they cannot be one of our upstream connections coming back, and
-    /// comparing the client's address with our upstreams' would refuse every local client
-    /// that happens to get the same ephemeral port as one of them (Linux gives one port to
-    /// sockets with different destinations; with thousands of connections open, that is a
-    /// large share of them).
-    pub fn check_destination(&self, dst: SocketAddr) -> Option<Guard> {
+    /// Which guard, if any, refuses a connection from `peer` to an explicit listener at
+    /// `dialled` whose upstream is `upstream`. It loops only when its upstream is the listener
+    /// itself (the peer is then one of our upstream sockets, and what it dialled is this
+    /// listener) or one of our capture ports. The client's address alone is no key: Linux gives
+    /// one ephemeral port to sockets with different destinations, so with thousands of
+    /// connections open many clients share a port with one of our upstream sockets.
+    pub fn check_explicit(
+        &self,
+        peer: SocketAddr,
+        dialled: Option<SocketAddr>,
+        upstream: SocketAddr,
+    ) -> Option<Guard> {
+        dialled
+            .filter(|d| self.is_own_upstream(peer, *d))
+            .map(|_| Guard::OwnUpstream)
+            .or_else(|| self.check_destination(upstream))
+    }
+
+    /// Whether proxying to `dst` would connect to one of our own capture listeners.
+    fn check_destination(&self, dst: SocketAddr) -> Option<Guard> {
         (self.own_ports.contains(&dst.port()) && is_local_address(dst.ip()))
             .then_some(Guard::OwnListener)
     }
 
     /// Whether `peer` → `orig_dst` is one of our own upstream connections, accepted by us.
-    pub fn is_own_upstream(&self, peer: SocketAddr, orig_dst: SocketAddr) -> bool {
+    fn is_own_upstream(&self, peer: SocketAddr, orig_dst: SocketAddr) -> bool {
         self.upstreams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -129,6 +141,30 @@ fn is_local_address(ip: IpAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_explicit_listener_refuses_only_its_own_upstream_coming_back() {
+        let guard = LoopGuard::new(vec![15001]);
+        let upstream: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let listener: SocketAddr = "127.0.0.1:9000".parse().unwrap();
+        let ours: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let _registration = guard.register(ours, upstream);
+        // A client that happens to use the port of our upstream socket to the same upstream.
+        let dialled = Some(listener);
+        assert_eq!(guard.check_explicit(ours, dialled, upstream), None);
+        // Our upstream socket dialled this listener: its upstream is itself.
+        let _back = guard.register(ours, listener);
+        assert_eq!(
+            guard.check_explicit(ours, dialled, listener),
+            Some(Guard::OwnUpstream)
+        );
+        // An upstream that is one of our capture ports.
+        let capture: SocketAddr = "127.0.0.1:15001".parse().unwrap();
+        assert_eq!(
+            guard.check_explicit(listener, dialled, capture),
+            Some(Guard::OwnListener)
+        );
+    }
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()

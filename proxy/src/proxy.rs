@@ -144,7 +144,7 @@ impl Proxy {
             Route::Capture(_) => self.loop_guard.check(peer, destination),
             Route::Fixed(_) => {
                 let dialled = downstream.local_addr().ok();
-                fixed_listener_loop(&self.loop_guard, peer, dialled, destination)
+                self.loop_guard.check_explicit(peer, dialled, destination)
             }
         };
         if let Some(guard) = guard {
@@ -488,23 +488,6 @@ impl Outcome {
         self.istio = istio;
         self
     }
-}
-
-/// Whether a connection to an explicit listener is one of our own coming back. It loops only
-/// when its upstream is the listener itself (the peer is then one of our upstream sockets, and
-/// what it dialled is this listener) or one of our capture ports. The client's address alone
-/// is no key: Linux gives one ephemeral port to sockets with different destinations, so a
-/// client may share its port with one of our upstream sockets to the same upstream.
-fn fixed_listener_loop(
-    guard: &LoopGuard,
-    peer: SocketAddr,
-    dialled: Option<SocketAddr>,
-    upstream: SocketAddr,
-) -> Option<Guard> {
-    dialled
-        .filter(|d| guard.is_own_upstream(peer, *d))
-        .map(|_| Guard::OwnUpstream)
-        .or_else(|| guard.check_destination(upstream))
 }
 
 fn refused(destination: Option<SocketAddr>, end: End) -> Outcome {

@@ -1,30 +1,6 @@
 use super::*;
 use crate::metrics::Metrics;
 
-#[test]
-fn an_explicit_listener_refuses_only_its_own_upstream_coming_back() {
-    let guard = LoopGuard::new(vec![15001]);
-    let upstream: SocketAddr = "127.0.0.1:8080".parse().unwrap();
-    let listener: SocketAddr = "127.0.0.1:9000".parse().unwrap();
-    let ours: SocketAddr = "127.0.0.1:40000".parse().unwrap();
-    let _registration = guard.register(ours, upstream);
-    // A client that happens to use the port of our upstream socket to the same upstream.
-    let dialled = Some(listener);
-    assert_eq!(fixed_listener_loop(&guard, ours, dialled, upstream), None);
-    // Our upstream socket dialled this listener: its upstream is itself.
-    let _back = guard.register(ours, listener);
-    assert_eq!(
-        fixed_listener_loop(&guard, ours, dialled, listener),
-        Some(Guard::OwnUpstream)
-    );
-    // An upstream that is one of our capture ports.
-    let capture: SocketAddr = "127.0.0.1:15001".parse().unwrap();
-    assert_eq!(
-        fixed_listener_loop(&guard, listener, dialled, capture),
-        Some(Guard::OwnListener)
-    );
-}
-
 /// Every open connection holds one of these futures; its size is memory per connection
 /// before any buffer is allocated. Raise the bound only knowingly.
 #[tokio::test]
