@@ -229,6 +229,11 @@ pub struct HttpConfig {
     /// First back-off between attempts; it doubles per retry, with jitter (Envoy's 25 ms).
     #[serde(with = "humantime_serde")]
     pub retry_backoff: Duration,
+    /// Serve plain HTTP/1.1 requests with Remora's own exchange (one task, no buffers while
+    /// idle) and hand anything else (upgrades, chunked or large request bodies, HTTP/1.0,
+    /// malformed or slow heads) to the general HTTP server. `false` sends every connection
+    /// through the general server.
+    pub fast_path: bool,
 }
 
 impl Default for HttpConfig {
@@ -245,6 +250,7 @@ impl Default for HttpConfig {
             retries: 2,
             retry_buffer_bytes: 64 * 1024,
             retry_backoff: Duration::from_millis(25),
+            fast_path: true,
         }
     }
 }

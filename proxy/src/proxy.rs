@@ -35,6 +35,8 @@ pub struct Proxy {
     pub access_log: AccessLog,
     /// Idle upstream HTTP connections, shared by every downstream connection.
     pub pool: Arc<Pool>,
+    /// Idle upstream HTTP/1.1 sockets of the fast path, shared likewise.
+    pub h1_pool: Arc<Pool<crate::connect::Upstream>>,
     /// The workload identity and mesh TLS configs; without an identity, no mesh TLS.
     pub mesh: Arc<crate::tls::Mesh>,
     /// Istio authorization policies in force for inbound traffic.
@@ -164,7 +166,10 @@ impl Proxy {
 
         let (source, timeout) = upstream_settings(config, route, peer, destination);
         let mut mode = mode(config, route, destination);
-        if mode == Mode::Auto && self.pool.speaks_http(destination, source) {
+        if mode == Mode::Auto
+            && (self.pool.speaks_http(destination, source)
+                || self.h1_pool.speaks_http(destination, source))
+        {
             // A pooled HTTP connection to it exists: no need to dial early or to watch for a
             // server that speaks first, and no new upstream connection per client connection.
             mode = Mode::Http;

@@ -101,6 +101,15 @@ impl RequestFraming {
         }
     }
 
+    /// A connection on which `served` requests were served already (by the fast path): the
+    /// next head is at position `served + 1`.
+    pub fn after(served: u64) -> Self {
+        RequestFraming {
+            heads: served,
+            ..RequestFraming::new()
+        }
+    }
+
     /// A connection whose bytes are not HTTP/1.x requests (HTTP/2): nothing is inspected.
     pub fn stopped() -> Self {
         RequestFraming {

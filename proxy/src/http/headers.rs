@@ -141,6 +141,12 @@ fn has_token(value: &HeaderValue, token: &[u8]) -> bool {
 
 /// A random (version 4) UUID, the shape Envoy gives `x-request-id`.
 fn request_id() -> HeaderValue {
+    // Hex digits and dashes are always a valid header value.
+    HeaderValue::from_bytes(&request_id_bytes()).unwrap_or_else(|_| HeaderValue::from_static("-"))
+}
+
+/// A random (version 4) UUID as text.
+pub fn request_id_bytes() -> [u8; 36] {
     let (hi, lo) = (fastrand::u64(..), fastrand::u64(..));
     let hi = (hi & 0xffff_ffff_ffff_0fff) | 0x0000_0000_0000_4000;
     let lo = (lo & 0x3fff_ffff_ffff_ffff) | 0x8000_0000_0000_0000;
@@ -161,8 +167,7 @@ fn request_id() -> HeaderValue {
         out[i + 1] = hex[usize::from(byte & 0xf)];
         i += 2;
     }
-    // Hex digits and dashes are always a valid header value.
-    HeaderValue::from_bytes(&out).unwrap_or_else(|_| HeaderValue::from_static("-"))
+    out
 }
 
 /// The deadline a gRPC client set (`grpc-timeout: 100m`), per the gRPC-over-HTTP/2 spec.

@@ -51,16 +51,18 @@ pub struct DownstreamIo {
 impl DownstreamIo {
     /// `prefix` is replayed before anything is read from `stream`; `http1` turns on the
     /// inspection of request heads.
+    /// Requests the connection started before (on the fast path) count in head positions.
     pub fn new(prefix: BytesMut, stream: Downstream, ctx: Arc<ConnContext>, http1: bool) -> Self {
+        let framing = if http1 {
+            RequestFraming::after(ctx.started.load(std::sync::atomic::Ordering::Relaxed))
+        } else {
+            RequestFraming::stopped()
+        };
         DownstreamIo {
             prefix,
             stream,
             ctx,
-            framing: if http1 {
-                RequestFraming::new()
-            } else {
-                RequestFraming::stopped()
-            },
+            framing,
             head_deadline: None,
             head_timer_armed: false,
             write_blocked: false,

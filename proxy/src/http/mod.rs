@@ -16,6 +16,7 @@ pub mod counting;
 pub mod errors;
 pub mod forward;
 pub mod framing;
+pub mod h1;
 pub mod headers;
 pub mod io;
 pub mod pool;
@@ -74,6 +75,33 @@ pub struct ConnContext {
 }
 
 impl ConnContext {
+    /// A plaintext outbound HTTP/1.1 connection from `peer` to `destination` (tests).
+    #[cfg(test)]
+    pub fn for_tests(proxy: Arc<Proxy>, destination: SocketAddr, peer: SocketAddr) -> Self {
+        let config = proxy.config.load_full();
+        ConnContext {
+            proxy,
+            config,
+            direction: Direction::Outbound,
+            peer,
+            key: pool::Key {
+                destination,
+                source: None,
+                version: HttpVersion::Http1,
+            },
+            connect_timeout: Duration::from_secs(1),
+            mesh_peer: None,
+            sni: None,
+            in_flight: AtomicUsize::new(0),
+            started: AtomicU64::new(0),
+            smuggled_head: AtomicU64::new(0),
+            bytes_in: AtomicU64::new(0),
+            bytes_out: AtomicU64::new(0),
+            served: AtomicU64::new(0),
+            closing: AtomicBool::new(false),
+        }
+    }
+
     /// Count a request in; returns its position on the connection (from 1).
     fn request_started(&self) -> u64 {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -115,6 +143,14 @@ impl ConnContext {
 
     fn count_sent(&self, n: usize) {
         self.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// The bytes the connection carried so far.
+    fn transfer(&self) -> Transfer {
+        Transfer {
+            sent: self.bytes_in.load(Ordering::Relaxed),
+            received: self.bytes_out.load(Ordering::Relaxed),
+        }
     }
 
     fn activity(&self) -> u64 {
@@ -162,26 +198,19 @@ pub struct Connection {
 }
 
 /// Serve HTTP on a detected connection until it closes; how it ended and the bytes it carried
-/// (to upstream: read from the client; from upstream: written to it).
+/// (to upstream: read from the client; from upstream: written to it). Plain HTTP/1.1 starts on
+/// the fast path ([`h1`]); hyper serves everything else, and what the fast path hands over.
 pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (End, Transfer) {
     let key = pool::Key {
         destination: c.destination,
         source: c.source,
         version: c.version,
     };
-    if let Some(up) = c.early {
-        // Boxed, like the HTTP/2 arm below: the connection's future holds the largest of its
-        // states for its whole life, and an idle HTTP/1.1 connection should not pay for these.
-        match Box::pin(pool::handshake(up, c.version)).await {
-            Ok(sender) => proxy.pool.checkin(
-                key,
-                sender,
-                config.http.pool_idle_timeout,
-                config.http.pool_max_idle_per_upstream,
-            ),
-            Err(e) => {
-                tracing::debug!(error = %e, destination = %c.destination, "early upstream connection unusable")
-            }
+    let fast = c.version == HttpVersion::Http1 && config.http.fast_path && c.mesh_peer.is_none();
+    let mut early = c.early;
+    if !fast {
+        if let Some(up) = early.take() {
+            Box::pin(pool_early(&proxy, &config, key, up)).await;
         }
     }
     let mesh_peer = c.mesh_peer.and_then(|peer| {
@@ -209,21 +238,80 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         served: AtomicU64::new(0),
         closing: AtomicBool::new(false),
     });
+    let (downstream, prefix) = match c.downstream {
+        crate::tls::stream::Downstream::Plain(mut stream) if fast => {
+            match h1::serve(&ctx, &mut stream, c.prefix, early).await {
+                h1::Served::Ended(result) => {
+                    let end = match result {
+                        Ok(()) => End::Closed,
+                        Err(e) => {
+                            tracing::debug!(peer = %ctx.peer, error = %e, "HTTP connection ended with an error");
+                            End::DownstreamReset
+                        }
+                    };
+                    return (end, ctx.transfer());
+                }
+                h1::Served::HandOff { prefix, early } => {
+                    tracing::trace!(peer = %ctx.peer, "HTTP/1.1 connection handed to the general server");
+                    if let Some(up) = early {
+                        Box::pin(pool_early(&ctx.proxy, &ctx.config, key, up)).await;
+                    }
+                    (crate::tls::stream::Downstream::Plain(stream), prefix)
+                }
+            }
+        }
+        other => (other, c.prefix),
+    };
+    // Boxed: a connection the fast path serves should not carry room for hyper's state.
+    let result = Box::pin(serve_hyper(&ctx, downstream, prefix)).await;
+    let transfer = ctx.transfer();
+    match result {
+        Ok(()) => (End::Closed, transfer),
+        Err(e) => {
+            tracing::debug!(peer = %ctx.peer, error = %e, "HTTP connection ended with an error");
+            forward::record_refused_head(&ctx, &e);
+            (End::DownstreamReset, transfer)
+        }
+    }
+}
+
+/// Pool the upstream connection detection opened, for hyper's client.
+async fn pool_early(proxy: &Arc<Proxy>, config: &Config, key: pool::Key, up: Upstream) {
+    match pool::handshake(up, key.version).await {
+        Ok(sender) => proxy.pool.checkin(
+            key,
+            sender,
+            config.http.pool_idle_timeout,
+            config.http.pool_max_idle_per_upstream,
+        ),
+        Err(e) => {
+            tracing::debug!(error = %e, destination = %key.destination, "early upstream connection unusable")
+        }
+    }
+}
+
+/// Serve the connection with hyper's server until it ends.
+async fn serve_hyper(
+    ctx: &Arc<ConnContext>,
+    downstream: crate::tls::stream::Downstream,
+    prefix: BytesMut,
+) -> Result<(), hyper::Error> {
+    let version = ctx.key.version;
     let io = TokioIo::new(io::DownstreamIo::new(
-        c.prefix,
-        c.downstream,
-        Arc::clone(&ctx),
-        c.version == HttpVersion::Http1,
+        prefix,
+        downstream,
+        Arc::clone(ctx),
+        version == HttpVersion::Http1,
     ));
     let service = {
-        let ctx = Arc::clone(&ctx);
+        let ctx = Arc::clone(ctx);
         // Boxed: hyper's HTTP/1.1 server allocates room for one service future per connection
         // up front and keeps it while the connection idles; a request's state (several KiB)
         // should cost memory only while the request runs.
         service_fn(move |req| Box::pin(forward::handle(Arc::clone(&ctx), req)))
     };
     let http = &ctx.config.http;
-    let result = match c.version {
+    match version {
         // Each connection is built inside the call that drives it: a builder or a connection
         // held in a local would keep its own room in this future for the connection's life.
         HttpVersion::Http1 => {
@@ -241,7 +329,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
                 }
                 builder.serve_connection(io, service).with_upgrades()
             };
-            drive(conn(io, service), &ctx, |c| c.graceful_shutdown()).await
+            drive(conn(io, service), ctx, |c| c.graceful_shutdown()).await
         }
         HttpVersion::Http2 => {
             let conn = http2::Builder::new(TokioExecutor::new())
@@ -249,19 +337,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
                 .max_concurrent_streams(http.max_concurrent_streams)
                 .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX))
                 .serve_connection(io, service);
-            Box::pin(drive(conn, &ctx, |c| c.graceful_shutdown())).await
-        }
-    };
-    let transfer = Transfer {
-        sent: ctx.bytes_in.load(Ordering::Relaxed),
-        received: ctx.bytes_out.load(Ordering::Relaxed),
-    };
-    match result {
-        Ok(()) => (End::Closed, transfer),
-        Err(e) => {
-            tracing::debug!(peer = %ctx.peer, error = %e, "HTTP connection ended with an error");
-            forward::record_refused_head(&ctx, &e);
-            (End::DownstreamReset, transfer)
+            drive(conn, ctx, |c| c.graceful_shutdown()).await
         }
     }
 }

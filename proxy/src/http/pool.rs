@@ -5,6 +5,9 @@
 //! carry one request at a time: a request takes one out and the end of its response body puts
 //! it back. An HTTP/2 connection is shared by every request to its destination.
 //!
+//! The same pool holds the raw sockets of Remora's own HTTP/1.1 exchange ([`super::h1`]),
+//! in a pool of their own: [`Pooled`] is what the pool needs of either kind.
+//!
 //! Idle connections are bounded in number (`http.pool_max_idle_per_upstream`) and in time
 //! (`http.pool_idle_timeout`), unlike Envoy's unbounded pool with its one-hour idle timeout:
 //! servers close idle keep-alive connections on timers of their own, and a request sent on a
@@ -38,34 +41,59 @@ pub enum Sender {
     Http2(http2::SendRequest<UpstreamBody>),
 }
 
-impl Sender {
+/// What the pool needs of a connection it keeps.
+pub trait Pooled: Sized + Send + 'static {
+    /// Whether the connection is known to be closed (by the server, or an error).
+    fn is_closed(&self) -> bool;
+    /// Another handle on a connection that serves several requests at once (HTTP/2), when it
+    /// can take one more now; `None` for connections that carry one request at a time.
+    fn share(&mut self) -> Option<Self>;
+}
+
+impl Pooled for Sender {
     fn is_closed(&self) -> bool {
         match self {
             Sender::Http1(s) => s.is_closed(),
             Sender::Http2(s) => s.is_closed(),
         }
     }
+
+    fn share(&mut self) -> Option<Self> {
+        match self {
+            Sender::Http2(s) if s.is_ready() => Some(Sender::Http2(s.clone())),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug)]
-struct Idle {
-    sender: Sender,
+struct Idle<C> {
+    sender: C,
     expires: Instant,
 }
 
 /// Every idle upstream HTTP connection.
-#[derive(Debug, Default)]
-pub struct Pool {
+#[derive(Debug)]
+pub struct Pool<C = Sender> {
     // A plain mutex, held for one map operation and never across an await.
     // foldhash: every request looks its key up twice, and SipHash was a visible share of it.
-    idle: Mutex<foldhash::HashMap<Key, Vec<Idle>>>,
+    idle: Mutex<foldhash::HashMap<Key, Vec<Idle<C>>>>,
     reaper_started: AtomicBool,
 }
 
-impl Pool {
+impl<C> Default for Pool<C> {
+    fn default() -> Self {
+        Pool {
+            idle: Mutex::default(),
+            reaper_started: AtomicBool::new(false),
+        }
+    }
+}
+
+impl<C: Pooled> Pool<C> {
     /// A connection to `key`'s destination, if one is idle (HTTP/1.1) or shared (HTTP/2).
     /// A shared HTTP/2 connection's idle clock restarts with each request it is given.
-    pub fn checkout(&self, key: &Key, now: Instant, idle_timeout: Duration) -> Option<Sender> {
+    pub fn checkout(&self, key: &Key, now: Instant, idle_timeout: Duration) -> Option<C> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let list = idle.get_mut(key)?;
         let found = match key.version {
@@ -78,16 +106,11 @@ impl Pool {
             },
             HttpVersion::Http2 => {
                 list.retain(|e| !e.sender.is_closed());
-                match list.first_mut() {
-                    Some(Idle {
-                        sender: Sender::Http2(s),
-                        expires,
-                    }) if s.is_ready() => {
-                        *expires = now + idle_timeout;
-                        Some(Sender::Http2(s.clone()))
-                    }
-                    _ => None,
-                }
+                list.first_mut().and_then(|e| {
+                    let shared = e.sender.share()?;
+                    e.expires = now + idle_timeout;
+                    Some(shared)
+                })
             }
         };
         if list.is_empty() {
@@ -98,13 +121,7 @@ impl Pool {
 
     /// Keep `sender` for the next request to `key`, for at most `idle_timeout`, unless
     /// `max_idle` connections to it are idle already.
-    pub fn checkin(
-        self: &Arc<Self>,
-        key: Key,
-        sender: Sender,
-        idle_timeout: Duration,
-        max_idle: usize,
-    ) {
+    pub fn checkin(self: &Arc<Self>, key: Key, sender: C, idle_timeout: Duration, max_idle: usize) {
         if sender.is_closed() || max_idle == 0 {
             tracing::debug!(?key, closed = sender.is_closed(), "not pooled");
             return;
@@ -141,7 +158,7 @@ impl Pool {
 
     /// Drop every expired or closed idle connection.
     fn reap_now(&self, now: Instant) {
-        let expired: Vec<Idle> = {
+        let expired: Vec<Idle<C>> = {
             let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
             let mut expired = Vec::new();
             idle.retain(|_, list| {
@@ -187,7 +204,7 @@ impl Pool {
 }
 
 /// Ends when the pool is dropped.
-async fn reap(pool: Weak<Pool>) {
+async fn reap<C: Pooled>(pool: Weak<Pool<C>>) {
     let mut tick = tokio::time::interval(REAP_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -1,0 +1,387 @@
+//! HTTP/1.1 heads as the fast path sees them: parsed in place with `httparse`, judged (is this a
+//! plain request the fast path serves, or one for hyper?), and written for the next hop by
+//! copying the received bytes minus the hop-by-hop lines plus the mesh's own headers. Nothing
+//! here allocates for a head that needs no rewriting beyond the additions.
+
+use memchr::memchr;
+
+/// Request headers looked at, at most: more goes to hyper, which answers 431 past
+/// `http.max_headers`.
+pub const MAX_REQUEST_HEADERS: usize = 100;
+/// Response headers accepted, as hyper's client accepts (100); more is a protocol error.
+pub const MAX_RESPONSE_HEADERS: usize = 100;
+/// Largest response head: hyper's client buffers up to about 400 KiB before giving up.
+pub const MAX_RESPONSE_HEAD: usize = 400 * 1024;
+
+/// What the request's side of the proxy needs to know to judge a head.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+    /// Inbound: a client's `x-forwarded-client-cert` is dropped (plaintext cannot vouch for it).
+    pub drop_client_cert: bool,
+    /// Retries are on: the client's `x-envoy-attempt-count` is replaced by ours.
+    pub drop_attempt_count: bool,
+}
+
+/// A byte range of the buffer: a header line, end of line included.
+type Span = (usize, usize);
+
+/// A request head the fast path serves. Borrowed values point into the read buffer.
+#[derive(Debug)]
+pub struct RequestHead<'a> {
+    /// Bytes of the head, blank line included.
+    pub len: usize,
+    pub method: &'a [u8],
+    pub target: &'a str,
+    pub content_length: u64,
+    /// The client asked to close after this request.
+    pub close: bool,
+    pub host: Option<&'a [u8]>,
+    pub user_agent: Option<&'a [u8]>,
+    pub request_id: Option<&'a [u8]>,
+    pub forwarded_for: Option<&'a [u8]>,
+    pub forwarded_proto: bool,
+    /// Lines not forwarded, in order.
+    dropped: [Span; 4],
+    n_dropped: usize,
+}
+
+impl RequestHead<'_> {
+    /// Whether the method has no response body whatever the response's framing says.
+    pub fn is_head(&self) -> bool {
+        self.method == b"HEAD"
+    }
+
+    /// Whether sending it again is harmless (RFC 9110 §9.2.2), for a request without a body.
+    pub fn idempotent(&self) -> bool {
+        self.content_length == 0 && matches!(self.method, b"GET" | b"HEAD" | b"OPTIONS" | b"TRACE")
+    }
+
+    /// The head for the upstream: received lines minus dropped ones, then `extra` header lines,
+    /// then the blank line.
+    pub fn write_upstream(&self, buf: &[u8], extra: &[&[u8]], out: &mut Vec<u8>) {
+        copy_without(buf, self.len, &self.dropped[..self.n_dropped], out);
+        for e in extra {
+            out.extend_from_slice(e);
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Parse a request head at the start of `buf`; `None` when the fast path does not serve it
+/// (not all here yet, malformed, or a shape hyper handles): the connection goes to hyper.
+pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'a>> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_REQUEST_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        _ => return None,
+    };
+    if req.version != Some(1)
+        || len > limits.max_header_bytes
+        || req.headers.len() > limits.max_headers
+        || !ends_with_crlf(buf, len)
+    {
+        return None;
+    }
+    let target = req.path?;
+    // Origin form only: CONNECT, `*` and absolute forms are hyper's.
+    if !target.starts_with('/') {
+        return None;
+    }
+    let mut head = RequestHead {
+        len,
+        method: req.method?.as_bytes(),
+        target,
+        content_length: 0,
+        close: false,
+        host: None,
+        user_agent: None,
+        request_id: None,
+        forwarded_for: None,
+        forwarded_proto: false,
+        dropped: [(0, 0); 4],
+        n_dropped: 0,
+    };
+    let mut content_length = None;
+    for h in req.headers.iter() {
+        let name = h.name.as_bytes();
+        let value = h.value;
+        let drop = match name.len() {
+            4 if name.eq_ignore_ascii_case(b"host") => {
+                head.host = Some(value);
+                false
+            }
+            10 if name.eq_ignore_ascii_case(b"user-agent") => {
+                head.user_agent = Some(value);
+                false
+            }
+            10 if name.eq_ignore_ascii_case(b"connection") => {
+                for token in tokens(value) {
+                    if token.eq_ignore_ascii_case(b"close") {
+                        head.close = true;
+                    } else if !token.eq_ignore_ascii_case(b"keep-alive") {
+                        // It names other headers, or asks for an upgrade.
+                        return None;
+                    }
+                }
+                true
+            }
+            12 if name.eq_ignore_ascii_case(b"x-request-id") => {
+                head.request_id = Some(value);
+                false
+            }
+            12 if name.eq_ignore_ascii_case(b"content-type") => {
+                // gRPC over HTTP/1.1 counts messages: the general path does.
+                if value.starts_with(b"application/grpc") {
+                    return None;
+                }
+                false
+            }
+            14 if name.eq_ignore_ascii_case(b"content-length") => {
+                if content_length.is_some() {
+                    return None;
+                }
+                content_length = Some(parse_length(value)?);
+                false
+            }
+            15 if name.eq_ignore_ascii_case(b"x-forwarded-for") => {
+                head.forwarded_for = Some(value);
+                false
+            }
+            17 if name.eq_ignore_ascii_case(b"x-forwarded-proto") => {
+                head.forwarded_proto = true;
+                false
+            }
+            21 if name.eq_ignore_ascii_case(b"x-envoy-attempt-count") => limits.drop_attempt_count,
+            23 if name.eq_ignore_ascii_case(b"x-forwarded-client-cert") => limits.drop_client_cert,
+            _ if is_handed_off(name) => return None,
+            _ => false,
+        };
+        if drop {
+            if head.n_dropped == head.dropped.len() {
+                return None;
+            }
+            head.dropped[head.n_dropped] = line_span(buf, name)?;
+            head.n_dropped += 1;
+        }
+    }
+    head.content_length = content_length.unwrap_or(0);
+    Some(head)
+}
+
+/// Request headers whose meaning the fast path leaves to hyper: other framings, upgrades,
+/// `Expect: 100-continue`, and hop-by-hop headers it would have to strip.
+fn is_handed_off(name: &[u8]) -> bool {
+    const NAMES: [&[u8]; 7] = [
+        b"transfer-encoding",
+        b"upgrade",
+        b"expect",
+        b"te",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+    ];
+    NAMES.iter().any(|n| name.eq_ignore_ascii_case(n))
+}
+
+/// How a response body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body (HEAD, 204, 304).
+    None,
+    Length(u64),
+    Chunked,
+    /// Read until the upstream closes; the client's connection closes after it too.
+    Close,
+}
+
+/// A response head from the upstream.
+#[derive(Debug)]
+pub struct ResponseHead {
+    pub len: usize,
+    pub status: u16,
+    pub framing: Framing,
+    /// The upstream will close the connection after this response (or is HTTP/1.0).
+    pub close: bool,
+    /// The upstream spoke HTTP/1.0: the client is answered in HTTP/1.1.
+    http10: bool,
+    dropped: Vec<Span>,
+}
+
+/// Why a response cannot be forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("malformed upstream response head")]
+pub struct BadResponse;
+
+impl ResponseHead {
+    /// Whether it is an interim (1xx) response, to skip: 101 is not one (no upgrade was asked).
+    pub fn interim(&self) -> bool {
+        (100..200).contains(&self.status) && self.status != 101
+    }
+
+    /// The head for the client: received lines minus hop-by-hop ones, `Connection: close`
+    /// when `close`, then the blank line.
+    pub fn write_downstream(&self, buf: &[u8], close: bool, out: &mut Vec<u8>) {
+        let mut from = 0;
+        if self.http10 {
+            out.extend_from_slice(b"HTTP/1.1");
+            from = b"HTTP/1.0".len();
+        }
+        copy_without_from(buf, from, self.len, &self.dropped, out);
+        if close {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Parse a response head at the start of `buf`: `Ok(None)` when more bytes are needed.
+/// `head_request` says the request was HEAD (no body follows whatever the head says).
+pub fn parse_response(buf: &[u8], head_request: bool) -> Result<Option<ResponseHead>, BadResponse> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+    let mut res = httparse::Response::new(&mut headers);
+    let len = match res.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() < MAX_RESPONSE_HEAD => return Ok(None),
+        _ => return Err(BadResponse),
+    };
+    if !ends_with_crlf(buf, len) {
+        return Err(BadResponse);
+    }
+    let status = res.code.ok_or(BadResponse)?;
+    let http10 = res.version == Some(0);
+    let mut content_length: Option<u64> = None;
+    let mut chunked = false;
+    let mut other_coding = false;
+    let mut close = http10;
+    let mut nominated: Vec<&[u8]> = Vec::new();
+    let mut any_hop_by_hop = false;
+    for h in res.headers.iter() {
+        let name = h.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            let n = parse_length(h.value).ok_or(BadResponse)?;
+            if content_length.is_some_and(|m| m != n) {
+                return Err(BadResponse);
+            }
+            content_length = Some(n);
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            // The last coding frames the body (RFC 9112 §6.3).
+            let last = tokens(h.value).last().unwrap_or_default();
+            chunked = last.eq_ignore_ascii_case(b"chunked");
+            other_coding = !chunked;
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            any_hop_by_hop = true;
+            for token in tokens(h.value) {
+                if token.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") && http10 {
+                    close = false;
+                } else if !token.eq_ignore_ascii_case(b"keep-alive") {
+                    nominated.push(token);
+                }
+            }
+        } else if is_hop_by_hop_response(name) {
+            any_hop_by_hop = true;
+        }
+    }
+    let no_body = head_request || status == 204 || status == 304 || (100..200).contains(&status);
+    let framing = if no_body {
+        Framing::None
+    } else if chunked {
+        Framing::Chunked
+    } else if other_coding {
+        Framing::Close
+    } else {
+        match content_length {
+            Some(n) => Framing::Length(n),
+            None => Framing::Close,
+        }
+    };
+    let mut dropped = Vec::new();
+    // A length beside chunked is dropped, as RFC 9112 §6.3 tells a proxy to.
+    let drop_length = chunked && content_length.is_some();
+    if any_hop_by_hop || drop_length {
+        for h in res.headers.iter() {
+            let name = h.name.as_bytes();
+            let drop = name.eq_ignore_ascii_case(b"connection")
+                || is_hop_by_hop_response(name)
+                || (drop_length && name.eq_ignore_ascii_case(b"content-length"))
+                || nominated.iter().any(|n| name.eq_ignore_ascii_case(n));
+            if drop {
+                dropped.push(line_span(buf, name).ok_or(BadResponse)?);
+            }
+        }
+    }
+    Ok(Some(ResponseHead {
+        len,
+        status,
+        framing,
+        close,
+        http10,
+        dropped,
+    }))
+}
+
+/// Hop-by-hop response headers besides `Connection` (Transfer-Encoding stays: the body is
+/// passed on in the framing it came in).
+fn is_hop_by_hop_response(name: &[u8]) -> bool {
+    const NAMES: [&[u8]; 5] = [
+        b"keep-alive",
+        b"proxy-connection",
+        b"upgrade",
+        b"te",
+        b"proxy-authenticate",
+    ];
+    NAMES.iter().any(|n| name.eq_ignore_ascii_case(n))
+}
+
+/// The comma-separated tokens of a header value, trimmed, empty ones skipped.
+fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|b| *b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+}
+
+/// A Content-Length value: digits only, at most 19 of them.
+fn parse_length(value: &[u8]) -> Option<u64> {
+    let value = value.trim_ascii();
+    if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(value.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
+}
+
+/// The line `name` (a slice of `buf`) starts, end of line included.
+fn line_span(buf: &[u8], name: &[u8]) -> Option<Span> {
+    let start = (name.as_ptr() as usize).checked_sub(buf.as_ptr() as usize)?;
+    let after_name = start + name.len();
+    let end = after_name + memchr(b'\n', buf.get(after_name..)?)? + 1;
+    Some((start, end))
+}
+
+/// Whether the head of `len` bytes ends in CRLF CRLF: bare line feeds go to hyper (and are a
+/// protocol error from an upstream), so what is forwarded is always well-formed.
+fn ends_with_crlf(buf: &[u8], len: usize) -> bool {
+    len >= 4 && buf.get(len - 4..len) == Some(b"\r\n\r\n")
+}
+
+/// Copy the head of `len` bytes without its blank line and without the `dropped` lines.
+fn copy_without(buf: &[u8], len: usize, dropped: &[Span], out: &mut Vec<u8>) {
+    copy_without_from(buf, 0, len, dropped, out);
+}
+
+fn copy_without_from(buf: &[u8], from: usize, len: usize, dropped: &[Span], out: &mut Vec<u8>) {
+    let end = len - 2;
+    let mut at = from;
+    for &(start, stop) in dropped {
+        out.extend_from_slice(&buf[at..start]);
+        at = stop;
+    }
+    out.extend_from_slice(&buf[at..end]);
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,188 @@
+use super::*;
+
+const LIMITS: Limits = Limits {
+    max_header_bytes: 60 * 1024,
+    max_headers: 100,
+    drop_client_cert: false,
+    drop_attempt_count: false,
+};
+
+fn upstream(req: &[u8], limits: &Limits, extra: &[&[u8]]) -> Option<String> {
+    let head = parse_request(req, limits)?;
+    let mut out = Vec::new();
+    head.write_upstream(req, extra, &mut out);
+    Some(String::from_utf8(out).unwrap())
+}
+
+#[test]
+fn a_plain_request_is_forwarded_as_received_plus_additions() {
+    let req =
+        b"GET /a?b=c HTTP/1.1\r\nHost: svc:80\r\nUser-Agent: curl\r\nX-Request-Id: abc\r\n\r\n";
+    let head = parse_request(req, &LIMITS).unwrap();
+    assert_eq!(head.len, req.len());
+    assert_eq!(head.target, "/a?b=c");
+    assert_eq!(head.host, Some(&b"svc:80"[..]));
+    assert_eq!(head.request_id, Some(&b"abc"[..]));
+    assert!(!head.close && !head.forwarded_proto && head.idempotent());
+    let out = upstream(req, &LIMITS, &[b"x-forwarded-proto: http\r\n"]).unwrap();
+    assert_eq!(
+        out,
+        "GET /a?b=c HTTP/1.1\r\nHost: svc:80\r\nUser-Agent: curl\r\nX-Request-Id: abc\r\nx-forwarded-proto: http\r\n\r\n"
+    );
+}
+
+#[test]
+fn connection_and_the_headers_the_mesh_replaces_are_dropped() {
+    let req = b"POST / HTTP/1.1\r\nconnection: keep-alive, close\r\nx-envoy-attempt-count: 9\r\nX-Forwarded-Client-Cert: By=forged\r\ncontent-length: 3\r\n\r\nabc";
+    let limits = Limits {
+        drop_client_cert: true,
+        drop_attempt_count: true,
+        ..LIMITS
+    };
+    let head = parse_request(req, &limits).unwrap();
+    assert!(head.close);
+    assert_eq!(head.content_length, 3);
+    assert!(!head.idempotent());
+    let out = upstream(req, &limits, &[]).unwrap();
+    assert_eq!(out, "POST / HTTP/1.1\r\ncontent-length: 3\r\n\r\n");
+    // Outbound without retries, both stay.
+    let out = upstream(req, &LIMITS, &[]).unwrap();
+    assert!(out.contains("x-envoy-attempt-count: 9\r\n"), "{out}");
+    assert!(
+        out.contains("X-Forwarded-Client-Cert: By=forged\r\n"),
+        "{out}"
+    );
+}
+
+#[test]
+fn shapes_the_general_path_handles_are_left_to_it() {
+    let handed_off: [&[u8]; 16] = [
+        b"GET / HTTP/1.1\r\nHost: a\r\n",
+        b"GET / HTTP/1.0\r\n\r\n",
+        b"GET http://a/ HTTP/1.1\r\n\r\n",
+        b"CONNECT a:443 HTTP/1.1\r\n\r\n",
+        b"OPTIONS * HTTP/1.1\r\n\r\n",
+        b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n",
+        b"POST / HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 1\r\n\r\na",
+        b"POST / HTTP/1.1\r\ncontent-length: +1\r\n\r\na",
+        b"GET / HTTP/1.1\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n",
+        b"GET / HTTP/1.1\r\nconnection: x-secret\r\n\r\n",
+        b"POST / HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 1\r\n\r\n",
+        b"GET / HTTP/1.1\r\nte: trailers\r\n\r\n",
+        b"POST / HTTP/1.1\r\ncontent-type: application/grpc\r\n\r\n",
+        b"GET / HTTP/1.1\nhost: a\n\n",
+        b"GET / HTTP/1.1\r\nbad header\r\n\r\n",
+        b"GET / HTTP/1.1\r\nKeep-Alive: timeout=5\r\n\r\n",
+    ];
+    for req in handed_off {
+        assert!(
+            parse_request(req, &LIMITS).is_none(),
+            "{}",
+            String::from_utf8_lossy(req)
+        );
+    }
+}
+
+#[test]
+fn heads_over_the_limits_are_left_to_the_general_path() {
+    let req = b"GET / HTTP/1.1\r\na: 1\r\nb: 2\r\n\r\n";
+    let few = Limits {
+        max_headers: 1,
+        ..LIMITS
+    };
+    assert!(parse_request(req, &few).is_none());
+    let small = Limits {
+        max_header_bytes: req.len() - 1,
+        ..LIMITS
+    };
+    assert!(parse_request(req, &small).is_none());
+    assert!(parse_request(req, &LIMITS).is_some());
+}
+
+fn downstream(res: &[u8], head_request: bool, close: bool) -> (ResponseHead, String) {
+    let head = parse_response(res, head_request).unwrap().unwrap();
+    let mut out = Vec::new();
+    head.write_downstream(res, close, &mut out);
+    (head, String::from_utf8(out).unwrap())
+}
+
+#[test]
+fn response_framing_follows_rfc_9112() {
+    let (h, _) = downstream(
+        b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
+        false,
+        false,
+    );
+    assert_eq!(
+        (h.status, h.framing, h.close),
+        (200, Framing::Length(5), false)
+    );
+    let (h, _) = downstream(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n", true, false);
+    assert_eq!(h.framing, Framing::None);
+    let (h, _) = downstream(b"HTTP/1.1 204 No Content\r\n\r\n", false, false);
+    assert_eq!(h.framing, Framing::None);
+    let (h, _) = downstream(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+        false,
+        false,
+    );
+    assert_eq!(h.framing, Framing::Chunked);
+    let (h, _) = downstream(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+        false,
+        false,
+    );
+    assert_eq!(h.framing, Framing::Close);
+    let (h, _) = downstream(b"HTTP/1.1 200 OK\r\n\r\n", false, false);
+    assert_eq!(h.framing, Framing::Close);
+    let (h, _) = downstream(b"HTTP/1.1 100 Continue\r\n\r\n", false, false);
+    assert!(h.interim());
+    let (h, out) = downstream(
+        b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n",
+        false,
+        false,
+    );
+    assert!(h.close, "HTTP/1.0 closes unless it says keep-alive");
+    assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+    let (h, _) = downstream(
+        b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 0\r\n\r\n",
+        false,
+        false,
+    );
+    assert!(!h.close);
+}
+
+#[test]
+fn hop_by_hop_response_headers_are_dropped_and_close_added() {
+    let res = b"HTTP/1.1 200 OK\r\nConnection: close, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nx-end: 2\r\ncontent-length: 0\r\n\r\n";
+    let (h, out) = downstream(res, false, true);
+    assert!(h.close);
+    assert_eq!(
+        out,
+        "HTTP/1.1 200 OK\r\nx-end: 2\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    );
+    // A length beside chunked is not passed on.
+    let res = b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\ntransfer-encoding: chunked\r\n\r\n";
+    let (h, out) = downstream(res, false, false);
+    assert_eq!(h.framing, Framing::Chunked);
+    assert_eq!(out, "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n");
+}
+
+#[test]
+fn malformed_responses_are_errors_and_partial_ones_wait() {
+    assert_eq!(
+        parse_response(b"HTTP/1.1 200 OK\r\ncont", false)
+            .unwrap()
+            .map(|h| h.len),
+        None
+    );
+    assert!(parse_response(b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n", false).is_err());
+    assert!(parse_response(
+        b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+        false
+    )
+    .is_err());
+    assert!(parse_response(b"SPDY/3 200 OK\r\n\r\n", false).is_err());
+    let huge = vec![b'a'; MAX_RESPONSE_HEAD + 1];
+    assert!(parse_response(&huge, false).is_err());
+}
