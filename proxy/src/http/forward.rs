@@ -337,9 +337,22 @@ fn mesh_identity_headers(ctx: &ConnContext, headers: &mut http::HeaderMap) {
     }
 }
 
-/// Open a new upstream connection and start the HTTP client on it.
+/// Open a new upstream connection and start the HTTP client on it. An idle socket of the fast
+/// path's pool serves as well as a new one, without a connect.
 async fn open(ctx: &ConnContext) -> Result<Sender, ProxyError> {
     let dst = ctx.key.destination;
+    if ctx.key.version == HttpVersion::Http1 {
+        let idle_timeout = ctx.config.http.pool_idle_timeout;
+        if let Some(up) = ctx
+            .proxy
+            .h1_pool
+            .checkout(&ctx.key, Instant::now(), idle_timeout)
+        {
+            return pool::handshake(up, ctx.key.version)
+                .await
+                .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, dst, e));
+        }
+    }
     tracing::debug!(%dst, version = ?ctx.key.version, "opening an upstream HTTP connection");
     let up = connect::connect(
         dst,

@@ -26,6 +26,11 @@ pub struct Limits {
 
 /// A byte range of the buffer: a header line, end of line included.
 type Span = (usize, usize);
+/// Request lines dropped at most (Connection, the headers it names, the mesh's own); a head
+/// with more goes to hyper.
+const MAX_DROPPED: usize = 8;
+/// Headers a request's Connection may name at most, for the fast path to serve it.
+const MAX_NOMINATED: usize = 4;
 
 /// A request head the fast path serves. Borrowed values point into the read buffer.
 #[derive(Debug)]
@@ -43,11 +48,20 @@ pub struct RequestHead<'a> {
     pub forwarded_for: Option<&'a [u8]>,
     pub forwarded_proto: bool,
     /// Lines not forwarded, in order.
-    dropped: [Span; 4],
+    dropped: [Span; MAX_DROPPED],
     n_dropped: usize,
 }
 
 impl RequestHead<'_> {
+    /// Leave out the line that header `name` (a slice of `buf`) starts; `None` when too many
+    /// lines are left out for the fast path.
+    fn drop_line(&mut self, buf: &[u8], name: &[u8]) -> Option<()> {
+        let slot = self.dropped.get_mut(self.n_dropped)?;
+        *slot = line_span(buf, name)?;
+        self.n_dropped += 1;
+        Some(())
+    }
+
     /// Whether the method has no response body whatever the response's framing says.
     pub fn is_head(&self) -> bool {
         self.method == b"HEAD"
@@ -101,10 +115,12 @@ pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'
         request_id: None,
         forwarded_for: None,
         forwarded_proto: false,
-        dropped: [(0, 0); 4],
+        dropped: [(0, 0); MAX_DROPPED],
         n_dropped: 0,
     };
     let mut content_length = None;
+    let mut nominated: [&[u8]; MAX_NOMINATED] = [b""; MAX_NOMINATED];
+    let mut n_nominated = 0;
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
         let value = h.value;
@@ -121,9 +137,17 @@ pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'
                 for token in tokens(value) {
                     if token.eq_ignore_ascii_case(b"close") {
                         head.close = true;
-                    } else if !token.eq_ignore_ascii_case(b"keep-alive") {
-                        // It names other headers, or asks for an upgrade.
+                    } else if token.eq_ignore_ascii_case(b"upgrade") || n_nominated == MAX_NOMINATED
+                    {
                         return None;
+                    } else if !token.eq_ignore_ascii_case(b"keep-alive") {
+                        // Named as hop-by-hop: dropped below, unless the mesh relies on it.
+                        if !token.eq_ignore_ascii_case(b"host")
+                            && !token.eq_ignore_ascii_case(b"content-length")
+                        {
+                            nominated[n_nominated] = token;
+                            n_nominated += 1;
+                        }
                     }
                 }
                 true
@@ -160,11 +184,45 @@ pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'
             _ => false,
         };
         if drop {
-            if head.n_dropped == head.dropped.len() {
-                return None;
+            head.drop_line(buf, name)?;
+        }
+    }
+    if n_nominated > 0 {
+        // A second pass: Connection may come after the headers it names. Lines are dropped in
+        // the order they came, so the pass rebuilds the whole list.
+        head.n_dropped = 0;
+        for h in req.headers.iter() {
+            let name = h.name.as_bytes();
+            let mesh = (limits.drop_attempt_count
+                && name.eq_ignore_ascii_case(b"x-envoy-attempt-count"))
+                || (limits.drop_client_cert
+                    && name.eq_ignore_ascii_case(b"x-forwarded-client-cert"));
+            if mesh
+                || name.eq_ignore_ascii_case(b"connection")
+                || nominated[..n_nominated]
+                    .iter()
+                    .any(|n| name.eq_ignore_ascii_case(n))
+            {
+                head.drop_line(buf, name)?;
             }
-            head.dropped[head.n_dropped] = line_span(buf, name)?;
-            head.n_dropped += 1;
+        }
+        // A named header the head used is no longer in it.
+        let named = |n: &[u8]| {
+            nominated[..n_nominated]
+                .iter()
+                .any(|t| n.eq_ignore_ascii_case(t))
+        };
+        if named(b"x-request-id") {
+            head.request_id = None;
+        }
+        if named(b"x-forwarded-proto") {
+            head.forwarded_proto = false;
+        }
+        if named(b"user-agent") {
+            head.user_agent = None;
+        }
+        if named(b"x-forwarded-for") {
+            head.forwarded_for = None;
         }
     }
     head.content_length = content_length.unwrap_or(0);

@@ -55,6 +55,24 @@ fn connection_and_the_headers_the_mesh_replaces_are_dropped() {
 }
 
 #[test]
+fn headers_named_by_connection_are_dropped_wherever_they_are() {
+    let req = b"GET / HTTP/1.1\r\nx-hop: 1\r\nHost: a\r\nConnection: X-Hop, host, Content-Length\r\nx-request-id: id\r\nx-other: 2\r\nX-HOP: 3\r\n\r\n";
+    let limits = Limits {
+        drop_attempt_count: true,
+        ..LIMITS
+    };
+    let out = upstream(req, &limits, &[]).unwrap();
+    assert_eq!(
+        out,
+        "GET / HTTP/1.1\r\nHost: a\r\nx-request-id: id\r\nx-other: 2\r\n\r\n"
+    );
+    // A named x-request-id is not the client's to keep: the mesh sets one.
+    let req = b"GET / HTTP/1.1\r\nx-request-id: id\r\nconnection: x-request-id\r\n\r\n";
+    let head = parse_request(req, &LIMITS).unwrap();
+    assert_eq!(head.request_id, None);
+}
+
+#[test]
 fn shapes_the_general_path_handles_are_left_to_it() {
     let handed_off: [&[u8]; 16] = [
         b"GET / HTTP/1.1\r\nHost: a\r\n",
@@ -66,7 +84,7 @@ fn shapes_the_general_path_handles_are_left_to_it() {
         b"POST / HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 1\r\n\r\na",
         b"POST / HTTP/1.1\r\ncontent-length: +1\r\n\r\na",
         b"GET / HTTP/1.1\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n",
-        b"GET / HTTP/1.1\r\nconnection: x-secret\r\n\r\n",
+        b"GET / HTTP/1.1\r\nconnection: a, b, c, d, e\r\n\r\n",
         b"POST / HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 1\r\n\r\n",
         b"GET / HTTP/1.1\r\nte: trailers\r\n\r\n",
         b"POST / HTTP/1.1\r\ncontent-type: application/grpc\r\n\r\n",
