@@ -377,7 +377,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         drain: Arc::clone(&drain),
         access_log: AccessLog::start(Arc::clone(&metrics)).context("starting the access log")?,
         pool: Arc::default(),
-        h1_pool: Arc::default(),
+        h1: Arc::default(),
         mesh: Arc::new(crate::tls::Mesh::new(identity).with_exchange_header(exchange_header)),
         authz,
     });

@@ -35,8 +35,8 @@ pub struct Proxy {
     pub access_log: AccessLog,
     /// Idle upstream HTTP connections, shared by every downstream connection.
     pub pool: Arc<Pool>,
-    /// Idle upstream HTTP/1.1 sockets of the fast path, shared likewise.
-    pub h1_pool: Arc<Pool<crate::connect::Upstream>>,
+    /// The HTTP/1.1 fast path's idle upstream sockets and read buffers, shared likewise.
+    pub h1: Arc<http::h1::Shared>,
     /// The workload identity and mesh TLS configs; without an identity, no mesh TLS.
     pub mesh: Arc<crate::tls::Mesh>,
     /// Istio authorization policies in force for inbound traffic.
@@ -168,7 +168,7 @@ impl Proxy {
         let mut mode = mode(config, route, destination);
         if mode == Mode::Auto
             && (self.pool.speaks_http(destination, source)
-                || self.h1_pool.speaks_http(destination, source))
+                || self.h1.pool.speaks_http(destination, source))
         {
             // A pooled HTTP connection to it exists: no need to dial early or to watch for a
             // server that speaks first, and no new upstream connection per client connection.

@@ -345,7 +345,8 @@ async fn open(ctx: &ConnContext) -> Result<Sender, ProxyError> {
         let idle_timeout = ctx.config.http.pool_idle_timeout;
         if let Some(up) = ctx
             .proxy
-            .h1_pool
+            .h1
+            .pool
             .checkout(&ctx.key, Instant::now(), idle_timeout)
         {
             return pool::handshake(up, ctx.key.version)

@@ -13,7 +13,7 @@ async fn connection_future_stays_small() {
         drain: Drain::new(),
         access_log: AccessLog::start(metrics).unwrap(),
         pool: Arc::default(),
-        h1_pool: Arc::default(),
+        h1: Arc::default(),
         mesh: Arc::default(),
         authz: Arc::new(crate::authz::Authorizer::new(Default::default())),
     });

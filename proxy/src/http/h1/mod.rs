@@ -20,6 +20,7 @@
 //! replies and flags, pooled upstream connections (a pool of raw sockets beside hyper's),
 //! the same metrics, access-log lines and draining.
 
+pub mod buffers;
 mod chunked;
 pub mod head;
 
@@ -42,12 +43,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Room a read asks for: a request or a response head and a short body in one go.
-const READ_SIZE: usize = 8 * 1024;
-/// Room a read of a long response body asks for.
-const BODY_READ_SIZE: usize = 16 * 1024;
-/// How long a quiet connection keeps its buffers. Freed and allocated again per request, they
-/// cost page faults: the allocator gives the memory back to the system between requests.
-const KEEP_BUFFERS: std::time::Duration = std::time::Duration::from_millis(100);
+const READ_SIZE: usize = buffers::SIZE;
+
+/// What every connection on the fast path shares: idle upstream sockets and read buffers.
+#[derive(Debug, Default)]
+pub struct Shared {
+    pub pool: Arc<super::pool::Pool<Upstream>>,
+    pub buffers: buffers::Buffers,
+}
 
 /// How a connection left the fast path.
 #[derive(Debug)]
@@ -95,13 +98,10 @@ pub async fn serve(
     // costs no timer operation per request.
     let idle_timeout = http.idle_timeout;
     let mut last_active = tokio::time::Instant::now();
-    // One timer for the connection's life, moved only when it fires: neither the idle bound nor
-    // the freeing of buffers costs a timer operation per request.
-    let mut due = last_active + KEEP_BUFFERS;
-    let idle = tokio::time::sleep_until(due);
+    // One timer for the connection's life, moved only when it fires early: the idle bound
+    // costs no timer operation per request.
+    let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
-    // What the upstream's responses are read into.
-    let mut rbuf = BytesMut::new();
     let draining = async {
         match ctx.direction {
             Direction::Inbound => ctx.proxy.drain.started().await,
@@ -110,32 +110,22 @@ pub async fn serve(
     };
     tokio::pin!(draining);
     let mut drained = false;
+    let buffers = &ctx.proxy.h1.buffers;
     loop {
         if buf.is_empty() {
-            let holding = buf.capacity() > 0 || rbuf.capacity() > 0;
-            if holding && due > last_active + KEEP_BUFFERS {
-                due = last_active + KEEP_BUFFERS;
-                idle.as_mut().reset(due);
+            // Nothing held while the connection waits.
+            if buf.capacity() > 0 {
+                buffers.give(std::mem::take(&mut buf));
             }
             let readable = loop {
                 tokio::select! {
                     biased;
                     r = client.readable() => break r.is_ok(),
                     () = &mut idle => {
-                        let now = tokio::time::Instant::now();
-                        if now >= last_active + idle_timeout {
+                        let due = last_active + idle_timeout;
+                        if tokio::time::Instant::now() >= due {
                             tracing::debug!(peer = %ctx.peer, "closing idle HTTP connection");
                             break false;
-                        }
-                        due = last_active + idle_timeout;
-                        if buf.capacity() > 0 || rbuf.capacity() > 0 {
-                            if now >= last_active + KEEP_BUFFERS {
-                                // Quiet for a while: an idle connection holds no buffer.
-                                buf = BytesMut::new();
-                                rbuf = BytesMut::new();
-                            } else {
-                                due = last_active + KEEP_BUFFERS;
-                            }
                         }
                         idle.as_mut().reset(due);
                     }
@@ -152,11 +142,12 @@ pub async fn serve(
             if !readable {
                 return Served::Ended(Ok(()));
             }
-            buf.reserve(READ_SIZE);
-            match client.try_read_buf(&mut buf) {
+            buf = buffers.take();
+            // A read, not a `try_read`: a read that leaves room in the buffer tells tokio the
+            // socket is drained, which saves a system call that would find it empty.
+            match client.read_buf(&mut buf).await {
                 Ok(0) => return Served::Ended(Ok(())),
                 Ok(n) => ctx.count_received(n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Served::Ended(Err(e)),
             }
         }
@@ -166,7 +157,7 @@ pub async fn serve(
         let (total, client_close) = (prepared.total, prepared.close);
         // Boxed: a request's state (several hundred bytes across its awaits) is held only while
         // it is in flight, not for the connection's life.
-        let exchange = request(ctx, client, &buf[..total], &mut rbuf, prepared, &mut early);
+        let exchange = request(ctx, client, &buf[..total], prepared, &mut early);
         let keep = Box::pin(exchange).await;
         buf.advance(total);
         last_active = tokio::time::Instant::now();
@@ -245,7 +236,6 @@ async fn request(
     ctx: &ConnContext,
     client: &mut TcpStream,
     bytes: &[u8],
-    rbuf: &mut BytesMut,
     p: Prepared,
     early: &mut Option<Upstream>,
 ) -> bool {
@@ -256,7 +246,7 @@ async fn request(
         is_head: p.is_head,
         idempotent: p.idempotent,
     };
-    let exchange = exchange(ctx, client, request, rbuf, &mut end, early);
+    let exchange = exchange(ctx, client, request, &mut end, early);
     let outcome = match ctx.config.http.request_timeout {
         t if t.is_zero() => exchange.await,
         t => match tokio::time::timeout(t, exchange).await.ok() {
@@ -319,7 +309,6 @@ async fn exchange(
     ctx: &ConnContext,
     client: &mut TcpStream,
     mut req: Request<'_>,
-    rbuf: &mut BytesMut,
     end: &mut RequestEnd,
     early: &mut Option<Upstream>,
 ) -> Result<bool, Failed> {
@@ -330,11 +319,14 @@ async fn exchange(
     // A pooled connection the server closed as we sent is tried again once on a new one, for
     // a request that is harmless to repeat.
     let mut stale_retry = req.idempotent;
+    // What the upstream's response is read into.
+    let mut rbuf = ctx.proxy.h1.buffers.lend();
+    let rbuf: &mut BytesMut = &mut rbuf;
     let (mut up, response) = loop {
         let (mut up, reused) =
             match early.take() {
                 Some(up) => (up, false),
-                None => match ctx.proxy.h1_pool.checkout(
+                None => match ctx.proxy.h1.pool.checkout(
                     &ctx.key,
                     Instant::now(),
                     http.pool_idle_timeout,
@@ -414,7 +406,7 @@ async fn exchange(
     drop(out);
     while !done {
         rbuf.clear();
-        rbuf.reserve(BODY_READ_SIZE);
+        rbuf.reserve(READ_SIZE);
         let n = match up.stream.read_buf(rbuf).await {
             Ok(0) if body.framing == Framing::Close => {
                 done = true;
@@ -437,7 +429,7 @@ async fn exchange(
     }
     end.complete = true;
     if reusable {
-        ctx.proxy.h1_pool.checkin(
+        ctx.proxy.h1.pool.checkin(
             ctx.key,
             up,
             http.pool_idle_timeout,

@@ -132,7 +132,7 @@ fn proxy(config: Config) -> Arc<Proxy> {
         drain: Drain::new(),
         access_log: AccessLog::start(metrics).unwrap(),
         pool: Arc::default(),
-        h1_pool: Arc::default(),
+        h1: Arc::default(),
         mesh: Arc::default(),
         authz: Arc::new(crate::authz::Authorizer::new(Default::default())),
     })
