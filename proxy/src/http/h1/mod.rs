@@ -245,6 +245,7 @@ async fn request(
         body: &bytes[p.head_len..],
         is_head: p.is_head,
         idempotent: p.idempotent,
+        close: p.close,
     };
     let exchange = exchange(ctx, client, request, &mut end, early);
     let outcome = match ctx.config.http.request_timeout {
@@ -278,6 +279,19 @@ fn inbound_as_is(ctx: &ConnContext, target: &str) -> bool {
     )
 }
 
+/// Whether responses should tell the client to close: inbound connections close as draining
+/// starts (outbound ones keep serving: the application may still need its peers).
+fn closing(ctx: &ConnContext) -> bool {
+    if ctx.closing() {
+        return true;
+    }
+    let draining = ctx.direction == Direction::Inbound && ctx.proxy.drain.is_draining();
+    if draining {
+        ctx.closing.store(true, Ordering::Relaxed);
+    }
+    draining
+}
+
 /// The retries an outbound request gets (Istio's default policy); inbound gets none.
 fn retries(ctx: &ConnContext) -> u32 {
     match ctx.direction {
@@ -288,6 +302,8 @@ fn retries(ctx: &ConnContext) -> u32 {
 
 /// A request ready for the upstream: its head without the blank line, and its body.
 struct Request<'a> {
+    /// The client asked to close after it.
+    close: bool,
     head: Vec<u8>,
     body: &'a [u8],
     is_head: bool,
@@ -394,7 +410,7 @@ async fn exchange(
     end.status = response.status;
 
     // The response: head and what came with it in one write, then the rest as it arrives.
-    let keep_client = response.framing != Framing::Close && !ctx.closing();
+    let keep_client = response.framing != Framing::Close && !req.close && !closing(ctx);
     let mut out = Vec::with_capacity(rbuf.len() + 32);
     response.write_downstream(rbuf, !keep_client, &mut out);
     rbuf.advance(response.len);
@@ -588,7 +604,7 @@ async fn local_reply(
 ) -> bool {
     let status = kind.status();
     let details = kind.details();
-    let keep = !ctx.closing();
+    let keep = !closing(ctx);
     let mut out = Vec::with_capacity(160 + details.len());
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());

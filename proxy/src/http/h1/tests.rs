@@ -402,3 +402,33 @@ async fn the_fast_path_future_stays_small() {
     eprintln!("fast path future: {size} bytes");
     assert!(size <= 1024, "fast path future is {size} bytes");
 }
+
+#[tokio::test]
+async fn a_client_that_asks_to_close_is_told_so_and_closed_while_the_upstream_is_pooled() {
+    let (addr, mut seen) = upstream(vec![Answer::Reply(OK)]).await;
+    let proxy = proxy(Config::default());
+    let mut c = client(&proxy, addr).await;
+    c.write_all(b"GET / HTTP/1.1\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let r = response(&mut c, &mut buf).await;
+    assert!(r.contains("connection: close\r\n"), "{r}");
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut rest)).await;
+    assert!(
+        matches!(n, Ok(Ok(0))),
+        "the client's connection ends: {n:?}"
+    );
+    let s = seen.recv().await.unwrap();
+    assert!(
+        !s.head.to_ascii_lowercase().contains("connection"),
+        "{}",
+        s.head
+    );
+    assert_eq!(
+        proxy.h1.pool.idle_count(),
+        1,
+        "the upstream connection stays for others"
+    );
+}
