@@ -91,11 +91,9 @@ fn config_parse(c: &mut Criterion) {
     });
 }
 
-/// What following HTTP/1.1 framing adds per request in front of hyper's own parse: a browser-like
-/// head of 14 headers, and a POST whose 1 KiB body is skipped by its length.
-fn request_framing(c: &mut Criterion) {
-    let get =
-        b"GET /api/v1/items?page=2 HTTP/1.1\r\nHost: reviews.default.svc.cluster.local:9080\r\n\
+/// A browser-like request head of 14 headers.
+fn browser_get() -> &'static [u8] {
+    b"GET /api/v1/items?page=2 HTTP/1.1\r\nHost: reviews.default.svc.cluster.local:9080\r\n\
         User-Agent: Mozilla/5.0 (X11; Linux x86_64) Gecko/20100101 Firefox/128.0\r\n\
         Accept: text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8\r\n\
         Accept-Language: en-GB,en;q=0.5\r\nAccept-Encoding: gzip, deflate, br\r\n\
@@ -103,13 +101,19 @@ fn request_framing(c: &mut Criterion) {
         Upgrade-Insecure-Requests: 1\r\nCache-Control: max-age=0\r\n\
         x-request-id: 5c3b1f2e-8a4d-4c6b-9e7f-0a1b2c3d4e5f\r\n\
         traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n\
-        x-b3-traceid: 80f198ee56343ba864fe8b2a57d3eff7\r\nx-b3-sampled: 1\r\n\r\n";
+        x-b3-traceid: 80f198ee56343ba864fe8b2a57d3eff7\r\nx-b3-sampled: 1\r\n\r\n"
+}
+
+/// What following HTTP/1.1 framing adds per request in front of hyper's own parse: a browser-like
+/// head of 14 headers, and a POST whose 1 KiB body is skipped by its length.
+fn request_framing(c: &mut Criterion) {
+    let get = browser_get();
     let mut post = b"POST /upload HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n\
         Content-Length: 1024\r\n\r\n"
         .to_vec();
     post.resize(post.len() + PAYLOAD, b'x');
     let mut group = c.benchmark_group("request_framing");
-    for (name, bytes) in [("get_14_headers", &get[..]), ("post_1k_body", &post[..])] {
+    for (name, bytes) in [("get_14_headers", get), ("post_1k_body", &post[..])] {
         group.throughput(Throughput::Bytes(bytes.len() as u64));
         group.bench_function(name, |b| {
             let mut framing = remora::http::framing::RequestFraming::new();
@@ -122,5 +126,52 @@ fn request_framing(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, exchanges, config_parse, request_framing);
+/// The fast path's work on heads per request: the browser-like GET judged and written for the
+/// upstream (x-request-id kept, x-forwarded-proto added), and a response head read and written
+/// for the client.
+fn fast_path_heads(c: &mut Criterion) {
+    use remora::http::h1::head;
+    let get = browser_get();
+    let limits = head::Limits {
+        max_header_bytes: 60 * 1024,
+        max_headers: 100,
+        drop_client_cert: false,
+        drop_attempt_count: true,
+    };
+    let response = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+        content-length: 1024\r\ndate: Sun, 22 Nov 2026 00:00:00 GMT\r\n\
+        x-envoy-upstream-service-time: 3\r\nserver: istio-envoy\r\n\r\n";
+    let mut group = c.benchmark_group("fast_path_heads");
+    group.throughput(Throughput::Bytes(get.len() as u64));
+    group.bench_function("request_14_headers", |b| {
+        let mut out = Vec::with_capacity(1024);
+        b.iter(|| {
+            out.clear();
+            let h = head::parse_request(std::hint::black_box(get), &limits).unwrap();
+            h.write_upstream(get, &[b"x-forwarded-proto: http\r\n"], &mut out);
+            out.len()
+        })
+    });
+    group.throughput(Throughput::Bytes(response.len() as u64));
+    group.bench_function("response_6_headers", |b| {
+        let mut out = Vec::with_capacity(1024);
+        b.iter(|| {
+            out.clear();
+            let h = head::parse_response(std::hint::black_box(&response[..]), false)
+                .unwrap()
+                .unwrap();
+            h.write_downstream(response, false, &mut out);
+            out.len()
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    exchanges,
+    config_parse,
+    request_framing,
+    fast_path_heads
+);
 criterion_main!(benches);
