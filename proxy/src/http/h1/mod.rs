@@ -339,9 +339,11 @@ async fn exchange(
     let mut rbuf = ctx.proxy.h1.buffers.lend();
     let rbuf: &mut BytesMut = &mut rbuf;
     let (mut up, response) = loop {
+        // Detection's connection counts as reused: it may have waited on a slow client for as
+        // long as the server keeps idle connections open.
         let (mut up, reused) =
             match early.take() {
-                Some(up) => (up, false),
+                Some(up) => (up, true),
                 None => match ctx.proxy.h1.pool.checkout(
                     &ctx.key,
                     Instant::now(),
