@@ -335,37 +335,42 @@ async fn exchange(
     // A pooled connection the server closed as we sent is tried again once on a new one, for
     // a request that is harmless to repeat.
     let mut stale_retry = req.idempotent;
+    // After a stale pooled connection, the next attempt dials: its siblings are likely stale too.
+    let mut dial = false;
     // What the upstream's response is read into.
     let mut rbuf = ctx.proxy.h1.buffers.lend();
     let rbuf: &mut BytesMut = &mut rbuf;
     let (mut up, response) = loop {
         // Detection's connection counts as reused: it may have waited on a slow client for as
         // long as the server keeps idle connections open.
-        let (mut up, reused) =
-            match early.take() {
+        let (mut up, reused) = match early.take() {
+            Some(up) => (up, true),
+            None => match (!dial)
+                .then(|| {
+                    ctx.proxy
+                        .h1
+                        .pool
+                        .checkout(&ctx.key, Instant::now(), http.pool_idle_timeout)
+                })
+                .flatten()
+            {
                 Some(up) => (up, true),
-                None => match ctx.proxy.h1.pool.checkout(
-                    &ctx.key,
-                    Instant::now(),
-                    http.pool_idle_timeout,
-                ) {
-                    Some(up) => (up, true),
-                    None => match open(ctx).await {
-                        Ok(up) => (up, false),
-                        Err(kind) => {
-                            if kind.retryable() && retries > 0 {
-                                if attempt <= retries {
-                                    backoff(ctx, attempt).await;
-                                    attempt += 1;
-                                    continue;
-                                }
-                                end.flags.insert(Flags::URX);
+                None => match open(ctx).await {
+                    Ok(up) => (up, false),
+                    Err(kind) => {
+                        if kind.retryable() && retries > 0 {
+                            if attempt <= retries {
+                                backoff(ctx, attempt).await;
+                                attempt += 1;
+                                continue;
                             }
-                            return Err(Failed::Local(kind));
+                            end.flags.insert(Flags::URX);
                         }
-                    },
+                        return Err(Failed::Local(kind));
+                    }
                 },
-            };
+            },
+        };
         req.head.truncate(base);
         if retries > 0 {
             req.head.extend_from_slice(b"x-envoy-attempt-count: ");
@@ -385,6 +390,7 @@ async fn exchange(
             Err(e) => {
                 if reused && stale_retry && rbuf.is_empty() && matches!(e, ResponseError::Io(_)) {
                     stale_retry = false;
+                    dial = true;
                     tracing::debug!(dst = %ctx.key.destination, "pooled connection closed; opening another");
                     continue;
                 }
@@ -417,7 +423,10 @@ async fn exchange(
     response.write_downstream(rbuf, !keep_client, &mut out);
     rbuf.advance(response.len);
     let mut body = Body::new(response.framing);
-    let (now, mut done) = body.take(rbuf).map_err(|_| Failed::Cut)?;
+    // Nothing is written yet: a body that starts malformed is answered 502 like a bad head.
+    let (now, mut done) = body
+        .take(rbuf)
+        .map_err(|_| Failed::Local(ErrorKind::UpstreamProtocol))?;
     out.extend_from_slice(&rbuf[..now]);
     let mut reusable = !response.close && now == rbuf.len();
     send(ctx, client, &out, end, now).await?;

@@ -432,3 +432,22 @@ async fn a_client_that_asks_to_close_is_told_so_and_closed_while_the_upstream_is
         "the upstream connection stays for others"
     );
 }
+
+#[tokio::test]
+async fn a_body_that_starts_malformed_is_answered_502_and_not_passed_on() {
+    let (addr, _seen) = upstream(vec![Answer::Reply(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nsecret",
+    )])
+    .await;
+    let proxy = proxy(Config::default());
+    let mut c = client(&proxy, addr).await;
+    c.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    let r = response(&mut c, &mut Vec::new()).await;
+    assert!(r.starts_with("HTTP/1.1 502 Bad Gateway\r\n"), "{r}");
+    assert!(!r.contains("secret"), "{r}");
+    assert_eq!(
+        proxy.h1.pool.idle_count(),
+        0,
+        "the connection is not pooled"
+    );
+}
