@@ -1,0 +1,329 @@
+//! One request's trip: to the upstream on a pooled (or new) socket, with Istio's retries, and
+//! its response back to the client in the framing it came in.
+
+use super::chunked::{self, ChunkedEnd};
+use super::head::{self, Framing, ResponseHead};
+use super::{closing, itoa_u32, READ_SIZE};
+use crate::connect::{self, ConnectError, Upstream};
+use crate::http::body::RequestEnd;
+use crate::http::errors::{ErrorKind, Flags};
+use crate::http::ConnContext;
+use crate::Direction;
+use bytes::{Buf, BytesMut};
+use std::io;
+use std::time::Instant;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The retries an outbound request gets (Istio's default policy); inbound gets none.
+pub(super) fn retries(ctx: &ConnContext) -> u32 {
+    match ctx.direction {
+        Direction::Outbound => ctx.config.http.retries,
+        Direction::Inbound => 0,
+    }
+}
+
+/// A request ready for the upstream: its head without the blank line, and its body.
+pub(super) struct Request<'a> {
+    /// The client asked to close after it.
+    pub close: bool,
+    pub head: Vec<u8>,
+    pub body: &'a [u8],
+    pub is_head: bool,
+    pub idempotent: bool,
+}
+
+/// Why a request got no response from the upstream.
+pub(super) enum Failed {
+    /// Nothing was written to the client yet: answer for the proxy.
+    Local(ErrorKind),
+    /// The response was under way, or the client is gone: the connection ends.
+    Cut,
+}
+
+/// Send the request upstream (retrying as Istio's default policy says) and pass the response
+/// to the client. `Ok(keep)`: the response went out whole; `keep` says whether the client's
+/// connection can take another request.
+pub(super) async fn exchange(
+    ctx: &ConnContext,
+    client: &mut TcpStream,
+    mut req: Request<'_>,
+    end: &mut RequestEnd,
+    early: &mut Option<Upstream>,
+) -> Result<bool, Failed> {
+    let http = &ctx.config.http;
+    let retries = retries(ctx);
+    let base = req.head.len();
+    let mut attempt: u32 = 1;
+    // A pooled connection the server closed as we sent is tried again once on a new one, for
+    // a request that is harmless to repeat.
+    let mut stale_retry = req.idempotent;
+    // After a stale pooled connection, the next attempt dials: its siblings are likely stale too.
+    let mut dial = false;
+    // What the upstream's response is read into.
+    let mut rbuf = ctx.proxy.h1.buffers.lend();
+    let rbuf: &mut BytesMut = &mut rbuf;
+    let (mut up, response) = loop {
+        // Detection's connection counts as reused: it may have waited on a slow client for as
+        // long as the server keeps idle connections open.
+        let (mut up, reused) = match early.take() {
+            Some(up) => (up, true),
+            None => match (!dial)
+                .then(|| {
+                    ctx.proxy
+                        .h1
+                        .pool
+                        .checkout(&ctx.key, Instant::now(), http.pool_idle_timeout)
+                })
+                .flatten()
+            {
+                Some(up) => (up, true),
+                None => match open(ctx).await {
+                    Ok(up) => (up, false),
+                    Err(kind) => {
+                        if kind.retryable() && retries > 0 {
+                            if attempt <= retries {
+                                backoff(ctx, attempt).await;
+                                attempt += 1;
+                                continue;
+                            }
+                            end.flags.insert(Flags::URX);
+                        }
+                        return Err(Failed::Local(kind));
+                    }
+                },
+            },
+        };
+        req.head.truncate(base);
+        if retries > 0 {
+            req.head.extend_from_slice(b"x-envoy-attempt-count: ");
+            req.head
+                .extend_from_slice(itoa_u32(attempt, &mut [0u8; 10]).as_bytes());
+            req.head.extend_from_slice(b"\r\n");
+        }
+        req.head.extend_from_slice(b"\r\n");
+        req.head.extend_from_slice(req.body);
+        rbuf.clear();
+        let answered = match up.stream.write_all(&req.head).await {
+            Ok(()) => response_head(&mut up.stream, rbuf, req.is_head).await,
+            Err(e) => Err(ResponseError::Io(e)),
+        };
+        let response = match answered {
+            Ok(r) => r,
+            Err(e) => {
+                if reused && stale_retry && rbuf.is_empty() && matches!(e, ResponseError::Io(_)) {
+                    stale_retry = false;
+                    dial = true;
+                    tracing::debug!(dst = %ctx.key.destination, "pooled connection closed; opening another");
+                    continue;
+                }
+                tracing::debug!(dst = %ctx.key.destination, error = %e, "upstream request failed");
+                return Err(Failed::Local(e.kind()));
+            }
+        };
+        if retries > 0 && response.status == 503 {
+            if attempt <= retries {
+                // Its body is not read: the connection goes with it.
+                drop(up);
+                backoff(ctx, attempt).await;
+                attempt += 1;
+                continue;
+            }
+            end.flags.insert(Flags::URX);
+        }
+        break (up, response);
+    };
+    if let Some(log) = &mut end.log {
+        log.status = response.status;
+        log.upstream = Some(ctx.key.destination);
+        log.upstream_time = Some(end.started.elapsed());
+    }
+    end.status = response.status;
+
+    // The response: head and what came with it in one write, then the rest as it arrives.
+    let keep_client = response.framing != Framing::Close && !req.close && !closing(ctx);
+    let mut out = Vec::with_capacity(rbuf.len() + 32);
+    response.write_downstream(rbuf, !keep_client, &mut out);
+    rbuf.advance(response.len);
+    let mut body = Body::new(response.framing);
+    // Nothing is written yet: a body that starts malformed is answered 502 like a bad head.
+    let (now, mut done) = body
+        .take(rbuf)
+        .map_err(|_| Failed::Local(ErrorKind::UpstreamProtocol))?;
+    out.extend_from_slice(&rbuf[..now]);
+    let mut reusable = !response.close && now == rbuf.len();
+    send(ctx, client, &out, end, now).await?;
+    drop(out);
+    while !done {
+        rbuf.clear();
+        rbuf.reserve(READ_SIZE);
+        let n = match up.stream.read_buf(rbuf).await {
+            Ok(0) if body.framing == Framing::Close => {
+                done = true;
+                reusable = false;
+                continue;
+            }
+            Ok(0) | Err(_) => {
+                end.flags.insert(Flags::UR);
+                return Err(Failed::Cut);
+            }
+            Ok(n) => n,
+        };
+        let (now, finished) = body.take(rbuf).map_err(|_| {
+            end.flags.insert(Flags::UPE);
+            Failed::Cut
+        })?;
+        reusable &= now == n;
+        done = finished;
+        send(ctx, client, &rbuf[..now], end, now).await?;
+    }
+    end.complete = true;
+    if reusable {
+        ctx.proxy.h1.pool.checkin(
+            ctx.key,
+            up,
+            http.pool_idle_timeout,
+            http.pool_max_idle_per_upstream,
+        );
+    }
+    Ok(keep_client)
+}
+
+/// Write response bytes to the client, `body` of them body bytes.
+async fn send(
+    ctx: &ConnContext,
+    client: &mut TcpStream,
+    bytes: &[u8],
+    end: &mut RequestEnd,
+    body: usize,
+) -> Result<(), Failed> {
+    client.write_all(bytes).await.map_err(|e| {
+        tracing::debug!(peer = %ctx.peer, error = %e, "client gone during the response");
+        Failed::Cut
+    })?;
+    ctx.count_sent(bytes.len());
+    end.sent += body as u64;
+    Ok(())
+}
+
+/// How much of a response body is left.
+struct Body {
+    framing: Framing,
+    remaining: u64,
+    chunks: ChunkedEnd,
+}
+
+impl Body {
+    fn new(framing: Framing) -> Self {
+        Body {
+            framing,
+            remaining: match framing {
+                Framing::Length(n) => n,
+                _ => 0,
+            },
+            chunks: ChunkedEnd::default(),
+        }
+    }
+
+    /// Of `bytes` just read, how many belong to the body, and whether it is over with them.
+    fn take(&mut self, bytes: &[u8]) -> Result<(usize, bool), chunked::BadChunk> {
+        Ok(match self.framing {
+            Framing::None => (0, true),
+            Framing::Length(_) => {
+                let n = usize::try_from(self.remaining)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len());
+                self.remaining -= n as u64;
+                (n, self.remaining == 0)
+            }
+            Framing::Chunked => match self.chunks.feed(bytes)? {
+                Some(n) => (n, true),
+                None => (bytes.len(), false),
+            },
+            Framing::Close => (bytes.len(), false),
+        })
+    }
+}
+
+/// Why no response head came back.
+#[derive(Debug, thiserror::Error)]
+enum ResponseError {
+    #[error("upstream connection: {0}")]
+    Io(io::Error),
+    #[error("upstream closed the connection before the response")]
+    Closed,
+    #[error(transparent)]
+    Bad(#[from] head::BadResponse),
+}
+
+impl ResponseError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            ResponseError::Bad(_) => ErrorKind::UpstreamProtocol,
+            ResponseError::Io(_) | ResponseError::Closed => ErrorKind::ConnectionTerminated,
+        }
+    }
+}
+
+/// Read the response head into `rbuf`, skipping interim (1xx) responses.
+async fn response_head(
+    up: &mut TcpStream,
+    rbuf: &mut BytesMut,
+    head_request: bool,
+) -> Result<ResponseHead, ResponseError> {
+    loop {
+        if !rbuf.is_empty() {
+            if let Some(head) = head::parse_response(&rbuf[..], head_request)? {
+                if !head.interim() {
+                    if head.status == 101 {
+                        // No upgrade was asked for.
+                        return Err(ResponseError::Bad(head::BadResponse));
+                    }
+                    return Ok(head);
+                }
+                rbuf.advance(head.len);
+                continue;
+            }
+        }
+        rbuf.reserve(READ_SIZE);
+        match up.read_buf(rbuf).await {
+            Ok(0) if rbuf.is_empty() => return Err(ResponseError::Closed),
+            Ok(0) => return Err(ResponseError::Bad(head::BadResponse)),
+            Ok(_) => {}
+            Err(e) => return Err(ResponseError::Io(e)),
+        }
+    }
+}
+
+/// Open a new upstream connection to the request's destination.
+async fn open(ctx: &ConnContext) -> Result<Upstream, ErrorKind> {
+    let dst = ctx.key.destination;
+    tracing::debug!(%dst, "opening an upstream HTTP/1.1 connection");
+    connect::connect(
+        dst,
+        ctx.key.source,
+        ctx.connect_timeout,
+        &ctx.proxy.loop_guard,
+    )
+    .await
+    .map_err(|e| {
+        tracing::debug!(%dst, error = %e, "upstream connect failed");
+        ctx.proxy
+            .metrics
+            .direction(ctx.direction)
+            .connect_failures
+            .inc();
+        match e {
+            ConnectError::Timeout { .. } => ErrorKind::ConnectTimeout,
+            ConnectError::Io { .. } => ErrorKind::ConnectFailed,
+        }
+    })
+}
+
+async fn backoff(ctx: &ConnContext, attempt: u32) {
+    tokio::time::sleep(crate::http::retry::backoff(
+        ctx.config.http.retry_backoff,
+        attempt,
+    ))
+    .await;
+}
