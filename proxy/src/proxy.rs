@@ -90,6 +90,23 @@ struct Outcome {
 }
 
 impl Proxy {
+    /// A proxy with `config`, no mesh identity and no policies (tests).
+    #[cfg(test)]
+    pub fn for_tests(config: Config) -> Arc<Self> {
+        let metrics = Arc::new(Metrics::default());
+        Arc::new(Proxy {
+            config: Arc::new(ArcSwap::from_pointee(config)),
+            loop_guard: LoopGuard::new(vec![]),
+            metrics: Arc::clone(&metrics),
+            drain: Drain::new(),
+            access_log: AccessLog::start(metrics).expect("the access-log thread starts"),
+            pool: Arc::default(),
+            h1: Arc::default(),
+            mesh: Arc::default(),
+            authz: Arc::new(crate::authz::Authorizer::new(Default::default())),
+        })
+    }
+
     /// Serve one accepted connection until it is finished.
     pub async fn serve(self: Arc<Self>, downstream: TcpStream, peer: SocketAddr, route: Route) {
         let dir = route.direction();

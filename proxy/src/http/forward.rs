@@ -16,7 +16,6 @@ use super::headers::{self, ATTEMPT_COUNT, GRPC_MESSAGE, GRPC_STATUS};
 use super::pool::{self, Key, Sender};
 use super::retry::{self, ReplayBody};
 use super::{upgrade, ConnContext};
-use crate::connect::{self, ConnectError};
 use crate::detect::HttpVersion;
 use crate::Direction;
 use bytes::Bytes;
@@ -354,21 +353,7 @@ async fn open(ctx: &ConnContext) -> Result<Sender, ProxyError> {
                 .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, dst, e));
         }
     }
-    tracing::debug!(%dst, version = ?ctx.key.version, "opening an upstream HTTP connection");
-    let up = connect::connect(
-        dst,
-        ctx.key.source,
-        ctx.connect_timeout,
-        &ctx.proxy.loop_guard,
-    )
-    .await
-    .map_err(|e| {
-        let kind = match e {
-            ConnectError::Timeout { .. } => ErrorKind::ConnectTimeout,
-            ConnectError::Io { .. } => ErrorKind::ConnectFailed,
-        };
-        ProxyError::new(kind, dst, e)
-    })?;
+    let up = ctx.connect_upstream().await?;
     pool::handshake(up, ctx.key.version)
         .await
         .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, dst, e))

@@ -75,21 +75,22 @@ pub struct ConnContext {
 }
 
 impl ConnContext {
-    /// A plaintext outbound HTTP/1.1 connection from `peer` to `destination` (tests).
-    #[cfg(test)]
-    pub fn for_tests(proxy: Arc<Proxy>, destination: SocketAddr, peer: SocketAddr) -> Self {
-        let config = proxy.config.load_full();
+    /// A connection with nothing counted yet, and no mesh peer.
+    fn new(
+        proxy: Arc<Proxy>,
+        config: Arc<Config>,
+        direction: Direction,
+        peer: SocketAddr,
+        key: pool::Key,
+        connect_timeout: Duration,
+    ) -> Self {
         ConnContext {
             proxy,
             config,
-            direction: Direction::Outbound,
+            direction,
             peer,
-            key: pool::Key {
-                destination,
-                source: None,
-                version: HttpVersion::Http1,
-            },
-            connect_timeout: Duration::from_secs(1),
+            key,
+            connect_timeout,
             mesh_peer: None,
             sni: None,
             in_flight: AtomicUsize::new(0),
@@ -100,6 +101,48 @@ impl ConnContext {
             served: AtomicU64::new(0),
             closing: AtomicBool::new(false),
         }
+    }
+
+    /// A plaintext outbound HTTP/1.1 connection from `peer` to `destination` (tests).
+    #[cfg(test)]
+    pub fn for_tests(proxy: Arc<Proxy>, destination: SocketAddr, peer: SocketAddr) -> Self {
+        let config = proxy.config.load_full();
+        let key = pool::Key {
+            destination,
+            source: None,
+            version: HttpVersion::Http1,
+        };
+        let timeout = Duration::from_secs(1);
+        ConnContext::new(proxy, config, Direction::Outbound, peer, key, timeout)
+    }
+
+    /// Resolves once this connection should wind down for draining: inbound only (outbound
+    /// keeps serving while draining: the application may still need its peers).
+    async fn drain_started(&self) {
+        match self.direction {
+            Direction::Inbound => self.proxy.drain.started().await,
+            Direction::Outbound => std::future::pending().await,
+        }
+    }
+
+    /// Open a new upstream connection to the destination.
+    async fn connect_upstream(&self) -> Result<Upstream, errors::ProxyError> {
+        let dst = self.key.destination;
+        tracing::debug!(%dst, version = ?self.key.version, "opening an upstream HTTP connection");
+        crate::connect::connect(
+            dst,
+            self.key.source,
+            self.connect_timeout,
+            &self.proxy.loop_guard,
+        )
+        .await
+        .map_err(|e| {
+            let kind = match e {
+                crate::connect::ConnectError::Timeout { .. } => errors::ErrorKind::ConnectTimeout,
+                crate::connect::ConnectError::Io { .. } => errors::ErrorKind::ConnectFailed,
+            };
+            errors::ProxyError::new(kind, dst, e)
+        })
     }
 
     /// Count a request in; returns its position on the connection (from 1).
@@ -222,21 +265,9 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         crate::tls::stream::Downstream::Plain(_) => None,
     };
     let ctx = Arc::new(ConnContext {
-        proxy,
-        config,
-        direction: c.direction,
-        peer: c.peer,
-        key,
-        connect_timeout: c.connect_timeout,
         mesh_peer,
         sni,
-        in_flight: AtomicUsize::new(0),
-        started: AtomicU64::new(0),
-        smuggled_head: AtomicU64::new(0),
-        bytes_in: AtomicU64::new(0),
-        bytes_out: AtomicU64::new(0),
-        served: AtomicU64::new(0),
-        closing: AtomicBool::new(false),
+        ..ConnContext::new(proxy, config, c.direction, c.peer, key, c.connect_timeout)
     });
     let (downstream, prefix) = match c.downstream {
         crate::tls::stream::Downstream::Plain(mut stream) if fast => {
@@ -357,12 +388,7 @@ where
     C: Future<Output = Result<(), hyper::Error>>,
 {
     tokio::pin!(conn);
-    let draining = async {
-        match ctx.direction {
-            Direction::Inbound => ctx.proxy.drain.started().await,
-            Direction::Outbound => std::future::pending().await,
-        }
-    };
+    let draining = ctx.drain_started();
     tokio::pin!(draining);
     let every = ctx.config.http.idle_timeout;
     let mut idle_check = tokio::time::interval_at(tokio::time::Instant::now() + every, every);

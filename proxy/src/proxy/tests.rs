@@ -1,22 +1,10 @@
 use super::*;
-use crate::metrics::Metrics;
 
 /// Every open connection holds one of these futures; its size is memory per connection
 /// before any buffer is allocated. Raise the bound only knowingly.
 #[tokio::test]
 async fn connection_future_stays_small() {
-    let metrics = Arc::new(Metrics::default());
-    let proxy = Arc::new(Proxy {
-        config: Arc::new(ArcSwap::from_pointee(Config::default())),
-        loop_guard: LoopGuard::new(vec![]),
-        metrics: Arc::clone(&metrics),
-        drain: Drain::new(),
-        access_log: AccessLog::start(metrics).unwrap(),
-        pool: Arc::default(),
-        h1: Arc::default(),
-        mesh: Arc::default(),
-        authz: Arc::new(crate::authz::Authorizer::new(Default::default())),
-    });
+    let proxy = Proxy::for_tests(Config::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let _client = TcpStream::connect(listener.local_addr().unwrap())
         .await

@@ -4,7 +4,7 @@
 use super::chunked::{self, ChunkedEnd};
 use super::head::{self, Framing, ResponseHead};
 use super::{closing, itoa_u32, READ_SIZE};
-use crate::connect::{self, ConnectError, Upstream};
+use crate::connect::Upstream;
 use crate::http::body::RequestEnd;
 use crate::http::errors::{ErrorKind, Flags};
 use crate::http::ConnContext;
@@ -297,26 +297,14 @@ async fn response_head(
 
 /// Open a new upstream connection to the request's destination.
 async fn open(ctx: &ConnContext) -> Result<Upstream, ErrorKind> {
-    let dst = ctx.key.destination;
-    tracing::debug!(%dst, "opening an upstream HTTP/1.1 connection");
-    connect::connect(
-        dst,
-        ctx.key.source,
-        ctx.connect_timeout,
-        &ctx.proxy.loop_guard,
-    )
-    .await
-    .map_err(|e| {
-        tracing::debug!(%dst, error = %e, "upstream connect failed");
+    ctx.connect_upstream().await.map_err(|e| {
+        tracing::debug!(error = %e, "upstream connect failed");
         ctx.proxy
             .metrics
             .direction(ctx.direction)
             .connect_failures
             .inc();
-        match e {
-            ConnectError::Timeout { .. } => ErrorKind::ConnectTimeout,
-            ConnectError::Io { .. } => ErrorKind::ConnectFailed,
-        }
+        e.kind
     })
 }
 

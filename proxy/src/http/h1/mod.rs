@@ -103,12 +103,7 @@ pub async fn serve(
     // costs no timer operation per request.
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
-    let draining = async {
-        match ctx.direction {
-            Direction::Inbound => ctx.proxy.drain.started().await,
-            Direction::Outbound => std::future::pending().await,
-        }
-    };
+    let draining = ctx.drain_started();
     tokio::pin!(draining);
     let mut drained = false;
     let buffers = &ctx.proxy.h1.buffers;

@@ -2,14 +2,9 @@
 //! that answer from a script, so every framing and failure can be had on demand.
 
 use super::*;
-use crate::access_log::AccessLog;
 use crate::detect::HttpVersion;
-use crate::drain::Drain;
-use crate::loop_guard::LoopGuard;
-use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::tls::stream::Downstream;
-use arc_swap::ArcSwap;
 use remora_config::Config;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -124,18 +119,7 @@ async fn read_message(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, V
 }
 
 fn proxy(config: Config) -> Arc<Proxy> {
-    let metrics = Arc::new(Metrics::default());
-    Arc::new(Proxy {
-        config: Arc::new(ArcSwap::from_pointee(config)),
-        loop_guard: LoopGuard::new(vec![]),
-        metrics: Arc::clone(&metrics),
-        drain: Drain::new(),
-        access_log: AccessLog::start(metrics).unwrap(),
-        pool: Arc::default(),
-        h1: Arc::default(),
-        mesh: Arc::default(),
-        authz: Arc::new(crate::authz::Authorizer::new(Default::default())),
-    })
+    Proxy::for_tests(config)
 }
 
 /// A client connection served by the HTTP path toward `destination`, outbound.
