@@ -88,31 +88,24 @@ impl Reloader {
             let interval = self.store.load().reload.watch_interval;
             tokio::select! {
                 Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => None } } => {
-                    let content = self.read();
-                    self.reload(content, "SIGHUP");
+                    let content = tokio::fs::read(&self.path).await;
+                    self.reload(content.ok(), "SIGHUP");
                 }
                 () = tokio::time::sleep(interval) => {
-                    let content = self.read();
+                    let content = tokio::fs::read(&self.path).await.ok();
                     if content == self.last {
                         continue;
                     }
                     // Editors and `echo >` truncate before they write: act only on content that
                     // stays the same across a short pause, never on a half-written file.
                     tokio::time::sleep(SETTLE).await;
-                    let again = self.read();
+                    let again = tokio::fs::read(&self.path).await.ok();
                     if again == content {
                         self.reload(content, "file changed");
                     }
                 }
             }
         }
-    }
-
-    /// The file's content, read in place: a config file is small and local (a ConfigMap
-    /// mount), and tokio's file reads hop through its blocking pool, waking two more threads on
-    /// the data path's core every poll.
-    fn read(&self) -> Option<Vec<u8>> {
-        std::fs::read(&self.path).ok()
     }
 
     fn reload(&mut self, content: Option<Vec<u8>>, why: &str) {

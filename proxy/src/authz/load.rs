@@ -200,19 +200,15 @@ impl Watcher {
 
     async fn read_inputs(&self) -> Result<Inputs, PolicyError> {
         let settings = self.settings();
-        // Without a directory there is nothing to read: no hop through the blocking pool (it
-        // would wake a thread on the data path's core every poll).
-        let files = match settings.0.clone() {
-            None => None,
-            Some(dir) => tokio::task::spawn_blocking(move || read_dir(&dir).map(Some))
-                .await
-                .unwrap_or_else(|e| {
-                    Err(PolicyError::Read {
-                        file: PathBuf::new(),
-                        source: std::io::Error::other(e),
-                    })
-                })?,
-        };
+        let dir = settings.0.clone();
+        let files = tokio::task::spawn_blocking(move || dir.as_deref().map(read_dir).transpose())
+            .await
+            .unwrap_or_else(|e| {
+                Err(PolicyError::Read {
+                    file: PathBuf::new(),
+                    source: std::io::Error::other(e),
+                })
+            })?;
         Ok(Inputs {
             dir: settings.0,
             root: settings.1,
