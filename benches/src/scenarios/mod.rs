@@ -424,7 +424,7 @@ impl Bench {
             (usize::MAX, usize::MAX)
         };
         let cost = Cost {
-            cpu_seconds: before.zip(after).map(|(b, a)| a.cpu_seconds_since(&b)),
+            cpu_seconds: before.zip(after.as_ref()).map(|(b, a)| a.cpu_seconds_since(&b)),
             max_rss_kib: after.map(|a| a.rss_kib.max(sampled_max.unwrap_or(0))),
             seconds,
             proxy_core_busy: process::core_busy(&cores_before, &cores_after, proxy_core),

@@ -74,7 +74,7 @@ pub fn run(bench: &Bench) -> Table {
         let before = pair.as_ref().map(Pair::usage);
         let outcome = bench.block_on(open_loop::run(addr, plan));
         let after = pair.as_ref().map(Pair::usage);
-        let cpu = before.zip(after).map(|(b, a)| a.cpu_seconds_since(&b));
+        let cpu = before.zip(after.as_ref()).map(|(b, a)| a.cpu_seconds_since(&b));
         let rss = after.map(|a| a.rss_kib);
         outcome
             .map(|o| (o, cpu, rss))
@@ -165,14 +165,7 @@ struct Pair {
 impl Pair {
     /// CPU and memory of both sidecars together.
     fn usage(&self) -> Usage {
-        let (a, b) = (
-            process::tree_usage(self.client.pid()),
-            process::tree_usage(self.server.pid()),
-        );
-        Usage {
-            cpu_ticks: a.cpu_ticks + b.cpu_ticks,
-            rss_kib: a.rss_kib + b.rss_kib,
-        }
+        process::tree_usage(self.client.pid()).plus(process::tree_usage(self.server.pid()))
     }
 }
 
