@@ -82,7 +82,7 @@ pub struct Outcome {
     pub latency_ns: Histogram<u64>,
     /// Requests answered with a 200 and a full body in the recorded window.
     pub requests: u64,
-    /// Requests answered in the whole run, warm-up included (what the proxy's CPU time covers).
+    /// Requests answered in the whole run, warm-up included.
     pub answered: u64,
     /// Failed requests (errors, timeouts, wrong status) in the whole run.
     pub errors: u64,

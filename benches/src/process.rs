@@ -446,10 +446,7 @@ mod tests {
         };
         let before = usage(10, &[(1, 1_000_000_000), (2, 500_000_000)]);
         // Thread 3 started in between: all of its time counts.
-        let after = usage(
-            99,
-            &[(1, 1_250_000_000), (2, 500_000_000), (3, 5_000_000)],
-        );
+        let after = usage(99, &[(1, 1_250_000_000), (2, 500_000_000), (3, 5_000_000)]);
         assert_eq!(after.cpu_seconds_since(&before), 0.255);
         // Thread 2 ended: its nanoseconds are gone, so the ticks decide.
         let ended = usage(40, &[(1, 1_250_000_000)]);

@@ -118,13 +118,15 @@ fn one_round(bench: &Bench, proxy: Proxy, n: usize) -> Result<CostRound, String>
     };
     let under_load = bench.start(proxy, Mode::Http1, bench.upstream).map(|c| {
         startups.extend(c.startup);
-        bench.measure(&c, || bench.block_on(open_loop::run(c.addr, plan)))
+        bench.measure_after(&c, plan.warmup, || {
+            bench.block_on(open_loop::run(c.addr, plan))
+        })
     });
     let (rss_load, cpu) = match under_load {
         Ok((Ok(outcome), cost)) => (
             cost.max_rss_kib.map(mib),
             cost.cpu_seconds
-                .map(|c| cpu_ms_per_1000(c, outcome.answered)),
+                .map(|c| cpu_ms_per_1000(c, outcome.requests)),
         ),
         Ok((Err(e), _)) => {
             notes.push(format!("1000 rps: {e:#}"));

@@ -49,7 +49,7 @@ pub fn run(bench: &Bench) -> Table {
     table.notes.push("\"added\" = this row's percentile − no proxy's in the same round. remora-tcp is Remora forwarding opaque TCP (L4): a reference, not like-for-like.".into());
     let results = interleaved("latency", &s.contenders(true), s.rounds, |proxy| {
         let contender = bench.start(proxy, Mode::Http1, bench.upstream)?;
-        let (outcome, cost) = bench.measure(&contender, || {
+        let (outcome, cost) = bench.measure_after(&contender, plan.warmup, || {
             bench.block_on(open_loop::run(contender.addr, plan))
         });
         outcome
@@ -86,7 +86,7 @@ pub fn run(bench: &Bench) -> Table {
                 values.push(Some(outcome.errors as f64));
                 values.push(
                     cost.cpu_seconds
-                        .map(|c| cpu_ms_per_1000(c, outcome.answered)),
+                        .map(|c| cpu_ms_per_1000(c, outcome.requests)),
                 );
                 values.push(cost.max_rss_kib.map(mib));
                 Ok(values)

@@ -94,11 +94,12 @@ impl Settings {
         };
         Settings {
             quick,
-            // Five rounds of everything in about 15 minutes: each round is short, the rounds
-            // are not fewer. Latency keeps the 20 s at 1000 rps (5 × 4 s).
+            // Five rounds of everything in about 17 minutes: each round is short, the rounds
+            // are not fewer. Latency rounds are 8 s: a p99 from 4,000 requests moved with
+            // every few-millisecond hiccup of a shared machine (5 × 8 s = 40 s at 1000 rps).
             warmup: secs(0.5, 0.5),
             rounds: if quick { 2 } else { 5 },
-            latency_round: secs(2.0, 4.0),
+            latency_round: secs(2.0, 8.0),
             round: secs(2.0, 2.0),
             run: secs(2.0, 2.0),
             settle: secs(0.5, 0.5),
@@ -396,6 +397,18 @@ impl Bench {
 
     /// Runs `load` while sampling what it costs `contender` and how busy both cores are.
     pub fn measure<T>(&self, contender: &Contender, load: impl FnOnce() -> T) -> (T, Cost) {
+        self.measure_after(contender, Duration::ZERO, load)
+    }
+
+    /// As [`Bench::measure`], with the proxy's CPU time counted only from `warmup` into the
+    /// load: an open-loop run's warm-up opens its connections and wakes whatever a proxy
+    /// initialises lazily, which is not the cost of a request in the steady state.
+    pub fn measure_after<T>(
+        &self,
+        contender: &Contender,
+        warmup: Duration,
+        load: impl FnOnce() -> T,
+    ) -> (T, Cost) {
         let pid = contender.pid();
         let cores_before = process::core_times();
         let before = pid.map(process::tree_usage);
@@ -403,12 +416,25 @@ impl Bench {
         let sampler = pid.map(|pid| {
             let stop = stop.clone();
             std::thread::spawn(move || {
+                let started = Instant::now();
                 let mut max = 0;
+                let mut warm: Option<process::Usage> = None;
                 while !stop.load(Ordering::Relaxed) {
-                    max = max.max(process::tree_usage(pid).rss_kib);
-                    std::thread::sleep(RSS_SAMPLE_INTERVAL);
+                    let usage = process::tree_usage(pid);
+                    max = max.max(usage.rss_kib);
+                    let elapsed = started.elapsed();
+                    if warm.is_none() && elapsed >= warmup && !warmup.is_zero() {
+                        warm = Some(usage);
+                    }
+                    // Wake at the end of the warm-up, not up to an interval after it.
+                    let next = match warm {
+                        None if !warmup.is_zero() => (warmup.saturating_sub(elapsed))
+                            .clamp(Duration::from_millis(1), RSS_SAMPLE_INTERVAL),
+                        _ => RSS_SAMPLE_INTERVAL,
+                    };
+                    std::thread::sleep(next);
                 }
-                max
+                (max, warm)
             })
         });
         let started = Instant::now();
@@ -417,14 +443,24 @@ impl Bench {
         let after = pid.map(process::tree_usage);
         let cores_after = process::core_times();
         stop.store(true, Ordering::Relaxed);
-        let sampled_max = sampler.map(|s| s.join().unwrap_or(0));
+        let (sampled_max, warm) = match sampler.map(|s| s.join().unwrap_or_default()) {
+            Some((max, warm)) => (Some(max), warm),
+            None => (None, None),
+        };
+        // Counted from the end of the warm-up when the load lasted past it.
+        let (before, seconds) = match warm {
+            Some(w) => (Some(w), (seconds - warmup.as_secs_f64()).max(f64::EPSILON)),
+            None => (before, seconds),
+        };
         let (proxy_core, load_core) = if self.settings.pin {
             (PROXY_CPU, LOAD_CPU)
         } else {
             (usize::MAX, usize::MAX)
         };
         let cost = Cost {
-            cpu_seconds: before.zip(after.as_ref()).map(|(b, a)| a.cpu_seconds_since(&b)),
+            cpu_seconds: before
+                .zip(after.as_ref())
+                .map(|(b, a)| a.cpu_seconds_since(&b)),
             max_rss_kib: after.map(|a| a.rss_kib.max(sampled_max.unwrap_or(0))),
             seconds,
             proxy_core_busy: process::core_busy(&cores_before, &cores_after, proxy_core),
@@ -563,13 +599,10 @@ mod tests {
             quick.run <= Duration::from_secs(3) && quick.latency_round <= Duration::from_secs(3)
         );
         assert!(quick.rounds >= 2, "a spread needs two rounds at least");
-        // The reporting rule: medians of at least five interleaved repeats; and its
-        // 20 s at 1000 rps, in those rounds.
+        // The reporting rule: medians of at least five interleaved repeats; and at
+        // least 20 s at 1000 rps, in those rounds.
         assert!(roomy.rounds >= 5);
-        assert_eq!(
-            roomy.latency_round * roomy.rounds as u32,
-            Duration::from_secs(20)
-        );
+        assert!(roomy.latency_round * roomy.rounds as u32 >= Duration::from_secs(20));
         assert!(!roomy.contenders(false).contains(&Proxy::RemoraTcp));
         assert!(roomy.contenders(true).contains(&Proxy::RemoraTcp));
     }

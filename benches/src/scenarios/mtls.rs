@@ -74,7 +74,9 @@ pub fn run(bench: &Bench) -> Table {
         let before = pair.as_ref().map(Pair::usage);
         let outcome = bench.block_on(open_loop::run(addr, plan));
         let after = pair.as_ref().map(Pair::usage);
-        let cpu = before.zip(after.as_ref()).map(|(b, a)| a.cpu_seconds_since(&b));
+        let cpu = before
+            .zip(after.as_ref())
+            .map(|(b, a)| a.cpu_seconds_since(&b));
         let rss = after.map(|a| a.rss_kib);
         outcome
             .map(|o| (o, cpu, rss))
