@@ -306,6 +306,10 @@ async fn local_reply(
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\ncontent-type: text/plain\r\ncontent-length: ");
     out.extend_from_slice(itoa_u32(details.len() as u32, &mut [0u8; 10]).as_bytes());
+    // As the general path's (hyper's) and Envoy's local replies do: caches and clients date a
+    // response by it.
+    out.extend_from_slice(b"\r\ndate: ");
+    out.extend_from_slice(httpdate::fmt_http_date(SystemTime::now()).as_bytes());
     if !keep {
         out.extend_from_slice(b"\r\nconnection: close");
     }

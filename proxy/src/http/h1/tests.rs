@@ -311,6 +311,14 @@ async fn unanswered_requests_get_envoys_local_replies() {
     let r = response(&mut c, &mut buf).await;
     assert!(r.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{r}");
     assert!(r.ends_with("reset reason: connection failure"), "{r}");
+    let date = r
+        .lines()
+        .find_map(|l| l.strip_prefix("date: "))
+        .unwrap_or_else(|| panic!("no date header: {r}"));
+    let age = std::time::SystemTime::now()
+        .duration_since(httpdate::parse_http_date(date).expect("an HTTP date"))
+        .unwrap_or_default();
+    assert!(age < Duration::from_secs(60), "{date}");
     // The connection stays usable.
     c.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
     assert!(response(&mut c, &mut buf).await.starts_with("HTTP/1.1 503"));
