@@ -261,23 +261,26 @@ impl Drop for RequestEnd {
         if !self.complete && !upstream_failed {
             self.flags.insert(Flags::DC);
         }
-        self.conn.proxy.metrics.request_finished(&RequestOutcome {
-            mesh_peer: self
-                .conn
-                .mesh_peer
-                .as_ref()
-                .map(|(peer, _)| Arc::clone(peer)),
-            direction: self.conn.direction,
-            grpc: self.grpc,
-            code: self.status,
-            grpc_status: self.grpc_status,
-            flags: self.flags,
-            duration: self.started.elapsed(),
-            request_bytes: self.received.bytes(),
-            response_bytes: self.sent,
-            request_messages: self.received.messages(),
-            response_messages: self.response_framing.messages,
-        });
+        self.conn.proxy.metrics.request_finished(
+            &self.conn.series,
+            &RequestOutcome {
+                mesh_peer: self
+                    .conn
+                    .mesh_peer
+                    .as_ref()
+                    .map(|(peer, _)| Arc::clone(peer)),
+                direction: self.conn.direction,
+                grpc: self.grpc,
+                code: self.status,
+                grpc_status: self.grpc_status,
+                flags: self.flags,
+                duration: self.started.elapsed(),
+                request_bytes: self.received.bytes(),
+                response_bytes: self.sent,
+                request_messages: self.received.messages(),
+                response_messages: self.response_framing.messages,
+            },
+        );
         if let Some(log) = self.log.take() {
             self.conn.write_log(*log, self.flags, self.sent);
         }

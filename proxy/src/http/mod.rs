@@ -72,6 +72,8 @@ pub struct ConnContext {
     served: AtomicU64,
     /// Draining: HTTP/1.1 responses carry `Connection: close` from now on.
     closing: AtomicBool,
+    /// The Istio series this connection's last request was counted in.
+    series: crate::metrics::SeriesCache,
 }
 
 impl ConnContext {
@@ -100,6 +102,7 @@ impl ConnContext {
             bytes_out: AtomicU64::new(0),
             served: AtomicU64::new(0),
             closing: AtomicBool::new(false),
+            series: crate::metrics::SeriesCache::default(),
         }
     }
 

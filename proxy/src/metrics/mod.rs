@@ -18,7 +18,7 @@ pub use authz::{AuthzMetrics, Outcome as AuthzOutcome, Protocol as AuthzProtocol
 pub use dns::DnsMetrics;
 pub use envoy::{EnvoyStat, Kind as StatKind, Scope as StatScope, ServerState, ServerStats};
 pub use istio::{IstioLabels, IstioTcp, FLAGS};
-pub use istio_http::RequestOutcome;
+pub use istio_http::{RequestOutcome, SeriesCache};
 pub use process::{sample as process_sample, Sample as ProcessSample};
 pub use tls::TlsMetrics;
 
@@ -341,9 +341,10 @@ impl Metrics {
         self.detection_seconds.observe(took.as_secs_f64());
     }
 
-    /// Record one finished HTTP or gRPC request in Istio's request metrics.
-    pub fn request_finished(&self, outcome: &RequestOutcome) {
-        self.requests.record(outcome);
+    /// Record one finished HTTP or gRPC request in Istio's request metrics; `series` is its
+    /// connection's.
+    pub fn request_finished(&self, series: &SeriesCache, outcome: &RequestOutcome) {
+        self.requests.record_cached(series, outcome);
     }
 
     /// Envoy's statistics, now, for the admin `/stats` page.

@@ -1,8 +1,8 @@
-//! Read buffers lent to requests in flight. A connection holds none while it waits, so an idle
-//! keep-alive connection costs no buffer; and a buffer handed back is kept for the next
-//! request rather than freed, because freeing and allocating one per request makes the
-//! allocator return memory to the system between requests and fault it back in (about one
-//! page fault per request under load, measured).
+//! Read buffers lent to requests in flight, and the buffers their heads are written into. A
+//! connection holds none while it waits, so an idle keep-alive connection costs no buffer; and
+//! a buffer handed back is kept for the next request rather than freed, because freeing and
+//! allocating one per request makes the allocator return memory to the system between
+//! requests and fault it back in (about one page fault per request under load, measured).
 
 use bytes::BytesMut;
 use std::ops::{Deref, DerefMut};
@@ -16,8 +16,10 @@ const KEEP: usize = 128;
 /// Buffers free for the next request.
 #[derive(Debug, Default)]
 pub struct Buffers {
-    // A plain mutex, held for one push or pop.
+    // Plain mutexes, held for one push or pop.
     free: Mutex<Vec<BytesMut>>,
+    /// Buffers heads are written into, free for the next request.
+    heads: Mutex<Vec<Vec<u8>>>,
 }
 
 impl Buffers {
@@ -42,6 +44,29 @@ impl Buffers {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         if free.len() < KEEP {
             free.push(buf);
+        }
+    }
+
+    /// An empty buffer to write a head into (a request's for the upstream, then the
+    /// response's for the client), with room for [`SIZE`] bytes.
+    pub fn take_vec(&self) -> Vec<u8> {
+        let reused = self
+            .heads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        reused.unwrap_or_else(|| Vec::with_capacity(SIZE))
+    }
+
+    /// Hand back a buffer from [`Buffers::take_vec`]; its contents are dropped.
+    pub fn give_vec(&self, mut v: Vec<u8>) {
+        v.clear();
+        if v.capacity() > 2 * SIZE {
+            return;
+        }
+        let mut heads = self.heads.lock().unwrap_or_else(PoisonError::into_inner);
+        if heads.len() < KEEP {
+            heads.push(v);
         }
     }
 
@@ -121,5 +146,22 @@ mod tests {
             assert_eq!(buffers.kept(), KEEP - 1);
         }
         assert_eq!(buffers.kept(), KEEP);
+    }
+
+    #[test]
+    fn head_buffers_are_reused_too() {
+        let buffers = Buffers::default();
+        let mut v = buffers.take_vec();
+        assert!(v.capacity() >= SIZE);
+        v.extend_from_slice(b"GET / HTTP/1.1\r\n");
+        let at = v.as_ptr() as usize;
+        buffers.give_vec(v);
+        let again = buffers.take_vec();
+        assert_eq!((again.as_ptr() as usize, again.len()), (at, 0));
+        // One grown past twice the size is freed rather than kept.
+        let mut big = again;
+        big.reserve(4 * SIZE);
+        buffers.give_vec(big);
+        assert_eq!(buffers.heads.lock().unwrap().len(), 0);
     }
 }

@@ -142,7 +142,10 @@ pub(super) async fn exchange(
 
     // The response: head and what came with it in one write, then the rest as it arrives.
     let keep_client = response.framing != Framing::Close && !req.close && !closing(ctx);
-    let mut out = Vec::with_capacity(rbuf.len() + 32);
+    // The request's head is sent for good: its buffer takes the response's.
+    let mut out = std::mem::take(&mut req.head);
+    out.clear();
+    out.reserve(rbuf.len() + 32);
     response.write_downstream(rbuf, !keep_client, &mut out);
     rbuf.advance(response.len);
     let mut body = Body::new(response.framing);
@@ -153,7 +156,7 @@ pub(super) async fn exchange(
     out.extend_from_slice(&rbuf[..now]);
     let mut reusable = !response.close && now == rbuf.len();
     send(ctx, client, &out, end, now).await?;
-    drop(out);
+    ctx.proxy.h1.buffers.give_vec(out);
     while !done {
         rbuf.clear();
         rbuf.reserve(READ_SIZE);

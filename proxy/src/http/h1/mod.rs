@@ -199,7 +199,8 @@ fn prepare(ctx: &Arc<ConnContext>, buf: &[u8], limits: &head::Limits) -> Option<
         .request_id
         .is_none()
         .then(super::headers::request_id_bytes);
-    let mut upstream_head = Vec::with_capacity(total + 128);
+    let mut upstream_head = ctx.proxy.h1.buffers.take_vec();
+    upstream_head.reserve(total + 128);
     let mut extra: [&[u8]; 4] = [b""; 4];
     if let Some(id) = &id {
         extra[0] = b"x-request-id: ";
