@@ -16,21 +16,49 @@ const KEEP: usize = 128;
 /// Buffers free for the next request.
 #[derive(Debug, Default)]
 pub struct Buffers {
-    // Plain mutexes, held for one push or pop.
-    free: Mutex<Vec<BytesMut>>,
-    /// Buffers heads are written into, free for the next request.
-    heads: Mutex<Vec<Vec<u8>>>,
+    free: FreeList<BytesMut>,
+    /// Buffers heads are written into.
+    heads: FreeList<Vec<u8>>,
+}
+
+/// Up to [`KEEP`] buffers of one kind, behind a plain mutex held for one push or pop.
+#[derive(Debug)]
+struct FreeList<T>(Mutex<Vec<T>>);
+
+impl<T> Default for FreeList<T> {
+    fn default() -> Self {
+        FreeList(Mutex::new(Vec::new()))
+    }
+}
+
+impl<T> FreeList<T> {
+    fn pop(&self) -> Option<T> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).pop()
+    }
+
+    /// Keep `buf` unless it has grown past twice [`SIZE`] or the list is full.
+    fn push(&self, buf: T, capacity: usize) {
+        if capacity > 2 * SIZE {
+            return;
+        }
+        let mut list = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if list.len() < KEEP {
+            list.push(buf);
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
 }
 
 impl Buffers {
     /// An empty buffer with room for [`SIZE`] bytes.
     pub fn take(&self) -> BytesMut {
-        let reused = self
-            .free
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        reused.unwrap_or_else(|| BytesMut::with_capacity(SIZE))
+        self.free
+            .pop()
+            .unwrap_or_else(|| BytesMut::with_capacity(SIZE))
     }
 
     /// Hand `buf` back; its contents are dropped.
@@ -38,36 +66,21 @@ impl Buffers {
         buf.clear();
         // Room before the start (after `advance`) is taken back without allocating.
         buf.reserve(SIZE);
-        if buf.capacity() > 2 * SIZE {
-            return;
-        }
-        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        if free.len() < KEEP {
-            free.push(buf);
-        }
+        let capacity = buf.capacity();
+        self.free.push(buf, capacity);
     }
 
     /// An empty buffer to write a head into (a request's for the upstream, then the
     /// response's for the client), with room for [`SIZE`] bytes.
     pub fn take_vec(&self) -> Vec<u8> {
-        let reused = self
-            .heads
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        reused.unwrap_or_else(|| Vec::with_capacity(SIZE))
+        self.heads.pop().unwrap_or_else(|| Vec::with_capacity(SIZE))
     }
 
     /// Hand back a buffer from [`Buffers::take_vec`]; its contents are dropped.
     pub fn give_vec(&self, mut v: Vec<u8>) {
         v.clear();
-        if v.capacity() > 2 * SIZE {
-            return;
-        }
-        let mut heads = self.heads.lock().unwrap_or_else(PoisonError::into_inner);
-        if heads.len() < KEEP {
-            heads.push(v);
-        }
+        let capacity = v.capacity();
+        self.heads.push(v, capacity);
     }
 
     /// A buffer handed back when the loan ends.
@@ -81,10 +94,7 @@ impl Buffers {
     /// Buffers kept now (tests).
     #[cfg(test)]
     pub fn kept(&self) -> usize {
-        self.free
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.free.len()
     }
 }
 
@@ -162,6 +172,6 @@ mod tests {
         let mut big = again;
         big.reserve(4 * SIZE);
         buffers.give_vec(big);
-        assert_eq!(buffers.heads.lock().unwrap().len(), 0);
+        assert_eq!(buffers.heads.len(), 0);
     }
 }
