@@ -4,9 +4,11 @@
 //! Detection reads the client's first bytes under a timeout, as linkerd does, but it does not
 //! make server-first protocols (MySQL, SMTP, SSH…) wait for that timeout: the upstream connection
 //! is opened while we read, and if the server sends a byte before the client has said anything
-//! recognisable, the connection is opaque TCP at once. When the client turns out to speak HTTP,
-//! that early upstream connection is not wasted: it becomes the first pooled connection to the
-//! destination.
+//! recognisable, the connection is opaque TCP at once. The exception is an HTTP/2 server's
+//! opening SETTINGS frame, which gRPC servers send on accept, often before a slow client's
+//! preface: it is left unread and the client is waited for. When the client turns out to speak
+//! HTTP, that early upstream connection is not wasted: it becomes the first pooled connection
+//! to the destination.
 //!
 //! The bytes read while detecting are kept and replayed to whichever side handles the connection.
 
@@ -115,6 +117,9 @@ where
     let deadline = tokio::time::sleep(wait.client);
     tokio::pin!(deadline);
     let mut connect_failed = false;
+    // An HTTP/2 server opens with its SETTINGS frame before its client has spoken: that is
+    // not a server-first protocol, so the client's preface is still awaited.
+    let mut watch_server = watch_server;
     let verdict = loop {
         if prefix.len() == prefix.capacity() {
             let want = if prefix.capacity() == 0 {
@@ -148,7 +153,13 @@ where
                 }
                 upstream = Some(result);
             }
-            () = server_spoke(&upstream), if watch_server => break Verdict::ServerFirst,
+            () = server_spoke(&upstream), if watch_server => {
+                if server_opened_http2(&upstream).await {
+                    watch_server = false;
+                    continue;
+                }
+                break Verdict::ServerFirst;
+            }
             () = &mut deadline => break match connect_failed {
                 true => Verdict::UpstreamFailed,
                 false => Verdict::Timeout,
@@ -172,6 +183,30 @@ async fn server_spoke(upstream: &Option<Result<Upstream, ConnectError>>) {
         }
         _ => std::future::pending().await,
     }
+}
+
+/// Whether what the server has sent so far starts with an HTTP/2 SETTINGS frame on stream 0
+/// (RFC 9113 §3.4: a server's preface), read without taking it from the socket. The frame
+/// header alone decides: type 4, no ACK flag, stream 0, a length that holds whole settings.
+/// Server-first protocols open otherwise (MySQL's packet numbered 0, SMTP's `220`, SSH's `SSH-`).
+async fn server_opened_http2(upstream: &Option<Result<Upstream, ConnectError>>) -> bool {
+    let Some(Ok(up)) = upstream else {
+        return false;
+    };
+    let mut header = [0u8; 9];
+    match up.stream.peek(&mut header).await {
+        Ok(9) => is_settings_frame_header(&header),
+        _ => false,
+    }
+}
+
+/// An HTTP/2 frame header (9 bytes) of a SETTINGS frame that is not an acknowledgement, on
+/// stream 0, with a length that is a whole number of settings.
+pub fn is_settings_frame_header(h: &[u8; 9]) -> bool {
+    const SETTINGS: u8 = 0x4;
+    let len = u32::from_be_bytes([0, h[0], h[1], h[2]]);
+    let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+    h[3] == SETTINGS && h[4] == 0 && stream == 0 && len % 6 == 0
 }
 
 /// Decide the protocol from the client's first bytes; `None` while they are a consistent but

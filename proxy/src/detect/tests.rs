@@ -108,6 +108,76 @@ async fn a_server_banner_decides_before_the_timeout_and_the_connection_is_kept()
     assert!(d.prefix.is_empty());
 }
 
+#[test]
+fn an_http2_servers_settings_frame_is_told_from_server_first_banners() {
+    let frame = |bytes: &[u8]| -> [u8; 9] { bytes[..9].try_into().unwrap() };
+    // SETTINGS, empty and with two settings; then its ACK, a HEADERS frame, and a SETTINGS
+    // frame on a stream, which are not a server's opening.
+    assert!(is_settings_frame_header(&frame(&[
+        0, 0, 0, 4, 0, 0, 0, 0, 0
+    ])));
+    assert!(is_settings_frame_header(&frame(&[
+        0, 0, 12, 4, 0, 0, 0, 0, 0
+    ])));
+    assert!(!is_settings_frame_header(&frame(&[
+        0, 0, 0, 4, 1, 0, 0, 0, 0
+    ])));
+    assert!(!is_settings_frame_header(&frame(&[
+        0, 0, 12, 1, 4, 0, 0, 0, 1
+    ])));
+    assert!(!is_settings_frame_header(&frame(&[
+        0, 0, 6, 4, 0, 0, 0, 0, 3
+    ])));
+    assert!(!is_settings_frame_header(&frame(&[
+        0, 0, 7, 4, 0, 0, 0, 0, 0
+    ])));
+    // MySQL's greeting (length, packet 0, protocol 10), SMTP and SSH banners.
+    assert!(!is_settings_frame_header(&frame(&[
+        74, 0, 0, 0, 10, b'8', b'.', b'0', b'.'
+    ])));
+    assert!(!is_settings_frame_header(&frame(b"220 mail.example ESMTP")));
+    assert!(!is_settings_frame_header(&frame(b"SSH-2.0-OpenSSH_9.2")));
+}
+
+#[tokio::test]
+async fn an_http2_server_that_sends_settings_first_still_waits_for_its_clients_preface() {
+    let (mut client, mut downstream) = pair().await;
+    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = server.local_addr().unwrap();
+    // An empty SETTINGS frame, as gRPC servers send on accept.
+    const SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
+    tokio::spawn(async move {
+        let (mut s, _) = server.accept().await.unwrap();
+        s.write_all(SETTINGS).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    });
+    tokio::spawn(async move {
+        // A slow client: its preface comes well after the server's SETTINGS.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        client.write_all(H2_PREFACE).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    });
+    let guard = LoopGuard::new(vec![]);
+    let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
+    tokio::pin!(connecting);
+    let d = detect(
+        &mut downstream,
+        connecting,
+        wait(Duration::from_secs(30)),
+        true,
+    )
+    .await;
+    assert_eq!(d.verdict, Verdict::Http(HttpVersion::Http2));
+    assert_eq!(&d.prefix[..], H2_PREFACE);
+    // The server's SETTINGS are still there for the HTTP/2 client that takes the connection.
+    let Some(Ok(up)) = d.upstream else {
+        panic!("the upstream connection is kept")
+    };
+    let mut unread = [0u8; 9];
+    let n = up.stream.try_read(&mut unread).unwrap();
+    assert_eq!(&unread[..n], SETTINGS);
+}
+
 #[tokio::test]
 async fn client_bytes_decide_and_are_kept_while_the_upstream_connects() {
     let (mut client, mut downstream) = pair().await;
