@@ -429,14 +429,17 @@ fn a_rotated_certificate_keeps_open_connections_and_serves_new_handshakes() {
         stream.read_exact(&mut back).expect("read the echo");
         assert_eq!(back, what);
     };
-    exchange(&mut open, b"before rotation");
+    // Lines, not bare words: "before rotation" alone is a consistent start of an HTTP request
+    // line (a method, a target), which detection holds until `detection.timeout` (5 s) in each
+    // of the two sidecars, and 10 s was this test's read timeout.
+    exchange(&mut open, b"before rotation\n");
 
     let rotated = ca.workload(SERVER_ID);
     ca.install(&server_dir, &rotated);
     server.wait_for_metrics("rotation loaded", METRICS_TIME, |m| {
         m.value("remora_tls_certificate_rotations_total", &[]) >= 1.0
     });
-    exchange(&mut open, b"after rotation, same connection");
+    exchange(&mut open, b"after rotation, same connection\n");
 
     // A new connection through the sidecars works, and a new handshake shows the new
     // certificate.
@@ -483,5 +486,5 @@ fn a_rotated_certificate_keeps_open_connections_and_serves_new_handshakes() {
     let chain = &certs["certificates"][0]["cert_chain"][0];
     assert_eq!(chain["subject_alt_names"][0]["uri"], SERVER_ID, "{certs}");
     assert!(chain["days_until_expiration"].as_str().is_some(), "{certs}");
-    exchange(&mut open, b"still open");
+    exchange(&mut open, b"still open\n");
 }
