@@ -29,8 +29,53 @@ pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const MAX_DETECT_BYTES: usize = 16 * 1024;
 // Most request lines and many whole request heads fit in the first read.
 const INITIAL_READ: usize = 4 * 1024;
-// Longest HTTP method we accept as one (`PROPPATCH`, `UPDATEREDIRECTREF`…, with room to spare).
-const MAX_METHOD_LEN: usize = 24;
+// The methods a request line may start with: IANA's HTTP method registry, and PURGE (caches').
+// Any token is a method to HTTP itself, but bytes such as `hello world` would then hold
+// detection for its whole timeout, waiting for a version that never comes; Envoy's HTTP
+// inspector, which Istio's sidecars detect with, also matches a fixed list.
+const METHODS: &[&[u8]] = &[
+    b"ACL",
+    b"BASELINE-CONTROL",
+    b"BIND",
+    b"CHECKIN",
+    b"CHECKOUT",
+    b"CONNECT",
+    b"COPY",
+    b"DELETE",
+    b"GET",
+    b"HEAD",
+    b"LABEL",
+    b"LINK",
+    b"LOCK",
+    b"MERGE",
+    b"MKACTIVITY",
+    b"MKCALENDAR",
+    b"MKCOL",
+    b"MKREDIRECTREF",
+    b"MKWORKSPACE",
+    b"MOVE",
+    b"OPTIONS",
+    b"ORDERPATCH",
+    b"PATCH",
+    b"POST",
+    b"PRI",
+    b"PROPFIND",
+    b"PROPPATCH",
+    b"PURGE",
+    b"PUT",
+    b"QUERY",
+    b"REBIND",
+    b"REPORT",
+    b"SEARCH",
+    b"TRACE",
+    b"UNBIND",
+    b"UNCHECKOUT",
+    b"UNLINK",
+    b"UNLOCK",
+    b"UPDATE",
+    b"UPDATEREDIRECTREF",
+    b"VERSION-CONTROL",
+];
 
 /// How long detection waits for the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,8 +307,9 @@ fn request_line(bytes: &[u8]) -> Line {
     let mut state = State::Method(0);
     for &b in bytes {
         state = match state {
-            State::Method(n) if is_tchar(b) && n < MAX_METHOD_LEN => State::Method(n + 1),
-            State::Method(n) if b == b' ' && n > 0 => State::Target(0),
+            // A byte that keeps the method a start of a known one.
+            State::Method(n) if is_method_start(&bytes[..=n]) => State::Method(n + 1),
+            State::Method(n) if b == b' ' && METHODS.contains(&&bytes[..n]) => State::Target(0),
             State::Target(n) if b == b' ' && n > 0 => State::Version(0),
             // Visible ASCII, and bytes above it that lenient servers take in paths.
             State::Target(n) if b > b' ' && b != 0x7f => State::Target(n + 1),
@@ -280,9 +326,9 @@ fn request_line(bytes: &[u8]) -> Line {
     Line::Incomplete
 }
 
-/// RFC 9110 `tchar`, the characters of a method token.
-fn is_tchar(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+/// Whether `start` begins one of [`METHODS`].
+fn is_method_start(start: &[u8]) -> bool {
+    METHODS.iter().any(|m| m.starts_with(start))
 }
 
 #[cfg(test)]

@@ -17,6 +17,9 @@ fn request_lines_are_http1() {
         b"OPTIONS * HTTP/1.1\n",
         b"CONNECT example.com:443 HTTP/1.1\r\n",
         b"GET http://example.com/a HTTP/1.1\r\n",
+        b"PROPFIND /dav HTTP/1.1\r\n",
+        b"PURGE /cached HTTP/1.1\r\n",
+        b"VERSION-CONTROL /x HTTP/1.1\r\n",
     ] {
         assert_eq!(classify(line), http(HttpVersion::Http1), "{line:?}");
     }
@@ -30,6 +33,8 @@ fn partial_request_lines_wait_for_more() {
         b"GET /",
         b"GET / HTTP/1",
         b"GET / HTTP/1.1\r",
+        b"PROP",
+        b"UPDATEREDIRECT",
     ] {
         assert_eq!(classify(partial), None, "{partial:?}");
     }
@@ -61,6 +66,13 @@ fn tls_and_other_bytes_are_opaque() {
         b"GET  / HTTP/1.1\r\n",
         b"SSH-2.0-OpenSSH_9.2\r\n",
         b"get\x01",
+        // Words that could start a request line with an unregistered method: decided at once,
+        // not after the detection timeout.
+        b"before rotation",
+        b"hello",
+        b"get / HTTP/1.1\r\n",
+        b"GETS / HTTP/1.1\r\n",
+        b"BREW /pot HTTP/1.1\r\n",
     ] {
         assert_eq!(classify(other), Some(Verdict::Opaque), "{other:?}");
     }
