@@ -93,6 +93,19 @@ async fn pair() -> (TcpStream, TcpStream) {
     (client, accepted)
 }
 
+/// Detection on `downstream`, watching the server, while `addr` is dialled; the client gets
+/// `client` to show what it speaks.
+async fn detect_dialling(
+    downstream: &mut TcpStream,
+    addr: std::net::SocketAddr,
+    client: Duration,
+) -> Detection {
+    let guard = LoopGuard::new(vec![]);
+    let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
+    tokio::pin!(connecting);
+    detect(downstream, connecting, wait(client), true).await
+}
+
 #[tokio::test]
 async fn a_server_banner_decides_before_the_timeout_and_the_connection_is_kept() {
     let (_client, mut downstream) = pair().await;
@@ -103,17 +116,8 @@ async fn a_server_banner_decides_before_the_timeout_and_the_connection_is_kept()
         s.write_all(b"220 banner\r\n").await.unwrap();
         tokio::time::sleep(Duration::from_secs(5)).await;
     });
-    let guard = LoopGuard::new(vec![]);
-    let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
-    tokio::pin!(connecting);
     let started = std::time::Instant::now();
-    let d = detect(
-        &mut downstream,
-        connecting,
-        wait(Duration::from_secs(30)),
-        true,
-    )
-    .await;
+    let d = detect_dialling(&mut downstream, addr, Duration::from_secs(30)).await;
     assert_eq!(d.verdict, Verdict::ServerFirst);
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(matches!(d.upstream, Some(Ok(_))));
@@ -169,16 +173,7 @@ async fn an_http2_server_that_sends_settings_first_still_waits_for_its_clients_p
         client.write_all(H2_PREFACE).await.unwrap();
         tokio::time::sleep(Duration::from_secs(5)).await;
     });
-    let guard = LoopGuard::new(vec![]);
-    let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
-    tokio::pin!(connecting);
-    let d = detect(
-        &mut downstream,
-        connecting,
-        wait(Duration::from_secs(30)),
-        true,
-    )
-    .await;
+    let d = detect_dialling(&mut downstream, addr, Duration::from_secs(30)).await;
     assert_eq!(d.verdict, Verdict::Http(HttpVersion::Http2));
     assert_eq!(&d.prefix[..], H2_PREFACE);
     // The server's SETTINGS are still there for the HTTP/2 client that takes the connection.
@@ -199,16 +194,7 @@ async fn client_bytes_decide_and_are_kept_while_the_upstream_connects() {
         .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap();
-    let guard = LoopGuard::new(vec![]);
-    let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
-    tokio::pin!(connecting);
-    let d = detect(
-        &mut downstream,
-        connecting,
-        wait(Duration::from_secs(30)),
-        true,
-    )
-    .await;
+    let d = detect_dialling(&mut downstream, addr, Duration::from_secs(30)).await;
     assert_eq!(d.verdict, Verdict::Http(HttpVersion::Http1));
     assert_eq!(&d.prefix[..], b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
 }
@@ -218,16 +204,7 @@ async fn silence_on_both_sides_times_out() {
     let (_client, mut downstream) = pair().await;
     let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = server.local_addr().unwrap();
-    let guard = LoopGuard::new(vec![]);
-    let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
-    tokio::pin!(connecting);
-    let d = detect(
-        &mut downstream,
-        connecting,
-        wait(Duration::from_millis(100)),
-        true,
-    )
-    .await;
+    let d = detect_dialling(&mut downstream, addr, Duration::from_millis(100)).await;
     assert_eq!(d.verdict, Verdict::Timeout);
     assert!(matches!(d.upstream, Some(Ok(_))), "{:?}", d.upstream);
 }
@@ -250,17 +227,8 @@ async fn refusing_addr() -> std::net::SocketAddr {
 async fn a_refused_upstream_ends_the_wait_for_a_silent_client_soon() {
     let (_client, mut downstream) = pair().await;
     let addr = refusing_addr().await;
-    let guard = LoopGuard::new(vec![]);
-    let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
-    tokio::pin!(connecting);
     let started = std::time::Instant::now();
-    let d = detect(
-        &mut downstream,
-        connecting,
-        wait(Duration::from_secs(30)),
-        true,
-    )
-    .await;
+    let d = detect_dialling(&mut downstream, addr, Duration::from_secs(30)).await;
     assert_eq!(d.verdict, Verdict::UpstreamFailed);
     assert!(matches!(d.upstream, Some(Err(_))), "{:?}", d.upstream);
     assert!(
