@@ -5,6 +5,7 @@
 
 pub mod cost;
 pub mod latency;
+mod measure;
 pub mod mtls;
 mod rounds;
 pub mod tcp;
@@ -17,20 +18,18 @@ use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+pub use measure::Cost;
 pub use rounds::{interleaved, summarize};
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a contender may take from spawn to its first answered request.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// Bound on one readiness probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-/// How often memory is sampled during a load run.
-const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The programs the harness drives; `None` where the machine lacks one.
 #[derive(Debug, Clone, Default)]
@@ -78,7 +77,7 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The sizes (five rounds of everything: about 15 minutes in all), or `quick`
+    /// The sizes (five rounds of everything: about 20 minutes in all), or `quick`
     /// ones (two short rounds) for smoke tests.
     pub fn new(quick: bool, proxies: Vec<Proxy>, pin: bool, nofile: u64) -> Settings {
         let wanted = if quick { 1_000 } else { 10_000 };
@@ -94,7 +93,7 @@ impl Settings {
         };
         Settings {
             quick,
-            // Five rounds of everything in about 17 minutes: each round is short, the rounds
+            // Five rounds of everything in about 20 minutes: each round is short, the rounds
             // are not fewer. Latency rounds are 8 s: a p99 from 4,000 requests moved with
             // every few-millisecond hiccup of a shared machine (5 × 8 s = 40 s at 1000 rps).
             warmup: secs(0.5, 0.5),
@@ -141,25 +140,6 @@ impl Contender {
 
     fn pid(&self) -> Option<u32> {
         self.process.as_ref().map(Spawned::pid)
-    }
-}
-
-/// What a piece of load cost: the proxy's CPU time and peak memory (`None` for no proxy) and
-/// how busy each core was, which tells who the bottleneck was.
-#[derive(Debug, Clone, Copy)]
-pub struct Cost {
-    pub cpu_seconds: Option<f64>,
-    pub max_rss_kib: Option<u64>,
-    /// Wall-clock length of the load.
-    pub seconds: f64,
-    pub proxy_core_busy: Option<f64>,
-    pub load_core_busy: Option<f64>,
-}
-
-impl Cost {
-    /// Cores' worth of CPU the proxy used.
-    pub fn proxy_cores(&self) -> Option<f64> {
-        self.cpu_seconds.map(|c| c / self.seconds)
     }
 }
 
@@ -393,80 +373,6 @@ impl Bench {
         ));
         let spawned = process::spawn(&self.registry, proxy.name(), cpu, &program, &args, &log)?;
         Ok((spawned, listen))
-    }
-
-    /// Runs `load` while sampling what it costs `contender` and how busy both cores are.
-    pub fn measure<T>(&self, contender: &Contender, load: impl FnOnce() -> T) -> (T, Cost) {
-        self.measure_after(contender, Duration::ZERO, load)
-    }
-
-    /// As [`Bench::measure`], with the proxy's CPU time counted only from `warmup` into the
-    /// load: an open-loop run's warm-up opens its connections and wakes whatever a proxy
-    /// initialises lazily, which is not the cost of a request in the steady state.
-    pub fn measure_after<T>(
-        &self,
-        contender: &Contender,
-        warmup: Duration,
-        load: impl FnOnce() -> T,
-    ) -> (T, Cost) {
-        let pid = contender.pid();
-        let cores_before = process::core_times();
-        let before = pid.map(process::tree_usage);
-        let stop = Arc::new(AtomicBool::new(false));
-        let sampler = pid.map(|pid| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let started = Instant::now();
-                let mut max = 0;
-                let mut warm: Option<process::Usage> = None;
-                while !stop.load(Ordering::Relaxed) {
-                    let usage = process::tree_usage(pid);
-                    max = max.max(usage.rss_kib);
-                    let elapsed = started.elapsed();
-                    if warm.is_none() && elapsed >= warmup && !warmup.is_zero() {
-                        warm = Some(usage);
-                    }
-                    // Wake at the end of the warm-up, not up to an interval after it.
-                    let next = match warm {
-                        None if !warmup.is_zero() => (warmup.saturating_sub(elapsed))
-                            .clamp(Duration::from_millis(1), RSS_SAMPLE_INTERVAL),
-                        _ => RSS_SAMPLE_INTERVAL,
-                    };
-                    std::thread::sleep(next);
-                }
-                (max, warm)
-            })
-        });
-        let started = Instant::now();
-        let result = load();
-        let seconds = started.elapsed().as_secs_f64();
-        let after = pid.map(process::tree_usage);
-        let cores_after = process::core_times();
-        stop.store(true, Ordering::Relaxed);
-        let (sampled_max, warm) = match sampler.map(|s| s.join().unwrap_or_default()) {
-            Some((max, warm)) => (Some(max), warm),
-            None => (None, None),
-        };
-        // Counted from the end of the warm-up when the load lasted past it.
-        let (before, seconds) = match warm {
-            Some(w) => (Some(w), (seconds - warmup.as_secs_f64()).max(f64::EPSILON)),
-            None => (before, seconds),
-        };
-        let (proxy_core, load_core) = if self.settings.pin {
-            (PROXY_CPU, LOAD_CPU)
-        } else {
-            (usize::MAX, usize::MAX)
-        };
-        let cost = Cost {
-            cpu_seconds: before
-                .zip(after.as_ref())
-                .map(|(b, a)| a.cpu_seconds_since(&b)),
-            max_rss_kib: after.map(|a| a.rss_kib.max(sampled_max.unwrap_or(0))),
-            seconds,
-            proxy_core_busy: process::core_busy(&cores_before, &cores_after, proxy_core),
-            load_core_busy: process::core_busy(&cores_before, &cores_after, load_core),
-        };
-        (result, cost)
     }
 
     /// Runs an external load tool on the load core for at most `limit`, returning its output.
