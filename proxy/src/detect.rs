@@ -247,7 +247,7 @@ async fn server_opened_http2(upstream: &Option<Result<Upstream, ConnectError>>) 
 
 /// An HTTP/2 frame header (9 bytes) of a SETTINGS frame that is not an acknowledgement, on
 /// stream 0, with a length that is a whole number of settings.
-pub fn is_settings_frame_header(h: &[u8; 9]) -> bool {
+fn is_settings_frame_header(h: &[u8; 9]) -> bool {
     const SETTINGS: u8 = 0x4;
     let len = u32::from_be_bytes([0, h[0], h[1], h[2]]);
     let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;

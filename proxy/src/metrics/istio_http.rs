@@ -119,7 +119,7 @@ impl EncodeLabelSet for RequestKey {
 /// The series of a connection's last plain HTTP request, resolved. A connection's requests
 /// share their direction and peer, and mostly their status too; reusing the series skips four
 /// family lookups per request (a lock, a hash and a probe each). One per connection: the
-/// connection's direction and peer are not part of the comparison.
+/// connection's mesh peer is not part of the comparison.
 #[derive(Debug, Default)]
 pub struct SeriesCache(Mutex<Option<Resolved>>);
 
@@ -261,21 +261,9 @@ impl RequestMetrics {
         });
         let series = match hit {
             Some(series) => series,
-            None => {
-                let key = self.key(o);
-                slot.insert(Resolved {
-                    requests: self.requests.get_or_create_owned(&key),
-                    duration: self.duration.get_or_create_owned(&key),
-                    request_bytes: self.request_bytes.get_or_create_owned(&key),
-                    response_bytes: self.response_bytes.get_or_create_owned(&key),
-                    key,
-                })
-            }
+            None => slot.insert(self.resolve(o)),
         };
-        series.requests.inc();
-        series.duration.observe(o.duration.as_secs_f64() * 1000.0);
-        series.request_bytes.observe(o.request_bytes as f64);
-        series.response_bytes.observe(o.response_bytes as f64);
+        series.record(o);
     }
 
     fn key(&self, o: &RequestOutcome) -> RequestKey {
@@ -292,25 +280,38 @@ impl RequestMetrics {
 
     /// Record one finished request.
     pub fn record(&self, o: &RequestOutcome) {
-        let key = self.key(o);
-        self.requests.get_or_create(&key).inc();
-        self.duration
-            .get_or_create(&key)
-            .observe(o.duration.as_secs_f64() * 1000.0);
-        self.request_bytes
-            .get_or_create(&key)
-            .observe(o.request_bytes as f64);
-        self.response_bytes
-            .get_or_create(&key)
-            .observe(o.response_bytes as f64);
+        let series = self.resolve(o);
+        series.record(o);
         if o.grpc {
             self.request_messages
-                .get_or_create(&key)
+                .get_or_create(&series.key)
                 .inc_by(o.request_messages);
             self.response_messages
-                .get_or_create(&key)
+                .get_or_create(&series.key)
                 .inc_by(o.response_messages);
         }
+    }
+
+    /// The series `o` is counted in.
+    fn resolve(&self, o: &RequestOutcome) -> Resolved {
+        let key = self.key(o);
+        Resolved {
+            requests: self.requests.get_or_create_owned(&key),
+            duration: self.duration.get_or_create_owned(&key),
+            request_bytes: self.request_bytes.get_or_create_owned(&key),
+            response_bytes: self.response_bytes.get_or_create_owned(&key),
+            key,
+        }
+    }
+}
+
+impl Resolved {
+    /// Count `o` in every family but gRPC's message counters.
+    fn record(&self, o: &RequestOutcome) {
+        self.requests.inc();
+        self.duration.observe(o.duration.as_secs_f64() * 1000.0);
+        self.request_bytes.observe(o.request_bytes as f64);
+        self.response_bytes.observe(o.response_bytes as f64);
     }
 }
 
