@@ -296,6 +296,9 @@ pub struct Machine {
     /// 1-minute load average when the run started and ended.
     pub load_average_start: String,
     pub load_average_end: String,
+    /// Per core, over the whole run: the per cent of the time the core had work that the
+    /// hypervisor gave to something else (steal ÷ (busy + steal)).
+    pub stolen_percent: Vec<f64>,
 }
 
 impl Machine {
@@ -313,6 +316,19 @@ impl Machine {
             format!(
                 "Load average (1 min): {} at start, {} at end; above ~2 means other work shared the cores and the numbers are noisier",
                 self.load_average_start, self.load_average_end
+            ),
+            format!(
+                "Time stolen by the hypervisor over the run, as a share of the time each core had work: {}; above ~5% other tenants of the host took the cores often enough to move tail latencies and throughput, and the per-round stolen columns show which rounds",
+                if self.stolen_percent.is_empty() {
+                    "not measured".to_string()
+                } else {
+                    self.stolen_percent
+                        .iter()
+                        .enumerate()
+                        .map(|(core, p)| format!("core {core} {p:.1}%"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
             ),
         ]
     }

@@ -173,7 +173,9 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
         rlimit_nofile: nofile,
         load_average_start: load_average(),
         load_average_end: String::new(),
+        stolen_percent: vec![],
     };
+    let cores_at_start = process::core_times();
     let complete = scenarios.len() == ALL_SCENARIOS.len() && cli.proxies.is_empty();
 
     let mut report = Report {
@@ -222,6 +224,8 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
     }
     drop(bench);
     report.machine.load_average_end = load_average();
+    report.machine.stolen_percent =
+        process::stolen_percent_of_wanted(&cores_at_start, &process::core_times());
     report.targets = targets::judge(&report.tables);
     println!("{}", targets::markdown(&report.targets));
 

@@ -2,6 +2,7 @@
 //! a fixed rate with coordinated-omission correction; the percentiles, and what each proxy adds
 //! over no proxy. The recorded time is split into interleaved rounds whose histograms are merged.
 
+use super::measure::{core_columns, CORES_NOTE};
 use super::{cpu_ms_per_1000, interleaved, mib, seconds, summarize, Bench};
 use crate::open_loop::{self, Outcome, Plan};
 use crate::proxy_config::{Mode, Proxy};
@@ -25,7 +26,7 @@ pub fn run(bench: &Bench) -> Table {
     let mut table = Table::new(
         "latency",
         "1. Latency (Istio's benchmark): HTTP/1.1, 1 KiB responses, 16 connections, 1000 rps open loop",
-        vec![
+        [
             Column::new("p50", "µs", 0).with_ratios(),
             Column::new("p90", "µs", 0),
             Column::new("p99", "µs", 0).with_ratios(),
@@ -38,7 +39,10 @@ pub fn run(bench: &Bench) -> Table {
             Column::new("errors", "", 0),
             Column::new("proxy CPU / 1000 req", "ms", 1).with_peer_ratios(),
             Column::new("proxy RSS", "MiB", 1).with_peer_ratios(),
-        ],
+        ]
+        .into_iter()
+        .chain(core_columns())
+        .collect(),
     );
     table.notes.push(format!(
         "Open-loop generator in the benches crate (hyper client, hdrhistogram): requests due every 1 ms spread evenly over {CONNECTIONS} keep-alive connections, latency measured from when each was due. {} rounds of {} recorded (after {} warm-up each), interleaved across contenders, each contender freshly started per round; every figure is the median of the rounds (min–max in brackets).",
@@ -47,6 +51,7 @@ pub fn run(bench: &Bench) -> Table {
         seconds(plan.warmup)
     ));
     table.notes.push("\"added\" = this row's percentile − no proxy's in the same round. remora-tcp is Remora forwarding opaque TCP (L4): a reference, not like-for-like.".into());
+    table.notes.push(CORES_NOTE.into());
     let results = interleaved("latency", &s.contenders(true), s.rounds, |proxy| {
         let contender = bench.start(proxy, Mode::Http1, bench.upstream)?;
         let (outcome, cost) = bench.measure_after(&contender, plan.warmup, || {
@@ -89,6 +94,7 @@ pub fn run(bench: &Bench) -> Table {
                         .map(|c| cpu_ms_per_1000(c, outcome.requests)),
                 );
                 values.push(cost.max_rss_kib.map(mib));
+                values.extend(cost.core_figures());
                 Ok(values)
             })
             .collect();

@@ -3,6 +3,7 @@
 
 use super::{Bench, Contender};
 use crate::process::{self, LOAD_CPU, PROXY_CPU};
+use crate::report::Column;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,12 +21,39 @@ pub struct Cost {
     pub seconds: f64,
     pub proxy_core_busy: Option<f64>,
     pub load_core_busy: Option<f64>,
+    /// The share of each core the hypervisor gave to something else while the load ran.
+    pub proxy_core_stolen: Option<f64>,
+    pub load_core_stolen: Option<f64>,
+}
+
+/// How to read the core columns ([`core_columns`]).
+pub const CORES_NOTE: &str = "Core busy % and stolen % are from /proc/stat. Busy includes kernel and softirq time (loopback TCP is processed there): a load core near 100% means the load generator and upstream, not the proxy, set the limit; a proxy core busy without a proxy means other work on the machine. Stolen is time the core had work but the hypervisor ran something else (steal): it slows whatever was on that core, and a round with much of it is a noisy round.";
+
+/// The columns [`Cost::core_figures`] fills.
+pub fn core_columns() -> [Column; 4] {
+    [
+        Column::new("proxy core busy", "%", 0),
+        Column::new("load core busy", "%", 0),
+        Column::new("proxy core stolen", "%", 1),
+        Column::new("load core stolen", "%", 1),
+    ]
 }
 
 impl Cost {
     /// Cores' worth of CPU the proxy used.
     pub fn proxy_cores(&self) -> Option<f64> {
         self.cpu_seconds.map(|c| c / self.seconds)
+    }
+
+    /// Busy and stolen shares of both cores, in per cent, in [`core_columns`]' order.
+    pub fn core_figures(&self) -> [Option<f64>; 4] {
+        [
+            self.proxy_core_busy,
+            self.load_core_busy,
+            self.proxy_core_stolen,
+            self.load_core_stolen,
+        ]
+        .map(|share| share.map(|s| s * 100.0))
     }
 }
 
@@ -100,6 +128,8 @@ impl Bench {
             seconds,
             proxy_core_busy: process::core_busy(&cores_before, &cores_after, proxy_core),
             load_core_busy: process::core_busy(&cores_before, &cores_after, load_core),
+            proxy_core_stolen: process::core_stolen(&cores_before, &cores_after, proxy_core),
+            load_core_stolen: process::core_stolen(&cores_before, &cores_after, load_core),
         };
         (result, cost)
     }

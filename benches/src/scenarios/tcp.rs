@@ -2,7 +2,8 @@
 //! (each one a short HTTP/1.1 exchange with `Connection: close`, so every hop is really dialled).
 //! Interleaved rounds; each figure is the median of the rounds, with their spread.
 
-use super::throughput::{rounds_note, CORES_NOTE, TOOL_GRACE};
+use super::measure::{core_columns, CORES_NOTE};
+use super::throughput::{rounds_note, TOOL_GRACE};
 use super::{cpu_ms_per_1000, interleaved, summarize, Bench, Cost, Ready};
 use crate::load_tools;
 use crate::process::{self, LOAD_CPU};
@@ -25,12 +26,13 @@ fn bulk(bench: &Bench) -> Table {
     let mut table = Table::new(
         "tcp-bulk",
         "3a. TCP bulk throughput, one stream (iperf3)",
-        vec![
+        [
             Column::new("throughput", "Gbit/s", 2).with_ratios(),
             Column::new("proxy CPU", "cores", 2).with_peer_ratios(),
-            Column::new("proxy core busy", "%", 0),
-            Column::new("load core busy", "%", 0),
-        ],
+        ]
+        .into_iter()
+        .chain(core_columns())
+        .collect(),
     );
     let run = bench.settings.round;
     table.notes.push(format!(
@@ -66,12 +68,9 @@ fn bulk(bench: &Bench) -> Table {
             .into_iter()
             .map(|round| {
                 let (bits, cost): (f64, Cost) = round?;
-                Ok(vec![
-                    Some(bits / 1e9),
-                    cost.proxy_cores(),
-                    cost.proxy_core_busy.map(|b| b * 100.0),
-                    cost.load_core_busy.map(|b| b * 100.0),
-                ])
+                let mut values = vec![Some(bits / 1e9), cost.proxy_cores()];
+                values.extend(cost.core_figures());
+                Ok(values)
             })
             .collect();
         match summarize(per_round) {
@@ -117,9 +116,10 @@ fn connection_rate(bench: &Bench) -> Table {
             Column::new("errors", "", 0),
             Column::new("proxy CPU", "cores", 2),
             Column::new("proxy CPU / 1000 conns", "ms", 1).with_peer_ratios(),
-            Column::new("proxy core busy", "%", 0),
-            Column::new("load core busy", "%", 0),
-        ],
+        ]
+        .into_iter()
+        .chain(core_columns())
+        .collect(),
     );
     let run = bench.settings.round;
     table.notes.push("Generator in the benches crate on the load core; each connection carries `GET /` with `Connection: close` and its 1 KiB answer; proxies in TCP mode.".into());
@@ -151,14 +151,14 @@ fn connection_rate(bench: &Bench) -> Table {
                 let per_1000 = cost
                     .cpu_seconds
                     .map(|c| cpu_ms_per_1000(c, rate.connections + rate.errors));
-                Ok(vec![
+                let mut values = vec![
                     Some(rate.per_second()),
                     Some(rate.errors as f64),
                     cost.proxy_cores(),
                     per_1000,
-                    cost.proxy_core_busy.map(|b| b * 100.0),
-                    cost.load_core_busy.map(|b| b * 100.0),
-                ])
+                ];
+                values.extend(cost.core_figures());
+                Ok(values)
             })
             .collect();
         match summarize(per_round) {

@@ -2,6 +2,7 @@
 //! connections (wrk), and gRPC unary calls over h2c, 16 connections × 16 streams (h2load).
 //! Interleaved rounds; each figure is the median of the rounds, with their spread.
 
+use super::measure::{core_columns, CORES_NOTE};
 use super::{cpu_ms_per_1000, grpc_request_body, interleaved, seconds, summarize, Bench, Cost};
 use crate::load_tools::{self, HttpLoad};
 use crate::proxy_config::{Mode, Proxy};
@@ -15,8 +16,6 @@ const GRPC_CONNECTIONS: usize = 16;
 const GRPC_STREAMS: usize = 16;
 /// Extra time a tool gets beyond its own duration before it is killed.
 pub const TOOL_GRACE: Duration = Duration::from_secs(15);
-/// How to read the two core columns.
-pub const CORES_NOTE: &str = "Core busy % is from /proc/stat and includes kernel and softirq time (loopback TCP is processed there): a load core near 100% means the load generator and upstream, not the proxy, set the limit; a proxy core busy without a proxy means other work on the machine.";
 
 fn columns(percentiles: bool) -> Vec<Column> {
     let mut c = vec![
@@ -32,9 +31,8 @@ fn columns(percentiles: bool) -> Vec<Column> {
         Column::new("errors", "", 0),
         Column::new("proxy CPU", "cores", 2),
         Column::new("proxy CPU / 1000 req", "ms", 1).with_peer_ratios(),
-        Column::new("proxy core busy", "%", 0),
-        Column::new("load core busy", "%", 0),
     ]);
+    c.extend(core_columns());
     c
 }
 
@@ -188,12 +186,7 @@ fn values(load: &HttpLoad, cost: &Cost, percentiles: bool) -> Vec<Option<f64>> {
     let per_1000 = cost
         .cpu_seconds
         .map(|c| cpu_ms_per_1000(c, load.requests + load.errors));
-    values.extend([
-        Some(load.errors as f64),
-        cost.proxy_cores(),
-        per_1000,
-        cost.proxy_core_busy.map(|b| b * 100.0),
-        cost.load_core_busy.map(|b| b * 100.0),
-    ]);
+    values.extend([Some(load.errors as f64), cost.proxy_cores(), per_1000]);
+    values.extend(cost.core_figures());
     values
 }
