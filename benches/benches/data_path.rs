@@ -136,6 +136,7 @@ fn fast_path_heads(c: &mut Criterion) {
         max_header_bytes: 60 * 1024,
         max_headers: 100,
         drop_client_cert: false,
+        mesh_tls: false,
         drop_attempt_count: true,
     };
     let response = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\

@@ -252,7 +252,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         source: c.source,
         version: c.version,
     };
-    let fast = c.version == HttpVersion::Http1 && config.http.fast_path && c.mesh_peer.is_none();
+    let fast = c.version == HttpVersion::Http1 && config.http.fast_path;
     let mut early = c.early;
     if !fast {
         if let Some(up) = early.take() {
@@ -272,29 +272,37 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         sni,
         ..ConnContext::new(proxy, config, c.direction, c.peer, key, c.connect_timeout)
     });
-    let (downstream, prefix) = match c.downstream {
-        crate::tls::stream::Downstream::Plain(mut stream) if fast => {
-            match h1::serve(&ctx, &mut stream, c.prefix, early).await {
-                h1::Served::Ended(result) => {
-                    let end = match result {
-                        Ok(()) => End::Closed,
-                        Err(e) => {
-                            tracing::debug!(peer = %ctx.peer, error = %e, "HTTP connection ended with an error");
-                            End::DownstreamReset
-                        }
-                    };
-                    return (end, ctx.transfer());
-                }
-                h1::Served::HandOff { prefix, early } => {
-                    tracing::trace!(peer = %ctx.peer, "HTTP/1.1 connection handed to the general server");
-                    if let Some(up) = early {
-                        Box::pin(pool_early(&ctx.proxy, &ctx.config, key, up)).await;
+    let (downstream, prefix) = if fast {
+        let mut downstream = c.downstream;
+        let served = match &mut downstream {
+            crate::tls::stream::Downstream::Plain(stream) => {
+                h1::serve(&ctx, stream, c.prefix, early).await
+            }
+            crate::tls::stream::Downstream::Mesh(tls) => {
+                h1::serve(&ctx, &mut **tls, c.prefix, early).await
+            }
+        };
+        match served {
+            h1::Served::Ended(result) => {
+                let end = match result {
+                    Ok(()) => End::Closed,
+                    Err(e) => {
+                        tracing::debug!(peer = %ctx.peer, error = %e, "HTTP connection ended with an error");
+                        End::DownstreamReset
                     }
-                    (crate::tls::stream::Downstream::Plain(stream), prefix)
+                };
+                return (end, ctx.transfer());
+            }
+            h1::Served::HandOff { prefix, early } => {
+                tracing::trace!(peer = %ctx.peer, "HTTP/1.1 connection handed to the general server");
+                if let Some(up) = early {
+                    Box::pin(pool_early(&ctx.proxy, &ctx.config, key, up)).await;
                 }
+                (downstream, prefix)
             }
         }
-        other => (other, c.prefix),
+    } else {
+        (c.downstream, c.prefix)
     };
     // Boxed: a connection the fast path serves should not carry room for hyper's state.
     let result = Box::pin(serve_hyper(&ctx, downstream, prefix)).await;

@@ -32,6 +32,11 @@ impl<S> Rewind<S> {
         &self.inner
     }
 
+    /// Whether bytes read before are still to be replayed.
+    pub fn holds_data(&self) -> bool {
+        !self.prefix.is_empty()
+    }
+
     /// The bytes not read yet, and the stream underneath.
     pub fn into_parts(self) -> (BytesMut, S) {
         (self.prefix, self.inner)

@@ -13,20 +13,7 @@ pub static XFCC: HeaderName = HeaderName::from_static("x-forwarded-client-cert")
 
 /// Append this hop's element to the request's `x-forwarded-client-cert`.
 pub fn append(headers: &mut HeaderMap, ours: &SpiffeId, peer: &Peer) {
-    let mut element = format!(
-        "By={};Hash={};Subject=\"{}\"",
-        ours.as_str(),
-        peer.cert_hash,
-        peer.subject.replace('"', "\\\"")
-    );
-    if let Some(id) = &peer.spiffe_id {
-        element.push_str(";URI=");
-        element.push_str(id.as_str());
-    }
-    for dns in &peer.dns_sans {
-        element.push_str(";DNS=");
-        element.push_str(dns);
-    }
+    let element = element(ours, peer);
     let value = match headers.get(&XFCC).and_then(|v| v.to_str().ok()) {
         Some(existing) if !existing.is_empty() => format!("{existing},{element}"),
         _ => element,
@@ -41,6 +28,25 @@ pub fn append(headers: &mut HeaderMap, ours: &SpiffeId, peer: &Peer) {
             headers.remove(&XFCC);
         }
     }
+}
+
+/// This hop's element: who we are, and the client's certificate.
+pub fn element(ours: &SpiffeId, peer: &Peer) -> String {
+    let mut element = format!(
+        "By={};Hash={};Subject=\"{}\"",
+        ours.as_str(),
+        peer.cert_hash,
+        peer.subject.replace('"', "\\\"")
+    );
+    if let Some(id) = &peer.spiffe_id {
+        element.push_str(";URI=");
+        element.push_str(id.as_str());
+    }
+    for dns in &peer.dns_sans {
+        element.push_str(";DNS=");
+        element.push_str(dns);
+    }
+    element
 }
 
 /// A certificate's subject as Envoy prints it: RFC 2253 order (last RDN first), `,`-separated.

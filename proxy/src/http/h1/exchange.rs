@@ -3,7 +3,7 @@
 
 use super::chunked::{self, ChunkedEnd};
 use super::head::{self, Framing, ResponseHead};
-use super::{closing, itoa_u32, READ_SIZE};
+use super::{closing, itoa_u32, Client, READ_SIZE};
 use crate::connect::Upstream;
 use crate::http::body::RequestEnd;
 use crate::http::errors::{ErrorKind, Flags};
@@ -44,9 +44,9 @@ pub(super) enum Failed {
 /// Send the request upstream (retrying as Istio's default policy says) and pass the response
 /// to the client. `Ok(keep)`: the response went out whole; `keep` says whether the client's
 /// connection can take another request.
-pub(super) async fn exchange(
+pub(super) async fn exchange<C: Client>(
     ctx: &ConnContext,
-    client: &mut TcpStream,
+    client: &mut C,
     mut req: Request<'_>,
     end: &mut RequestEnd,
     early: &mut Option<Upstream>,
@@ -193,14 +193,19 @@ pub(super) async fn exchange(
 }
 
 /// Write response bytes to the client, `body` of them body bytes.
-async fn send(
+async fn send<C: Client>(
     ctx: &ConnContext,
-    client: &mut TcpStream,
+    client: &mut C,
     bytes: &[u8],
     end: &mut RequestEnd,
     body: usize,
 ) -> Result<(), Failed> {
-    client.write_all(bytes).await.map_err(|e| {
+    // TLS may keep what it encrypted until flushed; a socket's flush costs nothing.
+    let written = match client.write_all(bytes).await {
+        Ok(()) => client.flush().await,
+        Err(e) => Err(e),
+    };
+    written.map_err(|e| {
         tracing::debug!(peer = %ctx.peer, error = %e, "client gone during the response");
         Failed::Cut
     })?;

@@ -20,6 +20,9 @@ pub struct Limits {
     pub max_headers: usize,
     /// Inbound: a client's `x-forwarded-client-cert` is dropped (plaintext cannot vouch for it).
     pub drop_client_cert: bool,
+    /// Mesh TLS was terminated: a client's `x-forwarded-client-cert` is kept and ours appended
+    /// to it, which hyper's path does.
+    pub mesh_tls: bool,
     /// Retries are on: the client's `x-envoy-attempt-count` is replaced by ours.
     pub drop_attempt_count: bool,
 }
@@ -179,7 +182,12 @@ pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'
                 false
             }
             21 if name.eq_ignore_ascii_case(b"x-envoy-attempt-count") => limits.drop_attempt_count,
-            23 if name.eq_ignore_ascii_case(b"x-forwarded-client-cert") => limits.drop_client_cert,
+            23 if name.eq_ignore_ascii_case(b"x-forwarded-client-cert") => {
+                if limits.mesh_tls {
+                    return None;
+                }
+                limits.drop_client_cert
+            }
             _ if is_handed_off(name) => return None,
             _ => false,
         };

@@ -1,4 +1,5 @@
-//! Remora's own HTTP/1.1 exchange: the fast path for plain keep-alive traffic.
+//! Remora's own HTTP/1.1 exchange: the fast path for plain keep-alive traffic, in the clear or
+//! inside mesh TLS terminated here.
 //!
 //! hyper serves a connection with two tasks and a channel per upstream exchange, parses every
 //! head into a header map and writes it out again, and holds two 8 KiB buffers per connection
@@ -40,8 +41,43 @@ use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+/// A client connection the fast path serves: a socket, or mesh TLS terminated on one.
+pub trait Client: AsyncRead + AsyncWrite + Unpin + Send {
+    /// The socket under it: an idle connection waits for it to become readable without
+    /// holding a buffer.
+    fn socket(&self) -> &TcpStream;
+
+    /// Whether a read can go on without the socket: bytes already taken off it and held
+    /// above it, which its readiness no longer shows.
+    fn holds_data(&self) -> bool;
+}
+
+impl Client for TcpStream {
+    fn socket(&self) -> &TcpStream {
+        self
+    }
+
+    fn holds_data(&self) -> bool {
+        false
+    }
+}
+
+impl Client for crate::tls::stream::ServerStream {
+    fn socket(&self) -> &TcpStream {
+        self.get_ref().0.inner()
+    }
+
+    /// rustls decrypts whole records; a read that wanted fewer bytes than a record held leaves
+    /// the rest inside. It stops asking for more from the socket while it holds any (or
+    /// after the peer's close_notify, which a read then reports as the end).
+    fn holds_data(&self) -> bool {
+        let (rewind, tls) = self.get_ref();
+        rewind.holds_data() || !tls.wants_read()
+    }
+}
 
 /// Room a read asks for: a request or a response head and a short body in one go.
 const READ_SIZE: usize = buffers::SIZE;
@@ -82,19 +118,22 @@ impl Pooled for Upstream {
 
 /// Serve requests on `client` until it closes or a request needs hyper. `buf` holds the bytes
 /// detection read; `early` is the upstream connection detection opened.
-pub async fn serve(
+pub async fn serve<C: Client>(
     ctx: &Arc<ConnContext>,
-    client: &mut TcpStream,
+    client: &mut C,
     mut buf: BytesMut,
     mut early: Option<Upstream>,
 ) -> Served {
     let http = &ctx.config.http;
+    let mesh = MeshHeaders::of(ctx);
     let limits = head::Limits {
         max_header_bytes: http.max_header_bytes,
         max_headers: http.max_headers,
-        drop_client_cert: ctx.direction == Direction::Inbound,
+        drop_client_cert: ctx.direction == Direction::Inbound && mesh.is_none(),
+        mesh_tls: mesh.is_some(),
         drop_attempt_count: retries(ctx) > 0,
     };
+
     // One timer for the connection's life, moved only when it fires early: the idle bound
     // costs no timer operation per request.
     let idle_timeout = http.idle_timeout;
@@ -113,28 +152,29 @@ pub async fn serve(
             if buf.capacity() > 0 {
                 buffers.give(std::mem::take(&mut buf));
             }
-            let readable = loop {
-                tokio::select! {
-                    biased;
-                    r = client.readable() => break r.is_ok(),
-                    () = &mut idle => {
-                        let due = last_active + idle_timeout;
-                        if tokio::time::Instant::now() >= due {
-                            tracing::debug!(peer = %ctx.peer, "closing idle HTTP connection");
-                            break false;
+            let readable = client.holds_data()
+                || loop {
+                    tokio::select! {
+                        biased;
+                        r = client.socket().readable() => break r.is_ok(),
+                        () = &mut idle => {
+                            let due = last_active + idle_timeout;
+                            if tokio::time::Instant::now() >= due {
+                                tracing::debug!(peer = %ctx.peer, "closing idle HTTP connection");
+                                break false;
+                            }
+                            idle.as_mut().reset(due);
                         }
-                        idle.as_mut().reset(due);
-                    }
-                    () = &mut draining, if !drained => {
-                        drained = true;
-                        ctx.closing.store(true, Ordering::Relaxed);
-                        // A client that has not asked anything yet is answered, with close.
-                        if ctx.served.load(Ordering::Relaxed) > 0 {
-                            break false;
+                        () = &mut draining, if !drained => {
+                            drained = true;
+                            ctx.closing.store(true, Ordering::Relaxed);
+                            // A client that has not asked anything yet is answered, with close.
+                            if ctx.served.load(Ordering::Relaxed) > 0 {
+                                break false;
+                            }
                         }
                     }
-                }
-            };
+                };
             if !readable {
                 return Served::Ended(Ok(()));
             }
@@ -147,7 +187,7 @@ pub async fn serve(
                 Err(e) => return Served::Ended(Err(e)),
             }
         }
-        let Some(prepared) = prepare(ctx, &buf, &limits) else {
+        let Some(prepared) = prepare(ctx, &buf, &limits, mesh.as_ref()) else {
             return Served::HandOff { prefix: buf, early };
         };
         let (total, client_close) = (prepared.total, prepared.close);
@@ -161,6 +201,27 @@ pub async fn serve(
             let _ = client.shutdown().await;
             return Served::Ended(Ok(()));
         }
+    }
+}
+
+/// What mesh TLS adds to every request of a connection, written once for its life: the
+/// `x-forwarded-client-cert` line naming the client's sidecar, as the general path appends it.
+struct MeshHeaders {
+    /// The whole line; empty when the certificate gave a value no header may carry, which the
+    /// general path leaves out too.
+    client_cert: Vec<u8>,
+}
+
+impl MeshHeaders {
+    /// `None` when mesh TLS was not terminated on the connection.
+    fn of(ctx: &ConnContext) -> Option<MeshHeaders> {
+        let (peer, ours) = ctx.mesh_peer.as_ref()?;
+        let element = crate::tls::xfcc::element(ours, peer);
+        let client_cert = match http::HeaderValue::from_str(&element) {
+            Ok(_) => format!("{}: {element}\r\n", crate::tls::xfcc::XFCC).into_bytes(),
+            Err(_) => Vec::new(),
+        };
+        Some(MeshHeaders { client_cert })
     }
 }
 
@@ -179,7 +240,12 @@ struct Prepared {
 }
 
 /// Judge the request at the start of `buf` and prepare it; `None` if hyper should serve it.
-fn prepare(ctx: &Arc<ConnContext>, buf: &[u8], limits: &head::Limits) -> Option<Prepared> {
+fn prepare(
+    ctx: &Arc<ConnContext>,
+    buf: &[u8],
+    limits: &head::Limits,
+    mesh: Option<&MeshHeaders>,
+) -> Option<Prepared> {
     let start = (SystemTime::now(), Instant::now());
     let head = head::parse_request(buf, limits)?;
     // The body must be here whole; hyper streams a longer one.
@@ -201,14 +267,20 @@ fn prepare(ctx: &Arc<ConnContext>, buf: &[u8], limits: &head::Limits) -> Option<
         .then(super::headers::request_id_bytes);
     let mut upstream_head = ctx.proxy.h1.buffers.take_vec();
     upstream_head.reserve(total + 128);
-    let mut extra: [&[u8]; 4] = [b""; 4];
+    let mut extra: [&[u8]; 5] = [b""; 5];
     if let Some(id) = &id {
         extra[0] = b"x-request-id: ";
         extra[1] = id;
         extra[2] = b"\r\n";
     }
     if !head.forwarded_proto {
-        extra[3] = b"x-forwarded-proto: http\r\n";
+        extra[3] = match mesh {
+            None => b"x-forwarded-proto: http\r\n",
+            Some(_) => b"x-forwarded-proto: https\r\n",
+        };
+    }
+    if let Some(mesh) = mesh {
+        extra[4] = &mesh.client_cert;
     }
     head.write_upstream(buf, &extra, &mut upstream_head);
     // The blank line goes back on per attempt, after the attempt count.
@@ -229,9 +301,9 @@ fn prepare(ctx: &Arc<ConnContext>, buf: &[u8], limits: &head::Limits) -> Option<
 
 /// Serve one prepared request (`bytes` are its head and body as received); whether the
 /// connection can take another. The request's metrics and log line are recorded when it ends.
-async fn request(
+async fn request<C: Client>(
     ctx: &ConnContext,
-    client: &mut TcpStream,
+    client: &mut C,
     bytes: &[u8],
     p: Prepared,
     early: &mut Option<Upstream>,
@@ -291,9 +363,9 @@ fn closing(ctx: &ConnContext) -> bool {
 
 /// Answer for the proxy, as the general path does (Envoy's status, flag and text); whether
 /// the connection can take another request.
-async fn local_reply(
+async fn local_reply<C: Client>(
     ctx: &ConnContext,
-    client: &mut TcpStream,
+    client: &mut C,
     kind: ErrorKind,
     end: &mut RequestEnd,
 ) -> bool {
@@ -322,7 +394,12 @@ async fn local_reply(
         log.status = end.status;
         log.upstream = Some(ctx.key.destination);
     }
-    match client.write_all(&out).await {
+    // TLS may keep what it encrypted until flushed; a socket's flush costs nothing.
+    let written = match client.write_all(&out).await {
+        Ok(()) => client.flush().await,
+        Err(e) => Err(e),
+    };
+    match written {
         Ok(()) => {
             ctx.count_sent(out.len());
             end.sent = details.len() as u64;
