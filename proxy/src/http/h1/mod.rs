@@ -13,12 +13,14 @@
 //!
 //! The first request this path does not serve (an upgrade, CONNECT, a chunked or partly-read
 //! body, HTTP/1.0, gRPC, a head that is malformed, over the limits or not all here; inbound, a
-//! path to normalise or authorization policies to apply) hands the connection, with every byte
+//! path to normalise or authorization policies to apply; over mesh TLS, a client's own
+//! `x-forwarded-client-cert`, which hyper's path appends to) hands the connection, with every byte
 //! not yet served, to hyper ([`super::serve`]) for the rest of its life. So every refusal,
 //! limit and timeout keeps the one behaviour the general path gives it.
 //!
-//! What a request gets is the general path's: `x-request-id`, `x-forwarded-proto`, Istio's
-//! retries and `x-envoy-attempt-count` outbound, `http.request_timeout`, Envoy's local
+//! What a request gets is the general path's: `x-request-id`, `x-forwarded-proto` (`https`
+//! over mesh TLS, with the client sidecar's `x-forwarded-client-cert`), Istio's retries and
+//! `x-envoy-attempt-count` outbound, `http.request_timeout`, Envoy's local
 //! replies and flags, pooled upstream connections (a pool of raw sockets beside hyper's),
 //! the same metrics, access-log lines and draining.
 
