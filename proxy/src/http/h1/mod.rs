@@ -55,6 +55,10 @@ pub trait Client: AsyncRead + AsyncWrite + Unpin + Send {
     /// Whether a read can go on without the socket: bytes already taken off it and held
     /// above it, which its readiness no longer shows.
     fn holds_data(&self) -> bool;
+
+    /// Whether a read of a readable socket may still wait: TLS decrypts only whole records, and
+    /// a client can stop in the middle of one.
+    const READS_RECORDS: bool;
 }
 
 impl Client for TcpStream {
@@ -65,6 +69,8 @@ impl Client for TcpStream {
     fn holds_data(&self) -> bool {
         false
     }
+
+    const READS_RECORDS: bool = false;
 }
 
 impl Client for crate::tls::stream::ServerStream {
@@ -79,6 +85,8 @@ impl Client for crate::tls::stream::ServerStream {
         let (rewind, tls) = self.get_ref();
         rewind.holds_data() || !tls.wants_read()
     }
+
+    const READS_RECORDS: bool = true;
 }
 
 /// Room a read asks for: a request or a response head and a short body in one go.
@@ -183,7 +191,22 @@ pub async fn serve<C: Client>(
             buf = buffers.take();
             // A read, not a `try_read`: a read that leaves room in the buffer tells tokio the
             // socket is drained, which saves a system call that would find it empty.
-            match client.read_buf(&mut buf).await {
+            let read = if C::READS_RECORDS {
+                // A record left unfinished holds the read (and its buffer): as long as hyper's
+                // path waits for a head to start, then the connection is closed as there.
+                match tokio::time::timeout(http.header_read_timeout, client.read_buf(&mut buf))
+                    .await
+                {
+                    Ok(read) => read,
+                    Err(_) => {
+                        tracing::debug!(peer = %ctx.peer, "closing a connection stalled inside a TLS record");
+                        return Served::Ended(Ok(()));
+                    }
+                }
+            } else {
+                client.read_buf(&mut buf).await
+            };
+            match read {
                 Ok(0) => return Served::Ended(Ok(())),
                 Ok(n) => ctx.count_received(n),
                 Err(e) => return Served::Ended(Err(e)),

@@ -449,10 +449,13 @@ const MESH_SERVER: &str = "spiffe://cluster.local/ns/default/sa/httpbin";
 
 /// A mesh client's TLS connection to an inbound sidecar with identity `MESH_SERVER`, which
 /// terminates it and serves the decrypted stream toward `destination`.
-async fn mesh_client(destination: SocketAddr) -> tokio_rustls::client::TlsStream<TcpStream> {
+async fn mesh_client(
+    config: Config,
+    destination: SocketAddr,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
     use crate::tls::{stream::Rewind, test_certs::Ca, Mesh, Peer, ALPN_HTTP11};
     let ca = Ca::new("mesh");
-    let proxy = proxy(Config::default());
+    let proxy = proxy(config);
     proxy.mesh.identity.set(Arc::new(ca.identity(MESH_SERVER)));
     let tls = remora_config::TlsConfig::default();
     let server = proxy.mesh.server_config(&tls).unwrap().unwrap();
@@ -519,7 +522,7 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
 #[tokio::test]
 async fn mesh_tls_requests_take_the_fast_path_with_the_client_sidecar_named() {
     let (addr, mut seen) = upstream(vec![Answer::Reply(OK)]).await;
-    let mut c = mesh_client(addr).await;
+    let mut c = mesh_client(Config::default(), addr).await;
     // 128 requests of 128 bytes in one write: one 16 KiB TLS record, decrypted whole, of which
     // one 8 KiB read takes half. The rest is held by rustls, with the socket drained: served
     // only if the fast path reads on instead of waiting for the socket.
@@ -559,7 +562,7 @@ async fn mesh_tls_requests_take_the_fast_path_with_the_client_sidecar_named() {
 #[tokio::test]
 async fn a_client_certificate_header_over_mesh_tls_gets_ours_appended_by_the_general_path() {
     let (addr, mut seen) = upstream(vec![Answer::Reply(OK)]).await;
-    let mut c = mesh_client(addr).await;
+    let mut c = mesh_client(Config::default(), addr).await;
     let mut buf = Vec::new();
     c.write_all(b"GET / HTTP/1.1\r\nhost: svc\r\n\r\n")
         .await
@@ -582,4 +585,30 @@ async fn a_client_certificate_header_over_mesh_tls_gets_ours_appended_by_the_gen
         "{general}"
     );
     assert_eq!(header(&general, "x-forwarded-proto"), Some("https"));
+}
+
+#[tokio::test]
+async fn a_mesh_client_stalled_inside_a_tls_record_is_closed_after_the_header_timeout() {
+    let (addr, _seen) = upstream(vec![Answer::Reply(OK)]).await;
+    let mut config = Config::default();
+    config.http.header_read_timeout = Duration::from_millis(300);
+    let mut c = mesh_client(config, addr).await;
+    let mut buf = Vec::new();
+    c.write_all(b"GET / HTTP/1.1\r\nhost: svc\r\n\r\n")
+        .await
+        .unwrap();
+    c.flush().await.unwrap();
+    assert!(response(&mut c, &mut buf).await.starts_with("HTTP/1.1 200"));
+    // The header of an application-data record of 64 bytes, and none of them.
+    let socket = c.get_mut().0;
+    socket
+        .write_all(&[0x17, 0x03, 0x03, 0x00, 0x40])
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut rest)).await;
+    assert!(
+        closed.is_ok(),
+        "the sidecar still holds a connection stalled mid-record"
+    );
 }
