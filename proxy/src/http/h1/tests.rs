@@ -129,15 +129,35 @@ async fn client(proxy: &Arc<Proxy>, destination: SocketAddr) -> TcpStream {
         .await
         .unwrap();
     let (stream, peer) = listener.accept().await.unwrap();
-    let (proxy, config) = (Arc::clone(proxy), proxy.config.load_full());
+    let downstream = (Downstream::Plain(stream), None);
+    spawn_served(
+        Arc::clone(proxy),
+        downstream,
+        peer,
+        Direction::Outbound,
+        destination,
+    );
+    client
+}
+
+/// Serve `downstream` (with the client sidecar's identity when mesh TLS was terminated on it)
+/// on the HTTP path toward `destination`, in a task of its own.
+fn spawn_served(
+    proxy: Arc<Proxy>,
+    (downstream, mesh_peer): (Downstream, Option<crate::tls::Peer>),
+    peer: SocketAddr,
+    direction: Direction,
+    destination: SocketAddr,
+) {
+    let config = proxy.config.load_full();
     tokio::spawn(super::super::serve(
         proxy,
         config,
         super::super::Connection {
-            downstream: Downstream::Plain(stream),
-            mesh_peer: None,
+            downstream,
+            mesh_peer: mesh_peer.map(Arc::new),
             peer,
-            direction: Direction::Outbound,
+            direction,
             destination,
             source: None,
             connect_timeout: Duration::from_secs(1),
@@ -146,7 +166,6 @@ async fn client(proxy: &Arc<Proxy>, destination: SocketAddr) -> TcpStream {
             early: None,
         },
     ));
-    client
 }
 
 /// Read one response (content-length or chunked framing, or to EOF) from `s`.
@@ -491,24 +510,20 @@ async fn mesh_client(
         (stream, peer, mesh_peer)
     };
     let (client, (stream, peer, mesh_peer)) = tokio::join!(connect, accept);
-    let config = proxy.config.load_full();
-    tokio::spawn(super::super::serve(
-        proxy,
-        config,
-        super::super::Connection {
-            downstream: Downstream::Mesh(Box::new(stream)),
-            mesh_peer: Some(Arc::new(mesh_peer)),
-            peer,
-            direction: Direction::Inbound,
-            destination,
-            source: None,
-            connect_timeout: Duration::from_secs(1),
-            version: HttpVersion::Http1,
-            prefix: BytesMut::new(),
-            early: None,
-        },
-    ));
+    let downstream = (Downstream::Mesh(Box::new(stream)), Some(mesh_peer));
+    spawn_served(proxy, downstream, peer, Direction::Inbound, destination);
     client
+}
+
+/// Send `request` and expect a 200.
+async fn exchange_ok<S: AsyncRead + AsyncWrite + Unpin>(
+    c: &mut S,
+    buf: &mut Vec<u8>,
+    request: &[u8],
+) {
+    c.write_all(request).await.unwrap();
+    c.flush().await.unwrap();
+    assert!(response(c, buf).await.starts_with("HTTP/1.1 200"));
 }
 
 /// The value of header `name` (lowercase) in `head`.
@@ -564,20 +579,14 @@ async fn a_client_certificate_header_over_mesh_tls_gets_ours_appended_by_the_gen
     let (addr, mut seen) = upstream(vec![Answer::Reply(OK)]).await;
     let mut c = mesh_client(Config::default(), addr).await;
     let mut buf = Vec::new();
-    c.write_all(b"GET / HTTP/1.1\r\nhost: svc\r\n\r\n")
-        .await
-        .unwrap();
-    c.flush().await.unwrap();
-    assert!(response(&mut c, &mut buf).await.starts_with("HTTP/1.1 200"));
+    exchange_ok(&mut c, &mut buf, b"GET / HTTP/1.1\r\nhost: svc\r\n\r\n").await;
     let fast = seen.recv().await.unwrap().head;
     let ours = header(&fast, "x-forwarded-client-cert")
         .unwrap()
         .to_string();
-    c.write_all(b"GET / HTTP/1.1\r\nhost: svc\r\nx-forwarded-client-cert: By=spiffe://a\r\n\r\n")
-        .await
-        .unwrap();
-    c.flush().await.unwrap();
-    assert!(response(&mut c, &mut buf).await.starts_with("HTTP/1.1 200"));
+    let forwarded =
+        b"GET / HTTP/1.1\r\nhost: svc\r\nx-forwarded-client-cert: By=spiffe://a\r\n\r\n";
+    exchange_ok(&mut c, &mut buf, forwarded).await;
     let general = seen.recv().await.unwrap().head;
     assert_eq!(
         header(&general, "x-forwarded-client-cert"),
@@ -594,11 +603,7 @@ async fn a_mesh_client_stalled_inside_a_tls_record_is_closed_after_the_header_ti
     config.http.header_read_timeout = Duration::from_millis(300);
     let mut c = mesh_client(config, addr).await;
     let mut buf = Vec::new();
-    c.write_all(b"GET / HTTP/1.1\r\nhost: svc\r\n\r\n")
-        .await
-        .unwrap();
-    c.flush().await.unwrap();
-    assert!(response(&mut c, &mut buf).await.starts_with("HTTP/1.1 200"));
+    exchange_ok(&mut c, &mut buf, b"GET / HTTP/1.1\r\nhost: svc\r\n\r\n").await;
     // The header of an application-data record of 64 bytes, and none of them.
     let socket = c.get_mut().0;
     socket
