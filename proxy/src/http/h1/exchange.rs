@@ -3,7 +3,7 @@
 
 use super::chunked::{self, ChunkedEnd};
 use super::head::{self, Framing, ResponseHead};
-use super::{closing, itoa_u32, Client, READ_SIZE};
+use super::{closing, itoa_u32, write_out, Client, READ_SIZE};
 use crate::connect::Upstream;
 use crate::http::body::RequestEnd;
 use crate::http::errors::{ErrorKind, Flags};
@@ -200,12 +200,7 @@ async fn send<C: Client>(
     end: &mut RequestEnd,
     body: usize,
 ) -> Result<(), Failed> {
-    // TLS may keep what it encrypted until flushed; a socket's flush costs nothing.
-    let written = match client.write_all(bytes).await {
-        Ok(()) => client.flush().await,
-        Err(e) => Err(e),
-    };
-    written.map_err(|e| {
+    write_out(client, bytes).await.map_err(|e| {
         tracing::debug!(peer = %ctx.peer, error = %e, "client gone during the response");
         Failed::Cut
     })?;

@@ -143,7 +143,6 @@ pub async fn serve<C: Client>(
         mesh_tls: mesh.is_some(),
         drop_attempt_count: retries(ctx) > 0,
     };
-
     // One timer for the connection's life, moved only when it fires early: the idle bound
     // costs no timer operation per request.
     let idle_timeout = http.idle_timeout;
@@ -419,12 +418,7 @@ async fn local_reply<C: Client>(
         log.status = end.status;
         log.upstream = Some(ctx.key.destination);
     }
-    // TLS may keep what it encrypted until flushed; a socket's flush costs nothing.
-    let written = match client.write_all(&out).await {
-        Ok(()) => client.flush().await,
-        Err(e) => Err(e),
-    };
-    match written {
+    match write_out(client, &out).await {
         Ok(()) => {
             ctx.count_sent(out.len());
             end.sent = details.len() as u64;
@@ -433,6 +427,13 @@ async fn local_reply<C: Client>(
         }
         Err(_) => false,
     }
+}
+
+/// Write `bytes` to the client whole. TLS may keep what it encrypted until flushed; a socket's
+/// flush costs nothing.
+async fn write_out<C: Client>(client: &mut C, bytes: &[u8]) -> io::Result<()> {
+    client.write_all(bytes).await?;
+    client.flush().await
 }
 
 /// The access-log record of a request the fast path serves, as the general path records it.
