@@ -77,7 +77,7 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The sizes (five rounds of everything: about 20 minutes in all), or `quick`
+    /// The sizes (five rounds of everything: about 24 minutes in all), or `quick`
     /// ones (two short rounds) for smoke tests.
     pub fn new(quick: bool, proxies: Vec<Proxy>, pin: bool, nofile: u64) -> Settings {
         let wanted = if quick { 1_000 } else { 10_000 };
@@ -93,7 +93,7 @@ impl Settings {
         };
         Settings {
             quick,
-            // Five rounds of everything in about 20 minutes: each round is short, the rounds
+            // Five rounds of everything in about 24 minutes: each round is short, the rounds
             // are not fewer. Latency rounds are 8 s: a p99 from 4,000 requests moved with
             // every few-millisecond hiccup of a shared machine (5 × 8 s = 40 s at 1000 rps).
             // The cost scenario's 1000 rps run is as long: its CPU per request, judged against
