@@ -5,7 +5,8 @@
 //! How the parts fit: [`proxy_config`] writes each proxy's configuration (and [`mesh_certs`] the mTLS scenario's
 //! identities) (pure functions, so
 //! tests check them without launching anything); [`process`] starts programs pinned to a core,
-//! reads their CPU time and memory from `/proc`, and kills them by PID; [`upstream`] is the
+//! reads their CPU time and memory from `/proc`, and kills them by PID; [`cores`] reads how busy
+//! each core was and how much of it the hypervisor took; [`upstream`] is the
 //! server every proxy forwards to (1 KiB responses over HTTP/1.1, h2c and gRPC); [`open_loop`]
 //! is the fixed-rate load generator with coordinated-omission correction; [`tcp_load`] opens
 //! connections as fast as it can or holds many idle; [`load_tools`] drives and parses wrk,
@@ -13,6 +14,7 @@
 //! reduced to medians with their spread), [`report`] renders the tables and their ratio
 //! matrices as markdown and JSON, and [`targets`] judges the targets from them.
 
+pub mod cores;
 pub mod load_tools;
 pub mod mesh_certs;
 pub mod open_loop;

@@ -6,6 +6,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use remora_benches::cores;
 use remora_benches::process::{self, Registry, LOAD_CPU, PROXY_CPU};
 use remora_benches::proxy_config::Proxy;
 use remora_benches::report::{Machine, Report};
@@ -175,7 +176,7 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
         load_average_end: String::new(),
         stolen_percent: vec![],
     };
-    let cores_at_start = process::core_times();
+    let cores_at_start = cores::core_times();
     let complete = scenarios.len() == ALL_SCENARIOS.len() && cli.proxies.is_empty();
 
     let mut report = Report {
@@ -225,7 +226,7 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
     drop(bench);
     report.machine.load_average_end = load_average();
     report.machine.stolen_percent =
-        process::stolen_percent_of_wanted(&cores_at_start, &process::core_times());
+        cores::stolen_percent_of_wanted(&cores_at_start, &cores::core_times());
     report.targets = targets::judge(&report.tables);
     println!("{}", targets::markdown(&report.targets));
 

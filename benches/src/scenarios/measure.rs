@@ -2,6 +2,7 @@
 //! while the load runs, and how busy each core was.
 
 use super::{Bench, Contender};
+use crate::cores;
 use crate::process::{self, LOAD_CPU, PROXY_CPU};
 use crate::report::Column;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -73,7 +74,7 @@ impl Bench {
         load: impl FnOnce() -> T,
     ) -> (T, Cost) {
         let pid = contender.pid();
-        let cores_before = process::core_times();
+        let cores_before = cores::core_times();
         let before = pid.map(process::tree_usage);
         let stop = Arc::new(AtomicBool::new(false));
         let sampler = pid.map(|pid| {
@@ -104,7 +105,7 @@ impl Bench {
         let result = load();
         let seconds = started.elapsed().as_secs_f64();
         let after = pid.map(process::tree_usage);
-        let cores_after = process::core_times();
+        let cores_after = cores::core_times();
         stop.store(true, Ordering::Relaxed);
         let (sampled_max, warm) = match sampler.map(|s| s.join().unwrap_or_default()) {
             Some((max, warm)) => (Some(max), warm),
@@ -126,10 +127,10 @@ impl Bench {
                 .map(|(b, a)| a.cpu_seconds_since(&b)),
             max_rss_kib: after.map(|a| a.rss_kib.max(sampled_max.unwrap_or(0))),
             seconds,
-            proxy_core_busy: process::core_busy(&cores_before, &cores_after, proxy_core),
-            load_core_busy: process::core_busy(&cores_before, &cores_after, load_core),
-            proxy_core_stolen: process::core_stolen(&cores_before, &cores_after, proxy_core),
-            load_core_stolen: process::core_stolen(&cores_before, &cores_after, load_core),
+            proxy_core_busy: cores::core_busy(&cores_before, &cores_after, proxy_core),
+            load_core_busy: cores::core_busy(&cores_before, &cores_after, load_core),
+            proxy_core_stolen: cores::core_stolen(&cores_before, &cores_after, proxy_core),
+            load_core_stolen: cores::core_stolen(&cores_before, &cores_after, load_core),
         };
         (result, cost)
     }
