@@ -7,6 +7,7 @@
 //! because a peer that sees a clean FIN after its partner crashed would take a truncated stream
 //! for a complete one.
 
+mod local;
 mod splice;
 mod streams;
 
@@ -22,7 +23,8 @@ use tokio::net::TcpStream;
 // is what the sidecar costs per connection, multiplied by every connection in the pod. A buffer
 // exists only while bytes are moving: it is allocated when the socket becomes readable and given
 // back when it has nothing more to read. A read that fills the buffer signals bulk traffic; the
-// buffer then doubles, and past `SPLICE_AFTER` the direction moves by splice(2) instead.
+// buffer then doubles, and past `SPLICE_AFTER` the direction moves by splice(2) instead, with
+// the kernel buffers of its sockets to this host bounded (`local`).
 const INITIAL_BUFFER: usize = 4 * 1024;
 const MAX_BUFFER: usize = 64 * 1024;
 // A read that fills a buffer this large marks bulk traffic, which then moves by splice(2).
@@ -154,6 +156,7 @@ async fn copy_one_way(
                     match splice::Pipe::new() {
                         Ok(pipe) => {
                             drop(buf);
+                            local::bound_bulk_buffers(from, to);
                             // Boxed: only bulk directions pay for its state.
                             return Box::pin(spliced(pipe, from, to, from_side, to_side, total))
                                 .await;

@@ -86,3 +86,60 @@ async fn clean_close_both_ways_reports_byte_counts() {
     let t = copier.await.unwrap().unwrap();
     assert_eq!((t.sent, t.received), (4, 5));
 }
+
+/// The kernel's size for a buffer of `asked` bytes: doubled, within `net.core.<max>`.
+fn kernel_size(asked: usize, max: &str) -> usize {
+    let path = format!("/proc/sys/net/core/{max}");
+    let max: usize = std::fs::read_to_string(&path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    2 * asked.min(max)
+}
+
+#[tokio::test]
+async fn a_bulk_direction_bounds_the_buffers_of_its_local_sockets() {
+    let (down, mut client) = pair().await;
+    let (up, mut server) = pair().await;
+    let fresh = SockRef::from(&down).recv_buffer_size().unwrap();
+    let copier = tokio::spawn(async move {
+        let t = copy_bidirectional(&down, &up).await;
+        let rcv = SockRef::from(&down).recv_buffer_size().unwrap();
+        let snd = SockRef::from(&up).send_buffer_size().unwrap();
+        (t, rcv, snd)
+    });
+    let sink = tokio::spawn(async move {
+        let mut got = Vec::new();
+        server.read_to_end(&mut got).await.unwrap();
+        got.len()
+    });
+    client.write_all(&vec![7u8; 8 << 20]).await.unwrap();
+    client.shutdown().await.unwrap();
+    assert_eq!(sink.await.unwrap(), 8 << 20);
+    drop(client);
+    let (transfer, rcv, snd) = copier.await.unwrap();
+    assert_eq!(transfer.unwrap().sent, 8 << 20);
+    assert_ne!(fresh, kernel_size(local::LOCAL_BULK_BUFFER, "rmem_max"));
+    assert_eq!(rcv, kernel_size(local::LOCAL_BULK_BUFFER, "rmem_max"));
+    assert_eq!(snd, kernel_size(local::LOCAL_BULK_BUFFER, "wmem_max"));
+}
+
+#[tokio::test]
+async fn a_request_sized_exchange_leaves_buffers_to_the_kernel() {
+    let (down, mut client) = pair().await;
+    let (up, mut server) = pair().await;
+    let fresh = SockRef::from(&down).recv_buffer_size().unwrap();
+    let copier = tokio::spawn(async move {
+        let t = copy_bidirectional(&down, &up).await;
+        (t, SockRef::from(&down).recv_buffer_size().unwrap())
+    });
+    client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    client.shutdown().await.unwrap();
+    let mut got = Vec::new();
+    server.read_to_end(&mut got).await.unwrap();
+    drop((client, server));
+    let (transfer, rcv) = copier.await.unwrap();
+    assert_eq!(transfer.unwrap().sent, 18);
+    assert_eq!(rcv, fresh);
+}
