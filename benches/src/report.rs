@@ -13,13 +13,16 @@ pub const NO_PROXY: &str = "no-proxy";
 pub const PEERS: [&str; 3] = ["envoy", "haproxy", "nginx"];
 
 /// One figure: the median of the rounds that measured it, and their spread.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Figure {
     pub median: f64,
     pub min: f64,
     pub max: f64,
     /// How many rounds it is the median of.
     pub rounds: usize,
+    /// Every round's value in the order the rounds ran (a failed round is null), so that one
+    /// round's figure can be read beside the same round's stolen time in another column.
+    pub each: Vec<f64>,
 }
 
 impl Figure {
@@ -42,6 +45,7 @@ impl Figure {
             min: s[0],
             max: s[n - 1],
             rounds: n,
+            each: samples.to_vec(),
         })
     }
 
@@ -52,6 +56,7 @@ impl Figure {
             min: v,
             max: v,
             rounds: 1,
+            each: vec![v],
         }
     }
 
@@ -175,13 +180,13 @@ impl Table {
     /// The figure of `proxy`'s row in the column named `column`, if measured.
     pub fn figure(&self, proxy: &str, column: &str) -> Option<Figure> {
         let i = self.columns.iter().position(|c| c.name == column)?;
-        self.rows.iter().find(|r| r.proxy == proxy)?.values[i]
+        self.rows.iter().find(|r| r.proxy == proxy)?.values[i].clone()
     }
 
     /// `row`'s median in `column` divided by the `baseline` row's.
     pub fn ratio(&self, row: &Row, column: usize, baseline: &str) -> Option<f64> {
-        let base = self.rows.iter().find(|r| r.proxy == baseline)?.values[column]?;
-        let value = row.values[column]?;
+        let base = self.rows.iter().find(|r| r.proxy == baseline)?.values[column].as_ref()?;
+        let value = row.values[column].as_ref()?;
         (base.median != 0.0).then(|| value.median / base.median)
     }
 
@@ -220,7 +225,11 @@ impl Table {
         for row in &self.rows {
             let mut cells = vec![row.proxy.clone()];
             for (i, c) in self.columns.iter().enumerate() {
-                cells.push(row.values[i].map_or("–".into(), |v| v.cell(c.decimals)));
+                cells.push(
+                    row.values[i]
+                        .as_ref()
+                        .map_or("–".into(), |v| v.cell(c.decimals)),
+                );
             }
             cells.push(row.note.clone().unwrap_or_default());
             let _ = writeln!(out, "| {} |", cells.join(" | "));
@@ -447,6 +456,14 @@ mod tests {
         );
         let even = Figure::of(&[4.0, 1.0, 2.0, 3.0]).unwrap();
         assert_eq!(even.median, 2.5);
+        // Every round as it ran, unsorted; a round without a value is null in JSON.
+        assert_eq!(odd.each, vec![3.0, 1.0, 2.0, 10.0, 4.0]);
+        let gap = Figure::of(&[2.0, f64::NAN, 4.0]).unwrap();
+        assert_eq!((gap.median, gap.rounds), (3.0, 2));
+        assert_eq!(
+            serde_json::to_value(&gap).unwrap()["each"],
+            serde_json::json!([2.0, null, 4.0])
+        );
         assert_eq!(Figure::of(&[]), None);
         assert_eq!(Figure::of(&[f64::NAN]), None);
         assert_eq!(odd.cell(0), "3 (1–10)");

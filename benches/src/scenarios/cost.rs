@@ -70,7 +70,7 @@ pub fn run(bench: &Bench) -> Table {
         match summarize(per_round) {
             Err(why) => table.push_missing(proxy.name(), why),
             Ok((values, rounds_note)) => {
-                let median = |i: usize| values[i].map_or(f64::NAN, |f| f.median);
+                let median = |i: usize| values[i].as_ref().map_or(f64::NAN, |f| f.median);
                 eprintln!(
                     "  {}: start-up {:.1} ms, idle {:.1} MiB, {:.1} KiB/HTTP conn, {:.1} KiB/TCP conn (medians)",
                     proxy.name(),

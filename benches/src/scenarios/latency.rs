@@ -116,7 +116,7 @@ pub fn run(bench: &Bench) -> Table {
             notes.push(format!("{errors} failed requests in all rounds"));
         }
         notes.extend(rounds_note);
-        let median = |i: usize| values[i].map_or(f64::NAN, |f| f.median);
+        let median = |i: usize| values[i].as_ref().map_or(f64::NAN, |f| f.median);
         eprintln!(
             "latency: {} p50 {:.0} µs p99 {:.0} µs p99.9 {:.0} µs (medians), {errors} errors",
             proxy.name(),

@@ -125,7 +125,7 @@ pub fn run(bench: &Bench) -> Table {
                 continue;
             }
         };
-        let median = |i: usize| values[i].map_or(f64::NAN, |f| f.median);
+        let median = |i: usize| values[i].as_ref().map_or(f64::NAN, |f| f.median);
         eprintln!(
             "mtls: {} p50 {:.0} µs p99 {:.0} µs, CPU/1000 req {:.1} ms (medians), {errors} errors",
             proxy.name(),

@@ -36,18 +36,32 @@ pub fn summarize(
 ) -> Result<(Vec<Option<Figure>>, Option<String>), String> {
     let total = rounds.len();
     let mut errors = vec![];
-    let mut columns: Vec<Vec<f64>> = vec![];
+    let mut measured = vec![];
     for round in rounds {
         match round {
-            Ok(values) => {
-                columns.resize(values.len().max(columns.len()), vec![]);
-                for (column, value) in columns.iter_mut().zip(values) {
-                    column.extend(value);
-                }
+            Ok(values) => measured.push(Some(values)),
+            Err(e) => {
+                errors.push(e);
+                measured.push(None);
             }
-            Err(e) => errors.push(e),
         }
     }
+    // Round i's value sits at index i of every column (NaN where it has none), so that a
+    // figure's rounds line up with another column's.
+    let width = measured.iter().flatten().map(Vec::len).max().unwrap_or(0);
+    let columns: Vec<Vec<f64>> = (0..width)
+        .map(|c| {
+            measured
+                .iter()
+                .map(|round| {
+                    round
+                        .as_ref()
+                        .and_then(|values| values.get(c).copied().flatten())
+                        .unwrap_or(f64::NAN)
+                })
+                .collect()
+        })
+        .collect();
     if errors.len() == total {
         return Err(errors
             .into_iter()
@@ -89,7 +103,7 @@ mod tests {
         let (_, envoy) = &results[1];
         let (row, note) = summarize(envoy.clone()).unwrap();
         assert_eq!(
-            row[0].map(|f| (f.median, f.min, f.max)),
+            row[0].as_ref().map(|f| (f.median, f.min, f.max)),
             Some((3.5, 2.0, 5.0))
         );
         assert_eq!(row[1], None, "a column no round measured");
@@ -102,7 +116,11 @@ mod tests {
             Ok(vec![Some(3.0)]),
         ];
         let (row, note) = summarize(mixed).unwrap();
-        assert_eq!(row[0].map(|f| f.median), Some(2.0));
+        assert_eq!(row[0].as_ref().map(|f| f.median), Some(2.0));
         assert_eq!(note.as_deref(), Some("1 of 3 rounds failed: reset"));
+        // The failed round keeps its place among the rounds.
+        let each = &row[0].as_ref().unwrap().each;
+        assert_eq!((each.len(), each[0], each[2]), (3, 1.0, 3.0));
+        assert!(each[1].is_nan());
     }
 }

@@ -78,7 +78,7 @@ fn bulk(bench: &Bench) -> Table {
                 eprintln!(
                     "  {}: {:.2} Gbit/s (median)",
                     proxy.name(),
-                    values[0].map_or(f64::NAN, |f| f.median)
+                    values[0].as_ref().map_or(f64::NAN, |f| f.median)
                 );
                 table.push(proxy.name(), values, note);
             }
@@ -166,7 +166,7 @@ fn connection_rate(bench: &Bench) -> Table {
                 eprintln!(
                     "  {}: {:.0} connections/s (median), {errors} errors",
                     proxy.name(),
-                    values[0].map_or(f64::NAN, |f| f.median)
+                    values[0].as_ref().map_or(f64::NAN, |f| f.median)
                 );
                 let notes: Vec<String> = [
                     (errors > 0).then(|| {

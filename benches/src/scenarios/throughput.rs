@@ -153,7 +153,7 @@ fn push(table: &mut Table, proxy: Proxy, rounds: Vec<Result<Measured, String>>, 
             eprintln!(
                 "  {}: {:.0} req/s (median), {errors} errors",
                 proxy.name(),
-                values[0].map_or(f64::NAN, |f| f.median),
+                values[0].as_ref().map_or(f64::NAN, |f| f.median),
             );
             let notes: Vec<String> = [
                 (errors > 0)
