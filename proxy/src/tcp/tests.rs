@@ -98,11 +98,19 @@ fn kernel_size(asked: usize, max: &str) -> usize {
     2 * asked.min(max)
 }
 
-#[tokio::test]
-async fn a_bulk_direction_bounds_the_buffers_of_its_local_sockets() {
+/// The kernel buffers around one copy of `payload` from client to server: the downstream's
+/// receive buffer before and after, the upstream's send buffer after, and the bytes moved.
+struct Buffers {
+    sent: u64,
+    fresh_rcv: usize,
+    rcv: usize,
+    snd: usize,
+}
+
+async fn copy_once(payload: Vec<u8>) -> Buffers {
     let (down, mut client) = pair().await;
     let (up, mut server) = pair().await;
-    let fresh = SockRef::from(&down).recv_buffer_size().unwrap();
+    let fresh_rcv = SockRef::from(&down).recv_buffer_size().unwrap();
     let copier = tokio::spawn(async move {
         let t = copy_bidirectional(&down, &up).await;
         let rcv = SockRef::from(&down).recv_buffer_size().unwrap();
@@ -114,32 +122,32 @@ async fn a_bulk_direction_bounds_the_buffers_of_its_local_sockets() {
         server.read_to_end(&mut got).await.unwrap();
         got.len()
     });
-    client.write_all(&vec![7u8; 8 << 20]).await.unwrap();
+    client.write_all(&payload).await.unwrap();
     client.shutdown().await.unwrap();
-    assert_eq!(sink.await.unwrap(), 8 << 20);
+    assert_eq!(sink.await.unwrap(), payload.len());
     drop(client);
     let (transfer, rcv, snd) = copier.await.unwrap();
-    assert_eq!(transfer.unwrap().sent, 8 << 20);
-    assert_ne!(fresh, kernel_size(local::LOCAL_BULK_BUFFER, "rmem_max"));
-    assert_eq!(rcv, kernel_size(local::LOCAL_BULK_BUFFER, "rmem_max"));
-    assert_eq!(snd, kernel_size(local::LOCAL_BULK_BUFFER, "wmem_max"));
+    Buffers {
+        sent: transfer.unwrap().sent,
+        fresh_rcv,
+        rcv,
+        snd,
+    }
+}
+
+#[tokio::test]
+async fn a_bulk_direction_bounds_the_buffers_of_its_local_sockets() {
+    let b = copy_once(vec![7u8; 8 << 20]).await;
+    assert_eq!(b.sent, 8 << 20);
+    let bounded_rcv = kernel_size(local::LOCAL_BULK_BUFFER, "rmem_max");
+    assert_ne!(b.fresh_rcv, bounded_rcv);
+    assert_eq!(b.rcv, bounded_rcv);
+    assert_eq!(b.snd, kernel_size(local::LOCAL_BULK_BUFFER, "wmem_max"));
 }
 
 #[tokio::test]
 async fn a_request_sized_exchange_leaves_buffers_to_the_kernel() {
-    let (down, mut client) = pair().await;
-    let (up, mut server) = pair().await;
-    let fresh = SockRef::from(&down).recv_buffer_size().unwrap();
-    let copier = tokio::spawn(async move {
-        let t = copy_bidirectional(&down, &up).await;
-        (t, SockRef::from(&down).recv_buffer_size().unwrap())
-    });
-    client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
-    client.shutdown().await.unwrap();
-    let mut got = Vec::new();
-    server.read_to_end(&mut got).await.unwrap();
-    drop((client, server));
-    let (transfer, rcv) = copier.await.unwrap();
-    assert_eq!(transfer.unwrap().sent, 18);
-    assert_eq!(rcv, fresh);
+    let b = copy_once(b"GET / HTTP/1.1\r\n\r\n".to_vec()).await;
+    assert_eq!(b.sent, 18);
+    assert_eq!(b.rcv, b.fresh_rcv);
 }
