@@ -49,6 +49,11 @@ impl Figure {
         })
     }
 
+    /// The median of a figure that may not have been measured; NaN (printed as such) if not.
+    pub fn median_of(figure: &Option<Figure>) -> f64 {
+        figure.as_ref().map_or(f64::NAN, |f| f.median)
+    }
+
     /// A figure measured once.
     pub fn single(v: f64) -> Figure {
         Figure {

@@ -10,7 +10,7 @@ use super::{
 };
 use crate::open_loop::{self, Plan};
 use crate::proxy_config::{Mode, Proxy};
-use crate::report::{Column, Table};
+use crate::report::{Column, Figure, Table};
 use crate::tcp_load;
 
 /// Connections opened at once while building up the idle set.
@@ -70,7 +70,7 @@ pub fn run(bench: &Bench) -> Table {
         match summarize(per_round) {
             Err(why) => table.push_missing(proxy.name(), why),
             Ok((values, rounds_note)) => {
-                let median = |i: usize| values[i].as_ref().map_or(f64::NAN, |f| f.median);
+                let median = |i: usize| Figure::median_of(&values[i]);
                 eprintln!(
                     "  {}: start-up {:.1} ms, idle {:.1} MiB, {:.1} KiB/HTTP conn, {:.1} KiB/TCP conn (medians)",
                     proxy.name(),

@@ -6,7 +6,7 @@ use super::measure::{core_columns, CORES_NOTE};
 use super::{cpu_ms_per_1000, interleaved, mib, seconds, summarize, Bench};
 use crate::open_loop::{self, Outcome, Plan};
 use crate::proxy_config::{Mode, Proxy};
-use crate::report::{Column, Table};
+use crate::report::{Column, Figure, Table};
 use std::time::Duration;
 
 /// Istio's benchmark load.
@@ -116,7 +116,7 @@ pub fn run(bench: &Bench) -> Table {
             notes.push(format!("{errors} failed requests in all rounds"));
         }
         notes.extend(rounds_note);
-        let median = |i: usize| values[i].as_ref().map_or(f64::NAN, |f| f.median);
+        let median = |i: usize| Figure::median_of(&values[i]);
         eprintln!(
             "latency: {} p50 {:.0} µs p99 {:.0} µs p99.9 {:.0} µs (medians), {errors} errors",
             proxy.name(),

@@ -9,7 +9,7 @@ use crate::mesh_certs::{self, MeshCerts};
 use crate::open_loop::{self, Outcome, Plan};
 use crate::process::{self, Spawned, Usage, PROXY_CPU};
 use crate::proxy_config::{self as config, MeshSide, Mode, Proxy, RemoraPorts, MESH_WORKERS};
-use crate::report::{Column, Table};
+use crate::report::{Column, Figure, Table};
 use std::fs;
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -125,7 +125,7 @@ pub fn run(bench: &Bench) -> Table {
                 continue;
             }
         };
-        let median = |i: usize| values[i].as_ref().map_or(f64::NAN, |f| f.median);
+        let median = |i: usize| Figure::median_of(&values[i]);
         eprintln!(
             "mtls: {} p50 {:.0} µs p99 {:.0} µs, CPU/1000 req {:.1} ms (medians), {errors} errors",
             proxy.name(),

@@ -8,7 +8,7 @@ use super::{cpu_ms_per_1000, interleaved, summarize, Bench, Cost, Ready};
 use crate::load_tools;
 use crate::process::{self, LOAD_CPU};
 use crate::proxy_config::Mode;
-use crate::report::{Column, Table};
+use crate::report::{Column, Figure, Table};
 use crate::tcp_load::{self, ConnectionRate};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -78,7 +78,7 @@ fn bulk(bench: &Bench) -> Table {
                 eprintln!(
                     "  {}: {:.2} Gbit/s (median)",
                     proxy.name(),
-                    values[0].as_ref().map_or(f64::NAN, |f| f.median)
+                    Figure::median_of(&values[0])
                 );
                 table.push(proxy.name(), values, note);
             }
@@ -166,7 +166,7 @@ fn connection_rate(bench: &Bench) -> Table {
                 eprintln!(
                     "  {}: {:.0} connections/s (median), {errors} errors",
                     proxy.name(),
-                    values[0].as_ref().map_or(f64::NAN, |f| f.median)
+                    Figure::median_of(&values[0])
                 );
                 let notes: Vec<String> = [
                     (errors > 0).then(|| {

@@ -6,7 +6,7 @@ use super::measure::{core_columns, CORES_NOTE};
 use super::{cpu_ms_per_1000, grpc_request_body, interleaved, seconds, summarize, Bench, Cost};
 use crate::load_tools::{self, HttpLoad};
 use crate::proxy_config::{Mode, Proxy};
-use crate::report::{Column, Table};
+use crate::report::{Column, Figure, Table};
 use std::fs;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -153,7 +153,7 @@ fn push(table: &mut Table, proxy: Proxy, rounds: Vec<Result<Measured, String>>, 
             eprintln!(
                 "  {}: {:.0} req/s (median), {errors} errors",
                 proxy.name(),
-                values[0].as_ref().map_or(f64::NAN, |f| f.median),
+                Figure::median_of(&values[0]),
             );
             let notes: Vec<String> = [
                 (errors > 0)
