@@ -11,7 +11,7 @@ use remora_benches::process::{self, Registry, LOAD_CPU, PROXY_CPU};
 use remora_benches::proxy_config::Proxy;
 use remora_benches::report::{Machine, Report};
 use remora_benches::scenarios::{self, Bench, Settings, Tools};
-use remora_benches::{targets, upstream};
+use remora_benches::{open_loop, targets, upstream};
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -54,6 +54,20 @@ enum Internal {
         #[arg(long)]
         listen: SocketAddr,
     },
+    /// Scenario 1's load alone against one address, for profiling a proxy by hand: evenly
+    /// paced `GET /` over keep-alive connections, then the corrected latency percentiles.
+    #[command(hide = true)]
+    Load {
+        #[arg(long)]
+        target: SocketAddr,
+        #[arg(long, default_value_t = scenarios::latency::RATE)]
+        rate: f64,
+        #[arg(long, default_value_t = scenarios::latency::CONNECTIONS)]
+        connections: usize,
+        /// Recorded seconds, after one second of warm-up.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -78,16 +92,65 @@ const ALL_SCENARIOS: [Scenario; 5] = [
     Scenario::Mtls,
 ];
 
+fn load(target: SocketAddr, rate: f64, connections: usize, seconds: f64) -> anyhow::Result<()> {
+    anyhow::ensure!(seconds > 0.0, "--seconds must be positive");
+    let plan = open_loop::Plan {
+        rate,
+        connections,
+        warmup: std::time::Duration::from_secs(1),
+        duration: std::time::Duration::from_secs_f64(seconds),
+    };
+    // Current-thread, as the scenarios run it: the timing is only as good as this runtime.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let o = runtime.block_on(open_loop::run(target, plan))?;
+    println!(
+        "requests {} answered {} errors {} rate {:.0}/s generator lag max {:?}",
+        o.requests,
+        o.answered,
+        o.errors,
+        o.achieved_rate(),
+        o.max_generator_lag
+    );
+    println!(
+        "latency us: p50 {:.0} p90 {:.0} p99 {:.0} p99.9 {:.0} max {:.0}",
+        o.percentile_us(0.5),
+        o.percentile_us(0.9),
+        o.percentile_us(0.99),
+        o.percentile_us(0.999),
+        o.percentile_us(1.0)
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(Internal::Upstream { listen }) = cli.command {
-        return match upstream::serve_forever(listen) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("upstream: {e:#}");
-                ExitCode::FAILURE
-            }
-        };
+    match cli.command {
+        Some(Internal::Upstream { listen }) => {
+            return match upstream::serve_forever(listen) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("upstream: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Some(Internal::Load {
+            target,
+            rate,
+            connections,
+            seconds,
+        }) => {
+            return match load(target, rate, connections, seconds) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("load: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        None => {}
     }
     let registry = Registry::default();
     // First, before any other thread exists: the signal mask is inherited by threads.
