@@ -229,7 +229,7 @@ impl Proxy {
                         // every TCP connection would otherwise pay for it.
                         let downstream = Downstream::Plain(downstream);
                         let http = (version, prefix, early);
-                        let served = Box::pin(self.http(config, downstream, hop, http, None));
+                        let served = Box::pin(self.http(config, downstream, hop, http, None, None));
                         return served.await.counted_in(IstioOpen::Unknown);
                     }
                 }
@@ -363,7 +363,7 @@ impl Proxy {
 
 impl Proxy {
     /// Serve a connection detected as HTTP; `mesh_peer` is the client's sidecar when mesh TLS
-    /// was terminated.
+    /// was terminated, `originate` how requests reach a mesh destination.
     async fn http(
         self: &Arc<Self>,
         config: &Arc<Config>,
@@ -371,6 +371,7 @@ impl Proxy {
         hop: Hop,
         (version, prefix, early): (HttpVersion, BytesMut, Option<Upstream>),
         mesh_peer: Option<Arc<crate::tls::Peer>>,
+        originate: Option<Box<http::originate::Originate>>,
     ) -> Outcome {
         let (end, transfer) = http::serve(
             Arc::clone(self),
@@ -386,6 +387,7 @@ impl Proxy {
                 version,
                 prefix,
                 early,
+                originate,
             },
         )
         .await;

@@ -141,7 +141,9 @@ fn http_and_tcp_cross_two_remoras_over_mutual_tls() {
         .unwrap_or_else(|| panic!("no x-forwarded-client-cert in {head}"));
     assert!(xfcc.contains(&format!("by={B}")), "{xfcc}");
     assert!(xfcc.contains(&format!("uri={A}")), "{xfcc}");
-    assert!(head.contains("x-forwarded-proto: https"), "{head}");
+    // A's listener served the application's plaintext request and said so, as Envoy's client
+    // side does; B keeps what the client's sidecar set.
+    assert!(head.contains("x-forwarded-proto: http\r\n"), "{head}");
 
     // TCP: bytes both ways, the half-close passed on.
     let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
@@ -162,6 +164,17 @@ fn http_and_tcp_cross_two_remoras_over_mutual_tls() {
     assert_eq!(metric(a_metrics, &ok("outbound")), Some(2));
     let opened = "remora_connections_opened_total{direction=\"inbound\"}";
     assert_eq!(metric(b_metrics, opened), Some(2));
+    // A reports the request as Istio's client side does, naming B by its certificate.
+    let (_, exposition) = get(a_metrics, "/stats/prometheus").unwrap();
+    let source_series = exposition.lines().find(|l| {
+        l.starts_with("istio_requests_total{reporter=\"source\"")
+            && l.contains(&format!("destination_principal=\"{B}\""))
+            && l.contains("response_code=\"200\"")
+    });
+    assert!(
+        source_series.is_some_and(|l| l.ends_with(" 1")),
+        "{exposition}"
+    );
 
     // B accepts nothing but mutual TLS: plaintext straight to it is closed unanswered.
     assert!(!answered(b_http), "B served plaintext");
@@ -219,7 +232,9 @@ fn a_peer_with_the_wrong_spiffe_id_is_refused_on_both_sides() {
     let wrong_san = |dir: &str| {
         format!("remora_tls_handshakes_total{{direction=\"{dir}\",result=\"wrong_san\"}}")
     };
-    assert_eq!(metric(a_metrics, &wrong_san("outbound")), Some(1));
+    // A served the request itself: a refused handshake is a connect failure, tried again as
+    // Istio's retry policy says (twice more by default) before the 503.
+    assert_eq!(metric(a_metrics, &wrong_san("outbound")), Some(3));
 
     assert!(
         !answered(other),

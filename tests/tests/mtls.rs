@@ -102,6 +102,40 @@ fn http_grpc_and_tcp_cross_encrypted_between_two_sidecars() {
         "{xfcc}"
     );
 
+    // The client's sidecar serves the application's HTTP itself: two requests on one
+    // keep-alive connection go on that connection's one mesh connection (one handshake), and
+    // it reports them as Istio's client side does, naming the server by its certificate.
+    let handshakes_before = handshakes(&client, "outbound", "ok");
+    let url = format!("http://{}/headers", net.pod_addr(HTTP_PORT));
+    let out = peer::curl(
+        &net.peer,
+        &["-s", "-o", "/dev/null", "-o", "/dev/null", &url, &url],
+        CLIENT_TIME,
+    );
+    peer::curl_ok(&out, "two requests on one connection across the mesh");
+    let source_requests = |m: &remora_e2e::metrics::Metrics, protocol: &str, code: &str| {
+        m.value(
+            "istio_requests_total",
+            &[
+                ("reporter", "source"),
+                ("source_principal", CLIENT_ID),
+                ("destination_principal", SERVER_ID),
+                ("destination_workload_namespace", "server"),
+                ("connection_security_policy", "unknown"),
+                ("request_protocol", protocol),
+                ("response_code", code),
+            ],
+        )
+    };
+    client.wait_for_metrics("source-side HTTP requests", METRICS_TIME, |m| {
+        source_requests(m, "http", "200") >= 3.0
+    });
+    assert_eq!(
+        handshakes(&client, "outbound", "ok"),
+        handshakes_before + 1.0,
+        "two requests on one client connection took other than one mesh connection"
+    );
+
     // Raw TCP: bytes arrive intact.
     let mut data = peer::pattern(256 * 1024);
     data.extend_from_slice(marker.as_bytes());
@@ -174,6 +208,12 @@ fn http_grpc_and_tcp_cross_encrypted_between_two_sidecars() {
     }
     if grpc {
         assert!(sniff::contains(&wire, b"istio-h2"));
+        let calls = source_requests(&client.metrics(), "grpc", "200");
+        assert!(
+            calls >= 1.0,
+            "no source-side gRPC series:\n{}",
+            client.metrics()
+        );
     }
 }
 

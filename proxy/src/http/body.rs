@@ -264,11 +264,7 @@ impl Drop for RequestEnd {
         self.conn.proxy.metrics.request_finished(
             &self.conn.series,
             &RequestOutcome {
-                mesh_peer: self
-                    .conn
-                    .mesh_peer
-                    .as_ref()
-                    .map(|(peer, _)| Arc::clone(peer)),
+                mesh_peer: self.conn.metrics_peer(),
                 direction: self.conn.direction,
                 grpc: self.grpc,
                 code: self.status,

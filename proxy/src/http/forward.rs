@@ -244,7 +244,11 @@ async fn send(ctx: &ConnContext, req: Request<UpstreamBody>) -> Result<Upstreame
     let dst = key.destination;
     let idle_timeout = ctx.config.http.pool_idle_timeout;
     let mut req = req;
-    if let Some(sender) = ctx.proxy.pool.checkout(&key, Instant::now(), idle_timeout) {
+    let idle = match &ctx.originate {
+        Some(originate) => originate.checkout(),
+        None => ctx.proxy.pool.checkout(&key, Instant::now(), idle_timeout),
+    };
+    if let Some(sender) = idle {
         match send_on(ctx, sender, req).await {
             Ok(up) => return Ok(up),
             Err(SendError::Unsent(back, e)) => {
@@ -254,8 +258,11 @@ async fn send(ctx: &ConnContext, req: Request<UpstreamBody>) -> Result<Upstreame
             Err(SendError::Failed(e)) => return Err(e),
         }
     }
-    let sender = open(ctx).await?;
-    if let Sender::Http2(s) = &sender {
+    let sender = match &ctx.originate {
+        Some(originate) => originate.open(ctx).await?,
+        None => open(ctx).await?,
+    };
+    if let (Sender::Http2(s), None) = (&sender, &ctx.originate) {
         // Shared from now on by every request to this destination.
         ctx.proxy.pool.checkin(
             key,

@@ -19,6 +19,7 @@ pub mod framing;
 pub mod h1;
 pub mod headers;
 pub mod io;
+pub mod originate;
 pub mod pool;
 pub mod retry;
 pub mod upgrade;
@@ -57,6 +58,8 @@ pub struct ConnContext {
     pub mesh_peer: Option<(Arc<crate::tls::Peer>, crate::identity::SpiffeId)>,
     /// The server name the client's TLS asked for, when mesh TLS was terminated.
     pub sni: Option<Box<str>>,
+    /// Outbound to a mesh destination: requests go inside mesh TLS, on this connection's own.
+    pub originate: Option<Box<originate::Originate>>,
     in_flight: AtomicUsize,
     /// Requests started on this connection.
     started: AtomicU64,
@@ -95,6 +98,7 @@ impl ConnContext {
             connect_timeout,
             mesh_peer: None,
             sni: None,
+            originate: None,
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             smuggled_head: AtomicU64::new(0),
@@ -204,6 +208,10 @@ impl ConnContext {
     }
 
     fn return_to_pool(&self, key: pool::Key, sender: pool::Sender) {
+        if let Some(originate) = &self.originate {
+            originate.checkin(sender);
+            return;
+        }
         let http = &self.config.http;
         self.proxy.pool.checkin(
             key,
@@ -211,6 +219,16 @@ impl ConnContext {
             http.pool_idle_timeout,
             http.pool_max_idle_per_upstream,
         );
+    }
+
+    /// The other side's sidecar for Istio's labels: the client's when mesh TLS was terminated,
+    /// the server's on a mesh connection we originated.
+    fn metrics_peer(&self) -> Option<Arc<crate::tls::Peer>> {
+        match (&self.mesh_peer, &self.originate) {
+            (Some((peer, _)), _) => Some(Arc::clone(peer)),
+            (None, Some(originate)) => originate.server(),
+            (None, None) => None,
+        }
     }
 
     fn write_log(&self, log: access_log::RequestLog, flags: Flags, sent: u64) {
@@ -241,6 +259,8 @@ pub struct Connection {
     pub prefix: BytesMut,
     /// The upstream connection opened during detection: the first pooled one.
     pub early: Option<Upstream>,
+    /// Outbound to a mesh destination: how requests go there (it holds the early socket).
+    pub originate: Option<Box<originate::Originate>>,
 }
 
 /// Serve HTTP on a detected connection until it closes; how it ended and the bytes it carried
@@ -252,7 +272,9 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         source: c.source,
         version: c.version,
     };
-    let fast = c.version == HttpVersion::Http1 && config.http.fast_path;
+    // The fast path's upstream is a plain pooled socket; mesh TLS we originate goes through
+    // hyper's client.
+    let fast = c.version == HttpVersion::Http1 && config.http.fast_path && c.originate.is_none();
     let mut early = c.early;
     if !fast {
         if let Some(up) = early.take() {
@@ -270,6 +292,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
     let ctx = Arc::new(ConnContext {
         mesh_peer,
         sni,
+        originate: c.originate,
         ..ConnContext::new(proxy, config, c.direction, c.peer, key, c.connect_timeout)
     });
     let (downstream, prefix) = if fast {

@@ -214,16 +214,28 @@ async fn reap<C: Pooled>(pool: Weak<Pool<C>>) {
     }
 }
 
-/// Start the HTTP client on an open upstream connection. The connection runs in a task of its
-/// own, which also keeps the loop-guard registration for as long as the socket is open.
+/// Start the HTTP client on a new upstream connection; the connection runs in a task of its own.
 pub async fn handshake(upstream: Upstream, version: HttpVersion) -> Result<Sender, hyper::Error> {
     let (stream, registration) = upstream.into_parts();
-    let io = TokioIo::new(stream);
+    handshake_over(stream, registration, version).await
+}
+
+/// Start the HTTP client on `io` (a socket, or mesh TLS on one); `keep` lives as long as the
+/// connection (the loop guard's registration of its socket).
+pub async fn handshake_over<T>(
+    io: T,
+    keep: impl Send + 'static,
+    version: HttpVersion,
+) -> Result<Sender, hyper::Error>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let io = TokioIo::new(io);
     match version {
         HttpVersion::Http1 => {
             let (sender, conn) = http1::Builder::new().handshake(io).await?;
             tokio::spawn(async move {
-                let _registration = registration;
+                let _keep = keep;
                 // Upgrades (WebSocket) hand the socket to the tunnel, which keeps it open.
                 if let Err(e) = conn.with_upgrades().await {
                     tracing::debug!(error = %e, "upstream HTTP/1.1 connection ended");
@@ -237,7 +249,7 @@ pub async fn handshake(upstream: Upstream, version: HttpVersion) -> Result<Sende
                 .handshake(io)
                 .await?;
             tokio::spawn(async move {
-                let _registration = registration;
+                let _keep = keep;
                 if let Err(e) = conn.await {
                     tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
                 }

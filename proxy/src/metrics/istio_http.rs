@@ -118,14 +118,17 @@ impl EncodeLabelSet for RequestKey {
 
 /// The series of a connection's last plain HTTP request, resolved. A connection's requests
 /// share their direction and peer, and mostly their status too; reusing the series skips four
-/// family lookups per request (a lock, a hash and a probe each). One per connection: the
-/// connection's mesh peer is not part of the comparison.
+/// family lookups per request (a lock, a hash and a probe each). One per connection; its mesh
+/// peer is compared by identity (one `Arc`), not by value.
 #[derive(Debug, Default)]
 pub struct SeriesCache(Mutex<Option<Resolved>>);
 
 #[derive(Debug)]
 struct Resolved {
     key: RequestKey,
+    /// The peer it was resolved for: fixed for a terminated connection, but a mesh connection
+    /// we originate may be replaced by one to another server.
+    peer: Option<Arc<crate::tls::Peer>>,
     requests: Counter,
     duration: Histogram,
     request_bytes: Histogram,
@@ -258,6 +261,7 @@ impl RequestMetrics {
             let k = &r.key;
             (k.direction, k.grpc, k.code, k.grpc_status, k.flags)
                 == (o.direction, o.grpc, o.code, None, o.flags)
+                && same_peer(r.peer.as_ref(), o.mesh_peer.as_ref())
         });
         let series = match hit {
             Some(series) => series,
@@ -301,7 +305,16 @@ impl RequestMetrics {
             request_bytes: self.request_bytes.get_or_create_owned(&key),
             response_bytes: self.response_bytes.get_or_create_owned(&key),
             key,
+            peer: o.mesh_peer.clone(),
         }
+    }
+}
+
+fn same_peer(a: Option<&Arc<crate::tls::Peer>>, b: Option<&Arc<crate::tls::Peer>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
     }
 }
 

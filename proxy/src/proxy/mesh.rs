@@ -164,7 +164,7 @@ impl Proxy {
                 let istio = self.metrics.direction(hop.dir).istio_opened(None);
                 let http = (version, prefix, early);
                 let downstream = Downstream::Plain(downstream);
-                let served = self.http(config, downstream, hop, http, None).await;
+                let served = self.http(config, downstream, hop, http, None, None).await;
                 return served.counted_in(istio);
             }
             Detected::Http(_, prefix, early) => (prefix, early.map(Ok)),
@@ -325,7 +325,9 @@ impl Proxy {
                     Detected::Http(version, prefix, early) => {
                         let http = (version, prefix, early);
                         let downstream = Downstream::Mesh(stream);
-                        return self.http(config, downstream, hop, http, Some(peer)).await;
+                        return self
+                            .http(config, downstream, hop, http, Some(peer), None)
+                            .await;
                     }
                     Detected::Tcp(prefix, up) | Detected::Tls(prefix, up) => (prefix, up),
                     Detected::ClientFailed => {
@@ -378,21 +380,11 @@ impl Proxy {
                 }
             }
         };
-        let upstream = match upstream {
-            Some(up) => up,
-            None => {
-                connect::connect(hop.destination, hop.source, hop.timeout, &self.loop_guard).await
-            }
-        };
-        let upstream = match upstream {
-            Ok(up) => up,
-            Err(e) => return self.connect_failed(&hop, e, &downstream),
-        };
         // Istio's outbound ALPN: what the application speaks, then "istio" for mesh traffic;
         // for TCP, metadata exchange first, which a server that does not speak it ignores.
-        let alpn: &[&[u8]] = match version {
-            Some(HttpVersion::Http1) => &[ALPN_HTTP11, tls::ALPN_ISTIO],
-            Some(HttpVersion::Http2) => &[ALPN_H2, tls::ALPN_ISTIO],
+        let http_alpn = version.map(http::originate::alpn);
+        let alpn: &[&[u8]] = match &http_alpn {
+            Some(alpn) => alpn,
             None => &[ALPN_PEER_EXCHANGE, tls::ALPN_ISTIO],
         };
         let client = match self.mesh.client_config(&config.tls, &dest.identities, alpn) {
@@ -407,6 +399,37 @@ impl Proxy {
                 reset(&downstream);
                 return refused(Some(hop.destination), End::ConnectFailed);
             }
+        };
+        if let Some(version) = version {
+            // HTTP is served here, as outbound HTTP is, and each request goes inside mesh TLS
+            // on this client connection's own mesh connection.
+            let early = match upstream {
+                Some(Ok(up)) => Some(up),
+                Some(Err(e)) => return self.connect_failed(&hop, e, &downstream),
+                None => None,
+            };
+            let originate = http::originate::Originate::new(
+                client,
+                server_name(dest, hop.destination),
+                config.tls.handshake_timeout,
+                early,
+            );
+            let istio = self.metrics.direction(hop.dir).istio_opened(None);
+            let http = (version, prefix, None);
+            let downstream = Downstream::Plain(downstream);
+            let originate = Some(Box::new(originate));
+            let served = Box::pin(self.http(config, downstream, hop, http, None, originate));
+            return served.await.counted_in(istio);
+        }
+        let upstream = match upstream {
+            Some(up) => up,
+            None => {
+                connect::connect(hop.destination, hop.source, hop.timeout, &self.loop_guard).await
+            }
+        };
+        let upstream = match upstream {
+            Ok(up) => up,
+            Err(e) => return self.connect_failed(&hop, e, &downstream),
         };
         // The registration lives as long as the connection does.
         let (stream, _registration) = upstream.into_parts();

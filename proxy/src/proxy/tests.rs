@@ -40,6 +40,7 @@ async fn connection_future_stays_small() {
             version: crate::detect::HttpVersion::Http1,
             prefix: BytesMut::new(),
             early: None,
+            originate: None,
         },
     );
     let size = std::mem::size_of_val(&http);

@@ -164,6 +164,7 @@ fn spawn_served(
             version: HttpVersion::Http1,
             prefix: BytesMut::new(),
             early: None,
+            originate: None,
         },
     ));
 }

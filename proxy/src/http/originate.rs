@@ -1,0 +1,148 @@
+//! HTTP to a mesh destination: the client sidecar's half of a mesh hop at L7.
+//!
+//! The application's requests are served here as any outbound HTTP is (statuses, retries,
+//! `reporter="source"` request metrics), and sent upstream inside mesh TLS on a connection
+//! that belongs to this client connection alone: without endpoint discovery, Kubernetes
+//! balances per connection, so requests of different clients must not share one. At most one
+//! such connection is kept idle, for the client's next request; an HTTP/2 one is shared by the
+//! client's streams.
+
+use super::errors::{ErrorKind, ProxyError};
+use super::pool::{self, Sender};
+use super::ConnContext;
+use crate::connect::Upstream;
+use crate::detect::HttpVersion;
+use crate::tls::{self, HandshakeFailure, Peer};
+use rustls::pki_types::ServerName;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// How a client connection's requests reach its mesh destination, and the connection they use.
+#[derive(Debug)]
+pub struct Originate {
+    client: Arc<rustls::ClientConfig>,
+    server_name: ServerName<'static>,
+    handshake_timeout: Duration,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// The socket detection dialled, not yet wrapped in TLS.
+    early: Option<Upstream>,
+    /// The mesh connection, while no request uses it (or, HTTP/2, a handle on it).
+    idle: Option<Sender>,
+    /// The server's sidecar on the newest mesh connection: the destination in metrics.
+    server: Option<Arc<Peer>>,
+}
+
+impl Originate {
+    /// `client` offers Istio's ALPN values for the client's HTTP version; `early` is the socket
+    /// detection opened, if it did.
+    pub fn new(
+        client: Arc<rustls::ClientConfig>,
+        server_name: ServerName<'static>,
+        handshake_timeout: Duration,
+        early: Option<Upstream>,
+    ) -> Self {
+        Originate {
+            client,
+            server_name,
+            handshake_timeout,
+            state: Mutex::new(State {
+                early,
+                ..State::default()
+            }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // Held for one field's update, never across an await.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The server's sidecar, as its certificate (and ALPN) named it on the newest connection.
+    pub fn server(&self) -> Option<Arc<Peer>> {
+        self.state().server.clone()
+    }
+
+    /// The idle mesh connection, if it is still open; an HTTP/2 one stays for other streams.
+    pub fn checkout(&self) -> Option<Sender> {
+        let mut state = self.state();
+        let sender = state.idle.take()?;
+        if pool::Pooled::is_closed(&sender) {
+            return None;
+        }
+        if let Sender::Http2(shared) = &sender {
+            state.idle = Some(Sender::Http2(shared.clone()));
+        }
+        Some(sender)
+    }
+
+    /// Keep `sender` for the client's next request, unless one is kept already or it closed.
+    pub fn checkin(&self, sender: Sender) {
+        if pool::Pooled::is_closed(&sender) {
+            return;
+        }
+        let mut state = self.state();
+        if state.idle.is_none() {
+            state.idle = Some(sender);
+        }
+    }
+
+    /// A new mesh connection to the destination: the early socket or a new one, then mesh TLS
+    /// (the server must present a mesh certificate, and the expected SPIFFE ID when one is
+    /// configured), then the HTTP client. An HTTP/2 connection is kept for the client's
+    /// other streams.
+    pub async fn open(&self, ctx: &ConnContext) -> Result<Sender, ProxyError> {
+        let dst = ctx.key.destination;
+        let early = self.state().early.take();
+        let upstream = match early {
+            Some(up) => up,
+            None => ctx.connect_upstream().await?,
+        };
+        let (stream, registration) = upstream.into_parts();
+        let connector = tokio_rustls::TlsConnector::from(Arc::clone(&self.client));
+        let connecting = connector.connect(self.server_name.clone(), stream);
+        let metrics = &ctx.proxy.metrics.tls;
+        let stream = match tokio::time::timeout(self.handshake_timeout, connecting).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                let failure = HandshakeFailure::of(&e);
+                metrics.handshake(ctx.direction, failure.as_str());
+                tracing::warn!(destination = %dst, reason = failure.as_str(), error = %e, "outbound mesh TLS handshake failed");
+                return Err(ProxyError::new(ErrorKind::ConnectFailed, dst, e));
+            }
+            Err(_) => {
+                metrics.handshake(ctx.direction, HandshakeFailure::Timeout.as_str());
+                tracing::warn!(destination = %dst, "outbound mesh TLS handshake timed out");
+                return Err(ProxyError::new(
+                    ErrorKind::ConnectTimeout,
+                    dst,
+                    "mesh TLS handshake timed out",
+                ));
+            }
+        };
+        metrics.handshake(ctx.direction, "ok");
+        let (_, session) = stream.get_ref();
+        let chain = session.peer_certificates().unwrap_or_default();
+        let server = Peer::from_chain(chain, session.alpn_protocol()).map(Arc::new);
+        self.state().server = server;
+        let sender = pool::handshake_over(stream, registration, ctx.key.version)
+            .await
+            .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, dst, e))?;
+        if let Sender::Http2(shared) = &sender {
+            self.checkin(Sender::Http2(shared.clone()));
+        }
+        Ok(sender)
+    }
+}
+
+/// Istio's outbound ALPN values for mesh HTTP of `version`: the application's protocol, then
+/// "istio".
+pub fn alpn(version: HttpVersion) -> [&'static [u8]; 2] {
+    match version {
+        HttpVersion::Http1 => [tls::ALPN_HTTP11, tls::ALPN_ISTIO],
+        HttpVersion::Http2 => [tls::ALPN_H2, tls::ALPN_ISTIO],
+    }
+}
