@@ -451,6 +451,7 @@ fn remora_client_sidecar_to_envoy_server_over_http_and_tcp() {
         ("reporter", "source"),
         ("destination_principal", SERVER_ID),
         ("destination_workload", "unknown"),
+        ("destination_service", SERVER_HOST),
     ];
     assert!(
         m.value("istio_tcp_connections_opened_total", &opened) >= 1.0,

@@ -22,6 +22,8 @@ use std::time::Duration;
 pub struct Originate {
     client: Arc<rustls::ClientConfig>,
     server_name: ServerName<'static>,
+    /// The destination's hostname: the service the server is named as in metrics.
+    service: Option<Arc<str>>,
     handshake_timeout: Duration,
     state: Mutex<State>,
 }
@@ -42,12 +44,14 @@ impl Originate {
     pub fn new(
         client: Arc<rustls::ClientConfig>,
         server_name: ServerName<'static>,
+        service: Option<Arc<str>>,
         handshake_timeout: Duration,
         early: Option<Upstream>,
     ) -> Self {
         Originate {
             client,
             server_name,
+            service,
             handshake_timeout,
             state: Mutex::new(State {
                 early,
@@ -126,7 +130,12 @@ impl Originate {
         metrics.handshake(ctx.direction, "ok");
         let (_, session) = stream.get_ref();
         let chain = session.peer_certificates().unwrap_or_default();
-        let server = Peer::from_chain(chain, session.alpn_protocol()).map(Arc::new);
+        let server = Peer::from_chain(chain, session.alpn_protocol()).map(|server| {
+            Arc::new(Peer {
+                service: self.service.clone(),
+                ..server
+            })
+        });
         self.state().server = server;
         let sender = pool::handshake_over(stream, registration, ctx.key.version)
             .await

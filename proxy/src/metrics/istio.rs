@@ -70,6 +70,7 @@ pub struct TcpSeries {
 pub struct PeerKey {
     principal: String,
     metadata: Option<Arc<WorkloadMetadata>>,
+    service: Option<Arc<str>>,
 }
 
 impl PeerKey {
@@ -77,6 +78,7 @@ impl PeerKey {
         PeerKey {
             principal: peer.principal(),
             metadata: peer.metadata.clone(),
+            service: peer.service.clone(),
         }
     }
 }
@@ -224,9 +226,11 @@ pub fn labels_for(
             },
         ),
     };
-    let service_name = match dir {
-        Direction::Outbound => "PassthroughCluster",
-        Direction::Inbound => "InboundPassthroughCluster",
+    let dialled = mesh_peer.and_then(|p| p.service.as_deref());
+    let (service, service_name, service_namespace) = match (dir, dialled) {
+        (Direction::Outbound, Some(host)) => service_labels(host),
+        (Direction::Outbound, None) => (unknown(), "PassthroughCluster".into(), unknown()),
+        (Direction::Inbound, _) => (unknown(), "InboundPassthroughCluster".into(), unknown()),
     };
     vec![
         ("reporter", reporter.to_string()),
@@ -243,7 +247,7 @@ pub fn labels_for(
         ("destination_principal", destination.principal),
         ("destination_app", destination.app),
         ("destination_version", destination.version),
-        ("destination_service", unknown()),
+        ("destination_service", service),
         (
             "destination_canonical_service",
             destination.canonical_service,
@@ -252,13 +256,26 @@ pub fn labels_for(
             "destination_canonical_revision",
             destination.canonical_revision,
         ),
-        ("destination_service_name", service_name.to_string()),
-        ("destination_service_namespace", unknown()),
+        ("destination_service_name", service_name),
+        ("destination_service_namespace", service_namespace),
         ("destination_cluster", destination.cluster),
         ("request_protocol", "tcp".to_string()),
         ("response_flags", flag.to_string()),
         ("connection_security_policy", security.to_string()),
     ]
+}
+
+/// Istio's service labels for a mesh destination's hostname: the host, and for a Kubernetes
+/// service's name (`NAME.NAMESPACE.svc…`) its name and namespace; any other host is its own
+/// name, in an unknown namespace.
+fn service_labels(host: &str) -> (String, String, String) {
+    let mut labels = host.split('.');
+    match (labels.next(), labels.next(), labels.next()) {
+        (Some(name), Some(ns), Some("svc")) if !name.is_empty() && !ns.is_empty() => {
+            (host.to_string(), name.to_string(), ns.to_string())
+        }
+        _ => (host.to_string(), host.to_string(), UNKNOWN.to_string()),
+    }
 }
 
 /// One end of a connection, as labels.
@@ -366,6 +383,7 @@ mod tests {
             dns_sans: vec![],
             alpn: None,
             metadata: metadata.map(Arc::new),
+            service: None,
         }
     }
 
@@ -386,6 +404,42 @@ mod tests {
             "spiffe://cluster.local/ns/shop/sa/cart"
         );
         assert_eq!(get(&out, "connection_security_policy"), "unknown");
+    }
+
+    #[test]
+    fn a_server_dialled_as_a_mesh_service_names_it_as_the_destination_service() {
+        let own = Workload::default();
+        let k8s = Peer {
+            service: Some("reviews.bookinfo.svc.cluster.local".into()),
+            ..cart(None)
+        };
+        let out = labels_for(&own, Direction::Outbound, "-", Some(&k8s));
+        assert_eq!(
+            get(&out, "destination_service"),
+            "reviews.bookinfo.svc.cluster.local"
+        );
+        assert_eq!(get(&out, "destination_service_name"), "reviews");
+        assert_eq!(get(&out, "destination_service_namespace"), "bookinfo");
+        let other = Peer {
+            service: Some("db.example.com".into()),
+            ..cart(None)
+        };
+        let out = labels_for(&own, Direction::Outbound, "-", Some(&other));
+        assert_eq!(get(&out, "destination_service"), "db.example.com");
+        assert_eq!(get(&out, "destination_service_name"), "db.example.com");
+        assert_eq!(get(&out, "destination_service_namespace"), "unknown");
+        // Inbound, the service is ours, not the client's; without one, the passthrough.
+        let inb = labels_for(&own, Direction::Inbound, "-", Some(&k8s));
+        assert_eq!(
+            get(&inb, "destination_service_name"),
+            "InboundPassthroughCluster"
+        );
+        let plain = labels_for(&own, Direction::Outbound, "-", Some(&cart(None)));
+        assert_eq!(
+            get(&plain, "destination_service_name"),
+            "PassthroughCluster"
+        );
+        assert_eq!(get(&plain, "destination_service"), "unknown");
     }
 
     #[test]

@@ -411,6 +411,7 @@ impl Proxy {
             let originate = http::originate::Originate::new(
                 client,
                 server_name(dest, hop.destination),
+                dest.hostname.as_deref().map(Arc::from),
                 config.tls.handshake_timeout,
                 early,
             );
@@ -439,8 +440,9 @@ impl Proxy {
         let (failure, error, end) = match handshake {
             Ok(Ok(tls)) => {
                 self.metrics.tls.handshake(hop.dir, "ok");
+                let service = dest.hostname.as_deref().map(Arc::from);
                 return self
-                    .serve_originated(config, &hop, downstream, &prefix, tls)
+                    .serve_originated(config, &hop, downstream, &prefix, tls, service)
                     .await;
             }
             Ok(Err(e)) => (HandshakeFailure::of(&e), e.to_string(), End::ConnectFailed),
@@ -460,8 +462,8 @@ impl Proxy {
         refused(Some(hop.destination), end)
     }
 
-    /// Name the server from its certificate and, on `istio-peer-exchange`, its metadata; count
-    /// the connection open for it; then copy the client's bytes (`prefix` first) both ways.
+    /// Name the server from its certificate, the `service` we dialled it as and, on
+    /// `istio-peer-exchange`, its metadata; count the connection open for it; then copy the client's bytes (`prefix` first) both ways.
     async fn serve_originated(
         &self,
         config: &Config,
@@ -469,10 +471,12 @@ impl Proxy {
         mut downstream: TcpStream,
         prefix: &[u8],
         mut tls: tls::stream::ClientStream,
+        service: Option<Arc<str>>,
     ) -> Outcome {
         let (_, session) = tls.get_ref();
         let chain = session.peer_certificates().unwrap_or_default();
-        let mut peer = Peer::from_chain(chain, session.alpn_protocol());
+        let mut peer = Peer::from_chain(chain, session.alpn_protocol())
+            .map(|server| Peer { service, ..server });
         let mut unread = BytesMut::new();
         if let Some(server) = peer.as_mut() {
             if server.alpn.as_deref() == Some(ALPN_PEER_EXCHANGE) {

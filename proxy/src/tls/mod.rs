@@ -228,6 +228,8 @@ pub struct Peer {
     pub alpn: Option<Vec<u8>>,
     /// Which workload it is, when it said so in metadata exchange.
     pub metadata: Option<Arc<WorkloadMetadata>>,
+    /// The mesh service we dialled it as (a server of ours with a destination's hostname).
+    pub service: Option<Arc<str>>,
 }
 
 impl Peer {
@@ -243,6 +245,7 @@ impl Peer {
             dns_sans: summary.dns_sans,
             alpn: alpn.map(<[u8]>::to_vec),
             metadata: None,
+            service: None,
         })
     }
 

@@ -92,6 +92,7 @@ mod tests {
             dns_sans: vec![],
             alpn: None,
             metadata: None,
+            service: None,
         }
     }
 
