@@ -313,6 +313,8 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     }
     let metrics = Arc::new(Metrics::new(&own, names));
     let exchange_header = crate::metadata_exchange::LocalHeader::new(&own);
+    let node_id = own.node_id(&std::env::var("INSTANCE_IP").unwrap_or_default());
+    let exchange_headers = crate::metadata_exchange::http::LocalHeaders::new(&own, &node_id);
     let dns = match config.dns.enabled {
         true => Some(dns::bind(&config.dns, metrics.dns.clone()).context("starting DNS")?),
         false => None,
@@ -378,7 +380,9 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         access_log: AccessLog::start(Arc::clone(&metrics)).context("starting the access log")?,
         pool: Arc::default(),
         h1: Arc::default(),
-        mesh: Arc::new(crate::tls::Mesh::new(identity).with_exchange_header(exchange_header)),
+        mesh: Arc::new(
+            crate::tls::Mesh::new(identity).with_exchange_header(exchange_header, exchange_headers),
+        ),
         authz,
     });
     let metrics_handle = Arc::clone(&metrics);

@@ -43,6 +43,12 @@ impl Default for Workload {
 }
 
 impl Workload {
+    /// Istio's node id for this pod at `ip`: `sidecar~IP~POD.NAMESPACE~NAMESPACE.svc.cluster.local`.
+    pub fn node_id(&self, ip: &str) -> String {
+        let ns = &self.namespace;
+        format!("sidecar~{ip}~{}.{ns}~{ns}.svc.cluster.local", self.pod)
+    }
+
     /// Build from an environment lookup and the text of the pod-labels file (empty if absent).
     pub fn from_environment(env: impl Fn(&str) -> Option<String>, pod_labels: &str) -> Self {
         let labels = parse_pod_labels(pod_labels);

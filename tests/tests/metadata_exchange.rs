@@ -3,7 +3,8 @@
 //! other's workload, namespace, app and version from the pod identity it was started with. The
 //! Istio TCP metrics on both sides, and the request metrics of HTTP that crosses such a
 //! connection, name the peer; opens and closes stay paired. A client that negotiates the ALPN
-//! but sends no header (openssl) still gets its bytes through untouched.
+//! but sends no header (openssl) still gets its bytes through untouched. HTTP that the client's
+//! sidecar serves itself carries the same metadata in Istio's `x-envoy-peer-metadata` headers.
 
 use remora_e2e::certs::MeshCa;
 use remora_e2e::mesh::{
@@ -19,6 +20,7 @@ use std::time::Duration;
 const CLIENT_TIME: Duration = Duration::from_secs(20);
 const METRICS_TIME: Duration = Duration::from_secs(5);
 const HTTP_PORT: u16 = 8080;
+const L7_PORT: u16 = 8081;
 const ECHO_PORT: u16 = 7000;
 
 /// Start `cmd` as the sidecar of pod `pod` (a Deployment's pod name) in `namespace`, with
@@ -165,6 +167,55 @@ fn two_sidecars_learn_each_others_workload_and_metrics_name_it() {
         "{m}"
     );
     assert!(m.value("istio_tcp_sent_bytes_total", &destination) >= data.len() as f64);
+
+    // HTTP the client's sidecar serves itself (port 8081 is not declared): the sidecars
+    // exchange the same metadata in Istio's headers, which neither application sees, and each
+    // side's request metrics name the other's workload.
+    let _http_l7 = Service::start(
+        &net.pod,
+        "python3",
+        &[&script, &L7_PORT.to_string()],
+        any_addr(L7_PORT),
+    );
+    let out = peer::curl(
+        &net.peer,
+        &["-si", &format!("http://{}/headers", net.pod_addr(L7_PORT))],
+        CLIENT_TIME,
+    );
+    let response = peer::curl_ok(&out, "HTTP served by both sidecars");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        !response
+            .to_ascii_lowercase()
+            .contains("x-envoy-peer-metadata"),
+        "metadata headers reached an application: {response}"
+    );
+    let served =
+        |m: &Metrics, labels: &[(&str, &str)]| m.value("istio_requests_total", labels) >= 1.0;
+    let l7_source = [
+        ("reporter", "destination"),
+        ("source_workload", "sleep"),
+        ("source_app", "sleep"),
+        ("source_version", "v2"),
+        ("source_cluster", "test-cluster"),
+        ("destination_workload", "httpbin"),
+        ("response_code", "200"),
+    ];
+    server.wait_for_metrics("requests at least twice from sleep", METRICS_TIME, |m| {
+        m.value("istio_requests_total", &l7_source) >= 2.0
+    });
+    let l7_destination = [
+        ("reporter", "source"),
+        ("source_workload", "sleep"),
+        ("destination_workload", "httpbin"),
+        ("destination_app", "httpbin"),
+        ("destination_version", "v1"),
+        ("destination_principal", SERVER_ID),
+        ("response_code", "200"),
+    ];
+    client.wait_for_metrics("a request to httpbin", METRICS_TIME, |m| {
+        served(m, &l7_destination)
+    });
 
     // A client that negotiates `istio-peer-exchange` but sends no header (openssl, from the
     // client pod past its sidecar): Remora's header comes first, then the application's

@@ -78,10 +78,10 @@ pub(super) fn server_info(state: &AdminState) -> Response<Body> {
 
 /// Istio's node id: `sidecar~IP~POD.NAMESPACE~NAMESPACE.svc.cluster.local`.
 fn node(state: &AdminState) -> Value {
-    let env = |k: &str| std::env::var(k).unwrap_or_default();
+    let ip = std::env::var("INSTANCE_IP").unwrap_or_default();
     let ns = &state.workload.namespace;
     json!({
-        "id": format!("sidecar~{}~{}.{ns}~{ns}.svc.cluster.local", env("INSTANCE_IP"), env("POD_NAME")),
+        "id": state.workload.node_id(&ip),
         "cluster": format!("{}.{ns}", state.workload.canonical_service),
     })
 }

@@ -17,6 +17,7 @@ use super::pool::{self, Key, Sender};
 use super::retry::{self, ReplayBody};
 use super::{upgrade, ConnContext};
 use crate::detect::HttpVersion;
+use crate::metadata_exchange::http as exchange;
 use crate::Direction;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE};
@@ -67,10 +68,24 @@ pub async fn handle(
     let upgrade = ctx.key.version == HttpVersion::Http1 && headers::wants_upgrade(req.headers());
     let downstream_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
+    // Istio's metadata headers are the sidecars' own: taken from the client's request inbound,
+    // added to ours for a mesh server.
+    let mut described = exchange::Received::default();
     if ctx.direction == Direction::Inbound {
         mesh_identity_headers(&ctx, &mut parts.headers);
+        let (received, metadata) = exchange::take(&mut parts.headers);
+        if let Some(metadata) = metadata {
+            ctx.learn_client(metadata);
+        }
+        described = received;
     }
     headers::prepare_request(&mut parts.headers, upgrade);
+    if ctx.originate.is_some() {
+        ctx.proxy
+            .mesh
+            .exchange_headers
+            .add_to_request(&mut parts.headers);
+    }
     let refused = match ctx.direction {
         Direction::Inbound => super::authorize::inbound(&ctx, &mut parts).err(),
         Direction::Outbound => None,
@@ -142,6 +157,16 @@ pub async fn handle(
     }
     let (mut parts, body) = response.into_parts();
     headers::prepare_response(&mut parts.headers, upgraded);
+    if let Some(originate) = &ctx.originate {
+        if let (_, Some(metadata)) = exchange::take(&mut parts.headers) {
+            originate.learn_server(metadata);
+        }
+    } else if ctx.mesh_peer.is_some() {
+        ctx.proxy
+            .mesh
+            .exchange_headers
+            .add_to_response(described, &mut parts.headers);
+    }
     end.status = parts.status.as_u16();
     // A trailers-only gRPC response carries its status in the headers.
     end.grpc_status = headers::grpc_status(&parts.headers);

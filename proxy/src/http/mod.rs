@@ -60,6 +60,8 @@ pub struct ConnContext {
     pub sni: Option<Box<str>>,
     /// Outbound to a mesh destination: requests go inside mesh TLS, on this connection's own.
     pub originate: Option<Box<originate::Originate>>,
+    /// The client's sidecar as its metadata headers described it (mesh TLS terminated).
+    described_client: std::sync::OnceLock<Arc<crate::tls::Peer>>,
     in_flight: AtomicUsize,
     /// Requests started on this connection.
     started: AtomicU64,
@@ -99,6 +101,7 @@ impl ConnContext {
             mesh_peer: None,
             sni: None,
             originate: None,
+            described_client: std::sync::OnceLock::new(),
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             smuggled_head: AtomicU64::new(0),
@@ -225,9 +228,22 @@ impl ConnContext {
     /// the server's on a mesh connection we originated.
     fn metrics_peer(&self) -> Option<Arc<crate::tls::Peer>> {
         match (&self.mesh_peer, &self.originate) {
-            (Some((peer, _)), _) => Some(Arc::clone(peer)),
+            (Some((peer, _)), _) => Some(Arc::clone(self.described_client.get().unwrap_or(peer))),
             (None, Some(originate)) => originate.server(),
             (None, None) => None,
+        }
+    }
+
+    /// What the client's sidecar said of itself in a request's metadata headers; only a client
+    /// that proved its identity with mesh TLS is believed, and the first description stands.
+    fn learn_client(&self, metadata: crate::metadata_exchange::WorkloadMetadata) {
+        if let Some((peer, _)) = &self.mesh_peer {
+            let _ = self.described_client.get_or_init(|| {
+                Arc::new(crate::tls::Peer {
+                    metadata: Some(Arc::new(metadata)),
+                    ..crate::tls::Peer::clone(peer)
+                })
+            });
         }
     }
 

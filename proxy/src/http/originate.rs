@@ -12,6 +12,7 @@ use super::pool::{self, Sender};
 use super::ConnContext;
 use crate::connect::Upstream;
 use crate::detect::HttpVersion;
+use crate::metadata_exchange::WorkloadMetadata;
 use crate::tls::{self, HandshakeFailure, Peer};
 use rustls::pki_types::ServerName;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -68,6 +69,21 @@ impl Originate {
     /// The server's sidecar, as its certificate (and ALPN) named it on the newest connection.
     pub fn server(&self) -> Option<Arc<Peer>> {
         self.state().server.clone()
+    }
+
+    /// What the server's sidecar said of itself in a response's metadata headers: it names the
+    /// server in the metrics from now on.
+    pub fn learn_server(&self, metadata: WorkloadMetadata) {
+        let mut state = self.state();
+        let Some(server) = &state.server else { return };
+        if server.metadata.as_deref() == Some(&metadata) {
+            return;
+        }
+        let described = Peer {
+            metadata: Some(Arc::new(metadata)),
+            ..Peer::clone(server)
+        };
+        state.server = Some(Arc::new(described));
     }
 
     /// The idle mesh connection, if it is still open; an HTTP/2 one stays for other streams.

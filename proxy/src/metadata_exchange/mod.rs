@@ -15,6 +15,7 @@
 //! whose first bytes lack the magic is not speaking the protocol: as Envoy does, its bytes are
 //! kept as the start of the stream and the peer stays unknown.
 
+pub mod http;
 pub mod wire;
 
 use crate::workload::{Workload, UNKNOWN};

@@ -28,8 +28,10 @@ pub const MAGIC: u32 = 0x3D23_0467;
 pub const PREAMBLE_LEN: usize = 8;
 /// The `Any` type URL of the payload.
 pub const STRUCT_TYPE_URL: &str = "type.googleapis.com/google.protobuf.Struct";
-/// The payload field holding the node metadata.
+/// The payload field holding the node metadata (and HTTP's header carrying it).
 pub const METADATA_KEY: &str = "x-envoy-peer-metadata";
+/// The payload field, and HTTP's header, holding the node id.
+pub const ID_KEY: &str = "x-envoy-peer-metadata-id";
 
 // Node-metadata keys and the pod labels inside `LABELS`, with Istio's spelling.
 const NAME: &str = "NAME";
@@ -57,6 +59,35 @@ pub enum DecodeError {
 
 /// The whole header for `metadata`: preamble and payload.
 pub fn encode(metadata: &WorkloadMetadata) -> Vec<u8> {
+    let payload = Struct {
+        fields: BTreeMap::from([(
+            METADATA_KEY.to_string(),
+            Value {
+                kind: Some(Kind::StructValue(node(metadata))),
+            },
+        )]),
+    };
+    let any = Any {
+        type_url: STRUCT_TYPE_URL.to_string(),
+        value: payload.encode_to_vec(),
+    };
+    let body = any.encode_to_vec();
+    // A header is a few hundred bytes; u32 cannot overflow.
+    let len = u32::try_from(body.len()).unwrap_or(u32::MAX);
+    let mut out = Vec::with_capacity(PREAMBLE_LEN + body.len());
+    out.extend_from_slice(&MAGIC.to_be_bytes());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// The node metadata alone, a serialized `Struct`: what HTTP's header carries (base64).
+pub fn encode_node(metadata: &WorkloadMetadata) -> Vec<u8> {
+    node(metadata).encode_to_vec()
+}
+
+/// `metadata` as Istio's node-metadata `Struct`.
+fn node(metadata: &WorkloadMetadata) -> Struct {
     let mut node = BTreeMap::new();
     let put = |fields: &mut BTreeMap<String, Value>, key: &str, value: &str| {
         if !value.is_empty() {
@@ -78,21 +109,7 @@ pub fn encode(metadata: &WorkloadMetadata) -> Vec<u8> {
     put(&mut labels, VERSION, &metadata.version);
     // Istio's proxies always send LABELS, empty or not.
     node.insert(LABELS.to_string(), structure(labels));
-    let payload = Struct {
-        fields: BTreeMap::from([(METADATA_KEY.to_string(), structure(node))]),
-    };
-    let any = Any {
-        type_url: STRUCT_TYPE_URL.to_string(),
-        value: payload.encode_to_vec(),
-    };
-    let body = any.encode_to_vec();
-    // A header is a few hundred bytes; u32 cannot overflow.
-    let len = u32::try_from(body.len()).unwrap_or(u32::MAX);
-    let mut out = Vec::with_capacity(PREAMBLE_LEN + body.len());
-    out.extend_from_slice(&MAGIC.to_be_bytes());
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(&body);
-    out
+    Struct { fields: node }
 }
 
 /// The payload length a preamble announces, or `None` if it lacks the magic (the peer is not
@@ -113,6 +130,16 @@ pub fn decode(payload: &[u8]) -> Result<Option<WorkloadMetadata>, DecodeError> {
     let Some(node) = outer.fields.get(METADATA_KEY).and_then(as_struct) else {
         return Ok(None);
     };
+    Ok(Some(read_node(node)))
+}
+
+/// The node metadata in a serialized `Struct` (HTTP's header, base64-decoded).
+pub fn decode_node(bytes: &[u8]) -> Result<WorkloadMetadata, DecodeError> {
+    let node = Struct::decode(bytes).map_err(DecodeError::Struct)?;
+    Ok(read_node(&node))
+}
+
+fn read_node(node: &Struct) -> WorkloadMetadata {
     let text = |fields: &BTreeMap<String, Value>, key: &str| {
         fields
             .get(key)
@@ -139,7 +166,7 @@ pub fn decode(payload: &[u8]) -> Result<Option<WorkloadMetadata>, DecodeError> {
             .filter(|v| !v.is_empty())
             .unwrap_or_else(|| label(VERSION));
     }
-    Ok(Some(m))
+    m
 }
 
 fn string(s: &str) -> Value {

@@ -86,6 +86,9 @@ pub struct Mesh {
     pub identity: Arc<Store>,
     /// Our metadata-exchange header, sent first on `istio-peer-exchange` connections.
     pub exchange_header: LocalHeader,
+    /// The same metadata as HTTP headers, for requests to mesh servers and answers to mesh
+    /// clients.
+    pub exchange_headers: crate::metadata_exchange::http::LocalHeaders,
     /// The server config for the current identity and settings; rebuilt when either changes.
     server: ArcSwapOption<CachedServer>,
 }
@@ -103,13 +106,19 @@ impl Mesh {
         Mesh {
             identity,
             exchange_header: LocalHeader::default(),
+            exchange_headers: Default::default(),
             server: ArcSwapOption::empty(),
         }
     }
 
-    /// Describe this workload as `header` in metadata exchange.
-    pub fn with_exchange_header(mut self, header: LocalHeader) -> Self {
+    /// Describe this workload as `header` in metadata exchange, and as `headers` in HTTP's.
+    pub fn with_exchange_header(
+        mut self,
+        header: LocalHeader,
+        headers: crate::metadata_exchange::http::LocalHeaders,
+    ) -> Self {
         self.exchange_header = header;
+        self.exchange_headers = headers;
         self
     }
 

@@ -182,6 +182,15 @@ pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'
                 false
             }
             21 if name.eq_ignore_ascii_case(b"x-envoy-attempt-count") => limits.drop_attempt_count,
+            // Inbound, a client sidecar's metadata headers are read, removed and answered:
+            // hyper's path does that.
+            21 | 24
+                if (limits.drop_client_cert || limits.mesh_tls)
+                    && (name.eq_ignore_ascii_case(b"x-envoy-peer-metadata")
+                        || name.eq_ignore_ascii_case(b"x-envoy-peer-metadata-id")) =>
+            {
+                return None
+            }
             23 if name.eq_ignore_ascii_case(b"x-forwarded-client-cert") => {
                 if limits.mesh_tls {
                     return None;

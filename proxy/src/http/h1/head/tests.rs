@@ -212,3 +212,25 @@ fn malformed_responses_are_errors_and_partial_ones_wait() {
     let huge = vec![b'a'; MAX_RESPONSE_HEAD + 1];
     assert!(parse_response(&huge, false).is_err());
 }
+
+#[test]
+fn a_client_sidecars_metadata_headers_go_to_hyper_inbound_and_pass_outbound() {
+    for header in [
+        "x-envoy-peer-metadata: Cg0K",
+        "X-Envoy-Peer-Metadata-Id: sidecar~a",
+    ] {
+        let req = format!("GET / HTTP/1.1\r\nhost: a\r\n{header}\r\n\r\n");
+        let plaintext_inbound = Limits {
+            drop_client_cert: true,
+            ..LIMITS
+        };
+        let mesh_inbound = Limits {
+            mesh_tls: true,
+            ..LIMITS
+        };
+        assert!(parse_request(req.as_bytes(), &plaintext_inbound).is_none());
+        assert!(parse_request(req.as_bytes(), &mesh_inbound).is_none());
+        let out = upstream(req.as_bytes(), &LIMITS, &[]).unwrap();
+        assert!(out.contains(&format!("{header}\r\n")), "{out}");
+    }
+}
