@@ -31,18 +31,40 @@ const MAX_ENCODED: usize = MAX_PAYLOAD / 3 * 4 + 4;
 pub struct LocalHeaders {
     id: HeaderValue,
     metadata: HeaderValue,
+    /// The same, as whole header lines for a head written by hand.
+    id_line: Vec<u8>,
+    metadata_line: Vec<u8>,
 }
 
 impl LocalHeaders {
     /// The headers describing `own`, whose Istio node id is `node_id`.
     pub fn new(own: &Workload, node_id: &str) -> Self {
         let encoded = STANDARD.encode(wire::encode_node(&WorkloadMetadata::of(own)));
+        // Base64 is always a valid header value; a node id from the environment may not be.
+        let id = HeaderValue::from_str(node_id).unwrap_or(HeaderValue::from_static("unknown"));
+        let metadata =
+            HeaderValue::from_str(&encoded).unwrap_or(HeaderValue::from_static("unknown"));
+        let line = |name: &HeaderName, value: &HeaderValue| {
+            [name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"].concat()
+        };
         LocalHeaders {
-            // Base64 is always a valid header value; a node id from the environment may not be.
-            id: HeaderValue::from_str(node_id).unwrap_or(HeaderValue::from_static("unknown")),
-            metadata: HeaderValue::from_str(&encoded)
-                .unwrap_or(HeaderValue::from_static("unknown")),
+            id_line: line(&METADATA_ID, &id),
+            metadata_line: line(&METADATA, &metadata),
+            id,
+            metadata,
         }
+    }
+
+    /// The header lines answering a client that described itself (see `add_to_response`).
+    pub fn response_lines(&self, received: Received) -> [&[u8]; 2] {
+        [
+            if received.id { &self.id_line } else { b"" },
+            if received.metadata {
+                &self.metadata_line
+            } else {
+                b""
+            },
+        ]
     }
 
     /// Describe us to a mesh server: both headers, replacing any the application set.
@@ -88,7 +110,11 @@ pub fn take(headers: &mut HeaderMap) -> (Received, Option<WorkloadMetadata>) {
 }
 
 fn decode(value: &HeaderValue) -> Option<WorkloadMetadata> {
-    let text = value.as_bytes();
+    decode_value(value.as_bytes())
+}
+
+/// The metadata in an `x-envoy-peer-metadata` value, if it decodes and says anything.
+pub fn decode_value(text: &[u8]) -> Option<WorkloadMetadata> {
     if text.len() > MAX_ENCODED {
         return None;
     }
@@ -149,6 +175,24 @@ mod tests {
         ours.add_to_response(only_id, &mut response);
         assert_eq!(response.get(METADATA_ID).unwrap(), "node");
         assert!(response.get(METADATA).is_none());
+        // The same as whole lines, for the fast path's heads.
+        assert_eq!(
+            ours.response_lines(only_id),
+            [&b"x-envoy-peer-metadata-id: node\r\n"[..], b""]
+        );
+        let both = ours.response_lines(Received {
+            id: true,
+            metadata: true,
+        });
+        let line = String::from_utf8(both[1].to_vec()).unwrap();
+        let value = line
+            .strip_prefix("x-envoy-peer-metadata: ")
+            .and_then(|l| l.strip_suffix("\r\n"))
+            .unwrap();
+        assert_eq!(
+            decode_value(value.as_bytes()).unwrap().workload,
+            "reviews-v2"
+        );
     }
 
     #[test]

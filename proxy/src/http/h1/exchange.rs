@@ -31,6 +31,8 @@ pub(super) struct Request<'a> {
     pub body: &'a [u8],
     pub is_head: bool,
     pub idempotent: bool,
+    /// Which metadata headers the client's sidecar sent (mesh TLS terminated).
+    pub described: crate::metadata_exchange::http::Received,
 }
 
 /// Why a request got no response from the upstream.
@@ -146,7 +148,16 @@ pub(super) async fn exchange<C: Client>(
     let mut out = std::mem::take(&mut req.head);
     out.clear();
     out.reserve(rbuf.len() + 32);
-    response.write_downstream(rbuf, !keep_client, &mut out);
+    // Over mesh TLS, the client's sidecar is answered with our metadata headers.
+    let extra = match &ctx.mesh_peer {
+        Some(_) => ctx
+            .proxy
+            .mesh
+            .exchange_headers
+            .response_lines(req.described),
+        None => [b"" as &[u8]; 2],
+    };
+    response.write_downstream(rbuf, &extra, !keep_client, &mut out);
     rbuf.advance(response.len);
     let mut body = Body::new(response.framing);
     // Nothing is written yet: a body that starts malformed is answered 502 like a bad head.

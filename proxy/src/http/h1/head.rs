@@ -31,7 +31,7 @@ pub struct Limits {
 type Span = (usize, usize);
 /// Request lines dropped at most (Connection, the headers it names, the mesh's own); a head
 /// with more goes to hyper.
-const MAX_DROPPED: usize = 8;
+const MAX_DROPPED: usize = 10;
 /// Headers a request's Connection may name at most, for the fast path to serve it.
 const MAX_NOMINATED: usize = 4;
 
@@ -50,6 +50,10 @@ pub struct RequestHead<'a> {
     pub request_id: Option<&'a [u8]>,
     pub forwarded_for: Option<&'a [u8]>,
     pub forwarded_proto: bool,
+    /// Inbound: the client sidecar's `x-envoy-peer-metadata` value (its line is not forwarded).
+    pub peer_metadata: Option<&'a [u8]>,
+    /// Inbound: the client sidecar sent `x-envoy-peer-metadata-id` (not forwarded).
+    pub peer_metadata_id: bool,
     /// Lines not forwarded, in order.
     dropped: [Span; MAX_DROPPED],
     n_dropped: usize,
@@ -86,6 +90,11 @@ impl RequestHead<'_> {
     }
 }
 
+/// Whether the limits are an inbound connection's (plaintext, or mesh TLS terminated).
+fn inbound(limits: &Limits) -> bool {
+    limits.drop_client_cert || limits.mesh_tls
+}
+
 /// Parse a request head at the start of `buf`; `None` when the fast path does not serve it
 /// (not all here yet, malformed, or a shape hyper handles): the connection goes to hyper.
 pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'a>> {
@@ -118,6 +127,8 @@ pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'
         request_id: None,
         forwarded_for: None,
         forwarded_proto: false,
+        peer_metadata: None,
+        peer_metadata_id: false,
         dropped: [(0, 0); MAX_DROPPED],
         n_dropped: 0,
     };
@@ -182,14 +193,16 @@ pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'
                 false
             }
             21 if name.eq_ignore_ascii_case(b"x-envoy-attempt-count") => limits.drop_attempt_count,
-            // Inbound, a client sidecar's metadata headers are read, removed and answered:
-            // hyper's path does that.
-            21 | 24
-                if (limits.drop_client_cert || limits.mesh_tls)
-                    && (name.eq_ignore_ascii_case(b"x-envoy-peer-metadata")
-                        || name.eq_ignore_ascii_case(b"x-envoy-peer-metadata-id")) =>
-            {
-                return None
+            // Inbound, a client sidecar's metadata headers are ours: read, and not forwarded.
+            21 if inbound(limits) && name.eq_ignore_ascii_case(b"x-envoy-peer-metadata") => {
+                if head.peer_metadata.replace(value).is_some() {
+                    return None;
+                }
+                true
+            }
+            24 if inbound(limits) && name.eq_ignore_ascii_case(b"x-envoy-peer-metadata-id") => {
+                head.peer_metadata_id = true;
+                true
             }
             23 if name.eq_ignore_ascii_case(b"x-forwarded-client-cert") => {
                 if limits.mesh_tls {
@@ -213,7 +226,10 @@ pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'
             let mesh = (limits.drop_attempt_count
                 && name.eq_ignore_ascii_case(b"x-envoy-attempt-count"))
                 || (limits.drop_client_cert
-                    && name.eq_ignore_ascii_case(b"x-forwarded-client-cert"));
+                    && name.eq_ignore_ascii_case(b"x-forwarded-client-cert"))
+                || (inbound(limits)
+                    && (name.eq_ignore_ascii_case(b"x-envoy-peer-metadata")
+                        || name.eq_ignore_ascii_case(b"x-envoy-peer-metadata-id")));
             if mesh
                 || name.eq_ignore_ascii_case(b"connection")
                 || nominated[..n_nominated]
@@ -296,15 +312,18 @@ impl ResponseHead {
         (100..200).contains(&self.status) && self.status != 101
     }
 
-    /// The head for the client: received lines minus hop-by-hop ones, `Connection: close`
-    /// when `close`, then the blank line.
-    pub fn write_downstream(&self, buf: &[u8], close: bool, out: &mut Vec<u8>) {
+    /// The head for the client: received lines minus hop-by-hop ones, `extra` header lines,
+    /// `Connection: close` when `close`, then the blank line.
+    pub fn write_downstream(&self, buf: &[u8], extra: &[&[u8]], close: bool, out: &mut Vec<u8>) {
         let mut from = 0;
         if self.http10 {
             out.extend_from_slice(b"HTTP/1.1");
             from = b"HTTP/1.0".len();
         }
         copy_without_from(buf, from, self.len, &self.dropped, out);
+        for e in extra {
+            out.extend_from_slice(e);
+        }
         if close {
             out.extend_from_slice(b"connection: close\r\n");
         }

@@ -258,6 +258,8 @@ struct Prepared {
     close: bool,
     /// Its head for the upstream, without the blank line.
     upstream_head: Vec<u8>,
+    /// Which metadata headers the client's sidecar sent, to answer in kind.
+    described: crate::metadata_exchange::http::Received,
     is_head: bool,
     idempotent: bool,
     end: RequestEnd,
@@ -281,6 +283,14 @@ fn prepare(
         return None;
     }
     let mut end = RequestEnd::new(Arc::clone(ctx), None, false, start.1);
+    // The client's sidecar describes itself in every request: decoded once per connection.
+    if let (Some(value), Some(_)) = (head.peer_metadata, mesh) {
+        if ctx.described_client.get().is_none() {
+            if let Some(metadata) = crate::metadata_exchange::http::decode_value(value) {
+                ctx.learn_client(metadata);
+            }
+        }
+    }
     let body = &buf[head.len..total];
     if !body.is_empty() {
         end.received.data(body);
@@ -315,6 +325,10 @@ fn prepare(
     Some(Prepared {
         total,
         head_len: head.len,
+        described: crate::metadata_exchange::http::Received {
+            id: head.peer_metadata_id,
+            metadata: head.peer_metadata.is_some(),
+        },
         close: head.close,
         upstream_head,
         is_head: head.is_head(),
@@ -339,6 +353,7 @@ async fn request<C: Client>(
         is_head: p.is_head,
         idempotent: p.idempotent,
         close: p.close,
+        described: p.described,
     };
     let exchange = exchange(ctx, client, request, &mut end, early);
     let outcome = match ctx.config.http.request_timeout {

@@ -128,7 +128,7 @@ fn heads_over_the_limits_are_left_to_the_general_path() {
 fn downstream(res: &[u8], head_request: bool, close: bool) -> (ResponseHead, String) {
     let head = parse_response(res, head_request).unwrap().unwrap();
     let mut out = Vec::new();
-    head.write_downstream(res, close, &mut out);
+    head.write_downstream(res, &[], close, &mut out);
     (head, String::from_utf8(out).unwrap())
 }
 
@@ -214,23 +214,38 @@ fn malformed_responses_are_errors_and_partial_ones_wait() {
 }
 
 #[test]
-fn a_client_sidecars_metadata_headers_go_to_hyper_inbound_and_pass_outbound() {
-    for header in [
-        "x-envoy-peer-metadata: Cg0K",
-        "X-Envoy-Peer-Metadata-Id: sidecar~a",
-    ] {
-        let req = format!("GET / HTTP/1.1\r\nhost: a\r\n{header}\r\n\r\n");
-        let plaintext_inbound = Limits {
+fn a_client_sidecars_metadata_headers_are_read_inbound_and_pass_outbound() {
+    let req = b"GET / HTTP/1.1\r\nhost: a\r\nx-envoy-peer-metadata: Cg0K\r\nX-Envoy-Peer-Metadata-Id: sidecar~a\r\nconnection: x-b\r\nx-b: 1\r\n\r\n";
+    for inbound in [
+        Limits {
             drop_client_cert: true,
             ..LIMITS
-        };
-        let mesh_inbound = Limits {
+        },
+        Limits {
             mesh_tls: true,
             ..LIMITS
-        };
-        assert!(parse_request(req.as_bytes(), &plaintext_inbound).is_none());
-        assert!(parse_request(req.as_bytes(), &mesh_inbound).is_none());
-        let out = upstream(req.as_bytes(), &LIMITS, &[]).unwrap();
-        assert!(out.contains(&format!("{header}\r\n")), "{out}");
+        },
+    ] {
+        let head = parse_request(req, &inbound).unwrap();
+        assert_eq!(head.peer_metadata, Some(&b"Cg0K"[..]));
+        assert!(head.peer_metadata_id);
+        // Neither line goes on, nor Connection and what it names (the second pass).
+        let out = upstream(req, &inbound, &[]).unwrap();
+        assert_eq!(out, "GET / HTTP/1.1\r\nhost: a\r\n\r\n");
     }
+    let head = parse_request(req, &LIMITS).unwrap();
+    assert_eq!(head.peer_metadata, None);
+    let out = upstream(req, &LIMITS, &[]).unwrap();
+    assert!(out.contains("x-envoy-peer-metadata: Cg0K\r\n"), "{out}");
+    assert!(
+        out.contains("X-Envoy-Peer-Metadata-Id: sidecar~a\r\n"),
+        "{out}"
+    );
+    // Two metadata headers are not for the fast path to choose between.
+    let twice = b"GET / HTTP/1.1\r\nx-envoy-peer-metadata: a\r\nx-envoy-peer-metadata: b\r\n\r\n";
+    let mesh = Limits {
+        mesh_tls: true,
+        ..LIMITS
+    };
+    assert!(parse_request(twice, &mesh).is_none());
 }
