@@ -288,9 +288,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         source: c.source,
         version: c.version,
     };
-    // The fast path's upstream is a plain pooled socket; mesh TLS we originate goes through
-    // hyper's client.
-    let fast = c.version == HttpVersion::Http1 && config.http.fast_path && c.originate.is_none();
+    let fast = c.version == HttpVersion::Http1 && config.http.fast_path;
     let mut early = c.early;
     if !fast {
         if let Some(up) = early.take() {

@@ -12,7 +12,9 @@ use super::pool::{self, Sender};
 use super::ConnContext;
 use crate::connect::Upstream;
 use crate::detect::HttpVersion;
+use crate::loop_guard::Registration;
 use crate::metadata_exchange::WorkloadMetadata;
+use crate::tls::stream::ClientStream;
 use crate::tls::{self, HandshakeFailure, Peer};
 use rustls::pki_types::ServerName;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -29,14 +31,22 @@ pub struct Originate {
     state: Mutex<State>,
 }
 
+/// A mesh connection as the HTTP/1.1 fast path drives it: mesh TLS on the socket, and the
+/// socket's loop-guard registration (dropped with it).
+pub type MeshConn = Box<(ClientStream, Registration)>;
+
 #[derive(Debug, Default)]
 struct State {
     /// The socket detection dialled, not yet wrapped in TLS.
     early: Option<Upstream>,
     /// The mesh connection, while no request uses it (or, HTTP/2, a handle on it).
     idle: Option<Sender>,
+    /// The same for the fast path, which drives the connection itself.
+    idle_raw: Option<MeshConn>,
     /// The server's sidecar on the newest mesh connection: the destination in metrics.
     server: Option<Arc<Peer>>,
+    /// The last `x-envoy-peer-metadata` value the fast path read, to decode a new one only.
+    described_as: Vec<u8>,
 }
 
 impl Originate {
@@ -110,11 +120,58 @@ impl Originate {
         }
     }
 
+    /// The fast path's idle mesh connection, if it has one.
+    pub fn checkout_raw(&self) -> Option<MeshConn> {
+        self.state().idle_raw.take()
+    }
+
+    /// Keep the fast path's mesh connection for the client's next request.
+    pub fn checkin_raw(&self, conn: MeshConn) {
+        let mut state = self.state();
+        if state.idle_raw.is_none() {
+            state.idle_raw = Some(conn);
+        }
+    }
+
+    /// An `x-envoy-peer-metadata` value from a response the fast path read: decoded when it
+    /// differs from the last one.
+    pub fn learn_server_value(&self, value: &[u8]) {
+        {
+            let mut state = self.state();
+            if state.described_as == value {
+                return;
+            }
+            state.described_as = value.to_vec();
+        }
+        if let Some(metadata) = crate::metadata_exchange::http::decode_value(value) {
+            self.learn_server(metadata);
+        }
+    }
+
+    /// A new HTTP client on a mesh connection: the fast path's idle one (a connection handed
+    /// from the fast path to hyper's), or a new one. An HTTP/2 connection is kept for the
+    /// client's other streams.
+    pub async fn open(&self, ctx: &ConnContext) -> Result<Sender, ProxyError> {
+        let dst = ctx.key.destination;
+        let idle = self.state().idle_raw.take();
+        let conn = match idle {
+            Some(conn) => conn,
+            None => self.connect(ctx).await?,
+        };
+        let (stream, registration) = *conn;
+        let sender = pool::handshake_over(stream, registration, ctx.key.version)
+            .await
+            .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, dst, e))?;
+        if let Sender::Http2(shared) = &sender {
+            self.checkin(Sender::Http2(shared.clone()));
+        }
+        Ok(sender)
+    }
+
     /// A new mesh connection to the destination: the early socket or a new one, then mesh TLS
     /// (the server must present a mesh certificate, and the expected SPIFFE ID when one is
-    /// configured), then the HTTP client. An HTTP/2 connection is kept for the client's
-    /// other streams.
-    pub async fn open(&self, ctx: &ConnContext) -> Result<Sender, ProxyError> {
+    /// configured). Its certificate names the server in metrics from now on.
+    pub async fn connect(&self, ctx: &ConnContext) -> Result<MeshConn, ProxyError> {
         let dst = ctx.key.destination;
         let early = self.state().early.take();
         let upstream = match early {
@@ -152,14 +209,12 @@ impl Originate {
                 ..server
             })
         });
-        self.state().server = server;
-        let sender = pool::handshake_over(stream, registration, ctx.key.version)
-            .await
-            .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, dst, e))?;
-        if let Sender::Http2(shared) = &sender {
-            self.checkin(Sender::Http2(shared.clone()));
+        {
+            let mut state = self.state();
+            state.server = server;
+            state.described_as.clear();
         }
-        Ok(sender)
+        Ok(Box::new((stream, registration)))
     }
 }
 

@@ -55,6 +55,11 @@ impl LocalHeaders {
         }
     }
 
+    /// Both header lines, describing us in a request to a mesh server.
+    pub fn request_lines(&self) -> [&[u8]; 2] {
+        [&self.id_line, &self.metadata_line]
+    }
+
     /// The header lines answering a client that described itself (see `add_to_response`).
     pub fn response_lines(&self, received: Received) -> [&[u8]; 2] {
         [

@@ -7,13 +7,13 @@ use super::{closing, itoa_u32, write_out, Client, READ_SIZE};
 use crate::connect::Upstream;
 use crate::http::body::RequestEnd;
 use crate::http::errors::{ErrorKind, Flags};
+use crate::http::originate::MeshConn;
 use crate::http::ConnContext;
 use crate::Direction;
 use bytes::{Buf, BytesMut};
 use std::io;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// The retries an outbound request gets (Istio's default policy); inbound gets none.
 pub(super) fn retries(ctx: &ConnContext) -> u32 {
@@ -69,16 +69,8 @@ pub(super) async fn exchange<C: Client>(
         // Detection's connection counts as reused: it may have waited on a slow client for as
         // long as the server keeps idle connections open.
         let (mut up, reused) = match early.take() {
-            Some(up) => (up, true),
-            None => match (!dial)
-                .then(|| {
-                    ctx.proxy
-                        .h1
-                        .pool
-                        .checkout(&ctx.key, Instant::now(), http.pool_idle_timeout)
-                })
-                .flatten()
-            {
+            Some(up) => (Up::Plain(up), true),
+            None => match (!dial).then(|| checkout(ctx)).flatten() {
                 Some(up) => (up, true),
                 None => match open(ctx).await {
                     Ok(up) => (up, false),
@@ -106,8 +98,9 @@ pub(super) async fn exchange<C: Client>(
         req.head.extend_from_slice(b"\r\n");
         req.head.extend_from_slice(req.body);
         rbuf.clear();
-        let answered = match up.stream.write_all(&req.head).await {
-            Ok(()) => response_head(&mut up.stream, rbuf, req.is_head).await,
+        let mesh_server = matches!(up, Up::Mesh(_));
+        let answered = match up.send(&req.head).await {
+            Ok(()) => response_head(&mut up, rbuf, req.is_head, mesh_server).await,
             Err(e) => Err(ResponseError::Io(e)),
         };
         let response = match answered {
@@ -141,6 +134,9 @@ pub(super) async fn exchange<C: Client>(
         log.upstream_time = Some(end.started.elapsed());
     }
     end.status = response.status;
+    if let (Some((from, to)), Some(originate)) = (response.peer_metadata, &ctx.originate) {
+        originate.learn_server_value(&rbuf[from..to]);
+    }
 
     // The response: head and what came with it in one write, then the rest as it arrives.
     let keep_client = response.framing != Framing::Close && !req.close && !closing(ctx);
@@ -171,7 +167,7 @@ pub(super) async fn exchange<C: Client>(
     while !done {
         rbuf.clear();
         rbuf.reserve(READ_SIZE);
-        let n = match up.stream.read_buf(rbuf).await {
+        let n = match up.read_buf(rbuf).await {
             Ok(0) if body.framing == Framing::Close => {
                 done = true;
                 reusable = false;
@@ -193,14 +189,58 @@ pub(super) async fn exchange<C: Client>(
     }
     end.complete = true;
     if reusable {
-        ctx.proxy.h1.pool.checkin(
-            ctx.key,
-            up,
-            http.pool_idle_timeout,
-            http.pool_max_idle_per_upstream,
-        );
+        match (up, ctx.originate.as_deref()) {
+            (Up::Mesh(conn), Some(originate)) => originate.checkin_raw(conn),
+            (Up::Mesh(_), None) => {}
+            (Up::Plain(up), _) => ctx.proxy.h1.pool.checkin(
+                ctx.key,
+                up,
+                http.pool_idle_timeout,
+                http.pool_max_idle_per_upstream,
+            ),
+        }
     }
     Ok(keep_client)
+}
+
+/// The upstream connection of one request: a plain socket, or mesh TLS we originated.
+pub(super) enum Up {
+    Plain(Upstream),
+    Mesh(MeshConn),
+}
+
+impl Up {
+    /// Write all of `bytes`; mesh TLS is flushed, so nothing waits in rustls.
+    async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            Up::Plain(up) => up.stream.write_all(bytes).await,
+            Up::Mesh(conn) => {
+                conn.0.write_all(bytes).await?;
+                conn.0.flush().await
+            }
+        }
+    }
+
+    async fn read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        match self {
+            Up::Plain(up) => up.stream.read_buf(buf).await,
+            Up::Mesh(conn) => conn.0.read_buf(buf).await,
+        }
+    }
+}
+
+/// An idle connection for the request: the client connection's own mesh connection, or one
+/// from the pool.
+fn checkout(ctx: &ConnContext) -> Option<Up> {
+    match ctx.originate.as_deref() {
+        Some(originate) => originate.checkout_raw().map(Up::Mesh),
+        None => {
+            let idle_timeout = ctx.config.http.pool_idle_timeout;
+            let pool = &ctx.proxy.h1.pool;
+            pool.checkout(&ctx.key, Instant::now(), idle_timeout)
+                .map(Up::Plain)
+        }
+    }
 }
 
 /// Write response bytes to the client, `body` of them body bytes.
@@ -279,15 +319,17 @@ impl ResponseError {
     }
 }
 
-/// Read the response head into `rbuf`, skipping interim (1xx) responses.
+/// Read the response head into `rbuf`, skipping interim (1xx) responses; from a
+/// `mesh_server`, its sidecar's metadata headers are read, not passed on.
 async fn response_head(
-    up: &mut TcpStream,
+    up: &mut Up,
     rbuf: &mut BytesMut,
     head_request: bool,
+    mesh_server: bool,
 ) -> Result<ResponseHead, ResponseError> {
     loop {
         if !rbuf.is_empty() {
-            if let Some(head) = head::parse_response(&rbuf[..], head_request)? {
+            if let Some(head) = head::parse_response_from(&rbuf[..], head_request, mesh_server)? {
                 if !head.interim() {
                     if head.status == 101 {
                         // No upgrade was asked for.
@@ -309,9 +351,14 @@ async fn response_head(
     }
 }
 
-/// Open a new upstream connection to the request's destination.
-async fn open(ctx: &ConnContext) -> Result<Upstream, ErrorKind> {
-    ctx.connect_upstream().await.map_err(|e| {
+/// Open a new upstream connection to the request's destination: inside mesh TLS for a mesh
+/// destination.
+async fn open(ctx: &ConnContext) -> Result<Up, ErrorKind> {
+    let opened = match ctx.originate.as_deref() {
+        Some(originate) => originate.connect(ctx).await.map(Up::Mesh),
+        None => ctx.connect_upstream().await.map(Up::Plain),
+    };
+    opened.map_err(|e| {
         tracing::debug!(error = %e, "upstream connect failed");
         ctx.proxy
             .metrics

@@ -299,6 +299,8 @@ pub struct ResponseHead {
     /// The upstream spoke HTTP/1.0: the client is answered in HTTP/1.1.
     http10: bool,
     dropped: Vec<Span>,
+    /// From a mesh server: where in the head its sidecar's `x-envoy-peer-metadata` value is.
+    pub peer_metadata: Option<Span>,
 }
 
 /// Why a response cannot be forwarded.
@@ -334,6 +336,17 @@ impl ResponseHead {
 /// Parse a response head at the start of `buf`: `Ok(None)` when more bytes are needed.
 /// `head_request` says the request was HEAD (no body follows whatever the head says).
 pub fn parse_response(buf: &[u8], head_request: bool) -> Result<Option<ResponseHead>, BadResponse> {
+    parse_response_from(buf, head_request, false)
+}
+
+/// [`parse_response`] of a response from a mesh server we originated TLS to (`mesh_server`):
+/// its sidecar's metadata headers are ours, read ([`ResponseHead::peer_metadata`]) and not
+/// passed on.
+pub fn parse_response_from(
+    buf: &[u8],
+    head_request: bool,
+    mesh_server: bool,
+) -> Result<Option<ResponseHead>, BadResponse> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
     let mut res = httparse::Response::new(&mut headers);
     let len = match res.parse(buf) {
@@ -352,9 +365,22 @@ pub fn parse_response(buf: &[u8], head_request: bool) -> Result<Option<ResponseH
     let mut close = http10;
     let mut nominated: Vec<&[u8]> = Vec::new();
     let mut any_hop_by_hop = false;
+    let mut peer_metadata = None;
+    let exchanged = |name: &[u8]| {
+        mesh_server
+            && (name.eq_ignore_ascii_case(b"x-envoy-peer-metadata")
+                || name.eq_ignore_ascii_case(b"x-envoy-peer-metadata-id"))
+    };
     for h in res.headers.iter() {
         let name = h.name.as_bytes();
-        if name.eq_ignore_ascii_case(b"content-length") {
+        if exchanged(name) {
+            any_hop_by_hop = true;
+            if name.len() == b"x-envoy-peer-metadata".len() {
+                // httparse's values are slices of `buf`.
+                let at = h.value.as_ptr() as usize - buf.as_ptr() as usize;
+                peer_metadata = Some((at, at + h.value.len()));
+            }
+        } else if name.eq_ignore_ascii_case(b"content-length") {
             let n = parse_length(h.value).ok_or(BadResponse)?;
             if content_length.is_some_and(|m| m != n) {
                 return Err(BadResponse);
@@ -401,6 +427,7 @@ pub fn parse_response(buf: &[u8], head_request: bool) -> Result<Option<ResponseH
             let name = h.name.as_bytes();
             let drop = name.eq_ignore_ascii_case(b"connection")
                 || is_hop_by_hop_response(name)
+                || exchanged(name)
                 || (drop_length && name.eq_ignore_ascii_case(b"content-length"))
                 || nominated.iter().any(|n| name.eq_ignore_ascii_case(n));
             if drop {
@@ -415,6 +442,7 @@ pub fn parse_response(buf: &[u8], head_request: bool) -> Result<Option<ResponseH
         close,
         http10,
         dropped,
+        peer_metadata,
     }))
 }
 

@@ -301,7 +301,7 @@ fn prepare(
         .then(super::headers::request_id_bytes);
     let mut upstream_head = ctx.proxy.h1.buffers.take_vec();
     upstream_head.reserve(total + 128);
-    let mut extra: [&[u8]; 5] = [b""; 5];
+    let mut extra: [&[u8]; 7] = [b""; 7];
     if let Some(id) = &id {
         extra[0] = b"x-request-id: ";
         extra[1] = id;
@@ -315,6 +315,10 @@ fn prepare(
     }
     if let Some(mesh) = mesh {
         extra[4] = &mesh.client_cert;
+    }
+    if ctx.originate.is_some() {
+        // To a mesh server: Istio's metadata headers describe us.
+        [extra[5], extra[6]] = ctx.proxy.mesh.exchange_headers.request_lines();
     }
     head.write_upstream(buf, &extra, &mut upstream_head);
     // The blank line goes back on per attempt, after the attempt count.

@@ -249,3 +249,21 @@ fn a_client_sidecars_metadata_headers_are_read_inbound_and_pass_outbound() {
     };
     assert!(parse_request(twice, &mesh).is_none());
 }
+
+#[test]
+fn a_mesh_servers_metadata_headers_are_read_and_not_passed_on() {
+    let res = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-envoy-peer-metadata-id: sidecar~b\r\nX-Envoy-Peer-Metadata: Cg0K\r\nx-app: 1\r\n\r\nok";
+    let head = parse_response_from(res, false, true).unwrap().unwrap();
+    let (from, to) = head.peer_metadata.unwrap();
+    assert_eq!(&res[from..to], b"Cg0K");
+    let mut out = Vec::new();
+    head.write_downstream(res, &[], false, &mut out);
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-app: 1\r\n\r\n"
+    );
+    // From any other upstream they are the application's, and pass.
+    let (head, out) = downstream(res, false, false);
+    assert_eq!(head.peer_metadata, None);
+    assert!(out.contains("X-Envoy-Peer-Metadata: Cg0K\r\n"), "{out}");
+}
