@@ -409,37 +409,33 @@ mod tests {
     #[test]
     fn a_server_dialled_as_a_mesh_service_names_it_as_the_destination_service() {
         let own = Workload::default();
-        let k8s = Peer {
-            service: Some("reviews.bookinfo.svc.cluster.local".into()),
+        let dialled_as = |host: &str| Peer {
+            service: Some(host.into()),
             ..cart(None)
         };
-        let out = labels_for(&own, Direction::Outbound, "-", Some(&k8s));
+        let service = |dir, peer: &Peer| {
+            let labels = labels_for(&own, dir, "-", Some(peer));
+            ["", "_name", "_namespace"]
+                .map(|suffix| get(&labels, &format!("destination_service{suffix}")).to_string())
+        };
+        let k8s = dialled_as("reviews.bookinfo.svc.cluster.local");
         assert_eq!(
-            get(&out, "destination_service"),
-            "reviews.bookinfo.svc.cluster.local"
+            service(Direction::Outbound, &k8s),
+            ["reviews.bookinfo.svc.cluster.local", "reviews", "bookinfo"]
         );
-        assert_eq!(get(&out, "destination_service_name"), "reviews");
-        assert_eq!(get(&out, "destination_service_namespace"), "bookinfo");
-        let other = Peer {
-            service: Some("db.example.com".into()),
-            ..cart(None)
-        };
-        let out = labels_for(&own, Direction::Outbound, "-", Some(&other));
-        assert_eq!(get(&out, "destination_service"), "db.example.com");
-        assert_eq!(get(&out, "destination_service_name"), "db.example.com");
-        assert_eq!(get(&out, "destination_service_namespace"), "unknown");
+        assert_eq!(
+            service(Direction::Outbound, &dialled_as("db.example.com")),
+            ["db.example.com", "db.example.com", "unknown"]
+        );
         // Inbound, the service is ours, not the client's; without one, the passthrough.
-        let inb = labels_for(&own, Direction::Inbound, "-", Some(&k8s));
         assert_eq!(
-            get(&inb, "destination_service_name"),
-            "InboundPassthroughCluster"
+            service(Direction::Inbound, &k8s),
+            ["unknown", "InboundPassthroughCluster", "unknown"]
         );
-        let plain = labels_for(&own, Direction::Outbound, "-", Some(&cart(None)));
         assert_eq!(
-            get(&plain, "destination_service_name"),
-            "PassthroughCluster"
+            service(Direction::Outbound, &cart(None)),
+            ["unknown", "PassthroughCluster", "unknown"]
         );
-        assert_eq!(get(&plain, "destination_service"), "unknown");
     }
 
     #[test]
