@@ -73,9 +73,9 @@ pub async fn handle(
     let mut described = exchange::Received::default();
     if ctx.direction == Direction::Inbound {
         mesh_identity_headers(&ctx, &mut parts.headers);
-        let (received, metadata) = exchange::take(&mut parts.headers);
-        if let Some(metadata) = metadata {
-            ctx.learn_client(metadata);
+        let (received, value) = exchange::take(&mut parts.headers);
+        if let Some(value) = value {
+            ctx.learn_client_value(value.as_bytes());
         }
         described = received;
     }
@@ -158,8 +158,8 @@ pub async fn handle(
     let (mut parts, body) = response.into_parts();
     headers::prepare_response(&mut parts.headers, upgraded);
     if let Some(originate) = &ctx.originate {
-        if let (_, Some(metadata)) = exchange::take(&mut parts.headers) {
-            originate.learn_server(metadata);
+        if let (_, Some(value)) = exchange::take(&mut parts.headers) {
+            originate.learn_server_value(value.as_bytes());
         }
     } else if ctx.mesh_peer.is_some() {
         ctx.proxy

@@ -234,16 +234,21 @@ impl ConnContext {
         }
     }
 
-    /// What the client's sidecar said of itself in a request's metadata headers; only a client
-    /// that proved its identity with mesh TLS is believed, and the first description stands.
-    fn learn_client(&self, metadata: crate::metadata_exchange::WorkloadMetadata) {
-        if let Some((peer, _)) = &self.mesh_peer {
-            let _ = self.described_client.get_or_init(|| {
-                Arc::new(crate::tls::Peer {
-                    metadata: Some(Arc::new(metadata)),
-                    ..crate::tls::Peer::clone(peer)
-                })
-            });
+    /// What the client's sidecar said of itself in a request's `x-envoy-peer-metadata` value:
+    /// only a client that proved its identity with mesh TLS is believed, and the first
+    /// description that decodes stands (later ones are not decoded).
+    fn learn_client_value(&self, value: &[u8]) {
+        let Some((peer, _)) = &self.mesh_peer else {
+            return;
+        };
+        if self.described_client.get().is_some() {
+            return;
+        }
+        if let Some(metadata) = crate::metadata_exchange::http::decode_value(value) {
+            let _ = self.described_client.set(Arc::new(crate::tls::Peer {
+                metadata: Some(Arc::new(metadata)),
+                ..crate::tls::Peer::clone(peer)
+            }));
         }
     }
 

@@ -102,20 +102,16 @@ pub struct Received {
     pub metadata: bool,
 }
 
-/// Remove the peer's headers from `headers`: which came, and the metadata, if it decodes.
-pub fn take(headers: &mut HeaderMap) -> (Received, Option<WorkloadMetadata>) {
+/// Remove the peer's headers from `headers`: which came, and the metadata's value, to decode
+/// ([`decode_value`]) when it is not known yet.
+pub fn take(headers: &mut HeaderMap) -> (Received, Option<HeaderValue>) {
     let id = headers.remove(METADATA_ID);
     let metadata = headers.remove(METADATA);
     let received = Received {
         id: id.is_some(),
         metadata: metadata.is_some(),
     };
-    let decoded = metadata.as_ref().and_then(decode);
-    (received, decoded)
-}
-
-fn decode(value: &HeaderValue) -> Option<WorkloadMetadata> {
-    decode_value(value.as_bytes())
+    (received, metadata)
 }
 
 /// The metadata in an `x-envoy-peer-metadata` value, if it decodes and says anything.
@@ -149,7 +145,8 @@ mod tests {
         let mut request = HeaderMap::new();
         request.insert("x-other", HeaderValue::from_static("kept"));
         ours.add_to_request(&mut request);
-        let (received, metadata) = take(&mut request);
+        let (received, value) = take(&mut request);
+        let metadata = value.and_then(|v| decode_value(v.as_bytes()));
         assert_eq!(
             received,
             Received {
@@ -206,20 +203,24 @@ mod tests {
         let unpadded = base64::engine::general_purpose::STANDARD_NO_PAD.encode(&node);
         let mut headers = HeaderMap::new();
         headers.insert(METADATA, HeaderValue::from_str(&unpadded).unwrap());
-        let (_, metadata) = take(&mut headers);
+        let (_, value) = take(&mut headers);
+        let metadata = decode_value(value.unwrap().as_bytes());
         assert_eq!(metadata.unwrap().workload, "reviews-v2");
 
         for garbage in ["not base64 !", "AAAA", ""] {
             let mut headers = HeaderMap::new();
             headers.insert(METADATA, HeaderValue::from_static(garbage));
-            let (received, metadata) = take(&mut headers);
+            let (received, value) = take(&mut headers);
             assert!(received.metadata, "{garbage:?}");
-            assert!(metadata.is_none(), "{garbage:?}");
+            assert!(
+                decode_value(value.unwrap().as_bytes()).is_none(),
+                "{garbage:?}"
+            );
             assert!(headers.is_empty());
         }
         let mut headers = HeaderMap::new();
         let huge = "A".repeat(MAX_ENCODED + 4);
         headers.insert(METADATA, HeaderValue::from_str(&huge).unwrap());
-        assert!(take(&mut headers).1.is_none());
+        assert!(decode_value(take(&mut headers).1.unwrap().as_bytes()).is_none());
     }
 }

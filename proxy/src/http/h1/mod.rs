@@ -284,12 +284,8 @@ fn prepare(
     }
     let mut end = RequestEnd::new(Arc::clone(ctx), None, false, start.1);
     // The client's sidecar describes itself in every request: decoded once per connection.
-    if let (Some(value), Some(_)) = (head.peer_metadata, mesh) {
-        if ctx.described_client.get().is_none() {
-            if let Some(metadata) = crate::metadata_exchange::http::decode_value(value) {
-                ctx.learn_client(metadata);
-            }
-        }
+    if let Some(value) = head.peer_metadata {
+        ctx.learn_client_value(value);
     }
     let body = &buf[head.len..total];
     if !body.is_empty() {
