@@ -83,7 +83,7 @@ impl Originate {
 
     /// What the server's sidecar said of itself in a response's metadata headers: it names the
     /// server in the metrics from now on.
-    pub fn learn_server(&self, metadata: WorkloadMetadata) {
+    fn learn_server(&self, metadata: WorkloadMetadata) {
         let mut state = self.state();
         let Some(server) = &state.server else { return };
         if server.metadata.as_deref() == Some(&metadata) {
@@ -179,28 +179,23 @@ impl Originate {
             None => ctx.connect_upstream().await?,
         };
         let (stream, registration) = upstream.into_parts();
-        let connector = tokio_rustls::TlsConnector::from(Arc::clone(&self.client));
-        let connecting = connector.connect(self.server_name.clone(), stream);
-        let metrics = &ctx.proxy.metrics.tls;
-        let stream = match tokio::time::timeout(self.handshake_timeout, connecting).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => {
-                let failure = HandshakeFailure::of(&e);
-                metrics.handshake(ctx.direction, failure.as_str());
-                tracing::warn!(destination = %dst, reason = failure.as_str(), error = %e, "outbound mesh TLS handshake failed");
-                return Err(ProxyError::new(ErrorKind::ConnectFailed, dst, e));
-            }
-            Err(_) => {
-                metrics.handshake(ctx.direction, HandshakeFailure::Timeout.as_str());
-                tracing::warn!(destination = %dst, "outbound mesh TLS handshake timed out");
-                return Err(ProxyError::new(
-                    ErrorKind::ConnectTimeout,
-                    dst,
-                    "mesh TLS handshake timed out",
-                ));
-            }
+        let originating = tls::Originating {
+            client: Arc::clone(&self.client),
+            name: self.server_name.clone(),
+            timeout: self.handshake_timeout,
+            destination: dst,
+            direction: ctx.direction,
+            metrics: &ctx.proxy.metrics.tls,
         };
-        metrics.handshake(ctx.direction, "ok");
+        let stream = tls::originate(stream, originating)
+            .await
+            .map_err(|failure| {
+                let kind = match failure {
+                    HandshakeFailure::Timeout => ErrorKind::ConnectTimeout,
+                    _ => ErrorKind::ConnectFailed,
+                };
+                ProxyError::new(kind, dst, failure.as_str())
+            })?;
         let (_, session) = stream.get_ref();
         let chain = session.peer_certificates().unwrap_or_default();
         let server = Peer::from_chain(chain, session.alpn_protocol()).map(|server| {

@@ -434,36 +434,32 @@ impl Proxy {
         };
         // The registration lives as long as the connection does.
         let (stream, _registration) = upstream.into_parts();
-        let name = server_name(dest, hop.destination);
-        let connecting = tokio_rustls::TlsConnector::from(client).connect(name, stream);
-        let handshake = tokio::time::timeout(config.tls.handshake_timeout, connecting).await;
-        let (failure, error, end) = match handshake {
-            Ok(Ok(tls)) => {
-                self.metrics.tls.handshake(hop.dir, "ok");
+        let originating = tls::Originating {
+            client,
+            name: server_name(dest, hop.destination),
+            timeout: config.tls.handshake_timeout,
+            destination: hop.destination,
+            direction: hop.dir,
+            metrics: &self.metrics.tls,
+        };
+        let end = match tls::originate(stream, originating).await {
+            Ok(tls) => {
                 let service = dest.hostname.as_deref().map(Arc::from);
                 return self
                     .serve_originated(config, &hop, downstream, &prefix, tls, service)
                     .await;
             }
-            Ok(Err(e)) => (HandshakeFailure::of(&e), e.to_string(), End::ConnectFailed),
-            Err(_) => (
-                HandshakeFailure::Timeout,
-                "timed out".to_string(),
-                End::ConnectTimeout,
-            ),
+            Err(HandshakeFailure::Timeout) => End::ConnectTimeout,
+            Err(_) => End::ConnectFailed,
         };
-        self.metrics.tls.handshake(hop.dir, failure.as_str());
         self.metrics.direction(hop.dir).connect_failures.inc();
-        tracing::warn!(
-            destination = %hop.destination, reason = failure.as_str(), %error,
-            "outbound mesh TLS handshake failed"
-        );
         reset(&downstream);
         refused(Some(hop.destination), end)
     }
 
     /// Name the server from its certificate, the `service` we dialled it as and, on
-    /// `istio-peer-exchange`, its metadata; count the connection open for it; then copy the client's bytes (`prefix` first) both ways.
+    /// `istio-peer-exchange`, its metadata; count the connection open for it; then copy the
+    /// client's bytes (`prefix` first) both ways.
     async fn serve_originated(
         &self,
         config: &Config,

@@ -267,6 +267,39 @@ impl Peer {
     }
 }
 
+/// What one outbound mesh handshake is: where to, offering what, and how long it may take.
+pub struct Originating<'a> {
+    pub client: Arc<ClientConfig>,
+    pub name: rustls::pki_types::ServerName<'static>,
+    pub timeout: std::time::Duration,
+    pub destination: std::net::SocketAddr,
+    pub direction: crate::Direction,
+    pub metrics: &'a crate::metrics::TlsMetrics,
+}
+
+/// Originate mesh TLS on `stream`: bounded in time, counted (`ok` or why not), and a failure
+/// logged, for the TCP copy and the HTTP client alike.
+pub async fn originate(
+    stream: tokio::net::TcpStream,
+    o: Originating<'_>,
+) -> Result<stream::ClientStream, HandshakeFailure> {
+    let connecting = tokio_rustls::TlsConnector::from(o.client).connect(o.name, stream);
+    let (failure, error) = match tokio::time::timeout(o.timeout, connecting).await {
+        Ok(Ok(tls)) => {
+            o.metrics.handshake(o.direction, "ok");
+            return Ok(tls);
+        }
+        Ok(Err(e)) => (HandshakeFailure::of(&e), e.to_string()),
+        Err(_) => (HandshakeFailure::Timeout, "timed out".to_string()),
+    };
+    o.metrics.handshake(o.direction, failure.as_str());
+    tracing::warn!(
+        destination = %o.destination, reason = failure.as_str(), %error,
+        "outbound mesh TLS handshake failed"
+    );
+    Err(failure)
+}
+
 /// Why a handshake failed, as a metric label and a log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HandshakeFailure {
