@@ -78,29 +78,36 @@ fn parse_wrk_duration_us(text: &str) -> Option<f64> {
     Some(value * scale)
 }
 
-/// h2load: h2c with prior knowledge, `connections` × `streams` concurrent gRPC unary calls
-/// (POST of `body_file`, gRPC headers) for `duration`.
+/// h2load: h2c with prior knowledge, `connections` × `streams` concurrent requests for
+/// `duration`: gRPC unary calls (POST of `grpc_body`, gRPC headers) when a body is given, plain
+/// GETs of `/` otherwise.
 pub fn h2load_args(
     target: SocketAddr,
     connections: usize,
     streams: usize,
     duration: Duration,
-    body_file: &Path,
+    grpc_body: Option<&Path>,
 ) -> Vec<String> {
-    vec![
+    let mut args = vec![
         format!("-c{connections}"),
         format!("-m{streams}"),
         "-t1".into(),
         "-D".into(),
         duration.as_secs().max(1).to_string(),
-        "-d".into(),
-        body_file.display().to_string(),
-        "-H".into(),
-        "content-type: application/grpc".into(),
-        "-H".into(),
-        "te: trailers".into(),
-        format!("http://{target}/bench.Bench/Unary"),
-    ]
+    ];
+    match grpc_body {
+        Some(body) => args.extend([
+            "-d".into(),
+            body.display().to_string(),
+            "-H".into(),
+            "content-type: application/grpc".into(),
+            "-H".into(),
+            "te: trailers".into(),
+            format!("http://{target}/bench.Bench/Unary"),
+        ]),
+        None => args.push(format!("http://{target}/")),
+    }
+    args
 }
 
 /// Parses h2load's report.
@@ -236,15 +243,22 @@ time for request:      112us     12.34ms      4.98ms       1.02ms    70.00%
         assert_eq!((load.requests, load.errors), (512_340, 5));
         assert_eq!(load.mean_us, Some(4980.0));
         assert_eq!(parse_h2load("connect error"), None);
-        let args = h2load_args(
-            "127.0.0.1:1".parse().unwrap(),
+        let target = "127.0.0.1:1".parse().unwrap();
+        let grpc = h2load_args(
+            target,
             16,
             16,
             Duration::from_secs(3),
-            Path::new("/b"),
-        )
-        .join(" ");
-        assert!(args.starts_with("-c16 -m16 -t1 -D 3 -d /b"), "{args}");
+            Some(Path::new("/b")),
+        );
+        let grpc = grpc.join(" ");
+        assert!(grpc.starts_with("-c16 -m16 -t1 -D 3 -d /b"), "{grpc}");
+        assert!(
+            grpc.ends_with("content-type: application/grpc -H te: trailers http://127.0.0.1:1/bench.Bench/Unary"),
+            "{grpc}"
+        );
+        let get = h2load_args(target, 16, 16, Duration::from_secs(3), None).join(" ");
+        assert_eq!(get, "-c16 -m16 -t1 -D 3 http://127.0.0.1:1/");
     }
 
     #[test]

@@ -60,6 +60,9 @@ pub enum Mode {
     Http1,
     /// h2c with prior knowledge in, HTTP/2 to the upstream: gRPC unary calls.
     Grpc,
+    /// h2c with prior knowledge in, HTTP/2 to the upstream where the proxy speaks it: plain
+    /// GETs of a 1 KiB body.
+    H2c,
     /// Opaque TCP.
     Tcp,
 }
@@ -91,7 +94,7 @@ pub fn remora_config(ports: &RemoraPorts) -> String {
 /// `remora run`'s `--protocol` for a mode.
 pub fn remora_protocol(mode: Mode) -> &'static str {
     match mode {
-        Mode::Http1 | Mode::Grpc => "http",
+        Mode::Http1 | Mode::Grpc | Mode::H2c => "http",
         Mode::Tcp => "tcp",
     }
 }
@@ -146,7 +149,7 @@ pub fn envoy_config(
              \"@type\": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy\n          \
              stat_prefix: bench\n          cluster: upstream\n"
             .to_string(),
-        Mode::Http1 | Mode::Grpc => "      - name: envoy.filters.network.http_connection_manager\n        typed_config:\n          \
+        Mode::Http1 | Mode::Grpc | Mode::H2c => "      - name: envoy.filters.network.http_connection_manager\n        typed_config:\n          \
              \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager\n          \
              stat_prefix: bench\n          codec_type: AUTO\n          route_config:\n            name: local\n            \
              virtual_hosts:\n            - name: all\n              domains: [\"*\"]\n              routes:\n              \
@@ -167,7 +170,7 @@ pub fn envoy_config(
         upstream.ip(),
         upstream.port()
     );
-    if mode == Mode::Grpc {
+    if matches!(mode, Mode::Grpc | Mode::H2c) {
         out.push_str(
             "    typed_extension_protocol_options:\n      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:\n        \
              \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions\n        \
@@ -411,7 +414,7 @@ pub fn haproxy_config(
 ) -> String {
     let (haproxy_mode, bind_proto, server_proto) = match mode {
         Mode::Http1 => ("http", "", ""),
-        Mode::Grpc => ("http", " proto h2", " proto h2"),
+        Mode::Grpc | Mode::H2c => ("http", " proto h2", " proto h2"),
         Mode::Tcp => ("tcp", "", ""),
     };
     format!(
@@ -437,7 +440,9 @@ pub struct NginxLimits {
 }
 
 /// nginx: one worker, access log off; HTTP with an upstream keep-alive pool (gRPC through
-/// `grpc_pass` behind an `http2` listener), or the `stream` module for TCP. `keepalive_requests`
+/// `grpc_pass` behind an `http2` listener; plain h2c behind an `http2` listener too, but to the
+/// upstream over HTTP/1.1, since nginx's proxy module speaks no HTTP/2 to upstreams), or the
+/// `stream` module for TCP. `keepalive_requests`
 /// is raised from its default of 1000 on both sides, so that keep-alive means the same as for the
 /// others (which never close a busy connection).
 pub fn nginx_config(
@@ -466,15 +471,14 @@ pub fn nginx_config(
                 "stream {{\n    server {{\n        listen {listen};\n        proxy_pass {upstream};\n    }}\n}}\n"
             );
         }
-        Mode::Http1 | Mode::Grpc => {
+        Mode::Http1 | Mode::Grpc | Mode::H2c => {
+            let proxy_pass =
+                "        proxy_pass http://upstream;\n        proxy_http_version 1.1;\n        \
+                              proxy_set_header Connection \"\";\n";
             let (listen_opts, location) = match mode {
-                Mode::Grpc => (" http2", "        grpc_pass grpc://upstream;\n".to_string()),
-                _ => (
-                    "",
-                    "        proxy_pass http://upstream;\n        proxy_http_version 1.1;\n        \
-                     proxy_set_header Connection \"\";\n"
-                        .to_string(),
-                ),
+                Mode::Grpc => (" http2", "        grpc_pass grpc://upstream;\n"),
+                Mode::H2c => (" http2", proxy_pass),
+                _ => ("", proxy_pass),
             };
             let _ = write!(
                 out,

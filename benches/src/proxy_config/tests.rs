@@ -46,7 +46,7 @@ fn remora_config_is_valid_and_moves_every_port() {
 #[test]
 fn envoy_bootstrap_is_yaml_with_the_right_filter_and_cluster() {
     let (listen, upstream) = addrs();
-    for mode in [Mode::Http1, Mode::Grpc, Mode::Tcp] {
+    for mode in [Mode::Http1, Mode::Grpc, Mode::H2c, Mode::Tcp] {
         let text = envoy_config(mode, listen, upstream, 41005);
         let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("valid YAML");
         assert_eq!(
@@ -64,7 +64,7 @@ fn envoy_bootstrap_is_yaml_with_the_right_filter_and_cluster() {
                 assert_eq!(filter["name"], "envoy.filters.network.tcp_proxy");
                 assert_eq!(filter["typed_config"]["cluster"], "upstream");
             }
-            Mode::Http1 | Mode::Grpc => {
+            Mode::Http1 | Mode::Grpc | Mode::H2c => {
                 assert_eq!(
                     filter["name"],
                     "envoy.filters.network.http_connection_manager"
@@ -84,8 +84,8 @@ fn envoy_bootstrap_is_yaml_with_the_right_filter_and_cluster() {
         let http2 = cluster.get("typed_extension_protocol_options").is_some();
         assert_eq!(
             http2,
-            mode == Mode::Grpc,
-            "HTTP/2 to the upstream only for gRPC"
+            matches!(mode, Mode::Grpc | Mode::H2c),
+            "HTTP/2 to the upstream only for gRPC and h2c"
         );
     }
     assert!(envoy_args(Path::new("e.yaml"))
@@ -238,6 +238,12 @@ fn haproxy_config_has_one_thread_and_the_mode() {
     assert!(
         grpc.contains("bind 127.0.0.1:41000 proto h2") && grpc.contains("127.0.0.1:42000 proto h2")
     );
+    let h2c = haproxy_config(Mode::H2c, listen, upstream, 100);
+    assert!(
+        h2c.contains("mode http")
+            && h2c.contains("bind 127.0.0.1:41000 proto h2")
+            && h2c.contains("127.0.0.1:42000 proto h2")
+    );
     assert!(haproxy_config(Mode::Tcp, listen, upstream, 100).contains("mode tcp"));
 }
 
@@ -271,6 +277,15 @@ fn nginx_config_has_one_worker_and_the_right_module() {
         grpc.contains("listen 127.0.0.1:41000 http2;")
             && grpc.contains("grpc_pass grpc://upstream;")
     );
+    let h2c = nginx_config(Mode::H2c, listen, upstream, &prefix, limits, Some(&module));
+    assert!(
+        h2c.contains("listen 127.0.0.1:41000 http2;")
+            && h2c.contains("proxy_pass http://upstream;")
+            && h2c.contains("proxy_http_version 1.1;")
+            && !h2c.contains("grpc_pass"),
+        "{h2c}"
+    );
+    assert_eq!(h2c.matches('{').count(), h2c.matches('}').count());
     let tcp = nginx_config(Mode::Tcp, listen, upstream, &prefix, limits, Some(&module));
     assert!(
         tcp.starts_with("# Written")

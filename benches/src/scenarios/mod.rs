@@ -77,7 +77,7 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The sizes (five rounds of everything: about 24 minutes in all), or `quick`
+    /// The sizes (five rounds of everything: about 26 minutes in all), or `quick`
     /// ones (two short rounds) for smoke tests.
     pub fn new(quick: bool, proxies: Vec<Proxy>, pin: bool, nofile: u64) -> Settings {
         let wanted = if quick { 1_000 } else { 10_000 };
@@ -93,7 +93,7 @@ impl Settings {
         };
         Settings {
             quick,
-            // Five rounds of everything in about 24 minutes: each round is short, the rounds
+            // Five rounds of everything in about 26 minutes: each round is short, the rounds
             // are not fewer. Latency rounds are 8 s: a p99 from 4,000 requests moved with
             // every few-millisecond hiccup of a shared machine (5 × 8 s = 40 s at 1000 rps).
             // The cost scenario's 1000 rps run is as long: its CPU per request, judged against
@@ -403,17 +403,19 @@ pub fn mode_name(mode: Mode) -> &'static str {
     match mode {
         Mode::Http1 => "http1",
         Mode::Grpc => "grpc",
+        Mode::H2c => "h2c",
         Mode::Tcp => "tcp",
     }
 }
 
-/// Whether one request through `addr` is answered: HTTP/1.1 (also through TCP proxies) or, for
-/// gRPC, a unary call over h2c.
+/// Whether one request through `addr` is answered: HTTP/1.1 (also through TCP proxies), for
+/// gRPC a unary call over h2c, for h2c a GET of the 1 KiB body.
 pub async fn probe(addr: SocketAddr, mode: Mode) -> bool {
     let call = async {
         match mode {
             Mode::Http1 | Mode::Tcp => crate::tcp_load::close_exchange(addr).await.is_ok(),
             Mode::Grpc => grpc_call(addr).await.unwrap_or(false),
+            Mode::H2c => h2c_get(addr).await.unwrap_or(false),
         }
     };
     tokio::time::timeout(PROBE_TIMEOUT, call)
@@ -427,10 +429,7 @@ pub fn grpc_request_body() -> Bytes {
 }
 
 async fn grpc_call(addr: SocketAddr) -> anyhow::Result<bool> {
-    let stream = tokio::net::TcpStream::connect(addr).await?;
-    let (mut sender, connection) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await?;
-    tokio::spawn(connection);
+    let mut sender = h2c_sender(addr).await?;
     let request = http::Request::post(format!("http://{addr}/bench.Bench/Unary"))
         .header(http::header::CONTENT_TYPE, "application/grpc")
         .header(http::header::TE, "trailers")
@@ -443,6 +442,26 @@ async fn grpc_call(addr: SocketAddr) -> anyhow::Result<bool> {
         .and_then(|t| t.get("grpc-status"))
         .is_some_and(|v| v == "0");
     Ok(status_ok && grpc_ok)
+}
+
+/// One GET over h2c with prior knowledge: answered 200 with the upstream's 1 KiB body.
+async fn h2c_get(addr: SocketAddr) -> anyhow::Result<bool> {
+    let mut sender = h2c_sender(addr).await?;
+    let request = http::Request::get(format!("http://{addr}/")).body(Full::new(Bytes::new()))?;
+    let response = sender.send_request(request).await?;
+    let status_ok = response.status() == http::StatusCode::OK;
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok(status_ok && body.len() == crate::upstream::BODY_SIZE)
+}
+
+async fn h2c_sender(
+    addr: SocketAddr,
+) -> anyhow::Result<hyper::client::conn::http2::SendRequest<Full<Bytes>>> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let (sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    Ok(sender)
 }
 
 /// The last lines of a log, on one line for a table cell.

@@ -1,5 +1,6 @@
 //! Scenario 2, maximum throughput through each proxy's L7 mode: HTTP/1.1 keep-alive over 64
-//! connections (wrk), and gRPC unary calls over h2c, 16 connections × 16 streams (h2load).
+//! connections (wrk), then over h2c, 16 connections × 16 streams (h2load), gRPC unary calls and
+//! plain GETs.
 //! Interleaved rounds; each figure is the median of the rounds, with their spread.
 
 use super::measure::{core_columns, CORES_NOTE};
@@ -9,11 +10,12 @@ use crate::proxy_config::{Mode, Proxy};
 use crate::report::{Column, Figure, Table};
 use std::fs;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 const HTTP1_CONNECTIONS: usize = 64;
-const GRPC_CONNECTIONS: usize = 16;
-const GRPC_STREAMS: usize = 16;
+const H2_CONNECTIONS: usize = 16;
+const H2_STREAMS: usize = 16;
 /// Extra time a tool gets beyond its own duration before it is killed.
 pub const TOOL_GRACE: Duration = Duration::from_secs(15);
 
@@ -89,7 +91,7 @@ pub fn run(bench: &Bench) -> Vec<Table> {
         "2b. Max throughput, gRPC unary over h2c, 16 connections × 16 streams (h2load, 1 thread)",
         columns(false),
     );
-    grpc.notes.push(format!("h2load -c{GRPC_CONNECTIONS} -m{GRPC_STREAMS} -t1 -D {}: POST of a 100-byte gRPC message, 1 KiB gRPC answer with grpc-status trailers; HTTP/2 end to end (Envoy's cluster, HAProxy's `proto h2`, nginx's grpc_pass, Remora's HTTP mode).", run.as_secs()));
+    grpc.notes.push(format!("h2load -c{H2_CONNECTIONS} -m{H2_STREAMS} -t1 -D {}: POST of a 100-byte gRPC message, 1 KiB gRPC answer with grpc-status trailers; HTTP/2 end to end (Envoy's cluster, HAProxy's `proto h2`, nginx's grpc_pass, Remora's HTTP mode).", run.as_secs()));
     grpc.notes.push(rounds_note(bench));
     grpc.notes.push(CORES_NOTE.into());
     let body_file = bench.work_dir.join("grpc-request.bin");
@@ -100,28 +102,65 @@ pub fn run(bench: &Bench) -> Vec<Table> {
         &contenders,
         bench.settings.rounds,
         |proxy| {
-            let h2load = bench
-                .tools
-                .h2load
-                .clone()
-                .ok_or("h2load not found (scripts/bench-deps installs nghttp2-client)")?;
+            let h2load_path = h2load_path(bench)?;
             body_written.clone()?;
             one_run(bench, proxy, Mode::Grpc, |addr| {
-                let args =
-                    load_tools::h2load_args(addr, GRPC_CONNECTIONS, GRPC_STREAMS, run, &body_file);
-                let out = bench.run_tool("h2load", &h2load, &args, run + TOOL_GRACE)?;
-                load_tools::parse_h2load(&out)
-                    .ok_or_else(|| format!("h2load printed no report: {}", out.trim()))
+                h2load(bench, &h2load_path, addr, Some(&body_file))
             })
         },
     );
     for (proxy, rounds) in results {
         push(&mut grpc, proxy, rounds, false);
     }
-    vec![http1, grpc]
+
+    let mut h2c = Table::new(
+        "throughput-h2c",
+        "2c. Max throughput, h2c GETs, 16 connections × 16 streams (h2load, 1 thread)",
+        columns(false),
+    );
+    h2c.notes.push(format!("h2load -c{H2_CONNECTIONS} -m{H2_STREAMS} -t1 -D {}: GET of a 1 KiB body, h2c with prior knowledge in; HTTP/2 to the upstream too (Envoy's cluster, HAProxy's `proto h2`, Remora's HTTP mode) except for nginx, whose `proxy_pass` speaks only HTTP/1.x to upstreams (a keep-alive pool of HTTP/1.1).", run.as_secs()));
+    h2c.notes.push(rounds_note(bench));
+    h2c.notes.push(CORES_NOTE.into());
+    let results = interleaved(
+        "throughput h2c",
+        &contenders,
+        bench.settings.rounds,
+        |proxy| {
+            let h2load_path = h2load_path(bench)?;
+            one_run(bench, proxy, Mode::H2c, |addr| {
+                h2load(bench, &h2load_path, addr, None)
+            })
+        },
+    );
+    for (proxy, rounds) in results {
+        push(&mut h2c, proxy, rounds, false);
+    }
+    vec![http1, grpc, h2c]
 }
 
 type Measured = (HttpLoad, Cost);
+
+fn h2load_path(bench: &Bench) -> Result<PathBuf, String> {
+    bench
+        .tools
+        .h2load
+        .clone()
+        .ok_or_else(|| "h2load not found (scripts/bench-deps installs nghttp2-client)".into())
+}
+
+/// One h2load run against `addr`: gRPC unary calls with `grpc_body`, plain GETs without.
+fn h2load(
+    bench: &Bench,
+    h2load: &Path,
+    addr: SocketAddr,
+    grpc_body: Option<&Path>,
+) -> Result<HttpLoad, String> {
+    let run = bench.settings.round;
+    let args = load_tools::h2load_args(addr, H2_CONNECTIONS, H2_STREAMS, run, grpc_body);
+    let out = bench.run_tool("h2load", h2load, &args, run + TOOL_GRACE)?;
+    load_tools::parse_h2load(&out)
+        .ok_or_else(|| format!("h2load printed no report: {}", out.trim()))
+}
 
 /// Starts `proxy` in `mode`, runs `load` through it, and returns the load's numbers with what
 /// it cost.
