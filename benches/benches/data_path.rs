@@ -1,5 +1,7 @@
-//! Micro-benchmarks of the data path on loopback: what one proxied exchange costs Remora's copy
-//! loop, beside the same exchange with no proxy. Quote the ratio, not the absolute numbers: the
+//! Micro-benchmarks of the data path's hot spots, in the order a connection meets them: the
+//! original destination, protocol detection, HTTP/1.1 framing and heads, Istio's metrics per
+//! request and per connection, and the copy loop on loopback beside the same exchange with no
+//! proxy (plus the config parse a reload costs). Quote ratios, not absolute numbers: the
 //! machines these run on are shared and noisy.
 
 // Benchmark set-up fails loudly; there is no user input here.
@@ -168,11 +170,148 @@ fn fast_path_heads(c: &mut Criterion) {
     group.finish();
 }
 
+/// `SO_ORIGINAL_DST` on an accepted loopback connection. Nothing NATed it, so the kernel finds no
+/// conntrack record and the local address is the answer: the same two system calls as under
+/// `remora capture`'s REDIRECT (the socket's address, then the option), without the conntrack
+/// lookup itself.
+fn original_destination(c: &mut Criterion) {
+    use remora::orig_dst;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (accepted, addr, _client) = rt.block_on(async {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let client = TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = l.accept().await.unwrap();
+        (accepted, addr, client)
+    });
+    assert_eq!(
+        orig_dst::original_dst(&accepted).unwrap(),
+        (addr, orig_dst::Source::LocalAddress)
+    );
+    let mut group = c.benchmark_group("original_destination");
+    group.bench_function("so_original_dst_loopback", |b| {
+        b.iter(|| orig_dst::original_dst(std::hint::black_box(&accepted)).unwrap())
+    });
+    let mapped: std::net::SocketAddr = "[::ffff:10.1.2.3]:9080".parse().unwrap();
+    group.bench_function("canonical_v4_mapped", |b| {
+        b.iter(|| orig_dst::canonical(std::hint::black_box(mapped)))
+    });
+    group.finish();
+}
+
+/// A mesh sidecar's ClientHello, as rustls writes it: Istio's SNI and ALPN values.
+fn mesh_client_hello() -> Vec<u8> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"istio-peer-exchange".to_vec(), b"istio".to_vec()];
+    let name = "outbound_.9080_._.reviews.default.svc.cluster.local"
+        .try_into()
+        .unwrap();
+    let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+    let mut hello = Vec::new();
+    conn.write_tls(&mut hello).unwrap();
+    hello
+}
+
+/// Protocol detection on a client's first bytes: HTTP/1.1, the HTTP/2 preface, a TLS
+/// ClientHello (read to its ALPN), and a database's binary start that is none of them.
+fn detection(c: &mut Criterion) {
+    use remora::detect::{classify, HttpVersion, Verdict};
+    let mut h2 = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    h2.extend_from_slice(&[
+        0, 0, 12, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 100, 0, 4, 0, 1, 0, 0,
+    ]);
+    // A PostgreSQL startup message: length, protocol 3.0, then key/value pairs.
+    let params = b"user\0postgres\0database\0orders\0\0";
+    let mut postgres = u32::try_from(8 + params.len())
+        .unwrap()
+        .to_be_bytes()
+        .to_vec();
+    postgres.extend_from_slice(&[0, 3, 0, 0]);
+    postgres.extend_from_slice(params);
+    let hello = mesh_client_hello();
+    let cases: [(&str, &[u8], Verdict); 4] = [
+        (
+            "http1_get",
+            browser_get(),
+            Verdict::Http(HttpVersion::Http1),
+        ),
+        ("h2_preface", &h2, Verdict::Http(HttpVersion::Http2)),
+        ("tls_client_hello", &hello, Verdict::Tls),
+        ("postgres_startup", &postgres, Verdict::Opaque),
+    ];
+    let mut group = c.benchmark_group("detection");
+    for (name, bytes, expected) in cases {
+        assert_eq!(classify(bytes), Some(expected), "{name}");
+        group.throughput(Throughput::Bytes(bytes.len() as u64));
+        group.bench_function(name, |b| b.iter(|| classify(std::hint::black_box(bytes))));
+    }
+    group.finish();
+}
+
+/// Istio's metrics: one request recorded in its connection's cached series (what every request
+/// after a connection's first costs), one resolved from the families (a connection's first, or a
+/// new status), and one TCP connection's open and close.
+fn metric_recording(c: &mut Criterion) {
+    use remora::metrics::{ListenerNames, Metrics, RequestOutcome, SeriesCache};
+    use remora::Direction;
+    let metrics = Metrics::new(
+        &remora::workload::Workload::default(),
+        ListenerNames::default(),
+    );
+    let outcome = RequestOutcome {
+        mesh_peer: None,
+        direction: Direction::Inbound,
+        grpc: false,
+        code: 200,
+        grpc_status: None,
+        flags: remora::http::errors::Flags::default(),
+        duration: std::time::Duration::from_micros(850),
+        request_bytes: 0,
+        response_bytes: PAYLOAD as u64,
+        request_messages: 0,
+        response_messages: 0,
+    };
+    let mut group = c.benchmark_group("metric_recording");
+    let series = SeriesCache::default();
+    group.bench_function("istio_request_cached_series", |b| {
+        b.iter(|| metrics.request_finished(&series, std::hint::black_box(&outcome)))
+    });
+    group.bench_function("istio_request_first_of_connection", |b| {
+        b.iter(|| metrics.request_finished(&SeriesCache::default(), std::hint::black_box(&outcome)))
+    });
+    let tcp = metrics.direction(Direction::Outbound);
+    group.bench_function("istio_tcp_connection_open_close", |b| {
+        b.iter(|| {
+            tcp.connection_opened();
+            let open = tcp.istio_opened(None);
+            tcp.connection_closed(&open, "-", PAYLOAD as u64, PAYLOAD as u64);
+        })
+    });
+    group.finish();
+    let text = metrics.encode();
+    assert!(
+        text.contains("istio_requests_total{")
+            && text.contains("istio_tcp_connections_closed_total{"),
+        "the benchmark recorded into Istio's families"
+    );
+}
+
 criterion_group!(
     benches,
-    exchanges,
-    config_parse,
+    original_destination,
+    detection,
     request_framing,
-    fast_path_heads
+    fast_path_heads,
+    metric_recording,
+    exchanges,
+    config_parse
 );
 criterion_main!(benches);

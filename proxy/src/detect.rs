@@ -294,36 +294,58 @@ enum Line {
     NotHttp,
 }
 
+/// The longest of [`METHODS`]: a request line's first space comes no later than after it.
+const MAX_METHOD: usize = {
+    let (mut i, mut max) = (0, 0);
+    while i < METHODS.len() {
+        if METHODS[i].len() > max {
+            max = METHODS[i].len();
+        }
+        i += 1;
+    }
+    max
+};
+
 /// Whether `bytes` start with `method SP request-target SP HTTP/1.x CRLF` (RFC 9112 §3).
 fn request_line(bytes: &[u8]) -> Line {
     const VERSION: &[u8] = b"HTTP/1.";
-    #[derive(Clone, Copy)]
-    enum State {
-        Method(usize),
-        Target(usize),
-        Version(usize),
-        Cr,
-    }
-    let mut state = State::Method(0);
-    for &b in bytes {
-        state = match state {
-            // A byte that keeps the method a start of a known one.
-            State::Method(n) if is_method_start(&bytes[..=n]) => State::Method(n + 1),
-            State::Method(n) if b == b' ' && METHODS.contains(&&bytes[..n]) => State::Target(0),
-            State::Target(n) if b == b' ' && n > 0 => State::Version(0),
-            // Visible ASCII, and bytes above it that lenient servers take in paths.
-            State::Target(n) if b > b' ' && b != 0x7f => State::Target(n + 1),
-            State::Version(i) if i < VERSION.len() && b == VERSION[i] => State::Version(i + 1),
-            State::Version(i) if i == VERSION.len() && (b == b'0' || b == b'1') => {
-                State::Version(i + 1)
-            }
-            State::Version(i) if i == VERSION.len() + 1 && b == b'\r' => State::Cr,
-            State::Version(i) if i == VERSION.len() + 1 && b == b'\n' => return Line::Http1,
-            State::Cr if b == b'\n' => return Line::Http1,
-            _ => return Line::NotHttp,
+    // The method is looked up once, as the token before the first space: matching it byte by
+    // byte against every method made detection cost as much as parsing the whole head.
+    let start = &bytes[..bytes.len().min(MAX_METHOD + 1)];
+    let Some(method_len) = start.iter().position(|&b| b == b' ') else {
+        return if start.len() <= MAX_METHOD && is_method_start(start) {
+            Line::Incomplete
+        } else {
+            Line::NotHttp
         };
+    };
+    if !METHODS.contains(&&bytes[..method_len]) {
+        return Line::NotHttp;
     }
-    Line::Incomplete
+    // The target: visible ASCII, and bytes above it that lenient servers take in paths.
+    let rest = &bytes[method_len + 1..];
+    let Some(target_len) = rest.iter().position(|&b| b <= b' ' || b == 0x7f) else {
+        return Line::Incomplete;
+    };
+    if target_len == 0 || rest[target_len] != b' ' {
+        return Line::NotHttp;
+    }
+    // `HTTP/1.0` or `HTTP/1.1`, then CRLF or a bare LF.
+    let version = &rest[target_len + 1..];
+    let known = version.len().min(VERSION.len());
+    if version[..known] != VERSION[..known] {
+        return Line::NotHttp;
+    }
+    let end = match version.get(VERSION.len()..) {
+        None | Some([]) => return Line::Incomplete,
+        Some([b'0' | b'1', end @ ..]) => end,
+        Some(_) => return Line::NotHttp,
+    };
+    match end {
+        [] | [b'\r'] => Line::Incomplete,
+        [b'\n', ..] | [b'\r', b'\n', ..] => Line::Http1,
+        _ => Line::NotHttp,
+    }
 }
 
 /// Whether `start` begins one of [`METHODS`].

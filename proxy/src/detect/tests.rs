@@ -33,8 +33,14 @@ fn partial_request_lines_wait_for_more() {
         b"GET /",
         b"GET / HTTP/1",
         b"GET / HTTP/1.1\r",
+        b"GET / HTTP/1.",
+        b"GET / H",
+        b"GET /a",
         b"PROP",
         b"UPDATEREDIRECT",
+        b"UPDATEREDIRECTREF",
+        b"UPDATEREDIRECTREF ",
+        b"GET ",
     ] {
         assert_eq!(classify(partial), None, "{partial:?}");
     }
@@ -64,6 +70,11 @@ fn tls_and_other_bytes_are_opaque() {
         b"HELO example.com\r\n",
         b"GET / HTTP/2.0\r\n",
         b"GET  / HTTP/1.1\r\n",
+        b"GET /\ta HTTP/1.1\r\n",
+        b"GET / HTTP/1.1 \r\n",
+        b"GET / HTTP/1.1\rX",
+        b"GET / HTTP/1.2\r\n",
+        b"GET / HTTPS",
         b"SSH-2.0-OpenSSH_9.2\r\n",
         b"get\x01",
         // Words that could start a request line with an unregistered method: decided at once,
@@ -73,6 +84,10 @@ fn tls_and_other_bytes_are_opaque() {
         b"get / HTTP/1.1\r\n",
         b"GETS / HTTP/1.1\r\n",
         b"BREW /pot HTTP/1.1\r\n",
+        b" GET / HTTP/1.1\r\n",
+        // Longer than any method, with no space: not a request line, however it goes on.
+        b"UPDATEREDIRECTREFS",
+        b"UPDATEREDIRECTREFS / HTTP/1.1\r\n",
     ] {
         assert_eq!(classify(other), Some(Verdict::Opaque), "{other:?}");
     }
