@@ -130,6 +130,10 @@ pub struct Verdict {
     pub unit: String,
     /// `pass`, `fail`, or `not measured` (and why).
     pub result: String,
+    /// Round by round (Remora's round against the other row's round of the same number, which
+    /// ran minutes apart): how many met the bound, of how many had both figures. The verdict is
+    /// the medians'; this says how close to the bound the rounds were.
+    pub rounds_meeting: Option<(usize, usize)>,
 }
 
 /// Judges every target against `tables`.
@@ -148,6 +152,7 @@ fn judge_one(target: &Target, tables: &[Table]) -> Verdict {
         measured: None,
         unit,
         result: "not measured".into(),
+        rounds_meeting: None,
     };
     let found = target.sources.iter().find_map(|(id, column)| {
         let table = tables.iter().find(|t| t.id == *id)?;
@@ -174,10 +179,35 @@ fn judge_one(target: &Target, tables: &[Table]) -> Verdict {
         },
     };
     verdict.measured = measured;
-    let pass = match (target.bound, measured) {
-        (Bound::AtLeast(b), Some(m)) => m >= b,
-        (Bound::AtMost(b), Some(m)) => m <= b,
-        (_, None) => return verdict,
+    let meets = |m: f64| match target.bound {
+        Bound::AtLeast(b) => m >= b,
+        Bound::AtMost(b) => m <= b,
+    };
+    let per_round: Vec<f64> = match target.against {
+        Against::Absolute(_) => ours
+            .each
+            .iter()
+            .copied()
+            .filter(|v| v.is_finite())
+            .collect(),
+        Against::Row(other) => match table.figure(other, column) {
+            Some(theirs) => ours
+                .each
+                .iter()
+                .zip(&theirs.each)
+                .filter(|(a, b)| a.is_finite() && b.is_finite() && **b > 0.0)
+                .map(|(a, b)| a / b)
+                .collect(),
+            None => vec![],
+        },
+    };
+    if !per_round.is_empty() {
+        let met = per_round.iter().filter(|m| meets(**m)).count();
+        verdict.rounds_meeting = Some((met, per_round.len()));
+    }
+    let pass = match measured {
+        Some(m) => meets(m),
+        None => return verdict,
     };
     verdict.result = if pass { "pass" } else { "fail" }.into();
     verdict
@@ -187,7 +217,10 @@ fn judge_one(target: &Target, tables: &[Table]) -> Verdict {
 pub fn markdown(verdicts: &[Verdict]) -> String {
     let mut out = String::from(
         "### Targets (Remora's medians; ratios to the other row's median in the same run)\n\n\
-         | target | measured | result | from |\n|---|---|---|---|\n",
+         \"rounds meeting it\": the same ratio taken round by round (Remora's round against the other \
+         row's round of the same number), and how many of them met the target. The result is the \
+         medians'; a target that only some rounds meet sits on its bound on this machine.\n\n\
+         | target | measured | result | rounds meeting it | from |\n|---|---|---|---|---|\n",
     );
     for v in verdicts {
         let measured = v
@@ -196,9 +229,12 @@ pub fn markdown(verdicts: &[Verdict]) -> String {
                 "×" => format!("{m:.2}×"),
                 unit => format!("{m:.1} {unit}"),
             });
+        let rounds = v
+            .rounds_meeting
+            .map_or("–".to_string(), |(met, of)| format!("{met} of {of}"));
         let _ = writeln!(
             out,
-            "| {} | {measured} | {} | {} |",
+            "| {} | {measured} | {} | {rounds} | {} |",
             v.target,
             v.result,
             v.source.as_deref().unwrap_or("–")
@@ -257,9 +293,79 @@ mod tests {
 
         let md = markdown(&verdicts);
         assert!(
-            md.contains("| HTTP/1.1 rps per core ≥ 3× Envoy's | 2.50× | fail | throughput-http1 / req/s per proxy core |"),
+            md.contains("| HTTP/1.1 rps per core ≥ 3× Envoy's | 2.50× | fail | 0 of 1 | throughput-http1 / req/s per proxy core |"),
             "{md}"
         );
-        assert!(md.contains("| 3.5 KiB | pass |"), "{md}");
+        assert!(md.contains("| 3.5 KiB | pass | 1 of 1 |"), "{md}");
+    }
+
+    #[test]
+    fn rounds_are_paired_by_number_and_a_failed_round_is_left_out() {
+        let fig = |each: &[f64]| {
+            let mut f = Figure::of(each).unwrap();
+            f.each = each.to_vec();
+            Some(f)
+        };
+        let mut latency = Table::new(
+            "latency",
+            "t",
+            vec![Column::new("added p99", "µs", 0).with_ratios()],
+        );
+        // Round by round: 0.5, 2.0, (failed), 0.9, 1.2 against a bound of 1.0.
+        latency.push(REMORA, vec![fig(&[100.0, 400.0, 300.0, 90.0, 120.0])], None);
+        latency.push(
+            "haproxy",
+            vec![fig(&[200.0, 200.0, f64::NAN, 100.0, 100.0])],
+            None,
+        );
+        let verdicts = judge(&[latency]);
+        let p99 = verdicts
+            .iter()
+            .find(|v| v.target.starts_with("added p99"))
+            .unwrap();
+        assert_eq!(p99.rounds_meeting, Some((2, 4)));
+        // The medians decide: 120 against 150.
+        assert_eq!((p99.measured, p99.result.as_str()), (Some(0.8), "pass"));
+        let md = markdown(&verdicts);
+        assert!(
+            md.contains("| 0.80× | pass | 2 of 4 | latency / added p99 |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn h2c_and_grpc_are_judged_each_from_its_own_table() {
+        let table = |id: &str, ours: f64| {
+            let mut t = Table::new(
+                id,
+                "t",
+                vec![Column::new("req/s per proxy core", "", 0).with_ratios()],
+            );
+            t.push(REMORA, vec![f(ours)], None);
+            t.push("envoy", vec![f(10_000.0)], None);
+            t
+        };
+        let verdicts = judge(&[
+            table("throughput-h2c", 8_000.0),
+            table("throughput-grpc", 20_000.0),
+        ]);
+        let by = |name: &str| {
+            verdicts
+                .iter()
+                .find(|v| v.target.starts_with(name))
+                .unwrap()
+        };
+        let h2c = by("h2c throughput");
+        assert_eq!((h2c.measured, h2c.result.as_str()), (Some(0.8), "fail"));
+        assert_eq!(
+            h2c.source.as_deref(),
+            Some("throughput-h2c / req/s per proxy core")
+        );
+        let grpc = by("gRPC throughput");
+        assert_eq!((grpc.measured, grpc.result.as_str()), (Some(2.0), "pass"));
+        assert_eq!(
+            grpc.source.as_deref(),
+            Some("throughput-grpc / req/s per proxy core")
+        );
     }
 }
