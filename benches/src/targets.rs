@@ -252,6 +252,14 @@ mod tests {
         Some(Figure::single(v))
     }
 
+    /// The verdict of the target whose name starts with `name`.
+    fn verdict<'a>(verdicts: &'a [Verdict], name: &str) -> &'a Verdict {
+        verdicts
+            .iter()
+            .find(|v| v.target.starts_with(name))
+            .unwrap()
+    }
+
     #[test]
     fn targets_read_remoras_median_against_the_named_row() {
         let mut http1 = Table::new(
@@ -273,12 +281,7 @@ mod tests {
         cost.push(REMORA, vec![f(3.5), f(4.0)], None);
         cost.push("haproxy", vec![f(3.0), f(0.0)], None);
         let verdicts = judge(&[http1, cost]);
-        let by = |name: &str| {
-            verdicts
-                .iter()
-                .find(|v| v.target.starts_with(name))
-                .unwrap()
-        };
+        let by = |name: &str| verdict(&verdicts, name);
 
         let vs_haproxy = by("HTTP/1.1 rps per core ≥ 1.0×");
         assert_eq!(vs_haproxy.measured, Some(1.2));
@@ -319,10 +322,7 @@ mod tests {
             None,
         );
         let verdicts = judge(&[latency]);
-        let p99 = verdicts
-            .iter()
-            .find(|v| v.target.starts_with("added p99"))
-            .unwrap();
+        let p99 = verdict(&verdicts, "added p99");
         assert_eq!(p99.rounds_meeting, Some((2, 4)));
         // The medians decide: 120 against 150.
         assert_eq!((p99.measured, p99.result.as_str()), (Some(0.8), "pass"));
@@ -349,12 +349,7 @@ mod tests {
             table("throughput-h2c", 8_000.0),
             table("throughput-grpc", 20_000.0),
         ]);
-        let by = |name: &str| {
-            verdicts
-                .iter()
-                .find(|v| v.target.starts_with(name))
-                .unwrap()
-        };
+        let by = |name: &str| verdict(&verdicts, name);
         let h2c = by("h2c throughput");
         assert_eq!((h2c.measured, h2c.result.as_str()), (Some(0.8), "fail"));
         assert_eq!(

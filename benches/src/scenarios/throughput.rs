@@ -86,59 +86,67 @@ pub fn run(bench: &Bench) -> Vec<Table> {
         push(&mut http1, proxy, rounds, true);
     }
 
-    let mut grpc = Table::new(
-        "throughput-grpc",
-        "2b. Max throughput, gRPC unary over h2c, 16 connections × 16 streams (h2load, 1 thread)",
-        columns(false),
-    );
-    grpc.notes.push(format!("h2load -c{H2_CONNECTIONS} -m{H2_STREAMS} -t1 -D {}: POST of a 100-byte gRPC message, 1 KiB gRPC answer with grpc-status trailers; HTTP/2 end to end (Envoy's cluster, HAProxy's `proto h2`, nginx's grpc_pass, Remora's HTTP mode).", run.as_secs()));
-    grpc.notes.push(rounds_note(bench));
-    grpc.notes.push(CORES_NOTE.into());
     let body_file = bench.work_dir.join("grpc-request.bin");
-    let body_written = fs::write(&body_file, grpc_request_body())
+    let body = fs::write(&body_file, grpc_request_body())
+        .map(|()| body_file)
         .map_err(|e| format!("writing the request body: {e}"));
-    let results = interleaved(
-        "throughput grpc",
+    let grpc = h2load_scenario(
+        bench,
         &contenders,
-        bench.settings.rounds,
-        |proxy| {
-            let h2load_path = h2load_path(bench)?;
-            body_written.clone()?;
-            one_run(bench, proxy, Mode::Grpc, |addr| {
-                h2load(bench, &h2load_path, addr, Some(&body_file))
-            })
-        },
+        Mode::Grpc,
+        Some(body),
+        ("throughput-grpc", "2b. Max throughput, gRPC unary over h2c"),
+        "POST of a 100-byte gRPC message, 1 KiB gRPC answer with grpc-status trailers; HTTP/2 end to end (Envoy's cluster, HAProxy's `proto h2`, nginx's grpc_pass, Remora's HTTP mode).",
     );
-    for (proxy, rounds) in results {
-        push(&mut grpc, proxy, rounds, false);
-    }
-
-    let mut h2c = Table::new(
-        "throughput-h2c",
-        "2c. Max throughput, h2c GETs, 16 connections × 16 streams (h2load, 1 thread)",
-        columns(false),
-    );
-    h2c.notes.push(format!("h2load -c{H2_CONNECTIONS} -m{H2_STREAMS} -t1 -D {}: GET of a 1 KiB body, h2c with prior knowledge in; HTTP/2 to the upstream too (Envoy's cluster, HAProxy's `proto h2`, Remora's HTTP mode) except for nginx, whose `proxy_pass` speaks only HTTP/1.x to upstreams (a keep-alive pool of HTTP/1.1).", run.as_secs()));
-    h2c.notes.push(rounds_note(bench));
-    h2c.notes.push(CORES_NOTE.into());
-    let results = interleaved(
-        "throughput h2c",
+    let h2c = h2load_scenario(
+        bench,
         &contenders,
-        bench.settings.rounds,
-        |proxy| {
-            let h2load_path = h2load_path(bench)?;
-            one_run(bench, proxy, Mode::H2c, |addr| {
-                h2load(bench, &h2load_path, addr, None)
-            })
-        },
+        Mode::H2c,
+        None,
+        ("throughput-h2c", "2c. Max throughput, h2c GETs"),
+        "GET of a 1 KiB body, h2c with prior knowledge in; HTTP/2 to the upstream too (Envoy's cluster, HAProxy's `proto h2`, Remora's HTTP mode) except for nginx, whose `proxy_pass` speaks only HTTP/1.x to upstreams (a keep-alive pool of HTTP/1.1).",
     );
-    for (proxy, rounds) in results {
-        push(&mut h2c, proxy, rounds, false);
-    }
     vec![http1, grpc, h2c]
 }
 
 type Measured = (HttpLoad, Cost);
+
+/// One h2load table: interleaved rounds of `mode` through every contender, gRPC unary calls
+/// with the request body written to `grpc_body`, plain GETs without. `(id, title)` name the
+/// table (the title gets the connections and streams); `what` follows h2load's command line in
+/// its first note.
+fn h2load_scenario(
+    bench: &Bench,
+    contenders: &[Proxy],
+    mode: Mode,
+    grpc_body: Option<Result<PathBuf, String>>,
+    (id, title): (&str, &str),
+    what: &str,
+) -> Table {
+    let mut table = Table::new(
+        id,
+        &format!("{title}, {H2_CONNECTIONS} connections × {H2_STREAMS} streams (h2load, 1 thread)"),
+        columns(false),
+    );
+    table.notes.push(format!(
+        "h2load -c{H2_CONNECTIONS} -m{H2_STREAMS} -t1 -D {}: {what}",
+        bench.settings.round.as_secs()
+    ));
+    table.notes.push(rounds_note(bench));
+    table.notes.push(CORES_NOTE.into());
+    let label = format!("throughput {}", super::mode_name(mode));
+    let results = interleaved(&label, contenders, bench.settings.rounds, |proxy| {
+        let h2load_path = h2load_path(bench)?;
+        let body = grpc_body.as_ref().map(|b| b.as_deref()).transpose()?;
+        one_run(bench, proxy, mode, |addr| {
+            h2load(bench, &h2load_path, addr, body)
+        })
+    });
+    for (proxy, rounds) in results {
+        push(&mut table, proxy, rounds, false);
+    }
+    table
+}
 
 fn h2load_path(bench: &Bench) -> Result<PathBuf, String> {
     bench
