@@ -25,6 +25,15 @@ enum Bound {
     AtMost(f64),
 }
 
+impl Bound {
+    fn met_by(self, figure: f64) -> bool {
+        match self {
+            Bound::AtLeast(b) => figure >= b,
+            Bound::AtMost(b) => figure <= b,
+        }
+    }
+}
+
 /// One target: `figure` (the first of `sources` that was measured) against `against`.
 struct Target {
     name: &'static str,
@@ -179,10 +188,7 @@ fn judge_one(target: &Target, tables: &[Table]) -> Verdict {
         },
     };
     verdict.measured = measured;
-    let meets = |m: f64| match target.bound {
-        Bound::AtLeast(b) => m >= b,
-        Bound::AtMost(b) => m <= b,
-    };
+    let meets = |m: f64| target.bound.met_by(m);
     let per_round: Vec<f64> = match target.against {
         Against::Absolute(_) => ours
             .each
@@ -211,6 +217,117 @@ fn judge_one(target: &Target, tables: &[Table]) -> Verdict {
     };
     verdict.result = if pass { "pass" } else { "fail" }.into();
     verdict
+}
+
+/// One target over several saved runs, round by round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct History {
+    pub target: String,
+    /// Each run that measured it: its name and its ratio of medians (the run's verdict figure).
+    pub runs: Vec<(String, f64)>,
+    /// Every round's paired ratio (or figure, for absolute targets), over all the runs.
+    pub rounds: Vec<f64>,
+    /// How many of `rounds` met the target.
+    pub met: usize,
+}
+
+/// Every target across `runs` (a name and a run's JSON, as [`crate::report`] writes it): its
+/// rounds paired as in [`Verdict::rounds_meeting`]. A run whose figures do not keep their
+/// rounds (`each`, written since 22 November 2026) is left out.
+pub fn history(runs: &[(String, serde_json::Value)]) -> Vec<History> {
+    TARGETS
+        .iter()
+        .map(|target| {
+            let mut h = History {
+                target: target.name.into(),
+                runs: vec![],
+                rounds: vec![],
+                met: 0,
+            };
+            for (name, run) in runs {
+                let Some((ours, theirs)) = saved_figures(target, run) else {
+                    continue;
+                };
+                let paired: Vec<f64> = match &theirs {
+                    None => ours.each.iter().flatten().copied().collect(),
+                    Some(theirs) => ours
+                        .each
+                        .iter()
+                        .zip(&theirs.each)
+                        .filter_map(|(a, b)| Some((*a)? / (*b).filter(|b| *b > 0.0)?))
+                        .collect(),
+                };
+                let medians = match &theirs {
+                    None => Some(ours.median),
+                    Some(t) => (t.median > 0.0).then(|| ours.median / t.median),
+                };
+                if let (false, Some(m)) = (paired.is_empty(), medians) {
+                    h.met += paired.iter().filter(|r| target.bound.met_by(**r)).count();
+                    h.rounds.extend(paired);
+                    h.runs.push((name.clone(), m));
+                }
+            }
+            h
+        })
+        .collect()
+}
+
+/// A figure as a run's JSON keeps it.
+#[derive(Debug, serde::Deserialize)]
+struct SavedFigure {
+    median: f64,
+    #[serde(default)]
+    each: Vec<Option<f64>>,
+}
+
+/// Remora's figure for `target` in a saved run, and the other row's (`None` for an absolute
+/// target); `None` when the run has no such figure with its rounds.
+fn saved_figures(
+    target: &Target,
+    run: &serde_json::Value,
+) -> Option<(SavedFigure, Option<SavedFigure>)> {
+    let figure = |table: &serde_json::Value, row: &str, column: &str| {
+        let rows = table["rows"].as_array()?;
+        let values = rows.iter().find(|r| r["proxy"] == row)?["values"].as_object()?;
+        // Columns are saved with their unit: `added p99 (µs)`.
+        let (_, v) = values.iter().find(|(k, _)| {
+            *k == column || k.strip_prefix(column).is_some_and(|u| u.starts_with(" ("))
+        })?;
+        serde_json::from_value::<SavedFigure>(v.clone())
+            .ok()
+            .filter(|f| !f.each.is_empty())
+    };
+    target.sources.iter().find_map(|(id, column)| {
+        let table = run["tables"].as_array()?.iter().find(|t| t["id"] == *id)?;
+        let ours = figure(table, REMORA, column)?;
+        match target.against {
+            Against::Absolute(_) => Some((ours, None)),
+            Against::Row(other) => Some((ours, Some(figure(table, other, column)?))),
+        }
+    })
+}
+
+/// The history as a markdown table.
+pub fn history_markdown(history: &[History]) -> String {
+    let mut out = String::from(
+        "| target | runs | median of the paired rounds | rounds meeting it | each run's verdict figure |\n\
+         |---|---|---|---|---|\n",
+    );
+    for h in history {
+        let median = crate::report::Figure::of(&h.rounds)
+            .map_or("–".to_string(), |f| format!("{:.2}", f.median));
+        let runs: Vec<String> = h.runs.iter().map(|(_, r)| format!("{r:.2}")).collect();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {median} | {} of {} | {} |",
+            h.target,
+            h.runs.len(),
+            h.met,
+            h.rounds.len(),
+            runs.join(", ")
+        );
+    }
+    out
 }
 
 /// The verdicts as a markdown table.
@@ -361,6 +478,64 @@ mod tests {
         assert_eq!(
             grpc.source.as_deref(),
             Some("throughput-grpc / req/s per proxy core")
+        );
+    }
+
+    #[test]
+    fn history_pairs_rounds_across_saved_runs() {
+        let fig = |each: &[f64]| {
+            let mut f = Figure::of(each).unwrap();
+            f.each = each.to_vec();
+            Some(f)
+        };
+        let run = |ours: &[f64], theirs: &[f64]| {
+            let mut cost = Table::new(
+                "cost",
+                "c",
+                vec![Column::new("CPU / 1000 req at 1000 rps", "ms", 1).with_ratios()],
+            );
+            cost.push(REMORA, vec![fig(ours)], None);
+            cost.push("haproxy", vec![fig(theirs)], None);
+            serde_json::json!({ "tables": [cost.json()] })
+        };
+        // Paired: 0.8, 0.9, (failed), then 0.5, 1.0 against a bound of 0.85.
+        let runs = vec![
+            (
+                "a".to_string(),
+                run(&[80.0, 90.0, 70.0], &[100.0, 100.0, f64::NAN]),
+            ),
+            ("b".to_string(), run(&[50.0, 100.0], &[100.0, 100.0])),
+            // A run saved before rounds were kept counts for nothing.
+            (
+                "old".to_string(),
+                serde_json::json!({ "tables": [{ "id": "cost", "rows": [
+                    { "proxy": "remora", "values": { "CPU / 1000 req at 1000 rps (ms)": { "median": 1.0 } } },
+                    { "proxy": "haproxy", "values": { "CPU / 1000 req at 1000 rps (ms)": { "median": 2.0 } } },
+                ] }] }),
+            ),
+        ];
+        let history = history(&runs);
+        let cpu = history
+            .iter()
+            .find(|h| h.target.starts_with("CPU per 1000"))
+            .unwrap();
+        assert_eq!(cpu.rounds, vec![0.8, 0.9, 0.5, 1.0]);
+        assert_eq!(cpu.met, 2);
+        // The verdict figures are the medians': 80 against 100, 75 against 100.
+        assert_eq!(
+            cpu.runs,
+            vec![("a".to_string(), 0.8), ("b".to_string(), 0.75)]
+        );
+        let md = history_markdown(&history);
+        assert!(
+            md.contains(
+                "| CPU per 1000 requests ≤ 0.85× HAProxy's | 2 | 0.85 | 2 of 4 | 0.80, 0.75 |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| TCP bulk ≥ 0.8× no proxy | 0 | – | 0 of 0 |  |"),
+            "{md}"
         );
     }
 }

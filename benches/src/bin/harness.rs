@@ -68,6 +68,13 @@ enum Internal {
         #[arg(long, default_value_t = 10.0)]
         seconds: f64,
     },
+    /// Every target across the full runs saved in DIR, round by round: each round's ratio
+    /// paired with the other row's round of the same number, and how many met the target.
+    History {
+        /// Where the runs' JSON reports are.
+        #[arg(long, value_name = "DIR", default_value = "benches/results")]
+        results: PathBuf,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -124,6 +131,40 @@ fn load(target: SocketAddr, rate: f64, connections: usize, seconds: f64) -> anyh
     Ok(())
 }
 
+/// Prints [`targets::history`] over the full runs saved in `dir` (quick runs left out).
+fn history(dir: &Path) -> anyhow::Result<()> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("bench-") && n.ends_with(".json"))
+        })
+        .collect();
+    files.sort();
+    let mut runs = vec![];
+    for file in files {
+        let text =
+            fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        let run: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", file.display()))?;
+        if run["quick"] != true {
+            let name = file.file_stem().map(|s| s.to_string_lossy().into_owned());
+            runs.push((name.unwrap_or_default(), run));
+        }
+    }
+    let history = targets::history(&runs);
+    let measured = history.iter().map(|h| h.runs.len()).max().unwrap_or(0);
+    println!(
+        "{} full runs in {}, {measured} of them with every round kept\n",
+        runs.len(),
+        dir.display()
+    );
+    print!("{}", targets::history_markdown(&history));
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -146,6 +187,15 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("load: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Some(Internal::History { results }) => {
+            return match history(&results) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("history: {e:#}");
                     ExitCode::FAILURE
                 }
             };
