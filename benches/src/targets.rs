@@ -369,6 +369,17 @@ mod tests {
         Some(Figure::single(v))
     }
 
+    fn one_column(id: &str, column: Column) -> Table {
+        Table::new(id, "t", vec![column])
+    }
+
+    /// A figure with its rounds, in the order they ran (NaN for a failed one).
+    fn fig(each: &[f64]) -> Option<Figure> {
+        let mut f = Figure::of(each).unwrap();
+        f.each = each.to_vec();
+        Some(f)
+    }
+
     /// The verdict of the target whose name starts with `name`.
     fn verdict<'a>(verdicts: &'a [Verdict], name: &str) -> &'a Verdict {
         verdicts
@@ -379,10 +390,9 @@ mod tests {
 
     #[test]
     fn targets_read_remoras_median_against_the_named_row() {
-        let mut http1 = Table::new(
+        let mut http1 = one_column(
             "throughput-http1",
-            "t",
-            vec![Column::new("req/s per proxy core", "", 0).with_ratios()],
+            Column::new("req/s per proxy core", "", 0).with_ratios(),
         );
         http1.push(REMORA, vec![f(30_000.0)], None);
         http1.push("haproxy", vec![f(25_000.0)], None);
@@ -421,16 +431,7 @@ mod tests {
 
     #[test]
     fn rounds_are_paired_by_number_and_a_failed_round_is_left_out() {
-        let fig = |each: &[f64]| {
-            let mut f = Figure::of(each).unwrap();
-            f.each = each.to_vec();
-            Some(f)
-        };
-        let mut latency = Table::new(
-            "latency",
-            "t",
-            vec![Column::new("added p99", "µs", 0).with_ratios()],
-        );
+        let mut latency = one_column("latency", Column::new("added p99", "µs", 0).with_ratios());
         // Round by round: 0.5, 2.0, (failed), 0.9, 1.2 against a bound of 1.0.
         latency.push(REMORA, vec![fig(&[100.0, 400.0, 300.0, 90.0, 120.0])], None);
         latency.push(
@@ -453,11 +454,7 @@ mod tests {
     #[test]
     fn h2c_and_grpc_are_judged_each_from_its_own_table() {
         let table = |id: &str, ours: f64| {
-            let mut t = Table::new(
-                id,
-                "t",
-                vec![Column::new("req/s per proxy core", "", 0).with_ratios()],
-            );
+            let mut t = one_column(id, Column::new("req/s per proxy core", "", 0).with_ratios());
             t.push(REMORA, vec![f(ours)], None);
             t.push("envoy", vec![f(10_000.0)], None);
             t
@@ -483,16 +480,10 @@ mod tests {
 
     #[test]
     fn history_pairs_rounds_across_saved_runs() {
-        let fig = |each: &[f64]| {
-            let mut f = Figure::of(each).unwrap();
-            f.each = each.to_vec();
-            Some(f)
-        };
         let run = |ours: &[f64], theirs: &[f64]| {
-            let mut cost = Table::new(
+            let mut cost = one_column(
                 "cost",
-                "c",
-                vec![Column::new("CPU / 1000 req at 1000 rps", "ms", 1).with_ratios()],
+                Column::new("CPU / 1000 req at 1000 rps", "ms", 1).with_ratios(),
             );
             cost.push(REMORA, vec![fig(ours)], None);
             cost.push("haproxy", vec![fig(theirs)], None);
