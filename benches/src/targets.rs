@@ -189,23 +189,11 @@ fn judge_one(target: &Target, tables: &[Table]) -> Verdict {
     };
     verdict.measured = measured;
     let meets = |m: f64| target.bound.met_by(m);
-    let per_round: Vec<f64> = match target.against {
-        Against::Absolute(_) => ours
-            .each
-            .iter()
-            .copied()
-            .filter(|v| v.is_finite())
-            .collect(),
-        Against::Row(other) => match table.figure(other, column) {
-            Some(theirs) => ours
-                .each
-                .iter()
-                .zip(&theirs.each)
-                .filter(|(a, b)| a.is_finite() && b.is_finite() && **b > 0.0)
-                .map(|(a, b)| a / b)
-                .collect(),
-            None => vec![],
-        },
+    let per_round = match target.against {
+        Against::Absolute(_) => paired(&ours.each, None),
+        Against::Row(other) => table
+            .figure(other, column)
+            .map_or(vec![], |theirs| paired(&ours.each, Some(&theirs.each))),
     };
     if !per_round.is_empty() {
         let met = per_round.iter().filter(|m| meets(**m)).count();
@@ -248,15 +236,7 @@ pub fn history(runs: &[(String, serde_json::Value)]) -> Vec<History> {
                 let Some((ours, theirs)) = saved_figures(target, run) else {
                     continue;
                 };
-                let paired: Vec<f64> = match &theirs {
-                    None => ours.each.iter().flatten().copied().collect(),
-                    Some(theirs) => ours
-                        .each
-                        .iter()
-                        .zip(&theirs.each)
-                        .filter_map(|(a, b)| Some((*a)? / (*b).filter(|b| *b > 0.0)?))
-                        .collect(),
-                };
+                let paired = paired(&ours.each, theirs.as_ref().map(|t| &t.each[..]));
                 let medians = match &theirs {
                     None => Some(ours.median),
                     Some(t) => (t.median > 0.0).then(|| ours.median / t.median),
@@ -272,12 +252,41 @@ pub fn history(runs: &[(String, serde_json::Value)]) -> Vec<History> {
         .collect()
 }
 
-/// A figure as a run's JSON keeps it.
-#[derive(Debug, serde::Deserialize)]
+/// Round by round, in the order the rounds ran: `ours ÷ theirs` for a ratio target, or `ours`
+/// itself for an absolute one. A round that failed on either side (NaN) is left out.
+fn paired(ours: &[f64], theirs: Option<&[f64]>) -> Vec<f64> {
+    match theirs {
+        None => ours.iter().copied().filter(|v| v.is_finite()).collect(),
+        Some(theirs) => ours
+            .iter()
+            .zip(theirs)
+            .filter(|(a, b)| a.is_finite() && b.is_finite() && **b > 0.0)
+            .map(|(a, b)| a / b)
+            .collect(),
+    }
+}
+
+/// A figure as a run's JSON keeps it; a failed round, saved as null, reads as NaN.
+#[derive(Debug)]
 struct SavedFigure {
     median: f64,
-    #[serde(default)]
-    each: Vec<Option<f64>>,
+    each: Vec<f64>,
+}
+
+impl<'de> serde::Deserialize<'de> for SavedFigure {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        struct Saved {
+            median: f64,
+            #[serde(default)]
+            each: Vec<Option<f64>>,
+        }
+        let s = Saved::deserialize(d)?;
+        Ok(SavedFigure {
+            median: s.median,
+            each: s.each.into_iter().map(|v| v.unwrap_or(f64::NAN)).collect(),
+        })
+    }
 }
 
 /// Remora's figure for `target` in a saved run, and the other row's (`None` for an absolute
