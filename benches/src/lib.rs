@@ -25,3 +25,4 @@ pub mod scenarios;
 pub mod targets;
 pub mod tcp_load;
 pub mod upstream;
+pub mod wakeup;

@@ -194,9 +194,9 @@ fn pid_of(pid: u32) -> Pid {
 pub struct Usage {
     /// utime + stime, in [`TICKS_PER_SECOND`] ticks (threads that have ended included).
     pub cpu_ticks: u64,
-    /// Each live thread's time on a CPU in nanoseconds (`/proc/<pid>/task/<tid>/schedstat`),
-    /// by thread ID; empty if any thread's could not be read.
-    pub threads: Vec<(u32, u64)>,
+    /// Each live thread's scheduler counters (`/proc/<pid>/task/<tid>/schedstat`); empty if
+    /// any thread's could not be read.
+    pub threads: Vec<ThreadClock>,
     /// VmRSS, in KiB.
     pub rss_kib: u64,
 }
@@ -207,24 +207,39 @@ impl Usage {
     /// ten 10 ms ticks, too coarse to compare proxies by), from the ticks otherwise (an ended
     /// thread's nanoseconds are gone; its ticks stay in the process's `stat`).
     pub fn cpu_seconds_since(&self, earlier: &Usage) -> f64 {
+        match self.threads_since(earlier, |t| t.on_cpu_ns) {
+            Some(ns) => ns as f64 / 1e9,
+            None => {
+                self.cpu_ticks.saturating_sub(earlier.cpu_ticks) as f64 / TICKS_PER_SECOND as f64
+            }
+        }
+    }
+
+    /// How many times the scheduler put one of the threads on a CPU between `earlier` and
+    /// `self`: for a proxy that sleeps in `epoll_wait` between events, its wake-ups. `None`
+    /// when a thread seen earlier has ended (its count went with it) or schedstat is missing.
+    pub fn slices_since(&self, earlier: &Usage) -> Option<u64> {
+        self.threads_since(earlier, |t| t.slices)
+    }
+
+    /// The growth of one per-thread counter summed over the threads, if every thread seen
+    /// earlier is still there; a thread started in between counts from zero.
+    fn threads_since(&self, earlier: &Usage, counter: fn(&ThreadClock) -> u64) -> Option<u64> {
         let all_still_there = !earlier.threads.is_empty()
             && !self.threads.is_empty()
             && earlier
                 .threads
                 .iter()
-                .all(|(tid, _)| self.threads.iter().any(|(t, _)| t == tid));
-        if all_still_there {
-            let spent: u64 = self
-                .threads
+                .all(|e| self.threads.iter().any(|t| t.tid == e.tid));
+        all_still_there.then(|| {
+            self.threads
                 .iter()
-                .map(|(tid, ns)| {
-                    let before = earlier.threads.iter().find(|(t, _)| t == tid);
-                    ns.saturating_sub(before.map_or(0, |(_, b)| *b))
+                .map(|t| {
+                    let before = earlier.threads.iter().find(|e| e.tid == t.tid);
+                    counter(t).saturating_sub(before.map_or(0, counter))
                 })
-                .sum();
-            return spent as f64 / 1e9;
-        }
-        self.cpu_ticks.saturating_sub(earlier.cpu_ticks) as f64 / TICKS_PER_SECOND as f64
+                .sum()
+        })
     }
 
     /// Two process trees together (the mTLS scenario's pair of sidecars).
@@ -270,22 +285,45 @@ pub fn tree_usage(pid: u32) -> Usage {
     total
 }
 
-/// Each thread of `pid` with its time on a CPU in nanoseconds; `None` if any is unreadable
-/// (a kernel without schedstat, or the process gone).
-fn thread_times(pid: u32) -> Option<Vec<(u32, u64)>> {
+/// One thread's scheduler counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThreadClock {
+    pub tid: u32,
+    /// Time on a CPU, in nanoseconds.
+    pub on_cpu_ns: u64,
+    /// Times it was put on a CPU.
+    pub slices: u64,
+}
+
+/// Each thread of `pid` with its scheduler counters; `None` if any is unreadable (a kernel
+/// without schedstat, or the process gone).
+fn thread_times(pid: u32) -> Option<Vec<ThreadClock>> {
     let mut threads = Vec::new();
     for entry in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
         let tid: u32 = entry.file_name().to_str()?.parse().ok()?;
         let text = fs::read_to_string(entry.path().join("schedstat")).ok()?;
-        threads.push((tid, parse_schedstat(&text)?));
+        let (on_cpu_ns, slices) = parse_schedstat(&text)?;
+        threads.push(ThreadClock {
+            tid,
+            on_cpu_ns,
+            slices,
+        });
     }
     (!threads.is_empty()).then_some(threads)
 }
 
-/// Time on a CPU in nanoseconds: the first of `schedstat`'s three fields (then time waiting
-/// on a run queue, and time slices run).
-fn parse_schedstat(text: &str) -> Option<u64> {
-    text.split_whitespace().next()?.parse().ok()
+/// The calling thread's time on a CPU in nanoseconds and the times it was put on one.
+pub fn own_thread_clock() -> Option<(u64, u64)> {
+    parse_schedstat(&fs::read_to_string("/proc/thread-self/schedstat").ok()?)
+}
+
+/// Time on a CPU in nanoseconds and the number of times the thread was put on one: the first
+/// and third of `schedstat`'s fields (the second is time spent waiting on a run queue).
+fn parse_schedstat(text: &str) -> Option<(u64, u64)> {
+    let mut fields = text.split_whitespace().map(str::parse::<u64>);
+    let on_cpu = fields.next()?.ok()?;
+    let slices = fields.nth(1)?.ok()?;
+    Some((on_cpu, slices))
 }
 
 /// All descendants of `pid` (children, their children…).
@@ -398,6 +436,8 @@ mod tests {
         let me = tree_usage(std::process::id());
         assert!(me.rss_kib > 0);
         assert!(!me.threads.is_empty(), "this kernel has schedstat");
+        let (on_cpu, slices) = own_thread_clock().expect("this thread's schedstat");
+        assert!(on_cpu > 0 && slices > 0);
         let ticks = Usage {
             cpu_ticks: 150,
             ..Usage::default()
@@ -409,22 +449,37 @@ mod tests {
     fn cpu_time_comes_from_thread_nanoseconds_while_no_thread_has_ended() {
         let usage = |ticks, threads: &[(u32, u64)]| Usage {
             cpu_ticks: ticks,
-            threads: threads.to_vec(),
+            threads: threads
+                .iter()
+                .map(|&(tid, on_cpu_ns)| ThreadClock {
+                    tid,
+                    on_cpu_ns,
+                    slices: on_cpu_ns / 1000,
+                })
+                .collect(),
             rss_kib: 0,
         };
         let before = usage(10, &[(1, 1_000_000_000), (2, 500_000_000)]);
         // Thread 3 started in between: all of its time counts.
         let after = usage(99, &[(1, 1_250_000_000), (2, 500_000_000), (3, 5_000_000)]);
         assert_eq!(after.cpu_seconds_since(&before), 0.255);
+        // Slices are summed the same way (here one per µs on a CPU).
+        assert_eq!(after.slices_since(&before), Some(255_000));
         // Thread 2 ended: its nanoseconds are gone, so the ticks decide.
         let ended = usage(40, &[(1, 1_250_000_000)]);
         assert_eq!(ended.cpu_seconds_since(&before), 0.3);
+        assert_eq!(
+            ended.slices_since(&before),
+            None,
+            "no ticks to fall back on"
+        );
         // No schedstat: ticks.
         assert_eq!(usage(40, &[]).cpu_seconds_since(&before), 0.3);
         let pair = usage(1, &[(1, 7)]).plus(usage(2, &[(2, 8)]));
         assert_eq!((pair.cpu_ticks, pair.threads.len()), (3, 2));
         assert!(usage(1, &[(1, 7)]).plus(usage(2, &[])).threads.is_empty());
-        assert_eq!(parse_schedstat("123456 789 10\n"), Some(123456));
+        assert_eq!(parse_schedstat("123456 789 10\n"), Some((123456, 10)));
+        assert_eq!(parse_schedstat("123456 789\n"), None);
         assert_eq!(parse_schedstat(""), None);
     }
 

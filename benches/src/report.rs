@@ -313,6 +313,9 @@ pub struct Machine {
     /// Per core, over the whole run: the per cent of the time the core had work that the
     /// hypervisor gave to something else (steal ÷ (busy + steal)).
     pub stolen_percent: Vec<f64>,
+    /// What one wake-up of a sleeping thread on the proxy's core costs in CPU, with no proxy
+    /// (`None` when the cores are not pinned).
+    pub wake_up: Option<crate::wakeup::WakeCost>,
 }
 
 impl Machine {
@@ -344,6 +347,15 @@ impl Machine {
                         .join(", ")
                 }
             ),
+            match self.wake_up {
+                Some(w) => format!(
+                    "A wake-up costs {:.1} µs of CPU on the proxy's core: a thread sleeping there, woken by one byte from the load core every {} µs and answering it, with no proxy ({:.2} wake-ups per message). A proxy at 1000 rps wakes one to two times per request (the cost table's wake-ups column), so this much of each proxy's CPU per request comes with the machine",
+                    w.cpu_us_per_wake_up,
+                    crate::wakeup::GAP.as_micros(),
+                    w.wake_ups_per_message
+                ),
+                None => "A wake-up's cost: not measured (cores not pinned)".to_string(),
+            },
         ]
     }
 }

@@ -11,7 +11,7 @@ use remora_benches::process::{self, Registry, LOAD_CPU, PROXY_CPU};
 use remora_benches::proxy_config::Proxy;
 use remora_benches::report::{Machine, Report};
 use remora_benches::scenarios::{self, Bench, Settings, Tools};
-use remora_benches::{open_loop, targets, upstream};
+use remora_benches::{open_loop, targets, upstream, wakeup};
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -288,6 +288,7 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
         load_average_start: load_average(),
         load_average_end: String::new(),
         stolen_percent: vec![],
+        wake_up: pin.then(|| wakeup::probe(PROXY_CPU, LOAD_CPU)).flatten(),
     };
     let cores_at_start = cores::core_times();
     let complete = scenarios.len() == ALL_SCENARIOS.len() && cli.proxies.is_empty();

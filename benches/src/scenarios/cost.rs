@@ -13,6 +13,9 @@ use crate::proxy_config::{Mode, Proxy};
 use crate::report::{Column, Figure, Table};
 use crate::tcp_load;
 
+/// How to read the wake-ups column, and why it sits beside CPU.
+const WAKE_UPS_NOTE: &str = "Wake-ups: the times the proxy's threads were put on a CPU (schedstat), per request, over the same 1000 rps run. At this rate a proxy sleeps between events, and waking a halted core costs CPU of its own (the machine line \"a wake-up costs\" measures it without any proxy): wake-ups × that cost is a floor under every proxy's CPU per request that no proxy's code sets.";
+
 /// Connections opened at once while building up the idle set.
 const OPEN_PARALLEL: usize = 64;
 
@@ -28,6 +31,7 @@ pub fn run(bench: &Bench) -> Table {
             Column::new("RSS idle", "MiB", 1).with_peer_ratios(),
             Column::new("RSS at 1000 rps", "MiB", 1).with_peer_ratios(),
             Column::new("CPU / 1000 req at 1000 rps", "ms", 1).with_peer_ratios(),
+            Column::new("wake-ups / req at 1000 rps", "", 2),
             Column::new("per idle HTTP conn", "KiB", 1).with_peer_ratios(),
             Column::new("per idle TCP conn", "KiB", 1).with_peer_ratios(),
             Column::new("RSS idle, TCP mode", "MiB", 1),
@@ -45,6 +49,7 @@ pub fn run(bench: &Bench) -> Table {
         latency::CONNECTIONS,
         seconds(s.run)
     ));
+    table.notes.push(WAKE_UPS_NOTE.to_string());
     let proxies: Vec<Proxy> = s
         .contenders(false)
         .into_iter()
@@ -76,8 +81,8 @@ pub fn run(bench: &Bench) -> Table {
                     proxy.name(),
                     median(0),
                     median(1),
-                    median(4),
-                    median(5)
+                    median(5),
+                    median(6)
                 );
                 notes.extend(rounds_note);
                 table.push(
@@ -122,19 +127,21 @@ fn one_round(bench: &Bench, proxy: Proxy, n: usize) -> Result<CostRound, String>
             bench.block_on(open_loop::run(c.addr, plan))
         })
     });
-    let (rss_load, cpu) = match under_load {
+    let (rss_load, cpu, wake_ups) = match under_load {
         Ok((Ok(outcome), cost)) => (
             cost.max_rss_kib.map(mib),
             cost.cpu_seconds
                 .map(|c| cpu_ms_per_1000(c, outcome.requests)),
+            cost.slices
+                .map(|n| n as f64 / outcome.requests.max(1) as f64),
         ),
         Ok((Err(e), _)) => {
             notes.push(format!("1000 rps: {e:#}"));
-            (None, None)
+            (None, None, None)
         }
         Err(e) => {
             notes.push(format!("1000 rps: {e}"));
-            (None, None)
+            (None, None, None)
         }
     };
 
@@ -150,6 +157,7 @@ fn one_round(bench: &Bench, proxy: Proxy, n: usize) -> Result<CostRound, String>
             rss_idle.map(mib),
             rss_load,
             cpu,
+            wake_ups,
             per_http,
             per_tcp,
             rss_idle_tcp.map(mib),

@@ -17,6 +17,9 @@ const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(250);
 #[derive(Debug, Clone, Copy)]
 pub struct Cost {
     pub cpu_seconds: Option<f64>,
+    /// Times the proxy's threads were put on a CPU: its wake-ups, for a proxy that sleeps
+    /// between events.
+    pub slices: Option<u64>,
     pub max_rss_kib: Option<u64>,
     /// Wall-clock length of the load.
     pub seconds: f64,
@@ -123,8 +126,13 @@ impl Bench {
         };
         let cost = Cost {
             cpu_seconds: before
+                .as_ref()
                 .zip(after.as_ref())
-                .map(|(b, a)| a.cpu_seconds_since(&b)),
+                .map(|(b, a)| a.cpu_seconds_since(b)),
+            slices: before
+                .as_ref()
+                .zip(after.as_ref())
+                .and_then(|(b, a)| a.slices_since(b)),
             max_rss_kib: after.map(|a| a.rss_kib.max(sampled_max.unwrap_or(0))),
             seconds,
             proxy_core_busy: cores::core_busy(&cores_before, &cores_after, proxy_core),
