@@ -2,8 +2,9 @@
 //! sleeps in `read`, a thread on the load core sends it one byte at a fixed spacing, and it
 //! answers with one byte, as a proxy at a fixed request rate is woken by a request and wakes
 //! the next hop. Its CPU time per wake-up is the floor under any proxy's CPU per wake-up here:
-//! on bare metal a few microseconds, on a VM whose idle cores halt many times that (the wake of
-//! a halted core and the interrupt that wakes the peer both go through the hypervisor).
+//! typically a few microseconds on bare metal, many times that on a VM whose idle cores halt
+//! (the wake of a halted core and the interrupt that wakes the peer both go through the
+//! hypervisor).
 
 use crate::process::{own_thread_clock, pin_self};
 use serde::Serialize;
