@@ -314,7 +314,7 @@ pub struct Machine {
     /// hypervisor gave to something else (steal ÷ (busy + steal)).
     pub stolen_percent: Vec<f64>,
     /// What one wake-up of a sleeping thread on the proxy's core costs in CPU, with no proxy
-    /// (`None` when the cores are not pinned).
+    /// (`None` when the cores are not pinned or the probe could not run).
     pub wake_up: Option<crate::wakeup::WakeCost>,
 }
 
@@ -354,7 +354,7 @@ impl Machine {
                     crate::wakeup::GAP.as_micros(),
                     w.wake_ups_per_message
                 ),
-                None => "A wake-up's cost: not measured (cores not pinned)".to_string(),
+                None => "A wake-up's cost: not measured (the cores are not pinned, or the kernel has no schedstat)".to_string(),
             },
         ]
     }
