@@ -91,6 +91,19 @@ pub struct Outcome {
     /// The largest generator lag seen (timer lateness); large values mean the generator, not
     /// the proxy, was short of CPU.
     pub max_generator_lag: Duration,
+    /// Every recorded request, in the order each connection sent them: when a tail is slow,
+    /// whether its slow requests cluster in time or on a connection.
+    pub samples: Vec<Sample>,
+}
+
+/// One recorded request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    /// When it was due, from the run's start.
+    pub due: Duration,
+    pub connection: usize,
+    /// Corrected latency.
+    pub latency: Duration,
 }
 
 impl Outcome {
@@ -108,6 +121,7 @@ impl Outcome {
         self.errors += other.errors;
         self.duration += other.duration;
         self.max_generator_lag = self.max_generator_lag.max(other.max_generator_lag);
+        self.samples.extend_from_slice(&other.samples);
     }
 
     /// Answered requests per second in the recorded window.
@@ -141,6 +155,7 @@ pub async fn run(addr: SocketAddr, plan: Plan) -> anyhow::Result<Outcome> {
                 addr,
                 sender,
                 Schedule::for_connection(&plan, k),
+                k,
                 start,
                 plan,
             ))
@@ -153,6 +168,7 @@ pub async fn run(addr: SocketAddr, plan: Plan) -> anyhow::Result<Outcome> {
         errors: 0,
         duration: plan.duration,
         max_generator_lag: Duration::ZERO,
+        samples: vec![],
     };
     for task in tasks {
         let part = task.await?;
@@ -161,7 +177,9 @@ pub async fn run(addr: SocketAddr, plan: Plan) -> anyhow::Result<Outcome> {
         outcome.answered += part.answered;
         outcome.errors += part.errors;
         outcome.max_generator_lag = outcome.max_generator_lag.max(part.max_generator_lag);
+        outcome.samples.extend(part.samples);
     }
+    outcome.samples.sort_by_key(|s| s.due);
     Ok(outcome)
 }
 
@@ -179,6 +197,7 @@ async fn drive_connection(
     addr: SocketAddr,
     sender: Sender,
     schedule: Schedule,
+    connection: usize,
     start: Instant,
     plan: Plan,
 ) -> Outcome {
@@ -189,6 +208,7 @@ async fn drive_connection(
         errors: 0,
         duration: plan.duration,
         max_generator_lag: Duration::ZERO,
+        samples: vec![],
     };
     let end = plan.warmup + plan.duration;
     let mut sender = Some(sender);
@@ -226,6 +246,11 @@ async fn drive_connection(
                 .latency_ns
                 .saturating_record(latency.as_nanos().min(u128::from(HISTOGRAM_MAX_NS)) as u64);
             outcome.requests += 1;
+            outcome.samples.push(Sample {
+                due,
+                connection,
+                latency,
+            });
         }
         previous_done = done;
     }
@@ -367,11 +392,18 @@ mod tests {
         );
         assert!(outcome.percentile_us(0.5) > 0.0);
         assert!(outcome.percentile_us(0.999) < 1_000_000.0);
+        // One sample per recorded request, in due order, from every connection, after the
+        // warm-up.
+        assert_eq!(outcome.samples.len() as u64, outcome.requests);
+        assert!(outcome.samples.windows(2).all(|w| w[0].due <= w[1].due));
+        assert!((0..4).all(|k| outcome.samples.iter().any(|s| s.connection == k)));
+        assert!(outcome.samples.iter().all(|s| s.due >= plan.warmup));
         let mut merged = outcome.clone();
         merged.merge(&outcome);
         assert_eq!(merged.requests, 2 * outcome.requests);
         assert_eq!(merged.duration, 2 * outcome.duration);
         assert_eq!(merged.latency_ns.len(), 2 * outcome.latency_ns.len());
+        assert_eq!(merged.samples.len(), 2 * outcome.samples.len());
         assert!((merged.achieved_rate() - outcome.achieved_rate()).abs() < 1e-9);
     }
 }

@@ -67,6 +67,10 @@ enum Internal {
         /// Recorded seconds, after one second of warm-up.
         #[arg(long, default_value_t = 10.0)]
         seconds: f64,
+        /// Also write every recorded request as CSV (due µs from the start, connection,
+        /// latency µs), in due order.
+        #[arg(long)]
+        log: Option<PathBuf>,
     },
     /// Every target across the full runs saved in DIR, round by round: each round's ratio
     /// paired with the other row's round of the same number, and how many met the target.
@@ -99,7 +103,13 @@ const ALL_SCENARIOS: [Scenario; 5] = [
     Scenario::Mtls,
 ];
 
-fn load(target: SocketAddr, rate: f64, connections: usize, seconds: f64) -> anyhow::Result<()> {
+fn load(
+    target: SocketAddr,
+    rate: f64,
+    connections: usize,
+    seconds: f64,
+    log: Option<&Path>,
+) -> anyhow::Result<()> {
     anyhow::ensure!(seconds > 0.0, "--seconds must be positive");
     let plan = open_loop::Plan {
         rate,
@@ -128,6 +138,18 @@ fn load(target: SocketAddr, rate: f64, connections: usize, seconds: f64) -> anyh
         o.percentile_us(0.999),
         o.percentile_us(1.0)
     );
+    if let Some(path) = log {
+        let mut csv = String::from("due_us,connection,latency_us\n");
+        for s in &o.samples {
+            csv.push_str(&format!(
+                "{},{},{}\n",
+                s.due.as_micros(),
+                s.connection,
+                s.latency.as_micros()
+            ));
+        }
+        fs::write(path, csv).with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(())
 }
 
@@ -182,8 +204,9 @@ fn main() -> ExitCode {
             rate,
             connections,
             seconds,
+            log,
         }) => {
-            return match load(target, rate, connections, seconds) {
+            return match load(target, rate, connections, seconds, log.as_deref()) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("load: {e:#}");
