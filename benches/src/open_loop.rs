@@ -91,8 +91,8 @@ pub struct Outcome {
     /// The largest generator lag seen (timer lateness); large values mean the generator, not
     /// the proxy, was short of CPU.
     pub max_generator_lag: Duration,
-    /// Every recorded request, in the order each connection sent them: when a tail is slow,
-    /// whether its slow requests cluster in time or on a connection.
+    /// Every recorded request, in the order they were due: when a tail is slow, whether its
+    /// slow requests cluster in time or on a connection.
     pub samples: Vec<Sample>,
 }
 
@@ -107,6 +107,30 @@ pub struct Sample {
 }
 
 impl Outcome {
+    /// Nothing measured yet, over a recorded window of `duration`.
+    fn empty(duration: Duration) -> Outcome {
+        Outcome {
+            latency_ns: new_histogram(),
+            requests: 0,
+            answered: 0,
+            errors: 0,
+            duration,
+            max_generator_lag: Duration::ZERO,
+            samples: vec![],
+        }
+    }
+
+    /// Adds the requests of `other`, which covered the same window (another connection of
+    /// the same run). Both histograms have the same bounds, so adding cannot fail in practice.
+    fn absorb(&mut self, other: &Outcome) -> Result<(), hdrhistogram::AdditionError> {
+        self.latency_ns.add(&other.latency_ns)?;
+        self.requests += other.requests;
+        self.answered += other.answered;
+        self.errors += other.errors;
+        self.max_generator_lag = self.max_generator_lag.max(other.max_generator_lag);
+        self.samples.extend_from_slice(&other.samples);
+        Ok(())
+    }
     /// The latency at quantile `q` (0.5 for p50) in microseconds.
     pub fn percentile_us(&self, q: f64) -> f64 {
         self.latency_ns.value_at_quantile(q) as f64 / 1000.0
@@ -114,14 +138,8 @@ impl Outcome {
 
     /// Adds another run's measurements (a later round of the same plan) to these.
     pub fn merge(&mut self, other: &Outcome) {
-        // Both histograms have the same bounds, so adding cannot fail.
-        let _ = self.latency_ns.add(&other.latency_ns);
-        self.requests += other.requests;
-        self.answered += other.answered;
-        self.errors += other.errors;
+        let _ = self.absorb(other);
         self.duration += other.duration;
-        self.max_generator_lag = self.max_generator_lag.max(other.max_generator_lag);
-        self.samples.extend_from_slice(&other.samples);
     }
 
     /// Answered requests per second in the recorded window.
@@ -161,23 +179,9 @@ pub async fn run(addr: SocketAddr, plan: Plan) -> anyhow::Result<Outcome> {
             ))
         })
         .collect();
-    let mut outcome = Outcome {
-        latency_ns: new_histogram(),
-        requests: 0,
-        answered: 0,
-        errors: 0,
-        duration: plan.duration,
-        max_generator_lag: Duration::ZERO,
-        samples: vec![],
-    };
+    let mut outcome = Outcome::empty(plan.duration);
     for task in tasks {
-        let part = task.await?;
-        outcome.latency_ns.add(&part.latency_ns)?;
-        outcome.requests += part.requests;
-        outcome.answered += part.answered;
-        outcome.errors += part.errors;
-        outcome.max_generator_lag = outcome.max_generator_lag.max(part.max_generator_lag);
-        outcome.samples.extend(part.samples);
+        outcome.absorb(&task.await?)?;
     }
     outcome.samples.sort_by_key(|s| s.due);
     Ok(outcome)
@@ -201,15 +205,7 @@ async fn drive_connection(
     start: Instant,
     plan: Plan,
 ) -> Outcome {
-    let mut outcome = Outcome {
-        latency_ns: new_histogram(),
-        requests: 0,
-        answered: 0,
-        errors: 0,
-        duration: plan.duration,
-        max_generator_lag: Duration::ZERO,
-        samples: vec![],
-    };
+    let mut outcome = Outcome::empty(plan.duration);
     let end = plan.warmup + plan.duration;
     let mut sender = Some(sender);
     let mut previous_done = Duration::ZERO;
