@@ -136,6 +136,17 @@ impl Outcome {
         self.latency_ns.value_at_quantile(q) as f64 / 1000.0
     }
 
+    /// The per cent of recorded requests slower than `threshold`.
+    pub fn percent_over(&self, threshold: Duration) -> f64 {
+        let total = self.latency_ns.len();
+        if total == 0 {
+            return 0.0;
+        }
+        let limit = u64::try_from(threshold.as_nanos()).unwrap_or(u64::MAX);
+        let within = self.latency_ns.count_between(0, limit);
+        total.saturating_sub(within) as f64 * 100.0 / total as f64
+    }
+
     /// Adds another run's measurements (a later round of the same plan) to these.
     pub fn merge(&mut self, other: &Outcome) {
         let _ = self.absorb(other);
@@ -278,6 +289,24 @@ mod tests {
 
     fn ms(v: f64) -> Duration {
         Duration::from_secs_f64(v / 1000.0)
+    }
+
+    #[test]
+    fn the_share_over_a_threshold_counts_only_slower_requests() {
+        let mut outcome = Outcome::empty(Duration::from_secs(1));
+        assert_eq!(outcome.percent_over(Duration::from_millis(1)), 0.0);
+        // 196 requests at 300 µs, one at exactly 1 ms, three stalled for 2–4 ms.
+        for ns in
+            std::iter::repeat_n(300_000, 196).chain([1_000_000, 2_000_000, 3_000_000, 4_000_000])
+        {
+            outcome
+                .latency_ns
+                .record(ns)
+                .expect("within the histogram's bounds");
+        }
+        assert!((outcome.percent_over(Duration::from_millis(1)) - 1.5).abs() < 1e-9);
+        assert_eq!(outcome.percent_over(Duration::from_millis(5)), 0.0);
+        assert!((outcome.percent_over(Duration::from_micros(100)) - 100.0).abs() < 1e-9);
     }
 
     #[test]

@@ -316,6 +316,9 @@ pub struct Machine {
     /// What one wake-up of a sleeping thread on the proxy's core costs in CPU, with no proxy
     /// (`None` when the cores are not pinned or the probe could not run).
     pub wake_up: Option<crate::wakeup::WakeCost>,
+    /// How long one hop from the load core to a sleeping thread on the proxy's core takes, by
+    /// the same probe.
+    pub hop: Option<crate::wakeup::HopLatency>,
 }
 
 impl Machine {
@@ -355,6 +358,20 @@ impl Machine {
                     w.wake_ups_per_message
                 ),
                 None => "A wake-up's cost: not measured (the cores are not pinned, or the kernel has no schedstat)".to_string(),
+            },
+            match self.hop {
+                Some(h) => format!(
+                    "A hop between the cores takes {:.0} µs at the median, {:.0} µs at p99 and {:.0} µs at p99.9 ({:.0} µs at most), from a write on the load core to a thread sleeping on the proxy's core having read it, {} messages {} µs apart, with no proxy; {:.2}% of hops took over {} ms. A request through a proxy makes four such hops (to the proxy, to the upstream, and both answers back) where no proxy makes none, so the machine's stalled hops land in a proxy's tail: when its share of requests over 1 ms (the latency table) nears 1%, its p99 is set by those stalls more than by the proxy",
+                    h.p50_us,
+                    h.p99_us,
+                    h.p999_us,
+                    h.max_us,
+                    h.hops,
+                    crate::wakeup::GAP.as_micros(),
+                    h.stalled_percent,
+                    crate::wakeup::STALLED_HOP.as_millis()
+                ),
+                None => "A hop's latency between the cores: not measured (the cores are not pinned)".to_string(),
             },
         ]
     }

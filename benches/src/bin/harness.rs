@@ -72,6 +72,9 @@ enum Internal {
         #[arg(long)]
         log: Option<PathBuf>,
     },
+    /// What waking a thread across the two cores costs on this machine, in CPU and in latency,
+    /// with no proxy: the report header's two probe lines, alone (about two seconds).
+    Probe,
     /// Every target across the full runs saved in DIR, round by round: each round's ratio
     /// paired with the other row's round of the same number, and how many met the target.
     History {
@@ -103,6 +106,35 @@ const ALL_SCENARIOS: [Scenario; 5] = [
     Scenario::Mtls,
 ];
 
+/// A subcommand's exit status, its error printed under its name.
+fn finish(name: &str, result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn probe() -> anyhow::Result<()> {
+    anyhow::ensure!(
+        can_pin(),
+        "cores {PROXY_CPU} and {LOAD_CPU} are not both available to pin the probe's threads"
+    );
+    let p = wakeup::probe(PROXY_CPU, LOAD_CPU)
+        .context("the probe did not run (no schedstat, or a side stalled)")?;
+    println!(
+        "wake-up on core {PROXY_CPU}: {:.1} us of CPU ({:.2} per message)",
+        p.cost.cpu_us_per_wake_up, p.cost.wake_ups_per_message
+    );
+    println!(
+        "hops from core {LOAD_CPU} to core {PROXY_CPU}, {} one way, us: p50 {:.0} p99 {:.0} p99.9 {:.0} max {:.0}; {:.2}% over 1 ms",
+        p.hop.hops, p.hop.p50_us, p.hop.p99_us, p.hop.p999_us, p.hop.max_us, p.hop.stalled_percent
+    );
+    Ok(())
+}
+
 fn load(
     target: SocketAddr,
     rate: f64,
@@ -131,12 +163,13 @@ fn load(
         o.max_generator_lag
     );
     println!(
-        "latency us: p50 {:.0} p90 {:.0} p99 {:.0} p99.9 {:.0} max {:.0}",
+        "latency us: p50 {:.0} p90 {:.0} p99 {:.0} p99.9 {:.0} max {:.0}; {:.2}% over 1 ms",
         o.percentile_us(0.5),
         o.percentile_us(0.9),
         o.percentile_us(0.99),
         o.percentile_us(0.999),
-        o.percentile_us(1.0)
+        o.percentile_us(1.0),
+        o.percent_over(wakeup::STALLED_HOP)
     );
     if let Some(path) = log {
         let mut csv = String::from("due_us,connection,latency_us\n");
@@ -191,13 +224,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Internal::Upstream { listen }) => {
-            return match upstream::serve_forever(listen) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("upstream: {e:#}");
-                    ExitCode::FAILURE
-                }
-            };
+            return finish("upstream", upstream::serve_forever(listen));
         }
         Some(Internal::Load {
             target,
@@ -206,23 +233,13 @@ fn main() -> ExitCode {
             seconds,
             log,
         }) => {
-            return match load(target, rate, connections, seconds, log.as_deref()) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("load: {e:#}");
-                    ExitCode::FAILURE
-                }
-            };
+            return finish(
+                "load",
+                load(target, rate, connections, seconds, log.as_deref()),
+            );
         }
-        Some(Internal::History { results }) => {
-            return match history(&results) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("history: {e:#}");
-                    ExitCode::FAILURE
-                }
-            };
-        }
+        Some(Internal::History { results }) => return finish("history", history(&results)),
+        Some(Internal::Probe) => return finish("probe", probe()),
         None => {}
     }
     let registry = Registry::default();
@@ -299,6 +316,7 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
     let tools = find_tools(&cli, &exe, &target_dir);
     let versions = versions(&tools);
     let setup = setup_lines(&settings);
+    let probe = pin.then(|| wakeup::probe(PROXY_CPU, LOAD_CPU)).flatten();
     let machine = Machine {
         cores,
         cpu_model: cpu_model(),
@@ -311,7 +329,8 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
         load_average_start: load_average(),
         load_average_end: String::new(),
         stolen_percent: vec![],
-        wake_up: pin.then(|| wakeup::probe(PROXY_CPU, LOAD_CPU)).flatten(),
+        wake_up: probe.map(|p| p.cost),
+        hop: probe.map(|p| p.hop),
     };
     let cores_at_start = cores::core_times();
     let complete = scenarios.len() == ALL_SCENARIOS.len() && cli.proxies.is_empty();
