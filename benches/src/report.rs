@@ -371,7 +371,7 @@ impl Machine {
                     h.stalled_percent,
                     crate::wakeup::STALLED_HOP.as_millis()
                 ),
-                None => "A hop's latency between the cores: not measured (the cores are not pinned)".to_string(),
+                None => "A hop's latency between the cores: not measured (the cores are not pinned, or the probe could not run)".to_string(),
             },
         ]
     }

@@ -8,7 +8,8 @@
 //! one this was built on, whether its idle cores halted or polled). And the
 //! time from a message's send to its having been read is one hop's latency: a proxied request
 //! makes four hops between the cores where the no-proxy baseline makes none, so the rare hops
-//! that stall for milliseconds (a vCPU the host did not run at once) land in every proxy's tail.
+//! that stall for milliseconds (most likely a vCPU the host did not run at once) land in every
+//! proxy's tail.
 
 use crate::process::{own_thread_clock, pin_self};
 use serde::Serialize;
@@ -197,19 +198,24 @@ pub fn hops(
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_sleeping_thread_is_woken_once_per_message_and_pays_for_it() {
+    /// Two cores this test may pin to, or one twice where only one is allowed.
+    fn two_cores() -> (usize, usize) {
         let allowed = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
             .expect("this thread's affinity");
         let cores: Vec<usize> = (0..nix::sched::CpuSet::count())
             .filter(|&c| allowed.is_set(c).unwrap_or(false))
             .take(2)
             .collect();
-        let (sleeper, waker) = match cores[..] {
+        match cores[..] {
             [a, b] => (a, b),
             [a] => (a, a),
             _ => panic!("no core in this thread's affinity mask"),
-        };
+        }
+    }
+
+    #[test]
+    fn a_sleeping_thread_is_woken_once_per_message_and_pays_for_it() {
+        let (sleeper, waker) = two_cores();
         let cost = measure(sleeper, waker, 50, Duration::from_micros(200)).expect("the probe runs");
         assert!(cost.cpu_us_per_wake_up > 0.0);
         // Each message wakes the sleeper once. On one shared core the answer also hands the
@@ -223,7 +229,8 @@ mod tests {
 
     #[test]
     fn every_hop_is_timed_from_before_its_write() {
-        let hops = hops(0, 0, 20, Duration::from_micros(200)).expect("the probe runs");
+        let (sleeper, waker) = two_cores();
+        let hops = hops(sleeper, waker, 20, Duration::from_micros(200)).expect("the probe runs");
         assert_eq!(hops.len(), 20);
         // A write, the loopback stack and a read lie between the two clock readings.
         assert!(hops.iter().all(|&ns| ns > 0), "{hops:?}");
