@@ -131,6 +131,7 @@ impl Outcome {
         self.samples.extend_from_slice(&other.samples);
         Ok(())
     }
+
     /// The latency at quantile `q` (0.5 for p50) in microseconds.
     pub fn percentile_us(&self, q: f64) -> f64 {
         self.latency_ns.value_at_quantile(q) as f64 / 1000.0

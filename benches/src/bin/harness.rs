@@ -73,7 +73,7 @@ enum Internal {
         log: Option<PathBuf>,
     },
     /// What waking a thread across the two cores costs on this machine, in CPU and in latency,
-    /// with no proxy: the report header's two probe lines, alone (about two seconds).
+    /// with no proxy: the report header's two probe lines, alone (about seven seconds).
     Probe,
     /// Every target across the full runs saved in DIR, round by round: each round's ratio
     /// paired with the other row's round of the same number, and how many met the target.
