@@ -12,6 +12,7 @@ use remora_benches::proxy_config::Proxy;
 use remora_benches::report::{Machine, Report};
 use remora_benches::scenarios::{self, Bench, Settings, Tools};
 use remora_benches::{open_loop, targets, upstream, wakeup};
+use std::fmt::Write as _;
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -174,12 +175,14 @@ fn load(
     if let Some(path) = log {
         let mut csv = String::from("due_us,connection,latency_us\n");
         for s in &o.samples {
-            csv.push_str(&format!(
-                "{},{},{}\n",
+            // Writing into a String cannot fail.
+            let _ = writeln!(
+                csv,
+                "{},{},{}",
                 s.due.as_micros(),
                 s.connection,
                 s.latency.as_micros()
-            ));
+            );
         }
         fs::write(path, csv).with_context(|| format!("writing {}", path.display()))?;
     }
