@@ -84,8 +84,8 @@ struct Outcome {
     end: End,
     /// Served as HTTP (each request has its own access-log line).
     http: bool,
-    /// Where Istio's open was counted: at once for plaintext, once the peer is known for mesh
-    /// connections.
+    /// Where Istio's open was counted: once plaintext is known to be TCP, once the peer is
+    /// known for mesh connections; never for HTTP.
     istio: IstioOpen,
 }
 
@@ -202,9 +202,6 @@ impl Proxy {
             // Boxed: only connections that meet mesh TLS carry its state.
             return Box::pin(self.mesh(config, downstream, hop, mode, leg)).await;
         }
-        // No mesh peer to learn: Istio's open is counted now, for an unknown peer, and every
-        // outcome below says so.
-        let _ = self.metrics.direction(dir).istio_opened(None);
         // One call site for the copy: each `.await` of it would get its own slot in this
         // future, and the copy is what every TCP connection holds for its whole life.
         let (prefix, upstream) = match mode {
@@ -221,8 +218,7 @@ impl Proxy {
                         (prefix, upstream)
                     }
                     Detected::ClientFailed => {
-                        return refused(Some(destination), End::DownstreamReset)
-                            .counted_in(IstioOpen::Unknown);
+                        return refused(Some(destination), End::DownstreamReset);
                     }
                     Detected::Http(version, prefix, early) => {
                         // The HTTP path lives on the heap: it is larger than the TCP path and
@@ -230,11 +226,14 @@ impl Proxy {
                         let downstream = Downstream::Plain(downstream);
                         let http = (version, prefix, early);
                         let served = Box::pin(self.http(config, downstream, hop, http, None, None));
-                        return served.await.counted_in(IstioOpen::Unknown);
+                        return served.await;
                     }
                 }
             }
         };
+        // Proxied as TCP, with no mesh peer to learn: Istio's open is counted now, for an
+        // unknown peer, and every outcome below says so.
+        let _ = self.metrics.direction(dir).istio_opened(None);
         if let Some(denied) = self.tcp_denied(&hop, None, || authorize::tls_sni(&prefix)) {
             return denied.counted_in(IstioOpen::Unknown);
         }
@@ -396,7 +395,7 @@ impl Proxy {
             transfer,
             end,
             http: true,
-            istio: IstioOpen::Pending,
+            istio: IstioOpen::NotTcp,
         }
     }
 }

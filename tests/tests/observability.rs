@@ -11,6 +11,7 @@ use std::time::Duration;
 const CURL_TIME: Duration = Duration::from_secs(5);
 const SETTLE: Duration = Duration::from_secs(3);
 const APP_PORT: u16 = 8080;
+const ECHO_PORT: u16 = 7000;
 const ADMIN: &str = "http://127.0.0.1:15000";
 
 /// curl inside `ns`; returns (status code, body).
@@ -66,6 +67,7 @@ fn istio_metrics_after_real_traffic_pass_promtool_and_carry_workload_labels() {
     assert_eq!(app.peers().len(), 1);
 
     let opened = "istio_tcp_connections_opened_total";
+    let closed = "istio_tcp_connections_closed_total";
     let source = [
         ("reporter", "source"),
         ("source_workload", "reviews-v2"),
@@ -85,18 +87,50 @@ fn istio_metrics_after_real_traffic_pass_promtool_and_carry_workload_labels() {
         ("source_workload", "unknown"),
         ("connection_security_policy", "none"),
     ];
+    // Both HTTP connections are reported in Istio's request metrics alone, as an Istio
+    // sidecar reports them: its TCP stats filter sits only on `tcp_proxy` filter chains.
+    let requests = |reporter: &'static str| {
+        [
+            ("reporter", reporter),
+            ("request_protocol", "http"),
+            ("response_code", "200"),
+        ]
+    };
+    let m = remora.wait_for_metrics("Istio request metrics for both directions", SETTLE, |m| {
+        m.value("istio_requests_total", &requests("source")) >= 1.0
+            && m.value("istio_requests_total", &requests("destination")) >= 1.0
+    });
+    assert_eq!(m.value(opened, &[]), 0.0, "HTTP counted as TCP:\n{m}");
+    assert!(
+        m.value("envoy_listener_downstream_cx_total", &[]) >= 2.0,
+        "{m}"
+    );
+
+    // Opaque TCP, both ways: one connection in each direction's TCP series.
+    let _outside_echo = Server::echo(&net.peer, net.peer_addr(ECHO_PORT));
+    let _app_echo = Server::echo(&net.pod, any_addr(ECHO_PORT));
+    let data = peer::pattern(64 * 1024);
+    for (ns, addr) in [
+        (&net.pod, net.peer_addr(ECHO_PORT)),
+        (&net.peer, net.pod_addr(ECHO_PORT)),
+    ] {
+        let echoed = peer::echo_exchange(ns, addr, &data).expect("TCP echo through the sidecar");
+        peer::assert_same_bytes("TCP through the sidecar", &data, &echoed);
+    }
     remora.wait_for_metrics(
         "Istio TCP metrics for both directions",
         SETTLE,
-        |m: &Metrics| {
-            m.value(opened, &source) >= 1.0
-                && m.value(opened, &destination) >= 1.0
-                && m.value("istio_tcp_connections_closed_total", &destination) >= 1.0
-        },
+        |m: &Metrics| m.value(closed, &source) >= 1.0 && m.value(closed, &destination) >= 1.0,
     );
     let m = remora.metrics();
-    // Istio counts bytes from the server's side: the response is "sent".
-    assert!(m.value("istio_tcp_sent_bytes_total", &source) >= "from the peer\n".len() as f64);
+    assert_eq!(m.value(opened, &source), 1.0, "{m}");
+    assert_eq!(m.value(opened, &destination), 1.0, "{m}");
+    // Istio counts bytes from the server's side: the echo's answer is "sent".
+    assert_eq!(
+        m.value("istio_tcp_sent_bytes_total", &source),
+        data.len() as f64,
+        "{m}"
+    );
     assert!(
         m.value(
             "envoy_listener_downstream_cx_total",

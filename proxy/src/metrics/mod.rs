@@ -117,13 +117,15 @@ impl DirectionMetrics {
     /// A connection finished, with Envoy's response flag (`-` for none) and the bytes moved
     /// from downstream to upstream (`sent`) and back (`received`). `istio` is where Istio's
     /// open was counted; if it was not yet, open and close both go to the unknown peer's
-    /// series, as Istio's proxies report a connection that ends before its peer is known.
+    /// series, as Istio's proxies report a connection that ends before its peer is known. A
+    /// connection served as HTTP is in none of Istio's TCP series.
     pub fn connection_closed(&self, istio: &IstioOpen, flag: &str, sent: u64, received: u64) {
         self.closed.inc();
         self.active.dec();
         self.sent_bytes.inc_by(sent);
         self.received_bytes.inc_by(received);
         let series = match istio {
+            IstioOpen::NotTcp => return,
             IstioOpen::Peer(series) => series,
             IstioOpen::Unknown => self.istio.unknown(),
             IstioOpen::Pending => {
@@ -146,6 +148,10 @@ pub enum IstioOpen {
     Unknown,
     /// In a mesh peer's series.
     Peer(Arc<IstioTcp>),
+    /// Never: the connection was served as HTTP. Istio puts its TCP stats filter only on the
+    /// filter chains that end in `tcp_proxy`, so its proxies report HTTP connections in the
+    /// request metrics alone.
+    NotTcp,
 }
 
 impl Default for Metrics {
@@ -369,6 +375,43 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The value of `name`'s sample for `reporter` and no response flag, if any.
+    fn sample(text: &str, name: &str, reporter: &str) -> Option<f64> {
+        let reporter = format!("reporter=\"{reporter}\"");
+        text.lines()
+            .find(|l| {
+                l.starts_with(name) && l.contains(&reporter) && l.contains("response_flags=\"-\"")
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
+    #[test]
+    fn http_connections_stay_out_of_istios_tcp_series() {
+        let m = Metrics::default();
+        let inbound = m.direction(Direction::Inbound);
+        for istio in [IstioOpen::NotTcp, IstioOpen::NotTcp, IstioOpen::Pending] {
+            inbound.connection_opened();
+            inbound.connection_closed(&istio, "-", 100, 1000);
+        }
+        let text = m.encode();
+        let opened = "istio_tcp_connections_opened_total";
+        let closed = "istio_tcp_connections_closed_total";
+        // Envoy's listener counts every connection; Istio's TCP metrics only the TCP one.
+        assert!(
+            text.contains(
+                "envoy_listener_downstream_cx_total{envoy_listener_address=\"0.0.0.0_15006\"} 3"
+            ),
+            "{text}"
+        );
+        assert_eq!(sample(&text, opened, "destination"), Some(1.0), "{text}");
+        assert_eq!(sample(&text, closed, "destination"), Some(1.0), "{text}");
+        assert_eq!(
+            sample(&text, "istio_tcp_sent_bytes_total", "destination"),
+            Some(1000.0),
+            "{text}"
+        );
+    }
 
     #[test]
     fn counters_appear_with_direction_labels() {

@@ -161,11 +161,9 @@ impl Proxy {
             Detected::ClientFailed => return refused(Some(hop.destination), End::DownstreamReset),
             _ if strict => return self.refuse(&downstream, hop, "plaintext"),
             Detected::Http(version, prefix, early) if mode != Mode::Tcp => {
-                let istio = self.metrics.direction(hop.dir).istio_opened(None);
                 let http = (version, prefix, early);
                 let downstream = Downstream::Plain(downstream);
-                let served = self.http(config, downstream, hop, http, None, None).await;
-                return served.counted_in(istio);
+                return self.http(config, downstream, hop, http, None, None).await;
             }
             Detected::Http(_, prefix, early) => (prefix, early.map(Ok)),
             Detected::Tcp(prefix, upstream) => (prefix, upstream),
@@ -284,11 +282,9 @@ impl Proxy {
             unread = exchanged.unread;
         }
         let peer = Arc::new(peer);
-        let istio = self.metrics.direction(hop.dir).istio_opened(Some(&peer));
         let decrypted = (stream, unread);
         self.serve_decrypted(config, decrypted, upstream, hop, mode, hello, peer)
             .await
-            .counted_in(istio)
     }
 
     /// Serve the decrypted stream of a mesh client, after `unread` (bytes read during the
@@ -332,11 +328,29 @@ impl Proxy {
                     Detected::Tcp(prefix, up) | Detected::Tls(prefix, up) => (prefix, up),
                     Detected::ClientFailed => {
                         return refused(Some(hop.destination), End::DownstreamReset)
+                            .counted_in(self.metrics.direction(hop.dir).istio_opened(Some(&peer)))
                     }
                 }
             }
         };
-        if let Some(denied) = self.tcp_denied(&hop, Some(&peer), || hello.server_name.clone()) {
+        let istio = self.metrics.direction(hop.dir).istio_opened(Some(&peer));
+        self.copy_decrypted(stream, &prefix, upstream, &hop, hello, &peer)
+            .await
+            .counted_in(istio)
+    }
+
+    /// Copy a mesh client's decrypted bytes, `prefix` first, to the application.
+    async fn copy_decrypted(
+        &self,
+        mut stream: Box<tls::stream::ServerStream>,
+        prefix: &[u8],
+        upstream: Option<Result<Upstream, ConnectError>>,
+        hop: &Hop,
+        hello: &ClientHello,
+        peer: &Arc<Peer>,
+    ) -> Outcome {
+        let hop = *hop;
+        if let Some(denied) = self.tcp_denied(&hop, Some(peer), || hello.server_name.clone()) {
             return denied;
         }
         let upstream = match upstream {
@@ -349,7 +363,7 @@ impl Proxy {
             Ok(up) => up,
             Err(e) => return self.connect_failed(&hop, e, stream.get_ref().0.inner()),
         };
-        let copied = tcp::copy_streams(&prefix, &mut *stream, &mut upstream.stream).await;
+        let copied = tcp::copy_streams(prefix, &mut *stream, &mut upstream.stream).await;
         copy_outcome(&hop, copied, stream.get_ref().0.inner(), &upstream.stream)
     }
 
@@ -415,12 +429,11 @@ impl Proxy {
                 config.tls.handshake_timeout,
                 early,
             );
-            let istio = self.metrics.direction(hop.dir).istio_opened(None);
             let http = (version, prefix, None);
             let downstream = Downstream::Plain(downstream);
             let originate = Some(Box::new(originate));
             let served = Box::pin(self.http(config, downstream, hop, http, None, originate));
-            return served.await.counted_in(istio);
+            return served.await;
         }
         let upstream = match upstream {
             Some(up) => up,
