@@ -239,8 +239,8 @@ impl Proxy {
         refused(Some(hop.destination), End::TlsHandshakeFailed)
     }
 
-    /// Name the client from its certificate and, on `istio-peer-exchange`, its metadata; count
-    /// the connection open for it; then serve what it carries.
+    /// Name the client from its certificate and, on `istio-peer-exchange`, its metadata; then
+    /// serve what it carries (a TCP stream is counted open in the client's Istio series).
     async fn serve_terminated(
         self: &Arc<Self>,
         config: &Arc<Config>,
