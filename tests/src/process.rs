@@ -39,8 +39,17 @@ pub(crate) fn spawn(cmd: &mut Command) -> io::Result<Child> {
 
 /// Run a command to completion, killing it if it outlives `timeout`.
 pub fn run_bounded(cmd: &mut Command, timeout: Duration) -> io::Result<Output> {
+    run_bounded_with_input(cmd, Stdio::null(), timeout)
+}
+
+/// [`run_bounded`], with `stdin` as the command's standard input.
+pub fn run_bounded_with_input(
+    cmd: &mut Command,
+    stdin: Stdio,
+    timeout: Duration,
+) -> io::Result<Output> {
     let mut child = spawn(
-        cmd.stdin(Stdio::null())
+        cmd.stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
     )?;

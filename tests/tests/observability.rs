@@ -134,7 +134,7 @@ fn istio_metrics_after_real_traffic_pass_promtool_and_carry_workload_labels() {
     assert!(
         m.value(
             "envoy_listener_downstream_cx_total",
-            &[("envoy_listener_address", "0.0.0.0_15001")]
+            &[("listener_address", "0.0.0.0_15001")]
         ) >= 1.0
     );
     assert_eq!(m.value("istio_build", &[("component", "proxy")]), 1.0);

@@ -1,7 +1,9 @@
 //! Envoy's own statistics, named as Envoy names them, for the dashboards, alerts and the Istio
 //! agent that read them: dotted on the admin `/stats` page (`server.state`,
 //! `listener.0.0.0.0_15001.downstream_cx_total`), `envoy_`-prefixed with the scope turned into a
-//! label in Prometheus form (`envoy_listener_downstream_cx_total{envoy_listener_address=…}`).
+//! label in Prometheus form (`envoy_listener_downstream_cx_total{listener_address=…}`). The
+//! labels are the tags Istio's bootstrap extracts (`use_all_default_tags: false`, then
+//! `cluster_name`, `listener_address`, `http_conn_manager_prefix`), not Envoy's defaults.
 //!
 //! Values are read from the data path's counters at scrape time; nothing here is on the data
 //! path. Envoy counters whose names do not end in `_total` are exported as gauges: that keeps
@@ -141,7 +143,7 @@ impl EnvoyStat {
             Scope::ClusterManager => (format!("envoy_cluster_manager_{}", self.stat), None),
             Scope::Listener(a) => (
                 format!("envoy_listener_{}", self.stat),
-                Some(("envoy_listener_address", a.clone())),
+                Some(("listener_address", a.clone())),
             ),
             Scope::Cluster(c) => (
                 format!("envoy_cluster_{}", self.stat),
@@ -149,7 +151,7 @@ impl EnvoyStat {
             ),
             Scope::HttpConnManager(p) => (
                 format!("envoy_http_{}", self.stat.replace('.', "_")),
-                Some(("envoy_http_conn_manager_prefix", p.clone())),
+                Some(("http_conn_manager_prefix", p.clone())),
             ),
             Scope::Tcp => (format!("envoy_tcp_{}", self.stat.replace('.', "_")), None),
         }

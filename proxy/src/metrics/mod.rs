@@ -400,7 +400,7 @@ mod tests {
         // Envoy's listener counts every connection; Istio's TCP metrics only the TCP one.
         assert!(
             text.contains(
-                "envoy_listener_downstream_cx_total{envoy_listener_address=\"0.0.0.0_15006\"} 3"
+                "envoy_listener_downstream_cx_total{listener_address=\"0.0.0.0_15006\"} 3"
             ),
             "{text}"
         );
@@ -436,7 +436,7 @@ mod tests {
         assert!(!text.contains("# EOF"), "{text}");
         assert!(
             text.contains(
-                "envoy_listener_downstream_cx_total{envoy_listener_address=\"0.0.0.0_15006\"} 2"
+                "envoy_listener_downstream_cx_total{listener_address=\"0.0.0.0_15006\"} 2"
             ),
             "{text}"
         );
