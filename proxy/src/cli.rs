@@ -2,11 +2,12 @@
 //! become `anyhow` here and nowhere else.
 
 use crate::access_log::AccessLog;
-use crate::admin::{self, AdminState, ListenerInfo, LogControl, Role, SetFilter};
+use crate::admin::{self, parse_filter, AdminState, ListenerInfo, LogControl, Role, SetFilter};
 use crate::agent::{probe, Agent, AppMetrics};
 use crate::dns;
 use crate::drain::Drain;
 use crate::identity;
+use crate::istio_env;
 use crate::listener;
 use crate::loop_guard::LoopGuard;
 use crate::metrics::{ListenerNames, Metrics, ServerState};
@@ -37,7 +38,9 @@ pub struct RunArgs {
     /// Write one access-log line per connection to stdout (off by default, as in Istio).
     #[arg(long)]
     pub access_log: bool,
-    /// Log filter: a level (`info`, `debug`…) or per-module directives (`info,remora=debug`).
+    /// Log filter: a level (Envoy's names: `trace`, `debug`, `info`, `warning`, `error`,
+    /// `critical`, `off`), then per-logger directives, comma-separated: Envoy's loggers or
+    /// module paths, as `logger:level` or `logger=level` (`warning,http:debug,remora::tcp=trace`).
     #[arg(long, env = "REMORA_LOG", default_value = "info")]
     pub log_level: String,
     /// Log line format on stderr.
@@ -61,14 +64,17 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE", default_value = "/etc/istio/pod/labels")]
     pub pod_labels_file: PathBuf,
     /// On SIGTERM, exit as soon as no connection is left rather than after the drain period.
-    #[arg(long, env = "EXIT_ON_ZERO_ACTIVE_CONNECTIONS")]
+    /// Istio's `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` sets it too (read as Istio's agent reads it).
+    #[arg(long)]
     pub exit_on_zero_active_connections: bool,
-    /// With exit-on-zero, stay at least this long after SIGTERM (Istio's variable; e.g. `5s`).
-    #[arg(long, env = "MINIMUM_DRAIN_DURATION", value_parser = humantime::parse_duration)]
+    /// With exit-on-zero, stay at least this long after SIGTERM (e.g. `5s`); Istio's
+    /// `MINIMUM_DRAIN_DURATION` sets it too.
+    #[arg(long, value_parser = humantime::parse_duration)]
     pub minimum_drain_duration: Option<std::time::Duration>,
     /// Serve DNS on 15053 (UDP and TCP, loopback), where `remora capture --redirect-dns` sends
-    /// port 53; sets `dns.enabled`. Istio's agent serves DNS only when this variable is true.
-    #[arg(long, env = "ISTIO_META_DNS_CAPTURE")]
+    /// port 53; sets `dns.enabled`. Istio's `ISTIO_META_DNS_CAPTURE` sets it too: its agent
+    /// serves DNS only when that variable is true.
+    #[arg(long)]
     pub dns_capture: bool,
     /// How capture delivers inbound traffic (sets `inbound.interception_mode`); Istio's
     /// injector sets the variable from the `sidecar.istio.io/interceptionMode` annotation.
@@ -112,7 +118,14 @@ pub enum LogFormat {
 
 /// `remora run`.
 pub fn run(args: RunArgs) -> ExitCode {
-    let logging = init_tracing(&args.log_level, args.log_format == LogFormat::Json);
+    let filter = match parse_filter(&args.log_level) {
+        Ok(filter) => filter,
+        Err(e) => {
+            eprintln!("remora: --log-level {:?}: {e}", args.log_level);
+            return ExitCode::from(2);
+        }
+    };
+    let logging = init_tracing(&filter, args.log_format == LogFormat::Json);
     match start(args, logging) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -173,8 +186,13 @@ pub fn grpc_bootstrap(args: &remora_inject::grpc::BootstrapArgs) -> ExitCode {
 /// Install the `tracing` subscriber; returns the means to change its filter at run time.
 fn init_tracing(filter: &str, json: bool) -> LogControl {
     use tracing_subscriber::EnvFilter;
-    let (env_filter, initial) = match EnvFilter::try_new(filter) {
-        Ok(f) => (f, filter.to_string()),
+    let parsed = parse_filter(filter);
+    let (env_filter, initial) = match parsed.as_deref().map(EnvFilter::try_new) {
+        Ok(Ok(f)) => (f, parsed.unwrap_or_default()),
+        Ok(Err(e)) => {
+            eprintln!("remora: bad log filter {filter:?} ({e}); using info");
+            (EnvFilter::new("info"), "info".to_string())
+        }
         Err(e) => {
             eprintln!("remora: bad log filter {filter:?} ({e}); using info");
             (EnvFilter::new("info"), "info".to_string())
@@ -209,9 +227,12 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     raise_nofile_limit();
     let overrides = Overrides {
         access_log: args.access_log,
-        exit_on_zero_active_connections: args.exit_on_zero_active_connections,
-        minimum_drain_duration: args.minimum_drain_duration,
-        dns_capture: args.dns_capture,
+        exit_on_zero_active_connections: args.exit_on_zero_active_connections
+            || istio_env::boolean("EXIT_ON_ZERO_ACTIVE_CONNECTIONS"),
+        minimum_drain_duration: args
+            .minimum_drain_duration
+            .or_else(|| istio_env::duration("MINIMUM_DRAIN_DURATION")),
+        dns_capture: args.dns_capture || istio_env::boolean("ISTIO_META_DNS_CAPTURE"),
         agent_port: args.status_port.and_then(std::num::NonZeroU16::new),
         interception_mode: match args.interception_mode {
             Some(InterceptionArg::Redirect) => Some(InterceptionMode::Redirect),
@@ -452,8 +473,20 @@ async fn serve(
     if let Some(dns) = dns {
         dns.spawn().context("serving DNS")?;
     }
-    if let Some(r) = reloader {
-        tokio::spawn(r.watch());
+    match reloader {
+        Some(r) => {
+            tokio::spawn(r.watch());
+        }
+        // SIGHUP's default action ends the process: without a file to reload, it must still
+        // not take the pod's traffic down.
+        None => {
+            let mut hup = signal(SignalKind::hangup()).context("handling SIGHUP")?;
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP: no config file to reload (built-in defaults)");
+                }
+            });
+        }
     }
     state.ready.store(true, Ordering::Release);
     state.metrics.server.set_state(ServerState::Live);

@@ -22,6 +22,7 @@ pub mod dns;
 pub mod drain;
 pub mod http;
 pub mod identity;
+pub mod istio_env;
 pub mod lifecycle;
 pub mod listener;
 pub mod loop_guard;

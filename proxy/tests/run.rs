@@ -168,7 +168,8 @@ fn exit_on_zero_waits_out_the_minimum_drain_duration_then_exits_zero() {
     let child = Command::new(BIN)
         .args(["run", "--config"])
         .arg(&path)
-        .env("EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "true")
+        // As Istio's agent reads it: Go's ParseBool takes `1`, `True`…
+        .env("EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "1")
         .env("MINIMUM_DRAIN_DURATION", "1s")
         .stdout(Stdio::null())
         .stderr(stderr)
@@ -202,6 +203,43 @@ fn exit_on_zero_waits_out_the_minimum_drain_duration_then_exits_zero() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(exit.success(), "{exit:?}");
+}
+
+/// An Istio variable with a value Istio's agent would refuse is ignored with a warning, not a
+/// failed start; log levels take Envoy's names, and a level nobody has is refused at once.
+#[test]
+fn istio_variables_istio_ignores_do_not_stop_the_start_and_log_levels_take_envoys_names() {
+    let dir = TempDir::new("istioenv");
+    let ports = Ports::new();
+    let path = dir.0.join("remora.yaml");
+    std::fs::write(&path, ports.config("")).unwrap();
+    let log = path.with_extension("stderr");
+    let child = Command::new(BIN)
+        .args(["run", "--log-level", "warning,misc:error", "--config"])
+        .arg(&path)
+        .env("EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "maybe")
+        .env("MINIMUM_DRAIN_DURATION", "5")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut remora = Remora(child);
+    remora.wait_ready(&path, ports.readiness);
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(stderr.contains("not a boolean"), "{stderr}");
+    assert!(stderr.contains("not a duration"), "{stderr}");
+    // At `warning`, the info line that says it is ready is not written.
+    assert!(!stderr.contains("remora is ready"), "{stderr}");
+    drop(remora);
+
+    let out = Command::new(BIN)
+        .args(["run", "--log-level", "loud", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("unknown log level `loud`"), "{stderr}");
 }
 
 /// The injector passes a pod's `status.sidecar.istio.io/port` as `--status-port`: the agent

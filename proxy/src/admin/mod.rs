@@ -7,7 +7,7 @@
 mod envoy_api;
 mod logging;
 
-pub use logging::{LogControl, SetFilter};
+pub use logging::{parse_filter, LogControl, SetFilter};
 
 use crate::drain::Drain;
 use crate::metrics::{Metrics, ServerState};
