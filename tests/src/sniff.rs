@@ -30,7 +30,9 @@ impl Sniffer {
         let file = dir.path().join("capture.pcap");
         let stderr = dir.path().join("tcpdump.stderr");
         let mut cmd = ns.command("tcpdump");
-        cmd.args(["-i", iface, "-n", "-U", "-s", "0", "-w"])
+        // Immediate mode: otherwise packets wait in the kernel's ring for a block to fill or
+        // time out, and a short capture stopped with SIGINT can lose all of them.
+        cmd.args(["-i", iface, "-n", "-U", "--immediate-mode", "-s", "0", "-w"])
             .arg(&file)
             .arg(filter)
             .stdin(Stdio::null())

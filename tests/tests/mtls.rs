@@ -275,20 +275,9 @@ fn strict_refuses_plaintext_no_client_certificate_and_another_ca() {
         request,
     );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("hello from the pod"));
-    // TLS that is not the mesh's (no Istio ALPN), even with a good certificate.
-    let out = s_client(
-        &net.peer,
-        target,
-        &[
-            "-alpn",
-            "h2,http/1.1",
-            "-cert",
-            &cert(&good, "cert-chain.pem"),
-            "-key",
-            &cert(&good, "key.pem"),
-        ],
-        request,
-    );
+    // TLS without Istio's ALPN values and without a client certificate (the application's
+    // own TLS, say): STRICT terminates it and the handshake wants a mesh certificate.
+    let out = s_client(&net.peer, target, &["-alpn", "h2,http/1.1"], request);
     assert!(!String::from_utf8_lossy(&out.stdout).contains("hello from the pod"));
     assert!(
         app.peers().is_empty(),
@@ -321,6 +310,27 @@ fn strict_refuses_plaintext_no_client_certificate_and_another_ca() {
         server.stderr()
     );
 
+    // Istio's strict filter chains match TLS whatever its ALPN: a client with a mesh
+    // certificate that offers none of Istio's values (proxyless gRPC, curl --cert) is served.
+    let out = s_client(
+        &net.peer,
+        target,
+        &[
+            "-alpn",
+            "h2,http/1.1",
+            "-cert",
+            &cert(&good, "cert-chain.pem"),
+            "-key",
+            &cert(&good, "key.pem"),
+        ],
+        request,
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("hello from the pod"),
+        "a mesh certificate without Istio's ALPN was refused: {}",
+        server.stderr()
+    );
+
     let m = server.wait_for_metrics("refusals counted", METRICS_TIME, |m| {
         let h = |r: &str| {
             m.value(
@@ -328,10 +338,10 @@ fn strict_refuses_plaintext_no_client_certificate_and_another_ca() {
                 &[("direction", "inbound"), ("result", r)],
             )
         };
-        h("mtls_required") >= 2.0
-            && h("no_client_certificate") >= 1.0
+        h("mtls_required") >= 1.0
+            && h("no_client_certificate") >= 2.0
             && h("unknown_ca") >= 1.0
-            && h("ok") >= 1.0
+            && h("ok") >= 2.0
     });
     drop(m);
     let logs = server.stderr();
@@ -530,4 +540,72 @@ fn a_rotated_certificate_keeps_open_connections_and_serves_new_handshakes() {
     assert_eq!(chain["subject_alt_names"][0]["uri"], SERVER_ID, "{certs}");
     assert!(chain["days_until_expiration"].as_str().is_some(), "{certs}");
     exchange(&mut open, b"still open\n");
+}
+
+/// A server that speaks first (SMTP's shape) on a port nobody declared, behind a PERMISSIVE
+/// sidecar: its greeting reaches the client inside mesh TLS, never in the clear, once the
+/// client's sidecar has given up waiting for the client to speak.
+#[test]
+fn a_server_that_speaks_first_crosses_the_mesh_inside_mutual_tls() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    if !has_command("tcpdump") {
+        skip::<()>("tcpdump is missing (scripts/install-test-deps installs it)");
+        return;
+    }
+    const BANNER: &[u8] = b"220 remora-e2e banner-5d2a ready\r\n";
+    const PORT: u16 = 2528;
+    let ca = MeshCa::new("cluster.local");
+    let (server_dir, client_dir) = two_pods(&net, &ca);
+    let server = net
+        .remora()
+        .config(&server_config(&server_dir, "permissive"))
+        .start_ready();
+    let client_yaml = format!(
+        "{}detection:\n  timeout: 1s\n",
+        client_config(&client_dir, net.pod_ip, SERVER_ID)
+    );
+    let client = net.peer_remora().config(&client_yaml).start_ready();
+    let _app = Server::start(&net.pod, any_addr(PORT), |mut stream| {
+        stream.write_all(BANNER)?;
+        let mut buf = [0u8; 256];
+        let n = stream.read(&mut buf)?;
+        stream.write_all(&buf[..n])
+    });
+    let sniffer = Sniffer::start(&net.peer, "eth0", "tcp");
+
+    let mut stream = peer::connect(&net.peer, net.pod_addr(PORT)).expect("connect");
+    stream
+        .set_read_timeout(Some(CLIENT_TIME))
+        .expect("a read timeout");
+    let mut got = vec![0u8; BANNER.len()];
+    stream.read_exact(&mut got).unwrap_or_else(|e| {
+        panic!(
+            "no banner ({e})\nclient sidecar:\n{}\nserver sidecar:\n{}",
+            client.stderr(),
+            server.stderr()
+        )
+    });
+    assert_eq!(got, BANNER);
+    stream.write_all(b"HELO remora\r\n").expect("write");
+    let mut echo = vec![0u8; 13];
+    stream
+        .read_exact(&mut echo)
+        .expect("the echo after the banner");
+    assert_eq!(echo, b"HELO remora\r\n");
+    drop(stream);
+
+    let wire = sniffer.stop();
+    assert!(
+        !sniff::contains(&wire, b"banner-5d2a"),
+        "the greeting crossed the wire in the clear"
+    );
+    assert!(
+        sniff::contains(&wire, b"istio-peer-exchange"),
+        "no mesh ClientHello in {} captured bytes\nclient sidecar:\n{}",
+        wire.len(),
+        client.stderr()
+    );
+    assert!(handshakes(&client, "outbound", "ok") >= 1.0);
 }

@@ -4,8 +4,9 @@
 //! whole ClientHello included. One that offers Istio's ALPN values is mesh traffic: it is
 //! terminated with the workload certificate (the client's must chain to the mesh roots), and
 //! the decrypted stream is served exactly as plaintext would be, HTTP or TCP, with the client's
-//! sidecar known. Plaintext and the application's own TLS pass as before in PERMISSIVE mode and
-//! are refused in STRICT mode, where nothing is dialled before the client has proven itself.
+//! sidecar known. Plaintext and the application's own TLS pass as before in PERMISSIVE mode; in
+//! STRICT mode plaintext is refused and any TLS is terminated, so only a client with a mesh
+//! certificate gets through, and nothing is dialled before the client has proven itself.
 //!
 //! **Outbound** to a declared mesh destination: detection tells what the application speaks,
 //! which picks Istio's ALPN values; the upstream connection is wrapped in TLS with the workload
@@ -145,8 +146,13 @@ impl Proxy {
             .await;
         let (prefix, upstream) = match detected {
             Detected::Tls(prefix, upstream) => match client_hello::parse(&prefix) {
+                // STRICT terminates any TLS, as Istio's strict filter chains match TLS whatever
+                // its ALPN (a proxyless gRPC client with a mesh certificate offers none of
+                // Istio's); the handshake then requires a mesh client certificate.
                 Parsed::Complete(hello)
-                    if inbound.listener.is_some() || hello.offers_any(&tls::MESH_ALPNS) =>
+                    if inbound.listener.is_some()
+                        || strict
+                        || hello.offers_any(&tls::MESH_ALPNS) =>
                 {
                     let clients = inbound.allowed_clients();
                     let (hop, hello) = (Terminating { hop, mode, clients }, &hello);
@@ -154,7 +160,9 @@ impl Proxy {
                         .terminate(config, downstream, prefix, upstream, hop, hello)
                         .await;
                 }
-                _ if strict => return self.refuse(&downstream, hop, "TLS without Istio's ALPN"),
+                _ if strict => {
+                    return self.refuse(&downstream, hop, "TLS without a whole ClientHello")
+                }
                 // The application's own TLS: its bytes pass untouched.
                 _ => (prefix, upstream),
             },
@@ -378,11 +386,12 @@ impl Proxy {
         let (version, prefix, upstream) = match mode {
             Mode::Tcp => (None, BytesMut::new(), None),
             Mode::Http | Mode::Auto => {
-                let watch_server = mode == Mode::Auto;
-                let wait = detect_wait(config, watch_server);
-                let detected = self
-                    .detect(&mut downstream, hop, watch_server, wait, None)
-                    .await;
+                // Nothing is dialled while detecting: an early connection here would be
+                // plaintext, and the server's sidecar would hand it the application's first
+                // bytes in the clear before mesh TLS could start on it. A client that stays
+                // silent (a server-first protocol) is TCP once the detection timeout ends.
+                let wait = detect_wait(config, mode == Mode::Auto);
+                let detected = self.detect(&mut downstream, hop, false, wait, None).await;
                 match detected {
                     Detected::Http(version, prefix, early) => {
                         (Some(version), prefix, early.map(Ok))
