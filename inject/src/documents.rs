@@ -51,7 +51,7 @@ pub fn inject_yaml(
         if changed {
             let text =
                 serde_yaml_ng::to_string(&Value::Mapping(object)).map_err(InjectError::Emit)?;
-            out.push_str(&text);
+            out.push_str(&crate::yaml11::quote_for_yaml11(&text));
         } else {
             out.push_str(raw);
         }

@@ -36,6 +36,7 @@ pub mod sidecar_template;
 pub mod template;
 pub mod validate;
 pub mod webhook;
+pub mod yaml11;
 
 pub use config::InjectorConfig;
 pub use error::InjectError;
