@@ -125,11 +125,12 @@ impl CertSummary {
 /// Why an identity could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
-    #[error("{path}: {source}")]
+    // The cause is in the message and not a `source`: printed as a chain (`{:#}`), it would
+    // say the same thing twice.
+    #[error("{path}: {cause}")]
     Read {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
@@ -186,9 +187,9 @@ impl Paths {
     /// Read the three files.
     pub fn read(&self) -> Result<Files, IdentityError> {
         let read = |path: &Path| {
-            std::fs::read(path).map_err(|source| IdentityError::Read {
+            std::fs::read(path).map_err(|cause| IdentityError::Read {
                 path: path.to_path_buf(),
-                source,
+                cause,
             })
         };
         Ok(Files {
@@ -320,6 +321,7 @@ impl Watcher {
             expires = %humantime::format_rfc3339_seconds(identity.not_after()),
             "workload certificate loaded"
         );
+        warn_if_expired(&identity);
         store.set(Arc::new(identity));
         Ok(Watcher {
             paths,
@@ -363,6 +365,7 @@ impl Watcher {
                     expires = %humantime::format_rfc3339_seconds(identity.not_after()),
                     "rotated workload certificate loaded"
                 );
+                warn_if_expired(&identity);
                 metrics.identity_loaded(&identity);
                 metrics.rotations.inc();
                 self.store.set(Arc::new(identity));
@@ -377,6 +380,18 @@ impl Watcher {
                 self.last_failed = Some(files);
             }
         }
+    }
+}
+
+/// Peers refuse an expired certificate: say so where an operator looks first. It is still
+/// served, as Envoy serves what its agent hands it, since a newer one may be on its way.
+fn warn_if_expired(identity: &Identity) {
+    if identity.not_after() <= std::time::SystemTime::now() {
+        tracing::warn!(
+            spiffe_id = %identity.spiffe_id,
+            expired = %humantime::format_rfc3339_seconds(identity.not_after()),
+            "the workload certificate has expired: mesh peers will refuse it"
+        );
     }
 }
 

@@ -99,7 +99,11 @@ impl AdminState {
         if self.drain.is_draining() {
             ServerState::Draining
         } else if self.ready.load(Ordering::Acquire) {
-            ServerState::Live
+            // Failed health checks make a live server draining, as in Envoy.
+            match self.health_check_failed.load(Ordering::Acquire) {
+                true => ServerState::Draining,
+                false => ServerState::Live,
+            }
         } else {
             ServerState::PreInitializing
         }
@@ -207,8 +211,8 @@ pub fn respond(role: Role, state: &AdminState, req: &AdminRequest) -> Response<B
         (_, "/healthz/ready") => {
             let failed = state.health_check_failed.load(Ordering::Acquire);
             match state.server_state() {
-                ServerState::Live if !failed => text(StatusCode::OK, "ready\n".into()),
-                ServerState::Live => text(
+                ServerState::Live => text(StatusCode::OK, "ready\n".into()),
+                _ if failed && !state.drain.is_draining() => text(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "health check failed\n".into(),
                 ),
@@ -254,10 +258,12 @@ pub fn respond(role: Role, state: &AdminState, req: &AdminRequest) -> Response<B
         (_, "/drain_listeners") => envoy_api::drain_listeners(state, req),
         (_, "/healthcheck/fail") => {
             state.health_check_failed.store(true, Ordering::Release);
+            state.metrics.server.fail_health_check(true);
             text(StatusCode::OK, "OK\n".into())
         }
         (_, "/healthcheck/ok") => {
             state.health_check_failed.store(false, Ordering::Release);
+            state.metrics.server.fail_health_check(false);
             text(StatusCode::OK, "OK\n".into())
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n".into()),

@@ -49,10 +49,18 @@ fn readiness_follows_start_drain_and_healthcheck_fail() {
     assert_eq!(ready(&s), StatusCode::SERVICE_UNAVAILABLE);
     s.ready.store(true, Ordering::Release);
     assert_eq!(ready(&s), StatusCode::OK);
+    s.metrics.server.set_state(ServerState::Live);
     assert_eq!(post(&s, "/healthcheck/fail").status(), StatusCode::OK);
     assert_eq!(ready(&s), StatusCode::SERVICE_UNAVAILABLE);
+    // As in Envoy: a failed health check makes the server draining for `/ready` and its stats.
+    let admin_ready = get(&s, Role::Admin, "/ready");
+    assert_eq!(admin_ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body(admin_ready), "DRAINING\n");
+    assert_eq!(s.metrics.server.state(), ServerState::Draining);
     assert_eq!(post(&s, "/healthcheck/ok").status(), StatusCode::OK);
     assert_eq!(ready(&s), StatusCode::OK);
+    assert_eq!(body(get(&s, Role::Admin, "/ready")), "LIVE\n");
+    assert_eq!(s.metrics.server.state(), ServerState::Live);
     s.drain.start();
     assert_eq!(ready(&s), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(body(get(&s, Role::Admin, "/ready")), "DRAINING\n");

@@ -83,7 +83,7 @@ fn the_watcher_swaps_in_a_rotation_and_keeps_the_old_one_through_a_half_written_
         Arc::ptr_eq(&first, &store.current().unwrap()),
         "unchanged files reload nothing"
     );
-    assert!(metrics.cert_expiry_seconds.get() > 0);
+    assert!(metrics.cert_expiry_seconds().is_some_and(|s| s > 0));
 
     // Half-written: a new certificate next to the old key.
     let (chain2, key2) = ca.workload(id, false);

@@ -15,7 +15,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -45,6 +45,7 @@ impl ServerState {
 #[derive(Debug)]
 pub struct ServerStats {
     state: AtomicU8,
+    health_check_failed: AtomicBool,
     started: Instant,
     concurrency: AtomicU32,
     listeners_active: AtomicU32,
@@ -54,6 +55,7 @@ impl Default for ServerStats {
     fn default() -> Self {
         ServerStats {
             state: AtomicU8::new(ServerState::PreInitializing as u8),
+            health_check_failed: AtomicBool::new(false),
             started: Instant::now(),
             concurrency: AtomicU32::new(0),
             listeners_active: AtomicU32::new(0),
@@ -67,9 +69,21 @@ impl ServerStats {
         self.state.store(s as u8, Ordering::Release);
     }
 
-    /// The current state.
+    /// Fail (or pass again) the health check, as Envoy's `/healthcheck/fail` and `/ok` do.
+    pub fn fail_health_check(&self, failed: bool) {
+        self.health_check_failed.store(failed, Ordering::Release);
+    }
+
+    /// Whether `/healthcheck/fail` is in force.
+    pub fn health_check_failed(&self) -> bool {
+        self.health_check_failed.load(Ordering::Acquire)
+    }
+
+    /// The current state. A live server whose health check was failed is draining, as Envoy
+    /// reports it (`server.state` 1, `/ready` 503 `DRAINING`).
     pub fn state(&self) -> ServerState {
         match self.state.load(Ordering::Acquire) {
+            0 if self.health_check_failed() => ServerState::Draining,
             0 => ServerState::Live,
             1 => ServerState::Draining,
             3 => ServerState::Initializing,

@@ -12,11 +12,16 @@ use std::time::SystemTime;
 
 type Labels = Vec<(&'static str, &'static str)>;
 
+/// Envoy's `days_until_first_cert_expiring` while it holds no certificate (UINT32_MAX).
+const NO_CERTIFICATE_DAYS: i64 = u32::MAX as i64;
+
 /// The TLS metrics.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct TlsMetrics {
-    /// Seconds until the workload certificate expires (negative once it has).
-    pub cert_expiry_seconds: Gauge,
+    /// Seconds until the workload certificate expires (negative once it has), by Istio's
+    /// `resource_name` (`default`: the workload certificate); no series before one is loaded,
+    /// as Istio's agent exports it only for a certificate it holds.
+    cert_expiry_seconds: Family<Labels, Gauge>,
     pub days_until_first_cert_expiring: Gauge,
     /// Rotated certificates loaded.
     pub rotations: Counter,
@@ -24,6 +29,21 @@ pub struct TlsMetrics {
     pub load_failures: Counter,
     handshakes: Family<Labels, Counter>,
     exchanges: Family<Labels, Counter>,
+}
+
+impl Default for TlsMetrics {
+    fn default() -> Self {
+        let days = Gauge::default();
+        days.set(NO_CERTIFICATE_DAYS);
+        TlsMetrics {
+            cert_expiry_seconds: Family::default(),
+            days_until_first_cert_expiring: days,
+            rotations: Counter::default(),
+            load_failures: Counter::default(),
+            handshakes: Family::default(),
+            exchanges: Family::default(),
+        }
+    }
 }
 
 impl TlsMetrics {
@@ -68,9 +88,18 @@ impl TlsMetrics {
             Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
             Err(e) => -i64::try_from(e.duration().as_secs()).unwrap_or(i64::MAX),
         };
-        self.cert_expiry_seconds.set(left);
+        self.cert_expiry_seconds
+            .get_or_create(&vec![("resource_name", "default")])
+            .set(left);
         self.days_until_first_cert_expiring
             .set(left.max(0) / 86_400);
+    }
+
+    /// Seconds until the workload certificate expires, once one is loaded.
+    pub fn cert_expiry_seconds(&self) -> Option<i64> {
+        self.cert_expiry_seconds
+            .get(&vec![("resource_name", "default")])
+            .map(|g| g.get())
     }
 
     /// One metadata exchange finished: `ok` (the peer's metadata learned), `no_metadata` (a
@@ -86,5 +115,24 @@ impl TlsMetrics {
         self.handshakes
             .get_or_create(&vec![("direction", dir.as_str()), ("result", result)])
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_certificate_expiry_reads_as_envoy_and_istios_agent_show_it() {
+        let mut registry = Registry::default();
+        let m = TlsMetrics::register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("envoy_server_days_until_first_cert_expiring 4294967295"),
+            "{text}"
+        );
+        assert!(!text.contains("istio_agent_cert_expiry_seconds{"), "{text}");
+        assert_eq!(m.cert_expiry_seconds(), None);
     }
 }
