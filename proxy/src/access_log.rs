@@ -109,12 +109,14 @@ impl Entry {
                 self.end.response_flag(),
             ),
             // Every value is an address, a number or one of our own words: nothing to escape.
+            // Envoy's keys keep Envoy's meaning, as on HTTP lines: `bytes_received` came from
+            // the client, `bytes_sent` went back to it.
             AccessLogFormat::Json => format!(
                 "{{\"start_time\":\"{start}\",\"direction\":\"{}\",\"source\":\"{}\",\"destination\":\"{dst}\",\"bytes_sent\":{},\"bytes_received\":{},\"duration_ms\":{ms},\"end\":\"{}\",\"response_flags\":\"{}\"}}\n",
                 self.direction.as_str(),
                 self.source,
-                self.sent,
                 self.received,
+                self.sent,
                 self.end.as_str(),
                 self.end.response_flag(),
             ),
@@ -198,7 +200,9 @@ mod tests {
     fn json_line_is_one_object() {
         let line = entry().format(AccessLogFormat::Json);
         assert!(line.starts_with('{') && line.ends_with("}\n"), "{line}");
-        assert!(line.contains("\"bytes_received\":3456"), "{line}");
+        // Envoy's meaning: received from the client (12), sent back to it (3456).
+        assert!(line.contains("\"bytes_received\":12,"), "{line}");
+        assert!(line.contains("\"bytes_sent\":3456,"), "{line}");
         assert!(line.contains("\"response_flags\":\"UF\""), "{line}");
     }
 }

@@ -16,6 +16,7 @@ pub use streams::copy_streams;
 use socket2::SockRef;
 use std::io;
 use std::net::Shutdown;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::net::TcpStream;
 
@@ -92,25 +93,38 @@ pub async fn copy_bidirectional_after(
     upstream: &TcpStream,
 ) -> Result<Transfer, CopyError> {
     let mut transfer = Transfer::default();
+    // Each direction's bytes so far, readable when the other direction fails first and this
+    // one is dropped mid-way: its bytes were delivered and count.
+    let (sent, received) = (AtomicU64::new(0), AtomicU64::new(0));
     let up = copy_one_way(
         prefix,
-        downstream,
-        upstream,
-        Side::Downstream,
-        Side::Upstream,
+        (downstream, Side::Downstream),
+        (upstream, Side::Upstream),
+        &sent,
     );
-    let down = copy_one_way(&[], upstream, downstream, Side::Upstream, Side::Downstream);
+    let down = copy_one_way(
+        &[],
+        (upstream, Side::Upstream),
+        (downstream, Side::Downstream),
+        &received,
+    );
     tokio::pin!(up, down);
     let (mut up_done, mut down_done) = (false, false);
     let failed = loop {
         tokio::select! {
             r = &mut up, if !up_done => match r {
                 Ok(n) => { transfer.sent = n; up_done = true; }
-                Err((side, e, n)) => { transfer.sent = n; break (side, e); }
+                Err((side, e, n)) => {
+                    transfer = Transfer { sent: n, received: received.load(Ordering::Relaxed) };
+                    break (side, e);
+                }
             },
             r = &mut down, if !down_done => match r {
                 Ok(n) => { transfer.received = n; down_done = true; }
-                Err((side, e, n)) => { transfer.received = n; break (side, e); }
+                Err((side, e, n)) => {
+                    transfer = Transfer { sent: sent.load(Ordering::Relaxed), received: n };
+                    break (side, e);
+                }
             },
         }
         if up_done && down_done {
@@ -129,13 +143,12 @@ pub async fn copy_bidirectional_after(
 }
 
 /// Copy `from` → `to` until end of stream, then half-close `to`. Returns the byte count, or the
-/// side that failed with the error and the count so far.
+/// side that failed with the error and the count so far; `progress` holds the count meanwhile.
 async fn copy_one_way(
     prefix: &[u8],
-    from: &TcpStream,
-    to: &TcpStream,
-    from_side: Side,
-    to_side: Side,
+    (from, from_side): (&TcpStream, Side),
+    (to, to_side): (&TcpStream, Side),
+    progress: &AtomicU64,
 ) -> Result<u64, (Side, io::Error, u64)> {
     let mut buf: Vec<u8> = Vec::new();
     let mut total: u64 = 0;
@@ -158,8 +171,8 @@ async fn copy_one_way(
                             drop(buf);
                             local::bound_bulk_buffers(from, to);
                             // Boxed: only bulk directions pay for its state.
-                            return Box::pin(spliced(pipe, from, to, from_side, to_side, total))
-                                .await;
+                            let ends = ((from, from_side), (to, to_side));
+                            return Box::pin(spliced(pipe, ends, total, progress)).await;
                         }
                         Err(e) => tracing::debug!(error = %e, "no pipe; copying through memory"),
                     }
@@ -190,17 +203,16 @@ async fn copy_one_way(
             return Err((to_side, e, total));
         }
         total += chunk.len() as u64;
+        progress.store(total, Ordering::Relaxed);
     }
 }
 
 /// The rest of a bulk direction, through a pipe (Linux splices TCP sockets since 2.6.25).
 async fn spliced(
     mut pipe: splice::Pipe,
-    from: &TcpStream,
-    to: &TcpStream,
-    from_side: Side,
-    to_side: Side,
+    ((from, from_side), (to, to_side)): ((&TcpStream, Side), (&TcpStream, Side)),
     mut total: u64,
+    progress: &AtomicU64,
 ) -> Result<u64, (Side, io::Error, u64)> {
     loop {
         match pipe.fill(from).await {
@@ -210,6 +222,7 @@ async fn spliced(
                     return Err((to_side, e, total));
                 }
                 total += n as u64;
+                progress.store(total, Ordering::Relaxed);
             }
             Err(e) => return Err((from_side, e, total)),
         }

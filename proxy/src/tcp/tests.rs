@@ -49,16 +49,20 @@ async fn half_close_still_delivers_the_whole_response() {
 #[tokio::test]
 async fn upstream_reset_becomes_downstream_reset() {
     let (down, mut client) = pair().await;
-    let (up, server) = pair().await;
+    let (up, mut server) = pair().await;
     let copier = tokio::spawn(async move { copy_bidirectional(&down, &up).await });
     client.write_all(b"hello").await.unwrap();
-    // Reset from the upstream side.
+    let mut got = [0u8; 5];
+    server.read_exact(&mut got).await.unwrap();
+    // Reset from the upstream side, after it read what the client sent.
     SockRef::from(&server)
         .set_linger(Some(Duration::ZERO))
         .unwrap();
     drop(server);
     let err = copier.await.unwrap().unwrap_err();
     assert!(matches!(err, CopyError::Upstream { .. }), "{err:?}");
+    // The other direction failed, but the bytes this one delivered still count.
+    assert_eq!(err.transfer().sent, 5);
     let mut buf = [0u8; 16];
     let r = client.read(&mut buf).await;
     assert_eq!(
