@@ -213,7 +213,7 @@ impl Proxy {
                 let wait = detect_wait(config, watch_server);
                 let detecting =
                     Box::pin(self.detect(&mut downstream, hop, watch_server, wait, None));
-                match detecting.await {
+                match detecting.await.declared(mode) {
                     Detected::Tcp(prefix, upstream) | Detected::Tls(prefix, upstream) => {
                         (prefix, upstream)
                     }
@@ -426,6 +426,18 @@ enum Detected {
 }
 
 impl Detected {
+    /// On a port declared HTTP, what the client sent is HTTP whatever detection made of it: a
+    /// request line detection does not know (an extension method, a malformed line) goes to
+    /// the HTTP parser, which forwards it or answers 400, instead of through as opaque bytes.
+    fn declared(self, mode: Mode) -> Detected {
+        match self {
+            Detected::Tcp(prefix, upstream) if mode == Mode::Http && !prefix.is_empty() => {
+                Detected::Http(HttpVersion::Http1, prefix, upstream.and_then(Result::ok))
+            }
+            other => other,
+        }
+    }
+
     /// Append `rest`: bytes that were due to detection after what it read (from a stream with
     /// bytes put back in front) but that it did not read.
     fn after(self, rest: BytesMut) -> Detected {

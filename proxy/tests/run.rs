@@ -325,3 +325,67 @@ fn grpc_bootstrap_writes_the_file_the_injector_names() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+/// A listener declared HTTP parses whatever arrives as HTTP: an extension method is forwarded as
+/// a request (with the proxy's headers added), and bytes that are no request get a 400 instead of
+/// passing through as opaque TCP.
+#[test]
+fn a_port_declared_http_serves_every_client_as_http() {
+    let origin = TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = origin.local_addr().unwrap();
+    let (heads, seen) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for conn in origin.incoming().take(2) {
+            let Ok(mut s) = conn else { return };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let _ = heads.send(String::from_utf8_lossy(&head).into_owned());
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
+        }
+    });
+    let dir = TempDir::new("declaredhttp");
+    let ports = Ports::new();
+    let path = dir.0.join("remora.yaml");
+    std::fs::write(&path, ports.config("")).unwrap();
+    let listen = free_port();
+    let child = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&path)
+        .args(["--listen", &format!("127.0.0.1:{listen}")])
+        .args(["--upstream", &upstream.to_string(), "--protocol", "http"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _remora = Remora(child);
+    wait_until("readiness", || {
+        get(ports.readiness, "/healthz/ready").is_ok_and(|(s, _)| s == 200)
+    });
+    let exchange = |request: &[u8]| {
+        let mut s = TcpStream::connect(("127.0.0.1", listen)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(request).unwrap();
+        let mut answer = vec![0u8; 4096];
+        let n = s.read(&mut answer).unwrap();
+        String::from_utf8_lossy(&answer[..n]).into_owned()
+    };
+
+    let answer = exchange(b"PURGEALL /cache HTTP/1.1\r\nHost: origin\r\n\r\n");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let head = seen.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert!(head.starts_with("PURGEALL /cache HTTP/1.1\r\n"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("x-request-id:"),
+        "{head}"
+    );
+
+    let answer = exchange(b"hello there\r\n\r\n");
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        seen.recv_timeout(Duration::from_millis(500)).is_err(),
+        "bytes that are no request reached the upstream"
+    );
+}

@@ -143,7 +143,8 @@ impl Proxy {
         };
         let detected = self
             .detect(&mut downstream, hop, watch_server, wait, None)
-            .await;
+            .await
+            .declared(mode);
         let (prefix, upstream) = match detected {
             Detected::Tls(prefix, upstream) => match client_hello::parse(&prefix) {
                 // STRICT terminates any TLS, as Istio's strict filter chains match TLS whatever
@@ -324,7 +325,7 @@ impl Proxy {
                     .detect(&mut replayed, hop, watch_server, wait, upstream)
                     .await;
                 let (not_read, _) = replayed.into_parts();
-                let detected = detected.after(not_read);
+                let detected = detected.after(not_read).declared(mode);
                 match detected {
                     Detected::Http(version, prefix, early) => {
                         let http = (version, prefix, early);
@@ -391,7 +392,10 @@ impl Proxy {
                 // bytes in the clear before mesh TLS could start on it. A client that stays
                 // silent (a server-first protocol) is TCP once the detection timeout ends.
                 let wait = detect_wait(config, mode == Mode::Auto);
-                let detected = self.detect(&mut downstream, hop, false, wait, None).await;
+                let detected = self
+                    .detect(&mut downstream, hop, false, wait, None)
+                    .await
+                    .declared(mode);
                 match detected {
                     Detected::Http(version, prefix, early) => {
                         (Some(version), prefix, early.map(Ok))
