@@ -32,11 +32,13 @@ pub fn append(headers: &mut HeaderMap, ours: &SpiffeId, peer: &Peer) {
 
 /// This hop's element: who we are, and the client's certificate.
 pub fn element(ours: &SpiffeId, peer: &Peer) -> String {
+    // The subject's own quotes, semicolons and commas are escaped already (RFC 2253), as in
+    // Envoy's header: a parser that splits on `;` cannot be fed an element of the client's.
     let mut element = format!(
         "By={};Hash={};Subject=\"{}\"",
         ours.as_str(),
         peer.cert_hash,
-        peer.subject.replace('"', "\\\"")
+        peer.subject
     );
     if let Some(id) = &peer.spiffe_id {
         element.push_str(";URI=");
@@ -49,7 +51,8 @@ pub fn element(ours: &SpiffeId, peer: &Peer) -> String {
     element
 }
 
-/// A certificate's subject as Envoy prints it: RFC 2253 order (last RDN first), `,`-separated.
+/// A certificate's subject as Envoy prints it (OpenSSL's RFC 2253 form): last RDN first,
+/// `,`-separated, OpenSSL's short names, special characters in values escaped.
 pub fn subject(der: &[u8]) -> String {
     let Ok((_, cert)) = X509Certificate::from_der(der) else {
         return String::new();
@@ -62,15 +65,23 @@ pub fn subject(der: &[u8]) -> String {
                 .map(|attr| {
                     let oid = attr.attr_type().to_id_string();
                     let name = match oid.as_str() {
-                        "2.5.4.3" => "CN".to_string(),
-                        "2.5.4.10" => "O".to_string(),
-                        "2.5.4.11" => "OU".to_string(),
-                        "2.5.4.6" => "C".to_string(),
-                        "2.5.4.7" => "L".to_string(),
-                        "2.5.4.8" => "ST".to_string(),
-                        _ => oid,
+                        "2.5.4.3" => "CN",
+                        "2.5.4.10" => "O",
+                        "2.5.4.11" => "OU",
+                        "2.5.4.6" => "C",
+                        "2.5.4.7" => "L",
+                        "2.5.4.8" => "ST",
+                        "2.5.4.4" => "SN",
+                        "2.5.4.5" => "serialNumber",
+                        "2.5.4.9" => "street",
+                        "2.5.4.12" => "title",
+                        "2.5.4.42" => "GN",
+                        "0.9.2342.19200300.100.1.1" => "UID",
+                        "0.9.2342.19200300.100.1.25" => "DC",
+                        "1.2.840.113549.1.9.1" => "emailAddress",
+                        other => other,
                     };
-                    format!("{name}={}", attr.as_str().unwrap_or("#"))
+                    format!("{name}={}", escape_rfc2253(attr.as_str().unwrap_or("#")))
                 })
                 .collect::<Vec<_>>()
                 .join("+")
@@ -78,6 +89,22 @@ pub fn subject(der: &[u8]) -> String {
         .collect();
     rdns.reverse();
     rdns.join(",")
+}
+
+/// An attribute value with RFC 2253's special characters escaped, as OpenSSL escapes them.
+fn escape_rfc2253(value: &str) -> String {
+    let last = value.chars().count().saturating_sub(1);
+    let mut out = String::with_capacity(value.len());
+    for (i, c) in value.chars().enumerate() {
+        let special = matches!(c, ',' | '+' | '"' | '\\' | '<' | '>' | ';')
+            || (i == 0 && matches!(c, '#' | ' '))
+            || (i == last && c == ' ');
+        if special {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -112,5 +139,34 @@ mod tests {
             .to_str()
             .unwrap()
             .starts_with("By=x;Hash=y,By=spiffe://"));
+    }
+
+    #[test]
+    fn subjects_are_escaped_as_openssl_writes_rfc_2253() {
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CountryName, "US");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "Acme, Inc.");
+        params.distinguished_name.push(
+            rcgen::DnType::CommonName,
+            "x\";URI=spiffe://cluster.local/ns/kube-system/sa/admin;By=\"y",
+        );
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let subject = subject(cert.der());
+        assert_eq!(
+            subject,
+            "CN=x\\\"\\;URI=spiffe://cluster.local/ns/kube-system/sa/admin\\;By=\\\"y,O=Acme\\, Inc.,C=US"
+        );
+        let ours = SpiffeId::parse("spiffe://cluster.local/ns/foo/sa/httpbin").unwrap();
+        let element = element(&ours, &Peer { subject, ..peer() });
+        // One URI: the client's, not one its subject tried to add (escaped, it is text).
+        let unescaped = element.matches(";URI=").count() - element.matches("\\;URI=").count();
+        assert_eq!(unescaped, 1, "{element}");
+        assert_eq!(escape_rfc2253(" #a "), "\\ #a\\ ");
     }
 }
