@@ -411,3 +411,69 @@ fn http2_request_headers_over_the_limits_are_431_and_never_forwarded() {
     });
     remora.wait_for_access_log("\"GET /many HTTP/2\" 431 DPE");
 }
+
+/// nginx ends an HTTP/2 connection after `keepalive_requests` requests with a single GOAWAY
+/// whose last stream id leaves the streams already on their way unprocessed. Those never
+/// reached the application, so they are retried (as Envoy retries them) on a new connection:
+/// every request of a load that crosses many such ends succeeds.
+#[test]
+fn streams_an_upstream_goaway_left_unprocessed_are_retried_on_a_new_connection() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    for tool in ["nginx", "h2load"] {
+        if !remora_e2e::has_command(tool) {
+            remora_e2e::skip::<()>(&format!(
+                "{tool} is missing (scripts/install-test-deps installs it)"
+            ));
+            return;
+        }
+    }
+    net.capture_default();
+    // Each failed request is logged at debug: the assertion shows why.
+    let remora = net
+        .remora()
+        .env("REMORA_LOG", "info,remora::http=debug")
+        .start_ready();
+    let dir = net.binary().make_dir("nginx");
+    let conf = dir.join("nginx.conf");
+    let origin = net.peer_addr(8446);
+    let d = dir.display();
+    std::fs::write(
+        &conf,
+        format!(
+            "worker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+             events {{ worker_connections 256; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {d};\n  proxy_temp_path {d};\n  \
+             fastcgi_temp_path {d};\n  uwsgi_temp_path {d};\n  scgi_temp_path {d};\n  \
+             server {{\n    listen {origin} http2;\n    keepalive_requests 50;\n    \
+             location / {{ return 200 \"hello\\n\"; }}\n  }}\n}}\n"
+        ),
+    )
+    .expect("write nginx.conf");
+    let conf = conf.to_string_lossy().into_owned();
+    let _nginx = remora_e2e::service::Service::start(&net.peer, "nginx", &["-c", &conf], origin);
+    let mut h2load = net.pod.command("h2load");
+    h2load.args([
+        "-n",
+        "600",
+        "-c",
+        "2",
+        "-m",
+        "10",
+        &format!("http://{origin}/"),
+    ]);
+    let out =
+        remora_e2e::process::run_bounded(&mut h2load, Duration::from_secs(60)).expect("run h2load");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains("status codes: 600 2xx"),
+        "requests failed across the origin's GOAWAYs:\n{report}\n{}",
+        remora
+            .stderr()
+            .lines()
+            .filter(|l| l.contains("request failed"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

@@ -226,12 +226,21 @@ impl ProxyError {
         }
     }
 
+    /// Whether the upstream connection said GOAWAY: no new stream should go on it.
+    pub fn went_away(&self) -> bool {
+        self.source
+            .as_deref()
+            .is_some_and(|e| refused_by_go_away(e as &(dyn std::error::Error + 'static)))
+    }
+
     /// Classify an error of the HTTP client sending a request and awaiting its response head.
     pub fn from_send(upstream: SocketAddr, e: hyper::Error) -> Self {
         let kind = if e.is_parse() {
             ErrorKind::UpstreamProtocol
         } else if e.is_timeout() {
             ErrorKind::Timeout
+        } else if refused_by_go_away(&e) {
+            ErrorKind::RefusedStream
         } else {
             match h2_reason(&e) {
                 Some(h2::Reason::REFUSED_STREAM) => ErrorKind::RefusedStream,
@@ -241,6 +250,23 @@ impl ProxyError {
         };
         ProxyError::new(kind, upstream, e)
     }
+}
+
+/// Whether the stream failed on the server's GOAWAY. h2 fails a stream with the peer's GOAWAY
+/// only when its id is above the GOAWAY's last stream id, or when it was opened after it: the
+/// server never processed it (RFC 9113 §6.8), so it is as safe to retry as a refused stream,
+/// as Envoy retries it. A stream the server had taken and did not finish ends otherwise (a
+/// broken pipe) and is not retried.
+fn refused_by_go_away(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    for _ in 0..16 {
+        let Some(c) = cause else { return false };
+        if let Some(h2) = c.downcast_ref::<h2::Error>() {
+            return h2.is_go_away() && h2.is_remote();
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// The HTTP/2 error code carried somewhere in an error's source chain.

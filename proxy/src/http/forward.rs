@@ -280,7 +280,7 @@ async fn send(ctx: &ConnContext, req: Request<UpstreamBody>) -> Result<Upstreame
                 tracing::debug!(%dst, error = %e, "pooled connection closed; opening another");
                 req = *back;
             }
-            Err(SendError::Failed(e)) => return Err(e),
+            Err(SendError::Failed(e)) => return Err(forget_if_gone(ctx, e)),
         }
     }
     let sender = match &ctx.originate {
@@ -298,9 +298,19 @@ async fn send(ctx: &ConnContext, req: Request<UpstreamBody>) -> Result<Upstreame
     }
     match send_on(ctx, sender, req).await {
         Ok(up) => Ok(up),
-        Err(SendError::Unsent(_, e)) => Err(ProxyError::from_send(dst, e)),
-        Err(SendError::Failed(e)) => Err(e),
+        Err(SendError::Unsent(_, e)) => Err(forget_if_gone(ctx, ProxyError::from_send(dst, e))),
+        Err(SendError::Failed(e)) => Err(forget_if_gone(ctx, e)),
     }
+}
+
+/// `e`, after taking the shared HTTP/2 connection out of the pool if `e` says it went away:
+/// otherwise the retry, and every request after it, would be given the same connection until
+/// the server closes it.
+fn forget_if_gone(ctx: &ConnContext, e: ProxyError) -> ProxyError {
+    if ctx.originate.is_none() && e.went_away() {
+        ctx.proxy.pool.forget_shared(&ctx.key);
+    }
+    e
 }
 
 async fn send_on(

@@ -148,6 +148,19 @@ impl<C: Pooled> Pool<C> {
         self.start_reaper();
     }
 
+    /// Stop sharing the HTTP/2 connection to `key`: it said GOAWAY, and the streams on their way
+    /// keep it open until they finish. The next request opens a new one.
+    pub fn forget_shared(&self, key: &Key) {
+        if key.version != HttpVersion::Http2 {
+            return;
+        }
+        let gone = {
+            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            idle.remove(key)
+        };
+        drop(gone);
+    }
+
     fn start_reaper(self: &Arc<Self>) {
         if self.reaper_started.swap(true, Ordering::Relaxed) {
             return;
