@@ -156,9 +156,11 @@ pub(super) fn clusters(state: &AdminState, req: &AdminRequest) -> Response<Body>
     text(StatusCode::OK, body)
 }
 
-/// `/config_dump`: Envoy's admin v3 `ConfigDump` (a `configs` array of `@type`d entries) for
-/// what Remora has, plus Remora's own config as a last entry of its own type.
-pub(super) fn config_dump(state: &AdminState) -> Response<Body> {
+/// `/config_dump`: Envoy's admin v3 `ConfigDump` (a `configs` array of `@type`d entries, in
+/// Envoy's order) for what Remora has, plus Remora's own config as a last entry of its own
+/// type. `?resource=static_clusters` (or `static_listeners`) lists that field's entries alone,
+/// each `@type`d, as Envoy does.
+pub(super) fn config_dump(state: &AdminState, req: &AdminRequest) -> Response<Body> {
     let config = state.config.load();
     let t = |name: &str| format!("type.googleapis.com/envoy.admin.v3.{name}");
     let listeners: Vec<Value> = state
@@ -190,6 +192,26 @@ pub(super) fn config_dump(state: &AdminState) -> Response<Body> {
             }})
         })
         .collect();
+    if let Some(resource) = req.param("resource") {
+        let (entries, of) = match resource {
+            "static_clusters" => (clusters, "ClustersConfigDump.StaticCluster"),
+            "static_listeners" => (listeners, "ListenersConfigDump.StaticListener"),
+            other => {
+                return text(
+                    StatusCode::NOT_FOUND,
+                    format!("{other} not found in config dump\n"),
+                )
+            }
+        };
+        let typed: Vec<Value> = entries
+            .into_iter()
+            .map(|mut e| {
+                e["@type"] = Value::String(t(of));
+                e
+            })
+            .collect();
+        return json(StatusCode::OK, &json!({ "configs": typed }));
+    }
     let remora_config = serde_json::to_value(&**config).unwrap_or(Value::Null);
     json(
         StatusCode::OK,
@@ -198,8 +220,8 @@ pub(super) fn config_dump(state: &AdminState) -> Response<Body> {
                 "node": node(state),
                 "admin": { "address": socket_address(&config.admin.address) },
             }},
-            { "@type": t("ListenersConfigDump"), "static_listeners": listeners },
             { "@type": t("ClustersConfigDump"), "static_clusters": clusters },
+            { "@type": t("ListenersConfigDump"), "static_listeners": listeners },
             { "@type": t("SecretsConfigDump") },
             { "@type": "type.googleapis.com/remora.admin.v1.RemoraConfigDump", "config": remora_config },
         ]}),

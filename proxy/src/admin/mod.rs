@@ -235,7 +235,7 @@ pub fn respond(role: Role, state: &AdminState, req: &AdminRequest) -> Response<B
         (_, "/server_info") => envoy_api::server_info(state),
         (_, "/listeners") => envoy_api::listeners(state, req),
         (_, "/clusters") => envoy_api::clusters(state, req),
-        (_, "/config_dump") => envoy_api::config_dump(state),
+        (_, "/config_dump") => envoy_api::config_dump(state, req),
         (_, "/certs") => envoy_api::certs(state),
         (Method::GET, "/logging") => match &state.logging {
             Some(l) => text(StatusCode::OK, format!("active filter: {}\n", l.current())),

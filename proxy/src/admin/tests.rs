@@ -152,19 +152,34 @@ fn config_dump_has_envoys_shape() {
         types[..4],
         [
             "type.googleapis.com/envoy.admin.v3.BootstrapConfigDump",
-            "type.googleapis.com/envoy.admin.v3.ListenersConfigDump",
             "type.googleapis.com/envoy.admin.v3.ClustersConfigDump",
+            "type.googleapis.com/envoy.admin.v3.ListenersConfigDump",
             "type.googleapis.com/envoy.admin.v3.SecretsConfigDump",
         ]
     );
-    let l = &configs[1]["static_listeners"][0]["listener"];
+    let l = &configs[2]["static_listeners"][0]["listener"];
     assert_eq!(l["name"], "virtualOutbound");
     assert_eq!(l["address"]["socket_address"]["port_value"], 15001);
     assert_eq!(
-        configs[2]["static_clusters"][0]["cluster"]["type"],
+        configs[1]["static_clusters"][0]["cluster"]["type"],
         "ORIGINAL_DST"
     );
     assert_eq!(configs[4]["config"]["outbound"]["port"], 15001);
+
+    // One field's entries alone, each typed; a field there is not is 404, as in Envoy.
+    let j: serde_json::Value = serde_json::from_str(&body(get(
+        &s,
+        Role::Admin,
+        "/config_dump?resource=static_clusters",
+    )))
+    .unwrap();
+    assert_eq!(
+        j["configs"][0]["@type"],
+        "type.googleapis.com/envoy.admin.v3.ClustersConfigDump.StaticCluster"
+    );
+    assert_eq!(j["configs"][0]["cluster"]["type"], "ORIGINAL_DST");
+    let r = get(&s, Role::Admin, "/config_dump?resource=bogus");
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
 }
 
 #[test]
