@@ -46,6 +46,7 @@ pub async fn handle(
     let mut end = RequestEnd::new(Arc::clone(&ctx), None, grpc, start.1);
 
     // Phase 1: the request.
+    origin_form(&mut req);
     let refused = if ctx.smuggled(end.position) {
         Err(ErrorKind::MalformedRequest(
             "content-length with transfer-encoding",
@@ -55,7 +56,9 @@ pub async fn handle(
         // size of the header list.
         Err(ErrorKind::HeadersTooLarge)
     } else {
-        headers::check_request(req.headers()).map_err(ErrorKind::MalformedRequest)
+        headers::check_request(req.headers())
+            .and_then(|()| headers::check_target(&req))
+            .map_err(ErrorKind::MalformedRequest)
     };
     if let Err(kind) = refused {
         if ctx.logging() {
@@ -252,6 +255,26 @@ async fn attempts(
         drop(result);
         tokio::time::sleep(retry::backoff(http.retry_backoff, attempt)).await;
         attempt += 1;
+    }
+}
+
+/// An HTTP/1.1 request in absolute form (`GET http://host/path`) goes on in origin form, with
+/// the target's authority as its Host (RFC 9112 §3.2.2), as Envoy forwards it: the application
+/// and the authorization policies see one shape of request.
+fn origin_form<B>(req: &mut Request<B>) {
+    if req.version() != http::Version::HTTP_11 || req.uri().scheme().is_none() {
+        return;
+    }
+    let Some(authority) = req.uri().authority() else {
+        return;
+    };
+    let Ok(host) = HeaderValue::from_str(authority.as_str()) else {
+        return;
+    };
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    if let Ok(uri) = target.parse() {
+        *req.uri_mut() = uri;
+        req.headers_mut().insert(http::header::HOST, host);
     }
 }
 

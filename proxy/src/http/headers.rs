@@ -33,6 +33,27 @@ pub fn check_request(headers: &HeaderMap) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// The request's target and Host as RFC 9112 wants them of HTTP/1.1 (HTTP/2 carries them in
+/// pseudo-headers): at most one Host, and an origin-form target (`*` for OPTIONS, an authority
+/// for CONNECT). Envoy answers the others 400. (A request with no Host is still forwarded.)
+pub fn check_target<B>(req: &http::Request<B>) -> Result<(), &'static str> {
+    if req.version() != http::Version::HTTP_11 {
+        return Ok(());
+    }
+    if req.headers().get_all(header::HOST).iter().count() > 1 {
+        return Err("repeated host");
+    }
+    let method = req.method();
+    let path = req.uri().path();
+    let origin_form = req.uri().authority().is_none() && path.starts_with('/');
+    let asterisk = method == http::Method::OPTIONS && req.uri() == "*";
+    if origin_form || asterisk || method == http::Method::CONNECT {
+        Ok(())
+    } else {
+        Err("invalid request target")
+    }
+}
+
 /// Whether the request is gRPC (`content-type: application/grpc…`).
 pub fn is_grpc(headers: &HeaderMap) -> bool {
     headers
@@ -211,6 +232,34 @@ mod tests {
             );
         }
         h
+    }
+
+    #[test]
+    fn http_1_1_targets_and_hosts_as_rfc_9112_wants_them() {
+        let req = |method: &str, target: &str, hosts: &[&str]| {
+            let mut b = http::Request::builder().method(method).uri(target);
+            for h in hosts {
+                b = b.header(header::HOST, *h);
+            }
+            b.body(()).unwrap()
+        };
+        assert_eq!(check_target(&req("GET", "/a?b", &["x"])), Ok(()));
+        assert_eq!(check_target(&req("OPTIONS", "*", &["x"])), Ok(()));
+        assert_eq!(check_target(&req("CONNECT", "x:443", &["x:443"])), Ok(()));
+        for (method, target, hosts) in [
+            ("GET", "/a", &["x", "y"][..]),
+            ("GET", "admin", &["x"][..]),
+            ("GET", "*", &["x"][..]),
+        ] {
+            assert!(
+                check_target(&req(method, target, hosts)).is_err(),
+                "{method} {target} {hosts:?}"
+            );
+        }
+        // HTTP/2 carries both in pseudo-headers: nothing to check here.
+        let mut h2 = req("GET", "/a", &[]);
+        *h2.version_mut() = http::Version::HTTP_2;
+        assert_eq!(check_target(&h2), Ok(()));
     }
 
     #[test]

@@ -140,7 +140,10 @@ pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'
         let value = h.value;
         let drop = match name.len() {
             4 if name.eq_ignore_ascii_case(b"host") => {
-                head.host = Some(value);
+                // Two are a 400, which the general path answers.
+                if head.host.replace(value).is_some() {
+                    return None;
+                }
                 false
             }
             10 if name.eq_ignore_ascii_case(b"user-agent") => {
