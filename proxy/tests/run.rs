@@ -389,3 +389,82 @@ fn a_port_declared_http_serves_every_client_as_http() {
         "bytes that are no request reached the upstream"
     );
 }
+
+/// A client whose request body stops half way is the client's failure, not the upstream's:
+/// reset, it is counted as Envoy counts it (response code 0, `DC`); a body that is no valid
+/// chunked framing is answered 400 `DPE`.
+#[test]
+fn a_request_body_the_client_breaks_is_its_failure_not_the_upstreams() {
+    // An upstream that reads everything and never answers.
+    let sink = TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = sink.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in sink.incoming().take(4) {
+            let Ok(mut s) = conn else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                while s.read(&mut buf).is_ok_and(|n| n > 0) {}
+            });
+        }
+    });
+    let dir = TempDir::new("bodyfail");
+    let ports = Ports::new();
+    let path = dir.0.join("remora.yaml");
+    std::fs::write(&path, ports.config("")).unwrap();
+    let listen = free_port();
+    let child = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&path)
+        .args(["--listen", &format!("127.0.0.1:{listen}")])
+        .args(["--upstream", &upstream.to_string(), "--protocol", "http"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _remora = Remora(child);
+    wait_until("readiness", || {
+        get(ports.readiness, "/healthz/ready").is_ok_and(|(s, _)| s == 200)
+    });
+
+    let mut s = TcpStream::connect(("127.0.0.1", listen)).unwrap();
+    s.write_all(b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+        .unwrap();
+    s.write_all(&[b'a'; 50_000]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    socket2::SockRef::from(&s)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(s);
+
+    let mut s = TcpStream::connect(("127.0.0.1", listen)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(
+        b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
+    )
+    .unwrap();
+    let mut answer = [0u8; 64];
+    let n = s.read(&mut answer).unwrap();
+    assert!(
+        answer[..n].starts_with(b"HTTP/1.1 400"),
+        "{:?}",
+        &answer[..n]
+    );
+
+    let code = |code: &str, flags: &str| {
+        let (_, body) = get(ports.metrics, "/stats/prometheus").unwrap();
+        body.lines()
+            .filter(|l| l.starts_with("istio_requests_total{"))
+            .filter(|l| l.contains(&format!("response_code=\"{code}\"")))
+            .filter(|l| l.contains(&format!("response_flags=\"{flags}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    wait_until("both requests counted", || {
+        code("0", "DC") == 1 && code("400", "DPE") == 1
+    });
+    assert_eq!(
+        code("503", "UC"),
+        0,
+        "the client's failure blamed on the upstream"
+    );
+}

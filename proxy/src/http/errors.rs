@@ -109,6 +109,9 @@ pub enum ErrorKind {
     HeadersTooLarge,
     /// An authorization policy denied the request (Envoy's RBAC filter); never forwarded.
     AccessDenied,
+    /// The client's request body ended early (it reset or closed) while it went upstream: no
+    /// response reaches it, and Envoy logs response code 0 with `DC`.
+    DownstreamAborted,
 }
 
 impl ErrorKind {
@@ -117,7 +120,8 @@ impl ErrorKind {
         match self {
             ErrorKind::MalformedRequest(_)
             | ErrorKind::HeadersTooLarge
-            | ErrorKind::AccessDenied => Origin::Downstream,
+            | ErrorKind::AccessDenied
+            | ErrorKind::DownstreamAborted => Origin::Downstream,
             ErrorKind::Timeout => Origin::Internal,
             _ => Origin::Upstream,
         }
@@ -134,6 +138,7 @@ impl ErrorKind {
             ErrorKind::MalformedRequest(_) | ErrorKind::HeadersTooLarge => Flags::DPE,
             // Envoy's RBAC filter sets no flag, only its response code details.
             ErrorKind::AccessDenied => Flags::default(),
+            ErrorKind::DownstreamAborted => Flags::DC,
         }
     }
 
@@ -155,6 +160,8 @@ impl ErrorKind {
             ErrorKind::MalformedRequest(_) => StatusCode::BAD_REQUEST,
             ErrorKind::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ErrorKind::AccessDenied => StatusCode::FORBIDDEN,
+            // Nobody reads it; the request's metrics and log say 0, as Envoy's do.
+            ErrorKind::DownstreamAborted => StatusCode::BAD_REQUEST,
             _ => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -170,6 +177,8 @@ impl ErrorKind {
             | ErrorKind::UpstreamProtocol => 13,
             // PERMISSION_DENIED, as Envoy maps a 403.
             ErrorKind::AccessDenied => 7,
+            // CANCELLED: the client went away.
+            ErrorKind::DownstreamAborted => 1,
             // UNAVAILABLE: the call may be retried by the client.
             _ => 14,
         }
@@ -198,6 +207,7 @@ impl ErrorKind {
             ErrorKind::MalformedRequest(why) => why,
             ErrorKind::HeadersTooLarge => "request headers too large",
             ErrorKind::AccessDenied => "RBAC: access denied",
+            ErrorKind::DownstreamAborted => "downstream_remote_disconnect",
         }
     }
 }
@@ -235,7 +245,9 @@ impl ProxyError {
 
     /// Classify an error of the HTTP client sending a request and awaiting its response head.
     pub fn from_send(upstream: SocketAddr, e: hyper::Error) -> Self {
-        let kind = if e.is_parse() {
+        let kind = if let Some(kind) = request_body_failure(&e) {
+            kind
+        } else if e.is_parse() {
             ErrorKind::UpstreamProtocol
         } else if e.is_timeout() {
             ErrorKind::Timeout
@@ -250,6 +262,34 @@ impl ProxyError {
         };
         ProxyError::new(kind, upstream, e)
     }
+}
+
+/// The client's fault, when sending failed because its request body did: hyper reports a
+/// body's own error as the user's. Bytes that are no valid body framing (a bad chunk size) are
+/// a malformed request (400, `DPE`); a body that just stopped (the client reset or left) is
+/// the client gone (`DC`). Neither is the upstream's failure.
+fn request_body_failure(e: &hyper::Error) -> Option<ErrorKind> {
+    if !e.is_user() {
+        return None;
+    }
+    let mut cause = std::error::Error::source(e);
+    for _ in 0..16 {
+        let Some(c) = cause else { break };
+        let malformed = c
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_parse)
+            || c.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData
+                )
+            });
+        if malformed {
+            return Some(ErrorKind::MalformedRequest("invalid request body framing"));
+        }
+        cause = c.source();
+    }
+    Some(ErrorKind::DownstreamAborted)
 }
 
 /// Whether the stream failed on the server's GOAWAY. h2 fails a stream with the peer's GOAWAY

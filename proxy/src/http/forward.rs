@@ -494,7 +494,11 @@ fn local_reply(kind: ErrorKind, grpc: bool, mut end: RequestEnd) -> Response<Res
         builder = builder.header(CONNECTION, "close");
     }
     end.flags.insert(kind.flag());
-    end.status = if grpc { 200 } else { kind.status().as_u16() };
+    end.status = match kind {
+        ErrorKind::DownstreamAborted => 0,
+        _ if grpc => 200,
+        _ => kind.status().as_u16(),
+    };
     end.grpc_status = grpc.then(|| u32::from(kind.grpc_status()));
     if let Some(log) = &mut end.log {
         log.status = end.status;
