@@ -1,7 +1,9 @@
 //! The decision: a pure function from the policies that apply to this workload and what is
 //! known of one request (or TCP connection) to allow or deny, in Istio's order.
 //!
-//! CUSTOM policies are not evaluated (no external authorizer); AUDIT policies are matched and
+//! CUSTOM policies have no external authorizer to ask here, so their rules deny, as istiod
+//! turns a CUSTOM policy whose provider it cannot use into DENY rules (failing closed, so that
+//! the security posture a CUSTOM policy sets is never weaker); AUDIT policies are matched and
 //! reported but decide nothing; a matching DENY rule denies; then, when any ALLOW policy applies
 //! to the workload, one of its rules must match; with none, the request is allowed. Policies
 //! marked `istio.io/dry-run` are evaluated beside the enforced ones and only reported, as Envoy's
@@ -98,7 +100,8 @@ pub struct PolicySet {
     audit: Vec<Rule>,
     dry_run_deny: Option<Vec<Rule>>,
     dry_run_allow: Option<Vec<Rule>>,
-    /// `namespace/name` of the CUSTOM policies that apply, which Remora cannot enforce.
+    /// `namespace/name` of the CUSTOM policies that apply, whose rules deny (no external
+    /// authorizer here).
     pub custom: Vec<String>,
     /// How many policies of each action apply (dry-run ones included).
     pub counts: Counts,
@@ -121,9 +124,13 @@ impl PolicySet {
         for p in policies {
             let rules = p.rules.iter().cloned();
             match (p.action, p.dry_run) {
-                (Action::Custom, _) => {
+                (Action::Custom, dry_run) => {
                     set.custom.push(format!("{}/{}", p.namespace, p.name));
                     set.counts.custom += 1;
+                    match dry_run {
+                        false => set.deny.extend(rules),
+                        true => set.dry_run_deny.get_or_insert_with(Vec::new).extend(rules),
+                    }
                 }
                 (Action::Audit, _) => {
                     set.audit.extend(rules);

@@ -105,7 +105,7 @@ pub fn build(
         built.applied.push(format!("{}/{}", p.namespace, p.name));
         if p.action == Action::Custom {
             built.warnings.push(format!(
-                "{}/{}: CUSTOM (external authorization) is not supported; the policy is not enforced",
+                "{}/{}: CUSTOM (external authorization) is not supported; what its rules match is denied, as Istio denies it when it cannot use the provider",
                 p.namespace, p.name
             ));
         }

@@ -499,11 +499,22 @@ fn policies_select_by_namespace_labels_and_target() {
 }
 
 #[test]
-fn custom_audit_and_dry_run_decide_nothing() {
-    let custom = policy("  action: CUSTOM\n  provider:\n    name: ext\n  rules:\n  - {}\n");
+fn custom_fails_closed_audit_and_dry_run_decide_nothing() {
+    // No external authorizer: what a CUSTOM policy's rules match is denied, as istiod makes
+    // DENY rules of a CUSTOM policy whose provider it cannot use.
+    let custom = policy(
+        "  action: CUSTOM\n  provider:\n    name: ext\n  rules:\n  - to:\n    - operation:\n        paths: [\"/ext\"]\n",
+    );
     let s = set(&custom);
     assert_eq!(s.custom, vec!["server/p".to_string()]);
     assert!(http(&s, &GET));
+    assert!(!http(
+        &s,
+        &Req {
+            path: "/ext",
+            ..GET
+        }
+    ));
     let audit = set(&policy("  action: AUDIT\n  rules:\n  - {}\n"));
     assert!(http(&audit, &GET));
     let dry = policy("  action: DENY\n  rules:\n  - {}\n").replace(
