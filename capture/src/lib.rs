@@ -130,6 +130,20 @@ pub fn apply_rules(
         (Backend::Iptables(forced), Action::CleanupOnly) => {
             let tools = IptablesToolset::detect(config.ipv6, forced, runner)?;
             apply::cleanup_with(&generate(config), &tools, runner)?;
+            if !config.ipv6 {
+                // An earlier run with --dual-stack (or while the pod had an IPv6 address) left
+                // ip6tables rules that are ours too. Best effort: a kernel without IPv6 has
+                // nothing to remove.
+                let both = CaptureConfig {
+                    ipv6: true,
+                    ..config.clone()
+                };
+                let removed = IptablesToolset::detect(true, forced, runner)
+                    .and_then(|tools| apply::cleanup_with(&generate(&both), &tools, runner));
+                if let Err(e) = removed {
+                    tracing::debug!(error = %e, "no IPv6 capture rules removed");
+                }
+            }
         }
         (Backend::Nftables, Action::Apply) => {
             nft::apply::install(&nft::generate_nft(config), install, runner)?;

@@ -236,3 +236,26 @@ fn iptables_flavours_are_detected_forced_and_reconciled_atomically() {
         "{saved}"
     );
 }
+
+#[test]
+fn cleanup_that_sees_no_ipv6_still_removes_an_earlier_installs_ipv6_rules() {
+    let tools: &[&[&str]] = &[&["iptables-nft-save"], &["ip6tables-nft-save"]];
+    let Some(ns) = Netns::create_or_skip("cap-v6", tools) else {
+        return;
+    };
+    let runner = ns.runner();
+    // An install that saw the pod's IPv6 address (given here: the namespace has none).
+    let (config, options) = resolve(&ns, &format!("{IPT_B} --dual-stack --assume-ipv6"));
+    assert!(config.ipv6);
+    apply_rules(&config, &options, &runner).expect("install both families");
+    assert!(has_istio_chains(&runner, "ip6tables-nft-save"));
+    // A cleanup that sees no IPv6 address, or is run without --dual-stack.
+    let (plain, cleanup) = resolve(&ns, &format!("{IPT_B} --cleanup-only"));
+    assert!(!plain.ipv6);
+    apply_rules(&plain, &cleanup, &runner).expect("cleanup");
+    assert!(!has_istio_chains(&runner, "iptables-nft-save"));
+    assert!(
+        !has_istio_chains(&runner, "ip6tables-nft-save"),
+        "IPv6 rules left behind"
+    );
+}
