@@ -43,7 +43,9 @@ pub struct IstioTcp {
     families: TcpFamilies,
     /// The label set, with no response flag.
     labels: IstioLabels,
-    opened: Counter,
+    /// Resolved when first used, as the per-flag ones: a series appears once a connection is
+    /// counted in it, as in Istio's sidecars (a pod without TCP traffic shows none).
+    opened: OnceLock<Counter>,
     /// Per response flag, resolved when first used, so a peer's series appear as they happen.
     by_flag: [OnceLock<FlagCounters>; FLAGS.len()],
 }
@@ -110,13 +112,9 @@ impl TcpFamilies {
         f
     }
 
-    /// The series of one direction. The unknown peer's are created now, every flag included,
-    /// so they show (at zero) before any connection.
+    /// The series of one direction; each appears with its first connection.
     pub fn resolve(&self, own: &Workload, dir: Direction) -> TcpSeries {
         let unknown = IstioTcp::new(self, labels(own, dir, "-"));
-        for i in 0..FLAGS.len() {
-            unknown.flag(i);
-        }
         TcpSeries {
             families: self.clone(),
             own: own.clone(),
@@ -157,7 +155,7 @@ impl TcpSeries {
 impl IstioTcp {
     fn new(families: &TcpFamilies, labels: IstioLabels) -> Self {
         IstioTcp {
-            opened: families.opened.get_or_create(&labels).clone(),
+            opened: OnceLock::new(),
             families: families.clone(),
             labels,
             by_flag: Default::default(),
@@ -180,7 +178,9 @@ impl IstioTcp {
 
     /// A connection opened.
     pub fn opened(&self) {
-        self.opened.inc();
+        self.opened
+            .get_or_init(|| self.families.opened.get_or_create(&self.labels).clone())
+            .inc();
     }
 
     /// A connection finished with `flag` after moving these bytes. `sent` is what the client

@@ -461,8 +461,17 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("process_resident_memory_bytes "), "{text}");
+        // Istio's TCP series appear with their first connection, as in Istio's sidecars.
         assert!(
-            text.contains("istio_tcp_connections_opened_total{reporter=\"destination\""),
+            !text.contains("istio_tcp_connections_opened_total{"),
+            "{text}"
+        );
+        let inbound = m.direction(Direction::Inbound);
+        let open = inbound.istio_opened(None);
+        inbound.connection_closed(&open, "-", 1, 2);
+        assert!(
+            m.encode()
+                .contains("istio_tcp_connections_opened_total{reporter=\"destination\""),
             "{text}"
         );
     }
