@@ -38,10 +38,12 @@ pub struct WebhookOptions {
 impl Default for WebhookOptions {
     fn default() -> Self {
         WebhookOptions {
-            handshake_timeout: Duration::from_secs(10),
+            // Short, and a generous cap: idle connections that never start TLS must not keep
+            // kubelet's probe (1 s timeout) or the API server's review (10 s) waiting.
+            handshake_timeout: Duration::from_secs(3),
             header_timeout: Duration::from_secs(10),
             max_body: 8 * 1024 * 1024,
-            max_connections: 256,
+            max_connections: 1024,
             cert_poll_interval: Duration::from_secs(5),
         }
     }
