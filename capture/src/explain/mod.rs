@@ -164,9 +164,13 @@ impl ExplainArgs {
                 (Some(iface), None)
             }
             Direction::Outbound => {
-                let loopback = self.dst.is_some_and(|d| d.is_loopback());
+                // Traffic to one of this namespace's own addresses leaves on lo, as the
+                // kernel routes it (the classic case: the proxy calling its own pod's IP).
+                let local = self
+                    .dst
+                    .is_some_and(|d| d.is_loopback() || is_local_address(d));
                 let iface = self.out_iface.clone().unwrap_or_else(|| {
-                    let iface = if loopback { "lo" } else { "eth0" };
+                    let iface = if local { "lo" } else { "eth0" };
                     assumed.push(format!("departure on {iface} (--out-iface)"));
                     iface.to_owned()
                 });
@@ -371,6 +375,12 @@ fn run_check(
     }
 }
 
+/// Whether `ip` is an address of this network namespace: only a local address can be bound
+/// (without `ip_nonlocal_bind`, which pods do not set).
+fn is_local_address(ip: std::net::IpAddr) -> bool {
+    !ip.is_unspecified() && std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
@@ -391,6 +401,14 @@ mod tests {
             Some(CaptureCommand::Explain(e)) => (args, e),
             None => panic!("no subcommand"),
         }
+    }
+
+    #[test]
+    fn only_an_address_of_this_namespace_is_local() {
+        assert!(is_local_address("127.0.0.1".parse().unwrap()));
+        // TEST-NET-3: for documentation, and not an address of the test machine.
+        assert!(!is_local_address("203.0.113.77".parse().unwrap()));
+        assert!(!is_local_address("0.0.0.0".parse().unwrap()));
     }
 
     #[test]
