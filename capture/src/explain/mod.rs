@@ -180,10 +180,18 @@ impl ExplainArgs {
         if self.dst.is_none() && self.src.is_none() {
             assumed.push("IPv4, since no address was given (--dst)".to_owned());
         }
+        // To one of its own addresses, the kernel sends from that same address.
+        let src = self.src.or_else(|| {
+            let dst = self.dst.filter(|d| {
+                direction == Direction::Outbound && !d.is_loopback() && is_local_address(*d)
+            })?;
+            assumed.push(format!("from {dst}, this namespace's own address (--src)"));
+            Some(dst)
+        });
         let conn = Connection {
             direction,
             proto: self.proto.0,
-            src: self.src,
+            src,
             dst: self.dst,
             sport: self.sport,
             dport: self.dport,
