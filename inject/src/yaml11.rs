@@ -24,7 +24,7 @@ static YAML11_TYPED: LazyLock<Regex> = LazyLock::new(|| {
         r"[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}(?:[Tt]|[ \t]+)[0-9]{1,2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]*)?(?:[ \t]*Z|[ \t]*[-+][0-9]{1,2}(?::[0-9]{2})?)?",
         r"<<|=",
     ];
-    Regex::new(&format!("^(?:{})$", typed.join("|"))).expect("a valid pattern")
+    whole_match(&typed)
 });
 
 /// Plain scalars YAML 1.2's core schema resolves to something other than a string.
@@ -36,8 +36,13 @@ static YAML12_TYPED: LazyLock<Regex> = LazyLock::new(|| {
         r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?",
         r"[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)",
     ];
-    Regex::new(&format!("^(?:{})$", typed.join("|"))).expect("a valid pattern")
+    whole_match(&typed)
 });
+
+/// A pattern matching a whole scalar that matches one of `alternatives`.
+fn whole_match(alternatives: &[&str]) -> Regex {
+    Regex::new(&format!("^(?:{})$", alternatives.join("|"))).expect("a valid pattern")
+}
 
 /// `text` (serde_yaml_ng's block-style output) with every plain key and value that a YAML 1.1
 /// reader would not take for a string single-quoted.

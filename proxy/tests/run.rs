@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 mod support;
 
-use support::{free_port, get, metric, wait_until, Ports, Remora, TempDir, BIN};
+use support::{free_port, get, metric, wait_until, Explicit, Ports, Remora, TempDir, BIN};
 
 #[test]
 fn invalid_config_fails_the_start_naming_file_line_and_field() {
@@ -122,24 +122,8 @@ fn explicit_listener_proxies_to_its_upstream_without_capture() {
             s.write_all(&data).unwrap();
         }
     });
-    let dir = TempDir::new("explicit");
-    let ports = Ports::new();
-    let path = dir.0.join("remora.yaml");
-    std::fs::write(&path, ports.config("")).unwrap();
-    let listen = free_port();
-    let child = Command::new(BIN)
-        .args(["run", "--config"])
-        .arg(&path)
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .args(["--upstream", &upstream.to_string(), "--protocol", "tcp"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _remora = Remora(child);
-    wait_until("readiness", || {
-        get(ports.readiness, "/healthz/ready").is_ok_and(|(s, _)| s == 200)
-    });
+    let proxy = Explicit::start("explicit", upstream, "tcp");
+    let (ports, listen) = (&proxy.ports, proxy.listen);
     // The capture listeners are not bound in explicit mode.
     assert!(TcpStream::connect(("127.0.0.1", ports.outbound)).is_err());
 
@@ -346,24 +330,8 @@ fn a_port_declared_http_serves_every_client_as_http() {
             let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
         }
     });
-    let dir = TempDir::new("declaredhttp");
-    let ports = Ports::new();
-    let path = dir.0.join("remora.yaml");
-    std::fs::write(&path, ports.config("")).unwrap();
-    let listen = free_port();
-    let child = Command::new(BIN)
-        .args(["run", "--config"])
-        .arg(&path)
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .args(["--upstream", &upstream.to_string(), "--protocol", "http"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _remora = Remora(child);
-    wait_until("readiness", || {
-        get(ports.readiness, "/healthz/ready").is_ok_and(|(s, _)| s == 200)
-    });
+    let proxy = Explicit::start("declaredhttp", upstream, "http");
+    let listen = proxy.listen;
     let exchange = |request: &[u8]| {
         let mut s = TcpStream::connect(("127.0.0.1", listen)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -407,24 +375,8 @@ fn a_request_body_the_client_breaks_is_its_failure_not_the_upstreams() {
             });
         }
     });
-    let dir = TempDir::new("bodyfail");
-    let ports = Ports::new();
-    let path = dir.0.join("remora.yaml");
-    std::fs::write(&path, ports.config("")).unwrap();
-    let listen = free_port();
-    let child = Command::new(BIN)
-        .args(["run", "--config"])
-        .arg(&path)
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .args(["--upstream", &upstream.to_string(), "--protocol", "http"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _remora = Remora(child);
-    wait_until("readiness", || {
-        get(ports.readiness, "/healthz/ready").is_ok_and(|(s, _)| s == 200)
-    });
+    let proxy = Explicit::start("bodyfail", upstream, "http");
+    let (ports, listen) = (&proxy.ports, proxy.listen);
 
     let mut s = TcpStream::connect(("127.0.0.1", listen)).unwrap();
     s.write_all(b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")

@@ -37,15 +37,20 @@ fn grpc_available() -> bool {
         || skip::<()>("python3 has no grpcio (scripts/install-test-deps installs it)").is_some()
 }
 
+/// The two pods, for a test that reads what crosses the veth with tcpdump.
+fn pods_to_sniff() -> Option<PodNet> {
+    let net = PodNet::create_or_skip()?;
+    if !has_command("tcpdump") {
+        return skip("tcpdump is missing (scripts/install-test-deps installs it)");
+    }
+    Some(net)
+}
+
 #[test]
 fn http_grpc_and_tcp_cross_encrypted_between_two_sidecars() {
-    let Some(net) = PodNet::create_or_skip() else {
+    let Some(net) = pods_to_sniff() else {
         return;
     };
-    if !has_command("tcpdump") {
-        skip::<()>("tcpdump is missing (scripts/install-test-deps installs it)");
-        return;
-    }
     let ca = MeshCa::new("cluster.local");
     let (server_dir, client_dir) = two_pods(&net, &ca);
     let server = net
@@ -261,19 +266,14 @@ fn strict_refuses_plaintext_no_client_certificate_and_another_ca() {
     );
     // A client certificate from another CA.
     let cert = |dir: &Path, f: &str| dir.join(f).to_string_lossy().into_owned();
-    let out = s_client(
-        &net.peer,
-        target,
-        &[
-            "-alpn",
-            "istio",
-            "-cert",
-            &cert(&bad, "cert-chain.pem"),
-            "-key",
-            &cert(&bad, "key.pem"),
-        ],
-        request,
-    );
+    // openssl as a client offering `alpn`, with the key pair in `dir`, and `extra` arguments.
+    let as_client = |alpn: &str, dir: &Path, extra: &[&str]| {
+        let (chain, key) = (cert(dir, "cert-chain.pem"), cert(dir, "key.pem"));
+        let mut args = vec!["-alpn", alpn, "-cert", &chain, "-key", &key];
+        args.extend_from_slice(extra);
+        s_client(&net.peer, target, &args, request)
+    };
+    let out = as_client("istio", &bad, &[]);
     assert!(!String::from_utf8_lossy(&out.stdout).contains("hello from the pod"));
     // TLS without Istio's ALPN values and without a client certificate (the application's
     // own TLS, say): STRICT terminates it and the handshake wants a mesh certificate.
@@ -286,21 +286,11 @@ fn strict_refuses_plaintext_no_client_certificate_and_another_ca() {
 
     // A mesh client with a good certificate (openssl, as another TLS stack) is served, and
     // checks the server's certificate against the mesh root.
-    let out = s_client(
-        &net.peer,
-        target,
-        &[
-            "-alpn",
-            "istio-http/1.1,istio",
-            "-cert",
-            &cert(&good, "cert-chain.pem"),
-            "-key",
-            &cert(&good, "key.pem"),
-            "-CAfile",
-            &cert(&good, "root-cert.pem"),
-            "-verify_return_error",
-        ],
-        request,
+    let root = cert(&good, "root-cert.pem");
+    let out = as_client(
+        "istio-http/1.1,istio",
+        &good,
+        &["-CAfile", &root, "-verify_return_error"],
     );
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("hello from the pod"),
@@ -312,19 +302,7 @@ fn strict_refuses_plaintext_no_client_certificate_and_another_ca() {
 
     // Istio's strict filter chains match TLS whatever its ALPN: a client with a mesh
     // certificate that offers none of Istio's values (proxyless gRPC, curl --cert) is served.
-    let out = s_client(
-        &net.peer,
-        target,
-        &[
-            "-alpn",
-            "h2,http/1.1",
-            "-cert",
-            &cert(&good, "cert-chain.pem"),
-            "-key",
-            &cert(&good, "key.pem"),
-        ],
-        request,
-    );
+    let out = as_client("h2,http/1.1", &good, &[]);
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("hello from the pod"),
         "a mesh certificate without Istio's ALPN was refused: {}",
@@ -547,13 +525,9 @@ fn a_rotated_certificate_keeps_open_connections_and_serves_new_handshakes() {
 /// client's sidecar has given up waiting for the client to speak.
 #[test]
 fn a_server_that_speaks_first_crosses_the_mesh_inside_mutual_tls() {
-    let Some(net) = PodNet::create_or_skip() else {
+    let Some(net) = pods_to_sniff() else {
         return;
     };
-    if !has_command("tcpdump") {
-        skip::<()>("tcpdump is missing (scripts/install-test-deps installs it)");
-        return;
-    }
     const BANNER: &[u8] = b"220 remora-e2e banner-5d2a ready\r\n";
     const PORT: u16 = 2528;
     let ca = MeshCa::new("cluster.local");

@@ -160,3 +160,41 @@ pub fn metric(port: u16, line_prefix: &str) -> Option<u64> {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
 }
+
+/// A Remora serving one explicit listener (`--listen` on a free port) forwarding to `upstream`
+/// with `protocol`, ready; its side ports are free ones too.
+pub struct Explicit {
+    pub ports: Ports,
+    pub listen: u16,
+    _remora: Remora,
+    _dir: TempDir,
+}
+
+impl Explicit {
+    pub fn start(name: &str, upstream: std::net::SocketAddr, protocol: &str) -> Explicit {
+        let dir = TempDir::new(name);
+        let ports = Ports::new();
+        let path = dir.0.join("remora.yaml");
+        std::fs::write(&path, ports.config("")).unwrap();
+        let listen = free_port();
+        let child = std::process::Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(&path)
+            .args(["--listen", &format!("127.0.0.1:{listen}")])
+            .args(["--upstream", &upstream.to_string(), "--protocol", protocol])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let remora = Remora(child);
+        wait_until("readiness", || {
+            get(ports.readiness, "/healthz/ready").is_ok_and(|(s, _)| s == 200)
+        });
+        Explicit {
+            ports,
+            listen,
+            _remora: remora,
+            _dir: dir,
+        }
+    }
+}
