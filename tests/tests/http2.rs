@@ -412,7 +412,7 @@ fn http2_request_headers_over_the_limits_are_431_and_never_forwarded() {
     remora.wait_for_access_log("\"GET /many HTTP/2\" 431 DPE");
 }
 
-/// nginx ends an HTTP/2 connection after `keepalive_requests` requests with a single GOAWAY
+/// nginx ends an HTTP/2 connection after `keepalive_requests` (100 here) requests with a single GOAWAY
 /// whose last stream id leaves the streams already on their way unprocessed. Those never
 /// reached the application, so they are retried (as Envoy retries them) on a new connection:
 /// every request of a load that crosses many such ends succeeds.
@@ -442,11 +442,12 @@ fn streams_an_upstream_goaway_left_unprocessed_are_retried_on_a_new_connection()
     std::fs::write(
         &conf,
         format!(
-            "worker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+            // One process (no master): ending it by PID ends nginx, leaving no worker behind.
+            "master_process off;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
              events {{ worker_connections 256; }}\n\
              http {{\n  access_log off;\n  client_body_temp_path {d};\n  proxy_temp_path {d};\n  \
              fastcgi_temp_path {d};\n  uwsgi_temp_path {d};\n  scgi_temp_path {d};\n  \
-             server {{\n    listen {origin} http2;\n    keepalive_requests 50;\n    \
+             server {{\n    listen {origin} http2;\n    keepalive_requests 100;\n    \
              location / {{ return 200 \"hello\\n\"; }}\n  }}\n}}\n"
         ),
     )
