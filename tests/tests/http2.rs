@@ -412,10 +412,10 @@ fn http2_request_headers_over_the_limits_are_431_and_never_forwarded() {
     remora.wait_for_access_log("\"GET /many HTTP/2\" 431 DPE");
 }
 
-/// nginx ends an HTTP/2 connection after `keepalive_requests` (100 here) requests with a single GOAWAY
-/// whose last stream id leaves the streams already on their way unprocessed. Those never
-/// reached the application, so they are retried (as Envoy retries them) on a new connection:
-/// every request of a load that crosses many such ends succeeds.
+/// nginx ends an HTTP/2 connection after `keepalive_requests` (100 here) requests with a
+/// single GOAWAY whose last stream id leaves the streams already on their way unprocessed.
+/// Those never reached the application, so they are retried (as Envoy retries them) on a new
+/// connection: every request of a load that crosses many such ends succeeds.
 #[test]
 fn streams_an_upstream_goaway_left_unprocessed_are_retried_on_a_new_connection() {
     let Some(net) = PodNet::create_or_skip() else {
