@@ -63,8 +63,6 @@ pub struct AdminState {
     pub drain: Arc<Drain>,
     /// Set once every listener is bound and the config is loaded.
     pub ready: AtomicBool,
-    /// Set by `/healthcheck/fail`, cleared by `/healthcheck/ok`.
-    pub health_check_failed: AtomicBool,
     /// Notified by `POST /quitquitquit`.
     pub quit: Notify,
     pub config: Arc<ArcSwap<Config>>,
@@ -84,7 +82,6 @@ impl AdminState {
             metrics,
             drain,
             ready: AtomicBool::new(false),
-            health_check_failed: AtomicBool::new(false),
             quit: Notify::new(),
             config: Arc::new(ArcSwap::from_pointee(Config::default())),
             listeners: Vec::new(),
@@ -100,7 +97,7 @@ impl AdminState {
             ServerState::Draining
         } else if self.ready.load(Ordering::Acquire) {
             // Failed health checks make a live server draining, as in Envoy.
-            match self.health_check_failed.load(Ordering::Acquire) {
+            match self.metrics.server.health_check_failed() {
                 true => ServerState::Draining,
                 false => ServerState::Live,
             }
@@ -209,7 +206,7 @@ pub fn respond(role: Role, state: &AdminState, req: &AdminRequest) -> Response<B
     }
     match (method, req.path.as_str()) {
         (_, "/healthz/ready") => {
-            let failed = state.health_check_failed.load(Ordering::Acquire);
+            let failed = state.metrics.server.health_check_failed();
             match state.server_state() {
                 ServerState::Live => text(StatusCode::OK, "ready\n".into()),
                 _ if failed && !state.drain.is_draining() => text(
@@ -257,12 +254,10 @@ pub fn respond(role: Role, state: &AdminState, req: &AdminRequest) -> Response<B
         }
         (_, "/drain_listeners") => envoy_api::drain_listeners(state, req),
         (_, "/healthcheck/fail") => {
-            state.health_check_failed.store(true, Ordering::Release);
             state.metrics.server.fail_health_check(true);
             text(StatusCode::OK, "OK\n".into())
         }
         (_, "/healthcheck/ok") => {
-            state.health_check_failed.store(false, Ordering::Release);
             state.metrics.server.fail_health_check(false);
             text(StatusCode::OK, "OK\n".into())
         }

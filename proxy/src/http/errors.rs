@@ -272,22 +272,18 @@ fn request_body_failure(e: &hyper::Error) -> Option<ErrorKind> {
     if !e.is_user() {
         return None;
     }
-    let mut cause = std::error::Error::source(e);
-    for _ in 0..16 {
-        let Some(c) = cause else { break };
-        let malformed = c
-            .downcast_ref::<hyper::Error>()
+    let malformed = chain(e).skip(1).any(|c| {
+        c.downcast_ref::<hyper::Error>()
             .is_some_and(hyper::Error::is_parse)
             || c.downcast_ref::<std::io::Error>().is_some_and(|io| {
                 matches!(
                     io.kind(),
                     std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData
                 )
-            });
-        if malformed {
-            return Some(ErrorKind::MalformedRequest("invalid request body framing"));
-        }
-        cause = c.source();
+            })
+    });
+    if malformed {
+        return Some(ErrorKind::MalformedRequest("invalid request body framing"));
     }
     Some(ErrorKind::DownstreamAborted)
 }
@@ -298,29 +294,24 @@ fn request_body_failure(e: &hyper::Error) -> Option<ErrorKind> {
 /// as Envoy retries it. A stream the server had taken and did not finish ends otherwise (a
 /// broken pipe) and is not retried.
 fn refused_by_go_away(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    for _ in 0..16 {
-        let Some(c) = cause else { return false };
-        if let Some(h2) = c.downcast_ref::<h2::Error>() {
-            return h2.is_go_away() && h2.is_remote();
-        }
-        cause = c.source();
-    }
-    false
+    first_h2(e).is_some_and(|h2| h2.is_go_away() && h2.is_remote())
 }
 
 /// The HTTP/2 error code carried somewhere in an error's source chain.
 pub fn h2_reason(e: &(dyn std::error::Error + 'static)) -> Option<h2::Reason> {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    // Source chains are short; the bound only guards against a cycle.
-    for _ in 0..16 {
-        let c = cause?;
-        if let Some(h2) = c.downcast_ref::<h2::Error>() {
-            return h2.reason();
-        }
-        cause = c.source();
-    }
-    None
+    first_h2(e)?.reason()
+}
+
+/// The first h2 error in `e`'s source chain.
+fn first_h2<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a h2::Error> {
+    chain(e).find_map(|c| c.downcast_ref::<h2::Error>())
+}
+
+/// `e` and its sources. Chains are short; the bound only guards against a cycle.
+fn chain<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(e), |c| c.source()).take(16)
 }
 
 #[cfg(test)]
