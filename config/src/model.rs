@@ -57,6 +57,8 @@ pub struct Config {
     /// Protocols declared per destination port, with Istio's protocol names; a declared port
     /// skips detection. Ports in [`ALWAYS_TCP_PORTS`] are TCP unless declared otherwise here.
     pub ports: BTreeMap<u16, PortProtocol>,
+    /// Opaque TCP connections.
+    pub tcp: TcpConfig,
     /// HTTP limits, timeouts, the upstream connection pool and retries.
     pub http: HttpConfig,
     /// The DNS forwarder that `remora capture --redirect-dns` sends port 53 to.
@@ -88,6 +90,7 @@ impl Default for Config {
             listeners: Vec::new(),
             detection: DetectionConfig::default(),
             ports: BTreeMap::new(),
+            tcp: TcpConfig::default(),
             http: HttpConfig::default(),
             dns: DnsConfig::default(),
             tls: TlsConfig::default(),
@@ -191,6 +194,32 @@ impl Default for DetectionConfig {
             timeout: Duration::from_secs(5),
             after_connect_failure: Duration::from_millis(100),
         }
+    }
+}
+
+/// Opaque TCP connections (Envoy's `tcp_proxy`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TcpConfig {
+    /// A connection over which no byte has moved either way for this long is closed, both
+    /// sides; `0s` keeps idle connections for ever. Envoy's and Istio's default is one hour;
+    /// Istio's `ISTIO_META_IDLE_TIMEOUT` in the environment sets it.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            idle_timeout: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl TcpConfig {
+    /// The idle timeout, if there is one.
+    pub fn idle(&self) -> Option<Duration> {
+        Some(self.idle_timeout).filter(|d| !d.is_zero())
     }
 }
 

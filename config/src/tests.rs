@@ -19,6 +19,15 @@ fn defaults_are_istios_sidecar() {
     assert_eq!(c.inbound.passthrough_source_v4.to_string(), "127.0.0.6");
     assert_eq!(c.inbound.passthrough_source_v6.to_string(), "::6");
     assert!(!c.access_log.enabled);
+    assert_eq!(c.tcp.idle(), Some(Duration::from_secs(3600)));
+}
+
+#[test]
+fn a_zero_tcp_idle_timeout_keeps_idle_connections() {
+    let c = parse_str("tcp:\n  idle_timeout: 0s\n").unwrap();
+    assert_eq!(c.tcp.idle(), None);
+    let c = parse_str("tcp:\n  idle_timeout: 90s\n").unwrap();
+    assert_eq!(c.tcp.idle(), Some(Duration::from_secs(90)));
 }
 
 #[test]

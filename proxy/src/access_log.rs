@@ -38,6 +38,8 @@ pub enum End {
     TlsHandshakeFailed,
     /// An authorization policy denied the connection (Envoy's network RBAC filter).
     RbacDenied,
+    /// Nothing moved either way for `tcp.idle_timeout`; both sides were closed.
+    IdleTimeout,
 }
 
 impl End {
@@ -55,6 +57,7 @@ impl End {
             End::MtlsRequired => "mtls_required",
             End::TlsHandshakeFailed => "tls_handshake_failed",
             End::RbacDenied => "rbac_access_denied",
+            End::IdleTimeout => "idle_timeout",
         }
     }
 
@@ -62,7 +65,8 @@ impl End {
     /// Envoy's logs.
     pub fn response_flag(self) -> &'static str {
         match self {
-            End::Closed => "-",
+            // Envoy's tcp_proxy closes an idle session without a flag.
+            End::Closed | End::IdleTimeout => "-",
             End::DownstreamReset => "DC",
             End::UpstreamReset => "UC",
             End::ConnectFailed | End::ConnectTimeout => "UF",

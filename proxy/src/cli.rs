@@ -232,6 +232,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         minimum_drain_duration: args
             .minimum_drain_duration
             .or_else(|| istio_env::duration("MINIMUM_DRAIN_DURATION")),
+        idle_timeout: istio_env::duration("ISTIO_META_IDLE_TIMEOUT"),
         dns_capture: args.dns_capture || istio_env::boolean("ISTIO_META_DNS_CAPTURE"),
         agent_port: args.status_port.and_then(std::num::NonZeroU16::new),
         interception_mode: match args.interception_mode {

@@ -118,6 +118,9 @@ impl Proxy {
         let peer = orig_dst::canonical(peer);
 
         let outcome = self.proxy(&config, downstream, peer, &route).await;
+        if matches!(outcome.end, End::IdleTimeout) {
+            m.idle_timeouts.inc();
+        }
 
         m.connection_closed(
             &outcome.istio,
@@ -197,6 +200,7 @@ impl Proxy {
             destination,
             source,
             timeout,
+            idle: config.tcp.idle(),
         };
         if let Some(leg) = mesh::leg(&self.mesh, config, route, destination) {
             // Boxed: only connections that meet mesh TLS carry its state.
@@ -338,14 +342,19 @@ impl Proxy {
                 return refused(Some(destination), end);
             }
         };
-        let copied = tcp::copy_bidirectional_after(prefix, downstream, &upstream.stream).await;
+        let copied =
+            tcp::copy_bidirectional_after(prefix, downstream, &upstream.stream, hop.idle).await;
         let (transfer, end) = match copied {
             Ok(t) => (t, End::Closed),
+            Err(e @ CopyError::Idle { .. }) => {
+                tracing::debug!(%peer, %destination, error = %e, "closed an idle connection");
+                (e.transfer(), End::IdleTimeout)
+            }
             Err(e) => {
                 tracing::debug!(%peer, %destination, error = %e, "connection ended with an error");
                 let end = match e {
-                    CopyError::Downstream { .. } => End::DownstreamReset,
                     CopyError::Upstream { .. } => End::UpstreamReset,
+                    CopyError::Downstream { .. } | CopyError::Idle { .. } => End::DownstreamReset,
                 };
                 (e.transfer(), end)
             }
@@ -465,6 +474,8 @@ struct Hop {
     destination: SocketAddr,
     source: Option<connect::Source>,
     timeout: Duration,
+    /// How long an opaque stream may go without a byte before it is closed.
+    idle: Option<Duration>,
 }
 
 /// Whether to detect, and how, from the listener and the destination port's declaration.

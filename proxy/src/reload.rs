@@ -25,6 +25,8 @@ pub struct Overrides {
     pub exit_on_zero_active_connections: bool,
     /// `MINIMUM_DRAIN_DURATION`.
     pub minimum_drain_duration: Option<std::time::Duration>,
+    /// `ISTIO_META_IDLE_TIMEOUT`.
+    pub idle_timeout: Option<std::time::Duration>,
     /// `ISTIO_META_DNS_CAPTURE=true`: serve DNS.
     pub dns_capture: bool,
     /// `ISTIO_META_INTERCEPTION_MODE`.
@@ -46,6 +48,14 @@ impl Overrides {
         }
         if let Some(minimum) = self.minimum_drain_duration {
             config.drain.minimum_duration = minimum;
+        }
+        if let Some(idle) = self.idle_timeout {
+            // Istio's metadata sets Envoy's TCP and HTTP connection idle timeouts alike; zero
+            // turns the TCP one off and leaves HTTP's (which cannot be off here) as it was.
+            config.tcp.idle_timeout = idle;
+            if !idle.is_zero() {
+                config.http.idle_timeout = idle;
+            }
         }
         if self.dns_capture {
             config.dns.enabled = true;
@@ -174,6 +184,24 @@ mod tests {
             metrics: Arc::new(Metrics::default()),
             last: None,
         }
+    }
+
+    #[test]
+    fn istios_idle_timeout_sets_tcps_and_https_but_zero_only_tcps() {
+        let minutes = Overrides {
+            idle_timeout: Some(Duration::from_secs(600)),
+            ..Overrides::default()
+        };
+        let c = minutes.apply(Config::default());
+        assert_eq!(c.tcp.idle_timeout, Duration::from_secs(600));
+        assert_eq!(c.http.idle_timeout, Duration::from_secs(600));
+        let zero = Overrides {
+            idle_timeout: Some(Duration::ZERO),
+            ..Overrides::default()
+        };
+        let c = zero.apply(Config::default());
+        assert_eq!(c.tcp.idle(), None);
+        assert_eq!(c.http.idle_timeout, Config::default().http.idle_timeout);
     }
 
     #[test]

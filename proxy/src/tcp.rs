@@ -5,7 +5,9 @@
 //! receives the whole response. The connection is done when both directions are. A reset or
 //! other error on either side ends both, and the surviving side is reset too (`SO_LINGER` 0),
 //! because a peer that sees a clean FIN after its partner crashed would take a truncated stream
-//! for a complete one.
+//! for a complete one. A connection over which nothing has moved for the idle timeout is closed
+//! both ways (Envoy's `tcp_proxy` `idle_timeout`), so a stalled peer does not hold its
+//! descriptors and memory for ever.
 
 mod local;
 mod streams;
@@ -59,15 +61,19 @@ pub enum CopyError {
         source: io::Error,
         transfer: Transfer,
     },
+    /// No byte moved either way for the idle timeout. Both sides are closed, not reset, as
+    /// Envoy closes an idle `tcp_proxy` session.
+    #[error("idle for {idle:?}")]
+    Idle { idle: Duration, transfer: Transfer },
 }
 
 impl CopyError {
     /// Bytes moved before the error.
     pub fn transfer(&self) -> Transfer {
         match self {
-            CopyError::Downstream { transfer, .. } | CopyError::Upstream { transfer, .. } => {
-                *transfer
-            }
+            CopyError::Downstream { transfer, .. }
+            | CopyError::Upstream { transfer, .. }
+            | CopyError::Idle { transfer, .. } => *transfer,
         }
     }
 }
@@ -84,15 +90,16 @@ pub async fn copy_bidirectional(
     downstream: &TcpStream,
     upstream: &TcpStream,
 ) -> Result<Transfer, CopyError> {
-    copy_bidirectional_after(&[], downstream, upstream).await
+    copy_bidirectional_after(&[], downstream, upstream, None).await
 }
 
 /// Send `prefix` (bytes already read from `downstream` while detecting) to `upstream`, then
-/// copy between them until both directions end.
+/// copy between them until both directions end, or until nothing has moved for `idle`.
 pub async fn copy_bidirectional_after(
     prefix: &[u8],
     downstream: &TcpStream,
     upstream: &TcpStream,
+    idle: Option<Duration>,
 ) -> Result<Transfer, CopyError> {
     let mut transfer = Transfer::default();
     // Each direction's bytes so far, readable when the other direction fails first and this
@@ -110,10 +117,18 @@ pub async fn copy_bidirectional_after(
         (downstream, Side::Downstream),
         &received,
     );
-    tokio::pin!(up, down);
+    let watch = idle_watch(idle, [&sent, &received]);
+    tokio::pin!(up, down, watch);
     let (mut up_done, mut down_done) = (false, false);
     let failed = loop {
         tokio::select! {
+            idle = &mut watch => {
+                let transfer = Transfer {
+                    sent: sent.load(Ordering::Relaxed),
+                    received: received.load(Ordering::Relaxed),
+                };
+                return Err(CopyError::Idle { idle, transfer });
+            }
             r = &mut up, if !up_done => match r {
                 Ok(n) => { transfer.sent = n; up_done = true; }
                 Err((side, e, n)) => {
@@ -142,6 +157,38 @@ pub async fn copy_bidirectional_after(
         Side::Downstream => CopyError::Downstream { source, transfer },
         Side::Upstream => CopyError::Upstream { source, transfer },
     })
+}
+
+/// How many times per idle timeout the byte counters are looked at: a connection is closed
+/// between one and 1 + 1/`IDLE_CHECKS` timeouts after its last byte. Looking costs a timer per
+/// check, where resetting a deadline on every read would cost a clock read per read.
+const IDLE_CHECKS: u32 = 4;
+
+/// Resolves with `idle` once `counters` have not moved for that long; never without `idle`.
+async fn idle_watch(idle: Option<Duration>, counters: [&AtomicU64; 2]) -> Duration {
+    let Some(idle) = idle else {
+        return std::future::pending().await;
+    };
+    let moved = || {
+        counters
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    let step = idle / IDLE_CHECKS;
+    let (mut seen, mut still) = (moved(), 0);
+    loop {
+        tokio::time::sleep(step).await;
+        let now = moved();
+        if now == seen {
+            still += 1;
+            if still >= IDLE_CHECKS {
+                return idle;
+            }
+        } else {
+            (seen, still) = (now, 0);
+        }
+    }
 }
 
 /// Copy `from` → `to` until end of stream, then half-close `to`. Returns the byte count, or the

@@ -143,6 +143,49 @@ fn explicit_listener_proxies_to_its_upstream_without_capture() {
 }
 
 #[test]
+fn an_idle_tcp_connection_is_closed_both_ways_after_istios_idle_timeout() {
+    // The upstream reads what arrives and reports when its side ends, then keeps the socket.
+    let server = TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = server.local_addr().unwrap();
+    let (ended_tx, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        if let Ok((mut s, _)) = server.accept() {
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut got = Vec::new();
+            let end = s.read_to_end(&mut got).map_err(|e| e.kind());
+            let _ = ended_tx.send((got, end));
+        }
+    });
+    let proxy = Explicit::start_with_env(
+        "idle",
+        upstream,
+        "tcp",
+        &[("ISTIO_META_IDLE_TIMEOUT", "1s")],
+    );
+    let mut s = TcpStream::connect(("127.0.0.1", proxy.listen)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    // Traffic every 300 ms keeps the connection past the timeout.
+    let started = Instant::now();
+    for _ in 0..6 {
+        s.write_all(b"tick").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // Then silence: both sides get a FIN, not a reset, within 1 to 1.25 s (plus slack).
+    let mut buf = [0u8; 16];
+    assert_eq!(s.read(&mut buf).map_err(|e| e.kind()), Ok(0));
+    let idle_for = started.elapsed();
+    assert!(
+        idle_for >= Duration::from_millis(2_500),
+        "closed after {idle_for:?}"
+    );
+    let (got, end) = ended.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert_eq!(got, b"tick".repeat(6));
+    assert_eq!(end, Ok(24));
+    let idle = "remora_tcp_idle_timeouts_total{direction=\"outbound\"}";
+    assert_eq!(metric(proxy.ports.metrics, idle), Some(1));
+}
+
+#[test]
 fn exit_on_zero_waits_out_the_minimum_drain_duration_then_exits_zero() {
     let dir = TempDir::new("mindrain");
     let ports = Ports::new();

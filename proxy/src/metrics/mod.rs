@@ -83,6 +83,8 @@ pub struct DirectionMetrics {
     pub closed: Counter,
     pub active: Gauge,
     pub connect_failures: Counter,
+    /// Opaque TCP connections closed by `tcp.idle_timeout`.
+    pub idle_timeouts: Counter,
     /// Bytes from downstream to upstream.
     pub sent_bytes: Counter,
     /// Bytes from upstream to downstream.
@@ -225,6 +227,7 @@ impl Metrics {
         let closed = Family::<Labels, Counter>::default();
         let active = Family::<Labels, Gauge>::default();
         let connect_failures = Family::<Labels, Counter>::default();
+        let idle_timeouts = Family::<Labels, Counter>::default();
         let sent = Family::<Labels, Counter>::default();
         let received = Family::<Labels, Counter>::default();
         let loop_refused = Family::<Labels, Counter>::default();
@@ -250,6 +253,11 @@ impl Metrics {
             "remora_upstream_connect_failures",
             "Upstream connections that failed or timed out",
             connect_failures.clone(),
+        );
+        registry.register(
+            "remora_tcp_idle_timeouts",
+            "Opaque TCP connections closed after tcp.idle_timeout without a byte either way",
+            idle_timeouts.clone(),
         );
         registry.register(
             "remora_tcp_sent_bytes",
@@ -284,6 +292,7 @@ impl Metrics {
                 closed: closed.get_or_create(&l).clone(),
                 active: active.get_or_create(&l).clone(),
                 connect_failures: connect_failures.get_or_create(&l).clone(),
+                idle_timeouts: idle_timeouts.get_or_create(&l).clone(),
                 sent_bytes: sent.get_or_create(&l).clone(),
                 received_bytes: received.get_or_create(&l).clone(),
                 istio: Arc::new(istio_tcp.resolve(own, d)),

@@ -373,7 +373,7 @@ impl Proxy {
             Ok(up) => up,
             Err(e) => return self.connect_failed(&hop, e, stream.get_ref().0.inner()),
         };
-        let copied = tcp::copy_streams(prefix, &mut *stream, &mut upstream.stream).await;
+        let copied = tcp::copy_streams(prefix, &mut *stream, &mut upstream.stream, hop.idle).await;
         copy_outcome(&hop, copied, stream.get_ref().0.inner(), &upstream.stream)
     }
 
@@ -436,13 +436,17 @@ fn copy_outcome(
 ) -> Outcome {
     let (transfer, end) = match copied {
         Ok(t) => (t, End::Closed),
+        Err(e @ CopyError::Idle { .. }) => {
+            tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "closed an idle connection");
+            (e.transfer(), End::IdleTimeout)
+        }
         Err(e) => {
             tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "connection ended with an error");
             reset(downstream);
             reset(upstream);
             let end = match e {
-                CopyError::Downstream { .. } => End::DownstreamReset,
                 CopyError::Upstream { .. } => End::UpstreamReset,
+                CopyError::Downstream { .. } | CopyError::Idle { .. } => End::DownstreamReset,
             };
             (e.transfer(), end)
         }

@@ -7,34 +7,46 @@
 //! its two buffers when it starts; TLS sessions hold buffers of their own anyway, so a
 //! plaintext connection never pays for this path.
 
-use super::{CopyError, Transfer};
+use super::{idle_watch, CopyError, Transfer};
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-/// Send `prefix` (bytes detection read from `downstream`) to `upstream`, then copy both ways.
+/// Send `prefix` (bytes detection read from `downstream`) to `upstream`, then copy both ways
+/// until both directions end, or until nothing has moved for `idle`.
 pub async fn copy_streams<D, U>(
     prefix: &[u8],
     downstream: &mut D,
     upstream: &mut U,
+    idle: Option<Duration>,
 ) -> Result<Transfer, CopyError>
 where
     D: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut down = Watched::new(downstream);
-    let mut up = Watched::new(upstream);
-    let result = async {
+    let (down_read, up_read) = (AtomicU64::new(0), AtomicU64::new(0));
+    let mut down = Watched::new(downstream, &down_read);
+    let mut up = Watched::new(upstream, &up_read);
+    let copy = async {
         if !prefix.is_empty() {
             up.write_all(prefix).await?;
         }
         tokio::io::copy_bidirectional(&mut down, &mut up).await
-    }
-    .await;
+    };
+    let result = tokio::select! {
+        r = copy => Ok(r),
+        idle = idle_watch(idle, [&down_read, &up_read]) => Err(idle),
+    };
     let transfer = Transfer {
-        sent: down.read + prefix.len() as u64,
-        received: up.read,
+        sent: down_read.load(Ordering::Relaxed) + prefix.len() as u64,
+        received: up_read.load(Ordering::Relaxed),
+    };
+    let result = match result {
+        Ok(r) => r,
+        Err(idle) => return Err(CopyError::Idle { idle, transfer }),
     };
     match result {
         Ok(_) => Ok(transfer),
@@ -48,15 +60,16 @@ where
 /// A stream that counts the bytes read from it and remembers whether its I/O failed.
 struct Watched<'a, S> {
     inner: &'a mut S,
-    read: u64,
+    /// Bytes read so far; only this stream's task writes it, the idle watch reads it.
+    read: &'a AtomicU64,
     failed: bool,
 }
 
 impl<'a, S> Watched<'a, S> {
-    fn new(inner: &'a mut S) -> Self {
+    fn new(inner: &'a mut S, read: &'a AtomicU64) -> Self {
         Watched {
             inner,
-            read: 0,
+            read,
             failed: false,
         }
     }
@@ -78,7 +91,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<'_, S> {
         let this = self.get_mut();
         let before = buf.filled().len();
         let r = ready!(Pin::new(&mut *this.inner).poll_read(cx, buf));
-        this.read += (buf.filled().len() - before) as u64;
+        let n = (buf.filled().len() - before) as u64;
+        if n > 0 {
+            this.read
+                .store(this.read.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+        }
         Poll::Ready(this.note(r))
     }
 }
@@ -120,7 +137,8 @@ mod tests {
     async fn copies_both_ways_with_the_prefix_first_and_passes_half_close_on() {
         let (mut down, mut client) = tokio::io::duplex(1024);
         let (mut up, mut server) = tokio::io::duplex(1024);
-        let copier = tokio::spawn(async move { copy_streams(b"hello ", &mut down, &mut up).await });
+        let copier =
+            tokio::spawn(async move { copy_streams(b"hello ", &mut down, &mut up, None).await });
         client.write_all(b"world").await.unwrap();
         client.shutdown().await.unwrap();
         let mut got = Vec::new();
@@ -133,5 +151,23 @@ mod tests {
         assert_eq!(back, b"answer");
         let t = copier.await.unwrap().unwrap();
         assert_eq!((t.sent, t.received), (11, 6));
+    }
+
+    #[tokio::test]
+    async fn an_idle_stream_pair_ends_with_its_byte_counts() {
+        let (mut down, mut client) = tokio::io::duplex(1024);
+        let (mut up, mut server) = tokio::io::duplex(1024);
+        let idle = Some(Duration::from_millis(200));
+        let copier =
+            tokio::spawn(async move { copy_streams(b"a", &mut down, &mut up, idle).await });
+        client.write_all(b"bc").await.unwrap();
+        let mut got = [0u8; 3];
+        server.read_exact(&mut got).await.unwrap();
+        server.write_all(b"d").await.unwrap();
+        let mut back = [0u8; 1];
+        client.read_exact(&mut back).await.unwrap();
+        let err = copier.await.unwrap().unwrap_err();
+        assert!(matches!(err, CopyError::Idle { .. }), "{err:?}");
+        assert_eq!((err.transfer().sent, err.transfer().received), (3, 1));
     }
 }

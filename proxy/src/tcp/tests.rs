@@ -155,3 +155,44 @@ async fn a_request_sized_exchange_leaves_buffers_to_the_kernel() {
     assert_eq!(b.sent, 18);
     assert_eq!(b.rcv, b.fresh_rcv);
 }
+
+#[tokio::test]
+async fn an_idle_connection_is_closed_not_reset_and_reports_its_bytes() {
+    let (down, mut client) = pair().await;
+    let (up, mut server) = pair().await;
+    let idle = Duration::from_millis(200);
+    let copier =
+        tokio::spawn(async move { copy_bidirectional_after(b"hi", &down, &up, Some(idle)).await });
+    client.write_all(b" there").await.unwrap();
+    let mut got = [0u8; 8];
+    server.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"hi there");
+    let err = copier.await.unwrap().unwrap_err();
+    assert!(matches!(err, CopyError::Idle { .. }), "{err:?}");
+    assert_eq!((err.transfer().sent, err.transfer().received), (8, 0));
+    // Both peers see an end of stream, not a reset: nothing went wrong on either side.
+    let mut rest = Vec::new();
+    assert_eq!(client.read_to_end(&mut rest).await.unwrap(), 0);
+    assert_eq!(server.read_to_end(&mut rest).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn traffic_within_the_idle_timeout_keeps_the_connection() {
+    let (down, mut client) = pair().await;
+    let (up, mut server) = pair().await;
+    let idle = Duration::from_millis(300);
+    let copier =
+        tokio::spawn(async move { copy_bidirectional_after(&[], &down, &up, Some(idle)).await });
+    // A byte every 100 ms for three timeouts' worth, then an orderly close.
+    for _ in 0..9 {
+        client.write_all(b"x").await.unwrap();
+        let mut b = [0u8; 1];
+        server.read_exact(&mut b).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!copier.is_finished(), "closed while bytes were moving");
+    client.shutdown().await.unwrap();
+    server.shutdown().await.unwrap();
+    let t = copier.await.unwrap().unwrap();
+    assert_eq!((t.sent, t.received), (9, 0));
+}

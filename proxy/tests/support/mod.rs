@@ -172,6 +172,16 @@ pub struct Explicit {
 
 impl Explicit {
     pub fn start(name: &str, upstream: std::net::SocketAddr, protocol: &str) -> Explicit {
+        Explicit::start_with_env(name, upstream, protocol, &[])
+    }
+
+    /// The same, with `env` in Remora's environment.
+    pub fn start_with_env(
+        name: &str,
+        upstream: std::net::SocketAddr,
+        protocol: &str,
+        env: &[(&str, &str)],
+    ) -> Explicit {
         let dir = TempDir::new(name);
         let ports = Ports::new();
         let path = dir.0.join("remora.yaml");
@@ -182,6 +192,7 @@ impl Explicit {
             .arg(&path)
             .args(["--listen", &format!("127.0.0.1:{listen}")])
             .args(["--upstream", &upstream.to_string(), "--protocol", protocol])
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()

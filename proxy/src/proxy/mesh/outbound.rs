@@ -145,7 +145,7 @@ impl Proxy {
         let istio = self.metrics.direction(hop.dir).istio_opened(peer.as_ref());
         let copied = {
             let mut upstream = Rewind::new(unread, &mut tls);
-            tcp::copy_streams(prefix, &mut downstream, &mut upstream).await
+            tcp::copy_streams(prefix, &mut downstream, &mut upstream, hop.idle).await
         };
         copy_outcome(hop, copied, &downstream, tls.get_ref().0).counted_in(istio)
     }
