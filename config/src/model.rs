@@ -541,6 +541,34 @@ impl Config {
             if self.listeners[..i].iter().any(|o| o.address == l.address) {
                 return Err((field, format!("{} is listed twice", l.address)));
             }
+            // A wildcard address takes its port on every address of its family (IPv6 sockets
+            // are bound v6-only), so the second bind would fail at start-up.
+            let overlaps = |o: &ListenerConfig| {
+                let (a, b) = (o.address, l.address);
+                a.port() == b.port()
+                    && a.is_ipv4() == b.is_ipv4()
+                    && (a.ip().is_unspecified() || b.ip().is_unspecified())
+            };
+            if let Some(o) = self.listeners[..i].iter().find(|o| overlaps(o)) {
+                return Err((
+                    field,
+                    format!(
+                        "{} overlaps {}: both bind port {}",
+                        l.address,
+                        o.address,
+                        l.address.port()
+                    ),
+                ));
+            }
+            if self.dns.enabled && l.address.port() == self.dns.port.get() {
+                return Err((
+                    field,
+                    format!(
+                        "port {} is taken by the DNS forwarder (dns.port)",
+                        l.address.port()
+                    ),
+                ));
+            }
             if l.upstream == l.address {
                 return Err((
                     format!("listeners.{i}.upstream"),

@@ -139,6 +139,33 @@ fn explicit_listeners_parse_and_are_checked() {
 }
 
 #[test]
+fn listeners_that_would_share_a_bound_port_are_refused_with_their_line() {
+    let two = |a: &str, b: &str| {
+        format!("listeners:\n  - address: '{a}'\n    upstream: 127.0.0.1:1\n  - address: '{b}'\n    upstream: 127.0.0.1:2\n")
+    };
+    for (a, b) in [
+        ("0.0.0.0:80", "127.0.0.1:80"),
+        ("127.0.0.1:80", "0.0.0.0:80"),
+        ("[::]:80", "[::1]:80"),
+    ] {
+        let err = parse_str(&two(a, b)).unwrap_err();
+        assert_eq!(err.field(), Some("listeners.1.address"), "{a} {b}: {err}");
+        assert_eq!(err.line(), Some(4), "{a} {b}: {err}");
+    }
+    // Different families, or different addresses: both bind.
+    for (a, b) in [
+        ("0.0.0.0:80", "[::]:80"),
+        ("127.0.0.1:80", "127.0.0.2:80"),
+        ("0.0.0.0:80", "0.0.0.0:81"),
+    ] {
+        assert!(parse_str(&two(a, b)).is_ok(), "{a} {b}");
+    }
+    let dns = "dns:\n  enabled: true\nlisteners:\n  - address: 127.0.0.1:15053\n    upstream: 127.0.0.1:1\n";
+    let err = parse_str(dns).unwrap_err();
+    assert_eq!(err.field(), Some("listeners.0.address"), "{err}");
+}
+
+#[test]
 fn listener_mesh_tls_parses_and_is_checked() {
     let certs = "tls:\n  cert_dir: /etc/certs\n";
     let listeners = "listeners:\n  - address: 127.0.0.1:8080\n    upstream: 127.0.0.1:9090\n    protocol: http\n    tls:\n      mode: originate\n      hostname: b.ns.svc.cluster.local\n      identities: [spiffe://cluster.local/ns/ns/sa/b]\n  - address: 127.0.0.1:9090\n    upstream: 127.0.0.1:9091\n    tls:\n      mode: terminate\n";

@@ -177,8 +177,12 @@ async fn idle_watch(idle: Option<Duration>, counters: [&AtomicU64; 2]) -> Durati
     };
     let step = idle / IDLE_CHECKS;
     let (mut seen, mut still) = (moved(), 0);
+    // On the heap: a timer is large and cache-aligned, and held inline it would grow the
+    // future of every connection, HTTP ones included.
+    let mut timer = Box::pin(tokio::time::sleep(step));
     loop {
-        tokio::time::sleep(step).await;
+        timer.as_mut().await;
+        timer.as_mut().reset(tokio::time::Instant::now() + step);
         let now = moved();
         if now == seen {
             still += 1;

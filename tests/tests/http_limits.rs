@@ -70,6 +70,7 @@ fn assert_malformed_refused(
         ("gzip, chunked", "POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n".to_string()),
         ("obs-fold", "GET /hello HTTP/1.1\r\nHost: a\r\nX-Folded: one\r\n two\r\n\r\n".to_string()),
         ("invalid header name", "GET /hello HTTP/1.1\r\nHost: a\r\nBad Header: x\r\n\r\n".to_string()),
+        ("no Host", "GET /hello HTTP/1.1\r\nAccept: */*\r\n\r\n".to_string()),
         ("Content-Length and Transfer-Encoding", format!("POST /{tag}-cl-te HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")),
         ("Transfer-Encoding and Content-Length", format!("POST /{tag}-te-cl HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n")),
     ];

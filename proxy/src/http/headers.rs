@@ -34,14 +34,18 @@ pub fn check_request(headers: &HeaderMap) -> Result<(), &'static str> {
 }
 
 /// The request's target and Host as RFC 9112 wants them of HTTP/1.1 (HTTP/2 carries them in
-/// pseudo-headers): at most one Host, and an origin-form target (`*` for OPTIONS, an authority
-/// for CONNECT). Envoy answers the others 400. (A request with no Host is still forwarded.)
+/// pseudo-headers): exactly one Host (an absolute-form target has been given its own by
+/// then; CONNECT names its authority in the target), and an origin-form target (`*` for
+/// OPTIONS, an authority for CONNECT). Envoy answers the others 400 (`missing_host_header`
+/// for no Host).
 pub fn check_target<B>(req: &http::Request<B>) -> Result<(), &'static str> {
     if req.version() != http::Version::HTTP_11 {
         return Ok(());
     }
-    if req.headers().get_all(header::HOST).iter().count() > 1 {
-        return Err("repeated host");
+    match req.headers().get_all(header::HOST).iter().count() {
+        0 if req.uri().authority().is_none() => return Err("missing host"),
+        0 | 1 => {}
+        _ => return Err("repeated host"),
     }
     let method = req.method();
     let path = req.uri().path();
@@ -246,8 +250,12 @@ mod tests {
         assert_eq!(check_target(&req("GET", "/a?b", &["x"])), Ok(()));
         assert_eq!(check_target(&req("OPTIONS", "*", &["x"])), Ok(()));
         assert_eq!(check_target(&req("CONNECT", "x:443", &["x:443"])), Ok(()));
+        // CONNECT names the authority in its target: Host may be left out.
+        assert_eq!(check_target(&req("CONNECT", "x:443", &[])), Ok(()));
         for (method, target, hosts) in [
             ("GET", "/a", &["x", "y"][..]),
+            ("GET", "/a", &[][..]),
+            ("OPTIONS", "*", &[][..]),
             ("GET", "admin", &["x"][..]),
             ("GET", "*", &["x"][..]),
         ] {

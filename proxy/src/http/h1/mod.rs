@@ -273,7 +273,8 @@ fn prepare(
     mesh: Option<&MeshHeaders>,
 ) -> Option<Prepared> {
     let start = (SystemTime::now(), Instant::now());
-    let head = head::parse_request(buf, limits)?;
+    // Without Host an HTTP/1.1 request is malformed: hyper's path answers it 400.
+    let head = head::parse_request(buf, limits).filter(|h| h.host.is_some())?;
     // The body must be here whole; hyper streams a longer one.
     let total = usize::try_from(head.content_length)
         .ok()

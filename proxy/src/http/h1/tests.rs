@@ -252,7 +252,7 @@ async fn requests_go_upstream_with_the_mesh_headers_on_one_pooled_connection() {
         .unwrap();
     assert_eq!(id.len(), 36);
     // A POST body goes along with its head.
-    c.write_all(b"POST /p HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc")
+    c.write_all(b"POST /p HTTP/1.1\r\nhost: a\r\ncontent-length: 3\r\n\r\nabc")
         .await
         .unwrap();
     assert!(response(&mut c, &mut buf).await.starts_with("HTTP/1.1 200"));
@@ -271,10 +271,14 @@ async fn chunked_responses_pass_whole_and_close_delimited_ones_close_the_client(
     let proxy = proxy(Config::default());
     let mut c = client(&proxy, addr).await;
     let mut buf = Vec::new();
-    c.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     let r = response(&mut c, &mut buf).await;
     assert!(r.ends_with("5\r\nhello\r\n0\r\nx-t: 1\r\n\r\n"), "{r}");
-    c.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     let r = response(&mut c, &mut buf).await;
     assert!(r.contains("connection: close\r\n"), "{r}");
     assert!(r.ends_with("\r\n\r\nuntil close"), "{r}");
@@ -291,7 +295,9 @@ async fn a_503_is_retried_with_the_attempt_count() {
     config.http.retry_backoff = Duration::from_millis(1);
     let proxy = proxy(config);
     let mut c = client(&proxy, addr).await;
-    c.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     assert!(response(&mut c, &mut Vec::new()).await.ends_with("hello"));
     let (a, b) = (seen.recv().await.unwrap(), seen.recv().await.unwrap());
     assert!(a.head.contains("x-envoy-attempt-count: 1\r\n"));
@@ -305,10 +311,14 @@ async fn a_pooled_connection_the_server_closed_is_replaced() {
     let proxy = proxy(Config::default());
     let mut c = client(&proxy, addr).await;
     let mut buf = Vec::new();
-    c.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     assert!(response(&mut c, &mut buf).await.ends_with("hello"));
     tokio::time::sleep(Duration::from_millis(200)).await;
-    c.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     assert!(response(&mut c, &mut buf).await.ends_with("hello"));
     let (a, b) = (seen.recv().await.unwrap(), seen.recv().await.unwrap());
     assert_eq!((a.conn, b.conn), (0, 1));
@@ -327,7 +337,9 @@ async fn unanswered_requests_get_envoys_local_replies() {
     let p = proxy(config);
     let mut c = client(&p, closed).await;
     let mut buf = Vec::new();
-    c.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     let r = response(&mut c, &mut buf).await;
     assert!(r.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{r}");
     assert!(r.ends_with("reset reason: connection failure"), "{r}");
@@ -340,7 +352,9 @@ async fn unanswered_requests_get_envoys_local_replies() {
         .unwrap_or_default();
     assert!(age < Duration::from_secs(60), "{date}");
     // The connection stays usable.
-    c.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     assert!(response(&mut c, &mut buf).await.starts_with("HTTP/1.1 503"));
 
     // An upstream that never answers: 504 after http.request_timeout.
@@ -349,7 +363,9 @@ async fn unanswered_requests_get_envoys_local_replies() {
     config.http.request_timeout = Duration::from_millis(100);
     let p = proxy(config);
     let mut c = client(&p, addr).await;
-    c.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     let r = response(&mut c, &mut Vec::new()).await;
     assert!(r.starts_with("HTTP/1.1 504 Gateway Timeout\r\n"), "{r}");
 
@@ -357,7 +373,9 @@ async fn unanswered_requests_get_envoys_local_replies() {
     let (addr, _seen) = upstream(vec![Answer::Reply(b"NOT HTTP\r\n\r\n")]).await;
     let p = proxy(Config::default());
     let mut c = client(&p, addr).await;
-    c.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     let r = response(&mut c, &mut Vec::new()).await;
     assert!(r.starts_with("HTTP/1.1 502 Bad Gateway\r\n"), "{r}");
 }
@@ -370,13 +388,17 @@ async fn a_request_the_fast_path_does_not_serve_hands_the_connection_to_hyper() 
     let mut buf = Vec::new();
     // A plain GET, then a POST whose body comes in two writes, with a GET pipelined behind
     // it: the first is the fast path's, the rest hyper's, from the bytes the fast path read.
-    c.write_all(b"GET /1 HTTP/1.1\r\n\r\n").await.unwrap();
+    c.write_all(b"GET /1 HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     assert!(response(&mut c, &mut buf).await.ends_with("hello"));
-    c.write_all(b"POST /2 HTTP/1.1\r\ncontent-length: 6\r\n\r\nabc")
+    c.write_all(b"POST /2 HTTP/1.1\r\nhost: a\r\ncontent-length: 6\r\n\r\nabc")
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    c.write_all(b"defGET /3 HTTP/1.1\r\n\r\n").await.unwrap();
+    c.write_all(b"defGET /3 HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     assert!(response(&mut c, &mut buf).await.ends_with("hello"));
     assert!(response(&mut c, &mut buf).await.ends_with("hello"));
     let heads: Vec<Seen> = vec![
@@ -420,7 +442,7 @@ async fn a_client_that_asks_to_close_is_told_so_and_closed_while_the_upstream_is
     let (addr, mut seen) = upstream(vec![Answer::Reply(OK)]).await;
     let proxy = proxy(Config::default());
     let mut c = client(&proxy, addr).await;
-    c.write_all(b"GET / HTTP/1.1\r\nconnection: close\r\n\r\n")
+    c.write_all(b"GET / HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut buf = Vec::new();
@@ -453,7 +475,9 @@ async fn a_body_that_starts_malformed_is_answered_502_and_not_passed_on() {
     .await;
     let proxy = proxy(Config::default());
     let mut c = client(&proxy, addr).await;
-    c.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    c.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
     let r = response(&mut c, &mut Vec::new()).await;
     assert!(r.starts_with("HTTP/1.1 502 Bad Gateway\r\n"), "{r}");
     assert!(!r.contains("secret"), "{r}");
@@ -465,3 +489,16 @@ async fn a_body_that_starts_malformed_is_answered_502_and_not_passed_on() {
 }
 
 mod mesh_tls;
+
+#[tokio::test]
+async fn a_request_without_host_is_answered_400_and_never_forwarded() {
+    let (addr, mut seen) = upstream(vec![Answer::Reply(OK)]).await;
+    let proxy = proxy(Config::default());
+    let mut c = client(&proxy, addr).await;
+    c.write_all(b"GET /no-host HTTP/1.1\r\naccept: */*\r\n\r\n")
+        .await
+        .unwrap();
+    let r = response(&mut c, &mut Vec::new()).await;
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    assert!(seen.try_recv().is_err(), "the upstream saw the request");
+}
