@@ -9,6 +9,7 @@
 //! both ways (Envoy's `tcp_proxy` `idle_timeout`), so a stalled peer does not hold its
 //! descriptors and memory for ever.
 
+mod idle;
 mod local;
 mod streams;
 
@@ -117,12 +118,15 @@ pub async fn copy_bidirectional_after(
         (downstream, Side::Downstream),
         &received,
     );
-    let watch = idle_watch(idle, [&sent, &received]);
-    tokio::pin!(up, down, watch);
+    let mut idle = idle::IdleTimer::new(idle);
+    tokio::pin!(up, down);
     let (mut up_done, mut down_done) = (false, false);
     let failed = loop {
         tokio::select! {
-            idle = &mut watch => {
+            idle = std::future::poll_fn(|cx| {
+                let moved = sent.load(Ordering::Relaxed) + received.load(Ordering::Relaxed);
+                idle.poll_idle(cx, moved)
+            }) => {
                 let transfer = Transfer {
                     sent: sent.load(Ordering::Relaxed),
                     received: received.load(Ordering::Relaxed),
@@ -157,42 +161,6 @@ pub async fn copy_bidirectional_after(
         Side::Downstream => CopyError::Downstream { source, transfer },
         Side::Upstream => CopyError::Upstream { source, transfer },
     })
-}
-
-/// How many times per idle timeout the byte counters are looked at: a connection is closed
-/// between one and 1 + 1/`IDLE_CHECKS` timeouts after its last byte. Looking costs a timer per
-/// check, where resetting a deadline on every read would cost a clock read per read.
-const IDLE_CHECKS: u32 = 4;
-
-/// Resolves with `idle` once `counters` have not moved for that long; never without `idle`.
-async fn idle_watch(idle: Option<Duration>, counters: [&AtomicU64; 2]) -> Duration {
-    let Some(idle) = idle else {
-        return std::future::pending().await;
-    };
-    let moved = || {
-        counters
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .sum::<u64>()
-    };
-    let step = idle / IDLE_CHECKS;
-    let (mut seen, mut still) = (moved(), 0);
-    // On the heap: a timer is large and cache-aligned, and held inline it would grow the
-    // future of every connection, HTTP ones included.
-    let mut timer = Box::pin(tokio::time::sleep(step));
-    loop {
-        timer.as_mut().await;
-        timer.as_mut().reset(tokio::time::Instant::now() + step);
-        let now = moved();
-        if now == seen {
-            still += 1;
-            if still >= IDLE_CHECKS {
-                return idle;
-            }
-        } else {
-            (seen, still) = (now, 0);
-        }
-    }
 }
 
 /// Copy `from` → `to` until end of stream, then half-close `to`. Returns the byte count, or the

@@ -7,7 +7,8 @@
 //! its two buffers when it starts; TLS sessions hold buffers of their own anyway, so a
 //! plaintext connection never pays for this path.
 
-use super::{idle_watch, CopyError, Transfer};
+use super::idle::IdleTimer;
+use super::{CopyError, Transfer};
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,9 +37,13 @@ where
         }
         tokio::io::copy_bidirectional(&mut down, &mut up).await
     };
+    let mut timer = IdleTimer::new(idle);
     let result = tokio::select! {
         r = copy => Ok(r),
-        idle = idle_watch(idle, [&down_read, &up_read]) => Err(idle),
+        idle = std::future::poll_fn(|cx| {
+            let moved = down_read.load(Ordering::Relaxed) + up_read.load(Ordering::Relaxed);
+            timer.poll_idle(cx, moved)
+        }) => Err(idle),
     };
     let transfer = Transfer {
         sent: down_read.load(Ordering::Relaxed) + prefix.len() as u64,
