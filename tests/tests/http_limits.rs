@@ -204,6 +204,52 @@ fn request_header_size_and_count_over_the_limits_are_431_and_never_forwarded() {
 }
 
 #[test]
+fn an_idle_inbound_keep_alive_connection_is_answered_once_more_with_close_while_draining() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let remora = net
+        .remora()
+        .config("drain:\n  duration: 30s\n")
+        .start_ready();
+    let _app = http_origin(&net.pod, any_addr(ORIGIN_PORT));
+    let get = b"GET /hello HTTP/1.1\r\nHost: a\r\n\r\n";
+    let mut stream = peer::connect(&net.peer, net.pod_addr(ORIGIN_PORT)).expect("connect");
+    stream.write_all(get).expect("first request");
+    let (head, _) = read_response(&mut stream).expect("first response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        !head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+
+    remora.terminate();
+    let terminated = Instant::now();
+    while remora.readiness() != Some(503) && terminated.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(remora.readiness(), Some(503), "readiness while draining");
+    // Idle at SIGTERM, the connection was kept: its next request is served and told to close.
+    stream.write_all(get).expect("request while draining");
+    let (head, body) = read_response(&mut stream).unwrap_or_else(|e| {
+        panic!(
+            "no answer on a keep-alive connection while draining ({e})\n{}",
+            remora.stderr()
+        )
+    });
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+    assert_eq!(body, "hello\n");
+    let mut rest = Vec::new();
+    let end = stream.read_to_end(&mut rest);
+    assert!(matches!(end, Ok(0)), "after the close response: {end:?}");
+}
+
+#[test]
 fn idle_keep_alive_outlives_the_header_read_timeout_and_a_slowloris_head_is_cut_with_408() {
     let Some(net) = PodNet::create_or_skip() else {
         return;

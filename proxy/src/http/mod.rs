@@ -428,10 +428,11 @@ async fn serve_hyper(
 
 /// Run a server connection until it ends, shutting it down gracefully (GOAWAY, or
 /// `Connection: close` after the request in flight) when it has been idle — no request in
-/// flight and no traffic — for `http.idle_timeout`, and for inbound connections when draining
-/// starts. Outbound keeps serving while draining: the application may still need its peers. A
-/// drained HTTP/1.1 connection that has not sent its first request yet is not cut: it is
-/// answered, with `Connection: close`.
+/// flight and no traffic — for `http.idle_timeout`. When draining starts, an inbound HTTP/2
+/// connection gets its GOAWAY, and an inbound HTTP/1.1 one stays open with its next response
+/// carrying `Connection: close`, as Envoy drains them: the listener no longer accepts, so a
+/// client cut while idle would have nowhere to send its next request. Outbound keeps serving
+/// while draining: the application may still need its peers.
 async fn drive<C>(
     conn: C,
     ctx: &ConnContext,
@@ -452,9 +453,7 @@ where
             result = &mut conn => return result,
             () = &mut draining, if !ctx.closing() => {
                 ctx.closing.store(true, Ordering::Relaxed);
-                let idle_after_a_request = ctx.in_flight.load(Ordering::Relaxed) == 0
-                    && ctx.served.load(Ordering::Relaxed) > 0;
-                if ctx.key.version == HttpVersion::Http2 || idle_after_a_request {
+                if ctx.key.version == HttpVersion::Http2 {
                     shutdown(conn.as_mut());
                     shutting_down = true;
                 }

@@ -143,8 +143,6 @@ pub async fn serve<C: Client>(
         mesh_tls: mesh.is_some(),
         drop_attempt_count: retries(ctx) > 0,
     };
-    // One timer for the connection's life, moved only when it fires early: the idle bound
-    // costs no timer operation per request.
     let idle_timeout = http.idle_timeout;
     let mut last_active = tokio::time::Instant::now();
     // One timer for the connection's life, moved only when it fires early: the idle bound
@@ -175,12 +173,12 @@ pub async fn serve<C: Client>(
                             idle.as_mut().reset(due);
                         }
                         () = &mut draining, if !drained => {
+                            // The connection stays, and its next request is answered with
+                            // `Connection: close`, as Envoy drains HTTP/1.1: the listener no
+                            // longer accepts, so a client cut here would have nowhere to send
+                            // the request it may be writing. It ends with the process, or idle.
                             drained = true;
                             ctx.closing.store(true, Ordering::Relaxed);
-                            // A client that has not asked anything yet is answered, with close.
-                            if ctx.served.load(Ordering::Relaxed) > 0 {
-                                break false;
-                            }
                         }
                     }
                 };
