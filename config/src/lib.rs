@@ -11,6 +11,7 @@ mod error;
 mod locate;
 mod mesh;
 mod model;
+mod traffic;
 
 pub use error::ConfigError;
 pub use model::*;
