@@ -321,51 +321,27 @@ impl Proxy {
         prefix: &[u8],
         upstream: Result<Upstream, ConnectError>,
     ) -> Outcome {
-        let Hop {
-            dir,
-            peer,
-            destination,
-            ..
-        } = *hop;
         let upstream = match upstream {
             Ok(up) => up,
-            Err(e) => {
-                self.metrics.direction(dir).connect_failures.inc();
-                tracing::debug!(%peer, error = %e, direction = dir.as_str(), "upstream connect failed");
-                // Close the client at once, with a reset: the destination refused or never
-                // answered, and a clean FIN would look like an empty but successful exchange.
-                reset(downstream);
-                let end = match e {
-                    ConnectError::Timeout { .. } => End::ConnectTimeout,
-                    ConnectError::Io { .. } => End::ConnectFailed,
-                };
-                return refused(Some(destination), end);
-            }
+            Err(e) => return self.connect_failed(hop, e, downstream),
         };
         let copied =
             tcp::copy_bidirectional_after(prefix, downstream, &upstream.stream, hop.idle).await;
-        let (transfer, end) = match copied {
-            Ok(t) => (t, End::Closed),
-            Err(e @ CopyError::Idle { .. }) => {
-                tracing::debug!(%peer, %destination, error = %e, "closed an idle connection");
-                (e.transfer(), End::IdleTimeout)
-            }
-            Err(e) => {
-                tracing::debug!(%peer, %destination, error = %e, "connection ended with an error");
-                let end = match e {
-                    CopyError::Upstream { .. } => End::UpstreamReset,
-                    CopyError::Downstream { .. } | CopyError::Idle { .. } => End::DownstreamReset,
-                };
-                (e.transfer(), end)
-            }
+        copy_outcome(hop, copied, downstream, &upstream.stream)
+    }
+
+    /// The upstream connection failed: the client is closed at once, with a reset, since the
+    /// destination refused or never answered, and a clean FIN would look like an empty but
+    /// successful exchange.
+    fn connect_failed(&self, hop: &Hop, e: ConnectError, downstream: &TcpStream) -> Outcome {
+        self.metrics.direction(hop.dir).connect_failures.inc();
+        tracing::debug!(peer = %hop.peer, error = %e, direction = hop.dir.as_str(), "upstream connect failed");
+        reset(downstream);
+        let end = match e {
+            ConnectError::Timeout { .. } => End::ConnectTimeout,
+            ConnectError::Io { .. } => End::ConnectFailed,
         };
-        Outcome {
-            destination: Some(destination),
-            transfer,
-            end,
-            http: false,
-            istio: IstioOpen::Pending,
-        }
+        refused(Some(hop.destination), end)
     }
 }
 
@@ -540,6 +516,40 @@ fn refused(destination: Option<SocketAddr>, end: End) -> Outcome {
     Outcome {
         destination,
         transfer: Transfer::default(),
+        end,
+        http: false,
+        istio: IstioOpen::Pending,
+    }
+}
+
+/// How a copy ended. An error resets both sockets (the plaintext copy has already; a TLS
+/// stream's sockets have not); an idle connection is closed, not reset.
+fn copy_outcome(
+    hop: &Hop,
+    copied: Result<Transfer, CopyError>,
+    downstream: &TcpStream,
+    upstream: &TcpStream,
+) -> Outcome {
+    let (transfer, end) = match copied {
+        Ok(t) => (t, End::Closed),
+        Err(e @ CopyError::Idle { .. }) => {
+            tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "closed an idle connection");
+            (e.transfer(), End::IdleTimeout)
+        }
+        Err(e) => {
+            tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "connection ended with an error");
+            reset(downstream);
+            reset(upstream);
+            let end = match e {
+                CopyError::Upstream { .. } => End::UpstreamReset,
+                CopyError::Downstream { .. } | CopyError::Idle { .. } => End::DownstreamReset,
+            };
+            (e.transfer(), end)
+        }
+    };
+    Outcome {
+        destination: Some(hop.destination),
+        transfer,
         end,
         http: false,
         istio: IstioOpen::Pending,

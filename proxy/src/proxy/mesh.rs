@@ -405,17 +405,6 @@ impl Proxy {
             }
         }
     }
-
-    fn connect_failed(&self, hop: &Hop, e: ConnectError, downstream: &TcpStream) -> Outcome {
-        self.metrics.direction(hop.dir).connect_failures.inc();
-        tracing::debug!(peer = %hop.peer, error = %e, direction = hop.dir.as_str(), "upstream connect failed");
-        reset(downstream);
-        let end = match e {
-            ConnectError::Timeout { .. } => End::ConnectTimeout,
-            ConnectError::Io { .. } => End::ConnectFailed,
-        };
-        refused(Some(hop.destination), end)
-    }
 }
 
 /// A connection whose mesh TLS is being terminated.
@@ -425,37 +414,4 @@ pub(super) struct Terminating<'a> {
     mode: Mode,
     /// SPIFFE IDs the client must carry one of; empty accepts any from the roots.
     clients: &'a [String],
-}
-
-/// How a copy ended; an error resets both sockets, as the plaintext copy does.
-fn copy_outcome(
-    hop: &Hop,
-    copied: Result<Transfer, CopyError>,
-    downstream: &TcpStream,
-    upstream: &TcpStream,
-) -> Outcome {
-    let (transfer, end) = match copied {
-        Ok(t) => (t, End::Closed),
-        Err(e @ CopyError::Idle { .. }) => {
-            tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "closed an idle connection");
-            (e.transfer(), End::IdleTimeout)
-        }
-        Err(e) => {
-            tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "connection ended with an error");
-            reset(downstream);
-            reset(upstream);
-            let end = match e {
-                CopyError::Upstream { .. } => End::UpstreamReset,
-                CopyError::Downstream { .. } | CopyError::Idle { .. } => End::DownstreamReset,
-            };
-            (e.transfer(), end)
-        }
-    };
-    Outcome {
-        destination: Some(hop.destination),
-        transfer,
-        end,
-        http: false,
-        istio: IstioOpen::Pending,
-    }
 }
