@@ -221,6 +221,7 @@ async fn attempts(
     let replay =
         (!body.is_end_stream()).then(|| ReplayBody::new(body, http.retry_buffer_bytes, received));
     let mut attempt: u32 = 1;
+    let mut resent_after_go_away: u32 = 0;
     loop {
         let body = match replay.as_ref().map(ReplayBody::replay) {
             None => UpstreamBody::Empty,
@@ -244,6 +245,17 @@ async fn attempts(
             return result;
         }
         let replayable = replay.as_ref().is_none_or(|r| r.replay().is_some());
+        // A stream the server refused with its GOAWAY never reached the application (RFC 9113
+        // §6.8): it was only waiting on a connection that was closing, so it goes on a new one
+        // at once and without spending a retry, as Envoy's pool moves the requests still
+        // pending on a draining connection. Bounded, so that a server that refuses everything
+        // still ends in the usual retries.
+        let go_away = matches!(&result, Err(e) if e.went_away());
+        if go_away && replayable && resent_after_go_away < retry::GO_AWAY_RESENDS {
+            resent_after_go_away += 1;
+            drop(result);
+            continue;
+        }
         if attempt > retries || !replayable {
             if attempt > retries {
                 flags.insert(Flags::URX);

@@ -21,6 +21,12 @@ use std::time::Duration;
 /// Envoy's cap on the back-off between attempts (ten times the 25 ms base).
 const MAX_BACKOFF_FACTOR: u32 = 10;
 
+/// How many times one request may be sent again because the server's GOAWAY refused it,
+/// beyond its retries: a connection that closes after a request limit (nginx's
+/// `keepalive_requests`) can refuse the same request on each of a few new connections in a row
+/// while many requests race for them.
+pub const GO_AWAY_RESENDS: u32 = 3;
+
 /// Whether a response asks for a retry: a 503, or a trailers-only gRPC response with
 /// UNAVAILABLE (14) or CANCELLED (1).
 pub fn retry_on_response<B>(response: &Response<B>) -> bool {
