@@ -299,9 +299,7 @@ impl Proxy {
         self.metrics
             .detection_finished(verdict.metric_label(), started.elapsed());
         match verdict {
-            Verdict::Http(version) => {
-                Detected::Http(version, prefix, upstream.and_then(Result::ok))
-            }
+            Verdict::Http(version) => Detected::Http(version, prefix, upstream),
             Verdict::ClientFailed => Detected::ClientFailed,
             Verdict::Tls => Detected::Tls(prefix, upstream),
             Verdict::Opaque
@@ -353,7 +351,11 @@ impl Proxy {
         config: &Arc<Config>,
         downstream: Downstream,
         hop: Hop,
-        (version, prefix, early): (HttpVersion, BytesMut, Option<Upstream>),
+        (version, prefix, early): (
+            HttpVersion,
+            BytesMut,
+            Option<Result<Upstream, ConnectError>>,
+        ),
         mesh_peer: Option<Arc<crate::tls::Peer>>,
         originate: Option<Box<http::originate::Originate>>,
     ) -> Outcome {
@@ -400,8 +402,13 @@ fn detect_wait(config: &Config, watch_server: bool) -> detect::Wait {
 
 /// What detection leaves for the rest of the connection.
 enum Detected {
-    /// HTTP: the version, the bytes read, and the upstream connection opened meanwhile.
-    Http(HttpVersion, BytesMut, Option<Upstream>),
+    /// HTTP: the version, the bytes read, and the upstream connection if one was opened
+    /// meanwhile (its failure is the first request's first attempt).
+    Http(
+        HttpVersion,
+        BytesMut,
+        Option<Result<Upstream, ConnectError>>,
+    ),
     /// Opaque bytes: the bytes read, and the upstream connection if one was opened.
     Tcp(BytesMut, Option<Result<Upstream, ConnectError>>),
     /// A TLS ClientHello (in the bytes read), and the upstream connection if one was opened.
@@ -417,7 +424,7 @@ impl Detected {
     fn declared(self, mode: Mode) -> Detected {
         match self {
             Detected::Tcp(prefix, upstream) if mode == Mode::Http && !prefix.is_empty() => {
-                Detected::Http(HttpVersion::Http1, prefix, upstream.and_then(Result::ok))
+                Detected::Http(HttpVersion::Http1, prefix, upstream)
             }
             other => other,
         }

@@ -264,11 +264,31 @@ fn upstream_down_is_503_uf_and_retries_run_out_with_urx() {
         .remora()
         .config("access_log:\n  enabled: true\n")
         .start_ready();
-    // Nothing listens on this port on the peer.
+    // Nothing listens on this port on the peer; a rule there counts the SYNs that arrive.
+    let syn_rule = ["INPUT", "-p", "tcp", "--dport", "8999", "--syn"];
+    let mut add = net.peer.command("iptables");
+    add.arg("-A").args(syn_rule);
+    let added = remora_e2e::process::run_bounded(&mut add, CURL_TIME).expect("run iptables");
+    assert!(added.status.success(), "iptables -A: {added:?}");
     let url = format!("http://{}/nothing", net.peer_addr(8999));
     let (status, _) = peer::curl_status(&net.pod, &[&url], CURL_TIME);
     assert_eq!(status, 503, "GET to a closed port");
     remora.wait_for_access_log("\"GET /nothing HTTP/1.1\" 503 UF,URX");
+    // Three connects, as Envoy's router makes with Istio's two retries: the one opened while
+    // the request was detected is the first attempt, not one more.
+    let mut list = net.peer.command("iptables");
+    list.args(["-L", "INPUT", "-v", "-x", "-n"]);
+    let listed = remora_e2e::process::run_bounded(&mut list, CURL_TIME).expect("run iptables");
+    let table = String::from_utf8_lossy(&listed.stdout);
+    let syns = table
+        .lines()
+        .find(|l| l.contains("dpt:8999"))
+        .and_then(|l| l.split_whitespace().next()?.parse::<u32>().ok());
+    assert_eq!(
+        syns,
+        Some(3),
+        "connect attempts to the closed port:\n{table}"
+    );
 }
 
 #[test]

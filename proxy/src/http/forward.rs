@@ -221,6 +221,10 @@ async fn attempts(
     let replay =
         (!body.is_end_stream()).then(|| ReplayBody::new(body, http.retry_buffer_bytes, received));
     let mut attempt: u32 = 1;
+    if ctx.take_early_failure() {
+        tokio::time::sleep(retry::backoff(http.retry_backoff, attempt)).await;
+        attempt += 1;
+    }
     let mut resent_after_go_away: u32 = 0;
     loop {
         let body = match replay.as_ref().map(ReplayBody::replay) {

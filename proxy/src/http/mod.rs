@@ -79,6 +79,9 @@ pub struct ConnContext {
     closing: AtomicBool,
     /// The Istio series this connection's last request was counted in.
     series: crate::metrics::SeriesCache,
+    /// The connect detection started failed: that was the first request's first attempt, as
+    /// it would have been had the request dialled it (Envoy's router dials only then).
+    early_failed: AtomicBool,
 }
 
 impl ConnContext {
@@ -110,6 +113,7 @@ impl ConnContext {
             served: AtomicU64::new(0),
             closing: AtomicBool::new(false),
             series: crate::metrics::SeriesCache::default(),
+            early_failed: AtomicBool::new(false),
         }
     }
 
@@ -188,6 +192,13 @@ impl ConnContext {
     /// Whether responses should tell HTTP/1.1 clients to close (the proxy is draining).
     fn closing(&self) -> bool {
         self.closing.load(Ordering::Relaxed)
+    }
+
+    /// Whether the connect detection started failed, told to the first request that asks:
+    /// that connect was its first attempt.
+    fn take_early_failure(&self) -> bool {
+        self.early_failed.load(Ordering::Relaxed)
+            && self.early_failed.swap(false, Ordering::Relaxed)
     }
 
     fn count_received(&self, n: usize) {
@@ -278,8 +289,9 @@ pub struct Connection {
     pub version: HttpVersion,
     /// The bytes detection read, replayed to the HTTP server.
     pub prefix: BytesMut,
-    /// The upstream connection opened during detection: the first pooled one.
-    pub early: Option<Upstream>,
+    /// The upstream connection opened during detection: the first pooled one, or, failed,
+    /// the first request's first attempt.
+    pub early: Option<Result<Upstream, crate::connect::ConnectError>>,
     /// Outbound to a mesh destination: how requests go there (it holds the early socket).
     pub originate: Option<Box<originate::Originate>>,
 }
@@ -294,7 +306,14 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         version: c.version,
     };
     let fast = c.version == HttpVersion::Http1 && config.http.fast_path;
-    let mut early = c.early;
+    let (mut early, early_failed) = match c.early {
+        Some(Ok(up)) => (Some(up), false),
+        Some(Err(e)) => {
+            tracing::debug!(error = %e, "upstream connection opened during detection failed");
+            (None, true)
+        }
+        None => (None, false),
+    };
     if !fast {
         if let Some(up) = early.take() {
             Box::pin(pool_early(&proxy, &config, key, up)).await;
@@ -312,6 +331,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         mesh_peer,
         sni,
         originate: c.originate,
+        early_failed: AtomicBool::new(early_failed),
         ..ConnContext::new(proxy, config, c.direction, c.peer, key, c.connect_timeout)
     });
     let (downstream, prefix) = if fast {

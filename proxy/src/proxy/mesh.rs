@@ -175,7 +175,7 @@ impl Proxy {
                 let downstream = Downstream::Plain(downstream);
                 return self.http(config, downstream, hop, http, None, None).await;
             }
-            Detected::Http(_, prefix, early) => (prefix, early.map(Ok)),
+            Detected::Http(_, prefix, early) => (prefix, early),
             Detected::Tcp(prefix, upstream) => (prefix, upstream),
         };
         if let Some(denied) = self.tcp_denied(&hop, None, || authorize::tls_sni(&prefix)) {

@@ -57,6 +57,10 @@ pub(super) async fn exchange<C: Client>(
     let retries = retries(ctx);
     let base = req.head.len();
     let mut attempt: u32 = 1;
+    if retries > 0 && ctx.take_early_failure() {
+        backoff(ctx, attempt).await;
+        attempt += 1;
+    }
     // A pooled connection the server closed as we sent is tried again once on a new one, for
     // a request that is harmless to repeat.
     let mut stale_retry = req.idempotent;

@@ -27,9 +27,7 @@ impl Proxy {
                     .await
                     .declared(mode);
                 match detected {
-                    Detected::Http(version, prefix, early) => {
-                        (Some(version), prefix, early.map(Ok))
-                    }
+                    Detected::Http(version, prefix, early) => (Some(version), prefix, early),
                     Detected::Tcp(prefix, up) | Detected::Tls(prefix, up) => (None, prefix, up),
                     Detected::ClientFailed => {
                         return refused(Some(hop.destination), End::DownstreamReset)
