@@ -334,7 +334,10 @@ fn websocket_upgrade_becomes_a_byte_tunnel() {
         return;
     };
     net.capture_default();
-    let remora = net.remora().start_ready();
+    let remora = net
+        .remora()
+        .config("access_log:\n  enabled: true\n")
+        .start_ready();
     let _origin = origin(&net.peer, net.peer_addr(ORIGIN_PORT));
     let mut stream = peer::connect(&net.pod, net.peer_addr(ORIGIN_PORT)).expect("connect");
     stream
@@ -373,6 +376,16 @@ fn websocket_upgrade_becomes_a_byte_tunnel() {
         .expect("echo through the tunnel");
     sending.join().expect("writer").expect("write");
     peer::assert_same_bytes("tunnelled bytes", &data, &echoed);
+    // The request ends with the tunnel, as Envoy logs an upgrade: no line while it is open,
+    // then one with the 101 and the bytes the tunnel carried each way.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !remora.stdout().contains("GET /ws"),
+        "logged before the tunnel closed:\n{}",
+        remora.stdout()
+    );
+    drop(stream);
+    remora.wait_for_access_log(&format!("\"GET /ws HTTP/1.1\" 101 - {0} {0} ", data.len()));
 }
 
 fn sha256(path: &std::path::Path) -> String {

@@ -114,6 +114,15 @@ impl ResponseBody {
         }
     }
 
+    /// The (empty) body of a `101 Switching Protocols`: the request ends with the tunnel.
+    pub fn upgraded(inner: Incoming) -> Self {
+        ResponseBody {
+            inner: Inner::Upstream(inner),
+            deadline: None,
+            end: None,
+        }
+    }
+
     /// A body the proxy wrote (a local reply).
     pub fn local(bytes: Bytes, mut end: RequestEnd) -> Self {
         // Written by us in one piece: nothing upstream to abandon.

@@ -85,6 +85,11 @@ impl BodyCounter {
         })
     }
 
+    /// Count `n` bytes that crossed outside of body frames (an upgraded connection's).
+    pub fn add(&self, n: u64) {
+        self.bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Overwrite the byte count (tests of what reads it).
     #[cfg(test)]
     pub fn set_bytes(&self, n: u64) {

@@ -154,10 +154,10 @@ pub async fn handle(
         }
     };
     let upgraded = response.status() == StatusCode::SWITCHING_PROTOCOLS;
-    if let (true, Some(downstream)) = (upgraded, downstream_upgrade) {
-        let upstream = hyper::upgrade::on(&mut response);
-        upgrade::tunnel(downstream, upstream, ctx.proxy.drain.track());
-    }
+    let tunnel = match (upgraded, downstream_upgrade) {
+        (true, Some(downstream)) => Some((downstream, hyper::upgrade::on(&mut response))),
+        _ => None,
+    };
     let (mut parts, body) = response.into_parts();
     headers::prepare_response(&mut parts.headers, upgraded);
     if let Some(originate) = &ctx.originate {
@@ -183,8 +183,12 @@ pub async fn handle(
             .headers
             .insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    // An upgraded connection belongs to the tunnel now.
+    // An upgraded connection belongs to the tunnel now, and so does the request's end.
     end.pooled = pooled.filter(|_| !upgraded);
+    if let Some((downstream, upstream)) = tunnel {
+        upgrade::tunnel(downstream, upstream, ctx.proxy.drain.track(), end);
+        return Ok(Response::from_parts(parts, ResponseBody::upgraded(body)));
+    }
     Ok(Response::from_parts(
         parts,
         ResponseBody::upstream(body, deadline, end),
