@@ -10,6 +10,7 @@ mod logging;
 pub use logging::{parse_filter, LogControl, SetFilter};
 
 use crate::drain::Drain;
+use crate::metrics::exposition::Selection;
 use crate::metrics::{Metrics, ServerState};
 use crate::proxy::Route;
 use crate::workload::Workload;
@@ -226,8 +227,8 @@ pub fn respond(role: Role, state: &AdminState, req: &AdminRequest) -> Response<B
             };
             text(status, format!("{}\n", s.as_str()))
         }
-        (_, "/stats/prometheus") => prometheus(state),
-        (_, "/stats") if req.param("format") == Some("prometheus") => prometheus(state),
+        (_, "/stats/prometheus") => prometheus(state, req),
+        (_, "/stats") if req.param("format") == Some("prometheus") => prometheus(state, req),
         (_, "/stats") => envoy_api::stats(state, req),
         (_, "/server_info") => envoy_api::server_info(state),
         (_, "/listeners") => envoy_api::listeners(state, req),
@@ -265,11 +266,26 @@ pub fn respond(role: Role, state: &AdminState, req: &AdminRequest) -> Response<B
     }
 }
 
-fn prometheus(state: &AdminState) -> Response<Body> {
-    let mut r = text(StatusCode::OK, state.metrics.encode());
+fn prometheus(state: &AdminState, req: &AdminRequest) -> Response<Body> {
+    let sel = match selection(req) {
+        Ok(sel) => sel,
+        Err(e) => return invalid_filter(&e),
+    };
+    let mut r = text(StatusCode::OK, state.metrics.encode_selected(&sel));
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(PROMETHEUS_TEXT));
     r
+}
+
+/// Envoy's `filter` and `usedonly` query parameters of a Prometheus scrape; an invalid
+/// expression is a 400, as Envoy answers it.
+pub(crate) fn selection(req: &AdminRequest) -> Result<Selection, regex::Error> {
+    Selection::from_query(req.param("filter"), req.param("usedonly").is_some())
+}
+
+/// The answer to a scrape whose `filter` is no valid expression.
+pub(crate) fn invalid_filter(e: &regex::Error) -> Response<Body> {
+    text(StatusCode::BAD_REQUEST, format!("invalid filter: {e}\n"))
 }
 
 fn text(status: StatusCode, body: String) -> Response<Body> {

@@ -104,6 +104,45 @@ fn prometheus_has_its_content_type() {
 }
 
 #[test]
+fn prometheus_takes_envoys_filter_and_usedonly() {
+    let s = state();
+    s.metrics
+        .direction(crate::Direction::Outbound)
+        .connection_opened();
+    let all = body(get(&s, Role::Metrics, "/stats/prometheus"));
+    let opened = "envoy_listener_downstream_cx_total{listener_address=\"0.0.0.0_15001\"} 1\n";
+    let unused = "envoy_listener_downstream_cx_total{listener_address=\"0.0.0.0_15006\"} 0\n";
+    assert!(all.contains(opened) && all.contains(unused), "{all}");
+
+    let used = body(get(&s, Role::Metrics, "/stats/prometheus?usedonly"));
+    assert!(used.contains(opened), "{used}");
+    assert!(!used.contains(unused), "{used}");
+    // Gauges stay: Envoy calls them used once set.
+    assert!(used.contains("\nenvoy_server_state "), "{used}");
+    // Envoy counters without `_total` are typed gauge here, but judged as counters.
+    assert!(
+        !used.contains("envoy_listener_downstream_cx_destroy{"),
+        "{used}"
+    );
+
+    let filtered = body(get(
+        &s,
+        Role::Admin,
+        "/stats/prometheus?filter=listener.*15001",
+    ));
+    let samples: Vec<&str> = filtered.lines().filter(|l| !l.starts_with('#')).collect();
+    assert!(!samples.is_empty(), "{filtered}");
+    assert!(
+        samples.iter().all(|l| l.contains("0.0.0.0_15001")),
+        "{filtered}"
+    );
+    assert!(filtered.contains("# TYPE envoy_listener_downstream_cx_total counter\n"));
+
+    let bad = get(&s, Role::Metrics, "/stats/prometheus?filter=(");
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+}
+
+#[test]
 fn stats_are_dotted_sorted_filterable_and_json() {
     let s = state();
     s.metrics

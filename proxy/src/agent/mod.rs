@@ -7,6 +7,7 @@ pub mod probe;
 mod probe_clients;
 
 use crate::admin::{self, AdminRequest, AdminState, Role};
+use crate::metrics::exposition::Selection;
 use crate::metrics::ServerState;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -121,7 +122,10 @@ pub async fn respond(
     let get = method == Method::GET || method == Method::HEAD;
     match req.path.as_str() {
         "/healthz/ready" if get => admin::respond(Role::Readiness, &agent.state, &req),
-        "/stats/prometheus" if get => merged_metrics(agent).await,
+        "/stats/prometheus" if get => match admin::selection(&req) {
+            Ok(sel) => merged_metrics(agent, &sel).await,
+            Err(e) => admin::invalid_filter(&e),
+        },
         "/quitquitquit" | "/drain" if method != Method::POST => text(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{} takes POST\n", req.path),
@@ -163,9 +167,10 @@ pub async fn respond(
     }
 }
 
-/// Our metrics followed by the application's, as Istio's agent merges them.
-async fn merged_metrics(agent: &Agent) -> Response<Body> {
-    let mut body = agent.state.metrics.encode();
+/// Our metrics followed by the application's, as Istio's agent merges them. The scrape's
+/// `filter` and `usedonly` select among ours only, as Istio's agent passes them to Envoy.
+async fn merged_metrics(agent: &Agent, sel: &Selection) -> Response<Body> {
+    let mut body = agent.state.metrics.encode_selected(sel);
     if let Some((port, path)) = &agent.app_metrics {
         let addr = SocketAddr::new(agent.target.app_ip, *port);
         let scrape = http_client::get(&agent.target, addr, path, &[]);

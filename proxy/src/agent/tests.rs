@@ -95,6 +95,18 @@ async fn metrics_are_merged_with_the_applications() {
     let text = body(r).await;
     assert!(text.contains("istio_build{"), "{text}");
     assert!(text.contains("app_requests_total 7\n"), "{text}");
+    // The scrape's filter selects among the sidecar's metrics; the application's are its own.
+    let r = respond(
+        &a,
+        Method::GET,
+        "/stats/prometheus?filter=istio_build",
+        LOCAL.parse().unwrap(),
+    )
+    .await;
+    let text = body(r).await;
+    assert!(text.contains("istio_build{"), "{text}");
+    assert!(!text.contains("envoy_server_state"), "{text}");
+    assert!(text.contains("app_requests_total 7\n"), "{text}");
 }
 
 #[tokio::test]

@@ -150,7 +150,7 @@ impl EnvoyStat {
     }
 
     /// The Prometheus name and label Envoy's `/stats/prometheus` prints.
-    fn prometheus(&self) -> (String, Option<(&'static str, String)>) {
+    pub(crate) fn prometheus(&self) -> (String, Option<(&'static str, String)>) {
         match &self.scope {
             Scope::Server => (format!("envoy_server_{}", self.stat), None),
             Scope::ListenerManager => (format!("envoy_listener_manager_{}", self.stat), None),

@@ -68,6 +68,153 @@ fn push_sample(out: &mut String, line: &str) {
     out.push_str(line);
 }
 
+/// What a scrape may ask of `/stats/prometheus` beyond the whole text, as of Envoy's: `filter`
+/// (a regular expression a sample must match somewhere) and `usedonly` (no counter still at
+/// zero, no histogram series without an observation).
+#[derive(Debug, Default)]
+pub struct Selection {
+    pub filter: Option<regex::Regex>,
+    pub used_only: bool,
+}
+
+impl Selection {
+    /// From the query's `filter` and `usedonly`; an invalid expression is the caller's 400.
+    pub fn from_query(filter: Option<&str>, used_only: bool) -> Result<Self, regex::Error> {
+        let filter = filter
+            .filter(|f| !f.is_empty())
+            .map(regex::Regex::new)
+            .transpose()?;
+        Ok(Selection { filter, used_only })
+    }
+
+    fn is_everything(&self) -> bool {
+        self.filter.is_none() && !self.used_only
+    }
+}
+
+/// The samples of Prometheus `text` that `sel` keeps, each family's HELP and TYPE lines with
+/// them (a family that keeps none goes whole). Envoy matches `filter` against its own stat
+/// names, which carry the cluster and listener names that are labels here, so it is matched
+/// against the sample's name and labels together: `cluster.upstream_rq` and `.*httpbin.*`
+/// select what they select in Envoy. Envoy calls a gauge used once it is set, which every
+/// gauge here is, so gauges stay. `counters` are families to judge as counters whatever their
+/// TYPE line says (Envoy's counters without `_total`, typed gauge here).
+pub fn select(text: &str, sel: &Selection, counters: &[String]) -> String {
+    if sel.is_everything() {
+        return text.to_string();
+    }
+    let observed = if sel.used_only {
+        observed_histograms(text)
+    } else {
+        Vec::new()
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut header = String::new();
+    let mut kind = "untyped";
+    for line in text.lines() {
+        if line.starts_with("# HELP ") {
+            header.clear();
+            header.push_str(line);
+            header.push('\n');
+            kind = "untyped";
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, k) = rest.split_once(' ').unwrap_or((rest, "untyped"));
+            let same_family = header
+                .strip_prefix("# HELP ")
+                .is_some_and(|h| h.split(' ').next() == Some(name));
+            if !same_family {
+                header.clear();
+            }
+            header.push_str(line);
+            header.push('\n');
+            kind = if counters.iter().any(|c| c == name) {
+                "counter"
+            } else {
+                k
+            };
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or((line, ""));
+        if let Some(re) = &sel.filter {
+            if !re.is_match(series) {
+                continue;
+            }
+        }
+        if sel.used_only {
+            let used = match kind {
+                "counter" => value.parse::<f64>().ok().is_none_or(|v| v != 0.0),
+                "histogram" => observed.iter().any(|o| *o == histogram_series(series)),
+                _ => true,
+            };
+            if !used {
+                continue;
+            }
+        }
+        out.push_str(&header);
+        header.clear();
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// The histogram series (name without suffix, labels without `le`) whose count is not zero.
+fn observed_histograms(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, value)| {
+            let name = series.split('{').next().unwrap_or(series);
+            name.ends_with("_count") && value.parse::<f64>().is_ok_and(|v| v != 0.0)
+        })
+        .map(|(series, _)| histogram_series(series))
+        .collect()
+}
+
+/// `h_bucket{a="b",le="1"}`, `h_sum{a="b"}` and `h_count{a="b"}` all give `h{a="b"}`.
+fn histogram_series(series: &str) -> String {
+    let (name, labels) = match series.split_once('{') {
+        Some((name, labels)) => (name, labels.strip_suffix('}').unwrap_or(labels)),
+        None => (series, ""),
+    };
+    let base = ["_bucket", "_sum", "_count"]
+        .iter()
+        .find_map(|s| name.strip_suffix(s))
+        .unwrap_or(name);
+    let kept: Vec<&str> = split_labels(labels)
+        .into_iter()
+        .filter(|l| !l.starts_with("le=\""))
+        .collect();
+    format!("{base}{{{}}}", kept.join(","))
+}
+
+/// Labels split at the commas between them (not those inside quoted values).
+fn split_labels(labels: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    for (i, b) in labels.bytes().enumerate() {
+        match b {
+            _ if escaped => escaped = false,
+            b'\\' if quoted => escaped = true,
+            b'"' => quoted = !quoted,
+            b',' if !quoted => {
+                out.push(&labels[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if start < labels.len() {
+        out.push(&labels[start..]);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,5 +252,61 @@ mod tests {
             text.starts_with("# HELP h H.\n# TYPE h histogram\nh_sum"),
             "{text}"
         );
+    }
+
+    const SCRAPE: &str = "# HELP c_total C.\n# TYPE c_total counter\n\
+        c_total{cluster_name=\"outbound|80||httpbin.default\"} 3\n\
+        c_total{cluster_name=\"outbound|80||other,x\"} 0\n\
+        # TYPE g gauge\ng 0\n\
+        # HELP h H.\n# TYPE h histogram\n\
+        h_bucket{a=\"x\",le=\"1\"} 0\nh_bucket{a=\"x\",le=\"+Inf\"} 2\nh_sum{a=\"x\"} 5\nh_count{a=\"x\"} 2\n\
+        h_bucket{a=\"y\",le=\"1\"} 0\nh_bucket{a=\"y\",le=\"+Inf\"} 0\nh_sum{a=\"y\"} 0\nh_count{a=\"y\"} 0\n\
+        # TYPE unused_total counter\nunused_total 0\n";
+
+    #[test]
+    fn used_only_drops_zero_counters_and_unobserved_histogram_series_but_not_gauges() {
+        let sel = Selection::from_query(None, true).unwrap();
+        let text = select(SCRAPE, &sel, &["g".to_string()]);
+        assert!(
+            !text.contains("\ng 0\n"),
+            "a zero counter typed gauge stayed: {text}"
+        );
+        let text = select(SCRAPE, &sel, &[]);
+        assert_eq!(
+            text,
+            "# HELP c_total C.\n# TYPE c_total counter\n\
+             c_total{cluster_name=\"outbound|80||httpbin.default\"} 3\n\
+             # TYPE g gauge\ng 0\n\
+             # HELP h H.\n# TYPE h histogram\n\
+             h_bucket{a=\"x\",le=\"1\"} 0\nh_bucket{a=\"x\",le=\"+Inf\"} 2\nh_sum{a=\"x\"} 5\nh_count{a=\"x\"} 2\n"
+        );
+    }
+
+    #[test]
+    fn filter_matches_names_and_labels_as_envoys_matches_its_stat_names() {
+        let sel = Selection::from_query(Some(".*httpbin.*"), false).unwrap();
+        assert_eq!(
+            select(SCRAPE, &sel, &[]),
+            "# HELP c_total C.\n# TYPE c_total counter\n\
+             c_total{cluster_name=\"outbound|80||httpbin.default\"} 3\n"
+        );
+        // A dot in an Envoy-style name matches the underscore of the Prometheus one.
+        let sel = Selection::from_query(Some("unused.total"), false).unwrap();
+        assert_eq!(
+            select(SCRAPE, &sel, &[]),
+            "# TYPE unused_total counter\nunused_total 0\n"
+        );
+        assert!(Selection::from_query(Some("("), false).is_err());
+        let all = Selection::from_query(Some(""), false).unwrap();
+        assert_eq!(select(SCRAPE, &all, &[]), SCRAPE);
+    }
+
+    #[test]
+    fn histogram_series_ignores_le_and_commas_inside_values() {
+        assert_eq!(
+            histogram_series("h_bucket{a=\"1,le=\\\"2\",le=\"0.5\"}"),
+            "h{a=\"1,le=\\\"2\"}"
+        );
+        assert_eq!(histogram_series("h_count"), "h{}");
     }
 }

@@ -8,7 +8,7 @@
 mod authz;
 mod dns;
 mod envoy;
-mod exposition;
+pub mod exposition;
 mod istio;
 mod istio_http;
 mod process;
@@ -370,6 +370,20 @@ impl Metrics {
     /// Every metric in Prometheus text format 0.0.4, as Envoy serves it.
     pub fn encode(&self) -> String {
         exposition::openmetrics_to_text(&self.encode_openmetrics())
+    }
+
+    /// The samples a scrape's `filter` and `usedonly` select, in Prometheus text format 0.0.4.
+    pub fn encode_selected(&self, sel: &exposition::Selection) -> String {
+        let counters: Vec<String> = match sel.used_only {
+            true => self
+                .envoy_stats()
+                .iter()
+                .filter(|s| s.kind == StatKind::Counter)
+                .map(|s| s.prometheus().0)
+                .collect(),
+            false => Vec::new(),
+        };
+        exposition::select(&self.encode(), sel, &counters)
     }
 
     /// Every metric in OpenMetrics text, for scrapers that ask for it.
