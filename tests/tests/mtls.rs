@@ -321,7 +321,17 @@ fn strict_refuses_plaintext_no_client_certificate_and_another_ca() {
             && h("unknown_ca") >= 1.0
             && h("ok") >= 2.0
     });
-    drop(m);
+    // The same, as Envoy's inbound listener counts them.
+    let envoy = |stat: &str| {
+        m.value(
+            &format!("envoy_listener_ssl_{stat}"),
+            &[("listener_address", "0.0.0.0_15006")],
+        )
+    };
+    assert!(envoy("handshake") >= 2.0, "{m}");
+    assert!(envoy("fail_verify_no_cert") >= 2.0, "{m}");
+    assert!(envoy("fail_verify_error") >= 1.0, "{m}");
+    assert!(envoy("connection_error") >= 3.0, "{m}");
     let logs = server.stderr();
     assert!(logs.contains("no_client_certificate"), "{logs}");
     assert!(logs.contains("unknown_ca"), "{logs}");

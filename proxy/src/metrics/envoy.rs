@@ -156,7 +156,7 @@ impl EnvoyStat {
             Scope::ListenerManager => (format!("envoy_listener_manager_{}", self.stat), None),
             Scope::ClusterManager => (format!("envoy_cluster_manager_{}", self.stat), None),
             Scope::Listener(a) => (
-                format!("envoy_listener_{}", self.stat),
+                format!("envoy_listener_{}", self.stat.replace('.', "_")),
                 Some(("listener_address", a.clone())),
             ),
             Scope::Cluster(c) => (
@@ -178,6 +178,8 @@ pub struct EnvoyStats {
     pub server: Arc<ServerStats>,
     /// Authorization decisions, for the RBAC filters' stats.
     pub authz: super::AuthzMetrics,
+    /// Mesh TLS handshakes, for the inbound listener's `ssl.*` stats.
+    pub tls: super::TlsMetrics,
     pub outbound: DirectionMetrics,
     pub inbound: DirectionMetrics,
     /// Envoy's stat prefixes of the outbound and inbound listeners.
@@ -253,6 +255,12 @@ impl EnvoyStats {
                 d.received_bytes.get(),
             ));
         }
+        let inbound_tls = |result| self.tls.handshakes(crate::Direction::Inbound, result);
+        let l = || Scope::Listener(self.inbound_listener.clone());
+        for (stat, results) in INBOUND_SSL_STATS {
+            let value = results.iter().map(|r| inbound_tls(r)).sum();
+            stats.push(c(l(), stat, value));
+        }
         // Inbound authorization, as Istio's RBAC filters count it; only once policies are in
         // force, as Envoy only has the filters then.
         if self.authz.policies_in_force() {
@@ -270,6 +278,30 @@ impl EnvoyStats {
         stats
     }
 }
+
+/// The inbound listener's TLS statistics as Envoy counts them on its mesh TLS filter chains,
+/// from the handshake results (`TlsMetrics::handshake`): every failed handshake is a
+/// `connection_error`, and a failed verification of the client's certificate also counts by
+/// what failed. A client certificate is always required, so `no_certificate` (a handshake that
+/// succeeded without one) stays 0.
+const INBOUND_SSL_STATS: [(&str, &[&str]); 5] = [
+    ("ssl.handshake", &["ok"]),
+    (
+        "ssl.connection_error",
+        &[
+            "no_client_certificate",
+            "unknown_ca",
+            "expired",
+            "wrong_san",
+            "refused_by_peer",
+            "timeout",
+            "error",
+        ],
+    ),
+    ("ssl.fail_verify_no_cert", &["no_client_certificate"]),
+    ("ssl.fail_verify_error", &["unknown_ca", "expired"]),
+    ("ssl.fail_verify_san", &["wrong_san"]),
+];
 
 /// Envoy's RBAC filter statistics, in [`super::AuthzMetrics::envoy_rbac`]'s order.
 const RBAC_STATS: [&str; 4] = [

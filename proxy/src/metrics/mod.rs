@@ -304,8 +304,11 @@ impl Metrics {
         let result = |r: &'static str| reloads.get_or_create(&vec![("result", r)]).clone();
         let server = Arc::new(ServerStats::default());
         let authz = AuthzMetrics::register(&mut registry);
+        let dns = DnsMetrics::register(&mut registry);
+        let tls = TlsMetrics::register(&mut registry);
         let envoy = envoy::EnvoyStats {
             authz: authz.clone(),
+            tls: tls.clone(),
             server: Arc::clone(&server),
             outbound: outbound.clone(),
             inbound: inbound.clone(),
@@ -313,8 +316,6 @@ impl Metrics {
             inbound_listener: listeners.inbound,
         };
         registry.register_collector(Box::new(envoy.clone()));
-        let dns = DnsMetrics::register(&mut registry);
-        let tls = TlsMetrics::register(&mut registry);
         Metrics {
             detections,
             detection_seconds,
@@ -407,6 +408,37 @@ mod tests {
                 l.starts_with(name) && l.contains(&reporter) && l.contains("response_flags=\"-\"")
             })
             .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
+    #[test]
+    fn inbound_handshakes_give_the_listeners_envoy_ssl_stats() {
+        let m = Metrics::default();
+        for result in ["ok", "ok", "unknown_ca", "no_client_certificate", "timeout"] {
+            m.tls.handshake(Direction::Inbound, result);
+        }
+        // Outbound handshakes and plaintext refused in STRICT are no inbound TLS handshake.
+        m.tls.handshake(Direction::Outbound, "ok");
+        m.tls.handshake(Direction::Inbound, "mtls_required");
+        let stats: Vec<(String, u64)> = m
+            .envoy_stats()
+            .into_iter()
+            .filter(|s| s.stat.starts_with("ssl."))
+            .map(|s| (s.dotted_name(), s.value))
+            .collect();
+        let at = |name: &str| {
+            let name = format!("listener.0.0.0.0_15006.ssl.{name}");
+            stats.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+        };
+        assert_eq!(at("handshake"), Some(2), "{stats:?}");
+        assert_eq!(at("connection_error"), Some(3), "{stats:?}");
+        assert_eq!(at("fail_verify_no_cert"), Some(1), "{stats:?}");
+        assert_eq!(at("fail_verify_error"), Some(1), "{stats:?}");
+        assert_eq!(at("fail_verify_san"), Some(0), "{stats:?}");
+        let text = m.encode();
+        assert!(
+            text.contains("envoy_listener_ssl_handshake{listener_address=\"0.0.0.0_15006\"} 2\n"),
+            "{text}"
+        );
     }
 
     #[test]

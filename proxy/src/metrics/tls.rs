@@ -110,6 +110,13 @@ impl TlsMetrics {
             .inc();
     }
 
+    /// Handshakes in direction `dir` that ended with `result`.
+    pub fn handshakes(&self, dir: Direction, result: &'static str) -> u64 {
+        self.handshakes
+            .get(&vec![("direction", dir.as_str()), ("result", result)])
+            .map_or(0, |c| c.get())
+    }
+
     /// One handshake finished: `ok`, or why not.
     pub fn handshake(&self, dir: Direction, result: &'static str) {
         self.handshakes
