@@ -119,10 +119,14 @@ fn prometheus_takes_envoys_filter_and_usedonly() {
     assert!(!used.contains(unused), "{used}");
     // Gauges stay: Envoy calls them used once set.
     assert!(used.contains("\nenvoy_server_state "), "{used}");
-    // Envoy counters without `_total` are typed gauge here, but judged as counters.
+    // Envoy's counters without `_total` are counters too, as Envoy types them.
     assert!(
         !used.contains("envoy_listener_downstream_cx_destroy{"),
         "{used}"
+    );
+    assert!(
+        all.contains("# TYPE envoy_listener_downstream_cx_destroy counter\n"),
+        "{all}"
     );
 
     let filtered = body(get(

@@ -6,8 +6,9 @@
 //! `cluster_name`, `listener_address`, `http_conn_manager_prefix`), not Envoy's defaults.
 //!
 //! Values are read from the data path's counters at scrape time; nothing here is on the data
-//! path. Envoy counters whose names do not end in `_total` are exported as gauges: that keeps
-//! Envoy's exact names, which queries use, while staying valid for Prometheus' text format.
+//! path. Envoy counters whose names do not end in `_total` keep Envoy's exact names, which
+//! queries use: they are written as gauges in OpenMetrics (where a counter's samples must end in
+//! `_total`) and typed counter in the 0.0.4 text `/stats/prometheus` serves, as Envoy types them.
 
 use super::DirectionMetrics;
 use prometheus_client::collector::Collector;
@@ -320,7 +321,7 @@ impl Collector for EnvoyStats {
         let mut families: BTreeMap<String, (Kind, Vec<Sample>)> = BTreeMap::new();
         for s in self.snapshot() {
             let (name, label) = s.prometheus();
-            // Envoy counters without `_total` keep their name as gauges (see the module doc).
+            // Envoy counters without `_total` keep their name as gauges here (see the module doc).
             let kind = if s.kind == Kind::Counter && name.ends_with("_total") {
                 Kind::Counter
             } else {

@@ -8,8 +8,10 @@
 //! a string to Prometheus 2, so `{le="1000"}` in an existing query must match), and leaves every
 //! other sample line as it is.
 
-/// Convert OpenMetrics text from prometheus-client into Prometheus text format 0.0.4.
-pub fn openmetrics_to_text(om: &str) -> String {
+/// Convert OpenMetrics text from prometheus-client into Prometheus text format 0.0.4; the gauge
+/// families named in `counters` are typed counter (Envoy's counters without `_total`, which
+/// Envoy's own 0.0.4 output types counter).
+pub fn openmetrics_to_text(om: &str, counters: &[String]) -> String {
     let mut out = String::with_capacity(om.len());
     // HELP comes before TYPE, but the family's 0.0.4 name depends on its type.
     let mut pending_help: Option<(&str, &str)> = None;
@@ -28,6 +30,7 @@ pub fn openmetrics_to_text(om: &str) -> String {
                 "counter" if !name.ends_with("_total") => (format!("{name}_total"), "counter"),
                 "info" => (format!("{name}_info"), "gauge"),
                 "unknown" => (name.to_string(), "untyped"),
+                "gauge" if counters.iter().any(|c| c == name) => (name.to_string(), "counter"),
                 other => (name.to_string(), other),
             };
             if let Some((help_name, help)) = pending_help.take() {
@@ -97,9 +100,8 @@ impl Selection {
 /// names, which carry the cluster and listener names that are labels here, so it is matched
 /// against the sample's name and labels together: `cluster.upstream_rq` and `.*httpbin.*`
 /// select what they select in Envoy. Envoy calls a gauge used once it is set, which every
-/// gauge here is, so gauges stay. `counters` are families to judge as counters whatever their
-/// TYPE line says (Envoy's counters without `_total`, typed gauge here).
-pub fn select(text: &str, sel: &Selection, counters: &[String]) -> String {
+/// gauge here is, so gauges stay.
+pub fn select(text: &str, sel: &Selection) -> String {
     if sel.is_everything() {
         return text.to_string();
     }
@@ -129,11 +131,7 @@ pub fn select(text: &str, sel: &Selection, counters: &[String]) -> String {
             }
             header.push_str(line);
             header.push('\n');
-            kind = if counters.iter().any(|c| c == name) {
-                "counter"
-            } else {
-                k
-            };
+            kind = k;
             continue;
         }
         if line.starts_with('#') || line.is_empty() {
@@ -223,8 +221,19 @@ mod tests {
     fn counters_get_their_total_name_and_eof_goes() {
         let om = "# HELP x Things.\n# TYPE x counter\nx_total{a=\"b\"} 3\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n# EOF\n";
         assert_eq!(
-            openmetrics_to_text(om),
+            openmetrics_to_text(om, &[]),
             "# HELP x_total Things.\n# TYPE x_total counter\nx_total{a=\"b\"} 3\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n"
+        );
+    }
+
+    #[test]
+    fn named_gauges_are_typed_counter_as_envoy_types_its_counters() {
+        let om = "# HELP envoy_x_destroy Envoy statistic.\n# TYPE envoy_x_destroy gauge\nenvoy_x_destroy 2\n\
+                  # TYPE g gauge\ng 1\n# EOF\n";
+        assert_eq!(
+            openmetrics_to_text(om, &["envoy_x_destroy".to_string()]),
+            "# HELP envoy_x_destroy Envoy statistic.\n# TYPE envoy_x_destroy counter\nenvoy_x_destroy 2\n\
+             # TYPE g gauge\ng 1\n"
         );
     }
 
@@ -234,7 +243,7 @@ mod tests {
                   h_bucket{le=\"0.5\",a=\"b\"} 0\nh_bucket{le=\"1.0\",a=\"b\"} 1\n\
                   h_bucket{le=\"3600000.0\",a=\"b\"} 1\nh_bucket{le=\"+Inf\",a=\"b\"} 1\n\
                   g{le=\"1.0\"} 2\n# EOF\n";
-        let text = openmetrics_to_text(om);
+        let text = openmetrics_to_text(om, &[]);
         assert_eq!(
             text,
             "# TYPE h histogram\nh_sum 1.0\nh_count 1\n\
@@ -247,7 +256,7 @@ mod tests {
     #[test]
     fn histograms_pass_through() {
         let om = "# HELP h H.\n# TYPE h histogram\nh_sum 1.0\nh_count 1\nh_bucket{le=\"+Inf\"} 1\n# EOF\n";
-        let text = openmetrics_to_text(om);
+        let text = openmetrics_to_text(om, &[]);
         assert!(
             text.starts_with("# HELP h H.\n# TYPE h histogram\nh_sum"),
             "{text}"
@@ -266,12 +275,7 @@ mod tests {
     #[test]
     fn used_only_drops_zero_counters_and_unobserved_histogram_series_but_not_gauges() {
         let sel = Selection::from_query(None, true).unwrap();
-        let text = select(SCRAPE, &sel, &["g".to_string()]);
-        assert!(
-            !text.contains("\ng 0\n"),
-            "a zero counter typed gauge stayed: {text}"
-        );
-        let text = select(SCRAPE, &sel, &[]);
+        let text = select(SCRAPE, &sel);
         assert_eq!(
             text,
             "# HELP c_total C.\n# TYPE c_total counter\n\
@@ -286,19 +290,19 @@ mod tests {
     fn filter_matches_names_and_labels_as_envoys_matches_its_stat_names() {
         let sel = Selection::from_query(Some(".*httpbin.*"), false).unwrap();
         assert_eq!(
-            select(SCRAPE, &sel, &[]),
+            select(SCRAPE, &sel),
             "# HELP c_total C.\n# TYPE c_total counter\n\
              c_total{cluster_name=\"outbound|80||httpbin.default\"} 3\n"
         );
         // A dot in an Envoy-style name matches the underscore of the Prometheus one.
         let sel = Selection::from_query(Some("unused.total"), false).unwrap();
         assert_eq!(
-            select(SCRAPE, &sel, &[]),
+            select(SCRAPE, &sel),
             "# TYPE unused_total counter\nunused_total 0\n"
         );
         assert!(Selection::from_query(Some("("), false).is_err());
         let all = Selection::from_query(Some(""), false).unwrap();
-        assert_eq!(select(SCRAPE, &all, &[]), SCRAPE);
+        assert_eq!(select(SCRAPE, &all), SCRAPE);
     }
 
     #[test]

@@ -370,21 +370,21 @@ impl Metrics {
 
     /// Every metric in Prometheus text format 0.0.4, as Envoy serves it.
     pub fn encode(&self) -> String {
-        exposition::openmetrics_to_text(&self.encode_openmetrics())
+        // Envoy types its counters counter whatever their name; OpenMetrics cannot (a counter
+        // there ends in `_total`), so they are written as gauges and retyped here.
+        let counters: Vec<String> = self
+            .envoy_stats()
+            .iter()
+            .filter(|s| s.kind == StatKind::Counter)
+            .map(|s| s.prometheus().0)
+            .filter(|name| !name.ends_with("_total"))
+            .collect();
+        exposition::openmetrics_to_text(&self.encode_openmetrics(), &counters)
     }
 
     /// The samples a scrape's `filter` and `usedonly` select, in Prometheus text format 0.0.4.
     pub fn encode_selected(&self, sel: &exposition::Selection) -> String {
-        let counters: Vec<String> = match sel.used_only {
-            true => self
-                .envoy_stats()
-                .iter()
-                .filter(|s| s.kind == StatKind::Counter)
-                .map(|s| s.prometheus().0)
-                .collect(),
-            false => Vec::new(),
-        };
-        exposition::select(&self.encode(), sel, &counters)
+        exposition::select(&self.encode(), sel)
     }
 
     /// Every metric in OpenMetrics text, for scrapers that ask for it.
@@ -495,10 +495,12 @@ mod tests {
             ),
             "{text}"
         );
+        // Typed counter without `_total`, as Envoy types it.
         assert!(
-            text.contains("# TYPE envoy_cluster_upstream_cx_connect_fail gauge"),
+            text.contains("# TYPE envoy_cluster_upstream_cx_connect_fail counter"),
             "{text}"
         );
+        assert!(text.contains("# TYPE envoy_server_state gauge"), "{text}");
         assert!(text.contains("envoy_server_state 2\n"), "{text}");
         assert!(
             text.contains("# TYPE remora_connections_opened_total counter"),
