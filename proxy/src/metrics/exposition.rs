@@ -8,6 +8,8 @@
 //! a string to Prometheus 2, so `{le="1000"}` in an existing query must match), and leaves every
 //! other sample line as it is.
 
+use std::collections::HashSet;
+
 /// Convert OpenMetrics text from prometheus-client into Prometheus text format 0.0.4; the gauge
 /// families named in `counters` are typed counter (Envoy's counters without `_total`, which
 /// Envoy's own 0.0.4 output types counter).
@@ -108,7 +110,7 @@ pub fn select(text: &str, sel: &Selection) -> String {
     let observed = if sel.used_only {
         observed_histograms(text)
     } else {
-        Vec::new()
+        HashSet::new()
     };
     let mut out = String::with_capacity(text.len());
     let mut header = String::new();
@@ -146,7 +148,7 @@ pub fn select(text: &str, sel: &Selection) -> String {
         if sel.used_only {
             let used = match kind {
                 "counter" => value.parse::<f64>().ok().is_none_or(|v| v != 0.0),
-                "histogram" => observed.iter().any(|o| *o == histogram_series(series)),
+                "histogram" => observed.contains(&histogram_series(series)),
                 _ => true,
             };
             if !used {
@@ -162,7 +164,7 @@ pub fn select(text: &str, sel: &Selection) -> String {
 }
 
 /// The histogram series (name without suffix, labels without `le`) whose count is not zero.
-fn observed_histograms(text: &str) -> Vec<String> {
+fn observed_histograms(text: &str) -> HashSet<String> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| l.rsplit_once(' '))
