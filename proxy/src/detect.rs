@@ -306,7 +306,9 @@ const MAX_METHOD: usize = {
     max
 };
 
-/// Whether `bytes` start with `method SP request-target SP HTTP/1.x CRLF` (RFC 9112 §3).
+/// Whether `bytes` start with `method SP request-target SP HTTP/1.x CRLF` (RFC 9112 §3). Runs
+/// of spaces count as one, as Envoy's parser and hyper's (configured so) take them: a lenient
+/// client is served as HTTP, as behind Envoy, not passed through as opaque bytes.
 fn request_line(bytes: &[u8]) -> Line {
     const VERSION: &[u8] = b"HTTP/1.";
     // The method is looked up once, as the token before the first space. Matching each byte
@@ -324,7 +326,7 @@ fn request_line(bytes: &[u8]) -> Line {
         return Line::NotHttp;
     }
     // The target: visible ASCII, and bytes above it that lenient servers take in paths.
-    let rest = &bytes[method_len + 1..];
+    let rest = after_spaces(&bytes[method_len + 1..]);
     let Some(target_len) = rest.iter().position(|&b| b <= b' ' || b == 0x7f) else {
         return Line::Incomplete;
     };
@@ -332,7 +334,7 @@ fn request_line(bytes: &[u8]) -> Line {
         return Line::NotHttp;
     }
     // `HTTP/1.0` or `HTTP/1.1`, then CRLF or a bare LF.
-    let version = &rest[target_len + 1..];
+    let version = after_spaces(&rest[target_len + 1..]);
     let known = version.len().min(VERSION.len());
     if version[..known] != VERSION[..known] {
         return Line::NotHttp;
@@ -347,6 +349,12 @@ fn request_line(bytes: &[u8]) -> Line {
         [b'\n', ..] | [b'\r', b'\n', ..] => Line::Http1,
         _ => Line::NotHttp,
     }
+}
+
+/// `bytes` from their first byte that is not a space.
+fn after_spaces(bytes: &[u8]) -> &[u8] {
+    let n = bytes.iter().take_while(|&&b| b == b' ').count();
+    &bytes[n..]
 }
 
 /// Whether `start` begins one of [`METHODS`].

@@ -401,6 +401,41 @@ fn a_port_declared_http_serves_every_client_as_http() {
     );
 }
 
+/// A request line with runs of spaces is HTTP on a sniffed port, as Envoy's parser takes it:
+/// it goes on with single spaces and the proxy's headers, not as opaque bytes.
+#[test]
+fn a_request_line_with_extra_spaces_is_served_as_http() {
+    let origin = TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = origin.local_addr().unwrap();
+    let (heads, seen) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        if let Some(Ok(mut s)) = origin.incoming().next() {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let _ = heads.send(String::from_utf8_lossy(&head).into_owned());
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
+        }
+    });
+    let proxy = Explicit::start("spaces", upstream, "auto");
+    let mut s = TcpStream::connect(("127.0.0.1", proxy.listen)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /a  HTTP/1.1\r\nHost: origin\r\n\r\n")
+        .unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = s.read(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let head = seen.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert!(head.starts_with("GET /a HTTP/1.1\r\n"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("x-request-id:"),
+        "{head}"
+    );
+}
+
 /// A client whose request body stops half way is the client's failure, not the upstream's:
 /// reset, it is counted as Envoy counts it (response code 0, `DC`); a body that is no valid
 /// chunked framing is answered 400 `DPE`.

@@ -20,6 +20,9 @@ fn request_lines_are_http1() {
         b"PROPFIND /dav HTTP/1.1\r\n",
         b"PURGE /cached HTTP/1.1\r\n",
         b"VERSION-CONTROL /x HTTP/1.1\r\n",
+        // Runs of spaces, which Envoy's parser takes too.
+        b"GET /a  HTTP/1.1\r\n",
+        b"GET   /a HTTP/1.1\r\n",
     ] {
         assert_eq!(classify(line), http(HttpVersion::Http1), "{line:?}");
     }
@@ -41,6 +44,9 @@ fn partial_request_lines_wait_for_more() {
         b"UPDATEREDIRECTREF",
         b"UPDATEREDIRECTREF ",
         b"GET ",
+        b"GET  ",
+        b"GET /a  ",
+        b"GET /a  HTTP/1.",
     ] {
         assert_eq!(classify(partial), None, "{partial:?}");
     }
@@ -69,7 +75,6 @@ fn tls_and_other_bytes_are_opaque() {
         &b"\x00\x00\x00\x01"[..],
         b"HELO example.com\r\n",
         b"GET / HTTP/2.0\r\n",
-        b"GET  / HTTP/1.1\r\n",
         b"GET /\ta HTTP/1.1\r\n",
         b"GET / HTTP/1.1 \r\n",
         b"GET / HTTP/1.1\rX",

@@ -426,7 +426,9 @@ async fn serve_hyper(
                 builder
                     .timer(TokioTimer::new())
                     .header_read_timeout(None)
-                    .max_header_size(http.max_header_bytes);
+                    .max_header_size(http.max_header_bytes)
+                    // As Envoy's parser: `GET /a  HTTP/1.1` is served, and goes on with one space.
+                    .allow_multiple_spaces_in_request_line_delimiters(true);
                 // hyper's default is 100 on the stack; another number costs a heap allocation.
                 if http.max_headers != 100 {
                     builder.max_headers(http.max_headers);
