@@ -356,13 +356,16 @@ fn grpc_bootstrap_writes_the_file_the_injector_names() {
 /// A listener declared HTTP parses whatever arrives as HTTP: an extension method is forwarded as
 /// a request (with the proxy's headers added), and bytes that are no request get a 400 instead of
 /// passing through as opaque TCP.
-#[test]
-fn a_port_declared_http_serves_every_client_as_http() {
+/// An origin for `connections` connections that sends each request head it reads to the
+/// returned channel and answers `200 ok`.
+fn head_recording_origin(
+    connections: usize,
+) -> (std::net::SocketAddr, std::sync::mpsc::Receiver<String>) {
     let origin = TcpListener::bind("127.0.0.1:0").unwrap();
     let upstream = origin.local_addr().unwrap();
     let (heads, seen) = std::sync::mpsc::channel::<String>();
     std::thread::spawn(move || {
-        for conn in origin.incoming().take(2) {
+        for conn in origin.incoming().take(connections) {
             let Ok(mut s) = conn else { return };
             let mut head = Vec::new();
             let mut byte = [0u8; 1];
@@ -373,6 +376,12 @@ fn a_port_declared_http_serves_every_client_as_http() {
             let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
         }
     });
+    (upstream, seen)
+}
+
+#[test]
+fn a_port_declared_http_serves_every_client_as_http() {
+    let (upstream, seen) = head_recording_origin(2);
     let proxy = Explicit::start("declaredhttp", upstream, "http");
     let listen = proxy.listen;
     let exchange = |request: &[u8]| {
@@ -405,20 +414,7 @@ fn a_port_declared_http_serves_every_client_as_http() {
 /// it goes on with single spaces and the proxy's headers, not as opaque bytes.
 #[test]
 fn a_request_line_with_extra_spaces_is_served_as_http() {
-    let origin = TcpListener::bind("127.0.0.1:0").unwrap();
-    let upstream = origin.local_addr().unwrap();
-    let (heads, seen) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        if let Some(Ok(mut s)) = origin.incoming().next() {
-            let mut head = Vec::new();
-            let mut byte = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
-                head.push(byte[0]);
-            }
-            let _ = heads.send(String::from_utf8_lossy(&head).into_owned());
-            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
-        }
-    });
+    let (upstream, seen) = head_recording_origin(1);
     let proxy = Explicit::start("spaces", upstream, "auto");
     let mut s = TcpStream::connect(("127.0.0.1", proxy.listen)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
