@@ -166,6 +166,12 @@ impl Body for ReplayBody {
                             s.chunks = Vec::new();
                             s.buffered = 0;
                         }
+                        // Known now when the client's last frame carried the end of the
+                        // stream: said at once, the upstream's last DATA frame carries it
+                        // too, rather than an empty DATA frame (one more write) after it.
+                        if s.inner.is_end_stream() {
+                            s.done = true;
+                        }
                         Frame::data(data)
                     }
                     Err(frame) => {

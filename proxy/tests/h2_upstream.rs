@@ -1,0 +1,214 @@
+//! Raw HTTP/2 upstreams, through `remora run` as a process on loopback: the frames Remora
+//! sends them, and what it does when they refuse requests with GOAWAY. A stream above a
+//! GOAWAY's last stream id never reached the application, so Remora sends it again on a new
+//! connection without spending one of Istio's two retries.
+
+// Test helpers fail loudly by design.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+mod support;
+
+use support::Explicit;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const DATA: u8 = 0x0;
+const HEADERS: u8 = 0x1;
+const SETTINGS: u8 = 0x4;
+const GOAWAY: u8 = 0x7;
+const ACK: u8 = 0x1;
+const END_STREAM: u8 = 0x1;
+const END_STREAM_AND_HEADERS: u8 = 0x5;
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut out = vec![len[1], len[2], len[3], kind, flags];
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Reads one frame: its type, flags, stream id and payload length (payload skipped); `None`
+/// when the peer is gone.
+fn read_frame(s: &mut TcpStream) -> Option<(u8, u8, u32, usize)> {
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head).ok()?;
+    let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).ok()?;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    Some((head[3], head[4], stream, len))
+}
+
+/// Starts a server on `s`: the preface checked and the settings exchanged; `false` if the
+/// peer went away first.
+fn start(s: &mut TcpStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut preface = [0u8; 24];
+    if s.read_exact(&mut preface).is_err() || preface != PREFACE {
+        return false;
+    }
+    s.write_all(&frame(SETTINGS, 0, 0, &[])).is_ok()
+}
+
+/// A raw HTTP/2 server: the first `refusing` connections answer the first request with
+/// GOAWAY(last stream id 0), which refuses it unprocessed; later ones answer every request
+/// 200 with no body (`:status 200` is HPACK's static entry 8).
+fn serve(listener: TcpListener, refusing: usize, connections: Arc<AtomicUsize>) {
+    for conn in listener.incoming() {
+        let Ok(mut s) = conn else { return };
+        let n = connections.fetch_add(1, Ordering::SeqCst);
+        std::thread::spawn(move || {
+            if !start(&mut s) {
+                return;
+            }
+            while let Some((kind, flags, stream, _)) = read_frame(&mut s) {
+                let answer = match kind {
+                    SETTINGS if flags & ACK == 0 => frame(SETTINGS, ACK, 0, &[]),
+                    HEADERS if n < refusing => {
+                        // Last stream id 0, NO_ERROR.
+                        let _ = s.write_all(&frame(GOAWAY, 0, 0, &[0; 8]));
+                        std::thread::sleep(Duration::from_millis(100));
+                        return;
+                    }
+                    HEADERS => frame(HEADERS, END_STREAM_AND_HEADERS, stream, &[0x88]),
+                    _ => continue,
+                };
+                if s.write_all(&answer).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// Three connections in a row refuse the request with GOAWAY: more than Istio's two retries
+/// would cover, so a refusal that spent a retry would end in 503 URX.
+#[test]
+fn requests_refused_by_goaway_go_on_a_new_connection_without_spending_retries() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&connections);
+    std::thread::spawn(move || serve(listener, 3, seen));
+    let proxy = Explicit::start("goaway", upstream, "http");
+    let listen = proxy.listen;
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let status = runtime.block_on(async move {
+        let socket = tokio::net::TcpStream::connect(("127.0.0.1", listen))
+            .await
+            .unwrap();
+        let (send, conn) = h2::client::handshake(socket).await.unwrap();
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let mut send = send.ready().await.unwrap();
+        let request = http::Request::get(format!("http://{upstream}/"))
+            .body(())
+            .unwrap();
+        let (response, _) = send.send_request(request, true).unwrap();
+        tokio::time::timeout(Duration::from_secs(20), response)
+            .await
+            .expect("an answer in time")
+            .unwrap()
+            .status()
+    });
+    assert_eq!(status, http::StatusCode::OK);
+    assert_eq!(connections.load(Ordering::SeqCst), 4);
+}
+
+/// The frames of the first request on the first connection, as (type, flags, payload length),
+/// sent back once the request has ended; the request is answered 200.
+fn record_first_request(
+    listener: TcpListener,
+    frames: std::sync::mpsc::Sender<Vec<(u8, u8, usize)>>,
+) {
+    let Ok((mut s, _)) = listener.accept() else {
+        return;
+    };
+    if !start(&mut s) {
+        return;
+    }
+    let mut seen = Vec::new();
+    while let Some((kind, flags, stream, len)) = read_frame(&mut s) {
+        match kind {
+            SETTINGS if flags & ACK == 0 => {
+                let _ = s.write_all(&frame(SETTINGS, ACK, 0, &[]));
+            }
+            HEADERS | DATA if stream == 1 => {
+                seen.push((kind, flags, len));
+                if flags & END_STREAM != 0 {
+                    let _ = s.write_all(&frame(HEADERS, END_STREAM_AND_HEADERS, 1, &[0x88]));
+                    // Anything sent after the end of the stream would come within this time.
+                    std::thread::sleep(Duration::from_millis(300));
+                    s.set_nonblocking(true).unwrap();
+                    while let Some((kind, flags, stream, len)) = read_frame(&mut s) {
+                        if stream == 1 {
+                            seen.push((kind, flags, len));
+                        }
+                    }
+                    let _ = frames.send(seen);
+                    return;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A request body that arrived whole (a gRPC call's message) ends on its own DATA frame, as
+/// the client sent it: no empty DATA frame after it to carry the end of the stream, which
+/// would cost the upstream one more frame and Remora one more write per call. The request goes
+/// through the retry policy's replayable body, as every outbound request with a body does.
+#[test]
+fn a_whole_request_body_ends_the_stream_on_its_last_data_frame() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || record_first_request(listener, tx));
+    let proxy = Explicit::start("h2frames", upstream, "http");
+    let listen = proxy.listen;
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let status = runtime.block_on(async move {
+        let socket = tokio::net::TcpStream::connect(("127.0.0.1", listen))
+            .await
+            .unwrap();
+        let (send, conn) = h2::client::handshake(socket).await.unwrap();
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let mut send = send.ready().await.unwrap();
+        let request = http::Request::post(format!("http://{upstream}/pkg.Service/Call"))
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        let (response, mut body) = send.send_request(request, false).unwrap();
+        body.send_data(bytes::Bytes::from_static(b"hello"), true)
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(20), response)
+            .await
+            .expect("an answer in time")
+            .unwrap()
+            .status()
+    });
+    assert_eq!(status, http::StatusCode::OK);
+    let frames = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert_eq!(
+        frames,
+        vec![(HEADERS, 0x4, frames[0].2), (DATA, END_STREAM, 5)],
+        "HEADERS (END_HEADERS), then one DATA frame with the body and END_STREAM"
+    );
+}
