@@ -12,6 +12,7 @@
 pub mod access_log;
 mod authorize;
 pub mod body;
+pub mod coalesce;
 pub mod counting;
 pub mod errors;
 pub mod forward;
@@ -31,6 +32,7 @@ use crate::proxy::Proxy;
 use crate::tcp::Transfer;
 use crate::Direction;
 use bytes::BytesMut;
+use coalesce::Coalesced;
 use errors::Flags;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
@@ -401,12 +403,12 @@ async fn serve_hyper(
     prefix: BytesMut,
 ) -> Result<(), hyper::Error> {
     let version = ctx.key.version;
-    let io = TokioIo::new(io::DownstreamIo::new(
+    let io = io::DownstreamIo::new(
         prefix,
         downstream,
         Arc::clone(ctx),
         version == HttpVersion::Http1,
-    ));
+    );
     let service = {
         let ctx = Arc::clone(ctx);
         // Boxed: hyper's HTTP/1.1 server allocates room for one service future per connection
@@ -435,14 +437,17 @@ async fn serve_hyper(
                 }
                 builder.serve_connection(io, service).with_upgrades()
             };
-            drive(conn(io, service), ctx, |c| c.graceful_shutdown()).await
+            drive(conn(TokioIo::new(io), service), ctx, |c| {
+                c.graceful_shutdown()
+            })
+            .await
         }
         HttpVersion::Http2 => {
             let conn = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(http.max_concurrent_streams)
                 .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX))
-                .serve_connection(io, service);
+                .serve_connection(TokioIo::new(Coalesced::new(io)), service);
             drive(conn, ctx, |c| c.graceful_shutdown()).await
         }
     }

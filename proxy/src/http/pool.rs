@@ -243,10 +243,9 @@ pub async fn handshake_over<T>(
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
-    let io = TokioIo::new(io);
     match version {
         HttpVersion::Http1 => {
-            let (sender, conn) = http1::Builder::new().handshake(io).await?;
+            let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await?;
             tokio::spawn(async move {
                 let _keep = keep;
                 // Upgrades (WebSocket) hand the socket to the tunnel, which keeps it open.
@@ -259,7 +258,7 @@ where
         HttpVersion::Http2 => {
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
-                .handshake(io)
+                .handshake(TokioIo::new(super::coalesce::Coalesced::new(io)))
                 .await?;
             tokio::spawn(async move {
                 let _keep = keep;
