@@ -14,7 +14,9 @@
 //!   everything held, in one write, before it reads.
 //!
 //! At most [`HOLD`] bytes are held: a write beyond that first sends what is held, and waits as
-//! the socket makes it wait. Shutting down sends everything first.
+//! the socket makes it wait. Shutting down sends everything first. The buffer is allocated when
+//! a turn has something to send and freed after a turn that had nothing, so a quiet connection
+//! holds none.
 
 use std::io;
 use std::pin::Pin;
@@ -25,8 +27,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// would without the wrapper; a write this long or longer goes straight to the socket.
 pub const HOLD: usize = 64 * 1024;
 
-/// Capacity kept between turns; a buffer grown past it (a large body) is freed once sent.
-const KEEP: usize = 16 * 1024;
+/// Room the buffer starts with: a turn's frames for a few streams, without growing.
+const INITIAL: usize = 16 * 1024;
 
 /// An HTTP/2 connection's socket (or mesh TLS stream) with its writes gathered per turn.
 #[derive(Debug)]
@@ -60,11 +62,9 @@ impl<T: AsyncWrite + Unpin> Coalesced<T> {
             }
             self.sent += n;
         }
+        // Kept for this turn's own frames; freed by a turn with none.
         self.held.clear();
         self.sent = 0;
-        if self.held.capacity() > KEEP {
-            self.held = Vec::new();
-        }
         self.deferred = false;
         Pin::new(&mut self.io).poll_flush(cx)
     }
@@ -74,6 +74,9 @@ impl<T: AsyncWrite + Unpin> Coalesced<T> {
     fn room_for(&mut self, cx: &mut Context<'_>, len: usize) -> Poll<io::Result<()>> {
         if self.held.len() - self.sent + len > HOLD {
             ready!(self.send_held(cx))?;
+        }
+        if self.held.capacity() == 0 && len < HOLD {
+            self.held.reserve(len.max(INITIAL));
         }
         Poll::Ready(Ok(()))
     }
@@ -136,6 +139,10 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Coalesced<T> {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if this.sent == this.held.len() {
+            // A turn with nothing to send: the connection has gone quiet.
+            if this.held.capacity() > 0 {
+                this.held = Vec::new();
+            }
             return Pin::new(&mut this.io).poll_flush(cx);
         }
         if !this.deferred {
@@ -258,11 +265,14 @@ mod tests {
         assert_eq!(c.io.writes[0], expected);
         assert_eq!(c.io.flushes, 1);
 
-        // A turn with nothing to send writes nothing and does not wake itself.
-        read(&mut c, &mut cx);
+        assert!(c.held.capacity() > 0, "kept for this turn's frames");
+
+        // A turn with nothing to send writes nothing, does not wake itself and frees the
+        // buffer.
         flush(&mut c, &mut cx);
         assert_eq!(c.io.writes.len(), 1);
         assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
+        assert_eq!(c.held.capacity(), 0, "a quiet connection holds no buffer");
     }
 
     #[test]
