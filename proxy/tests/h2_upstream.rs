@@ -87,6 +87,26 @@ fn serve(listener: TcpListener, refusing: usize, connections: Arc<AtomicUsize>) 
     }
 }
 
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// An HTTP/2 client of the proxy listening on `listen`, ready to send; its connection runs in
+/// a task of its own.
+async fn client(listen: u16) -> h2::client::SendRequest<bytes::Bytes> {
+    let socket = tokio::net::TcpStream::connect(("127.0.0.1", listen))
+        .await
+        .unwrap();
+    let (send, conn) = h2::client::handshake(socket).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    send.ready().await.unwrap()
+}
+
 /// Three connections in a row refuse the request with GOAWAY: more than Istio's two retries
 /// would cover, so a refusal that spent a retry would end in 503 URX.
 #[test]
@@ -99,19 +119,9 @@ fn requests_refused_by_goaway_go_on_a_new_connection_without_spending_retries() 
     let proxy = Explicit::start("goaway", upstream, "http");
     let listen = proxy.listen;
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let status = runtime.block_on(async move {
-        let socket = tokio::net::TcpStream::connect(("127.0.0.1", listen))
-            .await
-            .unwrap();
-        let (send, conn) = h2::client::handshake(socket).await.unwrap();
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        let mut send = send.ready().await.unwrap();
+        let mut send = client(listen).await;
         let request = http::Request::get(format!("http://{upstream}/"))
             .body(())
             .unwrap();
@@ -178,19 +188,9 @@ fn a_whole_request_body_ends_the_stream_on_its_last_data_frame() {
     let proxy = Explicit::start("h2frames", upstream, "http");
     let listen = proxy.listen;
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let status = runtime.block_on(async move {
-        let socket = tokio::net::TcpStream::connect(("127.0.0.1", listen))
-            .await
-            .unwrap();
-        let (send, conn) = h2::client::handshake(socket).await.unwrap();
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        let mut send = send.ready().await.unwrap();
+        let mut send = client(listen).await;
         let request = http::Request::post(format!("http://{upstream}/pkg.Service/Call"))
             .header("content-type", "application/grpc")
             .body(())
@@ -273,10 +273,7 @@ async fn bulk_origin(listener: tokio::net::TcpListener) {
 /// both sides' flow control.
 #[test]
 fn bulk_bodies_cross_http2_whole_and_in_order() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
@@ -285,14 +282,7 @@ fn bulk_bodies_cross_http2_whole_and_in_order() {
     let listen = proxy.listen;
     let (status, body) = runtime.block_on(async move {
         tokio::spawn(bulk_origin(listener));
-        let socket = tokio::net::TcpStream::connect(("127.0.0.1", listen))
-            .await
-            .unwrap();
-        let (send, conn) = h2::client::handshake(socket).await.unwrap();
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        let mut send = send.ready().await.unwrap();
+        let mut send = client(listen).await;
         let request = http::Request::post(format!("http://{upstream}/bulk"))
             .body(())
             .unwrap();
