@@ -87,6 +87,18 @@ fn serve(listener: TcpListener, refusing: usize, connections: Arc<AtomicUsize>) 
     }
 }
 
+/// An upstream served by `serve` on a thread of its own, and Remora in front of it on an
+/// explicit HTTP listener.
+fn through_remora(
+    name: &str,
+    serve: impl FnOnce(TcpListener) + Send + 'static,
+) -> (std::net::SocketAddr, Explicit) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = listener.local_addr().unwrap();
+    std::thread::spawn(move || serve(listener));
+    (upstream, Explicit::start(name, upstream, "http"))
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -111,12 +123,9 @@ async fn client(listen: u16) -> h2::client::SendRequest<bytes::Bytes> {
 /// would cover, so a refusal that spent a retry would end in 503 URX.
 #[test]
 fn requests_refused_by_goaway_go_on_a_new_connection_without_spending_retries() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let upstream = listener.local_addr().unwrap();
     let connections = Arc::new(AtomicUsize::new(0));
     let seen = Arc::clone(&connections);
-    std::thread::spawn(move || serve(listener, 3, seen));
-    let proxy = Explicit::start("goaway", upstream, "http");
+    let (upstream, proxy) = through_remora("goaway", move |l| serve(l, 3, seen));
     let listen = proxy.listen;
 
     let runtime = runtime();
@@ -181,11 +190,8 @@ fn record_first_request(
 /// through the retry policy's replayable body, as every outbound request with a body does.
 #[test]
 fn a_whole_request_body_ends_the_stream_on_its_last_data_frame() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let upstream = listener.local_addr().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || record_first_request(listener, tx));
-    let proxy = Explicit::start("h2frames", upstream, "http");
+    let (upstream, proxy) = through_remora("h2frames", move |l| record_first_request(l, tx));
     let listen = proxy.listen;
 
     let runtime = runtime();
