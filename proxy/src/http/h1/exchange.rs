@@ -76,7 +76,9 @@ pub(super) async fn exchange<C: Client>(
             Some(up) => (Up::Plain(up), true),
             None => match (!dial).then(|| checkout(ctx)).flatten() {
                 Some(up) => (up, true),
-                None => match open(ctx).await {
+                // Boxed: a connect (inside mesh TLS, a handshake) is by far the largest state
+                // a request can be in, and most requests take a pooled connection instead.
+                None => match Box::pin(open(ctx)).await {
                     Ok(up) => (up, false),
                     Err(kind) => {
                         if kind.retryable() && retries > 0 {

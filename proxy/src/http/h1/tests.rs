@@ -437,6 +437,36 @@ async fn the_fast_path_future_stays_small() {
     assert!(size <= 1024, "fast path future is {size} bytes");
 }
 
+/// A request's state is boxed per request: its size is copied and allocated each time, and
+/// above about 1 KiB glibc's allocator leaves its per-thread cache for the slower bins. The
+/// connect (a TLS handshake for mesh destinations) and a configured timeout are boxed apart,
+/// so they do not set this size.
+#[tokio::test]
+async fn a_requests_state_leaves_out_the_connect_and_the_timer() {
+    let (addr, _seen) = upstream(vec![Answer::Reply(OK)]).await;
+    let proxy = proxy(Config::default());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let _client = TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (mut stream, peer) = listener.accept().await.unwrap();
+    let ctx = Arc::new(ConnContext::for_tests(Arc::clone(&proxy), addr, peer));
+    let limits = head::Limits {
+        max_header_bytes: 60 * 1024,
+        max_headers: 100,
+        drop_client_cert: false,
+        mesh_tls: false,
+        drop_attempt_count: true,
+    };
+    let bytes = b"GET / HTTP/1.1\r\nhost: a\r\n\r\n";
+    let prepared = prepare(&ctx, bytes, &limits, None).expect("the fast path serves it");
+    let mut early = None;
+    let fut = request(&ctx, &mut stream, bytes, prepared, &mut early);
+    let size = std::mem::size_of_val(&fut);
+    // 2,984 bytes with the connect and the timer inline.
+    assert!(size <= 1600, "a request's state is {size} bytes");
+}
+
 #[tokio::test]
 async fn a_client_that_asks_to_close_is_told_so_and_closed_while_the_upstream_is_pooled() {
     let (addr, mut seen) = upstream(vec![Answer::Reply(OK)]).await;
