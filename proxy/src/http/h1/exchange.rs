@@ -11,6 +11,7 @@ use crate::http::originate::MeshConn;
 use crate::http::ConnContext;
 use crate::Direction;
 use bytes::{Buf, BytesMut};
+use std::future::Future;
 use std::io;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -46,14 +47,36 @@ pub(super) enum Failed {
 /// Send the request upstream (retrying as Istio's default policy says) and pass the response
 /// to the client. `Ok(keep)`: the response went out whole; `keep` says whether the client's
 /// connection can take another request.
-pub(super) async fn exchange<C: Client>(
+// Not an `async fn`, nor is `relay`: that would copy each argument into the body's own state
+// and keep both, and every request's state is boxed and copied whole.
+#[allow(clippy::manual_async_fn)] // on purpose: see above
+pub(super) fn exchange<'a, C: Client>(
+    ctx: &'a ConnContext,
+    client: &'a mut C,
+    mut req: Request<'a>,
+    end: &'a mut RequestEnd,
+    early: &'a mut Option<Upstream>,
+) -> impl Future<Output = Result<bool, Failed>> + 'a {
+    async move {
+        // What the upstream's response is read into.
+        let mut rbuf = ctx.proxy.h1.buffers.lend();
+        let rbuf: &mut BytesMut = &mut rbuf;
+        // Two steps, each its own future: the state of one request is the larger of the two
+        // rather than what both hold across their awaits, which keeps it small enough for the
+        // allocator's per-thread cache when it is boxed.
+        let (up, response) = attempts(ctx, &mut req, end, early, rbuf).await?;
+        relay(ctx, client, req, end, up, response, rbuf).await
+    }
+}
+
+/// Send the request until an attempt gets a response head, into `rbuf`.
+async fn attempts(
     ctx: &ConnContext,
-    client: &mut C,
-    mut req: Request<'_>,
+    req: &mut Request<'_>,
     end: &mut RequestEnd,
     early: &mut Option<Upstream>,
-) -> Result<bool, Failed> {
-    let http = &ctx.config.http;
+    rbuf: &mut BytesMut,
+) -> Result<(Up, ResponseHead), Failed> {
     let retries = retries(ctx);
     let base = req.head.len();
     let mut attempt: u32 = 1;
@@ -66,10 +89,7 @@ pub(super) async fn exchange<C: Client>(
     let mut stale_retry = req.idempotent;
     // After a stale pooled connection, the next attempt dials: its siblings are likely stale too.
     let mut dial = false;
-    // What the upstream's response is read into.
-    let mut rbuf = ctx.proxy.h1.buffers.lend();
-    let rbuf: &mut BytesMut = &mut rbuf;
-    let (mut up, response) = loop {
+    let (up, response) = loop {
         // Detection's connection counts as reused: it may have waited on a slow client for as
         // long as the server keeps idle connections open.
         let (mut up, reused) = match early.take() {
@@ -143,70 +163,87 @@ pub(super) async fn exchange<C: Client>(
     if let (Some((from, to)), Some(originate)) = (response.peer_metadata, &ctx.originate) {
         originate.learn_server_value(&rbuf[from..to]);
     }
+    Ok((up, response))
+}
 
-    // The response: head and what came with it in one write, then the rest as it arrives.
-    let keep_client = response.framing != Framing::Close && !req.close && !closing(ctx);
-    // The request's head is sent for good: its buffer takes the response's.
-    let mut out = std::mem::take(&mut req.head);
-    out.clear();
-    out.reserve(rbuf.len() + 32);
-    // Over mesh TLS, the client's sidecar is answered with our metadata headers.
-    let extra = match &ctx.mesh_peer {
-        Some(_) => ctx
-            .proxy
-            .mesh
-            .exchange_headers
-            .response_lines(req.described),
-        None => [b"" as &[u8]; 2],
-    };
-    response.write_downstream(rbuf, &extra, !keep_client, &mut out);
-    rbuf.advance(response.len);
-    let mut body = Body::new(response.framing);
-    // Nothing is written yet: a body that starts malformed is answered 502 like a bad head.
-    let (now, mut done) = body
-        .take(rbuf)
-        .map_err(|_| Failed::Local(ErrorKind::UpstreamProtocol))?;
-    out.extend_from_slice(&rbuf[..now]);
-    let mut reusable = !response.close && now == rbuf.len();
-    send(ctx, client, &out, end, now).await?;
-    ctx.proxy.h1.buffers.give_vec(out);
-    while !done {
-        rbuf.clear();
-        rbuf.reserve(READ_SIZE);
-        let n = match up.read_buf(rbuf).await {
-            Ok(0) if body.framing == Framing::Close => {
-                done = true;
-                reusable = false;
-                continue;
-            }
-            Ok(0) | Err(_) => {
-                end.flags.insert(Flags::UR);
-                return Err(Failed::Cut);
-            }
-            Ok(n) => n,
+/// Pass the response whose head is at the start of `rbuf` to the client: head and what came
+/// with it in one write, then the rest as it arrives. The upstream connection goes back to the
+/// pool if the response left it clean.
+#[allow(clippy::manual_async_fn)] // on purpose: see `exchange`
+fn relay<'a, C: Client>(
+    ctx: &'a ConnContext,
+    client: &'a mut C,
+    mut req: Request<'a>,
+    end: &'a mut RequestEnd,
+    mut up: Up,
+    response: ResponseHead,
+    rbuf: &'a mut BytesMut,
+) -> impl Future<Output = Result<bool, Failed>> + 'a {
+    async move {
+        let http = &ctx.config.http;
+        let keep_client = response.framing != Framing::Close && !req.close && !closing(ctx);
+        // The request's head is sent for good: its buffer takes the response's.
+        let mut out = std::mem::take(&mut req.head);
+        out.clear();
+        out.reserve(rbuf.len() + 32);
+        // Over mesh TLS, the client's sidecar is answered with our metadata headers.
+        let extra = match &ctx.mesh_peer {
+            Some(_) => ctx
+                .proxy
+                .mesh
+                .exchange_headers
+                .response_lines(req.described),
+            None => [b"" as &[u8]; 2],
         };
-        let (now, finished) = body.take(rbuf).map_err(|_| {
-            end.flags.insert(Flags::UPE);
-            Failed::Cut
-        })?;
-        reusable &= now == n;
-        done = finished;
-        send(ctx, client, &rbuf[..now], end, now).await?;
-    }
-    end.complete = true;
-    if reusable {
-        match (up, ctx.originate.as_deref()) {
-            (Up::Mesh(conn), Some(originate)) => originate.checkin_raw(conn),
-            (Up::Mesh(_), None) => {}
-            (Up::Plain(up), _) => ctx.proxy.h1.pool.checkin(
-                ctx.key,
-                up,
-                http.pool_idle_timeout,
-                http.pool_max_idle_per_upstream,
-            ),
+        response.write_downstream(rbuf, &extra, !keep_client, &mut out);
+        rbuf.advance(response.len);
+        let mut body = Body::new(response.framing);
+        // Nothing is written yet: a body that starts malformed is answered 502 like a bad head.
+        let (now, mut done) = body
+            .take(rbuf)
+            .map_err(|_| Failed::Local(ErrorKind::UpstreamProtocol))?;
+        out.extend_from_slice(&rbuf[..now]);
+        let mut reusable = !response.close && now == rbuf.len();
+        send(ctx, client, &out, end, now).await?;
+        ctx.proxy.h1.buffers.give_vec(out);
+        while !done {
+            rbuf.clear();
+            rbuf.reserve(READ_SIZE);
+            let n = match up.read_buf(rbuf).await {
+                Ok(0) if body.framing == Framing::Close => {
+                    done = true;
+                    reusable = false;
+                    continue;
+                }
+                Ok(0) | Err(_) => {
+                    end.flags.insert(Flags::UR);
+                    return Err(Failed::Cut);
+                }
+                Ok(n) => n,
+            };
+            let (now, finished) = body.take(rbuf).map_err(|_| {
+                end.flags.insert(Flags::UPE);
+                Failed::Cut
+            })?;
+            reusable &= now == n;
+            done = finished;
+            send(ctx, client, &rbuf[..now], end, now).await?;
         }
+        end.complete = true;
+        if reusable {
+            match (up, ctx.originate.as_deref()) {
+                (Up::Mesh(conn), Some(originate)) => originate.checkin_raw(conn),
+                (Up::Mesh(_), None) => {}
+                (Up::Plain(up), _) => ctx.proxy.h1.pool.checkin(
+                    ctx.key,
+                    up,
+                    http.pool_idle_timeout,
+                    http.pool_max_idle_per_upstream,
+                ),
+            }
+        }
+        Ok(keep_client)
     }
-    Ok(keep_client)
 }
 
 /// The upstream connection of one request: a plain socket, or mesh TLS we originated.

@@ -39,6 +39,7 @@ use crate::Direction;
 use bytes::{Buf, BytesMut};
 use exchange::{exchange, retries, Failed, Request};
 use std::borrow::Cow;
+use std::future::Future;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -338,46 +339,51 @@ fn prepare(
 
 /// Serve one prepared request (`bytes` are its head and body as received); whether the
 /// connection can take another. The request's metrics and log line are recorded when it ends.
-async fn request<C: Client>(
-    ctx: &ConnContext,
-    client: &mut C,
-    bytes: &[u8],
+// Not an `async fn`: one copies each argument into the body's own state and keeps both, and
+// this state is boxed and copied whole for every request (see `exchange`).
+#[allow(clippy::manual_async_fn)] // on purpose: see above
+fn request<'a, C: Client>(
+    ctx: &'a ConnContext,
+    client: &'a mut C,
+    bytes: &'a [u8],
     mut p: Prepared,
-    early: &mut Option<Upstream>,
-) -> bool {
-    // The request's parts are used where they are: moved out into locals, they would take
-    // room in the request's state beside the argument's own.
-    let request = Request {
-        head: std::mem::take(&mut p.upstream_head),
-        body: &bytes[p.head_len..],
-        is_head: p.is_head,
-        idempotent: p.idempotent,
-        close: p.close,
-        described: p.described,
-    };
-    let end = &mut p.end;
-    let outcome = match ctx.config.http.request_timeout {
-        t if t.is_zero() => exchange(ctx, client, request, end, early).await,
-        // Boxed: the timer would add to every request's state, and Istio sets no timeout.
-        t => match Box::pin(tokio::time::timeout(
-            t,
-            exchange(ctx, client, request, end, early),
-        ))
-        .await
-        .ok()
-        {
-            Some(outcome) => outcome,
-            None if end.status == 0 => Err(Failed::Local(ErrorKind::Timeout)),
-            None => {
-                end.flags.insert(Flags::UT);
-                Err(Failed::Cut)
-            }
-        },
-    };
-    match outcome {
-        Ok(keep) => keep,
-        Err(Failed::Local(kind)) => local_reply(ctx, client, kind, end).await,
-        Err(Failed::Cut) => false,
+    early: &'a mut Option<Upstream>,
+) -> impl Future<Output = bool> + 'a {
+    async move {
+        // The request's parts are used where they are: moved out into locals, they would take
+        // room in the request's state beside the argument's own.
+        let request = Request {
+            head: std::mem::take(&mut p.upstream_head),
+            body: &bytes[p.head_len..],
+            is_head: p.is_head,
+            idempotent: p.idempotent,
+            close: p.close,
+            described: p.described,
+        };
+        let end = &mut p.end;
+        let outcome = match ctx.config.http.request_timeout {
+            t if t.is_zero() => exchange(ctx, client, request, end, early).await,
+            // Boxed: the timer would add to every request's state, and Istio sets no timeout.
+            t => match Box::pin(tokio::time::timeout(
+                t,
+                exchange(ctx, client, request, end, early),
+            ))
+            .await
+            .ok()
+            {
+                Some(outcome) => outcome,
+                None if end.status == 0 => Err(Failed::Local(ErrorKind::Timeout)),
+                None => {
+                    end.flags.insert(Flags::UT);
+                    Err(Failed::Cut)
+                }
+            },
+        };
+        match outcome {
+            Ok(keep) => keep,
+            Err(Failed::Local(kind)) => local_reply(ctx, client, kind, end).await,
+            Err(Failed::Cut) => false,
+        }
     }
 }
 

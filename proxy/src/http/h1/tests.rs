@@ -438,11 +438,11 @@ async fn the_fast_path_future_stays_small() {
 }
 
 /// A request's state is boxed per request: its size is copied and allocated each time, and
-/// above about 1 KiB glibc's allocator leaves its per-thread cache for the slower bins. The
-/// connect (a TLS handshake for mesh destinations) and a configured timeout are boxed apart,
-/// so they do not set this size.
+/// glibc's per-thread cache takes blocks only up to 1,032 bytes. The connect (a TLS handshake
+/// for mesh destinations) and a configured timeout are boxed apart, and the functions it is
+/// made of do not keep a second copy of their arguments, so none of that sets its size.
 #[tokio::test]
-async fn a_requests_state_leaves_out_the_connect_and_the_timer() {
+async fn a_requests_state_is_small_enough_for_the_allocators_cache() {
     let (addr, _seen) = upstream(vec![Answer::Reply(OK)]).await;
     let proxy = proxy(Config::default());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -463,8 +463,10 @@ async fn a_requests_state_leaves_out_the_connect_and_the_timer() {
     let mut early = None;
     let fut = request(&ctx, &mut stream, bytes, prepared, &mut early);
     let size = std::mem::size_of_val(&fut);
-    // 2,984 bytes with the connect and the timer inline.
-    assert!(size <= 1600, "a request's state is {size} bytes");
+    eprintln!("a request's state: {size} bytes");
+    // 1,008 bytes in a release build and 1,040 in this one; 2,984 with the connect and the
+    // timer inline, 1,448 with them apart but as `async fn`s.
+    assert!(size <= 1088, "a request's state is {size} bytes");
 }
 
 #[tokio::test]
