@@ -137,13 +137,7 @@ pub async fn serve<C: Client>(
 ) -> Served {
     let http = &ctx.config.http;
     let mesh = MeshHeaders::of(ctx);
-    let limits = head::Limits {
-        max_header_bytes: http.max_header_bytes,
-        max_headers: http.max_headers,
-        drop_client_cert: ctx.direction == Direction::Inbound && mesh.is_none(),
-        mesh_tls: mesh.is_some(),
-        drop_attempt_count: retries(ctx) > 0,
-    };
+    let limits = limits_for(ctx, mesh.as_ref());
     let idle_timeout = http.idle_timeout;
     let mut last_active = tokio::time::Instant::now();
     // One timer for the connection's life, moved only when it fires early: the idle bound
@@ -224,6 +218,19 @@ pub async fn serve<C: Client>(
             let _ = client.shutdown().await;
             return Served::Ended(Ok(()));
         }
+    }
+}
+
+/// What the heads of a connection's requests are judged by: the configured limits, and what
+/// its direction, mesh TLS and retries change about their headers.
+fn limits_for(ctx: &ConnContext, mesh: Option<&MeshHeaders>) -> head::Limits {
+    let http = &ctx.config.http;
+    head::Limits {
+        max_header_bytes: http.max_header_bytes,
+        max_headers: http.max_headers,
+        drop_client_cert: ctx.direction == Direction::Inbound && mesh.is_none(),
+        mesh_tls: mesh.is_some(),
+        drop_attempt_count: retries(ctx) > 0,
     }
 }
 

@@ -420,17 +420,28 @@ async fn a_request_the_fast_path_does_not_serve_hands_the_connection_to_hyper() 
     assert_eq!(total, 3.0, "{text}");
 }
 
-#[tokio::test]
-async fn the_fast_path_future_stays_small() {
-    let (addr, _seen) = upstream(vec![Answer::Reply(OK)]).await;
+/// A connection's context and its server-side socket, for futures that are measured and not
+/// run; the client end and the upstream's record of requests are kept alive beside them.
+async fn context() -> (
+    Arc<ConnContext>,
+    TcpStream,
+    TcpStream,
+    mpsc::UnboundedReceiver<Seen>,
+) {
+    let (addr, seen) = upstream(vec![Answer::Reply(OK)]).await;
     let proxy = proxy(Config::default());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let _client = TcpStream::connect(listener.local_addr().unwrap())
+    let client = TcpStream::connect(listener.local_addr().unwrap())
         .await
         .unwrap();
     let (stream, peer) = listener.accept().await.unwrap();
     let ctx = Arc::new(ConnContext::for_tests(Arc::clone(&proxy), addr, peer));
-    let mut stream = stream;
+    (ctx, stream, client, seen)
+}
+
+#[tokio::test]
+async fn the_fast_path_future_stays_small() {
+    let (ctx, mut stream, _client, _seen) = context().await;
     let fut = serve(&ctx, &mut stream, BytesMut::new(), None);
     let size = std::mem::size_of_val(&fut);
     eprintln!("fast path future: {size} bytes");
@@ -443,21 +454,8 @@ async fn the_fast_path_future_stays_small() {
 /// made of do not keep a second copy of their arguments, so none of that sets its size.
 #[tokio::test]
 async fn a_requests_state_is_small_enough_for_the_allocators_cache() {
-    let (addr, _seen) = upstream(vec![Answer::Reply(OK)]).await;
-    let proxy = proxy(Config::default());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let _client = TcpStream::connect(listener.local_addr().unwrap())
-        .await
-        .unwrap();
-    let (mut stream, peer) = listener.accept().await.unwrap();
-    let ctx = Arc::new(ConnContext::for_tests(Arc::clone(&proxy), addr, peer));
-    let limits = head::Limits {
-        max_header_bytes: 60 * 1024,
-        max_headers: 100,
-        drop_client_cert: false,
-        mesh_tls: false,
-        drop_attempt_count: true,
-    };
+    let (ctx, mut stream, _client, _seen) = context().await;
+    let limits = limits_for(&ctx, None);
     let bytes = b"GET / HTTP/1.1\r\nhost: a\r\n\r\n";
     let prepared = prepare(&ctx, bytes, &limits, None).expect("the fast path serves it");
     let mut early = None;
