@@ -121,6 +121,15 @@ async fn client(listen: u16) -> h2::client::SendRequest<bytes::Bytes> {
 
 /// Three connections in a row refuse the request with GOAWAY: more than Istio's two retries
 /// would cover, so a refusal that spent a retry would end in 503 URX.
+/// The status of a response through Remora, bounded in time.
+async fn status(response: h2::client::ResponseFuture) -> http::StatusCode {
+    tokio::time::timeout(Duration::from_secs(20), response)
+        .await
+        .expect("an answer in time")
+        .unwrap()
+        .status()
+}
+
 #[test]
 fn requests_refused_by_goaway_go_on_a_new_connection_without_spending_retries() {
     let connections = Arc::new(AtomicUsize::new(0));
@@ -135,11 +144,7 @@ fn requests_refused_by_goaway_go_on_a_new_connection_without_spending_retries() 
             .body(())
             .unwrap();
         let (response, _) = send.send_request(request, true).unwrap();
-        tokio::time::timeout(Duration::from_secs(20), response)
-            .await
-            .expect("an answer in time")
-            .unwrap()
-            .status()
+        status(response).await
     });
     assert_eq!(status, http::StatusCode::OK);
     assert_eq!(connections.load(Ordering::SeqCst), 4);
@@ -204,11 +209,7 @@ fn a_whole_request_body_ends_the_stream_on_its_last_data_frame() {
         let (response, mut body) = send.send_request(request, false).unwrap();
         body.send_data(bytes::Bytes::from_static(b"hello"), true)
             .unwrap();
-        tokio::time::timeout(Duration::from_secs(20), response)
-            .await
-            .expect("an answer in time")
-            .unwrap()
-            .status()
+        status(response).await
     });
     assert_eq!(status, http::StatusCode::OK);
     let frames = rx.recv_timeout(Duration::from_secs(20)).unwrap();
