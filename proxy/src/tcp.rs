@@ -21,6 +21,7 @@ use std::io;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 // Reads start small because most connections are short or idle: the memory a connection holds
@@ -178,6 +179,8 @@ async fn copy_one_way(
     // Bytes read before the copy began go first, through the same write as the rest: one
     // await point less in a future every connection holds.
     let mut pending = prefix;
+    // The last read emptied the socket.
+    let mut drained = false;
     loop {
         let chunk: &[u8] = if pending.is_empty() {
             if let Err(e) = from.readable().await {
@@ -188,9 +191,10 @@ async fn copy_one_way(
                 buf = BytesMut::with_capacity(size);
             }
             buf.clear();
-            match from.try_read_buf(&mut buf) {
+            match read_some(from, &mut buf) {
                 Ok(0) => return finish(to, to_side, total),
                 Ok(n) => {
+                    drained = n < buf.capacity();
                     if n >= size && size < BULK_BUFFER {
                         if size < BULK_AFTER {
                             size *= 2;
@@ -217,6 +221,36 @@ async fn copy_one_way(
         }
         total += chunk.len() as u64;
         progress.store(total, Ordering::Relaxed);
+        if std::mem::take(&mut drained) {
+            // The next wait is for new bytes: an idle connection holds no buffer.
+            buf = BytesMut::new();
+        }
+    }
+}
+
+/// Read what `from` has into `buf`'s spare capacity.
+///
+/// A read that returns less than it asked for has emptied the socket's receive queue, so the
+/// socket's readiness is cleared there and then, as tokio's own `AsyncRead` does: the next wait
+/// sleeps until new bytes arrive, instead of waking at once to a read that can only say
+/// `EAGAIN`. That read was one system call in three of a message's way through (read, write,
+/// read again). Readiness is cleared with the tick observed
+/// before the read, so bytes that arrive during it raise a new event and are not missed.
+fn read_some(from: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+    let asked = buf.capacity() - buf.len();
+    let mut short = None;
+    let read = from.try_io(Interest::READABLE, || {
+        let n = from.try_read_buf(buf)?;
+        if 0 < n && n < asked {
+            // Not a failure: the way to tell tokio that the queue is empty.
+            short = Some(n);
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    match (read, short) {
+        (_, Some(n)) => Ok(n),
+        (read, None) => read,
     }
 }
 

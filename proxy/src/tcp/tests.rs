@@ -196,3 +196,55 @@ async fn traffic_within_the_idle_timeout_keeps_the_connection() {
     let t = copier.await.unwrap().unwrap();
     assert_eq!((t.sent, t.received), (9, 0));
 }
+
+/// Whether the socket's read readiness is set now, without waiting.
+async fn read_ready_now(s: &TcpStream) -> bool {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(s.poll_read_ready(cx).is_ready())).await
+}
+
+#[tokio::test]
+async fn a_short_read_sleeps_until_new_bytes_instead_of_reading_again() {
+    let (from, mut peer) = pair().await;
+    peer.write_all(b"hello").await.unwrap();
+    from.readable().await.unwrap();
+    let mut buf = BytesMut::with_capacity(64);
+    assert_eq!(read_some(&from, &mut buf).unwrap(), 5);
+    // The queue is empty and tokio knows it: a wait for readability would sleep.
+    assert!(
+        !read_ready_now(&from).await,
+        "readiness outlived a short read"
+    );
+    // New bytes wake it again.
+    peer.write_all(b"again").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), from.readable())
+        .await
+        .expect("new bytes did not wake the wait")
+        .unwrap();
+    buf.clear();
+    assert_eq!(read_some(&from, &mut buf).unwrap(), 5);
+    assert_eq!(&buf[..], b"again");
+}
+
+#[tokio::test]
+async fn a_full_read_reads_again_without_waiting() {
+    let (from, mut peer) = pair().await;
+    let mut buf = BytesMut::with_capacity(64);
+    let asked = buf.capacity();
+    let sent: Vec<u8> = (0..asked + 10).map(|i| i as u8).collect();
+    peer.write_all(&sent).await.unwrap();
+    // Wait until all of it is queued, so that the first read fills the buffer.
+    let mut probe = vec![0u8; asked + 10];
+    while from.peek(&mut probe).await.unwrap() < asked + 10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(read_some(&from, &mut buf).unwrap(), asked);
+    // A full read says nothing about what is left, so readiness stays.
+    assert!(read_ready_now(&from).await);
+    let mut rest = BytesMut::with_capacity(64);
+    assert_eq!(read_some(&from, &mut rest).unwrap(), 10);
+    assert_eq!(&rest[..], &sent[asked..]);
+    // Nothing left: a read says so.
+    let mut none = BytesMut::with_capacity(64);
+    let e = read_some(&from, &mut none).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+}
