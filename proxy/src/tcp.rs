@@ -13,7 +13,7 @@ mod idle;
 mod local;
 mod streams;
 
-pub use streams::copy_streams;
+pub use streams::{copy_streams, relay};
 
 use bytes::BytesMut;
 use socket2::SockRef;

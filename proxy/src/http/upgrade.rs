@@ -24,7 +24,7 @@ pub fn tunnel(downstream: OnUpgrade, upstream: OnUpgrade, active: Active, mut en
             }
         };
         let (mut down, mut up) = (TokioIo::new(down), TokioIo::new(up));
-        match tokio::io::copy_bidirectional(&mut down, &mut up).await {
+        match crate::tcp::relay(&mut down, &mut up).await {
             Ok((to_upstream, to_downstream)) => {
                 end.received.add(to_upstream);
                 end.sent += to_downstream;

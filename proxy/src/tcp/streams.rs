@@ -3,9 +3,11 @@
 //!
 //! Same contract as the socket copy: both directions run until end of stream, an end of stream
 //! is passed on as a half-close (for TLS, a `close_notify` and then the socket's FIN), and an
-//! error on one side ends both, reported for the side it happened on. tokio's copy allocates
-//! its two buffers when it starts; TLS sessions hold buffers of their own anyway, so a
-//! plaintext connection never pays for this path.
+//! error on one side ends both, reported for the side it happened on. And the same economy: a
+//! direction holds a buffer only while bytes are moving through it ([`relay`]), where tokio's
+//! `copy_bidirectional` holds two of 8 KiB for the connection's whole life. An idle mesh
+//! connection is common (a database client's pool through the mesh is mostly idle), and its
+//! TLS sessions already cost memory of their own.
 
 use super::idle::IdleTimer;
 use super::{CopyError, Transfer};
@@ -35,7 +37,7 @@ where
         if !prefix.is_empty() {
             up.write_all(prefix).await?;
         }
-        tokio::io::copy_bidirectional(&mut down, &mut up).await
+        relay(&mut down, &mut up).await
     };
     let mut timer = IdleTimer::new(idle);
     let result = tokio::select! {
@@ -59,6 +61,130 @@ where
         // (tokio reports a write of zero bytes itself), blame the side written to.
         Err(source) if down.failed || !up.failed => Err(CopyError::Downstream { source, transfer }),
         Err(source) => Err(CopyError::Upstream { source, transfer }),
+    }
+}
+
+/// Copy between `a` and `b` both ways until both directions have ended, each end of stream
+/// passed on as a shutdown of the other side's write half; the first error ends both. Returns
+/// the bytes copied from `a` to `b` and from `b` to `a`.
+pub async fn relay<A, B>(a: &mut A, b: &mut B) -> io::Result<(u64, u64)>
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut a_to_b, mut b_to_a) = (OneWay::default(), OneWay::default());
+    std::future::poll_fn(|cx| {
+        // Both directions are polled each time, so that each registers for its own wake-up.
+        let forth = a_to_b.poll_copy(cx, &mut *a, &mut *b)?;
+        let back = b_to_a.poll_copy(cx, &mut *b, &mut *a)?;
+        match (forth, back) {
+            (Poll::Ready(()), Poll::Ready(())) => Poll::Ready(Ok((a_to_b.copied, b_to_a.copied))),
+            _ => Poll::Pending,
+        }
+    })
+    .await
+}
+
+// A direction's buffer starts small, since most messages are, and doubles after a read that
+// fills it, up to one TLS record's worth of plaintext.
+const FIRST_BUFFER: usize = 4 * 1024;
+const LARGEST_BUFFER: usize = 16 * 1024;
+
+/// One direction of [`relay`].
+struct OneWay {
+    /// Empty, holding no allocation, while the reader has nothing for us.
+    buf: Vec<u8>,
+    /// `buf[start..end]` is read and not yet written.
+    start: usize,
+    end: usize,
+    /// The size of the next buffer taken.
+    size: usize,
+    /// Written since the last flush.
+    unflushed: bool,
+    /// The reader reached its end of stream.
+    eof: bool,
+    /// The writer's side is shut down: this direction is over.
+    done: bool,
+    copied: u64,
+}
+
+impl Default for OneWay {
+    fn default() -> Self {
+        OneWay {
+            buf: Vec::new(),
+            start: 0,
+            end: 0,
+            size: FIRST_BUFFER,
+            unflushed: false,
+            eof: false,
+            done: false,
+            copied: 0,
+        }
+    }
+}
+
+impl OneWay {
+    fn poll_copy<R, W>(
+        &mut self,
+        cx: &mut Context<'_>,
+        reader: &mut R,
+        writer: &mut W,
+    ) -> Poll<io::Result<()>>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        loop {
+            if self.done {
+                return Poll::Ready(Ok(()));
+            }
+            if self.start < self.end {
+                let data = &self.buf[self.start..self.end];
+                let n = ready!(Pin::new(&mut *writer).poll_write(cx, data))?;
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                self.start += n;
+                self.copied += n as u64;
+                self.unflushed = true;
+                continue;
+            }
+            if self.eof {
+                ready!(Pin::new(&mut *writer).poll_flush(cx))?;
+                ready!(Pin::new(&mut *writer).poll_shutdown(cx))?;
+                self.done = true;
+                continue;
+            }
+            if self.buf.len() < self.size {
+                self.buf = vec![0; self.size];
+            }
+            let mut read = ReadBuf::new(&mut self.buf);
+            match Pin::new(&mut *reader).poll_read(cx, &mut read) {
+                Poll::Ready(Ok(())) => {
+                    let n = read.filled().len();
+                    if n == 0 {
+                        self.eof = true;
+                        self.buf = Vec::new();
+                    } else {
+                        if n == self.buf.len() {
+                            self.size = (self.size * 2).min(LARGEST_BUFFER);
+                        }
+                        (self.start, self.end) = (0, n);
+                    }
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {
+                    // Nothing more for now: a quiet direction holds no buffer. What was
+                    // written may sit in a TLS session's buffer until flushed.
+                    self.buf = Vec::new();
+                    if self.unflushed {
+                        ready!(Pin::new(&mut *writer).poll_flush(cx))?;
+                        self.unflushed = false;
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
     }
 }
 
@@ -156,6 +282,64 @@ mod tests {
         assert_eq!(back, b"answer");
         let t = copier.await.unwrap().unwrap();
         assert_eq!((t.sent, t.received), (11, 6));
+    }
+
+    #[tokio::test]
+    async fn a_quiet_direction_holds_no_buffer() {
+        let (mut from, mut client) = tokio::io::duplex(64 * 1024);
+        let (mut to, mut server) = tokio::io::duplex(64 * 1024);
+        let mut way = OneWay::default();
+        client.write_all(b"0123456789").await.unwrap();
+        let polled =
+            std::future::poll_fn(|cx| Poll::Ready(way.poll_copy(cx, &mut from, &mut to))).await;
+        assert!(polled.is_pending(), "the reader has more to come");
+        assert_eq!(way.copied, 10);
+        assert_eq!(way.buf.capacity(), 0, "an idle direction kept its buffer");
+        let mut got = [0u8; 10];
+        server.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"0123456789");
+    }
+
+    #[tokio::test]
+    async fn relay_carries_a_megabyte_each_way_byte_exact() {
+        let pattern = |seed: u32| -> Vec<u8> {
+            (0..1024 * 1024u32)
+                .map(|i| (i.wrapping_mul(31) ^ seed) as u8)
+                .collect()
+        };
+        let (up_bytes, down_bytes) = (pattern(7), pattern(11));
+        let (mut a, client) = tokio::io::duplex(16 * 1024);
+        let (mut b, server) = tokio::io::duplex(16 * 1024);
+        let relay = tokio::spawn(async move { relay(&mut a, &mut b).await });
+        let sent = up_bytes.clone();
+        let client_side = tokio::spawn(async move {
+            let (mut rd, mut wr) = tokio::io::split(client);
+            let writer = async {
+                wr.write_all(&sent).await.unwrap();
+                wr.shutdown().await.unwrap();
+            };
+            let mut got = Vec::new();
+            let reader = async { rd.read_to_end(&mut got).await.unwrap() };
+            tokio::join!(writer, reader);
+            got
+        });
+        let answer = down_bytes.clone();
+        let server_side = tokio::spawn(async move {
+            let (mut rd, mut wr) = tokio::io::split(server);
+            let writer = async {
+                wr.write_all(&answer).await.unwrap();
+                wr.shutdown().await.unwrap();
+            };
+            let mut got = Vec::new();
+            let reader = async { rd.read_to_end(&mut got).await.unwrap() };
+            tokio::join!(writer, reader);
+            got
+        });
+        let (at_client, at_server) = (client_side.await.unwrap(), server_side.await.unwrap());
+        assert!(at_server == up_bytes, "bytes to the server differ");
+        assert!(at_client == down_bytes, "bytes to the client differ");
+        let counts = relay.await.unwrap().unwrap();
+        assert_eq!(counts, (1024 * 1024, 1024 * 1024));
     }
 
     #[tokio::test]
