@@ -91,6 +91,27 @@ pub struct Mesh {
     pub exchange_headers: crate::metadata_exchange::http::LocalHeaders,
     /// The server config for the current identity and settings; rebuilt when either changes.
     server: ArcSwapOption<CachedServer>,
+    /// The client configs built for the current identity and settings, one per expected
+    /// server identities and ALPN offer; all dropped when the identity or settings change.
+    clients: ArcSwapOption<CachedClients>,
+}
+
+/// At most this many client configs are kept: one per mesh destination's identities and the
+/// few ALPN offers, so a config with more destinations than this rebuilds some per connection.
+const CACHED_CLIENTS: usize = 64;
+
+#[derive(Debug)]
+struct CachedClients {
+    identity: Arc<Identity>,
+    min: TlsVersion,
+    configs: Vec<CachedClient>,
+}
+
+#[derive(Debug)]
+struct CachedClient {
+    expected: Vec<String>,
+    alpn: Vec<Vec<u8>>,
+    config: Arc<ClientConfig>,
 }
 
 #[derive(Debug)]
@@ -108,6 +129,7 @@ impl Mesh {
             exchange_header: LocalHeader::default(),
             exchange_headers: Default::default(),
             server: ArcSwapOption::empty(),
+            clients: ArcSwapOption::empty(),
         }
     }
 
@@ -148,8 +170,13 @@ impl Mesh {
         Some(built)
     }
 
-    /// A config for one outbound connection: the workload certificate, `alpn` offered, and a
+    /// The config for an outbound connection: the workload certificate, `alpn` offered, and a
     /// server that must chain to the roots and carry one of `expected` (any, if empty).
+    ///
+    /// Built once per identity, settings, `expected` and `alpn`, and shared by every
+    /// connection that asks for the same: a config built per connection cost each one 16 KiB
+    /// for as long as it lived (rustls's session cache, sized for 256 servers, that no other
+    /// connection could use).
     pub fn client_config(
         &self,
         tls: &TlsConfig,
@@ -157,25 +184,73 @@ impl Mesh {
         alpn: &[&[u8]],
     ) -> Option<Result<Arc<ClientConfig>, ConfigError>> {
         let identity = self.identity.current()?;
-        let provider = provider();
-        let verifier = verify::SpiffeServerVerifier::new(
-            Arc::clone(&identity.roots),
-            Arc::clone(&provider),
-            expected.to_vec(),
-        );
-        let built = ClientConfig::builder_with_provider(provider)
-            .with_protocol_versions(versions(tls.min_protocol_version))
-            .map_err(|e| ConfigError(e.to_string()))
-            .map(|b| {
-                let mut config = b
-                    .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(verifier))
-                    .with_client_cert_resolver(Arc::new(Fixed(Arc::clone(&identity.certified))));
-                config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-                Arc::new(config)
+        let min = tls.min_protocol_version;
+        let cached = self.clients.load_full();
+        let current = cached
+            .as_ref()
+            .filter(|c| Arc::ptr_eq(&c.identity, &identity) && c.min == min);
+        if let Some(hit) = current.and_then(|c| {
+            c.configs.iter().find(|k| {
+                k.expected == expected && k.alpn.iter().map(Vec::as_slice).eq(alpn.iter().copied())
+            })
+        }) {
+            return Some(Ok(Arc::clone(&hit.config)));
+        }
+        let built = build_client(&identity, min, expected, alpn).map(Arc::new);
+        if let Ok(config) = &built {
+            // Keep what is cached for this identity, unless it is full; a race with another
+            // connection costs one config built twice, never a wrong one.
+            let mut configs: Vec<CachedClient> = current
+                .filter(|c| c.configs.len() < CACHED_CLIENTS)
+                .map(|c| {
+                    c.configs
+                        .iter()
+                        .map(|k| CachedClient {
+                            expected: k.expected.clone(),
+                            alpn: k.alpn.clone(),
+                            config: Arc::clone(&k.config),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            configs.push(CachedClient {
+                expected: expected.to_vec(),
+                alpn: alpn.iter().map(|p| p.to_vec()).collect(),
+                config: Arc::clone(config),
             });
+            self.clients.store(Some(Arc::new(CachedClients {
+                identity,
+                min,
+                configs,
+            })));
+        }
         Some(built)
     }
+}
+
+fn build_client(
+    identity: &Identity,
+    min: TlsVersion,
+    expected: &[String],
+    alpn: &[&[u8]],
+) -> Result<ClientConfig, ConfigError> {
+    let provider = provider();
+    let verifier = verify::SpiffeServerVerifier::new(
+        Arc::clone(&identity.roots),
+        Arc::clone(&provider),
+        expected.to_vec(),
+    );
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(versions(min))
+        .map_err(|e| ConfigError(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_client_cert_resolver(Arc::new(Fixed(Arc::clone(&identity.certified))));
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    // As inbound: no session is resumed, so every connection checks the server's certificate
+    // and identity afresh, and a rotated or revoked one is never honoured from a ticket.
+    config.resumption = rustls::client::Resumption::disabled();
+    Ok(config)
 }
 
 fn build_server(identity: &Identity, min: TlsVersion) -> Result<ServerConfig, ConfigError> {

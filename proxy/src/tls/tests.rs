@@ -202,6 +202,64 @@ async fn a_rotated_identity_is_presented_by_the_next_handshake() {
     assert_eq!(serial, server.identity.current().unwrap().chain[0].serial);
 }
 
+#[tokio::test]
+async fn client_configs_are_shared_per_destination_and_rebuilt_on_rotation() {
+    let ca = Ca::new("mesh");
+    let tls = TlsConfig::default();
+    let client = mesh(ca.identity(CLIENT));
+    let server = mesh(ca.identity(SERVER));
+    let get = |expected: &[String], alpn: &[&[u8]]| {
+        client.client_config(&tls, expected, alpn).unwrap().unwrap()
+    };
+    let to_server = [SERVER.to_string()];
+    let first = get(&to_server, &[ALPN_H2, ALPN_ISTIO]);
+    // The same destination and offer share one config...
+    assert!(Arc::ptr_eq(
+        &first,
+        &get(&to_server, &[ALPN_H2, ALPN_ISTIO])
+    ));
+    // ...which another offer or other expected identities do not.
+    let tcp = get(&to_server, &[ALPN_PEER_EXCHANGE, ALPN_ISTIO]);
+    assert!(!Arc::ptr_eq(&first, &tcp));
+    assert!(!Arc::ptr_eq(&first, &get(&[], &[ALPN_H2, ALPN_ISTIO])));
+    assert!(Arc::ptr_eq(
+        &first,
+        &get(&to_server, &[ALPN_H2, ALPN_ISTIO])
+    ));
+    assert!(Arc::ptr_eq(
+        &tcp,
+        &get(&to_server, &[ALPN_PEER_EXCHANGE, ALPN_ISTIO])
+    ));
+    // A shared config keeps its own checks: the wrong server identity is still refused.
+    let wrong = get(&[CLIENT.to_string()], &[ALPN_ISTIO]);
+    let (c, _) = handshake(
+        Arc::clone(&wrong),
+        server.server_config(&tls).unwrap().unwrap(),
+    )
+    .await;
+    assert!(
+        c.is_err(),
+        "a server with an unexpected identity was accepted"
+    );
+    let (c, _) = handshake(wrong, server.server_config(&tls).unwrap().unwrap()).await;
+    assert!(
+        c.is_err(),
+        "the second connection with the cached config was accepted"
+    );
+    // A rotation builds afresh, with the new certificate.
+    client.identity.set(Arc::new(ca.identity(CLIENT)));
+    let rotated = get(&to_server, &[ALPN_H2, ALPN_ISTIO]);
+    assert!(!Arc::ptr_eq(&first, &rotated));
+    let (c, s) = handshake(rotated, server.server_config(&tls).unwrap().unwrap()).await;
+    c.unwrap();
+    let s = s.unwrap();
+    let presented = s.get_ref().1.peer_certificates().unwrap()[0].clone();
+    let serial = crate::identity::CertSummary::parse(&presented)
+        .unwrap()
+        .serial;
+    assert_eq!(serial, client.identity.current().unwrap().chain[0].serial);
+}
+
 /// A client that speaks only TLS 1.2, with a valid mesh certificate.
 fn tls12_client(identity: &Identity) -> Arc<ClientConfig> {
     let verifier =
