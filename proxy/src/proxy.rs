@@ -203,8 +203,8 @@ impl Proxy {
             idle: config.tcp.idle(),
         };
         if let Some(leg) = mesh::leg(&self.mesh, config, route, destination) {
-            // Boxed: only connections that meet mesh TLS carry its state.
-            return Box::pin(self.mesh(config, downstream, hop, mode, leg)).await;
+            // Boxed (by `mesh`): only connections that meet mesh TLS carry its state.
+            return self.mesh(config, downstream, hop, mode, leg).await;
         }
         // One call site for the copy: each `.await` of it would get its own slot in this
         // future, and the copy is what every TCP connection holds for its whole life.

@@ -104,24 +104,30 @@ pub(super) fn leg(mesh: &Mesh, config: &Config, route: &Route, dst: SocketAddr) 
     }
 }
 
+/// A mesh connection's whole life, on the heap.
+type MeshFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Outcome> + Send + 'a>>;
+
 impl Proxy {
-    pub(super) async fn mesh(
-        self: &Arc<Self>,
-        config: &Arc<Config>,
+    /// Serve a connection that meets mesh TLS. Each leg is boxed on its own, so a connection
+    /// holds the state of its own leg only: one future for both would be sized by the larger
+    /// (inbound HTTP serving), which every outbound TCP connection would then carry too.
+    pub(super) fn mesh<'a>(
+        self: &'a Arc<Self>,
+        config: &'a Arc<Config>,
         downstream: TcpStream,
         hop: Hop,
         mode: Mode,
         leg: Leg,
-    ) -> Outcome {
+    ) -> MeshFuture<'a> {
         match leg {
-            Leg::Inbound(inbound) => {
+            Leg::Inbound(inbound) => Box::pin(async move {
                 self.inbound_mesh(config, downstream, hop, mode, &inbound)
                     .await
-            }
-            Leg::Outbound(dest) => {
+            }),
+            Leg::Outbound(dest) => Box::pin(async move {
                 self.outbound_mesh(config, downstream, hop, mode, &dest)
                     .await
-            }
+            }),
         }
     }
 
