@@ -371,7 +371,7 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
             Scenario::Throughput => scenarios::throughput::run(&bench),
             Scenario::Tcp => scenarios::tcp::run(&bench),
             Scenario::Cost => vec![scenarios::cost::run(&bench)],
-            Scenario::Mtls => vec![scenarios::mtls::run(&bench)],
+            Scenario::Mtls => scenarios::mtls::run(&bench),
         };
         for table in tables {
             println!("{}", table.markdown());

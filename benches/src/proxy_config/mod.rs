@@ -278,10 +278,13 @@ fn envoy_admin_and_listener(admin_port: u16, name: &str, listen: SocketAddr) -> 
     )
 }
 
-/// Sidecar A as Envoy: plain HTTP in on `listen`, to `server` (sidecar B) over mTLS as Istio's
-/// outbound cluster does: the workload certificate from `cert_dir`, Istio's ALPN for HTTP/1.1,
-/// SNI `outbound_.PORT_._.HOSTNAME`, and the server's certificate must carry `server_id`.
+/// Sidecar A as Envoy: plain HTTP in on `listen` (or, for [`Mode::Tcp`], opaque bytes through
+/// `tcp_proxy`), to `server` (sidecar B) over mTLS as Istio's outbound cluster does: the
+/// workload certificate from `cert_dir`, Istio's ALPN for HTTP/1.1 (for TCP, metadata exchange
+/// and `istio`), SNI `outbound_.PORT_._.HOSTNAME`, and the server's certificate must carry
+/// `server_id`.
 pub fn envoy_mesh_client_config(
+    mode: Mode,
     listen: SocketAddr,
     server: SocketAddr,
     admin_port: u16,
@@ -289,7 +292,16 @@ pub fn envoy_mesh_client_config(
     server_id: &str,
 ) -> String {
     let mut out = envoy_admin_and_listener(admin_port, "outbound", listen);
-    out.push_str(&envoy_hcm("outbound", "mesh", false));
+    let alpn: &[&str] = match mode {
+        Mode::Tcp => {
+            out.push_str(&envoy_tcp_proxy("outbound", "mesh"));
+            &["istio-peer-exchange", "istio"]
+        }
+        _ => {
+            out.push_str(&envoy_hcm("outbound", "mesh", false));
+            &["istio-http/1.1", "istio"]
+        }
+    };
     out.push_str("  clusters:\n");
     out.push_str(&envoy_cluster("mesh", server));
     let _ = write!(
@@ -300,32 +312,47 @@ pub fn envoy_mesh_client_config(
         server.port(),
         crate::mesh_certs::SERVER_HOSTNAME
     );
-    out.push_str(&envoy_common_tls(
-        cert_dir,
-        &["istio-http/1.1", "istio"],
-        Some(server_id),
-    ));
+    out.push_str(&envoy_common_tls(cert_dir, alpn, Some(server_id)));
     out
+}
+
+/// `tcp_proxy` to `cluster`, as Istio's TCP chains (without its stats filters).
+fn envoy_tcp_proxy(stat_prefix: &str, cluster: &str) -> String {
+    format!(
+        "      - name: envoy.filters.network.tcp_proxy\n        typed_config:\n          \
+         \"@type\": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy\n          \
+         stat_prefix: {stat_prefix}\n          cluster: {cluster}\n"
+    )
 }
 
 /// Sidecar B as Envoy: mTLS in on `listen` (a client certificate that chains to the mesh roots
 /// is required, as Istio's inbound in STRICT mode), `x-forwarded-client-cert` as Istio sets
-/// it, plain HTTP/1.1 to `upstream`.
+/// it, plain HTTP/1.1 to `upstream`; for [`Mode::Tcp`], opaque bytes through `tcp_proxy`.
 pub fn envoy_mesh_server_config(
+    mode: Mode,
     listen: SocketAddr,
     upstream: SocketAddr,
     admin_port: u16,
     cert_dir: &Path,
 ) -> String {
     let mut out = envoy_admin_and_listener(admin_port, "inbound", listen);
-    out.push_str(&envoy_hcm("inbound", "upstream", true));
+    let alpn: &[&str] = match mode {
+        Mode::Tcp => {
+            out.push_str(&envoy_tcp_proxy("inbound", "upstream"));
+            &["istio-peer-exchange", "istio"]
+        }
+        _ => {
+            out.push_str(&envoy_hcm("inbound", "upstream", true));
+            &["h2", "http/1.1"]
+        }
+    };
     out.push_str(
         "      transport_socket:\n        name: envoy.transport_sockets.tls\n        typed_config:\n          \
          \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext\n          \
          require_client_certificate: true\n",
     );
     // The common context sits two spaces deeper under a filter chain than under a cluster.
-    for line in envoy_common_tls(cert_dir, &["h2", "http/1.1"], None).lines() {
+    for line in envoy_common_tls(cert_dir, alpn, None).lines() {
         let _ = writeln!(out, "  {line}");
     }
     out.push_str("  clusters:\n");
@@ -361,9 +388,14 @@ pub enum MeshSide<'a> {
 }
 
 /// Remora as sidecar A or B of the mTLS scenario: [`remora_config`] plus the workload identity
-/// from `cert_dir` and one explicit HTTP listener that originates (A, with Istio's SNI for
-/// B's service) or terminates (B) mesh mutual TLS.
-pub fn remora_mesh_config(ports: &RemoraPorts, cert_dir: &Path, side: MeshSide<'_>) -> String {
+/// from `cert_dir` and one explicit listener (HTTP, or TCP for [`Mode::Tcp`]) that originates
+/// (A, with Istio's SNI for B's service) or terminates (B) mesh mutual TLS.
+pub fn remora_mesh_config(
+    mode: Mode,
+    ports: &RemoraPorts,
+    cert_dir: &Path,
+    side: MeshSide<'_>,
+) -> String {
     let mut out = remora_config(ports);
     let _ = writeln!(out, "tls:\n  cert_dir: \"{}\"", cert_dir.display());
     let (listen, upstream, tls) = match side {
@@ -385,7 +417,8 @@ pub fn remora_mesh_config(ports: &RemoraPorts, cert_dir: &Path, side: MeshSide<'
     };
     let _ = write!(
         out,
-        "listeners:\n  - address: {listen}\n    upstream: {upstream}\n    protocol: http\n    tls:\n{tls}"
+        "listeners:\n  - address: {listen}\n    upstream: {upstream}\n    protocol: {}\n    tls:\n{tls}",
+        remora_protocol(mode)
     );
     out
 }

@@ -116,6 +116,7 @@ fn mesh_pair_configs_carry_the_identities() {
     };
 
     let text = envoy_mesh_client_config(
+        Mode::Http1,
         listen,
         server,
         41005,
@@ -149,7 +150,7 @@ fn mesh_pair_configs_carry_the_identities() {
         "spiffe://cluster.local/ns/bench/sa/b"
     );
 
-    let text = envoy_mesh_server_config(server, upstream, 41006, dir);
+    let text = envoy_mesh_server_config(Mode::Http1, server, upstream, 41006, dir);
     let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("valid YAML");
     let listener = &doc["static_resources"]["listeners"][0];
     assert_eq!(listener["address"]["socket_address"]["port_value"], 43000);
@@ -181,6 +182,7 @@ fn mesh_pair_configs_carry_the_identities() {
         admin: 41004,
     };
     let a = remora_mesh_config(
+        Mode::Http1,
         &ports,
         dir,
         MeshSide::Client {
@@ -202,6 +204,7 @@ fn mesh_pair_configs_carry_the_identities() {
         Some(crate::mesh_certs::SERVER_HOSTNAME)
     );
     let b = remora_mesh_config(
+        Mode::Http1,
         &ports,
         dir,
         MeshSide::Server {
@@ -220,6 +223,50 @@ fn mesh_pair_configs_carry_the_identities() {
         args.contains("--concurrency 2") && !args.contains("--listen"),
         "{args}"
     );
+}
+
+#[test]
+fn tcp_mesh_pairs_proxy_bytes_with_istios_tcp_alpn() {
+    let (listen, upstream) = addrs();
+    let server: SocketAddr = "127.0.0.1:43000".parse().unwrap();
+    let dir = Path::new("/tmp/certs");
+    let tcp_proxy = |doc: &serde_yaml_ng::Value, cluster: &str| {
+        let filter = &doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0];
+        assert_eq!(filter["name"], "envoy.filters.network.tcp_proxy");
+        assert_eq!(filter["typed_config"]["cluster"], cluster);
+    };
+    let a = envoy_mesh_client_config(Mode::Tcp, listen, server, 41005, dir, "spiffe://x/b");
+    let a: serde_yaml_ng::Value = serde_yaml_ng::from_str(&a).expect("valid YAML");
+    tcp_proxy(&a, "mesh");
+    let ctx = &a["static_resources"]["clusters"][0]["transport_socket"]["typed_config"]
+        ["common_tls_context"];
+    assert_eq!(ctx["alpn_protocols"][0], "istio-peer-exchange");
+    assert_eq!(
+        ctx["validation_context"]["match_typed_subject_alt_names"][0]["matcher"]["exact"],
+        "spiffe://x/b"
+    );
+    let b = envoy_mesh_server_config(Mode::Tcp, server, upstream, 41006, dir);
+    let b: serde_yaml_ng::Value = serde_yaml_ng::from_str(&b).expect("valid YAML");
+    tcp_proxy(&b, "upstream");
+    let tls = &b["static_resources"]["listeners"][0]["filter_chains"][0]["transport_socket"];
+    assert_eq!(tls["typed_config"]["require_client_certificate"], true);
+    let ports = RemoraPorts {
+        readiness: 41001,
+        metrics: 41002,
+        agent: 41003,
+        admin: 41004,
+    };
+    let side = MeshSide::Server {
+        listen: server,
+        upstream,
+    };
+    let b = remora_mesh_config(Mode::Tcp, &ports, dir, side);
+    let b = remora_config::parse(&b, Path::new("b.yaml")).expect("Remora accepts sidecar B");
+    assert_eq!(
+        b.listeners[0].protocol,
+        remora_config::ListenerProtocol::Tcp
+    );
+    assert!(b.listeners[0].terminates_tls());
 }
 
 #[test]

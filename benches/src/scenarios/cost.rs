@@ -17,7 +17,7 @@ use crate::tcp_load;
 const WAKE_UPS_NOTE: &str = "Wake-ups: the times the proxy's threads were put on a CPU (schedstat), per request, over the same 1000 rps run. At this rate a proxy sleeps between events, and being woken costs CPU of its own (the machine line \"a wake-up costs\" measures it without any proxy): wake-ups × that cost is a floor under every proxy's CPU per request that no proxy's code sets.";
 
 /// Connections opened at once while building up the idle set.
-const OPEN_PARALLEL: usize = 64;
+pub(super) const OPEN_PARALLEL: usize = 64;
 
 /// Runs the scenario for every proxy (no proxy has no cost to measure).
 pub fn run(bench: &Bench) -> Table {

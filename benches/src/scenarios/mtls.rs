@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 /// Runs the scenario: no proxy, the Remora pair (when expressible) and the Envoy pair.
-pub fn run(bench: &Bench) -> Table {
+pub fn run(bench: &Bench) -> Vec<Table> {
     let s = &bench.settings;
     let plan = Plan {
         rate: super::latency::RATE,
@@ -60,14 +60,14 @@ pub fn run(bench: &Bench) -> Table {
             for p in contenders {
                 table.push_missing(p.name(), format!("certificates: {e:#}"));
             }
-            return table;
+            return vec![table];
         }
     };
     let results = interleaved("mtls", &contenders, s.rounds, |proxy| {
         let pair = match proxy {
             Proxy::NoProxy => None,
-            Proxy::Remora => Some(start_remora_pair(bench, &certs)?),
-            Proxy::Envoy => Some(start_envoy_pair(bench, &certs)?),
+            Proxy::Remora => Some(start_remora_pair(bench, &certs, Mode::Http1)?),
+            Proxy::Envoy => Some(start_envoy_pair(bench, &certs, Mode::Http1)?),
             _ => return Err("not part of this scenario".into()),
         };
         let addr = pair.as_ref().map_or(bench.upstream, |p| p.listen);
@@ -82,6 +82,7 @@ pub fn run(bench: &Bench) -> Table {
             .map(|o| (o, cpu, rss))
             .map_err(|e| format!("load failed: {e:#}"))
     });
+    let idle = idle_table(bench, &certs, &contenders);
     let _ = fs::remove_dir_all(&cert_root);
     let baseline: Vec<Option<Vec<f64>>> = results
         .iter()
@@ -146,6 +147,89 @@ pub fn run(bench: &Bench) -> Table {
             (!notes.is_empty()).then(|| notes.join("; ")),
         );
     }
+    vec![table, idle]
+}
+
+/// Idle mesh connections opened per round and pair: enough for a steady figure per
+/// connection (each is a full mutual-TLS handshake on both sidecars).
+const IDLE_MESH_CONNECTIONS: usize = 2000;
+
+/// Each sidecar's memory per idle mesh connection, both pairs in TCP mode (Envoy's
+/// `tcp_proxy`, Remora's TCP listeners), where every client connection has its own mesh
+/// connection in either pair; in HTTP mode Envoy's A pools its connections to B and Remora's
+/// does not, which would compare different jobs.
+fn idle_table(bench: &Bench, certs: &MeshCerts, contenders: &[Proxy]) -> Table {
+    let s = &bench.settings;
+    let n = s.idle_connections.min(IDLE_MESH_CONNECTIONS);
+    let mut table = Table::new(
+        "mtls-idle",
+        "5b. Memory per idle mesh connection: two sidecars back to back over mTLS, TCP mode, 2 workers each",
+        vec![
+            Column::new("sidecar A per idle conn", "KiB", 1).with_peer_ratios(),
+            Column::new("sidecar B per idle conn", "KiB", 1).with_peer_ratios(),
+            Column::new("both per idle conn", "KiB", 1).with_peer_ratios(),
+            Column::new("A idle RSS", "MiB", 1),
+            Column::new("B idle RSS", "MiB", 1),
+        ],
+    );
+    table.notes.push(format!(
+        "Each pair as in scenario 5 but proxying opaque TCP (Envoy: `tcp_proxy`, with Istio's TCP ALPN; Remora: `protocol: tcp` listeners, with metadata exchange), so every client connection has its own mesh connection from A to B in both. Per round: the pair freshly started, its RSS idle, then {n} connections opened through A, each carrying one HTTP/1.1 request and its 1 KiB answer before it goes idle; per idle connection = (RSS with them − RSS idle) / connections, for each sidecar. {} rounds, interleaved; medians (min–max in brackets).",
+        s.rounds
+    ));
+    let pairs: Vec<Proxy> = contenders
+        .iter()
+        .copied()
+        .filter(|p| matches!(p, Proxy::Remora | Proxy::Envoy))
+        .collect();
+    let results = interleaved("mtls-idle", &pairs, s.rounds, |proxy| {
+        let pair = match proxy {
+            Proxy::Remora => start_remora_pair(bench, certs, Mode::Tcp)?,
+            Proxy::Envoy => start_envoy_pair(bench, certs, Mode::Tcp)?,
+            _ => return Err("not part of this scenario".into()),
+        };
+        std::thread::sleep(s.settle);
+        let rss = |p: &Spawned| process::tree_usage(p.pid()).rss_kib;
+        let (a_idle, b_idle) = (rss(&pair.client), rss(&pair.server));
+        let idle = bench.block_on(crate::tcp_load::open_idle(
+            pair.listen,
+            n,
+            super::cost::OPEN_PARALLEL,
+        ));
+        std::thread::sleep(s.settle);
+        let (a_with, b_with) = (rss(&pair.client), rss(&pair.server));
+        let open = idle.streams.len();
+        // Over half failed: the difference would say little.
+        if open * 2 < n {
+            return Err(format!(
+                "{} of {n} idle connections failed ({})",
+                idle.failed,
+                idle.first_error.as_deref().unwrap_or("?")
+            ));
+        }
+        drop(idle);
+        let per = |idle: u64, with: u64| Some(with.saturating_sub(idle) as f64 / open as f64);
+        Ok(vec![
+            per(a_idle, a_with),
+            per(b_idle, b_with),
+            per(a_idle + b_idle, a_with + b_with),
+            Some(mib(a_idle)),
+            Some(mib(b_idle)),
+        ])
+    });
+    for (proxy, rounds) in results {
+        match summarize(rounds) {
+            Ok((values, note)) => {
+                eprintln!(
+                    "mtls-idle: {} A {:.1} KiB, B {:.1} KiB per idle connection (medians)",
+                    proxy.name(),
+                    Figure::median_of(&values[0]),
+                    Figure::median_of(&values[1])
+                );
+                table.push(proxy.name(), values, note);
+            }
+            Err(why) => table.push_missing(proxy.name(), why),
+        }
+    }
     table
 }
 
@@ -172,7 +256,7 @@ impl Pair {
 }
 
 /// Starts sidecar B, then sidecar A, and waits until a request through both is answered.
-fn start_envoy_pair(bench: &Bench, certs: &MeshCerts) -> Result<Pair, String> {
+fn start_envoy_pair(bench: &Bench, certs: &MeshCerts, mode: Mode) -> Result<Pair, String> {
     let program = bench
         .tools
         .envoy
@@ -189,6 +273,7 @@ fn start_envoy_pair(bench: &Bench, certs: &MeshCerts) -> Result<Pair, String> {
     let written = fs::write(
         &server_file,
         config::envoy_mesh_server_config(
+            mode,
             server_listen,
             bench.upstream,
             ports[2],
@@ -199,6 +284,7 @@ fn start_envoy_pair(bench: &Bench, certs: &MeshCerts) -> Result<Pair, String> {
         fs::write(
             &client_file,
             config::envoy_mesh_client_config(
+                mode,
                 listen,
                 server_listen,
                 ports[3],
@@ -260,7 +346,7 @@ fn wait_for_pair(
 
 /// Starts Remora's pair: B (terminating in front of the upstream), then A (originating to B),
 /// each with explicit listeners and its workload identity, and waits until both answer.
-fn start_remora_pair(bench: &Bench, certs: &MeshCerts) -> Result<Pair, String> {
+fn start_remora_pair(bench: &Bench, certs: &MeshCerts, mode: Mode) -> Result<Pair, String> {
     let program = bench
         .tools
         .remora
@@ -291,12 +377,12 @@ fn start_remora_pair(bench: &Bench, certs: &MeshCerts) -> Result<Pair, String> {
     };
     fs::write(
         &server_file,
-        config::remora_mesh_config(&side(2), &certs.server_dir, server_side),
+        config::remora_mesh_config(mode, &side(2), &certs.server_dir, server_side),
     )
     .and_then(|()| {
         fs::write(
             &client_file,
-            config::remora_mesh_config(&side(6), &certs.client_dir, client_side),
+            config::remora_mesh_config(mode, &side(6), &certs.client_dir, client_side),
         )
     })
     .map_err(|e| e.to_string())?;
