@@ -292,15 +292,10 @@ pub fn envoy_mesh_client_config(
     server_id: &str,
 ) -> String {
     let mut out = envoy_admin_and_listener(admin_port, "outbound", listen);
+    out.push_str(&envoy_mesh_filter(mode, "outbound", "mesh", false));
     let alpn: &[&str] = match mode {
-        Mode::Tcp => {
-            out.push_str(&envoy_tcp_proxy("outbound", "mesh"));
-            &["istio-peer-exchange", "istio"]
-        }
-        _ => {
-            out.push_str(&envoy_hcm("outbound", "mesh", false));
-            &["istio-http/1.1", "istio"]
-        }
+        Mode::Tcp => &ISTIO_TCP_ALPN,
+        _ => &["istio-http/1.1", "istio"],
     };
     out.push_str("  clusters:\n");
     out.push_str(&envoy_cluster("mesh", server));
@@ -316,8 +311,15 @@ pub fn envoy_mesh_client_config(
     out
 }
 
-/// `tcp_proxy` to `cluster`, as Istio's TCP chains (without its stats filters).
-fn envoy_tcp_proxy(stat_prefix: &str, cluster: &str) -> String {
+/// What Istio's sidecars offer and select for mesh TCP: metadata exchange, then `istio`.
+const ISTIO_TCP_ALPN: [&str; 2] = ["istio-peer-exchange", "istio"];
+
+/// A mesh sidecar's network filter to `cluster`: `tcp_proxy` for [`Mode::Tcp`], as Istio's TCP
+/// chains (without its stats filters), else the HTTP connection manager (see [`envoy_hcm`]).
+fn envoy_mesh_filter(mode: Mode, stat_prefix: &str, cluster: &str, xfcc: bool) -> String {
+    if mode != Mode::Tcp {
+        return envoy_hcm(stat_prefix, cluster, xfcc);
+    }
     format!(
         "      - name: envoy.filters.network.tcp_proxy\n        typed_config:\n          \
          \"@type\": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy\n          \
@@ -336,15 +338,10 @@ pub fn envoy_mesh_server_config(
     cert_dir: &Path,
 ) -> String {
     let mut out = envoy_admin_and_listener(admin_port, "inbound", listen);
+    out.push_str(&envoy_mesh_filter(mode, "inbound", "upstream", true));
     let alpn: &[&str] = match mode {
-        Mode::Tcp => {
-            out.push_str(&envoy_tcp_proxy("inbound", "upstream"));
-            &["istio-peer-exchange", "istio"]
-        }
-        _ => {
-            out.push_str(&envoy_hcm("inbound", "upstream", true));
-            &["h2", "http/1.1"]
-        }
+        Mode::Tcp => &ISTIO_TCP_ALPN,
+        _ => &["h2", "http/1.1"],
     };
     out.push_str(
         "      transport_socket:\n        name: envoy.transport_sockets.tls\n        typed_config:\n          \

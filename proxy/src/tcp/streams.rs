@@ -300,6 +300,19 @@ mod tests {
         assert_eq!(&got, b"0123456789");
     }
 
+    /// Writes `out` and shuts down while reading to the end; returns what was read.
+    async fn send_and_read_to_end(stream: tokio::io::DuplexStream, out: Vec<u8>) -> Vec<u8> {
+        let (mut rd, mut wr) = tokio::io::split(stream);
+        let writer = async {
+            wr.write_all(&out).await.unwrap();
+            wr.shutdown().await.unwrap();
+        };
+        let mut got = Vec::new();
+        let reader = async { rd.read_to_end(&mut got).await.unwrap() };
+        tokio::join!(writer, reader);
+        got
+    }
+
     #[tokio::test]
     async fn relay_carries_a_megabyte_each_way_byte_exact() {
         let pattern = |seed: u32| -> Vec<u8> {
@@ -311,30 +324,8 @@ mod tests {
         let (mut a, client) = tokio::io::duplex(16 * 1024);
         let (mut b, server) = tokio::io::duplex(16 * 1024);
         let relay = tokio::spawn(async move { relay(&mut a, &mut b).await });
-        let sent = up_bytes.clone();
-        let client_side = tokio::spawn(async move {
-            let (mut rd, mut wr) = tokio::io::split(client);
-            let writer = async {
-                wr.write_all(&sent).await.unwrap();
-                wr.shutdown().await.unwrap();
-            };
-            let mut got = Vec::new();
-            let reader = async { rd.read_to_end(&mut got).await.unwrap() };
-            tokio::join!(writer, reader);
-            got
-        });
-        let answer = down_bytes.clone();
-        let server_side = tokio::spawn(async move {
-            let (mut rd, mut wr) = tokio::io::split(server);
-            let writer = async {
-                wr.write_all(&answer).await.unwrap();
-                wr.shutdown().await.unwrap();
-            };
-            let mut got = Vec::new();
-            let reader = async { rd.read_to_end(&mut got).await.unwrap() };
-            tokio::join!(writer, reader);
-            got
-        });
+        let client_side = tokio::spawn(send_and_read_to_end(client, up_bytes.clone()));
+        let server_side = tokio::spawn(send_and_read_to_end(server, down_bytes.clone()));
         let (at_client, at_server) = (client_side.await.unwrap(), server_side.await.unwrap());
         assert!(at_server == up_bytes, "bytes to the server differ");
         assert!(at_client == down_bytes, "bytes to the client differ");

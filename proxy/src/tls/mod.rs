@@ -96,8 +96,8 @@ pub struct Mesh {
     clients: ArcSwapOption<CachedClients>,
 }
 
-/// At most this many client configs are kept: one per mesh destination's identities and the
-/// few ALPN offers, so a config with more destinations than this rebuilds some per connection.
+/// At most this many client configs are kept (one per mesh destination's identities and ALPN
+/// offer; a full cache starts again empty), so that a long list of destinations stays bounded.
 const CACHED_CLIENTS: usize = 64;
 
 #[derive(Debug)]
@@ -107,7 +107,7 @@ struct CachedClients {
     configs: Vec<CachedClient>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct CachedClient {
     expected: Vec<String>,
     alpn: Vec<Vec<u8>>,
@@ -200,18 +200,9 @@ impl Mesh {
         if let Ok(config) = &built {
             // Keep what is cached for this identity, unless it is full; a race with another
             // connection costs one config built twice, never a wrong one.
-            let mut configs: Vec<CachedClient> = current
+            let mut configs = current
                 .filter(|c| c.configs.len() < CACHED_CLIENTS)
-                .map(|c| {
-                    c.configs
-                        .iter()
-                        .map(|k| CachedClient {
-                            expected: k.expected.clone(),
-                            alpn: k.alpn.clone(),
-                            config: Arc::clone(&k.config),
-                        })
-                        .collect()
-                })
+                .map(|c| c.configs.clone())
                 .unwrap_or_default();
             configs.push(CachedClient {
                 expected: expected.to_vec(),
