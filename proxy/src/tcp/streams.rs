@@ -261,6 +261,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<'_, S> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::send_and_read_to_end;
     use super::*;
     use tokio::io::AsyncReadExt;
 
@@ -298,19 +299,6 @@ mod tests {
         let mut got = [0u8; 10];
         server.read_exact(&mut got).await.unwrap();
         assert_eq!(&got, b"0123456789");
-    }
-
-    /// Writes `out` and shuts down while reading to the end; returns what was read.
-    async fn send_and_read_to_end(stream: tokio::io::DuplexStream, out: Vec<u8>) -> Vec<u8> {
-        let (mut rd, mut wr) = tokio::io::split(stream);
-        let writer = async {
-            wr.write_all(&out).await.unwrap();
-            wr.shutdown().await.unwrap();
-        };
-        let mut got = Vec::new();
-        let reader = async { rd.read_to_end(&mut got).await.unwrap() };
-        tokio::join!(writer, reader);
-        got
     }
 
     #[tokio::test]

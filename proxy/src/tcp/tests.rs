@@ -10,9 +10,25 @@ async fn pair() -> (TcpStream, TcpStream) {
     (server, client)
 }
 
+/// Writes `out` and shuts down while reading to the end; returns what was read.
+pub(super) async fn send_and_read_to_end<S>(stream: S, out: Vec<u8>) -> Vec<u8>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let writer = async {
+        wr.write_all(&out).await.unwrap();
+        wr.shutdown().await.unwrap();
+    };
+    let mut got = Vec::new();
+    let reader = async { rd.read_to_end(&mut got).await.unwrap() };
+    tokio::join!(writer, reader);
+    got
+}
+
 #[tokio::test]
 async fn half_close_still_delivers_the_whole_response() {
-    let (down, mut client) = pair().await;
+    let (down, client) = pair().await;
     let (up, mut server) = pair().await;
     let copier = tokio::spawn(async move { copy_bidirectional(&down, &up).await });
 
@@ -30,14 +46,7 @@ async fn half_close_still_delivers_the_whole_response() {
         }
         server.shutdown().await.unwrap();
     });
-    let (mut rd, mut wr) = client.split();
-    let writer = async {
-        wr.write_all(&sent).await.unwrap();
-        wr.shutdown().await.unwrap();
-    };
-    let mut got = Vec::new();
-    let reader = async { rd.read_to_end(&mut got).await.unwrap() };
-    tokio::join!(writer, reader);
+    let got = send_and_read_to_end(client, sent).await;
     echo.await.unwrap();
     assert_eq!(got.len(), payload.len());
     assert!(got == payload, "echo differs from what was sent");
