@@ -343,7 +343,14 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     };
     let drain = Drain::new();
     let store = Arc::new(ArcSwap::from_pointee(config));
+    // Ports that would loop into us if they were a connection's destination.
+    let capture_ports = routes
+        .iter()
+        .filter_map(|(_, l)| l.local_addr().ok().map(|a| a.port()))
+        .collect();
+    let loop_guard = LoopGuard::new(capture_ports);
     let state = Arc::new(AdminState {
+        upstreams: Arc::clone(&loop_guard),
         config: Arc::clone(&store),
         listeners: listener_info(&routes),
         workload: own,
@@ -373,11 +380,6 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     });
     admin::spawn(side, Arc::clone(&state), agent).context("starting the admin thread")?;
 
-    // Ports that would loop into us if they were a connection's destination.
-    let capture_ports = routes
-        .iter()
-        .filter_map(|(_, l)| l.local_addr().ok().map(|a| a.port()))
-        .collect();
     // Authorization policies: loaded now, so a broken policy fails the start instead of leaving
     // the workload open; then kept in step with the directory.
     let authz = Arc::new(crate::authz::Authorizer::new(metrics.authz.clone()));
@@ -396,7 +398,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         .context("loading authorization policies (authorization.policy_dir)")?;
     let proxy = Arc::new(Proxy {
         config: Arc::clone(&store),
-        loop_guard: LoopGuard::new(capture_ports),
+        loop_guard,
         metrics: Arc::clone(&metrics),
         drain: Arc::clone(&drain),
         access_log: AccessLog::start(Arc::clone(&metrics)).context("starting the access log")?,

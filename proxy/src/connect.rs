@@ -3,6 +3,7 @@
 //! the handshake can complete, so a capture that sends it straight back to us is recognised.
 
 use crate::loop_guard::{LoopGuard, Registration};
+use crate::Direction;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -51,14 +52,15 @@ pub enum ConnectError {
     },
 }
 
-/// Connect to `dst`, from `source` if given, within `timeout`.
+/// Connect to `dst`, from `source` if given, within `timeout`, for traffic going `direction`.
 pub async fn connect(
     dst: SocketAddr,
     source: Option<Source>,
     timeout: Duration,
+    direction: Direction,
     guard: &Arc<LoopGuard>,
 ) -> Result<Upstream, ConnectError> {
-    match tokio::time::timeout(timeout, dial(dst, source, guard)).await {
+    match tokio::time::timeout(timeout, dial(dst, source, direction, guard)).await {
         Ok(Ok(upstream)) => Ok(upstream),
         Ok(Err(source)) => Err(ConnectError::Io { dst, source }),
         Err(_) => Err(ConnectError::Timeout { dst, timeout }),
@@ -68,6 +70,7 @@ pub async fn connect(
 async fn dial(
     dst: SocketAddr,
     source: Option<Source>,
+    direction: Direction,
     guard: &Arc<LoopGuard>,
 ) -> io::Result<Upstream> {
     let socket = Socket::new(
@@ -101,7 +104,7 @@ async fn dial(
         .local_addr()?
         .as_socket()
         .ok_or_else(|| io::Error::other("upstream socket has no IP address"))?;
-    let registration = guard.register(crate::orig_dst::canonical(local), dst);
+    let registration = guard.register(crate::orig_dst::canonical(local), dst, direction);
     let stream = TcpStream::from_std(std::net::TcpStream::from(socket))?;
     stream.writable().await?;
     if let Some(e) = stream.take_error()? {
@@ -127,6 +130,7 @@ mod tests {
             dst,
             Some(Source::Local(source)),
             Duration::from_secs(5),
+            Direction::Inbound,
             &guard,
         )
         .await
@@ -147,9 +151,15 @@ mod tests {
             .local_addr()
             .unwrap();
         let guard = LoopGuard::new(vec![]);
-        let err = connect(port, None, Duration::from_secs(5), &guard)
-            .await
-            .unwrap_err();
+        let err = connect(
+            port,
+            None,
+            Duration::from_secs(5),
+            Direction::Outbound,
+            &guard,
+        )
+        .await
+        .unwrap_err();
         match err {
             ConnectError::Io { source, .. } => {
                 assert_eq!(source.kind(), io::ErrorKind::ConnectionRefused)

@@ -86,6 +86,11 @@ pub struct Wait {
     /// nowhere then, and a client that waits for its server to speak first would otherwise
     /// wait the whole of `client` for the reset.
     pub after_connect_failure: Duration,
+    /// For them once a server has spoken first (zero: the server decides at once). Where the
+    /// client's first bytes must be read by the proxy rather than passed on (a mesh peer's
+    /// ClientHello on a PERMISSIVE inbound), an application that greets as soon as it is
+    /// dialled can race them; the greeting waits unread meanwhile.
+    pub after_server_spoke: Duration,
 }
 
 /// Which HTTP a client speaks.
@@ -165,6 +170,8 @@ where
     // An HTTP/2 server opens with its SETTINGS frame before its client has spoken: that is
     // not a server-first protocol, so the client's preface is still awaited.
     let mut watch_server = watch_server;
+    // The server spoke first, and the client has `wait.after_server_spoke` left to speak.
+    let mut server_first = false;
     let verdict = loop {
         if prefix.len() == prefix.capacity() {
             let want = if prefix.capacity() == 0 {
@@ -199,15 +206,23 @@ where
                 upstream = Some(result);
             }
             () = server_spoke(&upstream), if watch_server => {
+                watch_server = false;
                 if server_opened_http2(&upstream).await {
-                    watch_server = false;
                     continue;
                 }
-                break Verdict::ServerFirst;
+                if wait.after_server_spoke.is_zero() {
+                    break Verdict::ServerFirst;
+                }
+                server_first = true;
+                let sooner = tokio::time::Instant::now() + wait.after_server_spoke;
+                if sooner < deadline.deadline() {
+                    deadline.as_mut().reset(sooner);
+                }
             }
-            () = &mut deadline => break match connect_failed {
-                true => Verdict::UpstreamFailed,
-                false => Verdict::Timeout,
+            () = &mut deadline => break match (server_first, connect_failed) {
+                (true, _) => Verdict::ServerFirst,
+                (false, true) => Verdict::UpstreamFailed,
+                (false, false) => Verdict::Timeout,
             },
         }
     };

@@ -10,7 +10,11 @@
 //!   file descriptors run out. Both ends are compared because Linux gives one ephemeral port to
 //!   several sockets with different destinations: an application's connection can share a
 //!   local address with one of ours and must not be refused for it.
+//!
+//! The record of open upstream connections the second guard keeps is also what the admin
+//! `/clusters` page lists as each cluster's hosts.
 
+use crate::Direction;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -32,13 +36,21 @@ impl Guard {
     }
 }
 
-/// The (local, remote) address pairs of Remora's open upstream connections, and the ports it
-/// listens on.
+/// The (local, remote) address pairs of Remora's open upstream connections, each with the
+/// direction it serves, and the ports Remora listens on.
 #[derive(Debug, Default)]
 pub struct LoopGuard {
     own_ports: Vec<u16>,
     // A plain mutex: held for one hash operation, never across an await.
-    upstreams: Mutex<foldhash::HashSet<(SocketAddr, SocketAddr)>>,
+    upstreams: Mutex<foldhash::HashMap<(SocketAddr, SocketAddr), Direction>>,
+}
+
+/// How many upstream connections are open to one destination, for one direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenUpstreams {
+    pub direction: Direction,
+    pub destination: SocketAddr,
+    pub connections: usize,
 }
 
 impl LoopGuard {
@@ -87,21 +99,53 @@ impl LoopGuard {
         self.upstreams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .contains(&(peer, orig_dst))
+            .contains_key(&(peer, orig_dst))
     }
 
-    /// Record an upstream connection from `local` to `remote` for as long as the returned value
-    /// lives.
-    pub fn register(self: &Arc<Self>, local: SocketAddr, remote: SocketAddr) -> Registration {
+    /// Record an upstream connection from `local` to `remote`, serving `direction`, for as long
+    /// as the returned value lives.
+    pub fn register(
+        self: &Arc<Self>,
+        local: SocketAddr,
+        remote: SocketAddr,
+        direction: Direction,
+    ) -> Registration {
         let pair = (local, remote);
         self.upstreams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(pair);
+            .insert(pair, direction);
         Registration {
             guard: Arc::clone(self),
             pair: Box::new(pair),
         }
+    }
+
+    /// The open upstream connections counted per direction and destination, outbound first,
+    /// then by address. Read by the admin thread; the lock is held only to copy the keys out.
+    pub fn open_upstreams(&self) -> Vec<OpenUpstreams> {
+        let mut open: Vec<(Direction, SocketAddr)> = self
+            .upstreams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(&(_, remote), &direction)| (direction, remote))
+            .collect();
+        open.sort_unstable_by_key(|&(d, a)| (d == Direction::Inbound, a));
+        let mut counted: Vec<OpenUpstreams> = Vec::new();
+        for (direction, destination) in open {
+            match counted.last_mut() {
+                Some(last) if last.direction == direction && last.destination == destination => {
+                    last.connections += 1
+                }
+                _ => counted.push(OpenUpstreams {
+                    direction,
+                    destination,
+                    connections: 1,
+                }),
+            }
+        }
+        counted
     }
 }
 
@@ -148,12 +192,12 @@ mod tests {
         let upstream: SocketAddr = "127.0.0.1:8080".parse().unwrap();
         let listener: SocketAddr = "127.0.0.1:9000".parse().unwrap();
         let ours: SocketAddr = "127.0.0.1:40000".parse().unwrap();
-        let _registration = guard.register(ours, upstream);
+        let _registration = guard.register(ours, upstream, Direction::Outbound);
         // A client that happens to use the port of our upstream socket to the same upstream.
         let dialled = Some(listener);
         assert_eq!(guard.check_explicit(ours, dialled, upstream), None);
         // Our upstream socket dialled this listener: its upstream is itself.
-        let _back = guard.register(ours, listener);
+        let _back = guard.register(ours, listener, Direction::Outbound);
         assert_eq!(
             guard.check_explicit(ours, dialled, listener),
             Some(Guard::OwnUpstream)
@@ -202,7 +246,7 @@ mod tests {
         let local = addr("10.0.0.5:43210");
         let dst = addr("10.0.0.7:80");
         assert_eq!(guard.check(local, dst), None);
-        let registration = guard.register(local, dst);
+        let registration = guard.register(local, dst, Direction::Outbound);
         assert_eq!(guard.check(local, dst), Some(Guard::OwnUpstream));
         assert_eq!(guard.check(addr("10.0.0.5:43211"), dst), None);
         drop(registration);
@@ -215,7 +259,7 @@ mod tests {
         // same local address, going somewhere else, is not our traffic captured again.
         let guard = LoopGuard::new(vec![]);
         let local = addr("10.0.0.5:43210");
-        let _ours = guard.register(local, addr("10.0.0.7:80"));
+        let _ours = guard.register(local, addr("10.0.0.7:80"), Direction::Outbound);
         assert_eq!(guard.check(local, addr("10.0.0.8:443")), None);
     }
 
@@ -225,12 +269,39 @@ mod tests {
         // connections (to that listener's upstream) has: it is not a loop.
         let guard = LoopGuard::new(vec![8080]);
         let upstream = addr("127.0.0.1:9090");
-        let _ours = guard.register(addr("127.0.0.1:43210"), upstream);
+        let _ours = guard.register(addr("127.0.0.1:43210"), upstream, Direction::Outbound);
         assert_eq!(guard.check_destination(upstream), None);
         // An upstream that is one of our own listeners is.
         assert_eq!(
             guard.check_destination(addr("127.0.0.1:8080")),
             Some(Guard::OwnListener)
         );
+    }
+
+    #[test]
+    fn open_upstreams_are_counted_per_direction_and_destination_while_they_live() {
+        let guard = LoopGuard::new(vec![]);
+        let app = addr("10.0.0.5:8080");
+        let peer = addr("10.0.0.7:80");
+        let a = guard.register(addr("10.0.0.5:40001"), peer, Direction::Outbound);
+        let b = guard.register(addr("10.0.0.5:40002"), peer, Direction::Outbound);
+        let c = guard.register(addr("127.0.0.6:40003"), app, Direction::Inbound);
+        let open = |dir, dst, n| OpenUpstreams {
+            direction: dir,
+            destination: dst,
+            connections: n,
+        };
+        assert_eq!(
+            guard.open_upstreams(),
+            [
+                open(Direction::Outbound, peer, 2),
+                open(Direction::Inbound, app, 1)
+            ]
+        );
+        drop(a);
+        drop(c);
+        assert_eq!(guard.open_upstreams(), [open(Direction::Outbound, peer, 1)]);
+        drop(b);
+        assert_eq!(guard.open_upstreams(), []);
     }
 }

@@ -245,15 +245,7 @@ impl Proxy {
             Some(up) => up,
             // Boxed: the connect future is only needed until the handshake, and a long-lived
             // connection should not keep its memory inline for the copy's whole life.
-            None => {
-                Box::pin(connect::connect(
-                    destination,
-                    source,
-                    timeout,
-                    &self.loop_guard,
-                ))
-                .await
-            }
+            None => Box::pin(self.dial(&hop)).await,
         };
         let copied = self.tcp(&hop, &downstream, &prefix, upstream).await;
         copied.counted_in(IstioOpen::Unknown)
@@ -277,10 +269,7 @@ impl Proxy {
             let connecting = async {
                 match early {
                     Some(done) => done,
-                    None if watch_server => {
-                        connect::connect(hop.destination, hop.source, hop.timeout, &self.loop_guard)
-                            .await
-                    }
+                    None if watch_server => self.dial(&hop).await,
                     None => std::future::pending().await,
                 }
             };
@@ -326,6 +315,20 @@ impl Proxy {
         let copied =
             tcp::copy_bidirectional_after(prefix, downstream, &upstream.stream, hop.idle).await;
         copy_outcome(hop, copied, downstream, &upstream.stream)
+    }
+
+    /// Open the hop's upstream connection (the future is `connect`'s own, no bigger).
+    fn dial(
+        &self,
+        hop: &Hop,
+    ) -> impl std::future::Future<Output = Result<Upstream, ConnectError>> + '_ {
+        connect::connect(
+            hop.destination,
+            hop.source,
+            hop.timeout,
+            hop.dir,
+            &self.loop_guard,
+        )
     }
 
     /// The upstream connection failed: the client is closed at once, with a reset, since the
@@ -397,6 +400,7 @@ fn detect_wait(config: &Config, watch_server: bool) -> detect::Wait {
             config.http.header_read_timeout
         },
         after_connect_failure: config.detection.after_connect_failure,
+        after_server_spoke: Duration::ZERO,
     }
 }
 

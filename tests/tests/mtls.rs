@@ -353,10 +353,12 @@ fn permissive_passes_plaintext_and_the_applications_own_tls_untouched() {
     let app_dir = net.binary().make_dir("app-certs");
     app_ca.install(&app_dir, &app_ca.dns_server("app.example.com"));
     net.capture_default();
-    let server = net
-        .remora()
-        .config(&server_config(&server_dir, "permissive"))
-        .start_ready();
+    // A detection timeout far longer than the banner below is allowed to take.
+    let server_yaml = format!(
+        "{}detection:\n  timeout: 30s\n",
+        server_config(&server_dir, "permissive")
+    );
+    let server = net.remora().config(&server_yaml).start_ready();
     let script = peer_program("http_server.py")
         .to_string_lossy()
         .into_owned();
@@ -366,6 +368,13 @@ fn permissive_passes_plaintext_and_the_applications_own_tls_untouched() {
         &[&script, &HTTP_PORT.to_string()],
         any_addr(HTTP_PORT),
     );
+    const BANNER: &[u8] = b"220 plaintext-client ready\r\n";
+    let _banner = Server::start(&net.pod, any_addr(2529), |mut stream| {
+        stream.write_all(BANNER)?;
+        let mut buf = [0u8; 64];
+        let _ = stream.read(&mut buf)?;
+        Ok(())
+    });
     let file = |f: &str| app_dir.join(f).to_string_lossy().into_owned();
     let _tls_app = Service::start(
         &net.pod,
@@ -414,6 +423,20 @@ fn permissive_passes_plaintext_and_the_applications_own_tls_untouched() {
     );
     let body = peer::curl_ok(&out, "the application's own TLS");
     assert!(body.contains("s_server"), "{body}");
+
+    // A plaintext client of a server-first protocol gets its greeting once the sidecar has
+    // stopped waiting for a mesh ClientHello, long before the detection timeout.
+    let mut stream = peer::connect(&net.peer, net.pod_addr(2529)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("a read timeout");
+    let mut got = vec![0u8; BANNER.len()];
+    stream
+        .read_exact(&mut got)
+        .expect("the greeting came before the 30 s detection timeout");
+    assert_eq!(got, BANNER);
+    drop(stream);
+
     let m = server.metrics();
     assert_eq!(
         m.value(

@@ -4,6 +4,7 @@
 use remora_e2e::peer::{self, any_addr, Server};
 use remora_e2e::service::Service;
 use remora_e2e::{Metrics, PodNet};
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
@@ -21,6 +22,22 @@ fn curl_in(ns: &remora_e2e::Netns, args: &[&str]) -> (u16, String) {
 
 fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// The open connections `/clusters?format=json` gives `host` in `cluster` (`None`: not listed).
+fn host_connections(clusters: &serde_json::Value, cluster: &str, host: SocketAddr) -> Option<u64> {
+    let statuses = clusters["cluster_statuses"].as_array()?;
+    let cluster = statuses.iter().find(|c| c["name"] == cluster)?;
+    let host = cluster["host_statuses"].as_array()?.iter().find(|h| {
+        let a = &h["address"]["socket_address"];
+        a["address"] == host.ip().to_string() && a["port_value"] == host.port()
+    })?;
+    let cx_active = host["stats"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == "cx_active")?;
+    // Proto3 JSON leaves a zero out.
+    cx_active["value"].as_str().map_or(Ok(0), str::parse).ok()
 }
 
 /// The identity Istio's injector would hand the sidecar.
@@ -105,7 +122,6 @@ fn istio_metrics_after_real_traffic_pass_promtool_and_carry_workload_labels() {
         m.value("envoy_listener_downstream_cx_total", &[]) >= 2.0,
         "{m}"
     );
-
     // Opaque TCP, both ways: one connection in each direction's TCP series.
     let _outside_echo = Server::echo(&net.peer, net.peer_addr(ECHO_PORT));
     let _app_echo = Server::echo(&net.pod, any_addr(ECHO_PORT));
@@ -142,6 +158,45 @@ fn istio_metrics_after_real_traffic_pass_promtool_and_carry_workload_labels() {
 
     // promtool on the real exposition.
     remora_e2e::promtool::assert_valid(&m.to_string());
+
+    // While connections are open through the sidecar, their destinations are hosts of the
+    // passthrough clusters on `/clusters`, as `istioctl proxy-config endpoints` reads them.
+    let held: Vec<std::net::TcpStream> = [
+        (&net.pod, net.peer_addr(ECHO_PORT)),
+        (&net.peer, net.pod_addr(ECHO_PORT)),
+    ]
+    .into_iter()
+    .map(|(ns, addr)| {
+        // One byte echoed back: the sidecar has its upstream connection.
+        let mut conn = peer::connect(ns, addr).expect("connect through the sidecar");
+        conn.write_all(b"x")
+            .and_then(|()| conn.read_exact(&mut [0; 1]))
+            .expect("echo");
+        conn
+    })
+    .collect();
+    let clusters = json(&curl_in(&net.pod, &[&format!("{ADMIN}/clusters?format=json")]).1);
+    for (cluster, host) in [
+        ("PassthroughCluster", net.peer_addr(ECHO_PORT)),
+        ("InboundPassthroughCluster", net.pod_addr(ECHO_PORT)),
+    ] {
+        assert_eq!(
+            host_connections(&clusters, cluster, host),
+            Some(1),
+            "{host} in {cluster}: {clusters}"
+        );
+    }
+    drop(held);
+    // Closed, they leave the list (the copy ends when the client's close reaches it).
+    let listed = || {
+        let clusters = json(&curl_in(&net.pod, &[&format!("{ADMIN}/clusters?format=json")]).1);
+        host_connections(&clusters, "PassthroughCluster", net.peer_addr(ECHO_PORT))
+    };
+    let deadline = std::time::Instant::now() + SETTLE;
+    while listed().is_some() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(listed(), None);
 }
 
 #[test]

@@ -122,37 +122,130 @@ pub(super) fn listeners(state: &AdminState, req: &AdminRequest) -> Response<Body
     text(StatusCode::OK, body)
 }
 
-/// The clusters Remora has: where each kind of listener sends its traffic.
-fn cluster_names(state: &AdminState) -> Vec<String> {
-    let mut names = Vec::new();
-    for l in &state.listeners {
-        let name = match &l.route {
-            Route::Capture(Direction::Outbound) => "PassthroughCluster".to_string(),
-            Route::Capture(Direction::Inbound) => "InboundPassthroughCluster".to_string(),
-            Route::Fixed(l) if l.terminates_tls() => format!("inbound|{}||", l.upstream.port()),
-            Route::Fixed(l) => format!("outbound|{}||{}", l.upstream.port(), l.upstream.ip()),
-        };
-        if !names.contains(&name) {
-            names.push(name);
-        }
-    }
-    names
+/// A cluster as Remora has one: where a kind of listener sends its traffic.
+struct Cluster {
+    name: String,
+    /// The traffic its upstream connections carry.
+    direction: Direction,
+    /// An explicit listener's upstream, listed whether or not a connection to it is open (as
+    /// a static cluster's host is); capture clusters (original destination) have none.
+    fixed_host: Option<std::net::SocketAddr>,
 }
 
-/// `/clusters`: Envoy's `cluster::key::value` lines, or `ClusterStatus` JSON.
-pub(super) fn clusters(state: &AdminState, req: &AdminRequest) -> Response<Body> {
-    let names = cluster_names(state);
-    if req.param("format") == Some("json") {
-        let statuses: Vec<Value> = names
+/// The clusters Remora has, one per listener kind or explicit upstream, in listener order.
+fn clusters_of(state: &AdminState) -> Vec<Cluster> {
+    let mut clusters: Vec<Cluster> = Vec::new();
+    for l in &state.listeners {
+        let cluster = match &l.route {
+            Route::Capture(Direction::Outbound) => Cluster {
+                name: "PassthroughCluster".into(),
+                direction: Direction::Outbound,
+                fixed_host: None,
+            },
+            Route::Capture(Direction::Inbound) => Cluster {
+                name: "InboundPassthroughCluster".into(),
+                direction: Direction::Inbound,
+                fixed_host: None,
+            },
+            Route::Fixed(l) if l.terminates_tls() => Cluster {
+                name: format!("inbound|{}||", l.upstream.port()),
+                direction: Direction::Inbound,
+                fixed_host: Some(l.upstream),
+            },
+            Route::Fixed(l) => Cluster {
+                name: format!("outbound|{}||{}", l.upstream.port(), l.upstream.ip()),
+                direction: Direction::Outbound,
+                fixed_host: Some(l.upstream),
+            },
+        };
+        if !clusters.iter().any(|c| c.name == cluster.name) {
+            clusters.push(cluster);
+        }
+    }
+    clusters
+}
+
+fn cluster_names(state: &AdminState) -> Vec<String> {
+    clusters_of(state).into_iter().map(|c| c.name).collect()
+}
+
+/// Each cluster with its hosts and their open connections: an explicit listener's upstream,
+/// and every destination the data path has a connection open to, under the explicit cluster
+/// whose upstream it is, or else under its direction's passthrough cluster. Envoy lists an
+/// original-destination host until a cleanup pass after its last use; Remora lists it while a
+/// connection to it (pooled ones included) is open.
+fn clusters_with_hosts(state: &AdminState) -> Vec<(String, Vec<(std::net::SocketAddr, usize)>)> {
+    let clusters = clusters_of(state);
+    let mut hosts: Vec<Vec<(std::net::SocketAddr, usize)>> = clusters
+        .iter()
+        .map(|c| c.fixed_host.map(|h| (h, 0)).into_iter().collect())
+        .collect();
+    for open in state.upstreams.open_upstreams() {
+        let owner = clusters
             .iter()
-            .map(|n| json!({ "name": n, "added_via_api": false, "observability_name": n }))
+            .position(|c| c.direction == open.direction && c.fixed_host == Some(open.destination))
+            .or_else(|| {
+                clusters
+                    .iter()
+                    .position(|c| c.direction == open.direction && c.fixed_host.is_none())
+            });
+        let Some(i) = owner else { continue };
+        match hosts[i].iter_mut().find(|(h, _)| *h == open.destination) {
+            Some((_, n)) => *n += open.connections,
+            None => hosts[i].push((open.destination, open.connections)),
+        }
+    }
+    clusters.into_iter().map(|c| c.name).zip(hosts).collect()
+}
+
+/// `/clusters`: Envoy's `cluster::key::value` lines (and `cluster::host::stat::value` for each
+/// host), or `ClusterStatus` JSON with `host_statuses`. Every host is healthy: Remora does no
+/// health checking or outlier detection.
+pub(super) fn clusters(state: &AdminState, req: &AdminRequest) -> Response<Body> {
+    let clusters = clusters_with_hosts(state);
+    if req.param("format") == Some("json") {
+        let statuses: Vec<Value> = clusters
+            .iter()
+            .map(|(n, hosts)| {
+                let hosts: Vec<Value> = hosts
+                    .iter()
+                    .map(|(addr, active)| {
+                        // Proto3 JSON, as Envoy writes it: a 64-bit value is a string, and a
+                        // zero is left out.
+                        let mut cx_active = json!({ "type": "GAUGE", "name": "cx_active" });
+                        if *active != 0 {
+                            cx_active["value"] = Value::String(active.to_string());
+                        }
+                        json!({
+                            "address": socket_address(addr),
+                            "stats": [cx_active],
+                            "health_status": { "eds_health_status": "HEALTHY" },
+                            "weight": 1,
+                        })
+                    })
+                    .collect();
+                json!({
+                    "name": n,
+                    "added_via_api": false,
+                    "observability_name": n,
+                    "host_statuses": hosts,
+                })
+            })
             .collect();
         return json(StatusCode::OK, &json!({ "cluster_statuses": statuses }));
     }
-    let body: String = names
-        .iter()
-        .map(|n| format!("{n}::observability_name::{n}\n{n}::added_via_api::false\n"))
-        .collect();
+    let mut body = String::new();
+    for (n, hosts) in &clusters {
+        body.push_str(&format!(
+            "{n}::observability_name::{n}\n{n}::added_via_api::false\n"
+        ));
+        for (addr, active) in hosts {
+            body.push_str(&format!(
+                "{n}::{addr}::cx_active::{active}\n{n}::{addr}::health_flags::healthy\n\
+                 {n}::{addr}::weight::1\n{n}::{addr}::priority::0\n"
+            ));
+        }
+    }
     text(StatusCode::OK, body)
 }
 

@@ -74,6 +74,9 @@ pub struct AdminState {
     pub logging: Option<LogControl>,
     /// The workload certificate, for `/certs`.
     pub identity: Arc<crate::identity::Store>,
+    /// The data path's record of its open upstream connections: `/clusters` lists their
+    /// destinations as hosts.
+    pub upstreams: Arc<crate::loop_guard::LoopGuard>,
 }
 
 impl AdminState {
@@ -90,6 +93,7 @@ impl AdminState {
             concurrency: 2,
             logging: None,
             identity: Arc::default(),
+            upstreams: crate::loop_guard::LoopGuard::new(Vec::new()),
         }
     }
 

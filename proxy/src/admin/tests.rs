@@ -257,3 +257,89 @@ fn drain_listeners_inboundonly_drains_and_full_closes_all() {
     assert_eq!(post(&s, "/drain_listeners").status(), StatusCode::OK);
     assert!(s.drain.is_draining());
 }
+
+#[test]
+fn clusters_list_each_open_upstream_as_a_host_of_its_cluster() {
+    use crate::Direction::{Inbound, Outbound};
+    let mut s = state();
+    let upstream: SocketAddr = "127.0.0.1:9000".parse().unwrap();
+    s.listeners.push(ListenerInfo {
+        name: "127.0.0.1:8080".into(),
+        route: Route::Fixed(Arc::new(remora_config::ListenerConfig {
+            address: "127.0.0.1:8080".parse().unwrap(),
+            upstream,
+            protocol: Default::default(),
+            tls: None,
+        })),
+        addresses: vec!["127.0.0.1:8080".parse().unwrap()],
+    });
+    let hosts = |s: &AdminState| -> serde_json::Value {
+        serde_json::from_str(&body(get(s, Role::Admin, "/clusters?format=json"))).unwrap()
+    };
+    // Nothing open: only the explicit listener's upstream is a host, with no connection.
+    let c = hosts(&s);
+    assert_eq!(
+        c["cluster_statuses"][0]["host_statuses"],
+        serde_json::json!([])
+    );
+    let fixed = &c["cluster_statuses"][2];
+    assert_eq!(fixed["name"], "outbound|9000||127.0.0.1");
+    assert_eq!(
+        fixed["host_statuses"][0]["address"]["socket_address"]["port_value"],
+        9000
+    );
+    assert_eq!(fixed["host_statuses"][0]["stats"][0]["name"], "cx_active");
+    assert!(fixed["host_statuses"][0]["stats"][0].get("value").is_none());
+    assert_eq!(
+        fixed["host_statuses"][0]["health_status"]["eds_health_status"],
+        "HEALTHY"
+    );
+
+    let peer: SocketAddr = "10.0.0.7:80".parse().unwrap();
+    let app: SocketAddr = "10.0.0.5:8080".parse().unwrap();
+    let local = |p: u16| SocketAddr::from(([10, 0, 0, 5], p));
+    let open = [
+        s.upstreams.register(local(40001), peer, Outbound),
+        s.upstreams.register(local(40002), peer, Outbound),
+        s.upstreams
+            .register("127.0.0.6:40003".parse().unwrap(), app, Inbound),
+        s.upstreams
+            .register("127.0.0.1:40004".parse().unwrap(), upstream, Outbound),
+    ];
+    let c = hosts(&s);
+    let host =
+        |cluster: usize, i: usize| c["cluster_statuses"][cluster]["host_statuses"][i].clone();
+    assert_eq!(c["cluster_statuses"][0]["name"], "PassthroughCluster");
+    assert_eq!(
+        host(0, 0)["address"]["socket_address"]["address"],
+        "10.0.0.7"
+    );
+    assert_eq!(host(0, 0)["stats"][0]["value"], "2");
+    assert_eq!(
+        c["cluster_statuses"][1]["name"],
+        "InboundPassthroughCluster"
+    );
+    assert_eq!(host(1, 0)["address"]["socket_address"]["port_value"], 8080);
+    assert_eq!(host(1, 0)["stats"][0]["value"], "1");
+    // The explicit listener's connection counts under its own cluster, not the passthrough.
+    assert_eq!(host(2, 0)["stats"][0]["value"], "1");
+    assert_eq!(
+        c["cluster_statuses"][0]["host_statuses"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+
+    let t = body(get(&s, Role::Admin, "/clusters"));
+    assert!(
+        t.contains("PassthroughCluster::10.0.0.7:80::cx_active::2\n"),
+        "{t}"
+    );
+    assert!(t.contains("InboundPassthroughCluster::10.0.0.5:8080::health_flags::healthy\n"));
+    assert!(t.contains("outbound|9000||127.0.0.1::127.0.0.1:9000::cx_active::1\n"));
+    drop(open);
+    assert!(body(get(&s, Role::Admin, "/clusters"))
+        .contains("outbound|9000||127.0.0.1::127.0.0.1:9000::cx_active::0\n"));
+    assert!(!body(get(&s, Role::Admin, "/clusters")).contains("10.0.0.7"));
+}

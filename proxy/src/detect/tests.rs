@@ -121,7 +121,7 @@ async fn detect_dialling(
     client: Duration,
 ) -> Detection {
     let guard = LoopGuard::new(vec![]);
-    let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
+    let connecting = dial(addr, &guard);
     tokio::pin!(connecting);
     detect(downstream, connecting, wait(client), true).await
 }
@@ -142,6 +142,73 @@ async fn a_server_banner_decides_before_the_timeout_and_the_connection_is_kept()
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(matches!(d.upstream, Some(Ok(_))));
     assert!(d.prefix.is_empty());
+}
+
+/// A server on `addr`'s listener that greets with `banner` as soon as it accepts.
+fn greeting_server(server: TcpListener, banner: &'static [u8]) {
+    tokio::spawn(async move {
+        let (mut s, _) = server.accept().await.unwrap();
+        s.write_all(banner).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    });
+}
+
+/// Detection as [`detect_dialling`], but the client keeps `after_server_spoke` once the
+/// server has spoken first.
+async fn detect_with_grace(
+    downstream: &mut TcpStream,
+    addr: std::net::SocketAddr,
+    after_server_spoke: Duration,
+) -> Detection {
+    let guard = LoopGuard::new(vec![]);
+    let connecting = dial(addr, &guard);
+    tokio::pin!(connecting);
+    let wait = Wait {
+        after_server_spoke,
+        ..wait(Duration::from_secs(30))
+    };
+    detect(downstream, connecting, wait, true).await
+}
+
+#[tokio::test]
+async fn a_client_hello_after_the_servers_greeting_still_decides_within_the_grace() {
+    let (mut client, mut downstream) = pair().await;
+    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = server.local_addr().unwrap();
+    greeting_server(server, b"220 banner\r\n");
+    // A handshake record's header and the start of a ClientHello, written once the greeting
+    // has had every chance to arrive first.
+    const HELLO: &[u8] = &[0x16, 0x03, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00];
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        client.write_all(HELLO).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    });
+    let d = detect_with_grace(&mut downstream, addr, Duration::from_secs(10)).await;
+    assert_eq!(d.verdict, Verdict::Tls);
+    assert_eq!(&d.prefix[..], HELLO);
+    // The greeting is still unread, for whoever takes the connection.
+    let Some(Ok(up)) = d.upstream else {
+        panic!("the upstream connection is kept")
+    };
+    let mut unread = [0u8; 16];
+    let n = up.stream.try_read(&mut unread).unwrap();
+    assert_eq!(&unread[..n], b"220 banner\r\n");
+}
+
+#[tokio::test]
+async fn a_silent_client_leaves_the_server_first_after_the_grace_not_the_timeout() {
+    let (_client, mut downstream) = pair().await;
+    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = server.local_addr().unwrap();
+    greeting_server(server, b"220 banner\r\n");
+    let started = std::time::Instant::now();
+    let d = detect_with_grace(&mut downstream, addr, Duration::from_millis(200)).await;
+    assert_eq!(d.verdict, Verdict::ServerFirst);
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(200), "{took:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(matches!(d.upstream, Some(Ok(_))));
 }
 
 #[test]
@@ -234,6 +301,7 @@ fn wait(client: Duration) -> Wait {
     Wait {
         client,
         after_connect_failure: Duration::from_millis(100),
+        after_server_spoke: Duration::ZERO,
     }
 }
 
@@ -263,7 +331,7 @@ async fn a_client_that_speaks_soon_after_a_refused_connect_is_still_detected() {
     let (mut client, mut downstream) = pair().await;
     let addr = refusing_addr().await;
     let guard = LoopGuard::new(vec![]);
-    let connecting = connect::connect(addr, None, Duration::from_secs(5), &guard);
+    let connecting = dial(addr, &guard);
     tokio::pin!(connecting);
     let speaking = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -280,4 +348,18 @@ async fn a_client_that_speaks_soon_after_a_refused_connect_is_still_detected() {
     assert_eq!(d.verdict, Verdict::Http(HttpVersion::Http1));
     assert!(matches!(d.upstream, Some(Err(_))), "{:?}", d.upstream);
     drop(speaking.await.unwrap());
+}
+
+/// An outbound connection to `addr`, as the proxy opens one while detecting.
+fn dial(
+    addr: std::net::SocketAddr,
+    guard: &std::sync::Arc<LoopGuard>,
+) -> impl std::future::Future<Output = Result<connect::Upstream, connect::ConnectError>> + '_ {
+    connect::connect(
+        addr,
+        None,
+        Duration::from_secs(5),
+        crate::Direction::Outbound,
+        guard,
+    )
 }

@@ -149,6 +149,7 @@ impl ConnContext {
             dst,
             self.key.source,
             self.connect_timeout,
+            self.direction,
             &self.proxy.loop_guard,
         )
         .await

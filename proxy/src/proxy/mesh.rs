@@ -29,6 +29,11 @@ use crate::tls::{
 use remora_config::{Cidr, ListenerTlsMode, MeshDestination, MtlsMode};
 use tokio::io::{AsyncRead, AsyncWrite};
 
+/// How long a PERMISSIVE inbound still waits for a mesh peer's ClientHello once the
+/// application it dialled has spoken first. A peer's sidecar writes its ClientHello as soon as
+/// its connect completes, so this is scheduling slack, not a network round trip.
+const MESH_HELLO_GRACE: Duration = Duration::from_millis(100);
+
 mod outbound;
 
 /// Which mesh leg a connection takes.
@@ -146,7 +151,14 @@ impl Proxy {
                 client: config.tls.handshake_timeout,
                 ..detect_wait(config, watch_server)
             },
-            false => detect_wait(config, watch_server),
+            // A mesh peer's ClientHello follows its connect at once, but the application,
+            // dialled meanwhile, may greet first: the greeting waits unread for a moment, so
+            // that it crosses inside mesh TLS rather than in the clear to a peer expecting a
+            // ServerHello. Plaintext clients of server-first protocols pay that moment.
+            false => detect::Wait {
+                after_server_spoke: MESH_HELLO_GRACE,
+                ..detect_wait(config, watch_server)
+            },
         };
         let detected = self
             .detect(&mut downstream, hop, watch_server, wait, None)
@@ -191,9 +203,7 @@ impl Proxy {
         let istio = self.metrics.direction(hop.dir).istio_opened(None);
         let upstream = match upstream {
             Some(up) => up,
-            None => {
-                connect::connect(hop.destination, hop.source, hop.timeout, &self.loop_guard).await
-            }
+            None => self.dial(&hop).await,
         };
         self.tcp(&hop, &downstream, &prefix, upstream)
             .await
@@ -371,9 +381,7 @@ impl Proxy {
         }
         let upstream = match upstream {
             Some(up) => up,
-            None => {
-                connect::connect(hop.destination, hop.source, hop.timeout, &self.loop_guard).await
-            }
+            None => self.dial(&hop).await,
         };
         let mut upstream = match upstream {
             Ok(up) => up,

@@ -78,9 +78,7 @@ impl Proxy {
         }
         let upstream = match upstream {
             Some(up) => up,
-            None => {
-                connect::connect(hop.destination, hop.source, hop.timeout, &self.loop_guard).await
-            }
+            None => self.dial(&hop).await,
         };
         let upstream = match upstream {
             Ok(up) => up,
