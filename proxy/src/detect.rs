@@ -166,6 +166,7 @@ where
     let mut upstream: Option<Result<Upstream, ConnectError>> = None;
     let deadline = tokio::time::sleep(wait.client);
     tokio::pin!(deadline);
+    let client_deadline = deadline.deadline();
     let mut connect_failed = false;
     // An HTTP/2 server opens with its SETTINGS frame before its client has spoken: that is
     // not a server-first protocol, so the client's preface is still awaited.
@@ -219,11 +220,20 @@ where
                     deadline.as_mut().reset(sooner);
                 }
             }
-            () = &mut deadline => break match (server_first, connect_failed) {
-                (true, _) => Verdict::ServerFirst,
-                (false, true) => Verdict::UpstreamFailed,
-                (false, false) => Verdict::Timeout,
-            },
+            () = &mut deadline => {
+                if server_first && !prefix.is_empty() {
+                    // The client began within the grace (a ClientHello in pieces, say): its
+                    // own bytes decide, within the client's bound.
+                    server_first = false;
+                    deadline.as_mut().reset(client_deadline);
+                    continue;
+                }
+                break match (server_first, connect_failed) {
+                    (true, _) => Verdict::ServerFirst,
+                    (false, true) => Verdict::UpstreamFailed,
+                    (false, false) => Verdict::Timeout,
+                };
+            }
         }
     };
     Detection {

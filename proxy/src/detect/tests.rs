@@ -197,6 +197,26 @@ async fn a_client_hello_after_the_servers_greeting_still_decides_within_the_grac
 }
 
 #[tokio::test]
+async fn a_client_hello_begun_within_the_grace_is_awaited_whole() {
+    let (mut client, mut downstream) = pair().await;
+    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = server.local_addr().unwrap();
+    greeting_server(server, b"220 banner\r\n");
+    // The record header and the message type within the grace, the rest after it.
+    const HELLO: &[u8] = &[0x16, 0x03, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00];
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        client.write_all(&HELLO[..6]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        client.write_all(&HELLO[6..]).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    });
+    let d = detect_with_grace(&mut downstream, addr, Duration::from_millis(200)).await;
+    assert_eq!(d.verdict, Verdict::Tls);
+    assert_eq!(&d.prefix[..], HELLO);
+}
+
+#[tokio::test]
 async fn a_silent_client_leaves_the_server_first_after_the_grace_not_the_timeout() {
     let (_client, mut downstream) = pair().await;
     let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
