@@ -4,7 +4,7 @@
 //! one test CA, in Istio's file layout. Plus `openssl s_client`, for clients no sidecar wraps.
 
 use crate::certs::MeshCa;
-use crate::{has_command, skip, Netns, PodNet};
+use crate::{has_command, skip, Netns, PodNet, Remora};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -19,6 +19,23 @@ pub const CLIENT_ID: &str = "spiffe://cluster.local/ns/client/sa/sleep";
 pub const SERVER_HOST: &str = "httpbin.server.svc.cluster.local";
 /// Bound on one `openssl s_client` exchange.
 pub const S_CLIENT_TIME: Duration = Duration::from_secs(20);
+
+/// The two pods, for a test that reads what crosses the veth with tcpdump.
+pub fn pods_to_sniff() -> Option<PodNet> {
+    let net = PodNet::create_or_skip()?;
+    if !has_command("tcpdump") {
+        return skip("tcpdump is missing (scripts/install-test-deps installs it)");
+    }
+    Some(net)
+}
+
+/// `remora`'s count of mesh TLS handshakes in `direction` that ended in `result`.
+pub fn handshakes(remora: &Remora, direction: &str, result: &str) -> f64 {
+    remora.metrics().value(
+        "remora_tls_handshakes_total",
+        &[("direction", direction), ("result", result)],
+    )
+}
 
 /// The server pod's sidecar config: its certificate directory and inbound mode.
 pub fn server_config(cert_dir: &Path, mode: &str) -> String {

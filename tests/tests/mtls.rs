@@ -2,16 +2,17 @@
 //! capture rules and its own Remora), certificates from a test CA in Istio's file layout.
 //! What crosses the veth is read with tcpdump; STRICT, other CAs and missing client
 //! certificates are tried with `openssl s_client`; rotation happens under an open connection.
+//! A server that speaks first is in `mtls_server_first.rs`.
 
 use remora_e2e::certs::MeshCa;
 use remora_e2e::mesh::{
-    client_config, has_openssl, s_client, server_config, two_pods, CLIENT_ID, SERVER_HOST,
-    SERVER_ID,
+    client_config, handshakes, has_openssl, pods_to_sniff, s_client, server_config, two_pods,
+    CLIENT_ID, SERVER_HOST, SERVER_ID,
 };
 use remora_e2e::peer::{self, any_addr, Server};
 use remora_e2e::service::{peer_program, python_has, Service};
 use remora_e2e::sniff::{self, Sniffer};
-use remora_e2e::{has_command, skip, PodNet, Remora};
+use remora_e2e::{skip, PodNet};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -25,25 +26,9 @@ const HTTP_PORT: u16 = 8080;
 const ECHO_PORT: u16 = 7000;
 const GRPC_PORT: u16 = 9091;
 
-fn handshakes(remora: &Remora, direction: &str, result: &str) -> f64 {
-    remora.metrics().value(
-        "remora_tls_handshakes_total",
-        &[("direction", direction), ("result", result)],
-    )
-}
-
 fn grpc_available() -> bool {
     python_has("grpc")
         || skip::<()>("python3 has no grpcio (scripts/install-test-deps installs it)").is_some()
-}
-
-/// The two pods, for a test that reads what crosses the veth with tcpdump.
-fn pods_to_sniff() -> Option<PodNet> {
-    let net = PodNet::create_or_skip()?;
-    if !has_command("tcpdump") {
-        return skip("tcpdump is missing (scripts/install-test-deps installs it)");
-    }
-    Some(net)
 }
 
 #[test]
@@ -551,68 +536,4 @@ fn a_rotated_certificate_keeps_open_connections_and_serves_new_handshakes() {
     assert_eq!(chain["subject_alt_names"][0]["uri"], SERVER_ID, "{certs}");
     assert!(chain["days_until_expiration"].as_str().is_some(), "{certs}");
     exchange(&mut open, b"still open\n");
-}
-
-/// A server that speaks first (SMTP's shape) on a port nobody declared, behind a PERMISSIVE
-/// sidecar: its greeting reaches the client inside mesh TLS, never in the clear, once the
-/// client's sidecar has given up waiting for the client to speak.
-#[test]
-fn a_server_that_speaks_first_crosses_the_mesh_inside_mutual_tls() {
-    let Some(net) = pods_to_sniff() else {
-        return;
-    };
-    const BANNER: &[u8] = b"220 remora-e2e banner-5d2a ready\r\n";
-    const PORT: u16 = 2528;
-    let ca = MeshCa::new("cluster.local");
-    let (server_dir, client_dir) = two_pods(&net, &ca);
-    let server = net
-        .remora()
-        .config(&server_config(&server_dir, "permissive"))
-        .start_ready();
-    let client_yaml = format!(
-        "{}detection:\n  timeout: 1s\n",
-        client_config(&client_dir, net.pod_ip, SERVER_ID)
-    );
-    let client = net.peer_remora().config(&client_yaml).start_ready();
-    let _app = Server::start(&net.pod, any_addr(PORT), |mut stream| {
-        stream.write_all(BANNER)?;
-        let mut buf = [0u8; 256];
-        let n = stream.read(&mut buf)?;
-        stream.write_all(&buf[..n])
-    });
-    let sniffer = Sniffer::start(&net.peer, "eth0", "tcp");
-
-    let mut stream = peer::connect(&net.peer, net.pod_addr(PORT)).expect("connect");
-    stream
-        .set_read_timeout(Some(CLIENT_TIME))
-        .expect("a read timeout");
-    let mut got = vec![0u8; BANNER.len()];
-    stream.read_exact(&mut got).unwrap_or_else(|e| {
-        panic!(
-            "no banner ({e})\nclient sidecar:\n{}\nserver sidecar:\n{}",
-            client.stderr(),
-            server.stderr()
-        )
-    });
-    assert_eq!(got, BANNER);
-    stream.write_all(b"HELO remora\r\n").expect("write");
-    let mut echo = vec![0u8; 13];
-    stream
-        .read_exact(&mut echo)
-        .expect("the echo after the banner");
-    assert_eq!(echo, b"HELO remora\r\n");
-    drop(stream);
-
-    let wire = sniffer.stop();
-    assert!(
-        !sniff::contains(&wire, b"banner-5d2a"),
-        "the greeting crossed the wire in the clear"
-    );
-    assert!(
-        sniff::contains(&wire, b"istio-peer-exchange"),
-        "no mesh ClientHello in {} captured bytes\nclient sidecar:\n{}",
-        wire.len(),
-        client.stderr()
-    );
-    assert!(handshakes(&client, "outbound", "ok") >= 1.0);
 }
