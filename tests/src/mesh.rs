@@ -66,6 +66,18 @@ pub fn two_pods(net: &PodNet, ca: &MeshCa) -> (PathBuf, PathBuf) {
     (server_dir, client_dir)
 }
 
+/// [`two_pods`] with a fresh CA, and the server pod's sidecar started in PERMISSIVE mode.
+/// Returns that sidecar and the client's certificate directory.
+pub fn permissive_server(net: &PodNet) -> (Remora<'_>, PathBuf) {
+    let ca = MeshCa::new("cluster.local");
+    let (server_dir, client_dir) = two_pods(net, &ca);
+    let server = net
+        .remora()
+        .config(&server_config(&server_dir, "permissive"))
+        .start_ready();
+    (server, client_dir)
+}
+
 /// `openssl s_client` from `ns` to `addr` with `args`, sending `input`; its output once it
 /// exits or after [`S_CLIENT_TIME`].
 pub fn s_client(ns: &Netns, addr: SocketAddr, args: &[&str], input: &[u8]) -> Output {

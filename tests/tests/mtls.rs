@@ -6,8 +6,8 @@
 
 use remora_e2e::certs::MeshCa;
 use remora_e2e::mesh::{
-    client_config, handshakes, has_openssl, pods_to_sniff, s_client, server_config, two_pods,
-    CLIENT_ID, SERVER_HOST, SERVER_ID,
+    client_config, handshakes, has_openssl, permissive_server, pods_to_sniff, s_client,
+    server_config, two_pods, CLIENT_ID, SERVER_HOST, SERVER_ID,
 };
 use remora_e2e::peer::{self, any_addr, Server};
 use remora_e2e::service::{peer_program, python_has, Service};
@@ -36,12 +36,7 @@ fn http_grpc_and_tcp_cross_encrypted_between_two_sidecars() {
     let Some(net) = pods_to_sniff() else {
         return;
     };
-    let ca = MeshCa::new("cluster.local");
-    let (server_dir, client_dir) = two_pods(&net, &ca);
-    let server = net
-        .remora()
-        .config(&server_config(&server_dir, "permissive"))
-        .start_ready();
+    let (server, client_dir) = permissive_server(&net);
     let client = net
         .peer_remora()
         .config(&client_config(&client_dir, net.pod_ip, SERVER_ID))

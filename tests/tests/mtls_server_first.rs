@@ -2,10 +2,7 @@
 //! sidecar originates mutual TLS: its greeting must cross the veth inside mesh TLS. What
 //! crosses is read with tcpdump.
 
-use remora_e2e::certs::MeshCa;
-use remora_e2e::mesh::{
-    client_config, handshakes, pods_to_sniff, server_config, two_pods, SERVER_ID,
-};
+use remora_e2e::mesh::{client_config, handshakes, permissive_server, pods_to_sniff, SERVER_ID};
 use remora_e2e::peer::{self, any_addr, Server};
 use remora_e2e::sniff::{self, Sniffer};
 use std::io::{Read, Write};
@@ -24,12 +21,7 @@ fn a_server_that_speaks_first_crosses_the_mesh_inside_mutual_tls() {
     };
     const BANNER: &[u8] = b"220 remora-e2e banner-5d2a ready\r\n";
     const PORT: u16 = 2528;
-    let ca = MeshCa::new("cluster.local");
-    let (server_dir, client_dir) = two_pods(&net, &ca);
-    let server = net
-        .remora()
-        .config(&server_config(&server_dir, "permissive"))
-        .start_ready();
+    let (server, client_dir) = permissive_server(&net);
     let client_yaml = format!(
         "{}detection:\n  timeout: 1s\n",
         client_config(&client_dir, net.pod_ip, SERVER_ID)

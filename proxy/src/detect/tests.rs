@@ -120,22 +120,25 @@ async fn detect_dialling(
     addr: std::net::SocketAddr,
     client: Duration,
 ) -> Detection {
+    detect_dialling_with(downstream, addr, wait(client)).await
+}
+
+/// Detection on `downstream`, watching the server, while `addr` is dialled, with `wait`.
+async fn detect_dialling_with(
+    downstream: &mut TcpStream,
+    addr: std::net::SocketAddr,
+    wait: Wait,
+) -> Detection {
     let guard = LoopGuard::new(vec![]);
     let connecting = dial(addr, &guard);
     tokio::pin!(connecting);
-    detect(downstream, connecting, wait(client), true).await
+    detect(downstream, connecting, wait, true).await
 }
 
 #[tokio::test]
 async fn a_server_banner_decides_before_the_timeout_and_the_connection_is_kept() {
     let (_client, mut downstream) = pair().await;
-    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = server.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (mut s, _) = server.accept().await.unwrap();
-        s.write_all(b"220 banner\r\n").await.unwrap();
-        tokio::time::sleep(Duration::from_secs(5)).await;
-    });
+    let addr = greeting_upstream().await;
     let started = std::time::Instant::now();
     let d = detect_dialling(&mut downstream, addr, Duration::from_secs(30)).await;
     assert_eq!(d.verdict, Verdict::ServerFirst);
@@ -144,13 +147,21 @@ async fn a_server_banner_decides_before_the_timeout_and_the_connection_is_kept()
     assert!(d.prefix.is_empty());
 }
 
-/// A server on `addr`'s listener that greets with `banner` as soon as it accepts.
-fn greeting_server(server: TcpListener, banner: &'static [u8]) {
+/// A handshake record's header and the start of a ClientHello: detection's verdict is TLS.
+const HELLO: &[u8] = &[0x16, 0x03, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00];
+/// What [`greeting_upstream`]'s server says first.
+const GREETING: &[u8] = b"220 banner\r\n";
+
+/// A local server that greets with [`GREETING`] as soon as it accepts; its address.
+async fn greeting_upstream() -> std::net::SocketAddr {
+    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = server.local_addr().unwrap();
     tokio::spawn(async move {
         let (mut s, _) = server.accept().await.unwrap();
-        s.write_all(banner).await.unwrap();
+        s.write_all(GREETING).await.unwrap();
         tokio::time::sleep(Duration::from_secs(5)).await;
     });
+    addr
 }
 
 /// Detection as [`detect_dialling`], but the client keeps `after_server_spoke` once the
@@ -160,57 +171,47 @@ async fn detect_with_grace(
     addr: std::net::SocketAddr,
     after_server_spoke: Duration,
 ) -> Detection {
-    let guard = LoopGuard::new(vec![]);
-    let connecting = dial(addr, &guard);
-    tokio::pin!(connecting);
     let wait = Wait {
         after_server_spoke,
         ..wait(Duration::from_secs(30))
     };
-    detect(downstream, connecting, wait, true).await
+    detect_dialling_with(downstream, addr, wait).await
+}
+
+/// The client writes each piece after its pause, then stays connected.
+fn write_later(mut client: TcpStream, pieces: Vec<(Duration, &'static [u8])>) {
+    tokio::spawn(async move {
+        for (pause, bytes) in pieces {
+            tokio::time::sleep(pause).await;
+            client.write_all(bytes).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    });
 }
 
 #[tokio::test]
 async fn a_client_hello_after_the_servers_greeting_still_decides_within_the_grace() {
-    let (mut client, mut downstream) = pair().await;
-    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = server.local_addr().unwrap();
-    greeting_server(server, b"220 banner\r\n");
-    // A handshake record's header and the start of a ClientHello, written once the greeting
-    // has had every chance to arrive first.
-    const HELLO: &[u8] = &[0x16, 0x03, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00];
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        client.write_all(HELLO).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(5)).await;
-    });
+    let (client, mut downstream) = pair().await;
+    let addr = greeting_upstream().await;
+    // Written once the greeting has had every chance to arrive first.
+    write_later(client, vec![(Duration::from_millis(100), HELLO)]);
     let d = detect_with_grace(&mut downstream, addr, Duration::from_secs(10)).await;
     assert_eq!(d.verdict, Verdict::Tls);
     assert_eq!(&d.prefix[..], HELLO);
     // The greeting is still unread, for whoever takes the connection.
-    let Some(Ok(up)) = d.upstream else {
-        panic!("the upstream connection is kept")
-    };
-    let mut unread = [0u8; 16];
-    let n = up.stream.try_read(&mut unread).unwrap();
-    assert_eq!(&unread[..n], b"220 banner\r\n");
+    assert_kept_unread(d.upstream, GREETING);
 }
 
 #[tokio::test]
 async fn a_client_hello_begun_within_the_grace_is_awaited_whole() {
-    let (mut client, mut downstream) = pair().await;
-    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = server.local_addr().unwrap();
-    greeting_server(server, b"220 banner\r\n");
+    let (client, mut downstream) = pair().await;
+    let addr = greeting_upstream().await;
     // The record header and the message type within the grace, the rest after it.
-    const HELLO: &[u8] = &[0x16, 0x03, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00];
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        client.write_all(&HELLO[..6]).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        client.write_all(&HELLO[6..]).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(5)).await;
-    });
+    let pieces = vec![
+        (Duration::from_millis(50), &HELLO[..6]),
+        (Duration::from_millis(400), &HELLO[6..]),
+    ];
+    write_later(client, pieces);
     let d = detect_with_grace(&mut downstream, addr, Duration::from_millis(200)).await;
     assert_eq!(d.verdict, Verdict::Tls);
     assert_eq!(&d.prefix[..], HELLO);
@@ -219,9 +220,7 @@ async fn a_client_hello_begun_within_the_grace_is_awaited_whole() {
 #[tokio::test]
 async fn a_silent_client_leaves_the_server_first_after_the_grace_not_the_timeout() {
     let (_client, mut downstream) = pair().await;
-    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = server.local_addr().unwrap();
-    greeting_server(server, b"220 banner\r\n");
+    let addr = greeting_upstream().await;
     let started = std::time::Instant::now();
     let d = detect_with_grace(&mut downstream, addr, Duration::from_millis(200)).await;
     assert_eq!(d.verdict, Verdict::ServerFirst);
@@ -284,12 +283,17 @@ async fn an_http2_server_that_sends_settings_first_still_waits_for_its_clients_p
     assert_eq!(d.verdict, Verdict::Http(HttpVersion::Http2));
     assert_eq!(&d.prefix[..], H2_PREFACE);
     // The server's SETTINGS are still there for the HTTP/2 client that takes the connection.
-    let Some(Ok(up)) = d.upstream else {
+    assert_kept_unread(d.upstream, SETTINGS);
+}
+
+/// Detection kept its upstream connection, and what the server sent is still unread on it.
+fn assert_kept_unread(upstream: Option<Result<Upstream, ConnectError>>, sent: &[u8]) {
+    let Some(Ok(up)) = upstream else {
         panic!("the upstream connection is kept")
     };
-    let mut unread = [0u8; 9];
+    let mut unread = vec![0u8; sent.len() + 1];
     let n = up.stream.try_read(&mut unread).unwrap();
-    assert_eq!(&unread[..n], SETTINGS);
+    assert_eq!(&unread[..n], sent);
 }
 
 #[tokio::test]
