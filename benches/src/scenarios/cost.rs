@@ -5,6 +5,7 @@
 //! does not inherit another's allocator state; the rounds are interleaved across proxies and
 //! each figure is the median of the rounds, with their spread.
 
+use super::measure::{measure_quietly, repeated_note};
 use super::{
     cpu_ms_per_1000, interleaved, latency, median, mib, seconds, summarize, Bench, Contender,
 };
@@ -60,10 +61,12 @@ pub fn run(bench: &Bench) -> Table {
     });
     for (proxy, rounds) in results {
         let mut notes: Vec<String> = vec![];
+        let mut repeated = 0;
         let per_round = rounds
             .into_iter()
             .map(|round| {
                 let round = round?;
+                repeated += round.repeated;
                 for note in round.notes {
                     if !notes.contains(&note) {
                         notes.push(note);
@@ -84,6 +87,7 @@ pub fn run(bench: &Bench) -> Table {
                     median(5),
                     median(6)
                 );
+                notes.extend(repeated_note(repeated).map(|n| format!("1000 rps: {n}")));
                 notes.extend(rounds_note);
                 table.push(
                     proxy.name(),
@@ -101,6 +105,8 @@ struct CostRound {
     /// In the table's column order.
     values: Vec<Option<f64>>,
     notes: Vec<String>,
+    /// How many times the 1000 rps measurement was taken again for steal.
+    repeated: usize,
 }
 
 /// Measures one round; `Err` when the proxy cannot start at all.
@@ -121,10 +127,12 @@ fn one_round(bench: &Bench, proxy: Proxy, n: usize) -> Result<CostRound, String>
         warmup: s.warmup,
         duration: s.run,
     };
-    let under_load = bench.start(proxy, Mode::Http1, bench.upstream).map(|c| {
-        startups.extend(c.startup);
-        bench.measure_after(&c, plan.warmup, || {
-            bench.block_on(open_loop::run(c.addr, plan))
+    let (under_load, repeated) = measure_quietly(proxy.name(), || {
+        bench.start(proxy, Mode::Http1, bench.upstream).map(|c| {
+            startups.extend(c.startup);
+            bench.measure_after(&c, plan.warmup, || {
+                bench.block_on(open_loop::run(c.addr, plan))
+            })
         })
     });
     let (rss_load, cpu, wake_ups) = match under_load {
@@ -163,6 +171,7 @@ fn one_round(bench: &Bench, proxy: Proxy, n: usize) -> Result<CostRound, String>
             rss_idle_tcp.map(mib),
         ],
         notes,
+        repeated,
     })
 }
 

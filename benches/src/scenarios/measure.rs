@@ -30,6 +30,51 @@ pub struct Cost {
     pub load_core_stolen: Option<f64>,
 }
 
+/// The share of a core's busy time the hypervisor may take from a 1000 rps measurement before
+/// it is taken again: at that rate a proxy sleeps between requests, and a core handed to
+/// another tenant for milliseconds puts its stall straight into the tail (a round that lost a
+/// third of its core added 16 ms at p99 where the quiet rounds added under 3).
+pub const STEAL_LIMIT: f64 = 0.10;
+/// How many times one such measurement is taken again, at most.
+pub const STEAL_RETRIES: usize = 2;
+
+/// Note for a row whose measurements were taken again ([`measure_quietly`]).
+pub fn repeated_note(repeated: usize) -> Option<String> {
+    (repeated > 0).then(|| {
+        format!(
+            "{repeated} measurement(s) taken again: the hypervisor took over {:.0}% of a core",
+            STEAL_LIMIT * 100.0
+        )
+    })
+}
+
+/// Runs `measure` (each call with a freshly started contender) until the hypervisor took no
+/// more than [`STEAL_LIMIT`] of either core, taking it again up to [`STEAL_RETRIES`] times, the
+/// same for every contender. Returns the last result and how many were taken again.
+pub fn measure_quietly<T, E>(
+    label: &str,
+    mut measure: impl FnMut() -> Result<(T, Cost), E>,
+) -> (Result<(T, Cost), E>, usize) {
+    let mut repeated = 0;
+    loop {
+        let result = measure();
+        let stolen = match &result {
+            Ok((_, cost)) => cost.stolen(),
+            Err(_) => None,
+        };
+        match stolen {
+            Some(share) if share > STEAL_LIMIT && repeated < STEAL_RETRIES => {
+                eprintln!(
+                    "  {label}: the hypervisor took {:.1}% of a core; measuring again",
+                    share * 100.0
+                );
+                repeated += 1;
+            }
+            _ => return (result, repeated),
+        }
+    }
+}
+
 /// How to read the core columns ([`core_columns`]).
 pub const CORES_NOTE: &str = "Core busy % and stolen % are from /proc/stat. Busy includes kernel and softirq time (loopback TCP is processed there): a load core near 100% means the load generator and upstream, not the proxy, set the limit; a proxy core busy without a proxy means other work on the machine. Stolen is time the core had work but the hypervisor ran something else (steal): it slows whatever was on that core, and a round with much of it is a noisy round.";
 
@@ -47,6 +92,14 @@ impl Cost {
     /// Cores' worth of CPU the proxy used.
     pub fn proxy_cores(&self) -> Option<f64> {
         self.cpu_seconds.map(|c| c / self.seconds)
+    }
+
+    /// The larger of the two cores' stolen shares, where known.
+    pub fn stolen(&self) -> Option<f64> {
+        match (self.proxy_core_stolen, self.load_core_stolen) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Busy and stolen shares of both cores, in per cent, in [`core_columns`]' order.
@@ -141,5 +194,57 @@ impl Bench {
             load_core_stolen: cores::core_stolen(&cores_before, &cores_after, load_core),
         };
         (result, cost)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cost(proxy_core_stolen: f64, load_core_stolen: f64) -> Cost {
+        Cost {
+            cpu_seconds: None,
+            slices: None,
+            max_rss_kib: None,
+            seconds: 1.0,
+            proxy_core_busy: None,
+            load_core_busy: None,
+            proxy_core_stolen: Some(proxy_core_stolen),
+            load_core_stolen: Some(load_core_stolen),
+        }
+    }
+
+    /// `measure_quietly` over measurements whose steal is `stolen`, in turn; what it returned
+    /// (the measurement's number), how many it took again, and how many it took.
+    fn quietly(stolen: &[(f64, f64)]) -> (Result<usize, String>, usize, usize) {
+        let mut taken = 0;
+        let (result, again) = measure_quietly("t", || {
+            let (p, l) = stolen[taken];
+            taken += 1;
+            Ok::<_, String>((taken, cost(p, l)))
+        });
+        (result.map(|(n, _)| n), again, taken)
+    }
+
+    #[test]
+    fn a_measurement_that_lost_a_core_to_the_hypervisor_is_taken_again_a_bounded_number_of_times() {
+        // Quiet at once: taken once.
+        assert_eq!(quietly(&[(0.02, 0.0)]), (Ok(1), 0, 1));
+        // Either core over the limit counts; the first quiet one is kept.
+        assert_eq!(
+            quietly(&[(0.0, 0.3), (0.2, 0.0), (0.05, 0.05)]),
+            (Ok(3), 2, 3)
+        );
+        // Never quiet: the last allowed measurement is kept, noisy as it is.
+        let noisy = [(0.4, 0.4); 5];
+        assert_eq!(
+            quietly(&noisy),
+            (Ok(1 + STEAL_RETRIES), STEAL_RETRIES, 1 + STEAL_RETRIES)
+        );
+        // A failed measurement is not retried for steal.
+        let (result, again) = measure_quietly("t", || Err::<((), Cost), _>("refused"));
+        assert_eq!((result.err(), again), (Some("refused"), 0));
+        assert_eq!(repeated_note(0), None);
+        assert!(repeated_note(2).is_some_and(|n| n.contains("over 10%")));
     }
 }
