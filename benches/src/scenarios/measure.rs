@@ -30,8 +30,8 @@ pub struct Cost {
     pub load_core_stolen: Option<f64>,
 }
 
-/// The share of a core's busy time the hypervisor may take from a 1000 rps measurement before
-/// it is taken again: at that rate a proxy sleeps between requests, and a core handed to
+/// The share of a core's time (of the whole measurement, as the stolen columns give it) the
+/// hypervisor may take from a 1000 rps measurement before it is taken again: at that rate a proxy sleeps between requests, and a core handed to
 /// another tenant for milliseconds puts its stall straight into the tail (a round that lost a
 /// third of its core added 16 ms at p99 where the quiet rounds added under 3).
 pub const STEAL_LIMIT: f64 = 0.10;
