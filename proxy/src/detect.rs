@@ -199,10 +199,7 @@ where
             result = &mut connect, if upstream.is_none() => {
                 if result.is_err() {
                     connect_failed = true;
-                    let sooner = tokio::time::Instant::now() + wait.after_connect_failure;
-                    if sooner < deadline.deadline() {
-                        deadline.as_mut().reset(sooner);
-                    }
+                    end_within(deadline.as_mut(), wait.after_connect_failure);
                 }
                 upstream = Some(result);
             }
@@ -215,10 +212,7 @@ where
                     break Verdict::ServerFirst;
                 }
                 server_first = true;
-                let sooner = tokio::time::Instant::now() + wait.after_server_spoke;
-                if sooner < deadline.deadline() {
-                    deadline.as_mut().reset(sooner);
-                }
+                end_within(deadline.as_mut(), wait.after_server_spoke);
             }
             () = &mut deadline => {
                 if server_first && !prefix.is_empty() {
@@ -240,6 +234,14 @@ where
         verdict,
         prefix,
         upstream,
+    }
+}
+
+/// Brings `deadline` forward to `within` from now, if that is sooner.
+fn end_within(deadline: Pin<&mut tokio::time::Sleep>, within: Duration) {
+    let sooner = tokio::time::Instant::now() + within;
+    if sooner < deadline.deadline() {
+        deadline.reset(sooner);
     }
 }
 
