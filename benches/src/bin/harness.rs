@@ -315,11 +315,12 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
     } else {
         eprintln!("harness: warning: cores {PROXY_CPU} and {LOAD_CPU} are not both available; nothing is pinned");
     }
-    let settings = Settings::new(cli.quick, proxies, pin, nofile);
+    let mut settings = Settings::new(cli.quick, proxies, pin, nofile);
     let tools = find_tools(&cli, &exe, &target_dir);
     let versions = versions(&tools);
     let setup = setup_lines(&settings);
     let probe = pin.then(|| wakeup::probe(PROXY_CPU, LOAD_CPU)).flatten();
+    settings.bare_wake_up_us = probe.map(|p| p.cost.cpu_us_per_wake_up);
     let machine = Machine {
         cores,
         cpu_model: cpu_model(),

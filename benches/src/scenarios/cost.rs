@@ -17,6 +17,9 @@ use crate::tcp_load;
 /// How to read the wake-ups column, and why it sits beside CPU.
 const WAKE_UPS_NOTE: &str = "Wake-ups: the times the proxy's threads were put on a CPU (schedstat), per request, over the same 1000 rps run. At this rate a proxy sleeps between events, and being woken costs CPU of its own (the machine line \"a wake-up costs\" measures it without any proxy): wake-ups × that cost is a floor under every proxy's CPU per request that no proxy's code sets.";
 
+/// How to read the two columns that split CPU per request around the wake-ups.
+const PER_WAKE_UP_NOTE: &str = "CPU per wake-up: CPU per request ÷ wake-ups per request, to read beside the machine line's bare wake-up (a thread that only reads one byte and answers one). Beyond bare wake-ups: CPU per request − wake-ups per request × that bare wake-up, in µs per request: what a proxy's own work costs on top of the sleeping and waking every proxy pays here (blank without the probe). Neither is a target; they say how much of a CPU ratio the proxies' code decides.";
+
 /// Connections opened at once while building up the idle set.
 pub(super) const OPEN_PARALLEL: usize = 64;
 
@@ -33,6 +36,8 @@ pub fn run(bench: &Bench) -> Table {
             Column::new("RSS at 1000 rps", "MiB", 1).with_peer_ratios(),
             Column::new("CPU / 1000 req at 1000 rps", "ms", 1).with_peer_ratios(),
             Column::new("wake-ups / req at 1000 rps", "", 2),
+            Column::new("CPU per wake-up at 1000 rps", "µs", 1).with_peer_ratios(),
+            Column::new("CPU / req beyond bare wake-ups", "µs", 1).with_peer_ratios(),
             Column::new("per idle HTTP conn", "KiB", 1).with_peer_ratios(),
             Column::new("per idle TCP conn", "KiB", 1).with_peer_ratios(),
             Column::new("RSS idle, TCP mode", "MiB", 1),
@@ -51,6 +56,7 @@ pub fn run(bench: &Bench) -> Table {
         seconds(s.run)
     ));
     table.notes.push(WAKE_UPS_NOTE.to_string());
+    table.notes.push(PER_WAKE_UP_NOTE.to_string());
     let proxies: Vec<Proxy> = s
         .contenders(false)
         .into_iter()
@@ -84,8 +90,8 @@ pub fn run(bench: &Bench) -> Table {
                     proxy.name(),
                     median(0),
                     median(1),
-                    median(5),
-                    median(6)
+                    median(7),
+                    median(8)
                 );
                 notes.extend(repeated_note(repeated).map(|n| format!("1000 rps: {n}")));
                 notes.extend(rounds_note);
@@ -153,6 +159,8 @@ fn one_round(bench: &Bench, proxy: Proxy, n: usize) -> Result<CostRound, String>
         }
     };
 
+    let (per_wake_up, beyond_wake_ups) = around_wake_ups(cpu, wake_ups, s.bare_wake_up_us);
+
     let tcp_idle = bench.start(proxy, Mode::Tcp, bench.upstream).map(|c| {
         startups.extend(c.startup);
         idle_memory(bench, &c, n)
@@ -166,6 +174,8 @@ fn one_round(bench: &Bench, proxy: Proxy, n: usize) -> Result<CostRound, String>
             rss_load,
             cpu,
             wake_ups,
+            per_wake_up,
+            beyond_wake_ups,
             per_http,
             per_tcp,
             rss_idle_tcp.map(mib),
@@ -173,6 +183,22 @@ fn one_round(bench: &Bench, proxy: Proxy, n: usize) -> Result<CostRound, String>
         notes,
         repeated,
     })
+}
+
+/// CPU per request at 1000 rps (ms per 1000 requests, which is µs per request) split around
+/// the wake-ups: what each wake-up cost the proxy, and what the proxy spent per request beyond
+/// what its wake-ups would have cost a bare thread (`bare_us` per wake-up, the machine probe).
+fn around_wake_ups(
+    cpu_us_per_request: Option<f64>,
+    wake_ups_per_request: Option<f64>,
+    bare_us: Option<f64>,
+) -> (Option<f64>, Option<f64>) {
+    let (Some(cpu), Some(wake_ups)) = (cpu_us_per_request, wake_ups_per_request) else {
+        return (None, None);
+    };
+    let per_wake_up = (wake_ups > 0.0).then(|| cpu / wake_ups);
+    let beyond = bare_us.map(|bare| cpu - wake_ups * bare);
+    (per_wake_up, beyond)
 }
 
 /// Idle RSS and KiB per connection from one idle-memory measurement, noting what went wrong.
@@ -230,5 +256,25 @@ fn idle_memory(bench: &Bench, contender: &Contender, n: usize) -> IdleMemory {
         rss_idle_kib,
         per_connection_kib,
         failure,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::around_wake_ups;
+
+    #[test]
+    fn cpu_per_request_splits_into_wake_ups_and_what_lies_beyond_them() {
+        // 67.6 µs per request at 1.81 wake-ups, a bare wake-up costing 33.1 µs.
+        let (per, beyond) = around_wake_ups(Some(67.6), Some(1.81), Some(33.1));
+        assert!((per.unwrap() - 37.35).abs() < 0.01, "{per:?}");
+        assert!((beyond.unwrap() - 7.689).abs() < 0.001, "{beyond:?}");
+        // Without the probe only the per-wake-up figure is known.
+        assert_eq!(around_wake_ups(Some(67.6), Some(1.81), None).1, None);
+        assert!(around_wake_ups(Some(67.6), Some(1.81), None).0.is_some());
+        // A run that measured no CPU, or no wake-up at all, has neither.
+        assert_eq!(around_wake_ups(None, Some(1.8), Some(33.0)), (None, None));
+        assert_eq!(around_wake_ups(Some(60.0), None, Some(33.0)), (None, None));
+        assert_eq!(around_wake_ups(Some(60.0), Some(0.0), None), (None, None));
     }
 }

@@ -74,6 +74,9 @@ pub struct Settings {
     pub pin: bool,
     /// RLIMIT_NOFILE every child inherits.
     pub nofile: u64,
+    /// The CPU one bare wake-up costs on the proxy's core (the machine probe), when measured:
+    /// the cost scenario takes what a proxy spends beyond its wake-ups from it.
+    pub bare_wake_up_us: Option<f64>,
 }
 
 impl Settings {
@@ -109,6 +112,7 @@ impl Settings {
             proxies,
             pin,
             nofile,
+            bare_wake_up_us: None,
         }
     }
 
