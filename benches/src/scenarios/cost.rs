@@ -20,6 +20,13 @@ const WAKE_UPS_NOTE: &str = "Wake-ups: the times the proxy's threads were put on
 /// How to read the two columns that split CPU per request around the wake-ups.
 const PER_WAKE_UP_NOTE: &str = "CPU per wake-up: CPU per request ÷ wake-ups per request, to read beside the machine line's bare wake-up (a thread that only reads one byte and answers one). Beyond bare wake-ups: CPU per request − wake-ups per request × that bare wake-up, in µs per request: what a proxy's own work costs on top of the sleeping and waking every proxy pays here (blank without the probe). Neither is a target; they say how much of a CPU ratio the proxies' code decides.";
 
+/// Positions in the table's columns (and in each round's values) of the figures the progress
+/// line prints, so that a column added before them moves them in one place.
+const START_UP: usize = 0;
+const RSS_IDLE: usize = 1;
+const PER_IDLE_HTTP: usize = 7;
+const PER_IDLE_TCP: usize = 8;
+
 /// Connections opened at once while building up the idle set.
 pub(super) const OPEN_PARALLEL: usize = 64;
 
@@ -27,22 +34,7 @@ pub(super) const OPEN_PARALLEL: usize = 64;
 pub fn run(bench: &Bench) -> Table {
     let s = &bench.settings;
     let n = s.idle_connections;
-    let mut table = Table::new(
-        "cost",
-        "4. Cost: start-up, memory, CPU",
-        vec![
-            Column::new("start-up", "ms", 1).with_peer_ratios(),
-            Column::new("RSS idle", "MiB", 1).with_peer_ratios(),
-            Column::new("RSS at 1000 rps", "MiB", 1).with_peer_ratios(),
-            Column::new("CPU / 1000 req at 1000 rps", "ms", 1).with_peer_ratios(),
-            Column::new("wake-ups / req at 1000 rps", "", 2),
-            Column::new("CPU per wake-up at 1000 rps", "µs", 1).with_peer_ratios(),
-            Column::new("CPU / req beyond bare wake-ups", "µs", 1).with_peer_ratios(),
-            Column::new("per idle HTTP conn", "KiB", 1).with_peer_ratios(),
-            Column::new("per idle TCP conn", "KiB", 1).with_peer_ratios(),
-            Column::new("RSS idle, TCP mode", "MiB", 1),
-        ],
-    );
+    let mut table = Table::new("cost", "4. Cost: start-up, memory, CPU", columns());
     table.notes.push(format!("{} rounds, interleaved across proxies; every figure is the median of the rounds (min–max in brackets). Start-up: from spawn until a request through the proxy is answered (each round: the median of its three starts). RSS: VmRSS of the proxy's processes (nginx: master + worker).", s.rounds));
     table.notes.push(format!(
         "Per idle connection: (RSS with {n} idle connections − RSS idle) / {n}; each connection first carries one request and its 1 KiB answer, so every hop is established, then stays open and idle. HTTP: the proxy in its L7 HTTP/1.1 mode; TCP: in TCP mode."
@@ -88,10 +80,10 @@ pub fn run(bench: &Bench) -> Table {
                 eprintln!(
                     "  {}: start-up {:.1} ms, idle {:.1} MiB, {:.1} KiB/HTTP conn, {:.1} KiB/TCP conn (medians)",
                     proxy.name(),
-                    median(0),
-                    median(1),
-                    median(7),
-                    median(8)
+                    median(START_UP),
+                    median(RSS_IDLE),
+                    median(PER_IDLE_HTTP),
+                    median(PER_IDLE_TCP)
                 );
                 notes.extend(repeated_note(repeated).map(|n| format!("1000 rps: {n}")));
                 notes.extend(rounds_note);
@@ -104,6 +96,22 @@ pub fn run(bench: &Bench) -> Table {
         }
     }
     table
+}
+
+/// The table's columns, in the order each round's values come.
+fn columns() -> Vec<Column> {
+    vec![
+        Column::new("start-up", "ms", 1).with_peer_ratios(),
+        Column::new("RSS idle", "MiB", 1).with_peer_ratios(),
+        Column::new("RSS at 1000 rps", "MiB", 1).with_peer_ratios(),
+        Column::new("CPU / 1000 req at 1000 rps", "ms", 1).with_peer_ratios(),
+        Column::new("wake-ups / req at 1000 rps", "", 2),
+        Column::new("CPU per wake-up at 1000 rps", "µs", 1).with_peer_ratios(),
+        Column::new("CPU / req beyond bare wake-ups", "µs", 1).with_peer_ratios(),
+        Column::new("per idle HTTP conn", "KiB", 1).with_peer_ratios(),
+        Column::new("per idle TCP conn", "KiB", 1).with_peer_ratios(),
+        Column::new("RSS idle, TCP mode", "MiB", 1),
+    ]
 }
 
 /// One round of every cost measurement for a proxy, each with a fresh proxy.
@@ -261,7 +269,21 @@ fn idle_memory(bench: &Bench, contender: &Contender, n: usize) -> IdleMemory {
 
 #[cfg(test)]
 mod tests {
-    use super::around_wake_ups;
+    use super::{around_wake_ups, columns, PER_IDLE_HTTP, PER_IDLE_TCP, RSS_IDLE, START_UP};
+
+    #[test]
+    fn the_progress_line_reads_the_columns_it_names() {
+        let names = [
+            "start-up",
+            "RSS idle",
+            "per idle HTTP conn",
+            "per idle TCP conn",
+        ];
+        let positions = [START_UP, RSS_IDLE, PER_IDLE_HTTP, PER_IDLE_TCP];
+        for (name, at) in names.into_iter().zip(positions) {
+            assert_eq!(columns()[at].name, name, "column {at}");
+        }
+    }
 
     #[test]
     fn cpu_per_request_splits_into_wake_ups_and_what_lies_beyond_them() {
