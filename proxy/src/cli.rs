@@ -404,6 +404,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         access_log: AccessLog::start(Arc::clone(&metrics)).context("starting the access log")?,
         pool: Arc::default(),
         h1: Arc::default(),
+        mesh_pool: Arc::default(),
         mesh: Arc::new(
             crate::tls::Mesh::new(identity).with_exchange_header(exchange_header, exchange_headers),
         ),

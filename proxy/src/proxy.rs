@@ -37,6 +37,8 @@ pub struct Proxy {
     pub pool: Arc<Pool>,
     /// The HTTP/1.1 fast path's idle upstream sockets and read buffers, shared likewise.
     pub h1: Arc<http::h1::Shared>,
+    /// Idle HTTP/1.1 mesh connections we originated, shared likewise.
+    pub mesh_pool: Arc<http::originate::MeshPool>,
     /// The workload identity and mesh TLS configs; without an identity, no mesh TLS.
     pub mesh: Arc<crate::tls::Mesh>,
     /// Istio authorization policies in force for inbound traffic.
@@ -102,6 +104,7 @@ impl Proxy {
             access_log: AccessLog::start(metrics).expect("the access-log thread starts"),
             pool: Arc::default(),
             h1: Arc::default(),
+            mesh_pool: Arc::default(),
             mesh: Arc::default(),
             authz: Arc::new(crate::authz::Authorizer::new(Default::default())),
         })

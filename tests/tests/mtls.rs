@@ -87,17 +87,20 @@ fn http_grpc_and_tcp_cross_encrypted_between_two_sidecars() {
         "{xfcc}"
     );
 
-    // The client's sidecar serves the application's HTTP itself: two requests on one
-    // keep-alive connection go on that connection's one mesh connection (one handshake), and
-    // it reports them as Istio's client side does, naming the server by its certificate.
+    // The client's sidecar serves the application's HTTP itself and pools its mesh
+    // connections, as Envoy pools a cluster's: two more client connections (the second with
+    // two requests) go on the mesh connection the first request opened, with no handshake,
+    // and it reports them as Istio's client side does, naming the server by its certificate.
     let handshakes_before = handshakes(&client, "outbound", "ok");
     let url = format!("http://{}/headers", net.pod_addr(HTTP_PORT));
+    let out = peer::curl(&net.peer, &["-s", "-o", "/dev/null", &url], CLIENT_TIME);
+    peer::curl_ok(&out, "a second client connection across the mesh");
     let out = peer::curl(
         &net.peer,
         &["-s", "-o", "/dev/null", "-o", "/dev/null", &url, &url],
         CLIENT_TIME,
     );
-    peer::curl_ok(&out, "two requests on one connection across the mesh");
+    peer::curl_ok(&out, "two requests on a third connection across the mesh");
     let source_requests = |m: &remora_e2e::metrics::Metrics, protocol: &str, code: &str| {
         m.value(
             "istio_requests_total",
@@ -116,12 +119,12 @@ fn http_grpc_and_tcp_cross_encrypted_between_two_sidecars() {
         )
     };
     client.wait_for_metrics("source-side HTTP requests", METRICS_TIME, |m| {
-        source_requests(m, "http", "200") >= 3.0
+        source_requests(m, "http", "200") >= 4.0
     });
     assert_eq!(
         handshakes(&client, "outbound", "ok"),
-        handshakes_before + 1.0,
-        "two requests on one client connection took other than one mesh connection"
+        handshakes_before,
+        "new client connections did not take the pooled mesh connection"
     );
 
     // Raw TCP: bytes arrive intact.

@@ -47,7 +47,7 @@ pub fn run(bench: &Bench) -> Vec<Table> {
         seconds(plan.duration),
         seconds(plan.warmup)
     ));
-    table.notes.push("Not quite the same job on A's side: both A's parse HTTP, but Envoy A pools its TLS connections to B across clients, where Remora A, as its outbound capture path does, sends each client connection's requests on a mesh TLS connection of that client's own (without endpoint discovery, Kubernetes balances per connection). With 16 keep-alive connections the TLS handshakes fall in the warm-up.".into());
+    table.notes.push("The same job on both sides: both A's parse HTTP and pool their TLS connections to B across client connections. With 16 keep-alive connections the TLS handshakes fall in the warm-up.".into());
     let contenders: Vec<Proxy> = s
         .contenders(false)
         .into_iter()

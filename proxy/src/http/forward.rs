@@ -313,7 +313,7 @@ async fn send(ctx: &ConnContext, req: Request<UpstreamBody>) -> Result<Upstreame
     let idle_timeout = ctx.config.http.pool_idle_timeout;
     let mut req = req;
     let idle = match &ctx.originate {
-        Some(originate) => originate.checkout(),
+        Some(originate) => originate.checkout(ctx),
         None => ctx.proxy.pool.checkout(&key, Instant::now(), idle_timeout),
     };
     if let Some(sender) = idle {

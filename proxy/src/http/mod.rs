@@ -226,7 +226,7 @@ impl ConnContext {
 
     fn return_to_pool(&self, key: pool::Key, sender: pool::Sender) {
         if let Some(originate) = &self.originate {
-            originate.checkin(sender);
+            originate.checkin(self, sender);
             return;
         }
         let http = &self.config.http;

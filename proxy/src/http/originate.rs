@@ -1,14 +1,15 @@
 //! HTTP to a mesh destination: the client sidecar's half of a mesh hop at L7.
 //!
 //! The application's requests are served here as any outbound HTTP is (statuses, retries,
-//! `reporter="source"` request metrics), and sent upstream inside mesh TLS on a connection
-//! that belongs to this client connection alone: without endpoint discovery, Kubernetes
-//! balances per connection, so requests of different clients must not share one. At most one
-//! such connection is kept idle, for the client's next request; an HTTP/2 one is shared by the
-//! client's streams.
+//! `reporter="source"` request metrics), and sent upstream inside mesh TLS. HTTP/1.1 mesh
+//! connections are pooled across client connections, as Envoy pools a cluster's connections:
+//! an application that opens a connection per request would otherwise cost both sidecars a
+//! TLS handshake per request. An HTTP/2 one stays the client connection's own, shared by its
+//! streams: without endpoint discovery Kubernetes balances per connection, and one HTTP/2
+//! connection shared by every client would send all of a service's traffic to one pod.
 
 use super::errors::{ErrorKind, ProxyError};
-use super::pool::{self, Sender};
+use super::pool::{self, Key, Pool, PoolKey, Sender};
 use super::ConnContext;
 use crate::connect::Upstream;
 use crate::detect::HttpVersion;
@@ -17,17 +18,21 @@ use crate::metadata_exchange::WorkloadMetadata;
 use crate::tls::stream::ClientStream;
 use crate::tls::{self, HandshakeFailure, Peer};
 use rustls::pki_types::ServerName;
+use std::hash::{Hash, Hasher};
+use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How a client connection's requests reach its mesh destination, and the connection they use.
 #[derive(Debug)]
 pub struct Originate {
     client: Arc<rustls::ClientConfig>,
-    server_name: ServerName<'static>,
+    server_name: Arc<ServerName<'static>>,
     /// The destination's hostname: the service the server is named as in metrics.
     service: Option<Arc<str>>,
     handshake_timeout: Duration,
+    /// Idle mesh connections, shared by every client connection.
+    pool: Arc<MeshPool>,
     state: Mutex<State>,
 }
 
@@ -39,31 +44,125 @@ pub type MeshConn = Box<(ClientStream, Registration)>;
 struct State {
     /// The socket detection dialled, not yet wrapped in TLS.
     early: Option<Upstream>,
-    /// The mesh connection, while no request uses it (or, HTTP/2, a handle on it).
-    idle: Option<Sender>,
-    /// The same for the fast path, which drives the connection itself.
-    idle_raw: Option<MeshConn>,
-    /// The server's sidecar on the newest mesh connection: the destination in metrics.
+    /// The client's HTTP/2 mesh connection (a handle on it), shared by its streams.
+    shared: Option<Sender>,
+    /// The server's sidecar on the connection the client's request went on last: the
+    /// destination in metrics.
     server: Option<Arc<Peer>>,
-    /// The last `x-envoy-peer-metadata` value the fast path read, to decode a new one only.
+    /// The last `x-envoy-peer-metadata` value read on that connection, to decode a new one only.
     described_as: Vec<u8>,
+}
+
+/// Which mesh connections are interchangeable: the same destination and HTTP version, the same
+/// client config (our certificate, the identities the server must prove, the ALPN offer) and
+/// the same server name.
+#[derive(Debug, Clone)]
+pub struct MeshKey {
+    conn: Key,
+    client: Arc<rustls::ClientConfig>,
+    name: Arc<ServerName<'static>>,
+}
+
+impl PartialEq for MeshKey {
+    fn eq(&self, other: &Self) -> bool {
+        // The config by identity: its cache builds one per identities and ALPN offer, and a new
+        // one when our certificate changes, after which the old connections are left to expire.
+        self.conn == other.conn
+            && Arc::ptr_eq(&self.client, &other.client)
+            && self.name == other.name
+    }
+}
+
+impl Eq for MeshKey {}
+
+impl Hash for MeshKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.conn.hash(state);
+        Arc::as_ptr(&self.client).hash(state);
+        self.name.hash(state);
+    }
+}
+
+impl PoolKey for MeshKey {
+    fn version(&self) -> HttpVersion {
+        self.conn.version
+    }
+}
+
+/// An idle mesh connection and what is known of the server's sidecar on it.
+#[derive(Debug)]
+pub struct Idle<C> {
+    conn: C,
+    server: Option<Arc<Peer>>,
+    described_as: Vec<u8>,
+}
+
+/// An idle HTTP/1.1 client: closed when hyper says so.
+impl pool::Pooled for Idle<Sender> {
+    fn is_closed(&self) -> bool {
+        pool::Pooled::is_closed(&self.conn)
+    }
+
+    fn share(&mut self) -> Option<Self> {
+        None
+    }
+}
+
+/// An idle mesh connection of the fast path is closed when rustls holds anything (plaintext no
+/// request asked for, or the server's close_notify) or the socket turned readable while idle
+/// (the server's FIN, an alert): a connection in either state would fail the next request.
+impl pool::Pooled for Idle<MeshConn> {
+    fn is_closed(&self) -> bool {
+        closed_while_idle(&self.conn.0)
+    }
+
+    fn share(&mut self) -> Option<Self> {
+        None
+    }
+}
+
+/// Probing costs no system call while the socket has been quiet: the reactor has not seen it
+/// readable, and the read is not tried.
+fn closed_while_idle(conn: &ClientStream) -> bool {
+    let (socket, session) = conn.get_ref();
+    if !session.wants_read() {
+        return true;
+    }
+    let mut probe = [0u8; 1];
+    !matches!(socket.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+}
+
+/// Every idle HTTP/1.1 mesh connection: those the fast path drives, and hyper's clients.
+#[derive(Debug, Default)]
+pub struct MeshPool {
+    raw: Arc<Pool<Idle<MeshConn>, MeshKey>>,
+    senders: Arc<Pool<Idle<Sender>, MeshKey>>,
+}
+
+impl MeshPool {
+    /// Idle connections held now, of either kind.
+    pub fn idle_count(&self) -> usize {
+        self.raw.idle_count() + self.senders.idle_count()
+    }
 }
 
 impl Originate {
     /// `client` offers Istio's ALPN values for the client's HTTP version; `early` is the socket
-    /// detection opened, if it did.
+    /// detection opened, if it did; `pool` holds the idle mesh connections of every client.
     pub fn new(
         client: Arc<rustls::ClientConfig>,
         server_name: ServerName<'static>,
         service: Option<Arc<str>>,
         handshake_timeout: Duration,
         early: Option<Upstream>,
+        pool: Arc<MeshPool>,
     ) -> Self {
         Originate {
             client,
-            server_name,
+            server_name: Arc::new(server_name),
             service,
             handshake_timeout,
+            pool,
             state: Mutex::new(State {
                 early,
                 ..State::default()
@@ -74,6 +173,14 @@ impl Originate {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         // Held for one field's update, never across an await.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn key(&self, ctx: &ConnContext) -> MeshKey {
+        MeshKey {
+            conn: ctx.key,
+            client: Arc::clone(&self.client),
+            name: Arc::clone(&self.server_name),
+        }
     }
 
     /// The server's sidecar, as its certificate (and ALPN) named it on the newest connection.
@@ -96,41 +203,88 @@ impl Originate {
         state.server = Some(Arc::new(described));
     }
 
-    /// The idle mesh connection, if it is still open; an HTTP/2 one stays for other streams.
-    pub fn checkout(&self) -> Option<Sender> {
+    /// A pooled connection's server becomes the client's, for the request about to use it.
+    fn adopt<C>(&self, idle: Idle<C>) -> C {
         let mut state = self.state();
-        let sender = state.idle.take()?;
-        if pool::Pooled::is_closed(&sender) {
-            return None;
-        }
-        if let Sender::Http2(shared) = &sender {
-            state.idle = Some(Sender::Http2(shared.clone()));
-        }
-        Some(sender)
+        state.server = idle.server;
+        state.described_as = idle.described_as;
+        idle.conn
     }
 
-    /// Keep `sender` for the client's next request, unless one is kept already or it closed.
-    pub fn checkin(&self, sender: Sender) {
+    /// What is known of the server on the connection the client's request just used, to go
+    /// back to the pool with it.
+    fn release<C>(&self, conn: C) -> Idle<C> {
+        let mut state = self.state();
+        Idle {
+            conn,
+            server: state.server.clone(),
+            described_as: std::mem::take(&mut state.described_as),
+        }
+    }
+
+    /// An idle mesh connection for a request: the client's HTTP/2 one, or an HTTP/1.1 one from
+    /// the pool.
+    pub fn checkout(&self, ctx: &ConnContext) -> Option<Sender> {
+        if ctx.key.version == HttpVersion::Http2 {
+            let mut state = self.state();
+            let sender = state.shared.take()?;
+            if pool::Pooled::is_closed(&sender) {
+                return None;
+            }
+            state.shared = Some(sender_handle(&sender)?);
+            return Some(sender);
+        }
+        let timeout = ctx.config.http.pool_idle_timeout;
+        let idle = self
+            .pool
+            .senders
+            .checkout(&self.key(ctx), Instant::now(), timeout)?;
+        Some(self.adopt(idle))
+    }
+
+    /// Keep `sender` for the next request to the destination, from this client or another
+    /// (HTTP/1.1), or for this client's next streams (HTTP/2), unless it closed.
+    pub fn checkin(&self, ctx: &ConnContext, sender: Sender) {
         if pool::Pooled::is_closed(&sender) {
             return;
         }
-        let mut state = self.state();
-        if state.idle.is_none() {
-            state.idle = Some(sender);
+        if let Sender::Http2(_) = sender {
+            let mut state = self.state();
+            if state.shared.is_none() {
+                state.shared = Some(sender);
+            }
+            return;
         }
+        let http = &ctx.config.http;
+        let idle = self.release(sender);
+        self.pool.senders.checkin(
+            self.key(ctx),
+            idle,
+            http.pool_idle_timeout,
+            http.pool_max_idle_per_upstream,
+        );
     }
 
-    /// The fast path's idle mesh connection, if it has one.
-    pub fn checkout_raw(&self) -> Option<MeshConn> {
-        self.state().idle_raw.take()
+    /// An idle mesh connection for the fast path, from the pool.
+    pub fn checkout_raw(&self, ctx: &ConnContext) -> Option<MeshConn> {
+        let timeout = ctx.config.http.pool_idle_timeout;
+        let idle = self
+            .pool
+            .raw
+            .checkout(&self.key(ctx), Instant::now(), timeout)?;
+        Some(self.adopt(idle))
     }
 
-    /// Keep the fast path's mesh connection for the client's next request.
-    pub fn checkin_raw(&self, conn: MeshConn) {
-        let mut state = self.state();
-        if state.idle_raw.is_none() {
-            state.idle_raw = Some(conn);
-        }
+    /// Put the fast path's mesh connection back in the pool, for any client's next request.
+    pub fn checkin_raw(&self, ctx: &ConnContext, conn: MeshConn) {
+        let http = &ctx.config.http;
+        let idle = self.release(conn);
+        self.pool.raw.checkin(
+            self.key(ctx),
+            idle,
+            http.pool_idle_timeout,
+            http.pool_max_idle_per_upstream,
+        );
     }
 
     /// An `x-envoy-peer-metadata` value from a response the fast path read: decoded when it
@@ -148,13 +302,12 @@ impl Originate {
         }
     }
 
-    /// A new HTTP client on a mesh connection: the fast path's idle one (a connection handed
-    /// from the fast path to hyper's), or a new one. An HTTP/2 connection is kept for the
+    /// A new HTTP client on a mesh connection: an idle one of the fast path's (hyper takes over
+    /// connections the fast path hands it), or a new one. An HTTP/2 connection is kept for the
     /// client's other streams.
     pub async fn open(&self, ctx: &ConnContext) -> Result<Sender, ProxyError> {
         let dst = ctx.key.destination;
-        let idle = self.state().idle_raw.take();
-        let conn = match idle {
+        let conn = match self.checkout_raw(ctx) {
             Some(conn) => conn,
             None => self.connect(ctx).await?,
         };
@@ -162,8 +315,8 @@ impl Originate {
         let sender = pool::handshake_over(stream, registration, ctx.key.version)
             .await
             .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, dst, e))?;
-        if let Sender::Http2(shared) = &sender {
-            self.checkin(Sender::Http2(shared.clone()));
+        if let Some(handle) = sender_handle(&sender) {
+            self.checkin(ctx, handle);
         }
         Ok(sender)
     }
@@ -181,7 +334,7 @@ impl Originate {
         let (stream, registration) = upstream.into_parts();
         let originating = tls::Originating {
             client: Arc::clone(&self.client),
-            name: self.server_name.clone(),
+            name: ServerName::clone(&self.server_name),
             timeout: self.handshake_timeout,
             destination: dst,
             direction: ctx.direction,
@@ -213,11 +366,176 @@ impl Originate {
     }
 }
 
+/// Another handle on an HTTP/2 connection; `None` for HTTP/1.1, which carries one request at a
+/// time.
+fn sender_handle(sender: &Sender) -> Option<Sender> {
+    match sender {
+        Sender::Http2(shared) => Some(Sender::Http2(shared.clone())),
+        Sender::Http1(_) => None,
+    }
+}
+
 /// Istio's outbound ALPN values for mesh HTTP of `version`: the application's protocol, then
 /// "istio".
 pub fn alpn(version: HttpVersion) -> [&'static [u8]; 2] {
     match version {
         HttpVersion::Http1 => [tls::ALPN_HTTP11, tls::ALPN_ISTIO],
         HttpVersion::Http2 => [tls::ALPN_H2, tls::ALPN_ISTIO],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Store;
+    use crate::tls::test_certs::Ca;
+    use crate::tls::Mesh;
+    use remora_config::TlsConfig;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    const SERVER: &str = "spiffe://cluster.local/ns/default/sa/httpbin";
+
+    fn mesh(ca: &Ca, id: &str) -> Mesh {
+        let store = Arc::new(Store::default());
+        store.set(Arc::new(ca.identity(id)));
+        Mesh::new(store)
+    }
+
+    /// A mesh connection over loopback that has carried one request and its answer, and the
+    /// server's end of it.
+    async fn used_pair() -> (ClientStream, tokio_rustls::server::TlsStream<TcpStream>) {
+        let ca = Ca::new("mesh");
+        let tls = TlsConfig::default();
+        let client = mesh(&ca, "spiffe://cluster.local/ns/default/sa/sleep")
+            .client_config(&tls, &[SERVER.to_string()], &alpn(HttpVersion::Http1))
+            .unwrap()
+            .unwrap();
+        let server = mesh(&ca, SERVER).server_config(&tls).unwrap().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let name =
+            ServerName::try_from("outbound_.80_._.httpbin.default.svc.cluster.local").unwrap();
+        let connecting = async {
+            let socket = TcpStream::connect(addr).await.unwrap();
+            tokio_rustls::TlsConnector::from(client)
+                .connect(name, socket)
+                .await
+                .unwrap()
+        };
+        let accepting = async {
+            let (socket, _) = listener.accept().await.unwrap();
+            tokio_rustls::TlsAcceptor::from(server)
+                .accept(socket)
+                .await
+                .unwrap()
+        };
+        let (mut c, mut s) = tokio::join!(connecting, accepting);
+        c.write_all(b"request").await.unwrap();
+        c.flush().await.unwrap();
+        let mut got = [0u8; 7];
+        s.read_exact(&mut got).await.unwrap();
+        s.write_all(b"answer").await.unwrap();
+        s.flush().await.unwrap();
+        let mut got = [0u8; 6];
+        c.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"answer");
+        (c, s)
+    }
+
+    /// Lets the reactor see what arrived.
+    async fn settle() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    #[tokio::test]
+    async fn a_quiet_mesh_connection_is_open_and_one_the_server_ended_is_closed() {
+        let (c, mut s) = used_pair().await;
+        settle().await;
+        assert!(!closed_while_idle(&c), "a quiet connection looked closed");
+        // close_notify, then FIN: what a server that closes an idle connection sends.
+        s.shutdown().await.unwrap();
+        settle().await;
+        assert!(
+            closed_while_idle(&c),
+            "a connection the server ended looked open"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_mesh_connection_with_bytes_no_request_asked_for_is_closed() {
+        let (c, mut s) = used_pair().await;
+        s.write_all(b"unasked").await.unwrap();
+        s.flush().await.unwrap();
+        settle().await;
+        assert!(
+            closed_while_idle(&c),
+            "unasked bytes left the connection pooled"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_reset_mesh_connection_is_closed() {
+        let (c, s) = used_pair().await;
+        let (socket, _) = s.into_inner();
+        socket2::SockRef::from(&socket)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(socket);
+        settle().await;
+        assert!(closed_while_idle(&c), "a reset connection looked open");
+    }
+
+    fn key(client: &Arc<rustls::ClientConfig>, name: &str, port: u16) -> MeshKey {
+        MeshKey {
+            conn: Key {
+                destination: ([10, 0, 0, 7], port).into(),
+                source: None,
+                version: HttpVersion::Http1,
+            },
+            client: Arc::clone(client),
+            name: Arc::new(ServerName::try_from(name.to_string()).unwrap()),
+        }
+    }
+
+    #[test]
+    fn mesh_connections_are_shared_only_with_the_same_destination_tls_and_name() {
+        let ca = Ca::new("mesh");
+        let tls = TlsConfig::default();
+        let ours = mesh(&ca, "spiffe://cluster.local/ns/default/sa/sleep");
+        let client = ours
+            .client_config(&tls, &[SERVER.to_string()], &alpn(HttpVersion::Http1))
+            .unwrap()
+            .unwrap();
+        let other = ours
+            .client_config(
+                &tls,
+                &["spiffe://cluster.local/ns/default/sa/other".to_string()],
+                &alpn(HttpVersion::Http1),
+            )
+            .unwrap()
+            .unwrap();
+        let name = "outbound_.80_._.httpbin.default.svc.cluster.local";
+        let a = key(&client, name, 80);
+        // Built apart, as each client connection builds its own: equal, and hashed alike.
+        let b = key(&client, name, 80);
+        assert_eq!(a, b);
+        let hash = |k: &MeshKey| {
+            let mut h = std::hash::DefaultHasher::new();
+            k.hash(&mut h);
+            h.finish()
+        };
+        assert_eq!(hash(&a), hash(&b));
+        assert_ne!(a, key(&client, name, 81), "another destination");
+        assert_ne!(a, key(&other, name, 80), "another expected identity");
+        assert_ne!(
+            a,
+            key(
+                &client,
+                "outbound_.80_._.other.default.svc.cluster.local",
+                80
+            ),
+            "another server name"
+        );
     }
 }

@@ -26,12 +26,24 @@ use std::time::{Duration, Instant};
 // How often expired idle connections are looked for. Expiry is therefore late by up to this.
 const REAP_INTERVAL: Duration = Duration::from_secs(1);
 
+/// What a pool looks its connections up by: which connections are interchangeable.
+pub trait PoolKey: Clone + Eq + std::hash::Hash + std::fmt::Debug {
+    /// The HTTP version the connections speak: one request at a time, or shared.
+    fn version(&self) -> HttpVersion;
+}
+
 /// Which connections are interchangeable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Key {
     pub destination: SocketAddr,
     pub source: Option<crate::connect::Source>,
     pub version: HttpVersion,
+}
+
+impl PoolKey for Key {
+    fn version(&self) -> HttpVersion {
+        self.version
+    }
 }
 
 /// The sending half of an upstream connection; the connection itself runs in its own task.
@@ -74,14 +86,14 @@ struct Idle<C> {
 
 /// Every idle upstream HTTP connection.
 #[derive(Debug)]
-pub struct Pool<C = Sender> {
+pub struct Pool<C = Sender, K = Key> {
     // A plain mutex, held for one map operation and never across an await.
     // foldhash: every request looks its key up twice, and SipHash was a visible share of it.
-    idle: Mutex<foldhash::HashMap<Key, Vec<Idle<C>>>>,
+    idle: Mutex<foldhash::HashMap<K, Vec<Idle<C>>>>,
     reaper_started: AtomicBool,
 }
 
-impl<C> Default for Pool<C> {
+impl<C, K> Default for Pool<C, K> {
     fn default() -> Self {
         Pool {
             idle: Mutex::default(),
@@ -90,13 +102,13 @@ impl<C> Default for Pool<C> {
     }
 }
 
-impl<C: Pooled> Pool<C> {
+impl<C: Pooled, K: PoolKey + Send + Sync + 'static> Pool<C, K> {
     /// A connection to `key`'s destination, if one is idle (HTTP/1.1) or shared (HTTP/2).
     /// A shared HTTP/2 connection's idle clock restarts with each request it is given.
-    pub fn checkout(&self, key: &Key, now: Instant, idle_timeout: Duration) -> Option<C> {
+    pub fn checkout(&self, key: &K, now: Instant, idle_timeout: Duration) -> Option<C> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let list = idle.get_mut(key)?;
-        let found = match key.version {
+        let found = match key.version() {
             HttpVersion::Http1 => loop {
                 // Most recently used first: the least likely to have been closed by the server.
                 let Some(entry) = list.pop() else { break None };
@@ -121,7 +133,7 @@ impl<C: Pooled> Pool<C> {
 
     /// Keep `sender` for the next request to `key`, for at most `idle_timeout`, unless
     /// `max_idle` connections to it are idle already.
-    pub fn checkin(self: &Arc<Self>, key: Key, sender: C, idle_timeout: Duration, max_idle: usize) {
+    pub fn checkin(self: &Arc<Self>, key: K, sender: C, idle_timeout: Duration, max_idle: usize) {
         if sender.is_closed() || max_idle == 0 {
             tracing::debug!(?key, closed = sender.is_closed(), "not pooled");
             return;
@@ -129,8 +141,9 @@ impl<C: Pooled> Pool<C> {
         let expires = Instant::now() + idle_timeout;
         let refused = {
             let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            let version = key.version();
             let list = idle.entry(key).or_default();
-            let full = match key.version {
+            let full = match version {
                 HttpVersion::Http1 => list.len() >= max_idle,
                 // One shared connection per destination is enough; a second stays private to
                 // the requests that opened it and closes when they finish.
@@ -150,8 +163,8 @@ impl<C: Pooled> Pool<C> {
 
     /// Stop sharing the HTTP/2 connection to `key`: it said GOAWAY, and the streams on their way
     /// keep it open until they finish. The next request opens a new one.
-    pub fn forget_shared(&self, key: &Key) {
-        if key.version != HttpVersion::Http2 {
+    pub fn forget_shared(&self, key: &K) {
+        if key.version() != HttpVersion::Http2 {
             return;
         }
         let gone = {
@@ -190,6 +203,14 @@ impl<C: Pooled> Pool<C> {
         drop(expired);
     }
 
+    /// Idle connections held now (for tests and the admin API).
+    pub fn idle_count(&self) -> usize {
+        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        idle.values().map(Vec::len).sum()
+    }
+}
+
+impl<C: Pooled> Pool<C> {
     /// Whether an HTTP connection to `destination` (from `source`) is pooled now: the
     /// destination is known to speak HTTP, so it cannot be a server-first protocol.
     pub fn speaks_http(
@@ -208,16 +229,10 @@ impl<C: Pooled> Pool<C> {
                 })
             })
     }
-
-    /// Idle connections held now (for tests and the admin API).
-    pub fn idle_count(&self) -> usize {
-        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        idle.values().map(Vec::len).sum()
-    }
 }
 
 /// Ends when the pool is dropped.
-async fn reap<C: Pooled>(pool: Weak<Pool<C>>) {
+async fn reap<C: Pooled, K: PoolKey + Send + Sync + 'static>(pool: Weak<Pool<C, K>>) {
     let mut tick = tokio::time::interval(REAP_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

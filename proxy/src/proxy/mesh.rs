@@ -10,8 +10,9 @@
 //!
 //! **Outbound** to a declared mesh destination: detection tells what the application speaks,
 //! which picks Istio's ALPN values; the upstream connection is wrapped in TLS with the workload
-//! certificate, Istio's SNI, and a check of the server's SPIFFE ID. Each client connection gets
-//! its own mesh connection: without endpoint discovery, Kubernetes balances per connection.
+//! certificate, Istio's SNI, and a check of the server's SPIFFE ID. TCP and HTTP/2 get a mesh
+//! connection per client connection (without endpoint discovery Kubernetes balances per
+//! connection); HTTP/1.1 requests go on mesh connections pooled across clients, as Envoy's.
 //!
 //! **Metadata exchange**: for TCP the client offers `istio-peer-exchange` first, as Istio's
 //! sidecars do, and the server selects it when offered; both sides then exchange Istio's

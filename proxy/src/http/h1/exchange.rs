@@ -232,7 +232,7 @@ fn relay<'a, C: Client>(
         end.complete = true;
         if reusable {
             match (up, ctx.originate.as_deref()) {
-                (Up::Mesh(conn), Some(originate)) => originate.checkin_raw(conn),
+                (Up::Mesh(conn), Some(originate)) => originate.checkin_raw(ctx, conn),
                 (Up::Mesh(_), None) => {}
                 (Up::Plain(up), _) => ctx.proxy.h1.pool.checkin(
                     ctx.key,
@@ -272,11 +272,11 @@ impl Up {
     }
 }
 
-/// An idle connection for the request: the client connection's own mesh connection, or one
-/// from the pool.
+/// An idle connection for the request, from the pool (of mesh connections, to a mesh
+/// destination).
 fn checkout(ctx: &ConnContext) -> Option<Up> {
     match ctx.originate.as_deref() {
-        Some(originate) => originate.checkout_raw().map(Up::Mesh),
+        Some(originate) => originate.checkout_raw(ctx).map(Up::Mesh),
         None => {
             let idle_timeout = ctx.config.http.pool_idle_timeout;
             let pool = &ctx.proxy.h1.pool;

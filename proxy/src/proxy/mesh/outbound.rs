@@ -57,7 +57,7 @@ impl Proxy {
         };
         if let Some(version) = version {
             // HTTP is served here, as outbound HTTP is, and each request goes inside mesh TLS
-            // on this client connection's own mesh connection.
+            // on a pooled mesh connection (HTTP/2: this client connection's own).
             let early = match upstream {
                 Some(Ok(up)) => Some(up),
                 Some(Err(e)) => return self.connect_failed(&hop, e, &downstream),
@@ -69,6 +69,7 @@ impl Proxy {
                 dest.hostname.as_deref().map(Arc::from),
                 config.tls.handshake_timeout,
                 early,
+                Arc::clone(&self.mesh_pool),
             );
             let http = (version, prefix, None);
             let downstream = Downstream::Plain(downstream);
