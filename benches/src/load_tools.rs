@@ -30,6 +30,14 @@ pub fn wrk_args(target: SocketAddr, connections: usize, duration: Duration) -> V
     ]
 }
 
+/// wrk as [`wrk_args`], but every request asks to close its connection (`Connection: close`),
+/// so each one opens a new connection.
+pub fn wrk_close_args(target: SocketAddr, connections: usize, duration: Duration) -> Vec<String> {
+    let mut args = vec!["-H".into(), "Connection: close".into()];
+    args.extend(wrk_args(target, connections, duration));
+    args
+}
+
 /// Parses wrk's report.
 pub fn parse_wrk(text: &str) -> Option<HttpLoad> {
     let mut load = HttpLoad::default();
@@ -225,6 +233,23 @@ Transfer/sec:    110.00MB
         )
         .join(" ");
         assert_eq!(args, "-t1 -c64 -d10s --latency http://127.0.0.1:40000/");
+        let args = wrk_close_args(
+            "127.0.0.1:40000".parse().unwrap(),
+            16,
+            Duration::from_secs(2),
+        );
+        assert_eq!(
+            args,
+            [
+                "-H",
+                "Connection: close",
+                "-t1",
+                "-c16",
+                "-d2s",
+                "--latency",
+                "http://127.0.0.1:40000/"
+            ]
+        );
     }
 
     const H2LOAD: &str = "starting benchmark...

@@ -93,8 +93,14 @@ fn http_grpc_and_tcp_cross_encrypted_between_two_sidecars() {
     // and it reports them as Istio's client side does, naming the server by its certificate.
     let handshakes_before = handshakes(&client, "outbound", "ok");
     let url = format!("http://{}/headers", net.pod_addr(HTTP_PORT));
+    // A client connection hands its mesh connection to the pool when it ends.
+    let ended = |m: &remora_e2e::metrics::Metrics| {
+        m.value("remora_connections_active", &[("direction", "outbound")]) == 0.0
+    };
+    client.wait_for_metrics("the first client connection ended", METRICS_TIME, ended);
     let out = peer::curl(&net.peer, &["-s", "-o", "/dev/null", &url], CLIENT_TIME);
     peer::curl_ok(&out, "a second client connection across the mesh");
+    client.wait_for_metrics("the second client connection ended", METRICS_TIME, ended);
     let out = peer::curl(
         &net.peer,
         &["-s", "-o", "/dev/null", "-o", "/dev/null", &url, &url],
@@ -206,6 +212,74 @@ fn http_grpc_and_tcp_cross_encrypted_between_two_sidecars() {
             client.metrics()
         );
     }
+}
+
+/// A pooled mesh connection that the server's sidecar closed while it sat idle (here: that
+/// sidecar was killed and started again) is not used again: the next client's request goes on
+/// a new mesh connection and is answered. A POST, which is not repeated on another connection
+/// once sent, would come back 503 had it gone on the dead one.
+#[test]
+fn a_pooled_mesh_connection_the_server_closed_is_replaced() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    let ca = MeshCa::new("cluster.local");
+    let (server_dir, client_dir) = two_pods(&net, &ca);
+    let server_yaml = server_config(&server_dir, "permissive");
+    let mut server = net.remora().config(&server_yaml).start_ready();
+    let client = net
+        .peer_remora()
+        .config(&client_config(&client_dir, net.pod_ip, SERVER_ID))
+        .start_ready();
+    let script = peer_program("http_server.py")
+        .to_string_lossy()
+        .into_owned();
+    let _http = Service::start(
+        &net.pod,
+        "python3",
+        &[&script, &HTTP_PORT.to_string()],
+        any_addr(HTTP_PORT),
+    );
+    let url = format!("http://{}/headers", net.pod_addr(HTTP_PORT));
+    let ended = |m: &remora_e2e::metrics::Metrics| {
+        m.value("remora_connections_active", &[("direction", "outbound")]) == 0.0
+    };
+
+    let (status, body) = peer::curl_status(&net.peer, &["-s", &url], CLIENT_TIME);
+    assert_eq!(status, 200, "first request: {body}");
+    client.wait_for_metrics("the first client connection ended", METRICS_TIME, ended);
+    let before = handshakes(&client, "outbound", "ok");
+
+    server.kill();
+    let server = net.remora().config(&server_yaml).start_ready();
+    let upload = format!("http://{}/upload", net.pod_addr(HTTP_PORT));
+    let (status, body) = peer::curl_status(
+        &net.peer,
+        &[
+            "-s",
+            "-X",
+            "POST",
+            "--data-binary",
+            "not repeatable",
+            &upload,
+        ],
+        CLIENT_TIME,
+    );
+    assert_eq!(
+        (status, body.trim()),
+        (
+            200,
+            "14 09a76f0aa82f14198b0536a803cc121daac8c905203a2a5ff248069211a60c46"
+        ),
+        "the POST after the server's sidecar restarted\nclient sidecar:\n{}\nserver sidecar:\n{}",
+        client.stderr(),
+        server.stderr()
+    );
+    assert_eq!(
+        handshakes(&client, "outbound", "ok"),
+        before + 1.0,
+        "the dead pooled connection was not replaced by one new mesh connection"
+    );
 }
 
 #[test]

@@ -5,6 +5,7 @@
 //! together per 1000 requests.
 
 use super::{cpu_ms_per_1000, interleaved, mib, probe, seconds, summarize, Bench, READY_TIMEOUT};
+use crate::load_tools;
 use crate::mesh_certs::{self, MeshCerts};
 use crate::open_loop::{self, Outcome, Plan};
 use crate::process::{self, Spawned, Usage, PROXY_CPU};
@@ -83,6 +84,7 @@ pub fn run(bench: &Bench) -> Vec<Table> {
             .map_err(|e| format!("load failed: {e:#}"))
     });
     let idle = idle_table(bench, &certs, &contenders);
+    let per_request = connection_per_request_table(bench, &certs, &contenders);
     let _ = fs::remove_dir_all(&cert_root);
     let baseline: Vec<Option<Vec<f64>>> = results
         .iter()
@@ -147,7 +149,84 @@ pub fn run(bench: &Bench) -> Vec<Table> {
             (!notes.is_empty()).then(|| notes.join("; ")),
         );
     }
-    vec![table, idle]
+    vec![table, idle, per_request]
+}
+
+/// The connection-per-request table: an application that opens a connection for each request
+/// (`Connection: close`), as many HTTP/1.0 clients, scripts and health checkers do. Each
+/// client connection reaches A anew; whether B sees a new TLS connection, and both sidecars a
+/// handshake, per request is up to A's pooling.
+fn connection_per_request_table(bench: &Bench, certs: &MeshCerts, contenders: &[Proxy]) -> Table {
+    let s = &bench.settings;
+    let connections = super::latency::CONNECTIONS;
+    let mut table = Table::new(
+        "mtls-close",
+        &format!("5c. mTLS, a new client connection per request: two sidecars back to back, 2 workers each; HTTP/1.1 `Connection: close`, {connections} connections at once (wrk, 1 thread)"),
+        vec![
+            Column::new("rps", "", 0).with_ratios(),
+            Column::new("both sidecars' cores", "", 2),
+            Column::new("requests per core of the pair", "", 0).with_peer_ratios(),
+            Column::new("both sidecars' CPU / 1000 req", "ms", 1).with_peer_ratios(),
+            Column::new("errors", "", 0),
+        ],
+    );
+    table.notes.push(format!(
+        "Each pair as in scenario 5. wrk -t1 -c{connections} -d{}s -H 'Connection: close': every request on a new connection to A, which closes it after the answer. A's connections to B are its own business: both A's pool them across client connections, so B sees few. Requests per core = rps ÷ (both sidecars' CPU-seconds per second). {} rounds, interleaved, each pair freshly started per round (its first handshakes fall in the round); medians (min–max in brackets).",
+        s.round.as_secs().max(1),
+        s.rounds
+    ));
+    let Some(wrk) = bench.tools.wrk.clone() else {
+        for p in contenders {
+            table.push_missing(
+                p.name(),
+                "wrk not found (scripts/bench-deps installs it)".into(),
+            );
+        }
+        return table;
+    };
+    let results = interleaved("mtls-close", contenders, s.rounds, |proxy| {
+        let pair = match proxy {
+            Proxy::NoProxy => None,
+            Proxy::Remora => Some(start_remora_pair(bench, certs, Mode::Http1)?),
+            Proxy::Envoy => Some(start_envoy_pair(bench, certs, Mode::Http1)?),
+            _ => return Err("not part of this scenario".into()),
+        };
+        let addr = pair.as_ref().map_or(bench.upstream, |p| p.listen);
+        let args = load_tools::wrk_close_args(addr, connections, s.round);
+        let before = pair.as_ref().map(Pair::usage);
+        let started = Instant::now();
+        let out = bench.run_tool("wrk", &wrk, &args, s.round + super::throughput::TOOL_GRACE)?;
+        let elapsed = started.elapsed().as_secs_f64();
+        let after = pair.as_ref().map(Pair::usage);
+        let load = load_tools::parse_wrk(&out)
+            .ok_or_else(|| format!("wrk printed no report: {}", out.trim()))?;
+        let cpu = before
+            .zip(after.as_ref())
+            .map(|(b, a)| a.cpu_seconds_since(&b));
+        let cores = cpu.map(|c| c / elapsed);
+        Ok(vec![
+            Some(load.requests_per_second),
+            cores,
+            cores.map(|c| load.requests_per_second / c),
+            cpu.map(|c| cpu_ms_per_1000(c, load.requests)),
+            Some(load.errors as f64),
+        ])
+    });
+    for (proxy, rounds) in results {
+        match summarize(rounds) {
+            Ok((values, note)) => {
+                eprintln!(
+                    "mtls-close: {} {:.0} rps, {:.0} requests per core (medians)",
+                    proxy.name(),
+                    Figure::median_of(&values[0]),
+                    Figure::median_of(&values[2])
+                );
+                table.push(proxy.name(), values, note);
+            }
+            Err(why) => table.push_missing(proxy.name(), why),
+        }
+    }
+    table
 }
 
 /// Idle mesh connections opened per round and pair: enough for a steady figure per

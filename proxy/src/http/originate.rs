@@ -1,12 +1,15 @@
 //! HTTP to a mesh destination: the client sidecar's half of a mesh hop at L7.
 //!
 //! The application's requests are served here as any outbound HTTP is (statuses, retries,
-//! `reporter="source"` request metrics), and sent upstream inside mesh TLS. HTTP/1.1 mesh
-//! connections are pooled across client connections, as Envoy pools a cluster's connections:
-//! an application that opens a connection per request would otherwise cost both sidecars a
-//! TLS handshake per request. An HTTP/2 one stays the client connection's own, shared by its
-//! streams: without endpoint discovery Kubernetes balances per connection, and one HTTP/2
-//! connection shared by every client would send all of a service's traffic to one pod.
+//! `reporter="source"` request metrics), and sent upstream inside mesh TLS. A client
+//! connection keeps the mesh connection its last request used, for its next one: no lock
+//! shared with other clients, and the connection's TLS state stays warm on its thread. When
+//! the client connection ends, its idle HTTP/1.1 mesh connection goes to a pool shared by
+//! every client connection, from which a client's first request takes one, as Envoy pools a
+//! cluster's connections: an application that opens a connection per request would otherwise
+//! cost both sidecars a TLS handshake per request. An HTTP/2 one is never pooled: without
+//! endpoint discovery Kubernetes balances per connection, and one HTTP/2 connection shared by
+//! every client would send all of a service's traffic to one pod.
 
 use super::errors::{ErrorKind, ProxyError};
 use super::pool::{self, Key, Pool, PoolKey, Sender};
@@ -44,13 +47,25 @@ pub type MeshConn = Box<(ClientStream, Registration)>;
 struct State {
     /// The socket detection dialled, not yet wrapped in TLS.
     early: Option<Upstream>,
-    /// The client's HTTP/2 mesh connection (a handle on it), shared by its streams.
-    shared: Option<Sender>,
+    /// The client's idle mesh connection (HTTP/2: a handle on the one its streams share).
+    idle: Option<Sender>,
+    /// The same for the fast path, which drives the connection itself.
+    idle_raw: Option<MeshConn>,
     /// The server's sidecar on the connection the client's request went on last: the
     /// destination in metrics.
     server: Option<Arc<Peer>>,
     /// The last `x-envoy-peer-metadata` value read on that connection, to decode a new one only.
     described_as: Vec<u8>,
+    /// Where the idle connections go when the client connection ends, once one was kept.
+    home: Option<Home>,
+}
+
+/// The pool's key and bounds for this client's connections.
+#[derive(Debug)]
+struct Home {
+    key: MeshKey,
+    idle_timeout: Duration,
+    max_idle: usize,
 }
 
 /// Which mesh connections are interchangeable: the same destination and HTTP version, the same
@@ -183,6 +198,17 @@ impl Originate {
         }
     }
 
+    /// Where this client's idle connections go when it ends: noted with the first one it keeps.
+    fn note_home(&self, state: &mut State, ctx: &ConnContext) {
+        if state.home.is_none() && ctx.key.version == HttpVersion::Http1 {
+            state.home = Some(Home {
+                key: self.key(ctx),
+                idle_timeout: ctx.config.http.pool_idle_timeout,
+                max_idle: ctx.config.http.pool_max_idle_per_upstream,
+            });
+        }
+    }
+
     /// The server's sidecar, as its certificate (and ALPN) named it on the newest connection.
     pub fn server(&self) -> Option<Arc<Peer>> {
         self.state().server.clone()
@@ -211,10 +237,8 @@ impl Originate {
         idle.conn
     }
 
-    /// What is known of the server on the connection the client's request just used, to go
-    /// back to the pool with it.
-    fn release<C>(&self, conn: C) -> Idle<C> {
-        let mut state = self.state();
+    /// `conn`, with what is known of the server on it, for the shared pool.
+    fn release<C>(state: &mut State, conn: C) -> Idle<C> {
         Idle {
             conn,
             server: state.server.clone(),
@@ -222,17 +246,20 @@ impl Originate {
         }
     }
 
-    /// An idle mesh connection for a request: the client's HTTP/2 one, or an HTTP/1.1 one from
-    /// the pool.
+    /// An idle mesh connection for a request: the client's own (HTTP/2: shared by its
+    /// streams), else, for HTTP/1.1, one from the shared pool.
     pub fn checkout(&self, ctx: &ConnContext) -> Option<Sender> {
-        if ctx.key.version == HttpVersion::Http2 {
+        {
             let mut state = self.state();
-            let sender = state.shared.take()?;
-            if pool::Pooled::is_closed(&sender) {
-                return None;
+            if let Some(sender) = state.idle.take() {
+                if !pool::Pooled::is_closed(&sender) {
+                    state.idle = sender_handle(&sender);
+                    return Some(sender);
+                }
             }
-            state.shared = Some(sender_handle(&sender)?);
-            return Some(sender);
+        }
+        if ctx.key.version == HttpVersion::Http2 {
+            return None;
         }
         let timeout = ctx.config.http.pool_idle_timeout;
         let idle = self
@@ -242,31 +269,42 @@ impl Originate {
         Some(self.adopt(idle))
     }
 
-    /// Keep `sender` for the next request to the destination, from this client or another
-    /// (HTTP/1.1), or for this client's next streams (HTTP/2), unless it closed.
+    /// Keep `sender` for the client's next request (HTTP/2: its next streams), unless it
+    /// closed; one more than the client can use goes to the shared pool.
     pub fn checkin(&self, ctx: &ConnContext, sender: Sender) {
         if pool::Pooled::is_closed(&sender) {
             return;
         }
-        if let Sender::Http2(_) = sender {
+        let spare = {
             let mut state = self.state();
-            if state.shared.is_none() {
-                state.shared = Some(sender);
+            if state.idle.is_none() {
+                self.note_home(&mut state, ctx);
+                state.idle = Some(sender);
+                return;
             }
-            return;
-        }
+            match sender {
+                Sender::Http2(_) => return,
+                Sender::Http1(_) => Self::release(&mut state, sender),
+            }
+        };
         let http = &ctx.config.http;
-        let idle = self.release(sender);
         self.pool.senders.checkin(
             self.key(ctx),
-            idle,
+            spare,
             http.pool_idle_timeout,
             http.pool_max_idle_per_upstream,
         );
     }
 
-    /// An idle mesh connection for the fast path, from the pool.
+    /// An idle mesh connection for the fast path: the client's own, else one from the
+    /// shared pool.
     pub fn checkout_raw(&self, ctx: &ConnContext) -> Option<MeshConn> {
+        let own = self.state().idle_raw.take();
+        if let Some(conn) = own {
+            if !closed_while_idle(&conn.0) {
+                return Some(conn);
+            }
+        }
         let timeout = ctx.config.http.pool_idle_timeout;
         let idle = self
             .pool
@@ -275,13 +313,22 @@ impl Originate {
         Some(self.adopt(idle))
     }
 
-    /// Put the fast path's mesh connection back in the pool, for any client's next request.
+    /// Keep the fast path's mesh connection for the client's next request; one more than it
+    /// can use goes to the shared pool.
     pub fn checkin_raw(&self, ctx: &ConnContext, conn: MeshConn) {
+        let spare = {
+            let mut state = self.state();
+            if state.idle_raw.is_none() {
+                self.note_home(&mut state, ctx);
+                state.idle_raw = Some(conn);
+                return;
+            }
+            Self::release(&mut state, conn)
+        };
         let http = &ctx.config.http;
-        let idle = self.release(conn);
         self.pool.raw.checkin(
             self.key(ctx),
-            idle,
+            spare,
             http.pool_idle_timeout,
             http.pool_max_idle_per_upstream,
         );
@@ -363,6 +410,32 @@ impl Originate {
             state.described_as.clear();
         }
         Ok(Box::new((stream, registration)))
+    }
+}
+
+/// The client connection is over: its idle HTTP/1.1 mesh connections go to the shared pool,
+/// for other clients' requests.
+impl Drop for Originate {
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let Some(home) = state.home.take() else {
+            return;
+        };
+        if let Some(conn) = state.idle_raw.take() {
+            if !closed_while_idle(&conn.0) {
+                let idle = Self::release(state, conn);
+                let key = home.key.clone();
+                self.pool
+                    .raw
+                    .checkin(key, idle, home.idle_timeout, home.max_idle);
+            }
+        }
+        if let Some(sender @ Sender::Http1(_)) = state.idle.take() {
+            let idle = Self::release(state, sender);
+            self.pool
+                .senders
+                .checkin(home.key, idle, home.idle_timeout, home.max_idle);
+        }
     }
 }
 

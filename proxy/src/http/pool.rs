@@ -178,8 +178,14 @@ impl<C: Pooled, K: PoolKey + Send + Sync + 'static> Pool<C, K> {
         if self.reaper_started.swap(true, Ordering::Relaxed) {
             return;
         }
+        // A connection put back while no runtime runs (dropped with its client's state on
+        // the way out) is reaped by the next reaper.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.reaper_started.store(false, Ordering::Relaxed);
+            return;
+        };
         let pool = Arc::downgrade(self);
-        tokio::spawn(reap(pool));
+        runtime.spawn(reap(pool));
     }
 
     /// Drop every expired or closed idle connection.
