@@ -118,6 +118,7 @@ pub async fn handle(
     let mut deadline = timeout.map(|t| Box::pin(tokio::time::sleep(t)));
 
     // Phase 2: upstream.
+    headers::upstream_version(&mut parts);
     let sending = attempts(&ctx, parts, body, received, upgrade, &mut end.flags);
     let result = match &mut deadline {
         Some(d) => tokio::select! {

@@ -33,6 +33,18 @@ pub fn check_request(headers: &HeaderMap) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// An HTTP/1.0 request that names its host goes upstream as HTTP/1.1, as Envoy's upstream codec
+/// always speaks HTTP/1.1: the upstream connection then stays open for the next request (an
+/// HTTP/1.0 request would have the server close it, and each such client cost a new upstream
+/// connection, inside mesh TLS a handshake). Its body, if any, is sized, as HTTP/1.0 bodies
+/// are. One without a Host stays HTTP/1.0, which does not require one. The client is still
+/// answered in HTTP/1.0 terms: hyper closes after the response and never chunks it.
+pub fn upstream_version(parts: &mut http::request::Parts) {
+    if parts.version == http::Version::HTTP_10 && parts.headers.contains_key(header::HOST) {
+        parts.version = http::Version::HTTP_11;
+    }
+}
+
 /// The request's target and Host as RFC 9112 wants them of HTTP/1.1 (HTTP/2 carries them in
 /// pseudo-headers): exactly one Host (an absolute-form target has been given its own by
 /// then; CONNECT names its authority in the target), and an origin-form target (`*` for
@@ -236,6 +248,28 @@ mod tests {
             );
         }
         h
+    }
+
+    #[test]
+    fn http_1_0_with_a_host_goes_upstream_as_http_1_1() {
+        let parts = |version, host: Option<&str>| {
+            let mut b = http::Request::builder().version(version).uri("/a");
+            if let Some(h) = host {
+                b = b.header(header::HOST, h);
+            }
+            let (mut parts, ()) = b.body(()).unwrap().into_parts();
+            upstream_version(&mut parts);
+            parts.version
+        };
+        use http::Version as V;
+        assert_eq!(parts(V::HTTP_10, Some("a")), V::HTTP_11);
+        assert_eq!(
+            parts(V::HTTP_10, None),
+            V::HTTP_10,
+            "no Host: stays HTTP/1.0"
+        );
+        assert_eq!(parts(V::HTTP_11, Some("a")), V::HTTP_11);
+        assert_eq!(parts(V::HTTP_2, None), V::HTTP_2);
     }
 
     #[test]
