@@ -194,60 +194,6 @@ fn http1_keep_alive_uses_one_pooled_upstream_connection_and_rewrites_headers() {
     drop(remora);
 }
 
-/// HTTP/1.0 clients (one connection per request, as `ab` and many scripts send them) are
-/// served upstream in HTTP/1.1, as Envoy's upstream codec always speaks: the upstream
-/// connection stays pooled for the next client instead of closing after each request. The
-/// client is still answered in HTTP/1.0: a chunked answer reaches it close-delimited, whole.
-#[test]
-fn http_1_0_clients_share_a_pooled_upstream_connection_and_get_1_0_answers() {
-    let Some(net) = PodNet::create_or_skip() else {
-        return;
-    };
-    net.capture_default();
-    let remora = net.remora().start_ready();
-    let _origin = origin(&net.peer, net.peer_addr(ORIGIN_PORT));
-    let base = format!("http://{}", net.peer_addr(ORIGIN_PORT));
-    let http10 = |path: &str| {
-        let out = peer::curl(
-            &net.pod,
-            &["-s", "--http1.0", &format!("{base}{path}")],
-            CURL_TIME,
-        );
-        curl_ok(&out, &format!("HTTP/1.0 GET {path}"))
-    };
-    let before = http10("/connections");
-    for _ in 0..3 {
-        assert_eq!(http10("/hello"), "hello\n");
-    }
-    let after = http10("/connections");
-    assert_eq!(
-        after,
-        before,
-        "four HTTP/1.0 client connections opened upstream connections of their own; {}",
-        remora.stderr()
-    );
-
-    let size = 100_000;
-    let out = peer::curl(
-        &net.pod,
-        &[
-            "-s",
-            "--http1.0",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_version} %{size_download}",
-            &format!("{base}/download?size={size}&chunked=1"),
-        ],
-        CURL_TIME,
-    );
-    assert_eq!(
-        curl_ok(&out, "a chunked answer to an HTTP/1.0 client"),
-        format!("1 {size}"),
-        "the answer was not HTTP/1.0 with the whole body"
-    );
-}
-
 #[test]
 fn ten_megabyte_bodies_stream_both_ways_sized_and_chunked_with_100_continue() {
     let Some(net) = PodNet::create_or_skip() else {

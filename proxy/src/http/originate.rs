@@ -68,6 +68,23 @@ struct Home {
     max_idle: usize,
 }
 
+impl State {
+    /// `conn` is one more than the client can use: it goes to the shared pool with what is
+    /// known of its server. Without a home (HTTP/2, whose one handle is enough) it is dropped.
+    fn spare<C>(&mut self, pool: &Arc<Pool<Idle<C>, MeshKey>>, conn: C)
+    where
+        Idle<C>: pool::Pooled,
+    {
+        let Some(home) = &self.home else { return };
+        let idle = Idle {
+            conn,
+            server: self.server.clone(),
+            described_as: std::mem::take(&mut self.described_as),
+        };
+        pool.checkin(home.key.clone(), idle, home.idle_timeout, home.max_idle);
+    }
+}
+
 /// Which mesh connections are interchangeable: the same destination and HTTP version, the same
 /// client config (our certificate, the identities the server must prove, the ALPN offer) and
 /// the same server name.
@@ -154,13 +171,6 @@ pub struct MeshPool {
     senders: Arc<Pool<Idle<Sender>, MeshKey>>,
 }
 
-impl MeshPool {
-    /// Idle connections held now, of either kind.
-    pub fn idle_count(&self) -> usize {
-        self.raw.idle_count() + self.senders.idle_count()
-    }
-}
-
 impl Originate {
     /// `client` offers Istio's ALPN values for the client's HTTP version; `early` is the socket
     /// detection opened, if it did; `pool` holds the idle mesh connections of every client.
@@ -237,15 +247,6 @@ impl Originate {
         idle.conn
     }
 
-    /// `conn`, with what is known of the server on it, for the shared pool.
-    fn release<C>(state: &mut State, conn: C) -> Idle<C> {
-        Idle {
-            conn,
-            server: state.server.clone(),
-            described_as: std::mem::take(&mut state.described_as),
-        }
-    }
-
     /// An idle mesh connection for a request: the client's own (HTTP/2: shared by its
     /// streams), else, for HTTP/1.1, one from the shared pool.
     pub fn checkout(&self, ctx: &ConnContext) -> Option<Sender> {
@@ -275,25 +276,13 @@ impl Originate {
         if pool::Pooled::is_closed(&sender) {
             return;
         }
-        let spare = {
-            let mut state = self.state();
-            if state.idle.is_none() {
-                self.note_home(&mut state, ctx);
-                state.idle = Some(sender);
-                return;
-            }
-            match sender {
-                Sender::Http2(_) => return,
-                Sender::Http1(_) => Self::release(&mut state, sender),
-            }
-        };
-        let http = &ctx.config.http;
-        self.pool.senders.checkin(
-            self.key(ctx),
-            spare,
-            http.pool_idle_timeout,
-            http.pool_max_idle_per_upstream,
-        );
+        let mut state = self.state();
+        self.note_home(&mut state, ctx);
+        if state.idle.is_none() {
+            state.idle = Some(sender);
+            return;
+        }
+        state.spare(&self.pool.senders, sender);
     }
 
     /// An idle mesh connection for the fast path: the client's own, else one from the
@@ -316,22 +305,13 @@ impl Originate {
     /// Keep the fast path's mesh connection for the client's next request; one more than it
     /// can use goes to the shared pool.
     pub fn checkin_raw(&self, ctx: &ConnContext, conn: MeshConn) {
-        let spare = {
-            let mut state = self.state();
-            if state.idle_raw.is_none() {
-                self.note_home(&mut state, ctx);
-                state.idle_raw = Some(conn);
-                return;
-            }
-            Self::release(&mut state, conn)
-        };
-        let http = &ctx.config.http;
-        self.pool.raw.checkin(
-            self.key(ctx),
-            spare,
-            http.pool_idle_timeout,
-            http.pool_max_idle_per_upstream,
-        );
+        let mut state = self.state();
+        self.note_home(&mut state, ctx);
+        if state.idle_raw.is_none() {
+            state.idle_raw = Some(conn);
+            return;
+        }
+        state.spare(&self.pool.raw, conn);
     }
 
     /// An `x-envoy-peer-metadata` value from a response the fast path read: decoded when it
@@ -418,23 +398,13 @@ impl Originate {
 impl Drop for Originate {
     fn drop(&mut self) {
         let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
-        let Some(home) = state.home.take() else {
-            return;
-        };
         if let Some(conn) = state.idle_raw.take() {
             if !closed_while_idle(&conn.0) {
-                let idle = Self::release(state, conn);
-                let key = home.key.clone();
-                self.pool
-                    .raw
-                    .checkin(key, idle, home.idle_timeout, home.max_idle);
+                state.spare(&self.pool.raw, conn);
             }
         }
-        if let Some(sender @ Sender::Http1(_)) = state.idle.take() {
-            let idle = Self::release(state, sender);
-            self.pool
-                .senders
-                .checkin(home.key, idle, home.idle_timeout, home.max_idle);
+        if let Some(sender) = state.idle.take() {
+            state.spare(&self.pool.senders, sender);
         }
     }
 }
@@ -458,157 +428,4 @@ pub fn alpn(version: HttpVersion) -> [&'static [u8]; 2] {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::identity::Store;
-    use crate::tls::test_certs::Ca;
-    use crate::tls::Mesh;
-    use remora_config::TlsConfig;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::{TcpListener, TcpStream};
-
-    const SERVER: &str = "spiffe://cluster.local/ns/default/sa/httpbin";
-
-    fn mesh(ca: &Ca, id: &str) -> Mesh {
-        let store = Arc::new(Store::default());
-        store.set(Arc::new(ca.identity(id)));
-        Mesh::new(store)
-    }
-
-    /// A mesh connection over loopback that has carried one request and its answer, and the
-    /// server's end of it.
-    async fn used_pair() -> (ClientStream, tokio_rustls::server::TlsStream<TcpStream>) {
-        let ca = Ca::new("mesh");
-        let tls = TlsConfig::default();
-        let client = mesh(&ca, "spiffe://cluster.local/ns/default/sa/sleep")
-            .client_config(&tls, &[SERVER.to_string()], &alpn(HttpVersion::Http1))
-            .unwrap()
-            .unwrap();
-        let server = mesh(&ca, SERVER).server_config(&tls).unwrap().unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let name =
-            ServerName::try_from("outbound_.80_._.httpbin.default.svc.cluster.local").unwrap();
-        let connecting = async {
-            let socket = TcpStream::connect(addr).await.unwrap();
-            tokio_rustls::TlsConnector::from(client)
-                .connect(name, socket)
-                .await
-                .unwrap()
-        };
-        let accepting = async {
-            let (socket, _) = listener.accept().await.unwrap();
-            tokio_rustls::TlsAcceptor::from(server)
-                .accept(socket)
-                .await
-                .unwrap()
-        };
-        let (mut c, mut s) = tokio::join!(connecting, accepting);
-        c.write_all(b"request").await.unwrap();
-        c.flush().await.unwrap();
-        let mut got = [0u8; 7];
-        s.read_exact(&mut got).await.unwrap();
-        s.write_all(b"answer").await.unwrap();
-        s.flush().await.unwrap();
-        let mut got = [0u8; 6];
-        c.read_exact(&mut got).await.unwrap();
-        assert_eq!(&got, b"answer");
-        (c, s)
-    }
-
-    /// Lets the reactor see what arrived.
-    async fn settle() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-
-    #[tokio::test]
-    async fn a_quiet_mesh_connection_is_open_and_one_the_server_ended_is_closed() {
-        let (c, mut s) = used_pair().await;
-        settle().await;
-        assert!(!closed_while_idle(&c), "a quiet connection looked closed");
-        // close_notify, then FIN: what a server that closes an idle connection sends.
-        s.shutdown().await.unwrap();
-        settle().await;
-        assert!(
-            closed_while_idle(&c),
-            "a connection the server ended looked open"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_mesh_connection_with_bytes_no_request_asked_for_is_closed() {
-        let (c, mut s) = used_pair().await;
-        s.write_all(b"unasked").await.unwrap();
-        s.flush().await.unwrap();
-        settle().await;
-        assert!(
-            closed_while_idle(&c),
-            "unasked bytes left the connection pooled"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_reset_mesh_connection_is_closed() {
-        let (c, s) = used_pair().await;
-        let (socket, _) = s.into_inner();
-        socket2::SockRef::from(&socket)
-            .set_linger(Some(Duration::ZERO))
-            .unwrap();
-        drop(socket);
-        settle().await;
-        assert!(closed_while_idle(&c), "a reset connection looked open");
-    }
-
-    fn key(client: &Arc<rustls::ClientConfig>, name: &str, port: u16) -> MeshKey {
-        MeshKey {
-            conn: Key {
-                destination: ([10, 0, 0, 7], port).into(),
-                source: None,
-                version: HttpVersion::Http1,
-            },
-            client: Arc::clone(client),
-            name: Arc::new(ServerName::try_from(name.to_string()).unwrap()),
-        }
-    }
-
-    #[test]
-    fn mesh_connections_are_shared_only_with_the_same_destination_tls_and_name() {
-        let ca = Ca::new("mesh");
-        let tls = TlsConfig::default();
-        let ours = mesh(&ca, "spiffe://cluster.local/ns/default/sa/sleep");
-        let client = ours
-            .client_config(&tls, &[SERVER.to_string()], &alpn(HttpVersion::Http1))
-            .unwrap()
-            .unwrap();
-        let other = ours
-            .client_config(
-                &tls,
-                &["spiffe://cluster.local/ns/default/sa/other".to_string()],
-                &alpn(HttpVersion::Http1),
-            )
-            .unwrap()
-            .unwrap();
-        let name = "outbound_.80_._.httpbin.default.svc.cluster.local";
-        let a = key(&client, name, 80);
-        // Built apart, as each client connection builds its own: equal, and hashed alike.
-        let b = key(&client, name, 80);
-        assert_eq!(a, b);
-        let hash = |k: &MeshKey| {
-            let mut h = std::hash::DefaultHasher::new();
-            k.hash(&mut h);
-            h.finish()
-        };
-        assert_eq!(hash(&a), hash(&b));
-        assert_ne!(a, key(&client, name, 81), "another destination");
-        assert_ne!(a, key(&other, name, 80), "another expected identity");
-        assert_ne!(
-            a,
-            key(
-                &client,
-                "outbound_.80_._.other.default.svc.cluster.local",
-                80
-            ),
-            "another server name"
-        );
-    }
-}
+mod tests;
