@@ -7,7 +7,8 @@
 //! tests check them without launching anything); [`process`] starts programs pinned to a core,
 //! reads their CPU time and memory from `/proc`, and kills them by PID; [`cores`] reads how busy
 //! each core was and how much of it the hypervisor took; [`upstream`] is the
-//! server every proxy forwards to (1 KiB responses over HTTP/1.1, h2c and gRPC); [`open_loop`]
+//! server every proxy forwards to (1 KiB responses over HTTP/1.1, h2c and gRPC); [`floor`] is
+//! the least a proxy can do (an epoll loop that relays bytes), a reference row; [`open_loop`]
 //! is the fixed-rate load generator with coordinated-omission correction; [`tcp_load`] opens
 //! connections as fast as it can or holds many idle; [`load_tools`] drives and parses wrk,
 //! h2load and iperf3; [`scenarios`] puts these together per scenario (interleaved rounds,
@@ -15,6 +16,7 @@
 //! matrices as markdown and JSON, and [`targets`] judges the targets from them.
 
 pub mod cores;
+pub mod floor;
 pub mod load_tools;
 pub mod mesh_certs;
 pub mod open_loop;

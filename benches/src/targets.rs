@@ -8,6 +8,8 @@ use std::fmt::Write as _;
 
 /// The row the targets are about.
 pub const REMORA: &str = "remora";
+/// The reference row that relays bytes and nothing else ([`crate::floor`]).
+pub const FLOOR: &str = "floor";
 
 /// What a figure is compared with.
 #[derive(Debug, Clone, Copy)]
@@ -143,6 +145,10 @@ pub struct Verdict {
     /// ran minutes apart): how many met the bound, of how many had both figures. The verdict is
     /// the medians'; this says how close to the bound the rounds were.
     pub rounds_meeting: Option<(usize, usize)>,
+    /// The floor's ratio to the same row, where the target's table has a floor row: what a
+    /// proxy that parses nothing reached in the same run. Above the bound, no proxy's code
+    /// could have met it on this machine that hour.
+    pub floor: Option<f64>,
 }
 
 /// Judges every target against `tables`.
@@ -162,6 +168,7 @@ fn judge_one(target: &Target, tables: &[Table]) -> Verdict {
         unit,
         result: "not measured".into(),
         rounds_meeting: None,
+        floor: None,
     };
     let found = target.sources.iter().find_map(|(id, column)| {
         let table = tables.iter().find(|t| t.id == *id)?;
@@ -173,6 +180,13 @@ fn judge_one(target: &Target, tables: &[Table]) -> Verdict {
         return verdict;
     };
     verdict.source = Some(format!("{id} / {column}"));
+    if let Against::Row(other) = target.against {
+        verdict.floor = table
+            .figure(FLOOR, column)
+            .zip(table.figure(other, column))
+            .filter(|(_, theirs)| theirs.median > 0.0)
+            .map(|(floor, theirs)| floor.median / theirs.median);
+    }
     let measured = match target.against {
         Against::Absolute(_) => Some(ours.median),
         Against::Row(other) => match table.figure(other, column) {
@@ -345,8 +359,10 @@ pub fn markdown(verdicts: &[Verdict]) -> String {
         "### Targets (Remora's medians; ratios to the other row's median in the same run)\n\n\
          \"rounds meeting it\": the same ratio taken round by round (Remora's round against the other \
          row's round of the same number), and how many of them met the target. The result is the \
-         medians'; a target that only some rounds meet sits on its bound on this machine.\n\n\
-         | target | measured | result | rounds meeting it | from |\n|---|---|---|---|---|\n",
+         medians'; a target that only some rounds meet sits on its bound on this machine. \
+         \"the floor\": the same ratio for the floor row, a forwarder that relays bytes and parses \
+         nothing; where it is past the bound too, no proxy could have met the target in this run.\n\n\
+         | target | measured | result | rounds meeting it | the floor | from |\n|---|---|---|---|---|---|\n",
     );
     for v in verdicts {
         let measured = v
@@ -358,9 +374,10 @@ pub fn markdown(verdicts: &[Verdict]) -> String {
         let rounds = v
             .rounds_meeting
             .map_or("–".to_string(), |(met, of)| format!("{met} of {of}"));
+        let floor = v.floor.map_or("–".to_string(), |f| format!("{f:.2}×"));
         let _ = writeln!(
             out,
-            "| {} | {measured} | {} | {rounds} | {} |",
+            "| {} | {measured} | {} | {rounds} | {floor} | {} |",
             v.target,
             v.result,
             v.source.as_deref().unwrap_or("–")
@@ -432,10 +449,44 @@ mod tests {
 
         let md = markdown(&verdicts);
         assert!(
-            md.contains("| HTTP/1.1 rps per core ≥ 3× Envoy's | 2.50× | fail | 0 of 1 | throughput-http1 / req/s per proxy core |"),
+            md.contains("| HTTP/1.1 rps per core ≥ 3× Envoy's | 2.50× | fail | 0 of 1 | – | throughput-http1 / req/s per proxy core |"),
             "{md}"
         );
         assert!(md.contains("| 3.5 KiB | pass | 1 of 1 |"), "{md}");
+    }
+
+    #[test]
+    fn the_floor_row_gets_the_same_ratio_where_its_table_has_it() {
+        let mut cost = one_column(
+            "cost",
+            Column::new("CPU / 1000 req at 1000 rps", "ms", 1).with_ratios(),
+        );
+        cost.push(REMORA, vec![f(76.0)], None);
+        cost.push("haproxy", vec![f(80.0)], None);
+        cost.push(FLOOR, vec![f(70.0)], None);
+        let mut latency = one_column("latency", Column::new("added p50", "µs", 0).with_ratios());
+        latency.push(REMORA, vec![f(150.0)], None);
+        latency.push("haproxy", vec![f(160.0)], None);
+        let verdicts = judge(&[cost, latency]);
+        let cpu = verdict(&verdicts, "CPU per 1000");
+        assert_eq!((cpu.measured, cpu.result.as_str()), (Some(0.95), "fail"));
+        // 70 ÷ 80: past the 0.85× bound even for a proxy that parses nothing.
+        assert_eq!(cpu.floor, Some(0.875));
+        assert_eq!(
+            verdict(&verdicts, "added p50").floor,
+            None,
+            "no floor row there"
+        );
+        assert_eq!(
+            verdict(&verdicts, "≤ 4 KiB").floor,
+            None,
+            "absolute targets have none"
+        );
+        let md = markdown(&verdicts);
+        assert!(
+            md.contains("| 0.95× | fail | 0 of 1 | 0.88× | cost /"),
+            "{md}"
+        );
     }
 
     #[test]
@@ -455,7 +506,7 @@ mod tests {
         assert_eq!((p99.measured, p99.result.as_str()), (Some(0.8), "pass"));
         let md = markdown(&verdicts);
         assert!(
-            md.contains("| 0.80× | pass | 2 of 4 | latency / added p99 |"),
+            md.contains("| 0.80× | pass | 2 of 4 | – | latency / added p99 |"),
             "{md}"
         );
     }

@@ -11,7 +11,7 @@ use remora_benches::process::{self, Registry, LOAD_CPU, PROXY_CPU};
 use remora_benches::proxy_config::Proxy;
 use remora_benches::report::{Machine, Report};
 use remora_benches::scenarios::{self, Bench, Settings, Tools};
-use remora_benches::{open_loop, targets, upstream, wakeup};
+use remora_benches::{floor, open_loop, targets, upstream, wakeup};
 use std::fmt::Write as _;
 use std::fs;
 use std::net::SocketAddr;
@@ -32,8 +32,8 @@ struct Cli {
     /// Scenarios to run (repeatable); all by default.
     #[arg(long, value_enum)]
     scenario: Vec<Scenario>,
-    /// Contenders, comma-separated: no-proxy, remora, envoy, haproxy, nginx, remora-tcp (all by
-    /// default). Ratios need no-proxy and envoy.
+    /// Contenders, comma-separated: no-proxy, remora, envoy, haproxy, nginx, remora-tcp, floor
+    /// (all by default). Ratios need no-proxy and envoy.
     #[arg(long, value_delimiter = ',')]
     proxies: Vec<String>,
     /// The Remora binary (default: target/release/remora).
@@ -54,6 +54,15 @@ enum Internal {
     Upstream {
         #[arg(long)]
         listen: SocketAddr,
+    },
+    /// The floor contender (started by the harness itself): an epoll loop relaying bytes
+    /// between each client connection and an upstream connection of its own, parsing nothing.
+    #[command(hide = true)]
+    Floor {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long)]
+        upstream: SocketAddr,
     },
     /// Scenario 1's load alone against one address, for profiling a proxy by hand: evenly
     /// paced `GET /` over keep-alive connections, then the corrected latency percentiles.
@@ -228,6 +237,9 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Internal::Upstream { listen }) => {
             return finish("upstream", upstream::serve_forever(listen));
+        }
+        Some(Internal::Floor { listen, upstream }) => {
+            return finish("floor", floor::forward_forever(listen, upstream));
         }
         Some(Internal::Load {
             target,

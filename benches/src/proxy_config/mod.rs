@@ -21,17 +21,21 @@ pub enum Proxy {
     Envoy,
     Haproxy,
     Nginx,
+    /// The least a proxy can do ([`crate::floor`]): relays bytes, parses nothing. A reference
+    /// row in the 1000 rps scenarios, for what the machine alone costs.
+    Floor,
 }
 
 impl Proxy {
     /// Every contender, in table order.
-    pub const ALL: [Proxy; 6] = [
+    pub const ALL: [Proxy; 7] = [
         Proxy::NoProxy,
         Proxy::Remora,
         Proxy::Envoy,
         Proxy::Haproxy,
         Proxy::Nginx,
         Proxy::RemoraTcp,
+        Proxy::Floor,
     ];
 
     /// The name in tables, JSON and `--proxies`.
@@ -43,6 +47,7 @@ impl Proxy {
             Proxy::Envoy => "envoy",
             Proxy::Haproxy => "haproxy",
             Proxy::Nginx => "nginx",
+            Proxy::Floor => "floor",
         }
     }
 

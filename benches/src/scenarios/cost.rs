@@ -8,6 +8,7 @@
 use super::measure::{measure_quietly, repeated_note};
 use super::{
     cpu_ms_per_1000, interleaved, latency, median, mib, seconds, summarize, Bench, Contender,
+    FLOOR_NOTE,
 };
 use crate::open_loop::{self, Plan};
 use crate::proxy_config::{Mode, Proxy};
@@ -49,8 +50,9 @@ pub fn run(bench: &Bench) -> Table {
     ));
     table.notes.push(WAKE_UPS_NOTE.to_string());
     table.notes.push(PER_WAKE_UP_NOTE.to_string());
+    table.notes.push(FLOOR_NOTE.to_string());
     let proxies: Vec<Proxy> = s
-        .contenders(false)
+        .contenders(&[Proxy::Floor])
         .into_iter()
         .filter(|p| *p != Proxy::NoProxy)
         .collect();

@@ -3,7 +3,7 @@
 //! over no proxy. The recorded time is split into interleaved rounds whose histograms are merged.
 
 use super::measure::{core_columns, measure_quietly, repeated_note, CORES_NOTE};
-use super::{cpu_ms_per_1000, interleaved, mib, seconds, summarize, Bench};
+use super::{cpu_ms_per_1000, interleaved, mib, seconds, summarize, Bench, FLOOR_NOTE};
 use crate::open_loop::{self, Outcome, Plan};
 use crate::proxy_config::{Mode, Proxy};
 use crate::report::{Column, Figure, Table};
@@ -55,21 +55,27 @@ pub fn run(bench: &Bench) -> Table {
     ));
     table.notes.push("\"added\" = this row's percentile − no proxy's in the same round. remora-tcp is Remora forwarding opaque TCP (L4): a reference, not like-for-like.".into());
     table.notes.push("\"over 1 ms\" = the per cent of requests slower than 1 ms. Each request through a proxy makes four hops between the cores, and the machine stalls a few hops in a thousand for milliseconds (the header's hop line); once this nears 1%, the round's p99 falls among those stalls and says more about the machine than about the proxy.".into());
+    table.notes.push(FLOOR_NOTE.into());
     table.notes.push(CORES_NOTE.into());
     let mut repeated: HashMap<Proxy, usize> = HashMap::new();
-    let results = interleaved("latency", &s.contenders(true), s.rounds, |proxy| {
-        let (round, again) = measure_quietly(proxy.name(), || {
-            let contender = bench.start(proxy, Mode::Http1, bench.upstream)?;
-            let (outcome, cost) = bench.measure_after(&contender, plan.warmup, || {
-                bench.block_on(open_loop::run(contender.addr, plan))
+    let results = interleaved(
+        "latency",
+        &s.contenders(&[Proxy::RemoraTcp, Proxy::Floor]),
+        s.rounds,
+        |proxy| {
+            let (round, again) = measure_quietly(proxy.name(), || {
+                let contender = bench.start(proxy, Mode::Http1, bench.upstream)?;
+                let (outcome, cost) = bench.measure_after(&contender, plan.warmup, || {
+                    bench.block_on(open_loop::run(contender.addr, plan))
+                });
+                outcome
+                    .map(|o| (o, cost))
+                    .map_err(|e| format!("load failed: {e:#}"))
             });
-            outcome
-                .map(|o| (o, cost))
-                .map_err(|e| format!("load failed: {e:#}"))
-        });
-        *repeated.entry(proxy).or_default() += again;
-        round
-    });
+            *repeated.entry(proxy).or_default() += again;
+            round
+        },
+    );
     // Each round's added latency is over no proxy's in the same round: interleaving makes
     // them neighbours in time, so a burst of outside load shows in both.
     let baseline: Vec<Option<Vec<f64>>> = results

@@ -116,16 +116,24 @@ impl Settings {
         }
     }
 
-    /// The contenders of a scenario: `http` scenarios add the Remora-in-TCP-mode reference
-    /// row; the others drop it (it would repeat Remora's row).
-    pub fn contenders(&self, http: bool) -> Vec<Proxy> {
+    /// The contenders of a scenario, with those of the reference rows (Remora in TCP mode, the
+    /// floor) that it admits: Remora in TCP mode where the others parse HTTP (elsewhere it
+    /// would repeat Remora's row), the floor where the load is Istio's 1000 rps.
+    pub fn contenders(&self, references: &[Proxy]) -> Vec<Proxy> {
         self.proxies
             .iter()
             .copied()
-            .filter(|p| http || *p != Proxy::RemoraTcp)
+            .filter(|p| !REFERENCES.contains(p) || references.contains(p))
             .collect()
     }
 }
+
+/// How to read the floor's row, under every table that has one.
+pub const FLOOR_NOTE: &str = "floor is the least a proxy can do, a reference row: one epoll loop (`harness floor`, on the proxy core) that relays bytes between each client connection and an upstream connection of its own, with one read and one write per event and nothing else: no HTTP, no metrics, no timers, no allocation per request. What it costs at 1000 rps is what the machine charges any proxy for the same hops; a bound below it is out of every proxy's reach in that run.";
+
+/// The rows that are there to read the others by, not to compete: each scenario says which
+/// of them it runs ([`Settings::contenders`]).
+pub const REFERENCES: [Proxy; 2] = [Proxy::RemoraTcp, Proxy::Floor];
 
 /// A running contender.
 #[derive(Debug)]
@@ -309,6 +317,17 @@ impl Bench {
         let listen: SocketAddr = format!("127.0.0.1:{}", ports[0]).parse()?;
         let (program, args) = match proxy {
             Proxy::NoProxy => anyhow::bail!("no proxy has nothing to launch"),
+            // Mode does not matter to it: it relays bytes whatever they are.
+            Proxy::Floor => (
+                self.tools.harness.clone(),
+                vec![
+                    "floor".to_string(),
+                    "--listen".into(),
+                    listen.to_string(),
+                    "--upstream".into(),
+                    upstream.to_string(),
+                ],
+            ),
             Proxy::Remora | Proxy::RemoraTcp => {
                 let program = self.tools.remora.clone().ok_or_else(|| {
                     missing("target/release/remora (cargo build --release -p remora)")
@@ -534,8 +553,13 @@ mod tests {
         // least 20 s at 1000 rps, in those rounds.
         assert!(roomy.rounds >= 5);
         assert!(roomy.latency_round * roomy.rounds as u32 >= Duration::from_secs(20));
-        assert!(!roomy.contenders(false).contains(&Proxy::RemoraTcp));
-        assert!(roomy.contenders(true).contains(&Proxy::RemoraTcp));
+        // A scenario runs the reference rows it names and no other; the others always.
+        let none = roomy.contenders(&[]);
+        assert!(!none.contains(&Proxy::RemoraTcp) && !none.contains(&Proxy::Floor));
+        assert!(none.contains(&Proxy::Remora) && none.contains(&Proxy::Haproxy));
+        let floor_only = roomy.contenders(&[Proxy::Floor]);
+        assert!(floor_only.contains(&Proxy::Floor) && !floor_only.contains(&Proxy::RemoraTcp));
+        assert_eq!(roomy.contenders(&REFERENCES), Proxy::ALL.to_vec());
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub fn run(bench: &Bench) -> Vec<Table> {
     ));
     table.notes.push("The same job on both sides: both A's parse HTTP and pool their TLS connections to B across client connections. With 16 keep-alive connections the TLS handshakes fall in the warm-up.".into());
     let contenders: Vec<Proxy> = s
-        .contenders(false)
+        .contenders(&[])
         .into_iter()
         .filter(|p| matches!(p, Proxy::NoProxy | Proxy::Remora | Proxy::Envoy))
         .collect();

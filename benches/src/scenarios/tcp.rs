@@ -49,7 +49,7 @@ fn bulk(bench: &Bench) -> Table {
     };
     let results = interleaved(
         "tcp bulk",
-        &bench.settings.contenders(false),
+        &bench.settings.contenders(&[]),
         bench.settings.rounds,
         |proxy| {
             let (_, server_addr) = server.as_ref().map_err(Clone::clone)?;
@@ -127,7 +127,7 @@ fn connection_rate(bench: &Bench) -> Table {
     table.notes.push(CORES_NOTE.into());
     let results = interleaved(
         "tcp connections",
-        &bench.settings.contenders(false),
+        &bench.settings.contenders(&[]),
         bench.settings.rounds,
         |proxy| {
             let contender = bench.start(proxy, Mode::Tcp, bench.upstream)?;

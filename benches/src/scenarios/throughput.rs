@@ -51,7 +51,7 @@ pub fn rounds_note(bench: &Bench) -> String {
 /// Runs both halves of the scenario.
 pub fn run(bench: &Bench) -> Vec<Table> {
     let run = bench.settings.round;
-    let contenders = bench.settings.contenders(true);
+    let contenders = bench.settings.contenders(&[Proxy::RemoraTcp]);
 
     let mut http1 = Table::new(
         "throughput-http1",
