@@ -19,14 +19,16 @@ use crate::tcp_load;
 const WAKE_UPS_NOTE: &str = "Wake-ups: the times the proxy's threads were put on a CPU (schedstat), per request, over the same 1000 rps run. At this rate a proxy sleeps between events, and being woken costs CPU of its own (the machine line \"a wake-up costs\" measures it without any proxy): wake-ups × that cost is a floor under every proxy's CPU per request that no proxy's code sets.";
 
 /// How to read the two columns that split CPU per request around the wake-ups.
-const PER_WAKE_UP_NOTE: &str = "CPU per wake-up: CPU per request ÷ wake-ups per request, to read beside the machine line's bare wake-up (a thread that only reads one byte and answers one). Beyond bare wake-ups: CPU per request − wake-ups per request × that bare wake-up, in µs per request: what a proxy's own work costs on top of the sleeping and waking every proxy pays here (blank without the probe). Neither is a target; they say how much of a CPU ratio the proxies' code decides.";
+const PER_WAKE_UP_NOTE: &str = "CPU per wake-up: CPU per request ÷ wake-ups per request, to read beside the machine line's bare wake-up (a thread that only reads one byte and answers one). Beyond bare wake-ups: CPU per request − wake-ups per request × that bare wake-up, in µs per request: what a proxy's own work costs on top of the sleeping and waking every proxy pays here (blank without the probe). Above the floor: CPU per request − the floor row's in the round of the same number, in µs: the same question answered by measuring a proxy that does nothing but relay, rather than estimating from the probe (blank without a floor row). None is a target; they say how much of a CPU ratio the proxies' code decides.";
 
 /// Positions in the table's columns (and in each round's values) of the figures the progress
 /// line prints, so that a column added before them moves them in one place.
 const START_UP: usize = 0;
 const RSS_IDLE: usize = 1;
-const PER_IDLE_HTTP: usize = 7;
-const PER_IDLE_TCP: usize = 8;
+const CPU: usize = 3;
+const ABOVE_FLOOR: usize = 7;
+const PER_IDLE_HTTP: usize = 8;
+const PER_IDLE_TCP: usize = 9;
 
 /// Connections opened at once while building up the idle set.
 pub(super) const OPEN_PARALLEL: usize = 64;
@@ -56,9 +58,10 @@ pub fn run(bench: &Bench) -> Table {
         .into_iter()
         .filter(|p| *p != Proxy::NoProxy)
         .collect();
-    let results = interleaved("cost", &proxies, s.rounds, |proxy| {
+    let mut results = interleaved("cost", &proxies, s.rounds, |proxy| {
         one_round(bench, proxy, n)
     });
+    above_the_floor(&mut results);
     for (proxy, rounds) in results {
         let mut notes: Vec<String> = vec![];
         let mut repeated = 0;
@@ -110,6 +113,7 @@ fn columns() -> Vec<Column> {
         Column::new("wake-ups / req at 1000 rps", "", 2),
         Column::new("CPU per wake-up at 1000 rps", "µs", 1).with_peer_ratios(),
         Column::new("CPU / req beyond bare wake-ups", "µs", 1).with_peer_ratios(),
+        Column::new("CPU / req above the floor", "µs", 1).with_peer_ratios(),
         Column::new("per idle HTTP conn", "KiB", 1).with_peer_ratios(),
         Column::new("per idle TCP conn", "KiB", 1).with_peer_ratios(),
         Column::new("RSS idle, TCP mode", "MiB", 1),
@@ -186,6 +190,8 @@ fn one_round(bench: &Bench, proxy: Proxy, n: usize) -> Result<CostRound, String>
             wake_ups,
             per_wake_up,
             beyond_wake_ups,
+            // Filled in once the floor's round of the same number is known.
+            None,
             per_http,
             per_tcp,
             rss_idle_tcp.map(mib),
@@ -193,6 +199,30 @@ fn one_round(bench: &Bench, proxy: Proxy, n: usize) -> Result<CostRound, String>
         notes,
         repeated,
     })
+}
+
+/// Fills each round's CPU per request above the floor: the round's figure less the floor's in
+/// the round of the same number (interleaving makes them neighbours in time, as no proxy's
+/// round is for the latency scenario's added latency). Blank without a floor figure.
+fn above_the_floor(results: &mut [(Proxy, Vec<Result<CostRound, String>>)]) {
+    let floor: Vec<Option<f64>> = results
+        .iter()
+        .find(|(p, _)| *p == Proxy::Floor)
+        .map(|(_, rounds)| {
+            rounds
+                .iter()
+                .map(|r| r.as_ref().ok().and_then(|r| r.values[CPU]))
+                .collect()
+        })
+        .unwrap_or_default();
+    for (_, rounds) in results.iter_mut() {
+        for (i, round) in rounds.iter_mut().enumerate() {
+            if let Ok(round) = round {
+                let base = floor.get(i).copied().flatten();
+                round.values[ABOVE_FLOOR] = round.values[CPU].zip(base).map(|(c, f)| c - f);
+            }
+        }
+    }
 }
 
 /// CPU per request at 1000 rps (ms per 1000 requests, which is µs per request) split around
@@ -271,17 +301,74 @@ fn idle_memory(bench: &Bench, contender: &Contender, n: usize) -> IdleMemory {
 
 #[cfg(test)]
 mod tests {
-    use super::{around_wake_ups, columns, PER_IDLE_HTTP, PER_IDLE_TCP, RSS_IDLE, START_UP};
+    use super::{
+        above_the_floor, around_wake_ups, columns, CostRound, ABOVE_FLOOR, CPU, PER_IDLE_HTTP,
+        PER_IDLE_TCP, RSS_IDLE, START_UP,
+    };
+    use crate::proxy_config::Proxy;
+
+    /// A round whose only figure is its CPU per request.
+    fn round(cpu: Option<f64>) -> Result<CostRound, String> {
+        let mut values = vec![None; columns().len()];
+        values[CPU] = cpu;
+        Ok(CostRound {
+            values,
+            notes: vec![],
+            repeated: 0,
+        })
+    }
+
+    #[test]
+    fn each_round_is_measured_above_the_floors_round_of_the_same_number() {
+        let mut results = vec![
+            (
+                Proxy::Remora,
+                vec![round(Some(72.0)), round(Some(75.0)), round(Some(70.0))],
+            ),
+            (
+                Proxy::Haproxy,
+                vec![round(Some(80.0)), Err("failed".into()), round(None)],
+            ),
+            (
+                Proxy::Floor,
+                vec![round(Some(64.0)), round(Some(60.0)), round(None)],
+            ),
+        ];
+        above_the_floor(&mut results);
+        let above = |p: usize, r: usize| results[p].1[r].as_ref().unwrap().values[ABOVE_FLOOR];
+        assert_eq!(above(0, 0), Some(8.0));
+        assert_eq!(above(0, 1), Some(15.0));
+        assert_eq!(
+            above(0, 2),
+            None,
+            "the floor's third round measured nothing"
+        );
+        assert_eq!(above(1, 0), Some(16.0));
+        assert_eq!(above(2, 0), Some(0.0));
+        // Without a floor row the column stays blank.
+        let mut alone = vec![(Proxy::Remora, vec![round(Some(72.0))])];
+        above_the_floor(&mut alone);
+        assert_eq!(alone[0].1[0].as_ref().unwrap().values[ABOVE_FLOOR], None);
+    }
 
     #[test]
     fn the_progress_line_reads_the_columns_it_names() {
         let names = [
             "start-up",
             "RSS idle",
+            "CPU / 1000 req at 1000 rps",
+            "CPU / req above the floor",
             "per idle HTTP conn",
             "per idle TCP conn",
         ];
-        let positions = [START_UP, RSS_IDLE, PER_IDLE_HTTP, PER_IDLE_TCP];
+        let positions = [
+            START_UP,
+            RSS_IDLE,
+            CPU,
+            ABOVE_FLOOR,
+            PER_IDLE_HTTP,
+            PER_IDLE_TCP,
+        ];
         for (name, at) in names.into_iter().zip(positions) {
             assert_eq!(columns()[at].name, name, "column {at}");
         }
