@@ -67,8 +67,8 @@ fn accept_all(
     loop {
         let client = match listener.accept() {
             Ok((client, _)) => client,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return,
-            // Out of descriptors or a connection gone before accept: drop it, keep serving.
+            // Nothing left to accept; or out of descriptors, or a connection gone before
+            // accept: the listener stays registered, so the next event tries again.
             Err(_) => return,
         };
         // A loopback connect completes at once; blocking keeps this loop plain.
