@@ -19,7 +19,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 pub use measure::Cost;
-pub use rounds::{interleaved, summarize};
+pub use rounds::{interleaved, push_rows, summarize};
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -4,7 +4,9 @@
 //! 16 connections, 1000 rps open loop); latency percentiles and the CPU of both sidecars
 //! together per 1000 requests.
 
-use super::{cpu_ms_per_1000, interleaved, mib, probe, seconds, summarize, Bench, READY_TIMEOUT};
+use super::{
+    cpu_ms_per_1000, interleaved, mib, probe, push_rows, seconds, summarize, Bench, READY_TIMEOUT,
+};
 use crate::load_tools;
 use crate::mesh_certs::{self, MeshCerts};
 use crate::open_loop::{self, Outcome, Plan};
@@ -212,20 +214,13 @@ fn connection_per_request_table(bench: &Bench, certs: &MeshCerts, contenders: &[
             Some(load.errors as f64),
         ])
     });
-    for (proxy, rounds) in results {
-        match summarize(rounds) {
-            Ok((values, note)) => {
-                eprintln!(
-                    "mtls-close: {} {:.0} rps, {:.0} requests per core (medians)",
-                    proxy.name(),
-                    Figure::median_of(&values[0]),
-                    Figure::median_of(&values[2])
-                );
-                table.push(proxy.name(), values, note);
-            }
-            Err(why) => table.push_missing(proxy.name(), why),
-        }
-    }
+    push_rows(&mut table, results, |name, median| {
+        format!(
+            "mtls-close: {name} {:.0} rps, {:.0} requests per core (medians)",
+            median(0),
+            median(2)
+        )
+    });
     table
 }
 
@@ -295,20 +290,13 @@ fn idle_table(bench: &Bench, certs: &MeshCerts, contenders: &[Proxy]) -> Table {
             Some(mib(b_idle)),
         ])
     });
-    for (proxy, rounds) in results {
-        match summarize(rounds) {
-            Ok((values, note)) => {
-                eprintln!(
-                    "mtls-idle: {} A {:.1} KiB, B {:.1} KiB per idle connection (medians)",
-                    proxy.name(),
-                    Figure::median_of(&values[0]),
-                    Figure::median_of(&values[1])
-                );
-                table.push(proxy.name(), values, note);
-            }
-            Err(why) => table.push_missing(proxy.name(), why),
-        }
-    }
+    push_rows(&mut table, results, |name, median| {
+        format!(
+            "mtls-idle: {name} A {:.1} KiB, B {:.1} KiB per idle connection (medians)",
+            median(0),
+            median(1)
+        )
+    });
     table
 }
 

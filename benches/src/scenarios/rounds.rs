@@ -2,7 +2,30 @@
 //! one row.
 
 use crate::proxy_config::Proxy;
-use crate::report::Figure;
+use crate::report::{Figure, Table};
+
+/// Each contender's rounds as [`interleaved`] returns them, each round already its row's values.
+pub type RoundValues = Vec<(Proxy, Vec<Result<Vec<Option<f64>>, String>>)>;
+
+/// Each contender's rounds reduced to its row of `table` ([`summarize`]), or to the reason it
+/// has none; `progress` makes the line printed for each row from its name and its medians
+/// (by column).
+pub fn push_rows(
+    table: &mut Table,
+    results: RoundValues,
+    progress: impl Fn(&str, &dyn Fn(usize) -> f64) -> String,
+) {
+    for (proxy, rounds) in results {
+        match summarize(rounds) {
+            Ok((values, note)) => {
+                let median = |i: usize| Figure::median_of(&values[i]);
+                eprintln!("{}", progress(proxy.name(), &median));
+                table.push(proxy.name(), values, note);
+            }
+            Err(why) => table.push_missing(proxy.name(), why),
+        }
+    }
+}
 
 /// Measures every contender `rounds` times, round by round, so that a burst of outside load
 /// hits all contenders alike rather than whichever ran at that moment. Returns each

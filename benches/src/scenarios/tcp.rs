@@ -4,7 +4,7 @@
 
 use super::measure::{core_columns, CORES_NOTE};
 use super::throughput::{rounds_note, TOOL_GRACE};
-use super::{cpu_ms_per_1000, interleaved, summarize, Bench, Cost, Ready};
+use super::{cpu_ms_per_1000, interleaved, push_rows, summarize, Bench, Cost, Ready};
 use crate::load_tools;
 use crate::process::{self, LOAD_CPU};
 use crate::proxy_config::Mode;
@@ -63,28 +63,24 @@ fn bulk(bench: &Bench) -> Table {
             Ok((load_tools::parse_iperf3(&out?)?, cost))
         },
     );
-    for (proxy, rounds) in results {
-        let per_round = rounds
-            .into_iter()
-            .map(|round| {
-                let (bits, cost): (f64, Cost) = round?;
-                let mut values = vec![Some(bits / 1e9), cost.proxy_cores()];
-                values.extend(cost.core_figures());
-                Ok(values)
-            })
-            .collect();
-        match summarize(per_round) {
-            Ok((values, note)) => {
-                eprintln!(
-                    "  {}: {:.2} Gbit/s (median)",
-                    proxy.name(),
-                    Figure::median_of(&values[0])
-                );
-                table.push(proxy.name(), values, note);
-            }
-            Err(why) => table.push_missing(proxy.name(), why),
-        }
-    }
+    let results = results
+        .into_iter()
+        .map(|(proxy, rounds)| {
+            let per_round = rounds
+                .into_iter()
+                .map(|round| {
+                    let (bits, cost): (f64, Cost) = round?;
+                    let mut values = vec![Some(bits / 1e9), cost.proxy_cores()];
+                    values.extend(cost.core_figures());
+                    Ok(values)
+                })
+                .collect();
+            (proxy, per_round)
+        })
+        .collect();
+    push_rows(&mut table, results, |name, median| {
+        format!("  {name}: {:.2} Gbit/s (median)", median(0))
+    });
     table
 }
 

@@ -239,6 +239,16 @@ impl Originate {
         state.server = Some(Arc::new(described));
     }
 
+    /// An idle connection another client left in `pool` for this destination, adopted.
+    fn take_shared<C>(&self, pool: &Pool<Idle<C>, MeshKey>, ctx: &ConnContext) -> Option<C>
+    where
+        Idle<C>: pool::Pooled,
+    {
+        let timeout = ctx.config.http.pool_idle_timeout;
+        let idle = pool.checkout(&self.key(ctx), Instant::now(), timeout)?;
+        Some(self.adopt(idle))
+    }
+
     /// A pooled connection's server becomes the client's, for the request about to use it.
     fn adopt<C>(&self, idle: Idle<C>) -> C {
         let mut state = self.state();
@@ -262,12 +272,7 @@ impl Originate {
         if ctx.key.version == HttpVersion::Http2 {
             return None;
         }
-        let timeout = ctx.config.http.pool_idle_timeout;
-        let idle = self
-            .pool
-            .senders
-            .checkout(&self.key(ctx), Instant::now(), timeout)?;
-        Some(self.adopt(idle))
+        self.take_shared(&self.pool.senders, ctx)
     }
 
     /// Keep `sender` for the client's next request (HTTP/2: its next streams), unless it
@@ -294,12 +299,7 @@ impl Originate {
                 return Some(conn);
             }
         }
-        let timeout = ctx.config.http.pool_idle_timeout;
-        let idle = self
-            .pool
-            .raw
-            .checkout(&self.key(ctx), Instant::now(), timeout)?;
-        Some(self.adopt(idle))
+        self.take_shared(&self.pool.raw, ctx)
     }
 
     /// Keep the fast path's mesh connection for the client's next request; one more than it
