@@ -5,3 +5,4 @@
 //! refused with the resource and the field named, never dropped silently.
 
 pub mod descriptors;
+pub mod sink;
