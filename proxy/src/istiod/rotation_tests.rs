@@ -86,14 +86,12 @@ async fn renews_at_the_grace_ratio_of_the_lifetime() {
     tokio::time::sleep(Duration::from_secs(160)).await;
     let calls = ca.calls();
     assert_eq!(calls.len(), 4, "{calls:?}");
-    for (i, at) in calls.iter().enumerate() {
-        let expected = 50.0 * i as f64;
-        let got = at.duration_since(start).as_secs_f64();
-        // The grace point, give or take Istio's 1% jitter of the lifetime.
-        assert!(
-            (got - expected).abs() <= 1.0 + 0.05 * i as f64,
-            "call {i} at {got}s"
-        );
+    assert!(calls[0].duration_since(start) < Duration::from_secs(1));
+    for pair in calls.windows(2) {
+        let gap = pair[1].duration_since(pair[0]).as_secs_f64();
+        // Half of 100 s, give or take Istio's 1% jitter of the lifetime, and less up to a
+        // second because X.509 validity is in whole seconds (issued "earlier" than now).
+        assert!((48.0..=51.0).contains(&gap), "renewed after {gap}s");
     }
     let now = store.current().unwrap();
     assert_ne!(now.chain[0].serial, first.chain[0].serial);
