@@ -333,6 +333,13 @@ pub(crate) fn proxy_env(
         field_env("HOST_IP", "status.hostIP"),
         field_env("ISTIO_META_NODE_NAME", "spec.nodeName"),
         value_env("ISTIO_META_CLUSTER_ID", &config.cluster_id),
+        // What makes `remora run` get its identity from istiod, as pilot-agent reads it.
+        value_env("PROXY_CONFIG", &settings.proxy_config_json),
+        value_env("TRUST_DOMAIN", &config.trust_domain),
+        value_env(
+            "ISTIO_META_MESH_ID",
+            config.mesh_id.as_deref().unwrap_or(&config.trust_domain),
+        ),
         value_env("ISTIO_META_INTERCEPTION_MODE", settings.mode.as_str()),
         value_env(
             "ISTIO_META_APP_CONTAINERS",
