@@ -341,7 +341,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     let mut own = own;
     if let Some(id) = identity.current() {
         own.principal = id.spiffe_id.to_string();
-    } else if let Some(settings) = ca_setup.as_ref().and(agent_settings.as_ref()) {
+    } else if let (Some(_), Some(settings)) = (&ca_setup, &agent_settings) {
         own.principal = settings.spiffe_id();
     }
     let metrics = Arc::new(Metrics::new(&own, names));
@@ -451,22 +451,20 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let rotation = match (ca_setup, &agent_settings) {
-        (Some(roots), Some(settings)) => {
-            // The channel's connection task needs the runtime.
+    let istiod_mode = match agent_settings {
+        Some(settings) => {
+            // The channels' connection tasks need the runtime.
             let _entered = runtime.enter();
-            Some(ca_start::ca_rotation(
+            Some(ca_start::istiod_mode(
                 settings,
-                roots,
+                ca_setup,
                 Arc::clone(&identity_store),
                 &metrics_handle,
                 Arc::clone(&state),
             )?)
         }
-        _ => None,
+        None => None,
     };
-    // The ADS client (issue 31, section 3) will take `agent_settings` and the same channel.
-    drop(agent_settings);
     let listener_count = u32::try_from(routes.len()).unwrap_or(u32::MAX);
     metrics_handle
         .server
@@ -475,8 +473,14 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         if let Some(w) = watcher {
             tokio::spawn(w.watch(Arc::clone(&metrics_handle)));
         }
-        if let Some(r) = rotation {
-            tokio::spawn(r.run());
+        if let Some(mode) = istiod_mode {
+            if let Some(r) = mode.rotation {
+                tokio::spawn(r.run());
+            }
+            // The ADS client (issue 31, section 3) starts here from `mode.settings` (its
+            // `node`) and `mode.channels.xds`, having added its own readiness condition
+            // (`state.readiness.require`) before it spawns, so 15021 waits for it too.
+            tracing::debug!(xds = %mode.channels.xds.address, node = %mode.settings.node.id, "istiod channels ready");
         }
         tokio::spawn(policies.watch());
         serve(proxy, routes, dns, state, reloader).await

@@ -189,7 +189,7 @@ fn a_certificate_from_istiod_gates_readiness_and_rotates_under_an_open_connectio
 }
 
 #[test]
-fn a_refused_token_gets_no_certificate_and_is_counted() {
+fn a_refused_token_gets_no_certificate_until_the_rotated_one_is_read() {
     let Some(net) = PodNet::create_or_skip() else {
         return;
     };
@@ -220,6 +220,16 @@ fn a_refused_token_gets_no_certificate_and_is_counted() {
         sidecar.stderr().contains("Unauthenticated"),
         "{}",
         sidecar.stderr()
+    );
+
+    // kubelet rotates the projected token in place: the next attempt reads the new one.
+    std::fs::write(&token, TOKEN).expect("rotate the token");
+    let mut sidecar = sidecar;
+    sidecar.wait_ready(Duration::from_secs(90));
+    assert_eq!(plane.issued().len(), 1);
+    assert_eq!(
+        shown_certificate(&net).map(|(id, ..)| id).as_deref(),
+        Some(CLIENT_ID)
     );
 }
 

@@ -45,36 +45,54 @@ pub(super) fn check_ca_inputs(settings: &istiod::AgentSettings) -> anyhow::Resul
         .context("istiod mode needs the mesh root certificate")
 }
 
-/// The CA client and its rotation loop, readiness told when the first certificate is held.
-pub(super) fn ca_rotation(
-    settings: &istiod::AgentSettings,
-    roots: Vec<u8>,
+/// istiod mode once the runtime runs: the settings and channels the ADS client will take, and
+/// the CA's rotation loop unless the certificate comes from files.
+pub(super) struct IstiodMode {
+    pub settings: istiod::AgentSettings,
+    pub channels: istiod::IstiodChannels,
+    pub rotation: Option<istiod::rotation::Rotation<istiod::ca::CaClient>>,
+}
+
+/// Open the channels (lazily: nothing is dialled yet) and, with `ca_roots` (no
+/// `tls.cert_dir`), the CA client and its rotation loop, readiness told when the first
+/// certificate is held. Call inside the runtime: the channels' tasks need it.
+pub(super) fn istiod_mode(
+    settings: istiod::AgentSettings,
+    ca_roots: Option<Vec<u8>>,
     store: Arc<identity::Store>,
     metrics: &Metrics,
     state: Arc<AdminState>,
-) -> anyhow::Result<istiod::rotation::Rotation<istiod::ca::CaClient>> {
-    let credentials = istiod::CallCredentials::new(&settings.token_file, &settings.cluster_id)?;
-    let channel = istiod::IstiodChannel::new(
-        &settings.ca_address,
-        &settings.ca_root_cert_file,
-        credentials,
-    )?;
-    let spiffe_id = identity::SpiffeId::parse(&settings.spiffe_id()).with_context(|| {
-        format!(
-            "{} is not a SPIFFE ID (trust domain, namespace, service account)",
-            settings.spiffe_id()
-        )
-    })?;
-    Ok(istiod::rotation::Rotation {
-        issuer: istiod::ca::CaClient { channel },
-        spiffe_id,
-        ttl: settings.secret_ttl,
-        grace_period_ratio: settings.grace_period_ratio,
-        fallback_roots: roots,
-        store,
-        metrics: metrics.tls.clone(),
-        on_first: Some(Box::new(move || {
-            state.readiness.satisfy(admin::readiness::CERTIFICATE);
-        })),
+) -> anyhow::Result<IstiodMode> {
+    let channels = istiod::IstiodChannels::new(&settings)?;
+    let rotation = match ca_roots {
+        None => None,
+        Some(roots) => {
+            let spiffe_id =
+                identity::SpiffeId::parse(&settings.spiffe_id()).with_context(|| {
+                    format!(
+                        "{} is not a SPIFFE ID (trust domain, namespace, service account)",
+                        settings.spiffe_id()
+                    )
+                })?;
+            Some(istiod::rotation::Rotation {
+                issuer: istiod::ca::CaClient {
+                    channel: channels.ca.clone(),
+                },
+                spiffe_id,
+                ttl: settings.secret_ttl,
+                grace_period_ratio: settings.grace_period_ratio,
+                fallback_roots: roots,
+                store,
+                metrics: metrics.tls.clone(),
+                on_first: Some(Box::new(move || {
+                    state.readiness.satisfy(admin::readiness::CERTIFICATE);
+                })),
+            })
+        }
+    };
+    Ok(IstiodMode {
+        settings,
+        channels,
+        rotation,
     })
 }

@@ -121,3 +121,22 @@ fn the_request_is_istios_wire_format() {
     let resp = IstioCertificateResponse::decode(&[0x0a, 1, b'L', 0x0a, 1, b'R'][..]).unwrap();
     assert_eq!(resp.cert_chain, vec!["L".to_string(), "R".to_string()]);
 }
+
+#[tokio::test]
+async fn a_token_gone_at_renewal_fails_the_call_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root-cert.pem");
+    std::fs::write(&root, TestCa::new().root_pem()).unwrap();
+    let token = dir.path().join("istio-token");
+    let credentials = crate::istiod::CallCredentials::new(&token, "Kubernetes").unwrap();
+    let channel = IstiodChannel::new("istiod.istio-system.svc:15012", &root, credentials).unwrap();
+    let client = CaClient { channel };
+    let m = KeyAndCsr::generate(ID).unwrap();
+    // Nothing is dialled: the missing token is ours to report, not istiod's to refuse.
+    let e = client
+        .issue(m.csr_pem, Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert_eq!(e.reason(), "token");
+    assert!(e.to_string().contains(&token.display().to_string()), "{e}");
+}

@@ -177,6 +177,37 @@ impl IstiodChannel {
     }
 }
 
+/// The channels a sidecar needs: xDS, and the CA's, which is the same channel (one HTTP/2
+/// connection) when the CA is istiod, as it is unless `CA_ADDR` or `CA_ROOT_CA` say otherwise.
+#[derive(Debug, Clone)]
+pub struct IstiodChannels {
+    pub xds: IstiodChannel,
+    pub ca: IstiodChannel,
+}
+
+impl IstiodChannels {
+    /// Both channels for `settings`; reads the root files now.
+    pub fn new(settings: &super::AgentSettings) -> Result<IstiodChannels, ChannelError> {
+        let credentials = CallCredentials::new(&settings.token_file, &settings.cluster_id)?;
+        let xds = IstiodChannel::new(
+            &settings.discovery_address,
+            &settings.xds_root_cert_file,
+            credentials.clone(),
+        )?;
+        let shared = settings.ca_address == settings.discovery_address
+            && settings.ca_root_cert_file == settings.xds_root_cert_file;
+        let ca = match shared {
+            true => xds.clone(),
+            false => IstiodChannel::new(
+                &settings.ca_address,
+                &settings.ca_root_cert_file,
+                credentials,
+            )?,
+        };
+        Ok(IstiodChannels { xds, ca })
+    }
+}
+
 /// The host of `host:port` (brackets of an IPv6 literal removed).
 pub fn server_name(address: &str) -> Option<String> {
     let (host, port) = address.rsplit_once(':')?;

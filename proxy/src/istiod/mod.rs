@@ -15,6 +15,6 @@ pub mod settings;
 #[cfg(test)]
 pub(crate) mod test_ca;
 
-pub use channel::{CallCredentials, ChannelError, IstiodChannel};
+pub use channel::{CallCredentials, ChannelError, IstiodChannel, IstiodChannels};
 pub use node::NodeInfo;
 pub use settings::{AgentSettings, SettingsError};
