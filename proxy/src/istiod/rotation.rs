@@ -14,6 +14,8 @@ use std::time::{Duration, SystemTime};
 pub const BACKOFF_INITIAL: Duration = Duration::from_secs(1);
 /// The longest wait between two attempts: a certificate near expiry must not wait longer.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// How often the expiry gauge is brought up to date between renewals.
+const EXPIRY_REFRESH: Duration = Duration::from_secs(1);
 /// Renewal is spread over this share of the lifetime around the grace point (Istio's
 /// `SECRET_GRACE_PERIOD_RATIO_JITTER`), so pods started together do not renew together.
 const RENEW_JITTER_RATIO: f64 = 0.01;
@@ -29,7 +31,7 @@ pub struct Rotation<I> {
     pub store: Arc<Store>,
     pub metrics: TlsMetrics,
     /// Told once the first certificate is held (readiness).
-    pub on_first: Option<Box<dyn FnOnce() + Send>>,
+    pub on_first: Option<Box<dyn FnOnce() + Send + Sync>>,
 }
 
 impl<I: Issuer> Rotation<I> {
@@ -41,7 +43,7 @@ impl<I: Issuer> Rotation<I> {
                 Ok(renew_in) => {
                     backoff = Backoff::default();
                     tracing::debug!(?renew_in, "next workload certificate renewal");
-                    tokio::time::sleep(renew_in).await;
+                    self.wait(renew_in).await;
                 }
                 Err(e) => {
                     let wait = backoff.next_delay();
@@ -53,11 +55,25 @@ impl<I: Issuer> Rotation<I> {
                         "no certificate from the CA; retrying"
                     );
                     self.metrics.ca_failure(e.reason());
-                    if let Some(id) = &held {
-                        // Seconds until expiry move with the clock while renewals fail.
-                        self.metrics.identity_loaded(id);
+                    self.wait(wait).await;
+                }
+            }
+        }
+    }
+
+    /// Sleep `duration`, keeping `istio_agent_cert_expiry_seconds` moving with the clock as
+    /// the file watcher does, since an operator alerts on it while renewals fail.
+    async fn wait(&self, duration: Duration) {
+        let until = tokio::time::Instant::now() + duration;
+        let mut refresh = tokio::time::interval(EXPIRY_REFRESH);
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => return,
+                _ = refresh.tick() => {
+                    if let Some(identity) = self.store.current() {
+                        self.metrics.identity_loaded(&identity);
                     }
-                    tokio::time::sleep(wait).await;
                 }
             }
         }

@@ -127,7 +127,12 @@ impl AgentSettings {
         };
         let trust_domain = var("TRUST_DOMAIN").unwrap_or_else(|| file.trust_domain.clone());
         let cluster_id = var("ISTIO_META_CLUSTER_ID").unwrap_or_else(|| file.cluster_id.clone());
-        let node = NodeInfo::resolve(file, &vars, &cluster_id, &trust_domain);
+        let mut node = NodeInfo::resolve(file, &vars, &cluster_id, &trust_domain);
+        // pilot-agent hands istiod the pod's ProxyConfig in the node metadata; istiod reads
+        // settings from it that no variable carries.
+        if let Some(json) = proxy_config_text.and_then(|t| serde_yaml_ng::from_str(t).ok()) {
+            node.metadata.insert("PROXY_CONFIG".into(), json);
+        }
         Ok(Some(AgentSettings {
             discovery_address,
             ca_address,

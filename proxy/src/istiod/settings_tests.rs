@@ -78,6 +78,10 @@ fn an_injected_pods_environment() {
     assert_eq!(m("DNS_CAPTURE"), "true");
     assert_eq!(m("LABELS")["version"], "v1");
     assert_eq!(m("POD_PORTS"), r#"[{"containerPort":9080}]"#);
+    assert_eq!(
+        m("PROXY_CONFIG")["discoveryAddress"],
+        "istiod.istio-system.svc:15012"
+    );
 }
 
 use super::super::node;
