@@ -58,7 +58,8 @@ impl CaError {
     pub fn reason(&self) -> &'static str {
         match self {
             CaError::Credentials(ChannelError::Token { .. }) => "token",
-            CaError::Credentials(_) => "root",
+            CaError::Credentials(ChannelError::Root { .. }) => "root",
+            CaError::Credentials(_) => "config",
             CaError::Csr(_) => "csr",
             CaError::Call { code, .. } => match code {
                 tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => "unauthenticated",

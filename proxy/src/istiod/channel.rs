@@ -32,6 +32,8 @@ pub enum ChannelError {
     Token { path: PathBuf, cause: String },
     #[error("istiod address {address:?}: {cause}")]
     Address { address: String, cause: String },
+    #[error("cluster id {cluster_id:?} cannot be a `clusterid` header")]
+    ClusterId { cluster_id: String },
 }
 
 /// What every call to istiod carries. Cheap to clone; as a tonic [`tonic::service::Interceptor`]
@@ -63,7 +65,8 @@ impl CallCredentials {
         &self.token_file
     }
 
-    /// Read the token now; an error names the file.
+    /// Read the token now; an error names the file. A blocking read, on purpose: the file is
+    /// about 1 KiB on a tmpfs mount, read once per call, cheaper than a hop to a blocking thread.
     pub fn bearer(&self) -> Result<AsciiMetadataValue, ChannelError> {
         let error = |cause: String| ChannelError::Token {
             path: self.token_file.to_path_buf(),
