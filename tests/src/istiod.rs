@@ -94,10 +94,22 @@ impl ControlPlane {
         let listener = ns
             .bind(addr)
             .unwrap_or_else(|e| panic!("bind the control plane on {addr}: {e}"));
+        ControlPlane::start_on(listener, ca, token, ISTIOD_HOST)
+    }
+
+    /// Serve on `listener` with a server certificate for `server_name`: the same control plane
+    /// in the test process on loopback, for tests that need no namespaces (`localhost`).
+    pub fn start_on(
+        listener: std::net::TcpListener,
+        ca: Arc<MeshCa>,
+        token: &str,
+        server_name: &str,
+    ) -> ControlPlane {
+        let addr = listener.local_addr().expect("the listener's address");
         listener
             .set_nonblocking(true)
             .expect("a non-blocking listener");
-        let server_cert = ca.dns_server(ISTIOD_HOST);
+        let server_cert = ca.dns_server(server_name);
         let state = Arc::new(CaState {
             ca,
             token: token.to_string(),
