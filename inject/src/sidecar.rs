@@ -94,6 +94,8 @@ pub struct ProxyInputs<'a> {
     pub annotations: &'a BTreeMap<String, String>,
     /// The application containers, in order (for `ISTIO_META_APP_CONTAINERS`).
     pub app_containers: &'a [String],
+    /// Their declared ports as a JSON array (`ISTIO_META_POD_PORTS`), when there are any.
+    pub pod_ports: Option<String>,
     /// `ISTIO_KUBE_APP_PROBERS`: the application probes the agent now runs.
     pub app_probers: Option<String>,
     /// `ISTIO_PROMETHEUS_ANNOTATIONS`: where the application's own metrics are.
@@ -348,6 +350,9 @@ pub(crate) fn proxy_env(
     ];
     if let Some(network) = inputs.network {
         env.push(value_env("ISTIO_META_NETWORK", network));
+    }
+    if let Some(ports) = &inputs.pod_ports {
+        env.push(value_env("ISTIO_META_POD_PORTS", ports));
     }
     let workload = inputs
         .labels

@@ -241,4 +241,6 @@ fn the_proxy_gets_what_istiod_mode_needs() {
     assert_eq!(env("TRUST_DOMAIN"), "cluster.local");
     assert_eq!(env("ISTIO_META_MESH_ID"), "cluster.local");
     assert_eq!(env("ISTIO_META_CLUSTER_ID"), "Kubernetes");
+    let ports: Json = serde_json::from_str(&env("ISTIO_META_POD_PORTS")).expect("JSON");
+    assert_eq!(ports, json!([{"name": "http", "containerPort": 8080}]));
 }
