@@ -8,6 +8,7 @@
 mod authz;
 mod dns;
 mod error;
+mod istiod;
 mod locate;
 mod mesh;
 mod model;

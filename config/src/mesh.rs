@@ -148,11 +148,13 @@ pub enum ListenerTlsMode {
 
 impl ListenerTls {
     /// Field checks; returns the field under the listener's `tls` and why.
-    pub(crate) fn validate(&self, tls: &TlsConfig) -> Result<(), (String, String)> {
-        if tls.cert_dir.is_none() {
+    pub(crate) fn validate(&self, has_identity: bool) -> Result<(), (String, String)> {
+        if !has_identity {
             return Err((
                 String::new(),
-                "mutual TLS on a listener needs a workload certificate: set tls.cert_dir".into(),
+                "mutual TLS on a listener needs a workload certificate: set tls.cert_dir or \
+                 istiod.discovery_address"
+                    .into(),
             ));
         }
         if self.hostname.is_some() && self.mode == ListenerTlsMode::Terminate {
@@ -194,25 +196,27 @@ impl MeshConfig {
     }
 
     /// Field checks; returns the field under `mesh.` and why.
-    pub(crate) fn validate(&self, tls: &TlsConfig) -> Result<(), (String, String)> {
+    pub(crate) fn validate(&self, has_identity: bool) -> Result<(), (String, String)> {
         if self.metadata_exchange_timeout.is_zero() {
             return Err((
                 "mesh.metadata_exchange_timeout".into(),
                 "must be greater than zero".into(),
             ));
         }
-        if tls.cert_dir.is_none() {
+        if !has_identity {
             if self.mtls_mode == MtlsMode::Strict {
                 return Err((
                     "mesh.mtls_mode".into(),
-                    "strict needs a workload certificate: set tls.cert_dir".into(),
+                    "strict needs a workload certificate: set tls.cert_dir or \
+                     istiod.discovery_address"
+                        .into(),
                 ));
             }
             if !self.destinations.is_empty() {
                 return Err((
                     "mesh.destinations".into(),
                     "mutual TLS to mesh destinations needs a workload certificate: set \
-                     tls.cert_dir"
+                     tls.cert_dir or istiod.discovery_address"
                         .into(),
                 ));
             }

@@ -3,6 +3,7 @@
 
 pub use crate::authz::*;
 pub use crate::dns::*;
+pub use crate::istiod::*;
 pub use crate::mesh::*;
 pub use crate::traffic::*;
 use serde::{Deserialize, Serialize};
@@ -70,6 +71,8 @@ pub struct Config {
     pub mesh: MeshConfig,
     /// Istio `AuthorizationPolicy` on inbound traffic, and inbound path normalisation.
     pub authorization: AuthorizationConfig,
+    /// istiod: the CA that issues the workload certificate (with `discovery_address` set).
+    pub istiod: IstiodConfig,
 }
 
 impl Default for Config {
@@ -97,6 +100,7 @@ impl Default for Config {
             tls: TlsConfig::default(),
             mesh: MeshConfig::default(),
             authorization: AuthorizationConfig::default(),
+            istiod: IstiodConfig::default(),
         }
     }
 }
@@ -490,7 +494,7 @@ impl Config {
                 ));
             }
             if let Some(tls) = &l.tls {
-                tls.validate(&self.tls)
+                tls.validate(self.has_identity_source())
                     .map_err(|(f, why)| (format!("listeners.{i}.tls{f}"), why))?;
             }
         }
@@ -542,7 +546,13 @@ impl Config {
         self.dns.validate()?;
         self.tls.validate()?;
         self.authorization.validate()?;
-        self.mesh.validate(&self.tls)
+        self.istiod.validate()?;
+        self.mesh.validate(self.has_identity_source())
+    }
+
+    /// Whether a workload certificate can be had: from files, or from istiod's CA.
+    pub fn has_identity_source(&self) -> bool {
+        self.tls.cert_dir.is_some() || self.istiod.discovery_address.is_some()
     }
 }
 

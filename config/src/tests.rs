@@ -345,3 +345,44 @@ fn the_documented_schema_is_the_defaults() {
         .expect("the schema's YAML block");
     assert_eq!(parse_str(yaml).unwrap(), Config::default());
 }
+
+#[test]
+fn istiod_is_off_by_default_and_named_errors_point_at_its_fields() {
+    let c = Config::default();
+    assert_eq!(c.istiod.discovery_address, None);
+    assert_eq!(c.istiod.secret_ttl, Duration::from_secs(86_400));
+    assert_eq!(c.istiod.secret_grace_period_ratio, Ratio(0.5));
+    let c = parse_str(
+        "istiod:\n  discovery_address: istiod.istio-system.svc:15012\n  secret_ttl: 10s\n",
+    )
+    .unwrap();
+    assert_eq!(
+        c.istiod.discovery_address.as_deref(),
+        Some("istiod.istio-system.svc:15012")
+    );
+    assert_eq!(c.istiod.secret_ttl, Duration::from_secs(10));
+    let e = parse_str("tls: {}\nistiod:\n  discovery_address: istiod\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("remora.yaml:3") && e.contains("istiod.discovery_address"),
+        "{e}"
+    );
+    let e = parse_str("istiod:\n  secret_grace_period_ratio: 1.5\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("istiod.secret_grace_period_ratio"), "{e}");
+    let e = parse_str("istiod:\n  token: /t\n").unwrap_err().to_string();
+    assert!(e.contains("istiod") && e.contains("token"), "{e}");
+}
+
+#[test]
+fn istiod_is_an_identity_source_for_mesh_tls() {
+    let mesh = "mesh:\n  mtls_mode: STRICT\n";
+    assert!(parse_str(mesh).is_err());
+    let c = parse_str(&format!(
+        "{mesh}istiod:\n  discovery_address: istiod.istio-system.svc:15012\n"
+    ))
+    .unwrap();
+    assert_eq!(c.mesh.mtls_mode, MtlsMode::Strict);
+}

@@ -48,6 +48,14 @@ pub struct InjectorConfig {
     pub injected_annotations: BTreeMap<String, String>,
     /// `ISTIO_META_CLUSTER_ID` of the proxies.
     pub cluster_id: String,
+    /// istiod's address, the `discoveryAddress` of the `PROXY_CONFIG` the proxies get (a
+    /// revision's istiod is `istiod-<rev>.istio-system.svc:15012`). `PROXY_CONFIG` is what
+    /// turns `remora run` into istiod mode.
+    pub discovery_address: String,
+    /// The mesh's trust domain (`TRUST_DOMAIN` of the proxies).
+    pub trust_domain: String,
+    /// `ISTIO_META_MESH_ID` of the proxies; unset: the trust domain, as in Istio's template.
+    pub mesh_id: Option<String>,
     /// The network of this cluster: labels pods `topology.istio.io/network` when set.
     pub network: Option<String>,
     /// `openshift` derives the proxy's uid and gid from the namespace's SCC annotations.
@@ -268,6 +276,9 @@ impl Default for InjectorConfig {
             .to_vec(),
             injected_annotations: BTreeMap::new(),
             cluster_id: "Kubernetes".into(),
+            discovery_address: "istiod.istio-system.svc:15012".into(),
+            trust_domain: "cluster.local".into(),
+            mesh_id: None,
             network: None,
             platform: Platform::Kubernetes,
             openshift_namespaces: BTreeMap::new(),

@@ -35,6 +35,7 @@ pub(crate) fn inject(cx: &Context<'_>, spec: &mut Mapping) -> Result<Finish, Inj
         labels: &cx.labels,
         annotations,
         app_containers: &app_containers,
+        pod_ports: crate::sidecar_template::pod_ports(&mains),
         app_probers,
         app_metrics: metrics.app_metrics.clone(),
         network: cx.network(),

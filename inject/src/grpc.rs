@@ -53,6 +53,7 @@ pub(crate) fn inject_agent(cx: &Context<'_>, spec: &mut Mapping) -> Result<Finis
         labels: &cx.labels,
         annotations,
         app_containers: &apps,
+        pod_ports: crate::sidecar_template::pod_ports(&mains),
         app_probers: None,
         app_metrics: metrics.app_metrics.clone(),
         network: cx.network(),

@@ -32,6 +32,25 @@ impl ProxyConfig {
     }
 }
 
+/// `PROXY_CONFIG` for the proxy: `{"discoveryAddress": …}` with the annotation's top-level
+/// fields laid over it (a pod may name another istiod). The annotation was validated first; an
+/// unreadable one adds nothing.
+pub fn merged_json(discovery_address: &str, annotation: &str) -> String {
+    let mut merged = serde_json::Map::new();
+    merged.insert(
+        "discoveryAddress".into(),
+        serde_json::Value::String(discovery_address.into()),
+    );
+    if !annotation.trim().is_empty() {
+        if let Ok(serde_json::Value::Object(fields)) =
+            serde_yaml_ng::from_str::<serde_json::Value>(annotation)
+        {
+            merged.extend(fields);
+        }
+    }
+    serde_json::Value::Object(merged).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,5 +64,23 @@ mod tests {
         assert_eq!(c.interception_mode.as_deref(), Some("TPROXY"));
         assert!(ProxyConfig::parse("interceptionMode: SIDEWAYS").is_err());
         assert!(ProxyConfig::parse("holdApplicationUntilProxyStarts: [").is_err());
+    }
+
+    #[test]
+    fn proxy_config_for_the_proxy_is_the_default_with_the_annotation_over_it() {
+        assert_eq!(
+            merged_json("istiod.istio-system.svc:15012", ""),
+            r#"{"discoveryAddress":"istiod.istio-system.svc:15012"}"#
+        );
+        let json = merged_json(
+            "istiod.istio-system.svc:15012",
+            "discoveryAddress: istiod-canary.istio-system.svc:15012\nproxyMetadata:\n  SECRET_TTL: 12h\n",
+        );
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            v["discoveryAddress"],
+            "istiod-canary.istio-system.svc:15012"
+        );
+        assert_eq!(v["proxyMetadata"]["SECRET_TTL"], "12h");
     }
 }

@@ -32,6 +32,9 @@ pub struct PodSettings {
     pub readiness_initial_delay: u32,
     pub readiness_period: u32,
     pub readiness_failure_threshold: u32,
+    /// The proxy's `PROXY_CONFIG`: the mesh's default ProxyConfig (its `discoveryAddress`) with
+    /// the pod's `proxy.istio.io/config` laid over it, as JSON, as Istio's template writes it.
+    pub proxy_config_json: String,
 }
 
 impl PodSettings {
@@ -92,7 +95,12 @@ impl PodSettings {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(default)
         };
+        let proxy_config_json = crate::proxy_config::merged_json(
+            &config.discovery_address,
+            annotation(key::PROXY_CONFIG).unwrap_or_default(),
+        );
         Ok(PodSettings {
+            proxy_config_json,
             native,
             mode,
             status_port: (status_port != 0).then_some(status_port),

@@ -94,6 +94,8 @@ pub struct ProxyInputs<'a> {
     pub annotations: &'a BTreeMap<String, String>,
     /// The application containers, in order (for `ISTIO_META_APP_CONTAINERS`).
     pub app_containers: &'a [String],
+    /// Their declared ports as a JSON array (`ISTIO_META_POD_PORTS`), when there are any.
+    pub pod_ports: Option<String>,
     /// `ISTIO_KUBE_APP_PROBERS`: the application probes the agent now runs.
     pub app_probers: Option<String>,
     /// `ISTIO_PROMETHEUS_ANNOTATIONS`: where the application's own metrics are.
@@ -333,6 +335,13 @@ pub(crate) fn proxy_env(
         field_env("HOST_IP", "status.hostIP"),
         field_env("ISTIO_META_NODE_NAME", "spec.nodeName"),
         value_env("ISTIO_META_CLUSTER_ID", &config.cluster_id),
+        // What makes `remora run` get its identity from istiod, as pilot-agent reads it.
+        value_env("PROXY_CONFIG", &settings.proxy_config_json),
+        value_env("TRUST_DOMAIN", &config.trust_domain),
+        value_env(
+            "ISTIO_META_MESH_ID",
+            config.mesh_id.as_deref().unwrap_or(&config.trust_domain),
+        ),
         value_env("ISTIO_META_INTERCEPTION_MODE", settings.mode.as_str()),
         value_env(
             "ISTIO_META_APP_CONTAINERS",
@@ -341,6 +350,9 @@ pub(crate) fn proxy_env(
     ];
     if let Some(network) = inputs.network {
         env.push(value_env("ISTIO_META_NETWORK", network));
+    }
+    if let Some(ports) = &inputs.pod_ports {
+        env.push(value_env("ISTIO_META_POD_PORTS", ports));
     }
     let workload = inputs
         .labels

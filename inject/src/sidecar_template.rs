@@ -51,6 +51,7 @@ pub(crate) fn inject_sidecar(cx: &Context<'_>, spec: &mut Mapping) -> Result<Fin
         labels: &cx.labels,
         annotations,
         app_containers: &app_containers,
+        pod_ports: pod_ports(&mains),
         app_probers,
         app_metrics: metrics.app_metrics.clone(),
         network,
@@ -141,6 +142,21 @@ pub(crate) fn app_containers(mains: &[Value]) -> Vec<String> {
         .filter(|n| *n != PROXY_CONTAINER)
         .map(str::to_string)
         .collect()
+}
+
+/// The application containers' declared ports, in order, as the JSON array Istio's template
+/// writes into `ISTIO_META_POD_PORTS` (istiod names inbound ports from it); `None` without any.
+pub(crate) fn pod_ports(mains: &[Value]) -> Option<String> {
+    let ports: Vec<&Value> = mains
+        .iter()
+        .filter(|c| container_name(c) != Some(PROXY_CONTAINER))
+        .filter_map(|c| c.get("ports").and_then(Value::as_sequence))
+        .flatten()
+        .collect();
+    // A YAML value always has a JSON form here: the pod arrived as JSON or as Kubernetes YAML.
+    (!ports.is_empty())
+        .then(|| serde_json::to_string(&ports).ok())
+        .flatten()
 }
 
 /// OpenShift gives every container of a pod the same `runAsUser`; kept on the proxy, it would

@@ -202,3 +202,45 @@ fn revision_and_config_reach_the_pod() {
         "{err}"
     );
 }
+
+#[test]
+fn the_proxy_gets_what_istiod_mode_needs() {
+    let yaml = DEPLOYMENT.replace(
+        "        other-controller.example.com/state",
+        "        proxy.istio.io/config: '{\"proxyMetadata\":{\"SECRET_TTL\":\"12h\"}}'\n        other-controller.example.com/state",
+    );
+    let template = pod_template(&inject(&yaml));
+    let proxy = template["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(
+            template["spec"]["initContainers"]
+                .as_array()
+                .into_iter()
+                .flatten(),
+        )
+        .find(|c| c["name"] == "istio-proxy")
+        .expect("an istio-proxy container");
+    let env = |name: &str| {
+        proxy["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let proxy_config: Json = serde_json::from_str(&env("PROXY_CONFIG")).expect("JSON");
+    assert_eq!(
+        proxy_config,
+        json!({"discoveryAddress": "istiod.istio-system.svc:15012",
+               "proxyMetadata": {"SECRET_TTL": "12h"}})
+    );
+    assert_eq!(env("TRUST_DOMAIN"), "cluster.local");
+    assert_eq!(env("ISTIO_META_MESH_ID"), "cluster.local");
+    assert_eq!(env("ISTIO_META_CLUSTER_ID"), "Kubernetes");
+    let ports: Json = serde_json::from_str(&env("ISTIO_META_POD_PORTS")).expect("JSON");
+    assert_eq!(ports, json!([{"name": "http", "containerPort": 8080}]));
+}

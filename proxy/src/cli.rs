@@ -28,6 +28,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
+mod ca_start;
+
 /// Flags of `remora run`.
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
@@ -329,9 +331,18 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    // istiod mode: settings now, so a bad variable or a missing token or root file fails the
+    // start naming it; the certificate itself comes once the runtime runs.
+    let agent_settings = ca_start::resolve_agent_settings(&config)?;
+    let ca_setup = match (&agent_settings, &watcher) {
+        (Some(settings), None) => Some(ca_start::check_ca_inputs(settings)?),
+        _ => None,
+    };
     let mut own = own;
     if let Some(id) = identity.current() {
         own.principal = id.spiffe_id.to_string();
+    } else if let (Some(_), Some(settings)) = (&ca_setup, &agent_settings) {
+        own.principal = settings.spiffe_id();
     }
     let metrics = Arc::new(Metrics::new(&own, names));
     let exchange_header = crate::metadata_exchange::LocalHeader::new(&own);
@@ -359,6 +370,11 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         identity: Arc::clone(&identity),
         ..AdminState::new(Arc::clone(&metrics), Arc::clone(&drain))
     });
+    if ca_setup.is_some() {
+        // Not ready until istiod's CA has issued the workload certificate: a pod that takes
+        // traffic without it cannot speak mesh TLS.
+        state.readiness.require(admin::readiness::CERTIFICATE);
+    }
     let agent = Arc::new(Agent {
         state: Arc::clone(&state),
         probers: probe::parse_probers(&env_var("ISTIO_KUBE_APP_PROBERS"))
@@ -406,11 +422,13 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         h1: Arc::default(),
         mesh_pool: Arc::default(),
         mesh: Arc::new(
-            crate::tls::Mesh::new(identity).with_exchange_header(exchange_header, exchange_headers),
+            crate::tls::Mesh::new(Arc::clone(&identity))
+                .with_exchange_header(exchange_header, exchange_headers),
         ),
         authz,
     });
     let metrics_handle = Arc::clone(&metrics);
+    let identity_store = identity;
     let reloader = args.config.map(|path| Reloader {
         last: std::fs::read(&path).ok(),
         path,
@@ -433,6 +451,20 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
+    let istiod_mode = match agent_settings {
+        Some(settings) => {
+            // The channels' connection tasks need the runtime.
+            let _entered = runtime.enter();
+            Some(ca_start::istiod_mode(
+                settings,
+                ca_setup,
+                Arc::clone(&identity_store),
+                &metrics_handle,
+                Arc::clone(&state),
+            )?)
+        }
+        None => None,
+    };
     let listener_count = u32::try_from(routes.len()).unwrap_or(u32::MAX);
     metrics_handle
         .server
@@ -440,6 +472,15 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     let result = runtime.block_on(async {
         if let Some(w) = watcher {
             tokio::spawn(w.watch(Arc::clone(&metrics_handle)));
+        }
+        if let Some(mode) = istiod_mode {
+            if let Some(r) = mode.rotation {
+                tokio::spawn(r.run());
+            }
+            // The ADS client (issue 31, section 3) starts here from `mode.settings` (its
+            // `node`) and `mode.channels.xds`, having added its own readiness condition
+            // (`state.readiness.require`) before it spawns, so 15021 waits for it too.
+            tracing::debug!(xds = %mode.channels.xds.address, node = %mode.settings.node.id, "istiod channels ready");
         }
         tokio::spawn(policies.watch());
         serve(proxy, routes, dns, state, reloader).await

@@ -265,6 +265,26 @@ impl Identity {
         })
     }
 
+    /// Build an identity from PEM held in memory (a certificate from istiod's CA), with the
+    /// checks of [`Identity::load`]. Errors and `/certs` name the parts `<inline>`, as Envoy
+    /// names a secret that came from no file.
+    pub fn from_memory(chain: &[u8], key: &[u8], roots: &[u8]) -> Result<Identity, IdentityError> {
+        let inline = PathBuf::from(INLINE);
+        let paths = Paths {
+            chain: inline.clone(),
+            key: inline.clone(),
+            roots: inline,
+        };
+        Identity::load(&paths, &Files::new(chain.into(), key.into(), roots.into()))
+    }
+
+    /// When the workload certificate was issued.
+    pub fn not_before(&self) -> SystemTime {
+        self.chain
+            .first()
+            .map_or(SystemTime::UNIX_EPOCH, |c| c.not_before)
+    }
+
     /// When the workload certificate expires.
     pub fn not_after(&self) -> SystemTime {
         self.chain
@@ -272,6 +292,9 @@ impl Identity {
             .map_or(SystemTime::UNIX_EPOCH, |c| c.not_after)
     }
 }
+
+/// Envoy's name for the path of a certificate that came from no file.
+pub const INLINE: &str = "<inline>";
 
 /// The current identity, swapped whole on rotation; empty until one has loaded.
 #[derive(Debug, Default)]

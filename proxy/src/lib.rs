@@ -23,6 +23,7 @@ pub mod drain;
 pub mod http;
 pub mod identity;
 pub mod istio_env;
+pub mod istiod;
 pub mod lifecycle;
 pub mod listener;
 pub mod loop_guard;

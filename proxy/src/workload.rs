@@ -86,7 +86,7 @@ impl Workload {
 /// A Deployment's pod is `<deployment>-<replicaset hash>-<pod hash>`; Istio names the workload
 /// after the Deployment. Without the owner's name this strips the two generated suffixes when
 /// they look generated, and otherwise keeps the pod name.
-fn workload_from_pod_name(pod: &str) -> String {
+pub fn workload_from_pod_name(pod: &str) -> String {
     let parts: Vec<&str> = pod.split('-').collect();
     let generated = |s: &str| s.len() >= 5 && s.chars().all(|c| c.is_ascii_alphanumeric());
     if parts.len() >= 3

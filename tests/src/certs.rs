@@ -4,11 +4,13 @@
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, SanType,
+    KeyPair, SanType, SerialNumber,
 };
 use std::fs::{self, Permissions};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+use x509_parser::prelude::{FromDer, GeneralName, ParsedExtension, X509CertificationRequest};
 
 /// A certificate authority.
 pub struct MeshCa {
@@ -88,11 +90,72 @@ impl MeshCa {
         }
     }
 
+    /// Sign a PEM CSR as istiod's CA does: the CSR's public key (ECDSA P-256, what Remora and
+    /// pilot-agent send) and URI SANs, valid from now for `ttl`. Returns the leaf's PEM.
+    pub fn sign_csr(&self, csr_pem: &str, ttl: Duration) -> Result<String, String> {
+        let (_, pem) = x509_parser::pem::parse_x509_pem(csr_pem.as_bytes())
+            .map_err(|e| format!("not PEM: {e}"))?;
+        let (_, csr) = X509CertificationRequest::from_der(&pem.contents)
+            .map_err(|e| format!("not a CSR: {e}"))?;
+        let mut uris = Vec::new();
+        for ext in csr.requested_extensions().into_iter().flatten() {
+            if let ParsedExtension::SubjectAlternativeName(san) = ext {
+                for name in &san.general_names {
+                    if let GeneralName::URI(u) = name {
+                        uris.push(u.to_string());
+                    }
+                }
+            }
+        }
+        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+        params.distinguished_name = DistinguishedName::new();
+        params.subject_alt_names = uris
+            .iter()
+            .map(|u| Ok(SanType::URI(u.as_str().try_into()?)))
+            .collect::<Result<_, rcgen::Error>>()
+            .map_err(|e| e.to_string())?;
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let now = SystemTime::now();
+        params.not_before = now.into();
+        params.not_after = (now + ttl).into();
+        params.serial_number = Some(SerialNumber::from(
+            now.duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos() as u64,
+        ));
+        let key = CsrKey(
+            csr.certification_request_info
+                .subject_pki
+                .subject_public_key
+                .data
+                .to_vec(),
+        );
+        let cert = params
+            .signed_by(&key, &self.cert, &self.key)
+            .map_err(|e| e.to_string())?;
+        Ok(cert.pem())
+    }
+
     /// Write `cert` and this CA's root into `dir` in Istio's layout (created 0755 if needed;
     /// files 0644, readable by the proxy's UID). Each file is replaced by a rename, as Kubernetes
     /// updates a mounted secret, so a reader never sees half a file.
     pub fn install(&self, dir: &Path, cert: &WorkloadCert) {
         install_files(dir, cert, &self.root_pem());
+    }
+}
+
+/// A CSR's P-256 public key, as rcgen signs it.
+struct CsrKey(Vec<u8>);
+
+impl rcgen::PublicKeyData for CsrKey {
+    fn der_bytes(&self) -> &[u8] {
+        &self.0
+    }
+    fn algorithm(&self) -> &rcgen::SignatureAlgorithm {
+        &rcgen::PKCS_ECDSA_P256_SHA256
     }
 }
 

@@ -18,6 +18,7 @@ pub mod certs;
 pub mod dns;
 pub mod environment;
 pub mod envoy;
+pub mod istiod;
 pub mod mesh;
 pub mod metrics;
 pub mod netns;

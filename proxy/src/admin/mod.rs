@@ -6,8 +6,10 @@
 
 mod envoy_api;
 mod logging;
+pub mod readiness;
 
 pub use logging::{parse_filter, LogControl, SetFilter};
+pub use readiness::Readiness;
 
 use crate::drain::Drain;
 use crate::metrics::exposition::Selection;
@@ -74,6 +76,8 @@ pub struct AdminState {
     pub logging: Option<LogControl>,
     /// The workload certificate, for `/certs`.
     pub identity: Arc<crate::identity::Store>,
+    /// What readiness still waits for besides `ready` (the certificate, xDS).
+    pub readiness: Arc<Readiness>,
     /// The data path's record of its open upstream connections: `/clusters` lists their
     /// destinations as hosts.
     pub upstreams: Arc<crate::loop_guard::LoopGuard>,
@@ -93,6 +97,7 @@ impl AdminState {
             concurrency: 2,
             logging: None,
             identity: Arc::default(),
+            readiness: Arc::default(),
             upstreams: crate::loop_guard::LoopGuard::new(Vec::new()),
         }
     }
@@ -100,7 +105,7 @@ impl AdminState {
     fn server_state(&self) -> ServerState {
         if self.drain.is_draining() {
             ServerState::Draining
-        } else if self.ready.load(Ordering::Acquire) {
+        } else if self.ready.load(Ordering::Acquire) && self.readiness.pending().is_empty() {
             // Failed health checks make a live server draining, as in Envoy.
             match self.metrics.server.health_check_failed() {
                 true => ServerState::Draining,
@@ -219,7 +224,13 @@ pub fn respond(role: Role, state: &AdminState, req: &AdminRequest) -> Response<B
                     "health check failed\n".into(),
                 ),
                 ServerState::Draining => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n".into()),
-                _ => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into()),
+                _ => match state.readiness.pending().as_slice() {
+                    [] => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into()),
+                    waiting => text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("not ready: waiting for {}\n", waiting.join(", ")),
+                    ),
+                },
             }
         }
         (_, "/ready") => {

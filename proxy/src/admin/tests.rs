@@ -67,6 +67,22 @@ fn readiness_follows_start_drain_and_healthcheck_fail() {
 }
 
 #[test]
+fn readiness_waits_for_every_required_condition() {
+    let s = state();
+    s.ready.store(true, Ordering::Release);
+    s.readiness.require(super::readiness::CERTIFICATE);
+    let r = get(&s, Role::Readiness, "/healthz/ready");
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body(r), "not ready: waiting for workload certificate\n");
+    assert_eq!(body(get(&s, Role::Admin, "/ready")), "PRE_INITIALIZING\n");
+    s.readiness.satisfy(super::readiness::CERTIFICATE);
+    assert_eq!(
+        get(&s, Role::Readiness, "/healthz/ready").status(),
+        StatusCode::OK
+    );
+}
+
+#[test]
 fn wrong_method_is_405_and_unknown_path_is_404_listing_paths() {
     let s = state();
     let r = get(&s, Role::Admin, "/quitquitquit");

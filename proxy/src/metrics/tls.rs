@@ -29,6 +29,11 @@ pub struct TlsMetrics {
     pub load_failures: Counter,
     handshakes: Family<Labels, Counter>,
     exchanges: Family<Labels, Counter>,
+    /// CSRs sent to istiod's CA (pilot-agent's `num_outgoing_requests{request_type="csr"}`).
+    ca_requests: Family<Labels, Counter>,
+    /// CA requests that installed nothing, by pilot-agent's name, and by reason in Remora's.
+    ca_failed_requests: Family<Labels, Counter>,
+    ca_failures: Family<Labels, Counter>,
 }
 
 impl Default for TlsMetrics {
@@ -42,6 +47,9 @@ impl Default for TlsMetrics {
             load_failures: Counter::default(),
             handshakes: Family::default(),
             exchanges: Family::default(),
+            ca_requests: Family::default(),
+            ca_failed_requests: Family::default(),
+            ca_failures: Family::default(),
         }
     }
 }
@@ -79,7 +87,47 @@ impl TlsMetrics {
             "Istio metadata exchanges on istio-peer-exchange connections, by direction and result",
             m.exchanges.clone(),
         );
+        registry.register(
+            "istio_agent_num_outgoing_requests",
+            "Requests sent to istiod's CA, by request type",
+            m.ca_requests.clone(),
+        );
+        registry.register(
+            "istio_agent_num_failed_outgoing_requests",
+            "Requests to istiod's CA that failed, by request type",
+            m.ca_failed_requests.clone(),
+        );
+        registry.register(
+            "remora_istiod_certificate_failures",
+            "Certificate requests to istiod's CA that installed nothing, by reason (token, root, \
+             unavailable, unauthenticated, ca_error, mismatch, csr); the held certificate stayed",
+            m.ca_failures.clone(),
+        );
         m
+    }
+
+    /// A CSR was sent to the CA.
+    pub fn ca_request(&self) {
+        self.ca_requests
+            .get_or_create(&vec![("request_type", "csr")])
+            .inc();
+    }
+
+    /// A certificate request installed nothing, for `reason`.
+    pub fn ca_failure(&self, reason: &'static str) {
+        self.ca_failed_requests
+            .get_or_create(&vec![("request_type", "csr")])
+            .inc();
+        self.ca_failures
+            .get_or_create(&vec![("reason", reason)])
+            .inc();
+    }
+
+    /// Failed certificate requests for `reason`.
+    pub fn ca_failures(&self, reason: &'static str) -> u64 {
+        self.ca_failures
+            .get(&vec![("reason", reason)])
+            .map_or(0, |c| c.get())
     }
 
     /// Show `identity`'s expiry as of now.

@@ -1,0 +1,315 @@
+//! A test control plane that speaks istiod's real protocol: gRPC over TLS (a server certificate
+//! for `istiod.istio-system.svc` from the mesh's test CA) on port 15012, listening in a
+//! namespace the pod can reach, served by a tokio runtime in the test process.
+//!
+//! Today it serves Istio's CA (`IstioCertificateService/CreateCertificate`): it checks the
+//! `authorization: Bearer` token and the `clusterid` header as istiod does, signs the CSR with
+//! the test CA and answers `[leaf, root]` with the lifetime asked for. One service routes
+//! every call by its path (`ControlPlaneService::call`); ADS joins it as another path there.
+//!
+//! The CA messages are written here again rather than taken from Remora: the test's side of
+//! the wire is an independent reading of istio/api's `ca.proto`.
+//!
+//! [`HostsFile`] makes `istiod.istio-system.svc` resolve inside the pod, as cluster DNS would.
+
+use crate::certs::MeshCa;
+use crate::Netns;
+use std::convert::Infallible;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tonic::codegen::{http, BoxFuture, Context, Poll, Service};
+use tonic::server::{Grpc, UnaryService};
+use tonic::{Request, Response, Status};
+
+/// istiod's service name, the server name its certificate carries.
+pub const ISTIOD_HOST: &str = "istiod.istio-system.svc";
+/// istiod's TLS gRPC port (xDS and CA).
+pub const ISTIOD_PORT: u16 = 15012;
+/// The cluster ID the control plane expects in `clusterid` (Istio's default).
+pub const CLUSTER_ID: &str = "Kubernetes";
+
+/// istio/api `IstioCertificateRequest` (the metadata field, 4, is not read).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct IstioCertificateRequest {
+    #[prost(string, tag = "1")]
+    pub csr: String,
+    #[prost(int64, tag = "3")]
+    pub validity_duration: i64,
+}
+
+/// istio/api `IstioCertificateResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct IstioCertificateResponse {
+    #[prost(string, repeated, tag = "1")]
+    pub cert_chain: Vec<String>,
+}
+
+/// One certificate the CA issued.
+#[derive(Debug, Clone)]
+pub struct Issued {
+    /// The lifetime asked for.
+    pub ttl: Duration,
+    /// The leaf, PEM.
+    pub leaf: String,
+}
+
+/// What the CA has seen; shared with the test.
+#[derive(Debug, Default)]
+pub struct CaRecord {
+    pub issued: Vec<Issued>,
+    /// Calls refused, with the status message.
+    pub refused: Vec<String>,
+}
+
+/// The CA's state: the token it accepts and what it has done.
+#[derive(Debug)]
+struct CaState {
+    ca: Arc<MeshCa>,
+    token: String,
+    record: Mutex<CaRecord>,
+}
+
+/// The control plane, stopped on drop.
+pub struct ControlPlane {
+    state: Arc<CaState>,
+    addr: SocketAddr,
+    runtime: Option<tokio::runtime::Runtime>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl ControlPlane {
+    /// Serve on `addr` inside `ns`, signing with `ca` for callers that present `token`.
+    pub fn start(ns: &Netns, addr: SocketAddr, ca: Arc<MeshCa>, token: &str) -> ControlPlane {
+        let listener = ns
+            .bind(addr)
+            .unwrap_or_else(|e| panic!("bind the control plane on {addr}: {e}"));
+        ControlPlane::start_on(listener, ca, token, ISTIOD_HOST)
+    }
+
+    /// Serve on `listener` with a server certificate for `server_name`: the same control plane
+    /// in the test process on loopback, for tests that need no namespaces (`localhost`).
+    pub fn start_on(
+        listener: std::net::TcpListener,
+        ca: Arc<MeshCa>,
+        token: &str,
+        server_name: &str,
+    ) -> ControlPlane {
+        let addr = listener.local_addr().expect("the listener's address");
+        listener
+            .set_nonblocking(true)
+            .expect("a non-blocking listener");
+        let server_cert = ca.dns_server(server_name);
+        let state = Arc::new(CaState {
+            ca,
+            token: token.to_string(),
+            record: Mutex::default(),
+        });
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("control-plane")
+            .enable_all()
+            .build()
+            .expect("the control plane's runtime");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let service = ControlPlaneService {
+            state: Arc::clone(&state),
+        };
+        runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
+            let incoming = tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let tls = tonic::transport::ServerTlsConfig::new().identity(
+                tonic::transport::Identity::from_pem(server_cert.chain, server_cert.key),
+            );
+            let served = tonic::transport::Server::builder()
+                .tls_config(tls)
+                .expect("the control plane's TLS")
+                .serve_with_incoming_shutdown(service, incoming, async {
+                    let _ = stopped.await;
+                })
+                .await;
+            if let Err(e) = served {
+                eprintln!("control plane: {e}");
+            }
+        });
+        ControlPlane {
+            state,
+            addr,
+            runtime: Some(runtime),
+            stop: Some(stop),
+        }
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Certificates issued so far.
+    pub fn issued(&self) -> Vec<Issued> {
+        self.record(|r| r.issued.clone())
+    }
+
+    /// Calls refused so far, each with its status message.
+    pub fn refused(&self) -> Vec<String> {
+        self.record(|r| r.refused.clone())
+    }
+
+    fn record<T>(&self, f: impl FnOnce(&CaRecord) -> T) -> T {
+        f(&self
+            .state
+            .record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+/// istiod's gRPC services by path, by hand: one method each, so no generated server (and no
+/// router: tonic is built without it).
+#[derive(Debug, Clone)]
+struct ControlPlaneService {
+    state: Arc<CaState>,
+}
+
+impl Service<http::Request<tonic::body::Body>> for ControlPlaneService {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let state = Arc::clone(&self.state);
+        Box::pin(async move {
+            if req.uri().path() != "/istio.v1.auth.IstioCertificateService/CreateCertificate" {
+                return Ok(Status::unimplemented(req.uri().path().to_string()).into_http());
+            }
+            let codec = tonic_prost::ProstCodec::<IstioCertificateResponse, IstioCertificateRequest>::default();
+            let mut grpc = Grpc::new(codec);
+            Ok(grpc.unary(CreateCertificate(state), req).await)
+        })
+    }
+}
+
+struct CreateCertificate(Arc<CaState>);
+
+impl UnaryService<IstioCertificateRequest> for CreateCertificate {
+    type Response = IstioCertificateResponse;
+    type Future = BoxFuture<Response<IstioCertificateResponse>, Status>;
+
+    fn call(&mut self, request: Request<IstioCertificateRequest>) -> Self::Future {
+        let state = Arc::clone(&self.0);
+        Box::pin(async move {
+            let result = create_certificate(&state, &request);
+            let mut record = state
+                .record
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match result {
+                Ok(issued) => {
+                    let chain = vec![issued.leaf.clone(), state.ca.root_pem()];
+                    record.issued.push(issued);
+                    Ok(Response::new(IstioCertificateResponse {
+                        cert_chain: chain,
+                    }))
+                }
+                Err(status) => {
+                    record.refused.push(status.message().to_string());
+                    Err(status)
+                }
+            }
+        })
+    }
+}
+
+/// istiod's checks, then the signature.
+fn create_certificate(
+    state: &CaState,
+    request: &Request<IstioCertificateRequest>,
+) -> Result<Issued, Status> {
+    let header = |name: &str| {
+        request
+            .metadata()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    if header("authorization") != format!("Bearer {}", state.token) {
+        return Err(Status::unauthenticated(format!(
+            "authenticate failure: token {:?} not accepted",
+            header("authorization")
+        )));
+    }
+    if header("clusterid") != CLUSTER_ID {
+        return Err(Status::unauthenticated(format!(
+            "clusterid {:?} is not {CLUSTER_ID}",
+            header("clusterid")
+        )));
+    }
+    let body = request.get_ref();
+    let ttl = Duration::from_secs(u64::try_from(body.validity_duration).unwrap_or(0));
+    if ttl.is_zero() {
+        return Err(Status::invalid_argument(
+            "validity_duration must be positive",
+        ));
+    }
+    let leaf = state
+        .ca
+        .sign_csr(&body.csr, ttl)
+        .map_err(Status::invalid_argument)?;
+    Ok(Issued { ttl, leaf })
+}
+
+/// `/etc/netns/<ns>/hosts`, which `ip netns exec` bind-mounts over `/etc/hosts` for every
+/// process it starts in that namespace; removed on drop.
+#[derive(Debug)]
+pub struct HostsFile {
+    dir: PathBuf,
+}
+
+impl HostsFile {
+    /// Name `names` in `ns`, with localhost kept.
+    pub fn write(ns: &Netns, names: &[(IpAddr, &str)]) -> io::Result<HostsFile> {
+        let dir = PathBuf::from("/etc/netns").join(ns.name());
+        std::fs::create_dir_all(&dir)?;
+        let guard = HostsFile { dir };
+        let mut text = String::from("127.0.0.1 localhost\n::1 localhost\n");
+        for (ip, name) in names {
+            text.push_str(&format!("{ip} {name}\n"));
+        }
+        std::fs::write(guard.dir.join("hosts"), text)?;
+        Ok(guard)
+    }
+}
+
+impl Drop for HostsFile {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            eprintln!("warning: could not remove {}: {e}", self.dir.display());
+        }
+    }
+}
