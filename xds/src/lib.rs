@@ -5,4 +5,6 @@
 //! refused with the resource and the field named, never dropped silently.
 
 pub mod descriptors;
+pub mod json;
+pub mod refusal;
 pub mod sink;
