@@ -6,5 +6,6 @@
 
 pub mod descriptors;
 pub mod json;
+pub mod model;
 pub mod refusal;
 pub mod sink;
