@@ -278,7 +278,7 @@ fn is_settings_frame_header(h: &[u8; 9]) -> bool {
     const SETTINGS: u8 = 0x4;
     let len = u32::from_be_bytes([0, h[0], h[1], h[2]]);
     let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
-    h[3] == SETTINGS && h[4] == 0 && stream == 0 && len % 6 == 0
+    h[3] == SETTINGS && h[4] == 0 && stream == 0 && len.is_multiple_of(6)
 }
 
 /// Decide the protocol from the client's first bytes; `None` while they are a consistent but

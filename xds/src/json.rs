@@ -51,12 +51,75 @@ pub fn from_json(value: &Value, full_name: &str) -> Result<DynamicMessage, JsonE
     // prost-reflect's own error for an unknown `@type` names neither the URL's place nor,
     // behind an Any, the path; look for them first so the error says both.
     check_types(value, &mut String::new())?;
-    let mut track = serde_path_to_error::Track::new();
-    let de = serde_path_to_error::Deserializer::new(value, &mut track);
-    DynamicMessage::deserialize(desc, de).map_err(|e| JsonError::Invalid {
-        path: proto_path(&track.path().to_string()),
-        reason: e.to_string(),
+    let mut value = std::borrow::Cow::Borrowed(value);
+    // Envoy prints an `Any` that is set but empty (no type URL) as `{}`, which proto3 JSON
+    // readers refuse for want of `@type`; Envoy treats it as unset, and so does this: each such
+    // `{}` is dropped and the message read again (a bounded number of times).
+    for _ in 0..64 {
+        let mut track = serde_path_to_error::Track::new();
+        let de = serde_path_to_error::Deserializer::new(value.as_ref(), &mut track);
+        match DynamicMessage::deserialize(desc.clone(), de) {
+            Ok(m) => return Ok(m),
+            Err(e) => {
+                let path = proto_path(&track.path().to_string());
+                let reason = e.to_string();
+                if reason.contains("expected '@type' field")
+                    && remove_empty_object(value.to_mut(), &path)
+                {
+                    continue;
+                }
+                return Err(JsonError::Invalid { path, reason });
+            }
+        }
+    }
+    Err(JsonError::Invalid {
+        path: String::new(),
+        reason: "too many empty Any values".into(),
     })
+}
+
+/// Remove the value at `path` (`a.b[2].c`) when it is `{}`; whether it did.
+fn remove_empty_object(value: &mut Value, path: &str) -> bool {
+    let mut steps: Vec<Result<&str, usize>> = Vec::new();
+    for part in path.split('.') {
+        let (key, rest) = part.split_once('[').unwrap_or((part, ""));
+        if !key.is_empty() {
+            steps.push(Ok(key));
+        }
+        for index in rest.split('[').filter(|s| !s.is_empty()) {
+            match index.trim_end_matches(']').parse() {
+                Ok(i) => steps.push(Err(i)),
+                Err(_) => return false,
+            }
+        }
+    }
+    let Some((Ok(last), parents)) = steps.split_last() else {
+        return false;
+    };
+    let mut at = value;
+    for step in parents {
+        at = match step {
+            Ok(key) => match at.get_mut(*key) {
+                Some(v) => v,
+                None => return false,
+            },
+            Err(i) => match at.get_mut(*i) {
+                Some(v) => v,
+                None => return false,
+            },
+        };
+    }
+    match at.as_object_mut() {
+        Some(map)
+            if map
+                .get(*last)
+                .is_some_and(|v| v.as_object().is_some_and(|o| o.is_empty())) =>
+        {
+            map.remove(*last);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Read `value` as the prost type `T` whose full name is `full_name`.
@@ -204,6 +267,18 @@ mod tests {
         let err = from_json(&value, LISTENER).expect_err("refused");
         assert!(err.path().starts_with("filter_chains[0]"), "{err}");
         assert!(err.to_string().contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_any_reads_as_unset() {
+        let value = json!({"name": "l", "listener_filters": [{"name": "f", "typed_config": {}}]});
+        let msg = from_json(&value, LISTENER).expect("reads");
+        let listener: Listener = msg.transcode_to().expect("typed");
+        assert!(listener.listener_filters[0].config_type.is_none());
+        let mut v = json!({"a": [{"b": {}}, {"b": {"x": 1}}]});
+        assert!(remove_empty_object(&mut v, "a[0].b"));
+        assert!(!remove_empty_object(&mut v, "a[1].b"));
+        assert_eq!(v, json!({"a": [{}, {"b": {"x": 1}}]}));
     }
 
     #[test]

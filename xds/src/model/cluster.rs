@@ -35,6 +35,9 @@ pub struct Cluster {
     pub max_requests_per_connection: Option<u32>,
     /// For `ORIGINAL_DST` clusters whose destination comes from a header.
     pub use_http_header: bool,
+    /// Bind upstream connections to this source address (istiod's `127.0.0.6` for inbound
+    /// passthrough, so the application sees traffic from the sidecar).
+    pub upstream_bind_address: Option<std::net::IpAddr>,
 }
 
 /// Where a cluster's endpoints come from.
@@ -60,6 +63,8 @@ pub enum LbPolicy {
     },
     RoundRobin,
     Random,
+    /// The cluster picks the host itself: ORIGINAL_DST clusters (the original destination).
+    ClusterProvided,
 }
 
 /// Which HTTP version to use upstream.
@@ -231,6 +236,7 @@ mod tests {
             http_idle_timeout: None,
             max_requests_per_connection: None,
             use_http_header: false,
+            upstream_bind_address: None,
         };
         assert_eq!(
             cluster.transport_socket_for(Some("istio")),

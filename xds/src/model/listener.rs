@@ -233,6 +233,14 @@ pub enum HttpFilter {
     Cors,
 }
 
+/// An ECDS extension config: an HTTP filter delivered on its own (istiod's WasmPlugins and
+/// Telemetry filters).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExtensionConfig {
+    pub name: String,
+    pub filter: HttpFilter,
+}
+
 /// How Istio's HTTP metadata exchange was configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MetadataExchangeForm {

@@ -8,6 +8,7 @@
 //! - [`cluster`]: discovery, balancing, connect timeout, the transport socket per endpoint;
 //! - [`endpoint`]: EDS host sets: localities, priorities, weights, health, tlsMode;
 //! - [`rbac`]: Envoy's RBAC policies as data, for the authorization step to enforce;
+//! - [`secret`]: SDS secrets (certificates and trust anchors);
 //! - [`matcher`]: string, header and address matchers the others share.
 
 pub mod cluster;
@@ -16,6 +17,7 @@ pub mod listener;
 pub mod matcher;
 pub mod rbac;
 pub mod route;
+pub mod secret;
 
 pub use cluster::Cluster;
 pub use endpoint::ClusterLoadAssignment;
