@@ -10,4 +10,6 @@ pub mod json;
 pub mod model;
 pub mod refusal;
 pub mod sink;
+pub mod snapshot;
+pub mod store;
 pub mod validate;
