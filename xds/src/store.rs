@@ -314,7 +314,7 @@ mod tests {
         let snap = store.snapshot();
         assert!(snap.cluster("a").is_none());
         // Cluster a went, so its endpoints are no longer wanted nor held.
-        assert!(snap.endpoints.get("a").is_none());
+        assert!(!snap.endpoints.contains_key("a"));
         assert_eq!(
             applied.wanted.get(type_url::ENDPOINT),
             Some(&BTreeSet::from(["b".to_string()]))
