@@ -5,8 +5,8 @@ use super::common::{duration, filter_metadata, struct_list, struct_string, struc
 use super::endpoint::load_assignment;
 use super::tls::upstream_socket;
 use crate::model::cluster::{
-    Cluster, Discovery, IstioClusterMetadata, IstioService, LbPolicy, TransportSocket,
-    TransportSocketMatch, UpstreamHttpProtocol, DEFAULT_CONNECT_TIMEOUT,
+    Cluster, Discovery, Dns, DnsLookupFamily, DnsTarget, IstioClusterMetadata, IstioService,
+    LbPolicy, TransportSocket, TransportSocketMatch, UpstreamHttpProtocol, DEFAULT_CONNECT_TIMEOUT,
 };
 use crate::refusal::Fault;
 use envoy_types::pb::envoy::config::cluster::v3 as pb;
@@ -24,9 +24,37 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
         None => Discovery::Static,
         Some(T::Type(t)) => match D::try_from(*t) {
             Ok(D::Static) => Discovery::Static,
-            Ok(D::StrictDns) => Discovery::StrictDns,
-            Ok(D::LogicalDns) => Discovery::LogicalDns,
-            Ok(D::OriginalDst) => Discovery::OriginalDst,
+            Ok(D::StrictDns) => Discovery::StrictDns(dns(c)?),
+            Ok(D::LogicalDns) => Discovery::LogicalDns(dns(c)?),
+            Ok(D::OriginalDst) => {
+                let (port_override, use_http_header) = match &c.lb_config {
+                    Some(pb::cluster::LbConfig::OriginalDstLbConfig(o)) => {
+                        if !o.http_header_name.is_empty() || o.metadata_key.is_some() {
+                            return Err(Fault::new(
+                                "original_dst_lb_config",
+                                "only use_http_header and upstream_port_override are supported",
+                            ));
+                        }
+                        let port = o
+                            .upstream_port_override
+                            .as_ref()
+                            .map(|p| u16::try_from(p.value))
+                            .transpose()
+                            .map_err(|_| {
+                                Fault::new(
+                                    "original_dst_lb_config.upstream_port_override",
+                                    "port out of range",
+                                )
+                            })?;
+                        (port, o.use_http_header)
+                    }
+                    _ => (None, false),
+                };
+                Discovery::OriginalDst {
+                    port_override,
+                    use_http_header,
+                }
+            }
             Ok(D::Eds) => {
                 let service_name = c
                     .eds_cluster_config
@@ -154,11 +182,15 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
             Some(_) => return Err(Fault::new(at, "auto_config not supported")),
         };
     }
-    let load_assignment = c
-        .load_assignment
-        .as_ref()
-        .map(|l| load_assignment(l, "load_assignment"))
-        .transpose()?;
+    let load_assignment = match discovery {
+        // A DNS cluster's assignment holds names, read into its Discovery above.
+        Discovery::StrictDns(_) | Discovery::LogicalDns(_) => None,
+        _ => c
+            .load_assignment
+            .as_ref()
+            .map(|l| load_assignment(l, "load_assignment"))
+            .transpose()?,
+    };
     let upstream_bind_address = match &c.upstream_bind_config {
         None => None,
         Some(b) => {
@@ -174,10 +206,6 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
             })?)
         }
     };
-    let use_http_header = match &c.lb_config {
-        Some(pb::cluster::LbConfig::OriginalDstLbConfig(o)) => o.use_http_header,
-        _ => false,
-    };
     Ok(Cluster {
         name: c.name.clone(),
         discovery,
@@ -191,8 +219,65 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
         http_protocol,
         http_idle_timeout,
         max_requests_per_connection,
-        use_http_header,
         upstream_bind_address,
+    })
+}
+
+/// A DNS cluster's names (its `load_assignment`) and resolution settings.
+fn dns(c: &pb::Cluster) -> Result<Dns, Fault> {
+    use envoy_types::pb::envoy::config::core::v3 as core;
+    use pb::cluster::DnsLookupFamily as F;
+    let lookup_family = match F::try_from(c.dns_lookup_family) {
+        Ok(F::Auto) => DnsLookupFamily::Auto,
+        Ok(F::V4Only) => DnsLookupFamily::V4Only,
+        Ok(F::V6Only) => DnsLookupFamily::V6Only,
+        Ok(F::V4Preferred) => DnsLookupFamily::V4Preferred,
+        Ok(F::All) => DnsLookupFamily::All,
+        Err(_) => return Err(Fault::new("dns_lookup_family", "unknown lookup family")),
+    };
+    let mut targets = Vec::new();
+    for (i, l) in c
+        .load_assignment
+        .iter()
+        .flat_map(|a| a.endpoints.iter())
+        .enumerate()
+    {
+        for (j, e) in l.lb_endpoints.iter().enumerate() {
+            let at = format!("load_assignment.endpoints[{i}].lb_endpoints[{j}].endpoint.address");
+            let sa = match &e.host_identifier {
+                Some(envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier::Endpoint(ep)) => {
+                    match ep.address.as_ref().and_then(|a| a.address.as_ref()) {
+                        Some(core::address::Address::SocketAddress(sa)) => sa,
+                        _ => return Err(Fault::new(at, "only socket addresses are supported")),
+                    }
+                }
+                _ => return Err(Fault::new(at, "named endpoints not supported")),
+            };
+            let port = match sa.port_specifier {
+                Some(core::socket_address::PortSpecifier::PortValue(p)) => {
+                    u16::try_from(p).map_err(|_| Fault::new(&at, "port out of range"))?
+                }
+                _ => return Err(Fault::new(at, "a DNS target needs a port_value")),
+            };
+            targets.push(DnsTarget {
+                host: sa.address.clone(),
+                port,
+                weight: e.load_balancing_weight.as_ref().map_or(1, |w| w.value),
+                tls_mode: filter_metadata(e.metadata.as_ref(), "envoy.transport_socket_match")
+                    .and_then(|s| struct_string(s, "tlsMode")),
+            });
+        }
+    }
+    Ok(Dns {
+        targets,
+        lookup_family,
+        refresh_rate: c
+            .dns_refresh_rate
+            .as_ref()
+            .map(|d| duration(d, "dns_refresh_rate"))
+            .transpose()?
+            .unwrap_or(std::time::Duration::from_secs(5)),
+        respect_dns_ttl: c.respect_dns_ttl,
     })
 }
 
@@ -223,7 +308,9 @@ fn lb_policy(c: &pb::Cluster, discovery: &Discovery) -> Result<LbPolicy, Fault> 
             };
             LbPolicy::LeastRequest { choice_count }
         }
-        Ok(P::ClusterProvided) if *discovery == Discovery::OriginalDst => LbPolicy::ClusterProvided,
+        Ok(P::ClusterProvided) if matches!(discovery, Discovery::OriginalDst { .. }) => {
+            LbPolicy::ClusterProvided
+        }
         Ok(other) => {
             return Err(Fault::new(
                 "lb_policy",
@@ -294,5 +381,165 @@ fn istio_metadata(c: &pb::Cluster) -> IstioClusterMetadata {
         subset: struct_string(istio, "subset"),
         config: struct_string(istio, "config"),
         default_original_port: struct_u32(istio, "default_original_port"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::convert::from_json;
+    use crate::model::cluster::{
+        Discovery, DnsLookupFamily, LbPolicy, TransportSocket, UpstreamHttpProtocol,
+    };
+    use crate::model::Cluster;
+    use serde_json::{json, Value};
+
+    type ClusterProto = envoy_types::pb::envoy::config::cluster::v3::Cluster;
+
+    fn convert(v: Value) -> Result<Cluster, String> {
+        from_json::<ClusterProto>(&v)
+            .map(|c| c.model)
+            .map_err(|r| r.to_string())
+    }
+
+    fn unlimited() -> Value {
+        json!({"thresholds": [{"max_connections": 4294967295u32, "max_pending_requests": 4294967295u32,
+            "max_requests": 4294967295u32, "max_retries": 4294967295u32, "track_remaining": true}]})
+    }
+
+    #[test]
+    fn istiods_passthrough_and_blackhole_clusters() {
+        let passthrough = convert(json!({
+            "name": "PassthroughCluster", "type": "ORIGINAL_DST", "connect_timeout": "10s",
+            "lb_policy": "CLUSTER_PROVIDED", "circuit_breakers": unlimited(),
+            "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "common_http_protocol_options": {"idle_timeout": "3600s"},
+                "use_downstream_protocol_config": {"http_protocol_options": {}, "http2_protocol_options": {}}
+            }}
+        }))
+        .expect("accepted");
+        assert_eq!(
+            passthrough.discovery,
+            Discovery::OriginalDst {
+                port_override: None,
+                use_http_header: false
+            }
+        );
+        assert_eq!(passthrough.lb_policy, LbPolicy::ClusterProvided);
+        assert_eq!(passthrough.http_protocol, UpstreamHttpProtocol::Downstream);
+        assert_eq!(
+            passthrough.http_idle_timeout,
+            Some(std::time::Duration::from_secs(3600))
+        );
+        let inbound = convert(json!({
+            "name": "InboundPassthroughCluster", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
+            "upstream_bind_config": {"source_address": {"address": "127.0.0.6", "port_value": 0}},
+            "original_dst_lb_config": {"upstream_port_override": 8080}
+        }))
+        .expect("accepted");
+        assert_eq!(
+            inbound.upstream_bind_address,
+            Some("127.0.0.6".parse().expect("ip"))
+        );
+        assert_eq!(
+            inbound.discovery,
+            Discovery::OriginalDst {
+                port_override: Some(8080),
+                use_http_header: false
+            }
+        );
+        let blackhole = convert(
+            json!({"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}),
+        )
+        .expect("accepted");
+        assert_eq!(blackhole.discovery, Discovery::Static);
+        // Envoy's default policy when unset.
+        assert_eq!(blackhole.lb_policy, LbPolicy::RoundRobin);
+        assert_eq!(blackhole.transport_socket, TransportSocket::Plaintext);
+    }
+
+    #[test]
+    fn dns_clusters_keep_their_names() {
+        let c = convert(json!({
+            "name": "outbound|443||api.example.com", "type": "STRICT_DNS", "dns_lookup_family": "V4_ONLY",
+            "respect_dns_ttl": true, "dns_refresh_rate": "60s", "lb_policy": "RANDOM",
+            "load_assignment": {"cluster_name": "outbound|443||api.example.com", "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": {"socket_address": {"address": "api.example.com", "port_value": 443}}},
+                 "load_balancing_weight": 1}]}]}
+        }))
+        .expect("accepted");
+        let Discovery::StrictDns(dns) = &c.discovery else {
+            panic!("{:?}", c.discovery)
+        };
+        assert_eq!(dns.targets[0].host, "api.example.com");
+        assert_eq!(dns.targets[0].port, 443);
+        assert_eq!(dns.lookup_family, DnsLookupFamily::V4Only);
+        assert!(dns.respect_dns_ttl);
+        assert!(c.load_assignment.is_none());
+        assert_eq!(c.lb_policy, LbPolicy::Random);
+    }
+
+    #[test]
+    fn real_limits_and_unsupported_policies_are_refused() {
+        let mut limited = unlimited();
+        limited["thresholds"][0]["max_connections"] = json!(100);
+        let err = convert(json!({"name": "c", "type": "EDS", "circuit_breakers": limited}))
+            .expect_err("refused");
+        assert!(
+            err.contains("circuit_breakers.thresholds[0].max_connections"),
+            "{err}"
+        );
+        // Unset thresholds are Envoy's own real limits.
+        let err = convert(json!({"name": "c", "circuit_breakers": {"thresholds": [{}]}}))
+            .expect_err("refused");
+        assert!(
+            err.contains("circuit breaker limits not supported"),
+            "{err}"
+        );
+        let err = convert(json!({"name": "c", "lb_policy": "RING_HASH"})).expect_err("refused");
+        assert!(err.contains("RING_HASH not supported"), "{err}");
+        let err =
+            convert(json!({"name": "c", "lb_policy": "CLUSTER_PROVIDED"})).expect_err("refused");
+        assert!(err.contains("lb_policy"), "{err}");
+        let err = convert(json!({"name": "c", "outlier_detection": {}})).expect_err("refused");
+        assert!(
+            err.contains("outlier_detection: field not supported"),
+            "{err}"
+        );
+        let err = convert(json!({"name": "c", "transport_socket": {"name": "tls", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "common_tls_context": {"tls_certificate_sds_secret_configs": [{"name": "kubernetes://my-cert"}]}}}}))
+        .expect_err("refused");
+        assert!(
+            err.contains("\"kubernetes://my-cert\" not supported"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn least_request_choice_count_and_typed_sans() {
+        let c = convert(json!({
+            "name": "c", "type": "EDS", "lb_policy": "LEAST_REQUEST", "least_request_lb_config": {"choice_count": 3},
+            "transport_socket_matches": [{"name": "tlsMode-istio", "match": {"tlsMode": "istio"}, "transport_socket": {
+                "name": "envoy.transport_sockets.tls", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": "outbound_.80_._.c",
+                "common_tls_context": {
+                    "alpn_protocols": ["istio-peer-exchange", "istio"],
+                    "tls_certificate_sds_secret_configs": [{"name": "default", "sds_config": {"ads": {}}}],
+                    "combined_validation_context": {
+                        "default_validation_context": {"match_typed_subject_alt_names": [
+                            {"san_type": "URI", "matcher": {"exact": "spiffe://cluster.local/ns/default/sa/c"}}]},
+                        "validation_context_sds_secret_config": {"name": "ROOTCA", "sds_config": {"ads": {}}}}}}}}]
+        }))
+        .expect("accepted");
+        assert_eq!(c.lb_policy, LbPolicy::LeastRequest { choice_count: 3 });
+        assert_eq!(c.eds_service_name(), Some("c"));
+        let tls = c.istio_mtls().expect("mTLS");
+        assert_eq!(
+            tls.subject_alt_names[0].san_type,
+            Some(crate::model::cluster::SanType::Uri)
+        );
+        assert_eq!(tls.validation_secret.as_deref(), Some("ROOTCA"));
     }
 }

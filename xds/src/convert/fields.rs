@@ -377,6 +377,9 @@ pub const READ: &[(&str, &[&str])] = &[
             "cleanup_interval",
             "upstream_bind_config",
             "original_dst_lb_config",
+            "dns_lookup_family",
+            "dns_refresh_rate",
+            "respect_dns_ttl",
         ],
     ),
     (
@@ -389,7 +392,7 @@ pub const READ: &[(&str, &[&str])] = &[
     ),
     (
         "envoy.config.cluster.v3.Cluster.OriginalDstLbConfig",
-        &["use_http_header"],
+        &["use_http_header", "upstream_port_override"],
     ),
     (
         "envoy.config.cluster.v3.Cluster.TransportSocketMatch",

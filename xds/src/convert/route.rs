@@ -444,3 +444,105 @@ fn retry_policy(r: &pb::RetryPolicy, path: &str) -> Result<RetryPolicy, Fault> {
             .transpose()?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::convert::from_json;
+    use crate::model::matcher::HeaderMatch;
+    use crate::model::route::{Action, ClusterTarget, PathMatch, RouteConfiguration};
+    use serde_json::{json, Value};
+    use std::time::Duration;
+
+    type RouteProto = envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+
+    fn convert(routes: Value) -> Result<RouteConfiguration, String> {
+        let v = json!({"name": "9080", "virtual_hosts": [{"name": "vh", "domains": ["*"], "routes": routes}]});
+        from_json::<RouteProto>(&v)
+            .map(|c| c.model)
+            .map_err(|r| r.to_string())
+    }
+
+    #[test]
+    fn timeouts_weights_headers_and_redirects() {
+        let rc = convert(json!([
+            {"match": {"prefix": "/", "headers": [{"name": "end-user", "string_match": {"exact": "jason"}}]},
+             "route": {"weighted_clusters": {"clusters": [{"name": "v1", "weight": 90}, {"name": "v2", "weight": 10}]}}},
+            {"match": {"safe_regex": {"regex": "/api/v[0-9]+/.*"}}, "route": {"cluster": "api", "timeout": "2.5s"}},
+            {"match": {"path": "/old"}, "redirect": {"path_redirect": "/new", "response_code": "PERMANENT_REDIRECT"}},
+            {"match": {"prefix": "/x"}, "direct_response": {"status": 503, "body": {"inline_string": "no"}}}
+        ]))
+        .expect("accepted");
+        let routes = &rc.virtual_hosts[0].routes;
+        let Action::Forward(f) = &routes[0].action else {
+            panic!()
+        };
+        assert_eq!(
+            f.timeout,
+            Some(Duration::from_secs(15)),
+            "unset is Envoy's 15 s"
+        );
+        let ClusterTarget::Weighted(w) = &f.target else {
+            panic!()
+        };
+        assert_eq!((w[0].weight, w[1].name.as_str()), (90, "v2"));
+        assert!(matches!(
+            &routes[0].matcher.headers[0].kind,
+            HeaderMatch::Value(_)
+        ));
+        assert!(
+            matches!(&routes[1].matcher.path, PathMatch::Regex(p) if p.is_match("/api/v2/users"))
+        );
+        let Action::Forward(f) = &routes[1].action else {
+            panic!()
+        };
+        assert_eq!(f.timeout, Some(Duration::from_millis(2500)));
+        let Action::Redirect(r) = &routes[2].action else {
+            panic!()
+        };
+        assert_eq!((r.status, r.path.as_deref()), (308, Some("/new")));
+        assert!(
+            matches!(&routes[3].action, Action::DirectResponse { status: 503, body: Some(b) } if b == "no")
+        );
+    }
+
+    #[test]
+    fn what_remora_cannot_honour_is_refused() {
+        let cases = [
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {"retry_on": "5xx,bogus"}}}]),
+                "unknown retry condition \"bogus\"",
+            ),
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {
+                "retry_host_predicate": [{"name": "envoy.retry_host_predicates.omit_canary_hosts"}]}}}]),
+                "omit_canary_hosts",
+            ),
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "request_mirror_policies": [{"cluster": "m"}]}}]),
+                "request_mirror_policies: field not supported",
+            ),
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "hash_policy": [{"header": {"header_name": "x"}}]}}]),
+                "hash_policy: field not supported",
+            ),
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"cluster_header": "x-cluster"}}]),
+                "cluster_header: field not supported",
+            ),
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"cluster": "c"}, "typed_per_filter_config": {
+                "envoy.filters.http.fault": {"@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+                "abort": {"http_status": 503, "percentage": {"numerator": 100}}}}}]),
+                "typed_per_filter_config: field not supported",
+            ),
+        ];
+        for (routes, want) in cases {
+            let err = convert(routes).expect_err(want);
+            assert!(err.contains(want), "{err} (want {want})");
+            assert!(
+                err.starts_with("route 9080: virtual_hosts[0].routes[0]"),
+                "{err}"
+            );
+        }
+    }
+}

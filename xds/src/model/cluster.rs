@@ -21,7 +21,7 @@ pub struct Cluster {
     /// Tried in order against an endpoint's `envoy.transport_socket_match` metadata; the
     /// first whose every key/value the metadata holds wins (`{}` matches every endpoint).
     pub transport_socket_matches: Vec<TransportSocketMatch>,
-    /// Static host set (STATIC, STRICT_DNS, LOGICAL_DNS clusters).
+    /// Static host set (STATIC clusters; DNS clusters keep their names in [`Discovery`]).
     pub load_assignment: Option<ClusterLoadAssignment>,
     /// `filter_metadata.istio`: what Istio's metrics label the traffic with.
     pub istio: IstioClusterMetadata,
@@ -33,8 +33,6 @@ pub struct Cluster {
     pub http_idle_timeout: Option<Duration>,
     /// `max_requests_per_connection` (`None`: unlimited).
     pub max_requests_per_connection: Option<u32>,
-    /// For `ORIGINAL_DST` clusters whose destination comes from a header.
-    pub use_http_header: bool,
     /// Bind upstream connections to this source address (istiod's `127.0.0.6` for inbound
     /// passthrough, so the application sees traffic from the sidecar).
     pub upstream_bind_address: Option<std::net::IpAddr>,
@@ -49,9 +47,47 @@ pub enum Discovery {
     },
     Static,
     /// The connection's original destination.
-    OriginalDst,
-    StrictDns,
-    LogicalDns,
+    OriginalDst {
+        /// Connect to this port instead of the original one (istiod's inbound clusters).
+        port_override: Option<u16>,
+        /// The destination comes from the `x-envoy-original-dst-host` header.
+        use_http_header: bool,
+    },
+    /// Every address the names resolve to is an endpoint.
+    StrictDns(Dns),
+    /// The first address a name resolves to, re-resolved per new connection.
+    LogicalDns(Dns),
+}
+
+/// A DNS cluster's names and how to resolve them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dns {
+    pub targets: Vec<DnsTarget>,
+    pub lookup_family: DnsLookupFamily,
+    /// Re-resolve this often (Envoy's 5 s when unset)…
+    pub refresh_rate: Duration,
+    /// …or as the records' TTL says.
+    pub respect_dns_ttl: bool,
+}
+
+/// One name of a DNS cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsTarget {
+    pub host: String,
+    pub port: u16,
+    pub weight: u32,
+    /// As an endpoint's, picks the transport socket.
+    pub tls_mode: Option<String>,
+}
+
+/// Which address families a DNS lookup asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DnsLookupFamily {
+    Auto,
+    V4Only,
+    V6Only,
+    V4Preferred,
+    All,
 }
 
 /// How a cluster picks an endpoint.
@@ -235,7 +271,6 @@ mod tests {
             http_protocol: UpstreamHttpProtocol::Http1,
             http_idle_timeout: None,
             max_requests_per_connection: None,
-            use_http_header: false,
             upstream_bind_address: None,
         };
         assert_eq!(
