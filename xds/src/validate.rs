@@ -172,10 +172,29 @@ pub fn validate_one(kind: Kind, value: &Value) -> Verdict {
     fn run<T: Resource>(value: &Value) -> Option<Refusal> {
         from_json::<T>(value).err()
     }
-    // A dump wraps each resource in an Any; its `@type` is the resource's own.
+    let name = value[kind.name_field()]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // A dump wraps each resource in an Any; its `@type` must be the kind's own.
     let mut body = value.clone();
     if let Some(map) = body.as_object_mut() {
-        map.remove("@type");
+        if let Some(t) = map.remove("@type") {
+            let want = format!("type.googleapis.com/{}", kind.message_name());
+            if t.as_str() != Some(want.as_str()) {
+                return Verdict {
+                    kind,
+                    name: name.clone(),
+                    refusal: Some(Refusal {
+                        kind,
+                        name,
+                        path: String::new(),
+                        type_url: t.as_str().map(str::to_string),
+                        reason: format!("not a {} ({want})", kind),
+                    }),
+                };
+            }
+        }
     }
     let refusal = match kind {
         Kind::Listener => run::<Listener>(&body),
@@ -187,10 +206,85 @@ pub fn validate_one(kind: Kind, value: &Value) -> Verdict {
     };
     Verdict {
         kind,
-        name: value[kind.name_field()]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
+        name,
         refusal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cluster(name: &str) -> Value {
+        json!({"@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster", "name": name,
+               "type": "STATIC", "connect_timeout": "1s"})
+    }
+
+    #[test]
+    fn config_dump_dynamic_resources_are_validated_static_ones_skipped() {
+        let dump = json!({"configs": [
+            {"@type": "type.googleapis.com/envoy.admin.v3.BootstrapConfigDump", "bootstrap": {}},
+            {"@type": "type.googleapis.com/envoy.admin.v3.ClustersConfigDump",
+             "static_clusters": [{"cluster": cluster("prometheus_stats")}],
+             "dynamic_active_clusters": [
+                {"version_info": "1", "cluster": cluster("BlackHoleCluster")},
+                {"version_info": "1", "cluster": {"@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+                    "name": "odd", "lb_policy": "MAGLEV"}}
+             ]},
+            {"@type": "type.googleapis.com/envoy.admin.v3.EndpointsConfigDump",
+             "dynamic_endpoint_configs": [{"endpoint_config": {
+                "@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+                "cluster_name": "outbound|80||a", "endpoints": [{"lb_endpoints": [{"endpoint": {"address":
+                    {"socket_address": {"address": "10.0.0.1", "port_value": 80}}}}]}]}}]},
+            {"@type": "type.googleapis.com/envoy.admin.v3.EcdsConfigDump",
+             "ecds_filters": [{"ecds_filter": {"name": "stub"}}]}
+        ]});
+        let lines: Vec<String> = validate_config_dump(&dump)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert_eq!(lines[0], "accepted cluster BlackHoleCluster");
+        assert!(
+            lines[1].starts_with("refused cluster odd: lb_policy: MAGLEV not supported"),
+            "{}",
+            lines[1]
+        );
+        assert_eq!(lines[2], "accepted endpoint outbound|80||a");
+    }
+
+    #[test]
+    fn a_resource_of_another_type_is_refused() {
+        let v = validate_one(Kind::Listener, &cluster("c"));
+        let line = v.to_string();
+        assert!(
+            line.starts_with("refused listener c: (type.googleapis.com/envoy.config.cluster.v3.Cluster): not a listener"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn directories_read_json_and_yaml_arrays() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("clusters.yaml"),
+            "- name: a\n  type: STATIC\n- name: b\n  lb_policy: RING_HASH\n",
+        )
+        .expect("write");
+        let lines: Vec<String> = validate_path(dir.path())
+            .expect("reads")
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(lines[0], "accepted cluster a");
+        assert!(
+            lines[1].starts_with("refused cluster b: lb_policy"),
+            "{}",
+            lines[1]
+        );
+        std::fs::write(dir.path().join("listeners.json"), "{}").expect("write");
+        let err = validate_path(dir.path()).expect_err("not an array");
+        assert!(err.to_string().contains("not a JSON array"), "{err}");
     }
 }

@@ -316,3 +316,91 @@ fn tcp_proxy(t: &tcp::TcpProxy, path: &str) -> Result<TcpChain, Fault> {
             .transpose()?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::convert::{from_json, EXT_AUTHZ_REASON, HBONE_REASON};
+    use serde_json::{json, Value};
+
+    type ListenerProto = envoy_types::pb::envoy::config::listener::v3::Listener;
+
+    fn refusal(v: Value) -> String {
+        from_json::<ListenerProto>(&v)
+            .expect_err("refused")
+            .to_string()
+    }
+
+    fn tcp_proxy() -> Value {
+        json!({"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            "stat_prefix": "c", "cluster": "c"}})
+    }
+
+    fn listener(filters: Value) -> Value {
+        json!({"name": "l", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15006}},
+               "filter_chains": [{"filters": filters}]})
+    }
+
+    #[test]
+    fn network_filters_remora_does_not_run_are_refused_by_name() {
+        let ext_authz = json!({"name": "envoy.filters.network.ext_authz", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.ext_authz.v3.ExtAuthz",
+            "stat_prefix": "x"}});
+        let err = refusal(listener(json!([ext_authz, tcp_proxy()])));
+        assert!(err.ends_with(EXT_AUTHZ_REASON), "{err}");
+        assert!(err.contains("filter_chains[0].filters[0].typed_config (type.googleapis.com/envoy.extensions.filters.network.ext_authz.v3.ExtAuthz)"), "{err}");
+        let mongo = json!({"name": "envoy.filters.network.mongo_proxy", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.mongo_proxy.v3.MongoProxy",
+            "stat_prefix": "m"}});
+        let err = refusal(listener(json!([mongo, tcp_proxy()])));
+        assert!(
+            err.contains("network filter \"envoy.filters.network.mongo_proxy\" not supported"),
+            "{err}"
+        );
+        let stats = json!({"name": "istio.stats", "typed_config": {"@type": "type.googleapis.com/stats.PluginConfig"}});
+        let err = refusal(listener(json!([tcp_proxy(), stats])));
+        assert!(
+            err.contains("a terminal filter before the end of the chain"),
+            "{err}"
+        );
+        let err = refusal(listener(json!([])));
+        assert!(err.contains("a filter chain without filters"), "{err}");
+    }
+
+    #[test]
+    fn hbone_listeners_are_refused_whole() {
+        let mut l = listener(json!([tcp_proxy()]));
+        l["name"] = "connect_originate".into();
+        assert_eq!(
+            refusal(l),
+            format!("listener connect_originate: {HBONE_REASON}")
+        );
+        let internal = json!({"name": "anything", "internal_listener": {}, "filter_chains": [{"filters": [tcp_proxy()]}]});
+        assert_eq!(
+            refusal(internal),
+            format!("listener anything: {HBONE_REASON}")
+        );
+    }
+
+    #[test]
+    fn tracing_with_a_provider_and_unknown_listener_filters_are_refused() {
+        let hcm = json!({"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "s", "route_config": {"name": "r"},
+            "tracing": {"provider": {"name": "envoy.tracers.zipkin"}},
+            "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}});
+        let err = refusal(listener(json!([hcm])));
+        assert!(err.contains("typed_config.tracing.provider ("), "{err}");
+        assert!(err.ends_with("field not supported (in envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.Tracing)"), "{err}");
+        let mut l = listener(json!([tcp_proxy()]));
+        l["listener_filters"] = json!([{"name": "envoy.filters.listener.proxy_protocol", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.listener.proxy_protocol.v3.ProxyProtocol"}}]);
+        let err = refusal(l);
+        assert!(err.contains("listener_filters[0].typed_config"), "{err}");
+        assert!(
+            err.contains("\"envoy.filters.listener.proxy_protocol\" not supported"),
+            "{err}"
+        );
+    }
+}

@@ -234,3 +234,99 @@ fn metadata(m: &matcher::MetadataMatcher, path: &str) -> Result<Principal, Fault
         invert: m.invert,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::matcher::StringMatch;
+    use serde_json::json;
+
+    #[test]
+    fn istio_policies_become_data() {
+        // The shape istiod writes for an ALLOW policy: principal by peer identity and JWT
+        // claim, permission by method and path.
+        let value = json!({"rules": {"policies": {"ns[default]-policy[httpbin]-rule[0]": {
+            "permissions": [{"and_rules": {"rules": [
+                {"or_rules": {"rules": [{"header": {"name": ":method", "exact_match": "GET"}}]}},
+                {"or_rules": {"rules": [{"url_path": {"path": {"prefix": "/info"}}}]}}]}}],
+            "principals": [{"and_ids": {"ids": [
+                {"or_ids": {"ids": [{"filter_state": {"key": "io.istio.peer_principal",
+                    "string_match": {"safe_regex": {"regex": ".*/ns/test/.*"}}}}]}},
+                {"or_ids": {"ids": [{"metadata": {"filter": "istio_authn",
+                    "path": [{"key": "request.auth.claims"}, {"key": "iss"}],
+                    "value": {"list_match": {"one_of": {"string_match": {"exact": "https://accounts.google.com"}}}}}}]}}]}}]
+        }}}, "shadow_rules_stat_prefix": "istio_dry_run_allow_"});
+        let f: envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac =
+            crate::json::from_json_typed(&value, "envoy.extensions.filters.http.rbac.v3.RBAC")
+                .expect("reads");
+        let rbac = http(&f, "p").expect("converts");
+        let rules = rbac.rules.expect("rules");
+        assert_eq!(rules.action, Action::Allow);
+        let policy = &rules.policies["ns[default]-policy[httpbin]-rule[0]"];
+        let Principal::And(ids) = &policy.principals[0] else {
+            panic!("{:?}", policy.principals)
+        };
+        let Principal::Or(peer) = &ids[0] else {
+            panic!()
+        };
+        let Principal::FilterState { key, matcher } = &peer[0] else {
+            panic!()
+        };
+        assert_eq!(key, "io.istio.peer_principal");
+        assert!(matcher.matches("spiffe://cluster.local/ns/test/sa/sleep"));
+        let Principal::Or(claims) = &ids[1] else {
+            panic!()
+        };
+        let Principal::Metadata {
+            filter,
+            path,
+            matcher,
+            in_list,
+            invert,
+        } = &claims[0]
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (filter.as_str(), path.as_slice(), *in_list, *invert),
+            (
+                "istio_authn",
+                &["request.auth.claims".to_string(), "iss".to_string()][..],
+                true,
+                false
+            )
+        );
+        assert!(
+            matches!(&matcher.kind, StringMatch::Exact(s) if s == "https://accounts.google.com")
+        );
+        let Permission::And(perms) = &policy.permissions[0] else {
+            panic!()
+        };
+        let Permission::Or(method) = &perms[0] else {
+            panic!()
+        };
+        assert!(
+            matches!(&method[0], Permission::Header(h) if h.name == ":method" && h.matches(Some("GET")) && !h.matches(Some("POST")))
+        );
+        assert_eq!(rbac.shadow_rules_stat_prefix, "istio_dry_run_allow_");
+    }
+
+    #[test]
+    fn conditions_and_unknown_kinds_are_refused() {
+        let value = json!({"rules": {"policies": {"p": {"permissions": [{"any": true}],
+            "principals": [{"any": true}], "condition": {"const_expr": {"bool_value": true}}}}}});
+        // The field list refuses `condition` before conversion; the typed path sees no kind
+        // it does not know here, so check a permission Remora lacks instead.
+        let msg = crate::json::from_json(&value, "envoy.extensions.filters.http.rbac.v3.RBAC")
+            .expect("reads");
+        let fault = crate::convert::fields::check(&msg, "").expect_err("refused");
+        assert_eq!(fault.path, "rules.policies[p].condition");
+        let value = json!({"rules": {"policies": {"p": {"permissions": [{"metadata": {"filter": "f"}}],
+            "principals": [{"any": true}]}}}});
+        let f: envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac =
+            crate::json::from_json_typed(&value, "envoy.extensions.filters.http.rbac.v3.RBAC")
+                .expect("reads");
+        let fault = http(&f, "p").expect_err("refused");
+        assert_eq!(fault.path, "p.rules.policies[p].permissions[0]");
+    }
+}
