@@ -31,6 +31,9 @@ enum Command {
     Drain(remora::lifecycle::DrainArgs),
     /// Write a proxyless gRPC application's xDS bootstrap (the grpc-simple init container).
     GrpcBootstrap(Box<remora_inject::grpc::BootstrapArgs>),
+    /// Work with istiod's xDS resources offline.
+    #[command(subcommand)]
+    Xds(remora::cli::XdsCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -43,5 +46,6 @@ fn main() -> std::process::ExitCode {
         Command::Wait(args) => remora::lifecycle::wait(args),
         Command::Drain(args) => remora::lifecycle::drain(args),
         Command::GrpcBootstrap(args) => remora::cli::grpc_bootstrap(&args),
+        Command::Xds(command) => remora::cli::xds(&command),
     }
 }

@@ -4,5 +4,12 @@
 //! sees only those types: protos go no further than this crate. What Remora cannot honour is
 //! refused with the resource and the field named, never dropped silently.
 
+pub mod convert;
 pub mod descriptors;
+pub mod json;
+pub mod model;
+pub mod refusal;
 pub mod sink;
+pub mod snapshot;
+pub mod store;
+pub mod validate;

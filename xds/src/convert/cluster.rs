@@ -1,0 +1,545 @@
+//! Cluster (CDS) into [`crate::model::cluster`].
+
+use super::any::unpack;
+use super::common::{duration, filter_metadata, struct_list, struct_string, struct_u32};
+use super::endpoint::load_assignment;
+use super::tls::upstream_socket;
+use crate::model::cluster::{
+    Cluster, Discovery, Dns, DnsLookupFamily, DnsTarget, IstioClusterMetadata, IstioService,
+    LbPolicy, TransportSocket, TransportSocketMatch, UpstreamHttpProtocol, DEFAULT_CONNECT_TIMEOUT,
+};
+use crate::refusal::Fault;
+use envoy_types::pb::envoy::config::cluster::v3 as pb;
+use envoy_types::pb::envoy::extensions::upstreams::http::v3 as upstream_http;
+use envoy_types::pb::google::protobuf::value::Kind;
+use std::collections::BTreeMap;
+
+const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+const METADATA_EXCHANGE: &str = "envoy.tcp.metadataexchange.config.MetadataExchange";
+
+/// Convert a cluster.
+pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
+    use pb::cluster::{ClusterDiscoveryType as T, DiscoveryType as D};
+    let discovery = match &c.cluster_discovery_type {
+        None => Discovery::Static,
+        Some(T::Type(t)) => match D::try_from(*t) {
+            Ok(D::Static) => Discovery::Static,
+            Ok(D::StrictDns) => Discovery::StrictDns(dns(c)?),
+            Ok(D::LogicalDns) => Discovery::LogicalDns(dns(c)?),
+            Ok(D::OriginalDst) => {
+                let (port_override, use_http_header) = match &c.lb_config {
+                    Some(pb::cluster::LbConfig::OriginalDstLbConfig(o)) => {
+                        if !o.http_header_name.is_empty() || o.metadata_key.is_some() {
+                            return Err(Fault::new(
+                                "original_dst_lb_config",
+                                "only use_http_header and upstream_port_override are supported",
+                            ));
+                        }
+                        let port = o
+                            .upstream_port_override
+                            .as_ref()
+                            .map(|p| u16::try_from(p.value))
+                            .transpose()
+                            .map_err(|_| {
+                                Fault::new(
+                                    "original_dst_lb_config.upstream_port_override",
+                                    "port out of range",
+                                )
+                            })?;
+                        (port, o.use_http_header)
+                    }
+                    _ => (None, false),
+                };
+                Discovery::OriginalDst {
+                    port_override,
+                    use_http_header,
+                }
+            }
+            Ok(D::Eds) => {
+                let service_name = c
+                    .eds_cluster_config
+                    .as_ref()
+                    .map(|e| e.service_name.clone())
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or_else(|| c.name.clone());
+                Discovery::Eds { service_name }
+            }
+            Err(_) => return Err(Fault::new("type", "unknown discovery type")),
+        },
+        Some(T::ClusterType(t)) => {
+            return Err(Fault::new(
+                "cluster_type",
+                format!("custom cluster type {:?} not supported", t.name),
+            ))
+        }
+    };
+    let lb_policy = lb_policy(c, &discovery)?;
+    let connect_timeout = c
+        .connect_timeout
+        .as_ref()
+        .map(|d| duration(d, "connect_timeout"))
+        .transpose()?
+        .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+    if let Some(cb) = &c.circuit_breakers {
+        circuit_breakers(cb)?;
+    }
+    let transport_socket = match &c.transport_socket {
+        None => TransportSocket::Plaintext,
+        Some(s) => socket(upstream_socket(s, "transport_socket")?),
+    };
+    let transport_socket_matches = c
+        .transport_socket_matches
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let at = format!("transport_socket_matches[{i}]");
+            let mut criteria = BTreeMap::new();
+            for (k, v) in m.r#match.as_ref().map(|s| &s.fields).into_iter().flatten() {
+                let Some(Kind::StringValue(v)) = &v.kind else {
+                    return Err(Fault::new(
+                        format!("{at}.match.{k}"),
+                        "only string match values are supported",
+                    ));
+                };
+                // Endpoints carry only tlsMode under envoy.transport_socket_match (istiod's
+                // one key); another key could never match what the model keeps of them.
+                if k != "tlsMode" {
+                    return Err(Fault::new(
+                        format!("{at}.match.{k}"),
+                        "only the tlsMode key is supported",
+                    ));
+                }
+                criteria.insert(k.clone(), v.clone());
+            }
+            let socket = match &m.transport_socket {
+                None => TransportSocket::Plaintext,
+                Some(s) => socket(upstream_socket(s, &format!("{at}.transport_socket"))?),
+            };
+            Ok(TransportSocketMatch {
+                name: m.name.clone(),
+                criteria,
+                socket,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let mut metadata_exchange = None;
+    for (i, f) in c.filters.iter().enumerate() {
+        let at = format!("filters[{i}].typed_config");
+        let any = f
+            .typed_config
+            .as_ref()
+            .ok_or_else(|| Fault::new(&at, "no typed_config"))?;
+        let u = unpack(any, &at)?;
+        if u.message_name() != METADATA_EXCHANGE {
+            return Err(
+                Fault::new(at, format!("upstream filter {:?} not supported", f.name))
+                    .with_type(&u.type_url),
+            );
+        }
+        metadata_exchange = Some(u.string("protocol"));
+    }
+    let mut http_protocol = UpstreamHttpProtocol::Http1;
+    let mut http_idle_timeout = None;
+    let mut max_requests_per_connection = None;
+    for (key, any) in &c.typed_extension_protocol_options {
+        let at = format!("typed_extension_protocol_options[{key}]");
+        let u = unpack(any, &at)?;
+        if u.message_name() != HTTP_PROTOCOL_OPTIONS {
+            return Err(Fault::new(at, "protocol options not supported").with_type(&u.type_url));
+        }
+        let o: upstream_http::HttpProtocolOptions = u.to(&at)?;
+        if let Some(common) = &o.common_http_protocol_options {
+            http_idle_timeout = common
+                .idle_timeout
+                .as_ref()
+                .map(|d| {
+                    duration(
+                        d,
+                        &format!("{at}.common_http_protocol_options.idle_timeout"),
+                    )
+                })
+                .transpose()?;
+            max_requests_per_connection =
+                common.max_requests_per_connection.as_ref().map(|v| v.value);
+        }
+        use upstream_http::http_protocol_options::UpstreamProtocolOptions as P;
+        http_protocol = match &o.upstream_protocol_options {
+            None => UpstreamHttpProtocol::Http1,
+            Some(P::ExplicitHttpConfig(e)) => {
+                use upstream_http::http_protocol_options::explicit_http_config::ProtocolConfig as E;
+                match &e.protocol_config {
+                    Some(E::Http2ProtocolOptions(_)) => UpstreamHttpProtocol::Http2,
+                    Some(E::HttpProtocolOptions(_)) | None => UpstreamHttpProtocol::Http1,
+                    Some(_) => {
+                        return Err(Fault::new(
+                            format!("{at}.explicit_http_config"),
+                            "HTTP/3 not supported",
+                        ))
+                    }
+                }
+            }
+            Some(P::UseDownstreamProtocolConfig(_)) => UpstreamHttpProtocol::Downstream,
+            Some(_) => return Err(Fault::new(at, "auto_config not supported")),
+        };
+    }
+    let load_assignment = match discovery {
+        // A DNS cluster's assignment holds names, read into its Discovery above.
+        Discovery::StrictDns(_) | Discovery::LogicalDns(_) => None,
+        _ => c
+            .load_assignment
+            .as_ref()
+            .map(|l| load_assignment(l, "load_assignment"))
+            .transpose()?,
+    };
+    let upstream_bind_address = match &c.upstream_bind_config {
+        None => None,
+        Some(b) => {
+            let sa = b
+                .source_address
+                .as_ref()
+                .ok_or_else(|| Fault::new("upstream_bind_config", "no source_address"))?;
+            Some(sa.address.parse().map_err(|_| {
+                Fault::new(
+                    "upstream_bind_config.source_address.address",
+                    "not an IP address",
+                )
+            })?)
+        }
+    };
+    Ok(Cluster {
+        name: c.name.clone(),
+        discovery,
+        lb_policy,
+        connect_timeout,
+        transport_socket,
+        transport_socket_matches,
+        load_assignment,
+        istio: istio_metadata(c),
+        metadata_exchange,
+        http_protocol,
+        http_idle_timeout,
+        max_requests_per_connection,
+        upstream_bind_address,
+    })
+}
+
+/// A DNS cluster's names (its `load_assignment`) and resolution settings.
+fn dns(c: &pb::Cluster) -> Result<Dns, Fault> {
+    use envoy_types::pb::envoy::config::core::v3 as core;
+    use pb::cluster::DnsLookupFamily as F;
+    let lookup_family = match F::try_from(c.dns_lookup_family) {
+        Ok(F::Auto) => DnsLookupFamily::Auto,
+        Ok(F::V4Only) => DnsLookupFamily::V4Only,
+        Ok(F::V6Only) => DnsLookupFamily::V6Only,
+        Ok(F::V4Preferred) => DnsLookupFamily::V4Preferred,
+        Ok(F::All) => DnsLookupFamily::All,
+        Err(_) => return Err(Fault::new("dns_lookup_family", "unknown lookup family")),
+    };
+    let mut targets = Vec::new();
+    for (i, l) in c
+        .load_assignment
+        .iter()
+        .flat_map(|a| a.endpoints.iter())
+        .enumerate()
+    {
+        for (j, e) in l.lb_endpoints.iter().enumerate() {
+            let at = format!("load_assignment.endpoints[{i}].lb_endpoints[{j}].endpoint.address");
+            let sa = match &e.host_identifier {
+                Some(envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier::Endpoint(ep)) => {
+                    match ep.address.as_ref().and_then(|a| a.address.as_ref()) {
+                        Some(core::address::Address::SocketAddress(sa)) => sa,
+                        _ => return Err(Fault::new(at, "only socket addresses are supported")),
+                    }
+                }
+                _ => return Err(Fault::new(at, "named endpoints not supported")),
+            };
+            let port = match sa.port_specifier {
+                Some(core::socket_address::PortSpecifier::PortValue(p)) => {
+                    u16::try_from(p).map_err(|_| Fault::new(&at, "port out of range"))?
+                }
+                _ => return Err(Fault::new(at, "a DNS target needs a port_value")),
+            };
+            targets.push(DnsTarget {
+                host: sa.address.clone(),
+                port,
+                weight: e.load_balancing_weight.as_ref().map_or(1, |w| w.value),
+                tls_mode: filter_metadata(e.metadata.as_ref(), "envoy.transport_socket_match")
+                    .and_then(|s| struct_string(s, "tlsMode")),
+            });
+        }
+    }
+    Ok(Dns {
+        targets,
+        lookup_family,
+        refresh_rate: c
+            .dns_refresh_rate
+            .as_ref()
+            .map(|d| duration(d, "dns_refresh_rate"))
+            .transpose()?
+            .unwrap_or(std::time::Duration::from_secs(5)),
+        respect_dns_ttl: c.respect_dns_ttl,
+    })
+}
+
+fn socket(tls: Option<crate::model::cluster::UpstreamTls>) -> TransportSocket {
+    match tls {
+        None => TransportSocket::Plaintext,
+        Some(t) => TransportSocket::Tls(Box::new(t)),
+    }
+}
+
+fn lb_policy(c: &pb::Cluster, discovery: &Discovery) -> Result<LbPolicy, Fault> {
+    use pb::cluster::LbPolicy as P;
+    let policy = match P::try_from(c.lb_policy) {
+        Ok(P::RoundRobin) => LbPolicy::RoundRobin,
+        Ok(P::Random) => LbPolicy::Random,
+        Ok(P::LeastRequest) => {
+            let choice_count = match &c.lb_config {
+                Some(pb::cluster::LbConfig::LeastRequestLbConfig(l)) => {
+                    if l.active_request_bias.is_some() || l.slow_start_config.is_some() {
+                        return Err(Fault::new(
+                            "least_request_lb_config",
+                            "only choice_count is supported",
+                        ));
+                    }
+                    l.choice_count.as_ref().map_or(2, |c| c.value)
+                }
+                _ => 2,
+            };
+            LbPolicy::LeastRequest { choice_count }
+        }
+        Ok(P::ClusterProvided) if matches!(discovery, Discovery::OriginalDst { .. }) => {
+            LbPolicy::ClusterProvided
+        }
+        Ok(other) => {
+            return Err(Fault::new(
+                "lb_policy",
+                format!(
+                    "{} not supported (LEAST_REQUEST, ROUND_ROBIN, RANDOM)",
+                    other.as_str_name()
+                ),
+            ))
+        }
+        Err(_) => return Err(Fault::new("lb_policy", "unknown LB policy")),
+    };
+    match (&c.lb_config, policy) {
+        (None, _)
+        | (Some(pb::cluster::LbConfig::LeastRequestLbConfig(_)), LbPolicy::LeastRequest { .. })
+        | (Some(pb::cluster::LbConfig::OriginalDstLbConfig(_)), LbPolicy::ClusterProvided) => {
+            Ok(policy)
+        }
+        _ => Err(Fault::new(
+            "lb_config",
+            "LB config does not fit the LB policy",
+        )),
+    }
+}
+
+/// Circuit breakers are accepted only at istiod's "unlimited" defaults, where they limit
+/// nothing; a real limit is something Remora would not enforce.
+fn circuit_breakers(cb: &pb::CircuitBreakers) -> Result<(), Fault> {
+    if !cb.per_host_thresholds.is_empty() {
+        return Err(Fault::new(
+            "circuit_breakers.per_host_thresholds",
+            "circuit breaker limits not supported",
+        ));
+    }
+    for (i, t) in cb.thresholds.iter().enumerate() {
+        let at = format!("circuit_breakers.thresholds[{i}]");
+        let limits = [
+            ("max_connections", &t.max_connections),
+            ("max_pending_requests", &t.max_pending_requests),
+            ("max_requests", &t.max_requests),
+            ("max_retries", &t.max_retries),
+        ];
+        for (field, value) in limits {
+            // Unset means Envoy's own limit (1024, or 3 retries), which is a real limit too.
+            if value.as_ref().map(|v| v.value) != Some(u32::MAX) {
+                return Err(Fault::new(
+                    format!("{at}.{field}"),
+                    "circuit breaker limits not supported (only istiod's unlimited 4294967295)",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn istio_metadata(c: &pb::Cluster) -> IstioClusterMetadata {
+    let Some(istio) = filter_metadata(c.metadata.as_ref(), "istio") else {
+        return IstioClusterMetadata::default();
+    };
+    IstioClusterMetadata {
+        services: struct_list(istio, "services")
+            .into_iter()
+            .map(|s| IstioService {
+                host: struct_string(s, "host").unwrap_or_default(),
+                name: struct_string(s, "name").unwrap_or_default(),
+                namespace: struct_string(s, "namespace").unwrap_or_default(),
+            })
+            .collect(),
+        subset: struct_string(istio, "subset"),
+        config: struct_string(istio, "config"),
+        default_original_port: struct_u32(istio, "default_original_port"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::convert::from_json;
+    use crate::model::cluster::{
+        Discovery, DnsLookupFamily, LbPolicy, TransportSocket, UpstreamHttpProtocol,
+    };
+    use crate::model::Cluster;
+    use serde_json::{json, Value};
+
+    type ClusterProto = envoy_types::pb::envoy::config::cluster::v3::Cluster;
+
+    fn convert(v: Value) -> Result<Cluster, String> {
+        from_json::<ClusterProto>(&v)
+            .map(|c| c.model)
+            .map_err(|r| r.to_string())
+    }
+
+    fn unlimited() -> Value {
+        json!({"thresholds": [{"max_connections": 4294967295u32, "max_pending_requests": 4294967295u32,
+            "max_requests": 4294967295u32, "max_retries": 4294967295u32, "track_remaining": true}]})
+    }
+
+    #[test]
+    fn istiods_passthrough_and_blackhole_clusters() {
+        let passthrough = convert(json!({
+            "name": "PassthroughCluster", "type": "ORIGINAL_DST", "connect_timeout": "10s",
+            "lb_policy": "CLUSTER_PROVIDED", "circuit_breakers": unlimited(),
+            "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "common_http_protocol_options": {"idle_timeout": "3600s"},
+                "use_downstream_protocol_config": {"http_protocol_options": {}, "http2_protocol_options": {}}
+            }}
+        }))
+        .expect("accepted");
+        assert_eq!(
+            passthrough.discovery,
+            Discovery::OriginalDst {
+                port_override: None,
+                use_http_header: false
+            }
+        );
+        assert_eq!(passthrough.lb_policy, LbPolicy::ClusterProvided);
+        assert_eq!(passthrough.http_protocol, UpstreamHttpProtocol::Downstream);
+        assert_eq!(
+            passthrough.http_idle_timeout,
+            Some(std::time::Duration::from_secs(3600))
+        );
+        let inbound = convert(json!({
+            "name": "InboundPassthroughCluster", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
+            "upstream_bind_config": {"source_address": {"address": "127.0.0.6", "port_value": 0}},
+            "original_dst_lb_config": {"upstream_port_override": 8080}
+        }))
+        .expect("accepted");
+        assert_eq!(
+            inbound.upstream_bind_address,
+            Some("127.0.0.6".parse().expect("ip"))
+        );
+        assert_eq!(
+            inbound.discovery,
+            Discovery::OriginalDst {
+                port_override: Some(8080),
+                use_http_header: false
+            }
+        );
+        let blackhole = convert(
+            json!({"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}),
+        )
+        .expect("accepted");
+        assert_eq!(blackhole.discovery, Discovery::Static);
+        // Envoy's default policy when unset.
+        assert_eq!(blackhole.lb_policy, LbPolicy::RoundRobin);
+        assert_eq!(blackhole.transport_socket, TransportSocket::Plaintext);
+    }
+
+    #[test]
+    fn dns_clusters_keep_their_names() {
+        let c = convert(json!({
+            "name": "outbound|443||api.example.com", "type": "STRICT_DNS", "dns_lookup_family": "V4_ONLY",
+            "respect_dns_ttl": true, "dns_refresh_rate": "60s", "lb_policy": "RANDOM",
+            "load_assignment": {"cluster_name": "outbound|443||api.example.com", "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": {"socket_address": {"address": "api.example.com", "port_value": 443}}},
+                 "load_balancing_weight": 1}]}]}
+        }))
+        .expect("accepted");
+        let Discovery::StrictDns(dns) = &c.discovery else {
+            panic!("{:?}", c.discovery)
+        };
+        assert_eq!(dns.targets[0].host, "api.example.com");
+        assert_eq!(dns.targets[0].port, 443);
+        assert_eq!(dns.lookup_family, DnsLookupFamily::V4Only);
+        assert!(dns.respect_dns_ttl);
+        assert!(c.load_assignment.is_none());
+        assert_eq!(c.lb_policy, LbPolicy::Random);
+    }
+
+    #[test]
+    fn real_limits_and_unsupported_policies_are_refused() {
+        let mut limited = unlimited();
+        limited["thresholds"][0]["max_connections"] = json!(100);
+        let err = convert(json!({"name": "c", "type": "EDS", "circuit_breakers": limited}))
+            .expect_err("refused");
+        assert!(
+            err.contains("circuit_breakers.thresholds[0].max_connections"),
+            "{err}"
+        );
+        // Unset thresholds are Envoy's own real limits.
+        let err = convert(json!({"name": "c", "circuit_breakers": {"thresholds": [{}]}}))
+            .expect_err("refused");
+        assert!(
+            err.contains("circuit breaker limits not supported"),
+            "{err}"
+        );
+        let err = convert(json!({"name": "c", "lb_policy": "RING_HASH"})).expect_err("refused");
+        assert!(err.contains("RING_HASH not supported"), "{err}");
+        let err =
+            convert(json!({"name": "c", "lb_policy": "CLUSTER_PROVIDED"})).expect_err("refused");
+        assert!(err.contains("lb_policy"), "{err}");
+        let err = convert(json!({"name": "c", "outlier_detection": {}})).expect_err("refused");
+        assert!(
+            err.contains("outlier_detection: field not supported"),
+            "{err}"
+        );
+        let err = convert(json!({"name": "c", "transport_socket": {"name": "tls", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "common_tls_context": {"tls_certificate_sds_secret_configs": [{"name": "kubernetes://my-cert"}]}}}}))
+        .expect_err("refused");
+        assert!(
+            err.contains("\"kubernetes://my-cert\" not supported"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn least_request_choice_count_and_typed_sans() {
+        let c = convert(json!({
+            "name": "c", "type": "EDS", "lb_policy": "LEAST_REQUEST", "least_request_lb_config": {"choice_count": 3},
+            "transport_socket_matches": [{"name": "tlsMode-istio", "match": {"tlsMode": "istio"}, "transport_socket": {
+                "name": "envoy.transport_sockets.tls", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": "outbound_.80_._.c",
+                "common_tls_context": {
+                    "alpn_protocols": ["istio-peer-exchange", "istio"],
+                    "tls_certificate_sds_secret_configs": [{"name": "default", "sds_config": {"ads": {}}}],
+                    "combined_validation_context": {
+                        "default_validation_context": {"match_typed_subject_alt_names": [
+                            {"san_type": "URI", "matcher": {"exact": "spiffe://cluster.local/ns/default/sa/c"}}]},
+                        "validation_context_sds_secret_config": {"name": "ROOTCA", "sds_config": {"ads": {}}}}}}}}]
+        }))
+        .expect("accepted");
+        assert_eq!(c.lb_policy, LbPolicy::LeastRequest { choice_count: 3 });
+        assert_eq!(c.eds_service_name(), Some("c"));
+        let tls = c.istio_mtls().expect("mTLS");
+        assert_eq!(
+            tls.subject_alt_names[0].san_type,
+            Some(crate::model::cluster::SanType::Uri)
+        );
+        assert_eq!(tls.validation_secret.as_deref(), Some("ROOTCA"));
+    }
+}

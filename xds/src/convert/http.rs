@@ -1,0 +1,344 @@
+//! The HTTP connection manager and its HTTP filters into [`crate::model::listener::HttpChain`]
+//! (and ECDS's extension configs, which are HTTP filters too).
+
+use super::any::{unpack, Unpacked};
+use super::common::timeout;
+use super::rbac;
+use super::route::route_configuration;
+use crate::model::listener::{
+    AlpnOverride, ClientCertDetails, Codec, ForwardClientCert, HttpChain, HttpFilter,
+    MetadataExchangeForm, PeerDiscovery, PeerMetadata, RouteSource, UpstreamProtocol,
+};
+use crate::refusal::Fault;
+use envoy_types::pb::envoy::config::core::v3 as core;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3 as hcm;
+use prost_reflect::{DynamicMessage, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const HCM: &str =
+    "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
+const WASM: &str = "envoy.extensions.filters.http.wasm.v3.Wasm";
+const PEER_METADATA: &str = "io.istio.http.peer_metadata.Config";
+const HTTP_RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
+const HTTP_EXT_AUTHZ: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
+const ALPN: &str = "istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig";
+pub const STATS: &str = "stats.PluginConfig";
+const GRPC_STATS: &str = "envoy.extensions.filters.http.grpc_stats.v3.FilterConfig";
+const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
+const CORS: &str = "envoy.extensions.filters.http.cors.v3.Cors";
+const UUID: &str = "envoy.extensions.request_id.uuid.v3.UuidRequestIdConfig";
+const METADATA_EXCHANGE_PLUGIN: &str = "envoy.wasm.metadata_exchange";
+
+/// The reason every ext_authz filter is refused with.
+pub const EXT_AUTHZ_REASON: &str = "ext_authz (CUSTOM authorization) not supported yet";
+
+/// Envoy's stream idle timeout when the connection manager sets none.
+const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Convert an HTTP connection manager at `path` (its `typed_config`).
+pub fn connection_manager(m: &hcm::HttpConnectionManager, path: &str) -> Result<HttpChain, Fault> {
+    use hcm::http_connection_manager::{
+        CodecType, ForwardClientCertDetails as F, PathWithEscapedSlashesAction as E, RouteSpecifier,
+    };
+    let routes = match &m.route_specifier {
+        Some(RouteSpecifier::Rds(rds)) => {
+            let ads = matches!(
+                rds.config_source
+                    .as_ref()
+                    .and_then(|c| c.config_source_specifier.as_ref()),
+                Some(core::config_source::ConfigSourceSpecifier::Ads(_))
+            );
+            if !ads {
+                return Err(Fault::new(
+                    format!("{path}.rds.config_source"),
+                    "only ADS route sources are supported",
+                ));
+            }
+            RouteSource::Rds(rds.route_config_name.clone())
+        }
+        Some(RouteSpecifier::RouteConfig(rc)) => RouteSource::Inline(Arc::new(
+            route_configuration(rc, &format!("{path}.route_config"))?,
+        )),
+        _ => {
+            return Err(Fault::new(
+                path,
+                "route specifier not supported (rds or route_config)",
+            ))
+        }
+    };
+    let codec = match CodecType::try_from(m.codec_type) {
+        Ok(CodecType::Auto) => Codec::Auto,
+        Ok(CodecType::Http1) => Codec::Http1,
+        Ok(CodecType::Http2) => Codec::Http2,
+        _ => {
+            return Err(Fault::new(
+                format!("{path}.codec_type"),
+                "codec not supported",
+            ))
+        }
+    };
+    let forward_client_cert = match F::try_from(m.forward_client_cert_details) {
+        Ok(F::Sanitize) => ForwardClientCert::Sanitize,
+        Ok(F::ForwardOnly) => ForwardClientCert::ForwardOnly,
+        Ok(F::AppendForward) => ForwardClientCert::AppendForward,
+        Ok(F::SanitizeSet) => ForwardClientCert::SanitizeSet,
+        Ok(F::AlwaysForwardOnly) => ForwardClientCert::AlwaysForwardOnly,
+        Err(_) => {
+            return Err(Fault::new(
+                format!("{path}.forward_client_cert_details"),
+                "unknown value",
+            ))
+        }
+    };
+    match E::try_from(m.path_with_escaped_slashes_action) {
+        Ok(E::ImplementationSpecificDefault) | Ok(E::KeepUnchanged) => {}
+        _ => {
+            return Err(Fault::new(
+                format!("{path}.path_with_escaped_slashes_action"),
+                "only KEEP_UNCHANGED is supported",
+            ))
+        }
+    }
+    let generate_request_id = match m
+        .request_id_extension
+        .as_ref()
+        .and_then(|r| r.typed_config.as_ref())
+    {
+        None => true,
+        Some(any) => {
+            let at = format!("{path}.request_id_extension.typed_config");
+            let u = unpack(any, &at)?;
+            if u.message_name() != UUID {
+                return Err(
+                    Fault::new(at, "request id extension not supported").with_type(&u.type_url)
+                );
+            }
+            true
+        }
+    };
+    let upgrades = m
+        .upgrade_configs
+        .iter()
+        .map(|u| u.upgrade_type.clone())
+        .collect();
+    let (http2_max_concurrent_streams, http2_allow_connect) = match &m.http2_protocol_options {
+        None => (None, false),
+        Some(h2) => (
+            h2.max_concurrent_streams.as_ref().map(|v| v.value),
+            h2.allow_connect,
+        ),
+    };
+    let details = m.set_current_client_cert_details.unwrap_or_default();
+    Ok(HttpChain {
+        stat_prefix: m.stat_prefix.clone(),
+        routes,
+        http_filters: http_filters(&m.http_filters, path)?,
+        codec,
+        stream_idle_timeout: timeout(
+            m.stream_idle_timeout.as_ref(),
+            Some(DEFAULT_STREAM_IDLE_TIMEOUT),
+            &format!("{path}.stream_idle_timeout"),
+        )?,
+        use_remote_address: m.use_remote_address.as_ref().is_some_and(|b| b.value),
+        forward_client_cert,
+        set_current_client_cert: ClientCertDetails {
+            subject: details.subject.as_ref().is_some_and(|b| b.value),
+            cert: details.cert,
+            chain: details.chain,
+            dns: details.dns,
+            uri: details.uri,
+        },
+        server_name: (!m.server_name.is_empty()).then(|| m.server_name.clone()),
+        upgrades,
+        normalize_path: m.normalize_path.as_ref().is_some_and(|b| b.value),
+        generate_request_id,
+        http2_max_concurrent_streams,
+        http2_allow_connect,
+    })
+}
+
+fn http_filters(filters: &[hcm::HttpFilter], path: &str) -> Result<Vec<HttpFilter>, Fault> {
+    let mut out = Vec::new();
+    let mut router = false;
+    for (i, f) in filters.iter().enumerate() {
+        let at = format!("{path}.http_filters[{i}]");
+        if router {
+            return Err(Fault::new(at, "HTTP filter after the router"));
+        }
+        let any = match &f.config_type {
+            Some(hcm::http_filter::ConfigType::TypedConfig(any)) => any,
+            _ => {
+                return Err(Fault::new(
+                    at,
+                    format!("HTTP filter {:?} needs a typed_config", f.name),
+                ))
+            }
+        };
+        let typed_at = format!("{at}.typed_config");
+        let u = unpack(any, &typed_at)?;
+        if u.message_name() == ROUTER {
+            router = true;
+            continue;
+        }
+        out.push(http_filter(&f.name, &u, &typed_at).map_err(|e| e.with_type(&u.type_url))?);
+    }
+    if !router {
+        return Err(Fault::new(
+            format!("{path}.http_filters"),
+            "no router filter",
+        ));
+    }
+    Ok(out)
+}
+
+/// One HTTP filter other than the router (also an ECDS extension config's).
+pub fn http_filter(name: &str, u: &Unpacked, path: &str) -> Result<HttpFilter, Fault> {
+    Ok(match u.message_name() {
+        WASM => wasm(u, path)?,
+        PEER_METADATA => HttpFilter::MetadataExchange(MetadataExchangeForm::PeerMetadata(
+            peer_metadata(&u.message),
+        )),
+        HTTP_RBAC => HttpFilter::Rbac(rbac::http(&u.to(path)?, path)?),
+        HTTP_EXT_AUTHZ => return Err(Fault::new(path, EXT_AUTHZ_REASON)),
+        ALPN => HttpFilter::AlpnOverride(alpn(&u.message, path)?),
+        STATS => HttpFilter::IstioStats(super::listener::istio_stats(u, path)?),
+        GRPC_STATS => HttpFilter::GrpcStats {
+            emit_filter_state: u.bool("emit_filter_state"),
+        },
+        FAULT => HttpFilter::Fault,
+        CORS => HttpFilter::Cors,
+        _ => {
+            return Err(Fault::new(
+                path,
+                format!("HTTP filter {name:?} not supported"),
+            ))
+        }
+    })
+}
+
+fn wasm(u: &Unpacked, path: &str) -> Result<HttpFilter, Fault> {
+    use envoy_types::pb::envoy::extensions::filters::http::wasm::v3::Wasm;
+    use envoy_types::pb::envoy::extensions::wasm::v3::plugin_config::Vm;
+    let w: Wasm = u.to(path)?;
+    let config = w.config.unwrap_or_default();
+    let Some(Vm::VmConfig(vm)) = &config.vm else {
+        return Err(Fault::new(
+            format!("{path}.config"),
+            "Wasm plugin without a VM config not supported",
+        ));
+    };
+    let code = vm.code.as_ref().and_then(|c| c.specifier.as_ref());
+    use core::async_data_source::Specifier as A;
+    use core::data_source::Specifier as D;
+    let plugin = match code {
+        Some(A::Local(core::DataSource { specifier: Some(D::InlineString(s)), .. })) => s.as_str(),
+        Some(A::Local(core::DataSource { specifier: Some(D::Filename(f)), .. })) => {
+            return Err(Fault::new(
+                format!("{path}.config.vm_config.code.local.filename"),
+                format!("Wasm module file {f:?} not supported (Remora runs no Wasm; the module exists only inside its pod)"),
+            ))
+        }
+        Some(A::Remote(_)) => {
+            return Err(Fault::new(
+                format!("{path}.config.vm_config.code.remote"),
+                "remote Wasm modules not supported (Remora runs no Wasm)",
+            ))
+        }
+        _ => return Err(Fault::new(format!("{path}.config.vm_config.code"), "Wasm code not supported (Remora runs no Wasm)")),
+    };
+    if vm.runtime != "envoy.wasm.runtime.null" || plugin != METADATA_EXCHANGE_PLUGIN {
+        return Err(Fault::new(
+            format!("{path}.config.vm_config"),
+            format!("Wasm plugin {plugin:?} on {:?} not supported (only Istio's built-in metadata exchange)", vm.runtime),
+        ));
+    }
+    if let Some(any) = &config.configuration {
+        // The plugin's configuration is a MetadataExchange; its only field that changes
+        // behaviour beyond the protocol is checked by the pool's declared fields.
+        unpack(any, &format!("{path}.config.configuration"))?;
+    }
+    Ok(HttpFilter::MetadataExchange(MetadataExchangeForm::Wasm))
+}
+
+fn list<'a>(m: &'a DynamicMessage, field: &str) -> Vec<&'a DynamicMessage> {
+    match m.get_field_by_name(field) {
+        Some(std::borrow::Cow::Borrowed(Value::List(items))) => items
+            .iter()
+            .filter_map(|v| match v {
+                Value::Message(m) => Some(m),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn peer_metadata(m: &DynamicMessage) -> PeerMetadata {
+    let discovery = |field: &str| {
+        list(m, field)
+            .into_iter()
+            .filter_map(|d| {
+                if d.has_field_by_name("baggage") {
+                    Some(PeerDiscovery::Baggage)
+                } else if d.has_field_by_name("workload_discovery") {
+                    Some(PeerDiscovery::WorkloadDiscovery)
+                } else if d.has_field_by_name("istio_headers") {
+                    Some(PeerDiscovery::IstioHeaders)
+                } else {
+                    None
+                }
+            })
+            .collect()
+    };
+    let strings = |field: &str| match m.get_field_by_name(field).as_deref() {
+        Some(Value::List(items)) => items
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    };
+    PeerMetadata {
+        downstream_discovery: discovery("downstream_discovery"),
+        upstream_discovery: discovery("upstream_discovery"),
+        downstream_propagation: !list(m, "downstream_propagation").is_empty(),
+        upstream_propagation: !list(m, "upstream_propagation").is_empty(),
+        shared_with_upstream: matches!(
+            m.get_field_by_name("shared_with_upstream").as_deref(),
+            Some(Value::Bool(true))
+        ),
+        additional_labels: strings("additional_labels"),
+    }
+}
+
+fn alpn(m: &DynamicMessage, path: &str) -> Result<Vec<AlpnOverride>, Fault> {
+    list(m, "alpn_override")
+        .into_iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let upstream_protocol = match o.get_field_by_name("upstream_protocol").as_deref() {
+                Some(Value::EnumNumber(0)) | None => UpstreamProtocol::Http10,
+                Some(Value::EnumNumber(1)) => UpstreamProtocol::Http11,
+                Some(Value::EnumNumber(2)) => UpstreamProtocol::Http2,
+                _ => {
+                    return Err(Fault::new(
+                        format!("{path}.alpn_override[{i}].upstream_protocol"),
+                        "unknown protocol",
+                    ))
+                }
+            };
+            let alpn = match o.get_field_by_name("alpn_override").as_deref() {
+                Some(Value::List(items)) => items
+                    .iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            Ok(AlpnOverride {
+                upstream_protocol,
+                alpn,
+            })
+        })
+        .collect()
+}

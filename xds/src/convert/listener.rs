@@ -1,0 +1,406 @@
+//! Listener (LDS) into [`crate::model::listener`]: address, listener filters, filter chains
+//! and their network filters.
+
+use super::any::{unpack, Unpacked};
+use super::common::{cidr, duration, socket_address, timeout};
+use super::http::{connection_manager, EXT_AUTHZ_REASON, HCM, STATS};
+use super::rbac;
+use super::tls::downstream_socket;
+use crate::model::listener::{
+    ChainKind, ChainMatch, Direction, FilterChain, InspectorScope, IstioStats, Listener,
+    ListenerFilters, NetworkFilter, TcpChain, TcpTarget,
+};
+use crate::refusal::Fault;
+use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
+use envoy_types::pb::envoy::config::listener::v3 as pb;
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3 as tcp;
+
+/// The reason the HBONE listeners are refused with.
+pub const HBONE_REASON: &str = "HBONE not supported";
+
+/// The listeners istiod writes for HBONE (ambient interop): CONNECT termination on 15008 and
+/// the two internal listeners that tunnel through it.
+const HBONE_LISTENERS: [&str; 3] = ["connect_terminate", "main_internal", "connect_originate"];
+
+const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
+const METADATA_EXCHANGE: &str = "envoy.tcp.metadataexchange.config.MetadataExchange";
+const AUTHN: &str = "io.istio.network.authn.Config";
+const NETWORK_RBAC: &str = "envoy.extensions.filters.network.rbac.v3.RBAC";
+const NETWORK_EXT_AUTHZ: &str = "envoy.extensions.filters.network.ext_authz.v3.ExtAuthz";
+const ORIGINAL_DST: &str = "envoy.extensions.filters.listener.original_dst.v3.OriginalDst";
+const TLS_INSPECTOR: &str = "envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector";
+const HTTP_INSPECTOR: &str = "envoy.extensions.filters.listener.http_inspector.v3.HttpInspector";
+
+/// Whether istiod wrote this listener for HBONE.
+pub fn is_hbone(l: &pb::Listener) -> bool {
+    HBONE_LISTENERS.contains(&l.name.as_str())
+        || matches!(
+            l.listener_specifier,
+            Some(pb::listener::ListenerSpecifier::InternalListener(_))
+        )
+}
+
+/// Convert a listener (after [`super::fields::check`]).
+pub fn listener(l: &pb::Listener) -> Result<Listener, Fault> {
+    let address = socket_address(l.address.as_ref(), "address")?;
+    let direction = match TrafficDirection::try_from(l.traffic_direction) {
+        Ok(TrafficDirection::Unspecified) => Direction::Unspecified,
+        Ok(TrafficDirection::Inbound) => Direction::Inbound,
+        Ok(TrafficDirection::Outbound) => Direction::Outbound,
+        Err(_) => return Err(Fault::new("traffic_direction", "unknown direction")),
+    };
+    let mut listener_filters = ListenerFilters {
+        timeout: timeout(
+            l.listener_filters_timeout.as_ref(),
+            Some(std::time::Duration::from_secs(15)),
+            "listener_filters_timeout",
+        )?,
+        continue_on_timeout: l.continue_on_listener_filters_timeout,
+        ..Default::default()
+    };
+    for (i, f) in l.listener_filters.iter().enumerate() {
+        listener_filter(f, &format!("listener_filters[{i}]"), &mut listener_filters)?;
+    }
+    #[allow(deprecated)]
+    let use_original_dst = l.use_original_dst.as_ref().is_some_and(|b| b.value);
+    let filter_chains = l
+        .filter_chains
+        .iter()
+        .enumerate()
+        .map(|(i, c)| filter_chain(c, &format!("filter_chains[{i}]")))
+        .collect::<Result<_, _>>()?;
+    let default_filter_chain = l
+        .default_filter_chain
+        .as_ref()
+        .map(|c| filter_chain(c, "default_filter_chain"))
+        .transpose()?;
+    Ok(Listener {
+        name: l.name.clone(),
+        address,
+        direction,
+        bind_to_port: l.bind_to_port.as_ref().is_none_or(|b| b.value),
+        use_original_dst,
+        listener_filters,
+        filter_chains,
+        default_filter_chain,
+    })
+}
+
+fn listener_filter(
+    f: &pb::ListenerFilter,
+    path: &str,
+    out: &mut ListenerFilters,
+) -> Result<(), Fault> {
+    let at = format!("{path}.typed_config");
+    let Some(pb::listener_filter::ConfigType::TypedConfig(any)) = &f.config_type else {
+        return Err(Fault::new(
+            at,
+            format!("listener filter {:?} needs a typed_config", f.name),
+        ));
+    };
+    let u = unpack(any, &at)?;
+    let scope = InspectorScope {
+        disabled_ports: match &f.filter_disabled {
+            None => Vec::new(),
+            Some(p) => disabled_ports(p, &format!("{path}.filter_disabled"))?,
+        },
+    };
+    match u.message_name() {
+        ORIGINAL_DST if scope.disabled_ports.is_empty() => out.original_dst = true,
+        TLS_INSPECTOR => out.tls_inspector = Some(scope),
+        HTTP_INSPECTOR => out.http_inspector = Some(scope),
+        _ => {
+            return Err(
+                Fault::new(at, format!("listener filter {:?} not supported", f.name))
+                    .with_type(&u.type_url),
+            )
+        }
+    }
+    Ok(())
+}
+
+/// `filter_disabled` as port ranges: one range, or an `or_match` of ranges.
+fn disabled_ports(
+    p: &pb::ListenerFilterChainMatchPredicate,
+    path: &str,
+) -> Result<Vec<(u16, u16)>, Fault> {
+    use pb::listener_filter_chain_match_predicate::Rule;
+    let range = |r: &envoy_types::pb::envoy::r#type::v3::Int32Range| -> Result<(u16, u16), Fault> {
+        let bad = || {
+            Fault::new(
+                format!("{path}.destination_port_range"),
+                "port out of range",
+            )
+        };
+        Ok((
+            u16::try_from(r.start).map_err(|_| bad())?,
+            u16::try_from(r.end.min(65536)).unwrap_or(u16::MAX),
+        ))
+    };
+    match &p.rule {
+        Some(Rule::DestinationPortRange(r)) => Ok(vec![range(r)?]),
+        Some(Rule::OrMatch(set)) => set
+            .rules
+            .iter()
+            .map(|r| match &r.rule {
+                Some(Rule::DestinationPortRange(x)) => range(x),
+                _ => Err(Fault::new(
+                    path,
+                    "only destination port ranges are supported",
+                )),
+            })
+            .collect(),
+        _ => Err(Fault::new(
+            path,
+            "only destination port ranges are supported",
+        )),
+    }
+}
+
+fn filter_chain(c: &pb::FilterChain, path: &str) -> Result<FilterChain, Fault> {
+    let matcher = match &c.filter_chain_match {
+        None => ChainMatch::default(),
+        Some(m) => ChainMatch {
+            destination_port: m
+                .destination_port
+                .as_ref()
+                .map(|p| u16::try_from(p.value))
+                .transpose()
+                .map_err(|_| {
+                    Fault::new(
+                        format!("{path}.filter_chain_match.destination_port"),
+                        "port out of range",
+                    )
+                })?,
+            prefix_ranges: m
+                .prefix_ranges
+                .iter()
+                .enumerate()
+                .map(|(i, r)| cidr(r, &format!("{path}.filter_chain_match.prefix_ranges[{i}]")))
+                .collect::<Result<_, _>>()?,
+            server_names: m.server_names.clone(),
+            transport_protocol: (!m.transport_protocol.is_empty())
+                .then(|| m.transport_protocol.clone()),
+            application_protocols: m.application_protocols.clone(),
+        },
+    };
+    let tls = match &c.transport_socket {
+        None => None,
+        Some(s) => downstream_socket(s, &format!("{path}.transport_socket"))?,
+    };
+    let Some((last, rest)) = c.filters.split_last() else {
+        return Err(Fault::new(
+            format!("{path}.filters"),
+            "a filter chain without filters",
+        ));
+    };
+    let mut filters = Vec::new();
+    for (i, f) in rest.iter().enumerate() {
+        let at = format!("{path}.filters[{i}].typed_config");
+        let u = filter_config(f, &at)?;
+        filters.push(network_filter(&f.name, &u, &at).map_err(|e| e.with_type(&u.type_url))?);
+    }
+    let at = format!("{path}.filters[{}].typed_config", rest.len());
+    let u = filter_config(last, &at)?;
+    let kind = match u.message_name() {
+        HCM => ChainKind::Http(Box::new(
+            connection_manager(&u.to(&at)?, &at).map_err(|e| e.with_type(&u.type_url))?,
+        )),
+        TCP_PROXY => {
+            ChainKind::Tcp(tcp_proxy(&u.to(&at)?, &at).map_err(|e| e.with_type(&u.type_url))?)
+        }
+        _ => {
+            // Not a terminal filter: say so, or why the filter itself is refused.
+            network_filter(&last.name, &u, &at).map_err(|e| e.with_type(&u.type_url))?;
+            return Err(Fault::new(
+                at,
+                "a filter chain must end in tcp_proxy or http_connection_manager",
+            )
+            .with_type(&u.type_url));
+        }
+    };
+    Ok(FilterChain {
+        name: (!c.name.is_empty()).then(|| c.name.clone()),
+        matcher,
+        tls,
+        filters,
+        kind,
+    })
+}
+
+fn filter_config(f: &pb::Filter, path: &str) -> Result<Unpacked, Fault> {
+    match &f.config_type {
+        Some(pb::filter::ConfigType::TypedConfig(any)) => unpack(any, path),
+        _ => Err(Fault::new(
+            path,
+            format!("network filter {:?} needs a typed_config", f.name),
+        )),
+    }
+}
+
+fn network_filter(name: &str, u: &Unpacked, path: &str) -> Result<NetworkFilter, Fault> {
+    Ok(match u.message_name() {
+        STATS => NetworkFilter::IstioStats(istio_stats(u, path)?),
+        METADATA_EXCHANGE => NetworkFilter::MetadataExchange {
+            protocol: u.string("protocol"),
+        },
+        AUTHN => NetworkFilter::IstioAuthn,
+        NETWORK_RBAC => NetworkFilter::Rbac(rbac::network(&u.to(path)?, path)?),
+        NETWORK_EXT_AUTHZ => return Err(Fault::new(path, EXT_AUTHZ_REASON)),
+        HCM | TCP_PROXY => {
+            return Err(Fault::new(
+                path,
+                "a terminal filter before the end of the chain",
+            ))
+        }
+        _ => {
+            return Err(Fault::new(
+                path,
+                format!("network filter {name:?} not supported"),
+            ))
+        }
+    })
+}
+
+/// `stats.PluginConfig`: Istio's standard metrics; a non-default reporter (a waypoint's) is
+/// not a sidecar's.
+pub fn istio_stats(u: &Unpacked, path: &str) -> Result<IstioStats, Fault> {
+    if let Some(v) = u.message.get_field_by_name("reporter") {
+        if v.as_enum_number().unwrap_or(0) != 0 {
+            return Err(Fault::new(
+                format!("{path}.reporter"),
+                "only the sidecar reporter is supported",
+            ));
+        }
+    }
+    let tcp_reporting_duration = match u
+        .message
+        .get_field_by_name("tcp_reporting_duration")
+        .as_deref()
+    {
+        Some(prost_reflect::Value::Message(d))
+            if u.message.has_field_by_name("tcp_reporting_duration") =>
+        {
+            let d: envoy_types::pb::google::protobuf::Duration = d
+                .transcode_to()
+                .map_err(|e| Fault::new(format!("{path}.tcp_reporting_duration"), e.to_string()))?;
+            Some(duration(&d, &format!("{path}.tcp_reporting_duration"))?)
+        }
+        _ => None,
+    };
+    Ok(IstioStats {
+        disable_host_header_fallback: u.bool("disable_host_header_fallback"),
+        tcp_reporting_duration,
+    })
+}
+
+fn tcp_proxy(t: &tcp::TcpProxy, path: &str) -> Result<TcpChain, Fault> {
+    use tcp::tcp_proxy::ClusterSpecifier as C;
+    let target = match &t.cluster_specifier {
+        Some(C::Cluster(c)) => TcpTarget::Cluster(c.clone()),
+        Some(C::WeightedClusters(w)) => TcpTarget::Weighted(
+            w.clusters
+                .iter()
+                .map(|c| (c.name.clone(), c.weight))
+                .collect(),
+        ),
+        None => return Err(Fault::new(path, "tcp_proxy without a cluster")),
+    };
+    Ok(TcpChain {
+        stat_prefix: t.stat_prefix.clone(),
+        target,
+        idle_timeout: t
+            .idle_timeout
+            .as_ref()
+            .map(|d| duration(d, &format!("{path}.idle_timeout")))
+            .transpose()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::convert::{from_json, EXT_AUTHZ_REASON, HBONE_REASON};
+    use serde_json::{json, Value};
+
+    type ListenerProto = envoy_types::pb::envoy::config::listener::v3::Listener;
+
+    fn refusal(v: Value) -> String {
+        from_json::<ListenerProto>(&v)
+            .expect_err("refused")
+            .to_string()
+    }
+
+    fn tcp_proxy() -> Value {
+        json!({"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            "stat_prefix": "c", "cluster": "c"}})
+    }
+
+    fn listener(filters: Value) -> Value {
+        json!({"name": "l", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15006}},
+               "filter_chains": [{"filters": filters}]})
+    }
+
+    #[test]
+    fn network_filters_remora_does_not_run_are_refused_by_name() {
+        let ext_authz = json!({"name": "envoy.filters.network.ext_authz", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.ext_authz.v3.ExtAuthz",
+            "stat_prefix": "x"}});
+        let err = refusal(listener(json!([ext_authz, tcp_proxy()])));
+        assert!(err.ends_with(EXT_AUTHZ_REASON), "{err}");
+        assert!(err.contains("filter_chains[0].filters[0].typed_config (type.googleapis.com/envoy.extensions.filters.network.ext_authz.v3.ExtAuthz)"), "{err}");
+        let mongo = json!({"name": "envoy.filters.network.mongo_proxy", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.mongo_proxy.v3.MongoProxy",
+            "stat_prefix": "m"}});
+        let err = refusal(listener(json!([mongo, tcp_proxy()])));
+        assert!(
+            err.contains("network filter \"envoy.filters.network.mongo_proxy\" not supported"),
+            "{err}"
+        );
+        let stats = json!({"name": "istio.stats", "typed_config": {"@type": "type.googleapis.com/stats.PluginConfig"}});
+        let err = refusal(listener(json!([tcp_proxy(), stats])));
+        assert!(
+            err.contains("a terminal filter before the end of the chain"),
+            "{err}"
+        );
+        let err = refusal(listener(json!([])));
+        assert!(err.contains("a filter chain without filters"), "{err}");
+    }
+
+    #[test]
+    fn hbone_listeners_are_refused_whole() {
+        let mut l = listener(json!([tcp_proxy()]));
+        l["name"] = "connect_originate".into();
+        assert_eq!(
+            refusal(l),
+            format!("listener connect_originate: {HBONE_REASON}")
+        );
+        let internal = json!({"name": "anything", "internal_listener": {}, "filter_chains": [{"filters": [tcp_proxy()]}]});
+        assert_eq!(
+            refusal(internal),
+            format!("listener anything: {HBONE_REASON}")
+        );
+    }
+
+    #[test]
+    fn tracing_with_a_provider_and_unknown_listener_filters_are_refused() {
+        let hcm = json!({"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "s", "route_config": {"name": "r"},
+            "tracing": {"provider": {"name": "envoy.tracers.zipkin"}},
+            "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}});
+        let err = refusal(listener(json!([hcm])));
+        assert!(err.contains("typed_config.tracing.provider ("), "{err}");
+        assert!(err.ends_with("field not supported (in envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.Tracing)"), "{err}");
+        let mut l = listener(json!([tcp_proxy()]));
+        l["listener_filters"] = json!([{"name": "envoy.filters.listener.proxy_protocol", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.listener.proxy_protocol.v3.ProxyProtocol"}}]);
+        let err = refusal(l);
+        assert!(err.contains("listener_filters[0].typed_config"), "{err}");
+        assert!(
+            err.contains("\"envoy.filters.listener.proxy_protocol\" not supported"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,548 @@
+//! RouteConfiguration (RDS, or inline in an HTTP connection manager) into
+//! [`crate::model::route`].
+
+use super::any::unpack;
+use super::common::{
+    duration, filter_metadata, header_edits, header_matcher, regex, string_matcher, struct_string,
+    timeout,
+};
+use super::join;
+use crate::model::route::{
+    Action, ClusterTarget, Forward, PathMatch, QueryParameterMatcher, Redirect, RetryPolicy, Route,
+    RouteConfiguration, RouteMatch, Upgrade, VirtualHost, WeightedCluster, DEFAULT_ROUTE_TIMEOUT,
+};
+use crate::refusal::Fault;
+use envoy_types::pb::envoy::config::core::v3 as core;
+use envoy_types::pb::envoy::config::route::v3 as pb;
+use std::sync::Arc;
+
+const PREVIOUS_HOSTS: &str = "envoy.retry_host_predicates.previous_hosts";
+const PREVIOUS_HOSTS_TYPE: &str =
+    "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate";
+
+/// Convert a route table (`path` is where it sits: empty for RDS).
+pub fn route_configuration(
+    rc: &pb::RouteConfiguration,
+    path: &str,
+) -> Result<RouteConfiguration, Fault> {
+    let virtual_hosts = rc
+        .virtual_hosts
+        .iter()
+        .enumerate()
+        .map(|(i, vh)| virtual_host(vh, &join(path, &format!("virtual_hosts[{i}]"))))
+        .collect::<Result<_, _>>()?;
+    Ok(RouteConfiguration {
+        name: rc.name.clone(),
+        virtual_hosts,
+        ignore_port_in_host_matching: rc.ignore_port_in_host_matching,
+        validate_clusters: rc.validate_clusters.as_ref().is_some_and(|b| b.value),
+        request_headers_to_add: header_edits(
+            &rc.request_headers_to_add,
+            &join(path, "request_headers_to_add"),
+        )?,
+        request_headers_to_remove: rc.request_headers_to_remove.clone(),
+        response_headers_to_add: header_edits(
+            &rc.response_headers_to_add,
+            &join(path, "response_headers_to_add"),
+        )?,
+        response_headers_to_remove: rc.response_headers_to_remove.clone(),
+    })
+}
+
+fn virtual_host(vh: &pb::VirtualHost, path: &str) -> Result<VirtualHost, Fault> {
+    let routes = vh
+        .routes
+        .iter()
+        .enumerate()
+        .map(|(i, r)| route(r, &format!("{path}.routes[{i}]")).map(Arc::new))
+        .collect::<Result<_, _>>()?;
+    Ok(VirtualHost {
+        name: vh.name.clone(),
+        domains: vh.domains.clone(),
+        routes,
+        retry_policy: vh
+            .retry_policy
+            .as_ref()
+            .map(|r| retry_policy(r, &format!("{path}.retry_policy")))
+            .transpose()?,
+        include_request_attempt_count: vh.include_request_attempt_count,
+        request_headers_to_add: header_edits(
+            &vh.request_headers_to_add,
+            &format!("{path}.request_headers_to_add"),
+        )?,
+        request_headers_to_remove: vh.request_headers_to_remove.clone(),
+        response_headers_to_add: header_edits(
+            &vh.response_headers_to_add,
+            &format!("{path}.response_headers_to_add"),
+        )?,
+        response_headers_to_remove: vh.response_headers_to_remove.clone(),
+    })
+}
+
+fn route(r: &pb::Route, path: &str) -> Result<Route, Fault> {
+    let matcher = route_match(
+        r.r#match
+            .as_ref()
+            .ok_or_else(|| Fault::new(path, "no match"))?,
+        &format!("{path}.match"),
+    )?;
+    let action = match &r.action {
+        Some(pb::route::Action::Route(a)) => {
+            Action::Forward(Box::new(forward(a, &format!("{path}.route"))?))
+        }
+        Some(pb::route::Action::Redirect(r)) => {
+            Action::Redirect(redirect(r, &format!("{path}.redirect"))?)
+        }
+        Some(pb::route::Action::DirectResponse(d)) => {
+            let at = format!("{path}.direct_response");
+            let status = u16::try_from(d.status).map_err(|_| Fault::new(&at, "bad status"))?;
+            let body = match d.body.as_ref().and_then(|b| b.specifier.as_ref()) {
+                None => None,
+                Some(core::data_source::Specifier::InlineString(s)) => Some(s.clone()),
+                Some(core::data_source::Specifier::InlineBytes(b)) => {
+                    Some(String::from_utf8_lossy(b).into_owned())
+                }
+                Some(_) => {
+                    return Err(Fault::new(
+                        format!("{at}.body"),
+                        "only inline bodies are supported",
+                    ))
+                }
+            };
+            Action::DirectResponse { status, body }
+        }
+        _ => return Err(Fault::new(path, "route action not supported")),
+    };
+    let istio_config =
+        filter_metadata(r.metadata.as_ref(), "istio").and_then(|s| struct_string(s, "config"));
+    Ok(Route {
+        name: (!r.name.is_empty()).then(|| r.name.clone()),
+        matcher,
+        action,
+        decorator: r.decorator.as_ref().map(|d| d.operation.clone()),
+        istio_config,
+        request_headers_to_add: header_edits(
+            &r.request_headers_to_add,
+            &format!("{path}.request_headers_to_add"),
+        )?,
+        request_headers_to_remove: r.request_headers_to_remove.clone(),
+        response_headers_to_add: header_edits(
+            &r.response_headers_to_add,
+            &format!("{path}.response_headers_to_add"),
+        )?,
+        response_headers_to_remove: r.response_headers_to_remove.clone(),
+    })
+}
+
+fn route_match(m: &pb::RouteMatch, path: &str) -> Result<RouteMatch, Fault> {
+    use pb::route_match::PathSpecifier as P;
+    let path_match = match &m.path_specifier {
+        Some(P::Prefix(p)) => PathMatch::Prefix(p.clone()),
+        Some(P::Path(p)) => PathMatch::Exact(p.clone()),
+        Some(P::SafeRegex(r)) => PathMatch::Regex(regex(r, &format!("{path}.safe_regex"))?),
+        Some(P::PathSeparatedPrefix(p)) => PathMatch::PathSeparatedPrefix(p.clone()),
+        Some(P::ConnectMatcher(_)) => PathMatch::Connect,
+        _ => return Err(Fault::new(path, "path match kind not supported")),
+    };
+    let headers = m
+        .headers
+        .iter()
+        .enumerate()
+        .map(|(i, h)| header_matcher(h, &format!("{path}.headers[{i}]")))
+        .collect::<Result<_, _>>()?;
+    let query_parameters = m
+        .query_parameters
+        .iter()
+        .enumerate()
+        .map(|(i, q)| {
+            use pb::query_parameter_matcher::QueryParameterMatchSpecifier as Q;
+            let at = format!("{path}.query_parameters[{i}]");
+            let value = match &q.query_parameter_match_specifier {
+                Some(Q::StringMatch(s)) => Some(string_matcher(s, &format!("{at}.string_match"))?),
+                Some(Q::PresentMatch(true)) | None => None,
+                Some(Q::PresentMatch(false)) => {
+                    return Err(Fault::new(
+                        format!("{at}.present_match"),
+                        "present_match false not supported",
+                    ))
+                }
+            };
+            Ok(QueryParameterMatcher {
+                name: q.name.clone(),
+                value,
+            })
+        })
+        .collect::<Result<_, Fault>>()?;
+    Ok(RouteMatch {
+        path: path_match,
+        case_sensitive: m.case_sensitive.as_ref().is_none_or(|b| b.value),
+        headers,
+        query_parameters,
+        grpc: m.grpc.is_some(),
+    })
+}
+
+fn forward(a: &pb::RouteAction, path: &str) -> Result<Forward, Fault> {
+    use pb::route_action::ClusterSpecifier as C;
+    let target = match &a.cluster_specifier {
+        Some(C::Cluster(c)) => ClusterTarget::Cluster(c.clone()),
+        Some(C::WeightedClusters(w)) => {
+            ClusterTarget::Weighted(weighted(w, &format!("{path}.weighted_clusters"))?)
+        }
+        _ => {
+            return Err(Fault::new(
+                path,
+                "cluster specifier not supported (cluster or weighted_clusters only)",
+            ))
+        }
+    };
+    let host_rewrite = match &a.host_rewrite_specifier {
+        None => None,
+        Some(pb::route_action::HostRewriteSpecifier::HostRewriteLiteral(h)) => Some(h.clone()),
+        Some(_) => {
+            return Err(Fault::new(
+                path,
+                "host rewrite kind not supported (literal only)",
+            ))
+        }
+    };
+    let (max_stream_duration, mut grpc_timeout_header_max) = match &a.max_stream_duration {
+        None => (None, None),
+        Some(m) => {
+            let at = format!("{path}.max_stream_duration");
+            if m.grpc_timeout_header_offset.is_some() {
+                return Err(Fault::new(
+                    format!("{at}.grpc_timeout_header_offset"),
+                    "not supported",
+                ));
+            }
+            (
+                timeout(
+                    m.max_stream_duration.as_ref(),
+                    None,
+                    &format!("{at}.max_stream_duration"),
+                )?,
+                m.grpc_timeout_header_max
+                    .as_ref()
+                    .map(|d| duration(d, &format!("{at}.grpc_timeout_header_max")))
+                    .transpose()?,
+            )
+        }
+    };
+    #[allow(deprecated)]
+    if let Some(d) = &a.max_grpc_timeout {
+        // The older field for the same bound; the newer one wins when both are set.
+        if grpc_timeout_header_max.is_none() {
+            grpc_timeout_header_max = Some(duration(d, &format!("{path}.max_grpc_timeout"))?);
+        }
+    }
+    let upgrades = a
+        .upgrade_configs
+        .iter()
+        .enumerate()
+        .map(|(i, u)| {
+            if u.connect_config.is_some() {
+                return Err(Fault::new(
+                    format!("{path}.upgrade_configs[{i}].connect_config"),
+                    "CONNECT termination not supported",
+                ));
+            }
+            Ok(Upgrade {
+                upgrade_type: u.upgrade_type.clone(),
+                enabled: u.enabled.as_ref().is_none_or(|b| b.value),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Forward {
+        target,
+        timeout: timeout(
+            a.timeout.as_ref(),
+            Some(DEFAULT_ROUTE_TIMEOUT),
+            &format!("{path}.timeout"),
+        )?,
+        idle_timeout: a
+            .idle_timeout
+            .as_ref()
+            .map(|d| duration(d, &format!("{path}.idle_timeout")))
+            .transpose()?,
+        retry_policy: a
+            .retry_policy
+            .as_ref()
+            .map(|r| retry_policy(r, &format!("{path}.retry_policy")))
+            .transpose()?,
+        upgrades,
+        max_stream_duration,
+        grpc_timeout_header_max,
+        prefix_rewrite: (!a.prefix_rewrite.is_empty()).then(|| a.prefix_rewrite.clone()),
+        host_rewrite,
+    })
+}
+
+fn weighted(w: &pb::WeightedCluster, path: &str) -> Result<Vec<WeightedCluster>, Fault> {
+    if w.random_value_specifier.is_some() || !w.runtime_key_prefix.is_empty() {
+        return Err(Fault::new(path, "runtime-driven weights not supported"));
+    }
+    w.clusters
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let at = format!("{path}.clusters[{i}]");
+            if !c.cluster_header.is_empty() {
+                return Err(Fault::new(
+                    &at,
+                    "cluster_header in weighted clusters not supported",
+                ));
+            }
+            Ok(WeightedCluster {
+                name: c.name.clone(),
+                weight: c.weight.as_ref().map_or(0, |w| w.value),
+                request_headers_to_add: header_edits(
+                    &c.request_headers_to_add,
+                    &format!("{at}.request_headers_to_add"),
+                )?,
+                request_headers_to_remove: c.request_headers_to_remove.clone(),
+                response_headers_to_add: header_edits(
+                    &c.response_headers_to_add,
+                    &format!("{at}.response_headers_to_add"),
+                )?,
+                response_headers_to_remove: c.response_headers_to_remove.clone(),
+            })
+        })
+        .collect()
+}
+
+fn redirect(r: &pb::RedirectAction, path: &str) -> Result<Redirect, Fault> {
+    use pb::redirect_action::{PathRewriteSpecifier as P, SchemeRewriteSpecifier as S};
+    let (redirect_path, prefix_rewrite) = match &r.path_rewrite_specifier {
+        None => (None, None),
+        Some(P::PathRedirect(p)) => (Some(p.clone()), None),
+        Some(P::PrefixRewrite(p)) => (None, Some(p.clone())),
+        Some(_) => return Err(Fault::new(path, "regex path redirects not supported")),
+    };
+    let status = match r.response_code {
+        0 => 301,
+        1 => 302,
+        2 => 303,
+        3 => 307,
+        4 => 308,
+        _ => {
+            return Err(Fault::new(
+                format!("{path}.response_code"),
+                "unknown redirect code",
+            ))
+        }
+    };
+    Ok(Redirect {
+        scheme: match &r.scheme_rewrite_specifier {
+            Some(S::HttpsRedirect(true)) => Some("https".into()),
+            Some(S::SchemeRedirect(s)) => Some(s.clone()),
+            _ => None,
+        },
+        host: (!r.host_redirect.is_empty()).then(|| r.host_redirect.clone()),
+        port: match r.port_redirect {
+            0 => None,
+            p => {
+                Some(u16::try_from(p).map_err(|_| {
+                    Fault::new(format!("{path}.port_redirect"), "port out of range")
+                })?)
+            }
+        },
+        path: redirect_path,
+        prefix_rewrite,
+        status,
+        strip_query: r.strip_query,
+    })
+}
+
+fn retry_policy(r: &pb::RetryPolicy, path: &str) -> Result<RetryPolicy, Fault> {
+    let mut avoid_previous_hosts = false;
+    for (i, p) in r.retry_host_predicate.iter().enumerate() {
+        let at = format!("{path}.retry_host_predicate[{i}]");
+        if p.name != PREVIOUS_HOSTS {
+            return Err(Fault::new(
+                &at,
+                format!("retry host predicate {:?} not supported", p.name),
+            ));
+        }
+        // istiod sent the name alone until 2022-04, a typed_config since; both mean the same.
+        if let Some(pb::retry_policy::retry_host_predicate::ConfigType::TypedConfig(any)) =
+            &p.config_type
+        {
+            let u = unpack(any, &format!("{at}.typed_config"))?;
+            if u.message_name() != PREVIOUS_HOSTS_TYPE {
+                return Err(Fault::new(
+                    format!("{at}.typed_config"),
+                    "not a previous_hosts predicate",
+                )
+                .with_type(&u.type_url));
+            }
+        }
+        avoid_previous_hosts = true;
+    }
+    let retry_on: Vec<String> = r
+        .retry_on
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    const KNOWN: &[&str] = &[
+        "5xx",
+        "gateway-error",
+        "reset",
+        "reset-before-request",
+        "connect-failure",
+        "envoy-ratelimited",
+        "retriable-4xx",
+        "refused-stream",
+        "retriable-status-codes",
+        "retriable-headers",
+        "http3-post-connect-failure",
+        "cancelled",
+        "deadline-exceeded",
+        "internal",
+        "resource-exhausted",
+        "unavailable",
+    ];
+    if let Some(unknown) = retry_on.iter().find(|c| !KNOWN.contains(&c.as_str())) {
+        return Err(Fault::new(
+            format!("{path}.retry_on"),
+            format!("unknown retry condition {unknown:?}"),
+        ));
+    }
+    let retriable_status_codes = r
+        .retriable_status_codes
+        .iter()
+        .map(|c| {
+            u16::try_from(*c)
+                .map_err(|_| Fault::new(format!("{path}.retriable_status_codes"), "bad status"))
+        })
+        .collect::<Result<_, _>>()?;
+    let backoff = r.retry_back_off.as_ref();
+    Ok(RetryPolicy {
+        retry_on,
+        // Envoy: one retry when unset.
+        num_retries: r.num_retries.as_ref().map_or(1, |n| n.value),
+        per_try_timeout: timeout(
+            r.per_try_timeout.as_ref(),
+            None,
+            &format!("{path}.per_try_timeout"),
+        )?,
+        retriable_status_codes,
+        avoid_previous_hosts,
+        host_selection_retry_max_attempts: u32::try_from(
+            r.host_selection_retry_max_attempts.max(0),
+        )
+        .unwrap_or(u32::MAX),
+        backoff_base: backoff
+            .and_then(|b| b.base_interval.as_ref())
+            .map(|d| duration(d, &format!("{path}.retry_back_off.base_interval")))
+            .transpose()?,
+        backoff_max: backoff
+            .and_then(|b| b.max_interval.as_ref())
+            .map(|d| duration(d, &format!("{path}.retry_back_off.max_interval")))
+            .transpose()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::convert::from_json;
+    use crate::model::matcher::HeaderMatch;
+    use crate::model::route::{Action, ClusterTarget, PathMatch, RouteConfiguration};
+    use serde_json::{json, Value};
+    use std::time::Duration;
+
+    type RouteProto = envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+
+    fn convert(routes: Value) -> Result<RouteConfiguration, String> {
+        let v = json!({"name": "9080", "virtual_hosts": [{"name": "vh", "domains": ["*"], "routes": routes}]});
+        from_json::<RouteProto>(&v)
+            .map(|c| c.model)
+            .map_err(|r| r.to_string())
+    }
+
+    #[test]
+    fn timeouts_weights_headers_and_redirects() {
+        let rc = convert(json!([
+            {"match": {"prefix": "/", "headers": [{"name": "end-user", "string_match": {"exact": "jason"}}]},
+             "route": {"weighted_clusters": {"clusters": [{"name": "v1", "weight": 90}, {"name": "v2", "weight": 10}]}}},
+            {"match": {"safe_regex": {"regex": "/api/v[0-9]+/.*"}}, "route": {"cluster": "api", "timeout": "2.5s"}},
+            {"match": {"path": "/old"}, "redirect": {"path_redirect": "/new", "response_code": "PERMANENT_REDIRECT"}},
+            {"match": {"prefix": "/x"}, "direct_response": {"status": 503, "body": {"inline_string": "no"}}}
+        ]))
+        .expect("accepted");
+        let routes = &rc.virtual_hosts[0].routes;
+        let Action::Forward(f) = &routes[0].action else {
+            panic!()
+        };
+        assert_eq!(
+            f.timeout,
+            Some(Duration::from_secs(15)),
+            "unset is Envoy's 15 s"
+        );
+        let ClusterTarget::Weighted(w) = &f.target else {
+            panic!()
+        };
+        assert_eq!((w[0].weight, w[1].name.as_str()), (90, "v2"));
+        assert!(matches!(
+            &routes[0].matcher.headers[0].kind,
+            HeaderMatch::Value(_)
+        ));
+        assert!(
+            matches!(&routes[1].matcher.path, PathMatch::Regex(p) if p.is_match("/api/v2/users"))
+        );
+        let Action::Forward(f) = &routes[1].action else {
+            panic!()
+        };
+        assert_eq!(f.timeout, Some(Duration::from_millis(2500)));
+        let Action::Redirect(r) = &routes[2].action else {
+            panic!()
+        };
+        assert_eq!((r.status, r.path.as_deref()), (308, Some("/new")));
+        assert!(
+            matches!(&routes[3].action, Action::DirectResponse { status: 503, body: Some(b) } if b == "no")
+        );
+    }
+
+    #[test]
+    fn what_remora_cannot_honour_is_refused() {
+        let cases = [
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {"retry_on": "5xx,bogus"}}}]),
+                "unknown retry condition \"bogus\"",
+            ),
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {
+                "retry_host_predicate": [{"name": "envoy.retry_host_predicates.omit_canary_hosts"}]}}}]),
+                "omit_canary_hosts",
+            ),
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "request_mirror_policies": [{"cluster": "m"}]}}]),
+                "request_mirror_policies: field not supported",
+            ),
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "hash_policy": [{"header": {"header_name": "x"}}]}}]),
+                "hash_policy: field not supported",
+            ),
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"cluster_header": "x-cluster"}}]),
+                "cluster_header: field not supported",
+            ),
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"cluster": "c"}, "typed_per_filter_config": {
+                "envoy.filters.http.fault": {"@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+                "abort": {"http_status": 503, "percentage": {"numerator": 100}}}}}]),
+                "typed_per_filter_config: field not supported",
+            ),
+        ];
+        for (routes, want) in cases {
+            let err = convert(routes).expect_err(want);
+            assert!(err.contains(want), "{err} (want {want})");
+            assert!(
+                err.starts_with("route 9080: virtual_hosts[0].routes[0]"),
+                "{err}"
+            );
+        }
+    }
+}

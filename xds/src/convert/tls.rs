@@ -1,0 +1,251 @@
+//! TLS transport sockets: the upstream context of Istio's mTLS cluster match and the downstream
+//! context of virtualInbound's chains. Certificates come only from SDS, by the two names
+//! istiod uses for the workload's own (`default`) and the mesh roots (`ROOTCA`), which Remora
+//! resolves to what its CA client holds.
+
+use super::any::unpack;
+use super::common::string_matcher;
+use crate::model::cluster::{SanMatcher, SanType, TlsVersion, UpstreamTls};
+use crate::model::listener::DownstreamTls;
+use crate::refusal::Fault;
+use envoy_types::pb::envoy::config::core::v3 as core;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3 as tls;
+
+/// The SDS secret names Remora can serve.
+pub const SECRET_NAMES: [&str; 2] = ["default", "ROOTCA"];
+
+const UPSTREAM: &str = "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
+const DOWNSTREAM: &str = "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext";
+const RAW_BUFFER: &str = "envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer";
+
+/// A cluster's transport socket: `None` for plaintext.
+pub fn upstream_socket(
+    socket: &core::TransportSocket,
+    path: &str,
+) -> Result<Option<UpstreamTls>, Fault> {
+    let at = format!("{path}.typed_config");
+    let Some(core::transport_socket::ConfigType::TypedConfig(any)) = &socket.config_type else {
+        return Err(Fault::new(at, "a transport socket needs a typed_config"));
+    };
+    let unpacked = unpack(any, &at)?;
+    match unpacked.message_name() {
+        RAW_BUFFER => Ok(None),
+        UPSTREAM => {
+            let ctx: tls::UpstreamTlsContext = unpacked.to(&at)?;
+            upstream(&ctx, &at)
+                .map(Some)
+                .map_err(|f| f.with_type(&unpacked.type_url))
+        }
+        _ => Err(Fault::new(at, "transport socket not supported").with_type(&unpacked.type_url)),
+    }
+}
+
+/// A listener chain's transport socket: `None` for plaintext.
+pub fn downstream_socket(
+    socket: &core::TransportSocket,
+    path: &str,
+) -> Result<Option<DownstreamTls>, Fault> {
+    let at = format!("{path}.typed_config");
+    let Some(core::transport_socket::ConfigType::TypedConfig(any)) = &socket.config_type else {
+        return Err(Fault::new(at, "a transport socket needs a typed_config"));
+    };
+    let unpacked = unpack(any, &at)?;
+    match unpacked.message_name() {
+        RAW_BUFFER => Ok(None),
+        DOWNSTREAM => {
+            let ctx: tls::DownstreamTlsContext = unpacked.to(&at)?;
+            downstream(&ctx, &at)
+                .map(Some)
+                .map_err(|f| f.with_type(&unpacked.type_url))
+        }
+        _ => Err(Fault::new(at, "transport socket not supported").with_type(&unpacked.type_url)),
+    }
+}
+
+struct Common {
+    alpn: Vec<String>,
+    min_version: Option<TlsVersion>,
+    max_version: Option<TlsVersion>,
+    cipher_suites: Vec<String>,
+    certificate_secrets: Vec<String>,
+    validation_secret: Option<String>,
+    subject_alt_names: Vec<SanMatcher>,
+}
+
+fn upstream(ctx: &tls::UpstreamTlsContext, path: &str) -> Result<UpstreamTls, Fault> {
+    let common = common(
+        ctx.common_tls_context.as_ref(),
+        &format!("{path}.common_tls_context"),
+    )?;
+    if !common.cipher_suites.is_empty() {
+        return Err(Fault::new(
+            format!("{path}.common_tls_context.tls_params.cipher_suites"),
+            "upstream cipher suite lists not supported",
+        ));
+    }
+    if common.certificate_secrets.len() > 1 {
+        return Err(Fault::new(
+            format!("{path}.common_tls_context.tls_certificate_sds_secret_configs"),
+            "more than one client certificate",
+        ));
+    }
+    Ok(UpstreamTls {
+        sni: (!ctx.sni.is_empty()).then(|| ctx.sni.clone()),
+        alpn: common.alpn,
+        subject_alt_names: common.subject_alt_names,
+        certificate_secret: common.certificate_secrets.into_iter().next(),
+        validation_secret: common.validation_secret,
+        min_version: common.min_version,
+        max_version: common.max_version,
+    })
+}
+
+fn downstream(ctx: &tls::DownstreamTlsContext, path: &str) -> Result<DownstreamTls, Fault> {
+    let common = common(
+        ctx.common_tls_context.as_ref(),
+        &format!("{path}.common_tls_context"),
+    )?;
+    Ok(DownstreamTls {
+        alpn: common.alpn,
+        min_version: common.min_version,
+        max_version: common.max_version,
+        cipher_suites: common.cipher_suites,
+        certificate_secrets: common.certificate_secrets,
+        validation_secret: common.validation_secret,
+        subject_alt_names: common.subject_alt_names,
+        require_client_certificate: ctx
+            .require_client_certificate
+            .as_ref()
+            .is_some_and(|b| b.value),
+    })
+}
+
+fn version(v: i32, path: &str) -> Result<Option<TlsVersion>, Fault> {
+    use tls::tls_parameters::TlsProtocol as P;
+    Ok(match P::try_from(v) {
+        Ok(P::TlsAuto) => None,
+        Ok(P::TlSv10) => Some(TlsVersion::Tls1_0),
+        Ok(P::TlSv11) => Some(TlsVersion::Tls1_1),
+        Ok(P::TlSv12) => Some(TlsVersion::Tls1_2),
+        Ok(P::TlSv13) => Some(TlsVersion::Tls1_3),
+        Err(_) => return Err(Fault::new(path, "unknown TLS version")),
+    })
+}
+
+fn secret(s: &tls::SdsSecretConfig, path: &str) -> Result<String, Fault> {
+    if !SECRET_NAMES.contains(&s.name.as_str()) {
+        return Err(Fault::new(
+            format!("{path}.name"),
+            format!(
+                "SDS secret {:?} not supported (only Istio's workload secrets `default` and `ROOTCA`)",
+                s.name
+            ),
+        ));
+    }
+    Ok(s.name.clone())
+}
+
+fn common(ctx: Option<&tls::CommonTlsContext>, path: &str) -> Result<Common, Fault> {
+    use tls::common_tls_context::ValidationContextType as V;
+    let Some(ctx) = ctx else {
+        return Err(Fault::new(
+            path,
+            "no common_tls_context: TLS without certificates",
+        ));
+    };
+    let params = ctx.tls_params.clone().unwrap_or_default();
+    let certificate_secrets = ctx
+        .tls_certificate_sds_secret_configs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            secret(
+                s,
+                &format!("{path}.tls_certificate_sds_secret_configs[{i}]"),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut validation_secret = None;
+    let mut subject_alt_names = Vec::new();
+    match &ctx.validation_context_type {
+        None => {}
+        Some(V::ValidationContextSdsSecretConfig(s)) => {
+            validation_secret = Some(secret(
+                s,
+                &format!("{path}.validation_context_sds_secret_config"),
+            )?);
+        }
+        Some(V::CombinedValidationContext(c)) => {
+            let at = format!("{path}.combined_validation_context");
+            if let Some(s) = &c.validation_context_sds_secret_config {
+                validation_secret = Some(secret(
+                    s,
+                    &format!("{at}.validation_context_sds_secret_config"),
+                )?);
+            }
+            if let Some(d) = &c.default_validation_context {
+                let at = format!("{at}.default_validation_context");
+                if d.trusted_ca.is_some() || d.custom_validator_config.is_some() {
+                    return Err(Fault::new(
+                        at,
+                        "trust anchors in the context not supported (only SDS `ROOTCA`)",
+                    ));
+                }
+                for (i, m) in d.match_typed_subject_alt_names.iter().enumerate() {
+                    let mat = format!("{at}.match_typed_subject_alt_names[{i}]");
+                    let san_type =
+                        match tls::subject_alt_name_matcher::SanType::try_from(m.san_type) {
+                            Ok(tls::subject_alt_name_matcher::SanType::Uri) => SanType::Uri,
+                            Ok(tls::subject_alt_name_matcher::SanType::Dns) => SanType::Dns,
+                            Ok(tls::subject_alt_name_matcher::SanType::Email) => SanType::Email,
+                            Ok(tls::subject_alt_name_matcher::SanType::IpAddress) => {
+                                SanType::IpAddress
+                            }
+                            _ => {
+                                return Err(Fault::new(
+                                    format!("{mat}.san_type"),
+                                    "SAN type not supported",
+                                ))
+                            }
+                        };
+                    let matcher = m
+                        .matcher
+                        .as_ref()
+                        .ok_or_else(|| Fault::new(&mat, "no matcher"))?;
+                    subject_alt_names.push(SanMatcher {
+                        san_type: Some(san_type),
+                        matcher: string_matcher(matcher, &format!("{mat}.matcher"))?,
+                    });
+                }
+                #[allow(deprecated)]
+                for (i, m) in d.match_subject_alt_names.iter().enumerate() {
+                    subject_alt_names.push(SanMatcher {
+                        san_type: None,
+                        matcher: string_matcher(m, &format!("{at}.match_subject_alt_names[{i}]"))?,
+                    });
+                }
+            }
+        }
+        Some(_) => {
+            return Err(Fault::new(
+                path,
+                "validation context not supported (only SDS `ROOTCA` with SAN matchers)",
+            ))
+        }
+    }
+    Ok(Common {
+        alpn: ctx.alpn_protocols.clone(),
+        min_version: version(
+            params.tls_minimum_protocol_version,
+            &format!("{path}.tls_params"),
+        )?,
+        max_version: version(
+            params.tls_maximum_protocol_version,
+            &format!("{path}.tls_params"),
+        )?,
+        cipher_suites: params.cipher_suites.clone(),
+        certificate_secrets,
+        validation_secret,
+        subject_alt_names,
+    })
+}

@@ -1,0 +1,294 @@
+//! Clusters: where their endpoints come from, how one is picked, how long a connect may take,
+//! and which transport socket (Istio mTLS or plaintext) each endpoint gets.
+
+use super::endpoint::ClusterLoadAssignment;
+use super::matcher::StringMatcher;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Envoy's connect timeout when a cluster sets none.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// An upstream cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cluster {
+    pub name: String,
+    pub discovery: Discovery,
+    pub lb_policy: LbPolicy,
+    pub connect_timeout: Duration,
+    /// The socket of an endpoint no match picks (plaintext unless `transport_socket` says).
+    pub transport_socket: TransportSocket,
+    /// Tried in order against an endpoint's `envoy.transport_socket_match` metadata; the
+    /// first whose every key/value the metadata holds wins (`{}` matches every endpoint).
+    pub transport_socket_matches: Vec<TransportSocketMatch>,
+    /// Static host set (STATIC clusters; DNS clusters keep their names in [`Discovery`]).
+    pub load_assignment: Option<ClusterLoadAssignment>,
+    /// `filter_metadata.istio`: what Istio's metrics label the traffic with.
+    pub istio: IstioClusterMetadata,
+    /// Istio's metadata-exchange upstream filter: the `istio-peer-exchange` protocol.
+    pub metadata_exchange: Option<String>,
+    /// The HTTP protocol to speak upstream.
+    pub http_protocol: UpstreamHttpProtocol,
+    /// Idle timeout of upstream HTTP connections (`None`: Envoy's default of one hour).
+    pub http_idle_timeout: Option<Duration>,
+    /// `max_requests_per_connection` (`None`: unlimited).
+    pub max_requests_per_connection: Option<u32>,
+    /// Bind upstream connections to this source address (istiod's `127.0.0.6` for inbound
+    /// passthrough, so the application sees traffic from the sidecar).
+    pub upstream_bind_address: Option<std::net::IpAddr>,
+}
+
+/// Where a cluster's endpoints come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Discovery {
+    /// From EDS, under this name (`eds_service_name`, or the cluster's own name).
+    Eds {
+        service_name: String,
+    },
+    Static,
+    /// The connection's original destination.
+    OriginalDst {
+        /// Connect to this port instead of the original one (istiod's inbound clusters).
+        port_override: Option<u16>,
+        /// The destination comes from the `x-envoy-original-dst-host` header.
+        use_http_header: bool,
+    },
+    /// Every address the names resolve to is an endpoint.
+    StrictDns(Dns),
+    /// The first address a name resolves to, re-resolved per new connection.
+    LogicalDns(Dns),
+}
+
+/// A DNS cluster's names and how to resolve them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dns {
+    pub targets: Vec<DnsTarget>,
+    pub lookup_family: DnsLookupFamily,
+    /// Re-resolve this often (Envoy's 5 s when unset)…
+    pub refresh_rate: Duration,
+    /// …or as the records' TTL says.
+    pub respect_dns_ttl: bool,
+}
+
+/// One name of a DNS cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsTarget {
+    pub host: String,
+    pub port: u16,
+    pub weight: u32,
+    /// As an endpoint's, picks the transport socket.
+    pub tls_mode: Option<String>,
+}
+
+/// Which address families a DNS lookup asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DnsLookupFamily {
+    Auto,
+    V4Only,
+    V6Only,
+    V4Preferred,
+    All,
+}
+
+/// How a cluster picks an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LbPolicy {
+    /// Istio's default: the fewer requests in flight, the likelier (power of two choices).
+    LeastRequest {
+        choice_count: u32,
+    },
+    RoundRobin,
+    Random,
+    /// The cluster picks the host itself: ORIGINAL_DST clusters (the original destination).
+    ClusterProvided,
+}
+
+/// Which HTTP version to use upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamHttpProtocol {
+    /// No `HttpProtocolOptions`: HTTP/1.1 (Envoy's default).
+    Http1,
+    Http2,
+    /// As the downstream request came (`use_downstream_protocol_config`, istiod's default for
+    /// auto-detected ports).
+    Downstream,
+}
+
+/// One entry of `transport_socket_matches`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransportSocketMatch {
+    pub name: String,
+    /// Key/values the endpoint's `envoy.transport_socket_match` metadata must hold.
+    pub criteria: BTreeMap<String, String>,
+    pub socket: TransportSocket,
+}
+
+/// What an upstream connection is wrapped in.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TransportSocket {
+    Plaintext,
+    Tls(Box<UpstreamTls>),
+}
+
+/// An upstream TLS context, as istiod writes it for Istio mTLS (or a DestinationRule's TLS).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamTls {
+    /// SNI (istiod: `outbound_.9080_.v1_.productpage.default.svc.cluster.local`).
+    pub sni: Option<String>,
+    /// ALPN offered (`istio-peer-exchange`, `istio`; Istio's ALPN filter may override it per
+    /// request).
+    pub alpn: Vec<String>,
+    /// The peer certificate must carry a SAN matching one of these (empty: any).
+    pub subject_alt_names: Vec<SanMatcher>,
+    /// SDS secret of our certificate (`default`).
+    pub certificate_secret: Option<String>,
+    /// SDS secret of the trusted roots (`ROOTCA`).
+    pub validation_secret: Option<String>,
+    pub min_version: Option<TlsVersion>,
+    pub max_version: Option<TlsVersion>,
+}
+
+/// A SAN check.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SanMatcher {
+    /// `None`: any SAN type (the deprecated `match_subject_alt_names`).
+    pub san_type: Option<SanType>,
+    pub matcher: StringMatcher,
+}
+
+/// The SAN types Envoy can check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SanType {
+    Uri,
+    Dns,
+    Email,
+    IpAddress,
+}
+
+/// A TLS protocol version bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TlsVersion {
+    Tls1_0,
+    Tls1_1,
+    Tls1_2,
+    Tls1_3,
+}
+
+/// Istio's cluster metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IstioClusterMetadata {
+    pub services: Vec<IstioService>,
+    /// The DestinationRule subset (`v1`).
+    pub subset: Option<String>,
+    /// The DestinationRule's path (`/apis/networking.istio.io/…`).
+    pub config: Option<String>,
+    pub default_original_port: Option<u32>,
+}
+
+/// A Kubernetes service a cluster stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IstioService {
+    pub host: String,
+    pub name: String,
+    pub namespace: String,
+}
+
+impl Cluster {
+    /// The socket for an endpoint with this `tlsMode` (`None` when it has no
+    /// `envoy.transport_socket_match` metadata), picked as Envoy picks it.
+    pub fn transport_socket_for(&self, tls_mode: Option<&str>) -> &TransportSocket {
+        for m in &self.transport_socket_matches {
+            let hit = m
+                .criteria
+                .iter()
+                .all(|(k, v)| k == "tlsMode" && tls_mode == Some(v.as_str()));
+            if hit {
+                return &m.socket;
+            }
+        }
+        &self.transport_socket
+    }
+
+    /// The Istio mTLS settings: the socket of the `{"tlsMode": "istio"}` match, or of the
+    /// cluster itself when it is TLS and there are no matches.
+    pub fn istio_mtls(&self) -> Option<&UpstreamTls> {
+        match self.transport_socket_for(Some("istio")) {
+            TransportSocket::Tls(tls) => Some(tls),
+            TransportSocket::Plaintext => None,
+        }
+    }
+
+    /// The EDS name to subscribe to, for EDS clusters.
+    pub fn eds_service_name(&self) -> Option<&str> {
+        match &self.discovery {
+            Discovery::Eds { service_name } => Some(service_name),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tls(sni: &str) -> TransportSocket {
+        TransportSocket::Tls(Box::new(UpstreamTls {
+            sni: Some(sni.into()),
+            alpn: vec![],
+            subject_alt_names: vec![],
+            certificate_secret: Some("default".into()),
+            validation_secret: Some("ROOTCA".into()),
+            min_version: None,
+            max_version: None,
+        }))
+    }
+
+    #[test]
+    fn transport_socket_by_tls_mode() {
+        let cluster = Cluster {
+            name: "c".into(),
+            discovery: Discovery::Eds {
+                service_name: "c".into(),
+            },
+            lb_policy: LbPolicy::RoundRobin,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            transport_socket: TransportSocket::Plaintext,
+            transport_socket_matches: vec![
+                TransportSocketMatch {
+                    name: "tlsMode-istio".into(),
+                    criteria: [("tlsMode".to_string(), "istio".to_string())].into(),
+                    socket: tls("outbound_.80_._.c"),
+                },
+                TransportSocketMatch {
+                    name: "tlsMode-disabled".into(),
+                    criteria: BTreeMap::new(),
+                    socket: TransportSocket::Plaintext,
+                },
+            ],
+            load_assignment: None,
+            istio: IstioClusterMetadata::default(),
+            metadata_exchange: None,
+            http_protocol: UpstreamHttpProtocol::Http1,
+            http_idle_timeout: None,
+            max_requests_per_connection: None,
+            upstream_bind_address: None,
+        };
+        assert_eq!(
+            cluster.transport_socket_for(Some("istio")),
+            &tls("outbound_.80_._.c")
+        );
+        assert_eq!(
+            cluster.transport_socket_for(None),
+            &TransportSocket::Plaintext
+        );
+        assert_eq!(
+            cluster.transport_socket_for(Some("disabled")),
+            &TransportSocket::Plaintext
+        );
+        assert_eq!(
+            cluster.istio_mtls().and_then(|t| t.sni.as_deref()),
+            Some("outbound_.80_._.c")
+        );
+        assert_eq!(cluster.eds_service_name(), Some("c"));
+    }
+}

@@ -1,0 +1,498 @@
+//! Listeners: the address a connection was headed to picks a listener; the connection's
+//! destination, SNI, transport (`tls` or `raw_buffer`) and ALPN pick one of its filter chains;
+//! the chain says HTTP (with a route table) or TCP (to a cluster), and what to check on the way
+//! (TLS termination, RBAC, Istio's metadata exchange).
+
+use super::cluster::{SanMatcher, TlsVersion};
+use super::matcher::CidrRange;
+use super::rbac::Rbac;
+use super::route::RouteConfiguration;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A listener.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listener {
+    pub name: String,
+    pub address: SocketAddr,
+    pub direction: Direction,
+    /// `false`: not bound; reached through a `use_original_dst` listener (istiod's
+    /// per-service outbound listeners).
+    pub bind_to_port: bool,
+    /// Hand each accepted connection to the listener of its original destination
+    /// (`virtualOutbound`).
+    pub use_original_dst: bool,
+    pub listener_filters: ListenerFilters,
+    pub filter_chains: Vec<FilterChain>,
+    /// Taken when no chain matches.
+    pub default_filter_chain: Option<FilterChain>,
+}
+
+/// `traffic_direction`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Unspecified,
+    Inbound,
+    Outbound,
+}
+
+/// The listener filters Remora does natively: which facts a chain match may use.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ListenerFilters {
+    /// Restore the original destination (`envoy.filters.listener.original_dst`).
+    pub original_dst: bool,
+    /// Peek the ClientHello for SNI and ALPN; not on these destination ports.
+    pub tls_inspector: Option<InspectorScope>,
+    /// Sniff HTTP/1.x or h2c for ALPN on plaintext.
+    pub http_inspector: Option<InspectorScope>,
+    /// How long the filters may wait for bytes (`None`: no bound, istiod's `0s`).
+    pub timeout: Option<Duration>,
+    /// On timeout, go on with what is known (istiod sets it).
+    pub continue_on_timeout: bool,
+}
+
+/// Where an inspector does not run (`filter_disabled`'s destination port ranges,
+/// start inclusive, end exclusive).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct InspectorScope {
+    pub disabled_ports: Vec<(u16, u16)>,
+}
+
+impl InspectorScope {
+    /// Whether the inspector runs for a connection to `port`.
+    pub fn applies_to(&self, port: u16) -> bool {
+        !self
+            .disabled_ports
+            .iter()
+            .any(|&(start, end)| port >= start && port < end)
+    }
+}
+
+/// What a connection offers to the chain match.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionFacts<'a> {
+    /// The original destination.
+    pub destination: SocketAddr,
+    /// From the TLS inspector.
+    pub server_name: Option<&'a str>,
+    /// `tls` or `raw_buffer`.
+    pub transport_protocol: &'a str,
+    /// From the TLS ClientHello or the HTTP inspector (`http/1.1`, `h2c`).
+    pub application_protocols: &'a [&'a str],
+}
+
+/// A filter chain.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FilterChain {
+    pub name: Option<String>,
+    pub matcher: ChainMatch,
+    /// Terminate TLS with this context (istiod's inbound mTLS).
+    pub tls: Option<DownstreamTls>,
+    /// The network filters before the terminal one, in order.
+    pub filters: Vec<NetworkFilter>,
+    pub kind: ChainKind,
+}
+
+/// `filter_chain_match`, for the criteria Remora implements.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ChainMatch {
+    pub destination_port: Option<u16>,
+    pub prefix_ranges: Vec<CidrRange>,
+    pub server_names: Vec<String>,
+    pub transport_protocol: Option<String>,
+    pub application_protocols: Vec<String>,
+}
+
+/// A network filter before the terminal one.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NetworkFilter {
+    /// Istio's standard TCP metrics (`istio.stats`).
+    IstioStats(IstioStats),
+    /// Istio's TCP metadata exchange over the given ALPN protocol (`istio-peer-exchange`).
+    MetadataExchange {
+        protocol: String,
+    },
+    /// `istio_authn`: record the peer's identity for RBAC (`io.istio.peer_principal`).
+    IstioAuthn,
+    Rbac(Rbac),
+}
+
+/// `stats.PluginConfig`, as far as it means anything to Remora's metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IstioStats {
+    /// Do not label `destination_service` from the Host header when istiod does not know it.
+    pub disable_host_header_fallback: bool,
+    /// How often TCP metrics are reported while a connection lives (`None`: Istio's 5 s).
+    pub tcp_reporting_duration: Option<Duration>,
+}
+
+/// What a chain ends in.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChainKind {
+    Http(Box<HttpChain>),
+    Tcp(TcpChain),
+}
+
+/// A chain that ends in `tcp_proxy`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TcpChain {
+    pub stat_prefix: String,
+    pub target: TcpTarget,
+    /// `None`: Envoy's default of one hour; `Some(ZERO)`: none.
+    pub idle_timeout: Option<Duration>,
+}
+
+/// Where a TCP chain sends the connection.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TcpTarget {
+    Cluster(String),
+    Weighted(Vec<(String, u32)>),
+}
+
+/// A chain that ends in the HTTP connection manager.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpChain {
+    pub stat_prefix: String,
+    pub routes: RouteSource,
+    /// The HTTP filters before the router, in order.
+    pub http_filters: Vec<HttpFilter>,
+    pub codec: Codec,
+    /// `None`: no bound (istiod's `0s`); Envoy's 5 minutes when unset.
+    pub stream_idle_timeout: Option<Duration>,
+    pub use_remote_address: bool,
+    pub forward_client_cert: ForwardClientCert,
+    /// Which of the peer certificate's fields go into `x-forwarded-client-cert`.
+    pub set_current_client_cert: ClientCertDetails,
+    /// `server` response header.
+    pub server_name: Option<String>,
+    /// Connection-level upgrades allowed (`websocket`, `CONNECT`).
+    pub upgrades: Vec<String>,
+    pub normalize_path: bool,
+    /// `x-request-id` is generated as a UUID (Envoy's and Istio's only form).
+    pub generate_request_id: bool,
+    /// HTTP/2 settings of the downstream codec.
+    pub http2_max_concurrent_streams: Option<u32>,
+    pub http2_allow_connect: bool,
+}
+
+/// Where an HTTP chain's routes come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RouteSource {
+    /// Named, fetched over RDS.
+    Rds(String),
+    Inline(Arc<RouteConfiguration>),
+}
+
+/// The downstream codec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    Auto,
+    Http1,
+    Http2,
+}
+
+/// `forward_client_cert_details`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardClientCert {
+    Sanitize,
+    ForwardOnly,
+    AppendForward,
+    SanitizeSet,
+    AlwaysForwardOnly,
+}
+
+/// `set_current_client_cert_details`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClientCertDetails {
+    pub subject: bool,
+    pub cert: bool,
+    pub chain: bool,
+    pub dns: bool,
+    pub uri: bool,
+}
+
+/// An HTTP filter Remora implements.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HttpFilter {
+    /// Istio's HTTP metadata exchange, in either form istiod has sent.
+    MetadataExchange(MetadataExchangeForm),
+    Rbac(Rbac),
+    /// Istio's ALPN override for upstream mTLS: per upstream HTTP version, the ALPN to offer.
+    AlpnOverride(Vec<AlpnOverride>),
+    IstioStats(IstioStats),
+    /// gRPC statistics; `emit_filter_state` feeds Istio's metrics the message counts.
+    GrpcStats {
+        emit_filter_state: bool,
+    },
+    /// Envoy's fault filter with no fault of its own (istiod's default): only a route's
+    /// per-filter config would inject, and Remora refuses those.
+    Fault,
+    /// Envoy's CORS filter with no policy of its own (istiod's default): only a route's or
+    /// virtual host's CORS policy would act, and Remora refuses those.
+    Cors,
+}
+
+/// An ECDS extension config: an HTTP filter delivered on its own (istiod's WasmPlugins and
+/// Telemetry filters).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExtensionConfig {
+    pub name: String,
+    pub filter: HttpFilter,
+}
+
+/// How Istio's HTTP metadata exchange was configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetadataExchangeForm {
+    /// The Wasm filter with the null VM's `envoy.wasm.metadata_exchange` plugin (istiod ≤ 1.21).
+    Wasm,
+    /// `io.istio.http.peer_metadata.Config` (current istiod): which ways peer metadata is
+    /// discovered and propagated, upstream and downstream.
+    PeerMetadata(PeerMetadata),
+}
+
+/// `io.istio.http.peer_metadata.Config`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PeerMetadata {
+    pub downstream_discovery: Vec<PeerDiscovery>,
+    pub upstream_discovery: Vec<PeerDiscovery>,
+    /// Send our metadata in the response headers.
+    pub downstream_propagation: bool,
+    /// Send our metadata in the request headers.
+    pub upstream_propagation: bool,
+    pub shared_with_upstream: bool,
+    pub additional_labels: Vec<String>,
+}
+
+/// A way of learning a peer's metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerDiscovery {
+    Baggage,
+    WorkloadDiscovery,
+    IstioHeaders,
+}
+
+/// One `alpn_override` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlpnOverride {
+    pub upstream_protocol: UpstreamProtocol,
+    pub alpn: Vec<String>,
+}
+
+/// The upstream HTTP version an ALPN override is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    Http10,
+    Http11,
+    Http2,
+}
+
+/// A downstream TLS context (inbound mTLS).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DownstreamTls {
+    pub alpn: Vec<String>,
+    pub min_version: Option<TlsVersion>,
+    pub max_version: Option<TlsVersion>,
+    pub cipher_suites: Vec<String>,
+    /// SDS secrets of our certificate (`default`).
+    pub certificate_secrets: Vec<String>,
+    /// SDS secret of the trusted roots (`ROOTCA`).
+    pub validation_secret: Option<String>,
+    pub subject_alt_names: Vec<SanMatcher>,
+    pub require_client_certificate: bool,
+}
+
+impl Listener {
+    /// The chain a connection takes, as Envoy selects it: narrowing the chains by destination
+    /// port, then destination address (longest prefix), server name, transport protocol and
+    /// application protocols; at each step the chains that name the connection's value win
+    /// over those that leave the criterion empty. No match: the default chain.
+    pub fn filter_chain(&self, conn: &ConnectionFacts<'_>) -> Option<&FilterChain> {
+        let mut candidates: Vec<&FilterChain> = self.filter_chains.iter().collect();
+        let steps: [Step<'_>; 5] = [
+            &|m| match m.destination_port {
+                None => Some(0),
+                Some(p) => (p == conn.destination.port()).then_some(1),
+            },
+            &|m| {
+                if m.prefix_ranges.is_empty() {
+                    return Some(0);
+                }
+                m.prefix_ranges
+                    .iter()
+                    .filter(|r| r.contains(conn.destination.ip()))
+                    .map(|r| usize::from(r.prefix_len) + 1)
+                    .max()
+            },
+            &|m| {
+                if m.server_names.is_empty() {
+                    return Some(0);
+                }
+                let sni = conn.server_name?;
+                m.server_names
+                    .iter()
+                    .filter_map(|n| server_name_rank(n, sni))
+                    .max()
+            },
+            &|m| match &m.transport_protocol {
+                None => Some(0),
+                Some(t) => (t == conn.transport_protocol).then_some(1),
+            },
+            &|m| {
+                if m.application_protocols.is_empty() {
+                    return Some(0);
+                }
+                m.application_protocols
+                    .iter()
+                    .any(|a| conn.application_protocols.contains(&a.as_str()))
+                    .then_some(1)
+            },
+        ];
+        for step in steps {
+            let ranked: Vec<(usize, &FilterChain)> = candidates
+                .iter()
+                .filter_map(|c| step(&c.matcher).map(|r| (r, *c)))
+                .collect();
+            let Some(best) = ranked.iter().map(|(r, _)| *r).max() else {
+                return self.default_filter_chain.as_ref();
+            };
+            candidates = ranked
+                .into_iter()
+                .filter(|(r, _)| *r == best)
+                .map(|(_, c)| c)
+                .collect();
+        }
+        candidates
+            .first()
+            .copied()
+            .or(self.default_filter_chain.as_ref())
+    }
+
+    /// Every chain, the default one last.
+    pub fn all_chains(&self) -> impl Iterator<Item = &FilterChain> {
+        self.filter_chains
+            .iter()
+            .chain(self.default_filter_chain.as_ref())
+    }
+}
+
+/// One narrowing step of the chain match: the rank of a chain's criterion for this
+/// connection (0: the chain leaves it empty), or `None` when it excludes the connection.
+type Step<'s> = &'s dyn Fn(&ChainMatch) -> Option<usize>;
+
+/// An exact server name beats a wildcard; a longer wildcard beats a shorter one.
+fn server_name_rank(name: &str, sni: &str) -> Option<usize> {
+    if name.eq_ignore_ascii_case(sni) {
+        return Some(usize::MAX);
+    }
+    let suffix = name.strip_prefix('*')?;
+    (sni.len() > suffix.len()
+        && sni
+            .to_ascii_lowercase()
+            .ends_with(&suffix.to_ascii_lowercase()))
+    .then_some(suffix.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain(name: &str, matcher: ChainMatch) -> FilterChain {
+        FilterChain {
+            name: Some(name.into()),
+            matcher,
+            tls: None,
+            filters: vec![],
+            kind: ChainKind::Tcp(TcpChain {
+                stat_prefix: name.into(),
+                target: TcpTarget::Cluster(name.into()),
+                idle_timeout: None,
+            }),
+        }
+    }
+
+    fn listener() -> Listener {
+        let any = CidrRange {
+            address: "0.0.0.0".parse().expect("ip"),
+            prefix_len: 0,
+        };
+        Listener {
+            name: "virtualInbound".into(),
+            address: "0.0.0.0:15006".parse().expect("addr"),
+            direction: Direction::Inbound,
+            bind_to_port: true,
+            use_original_dst: false,
+            listener_filters: ListenerFilters::default(),
+            filter_chains: vec![
+                chain(
+                    "tls-http",
+                    ChainMatch {
+                        prefix_ranges: vec![any],
+                        transport_protocol: Some("tls".into()),
+                        application_protocols: vec!["istio-http/1.1".into()],
+                        ..Default::default()
+                    },
+                ),
+                chain(
+                    "tls-tcp",
+                    ChainMatch {
+                        prefix_ranges: vec![any],
+                        transport_protocol: Some("tls".into()),
+                        ..Default::default()
+                    },
+                ),
+                chain(
+                    "port-80",
+                    ChainMatch {
+                        destination_port: Some(80),
+                        ..Default::default()
+                    },
+                ),
+            ],
+            default_filter_chain: Some(chain("default", ChainMatch::default())),
+        }
+    }
+
+    fn pick<'a>(l: &'a Listener, dst: &str, transport: &str, alpn: &[&str]) -> &'a str {
+        l.filter_chain(&ConnectionFacts {
+            destination: dst.parse().expect("addr"),
+            server_name: None,
+            transport_protocol: transport,
+            application_protocols: alpn,
+        })
+        .and_then(|c| c.name.as_deref())
+        .unwrap_or("none")
+    }
+
+    #[test]
+    fn chains_narrow_as_envoy_narrows_them() {
+        let l = listener();
+        assert_eq!(
+            pick(&l, "10.0.0.1:9080", "tls", &["istio-http/1.1"]),
+            "tls-http"
+        );
+        assert_eq!(pick(&l, "10.0.0.1:9080", "tls", &["istio"]), "tls-tcp");
+        // A port match wins before transport is looked at.
+        assert_eq!(
+            pick(&l, "10.0.0.1:80", "tls", &["istio-http/1.1"]),
+            "port-80"
+        );
+        // Nothing for plaintext on another port: the default chain.
+        assert_eq!(pick(&l, "10.0.0.1:9080", "raw_buffer", &[]), "default");
+    }
+
+    #[test]
+    fn inspectors_skip_disabled_ports() {
+        let scope = InspectorScope {
+            disabled_ports: vec![(15006, 15007)],
+        };
+        assert!(!scope.applies_to(15006));
+        assert!(scope.applies_to(15007));
+        assert_eq!(server_name_rank("*.example.com", "a.example.com"), Some(12));
+        assert_eq!(
+            server_name_rank("a.example.com", "a.example.com"),
+            Some(usize::MAX)
+        );
+        assert_eq!(server_name_rank("*.example.com", "example.com"), None);
+    }
+}

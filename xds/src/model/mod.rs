@@ -1,0 +1,25 @@
+//! Remora's own view of istiod's resources: plain, immutable types that the data path reads,
+//! with no protobuf inside. [`crate::convert`] builds them and refuses what they cannot say.
+//!
+//! - [`listener`]: which listener an original destination reaches, and which of its filter
+//!   chains a connection takes (by destination, SNI, transport and ALPN);
+//! - [`route`]: route tables: virtual host by Host, route by path, headers and query, then the
+//!   cluster, timeout and retries;
+//! - [`cluster`]: discovery, balancing, connect timeout, the transport socket per endpoint;
+//! - [`endpoint`]: EDS host sets: localities, priorities, weights, health, tlsMode;
+//! - [`rbac`]: Envoy's RBAC policies as data, for the authorization step to enforce;
+//! - [`secret`]: SDS secrets (certificates and trust anchors);
+//! - [`matcher`]: string, header and address matchers the others share.
+
+pub mod cluster;
+pub mod endpoint;
+pub mod listener;
+pub mod matcher;
+pub mod rbac;
+pub mod route;
+pub mod secret;
+
+pub use cluster::Cluster;
+pub use endpoint::ClusterLoadAssignment;
+pub use listener::Listener;
+pub use route::RouteConfiguration;

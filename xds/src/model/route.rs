@@ -1,0 +1,426 @@
+//! Route tables: which virtual host a Host header reaches, which route of it a request takes,
+//! and what that route does (cluster or weighted clusters, timeout, retries, header edits).
+
+use super::matcher::{HeaderMatcher, Pattern, StringMatcher};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Envoy's route timeout when a route sets none.
+pub const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A route table (RDS, or inline in a listener's HTTP connection manager).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteConfiguration {
+    pub name: String,
+    pub virtual_hosts: Vec<VirtualHost>,
+    /// Match `Host: reviews:9080` against `reviews` (istiod sets it; its domains have no port).
+    pub ignore_port_in_host_matching: bool,
+    /// Envoy refuses a table naming unknown clusters when set; Remora answers 503 `NC` per
+    /// request instead, which is what Envoy does when it is unset, as istiod leaves it.
+    pub validate_clusters: bool,
+    pub request_headers_to_add: Vec<HeaderEdit>,
+    pub request_headers_to_remove: Vec<String>,
+    pub response_headers_to_add: Vec<HeaderEdit>,
+    pub response_headers_to_remove: Vec<String>,
+}
+
+/// A virtual host: domains and their routes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VirtualHost {
+    pub name: String,
+    /// Envoy's forms: `exact.host`, `*.suffix`, `prefix.*`, `*`.
+    pub domains: Vec<String>,
+    pub routes: Vec<Arc<Route>>,
+    /// A route's own policy wins over this one.
+    pub retry_policy: Option<RetryPolicy>,
+    /// Send `x-envoy-attempt-count` upstream.
+    pub include_request_attempt_count: bool,
+    pub request_headers_to_add: Vec<HeaderEdit>,
+    pub request_headers_to_remove: Vec<String>,
+    pub response_headers_to_add: Vec<HeaderEdit>,
+    pub response_headers_to_remove: Vec<String>,
+}
+
+/// One route.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    pub name: Option<String>,
+    pub matcher: RouteMatch,
+    pub action: Action,
+    /// The operation name in traces (istiod's `host:port/path`).
+    pub decorator: Option<String>,
+    /// Istio's `filter_metadata.istio.config` (the VirtualService it came from).
+    pub istio_config: Option<String>,
+    pub request_headers_to_add: Vec<HeaderEdit>,
+    pub request_headers_to_remove: Vec<String>,
+    pub response_headers_to_add: Vec<HeaderEdit>,
+    pub response_headers_to_remove: Vec<String>,
+}
+
+/// How the path is matched.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PathMatch {
+    Prefix(String),
+    Exact(String),
+    Regex(Pattern),
+    /// A prefix that ends at a `/` boundary (`/api` matches `/api` and `/api/x`, not `/apix`).
+    PathSeparatedPrefix(String),
+    /// An HTTP CONNECT request (any path).
+    Connect,
+}
+
+/// A query parameter's condition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryParameterMatcher {
+    pub name: String,
+    /// `None`: present with any value.
+    pub value: Option<StringMatcher>,
+}
+
+/// What a request must be for a route to apply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteMatch {
+    pub path: PathMatch,
+    /// Applies to `Prefix`, `Exact` and `PathSeparatedPrefix` (default true).
+    pub case_sensitive: bool,
+    pub headers: Vec<HeaderMatcher>,
+    pub query_parameters: Vec<QueryParameterMatcher>,
+    /// Only gRPC requests (`content-type: application/grpc…`).
+    pub grpc: bool,
+}
+
+/// What a route does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Forward(Box<Forward>),
+    Redirect(Redirect),
+    DirectResponse { status: u16, body: Option<String> },
+}
+
+/// Where a forwarded request goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClusterTarget {
+    Cluster(String),
+    /// Picked per request in proportion to the weights.
+    Weighted(Vec<WeightedCluster>),
+}
+
+/// One cluster of a weighted set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WeightedCluster {
+    pub name: String,
+    pub weight: u32,
+    pub request_headers_to_add: Vec<HeaderEdit>,
+    pub request_headers_to_remove: Vec<String>,
+    pub response_headers_to_add: Vec<HeaderEdit>,
+    pub response_headers_to_remove: Vec<String>,
+}
+
+/// A route to upstream clusters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Forward {
+    pub target: ClusterTarget,
+    /// The whole request's deadline: `Some` of the route's value, [`DEFAULT_ROUTE_TIMEOUT`]
+    /// when unset, `None` when the route says `0s` (no deadline).
+    pub timeout: Option<Duration>,
+    /// Stream idle timeout for this route (`None` keeps the connection manager's).
+    pub idle_timeout: Option<Duration>,
+    pub retry_policy: Option<RetryPolicy>,
+    /// Upgrades allowed on this route beyond the connection manager's (`websocket`, `CONNECT`).
+    pub upgrades: Vec<Upgrade>,
+    /// `max_stream_duration`: the longest a stream may live (`None`: no bound).
+    pub max_stream_duration: Option<Duration>,
+    /// gRPC's `grpc-timeout` header bounds the timeout, at most this much (`Some(ZERO)`: no
+    /// cap; `None`: the header is ignored).
+    pub grpc_timeout_header_max: Option<Duration>,
+    pub prefix_rewrite: Option<String>,
+    pub host_rewrite: Option<String>,
+}
+
+/// An upgrade a route allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upgrade {
+    pub upgrade_type: String,
+    pub enabled: bool,
+}
+
+/// A redirect response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redirect {
+    pub scheme: Option<String>,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub path: Option<String>,
+    pub prefix_rewrite: Option<String>,
+    pub status: u16,
+    pub strip_query: bool,
+}
+
+/// A retry policy, as Envoy reads `x-envoy-retry-on` style conditions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    /// `connect-failure`, `refused-stream`, `unavailable`, `cancelled`,
+    /// `retriable-status-codes`, `5xx`, `gateway-error`, `reset`, …
+    pub retry_on: Vec<String>,
+    pub num_retries: u32,
+    /// `None`: the route's timeout bounds all tries together.
+    pub per_try_timeout: Option<Duration>,
+    pub retriable_status_codes: Vec<u16>,
+    /// Avoid hosts already tried (`envoy.retry_host_predicates.previous_hosts`).
+    pub avoid_previous_hosts: bool,
+    /// How many times to pick again when the predicate rejects a host.
+    pub host_selection_retry_max_attempts: u32,
+    pub backoff_base: Option<Duration>,
+    pub backoff_max: Option<Duration>,
+}
+
+/// A header to add.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderEdit {
+    pub name: String,
+    pub value: String,
+    /// Append to an existing value instead of replacing it.
+    pub append: bool,
+}
+
+impl RouteConfiguration {
+    /// The virtual host for a request's Host (or `:authority`), chosen as Envoy chooses:
+    /// an exact domain, then the longest `*.suffix`, then the longest `prefix.*`, then `*`.
+    pub fn virtual_host(&self, host: &str) -> Option<&VirtualHost> {
+        let host = host.to_ascii_lowercase();
+        let find = |host: &str| -> Option<&VirtualHost> {
+            let mut best: Option<(u8, usize, &VirtualHost)> = None;
+            for vh in &self.virtual_hosts {
+                for domain in &vh.domains {
+                    let Some(rank) = domain_rank(domain, host) else {
+                        continue;
+                    };
+                    let better = match best {
+                        None => true,
+                        Some((r, len, _)) => (rank.0, rank.1) > (r, len),
+                    };
+                    if better {
+                        best = Some((rank.0, rank.1, vh));
+                    }
+                }
+            }
+            best.map(|(_, _, vh)| vh)
+        };
+        if self.ignore_port_in_host_matching {
+            find(strip_port(&host))
+        } else {
+            // Envoy retries without the port only when ignore_port is set; without it a
+            // `Host: a:80` must name `a:80` or fall to a wildcard.
+            find(&host)
+        }
+    }
+}
+
+/// `(class, length)` of a domain that matches `host`: exact 3, suffix 2, prefix 1, `*` 0.
+fn domain_rank(domain: &str, host: &str) -> Option<(u8, usize)> {
+    let domain = domain.to_ascii_lowercase();
+    if domain == "*" {
+        return Some((0, 0));
+    }
+    if let Some(suffix) = domain.strip_prefix('*') {
+        // Envoy's suffix wildcard must match at least one character before the suffix.
+        return (host.len() > suffix.len() && host.ends_with(suffix)).then_some((2, domain.len()));
+    }
+    if let Some(prefix) = domain.strip_suffix('*') {
+        return (host.len() > prefix.len() && host.starts_with(prefix))
+            .then_some((1, domain.len()));
+    }
+    (domain == host).then_some((3, domain.len()))
+}
+
+/// `host:port` → `host`; `[v6]:port` → `[v6]`; a bare IPv6 address stays whole.
+fn strip_port(host: &str) -> &str {
+    if let Some(end) = host.rfind(']') {
+        return &host[..=end];
+    }
+    match host.rsplit_once(':') {
+        Some((h, port)) if !h.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => host,
+    }
+}
+
+/// What the route matcher needs of a request.
+#[derive(Clone, Copy)]
+pub struct RequestParts<'a> {
+    pub method: &'a str,
+    /// Path with query (`/a/b?x=1`).
+    pub path_and_query: &'a str,
+    /// A header's value by lower-case name (pseudo-headers `:method`, `:authority` too).
+    pub header: &'a dyn Fn(&str) -> Option<&'a str>,
+}
+
+impl VirtualHost {
+    /// The first route that matches, as Envoy takes them: in order.
+    pub fn route(&self, req: &RequestParts<'_>) -> Option<&Arc<Route>> {
+        self.routes.iter().find(|r| r.matcher.matches(req))
+    }
+}
+
+impl RouteMatch {
+    /// Whether a request matches.
+    pub fn matches(&self, req: &RequestParts<'_>) -> bool {
+        let (path, query) = match req.path_and_query.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (req.path_and_query, None),
+        };
+        let fold = |s: &str| {
+            if self.case_sensitive {
+                s.to_string()
+            } else {
+                s.to_ascii_lowercase()
+            }
+        };
+        let path_ok = match &self.path {
+            PathMatch::Prefix(p) => fold(path).starts_with(&fold(p)),
+            PathMatch::Exact(p) => fold(path) == fold(p),
+            PathMatch::Regex(re) => re.is_match(path),
+            PathMatch::PathSeparatedPrefix(p) => {
+                let path = fold(path);
+                let p = fold(p);
+                path == p || path.starts_with(&format!("{p}/"))
+            }
+            PathMatch::Connect => req.method.eq_ignore_ascii_case("CONNECT"),
+        };
+        if !path_ok {
+            return false;
+        }
+        if self.grpc
+            && !(req.header)("content-type").is_some_and(|v| v.starts_with("application/grpc"))
+        {
+            return false;
+        }
+        if !self
+            .headers
+            .iter()
+            .all(|h| h.matches((req.header)(&h.name)))
+        {
+            return false;
+        }
+        self.query_parameters.iter().all(|q| {
+            let value = query
+                .and_then(|query| form_pairs(query).find_map(|(k, v)| (k == q.name).then_some(v)));
+            match (&q.value, value) {
+                (_, None) => false,
+                (None, Some(_)) => true,
+                (Some(m), Some(v)) => m.matches(v),
+            }
+        })
+    }
+}
+
+fn form_pairs(query: &str) -> impl Iterator<Item = (&str, &str)> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.split_once('=').unwrap_or((p, "")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vh(name: &str, domains: &[&str]) -> VirtualHost {
+        VirtualHost {
+            name: name.into(),
+            domains: domains.iter().map(|d| d.to_string()).collect(),
+            routes: vec![],
+            retry_policy: None,
+            include_request_attempt_count: false,
+            request_headers_to_add: vec![],
+            request_headers_to_remove: vec![],
+            response_headers_to_add: vec![],
+            response_headers_to_remove: vec![],
+        }
+    }
+
+    fn table(ignore_port: bool) -> RouteConfiguration {
+        RouteConfiguration {
+            name: "9080".into(),
+            virtual_hosts: vec![
+                vh("all", &["*"]),
+                vh("reviews", &["reviews", "reviews.default.svc.cluster.local"]),
+                vh("suffix", &["*.example.com"]),
+                vh("prefix", &["api.*"]),
+            ],
+            ignore_port_in_host_matching: ignore_port,
+            validate_clusters: false,
+            request_headers_to_add: vec![],
+            request_headers_to_remove: vec![],
+            response_headers_to_add: vec![],
+            response_headers_to_remove: vec![],
+        }
+    }
+
+    #[test]
+    fn virtual_host_by_host_as_envoy_orders_domains() {
+        let t = table(true);
+        let name = |h: &str| t.virtual_host(h).map(|v| v.name.as_str());
+        assert_eq!(name("reviews:9080"), Some("reviews"));
+        assert_eq!(name("REVIEWS"), Some("reviews"));
+        assert_eq!(name("www.example.com"), Some("suffix"));
+        assert_eq!(name("api.internal"), Some("prefix"));
+        assert_eq!(name("other"), Some("all"));
+        let strict = table(false);
+        assert_eq!(
+            strict.virtual_host("reviews:9080").map(|v| v.name.as_str()),
+            Some("all")
+        );
+        assert_eq!(strip_port("[::1]:80"), "[::1]");
+        assert_eq!(strip_port("::1"), "::1");
+    }
+
+    fn matcher(path: PathMatch, case_sensitive: bool) -> RouteMatch {
+        RouteMatch {
+            path,
+            case_sensitive,
+            headers: vec![],
+            query_parameters: vec![],
+            grpc: false,
+        }
+    }
+
+    fn req<'a>(
+        method: &'a str,
+        path: &'a str,
+        header: &'a dyn Fn(&str) -> Option<&'a str>,
+    ) -> RequestParts<'a> {
+        RequestParts {
+            method,
+            path_and_query: path,
+            header,
+        }
+    }
+
+    #[test]
+    fn paths_queries_and_case() {
+        let none = |_: &str| None;
+        let exact = matcher(PathMatch::Exact("/productpage".into()), true);
+        assert!(exact.matches(&req("GET", "/productpage?u=1", &none)));
+        assert!(!exact.matches(&req("GET", "/Productpage", &none)));
+        let insensitive = matcher(PathMatch::Exact("/productpage".into()), false);
+        assert!(insensitive.matches(&req("GET", "/ProductPage", &none)));
+        let sep = matcher(PathMatch::PathSeparatedPrefix("/api".into()), true);
+        assert!(sep.matches(&req("GET", "/api/x", &none)));
+        assert!(!sep.matches(&req("GET", "/apix", &none)));
+        let connect = matcher(PathMatch::Connect, true);
+        assert!(connect.matches(&req("CONNECT", "", &none)));
+        assert!(!connect.matches(&req("GET", "/", &none)));
+        let mut q = matcher(PathMatch::Prefix("/".into()), true);
+        q.query_parameters = vec![QueryParameterMatcher {
+            name: "debug".into(),
+            value: Some(StringMatcher::exact("1")),
+        }];
+        assert!(q.matches(&req("GET", "/a?x=2&debug=1", &none)));
+        assert!(!q.matches(&req("GET", "/a?debug=2", &none)));
+        let grpc_header = |n: &str| (n == "content-type").then_some("application/grpc+proto");
+        let mut g = matcher(PathMatch::Prefix("/".into()), true);
+        g.grpc = true;
+        assert!(g.matches(&req("POST", "/svc/M", &grpc_header)));
+        assert!(!g.matches(&req("POST", "/svc/M", &none)));
+    }
+}

@@ -1,0 +1,168 @@
+//! An immutable view of everything Remora holds from istiod, with the lookups the data path
+//! makes. A new snapshot replaces the old one whole ([`crate::store::Store`] publishes it
+//! through `arc-swap`), so a connection reads one consistent world without a lock.
+
+use crate::convert::Resource;
+use crate::json::{self, JsonError};
+use crate::model::listener::{Direction, RouteSource};
+use crate::model::{Cluster, ClusterLoadAssignment, Listener, RouteConfiguration};
+use envoy_types::pb::envoy::config::cluster::v3::Cluster as ClusterProto;
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment as ClaProto;
+use envoy_types::pb::envoy::config::listener::v3::Listener as ListenerProto;
+use envoy_types::pb::envoy::config::route::v3::RouteConfiguration as RouteProto;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// One held resource: its model, and what a config dump shows of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry<T: Resource> {
+    pub model: Arc<T::Model>,
+    /// The proto as received, for `/config_dump`.
+    pub proto: T,
+    pub version: String,
+    pub last_updated: SystemTime,
+}
+
+impl<T: Resource> Entry<T> {
+    /// The resource in Envoy's config-dump JSON.
+    pub fn to_json(&self) -> Result<serde_json::Value, JsonError> {
+        json::typed_to_json(&self.proto, T::KIND.message_name())
+    }
+}
+
+/// Resources of one type by name.
+pub type Resources<T> = BTreeMap<String, Arc<Entry<T>>>;
+
+/// Everything held, at one instant.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub listeners: Resources<ListenerProto>,
+    pub clusters: Resources<ClusterProto>,
+    pub routes: Resources<RouteProto>,
+    pub endpoints: Resources<ClaProto>,
+    /// Listeners that are reached through another's `use_original_dst`, by exact address.
+    by_address: HashMap<SocketAddr, Arc<Listener>>,
+    /// The same, bound to the unspecified address (`0.0.0.0_9080`), by port and family.
+    by_port: HashMap<(bool, u16), Arc<Listener>>,
+    /// The listener that hands connections on by original destination (`virtualOutbound`).
+    original_dst: Option<Arc<Listener>>,
+}
+
+impl Snapshot {
+    /// Build a snapshot (and its indexes) from the resources.
+    pub fn new(
+        listeners: Resources<ListenerProto>,
+        clusters: Resources<ClusterProto>,
+        routes: Resources<RouteProto>,
+        endpoints: Resources<ClaProto>,
+    ) -> Snapshot {
+        let mut by_address = HashMap::new();
+        let mut by_port = HashMap::new();
+        let mut original_dst = None;
+        for entry in listeners.values() {
+            let l = &entry.model;
+            if l.use_original_dst {
+                // istiod writes one; should there be more, the first by name is taken.
+                original_dst.get_or_insert_with(|| l.clone());
+            } else if !l.bind_to_port {
+                if l.address.ip().is_unspecified() {
+                    by_port.insert((l.address.is_ipv4(), l.address.port()), l.clone());
+                } else {
+                    by_address.insert(l.address, l.clone());
+                }
+            }
+        }
+        Snapshot {
+            listeners,
+            clusters,
+            routes,
+            endpoints,
+            by_address,
+            by_port,
+            original_dst,
+        }
+    }
+
+    /// The listener an outbound connection to `destination` meets, as Envoy hands it on from
+    /// `virtualOutbound`: the listener for that exact address and port, else the one for any
+    /// address on that port (`0.0.0.0_<port>`), else `virtualOutbound` itself (its own chains
+    /// send the connection to PassthroughCluster or BlackHoleCluster).
+    pub fn outbound_listener(&self, destination: SocketAddr) -> Option<&Arc<Listener>> {
+        let ip = match destination.ip() {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+            v4 => v4,
+        };
+        let destination = SocketAddr::new(ip, destination.port());
+        self.by_address
+            .get(&destination)
+            .or_else(|| self.by_port.get(&(ip.is_ipv4(), destination.port())))
+            .or(self.original_dst.as_ref())
+    }
+
+    /// The inbound listener (`virtualInbound`): bound, INBOUND.
+    pub fn inbound_listener(&self) -> Option<&Arc<Listener>> {
+        self.listeners
+            .values()
+            .map(|e| &e.model)
+            .find(|l| l.direction == Direction::Inbound && l.bind_to_port)
+    }
+
+    /// A listener by name.
+    pub fn listener(&self, name: &str) -> Option<&Arc<Listener>> {
+        self.listeners.get(name).map(|e| &e.model)
+    }
+
+    /// A cluster by name.
+    pub fn cluster(&self, name: &str) -> Option<&Arc<Cluster>> {
+        self.clusters.get(name).map(|e| &e.model)
+    }
+
+    /// An RDS route table by name.
+    pub fn route_configuration(&self, name: &str) -> Option<&Arc<RouteConfiguration>> {
+        self.routes.get(name).map(|e| &e.model)
+    }
+
+    /// The route table of an HTTP chain: inline, or from RDS once it has arrived.
+    pub fn routes_of<'a>(&'a self, source: &'a RouteSource) -> Option<&'a Arc<RouteConfiguration>> {
+        match source {
+            RouteSource::Inline(rc) => Some(rc),
+            RouteSource::Rds(name) => self.route_configuration(name),
+        }
+    }
+
+    /// The endpoints of a cluster: from EDS for EDS clusters (once they have arrived), else
+    /// its own `load_assignment`. ORIGINAL_DST clusters have none (the destination is the
+    /// endpoint).
+    pub fn endpoints(&self, cluster: &str) -> Option<&ClusterLoadAssignment> {
+        let c = self.cluster(cluster)?;
+        match c.eds_service_name() {
+            Some(service) => self.endpoints.get(service).map(|e| e.model.as_ref()),
+            None => c.load_assignment.as_ref(),
+        }
+    }
+
+    /// The EDS names the held clusters need.
+    pub fn wanted_endpoints(&self) -> BTreeSet<String> {
+        self.clusters
+            .values()
+            .filter_map(|e| e.model.eds_service_name().map(str::to_string))
+            .collect()
+    }
+
+    /// The RDS names the held listeners' HTTP chains need.
+    pub fn wanted_routes(&self) -> BTreeSet<String> {
+        self.listeners
+            .values()
+            .flat_map(|e| e.model.all_chains())
+            .filter_map(|c| match &c.kind {
+                crate::model::listener::ChainKind::Http(h) => match &h.routes {
+                    RouteSource::Rds(name) => Some(name.clone()),
+                    RouteSource::Inline(_) => None,
+                },
+                crate::model::listener::ChainKind::Tcp(_) => None,
+            })
+            .collect()
+    }
+}

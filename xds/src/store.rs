@@ -1,0 +1,415 @@
+//! The model store: what the discovery client delivers ([`Sink::apply`]) becomes a new
+//! [`Snapshot`], published whole through `arc-swap` for the data path to read without locks.
+//! Per resource, as Envoy does: accepted ones replace or join what is held, refused ones keep
+//! their previous version, and the rest of the update is applied regardless.
+
+use crate::convert::{from_bytes, Resource};
+use crate::sink::{type_url, Applied, Rejection, Resource as Delivered, Sink, Update};
+use crate::snapshot::{Entry, Resources, Snapshot};
+use arc_swap::ArcSwap;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+/// Holds the current snapshot; the ADS client's [`Sink`].
+#[derive(Debug, Default)]
+pub struct Store {
+    current: ArcSwap<Snapshot>,
+    /// Serialises writers: each builds the next snapshot from the one it read.
+    writer: Mutex<()>,
+}
+
+impl Store {
+    /// An empty store.
+    pub fn new() -> Store {
+        Store::default()
+    }
+
+    /// The current snapshot (cheap: one atomic load and a reference count).
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+}
+
+/// Apply one update of type `T` to `held`: which resources were refused, and the names now
+/// held that the update says are gone.
+fn apply_to<T: Resource>(
+    held: &mut Resources<T>,
+    update: Update,
+    removal_by_absence: bool,
+    now: SystemTime,
+) -> Vec<Rejection> {
+    let mut rejected = Vec::new();
+    let mut present = BTreeSet::new();
+    for Delivered {
+        name,
+        version,
+        body,
+    } in update.resources
+    {
+        match from_bytes::<T>(&body) {
+            Ok(c) => {
+                let resource_name = c.proto.name().to_string();
+                // In delta the name comes with the resource; it must be the body's own.
+                if !name.is_empty() && name != resource_name {
+                    rejected.push(Rejection {
+                        name: name.clone(),
+                        reason: format!(
+                            "{} {name}: the resource is named {resource_name:?}",
+                            T::KIND
+                        ),
+                    });
+                    present.insert(name);
+                    continue;
+                }
+                present.insert(resource_name.clone());
+                held.insert(
+                    resource_name,
+                    Arc::new(Entry {
+                        model: Arc::new(c.model),
+                        proto: c.proto,
+                        version,
+                        last_updated: now,
+                    }),
+                );
+            }
+            Err(refusal) => {
+                let name = if name.is_empty() {
+                    refusal.name.clone()
+                } else {
+                    name
+                };
+                present.insert(name.clone());
+                rejected.push(Rejection {
+                    name,
+                    reason: refusal.to_string(),
+                });
+            }
+        }
+    }
+    for name in &update.removed {
+        held.remove(name);
+    }
+    if update.complete && removal_by_absence {
+        held.retain(|name, _| present.contains(name));
+    }
+    rejected
+}
+
+impl Sink for Store {
+    fn apply(&self, type_url: &str, update: Update) -> Applied {
+        // A poisoned lock only means another writer panicked; the snapshot it guards is
+        // immutable and still whole, so carry on.
+        let _writer = self
+            .writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let old = self.current.load_full();
+        let mut listeners = old.listeners.clone();
+        let mut clusters = old.clusters.clone();
+        let mut routes = old.routes.clone();
+        let mut endpoints = old.endpoints.clone();
+        let now = SystemTime::now();
+        let mut applied = Applied::default();
+        match type_url {
+            type_url::LISTENER => {
+                applied.rejected = apply_to(&mut listeners, update, true, now);
+            }
+            type_url::CLUSTER => {
+                applied.rejected = apply_to(&mut clusters, update, true, now);
+            }
+            // State of the world for RDS and EDS carries only what was asked: absence is no
+            // removal; what no listener or cluster wants any more is dropped below.
+            type_url::ROUTE => {
+                applied.rejected = apply_to(&mut routes, update, false, now);
+            }
+            type_url::ENDPOINT => {
+                applied.rejected = apply_to(&mut endpoints, update, false, now);
+            }
+            other => {
+                applied.rejected = update
+                    .resources
+                    .into_iter()
+                    .map(|r| Rejection {
+                        name: r.name,
+                        reason: format!("resource type {other} not supported"),
+                    })
+                    .collect();
+                return applied;
+            }
+        }
+        let mut next = Snapshot::new(listeners, clusters, routes, endpoints);
+        match type_url {
+            type_url::LISTENER => {
+                let wanted = next.wanted_routes();
+                next.routes.retain(|name, _| wanted.contains(name));
+                applied.wanted.insert(type_url::ROUTE, wanted);
+            }
+            type_url::CLUSTER => {
+                let wanted = next.wanted_endpoints();
+                next.endpoints.retain(|name, _| wanted.contains(name));
+                applied.wanted.insert(type_url::ENDPOINT, wanted);
+            }
+            _ => {}
+        }
+        self.current.store(Arc::new(next));
+        applied
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::json::from_json_typed;
+    use serde_json::{json, Value};
+
+    fn body<T: Resource>(value: Value) -> Vec<u8> {
+        from_json_typed::<T>(&value, T::KIND.message_name())
+            .expect("test resource reads")
+            .encode_to_vec()
+    }
+
+    fn delivered<T: Resource>(name: &str, version: &str, value: Value) -> Delivered {
+        Delivered {
+            name: name.into(),
+            version: version.into(),
+            body: body::<T>(value),
+        }
+    }
+
+    type ClusterProto = envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    type ListenerProto = envoy_types::pb::envoy::config::listener::v3::Listener;
+    type ClaProto = envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+
+    fn eds_cluster(name: &str, timeout: &str) -> Value {
+        json!({
+            "name": name,
+            "type": "EDS",
+            "eds_cluster_config": {"eds_config": {"ads": {}}, "service_name": name},
+            "connect_timeout": timeout,
+            "lb_policy": "LEAST_REQUEST"
+        })
+    }
+
+    fn tcp_listener(name: &str, address: &str, port: u32, cluster: &str) -> Value {
+        json!({
+            "name": name,
+            "address": {"socket_address": {"address": address, "port_value": port}},
+            "traffic_direction": "OUTBOUND",
+            "bind_to_port": false,
+            "filter_chains": [{"filters": [{
+                "name": "envoy.filters.network.tcp_proxy",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                    "stat_prefix": cluster, "cluster": cluster
+                }
+            }]}]
+        })
+    }
+
+    fn http_listener(name: &str, port: u32, rds: &str) -> Value {
+        json!({
+            "name": name,
+            "address": {"socket_address": {"address": "0.0.0.0", "port_value": port}},
+            "traffic_direction": "OUTBOUND",
+            "bind_to_port": false,
+            "filter_chains": [{"filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                    "stat_prefix": "outbound_0.0.0.0_9080",
+                    "rds": {"config_source": {"ads": {}}, "route_config_name": rds},
+                    "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]
+                }
+            }]}]
+        })
+    }
+
+    fn update(resources: Vec<Delivered>, complete: bool) -> Update {
+        Update {
+            resources,
+            removed: vec![],
+            complete,
+        }
+    }
+
+    #[test]
+    fn a_refused_resource_keeps_its_previous_version_and_the_rest_applies() {
+        let store = Store::new();
+        let applied = store.apply(
+            type_url::CLUSTER,
+            update(
+                vec![delivered::<ClusterProto>("a", "1", eds_cluster("a", "1s"))],
+                true,
+            ),
+        );
+        assert!(applied.rejected.is_empty(), "{:?}", applied.rejected);
+        assert_eq!(
+            applied.wanted.get(type_url::ENDPOINT),
+            Some(&BTreeSet::from(["a".to_string()]))
+        );
+        let mut bad = eds_cluster("a", "2s");
+        bad["outlier_detection"] = json!({"consecutive_5xx": 3});
+        let applied = store.apply(
+            type_url::CLUSTER,
+            update(
+                vec![
+                    delivered::<ClusterProto>("a", "2", bad),
+                    delivered::<ClusterProto>("b", "2", eds_cluster("b", "3s")),
+                ],
+                true,
+            ),
+        );
+        assert_eq!(applied.rejected.len(), 1);
+        assert_eq!(applied.rejected[0].name, "a");
+        assert!(
+            applied.rejected[0].reason.contains("outlier_detection"),
+            "{}",
+            applied.rejected[0].reason
+        );
+        let snap = store.snapshot();
+        let a = &snap.clusters["a"];
+        assert_eq!(a.version, "1");
+        assert_eq!(a.model.connect_timeout, std::time::Duration::from_secs(1));
+        assert_eq!(snap.clusters["b"].version, "2");
+        // The refused one is still present in the world: a complete update without it would
+        // have removed it; this one named it, so it stays.
+        assert_eq!(snap.clusters.len(), 2);
+    }
+
+    #[test]
+    fn complete_updates_remove_absent_and_delta_removes_named() {
+        let store = Store::new();
+        store.apply(
+            type_url::CLUSTER,
+            update(
+                vec![
+                    delivered::<ClusterProto>("", "1", eds_cluster("a", "1s")),
+                    delivered::<ClusterProto>("", "1", eds_cluster("b", "1s")),
+                ],
+                true,
+            ),
+        );
+        let cla = json!({"cluster_name": "a", "endpoints": [{"lb_endpoints": [{"endpoint": {
+            "address": {"socket_address": {"address": "10.0.0.1", "port_value": 80}}}}]}]});
+        store.apply(
+            type_url::ENDPOINT,
+            update(vec![delivered::<ClaProto>("a", "1", cla)], true),
+        );
+        let snap = store.snapshot();
+        let endpoints = snap.endpoints("a").expect("endpoints of a");
+        assert_eq!(
+            endpoints.localities[0].endpoints[0].address,
+            "10.0.0.1:80".parse().expect("addr")
+        );
+        assert!(snap.endpoints("b").is_none());
+        let applied = store.apply(
+            type_url::CLUSTER,
+            update(
+                vec![delivered::<ClusterProto>("", "2", eds_cluster("b", "1s"))],
+                true,
+            ),
+        );
+        let snap = store.snapshot();
+        assert!(snap.cluster("a").is_none());
+        // Cluster a went, so its endpoints are no longer wanted nor held.
+        assert!(!snap.endpoints.contains_key("a"));
+        assert_eq!(
+            applied.wanted.get(type_url::ENDPOINT),
+            Some(&BTreeSet::from(["b".to_string()]))
+        );
+        store.apply(
+            type_url::CLUSTER,
+            Update {
+                resources: vec![],
+                removed: vec!["b".into()],
+                complete: false,
+            },
+        );
+        assert!(store.snapshot().clusters.is_empty());
+    }
+
+    #[test]
+    fn outbound_listener_by_address_then_port_then_virtual_outbound() {
+        let store = Store::new();
+        let mut virtual_outbound =
+            tcp_listener("virtualOutbound", "0.0.0.0", 15001, "PassthroughCluster");
+        virtual_outbound["use_original_dst"] = json!(true);
+        virtual_outbound["bind_to_port"] = json!(true);
+        let applied = store.apply(
+            type_url::LISTENER,
+            update(
+                vec![
+                    delivered::<ListenerProto>("", "1", virtual_outbound),
+                    delivered::<ListenerProto>(
+                        "",
+                        "1",
+                        tcp_listener("10.96.0.1_443", "10.96.0.1", 443, "kube"),
+                    ),
+                    delivered::<ListenerProto>(
+                        "",
+                        "1",
+                        http_listener("0.0.0.0_9080", 9080, "9080"),
+                    ),
+                ],
+                true,
+            ),
+        );
+        assert!(applied.rejected.is_empty(), "{:?}", applied.rejected);
+        assert_eq!(
+            applied.wanted.get(type_url::ROUTE),
+            Some(&BTreeSet::from(["9080".to_string()]))
+        );
+        let snap = store.snapshot();
+        let name = |dst: &str| {
+            snap.outbound_listener(dst.parse().expect("addr"))
+                .map(|l| l.name.clone())
+                .unwrap_or_default()
+        };
+        assert_eq!(name("10.96.0.1:443"), "10.96.0.1_443");
+        assert_eq!(name("10.1.2.3:9080"), "0.0.0.0_9080");
+        assert_eq!(name("[::ffff:10.1.2.3]:9080"), "0.0.0.0_9080");
+        assert_eq!(name("10.1.2.3:443"), "virtualOutbound");
+        assert!(snap.inbound_listener().is_none());
+    }
+
+    #[test]
+    fn unknown_types_and_misnamed_resources_are_refused() {
+        let store = Store::new();
+        let applied = store.apply(
+            "type.googleapis.com/envoy.service.runtime.v3.Runtime",
+            update(
+                vec![Delivered {
+                    name: "rt".into(),
+                    version: "1".into(),
+                    body: vec![],
+                }],
+                true,
+            ),
+        );
+        assert_eq!(applied.rejected.len(), 1);
+        assert!(applied.rejected[0].reason.contains("not supported"));
+        let applied = store.apply(
+            type_url::CLUSTER,
+            update(
+                vec![delivered::<ClusterProto>("x", "1", eds_cluster("y", "1s"))],
+                false,
+            ),
+        );
+        assert_eq!(applied.rejected[0].name, "x");
+        assert!(store.snapshot().clusters.is_empty());
+        let garbage = store.apply(
+            type_url::CLUSTER,
+            update(
+                vec![Delivered {
+                    name: "g".into(),
+                    version: "1".into(),
+                    body: vec![0xff, 0xff, 0xff],
+                }],
+                false,
+            ),
+        );
+        assert!(garbage.rejected[0].reason.contains("malformed"));
+    }
+}
