@@ -461,6 +461,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
                 .with_exchange_header(exchange_header, exchange_headers),
         ),
         authz,
+        xds: None,
     });
     let metrics_handle = Arc::clone(&metrics);
     let identity_store = identity;

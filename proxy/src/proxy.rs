@@ -43,6 +43,10 @@ pub struct Proxy {
     pub mesh: Arc<crate::tls::Mesh>,
     /// Istio authorization policies in force for inbound traffic.
     pub authz: Arc<crate::authz::Authorizer>,
+    /// Configuration in Envoy's discovery resources (from istiod over ADS, or from files):
+    /// when present, it decides where connections and requests go; when absent, the config
+    /// file's capture and explicit-listener behaviour does.
+    pub xds: Option<Arc<remora_xds::store::Store>>,
 }
 
 /// Where a listener's connections go.
@@ -107,6 +111,7 @@ impl Proxy {
             mesh_pool: Arc::default(),
             mesh: Arc::default(),
             authz: Arc::new(crate::authz::Authorizer::new(Default::default())),
+            xds: None,
         })
     }
 
