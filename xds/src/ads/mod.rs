@@ -1,0 +1,476 @@
+//! The aggregated discovery (ADS) client: one gRPC stream to istiod carrying clusters,
+//! endpoints, listeners and routes, in delta (Istio's agent's default) or state-of-the-world
+//! mode. It owns the protocol — subscriptions, versions, nonces, ACK and NACK, reconnects — and
+//! hands every response's resources to a [`Sink`], which owns their meaning.
+//!
+//! ```text
+//! run ─┬─ connect (metadata per call) ─ initial requests ─┬─ response ─ Protocol::receive
+//!      │                                                  │      └─ Sink::apply (blocking pool)
+//!      │                                                  │           └─ ACK/NACK, then EDS/RDS/LDS
+//!      └─ stream ends: back-off with jitter, reconnect, resubscribe with the versions held
+//! ```
+//!
+//! The per-mode wire format lives in [`delta`] and [`sotw`]; what is remembered across
+//! responses and reconnects, and the start-up order, in `state`; NACK wording in `update`.
+//! The client never clears the sink: on disconnect the last good configuration stays in force.
+
+mod backoff;
+mod delta;
+mod node;
+mod sotw;
+mod state;
+mod stats;
+mod update;
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::{Body, Bytes, StdError};
+use tonic::metadata::MetadataMap;
+use tracing::{debug, info, warn};
+
+use crate::sink::{Applied, Rejection, Resource, Sink, Update};
+pub use backoff::{
+    Backoff, DEFAULT_BASE as DEFAULT_BACKOFF_BASE, DEFAULT_MAX as DEFAULT_BACKOFF_MAX,
+};
+pub use node::{json_map_to_struct, sidecar_node_id, NodeInfo, NodeLocality, USER_AGENT_NAME};
+pub use stats::{
+    stat_prefix, Stats, StatsSnapshot, TypeSnapshot, TypeStats, TypeStatus, UpdateError,
+};
+pub use update::NACK_CODE;
+
+use state::Subscriptions;
+
+/// The largest response accepted. istiod sends a type's whole set in one message on a new
+/// stream (delta included), and a 10,000-service mesh's clusters run to tens of megabytes;
+/// 64 MiB holds that with room, while still refusing a peer that would make us allocate
+/// without bound. tonic's default (4 MiB) would cut a large mesh off.
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
+
+/// Envoy's default `initial_fetch_timeout`: how long LDS waits for the first clusters and their
+/// endpoints before starting anyway.
+pub const DEFAULT_INITIAL_FETCH_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Requests queued towards the stream. Each response produces at most a handful (its ACK and
+/// the subscriptions it changes), and the loop waits for room, so this bounds memory, not work.
+const REQUEST_QUEUE: usize = 16;
+
+/// Which of the two ADS protocols to speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Incremental xDS (`DeltaAggregatedResources`), what Istio's agent uses by default.
+    #[default]
+    Delta,
+    /// State of the world (`StreamAggregatedResources`).
+    StateOfTheWorld,
+}
+
+/// How the client talks; [`AdsConfig::new`] gives Envoy's and Istio's defaults.
+#[derive(Debug, Clone)]
+pub struct AdsConfig {
+    pub mode: Mode,
+    pub node: NodeInfo,
+    /// See [`DEFAULT_MAX_MESSAGE_SIZE`].
+    pub max_message_size: usize,
+    /// See [`DEFAULT_INITIAL_FETCH_TIMEOUT`]; zero waits without bound, as Envoy's `0s` does.
+    pub initial_fetch_timeout: Duration,
+    /// First back-off interval after a stream failure (Envoy: 500 ms).
+    pub backoff_base: Duration,
+    /// Largest back-off interval (Envoy: 30 s).
+    pub backoff_max: Duration,
+}
+
+impl AdsConfig {
+    pub fn new(node: NodeInfo, mode: Mode) -> Self {
+        Self {
+            mode,
+            node,
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            initial_fetch_timeout: DEFAULT_INITIAL_FETCH_TIMEOUT,
+            backoff_base: backoff::DEFAULT_BASE,
+            backoff_max: backoff::DEFAULT_MAX,
+        }
+    }
+}
+
+/// A failure to read the headers for a new stream (a token file that cannot be read).
+#[derive(Debug, thiserror::Error)]
+#[error("call metadata: {0}")]
+pub struct MetadataError(pub Box<dyn std::error::Error + Send + Sync>);
+
+/// The headers each new stream carries: istiod wants `authorization: Bearer <token>` (the token
+/// re-read, since kubelet rotates it) and `clusterid`. The module that owns the token
+/// implements this; a closure returning the map does too.
+pub trait CallMetadata: Send + Sync + 'static {
+    fn call_metadata(&self) -> Result<MetadataMap, MetadataError>;
+}
+
+impl<F> CallMetadata for F
+where
+    F: Fn() -> Result<MetadataMap, MetadataError> + Send + Sync + 'static,
+{
+    fn call_metadata(&self) -> Result<MetadataMap, MetadataError> {
+        self()
+    }
+}
+
+/// No headers (plaintext tests, a control plane without authentication).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoMetadata;
+
+impl CallMetadata for NoMetadata {
+    fn call_metadata(&self) -> Result<MetadataMap, MetadataError> {
+        Ok(MetadataMap::new())
+    }
+}
+
+/// Why a stream ended; each ends in a back-off and a reconnect.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    #[error("opening the ADS stream: {0}")]
+    Open(tonic::Status),
+    #[error("ADS stream failed: {0}")]
+    Receive(tonic::Status),
+    #[error("the control plane closed the ADS stream")]
+    Closed,
+    #[error("the ADS request stream closed")]
+    RequestsClosed,
+}
+
+/// The ADS client. Construct it with [`AdsClient::new`], keep [`AdsClient::stats`], and drive
+/// it with [`AdsClient::run`] on its own task.
+pub struct AdsClient<T> {
+    service: T,
+    metadata: Arc<dyn CallMetadata>,
+    config: AdsConfig,
+    sink: Arc<dyn Sink>,
+    stats: Arc<Stats>,
+}
+
+impl<T> AdsClient<T>
+where
+    T: tonic::client::GrpcService<tonic::body::Body> + Clone + Send + 'static,
+    T::Error: Into<StdError>,
+    T::Future: Send,
+    T::ResponseBody: Body<Data = Bytes> + Send + 'static,
+    <T::ResponseBody as Body>::Error: Into<StdError> + Send,
+{
+    /// `service` is the gRPC channel to istiod (a tonic `Channel`, already carrying TLS);
+    /// `metadata` gives each new stream its headers.
+    pub fn new(
+        service: T,
+        metadata: impl CallMetadata,
+        config: AdsConfig,
+        sink: Arc<dyn Sink>,
+    ) -> Self {
+        Self {
+            service,
+            metadata: Arc::new(metadata),
+            config,
+            sink,
+            stats: Arc::new(Stats::default()),
+        }
+    }
+
+    /// The statistics, shared: read them while the client runs.
+    pub fn stats(&self) -> Arc<Stats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Keeps a stream to the control plane until `shutdown` completes: reconnecting with
+    /// back-off after every failure, resubscribing with the versions held.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut subs = Subscriptions::new();
+        let mut backoff = Backoff::new(self.config.backoff_base, self.config.backoff_max);
+        let init_deadline = (!self.config.initial_fetch_timeout.is_zero())
+            .then(|| Instant::now() + self.config.initial_fetch_timeout);
+        let node = self.config.node.to_node();
+        let mut delta = delta::Delta::new(node.clone());
+        let mut sotw = sotw::Sotw::new(node);
+        loop {
+            subs.stream_reset();
+            let result = tokio::select! {
+                () = &mut shutdown => return,
+                result = async {
+                    match self.config.mode {
+                        Mode::Delta => {
+                            self.serve_stream(&mut delta, &mut subs, &mut backoff, init_deadline)
+                                .await
+                        }
+                        Mode::StateOfTheWorld => {
+                            self.serve_stream(&mut sotw, &mut subs, &mut backoff, init_deadline)
+                                .await
+                        }
+                    }
+                } => result,
+            };
+            self.stats.set_connected(false);
+            for t in subs.started() {
+                self.stats.failure(t.type_url);
+            }
+            let delay = backoff.next_delay();
+            match &result {
+                StreamError::Closed => info!(retry_in = ?delay, "{result}"),
+                _ => warn!(retry_in = ?delay, "{result}"),
+            }
+            tokio::select! {
+                () = &mut shutdown => return,
+                () = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+
+    /// One stream, from its opening requests until it fails.
+    async fn serve_stream<P: Protocol>(
+        &self,
+        proto: &mut P,
+        subs: &mut Subscriptions,
+        backoff: &mut Backoff,
+        init_deadline: Option<Instant>,
+    ) -> StreamError {
+        let metadata = match self.metadata.call_metadata() {
+            Ok(m) => m,
+            Err(e) => return e.into(),
+        };
+        let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
+        // The opening requests are queued before the call: a control plane may hold its
+        // response headers until it has read a request.
+        for request in proto.initial_requests(subs, &self.stats) {
+            if tx.send(request).await.is_err() {
+                return StreamError::RequestsClosed;
+            }
+        }
+        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        *request.metadata_mut() = metadata;
+        let client = AggregatedDiscoveryServiceClient::new(self.service.clone())
+            .max_decoding_message_size(self.config.max_message_size);
+        let mut inbound = match P::open(client, request).await {
+            Ok(response) => response.into_inner(),
+            Err(status) => return StreamError::Open(status),
+        };
+        self.stats.set_connected(true);
+        info!(mode = ?self.config.mode, "ADS stream open");
+        loop {
+            let deadline = init_deadline.filter(|_| subs.awaiting_init());
+            let message = tokio::select! {
+                message = inbound.message() => message,
+                () = sleep_until(deadline) => {
+                    warn!("clusters and endpoints not all received within the initial fetch timeout; requesting listeners");
+                    if let Some(lds) = subs.open_gate() {
+                        if let Some(request) = proto.subscription_request(subs, &self.stats, lds) {
+                            if tx.send(request).await.is_err() {
+                                return StreamError::RequestsClosed;
+                            }
+                        }
+                    }
+                    continue;
+                }
+            };
+            let response = match message {
+                Ok(Some(response)) => response,
+                Ok(None) => return StreamError::Closed,
+                Err(status) => return StreamError::Receive(status),
+            };
+            // A message means the control plane is healthy: the next failure starts the
+            // back-off from its base again, as Envoy does.
+            backoff.reset();
+            self.stats.set_connected(true);
+            for request in self.handle(proto, subs, response).await {
+                if tx.send(request).await.is_err() {
+                    return StreamError::RequestsClosed;
+                }
+            }
+        }
+    }
+
+    /// One response: checked, applied, answered, and followed by the subscriptions it changes.
+    async fn handle<P: Protocol>(
+        &self,
+        proto: &mut P,
+        subs: &mut Subscriptions,
+        response: P::Response,
+    ) -> Vec<P::Request> {
+        let mut pending = match proto.receive(subs, &self.stats, response) {
+            Received::Ignore => return Vec::new(),
+            Received::Reply(request) => return vec![request],
+            Received::Apply(pending) => pending,
+        };
+        let type_url = pending.type_url;
+        let delivered = pending.delivered.clone();
+        let applied = self
+            .apply(type_url, std::mem::take(&mut pending.update))
+            .await;
+        let mut requests = vec![proto.finish(subs, &self.stats, *pending, &applied)];
+        for changed in subs.after_response(type_url, &applied, &delivered) {
+            requests.extend(proto.subscription_request(subs, &self.stats, changed));
+        }
+        requests
+    }
+
+    /// Runs the sink on the blocking pool: converting a large push takes long enough that it
+    /// must not hold a runtime worker the data path shares.
+    async fn apply(&self, type_url: &'static str, update: Update) -> Applied {
+        if update.resources.is_empty() && update.removed.is_empty() && !update.complete {
+            return Applied::default();
+        }
+        let names: Vec<String> = update.resources.iter().map(|r| r.name.clone()).collect();
+        let sink = Arc::clone(&self.sink);
+        match tokio::task::spawn_blocking(move || sink.apply(type_url, update)).await {
+            Ok(applied) => applied,
+            Err(e) => {
+                // The sink panicked: nothing can be known to be applied, so all is refused and
+                // the previous configuration (what the sink holds) stays in force.
+                warn!(type_url, "the sink failed applying an update: {e}");
+                Applied {
+                    rejected: names
+                        .into_iter()
+                        .map(|name| Rejection {
+                            name,
+                            reason: "internal error while applying the update".to_owned(),
+                        })
+                        .collect(),
+                    wanted: Default::default(),
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A response's resources, checked and ready for the sink, with what the answer needs.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub type_url: &'static str,
+    /// Taken by the sink; [`Pending::versions`] keeps what the answer needs of it.
+    pub update: Update,
+    /// The name and version of each resource in `update`.
+    pub versions: Vec<(String, String)>,
+    /// The names `update` removes.
+    pub removed: Vec<String>,
+    /// Resources the client itself refused (a body that does not decode), not given to the sink.
+    pub refused: Vec<Rejection>,
+    /// The response's nonce and version (`version_info` or `system_version_info`).
+    pub nonce: String,
+    pub version: String,
+    /// Every name the response answered (added, changed or removed), for start-up ordering.
+    pub delivered: BTreeSet<String>,
+}
+
+impl Pending {
+    pub fn new(type_url: &'static str, update: Update, nonce: String, version: String) -> Self {
+        let versions = update
+            .resources
+            .iter()
+            .map(|r: &Resource| (r.name.clone(), r.version.clone()))
+            .collect();
+        let delivered = update
+            .resources
+            .iter()
+            .map(|r| r.name.clone())
+            .chain(update.removed.iter().cloned())
+            .collect();
+        let removed = update.removed.clone();
+        Self {
+            type_url,
+            update,
+            versions,
+            removed,
+            refused: Vec::new(),
+            nonce,
+            version,
+            delivered,
+        }
+    }
+}
+
+/// What to do with a response.
+pub(crate) enum Received<R> {
+    /// Nothing to send (a type we never subscribed to, in delta, as Envoy drops it).
+    Ignore,
+    /// Answer at once without the sink (a whole response refused).
+    Reply(R),
+    /// Give the resources to the sink, then answer with [`Protocol::finish`].
+    Apply(Box<Pending>),
+}
+
+/// The wire format of one mode.
+pub(crate) trait Protocol {
+    type Request: Send + 'static;
+    type Response: Send + 'static;
+
+    /// Opens the stream.
+    fn open<T>(
+        client: AggregatedDiscoveryServiceClient<T>,
+        request: tonic::Request<ReceiverStream<Self::Request>>,
+    ) -> impl Future<Output = Result<tonic::Response<tonic::Streaming<Self::Response>>, tonic::Status>>
+           + Send
+    where
+        T: tonic::client::GrpcService<tonic::body::Body> + Send + 'static,
+        T::Error: Into<StdError>,
+        T::Future: Send,
+        T::ResponseBody: Body<Data = Bytes> + Send + 'static,
+        <T::ResponseBody as Body>::Error: Into<StdError> + Send;
+
+    /// The requests that open a stream: every started type, with the versions held.
+    fn initial_requests(&mut self, subs: &mut Subscriptions, stats: &Stats) -> Vec<Self::Request>;
+
+    /// The request that tells the server a type's changed interest (or starts it).
+    fn subscription_request(
+        &mut self,
+        subs: &mut Subscriptions,
+        stats: &Stats,
+        type_url: &str,
+    ) -> Option<Self::Request>;
+
+    /// Checks a response.
+    fn receive(
+        &mut self,
+        subs: &mut Subscriptions,
+        stats: &Stats,
+        response: Self::Response,
+    ) -> Received<Self::Request>;
+
+    /// The ACK or NACK once the sink has applied what it could.
+    fn finish(
+        &mut self,
+        subs: &mut Subscriptions,
+        stats: &Stats,
+        pending: Pending,
+        applied: &Applied,
+    ) -> Self::Request;
+}
+
+/// Logs and records a NACK; shared by both modes.
+fn record_nack(stats: &Stats, type_url: &str, version: &str, nonce: &str, message: &str) {
+    warn!(type_url, version, nonce, "config rejected: {message}");
+    stats.rejected(
+        type_url,
+        UpdateError {
+            version: version.to_owned(),
+            nonce: nonce.to_owned(),
+            message: message.to_owned(),
+            at: std::time::SystemTime::now(),
+        },
+    );
+}
+
+/// Logs and records an ACK; shared by both modes.
+fn record_ack(stats: &Stats, type_url: &str, version: &str, count: usize) {
+    debug!(type_url, version, resources = count, "config accepted");
+    stats.success(type_url, version);
+}
