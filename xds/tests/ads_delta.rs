@@ -368,3 +368,28 @@ async fn connected_state_drops_while_the_control_plane_is_away() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+#[tokio::test]
+async fn listeners_are_requested_after_the_initial_fetch_timeout_without_endpoints() {
+    let mut server = Server::start().await;
+    let started = Instant::now();
+    let _client = start_client_with(&server, Mode::Delta, |config| {
+        config.initial_fetch_timeout = Duration::from_millis(400);
+    });
+    let mut stream = server.delta_stream().await;
+    stream.request().await;
+    stream.respond(delta_response(
+        CLUSTER,
+        "n1",
+        vec![delta_resource(CLUSTER, "a", "1")],
+        &[],
+    ));
+    stream.request().await; // ACK
+    stream.request().await; // EDS a, never answered
+    let lds = stream.request().await;
+    assert_eq!(lds.type_url, LISTENER);
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "LDS came before the timeout"
+    );
+}

@@ -198,7 +198,8 @@ impl Protocol for Delta {
             return Received::Ignore;
         };
         if let Some(fault) = response_fault(&response) {
-            return Received::Reply(self.nack(stats, &response, &fault));
+            let type_url = state.type_url;
+            return Received::Refused(type_url, self.nack(stats, &response, &fault));
         }
         let mut refused = Vec::new();
         let mut resources = Vec::new();

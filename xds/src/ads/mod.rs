@@ -301,7 +301,13 @@ where
     ) -> Vec<P::Request> {
         let mut pending = match proto.receive(subs, &self.stats, response) {
             Received::Ignore => return Vec::new(),
-            Received::Reply(request) => return vec![request],
+            Received::Refused(type_url, nack) => {
+                let mut requests = vec![nack];
+                for changed in subs.after_refusal(type_url) {
+                    requests.extend(proto.subscription_request(subs, &self.stats, changed));
+                }
+                return requests;
+            }
             Received::Apply(pending) => pending,
         };
         let type_url = pending.type_url;
@@ -402,8 +408,8 @@ impl Pending {
 pub(crate) enum Received<R> {
     /// Nothing to send (a type we never subscribed to, in delta, as Envoy drops it).
     Ignore,
-    /// Answer at once without the sink (a whole response refused).
-    Reply(R),
+    /// A whole response refused: send this NACK at once, without the sink.
+    Refused(&'static str, R),
     /// Give the resources to the sink, then answer with [`Protocol::finish`].
     Apply(Box<Pending>),
 }

@@ -164,7 +164,7 @@ impl Protocol for Sotw {
                     );
                     let mut request = self.request(state);
                     request.error_detail = Some(error_detail(&fault));
-                    return Received::Reply(request);
+                    return Received::Refused(state.type_url, request);
                 }
             }
         }

@@ -183,6 +183,19 @@ impl Subscriptions {
         changed
     }
 
+    /// After a whole response of `type_url` was refused. Envoy's cluster manager counts a
+    /// refused CDS or EDS update as an answer (the subscription's initialisation completes on
+    /// failure too), so start-up moves on rather than waiting for a push that may never come.
+    pub fn after_refusal(&mut self, type_url: &str) -> Vec<&'static str> {
+        match (&self.gate, type_url) {
+            (InitGate::AwaitingClusters, type_url::CLUSTER)
+            | (InitGate::AwaitingEndpoints(_), type_url::ENDPOINT) => {
+                self.open_gate().into_iter().collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// Start LDS now (start-up finished, or its bound passed). Returns LDS if it started.
     pub fn open_gate(&mut self) -> Option<&'static str> {
         self.gate = InitGate::Open;
@@ -237,6 +250,31 @@ mod tests {
         let mut subs = Subscriptions::new();
         let changed = subs.after_response(type_url::CLUSTER, &Applied::default(), &BTreeSet::new());
         assert_eq!(changed, vec![type_url::LISTENER]);
+    }
+
+    #[test]
+    fn a_refused_first_cds_or_eds_response_does_not_hold_lds_back() {
+        let mut subs = Subscriptions::new();
+        assert!(subs.after_refusal(type_url::LISTENER).is_empty());
+        assert_eq!(
+            subs.after_refusal(type_url::CLUSTER),
+            vec![type_url::LISTENER]
+        );
+
+        let mut subs = Subscriptions::new();
+        subs.after_response(
+            type_url::CLUSTER,
+            &wanted(type_url::ENDPOINT, &["a"]),
+            &set(&["a"]),
+        );
+        assert_eq!(
+            subs.after_refusal(type_url::ENDPOINT),
+            vec![type_url::LISTENER]
+        );
+        assert!(
+            subs.after_refusal(type_url::ENDPOINT).is_empty(),
+            "LDS starts once"
+        );
     }
 
     #[test]

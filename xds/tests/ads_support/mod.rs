@@ -349,6 +349,15 @@ impl Drop for Running {
 /// Starts a client against `server` with short back-off bounds (`backoff_base`..1 s), a
 /// metadata provider that numbers its tokens, and a fresh [`TestSink`].
 pub fn start_client(server: &Server, mode: Mode, backoff_base: Duration) -> Running {
+    start_client_with(server, mode, |config| config.backoff_base = backoff_base)
+}
+
+/// [`start_client`] with the configuration changed by `tweak` (back-off max 1 s before it).
+pub fn start_client_with(
+    server: &Server,
+    mode: Mode,
+    tweak: impl FnOnce(&mut AdsConfig),
+) -> Running {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
         .expect("endpoint")
         .connect_lazy();
@@ -369,8 +378,8 @@ pub fn start_client(server: &Server, mode: Mode, backoff_base: Duration) -> Runn
         Ok(map)
     };
     let mut config = AdsConfig::new(node(), mode);
-    config.backoff_base = backoff_base;
     config.backoff_max = Duration::from_secs(1);
+    tweak(&mut config);
     let client = AdsClient::new(channel, metadata, config, sink.clone());
     let stats = client.stats();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
