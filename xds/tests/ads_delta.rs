@@ -65,21 +65,21 @@ async fn subscribes_in_envoys_order_and_acks_with_the_nonce() {
         ],
         &[],
     ));
-    // The ACK precedes the EDS interest it causes.
+    // The EDS interest the clusters cause goes out before their ACK, as Envoy sends it.
+    let eds = stream.request().await;
+    assert_eq!(eds.type_url, ENDPOINT);
+    assert_eq!(sorted(eds.resource_names_subscribe), names(&["a", "b"]));
+    assert!(eds.response_nonce.is_empty());
+    assert!(
+        eds.node.is_none(),
+        "the node goes in the first request only"
+    );
     let ack = stream.request().await;
     assert_eq!(
         (ack.type_url.as_str(), ack.response_nonce.as_str()),
         (CLUSTER, "n1")
     );
     assert!(ack.error_detail.is_none());
-    assert!(
-        ack.node.is_none(),
-        "the node goes in the first request only"
-    );
-    let eds = stream.request().await;
-    assert_eq!(eds.type_url, ENDPOINT);
-    assert_eq!(sorted(eds.resource_names_subscribe), names(&["a", "b"]));
-    assert!(eds.response_nonce.is_empty());
 
     // LDS starts once every endpoint set of the first clusters has arrived.
     stream.respond(delta_response(
@@ -103,10 +103,10 @@ async fn subscribes_in_envoys_order_and_acks_with_the_nonce() {
         vec![delta_resource(ENDPOINT, "b", "e1")],
         &[],
     ));
-    assert_eq!(stream.request().await.response_nonce, "n3");
     let lds = stream.request().await;
     assert_eq!(lds.type_url, LISTENER);
     assert!(lds.resource_names_subscribe.is_empty());
+    assert_eq!(stream.request().await.response_nonce, "n3");
 
     // RDS follows the listeners.
     stream.respond(delta_response(
@@ -115,25 +115,56 @@ async fn subscribes_in_envoys_order_and_acks_with_the_nonce() {
         vec![delta_resource(LISTENER, "l1", "1")],
         &[],
     ));
-    assert_eq!(stream.request().await.response_nonce, "n4");
     let rds = stream.request().await;
     assert_eq!(rds.type_url, ROUTE);
     assert_eq!(rds.resource_names_subscribe, names(&["routes-l1"]));
+    assert_eq!(stream.request().await.response_nonce, "n4");
 
     // Removing a cluster unsubscribes its endpoints.
     stream.respond(delta_response(CLUSTER, "n5", vec![], &["b"]));
-    assert_eq!(stream.request().await.response_nonce, "n5");
     let eds = stream.request().await;
     assert_eq!(eds.type_url, ENDPOINT);
     assert!(eds.resource_names_subscribe.is_empty());
     assert_eq!(eds.resource_names_unsubscribe, names(&["b"]));
+    // No cluster added, none warming: the ACK goes at once.
+    assert_eq!(stream.request().await.response_nonce, "n5");
+
+    // After start-up, a new cluster warms: its CDS ACK waits for its endpoints.
+    stream.respond(delta_response(
+        CLUSTER,
+        "n6",
+        vec![delta_resource(CLUSTER, "c", "1")],
+        &[],
+    ));
+    let eds = stream.request().await;
+    assert_eq!(eds.resource_names_subscribe, names(&["c"]));
+    assert!(
+        stream.quiet_for(Duration::from_millis(300)).await,
+        "the CDS ACK waits while c warms"
+    );
+    stream.respond(delta_response(
+        ENDPOINT,
+        "n7",
+        vec![delta_resource(ENDPOINT, "c", "e1")],
+        &[],
+    ));
+    let ack = stream.request().await;
+    assert_eq!(
+        (ack.type_url.as_str(), ack.response_nonce.as_str()),
+        (CLUSTER, "n6")
+    );
+    let ack = stream.request().await;
+    assert_eq!(
+        (ack.type_url.as_str(), ack.response_nonce.as_str()),
+        (ENDPOINT, "n7")
+    );
 
     let stats = client.stats.snapshot();
     assert_eq!(stats.connected_state, 1);
     let cds = stats.of(CLUSTER).expect("cds stats");
-    assert_eq!((cds.update_success, cds.update_rejected), (2, 0));
-    assert_eq!(cds.status.version_text, "sys-n5");
-    assert_eq!(stats.of(ENDPOINT).map(|s| s.update_success), Some(2));
+    assert_eq!((cds.update_success, cds.update_rejected), (3, 0));
+    assert_eq!(cds.status.version_text, "sys-n6");
+    assert_eq!(stats.of(ENDPOINT).map(|s| s.update_success), Some(3));
 }
 
 #[tokio::test]
@@ -155,13 +186,15 @@ async fn nack_names_each_refused_resource_and_applies_the_rest() {
         ],
         &[],
     ));
+    // The accepted cluster is applied and its endpoints subscribed.
+    let eds = stream.request().await;
+    assert_eq!(eds.resource_names_subscribe, names(&["a"]));
     let nack = stream.request().await;
     assert_eq!(nack.response_nonce, "n1");
     assert_eq!(
         nack_message(&nack),
         "Error adding/updating cluster(s) b: unsupported field lb_policy, c: unknown filter"
     );
-    // The accepted cluster is applied and its endpoints subscribed.
     assert_eq!(
         client
             .sink
@@ -171,8 +204,6 @@ async fn nack_names_each_refused_resource_and_applies_the_rest() {
             .collect::<Vec<_>>(),
         names(&["a"])
     );
-    let eds = stream.request().await;
-    assert_eq!(eds.resource_names_subscribe, names(&["a"]));
 
     let stats = client.stats.snapshot();
     let cds = stats.of(CLUSTER).expect("cds stats");
@@ -200,6 +231,8 @@ async fn malformed_resources_are_nacked_not_panicked_on() {
         vec![delta_resource(CLUSTER, "good", "1"), garbage],
         &[],
     ));
+    let eds = stream.request().await; // EDS for "good"
+    assert_eq!(eds.resource_names_subscribe, names(&["good"]));
     let nack = stream.request().await;
     let message = nack_message(&nack);
     assert!(
@@ -207,7 +240,6 @@ async fn malformed_resources_are_nacked_not_panicked_on() {
         "{message}"
     );
     assert!(client.sink.held(CLUSTER).contains_key("good"));
-    stream.request().await; // EDS for "good"
 
     // An Any of another type refuses the whole response, in Envoy's words.
     let mut wrong = delta_resource(CLUSTER, "x", "1");

@@ -44,35 +44,36 @@ async fn acks_carry_the_version_and_nonce_and_interest_follows_the_sink() {
         "LDS waits for CDS"
     );
 
+    // The EDS interest the clusters cause goes out before their ACK, as Envoy sends it.
     stream.respond(sotw_response(CLUSTER, "c1", "n1", &["a", "b"]));
-    let ack = stream.request().await;
-    assert_eq!(shape(&ack), (CLUSTER, "c1", "n1"));
-    assert!(ack.error_detail.is_none());
-    assert!(ack.node.is_none());
     let eds = stream.request().await;
     assert_eq!(shape(&eds), (ENDPOINT, "", ""));
     assert_eq!(eds.resource_names, names(&["a", "b"]));
+    assert!(eds.node.is_none());
+    let ack = stream.request().await;
+    assert_eq!(shape(&ack), (CLUSTER, "c1", "n1"));
+    assert!(ack.error_detail.is_none());
 
     // A CLA nobody asked for is not delivered.
     stream.respond(sotw_response(ENDPOINT, "e1", "n2", &["a", "b", "stranger"]));
-    assert_eq!(shape(&stream.request().await), (ENDPOINT, "e1", "n2"));
-    assert!(!client.sink.held(ENDPOINT).contains_key("stranger"));
     let lds = stream.request().await;
     assert_eq!(shape(&lds), (LISTENER, "", ""));
     assert!(lds.resource_names.is_empty());
+    assert_eq!(shape(&stream.request().await), (ENDPOINT, "e1", "n2"));
+    assert!(!client.sink.held(ENDPOINT).contains_key("stranger"));
 
     stream.respond(sotw_response(LISTENER, "l1", "n3", &["l"]));
-    assert_eq!(shape(&stream.request().await), (LISTENER, "l1", "n3"));
     let rds = stream.request().await;
     assert_eq!(shape(&rds), (ROUTE, "", ""));
     assert_eq!(rds.resource_names, names(&["routes-l"]));
+    assert_eq!(shape(&stream.request().await), (LISTENER, "l1", "n3"));
 
     // A cluster gone: EDS is asked again for the full new list, with its version and nonce.
     stream.respond(sotw_response(CLUSTER, "c2", "n4", &["a"]));
-    assert_eq!(shape(&stream.request().await), (CLUSTER, "c2", "n4"));
     let eds = stream.request().await;
     assert_eq!(shape(&eds), (ENDPOINT, "e1", "n2"));
     assert_eq!(eds.resource_names, names(&["a"]));
+    assert_eq!(shape(&stream.request().await), (CLUSTER, "c2", "n4"));
 
     let stats = client.stats.snapshot();
     let cds = stats.of(CLUSTER).expect("cds stats");
@@ -87,37 +88,40 @@ async fn nack_keeps_the_last_accepted_version_and_names_the_refused() {
     let mut stream = server.sotw_stream().await;
     stream.request().await;
     stream.respond(sotw_response(CLUSTER, "c1", "n1", &["a"]));
-    stream.request().await; // ACK
     stream.request().await; // EDS
+    stream.request().await; // ACK
 
     client.sink.refuse("b", "unsupported field lb_policy");
     client.sink.refuse("c", "unknown filter");
     stream.respond(sotw_response(CLUSTER, "c2", "n2", &["a", "b", "c", "d"]));
+    // The accepted part is applied (as Envoy's CDS does), and its endpoints asked for.
+    let eds = stream.request().await;
+    assert_eq!(eds.resource_names, names(&["a", "d"]));
+    assert!(client.sink.held(CLUSTER).contains_key("d"));
     let nack = stream.request().await;
     assert_eq!(shape(&nack), (CLUSTER, "c1", "n2"));
     assert_eq!(
         nack_message(&nack),
         "Error adding/updating cluster(s) b: unsupported field lb_policy, c: unknown filter"
     );
-    // The accepted part is applied (as Envoy's CDS does), and its endpoints asked for.
-    assert!(client.sink.held(CLUSTER).contains_key("d"));
-    let eds = stream.request().await;
-    assert_eq!(eds.resource_names, names(&["a", "d"]));
 
     // The next good push is ACKed with its own version.
     stream.respond(sotw_response(CLUSTER, "c3", "n3", &["a"]));
+    let eds = stream.request().await;
+    assert_eq!(eds.resource_names, names(&["a"]));
     let ack = stream.request().await;
     assert_eq!(shape(&ack), (CLUSTER, "c3", "n3"));
     assert!(ack.error_detail.is_none());
 
     // Listeners are worded as Envoy's LDS words them.
-    stream.request().await; // EDS shrinks to a
     stream.respond(sotw_response(ENDPOINT, "e1", "n4", &["a"]));
-    stream.request().await; // ACK
-    stream.request().await; // LDS
+    assert_eq!(stream.request().await.type_url, LISTENER);
+    assert_eq!(shape(&stream.request().await), (ENDPOINT, "e1", "n4"));
     client.sink.refuse("l2", "filter ext_authz: not supported");
     client.sink.refuse("l3", "HBONE");
     stream.respond(sotw_response(LISTENER, "l1", "n5", &["l1", "l2", "l3"]));
+    let rds = stream.request().await;
+    assert_eq!(rds.resource_names, names(&["routes-l1"]));
     let nack = stream.request().await;
     assert_eq!(shape(&nack), (LISTENER, "", "n5"));
     assert_eq!(
@@ -196,6 +200,7 @@ async fn malformed_resources_refuse_the_whole_response() {
         value: prost::Message::encode_to_vec(&wrapped),
     });
     stream.respond(response);
+    assert_eq!(stream.request().await.resource_names, names(&["w"]));
     assert_eq!(shape(&stream.request().await), (CLUSTER, "c4", "n4"));
     assert!(client.sink.held(CLUSTER).contains_key("w"));
 }

@@ -5,17 +5,14 @@
 //!   RDS, the wanted names and the versions held of them. The node goes in the stream's first
 //!   request only (Istio's bootstrap sets `set_node_on_first_message_only`).
 //! - ACK: `response_nonce`. NACK: `response_nonce` and `error_detail`; the resources of the
-//!   response that were not refused are applied all the same, and their versions recorded.
-//!   (Envoy records no version from a response it NACKs, so after a reconnect it reports the
-//!   older versions of the accepted ones and the server resends them; reporting what we hold is
-//!   more accurate and costs the server nothing.)
+//!   response that were not refused are applied all the same. As in Envoy, the versions of a
+//!   NACKed response are not recorded: after a reconnect the older versions are reported and
+//!   the server resends what changed.
 //! - Whole-response faults, with Envoy's words: a name twice among the added resources or in
 //!   both added and removed, and an `Any` of another type than the response's.
 //! - A resource without a body whose version is the one held is a heartbeat and is skipped.
 //! - A resource whose body is not a protobuf message is refused by name, the others applied.
 //! - Interest changes go as `resource_names_subscribe`/`_unsubscribe` with no nonce.
-
-use std::collections::BTreeMap;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
@@ -264,15 +261,15 @@ impl Protocol for Delta {
     ) -> Self::Request {
         let mut rejected = pending.refused;
         rejected.extend(applied.rejected.iter().cloned());
-        if let Some(state) = subs.get_mut(pending.type_url) {
-            let refused: std::collections::BTreeSet<&str> =
-                rejected.iter().map(|r| r.name.as_str()).collect();
-            let accepted: BTreeMap<String, String> = pending
-                .versions
-                .into_iter()
-                .filter(|(name, _)| !refused.contains(name.as_str()))
-                .collect();
-            state.held.extend(accepted);
+        // Envoy records the versions of a response only when it accepts all of it: after a
+        // NACK, none of its versions (nor its removals) are remembered, so a new stream
+        // reports the older versions and the server resends what we may already hold. Checked
+        // against Envoy 1.40 by the differential test.
+        if let Some(state) = subs
+            .get_mut(pending.type_url)
+            .filter(|_| rejected.is_empty())
+        {
+            state.held.extend(pending.versions);
             for name in &pending.removed {
                 state.held.remove(name);
             }

@@ -35,7 +35,7 @@ use tonic::codegen::{Body, Bytes, StdError};
 use tonic::metadata::MetadataMap;
 use tracing::{debug, info, warn};
 
-use crate::sink::{Applied, Rejection, Resource, Sink, Update};
+use crate::sink::{type_url, Applied, Rejection, Resource, Sink, Update};
 pub use backoff::{
     Backoff, DEFAULT_BASE as DEFAULT_BACKOFF_BASE, DEFAULT_MAX as DEFAULT_BACKOFF_MAX,
 };
@@ -259,17 +259,29 @@ where
         };
         self.stats.set_connected(true);
         info!(mode = ?self.config.mode, "ADS stream open");
+        // A CDS answer held while the clusters it added warm; it belongs to this stream.
+        let mut held: Option<HeldAnswer<P::Request>> = None;
         loop {
-            let deadline = init_deadline.filter(|_| subs.awaiting_init());
+            let gate_deadline = init_deadline.filter(|_| subs.awaiting_init());
+            let held_deadline = held.as_ref().and_then(|h| h.deadline);
             let message = tokio::select! {
                 message = inbound.message() => message,
-                () = sleep_until(deadline) => {
+                () = sleep_until(gate_deadline) => {
                     warn!("clusters and endpoints not all received within the initial fetch timeout; requesting listeners");
-                    if let Some(lds) = subs.open_gate() {
-                        if let Some(request) = proto.subscription_request(subs, &self.stats, lds) {
-                            if tx.send(request).await.is_err() {
-                                return StreamError::RequestsClosed;
-                            }
+                    let lds = subs.open_gate();
+                    let request = lds.and_then(|lds| proto.subscription_request(subs, &self.stats, lds));
+                    if let Some(request) = request {
+                        if tx.send(request).await.is_err() {
+                            return StreamError::RequestsClosed;
+                        }
+                    }
+                    continue;
+                }
+                () = sleep_until(held_deadline) => {
+                    warn!("new clusters did not all receive endpoints within the initial fetch timeout; answering CDS");
+                    if let Some(answer) = held.take() {
+                        if tx.send(answer.request).await.is_err() {
+                            return StreamError::RequestsClosed;
                         }
                     }
                     continue;
@@ -284,7 +296,7 @@ where
             // back-off from its base again, as Envoy does.
             backoff.reset();
             self.stats.set_connected(true);
-            for request in self.handle(proto, subs, response).await {
+            for request in self.handle(proto, subs, &mut held, response).await {
                 if tx.send(request).await.is_err() {
                     return StreamError::RequestsClosed;
                 }
@@ -292,32 +304,87 @@ where
         }
     }
 
-    /// One response: checked, applied, answered, and followed by the subscriptions it changes.
+    /// One response: checked, applied, answered, and preceded by the subscriptions it changes.
+    ///
+    /// The interest a response changes goes out before its ACK or NACK, as Envoy sends it:
+    /// Envoy pauses EDS (RDS) while it applies CDS (LDS) and resumes when the update is
+    /// applied, which is before the answer is queued. Likewise LDS starts before the ACK of
+    /// the EDS response that completes start-up.
+    ///
+    /// After start-up, Envoy holds a CDS answer while the clusters it added warm (until their
+    /// endpoints arrive, or the initial fetch timeout), so that istiod does not see the ACK of
+    /// clusters that cannot take traffic yet; the held answer goes out just before the ACK of
+    /// the EDS response that completes the warming. We do the same, counting a cluster as
+    /// warming when its endpoint name is new to the EDS interest.
     async fn handle<P: Protocol>(
         &self,
         proto: &mut P,
         subs: &mut Subscriptions,
+        held: &mut Option<HeldAnswer<P::Request>>,
         response: P::Response,
     ) -> Vec<P::Request> {
+        let initialised = !subs.awaiting_init();
         let mut pending = match proto.receive(subs, &self.stats, response) {
             Received::Ignore => return Vec::new(),
             Received::Refused(type_url, nack) => {
-                let mut requests = vec![nack];
-                for changed in subs.after_refusal(type_url) {
-                    requests.extend(proto.subscription_request(subs, &self.stats, changed));
+                let mut requests: Vec<_> = subs
+                    .after_refusal(type_url)
+                    .into_iter()
+                    .filter_map(|changed| proto.subscription_request(subs, &self.stats, changed))
+                    .collect();
+                // A refused EDS response ends the warming of every cluster waiting on it.
+                if type_url == type_url::ENDPOINT {
+                    requests.extend(held.take().map(|h| h.request));
                 }
+                requests.push(nack);
                 return requests;
             }
             Received::Apply(pending) => pending,
         };
         let type_url = pending.type_url;
         let delivered = pending.delivered.clone();
+        let endpoints_before = subs.wanted(type_url::ENDPOINT);
         let applied = self
             .apply(type_url, std::mem::take(&mut pending.update))
             .await;
-        let mut requests = vec![proto.finish(subs, &self.stats, *pending, &applied)];
-        for changed in subs.after_response(type_url, &applied, &delivered) {
-            requests.extend(proto.subscription_request(subs, &self.stats, changed));
+        let mut requests: Vec<_> = subs
+            .after_response(type_url, &applied, &delivered)
+            .into_iter()
+            .filter_map(|changed| proto.subscription_request(subs, &self.stats, changed))
+            .collect();
+        if type_url == type_url::ENDPOINT {
+            if let Some(mut answer) = held.take() {
+                answer.awaiting.retain(|name| !delivered.contains(name));
+                match answer.awaiting.is_empty() {
+                    true => requests.push(answer.request),
+                    false => *held = Some(answer),
+                }
+            }
+        }
+        let answer = proto.finish(subs, &self.stats, *pending, &applied);
+        if type_url != type_url::CLUSTER || !initialised {
+            requests.push(answer);
+            return requests;
+        }
+        let endpoints = subs.wanted(type_url::ENDPOINT);
+        // A newer CDS answer replaces a held one (its nonce answers the newer response) and
+        // waits for the clusters both added.
+        let mut awaiting = held.take().map(|h| h.awaiting).unwrap_or_default();
+        awaiting.extend(endpoints.difference(&endpoints_before).cloned());
+        awaiting.retain(|name| endpoints.contains(name));
+        if awaiting.is_empty() {
+            requests.push(answer);
+        } else {
+            debug!(
+                warming = awaiting.len(),
+                "holding the CDS answer while new clusters warm"
+            );
+            let timeout = self.config.initial_fetch_timeout;
+            *held = Some(HeldAnswer {
+                request: answer,
+                awaiting,
+                deadline: (!timeout.is_zero()).then(|| Instant::now() + timeout),
+            });
         }
         requests
     }
@@ -349,6 +416,13 @@ where
             }
         }
     }
+}
+
+/// A CDS ACK or NACK waiting for the endpoints of the clusters it added.
+struct HeldAnswer<R> {
+    request: R,
+    awaiting: BTreeSet<String>,
+    deadline: Option<Instant>,
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -4,15 +4,18 @@
 //!
 //! Envoy's order, and ours:
 //! - CDS (wildcard) is requested first, alone.
-//! - EDS is requested for the names the sink wants once a CDS response has been applied, and
-//!   only after that response's ACK or NACK has been sent (Envoy pauses EDS while it applies
-//!   CDS, so the ACK always precedes the new EDS interest).
+//! - EDS is requested for the names the sink wants once a CDS response has been applied. The
+//!   request goes out before that response's ACK or NACK: Envoy pauses EDS while it applies CDS
+//!   and resumes it as the update finishes, before the answer is queued (seen on the wire from
+//!   Envoy 1.40 in `tests/ads_envoy.rs`).
 //! - LDS starts once the cluster manager has initialised: the first CDS response is handled and
 //!   every endpoint set it asked for has arrived (or was refused), or `initial_fetch_timeout`
 //!   has passed, whichever comes first. istiod pushes listeners that name clusters; asking for
 //!   them after the clusters are warm is what keeps the first requests from reaching a cluster
 //!   that has no endpoints yet.
 //! - RDS follows LDS the way EDS follows CDS.
+//! - After start-up, a CDS answer is held while the clusters it added warm (see
+//!   `AdsClient::handle`), as Envoy holds it.
 //! - After a reconnect, every started type is requested again at once, in that order.
 //!
 //! EDS and RDS responses that name resources nobody asked for are dropped before they reach the
@@ -107,6 +110,13 @@ impl Subscriptions {
 
     pub fn get_mut(&mut self, type_url: &str) -> Option<&mut TypeState> {
         self.types.iter_mut().find(|t| t.type_url == type_url)
+    }
+
+    /// The names wanted of a type (empty for a wildcard type).
+    pub fn wanted(&self, type_url: &str) -> BTreeSet<String> {
+        self.get(type_url)
+            .map(|t| t.wanted.clone())
+            .unwrap_or_default()
     }
 
     /// The started types, in subscription order.

@@ -51,6 +51,15 @@ impl<Req, Resp> StreamHandle<Req, Resp> {
         }
     }
 
+    /// The next request if one comes within `within`.
+    pub async fn request_within(&mut self, within: Duration) -> Option<Req> {
+        match tokio::time::timeout(within, self.requests.message()).await {
+            Ok(Ok(request)) => request,
+            Ok(Err(status)) => panic!("the stream failed: {status}"),
+            Err(_) => None,
+        }
+    }
+
     /// Whether the client sends nothing more within `within`.
     pub async fn quiet_for(&mut self, within: Duration) -> bool {
         tokio::time::timeout(within, self.requests.message())
