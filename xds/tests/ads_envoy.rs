@@ -26,7 +26,7 @@ use remora_xds::sink::type_url::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
 use serde_json::json;
 
 /// How long a client must stay silent for a step's requests to count as complete.
-const QUIET: Duration = Duration::from_millis(700);
+const QUIET: Duration = Duration::from_secs(1);
 
 fn envoy_binary() -> Option<PathBuf> {
     let candidates = [
@@ -190,9 +190,13 @@ fn resource_body(type_url: &str, name: &str) -> Vec<u8> {
     }
 }
 
+/// A resource in its `Any`; one named `wrong-type` claims to be a route table.
 fn typed(type_url: &str, name: &str) -> Any {
     Any {
-        type_url: type_url.to_owned(),
+        type_url: match name {
+            "wrong-type" => ROUTE.to_owned(),
+            _ => type_url.to_owned(),
+        },
         value: resource_body(type_url, name),
     }
 }
@@ -236,9 +240,19 @@ impl From<DeltaDiscoveryRequest> for Shape {
             subscribe: sorted(r.resource_names_subscribe),
             unsubscribe: sorted(r.resource_names_unsubscribe),
             initial_versions: r.initial_resource_versions.into_iter().collect(),
-            error: r.error_detail.map(|e| (e.code, e.message)),
+            error: r.error_detail.map(|e| (e.code, without_echo(e.message))),
         }
     }
+}
+
+/// Envoy appends the whole response as text to a type-mismatch NACK; Remora does not.
+fn without_echo(mut message: String) -> String {
+    for echo in [" in DeltaDiscoveryResponse ", " in DiscoveryResponse "] {
+        if let Some(at) = message.find(echo) {
+            message.truncate(at);
+        }
+    }
+    message
 }
 
 impl From<DiscoveryRequest> for Shape {
@@ -251,7 +265,7 @@ impl From<DiscoveryRequest> for Shape {
             subscribe: sorted(r.resource_names),
             unsubscribe: Vec::new(),
             initial_versions: BTreeMap::new(),
-            error: r.error_detail.map(|e| (e.code, e.message)),
+            error: r.error_detail.map(|e| (e.code, without_echo(e.message))),
         }
     }
 }
@@ -270,6 +284,9 @@ const SCRIPT: &[Step] = &[
     Step::Respond(ENDPOINT, "n2", &["a"], &[]),
     Step::Respond(LISTENER, "n3", &["l1", "bad-l1", "bad-l2"], &[]),
     Step::Respond(ROUTE, "n4", &["routes-l1"], &[]),
+    // Faults of the whole response (or, in state of the world, of one resource).
+    Step::Respond(CLUSTER, "n4-type", &["a", "wrong-type"], &[]),
+    Step::Respond(CLUSTER, "n4-dup", &["a", "a"], &[]),
     Step::Respond(CLUSTER, "n5", &["b"], &["a"]),
     Step::Respond(ENDPOINT, "n6", &["b"], &[]),
     Step::Reconnect,

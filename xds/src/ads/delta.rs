@@ -25,7 +25,7 @@ use tracing::{debug, warn};
 
 use super::state::{Subscriptions, TypeState};
 use super::stats::Stats;
-use super::update::{check_body, error_detail, rejection_message, type_mismatch};
+use super::update::{check_body, delta_type_mismatch, error_detail, rejection_message};
 use super::{record_ack, record_nack, Pending, Protocol, Received};
 use crate::sink::{Applied, Rejection, Resource, Update};
 
@@ -101,7 +101,7 @@ fn response_fault(response: &DeltaDiscoveryResponse) -> Option<String> {
         }
         if let Some(body) = &resource.resource {
             if body.type_url != response.type_url {
-                return Some(type_mismatch(&body.type_url, &response.type_url));
+                return Some(delta_type_mismatch(&body.type_url, &response.type_url));
             }
         }
     }

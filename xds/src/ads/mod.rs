@@ -104,9 +104,34 @@ impl AdsConfig {
 #[error("call metadata: {0}")]
 pub struct MetadataError(pub Box<dyn std::error::Error + Send + Sync>);
 
+impl MetadataError {
+    pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self(error.into())
+    }
+}
+
 /// The headers each new stream carries: istiod wants `authorization: Bearer <token>` (the token
 /// re-read, since kubelet rotates it) and `clusterid`. The module that owns the token
-/// implements this; a closure returning the map does too.
+/// implements this; a closure returning the map does too. It is called once per stream, so a
+/// rotated token is picked up at the next reconnect, as pilot-agent's forwarding does; a
+/// failure counts as a failed connection attempt (logged, counted, retried with back-off).
+///
+/// ```
+/// use remora_xds::ads::MetadataError;
+/// use tonic::metadata::MetadataMap;
+///
+/// let token_path = "/var/run/secrets/tokens/istio-token";
+/// let metadata = move || -> Result<MetadataMap, MetadataError> {
+///     let token = std::fs::read_to_string(token_path)
+///         .map_err(|e| MetadataError::new(format!("{token_path}: {e}")))?;
+///     let mut map = MetadataMap::new();
+///     let bearer = format!("Bearer {}", token.trim()).parse().map_err(MetadataError::new)?;
+///     map.insert("authorization", bearer);
+///     map.insert("clusterid", "Kubernetes".parse().map_err(MetadataError::new)?);
+///     Ok(map)
+/// };
+/// # let _ = metadata;
+/// ```
 pub trait CallMetadata: Send + Sync + 'static {
     fn call_metadata(&self) -> Result<MetadataMap, MetadataError>;
 }
@@ -332,11 +357,17 @@ where
                     .into_iter()
                     .filter_map(|changed| proto.subscription_request(subs, &self.stats, changed))
                     .collect();
-                // A refused EDS response ends the warming of every cluster waiting on it.
-                if type_url == type_url::ENDPOINT {
-                    requests.extend(held.take().map(|h| h.request));
+                match (type_url, held.as_mut()) {
+                    // A refused EDS response ends the warming of every cluster waiting on it.
+                    (type_url::ENDPOINT, Some(_)) => {
+                        requests.extend(held.take().map(|h| h.request));
+                        requests.push(nack);
+                    }
+                    // CDS answers wait while clusters warm, NACKs too (Envoy's CDS is paused):
+                    // the newer answer replaces the held one.
+                    (type_url::CLUSTER, Some(answer)) => answer.request = nack,
+                    _ => requests.push(nack),
                 }
-                requests.push(nack);
                 return requests;
             }
             Received::Apply(pending) => pending,

@@ -12,8 +12,13 @@
 //! - A resource whose `Any` is of another type, or whose body does not decode, refuses the
 //!   whole response, as in Envoy: the response is the complete set, and applying the rest of it
 //!   would remove the resource we could not read.
+//! - Two clusters (listeners) of one name: the first is applied, the second refused with
+//!   Envoy's `duplicate cluster <name> found`; of two route tables or endpoint sets the first
+//!   is taken, as Envoy's watches take it.
 //! - `Any`s wrapping an `envoy.service.discovery.v3.Resource` (TTL-capable servers) are
 //!   unwrapped.
+//! - The wording of every NACK here was compared with Envoy 1.40's on the wire
+//!   (`tests/ads_envoy.rs`).
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
@@ -27,9 +32,20 @@ use tracing::{debug, warn};
 
 use super::state::{Subscriptions, TypeState};
 use super::stats::Stats;
-use super::update::{error_detail, rejection_message, resource_name, type_mismatch};
+use super::update::{error_detail, rejection_message, resource_name, sotw_type_mismatch};
 use super::{record_ack, record_nack, Pending, Protocol, Received};
-use crate::sink::{Applied, Resource, Update};
+use std::collections::HashSet;
+
+use crate::sink::{type_url, Applied, Rejection, Resource, Update};
+
+/// What Envoy calls a resource of the type when it finds its name twice.
+fn duplicate_kind(type_url: &str) -> Option<&'static str> {
+    match type_url {
+        type_url::CLUSTER => Some("cluster"),
+        type_url::LISTENER => Some("listener"),
+        _ => None,
+    }
+}
 
 const RESOURCE_WRAPPER: &str = "type.googleapis.com/envoy.service.discovery.v3.Resource";
 
@@ -73,7 +89,7 @@ fn read_resource(type_url: &str, index: usize, any: Any) -> Result<(String, Vec<
         (any.type_url, any.value, None)
     };
     if inner_type != type_url {
-        return Err(type_mismatch(&inner_type, type_url));
+        return Err(sotw_type_mismatch(&inner_type, type_url));
     }
     let name = resource_name(&body)
         .map_err(|e| format!("{type_url}: resource [{index}] cannot be decoded: {e}"))?;
@@ -141,13 +157,28 @@ impl Protocol for Sotw {
         };
         state.nonce.clone_from(&response.nonce);
         let mut resources = Vec::with_capacity(response.resources.len());
+        let mut seen = HashSet::new();
+        let mut refused = Vec::new();
         for (index, any) in response.resources.into_iter().enumerate() {
             match read_resource(state.type_url, index, any) {
-                Ok((name, body)) if state.wants(&name) => resources.push(Resource {
-                    name,
-                    version: response.version_info.clone(),
-                    body,
-                }),
+                // Envoy's CDS and LDS apply the first of two resources of one name and refuse
+                // the second; its EDS and RDS take the first.
+                Ok((name, _)) if seen.contains(&name) => {
+                    if let Some(kind) = duplicate_kind(state.type_url) {
+                        refused.push(Rejection {
+                            reason: format!("duplicate {kind} {name} found"),
+                            name,
+                        });
+                    }
+                }
+                Ok((name, body)) if state.wants(&name) => {
+                    seen.insert(name.clone());
+                    resources.push(Resource {
+                        name,
+                        version: response.version_info.clone(),
+                        body,
+                    });
+                }
                 Ok((name, _)) => {
                     debug!(
                         type_url = state.type_url,
@@ -173,12 +204,14 @@ impl Protocol for Sotw {
             removed: Vec::new(),
             complete: true,
         };
-        Received::Apply(Box::new(Pending::new(
+        let mut pending = Pending::new(
             state.type_url,
             update,
             response.nonce,
             response.version_info,
-        )))
+        );
+        pending.refused = refused;
+        Received::Apply(Box::new(pending))
     }
 
     fn finish(
@@ -192,7 +225,9 @@ impl Protocol for Sotw {
             // receive() only builds a Pending for a known type.
             return DiscoveryRequest::default();
         };
-        if applied.rejected.is_empty() {
+        let mut rejected = pending.refused;
+        rejected.extend(applied.rejected.iter().cloned());
+        if rejected.is_empty() {
             state.accepted_version.clone_from(&pending.version);
             record_ack(
                 stats,
@@ -202,7 +237,7 @@ impl Protocol for Sotw {
             );
             self.request(state)
         } else {
-            let message = rejection_message(pending.type_url, &applied.rejected);
+            let message = rejection_message(pending.type_url, &rejected);
             record_nack(
                 stats,
                 pending.type_url,

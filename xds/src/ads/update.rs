@@ -61,12 +61,20 @@ fn truncate(message: &str) -> String {
     format!("{}...(truncated)", &message[..end])
 }
 
-/// The message Envoy gives a resource whose `Any` is not of the response's type.
-pub fn type_mismatch(resource_type: &str, response_type: &str) -> String {
+/// The message Envoy's delta mux gives a resource whose `Any` is not of the response's type.
+/// Envoy goes on with ` in DeltaDiscoveryResponse <the whole response as text>`; we leave the
+/// response out: echoing megabytes back to the control plane helps no one reading the NACK.
+pub fn delta_type_mismatch(resource_type: &str, response_type: &str) -> String {
     format!(
         "type URL {resource_type} embedded in an individual Any does not match the \
          message-wide type URL {response_type}"
     )
+}
+
+/// The same for Envoy's state-of-the-world mux, which words it differently (and also appends
+/// the response, left out here for the same reason).
+pub fn sotw_type_mismatch(resource_type: &str, response_type: &str) -> String {
+    format!("{resource_type} does not match the message-wide type URL {response_type}")
 }
 
 /// The first field of every resource type a sidecar subscribes to is its name
