@@ -288,6 +288,8 @@ const SCRIPT: &[Step] = &[
     Step::Respond(CLUSTER, "n4-type", &["a", "wrong-type"], &[]),
     Step::Respond(CLUSTER, "n4-dup", &["a", "a"], &[]),
     Step::Respond(CLUSTER, "n5", &["b"], &["a"]),
+    // While b warms, its CDS answer waits; so does the answer to a faulty CDS push.
+    Step::Respond(CLUSTER, "n5-type", &["b", "wrong-type"], &[]),
     Step::Respond(ENDPOINT, "n6", &["b"], &[]),
     Step::Reconnect,
 ];

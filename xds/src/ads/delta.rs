@@ -118,6 +118,7 @@ fn response_fault(response: &DeltaDiscoveryResponse) -> Option<String> {
 impl Protocol for Delta {
     type Request = DeltaDiscoveryRequest;
     type Response = DeltaDiscoveryResponse;
+    const QUEUES_ANSWERS: bool = true;
 
     async fn open<T>(
         mut client: AggregatedDiscoveryServiceClient<T>,

@@ -284,8 +284,8 @@ where
         };
         self.stats.set_connected(true);
         info!(mode = ?self.config.mode, "ADS stream open");
-        // A CDS answer held while the clusters it added warm; it belongs to this stream.
-        let mut held: Option<HeldAnswer<P::Request>> = None;
+        // CDS answers held while the clusters they added warm; they belong to this stream.
+        let mut held: Option<HeldAnswers<P::Request>> = None;
         loop {
             let gate_deadline = init_deadline.filter(|_| subs.awaiting_init());
             let held_deadline = held.as_ref().and_then(|h| h.deadline);
@@ -304,8 +304,8 @@ where
                 }
                 () = sleep_until(held_deadline) => {
                     warn!("new clusters did not all receive endpoints within the initial fetch timeout; answering CDS");
-                    if let Some(answer) = held.take() {
-                        if tx.send(answer.request).await.is_err() {
+                    for request in held.take().map(|h| h.requests).unwrap_or_default() {
+                        if tx.send(request).await.is_err() {
                             return StreamError::RequestsClosed;
                         }
                     }
@@ -340,12 +340,14 @@ where
     /// endpoints arrive, or the initial fetch timeout), so that istiod does not see the ACK of
     /// clusters that cannot take traffic yet; the held answer goes out just before the ACK of
     /// the EDS response that completes the warming. We do the same, counting a cluster as
-    /// warming when its endpoint name is new to the EDS interest.
+    /// warming when its endpoint name is new to the EDS interest. Answers to CDS pushes that
+    /// arrive meanwhile wait too: in delta all of them, in order; in state of the world only
+    /// the newest (Envoy 1.40 does exactly this, seen by the differential test).
     async fn handle<P: Protocol>(
         &self,
         proto: &mut P,
         subs: &mut Subscriptions,
-        held: &mut Option<HeldAnswer<P::Request>>,
+        held: &mut Option<HeldAnswers<P::Request>>,
         response: P::Response,
     ) -> Vec<P::Request> {
         let initialised = !subs.awaiting_init();
@@ -360,12 +362,11 @@ where
                 match (type_url, held.as_mut()) {
                     // A refused EDS response ends the warming of every cluster waiting on it.
                     (type_url::ENDPOINT, Some(_)) => {
-                        requests.extend(held.take().map(|h| h.request));
+                        requests.extend(held.take().map(|h| h.requests).unwrap_or_default());
                         requests.push(nack);
                     }
-                    // CDS answers wait while clusters warm, NACKs too (Envoy's CDS is paused):
-                    // the newer answer replaces the held one.
-                    (type_url::CLUSTER, Some(answer)) => answer.request = nack,
+                    // CDS answers wait while clusters warm, NACKs too (Envoy's CDS is paused).
+                    (type_url::CLUSTER, Some(answers)) => answers.hold(nack, P::QUEUES_ANSWERS),
                     _ => requests.push(nack),
                 }
                 return requests;
@@ -384,11 +385,11 @@ where
             .filter_map(|changed| proto.subscription_request(subs, &self.stats, changed))
             .collect();
         if type_url == type_url::ENDPOINT {
-            if let Some(mut answer) = held.take() {
-                answer.awaiting.retain(|name| !delivered.contains(name));
-                match answer.awaiting.is_empty() {
-                    true => requests.push(answer.request),
-                    false => *held = Some(answer),
+            if let Some(mut answers) = held.take() {
+                answers.awaiting.retain(|name| !delivered.contains(name));
+                match answers.awaiting.is_empty() {
+                    true => requests.extend(answers.requests),
+                    false => *held = Some(answers),
                 }
             }
         }
@@ -398,24 +399,24 @@ where
             return requests;
         }
         let endpoints = subs.wanted(type_url::ENDPOINT);
-        // A newer CDS answer replaces a held one (its nonce answers the newer response) and
-        // waits for the clusters both added.
-        let mut awaiting = held.take().map(|h| h.awaiting).unwrap_or_default();
-        awaiting.extend(endpoints.difference(&endpoints_before).cloned());
-        awaiting.retain(|name| endpoints.contains(name));
-        if awaiting.is_empty() {
-            requests.push(answer);
+        let warming: Vec<String> = endpoints.difference(&endpoints_before).cloned().collect();
+        let mut answers = held.take().unwrap_or_default();
+        if !warming.is_empty() {
+            let timeout = self.config.initial_fetch_timeout;
+            answers.deadline = (!timeout.is_zero()).then(|| Instant::now() + timeout);
+            answers.awaiting.extend(warming);
+        }
+        // Clusters removed before they warmed hold nothing back.
+        answers.awaiting.retain(|name| endpoints.contains(name));
+        answers.hold(answer, P::QUEUES_ANSWERS);
+        if answers.awaiting.is_empty() {
+            requests.extend(answers.requests);
         } else {
             debug!(
-                warming = awaiting.len(),
+                warming = answers.awaiting.len(),
                 "holding the CDS answer while new clusters warm"
             );
-            let timeout = self.config.initial_fetch_timeout;
-            *held = Some(HeldAnswer {
-                request: answer,
-                awaiting,
-                deadline: (!timeout.is_zero()).then(|| Instant::now() + timeout),
-            });
+            *held = Some(answers);
         }
         requests
     }
@@ -449,11 +450,36 @@ where
     }
 }
 
-/// A CDS ACK or NACK waiting for the endpoints of the clusters it added.
-struct HeldAnswer<R> {
-    request: R,
+/// CDS ACKs or NACKs waiting for the endpoints of the clusters they added.
+struct HeldAnswers<R> {
+    requests: Vec<R>,
     awaiting: BTreeSet<String>,
     deadline: Option<Instant>,
+}
+
+impl<R> Default for HeldAnswers<R> {
+    fn default() -> Self {
+        Self {
+            requests: Vec::new(),
+            awaiting: BTreeSet::new(),
+            deadline: None,
+        }
+    }
+}
+
+impl<R> HeldAnswers<R> {
+    /// Queues `answer` after the others, or in place of them. The queue is bounded: the
+    /// control plane decides how often it pushes, and only the newest answers matter (each
+    /// acknowledges its own nonce), so the oldest give way.
+    fn hold(&mut self, answer: R, queue: bool) {
+        if !queue {
+            self.requests.clear();
+        }
+        if self.requests.len() >= REQUEST_QUEUE {
+            self.requests.remove(0);
+        }
+        self.requests.push(answer);
+    }
 }
 
 async fn sleep_until(deadline: Option<Instant>) {
@@ -523,6 +549,11 @@ pub(crate) enum Received<R> {
 pub(crate) trait Protocol {
     type Request: Send + 'static;
     type Response: Send + 'static;
+
+    /// Whether answers held back while clusters warm are all sent (delta, whose paused ACKs
+    /// queue in Envoy) or only the newest (state of the world, where Envoy rebuilds one
+    /// request per type).
+    const QUEUES_ANSWERS: bool;
 
     /// Opens the stream.
     fn open<T>(

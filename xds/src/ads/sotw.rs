@@ -99,6 +99,7 @@ fn read_resource(type_url: &str, index: usize, any: Any) -> Result<(String, Vec<
 impl Protocol for Sotw {
     type Request = DiscoveryRequest;
     type Response = DiscoveryResponse;
+    const QUEUES_ANSWERS: bool = false;
 
     async fn open<T>(
         mut client: AggregatedDiscoveryServiceClient<T>,
