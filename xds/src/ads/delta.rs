@@ -23,10 +23,10 @@ use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::{Body, Bytes, StdError};
 use tracing::{debug, warn};
 
+use super::protocol::{record_ack, record_nack, Pending, Protocol, Received};
 use super::state::{Subscriptions, TypeState};
 use super::stats::Stats;
 use super::update::{check_body, delta_type_mismatch, error_detail, rejection_message};
-use super::{record_ack, record_nack, Pending, Protocol, Received};
 use crate::sink::{Applied, Rejection, Resource, Update};
 
 /// Delta mode's per-stream state.

@@ -6,17 +6,19 @@
 //! ```text
 //! run ─┬─ connect (metadata per call) ─ initial requests ─┬─ response ─ Protocol::receive
 //!      │                                                  │      └─ Sink::apply (blocking pool)
-//!      │                                                  │           └─ ACK/NACK, then EDS/RDS/LDS
+//!      │                                                  │           └─ new EDS/RDS/LDS interest, then ACK/NACK
 //!      └─ stream ends: back-off with jitter, reconnect, resubscribe with the versions held
 //! ```
 //!
-//! The per-mode wire format lives in [`delta`] and [`sotw`]; what is remembered across
-//! responses and reconnects, and the start-up order, in `state`; NACK wording in `update`.
+//! The per-mode wire format lives in `delta` and `sotw`; what is remembered across
+//! responses and reconnects, and the start-up order, in `state`; NACK wording in `update`;
+//! the seam between the loop here and the two modes in `protocol`.
 //! The client never clears the sink: on disconnect the last good configuration stays in force.
 
 mod backoff;
 mod delta;
 mod node;
+mod protocol;
 mod sotw;
 mod state;
 mod stats;
@@ -35,7 +37,7 @@ use tonic::codegen::{Body, Bytes, StdError};
 use tonic::metadata::MetadataMap;
 use tracing::{debug, info, warn};
 
-use crate::sink::{type_url, Applied, Rejection, Resource, Sink, Update};
+use crate::sink::{type_url, Applied, Rejection, Sink, Update};
 pub use backoff::{
     Backoff, DEFAULT_BASE as DEFAULT_BACKOFF_BASE, DEFAULT_MAX as DEFAULT_BACKOFF_MAX,
 };
@@ -45,6 +47,7 @@ pub use stats::{
 };
 pub use update::NACK_CODE;
 
+use protocol::{Protocol, Received};
 use state::Subscriptions;
 
 /// The largest response accepted. istiod sends a type's whole set in one message on a new
@@ -487,132 +490,4 @@ async fn sleep_until(deadline: Option<Instant>) {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
     }
-}
-
-/// A response's resources, checked and ready for the sink, with what the answer needs.
-#[derive(Debug)]
-pub(crate) struct Pending {
-    pub type_url: &'static str,
-    /// Taken by the sink; [`Pending::versions`] keeps what the answer needs of it.
-    pub update: Update,
-    /// The name and version of each resource in `update`.
-    pub versions: Vec<(String, String)>,
-    /// The names `update` removes.
-    pub removed: Vec<String>,
-    /// Resources the client itself refused (a body that does not decode), not given to the sink.
-    pub refused: Vec<Rejection>,
-    /// The response's nonce and version (`version_info` or `system_version_info`).
-    pub nonce: String,
-    pub version: String,
-    /// Every name the response answered (added, changed or removed), for start-up ordering.
-    pub delivered: BTreeSet<String>,
-}
-
-impl Pending {
-    pub fn new(type_url: &'static str, update: Update, nonce: String, version: String) -> Self {
-        let versions = update
-            .resources
-            .iter()
-            .map(|r: &Resource| (r.name.clone(), r.version.clone()))
-            .collect();
-        let delivered = update
-            .resources
-            .iter()
-            .map(|r| r.name.clone())
-            .chain(update.removed.iter().cloned())
-            .collect();
-        let removed = update.removed.clone();
-        Self {
-            type_url,
-            update,
-            versions,
-            removed,
-            refused: Vec::new(),
-            nonce,
-            version,
-            delivered,
-        }
-    }
-}
-
-/// What to do with a response.
-pub(crate) enum Received<R> {
-    /// Nothing to send (a type we never subscribed to, in delta, as Envoy drops it).
-    Ignore,
-    /// A whole response refused: send this NACK at once, without the sink.
-    Refused(&'static str, R),
-    /// Give the resources to the sink, then answer with [`Protocol::finish`].
-    Apply(Box<Pending>),
-}
-
-/// The wire format of one mode.
-pub(crate) trait Protocol {
-    type Request: Send + 'static;
-    type Response: Send + 'static;
-
-    /// Whether answers held back while clusters warm are all sent (delta, whose paused ACKs
-    /// queue in Envoy) or only the newest (state of the world, where Envoy rebuilds one
-    /// request per type).
-    const QUEUES_ANSWERS: bool;
-
-    /// Opens the stream.
-    fn open<T>(
-        client: AggregatedDiscoveryServiceClient<T>,
-        request: tonic::Request<ReceiverStream<Self::Request>>,
-    ) -> impl Future<Output = Result<tonic::Response<tonic::Streaming<Self::Response>>, tonic::Status>>
-           + Send
-    where
-        T: tonic::client::GrpcService<tonic::body::Body> + Send + 'static,
-        T::Error: Into<StdError>,
-        T::Future: Send,
-        T::ResponseBody: Body<Data = Bytes> + Send + 'static,
-        <T::ResponseBody as Body>::Error: Into<StdError> + Send;
-
-    /// The requests that open a stream: every started type, with the versions held.
-    fn initial_requests(&mut self, subs: &mut Subscriptions, stats: &Stats) -> Vec<Self::Request>;
-
-    /// The request that tells the server a type's changed interest (or starts it).
-    fn subscription_request(
-        &mut self,
-        subs: &mut Subscriptions,
-        stats: &Stats,
-        type_url: &str,
-    ) -> Option<Self::Request>;
-
-    /// Checks a response.
-    fn receive(
-        &mut self,
-        subs: &mut Subscriptions,
-        stats: &Stats,
-        response: Self::Response,
-    ) -> Received<Self::Request>;
-
-    /// The ACK or NACK once the sink has applied what it could.
-    fn finish(
-        &mut self,
-        subs: &mut Subscriptions,
-        stats: &Stats,
-        pending: Pending,
-        applied: &Applied,
-    ) -> Self::Request;
-}
-
-/// Logs and records a NACK; shared by both modes.
-fn record_nack(stats: &Stats, type_url: &str, version: &str, nonce: &str, message: &str) {
-    warn!(type_url, version, nonce, "config rejected: {message}");
-    stats.rejected(
-        type_url,
-        UpdateError {
-            version: version.to_owned(),
-            nonce: nonce.to_owned(),
-            message: message.to_owned(),
-            at: std::time::SystemTime::now(),
-        },
-    );
-}
-
-/// Logs and records an ACK; shared by both modes.
-fn record_ack(stats: &Stats, type_url: &str, version: &str, count: usize) {
-    debug!(type_url, version, resources = count, "config accepted");
-    stats.success(type_url, version);
 }

@@ -30,10 +30,10 @@ use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::{Body, Bytes, StdError};
 use tracing::{debug, warn};
 
+use super::protocol::{record_ack, record_nack, Pending, Protocol, Received};
 use super::state::{Subscriptions, TypeState};
 use super::stats::Stats;
 use super::update::{error_detail, rejection_message, resource_name, sotw_type_mismatch};
-use super::{record_ack, record_nack, Pending, Protocol, Received};
 use std::collections::HashSet;
 
 use crate::sink::{type_url, Applied, Rejection, Resource, Update};
