@@ -292,6 +292,9 @@ const SCRIPT: &[Step] = &[
     Step::Respond(CLUSTER, "n5-type", &["b", "wrong-type"], &[]),
     Step::Respond(ENDPOINT, "n6", &["b"], &[]),
     Step::Reconnect,
+    // Every cluster gone: the EDS interest empties, and a new stream asks for none.
+    Step::Respond(CLUSTER, "n7", &[], &["b"]),
+    Step::Reconnect,
 ];
 
 async fn run_delta(server: &mut Server) -> Vec<Vec<Shape>> {

@@ -118,12 +118,9 @@ impl Protocol for Sotw {
     fn initial_requests(&mut self, subs: &mut Subscriptions, stats: &Stats) -> Vec<Self::Request> {
         self.first = true;
         let mut requests = Vec::new();
+        // Every started type, even an EDS or RDS interest that has shrunk to nothing: Envoy
+        // resends each subscription's request on a new stream (seen from Envoy 1.40).
         for state in subs.started_mut() {
-            // An EDS or RDS interest that has shrunk to nothing has nothing to ask a new
-            // stream for (and an empty list would read as a wildcard to some servers).
-            if !state.wildcard && state.wanted.is_empty() {
-                continue;
-            }
             stats.attempt(state.type_url);
             requests.push(self.request(state));
         }
