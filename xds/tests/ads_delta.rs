@@ -425,3 +425,58 @@ async fn listeners_are_requested_after_the_initial_fetch_timeout_without_endpoin
         "LDS came before the timeout"
     );
 }
+
+#[tokio::test]
+async fn an_oversized_response_ends_the_stream_and_keeps_the_config() {
+    let mut server = Server::start().await;
+    let client = start_client_with(&server, Mode::Delta, |config| {
+        config.max_message_size = 16 * 1024;
+        config.backoff_base = Duration::from_millis(50);
+    });
+    let mut stream = server.delta_stream().await;
+    stream.request().await;
+    stream.respond(delta_response(
+        CLUSTER,
+        "n1",
+        vec![delta_resource(CLUSTER, "a", "1")],
+        &[],
+    ));
+    stream.request().await; // EDS a
+    stream.request().await; // ACK
+
+    let huge = "x".repeat(32 * 1024);
+    stream.respond(delta_response(
+        CLUSTER,
+        "n2",
+        vec![delta_resource(CLUSTER, &huge, "2")],
+        &[],
+    ));
+    // Nothing can be answered for a message that cannot be read: the stream is dropped and
+    // opened again, resubscribing with what is held.
+    let mut stream = server.delta_stream().await;
+    let cds = stream.request().await;
+    assert_eq!(
+        cds.initial_resource_versions
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>(),
+        names(&["a"])
+    );
+    assert_eq!(
+        client
+            .sink
+            .held(CLUSTER)
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>(),
+        names(&["a"])
+    );
+    assert_eq!(
+        client
+            .stats
+            .snapshot()
+            .of(CLUSTER)
+            .map(|c| c.update_failure),
+        Some(1)
+    );
+}

@@ -53,7 +53,9 @@ use state::Subscriptions;
 /// The largest response accepted. istiod sends a type's whole set in one message on a new
 /// stream (delta included), and a 10,000-service mesh's clusters run to tens of megabytes;
 /// 64 MiB holds that with room, while still refusing a peer that would make us allocate
-/// without bound. tonic's default (4 MiB) would cut a large mesh off.
+/// without bound. tonic's default (4 MiB) would cut a large mesh off. A larger message ends the
+/// stream: its nonce cannot be read, so there is nothing to NACK; the client reconnects with
+/// back-off and the sink keeps the configuration it has.
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
 
 /// Envoy's default `initial_fetch_timeout`: how long LDS waits for the first clusters and their
