@@ -370,6 +370,9 @@ async fn reconnects_with_backoff_and_resubscribes_with_the_versions_held() {
     let stats = client.stats.snapshot();
     assert_eq!(stats.of(CLUSTER).map(|c| c.update_failure), Some(1));
     assert_eq!(stats.of(ENDPOINT).map(|c| c.update_failure), Some(1));
+    // Envoy's update_attempt: the subscription's start, each update, each stream failure.
+    assert_eq!(stats.of(CLUSTER).map(|c| c.update_attempt), Some(3));
+    assert_eq!(stats.of(ENDPOINT).map(|c| c.update_attempt), Some(3));
     assert_eq!(
         stats.of(LISTENER).map(|c| c.update_failure),
         Some(0),

@@ -134,14 +134,11 @@ impl Protocol for Delta {
         client.delta_aggregated_resources(request).await
     }
 
-    fn initial_requests(&mut self, subs: &mut Subscriptions, stats: &Stats) -> Vec<Self::Request> {
+    fn initial_requests(&mut self, subs: &mut Subscriptions) -> Vec<Self::Request> {
         self.first = true;
         let mut requests = Vec::new();
         for state in subs.started_mut() {
-            if let Some(request) = self.opening_request(state) {
-                stats.attempt(state.type_url);
-                requests.push(request);
-            }
+            requests.extend(self.opening_request(state));
         }
         requests
     }

@@ -14,6 +14,21 @@
 //! responses and reconnects, and the start-up order, in `state`; NACK wording in `update`;
 //! the seam between the loop here and the two modes in `protocol`.
 //! The client never clears the sink: on disconnect the last good configuration stays in force.
+//!
+//! The requests follow Envoy 1.40 on the wire, and `tests/ads_envoy.rs` checks it against a real
+//! Envoy given the same responses: order, versions, nonces, interest, `initial_resource_versions`
+//! and NACK messages byte for byte. Where Remora knowingly differs:
+//! - an EDS or RDS NACK names every refused resource (Envoy, which subscribes each name
+//!   separately, reports the first failure only);
+//! - a type-mismatch NACK does not echo the whole response as text after Envoy's sentence;
+//! - in delta, a body that is not a protobuf message is refused by name by the client while the
+//!   rest of the response is applied (Envoy fails the whole response while decoding);
+//! - a cluster counts as warming when its endpoint name is new to the EDS interest (Envoy also
+//!   re-warms a changed cluster, served from its EDS cache);
+//! - LDS's wait for the first clusters' endpoints is bounded by `initial_fetch_timeout`
+//!   measured from the client's start (Envoy's is per subscription; Istio sets it to 0, no
+//!   bound, which is available here too);
+//! - a message over `max_message_size` ends the stream (see [`DEFAULT_MAX_MESSAGE_SIZE`]).
 
 mod backoff;
 mod delta;
@@ -220,6 +235,8 @@ where
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut subs = Subscriptions::new();
+        // CDS's subscription starts here (EDS, LDS and RDS count theirs when they start).
+        self.stats.attempt(type_url::CLUSTER);
         let mut backoff = Backoff::new(self.config.backoff_base, self.config.backoff_max);
         let init_deadline = (!self.config.initial_fetch_timeout.is_zero())
             .then(|| Instant::now() + self.config.initial_fetch_timeout);
@@ -274,7 +291,7 @@ where
         let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
         // The opening requests are queued before the call: a control plane may hold its
         // response headers until it has read a request.
-        for request in proto.initial_requests(subs, &self.stats) {
+        for request in proto.initial_requests(subs) {
             if tx.send(request).await.is_err() {
                 return StreamError::RequestsClosed;
             }
