@@ -6,6 +6,7 @@ mod ads_support;
 use std::time::{Duration, Instant};
 
 use ads_support::*;
+use envoy_types::pb::envoy::config::core::v3::ControlPlane;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use remora_xds::ads::Mode;
 use remora_xds::sink::type_url::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
@@ -82,12 +83,16 @@ async fn subscribes_in_envoys_order_and_acks_with_the_nonce() {
     assert!(ack.error_detail.is_none());
 
     // LDS starts once every endpoint set of the first clusters has arrived.
-    stream.respond(delta_response(
+    let mut response = delta_response(
         ENDPOINT,
         "n2",
         vec![delta_resource(ENDPOINT, "a", "e1")],
         &[],
-    ));
+    );
+    response.control_plane = Some(ControlPlane {
+        identifier: "istiod-7d4f".to_owned(),
+    });
+    stream.respond(response);
     let ack = stream.request().await;
     assert_eq!(
         (ack.type_url.as_str(), ack.response_nonce.as_str()),
@@ -161,6 +166,7 @@ async fn subscribes_in_envoys_order_and_acks_with_the_nonce() {
 
     let stats = client.stats.snapshot();
     assert_eq!(stats.connected_state, 1);
+    assert_eq!(stats.identifier, "istiod-7d4f");
     let cds = stats.of(CLUSTER).expect("cds stats");
     assert_eq!((cds.update_success, cds.update_rejected), (3, 0));
     assert_eq!(cds.status.version_text, "sys-n6");
@@ -481,5 +487,18 @@ async fn an_oversized_response_ends_the_stream_and_keeps_the_config() {
             .of(CLUSTER)
             .map(|c| c.update_failure),
         Some(1)
+    );
+}
+
+#[tokio::test]
+async fn shutdown_ends_the_stream() {
+    let mut server = Server::start().await;
+    let client = start_client(&server, Mode::Delta, Duration::from_millis(50));
+    let mut stream = server.delta_stream().await;
+    stream.request().await;
+    drop(client);
+    assert!(
+        stream.ended_within(WAIT).await,
+        "the stream outlived shutdown"
     );
 }

@@ -179,6 +179,13 @@ impl Protocol for Delta {
         Some(request)
     }
 
+    fn control_plane(response: &Self::Response) -> Option<&str> {
+        response
+            .control_plane
+            .as_ref()
+            .map(|c| c.identifier.as_str())
+    }
+
     fn receive(
         &mut self,
         subs: &mut Subscriptions,

@@ -343,6 +343,9 @@ where
             // back-off from its base again, as Envoy does.
             backoff.reset();
             self.stats.set_connected(true);
+            if let Some(identifier) = P::control_plane(&response) {
+                self.stats.set_identifier(identifier);
+            }
             for request in self.handle(proto, subs, &mut held, response).await {
                 if tx.send(request).await.is_err() {
                     return StreamError::RequestsClosed;

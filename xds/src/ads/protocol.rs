@@ -106,6 +106,9 @@ pub(crate) trait Protocol {
         type_url: &str,
     ) -> Option<Self::Request>;
 
+    /// The `control_plane.identifier` a response carries (istiod names its instance there).
+    fn control_plane(response: &Self::Response) -> Option<&str>;
+
     /// Checks a response.
     fn receive(
         &mut self,

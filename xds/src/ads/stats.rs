@@ -3,6 +3,8 @@
 //! Envoy's, so dashboards and `istioctl` checks written for Envoy read ours:
 //!
 //! - `control_plane.connected_state`: 1 while the ADS stream is up, 0 otherwise;
+//! - `control_plane.identifier`: the identifier the control plane sends in its responses
+//!   (istiod names its instance);
 //! - per type, under Envoy's prefix (`cluster_manager.cds.`, `listener_manager.lds.`, and for
 //!   RDS and EDS, which Envoy counts per route table and per cluster, one aggregate here):
 //!   `update_attempt` (subscriptions started or changed, and every update or failure, as Envoy
@@ -75,6 +77,7 @@ pub struct UpdateError {
 pub struct Stats {
     /// `control_plane.connected_state`.
     pub connected_state: AtomicU64,
+    identifier: Mutex<String>,
     types: [TypeStats; 4],
 }
 
@@ -96,6 +99,8 @@ pub struct TypeSnapshot {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatsSnapshot {
     pub connected_state: u64,
+    /// `control_plane.identifier`; empty until a response carries one.
+    pub identifier: String,
     pub types: Vec<TypeSnapshot>,
 }
 
@@ -117,6 +122,7 @@ impl Stats {
     pub fn snapshot(&self) -> StatsSnapshot {
         StatsSnapshot {
             connected_state: self.connected_state.load(Ordering::Relaxed),
+            identifier: lock(&self.identifier).clone(),
             types: TYPES
                 .iter()
                 .zip(self.types.iter())
@@ -137,6 +143,13 @@ impl Stats {
     pub(crate) fn set_connected(&self, connected: bool) {
         self.connected_state
             .store(u64::from(connected), Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_identifier(&self, identifier: &str) {
+        let mut current = lock(&self.identifier);
+        if *current != identifier {
+            identifier.clone_into(&mut current);
+        }
     }
 
     pub(crate) fn attempt(&self, type_url: &str) {
@@ -186,10 +199,10 @@ impl TypeStats {
     }
 }
 
-/// The status lock is held only to copy a few strings, never across an await; a panic while
-/// holding it cannot leave the status half-written in a way worse than stale, so a poisoned
+/// The status locks are held only to copy a few strings, never across an await; a panic while
+/// holding one cannot leave a status half-written in a way worse than stale, so a poisoned
 /// lock is read through.
-fn lock(status: &Mutex<TypeStatus>) -> std::sync::MutexGuard<'_, TypeStatus> {
+fn lock<T>(status: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     status.lock().unwrap_or_else(|e| e.into_inner())
 }
 

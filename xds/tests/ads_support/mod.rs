@@ -60,6 +60,17 @@ impl<Req, Resp> StreamHandle<Req, Resp> {
         }
     }
 
+    /// Whether the client ends the stream (closes or resets it) within `within`.
+    pub async fn ended_within(&mut self, within: Duration) -> bool {
+        loop {
+            match tokio::time::timeout(within, self.requests.message()).await {
+                Ok(Ok(Some(_))) => continue,
+                Ok(Ok(None)) | Ok(Err(_)) => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+
     /// Whether the client sends nothing more within `within`.
     pub async fn quiet_for(&mut self, within: Duration) -> bool {
         tokio::time::timeout(within, self.requests.message())
