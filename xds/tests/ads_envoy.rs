@@ -53,7 +53,7 @@ fn envoy_binary() -> Option<PathBuf> {
 /// Envoy running with an ADS bootstrap pointing at `port`; killed on drop.
 struct Envoy {
     child: Child,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Envoy {
@@ -104,7 +104,7 @@ impl Envoy {
             .stderr(log)
             .spawn()
             .expect("start envoy");
-        Envoy { child, _dir: dir }
+        Envoy { child, dir }
     }
 }
 
@@ -112,6 +112,12 @@ impl Drop for Envoy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A failed test shows what Envoy said.
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.dir.path().join("envoy.log"))
+                .unwrap_or_else(|e| format!("(no log: {e})"));
+            eprintln!("Envoy's log:\n{log}");
+        }
     }
 }
 
