@@ -502,3 +502,36 @@ async fn shutdown_ends_the_stream() {
         "the stream outlived shutdown"
     );
 }
+
+#[tokio::test]
+async fn reconnect_delays_stay_within_envoys_jittered_exponential_bounds() {
+    let mut server = Server::start().await;
+    let base = Duration::from_millis(100);
+    let client = start_client_with(&server, Mode::Delta, |config| {
+        config.backoff_base = base;
+        config.backoff_max = Duration::from_millis(400);
+    });
+    // Streams that end before any response: the back-off is never reset, so the n-th wait is
+    // drawn from [0, min(100 ms * 2^n, 400 ms)).
+    let slack = Duration::from_millis(300);
+    let mut stream = server.delta_stream().await;
+    for bound_ms in [100, 200, 400, 400, 400] {
+        drop(stream);
+        let dropped = Instant::now();
+        stream = server.delta_stream().await;
+        let waited = dropped.elapsed();
+        let bound = Duration::from_millis(bound_ms) + slack;
+        assert!(waited < bound, "waited {waited:?}, bound {bound:?}");
+    }
+    let stats = client.stats.snapshot();
+    assert_eq!(stats.of(CLUSTER).map(|c| c.update_failure), Some(5));
+
+    // A response resets it: the next wait is within the base interval again.
+    stream.request().await;
+    stream.respond(delta_response(CLUSTER, "n1", vec![], &[]));
+    stream.request().await; // ACK
+    drop(stream);
+    let dropped = Instant::now();
+    let _stream = server.delta_stream().await;
+    assert!(dropped.elapsed() < base + slack);
+}
