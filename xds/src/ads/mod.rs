@@ -94,7 +94,9 @@ pub enum Mode {
 /// How the client talks; [`AdsConfig::new`] gives Envoy's and Istio's defaults.
 #[derive(Debug, Clone)]
 pub struct AdsConfig {
+    /// Delta or state of the world.
     pub mode: Mode,
+    /// Who we are, sent in the first request of every stream.
     pub node: NodeInfo,
     /// See [`DEFAULT_MAX_MESSAGE_SIZE`].
     pub max_message_size: usize,
@@ -107,6 +109,7 @@ pub struct AdsConfig {
 }
 
 impl AdsConfig {
+    /// Envoy's defaults for everything but the node and the mode.
     pub fn new(node: NodeInfo, mode: Mode) -> Self {
         Self {
             mode,
@@ -125,6 +128,7 @@ impl AdsConfig {
 pub struct MetadataError(pub Box<dyn std::error::Error + Send + Sync>);
 
 impl MetadataError {
+    /// Wraps any error (or a message).
     pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
         Self(error.into())
     }
@@ -153,6 +157,7 @@ impl MetadataError {
 /// # let _ = metadata;
 /// ```
 pub trait CallMetadata: Send + Sync + 'static {
+    /// The headers for the stream about to open.
     fn call_metadata(&self) -> Result<MetadataMap, MetadataError>;
 }
 
@@ -178,14 +183,19 @@ impl CallMetadata for NoMetadata {
 /// Why a stream ended; each ends in a back-off and a reconnect.
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
+    /// The call metadata could not be read.
     #[error(transparent)]
     Metadata(#[from] MetadataError),
+    /// The call failed before the stream opened (connection refused, TLS, status).
     #[error("opening the ADS stream: {0}")]
     Open(tonic::Status),
+    /// The open stream failed (reset, a message too large or malformed, a status).
     #[error("ADS stream failed: {0}")]
     Receive(tonic::Status),
+    /// The control plane ended the stream.
     #[error("the control plane closed the ADS stream")]
     Closed,
+    /// The transport stopped taking our requests.
     #[error("the ADS request stream closed")]
     RequestsClosed,
 }

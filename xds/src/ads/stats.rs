@@ -42,9 +42,13 @@ pub fn stat_prefix(type_url: &str) -> &'static str {
 /// The counters and status of one type.
 #[derive(Debug, Default)]
 pub struct TypeStats {
+    /// `update_attempt`: subscription starts and changes, updates, stream failures.
     pub update_attempt: AtomicU64,
+    /// `update_success`: updates accepted whole.
     pub update_success: AtomicU64,
+    /// `update_rejected`: updates NACKed.
     pub update_rejected: AtomicU64,
+    /// `update_failure`: streams that failed while this type was subscribed.
     pub update_failure: AtomicU64,
     /// Milliseconds since the Unix epoch of the last successful update; 0 before one.
     pub update_time: AtomicU64,
@@ -67,8 +71,11 @@ pub struct TypeStatus {
 pub struct UpdateError {
     /// The version the control plane offered (SotW) or its `system_version_info` (delta).
     pub version: String,
+    /// The nonce of the refused response.
     pub nonce: String,
+    /// The `error_detail` message sent.
     pub message: String,
+    /// When it was sent.
     pub at: SystemTime,
 }
 
@@ -84,23 +91,32 @@ pub struct Stats {
 /// A point-in-time copy of one type's statistics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TypeSnapshot {
+    /// The resource type.
     pub type_url: &'static str,
     /// Envoy's stat prefix, e.g. `cluster_manager.cds`.
     pub prefix: &'static str,
+    /// See [`TypeStats::update_attempt`].
     pub update_attempt: u64,
+    /// See [`TypeStats::update_success`].
     pub update_success: u64,
+    /// See [`TypeStats::update_rejected`].
     pub update_rejected: u64,
+    /// See [`TypeStats::update_failure`].
     pub update_failure: u64,
+    /// See [`TypeStats::update_time`].
     pub update_time: u64,
+    /// The version in force and the last refusal.
     pub status: TypeStatus,
 }
 
 /// A point-in-time copy of all statistics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatsSnapshot {
+    /// `control_plane.connected_state`.
     pub connected_state: u64,
     /// `control_plane.identifier`; empty until a response carries one.
     pub identifier: String,
+    /// One per type, in subscription order (CDS, EDS, LDS, RDS).
     pub types: Vec<TypeSnapshot>,
 }
 
