@@ -410,7 +410,13 @@ where
         };
         let type_url = pending.type_url;
         let delivered = pending.delivered.clone();
-        let endpoints_before = subs.wanted(type_url::ENDPOINT);
+        // Only a CDS push after start-up can start clusters warming; only then is the EDS
+        // interest before it worth copying.
+        let holds = type_url == type_url::CLUSTER && initialised;
+        let endpoints_before = match holds {
+            true => subs.wanted(type_url::ENDPOINT),
+            false => BTreeSet::new(),
+        };
         let applied = self
             .apply(type_url, std::mem::take(&mut pending.update))
             .await;
@@ -429,7 +435,7 @@ where
             }
         }
         let answer = proto.finish(subs, &self.stats, *pending, &applied);
-        if type_url != type_url::CLUSTER || !initialised {
+        if !holds {
             requests.push(answer);
             return requests;
         }
