@@ -535,3 +535,28 @@ async fn reconnect_delays_stay_within_envoys_jittered_exponential_bounds() {
     let _stream = server.delta_stream().await;
     assert!(dropped.elapsed() < base + slack);
 }
+
+#[tokio::test]
+async fn unreadable_call_metadata_is_retried_with_backoff() {
+    let mut server = Server::start().await;
+    let client = start_client_failing(&server, Mode::Delta, 2, |config| {
+        config.backoff_base = Duration::from_millis(50);
+    });
+    let stream = server.delta_stream().await;
+    // Two failed attempts opened no stream; the third carries the token it read.
+    assert_eq!(
+        client
+            .metadata_calls
+            .load(std::sync::atomic::Ordering::SeqCst),
+        3
+    );
+    assert_eq!(
+        stream
+            .metadata
+            .get("authorization")
+            .map(|v| v.to_str().ok()),
+        Some(Some("Bearer token-3"))
+    );
+    let stats = client.stats.snapshot();
+    assert_eq!(stats.of(CLUSTER).map(|c| c.update_failure), Some(2));
+}
