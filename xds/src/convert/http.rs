@@ -204,9 +204,23 @@ pub fn http_filter(name: &str, u: &Unpacked, path: &str) -> Result<HttpFilter, F
         HTTP_EXT_AUTHZ => return Err(Fault::new(path, EXT_AUTHZ_REASON)),
         ALPN => HttpFilter::AlpnOverride(alpn(&u.message, path)?),
         STATS => HttpFilter::IstioStats(super::listener::istio_stats(u, path)?),
-        GRPC_STATS => HttpFilter::GrpcStats {
-            emit_filter_state: u.bool("emit_filter_state"),
-        },
+        GRPC_STATS => {
+            use envoy_types::pb::envoy::extensions::filters::http::grpc_stats::v3 as grpc;
+            let g: grpc::FilterConfig = u.to(path)?;
+            // Per-method statistics are Envoy's own metrics, which Remora does not emit;
+            // istiod writes `stats_for_all_methods: false`.
+            match &g.per_method_stat_specifier {
+                None => {}
+                Some(grpc::filter_config::PerMethodStatSpecifier::StatsForAllMethods(b))
+                    if !b.value => {}
+                Some(_) => {
+                    return Err(Fault::new(path, "per-method gRPC statistics not supported"))
+                }
+            }
+            HttpFilter::GrpcStats {
+                emit_filter_state: g.emit_filter_state,
+            }
+        }
         FAULT => HttpFilter::Fault,
         CORS => HttpFilter::Cors,
         _ => {
@@ -341,4 +355,67 @@ fn alpn(m: &DynamicMessage, path: &str) -> Result<Vec<AlpnOverride>, Fault> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::config::listener::v3::{
+        listener_filter::ConfigType, ListenerFilter,
+    };
+    use serde_json::json;
+
+    /// An HTTP filter's typed config, opened as the converter opens it.
+    fn unpacked(config: serde_json::Value) -> Unpacked {
+        let f: ListenerFilter = crate::json::from_json_typed(
+            &json!({"name": "f", "typed_config": config}),
+            "envoy.config.listener.v3.ListenerFilter",
+        )
+        .expect("reads");
+        let Some(ConfigType::TypedConfig(any)) = f.config_type else {
+            panic!("typed")
+        };
+        unpack(&any, "typed_config").expect("opens")
+    }
+
+    #[test]
+    fn alpn_override_maps_each_upstream_protocol() {
+        let u = unpacked(json!({
+            "@type": "type.googleapis.com/istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig",
+            "alpn_override": [
+                {"alpn_override": ["istio-http/1.0", "istio", "http/1.0"]},
+                {"alpn_override": ["istio-http/1.1", "istio", "http/1.1"], "upstream_protocol": "HTTP11"},
+                {"alpn_override": ["istio-h2", "istio", "h2"], "upstream_protocol": "HTTP2"}
+            ]
+        }));
+        let HttpFilter::AlpnOverride(o) = http_filter("istio.alpn", &u, "p").expect("accepted")
+        else {
+            panic!("alpn")
+        };
+        assert_eq!(o[0].upstream_protocol, UpstreamProtocol::Http10);
+        assert_eq!(o[2].upstream_protocol, UpstreamProtocol::Http2);
+        assert_eq!(o[2].alpn, ["istio-h2", "istio", "h2"]);
+    }
+
+    #[test]
+    fn grpc_stats_only_without_per_method_statistics() {
+        let istiod = unpacked(json!({
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
+            "emit_filter_state": true, "stats_for_all_methods": false}));
+        assert_eq!(
+            http_filter("grpc_stats", &istiod, "p"),
+            Ok(HttpFilter::GrpcStats {
+                emit_filter_state: true
+            })
+        );
+        let all = unpacked(json!({
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
+            "stats_for_all_methods": true}));
+        let fault = http_filter("grpc_stats", &all, "p").expect_err("refused");
+        assert!(fault.reason.contains("per-method"), "{fault:?}");
+        let router_elsewhere = unpacked(json!({
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor"}));
+        let fault = http_filter("compressor", &router_elsewhere, "p").expect_err("refused");
+        assert_eq!(fault.reason, "HTTP filter \"compressor\" not supported");
+    }
 }
