@@ -98,7 +98,8 @@ pub const READ: &[(&str, &[&str])] = &[
     ),
     (
         "envoy.extensions.filters.network.http_connection_manager.v3.HttpFilter",
-        &["name", "typed_config", "is_optional"],
+        // `config_discovery` is read to be refused by name (ECDS).
+        &["name", "typed_config", "config_discovery", "is_optional"],
     ),
     (
         "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.UpgradeConfig",

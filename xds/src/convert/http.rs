@@ -169,7 +169,16 @@ fn http_filters(filters: &[hcm::HttpFilter], path: &str) -> Result<Vec<HttpFilte
         }
         let any = match &f.config_type {
             Some(hcm::http_filter::ConfigType::TypedConfig(any)) => any,
-            _ => {
+            Some(hcm::http_filter::ConfigType::ConfigDiscovery(_)) => {
+                return Err(Fault::new(
+                    format!("{at}.config_discovery"),
+                    format!(
+                        "HTTP filter {:?} from extension config discovery (ECDS) not supported",
+                        f.name
+                    ),
+                ))
+            }
+            None => {
                 return Err(Fault::new(
                     at,
                     format!("HTTP filter {:?} needs a typed_config", f.name),
@@ -269,8 +278,8 @@ fn wasm(u: &Unpacked, path: &str) -> Result<HttpFilter, Fault> {
         ));
     }
     if let Some(any) = &config.configuration {
-        // The plugin's configuration is a MetadataExchange; its only field that changes
-        // behaviour beyond the protocol is checked by the pool's declared fields.
+        // The plugin's configuration is a MetadataExchange, whose fields the pool declares
+        // only as far as Remora reads them: opening it refuses anything else.
         unpack(any, &format!("{path}.config.configuration"))?;
     }
     Ok(HttpFilter::MetadataExchange(MetadataExchangeForm::Wasm))

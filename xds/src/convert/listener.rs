@@ -368,6 +368,24 @@ mod tests {
     }
 
     #[test]
+    fn filters_from_extension_config_discovery_are_refused_by_name() {
+        let hcm = json!({"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "s", "route_config": {"name": "r"},
+            "http_filters": [
+                {"name": "istio.io/telemetry/stats/prometheus/sidecar/Outbound/HTTP", "config_discovery": {
+                    "config_source": {"ads": {}}, "type_urls": ["type.googleapis.com/stats.PluginConfig"]}},
+                {"name": "envoy.filters.http.router", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}});
+        let err = refusal(listener(json!([hcm])));
+        assert!(err.contains("http_filters[0].config_discovery"), "{err}");
+        assert!(
+            err.ends_with("from extension config discovery (ECDS) not supported"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn hbone_listeners_are_refused_whole() {
         let mut l = listener(json!([tcp_proxy()]));
         l["name"] = "connect_originate".into();
