@@ -35,13 +35,21 @@ impl<T: Resource> Entry<T> {
 /// Resources of one type by name.
 pub type Resources<T> = BTreeMap<String, Arc<Entry<T>>>;
 
-/// Everything held, at one instant.
+/// Everything held, at one instant. Each type's map sits behind its own `Arc`, so an update
+/// of one type copies that map only, and the listener index is rebuilt only when listeners
+/// change.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
-    pub listeners: Resources<ListenerProto>,
-    pub clusters: Resources<ClusterProto>,
-    pub routes: Resources<RouteProto>,
-    pub endpoints: Resources<ClaProto>,
+    pub listeners: Arc<Resources<ListenerProto>>,
+    pub clusters: Arc<Resources<ClusterProto>>,
+    pub routes: Arc<Resources<RouteProto>>,
+    pub endpoints: Arc<Resources<ClaProto>>,
+    index: Arc<ListenerIndex>,
+}
+
+/// Where an original destination leads.
+#[derive(Debug, Default)]
+struct ListenerIndex {
     /// Listeners that are reached through another's `use_original_dst`, by exact address.
     by_address: HashMap<SocketAddr, Arc<Listener>>,
     /// The same, bound to the unspecified address (`0.0.0.0_9080`), by port and family.
@@ -50,38 +58,51 @@ pub struct Snapshot {
     original_dst: Option<Arc<Listener>>,
 }
 
+impl ListenerIndex {
+    fn new(listeners: &Resources<ListenerProto>) -> ListenerIndex {
+        let mut index = ListenerIndex::default();
+        for entry in listeners.values() {
+            let l = &entry.model;
+            if l.use_original_dst {
+                // istiod writes one; should there be more, the first by name is taken.
+                index.original_dst.get_or_insert_with(|| l.clone());
+            } else if !l.bind_to_port {
+                if l.address.ip().is_unspecified() {
+                    index
+                        .by_port
+                        .insert((l.address.is_ipv4(), l.address.port()), l.clone());
+                } else {
+                    index.by_address.insert(l.address, l.clone());
+                }
+            }
+        }
+        index
+    }
+}
+
 impl Snapshot {
-    /// Build a snapshot (and its indexes) from the resources.
+    /// Build a snapshot (and its index) from the resources.
     pub fn new(
         listeners: Resources<ListenerProto>,
         clusters: Resources<ClusterProto>,
         routes: Resources<RouteProto>,
         endpoints: Resources<ClaProto>,
     ) -> Snapshot {
-        let mut by_address = HashMap::new();
-        let mut by_port = HashMap::new();
-        let mut original_dst = None;
-        for entry in listeners.values() {
-            let l = &entry.model;
-            if l.use_original_dst {
-                // istiod writes one; should there be more, the first by name is taken.
-                original_dst.get_or_insert_with(|| l.clone());
-            } else if !l.bind_to_port {
-                if l.address.ip().is_unspecified() {
-                    by_port.insert((l.address.is_ipv4(), l.address.port()), l.clone());
-                } else {
-                    by_address.insert(l.address, l.clone());
-                }
-            }
-        }
         Snapshot {
-            listeners,
-            clusters,
-            routes,
-            endpoints,
-            by_address,
-            by_port,
-            original_dst,
+            index: Arc::new(ListenerIndex::new(&listeners)),
+            listeners: Arc::new(listeners),
+            clusters: Arc::new(clusters),
+            routes: Arc::new(routes),
+            endpoints: Arc::new(endpoints),
+        }
+    }
+
+    /// The same snapshot with other listeners (the index follows them).
+    pub fn with_listeners(&self, listeners: Resources<ListenerProto>) -> Snapshot {
+        Snapshot {
+            index: Arc::new(ListenerIndex::new(&listeners)),
+            listeners: Arc::new(listeners),
+            ..self.clone()
         }
     }
 
@@ -95,10 +116,12 @@ impl Snapshot {
             v4 => v4,
         };
         let destination = SocketAddr::new(ip, destination.port());
-        self.by_address
+        let index = &self.index;
+        index
+            .by_address
             .get(&destination)
-            .or_else(|| self.by_port.get(&(ip.is_ipv4(), destination.port())))
-            .or(self.original_dst.as_ref())
+            .or_else(|| index.by_port.get(&(ip.is_ipv4(), destination.port())))
+            .or(index.original_dst.as_ref())
     }
 
     /// The inbound listener (`virtualInbound`): bound, INBOUND.
