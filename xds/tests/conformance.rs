@@ -175,10 +175,10 @@ fn check_chain(fact: &Value, chain: &FilterChain, at: &str) {
         let name = s(name);
         let ok = match model {
             NetworkFilter::IstioStats(_) => name.starts_with("istio.stats"),
-            NetworkFilter::MetadataExchange { protocol } => {
-                protocol == "istio-peer-exchange" && name.starts_with("istio.metadata_exchange")
+            NetworkFilter::MetadataExchange(mx) => {
+                mx.protocol == "istio-peer-exchange" && name.starts_with("istio.metadata_exchange")
             }
-            NetworkFilter::IstioAuthn => name.starts_with("istio_authn"),
+            NetworkFilter::IstioAuthn { shared } => !shared && name.starts_with("istio_authn"),
             NetworkFilter::Rbac(_) => name.starts_with("envoy.filters.network.rbac"),
         };
         assert!(ok, "{at}: {model:?} for {name}");

@@ -136,7 +136,7 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
                     .with_type(&u.type_url),
             );
         }
-        metadata_exchange = Some(u.string("protocol"));
+        metadata_exchange = Some(super::listener::metadata_exchange(&u));
     }
     let mut http_protocol = UpstreamHttpProtocol::Http1;
     let mut http_idle_timeout = None;

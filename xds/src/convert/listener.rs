@@ -8,7 +8,7 @@ use super::rbac;
 use super::tls::downstream_socket;
 use crate::model::listener::{
     ChainKind, ChainMatch, Direction, FilterChain, InspectorScope, IstioStats, Listener,
-    ListenerFilters, NetworkFilter, TcpChain, TcpTarget,
+    ListenerFilters, MetadataExchange, NetworkFilter, TcpChain, TcpTarget,
 };
 use crate::refusal::Fault;
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
@@ -241,10 +241,10 @@ fn filter_config(f: &pb::Filter, path: &str) -> Result<Unpacked, Fault> {
 fn network_filter(name: &str, u: &Unpacked, path: &str) -> Result<NetworkFilter, Fault> {
     Ok(match u.message_name() {
         STATS => NetworkFilter::IstioStats(istio_stats(u, path)?),
-        METADATA_EXCHANGE => NetworkFilter::MetadataExchange {
-            protocol: u.string("protocol"),
+        METADATA_EXCHANGE => NetworkFilter::MetadataExchange(metadata_exchange(u)),
+        AUTHN => NetworkFilter::IstioAuthn {
+            shared: u.bool("shared"),
         },
-        AUTHN => NetworkFilter::IstioAuthn,
         NETWORK_RBAC => NetworkFilter::Rbac(rbac::network(&u.to(path)?, path)?),
         NETWORK_EXT_AUTHZ => return Err(Fault::new(path, EXT_AUTHZ_REASON)),
         HCM | TCP_PROXY => {
@@ -260,6 +260,15 @@ fn network_filter(name: &str, u: &Unpacked, path: &str) -> Result<NetworkFilter,
             ))
         }
     })
+}
+
+/// Istio's TCP metadata exchange, bare or from a TypedStruct.
+pub fn metadata_exchange(u: &Unpacked) -> MetadataExchange {
+    MetadataExchange {
+        protocol: u.string("protocol"),
+        enable_discovery: u.bool("enable_discovery"),
+        additional_labels: u.strings("additional_labels"),
+    }
 }
 
 /// `stats.PluginConfig`: Istio's standard metrics; a non-default reporter (a waypoint's) is

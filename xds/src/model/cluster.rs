@@ -25,8 +25,8 @@ pub struct Cluster {
     pub load_assignment: Option<ClusterLoadAssignment>,
     /// `filter_metadata.istio`: what Istio's metrics label the traffic with.
     pub istio: IstioClusterMetadata,
-    /// Istio's metadata-exchange upstream filter: the `istio-peer-exchange` protocol.
-    pub metadata_exchange: Option<String>,
+    /// Istio's metadata-exchange upstream filter.
+    pub metadata_exchange: Option<super::listener::MetadataExchange>,
     /// The HTTP protocol to speak upstream.
     pub http_protocol: UpstreamHttpProtocol,
     /// Idle timeout of upstream HTTP connections (`None`: Envoy's default of one hour).

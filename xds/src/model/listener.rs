@@ -109,13 +109,26 @@ pub struct ChainMatch {
 pub enum NetworkFilter {
     /// Istio's standard TCP metrics (`istio.stats`).
     IstioStats(IstioStats),
-    /// Istio's TCP metadata exchange over the given ALPN protocol (`istio-peer-exchange`).
-    MetadataExchange {
-        protocol: String,
+    /// Istio's TCP metadata exchange.
+    MetadataExchange(MetadataExchange),
+    /// `istio_authn`: record the peer's identity for RBAC (`io.istio.peer_principal`);
+    /// `shared`: for the upstream connections too (tunnels).
+    IstioAuthn {
+        shared: bool,
     },
-    /// `istio_authn`: record the peer's identity for RBAC (`io.istio.peer_principal`).
-    IstioAuthn,
     Rbac(Rbac),
+}
+
+/// Istio's TCP metadata exchange (`envoy.tcp.metadataexchange.config.MetadataExchange`), as a
+/// listener's network filter or a cluster's upstream filter.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MetadataExchange {
+    /// The ALPN protocol it runs over (`istio-peer-exchange`).
+    pub protocol: String,
+    /// Fall back to workload discovery when the peer sends no metadata.
+    pub enable_discovery: bool,
+    /// Peer labels to keep beyond Istio's standard ones.
+    pub additional_labels: Vec<String>,
 }
 
 /// `stats.PluginConfig`, as far as it means anything to Remora's metrics.
