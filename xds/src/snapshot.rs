@@ -189,3 +189,67 @@ impl Snapshot {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::convert::{from_json, Resource};
+    use serde_json::{json, Value};
+
+    fn entry<T: Resource>(value: Value) -> (String, Arc<Entry<T>>) {
+        let c = from_json::<T>(&value).unwrap_or_else(|r| panic!("{r}"));
+        let name = c.proto.name().to_string();
+        let entry = Entry {
+            model: Arc::new(c.model),
+            proto: c.proto,
+            version: "1".into(),
+            last_updated: SystemTime::UNIX_EPOCH,
+        };
+        (name, Arc::new(entry))
+    }
+
+    #[test]
+    fn static_endpoints_inbound_listener_and_route_sources() {
+        let clusters = Resources::from([
+            entry::<ClusterProto>(json!({"name": "inbound|8080||", "type": "STATIC",
+                "load_assignment": {"cluster_name": "inbound|8080||", "endpoints": [{"lb_endpoints": [
+                    {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 8080}}}}]}]}})),
+            entry::<ClusterProto>(json!({"name": "PassthroughCluster", "type": "ORIGINAL_DST",
+                "lb_policy": "CLUSTER_PROVIDED"})),
+        ]);
+        let listeners = Resources::from([entry::<ListenerProto>(json!({
+            "name": "virtualInbound", "traffic_direction": "INBOUND",
+            "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15006}},
+            "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": "inbound", "route_config": {"name": "inbound|8080||"},
+                "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]
+        }))]);
+        let snap = Snapshot::new(listeners, clusters, Resources::new(), Resources::new());
+        let endpoints = snap.endpoints("inbound|8080||").expect("static host set");
+        assert_eq!(
+            endpoints.localities[0].endpoints[0].address,
+            "127.0.0.1:8080".parse().expect("addr")
+        );
+        assert!(snap.endpoints("PassthroughCluster").is_none());
+        assert!(snap.endpoints("nowhere").is_none());
+        let inbound = snap.inbound_listener().expect("inbound");
+        assert_eq!(inbound.name, "virtualInbound");
+        // Bound listeners are not reached by original destination; with no virtualOutbound
+        // nothing is.
+        assert!(snap
+            .outbound_listener("10.0.0.1:15006".parse().expect("addr"))
+            .is_none());
+        let crate::model::listener::ChainKind::Http(http) = &inbound.filter_chains[0].kind else {
+            panic!("HTTP")
+        };
+        assert_eq!(
+            snap.routes_of(&http.routes).map(|r| r.name.as_str()),
+            Some("inbound|8080||")
+        );
+        assert!(snap.routes_of(&RouteSource::Rds("9080".into())).is_none());
+        assert!(snap.wanted_routes().is_empty());
+        assert!(snap.wanted_endpoints().is_empty());
+    }
+}
