@@ -26,6 +26,7 @@ pub mod fields;
 mod http;
 mod listener;
 mod rbac;
+mod read;
 mod route;
 mod secret;
 mod tls;
