@@ -155,6 +155,19 @@ impl Snapshot {
         }
     }
 
+    /// The route an HTTP request takes through a chain: its route table (inline, or from RDS),
+    /// the virtual host for `host`, the first route that matches. `None`: Envoy's 404 `NR`.
+    pub fn http_route<'a>(
+        &'a self,
+        chain: &'a crate::model::listener::HttpChain,
+        host: &str,
+        request: &crate::model::route::RequestParts<'_>,
+    ) -> Option<&'a Arc<crate::model::route::Route>> {
+        self.routes_of(&chain.routes)?
+            .virtual_host(host)?
+            .route(request)
+    }
+
     /// The endpoints of a cluster: from EDS for EDS clusters (once they have arrived), else
     /// its own `load_assignment`. ORIGINAL_DST clusters have none (the destination is the
     /// endpoint).
@@ -249,6 +262,14 @@ mod tests {
             Some("inbound|8080||")
         );
         assert!(snap.routes_of(&RouteSource::Rds("9080".into())).is_none());
+        let none = |_: &str| None;
+        let request = crate::model::route::RequestParts {
+            method: "GET",
+            path_and_query: "/health?full=1",
+            header: &none,
+        };
+        // The inline table has a virtual host but no route: no route (404 NR).
+        assert!(snap.http_route(http, "anything", &request).is_none());
         assert!(snap.wanted_routes().is_empty());
         assert!(snap.wanted_endpoints().is_empty());
     }

@@ -163,6 +163,18 @@ pub enum TcpTarget {
     Weighted(Vec<(String, u32)>),
 }
 
+impl TcpTarget {
+    /// The cluster for a connection, given a uniform random `roll` (weights as routes').
+    pub fn pick(&self, roll: u64) -> Option<&str> {
+        match self {
+            TcpTarget::Cluster(name) => Some(name),
+            TcpTarget::Weighted(clusters) => {
+                super::route::pick_weighted(clusters.iter().map(|(n, w)| (n.as_str(), *w)), roll)
+            }
+        }
+    }
+}
+
 /// A chain that ends in the HTTP connection manager.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HttpChain {

@@ -105,6 +105,39 @@ pub enum ClusterTarget {
     Weighted(Vec<WeightedCluster>),
 }
 
+impl ClusterTarget {
+    /// The cluster for a request, given a uniform random `roll`: each weighted cluster in
+    /// proportion to its weight. `None` when every weight is zero.
+    pub fn pick(&self, roll: u64) -> Option<&str> {
+        match self {
+            ClusterTarget::Cluster(name) => Some(name),
+            ClusterTarget::Weighted(clusters) => {
+                pick_weighted(clusters.iter().map(|c| (c.name.as_str(), c.weight)), roll)
+            }
+        }
+    }
+}
+
+/// Pick from `(name, weight)` pairs in proportion to the weights, by `roll`.
+pub fn pick_weighted<'a>(
+    items: impl Iterator<Item = (&'a str, u32)> + Clone,
+    roll: u64,
+) -> Option<&'a str> {
+    let total: u64 = items.clone().map(|(_, w)| u64::from(w)).sum();
+    if total == 0 {
+        return None;
+    }
+    let mut point = roll % total;
+    for (name, weight) in items {
+        let weight = u64::from(weight);
+        if point < weight {
+            return Some(name);
+        }
+        point -= weight;
+    }
+    None
+}
+
 /// One cluster of a weighted set.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WeightedCluster {
@@ -407,6 +440,25 @@ mod tests {
             path_and_query: path,
             header,
         }
+    }
+
+    #[test]
+    fn weighted_clusters_are_picked_in_proportion() {
+        let w = |name: &str, weight| WeightedCluster {
+            name: name.into(),
+            weight,
+            request_headers_to_add: vec![],
+            request_headers_to_remove: vec![],
+            response_headers_to_add: vec![],
+            response_headers_to_remove: vec![],
+        };
+        let target = ClusterTarget::Weighted(vec![w("v1", 90), w("v2", 0), w("v3", 10)]);
+        let picks: Vec<_> = (0..100).filter_map(|roll| target.pick(roll)).collect();
+        assert_eq!(picks.iter().filter(|p| **p == "v1").count(), 90);
+        assert_eq!(picks.iter().filter(|p| **p == "v3").count(), 10);
+        assert_eq!(target.pick(150), Some("v1"), "the roll wraps");
+        assert_eq!(ClusterTarget::Weighted(vec![w("x", 0)]).pick(1), None);
+        assert_eq!(ClusterTarget::Cluster("c".into()).pick(7), Some("c"));
     }
 
     #[test]
