@@ -268,7 +268,7 @@ mod tests {
             path_and_query: "/health?full=1",
             header: &none,
         };
-        // The inline table has a virtual host but no route: no route (404 NR).
+        // The inline table has no virtual hosts: no route (404 NR).
         assert!(snap.http_route(http, "anything", &request).is_none());
         assert!(snap.wanted_routes().is_empty());
         assert!(snap.wanted_endpoints().is_empty());
