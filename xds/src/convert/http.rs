@@ -16,6 +16,7 @@ use prost_reflect::{DynamicMessage, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The HTTP connection manager's message.
 pub const HCM: &str =
     "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
@@ -24,6 +25,7 @@ const PEER_METADATA: &str = "io.istio.http.peer_metadata.Config";
 const HTTP_RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
 const HTTP_EXT_AUTHZ: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
 const ALPN: &str = "istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig";
+/// Istio's stats filter config (network and HTTP alike).
 pub const STATS: &str = "stats.PluginConfig";
 const GRPC_STATS: &str = "envoy.extensions.filters.http.grpc_stats.v3.FilterConfig";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
