@@ -25,9 +25,15 @@ impl Store {
         Store::default()
     }
 
-    /// The current snapshot (cheap: one atomic load and a reference count).
+    /// The current snapshot, to keep (one atomic load and a reference count).
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.current.load_full()
+    }
+
+    /// The current snapshot for a short look, as a connection takes its decision (arc-swap's
+    /// guard: no reference-count traffic between cores). Do not hold it across awaits.
+    pub fn current(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+        self.current.load()
     }
 }
 
@@ -431,7 +437,7 @@ mod tests {
             ),
         );
         assert_eq!(applied.rejected[0].name, "x");
-        assert!(store.snapshot().clusters.is_empty());
+        assert!(store.current().clusters.is_empty());
         let garbage = store.apply(
             type_url::CLUSTER,
             update(
