@@ -1,7 +1,8 @@
 //! The protobuf descriptors of every message Remora may meet in a resource: Envoy's, as
 //! envoy-types generated them (copied by build.rs), and the few that only Istio's Envoy build
 //! knows but istiod sends to every sidecar (`stats.PluginConfig`, metadata exchange, the ALPN
-//! override, peer metadata, `istio_authn`) plus the `TypedStruct` wrappers.
+//! override, peer metadata, `istio_authn`, and HBONE's `connect_authority`, `connect_baggage`
+//! and `set_internal_dst_address`) plus the `TypedStruct` wrappers.
 //!
 //! The Istio ones are built here as `FileDescriptorProto`s rather than compiled from `.proto`
 //! text with protox: they are six small messages, and building them in code costs no build-time
@@ -282,6 +283,35 @@ fn extra_files() -> Vec<FileDescriptorProto> {
             vec![peer_metadata],
             vec![],
         ),
+        // HBONE's (listeners Remora refuses whole): known so that they read, in a TypedStruct
+        // or bare, and are refused for what they are rather than as unknown types.
+        file(
+            "remora/istio/connect_authority.proto",
+            "io.istio.http.connect_authority",
+            &[],
+            vec![message(
+                "Config",
+                vec![
+                    field("enabled", 1, Type::Bool, None),
+                    field("port", 2, Type::Uint32, None),
+                ],
+            )],
+            vec![],
+        ),
+        file(
+            "remora/istio/connect_baggage.proto",
+            "io.istio.http.connect_baggage",
+            &[],
+            vec![message("Config", vec![])],
+            vec![],
+        ),
+        file(
+            "remora/istio/set_internal_dst_address.proto",
+            "istio.set_internal_dst_address.v1",
+            &[],
+            vec![message("Config", vec![])],
+            vec![],
+        ),
         file(
             "remora/istio/authn.proto",
             "io.istio.network.authn",
@@ -314,6 +344,9 @@ mod tests {
             "istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig",
             "io.istio.http.peer_metadata.Config",
             "io.istio.network.authn.Config",
+            "io.istio.http.connect_authority.Config",
+            "io.istio.http.connect_baggage.Config",
+            "istio.set_internal_dst_address.v1.Config",
         ] {
             assert!(pool.get_message_by_name(name).is_some(), "{name}");
         }

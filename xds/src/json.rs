@@ -48,9 +48,7 @@ pub fn message_name(type_url: &str) -> &str {
 /// Read `value` as a `full_name` message.
 pub fn from_json(value: &Value, full_name: &str) -> Result<DynamicMessage, JsonError> {
     let desc = descriptor(full_name)?;
-    // prost-reflect's own error for an unknown `@type` names neither the URL's place nor,
-    // behind an Any, the path; look for them first so the error says both.
-    check_types(value, &mut String::new())?;
+    let original = value;
     let mut value = std::borrow::Cow::Borrowed(value);
     // Envoy prints an `Any` that is set but empty (no type URL) as `{}`, which proto3 JSON
     // readers refuse for want of `@type`; Envoy treats it as unset, and so does this: each such
@@ -68,6 +66,10 @@ pub fn from_json(value: &Value, full_name: &str) -> Result<DynamicMessage, JsonE
                 {
                     continue;
                 }
+                // prost-reflect's own error for an unknown `@type` names neither the URL nor,
+                // behind an Any, the place; find them to say both. (Only after a failure: a
+                // Struct may hold an `@type` key that is just data.)
+                check_types(original, &mut String::new())?;
                 return Err(JsonError::Invalid { path, reason });
             }
         }
@@ -259,6 +261,13 @@ mod tests {
                 path: "filter_chains[1].filters[0].typed_config".into()
             }
         );
+    }
+
+    #[test]
+    fn an_at_type_key_inside_a_struct_is_data() {
+        let value = json!({"name": "l", "metadata": {"filter_metadata": {"acme": {"@type": "not a type"}}}});
+        let listener: Listener = from_json_typed(&value, LISTENER).expect("reads");
+        assert!(listener.metadata.is_some());
     }
 
     #[test]

@@ -35,13 +35,21 @@ impl<T: Resource> Entry<T> {
 /// Resources of one type by name.
 pub type Resources<T> = BTreeMap<String, Arc<Entry<T>>>;
 
-/// Everything held, at one instant.
+/// Everything held, at one instant. Each type's map sits behind its own `Arc`, so an update
+/// of one type copies that map only, and the listener index is rebuilt only when listeners
+/// change.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
-    pub listeners: Resources<ListenerProto>,
-    pub clusters: Resources<ClusterProto>,
-    pub routes: Resources<RouteProto>,
-    pub endpoints: Resources<ClaProto>,
+    pub listeners: Arc<Resources<ListenerProto>>,
+    pub clusters: Arc<Resources<ClusterProto>>,
+    pub routes: Arc<Resources<RouteProto>>,
+    pub endpoints: Arc<Resources<ClaProto>>,
+    index: Arc<ListenerIndex>,
+}
+
+/// Where an original destination leads.
+#[derive(Debug, Default)]
+struct ListenerIndex {
     /// Listeners that are reached through another's `use_original_dst`, by exact address.
     by_address: HashMap<SocketAddr, Arc<Listener>>,
     /// The same, bound to the unspecified address (`0.0.0.0_9080`), by port and family.
@@ -50,38 +58,51 @@ pub struct Snapshot {
     original_dst: Option<Arc<Listener>>,
 }
 
+impl ListenerIndex {
+    fn new(listeners: &Resources<ListenerProto>) -> ListenerIndex {
+        let mut index = ListenerIndex::default();
+        for entry in listeners.values() {
+            let l = &entry.model;
+            if l.use_original_dst {
+                // istiod writes one; should there be more, the first by name is taken.
+                index.original_dst.get_or_insert_with(|| l.clone());
+            } else if !l.bind_to_port {
+                if l.address.ip().is_unspecified() {
+                    index
+                        .by_port
+                        .insert((l.address.is_ipv4(), l.address.port()), l.clone());
+                } else {
+                    index.by_address.insert(l.address, l.clone());
+                }
+            }
+        }
+        index
+    }
+}
+
 impl Snapshot {
-    /// Build a snapshot (and its indexes) from the resources.
+    /// Build a snapshot (and its index) from the resources.
     pub fn new(
         listeners: Resources<ListenerProto>,
         clusters: Resources<ClusterProto>,
         routes: Resources<RouteProto>,
         endpoints: Resources<ClaProto>,
     ) -> Snapshot {
-        let mut by_address = HashMap::new();
-        let mut by_port = HashMap::new();
-        let mut original_dst = None;
-        for entry in listeners.values() {
-            let l = &entry.model;
-            if l.use_original_dst {
-                // istiod writes one; should there be more, the first by name is taken.
-                original_dst.get_or_insert_with(|| l.clone());
-            } else if !l.bind_to_port {
-                if l.address.ip().is_unspecified() {
-                    by_port.insert((l.address.is_ipv4(), l.address.port()), l.clone());
-                } else {
-                    by_address.insert(l.address, l.clone());
-                }
-            }
-        }
         Snapshot {
-            listeners,
-            clusters,
-            routes,
-            endpoints,
-            by_address,
-            by_port,
-            original_dst,
+            index: Arc::new(ListenerIndex::new(&listeners)),
+            listeners: Arc::new(listeners),
+            clusters: Arc::new(clusters),
+            routes: Arc::new(routes),
+            endpoints: Arc::new(endpoints),
+        }
+    }
+
+    /// The same snapshot with other listeners (the index follows them).
+    pub fn with_listeners(&self, listeners: Resources<ListenerProto>) -> Snapshot {
+        Snapshot {
+            index: Arc::new(ListenerIndex::new(&listeners)),
+            listeners: Arc::new(listeners),
+            ..self.clone()
         }
     }
 
@@ -95,10 +116,12 @@ impl Snapshot {
             v4 => v4,
         };
         let destination = SocketAddr::new(ip, destination.port());
-        self.by_address
+        let index = &self.index;
+        index
+            .by_address
             .get(&destination)
-            .or_else(|| self.by_port.get(&(ip.is_ipv4(), destination.port())))
-            .or(self.original_dst.as_ref())
+            .or_else(|| index.by_port.get(&(ip.is_ipv4(), destination.port())))
+            .or(index.original_dst.as_ref())
     }
 
     /// The inbound listener (`virtualInbound`): bound, INBOUND.
@@ -130,6 +153,19 @@ impl Snapshot {
             RouteSource::Inline(rc) => Some(rc),
             RouteSource::Rds(name) => self.route_configuration(name),
         }
+    }
+
+    /// The route an HTTP request takes through a chain: its route table (inline, or from RDS),
+    /// the virtual host for `host`, the first route that matches. `None`: Envoy's 404 `NR`.
+    pub fn http_route<'a>(
+        &'a self,
+        chain: &'a crate::model::listener::HttpChain,
+        host: &str,
+        request: &crate::model::route::RequestParts<'_>,
+    ) -> Option<&'a Arc<crate::model::route::Route>> {
+        self.routes_of(&chain.routes)?
+            .virtual_host(host)?
+            .route(request)
     }
 
     /// The endpoints of a cluster: from EDS for EDS clusters (once they have arrived), else
@@ -164,5 +200,77 @@ impl Snapshot {
                 crate::model::listener::ChainKind::Tcp(_) => None,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::convert::{from_json, Resource};
+    use serde_json::{json, Value};
+
+    fn entry<T: Resource>(value: Value) -> (String, Arc<Entry<T>>) {
+        let c = from_json::<T>(&value).unwrap_or_else(|r| panic!("{r}"));
+        let name = c.proto.name().to_string();
+        let entry = Entry {
+            model: Arc::new(c.model),
+            proto: c.proto,
+            version: "1".into(),
+            last_updated: SystemTime::UNIX_EPOCH,
+        };
+        (name, Arc::new(entry))
+    }
+
+    #[test]
+    fn static_endpoints_inbound_listener_and_route_sources() {
+        let clusters = Resources::from([
+            entry::<ClusterProto>(json!({"name": "inbound|8080||", "type": "STATIC",
+                "load_assignment": {"cluster_name": "inbound|8080||", "endpoints": [{"lb_endpoints": [
+                    {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 8080}}}}]}]}})),
+            entry::<ClusterProto>(json!({"name": "PassthroughCluster", "type": "ORIGINAL_DST",
+                "lb_policy": "CLUSTER_PROVIDED"})),
+        ]);
+        let listeners = Resources::from([entry::<ListenerProto>(json!({
+            "name": "virtualInbound", "traffic_direction": "INBOUND",
+            "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15006}},
+            "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": "inbound", "route_config": {"name": "inbound|8080||"},
+                "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]
+        }))]);
+        let snap = Snapshot::new(listeners, clusters, Resources::new(), Resources::new());
+        let endpoints = snap.endpoints("inbound|8080||").expect("static host set");
+        assert_eq!(
+            endpoints.localities[0].endpoints[0].address,
+            "127.0.0.1:8080".parse().expect("addr")
+        );
+        assert!(snap.endpoints("PassthroughCluster").is_none());
+        assert!(snap.endpoints("nowhere").is_none());
+        let inbound = snap.inbound_listener().expect("inbound");
+        assert_eq!(inbound.name, "virtualInbound");
+        // Bound listeners are not reached by original destination; with no virtualOutbound
+        // nothing is.
+        assert!(snap
+            .outbound_listener("10.0.0.1:15006".parse().expect("addr"))
+            .is_none());
+        let crate::model::listener::ChainKind::Http(http) = &inbound.filter_chains[0].kind else {
+            panic!("HTTP")
+        };
+        assert_eq!(
+            snap.routes_of(&http.routes).map(|r| r.name.as_str()),
+            Some("inbound|8080||")
+        );
+        assert!(snap.routes_of(&RouteSource::Rds("9080".into())).is_none());
+        let none = |_: &str| None;
+        let request = crate::model::route::RequestParts {
+            method: "GET",
+            path_and_query: "/health?full=1",
+            header: &none,
+        };
+        // The inline table has no virtual hosts: no route (404 NR).
+        assert!(snap.http_route(http, "anything", &request).is_none());
+        assert!(snap.wanted_routes().is_empty());
+        assert!(snap.wanted_endpoints().is_empty());
     }
 }

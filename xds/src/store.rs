@@ -25,9 +25,15 @@ impl Store {
         Store::default()
     }
 
-    /// The current snapshot (cheap: one atomic load and a reference count).
+    /// The current snapshot, to keep (one atomic load and a reference count).
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.current.load_full()
+    }
+
+    /// The current snapshot for a short look, as a connection takes its decision (arc-swap's
+    /// guard: no reference-count traffic between cores). Do not hold it across awaits.
+    pub fn current(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+        self.current.load()
     }
 }
 
@@ -96,6 +102,13 @@ fn apply_to<T: Resource>(
     rejected
 }
 
+/// Drop what is no longer wanted (copying the map only when something goes).
+fn prune<T: Resource>(held: &mut Arc<Resources<T>>, wanted: &BTreeSet<String>) {
+    if held.keys().any(|name| !wanted.contains(name)) {
+        Arc::make_mut(held).retain(|name, _| wanted.contains(name));
+    }
+}
+
 impl Sink for Store {
     fn apply(&self, type_url: &str, update: Update) -> Applied {
         // A poisoned lock only means another writer panicked; the snapshot it guards is
@@ -104,27 +117,31 @@ impl Sink for Store {
             .writer
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let old = self.current.load_full();
-        let mut listeners = old.listeners.clone();
-        let mut clusters = old.clusters.clone();
-        let mut routes = old.routes.clone();
-        let mut endpoints = old.endpoints.clone();
+        let mut next = Snapshot::clone(&self.current.load_full());
         let now = SystemTime::now();
         let mut applied = Applied::default();
         match type_url {
             type_url::LISTENER => {
+                let mut listeners = Resources::clone(&next.listeners);
                 applied.rejected = apply_to(&mut listeners, update, true, now);
+                next = next.with_listeners(listeners);
+                let wanted = next.wanted_routes();
+                prune(&mut next.routes, &wanted);
+                applied.wanted.insert(type_url::ROUTE, wanted);
             }
             type_url::CLUSTER => {
-                applied.rejected = apply_to(&mut clusters, update, true, now);
+                applied.rejected = apply_to(Arc::make_mut(&mut next.clusters), update, true, now);
+                let wanted = next.wanted_endpoints();
+                prune(&mut next.endpoints, &wanted);
+                applied.wanted.insert(type_url::ENDPOINT, wanted);
             }
             // State of the world for RDS and EDS carries only what was asked: absence is no
-            // removal; what no listener or cluster wants any more is dropped below.
+            // removal; what no listener or cluster wants any more is pruned above.
             type_url::ROUTE => {
-                applied.rejected = apply_to(&mut routes, update, false, now);
+                applied.rejected = apply_to(Arc::make_mut(&mut next.routes), update, false, now);
             }
             type_url::ENDPOINT => {
-                applied.rejected = apply_to(&mut endpoints, update, false, now);
+                applied.rejected = apply_to(Arc::make_mut(&mut next.endpoints), update, false, now);
             }
             other => {
                 applied.rejected = update
@@ -137,20 +154,6 @@ impl Sink for Store {
                     .collect();
                 return applied;
             }
-        }
-        let mut next = Snapshot::new(listeners, clusters, routes, endpoints);
-        match type_url {
-            type_url::LISTENER => {
-                let wanted = next.wanted_routes();
-                next.routes.retain(|name, _| wanted.contains(name));
-                applied.wanted.insert(type_url::ROUTE, wanted);
-            }
-            type_url::CLUSTER => {
-                let wanted = next.wanted_endpoints();
-                next.endpoints.retain(|name, _| wanted.contains(name));
-                applied.wanted.insert(type_url::ENDPOINT, wanted);
-            }
-            _ => {}
         }
         self.current.store(Arc::new(next));
         applied
@@ -375,6 +378,42 @@ mod tests {
     }
 
     #[test]
+    fn an_update_copies_only_its_own_type() {
+        let store = Store::new();
+        store.apply(
+            type_url::LISTENER,
+            update(
+                vec![delivered::<ListenerProto>(
+                    "",
+                    "1",
+                    http_listener("0.0.0.0_80", 80, "80"),
+                )],
+                true,
+            ),
+        );
+        let before = store.snapshot();
+        store.apply(
+            type_url::CLUSTER,
+            update(
+                vec![delivered::<ClusterProto>("", "1", eds_cluster("a", "1s"))],
+                true,
+            ),
+        );
+        let after = store.snapshot();
+        assert!(Arc::ptr_eq(&before.listeners, &after.listeners));
+        assert!(!Arc::ptr_eq(&before.clusters, &after.clusters));
+        // The old snapshot is untouched: readers holding it see one consistent world.
+        assert!(before.clusters.is_empty());
+        assert_eq!(after.clusters.len(), 1);
+        assert_eq!(
+            after
+                .outbound_listener("10.0.0.1:80".parse().expect("addr"))
+                .map(|l| l.name.as_str()),
+            Some("0.0.0.0_80")
+        );
+    }
+
+    #[test]
     fn unknown_types_and_misnamed_resources_are_refused() {
         let store = Store::new();
         let applied = store.apply(
@@ -398,7 +437,7 @@ mod tests {
             ),
         );
         assert_eq!(applied.rejected[0].name, "x");
-        assert!(store.snapshot().clusters.is_empty());
+        assert!(store.current().clusters.is_empty());
         let garbage = store.apply(
             type_url::CLUSTER,
             update(

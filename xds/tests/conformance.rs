@@ -175,10 +175,10 @@ fn check_chain(fact: &Value, chain: &FilterChain, at: &str) {
         let name = s(name);
         let ok = match model {
             NetworkFilter::IstioStats(_) => name.starts_with("istio.stats"),
-            NetworkFilter::MetadataExchange { protocol } => {
-                protocol == "istio-peer-exchange" && name.starts_with("istio.metadata_exchange")
+            NetworkFilter::MetadataExchange(mx) => {
+                mx.protocol == "istio-peer-exchange" && name.starts_with("istio.metadata_exchange")
             }
-            NetworkFilter::IstioAuthn => name.starts_with("istio_authn"),
+            NetworkFilter::IstioAuthn { shared } => !shared && name.starts_with("istio_authn"),
             NetworkFilter::Rbac(_) => name.starts_with("envoy.filters.network.rbac"),
         };
         assert!(ok, "{at}: {model:?} for {name}");
@@ -501,4 +501,55 @@ fn outbound_ports_reach_the_protocol_route_table_or_cluster_of_their_facts() {
         12,
         "the 12 RDS route tables the listeners name"
     );
+}
+
+#[test]
+fn the_listeners_as_ads_delivers_them_apply_but_the_named_exceptions() {
+    let Some(dir) = conformance_dir() else { return };
+    // Each listener as bytes, as an ADS response carries it: the binary form of every
+    // Istio-only Any and TypedStruct goes through the same read as the JSON one.
+    let resources = resources(&dir, "authz-sidecar", "listeners")
+        .iter()
+        .map(|l| {
+            let desc = remora_xds::json::from_json(l, "envoy.config.listener.v3.Listener")
+                .unwrap_or_else(|e| panic!("{e}"));
+            Delivered {
+                name: s(&l["name"]).to_string(),
+                version: "2023-06-20T09:08:58Z/4".into(),
+                body: prost::Message::encode_to_vec(&desc),
+            }
+        })
+        .collect();
+    let store = Store::new();
+    let applied = store.apply(
+        type_url::LISTENER,
+        Update {
+            resources,
+            removed: vec![],
+            complete: true,
+        },
+    );
+    let mut rejected: Vec<(&str, &str)> = applied
+        .rejected
+        .iter()
+        .map(|r| (r.name.as_str(), r.reason.as_str()))
+        .collect();
+    rejected.sort();
+    assert_eq!(rejected.len(), 4, "{rejected:#?}");
+    for (name, reason) in &rejected {
+        let want = if *name == "virtualInbound" {
+            EXT_AUTHZ_REASON
+        } else {
+            HBONE_REASON
+        };
+        assert!(reason.ends_with(want), "{name}: {reason}");
+    }
+    let snapshot = store.snapshot();
+    assert_eq!(snapshot.listeners.len(), 23);
+    let wanted = &applied.wanted[type_url::ROUTE];
+    assert!(
+        wanted.contains("9080") && wanted.contains("80"),
+        "{wanted:?}"
+    );
+    assert_eq!(wanted, &snapshot.wanted_routes());
 }

@@ -261,7 +261,7 @@ fn clusters_reproduce_their_facts() {
         let hosts: Vec<&str> = c.istio.services.iter().map(|s| s.host.as_str()).collect();
         assert_eq!(hosts, ["productpage.default.svc.cluster.local"], "{at}");
         assert_eq!(
-            c.metadata_exchange.as_deref(),
+            c.metadata_exchange.as_ref().map(|m| m.protocol.as_str()),
             Some("istio-peer-exchange"),
             "{at}"
         );

@@ -4,7 +4,8 @@
 
 use remora_xds::convert::from_json;
 use remora_xds::model::listener::{
-    ChainKind, HttpFilter, MetadataExchangeForm, NetworkFilter, PeerDiscovery, RouteSource,
+    ChainKind, HttpFilter, MetadataExchange, MetadataExchangeForm, NetworkFilter, PeerDiscovery,
+    RouteSource,
 };
 use remora_xds::model::route::Action;
 use serde_json::Value;
@@ -29,10 +30,12 @@ fn typed_struct_network_filter_and_peer_metadata_in_a_typed_struct() {
     assert_eq!(
         chain.filters,
         vec![
-            NetworkFilter::IstioAuthn,
-            NetworkFilter::MetadataExchange {
-                protocol: "istio-peer-exchange".into()
-            }
+            NetworkFilter::IstioAuthn { shared: true },
+            NetworkFilter::MetadataExchange(MetadataExchange {
+                protocol: "istio-peer-exchange".into(),
+                enable_discovery: true,
+                additional_labels: vec![],
+            })
         ]
     );
     let ChainKind::Http(http) = &chain.kind else {

@@ -42,6 +42,17 @@ impl Unpacked {
         }
     }
 
+    /// A repeated string field of an Istio-only message.
+    pub fn strings(&self, field: &str) -> Vec<String> {
+        match self.message.get_field_by_name(field).as_deref() {
+            Some(Value::List(items)) => items
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// A bool field of an Istio-only message.
     pub fn bool(&self, field: &str) -> bool {
         matches!(

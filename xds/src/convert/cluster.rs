@@ -56,6 +56,19 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
                 }
             }
             Ok(D::Eds) => {
+                let ads = matches!(
+                    c.eds_cluster_config
+                        .as_ref()
+                        .and_then(|e| e.eds_config.as_ref())
+                        .and_then(|s| s.config_source_specifier.as_ref()),
+                    Some(envoy_types::pb::envoy::config::core::v3::config_source::ConfigSourceSpecifier::Ads(_))
+                );
+                if !ads {
+                    return Err(Fault::new(
+                        "eds_cluster_config.eds_config",
+                        "only ADS endpoint sources are supported",
+                    ));
+                }
                 let service_name = c
                     .eds_cluster_config
                     .as_ref()
@@ -136,11 +149,12 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
                     .with_type(&u.type_url),
             );
         }
-        metadata_exchange = Some(u.string("protocol"));
+        metadata_exchange = Some(super::listener::metadata_exchange(&u));
     }
     let mut http_protocol = UpstreamHttpProtocol::Http1;
     let mut http_idle_timeout = None;
     let mut max_requests_per_connection = None;
+    let mut http2_max_concurrent_streams = None;
     for (key, any) in &c.typed_extension_protocol_options {
         let at = format!("typed_extension_protocol_options[{key}]");
         let u = unpack(any, &at)?;
@@ -168,7 +182,11 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
             Some(P::ExplicitHttpConfig(e)) => {
                 use upstream_http::http_protocol_options::explicit_http_config::ProtocolConfig as E;
                 match &e.protocol_config {
-                    Some(E::Http2ProtocolOptions(_)) => UpstreamHttpProtocol::Http2,
+                    Some(E::Http2ProtocolOptions(h2)) => {
+                        http2_max_concurrent_streams =
+                            h2.max_concurrent_streams.as_ref().map(|v| v.value);
+                        UpstreamHttpProtocol::Http2
+                    }
                     Some(E::HttpProtocolOptions(_)) | None => UpstreamHttpProtocol::Http1,
                     Some(_) => {
                         return Err(Fault::new(
@@ -178,7 +196,20 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
                     }
                 }
             }
-            Some(P::UseDownstreamProtocolConfig(_)) => UpstreamHttpProtocol::Downstream,
+            Some(P::UseDownstreamProtocolConfig(d)) => {
+                if d.http3_protocol_options.is_some() {
+                    return Err(Fault::new(
+                        format!("{at}.use_downstream_protocol_config"),
+                        "HTTP/3 not supported",
+                    ));
+                }
+                http2_max_concurrent_streams = d
+                    .http2_protocol_options
+                    .as_ref()
+                    .and_then(|h2| h2.max_concurrent_streams.as_ref())
+                    .map(|v| v.value);
+                UpstreamHttpProtocol::Downstream
+            }
             Some(_) => return Err(Fault::new(at, "auto_config not supported")),
         };
     }
@@ -219,6 +250,7 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
         http_protocol,
         http_idle_timeout,
         max_requests_per_connection,
+        http2_max_concurrent_streams,
         upstream_bind_address,
     })
 }
@@ -483,7 +515,7 @@ mod tests {
     fn real_limits_and_unsupported_policies_are_refused() {
         let mut limited = unlimited();
         limited["thresholds"][0]["max_connections"] = json!(100);
-        let err = convert(json!({"name": "c", "type": "EDS", "circuit_breakers": limited}))
+        let err = convert(json!({"name": "c", "type": "STATIC", "circuit_breakers": limited}))
             .expect_err("refused");
         assert!(
             err.contains("circuit_breakers.thresholds[0].max_connections"),
@@ -496,6 +528,8 @@ mod tests {
             err.contains("circuit breaker limits not supported"),
             "{err}"
         );
+        let err = convert(json!({"name": "c", "type": "EDS"})).expect_err("refused");
+        assert!(err.contains("only ADS endpoint sources"), "{err}");
         let err = convert(json!({"name": "c", "lb_policy": "RING_HASH"})).expect_err("refused");
         assert!(err.contains("RING_HASH not supported"), "{err}");
         let err =
@@ -519,7 +553,8 @@ mod tests {
     #[test]
     fn least_request_choice_count_and_typed_sans() {
         let c = convert(json!({
-            "name": "c", "type": "EDS", "lb_policy": "LEAST_REQUEST", "least_request_lb_config": {"choice_count": 3},
+            "name": "c", "type": "EDS", "eds_cluster_config": {"eds_config": {"ads": {}}},
+            "lb_policy": "LEAST_REQUEST", "least_request_lb_config": {"choice_count": 3},
             "transport_socket_matches": [{"name": "tlsMode-istio", "match": {"tlsMode": "istio"}, "transport_socket": {
                 "name": "envoy.transport_sockets.tls", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",

@@ -16,6 +16,7 @@ use prost_reflect::{DynamicMessage, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The HTTP connection manager's message.
 pub const HCM: &str =
     "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
@@ -24,6 +25,7 @@ const PEER_METADATA: &str = "io.istio.http.peer_metadata.Config";
 const HTTP_RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
 const HTTP_EXT_AUTHZ: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
 const ALPN: &str = "istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig";
+/// Istio's stats filter config (network and HTTP alike).
 pub const STATS: &str = "stats.PluginConfig";
 const GRPC_STATS: &str = "envoy.extensions.filters.http.grpc_stats.v3.FilterConfig";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
@@ -169,7 +171,16 @@ fn http_filters(filters: &[hcm::HttpFilter], path: &str) -> Result<Vec<HttpFilte
         }
         let any = match &f.config_type {
             Some(hcm::http_filter::ConfigType::TypedConfig(any)) => any,
-            _ => {
+            Some(hcm::http_filter::ConfigType::ConfigDiscovery(_)) => {
+                return Err(Fault::new(
+                    format!("{at}.config_discovery"),
+                    format!(
+                        "HTTP filter {:?} from extension config discovery (ECDS) not supported",
+                        f.name
+                    ),
+                ))
+            }
+            None => {
                 return Err(Fault::new(
                     at,
                     format!("HTTP filter {:?} needs a typed_config", f.name),
@@ -204,9 +215,23 @@ pub fn http_filter(name: &str, u: &Unpacked, path: &str) -> Result<HttpFilter, F
         HTTP_EXT_AUTHZ => return Err(Fault::new(path, EXT_AUTHZ_REASON)),
         ALPN => HttpFilter::AlpnOverride(alpn(&u.message, path)?),
         STATS => HttpFilter::IstioStats(super::listener::istio_stats(u, path)?),
-        GRPC_STATS => HttpFilter::GrpcStats {
-            emit_filter_state: u.bool("emit_filter_state"),
-        },
+        GRPC_STATS => {
+            use envoy_types::pb::envoy::extensions::filters::http::grpc_stats::v3 as grpc;
+            let g: grpc::FilterConfig = u.to(path)?;
+            // Per-method statistics are Envoy's own metrics, which Remora does not emit;
+            // istiod writes `stats_for_all_methods: false`.
+            match &g.per_method_stat_specifier {
+                None => {}
+                Some(grpc::filter_config::PerMethodStatSpecifier::StatsForAllMethods(b))
+                    if !b.value => {}
+                Some(_) => {
+                    return Err(Fault::new(path, "per-method gRPC statistics not supported"))
+                }
+            }
+            HttpFilter::GrpcStats {
+                emit_filter_state: g.emit_filter_state,
+            }
+        }
         FAULT => HttpFilter::Fault,
         CORS => HttpFilter::Cors,
         _ => {
@@ -255,8 +280,8 @@ fn wasm(u: &Unpacked, path: &str) -> Result<HttpFilter, Fault> {
         ));
     }
     if let Some(any) = &config.configuration {
-        // The plugin's configuration is a MetadataExchange; its only field that changes
-        // behaviour beyond the protocol is checked by the pool's declared fields.
+        // The plugin's configuration is a MetadataExchange, whose fields the pool declares
+        // only as far as Remora reads them: opening it refuses anything else.
         unpack(any, &format!("{path}.config.configuration"))?;
     }
     Ok(HttpFilter::MetadataExchange(MetadataExchangeForm::Wasm))
@@ -341,4 +366,67 @@ fn alpn(m: &DynamicMessage, path: &str) -> Result<Vec<AlpnOverride>, Fault> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::config::listener::v3::{
+        listener_filter::ConfigType, ListenerFilter,
+    };
+    use serde_json::json;
+
+    /// An HTTP filter's typed config, opened as the converter opens it.
+    fn unpacked(config: serde_json::Value) -> Unpacked {
+        let f: ListenerFilter = crate::json::from_json_typed(
+            &json!({"name": "f", "typed_config": config}),
+            "envoy.config.listener.v3.ListenerFilter",
+        )
+        .expect("reads");
+        let Some(ConfigType::TypedConfig(any)) = f.config_type else {
+            panic!("typed")
+        };
+        unpack(&any, "typed_config").expect("opens")
+    }
+
+    #[test]
+    fn alpn_override_maps_each_upstream_protocol() {
+        let u = unpacked(json!({
+            "@type": "type.googleapis.com/istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig",
+            "alpn_override": [
+                {"alpn_override": ["istio-http/1.0", "istio", "http/1.0"]},
+                {"alpn_override": ["istio-http/1.1", "istio", "http/1.1"], "upstream_protocol": "HTTP11"},
+                {"alpn_override": ["istio-h2", "istio", "h2"], "upstream_protocol": "HTTP2"}
+            ]
+        }));
+        let HttpFilter::AlpnOverride(o) = http_filter("istio.alpn", &u, "p").expect("accepted")
+        else {
+            panic!("alpn")
+        };
+        assert_eq!(o[0].upstream_protocol, UpstreamProtocol::Http10);
+        assert_eq!(o[2].upstream_protocol, UpstreamProtocol::Http2);
+        assert_eq!(o[2].alpn, ["istio-h2", "istio", "h2"]);
+    }
+
+    #[test]
+    fn grpc_stats_only_without_per_method_statistics() {
+        let istiod = unpacked(json!({
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
+            "emit_filter_state": true, "stats_for_all_methods": false}));
+        assert_eq!(
+            http_filter("grpc_stats", &istiod, "p"),
+            Ok(HttpFilter::GrpcStats {
+                emit_filter_state: true
+            })
+        );
+        let all = unpacked(json!({
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
+            "stats_for_all_methods": true}));
+        let fault = http_filter("grpc_stats", &all, "p").expect_err("refused");
+        assert!(fault.reason.contains("per-method"), "{fault:?}");
+        let router_elsewhere = unpacked(json!({
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor"}));
+        let fault = http_filter("compressor", &router_elsewhere, "p").expect_err("refused");
+        assert_eq!(fault.reason, "HTTP filter \"compressor\" not supported");
+    }
 }

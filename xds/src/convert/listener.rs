@@ -8,7 +8,7 @@ use super::rbac;
 use super::tls::downstream_socket;
 use crate::model::listener::{
     ChainKind, ChainMatch, Direction, FilterChain, InspectorScope, IstioStats, Listener,
-    ListenerFilters, NetworkFilter, TcpChain, TcpTarget,
+    ListenerFilters, MetadataExchange, NetworkFilter, TcpChain, TcpTarget,
 };
 use crate::refusal::Fault;
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
@@ -241,10 +241,10 @@ fn filter_config(f: &pb::Filter, path: &str) -> Result<Unpacked, Fault> {
 fn network_filter(name: &str, u: &Unpacked, path: &str) -> Result<NetworkFilter, Fault> {
     Ok(match u.message_name() {
         STATS => NetworkFilter::IstioStats(istio_stats(u, path)?),
-        METADATA_EXCHANGE => NetworkFilter::MetadataExchange {
-            protocol: u.string("protocol"),
+        METADATA_EXCHANGE => NetworkFilter::MetadataExchange(metadata_exchange(u)),
+        AUTHN => NetworkFilter::IstioAuthn {
+            shared: u.bool("shared"),
         },
-        AUTHN => NetworkFilter::IstioAuthn,
         NETWORK_RBAC => NetworkFilter::Rbac(rbac::network(&u.to(path)?, path)?),
         NETWORK_EXT_AUTHZ => return Err(Fault::new(path, EXT_AUTHZ_REASON)),
         HCM | TCP_PROXY => {
@@ -260,6 +260,15 @@ fn network_filter(name: &str, u: &Unpacked, path: &str) -> Result<NetworkFilter,
             ))
         }
     })
+}
+
+/// Istio's TCP metadata exchange, bare or from a TypedStruct.
+pub fn metadata_exchange(u: &Unpacked) -> MetadataExchange {
+    MetadataExchange {
+        protocol: u.string("protocol"),
+        enable_discovery: u.bool("enable_discovery"),
+        additional_labels: u.strings("additional_labels"),
+    }
 }
 
 /// `stats.PluginConfig`: Istio's standard metrics; a non-default reporter (a waypoint's) is
@@ -365,6 +374,24 @@ mod tests {
         );
         let err = refusal(listener(json!([])));
         assert!(err.contains("a filter chain without filters"), "{err}");
+    }
+
+    #[test]
+    fn filters_from_extension_config_discovery_are_refused_by_name() {
+        let hcm = json!({"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "s", "route_config": {"name": "r"},
+            "http_filters": [
+                {"name": "istio.io/telemetry/stats/prometheus/sidecar/Outbound/HTTP", "config_discovery": {
+                    "config_source": {"ads": {}}, "type_urls": ["type.googleapis.com/stats.PluginConfig"]}},
+                {"name": "envoy.filters.http.router", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}});
+        let err = refusal(listener(json!([hcm])));
+        assert!(err.contains("http_filters[0].config_discovery"), "{err}");
+        assert!(
+            err.ends_with("from extension config discovery (ECDS) not supported"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub mod fields;
 mod http;
 mod listener;
 mod rbac;
+mod read;
 mod route;
 mod secret;
 mod tls;
@@ -238,4 +239,54 @@ pub fn route_configuration(r: &RouteProto) -> Result<model::RouteConfiguration, 
 /// A host set.
 pub fn cluster_load_assignment(c: &ClaProto) -> Result<model::ClusterLoadAssignment, Refusal> {
     from_proto(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cluster_bytes() -> Vec<u8> {
+        let c: ClusterProto = json::from_json_typed(
+            &json!({"name": "c", "type": "STATIC", "connect_timeout": "1s"}),
+            "envoy.config.cluster.v3.Cluster",
+        )
+        .expect("reads");
+        c.encode_to_vec()
+    }
+
+    #[test]
+    fn bytes_with_a_field_no_descriptor_knows_are_refused() {
+        let mut bytes = cluster_bytes();
+        assert!(from_bytes::<ClusterProto>(&bytes).is_ok());
+        // Field 9999, varint 1: what a newer istiod could send and prost would drop.
+        prost::encoding::encode_key(9999, prost::encoding::WireType::Varint, &mut bytes);
+        prost::encoding::encode_varint(1, &mut bytes);
+        let refusal = from_bytes::<ClusterProto>(&bytes).expect_err("refused");
+        assert_eq!(refusal.name, "c");
+        assert!(
+            refusal.reason.contains("unknown field number 9999"),
+            "{refusal}"
+        );
+        let garbage = from_bytes::<ClusterProto>(&[0x0a, 0xff]).expect_err("refused");
+        assert!(garbage.reason.starts_with("malformed"), "{garbage}");
+    }
+
+    #[test]
+    fn the_named_entry_points_agree_with_from_json() {
+        let value = json!({"name": "c", "type": "STATIC", "connect_timeout": "1s"});
+        let converted = from_json::<ClusterProto>(&value).expect("accepted");
+        assert_eq!(cluster(&converted.proto), Ok(converted.model));
+        let cla: ClaProto = json::from_json_typed(
+            &json!({"cluster_name": "c"}),
+            "envoy.config.endpoint.v3.ClusterLoadAssignment",
+        )
+        .expect("reads");
+        assert_eq!(
+            cluster_load_assignment(&cla)
+                .expect("accepted")
+                .cluster_name,
+            "c"
+        );
+    }
 }

@@ -282,7 +282,8 @@ fn weighted(w: &pb::WeightedCluster, path: &str) -> Result<Vec<WeightedCluster>,
     if w.random_value_specifier.is_some() || !w.runtime_key_prefix.is_empty() {
         return Err(Fault::new(path, "runtime-driven weights not supported"));
     }
-    w.clusters
+    let clusters: Vec<WeightedCluster> = w
+        .clusters
         .iter()
         .enumerate()
         .map(|(i, c)| {
@@ -308,7 +309,22 @@ fn weighted(w: &pb::WeightedCluster, path: &str) -> Result<Vec<WeightedCluster>,
                 response_headers_to_remove: c.response_headers_to_remove.clone(),
             })
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    // The deprecated total must be the sum (Envoy refuses it otherwise); the weights alone
+    // are what the model keeps.
+    if let Some(total) = &w.total_weight {
+        let sum: u64 = clusters.iter().map(|c| u64::from(c.weight)).sum();
+        if u64::from(total.value) != sum {
+            return Err(Fault::new(
+                format!("{path}.total_weight"),
+                format!(
+                    "total_weight {} is not the sum of the weights ({sum})",
+                    total.value
+                ),
+            ));
+        }
+    }
+    Ok(clusters)
 }
 
 fn redirect(r: &pb::RedirectAction, path: &str) -> Result<Redirect, Fault> {
@@ -524,6 +540,11 @@ mod tests {
             (
                 json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "hash_policy": [{"header": {"header_name": "x"}}]}}]),
                 "hash_policy: field not supported",
+            ),
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"weighted_clusters": {"total_weight": 100,
+                    "clusters": [{"name": "a", "weight": 50}, {"name": "b", "weight": 40}]}}}]),
+                "total_weight 100 is not the sum of the weights (90)",
             ),
             (
                 json!([{"match": {"prefix": "/"}, "route": {"cluster_header": "x-cluster"}}]),

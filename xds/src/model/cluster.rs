@@ -25,14 +25,16 @@ pub struct Cluster {
     pub load_assignment: Option<ClusterLoadAssignment>,
     /// `filter_metadata.istio`: what Istio's metrics label the traffic with.
     pub istio: IstioClusterMetadata,
-    /// Istio's metadata-exchange upstream filter: the `istio-peer-exchange` protocol.
-    pub metadata_exchange: Option<String>,
+    /// Istio's metadata-exchange upstream filter.
+    pub metadata_exchange: Option<super::listener::MetadataExchange>,
     /// The HTTP protocol to speak upstream.
     pub http_protocol: UpstreamHttpProtocol,
     /// Idle timeout of upstream HTTP connections (`None`: Envoy's default of one hour).
     pub http_idle_timeout: Option<Duration>,
     /// `max_requests_per_connection` (`None`: unlimited).
     pub max_requests_per_connection: Option<u32>,
+    /// HTTP/2 streams per upstream connection (`None`: Envoy's default).
+    pub http2_max_concurrent_streams: Option<u32>,
     /// Bind upstream connections to this source address (istiod's `127.0.0.6` for inbound
     /// passthrough, so the application sees traffic from the sidecar).
     pub upstream_bind_address: Option<std::net::IpAddr>,
@@ -271,6 +273,7 @@ mod tests {
             http_protocol: UpstreamHttpProtocol::Http1,
             http_idle_timeout: None,
             max_requests_per_connection: None,
+            http2_max_concurrent_streams: None,
             upstream_bind_address: None,
         };
         assert_eq!(

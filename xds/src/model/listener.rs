@@ -109,13 +109,26 @@ pub struct ChainMatch {
 pub enum NetworkFilter {
     /// Istio's standard TCP metrics (`istio.stats`).
     IstioStats(IstioStats),
-    /// Istio's TCP metadata exchange over the given ALPN protocol (`istio-peer-exchange`).
-    MetadataExchange {
-        protocol: String,
+    /// Istio's TCP metadata exchange.
+    MetadataExchange(MetadataExchange),
+    /// `istio_authn`: record the peer's identity for RBAC (`io.istio.peer_principal`);
+    /// `shared`: for the upstream connections too (tunnels).
+    IstioAuthn {
+        shared: bool,
     },
-    /// `istio_authn`: record the peer's identity for RBAC (`io.istio.peer_principal`).
-    IstioAuthn,
     Rbac(Rbac),
+}
+
+/// Istio's TCP metadata exchange (`envoy.tcp.metadataexchange.config.MetadataExchange`), as a
+/// listener's network filter or a cluster's upstream filter.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MetadataExchange {
+    /// The ALPN protocol it runs over (`istio-peer-exchange`).
+    pub protocol: String,
+    /// Fall back to workload discovery when the peer sends no metadata.
+    pub enable_discovery: bool,
+    /// Peer labels to keep beyond Istio's standard ones.
+    pub additional_labels: Vec<String>,
 }
 
 /// `stats.PluginConfig`, as far as it means anything to Remora's metrics.
@@ -148,6 +161,18 @@ pub struct TcpChain {
 pub enum TcpTarget {
     Cluster(String),
     Weighted(Vec<(String, u32)>),
+}
+
+impl TcpTarget {
+    /// The cluster for a connection, given a uniform random `roll` (weights as routes').
+    pub fn pick(&self, roll: u64) -> Option<&str> {
+        match self {
+            TcpTarget::Cluster(name) => Some(name),
+            TcpTarget::Weighted(clusters) => {
+                super::route::pick_weighted(clusters.iter().map(|(n, w)| (n.as_str(), *w)), roll)
+            }
+        }
+    }
 }
 
 /// A chain that ends in the HTTP connection manager.
@@ -307,64 +332,23 @@ impl Listener {
     /// port, then destination address (longest prefix), server name, transport protocol and
     /// application protocols; at each step the chains that name the connection's value win
     /// over those that leave the criterion empty. No match: the default chain.
+    ///
+    /// It runs per connection, so it allocates nothing: each step is a pass over the chains
+    /// that kept the best rank in every step before it.
     pub fn filter_chain(&self, conn: &ConnectionFacts<'_>) -> Option<&FilterChain> {
-        let mut candidates: Vec<&FilterChain> = self.filter_chains.iter().collect();
-        let steps: [Step<'_>; 5] = [
-            &|m| match m.destination_port {
-                None => Some(0),
-                Some(p) => (p == conn.destination.port()).then_some(1),
-            },
-            &|m| {
-                if m.prefix_ranges.is_empty() {
-                    return Some(0);
-                }
-                m.prefix_ranges
-                    .iter()
-                    .filter(|r| r.contains(conn.destination.ip()))
-                    .map(|r| usize::from(r.prefix_len) + 1)
-                    .max()
-            },
-            &|m| {
-                if m.server_names.is_empty() {
-                    return Some(0);
-                }
-                let sni = conn.server_name?;
-                m.server_names
-                    .iter()
-                    .filter_map(|n| server_name_rank(n, sni))
-                    .max()
-            },
-            &|m| match &m.transport_protocol {
-                None => Some(0),
-                Some(t) => (t == conn.transport_protocol).then_some(1),
-            },
-            &|m| {
-                if m.application_protocols.is_empty() {
-                    return Some(0);
-                }
-                m.application_protocols
-                    .iter()
-                    .any(|a| conn.application_protocols.contains(&a.as_str()))
-                    .then_some(1)
-            },
-        ];
-        for step in steps {
-            let ranked: Vec<(usize, &FilterChain)> = candidates
-                .iter()
-                .filter_map(|c| step(&c.matcher).map(|r| (r, *c)))
-                .collect();
-            let Some(best) = ranked.iter().map(|(r, _)| *r).max() else {
-                return self.default_filter_chain.as_ref();
-            };
-            candidates = ranked
-                .into_iter()
-                .filter(|(r, _)| *r == best)
-                .map(|(_, c)| c)
-                .collect();
+        let mut best = [0usize; STEPS];
+        for step in 0..STEPS {
+            let survivors = self.filter_chains.iter().filter(|c| {
+                (0..step).all(|earlier| rank(&c.matcher, earlier, conn) == Some(best[earlier]))
+            });
+            match survivors.filter_map(|c| rank(&c.matcher, step, conn)).max() {
+                Some(b) => best[step] = b,
+                None => return self.default_filter_chain.as_ref(),
+            }
         }
-        candidates
-            .first()
-            .copied()
+        self.filter_chains
+            .iter()
+            .find(|c| (0..STEPS).all(|step| rank(&c.matcher, step, conn) == Some(best[step])))
             .or(self.default_filter_chain.as_ref())
     }
 
@@ -376,21 +360,62 @@ impl Listener {
     }
 }
 
-/// One narrowing step of the chain match: the rank of a chain's criterion for this
-/// connection (0: the chain leaves it empty), or `None` when it excludes the connection.
-type Step<'s> = &'s dyn Fn(&ChainMatch) -> Option<usize>;
+/// The narrowing steps of the chain match, in Envoy's order.
+const STEPS: usize = 5;
+
+/// A chain's rank in one step for this connection: 0 when the chain leaves the criterion
+/// empty, higher for a closer match, `None` when it excludes the connection.
+fn rank(m: &ChainMatch, step: usize, conn: &ConnectionFacts<'_>) -> Option<usize> {
+    match step {
+        0 => match m.destination_port {
+            None => Some(0),
+            Some(p) => (p == conn.destination.port()).then_some(1),
+        },
+        1 => {
+            if m.prefix_ranges.is_empty() {
+                return Some(0);
+            }
+            m.prefix_ranges
+                .iter()
+                .filter(|r| r.contains(conn.destination.ip()))
+                .map(|r| usize::from(r.prefix_len) + 1)
+                .max()
+        }
+        2 => {
+            if m.server_names.is_empty() {
+                return Some(0);
+            }
+            let sni = conn.server_name?;
+            m.server_names
+                .iter()
+                .filter_map(|n| server_name_rank(n, sni))
+                .max()
+        }
+        3 => match &m.transport_protocol {
+            None => Some(0),
+            Some(t) => (t == conn.transport_protocol).then_some(1),
+        },
+        _ => {
+            if m.application_protocols.is_empty() {
+                return Some(0);
+            }
+            m.application_protocols
+                .iter()
+                .any(|a| conn.application_protocols.contains(&a.as_str()))
+                .then_some(1)
+        }
+    }
+}
 
 /// An exact server name beats a wildcard; a longer wildcard beats a shorter one.
 fn server_name_rank(name: &str, sni: &str) -> Option<usize> {
     if name.eq_ignore_ascii_case(sni) {
         return Some(usize::MAX);
     }
-    let suffix = name.strip_prefix('*')?;
-    (sni.len() > suffix.len()
-        && sni
-            .to_ascii_lowercase()
-            .ends_with(&suffix.to_ascii_lowercase()))
-    .then_some(suffix.len())
+    let suffix = name.strip_prefix('*')?.as_bytes();
+    let sni = sni.as_bytes();
+    (sni.len() > suffix.len() && sni[sni.len() - suffix.len()..].eq_ignore_ascii_case(suffix))
+        .then_some(suffix.len())
 }
 
 #[cfg(test)]
@@ -479,6 +504,40 @@ mod tests {
         );
         // Nothing for plaintext on another port: the default chain.
         assert_eq!(pick(&l, "10.0.0.1:9080", "raw_buffer", &[]), "default");
+    }
+
+    #[test]
+    fn a_step_that_excludes_every_survivor_takes_the_default_chain() {
+        // Envoy narrows by port first: a port-80 connection with ALPN no port-80 chain names
+        // does not fall back to the chains of other ports.
+        let mut l = listener();
+        l.filter_chains[2].matcher.application_protocols = vec!["h2".into()];
+        assert_eq!(
+            pick(&l, "10.0.0.1:80", "tls", &["istio-http/1.1"]),
+            "default"
+        );
+        // The destination address narrows before the server name: a chain for the name must
+        // name the address range as the others do, or it is out before SNI is looked at.
+        let any = l.filter_chains[0].matcher.prefix_ranges.clone();
+        l.filter_chains.push(chain(
+            "sni",
+            ChainMatch {
+                prefix_ranges: any,
+                server_names: vec!["*.example.com".into()],
+                ..Default::default()
+            },
+        ));
+        let with_sni = |sni| {
+            l.filter_chain(&ConnectionFacts {
+                destination: "10.0.0.1:443".parse().expect("addr"),
+                server_name: Some(sni),
+                transport_protocol: "tls",
+                application_protocols: &[],
+            })
+            .and_then(|c| c.name.as_deref())
+        };
+        assert_eq!(with_sni("API.Example.com"), Some("sni"));
+        assert_eq!(with_sni("example.org"), Some("tls-tcp"));
     }
 
     #[test]

@@ -60,18 +60,24 @@ impl StringMatcher {
 
     /// Whether `value` matches.
     pub fn matches(&self, value: &str) -> bool {
-        let fold = |s: &str| {
-            if self.ignore_case {
-                s.to_ascii_lowercase()
+        // Compared in place (it runs per request and per RBAC rule): no lower-cased copies.
+        let (v, ic) = (value.as_bytes(), self.ignore_case);
+        let eq = |a: &[u8], b: &[u8]| {
+            if ic {
+                a.eq_ignore_ascii_case(b)
             } else {
-                s.to_string()
+                a == b
             }
         };
         match &self.kind {
-            StringMatch::Exact(s) => fold(value) == fold(s),
-            StringMatch::Prefix(s) => fold(value).starts_with(&fold(s)),
-            StringMatch::Suffix(s) => fold(value).ends_with(&fold(s)),
-            StringMatch::Contains(s) => fold(value).contains(&fold(s)),
+            StringMatch::Exact(s) => eq(v, s.as_bytes()),
+            StringMatch::Prefix(s) => v.len() >= s.len() && eq(&v[..s.len()], s.as_bytes()),
+            StringMatch::Suffix(s) => {
+                v.len() >= s.len() && eq(&v[v.len() - s.len()..], s.as_bytes())
+            }
+            StringMatch::Contains(s) => {
+                s.is_empty() || v.windows(s.len()).any(|w| eq(w, s.as_bytes()))
+            }
             StringMatch::Regex(p) => p.is_match(value),
         }
     }
@@ -155,6 +161,18 @@ mod tests {
         let re = Pattern::new("ns").expect("re");
         assert!(!re.is_match("/ns/"));
         assert!(StringMatcher::exact("GET").matches("GET"));
+        let contains = StringMatcher {
+            kind: StringMatch::Contains("/NS/".into()),
+            ignore_case: true,
+        };
+        assert!(contains.matches("spiffe://td/ns/default"));
+        assert!(!contains.matches("/n"));
+        let suffix = StringMatcher {
+            kind: StringMatch::Suffix(".local".into()),
+            ignore_case: false,
+        };
+        assert!(suffix.matches("a.svc.cluster.local"));
+        assert!(!suffix.matches("a.LOCAL"));
         assert!(!StringMatcher::exact("GET").matches("get"));
     }
 

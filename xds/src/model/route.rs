@@ -105,6 +105,39 @@ pub enum ClusterTarget {
     Weighted(Vec<WeightedCluster>),
 }
 
+impl ClusterTarget {
+    /// The cluster for a request, given a uniform random `roll`: each weighted cluster in
+    /// proportion to its weight. `None` when every weight is zero.
+    pub fn pick(&self, roll: u64) -> Option<&str> {
+        match self {
+            ClusterTarget::Cluster(name) => Some(name),
+            ClusterTarget::Weighted(clusters) => {
+                pick_weighted(clusters.iter().map(|c| (c.name.as_str(), c.weight)), roll)
+            }
+        }
+    }
+}
+
+/// Pick from `(name, weight)` pairs in proportion to the weights, by `roll`.
+pub fn pick_weighted<'a>(
+    items: impl Iterator<Item = (&'a str, u32)> + Clone,
+    roll: u64,
+) -> Option<&'a str> {
+    let total: u64 = items.clone().map(|(_, w)| u64::from(w)).sum();
+    if total == 0 {
+        return None;
+    }
+    let mut point = roll % total;
+    for (name, weight) in items {
+        let weight = u64::from(weight);
+        if point < weight {
+            return Some(name);
+        }
+        point -= weight;
+    }
+    None
+}
+
 /// One cluster of a weighted set.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WeightedCluster {
@@ -187,50 +220,57 @@ impl RouteConfiguration {
     /// The virtual host for a request's Host (or `:authority`), chosen as Envoy chooses:
     /// an exact domain, then the longest `*.suffix`, then the longest `prefix.*`, then `*`.
     pub fn virtual_host(&self, host: &str) -> Option<&VirtualHost> {
-        let host = host.to_ascii_lowercase();
-        let find = |host: &str| -> Option<&VirtualHost> {
-            let mut best: Option<(u8, usize, &VirtualHost)> = None;
-            for vh in &self.virtual_hosts {
-                for domain in &vh.domains {
-                    let Some(rank) = domain_rank(domain, host) else {
-                        continue;
-                    };
-                    let better = match best {
-                        None => true,
-                        Some((r, len, _)) => (rank.0, rank.1) > (r, len),
-                    };
-                    if better {
-                        best = Some((rank.0, rank.1, vh));
-                    }
+        // Envoy retries without the port only when ignore_port is set; without it a
+        // `Host: a:80` must name `a:80` or fall to a wildcard.
+        let host = if self.ignore_port_in_host_matching {
+            strip_port(host)
+        } else {
+            host
+        };
+        let mut best: Option<((u8, usize), &VirtualHost)> = None;
+        for vh in &self.virtual_hosts {
+            for domain in &vh.domains {
+                let Some(rank) = domain_rank(domain, host) else {
+                    continue;
+                };
+                if best.is_none_or(|(b, _)| rank > b) {
+                    best = Some((rank, vh));
                 }
             }
-            best.map(|(_, _, vh)| vh)
-        };
-        if self.ignore_port_in_host_matching {
-            find(strip_port(&host))
-        } else {
-            // Envoy retries without the port only when ignore_port is set; without it a
-            // `Host: a:80` must name `a:80` or fall to a wildcard.
-            find(&host)
         }
+        best.map(|(_, vh)| vh)
     }
 }
 
-/// `(class, length)` of a domain that matches `host`: exact 3, suffix 2, prefix 1, `*` 0.
+/// Whether `s` starts with `prefix`, ignoring ASCII case.
+fn starts_with_ignore_case(s: &str, prefix: &str) -> bool {
+    s.len() >= prefix.len() && s.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+}
+
+/// Whether `s` ends with `suffix`, ignoring ASCII case.
+fn ends_with_ignore_case(s: &str, suffix: &str) -> bool {
+    s.len() >= suffix.len()
+        && s.as_bytes()[s.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())
+}
+
+/// `(class, length)` of a domain that matches `host` (hosts and domains compare without
+/// regard to ASCII case): exact 3, suffix 2, prefix 1, `*` 0.
 fn domain_rank(domain: &str, host: &str) -> Option<(u8, usize)> {
-    let domain = domain.to_ascii_lowercase();
     if domain == "*" {
         return Some((0, 0));
     }
     if let Some(suffix) = domain.strip_prefix('*') {
         // Envoy's suffix wildcard must match at least one character before the suffix.
-        return (host.len() > suffix.len() && host.ends_with(suffix)).then_some((2, domain.len()));
+        return (host.len() > suffix.len() && ends_with_ignore_case(host, suffix))
+            .then_some((2, domain.len()));
     }
     if let Some(prefix) = domain.strip_suffix('*') {
-        return (host.len() > prefix.len() && host.starts_with(prefix))
+        return (host.len() > prefix.len() && starts_with_ignore_case(host, prefix))
             .then_some((1, domain.len()));
     }
-    (domain == host).then_some((3, domain.len()))
+    domain
+        .eq_ignore_ascii_case(host)
+        .then_some((3, domain.len()))
 }
 
 /// `host:port` → `host`; `[v6]:port` → `[v6]`; a bare IPv6 address stays whole.
@@ -268,21 +308,27 @@ impl RouteMatch {
             Some((p, q)) => (p, Some(q)),
             None => (req.path_and_query, None),
         };
-        let fold = |s: &str| {
+        // Per request: compare in place, never allocate.
+        let prefix = |p: &str| {
             if self.case_sensitive {
-                s.to_string()
+                path.starts_with(p)
             } else {
-                s.to_ascii_lowercase()
+                starts_with_ignore_case(path, p)
+            }
+        };
+        let exact = |p: &str| {
+            if self.case_sensitive {
+                path == p
+            } else {
+                path.eq_ignore_ascii_case(p)
             }
         };
         let path_ok = match &self.path {
-            PathMatch::Prefix(p) => fold(path).starts_with(&fold(p)),
-            PathMatch::Exact(p) => fold(path) == fold(p),
+            PathMatch::Prefix(p) => prefix(p),
+            PathMatch::Exact(p) => exact(p),
             PathMatch::Regex(re) => re.is_match(path),
             PathMatch::PathSeparatedPrefix(p) => {
-                let path = fold(path);
-                let p = fold(p);
-                path == p || path.starts_with(&format!("{p}/"))
+                prefix(p) && (path.len() == p.len() || path.as_bytes()[p.len()] == b'/')
             }
             PathMatch::Connect => req.method.eq_ignore_ascii_case("CONNECT"),
         };
@@ -394,6 +440,25 @@ mod tests {
             path_and_query: path,
             header,
         }
+    }
+
+    #[test]
+    fn weighted_clusters_are_picked_in_proportion() {
+        let w = |name: &str, weight| WeightedCluster {
+            name: name.into(),
+            weight,
+            request_headers_to_add: vec![],
+            request_headers_to_remove: vec![],
+            response_headers_to_add: vec![],
+            response_headers_to_remove: vec![],
+        };
+        let target = ClusterTarget::Weighted(vec![w("v1", 90), w("v2", 0), w("v3", 10)]);
+        let picks: Vec<_> = (0..100).filter_map(|roll| target.pick(roll)).collect();
+        assert_eq!(picks.iter().filter(|p| **p == "v1").count(), 90);
+        assert_eq!(picks.iter().filter(|p| **p == "v3").count(), 10);
+        assert_eq!(target.pick(150), Some("v1"), "the roll wraps");
+        assert_eq!(ClusterTarget::Weighted(vec![w("x", 0)]).pick(1), None);
+        assert_eq!(ClusterTarget::Cluster("c".into()).pick(7), Some("c"));
     }
 
     #[test]

@@ -1,0 +1,493 @@
+//! Which fields of Envoy's messages Remora reads: the list [`super::fields::check`] holds every
+//! resource to. A field not listed for its message is refused by name; a message not listed
+//! is a value its converter reads whole. Adding a field here is a promise that the converter
+//! honours it (or refuses the values it cannot).
+
+/// Message full name → the fields Remora reads in it.
+pub const READ: &[(&str, &[&str])] = &[
+    // Listeners.
+    (
+        "envoy.config.listener.v3.Listener",
+        &[
+            "name",
+            "address",
+            "filter_chains",
+            "default_filter_chain",
+            "traffic_direction",
+            "bind_to_port",
+            "use_original_dst",
+            "listener_filters",
+            "listener_filters_timeout",
+            "continue_on_listener_filters_timeout",
+        ],
+    ),
+    (
+        "envoy.config.listener.v3.FilterChain",
+        &["name", "filter_chain_match", "filters", "transport_socket"],
+    ),
+    (
+        "envoy.config.listener.v3.FilterChainMatch",
+        &[
+            "destination_port",
+            "prefix_ranges",
+            "server_names",
+            "transport_protocol",
+            "application_protocols",
+        ],
+    ),
+    (
+        "envoy.config.listener.v3.ListenerFilter",
+        &["name", "typed_config", "filter_disabled"],
+    ),
+    (
+        "envoy.config.listener.v3.ListenerFilterChainMatchPredicate",
+        &["destination_port_range", "or_match"],
+    ),
+    ("envoy.config.listener.v3.Filter", &["name", "typed_config"]),
+    (
+        "envoy.config.core.v3.SocketAddress",
+        &["address", "port_value", "ipv4_compat"],
+    ),
+    ("envoy.config.core.v3.TransportSocket", &["name", "typed_config"]),
+    ("envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector", &[]),
+    ("envoy.extensions.filters.listener.http_inspector.v3.HttpInspector", &[]),
+    ("envoy.extensions.filters.listener.original_dst.v3.OriginalDst", &[]),
+    // TCP.
+    (
+        "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+        &["stat_prefix", "cluster", "weighted_clusters", "idle_timeout"],
+    ),
+    (
+        "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy.WeightedCluster.ClusterWeight",
+        &["name", "weight"],
+    ),
+    // HTTP connection manager and its filters.
+    (
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        &[
+            "stat_prefix",
+            "rds",
+            "route_config",
+            "http_filters",
+            "codec_type",
+            "stream_idle_timeout",
+            "use_remote_address",
+            "forward_client_cert_details",
+            "set_current_client_cert_details",
+            "server_name",
+            "upgrade_configs",
+            "normalize_path",
+            "path_with_escaped_slashes_action",
+            "request_id_extension",
+            "tracing",
+            "http2_protocol_options",
+        ],
+    ),
+    (
+        "envoy.extensions.filters.network.http_connection_manager.v3.Rds",
+        &["route_config_name", "config_source"],
+    ),
+    (
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpFilter",
+        // `config_discovery` is read to be refused by name (ECDS).
+        &["name", "typed_config", "config_discovery", "is_optional"],
+    ),
+    (
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.UpgradeConfig",
+        &["upgrade_type"],
+    ),
+    (
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.SetCurrentClientCertDetails",
+        &["subject", "cert", "chain", "dns", "uri"],
+    ),
+    // Tracing without a provider emits nothing unless the bootstrap names a tracer, and
+    // Remora's never does; a provider is refused (see the converter).
+    (
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager.Tracing",
+        &[
+            "client_sampling",
+            "random_sampling",
+            "overall_sampling",
+            "custom_tags",
+            "max_path_tag_length",
+            "verbose",
+        ],
+    ),
+    (
+        "envoy.extensions.filters.network.http_connection_manager.v3.RequestIDExtension",
+        &["typed_config"],
+    ),
+    (
+        "envoy.extensions.request_id.uuid.v3.UuidRequestIdConfig",
+        &["pack_trace_reason", "use_request_id_for_trace_sampling"],
+    ),
+    (
+        "envoy.config.core.v3.Http2ProtocolOptions",
+        &["max_concurrent_streams", "allow_connect"],
+    ),
+    ("envoy.config.core.v3.Http1ProtocolOptions", &[]),
+    (
+        "envoy.config.core.v3.HttpProtocolOptions",
+        &["idle_timeout", "max_requests_per_connection"],
+    ),
+    ("envoy.extensions.filters.http.router.v3.Router", &[]),
+    ("envoy.extensions.filters.http.fault.v3.HTTPFault", &[]),
+    ("envoy.extensions.filters.http.cors.v3.Cors", &[]),
+    (
+        "envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
+        &["emit_filter_state", "stats_for_all_methods"],
+    ),
+    (
+        "envoy.extensions.filters.http.rbac.v3.RBAC",
+        &["rules", "shadow_rules", "shadow_rules_stat_prefix"],
+    ),
+    (
+        "envoy.extensions.filters.network.rbac.v3.RBAC",
+        &["rules", "shadow_rules", "stat_prefix", "shadow_rules_stat_prefix"],
+    ),
+    // RBAC policies.
+    ("envoy.config.rbac.v3.RBAC", &["action", "policies"]),
+    ("envoy.config.rbac.v3.Policy", &["permissions", "principals"]),
+    (
+        "envoy.config.rbac.v3.Permission",
+        &[
+            "any",
+            "and_rules",
+            "or_rules",
+            "not_rule",
+            "header",
+            "url_path",
+            "destination_ip",
+            "destination_port",
+            "destination_port_range",
+            "requested_server_name",
+        ],
+    ),
+    (
+        "envoy.config.rbac.v3.Principal",
+        &[
+            "any",
+            "and_ids",
+            "or_ids",
+            "not_id",
+            "authenticated",
+            "direct_remote_ip",
+            "remote_ip",
+            "source_ip",
+            "header",
+            "filter_state",
+            "metadata",
+        ],
+    ),
+    ("envoy.config.rbac.v3.Principal.Authenticated", &["principal_name"]),
+    ("envoy.type.matcher.v3.FilterStateMatcher", &["key", "string_match"]),
+    (
+        "envoy.type.matcher.v3.MetadataMatcher",
+        &["filter", "path", "value", "invert"],
+    ),
+    ("envoy.type.matcher.v3.ValueMatcher", &["string_match", "list_match"]),
+    ("envoy.type.matcher.v3.ListMatcher", &["one_of"]),
+    ("envoy.type.matcher.v3.PathMatcher", &["path"]),
+    (
+        "envoy.type.matcher.v3.StringMatcher",
+        &["exact", "prefix", "suffix", "contains", "safe_regex", "ignore_case"],
+    ),
+    ("envoy.type.matcher.v3.RegexMatcher", &["regex", "google_re2"]),
+    // Routes.
+    (
+        "envoy.config.route.v3.RouteConfiguration",
+        &[
+            "name",
+            "virtual_hosts",
+            "validate_clusters",
+            "ignore_port_in_host_matching",
+            "request_headers_to_add",
+            "request_headers_to_remove",
+            "response_headers_to_add",
+            "response_headers_to_remove",
+        ],
+    ),
+    (
+        "envoy.config.route.v3.VirtualHost",
+        &[
+            "name",
+            "domains",
+            "routes",
+            "retry_policy",
+            "include_request_attempt_count",
+            "request_headers_to_add",
+            "request_headers_to_remove",
+            "response_headers_to_add",
+            "response_headers_to_remove",
+        ],
+    ),
+    (
+        "envoy.config.route.v3.Route",
+        &[
+            "name",
+            "match",
+            "route",
+            "redirect",
+            "direct_response",
+            "decorator",
+            "metadata",
+            "request_headers_to_add",
+            "request_headers_to_remove",
+            "response_headers_to_add",
+            "response_headers_to_remove",
+        ],
+    ),
+    (
+        "envoy.config.route.v3.RouteMatch",
+        &[
+            "prefix",
+            "path",
+            "safe_regex",
+            "path_separated_prefix",
+            "connect_matcher",
+            "case_sensitive",
+            "headers",
+            "query_parameters",
+            "grpc",
+        ],
+    ),
+    (
+        "envoy.config.route.v3.RouteAction",
+        &[
+            "cluster",
+            "weighted_clusters",
+            "timeout",
+            "idle_timeout",
+            "retry_policy",
+            "max_stream_duration",
+            "max_grpc_timeout",
+            "upgrade_configs",
+            "prefix_rewrite",
+            "host_rewrite_literal",
+        ],
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.MaxStreamDuration",
+        &["max_stream_duration", "grpc_timeout_header_max"],
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.UpgradeConfig",
+        &["upgrade_type", "enabled"],
+    ),
+    (
+        "envoy.config.route.v3.RetryPolicy",
+        &[
+            "retry_on",
+            "num_retries",
+            "per_try_timeout",
+            "retry_host_predicate",
+            "host_selection_retry_max_attempts",
+            "retriable_status_codes",
+            "retry_back_off",
+        ],
+    ),
+    (
+        "envoy.config.route.v3.RetryPolicy.RetryHostPredicate",
+        &["name", "typed_config"],
+    ),
+    (
+        "envoy.config.route.v3.RetryPolicy.RetryBackOff",
+        &["base_interval", "max_interval"],
+    ),
+    (
+        "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate",
+        &[],
+    ),
+    ("envoy.config.route.v3.WeightedCluster", &["clusters", "total_weight"]),
+    (
+        "envoy.config.route.v3.WeightedCluster.ClusterWeight",
+        &[
+            "name",
+            "weight",
+            "request_headers_to_add",
+            "request_headers_to_remove",
+            "response_headers_to_add",
+            "response_headers_to_remove",
+        ],
+    ),
+    (
+        "envoy.config.route.v3.RedirectAction",
+        &[
+            "scheme_redirect",
+            "https_redirect",
+            "host_redirect",
+            "port_redirect",
+            "path_redirect",
+            "prefix_rewrite",
+            "response_code",
+            "strip_query",
+        ],
+    ),
+    ("envoy.config.route.v3.DirectResponseAction", &["status", "body"]),
+    ("envoy.config.route.v3.Decorator", &["operation"]),
+    ("envoy.config.core.v3.Metadata", &["filter_metadata"]),
+    (
+        "envoy.config.core.v3.HeaderValueOption",
+        &["header", "append", "append_action"],
+    ),
+    ("envoy.config.core.v3.HeaderValue", &["key", "value"]),
+    (
+        "envoy.config.route.v3.HeaderMatcher",
+        &[
+            "name",
+            "exact_match",
+            "prefix_match",
+            "suffix_match",
+            "contains_match",
+            "safe_regex_match",
+            "present_match",
+            "string_match",
+            "invert_match",
+        ],
+    ),
+    (
+        "envoy.config.route.v3.QueryParameterMatcher",
+        &["name", "string_match", "present_match"],
+    ),
+    // Clusters.
+    (
+        "envoy.config.cluster.v3.Cluster",
+        &[
+            "name",
+            "type",
+            "eds_cluster_config",
+            "connect_timeout",
+            "lb_policy",
+            "least_request_lb_config",
+            "circuit_breakers",
+            "metadata",
+            "filters",
+            "transport_socket",
+            "transport_socket_matches",
+            "load_assignment",
+            "typed_extension_protocol_options",
+            "cleanup_interval",
+            "upstream_bind_config",
+            "original_dst_lb_config",
+            "dns_lookup_family",
+            "dns_refresh_rate",
+            "respect_dns_ttl",
+        ],
+    ),
+    (
+        "envoy.config.cluster.v3.Cluster.EdsClusterConfig",
+        &["eds_config", "service_name"],
+    ),
+    (
+        "envoy.config.cluster.v3.Cluster.LeastRequestLbConfig",
+        &["choice_count"],
+    ),
+    (
+        "envoy.config.cluster.v3.Cluster.OriginalDstLbConfig",
+        &["use_http_header", "upstream_port_override"],
+    ),
+    (
+        "envoy.config.cluster.v3.Cluster.TransportSocketMatch",
+        &["name", "match", "transport_socket"],
+    ),
+    ("envoy.config.cluster.v3.CircuitBreakers", &["thresholds"]),
+    (
+        "envoy.config.cluster.v3.CircuitBreakers.Thresholds",
+        &[
+            "max_connections",
+            "max_pending_requests",
+            "max_requests",
+            "max_retries",
+            "track_remaining",
+        ],
+    ),
+    ("envoy.config.cluster.v3.Filter", &["name", "typed_config"]),
+    ("envoy.config.core.v3.BindConfig", &["source_address"]),
+    (
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        &[
+            "common_http_protocol_options",
+            "explicit_http_config",
+            "use_downstream_protocol_config",
+        ],
+    ),
+    (
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions.ExplicitHttpConfig",
+        &["http_protocol_options", "http2_protocol_options"],
+    ),
+    (
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions.UseDownstreamHttpConfig",
+        &["http_protocol_options", "http2_protocol_options"],
+    ),
+    ("envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer", &[]),
+    // TLS.
+    (
+        "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+        &["common_tls_context", "sni"],
+    ),
+    (
+        "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+        &["common_tls_context", "require_client_certificate"],
+    ),
+    (
+        "envoy.extensions.transport_sockets.tls.v3.CommonTlsContext",
+        &[
+            "tls_params",
+            "alpn_protocols",
+            "tls_certificate_sds_secret_configs",
+            "combined_validation_context",
+            "validation_context_sds_secret_config",
+        ],
+    ),
+    (
+        "envoy.extensions.transport_sockets.tls.v3.TlsParameters",
+        &[
+            "tls_minimum_protocol_version",
+            "tls_maximum_protocol_version",
+            "cipher_suites",
+        ],
+    ),
+    (
+        "envoy.extensions.transport_sockets.tls.v3.CommonTlsContext.CombinedCertificateValidationContext",
+        &["default_validation_context", "validation_context_sds_secret_config"],
+    ),
+    (
+        "envoy.extensions.transport_sockets.tls.v3.CertificateValidationContext",
+        &[
+            "match_subject_alt_names",
+            "match_typed_subject_alt_names",
+            // Only in SDS secrets; a transport socket's own is refused by the converter.
+            "trusted_ca",
+            "custom_validator_config",
+        ],
+    ),
+    (
+        "envoy.extensions.transport_sockets.tls.v3.SubjectAltNameMatcher",
+        &["san_type", "matcher"],
+    ),
+    (
+        "envoy.extensions.transport_sockets.tls.v3.SdsSecretConfig",
+        &["name", "sds_config"],
+    ),
+    // Endpoints.
+    (
+        "envoy.config.endpoint.v3.ClusterLoadAssignment",
+        &["cluster_name", "endpoints", "policy"],
+    ),
+    (
+        "envoy.config.endpoint.v3.ClusterLoadAssignment.Policy",
+        &["overprovisioning_factor"],
+    ),
+    (
+        "envoy.config.endpoint.v3.LocalityLbEndpoints",
+        &["locality", "lb_endpoints", "load_balancing_weight", "priority"],
+    ),
+    (
+        "envoy.config.endpoint.v3.LbEndpoint",
+        &["endpoint", "health_status", "metadata", "load_balancing_weight"],
+    ),
+    ("envoy.config.endpoint.v3.Endpoint", &["address", "health_check_config"]),
+    // Envoy's config dump prints its own default as `health_check_config: {}`; anything set in
+    // it is a health check Remora does not run.
+    ("envoy.config.endpoint.v3.Endpoint.HealthCheckConfig", &[]),
+];
