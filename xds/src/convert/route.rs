@@ -95,7 +95,16 @@ fn route(r: &pb::Route, path: &str) -> Result<Route, Fault> {
         }
         Some(pb::route::Action::DirectResponse(d)) => {
             let at = format!("{path}.direct_response");
-            let status = u16::try_from(d.status).map_err(|_| Fault::new(&at, "bad status"))?;
+            // Envoy's constraint on the field: a final status, [200, 600).
+            let status = u16::try_from(d.status)
+                .ok()
+                .filter(|s| (200..600).contains(s))
+                .ok_or_else(|| {
+                    Fault::new(
+                        format!("{at}.status"),
+                        format!("status {} is not in [200, 600)", d.status),
+                    )
+                })?;
             let body = match d.body.as_ref().and_then(|b| b.specifier.as_ref()) {
                 None => None,
                 Some(core::data_source::Specifier::InlineString(s)) => Some(s.clone()),
@@ -310,6 +319,13 @@ fn weighted(w: &pb::WeightedCluster, path: &str) -> Result<Vec<WeightedCluster>,
             })
         })
         .collect::<Result<_, _>>()?;
+    // Envoy refuses a set that can pick nothing.
+    if clusters.iter().all(|c| c.weight == 0) {
+        return Err(Fault::new(
+            path,
+            "the sum of the weights must be greater than 0",
+        ));
+    }
     // The deprecated total must be the sum (Envoy refuses it otherwise); the weights alone
     // are what the model keeps.
     if let Some(total) = &w.total_weight {
@@ -545,6 +561,15 @@ mod tests {
                 json!([{"match": {"prefix": "/"}, "route": {"weighted_clusters": {"total_weight": 100,
                     "clusters": [{"name": "a", "weight": 50}, {"name": "b", "weight": 40}]}}}]),
                 "total_weight 100 is not the sum of the weights (90)",
+            ),
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"weighted_clusters": {
+                    "clusters": [{"name": "a", "weight": 0}, {"name": "b"}]}}}]),
+                "weighted_clusters: the sum of the weights must be greater than 0",
+            ),
+            (
+                json!([{"match": {"prefix": "/"}, "direct_response": {"status": 99}}]),
+                "direct_response.status: status 99 is not in [200, 600)",
             ),
             (
                 json!([{"match": {"prefix": "/"}, "route": {"cluster_header": "x-cluster"}}]),
