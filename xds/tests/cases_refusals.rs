@@ -1,20 +1,198 @@
-//! What Remora refuses of `xds/tests/cases/`. `gaps` holds what istiod really sends and Envoy
-//! 1.40 accepts (checked by `cases_envoy.rs`) but Remora's model refuses: one resource per
-//! feature, each refused with its reason named. These are the gaps the traffic-management
-//! work must close; when one closes, its line here fails and moves to the accepted cases.
+//! What Remora accepts and refuses of `xds/tests/cases/`, through `remora xds validate`'s own
+//! path ([`validate_dir`]). `gaps` holds what istiod really sends and Envoy 1.40 accepts
+//! (`cases_envoy.rs` checks that) but Remora's model refuses: one resource per feature, each
+//! refused with the field named. They are the gaps the traffic-management work must close;
+//! when one closes, its line here fails and its resource moves to an accepted case.
 //! `envoy-rejects` holds what Envoy rejects: Remora must refuse each too.
 
 mod cases_support;
 
 use cases_support::*;
 use remora_xds::refusal::Kind;
-use remora_xds::validate::validate_dir;
+use remora_xds::validate::{validate_dir, Verdict};
+
+fn verdicts(case: &str) -> Vec<Verdict> {
+    validate_dir(&cases_dir().join(case)).unwrap_or_else(|e| panic!("{case}: {e}"))
+}
 
 #[test]
-fn print_verdicts() {
-    for case in CASES {
-        for v in validate_dir(&cases_dir().join(case)).expect("readable") {
-            println!("{case}: {v}");
+fn remora_accepts_every_resource_of_the_behaviour_cases() {
+    for case in ["traffic-split", "redirect-rewrite", "dns-static"] {
+        let verdicts = verdicts(case);
+        let want = ["clusters", "routes", "endpoints"]
+            .iter()
+            .map(|k| raw(case, k).len())
+            .sum::<usize>();
+        assert_eq!(verdicts.len(), want, "{case}: every resource judged");
+        for v in &verdicts {
+            assert!(v.refusal.is_none(), "{case}: {v}");
         }
+    }
+}
+
+/// Each resource of `gaps`: its kind and name, the field refused and why. What istiod writes
+/// it for is in the comment.
+const GAPS: [(Kind, &str, &str, &str); 15] = [
+    // Every outbound cluster of current istiod (`buildCluster`): an empty CommonLbConfig…
+    (
+        Kind::Cluster,
+        "outbound|9080||common-lb.default.svc.cluster.local",
+        "common_lb_config",
+        "field not supported (in envoy.config.cluster.v3.Cluster)",
+    ),
+    // …and the stats name.
+    (
+        Kind::Cluster,
+        "outbound|9080||alt-stat.default.svc.cluster.local",
+        "alt_stat_name",
+        "field not supported (in envoy.config.cluster.v3.Cluster)",
+    ),
+    // DestinationRule trafficPolicy.outlierDetection.
+    (
+        Kind::Cluster,
+        "outbound|9080||outlier.default.svc.cluster.local",
+        "outlier_detection",
+        "field not supported (in envoy.config.cluster.v3.Cluster)",
+    ),
+    // DestinationRule loadBalancer.consistentHash (ring hash): the field check refuses its
+    // config before the converter sees `lb_policy: RING_HASH`.
+    (
+        Kind::Cluster,
+        "outbound|9080||ring-hash.default.svc.cluster.local",
+        "ring_hash_lb_config",
+        "field not supported (in envoy.config.cluster.v3.Cluster)",
+    ),
+    // DestinationRule connectionPool.tcp.tcpKeepalive.
+    (
+        Kind::Cluster,
+        "outbound|9080||keepalive.default.svc.cluster.local",
+        "upstream_connection_options",
+        "field not supported (in envoy.config.cluster.v3.Cluster)",
+    ),
+    // Every STRICT_DNS/LOGICAL_DNS cluster of current istiod: the c-ares resolver config.
+    (
+        Kind::Cluster,
+        "outbound|443||dns-cares.example.com",
+        "typed_dns_resolver_config",
+        "field not supported (in envoy.config.cluster.v3.Cluster)",
+    ),
+    // VirtualService http.mirror / mirrors.
+    (
+        Kind::Route,
+        "mirror",
+        "virtual_hosts[0].routes[0].route.request_mirror_policies",
+        "field not supported (in envoy.config.route.v3.RouteAction)",
+    ),
+    // VirtualService rewrite.uriRegexRewrite (and GAMMA's rewrite to `/`).
+    (
+        Kind::Route,
+        "regex-rewrite",
+        "virtual_hosts[0].routes[0].route.regex_rewrite",
+        "field not supported (in envoy.config.route.v3.RouteAction)",
+    ),
+    // DestinationRule consistentHash, on the route.
+    (
+        Kind::Route,
+        "consistent-hash",
+        "virtual_hosts[0].routes[0].route.hash_policy",
+        "field not supported (in envoy.config.route.v3.RouteAction)",
+    ),
+    // VirtualService match.withoutHeaders.
+    (
+        Kind::Route,
+        "without-headers",
+        "virtual_hosts[0].routes[0].match.headers[0].treat_missing_header_as_empty",
+        "field not supported (in envoy.config.route.v3.HeaderMatcher)",
+    ),
+    // VirtualService retries.retryRemoteLocalities.
+    (
+        Kind::Route,
+        "retry-remote-localities",
+        "virtual_hosts[0].routes[0].route.retry_policy.retry_priority",
+        "field not supported (in envoy.config.route.v3.RetryPolicy)",
+    ),
+    // VirtualService route[].headers.request.set `:authority` on a weighted destination.
+    (
+        Kind::Route,
+        "weighted-authority",
+        "virtual_hosts[0].routes[0].route.weighted_clusters.clusters[0].host_rewrite_literal",
+        "field not supported (in envoy.config.route.v3.WeightedCluster.ClusterWeight)",
+    ),
+    // VirtualService fault.
+    (
+        Kind::Route,
+        "fault",
+        "virtual_hosts[0].routes[0].typed_per_filter_config",
+        "field not supported (in envoy.config.route.v3.Route)",
+    ),
+    // VirtualService corsPolicy.
+    (
+        Kind::Route,
+        "cors",
+        "virtual_hosts[0].routes[0].typed_per_filter_config",
+        "field not supported (in envoy.config.route.v3.Route)",
+    ),
+    // A rewrite with ProxyConfig's X-Forwarded-Host on.
+    (
+        Kind::Route,
+        "x-forwarded-host",
+        "virtual_hosts[0].routes[0].route.append_x_forwarded_host",
+        "field not supported (in envoy.config.route.v3.RouteAction)",
+    ),
+];
+
+#[test]
+fn remora_refuses_each_gap_naming_the_field() {
+    let verdicts = verdicts("gaps");
+    assert_eq!(verdicts.len(), GAPS.len(), "one verdict per gap");
+    for (v, (kind, name, path, reason)) in verdicts.iter().zip(GAPS) {
+        assert_eq!((v.kind, v.name.as_str()), (kind, name));
+        let r = v
+            .refusal
+            .as_ref()
+            .unwrap_or_else(|| panic!("{name}: accepted"));
+        assert_eq!(r.path, path, "{name}: {r}");
+        assert_eq!(r.reason, reason, "{name}: {r}");
+        assert_eq!((r.kind, r.name.as_str()), (kind, name));
+    }
+}
+
+/// Each resource of `envoy-rejects`: the field Remora refuses and a part of its reason
+/// (Envoy's own reasons are checked in `cases_envoy.rs`).
+const ENVOY_REJECTS: [(&str, &str, &str); 4] = [
+    (
+        "bad-path-regex",
+        "virtual_hosts[0].routes[0].match.safe_regex.regex",
+        "unclosed group",
+    ),
+    (
+        "bad-header-regex",
+        "virtual_hosts[0].routes[0].match.headers[0].string_match.safe_regex.regex",
+        "unclosed group",
+    ),
+    (
+        "zero-weights",
+        "virtual_hosts[0].routes[0].route.weighted_clusters",
+        "the sum of the weights must be greater than 0",
+    ),
+    (
+        "direct-response-status-99",
+        "virtual_hosts[0].routes[0].direct_response.status",
+        "status 99 is not in [200, 600)",
+    ),
+];
+
+#[test]
+fn remora_refuses_what_envoy_rejects() {
+    let verdicts = verdicts("envoy-rejects");
+    assert_eq!(verdicts.len(), ENVOY_REJECTS.len());
+    for (v, (name, path, reason)) in verdicts.iter().zip(ENVOY_REJECTS) {
+        assert_eq!((v.kind, v.name.as_str()), (Kind::Route, name));
+        let r = v
+            .refusal
+            .as_ref()
+            .unwrap_or_else(|| panic!("{name}: accepted"));
+        assert_eq!(r.path, path, "{name}: {r}");
+        assert!(r.reason.contains(reason), "{name}: {r} (want {reason:?})");
     }
 }
