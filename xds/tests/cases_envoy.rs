@@ -2,10 +2,11 @@
 //! static resources and checked with `envoy --mode validate`. Every case but `envoy-rejects`
 //! must be accepted whole; each resource of `envoy-rejects` must be rejected on its own, for
 //! the reason written next to it. The bootstrap holds the case's JSON as Remora's tests read
-//! it: clusters as they are (EDS ones keep ADS, which the bootstrap configures, and their TLS
-//! contexts keep `sds-grpc`, which it holds), each route table inline in a listener that is
-//! not bound, each ClusterLoadAssignment as the `load_assignment` of a STATIC stand-in
-//! cluster named `eds-check|<cluster_name>`.
+//! it: listeners as they are (their RDS names come over ADS, which the bootstrap configures),
+//! clusters as they are (EDS ones keep ADS, and their TLS contexts keep `sds-grpc`, which the
+//! bootstrap holds), each route table inline in a listener that is not bound, each
+//! ClusterLoadAssignment as the `load_assignment` of a STATIC stand-in cluster named
+//! `eds-check|<cluster_name>`.
 //!
 //! Envoy is `$ENVOY_BIN`, or the binary `scripts/install-envoy` caches (running it if needed).
 //! Without one the test is skipped with its reason printed; under `CI=true` it fails.
@@ -119,9 +120,15 @@ fn route_listener(i: usize, route_config: &Value) -> Value {
     })
 }
 
-/// Istio's shape of bootstrap (ADS over `xds-grpc`, SDS over `sds-grpc`) holding `clusters`,
-/// `routes` (inline, one listener each) and `endpoints` (as stand-in clusters).
-fn bootstrap(clusters: &[Value], routes: &[Value], endpoints: &[Value]) -> Value {
+/// Istio's shape of bootstrap (ADS over `xds-grpc`, SDS over `sds-grpc`) holding the case's
+/// `listeners` (their RDS names come over ADS), `clusters`, `routes` (inline, one listener
+/// each) and `endpoints` (as stand-in clusters).
+fn bootstrap(
+    listeners: &[Value],
+    clusters: &[Value],
+    routes: &[Value],
+    endpoints: &[Value],
+) -> Value {
     let mut all = vec![
         grpc_cluster("xds-grpc", 15010),
         grpc_cluster("sds-grpc", 15012),
@@ -133,10 +140,15 @@ fn bootstrap(clusters: &[Value], routes: &[Value], endpoints: &[Value]) -> Value
             "type": "STATIC", "connect_timeout": "1s", "load_assignment": cla
         })
     }));
-    let listeners: Vec<Value> = routes
+    let listeners: Vec<Value> = listeners
         .iter()
-        .enumerate()
-        .map(|(i, rc)| route_listener(i, rc))
+        .cloned()
+        .chain(
+            routes
+                .iter()
+                .enumerate()
+                .map(|(i, rc)| route_listener(i, rc)),
+        )
         .collect();
     json!({
         "node": {"id": "sidecar~10.244.0.5~sleep.default~default.svc.cluster.local", "cluster": "sleep.default"},
@@ -169,7 +181,8 @@ fn validate(envoy: &Path, tag: &str, bootstrap: &Value) -> (bool, String) {
 fn envoy_accepts_every_case_but_the_rejected_one() {
     let Some(envoy) = envoy_binary() else { return };
     for case in CASES.iter().filter(|c| **c != "envoy-rejects") {
-        let (clusters, routes, endpoints) = (
+        let (listeners, clusters, routes, endpoints) = (
+            resources(case, "listeners"),
             resources(case, "clusters"),
             resources(case, "routes"),
             resources(case, "endpoints"),
@@ -178,11 +191,16 @@ fn envoy_accepts_every_case_but_the_rejected_one() {
             !clusters.is_empty() || !routes.is_empty(),
             "{case}: nothing to check"
         );
-        let (ok, log) = validate(&envoy, case, &bootstrap(&clusters, &routes, &endpoints));
+        let (ok, log) = validate(
+            &envoy,
+            case,
+            &bootstrap(&listeners, &clusters, &routes, &endpoints),
+        );
         assert!(ok, "Envoy rejects case {case}:\n{log}");
         assert!(log.contains("OK"), "{case}: {log}");
         println!(
-            "{case}: Envoy accepts {} clusters, {} route tables, {} load assignments",
+            "{case}: Envoy accepts {} listeners, {} clusters, {} route tables, {} load assignments",
+            listeners.len(),
             clusters.len(),
             routes.len(),
             endpoints.len()
@@ -210,11 +228,15 @@ fn envoy_rejects_each_invalid_resource_for_its_reason() {
     let routes = resources("envoy-rejects", "routes");
     assert_eq!(routes.len(), ENVOY_REJECTS.len());
     // The bootstrap alone passes: each rejection below is the resource's fault.
-    let (ok, log) = validate(&envoy, "bare", &bootstrap(&[], &[], &[]));
+    let (ok, log) = validate(&envoy, "bare", &bootstrap(&[], &[], &[], &[]));
     assert!(ok, "the bare bootstrap is rejected:\n{log}");
     for (rc, (name, reason)) in routes.iter().zip(ENVOY_REJECTS) {
         assert_eq!(rc["name"], name);
-        let (ok, log) = validate(&envoy, name, &bootstrap(&[], std::slice::from_ref(rc), &[]));
+        let (ok, log) = validate(
+            &envoy,
+            name,
+            &bootstrap(&[], &[], std::slice::from_ref(rc), &[]),
+        );
         assert!(!ok, "Envoy accepts {name}:\n{log}");
         assert!(log.contains(reason), "{name}: want {reason:?} in:\n{log}");
     }

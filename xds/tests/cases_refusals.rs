@@ -19,7 +19,7 @@ fn verdicts(case: &str) -> Vec<Verdict> {
 fn remora_accepts_every_resource_of_the_behaviour_cases() {
     for case in ["traffic-split", "redirect-rewrite", "dns-static"] {
         let verdicts = verdicts(case);
-        let want = ["clusters", "routes", "endpoints"]
+        let want = ["listeners", "clusters", "routes", "endpoints"]
             .iter()
             .map(|k| raw(case, k).len())
             .sum::<usize>();

@@ -6,7 +6,7 @@ mod cases_support;
 
 use cases_support::*;
 use remora_xds::model::route::{
-    Action, ClusterTarget, HeaderEdit, Redirect, RetryPolicy, RouteConfiguration,
+    Action, ClusterTarget, HeaderEdit, Redirect, RequestParts, RetryPolicy, RouteConfiguration,
     DEFAULT_ROUTE_TIMEOUT,
 };
 use std::sync::Arc;
@@ -322,4 +322,50 @@ fn rewrites_header_edits_and_separated_prefixes() {
     assert!(f.retry_policy.is_none());
     // The table has no `*` host: another Host reaches no route (Envoy's 404 NR).
     assert!(lookup(&rc, "elsewhere", &get("/")).is_none());
+}
+
+#[test]
+fn the_outbound_listener_leads_to_the_route_table() {
+    use remora_xds::model::listener::{ChainKind, ConnectionFacts, RouteSource};
+    let snap = snapshot("traffic-split");
+    let listener = snap.listener("0.0.0.0_9080").expect("0.0.0.0_9080");
+    let conn = |alpn: &'static [&'static str]| ConnectionFacts {
+        destination: "10.96.0.20:9080".parse().expect("address"),
+        server_name: None,
+        transport_protocol: "raw_buffer",
+        application_protocols: alpn,
+    };
+    let chain = listener
+        .filter_chain(&conn(&["http/1.1"]))
+        .expect("the HTTP chain");
+    let ChainKind::Http(http) = &chain.kind else {
+        panic!("not HTTP: {:?}", chain.kind)
+    };
+    assert_eq!(http.routes, RouteSource::Rds("9080".into()));
+    assert_eq!(
+        snap.wanted_routes().into_iter().collect::<Vec<_>>(),
+        ["9080"]
+    );
+    // Through the listener, the table and the virtual host, as the data path looks it up.
+    let user = String::from("jason");
+    let jason = |name: &str| -> Option<&str> { (name == "end-user").then_some(user.as_str()) };
+    let parts = RequestParts {
+        method: "GET",
+        path_and_query: "/reviews/1",
+        header: &jason,
+    };
+    let route = snap
+        .http_route(http, "reviews:9080", &parts)
+        .expect("a route");
+    assert_eq!(route.name.as_deref(), Some("jason"));
+    assert_eq!(forward(route).target, ClusterTarget::Cluster(reviews("v2")));
+    // Not HTTP (TLS the sidecar did not originate): the default chain, TCP to PassthroughCluster.
+    let tls = listener
+        .filter_chain(&ConnectionFacts {
+            transport_protocol: "tls",
+            ..conn(&[])
+        })
+        .expect("the default chain");
+    assert_eq!(tls.name.as_deref(), Some("PassthroughFilterChain"));
+    assert!(matches!(tls.kind, ChainKind::Tcp(_)));
 }
