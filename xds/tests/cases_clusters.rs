@@ -231,3 +231,51 @@ fn service_entries_resolved_by_dns_or_given_statically() {
         &TransportSocket::Plaintext
     );
 }
+
+#[test]
+fn a_tcp_route_splits_by_weight_across_subsets() {
+    use remora_xds::model::listener::{ChainKind, ConnectionFacts, TcpTarget};
+    let snap = snapshot("tcp-split");
+    let dst = "10.96.0.40:27017".parse().expect("address");
+    let listener = snap
+        .listener("10.96.0.40_27017")
+        .expect("the mongo listener");
+    let chain = listener
+        .filter_chain(&ConnectionFacts {
+            destination: dst,
+            server_name: None,
+            transport_protocol: "raw_buffer",
+            application_protocols: &[],
+        })
+        .expect("its chain");
+    let ChainKind::Tcp(tcp) = &chain.kind else {
+        panic!("not TCP: {:?}", chain.kind)
+    };
+    let mongo = |s: &str| format!("outbound|27017|{s}|mongo.default.svc.cluster.local");
+    assert_eq!(
+        tcp.target,
+        TcpTarget::Weighted(vec![(mongo("v1"), 70), (mongo("v2"), 30)])
+    );
+    assert_eq!(
+        tcp.stat_prefix,
+        "outbound|27017||mongo.default.svc.cluster.local"
+    );
+    assert_eq!(tcp.idle_timeout, None, "Envoy's default hour");
+    let picks: Vec<String> = (0..100u64)
+        .filter_map(|roll| tcp.target.pick(roll).map(str::to_string))
+        .collect();
+    assert_eq!(picks.len(), 100);
+    assert_eq!(picks.iter().filter(|p| **p == mongo("v1")).count(), 70);
+    assert_eq!(picks.iter().filter(|p| **p == mongo("v2")).count(), 30);
+    for s in ["v1", "v2"] {
+        let c = cluster(&snap, &mongo(s));
+        assert_eq!(c.istio.subset.as_deref(), Some(s));
+        let sni = c.istio_mtls().and_then(|t| t.sni.clone());
+        assert_eq!(
+            sni,
+            Some(format!(
+                "outbound_.27017_.{s}_.mongo.default.svc.cluster.local"
+            ))
+        );
+    }
+}

@@ -17,7 +17,12 @@ fn verdicts(case: &str) -> Vec<Verdict> {
 
 #[test]
 fn remora_accepts_every_resource_of_the_behaviour_cases() {
-    for case in ["traffic-split", "redirect-rewrite", "dns-static"] {
+    for case in [
+        "traffic-split",
+        "redirect-rewrite",
+        "dns-static",
+        "tcp-split",
+    ] {
         let verdicts = verdicts(case);
         let want = ["listeners", "clusters", "routes", "endpoints"]
             .iter()
@@ -32,7 +37,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
 
 /// Each resource of `gaps`: its kind and name, the field refused and why. What istiod writes
 /// it for is in the comment.
-const GAPS: [(Kind, &str, &str, &str); 15] = [
+const GAPS: [(Kind, &str, &str, &str); 16] = [
     // Every outbound cluster of current istiod (`buildCluster`): an empty CommonLbConfig…
     (
         Kind::Cluster,
@@ -75,6 +80,13 @@ const GAPS: [(Kind, &str, &str, &str); 15] = [
         "outbound|443||dns-cares.example.com",
         "typed_dns_resolver_config",
         "field not supported (in envoy.config.cluster.v3.Cluster)",
+    ),
+    // DestinationRule connectionPool limits: finite circuit-breaker thresholds.
+    (
+        Kind::Cluster,
+        "outbound|9080||pool-limits.default.svc.cluster.local",
+        "circuit_breakers.thresholds[0].max_connections",
+        "circuit breaker limits not supported (only istiod's unlimited 4294967295)",
     ),
     // VirtualService http.mirror / mirrors.
     (

@@ -19,10 +19,11 @@ pub fn cases_dir() -> PathBuf {
 }
 
 /// The cases, by folder name.
-pub const CASES: [&str; 5] = [
+pub const CASES: [&str; 6] = [
     "traffic-split",
     "redirect-rewrite",
     "dns-static",
+    "tcp-split",
     "gaps",
     "envoy-rejects",
 ];
