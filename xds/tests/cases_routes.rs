@@ -369,3 +369,29 @@ fn the_outbound_listener_leads_to_the_route_table() {
     assert_eq!(tls.name.as_deref(), Some("PassthroughFilterChain"));
     assert!(matches!(tls.kind, ChainKind::Tcp(_)));
 }
+
+#[test]
+fn header_prefix_authority_and_query_presence() {
+    let rc = table("redirect-rewrite", "8000");
+    let name = |host: &str, req: Request| name_of(lookup(&rc, host, &req)).map(str::to_string);
+    let fqdn = "httpbin.default.svc.cluster.local:8000";
+    let canary = || get("/get?a=1&trace").header("x-env", "canary-7");
+    assert_eq!(name(fqdn, canary()).as_deref(), Some("canary-fqdn"));
+    assert_eq!(
+        name("httpbin.default.svc", canary()).as_deref(),
+        Some("canary-fqdn")
+    );
+    // The short name fails the authority prefix; the rest fail one condition each.
+    assert_eq!(name("httpbin:8000", canary()).as_deref(), Some("default"));
+    assert_eq!(
+        name(fqdn, get("/get?trace=1").header("x-env", "prod")).as_deref(),
+        Some("default")
+    );
+    assert_eq!(
+        name(fqdn, get("/get?a=1").header("x-env", "canary-7")).as_deref(),
+        Some("default")
+    );
+    assert_eq!(name(fqdn, get("/get?trace")).as_deref(), Some("default"));
+    let f = forward(lookup(&rc, fqdn, &canary()).expect("canary-fqdn"));
+    assert_eq!(f.timeout, Some(Duration::from_secs(1)));
+}

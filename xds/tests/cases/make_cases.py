@@ -1,0 +1,326 @@
+#!/usr/bin/env python3
+# Writes the JSON of xds/tests/cases/ (run from the repository root:
+#   python3 xds/tests/cases/make_cases.py xds/tests/cases). Each resource follows what istiod
+# writes (pilot/pkg/networking/core/route/route.go, route/retry/retry.go, cluster_builder.go,
+# cluster_traffic_policy.go at istio/istio 86c9f01f) with upstream Envoy types only. Edit
+# here, re-run, and keep the tests (cases_*.rs) in step; the output is deterministic.
+import json, os, sys
+OUT = sys.argv[1]
+NS = "default"
+SDS = lambda name: {"name": name, "sds_config": {"api_config_source": {"api_type": "GRPC",
+    "grpc_services": [{"envoy_grpc": {"cluster_name": "sds-grpc"}}],
+    "set_node_on_first_message_only": True, "transport_api_version": "V3"},
+    "initial_fetch_timeout": "0s", "resource_api_version": "V3"}}
+UNLIMITED = {"thresholds": [{"max_connections": 4294967295, "max_pending_requests": 4294967295,
+    "max_requests": 4294967295, "max_retries": 4294967295, "track_remaining": True}]}
+TYPE = lambda t: "type.googleapis.com/" + t
+
+def mtls(sni, sans):
+    return {"name": "tlsMode-istio", "match": {"tlsMode": "istio"}, "transport_socket": {
+        "name": "envoy.transport_sockets.tls", "typed_config": {
+            "@type": TYPE("envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"),
+            "common_tls_context": {
+                "tls_params": {"tls_minimum_protocol_version": "TLSv1_2", "tls_maximum_protocol_version": "TLSv1_3"},
+                "alpn_protocols": ["istio-peer-exchange", "istio"],
+                "tls_certificate_sds_secret_configs": [SDS("default")],
+                "combined_validation_context": {
+                    "default_validation_context": {"match_subject_alt_names": [{"exact": s} for s in sans]},
+                    "validation_context_sds_secret_config": SDS("ROOTCA")}},
+            "sni": sni}}}
+PLAIN = {"name": "tlsMode-disabled", "match": {}, "transport_socket": {"name": "envoy.transport_sockets.raw_buffer",
+    "typed_config": {"@type": TYPE("envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer")}}}
+
+def meta(host, port, subset=None, dr=None):
+    name, ns = host.split(".")[0], host.split(".")[1]
+    m = {"default_original_port": port, "services": [{"host": host, "name": name, "namespace": ns}]}
+    if dr: m["config"] = f"/apis/networking.istio.io/v1alpha3/namespaces/{ns}/destination-rule/{dr}"
+    if subset: m["subset"] = subset
+    return {"filter_metadata": {"istio": m}}
+
+def eds_cluster(host, port, subset="", lb=None, sans=(), dr=None, extra=None):
+    name = f"outbound|{port}|{subset}|{host}"
+    c = {"@type": TYPE("envoy.config.cluster.v3.Cluster"), "name": name, "type": "EDS",
+         "eds_cluster_config": {"eds_config": {"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"},
+                                "service_name": name},
+         "connect_timeout": "10s"}
+    if lb: c["lb_policy"] = lb
+    c["circuit_breakers"] = UNLIMITED
+    c["metadata"] = meta(host, port, subset or None, dr)
+    if extra: c.update(extra)
+    c["transport_socket_matches"] = [mtls(f"outbound_.{port}_.{subset}_.{host}", sans), PLAIN]
+    return c
+
+def ep(ip, port, workload=None, tls=True, health="HEALTHY", weight=1):
+    fm = {}
+    if tls: fm["envoy.transport_socket_match"] = {"tlsMode": "istio"}
+    if workload: fm["istio"] = {"workload": workload}
+    e = {"endpoint": {"address": {"socket_address": {"address": ip, "port_value": port}}, "health_check_config": {}},
+         "health_status": health}
+    if fm: e["metadata"] = {"filter_metadata": fm}
+    e["load_balancing_weight"] = weight
+    return e
+
+def cla(name, locs):
+    return {"@type": TYPE("envoy.config.endpoint.v3.ClusterLoadAssignment"), "cluster_name": name,
+            "endpoints": [{"locality": loc, "lb_endpoints": eps, "load_balancing_weight": sum(e["load_balancing_weight"] for e in eps)} for loc, eps in locs],
+            "policy": {"overprovisioning_factor": 140}}
+
+PREV = [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
+    "@type": TYPE("envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate")}}]
+DEFAULT_RETRY = {"retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+                 "num_retries": 2, "retry_host_predicate": PREV, "host_selection_retry_max_attempts": "5"}
+
+def vs_meta(vs): return {"filter_metadata": {"istio": {"config": f"/apis/networking.istio.io/v1alpha3/namespaces/{NS}/virtual-service/{vs}"}}}
+
+def route(name, match, action, vs, op, extra=None):
+    r = {"name": name, "match": match}
+    r.update(action)
+    r["metadata"] = vs_meta(vs)
+    r["decorator"] = {"operation": op}
+    if extra: r.update(extra)
+    return r
+
+def fwd(target, timeout="0s", retry=DEFAULT_RETRY, extra=None):
+    a = dict(target)
+    a["timeout"] = timeout
+    if retry is not None: a["retry_policy"] = retry
+    if extra: a.update(extra)
+    a["max_grpc_timeout"] = timeout
+    return {"route": a}
+
+def domains(name, port, ip):
+    return [f"{name}.{NS}.svc.cluster.local", name, f"{name}.{NS}.svc", f"{name}.{NS}", ip]
+
+def rc(name, vhs):
+    return {"@type": TYPE("envoy.config.route.v3.RouteConfiguration"), "name": name, "virtual_hosts": vhs,
+            "validate_clusters": False, "ignore_port_in_host_matching": True}
+
+ALLOW_ANY = {"name": "allow_any", "domains": ["*"], "routes": [{"name": "allow_any", "match": {"prefix": "/"},
+    "route": {"cluster": "PassthroughCluster", "timeout": "0s", "max_grpc_timeout": "0s"}}], "include_request_attempt_count": True}
+PASSTHROUGH = {"@type": TYPE("envoy.config.cluster.v3.Cluster"), "name": "PassthroughCluster", "type": "ORIGINAL_DST",
+    "connect_timeout": "10s", "lb_policy": "CLUSTER_PROVIDED", "circuit_breakers": UNLIMITED,
+    "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": TYPE("envoy.extensions.upstreams.http.v3.HttpProtocolOptions"),
+        "use_downstream_protocol_config": {"http_protocol_options": {}, "http2_protocol_options": {}}}}}
+
+def write(case, kind, items):
+    d = os.path.join(OUT, case); os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, kind + ".json"), "w") as f:
+        json.dump(items, f, indent=2); f.write("\n")
+
+# ---- traffic-split: VirtualService reviews (header, regex, query matches; weighted subsets), DestinationRule subsets
+H = f"reviews.{NS}.svc.cluster.local"; P = 9080
+SANS = [f"spiffe://cluster.local/ns/{NS}/sa/bookinfo-reviews"]
+c = lambda s: f"outbound|{P}|{s}|{H}"
+OP = f"{H}:{P}/*"
+write("traffic-split", "clusters", [
+    eds_cluster(H, P, "", "LEAST_REQUEST", SANS),
+    eds_cluster(H, P, "v1", "ROUND_ROBIN", SANS, "reviews"),
+    eds_cluster(H, P, "v2", "RANDOM", SANS, "reviews", {"typed_extension_protocol_options": {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": TYPE("envoy.extensions.upstreams.http.v3.HttpProtocolOptions"),
+            "common_http_protocol_options": {"idle_timeout": "3600s", "max_requests_per_connection": 10},
+            "explicit_http_config": {"http_protocol_options": {}}}}}),
+    eds_cluster(H, P, "v3", "LEAST_REQUEST", SANS, "reviews"),
+    PASSTHROUGH])
+write("traffic-split", "routes", [rc(str(P), [
+    {"name": f"{H}:{P}", "domains": domains("reviews", P, "10.96.0.20"), "routes": [
+        route("jason", {"prefix": "/", "case_sensitive": True,
+                        "headers": [{"name": "end-user", "string_match": {"exact": "jason"}}]},
+              fwd({"cluster": c("v2")}), "reviews", OP),
+        route("api-canary", {"safe_regex": {"regex": "/api/v[0-9]+/.*"}, "case_sensitive": True,
+                             "headers": [{"name": "x-canary", "present_match": True},
+                                         {"name": ":method", "string_match": {"exact": "POST"}}]},
+              fwd({"cluster": c("v3")}, "3s", {"retry_on": "5xx,gateway-error,retriable-status-codes", "num_retries": 3,
+                  "per_try_timeout": "1s", "retry_host_predicate": PREV, "host_selection_retry_max_attempts": "5",
+                  "retriable_status_codes": [503], "retry_back_off": {"base_interval": "0.025s"}}), "reviews", OP),
+        route("firefox-debug", {"prefix": "/reviews/", "case_sensitive": False,
+                                "headers": [{"name": "user-agent", "string_match": {"safe_regex": {"regex": ".*Firefox.*"}}}],
+                                "query_parameters": [{"name": "debug", "string_match": {"exact": "1"}}]},
+              fwd({"cluster": c("v1")}, "0s", None), "reviews", OP),
+        route("split", {"prefix": "/", "case_sensitive": True},
+              fwd({"weighted_clusters": {"clusters": [
+                  {"name": c("v1"), "weight": 80, "request_headers_to_add": [
+                      {"header": {"key": "x-subset", "value": "v1"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]},
+                  {"name": c("v3"), "weight": 20, "response_headers_to_remove": ["x-internal"]}]}}, "10s"),
+              "reviews", OP)],
+     "include_request_attempt_count": True},
+    ALLOW_ANY])])
+write("traffic-split", "endpoints", [
+    cla(c("v1"), [({"region": "us-east1", "zone": "us-east1-b"}, [ep("10.244.0.11", P, "reviews-v1;default;reviews;v1;Kubernetes"),
+                                                               ep("10.128.0.7", P, None, tls=False)])]),
+    cla(c("v2"), [({"region": "us-east1", "zone": "us-east1-c"}, [ep("10.244.1.12", P, "reviews-v2;default;reviews;v2;Kubernetes", weight=3)])]),
+    cla(c("v3"), [({}, [ep("10.244.2.13", P, "reviews-v3;default;reviews;v3;Kubernetes", health="DRAINING")])]),
+    cla(c(""), [({}, [ep("10.244.0.11", P, "reviews-v1;default;reviews;v1;Kubernetes"),
+                      ep("10.244.1.12", P, "reviews-v2;default;reviews;v2;Kubernetes"),
+                      ep("10.244.2.13", P, "reviews-v3;default;reviews;v3;Kubernetes")])]),
+])
+
+# ---- redirect-rewrite: VirtualService httpbin: redirects, direct responses, rewrites, header edits
+H2 = f"httpbin.{NS}.svc.cluster.local"; P2 = 8000
+C2 = f"outbound|{P2}||{H2}"
+OP2 = f"{H2}:{P2}/*"
+HV = lambda k, v, a: {"header": {"key": k, "value": v}, "append_action": a}
+write("redirect-rewrite", "clusters", [eds_cluster(H2, P2, "", "LEAST_REQUEST", [f"spiffe://cluster.local/ns/{NS}/sa/httpbin"])])
+write("redirect-rewrite", "routes", [rc(str(P2), [
+    {"name": f"{H2}:{P2}", "domains": domains("httpbin", P2, "10.96.0.30"), "routes": [
+        route("moved", {"path": "/old", "case_sensitive": True},
+              {"redirect": {"scheme_redirect": "https", "host_redirect": "httpbin.org", "port_redirect": 8443,
+                            "path_redirect": "/new", "response_code": "FOUND"}}, "httpbin", OP2),
+        route("legacy", {"prefix": "/v1/", "case_sensitive": True},
+              {"redirect": {"prefix_rewrite": "/v2/"}}, "httpbin", OP2),
+        route("teapot", {"path": "/teapot", "case_sensitive": True},
+              {"direct_response": {"status": 418, "body": {"inline_string": "I'm a teapot"}}}, "httpbin", OP2),
+        route("gone", {"prefix": "/gone", "case_sensitive": False}, {"direct_response": {"status": 410}}, "httpbin", OP2),
+        route("rewrite", {"prefix": "/status/", "case_sensitive": True},
+              fwd({"cluster": C2}, "2.5s", DEFAULT_RETRY, {"prefix_rewrite": "/anything/", "host_rewrite_literal": "httpbin.internal"}),
+              "httpbin", OP2, {
+                  "request_headers_to_add": [HV("x-request-source", "mesh", "OVERWRITE_IF_EXISTS_OR_ADD"),
+                                             HV("x-trace", "on", "APPEND_IF_EXISTS_OR_ADD")],
+                  "request_headers_to_remove": ["x-debug"],
+                  "response_headers_to_add": [HV("cache-control", "no-store", "OVERWRITE_IF_EXISTS_OR_ADD")],
+                  "response_headers_to_remove": ["server"]}),
+        # GAMMA (Gateway API HTTPRoute on a Service): istiod writes path_separated_prefix.
+        route("gamma-api", {"path_separated_prefix": "/api", "case_sensitive": True},
+              fwd({"cluster": C2}, "0s", None), "httpbin", OP2),
+        # match {headers: {x-env: {prefix: canary-}}, authority: {prefix: ...}, queryParams: {trace: {regex: "*"}}}
+        route("canary-fqdn", {"prefix": "/", "case_sensitive": True,
+                              "headers": [{"name": "x-env", "string_match": {"prefix": "canary-"}},
+                                          {"name": ":authority", "string_match": {"prefix": "httpbin.default.svc"}}],
+                              "query_parameters": [{"name": "trace", "present_match": True}]},
+              fwd({"cluster": C2}, "1s"), "httpbin", OP2),
+        route("default", {"prefix": "/", "case_sensitive": True}, fwd({"cluster": C2}), "httpbin", OP2)],
+     "include_request_attempt_count": True},
+    # Not istiod's shape (istiod always sets a timeout): a route with none, Envoy's 15 s.
+    {"name": "no-timeout", "domains": ["legacy.example.com"], "routes": [
+        {"name": "no-timeout", "match": {"prefix": "/"}, "route": {"cluster": C2}}]}])])
+write("redirect-rewrite", "endpoints", [cla(C2, [({}, [ep("10.244.3.20", 80, "httpbin-v1;default;httpbin;v1;Kubernetes")])])])
+
+# ---- dns-static: ServiceEntry resolution DNS (STRICT_DNS) and STATIC (WorkloadEntry addresses)
+def se_meta(host, port): return {"filter_metadata": {"istio": {"default_original_port": port,
+    "services": [{"host": host, "name": host, "namespace": NS}]}}}
+def inline_cla(name, eps): return {"cluster_name": name, "endpoints": [{"locality": {}, "lb_endpoints": eps}]}
+DNS = "outbound|443||api.example.com"; ST = "outbound|80||static.example.com"
+write("dns-static", "clusters", [
+    {"@type": TYPE("envoy.config.cluster.v3.Cluster"), "name": DNS, "type": "STRICT_DNS", "connect_timeout": "10s",
+     "lb_policy": "ROUND_ROBIN", "circuit_breakers": UNLIMITED, "metadata": se_meta("api.example.com", 443),
+     "load_assignment": inline_cla(DNS, [{"endpoint": {"address": {"socket_address": {"address": "api.example.com", "port_value": 443}}},
+                                          "load_balancing_weight": 1}]),
+     "dns_refresh_rate": "60s", "respect_dns_ttl": True, "dns_lookup_family": "V4_ONLY"},
+    {"@type": TYPE("envoy.config.cluster.v3.Cluster"), "name": ST, "type": "STATIC", "connect_timeout": "10s",
+     "lb_policy": "RANDOM", "circuit_breakers": UNLIMITED, "metadata": se_meta("static.example.com", 80),
+     "load_assignment": inline_cla(ST, [ep("10.10.0.1", 8080, "vm-1;default;static;latest;Kubernetes", weight=2),
+                                        ep("10.10.0.2", 8080, None, tls=False)]),
+     "transport_socket_matches": [mtls("outbound_.80_._.static.example.com", [f"spiffe://cluster.local/ns/{NS}/sa/vm"]), PLAIN]}])
+
+# ---- gaps: Envoy accepts, istiod sends, Remora refuses. One resource per feature.
+def gap_cluster(name, extra, lb="LEAST_REQUEST"):
+    c = eds_cluster(f"{name}.{NS}.svc.cluster.local", 9080, "", lb, [f"spiffe://cluster.local/ns/{NS}/sa/{name}"])
+    c.update(extra); return c
+write("gaps", "clusters", [
+    gap_cluster("common-lb", {"common_lb_config": {}}),
+    gap_cluster("alt-stat", {"alt_stat_name": f"outbound_.9080_._.alt-stat.{NS}.svc.cluster.local;"}),
+    gap_cluster("outlier", {"outlier_detection": {"consecutive_5xx": 5, "interval": "10s", "base_ejection_time": "30s",
+        "max_ejection_percent": 100, "enforcing_consecutive_5xx": 100, "enforcing_success_rate": 0}}),
+    gap_cluster("ring-hash", {"ring_hash_lb_config": {"minimum_ring_size": "1024"}}, "RING_HASH"),
+    gap_cluster("keepalive", {"upstream_connection_options": {"tcp_keepalive": {"keepalive_time": 300}}}),
+    {"@type": TYPE("envoy.config.cluster.v3.Cluster"), "name": "outbound|443||dns-cares.example.com", "type": "STRICT_DNS",
+     "connect_timeout": "10s", "lb_policy": "LEAST_REQUEST", "metadata": se_meta("dns-cares.example.com", 443),
+     "load_assignment": inline_cla("outbound|443||dns-cares.example.com", [{"endpoint": {"address": {"socket_address": {
+         "address": "dns-cares.example.com", "port_value": 443}}}, "load_balancing_weight": 1}]),
+     "dns_refresh_rate": "60s", "respect_dns_ttl": True, "dns_lookup_family": "V4_ONLY",
+     "typed_dns_resolver_config": {"name": "envoy.network.dns_resolver.cares", "typed_config": {
+         "@type": TYPE("envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig"), "udp_max_queries": 100}}}])
+G = f"outbound|9080||gaps.{NS}.svc.cluster.local"
+def gap_rc(name, match_extra=None, action_extra=None, route_extra=None, target=None, retry=DEFAULT_RETRY):
+    m = {"prefix": "/", "case_sensitive": True}
+    if match_extra: m.update(match_extra)
+    return rc(name, [{"name": name, "domains": ["*"], "routes": [
+        route(name, m, fwd(target or {"cluster": G}, "0s", retry, action_extra), name, f"gaps:9080/*", route_extra)]}])
+write("gaps", "routes", [
+    gap_rc("mirror", action_extra={"request_mirror_policies": [{"cluster": f"outbound|9080|v2|gaps.{NS}.svc.cluster.local",
+        "runtime_fraction": {"default_value": {"numerator": 100}}, "trace_sampled": False}]}),
+    gap_rc("regex-rewrite", action_extra={"regex_rewrite": {"pattern": {"regex": "^/v1/(.*)"}, "substitution": "/v2/\\1"}}),
+    gap_rc("consistent-hash", action_extra={"hash_policy": [{"header": {"header_name": "x-user"}}]},
+           retry={k: v for k, v in DEFAULT_RETRY.items() if k != "retry_host_predicate"}),
+    gap_rc("without-headers", match_extra={"headers": [{"name": "x-block", "string_match": {"exact": "1"},
+        "invert_match": True, "treat_missing_header_as_empty": True}]}),
+    gap_rc("retry-remote-localities", retry=dict(DEFAULT_RETRY, retry_priority={"name": "envoy.retry_priorities.previous_priorities",
+        "typed_config": {"@type": TYPE("envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig"),
+                         "update_frequency": 2}})),
+    gap_rc("weighted-authority", target={"weighted_clusters": {"clusters": [
+        {"name": G, "weight": 50, "host_rewrite_literal": "a.example.com"},
+        {"name": f"outbound|9080|v2|gaps.{NS}.svc.cluster.local", "weight": 50}]}}),
+    gap_rc("fault", route_extra={"typed_per_filter_config": {"envoy.filters.http.fault": {
+        "@type": TYPE("envoy.extensions.filters.http.fault.v3.HTTPFault"),
+        "abort": {"http_status": 503, "percentage": {"numerator": 100, "denominator": "MILLION"}}}}}),
+    gap_rc("cors", route_extra={"typed_per_filter_config": {"envoy.filters.http.cors": {
+        "@type": TYPE("envoy.extensions.filters.http.cors.v3.CorsPolicy"),
+        "allow_origin_string_match": [{"exact": "https://example.com"}], "allow_methods": "GET,POST",
+        "forward_not_matching_preflights": True}}}),
+    gap_rc("x-forwarded-host", action_extra={"append_x_forwarded_host": True, "host_rewrite_literal": "b.example.com"}),
+])
+
+# ---- envoy-rejects: Envoy refuses each (it is the oracle); Remora must too. One resource per fault.
+def bad_rc(name, r):
+    return rc(name, [{"name": name, "domains": ["*"], "routes": [dict({"name": name}, **r)]}])
+write("envoy-rejects", "routes", [
+    bad_rc("bad-path-regex", {"match": {"safe_regex": {"regex": "/api/(v[0-9]+"}}, "route": {"cluster": G}}),
+    bad_rc("bad-header-regex", {"match": {"prefix": "/", "headers": [{"name": "x-user", "string_match": {"safe_regex": {"regex": "a(b"}}}]},
+                                "route": {"cluster": G}}),
+    bad_rc("zero-weights", {"match": {"prefix": "/"}, "route": {"weighted_clusters": {"clusters": [
+        {"name": G, "weight": 0}, {"name": f"outbound|9080|v2|gaps.{NS}.svc.cluster.local", "weight": 0}]}}}),
+    bad_rc("direct-response-status-99", {"match": {"prefix": "/"}, "direct_response": {"status": 99}}),
+])
+
+# ---- traffic-split's outbound listener for port 9080 (istiod's shape less the Istio-only filters)
+def hf(name, t, extra=None):
+    c = {"@type": TYPE(t)}
+    if extra: c.update(extra)
+    return {"name": name, "typed_config": c}
+write("traffic-split", "listeners", [{
+    "@type": TYPE("envoy.config.listener.v3.Listener"), "name": "0.0.0.0_9080",
+    "address": {"socket_address": {"address": "0.0.0.0", "port_value": 9080}},
+    "filter_chains": [{"filter_chain_match": {"transport_protocol": "raw_buffer", "application_protocols": ["http/1.1", "h2c"]},
+        "filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+            "@type": TYPE("envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"),
+            "stat_prefix": "outbound_0.0.0.0_9080",
+            "rds": {"config_source": {"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"}, "route_config_name": "9080"},
+            "http_filters": [
+                hf("envoy.filters.http.grpc_stats", "envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
+                   {"emit_filter_state": True, "stats_for_all_methods": False}),
+                hf("envoy.filters.http.fault", "envoy.extensions.filters.http.fault.v3.HTTPFault"),
+                hf("envoy.filters.http.cors", "envoy.extensions.filters.http.cors.v3.Cors"),
+                hf("envoy.filters.http.router", "envoy.extensions.filters.http.router.v3.Router")],
+            "use_remote_address": False, "upgrade_configs": [{"upgrade_type": "websocket"}], "stream_idle_timeout": "0s",
+            "normalize_path": True,
+            "request_id_extension": {"typed_config": {"@type": TYPE("envoy.extensions.request_id.uuid.v3.UuidRequestIdConfig"),
+                                                      "use_request_id_for_trace_sampling": True}},
+            "path_with_escaped_slashes_action": "KEEP_UNCHANGED"}}]}],
+    "listener_filters": [hf("envoy.filters.listener.tls_inspector", "envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"),
+                         hf("envoy.filters.listener.http_inspector", "envoy.extensions.filters.listener.http_inspector.v3.HttpInspector")],
+    "listener_filters_timeout": "0s", "traffic_direction": "OUTBOUND", "continue_on_listener_filters_timeout": True,
+    "default_filter_chain": {"filter_chain_match": {}, "filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+        "@type": TYPE("envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy"), "stat_prefix": "PassthroughCluster",
+        "cluster": "PassthroughCluster"}}], "name": "PassthroughFilterChain"},
+    "bind_to_port": False}])
+
+# ---- gaps: DestinationRule connectionPool limits (finite circuit-breaker thresholds)
+gaps_clusters = json.load(open(os.path.join(OUT, "gaps", "clusters.json")))
+gaps_clusters.append(gap_cluster("pool-limits", {"circuit_breakers": {"thresholds": [{
+    "max_connections": 100, "max_pending_requests": 10, "max_requests": 1000, "max_retries": 3, "track_remaining": True}]}}))
+write("gaps", "clusters", gaps_clusters)
+
+# ---- tcp-split: VirtualService tcp route with weighted subsets, on a TCP-only service listener
+HM = f"mongo.{NS}.svc.cluster.local"; PM = 27017
+cm = lambda s: f"outbound|{PM}|{s}|{HM}"
+write("tcp-split", "clusters", [eds_cluster(HM, PM, s, "LEAST_REQUEST", [f"spiffe://cluster.local/ns/{NS}/sa/mongo"], "mongo")
+                                for s in ("v1", "v2")])
+write("tcp-split", "listeners", [{
+    "@type": TYPE("envoy.config.listener.v3.Listener"), "name": f"10.96.0.40_{PM}",
+    "address": {"socket_address": {"address": "10.96.0.40", "port_value": PM}},
+    "filter_chains": [{"filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+        "@type": TYPE("envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy"),
+        "stat_prefix": f"outbound|{PM}||{HM}",
+        "weighted_clusters": {"clusters": [{"name": cm("v1"), "weight": 70}, {"name": cm("v2"), "weight": 30}]}}}]}],
+    "traffic_direction": "OUTBOUND", "bind_to_port": False}])
