@@ -37,7 +37,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
 
 /// Each resource of `gaps`: its kind and name, the field refused and why. What istiod writes
 /// it for is in the comment.
-const GAPS: [(Kind, &str, &str, &str); 16] = [
+const GAPS: [(Kind, &str, &str, &str); 17] = [
     // Every outbound cluster of current istiod (`buildCluster`): an empty CommonLbConfig…
     (
         Kind::Cluster,
@@ -87,6 +87,15 @@ const GAPS: [(Kind, &str, &str, &str); 16] = [
         "outbound|9080||pool-limits.default.svc.cluster.local",
         "circuit_breakers.thresholds[0].max_connections",
         "circuit breaker limits not supported (only istiod's unlimited 4294967295)",
+    ),
+    // DestinationRule tls {mode: SIMPLE} (TLS origination): the system roots come from
+    // pilot-agent's file SDS as `file-root:system`.
+    (
+        Kind::Cluster,
+        "outbound|443||tls.example.com",
+        "transport_socket.typed_config.common_tls_context.combined_validation_context\
+         .validation_context_sds_secret_config.name",
+        "SDS secret \"file-root:system\" not supported (only Istio's workload secrets `default` and `ROOTCA`)",
     ),
     // VirtualService http.mirror / mirrors.
     (

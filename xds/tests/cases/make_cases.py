@@ -200,7 +200,7 @@ write("redirect-rewrite", "endpoints", [cla(C2, [({}, [ep("10.244.3.20", 80, "ht
 def se_meta(host, port): return {"filter_metadata": {"istio": {"default_original_port": port,
     "services": [{"host": host, "name": host, "namespace": NS}]}}}
 def inline_cla(name, eps): return {"cluster_name": name, "endpoints": [{"locality": {}, "lb_endpoints": eps}]}
-DNS = "outbound|443||api.example.com"; ST = "outbound|80||static.example.com"
+DNS = "outbound|443||api.example.com"; ST = "outbound|80||static.example.com"; TLS_O = "outbound|443||tls.example.com"
 write("dns-static", "clusters", [
     {"@type": TYPE("envoy.config.cluster.v3.Cluster"), "name": DNS, "type": "STRICT_DNS", "connect_timeout": "10s",
      "lb_policy": "ROUND_ROBIN", "circuit_breakers": UNLIMITED, "metadata": se_meta("api.example.com", 443),
@@ -309,6 +309,21 @@ write("traffic-split", "listeners", [{
 gaps_clusters = json.load(open(os.path.join(OUT, "gaps", "clusters.json")))
 gaps_clusters.append(gap_cluster("pool-limits", {"circuit_breakers": {"thresholds": [{
     "max_connections": 100, "max_pending_requests": 10, "max_requests": 1000, "max_retries": 3, "track_remaining": True}]}}))
+gaps_clusters.append(
+    # DestinationRule tls {mode: SIMPLE, sni: tls.example.com}: TLS origination, system roots.
+    {"@type": TYPE("envoy.config.cluster.v3.Cluster"), "name": TLS_O, "type": "STRICT_DNS", "connect_timeout": "10s",
+     "lb_policy": "LEAST_REQUEST", "circuit_breakers": UNLIMITED, "metadata": se_meta("tls.example.com", 443),
+     "load_assignment": inline_cla(TLS_O, [{"endpoint": {"address": {"socket_address": {"address": "tls.example.com", "port_value": 443}}},
+                                            "load_balancing_weight": 1}]),
+     "dns_refresh_rate": "60s", "respect_dns_ttl": True, "dns_lookup_family": "V4_ONLY",
+     "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
+         "@type": TYPE("envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"),
+         "common_tls_context": {
+             "tls_params": {"tls_minimum_protocol_version": "TLSv1_2", "tls_maximum_protocol_version": "TLSv1_3"},
+             "combined_validation_context": {"default_validation_context": {},
+                                             "validation_context_sds_secret_config": SDS("file-root:system")}},
+         "sni": "tls.example.com"}}}
+)
 write("gaps", "clusters", gaps_clusters)
 
 # ---- tcp-split: VirtualService tcp route with weighted subsets, on a TCP-only service listener
