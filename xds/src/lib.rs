@@ -4,6 +4,7 @@
 //! sees only those types: protos go no further than this crate. What Remora cannot honour is
 //! refused with the resource and the field named, never dropped silently.
 
+pub mod ads;
 pub mod convert;
 pub mod descriptors;
 pub mod json;
