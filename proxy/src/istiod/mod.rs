@@ -14,6 +14,7 @@ pub mod rotation;
 pub mod settings;
 #[cfg(test)]
 pub(crate) mod test_ca;
+pub mod xds;
 
 pub use channel::{CallCredentials, ChannelError, IstiodChannel, IstiodChannels};
 pub use node::NodeInfo;

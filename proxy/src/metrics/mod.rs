@@ -314,6 +314,7 @@ impl Metrics {
             inbound: inbound.clone(),
             outbound_listener: listeners.outbound,
             inbound_listener: listeners.inbound,
+            control_plane: Arc::default(),
         };
         registry.register_collector(Box::new(envoy.clone()));
         Metrics {
@@ -363,6 +364,19 @@ impl Metrics {
         self.requests.record_cached(series, outcome);
     }
 
+    /// Export the ADS client's statistics as Envoy's control-plane stats (istiod mode; set
+    /// once, before the client runs).
+    pub fn set_control_plane(&self, stats: Arc<remora_xds::ads::Stats>) {
+        if self.envoy.control_plane.set(stats).is_err() {
+            tracing::warn!("control-plane statistics already set; the first kept");
+        }
+    }
+
+    /// The ADS client's statistics, when there is one.
+    pub fn control_plane(&self) -> Option<&remora_xds::ads::Stats> {
+        self.envoy.control_plane.get().map(|s| s.as_ref())
+    }
+
     /// Envoy's statistics, now, for the admin `/stats` page.
     pub fn envoy_stats(&self) -> Vec<EnvoyStat> {
         self.envoy.snapshot()
@@ -408,6 +422,52 @@ mod tests {
                 l.starts_with(name) && l.contains(&reporter) && l.contains("response_flags=\"-\"")
             })
             .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
+    #[test]
+    fn the_ads_clients_counters_are_envoys_control_plane_stats() {
+        use remora_xds::sink::type_url;
+        use std::sync::atomic::Ordering;
+        let m = Metrics::default();
+        assert!(!m.encode().contains("envoy_control_plane"));
+        let stats = Arc::new(remora_xds::ads::Stats::default());
+        m.set_control_plane(Arc::clone(&stats));
+        stats.connected_state.store(1, Ordering::Relaxed);
+        let bump = |t, n| {
+            if let Some(s) = stats.of(t) {
+                s.update_success.fetch_add(n, Ordering::Relaxed);
+                s.update_rejected.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        bump(type_url::CLUSTER, 2);
+        bump(type_url::LISTENER, 3);
+        let dotted: Vec<(String, u64)> = m
+            .envoy_stats()
+            .into_iter()
+            .map(|s| (s.dotted_name(), s.value))
+            .collect();
+        for (name, value) in [
+            ("control_plane.connected_state", 1),
+            ("cluster_manager.cds.update_success", 2),
+            ("listener_manager.lds.update_success", 3),
+            ("listener_manager.lds.update_rejected", 1),
+            ("rds.update_success", 0),
+            ("eds.update_failure", 0),
+        ] {
+            assert!(
+                dotted.contains(&(name.to_string(), value)),
+                "{name} {value}: {dotted:?}"
+            );
+        }
+        let text = m.encode();
+        for line in [
+            "envoy_control_plane_connected_state 1\n",
+            "envoy_cluster_manager_cds_update_success 2\n",
+            "envoy_listener_manager_lds_update_rejected 1\n",
+            "# TYPE envoy_cluster_manager_cds_update_attempt counter\n",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
     }
 
     #[test]

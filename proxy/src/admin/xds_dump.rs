@@ -1,0 +1,242 @@
+//! What istiod configured, as Envoy's admin shows it: the dynamic parts of `/config_dump`
+//! (`dynamic_active_clusters`, `dynamic_listeners[].active_state`, `dynamic_route_configs`,
+//! `dynamic_endpoint_configs`, `dynamic_active_secrets`) and the xDS clusters' hosts on
+//! `/clusters`. `istioctl proxy-config cluster|listener|route|secret` read the first, `istioctl
+//! proxy-config endpoint` the second, so both keep Envoy's field names and proto3 JSON.
+
+use super::AdminState;
+use base64::Engine;
+use remora_xds::convert::Resource;
+use remora_xds::model::endpoint::Health;
+use remora_xds::sink::type_url;
+use remora_xds::snapshot::{Entry, Snapshot};
+use serde_json::{json, Value};
+use std::time::SystemTime;
+
+/// The dynamic entries of each config-dump section.
+#[derive(Debug, Default)]
+pub(super) struct Dynamic {
+    pub clusters: Vec<Value>,
+    pub listeners: Vec<Value>,
+    pub routes: Vec<Value>,
+    pub endpoints: Vec<Value>,
+    pub secrets: Vec<Value>,
+    /// The sections' `version_info`: the last version accepted of CDS and LDS.
+    pub cds_version: String,
+    pub lds_version: String,
+}
+
+/// A timestamp in proto3 JSON, as Envoy writes `last_updated`.
+fn timestamp(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// One resource's JSON, `@type`d; one that cannot be rendered says why rather than vanish.
+fn resource_json<T: Resource>(entry: &Entry<T>) -> Value {
+    match entry.to_json() {
+        Ok(mut v) => {
+            if let Value::Object(map) = &mut v {
+                let mut typed = serde_json::Map::new();
+                typed.insert(
+                    "@type".into(),
+                    Value::String(format!("type.googleapis.com/{}", T::KIND.message_name())),
+                );
+                typed.extend(std::mem::take(map));
+                *map = typed;
+            }
+            v
+        }
+        Err(e) => json!({ "error": format!("cannot render: {e}") }),
+    }
+}
+
+/// The held resources as Envoy's config dump shows them.
+pub(super) fn dynamic(state: &AdminState, snapshot: &Snapshot) -> Dynamic {
+    let version = |t: &str| {
+        state
+            .metrics
+            .control_plane()
+            .and_then(|s| s.of(t).map(|s| s.status().version_text))
+            .unwrap_or_default()
+    };
+    let common = |version: &str, updated: SystemTime| json!({ "version_info": version, "last_updated": timestamp(updated) });
+    let clusters = snapshot
+        .clusters
+        .values()
+        .map(|e| {
+            let mut v = common(&e.version, e.last_updated);
+            v["cluster"] = resource_json(e);
+            v
+        })
+        .collect();
+    let listeners = snapshot
+        .listeners
+        .iter()
+        .map(|(name, e)| {
+            let mut active = common(&e.version, e.last_updated);
+            active["listener"] = resource_json(e);
+            json!({ "name": name, "active_state": active })
+        })
+        .collect();
+    let routes = snapshot
+        .routes
+        .values()
+        .map(|e| {
+            let mut v = common(&e.version, e.last_updated);
+            v["route_config"] = resource_json(e);
+            v
+        })
+        .collect();
+    let endpoints = snapshot
+        .endpoints
+        .values()
+        .map(|e| {
+            let mut v = common(&e.version, e.last_updated);
+            v["endpoint_config"] = resource_json(e);
+            v
+        })
+        .collect();
+    Dynamic {
+        clusters,
+        listeners,
+        routes,
+        endpoints,
+        secrets: secrets(state),
+        cds_version: version(type_url::CLUSTER),
+        lds_version: version(type_url::LISTENER),
+    }
+}
+
+/// Envoy's private keys are shown as `[redacted]`; so is ours.
+const REDACTED: &str = "[redacted]";
+
+/// The two secrets istiod's resources name, `default` and `ROOTCA`, resolved to the workload
+/// certificate held (Remora is its own SDS server; see docs/config.md). Envoy shows the chain
+/// and roots inline and the key redacted. The roots are known here by their summaries only
+/// (the handshake keeps them parsed), so `ROOTCA` lists their serials rather than the PEM.
+fn secrets(state: &AdminState) -> Vec<Value> {
+    let Some(identity) = state.identity.current() else {
+        return Vec::new();
+    };
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let chain_pem: String = identity
+        .certified
+        .cert
+        .iter()
+        .map(|der| {
+            let body = b64(der.as_ref());
+            let lines: Vec<&str> = body
+                .as_bytes()
+                .chunks(64)
+                .filter_map(|c| std::str::from_utf8(c).ok())
+                .collect();
+            format!(
+                "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+                lines.join("\n")
+            )
+        })
+        .collect();
+    let updated = identity
+        .chain
+        .first()
+        .map(|c| c.not_before)
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let version = identity
+        .chain
+        .first()
+        .map(|c| c.serial.clone())
+        .unwrap_or_default();
+    let secret_type = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+    let roots: Vec<Value> = identity
+        .ca
+        .iter()
+        .map(|c| json!({ "serial_number": c.serial }))
+        .collect();
+    vec![
+        json!({
+            "name": "default",
+            "version_info": version,
+            "last_updated": timestamp(updated),
+            "secret": {
+                "@type": secret_type,
+                "name": "default",
+                "tls_certificate": {
+                    "certificate_chain": { "inline_bytes": b64(chain_pem.as_bytes()) },
+                    "private_key": { "inline_bytes": b64(REDACTED.as_bytes()) },
+                },
+            },
+        }),
+        json!({
+            "name": "ROOTCA",
+            "version_info": version,
+            "last_updated": timestamp(updated),
+            "secret": {
+                "@type": secret_type,
+                "name": "ROOTCA",
+                "validation_context": {},
+            },
+            "roots": roots,
+        }),
+    ]
+}
+
+/// One host of an xDS cluster, as `/clusters` shows it.
+pub(super) struct Host {
+    pub address: std::net::SocketAddr,
+    pub weight: u32,
+    pub priority: u32,
+    pub health: Health,
+    pub locality: remora_xds::model::endpoint::Locality,
+}
+
+/// Each xDS cluster with its endpoints (EDS, or the cluster's own `load_assignment`), in
+/// name order.
+pub(super) fn cluster_hosts(snapshot: &Snapshot) -> Vec<(String, Vec<Host>)> {
+    snapshot
+        .clusters
+        .keys()
+        .map(|name| {
+            let hosts = snapshot
+                .endpoints(name)
+                .map(|cla| {
+                    cla.endpoints()
+                        .map(|(locality, e)| Host {
+                            address: e.address,
+                            weight: e.weight,
+                            priority: locality.priority,
+                            health: e.health,
+                            locality: locality.locality.clone(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            (name.clone(), hosts)
+        })
+        .collect()
+}
+
+/// Envoy's `health_flags` text for an EDS status.
+pub(super) fn health_flags(health: Health) -> &'static str {
+    match health {
+        Health::Unknown | Health::Healthy => "healthy",
+        Health::Unhealthy | Health::Timeout => "/failed_eds_health",
+        Health::Draining => "/eds_status_draining",
+        Health::Degraded => "/degraded_eds_health",
+    }
+}
+
+/// Envoy's `eds_health_status` name for an EDS status.
+pub(super) fn eds_health_status(health: Health) -> &'static str {
+    match health {
+        Health::Unknown => "UNKNOWN",
+        Health::Healthy => "HEALTHY",
+        Health::Unhealthy => "UNHEALTHY",
+        Health::Draining => "DRAINING",
+        Health::Timeout => "TIMEOUT",
+        Health::Degraded => "DEGRADED",
+    }
+}
+
+#[cfg(test)]
+#[path = "xds_dump_tests.rs"]
+mod tests;
