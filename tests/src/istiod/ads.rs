@@ -133,6 +133,13 @@ impl Ads {
         self.pushes.send_modify(|n| *n += 1);
     }
 
+    /// An empty mesh: no clusters and no listeners, what istiod sends a pod that no service
+    /// concerns; enough for a sidecar's first configuration (tests about the certificate).
+    pub fn set_empty(&self) {
+        self.set(type_url::CLUSTER, "empty", &[]);
+        self.set(type_url::LISTENER, "empty", &[]);
+    }
+
     /// Every request so far.
     pub fn requests(&self) -> Vec<AdsRequest> {
         lock(&self.requests).clone()
