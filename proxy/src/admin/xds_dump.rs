@@ -112,19 +112,15 @@ const REDACTED: &str = "[redacted]";
 
 /// The two secrets istiod's resources name, `default` and `ROOTCA`, resolved to the workload
 /// certificate held (Remora is its own SDS server; see docs/config.md). Envoy shows the chain
-/// and roots inline and the key redacted. The roots are known here by their summaries only
-/// (the handshake keeps them parsed), so `ROOTCA` lists their serials rather than the PEM.
+/// and roots inline (base64 of the PEM) and the key redacted; so does this.
 fn secrets(state: &AdminState) -> Vec<Value> {
     let Some(identity) = state.identity.current() else {
         return Vec::new();
     };
     let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
-    let chain_pem: String = identity
-        .certified
-        .cert
-        .iter()
-        .map(|der| {
-            let body = b64(der.as_ref());
+    let pem = |ders: &mut dyn Iterator<Item = &[u8]>| -> String {
+        ders.map(|der| {
+            let body = b64(der);
             let lines: Vec<&str> = body
                 .as_bytes()
                 .chunks(64)
@@ -135,23 +131,18 @@ fn secrets(state: &AdminState) -> Vec<Value> {
                 lines.join("\n")
             )
         })
-        .collect();
-    let updated = identity
-        .chain
-        .first()
-        .map(|c| c.not_before)
-        .unwrap_or(SystemTime::UNIX_EPOCH);
+        .collect()
+    };
+    let chain_pem = pem(&mut identity.certified.cert.iter().map(|d| d.as_ref()));
+    let roots_pem = pem(&mut identity.root_certs.iter().map(|d| d.as_ref()));
+    let updated = identity.not_before();
+    // The serial names the certificate in force, as a version would.
     let version = identity
         .chain
         .first()
         .map(|c| c.serial.clone())
         .unwrap_or_default();
     let secret_type = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
-    let roots: Vec<Value> = identity
-        .ca
-        .iter()
-        .map(|c| json!({ "serial_number": c.serial }))
-        .collect();
     vec![
         json!({
             "name": "default",
@@ -173,9 +164,10 @@ fn secrets(state: &AdminState) -> Vec<Value> {
             "secret": {
                 "@type": secret_type,
                 "name": "ROOTCA",
-                "validation_context": {},
+                "validation_context": {
+                    "trusted_ca": { "inline_bytes": b64(roots_pem.as_bytes()) },
+                },
             },
-            "roots": roots,
         }),
     ]
 }

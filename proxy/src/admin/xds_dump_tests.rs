@@ -192,3 +192,31 @@ fn clusters_list_istiods_endpoints_with_weight_and_health() {
     assert_eq!(hosts[0]["weight"], 3);
     assert_eq!(hosts[1]["health_status"]["eds_health_status"], "DRAINING");
 }
+
+#[test]
+fn secrets_are_the_workload_certificate_with_the_key_redacted() {
+    use base64::Engine;
+    let s = state();
+    let ca = crate::tls::test_certs::Ca::new("mesh root");
+    s.identity.set(Arc::new(
+        ca.identity("spiffe://cluster.local/ns/client/sa/sleep"),
+    ));
+    let dump = get_json(&s, "/config_dump?resource=dynamic_active_secrets");
+    let secrets = dump["configs"].as_array().expect("secrets");
+    let decoded = |v: &Value| {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().unwrap_or_default())
+            .expect("base64");
+        String::from_utf8(bytes).expect("text")
+    };
+    let default = &secrets[0];
+    assert_eq!(default["name"], "default");
+    let tls = &default["secret"]["tls_certificate"];
+    assert!(decoded(&tls["certificate_chain"]["inline_bytes"])
+        .starts_with("-----BEGIN CERTIFICATE-----\n"));
+    assert_eq!(decoded(&tls["private_key"]["inline_bytes"]), "[redacted]");
+    let root = &secrets[1];
+    assert_eq!(root["name"], "ROOTCA");
+    let trusted = decoded(&root["secret"]["validation_context"]["trusted_ca"]["inline_bytes"]);
+    assert!(trusted.contains("BEGIN CERTIFICATE"), "{trusted}");
+}
