@@ -6,6 +6,7 @@ mod ads_support;
 use std::time::{Duration, Instant};
 
 use ads_support::*;
+use envoy_types::pb::envoy::config::core::v3::ControlPlane;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use remora_xds::ads::Mode;
 use remora_xds::sink::type_url::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
@@ -82,12 +83,16 @@ async fn subscribes_in_envoys_order_and_acks_with_the_nonce() {
     assert!(ack.error_detail.is_none());
 
     // LDS starts once every endpoint set of the first clusters has arrived.
-    stream.respond(delta_response(
+    let mut response = delta_response(
         ENDPOINT,
         "n2",
         vec![delta_resource(ENDPOINT, "a", "e1")],
         &[],
-    ));
+    );
+    response.control_plane = Some(ControlPlane {
+        identifier: "istiod-7d4f".to_owned(),
+    });
+    stream.respond(response);
     let ack = stream.request().await;
     assert_eq!(
         (ack.type_url.as_str(), ack.response_nonce.as_str()),
@@ -161,6 +166,7 @@ async fn subscribes_in_envoys_order_and_acks_with_the_nonce() {
 
     let stats = client.stats.snapshot();
     assert_eq!(stats.connected_state, 1);
+    assert_eq!(stats.identifier, "istiod-7d4f");
     let cds = stats.of(CLUSTER).expect("cds stats");
     assert_eq!((cds.update_success, cds.update_rejected), (3, 0));
     assert_eq!(cds.status.version_text, "sys-n6");
@@ -370,6 +376,9 @@ async fn reconnects_with_backoff_and_resubscribes_with_the_versions_held() {
     let stats = client.stats.snapshot();
     assert_eq!(stats.of(CLUSTER).map(|c| c.update_failure), Some(1));
     assert_eq!(stats.of(ENDPOINT).map(|c| c.update_failure), Some(1));
+    // Envoy's update_attempt: the subscription's start, each update, each stream failure.
+    assert_eq!(stats.of(CLUSTER).map(|c| c.update_attempt), Some(3));
+    assert_eq!(stats.of(ENDPOINT).map(|c| c.update_attempt), Some(3));
     assert_eq!(
         stats.of(LISTENER).map(|c| c.update_failure),
         Some(0),
@@ -479,4 +488,75 @@ async fn an_oversized_response_ends_the_stream_and_keeps_the_config() {
             .map(|c| c.update_failure),
         Some(1)
     );
+}
+
+#[tokio::test]
+async fn shutdown_ends_the_stream() {
+    let mut server = Server::start().await;
+    let client = start_client(&server, Mode::Delta, Duration::from_millis(50));
+    let mut stream = server.delta_stream().await;
+    stream.request().await;
+    drop(client);
+    assert!(
+        stream.ended_within(WAIT).await,
+        "the stream outlived shutdown"
+    );
+}
+
+#[tokio::test]
+async fn reconnect_delays_stay_within_envoys_jittered_exponential_bounds() {
+    let mut server = Server::start().await;
+    let base = Duration::from_millis(100);
+    let client = start_client_with(&server, Mode::Delta, |config| {
+        config.backoff_base = base;
+        config.backoff_max = Duration::from_millis(400);
+    });
+    // Streams that end before any response: the back-off is never reset, so the n-th wait is
+    // drawn from [0, min(100 ms * 2^n, 400 ms)).
+    let slack = Duration::from_millis(300);
+    let mut stream = server.delta_stream().await;
+    for bound_ms in [100, 200, 400, 400, 400] {
+        drop(stream);
+        let dropped = Instant::now();
+        stream = server.delta_stream().await;
+        let waited = dropped.elapsed();
+        let bound = Duration::from_millis(bound_ms) + slack;
+        assert!(waited < bound, "waited {waited:?}, bound {bound:?}");
+    }
+    let stats = client.stats.snapshot();
+    assert_eq!(stats.of(CLUSTER).map(|c| c.update_failure), Some(5));
+
+    // A response resets it: the next wait is within the base interval again.
+    stream.request().await;
+    stream.respond(delta_response(CLUSTER, "n1", vec![], &[]));
+    stream.request().await; // ACK
+    drop(stream);
+    let dropped = Instant::now();
+    let _stream = server.delta_stream().await;
+    assert!(dropped.elapsed() < base + slack);
+}
+
+#[tokio::test]
+async fn unreadable_call_metadata_is_retried_with_backoff() {
+    let mut server = Server::start().await;
+    let client = start_client_failing(&server, Mode::Delta, 2, |config| {
+        config.backoff_base = Duration::from_millis(50);
+    });
+    let stream = server.delta_stream().await;
+    // Two failed attempts opened no stream; the third carries the token it read.
+    assert_eq!(
+        client
+            .metadata_calls
+            .load(std::sync::atomic::Ordering::SeqCst),
+        3
+    );
+    assert_eq!(
+        stream
+            .metadata
+            .get("authorization")
+            .map(|v| v.to_str().ok()),
+        Some(Some("Bearer token-3"))
+    );
+    let stats = client.stats.snapshot();
+    assert_eq!(stats.of(CLUSTER).map(|c| c.update_failure), Some(2));
 }

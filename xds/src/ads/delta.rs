@@ -134,14 +134,11 @@ impl Protocol for Delta {
         client.delta_aggregated_resources(request).await
     }
 
-    fn initial_requests(&mut self, subs: &mut Subscriptions, stats: &Stats) -> Vec<Self::Request> {
+    fn initial_requests(&mut self, subs: &mut Subscriptions) -> Vec<Self::Request> {
         self.first = true;
         let mut requests = Vec::new();
         for state in subs.started_mut() {
-            if let Some(request) = self.opening_request(state) {
-                stats.attempt(state.type_url);
-                requests.push(request);
-            }
+            requests.extend(self.opening_request(state));
         }
         requests
     }
@@ -180,6 +177,13 @@ impl Protocol for Delta {
             "delta subscription"
         );
         Some(request)
+    }
+
+    fn control_plane(response: &Self::Response) -> Option<&str> {
+        response
+            .control_plane
+            .as_ref()
+            .map(|c| c.identifier.as_str())
     }
 
     fn receive(

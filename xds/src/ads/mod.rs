@@ -14,6 +14,21 @@
 //! responses and reconnects, and the start-up order, in `state`; NACK wording in `update`;
 //! the seam between the loop here and the two modes in `protocol`.
 //! The client never clears the sink: on disconnect the last good configuration stays in force.
+//!
+//! The requests follow Envoy 1.40 on the wire, and `tests/ads_envoy.rs` checks it against a real
+//! Envoy given the same responses: order, versions, nonces, interest, `initial_resource_versions`
+//! and NACK messages byte for byte. Where Remora knowingly differs:
+//! - an EDS or RDS NACK names every refused resource (Envoy, which subscribes each name
+//!   separately, reports the first failure only);
+//! - a type-mismatch NACK does not echo the whole response as text after Envoy's sentence;
+//! - in delta, a body that is not a protobuf message is refused by name by the client while the
+//!   rest of the response is applied (Envoy fails the whole response while decoding);
+//! - a cluster counts as warming when its endpoint name is new to the EDS interest (Envoy also
+//!   re-warms a changed cluster, served from its EDS cache);
+//! - LDS's wait for the first clusters' endpoints is bounded by `initial_fetch_timeout`
+//!   measured from the client's start (Envoy's is per subscription; Istio sets it to 0, no
+//!   bound, which is available here too);
+//! - a message over `max_message_size` ends the stream (see [`DEFAULT_MAX_MESSAGE_SIZE`]).
 
 mod backoff;
 mod delta;
@@ -79,7 +94,9 @@ pub enum Mode {
 /// How the client talks; [`AdsConfig::new`] gives Envoy's and Istio's defaults.
 #[derive(Debug, Clone)]
 pub struct AdsConfig {
+    /// Delta or state of the world.
     pub mode: Mode,
+    /// Who we are, sent in the first request of every stream.
     pub node: NodeInfo,
     /// See [`DEFAULT_MAX_MESSAGE_SIZE`].
     pub max_message_size: usize,
@@ -92,6 +109,7 @@ pub struct AdsConfig {
 }
 
 impl AdsConfig {
+    /// Envoy's defaults for everything but the node and the mode.
     pub fn new(node: NodeInfo, mode: Mode) -> Self {
         Self {
             mode,
@@ -110,6 +128,7 @@ impl AdsConfig {
 pub struct MetadataError(pub Box<dyn std::error::Error + Send + Sync>);
 
 impl MetadataError {
+    /// Wraps any error (or a message).
     pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
         Self(error.into())
     }
@@ -138,6 +157,7 @@ impl MetadataError {
 /// # let _ = metadata;
 /// ```
 pub trait CallMetadata: Send + Sync + 'static {
+    /// The headers for the stream about to open.
     fn call_metadata(&self) -> Result<MetadataMap, MetadataError>;
 }
 
@@ -163,14 +183,19 @@ impl CallMetadata for NoMetadata {
 /// Why a stream ended; each ends in a back-off and a reconnect.
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
+    /// The call metadata could not be read.
     #[error(transparent)]
     Metadata(#[from] MetadataError),
+    /// The call failed before the stream opened (connection refused, TLS, status).
     #[error("opening the ADS stream: {0}")]
     Open(tonic::Status),
+    /// The open stream failed (reset, a message too large or malformed, a status).
     #[error("ADS stream failed: {0}")]
     Receive(tonic::Status),
+    /// The control plane ended the stream.
     #[error("the control plane closed the ADS stream")]
     Closed,
+    /// The transport stopped taking our requests.
     #[error("the ADS request stream closed")]
     RequestsClosed,
 }
@@ -220,6 +245,8 @@ where
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut subs = Subscriptions::new();
+        // CDS's subscription starts here (EDS, LDS and RDS count theirs when they start).
+        self.stats.attempt(type_url::CLUSTER);
         let mut backoff = Backoff::new(self.config.backoff_base, self.config.backoff_max);
         let init_deadline = (!self.config.initial_fetch_timeout.is_zero())
             .then(|| Instant::now() + self.config.initial_fetch_timeout);
@@ -274,7 +301,7 @@ where
         let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
         // The opening requests are queued before the call: a control plane may hold its
         // response headers until it has read a request.
-        for request in proto.initial_requests(subs, &self.stats) {
+        for request in proto.initial_requests(subs) {
             if tx.send(request).await.is_err() {
                 return StreamError::RequestsClosed;
             }
@@ -326,6 +353,9 @@ where
             // back-off from its base again, as Envoy does.
             backoff.reset();
             self.stats.set_connected(true);
+            if let Some(identifier) = P::control_plane(&response) {
+                self.stats.set_identifier(identifier);
+            }
             for request in self.handle(proto, subs, &mut held, response).await {
                 if tx.send(request).await.is_err() {
                     return StreamError::RequestsClosed;
@@ -380,7 +410,13 @@ where
         };
         let type_url = pending.type_url;
         let delivered = pending.delivered.clone();
-        let endpoints_before = subs.wanted(type_url::ENDPOINT);
+        // Only a CDS push after start-up can start clusters warming; only then is the EDS
+        // interest before it worth copying.
+        let holds = type_url == type_url::CLUSTER && initialised;
+        let endpoints_before = match holds {
+            true => subs.wanted(type_url::ENDPOINT),
+            false => BTreeSet::new(),
+        };
         let applied = self
             .apply(type_url, std::mem::take(&mut pending.update))
             .await;
@@ -399,7 +435,7 @@ where
             }
         }
         let answer = proto.finish(subs, &self.stats, *pending, &applied);
-        if type_url != type_url::CLUSTER || !initialised {
+        if !holds {
             requests.push(answer);
             return requests;
         }

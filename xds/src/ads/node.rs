@@ -30,8 +30,11 @@ pub struct NodeInfo {
 /// Region, zone and sub-zone (Kubernetes' `topology.kubernetes.io/*` labels).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeLocality {
+    /// `topology.kubernetes.io/region`.
     pub region: String,
+    /// `topology.kubernetes.io/zone`.
     pub zone: String,
+    /// Istio's `topology.istio.io/subzone`.
     pub sub_zone: String,
 }
 

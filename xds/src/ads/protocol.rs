@@ -93,8 +93,10 @@ pub(crate) trait Protocol {
         T::ResponseBody: Body<Data = Bytes> + Send + 'static,
         <T::ResponseBody as Body>::Error: Into<StdError> + Send;
 
-    /// The requests that open a stream: every started type, with the versions held.
-    fn initial_requests(&mut self, subs: &mut Subscriptions, stats: &Stats) -> Vec<Self::Request>;
+    /// The requests that open a stream: every started type, with the versions held. (Not an
+    /// `update_attempt`: Envoy counts a reconnect as an `update_failure`, and attempts when a
+    /// subscription starts or changes.)
+    fn initial_requests(&mut self, subs: &mut Subscriptions) -> Vec<Self::Request>;
 
     /// The request that tells the server a type's changed interest (or starts it).
     fn subscription_request(
@@ -103,6 +105,9 @@ pub(crate) trait Protocol {
         stats: &Stats,
         type_url: &str,
     ) -> Option<Self::Request>;
+
+    /// The `control_plane.identifier` a response carries (istiod names its instance there).
+    fn control_plane(response: &Self::Response) -> Option<&str>;
 
     /// Checks a response.
     fn receive(

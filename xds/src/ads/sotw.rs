@@ -115,13 +115,12 @@ impl Protocol for Sotw {
         client.stream_aggregated_resources(request).await
     }
 
-    fn initial_requests(&mut self, subs: &mut Subscriptions, stats: &Stats) -> Vec<Self::Request> {
+    fn initial_requests(&mut self, subs: &mut Subscriptions) -> Vec<Self::Request> {
         self.first = true;
         let mut requests = Vec::new();
         // Every started type, even an EDS or RDS interest that has shrunk to nothing: Envoy
         // resends each subscription's request on a new stream (seen from Envoy 1.40).
         for state in subs.started_mut() {
-            stats.attempt(state.type_url);
             requests.push(self.request(state));
         }
         requests
@@ -138,6 +137,13 @@ impl Protocol for Sotw {
         let request = self.request(state);
         debug!(type_url, names = ?request.resource_names, "sotw subscription");
         Some(request)
+    }
+
+    fn control_plane(response: &Self::Response) -> Option<&str> {
+        response
+            .control_plane
+            .as_ref()
+            .map(|c| c.identifier.as_str())
     }
 
     fn receive(

@@ -12,10 +12,12 @@
 //!   every endpoint set it asked for has arrived (or was refused), or `initial_fetch_timeout`
 //!   has passed, whichever comes first. istiod pushes listeners that name clusters; asking for
 //!   them after the clusters are warm is what keeps the first requests from reaching a cluster
-//!   that has no endpoints yet.
+//!   that has no endpoints yet. The LDS request goes out before the ACK of the EDS response
+//!   that completed start-up, as Envoy sends it.
 //! - RDS follows LDS the way EDS follows CDS.
 //! - After start-up, a CDS answer is held while the clusters it added warm (see
-//!   `AdsClient::handle`), as Envoy holds it.
+//!   `AdsClient::handle`), as Envoy holds it. Listeners warm too, waiting for their route
+//!   tables, but Envoy answers LDS at once, and so do we.
 //! - After a reconnect, every started type is requested again at once, in that order.
 //!
 //! EDS and RDS responses that name resources nobody asked for are dropped before they reach the

@@ -3,6 +3,8 @@
 //! Envoy's, so dashboards and `istioctl` checks written for Envoy read ours:
 //!
 //! - `control_plane.connected_state`: 1 while the ADS stream is up, 0 otherwise;
+//! - `control_plane.identifier`: the identifier the control plane sends in its responses
+//!   (istiod names its instance);
 //! - per type, under Envoy's prefix (`cluster_manager.cds.`, `listener_manager.lds.`, and for
 //!   RDS and EDS, which Envoy counts per route table and per cluster, one aggregate here):
 //!   `update_attempt` (subscriptions started or changed, and every update or failure, as Envoy
@@ -40,9 +42,13 @@ pub fn stat_prefix(type_url: &str) -> &'static str {
 /// The counters and status of one type.
 #[derive(Debug, Default)]
 pub struct TypeStats {
+    /// `update_attempt`: subscription starts and changes, updates, stream failures.
     pub update_attempt: AtomicU64,
+    /// `update_success`: updates accepted whole.
     pub update_success: AtomicU64,
+    /// `update_rejected`: updates NACKed.
     pub update_rejected: AtomicU64,
+    /// `update_failure`: streams that failed while this type was subscribed.
     pub update_failure: AtomicU64,
     /// Milliseconds since the Unix epoch of the last successful update; 0 before one.
     pub update_time: AtomicU64,
@@ -65,8 +71,11 @@ pub struct TypeStatus {
 pub struct UpdateError {
     /// The version the control plane offered (SotW) or its `system_version_info` (delta).
     pub version: String,
+    /// The nonce of the refused response.
     pub nonce: String,
+    /// The `error_detail` message sent.
     pub message: String,
+    /// When it was sent.
     pub at: SystemTime,
 }
 
@@ -75,27 +84,39 @@ pub struct UpdateError {
 pub struct Stats {
     /// `control_plane.connected_state`.
     pub connected_state: AtomicU64,
+    identifier: Mutex<String>,
     types: [TypeStats; 4],
 }
 
 /// A point-in-time copy of one type's statistics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TypeSnapshot {
+    /// The resource type.
     pub type_url: &'static str,
     /// Envoy's stat prefix, e.g. `cluster_manager.cds`.
     pub prefix: &'static str,
+    /// See [`TypeStats::update_attempt`].
     pub update_attempt: u64,
+    /// See [`TypeStats::update_success`].
     pub update_success: u64,
+    /// See [`TypeStats::update_rejected`].
     pub update_rejected: u64,
+    /// See [`TypeStats::update_failure`].
     pub update_failure: u64,
+    /// See [`TypeStats::update_time`].
     pub update_time: u64,
+    /// The version in force and the last refusal.
     pub status: TypeStatus,
 }
 
 /// A point-in-time copy of all statistics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatsSnapshot {
+    /// `control_plane.connected_state`.
     pub connected_state: u64,
+    /// `control_plane.identifier`; empty until a response carries one.
+    pub identifier: String,
+    /// One per type, in subscription order (CDS, EDS, LDS, RDS).
     pub types: Vec<TypeSnapshot>,
 }
 
@@ -117,6 +138,7 @@ impl Stats {
     pub fn snapshot(&self) -> StatsSnapshot {
         StatsSnapshot {
             connected_state: self.connected_state.load(Ordering::Relaxed),
+            identifier: lock(&self.identifier).clone(),
             types: TYPES
                 .iter()
                 .zip(self.types.iter())
@@ -137,6 +159,13 @@ impl Stats {
     pub(crate) fn set_connected(&self, connected: bool) {
         self.connected_state
             .store(u64::from(connected), Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_identifier(&self, identifier: &str) {
+        let mut current = lock(&self.identifier);
+        if *current != identifier {
+            identifier.clone_into(&mut current);
+        }
     }
 
     pub(crate) fn attempt(&self, type_url: &str) {
@@ -186,10 +215,10 @@ impl TypeStats {
     }
 }
 
-/// The status lock is held only to copy a few strings, never across an await; a panic while
-/// holding it cannot leave the status half-written in a way worse than stale, so a poisoned
+/// The status locks are held only to copy a few strings, never across an await; a panic while
+/// holding one cannot leave a status half-written in a way worse than stale, so a poisoned
 /// lock is read through.
-fn lock(status: &Mutex<TypeStatus>) -> std::sync::MutexGuard<'_, TypeStatus> {
+fn lock<T>(status: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     status.lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -60,6 +60,17 @@ impl<Req, Resp> StreamHandle<Req, Resp> {
         }
     }
 
+    /// Whether the client ends the stream (closes or resets it) within `within`.
+    pub async fn ended_within(&mut self, within: Duration) -> bool {
+        loop {
+            match tokio::time::timeout(within, self.requests.message()).await {
+                Ok(Ok(Some(_))) => continue,
+                Ok(Ok(None)) | Ok(Err(_)) => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+
     /// Whether the client sends nothing more within `within`.
     pub async fn quiet_for(&mut self, within: Duration) -> bool {
         tokio::time::timeout(within, self.requests.message())
@@ -367,6 +378,17 @@ pub fn start_client_with(
     mode: Mode,
     tweak: impl FnOnce(&mut AdsConfig),
 ) -> Running {
+    start_client_failing(server, mode, 0, tweak)
+}
+
+/// [`start_client_with`] whose metadata provider fails its first `metadata_failures` calls, as
+/// a token file not mounted yet would.
+pub fn start_client_failing(
+    server: &Server,
+    mode: Mode,
+    metadata_failures: u64,
+    tweak: impl FnOnce(&mut AdsConfig),
+) -> Running {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
         .expect("endpoint")
         .connect_lazy();
@@ -375,6 +397,11 @@ pub fn start_client_with(
     let calls = Arc::clone(&metadata_calls);
     let metadata = move || -> Result<MetadataMap, MetadataError> {
         let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if n <= metadata_failures {
+            return Err(MetadataError::new(
+                "/var/run/secrets/tokens/istio-token: not found",
+            ));
+        }
         let mut map = MetadataMap::new();
         let token = format!("Bearer token-{n}")
             .parse()
