@@ -286,6 +286,59 @@ fn config_from_istiod(delta: bool) {
     assert!(ads.refused().is_empty(), "{:?}", ads.refused());
 }
 
+/// Real istiod output over a real stream: the 27 listeners of the conformance set's
+/// `authz-sidecar` case in one response. Remora applies all but the named exceptions (the
+/// three HBONE listeners, `virtualInbound` for its ext_authz filter), NACKs naming each, and is
+/// ready: a refused first update is a received one.
+#[test]
+fn istiods_own_listeners_are_applied_but_the_named_exceptions() {
+    let Some(listeners) =
+        remora_e2e::istiod::ads::conformance_resources("authz-sidecar", "listeners")
+    else {
+        return;
+    };
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    let ca = Arc::new(MeshCa::new("cluster.local"));
+    let token = net.binary().write_file("istio-token", TOKEN);
+    let root = net.binary().write_file("root-cert.pem", &ca.root_pem());
+    let _hosts = HostsFile::write(&net.pod, &[(net.peer_ip.into(), ISTIOD_HOST)])
+        .expect("name istiod inside the pod");
+    net.capture_default();
+    let plane = ControlPlane::start(&net.peer, net.peer_addr(ISTIOD_PORT), ca, TOKEN);
+    let ads = plane.ads();
+    ads.set(type_url::CLUSTER, "2023-06-20", &[]);
+    ads.set(type_url::LISTENER, "2023-06-20", &listeners);
+    let mut sidecar = istiod_sidecar(&net, &token, &root, true).start();
+    sidecar.wait_ready(STEP_TIME);
+    wait_until("the LDS NACK", STEP_TIME, || {
+        !answers(ads, type_url::LISTENER, true).is_empty()
+    });
+    let detail = answers(ads, type_url::LISTENER, true)
+        .remove(0)
+        .error_detail
+        .unwrap_or_default();
+    let refused = [
+        "connect_terminate",
+        "main_internal",
+        "connect_originate",
+        "virtualInbound",
+    ];
+    for name in refused {
+        assert!(detail.contains(name), "{name}: {detail}");
+    }
+    assert!(detail.contains("ext_authz"), "{detail}");
+    let dump = admin_json(&net, "/config_dump?resource=dynamic_listeners").expect("a dump");
+    let names: Vec<&str> = dump["configs"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|l| l["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(names.len(), listeners.len() - refused.len(), "{names:?}");
+    assert!(names.contains(&"virtualOutbound"), "{names:?}");
+    assert!(!names.iter().any(|n| refused.contains(n)), "{names:?}");
+}
+
 #[test]
 fn delta_config_from_istiod_gates_readiness_nacks_and_survives_a_restart() {
     config_from_istiod(true);

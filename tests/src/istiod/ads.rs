@@ -85,7 +85,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A resource from Envoy's JSON: its name and its serialised proto.
 pub fn resource(type_url: &str, json: &serde_json::Value) -> (String, Vec<u8>) {
-    let message = remora_xds::json::from_json(json, remora_xds::json::message_name(type_url))
+    // A config dump's resources carry their own `@type`; the message is known from the type.
+    let mut json = json.clone();
+    if let Some(map) = json.as_object_mut() {
+        map.remove("@type");
+    }
+    let message = remora_xds::json::from_json(&json, remora_xds::json::message_name(type_url))
         .unwrap_or_else(|e| panic!("a test resource of {type_url}: {e}"));
     let name = json["name"]
         .as_str()
@@ -93,6 +98,28 @@ pub fn resource(type_url: &str, json: &serde_json::Value) -> (String, Vec<u8>) {
         .unwrap_or_else(|| panic!("a test resource without a name: {json}"))
         .to_string();
     (name, prost::Message::encode_to_vec(&message))
+}
+
+/// The resources of `kind` (`listeners`, `clusters`…) of a case of the xDS conformance set
+/// (`shared/conformance/xds`: real istiod output; `REMORA_XDS_CONFORMANCE_DIR` points
+/// elsewhere), or `None` with the test skipped (failed under `CI=true`) when the set is absent.
+pub fn conformance_resources(case: &str, kind: &str) -> Option<Vec<serde_json::Value>> {
+    let dir = match std::env::var_os("REMORA_XDS_CONFORMANCE_DIR") {
+        Some(d) => std::path::PathBuf::from(d),
+        None => std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/conformance/xds"),
+    };
+    let path = dir
+        .join("resources")
+        .join(case)
+        .join(format!("{kind}.json"));
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return crate::environment::skip(&format!("no xDS conformance set: {}", path.display()));
+    };
+    match serde_json::from_str(&text) {
+        Ok(serde_json::Value::Array(resources)) => Some(resources),
+        other => panic!("{}: not a JSON array: {other:?}", path.display()),
+    }
 }
 
 impl Ads {
