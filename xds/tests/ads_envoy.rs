@@ -172,7 +172,7 @@ impl Drop for Envoy {
 
 /// A resource from its proto3 JSON, serialised.
 fn encode(message: &str, value: serde_json::Value) -> Vec<u8> {
-    let pool = remora_xds::descriptors::pool().expect("descriptor pool");
+    let pool = remora_xds::descriptors::pool();
     let descriptor = pool
         .get_message_by_name(message)
         .unwrap_or_else(|| panic!("no descriptor for {message}"));
