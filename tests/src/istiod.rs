@@ -26,7 +26,7 @@ use tonic::server::{Grpc, UnaryService};
 use tonic::{Request, Response, Status};
 
 pub mod ads;
-pub use ads::{Ads, AdsRequest};
+pub use ads::{Ads, AdsRequest, AdsResponse};
 
 /// istiod's service name, the server name its certificate carries.
 pub const ISTIOD_HOST: &str = "istiod.istio-system.svc";

@@ -192,10 +192,24 @@ fn config_from_istiod(delta: bool) {
         "{requests:?}"
     );
     assert!(requests.iter().all(|r| r.delta == delta), "{requests:?}");
-    if !delta {
-        let ack = &answers(&ads, type_url::CLUSTER, false)[0];
-        assert_eq!(ack.version_info, "v1");
+    // Each first ACK names a response the control plane sent of that type, at v1.
+    let responses = ads.responses();
+    for t in [type_url::CLUSTER, type_url::LISTENER] {
+        let ack = &answers(&ads, t, false)[0];
+        let answered = responses
+            .iter()
+            .find(|r| r.nonce == ack.response_nonce)
+            .unwrap_or_else(|| panic!("{ack:?} answers no response: {responses:?}"));
+        assert_eq!(
+            (answered.type_url.as_str(), answered.version.as_str()),
+            (t, "v1")
+        );
+        if !delta {
+            assert_eq!(ack.version_info, "v1");
+        }
     }
+    let stderr = sidecar.stderr();
+    assert!(stderr.contains("xDS update applied"), "{stderr}");
     assert_eq!(
         dumped_cluster(&net),
         Some(("v1".into(), "LEAST_REQUEST".into()))
@@ -233,6 +247,8 @@ fn config_from_istiod(delta: bool) {
     sidecar.wait_for_metrics("a rejected CDS update", STEP_TIME, |m| {
         m.value("envoy_cluster_manager_cds_update_rejected", &[]) >= 1.0
     });
+    let stderr = sidecar.stderr();
+    assert!(stderr.contains("previous version kept"), "{stderr}");
 
     // istiod goes away: still ready, the configuration kept.
     let streams = ads.streams();

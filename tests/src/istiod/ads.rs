@@ -58,6 +58,18 @@ impl AdsRequest {
     }
 }
 
+/// One response as sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdsResponse {
+    pub stream: u64,
+    pub type_url: String,
+    /// SotW `version_info`, delta `system_version_info`.
+    pub version: String,
+    pub nonce: String,
+    /// The resources it carried, by name.
+    pub names: Vec<String>,
+}
+
 /// The resources of one type: the version label of the last change and each resource with
 /// the version it last changed in.
 #[derive(Debug, Default, Clone)]
@@ -73,6 +85,7 @@ pub struct Ads {
     cluster_id: String,
     world: Mutex<HashMap<String, TypeSet>>,
     requests: Mutex<Vec<AdsRequest>>,
+    responses: Mutex<Vec<AdsResponse>>,
     refused: Mutex<Vec<String>>,
     streams: AtomicU64,
     nonces: AtomicU64,
@@ -130,6 +143,7 @@ impl Ads {
             cluster_id: cluster_id.into(),
             world: Mutex::default(),
             requests: Mutex::default(),
+            responses: Mutex::default(),
             refused: Mutex::default(),
             streams: AtomicU64::new(0),
             nonces: AtomicU64::new(0),
@@ -172,6 +186,11 @@ impl Ads {
         lock(&self.requests).clone()
     }
 
+    /// Every response sent so far.
+    pub fn responses(&self) -> Vec<AdsResponse> {
+        lock(&self.responses).clone()
+    }
+
     /// Streams refused, with the status message.
     pub fn refused(&self) -> Vec<String> {
         lock(&self.refused).clone()
@@ -208,8 +227,17 @@ impl Ads {
         Ok(self.streams.fetch_add(1, Ordering::Relaxed) + 1)
     }
 
-    fn nonce(&self) -> String {
-        (self.nonces.fetch_add(1, Ordering::Relaxed) + 1).to_string()
+    /// A new nonce, the response it names recorded.
+    fn sent(&self, stream: u64, type_url: &str, version: &str, names: Vec<String>) -> String {
+        let nonce = (self.nonces.fetch_add(1, Ordering::Relaxed) + 1).to_string();
+        lock(&self.responses).push(AdsResponse {
+            stream,
+            type_url: type_url.into(),
+            version: version.into(),
+            nonce: nonce.clone(),
+            names,
+        });
+        nonce
     }
 
     fn record(&self, request: AdsRequest) {
@@ -248,7 +276,12 @@ struct SotwSub {
 const QUEUE: usize = 64;
 
 impl Ads {
-    fn delta_response(&self, type_url: &str, sub: &mut DeltaSub) -> Option<DeltaDiscoveryResponse> {
+    fn delta_response(
+        &self,
+        stream: u64,
+        type_url: &str,
+        sub: &mut DeltaSub,
+    ) -> Option<DeltaDiscoveryResponse> {
         // Nothing is answered for a type the test has not given yet: the client waits, as a
         // sidecar waits for an istiod that is still computing its config.
         let set = self.type_set(type_url)?;
@@ -283,33 +316,46 @@ impl Ads {
             return None;
         }
         sub.answered = true;
+        let names = resources.iter().map(|r| r.name.clone()).collect();
+        let nonce = self.sent(stream, type_url, &set.version, names);
         Some(DeltaDiscoveryResponse {
             system_version_info: set.version,
             resources,
             type_url: type_url.into(),
             removed_resources: removed,
-            nonce: self.nonce(),
+            nonce,
             ..Default::default()
         })
     }
 
-    fn sotw_response(&self, type_url: &str, sub: &mut SotwSub) -> Option<DiscoveryResponse> {
+    fn sotw_response(
+        &self,
+        stream: u64,
+        type_url: &str,
+        sub: &mut SotwSub,
+    ) -> Option<DiscoveryResponse> {
         let set = self.type_set(type_url)?;
-        let resources = set
+        let chosen: Vec<(&String, &Vec<u8>)> = set
             .resources
             .iter()
             .filter(|(name, _)| wildcard(type_url) || sub.names.contains(name))
-            .map(|(_, (_, body))| Any {
+            .map(|(name, (_, body))| (name, body))
+            .collect();
+        let names = chosen.iter().map(|(n, _)| (*n).clone()).collect();
+        let resources = chosen
+            .iter()
+            .map(|(_, body)| Any {
                 type_url: type_url.into(),
-                value: body.clone(),
+                value: (*body).clone(),
             })
             .collect();
         sub.sent = Some(set.version.clone());
+        let nonce = self.sent(stream, type_url, &set.version, names);
         Some(DiscoveryResponse {
             version_info: set.version,
             resources,
             type_url: type_url.into(),
-            nonce: self.nonce(),
+            nonce,
             ..Default::default()
         })
     }
@@ -334,7 +380,7 @@ impl Ads {
                         return;
                     }
                     for (type_url, sub) in subs.iter_mut() {
-                        if let Some(r) = self.delta_response(type_url, sub) {
+                        if let Some(r) = self.delta_response(stream, type_url, sub) {
                             if tx.send(Ok(r)).await.is_err() {
                                 return;
                             }
@@ -380,7 +426,7 @@ impl Ads {
                 sub.names.remove(name);
                 sub.sent.remove(name);
             }
-            if let Some(r) = self.delta_response(&request.type_url, sub) {
+            if let Some(r) = self.delta_response(stream, &request.type_url, sub) {
                 if tx.send(Ok(r)).await.is_err() {
                     return;
                 }
@@ -412,7 +458,7 @@ impl Ads {
                         if version.is_none() || sub.sent == version {
                             continue;
                         }
-                        let Some(r) = self.sotw_response(type_url, sub) else { continue };
+                        let Some(r) = self.sotw_response(stream, type_url, sub) else { continue };
                         if tx.send(Ok(r)).await.is_err() {
                             return;
                         }
@@ -440,7 +486,7 @@ impl Ads {
                 continue;
             }
             sub.names = request.resource_names.clone();
-            let Some(r) = self.sotw_response(&request.type_url, sub) else {
+            let Some(r) = self.sotw_response(stream, &request.type_url, sub) else {
                 continue;
             };
             if tx.send(Ok(r)).await.is_err() {
