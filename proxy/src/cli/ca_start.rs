@@ -82,8 +82,8 @@ pub(super) fn istiod_mode(
     xds: Arc<remora_xds::store::Store>,
 ) -> anyhow::Result<IstiodMode> {
     let channels = istiod::IstiodChannels::new(&settings)?;
-    let ads = istiod::xds::XdsClient::new(&settings, &channels.xds, xds);
-    metrics.set_control_plane(ads.stats());
+    let ads = istiod::xds::XdsClient::new(&settings, &channels.xds, Arc::clone(&xds));
+    metrics.set_control_plane(ads.stats(), xds);
     // Not ready before istiod's first clusters and listeners: until then Remora knows no
     // service, as Envoy has no listener.
     state.readiness.require(istiod::xds::FIRST_CONFIG);

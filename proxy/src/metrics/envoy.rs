@@ -197,8 +197,16 @@ pub struct EnvoyStats {
     /// Envoy's stat prefixes of the outbound and inbound listeners.
     pub outbound_listener: String,
     pub inbound_listener: String,
-    /// The ADS client's counters, once istiod mode starts it.
-    pub control_plane: Arc<OnceLock<Arc<remora_xds::ads::Stats>>>,
+    /// The ADS client's counters and what it delivered, once istiod mode starts it.
+    pub control_plane: Arc<OnceLock<ControlPlane>>,
+}
+
+/// What istiod mode shares with the stats.
+#[derive(Debug)]
+pub struct ControlPlane {
+    pub stats: Arc<remora_xds::ads::Stats>,
+    /// istiod's clusters, counted as Envoy's `cluster_manager.active_clusters`.
+    pub store: Arc<remora_xds::store::Store>,
 }
 
 /// Envoy's cluster for traffic to an original destination, and Istio's for inbound passthrough.
@@ -246,7 +254,13 @@ impl EnvoyStats {
                 "total_listeners_active",
                 u64::from(self.server.listeners_active.load(Ordering::Relaxed)),
             ),
-            g(Scope::ClusterManager, "active_clusters", 2),
+            g(
+                Scope::ClusterManager,
+                "active_clusters",
+                self.control_plane.get().map_or(2, |cp| {
+                    u64::try_from(cp.store.snapshot().clusters.len()).unwrap_or(u64::MAX)
+                }),
+            ),
         ];
         for (listener, cluster, d) in [
             (&self.outbound_listener, OUTBOUND_CLUSTER, &self.outbound),
@@ -290,7 +304,7 @@ impl EnvoyStats {
             }
         }
         if let Some(cp) = self.control_plane.get() {
-            let snap = cp.snapshot();
+            let snap = cp.stats.snapshot();
             stats.push(g(
                 Scope::ControlPlane,
                 "connected_state",

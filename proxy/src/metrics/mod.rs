@@ -364,17 +364,22 @@ impl Metrics {
         self.requests.record_cached(series, outcome);
     }
 
-    /// Export the ADS client's statistics as Envoy's control-plane stats (istiod mode; set
-    /// once, before the client runs).
-    pub fn set_control_plane(&self, stats: Arc<remora_xds::ads::Stats>) {
-        if self.envoy.control_plane.set(stats).is_err() {
+    /// Export the ADS client's statistics as Envoy's control-plane stats, and count the
+    /// clusters it delivers into `store` (istiod mode; set once, before the client runs).
+    pub fn set_control_plane(
+        &self,
+        stats: Arc<remora_xds::ads::Stats>,
+        store: Arc<remora_xds::store::Store>,
+    ) {
+        let cp = envoy::ControlPlane { stats, store };
+        if self.envoy.control_plane.set(cp).is_err() {
             tracing::warn!("control-plane statistics already set; the first kept");
         }
     }
 
     /// The ADS client's statistics, when there is one.
     pub fn control_plane(&self) -> Option<&remora_xds::ads::Stats> {
-        self.envoy.control_plane.get().map(|s| s.as_ref())
+        self.envoy.control_plane.get().map(|cp| cp.stats.as_ref())
     }
 
     /// Envoy's statistics, now, for the admin `/stats` page.
@@ -431,7 +436,7 @@ mod tests {
         let m = Metrics::default();
         assert!(!m.encode().contains("envoy_control_plane"));
         let stats = Arc::new(remora_xds::ads::Stats::default());
-        m.set_control_plane(Arc::clone(&stats));
+        m.set_control_plane(Arc::clone(&stats), Arc::default());
         stats.connected_state.store(1, Ordering::Relaxed);
         let bump = |t, n| {
             if let Some(s) = stats.of(t) {
@@ -453,6 +458,7 @@ mod tests {
             ("listener_manager.lds.update_rejected", 1),
             ("rds.update_success", 0),
             ("eds.update_failure", 0),
+            ("cluster_manager.active_clusters", 0),
         ] {
             assert!(
                 dotted.contains(&(name.to_string(), value)),
