@@ -171,7 +171,7 @@ fn config_from_istiod(delta: bool) {
 
     // The configuration arrives: ready within seconds, every type ACKed.
     serve_v1(&ads);
-    sidecar.wait_ready(Duration::from_secs(10));
+    sidecar.wait_ready(Duration::from_secs(15));
     let node_id = format!(
         "sidecar~{}~{POD_NAME}.client~client.svc.cluster.local",
         net.pod_ip
