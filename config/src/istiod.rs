@@ -1,4 +1,5 @@
-//! The `istiod:` section: how Remora reaches istiod's CA and its xDS as pilot-agent does. Every field has an Istio environment variable too; the proxy resolves the two
+//! The `istiod:` section: how Remora reaches istiod's CA and its xDS as pilot-agent does.
+//! Every field has an Istio environment variable too; the proxy resolves the two
 //! (`remora::istiod::settings`), the environment winning, as docs/config.md says.
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
