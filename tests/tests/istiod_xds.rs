@@ -249,6 +249,16 @@ fn config_from_istiod(delta: bool) {
     });
     let stderr = sidecar.stderr();
     assert!(stderr.contains("previous version kept"), "{stderr}");
+    // The dump says so beside the version in force, as Envoy's `error_state`.
+    let dump = admin_json(&net, "/config_dump?resource=dynamic_active_clusters").expect("a dump");
+    let error = &dump["configs"][0]["error_state"];
+    assert_eq!(error["version_info"], "v2", "{dump}");
+    assert!(
+        error["details"]
+            .as_str()
+            .is_some_and(|d| d.contains("MAGLEV")),
+        "{dump}"
+    );
 
     // istiod goes away: still ready, the configuration kept.
     let streams = ads.streams();
@@ -346,13 +356,23 @@ fn istiods_own_listeners_are_applied_but_the_named_exceptions() {
     }
     assert!(detail.contains("ext_authz"), "{detail}");
     let dump = admin_json(&net, "/config_dump?resource=dynamic_listeners").expect("a dump");
-    let names: Vec<&str> = dump["configs"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|l| l["name"].as_str()).collect())
-        .unwrap_or_default();
-    assert_eq!(names.len(), listeners.len() - refused.len(), "{names:?}");
-    assert!(names.contains(&"virtualOutbound"), "{names:?}");
-    assert!(!names.iter().any(|n| refused.contains(n)), "{names:?}");
+    let entries = dump["configs"].as_array().cloned().unwrap_or_default();
+    let active: Vec<&str> = entries
+        .iter()
+        .filter(|l| l.get("active_state").is_some())
+        .filter_map(|l| l["name"].as_str())
+        .collect();
+    assert_eq!(active.len(), listeners.len() - refused.len(), "{active:?}");
+    assert!(active.contains(&"virtualOutbound"), "{active:?}");
+    // The refused ones are listed with their error alone, as Envoy lists a failed listener.
+    for name in refused {
+        let entry = entries
+            .iter()
+            .find(|l| l["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not in the dump"));
+        assert!(entry.get("active_state").is_none(), "{entry}");
+        assert!(entry["error_state"]["details"].is_string(), "{entry}");
+    }
 }
 
 #[test]

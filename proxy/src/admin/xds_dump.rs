@@ -5,11 +5,12 @@
 //! proxy-config endpoint` the second, so both keep Envoy's field names and proto3 JSON.
 
 use super::AdminState;
+use crate::istiod::xds::{Refusal, Refusals};
 use base64::Engine;
 use remora_xds::convert::Resource;
 use remora_xds::model::endpoint::Health;
 use remora_xds::sink::type_url;
-use remora_xds::snapshot::{Entry, Snapshot};
+use remora_xds::snapshot::{Entry, Resources, Snapshot};
 use serde_json::{json, Value};
 use std::time::SystemTime;
 
@@ -50,57 +51,92 @@ fn resource_json<T: Resource>(entry: &Entry<T>) -> Value {
     }
 }
 
-/// The held resources as Envoy's config dump shows them.
-pub(super) fn dynamic(state: &AdminState, snapshot: &Snapshot) -> Dynamic {
-    let version = |t: &str| {
-        state
-            .metrics
-            .control_plane()
-            .and_then(|s| s.of(t).map(|s| s.status().version_text))
-            .unwrap_or_default()
-    };
-    let common = |version: &str, updated: SystemTime| json!({ "version_info": version, "last_updated": timestamp(updated) });
-    let clusters = snapshot
-        .clusters
-        .values()
-        .map(|e| {
-            let mut v = common(&e.version, e.last_updated);
-            v["cluster"] = resource_json(e);
-            v
-        })
-        .collect();
-    let listeners = snapshot
-        .listeners
+/// Envoy's `UpdateFailureState` of a resource whose last update was refused.
+fn error_state(r: &Refusal) -> Value {
+    json!({
+        "last_update_attempt": timestamp(r.at),
+        "details": r.reason,
+        "version_info": r.version,
+    })
+}
+
+/// One section's dynamic entries: each held resource under `field` with its version and time,
+/// and an `error_state` where its last update was refused; a refused resource with no version
+/// in force has the `error_state` alone, as Envoy lists it. By name.
+fn entries<T: Resource>(
+    held: &Resources<T>,
+    type_url: &str,
+    field: &str,
+    refusals: Option<&Refusals>,
+) -> Vec<(String, Value)> {
+    let refused = refusals.map(|r| r.all(type_url)).unwrap_or_default();
+    let mut out: Vec<(String, Value)> = held
         .iter()
         .map(|(name, e)| {
-            let mut active = common(&e.version, e.last_updated);
-            active["listener"] = resource_json(e);
-            json!({ "name": name, "active_state": active })
+            let mut v =
+                json!({ "version_info": e.version, "last_updated": timestamp(e.last_updated) });
+            v[field] = resource_json(e);
+            (name.clone(), v)
         })
         .collect();
-    let routes = snapshot
-        .routes
-        .values()
-        .map(|e| {
-            let mut v = common(&e.version, e.last_updated);
-            v["route_config"] = resource_json(e);
-            v
-        })
-        .collect();
-    let endpoints = snapshot
-        .endpoints
-        .values()
-        .map(|e| {
-            let mut v = common(&e.version, e.last_updated);
-            v["endpoint_config"] = resource_json(e);
-            v
-        })
-        .collect();
+    for (name, r) in refused {
+        match out.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => v["error_state"] = error_state(&r),
+            None => out.push((name, json!({ "error_state": error_state(&r) }))),
+        }
+    }
+    out
+}
+
+/// The held resources as Envoy's config dump shows them.
+pub(super) fn dynamic(state: &AdminState, snapshot: &Snapshot) -> Dynamic {
+    let cp = state.metrics.control_plane();
+    let version = |t: &str| {
+        cp.and_then(|cp| cp.stats.of(t).map(|s| s.status().version_text))
+            .unwrap_or_default()
+    };
+    let refusals = cp.map(|cp| cp.refusals.as_ref());
+    let values = |v: Vec<(String, Value)>| v.into_iter().map(|(_, v)| v).collect();
+    // A listener's state sits under `active_state`, with its name beside it.
+    let listeners = entries(
+        &snapshot.listeners,
+        type_url::LISTENER,
+        "listener",
+        refusals,
+    )
+    .into_iter()
+    .map(|(name, mut v)| {
+        let error = v.as_object_mut().and_then(|m| m.remove("error_state"));
+        let mut l = json!({ "name": name });
+        if v.get("listener").is_some() {
+            l["active_state"] = v;
+        }
+        if let Some(e) = error {
+            l["error_state"] = e;
+        }
+        l
+    })
+    .collect();
     Dynamic {
-        clusters,
+        clusters: values(entries(
+            &snapshot.clusters,
+            type_url::CLUSTER,
+            "cluster",
+            refusals,
+        )),
         listeners,
-        routes,
-        endpoints,
+        routes: values(entries(
+            &snapshot.routes,
+            type_url::ROUTE,
+            "route_config",
+            refusals,
+        )),
+        endpoints: values(entries(
+            &snapshot.endpoints,
+            type_url::ENDPOINT,
+            "endpoint_config",
+            refusals,
+        )),
         secrets: secrets(state),
         cds_version: version(type_url::CLUSTER),
         lds_version: version(type_url::LISTENER),

@@ -83,7 +83,11 @@ pub(super) fn istiod_mode(
 ) -> anyhow::Result<IstiodMode> {
     let channels = istiod::IstiodChannels::new(&settings)?;
     let ads = istiod::xds::XdsClient::new(&settings, &channels.xds, Arc::clone(&xds));
-    metrics.set_control_plane(ads.stats(), xds);
+    metrics.set_control_plane(crate::metrics::ControlPlane {
+        stats: ads.stats(),
+        store: xds,
+        refusals: ads.refusals(),
+    });
     // Not ready before istiod's first clusters and listeners: until then Remora knows no
     // service, as Envoy has no listener.
     state.readiness.require(istiod::xds::FIRST_CONFIG);

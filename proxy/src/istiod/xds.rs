@@ -10,8 +10,9 @@ use crate::admin::Readiness;
 use remora_xds::ads::{self, AdsClient, AdsConfig, MetadataError, Stats};
 use remora_xds::sink::{type_url, Applied, Sink, Update};
 use remora_xds::store::Store;
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 use tonic::transport::Channel;
 
 /// The readiness condition: istiod's first clusters and listeners received.
@@ -26,6 +27,48 @@ const FIRST_CONFIG_POLL: Duration = Duration::from_millis(100);
 pub struct XdsClient {
     client: AdsClient<Channel>,
     stats: Arc<Stats>,
+    refusals: Arc<Refusals>,
+}
+
+/// One resource's last refused update, for the config dump's `error_state`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The version offered and refused.
+    pub version: String,
+    pub reason: String,
+    pub at: SystemTime,
+}
+
+/// The resources whose last update was refused, by type URL and name; an accepted or removed
+/// resource leaves. Bounded by what istiod sends: one entry per resource it named.
+#[derive(Debug, Default)]
+pub struct Refusals {
+    by_resource: Mutex<BTreeMap<(String, String), Refusal>>,
+}
+
+impl Refusals {
+    /// The last refusal of `name` of `type_url`, while it stands.
+    pub fn of(&self, type_url: &str, name: &str) -> Option<Refusal> {
+        self.lock()
+            .get(&(type_url.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Every standing refusal of `type_url`, by name.
+    pub fn all(&self, type_url: &str) -> Vec<(String, Refusal)> {
+        self.lock()
+            .iter()
+            .filter(|((t, _), _)| t == type_url)
+            .map(|((_, n), r)| (n.clone(), r.clone()))
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), Refusal>> {
+        // Plain data, whole after any panic.
+        self.by_resource
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl XdsClient {
@@ -35,14 +78,23 @@ impl XdsClient {
         // Each new stream reads the token again (kubelet rotates it), as pilot-agent does.
         let metadata = move || credentials.metadata().map_err(MetadataError::new);
         let config = AdsConfig::new(ads_node(&settings.node), settings.xds_mode);
-        let client = AdsClient::new(
-            channel.channel.clone(),
-            metadata,
-            config,
-            Arc::new(LoggedStore(store)),
-        );
+        let refusals = Arc::new(Refusals::default());
+        let sink = LoggedStore {
+            store,
+            refusals: Arc::clone(&refusals),
+        };
+        let client = AdsClient::new(channel.channel.clone(), metadata, config, Arc::new(sink));
         let stats = client.stats();
-        XdsClient { client, stats }
+        XdsClient {
+            client,
+            stats,
+            refusals,
+        }
+    }
+
+    /// The resources whose last update was refused, shared with the admin pages.
+    pub fn refusals(&self) -> Arc<Refusals> {
+        Arc::clone(&self.refusals)
     }
 
     /// Envoy's control-plane statistics, shared with metrics and admin.
@@ -90,15 +142,50 @@ pub fn ads_node(node: &NodeInfo) -> ads::NodeInfo {
     }
 }
 
-/// The store, with a log line per applied update: the client logs its NACKs and (at debug)
-/// its ACKs; this says what each update did to the configuration in force.
-struct LoggedStore(Arc<Store>);
+/// The store, with a log line per applied update (the client logs its NACKs and, at debug,
+/// its ACKs; this says what each update did to the configuration in force) and the refusals
+/// kept per resource.
+struct LoggedStore {
+    store: Arc<Store>,
+    refusals: Arc<Refusals>,
+}
 
 impl Sink for LoggedStore {
     fn apply(&self, type_url: &str, update: Update) -> Applied {
         let received = update.resources.len();
         let removed = update.removed.len();
-        let applied = self.0.apply(type_url, update);
+        let offered: Vec<(String, String)> = update
+            .resources
+            .iter()
+            .map(|r| (r.name.clone(), r.version.clone()))
+            .collect();
+        let gone = update.removed.clone();
+        let applied = self.store.apply(type_url, update);
+        {
+            let now = SystemTime::now();
+            let mut refusals = self.refusals.lock();
+            for name in gone {
+                refusals.remove(&(type_url.to_string(), name));
+            }
+            for (name, version) in offered {
+                let key = (type_url.to_string(), name.clone());
+                match applied.rejected.iter().find(|r| r.name == name) {
+                    Some(r) => {
+                        refusals.insert(
+                            key,
+                            Refusal {
+                                version,
+                                reason: r.reason.clone(),
+                                at: now,
+                            },
+                        );
+                    }
+                    None => {
+                        refusals.remove(&key);
+                    }
+                }
+            }
+        }
         let kind = short_type(type_url);
         tracing::info!(
             kind,
@@ -167,6 +254,34 @@ mod tests {
         // A refused first LDS is still a received one, as pilot-agent reads Envoy's stats.
         count(type_url::LISTENER, |s| &s.update_rejected);
         assert!(first_config_received(&stats));
+    }
+
+    #[test]
+    fn refusals_stand_until_the_resource_is_accepted_or_removed() {
+        use remora_xds::sink::Resource as Delivered;
+        let refusals = Arc::new(Refusals::default());
+        let sink = LoggedStore {
+            store: Arc::new(Store::new()),
+            refusals: Arc::clone(&refusals),
+        };
+        let garbage = |version: &str| Delivered {
+            name: "c".into(),
+            version: version.into(),
+            body: vec![0xff, 0xff, 0xff],
+        };
+        let update = |resources, removed| Update {
+            resources,
+            removed,
+            complete: false,
+        };
+        sink.apply(type_url::CLUSTER, update(vec![garbage("2")], vec![]));
+        let r = refusals.of(type_url::CLUSTER, "c").expect("refused");
+        assert_eq!(r.version, "2");
+        assert!(r.reason.contains("malformed"), "{}", r.reason);
+        assert_eq!(refusals.all(type_url::CLUSTER).len(), 1);
+        assert!(refusals.all(type_url::LISTENER).is_empty());
+        sink.apply(type_url::CLUSTER, update(vec![], vec!["c".into()]));
+        assert!(refusals.of(type_url::CLUSTER, "c").is_none());
     }
 
     #[test]

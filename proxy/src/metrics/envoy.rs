@@ -207,6 +207,8 @@ pub struct ControlPlane {
     pub stats: Arc<remora_xds::ads::Stats>,
     /// istiod's clusters, counted as Envoy's `cluster_manager.active_clusters`.
     pub store: Arc<remora_xds::store::Store>,
+    /// Resources whose last update was refused, for `/config_dump`'s `error_state`.
+    pub refusals: Arc<crate::istiod::xds::Refusals>,
 }
 
 /// Envoy's cluster for traffic to an original destination, and Istio's for inbound passthrough.

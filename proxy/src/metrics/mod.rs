@@ -16,7 +16,9 @@ mod tls;
 
 pub use authz::{AuthzMetrics, Outcome as AuthzOutcome, Protocol as AuthzProtocol};
 pub use dns::DnsMetrics;
-pub use envoy::{EnvoyStat, Kind as StatKind, Scope as StatScope, ServerState, ServerStats};
+pub use envoy::{
+    ControlPlane, EnvoyStat, Kind as StatKind, Scope as StatScope, ServerState, ServerStats,
+};
 pub use istio::{IstioLabels, IstioTcp, FLAGS};
 pub use istio_http::{RequestOutcome, SeriesCache};
 pub use process::{sample as process_sample, Sample as ProcessSample};
@@ -365,21 +367,16 @@ impl Metrics {
     }
 
     /// Export the ADS client's statistics as Envoy's control-plane stats, and count the
-    /// clusters it delivers into `store` (istiod mode; set once, before the client runs).
-    pub fn set_control_plane(
-        &self,
-        stats: Arc<remora_xds::ads::Stats>,
-        store: Arc<remora_xds::store::Store>,
-    ) {
-        let cp = envoy::ControlPlane { stats, store };
+    /// clusters it delivers (istiod mode; set once, before the client runs).
+    pub fn set_control_plane(&self, cp: ControlPlane) {
         if self.envoy.control_plane.set(cp).is_err() {
             tracing::warn!("control-plane statistics already set; the first kept");
         }
     }
 
-    /// The ADS client's statistics, when there is one.
-    pub fn control_plane(&self) -> Option<&remora_xds::ads::Stats> {
-        self.envoy.control_plane.get().map(|cp| cp.stats.as_ref())
+    /// The ADS client's statistics and refusals, when there is one.
+    pub fn control_plane(&self) -> Option<&ControlPlane> {
+        self.envoy.control_plane.get()
     }
 
     /// Envoy's statistics, now, for the admin `/stats` page.
@@ -436,7 +433,11 @@ mod tests {
         let m = Metrics::default();
         assert!(!m.encode().contains("envoy_control_plane"));
         let stats = Arc::new(remora_xds::ads::Stats::default());
-        m.set_control_plane(Arc::clone(&stats), Arc::default());
+        m.set_control_plane(ControlPlane {
+            stats: Arc::clone(&stats),
+            store: Arc::default(),
+            refusals: Arc::default(),
+        });
         stats.connected_state.store(1, Ordering::Relaxed);
         let bump = |t, n| {
             if let Some(s) = stats.of(t) {
