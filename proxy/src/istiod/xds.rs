@@ -160,12 +160,19 @@ impl Sink for LoggedStore {
             .map(|r| (r.name.clone(), r.version.clone()))
             .collect();
         let gone = update.removed.clone();
+        // A whole set of clusters or listeners (state of the world) removes what it leaves out,
+        // refusals included.
+        let whole =
+            update.complete && (type_url == type_url::CLUSTER || type_url == type_url::LISTENER);
         let applied = self.store.apply(type_url, update);
         {
             let now = SystemTime::now();
             let mut refusals = self.refusals.lock();
             for name in gone {
                 refusals.remove(&(type_url.to_string(), name));
+            }
+            if whole {
+                refusals.retain(|(t, n), _| t != type_url || offered.iter().any(|(o, _)| o == n));
             }
             for (name, version) in offered {
                 let key = (type_url.to_string(), name.clone());
