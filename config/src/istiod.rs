@@ -1,5 +1,5 @@
-//! The `istiod:` section: how Remora reaches istiod's CA (and, later, its xDS) as pilot-agent
-//! does. Every field has an Istio environment variable too; the proxy resolves the two
+//! The `istiod:` section: how Remora reaches istiod's CA and its xDS as pilot-agent does.
+//! Every field has an Istio environment variable too; the proxy resolves the two
 //! (`remora::istiod::settings`), the environment winning, as docs/config.md says.
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -46,6 +46,9 @@ pub struct IstiodConfig {
     pub service_account: Option<String>,
     /// Extra node metadata, as `ISTIO_META_<NAME>` variables give it.
     pub metadata: BTreeMap<String, String>,
+    /// Incremental (delta) ADS, Istio's agent's default since 1.22; `false` speaks state of
+    /// the world (`ISTIO_DELTA_XDS`).
+    pub delta_xds: bool,
 }
 
 impl Default for IstiodConfig {
@@ -65,6 +68,7 @@ impl Default for IstiodConfig {
             instance_ip: None,
             service_account: None,
             metadata: BTreeMap::new(),
+            delta_xds: true,
         }
     }
 }

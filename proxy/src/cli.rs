@@ -369,6 +369,10 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     // istiod mode: settings now, so a bad variable or a missing token or root file fails the
     // start naming it; the certificate itself comes once the runtime runs.
     let agent_settings = ca_start::resolve_agent_settings(&config)?;
+    // What istiod configures, shared by the data path and the admin pages.
+    let xds = agent_settings
+        .as_ref()
+        .map(|_| Arc::new(remora_xds::store::Store::new()));
     let ca_setup = match (&agent_settings, &watcher) {
         (Some(settings), None) => Some(ca_start::check_ca_inputs(settings)?),
         _ => None,
@@ -403,6 +407,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         concurrency: args.concurrency,
         logging: Some(logging),
         identity: Arc::clone(&identity),
+        xds: xds.clone(),
         ..AdminState::new(Arc::clone(&metrics), Arc::clone(&drain))
     });
     if ca_setup.is_some() {
@@ -461,7 +466,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
                 .with_exchange_header(exchange_header, exchange_headers),
         ),
         authz,
-        xds: None,
+        xds: xds.clone(),
     });
     let metrics_handle = Arc::clone(&metrics);
     let identity_store = identity;
@@ -487,8 +492,8 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let istiod_mode = match agent_settings {
-        Some(settings) => {
+    let istiod_mode = match agent_settings.zip(xds) {
+        Some((settings, xds)) => {
             // The channels' connection tasks need the runtime.
             let _entered = runtime.enter();
             Some(ca_start::istiod_mode(
@@ -497,6 +502,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
                 Arc::clone(&identity_store),
                 &metrics_handle,
                 Arc::clone(&state),
+                xds,
             )?)
         }
         None => None,
@@ -510,13 +516,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
             tokio::spawn(w.watch(Arc::clone(&metrics_handle)));
         }
         if let Some(mode) = istiod_mode {
-            if let Some(r) = mode.rotation {
-                tokio::spawn(r.run());
-            }
-            // The ADS client (issue 31, section 3) starts here from `mode.settings` (its
-            // `node`) and `mode.channels.xds`, having added its own readiness condition
-            // (`state.readiness.require`) before it spawns, so 15021 waits for it too.
-            tracing::debug!(xds = %mode.channels.xds.address, node = %mode.settings.node.id, "istiod channels ready");
+            mode.spawn();
         }
         tokio::spawn(policies.watch());
         serve(proxy, routes, dns, state, reloader).await

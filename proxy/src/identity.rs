@@ -143,6 +143,9 @@ pub struct Identity {
     /// The certificate, its key and intermediates, as handshakes present them.
     pub certified: Arc<CertifiedKey>,
     pub roots: Arc<RootCertStore>,
+    /// The roots as received, for `/config_dump`'s `ROOTCA` secret (the store keeps them
+    /// parsed only).
+    pub root_certs: Vec<CertificateDer<'static>>,
     /// The leaf and then the intermediates.
     pub chain: Vec<CertSummary>,
     pub ca: Vec<CertSummary>,
@@ -242,11 +245,13 @@ impl Identity {
             .keys_match()
             .map_err(|e| invalid(&paths.key, format!("does not match the certificate: {e}")))?;
         let mut roots = RootCertStore::empty();
+        let mut root_certs = Vec::new();
         let mut ca = Vec::new();
         for cert in CertificateDer::pem_slice_iter(&files.roots) {
             let cert =
                 cert.map_err(|e| invalid(&paths.roots, format!("not PEM certificates: {e}")))?;
             ca.push(CertSummary::parse(&cert).map_err(|e| invalid(&paths.roots, e))?);
+            root_certs.push(cert.clone());
             roots
                 .add(cert)
                 .map_err(|e| invalid(&paths.roots, format!("not a usable root: {e}")))?;
@@ -258,6 +263,7 @@ impl Identity {
             spiffe_id,
             certified: Arc::new(certified),
             roots: Arc::new(roots),
+            root_certs,
             chain: summaries,
             ca,
             chain_path: paths.chain.clone(),

@@ -2,10 +2,11 @@
 //! for `istiod.istio-system.svc` from the mesh's test CA) on port 15012, listening in a
 //! namespace the pod can reach, served by a tokio runtime in the test process.
 //!
-//! Today it serves Istio's CA (`IstioCertificateService/CreateCertificate`): it checks the
+//! It serves Istio's CA (`IstioCertificateService/CreateCertificate`): it checks the
 //! `authorization: Bearer` token and the `clusterid` header as istiod does, signs the CSR with
-//! the test CA and answers `[leaf, root]` with the lifetime asked for. One service routes
-//! every call by its path (`ControlPlaneService::call`); ADS joins it as another path there.
+//! the test CA and answers `[leaf, root]` with the lifetime asked for. It serves ADS too
+//! ([`ads`]: the resources the test gives it, both protocols, every request recorded). One
+//! service routes every call by its path (`ControlPlaneService::call`).
 //!
 //! The CA messages are written here again rather than taken from Remora: the test's side of
 //! the wire is an independent reading of istio/api's `ca.proto`.
@@ -23,6 +24,9 @@ use std::time::Duration;
 use tonic::codegen::{http, BoxFuture, Context, Poll, Service};
 use tonic::server::{Grpc, UnaryService};
 use tonic::{Request, Response, Status};
+
+pub mod ads;
+pub use ads::{Ads, AdsRequest, AdsResponse};
 
 /// istiod's service name, the server name its certificate carries.
 pub const ISTIOD_HOST: &str = "istiod.istio-system.svc";
@@ -75,6 +79,7 @@ struct CaState {
 /// The control plane, stopped on drop.
 pub struct ControlPlane {
     state: Arc<CaState>,
+    ads: Arc<Ads>,
     addr: SocketAddr,
     runtime: Option<tokio::runtime::Runtime>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -91,10 +96,23 @@ impl std::fmt::Debug for ControlPlane {
 impl ControlPlane {
     /// Serve on `addr` inside `ns`, signing with `ca` for callers that present `token`.
     pub fn start(ns: &Netns, addr: SocketAddr, ca: Arc<MeshCa>, token: &str) -> ControlPlane {
+        let ads = Arc::new(Ads::new(token, CLUSTER_ID));
+        ControlPlane::start_with_ads(ns, addr, ca, token, ads)
+    }
+
+    /// The same, serving (and recording into) `ads`: a control plane started again after one
+    /// was stopped, with what the first served and saw.
+    pub fn start_with_ads(
+        ns: &Netns,
+        addr: SocketAddr,
+        ca: Arc<MeshCa>,
+        token: &str,
+        ads: Arc<Ads>,
+    ) -> ControlPlane {
         let listener = ns
             .bind(addr)
             .unwrap_or_else(|e| panic!("bind the control plane on {addr}: {e}"));
-        ControlPlane::start_on(listener, ca, token, ISTIOD_HOST)
+        ControlPlane::serve(listener, ca, token, ISTIOD_HOST, ads)
     }
 
     /// Serve on `listener` with a server certificate for `server_name`: the same control plane
@@ -104,6 +122,17 @@ impl ControlPlane {
         ca: Arc<MeshCa>,
         token: &str,
         server_name: &str,
+    ) -> ControlPlane {
+        let ads = Arc::new(Ads::new(token, CLUSTER_ID));
+        ControlPlane::serve(listener, ca, token, server_name, ads)
+    }
+
+    fn serve(
+        listener: std::net::TcpListener,
+        ca: Arc<MeshCa>,
+        token: &str,
+        server_name: &str,
+        ads: Arc<Ads>,
     ) -> ControlPlane {
         let addr = listener.local_addr().expect("the listener's address");
         listener
@@ -124,6 +153,7 @@ impl ControlPlane {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let service = ControlPlaneService {
             state: Arc::clone(&state),
+            ads: Arc::clone(&ads),
         };
         runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
@@ -144,6 +174,7 @@ impl ControlPlane {
         });
         ControlPlane {
             state,
+            ads,
             addr,
             runtime: Some(runtime),
             stop: Some(stop),
@@ -153,6 +184,11 @@ impl ControlPlane {
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The ADS service: what it serves, and the requests it has seen.
+    pub fn ads(&self) -> &Arc<Ads> {
+        &self.ads
     }
 
     /// Certificates issued so far.
@@ -185,11 +221,12 @@ impl Drop for ControlPlane {
     }
 }
 
-/// istiod's gRPC services by path, by hand: one method each, so no generated server (and no
-/// router: tonic is built without it).
+/// istiod's gRPC services by path, by hand (tonic is built without its router): the CA's one
+/// method here, ADS by envoy-types' generated server.
 #[derive(Debug, Clone)]
 struct ControlPlaneService {
     state: Arc<CaState>,
+    ads: Arc<Ads>,
 }
 
 impl Service<http::Request<tonic::body::Body>> for ControlPlaneService {
@@ -203,6 +240,16 @@ impl Service<http::Request<tonic::body::Body>> for ControlPlaneService {
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
         let state = Arc::clone(&self.state);
+        if req
+            .uri()
+            .path()
+            .starts_with("/envoy.service.discovery.v3.AggregatedDiscoveryService/")
+        {
+            use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
+            let mut ads =
+                AggregatedDiscoveryServiceServer::new(ads::AdsService(Arc::clone(&self.ads)));
+            return Box::pin(async move { ads.call(req).await });
+        }
         Box::pin(async move {
             if req.uri().path() != "/istio.v1.auth.IstioCertificateService/CreateCertificate" {
                 return Ok(Status::unimplemented(req.uri().path().to_string()).into_http());

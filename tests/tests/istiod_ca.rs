@@ -127,6 +127,8 @@ fn a_certificate_from_istiod_gates_readiness_and_rotates_under_an_open_connectio
         Arc::clone(&ca),
         TOKEN,
     );
+    // Readiness also waits for istiod's first configuration (tests/istiod_xds.rs).
+    plane.ads().set_empty();
     sidecar.wait_ready(STEP_TIME);
     let issued = plane.issued();
     assert!(!issued.is_empty(), "refused: {:?}", plane.refused());
@@ -201,6 +203,7 @@ fn a_refused_token_gets_no_certificate_until_the_rotated_one_is_read() {
     let _hosts = HostsFile::write(&net.pod, &[(net.peer_ip.into(), ISTIOD_HOST)])
         .expect("name istiod inside the pod");
     let plane = ControlPlane::start(&net.peer, net.peer_addr(ISTIOD_PORT), ca, TOKEN);
+    plane.ads().set_empty();
     net.capture_default();
     let sidecar = istiod_sidecar(&net, &token, &root).start();
     wait_until("readiness answering", STEP_TIME, || {

@@ -199,12 +199,21 @@ fn clusters_with_hosts(state: &AdminState) -> Vec<(String, Vec<(std::net::Socket
 }
 
 /// `/clusters`: Envoy's `cluster::key::value` lines (and `cluster::host::stat::value` for each
-/// host), or `ClusterStatus` JSON with `host_statuses`. Every host is healthy: Remora does no
-/// health checking or outlier detection.
+/// host), or `ClusterStatus` JSON with `host_statuses`. Remora's own clusters' hosts are all
+/// healthy (Remora does no health checking or outlier detection); istiod's clusters list their
+/// endpoints with the weight, priority, locality and EDS health istiod gave them.
 pub(super) fn clusters(state: &AdminState, req: &AdminRequest) -> Response<Body> {
-    let clusters = clusters_with_hosts(state);
+    let snapshot = state.xds.as_ref().map(|store| store.snapshot());
+    let xds = snapshot
+        .as_deref()
+        .map(super::xds_dump::cluster_hosts)
+        .unwrap_or_default();
+    let clusters: Vec<_> = clusters_with_hosts(state)
+        .into_iter()
+        .filter(|(n, _)| !xds.iter().any(|(x, _)| x == n))
+        .collect();
     if req.param("format") == Some("json") {
-        let statuses: Vec<Value> = clusters
+        let mut statuses: Vec<Value> = clusters
             .iter()
             .map(|(n, hosts)| {
                 let hosts: Vec<Value> = hosts
@@ -232,6 +241,36 @@ pub(super) fn clusters(state: &AdminState, req: &AdminRequest) -> Response<Body>
                 })
             })
             .collect();
+        statuses.extend(xds.iter().map(|(n, hosts)| {
+            let hosts: Vec<Value> = hosts
+                .iter()
+                .map(|h| {
+                    let mut status = json!({
+                        "address": socket_address(&h.address),
+                        "stats": [{ "type": "GAUGE", "name": "cx_active" }],
+                        "health_status": {
+                            "eds_health_status": super::xds_dump::eds_health_status(h.health),
+                        },
+                        "weight": h.weight,
+                        "locality": {
+                            "region": h.locality.region,
+                            "zone": h.locality.zone,
+                            "sub_zone": h.locality.sub_zone,
+                        },
+                    });
+                    if h.priority != 0 {
+                        status["priority"] = json!(h.priority);
+                    }
+                    status
+                })
+                .collect();
+            json!({
+                "name": n,
+                "added_via_api": true,
+                "observability_name": n,
+                "host_statuses": hosts,
+            })
+        }));
         return json(StatusCode::OK, &json!({ "cluster_statuses": statuses }));
     }
     let mut body = String::new();
@@ -246,19 +285,51 @@ pub(super) fn clusters(state: &AdminState, req: &AdminRequest) -> Response<Body>
             ));
         }
     }
+    for (n, hosts) in &xds {
+        body.push_str(&format!(
+            "{n}::observability_name::{n}\n{n}::added_via_api::true\n"
+        ));
+        for h in hosts {
+            let a = h.address;
+            let l = &h.locality;
+            body.push_str(&format!(
+                "{n}::{a}::health_flags::{}\n{n}::{a}::weight::{}\n{n}::{a}::region::{}\n\
+                 {n}::{a}::zone::{}\n{n}::{a}::sub_zone::{}\n{n}::{a}::priority::{}\n",
+                super::xds_dump::health_flags(h.health),
+                h.weight,
+                l.region,
+                l.zone,
+                l.sub_zone,
+                h.priority
+            ));
+        }
+    }
     text(StatusCode::OK, body)
 }
 
 /// `/config_dump`: Envoy's admin v3 `ConfigDump` (a `configs` array of `@type`d entries, in
 /// Envoy's order) for what Remora has, plus Remora's own config as a last entry of its own
-/// type. `?resource=static_clusters` (or `static_listeners`) lists that field's entries alone,
+/// type. In istiod mode istiod's resources are the dynamic entries (`xds_dump`); a static entry
+/// that istiod also names (`virtualOutbound`, `PassthroughCluster`) is then left to it.
+/// `?include_eds` adds the endpoints. `?resource=<field>` (`static_clusters`,
+/// `dynamic_active_clusters`, `dynamic_listeners`, `dynamic_route_configs`,
+/// `dynamic_endpoint_configs`, `dynamic_active_secrets`…) lists that field's entries alone,
 /// each `@type`d, as Envoy does.
 pub(super) fn config_dump(state: &AdminState, req: &AdminRequest) -> Response<Body> {
     let config = state.config.load();
     let t = |name: &str| format!("type.googleapis.com/envoy.admin.v3.{name}");
+    let snapshot = state.xds.as_ref().map(|store| store.snapshot());
+    let dynamic = snapshot
+        .as_deref()
+        .map(|snap| super::xds_dump::dynamic(state, snap))
+        .unwrap_or_default();
+    let from_istiod = |kind: fn(&remora_xds::snapshot::Snapshot, &str) -> bool, name: &str| {
+        snapshot.as_deref().is_some_and(|snap| kind(snap, name))
+    };
     let listeners: Vec<Value> = state
         .listeners
         .iter()
+        .filter(|l| !from_istiod(|s, n| s.listeners.contains_key(n), &l.name))
         .map(|l| {
             json!({ "listener": {
                 "@type": "type.googleapis.com/envoy.config.listener.v3.Listener",
@@ -273,6 +344,7 @@ pub(super) fn config_dump(state: &AdminState, req: &AdminRequest) -> Response<Bo
     let connect_timeout = format!("{}s", config.outbound.connect_timeout.as_secs_f64());
     let clusters: Vec<Value> = cluster_names(state)
         .into_iter()
+        .filter(|name| !from_istiod(|s, n| s.clusters.contains_key(n), name))
         .map(|name| {
             let kind = if name.starts_with("outbound|") {
                 "STATIC"
@@ -289,6 +361,14 @@ pub(super) fn config_dump(state: &AdminState, req: &AdminRequest) -> Response<Bo
         let (entries, of) = match resource {
             "static_clusters" => (clusters, "ClustersConfigDump.StaticCluster"),
             "static_listeners" => (listeners, "ListenersConfigDump.StaticListener"),
+            "dynamic_active_clusters" => (dynamic.clusters, "ClustersConfigDump.DynamicCluster"),
+            "dynamic_listeners" => (dynamic.listeners, "ListenersConfigDump.DynamicListener"),
+            "dynamic_route_configs" => (dynamic.routes, "RoutesConfigDump.DynamicRouteConfig"),
+            "dynamic_endpoint_configs" => (
+                dynamic.endpoints,
+                "EndpointsConfigDump.DynamicEndpointConfig",
+            ),
+            "dynamic_active_secrets" => (dynamic.secrets, "SecretsConfigDump.DynamicSecret"),
             other => {
                 return text(
                     StatusCode::NOT_FOUND,
@@ -306,19 +386,43 @@ pub(super) fn config_dump(state: &AdminState, req: &AdminRequest) -> Response<Bo
         return json(StatusCode::OK, &json!({ "configs": typed }));
     }
     let remora_config = serde_json::to_value(&**config).unwrap_or(Value::Null);
-    json(
-        StatusCode::OK,
-        &json!({ "configs": [
-            { "@type": t("BootstrapConfigDump"), "bootstrap": {
-                "node": node(state),
-                "admin": { "address": socket_address(&config.admin.address) },
-            }},
-            { "@type": t("ClustersConfigDump"), "static_clusters": clusters },
-            { "@type": t("ListenersConfigDump"), "static_listeners": listeners },
-            { "@type": t("SecretsConfigDump") },
-            { "@type": "type.googleapis.com/remora.admin.v1.RemoraConfigDump", "config": remora_config },
-        ]}),
-    )
+    let mut clusters_dump =
+        json!({ "@type": t("ClustersConfigDump"), "static_clusters": clusters });
+    let mut listeners_dump =
+        json!({ "@type": t("ListenersConfigDump"), "static_listeners": listeners });
+    let mut secrets_dump = json!({ "@type": t("SecretsConfigDump") });
+    let mut configs = Vec::new();
+    configs.push(json!({ "@type": t("BootstrapConfigDump"), "bootstrap": {
+        "node": node(state),
+        "admin": { "address": socket_address(&config.admin.address) },
+    }}));
+    if snapshot.is_some() {
+        clusters_dump["version_info"] = Value::String(dynamic.cds_version);
+        clusters_dump["dynamic_active_clusters"] = Value::Array(dynamic.clusters);
+        listeners_dump["version_info"] = Value::String(dynamic.lds_version);
+        listeners_dump["dynamic_listeners"] = Value::Array(dynamic.listeners);
+        secrets_dump["dynamic_active_secrets"] = Value::Array(dynamic.secrets);
+    }
+    configs.push(clusters_dump);
+    configs.push(listeners_dump);
+    if snapshot.is_some() {
+        configs.push(json!({
+            "@type": t("RoutesConfigDump"),
+            "dynamic_route_configs": dynamic.routes,
+        }));
+    }
+    configs.push(secrets_dump);
+    if snapshot.is_some() && req.param("include_eds").is_some() {
+        configs.push(json!({
+            "@type": t("EndpointsConfigDump"),
+            "dynamic_endpoint_configs": dynamic.endpoints,
+        }));
+    }
+    configs.push(json!({
+        "@type": "type.googleapis.com/remora.admin.v1.RemoraConfigDump",
+        "config": remora_config,
+    }));
+    json(StatusCode::OK, &json!({ "configs": configs }))
 }
 
 /// `/drain_listeners`: `?inboundonly` closes the inbound listener (draining), otherwise every

@@ -7,6 +7,7 @@
 mod envoy_api;
 mod logging;
 pub mod readiness;
+mod xds_dump;
 
 pub use logging::{parse_filter, LogControl, SetFilter};
 pub use readiness::Readiness;
@@ -81,6 +82,8 @@ pub struct AdminState {
     /// The data path's record of its open upstream connections: `/clusters` lists their
     /// destinations as hosts.
     pub upstreams: Arc<crate::loop_guard::LoopGuard>,
+    /// What istiod configured (istiod mode), for `/config_dump` and `/clusters`.
+    pub xds: Option<Arc<remora_xds::store::Store>>,
 }
 
 impl AdminState {
@@ -99,6 +102,7 @@ impl AdminState {
             identity: Arc::default(),
             readiness: Arc::default(),
             upstreams: crate::loop_guard::LoopGuard::new(Vec::new()),
+            xds: None,
         }
     }
 

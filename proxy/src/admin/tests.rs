@@ -29,7 +29,7 @@ fn post(s: &AdminState, path: &str) -> Response<Body> {
     respond(Role::Admin, s, &AdminRequest::new(Method::POST, path))
 }
 
-fn body(r: Response<Body>) -> String {
+pub(super) fn body(r: Response<Body>) -> String {
     use http_body_util::BodyExt;
     use std::future::Future;
     // A `Full` body is ready at once: one poll, no runtime.

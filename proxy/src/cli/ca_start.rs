@@ -1,5 +1,6 @@
 //! Start-up in istiod mode: the agent settings, the token and root checked before anything
-//! runs, and the CA rotation loop wired to the identity store and readiness.
+//! runs, the CA rotation loop wired to the identity store and readiness, and the ADS client
+//! wired to the xDS store, the metrics and readiness.
 
 use crate::admin::{self, AdminState};
 use crate::identity;
@@ -45,25 +46,52 @@ pub(super) fn check_ca_inputs(settings: &istiod::AgentSettings) -> anyhow::Resul
         .context("istiod mode needs the mesh root certificate")
 }
 
-/// istiod mode once the runtime runs: the settings and channels the ADS client will take, and
-/// the CA's rotation loop unless the certificate comes from files.
+/// istiod mode once the runtime runs: the settings and channels, the ADS client, and the
+/// CA's rotation loop unless the certificate comes from files.
 pub(super) struct IstiodMode {
     pub settings: istiod::AgentSettings,
     pub channels: istiod::IstiodChannels,
     pub rotation: Option<istiod::rotation::Rotation<istiod::ca::CaClient>>,
+    pub xds: istiod::xds::XdsClient,
+    /// Told when the first clusters and listeners are in.
+    pub readiness: Arc<admin::Readiness>,
+}
+
+impl IstiodMode {
+    /// Run the rotation loop and the ADS client on the runtime.
+    pub fn spawn(self) {
+        if let Some(r) = self.rotation {
+            tokio::spawn(r.run());
+        }
+        tracing::info!(xds = %self.channels.xds.address, node = %self.settings.node.id, mode = ?self.settings.xds_mode, "configuration from istiod over ADS");
+        tokio::spawn(self.xds.run(self.readiness));
+    }
 }
 
 /// Open the channels (lazily: nothing is dialled yet) and, with `ca_roots` (no
 /// `tls.cert_dir`), the CA client and its rotation loop, readiness told when the first
-/// certificate is held. Call inside the runtime: the channels' tasks need it.
+/// certificate is held; the ADS client delivering into `xds`, its statistics exported and
+/// readiness waiting for its first clusters and listeners. Call inside the runtime: the
+/// channels' tasks need it, and before the server is ready.
 pub(super) fn istiod_mode(
     settings: istiod::AgentSettings,
     ca_roots: Option<Vec<u8>>,
     store: Arc<identity::Store>,
     metrics: &Metrics,
     state: Arc<AdminState>,
+    xds: Arc<remora_xds::store::Store>,
 ) -> anyhow::Result<IstiodMode> {
     let channels = istiod::IstiodChannels::new(&settings)?;
+    let ads = istiod::xds::XdsClient::new(&settings, &channels.xds, Arc::clone(&xds));
+    metrics.set_control_plane(crate::metrics::ControlPlane {
+        stats: ads.stats(),
+        store: xds,
+        refusals: ads.refusals(),
+    });
+    // Not ready before istiod's first clusters and listeners: until then Remora knows no
+    // service, as Envoy has no listener.
+    state.readiness.require(istiod::xds::FIRST_CONFIG);
+    let readiness = Arc::clone(&state.readiness);
     let rotation = match ca_roots {
         None => None,
         Some(roots) => {
@@ -94,5 +122,7 @@ pub(super) fn istiod_mode(
         settings,
         channels,
         rotation,
+        xds: ads,
+        readiness,
     })
 }

@@ -4,8 +4,9 @@
 //! [`AgentSettings`], whose [`NodeInfo`] is the pod as istiod sees it. [`channel`] is the one
 //! TLS gRPC channel to istiod with the per-call credentials (bearer token, `clusterid`) that
 //! the CA client and the ADS client both use. [`ca`] speaks Istio's CA protocol and checks what
-//! comes back; [`rotation`] keeps the workload certificate in the identity store current.
-//! Without a discovery address none of this runs.
+//! comes back; [`rotation`] keeps the workload certificate in the identity store current;
+//! [`xds`] runs the ADS client into the xDS store and tells readiness when the first clusters
+//! and listeners are in. Without a discovery address none of this runs.
 
 pub mod ca;
 pub mod channel;
@@ -14,6 +15,7 @@ pub mod rotation;
 pub mod settings;
 #[cfg(test)]
 pub(crate) mod test_ca;
+pub mod xds;
 
 pub use channel::{CallCredentials, ChannelError, IstiodChannel, IstiodChannels};
 pub use node::NodeInfo;

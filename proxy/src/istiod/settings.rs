@@ -41,6 +41,8 @@ pub struct AgentSettings {
     pub grace_period_ratio: f64,
     /// The pod as istiod sees it: what the ADS client turns into Envoy's `Node`.
     pub node: NodeInfo,
+    /// Delta or state-of-the-world ADS (`ISTIO_DELTA_XDS`, `istiod.delta_xds`).
+    pub xds_mode: remora_xds::ads::Mode,
 }
 
 /// Why the settings cannot be resolved.
@@ -127,6 +129,14 @@ impl AgentSettings {
         };
         let trust_domain = var("TRUST_DOMAIN").unwrap_or_else(|| file.trust_domain.clone());
         let cluster_id = var("ISTIO_META_CLUSTER_ID").unwrap_or_else(|| file.cluster_id.clone());
+        let delta_xds = match var("ISTIO_DELTA_XDS") {
+            Some(v) => parse_bool("ISTIO_DELTA_XDS", &v)?,
+            None => file.delta_xds,
+        };
+        let xds_mode = match delta_xds {
+            true => remora_xds::ads::Mode::Delta,
+            false => remora_xds::ads::Mode::StateOfTheWorld,
+        };
         let mut node = NodeInfo::resolve(file, &vars, &cluster_id, &trust_domain);
         // pilot-agent hands istiod the pod's ProxyConfig in the node metadata; istiod reads
         // settings from it that no variable carries.
@@ -144,6 +154,7 @@ impl AgentSettings {
             secret_ttl,
             grace_period_ratio,
             node,
+            xds_mode,
         }))
     }
 
@@ -178,6 +189,19 @@ fn parse_duration(variable: &'static str, value: &str) -> Result<Duration, Setti
             variable,
             value: value.into(),
             why: e.to_string(),
+        }),
+    }
+}
+
+/// A boolean as Go's `strconv.ParseBool` reads it, which is how pilot-agent reads its flags.
+fn parse_bool(variable: &'static str, value: &str) -> Result<bool, SettingsError> {
+    match value.trim() {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+        _ => Err(SettingsError::Variable {
+            variable,
+            value: value.into(),
+            why: "must be true or false".into(),
         }),
     }
 }

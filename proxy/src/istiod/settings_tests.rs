@@ -53,6 +53,8 @@ fn an_injected_pods_environment() {
     );
     assert_eq!(s.cluster_id, "east");
     assert_eq!(s.trust_domain, "cluster.local");
+    // Delta ADS unless told otherwise, as Istio's agent.
+    assert_eq!(s.xds_mode, remora_xds::ads::Mode::Delta);
     // proxyMetadata acts as environment.
     assert_eq!(s.secret_ttl, Duration::from_secs(12 * 3600));
     assert_eq!(s.grace_period_ratio, 0.5);
@@ -151,6 +153,27 @@ fn bad_values_name_the_variable() {
     assert!(e.contains("SECRET_GRACE_PERIOD_RATIO"), "{e}");
     let e = err(&[("PROXY_CONFIG", r#"{"discoveryAddress":"istiod"}"#)]);
     assert!(e.contains("discoveryAddress"), "{e}");
+    let e = err(&[("PROXY_CONFIG", "{}"), ("ISTIO_DELTA_XDS", "maybe")]);
+    assert!(e.contains("ISTIO_DELTA_XDS"), "{e}");
+}
+
+#[test]
+fn istio_delta_xds_false_speaks_state_of_the_world_over_the_file() {
+    let file = IstiodConfig::default();
+    let sotw = env(&[("PROXY_CONFIG", "{}"), ("ISTIO_DELTA_XDS", "false")]);
+    let s = AgentSettings::resolve(&file, &sotw).unwrap().unwrap();
+    assert_eq!(s.xds_mode, remora_xds::ads::Mode::StateOfTheWorld);
+    let file = IstiodConfig {
+        delta_xds: false,
+        ..IstiodConfig::default()
+    };
+    let s = AgentSettings::resolve(&file, &env(&[("PROXY_CONFIG", "{}")]))
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.xds_mode, remora_xds::ads::Mode::StateOfTheWorld);
+    let delta = env(&[("PROXY_CONFIG", "{}"), ("ISTIO_DELTA_XDS", "true")]);
+    let s = AgentSettings::resolve(&file, &delta).unwrap().unwrap();
+    assert_eq!(s.xds_mode, remora_xds::ads::Mode::Delta);
 }
 
 #[test]

@@ -17,7 +17,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 /// Envoy's `server.state` values.
@@ -118,6 +118,11 @@ pub enum Scope {
     HttpConnManager(String),
     /// Istio's network RBAC filter (stat prefix `tcp.`).
     Tcp,
+    /// The xDS connection (`control_plane.`).
+    ControlPlane,
+    /// A subscription, by Envoy's prefix (`cluster_manager.cds`, `listener_manager.lds`,
+    /// and `rds`, `eds`, which Envoy keeps per route table and per cluster and Remora sums).
+    Subscription(&'static str),
 }
 
 /// Counter or gauge, as Envoy types it.
@@ -147,6 +152,8 @@ impl EnvoyStat {
             Scope::Cluster(c) => format!("cluster.{c}.{}", self.stat),
             Scope::HttpConnManager(p) => format!("http.{p}.{}", self.stat),
             Scope::Tcp => format!("tcp.{}", self.stat),
+            Scope::ControlPlane => format!("control_plane.{}", self.stat),
+            Scope::Subscription(p) => format!("{p}.{}", self.stat),
         }
     }
 
@@ -169,6 +176,10 @@ impl EnvoyStat {
                 Some(("http_conn_manager_prefix", p.clone())),
             ),
             Scope::Tcp => (format!("envoy_tcp_{}", self.stat.replace('.', "_")), None),
+            Scope::ControlPlane => (format!("envoy_control_plane_{}", self.stat), None),
+            Scope::Subscription(p) => {
+                (format!("envoy_{}_{}", p.replace('.', "_"), self.stat), None)
+            }
         }
     }
 }
@@ -186,6 +197,18 @@ pub struct EnvoyStats {
     /// Envoy's stat prefixes of the outbound and inbound listeners.
     pub outbound_listener: String,
     pub inbound_listener: String,
+    /// The ADS client's counters and what it delivered, once istiod mode starts it.
+    pub control_plane: Arc<OnceLock<ControlPlane>>,
+}
+
+/// What istiod mode shares with the stats.
+#[derive(Debug)]
+pub struct ControlPlane {
+    pub stats: Arc<remora_xds::ads::Stats>,
+    /// istiod's clusters, counted as Envoy's `cluster_manager.active_clusters`.
+    pub store: Arc<remora_xds::store::Store>,
+    /// Resources whose last update was refused, for `/config_dump`'s `error_state`.
+    pub refusals: Arc<crate::istiod::xds::Refusals>,
 }
 
 /// Envoy's cluster for traffic to an original destination, and Istio's for inbound passthrough.
@@ -233,7 +256,13 @@ impl EnvoyStats {
                 "total_listeners_active",
                 u64::from(self.server.listeners_active.load(Ordering::Relaxed)),
             ),
-            g(Scope::ClusterManager, "active_clusters", 2),
+            g(
+                Scope::ClusterManager,
+                "active_clusters",
+                self.control_plane.get().map_or(2, |cp| {
+                    u64::try_from(cp.store.snapshot().clusters.len()).unwrap_or(u64::MAX)
+                }),
+            ),
         ];
         for (listener, cluster, d) in [
             (&self.outbound_listener, OUTBOUND_CLUSTER, &self.outbound),
@@ -274,6 +303,22 @@ impl EnvoyStats {
                 for (stat, v) in RBAC_STATS.into_iter().zip(values) {
                     stats.push(c(scope.clone(), stat, v));
                 }
+            }
+        }
+        if let Some(cp) = self.control_plane.get() {
+            let snap = cp.stats.snapshot();
+            stats.push(g(
+                Scope::ControlPlane,
+                "connected_state",
+                snap.connected_state,
+            ));
+            for t in &snap.types {
+                let s = || Scope::Subscription(t.prefix);
+                stats.push(c(s(), "update_attempt", t.update_attempt));
+                stats.push(c(s(), "update_success", t.update_success));
+                stats.push(c(s(), "update_rejected", t.update_rejected));
+                stats.push(c(s(), "update_failure", t.update_failure));
+                stats.push(g(s(), "update_time", t.update_time));
             }
         }
         stats

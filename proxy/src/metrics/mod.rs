@@ -16,7 +16,9 @@ mod tls;
 
 pub use authz::{AuthzMetrics, Outcome as AuthzOutcome, Protocol as AuthzProtocol};
 pub use dns::DnsMetrics;
-pub use envoy::{EnvoyStat, Kind as StatKind, Scope as StatScope, ServerState, ServerStats};
+pub use envoy::{
+    ControlPlane, EnvoyStat, Kind as StatKind, Scope as StatScope, ServerState, ServerStats,
+};
 pub use istio::{IstioLabels, IstioTcp, FLAGS};
 pub use istio_http::{RequestOutcome, SeriesCache};
 pub use process::{sample as process_sample, Sample as ProcessSample};
@@ -314,6 +316,7 @@ impl Metrics {
             inbound: inbound.clone(),
             outbound_listener: listeners.outbound,
             inbound_listener: listeners.inbound,
+            control_plane: Arc::default(),
         };
         registry.register_collector(Box::new(envoy.clone()));
         Metrics {
@@ -363,6 +366,19 @@ impl Metrics {
         self.requests.record_cached(series, outcome);
     }
 
+    /// Export the ADS client's statistics as Envoy's control-plane stats, and count the
+    /// clusters it delivers (istiod mode; set once, before the client runs).
+    pub fn set_control_plane(&self, cp: ControlPlane) {
+        if self.envoy.control_plane.set(cp).is_err() {
+            tracing::warn!("control-plane statistics already set; the first kept");
+        }
+    }
+
+    /// The ADS client's statistics and refusals, when there is one.
+    pub fn control_plane(&self) -> Option<&ControlPlane> {
+        self.envoy.control_plane.get()
+    }
+
     /// Envoy's statistics, now, for the admin `/stats` page.
     pub fn envoy_stats(&self) -> Vec<EnvoyStat> {
         self.envoy.snapshot()
@@ -408,6 +424,57 @@ mod tests {
                 l.starts_with(name) && l.contains(&reporter) && l.contains("response_flags=\"-\"")
             })
             .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
+    #[test]
+    fn the_ads_clients_counters_are_envoys_control_plane_stats() {
+        use remora_xds::sink::type_url;
+        use std::sync::atomic::Ordering;
+        let m = Metrics::default();
+        assert!(!m.encode().contains("envoy_control_plane"));
+        let stats = Arc::new(remora_xds::ads::Stats::default());
+        m.set_control_plane(ControlPlane {
+            stats: Arc::clone(&stats),
+            store: Arc::default(),
+            refusals: Arc::default(),
+        });
+        stats.connected_state.store(1, Ordering::Relaxed);
+        let bump = |t, n| {
+            if let Some(s) = stats.of(t) {
+                s.update_success.fetch_add(n, Ordering::Relaxed);
+                s.update_rejected.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        bump(type_url::CLUSTER, 2);
+        bump(type_url::LISTENER, 3);
+        let dotted: Vec<(String, u64)> = m
+            .envoy_stats()
+            .into_iter()
+            .map(|s| (s.dotted_name(), s.value))
+            .collect();
+        for (name, value) in [
+            ("control_plane.connected_state", 1),
+            ("cluster_manager.cds.update_success", 2),
+            ("listener_manager.lds.update_success", 3),
+            ("listener_manager.lds.update_rejected", 1),
+            ("rds.update_success", 0),
+            ("eds.update_failure", 0),
+            ("cluster_manager.active_clusters", 0),
+        ] {
+            assert!(
+                dotted.contains(&(name.to_string(), value)),
+                "{name} {value}: {dotted:?}"
+            );
+        }
+        let text = m.encode();
+        for line in [
+            "envoy_control_plane_connected_state 1\n",
+            "envoy_cluster_manager_cds_update_success 2\n",
+            "envoy_listener_manager_lds_update_rejected 1\n",
+            "# TYPE envoy_cluster_manager_cds_update_attempt counter\n",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
     }
 
     #[test]
