@@ -6,13 +6,14 @@
 //!
 //! How the parts fit: [`descriptors`] is the protobuf descriptor pool (Envoy's and the few
 //! Istio-only types istiod sends), which [`json`] uses for Envoy's proto3 JSON. [`convert`]
-//! turns each resource into a [`model`] type or a [`refusal::Refusal`]. The ADS client ([`ads`],
-//! delta or state of the world, ACK and NACK as Envoy) hands responses to a [`store::Store`] through the [`sink::Sink`] trait; the store publishes a
-//! [`snapshot::Snapshot`] that the data path reads without locks and that [`config_dump`]
-//! prints in Envoy's shape. [`validate`] is `remora xds validate`: the same conversion, offline.
+//! turns each resource into a [`model`] type or a [`refusal::Refusal`]. The ADS client
+//! ([`ads`], delta or state of the world, ACK and NACK as Envoy) hands responses to a
+//! [`store::Store`] through the [`sink::Sink`] trait; the store publishes a
+//! [`snapshot::Snapshot`] that the data path reads without locks and that the admin API's
+//! `/config_dump` prints in Envoy's shape (each entry renders its proto as JSON). [`validate`]
+//! is `remora xds validate`: the same conversion, offline.
 
 pub mod ads;
-pub mod config_dump;
 pub mod convert;
 pub mod descriptors;
 pub mod json;
