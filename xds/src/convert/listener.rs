@@ -83,6 +83,7 @@ pub fn listener(l: &pb::Listener) -> Result<Listener, Fault> {
         listener_filters,
         filter_chains,
         default_filter_chain,
+        access_log: super::access_log::access_logs(&l.access_log, "access_log")?,
     })
 }
 
@@ -323,6 +324,8 @@ fn tcp_proxy(t: &tcp::TcpProxy, path: &str) -> Result<TcpChain, Fault> {
             .as_ref()
             .map(|d| duration(d, &format!("{path}.idle_timeout")))
             .transpose()?,
+
+        access_log: super::access_log::access_logs(&t.access_log, &format!("{path}.access_log"))?,
     })
 }
 
