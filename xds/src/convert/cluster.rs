@@ -286,6 +286,7 @@ fn common_lb(l: &pb::cluster::CommonLbConfig) -> Result<CommonLb, Fault> {
     let locality_weighted = match &l.locality_config_specifier {
         None => false,
         Some(L::LocalityWeightedLbConfig(_)) => true,
+        // The read list refuses it first; kept for a cluster built in code.
         Some(L::ZoneAwareLbConfig(_)) => {
             return Err(Fault::new(
                 "common_lb_config.zone_aware_lb_config",
@@ -522,7 +523,7 @@ fn istio_metadata(c: &pb::Cluster) -> IstioClusterMetadata {
 mod tests {
     use crate::convert::from_json;
     use crate::model::cluster::{
-        Discovery, DnsLookupFamily, LbPolicy, TransportSocket, UpstreamHttpProtocol,
+        CommonLb, Discovery, DnsLookupFamily, LbPolicy, TransportSocket, UpstreamHttpProtocol,
     };
     use crate::model::Cluster;
     use serde_json::{json, Value};
@@ -648,6 +649,77 @@ mod tests {
         .expect_err("refused");
         assert!(
             err.contains("\"kubernetes://my-cert\" not supported"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn istiods_common_lb_config_alt_stat_name_and_cares_options() {
+        let c = convert(json!({
+            "name": "outbound|443||api.example.com", "type": "STRICT_DNS", "alt_stat_name": "outbound|443||api.example.com;",
+            "common_lb_config": {"healthy_panic_threshold": {"value": 0}, "locality_weighted_lb_config": {}},
+            "typed_dns_resolver_config": {"name": "envoy.network.dns_resolver.cares", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig",
+                "udp_max_queries": 100, "use_resolvers_as_fallback": true}}
+        }))
+        .expect("accepted");
+        assert_eq!(
+            c.alt_stat_name.as_deref(),
+            Some("outbound|443||api.example.com;")
+        );
+        assert_eq!(c.common_lb.healthy_panic_threshold, Some(0.0));
+        assert!(c.common_lb.locality_weighted);
+        let plain = convert(json!({"name": "c", "common_lb_config": {}})).expect("accepted");
+        assert_eq!(plain.alt_stat_name, None);
+        assert_eq!(plain.common_lb, CommonLb::default());
+    }
+
+    #[test]
+    fn what_changes_balancing_or_resolution_is_refused_by_name() {
+        let refused = |v: Value| convert(v).expect_err("refused");
+        let err = refused(json!({"name": "c", "common_lb_config": {"zone_aware_lb_config": {}}}));
+        assert!(
+            err.contains("common_lb_config.zone_aware_lb_config: field not supported"),
+            "{err}"
+        );
+        let err = refused(json!({"name": "c", "common_lb_config": {"update_merge_window": "1s"}}));
+        assert!(
+            err.contains("common_lb_config.update_merge_window: field not supported"),
+            "{err}"
+        );
+        let err = refused(
+            json!({"name": "c", "common_lb_config": {"healthy_panic_threshold": {"value": 150}}}),
+        );
+        assert!(err.contains("not a percentage"), "{err}");
+        let cares = |extra: Value| {
+            let mut t = json!({"@type": "type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig"});
+            t.as_object_mut()
+                .expect("object")
+                .extend(extra.as_object().expect("object").clone());
+            json!({"name": "c", "type": "STRICT_DNS", "typed_dns_resolver_config": {
+                "name": "envoy.network.dns_resolver.cares", "typed_config": t}})
+        };
+        let err = refused(cares(
+            json!({"resolvers": [{"socket_address": {"address": "8.8.8.8", "port_value": 53}}]}),
+        ));
+        assert!(
+            err.contains("typed_dns_resolver_config.typed_config.resolvers")
+                && err.contains("custom DNS resolvers not supported"),
+            "{err}"
+        );
+        let err = refused(cares(
+            json!({"dns_resolver_options": {"no_default_search_domain": true}}),
+        ));
+        assert!(err.contains("no_default_search_domain"), "{err}");
+        let err = refused(cares(json!({"filter_unroutable_families": true})));
+        assert!(err.contains("filter_unroutable_families"), "{err}");
+        let err = refused(
+            json!({"name": "c", "type": "STRICT_DNS", "typed_dns_resolver_config": {
+            "name": "envoy.network.dns_resolver.getaddrinfo", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.network.dns_resolver.getaddrinfo.v3.GetAddrInfoDnsResolverConfig"}}}),
+        );
+        assert!(
+            err.contains("DNS resolver \"envoy.network.dns_resolver.getaddrinfo\" not supported"),
             "{err}"
         );
     }
