@@ -10,6 +10,7 @@ use remora_xds::model::cluster::{CommonLb, Discovery, LbPolicy};
 use remora_xds::model::listener::{
     AccessLog, AccessLogFilter, AccessLogFormat, ChainKind, FilterChain, HttpChain, TcpChain,
 };
+use std::time::Duration;
 
 const RATINGS: &str = "outbound|9080||ratings.default.svc.cluster.local";
 const DETAILS: &str = "outbound|9080||details.default.svc.cluster.local";
@@ -69,6 +70,8 @@ fn every_cluster_keeps_its_stat_name_and_load_balancing_settings() {
     };
     assert_eq!(dns.targets[0].host, "cares.example.com");
     assert_eq!(dns.targets[0].port, 443);
+    assert_eq!(dns.refresh_jitter, Duration::from_millis(100));
+    assert!(dns.respect_dns_ttl);
 }
 
 #[test]

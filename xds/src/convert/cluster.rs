@@ -413,6 +413,12 @@ fn dns(c: &pb::Cluster) -> Result<Dns, Fault> {
             .transpose()?
             .unwrap_or(std::time::Duration::from_secs(5)),
         respect_dns_ttl: c.respect_dns_ttl,
+        refresh_jitter: c
+            .dns_jitter
+            .as_ref()
+            .map(|d| duration(d, "dns_jitter"))
+            .transpose()?
+            .unwrap_or_default(),
     })
 }
 
@@ -610,6 +616,7 @@ mod tests {
         assert_eq!(dns.targets[0].port, 443);
         assert_eq!(dns.lookup_family, DnsLookupFamily::V4Only);
         assert!(dns.respect_dns_ttl);
+        assert_eq!(dns.refresh_jitter, std::time::Duration::ZERO);
         assert!(c.load_assignment.is_none());
         assert_eq!(c.lb_policy, LbPolicy::Random);
     }

@@ -396,6 +396,7 @@ pub const READ: &[(&str, &[&str])] = &[
             "dns_refresh_rate",
             "respect_dns_ttl",
             "typed_dns_resolver_config",
+            "dns_jitter",
             "alt_stat_name",
             "common_lb_config",
         ],

@@ -86,6 +86,10 @@ pub struct Dns {
     pub refresh_rate: Duration,
     /// …or as the records' TTL says.
     pub respect_dns_ttl: bool,
+    /// `dns_jitter`: add a random delay up to this to each refresh, so that sidecars started
+    /// together do not resolve together (istiod's `PILOT_DNS_JITTER_DURATION`, 100 ms since
+    /// Istio 1.25, on every DNS cluster). Zero: none.
+    pub refresh_jitter: Duration,
 }
 
 /// One name of a DNS cluster.

@@ -335,7 +335,7 @@ write("tcp-split", "listeners", [{
 # cluster_traffic_policy.go, telemetry_logging.go / accesslog.go with the demo profile's
 # accessLogFile: /dev/stdout). Clusters: an empty common_lb_config and alt_stat_name (the cluster's
 # name and `;`, util.DelimitedStatsPrefix) on every one, the c-ares options (udp_max_queries,
-# PILOT_DNS_CARES_UDP_MAX_QUERIES's 100) on DNS clusters, locality weights (DestinationRule
+# PILOT_DNS_CARES_UDP_MAX_QUERIES's 100) and dns_jitter (PILOT_DNS_JITTER_DURATION's 100 ms) on DNS clusters, locality weights (DestinationRule
 # localityLbSetting.distribute) and the panic threshold (outlierDetection.minHealthPercent, here
 # without outlier detection, which Remora refuses). Listeners: the file access log to /dev/stdout
 # in Istio's text format with the NR filter on the listener, on tcp_proxy and the HCM; in JSON
@@ -380,7 +380,7 @@ write("istiod-defaults", "clusters", [
      "connect_timeout": "10s", "lb_policy": "LEAST_REQUEST", "circuit_breakers": UNLIMITED, "metadata": se_meta("cares.example.com", 443),
      "load_assignment": inline_cla(DNS_D, [{"endpoint": {"address": {"socket_address": {
          "address": "cares.example.com", "port_value": 443}}}, "load_balancing_weight": 1}]),
-     "dns_refresh_rate": "60s", "respect_dns_ttl": True, "dns_lookup_family": "V4_ONLY",
+     "dns_refresh_rate": "60s", "respect_dns_ttl": True, "dns_lookup_family": "V4_ONLY", "dns_jitter": "0.100s",
      "typed_dns_resolver_config": {"name": "envoy.network.dns_resolver.cares", "typed_config": {
          "@type": TYPE("envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig"), "udp_max_queries": 100}}}, DNS_D)])
 def hcm_chain(stat, rds, log):
