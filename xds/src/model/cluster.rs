@@ -52,7 +52,8 @@ pub struct CommonLb {
     /// every host. `None`: Envoy's 50 %; `Some(0.0)` (istiod's, with outlier detection): never.
     pub healthy_panic_threshold: Option<f64>,
     /// `locality_weighted_lb_config`: pick a locality by its `load_balancing_weight` first,
-    /// then a host in it (istiod's, for a locality `distribute` setting).
+    /// then a host in it (istiod's, for a locality `distribute` setting, a `failover` with outlier
+    /// detection, or `ENABLE_LOCALITY_WEIGHTED_LB_CONFIG`).
     pub locality_weighted: bool,
 }
 
