@@ -22,6 +22,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
         "redirect-rewrite",
         "dns-static",
         "tcp-split",
+        "istiod-defaults",
     ] {
         let verdicts = verdicts(case);
         let want = ["listeners", "clusters", "routes", "endpoints"]
@@ -37,21 +38,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
 
 /// Each resource of `gaps`: its kind and name, the field refused and why. What istiod writes
 /// it for is in the comment.
-const GAPS: [(Kind, &str, &str, &str); 17] = [
-    // Every outbound cluster of current istiod (`buildCluster`): an empty CommonLbConfig…
-    (
-        Kind::Cluster,
-        "outbound|9080||common-lb.default.svc.cluster.local",
-        "common_lb_config",
-        "field not supported (in envoy.config.cluster.v3.Cluster)",
-    ),
-    // …and the stats name.
-    (
-        Kind::Cluster,
-        "outbound|9080||alt-stat.default.svc.cluster.local",
-        "alt_stat_name",
-        "field not supported (in envoy.config.cluster.v3.Cluster)",
-    ),
+const GAPS: [(Kind, &str, &str, &str); 14] = [
     // DestinationRule trafficPolicy.outlierDetection.
     (
         Kind::Cluster,
@@ -72,13 +59,6 @@ const GAPS: [(Kind, &str, &str, &str); 17] = [
         Kind::Cluster,
         "outbound|9080||keepalive.default.svc.cluster.local",
         "upstream_connection_options",
-        "field not supported (in envoy.config.cluster.v3.Cluster)",
-    ),
-    // Every STRICT_DNS/LOGICAL_DNS cluster of current istiod: the c-ares resolver config.
-    (
-        Kind::Cluster,
-        "outbound|443||dns-cares.example.com",
-        "typed_dns_resolver_config",
         "field not supported (in envoy.config.cluster.v3.Cluster)",
     ),
     // DestinationRule connectionPool limits: finite circuit-breaker thresholds.

@@ -5,8 +5,9 @@ use super::common::{duration, filter_metadata, struct_list, struct_string, struc
 use super::endpoint::load_assignment;
 use super::tls::upstream_socket;
 use crate::model::cluster::{
-    Cluster, Discovery, Dns, DnsLookupFamily, DnsTarget, IstioClusterMetadata, IstioService,
-    LbPolicy, TransportSocket, TransportSocketMatch, UpstreamHttpProtocol, DEFAULT_CONNECT_TIMEOUT,
+    Cluster, CommonLb, Discovery, Dns, DnsLookupFamily, DnsTarget, IstioClusterMetadata,
+    IstioService, LbPolicy, TransportSocket, TransportSocketMatch, UpstreamHttpProtocol,
+    DEFAULT_CONNECT_TIMEOUT,
 };
 use crate::refusal::Fault;
 use envoy_types::pb::envoy::config::cluster::v3 as pb;
@@ -16,6 +17,7 @@ use std::collections::BTreeMap;
 
 const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
 const METADATA_EXCHANGE: &str = "envoy.tcp.metadataexchange.config.MetadataExchange";
+const CARES: &str = "envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig";
 
 /// Convert a cluster.
 pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
@@ -96,6 +98,15 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
     if let Some(cb) = &c.circuit_breakers {
         circuit_breakers(cb)?;
     }
+    if let Some(r) = &c.typed_dns_resolver_config {
+        dns_resolver(r)?;
+    }
+    let common_lb = c
+        .common_lb_config
+        .as_ref()
+        .map(common_lb)
+        .transpose()?
+        .unwrap_or_default();
     let transport_socket = match &c.transport_socket {
         None => TransportSocket::Plaintext,
         Some(s) => socket(upstream_socket(s, "transport_socket")?),
@@ -252,7 +263,99 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
         max_requests_per_connection,
         http2_max_concurrent_streams,
         upstream_bind_address,
+        alt_stat_name: (!c.alt_stat_name.is_empty()).then(|| c.alt_stat_name.clone()),
+        common_lb,
     })
+}
+
+/// `common_lb_config`: istiod writes it empty on every cluster, with `healthy_panic_threshold`
+/// when a DestinationRule sets outlier detection, with `locality_weighted_lb_config` for a
+/// locality `distribute` setting. The read list refuses its other fields by name.
+fn common_lb(l: &pb::cluster::CommonLbConfig) -> Result<CommonLb, Fault> {
+    use pb::cluster::common_lb_config::LocalityConfigSpecifier as L;
+    let healthy_panic_threshold = match &l.healthy_panic_threshold {
+        None => None,
+        Some(p) if (0.0..=100.0).contains(&p.value) => Some(p.value),
+        Some(_) => {
+            return Err(Fault::new(
+                "common_lb_config.healthy_panic_threshold",
+                "not a percentage in [0, 100]",
+            ))
+        }
+    };
+    let locality_weighted = match &l.locality_config_specifier {
+        None => false,
+        Some(L::LocalityWeightedLbConfig(_)) => true,
+        // The read list refuses it first; kept for a cluster built in code.
+        Some(L::ZoneAwareLbConfig(_)) => {
+            return Err(Fault::new(
+                "common_lb_config.zone_aware_lb_config",
+                "zone-aware balancing not supported",
+            ))
+        }
+    };
+    Ok(CommonLb {
+        healthy_panic_threshold,
+        locality_weighted,
+    })
+}
+
+/// `typed_dns_resolver_config`: Remora resolves with the system's resolver (resolv.conf), as
+/// c-ares does when no resolvers are given. What c-ares does differently without changing what
+/// a name resolves to is accepted: `udp_max_queries` (istiod's, on every DNS cluster: how many
+/// queries share a UDP port) and `use_resolvers_as_fallback` with no resolvers. Custom
+/// resolvers and options that change the answer are refused.
+fn dns_resolver(
+    r: &envoy_types::pb::envoy::config::core::v3::TypedExtensionConfig,
+) -> Result<(), Fault> {
+    const AT: &str = "typed_dns_resolver_config.typed_config";
+    use envoy_types::pb::envoy::extensions::network::dns_resolver::cares::v3 as cares;
+    let any = r
+        .typed_config
+        .as_ref()
+        .ok_or_else(|| Fault::new(AT, "no typed_config"))?;
+    let u = unpack(any, AT)?;
+    if u.message_name() != CARES {
+        return Err(Fault::new(
+            AT,
+            format!(
+                "DNS resolver {:?} not supported (only envoy.network.dns_resolver.cares)",
+                r.name
+            ),
+        )
+        .with_type(&u.type_url));
+    }
+    let c: cares::CaresDnsResolverConfig = u.to(AT)?;
+    let refuse = |field: &str, reason: &str| {
+        Err(Fault::new(format!("{AT}.{field}"), reason).with_type(&u.type_url))
+    };
+    if !c.resolvers.is_empty() {
+        return refuse(
+            "resolvers",
+            "custom DNS resolvers not supported (Remora uses the system's resolv.conf)",
+        );
+    }
+    if c.filter_unroutable_families {
+        return refuse(
+            "filter_unroutable_families",
+            "filtering address families by routes not supported",
+        );
+    }
+    if let Some(o) = &c.dns_resolver_options {
+        if o.use_tcp_for_dns_lookups {
+            return refuse(
+                "dns_resolver_options.use_tcp_for_dns_lookups",
+                "DNS over TCP not supported",
+            );
+        }
+        if o.no_default_search_domain {
+            return refuse(
+                "dns_resolver_options.no_default_search_domain",
+                "resolving without the search domains not supported",
+            );
+        }
+    }
+    Ok(())
 }
 
 /// A DNS cluster's names (its `load_assignment`) and resolution settings.
@@ -310,6 +413,12 @@ fn dns(c: &pb::Cluster) -> Result<Dns, Fault> {
             .transpose()?
             .unwrap_or(std::time::Duration::from_secs(5)),
         respect_dns_ttl: c.respect_dns_ttl,
+        refresh_jitter: c
+            .dns_jitter
+            .as_ref()
+            .map(|d| duration(d, "dns_jitter"))
+            .transpose()?
+            .unwrap_or_default(),
     })
 }
 
@@ -420,7 +529,7 @@ fn istio_metadata(c: &pb::Cluster) -> IstioClusterMetadata {
 mod tests {
     use crate::convert::from_json;
     use crate::model::cluster::{
-        Discovery, DnsLookupFamily, LbPolicy, TransportSocket, UpstreamHttpProtocol,
+        CommonLb, Discovery, DnsLookupFamily, LbPolicy, TransportSocket, UpstreamHttpProtocol,
     };
     use crate::model::Cluster;
     use serde_json::{json, Value};
@@ -507,6 +616,7 @@ mod tests {
         assert_eq!(dns.targets[0].port, 443);
         assert_eq!(dns.lookup_family, DnsLookupFamily::V4Only);
         assert!(dns.respect_dns_ttl);
+        assert_eq!(dns.refresh_jitter, std::time::Duration::ZERO);
         assert!(c.load_assignment.is_none());
         assert_eq!(c.lb_policy, LbPolicy::Random);
     }
@@ -546,6 +656,77 @@ mod tests {
         .expect_err("refused");
         assert!(
             err.contains("\"kubernetes://my-cert\" not supported"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn istiods_common_lb_config_alt_stat_name_and_cares_options() {
+        let c = convert(json!({
+            "name": "outbound|443||api.example.com", "type": "STRICT_DNS", "alt_stat_name": "outbound|443||api.example.com;",
+            "common_lb_config": {"healthy_panic_threshold": {"value": 0}, "locality_weighted_lb_config": {}},
+            "typed_dns_resolver_config": {"name": "envoy.network.dns_resolver.cares", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig",
+                "udp_max_queries": 100, "use_resolvers_as_fallback": true}}
+        }))
+        .expect("accepted");
+        assert_eq!(
+            c.alt_stat_name.as_deref(),
+            Some("outbound|443||api.example.com;")
+        );
+        assert_eq!(c.common_lb.healthy_panic_threshold, Some(0.0));
+        assert!(c.common_lb.locality_weighted);
+        let plain = convert(json!({"name": "c", "common_lb_config": {}})).expect("accepted");
+        assert_eq!(plain.alt_stat_name, None);
+        assert_eq!(plain.common_lb, CommonLb::default());
+    }
+
+    #[test]
+    fn what_changes_balancing_or_resolution_is_refused_by_name() {
+        let refused = |v: Value| convert(v).expect_err("refused");
+        let err = refused(json!({"name": "c", "common_lb_config": {"zone_aware_lb_config": {}}}));
+        assert!(
+            err.contains("common_lb_config.zone_aware_lb_config: field not supported"),
+            "{err}"
+        );
+        let err = refused(json!({"name": "c", "common_lb_config": {"update_merge_window": "1s"}}));
+        assert!(
+            err.contains("common_lb_config.update_merge_window: field not supported"),
+            "{err}"
+        );
+        let err = refused(
+            json!({"name": "c", "common_lb_config": {"healthy_panic_threshold": {"value": 150}}}),
+        );
+        assert!(err.contains("not a percentage"), "{err}");
+        let cares = |extra: Value| {
+            let mut t = json!({"@type": "type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig"});
+            t.as_object_mut()
+                .expect("object")
+                .extend(extra.as_object().expect("object").clone());
+            json!({"name": "c", "type": "STRICT_DNS", "typed_dns_resolver_config": {
+                "name": "envoy.network.dns_resolver.cares", "typed_config": t}})
+        };
+        let err = refused(cares(
+            json!({"resolvers": [{"socket_address": {"address": "8.8.8.8", "port_value": 53}}]}),
+        ));
+        assert!(
+            err.contains("typed_dns_resolver_config.typed_config.resolvers")
+                && err.contains("custom DNS resolvers not supported"),
+            "{err}"
+        );
+        let err = refused(cares(
+            json!({"dns_resolver_options": {"no_default_search_domain": true}}),
+        ));
+        assert!(err.contains("no_default_search_domain"), "{err}");
+        let err = refused(cares(json!({"filter_unroutable_families": true})));
+        assert!(err.contains("filter_unroutable_families"), "{err}");
+        let err = refused(
+            json!({"name": "c", "type": "STRICT_DNS", "typed_dns_resolver_config": {
+            "name": "envoy.network.dns_resolver.getaddrinfo", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.network.dns_resolver.getaddrinfo.v3.GetAddrInfoDnsResolverConfig"}}}),
+        );
+        assert!(
+            err.contains("DNS resolver \"envoy.network.dns_resolver.getaddrinfo\" not supported"),
             "{err}"
         );
     }

@@ -158,6 +158,7 @@ pub fn connection_manager(m: &hcm::HttpConnectionManager, path: &str) -> Result<
         generate_request_id,
         http2_max_concurrent_streams,
         http2_allow_connect,
+        access_log: super::access_log::access_logs(&m.access_log, &format!("{path}.access_log"))?,
     })
 }
 

@@ -83,6 +83,7 @@ pub fn listener(l: &pb::Listener) -> Result<Listener, Fault> {
         listener_filters,
         filter_chains,
         default_filter_chain,
+        access_log: super::access_log::access_logs(&l.access_log, "access_log")?,
     })
 }
 
@@ -323,6 +324,8 @@ fn tcp_proxy(t: &tcp::TcpProxy, path: &str) -> Result<TcpChain, Fault> {
             .as_ref()
             .map(|d| duration(d, &format!("{path}.idle_timeout")))
             .transpose()?,
+
+        access_log: super::access_log::access_logs(&t.access_log, &format!("{path}.access_log"))?,
     })
 }
 
@@ -348,6 +351,46 @@ mod tests {
     fn listener(filters: Value) -> Value {
         json!({"name": "l", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15006}},
                "filter_chains": [{"filters": filters}]})
+    }
+
+    #[test]
+    fn access_logs_of_other_loggers_are_refused_where_istiod_puts_them() {
+        let als = json!([{"name": "envoy.access_loggers.tcp_grpc", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.TcpGrpcAccessLogConfig",
+            "common_config": {"log_name": "tcp_envoy_accesslog", "transport_api_version": "V3",
+                "grpc_service": {"envoy_grpc": {"cluster_name": "outbound|9000||als.default.svc.cluster.local"}}}}}]);
+        // On the listener (meshConfig.enableEnvoyAccessLogService)…
+        let mut l = listener(json!([tcp_proxy()]));
+        l["access_log"] = als.clone();
+        let err = refusal(l);
+        assert!(
+            err.contains("access_log[0].typed_config (type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.TcpGrpcAccessLogConfig): access logger \"envoy.access_loggers.tcp_grpc\" not supported"),
+            "{err}"
+        );
+        // …and on tcp_proxy.
+        let mut tcp = tcp_proxy();
+        tcp["typed_config"]["access_log"] = als;
+        let err = refusal(listener(json!([tcp])));
+        assert!(
+            err.contains("filter_chains[0].filters[0].typed_config.access_log[0].typed_config"),
+            "{err}"
+        );
+        // An OpenTelemetry logger on the HTTP connection manager.
+        let hcm = json!({"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "s", "rds": {"route_config_name": "80", "config_source": {"ads": {}}},
+            "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+            "access_log": [{"name": "otel", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.open_telemetry.v3.OpenTelemetryAccessLogConfig",
+                "common_config": {"log_name": "otel_envoy_accesslog", "transport_api_version": "V3",
+                    "grpc_service": {"envoy_grpc": {"cluster_name": "outbound|4317||otel.default.svc.cluster.local"}}}}}]}});
+        let err = refusal(listener(json!([hcm])));
+        assert!(
+            err.contains("filter_chains[0].filters[0].typed_config.access_log[0].typed_config")
+                && err.contains("access logger \"otel\" not supported"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@
 // `exact_match`, `max_grpc_timeout`, `use_original_dst`…): they must be read, not warned about.
 #![allow(deprecated)]
 
+mod access_log;
 mod any;
 mod cluster;
 mod common;

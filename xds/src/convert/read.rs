@@ -19,6 +19,7 @@ pub const READ: &[(&str, &[&str])] = &[
             "listener_filters",
             "listener_filters_timeout",
             "continue_on_listener_filters_timeout",
+            "access_log",
         ],
     ),
     (
@@ -55,7 +56,13 @@ pub const READ: &[(&str, &[&str])] = &[
     // TCP.
     (
         "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
-        &["stat_prefix", "cluster", "weighted_clusters", "idle_timeout"],
+        &[
+            "stat_prefix",
+            "cluster",
+            "weighted_clusters",
+            "idle_timeout",
+            "access_log",
+        ],
     ),
     (
         "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy.WeightedCluster.ClusterWeight",
@@ -81,6 +88,7 @@ pub const READ: &[(&str, &[&str])] = &[
             "request_id_extension",
             "tracing",
             "http2_protocol_options",
+            "access_log",
         ],
     ),
     (
@@ -349,6 +357,21 @@ pub const READ: &[(&str, &[&str])] = &[
         "envoy.config.route.v3.QueryParameterMatcher",
         &["name", "string_match", "present_match"],
     ),
+    // Access logs: Envoy's file logger to /dev/stdout in Istio's default formats, with a
+    // response flag filter (see `access_log.rs`); other filters and format options are refused.
+    ("envoy.config.accesslog.v3.AccessLog", &["name", "typed_config", "filter"]),
+    ("envoy.config.accesslog.v3.AccessLogFilter", &["response_flag_filter"]),
+    ("envoy.config.accesslog.v3.ResponseFlagFilter", &["flags"]),
+    (
+        "envoy.extensions.access_loggers.file.v3.FileAccessLog",
+        &["path", "log_format"],
+    ),
+    (
+        "envoy.config.core.v3.SubstitutionFormatString",
+        &["text_format_source", "json_format", "json_format_options"],
+    ),
+    // Key order only: Remora writes its own.
+    ("envoy.config.core.v3.JsonFormatOptions", &["sort_properties"]),
     // Clusters.
     (
         "envoy.config.cluster.v3.Cluster",
@@ -372,6 +395,32 @@ pub const READ: &[(&str, &[&str])] = &[
             "dns_lookup_family",
             "dns_refresh_rate",
             "respect_dns_ttl",
+            "typed_dns_resolver_config",
+            "dns_jitter",
+            "alt_stat_name",
+            "common_lb_config",
+        ],
+    ),
+    // Only what istiod writes: the panic threshold (with outlier detection) and locality
+    // weights (a locality `distribute` setting), both kept in the model.
+    (
+        "envoy.config.cluster.v3.Cluster.CommonLbConfig",
+        &["healthy_panic_threshold", "locality_weighted_lb_config"],
+    ),
+    ("envoy.config.cluster.v3.Cluster.CommonLbConfig.LocalityWeightedLbConfig", &[]),
+    // The DNS resolver: c-ares on the system's resolv.conf. The converter refuses what changes
+    // resolution (custom resolvers, unroutable-family filtering, resolver options);
+    // `udp_max_queries` (istiod's, on every DNS cluster) and a fallback flag without resolvers
+    // change nothing of what a name resolves to.
+    ("envoy.config.core.v3.TypedExtensionConfig", &["name", "typed_config"]),
+    (
+        "envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig",
+        &[
+            "resolvers",
+            "use_resolvers_as_fallback",
+            "filter_unroutable_families",
+            "dns_resolver_options",
+            "udp_max_queries",
         ],
     ),
     (

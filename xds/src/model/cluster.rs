@@ -38,6 +38,23 @@ pub struct Cluster {
     /// Bind upstream connections to this source address (istiod's `127.0.0.6` for inbound
     /// passthrough, so the application sees traffic from the sidecar).
     pub upstream_bind_address: Option<std::net::IpAddr>,
+    /// `alt_stat_name`: the name Envoy files the cluster's statistics under (istiod writes the
+    /// Istio-style `outbound_.9080_._.reviews.default.svc.cluster.local`), `None` for its own name.
+    pub alt_stat_name: Option<String>,
+    /// `common_lb_config`: what of it Remora honours (istiod writes it empty on every cluster).
+    pub common_lb: CommonLb,
+}
+
+/// The parts of `common_lb_config` Remora keeps (every other part is refused by name).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CommonLb {
+    /// `healthy_panic_threshold`, in percent: below this share of healthy hosts, balance over
+    /// every host. `None`: Envoy's 50 %; `Some(0.0)` (istiod's, with outlier detection): never.
+    pub healthy_panic_threshold: Option<f64>,
+    /// `locality_weighted_lb_config`: pick a locality by its `load_balancing_weight` first,
+    /// then a host in it (istiod's, for a locality `distribute` setting, a `failover` with outlier
+    /// detection, or `ENABLE_LOCALITY_WEIGHTED_LB_CONFIG`).
+    pub locality_weighted: bool,
 }
 
 /// Where a cluster's endpoints come from.
@@ -70,6 +87,10 @@ pub struct Dns {
     pub refresh_rate: Duration,
     /// …or as the records' TTL says.
     pub respect_dns_ttl: bool,
+    /// `dns_jitter`: add a random delay up to this to each refresh, so that sidecars started
+    /// together do not resolve together (istiod's `PILOT_DNS_JITTER_DURATION`, 100 ms since
+    /// Istio 1.25, on every DNS cluster). Zero: none.
+    pub refresh_jitter: Duration,
 }
 
 /// One name of a DNS cluster.
@@ -275,6 +296,8 @@ mod tests {
             max_requests_per_connection: None,
             http2_max_concurrent_streams: None,
             upstream_bind_address: None,
+            alt_stat_name: None,
+            common_lb: CommonLb::default(),
         };
         assert_eq!(
             cluster.transport_socket_for(Some("istio")),

@@ -27,6 +27,45 @@ pub struct Listener {
     pub filter_chains: Vec<FilterChain>,
     /// Taken when no chain matches.
     pub default_filter_chain: Option<FilterChain>,
+    /// The listener's own access logs (istiod's carry the `NR` filter: connections no chain
+    /// took).
+    pub access_log: Vec<AccessLog>,
+}
+
+/// One access log (`access_log`): Envoy's file logger to `/dev/stdout` in Istio's default
+/// text or JSON format, which Remora's own access log lines render.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessLog {
+    pub format: AccessLogFormat,
+    /// Log only what this filter admits (`None`: everything).
+    pub filter: Option<AccessLogFilter>,
+}
+
+/// The line format: istiod's `EnvoyTextLogFormat` or its JSON labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessLogFormat {
+    Text,
+    Json,
+}
+
+/// The access log filters Remora evaluates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogFilter {
+    /// `response_flag_filter`: the entry carries one of these response flags (`NR`, `UF`…);
+    /// an empty list admits an entry with any flag set.
+    ResponseFlags(Vec<String>),
+}
+
+impl AccessLogFilter {
+    /// Whether an entry with these response flags is logged.
+    pub fn admits(&self, flags: &[&str]) -> bool {
+        match self {
+            AccessLogFilter::ResponseFlags(want) if want.is_empty() => !flags.is_empty(),
+            AccessLogFilter::ResponseFlags(want) => {
+                flags.iter().any(|f| want.iter().any(|w| w == f))
+            }
+        }
+    }
 }
 
 /// `traffic_direction`.
@@ -154,6 +193,8 @@ pub struct TcpChain {
     pub target: TcpTarget,
     /// `None`: Envoy's default of one hour; `Some(ZERO)`: none.
     pub idle_timeout: Option<Duration>,
+    /// `tcp_proxy`'s access logs (istiod's, when the mesh sets `accessLogFile`).
+    pub access_log: Vec<AccessLog>,
 }
 
 /// Where a TCP chain sends the connection.
@@ -199,6 +240,8 @@ pub struct HttpChain {
     /// HTTP/2 settings of the downstream codec.
     pub http2_max_concurrent_streams: Option<u32>,
     pub http2_allow_connect: bool,
+    /// The connection manager's access logs, one line per request.
+    pub access_log: Vec<AccessLog>,
 }
 
 /// Where an HTTP chain's routes come from.
@@ -432,6 +475,7 @@ mod tests {
                 stat_prefix: name.into(),
                 target: TcpTarget::Cluster(name.into()),
                 idle_timeout: None,
+                access_log: vec![],
             }),
         }
     }
@@ -475,6 +519,7 @@ mod tests {
                 ),
             ],
             default_filter_chain: Some(chain("default", ChainMatch::default())),
+            access_log: vec![],
         }
     }
 

@@ -218,19 +218,10 @@ def gap_cluster(name, extra, lb="LEAST_REQUEST"):
     c = eds_cluster(f"{name}.{NS}.svc.cluster.local", 9080, "", lb, [f"spiffe://cluster.local/ns/{NS}/sa/{name}"])
     c.update(extra); return c
 write("gaps", "clusters", [
-    gap_cluster("common-lb", {"common_lb_config": {}}),
-    gap_cluster("alt-stat", {"alt_stat_name": f"outbound_.9080_._.alt-stat.{NS}.svc.cluster.local;"}),
     gap_cluster("outlier", {"outlier_detection": {"consecutive_5xx": 5, "interval": "10s", "base_ejection_time": "30s",
         "max_ejection_percent": 100, "enforcing_consecutive_5xx": 100, "enforcing_success_rate": 0}}),
     gap_cluster("ring-hash", {"ring_hash_lb_config": {"minimum_ring_size": "1024"}}, "RING_HASH"),
-    gap_cluster("keepalive", {"upstream_connection_options": {"tcp_keepalive": {"keepalive_time": 300}}}),
-    {"@type": TYPE("envoy.config.cluster.v3.Cluster"), "name": "outbound|443||dns-cares.example.com", "type": "STRICT_DNS",
-     "connect_timeout": "10s", "lb_policy": "LEAST_REQUEST", "metadata": se_meta("dns-cares.example.com", 443),
-     "load_assignment": inline_cla("outbound|443||dns-cares.example.com", [{"endpoint": {"address": {"socket_address": {
-         "address": "dns-cares.example.com", "port_value": 443}}}, "load_balancing_weight": 1}]),
-     "dns_refresh_rate": "60s", "respect_dns_ttl": True, "dns_lookup_family": "V4_ONLY",
-     "typed_dns_resolver_config": {"name": "envoy.network.dns_resolver.cares", "typed_config": {
-         "@type": TYPE("envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig"), "udp_max_queries": 100}}}])
+    gap_cluster("keepalive", {"upstream_connection_options": {"tcp_keepalive": {"keepalive_time": 300}}})])
 G = f"outbound|9080||gaps.{NS}.svc.cluster.local"
 def gap_rc(name, match_extra=None, action_extra=None, route_extra=None, target=None, retry=DEFAULT_RETRY):
     m = {"prefix": "/", "case_sensitive": True}
@@ -339,3 +330,83 @@ write("tcp-split", "listeners", [{
         "stat_prefix": f"outbound|{PM}||{HM}",
         "weighted_clusters": {"clusters": [{"name": cm("v1"), "weight": 70}, {"name": cm("v2"), "weight": 30}]}}}]}],
     "traffic_direction": "OUTBOUND", "bind_to_port": False}])
+
+# ---- istiod-defaults: what every current istiod config carries (cluster_builder.go buildCluster,
+# cluster_traffic_policy.go, telemetry_logging.go / accesslog.go with the demo profile's
+# accessLogFile: /dev/stdout). Clusters: an empty common_lb_config and alt_stat_name (the cluster's
+# name and `;`, util.DelimitedStatsPrefix) on every one, the c-ares options (udp_max_queries,
+# PILOT_DNS_CARES_UDP_MAX_QUERIES's 100) and dns_jitter (PILOT_DNS_JITTER_DURATION's 100 ms) on DNS clusters, locality weights (DestinationRule
+# localityLbSetting.distribute) and the panic threshold (outlierDetection.minHealthPercent, here
+# without outlier detection, which Remora refuses). Listeners: the file access log to /dev/stdout
+# in Istio's text format with the NR filter on the listener, on tcp_proxy and the HCM; in JSON
+# (accessLogEncoding: JSON) on another.
+ISTIO_TEXT = ("[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" "
+    "%RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% "
+    "\"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %BYTES_RECEIVED% %BYTES_SENT% %DURATION% "
+    "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" "
+    "\"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\" %UPSTREAM_CLUSTER_RAW% "
+    "%UPSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_REMOTE_ADDRESS% "
+    "%REQUESTED_SERVER_NAME% %ROUTE_NAME%\n")
+ISTIO_JSON = {k: v for k, v in [
+    ("start_time", "%START_TIME%"), ("route_name", "%ROUTE_NAME%"), ("method", "%REQ(:METHOD)%"),
+    ("path", "%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%"), ("protocol", "%PROTOCOL%"), ("response_code", "%RESPONSE_CODE%"),
+    ("response_flags", "%RESPONSE_FLAGS%"), ("response_code_details", "%RESPONSE_CODE_DETAILS%"),
+    ("connection_termination_details", "%CONNECTION_TERMINATION_DETAILS%"), ("bytes_received", "%BYTES_RECEIVED%"),
+    ("bytes_sent", "%BYTES_SENT%"), ("duration", "%DURATION%"),
+    ("upstream_service_time", "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)%"), ("x_forwarded_for", "%REQ(X-FORWARDED-FOR)%"),
+    ("user_agent", "%REQ(USER-AGENT)%"), ("request_id", "%REQ(X-REQUEST-ID)%"), ("authority", "%REQ(:AUTHORITY)%"),
+    ("upstream_host", "%UPSTREAM_HOST%"), ("upstream_cluster", "%UPSTREAM_CLUSTER_RAW%"),
+    ("upstream_local_address", "%UPSTREAM_LOCAL_ADDRESS%"), ("downstream_local_address", "%DOWNSTREAM_LOCAL_ADDRESS%"),
+    ("downstream_remote_address", "%DOWNSTREAM_REMOTE_ADDRESS%"), ("requested_server_name", "%REQUESTED_SERVER_NAME%"),
+    ("upstream_transport_failure_reason", "%UPSTREAM_TRANSPORT_FAILURE_REASON%")]}
+def file_log(fmt, nr=False):
+    lf = ({"text_format_source": {"inline_string": ISTIO_TEXT}} if fmt == "text"
+          else {"json_format": ISTIO_JSON, "json_format_options": {}})
+    al = {"name": "envoy.access_loggers.file", "typed_config": {
+        "@type": TYPE("envoy.extensions.access_loggers.file.v3.FileAccessLog"), "path": "/dev/stdout", "log_format": lf}}
+    if nr: al["filter"] = {"response_flag_filter": {"flags": ["NR"]}}
+    return al
+def defaults(c, name):
+    c["common_lb_config"] = c.get("common_lb_config", {}); c["alt_stat_name"] = name + ";"; return c
+HD = f"ratings.{NS}.svc.cluster.local"; CD = f"outbound|9080||{HD}"; CL = f"outbound|9080||details.{NS}.svc.cluster.local"
+DNS_D = "outbound|443||cares.example.com"
+write("istiod-defaults", "clusters", [
+    defaults(eds_cluster(HD, 9080, "", "LEAST_REQUEST", [f"spiffe://cluster.local/ns/{NS}/sa/bookinfo-ratings"]), CD),
+    defaults(eds_cluster(f"details.{NS}.svc.cluster.local", 9080, "", "LEAST_REQUEST",
+                         [f"spiffe://cluster.local/ns/{NS}/sa/bookinfo-details"], "details",
+                         {"common_lb_config": {"healthy_panic_threshold": {"value": 0},
+                                               "locality_weighted_lb_config": {}}}), CL),
+    defaults({"@type": TYPE("envoy.config.cluster.v3.Cluster"), "name": DNS_D, "type": "STRICT_DNS",
+     "connect_timeout": "10s", "lb_policy": "LEAST_REQUEST", "circuit_breakers": UNLIMITED, "metadata": se_meta("cares.example.com", 443),
+     "load_assignment": inline_cla(DNS_D, [{"endpoint": {"address": {"socket_address": {
+         "address": "cares.example.com", "port_value": 443}}}, "load_balancing_weight": 1}]),
+     "dns_refresh_rate": "60s", "respect_dns_ttl": True, "dns_lookup_family": "V4_ONLY", "dns_jitter": "0.100s",
+     "typed_dns_resolver_config": {"name": "envoy.network.dns_resolver.cares", "typed_config": {
+         "@type": TYPE("envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig"), "udp_max_queries": 100}}}, DNS_D)])
+def hcm_chain(stat, rds, log):
+    return {"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+        "@type": TYPE("envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"),
+        "stat_prefix": stat,
+        "rds": {"config_source": {"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"}, "route_config_name": rds},
+        "http_filters": [hf("envoy.filters.http.router", "envoy.extensions.filters.http.router.v3.Router")],
+        "access_log": [log], "stream_idle_timeout": "0s"}}
+def tcp_to(cluster, log):
+    return {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+        "@type": TYPE("envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy"), "stat_prefix": cluster,
+        "cluster": cluster, "access_log": [log]}}
+write("istiod-defaults", "listeners", [
+    {"@type": TYPE("envoy.config.listener.v3.Listener"), "name": "0.0.0.0_9080",
+     "address": {"socket_address": {"address": "0.0.0.0", "port_value": 9080}},
+     "filter_chains": [{"filter_chain_match": {"transport_protocol": "raw_buffer", "application_protocols": ["http/1.1", "h2c"]},
+                        "filters": [hcm_chain("outbound_0.0.0.0_9080", "9080", file_log("text"))]}],
+     "default_filter_chain": {"filter_chain_match": {}, "name": "PassthroughFilterChain",
+                              "filters": [tcp_to("PassthroughCluster", file_log("text"))]},
+     "listener_filters": [hf("envoy.filters.listener.tls_inspector", "envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"),
+                          hf("envoy.filters.listener.http_inspector", "envoy.extensions.filters.listener.http_inspector.v3.HttpInspector")],
+     "listener_filters_timeout": "0s", "continue_on_listener_filters_timeout": True, "traffic_direction": "OUTBOUND",
+     "bind_to_port": False, "access_log": [file_log("text", nr=True)]},
+    {"@type": TYPE("envoy.config.listener.v3.Listener"), "name": "10.96.0.50_9091",
+     "address": {"socket_address": {"address": "10.96.0.50", "port_value": 9091}},
+     "filter_chains": [{"filters": [hcm_chain(f"outbound_.9091_._.json.{NS}.svc.cluster.local",
+                                              f"json.{NS}.svc.cluster.local:9091", file_log("json"))]}],
+     "traffic_direction": "OUTBOUND", "bind_to_port": False, "access_log": [file_log("json", nr=True)]}])

@@ -19,11 +19,12 @@ pub fn cases_dir() -> PathBuf {
 }
 
 /// The cases, by folder name.
-pub const CASES: [&str; 6] = [
+pub const CASES: [&str; 7] = [
     "traffic-split",
     "redirect-rewrite",
     "dns-static",
     "tcp-split",
+    "istiod-defaults",
     "gaps",
     "envoy-rejects",
 ];
