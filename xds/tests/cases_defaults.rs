@@ -54,13 +54,14 @@ fn every_cluster_keeps_its_stat_name_and_load_balancing_settings() {
     let ratings = snap.cluster(RATINGS).expect("ratings");
     assert_eq!(ratings.common_lb, CommonLb::default());
     assert_eq!(ratings.common_lb.healthy_panic_threshold, None);
-    // minHealthPercent 0 (panic mode off) and locality weights, kept as data.
+    // minHealthPercent 50, Envoy's own default: accepted. Any other value, and locality
+    // weights, are refused until the balancer honours them (convert/cluster.rs's tests).
     let details = snap.cluster(DETAILS).expect("details");
     assert_eq!(
         details.common_lb,
         CommonLb {
-            healthy_panic_threshold: Some(0.0),
-            locality_weighted: true,
+            healthy_panic_threshold: Some(50.0),
+            locality_weighted: false,
         }
     );
     // c-ares' udp_max_queries changes nothing of what the name resolves to.

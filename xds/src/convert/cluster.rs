@@ -270,12 +270,20 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
 
 /// `common_lb_config`: istiod writes it empty on every cluster, with `healthy_panic_threshold`
 /// when a DestinationRule sets outlier detection, with `locality_weighted_lb_config` for a
-/// locality `distribute` setting. The read list refuses its other fields by name.
+/// locality `distribute` setting. The balancer honours neither a panic threshold other than
+/// Envoy's default nor locality weights yet, so those are refused by name rather than held and
+/// ignored. The read list refuses its other fields by name.
 fn common_lb(l: &pb::cluster::CommonLbConfig) -> Result<CommonLb, Fault> {
     use pb::cluster::common_lb_config::LocalityConfigSpecifier as L;
     let healthy_panic_threshold = match &l.healthy_panic_threshold {
         None => None,
-        Some(p) if (0.0..=100.0).contains(&p.value) => Some(p.value),
+        Some(p) if p.value == ENVOY_PANIC_THRESHOLD => Some(p.value),
+        Some(p) if (0.0..=100.0).contains(&p.value) => {
+            return Err(Fault::new(
+                "common_lb_config.healthy_panic_threshold",
+                "a panic threshold other than Envoy's default 50% not supported yet",
+            ))
+        }
         Some(_) => {
             return Err(Fault::new(
                 "common_lb_config.healthy_panic_threshold",
@@ -283,9 +291,14 @@ fn common_lb(l: &pb::cluster::CommonLbConfig) -> Result<CommonLb, Fault> {
             ))
         }
     };
-    let locality_weighted = match &l.locality_config_specifier {
-        None => false,
-        Some(L::LocalityWeightedLbConfig(_)) => true,
+    match &l.locality_config_specifier {
+        None => {}
+        Some(L::LocalityWeightedLbConfig(_)) => {
+            return Err(Fault::new(
+                "common_lb_config.locality_weighted_lb_config",
+                "locality-weighted balancing not supported yet",
+            ))
+        }
         // The read list refuses it first; kept for a cluster built in code.
         Some(L::ZoneAwareLbConfig(_)) => {
             return Err(Fault::new(
@@ -293,12 +306,15 @@ fn common_lb(l: &pb::cluster::CommonLbConfig) -> Result<CommonLb, Fault> {
                 "zone-aware balancing not supported",
             ))
         }
-    };
+    }
     Ok(CommonLb {
         healthy_panic_threshold,
-        locality_weighted,
+        locality_weighted: false,
     })
 }
+
+/// Envoy's default panic threshold, in percent.
+const ENVOY_PANIC_THRESHOLD: f64 = 50.0;
 
 /// `typed_dns_resolver_config`: Remora resolves with the system's resolver (resolv.conf), as
 /// c-ares does when no resolvers are given. What c-ares does differently without changing what
@@ -664,7 +680,7 @@ mod tests {
     fn istiods_common_lb_config_alt_stat_name_and_cares_options() {
         let c = convert(json!({
             "name": "outbound|443||api.example.com", "type": "STRICT_DNS", "alt_stat_name": "outbound|443||api.example.com;",
-            "common_lb_config": {"healthy_panic_threshold": {"value": 0}, "locality_weighted_lb_config": {}},
+            "common_lb_config": {"healthy_panic_threshold": {"value": 50}},
             "typed_dns_resolver_config": {"name": "envoy.network.dns_resolver.cares", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig",
                 "udp_max_queries": 100, "use_resolvers_as_fallback": true}}
@@ -674,8 +690,8 @@ mod tests {
             c.alt_stat_name.as_deref(),
             Some("outbound|443||api.example.com;")
         );
-        assert_eq!(c.common_lb.healthy_panic_threshold, Some(0.0));
-        assert!(c.common_lb.locality_weighted);
+        assert_eq!(c.common_lb.healthy_panic_threshold, Some(50.0));
+        assert!(!c.common_lb.locality_weighted);
         let plain = convert(json!({"name": "c", "common_lb_config": {}})).expect("accepted");
         assert_eq!(plain.alt_stat_name, None);
         assert_eq!(plain.common_lb, CommonLb::default());
@@ -698,6 +714,19 @@ mod tests {
             json!({"name": "c", "common_lb_config": {"healthy_panic_threshold": {"value": 150}}}),
         );
         assert!(err.contains("not a percentage"), "{err}");
+        let err = refused(
+            json!({"name": "c", "common_lb_config": {"healthy_panic_threshold": {"value": 0}}}),
+        );
+        assert!(
+            err.contains("other than Envoy's default 50% not supported yet"),
+            "{err}"
+        );
+        let err =
+            refused(json!({"name": "c", "common_lb_config": {"locality_weighted_lb_config": {}}}));
+        assert!(
+            err.contains("locality-weighted balancing not supported yet"),
+            "{err}"
+        );
         let cares = |extra: Value| {
             let mut t = json!({"@type": "type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig"});
             t.as_object_mut()

@@ -374,8 +374,7 @@ write("istiod-defaults", "clusters", [
     defaults(eds_cluster(HD, 9080, "", "LEAST_REQUEST", [f"spiffe://cluster.local/ns/{NS}/sa/bookinfo-ratings"]), CD),
     defaults(eds_cluster(f"details.{NS}.svc.cluster.local", 9080, "", "LEAST_REQUEST",
                          [f"spiffe://cluster.local/ns/{NS}/sa/bookinfo-details"], "details",
-                         {"common_lb_config": {"healthy_panic_threshold": {"value": 0},
-                                               "locality_weighted_lb_config": {}}}), CL),
+                         {"common_lb_config": {"healthy_panic_threshold": {"value": 50}}}), CL),
     defaults({"@type": TYPE("envoy.config.cluster.v3.Cluster"), "name": DNS_D, "type": "STRICT_DNS",
      "connect_timeout": "10s", "lb_policy": "LEAST_REQUEST", "circuit_breakers": UNLIMITED, "metadata": se_meta("cares.example.com", 443),
      "load_assignment": inline_cla(DNS_D, [{"endpoint": {"address": {"socket_address": {
