@@ -447,6 +447,21 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     policies
         .load()
         .context("loading authorization policies (authorization.policy_dir)")?;
+    // xDS resources from files: applied before anything is served, so the first connection
+    // is routed by them; refused resources are logged and counted, the start goes on.
+    let xds_files = match store.load().xds.resources_dir.clone() {
+        Some(dir) => {
+            let xds = crate::xds_files::load(&dir, &metrics)
+                .context("loading xDS resources (xds.resources_dir)")?;
+            Some(crate::xds_files::Watcher {
+                dir,
+                interval: store.load().xds.watch_interval,
+                store: xds,
+                metrics: Arc::clone(&metrics),
+            })
+        }
+        None => None,
+    };
     let proxy = Arc::new(Proxy {
         config: Arc::clone(&store),
         loop_guard,
@@ -461,7 +476,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
                 .with_exchange_header(exchange_header, exchange_headers),
         ),
         authz,
-        xds: None,
+        xds: xds_files.as_ref().map(|w| Arc::clone(&w.store)),
     });
     let metrics_handle = Arc::clone(&metrics);
     let identity_store = identity;
@@ -519,6 +534,9 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
             tracing::debug!(xds = %mode.channels.xds.address, node = %mode.settings.node.id, "istiod channels ready");
         }
         tokio::spawn(policies.watch());
+        if let Some(w) = xds_files {
+            tokio::spawn(w.watch());
+        }
         serve(proxy, routes, dns, state, reloader).await
     });
     // Connections still open after the drain period are cut here.

@@ -35,6 +35,7 @@ pub mod reload;
 pub mod tcp;
 pub mod tls;
 pub mod workload;
+pub mod xds_files;
 
 /// Which capture listener a connection arrived on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
