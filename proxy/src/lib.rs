@@ -32,6 +32,7 @@ pub mod metrics;
 pub mod orig_dst;
 pub mod proxy;
 pub mod reload;
+pub mod route;
 pub mod tcp;
 pub mod tls;
 pub mod workload;

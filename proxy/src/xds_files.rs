@@ -222,6 +222,29 @@ impl Watcher {
     }
 }
 
+/// A store holding these resources (JSON arrays), every one accepted (tests).
+#[cfg(test)]
+pub(crate) fn store_of(
+    clusters: Value,
+    endpoints: Value,
+    listeners: Value,
+    routes: Value,
+) -> Store {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (base, v) in [
+        ("clusters", clusters),
+        ("endpoints", endpoints),
+        ("listeners", listeners),
+        ("routes", routes),
+    ] {
+        std::fs::write(dir.path().join(format!("{base}.json")), v.to_string()).expect("write");
+    }
+    let store = Store::new();
+    let refused = apply(&store, read_dir(dir.path()).expect("reads"), "1");
+    assert!(refused.is_empty(), "{refused:?}");
+    store
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

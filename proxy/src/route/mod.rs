@@ -1,0 +1,161 @@
+//! The route decision, when xDS configures the proxy: pure functions from a snapshot and what
+//! is known of a connection (or a request) to where it goes. Outbound, the original destination
+//! picks istiod's listener, the connection's facts pick its filter chain, and the chain says
+//! TCP (a cluster) or HTTP (a route table: the virtual host by Host, the route by path, headers
+//! and query, then a cluster, a redirect or a direct response). Which endpoint of the cluster,
+//! and over what transport, is the upstream layer's ([`crate::upstream`]).
+//!
+//! Nothing here does I/O or keeps state: the random numbers that weighted choices need are
+//! passed in, so every decision is reproducible in a test.
+
+use remora_xds::model::listener::{
+    ChainKind, ConnectionFacts, FilterChain, HttpChain, RouteSource, TcpTarget,
+};
+use remora_xds::model::route::{
+    Action, ClusterTarget, Forward, Redirect, RequestParts, Route, RouteConfiguration,
+};
+use remora_xds::snapshot::Snapshot;
+use std::sync::Arc;
+
+/// What a connection's filter chain makes of it.
+#[derive(Debug)]
+pub enum ChainDecision<'s> {
+    /// `tcp_proxy` to this cluster.
+    Tcp {
+        chain: &'s FilterChain,
+        cluster: &'s str,
+    },
+    /// The HTTP connection manager: each request is routed by [`http_route`].
+    Http {
+        chain: &'s FilterChain,
+        http: &'s HttpChain,
+    },
+    /// No listener or no chain takes it: Envoy closes the connection (flag `NR`).
+    NoChain,
+}
+
+/// The outbound chain for a connection, as Envoy's `virtualOutbound` hands it on: the
+/// listener of its original destination, then the chain its facts select. `pick` is a random
+/// number for a weighted TCP target.
+pub fn outbound<'s>(
+    snapshot: &'s Snapshot,
+    facts: &ConnectionFacts<'_>,
+    pick: u64,
+) -> ChainDecision<'s> {
+    let Some(listener) = snapshot.outbound_listener(facts.destination) else {
+        return ChainDecision::NoChain;
+    };
+    let Some(chain) = listener.filter_chain(facts) else {
+        return ChainDecision::NoChain;
+    };
+    chain_decision(chain, pick)
+}
+
+/// What one chain does.
+pub fn chain_decision(chain: &FilterChain, pick: u64) -> ChainDecision<'_> {
+    match &chain.kind {
+        ChainKind::Tcp(tcp) => {
+            let cluster = match &tcp.target {
+                TcpTarget::Cluster(name) => Some(name.as_str()),
+                TcpTarget::Weighted(set) => {
+                    weighted(set.iter().map(|(name, w)| (name.as_str(), *w)), pick)
+                }
+            };
+            match cluster {
+                Some(cluster) => ChainDecision::Tcp { chain, cluster },
+                None => ChainDecision::NoChain,
+            }
+        }
+        ChainKind::Http(http) => ChainDecision::Http { chain, http },
+    }
+}
+
+/// What an HTTP request gets.
+#[derive(Debug, PartialEq)]
+pub enum HttpDecision<'s> {
+    /// Forward to this cluster (whether it exists is the upstream layer's to say: 503 `NC`).
+    Forward {
+        cluster: &'s str,
+        route: &'s Arc<Route>,
+        forward: &'s Forward,
+    },
+    Redirect(&'s Redirect),
+    DirectResponse {
+        status: u16,
+        body: Option<&'s str>,
+    },
+    /// No virtual host or no route: 404 with flag `NR`.
+    NoRoute,
+    /// The chain names an RDS table that has not arrived: as Envoy, 404 `NR`.
+    NoRouteTable,
+}
+
+/// The route table an HTTP chain uses, once it is held.
+pub fn route_table<'s>(
+    snapshot: &'s Snapshot,
+    source: &'s RouteSource,
+) -> Option<&'s Arc<RouteConfiguration>> {
+    snapshot.routes_of(source)
+}
+
+/// Route one request through a table: the virtual host by `host` (the port ignored as the
+/// table says), the first route that matches, then its action. `pick` is a random number for
+/// weighted clusters.
+pub fn http_route<'s>(
+    table: &'s RouteConfiguration,
+    host: &str,
+    req: &RequestParts<'_>,
+    pick: u64,
+) -> HttpDecision<'s> {
+    let Some(vhost) = table.virtual_host(host) else {
+        return HttpDecision::NoRoute;
+    };
+    let Some(route) = vhost.route(req) else {
+        return HttpDecision::NoRoute;
+    };
+    match &route.action {
+        Action::Forward(forward) => {
+            let cluster = match &forward.target {
+                ClusterTarget::Cluster(name) => Some(name.as_str()),
+                ClusterTarget::Weighted(set) => {
+                    weighted(set.iter().map(|c| (c.name.as_str(), c.weight)), pick)
+                }
+            };
+            match cluster {
+                Some(cluster) => HttpDecision::Forward {
+                    cluster,
+                    route,
+                    forward,
+                },
+                // Every weight zero: Envoy has nowhere to send it either.
+                None => HttpDecision::NoRoute,
+            }
+        }
+        Action::Redirect(r) => HttpDecision::Redirect(r),
+        Action::DirectResponse { status, body } => HttpDecision::DirectResponse {
+            status: *status,
+            body: body.as_deref(),
+        },
+    }
+}
+
+/// One of `items` in proportion to its weight, `pick` being uniformly random; `None` when every
+/// weight is zero.
+pub fn weighted<T: Copy>(items: impl Iterator<Item = (T, u32)> + Clone, pick: u64) -> Option<T> {
+    let total: u64 = items.clone().map(|(_, w)| u64::from(w)).sum();
+    if total == 0 {
+        return None;
+    }
+    let mut at = pick % total;
+    for (item, w) in items {
+        let w = u64::from(w);
+        if at < w {
+            return Some(item);
+        }
+        at -= w;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests;
