@@ -35,6 +35,7 @@ pub mod reload;
 pub mod route;
 pub mod tcp;
 pub mod tls;
+pub mod upstream;
 pub mod workload;
 pub mod xds_files;
 

@@ -158,4 +158,4 @@ pub fn weighted<T: Copy>(items: impl Iterator<Item = (T, u32)> + Clone, pick: u6
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
