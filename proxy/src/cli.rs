@@ -477,6 +477,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         ),
         authz,
         xds: xds_files.as_ref().map(|w| Arc::clone(&w.store)),
+        upstreams: Arc::default(),
     });
     let metrics_handle = Arc::clone(&metrics);
     let identity_store = identity;

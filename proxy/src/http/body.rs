@@ -213,6 +213,8 @@ impl Body for ResponseBody {
 pub struct RequestEnd {
     pub conn: Arc<ConnContext>,
     pub pooled: Option<(Key, Sender)>,
+    /// xDS: the request's count against its endpoint, ended with it.
+    pub in_flight: Option<crate::upstream::InFlight>,
     pub log: Option<Box<RequestLog>>,
     pub flags: Flags,
     pub sent: u64,
@@ -243,6 +245,7 @@ impl RequestEnd {
         RequestEnd {
             conn,
             pooled: None,
+            in_flight: None,
             log,
             flags: Flags::default(),
             sent: 0,

@@ -38,6 +38,9 @@ pub struct Key {
     pub destination: SocketAddr,
     pub source: Option<crate::connect::Source>,
     pub version: HttpVersion,
+    /// xDS endpoints inside Istio mTLS: which SNI, ALPN and SAN check the connection was made
+    /// with ([`crate::upstream::Upstreams::tls_id`]); `None`: plaintext.
+    pub tls: Option<u32>,
 }
 
 impl PoolKey for Key {
@@ -232,6 +235,7 @@ impl<C: Pooled> Pool<C> {
                     destination,
                     source,
                     version,
+                    tls: None,
                 })
             })
     }

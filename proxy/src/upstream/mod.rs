@@ -34,6 +34,17 @@ pub struct Upstreams {
     active: Mutex<HashMap<SocketAddr, u32>>,
     /// The next position per round-robin cluster.
     round_robin: Mutex<HashMap<String, u64>>,
+    /// A small number per set of mesh TLS parameters, for the pool's key: connections made
+    /// with one SNI and SAN check never serve a request that wants another.
+    tls_ids: Mutex<TlsIds>,
+}
+
+#[derive(Debug, Default)]
+struct TlsIds {
+    ids: HashMap<Arc<MeshTls>, u32>,
+    /// Never reused: when the table is full it starts again with fresh numbers, so a pooled
+    /// connection under an old number can never be taken for another's parameters.
+    next: u32,
 }
 
 /// The endpoint chosen for one request or connection.
@@ -163,6 +174,21 @@ impl Upstreams {
             upstreams: Arc::clone(self),
             address,
         }
+    }
+
+    /// The pool-key number of these mesh TLS parameters.
+    pub fn tls_id(&self, mesh: &Arc<MeshTls>) -> u32 {
+        let mut t = self.tls_ids.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(id) = t.ids.get(mesh) {
+            return *id;
+        }
+        if t.ids.len() >= ROUND_ROBIN_CLUSTERS {
+            t.ids.clear();
+        }
+        let id = t.next;
+        t.next = t.next.wrapping_add(1);
+        t.ids.insert(Arc::clone(mesh), id);
+        id
     }
 
     /// What is in flight to `address` (tests, `/clusters`).
