@@ -3,7 +3,10 @@
 //! one keep-alive client connection (HTTP) and per connection (TCP), with Envoy's answers when
 //! the route or cluster is missing.
 
-use remora_e2e::peer::{self, curl, curl_ok, Server};
+use remora_e2e::certs::MeshCa;
+use remora_e2e::mesh::{handshakes, server_config, two_pods, CLIENT_ID, SERVER_ID};
+use remora_e2e::peer::{self, any_addr, curl, curl_ok, Server};
+use remora_e2e::service::{peer_program, Service};
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -26,20 +29,75 @@ fn eds_cluster(name: &str) -> Value {
 }
 
 fn assignment(name: &str, endpoints: &[SocketAddr]) -> Value {
-    let lb: Vec<Value> = endpoints
-        .iter()
-        .map(|a| {
-            json!({"endpoint": {"address": {"socket_address": {
-            "address": a.ip().to_string(), "port_value": a.port()}}},
-            "health_status": "HEALTHY"})
-        })
-        .collect();
+    let lb: Vec<Value> = endpoints.iter().map(|a| endpoint(*a, None)).collect();
     json!({"cluster_name": name, "endpoints": [{"lb_endpoints": lb}]})
 }
 
-/// istiod's shape: `0.0.0.0_80` with an HCM and RDS `80`, `10.96.0.20_9000` with tcp_proxy.
-fn write_resources(dir: &Path, web: &[SocketAddr], echo: SocketAddr) {
-    let listeners = json!([
+/// An EDS host, with istiod's `tlsMode` metadata when it has a sidecar.
+fn endpoint(a: SocketAddr, tls_mode: Option<&str>) -> Value {
+    let mut e = json!({"endpoint": {"address": {"socket_address": {
+        "address": a.ip().to_string(), "port_value": a.port()}}},
+        "health_status": "HEALTHY"});
+    if let Some(mode) = tls_mode {
+        e["metadata"] =
+            json!({"filter_metadata": {"envoy.transport_socket_match": {"tlsMode": mode}}});
+    }
+    e
+}
+
+/// An EDS cluster with istiod's auto-mTLS sockets: Istio mTLS (this SNI, this SAN) for
+/// endpoints with `tlsMode: istio`, plaintext for the rest.
+fn mtls_cluster(name: &str, sni: &str, san: &str) -> Value {
+    let sds = |name: &str| {
+        json!({"name": name, "sds_config": {"api_config_source": {"api_type": "GRPC",
+            "grpc_services": [{"envoy_grpc": {"cluster_name": "sds-grpc"}}],
+            "transport_api_version": "V3"}, "resource_api_version": "V3"}})
+    };
+    let mut c = eds_cluster(name);
+    c["transport_socket_matches"] = json!([
+        {"name": "tlsMode-istio", "match": {"tlsMode": "istio"}, "transport_socket": {
+            "name": "envoy.transport_sockets.tls", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": sni,
+                "common_tls_context": {
+                    "alpn_protocols": ["istio-peer-exchange", "istio"],
+                    "tls_certificate_sds_secret_configs": [sds("default")],
+                    "combined_validation_context": {
+                        "default_validation_context": {"match_typed_subject_alt_names": [
+                            {"san_type": "URI", "matcher": {"exact": san}}]},
+                        "validation_context_sds_secret_config": sds("ROOTCA")}}}}},
+        {"name": "tlsMode-disabled", "match": {}, "transport_socket": {
+            "name": "envoy.transport_sockets.raw_buffer", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"}}}
+    ]);
+    c
+}
+
+fn write_all(dir: &Path, listeners: Value, routes: Value, clusters: Value, endpoints: Value) {
+    for (file, value) in [
+        ("listeners.json", listeners),
+        ("routes.json", routes),
+        ("clusters.json", clusters),
+        ("endpoints.json", endpoints),
+    ] {
+        std::fs::write(dir.join(file), value.to_string()).expect("write a resource file");
+    }
+}
+
+/// Give `ns` a default route out of its veth, so a connect to a VIP reaches the capture rules.
+fn route_vips(ns: &remora_e2e::Netns) {
+    let out = ns
+        .command("ip")
+        .args(["route", "add", "default", "dev", "eth0"])
+        .output()
+        .expect("ip route");
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// istiod's listeners: `0.0.0.0_80` with an HCM and RDS `80`, `10.96.0.20_9000` with
+/// tcp_proxy to `tcp_cluster`.
+fn listeners(tcp_cluster: &str) -> Value {
+    json!([
         {"name": "0.0.0.0_80", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 80}},
          "traffic_direction": "OUTBOUND", "bind_to_port": false,
          "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
@@ -52,8 +110,13 @@ fn write_resources(dir: &Path, web: &[SocketAddr], echo: SocketAddr) {
          "traffic_direction": "OUTBOUND", "bind_to_port": false,
          "filter_chains": [{"filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
-            "stat_prefix": TCP_CLUSTER, "cluster": TCP_CLUSTER}}]}]}
-    ]);
+            "stat_prefix": tcp_cluster, "cluster": tcp_cluster}}]}]}
+    ])
+}
+
+/// istiod's shape: `0.0.0.0_80` with an HCM and RDS `80`, `10.96.0.20_9000` with tcp_proxy.
+fn write_resources(dir: &Path, web: &[SocketAddr], echo: SocketAddr) {
+    let listeners = listeners(TCP_CLUSTER);
     let routes = json!([{"name": "80", "ignore_port_in_host_matching": true, "virtual_hosts": [{
     "name": "web.test.svc.cluster.local:80",
     "domains": ["web.test.svc.cluster.local", "web", HTTP_VIP],
@@ -63,14 +126,7 @@ fn write_resources(dir: &Path, web: &[SocketAddr], echo: SocketAddr) {
     ]}]}]);
     let clusters = json!([eds_cluster(CLUSTER), eds_cluster(TCP_CLUSTER)]);
     let endpoints = json!([assignment(CLUSTER, web), assignment(TCP_CLUSTER, &[echo])]);
-    for (file, value) in [
-        ("listeners.json", listeners),
-        ("routes.json", routes),
-        ("clusters.json", clusters),
-        ("endpoints.json", endpoints),
-    ] {
-        std::fs::write(dir.join(file), value.to_string()).expect("write a resource file");
-    }
+    write_all(dir, listeners, routes, clusters, endpoints);
 }
 
 #[test]
@@ -80,13 +136,7 @@ fn a_vip_known_only_to_xds_is_balanced_per_request_over_one_connection() {
     };
     net.capture_default();
     // The VIPs exist nowhere: a route lets the application's connect reach the capture rules.
-    let out = net
-        .pod
-        .command("ip")
-        .args(["route", "add", "default", "dev", "eth0"])
-        .output()
-        .expect("ip route");
-    assert!(out.status.success(), "{out:?}");
+    route_vips(&net.pod);
     let servers: Vec<Server> = (1..=3)
         .map(|i| Server::http(&net.peer, net.peer_addr(8080 + i), &format!("endpoint-{i}")))
         .collect();
@@ -147,4 +197,92 @@ fn a_vip_known_only_to_xds_is_balanced_per_request_over_one_connection() {
     peer::assert_same_bytes("echo through the xDS TCP route", &data, &back);
     assert_eq!(echo.peers().len(), 1);
     drop(remora);
+}
+
+#[test]
+fn auto_mtls_per_endpoint_to_a_peer_sidecar_with_the_sockets_sni_and_san() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    // The pod is the server (its own Remora, PERMISSIVE); the peer is the client pod, whose
+    // Remora knows the server only through xDS resources.
+    let ca = MeshCa::new("cluster.local");
+    let (server_dir, client_dir) = two_pods(&net, &ca);
+    let _server = net
+        .remora()
+        .config(&server_config(&server_dir, "permissive"))
+        .start_ready();
+    let script = peer_program("http_server.py")
+        .to_string_lossy()
+        .into_owned();
+    let _http = Service::start(&net.pod, "python3", &[&script, "8080"], any_addr(8080));
+    let echo = Server::echo(&net.pod, any_addr(7000));
+    route_vips(&net.peer);
+
+    let web = "outbound|80||httpbin.server.svc.cluster.local";
+    let wrong = "outbound|80|wrong|httpbin.server.svc.cluster.local";
+    let tcp = "outbound|9000||echo.server.svc.cluster.local";
+    let sni = "outbound_.80_._.httpbin.server.svc.cluster.local";
+    let dir = net.binary().make_dir("xds");
+    let routes = json!([{"name": "80", "ignore_port_in_host_matching": true, "virtual_hosts": [{
+        "name": "httpbin", "domains": [HTTP_VIP],
+        "routes": [
+            {"match": {"prefix": "/wrong"}, "route": {"cluster": wrong}},
+            {"match": {"prefix": "/"}, "route": {"cluster": web}}]}]}]);
+    let server = |port| endpoint(net.pod_addr(port), Some("istio"));
+    write_all(
+        &dir,
+        listeners(tcp),
+        routes,
+        json!([
+            mtls_cluster(web, sni, SERVER_ID),
+            mtls_cluster(wrong, sni, "spiffe://cluster.local/ns/other/sa/impostor"),
+            mtls_cluster(
+                tcp,
+                "outbound_.9000_._.echo.server.svc.cluster.local",
+                SERVER_ID
+            )
+        ]),
+        json!([
+            {"cluster_name": web, "endpoints": [{"lb_endpoints": [server(8080)]}]},
+            {"cluster_name": wrong, "endpoints": [{"lb_endpoints": [server(8080)]}]},
+            {"cluster_name": tcp, "endpoints": [{"lb_endpoints": [server(7000)]}]}
+        ]),
+    );
+    let client = net
+        .peer_remora()
+        .config(&format!(
+            "access_log:\n  enabled: true\ntls:\n  cert_dir: {}\nxds:\n  resources_dir: {}\n",
+            client_dir.display(),
+            dir.display()
+        ))
+        .start_ready();
+
+    // HTTP: inside Istio mTLS, our SPIFFE ID presented and the server's checked.
+    let out = curl(
+        &net.peer,
+        &["-s", &format!("http://{HTTP_VIP}/headers")],
+        CURL_TIME,
+    );
+    let body = curl_ok(&out, "HTTP to the VIP across the mesh");
+    let headers: Value = serde_json::from_str(&body).expect("JSON headers");
+    let xfcc = headers["x-forwarded-client-cert"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not mesh TLS (no x-forwarded-client-cert): {body}"));
+    assert!(xfcc.starts_with(&format!("By={SERVER_ID};Hash=")), "{xfcc}");
+    assert!(xfcc.ends_with(&format!("URI={CLIENT_ID}")), "{xfcc}");
+    assert!(handshakes(&client, "outbound", "ok") >= 1.0);
+
+    // A socket whose SAN the server's certificate does not carry: the handshake fails, 503 UF.
+    let (status, _) =
+        peer::curl_status(&net.peer, &[&format!("http://{HTTP_VIP}/wrong")], CURL_TIME);
+    assert_eq!(status, 503, "{}", client.stderr());
+    client.wait_for_access_log("\"GET /wrong HTTP/1.1\" 503 UF");
+
+    // TCP: the same, with Istio's metadata exchange first.
+    let tcp_vip: SocketAddr = TCP_VIP.parse().expect("addr");
+    let data = peer::pattern(32 * 1024);
+    let back = peer::echo_exchange(&net.peer, tcp_vip, &data).expect("TCP through the VIP");
+    peer::assert_same_bytes("echo across the mesh", &data, &back);
+    assert_eq!(echo.peers().len(), 1);
 }
