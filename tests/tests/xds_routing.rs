@@ -129,6 +129,18 @@ fn write_resources(dir: &Path, web: &[SocketAddr], echo: SocketAddr) {
     write_all(dir, listeners, routes, clusters, endpoints);
 }
 
+/// Poll `done` for up to five seconds.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[test]
 fn a_vip_known_only_to_xds_is_balanced_per_request_over_one_connection() {
     let Some(net) = PodNet::create_or_skip() else {
@@ -189,6 +201,19 @@ fn a_vip_known_only_to_xds_is_balanced_per_request_over_one_connection() {
     );
     assert_eq!(status, 404);
     remora.wait_for_access_log("\"GET /nr HTTP/1.1\" 404 NR");
+
+    // The files change: the next requests follow them. A file that does not parse keeps
+    // what is in force.
+    write_resources(&dir, &web[2..], echo.addr());
+    let only_third = || {
+        let out = curl(&net.pod, &["-s", &url, &url, &url], CURL_TIME);
+        curl_ok(&out, "after the change") == "endpoint-3endpoint-3endpoint-3"
+    };
+    wait_until("the new endpoints to apply", only_third);
+    std::fs::write(dir.join("clusters.json"), "[{").expect("write a broken file");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(only_third(), "a broken file changed the resources in force");
+    write_resources(&dir, &web, echo.addr());
 
     // TCP through tcp_proxy to the EDS cluster's endpoint.
     let tcp_vip: SocketAddr = TCP_VIP.parse().expect("addr");
