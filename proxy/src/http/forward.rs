@@ -244,9 +244,11 @@ async fn attempts(
     routed: Option<&super::routed::Routed>,
 ) -> Result<Upstreamed, ProxyError> {
     let http = &ctx.config.http;
-    let retries = match ctx.direction {
-        Direction::Outbound if !upgrade => http.retries,
-        _ => 0,
+    let retries = match (ctx.direction, routed) {
+        (_, _) if upgrade => 0,
+        (Direction::Outbound, Some(routed)) => routed.retries,
+        (Direction::Outbound, None) => http.retries,
+        (Direction::Inbound, _) => 0,
     };
     if retries == 0 {
         let body = if body.is_end_stream() {

@@ -27,6 +27,10 @@ pub struct Routed {
     pub original_dst: SocketAddr,
     /// The route's timeout (`None`: no deadline).
     pub timeout: Option<Duration>,
+    /// How many times a failed attempt may be tried again: the route's (or virtual host's)
+    /// `num_retries`, none without a policy. Which failures are retried is Istio's default set
+    /// (`retry_on` is not read yet).
+    pub retries: u32,
 }
 
 /// A request answered here instead.
@@ -69,11 +73,15 @@ pub fn decide(ctx: &ConnContext, routes: &RouteSource, parts: &Parts) -> Result<
     };
     match route::http_route(table, host, &req, fastrand::u64(..)) {
         HttpDecision::Forward {
-            cluster, forward, ..
+            cluster,
+            forward,
+            retry,
+            ..
         } => Ok(Routed {
             cluster: cluster.to_string(),
             original_dst: ctx.key.destination,
             timeout: forward.timeout,
+            retries: retry.map_or(0, |r| r.num_retries),
         }),
         HttpDecision::NoRoute | HttpDecision::NoRouteTable => {
             Err(Answer::Error(ErrorKind::NoRoute))

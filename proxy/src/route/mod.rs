@@ -12,7 +12,7 @@ use remora_xds::model::listener::{
     ChainKind, ConnectionFacts, FilterChain, HttpChain, RouteSource, TcpTarget,
 };
 use remora_xds::model::route::{
-    Action, ClusterTarget, Forward, Redirect, RequestParts, Route, RouteConfiguration,
+    Action, ClusterTarget, Forward, Redirect, RequestParts, RetryPolicy, Route, RouteConfiguration,
 };
 use remora_xds::snapshot::Snapshot;
 use std::sync::Arc;
@@ -78,6 +78,8 @@ pub enum HttpDecision<'s> {
         cluster: &'s str,
         route: &'s Arc<Route>,
         forward: &'s Forward,
+        /// The route's retry policy, else its virtual host's (`None`: no retries, as Envoy).
+        retry: Option<&'s RetryPolicy>,
     },
     Redirect(&'s Redirect),
     DirectResponse {
@@ -126,6 +128,10 @@ pub fn http_route<'s>(
                     cluster,
                     route,
                     forward,
+                    retry: forward
+                        .retry_policy
+                        .as_ref()
+                        .or(vhost.retry_policy.as_ref()),
                 },
                 // Every weight zero: Envoy has nowhere to send it either.
                 None => HttpDecision::NoRoute,

@@ -85,11 +85,13 @@ pub(crate) fn bookinfo() -> Store {
         {"name": "9080", "ignore_port_in_host_matching": true, "virtual_hosts": [
             {"name": "reviews.default.svc.cluster.local:9080",
              "domains": ["reviews.default.svc.cluster.local", "reviews", "reviews.default", "10.96.0.10"],
+             "retry_policy": {"retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes", "num_retries": 2},
              "routes": [
                 {"match": {"prefix": "/split"}, "route": {"weighted_clusters": {"clusters": [
                     {"name": "outbound|9080|v1|reviews.default.svc.cluster.local", "weight": 25},
                     {"name": "outbound|9080|v2|reviews.default.svc.cluster.local", "weight": 75}]}}},
-                {"match": {"path": "/missing"}, "route": {"cluster": "outbound|9080||nowhere.default.svc.cluster.local"}},
+                {"match": {"path": "/missing"}, "route": {"cluster": "outbound|9080||nowhere.default.svc.cluster.local",
+                    "retry_policy": {"retry_on": "5xx", "num_retries": 5}}},
                 {"match": {"prefix": "/", "headers": [{"name": "end-user", "string_match": {"exact": "jason"}}]},
                  "route": {"cluster": "outbound|9080|v2|reviews.default.svc.cluster.local"}},
                 {"match": {"prefix": "/", "query_parameters": [{"name": "v", "string_match": {"exact": "1"}}]},
@@ -216,4 +218,29 @@ fn tcp_listeners_by_address_and_passthrough_for_the_rest() {
         outbound(&empty, &facts("10.0.0.1:80"), 0),
         ChainDecision::NoChain
     ));
+}
+
+#[test]
+fn a_routes_retry_policy_wins_over_its_virtual_hosts() {
+    let store = bookinfo();
+    let s = store.snapshot();
+    let ChainDecision::Http { http, .. } = outbound(&s, &facts("10.96.0.10:9080"), 0) else {
+        panic!("an HTTP chain");
+    };
+    let table = route_table(&s, &http.routes).expect("table");
+    let retries = |path: &'static str, host: &str| {
+        let header = |_: &str| None;
+        let req = RequestParts {
+            method: "GET",
+            path_and_query: path,
+            header: &header,
+        };
+        match http_route(table, host, &req, 0) {
+            HttpDecision::Forward { retry, .. } => retry.map(|r| r.num_retries),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(retries("/missing", "reviews"), Some(5));
+    assert_eq!(retries("/", "reviews"), Some(2));
+    assert_eq!(retries("/", "unknown"), None);
 }
