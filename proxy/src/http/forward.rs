@@ -126,9 +126,9 @@ pub async fn handle(
     // Routed by xDS: the route decides where, or answers here.
     let routed = match &ctx.xds_routes {
         None => None,
-        Some(routes) => match super::routed::decide(&ctx, routes, &parts) {
+        Some(routes) => match super::routed::decide(&ctx, routes, &mut parts) {
             Ok(routed) => Some(routed),
-            Err(answer) => return Ok(routed_reply(answer, grpc, end)),
+            Err(answer) => return Ok(super::routed::reply(answer, grpc, end)),
         },
     };
     let route_timeout = match &routed {
@@ -195,6 +195,9 @@ pub async fn handle(
     };
     let (mut parts, body) = response.into_parts();
     headers::prepare_response(&mut parts.headers, upgraded);
+    if let Some(routed) = &routed {
+        routed.response_edits.apply(&mut parts.headers);
+    }
     if let Some(originate) = &ctx.originate {
         if let (_, Some(value)) = exchange::take(&mut parts.headers) {
             originate.learn_server_value(value.as_bytes());
@@ -546,7 +549,11 @@ fn header_timeout_answered(e: &hyper::Error) -> bool {
 /// A reply written by the proxy. gRPC clients get a trailers-only response (HTTP 200 with
 /// `grpc-status`), which every gRPC library reads as the call's status; others get Envoy's
 /// status and text. A malformed request also closes the connection, as Envoy does.
-fn local_reply(kind: ErrorKind, grpc: bool, mut end: RequestEnd) -> Response<ResponseBody> {
+pub(super) fn local_reply(
+    kind: ErrorKind,
+    grpc: bool,
+    mut end: RequestEnd,
+) -> Response<ResponseBody> {
     let mut builder = Response::builder();
     let body = if grpc {
         builder = builder
@@ -581,36 +588,6 @@ fn local_reply(kind: ErrorKind, grpc: bool, mut end: RequestEnd) -> Response<Res
         Ok(r) => r.map(|()| ResponseBody::local(body, end)),
         // Every header above is a valid constant; this is unreachable in practice.
         Err(_) => Response::new(ResponseBody::local(body, end)),
-    }
-}
-
-/// The answer to a request the xDS route decision answers itself.
-fn routed_reply(
-    answer: super::routed::Answer,
-    grpc: bool,
-    mut end: RequestEnd,
-) -> Response<ResponseBody> {
-    let (status, body, location) = match answer {
-        super::routed::Answer::Error(kind) => return local_reply(kind, grpc, end),
-        super::routed::Answer::Local {
-            status,
-            body,
-            location,
-        } => (status, body, location),
-    };
-    end.status = status;
-    if let Some(log) = &mut end.log {
-        log.status = status;
-    }
-    let mut builder = Response::builder().status(status);
-    if let Some(location) = location.and_then(|l| HeaderValue::try_from(l).ok()) {
-        builder = builder.header(http::header::LOCATION, location);
-    }
-    let body = Bytes::from(body.unwrap_or_default());
-    match builder.body(()) {
-        Ok(r) => r.map(|()| ResponseBody::local(body, end)),
-        // A status outside 100..=999 from the route: Envoy would have refused the table.
-        Err(_) => Response::new(ResponseBody::local(Bytes::new(), end)),
     }
 }
 

@@ -5,17 +5,20 @@
 //! endpoint, keyed by the endpoint and its TLS parameters. So one keep-alive client connection
 //! reaches every endpoint, and a retry may go to another.
 
+use super::body::{RequestEnd, ResponseBody, UpstreamBody};
 use super::errors::{ErrorKind, ProxyError};
 use super::forward::{send_on, SendError, Upstreamed};
 use super::pool::{self, Key, Sender};
-use super::{body::UpstreamBody, originate, ConnContext};
+use super::{originate, ConnContext};
 use crate::route::{self, HttpDecision};
 use crate::upstream::dial::{self, Connected};
 use crate::upstream::{Transport, UpstreamError};
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
-use http::Request;
+use http::{Request, Response};
 use remora_xds::model::listener::RouteSource;
-use remora_xds::model::route::RequestParts;
+use remora_xds::model::route::{HeaderEdit, PathMatch, RequestParts};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -31,6 +34,48 @@ pub struct Routed {
     /// `num_retries`, none without a policy. Which failures are retried is Istio's default set
     /// (`retry_on` is not read yet).
     pub retries: u32,
+    /// The route's, virtual host's and table's response header edits.
+    pub response_edits: Edits,
+}
+
+/// Header edits of a route, its virtual host and its table, in Envoy's default order (the
+/// most specific first, so the least specific's overwrite wins); removals before additions.
+#[derive(Debug, Default)]
+pub struct Edits {
+    remove: Vec<String>,
+    add: Vec<HeaderEdit>,
+}
+
+impl Edits {
+    fn of<'a>(levels: impl IntoIterator<Item = (&'a [HeaderEdit], &'a [String])>) -> Edits {
+        let mut edits = Edits::default();
+        for (add, remove) in levels {
+            edits.add.extend_from_slice(add);
+            edits.remove.extend_from_slice(remove);
+        }
+        edits
+    }
+
+    /// Apply to `headers`. Values are taken literally (Envoy's `%…%` formatters are not
+    /// expanded).
+    pub fn apply(&self, headers: &mut HeaderMap) {
+        for name in &self.remove {
+            headers.remove(name.as_str());
+        }
+        for edit in &self.add {
+            let (Ok(name), Ok(value)) = (
+                HeaderName::try_from(edit.name.as_str()),
+                HeaderValue::try_from(edit.value.as_str()),
+            ) else {
+                continue;
+            };
+            if edit.append {
+                headers.append(name, value);
+            } else {
+                headers.insert(name, value);
+            }
+        }
+    }
 }
 
 /// A request answered here instead.
@@ -46,7 +91,11 @@ pub enum Answer {
 }
 
 /// Route one request by the connection's table in the snapshot in force now.
-pub fn decide(ctx: &ConnContext, routes: &RouteSource, parts: &Parts) -> Result<Routed, Answer> {
+pub fn decide(
+    ctx: &ConnContext,
+    routes: &RouteSource,
+    parts: &mut Parts,
+) -> Result<Routed, Answer> {
     let Some(store) = &ctx.proxy.xds else {
         return Err(Answer::Error(ErrorKind::NoRoute));
     };
@@ -71,26 +120,78 @@ pub fn decide(ctx: &ConnContext, routes: &RouteSource, parts: &Parts) -> Result<
         path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
         header: &header,
     };
-    match route::http_route(table, host, &req, fastrand::u64(..)) {
+    let decision = route::http_route(table, host, &req, fastrand::u64(..));
+    let (cluster, route, forward, retry, vhost) = match decision {
         HttpDecision::Forward {
             cluster,
+            route,
             forward,
             retry,
-            ..
-        } => Ok(Routed {
-            cluster: cluster.to_string(),
-            original_dst: ctx.key.destination,
-            timeout: forward.timeout,
-            retries: retry.map_or(0, |r| r.num_retries),
-        }),
-        HttpDecision::NoRoute | HttpDecision::NoRouteTable => {
-            Err(Answer::Error(ErrorKind::NoRoute))
+            vhost,
+        } => (cluster, route, forward, retry, vhost),
+        other => return Err(answer(other, host, req.path_and_query)),
+    };
+    let request_edits = Edits::of([
+        (
+            &route.request_headers_to_add[..],
+            &route.request_headers_to_remove[..],
+        ),
+        (
+            &vhost.request_headers_to_add,
+            &vhost.request_headers_to_remove,
+        ),
+        (
+            &table.request_headers_to_add,
+            &table.request_headers_to_remove,
+        ),
+    ]);
+    let response_edits = Edits::of([
+        (
+            &route.response_headers_to_add[..],
+            &route.response_headers_to_remove[..],
+        ),
+        (
+            &vhost.response_headers_to_add,
+            &vhost.response_headers_to_remove,
+        ),
+        (
+            &table.response_headers_to_add,
+            &table.response_headers_to_remove,
+        ),
+    ]);
+    let rewritten = forward
+        .prefix_rewrite
+        .as_deref()
+        .and_then(|to| rewrite_prefix(&route.matcher.path, req.path_and_query, to));
+    let routed = Routed {
+        cluster: cluster.to_string(),
+        original_dst: ctx.key.destination,
+        timeout: forward.timeout,
+        retries: retry.map_or(0, |r| r.num_retries),
+        response_edits,
+    };
+    let host_rewrite = forward.host_rewrite.clone();
+    request_edits.apply(&mut parts.headers);
+    if let Some(path) = rewritten.and_then(|p| p.parse::<http::Uri>().ok()) {
+        parts.uri = path;
+    }
+    if let Some(host) = host_rewrite.and_then(|h| HeaderValue::try_from(h).ok()) {
+        parts.headers.insert(http::header::HOST, host);
+    }
+    Ok(routed)
+}
+
+/// What a request that is not forwarded gets.
+fn answer(decision: HttpDecision<'_>, host: &str, path_and_query: &str) -> Answer {
+    match decision {
+        HttpDecision::NoRoute | HttpDecision::NoRouteTable | HttpDecision::Forward { .. } => {
+            Answer::Error(ErrorKind::NoRoute)
         }
-        HttpDecision::DirectResponse { status, body } => Err(Answer::Local {
+        HttpDecision::DirectResponse { status, body } => Answer::Local {
             status,
             body: body.map(str::to_string),
             location: None,
-        }),
+        },
         HttpDecision::Redirect(r) => {
             let scheme = r.scheme.as_deref().unwrap_or("http");
             let host = r.host.as_deref().unwrap_or(host);
@@ -98,14 +199,28 @@ pub fn decide(ctx: &ConnContext, routes: &RouteSource, parts: &Parts) -> Result<
                 Some(port) => format!("{}:{port}", host.split(':').next().unwrap_or(host)),
                 None => host.to_string(),
             };
-            let path = r.path.as_deref().unwrap_or(req.path_and_query);
-            Err(Answer::Local {
+            let path = r.path.as_deref().unwrap_or(path_and_query);
+            Answer::Local {
                 status: r.status,
                 body: None,
                 location: Some(format!("{scheme}://{host}{path}")),
-            })
+            }
         }
     }
+}
+
+/// Envoy's `prefix_rewrite`: what the route matched of the path is replaced (the whole path
+/// for an exact match); regex routes are left as they are.
+fn rewrite_prefix(matched: &PathMatch, path_and_query: &str, to: &str) -> Option<String> {
+    let prefix = match matched {
+        PathMatch::Prefix(p) | PathMatch::PathSeparatedPrefix(p) | PathMatch::Exact(p) => p,
+        PathMatch::Regex(_) | PathMatch::Connect => return None,
+    };
+    let rest = path_and_query.get(prefix.len()..)?;
+    path_and_query
+        .get(..prefix.len())
+        .filter(|head| head.eq_ignore_ascii_case(prefix))?;
+    Some(format!("{to}{rest}"))
 }
 
 /// One attempt of a routed request: an endpoint chosen now, a pooled connection to it if one
@@ -195,5 +310,79 @@ pub(super) async fn send(
         Ok(up) => Ok(up.counting(selected.in_flight)),
         Err(SendError::Unsent(_, e)) => Err(ProxyError::from_send(key.destination, e)),
         Err(SendError::Failed(e)) => Err(e),
+    }
+}
+
+/// The answer to a request the xDS route decision answers itself.
+pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response<ResponseBody> {
+    let (status, body, location) = match answer {
+        Answer::Error(kind) => return super::forward::local_reply(kind, grpc, end),
+        Answer::Local {
+            status,
+            body,
+            location,
+        } => (status, body, location),
+    };
+    end.status = status;
+    if let Some(log) = &mut end.log {
+        log.status = status;
+    }
+    let mut builder = Response::builder().status(status);
+    if let Some(location) = location.and_then(|l| HeaderValue::try_from(l).ok()) {
+        builder = builder.header(http::header::LOCATION, location);
+    }
+    let body = Bytes::from(body.unwrap_or_default());
+    match builder.body(()) {
+        Ok(r) => r.map(|()| ResponseBody::local(body, end)),
+        // A status outside 100..=999 from the route: Envoy would have refused the table.
+        Err(_) => Response::new(ResponseBody::local(Bytes::new(), end)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_rewrite_replaces_what_the_route_matched() {
+        let prefix = PathMatch::Prefix("/api".into());
+        assert_eq!(
+            rewrite_prefix(&prefix, "/api/v1?x=1", "/").as_deref(),
+            Some("//v1?x=1")
+        );
+        assert_eq!(
+            rewrite_prefix(&prefix, "/API/v1", "/v2").as_deref(),
+            Some("/v2/v1")
+        );
+        let exact = PathMatch::Exact("/old".into());
+        assert_eq!(
+            rewrite_prefix(&exact, "/old", "/new").as_deref(),
+            Some("/new")
+        );
+    }
+
+    #[test]
+    fn edits_remove_then_add_most_specific_first() {
+        let edit = |name: &str, value: &str, append: bool| HeaderEdit {
+            name: name.into(),
+            value: value.into(),
+            append,
+        };
+        let route = [edit("x-a", "route", false), edit("x-b", "1", true)];
+        let vhost = [edit("x-a", "vhost", false), edit("x-b", "2", true)];
+        let remove = ["x-gone".to_string()];
+        let edits = Edits::of([(&route[..], &remove[..]), (&vhost[..], &[][..])]);
+        let mut headers = HeaderMap::new();
+        headers.insert("x-gone", HeaderValue::from_static("y"));
+        headers.insert("x-b", HeaderValue::from_static("0"));
+        edits.apply(&mut headers);
+        assert!(headers.get("x-gone").is_none());
+        assert_eq!(headers["x-a"], "vhost");
+        let b: Vec<&str> = headers
+            .get_all("x-b")
+            .iter()
+            .map(|v| v.to_str().unwrap_or_default())
+            .collect();
+        assert_eq!(b, ["0", "1", "2"]);
     }
 }

@@ -13,6 +13,7 @@ use remora_xds::model::listener::{
 };
 use remora_xds::model::route::{
     Action, ClusterTarget, Forward, Redirect, RequestParts, RetryPolicy, Route, RouteConfiguration,
+    VirtualHost,
 };
 use remora_xds::snapshot::Snapshot;
 use std::sync::Arc;
@@ -80,6 +81,8 @@ pub enum HttpDecision<'s> {
         forward: &'s Forward,
         /// The route's retry policy, else its virtual host's (`None`: no retries, as Envoy).
         retry: Option<&'s RetryPolicy>,
+        /// The virtual host, for its header edits.
+        vhost: &'s VirtualHost,
     },
     Redirect(&'s Redirect),
     DirectResponse {
@@ -132,6 +135,7 @@ pub fn http_route<'s>(
                         .retry_policy
                         .as_ref()
                         .or(vhost.retry_policy.as_ref()),
+                    vhost,
                 },
                 // Every weight zero: Envoy has nowhere to send it either.
                 None => HttpDecision::NoRoute,
