@@ -124,7 +124,10 @@ fn write_resources(dir: &Path, web: &[SocketAddr], echo: SocketAddr) {
         {"match": {"path": "/missing"}, "route": {"cluster": "outbound|80||nowhere.test.svc.cluster.local"}},
         {"match": {"prefix": "/"}, "route": {"cluster": CLUSTER}}
     ]}]}]);
-    let clusters = json!([eds_cluster(CLUSTER), eds_cluster(TCP_CLUSTER)]);
+    let mut web_cluster = eds_cluster(CLUSTER);
+    web_cluster["metadata"] = json!({"filter_metadata": {"istio": {"services": [
+        {"host": "web.test.svc.cluster.local", "name": "web", "namespace": "test"}]}}});
+    let clusters = json!([web_cluster, eds_cluster(TCP_CLUSTER)]);
     let endpoints = json!([assignment(CLUSTER, web), assignment(TCP_CLUSTER, &[echo])]);
     write_all(dir, listeners, routes, clusters, endpoints);
 }
@@ -185,6 +188,19 @@ fn a_vip_known_only_to_xds_is_balanced_per_request_over_one_connection() {
         remora.stderr()
     );
     assert_eq!(connects, 1, "the client's connection was kept: {text}");
+    // Istio's metrics name the service from the cluster's metadata.
+    remora.wait_for_metrics("the requests counted", Duration::from_secs(5), |m| {
+        m.value(
+            "istio_requests_total",
+            &[
+                ("reporter", "source"),
+                ("destination_service", "web.test.svc.cluster.local"),
+                ("destination_service_name", "web"),
+                ("destination_service_namespace", "test"),
+                ("response_code", "200"),
+            ],
+        ) == 30.0
+    });
 
     // A route to a cluster that does not exist: 503 NC. No virtual host for the Host: 404 NR.
     let (status, _) = peer::curl_status(

@@ -131,6 +131,12 @@ pub async fn handle(
             Err(answer) => return Ok(super::routed::reply(answer, grpc, end)),
         },
     };
+    if let Some(r) = &routed {
+        end.routed = Some(Box::new(super::body::RoutedEnd {
+            in_flight: None,
+            metrics_peer: r.metrics_peer.clone(),
+        }));
+    }
     let route_timeout = match &routed {
         Some(r) => r.timeout,
         None => Some(ctx.config.http.request_timeout).filter(|t| !t.is_zero()),
@@ -223,7 +229,9 @@ pub async fn handle(
     }
     // An upgraded connection belongs to the tunnel now, and so does the request's end.
     end.pooled = pooled.filter(|_| !upgraded);
-    end.in_flight = in_flight;
+    if let Some(r) = &mut end.routed {
+        r.in_flight = in_flight;
+    }
     if let Some((downstream, upstream)) = tunnel {
         upgrade::tunnel(downstream, upstream, ctx.proxy.drain.track(), end);
         return Ok(Response::from_parts(parts, ResponseBody::upgraded(body)));

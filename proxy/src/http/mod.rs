@@ -131,7 +131,7 @@ impl ConnContext {
             destination,
             source: None,
             version: HttpVersion::Http1,
-            tls: None,
+            tls: 0,
         };
         let timeout = Duration::from_secs(1);
         ConnContext::new(proxy, config, Direction::Outbound, peer, key, timeout)
@@ -314,7 +314,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         destination: c.destination,
         source: c.source,
         version: c.version,
-        tls: None,
+        tls: 0,
     };
     // Requests routed by xDS are served by hyper (`forward`), which routes and balances each
     // one; the fast path sends every request of a connection to its destination.

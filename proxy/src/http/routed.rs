@@ -20,6 +20,7 @@ use http::{Request, Response};
 use remora_xds::model::listener::RouteSource;
 use remora_xds::model::route::{HeaderEdit, PathMatch, RequestParts};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Where a routed request goes.
@@ -36,6 +37,8 @@ pub struct Routed {
     pub retries: u32,
     /// The route's, virtual host's and table's response header edits.
     pub response_edits: Edits,
+    /// The destination as Istio's metrics label it, from the cluster's Istio metadata.
+    pub metrics_peer: Option<Arc<crate::tls::Peer>>,
 }
 
 /// Header edits of a route, its virtual host and its table, in Envoy's default order (the
@@ -169,6 +172,9 @@ pub fn decide(
         timeout: forward.timeout,
         retries: retry.map_or(0, |r| r.num_retries),
         response_edits,
+        metrics_peer: snapshot
+            .cluster(cluster)
+            .and_then(|c| ctx.proxy.upstreams.service_peer(c)),
     };
     let host_rewrite = forward.host_rewrite.clone();
     request_edits.apply(&mut parts.headers);
@@ -259,8 +265,8 @@ pub(super) async fn send(
         source: None,
         version,
         tls: match &selected.transport {
-            Transport::Plaintext => None,
-            Transport::Mesh(mesh) => Some(ctx.proxy.upstreams.tls_id(mesh)),
+            Transport::Plaintext => 0,
+            Transport::Mesh(mesh) => ctx.proxy.upstreams.tls_id(mesh),
         },
     };
     let idle_timeout = ctx.config.http.pool_idle_timeout;

@@ -37,14 +37,18 @@ pub struct Upstreams {
     /// A small number per set of mesh TLS parameters, for the pool's key: connections made
     /// with one SNI and SAN check never serve a request that wants another.
     tls_ids: Mutex<TlsIds>,
+    /// The server side of Istio's request metrics per service host a cluster stands for, made
+    /// once and shared, so that a request's series is found without an allocation.
+    service_peers: Mutex<HashMap<String, Arc<crate::tls::Peer>>>,
 }
 
 #[derive(Debug, Default)]
 struct TlsIds {
     ids: HashMap<Arc<MeshTls>, u32>,
-    /// Never reused: when the table is full it starts again with fresh numbers, so a pooled
-    /// connection under an old number can never be taken for another's parameters.
-    next: u32,
+    /// The last number given. Never reused: when the table is full it starts again with fresh
+    /// numbers, so a pooled connection under an old number can never be taken for another's
+    /// parameters. Starts above 0, which is plaintext's.
+    last: u32,
 }
 
 /// The endpoint chosen for one request or connection.
@@ -176,7 +180,7 @@ impl Upstreams {
         }
     }
 
-    /// The pool-key number of these mesh TLS parameters.
+    /// The pool-key number of these mesh TLS parameters (never 0).
     pub fn tls_id(&self, mesh: &Arc<MeshTls>) -> u32 {
         let mut t = self.tls_ids.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(id) = t.ids.get(mesh) {
@@ -185,10 +189,38 @@ impl Upstreams {
         if t.ids.len() >= ROUND_ROBIN_CLUSTERS {
             t.ids.clear();
         }
-        let id = t.next;
-        t.next = t.next.wrapping_add(1);
+        // Four billion parameter sets would have to be seen before a number came back.
+        t.last = t.last.checked_add(1).unwrap_or(1);
+        let id = t.last;
         t.ids.insert(Arc::clone(mesh), id);
         id
+    }
+
+    /// How Istio's metrics name the destination of a request to `cluster`: the service of its
+    /// Istio metadata (`destination_service` and its siblings), when it has one.
+    pub fn service_peer(&self, cluster: &Cluster) -> Option<Arc<crate::tls::Peer>> {
+        let host = &cluster.istio.services.first()?.host;
+        let mut peers = self
+            .service_peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(p) = peers.get(host) {
+            return Some(Arc::clone(p));
+        }
+        if peers.len() >= ROUND_ROBIN_CLUSTERS {
+            peers.clear();
+        }
+        let peer = Arc::new(crate::tls::Peer {
+            spiffe_id: None,
+            cert_hash: String::new(),
+            subject: String::new(),
+            dns_sans: Vec::new(),
+            alpn: None,
+            metadata: None,
+            service: Some(Arc::from(host.as_str())),
+        });
+        peers.insert(host.clone(), Arc::clone(&peer));
+        Some(peer)
     }
 
     /// What is in flight to `address` (tests, `/clusters`).
