@@ -9,7 +9,7 @@
 //! passed in, so every decision is reproducible in a test.
 
 use remora_xds::model::listener::{
-    ChainKind, ConnectionFacts, FilterChain, HttpChain, RouteSource, TcpTarget,
+    ChainKind, ConnectionFacts, DownstreamTls, FilterChain, HttpChain, RouteSource, TcpTarget,
 };
 use remora_xds::model::route::{
     Action, ClusterTarget, Forward, Redirect, RequestParts, RetryPolicy, Route, RouteConfiguration,
@@ -50,6 +50,39 @@ pub fn outbound<'s>(
         return ChainDecision::NoChain;
     };
     chain_decision(chain, pick)
+}
+
+/// What an inbound connection's `virtualInbound` chain says: whether mesh TLS is terminated
+/// (istiod writes a TLS chain per port for mTLS and, in PERMISSIVE mode, a plaintext one
+/// beside it; STRICT has no plaintext chain, so plaintext finds none), and then TCP to a
+/// cluster or HTTP.
+#[derive(Debug)]
+pub struct Inbound<'s> {
+    /// Terminate TLS with this context (the workload certificate, client certificates
+    /// required when it says so).
+    pub terminate: Option<&'s DownstreamTls>,
+    pub decision: ChainDecision<'s>,
+}
+
+/// The inbound chain for a connection: `None` when no inbound listener is held (the config
+/// file's inbound behaviour applies); a decision of [`ChainDecision::NoChain`] when no chain
+/// takes it (Envoy closes it, `NR`).
+pub fn inbound<'s>(
+    snapshot: &'s Snapshot,
+    facts: &ConnectionFacts<'_>,
+    pick: u64,
+) -> Option<Inbound<'s>> {
+    let listener = snapshot.inbound_listener()?;
+    Some(match listener.filter_chain(facts) {
+        None => Inbound {
+            terminate: None,
+            decision: ChainDecision::NoChain,
+        },
+        Some(chain) => Inbound {
+            terminate: chain.tls.as_ref(),
+            decision: chain_decision(chain, pick),
+        },
+    })
 }
 
 /// What one chain does.

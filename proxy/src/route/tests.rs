@@ -244,3 +244,91 @@ fn a_routes_retry_policy_wins_over_its_virtual_hosts() {
     assert_eq!(retries("/", "reviews"), Some(2));
     assert_eq!(retries("/", "unknown"), None);
 }
+
+/// istiod's `virtualInbound` for a pod with port 9080 (HTTP) in PERMISSIVE mode: per port a
+/// TLS chain (mTLS terminated) and a plaintext one, then the catch-all passthrough chains.
+fn virtual_inbound() -> Store {
+    let sds = |name: &str| {
+        json!({"name": name, "sds_config": {"api_config_source": {"api_type": "GRPC",
+            "grpc_services": [{"envoy_grpc": {"cluster_name": "sds-grpc"}}],
+            "transport_api_version": "V3"}, "resource_api_version": "V3"}})
+    };
+    let tls = json!({"name": "envoy.transport_sockets.tls", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+        "common_tls_context": {
+            "alpn_protocols": ["h2", "http/1.1"],
+            "tls_certificate_sds_secret_configs": [sds("default")],
+            "combined_validation_context": {
+                "default_validation_context": {"match_subject_alt_names": [{"prefix": "spiffe://cluster.local/"}]},
+                "validation_context_sds_secret_config": sds("ROOTCA")}},
+        "require_client_certificate": true}});
+    let tcp = |cluster: &str| {
+        json!([{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            "stat_prefix": cluster, "cluster": cluster}}])
+    };
+    let http = json!([{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "inbound_0.0.0.0_9080",
+        "route_config": {"name": "inbound|9080||", "virtual_hosts": [{"name": "inbound|http|9080", "domains": ["*"],
+            "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "inbound|9080||"}}]}]},
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]);
+    let any = json!([{"address_prefix": "0.0.0.0", "prefix_len": 0}]);
+    let listeners = json!([{
+    "name": "virtualInbound", "traffic_direction": "INBOUND",
+    "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15006}},
+    "filter_chains": [
+        {"name": "0.0.0.0_9080", "filter_chain_match": {"destination_port": 9080, "transport_protocol": "tls",
+            "application_protocols": ["istio", "istio-peer-exchange", "istio-http/1.0", "istio-http/1.1", "istio-h2"]},
+         "transport_socket": tls.clone(), "filters": http.clone()},
+        {"name": "0.0.0.0_9080", "filter_chain_match": {"destination_port": 9080, "transport_protocol": "raw_buffer"},
+         "filters": http},
+        {"name": "virtualInbound", "filter_chain_match": {"prefix_ranges": any.clone(), "transport_protocol": "tls",
+            "application_protocols": ["istio-peer-exchange", "istio"]},
+         "transport_socket": tls, "filters": tcp("InboundPassthroughClusterIpv4")},
+        {"name": "virtualInbound", "filter_chain_match": {"prefix_ranges": any, "transport_protocol": "raw_buffer"},
+         "filters": tcp("InboundPassthroughClusterIpv4")}
+    ]}]);
+    crate::xds_files::store_of(json!([]), json!([]), listeners, json!([]))
+}
+
+#[test]
+fn inbound_chains_decide_mtls_or_plaintext_per_port_and_the_local_cluster() {
+    let store = virtual_inbound();
+    let s = store.snapshot();
+    let decide = |dst: &str, transport: &'static str, alpn: &'static [&'static str]| {
+        let facts = ConnectionFacts {
+            destination: dst.parse().expect("addr"),
+            server_name: None,
+            transport_protocol: transport,
+            application_protocols: alpn,
+        };
+        let inbound = inbound(&s, &facts, 0).expect("virtualInbound is held");
+        let what = match inbound.decision {
+            ChainDecision::Tcp { cluster, .. } => cluster.to_string(),
+            ChainDecision::Http { http, .. } => {
+                let table = route_table(&s, &http.routes).expect("inline");
+                let header = |_: &str| None;
+                let req = RequestParts {
+                    method: "GET",
+                    path_and_query: "/",
+                    header: &header,
+                };
+                describe(&http_route(table, "app:9080", &req, 0))
+            }
+            ChainDecision::NoChain => "NR".into(),
+        };
+        (inbound.terminate.is_some(), what)
+    };
+    let mtls = decide("10.0.0.5:9080", "tls", &["istio-http/1.1"]);
+    assert_eq!(mtls, (true, "inbound|9080||".to_string()));
+    let plain = decide("10.0.0.5:9080", "raw_buffer", &["http/1.1"]);
+    assert_eq!(plain, (false, "inbound|9080||".to_string()));
+    let other = decide("10.0.0.5:7000", "tls", &["istio-peer-exchange", "istio"]);
+    assert_eq!(other, (true, "InboundPassthroughClusterIpv4".to_string()));
+    // The application's own TLS, not Istio's, on a port with no chain of its own: none.
+    let app_tls = decide("10.0.0.5:7000", "tls", &["h2"]);
+    assert_eq!(app_tls, (false, "NR".to_string()));
+    assert!(inbound(&bookinfo().snapshot(), &facts("10.0.0.5:80"), 0).is_none());
+}
