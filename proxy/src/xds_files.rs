@@ -73,6 +73,14 @@ pub fn fingerprint(dir: &Path) -> Vec<u8> {
 
 /// Read and parse the directory. A missing file is an empty set of that type.
 pub fn read_dir(dir: &Path) -> Result<Resources, FilesError> {
+    // A directory that is not there is a mistake, not an empty world: every outbound
+    // connection would be refused for want of a listener.
+    if !dir.is_dir() {
+        return Err(FilesError::Read {
+            path: dir.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+        });
+    }
     let mut out = Resources::default();
     for (base, kind, url) in ORDER {
         let Some(path) = file_of(dir, base) else {
@@ -281,6 +289,8 @@ mod tests {
         std::fs::write(dir.path().join("clusters.json"), "[{").expect("write");
         assert!(read_dir(dir.path()).is_err());
         assert_eq!(store.snapshot().clusters.len(), 1);
+
+        assert!(read_dir(&dir.path().join("missing")).is_err());
 
         // A removed resource goes (state of the world).
         std::fs::write(dir.path().join("clusters.json"), "[]").expect("write");

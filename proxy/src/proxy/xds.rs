@@ -76,7 +76,6 @@ impl Proxy {
             }
             ChainDecision::Tcp { cluster, .. } => cluster.to_string(),
         };
-        let _ = self.metrics.direction(hop.dir).istio_opened(None);
         let selected = match self.upstreams.select(&snapshot, &cluster, hop.destination) {
             Ok(s) => s,
             Err(e) => {
@@ -88,7 +87,7 @@ impl Proxy {
                         End::NoHealthyUpstream
                     }
                 };
-                return refused(Some(hop.destination), end).counted_in(IstioOpen::Unknown);
+                return refused(Some(hop.destination), end);
             }
         };
         // The endpoint is this connection's upstream from here on.
@@ -99,6 +98,8 @@ impl Proxy {
         let connected = dial::dial(self, &config.tls, &selected, hop.dir, None).await;
         match connected {
             Ok(Connected::Plain(up)) => {
+                // No mesh peer to learn: Istio's open is counted now, for an unknown peer.
+                let _ = self.metrics.direction(hop.dir).istio_opened(None);
                 let copied =
                     tcp::copy_bidirectional_after(&prefix, &downstream, &up.stream, hop.idle).await;
                 copy_outcome(&hop, copied, &downstream, &up.stream).counted_in(IstioOpen::Unknown)
@@ -117,7 +118,7 @@ impl Proxy {
                 self.metrics.direction(hop.dir).connect_failures.inc();
                 tracing::debug!(peer = %hop.peer, error = %e, "xDS upstream connect failed");
                 reset(&downstream);
-                refused(Some(hop.destination), e.end()).counted_in(IstioOpen::Unknown)
+                refused(Some(hop.destination), e.end())
             }
         }
     }
