@@ -220,7 +220,8 @@ impl Proxy {
             let snapshot = xds.snapshot();
             return Box::pin(self.xds_outbound(config, downstream, hop, snapshot)).await;
         }
-        if let Some(leg) = mesh::leg(&self.mesh, config, route, destination) {
+        let xds = self.xds.as_deref();
+        if let Some(leg) = mesh::leg(&self.mesh, config, route, destination, xds) {
             // Boxed (by `mesh`): only connections that meet mesh TLS carry its state.
             return self.mesh(config, downstream, hop, mode, leg).await;
         }

@@ -8,6 +8,7 @@
 //! Nothing here does I/O or keeps state: the random numbers that weighted choices need are
 //! passed in, so every decision is reproducible in a test.
 
+use remora_config::MtlsMode;
 use remora_xds::model::listener::{
     ChainKind, ConnectionFacts, DownstreamTls, FilterChain, HttpChain, RouteSource, TcpTarget,
 };
@@ -83,6 +84,39 @@ pub fn inbound<'s>(
             decision: chain_decision(chain, pick),
         },
     })
+}
+
+/// The PeerAuthentication mode istiod's `virtualInbound` expresses for connections to `dst`:
+/// the chains for its port (else the catch-all chains) that terminate TLS and those that take
+/// plaintext. TLS only is STRICT, both PERMISSIVE, plaintext only DISABLE; `None` when no
+/// inbound listener is held or no chain speaks for the port (the config file's mode applies).
+pub fn inbound_mtls(snapshot: &Snapshot, dst: std::net::SocketAddr) -> Option<MtlsMode> {
+    let listener = snapshot.inbound_listener()?;
+    let for_port: Vec<&FilterChain> = listener
+        .filter_chains
+        .iter()
+        .filter(|c| c.matcher.destination_port == Some(dst.port()))
+        .collect();
+    let chains = if for_port.is_empty() {
+        // The catch-all chains; istiod's blackhole chain names the inbound port itself.
+        listener
+            .filter_chains
+            .iter()
+            .filter(|c| c.matcher.destination_port.is_none())
+            .collect()
+    } else {
+        for_port
+    };
+    let tls = chains.iter().any(|c| c.tls.is_some());
+    let plaintext = chains
+        .iter()
+        .any(|c| c.tls.is_none() && c.matcher.transport_protocol.as_deref() != Some("tls"));
+    match (tls, plaintext) {
+        (true, true) => Some(MtlsMode::Permissive),
+        (true, false) => Some(MtlsMode::Strict),
+        (false, true) => Some(MtlsMode::Disable),
+        (false, false) => None,
+    }
 }
 
 /// What one chain does.

@@ -248,6 +248,12 @@ fn a_routes_retry_policy_wins_over_its_virtual_hosts() {
 /// istiod's `virtualInbound` for a pod with port 9080 (HTTP) in PERMISSIVE mode: per port a
 /// TLS chain (mTLS terminated) and a plaintext one, then the catch-all passthrough chains.
 fn virtual_inbound() -> Store {
+    virtual_inbound_with(true)
+}
+
+/// The same, with or without port 9080's plaintext chain (PERMISSIVE or STRICT for it).
+fn virtual_inbound_with(plaintext_9080: bool) -> Store {
+    let plaintext_port = if plaintext_9080 { 9080 } else { 9081 };
     let sds = |name: &str| {
         json!({"name": name, "sds_config": {"api_config_source": {"api_type": "GRPC",
             "grpc_services": [{"envoy_grpc": {"cluster_name": "sds-grpc"}}],
@@ -282,7 +288,7 @@ fn virtual_inbound() -> Store {
         {"name": "0.0.0.0_9080", "filter_chain_match": {"destination_port": 9080, "transport_protocol": "tls",
             "application_protocols": ["istio", "istio-peer-exchange", "istio-http/1.0", "istio-http/1.1", "istio-h2"]},
          "transport_socket": tls.clone(), "filters": http.clone()},
-        {"name": "0.0.0.0_9080", "filter_chain_match": {"destination_port": 9080, "transport_protocol": "raw_buffer"},
+        {"name": "0.0.0.0_9080", "filter_chain_match": {"destination_port": plaintext_port, "transport_protocol": "raw_buffer"},
          "filters": http},
         {"name": "virtualInbound", "filter_chain_match": {"prefix_ranges": any.clone(), "transport_protocol": "tls",
             "application_protocols": ["istio-peer-exchange", "istio"]},
@@ -331,4 +337,30 @@ fn inbound_chains_decide_mtls_or_plaintext_per_port_and_the_local_cluster() {
     let app_tls = decide("10.0.0.5:7000", "tls", &["h2"]);
     assert_eq!(app_tls, (false, "NR".to_string()));
     assert!(inbound(&bookinfo().snapshot(), &facts("10.0.0.5:80"), 0).is_none());
+}
+
+#[test]
+fn inbound_chains_say_strict_or_permissive_per_port() {
+    let permissive = virtual_inbound_with(true);
+    let strict = virtual_inbound_with(false);
+    let dst = |port: u16| std::net::SocketAddr::from(([10, 0, 0, 5], port));
+    assert_eq!(
+        inbound_mtls(&permissive.snapshot(), dst(9080)),
+        Some(MtlsMode::Permissive)
+    );
+    assert_eq!(
+        inbound_mtls(&strict.snapshot(), dst(9080)),
+        Some(MtlsMode::Strict)
+    );
+    // 9081 has only the plaintext chain in the strict fixture.
+    assert_eq!(
+        inbound_mtls(&strict.snapshot(), dst(9081)),
+        Some(MtlsMode::Disable)
+    );
+    // Other ports: the catch-all chains (TLS and plaintext).
+    assert_eq!(
+        inbound_mtls(&strict.snapshot(), dst(7000)),
+        Some(MtlsMode::Permissive)
+    );
+    assert_eq!(inbound_mtls(&bookinfo().snapshot(), dst(7000)), None);
 }
