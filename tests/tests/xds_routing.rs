@@ -4,7 +4,7 @@
 //! the route or cluster is missing.
 
 use remora_e2e::certs::MeshCa;
-use remora_e2e::mesh::{handshakes, server_config, two_pods, CLIENT_ID, SERVER_ID};
+use remora_e2e::mesh::{client_config, handshakes, server_config, two_pods, CLIENT_ID, SERVER_ID};
 use remora_e2e::peer::{self, any_addr, curl, curl_ok, Server};
 use remora_e2e::service::{peer_program, Service};
 use remora_e2e::PodNet;
@@ -326,4 +326,97 @@ fn auto_mtls_per_endpoint_to_a_peer_sidecar_with_the_sockets_sni_and_san() {
     let back = peer::echo_exchange(&net.peer, tcp_vip, &data).expect("TCP through the VIP");
     peer::assert_same_bytes("echo across the mesh", &data, &back);
     assert_eq!(echo.peers().len(), 1);
+}
+
+/// istiod's `virtualInbound` with only mTLS chains for `port` (STRICT) and both kinds for
+/// every other port (PERMISSIVE).
+fn strict_inbound(port: u16) -> Value {
+    let sds = |name: &str| {
+        json!({"name": name, "sds_config": {"api_config_source": {"api_type": "GRPC",
+            "grpc_services": [{"envoy_grpc": {"cluster_name": "sds-grpc"}}],
+            "transport_api_version": "V3"}, "resource_api_version": "V3"}})
+    };
+    let tls = json!({"name": "envoy.transport_sockets.tls", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+        "common_tls_context": {
+            "alpn_protocols": ["h2", "http/1.1"],
+            "tls_certificate_sds_secret_configs": [sds("default")],
+            "combined_validation_context": {
+                "default_validation_context": {"match_subject_alt_names": [{"prefix": "spiffe://cluster.local/"}]},
+                "validation_context_sds_secret_config": sds("ROOTCA")}},
+        "require_client_certificate": true}});
+    let tcp = json!([{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+        "stat_prefix": "InboundPassthroughClusterIpv4", "cluster": "InboundPassthroughClusterIpv4"}}]);
+    let any = json!([{"address_prefix": "0.0.0.0", "prefix_len": 0}]);
+    json!([{
+    "name": "virtualInbound", "traffic_direction": "INBOUND",
+    "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15006}},
+    "filter_chains": [
+        {"filter_chain_match": {"destination_port": port, "transport_protocol": "tls"},
+         "transport_socket": tls.clone(), "filters": tcp.clone()},
+        {"filter_chain_match": {"prefix_ranges": any.clone(), "transport_protocol": "tls"},
+         "transport_socket": tls, "filters": tcp.clone()},
+        {"filter_chain_match": {"prefix_ranges": any, "transport_protocol": "raw_buffer"},
+         "filters": tcp}
+    ]}])
+}
+
+#[test]
+fn inbound_mtls_mode_per_port_follows_virtual_inbound() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    // Only the pod has a sidecar: the peer's curl is a client without one.
+    let ca = MeshCa::new("cluster.local");
+    let server_dir = net.binary().make_dir("server-certs");
+    ca.install(&server_dir, &ca.workload(SERVER_ID));
+    net.capture_default();
+    let dir = net.binary().make_dir("xds");
+    write_all(&dir, strict_inbound(8080), json!([]), json!([]), json!([]));
+    // The config file says PERMISSIVE; the resources say STRICT for 8080.
+    let _server = net
+        .remora()
+        .config(&format!(
+            "{}xds:\n  resources_dir: {}\n",
+            server_config(&server_dir, "permissive"),
+            dir.display()
+        ))
+        .start_ready();
+    let strict = Server::http(&net.pod, any_addr(8080), "strict");
+    let permissive = Server::http(&net.pod, any_addr(8081), "permissive");
+
+    // Plaintext from a client without a sidecar: refused on 8080, served on 8081.
+    let (status, _) = peer::curl_status(
+        &net.peer,
+        &[&format!("http://{}/", net.pod_addr(8081))],
+        CURL_TIME,
+    );
+    assert_eq!(status, 200);
+    let out = curl(
+        &net.peer,
+        &["-s", &format!("http://{}/", net.pod_addr(8080))],
+        CURL_TIME,
+    );
+    assert!(
+        !out.status.success(),
+        "plaintext reached a STRICT port: {out:?}"
+    );
+    assert!(strict.peers().is_empty());
+    assert_eq!(permissive.peers().len(), 1);
+
+    // A client with a sidecar speaking Istio mTLS is served on the STRICT port.
+    let client_dir = net.binary().make_dir("client-certs");
+    ca.install(&client_dir, &ca.workload(CLIENT_ID));
+    net.capture_peer_default();
+    let _client = net
+        .peer_remora()
+        .config(&client_config(&client_dir, net.pod_ip, SERVER_ID))
+        .start_ready();
+    let out = curl(
+        &net.peer,
+        &["-s", &format!("http://{}/", net.pod_addr(8080))],
+        CURL_TIME,
+    );
+    assert_eq!(curl_ok(&out, "mTLS to the STRICT port"), "strict");
 }
