@@ -237,6 +237,16 @@ fn a_vip_known_only_to_xds_is_balanced_per_request_over_one_connection() {
     let back = peer::echo_exchange(&net.pod, tcp_vip, &data).expect("TCP through the VIP");
     peer::assert_same_bytes("echo through the xDS TCP route", &data, &back);
     assert_eq!(echo.peers().len(), 1);
+
+    // No listener for a destination (and no virtualOutbound): closed, flag NR.
+    let nowhere: SocketAddr = "10.96.0.99:1234".parse().expect("addr");
+    let closed = peer::echo_exchange(&net.pod, nowhere, b"hello");
+    assert!(
+        matches!(&closed, Ok(b) if b.is_empty()) || closed.is_err(),
+        "{closed:?}"
+    );
+    remora.wait_for_access_log("dst=10.96.0.99:1234 sent=0 received=0");
+    remora.wait_for_access_log("end=no_route flags=NR");
     drop(remora);
 }
 
