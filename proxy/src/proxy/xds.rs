@@ -58,7 +58,7 @@ impl Proxy {
             transport_protocol: if hello.is_some() { "tls" } else { "raw_buffer" },
             application_protocols: &alpn,
         };
-        let cluster = match route::outbound(&snapshot, &facts, fastrand::u64(..)) {
+        let (cluster, idle) = match route::outbound(&snapshot, &facts, fastrand::u64(..)) {
             ChainDecision::NoChain => {
                 tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no xDS listener or filter chain");
                 reset(&downstream);
@@ -74,7 +74,9 @@ impl Proxy {
                 let served = Box::pin(self.http_routed(config, downstream, hop, http, routes));
                 return served.await;
             }
-            ChainDecision::Tcp { cluster, .. } => cluster.to_string(),
+            ChainDecision::Tcp { cluster, chain } => {
+                (cluster.to_string(), tcp_idle(chain, hop.idle))
+            }
         };
         let selected = match self.upstreams.select(&snapshot, &cluster, hop.destination) {
             Ok(s) => s,
@@ -93,6 +95,7 @@ impl Proxy {
         // The endpoint is this connection's upstream from here on.
         let hop = Hop {
             destination: selected.address,
+            idle,
             ..hop
         };
         let connected = dial::dial(self, &config.tls, &selected, hop.dir, None).await;
@@ -163,6 +166,21 @@ impl Proxy {
             http: true,
             istio: IstioOpen::NotTcp,
         }
+    }
+}
+
+/// The chain's `tcp_proxy` idle timeout: unset is Envoy's hour (the config file's
+/// `tcp.idle_timeout`, whose default it is), zero is none.
+fn tcp_idle(
+    chain: &remora_xds::model::listener::FilterChain,
+    config: Option<Duration>,
+) -> Option<Duration> {
+    match &chain.kind {
+        remora_xds::model::listener::ChainKind::Tcp(tcp) => match tcp.idle_timeout {
+            None => config,
+            Some(d) => Some(d).filter(|d| !d.is_zero()),
+        },
+        remora_xds::model::listener::ChainKind::Http(_) => config,
     }
 }
 
