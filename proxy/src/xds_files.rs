@@ -142,11 +142,25 @@ pub fn apply(store: &Store, resources: Resources, version: &str) -> Vec<Rejectio
         for r in &mut items {
             r.version = version.to_string();
         }
+        // A file is the whole set of its type: for routes and endpoints too, which state of
+        // the world over ADS never removes by absence (a response carries only what was
+        // asked), a resource the file no longer holds goes.
+        let held = store.snapshot();
+        let held_names: Vec<&String> = match url {
+            type_url::ROUTE => held.routes.keys().collect(),
+            type_url::ENDPOINT => held.endpoints.keys().collect(),
+            _ => Vec::new(),
+        };
+        let removed = held_names
+            .into_iter()
+            .filter(|name| !items.iter().any(|r| &r.name == *name))
+            .cloned()
+            .collect();
         let applied = store.apply(
             url,
             Update {
                 resources: items,
-                removed: Vec::new(),
+                removed,
                 complete: true,
             },
         );
@@ -291,6 +305,15 @@ mod tests {
         assert_eq!(store.snapshot().clusters.len(), 1);
 
         assert!(read_dir(&dir.path().join("missing")).is_err());
+
+        // Endpoints the file no longer holds go, though their cluster still wants them.
+        std::fs::write(dir.path().join("clusters.json"), CLUSTERS).expect("write");
+        std::fs::write(dir.path().join("endpoints.yaml"), "[]").expect("write");
+        apply(&store, read_dir(dir.path()).expect("reads"), "2");
+        assert!(store
+            .snapshot()
+            .endpoints("outbound|80||a.default.svc.cluster.local")
+            .is_none());
 
         // A removed resource goes (state of the world).
         std::fs::write(dir.path().join("clusters.json"), "[]").expect("write");
