@@ -37,15 +37,7 @@ pub(super) struct Upstreamed {
     /// The endpoint that answered.
     endpoint: std::net::SocketAddr,
     /// xDS: the request counted against its endpoint until it ends (LEAST_REQUEST).
-    in_flight: Option<crate::upstream::InFlight>,
-}
-
-impl Upstreamed {
-    /// This response, its request counted against its endpoint until the request ends.
-    pub(super) fn counting(mut self, in_flight: crate::upstream::InFlight) -> Self {
-        self.in_flight = Some(in_flight);
-        self
-    }
+    pub(super) in_flight: Option<crate::upstream::InFlight>,
 }
 
 /// Serve one request.
@@ -126,17 +118,11 @@ pub async fn handle(
     // Routed by xDS: the route decides where, or answers here.
     let routed = match &ctx.xds_routes {
         None => None,
-        Some(routes) => match super::routed::decide(&ctx, routes, &mut parts) {
+        Some(routes) => match super::routed::decide(&ctx, routes, &mut parts, &mut end) {
             Ok(routed) => Some(routed),
             Err(answer) => return Ok(super::routed::reply(answer, grpc, end)),
         },
     };
-    if let Some(r) = &routed {
-        end.routed = Some(Box::new(super::body::RoutedEnd {
-            in_flight: None,
-            metrics_peer: r.metrics_peer.clone(),
-        }));
-    }
     let route_timeout = match &routed {
         Some(r) => r.timeout,
         None => Some(ctx.config.http.request_timeout).filter(|t| !t.is_zero()),
@@ -255,11 +241,9 @@ async fn attempts(
     routed: Option<&super::routed::Routed>,
 ) -> Result<Upstreamed, ProxyError> {
     let http = &ctx.config.http;
-    let retries = match (ctx.direction, routed) {
-        (_, _) if upgrade => 0,
-        (Direction::Outbound, Some(routed)) => routed.retries,
-        (Direction::Outbound, None) => http.retries,
-        (Direction::Inbound, _) => 0,
+    let retries = match ctx.direction {
+        Direction::Outbound if !upgrade => routed.map_or(http.retries, |r| r.retries),
+        _ => 0,
     };
     if retries == 0 {
         let body = if body.is_end_stream() {

@@ -23,6 +23,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+impl Upstreamed {
+    /// This response, its request counted against its endpoint until the request ends.
+    pub(super) fn counting(mut self, in_flight: crate::upstream::InFlight) -> Self {
+        self.in_flight = Some(in_flight);
+        self
+    }
+}
+
 /// Where a routed request goes.
 #[derive(Debug)]
 pub struct Routed {
@@ -93,11 +101,13 @@ pub enum Answer {
     },
 }
 
-/// Route one request by the connection's table in the snapshot in force now.
+/// Route one request by the connection's table in the snapshot in force now; a forwarded
+/// one's end records what it holds until it ends.
 pub fn decide(
     ctx: &ConnContext,
     routes: &RouteSource,
     parts: &mut Parts,
+    end: &mut RequestEnd,
 ) -> Result<Routed, Answer> {
     let Some(store) = &ctx.proxy.xds else {
         return Err(Answer::Error(ErrorKind::NoRoute));
@@ -176,6 +186,10 @@ pub fn decide(
             .cluster(cluster)
             .and_then(|c| ctx.proxy.upstreams.service_peer(c)),
     };
+    end.routed = Some(Box::new(super::body::RoutedEnd {
+        in_flight: None,
+        metrics_peer: routed.metrics_peer.clone(),
+    }));
     let host_rewrite = forward.host_rewrite.clone();
     request_edits.apply(&mut parts.headers);
     if let Some(path) = rewritten.and_then(|p| p.parse::<http::Uri>().ok()) {
