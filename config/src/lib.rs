@@ -13,6 +13,7 @@ mod locate;
 mod mesh;
 mod model;
 mod traffic;
+mod xds;
 
 pub use error::ConfigError;
 pub use model::*;

@@ -6,6 +6,7 @@ pub use crate::dns::*;
 pub use crate::istiod::*;
 pub use crate::mesh::*;
 pub use crate::traffic::*;
+pub use crate::xds::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -73,6 +74,8 @@ pub struct Config {
     pub authorization: AuthorizationConfig,
     /// istiod: the CA that issues the workload certificate (with `discovery_address` set).
     pub istiod: IstiodConfig,
+    /// Envoy discovery resources from files (routing without a control plane).
+    pub xds: XdsConfig,
 }
 
 impl Default for Config {
@@ -101,6 +104,7 @@ impl Default for Config {
             mesh: MeshConfig::default(),
             authorization: AuthorizationConfig::default(),
             istiod: IstiodConfig::default(),
+            xds: XdsConfig::default(),
         }
     }
 }
@@ -547,6 +551,7 @@ impl Config {
         self.tls.validate()?;
         self.authorization.validate()?;
         self.istiod.validate()?;
+        self.xds.validate()?;
         self.mesh.validate(self.has_identity_source())
     }
 

@@ -386,3 +386,22 @@ fn istiod_is_an_identity_source_for_mesh_tls() {
     .unwrap();
     assert_eq!(c.mesh.mtls_mode, MtlsMode::Strict);
 }
+
+#[test]
+fn xds_resources_dir_is_off_by_default_and_checked() {
+    assert_eq!(Config::default().xds.resources_dir, None);
+    let c = parse_str("xds:\n  resources_dir: /etc/remora/xds\n").unwrap();
+    assert_eq!(
+        c.xds.resources_dir.as_deref(),
+        Some(std::path::Path::new("/etc/remora/xds"))
+    );
+    let e = parse_str("xds:\n  watch_interval: 0s\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("remora.yaml:2") && e.contains("xds.watch_interval"),
+        "{e}"
+    );
+    let e = parse_str("xds:\n  dir: /x\n").unwrap_err().to_string();
+    assert!(e.contains("xds") && e.contains("dir"), "{e}");
+}

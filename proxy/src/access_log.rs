@@ -40,6 +40,12 @@ pub enum End {
     RbacDenied,
     /// Nothing moved either way for `tcp.idle_timeout`; both sides were closed.
     IdleTimeout,
+    /// xDS: no listener or filter chain took the connection.
+    NoRoute,
+    /// xDS: the chain's cluster does not exist.
+    NoCluster,
+    /// xDS: the cluster has no healthy endpoint (or its transport cannot be built).
+    NoHealthyUpstream,
 }
 
 impl End {
@@ -58,6 +64,9 @@ impl End {
             End::TlsHandshakeFailed => "tls_handshake_failed",
             End::RbacDenied => "rbac_access_denied",
             End::IdleTimeout => "idle_timeout",
+            End::NoRoute => "no_route",
+            End::NoCluster => "no_cluster",
+            End::NoHealthyUpstream => "no_healthy_upstream",
         }
     }
 
@@ -76,7 +85,9 @@ impl End {
             | End::TlsHandshakeFailed
             | End::RbacDenied => "-",
             // Envoy's "no filter chain found" when STRICT has no chain for plaintext.
-            End::MtlsRequired => "NR",
+            End::MtlsRequired | End::NoRoute => "NR",
+            End::NoCluster => "NC",
+            End::NoHealthyUpstream => "UH",
         }
     }
 }

@@ -452,6 +452,27 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     policies
         .load()
         .context("loading authorization policies (authorization.policy_dir)")?;
+    // xDS resources from files: applied before anything is served, so the first connection
+    // is routed by them; refused resources are logged and counted, the start goes on.
+    let xds_files = match store.load().xds.resources_dir.clone() {
+        // One source of resources: two stores would route by whichever was read last.
+        Some(dir) if xds.is_some() => anyhow::bail!(
+            "xds.resources_dir ({}) and istiod mode are exclusive: configuration comes from \
+             istiod or from files, not both",
+            dir.display()
+        ),
+        Some(dir) => {
+            let xds = crate::xds_files::load(&dir, &metrics)
+                .context("loading xDS resources (xds.resources_dir)")?;
+            Some(crate::xds_files::Watcher {
+                dir,
+                interval: store.load().xds.watch_interval,
+                store: xds,
+                metrics: Arc::clone(&metrics),
+            })
+        }
+        None => None,
+    };
     let proxy = Arc::new(Proxy {
         config: Arc::clone(&store),
         loop_guard,
@@ -466,7 +487,10 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
                 .with_exchange_header(exchange_header, exchange_headers),
         ),
         authz,
-        xds: xds.clone(),
+        xds: xds
+            .clone()
+            .or_else(|| xds_files.as_ref().map(|w| Arc::clone(&w.store))),
+        upstreams: Arc::default(),
     });
     let metrics_handle = Arc::clone(&metrics);
     let identity_store = identity;
@@ -519,6 +543,9 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
             mode.spawn();
         }
         tokio::spawn(policies.watch());
+        if let Some(w) = xds_files {
+            tokio::spawn(w.watch());
+        }
         serve(proxy, routes, dns, state, reloader).await
     });
     // Connections still open after the drain period are cut here.

@@ -32,9 +32,12 @@ pub mod metrics;
 pub mod orig_dst;
 pub mod proxy;
 pub mod reload;
+pub mod route;
 pub mod tcp;
 pub mod tls;
+pub mod upstream;
 pub mod workload;
+pub mod xds_files;
 
 /// Which capture listener a connection arrived on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -23,6 +23,7 @@ use tokio::net::TcpStream;
 
 mod authorize;
 mod mesh;
+mod xds;
 
 /// Everything a connection needs, shared by all of them.
 #[derive(Debug)]
@@ -47,6 +48,8 @@ pub struct Proxy {
     /// when present, it decides where connections and requests go; when absent, the config
     /// file's capture and explicit-listener behaviour does.
     pub xds: Option<Arc<remora_xds::store::Store>>,
+    /// With `xds`: the balancers' state and the pooled connections to endpoints.
+    pub upstreams: Arc<crate::upstream::Upstreams>,
 }
 
 /// Where a listener's connections go.
@@ -112,6 +115,7 @@ impl Proxy {
             mesh: Arc::default(),
             authz: Arc::new(crate::authz::Authorizer::new(Default::default())),
             xds: None,
+            upstreams: Arc::default(),
         })
     }
 
@@ -210,7 +214,14 @@ impl Proxy {
             timeout,
             idle: config.tcp.idle(),
         };
-        if let Some(leg) = mesh::leg(&self.mesh, config, route, destination) {
+        if let (Some(xds), Route::Capture(Direction::Outbound)) = (&self.xds, route) {
+            // Routed by xDS: the route decision and the upstream layer choose, not the
+            // destination. Boxed: the file-config path should not carry its state.
+            let snapshot = xds.snapshot();
+            return Box::pin(self.xds_outbound(config, downstream, hop, snapshot)).await;
+        }
+        let xds = self.xds.as_deref();
+        if let Some(leg) = mesh::leg(&self.mesh, config, route, destination, xds) {
             // Boxed (by `mesh`): only connections that meet mesh TLS carry its state.
             return self.mesh(config, downstream, hop, mode, leg).await;
         }
@@ -385,6 +396,7 @@ impl Proxy {
                 prefix,
                 early,
                 originate,
+                xds_routes: None,
             },
         )
         .await;

@@ -213,6 +213,8 @@ impl Body for ResponseBody {
 pub struct RequestEnd {
     pub conn: Arc<ConnContext>,
     pub pooled: Option<(Key, Sender)>,
+    /// xDS only (boxed: every request's state carries this field).
+    pub routed: Option<Box<RoutedEnd>>,
     pub log: Option<Box<RequestLog>>,
     pub flags: Flags,
     pub sent: u64,
@@ -231,6 +233,15 @@ pub struct RequestEnd {
     pub position: u64,
 }
 
+/// What a request routed by xDS holds until it ends.
+#[derive(Debug, Default)]
+pub struct RoutedEnd {
+    /// The request's count against its endpoint (LEAST_REQUEST), ended with it.
+    pub in_flight: Option<crate::upstream::InFlight>,
+    /// The destination as Istio's metrics name it (else the connection's peer).
+    pub metrics_peer: Option<Arc<crate::tls::Peer>>,
+}
+
 impl RequestEnd {
     /// A request that has just started on `conn`.
     pub fn new(
@@ -243,6 +254,7 @@ impl RequestEnd {
         RequestEnd {
             conn,
             pooled: None,
+            routed: None,
             log,
             flags: Flags::default(),
             sent: 0,
@@ -273,7 +285,11 @@ impl Drop for RequestEnd {
         self.conn.proxy.metrics.request_finished(
             &self.conn.series,
             &RequestOutcome {
-                mesh_peer: self.conn.metrics_peer(),
+                mesh_peer: self
+                    .routed
+                    .as_mut()
+                    .and_then(|r| r.metrics_peer.take())
+                    .or_else(|| self.conn.metrics_peer()),
                 direction: self.conn.direction,
                 grpc: self.grpc,
                 code: self.status,

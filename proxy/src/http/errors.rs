@@ -26,8 +26,14 @@ impl Flags {
     pub const DC: Flags = Flags(1 << 6);
     /// Upstream protocol error: a malformed response.
     pub const UPE: Flags = Flags(1 << 7);
+    /// No route (xDS: no virtual host or route for the request).
+    pub const NR: Flags = Flags(1 << 8);
+    /// No cluster (xDS: the route names a cluster that does not exist).
+    pub const NC: Flags = Flags(1 << 9);
+    /// No healthy upstream host in the cluster.
+    pub const UH: Flags = Flags(1 << 10);
 
-    const NAMES: [(Flags, &'static str); 8] = [
+    const NAMES: [(Flags, &'static str); 11] = [
         (Flags::UF, "UF"),
         (Flags::UC, "UC"),
         (Flags::UR, "UR"),
@@ -36,6 +42,9 @@ impl Flags {
         (Flags::DPE, "DPE"),
         (Flags::DC, "DC"),
         (Flags::UPE, "UPE"),
+        (Flags::NR, "NR"),
+        (Flags::NC, "NC"),
+        (Flags::UH, "UH"),
     ];
 
     /// Add `other` to the set.
@@ -112,6 +121,13 @@ pub enum ErrorKind {
     /// The client's request body ended early (it reset or closed) while it went upstream: no
     /// response reaches it, and Envoy logs response code 0 with `DC`.
     DownstreamAborted,
+    /// xDS: no virtual host or route matches the request (404 `NR`).
+    NoRoute,
+    /// xDS: the route's cluster does not exist (503 `NC`).
+    NoCluster,
+    /// xDS: the cluster has no healthy endpoint, or none that can be reached as configured
+    /// (503 `UH`).
+    NoHealthyUpstream,
 }
 
 impl ErrorKind {
@@ -122,7 +138,10 @@ impl ErrorKind {
             | ErrorKind::HeadersTooLarge
             | ErrorKind::AccessDenied
             | ErrorKind::DownstreamAborted => Origin::Downstream,
-            ErrorKind::Timeout => Origin::Internal,
+            ErrorKind::Timeout
+            | ErrorKind::NoRoute
+            | ErrorKind::NoCluster
+            | ErrorKind::NoHealthyUpstream => Origin::Internal,
             _ => Origin::Upstream,
         }
     }
@@ -139,6 +158,9 @@ impl ErrorKind {
             // Envoy's RBAC filter sets no flag, only its response code details.
             ErrorKind::AccessDenied => Flags::default(),
             ErrorKind::DownstreamAborted => Flags::DC,
+            ErrorKind::NoRoute => Flags::NR,
+            ErrorKind::NoCluster => Flags::NC,
+            ErrorKind::NoHealthyUpstream => Flags::UH,
         }
     }
 
@@ -160,6 +182,7 @@ impl ErrorKind {
             ErrorKind::MalformedRequest(_) => StatusCode::BAD_REQUEST,
             ErrorKind::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ErrorKind::AccessDenied => StatusCode::FORBIDDEN,
+            ErrorKind::NoRoute => StatusCode::NOT_FOUND,
             // Nobody reads it; the request's metrics and log say 0, as Envoy's do.
             ErrorKind::DownstreamAborted => StatusCode::BAD_REQUEST,
             _ => StatusCode::SERVICE_UNAVAILABLE,
@@ -177,6 +200,8 @@ impl ErrorKind {
             | ErrorKind::UpstreamProtocol => 13,
             // PERMISSION_DENIED, as Envoy maps a 403.
             ErrorKind::AccessDenied => 7,
+            // UNIMPLEMENTED, as Envoy maps a 404.
+            ErrorKind::NoRoute => 12,
             // CANCELLED: the client went away.
             ErrorKind::DownstreamAborted => 1,
             // UNAVAILABLE: the call may be retried by the client.
@@ -208,6 +233,10 @@ impl ErrorKind {
             ErrorKind::HeadersTooLarge => "request headers too large",
             ErrorKind::AccessDenied => "RBAC: access denied",
             ErrorKind::DownstreamAborted => "downstream_remote_disconnect",
+            // Envoy's local replies for these carry no body but this one's.
+            ErrorKind::NoRoute => "route_not_found",
+            ErrorKind::NoCluster => "cluster_not_found",
+            ErrorKind::NoHealthyUpstream => "no healthy upstream",
         }
     }
 }

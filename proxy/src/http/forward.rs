@@ -31,9 +31,13 @@ use std::time::{Instant, SystemTime};
 
 /// A response from the upstream, and the HTTP/1.1 connection it came on (to pool again once
 /// the body is read).
-struct Upstreamed {
+pub(super) struct Upstreamed {
     response: Response<Incoming>,
     pooled: Option<(Key, Sender)>,
+    /// The endpoint that answered.
+    endpoint: std::net::SocketAddr,
+    /// xDS: the request counted against its endpoint until it ends (LEAST_REQUEST).
+    pub(super) in_flight: Option<crate::upstream::InFlight>,
 }
 
 /// Serve one request.
@@ -111,15 +115,35 @@ pub async fn handle(
         log.received = Arc::clone(&end.received);
     }
     let received = Some(Arc::clone(&end.received));
+    // Routed by xDS: the route decides where, or answers here.
+    let routed = match &ctx.xds_routes {
+        None => None,
+        Some(routes) => match super::routed::decide(&ctx, routes, &mut parts, &mut end) {
+            Ok(routed) => Some(routed),
+            Err(answer) => return Ok(super::routed::reply(answer, grpc, end)),
+        },
+    };
+    let route_timeout = match &routed {
+        Some(r) => r.timeout,
+        None => Some(ctx.config.http.request_timeout).filter(|t| !t.is_zero()),
+    };
     let timeout = headers::grpc_timeout(&parts.headers)
         .filter(|_| grpc)
-        .or_else(|| Some(ctx.config.http.request_timeout).filter(|t| !t.is_zero()));
+        .or(route_timeout);
     // Allocated only for requests with a deadline; it also bounds the response body.
     let mut deadline = timeout.map(|t| Box::pin(tokio::time::sleep(t)));
 
     // Phase 2: upstream.
     headers::upstream_version(&mut parts);
-    let sending = attempts(&ctx, parts, body, received, upgrade, &mut end.flags);
+    let sending = attempts(
+        &ctx,
+        parts,
+        body,
+        received,
+        upgrade,
+        &mut end.flags,
+        routed.as_ref(),
+    );
     let result = match &mut deadline {
         Some(d) => tokio::select! {
             r = sending => r,
@@ -136,6 +160,8 @@ pub async fn handle(
     let Upstreamed {
         mut response,
         pooled,
+        endpoint,
+        in_flight,
     } = match result {
         Ok(up) => up,
         Err(e) => {
@@ -161,6 +187,9 @@ pub async fn handle(
     };
     let (mut parts, body) = response.into_parts();
     headers::prepare_response(&mut parts.headers, upgraded);
+    if let Some(routed) = &routed {
+        routed.response_edits.apply(&mut parts.headers);
+    }
     if let Some(originate) = &ctx.originate {
         if let (_, Some(value)) = exchange::take(&mut parts.headers) {
             originate.learn_server_value(value.as_bytes());
@@ -176,7 +205,7 @@ pub async fn handle(
     end.grpc_status = headers::grpc_status(&parts.headers);
     if let Some(log) = &mut end.log {
         log.status = parts.status.as_u16();
-        log.upstream = Some(ctx.key.destination);
+        log.upstream = Some(endpoint);
         log.upstream_time = Some(start.1.elapsed());
     }
     if ctx.closing() && ctx.key.version == HttpVersion::Http1 && !upgraded {
@@ -186,6 +215,9 @@ pub async fn handle(
     }
     // An upgraded connection belongs to the tunnel now, and so does the request's end.
     end.pooled = pooled.filter(|_| !upgraded);
+    if let Some(r) = &mut end.routed {
+        r.in_flight = in_flight;
+    }
     if let Some((downstream, upstream)) = tunnel {
         upgrade::tunnel(downstream, upstream, ctx.proxy.drain.track(), end);
         return Ok(Response::from_parts(parts, ResponseBody::upgraded(body)));
@@ -206,10 +238,11 @@ async fn attempts(
     received: Option<Arc<BodyCounter>>,
     upgrade: bool,
     flags: &mut Flags,
+    routed: Option<&super::routed::Routed>,
 ) -> Result<Upstreamed, ProxyError> {
     let http = &ctx.config.http;
     let retries = match ctx.direction {
-        Direction::Outbound if !upgrade => http.retries,
+        Direction::Outbound if !upgrade => routed.map_or(http.retries, |r| r.retries),
         _ => 0,
     };
     if retries == 0 {
@@ -221,7 +254,7 @@ async fn attempts(
                 received,
             }
         };
-        return send(ctx, Request::from_parts(parts, body)).await;
+        return send(ctx, Request::from_parts(parts, body), routed).await;
     }
     let replay =
         (!body.is_end_stream()).then(|| ReplayBody::new(body, http.retry_buffer_bytes, received));
@@ -245,7 +278,7 @@ async fn attempts(
         *req.headers_mut() = parts.headers.clone();
         req.headers_mut()
             .insert(ATTEMPT_COUNT.clone(), HeaderValue::from(attempt));
-        let result = send(ctx, req).await;
+        let result = send(ctx, req, routed).await;
         let retriable = match &result {
             Ok(up) => retry::retry_on_response(&up.response),
             Err(e) => e.kind.retryable(),
@@ -300,7 +333,7 @@ fn origin_form<B>(req: &mut Request<B>) {
 }
 
 /// Why a request did not get a response from one connection.
-enum SendError {
+pub(super) enum SendError {
     /// The connection was closed before the request was written: it can go on another.
     Unsent(Box<Request<UpstreamBody>>, hyper::Error),
     Failed(ProxyError),
@@ -308,7 +341,14 @@ enum SendError {
 
 /// One attempt: a pooled connection if one is idle, else a new one. A pooled connection the
 /// server closed meanwhile gives the request back unsent, and it goes on a new connection.
-async fn send(ctx: &ConnContext, req: Request<UpstreamBody>) -> Result<Upstreamed, ProxyError> {
+async fn send(
+    ctx: &ConnContext,
+    req: Request<UpstreamBody>,
+    routed: Option<&super::routed::Routed>,
+) -> Result<Upstreamed, ProxyError> {
+    if let Some(routed) = routed {
+        return Box::pin(super::routed::send(ctx, routed, req)).await;
+    }
     let key = ctx.key;
     let dst = key.destination;
     let idle_timeout = ctx.config.http.pool_idle_timeout;
@@ -318,7 +358,7 @@ async fn send(ctx: &ConnContext, req: Request<UpstreamBody>) -> Result<Upstreame
         None => ctx.proxy.pool.checkout(&key, Instant::now(), idle_timeout),
     };
     if let Some(sender) = idle {
-        match send_on(ctx, sender, req).await {
+        match send_on(ctx, key, sender, req).await {
             Ok(up) => return Ok(up),
             Err(SendError::Unsent(back, e)) => {
                 tracing::debug!(%dst, error = %e, "pooled connection closed; opening another");
@@ -342,7 +382,7 @@ async fn send(ctx: &ConnContext, req: Request<UpstreamBody>) -> Result<Upstreame
             ctx.config.http.pool_max_idle_per_upstream,
         );
     }
-    match send_on(ctx, sender, req).await {
+    match send_on(ctx, key, sender, req).await {
         Ok(up) => Ok(up),
         Err(SendError::Unsent(_, e)) => Err(forget_if_gone(ctx, ProxyError::from_send(dst, e))),
         Err(SendError::Failed(e)) => Err(forget_if_gone(ctx, e)),
@@ -359,12 +399,13 @@ fn forget_if_gone(ctx: &ConnContext, e: ProxyError) -> ProxyError {
     e
 }
 
-async fn send_on(
+pub(super) async fn send_on(
     ctx: &ConnContext,
+    key: Key,
     sender: Sender,
     req: Request<UpstreamBody>,
 ) -> Result<Upstreamed, SendError> {
-    let dst = ctx.key.destination;
+    let dst = key.destination;
     // A pooled connection becomes ready as soon as its last response is fully read; one that
     // stays busy longer than a connect may take is stuck.
     let bound = ctx.connect_timeout;
@@ -383,7 +424,7 @@ async fn send_on(
                 Err(_) => return Err(stuck()),
             }
             let sent = tx.try_send_request(req).await;
-            (sent, Some((ctx.key, Sender::Http1(tx))))
+            (sent, Some((key, Sender::Http1(tx))))
         }
         Sender::Http2(mut tx) => {
             match tokio::time::timeout(bound, tx.ready()).await {
@@ -395,7 +436,12 @@ async fn send_on(
         }
     };
     match sent {
-        Ok(response) => Ok(Upstreamed { response, pooled }),
+        Ok(response) => Ok(Upstreamed {
+            response,
+            pooled,
+            endpoint: dst,
+            in_flight: None,
+        }),
         Err(mut e) => match e.take_message() {
             Some(req) => Err(SendError::Unsent(Box::new(req), e.into_error())),
             None => Err(SendError::Failed(ProxyError::from_send(
@@ -495,7 +541,11 @@ fn header_timeout_answered(e: &hyper::Error) -> bool {
 /// A reply written by the proxy. gRPC clients get a trailers-only response (HTTP 200 with
 /// `grpc-status`), which every gRPC library reads as the call's status; others get Envoy's
 /// status and text. A malformed request also closes the connection, as Envoy does.
-fn local_reply(kind: ErrorKind, grpc: bool, mut end: RequestEnd) -> Response<ResponseBody> {
+pub(super) fn local_reply(
+    kind: ErrorKind,
+    grpc: bool,
+    mut end: RequestEnd,
+) -> Response<ResponseBody> {
     let mut builder = Response::builder();
     let body = if grpc {
         builder = builder

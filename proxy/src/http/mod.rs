@@ -23,6 +23,7 @@ pub mod io;
 pub mod originate;
 pub mod pool;
 pub mod retry;
+pub mod routed;
 pub mod upgrade;
 
 use crate::access_log::End;
@@ -62,6 +63,8 @@ pub struct ConnContext {
     pub sni: Option<Box<str>>,
     /// Outbound to a mesh destination: requests go inside mesh TLS, on this connection's own.
     pub originate: Option<Box<originate::Originate>>,
+    /// Routed by xDS: each request is routed by this table and balanced ([`routed`]).
+    pub xds_routes: Option<Box<remora_xds::model::listener::RouteSource>>,
     /// The client's sidecar as its metadata headers described it (mesh TLS terminated).
     described_client: std::sync::OnceLock<Arc<crate::tls::Peer>>,
     in_flight: AtomicUsize,
@@ -106,6 +109,7 @@ impl ConnContext {
             mesh_peer: None,
             sni: None,
             originate: None,
+            xds_routes: None,
             described_client: std::sync::OnceLock::new(),
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
@@ -127,6 +131,7 @@ impl ConnContext {
             destination,
             source: None,
             version: HttpVersion::Http1,
+            tls: 0,
         };
         let timeout = Duration::from_secs(1);
         ConnContext::new(proxy, config, Direction::Outbound, peer, key, timeout)
@@ -297,6 +302,8 @@ pub struct Connection {
     pub early: Option<Result<Upstream, crate::connect::ConnectError>>,
     /// Outbound to a mesh destination: how requests go there (it holds the early socket).
     pub originate: Option<Box<originate::Originate>>,
+    /// Routed by xDS: the chain's route table, by which each request is routed and balanced.
+    pub xds_routes: Option<Box<remora_xds::model::listener::RouteSource>>,
 }
 
 /// Serve HTTP on a detected connection until it closes; how it ended and the bytes it carried
@@ -307,8 +314,11 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         destination: c.destination,
         source: c.source,
         version: c.version,
+        tls: 0,
     };
-    let fast = c.version == HttpVersion::Http1 && config.http.fast_path;
+    // Requests routed by xDS are served by hyper (`forward`), which routes and balances each
+    // one; the fast path sends every request of a connection to its destination.
+    let fast = c.version == HttpVersion::Http1 && config.http.fast_path && c.xds_routes.is_none();
     let (mut early, early_failed) = match c.early {
         Some(Ok(up)) => (Some(up), false),
         Some(Err(e)) => {
@@ -334,6 +344,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         mesh_peer,
         sni,
         originate: c.originate,
+        xds_routes: c.xds_routes,
         early_failed: AtomicBool::new(early_failed),
         ..ConnContext::new(proxy, config, c.direction, c.peer, key, c.connect_timeout)
     });

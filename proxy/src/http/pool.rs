@@ -38,6 +38,10 @@ pub struct Key {
     pub destination: SocketAddr,
     pub source: Option<crate::connect::Source>,
     pub version: HttpVersion,
+    /// xDS endpoints inside Istio mTLS: which SNI, ALPN and SAN check the connection was made
+    /// with ([`crate::upstream::Upstreams::tls_id`]); 0: plaintext (a number, not an
+    /// `Option`, so that the key stays as small as every request's state needs it).
+    pub tls: u32,
 }
 
 impl PoolKey for Key {
@@ -232,6 +236,7 @@ impl<C: Pooled> Pool<C> {
                     destination,
                     source,
                     version,
+                    tls: 0,
                 })
             })
     }

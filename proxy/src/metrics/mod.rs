@@ -63,6 +63,10 @@ pub struct Metrics {
     pub reloads_failed: Counter,
     /// Access-log lines dropped because the writer fell behind.
     pub access_log_dropped: Counter,
+    /// xDS resources from files refused (each time a file is applied), and files unreadable.
+    pub xds_file_refusals: Counter,
+    /// Upstream connections that needed mesh TLS by xDS with no workload identity held.
+    pub xds_tls_without_identity: Counter,
     /// Protocol detection outcomes, by `DETECTION_RESULTS` index, and how long they took.
     detections: Vec<Counter>,
     detection_seconds: prometheus_client::metrics::histogram::Histogram,
@@ -235,6 +239,18 @@ impl Metrics {
         let loop_refused = Family::<Labels, Counter>::default();
         let reloads = Family::<Labels, Counter>::default();
         let dropped = Counter::default();
+        let xds_file_refusals = Counter::default();
+        let xds_tls_without_identity = Counter::default();
+        registry.register(
+            "remora_xds_file_refusals",
+            "xDS resources from xds.resources_dir refused, and files that could not be read",
+            xds_file_refusals.clone(),
+        );
+        registry.register(
+            "remora_xds_tls_without_identity",
+            "Upstream connections xDS sends with mesh TLS refused for want of a workload identity",
+            xds_tls_without_identity.clone(),
+        );
 
         registry.register(
             "remora_connections_opened",
@@ -336,6 +352,8 @@ impl Metrics {
             reloads_ok: result("success"),
             reloads_failed: result("failure"),
             access_log_dropped: dropped,
+            xds_file_refusals,
+            xds_tls_without_identity,
         }
     }
 

@@ -71,7 +71,17 @@ impl Inbound {
 /// The mesh leg of a connection, if it has one. Capture listeners have one only with a
 /// workload identity loaded; an explicit listener configured for mesh TLS always has one, so
 /// that without an identity it fails closed (refuses) rather than passing plaintext.
-pub(super) fn leg(mesh: &Mesh, config: &Config, route: &Route, dst: SocketAddr) -> Option<Leg> {
+///
+/// With xDS resources that hold an inbound listener, the inbound mode is the one its chains
+/// express for the destination port ([`crate::route::inbound_mtls`]), as istiod writes each
+/// port's PeerAuthentication into them.
+pub(super) fn leg(
+    mesh: &Mesh,
+    config: &Config,
+    route: &Route,
+    dst: SocketAddr,
+    xds: Option<&remora_xds::store::Store>,
+) -> Option<Leg> {
     if let Route::Fixed(listener) = route {
         let tls = listener.tls.as_ref()?;
         return Some(match tls.mode {
@@ -97,7 +107,10 @@ pub(super) fn leg(mesh: &Mesh, config: &Config, route: &Route, dst: SocketAddr) 
         })
     };
     match route {
-        Route::Capture(Direction::Inbound) => match config.mesh.mtls_mode {
+        Route::Capture(Direction::Inbound) => match xds
+            .and_then(|x| crate::route::inbound_mtls(&x.snapshot(), dst))
+            .unwrap_or(config.mesh.mtls_mode)
+        {
             MtlsMode::Permissive => Some(inbound(false)),
             MtlsMode::Strict => Some(inbound(true)),
             MtlsMode::Disable => None,

@@ -41,6 +41,7 @@ async fn connection_future_stays_small() {
             prefix: BytesMut::new(),
             early: None,
             originate: None,
+            xds_routes: None,
         },
     );
     let size = std::mem::size_of_val(&http);

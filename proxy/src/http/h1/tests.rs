@@ -165,6 +165,7 @@ fn spawn_served(
             prefix: BytesMut::new(),
             early: None,
             originate: None,
+            xds_routes: None,
         },
     ));
 }

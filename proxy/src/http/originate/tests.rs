@@ -103,6 +103,7 @@ fn key(client: &Arc<rustls::ClientConfig>, name: &str, port: u16) -> MeshKey {
             destination: ([10, 0, 0, 7], port).into(),
             source: None,
             version: HttpVersion::Http1,
+            tls: 0,
         },
         client: Arc::clone(client),
         name: Arc::new(ServerName::try_from(name.to_string()).unwrap()),

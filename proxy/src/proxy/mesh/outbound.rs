@@ -113,7 +113,7 @@ impl Proxy {
     /// Name the server from its certificate, the `service` we dialled it as and, on
     /// `istio-peer-exchange`, its metadata; count the connection open for it; then copy the
     /// client's bytes (`prefix` first) both ways.
-    async fn serve_originated(
+    pub(in crate::proxy) async fn serve_originated(
         &self,
         config: &Config,
         hop: &Hop,

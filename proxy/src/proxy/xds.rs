@@ -1,0 +1,198 @@
+//! An outbound connection routed by xDS, top to bottom: what the connection offers (read by
+//! detection only when the listener's chains look at it), the route decision
+//! ([`crate::route`]), then for TCP one endpoint of the chain's cluster ([`crate::upstream`])
+//! and the copy, plaintext or inside Istio mTLS as the endpoint's transport says; for HTTP the
+//! connection is served by hyper, each request routed and balanced on its own
+//! ([`crate::http`]'s `xds` routing).
+
+use super::*;
+use crate::route::{self, ChainDecision};
+use crate::tls::client_hello::{self, Parsed};
+use crate::upstream::dial::{self, Connected};
+use crate::upstream::UpstreamError;
+use remora_xds::model::listener::{ConnectionFacts, Listener};
+use remora_xds::snapshot::Snapshot;
+
+impl Proxy {
+    /// Serve an outbound connection by the xDS snapshot in force now.
+    pub(super) async fn xds_outbound(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        mut downstream: TcpStream,
+        hop: Hop,
+        snapshot: Arc<Snapshot>,
+    ) -> Outcome {
+        let inspect = snapshot
+            .outbound_listener(hop.destination)
+            .is_some_and(|l| inspects(l));
+        // Nothing is dialled while detecting: where to is not known until the chain is.
+        let (prefix, http) = if inspect {
+            let wait = detect_wait(config, true);
+            match self.detect(&mut downstream, hop, false, wait, None).await {
+                Detected::Http(version, prefix, _) => (prefix, Some(version)),
+                Detected::Tcp(prefix, _) | Detected::Tls(prefix, _) => (prefix, None),
+                Detected::ClientFailed => {
+                    return refused(Some(hop.destination), End::DownstreamReset)
+                }
+            }
+        } else {
+            (BytesMut::new(), None)
+        };
+        let hello = match client_hello::parse(&prefix) {
+            Parsed::Complete(hello) => Some(hello),
+            Parsed::Incomplete | Parsed::Invalid => None,
+        };
+        let alpn: Vec<&str> = match (&hello, http) {
+            (Some(h), _) => h
+                .alpn
+                .iter()
+                .filter_map(|p| std::str::from_utf8(p).ok())
+                .collect(),
+            (None, Some(HttpVersion::Http1)) => vec!["http/1.1"],
+            (None, Some(HttpVersion::Http2)) => vec!["h2c"],
+            (None, None) => vec![],
+        };
+        let facts = ConnectionFacts {
+            destination: hop.destination,
+            server_name: hello.as_ref().and_then(|h| h.server_name.as_deref()),
+            transport_protocol: if hello.is_some() { "tls" } else { "raw_buffer" },
+            application_protocols: &alpn,
+        };
+        let (cluster, idle) = match route::outbound(&snapshot, &facts, fastrand::u64(..)) {
+            ChainDecision::NoChain => {
+                tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no xDS listener or filter chain");
+                reset(&downstream);
+                return refused(Some(hop.destination), End::NoRoute);
+            }
+            ChainDecision::Http { http: chain, .. } => {
+                // A chain of HTTP that detection did not see as HTTP: Envoy's connection
+                // manager would answer it 400; as HTTP/1.1 the parser does the same.
+                let version = http.unwrap_or(HttpVersion::Http1);
+                let routes = Some(Box::new(chain.routes.clone()));
+                let downstream = Downstream::Plain(downstream);
+                let http = (version, prefix, None);
+                let served = Box::pin(self.http_routed(config, downstream, hop, http, routes));
+                return served.await;
+            }
+            ChainDecision::Tcp { cluster, chain } => {
+                (cluster.to_string(), tcp_idle(chain, hop.idle))
+            }
+        };
+        let selected = match self.upstreams.select(&snapshot, &cluster, hop.destination) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "no upstream");
+                reset(&downstream);
+                let end = match e {
+                    UpstreamError::NoCluster(_) => End::NoCluster,
+                    UpstreamError::NoHealthyUpstream(_) | UpstreamError::Transport { .. } => {
+                        End::NoHealthyUpstream
+                    }
+                };
+                return refused(Some(hop.destination), end);
+            }
+        };
+        // The endpoint is this connection's upstream from here on.
+        let hop = Hop {
+            destination: selected.address,
+            idle,
+            ..hop
+        };
+        let connected = dial::dial(self, &config.tls, &selected, hop.dir, None).await;
+        match connected {
+            Ok(Connected::Plain(up)) => {
+                // No mesh peer to learn: Istio's open is counted now, for an unknown peer.
+                let _ = self.metrics.direction(hop.dir).istio_opened(None);
+                let copied =
+                    tcp::copy_bidirectional_after(&prefix, &downstream, &up.stream, hop.idle).await;
+                copy_outcome(&hop, copied, &downstream, &up.stream).counted_in(IstioOpen::Unknown)
+            }
+            Ok(Connected::Mesh(tls, _registration)) => {
+                let service = selected
+                    .cluster
+                    .istio
+                    .services
+                    .first()
+                    .map(|s| Arc::from(s.host.as_str()));
+                self.serve_originated(config, &hop, downstream, &prefix, *tls, service)
+                    .await
+            }
+            Err(e) => {
+                self.metrics.direction(hop.dir).connect_failures.inc();
+                tracing::debug!(peer = %hop.peer, error = %e, "xDS upstream connect failed");
+                reset(&downstream);
+                refused(Some(hop.destination), e.end())
+            }
+        }
+    }
+
+    /// Serve HTTP whose requests are routed by the chain's route table.
+    async fn http_routed(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        downstream: Downstream,
+        hop: Hop,
+        http: (
+            HttpVersion,
+            BytesMut,
+            Option<Result<Upstream, ConnectError>>,
+        ),
+        routes: Option<Box<remora_xds::model::listener::RouteSource>>,
+    ) -> Outcome {
+        let (version, prefix, early) = http;
+        let (end, transfer) = http::serve(
+            Arc::clone(self),
+            Arc::clone(config),
+            http::Connection {
+                downstream,
+                mesh_peer: None,
+                peer: hop.peer,
+                direction: hop.dir,
+                destination: hop.destination,
+                source: hop.source,
+                connect_timeout: hop.timeout,
+                version,
+                prefix,
+                early,
+                originate: None,
+                xds_routes: routes,
+            },
+        )
+        .await;
+        Outcome {
+            destination: Some(hop.destination),
+            transfer,
+            end,
+            http: true,
+            istio: IstioOpen::NotTcp,
+        }
+    }
+}
+
+/// The chain's `tcp_proxy` idle timeout: unset is Envoy's hour (the config file's
+/// `tcp.idle_timeout`, whose default it is), zero is none.
+fn tcp_idle(
+    chain: &remora_xds::model::listener::FilterChain,
+    config: Option<Duration>,
+) -> Option<Duration> {
+    match &chain.kind {
+        remora_xds::model::listener::ChainKind::Tcp(tcp) => match tcp.idle_timeout {
+            None => config,
+            Some(d) => Some(d).filter(|d| !d.is_zero()),
+        },
+        remora_xds::model::listener::ChainKind::Http(_) => config,
+    }
+}
+
+/// Whether a listener's chains look at what detection reads (TLS or not, ALPN, SNI): if none
+/// does, the connection is decided by its destination alone, at once, as Envoy does without
+/// inspector filters, and a server that speaks first is not kept waiting.
+fn inspects(listener: &Listener) -> bool {
+    listener.all_chains().any(|c| {
+        let m = &c.matcher;
+        m.transport_protocol.is_some()
+            || !m.application_protocols.is_empty()
+            || !m.server_names.is_empty()
+            || matches!(c.kind, remora_xds::model::listener::ChainKind::Http(_))
+    })
+}

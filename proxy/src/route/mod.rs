@@ -1,0 +1,238 @@
+//! The route decision, when xDS configures the proxy: pure functions from a snapshot and what
+//! is known of a connection (or a request) to where it goes. Outbound, the original destination
+//! picks istiod's listener, the connection's facts pick its filter chain, and the chain says
+//! TCP (a cluster) or HTTP (a route table: the virtual host by Host, the route by path, headers
+//! and query, then a cluster, a redirect or a direct response). Which endpoint of the cluster,
+//! and over what transport, is the upstream layer's ([`crate::upstream`]).
+//!
+//! Nothing here does I/O or keeps state: the random numbers that weighted choices need are
+//! passed in, so every decision is reproducible in a test.
+
+use remora_config::MtlsMode;
+use remora_xds::model::listener::{
+    ChainKind, ConnectionFacts, DownstreamTls, FilterChain, HttpChain, RouteSource, TcpTarget,
+};
+use remora_xds::model::route::{
+    Action, ClusterTarget, Forward, Redirect, RequestParts, RetryPolicy, Route, RouteConfiguration,
+    VirtualHost,
+};
+use remora_xds::snapshot::Snapshot;
+use std::sync::Arc;
+
+/// What a connection's filter chain makes of it.
+#[derive(Debug)]
+pub enum ChainDecision<'s> {
+    /// `tcp_proxy` to this cluster.
+    Tcp {
+        chain: &'s FilterChain,
+        cluster: &'s str,
+    },
+    /// The HTTP connection manager: each request is routed by [`http_route`].
+    Http {
+        chain: &'s FilterChain,
+        http: &'s HttpChain,
+    },
+    /// No listener or no chain takes it: Envoy closes the connection (flag `NR`).
+    NoChain,
+}
+
+/// The outbound chain for a connection, as Envoy's `virtualOutbound` hands it on: the
+/// listener of its original destination, then the chain its facts select. `pick` is a random
+/// number for a weighted TCP target.
+pub fn outbound<'s>(
+    snapshot: &'s Snapshot,
+    facts: &ConnectionFacts<'_>,
+    pick: u64,
+) -> ChainDecision<'s> {
+    let Some(listener) = snapshot.outbound_listener(facts.destination) else {
+        return ChainDecision::NoChain;
+    };
+    let Some(chain) = listener.filter_chain(facts) else {
+        return ChainDecision::NoChain;
+    };
+    chain_decision(chain, pick)
+}
+
+/// What an inbound connection's `virtualInbound` chain says: whether mesh TLS is terminated
+/// (istiod writes a TLS chain per port for mTLS and, in PERMISSIVE mode, a plaintext one
+/// beside it; STRICT has no plaintext chain, so plaintext finds none), and then TCP to a
+/// cluster or HTTP.
+#[derive(Debug)]
+pub struct Inbound<'s> {
+    /// Terminate TLS with this context (the workload certificate, client certificates
+    /// required when it says so).
+    pub terminate: Option<&'s DownstreamTls>,
+    pub decision: ChainDecision<'s>,
+}
+
+/// The inbound chain for a connection: `None` when no inbound listener is held (the config
+/// file's inbound behaviour applies); a decision of [`ChainDecision::NoChain`] when no chain
+/// takes it (Envoy closes it, `NR`).
+pub fn inbound<'s>(
+    snapshot: &'s Snapshot,
+    facts: &ConnectionFacts<'_>,
+    pick: u64,
+) -> Option<Inbound<'s>> {
+    let listener = snapshot.inbound_listener()?;
+    Some(match listener.filter_chain(facts) {
+        None => Inbound {
+            terminate: None,
+            decision: ChainDecision::NoChain,
+        },
+        Some(chain) => Inbound {
+            terminate: chain.tls.as_ref(),
+            decision: chain_decision(chain, pick),
+        },
+    })
+}
+
+/// The PeerAuthentication mode istiod's `virtualInbound` expresses for connections to `dst`:
+/// the chains for its port (else the catch-all chains) that terminate TLS and those that take
+/// plaintext. TLS only is STRICT, both PERMISSIVE, plaintext only DISABLE; `None` when no
+/// inbound listener is held or no chain speaks for the port (the config file's mode applies).
+pub fn inbound_mtls(snapshot: &Snapshot, dst: std::net::SocketAddr) -> Option<MtlsMode> {
+    let listener = snapshot.inbound_listener()?;
+    let for_port: Vec<&FilterChain> = listener
+        .filter_chains
+        .iter()
+        .filter(|c| c.matcher.destination_port == Some(dst.port()))
+        .collect();
+    let chains = if for_port.is_empty() {
+        // The catch-all chains; istiod's blackhole chain names the inbound port itself.
+        listener
+            .filter_chains
+            .iter()
+            .filter(|c| c.matcher.destination_port.is_none())
+            .collect()
+    } else {
+        for_port
+    };
+    let tls = chains.iter().any(|c| c.tls.is_some());
+    let plaintext = chains
+        .iter()
+        .any(|c| c.tls.is_none() && c.matcher.transport_protocol.as_deref() != Some("tls"));
+    match (tls, plaintext) {
+        (true, true) => Some(MtlsMode::Permissive),
+        (true, false) => Some(MtlsMode::Strict),
+        (false, true) => Some(MtlsMode::Disable),
+        (false, false) => None,
+    }
+}
+
+/// What one chain does.
+pub fn chain_decision(chain: &FilterChain, pick: u64) -> ChainDecision<'_> {
+    match &chain.kind {
+        ChainKind::Tcp(tcp) => {
+            let cluster = match &tcp.target {
+                TcpTarget::Cluster(name) => Some(name.as_str()),
+                TcpTarget::Weighted(set) => {
+                    weighted(set.iter().map(|(name, w)| (name.as_str(), *w)), pick)
+                }
+            };
+            match cluster {
+                Some(cluster) => ChainDecision::Tcp { chain, cluster },
+                None => ChainDecision::NoChain,
+            }
+        }
+        ChainKind::Http(http) => ChainDecision::Http { chain, http },
+    }
+}
+
+/// What an HTTP request gets.
+#[derive(Debug, PartialEq)]
+pub enum HttpDecision<'s> {
+    /// Forward to this cluster (whether it exists is the upstream layer's to say: 503 `NC`).
+    Forward {
+        cluster: &'s str,
+        route: &'s Arc<Route>,
+        forward: &'s Forward,
+        /// The route's retry policy, else its virtual host's (`None`: no retries, as Envoy).
+        retry: Option<&'s RetryPolicy>,
+        /// The virtual host, for its header edits.
+        vhost: &'s VirtualHost,
+    },
+    Redirect(&'s Redirect),
+    DirectResponse {
+        status: u16,
+        body: Option<&'s str>,
+    },
+    /// No virtual host or no route: 404 with flag `NR`.
+    NoRoute,
+    /// The chain names an RDS table that has not arrived: as Envoy, 404 `NR`.
+    NoRouteTable,
+}
+
+/// The route table an HTTP chain uses, once it is held.
+pub fn route_table<'s>(
+    snapshot: &'s Snapshot,
+    source: &'s RouteSource,
+) -> Option<&'s Arc<RouteConfiguration>> {
+    snapshot.routes_of(source)
+}
+
+/// Route one request through a table: the virtual host by `host` (the port ignored as the
+/// table says), the first route that matches, then its action. `pick` is a random number for
+/// weighted clusters.
+pub fn http_route<'s>(
+    table: &'s RouteConfiguration,
+    host: &str,
+    req: &RequestParts<'_>,
+    pick: u64,
+) -> HttpDecision<'s> {
+    let Some(vhost) = table.virtual_host(host) else {
+        return HttpDecision::NoRoute;
+    };
+    let Some(route) = vhost.route(req) else {
+        return HttpDecision::NoRoute;
+    };
+    match &route.action {
+        Action::Forward(forward) => {
+            let cluster = match &forward.target {
+                ClusterTarget::Cluster(name) => Some(name.as_str()),
+                ClusterTarget::Weighted(set) => {
+                    weighted(set.iter().map(|c| (c.name.as_str(), c.weight)), pick)
+                }
+            };
+            match cluster {
+                Some(cluster) => HttpDecision::Forward {
+                    cluster,
+                    route,
+                    forward,
+                    retry: forward
+                        .retry_policy
+                        .as_ref()
+                        .or(vhost.retry_policy.as_ref()),
+                    vhost,
+                },
+                // Every weight zero: Envoy has nowhere to send it either.
+                None => HttpDecision::NoRoute,
+            }
+        }
+        Action::Redirect(r) => HttpDecision::Redirect(r),
+        Action::DirectResponse { status, body } => HttpDecision::DirectResponse {
+            status: *status,
+            body: body.as_deref(),
+        },
+    }
+}
+
+/// One of `items` in proportion to its weight, `pick` being uniformly random; `None` when every
+/// weight is zero.
+pub fn weighted<T: Copy>(items: impl Iterator<Item = (T, u32)> + Clone, pick: u64) -> Option<T> {
+    let total: u64 = items.clone().map(|(_, w)| u64::from(w)).sum();
+    if total == 0 {
+        return None;
+    }
+    let mut at = pick % total;
+    for (item, w) in items {
+        let w = u64::from(w);
+        if at < w {
+            return Some(item);
+        }
+        at -= w;
+    }
+    None
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

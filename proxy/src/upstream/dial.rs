@@ -1,0 +1,119 @@
+//! Opening a connection to a selected endpoint: the socket (bounded by the cluster's connect
+//! timeout, registered with the loop guard), then, for an Istio mTLS endpoint, the handshake
+//! with the socket's SNI, ALPN and SAN check, presenting the workload identity. Without an
+//! identity the connection fails, counted and logged: it never goes out in plaintext instead.
+
+use super::{MeshTls, Selected, Transport};
+use crate::access_log::End;
+use crate::connect::{self, ConnectError, Upstream};
+use crate::loop_guard::Registration;
+use crate::proxy::Proxy;
+use crate::tls::{self, stream::ClientStream, HandshakeFailure};
+use crate::Direction;
+use remora_config::TlsConfig;
+use rustls::pki_types::ServerName;
+use std::net::SocketAddr;
+
+/// An open upstream connection.
+#[derive(Debug)]
+pub enum Connected {
+    Plain(Upstream),
+    /// Inside Istio mTLS; the registration lives as long as the connection.
+    Mesh(Box<ClientStream>, Registration),
+}
+
+/// Why the connection could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("{address}: the endpoint takes Istio mTLS and no workload certificate is held")]
+    NoIdentity { address: SocketAddr },
+    #[error("{address}: building the mTLS client config: {reason}")]
+    Config { address: SocketAddr, reason: String },
+    #[error("{address}: mTLS handshake failed ({})", failure.as_str())]
+    Handshake {
+        address: SocketAddr,
+        failure: HandshakeFailure,
+    },
+}
+
+impl DialError {
+    /// How the connection ends in the access log and metrics.
+    pub fn end(&self) -> End {
+        match self {
+            DialError::Connect(ConnectError::Timeout { .. })
+            | DialError::Handshake {
+                failure: HandshakeFailure::Timeout,
+                ..
+            } => End::ConnectTimeout,
+            _ => End::ConnectFailed,
+        }
+    }
+}
+
+/// Connect to `selected`, for traffic going `direction`. `alpn` replaces the socket's ALPN
+/// offer (Istio's ALPN filter does for HTTP).
+pub async fn dial(
+    proxy: &Proxy,
+    tls_config: &TlsConfig,
+    selected: &Selected,
+    direction: Direction,
+    alpn: Option<&[&[u8]]>,
+) -> Result<Connected, DialError> {
+    // Outbound hops are not captured again (UID 1337): any source will do.
+    let upstream = connect::connect(
+        selected.address,
+        None,
+        selected.connect_timeout,
+        direction,
+        &proxy.loop_guard,
+    )
+    .await?;
+    let mesh = match &selected.transport {
+        Transport::Plaintext => return Ok(Connected::Plain(upstream)),
+        Transport::Mesh(mesh) => mesh,
+    };
+    let address = selected.address;
+    let offered: Vec<&[u8]> = match alpn {
+        Some(a) => a.to_vec(),
+        None => mesh.alpn.iter().map(|a| a.as_bytes()).collect(),
+    };
+    let client = match proxy
+        .mesh
+        .client_config(tls_config, &mesh.expected_sans, &offered)
+    {
+        Some(Ok(client)) => client,
+        Some(Err(e)) => {
+            return Err(DialError::Config {
+                address,
+                reason: e.to_string(),
+            })
+        }
+        None => {
+            proxy.metrics.xds_tls_without_identity.inc();
+            return Err(DialError::NoIdentity { address });
+        }
+    };
+    let (stream, registration) = upstream.into_parts();
+    let originating = tls::Originating {
+        client,
+        name: server_name(mesh, address),
+        timeout: tls_config.handshake_timeout,
+        destination: address,
+        direction,
+        metrics: &proxy.metrics.tls,
+    };
+    match tls::originate(stream, originating).await {
+        Ok(tls) => Ok(Connected::Mesh(Box::new(tls), registration)),
+        Err(failure) => Err(DialError::Handshake { address, failure }),
+    }
+}
+
+/// The socket's SNI, or the address (rustls then sends none).
+pub fn server_name(mesh: &MeshTls, address: SocketAddr) -> ServerName<'static> {
+    mesh.sni
+        .as_ref()
+        .and_then(|sni| ServerName::try_from(sni.clone()).ok())
+        .unwrap_or_else(|| ServerName::IpAddress(address.ip().into()))
+}

@@ -1,0 +1,148 @@
+use super::*;
+use crate::route::tests::bookinfo;
+use std::collections::BTreeMap;
+
+const REVIEWS: &str = "outbound|9080||reviews.default.svc.cluster.local";
+const DB: &str = "outbound|3306||db.default.svc.cluster.local";
+
+fn dst() -> SocketAddr {
+    "10.96.0.10:9080".parse().expect("addr")
+}
+
+#[test]
+fn only_healthy_endpoints_of_the_best_priority_are_chosen() {
+    let store = bookinfo();
+    let s = store.snapshot();
+    let up = Arc::new(Upstreams::default());
+    let mut seen = BTreeMap::new();
+    for _ in 0..200 {
+        let sel = up.select(&s, REVIEWS, dst()).expect("an endpoint");
+        *seen.entry(sel.address.to_string()).or_insert(0) += 1;
+    }
+    // 10.0.1.3 is UNHEALTHY; 10.0.9.1 is priority 1, not needed while priority 0 has hosts.
+    let hosts: Vec<&str> = seen.keys().map(String::as_str).collect();
+    assert_eq!(hosts, ["10.0.1.1:9080", "10.0.1.2:9080"], "{seen:?}");
+    assert!(seen.values().all(|n| *n > 50), "{seen:?}");
+}
+
+#[test]
+fn missing_clusters_and_unhealthy_ones_have_envoys_flags() {
+    let store = bookinfo();
+    let s = store.snapshot();
+    let up = Arc::new(Upstreams::default());
+    let e = up
+        .select(&s, "outbound|1||nowhere", dst())
+        .expect_err("no cluster");
+    assert_eq!(e.response_flag(), "NC");
+    let e = up
+        .select(
+            &s,
+            "outbound|9080|v2|reviews.default.svc.cluster.local",
+            dst(),
+        )
+        .expect_err("v2's only endpoint is unhealthy");
+    assert_eq!(e.response_flag(), "UH");
+    let e = up
+        .select(&s, "BlackHoleCluster", dst())
+        .expect_err("no hosts");
+    assert_eq!(e.response_flag(), "UH");
+    let sel = up
+        .select(&s, "PassthroughCluster", dst())
+        .expect("passthrough");
+    assert_eq!(sel.address, dst());
+    assert_eq!(sel.transport, Transport::Plaintext);
+}
+
+#[test]
+fn round_robin_follows_the_weights() {
+    let store = bookinfo();
+    let s = store.snapshot();
+    let up = Arc::new(Upstreams::default());
+    let picks: Vec<String> = (0..8)
+        .map(|_| up.select(&s, DB, dst()).expect("db").address.to_string())
+        .collect();
+    let heavy = picks.iter().filter(|a| *a == "10.0.3.1:3306").count();
+    assert_eq!(heavy, 6, "weights 3:1 over two rotations: {picks:?}");
+    assert_eq!(
+        s.cluster(DB).expect("db").connect_timeout,
+        Duration::from_secs(1)
+    );
+}
+
+#[test]
+fn least_request_prefers_the_idle_endpoint_and_counts_in_flight() {
+    let store = bookinfo();
+    let s = store.snapshot();
+    let up = Arc::new(Upstreams::default());
+    let busy: SocketAddr = "10.0.1.1:9080".parse().expect("addr");
+    let held: Vec<InFlight> = (0..5).map(|_| up.start(busy)).collect();
+    assert_eq!(up.active(busy), 5);
+    // Two choices: the busy host wins only when both choices fall on it (1 in 4).
+    let to_busy = (0..400)
+        .filter(|_| up.select(&s, REVIEWS, dst()).expect("pick").address == busy)
+        .count();
+    assert!(to_busy < 160, "{to_busy} of 400 went to the busy endpoint");
+    drop(held);
+    assert_eq!(up.active(busy), 0);
+    assert!(
+        up.active.lock().expect("lock").is_empty(),
+        "no entry outlives its requests"
+    );
+}
+
+#[test]
+fn the_transport_follows_the_endpoints_tls_mode() {
+    let store = bookinfo();
+    let s = store.snapshot();
+    let c = s
+        .cluster("outbound|9080|v1|reviews.default.svc.cluster.local")
+        .expect("v1");
+    let Transport::Mesh(mesh) = transport::for_endpoint(c, Some("istio")).expect("mTLS") else {
+        panic!("tlsMode istio takes mTLS");
+    };
+    assert_eq!(
+        mesh.sni.as_deref(),
+        Some("outbound_.9080_.v1_.reviews.default.svc.cluster.local")
+    );
+    assert_eq!(mesh.alpn, ["istio-peer-exchange", "istio"]);
+    assert_eq!(
+        mesh.expected_sans,
+        ["spiffe://cluster.local/ns/default/sa/bookinfo-reviews"]
+    );
+    assert_eq!(transport::for_endpoint(c, None), Ok(Transport::Plaintext));
+    assert_eq!(
+        transport::for_endpoint(c, Some("disabled")),
+        Ok(Transport::Plaintext)
+    );
+    // Per endpoint of one cluster: 10.0.1.1 has tlsMode istio, 10.0.1.2 none.
+    let up = Arc::new(Upstreams::default());
+    for _ in 0..50 {
+        let sel = up.select(&s, REVIEWS, dst()).expect("pick");
+        let mesh = matches!(sel.transport, Transport::Mesh(_));
+        assert_eq!(mesh, sel.address.ip().to_string() == "10.0.1.1", "{sel:?}");
+    }
+}
+
+#[test]
+fn weighted_random_and_least_request_with_weights_lean_to_the_heavy() {
+    let store = bookinfo();
+    let s = store.snapshot();
+    let cla = s.endpoints(DB).expect("db endpoints");
+    let candidates = balance::healthy_of_best_priority(cla);
+    let heavy = (0..4u64)
+        .filter(|r| balance::random(&candidates, *r) == 0)
+        .count();
+    assert_eq!(heavy, 3);
+    let mut rng = fastrand::Rng::with_seed(7);
+    let idle = |_: &SocketAddr| 0;
+    let heavy = (0..1000)
+        .filter(|_| balance::least_request(&candidates, 2, &idle, &mut rng) == 0)
+        .count();
+    assert!((650..850).contains(&heavy), "{heavy}");
+    // Loaded with 5 in flight, the heavy one's 3 becomes 0.5 against 1.
+    let loaded = |a: &SocketAddr| u32::from(a.ip().to_string() == "10.0.3.1") * 5;
+    let heavy = (0..1000)
+        .filter(|_| balance::least_request(&candidates, 2, &loaded, &mut rng) == 0)
+        .count();
+    assert!((250..420).contains(&heavy), "{heavy}");
+}

@@ -1,0 +1,432 @@
+//! Routing by xDS resources from files (`xds.resources_dir`), end to end: service VIPs that
+//! exist only in the resources, reached through the capture rules, balanced per request over
+//! one keep-alive client connection (HTTP) and per connection (TCP), with Envoy's answers when
+//! the route or cluster is missing.
+
+use remora_e2e::certs::MeshCa;
+use remora_e2e::mesh::{client_config, handshakes, server_config, two_pods, CLIENT_ID, SERVER_ID};
+use remora_e2e::peer::{self, any_addr, curl, curl_ok, Server};
+use remora_e2e::service::{peer_program, Service};
+use remora_e2e::PodNet;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// Bound on one curl run.
+const CURL_TIME: Duration = Duration::from_secs(20);
+/// The HTTP service's VIP, known only to the resources.
+const HTTP_VIP: &str = "10.96.0.10";
+/// The TCP service's VIP and port.
+const TCP_VIP: &str = "10.96.0.20:9000";
+const CLUSTER: &str = "outbound|80||web.test.svc.cluster.local";
+const TCP_CLUSTER: &str = "outbound|9000||echo.test.svc.cluster.local";
+
+fn eds_cluster(name: &str) -> Value {
+    json!({"name": name, "type": "EDS", "connect_timeout": "2s", "lb_policy": "LEAST_REQUEST",
+           "eds_cluster_config": {"eds_config": {"ads": {}}, "service_name": name}})
+}
+
+fn assignment(name: &str, endpoints: &[SocketAddr]) -> Value {
+    let lb: Vec<Value> = endpoints.iter().map(|a| endpoint(*a, None)).collect();
+    json!({"cluster_name": name, "endpoints": [{"lb_endpoints": lb}]})
+}
+
+/// An EDS host, with istiod's `tlsMode` metadata when it has a sidecar.
+fn endpoint(a: SocketAddr, tls_mode: Option<&str>) -> Value {
+    let mut e = json!({"endpoint": {"address": {"socket_address": {
+        "address": a.ip().to_string(), "port_value": a.port()}}},
+        "health_status": "HEALTHY"});
+    if let Some(mode) = tls_mode {
+        e["metadata"] =
+            json!({"filter_metadata": {"envoy.transport_socket_match": {"tlsMode": mode}}});
+    }
+    e
+}
+
+/// An EDS cluster with istiod's auto-mTLS sockets: Istio mTLS (this SNI, this SAN) for
+/// endpoints with `tlsMode: istio`, plaintext for the rest.
+fn mtls_cluster(name: &str, sni: &str, san: &str) -> Value {
+    let sds = |name: &str| {
+        json!({"name": name, "sds_config": {"api_config_source": {"api_type": "GRPC",
+            "grpc_services": [{"envoy_grpc": {"cluster_name": "sds-grpc"}}],
+            "transport_api_version": "V3"}, "resource_api_version": "V3"}})
+    };
+    let mut c = eds_cluster(name);
+    c["transport_socket_matches"] = json!([
+        {"name": "tlsMode-istio", "match": {"tlsMode": "istio"}, "transport_socket": {
+            "name": "envoy.transport_sockets.tls", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": sni,
+                "common_tls_context": {
+                    "alpn_protocols": ["istio-peer-exchange", "istio"],
+                    "tls_certificate_sds_secret_configs": [sds("default")],
+                    "combined_validation_context": {
+                        "default_validation_context": {"match_typed_subject_alt_names": [
+                            {"san_type": "URI", "matcher": {"exact": san}}]},
+                        "validation_context_sds_secret_config": sds("ROOTCA")}}}}},
+        {"name": "tlsMode-disabled", "match": {}, "transport_socket": {
+            "name": "envoy.transport_sockets.raw_buffer", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"}}}
+    ]);
+    c
+}
+
+fn write_all(dir: &Path, listeners: Value, routes: Value, clusters: Value, endpoints: Value) {
+    for (file, value) in [
+        ("listeners.json", listeners),
+        ("routes.json", routes),
+        ("clusters.json", clusters),
+        ("endpoints.json", endpoints),
+    ] {
+        std::fs::write(dir.join(file), value.to_string()).expect("write a resource file");
+    }
+}
+
+/// Give `ns` a default route out of its veth, so a connect to a VIP reaches the capture rules.
+fn route_vips(ns: &remora_e2e::Netns) {
+    let out = ns
+        .command("ip")
+        .args(["route", "add", "default", "dev", "eth0"])
+        .output()
+        .expect("ip route");
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// istiod's listeners: `0.0.0.0_80` with an HCM and RDS `80`, `10.96.0.20_9000` with
+/// tcp_proxy to `tcp_cluster`.
+fn listeners(tcp_cluster: &str) -> Value {
+    json!([
+        {"name": "0.0.0.0_80", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 80}},
+         "traffic_direction": "OUTBOUND", "bind_to_port": false,
+         "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "outbound_0.0.0.0_80",
+            "rds": {"config_source": {"ads": {}}, "route_config_name": "80"},
+            "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]},
+        {"name": "10.96.0.20_9000", "address": {"socket_address": {"address": "10.96.0.20", "port_value": 9000}},
+         "traffic_direction": "OUTBOUND", "bind_to_port": false,
+         "filter_chains": [{"filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            "stat_prefix": tcp_cluster, "cluster": tcp_cluster}}]}]}
+    ])
+}
+
+/// istiod's shape: `0.0.0.0_80` with an HCM and RDS `80`, `10.96.0.20_9000` with tcp_proxy.
+fn write_resources(dir: &Path, web: &[SocketAddr], echo: SocketAddr) {
+    let listeners = listeners(TCP_CLUSTER);
+    let routes = json!([{"name": "80", "ignore_port_in_host_matching": true, "virtual_hosts": [{
+    "name": "web.test.svc.cluster.local:80",
+    "domains": ["web.test.svc.cluster.local", "web", HTTP_VIP],
+    "routes": [
+        {"match": {"path": "/missing"}, "route": {"cluster": "outbound|80||nowhere.test.svc.cluster.local"}},
+        {"match": {"prefix": "/"}, "route": {"cluster": CLUSTER}}
+    ]}]}]);
+    let mut web_cluster = eds_cluster(CLUSTER);
+    web_cluster["metadata"] = json!({"filter_metadata": {"istio": {"services": [
+        {"host": "web.test.svc.cluster.local", "name": "web", "namespace": "test"}]}}});
+    let clusters = json!([web_cluster, eds_cluster(TCP_CLUSTER)]);
+    let endpoints = json!([assignment(CLUSTER, web), assignment(TCP_CLUSTER, &[echo])]);
+    write_all(dir, listeners, routes, clusters, endpoints);
+}
+
+/// Poll `done` for up to five seconds.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_vip_known_only_to_xds_is_balanced_per_request_over_one_connection() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    // The VIPs exist nowhere: a route lets the application's connect reach the capture rules.
+    route_vips(&net.pod);
+    let servers: Vec<Server> = (1..=3)
+        .map(|i| Server::http(&net.peer, net.peer_addr(8080 + i), &format!("endpoint-{i}")))
+        .collect();
+    let echo = Server::echo(&net.peer, net.peer_addr(9000));
+    let dir = net.binary().make_dir("xds");
+    let web: Vec<SocketAddr> = servers.iter().map(Server::addr).collect();
+    write_resources(&dir, &web, echo.addr());
+    let remora = net
+        .remora()
+        .config(&format!(
+            "access_log:\n  enabled: true\nxds:\n  resources_dir: {}\n",
+            dir.display()
+        ))
+        .start_ready();
+
+    // Thirty requests on one keep-alive connection: every endpoint answers, one connect.
+    let url = format!("http://{HTTP_VIP}/");
+    let mut args = vec!["-w", "\n%{num_connects}\n"];
+    args.extend(std::iter::repeat_n(url.as_str(), 30));
+    let out = curl(&net.pod, &args, CURL_TIME);
+    let text = curl_ok(&out, "30 requests to the VIP");
+    let lines: Vec<&str> = text.lines().collect();
+    let answered: BTreeSet<&str> = lines.iter().step_by(2).copied().collect();
+    let connects: u32 = lines
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .map(|n| n.parse::<u32>().expect("num_connects"))
+        .sum();
+    assert_eq!(
+        answered,
+        BTreeSet::from(["endpoint-1", "endpoint-2", "endpoint-3"]),
+        "{text}\n{}",
+        remora.stderr()
+    );
+    assert_eq!(connects, 1, "the client's connection was kept: {text}");
+    // Istio's metrics name the service from the cluster's metadata.
+    remora.wait_for_metrics("the requests counted", Duration::from_secs(5), |m| {
+        m.value(
+            "istio_requests_total",
+            &[
+                ("reporter", "source"),
+                ("destination_service", "web.test.svc.cluster.local"),
+                ("destination_service_name", "web"),
+                ("destination_service_namespace", "test"),
+                ("response_code", "200"),
+            ],
+        ) == 30.0
+    });
+
+    // A route to a cluster that does not exist: 503 NC. No virtual host for the Host: 404 NR.
+    let (status, _) = peer::curl_status(
+        &net.pod,
+        &[&format!("http://{HTTP_VIP}/missing")],
+        CURL_TIME,
+    );
+    assert_eq!(status, 503);
+    remora.wait_for_access_log("\"GET /missing HTTP/1.1\" 503 NC");
+    let (status, _) = peer::curl_status(
+        &net.pod,
+        &["-H", "Host: elsewhere", &format!("http://{HTTP_VIP}/nr")],
+        CURL_TIME,
+    );
+    assert_eq!(status, 404);
+    remora.wait_for_access_log("\"GET /nr HTTP/1.1\" 404 NR");
+
+    // The files change: the next requests follow them. A file that does not parse keeps
+    // what is in force.
+    write_resources(&dir, &web[2..], echo.addr());
+    let only_third = || {
+        let out = curl(&net.pod, &["-s", &url, &url, &url], CURL_TIME);
+        curl_ok(&out, "after the change") == "endpoint-3endpoint-3endpoint-3"
+    };
+    wait_until("the new endpoints to apply", only_third);
+    std::fs::write(dir.join("clusters.json"), "[{").expect("write a broken file");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(only_third(), "a broken file changed the resources in force");
+    write_resources(&dir, &web, echo.addr());
+
+    // TCP through tcp_proxy to the EDS cluster's endpoint.
+    let tcp_vip: SocketAddr = TCP_VIP.parse().expect("addr");
+    let data = peer::pattern(64 * 1024);
+    let back = peer::echo_exchange(&net.pod, tcp_vip, &data).expect("TCP through the VIP");
+    peer::assert_same_bytes("echo through the xDS TCP route", &data, &back);
+    assert_eq!(echo.peers().len(), 1);
+
+    // No listener for a destination (and no virtualOutbound): closed, flag NR.
+    let nowhere: SocketAddr = "10.96.0.99:1234".parse().expect("addr");
+    let closed = peer::echo_exchange(&net.pod, nowhere, b"hello");
+    assert!(
+        matches!(&closed, Ok(b) if b.is_empty()) || closed.is_err(),
+        "{closed:?}"
+    );
+    remora.wait_for_access_log("dst=10.96.0.99:1234 sent=0 received=0");
+    remora.wait_for_access_log("end=no_route flags=NR");
+    drop(remora);
+}
+
+#[test]
+fn auto_mtls_per_endpoint_to_a_peer_sidecar_with_the_sockets_sni_and_san() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    // The pod is the server (its own Remora, PERMISSIVE); the peer is the client pod, whose
+    // Remora knows the server only through xDS resources.
+    let ca = MeshCa::new("cluster.local");
+    let (server_dir, client_dir) = two_pods(&net, &ca);
+    let _server = net
+        .remora()
+        .config(&server_config(&server_dir, "permissive"))
+        .start_ready();
+    let script = peer_program("http_server.py")
+        .to_string_lossy()
+        .into_owned();
+    let _http = Service::start(&net.pod, "python3", &[&script, "8080"], any_addr(8080));
+    let echo = Server::echo(&net.pod, any_addr(7000));
+    route_vips(&net.peer);
+
+    let web = "outbound|80||httpbin.server.svc.cluster.local";
+    let wrong = "outbound|80|wrong|httpbin.server.svc.cluster.local";
+    let tcp = "outbound|9000||echo.server.svc.cluster.local";
+    let sni = "outbound_.80_._.httpbin.server.svc.cluster.local";
+    let dir = net.binary().make_dir("xds");
+    let routes = json!([{"name": "80", "ignore_port_in_host_matching": true, "virtual_hosts": [{
+        "name": "httpbin", "domains": [HTTP_VIP],
+        "routes": [
+            {"match": {"prefix": "/wrong"}, "route": {"cluster": wrong}},
+            {"match": {"prefix": "/"}, "route": {"cluster": web}}]}]}]);
+    let server = |port| endpoint(net.pod_addr(port), Some("istio"));
+    write_all(
+        &dir,
+        listeners(tcp),
+        routes,
+        json!([
+            mtls_cluster(web, sni, SERVER_ID),
+            mtls_cluster(wrong, sni, "spiffe://cluster.local/ns/other/sa/impostor"),
+            mtls_cluster(
+                tcp,
+                "outbound_.9000_._.echo.server.svc.cluster.local",
+                SERVER_ID
+            )
+        ]),
+        json!([
+            {"cluster_name": web, "endpoints": [{"lb_endpoints": [server(8080)]}]},
+            {"cluster_name": wrong, "endpoints": [{"lb_endpoints": [server(8080)]}]},
+            {"cluster_name": tcp, "endpoints": [{"lb_endpoints": [server(7000)]}]}
+        ]),
+    );
+    let client = net
+        .peer_remora()
+        .config(&format!(
+            "access_log:\n  enabled: true\ntls:\n  cert_dir: {}\nxds:\n  resources_dir: {}\n",
+            client_dir.display(),
+            dir.display()
+        ))
+        .start_ready();
+
+    // HTTP: inside Istio mTLS, our SPIFFE ID presented and the server's checked.
+    let out = curl(
+        &net.peer,
+        &["-s", &format!("http://{HTTP_VIP}/headers")],
+        CURL_TIME,
+    );
+    let body = curl_ok(&out, "HTTP to the VIP across the mesh");
+    let headers: Value = serde_json::from_str(&body).expect("JSON headers");
+    let xfcc = headers["x-forwarded-client-cert"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not mesh TLS (no x-forwarded-client-cert): {body}"));
+    assert!(xfcc.starts_with(&format!("By={SERVER_ID};Hash=")), "{xfcc}");
+    assert!(xfcc.ends_with(&format!("URI={CLIENT_ID}")), "{xfcc}");
+    assert!(handshakes(&client, "outbound", "ok") >= 1.0);
+
+    // A socket whose SAN the server's certificate does not carry: the handshake fails, 503 UF.
+    let (status, _) =
+        peer::curl_status(&net.peer, &[&format!("http://{HTTP_VIP}/wrong")], CURL_TIME);
+    assert_eq!(status, 503, "{}", client.stderr());
+    client.wait_for_access_log("\"GET /wrong HTTP/1.1\" 503 UF");
+
+    // TCP: the same, with Istio's metadata exchange first.
+    let tcp_vip: SocketAddr = TCP_VIP.parse().expect("addr");
+    let data = peer::pattern(32 * 1024);
+    let back = peer::echo_exchange(&net.peer, tcp_vip, &data).expect("TCP through the VIP");
+    peer::assert_same_bytes("echo across the mesh", &data, &back);
+    assert_eq!(echo.peers().len(), 1);
+}
+
+/// istiod's `virtualInbound` with only mTLS chains for `port` (STRICT) and both kinds for
+/// every other port (PERMISSIVE).
+fn strict_inbound(port: u16) -> Value {
+    let sds = |name: &str| {
+        json!({"name": name, "sds_config": {"api_config_source": {"api_type": "GRPC",
+            "grpc_services": [{"envoy_grpc": {"cluster_name": "sds-grpc"}}],
+            "transport_api_version": "V3"}, "resource_api_version": "V3"}})
+    };
+    let tls = json!({"name": "envoy.transport_sockets.tls", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+        "common_tls_context": {
+            "alpn_protocols": ["h2", "http/1.1"],
+            "tls_certificate_sds_secret_configs": [sds("default")],
+            "combined_validation_context": {
+                "default_validation_context": {"match_subject_alt_names": [{"prefix": "spiffe://cluster.local/"}]},
+                "validation_context_sds_secret_config": sds("ROOTCA")}},
+        "require_client_certificate": true}});
+    let tcp = json!([{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+        "stat_prefix": "InboundPassthroughClusterIpv4", "cluster": "InboundPassthroughClusterIpv4"}}]);
+    let any = json!([{"address_prefix": "0.0.0.0", "prefix_len": 0}]);
+    json!([{
+    "name": "virtualInbound", "traffic_direction": "INBOUND",
+    "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15006}},
+    "filter_chains": [
+        {"filter_chain_match": {"destination_port": port, "transport_protocol": "tls"},
+         "transport_socket": tls.clone(), "filters": tcp.clone()},
+        {"filter_chain_match": {"prefix_ranges": any.clone(), "transport_protocol": "tls"},
+         "transport_socket": tls, "filters": tcp.clone()},
+        {"filter_chain_match": {"prefix_ranges": any, "transport_protocol": "raw_buffer"},
+         "filters": tcp}
+    ]}])
+}
+
+#[test]
+fn inbound_mtls_mode_per_port_follows_virtual_inbound() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    // Only the pod has a sidecar: the peer's curl is a client without one.
+    let ca = MeshCa::new("cluster.local");
+    let server_dir = net.binary().make_dir("server-certs");
+    ca.install(&server_dir, &ca.workload(SERVER_ID));
+    net.capture_default();
+    let dir = net.binary().make_dir("xds");
+    write_all(&dir, strict_inbound(8080), json!([]), json!([]), json!([]));
+    // The config file says PERMISSIVE; the resources say STRICT for 8080.
+    let _server = net
+        .remora()
+        .config(&format!(
+            "{}xds:\n  resources_dir: {}\n",
+            server_config(&server_dir, "permissive"),
+            dir.display()
+        ))
+        .start_ready();
+    let strict = Server::http(&net.pod, any_addr(8080), "strict");
+    let permissive = Server::http(&net.pod, any_addr(8081), "permissive");
+
+    // Plaintext from a client without a sidecar: refused on 8080, served on 8081.
+    let (status, _) = peer::curl_status(
+        &net.peer,
+        &[&format!("http://{}/", net.pod_addr(8081))],
+        CURL_TIME,
+    );
+    assert_eq!(status, 200);
+    let out = curl(
+        &net.peer,
+        &["-s", &format!("http://{}/", net.pod_addr(8080))],
+        CURL_TIME,
+    );
+    assert!(
+        !out.status.success(),
+        "plaintext reached a STRICT port: {out:?}"
+    );
+    assert!(strict.peers().is_empty());
+    assert_eq!(permissive.peers().len(), 1);
+
+    // A client with a sidecar speaking Istio mTLS is served on the STRICT port.
+    let client_dir = net.binary().make_dir("client-certs");
+    ca.install(&client_dir, &ca.workload(CLIENT_ID));
+    net.capture_peer_default();
+    let _client = net
+        .peer_remora()
+        .config(&client_config(&client_dir, net.pod_ip, SERVER_ID))
+        .start_ready();
+    let out = curl(
+        &net.peer,
+        &["-s", &format!("http://{}/", net.pod_addr(8080))],
+        CURL_TIME,
+    );
+    assert_eq!(curl_ok(&out, "mTLS to the STRICT port"), "strict");
+}
