@@ -280,7 +280,7 @@ async fn attempts(
             .insert(ATTEMPT_COUNT.clone(), HeaderValue::from(attempt));
         let result = send(ctx, req, routed).await;
         let retriable = match &result {
-            Ok(up) => retry::retry_on_response(&up.response),
+            Ok(up) => retry::retry_on_response(&up.response, routed.is_none_or(|r| r.retry_503)),
             Err(e) => e.kind.retryable(),
         };
         if !retriable {

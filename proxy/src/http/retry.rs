@@ -27,10 +27,11 @@ const MAX_BACKOFF_FACTOR: u32 = 10;
 /// while many requests race for them.
 pub const GO_AWAY_RESENDS: u32 = 3;
 
-/// Whether a response asks for a retry: a 503, or a trailers-only gRPC response with
-/// UNAVAILABLE (14) or CANCELLED (1).
-pub fn retry_on_response<B>(response: &Response<B>) -> bool {
-    response.status() == StatusCode::SERVICE_UNAVAILABLE
+/// Whether a response asks for a retry: a 503 (when `retry_503`: Istio's default policy as
+/// earlier istiods wrote it, and a route whose `retriable_status_codes` lists it), or a
+/// trailers-only gRPC response with UNAVAILABLE (14) or CANCELLED (1).
+pub fn retry_on_response<B>(response: &Response<B>, retry_503: bool) -> bool {
+    (retry_503 && response.status() == StatusCode::SERVICE_UNAVAILABLE)
         || matches!(headers::grpc_status(response.headers()), Some(1 | 14))
 }
 
@@ -224,7 +225,7 @@ mod tests {
             if let Some(g) = grpc {
                 b = b.header("grpc-status", g);
             }
-            retry_on_response(&b.body(()).unwrap())
+            retry_on_response(&b.body(()).unwrap(), true)
         };
         assert!(r(503, None));
         assert!(!r(502, None));
@@ -233,5 +234,16 @@ mod tests {
         assert!(r(200, Some("1")));
         assert!(!r(200, Some("0")));
         assert!(!r(200, Some("13")));
+        // A policy that lists no 503 (current istiod's default) does not retry one; gRPC's
+        // UNAVAILABLE still is.
+        let unlisted = |status: u16, grpc: Option<&str>| {
+            let mut b = Response::builder().status(status);
+            if let Some(g) = grpc {
+                b = b.header("grpc-status", g);
+            }
+            retry_on_response(&b.body(()).unwrap(), false)
+        };
+        assert!(!unlisted(503, None));
+        assert!(unlisted(200, Some("14")));
     }
 }

@@ -43,6 +43,9 @@ pub struct Routed {
     /// `num_retries`, none without a policy. Which failures are retried is Istio's default set
     /// (`retry_on` is not read yet).
     pub retries: u32,
+    /// Whether a 503 is retried: the policy's `retriable_status_codes` lists it (current
+    /// istiod's default lists none; the converter refuses other codes).
+    pub retry_503: bool,
     /// The route's, virtual host's and table's response header edits.
     pub response_edits: Edits,
     /// The destination as Istio's metrics label it, from the cluster's Istio metadata.
@@ -181,6 +184,10 @@ pub fn decide(
         original_dst: ctx.key.destination,
         timeout: forward.timeout,
         retries: retry.map_or(0, |r| r.num_retries),
+        retry_503: retry.is_some_and(|r| {
+            r.retriable_status_codes.contains(&503)
+                && r.retry_on.iter().any(|c| c == "retriable-status-codes")
+        }),
         response_edits,
         metrics_peer: snapshot
             .cluster(cluster)

@@ -451,7 +451,7 @@ fn retry_policy(r: &pb::RetryPolicy, path: &str) -> Result<RetryPolicy, Fault> {
         })
         .collect::<Result<_, _>>()?;
     let backoff = r.retry_back_off.as_ref();
-    Ok(RetryPolicy {
+    let policy = RetryPolicy {
         retry_on,
         // Envoy: one retry when unset.
         num_retries: r.num_retries.as_ref().map_or(1, |n| n.value),
@@ -474,7 +474,65 @@ fn retry_policy(r: &pb::RetryPolicy, path: &str) -> Result<RetryPolicy, Fault> {
             .and_then(|b| b.max_interval.as_ref())
             .map(|d| duration(d, &format!("{path}.retry_back_off.max_interval")))
             .transpose()?,
-    })
+    };
+    honoured(&policy, path)?;
+    Ok(policy)
+}
+
+/// Istio's default retry conditions, as istiod writes them on every route
+/// (`route/retry/retry.go`): what Remora's retries (`http::retry`) do today.
+const ISTIO_DEFAULT_RETRY_ON: &[&str] = &[
+    "connect-failure",
+    "refused-stream",
+    "unavailable",
+    "cancelled",
+    "retriable-status-codes",
+];
+
+/// Remora retries as Istio's default policy does (which failures, Envoy's 25 ms back-off base,
+/// no per-try deadline), with the route's number of retries and a 503 retried only when the
+/// policy lists it. A
+/// policy that asks for other conditions, statuses, a per-try timeout or its own back-off is
+/// refused by name until the traffic-management work honours it, rather than retried by other
+/// rules than the operator wrote. A policy of no retries says nothing about conditions.
+fn honoured(p: &RetryPolicy, path: &str) -> Result<(), Fault> {
+    if p.num_retries == 0 {
+        return Ok(());
+    }
+    let mut conditions: Vec<&str> = p.retry_on.iter().map(String::as_str).collect();
+    conditions.sort_unstable();
+    conditions.dedup();
+    let mut default = ISTIO_DEFAULT_RETRY_ON.to_vec();
+    default.sort_unstable();
+    if conditions != default {
+        return Err(Fault::new(
+            format!("{path}.retry_on"),
+            format!(
+                "retry conditions other than Istio's default ({}) not supported yet",
+                ISTIO_DEFAULT_RETRY_ON.join(",")
+            ),
+        ));
+    }
+    // Current istiod writes none; earlier ones wrote 503.
+    if !matches!(p.retriable_status_codes.as_slice(), [] | [503]) {
+        return Err(Fault::new(
+            format!("{path}.retriable_status_codes"),
+            "retriable status codes other than 503 not supported yet",
+        ));
+    }
+    if p.per_try_timeout.is_some() {
+        return Err(Fault::new(
+            format!("{path}.per_try_timeout"),
+            "a per-try timeout not supported yet",
+        ));
+    }
+    if p.backoff_base.is_some() || p.backoff_max.is_some() {
+        return Err(Fault::new(
+            format!("{path}.retry_back_off"),
+            "a retry back-off other than Envoy's default not supported yet",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -543,6 +601,22 @@ mod tests {
             (
                 json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {"retry_on": "5xx,bogus"}}}]),
                 "unknown retry condition \"bogus\"",
+            ),
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {"retry_on": "5xx", "num_retries": 2}}}]),
+                "retry conditions other than Istio's default",
+            ),
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {
+                "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+                "num_retries": 2, "per_try_timeout": "1s"}}}]),
+                "a per-try timeout not supported yet",
+            ),
+            (
+                json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {
+                "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+                "num_retries": 2, "retriable_status_codes": [502]}}}]),
+                "retriable status codes other than 503 not supported yet",
             ),
             (
                 json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {

@@ -131,9 +131,7 @@ write("traffic-split", "routes", [rc(str(P), [
         route("api-canary", {"safe_regex": {"regex": "/api/v[0-9]+/.*"}, "case_sensitive": True,
                              "headers": [{"name": "x-canary", "present_match": True},
                                          {"name": ":method", "string_match": {"exact": "POST"}}]},
-              fwd({"cluster": c("v3")}, "3s", {"retry_on": "5xx,gateway-error,retriable-status-codes", "num_retries": 3,
-                  "per_try_timeout": "1s", "retry_host_predicate": PREV, "host_selection_retry_max_attempts": "5",
-                  "retriable_status_codes": [503], "retry_back_off": {"base_interval": "0.025s"}}), "reviews", OP),
+              fwd({"cluster": c("v3")}, "3s"), "reviews", OP),
         route("firefox-debug", {"prefix": "/reviews/", "case_sensitive": False,
                                 "headers": [{"name": "user-agent", "string_match": {"safe_regex": {"regex": ".*Firefox.*"}}}],
                                 "query_parameters": [{"name": "debug", "string_match": {"exact": "1"}}]},
@@ -239,6 +237,10 @@ write("gaps", "routes", [
     gap_rc("retry-remote-localities", retry=dict(DEFAULT_RETRY, retry_priority={"name": "envoy.retry_priorities.previous_priorities",
         "typed_config": {"@type": TYPE("envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig"),
                          "update_frequency": 2}})),
+    # VirtualService retries {attempts: 3, perTryTimeout: 1s, retryOn: "5xx,gateway-error,503"}.
+    gap_rc("custom-retries", retry={"retry_on": "5xx,gateway-error,retriable-status-codes", "num_retries": 3,
+        "per_try_timeout": "1s", "retry_host_predicate": PREV, "host_selection_retry_max_attempts": "5",
+        "retriable_status_codes": [503], "retry_back_off": {"base_interval": "0.025s"}}),
     gap_rc("weighted-authority", target={"weighted_clusters": {"clusters": [
         {"name": G, "weight": 50, "host_rewrite_literal": "a.example.com"},
         {"name": f"outbound|9080|v2|gaps.{NS}.svc.cluster.local", "weight": 50}]}}),
