@@ -1,0 +1,636 @@
+//! Config scale (`harness config-scale`): the issue's question of what a mesh of N services
+//! costs a sidecar that is sent all of it. For each N, istiod-shaped resources
+//! ([`crate::xds_scale`]) go to Remora (`xds.resources_dir`) and to Envoy (LDS and CDS from
+//! files, RDS and SDS from files they name), each alone on the proxy core with one worker, and
+//! the harness measures, per proxy:
+//!
+//! - the time from spawn until the whole config is in force (Remora: `/healthz/ready`, which
+//!   answers only after the resource files are applied; Envoy: `/ready`, LIVE only once CDS,
+//!   the clusters' secrets, LDS and RDS are all initialised), and the CPU used until then
+//!   (utime+stime, so start-up is in it: the same for both);
+//! - resident memory after 3 s of settling, and the CPU used in those 3 s (Remora polls its
+//!   directory: that cost grows with N and is not zero);
+//! - one endpoint change (service 0's first pod moves): the time from the file being renamed
+//!   into place until the proxy logs that it applied it, and the CPU used meanwhile. Remora
+//!   watches its directory by polling every `xds.watch_interval` (1 s, its default), so its
+//!   time includes up to one interval of waiting; Envoy's file watch is inotify.
+//!
+//! Each proxy's log says what it loaded; a refusal or a count short of what was written is
+//! printed in the row's note, never hidden.
+
+use crate::process::{self, Registry, Spawned, Usage, PROXY_CPU};
+use crate::proxy_config::envoy_args_with;
+use crate::report::{Column, Figure, Table};
+use crate::xds_scale::{self, discovery_response, Resources, Service, Sources};
+use anyhow::Context;
+use serde_json::Value;
+use std::fs;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How long a proxy may take to apply the full config.
+const APPLY_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long an endpoint change may take to apply.
+const CHANGE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Settling after the config is applied, before memory is read.
+const SETTLE: Duration = Duration::from_secs(3);
+/// How often readiness and logs are polled: fine enough for start-ups of tens of ms.
+const POLL: Duration = Duration::from_millis(5);
+/// Remora's polling interval for the resource directory (its default, written explicitly).
+const REMORA_WATCH: &str = "1s";
+
+/// What Remora logs once the files are applied at start, and after each change.
+const REMORA_LOADED: &str = "xDS resources loaded from files";
+const REMORA_REAPPLIED: &str = "xDS resources re-applied from files";
+/// What Envoy logs (at info) after each CDS update it applied.
+const ENVOY_CDS_APPLIED: &str = "cds: added/updated";
+
+/// The programs and where to work.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    pub remora: Option<PathBuf>,
+    pub envoy: Option<PathBuf>,
+    pub work_dir: PathBuf,
+    pub pin: bool,
+    pub rounds: usize,
+}
+
+/// One proxy's figures for one N, one round.
+#[derive(Debug, Clone, Default)]
+struct Measured {
+    applied_s: f64,
+    apply_cpu_s: f64,
+    rss_mib: f64,
+    idle_cpu_percent: f64,
+    change_ms: Option<f64>,
+    change_cpu_ms: Option<f64>,
+    /// What the proxy says it loaded.
+    loaded: String,
+}
+
+/// The tables, one per N.
+pub fn run(setup: &Setup, registry: &Registry, services: &[usize]) -> Vec<Table> {
+    services
+        .iter()
+        .map(|&n| {
+            let started = Instant::now();
+            let t = table_for(setup, registry, n);
+            eprintln!(
+                "harness: config-scale {n} services took {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+            t
+        })
+        .collect()
+}
+
+fn columns() -> Vec<Column> {
+    vec![
+        Column::new("config applied", "s", 3).with_peer_ratios(),
+        Column::new("CPU to apply", "s", 3).with_peer_ratios(),
+        Column::new("RSS", "MiB", 1).with_peer_ratios(),
+        Column::new("idle CPU", "%", 2).with_peer_ratios(),
+        Column::new("endpoint change applied", "ms", 0).with_peer_ratios(),
+        Column::new("CPU for the change", "ms", 1).with_peer_ratios(),
+    ]
+}
+
+fn table_for(setup: &Setup, registry: &Registry, n: usize) -> Table {
+    let http = (0..n).filter(|&i| Service::new(i).http).count();
+    let mut table = Table::new(
+        &format!("config-scale-{n}"),
+        &format!(
+            "Config scale: {n} services ({http} HTTP on :8080, {} TCP with VIP listeners)",
+            n - http
+        ),
+        columns(),
+    );
+    let contenders: [(&str, &Option<PathBuf>, Runner); 2] = [
+        ("remora", &setup.remora, remora_round),
+        ("envoy", &setup.envoy, envoy_round),
+    ];
+    for (name, program, runner) in contenders {
+        let Some(program) = program else {
+            table.push_missing(name, "not found".into());
+            continue;
+        };
+        let mut rounds: Vec<Measured> = vec![];
+        let mut failure = None;
+        for round in 0..setup.rounds.max(1) {
+            let dir = setup.work_dir.join(format!("config-scale/{n}/{name}"));
+            match runner(program, &dir, registry, n, setup.pin) {
+                Ok(m) => rounds.push(m),
+                Err(e) => {
+                    eprintln!(
+                        "harness: config-scale {n} {name} round {}: {e:#}",
+                        round + 1
+                    );
+                    failure = Some(format!("{e:#}"));
+                }
+            }
+        }
+        if rounds.is_empty() {
+            table.push_missing(name, failure.unwrap_or_default());
+            continue;
+        }
+        let fig = |f: fn(&Measured) -> Option<f64>| {
+            Figure::of(
+                &rounds
+                    .iter()
+                    .map(|m| f(m).unwrap_or(f64::NAN))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let values = vec![
+            fig(|m| Some(m.applied_s)),
+            fig(|m| Some(m.apply_cpu_s)),
+            fig(|m| Some(m.rss_mib)),
+            fig(|m| Some(m.idle_cpu_percent)),
+            fig(|m| m.change_ms),
+            fig(|m| m.change_cpu_ms),
+        ];
+        let mut note = rounds[0].loaded.clone();
+        if let Some(f) = failure {
+            note.push_str(&format!("; a round failed: {f}"));
+        }
+        table.push(name, values, Some(note));
+    }
+    table.notes.push(format!(
+        "Remora reads xds.resources_dir (polled every {REMORA_WATCH}, its default); Envoy 1.40 reads LDS and CDS from files (path_config_source, inotify), RDS and SDS from files they name; clusters are EDS for Remora and STATIC with the same endpoints inline for Envoy (see docs/benchmarks.md)"
+    ));
+    table.notes.push("config applied and CPU to apply count from spawn (start-up included); RSS after 3 s of settling; idle CPU over those 3 s; the endpoint change moves one pod of service 0 and is timed from the file's rename until the proxy logs the update applied".into());
+    table
+}
+
+type Runner = fn(&Path, &Path, &Registry, usize, bool) -> anyhow::Result<Measured>;
+
+/// Writes `value` to `path` by renaming a complete temporary file over it, as Kubernetes
+/// updates a mounted ConfigMap: neither proxy can read a half-written file, and Envoy's
+/// inotify watch fires on the rename.
+fn write_atomically(path: &Path, value: &Value) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, serde_json::to_vec(value)?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+}
+
+fn fresh_dir(dir: &Path) -> anyhow::Result<()> {
+    if dir.exists() {
+        fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
+}
+
+fn remora_round(
+    program: &Path,
+    dir: &Path,
+    registry: &Registry,
+    n: usize,
+    pin: bool,
+) -> anyhow::Result<Measured> {
+    fresh_dir(dir)?;
+    let xds = dir.join("xds");
+    fs::create_dir_all(&xds)?;
+    let ports = process::free_ports(6)?;
+    let r = xds_scale::generate(n, ports[0], &Sources::Ads);
+    let Resources {
+        clusters,
+        endpoints,
+        listeners,
+        routes,
+    } = &r;
+    for (name, list) in [
+        ("clusters", clusters),
+        ("endpoints", endpoints),
+        ("listeners", listeners),
+        ("routes", routes),
+    ] {
+        write_atomically(
+            &xds.join(format!("{name}.json")),
+            &Value::Array(list.clone()),
+        )?;
+    }
+    let config = dir.join("remora.yaml");
+    fs::write(
+        &config,
+        format!(
+            "# Written by the benchmark harness (config-scale).\n\
+             bind_addresses: [127.0.0.1]\n\
+             outbound:\n  port: {}\ninbound:\n  port: {}\n\
+             readiness:\n  port: {}\nmetrics:\n  port: {}\nagent:\n  port: {}\n\
+             admin:\n  address: 127.0.0.1:{}\n\
+             xds:\n  resources_dir: {}\n  watch_interval: {REMORA_WATCH}\n",
+            ports[0],
+            ports[1],
+            ports[2],
+            ports[3],
+            ports[4],
+            ports[5],
+            xds.display()
+        ),
+    )?;
+    let args: Vec<String> = [
+        "run",
+        "--config",
+        &config.display().to_string(),
+        "--concurrency",
+        "1",
+        "--log-level",
+        "info",
+    ]
+    .map(String::from)
+    .to_vec();
+    let log = dir.join("remora.log");
+    let cpu = pin.then_some(PROXY_CPU);
+    let started = Instant::now();
+    let mut proxy = process::spawn(registry, "remora", cpu, program, &args, &log)?;
+    wait_until(&mut proxy, APPLY_TIMEOUT, || {
+        http_status(ports[2], "/healthz/ready") == Some(200)
+    })
+    .context("Remora did not become ready")?;
+    let applied = started.elapsed();
+    let at_ready = proxy.usage();
+    let loaded = log_lines(&log, REMORA_LOADED)
+        .first()
+        .cloned()
+        .unwrap_or_else(|| format!("no `{REMORA_LOADED}` line in its log"));
+    let mut m = settle(&proxy, applied, &at_ready);
+    m.loaded = summarize_remora(&loaded, &r);
+
+    // One endpoint change: Remora re-reads the whole directory, so the new endpoints file is
+    // all that is rewritten.
+    let mut changed = endpoints.clone();
+    changed[0] = xds_scale::endpoints(&Service::new(0), 1);
+    let before_lines = log_lines(&log, REMORA_REAPPLIED).len();
+    let before = proxy.usage();
+    let t = Instant::now();
+    write_atomically(&xds.join("endpoints.json"), &Value::Array(changed))?;
+    wait_until(&mut proxy, CHANGE_TIMEOUT, || {
+        log_lines(&log, REMORA_REAPPLIED).len() > before_lines
+    })
+    .context("Remora did not apply the endpoint change")?;
+    m.change_ms = Some(t.elapsed().as_secs_f64() * 1e3);
+    m.change_cpu_ms = Some(proxy.usage().cpu_seconds_since(&before) * 1e3);
+    if let Some(line) = log_lines(&log, REMORA_REAPPLIED).last() {
+        if !line.contains("refused=0") {
+            m.loaded.push_str(&format!("; change: {}", brief(line)));
+        }
+    }
+    Ok(m)
+}
+
+/// The counts Remora logged against those written, and any refusal.
+fn summarize_remora(line: &str, r: &Resources) -> String {
+    let field = |key: &str| -> Option<usize> {
+        let at = line.find(&format!("{key}="))? + key.len() + 1;
+        line[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    let want = [
+        ("listeners", r.listeners.len()),
+        ("clusters", r.clusters.len()),
+        ("routes", r.routes.len()),
+        ("endpoints", r.endpoints.len()),
+    ];
+    let mut out = vec![];
+    for (key, written) in want {
+        match field(key) {
+            Some(got) if got == written => out.push(format!("{got} {key}")),
+            Some(got) => out.push(format!("{got} of {written} {key} loaded")),
+            None => return format!("log: {}", brief(line)),
+        }
+    }
+    match field("refused") {
+        Some(0) => {}
+        Some(k) => out.push(format!("{k} REFUSED (see remora.log)")),
+        None => out.push("refusals not logged".into()),
+    }
+    out.join(", ")
+}
+
+fn envoy_round(
+    program: &Path,
+    dir: &Path,
+    registry: &Registry,
+    n: usize,
+    pin: bool,
+) -> anyhow::Result<Measured> {
+    fresh_dir(dir)?;
+    let certs = crate::mesh_certs::generate(&dir.join("certs"))?;
+    let sidecar = &certs.client_dir;
+    let sources = Sources::Files {
+        routes: dir.join("rds.json"),
+        cert: dir.join("sds-default.json"),
+        root: dir.join("sds-rootca.json"),
+    };
+    let secret = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+    let file = |name: &str| sidecar.join(name).display().to_string();
+    write_atomically(
+        &dir.join("sds-default.json"),
+        &discovery_response(
+            &[
+                serde_json::json!({"@type": secret, "name": "default", "tls_certificate": {
+            "certificate_chain": {"filename": file(crate::mesh_certs::CERT_CHAIN)},
+            "private_key": {"filename": file(crate::mesh_certs::KEY)}}}),
+            ],
+            1,
+        ),
+    )?;
+    write_atomically(
+        &dir.join("sds-rootca.json"),
+        &discovery_response(
+            &[
+                serde_json::json!({"@type": secret, "name": "ROOTCA", "validation_context": {
+            "trusted_ca": {"filename": file(crate::mesh_certs::ROOT_CERT)}}}),
+            ],
+            1,
+        ),
+    )?;
+    let ports = process::free_ports(2)?;
+    let r = xds_scale::generate(n, ports[0], &sources);
+    write_atomically(&dir.join("rds.json"), &discovery_response(&r.routes, 1))?;
+    write_atomically(&dir.join("lds.json"), &discovery_response(&r.listeners, 1))?;
+    write_atomically(&dir.join("cds.json"), &discovery_response(&r.clusters, 1))?;
+    let source = |name: &str| {
+        format!(
+            "{{path_config_source: {{path: {}}}, resource_api_version: V3}}",
+            dir.join(name).display()
+        )
+    };
+    let config = dir.join("envoy.yaml");
+    fs::write(
+        &config,
+        format!(
+            "# Written by the benchmark harness (config-scale).\n\
+             node: {{id: sidecar~127.0.0.1~bench.ns~ns.svc.cluster.local, cluster: bench.ns}}\n\
+             admin:\n  address: {{socket_address: {{address: 127.0.0.1, port_value: {}}}}}\n\
+             dynamic_resources:\n  lds_config: {}\n  cds_config: {}\n",
+            ports[1],
+            source("lds.json"),
+            source("cds.json")
+        ),
+    )?;
+    let mut args = envoy_args_with(&config, 1);
+    args.extend(["--log-level".into(), "info".into()]);
+    let log = dir.join("envoy.log");
+    let cpu = pin.then_some(PROXY_CPU);
+    let started = Instant::now();
+    let mut proxy = process::spawn(registry, "envoy", cpu, program, &args, &log)?;
+    wait_until(&mut proxy, APPLY_TIMEOUT, || {
+        http_status(ports[1], "/ready") == Some(200)
+    })
+    .context("Envoy did not become ready")?;
+    let applied = started.elapsed();
+    let at_ready = proxy.usage();
+    let mut m = settle(&proxy, applied, &at_ready);
+    // Read after memory: scanning Envoy's stats allocates.
+    let stats = http_body(
+        ports[1],
+        "/stats?filter=^(cluster_manager%5C.(active_clusters|warming_clusters|cds%5C.update_rejected)|listener_manager%5C.(total_listeners_active|lds%5C.update_rejected)|http%5C.outbound_0%5C.0%5C.0%5C.0_8080%5C.rds%5C.8080%5C.update_(success|rejected))$",
+    )
+    .unwrap_or_default();
+    m.loaded = summarize_envoy(&stats, &r);
+
+    // One endpoint change: Envoy's clusters carry their endpoints, so the CDS file is
+    // rewritten with service 0's cluster changed (Envoy skips the unmodified ones).
+    let mut clusters = r.clusters.clone();
+    let moved = xds_scale::endpoints(&Service::new(0), 1);
+    clusters[0]["load_assignment"]["endpoints"] = moved["endpoints"].clone();
+    let before_lines = log_lines(&log, ENVOY_CDS_APPLIED).len();
+    let before = proxy.usage();
+    let t = Instant::now();
+    write_atomically(&dir.join("cds.json"), &discovery_response(&clusters, 2))?;
+    wait_until(&mut proxy, CHANGE_TIMEOUT, || {
+        log_lines(&log, ENVOY_CDS_APPLIED).len() > before_lines
+    })
+    .context("Envoy did not apply the endpoint change")?;
+    m.change_ms = Some(t.elapsed().as_secs_f64() * 1e3);
+    m.change_cpu_ms = Some(proxy.usage().cpu_seconds_since(&before) * 1e3);
+    if let Some(line) = log_lines(&log, ENVOY_CDS_APPLIED).last() {
+        if !line.contains("added/updated 1 cluster(s)") {
+            m.loaded.push_str(&format!("; change: {}", brief(line)));
+        }
+    }
+    Ok(m)
+}
+
+/// Envoy's counters against what was written.
+fn summarize_envoy(stats: &str, r: &Resources) -> String {
+    let stat = |name: &str| -> Option<u64> {
+        stats.lines().find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(": ")?
+                .trim()
+                .parse()
+                .ok()
+        })
+    };
+    let mut out = vec![];
+    let active = stat("listener_manager.total_listeners_active");
+    let clusters = stat("cluster_manager.active_clusters");
+    for (what, got, written) in [
+        ("listeners", active, r.listeners.len()),
+        ("clusters", clusters, r.clusters.len()),
+    ] {
+        match got {
+            Some(g) if g as usize == written => out.push(format!("{g} {what} active")),
+            Some(g) => out.push(format!("{g} of {written} {what} active")),
+            None => out.push(format!("{what}: no stat")),
+        }
+    }
+    match stat("http.outbound_0.0.0.0_8080.rds.8080.update_success") {
+        Some(k) if k > 0 => out.push("route table 8080 loaded".into()),
+        _ => out.push("route table 8080 NOT loaded".into()),
+    }
+    for rejected in [
+        "cluster_manager.cds.update_rejected",
+        "listener_manager.lds.update_rejected",
+    ] {
+        if stat(rejected).unwrap_or(0) > 0 {
+            out.push(format!("{rejected} > 0 (see envoy.log)"));
+        }
+    }
+    out.join(", ")
+}
+
+/// Memory and idle CPU after settling.
+fn settle(proxy: &Spawned, applied: Duration, at_ready: &Usage) -> Measured {
+    std::thread::sleep(SETTLE);
+    let after = proxy.usage();
+    Measured {
+        applied_s: applied.as_secs_f64(),
+        apply_cpu_s: cpu_from_start(at_ready),
+        rss_mib: after.rss_kib as f64 / 1024.0,
+        idle_cpu_percent: after.cpu_seconds_since(at_ready) / SETTLE.as_secs_f64() * 100.0,
+        ..Measured::default()
+    }
+}
+
+/// CPU used since the process started: the threads' nanosecond counters where they add up to
+/// more than `stat`'s 10 ms ticks (those truncate), the ticks otherwise (a thread that ended,
+/// such as a loader, keeps its ticks in the process's `stat` but takes its counters with it).
+fn cpu_from_start(u: &Usage) -> f64 {
+    let ticks = u.cpu_ticks as f64 / process::TICKS_PER_SECOND as f64;
+    let threads = u.threads.iter().map(|t| t.on_cpu_ns).sum::<u64>() as f64 / 1e9;
+    ticks.max(threads)
+}
+
+/// Polls `done` every [`POLL`] until it holds; fails if the proxy exits or `limit` passes.
+fn wait_until(
+    proxy: &mut Spawned,
+    limit: Duration,
+    mut done: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if done() {
+            return Ok(());
+        }
+        if let Some(status) = proxy.exited() {
+            anyhow::bail!("exited ({status}); its log ends:\n{}", proxy.log_tail(15));
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "not within {limit:?}; its log ends:\n{}",
+                proxy.log_tail(15)
+            );
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// The lines of `log` containing `needle`.
+fn log_lines(log: &Path, needle: &str) -> Vec<String> {
+    fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A log line cut to a table cell's length.
+fn brief(line: &str) -> String {
+    line.chars().take(200).collect::<String>().replace('|', "/")
+}
+
+/// One GET to 127.0.0.1:`port`; the status and body, or `None` if it did not answer.
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    Some((status, body))
+}
+
+fn http_status(port: u16, path: &str) -> Option<u16> {
+    get(port, path).map(|(s, _)| s)
+}
+
+fn http_body(port: u16, path: &str) -> Option<String> {
+    get(port, path).map(|(_, b)| b)
+}
+
+/// Prints the tables and writes them, with the command and the programs' versions, to
+/// `out/config-scale-<time>.{md,json}`; returns the markdown file's path.
+pub fn write_report(
+    tables: &[Table],
+    setup: &Setup,
+    command: &str,
+    out: &Path,
+) -> anyhow::Result<PathBuf> {
+    let started = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let version = |p: &Option<PathBuf>| {
+        p.as_ref()
+            .and_then(|p| std::process::Command::new(p).arg("--version").output().ok())
+            .map(|o| {
+                let text = format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                text.lines()
+                    .map(str::trim)
+                    .find(|l| !l.is_empty())
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .unwrap_or_else(|| "not found".into())
+    };
+    let load = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut md = format!(
+        "# Config scale, {started}\n\n`{command}`\n\n- remora: {}\n- envoy: {}\n- load average at the end: {}\n- {}\n\n",
+        version(&setup.remora),
+        version(&setup.envoy),
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+        if setup.pin { "each proxy pinned to core 0 (all its threads), the harness on core 1" } else { "nothing pinned" }
+    );
+    for t in tables {
+        md.push_str(&t.markdown());
+        md.push('\n');
+    }
+    let json = serde_json::json!({
+        "started": started, "command": command,
+        "versions": {"remora": version(&setup.remora), "envoy": version(&setup.envoy)},
+        "tables": tables.iter().map(Table::json).collect::<Vec<_>>()
+    });
+    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let stamp = started.replace([':', '-'], "");
+    let path = out.join(format!("config-scale-{stamp}.md"));
+    fs::write(&path, &md)?;
+    fs::write(
+        out.join(format!("config-scale-{stamp}.json")),
+        serde_json::to_string_pretty(&json)?,
+    )?;
+    print!("{md}");
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remoras_log_line_is_checked_against_what_was_written() {
+        let r = xds_scale::generate(10, 15001, &Sources::Ads);
+        let ok = "INFO remora::xds_files: xDS resources loaded from files dir=/x listeners=3 clusters=12 routes=1 endpoints=10 refused=0";
+        assert_eq!(
+            summarize_remora(ok, &r),
+            "3 listeners, 12 clusters, 1 routes, 10 endpoints"
+        );
+        let short = ok
+            .replace("routes=1", "routes=0")
+            .replace("refused=0", "refused=1");
+        let s = summarize_remora(&short, &r);
+        assert!(
+            s.contains("0 of 1 routes loaded") && s.contains("1 REFUSED"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn envoys_counters_are_checked_against_what_was_written() {
+        let r = xds_scale::generate(10, 15001, &Sources::Ads);
+        let stats = "cluster_manager.active_clusters: 12\ncluster_manager.cds.update_rejected: 0\nhttp.outbound_0.0.0.0_8080.rds.8080.update_success: 1\nlistener_manager.total_listeners_active: 2\n";
+        let s = summarize_envoy(stats, &r);
+        assert_eq!(
+            s,
+            "2 of 3 listeners active, 12 clusters active, route table 8080 loaded"
+        );
+    }
+}
