@@ -10,7 +10,7 @@
 //! - an EDS cluster `outbound|<port>||<host>`: LEAST_REQUEST, 10 s connect timeout, circuit
 //!   breakers at istiod's defaults (every limit 2^32-1, remaining tracked), Istio's cluster
 //!   metadata, a `tlsMode-istio` transport socket match (SNI `outbound_.<port>_._.<host>`, the
-//!   service account's SPIFFE ID as the only SAN, ALPN `istio-peer-exchange`/`istio`, SDS
+//!   service account's SPIFFE ID as the only (typed URI) SAN, ALPN `istio-peer-exchange`/`istio`, SDS
 //!   secrets `default` and `ROOTCA`) and a plaintext default;
 //! - a ClusterLoadAssignment with 2 or 3 endpoints labelled `tlsMode: istio`;
 //! - HTTP services (nine in ten, port 8080): a virtual host in the `8080` route table, with
@@ -187,8 +187,10 @@ fn cluster(s: &Service, sources: &Sources, assignment: &Value) -> Value {
             "alpn_protocols": ["istio-peer-exchange", "istio"],
             "tls_certificate_sds_secret_configs": [sds("default", sources)],
             "combined_validation_context": {
-                "default_validation_context": {"match_subject_alt_names": [
-                    {"exact": format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/{}", s.short())}
+                // Typed SANs, as istiod writes them now (the untyped list is deprecated, and
+                // Envoy logs a warning per cluster for it).
+                "default_validation_context": {"match_typed_subject_alt_names": [{"san_type": "URI",
+                    "matcher": {"exact": format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/{}", s.short())}}
                 ]},
                 "validation_context_sds_secret_config": sds("ROOTCA", sources)
             }
@@ -340,6 +342,9 @@ fn route_table(services: &[Service]) -> Value {
         "host_selection_retry_max_attempts": "5",
         "retriable_status_codes": [503]
     });
+    // istiod's replacement for the deprecated `max_grpc_timeout: 0s` (which Envoy warns about
+    // once per route): no limit from grpc-timeout headers.
+    let no_grpc_limit = json!({"max_stream_duration": "0s", "grpc_timeout_header_max": "0s"});
     let mut hosts: Vec<Value> = services
         .iter()
         .filter(|s| s.http)
@@ -362,7 +367,7 @@ fn route_table(services: &[Service]) -> Value {
                     "name": "default",
                     "match": {"prefix": "/"},
                     "route": {"cluster": s.cluster_name(), "timeout": "0s", "retry_policy": retry,
-                              "max_grpc_timeout": "0s"},
+                              "max_stream_duration": no_grpc_limit},
                     "decorator": {"operation": format!("{}:{}/*", s.host, s.port)}
                 }],
                 "include_request_attempt_count": true
@@ -373,7 +378,7 @@ fn route_table(services: &[Service]) -> Value {
         "name": "allow_any",
         "domains": ["*"],
         "routes": [{"name": "allow_any", "match": {"prefix": "/"},
-                    "route": {"cluster": "PassthroughCluster", "timeout": "0s", "max_grpc_timeout": "0s"}}],
+                    "route": {"cluster": "PassthroughCluster", "timeout": "0s", "max_stream_duration": no_grpc_limit}}],
         "include_request_attempt_count": true
     }));
     json!({

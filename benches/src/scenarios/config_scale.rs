@@ -132,7 +132,9 @@ fn table_for(setup: &Setup, registry: &Registry, n: usize) -> Table {
             }
         }
         if rounds.is_empty() {
-            table.push_missing(name, failure.unwrap_or_default());
+            // One line: a table cell.
+            let why = failure.unwrap_or_default().replace('|', "/");
+            table.push_missing(name, why.lines().map(str::trim).collect::<Vec<_>>().join(" / "));
             continue;
         }
         let fig = |f: fn(&Measured) -> Option<f64>| {
@@ -153,7 +155,7 @@ fn table_for(setup: &Setup, registry: &Registry, n: usize) -> Table {
         ];
         let mut note = rounds[0].loaded.clone();
         if let Some(f) = failure {
-            note.push_str(&format!("; a round failed: {f}"));
+            note.push_str(&format!("; a round failed: {}", f.lines().next().unwrap_or_default()));
         }
         table.push(name, values, Some(note));
     }
@@ -376,7 +378,10 @@ fn envoy_round(
         ),
     )?;
     let mut args = envoy_args_with(&config, 1);
-    args.extend(["--log-level".into(), "info".into()]);
+    // Info, not the other scenarios' warn: the CDS update's log line is the change's signal.
+    if let Some(i) = args.iter().position(|a| a == "--log-level") {
+        args[i + 1] = "info".into();
+    }
     let log = dir.join("envoy.log");
     let cpu = pin.then_some(PROXY_CPU);
     let started = Instant::now();
