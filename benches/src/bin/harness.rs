@@ -83,21 +83,8 @@ enum Internal {
         log: Option<PathBuf>,
     },
     /// Config scale: istiod-shaped xDS for N services given to Remora and to Envoy, one after
-    /// the other: time and CPU to apply, RSS, one endpoint change (scenarios/config_scale.rs).
-    ConfigScale {
-        /// Service counts, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
-        services: Vec<usize>,
-        #[arg(long, default_value_t = 1)]
-        rounds: usize,
-        #[arg(long, value_name = "PATH")]
-        remora: Option<PathBuf>,
-        #[arg(long, value_name = "PATH", env = "ENVOY")]
-        envoy: Option<PathBuf>,
-        /// Where the report goes (default: target/bench-results).
-        #[arg(long, value_name = "DIR")]
-        out: Option<PathBuf>,
-    },
+    /// the other: time and CPU to apply, RSS, one endpoint change (scenarios/config_scale).
+    ConfigScale(scenarios::config_scale::Args),
     /// What waking a thread across the two cores costs on this machine, in CPU and in latency,
     /// with no proxy: the report header's two probe lines, alone (about seven seconds).
     Probe,
@@ -271,46 +258,13 @@ fn main() -> ExitCode {
         }
         Some(Internal::History { results }) => return finish("history", history(&results)),
         Some(Internal::Probe) => return finish("probe", probe()),
-        Some(Internal::ConfigScale {
-            services,
-            rounds,
-            remora,
-            envoy,
-            out,
-        }) => {
-            let run = |registry: Registry| -> anyhow::Result<()> {
-                let exe = std::env::current_exe()?;
-                let target = exe.parent().and_then(Path::parent).map(Path::to_path_buf);
-                let target = target.unwrap_or_else(|| PathBuf::from("target"));
-                let pin = can_pin();
-                if pin {
-                    process::pin_self(LOAD_CPU)?;
-                }
-                let setup = scenarios::config_scale::Setup {
-                    remora: remora
-                        .or_else(|| Some(target.join("release/remora")).filter(|p| p.is_file())),
-                    envoy: envoy
-                        .or_else(cached_envoy)
-                        .or_else(|| find_program("envoy")),
-                    work_dir: target.join("bench-results").join("work"),
-                    pin,
-                    rounds,
-                };
-                let tables = scenarios::config_scale::run(&setup, &registry, &services);
-                let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
-                let out = out.unwrap_or_else(|| target.join("bench-results"));
-                let path = scenarios::config_scale::write_report(
-                    &tables,
-                    &setup,
-                    &format!("harness {command}"),
-                    &out,
-                )?;
-                println!("results: {}", path.display());
-                Ok(())
-            };
+        Some(Internal::ConfigScale(args)) => {
             let registry = Registry::default();
-            let started = process::end_children_on_signal(registry.clone());
-            return finish("config-scale", started.and_then(|()| run(registry)));
+            let found_envoy = cached_envoy().or_else(|| find_program("envoy"));
+            let run = process::end_children_on_signal(registry.clone()).and_then(|()| {
+                scenarios::config_scale::main(args, found_envoy, can_pin(), &registry)
+            });
+            return finish("config-scale", run);
         }
         None => {}
     }
