@@ -398,6 +398,35 @@ fn route_table(services: &[Service]) -> Value {
 pub const MAX_DIRECT_RESPONSE_REFUSED: (&str, u64) =
     ("max_direct_response_body_size_bytes", 1_048_576);
 
+/// The resources without their `@type`, as Remora's `xds.resources_dir` takes them: it
+/// refuses every resource that carries one (`unrecognized field name '@type'`), although
+/// Envoy's files and `remora xds validate` take it (see [`tests`]).
+pub fn without_type(list: &[Value]) -> Vec<Value> {
+    list.iter()
+        .map(|v| {
+            let mut v = v.clone();
+            if let Some(m) = v.as_object_mut() {
+                m.remove("@type");
+            }
+            v
+        })
+        .collect()
+}
+
+/// Writes the four files of Remora's `xds.resources_dir` into `dir`.
+pub fn write_remora_dir(dir: &std::path::Path, r: &Resources) -> std::io::Result<()> {
+    for (name, list) in [
+        ("clusters", &r.clusters),
+        ("endpoints", &r.endpoints),
+        ("listeners", &r.listeners),
+        ("routes", &r.routes),
+    ] {
+        let body = serde_json::to_vec(&without_type(list))?;
+        std::fs::write(dir.join(format!("{name}.json")), body)?;
+    }
+    Ok(())
+}
+
 /// Envoy's file-based xDS wraps resources in a DiscoveryResponse.
 pub fn discovery_response(resources: &[Value], version: u32) -> Value {
     json!({"version_info": version.to_string(), "resources": resources})

@@ -179,3 +179,50 @@ fn remora_still_refuses_istiods_direct_response_limit() {
     let refusal = verdict.refusal.map(|r| r.to_string()).unwrap_or_default();
     assert!(refusal.contains(field), "{refusal:?}");
 }
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("remora-benches-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// The directory as the scenario writes it, through Remora's own file loader (what
+/// `xds.resources_dir` runs at start): every resource applied, none refused.
+#[test]
+fn remoras_file_loader_applies_the_whole_directory() {
+    let dir = scratch("xds-dir");
+    let r = generate(30, 15001, &Sources::Ads);
+    write_remora_dir(&dir, &r).expect("written");
+    let store = remora_xds::store::Store::new();
+    let read = remora::xds_files::read_dir(&dir).expect("reads");
+    let refused = remora::xds_files::apply(&store, read, "1");
+    assert!(refused.is_empty(), "{refused:#?}");
+    let snap = store.snapshot();
+    assert_eq!(snap.clusters.len(), r.clusters.len());
+    assert_eq!(snap.listeners.len(), r.listeners.len());
+    assert_eq!(snap.routes.len(), 1);
+    assert_eq!(snap.endpoints.len(), r.endpoints.len());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Remora's file loader refuses resources that carry Envoy's `@type` (which Envoy's own files
+/// and `remora xds validate` take). When this fails, it takes them: `without_type` can go.
+#[test]
+fn remoras_file_loader_still_refuses_typed_resources() {
+    let dir = scratch("xds-typed");
+    let r = generate(1, 15001, &Sources::Ads);
+    std::fs::write(
+        dir.join("clusters.json"),
+        Value::Array(r.clusters).to_string(),
+    )
+    .expect("written");
+    let store = remora_xds::store::Store::new();
+    let read = remora::xds_files::read_dir(&dir).expect("reads");
+    let refused = remora::xds_files::apply(&store, read, "1");
+    assert!(
+        refused.iter().any(|x| x.reason.contains("@type")),
+        "{refused:#?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
