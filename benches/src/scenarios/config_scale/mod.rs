@@ -77,6 +77,10 @@ pub fn main(
     pin: bool,
     registry: &Registry,
 ) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.services.iter().all(|&n| n >= 1),
+        "--services: every count must be at least 1 (the endpoint change moves service 0's pod)"
+    );
     let exe = std::env::current_exe().context("locating the harness binary")?;
     let target = exe.parent().and_then(Path::parent).map(Path::to_path_buf);
     let target = target.unwrap_or_else(|| PathBuf::from("target"));
