@@ -124,6 +124,8 @@ struct Measured {
     idle_cpu_percent: f64,
     change_ms: Option<f64>,
     change_cpu_ms: Option<f64>,
+    /// The most resident memory the process had at any moment, read at the round's end.
+    peak_rss_mib: Option<f64>,
     /// What the proxy says it loaded.
     loaded: String,
 }
@@ -152,6 +154,7 @@ fn columns() -> Vec<Column> {
         Column::new("idle CPU", "%", 2).with_peer_ratios(),
         Column::new("endpoint change applied", "ms", 0).with_peer_ratios(),
         Column::new("CPU for the change", "ms", 1).with_peer_ratios(),
+        Column::new("peak RSS", "MiB", 1).with_peer_ratios(),
     ]
 }
 
@@ -213,6 +216,7 @@ fn table_for(setup: &Setup, registry: &Registry, n: usize) -> Table {
             fig(|m| Some(m.idle_cpu_percent)),
             fig(|m| m.change_ms),
             fig(|m| m.change_cpu_ms),
+            fig(|m| m.peak_rss_mib),
         ];
         let mut note = rounds[0].loaded.clone();
         if let Some(f) = failure {
@@ -226,7 +230,7 @@ fn table_for(setup: &Setup, registry: &Registry, n: usize) -> Table {
     table.notes.push(format!(
         "Remora reads xds.resources_dir (polled every {REMORA_WATCH}, its default); Envoy 1.40 reads LDS and CDS from files (path_config_source, inotify), RDS and SDS from files they name; clusters are EDS for Remora and STATIC with the same endpoints inline for Envoy (see docs/benchmarks.md)"
     ));
-    table.notes.push("config applied and CPU to apply count from spawn (start-up included); RSS after 3 s of settling; idle CPU over those 3 s; the endpoint change moves one pod of service 0 and is timed from the file's rename until the proxy logs the update applied".into());
+    table.notes.push("config applied and CPU to apply count from spawn (start-up included); RSS after 3 s of settling; idle CPU over those 3 s; the endpoint change moves one pod of service 0 and is timed from the file's rename until the proxy logs the update applied; peak RSS is VmHWM at the end (load and change included)".into());
     table
 }
 
@@ -267,6 +271,15 @@ fn settle(proxy: &Spawned, applied: Duration, at_ready: &Usage) -> Measured {
         idle_cpu_percent: after.cpu_seconds_since(at_ready) / SETTLE.as_secs_f64() * 100.0,
         ..Measured::default()
     }
+}
+
+/// `VmHWM` of `pid` in MiB: its peak resident memory so far (parsing a 40 MB config can need
+/// more than holding it, and a sidecar's memory limit is against the peak).
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
 }
 
 /// CPU used since the process started: the threads' nanosecond counters where they add up to

@@ -80,6 +80,7 @@ pub(super) fn remora_round(
     .context("Remora did not apply the endpoint change")?;
     m.change_ms = Some(t.elapsed().as_secs_f64() * 1e3);
     m.change_cpu_ms = Some(proxy.usage().cpu_seconds_since(&before) * 1e3);
+    m.peak_rss_mib = peak_rss_mib(proxy.pid());
     if let Some(line) = log_lines(&log, REMORA_REAPPLIED).last() {
         if !line.contains("refused=0") {
             m.loaded.push_str(&format!("; change: {}", brief(line)));
@@ -223,6 +224,7 @@ pub(super) fn envoy_round(
     .context("Envoy did not apply the endpoint change")?;
     m.change_ms = Some(t.elapsed().as_secs_f64() * 1e3);
     m.change_cpu_ms = Some(proxy.usage().cpu_seconds_since(&before) * 1e3);
+    m.peak_rss_mib = peak_rss_mib(proxy.pid());
     if let Some(line) = log_lines(&log, ENVOY_CDS_APPLIED).last() {
         if !line.contains("added/updated 1 cluster(s)") {
             m.loaded.push_str(&format!("; change: {}", brief(line)));
