@@ -14,6 +14,7 @@
 //! h2load and iperf3; [`scenarios`] puts these together per scenario (interleaved rounds,
 //! reduced to medians with their spread), [`report`] renders the tables and their ratio
 //! matrices as markdown and JSON, and [`targets`] judges the targets from them.
+//! [`xds_scale`] writes istiod-shaped xDS resources for N services (the config-scale scenario).
 
 pub mod cores;
 pub mod floor;
@@ -28,3 +29,4 @@ pub mod targets;
 pub mod tcp_load;
 pub mod upstream;
 pub mod wakeup;
+pub mod xds_scale;

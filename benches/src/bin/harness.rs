@@ -82,6 +82,9 @@ enum Internal {
         #[arg(long)]
         log: Option<PathBuf>,
     },
+    /// Config scale: istiod-shaped xDS for N services given to Remora and to Envoy, one after
+    /// the other: time and CPU to apply, RSS, one endpoint change (scenarios/config_scale).
+    ConfigScale(scenarios::config_scale::Args),
     /// What waking a thread across the two cores costs on this machine, in CPU and in latency,
     /// with no proxy: the report header's two probe lines, alone (about seven seconds).
     Probe,
@@ -255,6 +258,14 @@ fn main() -> ExitCode {
         }
         Some(Internal::History { results }) => return finish("history", history(&results)),
         Some(Internal::Probe) => return finish("probe", probe()),
+        Some(Internal::ConfigScale(args)) => {
+            let registry = Registry::default();
+            let found_envoy = cached_envoy().or_else(|| find_program("envoy"));
+            let run = process::end_children_on_signal(registry.clone()).and_then(|()| {
+                scenarios::config_scale::main(args, found_envoy, can_pin(), &registry)
+            });
+            return finish("config-scale", run);
+        }
         None => {}
     }
     let registry = Registry::default();

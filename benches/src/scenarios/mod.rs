@@ -3,6 +3,7 @@
 //! contender in a mode (writing its config, pinning it, timing its start until it answers) and
 //! measures what a piece of load costs it.
 
+pub mod config_scale;
 pub mod cost;
 pub mod latency;
 mod measure;
