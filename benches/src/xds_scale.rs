@@ -386,31 +386,9 @@ fn route_table(services: &[Service]) -> Value {
         "name": HTTP_PORT.to_string(),
         "virtual_hosts": hosts,
         "validate_clusters": false,
-        // istiod also sets `max_direct_response_body_size_bytes: 1048576`, which Remora refuses
-        // (the whole table, so no HTTP route at all): left out so that both proxies load the
-        // same routes; see MAX_DIRECT_RESPONSE_REFUSED and docs/benchmarks.md.
+        "max_direct_response_body_size_bytes": 1_048_576,
         "ignore_port_in_host_matching": true
     })
-}
-
-/// The field of istiod's route tables that Remora refuses (checked by a test, so that it goes
-/// back into [`generate`] once Remora accepts it).
-pub const MAX_DIRECT_RESPONSE_REFUSED: (&str, u64) =
-    ("max_direct_response_body_size_bytes", 1_048_576);
-
-/// The resources without their `@type`, as Remora's `xds.resources_dir` takes them: it
-/// refuses every resource that carries one (`unrecognized field name '@type'`), although
-/// Envoy's files and `remora xds validate` take it (see [`tests`]).
-pub fn without_type(list: &[Value]) -> Vec<Value> {
-    list.iter()
-        .map(|v| {
-            let mut v = v.clone();
-            if let Some(m) = v.as_object_mut() {
-                m.remove("@type");
-            }
-            v
-        })
-        .collect()
 }
 
 /// Writes the four files of Remora's `xds.resources_dir` into `dir`.
@@ -421,7 +399,7 @@ pub fn write_remora_dir(dir: &std::path::Path, r: &Resources) -> std::io::Result
         ("listeners", &r.listeners),
         ("routes", &r.routes),
     ] {
-        let body = serde_json::to_vec(&without_type(list))?;
+        let body = serde_json::to_vec(list)?;
         std::fs::write(dir.join(format!("{name}.json")), body)?;
     }
     Ok(())

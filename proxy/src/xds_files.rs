@@ -112,12 +112,18 @@ pub fn read_dir(dir: &Path) -> Result<Resources, FilesError> {
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
-            let body = match from_json(item, kind.message_name()) {
+            let read = remora_xds::validate::resource_body(kind, item)
+                .map_err(|refusal| refusal.to_string())
+                .and_then(|body| {
+                    from_json(&body, kind.message_name())
+                        .map_err(|e| format!("{kind} {name}: {}: {e}", e.path()))
+                });
+            let body = match read {
                 Ok(message) => message.encode_to_vec(),
-                Err(e) => {
+                Err(reason) => {
                     out.refused.push(Rejection {
                         name: name.clone(),
-                        reason: format!("{kind} {name}: {}: {e}", e.path()),
+                        reason,
                     });
                     // Still delivered, as bytes the store cannot decode: it refuses them under
                     // this name and keeps the version it holds, as for any refused resource.
@@ -320,5 +326,28 @@ mod tests {
         let refused = apply(&store, read_dir(dir.path()).expect("reads"), "2");
         assert!(refused.is_empty());
         assert!(store.snapshot().clusters.is_empty());
+    }
+
+    /// Envoy's JSON names each resource's type (`@type`, as config dumps and istiod's tools
+    /// write it): the kind's own type is read, another is refused by name.
+    #[test]
+    fn resources_with_their_any_type_are_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("clusters.json"),
+            r#"[
+              {"@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+               "name": "typed", "type": "STATIC", "connect_timeout": "1s"},
+              {"@type": "type.googleapis.com/envoy.config.listener.v3.Listener",
+               "name": "mistyped"}
+            ]"#,
+        )
+        .expect("write");
+        let store = Store::new();
+        let refused = apply(&store, read_dir(dir.path()).expect("reads"), "1");
+        let names: Vec<&str> = refused.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["mistyped"], "{refused:?}");
+        assert!(refused[0].reason.contains("not a cluster"), "{refused:?}");
+        assert!(store.snapshot().cluster("typed").is_some());
     }
 }

@@ -167,6 +167,30 @@ pub fn validate_config_dump(dump: &Value) -> Vec<Verdict> {
     out
 }
 
+/// A resource as a file or dump holds it, ready to read as `kind`: Envoy writes each one with
+/// its `Any`'s `@type`, which must be the kind's own and is then dropped.
+pub fn resource_body(kind: Kind, value: &Value) -> Result<Value, Refusal> {
+    let mut body = value.clone();
+    if let Some(map) = body.as_object_mut() {
+        if let Some(t) = map.remove("@type") {
+            let want = format!("type.googleapis.com/{}", kind.message_name());
+            if t.as_str() != Some(want.as_str()) {
+                return Err(Refusal {
+                    kind,
+                    name: value[kind.name_field()]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    path: String::new(),
+                    type_url: t.as_str().map(str::to_string),
+                    reason: format!("not a {} ({want})", kind),
+                });
+            }
+        }
+    }
+    Ok(body)
+}
+
 /// Validate one resource in JSON.
 pub fn validate_one(kind: Kind, value: &Value) -> Verdict {
     fn run<T: Resource>(value: &Value) -> Option<Refusal> {
@@ -176,26 +200,16 @@ pub fn validate_one(kind: Kind, value: &Value) -> Verdict {
         .as_str()
         .unwrap_or_default()
         .to_string();
-    // A dump wraps each resource in an Any; its `@type` must be the kind's own.
-    let mut body = value.clone();
-    if let Some(map) = body.as_object_mut() {
-        if let Some(t) = map.remove("@type") {
-            let want = format!("type.googleapis.com/{}", kind.message_name());
-            if t.as_str() != Some(want.as_str()) {
-                return Verdict {
-                    kind,
-                    name: name.clone(),
-                    refusal: Some(Refusal {
-                        kind,
-                        name,
-                        path: String::new(),
-                        type_url: t.as_str().map(str::to_string),
-                        reason: format!("not a {} ({want})", kind),
-                    }),
-                };
+    let body = match resource_body(kind, value) {
+        Ok(body) => body,
+        Err(refusal) => {
+            return Verdict {
+                kind,
+                name,
+                refusal: Some(refusal),
             }
         }
-    }
+    };
     let refusal = match kind {
         Kind::Listener => run::<Listener>(&body),
         Kind::Cluster => run::<Cluster>(&body),

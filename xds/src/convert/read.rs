@@ -207,6 +207,7 @@ pub const READ: &[(&str, &[&str])] = &[
         &[
             "name",
             "virtual_hosts",
+            "max_direct_response_body_size_bytes",
             "validate_clusters",
             "ignore_port_in_host_matching",
             "request_headers_to_add",

@@ -31,6 +31,7 @@ pub fn route_configuration(
         .enumerate()
         .map(|(i, vh)| virtual_host(vh, &join(path, &format!("virtual_hosts[{i}]"))))
         .collect::<Result<_, _>>()?;
+    direct_response_bodies_fit(rc, path)?;
     Ok(RouteConfiguration {
         name: rc.name.clone(),
         virtual_hosts,
@@ -47,6 +48,42 @@ pub fn route_configuration(
         )?,
         response_headers_to_remove: rc.response_headers_to_remove.clone(),
     })
+}
+
+/// Envoy's bound on a direct response's body when the table sets none (istiod sets 1 MiB).
+const DIRECT_RESPONSE_BODY_MAX: u64 = 4096;
+
+/// Envoy refuses a table whose direct-response bodies exceed its
+/// `max_direct_response_body_size_bytes`; so does Remora, which then serves every body it holds.
+fn direct_response_bodies_fit(rc: &pb::RouteConfiguration, path: &str) -> Result<(), Fault> {
+    let max = rc
+        .max_direct_response_body_size_bytes
+        .as_ref()
+        .map_or(DIRECT_RESPONSE_BODY_MAX, |m| u64::from(m.value));
+    for (i, vh) in rc.virtual_hosts.iter().enumerate() {
+        for (j, r) in vh.routes.iter().enumerate() {
+            let Some(pb::route::Action::DirectResponse(d)) = &r.action else {
+                continue;
+            };
+            let len = match d.body.as_ref().and_then(|b| b.specifier.as_ref()) {
+                Some(core::data_source::Specifier::InlineString(s)) => s.len(),
+                Some(core::data_source::Specifier::InlineBytes(b)) => b.len(),
+                _ => 0,
+            };
+            if u64::try_from(len).unwrap_or(u64::MAX) > max {
+                return Err(Fault::new(
+                    join(
+                        path,
+                        &format!("virtual_hosts[{i}].routes[{j}].direct_response.body"),
+                    ),
+                    format!(
+                        "a body of {len} bytes is over max_direct_response_body_size_bytes ({max})"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn virtual_host(vh: &pb::VirtualHost, path: &str) -> Result<VirtualHost, Fault> {
@@ -550,6 +587,34 @@ mod tests {
         from_json::<RouteProto>(&v)
             .map(|c| c.model)
             .map_err(|r| r.to_string())
+    }
+
+    /// istiod bounds direct responses at 1 MiB on every table; Envoy's default is 4 KiB. A
+    /// body over the bound refuses the table, as Envoy does.
+    #[test]
+    fn direct_response_bodies_are_bounded_as_envoy_bounds_them() {
+        let table = |max: Option<u64>, body: usize| {
+            let mut v = json!({"name": "9080", "virtual_hosts": [{"name": "vh", "domains": ["*"], "routes": [
+                {"match": {"prefix": "/"}, "direct_response": {"status": 200, "body": {"inline_string": "x".repeat(body)}}}]}]});
+            if let Some(max) = max {
+                v["max_direct_response_body_size_bytes"] = json!(max);
+            }
+            from_json::<RouteProto>(&v)
+                .map(|c| c.model)
+                .map_err(|r| r.to_string())
+        };
+        assert!(table(Some(1_048_576), 10_000).is_ok());
+        assert!(table(None, 4096).is_ok());
+        let err = table(None, 4097).expect_err("over Envoy's default");
+        assert!(
+            err.contains("over max_direct_response_body_size_bytes (4096)"),
+            "{err}"
+        );
+        let err = table(Some(10), 11).expect_err("over the table's bound");
+        assert!(
+            err.contains("virtual_hosts[0].routes[0].direct_response.body"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -14,7 +14,6 @@ pub(super) fn remora_round(
     fs::create_dir_all(&xds)?;
     let ports = process::free_ports(6)?;
     let r = xds_scale::generate(n, ports[0], &Sources::Ads);
-    // Without `@type`: Remora's loader refuses resources that carry it (xds_scale::without_type).
     xds_scale::write_remora_dir(&xds, &r)?;
     let endpoints = &r.endpoints;
     let config = dir.join("remora.yaml");
@@ -70,7 +69,7 @@ pub(super) fn remora_round(
     changed[0] = xds_scale::endpoints(&Service::new(0), 1);
     let before_lines = log_lines(&log, REMORA_REAPPLIED).len();
     let path = xds.join("endpoints.json");
-    let tmp = stage(&path, &Value::Array(xds_scale::without_type(&changed)))?;
+    let tmp = stage(&path, &Value::Array(changed))?;
     let before = proxy.usage();
     let t = Instant::now();
     fs::rename(&tmp, &path)?;
