@@ -102,3 +102,19 @@ fn access_logs_map_to_text_or_json_with_the_listeners_nr_filter() {
         vec![log(AccessLogFormat::Json, false)]
     );
 }
+
+/// istiod writes the mesh's access log into every chain alike: the snapshot says a log is
+/// wanted, and in which format, when any listener carries one, and nothing when none does.
+#[test]
+fn the_snapshot_says_whether_the_listeners_ask_for_an_access_log() {
+    let with = snapshot("istiod-defaults");
+    assert!(
+        matches!(
+            with.access_log(),
+            Some(AccessLogFormat::Text | AccessLogFormat::Json)
+        ),
+        "{:?}",
+        with.access_log()
+    );
+    assert_eq!(snapshot("traffic-split").access_log(), None);
+}

@@ -87,6 +87,9 @@ pub struct ConnContext {
     /// The connect detection started failed: that was the first request's first attempt, as
     /// it would have been had the request dialled it (Envoy's router dials only then).
     early_failed: AtomicBool,
+    /// Whether, and how, each request is logged: the config file's access log, or the one the
+    /// xDS listeners ask for ([`Proxy::access_log_format`]).
+    log_format: Option<remora_config::AccessLogFormat>,
 }
 
 impl ConnContext {
@@ -100,6 +103,7 @@ impl ConnContext {
         connect_timeout: Duration,
     ) -> Self {
         ConnContext {
+            log_format: proxy.access_log_format(&config),
             proxy,
             config,
             direction,
@@ -272,12 +276,13 @@ impl ConnContext {
     }
 
     fn write_log(&self, log: access_log::RequestLog, flags: Flags, sent: u64) {
-        let line = log.format(flags, sent, self.config.access_log.format);
+        let format = self.log_format.unwrap_or(self.config.access_log.format);
+        let line = log.format(flags, sent, format);
         self.proxy.access_log.log_line(line);
     }
 
     fn logging(&self) -> bool {
-        self.config.access_log.enabled
+        self.log_format.is_some()
     }
 }
 

@@ -91,7 +91,7 @@ pub(crate) fn bookinfo() -> Store {
                     {"name": "outbound|9080|v1|reviews.default.svc.cluster.local", "weight": 25},
                     {"name": "outbound|9080|v2|reviews.default.svc.cluster.local", "weight": 75}]}}},
                 {"match": {"path": "/missing"}, "route": {"cluster": "outbound|9080||nowhere.default.svc.cluster.local",
-                    "retry_policy": {"retry_on": "5xx", "num_retries": 5}}},
+                    "retry_policy": {"retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes", "num_retries": 5}}},
                 {"match": {"prefix": "/", "headers": [{"name": "end-user", "string_match": {"exact": "jason"}}]},
                  "route": {"cluster": "outbound|9080|v2|reviews.default.svc.cluster.local"}},
                 {"match": {"prefix": "/", "query_parameters": [{"name": "v", "string_match": {"exact": "1"}}]},
