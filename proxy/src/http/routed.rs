@@ -18,7 +18,10 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response};
 use remora_xds::model::listener::RouteSource;
-use remora_xds::model::route::{HeaderEdit, PathMatch, RequestParts};
+use remora_xds::model::route::{
+    ClusterTarget, Forward, HeaderEdit, PathMatch, RequestParts, Route, RouteConfiguration,
+    VirtualHost,
+};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,6 +53,64 @@ pub struct Routed {
     pub response_edits: Edits,
     /// The destination as Istio's metrics label it, from the cluster's Istio metadata.
     pub metrics_peer: Option<Arc<crate::tls::Peer>>,
+}
+
+/// The request and response header edits of a forwarded request: the picked weighted cluster's
+/// own (most specific, so first, as Envoy applies them), then the route's, the virtual
+/// host's and the table's.
+fn edits(
+    table: &RouteConfiguration,
+    vhost: &VirtualHost,
+    route: &Route,
+    forward: &Forward,
+    cluster: &str,
+) -> (Edits, Edits) {
+    let picked = match &forward.target {
+        ClusterTarget::Weighted(set) => set.iter().find(|c| c.name == cluster),
+        ClusterTarget::Cluster(_) => None,
+    };
+    let none: (&[HeaderEdit], &[String]) = (&[], &[]);
+    let request = Edits::of([
+        picked.map_or(none, |c| {
+            (
+                &c.request_headers_to_add[..],
+                &c.request_headers_to_remove[..],
+            )
+        }),
+        (
+            &route.request_headers_to_add,
+            &route.request_headers_to_remove,
+        ),
+        (
+            &vhost.request_headers_to_add,
+            &vhost.request_headers_to_remove,
+        ),
+        (
+            &table.request_headers_to_add,
+            &table.request_headers_to_remove,
+        ),
+    ]);
+    let response = Edits::of([
+        picked.map_or(none, |c| {
+            (
+                &c.response_headers_to_add[..],
+                &c.response_headers_to_remove[..],
+            )
+        }),
+        (
+            &route.response_headers_to_add,
+            &route.response_headers_to_remove,
+        ),
+        (
+            &vhost.response_headers_to_add,
+            &vhost.response_headers_to_remove,
+        ),
+        (
+            &table.response_headers_to_add,
+            &table.response_headers_to_remove,
+        ),
+    ]);
+    (request, response)
 }
 
 /// Header edits of a route, its virtual host and its table, in Envoy's default order (the
@@ -147,34 +208,7 @@ pub fn decide(
         } => (cluster, route, forward, retry, vhost),
         other => return Err(answer(other, host, req.path_and_query)),
     };
-    let request_edits = Edits::of([
-        (
-            &route.request_headers_to_add[..],
-            &route.request_headers_to_remove[..],
-        ),
-        (
-            &vhost.request_headers_to_add,
-            &vhost.request_headers_to_remove,
-        ),
-        (
-            &table.request_headers_to_add,
-            &table.request_headers_to_remove,
-        ),
-    ]);
-    let response_edits = Edits::of([
-        (
-            &route.response_headers_to_add[..],
-            &route.response_headers_to_remove[..],
-        ),
-        (
-            &vhost.response_headers_to_add,
-            &vhost.response_headers_to_remove,
-        ),
-        (
-            &table.response_headers_to_add,
-            &table.response_headers_to_remove,
-        ),
-    ]);
+    let (request_edits, response_edits) = edits(table, vhost, route, forward, cluster);
     let rewritten = forward
         .prefix_rewrite
         .as_deref()
@@ -386,6 +420,43 @@ mod tests {
             rewrite_prefix(&exact, "/old", "/new").as_deref(),
             Some("/new")
         );
+    }
+
+    /// A weighted destination's own header edits (VirtualService `route[].headers`) go with
+    /// the cluster picked, and only with it.
+    #[test]
+    fn a_weighted_clusters_own_edits_follow_the_pick() {
+        type Proto = envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+        let table = remora_xds::convert::from_json::<Proto>(&serde_json::json!({
+            "name": "9080", "virtual_hosts": [{"name": "vh", "domains": ["*"], "routes": [
+                {"match": {"prefix": "/"}, "route": {"weighted_clusters": {"clusters": [
+                    {"name": "v1", "weight": 50, "request_headers_to_add": [
+                        {"header": {"key": "x-subset", "value": "v1"}}]},
+                    {"name": "v2", "weight": 50, "response_headers_to_add": [
+                        {"header": {"key": "x-served", "value": "v2"}}]}]}},
+                 "request_headers_to_add": [{"header": {"key": "x-route", "value": "yes"}}]}]}]
+        }))
+        .expect("accepted")
+        .model;
+        let vhost = &table.virtual_hosts[0];
+        let route = &vhost.routes[0];
+        let remora_xds::model::route::Action::Forward(forward) = &route.action else {
+            panic!("{:?}", route.action)
+        };
+        let applied = |cluster: &str| {
+            let (request, response) = edits(&table, vhost, route, forward, cluster);
+            let (mut req, mut resp) = (HeaderMap::new(), HeaderMap::new());
+            request.apply(&mut req);
+            response.apply(&mut resp);
+            (req, resp)
+        };
+        let (req, resp) = applied("v1");
+        assert_eq!(req["x-subset"], "v1");
+        assert_eq!(req["x-route"], "yes");
+        assert!(resp.get("x-served").is_none());
+        let (req, resp) = applied("v2");
+        assert!(req.get("x-subset").is_none());
+        assert_eq!(resp["x-served"], "v2");
     }
 
     #[test]
