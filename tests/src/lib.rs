@@ -27,6 +27,7 @@ pub mod process;
 pub mod promtool;
 pub mod service;
 pub mod sniff;
+pub mod xds_resources;
 
 pub use environment::{has_command, missing_capability, skip};
 pub use metrics::Metrics;

@@ -9,6 +9,7 @@ use remora_e2e::certs::MeshCa;
 use remora_e2e::istiod::{ControlPlane, HostsFile, ISTIOD_HOST, ISTIOD_PORT};
 use remora_e2e::mesh::{CLIENT_ID, SERVER_HOST, SERVER_ID};
 use remora_e2e::peer::{http_get, Server};
+use remora_e2e::xds_resources::{endpoint, mtls_cluster, tcp_listener};
 use remora_e2e::{PodNet, RemoraCommand, ADMIN_PORT};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -97,6 +98,35 @@ fn wait_until(what: &str, timeout: Duration, ok: impl Fn() -> bool) {
     }
 }
 
+/// istiod's resources for the server sidecar's mesh port: the only route out of the pod.
+fn serve_the_server_sidecar(plane: &ControlPlane, net: &PodNet) {
+    use remora_e2e::istiod::ads::type_url;
+    let cluster = "outbound|8443||echo.server.svc.cluster.local";
+    let ads = plane.ads();
+    ads.set(
+        type_url::ENDPOINT,
+        "v1",
+        &[
+            serde_json::json!({"cluster_name": cluster, "endpoints": [{"lb_endpoints": [
+            endpoint(net.peer_addr(MESH_PORT), Some("istio"))]}]}),
+        ],
+    );
+    ads.set(
+        type_url::CLUSTER,
+        "v1",
+        &[mtls_cluster(
+            cluster,
+            "outbound_.8443_._.echo.server.svc.cluster.local",
+            SERVER_ID,
+        )],
+    );
+    ads.set(
+        type_url::LISTENER,
+        "v1",
+        &[tcp_listener(net.peer_addr(MESH_PORT), cluster)],
+    );
+}
+
 #[test]
 fn a_certificate_from_istiod_gates_readiness_and_rotates_under_an_open_connection() {
     let Some(net) = PodNet::create_or_skip() else {
@@ -127,8 +157,10 @@ fn a_certificate_from_istiod_gates_readiness_and_rotates_under_an_open_connectio
         Arc::clone(&ca),
         TOKEN,
     );
-    // Readiness also waits for istiod's first configuration (tests/istiod_xds.rs).
-    plane.ads().set_empty();
+    // Readiness also waits for istiod's first configuration (tests/istiod_xds.rs), which is
+    // also what routes: the server sidecar's port as istiod writes a service with a sidecar
+    // (tcp_proxy to an EDS cluster whose endpoint says `tlsMode: istio`).
+    serve_the_server_sidecar(&plane, &net);
     sidecar.wait_ready(STEP_TIME);
     let issued = plane.issued();
     assert!(!issued.is_empty(), "refused: {:?}", plane.refused());

@@ -7,6 +7,7 @@ use remora_e2e::certs::MeshCa;
 use remora_e2e::mesh::{client_config, handshakes, server_config, two_pods, CLIENT_ID, SERVER_ID};
 use remora_e2e::peer::{self, any_addr, curl, curl_ok, Server};
 use remora_e2e::service::{peer_program, Service};
+use remora_e2e::xds_resources::{eds_cluster, endpoint, mtls_cluster};
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -23,54 +24,9 @@ const TCP_VIP: &str = "10.96.0.20:9000";
 const CLUSTER: &str = "outbound|80||web.test.svc.cluster.local";
 const TCP_CLUSTER: &str = "outbound|9000||echo.test.svc.cluster.local";
 
-fn eds_cluster(name: &str) -> Value {
-    json!({"name": name, "type": "EDS", "connect_timeout": "2s", "lb_policy": "LEAST_REQUEST",
-           "eds_cluster_config": {"eds_config": {"ads": {}}, "service_name": name}})
-}
-
 fn assignment(name: &str, endpoints: &[SocketAddr]) -> Value {
     let lb: Vec<Value> = endpoints.iter().map(|a| endpoint(*a, None)).collect();
     json!({"cluster_name": name, "endpoints": [{"lb_endpoints": lb}]})
-}
-
-/// An EDS host, with istiod's `tlsMode` metadata when it has a sidecar.
-fn endpoint(a: SocketAddr, tls_mode: Option<&str>) -> Value {
-    let mut e = json!({"endpoint": {"address": {"socket_address": {
-        "address": a.ip().to_string(), "port_value": a.port()}}},
-        "health_status": "HEALTHY"});
-    if let Some(mode) = tls_mode {
-        e["metadata"] =
-            json!({"filter_metadata": {"envoy.transport_socket_match": {"tlsMode": mode}}});
-    }
-    e
-}
-
-/// An EDS cluster with istiod's auto-mTLS sockets: Istio mTLS (this SNI, this SAN) for
-/// endpoints with `tlsMode: istio`, plaintext for the rest.
-fn mtls_cluster(name: &str, sni: &str, san: &str) -> Value {
-    let sds = |name: &str| {
-        json!({"name": name, "sds_config": {"api_config_source": {"api_type": "GRPC",
-            "grpc_services": [{"envoy_grpc": {"cluster_name": "sds-grpc"}}],
-            "transport_api_version": "V3"}, "resource_api_version": "V3"}})
-    };
-    let mut c = eds_cluster(name);
-    c["transport_socket_matches"] = json!([
-        {"name": "tlsMode-istio", "match": {"tlsMode": "istio"}, "transport_socket": {
-            "name": "envoy.transport_sockets.tls", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                "sni": sni,
-                "common_tls_context": {
-                    "alpn_protocols": ["istio-peer-exchange", "istio"],
-                    "tls_certificate_sds_secret_configs": [sds("default")],
-                    "combined_validation_context": {
-                        "default_validation_context": {"match_typed_subject_alt_names": [
-                            {"san_type": "URI", "matcher": {"exact": san}}]},
-                        "validation_context_sds_secret_config": sds("ROOTCA")}}}}},
-        {"name": "tlsMode-disabled", "match": {}, "transport_socket": {
-            "name": "envoy.transport_sockets.raw_buffer", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"}}}
-    ]);
-    c
 }
 
 fn write_all(dir: &Path, listeners: Value, routes: Value, clusters: Value, endpoints: Value) {
