@@ -19,16 +19,53 @@ use std::time::SystemTime;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry<T: Resource> {
     pub model: Arc<T::Model>,
-    /// The proto as received, for `/config_dump`.
-    pub proto: T,
+    /// The resource as received, encoded: decoded again only when a config dump asks. A
+    /// decoded prost message takes several times its encoding in memory, for every resource
+    /// held (the config-scale benchmark's first finding).
+    encoded: Box<[u8]>,
     pub version: String,
     pub last_updated: SystemTime,
+    kind: std::marker::PhantomData<fn() -> T>,
 }
 
 impl<T: Resource> Entry<T> {
+    /// An entry for a resource received as `encoded` and converted into `model`.
+    pub fn new(
+        model: T::Model,
+        encoded: Vec<u8>,
+        version: String,
+        last_updated: SystemTime,
+    ) -> Self {
+        Entry {
+            model: Arc::new(model),
+            encoded: encoded.into_boxed_slice(),
+            version,
+            last_updated,
+            kind: std::marker::PhantomData,
+        }
+    }
+
+    /// An entry for a resource held as its proto (read from JSON, built in a test).
+    pub fn from_proto(
+        model: T::Model,
+        proto: &T,
+        version: String,
+        last_updated: SystemTime,
+    ) -> Self {
+        Entry::new(model, proto.encode_to_vec(), version, last_updated)
+    }
+
+    /// The resource as received.
+    pub fn proto(&self) -> Result<T, JsonError> {
+        T::decode(&*self.encoded).map_err(|e| JsonError::Transcode {
+            message: T::KIND.message_name().to_string(),
+            reason: e.to_string(),
+        })
+    }
+
     /// The resource in Envoy's config-dump JSON.
     pub fn to_json(&self) -> Result<serde_json::Value, JsonError> {
-        json::typed_to_json(&self.proto, T::KIND.message_name())
+        json::typed_to_json(&self.proto()?, T::KIND.message_name())
     }
 }
 
@@ -237,12 +274,7 @@ mod tests {
     fn entry<T: Resource>(value: Value) -> (String, Arc<Entry<T>>) {
         let c = from_json::<T>(&value).unwrap_or_else(|r| panic!("{r}"));
         let name = c.proto.name().to_string();
-        let entry = Entry {
-            model: Arc::new(c.model),
-            proto: c.proto,
-            version: "1".into(),
-            last_updated: SystemTime::UNIX_EPOCH,
-        };
+        let entry = Entry::from_proto(c.model, &c.proto, "1".into(), SystemTime::UNIX_EPOCH);
         (name, Arc::new(entry))
     }
 

@@ -69,14 +69,10 @@ fn apply_to<T: Resource>(
                     continue;
                 }
                 present.insert(resource_name.clone());
+                // The bytes as received are kept, not the decoded proto (see `Entry`).
                 held.insert(
                     resource_name,
-                    Arc::new(Entry {
-                        model: Arc::new(c.model),
-                        proto: c.proto,
-                        version,
-                        last_updated: now,
-                    }),
+                    Arc::new(Entry::new(c.model, body, version, now)),
                 );
             }
             Err(refusal) => {

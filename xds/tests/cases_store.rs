@@ -126,7 +126,8 @@ fn snapshot_of_accepted(case: &str) -> remora_xds::snapshot::Snapshot {
             .filter(|v| from_json::<T>(v).is_ok())
             .map(|v| {
                 let e = accept::<T>(v);
-                (e.proto.name().to_string(), e)
+                let proto = e.proto().expect("a held resource decodes");
+                (proto.name().to_string(), e)
             })
             .collect()
     }

@@ -56,12 +56,12 @@ pub fn resources(case: &str, kind: &str) -> Vec<Value> {
 /// Convert one resource, panicking with Remora's reason when it is refused.
 pub fn accept<T: Resource>(value: &Value) -> Arc<Entry<T>> {
     let converted = from_json::<T>(value).unwrap_or_else(|r| panic!("refused: {r}"));
-    Arc::new(Entry {
-        model: Arc::new(converted.model),
-        proto: converted.proto,
-        version: "cases".into(),
-        last_updated: SystemTime::now(),
-    })
+    Arc::new(Entry::from_proto(
+        converted.model,
+        &converted.proto,
+        "cases".into(),
+        SystemTime::now(),
+    ))
 }
 
 fn all<T: Resource>(case: &str, kind: &str) -> Resources<T> {
@@ -69,7 +69,8 @@ fn all<T: Resource>(case: &str, kind: &str) -> Resources<T> {
         .iter()
         .map(|v| {
             let entry = accept::<T>(v);
-            (entry.proto.name().to_string(), entry)
+            let proto = entry.proto().expect("a held resource decodes");
+            (proto.name().to_string(), entry)
         })
         .collect()
 }
