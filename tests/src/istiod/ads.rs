@@ -23,13 +23,8 @@ use tokio::sync::{mpsc, watch};
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-/// Envoy's type URLs of the four kinds a sidecar subscribes to.
-pub mod type_url {
-    pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
-    pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
-    pub const ROUTE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
-    pub const ENDPOINT: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
-}
+/// Envoy's type URLs of the four kinds a sidecar subscribes to (the client's own).
+pub use remora_xds::sink::type_url;
 
 /// One request as received.
 #[derive(Debug, Clone, PartialEq)]
