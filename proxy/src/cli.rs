@@ -2,7 +2,7 @@
 //! become `anyhow` here and nowhere else.
 
 use crate::access_log::AccessLog;
-use crate::admin::{self, parse_filter, AdminState, ListenerInfo, LogControl, Role, SetFilter};
+use crate::admin::{self, parse_filter, AdminState, ListenerInfo, LogControl, Role};
 use crate::agent::{probe, Agent, AppMetrics};
 use crate::dns;
 use crate::drain::Drain;
@@ -19,7 +19,6 @@ use anyhow::Context;
 use arc_swap::ArcSwap;
 use clap::{Args, ValueEnum};
 use remora_config::{Config, InterceptionMode};
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
@@ -29,6 +28,11 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
 mod ca_start;
+mod logging;
+mod xds_command;
+
+use logging::init_tracing;
+pub use xds_command::{xds, XdsCommand};
 
 /// Flags of `remora run`.
 #[derive(Debug, Clone, Args)]
@@ -118,41 +122,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// `remora xds …`.
-#[derive(Debug, Clone, clap::Subcommand)]
-pub enum XdsCommand {
-    /// Check xDS resources as Remora would apply them, as `envoy --mode validate` does: one
-    /// line per resource, `accepted <type> <name>` or `refused <type> <name>: <reason>`; exits
-    /// non-zero if any is refused.
-    Validate {
-        /// A directory of `listeners.json`, `clusters.json`, `routes.json`, `endpoints.json`,
-        /// `secrets.json`, `extension_configs.json` (JSON arrays), or an Envoy config dump.
-        path: PathBuf,
-    },
-}
-
-/// `remora xds`.
-pub fn xds(command: &XdsCommand) -> ExitCode {
-    match command {
-        XdsCommand::Validate { path } => match remora_xds::validate::validate_path(path) {
-            Ok(verdicts) => {
-                for v in &verdicts {
-                    println!("{v}");
-                }
-                if verdicts.iter().any(|v| v.refusal.is_some()) {
-                    ExitCode::FAILURE
-                } else {
-                    ExitCode::SUCCESS
-                }
-            }
-            Err(e) => {
-                eprintln!("remora: {e}");
-                ExitCode::from(2)
-            }
-        },
-    }
-}
-
 /// `remora run`.
 pub fn run(args: RunArgs) -> ExitCode {
     let filter = match parse_filter(&args.log_level) {
@@ -218,46 +187,6 @@ pub fn grpc_bootstrap(args: &remora_inject::grpc::BootstrapArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Install the `tracing` subscriber; returns the means to change its filter at run time.
-fn init_tracing(filter: &str, json: bool) -> LogControl {
-    use tracing_subscriber::EnvFilter;
-    let parsed = parse_filter(filter);
-    let (env_filter, initial) = match parsed.as_deref().map(EnvFilter::try_new) {
-        Ok(Ok(f)) => (f, parsed.unwrap_or_default()),
-        Ok(Err(e)) => {
-            eprintln!("remora: bad log filter {filter:?} ({e}); using info");
-            (EnvFilter::new("info"), "info".to_string())
-        }
-        Err(e) => {
-            eprintln!("remora: bad log filter {filter:?} ({e}); using info");
-            (EnvFilter::new("info"), "info".to_string())
-        }
-    };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(env_filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    // The two formats are different subscriber types; each keeps its own reload handle.
-    let set: SetFilter = if json {
-        let builder = builder.json().with_filter_reloading();
-        let handle = builder.reload_handle();
-        builder.init();
-        Box::new(move |f| {
-            let new = EnvFilter::try_new(f).map_err(|e| e.to_string())?;
-            handle.reload(new).map_err(|e| e.to_string())
-        })
-    } else {
-        let builder = builder.with_filter_reloading();
-        let handle = builder.reload_handle();
-        builder.init();
-        Box::new(move |f| {
-            let new = EnvFilter::try_new(f).map_err(|e| e.to_string())?;
-            handle.reload(new).map_err(|e| e.to_string())
-        })
-    };
-    LogControl::new(&initial, set)
 }
 
 fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
@@ -461,16 +390,10 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
              istiod or from files, not both",
             dir.display()
         ),
-        Some(dir) => {
-            let xds = crate::xds_files::load(&dir, &metrics)
-                .context("loading xDS resources (xds.resources_dir)")?;
-            Some(crate::xds_files::Watcher {
-                dir,
-                interval: store.load().xds.watch_interval,
-                store: xds,
-                metrics: Arc::clone(&metrics),
-            })
-        }
+        Some(dir) => Some(
+            crate::xds_files::Watcher::start(dir, store.load().xds.watch_interval, &metrics)
+                .context("loading xDS resources (xds.resources_dir)")?,
+        ),
         None => None,
     };
     let proxy = Arc::new(Proxy {

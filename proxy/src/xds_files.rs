@@ -217,6 +217,22 @@ pub struct Watcher {
 }
 
 impl Watcher {
+    /// Load the directory now (a start with refusals still starts; one that cannot read it
+    /// does not), then keep it in step with [`Watcher::watch`].
+    pub fn start(
+        dir: PathBuf,
+        interval: Duration,
+        metrics: &Arc<crate::metrics::Metrics>,
+    ) -> Result<Watcher, FilesError> {
+        let store = load(&dir, metrics)?;
+        Ok(Watcher {
+            dir,
+            interval,
+            store,
+            metrics: Arc::clone(metrics),
+        })
+    }
+
     /// Run until the process ends.
     pub async fn watch(self) {
         let mut last = fingerprint(&self.dir);
