@@ -8,14 +8,15 @@
 //! Without one the test is skipped with its reason printed; under `CI=true` it fails.
 
 mod ads_support;
+mod envoy_support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use ads_support::*;
+use envoy_support::envoy_binary;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
     Resource as DeltaResource,
@@ -26,78 +27,8 @@ use remora_xds::ads::Mode;
 use remora_xds::sink::type_url::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
 use serde_json::json;
 
-/// Bound on installing Envoy the first time.
-const INSTALL_TIMEOUT: Duration = Duration::from_secs(300);
-
 /// How long a client must stay silent for a step's requests to count as complete.
 const QUIET: Duration = Duration::from_secs(1);
-
-fn envoy_binary() -> Option<PathBuf> {
-    let found = match std::env::var_os("ENVOY_BIN") {
-        Some(path) => Some(PathBuf::from(path))
-            .filter(|p| p.is_file())
-            .ok_or_else(|| "ENVOY_BIN is not a file".to_owned()),
-        // Once per test process: two installs at once would race on the cache directory.
-        None => {
-            static INSTALLED: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-            INSTALLED.get_or_init(install_envoy).clone()
-        }
-    };
-    match found {
-        Ok(path) => Some(path),
-        Err(reason) => {
-            let reason = format!("no Envoy binary: {reason}");
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("{reason}");
-            }
-            eprintln!("skipping the Envoy differential: {reason}");
-            None
-        }
-    }
-}
-
-/// The binary `scripts/install-envoy` caches (installing it the first time, a download of
-/// about 40 MB, bounded by [`INSTALL_TIMEOUT`]), as the interop tests find theirs.
-fn install_envoy() -> Result<PathBuf, String> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/install-envoy");
-    let mut child = Command::new(&script)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{}: {e}", script.display()))?;
-    let deadline = std::time::Instant::now() + INSTALL_TIMEOUT;
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "{} took over {INSTALL_TIMEOUT:?}",
-                    script.display()
-                ));
-            }
-            Err(e) => return Err(format!("{}: {e}", script.display())),
-        }
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("{}: {e}", script.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    match stdout.lines().last().map(PathBuf::from) {
-        Some(path) if out.status.success() && path.is_file() => Ok(path),
-        _ => Err(format!(
-            "{} failed ({}): {}",
-            script.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )),
-    }
-}
 
 /// Envoy running with an ADS bootstrap pointing at `port`; killed on drop.
 struct Envoy {
