@@ -33,11 +33,13 @@ use std::time::{Instant, SystemTime};
 /// the body is read).
 pub(super) struct Upstreamed {
     response: Response<Incoming>,
-    pooled: Option<(Key, Sender)>,
+    pub(super) pooled: Option<(Key, Sender)>,
     /// The endpoint that answered.
     endpoint: std::net::SocketAddr,
     /// xDS: the request counted against its endpoint until it ends (LEAST_REQUEST).
     pub(super) in_flight: Option<crate::upstream::InFlight>,
+    /// xDS: how long the connection may stay pooled (the cluster's idle timeout).
+    pub(super) pool_idle_timeout: Option<std::time::Duration>,
 }
 
 /// Serve one request.
@@ -162,6 +164,7 @@ pub async fn handle(
         pooled,
         endpoint,
         in_flight,
+        pool_idle_timeout,
     } = match result {
         Ok(up) => up,
         Err(e) => {
@@ -217,6 +220,7 @@ pub async fn handle(
     end.pooled = pooled.filter(|_| !upgraded);
     if let Some(r) = &mut end.routed {
         r.in_flight = in_flight;
+        r.pool_idle_timeout = pool_idle_timeout;
     }
     if let Some((downstream, upstream)) = tunnel {
         upgrade::tunnel(downstream, upstream, ctx.proxy.drain.track(), end);
@@ -441,6 +445,7 @@ pub(super) async fn send_on(
             pooled,
             endpoint: dst,
             in_flight: None,
+            pool_idle_timeout: None,
         }),
         Err(mut e) => match e.take_message() {
             Some(req) => Err(SendError::Unsent(Box::new(req), e.into_error())),

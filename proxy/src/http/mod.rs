@@ -18,10 +18,12 @@ pub mod errors;
 pub mod forward;
 pub mod framing;
 pub mod h1;
+pub mod header_format;
 pub mod headers;
 pub mod io;
 pub mod originate;
 pub mod pool;
+pub mod protocol;
 pub mod retry;
 pub mod routed;
 pub mod upgrade;
@@ -233,7 +235,9 @@ impl ConnContext {
         self.bytes_in.load(Ordering::Relaxed) + self.bytes_out.load(Ordering::Relaxed)
     }
 
-    fn return_to_pool(&self, key: pool::Key, sender: pool::Sender) {
+    /// Pool `sender` again, for `idle` (a routed request's cluster's) or Remora's
+    /// `http.pool_idle_timeout`.
+    fn return_to_pool(&self, key: pool::Key, sender: pool::Sender, idle: Option<Duration>) {
         if let Some(originate) = &self.originate {
             originate.checkin(self, sender);
             return;
@@ -242,7 +246,7 @@ impl ConnContext {
         self.proxy.pool.checkin(
             key,
             sender,
-            http.pool_idle_timeout,
+            idle.unwrap_or(http.pool_idle_timeout),
             http.pool_max_idle_per_upstream,
         );
     }

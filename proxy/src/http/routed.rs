@@ -9,7 +9,7 @@ use super::body::{RequestEnd, ResponseBody, UpstreamBody};
 use super::errors::{ErrorKind, ProxyError};
 use super::forward::{send_on, SendError, Upstreamed};
 use super::pool::{self, Key, Sender};
-use super::{originate, ConnContext};
+use super::{header_format, protocol, ConnContext};
 use crate::route::{self, HttpDecision};
 use crate::upstream::dial::{self, Connected};
 use crate::upstream::{Transport, UpstreamError};
@@ -24,12 +24,24 @@ use remora_xds::model::route::{
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 impl Upstreamed {
     /// This response, its request counted against its endpoint until the request ends.
     pub(super) fn counting(mut self, in_flight: crate::upstream::InFlight) -> Self {
         self.in_flight = Some(in_flight);
+        self
+    }
+
+    /// This response, whose HTTP/1.1 connection closes once it ends.
+    pub(super) fn unpooled(mut self) -> Self {
+        self.pooled = None;
+        self
+    }
+
+    /// This response, whose HTTP/1.1 connection is pooled for at most `idle` once it ends.
+    pub(super) fn idle_for(mut self, idle: Duration) -> Self {
+        self.pool_idle_timeout = Some(idle);
         self
     }
 }
@@ -57,97 +69,117 @@ pub struct Routed {
 
 /// The request and response header edits of a forwarded request: the picked weighted cluster's
 /// own (most specific, so first, as Envoy applies them), then the route's, the virtual
-/// host's and the table's.
+/// host's and the table's; their `%…%` values filled in from `request`.
 fn edits(
     table: &RouteConfiguration,
     vhost: &VirtualHost,
     route: &Route,
     forward: &Forward,
     cluster: &str,
+    request: &header_format::Request<'_>,
 ) -> (Edits, Edits) {
     let picked = match &forward.target {
         ClusterTarget::Weighted(set) => set.iter().find(|c| c.name == cluster),
         ClusterTarget::Cluster(_) => None,
     };
     let none: (&[HeaderEdit], &[String]) = (&[], &[]);
-    let request = Edits::of([
-        picked.map_or(none, |c| {
+    let request_edits = Edits::of(
+        [
+            picked.map_or(none, |c| {
+                (
+                    &c.request_headers_to_add[..],
+                    &c.request_headers_to_remove[..],
+                )
+            }),
             (
-                &c.request_headers_to_add[..],
-                &c.request_headers_to_remove[..],
-            )
-        }),
-        (
-            &route.request_headers_to_add,
-            &route.request_headers_to_remove,
-        ),
-        (
-            &vhost.request_headers_to_add,
-            &vhost.request_headers_to_remove,
-        ),
-        (
-            &table.request_headers_to_add,
-            &table.request_headers_to_remove,
-        ),
-    ]);
-    let response = Edits::of([
-        picked.map_or(none, |c| {
+                &route.request_headers_to_add,
+                &route.request_headers_to_remove,
+            ),
             (
-                &c.response_headers_to_add[..],
-                &c.response_headers_to_remove[..],
-            )
-        }),
-        (
-            &route.response_headers_to_add,
-            &route.response_headers_to_remove,
-        ),
-        (
-            &vhost.response_headers_to_add,
-            &vhost.response_headers_to_remove,
-        ),
-        (
-            &table.response_headers_to_add,
-            &table.response_headers_to_remove,
-        ),
-    ]);
-    (request, response)
+                &vhost.request_headers_to_add,
+                &vhost.request_headers_to_remove,
+            ),
+            (
+                &table.request_headers_to_add,
+                &table.request_headers_to_remove,
+            ),
+        ],
+        request,
+    );
+    let response_edits = Edits::of(
+        [
+            picked.map_or(none, |c| {
+                (
+                    &c.response_headers_to_add[..],
+                    &c.response_headers_to_remove[..],
+                )
+            }),
+            (
+                &route.response_headers_to_add,
+                &route.response_headers_to_remove,
+            ),
+            (
+                &vhost.response_headers_to_add,
+                &vhost.response_headers_to_remove,
+            ),
+            (
+                &table.response_headers_to_add,
+                &table.response_headers_to_remove,
+            ),
+        ],
+        request,
+    );
+    (request_edits, response_edits)
 }
 
 /// Header edits of a route, its virtual host and its table, in Envoy's default order (the
 /// most specific first, so the least specific's overwrite wins); removals before additions.
+/// Values are filled in when the edits are made: a response's edits read the request too.
 #[derive(Debug, Default)]
 pub struct Edits {
     remove: Vec<String>,
-    add: Vec<HeaderEdit>,
+    add: Vec<(HeaderName, HeaderValue, bool)>,
 }
 
 impl Edits {
-    fn of<'a>(levels: impl IntoIterator<Item = (&'a [HeaderEdit], &'a [String])>) -> Edits {
+    fn of<'a>(
+        levels: impl IntoIterator<Item = (&'a [HeaderEdit], &'a [String])>,
+        request: &header_format::Request<'_>,
+    ) -> Edits {
         let mut edits = Edits::default();
         for (add, remove) in levels {
-            edits.add.extend_from_slice(add);
+            for edit in add {
+                let value = header_format::render(&edit.value, request);
+                // Envoy drops an added header whose value is empty (`keep_empty_value`, which
+                // the converter refuses, is false); a value that is not a valid header value
+                // cannot be sent.
+                if value.is_empty() {
+                    continue;
+                }
+                let (Ok(name), Ok(value)) = (
+                    HeaderName::try_from(edit.name.as_str()),
+                    HeaderValue::try_from(value),
+                ) else {
+                    tracing::debug!(header = %edit.name, "added header value not valid; not added");
+                    continue;
+                };
+                edits.add.push((name, value, edit.append));
+            }
             edits.remove.extend_from_slice(remove);
         }
         edits
     }
 
-    /// Apply to `headers`. Values are taken literally (Envoy's `%…%` formatters are not
-    /// expanded).
+    /// Apply to `headers`.
     pub fn apply(&self, headers: &mut HeaderMap) {
         for name in &self.remove {
             headers.remove(name.as_str());
         }
-        for edit in &self.add {
-            let (Ok(name), Ok(value)) = (
-                HeaderName::try_from(edit.name.as_str()),
-                HeaderValue::try_from(edit.value.as_str()),
-            ) else {
-                continue;
-            };
-            if edit.append {
-                headers.append(name, value);
+        for (name, value, append) in &self.add {
+            if *append {
+                headers.append(name.clone(), value.clone());
             } else {
-                headers.insert(name, value);
+                headers.insert(name.clone(), value.clone());
             }
         }
     }
@@ -208,7 +240,14 @@ pub fn decide(
         } => (cluster, route, forward, retry, vhost),
         other => return Err(answer(other, host, req.path_and_query)),
     };
-    let (request_edits, response_edits) = edits(table, vhost, route, forward, cluster);
+    let format_request = header_format::Request {
+        remote: ctx.peer,
+        local: ctx.key.destination,
+        started: SystemTime::now(),
+        parts: &*parts,
+    };
+    let (request_edits, response_edits) =
+        edits(table, vhost, route, forward, cluster, &format_request);
     let rewritten = forward
         .prefix_rewrite
         .as_deref()
@@ -230,6 +269,7 @@ pub fn decide(
     end.routed = Some(Box::new(super::body::RoutedEnd {
         in_flight: None,
         metrics_peer: routed.metrics_peer.clone(),
+        pool_idle_timeout: None,
     }));
     let host_rewrite = forward.host_rewrite.clone();
     request_edits.apply(&mut parts.headers);
@@ -314,7 +354,11 @@ pub(super) async fn send(
             };
             ProxyError::new(kind, routed.original_dst, e)
         })?;
-    let version = ctx.key.version;
+    let upgrade = ctx.key.version == crate::detect::HttpVersion::Http1
+        && super::headers::wants_upgrade(req.headers());
+    let version =
+        protocol::upstream_version(selected.cluster.http_protocol, ctx.key.version, upgrade);
+    protocol::translate(&mut req, version);
     let key = Key {
         destination: selected.address,
         source: None,
@@ -324,10 +368,19 @@ pub(super) async fn send(
             Transport::Mesh(mesh) => ctx.proxy.upstreams.tls_id(mesh),
         },
     };
-    let idle_timeout = ctx.config.http.pool_idle_timeout;
-    if let Some(sender) = ctx.proxy.pool.checkout(&key, Instant::now(), idle_timeout) {
+    let idle_timeout = pool_idle_timeout(
+        selected.cluster.http_idle_timeout,
+        ctx.config.http.pool_idle_timeout,
+    );
+    // `max_requests_per_connection: 1`: keep-alive off, each request on a connection of its own.
+    let reuse = selected.cluster.max_requests_per_connection != Some(1);
+    let pooled = match reuse {
+        true => ctx.proxy.pool.checkout(&key, Instant::now(), idle_timeout),
+        false => None,
+    };
+    if let Some(sender) = pooled {
         match send_on(ctx, key, sender, req).await {
-            Ok(up) => return Ok(up.counting(selected.in_flight)),
+            Ok(up) => return Ok(up.counting(selected.in_flight).idle_for(idle_timeout)),
             Err(SendError::Unsent(back, e)) => {
                 tracing::debug!(endpoint = %key.destination, error = %e, "pooled connection closed; opening another");
                 req = *back;
@@ -335,7 +388,7 @@ pub(super) async fn send(
             Err(SendError::Failed(e)) => return Err(e),
         }
     }
-    let alpn = originate::alpn(version);
+    let alpn = protocol::mesh_alpn(req.version());
     let connected = Box::pin(dial::dial(
         &ctx.proxy,
         &ctx.config.tls,
@@ -358,7 +411,7 @@ pub(super) async fn send(
         }
     }
     .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, selected.address, e))?;
-    if let Sender::Http2(s) = &sender {
+    if let (Sender::Http2(s), true) = (&sender, reuse) {
         // Shared from now on by every request to this endpoint.
         ctx.proxy.pool.checkin(
             key,
@@ -368,10 +421,21 @@ pub(super) async fn send(
         );
     }
     match send_on(ctx, key, sender, req).await {
-        Ok(up) => Ok(up.counting(selected.in_flight)),
+        Ok(up) if !reuse => Ok(up.counting(selected.in_flight).unpooled()),
+        Ok(up) => Ok(up.counting(selected.in_flight).idle_for(idle_timeout)),
         Err(SendError::Unsent(_, e)) => Err(ProxyError::from_send(key.destination, e)),
         Err(SendError::Failed(e)) => Err(e),
     }
+}
+
+/// How long a pooled connection of a cluster may stay idle: the cluster's
+/// `common_http_protocol_options.idle_timeout` (zero: none), and never longer than Remora's
+/// own `http.pool_idle_timeout` (servers close idle keep-alive connections on timers of their
+/// own; istiod's default of an hour would outlive most of them).
+fn pool_idle_timeout(cluster: Option<Duration>, remora: Duration) -> Duration {
+    cluster
+        .filter(|t| !t.is_zero())
+        .map_or(remora, |t| t.min(remora))
 }
 
 /// The answer to a request the xDS route decision answers itself.
@@ -403,6 +467,57 @@ pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response
 #[cfg(test)]
 mod tests {
     use super::*;
+    use remora_xds::model::header_format::HeaderFormat;
+
+    fn test_request(parts: &Parts) -> header_format::Request<'_> {
+        header_format::Request {
+            remote: "10.0.0.7:5000".parse().expect("addr"),
+            local: "10.0.0.9:9080".parse().expect("addr"),
+            started: SystemTime::UNIX_EPOCH,
+            parts,
+        }
+    }
+
+    /// Formatted values are filled in from the request; empty ones are not added (Envoy's
+    /// `keep_empty_value: false`).
+    #[test]
+    fn formatted_values_are_filled_in_and_empty_ones_dropped() {
+        let parsed =
+            |v: &str| remora_xds::convert::header_format::header_format(v, "v").expect("parsed");
+        let add = [
+            HeaderEdit {
+                name: "x-client".into(),
+                value: parsed("%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%"),
+                append: false,
+            },
+            HeaderEdit {
+                name: "x-missing".into(),
+                value: parsed("%REQ(x-absent)%"),
+                append: false,
+            },
+        ];
+        let (parts, ()) = Request::new(()).into_parts();
+        let edits = Edits::of([(&add[..], &[][..])], &test_request(&parts));
+        let mut headers = HeaderMap::new();
+        edits.apply(&mut headers);
+        assert_eq!(headers["x-client"], "10.0.0.7");
+        assert!(headers.get("x-missing").is_none());
+    }
+
+    #[test]
+    fn a_clusters_idle_timeout_bounds_its_pooled_connections() {
+        let remora = Duration::from_secs(30);
+        assert_eq!(pool_idle_timeout(None, remora), remora);
+        assert_eq!(pool_idle_timeout(Some(Duration::ZERO), remora), remora);
+        assert_eq!(
+            pool_idle_timeout(Some(Duration::from_secs(3600)), remora),
+            remora
+        );
+        assert_eq!(
+            pool_idle_timeout(Some(Duration::from_secs(5)), remora),
+            Duration::from_secs(5)
+        );
+    }
 
     #[test]
     fn prefix_rewrite_replaces_what_the_route_matched() {
@@ -443,8 +558,11 @@ mod tests {
         let remora_xds::model::route::Action::Forward(forward) = &route.action else {
             panic!("{:?}", route.action)
         };
+        let (parts, ()) = Request::new(()).into_parts();
+        let format_request = test_request(&parts);
         let applied = |cluster: &str| {
-            let (request, response) = edits(&table, vhost, route, forward, cluster);
+            let (request, response) =
+                edits(&table, vhost, route, forward, cluster, &format_request);
             let (mut req, mut resp) = (HeaderMap::new(), HeaderMap::new());
             request.apply(&mut req);
             response.apply(&mut resp);
@@ -463,13 +581,17 @@ mod tests {
     fn edits_remove_then_add_most_specific_first() {
         let edit = |name: &str, value: &str, append: bool| HeaderEdit {
             name: name.into(),
-            value: value.into(),
+            value: HeaderFormat::literal(value),
             append,
         };
         let route = [edit("x-a", "route", false), edit("x-b", "1", true)];
         let vhost = [edit("x-a", "vhost", false), edit("x-b", "2", true)];
         let remove = ["x-gone".to_string()];
-        let edits = Edits::of([(&route[..], &remove[..]), (&vhost[..], &[][..])]);
+        let (parts, ()) = Request::new(()).into_parts();
+        let edits = Edits::of(
+            [(&route[..], &remove[..]), (&vhost[..], &[][..])],
+            &test_request(&parts),
+        );
         let mut headers = HeaderMap::new();
         headers.insert("x-gone", HeaderValue::from_static("y"));
         headers.insert("x-b", HeaderValue::from_static("0"));

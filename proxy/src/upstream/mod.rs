@@ -17,6 +17,7 @@ use std::time::Duration;
 
 pub mod balance;
 pub mod dial;
+pub mod dns;
 pub mod transport;
 
 pub use transport::{MeshTls, Transport, TransportError};
@@ -40,6 +41,8 @@ pub struct Upstreams {
     /// The server side of Istio's request metrics per service host a cluster stands for, made
     /// once and shared, so that a request's series is found without an allocation.
     service_peers: Mutex<HashMap<String, Arc<crate::tls::Peer>>>,
+    /// The DNS clusters' host sets, kept resolved by [`dns::run`].
+    pub dns: Arc<dns::DnsHosts>,
 }
 
 #[derive(Debug, Default)]
@@ -99,6 +102,8 @@ impl Upstreams {
         let c = snapshot
             .cluster(cluster)
             .ok_or_else(|| UpstreamError::NoCluster(cluster.to_string()))?;
+        // Outlives the match: a DNS cluster's endpoint is borrowed from it.
+        let dns_hosts;
         let (address, tls_mode) = match &c.discovery {
             Discovery::OriginalDst { port_override, .. } => {
                 let port = port_override.unwrap_or(original_dst.port());
@@ -111,10 +116,14 @@ impl Upstreams {
                     .ok_or_else(|| UpstreamError::NoHealthyUpstream(cluster.to_string()))?;
                 (endpoint.address, endpoint.tls_mode.as_deref())
             }
-            // Not resolved by Remora yet: as Envoy before its first resolution, no host.
+            // Before its first resolution, as in Envoy, no host.
             Discovery::StrictDns(_) | Discovery::LogicalDns(_) => {
-                tracing::debug!(cluster, "DNS clusters are not resolved; no endpoint");
-                return Err(UpstreamError::NoHealthyUpstream(cluster.to_string()));
+                dns_hosts = self.dns.get(cluster);
+                let endpoint = dns_hosts
+                    .as_deref()
+                    .and_then(|cla| self.pick(c, cla))
+                    .ok_or_else(|| UpstreamError::NoHealthyUpstream(cluster.to_string()))?;
+                (endpoint.address, endpoint.tls_mode.as_deref())
             }
         };
         let transport =
@@ -131,9 +140,14 @@ impl Upstreams {
         })
     }
 
-    /// One endpoint of the highest priority that has a healthy one, by the cluster's policy.
+    /// One endpoint of the highest priority that has a healthy one (or of every host of it, in
+    /// panic mode), by the cluster's policy.
     fn pick<'a>(&self, c: &Cluster, cla: &'a ClusterLoadAssignment) -> Option<&'a Endpoint> {
-        let candidates = balance::healthy_of_best_priority(cla);
+        let threshold = c
+            .common_lb
+            .healthy_panic_threshold
+            .unwrap_or(balance::DEFAULT_PANIC_THRESHOLD);
+        let candidates = balance::candidates(cla, threshold);
         if candidates.is_empty() {
             return None;
         }
