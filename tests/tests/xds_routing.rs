@@ -386,3 +386,192 @@ fn inbound_mtls_mode_per_port_follows_virtual_inbound() {
     );
     assert_eq!(curl_ok(&out, "mTLS to the STRICT port"), "strict");
 }
+
+/// An h2c-only origin (prior knowledge; an HTTP/1.1 request fails its handshake) answering
+/// each request with `h2 <authority> <path>`; counts its connections.
+fn h2c_origin(
+    ns: &remora_e2e::Netns,
+    addr: SocketAddr,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    std::thread::JoinHandle<()>,
+) {
+    let listener = ns.bind(addr).expect("bind the h2c origin");
+    listener.set_nonblocking(true).expect("non-blocking");
+    let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&connections);
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+            while let Ok((socket, _)) = listener.accept().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(socket).await else {
+                        return;
+                    };
+                    while let Some(Ok((request, mut respond))) = conn.accept().await {
+                        let authority = request
+                            .uri()
+                            .authority()
+                            .map_or("-".to_string(), |a| a.to_string());
+                        let text = format!("h2 {authority} {}", request.uri().path());
+                        let response = http::Response::builder()
+                            .status(200)
+                            .body(())
+                            .expect("response");
+                        if let Ok(mut body) = respond.send_response(response, false) {
+                            let _ = body.send_data(bytes::Bytes::from(text), true);
+                        }
+                    }
+                });
+            }
+        });
+    });
+    (connections, thread)
+}
+
+/// A cluster with `HttpProtocolOptions` as istiod writes them: `explicit` HTTP/2 (a port
+/// declared `grpc`/`http2`) or the downstream's protocol (an auto-detected port).
+fn cluster_speaking(name: &str, protocol: Value) -> Value {
+    let mut options = json!({
+        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "common_http_protocol_options": {"idle_timeout": "3600s"}});
+    options
+        .as_object_mut()
+        .expect("object")
+        .extend(protocol.as_object().expect("object").clone());
+    let mut c = eds_cluster(name);
+    c["typed_extension_protocol_options"] =
+        json!({"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": options});
+    c
+}
+
+#[test]
+fn the_clusters_protocol_options_choose_the_upstream_http_version() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    route_vips(&net.pod);
+    let (h2_connections, _origin) = h2c_origin(&net.peer, net.peer_addr(8090));
+    let h1 = Server::http(&net.peer, net.peer_addr(8091), "h1");
+    let explicit = "outbound|80||grpc.test.svc.cluster.local";
+    let auto_h2 = "outbound|80|h2|auto.test.svc.cluster.local";
+    let auto_h1 = "outbound|80|h1|auto.test.svc.cluster.local";
+    let plain = "outbound|80||plain.test.svc.cluster.local";
+    let limited = "outbound|80||limited.test.svc.cluster.local";
+    // A keep-alive HTTP/1.1 server: what closes its connections is the proxy.
+    let limited_h1 = Server::start(&net.peer, net.peer_addr(8092), |mut stream| {
+        use std::io::Write;
+        while peer::read_request_head(&mut stream).is_ok() {
+            stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nlimited")?;
+        }
+        Ok(())
+    });
+    let routes = json!([{"name": "80", "ignore_port_in_host_matching": true, "virtual_hosts": [{
+        "name": "vip", "domains": [HTTP_VIP],
+        "routes": [
+            {"match": {"prefix": "/explicit"}, "route": {"cluster": explicit}},
+            {"match": {"prefix": "/auto-h2"}, "route": {"cluster": auto_h2}},
+            {"match": {"prefix": "/auto-h1"}, "route": {"cluster": auto_h1}},
+            {"match": {"prefix": "/plain"}, "route": {"cluster": plain}},
+            {"match": {"prefix": "/limited"}, "route": {"cluster": limited}}]}]}]);
+    let downstream = json!({"use_downstream_protocol_config": {
+        "http_protocol_options": {}, "http2_protocol_options": {}}});
+    let clusters = json!([
+        cluster_speaking(
+            explicit,
+            json!({"explicit_http_config": {"http2_protocol_options": {}}})
+        ),
+        cluster_speaking(auto_h2, downstream.clone()),
+        cluster_speaking(auto_h1, downstream),
+        eds_cluster(plain),
+        // DestinationRule `maxRequestsPerConnection: 2`.
+        cluster_speaking(
+            limited,
+            json!({"common_http_protocol_options": {
+            "idle_timeout": "3600s", "max_requests_per_connection": 2},
+            "explicit_http_config": {"http_protocol_options": {}}})
+        ),
+    ]);
+    let origin = net.peer_addr(8090);
+    let endpoints = json!([
+        assignment(explicit, &[origin]),
+        assignment(auto_h2, &[origin]),
+        assignment(auto_h1, &[h1.addr()]),
+        assignment(plain, &[h1.addr()]),
+        assignment(limited, &[limited_h1.addr()]),
+    ]);
+    let dir = net.binary().make_dir("xds");
+    write_all(&dir, listeners(TCP_CLUSTER), routes, clusters, endpoints);
+    let remora = net
+        .remora()
+        .config(&format!(
+            "access_log:\n  enabled: true\nxds:\n  resources_dir: {}\n",
+            dir.display()
+        ))
+        .start_ready();
+    let url = |path: &str| format!("http://{HTTP_VIP}{path}");
+
+    // HTTP/1.1 from the application, HTTP/2 to the explicit cluster: the Host became the
+    // :authority; three requests share one upstream connection.
+    let explicit_url = url("/explicit");
+    let out = curl(
+        &net.pod,
+        &["-s", &explicit_url, &explicit_url, &explicit_url],
+        CURL_TIME,
+    );
+    let expected = format!("h2 {HTTP_VIP} /explicit");
+    assert_eq!(
+        curl_ok(&out, "HTTP/1.1 to an HTTP/2 cluster"),
+        expected.repeat(3),
+        "{}",
+        remora.stderr()
+    );
+    assert_eq!(
+        h2_connections.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one shared HTTP/2 connection"
+    );
+
+    // The downstream's protocol: HTTP/2 stays HTTP/2, HTTP/1.1 stays HTTP/1.1 (the h2c-only
+    // origin would refuse it; the HTTP/1.1 server answers).
+    let out = curl(
+        &net.pod,
+        &["-s", "--http2-prior-knowledge", &url("/auto-h2")],
+        CURL_TIME,
+    );
+    assert_eq!(
+        curl_ok(&out, "HTTP/2 to a use_downstream cluster"),
+        format!("h2 {HTTP_VIP} /auto-h2")
+    );
+    let out = curl(&net.pod, &["-s", &url("/auto-h1")], CURL_TIME);
+    assert_eq!(curl_ok(&out, "HTTP/1.1 to a use_downstream cluster"), "h1");
+    // An HTTP/1.1 request to the h2c origin through use_downstream would fail: proof that
+    // the version follows the request, not the endpoint.
+    let (status, _) = peer::curl_status(&net.pod, &[&url("/auto-h2")], CURL_TIME);
+    assert_eq!(status, 503, "HTTP/1.1 reached an h2c-only origin");
+
+    // No options: HTTP/1.1 upstream even for an HTTP/2 client, with :authority as its Host.
+    let out = curl(
+        &net.pod,
+        &["-s", "--http2-prior-knowledge", &url("/plain")],
+        CURL_TIME,
+    );
+    assert_eq!(curl_ok(&out, "HTTP/2 to a plain cluster"), "h1");
+    remora.wait_for_access_log("\"GET /plain HTTP/2\" 200");
+
+    // Four requests on one client connection, two per upstream connection.
+    let limited_url = url("/limited");
+    let out = curl(
+        &net.pod,
+        &["-s", &limited_url, &limited_url, &limited_url, &limited_url],
+        CURL_TIME,
+    );
+    assert_eq!(curl_ok(&out, "a limited cluster"), "limited".repeat(4));
+    assert_eq!(limited_h1.peers().len(), 2, "max_requests_per_connection 2");
+}

@@ -421,14 +421,17 @@ pub(super) async fn send_on(
         ))
     };
     let (sent, pooled) = match sender {
-        Sender::Http1(mut tx) => {
+        Sender::Http1(mut tx, served) => {
             match tokio::time::timeout(bound, tx.ready()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(SendError::Unsent(Box::new(req), e)),
                 Err(_) => return Err(stuck()),
             }
             let sent = tx.try_send_request(req).await;
-            (sent, Some((key, Sender::Http1(tx))))
+            (
+                sent,
+                Some((key, Sender::Http1(tx, served.saturating_add(1)))),
+            )
         }
         Sender::Http2(mut tx) => {
             match tokio::time::timeout(bound, tx.ready()).await {

@@ -33,14 +33,14 @@ impl Upstreamed {
         self
     }
 
-    /// This response, whose HTTP/1.1 connection closes once it ends.
-    pub(super) fn unpooled(mut self) -> Self {
-        self.pooled = None;
-        self
-    }
-
-    /// This response, whose HTTP/1.1 connection is pooled for at most `idle` once it ends.
-    pub(super) fn idle_for(mut self, idle: Duration) -> Self {
+    /// This response, whose HTTP/1.1 connection is pooled again for at most `idle` once it
+    /// ends, unless it has carried `limit` requests (it then closes).
+    pub(super) fn pooled_within(mut self, limit: Option<u32>, idle: Duration) -> Self {
+        if let (Some((_, Sender::Http1(_, served))), Some(limit)) = (&self.pooled, limit) {
+            if *served >= limit {
+                self.pooled = None;
+            }
+        }
         self.pool_idle_timeout = Some(idle);
         self
     }
@@ -372,15 +372,17 @@ pub(super) async fn send(
         selected.cluster.http_idle_timeout,
         ctx.config.http.pool_idle_timeout,
     );
-    // `max_requests_per_connection: 1`: keep-alive off, each request on a connection of its own.
-    let reuse = selected.cluster.max_requests_per_connection != Some(1);
-    let pooled = match reuse {
-        true => ctx.proxy.pool.checkout(&key, Instant::now(), idle_timeout),
-        false => None,
-    };
+    // `max_requests_per_connection`: an HTTP/1.1 connection is retired once it has carried
+    // that many; an HTTP/2 one, whose streams are not counted, is then not shared at all, so
+    // none carries more than the limit.
+    let limit = selected.cluster.max_requests_per_connection;
+    let pooled = ctx.proxy.pool.checkout(&key, Instant::now(), idle_timeout);
     if let Some(sender) = pooled {
         match send_on(ctx, key, sender, req).await {
-            Ok(up) => return Ok(up.counting(selected.in_flight).idle_for(idle_timeout)),
+            Ok(up) => {
+                let up = up.counting(selected.in_flight);
+                return Ok(up.pooled_within(limit, idle_timeout));
+            }
             Err(SendError::Unsent(back, e)) => {
                 tracing::debug!(endpoint = %key.destination, error = %e, "pooled connection closed; opening another");
                 req = *back;
@@ -411,7 +413,7 @@ pub(super) async fn send(
         }
     }
     .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, selected.address, e))?;
-    if let (Sender::Http2(s), true) = (&sender, reuse) {
+    if let (Sender::Http2(s), None) = (&sender, limit) {
         // Shared from now on by every request to this endpoint.
         ctx.proxy.pool.checkin(
             key,
@@ -421,8 +423,9 @@ pub(super) async fn send(
         );
     }
     match send_on(ctx, key, sender, req).await {
-        Ok(up) if !reuse => Ok(up.counting(selected.in_flight).unpooled()),
-        Ok(up) => Ok(up.counting(selected.in_flight).idle_for(idle_timeout)),
+        Ok(up) => Ok(up
+            .counting(selected.in_flight)
+            .pooled_within(limit, idle_timeout)),
         Err(SendError::Unsent(_, e)) => Err(ProxyError::from_send(key.destination, e)),
         Err(SendError::Failed(e)) => Err(e),
     }

@@ -184,20 +184,12 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
                     )
                 })
                 .transpose()?;
-            // Remora keeps no per-connection request count: only "one request per connection"
-            // (DestinationRule `maxRequestsPerConnection: 1`, keep-alive off) is honoured;
-            // any other limit is refused rather than not enforced. 0 is none, as unset.
-            max_requests_per_connection = match common.max_requests_per_connection.as_ref() {
-                None => None,
-                Some(v) if v.value == 0 => None,
-                Some(v) if v.value == 1 => Some(1),
-                Some(_) => {
-                    return Err(Fault::new(
-                        format!("{at}.common_http_protocol_options.max_requests_per_connection"),
-                        "a limit other than 1 (keep-alive off) not supported",
-                    ))
-                }
-            };
+            // 0 is no limit, as unset.
+            max_requests_per_connection = common
+                .max_requests_per_connection
+                .as_ref()
+                .map(|v| v.value)
+                .filter(|n| *n > 0);
         }
         use upstream_http::http_protocol_options::UpstreamProtocolOptions as P;
         http_protocol = match &o.upstream_protocol_options {
