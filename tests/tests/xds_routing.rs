@@ -226,8 +226,10 @@ fn auto_mtls_per_endpoint_to_a_peer_sidecar_with_the_sockets_sni_and_san() {
     let echo = Server::echo(&net.pod, any_addr(7000));
     route_vips(&net.peer);
 
+    let (h2_connections, _origin) = h2c_origin(&net.pod, any_addr(8090));
     let web = "outbound|80||httpbin.server.svc.cluster.local";
     let wrong = "outbound|80|wrong|httpbin.server.svc.cluster.local";
+    let grpc = "outbound|8090||grpc.server.svc.cluster.local";
     let tcp = "outbound|9000||echo.server.svc.cluster.local";
     let sni = "outbound_.80_._.httpbin.server.svc.cluster.local";
     let dir = net.binary().make_dir("xds");
@@ -235,8 +237,19 @@ fn auto_mtls_per_endpoint_to_a_peer_sidecar_with_the_sockets_sni_and_san() {
         "name": "httpbin", "domains": [HTTP_VIP],
         "routes": [
             {"match": {"prefix": "/wrong"}, "route": {"cluster": wrong}},
+            {"match": {"prefix": "/grpc"}, "route": {"cluster": grpc}},
             {"match": {"prefix": "/"}, "route": {"cluster": web}}]}]}]);
     let server = |port| endpoint(net.pod_addr(port), Some("istio"));
+    // A port declared `grpc`: istiod's explicit HTTP/2, inside Istio mTLS (ALPN istio-h2).
+    let mut grpc_cluster = mtls_cluster(
+        grpc,
+        "outbound_.8090_._.grpc.server.svc.cluster.local",
+        SERVER_ID,
+    );
+    grpc_cluster["typed_extension_protocol_options"] = json!({
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}});
     write_all(
         &dir,
         listeners(tcp),
@@ -248,10 +261,12 @@ fn auto_mtls_per_endpoint_to_a_peer_sidecar_with_the_sockets_sni_and_san() {
                 tcp,
                 "outbound_.9000_._.echo.server.svc.cluster.local",
                 SERVER_ID
-            )
+            ),
+            grpc_cluster
         ]),
         json!([
             {"cluster_name": web, "endpoints": [{"lb_endpoints": [server(8080)]}]},
+            {"cluster_name": grpc, "endpoints": [{"lb_endpoints": [server(8090)]}]},
             {"cluster_name": wrong, "endpoints": [{"lb_endpoints": [server(8080)]}]},
             {"cluster_name": tcp, "endpoints": [{"lb_endpoints": [server(7000)]}]}
         ]),
@@ -285,6 +300,22 @@ fn auto_mtls_per_endpoint_to_a_peer_sidecar_with_the_sockets_sni_and_san() {
         peer::curl_status(&net.peer, &[&format!("http://{HTTP_VIP}/wrong")], CURL_TIME);
     assert_eq!(status, 503, "{}", client.stderr());
     client.wait_for_access_log("\"GET /wrong HTTP/1.1\" 503 UF");
+
+    // HTTP/1.1 from the application, HTTP/2 inside mesh TLS: the server's sidecar hands the
+    // h2c-only application HTTP/2, on one connection for both requests.
+    let grpc_url = format!("http://{HTTP_VIP}/grpc");
+    let out = curl(&net.peer, &["-s", &grpc_url, &grpc_url], CURL_TIME);
+    assert_eq!(
+        curl_ok(&out, "HTTP/2 across the mesh"),
+        format!("h2 {HTTP_VIP} /grpc").repeat(2),
+        "{}",
+        client.stderr()
+    );
+    assert_eq!(
+        h2_connections.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one HTTP/2 connection from the server's sidecar"
+    );
 
     // TCP: the same, with Istio's metadata exchange first.
     let tcp_vip: SocketAddr = TCP_VIP.parse().expect("addr");
