@@ -125,13 +125,12 @@ pub async fn handle(
             Err(answer) => return Ok(super::routed::reply(answer, grpc, end)),
         },
     };
-    let route_timeout = match &routed {
-        Some(r) => r.timeout,
-        None => Some(ctx.config.http.request_timeout).filter(|t| !t.is_zero()),
+    let timeout = match &routed {
+        Some(r) => r.deadline(grpc, headers::grpc_timeout(&parts.headers)),
+        None => headers::grpc_timeout(&parts.headers)
+            .filter(|_| grpc)
+            .or(Some(ctx.config.http.request_timeout).filter(|t| !t.is_zero())),
     };
-    let timeout = headers::grpc_timeout(&parts.headers)
-        .filter(|_| grpc)
-        .or(route_timeout);
     // Allocated only for requests with a deadline; it also bounds the response body.
     let mut deadline = timeout.map(|t| Box::pin(tokio::time::sleep(t)));
 

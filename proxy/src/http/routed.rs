@@ -19,8 +19,8 @@ use http::request::Parts;
 use http::{Request, Response};
 use remora_xds::model::listener::RouteSource;
 use remora_xds::model::route::{
-    ClusterTarget, Forward, HeaderEdit, PathMatch, RequestParts, Route, RouteConfiguration,
-    VirtualHost,
+    ClusterTarget, Forward, HeaderEdit, PathMatch, Redirect, RequestParts, Route,
+    RouteConfiguration, VirtualHost,
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -46,6 +46,9 @@ impl Upstreamed {
     }
 }
 
+/// Envoy's header for the attempt number of a request (1 for the first).
+const ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-attempt-count");
+
 /// Where a routed request goes.
 #[derive(Debug)]
 pub struct Routed {
@@ -54,6 +57,12 @@ pub struct Routed {
     pub original_dst: SocketAddr,
     /// The route's timeout (`None`: no deadline).
     pub timeout: Option<Duration>,
+    /// `max_stream_duration.grpc_timeout_header_max` (or `max_grpc_timeout`): a gRPC
+    /// request's `grpc-timeout` replaces the route's timeout, bounded by this (zero: not
+    /// bounded); `None`: the header is not read.
+    pub grpc_timeout_header_max: Option<Duration>,
+    /// `max_stream_duration.max_stream_duration`: the longest the request may take.
+    pub max_stream_duration: Option<Duration>,
     /// How many times a failed attempt may be tried again: the route's (or virtual host's)
     /// `num_retries`, none without a policy. Which failures are retried is Istio's default set
     /// (`retry_on` is not read yet).
@@ -65,6 +74,33 @@ pub struct Routed {
     pub response_edits: Edits,
     /// The destination as Istio's metrics label it, from the cluster's Istio metadata.
     pub metrics_peer: Option<Arc<crate::tls::Peer>>,
+    /// The virtual host's `include_request_attempt_count` (istiod's, on every one): each
+    /// attempt tells the upstream its number in `x-envoy-attempt-count`.
+    pub include_attempt_count: bool,
+    /// Attempts made so far.
+    pub attempts: std::sync::atomic::AtomicU32,
+}
+
+impl Routed {
+    /// The request's deadline, as Envoy's router computes it: the route's timeout, or for a
+    /// gRPC request with `grpc_timeout_header_max` set, its `grpc-timeout` (`header`) bounded
+    /// by that maximum (a zero header takes the maximum; zero everywhere is no deadline); then
+    /// no longer than `max_stream_duration`.
+    pub fn deadline(&self, grpc: bool, header: Option<Duration>) -> Option<Duration> {
+        let mut deadline = self.timeout;
+        if let (true, Some(max), Some(asked)) = (grpc, self.grpc_timeout_header_max, header) {
+            let bounded = if !max.is_zero() && (asked.is_zero() || asked > max) {
+                max
+            } else {
+                asked
+            };
+            deadline = Some(bounded).filter(|d| !d.is_zero());
+        }
+        match (deadline, self.max_stream_duration) {
+            (Some(d), Some(m)) => Some(d.min(m)),
+            (d, m) => d.or(m),
+        }
+    }
 }
 
 /// The request and response header edits of a forwarded request: the picked weighted cluster's
@@ -256,6 +292,8 @@ pub fn decide(
         cluster: cluster.to_string(),
         original_dst: ctx.key.destination,
         timeout: forward.timeout,
+        grpc_timeout_header_max: forward.grpc_timeout_header_max,
+        max_stream_duration: forward.max_stream_duration.filter(|d| !d.is_zero()),
         retries: retry.map_or(0, |r| r.num_retries),
         retry_503: retry.is_some_and(|r| {
             r.retriable_status_codes.contains(&503)
@@ -265,6 +303,8 @@ pub fn decide(
         metrics_peer: snapshot
             .cluster(cluster)
             .and_then(|c| ctx.proxy.upstreams.service_peer(c)),
+        include_attempt_count: vhost.include_request_attempt_count,
+        attempts: std::sync::atomic::AtomicU32::new(0),
     };
     end.routed = Some(Box::new(super::body::RoutedEnd {
         in_flight: None,
@@ -293,20 +333,37 @@ fn answer(decision: HttpDecision<'_>, host: &str, path_and_query: &str) -> Answe
             body: body.map(str::to_string),
             location: None,
         },
-        HttpDecision::Redirect(r) => {
-            let scheme = r.scheme.as_deref().unwrap_or("http");
-            let host = r.host.as_deref().unwrap_or(host);
-            let host = match r.port {
-                Some(port) => format!("{}:{port}", host.split(':').next().unwrap_or(host)),
-                None => host.to_string(),
-            };
-            let path = r.path.as_deref().unwrap_or(path_and_query);
-            Answer::Local {
-                status: r.status,
-                body: None,
-                location: Some(format!("{scheme}://{host}{path}")),
-            }
-        }
+        HttpDecision::Redirect(r, matched) => Answer::Local {
+            status: r.status,
+            body: None,
+            location: Some(location(r, matched, host, path_and_query)),
+        },
+    }
+}
+
+/// A redirect's `location`, as Envoy builds it: the request's scheme, host, port and path
+/// unless the redirect replaces them (`path_redirect`, or `prefix_rewrite` of what the route
+/// matched); the query kept unless `strip_query`, or the new path brings its own.
+fn location(r: &Redirect, matched: &PathMatch, host: &str, path_and_query: &str) -> String {
+    let scheme = r.scheme.as_deref().unwrap_or("http");
+    let host = r.host.as_deref().unwrap_or(host);
+    let host = match r.port {
+        Some(port) => format!("{}:{port}", host.split(':').next().unwrap_or(host)),
+        None => host.to_string(),
+    };
+    let (path, query) = match path_and_query.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (path_and_query, None),
+    };
+    let new_path = match (&r.path, &r.prefix_rewrite) {
+        (Some(p), _) => p.clone(),
+        (None, Some(to)) => rewrite_prefix(matched, path, to).unwrap_or_else(|| path.to_string()),
+        (None, None) => path.to_string(),
+    };
+    let query = query.filter(|_| !r.strip_query && !new_path.contains('?'));
+    match query {
+        Some(q) => format!("{scheme}://{host}{new_path}?{q}"),
+        None => format!("{scheme}://{host}{new_path}"),
     }
 }
 
@@ -354,6 +411,14 @@ pub(super) async fn send(
             };
             ProxyError::new(kind, routed.original_dst, e)
         })?;
+    let attempt = routed
+        .attempts
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        .saturating_add(1);
+    if routed.include_attempt_count {
+        req.headers_mut()
+            .insert(ATTEMPT_COUNT, HeaderValue::from(attempt));
+    }
     let upgrade = ctx.key.version == crate::detect::HttpVersion::Http1
         && super::headers::wants_upgrade(req.headers());
     let version =
@@ -519,6 +584,78 @@ mod tests {
         assert_eq!(
             pool_idle_timeout(Some(Duration::from_secs(5)), remora),
             Duration::from_secs(5)
+        );
+    }
+
+    #[test]
+    fn grpc_timeout_header_max_and_max_stream_duration_bound_the_deadline() {
+        let s = Duration::from_secs;
+        let routed = |timeout, header_max, stream| Routed {
+            cluster: "c".into(),
+            original_dst: "10.0.0.1:80".parse().expect("addr"),
+            timeout,
+            grpc_timeout_header_max: header_max,
+            max_stream_duration: stream,
+            retries: 0,
+            retry_503: false,
+            response_edits: Edits::default(),
+            metrics_peer: None,
+            include_attempt_count: false,
+            attempts: Default::default(),
+        };
+        // No header max: the header is not read.
+        assert_eq!(
+            routed(Some(s(15)), None, None).deadline(true, Some(s(2))),
+            Some(s(15))
+        );
+        // istiod's 0s: the header as it is, only for gRPC; a zero header is no deadline.
+        let r = routed(Some(s(15)), Some(s(0)), None);
+        assert_eq!(r.deadline(true, Some(s(2))), Some(s(2)));
+        assert_eq!(r.deadline(false, Some(s(2))), Some(s(15)));
+        assert_eq!(r.deadline(true, Some(s(0))), None);
+        assert_eq!(r.deadline(true, None), Some(s(15)));
+        // A maximum bounds the header, and stands for a zero one.
+        let r = routed(None, Some(s(5)), None);
+        assert_eq!(r.deadline(true, Some(s(9))), Some(s(5)));
+        assert_eq!(r.deadline(true, Some(s(0))), Some(s(5)));
+        // max_stream_duration bounds everything.
+        let r = routed(Some(s(15)), None, Some(s(3)));
+        assert_eq!(r.deadline(false, None), Some(s(3)));
+        assert_eq!(
+            routed(None, None, Some(s(3))).deadline(false, None),
+            Some(s(3))
+        );
+    }
+
+    #[test]
+    fn redirect_locations_keep_or_strip_the_query_as_envoy_does() {
+        let redirect = |path: Option<&str>, prefix: Option<&str>, strip: bool| Redirect {
+            scheme: Some("https".into()),
+            host: None,
+            port: Some(8443),
+            path: path.map(str::to_string),
+            prefix_rewrite: prefix.map(str::to_string),
+            status: 301,
+            strip_query: strip,
+        };
+        let matched = PathMatch::Prefix("/old".into());
+        let at = |r: &Redirect| location(r, &matched, "web:80", "/old/x?a=1");
+        assert_eq!(
+            at(&redirect(None, None, false)),
+            "https://web:8443/old/x?a=1"
+        );
+        assert_eq!(at(&redirect(None, None, true)), "https://web:8443/old/x");
+        assert_eq!(
+            at(&redirect(None, Some("/new"), false)),
+            "https://web:8443/new/x?a=1"
+        );
+        assert_eq!(
+            at(&redirect(Some("/p"), None, false)),
+            "https://web:8443/p?a=1"
+        );
+        assert_eq!(
+            at(&redirect(Some("/p?b=2"), None, false)),
+            "https://web:8443/p?b=2"
         );
     }
 

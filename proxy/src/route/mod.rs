@@ -151,7 +151,8 @@ pub enum HttpDecision<'s> {
         /// The virtual host, for its header edits.
         vhost: &'s VirtualHost,
     },
-    Redirect(&'s Redirect),
+    /// With the route's path match, which a `prefix_rewrite` replaces.
+    Redirect(&'s Redirect, &'s remora_xds::model::route::PathMatch),
     DirectResponse {
         status: u16,
         body: Option<&'s str>,
@@ -208,7 +209,7 @@ pub fn http_route<'s>(
                 None => HttpDecision::NoRoute,
             }
         }
-        Action::Redirect(r) => HttpDecision::Redirect(r),
+        Action::Redirect(r) => HttpDecision::Redirect(r, &route.matcher.path),
         Action::DirectResponse { status, body } => HttpDecision::DirectResponse {
             status: *status,
             body: body.as_deref(),
