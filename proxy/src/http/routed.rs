@@ -426,7 +426,7 @@ pub(super) async fn send(
     protocol::translate(&mut req, version);
     let key = Key {
         destination: selected.address,
-        source: None,
+        source: dial::source(&selected),
         version,
         tls: match &selected.transport {
             Transport::Plaintext => 0,

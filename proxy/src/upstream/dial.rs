@@ -61,10 +61,11 @@ pub async fn dial(
     direction: Direction,
     alpn: Option<&[&[u8]]>,
 ) -> Result<Connected, DialError> {
-    // Outbound hops are not captured again (UID 1337): any source will do.
+    // Outbound hops are not captured again (UID 1337): any source will do, unless the
+    // cluster binds one.
     let upstream = connect::connect(
         selected.address,
-        None,
+        source(selected),
         selected.connect_timeout,
         direction,
         &proxy.loop_guard,
@@ -78,6 +79,17 @@ pub async fn dial(
     let offered: Vec<&[u8]> = match alpn {
         Some(a) => a.to_vec(),
         None => mesh.alpn.iter().map(|a| a.as_bytes()).collect(),
+    };
+    // The socket's minimum, when above the config's (TLS 1.3 only).
+    let raised;
+    let tls_config = if mesh.tls13_only {
+        raised = TlsConfig {
+            min_protocol_version: remora_config::TlsVersion::Tls13,
+            ..tls_config.clone()
+        };
+        &raised
+    } else {
+        tls_config
     };
     let client = match proxy
         .mesh
@@ -108,6 +120,15 @@ pub async fn dial(
         Ok(tls) => Ok(Connected::Mesh(Box::new(tls), registration)),
         Err(failure) => Err(DialError::Handshake { address, failure }),
     }
+}
+
+/// The cluster's `upstream_bind_config` source address (istiod's `127.0.0.6` on inbound
+/// clusters, so the application sees traffic from the sidecar).
+pub fn source(selected: &Selected) -> Option<connect::Source> {
+    selected
+        .cluster
+        .upstream_bind_address
+        .map(connect::Source::Local)
 }
 
 /// The socket's SNI, or the address (rustls then sends none).

@@ -112,6 +112,19 @@ fn the_transport_follows_the_endpoints_tls_mode() {
         mesh.expected_sans,
         ["spiffe://cluster.local/ns/default/sa/bookinfo-reviews"]
     );
+    assert!(!mesh.tls13_only);
+    // A socket whose minimum is TLS 1.3 offers nothing older.
+    let mut strict = (**c).clone();
+    for m in &mut strict.transport_socket_matches {
+        if let remora_xds::model::cluster::TransportSocket::Tls(tls) = &mut m.socket {
+            tls.min_version = Some(remora_xds::model::cluster::TlsVersion::Tls1_3);
+        }
+    }
+    let Transport::Mesh(mesh) = transport::for_endpoint(&strict, Some("istio")).expect("mTLS")
+    else {
+        panic!("tlsMode istio takes mTLS");
+    };
+    assert!(mesh.tls13_only);
     assert_eq!(transport::for_endpoint(c, None), Ok(Transport::Plaintext));
     assert_eq!(
         transport::for_endpoint(c, Some("disabled")),

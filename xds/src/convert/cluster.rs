@@ -694,6 +694,22 @@ mod tests {
             err.contains("\"kubernetes://my-cert\" not supported"),
             "{err}"
         );
+        let err = convert(json!({"name": "c", "transport_socket": {"name": "tls", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "common_tls_context": {"tls_params": {"tls_maximum_protocol_version": "TLSv1_2"}}}}}))
+        .expect_err("refused");
+        assert!(err.contains("maximum TLS version below 1.3"), "{err}");
+        // HttpProtocolOptions: an upstream stream limit below Envoy's default is refused.
+        let err = convert(json!({"name": "c", "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {"max_concurrent_streams": 100}}}}}))
+        .expect_err("refused");
+        assert!(
+            err.contains("http2_protocol_options.max_concurrent_streams")
+                && err.contains("limit on streams per upstream connection"),
+            "{err}"
+        );
     }
 
     #[test]
