@@ -661,3 +661,43 @@ fn a_strict_dns_clusters_name_is_resolved_and_its_address_served() {
     );
     assert!(!local.peers().is_empty());
 }
+
+/// istiod's default retry policy names the `previous_hosts` predicate: the retry of a request
+/// whose endpoint refused the connection goes to another endpoint, so with one of two
+/// endpoints down and one retry, every request is answered.
+#[test]
+fn a_retry_avoids_the_endpoint_already_tried() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    route_vips(&net.pod);
+    let live = Server::http(&net.peer, net.peer_addr(8094), "live");
+    // Nothing listens there: connections are refused.
+    let dead = net.peer_addr(8095);
+    let routes = json!([{"name": "80", "ignore_port_in_host_matching": true, "virtual_hosts": [{
+        "name": "vip", "domains": [HTTP_VIP],
+        "routes": [{"match": {"prefix": "/"}, "route": {"cluster": CLUSTER, "retry_policy": {
+            "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+            "num_retries": 1,
+            "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
+                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
+            "host_selection_retry_max_attempts": "5"}}}]}]}]);
+    let dir = net.binary().make_dir("xds");
+    write_all(
+        &dir,
+        listeners(TCP_CLUSTER),
+        routes,
+        json!([eds_cluster(CLUSTER)]),
+        json!([assignment(CLUSTER, &[live.addr(), dead])]),
+    );
+    let remora = net
+        .remora()
+        .config(&format!("xds:\n  resources_dir: {}\n", dir.display()))
+        .start_ready();
+    let url = format!("http://{HTTP_VIP}/");
+    for i in 0..20 {
+        let (status, _) = peer::curl_status(&net.pod, &[&url], CURL_TIME);
+        assert_eq!(status, 200, "request {i}: {}", remora.stderr());
+    }
+}

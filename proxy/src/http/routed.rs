@@ -79,6 +79,12 @@ pub struct Routed {
     pub include_attempt_count: bool,
     /// Attempts made so far.
     pub attempts: std::sync::atomic::AtomicU32,
+    /// The retry policy's `previous_hosts` predicate: how many times a pick may be made again
+    /// while it falls on an endpoint already tried (`host_selection_retry_max_attempts`);
+    /// `None`: no predicate.
+    pub avoid_previous_hosts: Option<u32>,
+    /// The endpoints attempts went to (at most one per attempt, so bounded by the retries).
+    pub tried: std::sync::Mutex<Vec<SocketAddr>>,
 }
 
 impl Routed {
@@ -305,6 +311,10 @@ pub fn decide(
             .and_then(|c| ctx.proxy.upstreams.service_peer(c)),
         include_attempt_count: vhost.include_request_attempt_count,
         attempts: std::sync::atomic::AtomicU32::new(0),
+        avoid_previous_hosts: retry
+            .filter(|r| r.avoid_previous_hosts)
+            .map(|r| r.host_selection_retry_max_attempts),
+        tried: std::sync::Mutex::new(Vec::new()),
     };
     end.routed = Some(Box::new(super::body::RoutedEnd {
         in_flight: None,
@@ -398,19 +408,43 @@ pub(super) async fn send(
             ))
         }
     };
-    let selected = ctx
-        .proxy
-        .upstreams
-        .select(&snapshot, &routed.cluster, routed.original_dst)
-        .map_err(|e| {
-            let kind = match e {
-                UpstreamError::NoCluster(_) => ErrorKind::NoCluster,
-                UpstreamError::NoHealthyUpstream(_) | UpstreamError::Transport { .. } => {
-                    ErrorKind::NoHealthyUpstream
-                }
-            };
-            ProxyError::new(kind, routed.original_dst, e)
-        })?;
+    let select = || {
+        ctx.proxy
+            .upstreams
+            .select(&snapshot, &routed.cluster, routed.original_dst)
+            .map_err(|e| {
+                let kind = match e {
+                    UpstreamError::NoCluster(_) => ErrorKind::NoCluster,
+                    UpstreamError::NoHealthyUpstream(_) | UpstreamError::Transport { .. } => {
+                        ErrorKind::NoHealthyUpstream
+                    }
+                };
+                ProxyError::new(kind, routed.original_dst, e)
+            })
+    };
+    let mut selected = select()?;
+    // `previous_hosts`: pick again, a bounded number of times, while the pick was tried
+    // already; the last pick stands, as in Envoy.
+    if let Some(max) = routed.avoid_previous_hosts {
+        let tried = |a: &SocketAddr| {
+            routed
+                .tried
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .contains(a)
+        };
+        for _ in 0..max {
+            if !tried(&selected.address) {
+                break;
+            }
+            selected = select()?;
+        }
+        routed
+            .tried
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(selected.address);
+    }
     let attempt = routed
         .attempts
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -602,6 +636,8 @@ mod tests {
             metrics_peer: None,
             include_attempt_count: false,
             attempts: Default::default(),
+            avoid_previous_hosts: None,
+            tried: Default::default(),
         };
         // No header max: the header is not read.
         assert_eq!(
