@@ -44,7 +44,8 @@ impl DnsHosts {
             .cloned()
     }
 
-    fn set(&self, cluster: &str, hosts: ClusterLoadAssignment) {
+    /// Record a resolution of `cluster` (the resolver task's; tests').
+    pub(crate) fn set(&self, cluster: &str, hosts: ClusterLoadAssignment) {
         self.resolved
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -199,7 +200,7 @@ fn by_family(all: &[SocketAddr], family: DnsLookupFamily) -> Vec<SocketAddr> {
 
 /// The host set of a resolution: STRICT_DNS, every address of every name, each with its
 /// name's weight and `tlsMode`; LOGICAL_DNS, only the first address (of its one name).
-fn host_set(
+pub(crate) fn host_set(
     name: &str,
     targets: &[DnsTarget],
     addresses: &[Vec<SocketAddr>],
