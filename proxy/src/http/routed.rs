@@ -282,6 +282,14 @@ pub fn decide(
         } => (cluster, route, forward, retry, vhost),
         other => return Err(answer(other, host, req.path_and_query)),
     };
+    if upgrade_disabled(forward, &parts.headers) {
+        // Envoy's answer to an upgrade its route turns off (`upgrade_failed`).
+        return Err(Answer::Local {
+            status: 403,
+            body: None,
+            location: None,
+        });
+    }
     let format_request = header_format::Request {
         remote: ctx.peer,
         local: ctx.key.destination,
@@ -330,6 +338,25 @@ pub fn decide(
         parts.headers.insert(http::header::HOST, host);
     }
     Ok(routed)
+}
+
+/// Whether the request asks for an HTTP/1.1 upgrade (WebSocket) that the route's
+/// `upgrade_configs` turn off. A type the route does not name is left to the connection
+/// manager's `upgrade_configs` (istiod's: `websocket`).
+fn upgrade_disabled(forward: &Forward, headers: &HeaderMap) -> bool {
+    if forward.upgrades.is_empty() || !super::headers::wants_upgrade(headers) {
+        return false;
+    }
+    let Some(kind) = headers
+        .get(http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    forward
+        .upgrades
+        .iter()
+        .any(|u| !u.enabled && u.upgrade_type.eq_ignore_ascii_case(kind.trim()))
 }
 
 /// What a request that is not forwarded gets.
@@ -661,6 +688,30 @@ mod tests {
             routed(None, None, Some(s(3))).deadline(false, None),
             Some(s(3))
         );
+    }
+
+    #[test]
+    fn a_route_can_turn_an_upgrade_off() {
+        type Proto = envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+        let table = remora_xds::convert::from_json::<Proto>(&serde_json::json!({
+            "name": "80", "virtual_hosts": [{"name": "vh", "domains": ["*"], "routes": [
+                {"match": {"prefix": "/"}, "route": {"cluster": "c", "upgrade_configs": [
+                    {"upgrade_type": "websocket", "enabled": false}]}}]}]
+        }))
+        .expect("accepted")
+        .model;
+        let remora_xds::model::route::Action::Forward(forward) =
+            &table.virtual_hosts[0].routes[0].action
+        else {
+            panic!("forward")
+        };
+        let mut headers = HeaderMap::new();
+        assert!(!upgrade_disabled(forward, &headers));
+        headers.insert("connection", HeaderValue::from_static("Upgrade"));
+        headers.insert("upgrade", HeaderValue::from_static("WebSocket"));
+        assert!(upgrade_disabled(forward, &headers));
+        headers.insert("upgrade", HeaderValue::from_static("h2c"));
+        assert!(!upgrade_disabled(forward, &headers));
     }
 
     #[test]
