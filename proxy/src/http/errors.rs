@@ -233,10 +233,18 @@ impl ErrorKind {
             ErrorKind::HeadersTooLarge => "request headers too large",
             ErrorKind::AccessDenied => "RBAC: access denied",
             ErrorKind::DownstreamAborted => "downstream_remote_disconnect",
-            // Envoy's local replies for these carry no body but this one's.
             ErrorKind::NoRoute => "route_not_found",
             ErrorKind::NoCluster => "cluster_not_found",
             ErrorKind::NoHealthyUpstream => "no healthy upstream",
+        }
+    }
+
+    /// The body of the local reply: the details, but for the two whose reply Envoy sends
+    /// empty (no route, no cluster; the details are only for the log).
+    pub fn body(self) -> &'static str {
+        match self {
+            ErrorKind::NoRoute | ErrorKind::NoCluster => "",
+            other => other.details(),
         }
     }
 }

@@ -177,7 +177,12 @@ pub async fn handle(
             if let Some(log) = &mut end.log {
                 log.upstream = Some(ctx.key.destination);
             }
-            return Ok(local_reply(e.kind, grpc, end));
+            let mut reply = local_reply(e.kind, grpc, end);
+            // Envoy's router edits its own replies as it edits the upstream's.
+            if let Some(routed) = &routed {
+                routed.response_edits.apply(reply.headers_mut());
+            }
+            return Ok(reply);
         }
     };
     let upgraded = response.status() == StatusCode::SWITCHING_PROTOCOLS;
@@ -558,10 +563,12 @@ pub(super) fn local_reply(
             .header(&GRPC_MESSAGE, HeaderValue::from_static(kind.details()));
         Bytes::new()
     } else {
-        builder = builder
-            .status(kind.status())
-            .header(CONTENT_TYPE, "text/plain");
-        Bytes::from_static(kind.details().as_bytes())
+        builder = builder.status(kind.status());
+        // As Envoy's local replies: a content type only with a body.
+        if !kind.body().is_empty() {
+            builder = builder.header(CONTENT_TYPE, "text/plain");
+        }
+        Bytes::from_static(kind.body().as_bytes())
     };
     if matches!(kind, ErrorKind::MalformedRequest(_)) || end.conn.closing() {
         builder = builder.header(CONNECTION, "close");

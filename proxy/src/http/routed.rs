@@ -10,17 +10,17 @@ use super::errors::{ErrorKind, ProxyError};
 use super::forward::{send_on, SendError, Upstreamed};
 use super::pool::{self, Key, Sender};
 use super::{originate, ConnContext};
+use crate::route::rewrite::{self, RedirectRequest};
 use crate::route::{self, HttpDecision};
 use crate::upstream::dial::{self, Connected};
-use crate::upstream::{Transport, UpstreamError};
+use crate::upstream::{Avoid, Transport, UpstreamError};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response};
 use remora_xds::model::listener::RouteSource;
 use remora_xds::model::route::{
-    ClusterTarget, Forward, HeaderEdit, PathMatch, RequestParts, Route, RouteConfiguration,
-    VirtualHost,
+    ClusterTarget, Forward, HeaderEdit, RequestParts, Route, RouteConfiguration, VirtualHost,
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -49,6 +49,12 @@ pub struct Routed {
     /// Whether a 503 is retried: the policy's `retriable_status_codes` lists it (current
     /// istiod's default lists none; the converter refuses other codes).
     pub retry_503: bool,
+    /// The policy's `previous_hosts` predicate: how many times a retry's pick of an endpoint
+    /// already tried is made again (`None`: no predicate, a retry may pick any).
+    pub avoid_previous: Option<u32>,
+    /// The endpoints this request's attempts went to, for `avoid_previous` (a few at most:
+    /// one per attempt).
+    pub tried: std::sync::Mutex<Vec<SocketAddr>>,
     /// The route's, virtual host's and table's response header edits.
     pub response_edits: Edits,
     /// The destination as Istio's metrics label it, from the cluster's Istio metadata.
@@ -113,6 +119,25 @@ fn edits(
     (request, response)
 }
 
+/// The response header edits of an answer made here (a redirect, a direct response): the
+/// route's, its virtual host's and the table's, as Envoy applies them to its own replies.
+fn local_edits(table: &RouteConfiguration, vhost: &VirtualHost, route: &Route) -> Edits {
+    Edits::of([
+        (
+            &route.response_headers_to_add[..],
+            &route.response_headers_to_remove[..],
+        ),
+        (
+            &vhost.response_headers_to_add,
+            &vhost.response_headers_to_remove,
+        ),
+        (
+            &table.response_headers_to_add,
+            &table.response_headers_to_remove,
+        ),
+    ])
+}
+
 /// Header edits of a route, its virtual host and its table, in Envoy's default order (the
 /// most specific first, so the least specific's overwrite wins); removals before additions.
 #[derive(Debug, Default)]
@@ -157,11 +182,13 @@ impl Edits {
 #[derive(Debug)]
 pub enum Answer {
     Error(ErrorKind),
-    /// A direct response, or a redirect (with its `location`).
+    /// A direct response, or a redirect (with its `location`), and the response header
+    /// edits of its route.
     Local {
         status: u16,
         body: Option<String>,
         location: Option<String>,
+        edits: Edits,
     },
 }
 
@@ -206,13 +233,25 @@ pub fn decide(
             retry,
             vhost,
         } => (cluster, route, forward, retry, vhost),
-        other => return Err(answer(other, host, req.path_and_query)),
+        other => {
+            let scheme = parts
+                .headers
+                .get("x-forwarded-proto")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("http");
+            let request = RedirectRequest {
+                host,
+                path_and_query: req.path_and_query,
+                scheme,
+            };
+            return Err(answer(table, other, request));
+        }
     };
     let (request_edits, response_edits) = edits(table, vhost, route, forward, cluster);
     let rewritten = forward
         .prefix_rewrite
         .as_deref()
-        .and_then(|to| rewrite_prefix(&route.matcher.path, req.path_and_query, to));
+        .and_then(|to| rewrite::prefix(&route.matcher.path, req.path_and_query, to));
     let routed = Routed {
         cluster: cluster.to_string(),
         original_dst: ctx.key.destination,
@@ -222,6 +261,10 @@ pub fn decide(
             r.retriable_status_codes.contains(&503)
                 && r.retry_on.iter().any(|c| c == "retriable-status-codes")
         }),
+        avoid_previous: retry
+            .filter(|r| r.avoid_previous_hosts)
+            .map(|r| r.host_selection_retry_max_attempts),
+        tried: std::sync::Mutex::default(),
         response_edits,
         metrics_peer: snapshot
             .cluster(cluster)
@@ -243,45 +286,41 @@ pub fn decide(
 }
 
 /// What a request that is not forwarded gets.
-fn answer(decision: HttpDecision<'_>, host: &str, path_and_query: &str) -> Answer {
+fn answer(
+    table: &RouteConfiguration,
+    decision: HttpDecision<'_>,
+    req: RedirectRequest<'_>,
+) -> Answer {
     match decision {
         HttpDecision::NoRoute | HttpDecision::NoRouteTable | HttpDecision::Forward { .. } => {
             Answer::Error(ErrorKind::NoRoute)
         }
-        HttpDecision::DirectResponse { status, body } => Answer::Local {
+        HttpDecision::DirectResponse {
+            status,
+            body,
+            route,
+            vhost,
+        } => Answer::Local {
             status,
             body: body.map(str::to_string),
             location: None,
+            edits: local_edits(table, vhost, route),
         },
-        HttpDecision::Redirect(r) => {
-            let scheme = r.scheme.as_deref().unwrap_or("http");
-            let host = r.host.as_deref().unwrap_or(host);
-            let host = match r.port {
-                Some(port) => format!("{}:{port}", host.split(':').next().unwrap_or(host)),
-                None => host.to_string(),
-            };
-            let path = r.path.as_deref().unwrap_or(path_and_query);
-            Answer::Local {
-                status: r.status,
-                body: None,
-                location: Some(format!("{scheme}://{host}{path}")),
-            }
-        }
+        HttpDecision::Redirect {
+            redirect,
+            route,
+            vhost,
+        } => Answer::Local {
+            status: redirect.status,
+            body: None,
+            location: Some(rewrite::redirect_location(
+                redirect,
+                &route.matcher.path,
+                req,
+            )),
+            edits: local_edits(table, vhost, route),
+        },
     }
-}
-
-/// Envoy's `prefix_rewrite`: what the route matched of the path is replaced (the whole path
-/// for an exact match); regex routes are left as they are.
-fn rewrite_prefix(matched: &PathMatch, path_and_query: &str, to: &str) -> Option<String> {
-    let prefix = match matched {
-        PathMatch::Prefix(p) | PathMatch::PathSeparatedPrefix(p) | PathMatch::Exact(p) => p,
-        PathMatch::Regex(_) | PathMatch::Connect => return None,
-    };
-    let rest = path_and_query.get(prefix.len()..)?;
-    path_and_query
-        .get(..prefix.len())
-        .filter(|head| head.eq_ignore_ascii_case(prefix))?;
-    Some(format!("{to}{rest}"))
 }
 
 /// One attempt of a routed request: an endpoint chosen now, a pooled connection to it if one
@@ -301,19 +340,35 @@ pub(super) async fn send(
             ))
         }
     };
-    let selected = ctx
-        .proxy
-        .upstreams
-        .select(&snapshot, &routed.cluster, routed.original_dst)
-        .map_err(|e| {
-            let kind = match e {
-                UpstreamError::NoCluster(_) => ErrorKind::NoCluster,
-                UpstreamError::NoHealthyUpstream(_) | UpstreamError::Transport { .. } => {
-                    ErrorKind::NoHealthyUpstream
-                }
-            };
-            ProxyError::new(kind, routed.original_dst, e)
-        })?;
+    let selected = {
+        let mut tried = routed
+            .tried
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let avoid = Avoid {
+            hosts: &tried,
+            attempts: routed.avoid_previous.unwrap_or(0),
+        };
+        let selected = ctx.proxy.upstreams.select_avoiding(
+            &snapshot,
+            &routed.cluster,
+            routed.original_dst,
+            avoid,
+        );
+        if let Ok(s) = &selected {
+            tried.push(s.address);
+        }
+        selected
+    }
+    .map_err(|e| {
+        let kind = match e {
+            UpstreamError::NoCluster(_) => ErrorKind::NoCluster,
+            UpstreamError::NoHealthyUpstream(_) | UpstreamError::Transport { .. } => {
+                ErrorKind::NoHealthyUpstream
+            }
+        };
+        ProxyError::new(kind, routed.original_dst, e)
+    })?;
     let version = ctx.key.version;
     let key = Key {
         destination: selected.address,
@@ -376,13 +431,14 @@ pub(super) async fn send(
 
 /// The answer to a request the xDS route decision answers itself.
 pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response<ResponseBody> {
-    let (status, body, location) = match answer {
+    let (status, body, location, edits) = match answer {
         Answer::Error(kind) => return super::forward::local_reply(kind, grpc, end),
         Answer::Local {
             status,
             body,
             location,
-        } => (status, body, location),
+            edits,
+        } => (status, body, location, edits),
     };
     end.status = status;
     if let Some(log) = &mut end.log {
@@ -393,8 +449,15 @@ pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response
         builder = builder.header(http::header::LOCATION, location);
     }
     let body = Bytes::from(body.unwrap_or_default());
+    if !body.is_empty() {
+        // Envoy's direct responses say what their body is.
+        builder = builder.header(http::header::CONTENT_TYPE, "text/plain");
+    }
     match builder.body(()) {
-        Ok(r) => r.map(|()| ResponseBody::local(body, end)),
+        Ok(mut r) => {
+            edits.apply(r.headers_mut());
+            r.map(|()| ResponseBody::local(body, end))
+        }
         // A status outside 100..=999 from the route: Envoy would have refused the table.
         Err(_) => Response::new(ResponseBody::local(Bytes::new(), end)),
     }
@@ -403,24 +466,6 @@ pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prefix_rewrite_replaces_what_the_route_matched() {
-        let prefix = PathMatch::Prefix("/api".into());
-        assert_eq!(
-            rewrite_prefix(&prefix, "/api/v1?x=1", "/").as_deref(),
-            Some("//v1?x=1")
-        );
-        assert_eq!(
-            rewrite_prefix(&prefix, "/API/v1", "/v2").as_deref(),
-            Some("/v2/v1")
-        );
-        let exact = PathMatch::Exact("/old".into());
-        assert_eq!(
-            rewrite_prefix(&exact, "/old", "/new").as_deref(),
-            Some("/new")
-        );
-    }
 
     /// A weighted destination's own header edits (VirtualService `route[].headers`) go with
     /// the cluster picked, and only with it.

@@ -146,3 +146,36 @@ fn weighted_random_and_least_request_with_weights_lean_to_the_heavy() {
         .count();
     assert!((250..420).contains(&heavy), "{heavy}");
 }
+
+/// Envoy's `previous_hosts` predicate: a retry's pick of a host already tried is made again,
+/// so with five more picks the other host is all but certain; with none, either may come.
+#[test]
+fn a_retry_avoids_the_hosts_already_tried() {
+    let store = bookinfo();
+    let s = store.snapshot();
+    let up = Arc::new(Upstreams::default());
+    let tried: SocketAddr = "10.0.1.1:9080".parse().expect("addr");
+    let avoid = Avoid {
+        hosts: &[tried],
+        attempts: 64,
+    };
+    for _ in 0..200 {
+        let sel = up
+            .select_avoiding(&s, REVIEWS, dst(), avoid)
+            .expect("an endpoint");
+        assert_ne!(sel.address, tried);
+    }
+    let without = Avoid {
+        hosts: &[tried],
+        attempts: 0,
+    };
+    let again = (0..200)
+        .filter(|_| {
+            up.select_avoiding(&s, REVIEWS, dst(), without)
+                .expect("an endpoint")
+                .address
+                == tried
+        })
+        .count();
+    assert!(again > 0, "without re-picks the tried host still comes");
+}

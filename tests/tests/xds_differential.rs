@@ -1,0 +1,760 @@
+//! Envoy is the oracle: the same xDS resources given to a real Envoy 1.40 and to Remora, the
+//! same requests through each, the same outcomes.
+//!
+//! Each proxy is the sidecar of a pod of its own (a [`PodNet`] with `remora capture`'s rules,
+//! the proxy exempt by its UID or GID), so both are reached as istiod's sidecars are: the
+//! application connects to a service VIP, the capture rules send it to 15001, and the
+//! listener of its original destination decides. Both worlds have the same addresses where
+//! the resources name them (the VIPs, and the backends on 10.1.0.2 in the peer namespace), so
+//! the resources are byte for byte the same; Remora reads them from `xds.resources_dir`,
+//! Envoy from its bootstrap ([`Resources::envoy_bootstrap`]).
+//!
+//! Every case in [`CASES`] is one request, and what each proxy made of it is compared: the
+//! status, which backend answered, the path and headers it received (per-proxy headers
+//! aside: `x-request-id`, `x-envoy-*`), the response headers (`date`, `server`, `x-envoy-*`
+//! and framing aside), the body of an answer the proxy made itself, and the response flags
+//! of its access-log line (istiod's text format, which both write). Weighted clusters and
+//! retries, whose single outcome is random, are compared by distribution and by the set of
+//! outcomes over many requests. Adding a case is one line in [`CASES`] (and, for a new kind
+//! of route, one route in [`routes`]).
+
+use remora_e2e::backend;
+use remora_e2e::envoy::{self, Envoy};
+use remora_e2e::envoy_xds::Resources;
+use remora_e2e::http_client::{self, Response};
+use remora_e2e::peer::{self, Server};
+use remora_e2e::{PodNet, Remora};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Where the backends listen, in each world's peer namespace.
+const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
+/// The HTTP service's VIP (port 80) and the TCP service's.
+const HTTP_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const TCP_VIP: &str = "10.96.0.20:9000";
+/// A destination no listener names: `virtualOutbound`'s catch-all (BlackHoleCluster).
+const NOWHERE: &str = "10.96.0.99:1234";
+/// The backends: name and port.
+const BACKENDS: [(&str, u16); 3] = [("a", 8001), ("b", 8002), ("c", 8003)];
+/// A port nothing listens on: an endpoint that refuses.
+const DEAD_PORT: u16 = 8009;
+const ECHO_PORT: u16 = 9000;
+
+const A: &str = "outbound|80|a|web.test.svc.cluster.local";
+const B: &str = "outbound|80|b|web.test.svc.cluster.local";
+/// One endpoint that refuses, one that answers (backend `c`).
+const FLAKY: &str = "outbound|80|flaky|web.test.svc.cluster.local";
+/// No endpoint at all.
+const EMPTY: &str = "outbound|80|empty|web.test.svc.cluster.local";
+const MISSING: &str = "outbound|80|missing|web.test.svc.cluster.local";
+const TCP: &str = "outbound|9000||echo.test.svc.cluster.local";
+
+/// Requests per statistical case.
+const MANY: usize = 200;
+
+/// One request: Host, path, extra headers.
+type Case = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+);
+
+const WEB: &str = "web.test.svc.cluster.local";
+
+/// The requests whose single outcome both proxies must agree on.
+const CASES: &[Case] = &[
+    // Virtual host by Host: exact, the port ignored, case, short names, the VIP.
+    (WEB, "/", &[]),
+    ("web.test.svc.cluster.local:80", "/", &[]),
+    ("web.test.svc.cluster.local:8080", "/", &[]),
+    ("WEB.Test.svc.cluster.local", "/", &[]),
+    ("web", "/", &[]),
+    ("10.96.0.10", "/", &[]),
+    ("10.96.0.10:80", "/", &[]),
+    // Wildcards: suffix, prefix, the longest suffix first, exact over wildcard.
+    ("x.wild.test", "/", &[]),
+    ("x.deep.wild.test", "/", &[]),
+    ("exact.wild.test", "/", &[]),
+    ("wild.test", "/", &[]),
+    ("api.anything", "/", &[]),
+    ("api.anything:9999", "/", &[]),
+    // No virtual host: 404 NR.
+    ("nowhere.test", "/", &[]),
+    // Paths: exact, prefix, case, regex, path-separated prefix.
+    (WEB, "/exact", &[]),
+    (WEB, "/exact/more", &[]),
+    (WEB, "/exact?q=1", &[]),
+    (WEB, "/EXACT", &[]),
+    (WEB, "/prefix/x", &[]),
+    (WEB, "/prefixx", &[]),
+    (WEB, "/caseless/x", &[]),
+    (WEB, "/CASELESS/x", &[]),
+    (WEB, "/re/123", &[]),
+    (WEB, "/re/12a", &[]),
+    (WEB, "/re/123?x=y", &[]),
+    (WEB, "/sep", &[]),
+    (WEB, "/sep/x", &[]),
+    (WEB, "/separate", &[]),
+    // Headers: exact, present, regex, inverted, several values.
+    (WEB, "/hdr", &[("x-version", "v2")]),
+    (WEB, "/hdr", &[("x-version", "v3")]),
+    (WEB, "/hdr", &[]),
+    (WEB, "/hdr-present", &[("x-flag", "")]),
+    (WEB, "/hdr-present", &[("x-flag", "yes")]),
+    (WEB, "/hdr-present", &[]),
+    (WEB, "/hdr-regex", &[("x-user", "user-42")]),
+    (WEB, "/hdr-regex", &[("x-user", "admin")]),
+    (WEB, "/hdr-invert", &[("x-env", "prod")]),
+    (WEB, "/hdr-invert", &[("x-env", "dev")]),
+    (WEB, "/hdr-invert", &[]),
+    // Query parameters: exact, present, case, several.
+    (WEB, "/query?canary=true", &[]),
+    (WEB, "/query?canary=TRUE", &[]),
+    (WEB, "/query?x=1&canary=true", &[]),
+    (WEB, "/query?canary=false", &[]),
+    (WEB, "/query", &[]),
+    (WEB, "/query-present?debug", &[]),
+    (WEB, "/query-present?debug=1", &[]),
+    (WEB, "/query-present?nodebug=1", &[]),
+    // Redirects.
+    (WEB, "/old", &[]),
+    (WEB, "/old?keep=1", &[]),
+    (WEB, "/v1/items?id=3", &[]),
+    (WEB, "/to-https/x", &[]),
+    (WEB, "/strip?a=b", &[]),
+    (WEB, "/moved-host/x", &[]),
+    (WEB, "/moved-port/x", &[]),
+    ("web.test.svc.cluster.local:80", "/moved-port/x", &[]),
+    ("web.test.svc.cluster.local:80", "/to-https/x", &[]),
+    ("web.test.svc.cluster.local:8080", "/to-https/x?q", &[]),
+    ("web.test.svc.cluster.local:8080", "/moved-host/x", &[]),
+    (WEB, "/own-query?a=b", &[]),
+    // Direct responses.
+    (WEB, "/teapot", &[]),
+    (WEB, "/empty-direct", &[]),
+    (WEB, "/unavailable", &[]),
+    // Rewrites.
+    (WEB, "/rewrite/x?y=1", &[]),
+    (WEB, "/rewrite", &[]),
+    (WEB, "/rewrite-exact", &[]),
+    (WEB, "/host-rewrite/x", &[]),
+    // Header edits: route, virtual host and table; removals; request and response.
+    (WEB, "/edits", &[("x-remove-me", "1"), ("x-keep", "1")]),
+    (WEB, "/edits", &[("x-appended", "client")]),
+    (WEB, "/edits", &[("x-overwritten", "client")]),
+    // Timeouts, missing clusters, no endpoints.
+    (WEB, "/slow", &[]),
+    (WEB, "/no-cluster", &[]),
+    (WEB, "/no-endpoint", &[]),
+    // Istio's default retry policy: a backend that resets once.
+    (WEB, "/reset-once", &[]),
+    (WEB, "/reset-once", &[]),
+];
+
+/// Istio's default access-log format, which both proxies write.
+const ISTIO_TEXT_FORMAT: &str = concat!(
+    "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" ",
+    "%RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% ",
+    "\"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %BYTES_RECEIVED% %BYTES_SENT% %DURATION% ",
+    "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" ",
+    "\"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\" %UPSTREAM_CLUSTER_RAW% ",
+    "%UPSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_REMOTE_ADDRESS% ",
+    "%REQUESTED_SERVER_NAME% %ROUTE_NAME%\n",
+);
+
+fn backend_addr(port: u16) -> SocketAddr {
+    SocketAddrV4::new(BACKEND_IP, port).into()
+}
+
+fn endpoint(port: u16) -> Value {
+    json!({"endpoint": {"address": {"socket_address": {
+        "address": BACKEND_IP.to_string(), "port_value": port}}}, "health_status": "HEALTHY"})
+}
+
+fn assignment(cluster: &str, ports: &[u16]) -> Value {
+    let lb: Vec<Value> = ports.iter().map(|p| endpoint(*p)).collect();
+    json!({"cluster_name": cluster, "endpoints": [{"lb_endpoints": lb}]})
+}
+
+fn eds_cluster(name: &str) -> Value {
+    remora_e2e::xds_resources::eds_cluster(name)
+}
+
+fn header(key: &str, value: &str) -> Value {
+    json!({"header": {"key": key, "value": value}})
+}
+
+/// Istio's default retry policy, as istiod writes it on every HTTP route.
+fn istio_retry_policy() -> Value {
+    json!({
+        "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+        "num_retries": 2,
+        "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
+        "host_selection_retry_max_attempts": "5"
+    })
+}
+
+fn to(cluster: &str) -> Value {
+    json!({"cluster": cluster, "retry_policy": istio_retry_policy()})
+}
+
+fn direct(status: u16, body: &str) -> Value {
+    json!({"status": status, "body": {"inline_string": body}})
+}
+
+/// The route table: one virtual host per domain shape, a route per behaviour.
+fn routes() -> Value {
+    let any = json!({"prefix": "/"});
+    let route = |m: Value, action: Value| {
+        let mut r = json!({"match": m});
+        if let (Some(r), Some(a)) = (r.as_object_mut(), action.as_object()) {
+            r.extend(a.clone());
+        }
+        r
+    };
+    let web_routes: Vec<Value> = vec![
+        route(json!({"path": "/exact"}), json!({"route": to(B)})),
+        route(json!({"prefix": "/prefix/"}), json!({"route": to(B)})),
+        route(
+            json!({"prefix": "/caseless/", "case_sensitive": false}),
+            json!({"route": to(B)}),
+        ),
+        route(
+            json!({"safe_regex": {"regex": "/re/[0-9]+"}}),
+            json!({"route": to(B)}),
+        ),
+        route(
+            json!({"path_separated_prefix": "/sep"}),
+            json!({"route": to(B)}),
+        ),
+        route(
+            json!({"prefix": "/hdr-present", "headers": [{"name": "x-flag", "present_match": true}]}),
+            json!({"route": to(B)}),
+        ),
+        route(
+            json!({"prefix": "/hdr-regex", "headers": [{"name": "x-user", "string_match": {"safe_regex": {"regex": "user-[0-9]+"}}}]}),
+            json!({"route": to(B)}),
+        ),
+        route(
+            json!({"prefix": "/hdr-invert", "headers": [{"name": "x-env", "string_match": {"exact": "prod"}, "invert_match": true}]}),
+            json!({"route": to(B)}),
+        ),
+        route(
+            json!({"prefix": "/hdr", "headers": [{"name": "x-version", "string_match": {"exact": "v2"}}]}),
+            json!({"route": to(B)}),
+        ),
+        route(
+            json!({"prefix": "/query-present", "query_parameters": [{"name": "debug", "present_match": true}]}),
+            json!({"route": to(B)}),
+        ),
+        route(
+            json!({"prefix": "/query", "query_parameters": [{"name": "canary", "string_match": {"exact": "true"}}]}),
+            json!({"route": to(B)}),
+        ),
+        route(
+            json!({"path": "/old"}),
+            json!({"redirect": {"path_redirect": "/new", "response_code": "FOUND"}}),
+        ),
+        route(
+            json!({"prefix": "/v1/"}),
+            json!({"redirect": {"prefix_rewrite": "/v2/"}}),
+        ),
+        route(
+            json!({"prefix": "/to-https/"}),
+            json!({"redirect": {"https_redirect": true}}),
+        ),
+        route(
+            json!({"prefix": "/strip"}),
+            json!({"redirect": {"path_redirect": "/stripped", "strip_query": true, "response_code": "TEMPORARY_REDIRECT"}}),
+        ),
+        route(
+            json!({"prefix": "/own-query"}),
+            json!({"redirect": {"path_redirect": "/q?mine=1", "strip_query": true}}),
+        ),
+        route(
+            json!({"prefix": "/moved-host/"}),
+            json!({"redirect": {"host_redirect": "elsewhere.test", "response_code": "PERMANENT_REDIRECT"}}),
+        ),
+        route(
+            json!({"prefix": "/moved-port/"}),
+            json!({"redirect": {"port_redirect": 8443}}),
+        ),
+        route(
+            json!({"path": "/teapot"}),
+            json!({"direct_response": direct(418, "I'm a teapot")}),
+        ),
+        route(
+            json!({"path": "/empty-direct"}),
+            json!({"direct_response": {"status": 204}}),
+        ),
+        route(
+            json!({"path": "/unavailable"}),
+            json!({"direct_response": direct(503, "down for maintenance")}),
+        ),
+        route(
+            json!({"prefix": "/rewrite-exact"}),
+            json!({"route": {"cluster": A, "prefix_rewrite": "/exactly"}}),
+        ),
+        route(
+            json!({"prefix": "/rewrite"}),
+            json!({"route": {"cluster": A, "prefix_rewrite": "/rewritten"}}),
+        ),
+        route(
+            json!({"prefix": "/host-rewrite/"}),
+            json!({"route": {"cluster": A, "host_rewrite_literal": "rewritten.test"}}),
+        ),
+        {
+            let mut r = route(json!({"prefix": "/edits"}), json!({"route": to(A)}));
+            r["request_headers_to_add"] = json!([
+                header("x-route", "route"),
+                header("x-both", "route"),
+                {"header": {"key": "x-appended", "value": "route"}, "append_action": "APPEND_IF_EXISTS_OR_ADD"},
+                {"header": {"key": "x-overwritten", "value": "route"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+            ]);
+            r["request_headers_to_remove"] = json!(["x-remove-me"]);
+            r["response_headers_to_add"] = json!([
+                header("x-response-route", "route"),
+                header("x-both", "route")
+            ]);
+            r["response_headers_to_remove"] = json!([backend::SECRET_HEADER]);
+            r
+        },
+        {
+            let mut r = route(json!({"prefix": "/slow"}), json!({"route": to(A)}));
+            r["route"]["timeout"] = json!("0.5s");
+            r
+        },
+        route(
+            json!({"prefix": "/no-cluster"}),
+            json!({"route": to(MISSING)}),
+        ),
+        route(
+            json!({"prefix": "/no-endpoint"}),
+            json!({"route": to(EMPTY)}),
+        ),
+        route(json!({"prefix": "/retry"}), json!({"route": to(FLAKY)})),
+        route(
+            json!({"prefix": "/split"}),
+            json!({"route": {"weighted_clusters": {"clusters": [
+            {"name": A, "weight": 80,
+             "request_headers_to_add": [header("x-subset", "a")],
+             "response_headers_to_add": [header("x-split", "a")]},
+            {"name": B, "weight": 20,
+             "request_headers_to_add": [header("x-subset", "b")],
+             "response_headers_to_add": [header("x-split", "b")],
+             "response_headers_to_remove": [backend::SECRET_HEADER]}
+        ]}, "retry_policy": istio_retry_policy()}}),
+        ),
+        route(any.clone(), json!({"route": to(A)})),
+    ];
+    let answer = |name: &str| json!([{"match": any.clone(), "direct_response": direct(200, name)}]);
+    json!([{
+        "name": "80",
+        "ignore_port_in_host_matching": true,
+        "request_headers_to_add": [header("x-table", "table"), header("x-both", "table")],
+        "response_headers_to_add": [header("x-response-table", "table")],
+        "virtual_hosts": [
+            {"name": "web.test.svc.cluster.local:80",
+             "domains": [WEB, "web", "web.test", "web.test.svc", HTTP_VIP.to_string()],
+             "request_headers_to_add": [header("x-vhost", "vhost"), header("x-both", "vhost")],
+             "response_headers_to_add": [header("x-response-vhost", "vhost")],
+             "routes": web_routes},
+            {"name": "suffix", "domains": ["*.wild.test"], "routes": answer("suffix")},
+            {"name": "deeper", "domains": ["*.deep.wild.test"], "routes": answer("deeper")},
+            {"name": "exact", "domains": ["exact.wild.test"], "routes": answer("exact")},
+            {"name": "prefix", "domains": ["api.*"], "routes": answer("prefix")}
+        ]
+    }])
+}
+
+/// istiod's listeners: `virtualOutbound` (REGISTRY_ONLY: the catch-all goes to
+/// BlackHoleCluster), `0.0.0.0_80` (HTTP, RDS `80`, istiod's access log) and the TCP VIP's.
+fn listeners() -> Value {
+    let tcp_proxy = |cluster: &str| {
+        json!({"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            "stat_prefix": cluster, "cluster": cluster}})
+    };
+    let access_log = json!([{"name": "envoy.access_loggers.file", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+        "path": "/dev/stdout",
+        "log_format": {"text_format_source": {"inline_string": ISTIO_TEXT_FORMAT}}}}]);
+    json!([
+        {"name": "virtualOutbound", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15001}},
+         "use_original_dst": true, "traffic_direction": "OUTBOUND",
+         "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [tcp_proxy("BlackHoleCluster")]}]},
+        {"name": "0.0.0.0_80", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 80}},
+         "traffic_direction": "OUTBOUND", "bind_to_port": false,
+         "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "outbound_0.0.0.0_80",
+            "rds": {"config_source": {"ads": {}, "resource_api_version": "V3"}, "route_config_name": "80"},
+            "access_log": access_log,
+            "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]},
+        remora_e2e::xds_resources::tcp_listener(TCP_VIP.parse().expect("addr"), TCP)
+    ])
+}
+
+fn resources() -> Resources {
+    let (a, b, c) = (BACKENDS[0].1, BACKENDS[1].1, BACKENDS[2].1);
+    let clusters: Vec<Value> = [A, B, FLAKY, EMPTY, TCP]
+        .iter()
+        .map(|n| eds_cluster(n))
+        .collect();
+    let mut clusters = clusters;
+    clusters.push(json!({"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}));
+    Resources {
+        listeners: listeners(),
+        clusters: Value::Array(clusters),
+        routes: routes(),
+        endpoints: json!([
+            assignment(A, &[a]),
+            assignment(B, &[b]),
+            assignment(FLAKY, &[DEAD_PORT, c]),
+            assignment(EMPTY, &[]),
+            assignment(TCP, &[ECHO_PORT])
+        ]),
+    }
+}
+
+/// A pod whose sidecar is Remora or Envoy, with the backends in its peer namespace.
+struct World<'n> {
+    net: &'n PodNet,
+    proxy: Proxy<'n>,
+    _servers: Vec<Server>,
+}
+
+enum Proxy<'n> {
+    Remora(Remora<'n>),
+    Envoy(Envoy<'n>),
+}
+
+impl Proxy<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Proxy::Remora(_) => "remora",
+            Proxy::Envoy(_) => "envoy",
+        }
+    }
+
+    /// Everything the proxy wrote: its access log is in it.
+    fn output(&self) -> String {
+        match self {
+            Proxy::Remora(r) => r.stdout(),
+            Proxy::Envoy(e) => e.logs(),
+        }
+    }
+
+    fn diagnostics(&self) -> String {
+        match self {
+            Proxy::Remora(r) => format!("remora stderr:\n{}", r.stderr()),
+            Proxy::Envoy(e) => format!("envoy log:\n{}", e.logs()),
+        }
+    }
+}
+
+/// Make `net` a pod with capture rules, a route for the VIPs, and the backends reachable at
+/// [`BACKEND_IP`] in its peer namespace.
+fn prepare(net: &PodNet) -> Vec<Server> {
+    net.capture_default();
+    for (ns, args) in [
+        (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
+        (&net.peer, vec!["addr", "add", "10.1.0.2/32", "dev", "eth0"]),
+    ] {
+        let out = ns.command("ip").args(&args).output().expect("ip");
+        assert!(out.status.success(), "ip {args:?}: {out:?}");
+    }
+    let mut servers: Vec<Server> = BACKENDS
+        .iter()
+        .map(|(name, port)| backend::start(&net.peer, backend_addr(*port), name))
+        .collect();
+    servers.push(Server::echo(&net.peer, backend_addr(ECHO_PORT)));
+    servers
+}
+
+fn remora_world(net: &PodNet) -> World<'_> {
+    let servers = prepare(net);
+    let dir = net.binary().make_dir("xds");
+    resources().write_for_remora(&dir);
+    let remora = net
+        .remora()
+        .config(&format!("xds:\n  resources_dir: {}\n", dir.display()))
+        .start_ready();
+    let refused = remora.stderr();
+    assert!(
+        !refused.contains("refused an xDS resource"),
+        "Remora refused resources Envoy takes:\n{refused}"
+    );
+    World {
+        net,
+        proxy: Proxy::Remora(remora),
+        _servers: servers,
+    }
+}
+
+fn envoy_world<'n>(net: &'n PodNet, binary: &Path) -> World<'n> {
+    let servers = prepare(net);
+    let dir = net.binary().make_dir("envoy-xds");
+    let bootstrap = resources().envoy_bootstrap(&dir, envoy::ADMIN_PORT);
+    let envoy = Envoy::start_sidecar(&net.pod, binary, net.binary(), &bootstrap);
+    World {
+        net,
+        proxy: Proxy::Envoy(envoy),
+        _servers: servers,
+    }
+}
+
+/// What a proxy made of one request, in the terms both share.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Outcome {
+    status: u16,
+    /// The backend that answered, the path and headers it received.
+    backend: Option<String>,
+    upstream_path: Option<String>,
+    upstream_headers: BTreeMap<String, String>,
+    /// The body of an answer the proxy made itself.
+    local_body: Option<String>,
+    response_headers: BTreeMap<String, String>,
+}
+
+/// Headers one proxy adds and the other need not: ids, Envoy's own, and framing.
+fn per_proxy(name: &str) -> bool {
+    name.starts_with("x-envoy-")
+        || matches!(
+            name,
+            "x-request-id"
+                | "date"
+                | "server"
+                | "content-length"
+                | "transfer-encoding"
+                | "connection"
+                | "keep-alive"
+        )
+}
+
+fn outcome(result: std::io::Result<Response>) -> Outcome {
+    let r = match result {
+        Ok(r) => r,
+        Err(e) => {
+            return Outcome {
+                status: 0,
+                backend: None,
+                upstream_path: None,
+                upstream_headers: BTreeMap::new(),
+                local_body: Some(format!("no response: {:?}", e.kind())),
+                response_headers: BTreeMap::new(),
+            }
+        }
+    };
+    let response_headers = r
+        .headers
+        .iter()
+        .filter(|(k, _)| !per_proxy(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let echoed: Option<Value> = r
+        .header("x-backend")
+        .and_then(|_| serde_json::from_slice(&r.body).ok());
+    match echoed {
+        Some(e) => Outcome {
+            status: r.status,
+            backend: e["backend"].as_str().map(str::to_string),
+            upstream_path: e["path"].as_str().map(str::to_string),
+            upstream_headers: e["headers"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| !per_proxy(k))
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                .collect(),
+            local_body: None,
+            response_headers,
+        },
+        None => Outcome {
+            status: r.status,
+            backend: None,
+            upstream_path: None,
+            upstream_headers: BTreeMap::new(),
+            local_body: Some(r.text()),
+            response_headers,
+        },
+    }
+}
+
+impl World<'_> {
+    fn get(&self, host: &str, path: &str, headers: &[(&str, &str)]) -> Outcome {
+        let vip = SocketAddr::from((HTTP_VIP, 80));
+        outcome(http_client::get_once(
+            &self.net.pod,
+            vip,
+            host,
+            path,
+            headers,
+        ))
+    }
+
+    /// `"METHOD PATH PROTOCOL" STATUS FLAGS` of every request line in the access log so far.
+    fn access_lines(&self) -> Vec<String> {
+        self.proxy
+            .output()
+            .lines()
+            .filter_map(|l| {
+                let start = l.find("\"GET ")?;
+                let rest = &l[start..];
+                let end = rest[1..].find('"')? + 2;
+                let mut after = rest[end..].split_whitespace();
+                let (status, flags) = (after.next()?, after.next()?);
+                Some(format!("{} {status} {flags}", &rest[..end]))
+            })
+            .collect()
+    }
+
+    /// The access-log lines once there are `n` of them (Envoy flushes its log every second).
+    fn wait_access_lines(&self, n: usize) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let lines = self.access_lines();
+            if lines.len() >= n || Instant::now() > deadline {
+                return lines;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Remora's world and Envoy's.
+fn worlds<'n>(nets: &'n (PodNet, PodNet), binary: &Path) -> (World<'n>, World<'n>) {
+    (remora_world(&nets.0), envoy_world(&nets.1, binary))
+}
+
+/// Envoy and two pods, or `None` (the test skipped) when this machine cannot run them.
+fn nets_or_skip() -> Option<(PathBuf, (PodNet, PodNet))> {
+    let binary = envoy::binary_or_skip()?;
+    let remora = PodNet::create_or_skip()?;
+    let envoy = PodNet::create_or_skip()?;
+    Some((binary, (remora, envoy)))
+}
+
+#[test]
+fn every_case_has_envoys_outcome() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora, envoy) = worlds(&nets, &binary);
+    let mut differences = Vec::new();
+    let mut log_lines = 0;
+    for (host, path, headers) in CASES {
+        let expected = envoy.get(host, path, headers);
+        let got = remora.get(host, path, headers);
+        log_lines += 1;
+        if expected != got {
+            differences.push(format!(
+                "Host {host} GET {path} {headers:?}\n  envoy:  {expected:?}\n  remora: {got:?}"
+            ));
+        }
+    }
+    // The response flags each logged, request by request.
+    let (e, r) = (
+        envoy.wait_access_lines(log_lines),
+        remora.wait_access_lines(log_lines),
+    );
+    if e.len() != r.len() {
+        let log = envoy.proxy.output();
+        differences.push(format!(
+            "access-log lines: envoy {} remora {}\nenvoy's output ends:\n{}",
+            e.len(),
+            r.len(),
+            &log[log.len().saturating_sub(3000)..]
+        ));
+    }
+    for (e, r) in e.iter().zip(&r) {
+        if e != r {
+            differences.push(format!("access log\n  envoy:  {e}\n  remora: {r}"));
+        }
+    }
+    assert!(
+        differences.is_empty(),
+        "{} of {} cases differ from Envoy:\n{}\n\n{}",
+        differences.len(),
+        CASES.len(),
+        differences.join("\n"),
+        remora.proxy.diagnostics()
+    );
+}
+
+#[test]
+fn weighted_clusters_and_retries_have_envoys_distribution() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora, envoy) = worlds(&nets, &binary);
+    for world in [&remora, &envoy] {
+        let name = world.proxy.name();
+        // Weighted 80/20, each pick with its own header edits.
+        let outcomes: Vec<Outcome> = (0..MANY).map(|_| world.get(WEB, "/split", &[])).collect();
+        let to_a = outcomes
+            .iter()
+            .filter(|o| o.backend.as_deref() == Some("a"))
+            .count();
+        // 80% of 200 is 160, with a standard deviation of about 5.7: five of them either way.
+        assert!(
+            (132..=188).contains(&to_a),
+            "{name}: {to_a} of {MANY} to the 80% cluster\n{}",
+            world.proxy.diagnostics()
+        );
+        let distinct: BTreeSet<&Outcome> = outcomes.iter().collect();
+        for o in &distinct {
+            let subset = o.upstream_headers.get("x-subset");
+            let split = o.response_headers.get("x-split");
+            assert_eq!(
+                subset.map(String::as_str),
+                o.backend.as_deref(),
+                "{name}: {o:?}"
+            );
+            assert_eq!(split, subset, "{name}: {o:?}");
+        }
+    }
+    // The same distinct outcomes from both: per pick, the same edits.
+    let distinct = |w: &World| -> BTreeSet<Outcome> {
+        (0..MANY / 4).map(|_| w.get(WEB, "/split", &[])).collect()
+    };
+    assert_eq!(distinct(&envoy), distinct(&remora));
+
+    // Istio's retry policy over an endpoint that refuses and one that answers: every request
+    // answered, by the live one.
+    let retried = |w: &World| -> BTreeSet<Outcome> {
+        (0..MANY / 4).map(|_| w.get(WEB, "/retry", &[])).collect()
+    };
+    let (e, r) = (retried(&envoy), retried(&remora));
+    assert_eq!(e, r, "{}", remora.proxy.diagnostics());
+    assert_eq!(e.len(), 1, "{e:?}");
+}
+
+#[test]
+fn tcp_has_envoys_outcome() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora, envoy) = worlds(&nets, &binary);
+    let data = peer::pattern(64 * 1024);
+    for world in [&remora, &envoy] {
+        let name = world.proxy.name();
+        // tcp_proxy to the cluster's endpoint: every byte back.
+        let tcp: SocketAddr = TCP_VIP.parse().expect("addr");
+        let back = peer::echo_exchange(&world.net.pod, tcp, &data)
+            .unwrap_or_else(|e| panic!("{name}: {e}\n{}", world.proxy.diagnostics()));
+        peer::assert_same_bytes(name, &data, &back);
+        // No listener: virtualOutbound's BlackHoleCluster closes it, no byte through.
+        let nowhere: SocketAddr = NOWHERE.parse().expect("addr");
+        let closed = peer::echo_exchange(&world.net.pod, nowhere, b"hello");
+        assert!(
+            matches!(&closed, Ok(b) if b.is_empty()) || closed.is_err(),
+            "{name}: {closed:?}"
+        );
+    }
+}
