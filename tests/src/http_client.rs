@@ -63,7 +63,12 @@ impl Client {
             head.push_str(&format!("{k}: {v}\r\n"));
         }
         head.push_str("\r\n");
-        self.reader.get_mut().write_all(head.as_bytes())?;
+        self.send_raw(head.as_bytes())
+    }
+
+    /// Send `request` as it is (a test's malformed or unusual request) and read a response.
+    pub fn send_raw(&mut self, request: &[u8]) -> io::Result<Response> {
+        self.reader.get_mut().write_all(request)?;
         self.read_response()
     }
 

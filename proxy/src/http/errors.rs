@@ -114,6 +114,9 @@ pub enum ErrorKind {
     Timeout,
     /// The request is malformed; it is answered here and never forwarded.
     MalformedRequest(&'static str),
+    /// An HTTP/1.1 request without a Host: Envoy's connection manager answers it 400 with no
+    /// body and no flag (`missing_host_header`), not as a protocol error.
+    MissingHost,
     /// The request has more headers than `http.max_headers`; never forwarded.
     HeadersTooLarge,
     /// An authorization policy denied the request (Envoy's RBAC filter); never forwarded.
@@ -135,6 +138,7 @@ impl ErrorKind {
     pub fn origin(self) -> Origin {
         match self {
             ErrorKind::MalformedRequest(_)
+            | ErrorKind::MissingHost
             | ErrorKind::HeadersTooLarge
             | ErrorKind::AccessDenied
             | ErrorKind::DownstreamAborted => Origin::Downstream,
@@ -156,7 +160,7 @@ impl ErrorKind {
             ErrorKind::Timeout => Flags::UT,
             ErrorKind::MalformedRequest(_) | ErrorKind::HeadersTooLarge => Flags::DPE,
             // Envoy's RBAC filter sets no flag, only its response code details.
-            ErrorKind::AccessDenied => Flags::default(),
+            ErrorKind::AccessDenied | ErrorKind::MissingHost => Flags::default(),
             ErrorKind::DownstreamAborted => Flags::DC,
             ErrorKind::NoRoute => Flags::NR,
             ErrorKind::NoCluster => Flags::NC,
@@ -179,7 +183,7 @@ impl ErrorKind {
         match self {
             ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
             ErrorKind::UpstreamProtocol => StatusCode::BAD_GATEWAY,
-            ErrorKind::MalformedRequest(_) => StatusCode::BAD_REQUEST,
+            ErrorKind::MalformedRequest(_) | ErrorKind::MissingHost => StatusCode::BAD_REQUEST,
             ErrorKind::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ErrorKind::AccessDenied => StatusCode::FORBIDDEN,
             ErrorKind::NoRoute => StatusCode::NOT_FOUND,
@@ -196,6 +200,7 @@ impl ErrorKind {
             ErrorKind::Timeout => 4,
             // INTERNAL
             ErrorKind::MalformedRequest(_)
+            | ErrorKind::MissingHost
             | ErrorKind::HeadersTooLarge
             | ErrorKind::UpstreamProtocol => 13,
             // PERMISSION_DENIED, as Envoy maps a 403.
@@ -230,6 +235,7 @@ impl ErrorKind {
             ErrorKind::UpstreamProtocol => "upstream protocol error",
             ErrorKind::Timeout => "upstream request timeout",
             ErrorKind::MalformedRequest(why) => why,
+            ErrorKind::MissingHost => "missing_host_header",
             ErrorKind::HeadersTooLarge => "request headers too large",
             ErrorKind::AccessDenied => "RBAC: access denied",
             ErrorKind::DownstreamAborted => "downstream_remote_disconnect",
@@ -239,11 +245,11 @@ impl ErrorKind {
         }
     }
 
-    /// The body of the local reply: the details, but for the two whose reply Envoy sends
-    /// empty (no route, no cluster; the details are only for the log).
+    /// The body of the local reply: the details, but for those whose reply Envoy sends
+    /// empty (no route, no cluster, no Host; the details are only for the log).
     pub fn body(self) -> &'static str {
         match self {
-            ErrorKind::NoRoute | ErrorKind::NoCluster => "",
+            ErrorKind::NoRoute | ErrorKind::NoCluster | ErrorKind::MissingHost => "",
             other => other.details(),
         }
     }

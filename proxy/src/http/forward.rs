@@ -61,8 +61,8 @@ pub async fn handle(
         Err(ErrorKind::HeadersTooLarge)
     } else {
         headers::check_request(req.headers())
-            .and_then(|()| headers::check_target(&req))
             .map_err(ErrorKind::MalformedRequest)
+            .and_then(|()| headers::check_target(&req))
     };
     if let Err(kind) = refused {
         if ctx.logging() {
@@ -118,6 +118,11 @@ pub async fn handle(
     // Routed by xDS: the route decides where, or answers here.
     let routed = match &ctx.xds_routes {
         None => None,
+        // Envoy's connection manager takes no HTTP/1.0 unless told to (`accept_http_10`,
+        // which Remora does not read: a resource setting it is refused).
+        Some(_) if parts.version == http::Version::HTTP_10 => {
+            return Ok(super::routed::upgrade_required(end));
+        }
         Some(routes) => match super::routed::decide(&ctx, routes, &mut parts, &mut end) {
             Ok(routed) => Some(routed),
             Err(answer) => return Ok(super::routed::reply(answer, grpc, end)),

@@ -429,6 +429,23 @@ pub(super) async fn send(
     }
 }
 
+/// Envoy's answer to an HTTP/1.0 request on a connection manager that does not accept them:
+/// 426, written by its codec before any stream exists, so nothing is logged for it.
+pub(super) fn upgrade_required(mut end: RequestEnd) -> Response<ResponseBody> {
+    end.log = None;
+    end.status = 426;
+    let body = Bytes::from_static(b"Upgrade Required");
+    let mut r = Response::new(ResponseBody::local(body, end));
+    *r.status_mut() = http::StatusCode::UPGRADE_REQUIRED;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain"),
+    );
+    r.headers_mut()
+        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
 /// The answer to a request the xDS route decision answers itself.
 pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response<ResponseBody> {
     let (status, body, location, edits) = match answer {
