@@ -537,3 +537,57 @@ fn tcp_has_envoys_outcome() {
         );
     }
 }
+
+/// HTTP/2 in the clear (prior knowledge) from the application, to clusters that say nothing of
+/// the upstream protocol (Envoy's default: HTTP/1.1 upstream).
+#[test]
+fn h2c_has_envoys_outcome() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora, envoy) = worlds(&nets, &binary);
+    let h2c = |w: &World, host: &str, path: &str| {
+        let url = format!("http://{HTTP_VIP}{path}");
+        let out = peer::curl(
+            &w.net.pod,
+            &[
+                "--http2-prior-knowledge",
+                "-H",
+                &format!("Host: {host}"),
+                "-w",
+                "\n%{http_code} %{redirect_url}",
+                &url,
+            ],
+            Duration::from_secs(10),
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+        let echoed: Option<Value> = serde_json::from_str(body).ok();
+        let answered = echoed
+            .map(|e| format!("{} {}", e["backend"], e["path"]))
+            .unwrap_or_else(|| body.to_string());
+        format!("{status} {answered}")
+    };
+    let mut differences = Vec::new();
+    for (host, path) in [
+        (WEB, "/"),
+        (WEB, "/exact"),
+        (WEB, "/teapot"),
+        (WEB, "/old?keep=1"),
+        ("nowhere.test", "/"),
+        (WEB, "/no-endpoint"),
+    ] {
+        let (e, r) = (h2c(&envoy, host, path), h2c(&remora, host, path));
+        if e != r {
+            differences.push(format!(
+                "h2c Host {host} {path}\n  envoy:  {e}\n  remora: {r}"
+            ));
+        }
+    }
+    assert!(
+        differences.is_empty(),
+        "{}\n{}",
+        differences.join("\n"),
+        remora.proxy.diagnostics()
+    );
+}

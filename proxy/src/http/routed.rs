@@ -10,6 +10,7 @@ use super::errors::{ErrorKind, ProxyError};
 use super::forward::{send_on, SendError, Upstreamed};
 use super::pool::{self, Key, Sender};
 use super::{originate, ConnContext};
+use crate::detect::HttpVersion;
 use crate::route::rewrite::{self, RedirectRequest};
 use crate::route::{self, HttpDecision};
 use crate::upstream::dial::{self, Connected};
@@ -18,6 +19,7 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response};
+use remora_xds::model::cluster::UpstreamHttpProtocol;
 use remora_xds::model::listener::RouteSource;
 use remora_xds::model::route::{
     ClusterTarget, Forward, HeaderEdit, RequestParts, Route, RouteConfiguration, VirtualHost,
@@ -369,7 +371,14 @@ pub(super) async fn send(
         };
         ProxyError::new(kind, routed.original_dst, e)
     })?;
-    let version = ctx.key.version;
+    // The cluster's protocol options say what goes upstream, as Envoy's do: HTTP/1.1 when
+    // they say nothing.
+    let version = match selected.cluster.http_protocol {
+        UpstreamHttpProtocol::Http1 => HttpVersion::Http1,
+        UpstreamHttpProtocol::Http2 => HttpVersion::Http2,
+        UpstreamHttpProtocol::Downstream => ctx.key.version,
+    };
+    super::headers::to_version(&mut req, version);
     let key = Key {
         destination: selected.address,
         source: None,
