@@ -2,15 +2,16 @@
 //! naming itself, the method, the path and every header it received, so a test sees which
 //! endpoint a proxy chose and what the proxy did to the request. A few paths misbehave on
 //! purpose: `/slow…` answers after [`SLOW`], `/reset-once…` resets the connection the first
-//! time this backend sees it.
+//! time this backend sees it, `/503-once…` answers 503 the first time it sees that path.
 
 use crate::netns::Netns;
 use crate::peer::{read_request_head, Server};
 use serde_json::{json, Map, Value};
+use std::collections::HashSet;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// How long `/slow…` waits before answering: longer than any route timeout a test sets.
@@ -25,8 +26,16 @@ const MAX_BODY: u64 = 1 << 20;
 /// Start the backend `name` on `addr` in `ns`; it stops accepting when dropped.
 pub fn start(ns: &Netns, addr: SocketAddr, name: &str) -> Server {
     let name: Arc<str> = Arc::from(name);
-    let reset_done = Arc::new(AtomicBool::new(false));
-    Server::start(ns, addr, move |stream| serve(stream, &name, &reset_done))
+    let state = Arc::new(State::default());
+    Server::start(ns, addr, move |stream| serve(stream, &name, &state))
+}
+
+/// What the misbehaving paths remember.
+#[derive(Default)]
+struct State {
+    reset_done: AtomicBool,
+    /// The `/503-once…` paths answered 503 already (a few per test).
+    unavailable_done: Mutex<HashSet<String>>,
 }
 
 /// One request as the backend read it.
@@ -55,7 +64,7 @@ fn parse(head: &[u8]) -> io::Result<Request> {
     })
 }
 
-fn serve(mut stream: TcpStream, name: &str, reset_done: &AtomicBool) -> io::Result<()> {
+fn serve(mut stream: TcpStream, name: &str, state: &State) -> io::Result<()> {
     for _ in 0..MAX_REQUESTS_PER_CONNECTION {
         let head = match read_request_head(&mut stream) {
             Ok(head) => head,
@@ -73,8 +82,20 @@ fn serve(mut stream: TcpStream, name: &str, reset_done: &AtomicBool) -> io::Resu
         if let Some(len) = header("content-length").and_then(|l| l.parse::<u64>().ok()) {
             io::copy(&mut (&stream).take(len.min(MAX_BODY)), &mut io::sink())?;
         }
-        if req.path.starts_with("/reset-once") && !reset_done.swap(true, Ordering::SeqCst) {
+        if req.path.starts_with("/reset-once") && !state.reset_done.swap(true, Ordering::SeqCst) {
             return reset(stream);
+        }
+        if req.path.starts_with("/503-once")
+            && state
+                .unavailable_done
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(req.path.clone())
+        {
+            stream.write_all(
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\nx-backend-failed: 1\r\n\r\ndown",
+            )?;
+            continue;
         }
         if req.path.starts_with("/slow") {
             std::thread::sleep(SLOW);

@@ -149,6 +149,11 @@ const CASES: &[Case] = &[
     // Istio's default retry policy: a backend that resets once.
     (WEB, "/reset-once", &[]),
     (WEB, "/reset-once", &[]),
+    // An endpoint that refuses every connection, retried to the end; a 503 retried or not.
+    (WEB, "/dead", &[]),
+    (WEB, "/503-once-retried", &[]),
+    (WEB, "/503-once", &[]),
+    (WEB, "/503-once", &[]),
 ];
 
 /// Requests to the VIP's port 8080, whose table matches the Host's port.

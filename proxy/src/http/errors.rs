@@ -5,7 +5,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 
-/// Envoy's response flags, as a set. Displayed the way Envoy prints them: `UF,URX`, or `-`.
+/// Envoy's response flags, as a set. Displayed the way Envoy prints them: `URX,UF`, or `-`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Flags(u16);
 
@@ -33,12 +33,14 @@ impl Flags {
     /// No healthy upstream host in the cluster.
     pub const UH: Flags = Flags(1 << 10);
 
+    /// In the order Envoy 1.40 prints them: the retry limit before the failure of the last
+    /// attempt (`URX,UF`), as it sets them.
     const NAMES: [(Flags, &'static str); 11] = [
+        (Flags::URX, "URX"),
         (Flags::UF, "UF"),
         (Flags::UC, "UC"),
         (Flags::UR, "UR"),
         (Flags::UT, "UT"),
-        (Flags::URX, "URX"),
         (Flags::DPE, "DPE"),
         (Flags::DC, "DC"),
         (Flags::UPE, "UPE"),
@@ -218,7 +220,7 @@ impl ErrorKind {
     pub fn details(self) -> &'static str {
         match self {
             ErrorKind::ConnectFailed => {
-                "upstream connect error or disconnect/reset before headers. reset reason: connection failure"
+                "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure"
             }
             ErrorKind::ConnectTimeout => {
                 "upstream connect error or disconnect/reset before headers. reset reason: connection timeout"
@@ -242,6 +244,20 @@ impl ErrorKind {
             ErrorKind::NoRoute => "route_not_found",
             ErrorKind::NoCluster => "cluster_not_found",
             ErrorKind::NoHealthyUpstream => "no healthy upstream",
+        }
+    }
+
+    /// The body of the local reply to a request whose retries ran out (`retried`) or not:
+    /// Envoy's reply to a reset before the response then names the latest reason.
+    pub fn reply_body(self, retried: bool) -> std::borrow::Cow<'static, str> {
+        const RESET: &str =
+            "upstream connect error or disconnect/reset before headers. reset reason: ";
+        match self.body().strip_prefix(RESET) {
+            Some(reason) if retried => format!(
+                "upstream connect error or disconnect/reset before headers. retried and the latest reset reason: {reason}"
+            )
+            .into(),
+            _ => self.body().into(),
         }
     }
 
@@ -367,7 +383,7 @@ mod tests {
         assert_eq!(f.to_string(), "-");
         f.insert(Flags::URX);
         f.insert(Flags::UF);
-        assert_eq!(f.to_string(), "UF,URX");
+        assert_eq!(f.to_string(), "URX,UF");
     }
 
     #[test]

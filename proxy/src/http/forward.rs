@@ -573,7 +573,10 @@ pub(super) fn local_reply(
         if !kind.body().is_empty() {
             builder = builder.header(CONTENT_TYPE, "text/plain");
         }
-        Bytes::from_static(kind.body().as_bytes())
+        match kind.reply_body(end.flags.contains(Flags::URX)) {
+            std::borrow::Cow::Borrowed(b) => Bytes::from_static(b.as_bytes()),
+            std::borrow::Cow::Owned(b) => Bytes::from(b),
+        }
     };
     if matches!(kind, ErrorKind::MalformedRequest(_)) || end.conn.closing() {
         builder = builder.header(CONNECTION, "close");

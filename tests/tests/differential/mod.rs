@@ -26,6 +26,8 @@ pub const B: &str = "outbound|80|b|web.test.svc.cluster.local";
 pub const FLAKY: &str = "outbound|80|flaky|web.test.svc.cluster.local";
 /// No endpoint at all.
 pub const EMPTY: &str = "outbound|80|empty|web.test.svc.cluster.local";
+/// One endpoint, which refuses.
+pub const DEAD: &str = "outbound|80|dead|web.test.svc.cluster.local";
 pub const MISSING: &str = "outbound|80|missing|web.test.svc.cluster.local";
 pub const TCP: &str = "outbound|9000||echo.test.svc.cluster.local";
 pub const WEB: &str = "web.test.svc.cluster.local";
@@ -230,6 +232,13 @@ pub fn routes() -> Value {
             json!({"route": to(EMPTY)}),
         ),
         route(json!({"prefix": "/retry"}), json!({"route": to(FLAKY)})),
+        route(json!({"prefix": "/dead"}), json!({"route": to(DEAD)})),
+        route(
+            json!({"prefix": "/503-once-retried"}),
+            json!({"route": {"cluster": A, "retry_policy": {
+            "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+            "num_retries": 2, "retriable_status_codes": [503]}}}),
+        ),
         route(
             json!({"prefix": "/split"}),
             json!({"route": {"weighted_clusters": {"clusters": [
@@ -312,7 +321,7 @@ pub fn listeners() -> Value {
 
 pub fn resources() -> Resources {
     let (a, b, c) = (BACKENDS[0].1, BACKENDS[1].1, BACKENDS[2].1);
-    let clusters: Vec<Value> = [A, B, FLAKY, EMPTY, TCP]
+    let clusters: Vec<Value> = [A, B, FLAKY, DEAD, EMPTY, TCP]
         .iter()
         .map(|n| eds_cluster(n))
         .collect();
@@ -326,6 +335,7 @@ pub fn resources() -> Resources {
             assignment(A, &[a]),
             assignment(B, &[b]),
             assignment(FLAKY, &[DEAD_PORT, c]),
+            assignment(DEAD, &[DEAD_PORT]),
             assignment(EMPTY, &[]),
             assignment(TCP, &[ECHO_PORT])
         ]),
