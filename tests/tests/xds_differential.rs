@@ -282,9 +282,10 @@ struct Outcome {
     response_headers: BTreeMap<String, String>,
 }
 
-/// Headers one proxy adds and the other need not: ids, Envoy's own, and framing.
+/// Headers one proxy adds and the other need not: ids, Envoy's own (but the attempt count, which
+/// the virtual host asks for), and framing.
 fn per_proxy(name: &str) -> bool {
-    name.starts_with("x-envoy-")
+    (name.starts_with("x-envoy-") && name != "x-envoy-attempt-count")
         || matches!(
             name,
             "x-request-id"
@@ -511,12 +512,30 @@ fn weighted_clusters_and_retries_have_envoys_distribution() {
 
     // Istio's retry policy over an endpoint that refuses and one that answers: every request
     // answered, by the live one.
-    let retried = |w: &World| -> BTreeSet<Outcome> {
-        (0..MANY / 4).map(|_| w.get(WEB, "/retry", &[])).collect()
+    // Which attempt answered is random (the first pick may be either host): compared apart.
+    let retried = |w: &World| -> (BTreeSet<Outcome>, BTreeSet<String>) {
+        let mut attempts = BTreeSet::new();
+        let outcomes = (0..MANY / 4)
+            .map(|_| {
+                let mut o = w.get(WEB, "/retry", &[]);
+                if let Some(n) = o.upstream_headers.remove("x-envoy-attempt-count") {
+                    attempts.insert(n);
+                }
+                o
+            })
+            .collect();
+        (outcomes, attempts)
     };
-    let (e, r) = (retried(&envoy), retried(&remora));
+    let ((e, e_attempts), (r, r_attempts)) = (retried(&envoy), retried(&remora));
     assert_eq!(e, r, "{}", remora.proxy.diagnostics());
     assert_eq!(e.len(), 1, "{e:?}");
+    // Some first attempts went to the refusing host and were retried, in both.
+    for attempts in [&e_attempts, &r_attempts] {
+        assert!(
+            attempts.contains("1") && attempts.contains("2"),
+            "{attempts:?}"
+        );
+    }
 }
 
 #[test]

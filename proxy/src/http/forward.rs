@@ -255,6 +255,9 @@ async fn attempts(
         Direction::Outbound if !upgrade => routed.map_or(http.retries, |r| r.retries),
         _ => 0,
     };
+    // Envoy tells the upstream which attempt it is only when the virtual host asks
+    // (`include_request_attempt_count`, which istiod sets); without xDS, as istiod would.
+    let count_attempts = routed.is_none_or(|r| r.attempt_count);
     if retries == 0 {
         let body = if body.is_end_stream() {
             UpstreamBody::Empty
@@ -264,6 +267,12 @@ async fn attempts(
                 received,
             }
         };
+        let mut parts = parts;
+        if routed.is_some_and(|r| r.attempt_count) {
+            parts
+                .headers
+                .insert(ATTEMPT_COUNT.clone(), HeaderValue::from(1u32));
+        }
         return send(ctx, Request::from_parts(parts, body), routed).await;
     }
     let replay =
@@ -286,8 +295,10 @@ async fn attempts(
         *req.uri_mut() = parts.uri.clone();
         *req.version_mut() = parts.version;
         *req.headers_mut() = parts.headers.clone();
-        req.headers_mut()
-            .insert(ATTEMPT_COUNT.clone(), HeaderValue::from(attempt));
+        if count_attempts {
+            req.headers_mut()
+                .insert(ATTEMPT_COUNT.clone(), HeaderValue::from(attempt));
+        }
         let result = send(ctx, req, routed).await;
         let retriable = match &result {
             Ok(up) => retry::retry_on_response(&up.response, routed.is_none_or(|r| r.retry_503)),

@@ -51,6 +51,9 @@ pub struct Routed {
     /// Whether a 503 is retried: the policy's `retriable_status_codes` lists it (current
     /// istiod's default lists none; the converter refuses other codes).
     pub retry_503: bool,
+    /// Whether the upstream is told the attempt (`x-envoy-attempt-count`): the virtual
+    /// host's `include_request_attempt_count`.
+    pub attempt_count: bool,
     /// The policy's `previous_hosts` predicate: how many times a retry's pick of an endpoint
     /// already tried is made again (`None`: no predicate, a retry may pick any).
     pub avoid_previous: Option<u32>,
@@ -267,6 +270,7 @@ pub fn decide(
             .filter(|r| r.avoid_previous_hosts)
             .map(|r| r.host_selection_retry_max_attempts),
         tried: std::sync::Mutex::default(),
+        attempt_count: vhost.include_request_attempt_count,
         response_edits,
         metrics_peer: snapshot
             .cluster(cluster)

@@ -262,6 +262,7 @@ pub fn routes() -> Value {
         "virtual_hosts": [
             {"name": "web.test.svc.cluster.local:80",
              "domains": [WEB, "web", "web.test", "web.test.svc", HTTP_VIP.to_string()],
+             "include_request_attempt_count": true,
              "request_headers_to_add": [header("x-vhost", "vhost"), header("x-both", "vhost")],
              "response_headers_to_add": [header("x-response-vhost", "vhost")],
              "routes": web_routes},
@@ -276,7 +277,7 @@ pub fn routes() -> Value {
         "virtual_hosts": [
             {"name": "with-port", "domains": ["web.test.svc.cluster.local:8080", "web:8080"],
              "routes": answer("with-port")},
-            {"name": "without-port", "domains": [WEB], "routes": answer("without-port")},
+            {"name": "without-port", "domains": [WEB], "routes": [{"match": {"prefix": "/"}, "route": to(A)}]},
             {"name": "allow_any", "domains": ["*"], "routes": answer("catch-all")}
         ]
     }])
