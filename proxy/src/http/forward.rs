@@ -277,6 +277,7 @@ async fn attempts(
     }
     let replay =
         (!body.is_end_stream()).then(|| ReplayBody::new(body, http.retry_buffer_bytes, received));
+    let started = Instant::now();
     let mut attempt: u32 = 1;
     if ctx.take_early_failure() {
         tokio::time::sleep(retry::backoff(http.retry_backoff, attempt)).await;
@@ -298,6 +299,9 @@ async fn attempts(
         if count_attempts {
             req.headers_mut()
                 .insert(ATTEMPT_COUNT.clone(), HeaderValue::from(attempt));
+        }
+        if let Some(routed) = routed.filter(|_| attempt > 1) {
+            routed.expect_remaining(req.headers_mut(), started.elapsed());
         }
         let result = send(ctx, req, routed).await;
         let retriable = match &result {

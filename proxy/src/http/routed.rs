@@ -36,6 +36,9 @@ impl Upstreamed {
     }
 }
 
+/// The deadline Envoy's router tells the upstream, in milliseconds.
+static EXPECTED_TIMEOUT: HeaderName = HeaderName::from_static("x-envoy-expected-rq-timeout-ms");
+
 /// Where a routed request goes.
 #[derive(Debug)]
 pub struct Routed {
@@ -64,6 +67,17 @@ pub struct Routed {
     pub response_edits: Edits,
     /// The destination as Istio's metrics label it, from the cluster's Istio metadata.
     pub metrics_peer: Option<Arc<crate::tls::Peer>>,
+}
+
+impl Routed {
+    /// A retry tells the upstream what is left of the route's deadline, as Envoy's router
+    /// does (the first attempt carries the whole of it, set by [`decide`]).
+    pub(super) fn expect_remaining(&self, headers: &mut HeaderMap, elapsed: Duration) {
+        if let Some(t) = self.timeout.filter(|t| !t.is_zero()) {
+            let left = u64::try_from(t.saturating_sub(elapsed).as_millis()).unwrap_or(u64::MAX);
+            headers.insert(EXPECTED_TIMEOUT.clone(), HeaderValue::from(left));
+        }
+    }
 }
 
 /// The request and response header edits of a forwarded request: the picked weighted cluster's
@@ -282,6 +296,13 @@ pub fn decide(
     }));
     let host_rewrite = forward.host_rewrite.clone();
     request_edits.apply(&mut parts.headers);
+    // Envoy's router tells the upstream its deadline (istiod's routes carry none by default).
+    if let Some(t) = forward.timeout.filter(|t| !t.is_zero()) {
+        let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+        parts
+            .headers
+            .insert(EXPECTED_TIMEOUT.clone(), HeaderValue::from(ms));
+    }
     if let Some(path) = rewritten.and_then(|p| p.parse::<http::Uri>().ok()) {
         parts.uri = path;
     }
