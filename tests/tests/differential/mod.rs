@@ -12,6 +12,9 @@ pub const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
 /// The HTTP service's VIP (port 80) and the TCP service's.
 pub const HTTP_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 pub const TCP_VIP: &str = "10.96.0.20:9000";
+/// TCP VIPs whose cluster has no endpoint, and whose cluster does not exist.
+pub const TCP_NO_ENDPOINT: &str = "10.96.0.21:9000";
+pub const TCP_NO_CLUSTER: &str = "10.96.0.22:9000";
 /// A destination no listener names: `virtualOutbound`'s catch-all (BlackHoleCluster).
 pub const NOWHERE: &str = "10.96.0.99:1234";
 /// The backends: name and port.
@@ -316,7 +319,9 @@ pub fn listeners() -> Value {
          "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [tcp_proxy("BlackHoleCluster")]}]},
         http_listener(80, &access_log),
         http_listener(8080, &access_log),
-        remora_e2e::xds_resources::tcp_listener(TCP_VIP.parse().expect("addr"), TCP)
+        remora_e2e::xds_resources::tcp_listener(TCP_VIP.parse().expect("addr"), TCP),
+        remora_e2e::xds_resources::tcp_listener(TCP_NO_ENDPOINT.parse().expect("addr"), EMPTY),
+        remora_e2e::xds_resources::tcp_listener(TCP_NO_CLUSTER.parse().expect("addr"), MISSING)
     ])
 }
 
