@@ -10,17 +10,17 @@ use super::errors::{ErrorKind, ProxyError};
 use super::forward::{send_on, SendError, Upstreamed};
 use super::pool::{self, Key, Sender};
 use super::{header_format, protocol, ConnContext};
+use crate::route::rewrite::{self, RedirectRequest};
 use crate::route::{self, HttpDecision};
 use crate::upstream::dial::{self, Connected};
-use crate::upstream::{Transport, UpstreamError};
+use crate::upstream::{Avoid, Transport, UpstreamError};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response};
 use remora_xds::model::listener::RouteSource;
 use remora_xds::model::route::{
-    ClusterTarget, Forward, HeaderEdit, PathMatch, Redirect, RequestParts, Route,
-    RouteConfiguration, VirtualHost,
+    ClusterTarget, Forward, HeaderEdit, RequestParts, Route, RouteConfiguration, VirtualHost,
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -46,8 +46,8 @@ impl Upstreamed {
     }
 }
 
-/// Envoy's header for the attempt number of a request (1 for the first).
-const ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-attempt-count");
+/// The deadline Envoy's router tells the upstream, in milliseconds.
+static EXPECTED_TIMEOUT: HeaderName = HeaderName::from_static("x-envoy-expected-rq-timeout-ms");
 
 /// Where a routed request goes.
 #[derive(Debug)]
@@ -70,21 +70,19 @@ pub struct Routed {
     /// Whether a 503 is retried: the policy's `retriable_status_codes` lists it (current
     /// istiod's default lists none; the converter refuses other codes).
     pub retry_503: bool,
+    /// Whether the upstream is told the attempt (`x-envoy-attempt-count`): the virtual
+    /// host's `include_request_attempt_count`.
+    pub attempt_count: bool,
+    /// The policy's `previous_hosts` predicate: how many times a retry's pick of an endpoint
+    /// already tried is made again (`None`: no predicate, a retry may pick any).
+    pub avoid_previous: Option<u32>,
+    /// The endpoints this request's attempts went to, for `avoid_previous` (a few at most:
+    /// one per attempt).
+    pub tried: std::sync::Mutex<Vec<SocketAddr>>,
     /// The route's, virtual host's and table's response header edits.
     pub response_edits: Edits,
     /// The destination as Istio's metrics label it, from the cluster's Istio metadata.
     pub metrics_peer: Option<Arc<crate::tls::Peer>>,
-    /// The virtual host's `include_request_attempt_count` (istiod's, on every one): each
-    /// attempt tells the upstream its number in `x-envoy-attempt-count`.
-    pub include_attempt_count: bool,
-    /// Attempts made so far.
-    pub attempts: std::sync::atomic::AtomicU32,
-    /// The retry policy's `previous_hosts` predicate: how many times a pick may be made again
-    /// while it falls on an endpoint already tried (`host_selection_retry_max_attempts`);
-    /// `None`: no predicate.
-    pub avoid_previous_hosts: Option<u32>,
-    /// The endpoints attempts went to (at most one per attempt, so bounded by the retries).
-    pub tried: std::sync::Mutex<Vec<SocketAddr>>,
 }
 
 impl Routed {
@@ -105,6 +103,17 @@ impl Routed {
         match (deadline, self.max_stream_duration) {
             (Some(d), Some(m)) => Some(d.min(m)),
             (d, m) => d.or(m),
+        }
+    }
+}
+
+impl Routed {
+    /// A retry tells the upstream what is left of the route's deadline, as Envoy's router
+    /// does (the first attempt carries the whole of it, set by [`decide`]).
+    pub(super) fn expect_remaining(&self, headers: &mut HeaderMap, elapsed: Duration) {
+        if let Some(t) = self.timeout.filter(|t| !t.is_zero()) {
+            let left = u64::try_from(t.saturating_sub(elapsed).as_millis()).unwrap_or(u64::MAX);
+            headers.insert(EXPECTED_TIMEOUT.clone(), HeaderValue::from(left));
         }
     }
 }
@@ -174,6 +183,33 @@ fn edits(
     (request_edits, response_edits)
 }
 
+/// The response header edits of an answer made here (a redirect, a direct response): the
+/// route's, its virtual host's and the table's, as Envoy applies them to its own replies.
+fn local_edits(
+    table: &RouteConfiguration,
+    vhost: &VirtualHost,
+    route: &Route,
+    request: &header_format::Request<'_>,
+) -> Edits {
+    Edits::of(
+        [
+            (
+                &route.response_headers_to_add[..],
+                &route.response_headers_to_remove[..],
+            ),
+            (
+                &vhost.response_headers_to_add,
+                &vhost.response_headers_to_remove,
+            ),
+            (
+                &table.response_headers_to_add,
+                &table.response_headers_to_remove,
+            ),
+        ],
+        request,
+    )
+}
+
 /// Header edits of a route, its virtual host and its table, in Envoy's default order (the
 /// most specific first, so the least specific's overwrite wins); removals before additions.
 /// Values are filled in when the edits are made: a response's edits read the request too.
@@ -231,11 +267,13 @@ impl Edits {
 #[derive(Debug)]
 pub enum Answer {
     Error(ErrorKind),
-    /// A direct response, or a redirect (with its `location`).
+    /// A direct response, or a redirect (with its `location`), and the response header
+    /// edits of its route.
     Local {
         status: u16,
         body: Option<String>,
         location: Option<String>,
+        edits: Edits,
     },
 }
 
@@ -280,28 +318,48 @@ pub fn decide(
             retry,
             vhost,
         } => (cluster, route, forward, retry, vhost),
-        other => return Err(answer(other, host, req.path_and_query)),
+        other => {
+            let scheme = parts
+                .headers
+                .get("x-forwarded-proto")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("http");
+            let request = RedirectRequest {
+                host,
+                path_and_query: req.path_and_query,
+                scheme,
+            };
+            let format_request = header_format::Request {
+                remote: ctx.peer,
+                local: ctx.key.destination,
+                started: SystemTime::now(),
+                parts: &*parts,
+            };
+            return Err(answer(table, other, request, &format_request));
+        }
     };
-    if upgrade_disabled(forward, &parts.headers) {
-        // Envoy's answer to an upgrade its route turns off (`upgrade_failed`).
-        return Err(Answer::Local {
-            status: 403,
-            body: None,
-            location: None,
-        });
-    }
     let format_request = header_format::Request {
         remote: ctx.peer,
         local: ctx.key.destination,
         started: SystemTime::now(),
         parts: &*parts,
     };
+    if upgrade_disabled(forward, &parts.headers) {
+        // Envoy's answer to an upgrade its route turns off (`upgrade_failed`), with the
+        // response edits of its other local replies.
+        return Err(Answer::Local {
+            status: 403,
+            body: None,
+            location: None,
+            edits: local_edits(table, vhost, route, &format_request),
+        });
+    }
     let (request_edits, response_edits) =
         edits(table, vhost, route, forward, cluster, &format_request);
     let rewritten = forward
         .prefix_rewrite
         .as_deref()
-        .and_then(|to| rewrite_prefix(&route.matcher.path, req.path_and_query, to));
+        .and_then(|to| rewrite::prefix(&route.matcher.path, req.path_and_query, to));
     let routed = Routed {
         cluster: cluster.to_string(),
         original_dst: ctx.key.destination,
@@ -313,16 +371,15 @@ pub fn decide(
             r.retriable_status_codes.contains(&503)
                 && r.retry_on.iter().any(|c| c == "retriable-status-codes")
         }),
+        avoid_previous: retry
+            .filter(|r| r.avoid_previous_hosts)
+            .map(|r| r.host_selection_retry_max_attempts),
+        tried: std::sync::Mutex::default(),
+        attempt_count: vhost.include_request_attempt_count,
         response_edits,
         metrics_peer: snapshot
             .cluster(cluster)
             .and_then(|c| ctx.proxy.upstreams.service_peer(c)),
-        include_attempt_count: vhost.include_request_attempt_count,
-        attempts: std::sync::atomic::AtomicU32::new(0),
-        avoid_previous_hosts: retry
-            .filter(|r| r.avoid_previous_hosts)
-            .map(|r| r.host_selection_retry_max_attempts),
-        tried: std::sync::Mutex::new(Vec::new()),
     };
     end.routed = Some(Box::new(super::body::RoutedEnd {
         in_flight: None,
@@ -331,6 +388,13 @@ pub fn decide(
     }));
     let host_rewrite = forward.host_rewrite.clone();
     request_edits.apply(&mut parts.headers);
+    // Envoy's router tells the upstream its deadline (istiod's routes carry none by default).
+    if let Some(t) = forward.timeout.filter(|t| !t.is_zero()) {
+        let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+        parts
+            .headers
+            .insert(EXPECTED_TIMEOUT.clone(), HeaderValue::from(ms));
+    }
     if let Some(path) = rewritten.and_then(|p| p.parse::<http::Uri>().ok()) {
         parts.uri = path;
     }
@@ -360,62 +424,42 @@ fn upgrade_disabled(forward: &Forward, headers: &HeaderMap) -> bool {
 }
 
 /// What a request that is not forwarded gets.
-fn answer(decision: HttpDecision<'_>, host: &str, path_and_query: &str) -> Answer {
+fn answer(
+    table: &RouteConfiguration,
+    decision: HttpDecision<'_>,
+    req: RedirectRequest<'_>,
+    format: &header_format::Request<'_>,
+) -> Answer {
     match decision {
         HttpDecision::NoRoute | HttpDecision::NoRouteTable | HttpDecision::Forward { .. } => {
             Answer::Error(ErrorKind::NoRoute)
         }
-        HttpDecision::DirectResponse { status, body } => Answer::Local {
+        HttpDecision::DirectResponse {
+            status,
+            body,
+            route,
+            vhost,
+        } => Answer::Local {
             status,
             body: body.map(str::to_string),
             location: None,
+            edits: local_edits(table, vhost, route, format),
         },
-        HttpDecision::Redirect(r, matched) => Answer::Local {
-            status: r.status,
+        HttpDecision::Redirect {
+            redirect,
+            route,
+            vhost,
+        } => Answer::Local {
+            status: redirect.status,
             body: None,
-            location: Some(location(r, matched, host, path_and_query)),
+            location: Some(rewrite::redirect_location(
+                redirect,
+                &route.matcher.path,
+                req,
+            )),
+            edits: local_edits(table, vhost, route, format),
         },
     }
-}
-
-/// A redirect's `location`, as Envoy builds it: the request's scheme, host, port and path
-/// unless the redirect replaces them (`path_redirect`, or `prefix_rewrite` of what the route
-/// matched); the query kept unless `strip_query`, or the new path brings its own.
-fn location(r: &Redirect, matched: &PathMatch, host: &str, path_and_query: &str) -> String {
-    let scheme = r.scheme.as_deref().unwrap_or("http");
-    let host = r.host.as_deref().unwrap_or(host);
-    let host = match r.port {
-        Some(port) => format!("{}:{port}", host.split(':').next().unwrap_or(host)),
-        None => host.to_string(),
-    };
-    let (path, query) = match path_and_query.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (path_and_query, None),
-    };
-    let new_path = match (&r.path, &r.prefix_rewrite) {
-        (Some(p), _) => p.clone(),
-        (None, Some(to)) => rewrite_prefix(matched, path, to).unwrap_or_else(|| path.to_string()),
-        (None, None) => path.to_string(),
-    };
-    let query = query.filter(|_| !r.strip_query && !new_path.contains('?'));
-    match query {
-        Some(q) => format!("{scheme}://{host}{new_path}?{q}"),
-        None => format!("{scheme}://{host}{new_path}"),
-    }
-}
-
-/// Envoy's `prefix_rewrite`: what the route matched of the path is replaced (the whole path
-/// for an exact match); regex routes are left as they are.
-fn rewrite_prefix(matched: &PathMatch, path_and_query: &str, to: &str) -> Option<String> {
-    let prefix = match matched {
-        PathMatch::Prefix(p) | PathMatch::PathSeparatedPrefix(p) | PathMatch::Exact(p) => p,
-        PathMatch::Regex(_) | PathMatch::Connect => return None,
-    };
-    let rest = path_and_query.get(prefix.len()..)?;
-    path_and_query
-        .get(..prefix.len())
-        .filter(|head| head.eq_ignore_ascii_case(prefix))?;
-    Some(format!("{to}{rest}"))
 }
 
 /// One attempt of a routed request: an endpoint chosen now, a pooled connection to it if one
@@ -435,51 +479,35 @@ pub(super) async fn send(
             ))
         }
     };
-    let select = || {
-        ctx.proxy
-            .upstreams
-            .select(&snapshot, &routed.cluster, routed.original_dst)
-            .map_err(|e| {
-                let kind = match e {
-                    UpstreamError::NoCluster(_) => ErrorKind::NoCluster,
-                    UpstreamError::NoHealthyUpstream(_) | UpstreamError::Transport { .. } => {
-                        ErrorKind::NoHealthyUpstream
-                    }
-                };
-                ProxyError::new(kind, routed.original_dst, e)
-            })
-    };
-    let mut selected = select()?;
-    // `previous_hosts`: pick again, a bounded number of times, while the pick was tried
-    // already; the last pick stands, as in Envoy.
-    if let Some(max) = routed.avoid_previous_hosts {
-        let tried = |a: &SocketAddr| {
-            routed
-                .tried
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .contains(a)
-        };
-        for _ in 0..max {
-            if !tried(&selected.address) {
-                break;
-            }
-            selected = select()?;
-        }
-        routed
+    let selected = {
+        let mut tried = routed
             .tried
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(selected.address);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let avoid = Avoid {
+            hosts: &tried,
+            attempts: routed.avoid_previous.unwrap_or(0),
+        };
+        let selected = ctx.proxy.upstreams.select_avoiding(
+            &snapshot,
+            &routed.cluster,
+            routed.original_dst,
+            avoid,
+        );
+        if let Ok(s) = &selected {
+            tried.push(s.address);
+        }
+        selected
     }
-    let attempt = routed
-        .attempts
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        .saturating_add(1);
-    if routed.include_attempt_count {
-        req.headers_mut()
-            .insert(ATTEMPT_COUNT, HeaderValue::from(attempt));
-    }
+    .map_err(|e| {
+        let kind = match e {
+            UpstreamError::NoCluster(_) => ErrorKind::NoCluster,
+            UpstreamError::NoHealthyUpstream(_) | UpstreamError::Transport { .. } => {
+                ErrorKind::NoHealthyUpstream
+            }
+        };
+        ProxyError::new(kind, routed.original_dst, e)
+    })?;
     let upgrade = ctx.key.version == crate::detect::HttpVersion::Http1
         && super::headers::wants_upgrade(req.headers());
     let version =
@@ -567,15 +595,33 @@ fn pool_idle_timeout(cluster: Option<Duration>, remora: Duration) -> Duration {
         .map_or(remora, |t| t.min(remora))
 }
 
+/// Envoy's answer to an HTTP/1.0 request on a connection manager that does not accept them:
+/// 426, written by its codec before any stream exists, so nothing is logged for it.
+pub(super) fn upgrade_required(mut end: RequestEnd) -> Response<ResponseBody> {
+    end.log = None;
+    end.status = 426;
+    let body = Bytes::from_static(b"Upgrade Required");
+    let mut r = Response::new(ResponseBody::local(body, end));
+    *r.status_mut() = http::StatusCode::UPGRADE_REQUIRED;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain"),
+    );
+    r.headers_mut()
+        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
 /// The answer to a request the xDS route decision answers itself.
 pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response<ResponseBody> {
-    let (status, body, location) = match answer {
+    let (status, body, location, edits) = match answer {
         Answer::Error(kind) => return super::forward::local_reply(kind, grpc, end),
         Answer::Local {
             status,
             body,
             location,
-        } => (status, body, location),
+            edits,
+        } => (status, body, location, edits),
     };
     end.status = status;
     if let Some(log) = &mut end.log {
@@ -586,8 +632,15 @@ pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response
         builder = builder.header(http::header::LOCATION, location);
     }
     let body = Bytes::from(body.unwrap_or_default());
+    if !body.is_empty() {
+        // Envoy's direct responses say what their body is.
+        builder = builder.header(http::header::CONTENT_TYPE, "text/plain");
+    }
     match builder.body(()) {
-        Ok(r) => r.map(|()| ResponseBody::local(body, end)),
+        Ok(mut r) => {
+            edits.apply(r.headers_mut());
+            r.map(|()| ResponseBody::local(body, end))
+        }
         // A status outside 100..=999 from the route: Envoy would have refused the table.
         Err(_) => Response::new(ResponseBody::local(Bytes::new(), end)),
     }

@@ -61,7 +61,8 @@ impl Proxy {
         let (cluster, idle) = match route::outbound(&snapshot, &facts, fastrand::u64(..)) {
             ChainDecision::NoChain => {
                 tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no xDS listener or filter chain");
-                reset(&downstream);
+                // Closed, not reset: Envoy's tcp_proxy closes a connection it cannot serve.
+                drop(downstream);
                 return refused(Some(hop.destination), End::NoRoute);
             }
             ChainDecision::Http { http: chain, .. } => {
@@ -82,7 +83,8 @@ impl Proxy {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "no upstream");
-                reset(&downstream);
+                // Closed, not reset: Envoy's tcp_proxy closes a connection it cannot serve.
+                drop(downstream);
                 let end = match e {
                     UpstreamError::NoCluster(_) => End::NoCluster,
                     UpstreamError::NoHealthyUpstream(_) | UpstreamError::Transport { .. } => {
@@ -120,7 +122,8 @@ impl Proxy {
             Err(e) => {
                 self.metrics.direction(hop.dir).connect_failures.inc();
                 tracing::debug!(peer = %hop.peer, error = %e, "xDS upstream connect failed");
-                reset(&downstream);
+                // Closed, not reset: Envoy's tcp_proxy closes a connection it cannot serve.
+                drop(downstream);
                 refused(Some(hop.destination), e.end())
             }
         }

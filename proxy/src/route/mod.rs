@@ -151,11 +151,18 @@ pub enum HttpDecision<'s> {
         /// The virtual host, for its header edits.
         vhost: &'s VirtualHost,
     },
-    /// With the route's path match, which a `prefix_rewrite` replaces.
-    Redirect(&'s Redirect, &'s remora_xds::model::route::PathMatch),
+    /// A redirect, or a direct response: answered here, with the route's (and its virtual
+    /// host's) response header edits.
+    Redirect {
+        redirect: &'s Redirect,
+        route: &'s Arc<Route>,
+        vhost: &'s VirtualHost,
+    },
     DirectResponse {
         status: u16,
         body: Option<&'s str>,
+        route: &'s Arc<Route>,
+        vhost: &'s VirtualHost,
     },
     /// No virtual host or no route: 404 with flag `NR`.
     NoRoute,
@@ -209,10 +216,16 @@ pub fn http_route<'s>(
                 None => HttpDecision::NoRoute,
             }
         }
-        Action::Redirect(r) => HttpDecision::Redirect(r, &route.matcher.path),
+        Action::Redirect(redirect) => HttpDecision::Redirect {
+            redirect,
+            route,
+            vhost,
+        },
         Action::DirectResponse { status, body } => HttpDecision::DirectResponse {
             status: *status,
             body: body.as_deref(),
+            route,
+            vhost,
         },
     }
 }
@@ -234,6 +247,8 @@ pub fn weighted<T: Copy>(items: impl Iterator<Item = (T, u32)> + Clone, pick: u6
     }
     None
 }
+
+pub mod rewrite;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -132,7 +132,7 @@ fn route_of(snapshot: &Snapshot, host: &str, path: &str, headers: &[(&str, &str)
 fn describe(d: &HttpDecision<'_>) -> String {
     match d {
         HttpDecision::Forward { cluster, .. } => cluster.to_string(),
-        HttpDecision::Redirect(..) => "redirect".into(),
+        HttpDecision::Redirect { .. } => "redirect".into(),
         HttpDecision::DirectResponse { status, .. } => format!("direct {status}"),
         HttpDecision::NoRoute => "NR".into(),
         HttpDecision::NoRouteTable => "no table".into(),

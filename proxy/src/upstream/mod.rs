@@ -27,6 +27,11 @@ pub use transport::{MeshTls, Transport, TransportError};
 /// nothing but evenness for one turn).
 const ROUND_ROBIN_CLUSTERS: usize = 4096;
 
+/// Bound on the picks again of one retry's host selection (`host_selection_retry_max_attempts`,
+/// istiod's is 5): a resource asking for billions would spin a request's task on them, and
+/// past a few dozen a rejected pick is all but certain to be the only host left anyway.
+const MAX_HOST_SELECTION_ATTEMPTS: u32 = 64;
+
 /// The balancers' state, shared by every connection.
 #[derive(Debug, Default)]
 pub struct Upstreams {
@@ -90,6 +95,15 @@ impl UpstreamError {
     }
 }
 
+/// Hosts a retry should stay away from: Envoy's `previous_hosts` retry predicate, which
+/// rejects a pick that was already tried and picks again, up to `attempts` more times, the
+/// last pick standing when every one was rejected.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Avoid<'a> {
+    pub hosts: &'a [SocketAddr],
+    pub attempts: u32,
+}
+
 impl Upstreams {
     /// Choose an endpoint of `cluster` for a connection whose original destination is
     /// `original_dst`.
@@ -98,6 +112,17 @@ impl Upstreams {
         snapshot: &Snapshot,
         cluster: &str,
         original_dst: SocketAddr,
+    ) -> Result<Selected, UpstreamError> {
+        self.select_avoiding(snapshot, cluster, original_dst, Avoid::default())
+    }
+
+    /// [`Upstreams::select`] for a retry, avoiding the hosts already tried as `avoid` says.
+    pub fn select_avoiding(
+        self: &Arc<Self>,
+        snapshot: &Snapshot,
+        cluster: &str,
+        original_dst: SocketAddr,
+        avoid: Avoid<'_>,
     ) -> Result<Selected, UpstreamError> {
         let c = snapshot
             .cluster(cluster)
@@ -110,9 +135,17 @@ impl Upstreams {
                 (SocketAddr::new(original_dst.ip(), port), None)
             }
             Discovery::Eds { .. } | Discovery::Static => {
-                let endpoint = snapshot
-                    .endpoints(cluster)
-                    .and_then(|cla| self.pick(c, cla))
+                let cla = snapshot.endpoints(cluster);
+                let mut endpoint = cla.and_then(|cla| self.pick(c, cla));
+                for _ in 0..avoid.attempts.min(MAX_HOST_SELECTION_ATTEMPTS) {
+                    match endpoint {
+                        Some(e) if avoid.hosts.contains(&e.address) => {
+                            endpoint = cla.and_then(|cla| self.pick(c, cla));
+                        }
+                        _ => break,
+                    }
+                }
+                let endpoint = endpoint
                     .ok_or_else(|| UpstreamError::NoHealthyUpstream(cluster.to_string()))?;
                 (endpoint.address, endpoint.tls_mode.as_deref())
             }

@@ -257,3 +257,36 @@ fn a_clusters_panic_threshold_is_honoured_by_select() {
     cluster.common_lb.healthy_panic_threshold = None;
     assert!(up.pick(&cluster, cla).is_some(), "Envoy's default 50 %");
 }
+
+/// Envoy's `previous_hosts` predicate: a retry's pick of a host already tried is made again,
+/// so with five more picks the other host is all but certain; with none, either may come.
+#[test]
+fn a_retry_avoids_the_hosts_already_tried() {
+    let store = bookinfo();
+    let s = store.snapshot();
+    let up = Arc::new(Upstreams::default());
+    let tried: SocketAddr = "10.0.1.1:9080".parse().expect("addr");
+    let avoid = Avoid {
+        hosts: &[tried],
+        attempts: 64,
+    };
+    for _ in 0..200 {
+        let sel = up
+            .select_avoiding(&s, REVIEWS, dst(), avoid)
+            .expect("an endpoint");
+        assert_ne!(sel.address, tried);
+    }
+    let without = Avoid {
+        hosts: &[tried],
+        attempts: 0,
+    };
+    let again = (0..200)
+        .filter(|_| {
+            up.select_avoiding(&s, REVIEWS, dst(), without)
+                .expect("an endpoint")
+                .address
+                == tried
+        })
+        .count();
+    assert!(again > 0, "without re-picks the tried host still comes");
+}

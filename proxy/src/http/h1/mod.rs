@@ -429,7 +429,8 @@ async fn local_reply<C: Client>(
     end: &mut RequestEnd,
 ) -> bool {
     let status = kind.status();
-    let details = kind.details();
+    let details = kind.reply_body(end.flags.contains(Flags::URX));
+    let details = details.as_ref();
     let keep = !closing(ctx);
     let mut out = Vec::with_capacity(160 + details.len());
     out.extend_from_slice(b"HTTP/1.1 ");

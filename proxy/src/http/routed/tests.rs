@@ -64,9 +64,8 @@ fn grpc_timeout_header_max_and_max_stream_duration_bound_the_deadline() {
         retry_503: false,
         response_edits: Edits::default(),
         metrics_peer: None,
-        include_attempt_count: false,
-        attempts: Default::default(),
-        avoid_previous_hosts: None,
+        attempt_count: false,
+        avoid_previous: None,
         tried: Default::default(),
     };
     // No header max: the header is not read.
@@ -119,6 +118,7 @@ fn a_route_can_turn_an_upgrade_off() {
 
 #[test]
 fn redirect_locations_keep_or_strip_the_query_as_envoy_does() {
+    use remora_xds::model::route::{PathMatch, Redirect};
     let redirect = |path: Option<&str>, prefix: Option<&str>, strip: bool| Redirect {
         scheme: Some("https".into()),
         host: None,
@@ -129,7 +129,14 @@ fn redirect_locations_keep_or_strip_the_query_as_envoy_does() {
         strip_query: strip,
     };
     let matched = PathMatch::Prefix("/old".into());
-    let at = |r: &Redirect| location(r, &matched, "web:80", "/old/x?a=1");
+    let at = |r: &Redirect| {
+        let req = RedirectRequest {
+            host: "web:80",
+            path_and_query: "/old/x?a=1",
+            scheme: "http",
+        };
+        rewrite::redirect_location(r, &matched, req)
+    };
     assert_eq!(
         at(&redirect(None, None, false)),
         "https://web:8443/old/x?a=1"
@@ -151,6 +158,8 @@ fn redirect_locations_keep_or_strip_the_query_as_envoy_does() {
 
 #[test]
 fn prefix_rewrite_replaces_what_the_route_matched() {
+    use remora_xds::model::route::PathMatch;
+    let rewrite_prefix = rewrite::prefix;
     let prefix = PathMatch::Prefix("/api".into());
     assert_eq!(
         rewrite_prefix(&prefix, "/api/v1?x=1", "/").as_deref(),
