@@ -46,46 +46,6 @@ pub fn upstream_version(parts: &mut http::request::Parts) {
     }
 }
 
-/// Re-shape a request for an upstream connection of `version` when it came in the other
-/// one, as Envoy's codecs translate (a cluster's protocol options choose the upstream's, not
-/// the client): HTTP/2's authority becomes HTTP/1.1's Host and its target the origin form;
-/// HTTP/1.1's Host becomes the authority of an absolute target for HTTP/2.
-pub fn to_version<B>(req: &mut http::Request<B>, version: crate::detect::HttpVersion) {
-    use crate::detect::HttpVersion;
-    match (version, req.version()) {
-        (HttpVersion::Http1, http::Version::HTTP_2) => {
-            if let Some(authority) = req.uri().authority().cloned() {
-                if !req.headers().contains_key(header::HOST) {
-                    if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
-                        req.headers_mut().insert(header::HOST, host);
-                    }
-                }
-                let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
-                if let Ok(uri) = target.parse() {
-                    *req.uri_mut() = uri;
-                }
-            }
-            *req.version_mut() = http::Version::HTTP_11;
-        }
-        (HttpVersion::Http2, http::Version::HTTP_10 | http::Version::HTTP_11) => {
-            if req.uri().authority().is_none() {
-                let host = req
-                    .headers()
-                    .get(header::HOST)
-                    .and_then(|h| h.to_str().ok())
-                    .unwrap_or_default();
-                let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
-                if let Ok(uri) = format!("http://{host}{target}").parse() {
-                    *req.uri_mut() = uri;
-                }
-            }
-            req.headers_mut().remove(header::HOST);
-            *req.version_mut() = http::Version::HTTP_2;
-        }
-        _ => {}
-    }
-}
-
 /// The request's target and Host as RFC 9112 wants them of HTTP/1.1 (HTTP/2 carries them in
 /// pseudo-headers): exactly one Host (an absolute-form target has been given its own by
 /// then; CONNECT names its authority in the target), and an origin-form target (`*` for
@@ -409,23 +369,5 @@ mod tests {
         assert_eq!(t("123456789S"), None);
         assert_eq!(t("m"), None);
         assert_eq!(t("10x"), None);
-    }
-
-    #[test]
-    fn a_request_changes_version_as_envoys_codecs_translate() {
-        use crate::detect::HttpVersion;
-        let mut h2 = http::Request::builder()
-            .version(http::Version::HTTP_2)
-            .uri("http://web.test:8080/a?b=c")
-            .body(())
-            .expect("request");
-        to_version(&mut h2, HttpVersion::Http1);
-        assert_eq!(h2.version(), http::Version::HTTP_11);
-        assert_eq!(h2.uri(), "/a?b=c");
-        assert_eq!(h2.headers()[header::HOST], "web.test:8080");
-        to_version(&mut h2, HttpVersion::Http2);
-        assert_eq!(h2.version(), http::Version::HTTP_2);
-        assert_eq!(h2.uri(), "http://web.test:8080/a?b=c");
-        assert!(h2.headers().get(header::HOST).is_none());
     }
 }
