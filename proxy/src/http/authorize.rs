@@ -24,7 +24,10 @@ pub(super) fn inbound(ctx: &ConnContext, parts: &mut Parts) -> Result<(), ErrorK
         }
     }
     let authz = &ctx.proxy.authz;
-    if !authz.is_active() {
+    // Inbound by xDS: the chain's RBAC filters decide, and only they (the policy files are
+    // the config file's way of saying the same, for when istiod does not).
+    let xds_rbac = ctx.xds_inbound.as_ref().map(|chain| chain.http_rbac());
+    if xds_rbac.is_none() && !authz.is_active() {
         return Ok(());
     }
     let host = match parts.uri.authority() {
@@ -46,11 +49,16 @@ pub(super) fn inbound(ctx: &ConnContext, parts: &mut Parts) -> Result<(), ErrorK
         request: Some(Request {
             method: parts.method.as_str(),
             path: parts.uri.path(),
+            query: parts.uri.query(),
             host,
             headers: &parts.headers,
         }),
     };
-    match authz.check(&attributes) {
+    let verdict = match xds_rbac {
+        Some(filters) => authz.check_rbac(filters, &attributes),
+        None => authz.check(&attributes),
+    };
+    match verdict {
         Verdict::Allowed => Ok(()),
         Verdict::Denied(_) => Err(ErrorKind::AccessDenied),
     }

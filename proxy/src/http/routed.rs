@@ -317,7 +317,7 @@ pub(super) async fn send(
     let version = ctx.key.version;
     let key = Key {
         destination: selected.address,
-        source: None,
+        source: ctx.key.source,
         version,
         tls: match &selected.transport {
             Transport::Plaintext => 0,
@@ -342,6 +342,7 @@ pub(super) async fn send(
         &selected,
         ctx.direction,
         Some(&alpn),
+        ctx.key.source,
     ))
     .await
     .map_err(|e| {

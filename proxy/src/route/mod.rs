@@ -10,8 +10,10 @@
 
 use remora_config::MtlsMode;
 use remora_xds::model::listener::{
-    ChainKind, ConnectionFacts, DownstreamTls, FilterChain, HttpChain, RouteSource, TcpTarget,
+    ChainKind, ConnectionFacts, DownstreamTls, FilterChain, HttpChain, HttpFilter, Listener,
+    NetworkFilter, RouteSource, TcpTarget,
 };
+use remora_xds::model::rbac::Rbac;
 use remora_xds::model::route::{
     Action, ClusterTarget, Forward, Redirect, RequestParts, RetryPolicy, Route, RouteConfiguration,
     VirtualHost,
@@ -63,6 +65,8 @@ pub struct Inbound<'s> {
     /// required when it says so).
     pub terminate: Option<&'s DownstreamTls>,
     pub decision: ChainDecision<'s>,
+    /// The chain, for what the connection keeps of it (its RBAC filters).
+    pub chain: Option<ChainRef>,
 }
 
 /// The inbound chain for a connection: `None` when no inbound listener is held (the config
@@ -78,12 +82,65 @@ pub fn inbound<'s>(
         None => Inbound {
             terminate: None,
             decision: ChainDecision::NoChain,
+            chain: None,
         },
         Some(chain) => Inbound {
             terminate: chain.tls.as_ref(),
             decision: chain_decision(chain, pick),
+            chain: ChainRef::new(listener, chain),
         },
     })
+}
+
+/// A filter chain of a listener held in a snapshot, kept by the connection it took: the
+/// listener stays alive (an `Arc`) as long as the connection, whatever the store does meanwhile,
+/// as Envoy drains a connection on the chain it started on.
+#[derive(Debug, Clone)]
+pub struct ChainRef {
+    listener: Arc<Listener>,
+    /// Position in [`Listener::all_chains`].
+    index: usize,
+}
+
+impl ChainRef {
+    /// The reference to `chain`, one of `listener`'s chains.
+    pub fn new(listener: &Arc<Listener>, chain: &FilterChain) -> Option<ChainRef> {
+        let index = listener.all_chains().position(|c| std::ptr::eq(c, chain))?;
+        Some(ChainRef {
+            listener: Arc::clone(listener),
+            index,
+        })
+    }
+
+    pub fn chain(&self) -> Option<&FilterChain> {
+        self.listener.all_chains().nth(self.index)
+    }
+
+    /// The chain's network RBAC filters, in order.
+    pub fn network_rbac(&self) -> impl Iterator<Item = &Rbac> {
+        self.chain().into_iter().flat_map(|c| {
+            c.filters.iter().filter_map(|f| match f {
+                NetworkFilter::Rbac(r) => Some(r),
+                _ => None,
+            })
+        })
+    }
+
+    /// The HTTP RBAC filters of the chain's connection manager, in order (none for TCP).
+    pub fn http_rbac(&self) -> impl Iterator<Item = &Rbac> {
+        self.chain()
+            .into_iter()
+            .filter_map(|c| match &c.kind {
+                ChainKind::Http(http) => Some(http),
+                ChainKind::Tcp(_) => None,
+            })
+            .flat_map(|http| {
+                http.http_filters.iter().filter_map(|f| match f {
+                    HttpFilter::Rbac(r) => Some(r),
+                    _ => None,
+                })
+            })
+    }
 }
 
 /// The PeerAuthentication mode istiod's `virtualInbound` expresses for connections to `dst`:

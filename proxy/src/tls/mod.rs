@@ -91,6 +91,9 @@ pub struct Mesh {
     pub exchange_headers: crate::metadata_exchange::http::LocalHeaders,
     /// The server config for the current identity and settings; rebuilt when either changes.
     server: ArcSwapOption<CachedServer>,
+    /// The server configs built for xDS inbound chains, one per ALPN list and client
+    /// certificate requirement; all dropped when the identity or settings change.
+    chain_servers: ArcSwapOption<CachedChainServers>,
     /// The client configs built for the current identity and settings, one per expected
     /// server identities and ALPN offer; all dropped when the identity or settings change.
     clients: ArcSwapOption<CachedClients>,
@@ -115,6 +118,13 @@ struct CachedClient {
 }
 
 #[derive(Debug)]
+struct CachedChainServers {
+    identity: Arc<Identity>,
+    min: TlsVersion,
+    configs: Vec<(Vec<Vec<u8>>, bool, Arc<ServerConfig>)>,
+}
+
+#[derive(Debug)]
 struct CachedServer {
     identity: Arc<Identity>,
     min: TlsVersion,
@@ -129,6 +139,7 @@ impl Mesh {
             exchange_header: LocalHeader::default(),
             exchange_headers: Default::default(),
             server: ArcSwapOption::empty(),
+            chain_servers: ArcSwapOption::empty(),
             clients: ArcSwapOption::empty(),
         }
     }
@@ -165,6 +176,47 @@ impl Mesh {
                 identity,
                 min,
                 config: Arc::clone(config),
+            })));
+        }
+        Some(built)
+    }
+
+    /// The config that terminates mesh TLS for an xDS inbound chain: the workload certificate,
+    /// `alpn` selected from (the chain's protocols the client offered, in the chain's order:
+    /// Envoy selects none rather than fail when nothing is shared), and a client certificate
+    /// that chains to the roots, required when `require_client` says so. `None` without an
+    /// identity.
+    pub fn chain_server_config(
+        &self,
+        tls: &TlsConfig,
+        alpn: &[&[u8]],
+        require_client: bool,
+    ) -> Option<Result<Arc<ServerConfig>, ConfigError>> {
+        let identity = self.identity.current()?;
+        let min = tls.min_protocol_version;
+        let cached = self.chain_servers.load_full();
+        let current = cached
+            .as_ref()
+            .filter(|c| Arc::ptr_eq(&c.identity, &identity) && c.min == min);
+        if let Some((_, _, hit)) = current.and_then(|c| {
+            c.configs.iter().find(|(a, r, _)| {
+                *r == require_client && a.iter().map(Vec::as_slice).eq(alpn.iter().copied())
+            })
+        }) {
+            return Some(Ok(Arc::clone(hit)));
+        }
+        let built = build_chain_server(&identity, min, alpn, require_client).map(Arc::new);
+        if let Ok(config) = &built {
+            let mut configs = current
+                .filter(|c| c.configs.len() < CACHED_CLIENTS)
+                .map(|c| c.configs.clone())
+                .unwrap_or_default();
+            let alpn = alpn.iter().map(|p| p.to_vec()).collect();
+            configs.push((alpn, require_client, Arc::clone(config)));
+            self.chain_servers.store(Some(Arc::new(CachedChainServers {
+                identity,
+                min,
+                configs,
             })));
         }
         Some(built)
@@ -260,6 +312,34 @@ fn build_server(identity: &Identity, min: TlsVersion) -> Result<ServerConfig, Co
     config.alpn_protocols = SERVER_ALPNS.iter().map(|p| p.to_vec()).collect();
     // Sessions are not resumed: each connection proves its client certificate afresh, so a
     // revoked or rotated peer certificate is never honoured from a ticket.
+    config.send_tls13_tickets = 0;
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    Ok(config)
+}
+
+fn build_chain_server(
+    identity: &Identity,
+    min: TlsVersion,
+    alpn: &[&[u8]],
+    require_client: bool,
+) -> Result<ServerConfig, ConfigError> {
+    let provider = provider();
+    let builder = WebPkiClientVerifier::builder_with_provider(
+        Arc::clone(&identity.roots),
+        Arc::clone(&provider),
+    );
+    let builder = match require_client {
+        true => builder,
+        false => builder.allow_unauthenticated(),
+    };
+    let verifier = builder.build().map_err(|e| ConfigError(e.to_string()))?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(versions(min))
+        .map_err(|e| ConfigError(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(Arc::new(Fixed(Arc::clone(&identity.certified))));
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    // As the capture listener's: no resumption, every client certificate proved afresh.
     config.send_tls13_tickets = 0;
     config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     Ok(config)

@@ -53,18 +53,25 @@ impl DialError {
 }
 
 /// Connect to `selected`, for traffic going `direction`. `alpn` replaces the socket's ALPN
-/// offer (Istio's ALPN filter does for HTTP).
+/// offer (Istio's ALPN filter does for HTTP). The source is the cluster's
+/// `upstream_bind_config` (istiod's inbound clusters bind `127.0.0.6`, which the capture rules
+/// let through), else `source`: the inbound passthrough source for an inbound hop, which would
+/// otherwise be captured into 15006 again, none outbound (UID 1337 is not captured).
 pub async fn dial(
     proxy: &Proxy,
     tls_config: &TlsConfig,
     selected: &Selected,
     direction: Direction,
     alpn: Option<&[&[u8]]>,
+    source: Option<connect::Source>,
 ) -> Result<Connected, DialError> {
-    // Outbound hops are not captured again (UID 1337): any source will do.
+    let source = match selected.cluster.upstream_bind_address {
+        Some(ip) => Some(connect::Source::Local(ip)),
+        None => source,
+    };
     let upstream = connect::connect(
         selected.address,
-        None,
+        source,
         selected.connect_timeout,
         direction,
         &proxy.loop_guard,
