@@ -108,13 +108,21 @@ impl Proxy {
             peer: None,
             sni: None,
         };
-        let (Some(tls), Some(hello)) = (inbound.terminate, hello) else {
+        let Some(tls) = inbound.terminate else {
             // A plaintext chain (or TLS passed through as bytes).
             served.sni = hello_sni(&prefix);
             let downstream = Downstream::Plain(downstream);
             return self
                 .serve_chain(config, downstream, prefix, http, served)
                 .await;
+        };
+        let Some(hello) = hello else {
+            // A chain that terminates TLS took a client that sent none: Envoy's handshake
+            // fails; nothing is served in the clear on a chain meant for mesh TLS.
+            self.metrics.tls.handshake(hop.dir, "mtls_required");
+            tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no ClientHello on a TLS chain");
+            reset(&downstream);
+            return refused(Some(hop.destination), End::TlsHandshakeFailed);
         };
         let accepted = self
             .terminate_chain(config, downstream, prefix, tls, &hello, hop)

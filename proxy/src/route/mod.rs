@@ -116,6 +116,19 @@ impl ChainRef {
         self.listener.all_chains().nth(self.index)
     }
 
+    /// Whether `snapshot`'s inbound listener still has this chain as it was: Envoy drains the
+    /// connections of a chain an update changed or removed, and keeps the others.
+    pub fn is_current(&self, snapshot: &Snapshot) -> bool {
+        let Some(now) = snapshot.inbound_listener() else {
+            return false;
+        };
+        if Arc::ptr_eq(now, &self.listener) {
+            return true;
+        }
+        self.chain()
+            .is_some_and(|mine| now.all_chains().any(|c| c == mine))
+    }
+
     /// The chain's network RBAC filters, in order.
     pub fn network_rbac(&self) -> impl Iterator<Item = &Rbac> {
         self.chain().into_iter().flat_map(|c| {

@@ -364,3 +364,34 @@ fn inbound_chains_say_strict_or_permissive_per_port() {
     );
     assert_eq!(inbound_mtls(&bookinfo().snapshot(), dst(7000)), None);
 }
+
+/// A connection keeps the chain it took; an update that changes that chain (not merely the
+/// listener around it) makes it stale, as Envoy drains only the chains an update changed.
+#[test]
+fn a_chain_is_stale_once_an_update_changes_it() {
+    let permissive = virtual_inbound_with(true);
+    let strict = virtual_inbound_with(false);
+    let before = permissive.snapshot();
+    let taken = |dst: &str, transport: &'static str, alpn: &'static [&'static str]| {
+        let facts = ConnectionFacts {
+            destination: dst.parse().expect("addr"),
+            server_name: None,
+            transport_protocol: transport,
+            application_protocols: alpn,
+        };
+        inbound(&before, &facts, 0)
+            .and_then(|i| i.chain)
+            .expect("a chain")
+    };
+    let mtls = taken("10.0.0.5:9080", "tls", &["istio-http/1.1"]);
+    let plaintext = taken("10.0.0.5:9080", "raw_buffer", &["http/1.1"]);
+    assert!(mtls.is_current(&before) && plaintext.is_current(&before));
+    assert_eq!(mtls.http_rbac().count(), 0);
+    assert_eq!(mtls.network_rbac().count(), 0);
+    // STRICT for 9080 removes its plaintext chain and keeps its mTLS chain as it was.
+    let after = strict.snapshot();
+    assert!(mtls.is_current(&after));
+    assert!(!plaintext.is_current(&after));
+    // No inbound listener at all: nothing is current.
+    assert!(!mtls.is_current(&bookinfo().snapshot()));
+}
