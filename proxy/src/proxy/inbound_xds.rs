@@ -196,7 +196,7 @@ impl Proxy {
             .filter(|a| hello.alpn.iter().any(|o| o.as_slice() == *a))
             .collect();
         let server = match self.mesh.chain_server_config(
-            &config.tls,
+            chain_versions(tls, &config.tls),
             &alpn,
             tls.require_client_certificate,
         ) {
@@ -416,6 +416,22 @@ fn san_allowed(tls: &DownstreamTls, peer: Option<&Peer>) -> bool {
         Some(SanType::Dns) => peer.dns_sans.iter().any(|d| san.matcher.matches(d)),
         Some(SanType::Email | SanType::IpAddress) => false,
     })
+}
+
+/// The TLS versions the chain's `tls_params` allow: its minimum (1.3, or 1.2 for anything
+/// lower: rustls speaks nothing older, and istiod's default is 1.2), else the config file's;
+/// its maximum (1.2 keeps 1.3 out).
+fn chain_versions(tls: &DownstreamTls, file: &remora_config::TlsConfig) -> tls::ChainVersions {
+    use remora_config::TlsVersion as V;
+    use remora_xds::model::cluster::TlsVersion as X;
+    tls::ChainVersions {
+        min: match tls.min_version {
+            Some(X::Tls1_3) => V::Tls13,
+            Some(X::Tls1_0 | X::Tls1_1 | X::Tls1_2) => V::Tls12,
+            None => file.min_protocol_version,
+        },
+        tls12_only: matches!(tls.max_version, Some(X::Tls1_0 | X::Tls1_1 | X::Tls1_2)),
+    }
 }
 
 /// The server name of a ClientHello at the start of `prefix` (TLS passed through).

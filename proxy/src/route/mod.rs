@@ -8,7 +8,6 @@
 //! Nothing here does I/O or keeps state: the random numbers that weighted choices need are
 //! passed in, so every decision is reproducible in a test.
 
-use remora_config::MtlsMode;
 use remora_xds::model::listener::{
     ChainKind, ConnectionFacts, DownstreamTls, FilterChain, HttpChain, HttpFilter, Listener,
     NetworkFilter, RouteSource, TcpTarget,
@@ -69,9 +68,9 @@ pub struct Inbound<'s> {
     pub chain: Option<ChainRef>,
 }
 
-/// The inbound chain for a connection: `None` when no inbound listener is held (the config
-/// file's inbound behaviour applies); a decision of [`ChainDecision::NoChain`] when no chain
-/// takes it (Envoy closes it, `NR`).
+/// The inbound chain for a connection: `None` when no inbound listener is held (before the
+/// first LDS: Envoy has no 15006 yet, so the connection is refused); a decision of
+/// [`ChainDecision::NoChain`] when no chain takes it (Envoy closes it, `NR`).
 pub fn inbound<'s>(
     snapshot: &'s Snapshot,
     facts: &ConnectionFacts<'_>,
@@ -153,39 +152,6 @@ impl ChainRef {
                     _ => None,
                 })
             })
-    }
-}
-
-/// The PeerAuthentication mode istiod's `virtualInbound` expresses for connections to `dst`:
-/// the chains for its port (else the catch-all chains) that terminate TLS and those that take
-/// plaintext. TLS only is STRICT, both PERMISSIVE, plaintext only DISABLE; `None` when no
-/// inbound listener is held or no chain speaks for the port (the config file's mode applies).
-pub fn inbound_mtls(snapshot: &Snapshot, dst: std::net::SocketAddr) -> Option<MtlsMode> {
-    let listener = snapshot.inbound_listener()?;
-    let for_port: Vec<&FilterChain> = listener
-        .filter_chains
-        .iter()
-        .filter(|c| c.matcher.destination_port == Some(dst.port()))
-        .collect();
-    let chains = if for_port.is_empty() {
-        // The catch-all chains; istiod's blackhole chain names the inbound port itself.
-        listener
-            .filter_chains
-            .iter()
-            .filter(|c| c.matcher.destination_port.is_none())
-            .collect()
-    } else {
-        for_port
-    };
-    let tls = chains.iter().any(|c| c.tls.is_some());
-    let plaintext = chains
-        .iter()
-        .any(|c| c.tls.is_none() && c.matcher.transport_protocol.as_deref() != Some("tls"));
-    match (tls, plaintext) {
-        (true, true) => Some(MtlsMode::Permissive),
-        (true, false) => Some(MtlsMode::Strict),
-        (false, true) => Some(MtlsMode::Disable),
-        (false, false) => None,
     }
 }
 

@@ -339,32 +339,6 @@ fn inbound_chains_decide_mtls_or_plaintext_per_port_and_the_local_cluster() {
     assert!(inbound(&bookinfo().snapshot(), &facts("10.0.0.5:80"), 0).is_none());
 }
 
-#[test]
-fn inbound_chains_say_strict_or_permissive_per_port() {
-    let permissive = virtual_inbound_with(true);
-    let strict = virtual_inbound_with(false);
-    let dst = |port: u16| std::net::SocketAddr::from(([10, 0, 0, 5], port));
-    assert_eq!(
-        inbound_mtls(&permissive.snapshot(), dst(9080)),
-        Some(MtlsMode::Permissive)
-    );
-    assert_eq!(
-        inbound_mtls(&strict.snapshot(), dst(9080)),
-        Some(MtlsMode::Strict)
-    );
-    // 9081 has only the plaintext chain in the strict fixture.
-    assert_eq!(
-        inbound_mtls(&strict.snapshot(), dst(9081)),
-        Some(MtlsMode::Disable)
-    );
-    // Other ports: the catch-all chains (TLS and plaintext).
-    assert_eq!(
-        inbound_mtls(&strict.snapshot(), dst(7000)),
-        Some(MtlsMode::Permissive)
-    );
-    assert_eq!(inbound_mtls(&bookinfo().snapshot(), dst(7000)), None);
-}
-
 /// A connection keeps the chain it took; an update that changes that chain (not merely the
 /// listener around it) makes it stale, as Envoy drains only the chains an update changed.
 #[test]

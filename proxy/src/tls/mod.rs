@@ -120,8 +120,29 @@ struct CachedClient {
 #[derive(Debug)]
 struct CachedChainServers {
     identity: Arc<Identity>,
-    min: TlsVersion,
-    configs: Vec<(Vec<Vec<u8>>, bool, Arc<ServerConfig>)>,
+    configs: Vec<CachedChainServer>,
+}
+
+/// One chain server config: its versions, ALPN list and client certificate requirement.
+type CachedChainServer = (ChainVersions, Vec<Vec<u8>>, bool, Arc<ServerConfig>);
+
+/// The TLS versions an xDS chain's `tls_params` allow, as far as rustls has them (1.2, 1.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainVersions {
+    pub min: TlsVersion,
+    /// `tls_maximum_protocol_version` below 1.3.
+    pub tls12_only: bool,
+}
+
+static TLS12_ONLY: [&rustls::SupportedProtocolVersion; 1] = [&rustls::version::TLS12];
+
+impl ChainVersions {
+    fn protocols(self) -> &'static [&'static rustls::SupportedProtocolVersion] {
+        match self.tls12_only {
+            true => &TLS12_ONLY,
+            false => versions(self.min),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -188,36 +209,34 @@ impl Mesh {
     /// identity.
     pub fn chain_server_config(
         &self,
-        tls: &TlsConfig,
+        versions: ChainVersions,
         alpn: &[&[u8]],
         require_client: bool,
     ) -> Option<Result<Arc<ServerConfig>, ConfigError>> {
         let identity = self.identity.current()?;
-        let min = tls.min_protocol_version;
         let cached = self.chain_servers.load_full();
         let current = cached
             .as_ref()
-            .filter(|c| Arc::ptr_eq(&c.identity, &identity) && c.min == min);
-        if let Some((_, _, hit)) = current.and_then(|c| {
-            c.configs.iter().find(|(a, r, _)| {
-                *r == require_client && a.iter().map(Vec::as_slice).eq(alpn.iter().copied())
+            .filter(|c| Arc::ptr_eq(&c.identity, &identity));
+        if let Some((_, _, _, hit)) = current.and_then(|c| {
+            c.configs.iter().find(|(v, a, r, _)| {
+                *v == versions
+                    && *r == require_client
+                    && a.iter().map(Vec::as_slice).eq(alpn.iter().copied())
             })
         }) {
             return Some(Ok(Arc::clone(hit)));
         }
-        let built = build_chain_server(&identity, min, alpn, require_client).map(Arc::new);
+        let built = build_chain_server(&identity, versions, alpn, require_client).map(Arc::new);
         if let Ok(config) = &built {
             let mut configs = current
                 .filter(|c| c.configs.len() < CACHED_CLIENTS)
                 .map(|c| c.configs.clone())
                 .unwrap_or_default();
             let alpn = alpn.iter().map(|p| p.to_vec()).collect();
-            configs.push((alpn, require_client, Arc::clone(config)));
-            self.chain_servers.store(Some(Arc::new(CachedChainServers {
-                identity,
-                min,
-                configs,
-            })));
+            configs.push((versions, alpn, require_client, Arc::clone(config)));
+            self.chain_servers
+                .store(Some(Arc::new(CachedChainServers { identity, configs })));
         }
         Some(built)
     }
@@ -319,7 +338,7 @@ fn build_server(identity: &Identity, min: TlsVersion) -> Result<ServerConfig, Co
 
 fn build_chain_server(
     identity: &Identity,
-    min: TlsVersion,
+    versions: ChainVersions,
     alpn: &[&[u8]],
     require_client: bool,
 ) -> Result<ServerConfig, ConfigError> {
@@ -334,7 +353,7 @@ fn build_chain_server(
     };
     let verifier = builder.build().map_err(|e| ConfigError(e.to_string()))?;
     let mut config = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(versions(min))
+        .with_protocol_versions(versions.protocols())
         .map_err(|e| ConfigError(e.to_string()))?
         .with_client_cert_verifier(verifier)
         .with_cert_resolver(Arc::new(Fixed(Arc::clone(&identity.certified))));
