@@ -134,8 +134,20 @@ fn tcp_proxy(cluster: &str) -> Value {
 /// connection managers: the port's mTLS chain (matched on Istio's ALPN values, ALPN
 /// `h2`,`http/1.1`), in PERMISSIVE mode (`strict` false) a plaintext chain beside it, and the
 /// catch-all chains to `InboundPassthroughClusterIpv4` for every other port (mTLS always,
-/// plaintext when PERMISSIVE); the TLS and HTTP inspectors off on 15006 itself.
-pub fn virtual_inbound(port: u16, strict: bool, http_filters: &[Value]) -> Value {
+/// plaintext when PERMISSIVE), with `tcp_filters` (network RBAC) before their `tcp_proxy`;
+/// the TLS and HTTP inspectors off on 15006 itself.
+pub fn virtual_inbound(
+    port: u16,
+    strict: bool,
+    http_filters: &[Value],
+    tcp_filters: &[Value],
+) -> Value {
+    let tcp = |cluster: &str| {
+        let mut filters = vec![istio_authn()];
+        filters.extend_from_slice(tcp_filters);
+        filters.push(tcp_proxy(cluster));
+        filters
+    };
     let any = json!([{"address_prefix": "0.0.0.0", "prefix_len": 0}]);
     let passthrough = "InboundPassthroughClusterIpv4";
     let mut chains = vec![
@@ -149,7 +161,7 @@ pub fn virtual_inbound(port: u16, strict: bool, http_filters: &[Value]) -> Value
         json!({"name": "virtualInbound", "filter_chain_match": {"prefix_ranges": any,
                 "transport_protocol": "tls", "application_protocols": ["istio-peer-exchange", "istio"]},
             "transport_socket": inbound_tls(&["istio-peer-exchange", "h2", "http/1.1"]),
-            "filters": [istio_authn(), tcp_proxy(passthrough)]}),
+            "filters": tcp(passthrough)}),
     ];
     if !strict {
         chains.push(
@@ -189,16 +201,30 @@ pub fn inbound_clusters(port: u16) -> Vec<Value> {
     ]
 }
 
-/// The HTTP RBAC filter istiod compiles an AuthorizationPolicy of `action` (`ALLOW`, `DENY`)
-/// into, whose one rule names the peer by its SPIFFE ID (`source.principals`), as
-/// `istio_authn`'s filter state carries it.
+/// The RBAC rules istiod compiles an AuthorizationPolicy of `action` (`ALLOW`, `DENY`) into,
+/// whose one rule names the peer by its SPIFFE ID (`source.principals`), as `istio_authn`'s
+/// filter state carries it.
+fn rbac_rules(action: &str, policy: &str, principal: &str) -> Value {
+    json!({"action": action, "policies": {policy: {
+        "permissions": [{"and_rules": {"rules": [{"any": true}]}}],
+        "principals": [{"and_ids": {"ids": [{"or_ids": {"ids": [{"filter_state": {
+            "key": "io.istio.peer_principal",
+            "string_match": {"exact": principal}}}]}}]}}]}}})
+}
+
+/// That policy as the HTTP RBAC filter of an inbound connection manager.
 pub fn http_rbac(action: &str, policy: &str, principal: &str) -> Value {
     json!({"name": "envoy.filters.http.rbac", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
-        "rules": {"action": action, "policies": {policy: {
-            "permissions": [{"and_rules": {"rules": [{"any": true}]}}],
-            "principals": [{"and_ids": {"ids": [{"or_ids": {"ids": [{"filter_state": {
-                "key": "io.istio.peer_principal",
-                "string_match": {"exact": principal}}}]}}]}}]}}},
+        "rules": rbac_rules(action, policy, principal),
+        "shadow_rules_stat_prefix": "istio_dry_run_allow_"}})
+}
+
+/// That policy as the network RBAC filter of an inbound TCP chain.
+pub fn network_rbac(action: &str, policy: &str, principal: &str) -> Value {
+    json!({"name": "envoy.filters.network.rbac", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC",
+        "stat_prefix": "tcp.",
+        "rules": rbac_rules(action, policy, principal),
         "shadow_rules_stat_prefix": "istio_dry_run_allow_"}})
 }

@@ -15,7 +15,7 @@ use remora_e2e::istiod::ads::type_url;
 use remora_e2e::istiod::{ControlPlane, HostsFile, ISTIOD_HOST, ISTIOD_PORT};
 use remora_e2e::peer::{self, any_addr};
 use remora_e2e::service::{peer_program, Service};
-use remora_e2e::xds_resources::{http_rbac, inbound_clusters, virtual_inbound};
+use remora_e2e::xds_resources::{http_rbac, inbound_clusters, network_rbac, virtual_inbound};
 use remora_e2e::{PodNet, RemoraCommand};
 use serde_json::{json, Value};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -29,6 +29,9 @@ const CLIENT_TIME: Duration = Duration::from_secs(20);
 const HTTP_PORT: u16 = 8080;
 /// Where the client application reaches its Envoy, on the peer namespace's loopback.
 const APP_PORT: u16 = 18080;
+/// The workload's TCP port (no chain of its own: the catch-all passthrough chains).
+const ECHO_PORT: u16 = 7000;
+const APP_ECHO_PORT: u16 = 17000;
 const SERVER_HOST: &str = "httpbin.server.svc.cluster.local";
 /// The identity the control plane's CA gives the pod's Remora (its namespace and account).
 const SERVER_ID: &str = "spiffe://cluster.local/ns/server/sa/httpbin";
@@ -60,6 +63,24 @@ fn envoy_client(certs: &Path, server: Ipv4Addr) -> String {
     let addr = |ip: Ipv4Addr, port: u16| json!({"socket_address": {"address": ip.to_string(), "port_value": port}});
     let file = |f: &str| json!({"filename": certs.join(f).to_string_lossy()});
     let cluster = format!("outbound|{HTTP_PORT}||{SERVER_HOST}");
+    let echo = format!("outbound|{ECHO_PORT}||echo.server.svc.cluster.local");
+    let mtls_cluster = |name: &str, port: u16, sni: String| {
+        json!({"name": name, "type": "STATIC", "connect_timeout": "5s",
+            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": addr(server, port)}}]}]},
+            "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": sni,
+                "common_tls_context": {
+                    "alpn_protocols": ["istio-peer-exchange", "istio"],
+                    "tls_params": {"tls_minimum_protocol_version": "TLSv1_2",
+                        "tls_maximum_protocol_version": "TLSv1_3"},
+                    "tls_certificates": [{"certificate_chain": file("cert-chain.pem"),
+                        "private_key": file("key.pem")}],
+                    "validation_context": {"trusted_ca": file("root-cert.pem"),
+                        "match_typed_subject_alt_names": [
+                            {"san_type": "URI", "matcher": {"exact": SERVER_ID}}]}}}}})
+    };
     json!({
         "admin": {"address": addr(Ipv4Addr::LOCALHOST, envoy::ADMIN_PORT)},
         "static_resources": {
@@ -71,36 +92,43 @@ fn envoy_client(certs: &Path, server: Ipv4Addr) -> String {
                         "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"],
                             "routes": [{"match": {"prefix": "/"}, "route": {"cluster": cluster}}]}]},
                         "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-                            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}],
-            "clusters": [{"name": cluster, "type": "STATIC", "connect_timeout": "5s",
-                "load_assignment": {"cluster_name": cluster, "endpoints": [{"lb_endpoints": [
-                    {"endpoint": {"address": addr(server, HTTP_PORT)}}]}]},
-                "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                    "sni": format!("outbound_.{HTTP_PORT}_._.{SERVER_HOST}"),
-                    "common_tls_context": {
-                        "alpn_protocols": ["istio-peer-exchange", "istio"],
-                        "tls_params": {"tls_minimum_protocol_version": "TLSv1_2",
-                            "tls_maximum_protocol_version": "TLSv1_3"},
-                        "tls_certificates": [{"certificate_chain": file("cert-chain.pem"),
-                            "private_key": file("key.pem")}],
-                        "validation_context": {"trusted_ca": file("root-cert.pem"),
-                            "match_typed_subject_alt_names": [
-                                {"san_type": "URI", "matcher": {"exact": SERVER_ID}}]}}}}}]
+                            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]},
+                {"name": "outbound_tcp", "address": addr(Ipv4Addr::LOCALHOST, APP_ECHO_PORT),
+                 "filter_chains": [{"filters": [{"name": "envoy.filters.network.tcp_proxy",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                        "stat_prefix": "outbound_tcp", "cluster": echo}}]}]}],
+            "clusters": [
+                mtls_cluster(&cluster, HTTP_PORT, format!("outbound_.{HTTP_PORT}_._.{SERVER_HOST}")),
+                mtls_cluster(&echo, ECHO_PORT,
+                    format!("outbound_.{ECHO_PORT}_._.echo.server.svc.cluster.local"))]
         }
     })
     .to_string()
 }
 
-/// istiod's inbound configuration for the pod, STRICT on [`HTTP_PORT`], with `http_filters`.
-fn serve_inbound(plane: &ControlPlane, version: &str, http_filters: &[Value]) {
+/// istiod's inbound configuration for the pod, STRICT on [`HTTP_PORT`], with `http_filters`
+/// and `tcp_filters`.
+fn serve_inbound(
+    plane: &ControlPlane,
+    version: &str,
+    http_filters: &[Value],
+    tcp_filters: &[Value],
+) {
     let ads = plane.ads();
     ads.set(type_url::CLUSTER, version, &inbound_clusters(HTTP_PORT));
     ads.set(
         type_url::LISTENER,
         version,
-        &[virtual_inbound(HTTP_PORT, true, http_filters)],
+        &[virtual_inbound(HTTP_PORT, true, http_filters, tcp_filters)],
     );
+}
+
+/// Whether bytes sent through the client's Envoy to the workload's echo server come back.
+fn echoes(net: &PodNet) -> bool {
+    let data = peer::pattern(64 * 1024);
+    let app = SocketAddr::from((Ipv4Addr::LOCALHOST, APP_ECHO_PORT));
+    peer::echo_exchange(&net.peer, app, &data).is_ok_and(|back| back == data)
 }
 
 fn wait_until(what: &str, ok: impl Fn() -> bool) {
@@ -167,6 +195,7 @@ fn an_envoy_sidecar_reaches_the_workload_as_virtual_inbound_says() {
     let script = peer_program("http_server.py")
         .to_string_lossy()
         .into_owned();
+    let _echo = remora_e2e::peer::Server::echo(&net.pod, any_addr(ECHO_PORT));
     let _app = Service::start(
         &net.pod,
         "python3",
@@ -193,7 +222,7 @@ fn an_envoy_sidecar_reaches_the_workload_as_virtual_inbound_says() {
     assert_ne!(status, 200, "{}", sidecar.stderr());
 
     // istiod's inbound configuration, STRICT, no policy.
-    serve_inbound(&plane, "v1", &[]);
+    serve_inbound(&plane, "v1", &[], &[]);
     sidecar.wait_ready(STEP_TIME);
     wait_until("a request through Envoy served", || {
         through_envoy(&net, "/headers").0 == 200
@@ -213,6 +242,10 @@ fn an_envoy_sidecar_reaches_the_workload_as_virtual_inbound_says() {
         )) >= 1
     );
 
+    // TCP to a port with no chain of its own: the catch-all mTLS chain, passed through to
+    // the workload from 127.0.0.6.
+    wait_until("bytes echoed through Envoy", || echoes(&net));
+
     // STRICT: plaintext from a client without a sidecar finds no chain.
     let out = peer::curl(&net.peer, &["-s", &format!("http://{app}/")], CLIENT_TIME);
     assert!(
@@ -222,7 +255,7 @@ fn an_envoy_sidecar_reaches_the_workload_as_virtual_inbound_says() {
 
     // An AuthorizationPolicy denying the client's principal: 403, as Envoy's RBAC answers.
     let deny = http_rbac("DENY", "ns[server]-policy[deny-sleep]-rule[0]", CLIENT_ID);
-    serve_inbound(&plane, "v2", &[deny]);
+    serve_inbound(&plane, "v2", &[deny], &[]);
     wait_or(
         "the DENY policy in force",
         || through_envoy(&net, "/hello").0 == 403,
@@ -233,22 +266,42 @@ fn an_envoy_sidecar_reaches_the_workload_as_virtual_inbound_says() {
 
     // ALLOW for another principal only: still denied; ALLOW for the client: served.
     let other = http_rbac("ALLOW", "ns[server]-policy[only-other]-rule[0]", SERVER_ID);
-    serve_inbound(&plane, "v3", &[other]);
+    serve_inbound(&plane, "v3", &[other], &[]);
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(through_envoy(&net, "/hello").0, 403);
     let allow = http_rbac("ALLOW", "ns[server]-policy[allow-sleep]-rule[0]", CLIENT_ID);
-    serve_inbound(&plane, "v4", &[allow]);
+    serve_inbound(&plane, "v4", &[allow], &[]);
     wait_or(
         "the ALLOW policy in force",
         || through_envoy(&net, "/hello").0 == 200,
         || lds_answers(&plane, &sidecar),
     );
 
+    // Network RBAC on the TCP chains: a DENY for the client's principal closes its
+    // connections before a byte reaches the workload; HTTP stays allowed.
+    let allow = http_rbac("ALLOW", "ns[server]-policy[allow-sleep]-rule[0]", CLIENT_ID);
+    let deny = network_rbac("DENY", "ns[server]-policy[deny-tcp]-rule[0]", CLIENT_ID);
+    serve_inbound(&plane, "v5", &[allow], &[deny]);
+    wait_or(
+        "the network DENY in force",
+        || !echoes(&net),
+        || lds_answers(&plane, &sidecar),
+    );
+    assert_eq!(through_envoy(&net, "/hello").0, 200);
+
     let m = sidecar.wait_for_metrics("RBAC decisions", STEP_TIME, |m| {
         m.value(
             "remora_authorization_decisions_total",
             &[("protocol", "http")],
         ) >= 3.0
+            && m.value(
+                "remora_authorization_decisions_total",
+                &[
+                    ("protocol", "tcp"),
+                    ("action", "deny"),
+                    ("result", "denied"),
+                ],
+            ) >= 1.0
     });
     assert!(
         m.value(
