@@ -1,7 +1,8 @@
 //! Inbound requests before they go upstream: the path is normalised as Istio's
 //! `pathNormalization` says (and the application receives the normalised path, as from Envoy),
-//! then the authorization policies decide (Envoy's HTTP RBAC filter). A denied request is
-//! answered `403 RBAC: access denied`.
+//! then the authorization policies decide (Envoy's HTTP RBAC filter): the policy files', or
+//! under xDS the `virtualInbound` chain's RBAC filters. A denied request is answered
+//! `403 RBAC: access denied`.
 
 use super::errors::ErrorKind;
 use super::ConnContext;
@@ -12,6 +13,16 @@ use std::borrow::Cow;
 
 /// Normalise the request's path and decide it; `Err` is the local reply to send instead.
 pub(super) fn inbound(ctx: &ConnContext, parts: &mut Parts) -> Result<(), ErrorKind> {
+    if let (Some(chain), Some(store)) = (&ctx.xds_inbound, &ctx.proxy.xds) {
+        // istiod changed or removed the connection's chain: as Envoy drains such a chain's
+        // connections, this request is decided as the connection started and the client
+        // told to reconnect (HTTP/1.1 `Connection: close`), its next connection taking the
+        // chain in force.
+        if !chain.is_current(&store.snapshot()) {
+            ctx.closing
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
     const UNNORMALIZABLE: ErrorKind = ErrorKind::MalformedRequest("path_normalization_failed");
     let mode = ctx.config.authorization.path_normalization;
     if let Some(pq) = parts.uri.path_and_query() {

@@ -93,16 +93,6 @@ pub async fn handle(
             .exchange_headers
             .add_to_request(&mut parts.headers);
     }
-    if let (Some(chain), Some(store)) = (&ctx.xds_inbound, &ctx.proxy.xds) {
-        // istiod changed or removed the connection's chain: as Envoy drains such a chain's
-        // connections, this request is served as the connection started and the client told
-        // to reconnect (HTTP/1.1 `Connection: close`), its next connection taking the chain
-        // in force.
-        if !chain.is_current(&store.snapshot()) {
-            ctx.closing
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
     let refused = match ctx.direction {
         Direction::Inbound => super::authorize::inbound(&ctx, &mut parts).err(),
         Direction::Outbound => None,

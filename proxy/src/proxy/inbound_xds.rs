@@ -196,7 +196,7 @@ impl Proxy {
             .filter(|a| hello.alpn.iter().any(|o| o.as_slice() == *a))
             .collect();
         let server = match self.mesh.chain_server_config(
-            chain_versions(tls, &config.tls),
+            &chain_params(tls, &config.tls),
             &alpn,
             tls.require_client_certificate,
         ) {
@@ -418,19 +418,20 @@ fn san_allowed(tls: &DownstreamTls, peer: Option<&Peer>) -> bool {
     })
 }
 
-/// The TLS versions the chain's `tls_params` allow: its minimum (1.3, or 1.2 for anything
-/// lower: rustls speaks nothing older, and istiod's default is 1.2), else the config file's;
-/// its maximum (1.2 keeps 1.3 out).
-fn chain_versions(tls: &DownstreamTls, file: &remora_config::TlsConfig) -> tls::ChainVersions {
+/// What the chain's `tls_params` allow: its minimum version (1.3, or 1.2 for anything lower:
+/// rustls speaks nothing older, and istiod's default is 1.2), else the config file's; its
+/// maximum (1.2 keeps 1.3 out); its TLS 1.2 cipher suites.
+fn chain_params(tls: &DownstreamTls, file: &remora_config::TlsConfig) -> tls::ChainParams {
     use remora_config::TlsVersion as V;
     use remora_xds::model::cluster::TlsVersion as X;
-    tls::ChainVersions {
+    tls::ChainParams {
         min: match tls.min_version {
             Some(X::Tls1_3) => V::Tls13,
             Some(X::Tls1_0 | X::Tls1_1 | X::Tls1_2) => V::Tls12,
             None => file.min_protocol_version,
         },
         tls12_only: matches!(tls.max_version, Some(X::Tls1_0 | X::Tls1_1 | X::Tls1_2)),
+        cipher_suites: tls.cipher_suites.clone(),
     }
 }
 

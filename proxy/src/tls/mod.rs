@@ -10,6 +10,7 @@
 //! roots and carry an expected SPIFFE ID ([`verify`]). The certificate comes from the
 //! [`crate::identity`] store at each handshake, so a rotation applies to the next one.
 
+mod chain;
 pub mod client_hello;
 pub mod stream;
 pub mod verify;
@@ -18,6 +19,7 @@ pub mod xfcc;
 use crate::identity::{CertSummary, Identity, SpiffeId, Store};
 use crate::metadata_exchange::{LocalHeader, WorkloadMetadata};
 use arc_swap::ArcSwapOption;
+pub use chain::ChainParams;
 use remora_config::{TlsConfig, TlsVersion};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::CertificateDer;
@@ -93,7 +95,7 @@ pub struct Mesh {
     server: ArcSwapOption<CachedServer>,
     /// The server configs built for xDS inbound chains, one per ALPN list and client
     /// certificate requirement; all dropped when the identity or settings change.
-    chain_servers: ArcSwapOption<CachedChainServers>,
+    chain_servers: ArcSwapOption<chain::CachedChainServers>,
     /// The client configs built for the current identity and settings, one per expected
     /// server identities and ALPN offer; all dropped when the identity or settings change.
     clients: ArcSwapOption<CachedClients>,
@@ -115,34 +117,6 @@ struct CachedClient {
     expected: Vec<String>,
     alpn: Vec<Vec<u8>>,
     config: Arc<ClientConfig>,
-}
-
-#[derive(Debug)]
-struct CachedChainServers {
-    identity: Arc<Identity>,
-    configs: Vec<CachedChainServer>,
-}
-
-/// One chain server config: its versions, ALPN list and client certificate requirement.
-type CachedChainServer = (ChainVersions, Vec<Vec<u8>>, bool, Arc<ServerConfig>);
-
-/// The TLS versions an xDS chain's `tls_params` allow, as far as rustls has them (1.2, 1.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChainVersions {
-    pub min: TlsVersion,
-    /// `tls_maximum_protocol_version` below 1.3.
-    pub tls12_only: bool,
-}
-
-static TLS12_ONLY: [&rustls::SupportedProtocolVersion; 1] = [&rustls::version::TLS12];
-
-impl ChainVersions {
-    fn protocols(self) -> &'static [&'static rustls::SupportedProtocolVersion] {
-        match self.tls12_only {
-            true => &TLS12_ONLY,
-            false => versions(self.min),
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -198,45 +172,6 @@ impl Mesh {
                 min,
                 config: Arc::clone(config),
             })));
-        }
-        Some(built)
-    }
-
-    /// The config that terminates mesh TLS for an xDS inbound chain: the workload certificate,
-    /// `alpn` selected from (the chain's protocols the client offered, in the chain's order:
-    /// Envoy selects none rather than fail when nothing is shared), and a client certificate
-    /// that chains to the roots, required when `require_client` says so. `None` without an
-    /// identity.
-    pub fn chain_server_config(
-        &self,
-        versions: ChainVersions,
-        alpn: &[&[u8]],
-        require_client: bool,
-    ) -> Option<Result<Arc<ServerConfig>, ConfigError>> {
-        let identity = self.identity.current()?;
-        let cached = self.chain_servers.load_full();
-        let current = cached
-            .as_ref()
-            .filter(|c| Arc::ptr_eq(&c.identity, &identity));
-        if let Some((_, _, _, hit)) = current.and_then(|c| {
-            c.configs.iter().find(|(v, a, r, _)| {
-                *v == versions
-                    && *r == require_client
-                    && a.iter().map(Vec::as_slice).eq(alpn.iter().copied())
-            })
-        }) {
-            return Some(Ok(Arc::clone(hit)));
-        }
-        let built = build_chain_server(&identity, versions, alpn, require_client).map(Arc::new);
-        if let Ok(config) = &built {
-            let mut configs = current
-                .filter(|c| c.configs.len() < CACHED_CLIENTS)
-                .map(|c| c.configs.clone())
-                .unwrap_or_default();
-            let alpn = alpn.iter().map(|p| p.to_vec()).collect();
-            configs.push((versions, alpn, require_client, Arc::clone(config)));
-            self.chain_servers
-                .store(Some(Arc::new(CachedChainServers { identity, configs })));
         }
         Some(built)
     }
@@ -331,34 +266,6 @@ fn build_server(identity: &Identity, min: TlsVersion) -> Result<ServerConfig, Co
     config.alpn_protocols = SERVER_ALPNS.iter().map(|p| p.to_vec()).collect();
     // Sessions are not resumed: each connection proves its client certificate afresh, so a
     // revoked or rotated peer certificate is never honoured from a ticket.
-    config.send_tls13_tickets = 0;
-    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
-    Ok(config)
-}
-
-fn build_chain_server(
-    identity: &Identity,
-    versions: ChainVersions,
-    alpn: &[&[u8]],
-    require_client: bool,
-) -> Result<ServerConfig, ConfigError> {
-    let provider = provider();
-    let builder = WebPkiClientVerifier::builder_with_provider(
-        Arc::clone(&identity.roots),
-        Arc::clone(&provider),
-    );
-    let builder = match require_client {
-        true => builder,
-        false => builder.allow_unauthenticated(),
-    };
-    let verifier = builder.build().map_err(|e| ConfigError(e.to_string()))?;
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(versions.protocols())
-        .map_err(|e| ConfigError(e.to_string()))?
-        .with_client_cert_verifier(verifier)
-        .with_cert_resolver(Arc::new(Fixed(Arc::clone(&identity.certified))));
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    // As the capture listener's: no resumption, every client certificate proved afresh.
     config.send_tls13_tickets = 0;
     config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     Ok(config)
