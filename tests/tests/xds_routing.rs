@@ -7,7 +7,7 @@ use remora_e2e::certs::MeshCa;
 use remora_e2e::mesh::{client_config, handshakes, server_config, two_pods, CLIENT_ID, SERVER_ID};
 use remora_e2e::peer::{self, any_addr, curl, curl_ok, Server};
 use remora_e2e::service::{peer_program, Service};
-use remora_e2e::xds_resources::{eds_cluster, endpoint, mtls_cluster};
+use remora_e2e::xds_resources::{eds_cluster, endpoint, inbound_cluster, mtls_cluster};
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -328,7 +328,7 @@ fn auto_mtls_per_endpoint_to_a_peer_sidecar_with_the_sockets_sni_and_san() {
 }
 
 /// istiod's `virtualInbound` with only mTLS chains for `port` (STRICT) and both kinds for
-/// every other port (PERMISSIVE).
+/// every other port (PERMISSIVE), all to `InboundPassthroughClusterIpv4`.
 fn strict_inbound(port: u16) -> Value {
     let sds = |name: &str| {
         json!({"name": name, "sds_config": {"api_config_source": {"api_type": "GRPC",
@@ -351,6 +351,9 @@ fn strict_inbound(port: u16) -> Value {
     json!([{
     "name": "virtualInbound", "traffic_direction": "INBOUND",
     "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15006}},
+    // Without the TLS inspector no connection is known to be TLS, in Envoy as here.
+    "listener_filters": [{"name": "envoy.filters.listener.tls_inspector", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"}}],
     "filter_chains": [
         {"filter_chain_match": {"destination_port": port, "transport_protocol": "tls"},
          "transport_socket": tls.clone(), "filters": tcp.clone()},
@@ -372,9 +375,10 @@ fn inbound_mtls_mode_per_port_follows_virtual_inbound() {
     ca.install(&server_dir, &ca.workload(SERVER_ID));
     net.capture_default();
     let dir = net.binary().make_dir("xds");
-    write_all(&dir, strict_inbound(8080), json!([]), json!([]), json!([]));
+    let clusters = json!([inbound_cluster("InboundPassthroughClusterIpv4")]);
+    write_all(&dir, strict_inbound(8080), json!([]), clusters, json!([]));
     // The config file says PERMISSIVE; the resources say STRICT for 8080.
-    let _server = net
+    let server = net
         .remora()
         .config(&format!(
             "{}xds:\n  resources_dir: {}\n",
@@ -417,7 +421,12 @@ fn inbound_mtls_mode_per_port_follows_virtual_inbound() {
         &["-s", &format!("http://{}/", net.pod_addr(8080))],
         CURL_TIME,
     );
-    assert_eq!(curl_ok(&out, "mTLS to the STRICT port"), "strict");
+    assert_eq!(
+        curl_ok(&out, "mTLS to the STRICT port"),
+        "strict",
+        "{}",
+        server.stderr()
+    );
 }
 
 /// An h2c-only origin (prior knowledge; an HTTP/1.1 request fails its handshake) answering

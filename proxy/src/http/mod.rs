@@ -67,6 +67,9 @@ pub struct ConnContext {
     pub originate: Option<Box<originate::Originate>>,
     /// Routed by xDS: each request is routed by this table and balanced ([`routed`]).
     pub xds_routes: Option<Box<remora_xds::model::listener::RouteSource>>,
+    /// Inbound by xDS: the `virtualInbound` chain that took the connection, whose HTTP RBAC
+    /// filters decide each request (the policy files do not).
+    pub xds_inbound: Option<crate::route::ChainRef>,
     /// The client's sidecar as its metadata headers described it (mesh TLS terminated).
     described_client: std::sync::OnceLock<Arc<crate::tls::Peer>>,
     in_flight: AtomicUsize,
@@ -116,6 +119,7 @@ impl ConnContext {
             sni: None,
             originate: None,
             xds_routes: None,
+            xds_inbound: None,
             described_client: std::sync::OnceLock::new(),
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
@@ -313,6 +317,8 @@ pub struct Connection {
     pub originate: Option<Box<originate::Originate>>,
     /// Routed by xDS: the chain's route table, by which each request is routed and balanced.
     pub xds_routes: Option<Box<remora_xds::model::listener::RouteSource>>,
+    /// Inbound by xDS: the chain whose HTTP RBAC filters decide each request.
+    pub xds_inbound: Option<crate::route::ChainRef>,
 }
 
 /// Serve HTTP on a detected connection until it closes; how it ended and the bytes it carried
@@ -354,6 +360,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         sni,
         originate: c.originate,
         xds_routes: c.xds_routes,
+        xds_inbound: c.xds_inbound,
         early_failed: AtomicBool::new(early_failed),
         ..ConnContext::new(proxy, config, c.direction, c.peer, key, c.connect_timeout)
     });

@@ -515,7 +515,7 @@ pub(super) async fn send(
     protocol::translate(&mut req, version);
     let key = Key {
         destination: selected.address,
-        source: dial::source(&selected),
+        source: dial::source(&selected, ctx.key.source),
         version,
         tls: match &selected.transport {
             Transport::Plaintext => 0,
@@ -551,6 +551,7 @@ pub(super) async fn send(
         &selected,
         ctx.direction,
         Some(&alpn),
+        ctx.key.source,
     ))
     .await
     .map_err(|e| {

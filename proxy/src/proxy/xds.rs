@@ -100,7 +100,7 @@ impl Proxy {
             idle,
             ..hop
         };
-        let connected = dial::dial(self, &config.tls, &selected, hop.dir, None).await;
+        let connected = dial::dial(self, &config.tls, &selected, hop.dir, None, None).await;
         match connected {
             Ok(Connected::Plain(up)) => {
                 // No mesh peer to learn: Istio's open is counted now, for an unknown peer.
@@ -159,6 +159,7 @@ impl Proxy {
                 early,
                 originate: None,
                 xds_routes: routes,
+                xds_inbound: None,
             },
         )
         .await;
@@ -174,7 +175,7 @@ impl Proxy {
 
 /// The chain's `tcp_proxy` idle timeout: unset is Envoy's hour (the config file's
 /// `tcp.idle_timeout`, whose default it is), zero is none.
-fn tcp_idle(
+pub(super) fn tcp_idle(
     chain: &remora_xds::model::listener::FilterChain,
     config: Option<Duration>,
 ) -> Option<Duration> {
@@ -190,7 +191,7 @@ fn tcp_idle(
 /// Whether a listener's chains look at what detection reads (TLS or not, ALPN, SNI): if none
 /// does, the connection is decided by its destination alone, at once, as Envoy does without
 /// inspector filters, and a server that speaks first is not kept waiting.
-fn inspects(listener: &Listener) -> bool {
+pub(super) fn inspects(listener: &Listener) -> bool {
     listener.all_chains().any(|c| {
         let m = &c.matcher;
         m.transport_protocol.is_some()

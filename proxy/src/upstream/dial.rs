@@ -53,19 +53,23 @@ impl DialError {
 }
 
 /// Connect to `selected`, for traffic going `direction`. `alpn` replaces the socket's ALPN
-/// offer (Istio's ALPN filter does for HTTP).
+/// offer (Istio's ALPN filter does for HTTP). The source is the cluster's
+/// `upstream_bind_config` (istiod's inbound clusters bind `127.0.0.6`, which the capture rules
+/// let through), else `source`: the inbound passthrough source for an inbound hop, which would
+/// otherwise be captured into 15006 again, none outbound (UID 1337 is not captured).
 pub async fn dial(
     proxy: &Proxy,
     tls_config: &TlsConfig,
     selected: &Selected,
     direction: Direction,
     alpn: Option<&[&[u8]]>,
+    source: Option<connect::Source>,
 ) -> Result<Connected, DialError> {
     // Outbound hops are not captured again (UID 1337): any source will do, unless the
-    // cluster binds one.
+    // cluster binds one; inbound ones come from the passthrough source the caller gives.
     let upstream = connect::connect(
         selected.address,
-        source(selected),
+        self::source(selected, source),
         selected.connect_timeout,
         direction,
         &proxy.loop_guard,
@@ -122,13 +126,15 @@ pub async fn dial(
     }
 }
 
-/// The cluster's `upstream_bind_config` source address (istiod's `127.0.0.6` on inbound
-/// clusters, so the application sees traffic from the sidecar).
-pub fn source(selected: &Selected) -> Option<connect::Source> {
+/// The source of a connection to the selected endpoint: the cluster's `upstream_bind_config`
+/// address (istiod's `127.0.0.6` on inbound clusters, so the application sees traffic from
+/// the sidecar), else `otherwise` (the caller's: inbound, the passthrough source).
+pub fn source(selected: &Selected, otherwise: Option<connect::Source>) -> Option<connect::Source> {
     selected
         .cluster
         .upstream_bind_address
         .map(connect::Source::Local)
+        .or(otherwise)
 }
 
 /// The socket's SNI, or the address (rustls then sends none).
