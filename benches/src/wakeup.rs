@@ -220,9 +220,11 @@ mod tests {
         assert!(cost.cpu_us_per_wake_up > 0.0);
         // Each message wakes the sleeper once. On one shared core the answer also hands the
         // core to the waker, which puts the sleeper back on it once more.
+        // A message that lands while the sleeper is still running (a loaded machine) wakes
+        // nothing, so a few in fifty may cost none.
         let most = if sleeper == waker { 2.5 } else { 1.5 };
         assert!(
-            (1.0..most).contains(&cost.wake_ups_per_message),
+            (0.9..most).contains(&cost.wake_ups_per_message),
             "{cost:?} on cores {sleeper} and {waker}"
         );
     }
