@@ -183,9 +183,9 @@ fn remoras_file_loader_applies_the_whole_directory() {
     let r = generate(30, 15001, &Sources::Ads);
     write_remora_dir(&dir, &r).expect("written");
     let store = remora_xds::store::Store::new();
-    let read = remora::xds_files::read_dir(&dir).expect("reads");
-    let refused = remora::xds_files::apply(&store, read, "1");
-    assert!(refused.is_empty(), "{refused:#?}");
+    let synced = remora::xds_files::Source::new(dir.clone()).sync(&store, "1");
+    assert!(synced.errors.is_empty(), "{:#?}", synced.errors);
+    assert!(synced.refused.is_empty(), "{:#?}", synced.refused);
     let snap = store.snapshot();
     assert_eq!(snap.clusters.len(), r.clusters.len());
     assert_eq!(snap.listeners.len(), r.listeners.len());

@@ -165,6 +165,9 @@ impl Sink for LoggedStore {
         let whole =
             update.complete && (type_url == type_url::CLUSTER || type_url == type_url::LISTENER);
         let applied = self.store.apply(type_url, update);
+        // Decoding and converting an update leaves its transients free in the heap, below
+        // what is kept; hand those pages back (see remora-malloc).
+        remora_malloc::release_free_memory();
         {
             let now = SystemTime::now();
             let mut refusals = self.refusals.lock();
