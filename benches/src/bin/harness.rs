@@ -32,7 +32,7 @@ struct Cli {
     /// Scenarios to run (repeatable); all by default.
     #[arg(long, value_enum)]
     scenario: Vec<Scenario>,
-    /// Contenders, comma-separated: no-proxy, remora, envoy, haproxy, nginx, remora-tcp, floor
+    /// Contenders, comma-separated: no-proxy, remora, remora-xds, envoy, haproxy, nginx, remora-tcp, floor
     /// (all by default). Ratios need no-proxy and envoy.
     #[arg(long, value_delimiter = ',')]
     proxies: Vec<String>,

@@ -131,6 +131,11 @@ impl Edits {
         edits
     }
 
+    /// Whether there is nothing to apply.
+    pub fn is_empty(&self) -> bool {
+        self.remove.is_empty() && self.add.is_empty()
+    }
+
     /// Apply to `headers`. Values are taken literally (Envoy's `%…%` formatters are not
     /// expanded).
     pub fn apply(&self, headers: &mut HeaderMap) {
@@ -165,39 +170,56 @@ pub enum Answer {
     },
 }
 
-/// Route one request by the connection's table in the snapshot in force now; a forwarded
-/// one's end records what it holds until it ends.
-pub fn decide(
+/// A forwarded request's route, before it is applied to the request: where it goes, and
+/// what the route changes of the request.
+#[derive(Debug)]
+pub struct Decided {
+    pub routed: Routed,
+    pub request_edits: Edits,
+    /// The path (with query) `prefix_rewrite` makes of the request's.
+    pub path: Option<String>,
+    /// `host_rewrite`'s Host.
+    pub host: Option<String>,
+}
+
+impl Decided {
+    /// Whether the route leaves the request's head and the response's as they are (the HTTP/1.1
+    /// fast path forwards heads as received, so it serves only such routes).
+    pub fn edits_nothing(&self) -> bool {
+        self.request_edits.is_empty()
+            && self.routed.response_edits.is_empty()
+            && self.path.is_none()
+            && self.host.is_none()
+    }
+}
+
+impl Routed {
+    /// What the request holds until it ends, to be counted under the cluster's service.
+    pub fn end(&self) -> Box<super::body::RoutedEnd> {
+        Box::new(super::body::RoutedEnd {
+            in_flight: None,
+            metrics_peer: self.metrics_peer.clone(),
+        })
+    }
+}
+
+/// The route decision for one request (its `host`, method, path and headers) by the
+/// connection's table in the snapshot in force now: the one decision hyper's path and the
+/// HTTP/1.1 fast path both take.
+pub fn decide_request(
     ctx: &ConnContext,
     routes: &RouteSource,
-    parts: &mut Parts,
-    end: &mut RequestEnd,
-) -> Result<Routed, Answer> {
+    host: &str,
+    req: &RequestParts<'_>,
+) -> Result<Decided, Answer> {
     let Some(store) = &ctx.proxy.xds else {
         return Err(Answer::Error(ErrorKind::NoRoute));
     };
-    let snapshot = store.snapshot();
+    let snapshot = store.current();
     let Some(table) = route::route_table(&snapshot, routes) else {
         return Err(Answer::Error(ErrorKind::NoRoute));
     };
-    let host = parts
-        .headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| parts.uri.authority().map(|a| a.as_str()))
-        .unwrap_or_default();
-    let header = |name: &str| match name {
-        ":authority" => Some(host),
-        ":method" => Some(parts.method.as_str()),
-        ":path" => parts.uri.path_and_query().map(|p| p.as_str()),
-        _ => parts.headers.get(name).and_then(|v| v.to_str().ok()),
-    };
-    let req = RequestParts {
-        method: parts.method.as_str(),
-        path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
-        header: &header,
-    };
-    let decision = route::http_route(table, host, &req, fastrand::u64(..));
+    let decision = route::http_route(table, host, req, fastrand::u64(..));
     let (cluster, route, forward, retry, vhost) = match decision {
         HttpDecision::Forward {
             cluster,
@@ -209,7 +231,7 @@ pub fn decide(
         other => return Err(answer(other, host, req.path_and_query)),
     };
     let (request_edits, response_edits) = edits(table, vhost, route, forward, cluster);
-    let rewritten = forward
+    let path = forward
         .prefix_rewrite
         .as_deref()
         .and_then(|to| rewrite_prefix(&route.matcher.path, req.path_and_query, to));
@@ -227,19 +249,49 @@ pub fn decide(
             .cluster(cluster)
             .and_then(|c| ctx.proxy.upstreams.service_peer(c)),
     };
-    end.routed = Some(Box::new(super::body::RoutedEnd {
-        in_flight: None,
-        metrics_peer: routed.metrics_peer.clone(),
-    }));
-    let host_rewrite = forward.host_rewrite.clone();
-    request_edits.apply(&mut parts.headers);
-    if let Some(path) = rewritten.and_then(|p| p.parse::<http::Uri>().ok()) {
+    Ok(Decided {
+        routed,
+        request_edits,
+        path,
+        host: forward.host_rewrite.clone(),
+    })
+}
+
+/// Route one request by the connection's table in the snapshot in force now; a forwarded
+/// one's end records what it holds until it ends.
+pub fn decide(
+    ctx: &ConnContext,
+    routes: &RouteSource,
+    parts: &mut Parts,
+    end: &mut RequestEnd,
+) -> Result<Routed, Answer> {
+    let host = parts
+        .headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| parts.uri.authority().map(|a| a.as_str()))
+        .unwrap_or_default();
+    let header = |name: &str| match name {
+        ":authority" => Some(host),
+        ":method" => Some(parts.method.as_str()),
+        ":path" => parts.uri.path_and_query().map(|p| p.as_str()),
+        _ => parts.headers.get(name).and_then(|v| v.to_str().ok()),
+    };
+    let req = RequestParts {
+        method: parts.method.as_str(),
+        path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+        header: &header,
+    };
+    let decided = decide_request(ctx, routes, host, &req)?;
+    end.routed = Some(decided.routed.end());
+    decided.request_edits.apply(&mut parts.headers);
+    if let Some(path) = decided.path.and_then(|p| p.parse::<http::Uri>().ok()) {
         parts.uri = path;
     }
-    if let Some(host) = host_rewrite.and_then(|h| HeaderValue::try_from(h).ok()) {
+    if let Some(host) = decided.host.and_then(|h| HeaderValue::try_from(h).ok()) {
         parts.headers.insert(http::header::HOST, host);
     }
-    Ok(routed)
+    Ok(decided.routed)
 }
 
 /// What a request that is not forwarded gets.
@@ -284,27 +336,24 @@ fn rewrite_prefix(matched: &PathMatch, path_and_query: &str, to: &str) -> Option
     Some(format!("{to}{rest}"))
 }
 
-/// One attempt of a routed request: an endpoint chosen now, a pooled connection to it if one
-/// is idle, else a new one.
-pub(super) async fn send(
+/// One attempt's endpoint of the routed cluster ([`crate::upstream`]'s choice, by the
+/// snapshot in force now), and the pool key of connections to it: the endpoint and the TLS
+/// parameters its transport takes. Both hyper's path and the HTTP/1.1 fast path select here.
+pub(super) fn select(
     ctx: &ConnContext,
     routed: &Routed,
-    mut req: Request<UpstreamBody>,
-) -> Result<Upstreamed, ProxyError> {
-    let snapshot = match &ctx.proxy.xds {
-        Some(store) => store.snapshot(),
-        None => {
-            return Err(ProxyError::new(
-                ErrorKind::NoRoute,
-                routed.original_dst,
-                "no xDS",
-            ))
-        }
+) -> Result<(crate::upstream::Selected, Key), ProxyError> {
+    let Some(store) = &ctx.proxy.xds else {
+        return Err(ProxyError::new(
+            ErrorKind::NoRoute,
+            routed.original_dst,
+            "no xDS",
+        ));
     };
     let selected = ctx
         .proxy
         .upstreams
-        .select(&snapshot, &routed.cluster, routed.original_dst)
+        .select(&store.current(), &routed.cluster, routed.original_dst)
         .map_err(|e| {
             let kind = match e {
                 UpstreamError::NoCluster(_) => ErrorKind::NoCluster,
@@ -314,16 +363,35 @@ pub(super) async fn send(
             };
             ProxyError::new(kind, routed.original_dst, e)
         })?;
-    let version = ctx.key.version;
     let key = Key {
         destination: selected.address,
         source: None,
-        version,
+        version: ctx.key.version,
         tls: match &selected.transport {
             Transport::Plaintext => 0,
             Transport::Mesh(mesh) => ctx.proxy.upstreams.tls_id(mesh),
         },
     };
+    Ok((selected, key))
+}
+
+/// What a failed dial of an endpoint answers (and whether it is retried).
+pub(super) fn dial_failure(e: &dial::DialError) -> ErrorKind {
+    match e.end() {
+        crate::access_log::End::ConnectTimeout => ErrorKind::ConnectTimeout,
+        _ => ErrorKind::ConnectFailed,
+    }
+}
+
+/// One attempt of a routed request: an endpoint chosen now, a pooled connection to it if one
+/// is idle, else a new one.
+pub(super) async fn send(
+    ctx: &ConnContext,
+    routed: &Routed,
+    mut req: Request<UpstreamBody>,
+) -> Result<Upstreamed, ProxyError> {
+    let (selected, key) = select(ctx, routed)?;
+    let version = key.version;
     let idle_timeout = ctx.config.http.pool_idle_timeout;
     if let Some(sender) = ctx.proxy.pool.checkout(&key, Instant::now(), idle_timeout) {
         match send_on(ctx, key, sender, req).await {
@@ -344,13 +412,7 @@ pub(super) async fn send(
         Some(&alpn),
     ))
     .await
-    .map_err(|e| {
-        let kind = match e.end() {
-            crate::access_log::End::ConnectTimeout => ErrorKind::ConnectTimeout,
-            _ => ErrorKind::ConnectFailed,
-        };
-        ProxyError::new(kind, selected.address, e)
-    })?;
+    .map_err(|e| ProxyError::new(dial_failure(&e), selected.address, e))?;
     let sender = match connected {
         Connected::Plain(up) => pool::handshake(up, version).await,
         Connected::Mesh(tls, registration) => {

@@ -520,6 +520,7 @@ async fn a_body_that_starts_malformed_is_answered_502_and_not_passed_on() {
 }
 
 mod mesh_tls;
+mod routed;
 
 #[tokio::test]
 async fn a_request_without_host_is_answered_400_and_never_forwarded() {

@@ -1,0 +1,182 @@
+//! The fast path on connections routed by xDS: each request takes the route decision and
+//! the upstream layer's endpoint on its own, over one client keep-alive connection.
+
+use super::*;
+use remora_xds::model::listener::RouteSource;
+use serde_json::json;
+
+const OK_A: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\na";
+const OK_B: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nb";
+const UNAVAILABLE: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n";
+
+/// A proxy routing port 80 by table `80`: `svc` to a ROUND_ROBIN cluster of `endpoints`
+/// (Istio's default retries, 503 among them), `/plain-retries` the same without 503,
+/// `/nowhere` to a cluster that does not exist, `/edited` adding a request header; any
+/// other host has no virtual host.
+fn routed_proxy(endpoints: &[SocketAddr]) -> Arc<Proxy> {
+    let cluster = "outbound|80||svc.default.svc.cluster.local";
+    let lb: Vec<_> = endpoints
+        .iter()
+        .map(|a| json!({"endpoint": {"address": {"socket_address": {"address": a.ip().to_string(), "port_value": a.port()}}}}))
+        .collect();
+    let retry = |codes: bool| {
+        let mut r = json!({"retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes", "num_retries": 2});
+        if codes {
+            r["retriable_status_codes"] = json!([503]);
+        }
+        r
+    };
+    let store = crate::xds_files::store_of(
+        json!([{"name": cluster, "type": "EDS", "connect_timeout": "1s", "lb_policy": "ROUND_ROBIN",
+                "eds_cluster_config": {"eds_config": {"ads": {}}, "service_name": cluster}}]),
+        json!([{"cluster_name": cluster, "endpoints": [{"lb_endpoints": lb}]}]),
+        json!([{"name": "0.0.0.0_80", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 80}},
+                "traffic_direction": "OUTBOUND", "bind_to_port": false,
+                "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                    "stat_prefix": "outbound_0.0.0.0_80",
+                    "rds": {"config_source": {"ads": {}}, "route_config_name": "80"},
+                    "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}]),
+        json!([{"name": "80", "ignore_port_in_host_matching": true, "virtual_hosts": [
+            {"name": "svc", "domains": ["svc"], "routes": [
+                {"match": {"path": "/nowhere"}, "route": {"cluster": "outbound|80||nowhere"}},
+                {"match": {"path": "/plain-retries"}, "route": {"cluster": cluster, "retry_policy": retry(false)}},
+                {"match": {"path": "/edited"}, "route": {"cluster": cluster},
+                 "request_headers_to_add": [{"header": {"key": "x-edited", "value": "yes"}}]},
+                {"match": {"prefix": "/"}, "route": {"cluster": cluster, "retry_policy": retry(true)}}]}]}]),
+    );
+    let mut proxy = proxy(Config::default());
+    Arc::get_mut(&mut proxy).expect("not shared yet").xds = Some(Arc::new(store));
+    proxy
+}
+
+/// A client connection routed by table `80`, as `proxy/xds.rs` hands one to the HTTP path.
+async fn routed_client(proxy: &Arc<Proxy>) -> TcpStream {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (stream, peer) = listener.accept().await.unwrap();
+    let config = proxy.config.load_full();
+    tokio::spawn(super::super::super::serve(
+        Arc::clone(proxy),
+        config,
+        super::super::super::Connection {
+            downstream: Downstream::Plain(stream),
+            mesh_peer: None,
+            peer,
+            direction: Direction::Outbound,
+            // The service's address: never dialled, the route decides.
+            destination: "10.96.0.10:80".parse().unwrap(),
+            source: None,
+            connect_timeout: Duration::from_secs(1),
+            version: HttpVersion::Http1,
+            prefix: BytesMut::new(),
+            early: None,
+            originate: None,
+            xds_routes: Some(Box::new(RouteSource::Rds("80".into()))),
+        },
+    ));
+    client
+}
+
+async fn get(c: &mut TcpStream, buf: &mut Vec<u8>, host: &str, path: &str) -> String {
+    let req = format!("GET {path} HTTP/1.1\r\nhost: {host}\r\n\r\n");
+    c.write_all(req.as_bytes()).await.unwrap();
+    response(c, buf).await
+}
+
+#[tokio::test]
+async fn a_routed_keep_alive_connection_is_balanced_per_request_on_the_fast_path() {
+    let (a, mut seen_a) = upstream(vec![Answer::Reply(OK_A)]).await;
+    let (b, mut seen_b) = upstream(vec![Answer::Reply(OK_B)]).await;
+    let proxy = routed_proxy(&[a, b]);
+    let mut c = routed_client(&proxy).await;
+    let mut buf = Vec::new();
+    let mut bodies = String::new();
+    for _ in 0..4 {
+        let r = get(&mut c, &mut buf, "svc", "/x").await;
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        bodies.push_str(&r[r.len() - 1..]);
+    }
+    // ROUND_ROBIN over the two endpoints, request by request, on one client connection.
+    assert!(bodies == "abab" || bodies == "baba", "{bodies}");
+    for seen in [&mut seen_a, &mut seen_b] {
+        let (first, second) = (seen.recv().await.unwrap(), seen.recv().await.unwrap());
+        // Each endpoint's connection is pooled and used again.
+        assert_eq!((first.conn, second.conn), (0, 0));
+        assert!(first.head.starts_with("GET /x HTTP/1.1\r\nhost: svc\r\n"));
+        // The route's retries add the attempt count, as hyper's routed path does.
+        assert!(
+            first.head.contains("x-envoy-attempt-count: 1\r\n"),
+            "{}",
+            first.head
+        );
+    }
+    assert_eq!(
+        proxy.metrics.http1_fast_path.get(),
+        4,
+        "all on the fast path"
+    );
+
+    // No virtual host: 404 NR; no such cluster: 503 NC. The connection stays.
+    let r = get(&mut c, &mut buf, "elsewhere", "/x").await;
+    assert!(
+        r.starts_with("HTTP/1.1 404") && r.ends_with("route_not_found"),
+        "{r}"
+    );
+    let r = get(&mut c, &mut buf, "svc", "/nowhere").await;
+    assert!(
+        r.starts_with("HTTP/1.1 503") && r.ends_with("cluster_not_found"),
+        "{r}"
+    );
+    assert_eq!(proxy.metrics.http1_fast_path.get(), 6);
+    assert!(get(&mut c, &mut buf, "svc", "/x")
+        .await
+        .starts_with("HTTP/1.1 200"));
+    // Nothing is left counted against the endpoints once the requests ended.
+    assert_eq!(proxy.upstreams.active(a) + proxy.upstreams.active(b), 0);
+}
+
+#[tokio::test]
+async fn a_503_is_retried_only_when_the_routes_policy_lists_it() {
+    let (a, mut seen) = upstream(vec![
+        Answer::ReplyAndClose(UNAVAILABLE),
+        Answer::Reply(OK_A),
+        Answer::ReplyAndClose(UNAVAILABLE),
+    ])
+    .await;
+    let proxy = routed_proxy(&[a]);
+    let mut c = routed_client(&proxy).await;
+    let mut buf = Vec::new();
+    let r = get(&mut c, &mut buf, "svc", "/x").await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    let (first, second) = (seen.recv().await.unwrap(), seen.recv().await.unwrap());
+    assert!(first.head.contains("x-envoy-attempt-count: 1\r\n"));
+    assert!(second.head.contains("x-envoy-attempt-count: 2\r\n"));
+    // Retries without 503 among their codes: the 503 is the answer.
+    let r = get(&mut c, &mut buf, "svc", "/plain-retries").await;
+    assert!(r.starts_with("HTTP/1.1 503"), "{r}");
+    assert_eq!(proxy.metrics.http1_fast_path.get(), 2);
+}
+
+#[tokio::test]
+async fn a_route_that_edits_headers_hands_the_connection_to_hyper() {
+    let (a, mut seen) = upstream(vec![Answer::Reply(OK_A)]).await;
+    let proxy = routed_proxy(&[a]);
+    let mut c = routed_client(&proxy).await;
+    let mut buf = Vec::new();
+    assert!(get(&mut c, &mut buf, "svc", "/x")
+        .await
+        .starts_with("HTTP/1.1 200"));
+    let r = get(&mut c, &mut buf, "svc", "/edited").await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    let _ = seen.recv().await.unwrap();
+    let edited = seen.recv().await.unwrap();
+    assert!(edited.head.contains("x-edited: yes\r\n"), "{}", edited.head);
+    // The first request was the fast path's; from the edited one on, hyper serves.
+    assert!(get(&mut c, &mut buf, "svc", "/x")
+        .await
+        .starts_with("HTTP/1.1 200"));
+    assert_eq!(proxy.metrics.http1_fast_path.get(), 1);
+}
