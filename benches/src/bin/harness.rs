@@ -482,11 +482,15 @@ fn offers_http_mode(remora: &Path) -> bool {
         return false;
     };
     let help = String::from_utf8_lossy(&out.stdout);
+    // On one line (`[possible values: tcp, http, …]`), or one per line (`- http`) once a
+    // value has a description of its own.
     help.find("--protocol").is_some_and(|i| {
-        help[i..]
-            .lines()
-            .take(8)
-            .any(|l| l.contains("possible values") && l.contains("http"))
+        help[i..].lines().take(12).any(|l| {
+            let l = l.trim();
+            (l.contains("possible values") && l.contains("http"))
+                || l == "- http"
+                || l.starts_with("- http:")
+        })
     })
 }
 
