@@ -331,8 +331,10 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         .filter_map(|(_, l)| l.local_addr().ok().map(|a| a.port()))
         .collect();
     let loop_guard = LoopGuard::new(capture_ports);
+    let upstreams = Arc::new(crate::upstream::Upstreams::default());
     let state = Arc::new(AdminState {
         upstreams: Arc::clone(&loop_guard),
+        dns_hosts: Arc::clone(&upstreams.dns),
         config: Arc::clone(&store),
         listeners: listener_info(&routes),
         workload: own,
@@ -416,7 +418,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         xds: xds
             .clone()
             .or_else(|| xds_files.as_ref().map(|w| Arc::clone(&w.store))),
-        upstreams: Arc::default(),
+        upstreams,
     });
     let metrics_handle = Arc::clone(&metrics);
     let identity_store = identity;
@@ -471,6 +473,10 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         tokio::spawn(policies.watch());
         if let Some(w) = xds_files {
             tokio::spawn(w.watch());
+        }
+        if let Some(store) = &proxy.xds {
+            let hosts = Arc::clone(&proxy.upstreams.dns);
+            tokio::spawn(crate::upstream::dns::run(Arc::clone(store), hosts));
         }
         serve(proxy, routes, dns, state, reloader).await
     });

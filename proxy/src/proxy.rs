@@ -22,6 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::net::TcpStream;
 
 mod authorize;
+mod inbound_xds;
 mod mesh;
 mod xds;
 
@@ -246,8 +247,12 @@ impl Proxy {
             let snapshot = xds.snapshot();
             return Box::pin(self.xds_outbound(config, downstream, hop, snapshot)).await;
         }
-        let xds = self.xds.as_deref();
-        if let Some(leg) = mesh::leg(&self.mesh, config, route, destination, xds) {
+        if let (Some(xds), Route::Capture(Direction::Inbound)) = (&self.xds, route) {
+            // Inbound by xDS: `virtualInbound`'s chains decide mesh TLS, RBAC and where to.
+            let snapshot = xds.snapshot();
+            return Box::pin(self.xds_inbound(config, downstream, hop, snapshot)).await;
+        }
+        if let Some(leg) = mesh::leg(&self.mesh, config, route, destination) {
             // Boxed (by `mesh`): only connections that meet mesh TLS carry its state.
             return self.mesh(config, downstream, hop, mode, leg).await;
         }
@@ -423,6 +428,7 @@ impl Proxy {
                 early,
                 originate,
                 xds_routes: None,
+                xds_inbound: None,
             },
         )
         .await;

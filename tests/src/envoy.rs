@@ -6,7 +6,7 @@
 use crate::netns::Netns;
 use crate::process::{run_bounded, spawn, RemoraBinary};
 use crate::{environment, peer};
-use std::fs::{self, File};
+use std::fs;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -92,15 +92,41 @@ impl<'a> Envoy<'a> {
     /// Run `binary` in `ns` with `yaml` (written into `work`'s directory) and wait until its
     /// admin on 127.0.0.1:[`ADMIN_PORT`] reports it live; panics with its log otherwise.
     pub fn start(ns: &'a Netns, binary: &Path, work: &RemoraBinary, yaml: &str) -> Envoy<'a> {
+        Envoy::spawn(ns, ns.command(binary), work, yaml)
+    }
+
+    /// [`Envoy::start`] as a captured pod's sidecar: GID 1337, which the capture rules
+    /// exempt, so its own upstream connections are not captured again (UID 0 keeps it able
+    /// to read the binary wherever it is cached; Istio's TPROXY mode runs Envoy so too).
+    pub fn start_sidecar(
+        ns: &'a Netns,
+        binary: &Path,
+        work: &RemoraBinary,
+        yaml: &str,
+    ) -> Envoy<'a> {
+        let mut cmd = ns.command("setpriv");
+        let gid = crate::PROXY_UID.to_string();
+        cmd.args(["--regid", &gid, "--clear-groups"]).arg(binary);
+        Envoy::spawn(ns, cmd, work, yaml)
+    }
+
+    fn spawn(ns: &'a Netns, mut cmd: Command, work: &RemoraBinary, yaml: &str) -> Envoy<'a> {
         let config = work.write_file("envoy.yaml", yaml);
         let log = config.with_extension("log");
-        let out = File::create(&log).expect("create Envoy's log");
+        // Appending: Envoy opens `/dev/stdout` again for a file access log, and without
+        // O_APPEND that second description would write over its own log from offset 0.
+        let out = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("create Envoy's log");
         let err = out.try_clone().expect("share Envoy's log");
-        let mut cmd = ns.command(binary);
         // No hot restart: it would share memory between every Envoy on the machine.
         cmd.arg("-c")
             .arg(&config)
             .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info"])
+            // Access logs written within a tenth of a second, not Envoy's ten.
+            .args(["--file-flush-interval-msec", "100"])
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);

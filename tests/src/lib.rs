@@ -14,10 +14,14 @@
 //! proxy fails a test instead of hanging it. Tests that need root call [`PodNet::create_or_skip`],
 //! which skips (or, under `CI=true`, fails) when the machine cannot run them.
 
+pub mod backend;
 pub mod certs;
 pub mod dns;
 pub mod environment;
 pub mod envoy;
+pub mod envoy_config;
+pub mod envoy_xds;
+pub mod http_client;
 pub mod istiod;
 pub mod mesh;
 pub mod metrics;

@@ -273,7 +273,7 @@ fn upstream_down_is_503_uf_and_retries_run_out_with_urx() {
     let url = format!("http://{}/nothing", net.peer_addr(8999));
     let (status, _) = peer::curl_status(&net.pod, &[&url], CURL_TIME);
     assert_eq!(status, 503, "GET to a closed port");
-    remora.wait_for_access_log("\"GET /nothing HTTP/1.1\" 503 UF,URX");
+    remora.wait_for_access_log("\"GET /nothing HTTP/1.1\" 503 URX,UF");
     // Three connects, as Envoy's router makes with Istio's two retries: the one opened while
     // the request was detected is the first attempt, not one more.
     let mut list = net.peer.command("iptables");

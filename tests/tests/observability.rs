@@ -434,7 +434,7 @@ fn request_metrics_label_each_kind_of_request_as_istio_does() {
     let failed_out = [
         ("reporter", "source"),
         ("response_code", "503"),
-        ("response_flags", "UF,URX"),
+        ("response_flags", "URX,UF"),
     ];
     let ok_in = [
         ("reporter", "destination"),

@@ -7,7 +7,7 @@ use remora_e2e::certs::MeshCa;
 use remora_e2e::mesh::{client_config, handshakes, server_config, two_pods, CLIENT_ID, SERVER_ID};
 use remora_e2e::peer::{self, any_addr, curl, curl_ok, Server};
 use remora_e2e::service::{peer_program, Service};
-use remora_e2e::xds_resources::{eds_cluster, endpoint, mtls_cluster};
+use remora_e2e::xds_resources::{eds_cluster, endpoint, inbound_cluster, mtls_cluster};
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -230,8 +230,10 @@ fn auto_mtls_per_endpoint_to_a_peer_sidecar_with_the_sockets_sni_and_san() {
     let echo = Server::echo(&net.pod, any_addr(7000));
     route_vips(&net.peer);
 
+    let (h2_connections, _origin) = h2c_origin(&net.pod, any_addr(8090));
     let web = "outbound|80||httpbin.server.svc.cluster.local";
     let wrong = "outbound|80|wrong|httpbin.server.svc.cluster.local";
+    let grpc = "outbound|8090||grpc.server.svc.cluster.local";
     let tcp = "outbound|9000||echo.server.svc.cluster.local";
     let sni = "outbound_.80_._.httpbin.server.svc.cluster.local";
     let dir = net.binary().make_dir("xds");
@@ -239,8 +241,19 @@ fn auto_mtls_per_endpoint_to_a_peer_sidecar_with_the_sockets_sni_and_san() {
         "name": "httpbin", "domains": [HTTP_VIP],
         "routes": [
             {"match": {"prefix": "/wrong"}, "route": {"cluster": wrong}},
+            {"match": {"prefix": "/grpc"}, "route": {"cluster": grpc}},
             {"match": {"prefix": "/"}, "route": {"cluster": web}}]}]}]);
     let server = |port| endpoint(net.pod_addr(port), Some("istio"));
+    // A port declared `grpc`: istiod's explicit HTTP/2, inside Istio mTLS (ALPN istio-h2).
+    let mut grpc_cluster = mtls_cluster(
+        grpc,
+        "outbound_.8090_._.grpc.server.svc.cluster.local",
+        SERVER_ID,
+    );
+    grpc_cluster["typed_extension_protocol_options"] = json!({
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}});
     write_all(
         &dir,
         listeners(tcp),
@@ -252,10 +265,12 @@ fn auto_mtls_per_endpoint_to_a_peer_sidecar_with_the_sockets_sni_and_san() {
                 tcp,
                 "outbound_.9000_._.echo.server.svc.cluster.local",
                 SERVER_ID
-            )
+            ),
+            grpc_cluster
         ]),
         json!([
             {"cluster_name": web, "endpoints": [{"lb_endpoints": [server(8080)]}]},
+            {"cluster_name": grpc, "endpoints": [{"lb_endpoints": [server(8090)]}]},
             {"cluster_name": wrong, "endpoints": [{"lb_endpoints": [server(8080)]}]},
             {"cluster_name": tcp, "endpoints": [{"lb_endpoints": [server(7000)]}]}
         ]),
@@ -290,6 +305,24 @@ fn auto_mtls_per_endpoint_to_a_peer_sidecar_with_the_sockets_sni_and_san() {
     assert_eq!(status, 503, "{}", client.stderr());
     client.wait_for_access_log("\"GET /wrong HTTP/1.1\" 503 UF");
 
+    // HTTP/1.1 from the application, HTTP/2 inside mesh TLS: the server's sidecar hands the
+    // h2c-only application HTTP/2; both requests share one mesh connection.
+    let before = handshakes(&client, "outbound", "ok");
+    let grpc_url = format!("http://{HTTP_VIP}/grpc");
+    let out = curl(&net.peer, &["-s", &grpc_url, &grpc_url], CURL_TIME);
+    assert_eq!(
+        curl_ok(&out, "HTTP/2 across the mesh"),
+        format!("h2 {HTTP_VIP} /grpc").repeat(2),
+        "{}",
+        client.stderr()
+    );
+    assert!(h2_connections.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+    assert_eq!(
+        handshakes(&client, "outbound", "ok") - before,
+        1.0,
+        "one shared HTTP/2 mesh connection"
+    );
+
     // TCP: the same, with Istio's metadata exchange first.
     let tcp_vip: SocketAddr = TCP_VIP.parse().expect("addr");
     let data = peer::pattern(32 * 1024);
@@ -299,7 +332,7 @@ fn auto_mtls_per_endpoint_to_a_peer_sidecar_with_the_sockets_sni_and_san() {
 }
 
 /// istiod's `virtualInbound` with only mTLS chains for `port` (STRICT) and both kinds for
-/// every other port (PERMISSIVE).
+/// every other port (PERMISSIVE), all to `InboundPassthroughClusterIpv4`.
 fn strict_inbound(port: u16) -> Value {
     let sds = |name: &str| {
         json!({"name": name, "sds_config": {"api_config_source": {"api_type": "GRPC",
@@ -322,6 +355,9 @@ fn strict_inbound(port: u16) -> Value {
     json!([{
     "name": "virtualInbound", "traffic_direction": "INBOUND",
     "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15006}},
+    // Without the TLS inspector no connection is known to be TLS, in Envoy as here.
+    "listener_filters": [{"name": "envoy.filters.listener.tls_inspector", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"}}],
     "filter_chains": [
         {"filter_chain_match": {"destination_port": port, "transport_protocol": "tls"},
          "transport_socket": tls.clone(), "filters": tcp.clone()},
@@ -343,9 +379,10 @@ fn inbound_mtls_mode_per_port_follows_virtual_inbound() {
     ca.install(&server_dir, &ca.workload(SERVER_ID));
     net.capture_default();
     let dir = net.binary().make_dir("xds");
-    write_all(&dir, strict_inbound(8080), json!([]), json!([]), json!([]));
+    let clusters = json!([inbound_cluster("InboundPassthroughClusterIpv4")]);
+    write_all(&dir, strict_inbound(8080), json!([]), clusters, json!([]));
     // The config file says PERMISSIVE; the resources say STRICT for 8080.
-    let _server = net
+    let server = net
         .remora()
         .config(&format!(
             "{}xds:\n  resources_dir: {}\n",
@@ -388,5 +425,292 @@ fn inbound_mtls_mode_per_port_follows_virtual_inbound() {
         &["-s", &format!("http://{}/", net.pod_addr(8080))],
         CURL_TIME,
     );
-    assert_eq!(curl_ok(&out, "mTLS to the STRICT port"), "strict");
+    assert_eq!(
+        curl_ok(&out, "mTLS to the STRICT port"),
+        "strict",
+        "{}",
+        server.stderr()
+    );
+}
+
+/// An h2c-only origin (prior knowledge; an HTTP/1.1 request fails its handshake) answering
+/// each request with `h2 <authority> <path>`; counts its connections.
+fn h2c_origin(
+    ns: &remora_e2e::Netns,
+    addr: SocketAddr,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    std::thread::JoinHandle<()>,
+) {
+    let listener = ns.bind(addr).expect("bind the h2c origin");
+    listener.set_nonblocking(true).expect("non-blocking");
+    let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&connections);
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+            while let Ok((socket, _)) = listener.accept().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(socket).await else {
+                        return;
+                    };
+                    while let Some(Ok((request, mut respond))) = conn.accept().await {
+                        let authority = request
+                            .uri()
+                            .authority()
+                            .map_or("-".to_string(), |a| a.to_string());
+                        let text = format!("h2 {authority} {}", request.uri().path());
+                        let response = http::Response::builder()
+                            .status(200)
+                            .body(())
+                            .expect("response");
+                        if let Ok(mut body) = respond.send_response(response, false) {
+                            let _ = body.send_data(bytes::Bytes::from(text), true);
+                        }
+                    }
+                });
+            }
+        });
+    });
+    (connections, thread)
+}
+
+/// A cluster with `HttpProtocolOptions` as istiod writes them: `explicit` HTTP/2 (a port
+/// declared `grpc`/`http2`) or the downstream's protocol (an auto-detected port).
+fn cluster_speaking(name: &str, protocol: Value) -> Value {
+    let mut options = json!({
+        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "common_http_protocol_options": {"idle_timeout": "3600s"}});
+    options
+        .as_object_mut()
+        .expect("object")
+        .extend(protocol.as_object().expect("object").clone());
+    let mut c = eds_cluster(name);
+    c["typed_extension_protocol_options"] =
+        json!({"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": options});
+    c
+}
+
+#[test]
+fn the_clusters_protocol_options_choose_the_upstream_http_version() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    route_vips(&net.pod);
+    let (h2_connections, _origin) = h2c_origin(&net.peer, net.peer_addr(8090));
+    let h1 = Server::http(&net.peer, net.peer_addr(8091), "h1");
+    let explicit = "outbound|80||grpc.test.svc.cluster.local";
+    let auto_h2 = "outbound|80|h2|auto.test.svc.cluster.local";
+    let auto_h1 = "outbound|80|h1|auto.test.svc.cluster.local";
+    let plain = "outbound|80||plain.test.svc.cluster.local";
+    let limited = "outbound|80||limited.test.svc.cluster.local";
+    // A keep-alive HTTP/1.1 server: what closes its connections is the proxy.
+    let limited_h1 = Server::start(&net.peer, net.peer_addr(8092), |mut stream| {
+        use std::io::Write;
+        while peer::read_request_head(&mut stream).is_ok() {
+            stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nlimited")?;
+        }
+        Ok(())
+    });
+    let routes = json!([{"name": "80", "ignore_port_in_host_matching": true, "virtual_hosts": [{
+        "name": "vip", "domains": [HTTP_VIP],
+        "routes": [
+            {"match": {"prefix": "/explicit"}, "route": {"cluster": explicit}},
+            {"match": {"prefix": "/auto-h2"}, "route": {"cluster": auto_h2}},
+            {"match": {"prefix": "/auto-h1"}, "route": {"cluster": auto_h1}},
+            {"match": {"prefix": "/plain"}, "route": {"cluster": plain}},
+            {"match": {"prefix": "/limited"}, "route": {"cluster": limited}}]}]}]);
+    let downstream = json!({"use_downstream_protocol_config": {
+        "http_protocol_options": {}, "http2_protocol_options": {}}});
+    let clusters = json!([
+        cluster_speaking(
+            explicit,
+            json!({"explicit_http_config": {"http2_protocol_options": {}}})
+        ),
+        cluster_speaking(auto_h2, downstream.clone()),
+        cluster_speaking(auto_h1, downstream),
+        eds_cluster(plain),
+        // DestinationRule `maxRequestsPerConnection: 2`.
+        cluster_speaking(
+            limited,
+            json!({"common_http_protocol_options": {
+            "idle_timeout": "3600s", "max_requests_per_connection": 2},
+            "explicit_http_config": {"http_protocol_options": {}}})
+        ),
+    ]);
+    let origin = net.peer_addr(8090);
+    let endpoints = json!([
+        assignment(explicit, &[origin]),
+        assignment(auto_h2, &[origin]),
+        assignment(auto_h1, &[h1.addr()]),
+        assignment(plain, &[h1.addr()]),
+        assignment(limited, &[limited_h1.addr()]),
+    ]);
+    let dir = net.binary().make_dir("xds");
+    write_all(&dir, listeners(TCP_CLUSTER), routes, clusters, endpoints);
+    let remora = net
+        .remora()
+        .config(&format!(
+            "access_log:\n  enabled: true\nxds:\n  resources_dir: {}\n",
+            dir.display()
+        ))
+        .start_ready();
+    let url = |path: &str| format!("http://{HTTP_VIP}{path}");
+
+    // HTTP/1.1 from the application, HTTP/2 to the explicit cluster: the Host became the
+    // :authority; three requests share one upstream connection.
+    let explicit_url = url("/explicit");
+    let out = curl(
+        &net.pod,
+        &["-s", &explicit_url, &explicit_url, &explicit_url],
+        CURL_TIME,
+    );
+    let expected = format!("h2 {HTTP_VIP} /explicit");
+    assert_eq!(
+        curl_ok(&out, "HTTP/1.1 to an HTTP/2 cluster"),
+        expected.repeat(3),
+        "{}",
+        remora.stderr()
+    );
+    assert_eq!(
+        h2_connections.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one shared HTTP/2 connection"
+    );
+
+    // The downstream's protocol: HTTP/2 stays HTTP/2, HTTP/1.1 stays HTTP/1.1 (the h2c-only
+    // origin would refuse it; the HTTP/1.1 server answers).
+    let out = curl(
+        &net.pod,
+        &["-s", "--http2-prior-knowledge", &url("/auto-h2")],
+        CURL_TIME,
+    );
+    assert_eq!(
+        curl_ok(&out, "HTTP/2 to a use_downstream cluster"),
+        format!("h2 {HTTP_VIP} /auto-h2")
+    );
+    let out = curl(&net.pod, &["-s", &url("/auto-h1")], CURL_TIME);
+    assert_eq!(curl_ok(&out, "HTTP/1.1 to a use_downstream cluster"), "h1");
+    // An HTTP/1.1 request to the h2c origin through use_downstream would fail: proof that
+    // the version follows the request, not the endpoint.
+    let (status, _) = peer::curl_status(&net.pod, &[&url("/auto-h2")], CURL_TIME);
+    // 503 when the origin closes first, 502 when its GOAWAY is read as a response.
+    assert!(
+        status == 502 || status == 503,
+        "HTTP/1.1 to an h2c-only origin: {status}"
+    );
+
+    // No options: HTTP/1.1 upstream even for an HTTP/2 client, with :authority as its Host.
+    let out = curl(
+        &net.pod,
+        &["-s", "--http2-prior-knowledge", &url("/plain")],
+        CURL_TIME,
+    );
+    assert_eq!(curl_ok(&out, "HTTP/2 to a plain cluster"), "h1");
+    remora.wait_for_access_log("\"GET /plain HTTP/2\" 200");
+
+    // Four requests on one client connection, two per upstream connection.
+    let limited_url = url("/limited");
+    let out = curl(
+        &net.pod,
+        &["-s", &limited_url, &limited_url, &limited_url, &limited_url],
+        CURL_TIME,
+    );
+    assert_eq!(curl_ok(&out, "a limited cluster"), "limited".repeat(4));
+    assert_eq!(limited_h1.peers().len(), 2, "max_requests_per_connection 2");
+}
+
+/// A ServiceEntry with `resolution: DNS`: istiod's STRICT_DNS cluster, whose name the sidecar
+/// resolves itself (`localhost` here, from the pod's /etc/hosts) and balances over.
+#[test]
+fn a_strict_dns_clusters_name_is_resolved_and_its_address_served() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    route_vips(&net.pod);
+    let local = Server::http(
+        &net.pod,
+        "127.0.0.1:8093".parse().expect("addr"),
+        "resolved",
+    );
+    let dns = "outbound|80||external.example.com";
+    let routes = json!([{"name": "80", "ignore_port_in_host_matching": true, "virtual_hosts": [{
+        "name": "vip", "domains": [HTTP_VIP],
+        "routes": [{"match": {"prefix": "/"}, "route": {"cluster": dns}}]}]}]);
+    let clusters = json!([{
+        "name": dns, "type": "STRICT_DNS", "connect_timeout": "2s", "lb_policy": "LEAST_REQUEST",
+        "dns_lookup_family": "V4_ONLY", "dns_refresh_rate": "60s", "respect_dns_ttl": true,
+        "dns_jitter": "0.100s",
+        "load_assignment": {"cluster_name": dns, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": {"socket_address": {"address": "localhost", "port_value": 8093}}}}]}]}
+    }]);
+    let dir = net.binary().make_dir("xds");
+    write_all(&dir, listeners(TCP_CLUSTER), routes, clusters, json!([]));
+    let remora = net
+        .remora()
+        .config(&format!(
+            "access_log:\n  enabled: true\nxds:\n  resources_dir: {}\n",
+            dir.display()
+        ))
+        .start_ready();
+    let url = format!("http://{HTTP_VIP}/");
+    // The first resolution follows the cluster within a second or so.
+    wait_until("the DNS cluster to resolve", || {
+        peer::curl_status(&net.pod, &[&url], CURL_TIME).0 == 200
+    });
+    let out = curl(&net.pod, &["-s", &url], CURL_TIME);
+    assert_eq!(
+        curl_ok(&out, "the DNS cluster"),
+        "resolved",
+        "{}",
+        remora.stderr()
+    );
+    assert!(!local.peers().is_empty());
+}
+
+/// istiod's default retry policy names the `previous_hosts` predicate: the retry of a request
+/// whose endpoint refused the connection goes to another endpoint, so with one of two
+/// endpoints down and one retry, every request is answered.
+#[test]
+fn a_retry_avoids_the_endpoint_already_tried() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    route_vips(&net.pod);
+    let live = Server::http(&net.peer, net.peer_addr(8094), "live");
+    // Nothing listens there: connections are refused.
+    let dead = net.peer_addr(8095);
+    let routes = json!([{"name": "80", "ignore_port_in_host_matching": true, "virtual_hosts": [{
+        "name": "vip", "domains": [HTTP_VIP],
+        "routes": [{"match": {"prefix": "/"}, "route": {"cluster": CLUSTER, "retry_policy": {
+            "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+            "num_retries": 1,
+            "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
+                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
+            "host_selection_retry_max_attempts": "5"}}}]}]}]);
+    let dir = net.binary().make_dir("xds");
+    write_all(
+        &dir,
+        listeners(TCP_CLUSTER),
+        routes,
+        json!([eds_cluster(CLUSTER)]),
+        json!([assignment(CLUSTER, &[live.addr(), dead])]),
+    );
+    let remora = net
+        .remora()
+        .config(&format!("xds:\n  resources_dir: {}\n", dir.display()))
+        .start_ready();
+    let url = format!("http://{HTTP_VIP}/");
+    for i in 0..20 {
+        let (status, _) = peer::curl_status(&net.pod, &[&url], CURL_TIME);
+        assert_eq!(status, 200, "request {i}: {}", remora.stderr());
+    }
 }

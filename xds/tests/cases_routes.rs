@@ -51,7 +51,7 @@ fn istiod_default_retry(policy: Option<&RetryPolicy>) {
 fn edit(name: &str, value: &str, append: bool) -> HeaderEdit {
     HeaderEdit {
         name: name.into(),
-        value: value.into(),
+        value: remora_xds::model::header_format::HeaderFormat::literal(value),
         append,
     }
 }

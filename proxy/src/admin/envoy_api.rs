@@ -206,7 +206,7 @@ pub(super) fn clusters(state: &AdminState, req: &AdminRequest) -> Response<Body>
     let snapshot = state.xds.as_ref().map(|store| store.snapshot());
     let xds = snapshot
         .as_deref()
-        .map(super::xds_dump::cluster_hosts)
+        .map(|s| super::xds_dump::cluster_hosts(s, &state.dns_hosts))
         .unwrap_or_default();
     let clusters: Vec<_> = clusters_with_hosts(state)
         .into_iter()

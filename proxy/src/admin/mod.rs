@@ -84,6 +84,8 @@ pub struct AdminState {
     pub upstreams: Arc<crate::loop_guard::LoopGuard>,
     /// What istiod configured (istiod mode), for `/config_dump` and `/clusters`.
     pub xds: Option<Arc<remora_xds::store::Store>>,
+    /// The DNS clusters' resolved hosts, for `/clusters`.
+    pub dns_hosts: Arc<crate::upstream::dns::DnsHosts>,
 }
 
 impl AdminState {
@@ -103,6 +105,7 @@ impl AdminState {
             readiness: Arc::default(),
             upstreams: crate::loop_guard::LoopGuard::new(Vec::new()),
             xds: None,
+            dns_hosts: Arc::default(),
         }
     }
 

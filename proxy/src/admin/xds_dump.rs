@@ -219,13 +219,19 @@ pub(super) struct Host {
 
 /// Each xDS cluster with its endpoints (EDS, or the cluster's own `load_assignment`), in
 /// name order.
-pub(super) fn cluster_hosts(snapshot: &Snapshot) -> Vec<(String, Vec<Host>)> {
+pub(super) fn cluster_hosts(
+    snapshot: &Snapshot,
+    dns: &crate::upstream::dns::DnsHosts,
+) -> Vec<(String, Vec<Host>)> {
     snapshot
         .clusters
         .keys()
         .map(|name| {
+            // A DNS cluster's hosts are what its names last resolved to.
+            let resolved = dns.get(name);
             let hosts = snapshot
                 .endpoints(name)
+                .or(resolved.as_deref())
                 .map(|cla| {
                     cla.endpoints()
                         .map(|(locality, e)| Host {

@@ -193,6 +193,45 @@ fn clusters_list_istiods_endpoints_with_weight_and_health() {
     assert_eq!(hosts[1]["health_status"]["eds_health_status"], "DRAINING");
 }
 
+/// A DNS cluster's hosts are what its names last resolved to.
+#[test]
+fn clusters_list_a_dns_clusters_resolved_addresses() {
+    let mut s = state();
+    let store = s.xds.clone().expect("a store");
+    let dns = "outbound|443||api.example.com";
+    apply(
+        &store,
+        type_url::CLUSTER,
+        vec![delivered::<ClusterProto>(
+            "c2",
+            json!({"name": dns, "type": "STRICT_DNS", "load_assignment": {"cluster_name": dns,
+                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+                    "address": "api.example.com", "port_value": 443}}}}]}]}}),
+        )],
+    );
+    let hosts = Arc::new(crate::upstream::dns::DnsHosts::default());
+    let targets = [remora_xds::model::cluster::DnsTarget {
+        host: "api.example.com".into(),
+        port: 443,
+        weight: 1,
+        tls_mode: None,
+    }];
+    let found = vec![vec!["203.0.113.7:443".parse().expect("addr")]];
+    hosts.set(
+        dns,
+        crate::upstream::dns::host_set(dns, &targets, &found, true),
+    );
+    s.dns_hosts = hosts;
+    let r = respond(
+        Role::Admin,
+        &s,
+        &AdminRequest::new(Method::GET, "/clusters"),
+    );
+    let text = super::super::tests::body(r);
+    let line = format!("{dns}::203.0.113.7:443::health_flags::healthy");
+    assert!(text.lines().any(|l| l == line), "{line}: {text}");
+}
+
 #[test]
 fn secrets_are_the_workload_certificate_with_the_key_redacted() {
     use base64::Engine;

@@ -17,6 +17,7 @@ mod locate;
 pub mod matcher;
 pub mod path;
 pub mod policy;
+pub mod rbac;
 mod value;
 
 use crate::metrics::{AuthzMetrics, AuthzOutcome, AuthzProtocol};
@@ -46,6 +47,8 @@ pub struct Request<'a> {
     pub method: &'a str,
     /// The normalised path, without the query string.
     pub path: &'a str,
+    /// The query string, without `?` (Envoy's `:path` header carries it).
+    pub query: Option<&'a str>,
     /// `:authority`, or `Host`.
     pub host: Option<&'a str>,
     pub headers: &'a http::HeaderMap,

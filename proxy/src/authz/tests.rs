@@ -80,6 +80,7 @@ fn http(set: &PolicySet, r: &Req<'_>) -> bool {
         request: Some(Request {
             method: r.method,
             path,
+            query: None,
             host: r.host,
             headers: &headers,
         }),
@@ -195,6 +196,7 @@ fn deny_wins_over_allow_and_names_its_rule() {
         request: Some(Request {
             method: "DELETE",
             path: "/",
+            query: None,
             host: None,
             headers: &http::HeaderMap::new(),
         }),

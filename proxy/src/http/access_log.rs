@@ -214,7 +214,7 @@ mod tests {
         let line = entry().format(flags, 91, AccessLogFormat::Text);
         assert!(
             line.starts_with(
-                "[2023-11-14T22:13:20.000Z] \"POST /upload?x=1 HTTP/1.1\" 503 UF,URX 12 91 "
+                "[2023-11-14T22:13:20.000Z] \"POST /upload?x=1 HTTP/1.1\" 503 URX,UF 12 91 "
             ),
             "{line}"
         );

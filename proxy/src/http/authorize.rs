@@ -1,7 +1,8 @@
 //! Inbound requests before they go upstream: the path is normalised as Istio's
 //! `pathNormalization` says (and the application receives the normalised path, as from Envoy),
-//! then the authorization policies decide (Envoy's HTTP RBAC filter). A denied request is
-//! answered `403 RBAC: access denied`.
+//! then the authorization policies decide (Envoy's HTTP RBAC filter): the policy files', or
+//! under xDS the `virtualInbound` chain's RBAC filters. A denied request is answered
+//! `403 RBAC: access denied`.
 
 use super::errors::ErrorKind;
 use super::ConnContext;
@@ -12,6 +13,16 @@ use std::borrow::Cow;
 
 /// Normalise the request's path and decide it; `Err` is the local reply to send instead.
 pub(super) fn inbound(ctx: &ConnContext, parts: &mut Parts) -> Result<(), ErrorKind> {
+    if let (Some(chain), Some(store)) = (&ctx.xds_inbound, &ctx.proxy.xds) {
+        // istiod changed or removed the connection's chain: as Envoy drains such a chain's
+        // connections, this request is decided as the connection started and the client
+        // told to reconnect (HTTP/1.1 `Connection: close`), its next connection taking the
+        // chain in force.
+        if !chain.is_current(&store.snapshot()) {
+            ctx.closing
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
     const UNNORMALIZABLE: ErrorKind = ErrorKind::MalformedRequest("path_normalization_failed");
     let mode = ctx.config.authorization.path_normalization;
     if let Some(pq) = parts.uri.path_and_query() {
@@ -24,7 +35,10 @@ pub(super) fn inbound(ctx: &ConnContext, parts: &mut Parts) -> Result<(), ErrorK
         }
     }
     let authz = &ctx.proxy.authz;
-    if !authz.is_active() {
+    // Inbound by xDS: the chain's RBAC filters decide, and only they (the policy files are
+    // the config file's way of saying the same, for when istiod does not).
+    let xds_rbac = ctx.xds_inbound.as_ref().map(|chain| chain.http_rbac());
+    if xds_rbac.is_none() && !authz.is_active() {
         return Ok(());
     }
     let host = match parts.uri.authority() {
@@ -46,11 +60,16 @@ pub(super) fn inbound(ctx: &ConnContext, parts: &mut Parts) -> Result<(), ErrorK
         request: Some(Request {
             method: parts.method.as_str(),
             path: parts.uri.path(),
+            query: parts.uri.query(),
             host,
             headers: &parts.headers,
         }),
     };
-    match authz.check(&attributes) {
+    let verdict = match xds_rbac {
+        Some(filters) => authz.check_rbac(filters, &attributes),
+        None => authz.check(&attributes),
+    };
+    match verdict {
         Verdict::Allowed => Ok(()),
         Verdict::Denied(_) => Err(ErrorKind::AccessDenied),
     }

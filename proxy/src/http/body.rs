@@ -240,6 +240,8 @@ pub struct RoutedEnd {
     pub in_flight: Option<crate::upstream::InFlight>,
     /// The destination as Istio's metrics name it (else the connection's peer).
     pub metrics_peer: Option<Arc<crate::tls::Peer>>,
+    /// How long the upstream connection may stay pooled (the cluster's idle timeout).
+    pub pool_idle_timeout: Option<std::time::Duration>,
 }
 
 impl RequestEnd {
@@ -275,7 +277,8 @@ impl Drop for RequestEnd {
         if let Some((key, sender)) = self.pooled.take() {
             // A response abandoned half way leaves the connection mid-message: not reusable.
             if self.complete {
-                self.conn.return_to_pool(key, sender);
+                let idle = self.routed.as_ref().and_then(|r| r.pool_idle_timeout);
+                self.conn.return_to_pool(key, sender, idle);
             }
         }
         let upstream_failed = self.flags.contains(Flags::UR) || self.flags.contains(Flags::UT);

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 
-/// Envoy's response flags, as a set. Displayed the way Envoy prints them: `UF,URX`, or `-`.
+/// Envoy's response flags, as a set. Displayed the way Envoy prints them: `URX,UF`, or `-`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Flags(u16);
 
@@ -33,12 +33,14 @@ impl Flags {
     /// No healthy upstream host in the cluster.
     pub const UH: Flags = Flags(1 << 10);
 
+    /// In the order Envoy 1.40 prints them: the retry limit before the failure of the last
+    /// attempt (`URX,UF`), as it sets them.
     const NAMES: [(Flags, &'static str); 11] = [
+        (Flags::URX, "URX"),
         (Flags::UF, "UF"),
         (Flags::UC, "UC"),
         (Flags::UR, "UR"),
         (Flags::UT, "UT"),
-        (Flags::URX, "URX"),
         (Flags::DPE, "DPE"),
         (Flags::DC, "DC"),
         (Flags::UPE, "UPE"),
@@ -114,6 +116,9 @@ pub enum ErrorKind {
     Timeout,
     /// The request is malformed; it is answered here and never forwarded.
     MalformedRequest(&'static str),
+    /// An HTTP/1.1 request without a Host: Envoy's connection manager answers it 400 with no
+    /// body and no flag (`missing_host_header`), not as a protocol error.
+    MissingHost,
     /// The request has more headers than `http.max_headers`; never forwarded.
     HeadersTooLarge,
     /// An authorization policy denied the request (Envoy's RBAC filter); never forwarded.
@@ -135,6 +140,7 @@ impl ErrorKind {
     pub fn origin(self) -> Origin {
         match self {
             ErrorKind::MalformedRequest(_)
+            | ErrorKind::MissingHost
             | ErrorKind::HeadersTooLarge
             | ErrorKind::AccessDenied
             | ErrorKind::DownstreamAborted => Origin::Downstream,
@@ -156,7 +162,7 @@ impl ErrorKind {
             ErrorKind::Timeout => Flags::UT,
             ErrorKind::MalformedRequest(_) | ErrorKind::HeadersTooLarge => Flags::DPE,
             // Envoy's RBAC filter sets no flag, only its response code details.
-            ErrorKind::AccessDenied => Flags::default(),
+            ErrorKind::AccessDenied | ErrorKind::MissingHost => Flags::default(),
             ErrorKind::DownstreamAborted => Flags::DC,
             ErrorKind::NoRoute => Flags::NR,
             ErrorKind::NoCluster => Flags::NC,
@@ -179,7 +185,7 @@ impl ErrorKind {
         match self {
             ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
             ErrorKind::UpstreamProtocol => StatusCode::BAD_GATEWAY,
-            ErrorKind::MalformedRequest(_) => StatusCode::BAD_REQUEST,
+            ErrorKind::MalformedRequest(_) | ErrorKind::MissingHost => StatusCode::BAD_REQUEST,
             ErrorKind::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ErrorKind::AccessDenied => StatusCode::FORBIDDEN,
             ErrorKind::NoRoute => StatusCode::NOT_FOUND,
@@ -196,6 +202,7 @@ impl ErrorKind {
             ErrorKind::Timeout => 4,
             // INTERNAL
             ErrorKind::MalformedRequest(_)
+            | ErrorKind::MissingHost
             | ErrorKind::HeadersTooLarge
             | ErrorKind::UpstreamProtocol => 13,
             // PERMISSION_DENIED, as Envoy maps a 403.
@@ -213,7 +220,7 @@ impl ErrorKind {
     pub fn details(self) -> &'static str {
         match self {
             ErrorKind::ConnectFailed => {
-                "upstream connect error or disconnect/reset before headers. reset reason: connection failure"
+                "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure"
             }
             ErrorKind::ConnectTimeout => {
                 "upstream connect error or disconnect/reset before headers. reset reason: connection timeout"
@@ -230,13 +237,36 @@ impl ErrorKind {
             ErrorKind::UpstreamProtocol => "upstream protocol error",
             ErrorKind::Timeout => "upstream request timeout",
             ErrorKind::MalformedRequest(why) => why,
+            ErrorKind::MissingHost => "missing_host_header",
             ErrorKind::HeadersTooLarge => "request headers too large",
             ErrorKind::AccessDenied => "RBAC: access denied",
             ErrorKind::DownstreamAborted => "downstream_remote_disconnect",
-            // Envoy's local replies for these carry no body but this one's.
             ErrorKind::NoRoute => "route_not_found",
             ErrorKind::NoCluster => "cluster_not_found",
             ErrorKind::NoHealthyUpstream => "no healthy upstream",
+        }
+    }
+
+    /// The body of the local reply to a request whose retries ran out (`retried`) or not:
+    /// Envoy's reply to a reset before the response then names the latest reason.
+    pub fn reply_body(self, retried: bool) -> std::borrow::Cow<'static, str> {
+        const RESET: &str =
+            "upstream connect error or disconnect/reset before headers. reset reason: ";
+        match self.body().strip_prefix(RESET) {
+            Some(reason) if retried => format!(
+                "upstream connect error or disconnect/reset before headers. retried and the latest reset reason: {reason}"
+            )
+            .into(),
+            _ => self.body().into(),
+        }
+    }
+
+    /// The body of the local reply: the details, but for those whose reply Envoy sends
+    /// empty (no route, no cluster, no Host; the details are only for the log).
+    pub fn body(self) -> &'static str {
+        match self {
+            ErrorKind::NoRoute | ErrorKind::NoCluster | ErrorKind::MissingHost => "",
+            other => other.details(),
         }
     }
 }
@@ -353,7 +383,7 @@ mod tests {
         assert_eq!(f.to_string(), "-");
         f.insert(Flags::URX);
         f.insert(Flags::UF);
-        assert_eq!(f.to_string(), "UF,URX");
+        assert_eq!(f.to_string(), "URX,UF");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! (RFC 9110 §7.6.1) in both directions, and add the ones a mesh adds (`x-request-id`,
 //! `x-forwarded-proto`). Everything else, Host and tracing headers included, passes unchanged.
 
+use super::errors::ErrorKind;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use std::time::Duration;
 
@@ -50,14 +51,14 @@ pub fn upstream_version(parts: &mut http::request::Parts) {
 /// then; CONNECT names its authority in the target), and an origin-form target (`*` for
 /// OPTIONS, an authority for CONNECT). Envoy answers the others 400 (`missing_host_header`
 /// for no Host).
-pub fn check_target<B>(req: &http::Request<B>) -> Result<(), &'static str> {
+pub fn check_target<B>(req: &http::Request<B>) -> Result<(), ErrorKind> {
     if req.version() != http::Version::HTTP_11 {
         return Ok(());
     }
     match req.headers().get_all(header::HOST).iter().count() {
-        0 if req.uri().authority().is_none() => return Err("missing host"),
+        0 if req.uri().authority().is_none() => return Err(ErrorKind::MissingHost),
         0 | 1 => {}
-        _ => return Err("repeated host"),
+        _ => return Err(ErrorKind::MalformedRequest("repeated host")),
     }
     let method = req.method();
     let path = req.uri().path();
@@ -66,7 +67,7 @@ pub fn check_target<B>(req: &http::Request<B>) -> Result<(), &'static str> {
     if origin_form || asterisk || method == http::Method::CONNECT {
         Ok(())
     } else {
-        Err("invalid request target")
+        Err(ErrorKind::MalformedRequest("invalid request target"))
     }
 }
 

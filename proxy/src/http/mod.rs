@@ -18,10 +18,12 @@ pub mod errors;
 pub mod forward;
 pub mod framing;
 pub mod h1;
+pub mod header_format;
 pub mod headers;
 pub mod io;
 pub mod originate;
 pub mod pool;
+pub mod protocol;
 pub mod retry;
 pub mod routed;
 pub mod upgrade;
@@ -65,6 +67,9 @@ pub struct ConnContext {
     pub originate: Option<Box<originate::Originate>>,
     /// Routed by xDS: each request is routed by this table and balanced ([`routed`]).
     pub xds_routes: Option<Box<remora_xds::model::listener::RouteSource>>,
+    /// Inbound by xDS: the `virtualInbound` chain that took the connection, whose HTTP RBAC
+    /// filters decide each request (the policy files do not).
+    pub xds_inbound: Option<crate::route::ChainRef>,
     /// The client's sidecar as its metadata headers described it (mesh TLS terminated).
     described_client: std::sync::OnceLock<Arc<crate::tls::Peer>>,
     in_flight: AtomicUsize,
@@ -114,6 +119,7 @@ impl ConnContext {
             sni: None,
             originate: None,
             xds_routes: None,
+            xds_inbound: None,
             described_client: std::sync::OnceLock::new(),
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
@@ -233,7 +239,9 @@ impl ConnContext {
         self.bytes_in.load(Ordering::Relaxed) + self.bytes_out.load(Ordering::Relaxed)
     }
 
-    fn return_to_pool(&self, key: pool::Key, sender: pool::Sender) {
+    /// Pool `sender` again, for `idle` (a routed request's cluster's) or Remora's
+    /// `http.pool_idle_timeout`.
+    fn return_to_pool(&self, key: pool::Key, sender: pool::Sender, idle: Option<Duration>) {
         if let Some(originate) = &self.originate {
             originate.checkin(self, sender);
             return;
@@ -242,7 +250,7 @@ impl ConnContext {
         self.proxy.pool.checkin(
             key,
             sender,
-            http.pool_idle_timeout,
+            idle.unwrap_or(http.pool_idle_timeout),
             http.pool_max_idle_per_upstream,
         );
     }
@@ -309,6 +317,8 @@ pub struct Connection {
     pub originate: Option<Box<originate::Originate>>,
     /// Routed by xDS: the chain's route table, by which each request is routed and balanced.
     pub xds_routes: Option<Box<remora_xds::model::listener::RouteSource>>,
+    /// Inbound by xDS: the chain whose HTTP RBAC filters decide each request.
+    pub xds_inbound: Option<crate::route::ChainRef>,
 }
 
 /// Serve HTTP on a detected connection until it closes; how it ended and the bytes it carried
@@ -349,6 +359,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         sni,
         originate: c.originate,
         xds_routes: c.xds_routes,
+        xds_inbound: c.xds_inbound,
         early_failed: AtomicBool::new(early_failed),
         ..ConnContext::new(proxy, config, c.direction, c.peer, key, c.connect_timeout)
     });

@@ -414,7 +414,7 @@ impl Drop for Originate {
 fn sender_handle(sender: &Sender) -> Option<Sender> {
     match sender {
         Sender::Http2(shared) => Some(Sender::Http2(shared.clone())),
-        Sender::Http1(_) => None,
+        Sender::Http1(..) => None,
     }
 }
 

@@ -53,7 +53,9 @@ impl PoolKey for Key {
 /// The sending half of an upstream connection; the connection itself runs in its own task.
 #[derive(Debug)]
 pub enum Sender {
-    Http1(http1::SendRequest<UpstreamBody>),
+    /// With the number of requests the connection has carried (a cluster's
+    /// `max_requests_per_connection` retires it at its limit).
+    Http1(http1::SendRequest<UpstreamBody>, u32),
     Http2(http2::SendRequest<UpstreamBody>),
 }
 
@@ -69,7 +71,7 @@ pub trait Pooled: Sized + Send + 'static {
 impl Pooled for Sender {
     fn is_closed(&self) -> bool {
         match self {
-            Sender::Http1(s) => s.is_closed(),
+            Sender::Http1(s, _) => s.is_closed(),
             Sender::Http2(s) => s.is_closed(),
         }
     }
@@ -279,7 +281,7 @@ where
                     tracing::debug!(error = %e, "upstream HTTP/1.1 connection ended");
                 }
             });
-            Ok(Sender::Http1(sender))
+            Ok(Sender::Http1(sender, 0))
         }
         HttpVersion::Http2 => {
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())

@@ -9,22 +9,22 @@ use super::body::{RequestEnd, ResponseBody, UpstreamBody};
 use super::errors::{ErrorKind, ProxyError};
 use super::forward::{send_on, SendError, Upstreamed};
 use super::pool::{self, Key, Sender};
-use super::{originate, ConnContext};
+use super::{header_format, protocol, ConnContext};
+use crate::route::rewrite::{self, RedirectRequest};
 use crate::route::{self, HttpDecision};
 use crate::upstream::dial::{self, Connected};
-use crate::upstream::{Transport, UpstreamError};
+use crate::upstream::{Avoid, Transport, UpstreamError};
 use bytes::Bytes;
+pub use edits::Edits;
+use edits::{edits, edits_none, local_edits};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response};
 use remora_xds::model::listener::RouteSource;
-use remora_xds::model::route::{
-    ClusterTarget, Forward, HeaderEdit, PathMatch, RequestParts, Route, RouteConfiguration,
-    VirtualHost,
-};
+use remora_xds::model::route::{Forward, RequestParts, RouteConfiguration};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 impl Upstreamed {
     /// This response, its request counted against its endpoint until the request ends.
@@ -32,7 +32,22 @@ impl Upstreamed {
         self.in_flight = Some(in_flight);
         self
     }
+
+    /// This response, whose HTTP/1.1 connection is pooled again for at most `idle` once it
+    /// ends, unless it has carried `limit` requests (it then closes).
+    pub(super) fn pooled_within(mut self, limit: Option<u32>, idle: Duration) -> Self {
+        if let (Some((_, Sender::Http1(_, served))), Some(limit)) = (&self.pooled, limit) {
+            if *served >= limit {
+                self.pooled = None;
+            }
+        }
+        self.pool_idle_timeout = Some(idle);
+        self
+    }
 }
+
+/// The deadline Envoy's router tells the upstream, in milliseconds.
+static EXPECTED_TIMEOUT: HeaderName = HeaderName::from_static("x-envoy-expected-rq-timeout-ms");
 
 /// Where a routed request goes.
 #[derive(Debug)]
@@ -42,6 +57,12 @@ pub struct Routed {
     pub original_dst: SocketAddr,
     /// The route's timeout (`None`: no deadline).
     pub timeout: Option<Duration>,
+    /// `max_stream_duration.grpc_timeout_header_max` (or `max_grpc_timeout`): a gRPC
+    /// request's `grpc-timeout` replaces the route's timeout, bounded by this (zero: not
+    /// bounded); `None`: the header is not read.
+    pub grpc_timeout_header_max: Option<Duration>,
+    /// `max_stream_duration.max_stream_duration`: the longest the request may take.
+    pub max_stream_duration: Option<Duration>,
     /// How many times a failed attempt may be tried again: the route's (or virtual host's)
     /// `num_retries`, none without a policy. Which failures are retried is Istio's default set
     /// (`retry_on` is not read yet).
@@ -49,111 +70,50 @@ pub struct Routed {
     /// Whether a 503 is retried: the policy's `retriable_status_codes` lists it (current
     /// istiod's default lists none; the converter refuses other codes).
     pub retry_503: bool,
+    /// Whether the upstream is told the attempt (`x-envoy-attempt-count`): the virtual
+    /// host's `include_request_attempt_count`.
+    pub attempt_count: bool,
+    /// The policy's `previous_hosts` predicate: how many times a retry's pick of an endpoint
+    /// already tried is made again (`None`: no predicate, a retry may pick any).
+    pub avoid_previous: Option<u32>,
+    /// The endpoints this request's attempts went to, for `avoid_previous` (a few at most:
+    /// one per attempt).
+    pub tried: std::sync::Mutex<Vec<SocketAddr>>,
     /// The route's, virtual host's and table's response header edits.
     pub response_edits: Edits,
     /// The destination as Istio's metrics label it, from the cluster's Istio metadata.
     pub metrics_peer: Option<Arc<crate::tls::Peer>>,
 }
 
-/// The request and response header edits of a forwarded request: the picked weighted cluster's
-/// own (most specific, so first, as Envoy applies them), then the route's, the virtual
-/// host's and the table's.
-fn edits(
-    table: &RouteConfiguration,
-    vhost: &VirtualHost,
-    route: &Route,
-    forward: &Forward,
-    cluster: &str,
-) -> (Edits, Edits) {
-    let picked = match &forward.target {
-        ClusterTarget::Weighted(set) => set.iter().find(|c| c.name == cluster),
-        ClusterTarget::Cluster(_) => None,
-    };
-    let none: (&[HeaderEdit], &[String]) = (&[], &[]);
-    let request = Edits::of([
-        picked.map_or(none, |c| {
-            (
-                &c.request_headers_to_add[..],
-                &c.request_headers_to_remove[..],
-            )
-        }),
-        (
-            &route.request_headers_to_add,
-            &route.request_headers_to_remove,
-        ),
-        (
-            &vhost.request_headers_to_add,
-            &vhost.request_headers_to_remove,
-        ),
-        (
-            &table.request_headers_to_add,
-            &table.request_headers_to_remove,
-        ),
-    ]);
-    let response = Edits::of([
-        picked.map_or(none, |c| {
-            (
-                &c.response_headers_to_add[..],
-                &c.response_headers_to_remove[..],
-            )
-        }),
-        (
-            &route.response_headers_to_add,
-            &route.response_headers_to_remove,
-        ),
-        (
-            &vhost.response_headers_to_add,
-            &vhost.response_headers_to_remove,
-        ),
-        (
-            &table.response_headers_to_add,
-            &table.response_headers_to_remove,
-        ),
-    ]);
-    (request, response)
-}
-
-/// Header edits of a route, its virtual host and its table, in Envoy's default order (the
-/// most specific first, so the least specific's overwrite wins); removals before additions.
-#[derive(Debug, Default)]
-pub struct Edits {
-    remove: Vec<String>,
-    add: Vec<HeaderEdit>,
-}
-
-impl Edits {
-    fn of<'a>(levels: impl IntoIterator<Item = (&'a [HeaderEdit], &'a [String])>) -> Edits {
-        let mut edits = Edits::default();
-        for (add, remove) in levels {
-            edits.add.extend_from_slice(add);
-            edits.remove.extend_from_slice(remove);
-        }
-        edits
-    }
-
-    /// Whether there is nothing to apply.
-    pub fn is_empty(&self) -> bool {
-        self.remove.is_empty() && self.add.is_empty()
-    }
-
-    /// Apply to `headers`. Values are taken literally (Envoy's `%…%` formatters are not
-    /// expanded).
-    pub fn apply(&self, headers: &mut HeaderMap) {
-        for name in &self.remove {
-            headers.remove(name.as_str());
-        }
-        for edit in &self.add {
-            let (Ok(name), Ok(value)) = (
-                HeaderName::try_from(edit.name.as_str()),
-                HeaderValue::try_from(edit.value.as_str()),
-            ) else {
-                continue;
-            };
-            if edit.append {
-                headers.append(name, value);
+impl Routed {
+    /// The request's deadline, as Envoy's router computes it: the route's timeout, or for a
+    /// gRPC request with `grpc_timeout_header_max` set, its `grpc-timeout` (`header`) bounded
+    /// by that maximum (a zero header takes the maximum; zero everywhere is no deadline); then
+    /// no longer than `max_stream_duration`.
+    pub fn deadline(&self, grpc: bool, header: Option<Duration>) -> Option<Duration> {
+        let mut deadline = self.timeout;
+        if let (true, Some(max), Some(asked)) = (grpc, self.grpc_timeout_header_max, header) {
+            let bounded = if !max.is_zero() && (asked.is_zero() || asked > max) {
+                max
             } else {
-                headers.insert(name, value);
-            }
+                asked
+            };
+            deadline = Some(bounded).filter(|d| !d.is_zero());
+        }
+        match (deadline, self.max_stream_duration) {
+            (Some(d), Some(m)) => Some(d.min(m)),
+            (d, m) => d.or(m),
+        }
+    }
+}
+
+impl Routed {
+    /// A retry tells the upstream what is left of the route's deadline, as Envoy's router
+    /// does (the first attempt carries the whole of it, set by [`decide`]).
+    pub(super) fn expect_remaining(&self, headers: &mut HeaderMap, elapsed: Duration) {
+        if let Some(t) = self.timeout.filter(|t| !t.is_zero()) {
+            let left = u64::try_from(t.saturating_sub(elapsed).as_millis()).unwrap_or(u64::MAX);
+            headers.insert(EXPECTED_TIMEOUT.clone(), HeaderValue::from(left));
         }
     }
 }
@@ -162,12 +122,18 @@ impl Edits {
 #[derive(Debug)]
 pub enum Answer {
     Error(ErrorKind),
-    /// A direct response, or a redirect (with its `location`).
+    /// A direct response, or a redirect (with its `location`), and the response header
+    /// edits of its route.
     Local {
         status: u16,
         body: Option<String>,
         location: Option<String>,
+        edits: Edits,
     },
+    /// For the HTTP/1.1 fast path, which gives [`decide_request`] no request parts: the
+    /// route needs them (header values to fill in, a local answer), so hyper's path serves
+    /// the request.
+    Handover,
 }
 
 /// A forwarded request's route, before it is applied to the request: where it goes, and
@@ -180,13 +146,19 @@ pub struct Decided {
     pub path: Option<String>,
     /// `host_rewrite`'s Host.
     pub host: Option<String>,
+    /// Whether the cluster's upstream connections are what the HTTP/1.1 fast path's pool
+    /// keeps: HTTP/1.1 for an HTTP/1.1 client, no `max_requests_per_connection`, and no
+    /// idle timeout shorter than Remora's own.
+    pub plain_http1_upstream: bool,
 }
 
 impl Decided {
-    /// Whether the route leaves the request's head and the response's as they are (the HTTP/1.1
-    /// fast path forwards heads as received, so it serves only such routes).
-    pub fn edits_nothing(&self) -> bool {
-        self.request_edits.is_empty()
+    /// Whether the HTTP/1.1 fast path serves this request as hyper's path would: it forwards
+    /// heads as received (so only routes that edit nothing) on its own pool of HTTP/1.1
+    /// connections (so only clusters that ask nothing more of them).
+    pub fn fits_fast_path(&self) -> bool {
+        self.plain_http1_upstream
+            && self.request_edits.is_empty()
             && self.routed.response_edits.is_empty()
             && self.path.is_none()
             && self.host.is_none()
@@ -199,18 +171,22 @@ impl Routed {
         Box::new(super::body::RoutedEnd {
             in_flight: None,
             metrics_peer: self.metrics_peer.clone(),
+            pool_idle_timeout: None,
         })
     }
 }
 
 /// The route decision for one request (its `host`, method, path and headers) by the
 /// connection's table in the snapshot in force now: the one decision hyper's path and the
-/// HTTP/1.1 fast path both take.
+/// HTTP/1.1 fast path both take. Header values with Envoy's `%…%` formatters are filled in
+/// from the request's `parts`; without them (the fast path, which has none) a request whose
+/// route edits headers or answers locally is [`Answer::Handover`].
 pub fn decide_request(
     ctx: &ConnContext,
     routes: &RouteSource,
     host: &str,
     req: &RequestParts<'_>,
+    parts: Option<&Parts>,
 ) -> Result<Decided, Answer> {
     let Some(store) = &ctx.proxy.xds else {
         return Err(Answer::Error(ErrorKind::NoRoute));
@@ -228,32 +204,97 @@ pub fn decide_request(
             retry,
             vhost,
         } => (cluster, route, forward, retry, vhost),
-        other => return Err(answer(other, host, req.path_and_query)),
+        HttpDecision::NoRoute | HttpDecision::NoRouteTable => {
+            return Err(Answer::Error(ErrorKind::NoRoute))
+        }
+        other => {
+            let Some(parts) = parts else {
+                return Err(Answer::Handover);
+            };
+            let scheme = parts
+                .headers
+                .get("x-forwarded-proto")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("http");
+            let request = RedirectRequest {
+                host,
+                path_and_query: req.path_and_query,
+                scheme,
+            };
+            let format_request = header_format::Request {
+                remote: ctx.peer,
+                local: ctx.key.destination,
+                started: SystemTime::now(),
+                parts,
+            };
+            return Err(answer(table, other, request, &format_request));
+        }
     };
-    let (request_edits, response_edits) = edits(table, vhost, route, forward, cluster);
+    let (request_edits, response_edits) = match parts {
+        Some(parts) => {
+            let format_request = header_format::Request {
+                remote: ctx.peer,
+                local: ctx.key.destination,
+                started: SystemTime::now(),
+                parts,
+            };
+            if upgrade_disabled(forward, &parts.headers) {
+                // Envoy's answer to an upgrade its route turns off (`upgrade_failed`), with the
+                // response edits of its other local replies.
+                return Err(Answer::Local {
+                    status: 403,
+                    body: None,
+                    location: None,
+                    edits: local_edits(table, vhost, route, &format_request),
+                });
+            }
+            edits(table, vhost, route, forward, cluster, &format_request)
+        }
+        // The fast path takes no upgrades (hyper's path checks them); edits it leaves to
+        // hyper's path, which has the request's parts to fill their values in from.
+        None if edits_none(table, vhost, route, forward, cluster) => {
+            (Edits::default(), Edits::default())
+        }
+        None => return Err(Answer::Handover),
+    };
     let path = forward
         .prefix_rewrite
         .as_deref()
-        .and_then(|to| rewrite_prefix(&route.matcher.path, req.path_and_query, to));
+        .and_then(|to| rewrite::prefix(&route.matcher.path, req.path_and_query, to));
+    let model = snapshot.cluster(cluster);
+    // (No such cluster: either path answers `NC` when it selects.)
+    let plain_http1_upstream = model.is_none_or(|c| {
+        protocol::upstream_version(c.http_protocol, ctx.key.version, false)
+            == crate::detect::HttpVersion::Http1
+            && c.max_requests_per_connection.is_none()
+            && pool_idle_timeout(c.http_idle_timeout, ctx.config.http.pool_idle_timeout)
+                == ctx.config.http.pool_idle_timeout
+    });
     let routed = Routed {
         cluster: cluster.to_string(),
         original_dst: ctx.key.destination,
         timeout: forward.timeout,
+        grpc_timeout_header_max: forward.grpc_timeout_header_max,
+        max_stream_duration: forward.max_stream_duration.filter(|d| !d.is_zero()),
         retries: retry.map_or(0, |r| r.num_retries),
         retry_503: retry.is_some_and(|r| {
             r.retriable_status_codes.contains(&503)
                 && r.retry_on.iter().any(|c| c == "retriable-status-codes")
         }),
+        avoid_previous: retry
+            .filter(|r| r.avoid_previous_hosts)
+            .map(|r| r.host_selection_retry_max_attempts),
+        tried: std::sync::Mutex::default(),
+        attempt_count: vhost.include_request_attempt_count,
         response_edits,
-        metrics_peer: snapshot
-            .cluster(cluster)
-            .and_then(|c| ctx.proxy.upstreams.service_peer(c)),
+        metrics_peer: model.and_then(|c| ctx.proxy.upstreams.service_peer(c)),
     };
     Ok(Decided {
         routed,
         request_edits,
         path,
         host: forward.host_rewrite.clone(),
+        plain_http1_upstream,
     })
 }
 
@@ -265,26 +306,35 @@ pub fn decide(
     parts: &mut Parts,
     end: &mut RequestEnd,
 ) -> Result<Routed, Answer> {
-    let host = parts
-        .headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| parts.uri.authority().map(|a| a.as_str()))
-        .unwrap_or_default();
-    let header = |name: &str| match name {
-        ":authority" => Some(host),
-        ":method" => Some(parts.method.as_str()),
-        ":path" => parts.uri.path_and_query().map(|p| p.as_str()),
-        _ => parts.headers.get(name).and_then(|v| v.to_str().ok()),
+    let decided = {
+        let host = parts
+            .headers
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| parts.uri.authority().map(|a| a.as_str()))
+            .unwrap_or_default();
+        let header = |name: &str| match name {
+            ":authority" => Some(host),
+            ":method" => Some(parts.method.as_str()),
+            ":path" => parts.uri.path_and_query().map(|p| p.as_str()),
+            _ => parts.headers.get(name).and_then(|v| v.to_str().ok()),
+        };
+        let req = RequestParts {
+            method: parts.method.as_str(),
+            path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+            header: &header,
+        };
+        decide_request(ctx, routes, host, &req, Some(&*parts))?
     };
-    let req = RequestParts {
-        method: parts.method.as_str(),
-        path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
-        header: &header,
-    };
-    let decided = decide_request(ctx, routes, host, &req)?;
     end.routed = Some(decided.routed.end());
     decided.request_edits.apply(&mut parts.headers);
+    // Envoy's router tells the upstream its deadline (istiod's routes carry none by default).
+    if let Some(t) = decided.routed.timeout.filter(|t| !t.is_zero()) {
+        let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+        parts
+            .headers
+            .insert(EXPECTED_TIMEOUT.clone(), HeaderValue::from(ms));
+    }
     if let Some(path) = decided.path.and_then(|p| p.parse::<http::Uri>().ok()) {
         parts.uri = path;
     }
@@ -294,54 +344,74 @@ pub fn decide(
     Ok(decided.routed)
 }
 
+/// Whether the request asks for an HTTP/1.1 upgrade (WebSocket) that the route's
+/// `upgrade_configs` turn off. A type the route does not name is left to the connection
+/// manager's `upgrade_configs` (istiod's: `websocket`).
+fn upgrade_disabled(forward: &Forward, headers: &HeaderMap) -> bool {
+    if forward.upgrades.is_empty() || !super::headers::wants_upgrade(headers) {
+        return false;
+    }
+    let Some(kind) = headers
+        .get(http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    forward
+        .upgrades
+        .iter()
+        .any(|u| !u.enabled && u.upgrade_type.eq_ignore_ascii_case(kind.trim()))
+}
+
 /// What a request that is not forwarded gets.
-fn answer(decision: HttpDecision<'_>, host: &str, path_and_query: &str) -> Answer {
+fn answer(
+    table: &RouteConfiguration,
+    decision: HttpDecision<'_>,
+    req: RedirectRequest<'_>,
+    format: &header_format::Request<'_>,
+) -> Answer {
     match decision {
         HttpDecision::NoRoute | HttpDecision::NoRouteTable | HttpDecision::Forward { .. } => {
             Answer::Error(ErrorKind::NoRoute)
         }
-        HttpDecision::DirectResponse { status, body } => Answer::Local {
+        HttpDecision::DirectResponse {
+            status,
+            body,
+            route,
+            vhost,
+        } => Answer::Local {
             status,
             body: body.map(str::to_string),
             location: None,
+            edits: local_edits(table, vhost, route, format),
         },
-        HttpDecision::Redirect(r) => {
-            let scheme = r.scheme.as_deref().unwrap_or("http");
-            let host = r.host.as_deref().unwrap_or(host);
-            let host = match r.port {
-                Some(port) => format!("{}:{port}", host.split(':').next().unwrap_or(host)),
-                None => host.to_string(),
-            };
-            let path = r.path.as_deref().unwrap_or(path_and_query);
-            Answer::Local {
-                status: r.status,
-                body: None,
-                location: Some(format!("{scheme}://{host}{path}")),
-            }
-        }
+        HttpDecision::Redirect {
+            redirect,
+            route,
+            vhost,
+        } => Answer::Local {
+            status: redirect.status,
+            body: None,
+            location: Some(rewrite::redirect_location(
+                redirect,
+                &route.matcher.path,
+                req,
+            )),
+            edits: local_edits(table, vhost, route, format),
+        },
     }
 }
 
-/// Envoy's `prefix_rewrite`: what the route matched of the path is replaced (the whole path
-/// for an exact match); regex routes are left as they are.
-fn rewrite_prefix(matched: &PathMatch, path_and_query: &str, to: &str) -> Option<String> {
-    let prefix = match matched {
-        PathMatch::Prefix(p) | PathMatch::PathSeparatedPrefix(p) | PathMatch::Exact(p) => p,
-        PathMatch::Regex(_) | PathMatch::Connect => return None,
-    };
-    let rest = path_and_query.get(prefix.len()..)?;
-    path_and_query
-        .get(..prefix.len())
-        .filter(|head| head.eq_ignore_ascii_case(prefix))?;
-    Some(format!("{to}{rest}"))
-}
-
 /// One attempt's endpoint of the routed cluster ([`crate::upstream`]'s choice, by the
-/// snapshot in force now), and the pool key of connections to it: the endpoint and the TLS
-/// parameters its transport takes. Both hyper's path and the HTTP/1.1 fast path select here.
+/// snapshot in force now, avoiding the hosts earlier attempts tried as the retry policy's
+/// `previous_hosts` says), and the pool key of connections to it: the endpoint, the source
+/// the connection is bound to, the cluster's upstream HTTP version (`upgrade`: the request
+/// asks for one, which only HTTP/1.1 carries) and the TLS parameters its transport takes.
+/// Both hyper's path and the HTTP/1.1 fast path select here.
 pub(super) fn select(
     ctx: &ConnContext,
     routed: &Routed,
+    upgrade: bool,
 ) -> Result<(crate::upstream::Selected, Key), ProxyError> {
     let Some(store) = &ctx.proxy.xds else {
         return Err(ProxyError::new(
@@ -350,23 +420,42 @@ pub(super) fn select(
             "no xDS",
         ));
     };
-    let selected = ctx
-        .proxy
-        .upstreams
-        .select(&store.current(), &routed.cluster, routed.original_dst)
-        .map_err(|e| {
-            let kind = match e {
-                UpstreamError::NoCluster(_) => ErrorKind::NoCluster,
-                UpstreamError::NoHealthyUpstream(_) | UpstreamError::Transport { .. } => {
-                    ErrorKind::NoHealthyUpstream
-                }
-            };
-            ProxyError::new(kind, routed.original_dst, e)
-        })?;
+    let snapshot = store.current();
+    let selected = {
+        let mut tried = routed
+            .tried
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let avoid = Avoid {
+            hosts: &tried,
+            attempts: routed.avoid_previous.unwrap_or(0),
+        };
+        let selected = ctx.proxy.upstreams.select_avoiding(
+            &snapshot,
+            &routed.cluster,
+            routed.original_dst,
+            avoid,
+        );
+        if let Ok(s) = &selected {
+            tried.push(s.address);
+        }
+        selected
+    }
+    .map_err(|e| {
+        let kind = match e {
+            UpstreamError::NoCluster(_) => ErrorKind::NoCluster,
+            UpstreamError::NoHealthyUpstream(_) | UpstreamError::Transport { .. } => {
+                ErrorKind::NoHealthyUpstream
+            }
+        };
+        ProxyError::new(kind, routed.original_dst, e)
+    })?;
+    let version =
+        protocol::upstream_version(selected.cluster.http_protocol, ctx.key.version, upgrade);
     let key = Key {
         destination: selected.address,
-        source: None,
-        version: ctx.key.version,
+        source: dial::source(&selected, ctx.key.source),
+        version,
         tls: match &selected.transport {
             Transport::Plaintext => 0,
             Transport::Mesh(mesh) => ctx.proxy.upstreams.tls_id(mesh),
@@ -390,12 +479,26 @@ pub(super) async fn send(
     routed: &Routed,
     mut req: Request<UpstreamBody>,
 ) -> Result<Upstreamed, ProxyError> {
-    let (selected, key) = select(ctx, routed)?;
+    let upgrade = ctx.key.version == crate::detect::HttpVersion::Http1
+        && super::headers::wants_upgrade(req.headers());
+    let (selected, key) = select(ctx, routed, upgrade)?;
     let version = key.version;
-    let idle_timeout = ctx.config.http.pool_idle_timeout;
-    if let Some(sender) = ctx.proxy.pool.checkout(&key, Instant::now(), idle_timeout) {
+    protocol::translate(&mut req, version);
+    let idle_timeout = pool_idle_timeout(
+        selected.cluster.http_idle_timeout,
+        ctx.config.http.pool_idle_timeout,
+    );
+    // `max_requests_per_connection`: an HTTP/1.1 connection is retired once it has carried
+    // that many; an HTTP/2 one, whose streams are not counted, is then not shared at all, so
+    // none carries more than the limit.
+    let limit = selected.cluster.max_requests_per_connection;
+    let pooled = ctx.proxy.pool.checkout(&key, Instant::now(), idle_timeout);
+    if let Some(sender) = pooled {
         match send_on(ctx, key, sender, req).await {
-            Ok(up) => return Ok(up.counting(selected.in_flight)),
+            Ok(up) => {
+                let up = up.counting(selected.in_flight);
+                return Ok(up.pooled_within(limit, idle_timeout));
+            }
             Err(SendError::Unsent(back, e)) => {
                 tracing::debug!(endpoint = %key.destination, error = %e, "pooled connection closed; opening another");
                 req = *back;
@@ -403,13 +506,14 @@ pub(super) async fn send(
             Err(SendError::Failed(e)) => return Err(e),
         }
     }
-    let alpn = originate::alpn(version);
+    let alpn = protocol::mesh_alpn(req.version());
     let connected = Box::pin(dial::dial(
         &ctx.proxy,
         &ctx.config.tls,
         &selected,
         ctx.direction,
         Some(&alpn),
+        ctx.key.source,
     ))
     .await
     .map_err(|e| ProxyError::new(dial_failure(&e), selected.address, e))?;
@@ -420,7 +524,7 @@ pub(super) async fn send(
         }
     }
     .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, selected.address, e))?;
-    if let Sender::Http2(s) = &sender {
+    if let (Sender::Http2(s), None) = (&sender, limit) {
         // Shared from now on by every request to this endpoint.
         ctx.proxy.pool.checkin(
             key,
@@ -430,21 +534,53 @@ pub(super) async fn send(
         );
     }
     match send_on(ctx, key, sender, req).await {
-        Ok(up) => Ok(up.counting(selected.in_flight)),
+        Ok(up) => Ok(up
+            .counting(selected.in_flight)
+            .pooled_within(limit, idle_timeout)),
         Err(SendError::Unsent(_, e)) => Err(ProxyError::from_send(key.destination, e)),
         Err(SendError::Failed(e)) => Err(e),
     }
 }
 
+/// How long a pooled connection of a cluster may stay idle: the cluster's
+/// `common_http_protocol_options.idle_timeout` (zero: none), and never longer than Remora's
+/// own `http.pool_idle_timeout` (servers close idle keep-alive connections on timers of their
+/// own; istiod's default of an hour would outlive most of them).
+fn pool_idle_timeout(cluster: Option<Duration>, remora: Duration) -> Duration {
+    cluster
+        .filter(|t| !t.is_zero())
+        .map_or(remora, |t| t.min(remora))
+}
+
+/// Envoy's answer to an HTTP/1.0 request on a connection manager that does not accept them:
+/// 426, written by its codec before any stream exists, so nothing is logged for it.
+pub(super) fn upgrade_required(mut end: RequestEnd) -> Response<ResponseBody> {
+    end.log = None;
+    end.status = 426;
+    let body = Bytes::from_static(b"Upgrade Required");
+    let mut r = Response::new(ResponseBody::local(body, end));
+    *r.status_mut() = http::StatusCode::UPGRADE_REQUIRED;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain"),
+    );
+    r.headers_mut()
+        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
 /// The answer to a request the xDS route decision answers itself.
 pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response<ResponseBody> {
-    let (status, body, location) = match answer {
+    let (status, body, location, edits) = match answer {
         Answer::Error(kind) => return super::forward::local_reply(kind, grpc, end),
+        // Never given by `decide`, which has the parts.
+        Answer::Handover => return super::forward::local_reply(ErrorKind::NoRoute, grpc, end),
         Answer::Local {
             status,
             body,
             location,
-        } => (status, body, location),
+            edits,
+        } => (status, body, location, edits),
     };
     end.status = status;
     if let Some(log) = &mut end.log {
@@ -455,94 +591,20 @@ pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response
         builder = builder.header(http::header::LOCATION, location);
     }
     let body = Bytes::from(body.unwrap_or_default());
+    if !body.is_empty() {
+        // Envoy's direct responses say what their body is.
+        builder = builder.header(http::header::CONTENT_TYPE, "text/plain");
+    }
     match builder.body(()) {
-        Ok(r) => r.map(|()| ResponseBody::local(body, end)),
+        Ok(mut r) => {
+            edits.apply(r.headers_mut());
+            r.map(|()| ResponseBody::local(body, end))
+        }
         // A status outside 100..=999 from the route: Envoy would have refused the table.
         Err(_) => Response::new(ResponseBody::local(Bytes::new(), end)),
     }
 }
 
+mod edits;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefix_rewrite_replaces_what_the_route_matched() {
-        let prefix = PathMatch::Prefix("/api".into());
-        assert_eq!(
-            rewrite_prefix(&prefix, "/api/v1?x=1", "/").as_deref(),
-            Some("//v1?x=1")
-        );
-        assert_eq!(
-            rewrite_prefix(&prefix, "/API/v1", "/v2").as_deref(),
-            Some("/v2/v1")
-        );
-        let exact = PathMatch::Exact("/old".into());
-        assert_eq!(
-            rewrite_prefix(&exact, "/old", "/new").as_deref(),
-            Some("/new")
-        );
-    }
-
-    /// A weighted destination's own header edits (VirtualService `route[].headers`) go with
-    /// the cluster picked, and only with it.
-    #[test]
-    fn a_weighted_clusters_own_edits_follow_the_pick() {
-        type Proto = envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
-        let table = remora_xds::convert::from_json::<Proto>(&serde_json::json!({
-            "name": "9080", "virtual_hosts": [{"name": "vh", "domains": ["*"], "routes": [
-                {"match": {"prefix": "/"}, "route": {"weighted_clusters": {"clusters": [
-                    {"name": "v1", "weight": 50, "request_headers_to_add": [
-                        {"header": {"key": "x-subset", "value": "v1"}}]},
-                    {"name": "v2", "weight": 50, "response_headers_to_add": [
-                        {"header": {"key": "x-served", "value": "v2"}}]}]}},
-                 "request_headers_to_add": [{"header": {"key": "x-route", "value": "yes"}}]}]}]
-        }))
-        .expect("accepted")
-        .model;
-        let vhost = &table.virtual_hosts[0];
-        let route = &vhost.routes[0];
-        let remora_xds::model::route::Action::Forward(forward) = &route.action else {
-            panic!("{:?}", route.action)
-        };
-        let applied = |cluster: &str| {
-            let (request, response) = edits(&table, vhost, route, forward, cluster);
-            let (mut req, mut resp) = (HeaderMap::new(), HeaderMap::new());
-            request.apply(&mut req);
-            response.apply(&mut resp);
-            (req, resp)
-        };
-        let (req, resp) = applied("v1");
-        assert_eq!(req["x-subset"], "v1");
-        assert_eq!(req["x-route"], "yes");
-        assert!(resp.get("x-served").is_none());
-        let (req, resp) = applied("v2");
-        assert!(req.get("x-subset").is_none());
-        assert_eq!(resp["x-served"], "v2");
-    }
-
-    #[test]
-    fn edits_remove_then_add_most_specific_first() {
-        let edit = |name: &str, value: &str, append: bool| HeaderEdit {
-            name: name.into(),
-            value: value.into(),
-            append,
-        };
-        let route = [edit("x-a", "route", false), edit("x-b", "1", true)];
-        let vhost = [edit("x-a", "vhost", false), edit("x-b", "2", true)];
-        let remove = ["x-gone".to_string()];
-        let edits = Edits::of([(&route[..], &remove[..]), (&vhost[..], &[][..])]);
-        let mut headers = HeaderMap::new();
-        headers.insert("x-gone", HeaderValue::from_static("y"));
-        headers.insert("x-b", HeaderValue::from_static("0"));
-        edits.apply(&mut headers);
-        assert!(headers.get("x-gone").is_none());
-        assert_eq!(headers["x-a"], "vhost");
-        let b: Vec<&str> = headers
-            .get_all("x-b")
-            .iter()
-            .map(|v| v.to_str().unwrap_or_default())
-            .collect();
-        assert_eq!(b, ["0", "1", "2"]);
-    }
-}
+mod tests;

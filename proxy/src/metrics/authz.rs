@@ -83,6 +83,8 @@ pub struct AuthzMetrics {
     pub reloads_failed: Counter,
     /// Policies in force, all actions (not exported: it tells whether the RBAC stats exist).
     in_force: Gauge,
+    /// RBAC filters from xDS have decided something: Envoy has the filters, so their stats.
+    xds_rbac: Gauge,
 }
 
 impl AuthzMetrics {
@@ -101,6 +103,7 @@ impl AuthzMetrics {
             reloads_ok,
             reloads_failed,
             in_force: Gauge::default(),
+            xds_rbac: Gauge::default(),
         };
         registry.register(
             "remora_authorization_decisions",
@@ -145,7 +148,12 @@ impl AuthzMetrics {
 
     /// Whether any policy is in force.
     pub fn policies_in_force(&self) -> bool {
-        self.in_force.get() > 0
+        self.in_force.get() > 0 || self.xds_rbac.get() > 0
+    }
+
+    /// Note that RBAC filters from xDS are deciding (their statistics exist from now on).
+    pub fn xds_rbac_decided(&self) {
+        self.xds_rbac.set(1);
     }
 
     fn of(&self, p: Protocol) -> &ByProtocol {

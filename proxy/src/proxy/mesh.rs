@@ -72,16 +72,9 @@ impl Inbound {
 /// workload identity loaded; an explicit listener configured for mesh TLS always has one, so
 /// that without an identity it fails closed (refuses) rather than passing plaintext.
 ///
-/// With xDS resources that hold an inbound listener, the inbound mode is the one its chains
-/// express for the destination port ([`crate::route::inbound_mtls`]), as istiod writes each
-/// port's PeerAuthentication into them.
-pub(super) fn leg(
-    mesh: &Mesh,
-    config: &Config,
-    route: &Route,
-    dst: SocketAddr,
-    xds: Option<&remora_xds::store::Store>,
-) -> Option<Leg> {
+/// With xDS, capture inbound does not come here: `virtualInbound`'s chains decide
+/// (`inbound_xds`).
+pub(super) fn leg(mesh: &Mesh, config: &Config, route: &Route, dst: SocketAddr) -> Option<Leg> {
     if let Route::Fixed(listener) = route {
         let tls = listener.tls.as_ref()?;
         return Some(match tls.mode {
@@ -107,10 +100,7 @@ pub(super) fn leg(
         })
     };
     match route {
-        Route::Capture(Direction::Inbound) => match xds
-            .and_then(|x| crate::route::inbound_mtls(&x.snapshot(), dst))
-            .unwrap_or(config.mesh.mtls_mode)
-        {
+        Route::Capture(Direction::Inbound) => match config.mesh.mtls_mode {
             MtlsMode::Permissive => Some(inbound(false)),
             MtlsMode::Strict => Some(inbound(true)),
             MtlsMode::Disable => None,
@@ -407,7 +397,12 @@ impl Proxy {
 
     /// Istio's metadata exchange on a connection whose ALPN selected it; `None` when it failed
     /// (logged and counted), and the connection must be closed.
-    async fn exchange<S>(&self, stream: &mut S, config: &Config, hop: &Hop) -> Option<Exchanged>
+    pub(super) async fn exchange<S>(
+        &self,
+        stream: &mut S,
+        config: &Config,
+        hop: &Hop,
+    ) -> Option<Exchanged>
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {

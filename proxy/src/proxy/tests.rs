@@ -42,6 +42,7 @@ async fn connection_future_stays_small() {
             early: None,
             originate: None,
             xds_routes: None,
+            xds_inbound: None,
         },
     );
     let size = std::mem::size_of_val(&http);

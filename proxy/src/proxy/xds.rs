@@ -61,7 +61,8 @@ impl Proxy {
         let (cluster, idle) = match route::outbound(&snapshot, &facts, fastrand::u64(..)) {
             ChainDecision::NoChain => {
                 tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no xDS listener or filter chain");
-                reset(&downstream);
+                // Closed, not reset: Envoy's tcp_proxy closes a connection it cannot serve.
+                drop(downstream);
                 return refused(Some(hop.destination), End::NoRoute);
             }
             ChainDecision::Http { http: chain, .. } => {
@@ -82,7 +83,8 @@ impl Proxy {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "no upstream");
-                reset(&downstream);
+                // Closed, not reset: Envoy's tcp_proxy closes a connection it cannot serve.
+                drop(downstream);
                 let end = match e {
                     UpstreamError::NoCluster(_) => End::NoCluster,
                     UpstreamError::NoHealthyUpstream(_) | UpstreamError::Transport { .. } => {
@@ -98,7 +100,7 @@ impl Proxy {
             idle,
             ..hop
         };
-        let connected = dial::dial(self, &config.tls, &selected, hop.dir, None).await;
+        let connected = dial::dial(self, &config.tls, &selected, hop.dir, None, None).await;
         match connected {
             Ok(Connected::Plain(up)) => {
                 // No mesh peer to learn: Istio's open is counted now, for an unknown peer.
@@ -120,7 +122,8 @@ impl Proxy {
             Err(e) => {
                 self.metrics.direction(hop.dir).connect_failures.inc();
                 tracing::debug!(peer = %hop.peer, error = %e, "xDS upstream connect failed");
-                reset(&downstream);
+                // Closed, not reset: Envoy's tcp_proxy closes a connection it cannot serve.
+                drop(downstream);
                 refused(Some(hop.destination), e.end())
             }
         }
@@ -156,6 +159,7 @@ impl Proxy {
                 early,
                 originate: None,
                 xds_routes: routes,
+                xds_inbound: None,
             },
         )
         .await;
@@ -171,7 +175,7 @@ impl Proxy {
 
 /// The chain's `tcp_proxy` idle timeout: unset is Envoy's hour (the config file's
 /// `tcp.idle_timeout`, whose default it is), zero is none.
-fn tcp_idle(
+pub(super) fn tcp_idle(
     chain: &remora_xds::model::listener::FilterChain,
     config: Option<Duration>,
 ) -> Option<Duration> {
@@ -187,7 +191,7 @@ fn tcp_idle(
 /// Whether a listener's chains look at what detection reads (TLS or not, ALPN, SNI): if none
 /// does, the connection is decided by its destination alone, at once, as Envoy does without
 /// inspector filters, and a server that speaks first is not kept waiting.
-fn inspects(listener: &Listener) -> bool {
+pub(super) fn inspects(listener: &Listener) -> bool {
     listener.all_chains().any(|c| {
         let m = &c.matcher;
         m.transport_protocol.is_some()

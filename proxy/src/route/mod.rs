@@ -8,10 +8,11 @@
 //! Nothing here does I/O or keeps state: the random numbers that weighted choices need are
 //! passed in, so every decision is reproducible in a test.
 
-use remora_config::MtlsMode;
 use remora_xds::model::listener::{
-    ChainKind, ConnectionFacts, DownstreamTls, FilterChain, HttpChain, RouteSource, TcpTarget,
+    ChainKind, ConnectionFacts, DownstreamTls, FilterChain, HttpChain, HttpFilter, Listener,
+    NetworkFilter, RouteSource, TcpTarget,
 };
+use remora_xds::model::rbac::Rbac;
 use remora_xds::model::route::{
     Action, ClusterTarget, Forward, Redirect, RequestParts, RetryPolicy, Route, RouteConfiguration,
     VirtualHost,
@@ -63,11 +64,13 @@ pub struct Inbound<'s> {
     /// required when it says so).
     pub terminate: Option<&'s DownstreamTls>,
     pub decision: ChainDecision<'s>,
+    /// The chain, for what the connection keeps of it (its RBAC filters).
+    pub chain: Option<ChainRef>,
 }
 
-/// The inbound chain for a connection: `None` when no inbound listener is held (the config
-/// file's inbound behaviour applies); a decision of [`ChainDecision::NoChain`] when no chain
-/// takes it (Envoy closes it, `NR`).
+/// The inbound chain for a connection: `None` when no inbound listener is held (before the
+/// first LDS: Envoy has no 15006 yet, so the connection is refused); a decision of
+/// [`ChainDecision::NoChain`] when no chain takes it (Envoy closes it, `NR`).
 pub fn inbound<'s>(
     snapshot: &'s Snapshot,
     facts: &ConnectionFacts<'_>,
@@ -78,44 +81,77 @@ pub fn inbound<'s>(
         None => Inbound {
             terminate: None,
             decision: ChainDecision::NoChain,
+            chain: None,
         },
         Some(chain) => Inbound {
             terminate: chain.tls.as_ref(),
             decision: chain_decision(chain, pick),
+            chain: ChainRef::new(listener, chain),
         },
     })
 }
 
-/// The PeerAuthentication mode istiod's `virtualInbound` expresses for connections to `dst`:
-/// the chains for its port (else the catch-all chains) that terminate TLS and those that take
-/// plaintext. TLS only is STRICT, both PERMISSIVE, plaintext only DISABLE; `None` when no
-/// inbound listener is held or no chain speaks for the port (the config file's mode applies).
-pub fn inbound_mtls(snapshot: &Snapshot, dst: std::net::SocketAddr) -> Option<MtlsMode> {
-    let listener = snapshot.inbound_listener()?;
-    let for_port: Vec<&FilterChain> = listener
-        .filter_chains
-        .iter()
-        .filter(|c| c.matcher.destination_port == Some(dst.port()))
-        .collect();
-    let chains = if for_port.is_empty() {
-        // The catch-all chains; istiod's blackhole chain names the inbound port itself.
-        listener
-            .filter_chains
-            .iter()
-            .filter(|c| c.matcher.destination_port.is_none())
-            .collect()
-    } else {
-        for_port
-    };
-    let tls = chains.iter().any(|c| c.tls.is_some());
-    let plaintext = chains
-        .iter()
-        .any(|c| c.tls.is_none() && c.matcher.transport_protocol.as_deref() != Some("tls"));
-    match (tls, plaintext) {
-        (true, true) => Some(MtlsMode::Permissive),
-        (true, false) => Some(MtlsMode::Strict),
-        (false, true) => Some(MtlsMode::Disable),
-        (false, false) => None,
+/// A filter chain of a listener held in a snapshot, kept by the connection it took: the
+/// listener stays alive (an `Arc`) as long as the connection, whatever the store does meanwhile,
+/// as Envoy drains a connection on the chain it started on.
+#[derive(Debug, Clone)]
+pub struct ChainRef {
+    listener: Arc<Listener>,
+    /// Position in [`Listener::all_chains`].
+    index: usize,
+}
+
+impl ChainRef {
+    /// The reference to `chain`, one of `listener`'s chains.
+    pub fn new(listener: &Arc<Listener>, chain: &FilterChain) -> Option<ChainRef> {
+        let index = listener.all_chains().position(|c| std::ptr::eq(c, chain))?;
+        Some(ChainRef {
+            listener: Arc::clone(listener),
+            index,
+        })
+    }
+
+    pub fn chain(&self) -> Option<&FilterChain> {
+        self.listener.all_chains().nth(self.index)
+    }
+
+    /// Whether `snapshot`'s inbound listener still has this chain as it was: Envoy drains the
+    /// connections of a chain an update changed or removed, and keeps the others.
+    pub fn is_current(&self, snapshot: &Snapshot) -> bool {
+        let Some(now) = snapshot.inbound_listener() else {
+            return false;
+        };
+        if Arc::ptr_eq(now, &self.listener) {
+            return true;
+        }
+        self.chain()
+            .is_some_and(|mine| now.all_chains().any(|c| c == mine))
+    }
+
+    /// The chain's network RBAC filters, in order.
+    pub fn network_rbac(&self) -> impl Iterator<Item = &Rbac> {
+        self.chain().into_iter().flat_map(|c| {
+            c.filters.iter().filter_map(|f| match f {
+                NetworkFilter::Rbac(r) => Some(r),
+                _ => None,
+            })
+        })
+    }
+
+    /// The HTTP RBAC filters of the chain's connection manager, in order (none for TCP).
+    pub fn http_rbac(&self) -> impl Iterator<Item = &Rbac> {
+        self.chain()
+            .into_iter()
+            .filter_map(|c| match &c.kind {
+                ChainKind::Http(http) => Some(http),
+                ChainKind::Tcp(_) => None,
+            })
+            .flat_map(|http| {
+                http.http_filters.iter().filter_map(|f| match f {
+                    HttpFilter::Rbac(r) => Some(r),
+                    _ => None,
+                })
+            })
     }
 }
 
@@ -151,10 +187,18 @@ pub enum HttpDecision<'s> {
         /// The virtual host, for its header edits.
         vhost: &'s VirtualHost,
     },
-    Redirect(&'s Redirect),
+    /// A redirect, or a direct response: answered here, with the route's (and its virtual
+    /// host's) response header edits.
+    Redirect {
+        redirect: &'s Redirect,
+        route: &'s Arc<Route>,
+        vhost: &'s VirtualHost,
+    },
     DirectResponse {
         status: u16,
         body: Option<&'s str>,
+        route: &'s Arc<Route>,
+        vhost: &'s VirtualHost,
     },
     /// No virtual host or no route: 404 with flag `NR`.
     NoRoute,
@@ -208,10 +252,16 @@ pub fn http_route<'s>(
                 None => HttpDecision::NoRoute,
             }
         }
-        Action::Redirect(r) => HttpDecision::Redirect(r),
+        Action::Redirect(redirect) => HttpDecision::Redirect {
+            redirect,
+            route,
+            vhost,
+        },
         Action::DirectResponse { status, body } => HttpDecision::DirectResponse {
             status: *status,
             body: body.as_deref(),
+            route,
+            vhost,
         },
     }
 }
@@ -233,6 +283,8 @@ pub fn weighted<T: Copy>(items: impl Iterator<Item = (T, u32)> + Clone, pick: u6
     }
     None
 }
+
+pub mod rewrite;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -132,7 +132,7 @@ fn route_of(snapshot: &Snapshot, host: &str, path: &str, headers: &[(&str, &str)
 fn describe(d: &HttpDecision<'_>) -> String {
     match d {
         HttpDecision::Forward { cluster, .. } => cluster.to_string(),
-        HttpDecision::Redirect(_) => "redirect".into(),
+        HttpDecision::Redirect { .. } => "redirect".into(),
         HttpDecision::DirectResponse { status, .. } => format!("direct {status}"),
         HttpDecision::NoRoute => "NR".into(),
         HttpDecision::NoRouteTable => "no table".into(),
@@ -339,28 +339,33 @@ fn inbound_chains_decide_mtls_or_plaintext_per_port_and_the_local_cluster() {
     assert!(inbound(&bookinfo().snapshot(), &facts("10.0.0.5:80"), 0).is_none());
 }
 
+/// A connection keeps the chain it took; an update that changes that chain (not merely the
+/// listener around it) makes it stale, as Envoy drains only the chains an update changed.
 #[test]
-fn inbound_chains_say_strict_or_permissive_per_port() {
+fn a_chain_is_stale_once_an_update_changes_it() {
     let permissive = virtual_inbound_with(true);
     let strict = virtual_inbound_with(false);
-    let dst = |port: u16| std::net::SocketAddr::from(([10, 0, 0, 5], port));
-    assert_eq!(
-        inbound_mtls(&permissive.snapshot(), dst(9080)),
-        Some(MtlsMode::Permissive)
-    );
-    assert_eq!(
-        inbound_mtls(&strict.snapshot(), dst(9080)),
-        Some(MtlsMode::Strict)
-    );
-    // 9081 has only the plaintext chain in the strict fixture.
-    assert_eq!(
-        inbound_mtls(&strict.snapshot(), dst(9081)),
-        Some(MtlsMode::Disable)
-    );
-    // Other ports: the catch-all chains (TLS and plaintext).
-    assert_eq!(
-        inbound_mtls(&strict.snapshot(), dst(7000)),
-        Some(MtlsMode::Permissive)
-    );
-    assert_eq!(inbound_mtls(&bookinfo().snapshot(), dst(7000)), None);
+    let before = permissive.snapshot();
+    let taken = |dst: &str, transport: &'static str, alpn: &'static [&'static str]| {
+        let facts = ConnectionFacts {
+            destination: dst.parse().expect("addr"),
+            server_name: None,
+            transport_protocol: transport,
+            application_protocols: alpn,
+        };
+        inbound(&before, &facts, 0)
+            .and_then(|i| i.chain)
+            .expect("a chain")
+    };
+    let mtls = taken("10.0.0.5:9080", "tls", &["istio-http/1.1"]);
+    let plaintext = taken("10.0.0.5:9080", "raw_buffer", &["http/1.1"]);
+    assert!(mtls.is_current(&before) && plaintext.is_current(&before));
+    assert_eq!(mtls.http_rbac().count(), 0);
+    assert_eq!(mtls.network_rbac().count(), 0);
+    // STRICT for 9080 removes its plaintext chain and keeps its mTLS chain as it was.
+    let after = strict.snapshot();
+    assert!(mtls.is_current(&after));
+    assert!(!plaintext.is_current(&after));
+    // No inbound listener at all: nothing is current.
+    assert!(!mtls.is_current(&bookinfo().snapshot()));
 }

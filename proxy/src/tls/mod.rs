@@ -10,6 +10,7 @@
 //! roots and carry an expected SPIFFE ID ([`verify`]). The certificate comes from the
 //! [`crate::identity`] store at each handshake, so a rotation applies to the next one.
 
+mod chain;
 pub mod client_hello;
 pub mod stream;
 pub mod verify;
@@ -18,6 +19,7 @@ pub mod xfcc;
 use crate::identity::{CertSummary, Identity, SpiffeId, Store};
 use crate::metadata_exchange::{LocalHeader, WorkloadMetadata};
 use arc_swap::ArcSwapOption;
+pub use chain::ChainParams;
 use remora_config::{TlsConfig, TlsVersion};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::CertificateDer;
@@ -91,6 +93,9 @@ pub struct Mesh {
     pub exchange_headers: crate::metadata_exchange::http::LocalHeaders,
     /// The server config for the current identity and settings; rebuilt when either changes.
     server: ArcSwapOption<CachedServer>,
+    /// The server configs built for xDS inbound chains, one per ALPN list and client
+    /// certificate requirement; all dropped when the identity or settings change.
+    chain_servers: ArcSwapOption<chain::CachedChainServers>,
     /// The client configs built for the current identity and settings, one per expected
     /// server identities and ALPN offer; all dropped when the identity or settings change.
     clients: ArcSwapOption<CachedClients>,
@@ -129,6 +134,7 @@ impl Mesh {
             exchange_header: LocalHeader::default(),
             exchange_headers: Default::default(),
             server: ArcSwapOption::empty(),
+            chain_servers: ArcSwapOption::empty(),
             clients: ArcSwapOption::empty(),
         }
     }

@@ -4,25 +4,68 @@
 use remora_xds::model::endpoint::{ClusterLoadAssignment, Endpoint};
 use std::net::SocketAddr;
 
+/// Envoy's panic threshold when a cluster sets none, in percent.
+pub const DEFAULT_PANIC_THRESHOLD: f64 = 50.0;
+
 /// The endpoints that may take traffic (HEALTHY, UNKNOWN or DEGRADED, as Envoy counts them) at
 /// the highest priority that has any. Envoy spills part of the traffic to the next priority
 /// as the share of healthy hosts falls under 100/overprovisioning; Remora moves only once a
 /// priority has none left.
-pub fn healthy_of_best_priority(cla: &ClusterLoadAssignment) -> Vec<&Endpoint> {
-    let best = cla
-        .localities
+///
+/// Panic mode, as Envoy's: when the priorities together are not healthy enough to carry all the
+/// traffic (normalized availability under 100 %) and the chosen priority's healthy share is
+/// under `panic_threshold` percent, health is disregarded and every host of that priority is a
+/// candidate; with no healthy host anywhere, that is every host of the highest priority.
+/// A threshold of 0 never panics.
+pub fn candidates(cla: &ClusterLoadAssignment, panic_threshold: f64) -> Vec<&Endpoint> {
+    let mut priorities: Vec<u32> = cla.localities.iter().map(|l| l.priority).collect();
+    priorities.sort_unstable();
+    priorities.dedup();
+    let count = |p: u32| {
+        let hosts = cla
+            .localities
+            .iter()
+            .filter(|l| l.priority == p)
+            .flat_map(|l| l.endpoints.iter())
+            .filter(|e| e.weight > 0);
+        let (mut healthy, mut total) = (0u64, 0u64);
+        for e in hosts {
+            total += 1;
+            healthy += u64::from(e.health.takes_traffic());
+        }
+        (healthy, total)
+    };
+    let counts: Vec<(u32, u64, u64)> = priorities
         .iter()
-        .filter(|l| l.endpoints.iter().any(|e| e.health.takes_traffic()))
-        .map(|l| l.priority)
-        .min();
-    let Some(best) = best else {
+        .map(|&p| {
+            let (healthy, total) = count(p);
+            (p, healthy, total)
+        })
+        .filter(|(_, _, total)| *total > 0)
+        .collect();
+    let factor = f64::from(cla.overprovisioning_factor) / 100.0;
+    // Envoy's normalized total availability: each priority's healthy share scaled by the
+    // overprovisioning factor, capped at 100 %, summed.
+    let availability: f64 = counts
+        .iter()
+        .map(|(_, healthy, total)| (factor * 100.0 * *healthy as f64 / *total as f64).min(100.0))
+        .sum();
+    // The priority that takes the traffic: the best with a healthy host, else the best (all
+    // of Envoy's load goes to priority 0 when nothing is healthy).
+    let chosen = counts
+        .iter()
+        .find(|(_, healthy, _)| *healthy > 0)
+        .or_else(|| counts.first());
+    let Some(&(best, healthy, total)) = chosen else {
         return Vec::new();
     };
+    let share = 100.0 * healthy as f64 / total as f64;
+    let panic = availability < 100.0 && share < panic_threshold;
     cla.localities
         .iter()
         .filter(|l| l.priority == best)
         .flat_map(|l| l.endpoints.iter())
-        .filter(|e| e.health.takes_traffic() && e.weight > 0)
+        .filter(|e| e.weight > 0 && (panic || e.health.takes_traffic()))
         .collect()
 }
 

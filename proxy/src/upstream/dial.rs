@@ -53,18 +53,23 @@ impl DialError {
 }
 
 /// Connect to `selected`, for traffic going `direction`. `alpn` replaces the socket's ALPN
-/// offer (Istio's ALPN filter does for HTTP).
+/// offer (Istio's ALPN filter does for HTTP). The source is the cluster's
+/// `upstream_bind_config` (istiod's inbound clusters bind `127.0.0.6`, which the capture rules
+/// let through), else `source`: the inbound passthrough source for an inbound hop, which would
+/// otherwise be captured into 15006 again, none outbound (UID 1337 is not captured).
 pub async fn dial(
     proxy: &Proxy,
     tls_config: &TlsConfig,
     selected: &Selected,
     direction: Direction,
     alpn: Option<&[&[u8]]>,
+    source: Option<connect::Source>,
 ) -> Result<Connected, DialError> {
-    // Outbound hops are not captured again (UID 1337): any source will do.
+    // Outbound hops are not captured again (UID 1337): any source will do, unless the
+    // cluster binds one; inbound ones come from the passthrough source the caller gives.
     let upstream = connect::connect(
         selected.address,
-        None,
+        self::source(selected, source),
         selected.connect_timeout,
         direction,
         &proxy.loop_guard,
@@ -78,6 +83,17 @@ pub async fn dial(
     let offered: Vec<&[u8]> = match alpn {
         Some(a) => a.to_vec(),
         None => mesh.alpn.iter().map(|a| a.as_bytes()).collect(),
+    };
+    // The socket's minimum, when above the config's (TLS 1.3 only).
+    let raised;
+    let tls_config = if mesh.tls13_only {
+        raised = TlsConfig {
+            min_protocol_version: remora_config::TlsVersion::Tls13,
+            ..tls_config.clone()
+        };
+        &raised
+    } else {
+        tls_config
     };
     let client = match proxy
         .mesh
@@ -108,6 +124,17 @@ pub async fn dial(
         Ok(tls) => Ok(Connected::Mesh(Box::new(tls), registration)),
         Err(failure) => Err(DialError::Handshake { address, failure }),
     }
+}
+
+/// The source of a connection to the selected endpoint: the cluster's `upstream_bind_config`
+/// address (istiod's `127.0.0.6` on inbound clusters, so the application sees traffic from
+/// the sidecar), else `otherwise` (the caller's: inbound, the passthrough source).
+pub fn source(selected: &Selected, otherwise: Option<connect::Source>) -> Option<connect::Source> {
+    selected
+        .cluster
+        .upstream_bind_address
+        .map(connect::Source::Local)
+        .or(otherwise)
 }
 
 /// The socket's SNI, or the address (rustls then sends none).

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 pub mod balance;
 pub mod dial;
+pub mod dns;
 pub mod transport;
 
 pub use transport::{MeshTls, Transport, TransportError};
@@ -25,6 +26,11 @@ pub use transport::{MeshTls, Transport, TransportError};
 /// (istiod may name clusters without end over a long life; a restart of a rotation costs
 /// nothing but evenness for one turn).
 const ROUND_ROBIN_CLUSTERS: usize = 4096;
+
+/// Bound on the picks again of one retry's host selection (`host_selection_retry_max_attempts`,
+/// istiod's is 5): a resource asking for billions would spin a request's task on them, and
+/// past a few dozen a rejected pick is all but certain to be the only host left anyway.
+const MAX_HOST_SELECTION_ATTEMPTS: u32 = 64;
 
 /// The balancers' state, shared by every connection.
 #[derive(Debug, Default)]
@@ -40,6 +46,8 @@ pub struct Upstreams {
     /// The server side of Istio's request metrics per service host a cluster stands for, made
     /// once and shared, so that a request's series is found without an allocation.
     service_peers: Mutex<HashMap<String, Arc<crate::tls::Peer>>>,
+    /// The DNS clusters' host sets, kept resolved by [`dns::run`].
+    pub dns: Arc<dns::DnsHosts>,
 }
 
 #[derive(Debug, Default)]
@@ -87,6 +95,15 @@ impl UpstreamError {
     }
 }
 
+/// Hosts a retry should stay away from: Envoy's `previous_hosts` retry predicate, which
+/// rejects a pick that was already tried and picks again, up to `attempts` more times, the
+/// last pick standing when every one was rejected.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Avoid<'a> {
+    pub hosts: &'a [SocketAddr],
+    pub attempts: u32,
+}
+
 impl Upstreams {
     /// Choose an endpoint of `cluster` for a connection whose original destination is
     /// `original_dst`.
@@ -96,25 +113,50 @@ impl Upstreams {
         cluster: &str,
         original_dst: SocketAddr,
     ) -> Result<Selected, UpstreamError> {
+        self.select_avoiding(snapshot, cluster, original_dst, Avoid::default())
+    }
+
+    /// [`Upstreams::select`] for a retry, avoiding the hosts already tried as `avoid` says.
+    pub fn select_avoiding(
+        self: &Arc<Self>,
+        snapshot: &Snapshot,
+        cluster: &str,
+        original_dst: SocketAddr,
+        avoid: Avoid<'_>,
+    ) -> Result<Selected, UpstreamError> {
         let c = snapshot
             .cluster(cluster)
             .ok_or_else(|| UpstreamError::NoCluster(cluster.to_string()))?;
+        // Outlives the match: a DNS cluster's endpoint is borrowed from it.
+        let dns_hosts;
         let (address, tls_mode) = match &c.discovery {
             Discovery::OriginalDst { port_override, .. } => {
                 let port = port_override.unwrap_or(original_dst.port());
                 (SocketAddr::new(original_dst.ip(), port), None)
             }
             Discovery::Eds { .. } | Discovery::Static => {
-                let endpoint = snapshot
-                    .endpoints(cluster)
-                    .and_then(|cla| self.pick(c, cla))
+                let cla = snapshot.endpoints(cluster);
+                let mut endpoint = cla.and_then(|cla| self.pick(c, cla));
+                for _ in 0..avoid.attempts.min(MAX_HOST_SELECTION_ATTEMPTS) {
+                    match endpoint {
+                        Some(e) if avoid.hosts.contains(&e.address) => {
+                            endpoint = cla.and_then(|cla| self.pick(c, cla));
+                        }
+                        _ => break,
+                    }
+                }
+                let endpoint = endpoint
                     .ok_or_else(|| UpstreamError::NoHealthyUpstream(cluster.to_string()))?;
                 (endpoint.address, endpoint.tls_mode.as_deref())
             }
-            // Not resolved by Remora yet: as Envoy before its first resolution, no host.
+            // Before its first resolution, as in Envoy, no host.
             Discovery::StrictDns(_) | Discovery::LogicalDns(_) => {
-                tracing::debug!(cluster, "DNS clusters are not resolved; no endpoint");
-                return Err(UpstreamError::NoHealthyUpstream(cluster.to_string()));
+                dns_hosts = self.dns.get(cluster);
+                let endpoint = dns_hosts
+                    .as_deref()
+                    .and_then(|cla| self.pick(c, cla))
+                    .ok_or_else(|| UpstreamError::NoHealthyUpstream(cluster.to_string()))?;
+                (endpoint.address, endpoint.tls_mode.as_deref())
             }
         };
         let transport =
@@ -131,9 +173,14 @@ impl Upstreams {
         })
     }
 
-    /// One endpoint of the highest priority that has a healthy one, by the cluster's policy.
+    /// One endpoint of the highest priority that has a healthy one (or of every host of it, in
+    /// panic mode), by the cluster's policy.
     fn pick<'a>(&self, c: &Cluster, cla: &'a ClusterLoadAssignment) -> Option<&'a Endpoint> {
-        let candidates = balance::healthy_of_best_priority(cla);
+        let threshold = c
+            .common_lb
+            .healthy_panic_threshold
+            .unwrap_or(balance::DEFAULT_PANIC_THRESHOLD);
+        let candidates = balance::candidates(cla, threshold);
         if candidates.is_empty() {
             return None;
         }

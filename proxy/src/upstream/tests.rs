@@ -1,5 +1,6 @@
 use super::*;
 use crate::route::tests::bookinfo;
+use remora_xds::model::endpoint::Health;
 use std::collections::BTreeMap;
 
 const REVIEWS: &str = "outbound|9080||reviews.default.svc.cluster.local";
@@ -34,14 +35,16 @@ fn missing_clusters_and_unhealthy_ones_have_envoys_flags() {
         .select(&s, "outbound|1||nowhere", dst())
         .expect_err("no cluster");
     assert_eq!(e.response_flag(), "NC");
-    let e = up
+    // v2's only endpoint is unhealthy: under Envoy's 50 % panic threshold, so it is tried
+    // anyway (as Envoy does) rather than answered with UH.
+    let sel = up
         .select(
             &s,
             "outbound|9080|v2|reviews.default.svc.cluster.local",
             dst(),
         )
-        .expect_err("v2's only endpoint is unhealthy");
-    assert_eq!(e.response_flag(), "UH");
+        .expect("panic mode");
+    assert_eq!(sel.address.to_string(), "10.0.2.1:9080");
     let e = up
         .select(&s, "BlackHoleCluster", dst())
         .expect_err("no hosts");
@@ -109,6 +112,19 @@ fn the_transport_follows_the_endpoints_tls_mode() {
         mesh.expected_sans,
         ["spiffe://cluster.local/ns/default/sa/bookinfo-reviews"]
     );
+    assert!(!mesh.tls13_only);
+    // A socket whose minimum is TLS 1.3 offers nothing older.
+    let mut strict = (**c).clone();
+    for m in &mut strict.transport_socket_matches {
+        if let remora_xds::model::cluster::TransportSocket::Tls(tls) = &mut m.socket {
+            tls.min_version = Some(remora_xds::model::cluster::TlsVersion::Tls1_3);
+        }
+    }
+    let Transport::Mesh(mesh) = transport::for_endpoint(&strict, Some("istio")).expect("mTLS")
+    else {
+        panic!("tlsMode istio takes mTLS");
+    };
+    assert!(mesh.tls13_only);
     assert_eq!(transport::for_endpoint(c, None), Ok(Transport::Plaintext));
     assert_eq!(
         transport::for_endpoint(c, Some("disabled")),
@@ -128,7 +144,7 @@ fn weighted_random_and_least_request_with_weights_lean_to_the_heavy() {
     let store = bookinfo();
     let s = store.snapshot();
     let cla = s.endpoints(DB).expect("db endpoints");
-    let candidates = balance::healthy_of_best_priority(cla);
+    let candidates = balance::candidates(cla, balance::DEFAULT_PANIC_THRESHOLD);
     let heavy = (0..4u64)
         .filter(|r| balance::random(&candidates, *r) == 0)
         .count();
@@ -145,4 +161,132 @@ fn weighted_random_and_least_request_with_weights_lean_to_the_heavy() {
         .filter(|_| balance::least_request(&candidates, 2, &loaded, &mut rng) == 0)
         .count();
     assert!((250..420).contains(&heavy), "{heavy}");
+}
+
+fn host(last: u8, health: Health) -> Endpoint {
+    Endpoint {
+        address: SocketAddr::from(([10, 0, 0, last], 80)),
+        health,
+        weight: 1,
+        tls_mode: None,
+        workload: None,
+    }
+}
+
+fn assignment(priorities: Vec<Vec<Endpoint>>) -> ClusterLoadAssignment {
+    ClusterLoadAssignment {
+        cluster_name: "c".into(),
+        localities: priorities
+            .into_iter()
+            .enumerate()
+            .map(
+                |(p, endpoints)| remora_xds::model::endpoint::LocalityEndpoints {
+                    locality: Default::default(),
+                    priority: u32::try_from(p).expect("few"),
+                    weight: None,
+                    endpoints,
+                },
+            )
+            .collect(),
+        overprovisioning_factor: 140,
+    }
+}
+
+fn last_octets(c: &[&Endpoint]) -> Vec<u8> {
+    c.iter()
+        .map(|e| match e.address.ip() {
+            std::net::IpAddr::V4(v4) => v4.octets()[3],
+            std::net::IpAddr::V6(_) => 0,
+        })
+        .collect()
+}
+
+#[test]
+fn panic_mode_balances_over_every_host_under_the_threshold() {
+    use Health::{Healthy, Unhealthy};
+    // One of three healthy (33 %): under 50 %, every host; under a 20 % threshold, only the
+    // healthy one; a threshold of 0 never panics.
+    let cla = assignment(vec![vec![
+        host(1, Healthy),
+        host(2, Unhealthy),
+        host(3, Unhealthy),
+    ]]);
+    assert_eq!(last_octets(&balance::candidates(&cla, 50.0)), [1, 2, 3]);
+    assert_eq!(last_octets(&balance::candidates(&cla, 20.0)), [1]);
+    assert_eq!(last_octets(&balance::candidates(&cla, 0.0)), [1]);
+    // Two of three (67 %) is above 50 %.
+    let cla = assignment(vec![vec![
+        host(1, Healthy),
+        host(2, Healthy),
+        host(3, Unhealthy),
+    ]]);
+    assert_eq!(last_octets(&balance::candidates(&cla, 50.0)), [1, 2]);
+    // Under a 70 % threshold (67 % × 1.4 overprovisioning is 93 %, short of carrying all).
+    assert_eq!(last_octets(&balance::candidates(&cla, 70.0)), [1, 2, 3]);
+    // Three of four (75 %) is under an 80 % threshold, but 75 % × 1.4 carries all the
+    // traffic: Envoy does not panic while the normalized availability is 100 %.
+    let cla = assignment(vec![vec![
+        host(1, Healthy),
+        host(2, Healthy),
+        host(3, Healthy),
+        host(4, Unhealthy),
+    ]]);
+    assert_eq!(last_octets(&balance::candidates(&cla, 80.0)), [1, 2, 3]);
+    // Nothing healthy: every host of the highest priority, unless panic is disabled.
+    let cla = assignment(vec![
+        vec![host(1, Unhealthy), host(2, Unhealthy)],
+        vec![host(3, Unhealthy)],
+    ]);
+    assert_eq!(last_octets(&balance::candidates(&cla, 50.0)), [1, 2]);
+    assert!(balance::candidates(&cla, 0.0).is_empty());
+    // A healthy lower priority takes the traffic before panic does.
+    let cla = assignment(vec![vec![host(1, Unhealthy)], vec![host(2, Healthy)]]);
+    assert_eq!(last_octets(&balance::candidates(&cla, 50.0)), [2]);
+}
+
+#[test]
+fn a_clusters_panic_threshold_is_honoured_by_select() {
+    let store = bookinfo();
+    let s = store.snapshot();
+    let up = Arc::new(Upstreams::default());
+    let v2 = "outbound|9080|v2|reviews.default.svc.cluster.local";
+    let mut cluster = (**s.cluster(v2).expect("v2")).clone();
+    cluster.common_lb.healthy_panic_threshold = Some(0.0);
+    let cla = s.endpoints(v2).expect("v2 endpoints");
+    assert!(up.pick(&cluster, cla).is_none(), "panic disabled: no host");
+    cluster.common_lb.healthy_panic_threshold = None;
+    assert!(up.pick(&cluster, cla).is_some(), "Envoy's default 50 %");
+}
+
+/// Envoy's `previous_hosts` predicate: a retry's pick of a host already tried is made again,
+/// so with five more picks the other host is all but certain; with none, either may come.
+#[test]
+fn a_retry_avoids_the_hosts_already_tried() {
+    let store = bookinfo();
+    let s = store.snapshot();
+    let up = Arc::new(Upstreams::default());
+    let tried: SocketAddr = "10.0.1.1:9080".parse().expect("addr");
+    let avoid = Avoid {
+        hosts: &[tried],
+        attempts: 64,
+    };
+    for _ in 0..200 {
+        let sel = up
+            .select_avoiding(&s, REVIEWS, dst(), avoid)
+            .expect("an endpoint");
+        assert_ne!(sel.address, tried);
+    }
+    let without = Avoid {
+        hosts: &[tried],
+        attempts: 0,
+    };
+    let again = (0..200)
+        .filter(|_| {
+            up.select_avoiding(&s, REVIEWS, dst(), without)
+                .expect("an endpoint")
+                .address
+                == tried
+        })
+        .count();
+    assert!(again > 0, "without re-picks the tried host still comes");
 }

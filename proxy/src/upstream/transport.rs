@@ -3,7 +3,9 @@
 //! says. istiod's mTLS socket names its secrets `default` (our certificate) and `ROOTCA` (the
 //! roots); Remora resolves both to the workload identity it holds and never dials `sds-grpc`.
 
-use remora_xds::model::cluster::{Cluster, SanMatcher, SanType, TransportSocket, UpstreamTls};
+use remora_xds::model::cluster::{
+    Cluster, SanMatcher, SanType, TlsVersion, TransportSocket, UpstreamTls,
+};
 use remora_xds::model::matcher::StringMatch;
 use std::sync::Arc;
 
@@ -29,6 +31,8 @@ pub struct MeshTls {
     pub alpn: Vec<String>,
     /// The server's certificate must carry one of these URI SANs (empty: any from the roots).
     pub expected_sans: Vec<String>,
+    /// The socket's `tls_minimum_protocol_version` is 1.3: TLS 1.2 is not offered.
+    pub tls13_only: bool,
 }
 
 /// A TLS socket Remora cannot originate as written.
@@ -69,6 +73,7 @@ fn mesh_tls(tls: &UpstreamTls) -> Result<MeshTls, TransportError> {
         sni: tls.sni.clone(),
         alpn: tls.alpn.clone(),
         expected_sans,
+        tls13_only: tls.min_version == Some(TlsVersion::Tls1_3),
     })
 }
 

@@ -184,8 +184,12 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
                     )
                 })
                 .transpose()?;
-            max_requests_per_connection =
-                common.max_requests_per_connection.as_ref().map(|v| v.value);
+            // 0 is no limit, as unset.
+            max_requests_per_connection = common
+                .max_requests_per_connection
+                .as_ref()
+                .map(|v| v.value)
+                .filter(|n| *n > 0);
         }
         use upstream_http::http_protocol_options::UpstreamProtocolOptions as P;
         http_protocol = match &o.upstream_protocol_options {
@@ -194,8 +198,10 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
                 use upstream_http::http_protocol_options::explicit_http_config::ProtocolConfig as E;
                 match &e.protocol_config {
                     Some(E::Http2ProtocolOptions(h2)) => {
-                        http2_max_concurrent_streams =
-                            h2.max_concurrent_streams.as_ref().map(|v| v.value);
+                        http2_max_concurrent_streams = h2_streams(
+                            h2,
+                            &format!("{at}.explicit_http_config.http2_protocol_options"),
+                        )?;
                         UpstreamHttpProtocol::Http2
                     }
                     Some(E::HttpProtocolOptions(_)) | None => UpstreamHttpProtocol::Http1,
@@ -214,11 +220,13 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
                         "HTTP/3 not supported",
                     ));
                 }
-                http2_max_concurrent_streams = d
-                    .http2_protocol_options
-                    .as_ref()
-                    .and_then(|h2| h2.max_concurrent_streams.as_ref())
-                    .map(|v| v.value);
+                http2_max_concurrent_streams = match &d.http2_protocol_options {
+                    Some(h2) => h2_streams(
+                        h2,
+                        &format!("{at}.use_downstream_protocol_config.http2_protocol_options"),
+                    )?,
+                    None => None,
+                };
                 UpstreamHttpProtocol::Downstream
             }
             Some(_) => return Err(Fault::new(at, "auto_config not supported")),
@@ -268,22 +276,37 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
     })
 }
 
+/// An upstream `http2_protocol_options.max_concurrent_streams`. Remora shares one HTTP/2
+/// connection per endpoint and opens no second one when a limit of its own is reached (the
+/// server's SETTINGS still bound the streams), so a limit below Envoy's default of 2^31-1
+/// (DestinationRule `maxConcurrentStreams`) is refused rather than not enforced.
+fn h2_streams(
+    h2: &envoy_types::pb::envoy::config::core::v3::Http2ProtocolOptions,
+    at: &str,
+) -> Result<Option<u32>, Fault> {
+    match h2.max_concurrent_streams.as_ref().map(|v| v.value) {
+        None => Ok(None),
+        Some(n) if n >= ENVOY_MAX_CONCURRENT_STREAMS => Ok(Some(n)),
+        Some(_) => Err(Fault::new(
+            format!("{at}.max_concurrent_streams"),
+            "a limit on streams per upstream connection not supported",
+        )),
+    }
+}
+
+/// Envoy's default `max_concurrent_streams`: no limit of its own.
+const ENVOY_MAX_CONCURRENT_STREAMS: u32 = 2_147_483_647;
+
 /// `common_lb_config`: istiod writes it empty on every cluster, with `healthy_panic_threshold`
 /// when a DestinationRule sets outlier detection, with `locality_weighted_lb_config` for a
-/// locality `distribute` setting. The balancer honours neither a panic threshold other than
-/// Envoy's default nor locality weights yet, so those are refused by name rather than held and
-/// ignored. The read list refuses its other fields by name.
+/// locality `distribute` setting. The balancer honours any panic threshold (0 disables panic
+/// mode) but not locality weights yet, which are refused by name rather than held and ignored.
+/// The read list refuses its other fields by name.
 fn common_lb(l: &pb::cluster::CommonLbConfig) -> Result<CommonLb, Fault> {
     use pb::cluster::common_lb_config::LocalityConfigSpecifier as L;
     let healthy_panic_threshold = match &l.healthy_panic_threshold {
         None => None,
-        Some(p) if p.value == ENVOY_PANIC_THRESHOLD => Some(p.value),
-        Some(p) if (0.0..=100.0).contains(&p.value) => {
-            return Err(Fault::new(
-                "common_lb_config.healthy_panic_threshold",
-                "a panic threshold other than Envoy's default 50% not supported yet",
-            ))
-        }
+        Some(p) if (0.0..=100.0).contains(&p.value) => Some(p.value),
         Some(_) => {
             return Err(Fault::new(
                 "common_lb_config.healthy_panic_threshold",
@@ -312,9 +335,6 @@ fn common_lb(l: &pb::cluster::CommonLbConfig) -> Result<CommonLb, Fault> {
         locality_weighted: false,
     })
 }
-
-/// Envoy's default panic threshold, in percent.
-const ENVOY_PANIC_THRESHOLD: f64 = 50.0;
 
 /// `typed_dns_resolver_config`: Remora resolves with the system's resolver (resolv.conf), as
 /// c-ares does when no resolvers are given. What c-ares does differently without changing what
@@ -674,6 +694,22 @@ mod tests {
             err.contains("\"kubernetes://my-cert\" not supported"),
             "{err}"
         );
+        let err = convert(json!({"name": "c", "transport_socket": {"name": "tls", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "common_tls_context": {"tls_params": {"tls_maximum_protocol_version": "TLSv1_2"}}}}}))
+        .expect_err("refused");
+        assert!(err.contains("maximum TLS version below 1.3"), "{err}");
+        // HttpProtocolOptions: an upstream stream limit below Envoy's default is refused.
+        let err = convert(json!({"name": "c", "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {"max_concurrent_streams": 100}}}}}))
+        .expect_err("refused");
+        assert!(
+            err.contains("http2_protocol_options.max_concurrent_streams")
+                && err.contains("limit on streams per upstream connection"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -714,13 +750,17 @@ mod tests {
             json!({"name": "c", "common_lb_config": {"healthy_panic_threshold": {"value": 150}}}),
         );
         assert!(err.contains("not a percentage"), "{err}");
-        let err = refused(
+        // istiod's 0 (with outlier detection) disables panic mode; any percentage is kept.
+        let zero = convert(
             json!({"name": "c", "common_lb_config": {"healthy_panic_threshold": {"value": 0}}}),
-        );
-        assert!(
-            err.contains("other than Envoy's default 50% not supported yet"),
-            "{err}"
-        );
+        )
+        .expect("accepted");
+        assert_eq!(zero.common_lb.healthy_panic_threshold, Some(0.0));
+        let some = convert(
+            json!({"name": "c", "common_lb_config": {"healthy_panic_threshold": {"value": 25.5}}}),
+        )
+        .expect("accepted");
+        assert_eq!(some.common_lb.healthy_panic_threshold, Some(25.5));
         let err =
             refused(json!({"name": "c", "common_lb_config": {"locality_weighted_lb_config": {}}}));
         assert!(

@@ -194,7 +194,10 @@ pub fn header_edits(
                 };
             Ok(HeaderEdit {
                 name: header.key.to_ascii_lowercase(),
-                value: header.value.clone(),
+                value: super::header_format::header_format(
+                    &header.value,
+                    &format!("{at}.header.value"),
+                )?,
                 append,
             })
         })

@@ -361,6 +361,20 @@ fn alpn(m: &DynamicMessage, path: &str) -> Result<Vec<AlpnOverride>, Fault> {
                     .collect(),
                 _ => Vec::new(),
             };
+            // The routed path offers istiod's list for the upstream protocol
+            // (`proxy/src/http/protocol.rs`), not one read per chain: another list is refused
+            // rather than not offered.
+            let default: &[&str] = match upstream_protocol {
+                UpstreamProtocol::Http10 => &["istio-http/1.0", "istio", "http/1.0"],
+                UpstreamProtocol::Http11 => &["istio-http/1.1", "istio", "http/1.1"],
+                UpstreamProtocol::Http2 => &["istio-h2", "istio", "h2"],
+            };
+            if alpn != default {
+                return Err(Fault::new(
+                    format!("{path}.alpn_override[{i}].alpn_override"),
+                    format!("an ALPN list other than istiod's {default:?} not supported"),
+                ));
+            }
             Ok(AlpnOverride {
                 upstream_protocol,
                 alpn,
@@ -407,6 +421,16 @@ mod tests {
         assert_eq!(o[0].upstream_protocol, UpstreamProtocol::Http10);
         assert_eq!(o[2].upstream_protocol, UpstreamProtocol::Http2);
         assert_eq!(o[2].alpn, ["istio-h2", "istio", "h2"]);
+        let other = unpacked(json!({
+            "@type": "type.googleapis.com/istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig",
+            "alpn_override": [{"alpn_override": ["h2"], "upstream_protocol": "HTTP2"}]
+        }));
+        let f = http_filter("istio.alpn", &other, "p").expect_err("refused");
+        assert!(
+            f.path.ends_with("alpn_override[0].alpn_override")
+                && f.reason.contains("other than istiod's"),
+            "{f:?}"
+        );
     }
 
     #[test]

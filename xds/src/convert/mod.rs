@@ -24,6 +24,7 @@ mod cluster;
 mod common;
 mod endpoint;
 pub mod fields;
+pub mod header_format;
 mod http;
 mod listener;
 mod rbac;

@@ -161,6 +161,17 @@ fn principal(p: &pb::Principal, path: &str) -> Result<Principal, Fault> {
         Some(I::Header(h)) => Principal::Header(header_matcher(h, &format!("{path}.header"))?),
         Some(I::FilterState(f)) => {
             let at = format!("{path}.filter_state");
+            // Only `istio_authn` writes filter state here, and only the peer's principal: any
+            // other key would be evaluated against nothing.
+            if f.key != PEER_PRINCIPAL {
+                return Err(Fault::new(
+                    format!("{at}.key"),
+                    format!(
+                        "filter state {:?} not supported (only {PEER_PRINCIPAL})",
+                        f.key
+                    ),
+                ));
+            }
             let matcher = match &f.matcher {
                 Some(matcher::filter_state_matcher::Matcher::StringMatch(m)) => {
                     string_matcher(m, &format!("{at}.string_match"))?
@@ -182,7 +193,24 @@ fn principal(p: &pb::Principal, path: &str) -> Result<Principal, Fault> {
     })
 }
 
+/// The filter-state key Istio's `istio_authn` sets to the peer's SPIFFE ID.
+const PEER_PRINCIPAL: &str = "io.istio.peer_principal";
+/// The metadata namespace of Istio's request authentication (JWT claims and principals).
+const ISTIO_AUTHN: &str = "istio_authn";
+
 fn metadata(m: &matcher::MetadataMatcher, path: &str) -> Result<Principal, Fault> {
+    // Remora validates no JWT (istiod's `jwt_authn` filter is refused), so `istio_authn`'s
+    // values are absent, as in Envoy for a request without a token; any other namespace
+    // would need a filter Remora does not run.
+    if m.filter != ISTIO_AUTHN {
+        return Err(Fault::new(
+            format!("{path}.filter"),
+            format!(
+                "metadata of filter {:?} not supported (only {ISTIO_AUTHN})",
+                m.filter
+            ),
+        ));
+    }
     use matcher::list_matcher::MatchPattern as L;
     use matcher::value_matcher::MatchPattern as V;
     let keys = m
@@ -328,5 +356,34 @@ mod tests {
                 .expect("reads");
         let fault = http(&f, "p").expect_err("refused");
         assert_eq!(fault.path, "p.rules.policies[p].permissions[0]");
+    }
+
+    /// Principals the data path would evaluate against nothing are refused by name.
+    #[test]
+    fn principals_without_a_source_here_are_refused() {
+        let refused = |principal: serde_json::Value| {
+            let value = json!({"rules": {"policies": {"p": {"permissions": [{"any": true}],
+                "principals": [principal]}}}});
+            let f: envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac =
+                crate::json::from_json_typed(&value, "envoy.extensions.filters.http.rbac.v3.RBAC")
+                    .expect("reads");
+            http(&f, "p").err().map(|f| (f.path, f.reason.to_string()))
+        };
+        let (path, reason) = refused(json!({"filter_state": {"key": "envoy.custom",
+            "string_match": {"exact": "x"}}}))
+        .expect("refused");
+        assert_eq!(path, "p.rules.policies[p].principals[0].filter_state.key");
+        assert!(reason.contains("envoy.custom"), "{reason}");
+        let (path, _) = refused(
+            json!({"metadata": {"filter": "envoy.filters.http.jwt_authn",
+            "path": [{"key": "payload"}], "value": {"string_match": {"exact": "x"}}}}),
+        )
+        .expect("refused");
+        assert_eq!(path, "p.rules.policies[p].principals[0].metadata.filter");
+        assert!(
+            refused(json!({"filter_state": {"key": "io.istio.peer_principal",
+            "string_match": {"exact": "spiffe://cluster.local/ns/a/sa/b"}}}))
+            .is_none()
+        );
     }
 }

@@ -89,6 +89,14 @@ fn upstream(ctx: &tls::UpstreamTlsContext, path: &str) -> Result<UpstreamTls, Fa
             "more than one client certificate",
         ));
     }
+    // The mesh client offers TLS 1.3 and, unless the minimum is 1.3, 1.2: a lower minimum is
+    // met (nothing older is negotiated), a maximum below 1.3 could not be.
+    if common.max_version.is_some_and(|v| v < TlsVersion::Tls1_3) {
+        return Err(Fault::new(
+            format!("{path}.common_tls_context.tls_params.tls_maximum_protocol_version"),
+            "an upstream maximum TLS version below 1.3 not supported",
+        ));
+    }
     Ok(UpstreamTls {
         sni: (!ctx.sni.is_empty()).then(|| ctx.sni.clone()),
         alpn: common.alpn,

@@ -103,12 +103,14 @@ pub enum HeaderMatch {
 }
 
 impl HeaderMatcher {
-    /// Whether a request whose value for this header is `value` matches.
+    /// Whether a request whose value for this header is `value` matches. As Envoy's, a
+    /// value matcher never matches an absent header, inverted or not (Envoy's
+    /// `treat_missing_header_as_empty`, which would change that, is not read).
     pub fn matches(&self, value: Option<&str>) -> bool {
         let hit = match (&self.kind, value) {
             (HeaderMatch::Present(want), v) => v.is_some() == *want,
             (HeaderMatch::Value(m), Some(v)) => m.matches(v),
-            (HeaderMatch::Value(_), None) => false,
+            (HeaderMatch::Value(_), None) => return false,
         };
         hit != self.invert
     }
@@ -190,6 +192,15 @@ mod tests {
             ..present
         };
         assert!(inverted.matches(None));
+        // Envoy: an absent header matches no value matcher, inverted or not.
+        let not_prod = HeaderMatcher {
+            name: "x-env".into(),
+            kind: HeaderMatch::Value(StringMatcher::exact("prod")),
+            invert: true,
+        };
+        assert!(!not_prod.matches(None));
+        assert!(not_prod.matches(Some("dev")));
+        assert!(!not_prod.matches(Some("prod")));
     }
 
     #[test]

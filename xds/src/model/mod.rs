@@ -9,10 +9,12 @@
 //! - [`endpoint`]: EDS host sets: localities, priorities, weights, health, tlsMode;
 //! - [`rbac`]: Envoy's RBAC policies as data, for the authorization step to enforce;
 //! - [`secret`]: SDS secrets (certificates and trust anchors);
+//! - [`header_format`]: header values with Envoy's `%…%` substitutions;
 //! - [`matcher`]: string, header and address matchers the others share.
 
 pub mod cluster;
 pub mod endpoint;
+pub mod header_format;
 pub mod listener;
 pub mod matcher;
 pub mod rbac;

@@ -211,7 +211,7 @@ pub struct RetryPolicy {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeaderEdit {
     pub name: String,
-    pub value: String,
+    pub value: super::header_format::HeaderFormat,
     /// Append to an existing value instead of replacing it.
     pub append: bool,
 }

@@ -146,11 +146,34 @@ async fn attempts(
             },
         };
         req.head.truncate(base);
-        if retries > 0 {
-            req.head.extend_from_slice(b"x-envoy-attempt-count: ");
-            req.head
-                .extend_from_slice(itoa_u32(attempt, &mut [0u8; 10]).as_bytes());
-            req.head.extend_from_slice(b"\r\n");
+        // Routed by xDS, the upstream is told the attempt when the virtual host asks
+        // (`include_request_attempt_count`) and the route's deadline (on a retry, what is left
+        // of it), as hyper's routed path does; otherwise the count goes with retries.
+        // (A block of its own: nothing here stays in the request's state across the send.)
+        {
+            let (count, deadline) = match req.routed.as_deref() {
+                Some(r) => (
+                    r.routed.attempt_count,
+                    r.routed.timeout.filter(|t| !t.is_zero()),
+                ),
+                None => (retries > 0, None),
+            };
+            if count {
+                req.head.extend_from_slice(b"x-envoy-attempt-count: ");
+                req.head
+                    .extend_from_slice(itoa_u32(attempt, &mut [0u8; 10]).as_bytes());
+                req.head.extend_from_slice(b"\r\n");
+            }
+            if let Some(t) = deadline {
+                let left = match attempt {
+                    1 => t,
+                    _ => t.saturating_sub(end.started.elapsed()),
+                };
+                let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+                req.head.extend_from_slice(
+                    format!("x-envoy-expected-rq-timeout-ms: {ms}\r\n").as_bytes(),
+                );
+            }
         }
         req.head.extend_from_slice(b"\r\n");
         req.head.extend_from_slice(req.body);
@@ -354,7 +377,7 @@ fn next_connection(
             None => Next::Open(None),
         });
     };
-    let (selected, key) = routed::select(ctx, &routed.routed).map_err(|e| {
+    let (selected, key) = routed::select(ctx, &routed.routed, false).map_err(|e| {
         tracing::debug!(peer = %ctx.peer, error = %e, "no upstream");
         e.kind
     })?;
@@ -401,13 +424,15 @@ async fn open(
 ) -> Result<Up, ErrorKind> {
     let opened = match (selected, ctx.originate.as_deref()) {
         (Some(selected), _) => {
-            let alpn = crate::http::originate::alpn(ctx.key.version);
+            // As hyper's routed path offers it: the fast path's upstream speaks HTTP/1.1.
+            let alpn = crate::http::protocol::mesh_alpn(http::Version::HTTP_11);
             let dialled = dial::dial(
                 &ctx.proxy,
                 &ctx.config.tls,
                 &selected,
                 ctx.direction,
                 Some(&alpn),
+                ctx.key.source,
             )
             .await;
             counting(end, selected.in_flight);

@@ -389,8 +389,10 @@ fn prepare(
 /// The route decision ([`routed::decide_request`], hyper's path's own) for a request on a
 /// connection routed by xDS: its cluster, or the error it is answered with; `None` when
 /// hyper should serve it: the route edits headers or the path (this path forwards heads as
-/// received), answers with a direct response or a redirect, or takes no retries while the
-/// client sent its own `x-envoy-attempt-count` (which goes on only then).
+/// received), answers with a direct response or a redirect, its cluster's upstream is not
+/// plain pooled HTTP/1.1 ([`routed::Decided::fits_fast_path`]), or the client sent its own
+/// `x-envoy-attempt-count` that hyper's path would keep (the virtual host asks for none) or its
+/// own `x-envoy-expected-rq-timeout-ms` beside the route's deadline.
 fn route(
     ctx: &ConnContext,
     routes: &remora_xds::model::listener::RouteSource,
@@ -410,11 +412,18 @@ fn route(
         path_and_query: head.target,
         header: &header,
     };
-    match routed::decide_request(ctx, routes, host, &req) {
-        Ok(decided) if decided.edits_nothing() => {
-            (decided.routed.retries > 0 || !head.attempt_count).then_some(Ok(decided.routed))
+    match routed::decide_request(ctx, routes, host, &req, None) {
+        Ok(decided) if decided.fits_fast_path() => {
+            let routed = decided.routed;
+            // The head loses a client's own count (hyper's path keeps it when the virtual
+            // host asks for none), and a client's own deadline header would go beside the
+            // route's.
+            let own_count = head.attempt_count && !routed.attempt_count;
+            let own_deadline = routed.timeout.is_some_and(|t| !t.is_zero())
+                && head::header_value(buf, head.len, "x-envoy-expected-rq-timeout-ms").is_some();
+            (!own_count && !own_deadline).then_some(Ok(routed))
         }
-        Ok(_) | Err(Answer::Local { .. }) => None,
+        Ok(_) | Err(Answer::Local { .. } | Answer::Handover) => None,
         Err(Answer::Error(kind)) => Some(Err(kind)),
     }
 }
@@ -480,7 +489,9 @@ fn request<'a, C: Client>(
 /// Whether an inbound request goes upstream as it came: no authorization policy to apply and a
 /// path already in normal form. Otherwise hyper's path normalises and decides it.
 fn inbound_as_is(ctx: &ConnContext, target: &str) -> bool {
-    if ctx.proxy.authz.is_active() {
+    // Inbound by xDS, the chain's RBAC filters and its drain check are hyper's path's
+    // (`http::authorize`).
+    if ctx.proxy.authz.is_active() || ctx.xds_inbound.is_some() {
         return false;
     }
     let mode = ctx.config.authorization.path_normalization;
@@ -512,14 +523,19 @@ async fn local_reply<C: Client>(
     end: &mut RequestEnd,
 ) -> bool {
     let status = kind.status();
-    let details = kind.details();
+    let details = kind.reply_body(end.flags.contains(Flags::URX));
+    let details = details.as_ref();
     let keep = !closing(ctx);
     let mut out = Vec::with_capacity(160 + details.len());
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    out.extend_from_slice(b"\r\ncontent-type: text/plain\r\ncontent-length: ");
+    // As Envoy's local replies: a content type only with a body (`NR`, `NC` have none).
+    if !kind.body().is_empty() {
+        out.extend_from_slice(b"\r\ncontent-type: text/plain");
+    }
+    out.extend_from_slice(b"\r\ncontent-length: ");
     out.extend_from_slice(itoa_u32(details.len() as u32, &mut [0u8; 10]).as_bytes());
     // As the general path's (hyper's) and Envoy's local replies do: caches and clients date a
     // response by it.

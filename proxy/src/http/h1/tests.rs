@@ -166,6 +166,7 @@ fn spawn_served(
             early: None,
             originate: None,
             xds_routes: None,
+            xds_inbound: None,
         },
     ));
 }
@@ -343,7 +344,10 @@ async fn unanswered_requests_get_envoys_local_replies() {
         .unwrap();
     let r = response(&mut c, &mut buf).await;
     assert!(r.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{r}");
-    assert!(r.ends_with("reset reason: connection failure"), "{r}");
+    assert!(
+        r.ends_with("retried and the latest reset reason: remote connection failure"),
+        "{r}"
+    );
     let date = r
         .lines()
         .find_map(|l| l.strip_prefix("date: "))

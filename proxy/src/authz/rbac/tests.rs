@@ -1,0 +1,287 @@
+use super::*;
+use crate::authz::Request;
+use remora_xds::model::matcher::{CidrRange, HeaderMatch, Pattern, StringMatch, StringMatcher};
+use remora_xds::model::rbac::Policy;
+use std::collections::BTreeMap;
+
+const SLEEP: &str = "spiffe://cluster.local/ns/default/sa/sleep";
+const OTHER: &str = "spiffe://cluster.local/ns/other/sa/curl";
+
+fn peer_is(m: StringMatcher) -> Principal {
+    Principal::FilterState {
+        key: PEER_PRINCIPAL.into(),
+        matcher: m,
+    }
+}
+
+fn method(m: &str) -> Permission {
+    Permission::Header(HeaderMatcher {
+        name: ":method".into(),
+        kind: HeaderMatch::Value(StringMatcher::exact(m)),
+        invert: false,
+    })
+}
+
+fn prefix(p: &str) -> StringMatcher {
+    StringMatcher {
+        kind: StringMatch::Prefix(p.into()),
+        ignore_case: false,
+    }
+}
+
+fn rules(action: Action, policies: &[(&str, Policy)]) -> Rules {
+    Rules {
+        action,
+        policies: policies
+            .iter()
+            .map(|(n, p)| (n.to_string(), p.clone()))
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+fn filter(rules: Option<Rules>, shadow: Option<Rules>) -> Rbac {
+    Rbac {
+        rules,
+        shadow_rules: shadow,
+        shadow_rules_stat_prefix: String::new(),
+        stat_prefix: String::new(),
+    }
+}
+
+/// istiod's ALLOW policy: `sleep` may GET /info*, and (the JWT half) a request whose claims
+/// say so, which no request here has.
+fn allow_sleep() -> Policy {
+    Policy {
+        permissions: vec![Permission::And(vec![
+            Permission::Or(vec![method("GET")]),
+            Permission::Or(vec![Permission::UrlPath(prefix("/info"))]),
+        ])],
+        principals: vec![Principal::Or(vec![peer_is(StringMatcher::exact(SLEEP))])],
+    }
+}
+
+fn request<'a>(
+    principal: Option<&'a str>,
+    method: &'a str,
+    path: &'a str,
+    headers: &'a http::HeaderMap,
+) -> Attributes<'a> {
+    Attributes {
+        source: "10.1.0.7:40000".parse().expect("addr"),
+        destination: "10.1.0.9:8080".parse().expect("addr"),
+        principal,
+        sni: None,
+        request: Some(Request {
+            method,
+            path,
+            query: Some("a=1"),
+            host: Some("httpbin"),
+            headers,
+        }),
+    }
+}
+
+#[test]
+fn allow_and_deny_filters_decide_in_order() {
+    let h = http::HeaderMap::new();
+    let allow = filter(
+        Some(rules(
+            Action::Allow,
+            &[("ns[default]-policy[httpbin]-rule[0]", allow_sleep())],
+        )),
+        None,
+    );
+    let filters = [allow];
+    let out = evaluate(&filters, &request(Some(SLEEP), "GET", "/info/x", &h));
+    assert_eq!(out.decided, Some(AuthzOutcome::AllowMatched));
+    assert_eq!(out.policy, Some("ns[default]-policy[httpbin]-rule[0]"));
+    assert!(out.allowed());
+    for (p, m, path) in [
+        (Some(OTHER), "GET", "/info"),
+        (Some(SLEEP), "POST", "/info"),
+        (Some(SLEEP), "GET", "/data"),
+        (None, "GET", "/info"),
+    ] {
+        let out = evaluate(&filters, &request(p, m, path, &h));
+        assert_eq!(
+            out.decided,
+            Some(AuthzOutcome::NoAllowMatched),
+            "{p:?} {m} {path}"
+        );
+        assert!(!out.allowed());
+    }
+
+    // A DENY filter first (istiod's order): its match wins over the ALLOW filter's.
+    let deny = filter(
+        Some(rules(
+            Action::Deny,
+            &[(
+                "ns[default]-policy[deny-other]-rule[0]",
+                Policy {
+                    permissions: vec![Permission::Any],
+                    principals: vec![Principal::Not(Box::new(Principal::Authenticated(None)))],
+                },
+            )],
+        )),
+        None,
+    );
+    let filters = [deny, filters[0].clone()];
+    let out = evaluate(&filters, &request(None, "GET", "/info", &h));
+    assert_eq!(out.decided, Some(AuthzOutcome::DenyMatched));
+    assert_eq!(out.policy, Some("ns[default]-policy[deny-other]-rule[0]"));
+    let out = evaluate(&filters, &request(Some(SLEEP), "GET", "/info", &h));
+    assert!(out.allowed());
+}
+
+#[test]
+fn shadow_and_log_rules_never_deny() {
+    let h = http::HeaderMap::new();
+    let shadow = filter(
+        None,
+        Some(rules(Action::Deny, &[("dry-run", allow_sleep())])),
+    );
+    let audit = filter(Some(rules(Action::Log, &[("audit", allow_sleep())])), None);
+    let filters = [shadow, audit];
+    let out = evaluate(&filters, &request(Some(SLEEP), "GET", "/info", &h));
+    assert!(out.allowed());
+    assert_eq!(out.decided, None);
+    assert_eq!(out.shadow, vec![(true, false, Some("dry-run"))]);
+    assert_eq!(out.logged, vec!["audit"]);
+
+    // Counted as the policy files' decisions are: a dry-run denial, an audit, no decision.
+    let authz = Authorizer::new(Default::default());
+    let verdict = authz.check_rbac(&filters, &request(Some(SLEEP), "GET", "/info", &h));
+    assert_eq!(verdict, Verdict::Allowed);
+    assert!(authz.metrics().policies_in_force());
+    let [allowed, denied, shadow_allowed, shadow_denied] =
+        authz.metrics().envoy_rbac(AuthzProtocol::Http);
+    assert_eq!(
+        (allowed, denied, shadow_allowed, shadow_denied),
+        (0, 0, 0, 1)
+    );
+}
+
+#[test]
+fn a_denial_is_counted_and_named() {
+    let h = http::HeaderMap::new();
+    let filters = [filter(
+        Some(rules(Action::Allow, &[("p", allow_sleep())])),
+        None,
+    )];
+    let authz = Authorizer::new(Default::default());
+    assert!(!authz.metrics().policies_in_force());
+    // No filter at all: nothing is decided or counted.
+    let none: [Rbac; 0] = [];
+    assert_eq!(
+        authz.check_rbac(&none, &request(None, "GET", "/", &h)),
+        Verdict::Allowed
+    );
+    assert!(!authz.metrics().policies_in_force());
+    let verdict = authz.check_rbac(&filters, &request(Some(OTHER), "GET", "/info", &h));
+    assert_eq!(
+        verdict,
+        Verdict::Denied("rbac_access_denied_matched_policy[none]".into())
+    );
+    assert_eq!(
+        authz.check_rbac(&filters, &request(Some(SLEEP), "GET", "/info", &h)),
+        Verdict::Allowed
+    );
+    assert_eq!(
+        authz.metrics().envoy_rbac(AuthzProtocol::Http),
+        [1, 1, 0, 0]
+    );
+}
+
+#[test]
+fn connections_have_no_request_fields() {
+    // Network RBAC: a path or header never matches a TCP connection, an inverted one does;
+    // ports, addresses, SNI and the peer do.
+    let tcp = Attributes {
+        source: "10.1.0.7:40000".parse().expect("addr"),
+        destination: "10.1.0.9:9000".parse().expect("addr"),
+        principal: Some(SLEEP),
+        sni: Some("outbound_.9000_._.echo.default.svc.cluster.local"),
+        request: None,
+    };
+    assert!(!permission(&Permission::UrlPath(prefix("/")), &tcp));
+    assert!(!permission(&method("GET"), &tcp));
+    assert!(permission(&Permission::DestinationPort(9000), &tcp));
+    assert!(permission(
+        &Permission::DestinationPortRange {
+            start: 9000,
+            end: 9001
+        },
+        &tcp
+    ));
+    assert!(!permission(
+        &Permission::DestinationPortRange {
+            start: 8000,
+            end: 9000
+        },
+        &tcp
+    ));
+    assert!(permission(
+        &Permission::RequestedServerName(prefix("outbound_.9000_")),
+        &tcp
+    ));
+    let net = CidrRange {
+        address: "10.1.0.0".parse().expect("ip"),
+        prefix_len: 16,
+    };
+    assert!(permission(&Permission::DestinationIp(net), &tcp));
+    assert!(principal(&Principal::SourceIp(net), &tcp));
+    assert!(principal(&Principal::DirectRemoteIp(net), &tcp));
+    let regex = StringMatcher {
+        kind: StringMatch::Regex(Pattern::new(".*/ns/default/.*").expect("re")),
+        ignore_case: false,
+    };
+    assert!(principal(&peer_is(regex.clone()), &tcp));
+    assert!(principal(&Principal::Authenticated(Some(regex)), &tcp));
+    let plaintext = Attributes {
+        principal: None,
+        ..tcp
+    };
+    assert!(!principal(&Principal::Authenticated(None), &plaintext));
+    let claims = |invert| Principal::Metadata {
+        filter: ISTIO_AUTHN.into(),
+        path: vec!["request.auth.claims".into(), "iss".into()],
+        matcher: StringMatcher::exact("https://accounts.google.com"),
+        in_list: true,
+        invert,
+    };
+    assert!(!principal(&claims(false), &tcp));
+    assert!(principal(&claims(true), &tcp));
+}
+
+#[test]
+fn request_headers_as_envoy_sees_them() {
+    let mut h = http::HeaderMap::new();
+    h.append("x-team", http::HeaderValue::from_static("a"));
+    h.append("x-team", http::HeaderValue::from_static("b"));
+    let a = request(Some(SLEEP), "GET", "/info", &h);
+    let header = |name: &str, m: StringMatcher| {
+        Permission::Header(HeaderMatcher {
+            name: name.into(),
+            kind: HeaderMatch::Value(m),
+            invert: false,
+        })
+    };
+    assert!(permission(
+        &header("x-team", StringMatcher::exact("a,b")),
+        &a
+    ));
+    assert!(permission(
+        &header(":path", StringMatcher::exact("/info?a=1")),
+        &a
+    ));
+    assert!(permission(
+        &header(":authority", StringMatcher::exact("httpbin")),
+        &a
+    ));
+    let absent = HeaderMatcher {
+        name: "x-missing".into(),
+        kind: HeaderMatch::Present(true),
+        invert: true,
+    };
+    assert!(principal(&Principal::Header(absent), &a));
+}

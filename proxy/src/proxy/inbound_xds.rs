@@ -1,0 +1,454 @@
+//! An inbound connection served by istiod's `virtualInbound`, top to bottom, as Envoy serves
+//! it: what the connection offers (TLS or not, ALPN, SNI, read by detection as Envoy's TLS and
+//! HTTP inspectors read it, where the listener runs them), the chain those facts pick
+//! ([`crate::route::inbound`]; none: the connection is reset, `NR`), mesh TLS terminated with
+//! the chain's downstream context (the workload certificate, the chain's ALPN, a client
+//! certificate required and its SAN checked as the chain says), Istio's metadata exchange when
+//! the chain has it, the chain's network RBAC filters, then TCP to one endpoint of the chain's
+//! cluster ([`crate::upstream`]: istiod's `inbound|PORT||`, `InboundPassthroughCluster…`) or
+//! HTTP, each request routed by the chain's route table and decided by its HTTP RBAC filters.
+//!
+//! Before the first listener configuration there is no `virtualInbound`: Envoy has no 15006
+//! listener until LDS brings it, so a captured connection finds nothing; here it is reset and
+//! counted as `NR`, rather than served by the config file's rules.
+
+use super::*;
+use crate::authz::{Attributes, Verdict};
+use crate::route::{self, ChainDecision, ChainRef};
+use crate::tls;
+use crate::tls::client_hello::{self, ClientHello, Parsed};
+use crate::tls::stream::Rewind;
+use crate::tls::{HandshakeFailure, Peer, ALPN_PEER_EXCHANGE};
+use crate::upstream::dial::{self, Connected};
+use crate::upstream::UpstreamError;
+use remora_xds::model::cluster::SanType;
+use remora_xds::model::listener::{ConnectionFacts, DownstreamTls, NetworkFilter};
+use remora_xds::snapshot::Snapshot;
+
+/// What the inbound chain serves, once mesh TLS (if any) is terminated.
+struct Served<'a> {
+    hop: Hop,
+    snapshot: &'a Snapshot,
+    decision: ChainDecision<'a>,
+    chain: Option<ChainRef>,
+    /// The client's sidecar, when mesh TLS was terminated with its certificate.
+    peer: Option<Arc<Peer>>,
+    sni: Option<String>,
+}
+
+impl Proxy {
+    /// Serve an inbound connection by the xDS snapshot in force now.
+    pub(super) async fn xds_inbound(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        mut downstream: TcpStream,
+        hop: Hop,
+        snapshot: Arc<Snapshot>,
+    ) -> Outcome {
+        let Some(listener) = snapshot.inbound_listener() else {
+            tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no virtualInbound listener yet: refused, as Envoy has no inbound listener before LDS");
+            reset(&downstream);
+            return refused(Some(hop.destination), End::NoRoute);
+        };
+        let port = hop.destination.port();
+        let scope = &listener.listener_filters;
+        let tls_inspected = scope
+            .tls_inspector
+            .as_ref()
+            .is_some_and(|s| s.applies_to(port));
+        let http_inspected = scope
+            .http_inspector
+            .as_ref()
+            .is_some_and(|s| s.applies_to(port));
+        // Nothing is dialled while detecting: where to is not known until the chain is.
+        let (prefix, http) = if super::xds::inspects(listener) {
+            let wait = detect_wait(config, true);
+            match self.detect(&mut downstream, hop, false, wait, None).await {
+                Detected::Http(version, prefix, _) => (prefix, Some(version)),
+                Detected::Tcp(prefix, _) | Detected::Tls(prefix, _) => (prefix, None),
+                Detected::ClientFailed => {
+                    return refused(Some(hop.destination), End::DownstreamReset)
+                }
+            }
+        } else {
+            (BytesMut::new(), None)
+        };
+        let hello = match client_hello::parse(&prefix) {
+            Parsed::Complete(hello) if tls_inspected => Some(hello),
+            _ => None,
+        };
+        let alpn: Vec<&str> = match (&hello, http) {
+            (Some(h), _) => h
+                .alpn
+                .iter()
+                .filter_map(|p| std::str::from_utf8(p).ok())
+                .collect(),
+            (None, Some(HttpVersion::Http1)) if http_inspected => vec!["http/1.1"],
+            (None, Some(HttpVersion::Http2)) if http_inspected => vec!["h2c"],
+            (None, _) => vec![],
+        };
+        let facts = ConnectionFacts {
+            destination: hop.destination,
+            server_name: hello.as_ref().and_then(|h| h.server_name.as_deref()),
+            transport_protocol: if hello.is_some() { "tls" } else { "raw_buffer" },
+            application_protocols: &alpn,
+        };
+        let decided = route::inbound(&snapshot, &facts, fastrand::u64(..));
+        let Some(inbound) = decided.filter(|i| !matches!(i.decision, ChainDecision::NoChain))
+        else {
+            tracing::debug!(peer = %hop.peer, destination = %hop.destination, alpn = ?alpn, "no virtualInbound filter chain");
+            reset(&downstream);
+            return refused(Some(hop.destination), End::NoRoute);
+        };
+        let mut served = Served {
+            hop,
+            snapshot: &snapshot,
+            decision: inbound.decision,
+            chain: inbound.chain,
+            peer: None,
+            sni: None,
+        };
+        let Some(tls) = inbound.terminate else {
+            // A plaintext chain (or TLS passed through as bytes).
+            served.sni = hello_sni(&prefix);
+            let downstream = Downstream::Plain(downstream);
+            return self
+                .serve_chain(config, downstream, prefix, http, served)
+                .await;
+        };
+        let Some(hello) = hello else {
+            // A chain that terminates TLS took a client that sent none: Envoy's handshake
+            // fails; nothing is served in the clear on a chain meant for mesh TLS.
+            self.metrics.tls.handshake(hop.dir, "mtls_required");
+            tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no ClientHello on a TLS chain");
+            reset(&downstream);
+            return refused(Some(hop.destination), End::TlsHandshakeFailed);
+        };
+        let accepted = self
+            .terminate_chain(config, downstream, prefix, tls, &hello, hop)
+            .await;
+        let (mut stream, mut peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(refusal) => return refusal,
+        };
+        let mut unread = BytesMut::new();
+        let exchanges = served
+            .chain
+            .as_ref()
+            .and_then(ChainRef::chain)
+            .is_some_and(|c| {
+                c.filters
+                    .iter()
+                    .any(|f| matches!(f, NetworkFilter::MetadataExchange(_)))
+            });
+        if let Some(p) = peer
+            .as_mut()
+            .filter(|p| exchanges && p.alpn.as_deref() == Some(ALPN_PEER_EXCHANGE))
+        {
+            let Some(exchanged) = self.exchange(&mut *stream, config, &hop).await else {
+                reset(stream.get_ref().0.inner());
+                return refused(Some(hop.destination), End::DownstreamReset);
+            };
+            p.metadata = exchanged.peer.map(Arc::new);
+            unread = exchanged.unread;
+        }
+        served.peer = peer.map(Arc::new);
+        served.sni = hello.server_name.clone();
+        // HTTP inside: its version is read from the decrypted bytes, as the connection
+        // manager's codec reads it.
+        let (prefix, http) = match &served.decision {
+            ChainDecision::Http { .. } => {
+                let wait = detect_wait(config, false);
+                let mut replayed = Rewind::new(unread, &mut *stream);
+                let detected = self.detect(&mut replayed, hop, false, wait, None).await;
+                let (not_read, _) = replayed.into_parts();
+                match detected.after(not_read) {
+                    Detected::Http(version, prefix, _) => (prefix, Some(version)),
+                    Detected::Tcp(prefix, _) | Detected::Tls(prefix, _) => (prefix, None),
+                    Detected::ClientFailed => {
+                        return refused(Some(hop.destination), End::DownstreamReset)
+                    }
+                }
+            }
+            _ => (unread, None),
+        };
+        self.serve_chain(config, Downstream::Mesh(stream), prefix, http, served)
+            .await
+    }
+
+    /// Terminate mesh TLS with the chain's context; the stream and the client's sidecar (none
+    /// when the chain does not require a certificate and none was sent), or the outcome of a
+    /// refused handshake.
+    async fn terminate_chain(
+        &self,
+        config: &Config,
+        downstream: TcpStream,
+        prefix: BytesMut,
+        tls: &DownstreamTls,
+        hello: &ClientHello,
+        hop: Hop,
+    ) -> Result<(Box<tls::stream::ServerStream>, Option<Peer>), Outcome> {
+        // Envoy selects the first of the chain's protocols the client offers, or none.
+        let alpn: Vec<&[u8]> = tls
+            .alpn
+            .iter()
+            .map(String::as_bytes)
+            .filter(|a| hello.alpn.iter().any(|o| o.as_slice() == *a))
+            .collect();
+        let server = match self.mesh.chain_server_config(
+            &chain_params(tls, &config.tls),
+            &alpn,
+            tls.require_client_certificate,
+        ) {
+            Some(Ok(server)) => server,
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "cannot terminate mesh TLS");
+                reset(&downstream);
+                return Err(refused(Some(hop.destination), End::TlsHandshakeFailed));
+            }
+            None => {
+                tracing::warn!(peer = %hop.peer, "refused: no workload certificate to terminate mesh TLS with");
+                reset(&downstream);
+                return Err(refused(Some(hop.destination), End::TlsHandshakeFailed));
+            }
+        };
+        let accepting =
+            tokio_rustls::TlsAcceptor::from(server).accept(Rewind::new(prefix, downstream));
+        let (failure, error) =
+            match tokio::time::timeout(config.tls.handshake_timeout, accepting).await {
+                Ok(Ok(stream)) => {
+                    let (_, session) = stream.get_ref();
+                    let peer = session
+                        .peer_certificates()
+                        .and_then(|chain| Peer::from_chain(chain, session.alpn_protocol()));
+                    if !san_allowed(tls, peer.as_ref()) {
+                        self.metrics
+                            .tls
+                            .handshake(hop.dir, HandshakeFailure::WrongSan.as_str());
+                        tracing::warn!(
+                            peer = %hop.peer,
+                            principal = ?peer.as_ref().and_then(|p| p.spiffe_id.as_ref()),
+                            "refused: the client certificate's SAN is not one the chain accepts"
+                        );
+                        reset(stream.get_ref().0.inner());
+                        return Err(refused(Some(hop.destination), End::TlsHandshakeFailed));
+                    }
+                    self.metrics.tls.handshake(hop.dir, "ok");
+                    return Ok((Box::new(stream), peer));
+                }
+                Ok(Err(e)) => (HandshakeFailure::of(&e), e.to_string()),
+                Err(_) => (HandshakeFailure::Timeout, "timed out".to_string()),
+            };
+        self.metrics.tls.handshake(hop.dir, failure.as_str());
+        tracing::warn!(
+            peer = %hop.peer, destination = %hop.destination, reason = failure.as_str(),
+            %error, "inbound mesh TLS handshake failed"
+        );
+        Err(refused(Some(hop.destination), End::TlsHandshakeFailed))
+    }
+
+    /// Serve what the chain says: network RBAC first, then TCP to its cluster or HTTP by its
+    /// route table.
+    async fn serve_chain(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        downstream: Downstream,
+        prefix: BytesMut,
+        http: Option<HttpVersion>,
+        served: Served<'_>,
+    ) -> Outcome {
+        let hop = served.hop;
+        let principal = served
+            .peer
+            .as_ref()
+            .and_then(|p| p.spiffe_id.as_ref())
+            .map(crate::identity::SpiffeId::as_str);
+        let attributes = Attributes {
+            source: hop.peer,
+            destination: hop.destination,
+            principal,
+            sni: served.sni.as_deref(),
+            request: None,
+        };
+        let filters = served.chain.iter().flat_map(ChainRef::network_rbac);
+        let denied = matches!(
+            self.authz.check_rbac(filters, &attributes),
+            Verdict::Denied(_)
+        );
+        match served.decision {
+            ChainDecision::Http { http: chain, .. } => {
+                if denied {
+                    close(&downstream);
+                    return refused(Some(hop.destination), End::RbacDenied);
+                }
+                // A chain of HTTP that detection did not see as HTTP: Envoy's connection
+                // manager would answer it 400; as HTTP/1.1 the parser does the same.
+                let version = http.unwrap_or(HttpVersion::Http1);
+                let (end, transfer) = http::serve(
+                    Arc::clone(self),
+                    Arc::clone(config),
+                    http::Connection {
+                        downstream,
+                        mesh_peer: served.peer,
+                        peer: hop.peer,
+                        direction: hop.dir,
+                        destination: hop.destination,
+                        source: hop.source,
+                        connect_timeout: hop.timeout,
+                        version,
+                        prefix,
+                        early: None,
+                        originate: None,
+                        xds_routes: Some(Box::new(chain.routes.clone())),
+                        xds_inbound: served.chain,
+                    },
+                )
+                .await;
+                Outcome {
+                    destination: Some(hop.destination),
+                    transfer,
+                    end,
+                    http: true,
+                    istio: IstioOpen::NotTcp,
+                }
+            }
+            ChainDecision::Tcp { cluster, chain } => {
+                let istio = self
+                    .metrics
+                    .direction(hop.dir)
+                    .istio_opened(served.peer.as_deref());
+                if denied {
+                    close(&downstream);
+                    return refused(Some(hop.destination), End::RbacDenied).counted_in(istio);
+                }
+                let hop = Hop {
+                    idle: super::xds::tcp_idle(chain, hop.idle),
+                    ..hop
+                };
+                self.inbound_tcp(config, downstream, &prefix, hop, served.snapshot, cluster)
+                    .await
+                    .counted_in(istio)
+            }
+            ChainDecision::NoChain => {
+                close(&downstream);
+                refused(Some(hop.destination), End::NoRoute)
+            }
+        }
+    }
+
+    /// Copy the connection to one endpoint of `cluster`.
+    async fn inbound_tcp(
+        &self,
+        config: &Config,
+        mut downstream: Downstream,
+        prefix: &[u8],
+        hop: Hop,
+        snapshot: &Snapshot,
+        cluster: &str,
+    ) -> Outcome {
+        let selected = match self.upstreams.select(snapshot, cluster, hop.destination) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "no upstream");
+                close(&downstream);
+                let end = match e {
+                    UpstreamError::NoCluster(_) => End::NoCluster,
+                    UpstreamError::NoHealthyUpstream(_) | UpstreamError::Transport { .. } => {
+                        End::NoHealthyUpstream
+                    }
+                };
+                return refused(Some(hop.destination), end);
+            }
+        };
+        let hop = Hop {
+            destination: selected.address,
+            ..hop
+        };
+        let connected = dial::dial(self, &config.tls, &selected, hop.dir, None, hop.source).await;
+        let copied = match (&mut downstream, connected) {
+            (Downstream::Plain(d), Ok(Connected::Plain(up))) => {
+                let copied = tcp::copy_bidirectional_after(prefix, d, &up.stream, hop.idle).await;
+                return copy_outcome(&hop, copied, d, &up.stream);
+            }
+            (Downstream::Mesh(d), Ok(Connected::Plain(up))) => {
+                let (mut stream, _registration) = up.into_parts();
+                let copied = tcp::copy_streams(prefix, &mut **d, &mut stream, hop.idle).await;
+                (copied, stream)
+            }
+            (Downstream::Plain(d), Ok(Connected::Mesh(mut tls, _registration))) => {
+                let copied = tcp::copy_streams(prefix, d, &mut *tls, hop.idle).await;
+                (copied, tls.into_inner().0)
+            }
+            (Downstream::Mesh(d), Ok(Connected::Mesh(mut tls, _registration))) => {
+                let copied = tcp::copy_streams(prefix, &mut **d, &mut *tls, hop.idle).await;
+                (copied, tls.into_inner().0)
+            }
+            (_, Err(e)) => {
+                self.metrics.direction(hop.dir).connect_failures.inc();
+                tracing::debug!(peer = %hop.peer, error = %e, "inbound upstream connect failed");
+                close(&downstream);
+                return refused(Some(hop.destination), e.end());
+            }
+        };
+        let (copied, upstream) = copied;
+        copy_outcome(&hop, copied, downstream_socket(&downstream), &upstream)
+    }
+}
+
+/// Whether the client's certificate carries a SAN the chain's validation context accepts
+/// (none listed: any from the roots).
+fn san_allowed(tls: &DownstreamTls, peer: Option<&Peer>) -> bool {
+    if tls.subject_alt_names.is_empty() {
+        return true;
+    }
+    let Some(peer) = peer else {
+        return false;
+    };
+    let uri = peer
+        .spiffe_id
+        .as_ref()
+        .map(crate::identity::SpiffeId::as_str);
+    tls.subject_alt_names.iter().any(|san| match san.san_type {
+        None | Some(SanType::Uri) => {
+            uri.is_some_and(|u| san.matcher.matches(u))
+                || (san.san_type.is_none() && peer.dns_sans.iter().any(|d| san.matcher.matches(d)))
+        }
+        Some(SanType::Dns) => peer.dns_sans.iter().any(|d| san.matcher.matches(d)),
+        Some(SanType::Email | SanType::IpAddress) => false,
+    })
+}
+
+/// What the chain's `tls_params` allow: its minimum version (1.3, or 1.2 for anything lower:
+/// rustls speaks nothing older, and istiod's default is 1.2), else the config file's; its
+/// maximum (1.2 keeps 1.3 out); its TLS 1.2 cipher suites.
+fn chain_params(tls: &DownstreamTls, file: &remora_config::TlsConfig) -> tls::ChainParams {
+    use remora_config::TlsVersion as V;
+    use remora_xds::model::cluster::TlsVersion as X;
+    tls::ChainParams {
+        min: match tls.min_version {
+            Some(X::Tls1_3) => V::Tls13,
+            Some(X::Tls1_0 | X::Tls1_1 | X::Tls1_2) => V::Tls12,
+            None => file.min_protocol_version,
+        },
+        tls12_only: matches!(tls.max_version, Some(X::Tls1_0 | X::Tls1_1 | X::Tls1_2)),
+        cipher_suites: tls.cipher_suites.clone(),
+    }
+}
+
+/// The server name of a ClientHello at the start of `prefix` (TLS passed through).
+fn hello_sni(prefix: &[u8]) -> Option<String> {
+    super::authorize::tls_sni(prefix)
+}
+
+/// The client's TCP socket.
+fn downstream_socket(d: &Downstream) -> &TcpStream {
+    match d {
+        Downstream::Plain(s) => s,
+        Downstream::Mesh(tls) => tls.get_ref().0.inner(),
+    }
+}
+
+/// Reset the client: a refusal, as Envoy closes a connection its filters stop.
+fn close(d: &Downstream) {
+    reset(downstream_socket(d));
+}

@@ -1,0 +1,145 @@
+//! The same xDS resources for Remora and for a real Envoy: Remora reads them from a directory
+//! (`xds.resources_dir`), Envoy from a bootstrap whose static listeners and clusters are
+//! those resources, with each `ads` source they name (a listener's RDS, a cluster's EDS)
+//! pointed at a file holding that route table or load assignment (Envoy's filesystem
+//! subscription). Nothing else of a resource changes, so both proxies route by one config.
+
+use serde_json::{json, Value};
+use std::path::Path;
+
+const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+const ENDPOINT_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+
+/// A set of resources, each a JSON array as Envoy prints them.
+#[derive(Debug, Clone)]
+pub struct Resources {
+    pub listeners: Value,
+    pub clusters: Value,
+    pub routes: Value,
+    pub endpoints: Value,
+}
+
+impl Resources {
+    /// Write Remora's files (`listeners.json`, …) into `dir`, each whole at once: the
+    /// directory is polled, and a file written in place could be read half-written.
+    pub fn write_for_remora(&self, dir: &Path) {
+        for (file, value) in [
+            ("listeners.json", &self.listeners),
+            ("routes.json", &self.routes),
+            ("clusters.json", &self.clusters),
+            ("endpoints.json", &self.endpoints),
+        ] {
+            let tmp = dir.join(format!(".{file}.tmp"));
+            std::fs::write(&tmp, value.to_string()).expect("write a resource file");
+            std::fs::rename(&tmp, dir.join(file)).expect("move a resource file in place");
+        }
+    }
+
+    /// A bootstrap for a sidecar Envoy holding these resources, its admin on
+    /// 127.0.0.1:`admin_port`; the route tables and load assignments go into files in `dir`.
+    pub fn envoy_bootstrap(&self, dir: &Path, admin_port: u16) -> String {
+        for route in items(&self.routes) {
+            let name = route["name"].as_str().unwrap_or_default();
+            write_discovery(
+                &dir.join(format!("rds-{}.json", file_name(name))),
+                ROUTE_TYPE,
+                route,
+            );
+        }
+        for cla in items(&self.endpoints) {
+            let name = cla["cluster_name"].as_str().unwrap_or_default();
+            write_discovery(
+                &dir.join(format!("eds-{}.json", file_name(name))),
+                ENDPOINT_TYPE,
+                cla,
+            );
+        }
+        let listeners: Vec<Value> = items(&self.listeners)
+            .map(|l| {
+                let mut l = without_type(l);
+                point_rds_at_files(&mut l, dir);
+                l
+            })
+            .collect();
+        let clusters: Vec<Value> = items(&self.clusters)
+            .map(|c| {
+                let mut c = without_type(c);
+                let name = c["eds_cluster_config"]["service_name"]
+                    .as_str()
+                    .or(c["name"].as_str())
+                    .unwrap_or_default()
+                    .to_string();
+                if let Some(eds) = c.pointer_mut("/eds_cluster_config/eds_config") {
+                    *eds = file_source(&dir.join(format!("eds-{}.json", file_name(&name))));
+                }
+                c
+            })
+            .collect();
+        json!({
+            "node": {"id": "sidecar~10.0.0.1~client.test~test.svc.cluster.local", "cluster": "client.test"},
+            "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+            "static_resources": {"listeners": listeners, "clusters": clusters}
+        })
+        .to_string()
+    }
+}
+
+fn items(v: &Value) -> impl Iterator<Item = &Value> {
+    v.as_array().into_iter().flatten()
+}
+
+/// A resource name as a file name (istiod's cluster names hold `|`).
+fn file_name(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// A static resource is a message, not an `Any`: no `@type`.
+fn without_type(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(o) = v.as_object_mut() {
+        o.remove("@type");
+    }
+    v
+}
+
+fn file_source(path: &Path) -> Value {
+    json!({"path_config_source": {"path": path.to_string_lossy()}, "resource_api_version": "V3"})
+}
+
+/// Every HTTP connection manager's `rds` in `v` reads its table from a file in `dir`.
+fn point_rds_at_files(v: &mut Value, dir: &Path) {
+    match v {
+        Value::Object(o) => {
+            if let Some(rds) = o.get_mut("rds") {
+                let name = rds["route_config_name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                rds["config_source"] =
+                    file_source(&dir.join(format!("rds-{}.json", file_name(&name))));
+            }
+            o.values_mut().for_each(|v| point_rds_at_files(v, dir));
+        }
+        Value::Array(a) => a.iter_mut().for_each(|v| point_rds_at_files(v, dir)),
+        _ => {}
+    }
+}
+
+/// A DiscoveryResponse with one resource, as Envoy's filesystem subscription reads it.
+fn write_discovery(path: &Path, type_url: &str, resource: &Value) {
+    let mut r = without_type(resource);
+    if let Some(o) = r.as_object_mut() {
+        o.insert("@type".into(), Value::String(type_url.into()));
+    }
+    let response = json!({"version_info": "1", "type_url": type_url, "resources": [r]});
+    std::fs::write(path, response.to_string())
+        .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}

@@ -1,0 +1,649 @@
+//! Envoy is the oracle: the same xDS resources given to a real Envoy 1.40 and to Remora, the
+//! same requests through each, the same outcomes.
+//!
+//! Each proxy is the sidecar of a pod of its own (a [`PodNet`] with `remora capture`'s rules,
+//! the proxy exempt by its UID or GID), so both are reached as istiod's sidecars are: the
+//! application connects to a service VIP, the capture rules send it to 15001, and the
+//! listener of its original destination decides. Both worlds have the same addresses where
+//! the resources name them (the VIPs, and the backends on 10.1.0.2 in the peer namespace), so
+//! the resources are byte for byte the same; Remora reads them from `xds.resources_dir`,
+//! Envoy from its bootstrap ([`remora_e2e::envoy_xds::Resources::envoy_bootstrap`]).
+//!
+//! Every case in [`CASES`] is one request, and what each proxy made of it is compared: the
+//! status, which backend answered, the path and headers it received (per-proxy headers
+//! aside: `x-request-id`, `x-envoy-*`), the response headers (`date`, `server`, `x-envoy-*`
+//! and framing aside), the body of an answer the proxy made itself, and the response flags
+//! of its access-log line (istiod's text format, which both write). Weighted clusters and
+//! retries, whose single outcome is random, are compared by distribution and by the set of
+//! outcomes over many requests. Adding a case is one line in [`CASES`] (and, for a new kind
+//! of route, one route in [`differential::routes`]).
+
+mod differential;
+
+use differential::*;
+use remora_e2e::backend;
+use remora_e2e::envoy::{self, Envoy};
+use remora_e2e::http_client::{self, Response};
+use remora_e2e::peer::{self, Server};
+use remora_e2e::{PodNet, Remora};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Requests per statistical case.
+const MANY: usize = 200;
+
+/// One request: Host, path, extra headers.
+type Case = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+);
+
+/// The requests whose single outcome both proxies must agree on.
+const CASES: &[Case] = &[
+    // Virtual host by Host: exact, the port ignored, case, short names, the VIP.
+    (WEB, "/", &[]),
+    ("web.test.svc.cluster.local:80", "/", &[]),
+    ("web.test.svc.cluster.local:8080", "/", &[]),
+    ("WEB.Test.svc.cluster.local", "/", &[]),
+    ("web", "/", &[]),
+    ("10.96.0.10", "/", &[]),
+    ("10.96.0.10:80", "/", &[]),
+    // Wildcards: suffix, prefix, the longest suffix first, exact over wildcard.
+    ("x.wild.test", "/", &[]),
+    ("x.deep.wild.test", "/", &[]),
+    ("exact.wild.test", "/", &[]),
+    ("wild.test", "/", &[]),
+    ("api.anything", "/", &[]),
+    ("api.anything:9999", "/", &[]),
+    // No virtual host: 404 NR.
+    ("nowhere.test", "/", &[]),
+    // Paths: exact, prefix, case, regex, path-separated prefix.
+    (WEB, "/exact", &[]),
+    (WEB, "/exact/more", &[]),
+    (WEB, "/exact?q=1", &[]),
+    (WEB, "/EXACT", &[]),
+    (WEB, "/prefix/x", &[]),
+    (WEB, "/prefixx", &[]),
+    (WEB, "/caseless/x", &[]),
+    (WEB, "/CASELESS/x", &[]),
+    (WEB, "/re/123", &[]),
+    (WEB, "/re/12a", &[]),
+    (WEB, "/re/123?x=y", &[]),
+    (WEB, "/sep", &[]),
+    (WEB, "/sep/x", &[]),
+    (WEB, "/separate", &[]),
+    // Headers: exact, present, regex, inverted, several values.
+    (WEB, "/hdr", &[("x-version", "v2")]),
+    (WEB, "/hdr", &[("x-version", "v3")]),
+    (WEB, "/hdr", &[]),
+    (WEB, "/hdr-present", &[("x-flag", "")]),
+    (WEB, "/hdr-present", &[("x-flag", "yes")]),
+    (WEB, "/hdr-present", &[]),
+    (WEB, "/hdr-regex", &[("x-user", "user-42")]),
+    (WEB, "/hdr-regex", &[("x-user", "admin")]),
+    (WEB, "/hdr-invert", &[("x-env", "prod")]),
+    (WEB, "/hdr-invert", &[("x-env", "dev")]),
+    (WEB, "/hdr-invert", &[]),
+    (WEB, "/hdr", &[("x-version", "v2"), ("x-version", "v3")]),
+    (WEB, "/hdr-prefix", &[("x-user", "user-1")]),
+    (WEB, "/hdr-prefix", &[("x-user", "admin")]),
+    (WEB, "/hdr-suffix", &[("x-host", "a.test")]),
+    (WEB, "/hdr-suffix", &[("x-host", "a.prod")]),
+    (WEB, "/hdr-contains", &[("x-tag", "amidb")]),
+    (WEB, "/hdr-contains", &[("x-tag", "ab")]),
+    (WEB, "/hdr-ignore-case", &[("x-case", "VALUE")]),
+    (WEB, "/hdr-ignore-case", &[("x-case", "valu")]),
+    // Query parameters: exact, present, case, several, encoded.
+    (WEB, "/query?canary=true", &[]),
+    (WEB, "/query?canary=TRUE", &[]),
+    (WEB, "/query?x=1&canary=true", &[]),
+    (WEB, "/query?canary=false", &[]),
+    (WEB, "/query", &[]),
+    (WEB, "/query-present?debug", &[]),
+    (WEB, "/query-present?debug=1", &[]),
+    (WEB, "/query-present?nodebug=1", &[]),
+    (WEB, "/query?canary=%74rue", &[]),
+    (WEB, "/query?canary=true&canary=false", &[]),
+    (WEB, "/query?canary=false&canary=true", &[]),
+    (WEB, "/query-prefix?p=ABc", &[]),
+    (WEB, "/query-prefix?p=b", &[]),
+    // Exact paths without case, encoded separators, trailing dots.
+    (WEB, "/Exact-CI", &[]),
+    (WEB, "/exact-ci/x", &[]),
+    (WEB, "/prefix%2Fx", &[]),
+    ("web.test.svc.cluster.local.", "/", &[]),
+    // Redirects.
+    (WEB, "/old", &[]),
+    (WEB, "/old?keep=1", &[]),
+    (WEB, "/v1/items?id=3", &[]),
+    (WEB, "/to-https/x", &[]),
+    (WEB, "/strip?a=b", &[]),
+    (WEB, "/moved-host/x", &[]),
+    (WEB, "/moved-port/x", &[]),
+    ("web.test.svc.cluster.local:80", "/moved-port/x", &[]),
+    ("web.test.svc.cluster.local:80", "/to-https/x", &[]),
+    ("web.test.svc.cluster.local:8080", "/to-https/x?q", &[]),
+    ("web.test.svc.cluster.local:8080", "/moved-host/x", &[]),
+    (WEB, "/own-query?a=b", &[]),
+    // Direct responses.
+    (WEB, "/teapot", &[]),
+    (WEB, "/empty-direct", &[]),
+    (WEB, "/unavailable", &[]),
+    // Rewrites.
+    (WEB, "/rewrite/x?y=1", &[]),
+    (WEB, "/rewrite", &[]),
+    (WEB, "/rewrite-exact", &[]),
+    (WEB, "/host-rewrite/x", &[]),
+    // Header edits: route, virtual host and table; removals; request and response.
+    (WEB, "/edits", &[("x-remove-me", "1"), ("x-keep", "1")]),
+    (WEB, "/edits", &[("x-appended", "client")]),
+    (WEB, "/edits", &[("x-overwritten", "client")]),
+    // Timeouts, missing clusters, no endpoints.
+    (WEB, "/slow", &[]),
+    (WEB, "/no-cluster", &[]),
+    (WEB, "/no-endpoint", &[]),
+    // Istio's default retry policy: a backend that resets once.
+    (WEB, "/reset-once", &[]),
+    (WEB, "/reset-once", &[]),
+    // An endpoint that refuses every connection, retried to the end; a 503 retried or not.
+    (WEB, "/dead", &[]),
+    (WEB, "/503-once-retried", &[]),
+    (WEB, "/503-once", &[]),
+    (WEB, "/503-once", &[]),
+];
+
+/// Requests to the VIP's port 8080, whose table matches the Host's port.
+const CASES_8080: &[Case] = &[
+    ("web.test.svc.cluster.local:8080", "/", &[]),
+    ("web.test.svc.cluster.local", "/", &[]),
+    ("web:8080", "/", &[]),
+    ("web", "/", &[]),
+    ("web.test.svc.cluster.local:9999", "/", &[]),
+    ("other.test", "/", &[]),
+];
+
+/// Requests written byte for byte, each on a connection of its own: protocol versions, forms
+/// of target, hop-by-hop headers, bodies. (Not yet here: a target with a `#fragment`, which
+/// Envoy answers 400 and Remora forwards without it; docs/xds.md.)
+const RAW_CASES: &[&str] = &[
+    "GET / HTTP/1.0\r\nHost: web.test.svc.cluster.local\r\n\r\n",
+    "GET http://web.test.svc.cluster.local/absolute HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n",
+    "GET / HTTP/1.1\r\nConnection: close\r\n\r\n",
+    "GET /hop HTTP/1.1\r\nHost: web\r\nConnection: close, x-hop\r\nx-hop: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nProxy-Connection: keep-alive\r\nUpgrade: foo\r\n\r\n",
+    "POST /edits HTTP/1.1\r\nHost: web\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+    "POST /chunked HTTP/1.1\r\nHost: web\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    "HEAD /teapot HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
+    "GET /edits HTTP/1.1\r\nHost: web\r\nx-forwarded-proto: https\r\nx-forwarded-for: 192.0.2.1\r\nx-request-id: given\r\nConnection: close\r\n\r\n",
+    "GET /old HTTP/1.1\r\nHost: web\r\nx-forwarded-proto: https\r\nConnection: close\r\n\r\n",
+    "GET /a/../exact HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
+];
+
+/// A pod whose sidecar is Remora or Envoy, with the backends in its peer namespace.
+struct World<'n> {
+    net: &'n PodNet,
+    proxy: Proxy<'n>,
+    _servers: Vec<Server>,
+}
+
+enum Proxy<'n> {
+    Remora(Remora<'n>),
+    Envoy(Envoy<'n>),
+}
+
+impl Proxy<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Proxy::Remora(_) => "remora",
+            Proxy::Envoy(_) => "envoy",
+        }
+    }
+
+    /// Everything the proxy wrote: its access log is in it.
+    fn output(&self) -> String {
+        match self {
+            Proxy::Remora(r) => r.stdout(),
+            Proxy::Envoy(e) => e.logs(),
+        }
+    }
+
+    fn diagnostics(&self) -> String {
+        match self {
+            Proxy::Remora(r) => format!("remora stderr:\n{}", r.stderr()),
+            Proxy::Envoy(e) => format!("envoy log:\n{}", e.logs()),
+        }
+    }
+}
+
+/// Make `net` a pod with capture rules, a route for the VIPs, and the backends reachable at
+/// [`BACKEND_IP`] in its peer namespace.
+fn prepare(net: &PodNet) -> Vec<Server> {
+    net.capture_default();
+    for (ns, args) in [
+        (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
+        (&net.peer, vec!["addr", "add", "10.1.0.2/32", "dev", "eth0"]),
+    ] {
+        let out = ns.command("ip").args(&args).output().expect("ip");
+        assert!(out.status.success(), "ip {args:?}: {out:?}");
+    }
+    let mut servers: Vec<Server> = BACKENDS
+        .iter()
+        .map(|(name, port)| backend::start(&net.peer, backend_addr(*port), name))
+        .collect();
+    servers.push(Server::echo(&net.peer, backend_addr(ECHO_PORT)));
+    servers
+}
+
+fn remora_world(net: &PodNet) -> World<'_> {
+    let servers = prepare(net);
+    let dir = net.binary().make_dir("xds");
+    resources().write_for_remora(&dir);
+    let remora = net
+        .remora()
+        .config(&format!("xds:\n  resources_dir: {}\n", dir.display()))
+        .start_ready();
+    let refused = remora.stderr();
+    assert!(
+        !refused.contains("refused an xDS resource"),
+        "Remora refused resources Envoy takes:\n{refused}"
+    );
+    World {
+        net,
+        proxy: Proxy::Remora(remora),
+        _servers: servers,
+    }
+}
+
+fn envoy_world<'n>(net: &'n PodNet, binary: &Path) -> World<'n> {
+    let servers = prepare(net);
+    let dir = net.binary().make_dir("envoy-xds");
+    let bootstrap = resources().envoy_bootstrap(&dir, envoy::ADMIN_PORT);
+    let envoy = Envoy::start_sidecar(&net.pod, binary, net.binary(), &bootstrap);
+    World {
+        net,
+        proxy: Proxy::Envoy(envoy),
+        _servers: servers,
+    }
+}
+
+/// What a proxy made of one request, in the terms both share.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Outcome {
+    status: u16,
+    /// The backend that answered, the path and headers it received.
+    backend: Option<String>,
+    upstream_path: Option<String>,
+    upstream_headers: BTreeMap<String, String>,
+    /// The body of an answer the proxy made itself.
+    local_body: Option<String>,
+    response_headers: BTreeMap<String, String>,
+}
+
+/// Headers one proxy adds and the other need not: ids, Envoy's own (but the attempt count, which
+/// the virtual host asks for, and the deadline the route sets), and framing.
+fn per_proxy(name: &str) -> bool {
+    (name.starts_with("x-envoy-")
+        && !matches!(
+            name,
+            "x-envoy-attempt-count" | "x-envoy-expected-rq-timeout-ms"
+        ))
+        || matches!(
+            name,
+            "x-request-id"
+                | "date"
+                | "server"
+                | "content-length"
+                | "transfer-encoding"
+                | "connection"
+                | "keep-alive"
+        )
+}
+
+fn outcome(result: std::io::Result<Response>) -> Outcome {
+    let r = match result {
+        Ok(r) => r,
+        Err(e) => {
+            return Outcome {
+                status: 0,
+                backend: None,
+                upstream_path: None,
+                upstream_headers: BTreeMap::new(),
+                local_body: Some(format!("no response: {:?}", e.kind())),
+                response_headers: BTreeMap::new(),
+            }
+        }
+    };
+    let response_headers = r
+        .headers
+        .iter()
+        .filter(|(k, _)| !per_proxy(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let echoed: Option<Value> = r
+        .header("x-backend")
+        .and_then(|_| serde_json::from_slice(&r.body).ok());
+    match echoed {
+        Some(mut e) => {
+            // A retry is told what is left of the deadline: a number of milliseconds that
+            // depends on timing, compared as that.
+            let retried = e["headers"]["x-envoy-attempt-count"]
+                .as_str()
+                .is_some_and(|n| n != "1");
+            if let Some(left) = e["headers"].get_mut("x-envoy-expected-rq-timeout-ms") {
+                if retried && left.as_str().is_some_and(|v| v.parse::<u64>().is_ok()) {
+                    *left = Value::String("(what is left)".into());
+                }
+            }
+            Outcome {
+                status: r.status,
+                backend: e["backend"].as_str().map(str::to_string),
+                upstream_path: e["path"].as_str().map(str::to_string),
+                upstream_headers: e["headers"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter(|(k, _)| !per_proxy(k))
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                    .collect(),
+                local_body: None,
+                response_headers,
+            }
+        }
+        None => Outcome {
+            status: r.status,
+            backend: None,
+            upstream_path: None,
+            upstream_headers: BTreeMap::new(),
+            local_body: Some(r.text()),
+            response_headers,
+        },
+    }
+}
+
+impl World<'_> {
+    fn get(&self, host: &str, path: &str, headers: &[(&str, &str)]) -> Outcome {
+        self.get_at(80, host, path, headers)
+    }
+
+    fn get_at(&self, port: u16, host: &str, path: &str, headers: &[(&str, &str)]) -> Outcome {
+        let vip = SocketAddr::from((HTTP_VIP, port));
+        outcome(http_client::get_once(
+            &self.net.pod,
+            vip,
+            host,
+            path,
+            headers,
+        ))
+    }
+
+    /// `"METHOD PATH PROTOCOL" STATUS FLAGS` of every request line in the access log so far.
+    fn access_lines(&self) -> Vec<String> {
+        self.proxy
+            .output()
+            .lines()
+            .filter_map(|l| {
+                let start = l.find("\"GET ")?;
+                let rest = &l[start..];
+                let end = rest[1..].find('"')? + 2;
+                let mut after = rest[end..].split_whitespace();
+                let (status, flags) = (after.next()?, after.next()?);
+                Some(format!("{} {status} {flags}", &rest[..end]))
+            })
+            .collect()
+    }
+
+    /// The access-log lines once there are `n` of them (Envoy flushes its log every second).
+    fn wait_access_lines(&self, n: usize) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let lines = self.access_lines();
+            if lines.len() >= n || Instant::now() > deadline {
+                return lines;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Remora's world and Envoy's.
+fn worlds<'n>(nets: &'n (PodNet, PodNet), binary: &Path) -> (World<'n>, World<'n>) {
+    (remora_world(&nets.0), envoy_world(&nets.1, binary))
+}
+
+/// Envoy and two pods, or `None` (the test skipped) when this machine cannot run them.
+fn nets_or_skip() -> Option<(PathBuf, (PodNet, PodNet))> {
+    let binary = envoy::binary_or_skip()?;
+    let remora = PodNet::create_or_skip()?;
+    let envoy = PodNet::create_or_skip()?;
+    Some((binary, (remora, envoy)))
+}
+
+#[test]
+fn every_case_has_envoys_outcome() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora, envoy) = worlds(&nets, &binary);
+    let mut differences = Vec::new();
+    let mut log_lines = 0;
+    let all = CASES
+        .iter()
+        .map(|c| (80, c))
+        .chain(CASES_8080.iter().map(|c| (8080, c)));
+    for (port, (host, path, headers)) in all {
+        let expected = envoy.get_at(port, host, path, headers);
+        let got = remora.get_at(port, host, path, headers);
+        log_lines += 1;
+        if expected != got {
+            differences.push(format!(
+                "port {port} Host {host} GET {path} {headers:?}\n  envoy:  {expected:?}\n  remora: {got:?}"
+            ));
+        }
+    }
+    for raw in RAW_CASES {
+        let vip = SocketAddr::from((HTTP_VIP, 80));
+        let send = |w: &World| {
+            outcome(
+                http_client::Client::connect(&w.net.pod, vip)
+                    .and_then(|mut c| c.send_raw(raw.as_bytes())),
+            )
+        };
+        let (expected, got) = (send(&envoy), send(&remora));
+        log_lines += 1;
+        if expected != got {
+            differences.push(format!(
+                "{raw:?}\n  envoy:  {expected:?}\n  remora: {got:?}"
+            ));
+        }
+    }
+    // The response flags each logged, request by request.
+    let (e, r) = (
+        envoy.wait_access_lines(log_lines),
+        remora.wait_access_lines(log_lines),
+    );
+    if e.len() != r.len() {
+        let log = envoy.proxy.output();
+        differences.push(format!(
+            "access-log lines: envoy {} remora {}\nenvoy's output ends:\n{}",
+            e.len(),
+            r.len(),
+            &log[log.len().saturating_sub(3000)..]
+        ));
+    }
+    for (e, r) in e.iter().zip(&r) {
+        if e != r {
+            differences.push(format!("access log\n  envoy:  {e}\n  remora: {r}"));
+        }
+    }
+    assert!(
+        differences.is_empty(),
+        "{} of {} cases differ from Envoy:\n{}\n\n{}",
+        differences.len(),
+        CASES.len() + CASES_8080.len() + RAW_CASES.len(),
+        differences.join("\n"),
+        remora.proxy.diagnostics()
+    );
+}
+
+#[test]
+fn weighted_clusters_and_retries_have_envoys_distribution() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora, envoy) = worlds(&nets, &binary);
+    for world in [&remora, &envoy] {
+        let name = world.proxy.name();
+        // Weighted 80/20, each pick with its own header edits.
+        let outcomes: Vec<Outcome> = (0..MANY).map(|_| world.get(WEB, "/split", &[])).collect();
+        let to_a = outcomes
+            .iter()
+            .filter(|o| o.backend.as_deref() == Some("a"))
+            .count();
+        // 80% of 200 is 160, with a standard deviation of about 5.7: five of them either way.
+        assert!(
+            (132..=188).contains(&to_a),
+            "{name}: {to_a} of {MANY} to the 80% cluster\n{}",
+            world.proxy.diagnostics()
+        );
+        let distinct: BTreeSet<&Outcome> = outcomes.iter().collect();
+        for o in &distinct {
+            let subset = o.upstream_headers.get("x-subset");
+            let split = o.response_headers.get("x-split");
+            assert_eq!(
+                subset.map(String::as_str),
+                o.backend.as_deref(),
+                "{name}: {o:?}"
+            );
+            assert_eq!(split, subset, "{name}: {o:?}");
+        }
+    }
+    // The same distinct outcomes from both: per pick, the same edits.
+    let distinct = |w: &World| -> BTreeSet<Outcome> {
+        (0..MANY / 4).map(|_| w.get(WEB, "/split", &[])).collect()
+    };
+    assert_eq!(distinct(&envoy), distinct(&remora));
+
+    // Istio's retry policy over an endpoint that refuses and one that answers: every request
+    // answered, by the live one.
+    // Which attempt answered is random (the first pick may be either host): compared apart.
+    let retried = |w: &World| -> (BTreeSet<Outcome>, BTreeSet<String>) {
+        let mut attempts = BTreeSet::new();
+        let outcomes = (0..MANY / 4)
+            .map(|_| {
+                let mut o = w.get(WEB, "/retry", &[]);
+                if let Some(n) = o.upstream_headers.remove("x-envoy-attempt-count") {
+                    attempts.insert(n);
+                }
+                o
+            })
+            .collect();
+        (outcomes, attempts)
+    };
+    let ((e, e_attempts), (r, r_attempts)) = (retried(&envoy), retried(&remora));
+    assert_eq!(e, r, "{}", remora.proxy.diagnostics());
+    assert!(
+        e.iter()
+            .all(|o| o.status == 200 && o.backend.as_deref() == Some("c")),
+        "{e:?}"
+    );
+    // Some first attempts went to the refusing host and were retried, in both.
+    for attempts in [&e_attempts, &r_attempts] {
+        assert!(
+            attempts.contains("1") && attempts.contains("2"),
+            "{attempts:?}"
+        );
+    }
+}
+
+#[test]
+fn tcp_has_envoys_outcome() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora, envoy) = worlds(&nets, &binary);
+    // Refused connections: no listener (virtualOutbound's BlackHoleCluster), no endpoint, no
+    // cluster. What the client sees (a close or a reset, any byte) is the same from both.
+    let refused = |w: &World, to: &str| {
+        let addr: SocketAddr = to.parse().expect("addr");
+        let mut stream = match peer::connect(&w.net.pod, addr) {
+            Ok(s) => s,
+            Err(e) => return format!("connect: {:?}", e.kind()),
+        };
+        // Nothing sent: both decide on the destination alone, at once.
+        match std::io::Read::read(&mut stream, &mut [0u8; 16]) {
+            Ok(0) => "closed".to_string(),
+            Ok(n) => format!("{n} bytes"),
+            Err(e) => format!("{:?}", e.kind()),
+        }
+    };
+    for to in [NOWHERE, TCP_NO_ENDPOINT, TCP_NO_CLUSTER] {
+        let (e, r) = (refused(&envoy, to), refused(&remora, to));
+        assert_eq!(e, r, "{to}: envoy {e}, remora {r}");
+    }
+    let data = peer::pattern(64 * 1024);
+    for world in [&remora, &envoy] {
+        let name = world.proxy.name();
+        // tcp_proxy to the cluster's endpoint: every byte back.
+        let tcp: SocketAddr = TCP_VIP.parse().expect("addr");
+        let back = peer::echo_exchange(&world.net.pod, tcp, &data)
+            .unwrap_or_else(|e| panic!("{name}: {e}\n{}", world.proxy.diagnostics()));
+        peer::assert_same_bytes(name, &data, &back);
+    }
+}
+
+/// HTTP/2 in the clear (prior knowledge) from the application, to clusters that say nothing of
+/// the upstream protocol (Envoy's default: HTTP/1.1 upstream).
+#[test]
+fn h2c_has_envoys_outcome() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora, envoy) = worlds(&nets, &binary);
+    let h2c = |w: &World, host: &str, path: &str| {
+        let url = format!("http://{HTTP_VIP}{path}");
+        let out = peer::curl(
+            &w.net.pod,
+            &[
+                "--http2-prior-knowledge",
+                "-H",
+                &format!("Host: {host}"),
+                "-w",
+                "\n%{http_code} %{redirect_url}",
+                &url,
+            ],
+            Duration::from_secs(10),
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+        let echoed: Option<Value> = serde_json::from_str(body).ok();
+        let answered = echoed
+            .map(|e| format!("{} {}", e["backend"], e["path"]))
+            .unwrap_or_else(|| body.to_string());
+        format!("{status} {answered}")
+    };
+    let mut differences = Vec::new();
+    for (host, path) in [
+        (WEB, "/"),
+        (WEB, "/exact"),
+        (WEB, "/teapot"),
+        (WEB, "/old?keep=1"),
+        ("nowhere.test", "/"),
+        (WEB, "/no-endpoint"),
+    ] {
+        let (e, r) = (h2c(&envoy, host, path), h2c(&remora, host, path));
+        if e != r {
+            differences.push(format!(
+                "h2c Host {host} {path}\n  envoy:  {e}\n  remora: {r}"
+            ));
+        }
+    }
+    assert!(
+        differences.is_empty(),
+        "{}\n{}",
+        differences.join("\n"),
+        remora.proxy.diagnostics()
+    );
+}
