@@ -148,6 +148,11 @@ pub enum ListenerProtocol {
     Http,
     /// Detect HTTP, falling back to TCP, as on the capture listeners.
     Auto,
+    /// Routed by the xDS resources (`xds.resources_dir` or istiod's), as an outbound
+    /// connection captured on its way to `upstream` would be: the xDS listener for that
+    /// address decides TCP or HTTP, the cluster and the endpoint. Without xDS resources its
+    /// connections are refused (`NR`). For tests and benchmarks without iptables.
+    Xds,
 }
 
 /// Ports Istio never sniffs: server-first or otherwise non-HTTP protocols (SMTP, DNS, MySQL,
@@ -495,6 +500,13 @@ impl Config {
                 return Err((
                     format!("listeners.{i}.upstream"),
                     "is the listener itself: every connection would loop".into(),
+                ));
+            }
+            if l.protocol == ListenerProtocol::Xds && l.tls.is_some() {
+                return Err((
+                    format!("listeners.{i}.tls"),
+                    "does not go with protocol xds: the xDS resources say each endpoint's transport"
+                        .into(),
                 ));
             }
             if let Some(tls) = &l.tls {

@@ -113,6 +113,8 @@ pub enum ProtocolArg {
     Tcp,
     Http,
     Auto,
+    /// Routed by the xDS resources as an outbound connection captured to `--upstream`.
+    Xds,
 }
 
 /// Log line format.
@@ -214,6 +216,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
                     ProtocolArg::Tcp => remora_config::ListenerProtocol::Tcp,
                     ProtocolArg::Http => remora_config::ListenerProtocol::Http,
                     ProtocolArg::Auto => remora_config::ListenerProtocol::Auto,
+                    ProtocolArg::Xds => remora_config::ListenerProtocol::Xds,
                 },
                 tls: None,
             }

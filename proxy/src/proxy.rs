@@ -230,7 +230,18 @@ impl Proxy {
             timeout,
             idle: config.tcp.idle(),
         };
-        if let (Some(xds), Route::Capture(Direction::Outbound)) = (&self.xds, route) {
+        let routed_by_xds = match route {
+            Route::Capture(Direction::Outbound) => self.xds.is_some(),
+            Route::Capture(Direction::Inbound) => false,
+            Route::Fixed(l) => l.protocol == ListenerProtocol::Xds,
+        };
+        if routed_by_xds {
+            let Some(xds) = &self.xds else {
+                // An explicit `xds` listener with no resources to route by.
+                tracing::debug!(%peer, %destination, "xds listener without xDS resources");
+                reset(&downstream);
+                return refused(Some(destination), End::NoRoute);
+            };
             // Routed by xDS: the route decision and the upstream layer choose, not the
             // destination. Boxed: the file-config path should not carry its state.
             let snapshot = xds.snapshot();
@@ -512,7 +523,8 @@ fn mode(config: &Config, route: &Route, destination: SocketAddr) -> Mode {
         Route::Fixed(l) => match l.protocol {
             ListenerProtocol::Tcp => Mode::Tcp,
             ListenerProtocol::Http => Mode::Http,
-            ListenerProtocol::Auto => Mode::Auto,
+            // Decided by the xDS listener's chains, not here.
+            ListenerProtocol::Auto | ListenerProtocol::Xds => Mode::Auto,
         },
         Route::Capture(_) => match config.declared_protocol(destination.port()) {
             Some(p) if p.is_http() => Mode::Http,

@@ -144,6 +144,10 @@ fn a_vip_known_only_to_xds_is_balanced_per_request_over_one_connection() {
         remora.stderr()
     );
     assert_eq!(connects, 1, "the client's connection was kept: {text}");
+    // Every one of them on the HTTP/1.1 fast path, routed and balanced request by request.
+    remora.wait_for_metrics("the fast path's requests", Duration::from_secs(5), |m| {
+        m.value("remora_http1_fast_path_requests_total", &[]) == 30.0
+    });
     // Istio's metrics name the service from the cluster's metadata.
     remora.wait_for_metrics("the requests counted", Duration::from_secs(5), |m| {
         m.value(

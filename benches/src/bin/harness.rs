@@ -32,7 +32,7 @@ struct Cli {
     /// Scenarios to run (repeatable); all by default.
     #[arg(long, value_enum)]
     scenario: Vec<Scenario>,
-    /// Contenders, comma-separated: no-proxy, remora, envoy, haproxy, nginx, remora-tcp, floor
+    /// Contenders, comma-separated: no-proxy, remora, remora-xds, envoy, haproxy, nginx, remora-tcp, floor
     /// (all by default). Ratios need no-proxy and envoy.
     #[arg(long, value_delimiter = ',')]
     proxies: Vec<String>,
@@ -482,11 +482,15 @@ fn offers_http_mode(remora: &Path) -> bool {
         return false;
     };
     let help = String::from_utf8_lossy(&out.stdout);
+    // On one line (`[possible values: tcp, http, …]`), or one per line (`- http`) once a
+    // value has a description of its own.
     help.find("--protocol").is_some_and(|i| {
-        help[i..]
-            .lines()
-            .take(8)
-            .any(|l| l.contains("possible values") && l.contains("http"))
+        help[i..].lines().take(12).any(|l| {
+            let l = l.trim();
+            (l.contains("possible values") && l.contains("http"))
+                || l == "- http"
+                || l.starts_with("- http:")
+        })
     })
 }
 

@@ -7,6 +7,8 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
 
+pub mod xds;
+
 /// One contender in a scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -18,6 +20,9 @@ pub enum Proxy {
     /// Remora forwarding opaque TCP even in HTTP scenarios: a reference row, not a like-for-like
     /// comparison (the others parse HTTP).
     RemoraTcp,
+    /// Remora routed by xDS resources from files ([`xds`]) instead of an explicit listener's
+    /// upstream: the same job through the route decision and the upstream layer.
+    RemoraXds,
     Envoy,
     Haproxy,
     Nginx,
@@ -28,9 +33,10 @@ pub enum Proxy {
 
 impl Proxy {
     /// Every contender, in table order.
-    pub const ALL: [Proxy; 7] = [
+    pub const ALL: [Proxy; 8] = [
         Proxy::NoProxy,
         Proxy::Remora,
+        Proxy::RemoraXds,
         Proxy::Envoy,
         Proxy::Haproxy,
         Proxy::Nginx,
@@ -44,6 +50,7 @@ impl Proxy {
             Proxy::NoProxy => "no-proxy",
             Proxy::Remora => "remora",
             Proxy::RemoraTcp => "remora-tcp",
+            Proxy::RemoraXds => "remora-xds",
             Proxy::Envoy => "envoy",
             Proxy::Haproxy => "haproxy",
             Proxy::Nginx => "nginx",
@@ -94,6 +101,31 @@ pub fn remora_config(ports: &RemoraPorts) -> String {
          admin:\n  address: 127.0.0.1:{}\n",
         ports.readiness, ports.metrics, ports.agent, ports.admin
     )
+}
+
+/// The config of the `remora-xds` contender: [`remora_config`] with the xDS resources read
+/// from `resources_dir`.
+pub fn remora_xds_config(ports: &RemoraPorts, resources_dir: &Path) -> String {
+    format!(
+        "{}xds:\n  resources_dir: {}\n",
+        remora_config(ports),
+        resources_dir.display()
+    )
+}
+
+/// `remora run` arguments of the `remora-xds` contender: [`remora_args`] with the listener's
+/// connections routed by xDS as if captured on their way to `upstream`.
+pub fn remora_xds_args(
+    config: &Path,
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    log_level: &str,
+) -> Vec<String> {
+    let mut args = remora_args(config, listen, upstream, Mode::Http1, log_level);
+    if let Some(at) = args.iter().position(|a| a == "--protocol") {
+        args[at + 1] = "xds".into();
+    }
+    args
 }
 
 /// `remora run`'s `--protocol` for a mode.

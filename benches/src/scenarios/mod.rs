@@ -134,7 +134,7 @@ pub const FLOOR_NOTE: &str = "floor is the least a proxy can do, a reference row
 
 /// The rows that are there to read the others by, not to compete: each scenario says which
 /// of them it runs ([`Settings::contenders`]).
-pub const REFERENCES: [Proxy; 2] = [Proxy::RemoraTcp, Proxy::Floor];
+pub const REFERENCES: [Proxy; 3] = [Proxy::RemoraTcp, Proxy::RemoraXds, Proxy::Floor];
 
 /// A running contender.
 #[derive(Debug)]
@@ -329,6 +329,30 @@ impl Bench {
                     upstream.to_string(),
                 ],
             ),
+            Proxy::RemoraXds => {
+                let program = self.tools.remora.clone().ok_or_else(|| {
+                    missing("target/release/remora (cargo build --release -p remora)")
+                })?;
+                let resources = dir.join("xds");
+                fs::create_dir_all(&resources)?;
+                crate::xds_scale::write_remora_dir(
+                    &resources,
+                    &config::xds::resources(mode, upstream),
+                )?;
+                let file = dir.join("remora.yaml");
+                let side = RemoraPorts {
+                    readiness: ports[1],
+                    metrics: ports[2],
+                    agent: ports[3],
+                    admin: ports[4],
+                };
+                fs::write(&file, config::remora_xds_config(&side, &resources))?;
+                let log_level = std::env::var("REMORA_LOG").unwrap_or_else(|_| "warn".into());
+                (
+                    program,
+                    config::remora_xds_args(&file, listen, upstream, &log_level),
+                )
+            }
             Proxy::Remora | Proxy::RemoraTcp => {
                 let program = self.tools.remora.clone().ok_or_else(|| {
                     missing("target/release/remora (cargo build --release -p remora)")

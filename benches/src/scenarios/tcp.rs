@@ -7,7 +7,7 @@ use super::throughput::{rounds_note, TOOL_GRACE};
 use super::{cpu_ms_per_1000, interleaved, push_rows, summarize, Bench, Cost, Ready};
 use crate::load_tools;
 use crate::process::{self, LOAD_CPU};
-use crate::proxy_config::Mode;
+use crate::proxy_config::{Mode, Proxy};
 use crate::report::{Column, Figure, Table};
 use crate::tcp_load::{self, ConnectionRate};
 use std::net::SocketAddr;
@@ -49,7 +49,7 @@ fn bulk(bench: &Bench) -> Table {
     };
     let results = interleaved(
         "tcp bulk",
-        &bench.settings.contenders(&[]),
+        &bench.settings.contenders(&[Proxy::RemoraXds]),
         bench.settings.rounds,
         |proxy| {
             let (_, server_addr) = server.as_ref().map_err(Clone::clone)?;
@@ -123,7 +123,7 @@ fn connection_rate(bench: &Bench) -> Table {
     table.notes.push(CORES_NOTE.into());
     let results = interleaved(
         "tcp connections",
-        &bench.settings.contenders(&[]),
+        &bench.settings.contenders(&[Proxy::RemoraXds]),
         bench.settings.rounds,
         |proxy| {
             let contender = bench.start(proxy, Mode::Tcp, bench.upstream)?;

@@ -52,6 +52,11 @@ pub fn rounds_note(bench: &Bench) -> String {
 pub fn run(bench: &Bench) -> Vec<Table> {
     let run = bench.settings.round;
     let contenders = bench.settings.contenders(&[Proxy::RemoraTcp]);
+    // Routed by xDS: HTTP/1.1 only, the path whose cost beside the explicit listener's the
+    // issue bounds.
+    let http1_contenders = bench
+        .settings
+        .contenders(&[Proxy::RemoraTcp, Proxy::RemoraXds]);
 
     let mut http1 = Table::new(
         "throughput-http1",
@@ -66,7 +71,7 @@ pub fn run(bench: &Bench) -> Vec<Table> {
     http1.notes.push(CORES_NOTE.into());
     let results = interleaved(
         "throughput http/1.1",
-        &contenders,
+        &http1_contenders,
         bench.settings.rounds,
         |proxy| {
             let wrk = bench

@@ -331,9 +331,8 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         version: c.version,
         tls: 0,
     };
-    // Requests routed by xDS are served by hyper (`forward`), which routes and balances each
-    // one; the fast path sends every request of a connection to its destination.
-    let fast = c.version == HttpVersion::Http1 && config.http.fast_path && c.xds_routes.is_none();
+    // Routed by xDS or not: the fast path routes and balances each request as hyper's does.
+    let fast = c.version == HttpVersion::Http1 && config.http.fast_path;
     let (mut early, early_failed) = match c.early {
         Some(Ok(up)) => (Some(up), false),
         Some(Err(e)) => {

@@ -155,7 +155,7 @@ impl pool::Pooled for Idle<MeshConn> {
 
 /// Probing costs no system call while the socket has been quiet: the reactor has not seen it
 /// readable, and the read is not tried.
-fn closed_while_idle(conn: &ClientStream) -> bool {
+pub(crate) fn closed_while_idle(conn: &ClientStream) -> bool {
     let (socket, session) = conn.get_ref();
     if !session.wants_read() {
         return true;

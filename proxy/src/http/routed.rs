@@ -15,13 +15,13 @@ use crate::route::{self, HttpDecision};
 use crate::upstream::dial::{self, Connected};
 use crate::upstream::{Avoid, Transport, UpstreamError};
 use bytes::Bytes;
+pub use edits::Edits;
+use edits::{edits, edits_none, local_edits};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response};
 use remora_xds::model::listener::RouteSource;
-use remora_xds::model::route::{
-    ClusterTarget, Forward, HeaderEdit, RequestParts, Route, RouteConfiguration, VirtualHost,
-};
+use remora_xds::model::route::{Forward, RequestParts, RouteConfiguration};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -118,151 +118,6 @@ impl Routed {
     }
 }
 
-/// The request and response header edits of a forwarded request: the picked weighted cluster's
-/// own (most specific, so first, as Envoy applies them), then the route's, the virtual
-/// host's and the table's; their `%…%` values filled in from `request`.
-fn edits(
-    table: &RouteConfiguration,
-    vhost: &VirtualHost,
-    route: &Route,
-    forward: &Forward,
-    cluster: &str,
-    request: &header_format::Request<'_>,
-) -> (Edits, Edits) {
-    let picked = match &forward.target {
-        ClusterTarget::Weighted(set) => set.iter().find(|c| c.name == cluster),
-        ClusterTarget::Cluster(_) => None,
-    };
-    let none: (&[HeaderEdit], &[String]) = (&[], &[]);
-    let request_edits = Edits::of(
-        [
-            picked.map_or(none, |c| {
-                (
-                    &c.request_headers_to_add[..],
-                    &c.request_headers_to_remove[..],
-                )
-            }),
-            (
-                &route.request_headers_to_add,
-                &route.request_headers_to_remove,
-            ),
-            (
-                &vhost.request_headers_to_add,
-                &vhost.request_headers_to_remove,
-            ),
-            (
-                &table.request_headers_to_add,
-                &table.request_headers_to_remove,
-            ),
-        ],
-        request,
-    );
-    let response_edits = Edits::of(
-        [
-            picked.map_or(none, |c| {
-                (
-                    &c.response_headers_to_add[..],
-                    &c.response_headers_to_remove[..],
-                )
-            }),
-            (
-                &route.response_headers_to_add,
-                &route.response_headers_to_remove,
-            ),
-            (
-                &vhost.response_headers_to_add,
-                &vhost.response_headers_to_remove,
-            ),
-            (
-                &table.response_headers_to_add,
-                &table.response_headers_to_remove,
-            ),
-        ],
-        request,
-    );
-    (request_edits, response_edits)
-}
-
-/// The response header edits of an answer made here (a redirect, a direct response): the
-/// route's, its virtual host's and the table's, as Envoy applies them to its own replies.
-fn local_edits(
-    table: &RouteConfiguration,
-    vhost: &VirtualHost,
-    route: &Route,
-    request: &header_format::Request<'_>,
-) -> Edits {
-    Edits::of(
-        [
-            (
-                &route.response_headers_to_add[..],
-                &route.response_headers_to_remove[..],
-            ),
-            (
-                &vhost.response_headers_to_add,
-                &vhost.response_headers_to_remove,
-            ),
-            (
-                &table.response_headers_to_add,
-                &table.response_headers_to_remove,
-            ),
-        ],
-        request,
-    )
-}
-
-/// Header edits of a route, its virtual host and its table, in Envoy's default order (the
-/// most specific first, so the least specific's overwrite wins); removals before additions.
-/// Values are filled in when the edits are made: a response's edits read the request too.
-#[derive(Debug, Default)]
-pub struct Edits {
-    remove: Vec<String>,
-    add: Vec<(HeaderName, HeaderValue, bool)>,
-}
-
-impl Edits {
-    fn of<'a>(
-        levels: impl IntoIterator<Item = (&'a [HeaderEdit], &'a [String])>,
-        request: &header_format::Request<'_>,
-    ) -> Edits {
-        let mut edits = Edits::default();
-        for (add, remove) in levels {
-            for edit in add {
-                let value = header_format::render(&edit.value, request);
-                // Envoy drops an added header whose value is empty (`keep_empty_value`, which
-                // the converter refuses, is false); a value that is not a valid header value
-                // cannot be sent.
-                if value.is_empty() {
-                    continue;
-                }
-                let (Ok(name), Ok(value)) = (
-                    HeaderName::try_from(edit.name.as_str()),
-                    HeaderValue::try_from(value),
-                ) else {
-                    tracing::debug!(header = %edit.name, "added header value not valid; not added");
-                    continue;
-                };
-                edits.add.push((name, value, edit.append));
-            }
-            edits.remove.extend_from_slice(remove);
-        }
-        edits
-    }
-
-    /// Apply to `headers`.
-    pub fn apply(&self, headers: &mut HeaderMap) {
-        for name in &self.remove {
-            headers.remove(name.as_str());
-        }
-        for (name, value, append) in &self.add {
-            if *append {
-                headers.append(name.clone(), value.clone());
-            } else {
-                headers.insert(name.clone(), value.clone());
-            }
-        }
-    }
-}
-
 /// A request answered here instead.
 #[derive(Debug)]
 pub enum Answer {
@@ -275,41 +130,72 @@ pub enum Answer {
         location: Option<String>,
         edits: Edits,
     },
+    /// For the HTTP/1.1 fast path, which gives [`decide_request`] no request parts: the
+    /// route needs them (header values to fill in, a local answer), so hyper's path serves
+    /// the request.
+    Handover,
 }
 
-/// Route one request by the connection's table in the snapshot in force now; a forwarded
-/// one's end records what it holds until it ends.
-pub fn decide(
+/// A forwarded request's route, before it is applied to the request: where it goes, and
+/// what the route changes of the request.
+#[derive(Debug)]
+pub struct Decided {
+    pub routed: Routed,
+    pub request_edits: Edits,
+    /// The path (with query) `prefix_rewrite` makes of the request's.
+    pub path: Option<String>,
+    /// `host_rewrite`'s Host.
+    pub host: Option<String>,
+    /// Whether the cluster's upstream connections are what the HTTP/1.1 fast path's pool
+    /// keeps: HTTP/1.1 for an HTTP/1.1 client, no `max_requests_per_connection`, and no
+    /// idle timeout shorter than Remora's own.
+    pub plain_http1_upstream: bool,
+}
+
+impl Decided {
+    /// Whether the HTTP/1.1 fast path serves this request as hyper's path would: it forwards
+    /// heads as received (so only routes that edit nothing) on its own pool of HTTP/1.1
+    /// connections (so only clusters that ask nothing more of them).
+    pub fn fits_fast_path(&self) -> bool {
+        self.plain_http1_upstream
+            && self.request_edits.is_empty()
+            && self.routed.response_edits.is_empty()
+            && self.path.is_none()
+            && self.host.is_none()
+    }
+}
+
+impl Routed {
+    /// What the request holds until it ends, to be counted under the cluster's service.
+    pub fn end(&self) -> Box<super::body::RoutedEnd> {
+        Box::new(super::body::RoutedEnd {
+            in_flight: None,
+            metrics_peer: self.metrics_peer.clone(),
+            pool_idle_timeout: None,
+        })
+    }
+}
+
+/// The route decision for one request (its `host`, method, path and headers) by the
+/// connection's table in the snapshot in force now: the one decision hyper's path and the
+/// HTTP/1.1 fast path both take. Header values with Envoy's `%…%` formatters are filled in
+/// from the request's `parts`; without them (the fast path, which has none) a request whose
+/// route edits headers or answers locally is [`Answer::Handover`].
+pub fn decide_request(
     ctx: &ConnContext,
     routes: &RouteSource,
-    parts: &mut Parts,
-    end: &mut RequestEnd,
-) -> Result<Routed, Answer> {
+    host: &str,
+    req: &RequestParts<'_>,
+    parts: Option<&Parts>,
+) -> Result<Decided, Answer> {
     let Some(store) = &ctx.proxy.xds else {
         return Err(Answer::Error(ErrorKind::NoRoute));
     };
-    let snapshot = store.snapshot();
+    let snapshot = store.current();
     let Some(table) = route::route_table(&snapshot, routes) else {
         return Err(Answer::Error(ErrorKind::NoRoute));
     };
-    let host = parts
-        .headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| parts.uri.authority().map(|a| a.as_str()))
-        .unwrap_or_default();
-    let header = |name: &str| match name {
-        ":authority" => Some(host),
-        ":method" => Some(parts.method.as_str()),
-        ":path" => parts.uri.path_and_query().map(|p| p.as_str()),
-        _ => parts.headers.get(name).and_then(|v| v.to_str().ok()),
-    };
-    let req = RequestParts {
-        method: parts.method.as_str(),
-        path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
-        header: &header,
-    };
-    let decision = route::http_route(table, host, &req, fastrand::u64(..));
+    let decision = route::http_route(table, host, req, fastrand::u64(..));
     let (cluster, route, forward, retry, vhost) = match decision {
         HttpDecision::Forward {
             cluster,
@@ -318,7 +204,13 @@ pub fn decide(
             retry,
             vhost,
         } => (cluster, route, forward, retry, vhost),
+        HttpDecision::NoRoute | HttpDecision::NoRouteTable => {
+            return Err(Answer::Error(ErrorKind::NoRoute))
+        }
         other => {
+            let Some(parts) = parts else {
+                return Err(Answer::Handover);
+            };
             let scheme = parts
                 .headers
                 .get("x-forwarded-proto")
@@ -333,33 +225,51 @@ pub fn decide(
                 remote: ctx.peer,
                 local: ctx.key.destination,
                 started: SystemTime::now(),
-                parts: &*parts,
+                parts,
             };
             return Err(answer(table, other, request, &format_request));
         }
     };
-    let format_request = header_format::Request {
-        remote: ctx.peer,
-        local: ctx.key.destination,
-        started: SystemTime::now(),
-        parts: &*parts,
+    let (request_edits, response_edits) = match parts {
+        Some(parts) => {
+            let format_request = header_format::Request {
+                remote: ctx.peer,
+                local: ctx.key.destination,
+                started: SystemTime::now(),
+                parts,
+            };
+            if upgrade_disabled(forward, &parts.headers) {
+                // Envoy's answer to an upgrade its route turns off (`upgrade_failed`), with the
+                // response edits of its other local replies.
+                return Err(Answer::Local {
+                    status: 403,
+                    body: None,
+                    location: None,
+                    edits: local_edits(table, vhost, route, &format_request),
+                });
+            }
+            edits(table, vhost, route, forward, cluster, &format_request)
+        }
+        // The fast path takes no upgrades (hyper's path checks them); edits it leaves to
+        // hyper's path, which has the request's parts to fill their values in from.
+        None if edits_none(table, vhost, route, forward, cluster) => {
+            (Edits::default(), Edits::default())
+        }
+        None => return Err(Answer::Handover),
     };
-    if upgrade_disabled(forward, &parts.headers) {
-        // Envoy's answer to an upgrade its route turns off (`upgrade_failed`), with the
-        // response edits of its other local replies.
-        return Err(Answer::Local {
-            status: 403,
-            body: None,
-            location: None,
-            edits: local_edits(table, vhost, route, &format_request),
-        });
-    }
-    let (request_edits, response_edits) =
-        edits(table, vhost, route, forward, cluster, &format_request);
-    let rewritten = forward
+    let path = forward
         .prefix_rewrite
         .as_deref()
         .and_then(|to| rewrite::prefix(&route.matcher.path, req.path_and_query, to));
+    let model = snapshot.cluster(cluster);
+    // (No such cluster: either path answers `NC` when it selects.)
+    let plain_http1_upstream = model.is_none_or(|c| {
+        protocol::upstream_version(c.http_protocol, ctx.key.version, false)
+            == crate::detect::HttpVersion::Http1
+            && c.max_requests_per_connection.is_none()
+            && pool_idle_timeout(c.http_idle_timeout, ctx.config.http.pool_idle_timeout)
+                == ctx.config.http.pool_idle_timeout
+    });
     let routed = Routed {
         cluster: cluster.to_string(),
         original_dst: ctx.key.destination,
@@ -377,31 +287,61 @@ pub fn decide(
         tried: std::sync::Mutex::default(),
         attempt_count: vhost.include_request_attempt_count,
         response_edits,
-        metrics_peer: snapshot
-            .cluster(cluster)
-            .and_then(|c| ctx.proxy.upstreams.service_peer(c)),
+        metrics_peer: model.and_then(|c| ctx.proxy.upstreams.service_peer(c)),
     };
-    end.routed = Some(Box::new(super::body::RoutedEnd {
-        in_flight: None,
-        metrics_peer: routed.metrics_peer.clone(),
-        pool_idle_timeout: None,
-    }));
-    let host_rewrite = forward.host_rewrite.clone();
-    request_edits.apply(&mut parts.headers);
+    Ok(Decided {
+        routed,
+        request_edits,
+        path,
+        host: forward.host_rewrite.clone(),
+        plain_http1_upstream,
+    })
+}
+
+/// Route one request by the connection's table in the snapshot in force now; a forwarded
+/// one's end records what it holds until it ends.
+pub fn decide(
+    ctx: &ConnContext,
+    routes: &RouteSource,
+    parts: &mut Parts,
+    end: &mut RequestEnd,
+) -> Result<Routed, Answer> {
+    let decided = {
+        let host = parts
+            .headers
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| parts.uri.authority().map(|a| a.as_str()))
+            .unwrap_or_default();
+        let header = |name: &str| match name {
+            ":authority" => Some(host),
+            ":method" => Some(parts.method.as_str()),
+            ":path" => parts.uri.path_and_query().map(|p| p.as_str()),
+            _ => parts.headers.get(name).and_then(|v| v.to_str().ok()),
+        };
+        let req = RequestParts {
+            method: parts.method.as_str(),
+            path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+            header: &header,
+        };
+        decide_request(ctx, routes, host, &req, Some(&*parts))?
+    };
+    end.routed = Some(decided.routed.end());
+    decided.request_edits.apply(&mut parts.headers);
     // Envoy's router tells the upstream its deadline (istiod's routes carry none by default).
-    if let Some(t) = forward.timeout.filter(|t| !t.is_zero()) {
+    if let Some(t) = decided.routed.timeout.filter(|t| !t.is_zero()) {
         let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
         parts
             .headers
             .insert(EXPECTED_TIMEOUT.clone(), HeaderValue::from(ms));
     }
-    if let Some(path) = rewritten.and_then(|p| p.parse::<http::Uri>().ok()) {
+    if let Some(path) = decided.path.and_then(|p| p.parse::<http::Uri>().ok()) {
         parts.uri = path;
     }
-    if let Some(host) = host_rewrite.and_then(|h| HeaderValue::try_from(h).ok()) {
+    if let Some(host) = decided.host.and_then(|h| HeaderValue::try_from(h).ok()) {
         parts.headers.insert(http::header::HOST, host);
     }
-    Ok(routed)
+    Ok(decided.routed)
 }
 
 /// Whether the request asks for an HTTP/1.1 upgrade (WebSocket) that the route's
@@ -462,23 +402,25 @@ fn answer(
     }
 }
 
-/// One attempt of a routed request: an endpoint chosen now, a pooled connection to it if one
-/// is idle, else a new one.
-pub(super) async fn send(
+/// One attempt's endpoint of the routed cluster ([`crate::upstream`]'s choice, by the
+/// snapshot in force now, avoiding the hosts earlier attempts tried as the retry policy's
+/// `previous_hosts` says), and the pool key of connections to it: the endpoint, the source
+/// the connection is bound to, the cluster's upstream HTTP version (`upgrade`: the request
+/// asks for one, which only HTTP/1.1 carries) and the TLS parameters its transport takes.
+/// Both hyper's path and the HTTP/1.1 fast path select here.
+pub(super) fn select(
     ctx: &ConnContext,
     routed: &Routed,
-    mut req: Request<UpstreamBody>,
-) -> Result<Upstreamed, ProxyError> {
-    let snapshot = match &ctx.proxy.xds {
-        Some(store) => store.snapshot(),
-        None => {
-            return Err(ProxyError::new(
-                ErrorKind::NoRoute,
-                routed.original_dst,
-                "no xDS",
-            ))
-        }
+    upgrade: bool,
+) -> Result<(crate::upstream::Selected, Key), ProxyError> {
+    let Some(store) = &ctx.proxy.xds else {
+        return Err(ProxyError::new(
+            ErrorKind::NoRoute,
+            routed.original_dst,
+            "no xDS",
+        ));
     };
+    let snapshot = store.current();
     let selected = {
         let mut tried = routed
             .tried
@@ -508,11 +450,8 @@ pub(super) async fn send(
         };
         ProxyError::new(kind, routed.original_dst, e)
     })?;
-    let upgrade = ctx.key.version == crate::detect::HttpVersion::Http1
-        && super::headers::wants_upgrade(req.headers());
     let version =
         protocol::upstream_version(selected.cluster.http_protocol, ctx.key.version, upgrade);
-    protocol::translate(&mut req, version);
     let key = Key {
         destination: selected.address,
         source: dial::source(&selected, ctx.key.source),
@@ -522,6 +461,29 @@ pub(super) async fn send(
             Transport::Mesh(mesh) => ctx.proxy.upstreams.tls_id(mesh),
         },
     };
+    Ok((selected, key))
+}
+
+/// What a failed dial of an endpoint answers (and whether it is retried).
+pub(super) fn dial_failure(e: &dial::DialError) -> ErrorKind {
+    match e.end() {
+        crate::access_log::End::ConnectTimeout => ErrorKind::ConnectTimeout,
+        _ => ErrorKind::ConnectFailed,
+    }
+}
+
+/// One attempt of a routed request: an endpoint chosen now, a pooled connection to it if one
+/// is idle, else a new one.
+pub(super) async fn send(
+    ctx: &ConnContext,
+    routed: &Routed,
+    mut req: Request<UpstreamBody>,
+) -> Result<Upstreamed, ProxyError> {
+    let upgrade = ctx.key.version == crate::detect::HttpVersion::Http1
+        && super::headers::wants_upgrade(req.headers());
+    let (selected, key) = select(ctx, routed, upgrade)?;
+    let version = key.version;
+    protocol::translate(&mut req, version);
     let idle_timeout = pool_idle_timeout(
         selected.cluster.http_idle_timeout,
         ctx.config.http.pool_idle_timeout,
@@ -554,13 +516,7 @@ pub(super) async fn send(
         ctx.key.source,
     ))
     .await
-    .map_err(|e| {
-        let kind = match e.end() {
-            crate::access_log::End::ConnectTimeout => ErrorKind::ConnectTimeout,
-            _ => ErrorKind::ConnectFailed,
-        };
-        ProxyError::new(kind, selected.address, e)
-    })?;
+    .map_err(|e| ProxyError::new(dial_failure(&e), selected.address, e))?;
     let sender = match connected {
         Connected::Plain(up) => pool::handshake(up, version).await,
         Connected::Mesh(tls, registration) => {
@@ -617,6 +573,8 @@ pub(super) fn upgrade_required(mut end: RequestEnd) -> Response<ResponseBody> {
 pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response<ResponseBody> {
     let (status, body, location, edits) = match answer {
         Answer::Error(kind) => return super::forward::local_reply(kind, grpc, end),
+        // Never given by `decide`, which has the parts.
+        Answer::Handover => return super::forward::local_reply(ErrorKind::NoRoute, grpc, end),
         Answer::Local {
             status,
             body,
@@ -647,5 +605,6 @@ pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response
     }
 }
 
+mod edits;
 #[cfg(test)]
 mod tests;

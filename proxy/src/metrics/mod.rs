@@ -67,6 +67,8 @@ pub struct Metrics {
     pub xds_file_refusals: Counter,
     /// Upstream connections that needed mesh TLS by xDS with no workload identity held.
     pub xds_tls_without_identity: Counter,
+    /// HTTP/1.1 requests served by Remora's own exchange (`http::h1`), not hyper.
+    pub http1_fast_path: Counter,
     /// Protocol detection outcomes, by `DETECTION_RESULTS` index, and how long they took.
     detections: Vec<Counter>,
     detection_seconds: prometheus_client::metrics::histogram::Histogram,
@@ -241,6 +243,12 @@ impl Metrics {
         let dropped = Counter::default();
         let xds_file_refusals = Counter::default();
         let xds_tls_without_identity = Counter::default();
+        let http1_fast_path = Counter::default();
+        registry.register(
+            "remora_http1_fast_path_requests",
+            "HTTP/1.1 requests served by the fast path (the rest of HTTP is served by hyper)",
+            http1_fast_path.clone(),
+        );
         registry.register(
             "remora_xds_file_refusals",
             "xDS resources from xds.resources_dir refused, and files that could not be read",
@@ -354,6 +362,7 @@ impl Metrics {
             access_log_dropped: dropped,
             xds_file_refusals,
             xds_tls_without_identity,
+            http1_fast_path,
         }
     }
 

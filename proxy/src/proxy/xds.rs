@@ -2,8 +2,8 @@
 //! detection only when the listener's chains look at it), the route decision
 //! ([`crate::route`]), then for TCP one endpoint of the chain's cluster ([`crate::upstream`])
 //! and the copy, plaintext or inside Istio mTLS as the endpoint's transport says; for HTTP the
-//! connection is served by hyper, each request routed and balanced on its own
-//! ([`crate::http`]'s `xds` routing).
+//! connection is served by the HTTP path (HTTP/1.1's fast path first, hyper otherwise), each
+//! request routed and balanced on its own ([`crate::http::routed`]).
 
 use super::*;
 use crate::route::{self, ChainDecision};

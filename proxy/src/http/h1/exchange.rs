@@ -8,7 +8,11 @@ use crate::connect::Upstream;
 use crate::http::body::RequestEnd;
 use crate::http::errors::{ErrorKind, Flags};
 use crate::http::originate::MeshConn;
+use crate::http::pool::Key;
+use crate::http::routed::{self, Routed};
 use crate::http::ConnContext;
+use crate::upstream::dial::{self, Connected};
+use crate::upstream::Selected;
 use crate::Direction;
 use bytes::{Buf, BytesMut};
 use std::future::Future;
@@ -34,6 +38,33 @@ pub(super) struct Request<'a> {
     pub idempotent: bool,
     /// Which metadata headers the client's sidecar sent (mesh TLS terminated).
     pub described: crate::metadata_exchange::http::Received,
+    /// Routed by xDS: the cluster, whose endpoint each attempt selects, and the route's
+    /// retry policy.
+    pub routed: Option<&'a mut RoutedRequest>,
+}
+
+/// A request routed by xDS: its route, and the pool key of the endpoint its current attempt
+/// went to. Kept beside the route (on the heap) rather than in the request's state, which
+/// is copied whole per request (see `exchange`).
+pub(super) struct RoutedRequest {
+    pub routed: Routed,
+    pub key: Key,
+}
+
+impl Request<'_> {
+    /// How many times a failed attempt is tried again, and whether a 503 is such a failure:
+    /// the route's policy, else Istio's default (outbound only).
+    fn retry_policy(&self, ctx: &ConnContext) -> (u32, bool) {
+        match &self.routed {
+            Some(r) => (r.routed.retries, r.routed.retry_503),
+            None => (retries(ctx), true),
+        }
+    }
+
+    /// The pool key of the attempt's connection: the endpoint's (xDS), else the connection's.
+    fn key(&self, ctx: &ConnContext) -> Key {
+        self.routed.as_ref().map_or(ctx.key, |r| r.key)
+    }
 }
 
 /// Why a request got no response from the upstream.
@@ -77,7 +108,7 @@ async fn attempts(
     early: &mut Option<Upstream>,
     rbuf: &mut BytesMut,
 ) -> Result<(Up, ResponseHead), Failed> {
-    let retries = retries(ctx);
+    let (retries, retry_503) = req.retry_policy(ctx);
     let base = req.head.len();
     let mut attempt: u32 = 1;
     if retries > 0 && ctx.take_early_failure() {
@@ -90,41 +121,66 @@ async fn attempts(
     // After a stale pooled connection, the next attempt dials: its siblings are likely stale too.
     let mut dial = false;
     let (up, response) = loop {
-        // Detection's connection counts as reused: it may have waited on a slow client for as
-        // long as the server keeps idle connections open.
-        let (mut up, reused) = match early.take() {
-            Some(up) => (Up::Plain(up), true),
-            None => match (!dial).then(|| checkout(ctx)).flatten() {
-                Some(up) => (up, true),
-                // Boxed: a connect (inside mesh TLS, a handshake) is by far the largest state
-                // a request can be in, and most requests take a pooled connection instead.
-                None => match Box::pin(open(ctx)).await {
-                    Ok(up) => (up, false),
-                    Err(kind) => {
-                        if kind.retryable() && retries > 0 {
-                            if attempt <= retries {
-                                backoff(ctx, attempt).await;
-                                attempt += 1;
-                                continue;
-                            }
-                            end.flags.insert(Flags::URX);
+        let next = match next_connection(ctx, req.routed.as_deref_mut(), early, dial, end) {
+            Ok(next) => next,
+            // No cluster or no healthy endpoint: answered at once, as hyper's path does.
+            Err(kind) => return Err(Failed::Local(kind)),
+        };
+        let (mut up, reused) = match next {
+            Next::Idle(up) => (up, true),
+            // Boxed: a connect (inside mesh TLS, a handshake) is by far the largest state
+            // a request can be in, and most requests take a pooled connection instead.
+            Next::Open(selected) => match Box::pin(open(ctx, selected, end)).await {
+                Ok(up) => (up, false),
+                Err(kind) => {
+                    if kind.retryable() && retries > 0 {
+                        if attempt <= retries {
+                            backoff(ctx, attempt).await;
+                            attempt += 1;
+                            continue;
                         }
-                        return Err(Failed::Local(kind));
+                        end.flags.insert(Flags::URX);
                     }
-                },
+                    return Err(Failed::Local(kind));
+                }
             },
         };
         req.head.truncate(base);
-        if retries > 0 {
-            req.head.extend_from_slice(b"x-envoy-attempt-count: ");
-            req.head
-                .extend_from_slice(itoa_u32(attempt, &mut [0u8; 10]).as_bytes());
-            req.head.extend_from_slice(b"\r\n");
+        // Routed by xDS, the upstream is told the attempt when the virtual host asks
+        // (`include_request_attempt_count`) and the route's deadline (on a retry, what is left
+        // of it), as hyper's routed path does; otherwise the count goes with retries.
+        // (A block of its own: nothing here stays in the request's state across the send.)
+        {
+            let (count, deadline) = match req.routed.as_deref() {
+                Some(r) => (
+                    r.routed.attempt_count,
+                    r.routed.timeout.filter(|t| !t.is_zero()),
+                ),
+                None => (retries > 0, None),
+            };
+            if count {
+                req.head.extend_from_slice(b"x-envoy-attempt-count: ");
+                req.head
+                    .extend_from_slice(itoa_u32(attempt, &mut [0u8; 10]).as_bytes());
+                req.head.extend_from_slice(b"\r\n");
+            }
+            if let Some(t) = deadline {
+                let left = match attempt {
+                    1 => t,
+                    _ => t.saturating_sub(end.started.elapsed()),
+                };
+                let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+                req.head.extend_from_slice(
+                    format!("x-envoy-expected-rq-timeout-ms: {ms}\r\n").as_bytes(),
+                );
+            }
         }
         req.head.extend_from_slice(b"\r\n");
         req.head.extend_from_slice(req.body);
         rbuf.clear();
-        let mesh_server = matches!(up, Up::Mesh(_));
+        // A mesh destination's sidecar describes itself in metadata headers, read here. An
+        // endpoint routed by xDS gets them passed on, as hyper's routed path does.
+        let mesh_server = matches!(up, Up::Mesh(_)) && req.routed.is_none();
         let answered = match up.send(&req.head).await {
             Ok(()) => response_head(&mut up, rbuf, req.is_head, mesh_server).await,
             Err(e) => Err(ResponseError::Io(e)),
@@ -142,7 +198,7 @@ async fn attempts(
                 return Err(Failed::Local(e.kind()));
             }
         };
-        if retries > 0 && response.status == 503 {
+        if retries > 0 && retry_503 && response.status == 503 {
             if attempt <= retries {
                 // Its body is not read: the connection goes with it.
                 drop(up);
@@ -156,7 +212,7 @@ async fn attempts(
     };
     if let Some(log) = &mut end.log {
         log.status = response.status;
-        log.upstream = Some(ctx.key.destination);
+        log.upstream = Some(req.key(ctx).destination);
         log.upstream_time = Some(end.started.elapsed());
     }
     end.status = response.status;
@@ -231,11 +287,18 @@ fn relay<'a, C: Client>(
         }
         end.complete = true;
         if reusable {
+            let key = req.key(ctx);
             match (up, ctx.originate.as_deref()) {
                 (Up::Mesh(conn), Some(originate)) => originate.checkin_raw(ctx, conn),
-                (Up::Mesh(_), None) => {}
+                // An endpoint routed by xDS: pooled by endpoint and TLS parameters.
+                (Up::Mesh(conn), None) => ctx.proxy.h1.mesh.checkin(
+                    key,
+                    conn,
+                    http.pool_idle_timeout,
+                    http.pool_max_idle_per_upstream,
+                ),
                 (Up::Plain(up), _) => ctx.proxy.h1.pool.checkin(
-                    ctx.key,
+                    key,
                     up,
                     http.pool_idle_timeout,
                     http.pool_max_idle_per_upstream,
@@ -272,18 +335,135 @@ impl Up {
     }
 }
 
-/// An idle connection for the request, from the pool (of mesh connections, to a mesh
-/// destination).
-fn checkout(ctx: &ConnContext) -> Option<Up> {
-    match ctx.originate.as_deref() {
-        Some(originate) => originate.checkout_raw(ctx).map(Up::Mesh),
-        None => {
-            let idle_timeout = ctx.config.http.pool_idle_timeout;
-            let pool = &ctx.proxy.h1.pool;
-            pool.checkout(&ctx.key, Instant::now(), idle_timeout)
-                .map(Up::Plain)
+/// Where an attempt's connection comes from.
+enum Next {
+    /// An idle one: detection's, or pooled.
+    Idle(Up),
+    /// A new one: to the connection's destination, or to the endpoint selected (xDS; boxed,
+    /// as the connect is, to keep the request's state small).
+    Open(Option<Box<Selected>>),
+}
+
+/// The connection of an attempt: detection's, else an idle pooled one (of mesh connections,
+/// to a mesh destination), else a new one; routed by xDS, to an endpoint the upstream layer
+/// selects for this attempt (its pool keyed by endpoint and TLS parameters), which counts the
+/// request against the endpoint until it ends. `Err`: no cluster or no healthy endpoint.
+fn next_connection(
+    ctx: &ConnContext,
+    routed: Option<&mut RoutedRequest>,
+    early: &mut Option<Upstream>,
+    dial: bool,
+    end: &mut RequestEnd,
+) -> Result<Next, ErrorKind> {
+    let Some(routed) = routed else {
+        // Detection's connection counts as reused: it may have waited on a slow client for as
+        // long as the server keeps idle connections open.
+        if let Some(up) = early.take() {
+            return Ok(Next::Idle(Up::Plain(up)));
         }
+        let (idle_timeout, now) = (ctx.config.http.pool_idle_timeout, Instant::now());
+        let idle = match ctx.originate.as_deref() {
+            _ if dial => None,
+            Some(originate) => originate.checkout_raw(ctx).map(Up::Mesh),
+            None => ctx
+                .proxy
+                .h1
+                .pool
+                .checkout(&ctx.key, now, idle_timeout)
+                .map(Up::Plain),
+        };
+        return Ok(match idle {
+            Some(up) => Next::Idle(up),
+            None => Next::Open(None),
+        });
+    };
+    let (selected, key) = routed::select(ctx, &routed.routed, false).map_err(|e| {
+        tracing::debug!(peer = %ctx.peer, error = %e, "no upstream");
+        e.kind
+    })?;
+    routed.key = key;
+    let (idle_timeout, now) = (ctx.config.http.pool_idle_timeout, Instant::now());
+    let idle = match &selected.transport {
+        _ if dial => None,
+        crate::upstream::Transport::Plaintext => ctx
+            .proxy
+            .h1
+            .pool
+            .checkout(&key, now, idle_timeout)
+            .map(Up::Plain),
+        crate::upstream::Transport::Mesh(_) => ctx
+            .proxy
+            .h1
+            .mesh
+            .checkout(&key, now, idle_timeout)
+            .map(Up::Mesh),
+    };
+    Ok(match idle {
+        Some(up) => {
+            counting(end, selected.in_flight);
+            Next::Idle(up)
+        }
+        None => Next::Open(Some(Box::new(selected))),
+    })
+}
+
+/// The request counts against the selected endpoint until it ends (a retry's endpoint
+/// replaces an earlier attempt's).
+fn counting(end: &mut RequestEnd, in_flight: crate::upstream::InFlight) {
+    if let Some(r) = &mut end.routed {
+        r.in_flight = Some(in_flight);
     }
+}
+
+/// Open a new upstream connection: to the request's destination (inside mesh TLS for a mesh
+/// destination), or to the endpoint selected for it, with the transport its cluster says.
+async fn open(
+    ctx: &ConnContext,
+    selected: Option<Box<Selected>>,
+    end: &mut RequestEnd,
+) -> Result<Up, ErrorKind> {
+    let opened = match (selected, ctx.originate.as_deref()) {
+        (Some(selected), _) => {
+            // As hyper's routed path offers it: the fast path's upstream speaks HTTP/1.1.
+            let alpn = crate::http::protocol::mesh_alpn(http::Version::HTTP_11);
+            let dialled = dial::dial(
+                &ctx.proxy,
+                &ctx.config.tls,
+                &selected,
+                ctx.direction,
+                Some(&alpn),
+                ctx.key.source,
+            )
+            .await;
+            counting(end, selected.in_flight);
+            match dialled {
+                Ok(Connected::Plain(up)) => Ok(Up::Plain(up)),
+                Ok(Connected::Mesh(tls, registration)) => {
+                    Ok(Up::Mesh(Box::new((*tls, registration))))
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "upstream connect failed");
+                    Err(routed::dial_failure(&e))
+                }
+            }
+        }
+        (None, Some(originate)) => originate.connect(ctx).await.map(Up::Mesh).map_err(|e| {
+            tracing::debug!(error = %e, "upstream connect failed");
+            e.kind
+        }),
+        (None, None) => ctx.connect_upstream().await.map(Up::Plain).map_err(|e| {
+            tracing::debug!(error = %e, "upstream connect failed");
+            e.kind
+        }),
+    };
+    if opened.is_err() {
+        ctx.proxy
+            .metrics
+            .direction(ctx.direction)
+            .connect_failures
+            .inc();
+    }
+    opened
 }
 
 /// Write response bytes to the client, `body` of them body bytes.
@@ -392,24 +572,6 @@ async fn response_head(
             Err(e) => return Err(ResponseError::Io(e)),
         }
     }
-}
-
-/// Open a new upstream connection to the request's destination: inside mesh TLS for a mesh
-/// destination.
-async fn open(ctx: &ConnContext) -> Result<Up, ErrorKind> {
-    let opened = match ctx.originate.as_deref() {
-        Some(originate) => originate.connect(ctx).await.map(Up::Mesh),
-        None => ctx.connect_upstream().await.map(Up::Plain),
-    };
-    opened.map_err(|e| {
-        tracing::debug!(error = %e, "upstream connect failed");
-        ctx.proxy
-            .metrics
-            .direction(ctx.direction)
-            .connect_failures
-            .inc();
-        e.kind
-    })
 }
 
 async fn backoff(ctx: &ConnContext, attempt: u32) {

@@ -54,6 +54,8 @@ pub struct RequestHead<'a> {
     pub peer_metadata: Option<&'a [u8]>,
     /// Inbound: the client sidecar sent `x-envoy-peer-metadata-id` (not forwarded).
     pub peer_metadata_id: bool,
+    /// The client sent `x-envoy-attempt-count` (dropped when retries are on).
+    pub attempt_count: bool,
     /// Lines not forwarded, in order.
     dropped: [Span; MAX_DROPPED],
     n_dropped: usize,
@@ -129,6 +131,7 @@ pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'
         forwarded_proto: false,
         peer_metadata: None,
         peer_metadata_id: false,
+        attempt_count: false,
         dropped: [(0, 0); MAX_DROPPED],
         n_dropped: 0,
     };
@@ -195,7 +198,10 @@ pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'
                 head.forwarded_proto = true;
                 false
             }
-            21 if name.eq_ignore_ascii_case(b"x-envoy-attempt-count") => limits.drop_attempt_count,
+            21 if name.eq_ignore_ascii_case(b"x-envoy-attempt-count") => {
+                head.attempt_count = true;
+                limits.drop_attempt_count
+            }
             // Inbound, a client sidecar's metadata headers are ours: read, and not forwarded.
             21 if inbound(limits) && name.eq_ignore_ascii_case(b"x-envoy-peer-metadata") => {
                 if head.peer_metadata.replace(value).is_some() {
@@ -263,6 +269,23 @@ pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'
     }
     head.content_length = content_length.unwrap_or(0);
     Some(head)
+}
+
+/// The first value of request header `name` (lower case) in the head of `head_len` bytes at
+/// the start of `buf`, for the route decision's header matchers; `None` when absent or not
+/// text. The head was parsed whole already, so its lines end in CRLF.
+pub fn header_value<'a>(buf: &'a [u8], head_len: usize, name: &str) -> Option<&'a str> {
+    let head = buf.get(..head_len)?;
+    let mut lines = head.split(|b| *b == b'\n').skip(1);
+    lines.find_map(|line| {
+        let colon = memchr(b':', line)?;
+        let (n, rest) = line.split_at(colon);
+        if !n.eq_ignore_ascii_case(name.as_bytes()) {
+            return None;
+        }
+        let value = rest[1..].strip_suffix(b"\r").unwrap_or(&rest[1..]);
+        std::str::from_utf8(value.trim_ascii()).ok()
+    })
 }
 
 /// Request headers whose meaning the fast path leaves to hyper: other framings, upgrades,

@@ -18,6 +18,10 @@
 //! not yet served, to hyper ([`super::serve`]) for the rest of its life. So every refusal,
 //! limit and timeout keeps the one behaviour the general path gives it.
 //!
+//! On a connection routed by xDS, each request takes the general path's route decision and,
+//! per attempt, the upstream layer's endpoint ([`super::routed`]): one decision and one
+//! upstream layer for both paths; a route that edits heads goes to hyper, as above.
+//!
 //! What a request gets is the general path's: `x-request-id`, `x-forwarded-proto` (`https`
 //! over mesh TLS, with the client sidecar's `x-forwarded-client-cert`), Istio's retries and
 //! `x-envoy-attempt-count` outbound, `http.request_timeout`, Envoy's local
@@ -32,12 +36,14 @@ pub mod head;
 use super::access_log::RequestLog;
 use super::body::RequestEnd;
 use super::errors::{ErrorKind, Flags};
+use super::originate::MeshConn;
 use super::pool::Pooled;
+use super::routed::{self, Answer, Routed};
 use super::ConnContext;
 use crate::connect::Upstream;
 use crate::Direction;
 use bytes::{Buf, BytesMut};
-use exchange::{exchange, retries, Failed, Request};
+use exchange::{exchange, retries, Failed, Request, RoutedRequest};
 use std::borrow::Cow;
 use std::future::Future;
 use std::io;
@@ -97,6 +103,8 @@ const READ_SIZE: usize = buffers::SIZE;
 #[derive(Debug, Default)]
 pub struct Shared {
     pub pool: Arc<super::pool::Pool<Upstream>>,
+    /// Idle mesh connections to endpoints routed by xDS, by endpoint and TLS parameters.
+    pub mesh: Arc<super::pool::Pool<MeshConn>>,
     pub buffers: buffers::Buffers,
 }
 
@@ -120,6 +128,18 @@ impl Pooled for Upstream {
     fn is_closed(&self) -> bool {
         let mut probe = [0u8; 1];
         !matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    fn share(&mut self) -> Option<Self> {
+        None
+    }
+}
+
+/// An idle mesh connection to an xDS endpoint is closed as a mesh destination's is
+/// ([`super::originate`]).
+impl Pooled for MeshConn {
+    fn is_closed(&self) -> bool {
+        super::originate::closed_while_idle(&self.0)
     }
 
     fn share(&mut self) -> Option<Self> {
@@ -230,7 +250,9 @@ fn limits_for(ctx: &ConnContext, mesh: Option<&MeshHeaders>) -> head::Limits {
         max_headers: http.max_headers,
         drop_client_cert: ctx.direction == Direction::Inbound && mesh.is_none(),
         mesh_tls: mesh.is_some(),
-        drop_attempt_count: retries(ctx) > 0,
+        // Routed by xDS, a route's retries add the count (a route without them hands a
+        // client's own count to hyper: see `route`).
+        drop_attempt_count: retries(ctx) > 0 || ctx.xds_routes.is_some(),
     }
 }
 
@@ -269,6 +291,10 @@ struct Prepared {
     is_head: bool,
     idempotent: bool,
     end: RequestEnd,
+    /// Routed by xDS: where the route sends it (boxed: most connections are not routed).
+    routed: Option<Box<RoutedRequest>>,
+    /// Routed by xDS: answered here instead (no route: 404 `NR`).
+    local: Option<ErrorKind>,
 }
 
 /// Judge the request at the start of `buf` and prepare it; `None` if hyper should serve it.
@@ -289,7 +315,21 @@ fn prepare(
     if ctx.direction == Direction::Inbound && !inbound_as_is(ctx, head.target) {
         return None;
     }
+    let (routed, local) = match &ctx.xds_routes {
+        None => (None, None),
+        Some(routes) => match route(ctx, routes, buf, &head)? {
+            Ok(routed) => {
+                let key = ctx.key;
+                (Some(Box::new(RoutedRequest { routed, key })), None)
+            }
+            Err(kind) => (None, Some(kind)),
+        },
+    };
+    ctx.proxy.metrics.http1_fast_path.inc();
     let mut end = RequestEnd::new(Arc::clone(ctx), None, false, started);
+    if let Some(r) = &routed {
+        end.routed = Some(r.routed.end());
+    }
     // The client's sidecar describes itself in every request: decoded once per connection.
     if let Some(value) = head.peer_metadata {
         ctx.learn_client_value(value);
@@ -341,7 +381,51 @@ fn prepare(
         is_head: head.is_head(),
         idempotent: head.idempotent(),
         end,
+        routed,
+        local,
     })
+}
+
+/// The route decision ([`routed::decide_request`], hyper's path's own) for a request on a
+/// connection routed by xDS: its cluster, or the error it is answered with; `None` when
+/// hyper should serve it: the route edits headers or the path (this path forwards heads as
+/// received), answers with a direct response or a redirect, its cluster's upstream is not
+/// plain pooled HTTP/1.1 ([`routed::Decided::fits_fast_path`]), or the client sent its own
+/// `x-envoy-attempt-count` that hyper's path would keep (the virtual host asks for none) or its
+/// own `x-envoy-expected-rq-timeout-ms` beside the route's deadline.
+fn route(
+    ctx: &ConnContext,
+    routes: &remora_xds::model::listener::RouteSource,
+    buf: &[u8],
+    head: &head::RequestHead<'_>,
+) -> Option<Result<Routed, ErrorKind>> {
+    let host = std::str::from_utf8(head.host?).ok()?;
+    let method = std::str::from_utf8(head.method).ok()?;
+    let header = |name: &str| match name {
+        ":authority" => Some(host),
+        ":method" => Some(method),
+        ":path" => Some(head.target),
+        _ => head::header_value(buf, head.len, name),
+    };
+    let req = remora_xds::model::route::RequestParts {
+        method,
+        path_and_query: head.target,
+        header: &header,
+    };
+    match routed::decide_request(ctx, routes, host, &req, None) {
+        Ok(decided) if decided.fits_fast_path() => {
+            let routed = decided.routed;
+            // The head loses a client's own count (hyper's path keeps it when the virtual
+            // host asks for none), and a client's own deadline header would go beside the
+            // route's.
+            let own_count = head.attempt_count && !routed.attempt_count;
+            let own_deadline = routed.timeout.is_some_and(|t| !t.is_zero())
+                && head::header_value(buf, head.len, "x-envoy-expected-rq-timeout-ms").is_some();
+            (!own_count && !own_deadline).then_some(Ok(routed))
+        }
+        Ok(_) | Err(Answer::Local { .. } | Answer::Handover) => None,
+        Err(Answer::Error(kind)) => Some(Err(kind)),
+    }
 }
 
 /// Serve one prepared request (`bytes` are its head and body as received); whether the
@@ -359,6 +443,11 @@ fn request<'a, C: Client>(
     async move {
         // The request's parts are used where they are: moved out into locals, they would take
         // room in the request's state beside the argument's own.
+        // Routed by xDS, the route's timeout (none when unset), else the config file's.
+        let timeout = match &p.routed {
+            Some(r) => r.routed.timeout.unwrap_or_default(),
+            None => ctx.config.http.request_timeout,
+        };
         let request = Request {
             head: std::mem::take(&mut p.upstream_head),
             body: &bytes[p.head_len..],
@@ -366,9 +455,12 @@ fn request<'a, C: Client>(
             idempotent: p.idempotent,
             close: p.close,
             described: p.described,
+            routed: p.routed.as_deref_mut(),
         };
         let end = &mut p.end;
-        let outcome = match ctx.config.http.request_timeout {
+        let outcome = match timeout {
+            // Routed by xDS to nowhere: answered here, as the failures below are.
+            _ if p.local.is_some() => Err(Failed::Local(p.local.unwrap_or(ErrorKind::NoRoute))),
             t if t.is_zero() => exchange(ctx, client, request, end, early).await,
             // Boxed: the timer would add to every request's state, and Istio sets no timeout.
             t => match Box::pin(tokio::time::timeout(
@@ -397,7 +489,9 @@ fn request<'a, C: Client>(
 /// Whether an inbound request goes upstream as it came: no authorization policy to apply and a
 /// path already in normal form. Otherwise hyper's path normalises and decides it.
 fn inbound_as_is(ctx: &ConnContext, target: &str) -> bool {
-    if ctx.proxy.authz.is_active() {
+    // Inbound by xDS, the chain's RBAC filters and its drain check are hyper's path's
+    // (`http::authorize`).
+    if ctx.proxy.authz.is_active() || ctx.xds_inbound.is_some() {
         return false;
     }
     let mode = ctx.config.authorization.path_normalization;
@@ -437,7 +531,11 @@ async fn local_reply<C: Client>(
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    out.extend_from_slice(b"\r\ncontent-type: text/plain\r\ncontent-length: ");
+    // As Envoy's local replies: a content type only with a body (`NR`, `NC` have none).
+    if !kind.body().is_empty() {
+        out.extend_from_slice(b"\r\ncontent-type: text/plain");
+    }
+    out.extend_from_slice(b"\r\ncontent-length: ");
     out.extend_from_slice(itoa_u32(details.len() as u32, &mut [0u8; 10]).as_bytes());
     // As the general path's (hyper's) and Envoy's local replies do: caches and clients date a
     // response by it.

@@ -1,5 +1,6 @@
 use super::*;
 use remora_xds::model::header_format::HeaderFormat;
+use remora_xds::model::route::HeaderEdit;
 
 fn test_request(parts: &Parts) -> header_format::Request<'_> {
     header_format::Request {

@@ -267,3 +267,23 @@ fn a_mesh_servers_metadata_headers_are_read_and_not_passed_on() {
     assert_eq!(head.peer_metadata, None);
     assert!(out.contains("X-Envoy-Peer-Metadata: Cg0K\r\n"), "{out}");
 }
+
+/// The route decision's header matchers read a header's first value from the raw head, by a
+/// name in any case, its spaces trimmed; absent headers and the request line are not found.
+#[test]
+fn a_headers_value_is_found_in_the_raw_head_for_route_matching() {
+    let buf = b"GET /p HTTP/1.1\r\nHost: svc\r\nEnd-User:  jason \r\nend-user: other\r\n\r\nbody";
+    let len = buf.len() - 4;
+    assert_eq!(header_value(buf, len, "end-user"), Some("jason"));
+    assert_eq!(header_value(buf, len, "host"), Some("svc"));
+    assert_eq!(header_value(buf, len, "x-missing"), None);
+    assert_eq!(header_value(buf, len, "get /p http/1.1"), None);
+    // The body is not part of the head.
+    assert_eq!(
+        header_value(b"GET / HTTP/1.1\r\n\r\nx: 1\r\n", 18, "x"),
+        None
+    );
+    // A client's own attempt count is noted whether or not it is dropped.
+    let req = b"GET / HTTP/1.1\r\nhost: a\r\nx-envoy-attempt-count: 3\r\n\r\n";
+    assert!(parse_request(req, &LIMITS).is_some_and(|h| h.attempt_count));
+}
