@@ -70,6 +70,7 @@ pub fn connection_manager(m: &hcm::HttpConnectionManager, path: &str) -> Result<
             ))
         }
     };
+    super::hcm_fixed::check(m, path)?;
     let codec = match CodecType::try_from(m.codec_type) {
         Ok(CodecType::Auto) => Codec::Auto,
         Ok(CodecType::Http1) => Codec::Http1,
