@@ -125,3 +125,28 @@ fn http2_stream_limit_and_extended_connect_are_refused() {
         "hcm.http2_protocol_options.allow_connect"
     );
 }
+
+#[test]
+fn a_codec_other_than_auto_is_refused() {
+    let convert = |codec: &str| {
+        let mut m = hcm_with(json!({"codec_type": codec}));
+        m.route_specifier = Some(hcm::http_connection_manager::RouteSpecifier::RouteConfig(
+            Default::default(),
+        ));
+        m.http_filters = vec![crate::json::from_json_typed(
+            &json!({"name": "envoy.filters.http.router", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}),
+            "envoy.extensions.filters.network.http_connection_manager.v3.HttpFilter",
+        )
+        .expect("reads")];
+        super::super::http::connection_manager(&m, "hcm")
+    };
+    assert!(convert("AUTO").is_ok());
+    for codec in ["HTTP1", "HTTP2"] {
+        assert_eq!(
+            convert(codec).expect_err("refused").path,
+            "hcm.codec_type",
+            "{codec}"
+        );
+    }
+}
