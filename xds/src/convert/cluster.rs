@@ -279,11 +279,18 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
 /// An upstream `http2_protocol_options.max_concurrent_streams`. Remora shares one HTTP/2
 /// connection per endpoint and opens no second one when a limit of its own is reached (the
 /// server's SETTINGS still bound the streams), so a limit below Envoy's default of 2^31-1
-/// (DestinationRule `maxConcurrentStreams`) is refused rather than not enforced.
+/// (DestinationRule `maxConcurrentStreams`) is refused rather than not enforced. Remora
+/// never carries an upgrade inside HTTP/2 extended CONNECT, so `allow_connect` is refused too.
 fn h2_streams(
     h2: &envoy_types::pb::envoy::config::core::v3::Http2ProtocolOptions,
     at: &str,
 ) -> Result<Option<u32>, Fault> {
+    if h2.allow_connect {
+        return Err(Fault::new(
+            format!("{at}.allow_connect"),
+            "not supported: Remora never sends HTTP/2 extended CONNECT upstream",
+        ));
+    }
     match h2.max_concurrent_streams.as_ref().map(|v| v.value) {
         None => Ok(None),
         Some(n) if n >= ENVOY_MAX_CONCURRENT_STREAMS => Ok(Some(n)),
@@ -708,6 +715,15 @@ mod tests {
         assert!(
             err.contains("http2_protocol_options.max_concurrent_streams")
                 && err.contains("limit on streams per upstream connection"),
+            "{err}"
+        );
+        let err = convert(json!({"name": "c", "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {"allow_connect": true}}}}}))
+        .expect_err("refused");
+        assert!(
+            err.contains("http2_protocol_options.allow_connect"),
             "{err}"
         );
     }

@@ -70,16 +70,14 @@ pub fn connection_manager(m: &hcm::HttpConnectionManager, path: &str) -> Result<
             ))
         }
     };
+    super::hcm_fixed::check(m, path)?;
+    // Remora always reads the HTTP version from the client's bytes (Envoy's AUTO).
     let codec = match CodecType::try_from(m.codec_type) {
         Ok(CodecType::Auto) => Codec::Auto,
-        Ok(CodecType::Http1) => Codec::Http1,
-        Ok(CodecType::Http2) => Codec::Http2,
-        _ => {
-            return Err(Fault::new(
-                format!("{path}.codec_type"),
-                "codec not supported",
-            ))
-        }
+        _ => return Err(Fault::new(
+            format!("{path}.codec_type"),
+            "only AUTO is supported: Remora always reads the HTTP version from the client's bytes",
+        )),
     };
     let forward_client_cert = match F::try_from(m.forward_client_cert_details) {
         Ok(F::Sanitize) => ForwardClientCert::Sanitize,

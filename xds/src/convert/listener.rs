@@ -49,6 +49,18 @@ pub fn listener(l: &pb::Listener) -> Result<Listener, Fault> {
         Ok(TrafficDirection::Outbound) => Direction::Outbound,
         Err(_) => return Err(Fault::new("traffic_direction", "unknown direction")),
     };
+    // Remora's protocol detection waits its own `detection.timeout` and then goes on as TCP;
+    // istiod's `0s` (no bound of the listener's own) is what that replaces. Unset (Envoy's 15s)
+    // stays accepted for hand-written resources, a documented difference.
+    if l.listener_filters_timeout
+        .as_ref()
+        .is_some_and(|d| d.seconds != 0 || d.nanos != 0)
+    {
+        return Err(Fault::new(
+            "listener_filters_timeout",
+            "only 0s is supported: Remora always waits its detection.timeout, then goes on as TCP",
+        ));
+    }
     let mut listener_filters = ListenerFilters {
         timeout: timeout(
             l.listener_filters_timeout.as_ref(),
@@ -417,6 +429,35 @@ mod tests {
         );
         let err = refusal(listener(json!([])));
         assert!(err.contains("a filter chain without filters"), "{err}");
+    }
+
+    #[test]
+    fn a_listener_filters_timeout_other_than_zero_is_refused() {
+        let with = |timeout: serde_json::Value| {
+            let mut l = json!({
+                "name": "virtualOutbound",
+                "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15001}},
+                "continue_on_listener_filters_timeout": true
+            });
+            if !timeout.is_null() {
+                l["listener_filters_timeout"] = timeout;
+            }
+            let l: super::pb::Listener =
+                crate::json::from_json_typed(&l, "envoy.config.listener.v3.Listener")
+                    .expect("reads");
+            super::listener(&l)
+        };
+        let err = with(json!("15s")).expect_err("refused");
+        assert_eq!(err.path, "listener_filters_timeout");
+        assert!(err.reason.contains("detection.timeout"), "{}", err.reason);
+        assert_eq!(
+            with(json!("0s"))
+                .expect("istiod's")
+                .listener_filters
+                .timeout,
+            None
+        );
+        assert!(with(serde_json::Value::Null).is_ok());
     }
 
     #[test]

@@ -24,6 +24,7 @@ mod cluster;
 mod common;
 mod endpoint;
 pub mod fields;
+mod hcm_fixed;
 pub mod header_format;
 mod http;
 mod listener;
