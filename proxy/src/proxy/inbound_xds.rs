@@ -22,7 +22,7 @@ use crate::tls::{HandshakeFailure, Peer, ALPN_PEER_EXCHANGE};
 use crate::upstream::dial::{self, Connected};
 use crate::upstream::UpstreamError;
 use remora_xds::model::cluster::SanType;
-use remora_xds::model::listener::{ConnectionFacts, DownstreamTls, NetworkFilter};
+use remora_xds::model::listener::{DownstreamTls, NetworkFilter};
 use remora_xds::snapshot::Snapshot;
 
 /// What the inbound chain serves, once mesh TLS (if any) is terminated.
@@ -60,39 +60,19 @@ impl Proxy {
             .http_inspector
             .as_ref()
             .is_some_and(|s| s.applies_to(port));
-        // Nothing is dialled while detecting: where to is not known until the chain is.
-        let (prefix, http) = if super::xds::inspects(listener) {
-            let wait = detect_wait(config, true);
-            match self.detect(&mut downstream, hop, false, wait, None).await {
-                Detected::Http(version, prefix, _) => (prefix, Some(version)),
-                Detected::Tcp(prefix, _) | Detected::Tls(prefix, _) => (prefix, None),
-                Detected::ClientFailed => {
-                    return refused(Some(hop.destination), End::DownstreamReset)
-                }
-            }
-        } else {
-            (BytesMut::new(), None)
+        let inspect = super::xds::inspects(listener);
+        let Ok((prefix, http)) = self
+            .first_bytes(config, &mut downstream, hop, inspect)
+            .await
+        else {
+            return refused(Some(hop.destination), End::DownstreamReset);
         };
         let hello = match client_hello::parse(&prefix) {
             Parsed::Complete(hello) if tls_inspected => Some(hello),
             _ => None,
         };
-        let alpn: Vec<&str> = match (&hello, http) {
-            (Some(h), _) => h
-                .alpn
-                .iter()
-                .filter_map(|p| std::str::from_utf8(p).ok())
-                .collect(),
-            (None, Some(HttpVersion::Http1)) if http_inspected => vec!["http/1.1"],
-            (None, Some(HttpVersion::Http2)) if http_inspected => vec!["h2c"],
-            (None, _) => vec![],
-        };
-        let facts = ConnectionFacts {
-            destination: hop.destination,
-            server_name: hello.as_ref().and_then(|h| h.server_name.as_deref()),
-            transport_protocol: if hello.is_some() { "tls" } else { "raw_buffer" },
-            application_protocols: &alpn,
-        };
+        let alpn = super::xds::application_protocols(hello.as_ref(), http, http_inspected);
+        let facts = super::xds::connection_facts(hop.destination, hello.as_ref(), &alpn);
         let decided = route::inbound(&snapshot, &facts, fastrand::u64(..));
         let Some(inbound) = decided.filter(|i| !matches!(i.decision, ChainDecision::NoChain))
         else {

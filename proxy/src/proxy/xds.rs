@@ -7,7 +7,7 @@
 
 use super::*;
 use crate::route::{self, ChainDecision};
-use crate::tls::client_hello::{self, Parsed};
+use crate::tls::client_hello::{self, ClientHello, Parsed};
 use crate::upstream::dial::{self, Connected};
 use crate::upstream::UpstreamError;
 use remora_xds::model::listener::{ConnectionFacts, Listener};
@@ -25,39 +25,18 @@ impl Proxy {
         let inspect = snapshot
             .outbound_listener(hop.destination)
             .is_some_and(|l| inspects(l));
-        // Nothing is dialled while detecting: where to is not known until the chain is.
-        let (prefix, http) = if inspect {
-            let wait = detect_wait(config, true);
-            match self.detect(&mut downstream, hop, false, wait, None).await {
-                Detected::Http(version, prefix, _) => (prefix, Some(version)),
-                Detected::Tcp(prefix, _) | Detected::Tls(prefix, _) => (prefix, None),
-                Detected::ClientFailed => {
-                    return refused(Some(hop.destination), End::DownstreamReset)
-                }
-            }
-        } else {
-            (BytesMut::new(), None)
+        let Ok((prefix, http)) = self
+            .first_bytes(config, &mut downstream, hop, inspect)
+            .await
+        else {
+            return refused(Some(hop.destination), End::DownstreamReset);
         };
         let hello = match client_hello::parse(&prefix) {
             Parsed::Complete(hello) => Some(hello),
             Parsed::Incomplete | Parsed::Invalid => None,
         };
-        let alpn: Vec<&str> = match (&hello, http) {
-            (Some(h), _) => h
-                .alpn
-                .iter()
-                .filter_map(|p| std::str::from_utf8(p).ok())
-                .collect(),
-            (None, Some(HttpVersion::Http1)) => vec!["http/1.1"],
-            (None, Some(HttpVersion::Http2)) => vec!["h2c"],
-            (None, None) => vec![],
-        };
-        let facts = ConnectionFacts {
-            destination: hop.destination,
-            server_name: hello.as_ref().and_then(|h| h.server_name.as_deref()),
-            transport_protocol: if hello.is_some() { "tls" } else { "raw_buffer" },
-            application_protocols: &alpn,
-        };
+        let alpn = application_protocols(hello.as_ref(), http, true);
+        let facts = connection_facts(hop.destination, hello.as_ref(), &alpn);
         let (cluster, idle) = match route::outbound(&snapshot, &facts, fastrand::u64(..)) {
             ChainDecision::NoChain => {
                 tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no xDS listener or filter chain");
@@ -191,6 +170,63 @@ pub(super) fn tcp_idle(
 /// Whether a listener's chains look at what detection reads (TLS or not, ALPN, SNI): if none
 /// does, the connection is decided by its destination alone, at once, as Envoy does without
 /// inspector filters, and a server that speaks first is not kept waiting.
+impl Proxy {
+    /// The connection's first bytes, read by detection when the listener's chains look at
+    /// them (`inspect`), as Envoy's TLS and HTTP inspectors read them; `Err` when the client
+    /// went away meanwhile. Nothing is dialled while detecting: where to is not known until
+    /// the chain is.
+    pub(super) async fn first_bytes(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        downstream: &mut TcpStream,
+        hop: Hop,
+        inspect: bool,
+    ) -> Result<(BytesMut, Option<HttpVersion>), ()> {
+        if !inspect {
+            return Ok((BytesMut::new(), None));
+        }
+        let wait = detect_wait(config, true);
+        match self.detect(downstream, hop, false, wait, None).await {
+            Detected::Http(version, prefix, _) => Ok((prefix, Some(version))),
+            Detected::Tcp(prefix, _) | Detected::Tls(prefix, _) => Ok((prefix, None)),
+            Detected::ClientFailed => Err(()),
+        }
+    }
+}
+
+/// The application protocols a filter chain match sees: the ClientHello's ALPN, else what the
+/// HTTP inspector reports of plaintext HTTP (when it runs for this connection).
+pub(super) fn application_protocols(
+    hello: Option<&ClientHello>,
+    http: Option<HttpVersion>,
+    http_inspected: bool,
+) -> Vec<&str> {
+    match (hello, http) {
+        (Some(h), _) => h
+            .alpn
+            .iter()
+            .filter_map(|p| std::str::from_utf8(p).ok())
+            .collect(),
+        (None, Some(HttpVersion::Http1)) if http_inspected => vec!["http/1.1"],
+        (None, Some(HttpVersion::Http2)) if http_inspected => vec!["h2c"],
+        (None, _) => vec![],
+    }
+}
+
+/// What a filter chain is matched on, from the destination and what the inspectors saw.
+pub(super) fn connection_facts<'a>(
+    destination: std::net::SocketAddr,
+    hello: Option<&'a ClientHello>,
+    alpn: &'a [&'a str],
+) -> ConnectionFacts<'a> {
+    ConnectionFacts {
+        destination,
+        server_name: hello.and_then(|h| h.server_name.as_deref()),
+        transport_protocol: if hello.is_some() { "tls" } else { "raw_buffer" },
+        application_protocols: alpn,
+    }
+}
+
 pub(super) fn inspects(listener: &Listener) -> bool {
     listener.all_chains().any(|c| {
         let m = &c.matcher;
