@@ -1,0 +1,154 @@
+use crate::convert::from_json;
+use crate::model::matcher::HeaderMatch;
+use crate::model::route::{Action, ClusterTarget, PathMatch, RouteConfiguration};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+type RouteProto = envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+
+fn convert(routes: Value) -> Result<RouteConfiguration, String> {
+    let v = json!({"name": "9080", "virtual_hosts": [{"name": "vh", "domains": ["*"], "routes": routes}]});
+    from_json::<RouteProto>(&v)
+        .map(|c| c.model)
+        .map_err(|r| r.to_string())
+}
+
+/// istiod bounds direct responses at 1 MiB on every table; Envoy's default is 4 KiB. A
+/// body over the bound refuses the table, as Envoy does.
+#[test]
+fn direct_response_bodies_are_bounded_as_envoy_bounds_them() {
+    let table = |max: Option<u64>, body: usize| {
+        let mut v = json!({"name": "9080", "virtual_hosts": [{"name": "vh", "domains": ["*"], "routes": [
+            {"match": {"prefix": "/"}, "direct_response": {"status": 200, "body": {"inline_string": "x".repeat(body)}}}]}]});
+        if let Some(max) = max {
+            v["max_direct_response_body_size_bytes"] = json!(max);
+        }
+        from_json::<RouteProto>(&v)
+            .map(|c| c.model)
+            .map_err(|r| r.to_string())
+    };
+    assert!(table(Some(1_048_576), 10_000).is_ok());
+    assert!(table(None, 4096).is_ok());
+    let err = table(None, 4097).expect_err("over Envoy's default");
+    assert!(
+        err.contains("over max_direct_response_body_size_bytes (4096)"),
+        "{err}"
+    );
+    let err = table(Some(10), 11).expect_err("over the table's bound");
+    assert!(
+        err.contains("virtual_hosts[0].routes[0].direct_response.body"),
+        "{err}"
+    );
+}
+
+#[test]
+fn timeouts_weights_headers_and_redirects() {
+    let rc = convert(json!([
+        {"match": {"prefix": "/", "headers": [{"name": "end-user", "string_match": {"exact": "jason"}}]},
+         "route": {"weighted_clusters": {"clusters": [{"name": "v1", "weight": 90}, {"name": "v2", "weight": 10}]}}},
+        {"match": {"safe_regex": {"regex": "/api/v[0-9]+/.*"}}, "route": {"cluster": "api", "timeout": "2.5s"}},
+        {"match": {"path": "/old"}, "redirect": {"path_redirect": "/new", "response_code": "PERMANENT_REDIRECT"}},
+        {"match": {"prefix": "/x"}, "direct_response": {"status": 503, "body": {"inline_string": "no"}}}
+    ]))
+    .expect("accepted");
+    let routes = &rc.virtual_hosts[0].routes;
+    let Action::Forward(f) = &routes[0].action else {
+        panic!()
+    };
+    assert_eq!(
+        f.timeout,
+        Some(Duration::from_secs(15)),
+        "unset is Envoy's 15 s"
+    );
+    let ClusterTarget::Weighted(w) = &f.target else {
+        panic!()
+    };
+    assert_eq!((w[0].weight, w[1].name.as_str()), (90, "v2"));
+    assert!(matches!(
+        &routes[0].matcher.headers[0].kind,
+        HeaderMatch::Value(_)
+    ));
+    assert!(matches!(&routes[1].matcher.path, PathMatch::Regex(p) if p.is_match("/api/v2/users")));
+    let Action::Forward(f) = &routes[1].action else {
+        panic!()
+    };
+    assert_eq!(f.timeout, Some(Duration::from_millis(2500)));
+    let Action::Redirect(r) = &routes[2].action else {
+        panic!()
+    };
+    assert_eq!((r.status, r.path.as_deref()), (308, Some("/new")));
+    assert!(
+        matches!(&routes[3].action, Action::DirectResponse { status: 503, body: Some(b) } if b == "no")
+    );
+}
+
+#[test]
+fn what_remora_cannot_honour_is_refused() {
+    let cases = [
+        (
+            json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {"retry_on": "5xx,bogus"}}}]),
+            "unknown retry condition \"bogus\"",
+        ),
+        (
+            json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {"retry_on": "5xx", "num_retries": 2}}}]),
+            "retry conditions other than Istio's default",
+        ),
+        (
+            json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {
+            "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+            "num_retries": 2, "per_try_timeout": "1s"}}}]),
+            "a per-try timeout not supported yet",
+        ),
+        (
+            json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {
+            "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+            "num_retries": 2, "retriable_status_codes": [502]}}}]),
+            "retriable status codes other than 503 not supported yet",
+        ),
+        (
+            json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {
+            "retry_host_predicate": [{"name": "envoy.retry_host_predicates.omit_canary_hosts"}]}}}]),
+            "omit_canary_hosts",
+        ),
+        (
+            json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "request_mirror_policies": [{"cluster": "m"}]}}]),
+            "request_mirror_policies: field not supported",
+        ),
+        (
+            json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "hash_policy": [{"header": {"header_name": "x"}}]}}]),
+            "hash_policy: field not supported",
+        ),
+        (
+            json!([{"match": {"prefix": "/"}, "route": {"weighted_clusters": {"total_weight": 100,
+                "clusters": [{"name": "a", "weight": 50}, {"name": "b", "weight": 40}]}}}]),
+            "total_weight 100 is not the sum of the weights (90)",
+        ),
+        (
+            json!([{"match": {"prefix": "/"}, "route": {"weighted_clusters": {
+                "clusters": [{"name": "a", "weight": 0}, {"name": "b"}]}}}]),
+            "weighted_clusters: the sum of the weights must be greater than 0",
+        ),
+        (
+            json!([{"match": {"prefix": "/"}, "direct_response": {"status": 99}}]),
+            "direct_response.status: status 99 is not in [200, 600)",
+        ),
+        (
+            json!([{"match": {"prefix": "/"}, "route": {"cluster_header": "x-cluster"}}]),
+            "cluster_header: field not supported",
+        ),
+        (
+            json!([{"match": {"prefix": "/"}, "route": {"cluster": "c"}, "typed_per_filter_config": {
+            "envoy.filters.http.fault": {"@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+            "abort": {"http_status": 503, "percentage": {"numerator": 100}}}}}]),
+            "typed_per_filter_config: field not supported",
+        ),
+    ];
+    for (routes, want) in cases {
+        let err = convert(routes).expect_err(want);
+        assert!(err.contains(want), "{err} (want {want})");
+        assert!(
+            err.starts_with("route 9080: virtual_hosts[0].routes[0]"),
+            "{err}"
+        );
+    }
+}
