@@ -234,7 +234,11 @@ impl Snapshot {
     /// its own `load_assignment`. ORIGINAL_DST clusters have none (the destination is the
     /// endpoint).
     pub fn endpoints(&self, cluster: &str) -> Option<&ClusterLoadAssignment> {
-        let c = self.cluster(cluster)?;
+        self.endpoints_of(self.cluster(cluster)?)
+    }
+
+    /// [`Snapshot::endpoints`] of a cluster already found.
+    pub fn endpoints_of<'a>(&'a self, c: &'a Cluster) -> Option<&'a ClusterLoadAssignment> {
         match c.eds_service_name() {
             Some(service) => self.endpoints.get(service).map(|e| e.model.as_ref()),
             None => c.load_assignment.as_ref(),

@@ -213,7 +213,8 @@ impl Body for ResponseBody {
 pub struct RequestEnd {
     pub conn: Arc<ConnContext>,
     pub pooled: Option<(Key, Sender)>,
-    /// xDS only (boxed: every request's state carries this field).
+    /// xDS only (boxed: every request's state carries this field, and the fast path's must
+    /// stay within the allocator's per-thread cache).
     pub routed: Option<Box<RoutedEnd>>,
     pub log: Option<Box<RequestLog>>,
     pub flags: Flags,

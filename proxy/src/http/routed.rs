@@ -20,6 +20,7 @@ use edits::{edits, edits_none, local_edits};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response};
+use remora_xds::model::cluster::Cluster;
 use remora_xds::model::listener::RouteSource;
 use remora_xds::model::route::{Forward, RequestParts, RouteConfiguration};
 use std::net::SocketAddr;
@@ -52,9 +53,8 @@ static EXPECTED_TIMEOUT: HeaderName = HeaderName::from_static("x-envoy-expected-
 /// Where a routed request goes.
 #[derive(Debug)]
 pub struct Routed {
-    pub cluster: String,
-    /// The connection's original destination (PassthroughCluster's endpoint).
-    pub original_dst: SocketAddr,
+    /// The cluster, as the snapshot of the route decision holds it.
+    pub cluster: Arc<Cluster>,
     /// The route's timeout (`None`: no deadline).
     pub timeout: Option<Duration>,
     /// `max_stream_duration.grpc_timeout_header_max` (or `max_grpc_timeout`): a gRPC
@@ -76,9 +76,8 @@ pub struct Routed {
     /// The policy's `previous_hosts` predicate: how many times a retry's pick of an endpoint
     /// already tried is made again (`None`: no predicate, a retry may pick any).
     pub avoid_previous: Option<u32>,
-    /// The endpoints this request's attempts went to, for `avoid_previous` (a few at most:
-    /// one per attempt).
-    pub tried: std::sync::Mutex<Vec<SocketAddr>>,
+    /// The endpoints this request's attempts went to, for `avoid_previous` (one per attempt).
+    pub tried: std::sync::Mutex<Tried>,
     /// The route's, virtual host's and table's response header edits.
     pub response_edits: Edits,
     /// The destination as Istio's metrics label it, from the cluster's Istio metadata.
@@ -114,6 +113,38 @@ impl Routed {
         if let Some(t) = self.timeout.filter(|t| !t.is_zero()) {
             let left = u64::try_from(t.saturating_sub(elapsed).as_millis()).unwrap_or(u64::MAX);
             headers.insert(EXPECTED_TIMEOUT.clone(), HeaderValue::from(left));
+        }
+    }
+}
+
+/// The endpoints a request's attempts went to: the first held inline, so a request that is
+/// not retried (nearly all) records its endpoint without an allocation.
+#[derive(Debug, Clone, Default)]
+pub struct Tried {
+    first: Option<SocketAddr>,
+    /// Every endpoint, the first included, once there is a second.
+    all: Vec<SocketAddr>,
+}
+
+impl Tried {
+    /// Record one more attempt's endpoint.
+    pub fn push(&mut self, address: SocketAddr) {
+        match self.first {
+            None => self.first = Some(address),
+            Some(first) => {
+                if self.all.is_empty() {
+                    self.all.push(first);
+                }
+                self.all.push(address);
+            }
+        }
+    }
+
+    /// The endpoints, in the order they were tried.
+    pub fn as_slice(&self) -> &[SocketAddr] {
+        match (&self.first, self.all.is_empty()) {
+            (Some(first), true) => std::slice::from_ref(first),
+            _ => &self.all,
         }
     }
 }
@@ -261,18 +292,18 @@ pub fn decide_request(
         .prefix_rewrite
         .as_deref()
         .and_then(|to| rewrite::prefix(&route.matcher.path, req.path_and_query, to));
-    let model = snapshot.cluster(cluster);
-    // (No such cluster: either path answers `NC` when it selects.)
-    let plain_http1_upstream = model.is_none_or(|c| {
-        protocol::upstream_version(c.http_protocol, ctx.key.version, false)
+    // Envoy's router answers a route to a cluster it does not know `NC` before any upstream.
+    let Some(model) = snapshot.cluster(cluster) else {
+        return Err(Answer::Error(ErrorKind::NoCluster));
+    };
+    let plain_http1_upstream =
+        protocol::upstream_version(model.http_protocol, ctx.key.version, false)
             == crate::detect::HttpVersion::Http1
-            && c.max_requests_per_connection.is_none()
-            && pool_idle_timeout(c.http_idle_timeout, ctx.config.http.pool_idle_timeout)
-                == ctx.config.http.pool_idle_timeout
-    });
+            && model.max_requests_per_connection.is_none()
+            && pool_idle_timeout(model.http_idle_timeout, ctx.config.http.pool_idle_timeout)
+                == ctx.config.http.pool_idle_timeout;
     let routed = Routed {
-        cluster: cluster.to_string(),
-        original_dst: ctx.key.destination,
+        cluster: Arc::clone(model),
         timeout: forward.timeout,
         grpc_timeout_header_max: forward.grpc_timeout_header_max,
         max_stream_duration: forward.max_stream_duration.filter(|d| !d.is_zero()),
@@ -287,7 +318,7 @@ pub fn decide_request(
         tried: std::sync::Mutex::default(),
         attempt_count: vhost.include_request_attempt_count,
         response_edits,
-        metrics_peer: model.and_then(|c| ctx.proxy.upstreams.service_peer(c)),
+        metrics_peer: ctx.proxy.upstreams.service_peer(model),
     };
     Ok(Decided {
         routed,
@@ -416,7 +447,7 @@ pub(super) fn select(
     let Some(store) = &ctx.proxy.xds else {
         return Err(ProxyError::new(
             ErrorKind::NoRoute,
-            routed.original_dst,
+            ctx.key.destination,
             "no xDS",
         ));
     };
@@ -427,15 +458,13 @@ pub(super) fn select(
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let avoid = Avoid {
-            hosts: &tried,
+            hosts: tried.as_slice(),
             attempts: routed.avoid_previous.unwrap_or(0),
         };
-        let selected = ctx.proxy.upstreams.select_avoiding(
-            &snapshot,
-            &routed.cluster,
-            routed.original_dst,
-            avoid,
-        );
+        let selected =
+            ctx.proxy
+                .upstreams
+                .select_in(&snapshot, &routed.cluster, ctx.key.destination, avoid);
         if let Ok(s) = &selected {
             tried.push(s.address);
         }
@@ -448,7 +477,7 @@ pub(super) fn select(
                 ErrorKind::NoHealthyUpstream
             }
         };
-        ProxyError::new(kind, routed.original_dst, e)
+        ProxyError::new(kind, ctx.key.destination, e)
     })?;
     let version =
         protocol::upstream_version(selected.cluster.http_protocol, ctx.key.version, upgrade);

@@ -127,6 +127,19 @@ impl Upstreams {
         let c = snapshot
             .cluster(cluster)
             .ok_or_else(|| UpstreamError::NoCluster(cluster.to_string()))?;
+        self.select_in(snapshot, c, original_dst, avoid)
+    }
+
+    /// [`Upstreams::select_avoiding`] of a cluster already found (a request's route decision
+    /// holds its cluster, so each attempt need not look it up by name again).
+    pub fn select_in(
+        self: &Arc<Self>,
+        snapshot: &Snapshot,
+        c: &Arc<Cluster>,
+        original_dst: SocketAddr,
+        avoid: Avoid<'_>,
+    ) -> Result<Selected, UpstreamError> {
+        let cluster = c.name.as_str();
         // Outlives the match: a DNS cluster's endpoint is borrowed from it.
         let dns_hosts;
         let (address, tls_mode) = match &c.discovery {
@@ -135,7 +148,7 @@ impl Upstreams {
                 (SocketAddr::new(original_dst.ip(), port), None)
             }
             Discovery::Eds { .. } | Discovery::Static => {
-                let cla = snapshot.endpoints(cluster);
+                let cla = snapshot.endpoints_of(c);
                 let mut endpoint = cla.and_then(|cla| self.pick(c, cla));
                 for _ in 0..avoid.attempts.min(MAX_HOST_SELECTION_ATTEMPTS) {
                     match endpoint {

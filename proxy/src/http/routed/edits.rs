@@ -102,8 +102,14 @@ pub(super) fn local_edits(
 /// Header edits of a route, its virtual host and its table, in Envoy's default order (the
 /// most specific first, so the least specific's overwrite wins); removals before additions.
 /// Values are filled in when the edits are made: a response's edits read the request too.
+///
+/// Boxed, and absent when there are none (nearly always): a request's route decision is moved
+/// several times on its way, and carries two of these.
 #[derive(Debug, Default)]
-pub struct Edits {
+pub struct Edits(Option<Box<EditLists>>);
+
+#[derive(Debug, Default)]
+struct EditLists {
     remove: Vec<String>,
     add: Vec<(HeaderName, HeaderValue, bool)>,
 }
@@ -113,7 +119,7 @@ impl Edits {
         levels: impl IntoIterator<Item = (&'a [HeaderEdit], &'a [String])>,
         request: &header_format::Request<'_>,
     ) -> Edits {
-        let mut edits = Edits::default();
+        let mut edits = EditLists::default();
         for (add, remove) in levels {
             for edit in add {
                 let value = header_format::render(&edit.value, request);
@@ -134,20 +140,26 @@ impl Edits {
             }
             edits.remove.extend_from_slice(remove);
         }
-        edits
+        if edits.remove.is_empty() && edits.add.is_empty() {
+            return Edits::default();
+        }
+        Edits(Some(Box::new(edits)))
     }
 
     /// Whether there is nothing to apply.
     pub fn is_empty(&self) -> bool {
-        self.remove.is_empty() && self.add.is_empty()
+        self.0.is_none()
     }
 
     /// Apply to `headers`.
     pub fn apply(&self, headers: &mut HeaderMap) {
-        for name in &self.remove {
+        let Some(edits) = &self.0 else {
+            return;
+        };
+        for name in &edits.remove {
             headers.remove(name.as_str());
         }
-        for (name, value, append) in &self.add {
+        for (name, value, append) in &edits.add {
             if *append {
                 headers.append(name.clone(), value.clone());
             } else {

@@ -55,9 +55,12 @@ fn a_clusters_idle_timeout_bounds_its_pooled_connections() {
 #[test]
 fn grpc_timeout_header_max_and_max_stream_duration_bound_the_deadline() {
     let s = Duration::from_secs;
+    let snapshot = crate::route::tests::bookinfo().snapshot();
+    let cluster = snapshot
+        .cluster("outbound|9080||reviews.default.svc.cluster.local")
+        .expect("bookinfo's reviews");
     let routed = |timeout, header_max, stream| Routed {
-        cluster: "c".into(),
-        original_dst: "10.0.0.1:80".parse().expect("addr"),
+        cluster: Arc::clone(cluster),
         timeout,
         grpc_timeout_header_max: header_max,
         max_stream_duration: stream,
@@ -243,4 +246,16 @@ fn edits_remove_then_add_most_specific_first() {
         .map(|v| v.to_str().unwrap_or_default())
         .collect();
     assert_eq!(b, ["0", "1", "2"]);
+}
+
+#[test]
+fn tried_endpoints_are_kept_in_order_inline_then_spilled() {
+    let at = |last: u8| SocketAddr::from(([10, 0, 0, last], 80));
+    let mut tried = Tried::default();
+    assert!(tried.as_slice().is_empty());
+    tried.push(at(1));
+    assert_eq!(tried.as_slice(), [at(1)]);
+    tried.push(at(2));
+    tried.push(at(1));
+    assert_eq!(tried.as_slice(), [at(1), at(2), at(1)]);
 }
