@@ -231,7 +231,16 @@ pub fn http_filter(name: &str, u: &Unpacked, path: &str) -> Result<HttpFilter, F
                 emit_filter_state: g.emit_filter_state,
             }
         }
-        FAULT => HttpFilter::Fault,
+        FAULT => {
+            // The filter's own fault would apply to every route without one of its own.
+            if u.message.fields().next().is_some() {
+                return Err(Fault::new(
+                    path,
+                    "a fault of the filter's own (for every route) not supported: only per-route faults",
+                ));
+            }
+            HttpFilter::Fault
+        }
         CORS => HttpFilter::Cors,
         _ => {
             return Err(Fault::new(
