@@ -130,6 +130,13 @@ pub async fn handle(
             Err(answer) => return Ok(super::routed::reply(answer, grpc, end)),
         },
     };
+    // The route's fault, before the request goes on and before its timeout starts, as
+    // Envoy's fault filter runs before its router. Boxed: only routes with a fault pay for it.
+    if let Some(fault) = routed.as_ref().and_then(|r| r.fault.as_ref()) {
+        if let Some(abort) = Box::pin(super::fault::inject(fault, &mut end.flags)).await {
+            return Ok(super::fault::abort_reply(abort, grpc, end));
+        }
+    }
     let timeout = match &routed {
         Some(r) => r.deadline(grpc, headers::grpc_timeout(&parts.headers)),
         None => headers::grpc_timeout(&parts.headers)
@@ -276,14 +283,26 @@ async fn attempts(
                 .headers
                 .insert(ATTEMPT_COUNT.clone(), HeaderValue::from(1u32));
         }
-        return send(ctx, Request::from_parts(parts, body), routed).await;
+        let req = Request::from_parts(parts, body);
+        // Boxed: only routes with a per-try timeout pay for its timer.
+        return match per_try(routed) {
+            None => send(ctx, req, routed).await,
+            Some((t, r)) => Box::pin(tokio::time::timeout(t, send(ctx, req, routed)))
+                .await
+                .unwrap_or_else(|_| Err(per_try_expired(r))),
+        };
     }
     let replay =
         (!body.is_end_stream()).then(|| ReplayBody::new(body, http.retry_buffer_bytes, received));
     let started = Instant::now();
     let mut attempt: u32 = 1;
+    // The route's back-off, else Remora's.
+    let backoff = |attempt| match routed {
+        Some(r) => r.retry.backoff(attempt, http.retry_backoff),
+        None => retry::backoff(http.retry_backoff, attempt),
+    };
     if ctx.take_early_failure() {
-        tokio::time::sleep(retry::backoff(http.retry_backoff, attempt)).await;
+        tokio::time::sleep(backoff(attempt)).await;
         attempt += 1;
     }
     let mut resent_after_go_away: u32 = 0;
@@ -306,10 +325,20 @@ async fn attempts(
         if let Some(routed) = routed.filter(|_| attempt > 1) {
             routed.expect_remaining(req.headers_mut(), started.elapsed());
         }
-        let result = send(ctx, req, routed).await;
-        let retriable = match &result {
-            Ok(up) => retry::retry_on_response(&up.response, routed.is_none_or(|r| r.retry_503)),
-            Err(e) => e.kind.retryable(),
+        let result = match per_try(routed) {
+            None => send(ctx, req, routed).await,
+            Some((t, r)) => Box::pin(tokio::time::timeout(t, send(ctx, req, routed)))
+                .await
+                .unwrap_or_else(|_| Err(per_try_expired(r))),
+        };
+        // The route's retry policy, else Istio's default as Remora's own config says it.
+        let retriable = match (&result, routed) {
+            (Ok(up), Some(r)) => r
+                .retry
+                .on_status(up.response.status(), up.response.headers()),
+            (Err(e), Some(r)) => r.retry.on_error(e.kind),
+            (Ok(up), None) => retry::retry_on_response(&up.response, true),
+            (Err(e), None) => e.kind.retryable(),
         };
         if !retriable {
             return result;
@@ -335,8 +364,25 @@ async fn attempts(
         // Dropping a 503's body closes its HTTP/1.1 connection, which is what we want of a
         // connection that just refused us.
         drop(result);
-        tokio::time::sleep(retry::backoff(http.retry_backoff, attempt)).await;
+        tokio::time::sleep(backoff(attempt)).await;
         attempt += 1;
+    }
+}
+
+/// The route's per-try timeout, when it has one: an attempt whose response head has not come
+/// by then fails as a timeout (`UT`), which the policy may retry.
+fn per_try(
+    routed: Option<&super::routed::Routed>,
+) -> Option<(std::time::Duration, &super::routed::Routed)> {
+    routed.and_then(|r| r.retry.per_try_timeout().map(|t| (t, r)))
+}
+
+/// An attempt's per-try timeout expired.
+fn per_try_expired(routed: &super::routed::Routed) -> ProxyError {
+    ProxyError {
+        kind: ErrorKind::Timeout,
+        upstream: routed.original_dst,
+        source: None,
     }
 }
 

@@ -15,6 +15,7 @@ pub mod body;
 pub mod coalesce;
 pub mod counting;
 pub mod errors;
+pub mod fault;
 pub mod forward;
 pub mod framing;
 pub mod h1;
@@ -25,6 +26,7 @@ pub mod originate;
 pub mod pool;
 pub mod protocol;
 pub mod retry;
+pub mod retry_policy;
 pub mod routed;
 pub mod upgrade;
 

@@ -67,9 +67,13 @@ pub struct Routed {
     /// `num_retries`, none without a policy. Which failures are retried is Istio's default set
     /// (`retry_on` is not read yet).
     pub retries: u32,
-    /// Whether a 503 is retried: the policy's `retriable_status_codes` lists it (current
-    /// istiod's default lists none; the converter refuses other codes).
+    /// Whether a 503 is retried (what the HTTP/1.1 fast path's retries ask; current istiod's
+    /// default policy lists no status code).
     pub retry_503: bool,
+    /// Which failures are retried, each attempt's deadline and the back-off: the policy's.
+    pub retry: super::retry_policy::RetryRules,
+    /// The fault the route injects (`None` for nearly every route).
+    pub fault: Option<Arc<remora_xds::model::fault::FaultPolicy>>,
     /// Whether the upstream is told the attempt (`x-envoy-attempt-count`): the virtual
     /// host's `include_request_attempt_count`.
     pub attempt_count: bool,
@@ -111,10 +115,28 @@ impl Routed {
     /// A retry tells the upstream what is left of the route's deadline, as Envoy's router
     /// does (the first attempt carries the whole of it, set by [`decide`]).
     pub(super) fn expect_remaining(&self, headers: &mut HeaderMap, elapsed: Duration) {
-        if let Some(t) = self.timeout.filter(|t| !t.is_zero()) {
-            let left = u64::try_from(t.saturating_sub(elapsed).as_millis()).unwrap_or(u64::MAX);
-            headers.insert(EXPECTED_TIMEOUT.clone(), HeaderValue::from(left));
+        if let Some(t) = self.expected_timeout(elapsed) {
+            let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+            headers.insert(EXPECTED_TIMEOUT.clone(), HeaderValue::from(ms));
         }
+    }
+
+    /// The deadline an attempt made `elapsed` after the request started is told, as Envoy's
+    /// router computes it: what is left of the route's timeout, no more than the per-try
+    /// timeout (the per-try timeout alone without a route timeout); `None` when nothing is
+    /// left or there is no deadline.
+    pub fn expected_timeout(&self, elapsed: Duration) -> Option<Duration> {
+        let per_try = self.retry.per_try_timeout();
+        let left = match self.timeout.filter(|t| !t.is_zero()) {
+            Some(t) if t <= elapsed => return None,
+            Some(t) => Some(t - elapsed),
+            None => None,
+        };
+        match (left, per_try) {
+            (Some(l), Some(p)) => Some(l.min(p)),
+            (l, p) => l.or(p),
+        }
+        .filter(|t| !t.is_zero())
     }
 }
 
@@ -158,6 +180,9 @@ impl Decided {
     /// connections (so only clusters that ask nothing more of them).
     pub fn fits_fast_path(&self) -> bool {
         self.plain_http1_upstream
+            && self.routed.fault.is_none()
+            && self.routed.retry.per_try_timeout().is_none()
+            && (self.routed.retries == 0 || self.routed.retry.is_istio_default())
             && self.request_edits.is_empty()
             && self.routed.response_edits.is_empty()
             && self.path.is_none()
@@ -270,6 +295,7 @@ pub fn decide_request(
             && pool_idle_timeout(c.http_idle_timeout, ctx.config.http.pool_idle_timeout)
                 == ctx.config.http.pool_idle_timeout
     });
+    let rules = super::retry_policy::RetryRules::of(retry);
     let routed = Routed {
         cluster: cluster.to_string(),
         original_dst: ctx.key.destination,
@@ -277,10 +303,9 @@ pub fn decide_request(
         grpc_timeout_header_max: forward.grpc_timeout_header_max,
         max_stream_duration: forward.max_stream_duration.filter(|d| !d.is_zero()),
         retries: retry.map_or(0, |r| r.num_retries),
-        retry_503: retry.is_some_and(|r| {
-            r.retriable_status_codes.contains(&503)
-                && r.retry_on.iter().any(|c| c == "retriable-status-codes")
-        }),
+        retry_503: rules.retries_503(),
+        retry: rules,
+        fault: route.fault_for(cluster).cloned(),
         avoid_previous: retry
             .filter(|r| r.avoid_previous_hosts)
             .map(|r| r.host_selection_retry_max_attempts),
@@ -329,7 +354,7 @@ pub fn decide(
     end.routed = Some(decided.routed.end());
     decided.request_edits.apply(&mut parts.headers);
     // Envoy's router tells the upstream its deadline (istiod's routes carry none by default).
-    if let Some(t) = decided.routed.timeout.filter(|t| !t.is_zero()) {
+    if let Some(t) = decided.routed.expected_timeout(Duration::ZERO) {
         let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
         parts
             .headers
