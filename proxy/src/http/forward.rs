@@ -134,7 +134,13 @@ pub async fn handle(
     // Envoy's fault filter runs before its router. Boxed: only routes with a fault pay for it.
     if let Some(fault) = routed.as_ref().and_then(|r| r.fault.as_ref()) {
         if let Some(abort) = Box::pin(super::fault::inject(fault, &mut end.flags)).await {
-            return Ok(super::fault::abort_reply(abort, grpc, end));
+            let edits = routed.as_ref().map(|r| &r.response_edits);
+            let mut reply = super::fault::abort_reply(abort, grpc, end);
+            // Envoy edits the fault filter's reply as its route's local replies.
+            if let Some(edits) = edits {
+                edits.apply(reply.headers_mut());
+            }
+            return Ok(reply);
         }
     }
     let timeout = match &routed {

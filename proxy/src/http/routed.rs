@@ -305,7 +305,10 @@ pub fn decide_request(
         retries: retry.map_or(0, |r| r.num_retries),
         retry_503: rules.retries_503(),
         retry: rules,
-        fault: route.fault_for(cluster).cloned(),
+        fault: route
+            .fault_for(cluster)
+            .filter(|_| ctx.xds_fault_filter)
+            .cloned(),
         avoid_previous: retry
             .filter(|r| r.avoid_previous_hosts)
             .map(|r| r.host_selection_retry_max_attempts),
