@@ -291,11 +291,11 @@ async fn attempts(
         }
         let req = Request::from_parts(parts, body);
         // Boxed: only routes with a per-try timeout pay for its timer.
-        return match per_try(routed) {
+        return match super::retry_policy::per_try(routed) {
             None => send(ctx, req, routed).await,
             Some((t, r)) => Box::pin(tokio::time::timeout(t, send(ctx, req, routed)))
                 .await
-                .unwrap_or_else(|_| Err(per_try_expired(r))),
+                .unwrap_or_else(|_| Err(super::retry_policy::per_try_expired(r))),
         };
     }
     let replay =
@@ -331,11 +331,11 @@ async fn attempts(
         if let Some(routed) = routed.filter(|_| attempt > 1) {
             routed.expect_remaining(req.headers_mut(), started.elapsed());
         }
-        let result = match per_try(routed) {
+        let result = match super::retry_policy::per_try(routed) {
             None => send(ctx, req, routed).await,
             Some((t, r)) => Box::pin(tokio::time::timeout(t, send(ctx, req, routed)))
                 .await
-                .unwrap_or_else(|_| Err(per_try_expired(r))),
+                .unwrap_or_else(|_| Err(super::retry_policy::per_try_expired(r))),
         };
         // The route's retry policy, else Istio's default as Remora's own config says it.
         let retriable = match (&result, routed) {
@@ -372,23 +372,6 @@ async fn attempts(
         drop(result);
         tokio::time::sleep(backoff(attempt)).await;
         attempt += 1;
-    }
-}
-
-/// The route's per-try timeout, when it has one: an attempt whose response head has not come
-/// by then fails as a timeout (`UT`), which the policy may retry.
-fn per_try(
-    routed: Option<&super::routed::Routed>,
-) -> Option<(std::time::Duration, &super::routed::Routed)> {
-    routed.and_then(|r| r.retry.per_try_timeout().map(|t| (t, r)))
-}
-
-/// An attempt's per-try timeout expired.
-fn per_try_expired(routed: &super::routed::Routed) -> ProxyError {
-    ProxyError {
-        kind: ErrorKind::Timeout,
-        upstream: routed.original_dst,
-        source: None,
     }
 }
 

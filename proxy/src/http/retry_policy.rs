@@ -4,8 +4,9 @@
 //! ([`RetryRules::of`]): a few words, and the shared list of status codes only when the
 //! policy names some.
 
-use super::errors::ErrorKind;
+use super::errors::{ErrorKind, ProxyError};
 use super::headers;
+use super::routed::Routed;
 use http::{HeaderMap, StatusCode};
 use remora_xds::model::retry::{RetryOn, RetryPolicy};
 use std::sync::Arc;
@@ -141,6 +142,41 @@ impl RetryRules {
             .and_then(|t| t.backoff)
             .unwrap_or((default, default.saturating_mul(DEFAULT_MAX_FACTOR)));
         jittered(base, max, retry)
+    }
+}
+
+/// The route's per-try timeout, when it has one: an attempt whose response head has not come
+/// by then fails as a timeout (`UT`), which the policy may retry.
+pub(super) fn per_try(routed: Option<&Routed>) -> Option<(Duration, &Routed)> {
+    routed.and_then(|r| r.retry.per_try_timeout().map(|t| (t, r)))
+}
+
+/// An attempt's per-try timeout expired.
+pub(super) fn per_try_expired(routed: &Routed) -> ProxyError {
+    ProxyError {
+        kind: ErrorKind::Timeout,
+        upstream: routed.original_dst,
+        source: None,
+    }
+}
+
+impl Routed {
+    /// The deadline an attempt made `elapsed` after the request started is told, as Envoy's
+    /// router computes it: what is left of the route's timeout, no more than the per-try
+    /// timeout (the per-try timeout alone without a route timeout); `None` when nothing is
+    /// left or there is no deadline.
+    pub fn expected_timeout(&self, elapsed: Duration) -> Option<Duration> {
+        let per_try = self.retry.per_try_timeout();
+        let left = match self.timeout.filter(|t| !t.is_zero()) {
+            Some(t) if t <= elapsed => return None,
+            Some(t) => Some(t - elapsed),
+            None => None,
+        };
+        match (left, per_try) {
+            (Some(l), Some(p)) => Some(l.min(p)),
+            (l, p) => l.or(p),
+        }
+        .filter(|t| !t.is_zero())
     }
 }
 

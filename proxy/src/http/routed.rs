@@ -120,24 +120,6 @@ impl Routed {
             headers.insert(EXPECTED_TIMEOUT.clone(), HeaderValue::from(ms));
         }
     }
-
-    /// The deadline an attempt made `elapsed` after the request started is told, as Envoy's
-    /// router computes it: what is left of the route's timeout, no more than the per-try
-    /// timeout (the per-try timeout alone without a route timeout); `None` when nothing is
-    /// left or there is no deadline.
-    pub fn expected_timeout(&self, elapsed: Duration) -> Option<Duration> {
-        let per_try = self.retry.per_try_timeout();
-        let left = match self.timeout.filter(|t| !t.is_zero()) {
-            Some(t) if t <= elapsed => return None,
-            Some(t) => Some(t - elapsed),
-            None => None,
-        };
-        match (left, per_try) {
-            (Some(l), Some(p)) => Some(l.min(p)),
-            (l, p) => l.or(p),
-        }
-        .filter(|t| !t.is_zero())
-    }
 }
 
 /// A request answered here instead.

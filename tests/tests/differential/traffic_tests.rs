@@ -11,8 +11,11 @@ use std::time::{Duration, Instant};
 
 const GRPC: &[(&str, &str)] = &[("content-type", "application/grpc")];
 
+/// Extra request headers.
+type Headers = &'static [(&'static str, &'static str)];
+
 /// `x-case` (the route), how the backend misbehaves, extra request headers.
-const CASES: &[(&str, &str, &[(&str, &str)])] = &[
+const CASES: &[(&str, &str, Headers)] = &[
     // Istio's default policy: gRPC UNAVAILABLE and CANCELLED retried, a 503 not (no status
     // code listed), nor a reset after the request went out.
     ("istio-default", "503", &[]),

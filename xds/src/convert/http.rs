@@ -461,4 +461,21 @@ mod tests {
         let fault = http_filter("compressor", &router_elsewhere, "p").expect_err("refused");
         assert_eq!(fault.reason, "HTTP filter \"compressor\" not supported");
     }
+
+    /// istiod's fault filter has no fault of its own; one that has would fault every route
+    /// without a config of its own, which Remora does not do.
+    #[test]
+    fn the_fault_filter_only_without_a_fault_of_its_own() {
+        let istiod = unpacked(json!({
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault"}));
+        assert_eq!(
+            http_filter("envoy.filters.http.fault", &istiod, "p"),
+            Ok(HttpFilter::Fault)
+        );
+        let own = unpacked(json!({
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+            "abort": {"http_status": 503, "percentage": {"numerator": 100}}}));
+        let fault = http_filter("envoy.filters.http.fault", &own, "p").expect_err("refused");
+        assert!(fault.reason.contains("only per-route faults"), "{fault:?}");
+    }
 }

@@ -18,7 +18,7 @@ pub const MILLION: u32 = 1_000_000;
 impl Fraction {
     /// `numerator` over `denominator` (100, 10,000 or 1,000,000); `None` above 100 %.
     pub fn new(numerator: u32, denominator: u32) -> Option<Fraction> {
-        if numerator > denominator || denominator == 0 || MILLION % denominator != 0 {
+        if numerator > denominator || denominator == 0 || !MILLION.is_multiple_of(denominator) {
             return None;
         }
         Some(Fraction {
