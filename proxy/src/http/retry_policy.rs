@@ -66,7 +66,9 @@ impl RetryRules {
 
     /// Whether a 503 is retried (what the HTTP/1.1 fast path asks).
     pub fn retries_503(&self) -> bool {
-        self.on_status(StatusCode::SERVICE_UNAVAILABLE, &HeaderMap::new())
+        self.on.any(RetryOn::FIVE_XX.or(RetryOn::GATEWAY_ERROR))
+            || (self.on.any(RetryOn::RETRIABLE_STATUS_CODES)
+                && self.codes.as_deref().is_some_and(|c| c.contains(&503)))
     }
 
     /// Whether the rules are Istio's default ones, which the HTTP/1.1 fast path's own retries
@@ -258,7 +260,7 @@ mod tests {
         assert!(five.on_error(ErrorKind::Timeout));
         assert!(five.on_error(ErrorKind::ConnectFailed));
         assert!(!five.on_error(ErrorKind::NoHealthyUpstream));
-        assert!(!five.is_istio_default());
+        assert!(!five.is_istio_default() && five.retries_503());
         let gateway = rules(&["gateway-error"], &[]);
         assert!(status(&gateway, 502, None) && status(&gateway, 504, None));
         assert!(!status(&gateway, 500, None));
