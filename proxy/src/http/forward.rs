@@ -4,7 +4,8 @@
 //!    headers, add `x-request-id` and `x-forwarded-proto`; inbound, normalise the path and
 //!    apply the authorization policies (403, never forwarded); find the request's deadline;
 //! 2. **upstream**: send it on a pooled connection to the original destination, opening one
-//!    when none is idle, and retry as Istio's default policy says (outbound only);
+//!    when none is idle, and retry as the route's policy says (`retry_policy`; without xDS,
+//!    Istio's default policy), outbound only; a route's fault is injected first (`fault`);
 //! 3. **response**: drop hop-by-hop headers and stream the body back, or answer locally with
 //!    Envoy's status and flag (gRPC clients get HTTP 200 with a `grpc-status`).
 
@@ -254,9 +255,10 @@ pub async fn handle(
     ))
 }
 
-/// Send the request, retrying as Istio's default policy says: outbound only, up to
-/// `http.retries` more attempts on a connect failure, a refused stream, a 503 or a gRPC
-/// UNAVAILABLE/CANCELLED, for a request whose body can be sent again.
+/// Send the request, retrying as the route's policy says (xDS), else as Istio's default
+/// policy says (up to `http.retries` more attempts on a connect failure, a refused stream, a
+/// 503 or a gRPC UNAVAILABLE/CANCELLED): outbound only, for a request whose body can be sent
+/// again, each attempt within the policy's per-try timeout.
 async fn attempts(
     ctx: &ConnContext,
     parts: Parts,
