@@ -159,7 +159,8 @@ pub struct Decided {
 impl Decided {
     /// Whether the HTTP/1.1 fast path serves this request as hyper's path would: it forwards
     /// heads as received (so only routes that edit nothing) on its own pool of HTTP/1.1
-    /// connections (so only clusters that ask nothing more of them).
+    /// connections (so only clusters that ask nothing more of them), retrying as Istio's
+    /// default policy says and injecting no fault (so only routes that ask no more).
     pub fn fits_fast_path(&self) -> bool {
         self.plain_http1_upstream
             && self.routed.fault.is_none()
