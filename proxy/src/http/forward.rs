@@ -119,6 +119,9 @@ pub async fn handle(
     }
     let received = Some(Arc::clone(&end.received));
     // Routed by xDS: the route decides where, or answers here.
+    // A redirect's or direct response's route may have a fault too: held (boxed: rare) until
+    // the fault is served.
+    let mut answered: Option<Box<super::routed::Answer>> = None;
     let routed = match &ctx.xds_routes {
         None => None,
         // Envoy's connection manager takes no HTTP/1.0 unless told to (`accept_http_10`,
@@ -128,21 +131,33 @@ pub async fn handle(
         }
         Some(routes) => match super::routed::decide(&ctx, routes, &mut parts, &mut end) {
             Ok(routed) => Some(routed),
+            Err(answer) if answer.fault().is_some() => {
+                answered = Some(Box::new(answer));
+                None
+            }
             Err(answer) => return Ok(super::routed::reply(answer, grpc, end)),
         },
     };
     // The route's fault, before the request goes on and before its timeout starts, as
     // Envoy's fault filter runs before its router. Boxed: only routes with a fault pay for it.
-    if let Some(fault) = routed.as_ref().and_then(|r| r.fault.as_ref()) {
+    let fault = match (&routed, &answered) {
+        (Some(r), _) => r.fault.as_ref(),
+        (None, Some(a)) => a.fault(),
+        (None, None) => None,
+    };
+    if let Some(fault) = fault {
         if let Some(abort) = Box::pin(super::fault::inject(fault, &mut end.flags)).await {
-            let edits = routed.as_ref().map(|r| &r.response_edits);
             let mut reply = super::fault::abort_reply(abort, grpc, end);
-            // Envoy edits the fault filter's reply as its route's local replies.
-            if let Some(edits) = edits {
-                edits.apply(reply.headers_mut());
+            // Envoy edits the fault filter's reply as a forwarding route's local replies (not
+            // a redirect's or direct response's, which have no such route entry).
+            if let Some(r) = &routed {
+                r.response_edits.apply(reply.headers_mut());
             }
             return Ok(reply);
         }
+    }
+    if let Some(answer) = answered {
+        return Ok(super::routed::reply(*answer, grpc, end));
     }
     let timeout = match &routed {
         Some(r) => r.deadline(grpc, headers::grpc_timeout(&parts.headers)),

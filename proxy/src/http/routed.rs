@@ -133,11 +133,24 @@ pub enum Answer {
         body: Option<String>,
         location: Option<String>,
         edits: Edits,
+        /// The route's fault, injected before the answer as Envoy's fault filter does before
+        /// its router answers.
+        fault: Option<Arc<remora_xds::model::fault::FaultPolicy>>,
     },
     /// For the HTTP/1.1 fast path, which gives [`decide_request`] no request parts: the
     /// route needs them (header values to fill in, a local answer), so hyper's path serves
     /// the request.
     Handover,
+}
+
+impl Answer {
+    /// The fault to inject before answering.
+    pub fn fault(&self) -> Option<&Arc<remora_xds::model::fault::FaultPolicy>> {
+        match self {
+            Answer::Local { fault, .. } => fault.as_ref(),
+            _ => None,
+        }
+    }
 }
 
 /// A forwarded request's route, before it is applied to the request: where it goes, and
@@ -235,7 +248,11 @@ pub fn decide_request(
                 started: SystemTime::now(),
                 parts,
             };
-            return Err(answer(table, other, request, &format_request));
+            let mut local = answer(table, other, request, &format_request);
+            if let Answer::Local { fault, .. } = &mut local {
+                *fault = fault.take().filter(|_| ctx.xds_fault_filter);
+            }
+            return Err(local);
         }
     };
     let (request_edits, response_edits) = match parts {
@@ -254,6 +271,10 @@ pub fn decide_request(
                     body: None,
                     location: None,
                     edits: local_edits(table, vhost, route, &format_request),
+                    fault: route
+                        .fault_for(cluster)
+                        .filter(|_| ctx.xds_fault_filter)
+                        .cloned(),
                 });
             }
             edits(table, vhost, route, forward, cluster, &format_request)
@@ -395,6 +416,7 @@ fn answer(
             body: body.map(str::to_string),
             location: None,
             edits: local_edits(table, vhost, route, format),
+            fault: route.fault.clone(),
         },
         HttpDecision::Redirect {
             redirect,
@@ -409,6 +431,7 @@ fn answer(
                 req,
             )),
             edits: local_edits(table, vhost, route, format),
+            fault: route.fault.clone(),
         },
     }
 }
@@ -591,6 +614,7 @@ pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response
             body,
             location,
             edits,
+            fault: _,
         } => (status, body, location, edits),
     };
     end.status = status;

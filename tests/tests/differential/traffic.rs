@@ -65,6 +65,16 @@ pub fn routes() -> Vec<Value> {
         }
         r
     };
+    let local = |case: &str, action: Value, per_filter: Value| {
+        let mut r = json!({
+            "match": {"prefix": "/flaky/", "headers": [{"name": "x-case", "string_match": {"exact": case}}]},
+            "typed_per_filter_config": per_filter
+        });
+        if let (Some(r), Some(a)) = (r.as_object_mut(), action.as_object()) {
+            r.extend(a.clone());
+        }
+        r
+    };
     let to_a = |retry: Option<Value>| {
         let mut a = json!({"cluster": A, "timeout": "0s"});
         if let Some(r) = retry {
@@ -159,6 +169,22 @@ pub fn routes() -> Vec<Value> {
             Some(fault(
                 json!({"delay": {"fixed_delay": secs(DELAY_MS), "percentage": million(100.0)}}),
             )),
+        ),
+        // Faults on routes that answer here: Envoy's fault filter runs before its router.
+        local(
+            "direct-abort",
+            json!({"direct_response": {"status": 200, "body": {"inline_string": "direct"}}}),
+            abort_all(),
+        ),
+        local(
+            "direct-delay",
+            json!({"direct_response": {"status": 200, "body": {"inline_string": "direct"}}}),
+            fault(json!({"delay": {"fixed_delay": "0.2s", "percentage": million(100.0)}})),
+        ),
+        local(
+            "redirect-delay",
+            json!({"redirect": {"path_redirect": "/moved"}}),
+            fault(json!({"delay": {"fixed_delay": "0.2s", "percentage": million(100.0)}})),
         ),
         route(
             "abort-half",

@@ -58,6 +58,9 @@ const CASES: &[(&str, &str, Headers)] = &[
     ("delay", "ok", &[]),
     ("delay-abort", "ok", &[]),
     ("delay-timeout", "ok", &[]),
+    ("direct-abort", "ok", &[]),
+    ("direct-delay", "ok", &[]),
+    ("redirect-delay", "ok", &[]),
 ];
 
 /// What one case came to in one world.
@@ -130,6 +133,11 @@ fn faults_retries_and_timeouts_have_envoys_outcome() {
                 ("abort", _) => attempts == Some("0") && o.backend.is_none(),
                 ("delay", _) => o.status == 200 && took >= Duration::from_millis(DELAY_MS - 5),
                 ("delay-timeout", _) => o.status == 200,
+                ("direct-abort", _) => o.status == 503 && attempts == Some("0"),
+                ("direct-delay", _) => {
+                    o.status == 200 && took >= Duration::from_millis(195) && o.backend.is_none()
+                }
+                ("redirect-delay", _) => o.status == 301 && took >= Duration::from_millis(195),
                 ("timeout", "slow") => {
                     o.status == 504
                         && attempts == Some("1")

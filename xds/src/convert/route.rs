@@ -189,14 +189,6 @@ fn route(
         }
         _ => return Err(Fault::new(path, "route action not supported")),
     };
-    if fault.is_some() && !matches!(action, Action::Forward(_)) {
-        // Envoy's fault filter would delay or abort a redirect or direct response too; Remora
-        // injects faults on forwarded requests only.
-        return Err(Fault::new(
-            format!("{path}.typed_per_filter_config"),
-            "a fault on a route that does not forward (redirect, direct response) not supported",
-        ));
-    }
     let fault_per_cluster = match &action {
         Action::Forward(f) => match &f.target {
             ClusterTarget::Weighted(set) => set

@@ -53,7 +53,7 @@ pub struct Route {
     /// Istio's `filter_metadata.istio.config` (the VirtualService it came from).
     pub istio_config: Option<String>,
     /// The fault filter's config for this route: its own, else its virtual host's, else its
-    /// table's (Envoy's most specific per-filter config). Only forwarding routes have one.
+    /// table's (Envoy's most specific per-filter config).
     pub fault: Option<Arc<FaultPolicy>>,
     /// Some weighted cluster of the route has a fault config of its own
     /// ([`WeightedCluster::fault`] then says which applies).
