@@ -428,6 +428,7 @@ impl Proxy {
                 early,
                 originate,
                 xds_routes: None,
+                xds_fault_filter: false,
                 xds_inbound: None,
             },
         )

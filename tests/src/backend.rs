@@ -3,11 +3,17 @@
 //! endpoint a proxy chose and what the proxy did to the request. A few paths misbehave on
 //! purpose: `/slow…` answers after [`SLOW`], `/reset-once…` resets the connection the first
 //! time this backend sees it, `/503-once…` answers 503 the first time it sees that path.
+//!
+//! `/flaky/<how>/<id>` paths count how many times the backend saw each of them (every answer
+//! says so in `x-backend-seen`, and `/seen/flaky/<how>/<id>` tells it later), and misbehave
+//! as `<how>` says: `503` always, `503x<n>` the first `n` times, `status<code>` always that
+//! status, `grpc<code>` a trailers-only gRPC answer with that status, `reset` a reset every
+//! time, `slow` after [`SLOW`] every time, `slow-once` the first time; anything else answers.
 
 use crate::netns::Netns;
 use crate::peer::{read_request_head, Server};
 use serde_json::{json, Map, Value};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,6 +42,47 @@ struct State {
     reset_done: AtomicBool,
     /// The `/503-once…` paths answered 503 already (a few per test).
     unavailable_done: Mutex<HashSet<String>>,
+    /// How many times each `/flaky/…` path was seen (a few hundred per test).
+    seen: Mutex<HashMap<String, u32>>,
+}
+
+/// The response header that says how many times the backend saw a `/flaky/…` path.
+pub const SEEN_HEADER: &str = "x-backend-seen";
+
+/// What a `/flaky/<how>/…` request gets.
+enum Misbehaviour {
+    Status(u16),
+    Grpc(u32),
+    Reset,
+    Sleep,
+    Answer,
+}
+
+/// `how` for the `seen`-th sight of the path.
+fn misbehaviour(how: &str, seen: u32) -> Misbehaviour {
+    let number = |prefix: &str| how.strip_prefix(prefix).and_then(|n| n.parse::<u32>().ok());
+    if how == "503" {
+        return Misbehaviour::Status(503);
+    }
+    if let Some(n) = number("503x") {
+        return if seen <= n {
+            Misbehaviour::Status(503)
+        } else {
+            Misbehaviour::Answer
+        };
+    }
+    if let Some(code) = number("status").and_then(|c| u16::try_from(c).ok()) {
+        return Misbehaviour::Status(code);
+    }
+    if let Some(code) = number("grpc") {
+        return Misbehaviour::Grpc(code);
+    }
+    match how {
+        "reset" => Misbehaviour::Reset,
+        "slow" => Misbehaviour::Sleep,
+        "slow-once" if seen == 1 => Misbehaviour::Sleep,
+        _ => Misbehaviour::Answer,
+    }
 }
 
 /// One request as the backend read it.
@@ -82,6 +129,40 @@ fn serve(mut stream: TcpStream, name: &str, state: &State) -> io::Result<()> {
         if let Some(len) = header("content-length").and_then(|l| l.parse::<u64>().ok()) {
             io::copy(&mut (&stream).take(len.min(MAX_BODY)), &mut io::sink())?;
         }
+        let count = |path: &str, add: u32| {
+            let mut seen = state.seen.lock().unwrap_or_else(PoisonError::into_inner);
+            let n = seen.entry(path.to_string()).or_insert(0);
+            *n += add;
+            *n
+        };
+        let mut seen_header = String::new();
+        if let Some(rest) = req.path.strip_prefix("/flaky/") {
+            let seen = count(&req.path, 1);
+            seen_header = format!("{SEEN_HEADER}: {seen}\r\n");
+            match misbehaviour(rest.split('/').next().unwrap_or_default(), seen) {
+                Misbehaviour::Status(code) => {
+                    stream.write_all(
+                        format!(
+                            "HTTP/1.1 {code} Failing\r\ncontent-length: 4\r\n{seen_header}\r\nfail"
+                        )
+                        .as_bytes(),
+                    )?;
+                    continue;
+                }
+                Misbehaviour::Grpc(code) => {
+                    stream.write_all(
+                        format!("HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\ngrpc-status: {code}\r\ncontent-length: 0\r\n{seen_header}\r\n")
+                            .as_bytes(),
+                    )?;
+                    continue;
+                }
+                Misbehaviour::Reset => return reset(stream),
+                Misbehaviour::Sleep => std::thread::sleep(SLOW),
+                Misbehaviour::Answer => {}
+            }
+        } else if let Some(rest) = req.path.strip_prefix("/seen/") {
+            seen_header = format!("{SEEN_HEADER}: {}\r\n", count(&format!("/{rest}"), 0));
+        }
         if req.path.starts_with("/reset-once") && !state.reset_done.swap(true, Ordering::SeqCst) {
             return reset(stream);
         }
@@ -115,7 +196,7 @@ fn serve(mut stream: TcpStream, name: &str, state: &State) -> io::Result<()> {
         let close = header("connection").is_some_and(|c| c.eq_ignore_ascii_case("close"));
         let response = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
-             x-backend: {name}\r\n{SECRET_HEADER}: {name}\r\n{}\r\n{body}",
+             x-backend: {name}\r\n{SECRET_HEADER}: {name}\r\n{seen_header}{}\r\n{body}",
             body.len(),
             if close { "Connection: close\r\n" } else { "" },
         );

@@ -602,20 +602,20 @@ fn h2c_has_envoys_outcome() {
         return;
     };
     let (remora, envoy) = worlds(&nets, &binary);
-    let h2c = |w: &World, host: &str, path: &str| {
+    let h2c = |w: &World, host: &str, path: &str, headers: &[&str]| {
         let url = format!("http://{HTTP_VIP}{path}");
-        let out = peer::curl(
-            &w.net.pod,
-            &[
-                "--http2-prior-knowledge",
-                "-H",
-                &format!("Host: {host}"),
-                "-w",
-                "\n%{http_code} %{redirect_url}",
-                &url,
-            ],
-            Duration::from_secs(10),
-        );
+        let host = format!("Host: {host}");
+        let mut args = vec!["--http2-prior-knowledge", "-H", &host];
+        for h in headers {
+            args.extend(["-H", h]);
+        }
+        // The gRPC status of a trailers-only answer, when there is one.
+        args.extend([
+            "-w",
+            "\n%{http_code} %{redirect_url} %header{grpc-status}",
+            &url,
+        ]);
+        let out = peer::curl(&w.net.pod, &args, Duration::from_secs(10));
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
         let echoed: Option<Value> = serde_json::from_str(body).ok();
@@ -625,18 +625,41 @@ fn h2c_has_envoys_outcome() {
         format!("{status} {answered}")
     };
     let mut differences = Vec::new();
-    for (host, path) in [
-        (WEB, "/"),
-        (WEB, "/exact"),
-        (WEB, "/teapot"),
-        (WEB, "/old?keep=1"),
-        ("nowhere.test", "/"),
-        (WEB, "/no-endpoint"),
+    let grpc_abort: &[&str] = &["x-case: abort", "content-type: application/grpc"];
+    for (host, path, headers) in [
+        (WEB, "/", &[][..]),
+        (WEB, "/exact", &[]),
+        (WEB, "/teapot", &[]),
+        (WEB, "/old?keep=1", &[]),
+        ("nowhere.test", "/", &[]),
+        (WEB, "/no-endpoint", &[]),
+        // A fault's abort, to an HTTP/2 client and to a gRPC one (trailers-only).
+        (WEB, "/flaky/ok/h2", &["x-case: abort"]),
+        (WEB, "/flaky/ok/h2-grpc", grpc_abort),
+        (
+            WEB,
+            "/flaky/ok/h2-grpc-status",
+            &["x-case: abort-grpc", "content-type: application/grpc"],
+        ),
     ] {
-        let (e, r) = (h2c(&envoy, host, path), h2c(&remora, host, path));
+        let (e, r) = (
+            h2c(&envoy, host, path, headers),
+            h2c(&remora, host, path, headers),
+        );
+        // What the fault's answers must be, so that agreeing on a failure cannot pass.
+        let want = match path {
+            "/flaky/ok/h2" => Some(("503 ", "fault filter abort")),
+            "/flaky/ok/h2-grpc" | "/flaky/ok/h2-grpc-status" => Some(("200 ", " 14")),
+            _ => None,
+        };
+        if let Some((status, part)) = want {
+            if !(r.starts_with(status) && r.contains(part)) {
+                differences.push(format!("h2c {path}: remora answered {r:?}"));
+            }
+        }
         if e != r {
             differences.push(format!(
-                "h2c Host {host} {path}\n  envoy:  {e}\n  remora: {r}"
+                "h2c Host {host} {path} {headers:?}\n  envoy:  {e}\n  remora: {r}"
             ));
         }
     }

@@ -23,6 +23,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
         "dns-static",
         "tcp-split",
         "istiod-defaults",
+        "faults-retries",
     ] {
         let verdicts = verdicts(case);
         let want = ["listeners", "clusters", "routes", "endpoints"]
@@ -38,7 +39,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
 
 /// Each resource of `gaps`: its kind and name, the field refused and why. What istiod writes
 /// it for is in the comment.
-const GAPS: [(Kind, &str, &str, &str); 15] = [
+const GAPS: [(Kind, &str, &str, &str); 13] = [
     // DestinationRule trafficPolicy.outlierDetection.
     (
         Kind::Cluster,
@@ -112,14 +113,6 @@ const GAPS: [(Kind, &str, &str, &str); 15] = [
         "virtual_hosts[0].routes[0].route.retry_policy.retry_priority",
         "field not supported (in envoy.config.route.v3.RetryPolicy)",
     ),
-    // VirtualService retries with their own conditions, per-try timeout and back-off: Remora
-    // retries as Istio's default policy does until the traffic-management work.
-    (
-        Kind::Route,
-        "custom-retries",
-        "virtual_hosts[0].routes[0].route.retry_policy.retry_on",
-        "retry conditions other than Istio's default (connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes) not supported yet",
-    ),
     // VirtualService route[].headers.request.set `:authority` on a weighted destination.
     (
         Kind::Route,
@@ -127,19 +120,12 @@ const GAPS: [(Kind, &str, &str, &str); 15] = [
         "virtual_hosts[0].routes[0].route.weighted_clusters.clusters[0].host_rewrite_literal",
         "field not supported (in envoy.config.route.v3.WeightedCluster.ClusterWeight)",
     ),
-    // VirtualService fault.
-    (
-        Kind::Route,
-        "fault",
-        "virtual_hosts[0].routes[0].typed_per_filter_config",
-        "field not supported (in envoy.config.route.v3.Route)",
-    ),
     // VirtualService corsPolicy.
     (
         Kind::Route,
         "cors",
-        "virtual_hosts[0].routes[0].typed_per_filter_config",
-        "field not supported (in envoy.config.route.v3.Route)",
+        "virtual_hosts[0].routes[0].typed_per_filter_config[envoy.filters.http.cors]",
+        "per-route config of HTTP filter \"envoy.filters.http.cors\" not supported (only envoy.filters.http.fault)",
     ),
     // A rewrite with ProxyConfig's X-Forwarded-Host on.
     (

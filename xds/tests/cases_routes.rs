@@ -381,3 +381,47 @@ fn header_prefix_authority_and_query_presence() {
     let f = forward(lookup(&rc, fqdn, &canary()).expect("canary-fqdn"));
     assert_eq!(f.timeout, Some(Duration::from_secs(1)));
 }
+
+/// VirtualService `fault` and `retries` as istiod writes them: the retries with their own
+/// conditions, per-try timeout, status codes and back-off; the faults with their fractions.
+#[test]
+fn faults_and_retries_as_istiod_writes_them() {
+    use remora_xds::model::fault::AbortStatus;
+    use remora_xds::model::retry::RetryOn;
+    let retries = table("faults-retries", "custom-retries");
+    let route = &retries.virtual_hosts[0].routes[0];
+    let p = forward(route).retry_policy.as_ref().expect("policy");
+    assert_eq!(p.num_retries, 3);
+    assert!(p.conditions.any(RetryOn::FIVE_XX) && p.conditions.any(RetryOn::GATEWAY_ERROR));
+    assert_eq!(&*p.retriable_status_codes, &[503]);
+    assert_eq!(p.per_try_timeout, Some(Duration::from_secs(1)));
+    assert_eq!(
+        (p.backoff_base, p.backoff_max),
+        (
+            Some(Duration::from_millis(25)),
+            Some(Duration::from_millis(250))
+        )
+    );
+    let abort = table("faults-retries", "fault");
+    let fault = abort.virtual_hosts[0].routes[0]
+        .fault
+        .clone()
+        .expect("fault");
+    let a = fault.abort.as_ref().expect("abort");
+    assert_eq!(a.status, AbortStatus::Http(503));
+    assert_eq!(a.fraction.per_million(), 100);
+    assert!(fault.delay.is_none());
+    let both = table("faults-retries", "fault-delay-grpc");
+    let fault = both.virtual_hosts[0].routes[0]
+        .fault
+        .clone()
+        .expect("fault");
+    let d = fault.delay.as_ref().expect("delay");
+    assert_eq!(d.duration, Duration::from_secs(7));
+    assert_eq!(d.fraction.per_million(), 1_000_000);
+    let a = fault.abort.as_ref().expect("abort");
+    assert_eq!(
+        (a.status, a.fraction.per_million()),
+        (AbortStatus::Grpc(14), 500_000)
+    );
+}

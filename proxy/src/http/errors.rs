@@ -32,10 +32,17 @@ impl Flags {
     pub const NC: Flags = Flags(1 << 9);
     /// No healthy upstream host in the cluster.
     pub const UH: Flags = Flags(1 << 10);
+    /// The fault filter delayed the request.
+    pub const DI: Flags = Flags(1 << 11);
+    /// The fault filter aborted the request (answered it here).
+    pub const FI: Flags = Flags(1 << 12);
 
-    /// In the order Envoy 1.40 prints them: the retry limit before the failure of the last
-    /// attempt (`URX,UF`), as it sets them.
-    const NAMES: [(Flags, &'static str); 11] = [
+    /// In the order Envoy 1.40 prints them: as it sets them, so the fault filter's first
+    /// (a delay before its abort), and the retry limit before the failure of the last attempt
+    /// (`URX,UF`).
+    const NAMES: [(Flags, &'static str); 13] = [
+        (Flags::DI, "DI"),
+        (Flags::FI, "FI"),
         (Flags::URX, "URX"),
         (Flags::UF, "UF"),
         (Flags::UC, "UC"),

@@ -4,7 +4,8 @@
 //!    headers, add `x-request-id` and `x-forwarded-proto`; inbound, normalise the path and
 //!    apply the authorization policies (403, never forwarded); find the request's deadline;
 //! 2. **upstream**: send it on a pooled connection to the original destination, opening one
-//!    when none is idle, and retry as Istio's default policy says (outbound only);
+//!    when none is idle, and retry as the route's policy says (`retry_policy`; without xDS,
+//!    Istio's default policy), outbound only; a route's fault is injected first (`fault`);
 //! 3. **response**: drop hop-by-hop headers and stream the body back, or answer locally with
 //!    Envoy's status and flag (gRPC clients get HTTP 200 with a `grpc-status`).
 
@@ -118,6 +119,9 @@ pub async fn handle(
     }
     let received = Some(Arc::clone(&end.received));
     // Routed by xDS: the route decides where, or answers here.
+    // A redirect's or direct response's route may have a fault too: held (boxed: rare) until
+    // the fault is served.
+    let mut answered: Option<Box<super::routed::Answer>> = None;
     let routed = match &ctx.xds_routes {
         None => None,
         // Envoy's connection manager takes no HTTP/1.0 unless told to (`accept_http_10`,
@@ -127,9 +131,34 @@ pub async fn handle(
         }
         Some(routes) => match super::routed::decide(&ctx, routes, &mut parts, &mut end) {
             Ok(routed) => Some(routed),
+            Err(answer) if answer.fault().is_some() => {
+                answered = Some(Box::new(answer));
+                None
+            }
             Err(answer) => return Ok(super::routed::reply(answer, grpc, end)),
         },
     };
+    // The route's fault, before the request goes on and before its timeout starts, as
+    // Envoy's fault filter runs before its router. Boxed: only routes with a fault pay for it.
+    let fault = match (&routed, &answered) {
+        (Some(r), _) => r.fault.as_ref(),
+        (None, Some(a)) => a.fault(),
+        (None, None) => None,
+    };
+    if let Some(fault) = fault {
+        if let Some(abort) = Box::pin(super::fault::inject(fault, &mut end.flags)).await {
+            let mut reply = super::fault::abort_reply(abort, grpc, end);
+            // Envoy edits the fault filter's reply as a forwarding route's local replies (not
+            // a redirect's or direct response's, which have no such route entry).
+            if let Some(r) = &routed {
+                r.response_edits.apply(reply.headers_mut());
+            }
+            return Ok(reply);
+        }
+    }
+    if let Some(answer) = answered {
+        return Ok(super::routed::reply(*answer, grpc, end));
+    }
     let timeout = match &routed {
         Some(r) => r.deadline(grpc, headers::grpc_timeout(&parts.headers)),
         None => headers::grpc_timeout(&parts.headers)
@@ -241,9 +270,10 @@ pub async fn handle(
     ))
 }
 
-/// Send the request, retrying as Istio's default policy says: outbound only, up to
-/// `http.retries` more attempts on a connect failure, a refused stream, a 503 or a gRPC
-/// UNAVAILABLE/CANCELLED, for a request whose body can be sent again.
+/// Send the request, retrying as the route's policy says (xDS), else as Istio's default
+/// policy says (up to `http.retries` more attempts on a connect failure, a refused stream, a
+/// 503 or a gRPC UNAVAILABLE/CANCELLED): outbound only, for a request whose body can be sent
+/// again, each attempt within the policy's per-try timeout.
 async fn attempts(
     ctx: &ConnContext,
     parts: Parts,
@@ -276,14 +306,26 @@ async fn attempts(
                 .headers
                 .insert(ATTEMPT_COUNT.clone(), HeaderValue::from(1u32));
         }
-        return send(ctx, Request::from_parts(parts, body), routed).await;
+        let req = Request::from_parts(parts, body);
+        // Boxed: only routes with a per-try timeout pay for its timer.
+        return match super::retry_policy::per_try(routed) {
+            None => send(ctx, req, routed).await,
+            Some((t, _)) => Box::pin(tokio::time::timeout(t, send(ctx, req, routed)))
+                .await
+                .unwrap_or_else(|_| Err(super::retry_policy::per_try_expired(ctx.key.destination))),
+        };
     }
     let replay =
         (!body.is_end_stream()).then(|| ReplayBody::new(body, http.retry_buffer_bytes, received));
     let started = Instant::now();
     let mut attempt: u32 = 1;
+    // The route's back-off, else Remora's.
+    let backoff = |attempt| match routed {
+        Some(r) => r.retry.backoff(attempt, http.retry_backoff),
+        None => retry::backoff(http.retry_backoff, attempt),
+    };
     if ctx.take_early_failure() {
-        tokio::time::sleep(retry::backoff(http.retry_backoff, attempt)).await;
+        tokio::time::sleep(backoff(attempt)).await;
         attempt += 1;
     }
     let mut resent_after_go_away: u32 = 0;
@@ -306,10 +348,20 @@ async fn attempts(
         if let Some(routed) = routed.filter(|_| attempt > 1) {
             routed.expect_remaining(req.headers_mut(), started.elapsed());
         }
-        let result = send(ctx, req, routed).await;
-        let retriable = match &result {
-            Ok(up) => retry::retry_on_response(&up.response, routed.is_none_or(|r| r.retry_503)),
-            Err(e) => e.kind.retryable(),
+        let result = match super::retry_policy::per_try(routed) {
+            None => send(ctx, req, routed).await,
+            Some((t, _)) => Box::pin(tokio::time::timeout(t, send(ctx, req, routed)))
+                .await
+                .unwrap_or_else(|_| Err(super::retry_policy::per_try_expired(ctx.key.destination))),
+        };
+        // The route's retry policy, else Istio's default as Remora's own config says it.
+        let retriable = match (&result, routed) {
+            (Ok(up), Some(r)) => r
+                .retry
+                .on_status(up.response.status(), up.response.headers()),
+            (Err(e), Some(r)) => r.retry.on_error(e.kind),
+            (Ok(up), None) => retry::retry_on_response(&up.response, true),
+            (Err(e), None) => e.kind.retryable(),
         };
         if !retriable {
             return result;
@@ -335,7 +387,7 @@ async fn attempts(
         // Dropping a 503's body closes its HTTP/1.1 connection, which is what we want of a
         // connection that just refused us.
         drop(result);
-        tokio::time::sleep(retry::backoff(http.retry_backoff, attempt)).await;
+        tokio::time::sleep(backoff(attempt)).await;
         attempt += 1;
     }
 }

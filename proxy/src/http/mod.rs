@@ -15,6 +15,7 @@ pub mod body;
 pub mod coalesce;
 pub mod counting;
 pub mod errors;
+pub mod fault;
 pub mod forward;
 pub mod framing;
 pub mod h1;
@@ -25,6 +26,7 @@ pub mod originate;
 pub mod pool;
 pub mod protocol;
 pub mod retry;
+pub mod retry_policy;
 pub mod routed;
 pub mod upgrade;
 
@@ -67,6 +69,9 @@ pub struct ConnContext {
     pub originate: Option<Box<originate::Originate>>,
     /// Routed by xDS: each request is routed by this table and balanced ([`routed`]).
     pub xds_routes: Option<Box<remora_xds::model::listener::RouteSource>>,
+    /// Routed by xDS: the chain has Envoy's fault filter, without which a route's fault
+    /// config injects nothing (as in Envoy).
+    pub xds_fault_filter: bool,
     /// Inbound by xDS: the `virtualInbound` chain that took the connection, whose HTTP RBAC
     /// filters decide each request (the policy files do not).
     pub xds_inbound: Option<crate::route::ChainRef>,
@@ -119,6 +124,7 @@ impl ConnContext {
             sni: None,
             originate: None,
             xds_routes: None,
+            xds_fault_filter: false,
             xds_inbound: None,
             described_client: std::sync::OnceLock::new(),
             in_flight: AtomicUsize::new(0),
@@ -317,6 +323,8 @@ pub struct Connection {
     pub originate: Option<Box<originate::Originate>>,
     /// Routed by xDS: the chain's route table, by which each request is routed and balanced.
     pub xds_routes: Option<Box<remora_xds::model::listener::RouteSource>>,
+    /// Routed by xDS: the chain has the fault filter (routes' faults apply).
+    pub xds_fault_filter: bool,
     /// Inbound by xDS: the chain whose HTTP RBAC filters decide each request.
     pub xds_inbound: Option<crate::route::ChainRef>,
 }
@@ -359,6 +367,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         sni,
         originate: c.originate,
         xds_routes: c.xds_routes,
+        xds_fault_filter: c.xds_fault_filter,
         xds_inbound: c.xds_inbound,
         early_failed: AtomicBool::new(early_failed),
         ..ConnContext::new(proxy, config, c.direction, c.peer, key, c.connect_timeout)

@@ -67,9 +67,13 @@ pub struct Routed {
     /// `num_retries`, none without a policy. Which failures are retried is Istio's default set
     /// (`retry_on` is not read yet).
     pub retries: u32,
-    /// Whether a 503 is retried: the policy's `retriable_status_codes` lists it (current
-    /// istiod's default lists none; the converter refuses other codes).
+    /// Whether a 503 is retried (what the HTTP/1.1 fast path's retries ask; current istiod's
+    /// default policy lists no status code).
     pub retry_503: bool,
+    /// Which failures are retried, each attempt's deadline and the back-off: the policy's.
+    pub retry: super::retry_policy::RetryRules,
+    /// The fault the route injects (`None` for nearly every route).
+    pub fault: Option<Arc<remora_xds::model::fault::FaultPolicy>>,
     /// Whether the upstream is told the attempt (`x-envoy-attempt-count`): the virtual
     /// host's `include_request_attempt_count`.
     pub attempt_count: bool,
@@ -110,9 +114,9 @@ impl Routed {
     /// A retry tells the upstream what is left of the route's deadline, as Envoy's router
     /// does (the first attempt carries the whole of it, set by [`decide`]).
     pub(super) fn expect_remaining(&self, headers: &mut HeaderMap, elapsed: Duration) {
-        if let Some(t) = self.timeout.filter(|t| !t.is_zero()) {
-            let left = u64::try_from(t.saturating_sub(elapsed).as_millis()).unwrap_or(u64::MAX);
-            headers.insert(EXPECTED_TIMEOUT.clone(), HeaderValue::from(left));
+        if let Some(t) = self.expected_timeout(elapsed) {
+            let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+            headers.insert(EXPECTED_TIMEOUT.clone(), HeaderValue::from(ms));
         }
     }
 }
@@ -160,11 +164,24 @@ pub enum Answer {
         body: Option<String>,
         location: Option<String>,
         edits: Edits,
+        /// The route's fault, injected before the answer as Envoy's fault filter does before
+        /// its router answers.
+        fault: Option<Arc<remora_xds::model::fault::FaultPolicy>>,
     },
     /// For the HTTP/1.1 fast path, which gives [`decide_request`] no request parts: the
     /// route needs them (header values to fill in, a local answer), so hyper's path serves
     /// the request.
     Handover,
+}
+
+impl Answer {
+    /// The fault to inject before answering.
+    pub fn fault(&self) -> Option<&Arc<remora_xds::model::fault::FaultPolicy>> {
+        match self {
+            Answer::Local { fault, .. } => fault.as_ref(),
+            _ => None,
+        }
+    }
 }
 
 /// A forwarded request's route, before it is applied to the request: where it goes, and
@@ -186,9 +203,13 @@ pub struct Decided {
 impl Decided {
     /// Whether the HTTP/1.1 fast path serves this request as hyper's path would: it forwards
     /// heads as received (so only routes that edit nothing) on its own pool of HTTP/1.1
-    /// connections (so only clusters that ask nothing more of them).
+    /// connections (so only clusters that ask nothing more of them), retrying as Istio's
+    /// default policy says and injecting no fault (so only routes that ask no more).
     pub fn fits_fast_path(&self) -> bool {
         self.plain_http1_upstream
+            && self.routed.fault.is_none()
+            && self.routed.retry.per_try_timeout().is_none()
+            && (self.routed.retries == 0 || self.routed.retry.is_istio_default())
             && self.request_edits.is_empty()
             && self.routed.response_edits.is_empty()
             && self.path.is_none()
@@ -258,7 +279,11 @@ pub fn decide_request(
                 started: SystemTime::now(),
                 parts,
             };
-            return Err(answer(table, other, request, &format_request));
+            let mut local = answer(table, other, request, &format_request);
+            if let Answer::Local { fault, .. } = &mut local {
+                *fault = fault.take().filter(|_| ctx.xds_fault_filter);
+            }
+            return Err(local);
         }
     };
     let (request_edits, response_edits) = match parts {
@@ -277,6 +302,10 @@ pub fn decide_request(
                     body: None,
                     location: None,
                     edits: local_edits(table, vhost, route, &format_request),
+                    fault: route
+                        .fault_for(cluster)
+                        .filter(|_| ctx.xds_fault_filter)
+                        .cloned(),
                 });
             }
             edits(table, vhost, route, forward, cluster, &format_request)
@@ -302,16 +331,19 @@ pub fn decide_request(
             && model.max_requests_per_connection.is_none()
             && pool_idle_timeout(model.http_idle_timeout, ctx.config.http.pool_idle_timeout)
                 == ctx.config.http.pool_idle_timeout;
+    let rules = super::retry_policy::RetryRules::of(retry);
     let routed = Routed {
         cluster: Arc::clone(model),
         timeout: forward.timeout,
         grpc_timeout_header_max: forward.grpc_timeout_header_max,
         max_stream_duration: forward.max_stream_duration.filter(|d| !d.is_zero()),
         retries: retry.map_or(0, |r| r.num_retries),
-        retry_503: retry.is_some_and(|r| {
-            r.retriable_status_codes.contains(&503)
-                && r.retry_on.iter().any(|c| c == "retriable-status-codes")
-        }),
+        retry_503: rules.retries_503(),
+        retry: rules,
+        fault: route
+            .fault_for(cluster)
+            .filter(|_| ctx.xds_fault_filter)
+            .cloned(),
         avoid_previous: retry
             .filter(|r| r.avoid_previous_hosts)
             .map(|r| r.host_selection_retry_max_attempts),
@@ -360,7 +392,7 @@ pub fn decide(
     end.routed = Some(decided.routed.end());
     decided.request_edits.apply(&mut parts.headers);
     // Envoy's router tells the upstream its deadline (istiod's routes carry none by default).
-    if let Some(t) = decided.routed.timeout.filter(|t| !t.is_zero()) {
+    if let Some(t) = decided.routed.expected_timeout(Duration::ZERO) {
         let ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
         parts
             .headers
@@ -415,6 +447,7 @@ fn answer(
             body: body.map(str::to_string),
             location: None,
             edits: local_edits(table, vhost, route, format),
+            fault: route.fault.clone(),
         },
         HttpDecision::Redirect {
             redirect,
@@ -429,6 +462,7 @@ fn answer(
                 req,
             )),
             edits: local_edits(table, vhost, route, format),
+            fault: route.fault.clone(),
         },
     }
 }
@@ -609,6 +643,7 @@ pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response
             body,
             location,
             edits,
+            fault: _,
         } => (status, body, location, edits),
     };
     end.status = status;

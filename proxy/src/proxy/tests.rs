@@ -42,6 +42,7 @@ async fn connection_future_stays_small() {
             early: None,
             originate: None,
             xds_routes: None,
+            xds_fault_filter: false,
             xds_inbound: None,
         },
     );

@@ -48,7 +48,7 @@ impl Proxy {
                 // A chain of HTTP that detection did not see as HTTP: Envoy's connection
                 // manager would answer it 400; as HTTP/1.1 the parser does the same.
                 let version = http.unwrap_or(HttpVersion::Http1);
-                let routes = Some(Box::new(chain.routes.clone()));
+                let routes = Some((Box::new(chain.routes.clone()), chain.has_fault_filter()));
                 let downstream = Downstream::Plain(downstream);
                 let http = (version, prefix, None);
                 let served = Box::pin(self.http_routed(config, downstream, hop, http, routes));
@@ -119,7 +119,8 @@ impl Proxy {
             BytesMut,
             Option<Result<Upstream, ConnectError>>,
         ),
-        routes: Option<Box<remora_xds::model::listener::RouteSource>>,
+        // The chain's route table, and whether it has the fault filter.
+        routes: Option<(Box<remora_xds::model::listener::RouteSource>, bool)>,
     ) -> Outcome {
         let (version, prefix, early) = http;
         let (end, transfer) = http::serve(
@@ -137,7 +138,8 @@ impl Proxy {
                 prefix,
                 early,
                 originate: None,
-                xds_routes: routes,
+                xds_fault_filter: routes.as_ref().is_some_and(|(_, fault)| *fault),
+                xds_routes: routes.map(|(r, _)| r),
                 xds_inbound: None,
             },
         )

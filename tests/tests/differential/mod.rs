@@ -2,6 +2,9 @@
 //! worlds share, and istiod-shaped listeners, clusters, route tables and endpoints, with a
 //! route per behaviour the cases exercise.
 
+pub mod traffic;
+mod traffic_tests;
+
 use remora_e2e::backend;
 use remora_e2e::envoy_xds::Resources;
 use serde_json::{json, Value};
@@ -254,8 +257,10 @@ pub fn routes() -> Value {
              "response_headers_to_remove": [backend::SECRET_HEADER]}
         ]}, "retry_policy": istio_retry_policy()}}),
         ),
-        route(any.clone(), json!({"route": to(A)})),
     ];
+    let mut web_routes = web_routes;
+    web_routes.extend(traffic::routes());
+    web_routes.push(route(any.clone(), json!({"route": to(A)})));
     let answer = |name: &str| json!([{"match": any.clone(), "direct_response": direct(200, name)}]);
     json!([{
         "name": "80",
@@ -280,7 +285,9 @@ pub fn routes() -> Value {
         "virtual_hosts": [
             {"name": "with-port", "domains": ["web.test.svc.cluster.local:8080", "web:8080"],
              "routes": answer("with-port")},
-            {"name": "without-port", "domains": [WEB], "routes": [{"match": {"prefix": "/"}, "route": to(A)}]},
+            {"name": "without-port", "domains": [WEB], "routes": [
+                {"match": {"prefix": "/flaky/"}, "route": to(A), "typed_per_filter_config": traffic::abort_all()},
+                {"match": {"prefix": "/"}, "route": to(A)}]},
             {"name": "allow_any", "domains": ["*"], "routes": answer("catch-all")}
         ]
     }])
@@ -288,7 +295,18 @@ pub fn routes() -> Value {
 
 /// istiod's outbound HTTP listener for a port: `0.0.0.0_<port>`, RDS `<port>`, with istiod's
 /// access log.
-fn http_listener(port: u16, access_log: &Value) -> Value {
+fn http_listener(port: u16, access_log: &Value, fault_filter: bool) -> Value {
+    let mut filters = vec![];
+    if fault_filter {
+        // istiod's outbound chains have the fault filter (without one, Envoy injects no route's
+        // fault); port 8080's leaves it out to show that.
+        filters.push(json!({"name": "envoy.filters.http.fault", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault"}}));
+    }
+    filters.push(
+        json!({"name": "envoy.filters.http.router", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}),
+    );
     json!({"name": format!("0.0.0.0_{port}"),
      "address": {"socket_address": {"address": "0.0.0.0", "port_value": port}},
      "traffic_direction": "OUTBOUND", "bind_to_port": false,
@@ -297,8 +315,7 @@ fn http_listener(port: u16, access_log: &Value) -> Value {
         "stat_prefix": format!("outbound_0.0.0.0_{port}"),
         "rds": {"config_source": {"ads": {}, "resource_api_version": "V3"}, "route_config_name": port.to_string()},
         "access_log": access_log,
-        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]})
+        "http_filters": filters}}]}]})
 }
 
 /// istiod's listeners: `virtualOutbound` (REGISTRY_ONLY: the catch-all goes to
@@ -317,8 +334,8 @@ pub fn listeners() -> Value {
         {"name": "virtualOutbound", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15001}},
          "use_original_dst": true, "traffic_direction": "OUTBOUND",
          "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [tcp_proxy("BlackHoleCluster")]}]},
-        http_listener(80, &access_log),
-        http_listener(8080, &access_log),
+        http_listener(80, &access_log, true),
+        http_listener(8080, &access_log, false),
         remora_e2e::xds_resources::tcp_listener(TCP_VIP.parse().expect("addr"), TCP),
         remora_e2e::xds_resources::tcp_listener(TCP_NO_ENDPOINT.parse().expect("addr"), EMPTY),
         remora_e2e::xds_resources::tcp_listener(TCP_NO_CLUSTER.parse().expect("addr"), MISSING)

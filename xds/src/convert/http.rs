@@ -231,7 +231,16 @@ pub fn http_filter(name: &str, u: &Unpacked, path: &str) -> Result<HttpFilter, F
                 emit_filter_state: g.emit_filter_state,
             }
         }
-        FAULT => HttpFilter::Fault,
+        FAULT => {
+            // The filter's own fault would apply to every route without one of its own.
+            if u.message.fields().next().is_some() {
+                return Err(Fault::new(
+                    path,
+                    "a fault of the filter's own (for every route) not supported: only per-route faults",
+                ));
+            }
+            HttpFilter::Fault
+        }
         CORS => HttpFilter::Cors,
         _ => {
             return Err(Fault::new(
@@ -451,5 +460,22 @@ mod tests {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor"}));
         let fault = http_filter("compressor", &router_elsewhere, "p").expect_err("refused");
         assert_eq!(fault.reason, "HTTP filter \"compressor\" not supported");
+    }
+
+    /// istiod's fault filter has no fault of its own; one that has would fault every route
+    /// without a config of its own, which Remora does not do.
+    #[test]
+    fn the_fault_filter_only_without_a_fault_of_its_own() {
+        let istiod = unpacked(json!({
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault"}));
+        assert_eq!(
+            http_filter("envoy.filters.http.fault", &istiod, "p"),
+            Ok(HttpFilter::Fault)
+        );
+        let own = unpacked(json!({
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+            "abort": {"http_status": 503, "percentage": {"numerator": 100}}}));
+        let fault = http_filter("envoy.filters.http.fault", &own, "p").expect_err("refused");
+        assert!(fault.reason.contains("only per-route faults"), "{fault:?}");
     }
 }

@@ -139,7 +139,17 @@ pub const READ: &[(&str, &[&str])] = &[
         &["idle_timeout", "max_requests_per_connection"],
     ),
     ("envoy.extensions.filters.http.router.v3.Router", &[]),
-    ("envoy.extensions.filters.http.fault.v3.HTTPFault", &[]),
+    // Only a route's (per-filter) config may set them: the filter's own is refused whole
+    // (`http.rs`).
+    ("envoy.extensions.filters.http.fault.v3.HTTPFault", &["delay", "abort"]),
+    (
+        "envoy.extensions.filters.common.fault.v3.FaultDelay",
+        &["fixed_delay", "percentage"],
+    ),
+    (
+        "envoy.extensions.filters.http.fault.v3.FaultAbort",
+        &["http_status", "grpc_status", "percentage"],
+    ),
     ("envoy.extensions.filters.http.cors.v3.Cors", &[]),
     (
         "envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
@@ -214,6 +224,7 @@ pub const READ: &[(&str, &[&str])] = &[
             "request_headers_to_remove",
             "response_headers_to_add",
             "response_headers_to_remove",
+            "typed_per_filter_config",
         ],
     ),
     (
@@ -228,6 +239,7 @@ pub const READ: &[(&str, &[&str])] = &[
             "request_headers_to_remove",
             "response_headers_to_add",
             "response_headers_to_remove",
+            "typed_per_filter_config",
         ],
     ),
     (
@@ -244,6 +256,7 @@ pub const READ: &[(&str, &[&str])] = &[
             "request_headers_to_remove",
             "response_headers_to_add",
             "response_headers_to_remove",
+            "typed_per_filter_config",
         ],
     ),
     (
@@ -317,6 +330,7 @@ pub const READ: &[(&str, &[&str])] = &[
             "request_headers_to_remove",
             "response_headers_to_add",
             "response_headers_to_remove",
+            "typed_per_filter_config",
         ],
     ),
     (

@@ -1,35 +1,43 @@
 //! RouteConfiguration (RDS, or inline in an HTTP connection manager) into
 //! [`crate::model::route`].
 
-use super::any::unpack;
 use super::common::{
     duration, filter_metadata, header_edits, header_matcher, regex, string_matcher, struct_string,
     timeout,
 };
 use super::join;
+use crate::model::fault::FaultPolicy;
 use crate::model::route::{
-    Action, ClusterTarget, Forward, PathMatch, QueryParameterMatcher, Redirect, RetryPolicy, Route,
+    Action, ClusterTarget, Forward, PathMatch, QueryParameterMatcher, Redirect, Route,
     RouteConfiguration, RouteMatch, Upgrade, VirtualHost, WeightedCluster, DEFAULT_ROUTE_TIMEOUT,
 };
 use crate::refusal::Fault;
 use envoy_types::pb::envoy::config::core::v3 as core;
 use envoy_types::pb::envoy::config::route::v3 as pb;
+use fault::per_filter_configs;
+use retry::retry_policy;
 use std::sync::Arc;
-
-const PREVIOUS_HOSTS: &str = "envoy.retry_host_predicates.previous_hosts";
-const PREVIOUS_HOSTS_TYPE: &str =
-    "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate";
 
 /// Convert a route table (`path` is where it sits: empty for RDS).
 pub fn route_configuration(
     rc: &pb::RouteConfiguration,
     path: &str,
 ) -> Result<RouteConfiguration, Fault> {
+    let fault = per_filter_configs(
+        &rc.typed_per_filter_config,
+        &join(path, "typed_per_filter_config"),
+    )?;
     let virtual_hosts = rc
         .virtual_hosts
         .iter()
         .enumerate()
-        .map(|(i, vh)| virtual_host(vh, &join(path, &format!("virtual_hosts[{i}]"))))
+        .map(|(i, vh)| {
+            virtual_host(
+                vh,
+                &join(path, &format!("virtual_hosts[{i}]")),
+                fault.as_ref(),
+            )
+        })
         .collect::<Result<_, _>>()?;
     direct_response_bodies_fit(rc, path)?;
     Ok(RouteConfiguration {
@@ -86,12 +94,22 @@ fn direct_response_bodies_fit(rc: &pb::RouteConfiguration, path: &str) -> Result
     Ok(())
 }
 
-fn virtual_host(vh: &pb::VirtualHost, path: &str) -> Result<VirtualHost, Fault> {
+/// A virtual host; `table_fault` is its table's fault config, which its own replaces.
+fn virtual_host(
+    vh: &pb::VirtualHost,
+    path: &str,
+    table_fault: Option<&Arc<FaultPolicy>>,
+) -> Result<VirtualHost, Fault> {
+    let own = per_filter_configs(
+        &vh.typed_per_filter_config,
+        &format!("{path}.typed_per_filter_config"),
+    )?;
+    let fault = own.as_ref().or(table_fault);
     let routes = vh
         .routes
         .iter()
         .enumerate()
-        .map(|(i, r)| route(r, &format!("{path}.routes[{i}]")).map(Arc::new))
+        .map(|(i, r)| route(r, &format!("{path}.routes[{i}]"), fault).map(Arc::new))
         .collect::<Result<_, _>>()?;
     Ok(VirtualHost {
         name: vh.name.clone(),
@@ -116,7 +134,17 @@ fn virtual_host(vh: &pb::VirtualHost, path: &str) -> Result<VirtualHost, Fault> 
     })
 }
 
-fn route(r: &pb::Route, path: &str) -> Result<Route, Fault> {
+/// A route; `vhost_fault` is the fault config it inherits, which its own replaces.
+fn route(
+    r: &pb::Route,
+    path: &str,
+    vhost_fault: Option<&Arc<FaultPolicy>>,
+) -> Result<Route, Fault> {
+    let own = per_filter_configs(
+        &r.typed_per_filter_config,
+        &format!("{path}.typed_per_filter_config"),
+    )?;
+    let fault = own.or_else(|| vhost_fault.cloned());
     let matcher = route_match(
         r.r#match
             .as_ref()
@@ -124,9 +152,11 @@ fn route(r: &pb::Route, path: &str) -> Result<Route, Fault> {
         &format!("{path}.match"),
     )?;
     let action = match &r.action {
-        Some(pb::route::Action::Route(a)) => {
-            Action::Forward(Box::new(forward(a, &format!("{path}.route"))?))
-        }
+        Some(pb::route::Action::Route(a)) => Action::Forward(Box::new(forward(
+            a,
+            &format!("{path}.route"),
+            fault.as_ref(),
+        )?)),
         Some(pb::route::Action::Redirect(r)) => {
             Action::Redirect(redirect(r, &format!("{path}.redirect"))?)
         }
@@ -159,6 +189,15 @@ fn route(r: &pb::Route, path: &str) -> Result<Route, Fault> {
         }
         _ => return Err(Fault::new(path, "route action not supported")),
     };
+    let fault_per_cluster = match &action {
+        Action::Forward(f) => match &f.target {
+            ClusterTarget::Weighted(set) => set
+                .iter()
+                .any(|c| c.fault.as_ref().map(Arc::as_ptr) != fault.as_ref().map(Arc::as_ptr)),
+            ClusterTarget::Cluster(_) => false,
+        },
+        _ => false,
+    };
     let istio_config =
         filter_metadata(r.metadata.as_ref(), "istio").and_then(|s| struct_string(s, "config"));
     Ok(Route {
@@ -167,6 +206,8 @@ fn route(r: &pb::Route, path: &str) -> Result<Route, Fault> {
         action,
         decorator: r.decorator.as_ref().map(|d| d.operation.clone()),
         istio_config,
+        fault,
+        fault_per_cluster,
         request_headers_to_add: header_edits(
             &r.request_headers_to_add,
             &format!("{path}.request_headers_to_add"),
@@ -228,13 +269,19 @@ fn route_match(m: &pb::RouteMatch, path: &str) -> Result<RouteMatch, Fault> {
     })
 }
 
-fn forward(a: &pb::RouteAction, path: &str) -> Result<Forward, Fault> {
+fn forward(
+    a: &pb::RouteAction,
+    path: &str,
+    route_fault: Option<&Arc<FaultPolicy>>,
+) -> Result<Forward, Fault> {
     use pb::route_action::ClusterSpecifier as C;
     let target = match &a.cluster_specifier {
         Some(C::Cluster(c)) => ClusterTarget::Cluster(c.clone()),
-        Some(C::WeightedClusters(w)) => {
-            ClusterTarget::Weighted(weighted(w, &format!("{path}.weighted_clusters"))?)
-        }
+        Some(C::WeightedClusters(w)) => ClusterTarget::Weighted(weighted(
+            w,
+            &format!("{path}.weighted_clusters"),
+            route_fault,
+        )?),
         _ => {
             return Err(Fault::new(
                 path,
@@ -324,7 +371,11 @@ fn forward(a: &pb::RouteAction, path: &str) -> Result<Forward, Fault> {
     })
 }
 
-fn weighted(w: &pb::WeightedCluster, path: &str) -> Result<Vec<WeightedCluster>, Fault> {
+fn weighted(
+    w: &pb::WeightedCluster,
+    path: &str,
+    route_fault: Option<&Arc<FaultPolicy>>,
+) -> Result<Vec<WeightedCluster>, Fault> {
     if w.random_value_specifier.is_some() || !w.runtime_key_prefix.is_empty() {
         return Err(Fault::new(path, "runtime-driven weights not supported"));
     }
@@ -340,9 +391,14 @@ fn weighted(w: &pb::WeightedCluster, path: &str) -> Result<Vec<WeightedCluster>,
                     "cluster_header in weighted clusters not supported",
                 ));
             }
+            let own = per_filter_configs(
+                &c.typed_per_filter_config,
+                &format!("{at}.typed_per_filter_config"),
+            )?;
             Ok(WeightedCluster {
                 name: c.name.clone(),
                 weight: c.weight.as_ref().map_or(0, |w| w.value),
+                fault: own.or_else(|| route_fault.cloned()),
                 request_headers_to_add: header_edits(
                     &c.request_headers_to_add,
                     &format!("{at}.request_headers_to_add"),
@@ -423,154 +479,7 @@ fn redirect(r: &pb::RedirectAction, path: &str) -> Result<Redirect, Fault> {
     })
 }
 
-fn retry_policy(r: &pb::RetryPolicy, path: &str) -> Result<RetryPolicy, Fault> {
-    let mut avoid_previous_hosts = false;
-    for (i, p) in r.retry_host_predicate.iter().enumerate() {
-        let at = format!("{path}.retry_host_predicate[{i}]");
-        if p.name != PREVIOUS_HOSTS {
-            return Err(Fault::new(
-                &at,
-                format!("retry host predicate {:?} not supported", p.name),
-            ));
-        }
-        // istiod sent the name alone until 2022-04, a typed_config since; both mean the same.
-        if let Some(pb::retry_policy::retry_host_predicate::ConfigType::TypedConfig(any)) =
-            &p.config_type
-        {
-            let u = unpack(any, &format!("{at}.typed_config"))?;
-            if u.message_name() != PREVIOUS_HOSTS_TYPE {
-                return Err(Fault::new(
-                    format!("{at}.typed_config"),
-                    "not a previous_hosts predicate",
-                )
-                .with_type(&u.type_url));
-            }
-        }
-        avoid_previous_hosts = true;
-    }
-    let retry_on: Vec<String> = r
-        .retry_on
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
-        .collect();
-    const KNOWN: &[&str] = &[
-        "5xx",
-        "gateway-error",
-        "reset",
-        "reset-before-request",
-        "connect-failure",
-        "envoy-ratelimited",
-        "retriable-4xx",
-        "refused-stream",
-        "retriable-status-codes",
-        "retriable-headers",
-        "http3-post-connect-failure",
-        "cancelled",
-        "deadline-exceeded",
-        "internal",
-        "resource-exhausted",
-        "unavailable",
-    ];
-    if let Some(unknown) = retry_on.iter().find(|c| !KNOWN.contains(&c.as_str())) {
-        return Err(Fault::new(
-            format!("{path}.retry_on"),
-            format!("unknown retry condition {unknown:?}"),
-        ));
-    }
-    let retriable_status_codes = r
-        .retriable_status_codes
-        .iter()
-        .map(|c| {
-            u16::try_from(*c)
-                .map_err(|_| Fault::new(format!("{path}.retriable_status_codes"), "bad status"))
-        })
-        .collect::<Result<_, _>>()?;
-    let backoff = r.retry_back_off.as_ref();
-    let policy = RetryPolicy {
-        retry_on,
-        // Envoy: one retry when unset.
-        num_retries: r.num_retries.as_ref().map_or(1, |n| n.value),
-        per_try_timeout: timeout(
-            r.per_try_timeout.as_ref(),
-            None,
-            &format!("{path}.per_try_timeout"),
-        )?,
-        retriable_status_codes,
-        avoid_previous_hosts,
-        host_selection_retry_max_attempts: u32::try_from(
-            r.host_selection_retry_max_attempts.max(0),
-        )
-        .unwrap_or(u32::MAX),
-        backoff_base: backoff
-            .and_then(|b| b.base_interval.as_ref())
-            .map(|d| duration(d, &format!("{path}.retry_back_off.base_interval")))
-            .transpose()?,
-        backoff_max: backoff
-            .and_then(|b| b.max_interval.as_ref())
-            .map(|d| duration(d, &format!("{path}.retry_back_off.max_interval")))
-            .transpose()?,
-    };
-    honoured(&policy, path)?;
-    Ok(policy)
-}
-
-/// Istio's default retry conditions, as istiod writes them on every route
-/// (`route/retry/retry.go`): what Remora's retries (`http::retry`) do today.
-const ISTIO_DEFAULT_RETRY_ON: &[&str] = &[
-    "connect-failure",
-    "refused-stream",
-    "unavailable",
-    "cancelled",
-    "retriable-status-codes",
-];
-
-/// Remora retries as Istio's default policy does (which failures, Envoy's 25 ms back-off base,
-/// no per-try deadline), with the route's number of retries and a 503 retried only when the
-/// policy lists it. A
-/// policy that asks for other conditions, statuses, a per-try timeout or its own back-off is
-/// refused by name until the traffic-management work honours it, rather than retried by other
-/// rules than the operator wrote. A policy of no retries says nothing about conditions.
-fn honoured(p: &RetryPolicy, path: &str) -> Result<(), Fault> {
-    if p.num_retries == 0 {
-        return Ok(());
-    }
-    let mut conditions: Vec<&str> = p.retry_on.iter().map(String::as_str).collect();
-    conditions.sort_unstable();
-    conditions.dedup();
-    let mut default = ISTIO_DEFAULT_RETRY_ON.to_vec();
-    default.sort_unstable();
-    if conditions != default {
-        return Err(Fault::new(
-            format!("{path}.retry_on"),
-            format!(
-                "retry conditions other than Istio's default ({}) not supported yet",
-                ISTIO_DEFAULT_RETRY_ON.join(",")
-            ),
-        ));
-    }
-    // Current istiod writes none; earlier ones wrote 503.
-    if !matches!(p.retriable_status_codes.as_slice(), [] | [503]) {
-        return Err(Fault::new(
-            format!("{path}.retriable_status_codes"),
-            "retriable status codes other than 503 not supported yet",
-        ));
-    }
-    if p.per_try_timeout.is_some() {
-        return Err(Fault::new(
-            format!("{path}.per_try_timeout"),
-            "a per-try timeout not supported yet",
-        ));
-    }
-    if p.backoff_base.is_some() || p.backoff_max.is_some() {
-        return Err(Fault::new(
-            format!("{path}.retry_back_off"),
-            "a retry back-off other than Envoy's default not supported yet",
-        ));
-    }
-    Ok(())
-}
-
+mod fault;
+mod retry;
 #[cfg(test)]
 mod tests;

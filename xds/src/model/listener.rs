@@ -244,6 +244,15 @@ pub struct HttpChain {
     pub access_log: Vec<AccessLog>,
 }
 
+impl HttpChain {
+    /// Whether the chain has Envoy's fault filter: routes' fault configs inject only then.
+    pub fn has_fault_filter(&self) -> bool {
+        self.http_filters
+            .iter()
+            .any(|f| matches!(f, HttpFilter::Fault))
+    }
+}
+
 /// Where an HTTP chain's routes come from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RouteSource {
@@ -293,8 +302,8 @@ pub enum HttpFilter {
     GrpcStats {
         emit_filter_state: bool,
     },
-    /// Envoy's fault filter with no fault of its own (istiod's default): only a route's
-    /// per-filter config would inject, and Remora refuses those.
+    /// Envoy's fault filter with no fault of its own (istiod's default): routes' per-filter
+    /// fault configs inject through it (a chain without it injects none, as Envoy).
     Fault,
     /// Envoy's CORS filter with no policy of its own (istiod's default): only a route's or
     /// virtual host's CORS policy would act, and Remora refuses those.

@@ -5,6 +5,8 @@
 //!   chains a connection takes (by destination, SNI, transport and ALPN);
 //! - [`route`]: route tables: virtual host by Host, route by path, headers and query, then the
 //!   cluster, timeout and retries;
+//! - [`fault`]: fault injection (delays and aborts) per route;
+//! - [`retry`]: retry policies (conditions, retries, per-try timeout, back-off);
 //! - [`cluster`]: discovery, balancing, connect timeout, the transport socket per endpoint;
 //! - [`endpoint`]: EDS host sets: localities, priorities, weights, health, tlsMode;
 //! - [`rbac`]: Envoy's RBAC policies as data, for the authorization step to enforce;
@@ -14,10 +16,12 @@
 
 pub mod cluster;
 pub mod endpoint;
+pub mod fault;
 pub mod header_format;
 pub mod listener;
 pub mod matcher;
 pub mod rbac;
+pub mod retry;
 pub mod route;
 pub mod secret;
 

@@ -1,6 +1,7 @@
 //! Route tables: which virtual host a Host header reaches, which route of it a request takes,
 //! and what that route does (cluster or weighted clusters, timeout, retries, header edits).
 
+use super::fault::FaultPolicy;
 use super::matcher::{HeaderMatcher, Pattern, StringMatcher};
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,10 +52,34 @@ pub struct Route {
     pub decorator: Option<String>,
     /// Istio's `filter_metadata.istio.config` (the VirtualService it came from).
     pub istio_config: Option<String>,
+    /// The fault filter's config for this route: its own, else its virtual host's, else its
+    /// table's (Envoy's most specific per-filter config).
+    pub fault: Option<Arc<FaultPolicy>>,
+    /// Some weighted cluster of the route has a fault config of its own
+    /// ([`WeightedCluster::fault`] then says which applies).
+    pub fault_per_cluster: bool,
     pub request_headers_to_add: Vec<HeaderEdit>,
     pub request_headers_to_remove: Vec<String>,
     pub response_headers_to_add: Vec<HeaderEdit>,
     pub response_headers_to_remove: Vec<String>,
+}
+
+impl Route {
+    /// The fault config for a request of this route that goes to `cluster`: the picked
+    /// weighted cluster's own when it has one, else the route's.
+    pub fn fault_for(&self, cluster: &str) -> Option<&Arc<FaultPolicy>> {
+        if self.fault_per_cluster {
+            if let Action::Forward(f) = &self.action {
+                if let ClusterTarget::Weighted(set) = &f.target {
+                    return set
+                        .iter()
+                        .find(|c| c.name == cluster)
+                        .and_then(|c| c.fault.as_ref());
+                }
+            }
+        }
+        self.fault.as_ref()
+    }
 }
 
 /// How the path is matched.
@@ -143,6 +168,8 @@ pub fn pick_weighted<'a>(
 pub struct WeightedCluster {
     pub name: String,
     pub weight: u32,
+    /// The fault config when this cluster is picked: its own, else its route's.
+    pub fault: Option<Arc<FaultPolicy>>,
     pub request_headers_to_add: Vec<HeaderEdit>,
     pub request_headers_to_remove: Vec<String>,
     pub response_headers_to_add: Vec<HeaderEdit>,
@@ -189,23 +216,7 @@ pub struct Redirect {
     pub strip_query: bool,
 }
 
-/// A retry policy, as Envoy reads `x-envoy-retry-on` style conditions.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RetryPolicy {
-    /// `connect-failure`, `refused-stream`, `unavailable`, `cancelled`,
-    /// `retriable-status-codes`, `5xx`, `gateway-error`, `reset`, …
-    pub retry_on: Vec<String>,
-    pub num_retries: u32,
-    /// `None`: the route's timeout bounds all tries together.
-    pub per_try_timeout: Option<Duration>,
-    pub retriable_status_codes: Vec<u16>,
-    /// Avoid hosts already tried (`envoy.retry_host_predicates.previous_hosts`).
-    pub avoid_previous_hosts: bool,
-    /// How many times to pick again when the predicate rejects a host.
-    pub host_selection_retry_max_attempts: u32,
-    pub backoff_base: Option<Duration>,
-    pub backoff_max: Option<Duration>,
-}
+pub use super::retry::{RetryOn, RetryPolicy};
 
 /// A header to add.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -447,6 +458,7 @@ mod tests {
         let w = |name: &str, weight| WeightedCluster {
             name: name.into(),
             weight,
+            fault: None,
             request_headers_to_add: vec![],
             request_headers_to_remove: vec![],
             response_headers_to_add: vec![],

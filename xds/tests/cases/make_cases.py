@@ -237,21 +237,30 @@ write("gaps", "routes", [
     gap_rc("retry-remote-localities", retry=dict(DEFAULT_RETRY, retry_priority={"name": "envoy.retry_priorities.previous_priorities",
         "typed_config": {"@type": TYPE("envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig"),
                          "update_frequency": 2}})),
-    # VirtualService retries {attempts: 3, perTryTimeout: 1s, retryOn: "5xx,gateway-error,503"}.
-    gap_rc("custom-retries", retry={"retry_on": "5xx,gateway-error,retriable-status-codes", "num_retries": 3,
-        "per_try_timeout": "1s", "retry_host_predicate": PREV, "host_selection_retry_max_attempts": "5",
-        "retriable_status_codes": [503], "retry_back_off": {"base_interval": "0.025s"}}),
     gap_rc("weighted-authority", target={"weighted_clusters": {"clusters": [
         {"name": G, "weight": 50, "host_rewrite_literal": "a.example.com"},
         {"name": f"outbound|9080|v2|gaps.{NS}.svc.cluster.local", "weight": 50}]}}),
-    gap_rc("fault", route_extra={"typed_per_filter_config": {"envoy.filters.http.fault": {
-        "@type": TYPE("envoy.extensions.filters.http.fault.v3.HTTPFault"),
-        "abort": {"http_status": 503, "percentage": {"numerator": 100, "denominator": "MILLION"}}}}}),
     gap_rc("cors", route_extra={"typed_per_filter_config": {"envoy.filters.http.cors": {
         "@type": TYPE("envoy.extensions.filters.http.cors.v3.CorsPolicy"),
         "allow_origin_string_match": [{"exact": "https://example.com"}], "allow_methods": "GET,POST",
         "forward_not_matching_preflights": True}}}),
     gap_rc("x-forwarded-host", action_extra={"append_x_forwarded_host": True, "host_rewrite_literal": "b.example.com"}),
+])
+
+# ---- faults-retries: VirtualService fault and retries, once gaps, which Remora honours.
+write("faults-retries", "routes", [
+    # VirtualService retries {attempts: 3, perTryTimeout: 1s, retryOn: "5xx,gateway-error,503"}.
+    gap_rc("custom-retries", retry={"retry_on": "5xx,gateway-error,retriable-status-codes", "num_retries": 3,
+        "per_try_timeout": "1s", "retry_host_predicate": PREV, "host_selection_retry_max_attempts": "5",
+        "retriable_status_codes": [503], "retry_back_off": {"base_interval": "0.025s"}}),
+    gap_rc("fault", route_extra={"typed_per_filter_config": {"envoy.filters.http.fault": {
+        "@type": TYPE("envoy.extensions.filters.http.fault.v3.HTTPFault"),
+        "abort": {"http_status": 503, "percentage": {"numerator": 100, "denominator": "MILLION"}}}}}),
+    # fault {delay: {fixedDelay: 7s, percentage: 100}, abort: {grpcStatus: UNAVAILABLE, percentage: 50}}.
+    gap_rc("fault-delay-grpc", route_extra={"typed_per_filter_config": {"envoy.filters.http.fault": {
+        "@type": TYPE("envoy.extensions.filters.http.fault.v3.HTTPFault"),
+        "delay": {"fixed_delay": "7s", "percentage": {"numerator": 1000000, "denominator": "MILLION"}},
+        "abort": {"grpc_status": 14, "percentage": {"numerator": 500000, "denominator": "MILLION"}}}}}),
 ])
 
 # ---- envoy-rejects: Envoy refuses each (it is the oracle); Remora must too. One resource per fault.

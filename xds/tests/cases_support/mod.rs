@@ -19,8 +19,9 @@ pub fn cases_dir() -> PathBuf {
 }
 
 /// The cases, by folder name.
-pub const CASES: [&str; 7] = [
+pub const CASES: [&str; 8] = [
     "traffic-split",
+    "faults-retries",
     "redirect-rewrite",
     "dns-static",
     "tcp-split",

@@ -66,6 +66,8 @@ fn grpc_timeout_header_max_and_max_stream_duration_bound_the_deadline() {
         max_stream_duration: stream,
         retries: 0,
         retry_503: false,
+        retry: Default::default(),
+        fault: None,
         response_edits: Edits::default(),
         metrics_peer: None,
         attempt_count: false,
@@ -258,4 +260,49 @@ fn tried_endpoints_are_kept_in_order_inline_then_spilled() {
     tried.push(at(2));
     tried.push(at(1));
     assert_eq!(tried.as_slice(), [at(1), at(2), at(1)]);
+}
+
+/// The deadline each attempt is told, as Envoy's router computes it: the route's timeout
+/// left, no more than the per-try timeout.
+#[test]
+fn attempts_are_told_the_deadline_left_within_the_per_try_timeout() {
+    let ms = Duration::from_millis;
+    let snapshot = crate::route::tests::bookinfo().snapshot();
+    let cluster = snapshot
+        .cluster("outbound|9080||reviews.default.svc.cluster.local")
+        .expect("bookinfo's reviews");
+    let routed = |timeout, per_try| Routed {
+        cluster: Arc::clone(cluster),
+        timeout,
+        grpc_timeout_header_max: None,
+        max_stream_duration: None,
+        retries: 2,
+        retry_503: false,
+        retry: crate::http::retry_policy::RetryRules {
+            timing: Some(Box::new(crate::http::retry_policy::RetryTiming {
+                per_try_timeout: per_try,
+                backoff: None,
+            })),
+            ..Default::default()
+        },
+        fault: None,
+        response_edits: Edits::default(),
+        metrics_peer: None,
+        attempt_count: false,
+        avoid_previous: None,
+        tried: Default::default(),
+    };
+    let r = routed(Some(ms(1000)), Some(ms(300)));
+    assert_eq!(r.expected_timeout(ms(0)), Some(ms(300)));
+    assert_eq!(r.expected_timeout(ms(800)), Some(ms(200)));
+    assert_eq!(r.expected_timeout(ms(1000)), None);
+    assert_eq!(
+        routed(None, Some(ms(300))).expected_timeout(ms(900)),
+        Some(ms(300))
+    );
+    assert_eq!(
+        routed(Some(ms(500)), None).expected_timeout(ms(100)),
+        Some(ms(400))
+    );
+    assert_eq!(routed(None, None).expected_timeout(ms(0)), None);
 }

@@ -87,6 +87,7 @@ async fn routed_client(proxy: &Arc<Proxy>) -> TcpStream {
             early: None,
             originate: None,
             xds_routes: Some(Box::new(RouteSource::Rds("80".into()))),
+            xds_fault_filter: true,
             xds_inbound: None,
         },
     ));
