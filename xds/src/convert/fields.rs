@@ -97,11 +97,11 @@ mod tests {
         let value = serde_json::json!({
             "name": "c",
             "connect_timeout": "1s",
-            "outlier_detection": {"consecutive_5xx": 3}
+            "lb_subset_config": {"fallback_policy": "ANY_ENDPOINT"}
         });
         let msg = crate::json::from_json(&value, "envoy.config.cluster.v3.Cluster").expect("json");
         let fault = check(&msg, "").expect_err("refused");
-        assert_eq!(fault.path, "outlier_detection");
+        assert_eq!(fault.path, "lb_subset_config");
         let nested = serde_json::json!({
             "name": "l",
             "filter_chains": [{"filters": [{
