@@ -32,10 +32,12 @@ impl Flags {
     pub const NC: Flags = Flags(1 << 9);
     /// No healthy upstream host in the cluster.
     pub const UH: Flags = Flags(1 << 10);
+    /// Upstream overflow: a circuit breaker of the cluster was open.
+    pub const UO: Flags = Flags(1 << 11);
 
     /// In the order Envoy 1.40 prints them: the retry limit before the failure of the last
     /// attempt (`URX,UF`), as it sets them.
-    const NAMES: [(Flags, &'static str); 11] = [
+    const NAMES: [(Flags, &'static str); 12] = [
         (Flags::URX, "URX"),
         (Flags::UF, "UF"),
         (Flags::UC, "UC"),
@@ -47,6 +49,7 @@ impl Flags {
         (Flags::NR, "NR"),
         (Flags::NC, "NC"),
         (Flags::UH, "UH"),
+        (Flags::UO, "UO"),
     ];
 
     /// Add `other` to the set.
@@ -133,6 +136,8 @@ pub enum ErrorKind {
     /// xDS: the cluster has no healthy endpoint, or none that can be reached as configured
     /// (503 `UH`).
     NoHealthyUpstream,
+    /// xDS: a circuit breaker of the cluster is open (503 `UO`); never sent upstream.
+    Overflow,
 }
 
 impl ErrorKind {
@@ -167,6 +172,7 @@ impl ErrorKind {
             ErrorKind::NoRoute => Flags::NR,
             ErrorKind::NoCluster => Flags::NC,
             ErrorKind::NoHealthyUpstream => Flags::UH,
+            ErrorKind::Overflow => Flags::UO,
         }
     }
 
@@ -244,6 +250,9 @@ impl ErrorKind {
             ErrorKind::NoRoute => "route_not_found",
             ErrorKind::NoCluster => "cluster_not_found",
             ErrorKind::NoHealthyUpstream => "no healthy upstream",
+            ErrorKind::Overflow => {
+                "upstream connect error or disconnect/reset before headers. reset reason: overflow"
+            }
         }
     }
 

@@ -13,7 +13,7 @@ use super::{header_format, protocol, ConnContext};
 use crate::route::rewrite::{self, RedirectRequest};
 use crate::route::{self, HttpDecision};
 use crate::upstream::dial::{self, Connected};
-use crate::upstream::{Avoid, Transport, UpstreamError};
+use crate::upstream::{Avoid, Outcome, Transport, UpstreamError};
 use bytes::Bytes;
 pub use edits::Edits;
 use edits::{edits, edits_none, local_edits};
@@ -447,6 +447,8 @@ pub(super) fn select(
             UpstreamError::NoHealthyUpstream(_) | UpstreamError::Transport { .. } => {
                 ErrorKind::NoHealthyUpstream
             }
+            // Waited for by `admit` first; one taken meanwhile by another request overflows.
+            UpstreamError::Overflow(_) | UpstreamError::ConnectionsFull(_) => ErrorKind::Overflow,
         };
         ProxyError::new(kind, routed.original_dst, e)
     })?;
@@ -481,6 +483,7 @@ pub(super) async fn send(
 ) -> Result<Upstreamed, ProxyError> {
     let upgrade = ctx.key.version == crate::detect::HttpVersion::Http1
         && super::headers::wants_upgrade(req.headers());
+    admit(ctx, routed).await?;
     let (selected, key) = select(ctx, routed, upgrade)?;
     let version = key.version;
     protocol::translate(&mut req, version);
@@ -496,6 +499,9 @@ pub(super) async fn send(
     if let Some(sender) = pooled {
         match send_on(ctx, key, sender, req).await {
             Ok(up) => {
+                selected
+                    .in_flight
+                    .report(Outcome::Status(up.response.status().as_u16()));
                 let up = up.counting(selected.in_flight);
                 return Ok(up.pooled_within(limit, idle_timeout));
             }
@@ -503,7 +509,7 @@ pub(super) async fn send(
                 tracing::debug!(endpoint = %key.destination, error = %e, "pooled connection closed; opening another");
                 req = *back;
             }
-            Err(SendError::Failed(e)) => return Err(e),
+            Err(SendError::Failed(e)) => return Err(reported(&selected, e)),
         }
     }
     let alpn = protocol::mesh_alpn(req.version());
@@ -516,14 +522,24 @@ pub(super) async fn send(
         ctx.key.source,
     ))
     .await
-    .map_err(|e| ProxyError::new(dial_failure(&e), selected.address, e))?;
+    .map_err(|e| {
+        selected.in_flight.connect_failed();
+        reported(
+            &selected,
+            ProxyError::new(dial_failure(&e), selected.address, e),
+        )
+    })?;
+    selected.in_flight.report(Outcome::Connected);
     let sender = match connected {
         Connected::Plain(up) => pool::handshake(up, version).await,
         Connected::Mesh(tls, registration) => {
             pool::handshake_over(*tls, registration, version).await
         }
     }
-    .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, selected.address, e))?;
+    .map_err(|e| {
+        let e = ProxyError::new(ErrorKind::ConnectFailed, selected.address, e);
+        reported(&selected, e)
+    })?;
     if let (Sender::Http2(s), None) = (&sender, limit) {
         // Shared from now on by every request to this endpoint.
         ctx.proxy.pool.checkin(
@@ -534,11 +550,74 @@ pub(super) async fn send(
         );
     }
     match send_on(ctx, key, sender, req).await {
-        Ok(up) => Ok(up
-            .counting(selected.in_flight)
-            .pooled_within(limit, idle_timeout)),
-        Err(SendError::Unsent(_, e)) => Err(ProxyError::from_send(key.destination, e)),
-        Err(SendError::Failed(e)) => Err(e),
+        Ok(up) => {
+            selected
+                .in_flight
+                .report(Outcome::Status(up.response.status().as_u16()));
+            Ok(up
+                .counting(selected.in_flight)
+                .pooled_within(limit, idle_timeout))
+        }
+        Err(SendError::Unsent(_, e)) => Err(reported(
+            &selected,
+            ProxyError::from_send(key.destination, e),
+        )),
+        Err(SendError::Failed(e)) => Err(reported(&selected, e)),
+    }
+}
+
+/// `e`, after reporting it to the attempt's cluster: a failure before any answer is a local
+/// one to outlier detection (Envoy's connect failures and resets).
+fn reported(selected: &crate::upstream::Selected, e: ProxyError) -> ProxyError {
+    selected.in_flight.report(Outcome::LocalFailure);
+    e
+}
+
+/// Wait while every connection the routed cluster may have is in use, as Envoy's pool holds a
+/// pending request (`max_connections`, `max_pending_requests`); both paths admit here.
+pub(super) async fn admit(ctx: &ConnContext, routed: &Routed) -> Result<(), ProxyError> {
+    let Some(store) = &ctx.proxy.xds else {
+        return Ok(());
+    };
+    let snapshot = store.current();
+    if !ctx
+        .proxy
+        .upstreams
+        .connections_full(&snapshot, &routed.cluster)
+    {
+        return Ok(());
+    }
+    ctx.proxy
+        .upstreams
+        .wait_for_connection(&snapshot, &routed.cluster)
+        .await
+        .map_err(|e| ProxyError::new(ErrorKind::Overflow, routed.original_dst, e))
+}
+
+/// Count a timeout of the routed request (Envoy's `upstream_rq_timeout`), and report it to
+/// outlier detection against the host its last attempt went to.
+pub(super) fn timed_out(ctx: &ConnContext, routed: &Routed) {
+    let host = routed
+        .tried
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .last()
+        .copied();
+    ctx.proxy.upstreams.timed_out(&routed.cluster, host);
+}
+
+/// A retry of the routed request, counted and held against its cluster's `max_retries`;
+/// `Err` when the breaker is open (the request ends with what it has, flagged `UO`).
+pub(super) fn retry(
+    ctx: &ConnContext,
+    routed: Option<&Routed>,
+) -> Result<Option<crate::upstream::RetryGuard>, ()> {
+    match routed {
+        None => Ok(None),
+        Some(r) => match ctx.proxy.upstreams.retry(&r.cluster) {
+            Some(guard) => Ok(Some(guard)),
+            None => Err(()),
+        },
     }
 }
 

@@ -120,7 +120,14 @@ async fn attempts(
     let mut stale_retry = req.idempotent;
     // After a stale pooled connection, the next attempt dials: its siblings are likely stale too.
     let mut dial = false;
+    // The retry under way, held against the routed cluster's `max_retries`.
+    let mut retrying: Option<crate::upstream::RetryGuard> = None;
     let (up, response) = loop {
+        if let Some(r) = req.routed.as_deref() {
+            routed::admit(ctx, &r.routed)
+                .await
+                .map_err(|e| Failed::Local(e.kind))?;
+        }
         let next = match next_connection(ctx, req.routed.as_deref_mut(), early, dial, end) {
             Ok(next) => next,
             // No cluster or no healthy endpoint: answered at once, as hyper's path does.
@@ -135,6 +142,7 @@ async fn attempts(
                 Err(kind) => {
                     if kind.retryable() && retries > 0 {
                         if attempt <= retries {
+                            retrying = Some(retry(ctx, req, end)?);
                             backoff(ctx, attempt).await;
                             attempt += 1;
                             continue;
@@ -186,8 +194,12 @@ async fn attempts(
             Err(e) => Err(ResponseError::Io(e)),
         };
         let response = match answered {
-            Ok(r) => r,
+            Ok(r) => {
+                report(end, crate::upstream::Outcome::Status(r.status));
+                r
+            }
             Err(e) => {
+                report(end, crate::upstream::Outcome::LocalFailure);
                 if reused && stale_retry && rbuf.is_empty() && matches!(e, ResponseError::Io(_)) {
                     stale_retry = false;
                     dial = true;
@@ -200,6 +212,7 @@ async fn attempts(
         };
         if retries > 0 && retry_503 && response.status == 503 {
             if attempt <= retries {
+                retrying = Some(retry(ctx, req, end)?);
                 // Its body is not read: the connection goes with it.
                 drop(up);
                 backoff(ctx, attempt).await;
@@ -210,6 +223,9 @@ async fn attempts(
         }
         break (up, response);
     };
+    if let Some(r) = retrying.filter(|_| response.status < 500) {
+        r.succeeded();
+    }
     if let Some(log) = &mut end.log {
         log.status = response.status;
         log.upstream = Some(req.key(ctx).destination);
@@ -407,6 +423,30 @@ fn next_connection(
     })
 }
 
+/// Report an attempt's outcome to its cluster (statistics, outlier detection).
+fn report(end: &RequestEnd, outcome: crate::upstream::Outcome) {
+    if let Some(f) = end.routed.as_ref().and_then(|r| r.in_flight.as_ref()) {
+        f.report(outcome);
+    }
+}
+
+/// A retry of a routed request, counted against its cluster's `max_retries`; past it the
+/// request ends with its last failure, flagged `UO` as Envoy's router flags it.
+fn retry(
+    ctx: &ConnContext,
+    req: &Request<'_>,
+    end: &mut RequestEnd,
+) -> Result<crate::upstream::RetryGuard, Failed> {
+    match routed::retry(ctx, req.routed.as_deref().map(|r| &r.routed)) {
+        Ok(Some(guard)) => Ok(guard),
+        Ok(None) => Ok(crate::upstream::RetryGuard::none()),
+        Err(()) => {
+            end.flags.insert(Flags::UO);
+            Err(Failed::Local(ErrorKind::Overflow))
+        }
+    }
+}
+
 /// The request counts against the selected endpoint until it ends (a retry's endpoint
 /// replaces an earlier attempt's).
 fn counting(end: &mut RequestEnd, in_flight: crate::upstream::InFlight) {
@@ -436,6 +476,18 @@ async fn open(
             )
             .await;
             counting(end, selected.in_flight);
+            report(
+                end,
+                match dialled {
+                    Ok(_) => crate::upstream::Outcome::Connected,
+                    Err(_) => crate::upstream::Outcome::LocalFailure,
+                },
+            );
+            if dialled.is_err() {
+                if let Some(f) = end.routed.as_ref().and_then(|r| r.in_flight.as_ref()) {
+                    f.connect_failed();
+                }
+            }
             match dialled {
                 Ok(Connected::Plain(up)) => Ok(Up::Plain(up)),
                 Ok(Connected::Mesh(tls, registration)) => {
