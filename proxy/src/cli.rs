@@ -332,9 +332,11 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         .collect();
     let loop_guard = LoopGuard::new(capture_ports);
     let upstreams = Arc::new(crate::upstream::Upstreams::default());
+    metrics.set_clusters(Arc::clone(&upstreams));
     let state = Arc::new(AdminState {
         upstreams: Arc::clone(&loop_guard),
         dns_hosts: Arc::clone(&upstreams.dns),
+        balancers: Arc::clone(&upstreams),
         config: Arc::clone(&store),
         listeners: listener_info(&routes),
         workload: own,

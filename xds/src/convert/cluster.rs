@@ -106,6 +106,22 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
         .as_ref()
         .map(limits::outlier_detection)
         .transpose()?;
+    // An original destination is no host the cluster keeps: nothing to eject or to count
+    // connections of (istiod never writes these there).
+    if matches!(discovery, Discovery::OriginalDst { .. }) {
+        if outlier_detection.is_some() {
+            return Err(Fault::new(
+                "outlier_detection",
+                "outlier detection of ORIGINAL_DST hosts not supported",
+            ));
+        }
+        if circuit_breakers.per_host_max_connections.is_some() {
+            return Err(Fault::new(
+                "circuit_breakers.per_host_thresholds",
+                "per-host limits of ORIGINAL_DST hosts not supported",
+            ));
+        }
+    }
     if let Some(r) = &c.typed_dns_resolver_config {
         dns_resolver(r)?;
     }

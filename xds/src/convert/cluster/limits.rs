@@ -380,5 +380,10 @@ mod tests {
             json!({"enforcing_success_rate": 0, "monitors": [{"name": "m"}]}),
             "outlier_detection.monitors",
         );
+        let err = convert(json!({"name": "c", "type": "ORIGINAL_DST",
+            "lb_policy": "CLUSTER_PROVIDED",
+            "outlier_detection": {"enforcing_success_rate": 0}}))
+        .expect_err("refused");
+        assert!(err.contains("ORIGINAL_DST"), "{err}");
     }
 }
