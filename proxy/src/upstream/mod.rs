@@ -242,6 +242,8 @@ impl Upstreams {
             return Err(UpstreamError::Overflow(cluster.to_string()));
         }
         stats::inc(&state.stats.rq_pending_total);
+        // Envoy counts the connection its pool could not open for the pending request.
+        stats::inc(&state.stats.cx_overflow);
         let _pending = Decrement(&state.rq_pending);
         loop {
             let released = state.cx_released.notified();
@@ -358,8 +360,7 @@ fn pick<'a>(
     }
     state.prune_hosts(total, |a| cla.endpoints().any(|(_, e)| e.address == *a));
     let now = state.now_ms();
-    let any_ejected =
-        state.ejections.load(Ordering::Relaxed) > 0 && state.recount_ejections(now) > 0;
+    let any_ejected = state.any_ejected(now);
     let usable = move |e: &Endpoint| !any_ejected || !state.ejected(&e.address, now);
     let candidates = balance::Candidates::new(cla, threshold, usable);
     if candidates.is_empty() {

@@ -66,6 +66,11 @@ impl HostState {
         }
     }
 
+    /// When its ejection ends (ms; 0: not ejected).
+    pub fn ejection_end(&self) -> u64 {
+        self.ejected_until.load(Ordering::Acquire)
+    }
+
     /// Whether the host is out at `now` (ms). An ejection that is over is ended here, with
     /// the counters reset as Envoy resets them when a host comes back.
     pub fn ejected(&self, now: u64) -> bool {

@@ -53,9 +53,9 @@ pub struct ClusterState {
     /// The clock of ejections (ms from here; outlier detection's interval ticks start here).
     started: Instant,
     hosts: ArcSwap<HashMap<SocketAddr, Arc<HostState>>>,
-    /// Hosts possibly ejected (an upper bound: an ejection ends lazily). While 0, a pick looks
-    /// no host up.
-    pub ejections: AtomicU32,
+    /// The latest end of any ejection (ms; only ever raised): until then a pick looks its
+    /// hosts up, after it none can be out. No count that a racing pick could lower.
+    pub ejected_until: AtomicU64,
     /// Hosts the cluster has (as of its last pick): the whole that `max_ejection_percent` is
     /// a share of.
     pub endpoints: AtomicU32,
@@ -156,7 +156,7 @@ impl ClusterState {
             round_robin: AtomicU64::new(0),
             started: Instant::now(),
             hosts: ArcSwap::default(),
-            ejections: AtomicU32::new(0),
+            ejected_until: AtomicU64::new(0),
             endpoints: AtomicU32::new(0),
             ejecting: Mutex::new(()),
         }
@@ -194,7 +194,7 @@ impl ClusterState {
         {
             let _one = self.ejecting.lock().unwrap_or_else(PoisonError::into_inner);
             let now = self.now_ms();
-            let out = self.recount_ejections(now);
+            let out = self.count_ejected(now);
             let hosts = self
                 .hosts
                 .load()
@@ -202,7 +202,8 @@ impl ClusterState {
                 .max(self.endpoints.load(Ordering::Relaxed) as usize);
             let roll = fastrand::u32(..100);
             if super::outlier::detect(host, od, d, &self.stats, now, out, hosts, roll) {
-                self.ejections.fetch_add(1, Ordering::Relaxed);
+                self.ejected_until
+                    .fetch_max(host.ejection_end(), Ordering::AcqRel);
                 tracing::info!(cluster = %self.name(), host = %host.address, detector = ?d, "host ejected by outlier detection");
             }
         }
@@ -242,9 +243,14 @@ impl ClusterState {
         self.hosts.load().get(address).cloned()
     }
 
-    /// Whether the host at `address` is ejected now (no look-up while nothing is).
+    /// Whether some host may be ejected at `now`.
+    pub fn any_ejected(&self, now: u64) -> bool {
+        now < self.ejected_until.load(Ordering::Acquire)
+    }
+
+    /// Whether the host at `address` is ejected now (no look-up while none can be).
     pub fn ejected(&self, address: &SocketAddr, now: u64) -> bool {
-        if self.ejections.load(Ordering::Relaxed) == 0 {
+        if !self.any_ejected(now) {
             return false;
         }
         self.hosts
@@ -253,17 +259,13 @@ impl ClusterState {
             .is_some_and(|h| h.ejected(now))
     }
 
-    /// Hosts out now, recounted (ends the ejections that are over).
-    pub fn recount_ejections(&self, now: u64) -> usize {
-        let n = self
-            .hosts
+    /// Hosts out now (ends the ejections that are over).
+    pub fn count_ejected(&self, now: u64) -> usize {
+        self.hosts
             .load()
             .values()
             .filter(|h| h.ejected(now))
-            .count();
-        self.ejections
-            .store(u32::try_from(n).unwrap_or(u32::MAX), Ordering::Relaxed);
-        n
+            .count()
     }
 
     /// Forget hosts no longer in the cluster's endpoints (`keep`), when there are many more
@@ -290,7 +292,7 @@ impl ClusterState {
 
     fn gauges(&self) -> Vec<(&'static str, u64)> {
         let v = |a: &AtomicU32| u64::from(a.load(Ordering::Relaxed));
-        let ejected = self.recount_ejections(self.now_ms());
+        let ejected = self.count_ejected(self.now_ms());
         vec![
             ("upstream_rq_active", v(&self.rq_active)),
             ("upstream_rq_pending_active", v(&self.rq_pending)),
