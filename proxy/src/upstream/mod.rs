@@ -385,6 +385,8 @@ fn pick<'a>(
         // Only ORIGINAL_DST clusters provide their host, and they do not get here.
         LbPolicy::ClusterProvided => balance::random(hosts.clone(), rng.u64(..)),
     };
+    // Bound before returning: the iterator borrows `usable`, which borrows `state`.
+    #[allow(clippy::let_and_return)]
     let chosen = hosts.clone().nth(index);
     chosen
 }

@@ -354,7 +354,6 @@ mod tests {
             2
         );
         // Gateway failures: only 502, 503 and 504 (enforced here).
-        let mut od = od;
         od.consecutive_gateway_failure = Consecutive {
             threshold: 2,
             enforcing: 100,

@@ -21,6 +21,9 @@ use std::time::Instant;
 /// from the configuration are dropped (istiod may name clusters without end over a long life).
 const MAX_STATS: usize = 4096;
 
+/// A cluster's gauges, by Envoy's name.
+pub type Gauges = Vec<(&'static str, u64)>;
+
 /// Every cluster's state.
 #[derive(Debug, Default)]
 pub struct ClusterStates {
@@ -66,11 +69,7 @@ pub struct ClusterState {
 impl ClusterStates {
     /// The state of `cluster` as the snapshot has it; `names` are the clusters the snapshot
     /// has (states of the others are dropped when a state is made).
-    pub fn get<'a>(
-        &self,
-        cluster: &Arc<Cluster>,
-        names: impl Fn(&str) -> bool,
-    ) -> Arc<ClusterState> {
+    pub fn get(&self, cluster: &Arc<Cluster>, names: impl Fn(&str) -> bool) -> Arc<ClusterState> {
         if let Some(state) = self.by_name.load().get(cluster.name.as_str()) {
             let config = state.config.load();
             if Arc::ptr_eq(&config, cluster) {
@@ -122,7 +121,7 @@ impl ClusterStates {
     }
 
     /// Every cluster's statistics by stat name, with the gauges of its current state.
-    pub fn envoy_stats(&self) -> Vec<(Arc<ClusterStats>, Vec<(&'static str, u64)>)> {
+    pub fn envoy_stats(&self) -> Vec<(Arc<ClusterStats>, Gauges)> {
         let states = self.by_name.load();
         let all = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
         let mut out: Vec<_> = all
