@@ -142,7 +142,11 @@ async fn attempts(
                 Err(kind) => {
                     if kind.retryable() && retries > 0 {
                         if attempt <= retries {
-                            retrying = Some(retry(ctx, req, end)?);
+                            // Past `max_retries`, the connect failure is the answer.
+                            let Some(guard) = retry(ctx, req, end) else {
+                                return Err(Failed::Local(kind));
+                            };
+                            retrying = Some(guard);
                             backoff(ctx, attempt).await;
                             attempt += 1;
                             continue;
@@ -212,7 +216,11 @@ async fn attempts(
         };
         if retries > 0 && retry_503 && response.status == 503 {
             if attempt <= retries {
-                retrying = Some(retry(ctx, req, end)?);
+                // Past the cluster's `max_retries`, the 503 itself is the answer (flagged UO).
+                let Some(guard) = retry(ctx, req, end) else {
+                    break (up, response);
+                };
+                retrying = Some(guard);
                 // Its body is not read: the connection goes with it.
                 drop(up);
                 backoff(ctx, attempt).await;
@@ -430,19 +438,19 @@ fn report(end: &RequestEnd, outcome: crate::upstream::Outcome) {
     }
 }
 
-/// A retry of a routed request, counted against its cluster's `max_retries`; past it the
-/// request ends with its last failure, flagged `UO` as Envoy's router flags it.
+/// A retry of a routed request, counted against its cluster's `max_retries`; `None` past it:
+/// the request ends with its last answer or failure, flagged `UO` as Envoy's router flags it.
 fn retry(
     ctx: &ConnContext,
     req: &Request<'_>,
     end: &mut RequestEnd,
-) -> Result<crate::upstream::RetryGuard, Failed> {
+) -> Option<crate::upstream::RetryGuard> {
     match routed::retry(ctx, req.routed.as_deref().map(|r| &r.routed)) {
-        Ok(Some(guard)) => Ok(guard),
-        Ok(None) => Ok(crate::upstream::RetryGuard::none()),
+        Ok(Some(guard)) => Some(guard),
+        Ok(None) => Some(crate::upstream::RetryGuard::none()),
         Err(()) => {
             end.flags.insert(Flags::UO);
-            Err(Failed::Local(ErrorKind::Overflow))
+            None
         }
     }
 }
