@@ -576,17 +576,13 @@ fn reported(selected: &crate::upstream::Selected, e: ProxyError) -> ProxyError {
 /// Wait while every connection the routed cluster may have is in use, as Envoy's pool holds a
 /// pending request (`max_connections`, `max_pending_requests`); both paths admit here.
 pub(super) async fn admit(ctx: &ConnContext, routed: &Routed) -> Result<(), ProxyError> {
+    if !ctx.proxy.upstreams.connections_full(&routed.cluster) {
+        return Ok(());
+    }
     let Some(store) = &ctx.proxy.xds else {
         return Ok(());
     };
     let snapshot = store.current();
-    if !ctx
-        .proxy
-        .upstreams
-        .connections_full(&snapshot, &routed.cluster)
-    {
-        return Ok(());
-    }
     ctx.proxy
         .upstreams
         .wait_for_connection(&snapshot, &routed.cluster)

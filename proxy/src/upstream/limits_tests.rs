@@ -76,7 +76,7 @@ async fn a_request_waits_for_a_connection_as_a_pending_one_and_the_next_overflow
     let e = http(&up, &s).expect_err("no second connection");
     assert_eq!(e, UpstreamError::ConnectionsFull(C.into()));
     assert_eq!(stat(&up, "upstream_cx_overflow"), 1);
-    assert!(up.connections_full(&s, C));
+    assert!(up.connections_full(C));
     let waiting = {
         let (up, s) = (Arc::clone(&up), Arc::clone(&s));
         tokio::spawn(async move { up.wait_for_connection(&s, C).await })
@@ -168,4 +168,43 @@ fn max_ejection_percent_keeps_hosts_in() {
         stat(&up, "outlier_detection.ejections_detected_consecutive_5xx"),
         1
     );
+}
+
+#[global_allocator]
+static ALLOCATOR: remora_malloc::counting::Counting = remora_malloc::counting::Counting;
+
+/// The pick of the routed fast path, with circuit breakers, outlier detection and a host
+/// ejected, allocates nothing once the cluster's state exists.
+#[test]
+fn a_selection_allocates_nothing() {
+    // The counter counts.
+    let one = remora_malloc::counting::allocations_in(|| {
+        std::hint::black_box(Vec::<u8>::with_capacity(16));
+    });
+    assert_eq!(one, 1);
+    for policy in ["ROUND_ROBIN", "LEAST_REQUEST", "RANDOM"] {
+        let mut extra = thresholds(100, 100, 100);
+        extra["lb_policy"] = json!(policy);
+        extra["outlier_detection"] = json!({"consecutive_5xx": 1, "max_ejection_percent": 50,
+            "enforcing_success_rate": 0});
+        let store = store(extra);
+        let s = store.snapshot();
+        let up = Arc::new(Upstreams::default());
+        // The state and every host's are made on first use; one host is ejected.
+        for _ in 0..30 {
+            drop(http(&up, &s).expect("pick"));
+        }
+        http(&up, &s)
+            .expect("pick")
+            .in_flight
+            .report(Outcome::Status(503));
+        let allocations = remora_malloc::counting::allocations_in(|| {
+            for _ in 0..1000 {
+                let sel = http(&up, &s).expect("pick");
+                sel.in_flight.report(Outcome::Status(200));
+            }
+        });
+        assert_eq!(allocations, 0, "{policy}");
+        assert_eq!(stat(&up, "outlier_detection.ejections_active"), 1);
+    }
 }

@@ -298,13 +298,9 @@ impl Upstreams {
     }
 
     /// Whether an HTTP request to `cluster` would find every connection it may have in use.
-    pub fn connections_full(&self, snapshot: &Snapshot, cluster: &str) -> bool {
-        let (Some(state), Some(c)) = (self.clusters.find(cluster), snapshot.cluster(cluster))
-        else {
-            return false;
-        };
-        c.http_protocol != UpstreamHttpProtocol::Http2
-            && state.cx_active.load(Ordering::Acquire) >= state.limits.max_connections
+    /// One look-up, no lock: asked before every routed HTTP attempt.
+    pub fn connections_full(&self, cluster: &str) -> bool {
+        self.clusters.connections_full(cluster)
     }
 
     /// Count a request to `cluster` that timed out, against `host` its last attempt went to.

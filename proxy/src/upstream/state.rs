@@ -42,6 +42,8 @@ pub struct ClusterState {
     pub stats: Arc<ClusterStats>,
     pub limits: CircuitBreakers,
     pub outlier: Option<OutlierDetection>,
+    /// The cluster speaks HTTP/2 upstream: its requests share connections.
+    http2: bool,
     /// Requests (or TCP connections) in flight, for `max_requests`.
     pub rq_active: AtomicU32,
     /// Requests waiting for a connection, for `max_pending_requests`.
@@ -110,6 +112,14 @@ impl ClusterStates {
         state
     }
 
+    /// Whether an HTTP request to the cluster named `name` would find every connection slot
+    /// in use (an HTTP/2 cluster's requests hold none).
+    pub fn connections_full(&self, name: &str) -> bool {
+        self.by_name.load().get(name).is_some_and(|s| {
+            !s.http2 && s.cx_active.load(Ordering::Acquire) >= s.limits.max_connections
+        })
+    }
+
     /// The state of the cluster named `name` now, if it was ever used.
     pub fn find(&self, name: &str) -> Option<Arc<ClusterState>> {
         self.by_name.load().get(name).cloned()
@@ -145,6 +155,7 @@ impl ClusterState {
         ClusterState {
             limits: cluster.circuit_breakers,
             outlier: cluster.outlier_detection,
+            http2: cluster.http_protocol == remora_xds::model::cluster::UpstreamHttpProtocol::Http2,
             config: ArcSwap::new(cluster),
             stats,
             rq_active: AtomicU32::new(0),
