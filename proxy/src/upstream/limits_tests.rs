@@ -208,3 +208,60 @@ fn a_selection_allocates_nothing() {
         assert_eq!(stat(&up, "outlier_detection.ejections_active"), 1);
     }
 }
+
+/// The cluster's statistics as `/stats` and `/stats/prometheus` print them: Envoy's dotted
+/// names, and `envoy_cluster_*` with Istio's `cluster_name`, `response_code` and
+/// `response_code_class` tags.
+#[test]
+fn cluster_stats_are_exported_as_envoys() {
+    let store = store(thresholds(u32::MAX, u32::MAX, 1));
+    let s = store.snapshot();
+    let up = Arc::new(Upstreams::default());
+    let m = crate::metrics::Metrics::default();
+    m.set_clusters(Arc::clone(&up));
+    let held = http(&up, &s).expect("pick");
+    held.in_flight.report(Outcome::Status(503));
+    http(&up, &s).expect_err("overflow");
+    drop(held);
+    http(&up, &s)
+        .expect("pick")
+        .in_flight
+        .report(Outcome::Status(200));
+    let dotted: Vec<(String, u64)> = m
+        .envoy_stats()
+        .into_iter()
+        .map(|s| (s.dotted_name(), s.value))
+        .collect();
+    for (name, value) in [
+        ("upstream_rq_total", 2),
+        ("upstream_rq_200", 1),
+        ("upstream_rq_503", 1),
+        ("upstream_rq_5xx", 1),
+        ("upstream_rq_pending_overflow", 1),
+    ] {
+        let name = format!("cluster.{C}.{name}");
+        assert!(
+            dotted.contains(&(name.clone(), value)),
+            "{name}: {dotted:?}"
+        );
+    }
+    let text = m.encode();
+    for line in [
+        format!("envoy_cluster_upstream_rq_total{{cluster_name=\"{C}\"}} 2\n"),
+        format!("envoy_cluster_upstream_rq{{cluster_name=\"{C}\",response_code=\"503\"}} 1\n"),
+        format!(
+            "envoy_cluster_upstream_rq{{cluster_name=\"{C}\",response_code_class=\"2xx\"}} 1\n"
+        ),
+        format!("envoy_cluster_upstream_rq_pending_overflow{{cluster_name=\"{C}\"}} 1\n"),
+        format!("envoy_cluster_outlier_detection_ejections_active{{cluster_name=\"{C}\"}} 0\n"),
+    ] {
+        assert!(text.contains(&line), "{line}: {text}");
+    }
+    // One family per name: the tagged codes and `upstream_rq_total` do not collide.
+    assert_eq!(
+        text.matches("# TYPE envoy_cluster_upstream_rq counter\n")
+            .count(),
+        1,
+        "{text}"
+    );
+}
