@@ -34,6 +34,10 @@ const WEB: &str = "web.test.svc.cluster.local";
 const CB: &str = "outbound|80|cb|web.test.svc.cluster.local";
 /// DestinationRule with outlier detection, over the refusing endpoint and the live one.
 const OD: &str = "outbound|80|od|web.test.svc.cluster.local";
+/// A TCP service whose DestinationRule allows one connection.
+const TCP_CB: &str = "outbound|9000||echo.test.svc.cluster.local";
+const TCP_VIP: &str = "10.96.0.20:9000";
+const ECHO_PORT: u16 = 9000;
 
 /// Istio's default access-log format, which both proxies write.
 const ISTIO_TEXT_FORMAT: &str = concat!(
@@ -77,7 +81,11 @@ fn clusters() -> Value {
         "enforcing_success_rate": 0});
     // istiod's `minHealthPercent` 0: never route to ejected hosts in panic.
     od["common_lb_config"] = json!({"healthy_panic_threshold": {}});
-    json!([cb, od, {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}])
+    let mut tcp = eds_cluster(TCP_CB);
+    tcp["circuit_breakers"] = json!({"thresholds": [{"max_connections": 1,
+        "max_pending_requests": 4294967295u32, "max_requests": 4294967295u32,
+        "max_retries": 4294967295u32, "track_remaining": true}]});
+    json!([cb, od, tcp, {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}])
 }
 
 fn resources() -> Resources {
@@ -110,7 +118,8 @@ fn resources() -> Resources {
                 "rds": {"config_source": {"ads": {}, "resource_api_version": "V3"}, "route_config_name": "80"},
                 "access_log": access_log,
                 "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]},
+            remora_e2e::xds_resources::tcp_listener(TCP_VIP.parse().expect("addr"), TCP_CB)
         ]),
         clusters: clusters(),
         routes: json!([{"name": "80", "virtual_hosts": [
@@ -118,7 +127,8 @@ fn resources() -> Resources {
              "routes": [route("/slow", CB), route("/od", OD)]}]}]),
         endpoints: json!([
             {"cluster_name": CB, "endpoints": [{"lb_endpoints": [endpoint(LIVE_PORT)]}]},
-            {"cluster_name": OD, "endpoints": [{"lb_endpoints": [endpoint(DEAD_PORT), endpoint(LIVE_PORT)]}]}
+            {"cluster_name": OD, "endpoints": [{"lb_endpoints": [endpoint(DEAD_PORT), endpoint(LIVE_PORT)]}]},
+            {"cluster_name": TCP_CB, "endpoints": [{"lb_endpoints": [endpoint(ECHO_PORT)]}]}
         ]),
     }
 }
@@ -132,10 +142,10 @@ enum Proxy<'n> {
 struct World<'n> {
     net: &'n PodNet,
     proxy: Proxy<'n>,
-    _backend: Server,
+    _backends: (Server, Server),
 }
 
-fn prepare(net: &PodNet) -> Server {
+fn prepare(net: &PodNet) -> (Server, Server) {
     net.capture_default();
     for (ns, args) in [
         (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
@@ -144,7 +154,10 @@ fn prepare(net: &PodNet) -> Server {
         let out = ns.command("ip").args(&args).output().expect("ip");
         assert!(out.status.success(), "ip {args:?}: {out:?}");
     }
-    backend::start(&net.peer, backend_addr(LIVE_PORT), "live")
+    (
+        backend::start(&net.peer, backend_addr(LIVE_PORT), "live"),
+        Server::echo(&net.peer, backend_addr(ECHO_PORT)),
+    )
 }
 
 impl World<'_> {
@@ -233,7 +246,7 @@ fn remora_world(net: &PodNet) -> World<'_> {
     World {
         net,
         proxy: Proxy::Remora(remora),
-        _backend: backend,
+        _backends: backend,
     }
 }
 
@@ -245,7 +258,7 @@ fn envoy_world<'n>(net: &'n PodNet, binary: &Path) -> World<'n> {
     World {
         net,
         proxy: Proxy::Envoy(envoy),
-        _backend: backend,
+        _backends: backend,
     }
 }
 
@@ -398,4 +411,45 @@ fn outlier_detection_has_envoys_outcome() {
         remora.admin("/stats"),
         envoy.admin("/clusters")
     );
+}
+
+/// What one world made of a TCP service allowed one connection: the first echoes, a second
+/// opened meanwhile is closed without reaching the backend.
+fn tcp_breaking(w: &World) -> (Vec<u8>, String, u64) {
+    use std::io::{Read, Write};
+    let vip: SocketAddr = TCP_VIP.parse().expect("addr");
+    let mut first = peer::connect(&w.net.pod, vip).expect("first connection");
+    first.write_all(b"ping").expect("write");
+    let mut echoed = [0u8; 4];
+    first.read_exact(&mut echoed).expect("echo");
+    let second = match peer::connect(&w.net.pod, vip) {
+        Ok(mut s) => match s.read(&mut [0u8; 16]) {
+            Ok(0) => "closed".to_string(),
+            Ok(n) => format!("{n} bytes"),
+            Err(e) => format!("{:?}", e.kind()),
+        },
+        Err(e) => format!("connect: {:?}", e.kind()),
+    };
+    drop(first);
+    (
+        echoed.to_vec(),
+        second,
+        w.stat(TCP_CB, "upstream_cx_overflow"),
+    )
+}
+
+#[test]
+fn tcp_circuit_breaking_has_envoys_outcome() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora, envoy) = (remora_world(&nets.0), envoy_world(&nets.1, &binary));
+    let expected = tcp_breaking(&envoy);
+    assert_eq!(
+        expected,
+        (b"ping".to_vec(), "closed".to_string(), 1),
+        "envoy"
+    );
+    let got = tcp_breaking(&remora);
+    assert_eq!(got, expected, "remora:\n{}", remora.output());
 }
