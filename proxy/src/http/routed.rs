@@ -14,6 +14,8 @@ use crate::route::rewrite::{self, RedirectRequest};
 use crate::route::{self, HttpDecision};
 use crate::upstream::dial::{self, Connected};
 use crate::upstream::{Avoid, Outcome, Transport, UpstreamError};
+use breakers::reported;
+pub(super) use breakers::{admit, report, retry, retry_counted, timed_out};
 use bytes::Bytes;
 pub use edits::Edits;
 use edits::{edits, edits_none, local_edits};
@@ -566,57 +568,6 @@ pub(super) async fn send(
     }
 }
 
-/// `e`, after reporting it to the attempt's cluster: a failure before any answer is a local
-/// one to outlier detection (Envoy's connect failures and resets).
-fn reported(selected: &crate::upstream::Selected, e: ProxyError) -> ProxyError {
-    selected.in_flight.report(Outcome::LocalFailure);
-    e
-}
-
-/// Wait while every connection the routed cluster may have is in use, as Envoy's pool holds a
-/// pending request (`max_connections`, `max_pending_requests`); both paths admit here.
-pub(super) async fn admit(ctx: &ConnContext, routed: &Routed) -> Result<(), ProxyError> {
-    if !ctx.proxy.upstreams.connections_full(&routed.cluster) {
-        return Ok(());
-    }
-    let Some(store) = &ctx.proxy.xds else {
-        return Ok(());
-    };
-    let snapshot = store.current();
-    ctx.proxy
-        .upstreams
-        .wait_for_connection(&snapshot, &routed.cluster)
-        .await
-        .map_err(|e| ProxyError::new(ErrorKind::Overflow, routed.original_dst, e))
-}
-
-/// Count a timeout of the routed request (Envoy's `upstream_rq_timeout`), and report it to
-/// outlier detection against the host its last attempt went to.
-pub(super) fn timed_out(ctx: &ConnContext, routed: &Routed) {
-    let host = routed
-        .tried
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .last()
-        .copied();
-    ctx.proxy.upstreams.timed_out(&routed.cluster, host);
-}
-
-/// A retry of the routed request, counted and held against its cluster's `max_retries`;
-/// `Err` when the breaker is open (the request ends with what it has, flagged `UO`).
-pub(super) fn retry(
-    ctx: &ConnContext,
-    routed: Option<&Routed>,
-) -> Result<Option<crate::upstream::RetryGuard>, ()> {
-    match routed {
-        None => Ok(None),
-        Some(r) => match ctx.proxy.upstreams.retry(&r.cluster) {
-            Some(guard) => Ok(Some(guard)),
-            None => Err(()),
-        },
-    }
-}
-
 /// How long a pooled connection of a cluster may stay idle: the cluster's
 /// `common_http_protocol_options.idle_timeout` (zero: none), and never longer than Remora's
 /// own `http.pool_idle_timeout` (servers close idle keep-alive connections on timers of their
@@ -680,6 +631,7 @@ pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response
     }
 }
 
+mod breakers;
 mod edits;
 #[cfg(test)]
 mod tests;

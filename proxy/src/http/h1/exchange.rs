@@ -143,7 +143,7 @@ async fn attempts(
                     if kind.retryable() && retries > 0 {
                         if attempt <= retries {
                             // Past `max_retries`, the connect failure is the answer.
-                            let Some(guard) = retry(ctx, req, end) else {
+                            let Some(guard) = retry(ctx, req, &mut end.flags) else {
                                 return Err(Failed::Local(kind));
                             };
                             retrying = Some(guard);
@@ -199,25 +199,27 @@ async fn attempts(
         };
         let response = match answered {
             Ok(r) => {
-                report(end, crate::upstream::Outcome::Status(r.status));
+                routed::report(end, crate::upstream::Outcome::Status(r.status));
                 r
             }
             Err(e) => {
-                report(end, crate::upstream::Outcome::LocalFailure);
                 if reused && stale_retry && rbuf.is_empty() && matches!(e, ResponseError::Io(_)) {
+                    // A pooled connection the server had closed: not the host's failure (hyper's
+                    // path resends such a request unreported too).
                     stale_retry = false;
                     dial = true;
                     tracing::debug!(dst = %ctx.key.destination, "pooled connection closed; opening another");
                     continue;
                 }
                 tracing::debug!(dst = %ctx.key.destination, error = %e, "upstream request failed");
+                routed::report(end, crate::upstream::Outcome::LocalFailure);
                 return Err(Failed::Local(e.kind()));
             }
         };
         if retries > 0 && retry_503 && response.status == 503 {
             if attempt <= retries {
                 // Past the cluster's `max_retries`, the 503 itself is the answer (flagged UO).
-                let Some(guard) = retry(ctx, req, end) else {
+                let Some(guard) = retry(ctx, req, &mut end.flags) else {
                     break (up, response);
                 };
                 retrying = Some(guard);
@@ -431,30 +433,6 @@ fn next_connection(
     })
 }
 
-/// Report an attempt's outcome to its cluster (statistics, outlier detection).
-fn report(end: &RequestEnd, outcome: crate::upstream::Outcome) {
-    if let Some(f) = end.routed.as_ref().and_then(|r| r.in_flight.as_ref()) {
-        f.report(outcome);
-    }
-}
-
-/// A retry of a routed request, counted against its cluster's `max_retries`; `None` past it:
-/// the request ends with its last answer or failure, flagged `UO` as Envoy's router flags it.
-fn retry(
-    ctx: &ConnContext,
-    req: &Request<'_>,
-    end: &mut RequestEnd,
-) -> Option<crate::upstream::RetryGuard> {
-    match routed::retry(ctx, req.routed.as_deref().map(|r| &r.routed)) {
-        Ok(Some(guard)) => Some(guard),
-        Ok(None) => Some(crate::upstream::RetryGuard::none()),
-        Err(()) => {
-            end.flags.insert(Flags::UO);
-            None
-        }
-    }
-}
-
 /// The request counts against the selected endpoint until it ends (a retry's endpoint
 /// replaces an earlier attempt's).
 fn counting(end: &mut RequestEnd, in_flight: crate::upstream::InFlight) {
@@ -484,7 +462,7 @@ async fn open(
             )
             .await;
             counting(end, selected.in_flight);
-            report(
+            routed::report(
                 end,
                 match dialled {
                     Ok(_) => crate::upstream::Outcome::Connected,
@@ -632,6 +610,15 @@ async fn response_head(
             Err(e) => return Err(ResponseError::Io(e)),
         }
     }
+}
+
+/// A retry, counted against the routed cluster's `max_retries` (`None` past it).
+fn retry(
+    ctx: &ConnContext,
+    req: &Request<'_>,
+    flags: &mut Flags,
+) -> Option<crate::upstream::RetryGuard> {
+    routed::retry_counted(ctx, req.routed.as_deref().map(|r| &r.routed), flags)
 }
 
 async fn backoff(ctx: &ConnContext, attempt: u32) {
