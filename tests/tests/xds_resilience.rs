@@ -36,6 +36,10 @@ const CB: &str = "outbound|80|cb|web.test.svc.cluster.local";
 const OD: &str = "outbound|80|od|web.test.svc.cluster.local";
 /// A TCP service whose DestinationRule allows one connection.
 const TCP_CB: &str = "outbound|9000||echo.test.svc.cluster.local";
+/// Outlier detection on 5xx answers (`consecutive5xxErrors: 2`), over the live endpoint and
+/// one that answers every request 500.
+const OD5: &str = "outbound|80|od5|web.test.svc.cluster.local";
+const FAILING_PORT: u16 = 8002;
 const TCP_VIP: &str = "10.96.0.20:9000";
 const ECHO_PORT: u16 = 9000;
 
@@ -85,7 +89,11 @@ fn clusters() -> Value {
     tcp["circuit_breakers"] = json!({"thresholds": [{"max_connections": 1,
         "max_pending_requests": 4294967295u32, "max_requests": 4294967295u32,
         "max_retries": 4294967295u32, "track_remaining": true}]});
-    json!([cb, od, tcp, {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}])
+    let mut od5 = od.clone();
+    od5["name"] = json!(OD5);
+    od5["eds_cluster_config"]["service_name"] = json!(OD5);
+    od5["outlier_detection"]["consecutive_5xx"] = json!(2);
+    json!([cb, od, od5, tcp, {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}])
 }
 
 fn resources() -> Resources {
@@ -124,10 +132,11 @@ fn resources() -> Resources {
         clusters: clusters(),
         routes: json!([{"name": "80", "virtual_hosts": [
             {"name": "web.test.svc.cluster.local:80", "domains": [WEB, "web", VIP.to_string()],
-             "routes": [route("/slow", CB), route("/od", OD)]}]}]),
+             "routes": [route("/slow", CB), route("/od5", OD5), route("/od", OD)]}]}]),
         endpoints: json!([
             {"cluster_name": CB, "endpoints": [{"lb_endpoints": [endpoint(LIVE_PORT)]}]},
             {"cluster_name": OD, "endpoints": [{"lb_endpoints": [endpoint(DEAD_PORT), endpoint(LIVE_PORT)]}]},
+            {"cluster_name": OD5, "endpoints": [{"lb_endpoints": [endpoint(LIVE_PORT), endpoint(FAILING_PORT)]}]},
             {"cluster_name": TCP_CB, "endpoints": [{"lb_endpoints": [endpoint(ECHO_PORT)]}]}
         ]),
     }
@@ -142,10 +151,10 @@ enum Proxy<'n> {
 struct World<'n> {
     net: &'n PodNet,
     proxy: Proxy<'n>,
-    _backends: (Server, Server),
+    _backends: (Server, Server, Server),
 }
 
-fn prepare(net: &PodNet) -> (Server, Server) {
+fn prepare(net: &PodNet) -> (Server, Server, Server) {
     net.capture_default();
     for (ns, args) in [
         (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
@@ -157,6 +166,7 @@ fn prepare(net: &PodNet) -> (Server, Server) {
     (
         backend::start(&net.peer, backend_addr(LIVE_PORT), "live"),
         Server::echo(&net.peer, backend_addr(ECHO_PORT)),
+        backend::start(&net.peer, backend_addr(FAILING_PORT), "failing"),
     )
 }
 
@@ -451,5 +461,49 @@ fn tcp_circuit_breaking_has_envoys_outcome() {
         "envoy"
     );
     let got = tcp_breaking(&remora);
+    assert_eq!(got, expected, "remora:\n{}", remora.output());
+}
+
+/// What one world made of an endpoint answering 500: how many requests got its 500 before it
+/// was ejected, and the ejections counted.
+fn failing_5xx(w: &World) -> (usize, usize, u64, u64, String) {
+    let answers: Vec<(u16, Option<String>)> = (0..12)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            w.get("/od5")
+        })
+        .collect();
+    let failed = answers.iter().filter(|a| a.0 == 500).count();
+    // After the ejection, the live endpoint answers everything.
+    let last_failure = answers.iter().rposition(|a| a.0 == 500).unwrap_or(0);
+    let after = answers[last_failure + 1..]
+        .iter()
+        .filter(|a| **a == (200, Some("live".to_string())))
+        .count();
+    (
+        failed,
+        answers.len() - last_failure - 1 - after,
+        w.stat(OD5, "outlier_detection.ejections_enforced_consecutive_5xx"),
+        w.stat(OD5, "upstream_rq_500"),
+        w.health_flags(OD5, backend_addr(FAILING_PORT)),
+    )
+}
+
+/// Two 500s in a row from one endpoint (balanced round robin with the live one, so every
+/// other request reaches it) eject it on the second; none is retried (Istio's policy retries
+/// no 500), and every request after goes to the live endpoint.
+#[test]
+fn consecutive_5xx_ejection_has_envoys_outcome() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora, envoy) = (remora_world(&nets.0), envoy_world(&nets.1, &binary));
+    let expected = failing_5xx(&envoy);
+    assert_eq!(
+        expected,
+        (2, 0, 1, 2, "/failed_outlier_check".to_string()),
+        "envoy"
+    );
+    let got = failing_5xx(&remora);
     assert_eq!(got, expected, "remora:\n{}", remora.output());
 }
