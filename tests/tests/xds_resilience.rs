@@ -347,6 +347,8 @@ struct Ejecting {
     consecutive_5xx: u64,
     active: u64,
     retries: u64,
+    /// `upstream_rq_200`, `upstream_rq_503`, `upstream_rq_total`.
+    codes: (u64, u64, u64),
     flags_while_out: String,
 }
 
@@ -369,6 +371,11 @@ fn outlier_round(w: &World) -> Ejecting {
         consecutive_5xx: w.stat(OD, "outlier_detection.ejections_enforced_consecutive_5xx"),
         active: w.stat(OD, "outlier_detection.ejections_active"),
         retries: w.stat(OD, "upstream_rq_retry"),
+        codes: (
+            w.stat(OD, "upstream_rq_200"),
+            w.stat(OD, "upstream_rq_503"),
+            w.stat(OD, "upstream_rq_total"),
+        ),
         flags_while_out: w.health_flags(OD, backend_addr(DEAD_PORT)),
     }
 }

@@ -14,8 +14,8 @@ use crate::route::rewrite::{self, RedirectRequest};
 use crate::route::{self, HttpDecision};
 use crate::upstream::dial::{self, Connected};
 use crate::upstream::{Avoid, Outcome, Transport, UpstreamError};
-use breakers::reported;
 pub(super) use breakers::{admit, report, retry, retry_counted, timed_out};
+use breakers::{connect_failed, reported};
 use bytes::Bytes;
 pub use edits::Edits;
 use edits::{edits, edits_none, local_edits};
@@ -525,11 +525,8 @@ pub(super) async fn send(
     ))
     .await
     .map_err(|e| {
-        selected.in_flight.connect_failed();
-        reported(
-            &selected,
-            ProxyError::new(dial_failure(&e), selected.address, e),
-        )
+        let e = ProxyError::new(dial_failure(&e), selected.address, e);
+        connect_failed(&selected, e)
     })?;
     selected.in_flight.report(Outcome::Connected);
     let sender = match connected {
@@ -540,7 +537,7 @@ pub(super) async fn send(
     }
     .map_err(|e| {
         let e = ProxyError::new(ErrorKind::ConnectFailed, selected.address, e);
-        reported(&selected, e)
+        connect_failed(&selected, e)
     })?;
     if let (Sender::Http2(s), None) = (&sender, limit) {
         // Shared from now on by every request to this endpoint.

@@ -352,7 +352,7 @@ impl Proxy {
             Ok(_) => selected.in_flight.report(Attempt::ConnectedFinal),
             Err(_) => {
                 selected.in_flight.connect_failed();
-                selected.in_flight.report(Attempt::LocalFailure);
+                selected.in_flight.report(Attempt::ConnectFailed);
             }
         }
         let copied = match (&mut downstream, connected) {

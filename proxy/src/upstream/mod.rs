@@ -447,9 +447,7 @@ impl InFlight {
             }
             f.connection = true;
         }
-        if traffic == Traffic::Http {
-            stats::inc(&f.state.stats.rq_total);
-        } else {
+        if traffic == Traffic::Tcp {
             stats::inc(&f.state.stats.cx_total);
         }
         Ok(f)
@@ -469,7 +467,6 @@ impl InFlight {
             host.cx_active.fetch_add(1, Ordering::AcqRel);
         }
         host.rq_active.fetch_add(1, Ordering::AcqRel);
-        stats::inc(&host.rq_total);
         self.host = Some(host);
         Ok(())
     }

@@ -20,7 +20,9 @@ pub enum Outcome {
     Connected,
     /// The connection was opened and that is all a TCP proxy learns.
     ConnectedFinal,
-    /// Connect failure, or the connection or stream was reset before an answer.
+    /// The connection could not be opened (refused, unreachable, handshake failed, timed out).
+    ConnectFailed,
+    /// The request went out and the connection or stream was reset before an answer.
     LocalFailure,
     /// No answer within the timeout.
     Timeout,
@@ -36,6 +38,7 @@ pub struct HostState {
     pub cx_active: AtomicU32,
     pub rq_total: AtomicU64,
     pub rq_error: AtomicU64,
+    pub cx_connect_fail: AtomicU64,
     consecutive_5xx: AtomicU32,
     consecutive_gateway: AtomicU32,
     consecutive_local: AtomicU32,
@@ -56,6 +59,7 @@ impl HostState {
             cx_active: AtomicU32::new(0),
             rq_total: AtomicU64::new(0),
             rq_error: AtomicU64::new(0),
+            cx_connect_fail: AtomicU64::new(0),
             consecutive_5xx: AtomicU32::new(0),
             consecutive_gateway: AtomicU32::new(0),
             consecutive_local: AtomicU32::new(0),
@@ -136,7 +140,7 @@ pub fn count(host: &HostState, od: &OutlierDetection, outcome: Outcome) -> [Opti
                 reset(&host.consecutive_local);
                 [None, None]
             }
-            Outcome::LocalFailure | Outcome::Timeout => {
+            Outcome::ConnectFailed | Outcome::LocalFailure | Outcome::Timeout => {
                 let t = od.consecutive_local_origin_failure.threshold;
                 [
                     bump(&host.consecutive_local, t).then_some(Detector::LocalOrigin),
@@ -150,7 +154,7 @@ pub fn count(host: &HostState, od: &OutlierDetection, outcome: Outcome) -> [Opti
             Outcome::Status(s) => http(s),
             Outcome::Connected => [None, None],
             Outcome::ConnectedFinal => http(200),
-            Outcome::LocalFailure => http(503),
+            Outcome::ConnectFailed | Outcome::LocalFailure => http(503),
             Outcome::Timeout => http(504),
         }
     }

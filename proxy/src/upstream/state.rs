@@ -174,26 +174,40 @@ impl ClusterState {
 
     /// Count what an attempt on `host` (none: an original destination, or not known) came to,
     /// and let outlier detection eject the host on it.
-    /// Only HTTP requests are counted in the `upstream_rq_*` statistics (`http`).
+    /// Only HTTP requests are counted in the `upstream_rq_*` statistics (`http`), as Envoy
+    /// counts them: a request once it went out on a connection (`upstream_rq_total`), the
+    /// code of an answer, and a timeout as its 504; an attempt whose connection failed, or
+    /// that was reset, adds no code (Envoy charges its 503 only as the request's own answer).
     pub fn report(&self, host: Option<&HostState>, outcome: super::Outcome, http: bool) {
+        use super::stats::inc;
         use super::Outcome;
         match outcome {
             _ if !http => {}
-            Outcome::Status(code) => self.stats.response(code),
-            Outcome::LocalFailure => self.stats.response(503),
+            Outcome::Status(code) => {
+                inc(&self.stats.rq_total);
+                self.stats.response(code);
+            }
+            Outcome::LocalFailure => inc(&self.stats.rq_total),
             Outcome::Timeout => {
-                super::stats::inc(&self.stats.rq_timeout);
+                inc(&self.stats.rq_timeout);
                 self.stats.response(504);
             }
-            Outcome::Connected | Outcome::ConnectedFinal => {}
+            Outcome::ConnectFailed | Outcome::Connected | Outcome::ConnectedFinal => {}
         }
         let Some(host) = host else {
             return;
         };
-        if matches!(outcome, Outcome::LocalFailure | Outcome::Timeout)
-            || matches!(outcome, Outcome::Status(c) if c >= 500)
+        match outcome {
+            Outcome::Status(_) | Outcome::LocalFailure => inc(&host.rq_total),
+            Outcome::ConnectFailed => inc(&host.cx_connect_fail),
+            _ => {}
+        }
+        if matches!(
+            outcome,
+            Outcome::ConnectFailed | Outcome::LocalFailure | Outcome::Timeout
+        ) || matches!(outcome, Outcome::Status(c) if c >= 500)
         {
-            super::stats::inc(&host.rq_error);
+            inc(&host.rq_error);
         }
         let Some(od) = &self.outlier else {
             return;

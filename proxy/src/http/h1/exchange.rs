@@ -466,7 +466,7 @@ async fn open(
                 end,
                 match dialled {
                     Ok(_) => crate::upstream::Outcome::Connected,
-                    Err(_) => crate::upstream::Outcome::LocalFailure,
+                    Err(_) => crate::upstream::Outcome::ConnectFailed,
                 },
             );
             if dialled.is_err() {

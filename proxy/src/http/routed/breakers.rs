@@ -15,6 +15,13 @@ pub(super) fn reported(selected: &Selected, e: ProxyError) -> ProxyError {
     e
 }
 
+/// `e`, a connection that could not be opened, after reporting it to the attempt's cluster.
+pub(super) fn connect_failed(selected: &Selected, e: ProxyError) -> ProxyError {
+    selected.in_flight.connect_failed();
+    selected.in_flight.report(Outcome::ConnectFailed);
+    e
+}
+
 /// Wait while every connection the routed cluster may have is in use, as Envoy's pool holds a
 /// pending request (`max_connections`, `max_pending_requests`); both paths admit here.
 pub(in crate::http) async fn admit(ctx: &ConnContext, routed: &Routed) -> Result<(), ProxyError> {
