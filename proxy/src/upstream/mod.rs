@@ -4,8 +4,12 @@
 //! mTLS with the SNI, ALPN and SAN check of the cluster's matching transport socket), and then
 //! an open connection to it ([`dial`]).
 //!
-//! HTTP selects once per request, TCP once per connection: what is in flight per endpoint
-//! ([`InFlight`]) is what LEAST_REQUEST compares.
+//! HTTP selects once per attempt, TCP once per connection. A selection first takes the
+//! cluster's circuit-breaker slots ([`state`]; over a limit it is refused with Envoy's `UO`),
+//! then a host that outlier detection has not ejected ([`outlier`], [`balance`]). The
+//! [`InFlight`] it returns holds the slots and the host's in-flight count (what LEAST_REQUEST
+//! compares) until dropped, and takes the attempt's outcome, which counts in Envoy's cluster
+//! statistics ([`stats`]) and may eject the host at once.
 
 use remora_xds::model::cluster::{Cluster, Discovery, LbPolicy, UpstreamHttpProtocol};
 use remora_xds::model::endpoint::{ClusterLoadAssignment, Endpoint};

@@ -6,7 +6,7 @@
 //! reads (see `descriptors.rs`). Bytes that no descriptor declares are refused everywhere.
 //!
 //! A listed field is not yet accepted whatever its value: the converters refuse values they
-//! cannot honour (a circuit-breaker limit, a tracing provider, a Wasm module file…).
+//! cannot honour (success-rate ejection, a tracing provider, a Wasm module file…).
 
 use super::any::unpack;
 use super::read::READ;
