@@ -1,5 +1,5 @@
 //! Outlier detection as Envoy's consecutive-failure detectors do it: each upstream answer or
-//! failure is reported to its host ([`HostState::report`]); the failure that brings a counter
+//! failure is reported to its host ([`count`], then [`detect`]); the failure that brings a counter
 //! to its threshold ejects the host at once (Envoy posts it to its main thread, which does the
 //! same within microseconds). An ejected host stays out for `base_ejection_time` times its
 //! ejections in a row (capped by `max_ejection_time`) and comes back at the first `interval`
