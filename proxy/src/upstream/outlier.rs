@@ -1,7 +1,7 @@
 //! Outlier detection as Envoy's consecutive-failure detectors do it: each upstream answer or
-//! failure is reported to its host ([`count`], then [`detect`]); the failure that brings a counter
-//! to its threshold ejects the host at once (Envoy posts it to its main thread, which does the
-//! same within microseconds). An ejected host stays out for `base_ejection_time` times its
+//! failure is counted on its host ([`count`], then [`detect`]); the failure that brings a
+//! counter to its threshold ejects the host at once (Envoy posts it to its main thread, and its
+//! workers learn of it a moment later). An ejected host stays out for `base_ejection_time` times its
 //! ejections in a row (capped by `max_ejection_time`) and comes back at the first `interval`
 //! tick after that, as Envoy's interval timer brings it back. The ticks are not a task: each
 //! is computed from the cluster state's start when a host is looked at.
