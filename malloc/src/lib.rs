@@ -28,6 +28,60 @@ pub fn release_free_memory() -> bool {
     }
 }
 
+/// A global allocator for tests: the system's, counting the allocations of a thread while it
+/// asks ([`counting::allocations_in`]).
+#[cfg(feature = "counting")]
+pub mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        // Const-initialised cells without destructors: reading them never allocates, so the
+        // allocator can use them without recursing.
+        static ON: Cell<bool> = const { Cell::new(false) };
+        static COUNT: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// The system allocator, counting.
+    pub struct Counting;
+
+    // SAFETY: every call goes to the system allocator with the caller's arguments unchanged;
+    // the counting touches only the thread-local cells above.
+    #[allow(unsafe_code)]
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            if ON.with(Cell::get) {
+                COUNT.with(|c| c.set(c.get() + 1));
+            }
+            // SAFETY: the caller's layout, as given.
+            unsafe { System.alloc(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: `ptr` came from `System.alloc` with this layout.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            if ON.with(Cell::get) {
+                COUNT.with(|c| c.set(c.get() + 1));
+            }
+            // SAFETY: `ptr` came from `System` with this layout; the new size is the caller's.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    /// How many allocations this thread made while running `f` (with [`Counting`] as the
+    /// global allocator; 0 otherwise).
+    pub fn allocations_in(f: impl FnOnce()) -> u64 {
+        let before = COUNT.with(Cell::get);
+        ON.with(|on| on.set(true));
+        f();
+        ON.with(|on| on.set(false));
+        COUNT.with(Cell::get) - before
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,6 +46,8 @@ pub enum End {
     NoCluster,
     /// xDS: the cluster has no healthy endpoint (or its transport cannot be built).
     NoHealthyUpstream,
+    /// xDS: a circuit breaker of the cluster is open (`max_connections`).
+    Overflow,
 }
 
 impl End {
@@ -67,6 +69,7 @@ impl End {
             End::NoRoute => "no_route",
             End::NoCluster => "no_cluster",
             End::NoHealthyUpstream => "no_healthy_upstream",
+            End::Overflow => "upstream_overflow",
         }
     }
 
@@ -88,6 +91,7 @@ impl End {
             End::MtlsRequired | End::NoRoute => "NR",
             End::NoCluster => "NC",
             End::NoHealthyUpstream => "UH",
+            End::Overflow => "UO",
         }
     }
 }

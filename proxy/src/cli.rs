@@ -332,16 +332,36 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         .collect();
     let loop_guard = LoopGuard::new(capture_ports);
     let upstreams = Arc::new(crate::upstream::Upstreams::default());
+    metrics.set_clusters(Arc::clone(&upstreams));
+    // xDS resources from files: applied before anything is served, so the first connection
+    // is routed by them; refused resources are logged and counted, the start goes on.
+    let xds_files = match store.load().xds.resources_dir.clone() {
+        // One source of resources: two stores would route by whichever was read last.
+        Some(dir) if xds.is_some() => anyhow::bail!(
+            "xds.resources_dir ({}) and istiod mode are exclusive: configuration comes from \
+             istiod or from files, not both",
+            dir.display()
+        ),
+        Some(dir) => Some(
+            crate::xds_files::Watcher::start(dir, store.load().xds.watch_interval, &metrics)
+                .context("loading xDS resources (xds.resources_dir)")?,
+        ),
+        None => None,
+    };
     let state = Arc::new(AdminState {
         upstreams: Arc::clone(&loop_guard),
         dns_hosts: Arc::clone(&upstreams.dns),
+        balancers: Arc::clone(&upstreams),
         config: Arc::clone(&store),
         listeners: listener_info(&routes),
         workload: own,
         concurrency: args.concurrency,
         logging: Some(logging),
         identity: Arc::clone(&identity),
-        xds: xds.clone(),
+        // Either source: `/clusters` and `/config_dump` explain what routes.
+        xds: xds
+            .clone()
+            .or_else(|| xds_files.as_ref().map(|w| Arc::clone(&w.store))),
         ..AdminState::new(Arc::clone(&metrics), Arc::clone(&drain))
     });
     if ca_setup.is_some() {
@@ -386,21 +406,6 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     policies
         .load()
         .context("loading authorization policies (authorization.policy_dir)")?;
-    // xDS resources from files: applied before anything is served, so the first connection
-    // is routed by them; refused resources are logged and counted, the start goes on.
-    let xds_files = match store.load().xds.resources_dir.clone() {
-        // One source of resources: two stores would route by whichever was read last.
-        Some(dir) if xds.is_some() => anyhow::bail!(
-            "xds.resources_dir ({}) and istiod mode are exclusive: configuration comes from \
-             istiod or from files, not both",
-            dir.display()
-        ),
-        Some(dir) => Some(
-            crate::xds_files::Watcher::start(dir, store.load().xds.watch_interval, &metrics)
-                .context("loading xDS resources (xds.resources_dir)")?,
-        ),
-        None => None,
-    };
     let proxy = Arc::new(Proxy {
         config: Arc::clone(&store),
         loop_guard,

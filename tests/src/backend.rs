@@ -2,7 +2,9 @@
 //! naming itself, the method, the path and every header it received, so a test sees which
 //! endpoint a proxy chose and what the proxy did to the request. A few paths misbehave on
 //! purpose: `/slow…` answers after [`SLOW`], `/reset-once…` resets the connection the first
-//! time this backend sees it, `/503-once…` answers 503 the first time it sees that path.
+//! time this backend sees it, `/503-once…` answers 503 the first time it sees that path. A
+//! backend whose name starts with `failing` answers every request 500 (an endpoint gone bad,
+//! for outlier detection).
 //!
 //! `/flaky/<how>/<id>` paths count how many times the backend saw each of them (every answer
 //! says so in `x-backend-seen`, and `/seen/flaky/<how>/<id>` tells it later), and misbehave
@@ -176,6 +178,13 @@ fn serve(mut stream: TcpStream, name: &str, state: &State) -> io::Result<()> {
             stream.write_all(
                 b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\nx-backend-failed: 1\r\n\r\ndown",
             )?;
+            continue;
+        }
+        if name.starts_with("failing") {
+            let failed = format!(
+                "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 6\r\nx-backend: {name}\r\n\r\nfailed"
+            );
+            stream.write_all(failed.as_bytes())?;
             continue;
         }
         if req.path.starts_with("/slow") {

@@ -24,6 +24,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
         "tcp-split",
         "istiod-defaults",
         "faults-retries",
+        "resilience",
     ] {
         let verdicts = verdicts(case);
         let want = ["listeners", "clusters", "routes", "endpoints"]
@@ -39,14 +40,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
 
 /// Each resource of `gaps`: its kind and name, the field refused and why. What istiod writes
 /// it for is in the comment.
-const GAPS: [(Kind, &str, &str, &str); 13] = [
-    // DestinationRule trafficPolicy.outlierDetection.
-    (
-        Kind::Cluster,
-        "outbound|9080||outlier.default.svc.cluster.local",
-        "outlier_detection",
-        "field not supported (in envoy.config.cluster.v3.Cluster)",
-    ),
+const GAPS: [(Kind, &str, &str, &str); 11] = [
     // DestinationRule loadBalancer.consistentHash (ring hash): the field check refuses its
     // config before the converter sees `lb_policy: RING_HASH`.
     (
@@ -61,13 +55,6 @@ const GAPS: [(Kind, &str, &str, &str); 13] = [
         "outbound|9080||keepalive.default.svc.cluster.local",
         "upstream_connection_options",
         "field not supported (in envoy.config.cluster.v3.Cluster)",
-    ),
-    // DestinationRule connectionPool limits: finite circuit-breaker thresholds.
-    (
-        Kind::Cluster,
-        "outbound|9080||pool-limits.default.svc.cluster.local",
-        "circuit_breakers.thresholds[0].max_connections",
-        "circuit breaker limits not supported (only istiod's unlimited 4294967295)",
     ),
     // DestinationRule tls {mode: SIMPLE} (TLS origination): the system roots come from
     // pilot-agent's file SDS as `file-root:system`.

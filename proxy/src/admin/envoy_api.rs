@@ -200,13 +200,14 @@ fn clusters_with_hosts(state: &AdminState) -> Vec<(String, Vec<(std::net::Socket
 
 /// `/clusters`: Envoy's `cluster::key::value` lines (and `cluster::host::stat::value` for each
 /// host), or `ClusterStatus` JSON with `host_statuses`. Remora's own clusters' hosts are all
-/// healthy (Remora does no health checking or outlier detection); istiod's clusters list their
-/// endpoints with the weight, priority, locality and EDS health istiod gave them.
+/// healthy (Remora does no active health checking); istiod's clusters list their endpoints
+/// with the weight, priority, locality and EDS health istiod gave them, outlier detection's
+/// `/failed_outlier_check`, the host's request counters, and the cluster's circuit breakers.
 pub(super) fn clusters(state: &AdminState, req: &AdminRequest) -> Response<Body> {
     let snapshot = state.xds.as_ref().map(|store| store.snapshot());
     let xds = snapshot
         .as_deref()
-        .map(|s| super::xds_dump::cluster_hosts(s, &state.dns_hosts))
+        .map(|s| super::xds_dump::cluster_hosts(s, &state.dns_hosts, &state.balancers))
         .unwrap_or_default();
     let clusters: Vec<_> = clusters_with_hosts(state)
         .into_iter()
@@ -245,12 +246,31 @@ pub(super) fn clusters(state: &AdminState, req: &AdminRequest) -> Response<Body>
             let hosts: Vec<Value> = hosts
                 .iter()
                 .map(|h| {
+                    // Proto3 JSON, as Envoy writes it: a 64-bit value is a string, and a zero
+                    // is left out.
+                    let stat = |kind: &str, name: &str, v: u64| {
+                        let mut s = json!({ "type": kind, "name": name });
+                        if v != 0 {
+                            s["value"] = Value::String(v.to_string());
+                        }
+                        s
+                    };
+                    let [cx_active, rq_active, rq_total, rq_error] = h.counters;
+                    let mut health = json!({
+                        "eds_health_status": super::xds_dump::eds_health_status(h.health),
+                    });
+                    if h.ejected {
+                        health["failed_outlier_check"] = json!(true);
+                    }
                     let mut status = json!({
                         "address": socket_address(&h.address),
-                        "stats": [{ "type": "GAUGE", "name": "cx_active" }],
-                        "health_status": {
-                            "eds_health_status": super::xds_dump::eds_health_status(h.health),
-                        },
+                        "stats": [
+                            stat("COUNTER", "rq_error", rq_error),
+                            stat("COUNTER", "rq_total", rq_total),
+                            stat("GAUGE", "cx_active", cx_active),
+                            stat("GAUGE", "rq_active", rq_active),
+                        ],
+                        "health_status": health,
                         "weight": h.weight,
                         "locality": {
                             "region": h.locality.region,
@@ -289,13 +309,28 @@ pub(super) fn clusters(state: &AdminState, req: &AdminRequest) -> Response<Body>
         body.push_str(&format!(
             "{n}::observability_name::{n}\n{n}::added_via_api::true\n"
         ));
+        if let Some(c) = snapshot.as_deref().and_then(|s| s.cluster(n)) {
+            let cb = &c.circuit_breakers;
+            body.push_str(&format!(
+                "{n}::default_priority::max_connections::{}\n\
+                 {n}::default_priority::max_pending_requests::{}\n\
+                 {n}::default_priority::max_requests::{}\n\
+                 {n}::default_priority::max_retries::{}\n",
+                cb.max_connections, cb.max_pending_requests, cb.max_requests, cb.max_retries
+            ));
+        }
         for h in hosts {
             let a = h.address;
             let l = &h.locality;
+            let [cx_active, rq_active, rq_total, rq_error] = h.counters;
+            body.push_str(&format!(
+                "{n}::{a}::cx_active::{cx_active}\n{n}::{a}::rq_active::{rq_active}\n\
+                 {n}::{a}::rq_error::{rq_error}\n{n}::{a}::rq_total::{rq_total}\n"
+            ));
             body.push_str(&format!(
                 "{n}::{a}::health_flags::{}\n{n}::{a}::weight::{}\n{n}::{a}::region::{}\n\
                  {n}::{a}::zone::{}\n{n}::{a}::sub_zone::{}\n{n}::{a}::priority::{}\n",
-                super::xds_dump::health_flags(h.health),
+                super::xds_dump::host_health_flags(h.health, h.ejected),
                 h.weight,
                 l.region,
                 l.zone,

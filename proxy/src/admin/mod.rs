@@ -86,6 +86,8 @@ pub struct AdminState {
     pub xds: Option<Arc<remora_xds::store::Store>>,
     /// The DNS clusters' resolved hosts, for `/clusters`.
     pub dns_hosts: Arc<crate::upstream::dns::DnsHosts>,
+    /// The xDS clusters' run-time state (limits, ejections, per-host counts), for `/clusters`.
+    pub balancers: Arc<crate::upstream::Upstreams>,
 }
 
 impl AdminState {
@@ -106,6 +108,7 @@ impl AdminState {
             upstreams: crate::loop_guard::LoopGuard::new(Vec::new()),
             xds: None,
             dns_hosts: Arc::default(),
+            balancers: Arc::default(),
         }
     }
 

@@ -36,11 +36,13 @@ impl Flags {
     pub const DI: Flags = Flags(1 << 11);
     /// The fault filter aborted the request (answered it here).
     pub const FI: Flags = Flags(1 << 12);
+    /// Upstream overflow: a circuit breaker of the cluster was open.
+    pub const UO: Flags = Flags(1 << 13);
 
     /// In the order Envoy 1.40 prints them: as it sets them, so the fault filter's first
     /// (a delay before its abort), and the retry limit before the failure of the last attempt
     /// (`URX,UF`).
-    const NAMES: [(Flags, &'static str); 13] = [
+    const NAMES: [(Flags, &'static str); 14] = [
         (Flags::DI, "DI"),
         (Flags::FI, "FI"),
         (Flags::URX, "URX"),
@@ -54,14 +56,15 @@ impl Flags {
         (Flags::NR, "NR"),
         (Flags::NC, "NC"),
         (Flags::UH, "UH"),
+        (Flags::UO, "UO"),
     ];
 
-    /// Add `other` to the set.
     /// The set as bits, one per flag.
     pub fn bits(self) -> u16 {
         self.0
     }
 
+    /// Add `other` to the set.
     pub fn insert(&mut self, other: Flags) {
         self.0 |= other.0;
     }
@@ -140,6 +143,8 @@ pub enum ErrorKind {
     /// xDS: the cluster has no healthy endpoint, or none that can be reached as configured
     /// (503 `UH`).
     NoHealthyUpstream,
+    /// xDS: a circuit breaker of the cluster is open (503 `UO`); never sent upstream.
+    Overflow,
 }
 
 impl ErrorKind {
@@ -174,6 +179,7 @@ impl ErrorKind {
             ErrorKind::NoRoute => Flags::NR,
             ErrorKind::NoCluster => Flags::NC,
             ErrorKind::NoHealthyUpstream => Flags::UH,
+            ErrorKind::Overflow => Flags::UO,
         }
     }
 
@@ -251,6 +257,9 @@ impl ErrorKind {
             ErrorKind::NoRoute => "route_not_found",
             ErrorKind::NoCluster => "cluster_not_found",
             ErrorKind::NoHealthyUpstream => "no healthy upstream",
+            ErrorKind::Overflow => {
+                "upstream connect error or disconnect/reset before headers. reset reason: overflow"
+            }
         }
     }
 

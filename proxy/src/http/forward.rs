@@ -33,7 +33,7 @@ use std::time::{Instant, SystemTime};
 /// A response from the upstream, and the HTTP/1.1 connection it came on (to pool again once
 /// the body is read).
 pub(super) struct Upstreamed {
-    response: Response<Incoming>,
+    pub(super) response: Response<Incoming>,
     pub(super) pooled: Option<(Key, Sender)>,
     /// The endpoint that answered.
     endpoint: std::net::SocketAddr,
@@ -182,11 +182,16 @@ pub async fn handle(
     let result = match &mut deadline {
         Some(d) => tokio::select! {
             r = sending => r,
-            () = d.as_mut() => Err(ProxyError {
-                kind: ErrorKind::Timeout,
-                upstream: ctx.key.destination,
-                source: None,
-            }),
+            () = d.as_mut() => {
+                if let Some(routed) = &routed {
+                    super::routed::timed_out(&ctx, routed);
+                }
+                Err(ProxyError {
+                    kind: ErrorKind::Timeout,
+                    upstream: ctx.key.destination,
+                    source: None,
+                })
+            }
         },
         None => sending.await,
     };
@@ -329,6 +334,8 @@ async fn attempts(
         attempt += 1;
     }
     let mut resent_after_go_away: u32 = 0;
+    // The retry under way, held against the cluster's `max_retries`.
+    let mut retrying: Option<crate::upstream::RetryGuard> = None;
     loop {
         let body = match replay.as_ref().map(ReplayBody::replay) {
             None => UpstreamBody::Empty,
@@ -364,6 +371,11 @@ async fn attempts(
             (Err(e), None) => e.kind.retryable(),
         };
         if !retriable {
+            if let (Some(r), Ok(up)) = (&retrying, &result) {
+                if up.response.status().as_u16() < 500 {
+                    r.succeeded();
+                }
+            }
             return result;
         }
         let replayable = replay.as_ref().is_none_or(|r| r.replay().is_some());
@@ -383,6 +395,15 @@ async fn attempts(
                 flags.insert(Flags::URX);
             }
             return result;
+        }
+        // The cluster's `max_retries` (counted as Envoy's `upstream_rq_retry`): past it, the
+        // request ends with what it has, flagged as Envoy's router flags it.
+        match super::routed::retry(ctx, routed) {
+            Ok(guard) => retrying = guard,
+            Err(()) => {
+                flags.insert(Flags::UO);
+                return result;
+            }
         }
         // Dropping a 503's body closes its HTTP/1.1 connection, which is what we want of a
         // connection that just refused us.

@@ -13,7 +13,9 @@ use super::{header_format, protocol, ConnContext};
 use crate::route::rewrite::{self, RedirectRequest};
 use crate::route::{self, HttpDecision};
 use crate::upstream::dial::{self, Connected};
-use crate::upstream::{Avoid, Transport, UpstreamError};
+use crate::upstream::{Avoid, Outcome, Transport, UpstreamError};
+pub(super) use breakers::{admit, report, retry, retry_counted, timed_out};
+use breakers::{connect_failed, reported};
 use bytes::Bytes;
 pub use edits::Edits;
 use edits::{edits, edits_none, local_edits};
@@ -510,6 +512,8 @@ pub(super) fn select(
             UpstreamError::NoHealthyUpstream(_) | UpstreamError::Transport { .. } => {
                 ErrorKind::NoHealthyUpstream
             }
+            // Waited for by `admit` first; one taken meanwhile by another request overflows.
+            UpstreamError::Overflow(_) | UpstreamError::ConnectionsFull(_) => ErrorKind::Overflow,
         };
         ProxyError::new(kind, ctx.key.destination, e)
     })?;
@@ -544,6 +548,7 @@ pub(super) async fn send(
 ) -> Result<Upstreamed, ProxyError> {
     let upgrade = ctx.key.version == crate::detect::HttpVersion::Http1
         && super::headers::wants_upgrade(req.headers());
+    admit(ctx, routed).await?;
     let (selected, key) = select(ctx, routed, upgrade)?;
     let version = key.version;
     protocol::translate(&mut req, version);
@@ -559,6 +564,9 @@ pub(super) async fn send(
     if let Some(sender) = pooled {
         match send_on(ctx, key, sender, req).await {
             Ok(up) => {
+                selected
+                    .in_flight
+                    .report(Outcome::Status(up.response.status().as_u16()));
                 let up = up.counting(selected.in_flight);
                 return Ok(up.pooled_within(limit, idle_timeout));
             }
@@ -566,7 +574,7 @@ pub(super) async fn send(
                 tracing::debug!(endpoint = %key.destination, error = %e, "pooled connection closed; opening another");
                 req = *back;
             }
-            Err(SendError::Failed(e)) => return Err(e),
+            Err(SendError::Failed(e)) => return Err(reported(&selected, e)),
         }
     }
     let alpn = protocol::mesh_alpn(req.version());
@@ -579,14 +587,21 @@ pub(super) async fn send(
         ctx.key.source,
     ))
     .await
-    .map_err(|e| ProxyError::new(dial_failure(&e), selected.address, e))?;
+    .map_err(|e| {
+        let e = ProxyError::new(dial_failure(&e), selected.address, e);
+        connect_failed(&selected, e)
+    })?;
+    selected.in_flight.report(Outcome::Connected);
     let sender = match connected {
         Connected::Plain(up) => pool::handshake(up, version).await,
         Connected::Mesh(tls, registration) => {
             pool::handshake_over(*tls, registration, version).await
         }
     }
-    .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, selected.address, e))?;
+    .map_err(|e| {
+        let e = ProxyError::new(ErrorKind::ConnectFailed, selected.address, e);
+        connect_failed(&selected, e)
+    })?;
     if let (Sender::Http2(s), None) = (&sender, limit) {
         // Shared from now on by every request to this endpoint.
         ctx.proxy.pool.checkin(
@@ -597,11 +612,19 @@ pub(super) async fn send(
         );
     }
     match send_on(ctx, key, sender, req).await {
-        Ok(up) => Ok(up
-            .counting(selected.in_flight)
-            .pooled_within(limit, idle_timeout)),
-        Err(SendError::Unsent(_, e)) => Err(ProxyError::from_send(key.destination, e)),
-        Err(SendError::Failed(e)) => Err(e),
+        Ok(up) => {
+            selected
+                .in_flight
+                .report(Outcome::Status(up.response.status().as_u16()));
+            Ok(up
+                .counting(selected.in_flight)
+                .pooled_within(limit, idle_timeout))
+        }
+        Err(SendError::Unsent(_, e)) => Err(reported(
+            &selected,
+            ProxyError::from_send(key.destination, e),
+        )),
+        Err(SendError::Failed(e)) => Err(reported(&selected, e)),
     }
 }
 
@@ -669,6 +692,7 @@ pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response
     }
 }
 
+mod breakers;
 mod edits;
 #[cfg(test)]
 mod tests;

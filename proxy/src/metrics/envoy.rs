@@ -112,8 +112,8 @@ pub enum Scope {
     ClusterManager,
     /// A listener, by Envoy's stat prefix for it (`0.0.0.0_15001`).
     Listener(String),
-    /// A cluster by name.
-    Cluster(&'static str),
+    /// A cluster by its stat name.
+    Cluster(String),
     /// An HTTP connection manager, by its stat prefix (`inbound_0.0.0.0_15006`).
     HttpConnManager(String),
     /// Istio's network RBAC filter (stat prefix `tcp.`).
@@ -137,6 +137,9 @@ pub enum Kind {
 pub struct EnvoyStat {
     pub scope: Scope,
     pub stat: &'static str,
+    /// A response code or class the name ends in (`upstream_rq` + `200`: `upstream_rq_200`),
+    /// which Istio's bootstrap turns into a `response_code` or `response_code_class` tag.
+    pub code: Option<String>,
     pub kind: Kind,
     pub value: u64,
 }
@@ -144,6 +147,14 @@ pub struct EnvoyStat {
 impl EnvoyStat {
     /// The dotted name Envoy's `/stats` prints.
     pub fn dotted_name(&self) -> String {
+        let name = self.scope_name();
+        match &self.code {
+            Some(code) => format!("{name}_{code}"),
+            None => name,
+        }
+    }
+
+    fn scope_name(&self) -> String {
         match &self.scope {
             Scope::Server => format!("server.{}", self.stat),
             Scope::ListenerManager => format!("listener_manager.{}", self.stat),
@@ -157,9 +168,9 @@ impl EnvoyStat {
         }
     }
 
-    /// The Prometheus name and label Envoy's `/stats/prometheus` prints.
-    pub(crate) fn prometheus(&self) -> (String, Option<(&'static str, String)>) {
-        match &self.scope {
+    /// The Prometheus name and labels Envoy's `/stats/prometheus` prints.
+    pub(crate) fn prometheus(&self) -> (String, Vec<(&'static str, String)>) {
+        let (name, label) = match &self.scope {
             Scope::Server => (format!("envoy_server_{}", self.stat), None),
             Scope::ListenerManager => (format!("envoy_listener_manager_{}", self.stat), None),
             Scope::ClusterManager => (format!("envoy_cluster_manager_{}", self.stat), None),
@@ -167,9 +178,10 @@ impl EnvoyStat {
                 format!("envoy_listener_{}", self.stat.replace('.', "_")),
                 Some(("listener_address", a.clone())),
             ),
+            // Istio's tag takes the name up to a `;` (its stat names end in one).
             Scope::Cluster(c) => (
-                format!("envoy_cluster_{}", self.stat),
-                Some(("cluster_name", c.to_string())),
+                format!("envoy_cluster_{}", self.stat.replace('.', "_")),
+                Some(("cluster_name", c.trim_end_matches(';').to_string())),
             ),
             Scope::HttpConnManager(p) => (
                 format!("envoy_http_{}", self.stat.replace('.', "_")),
@@ -180,7 +192,16 @@ impl EnvoyStat {
             Scope::Subscription(p) => {
                 (format!("envoy_{}_{}", p.replace('.', "_"), self.stat), None)
             }
+        };
+        let mut labels: Vec<(&'static str, String)> = label.into_iter().collect();
+        if let Some(code) = &self.code {
+            let tag = match code.ends_with("xx") {
+                true => "response_code_class",
+                false => "response_code",
+            };
+            labels.push((tag, code.clone()));
         }
+        (name, labels)
     }
 }
 
@@ -199,6 +220,9 @@ pub struct EnvoyStats {
     pub inbound_listener: String,
     /// The ADS client's counters and what it delivered, once istiod mode starts it.
     pub control_plane: Arc<OnceLock<ControlPlane>>,
+    /// The xDS clusters' state (circuit breakers, outlier detection, request counts), for
+    /// their `cluster.<name>.*` stats.
+    pub clusters: Arc<OnceLock<Arc<crate::upstream::Upstreams>>>,
 }
 
 /// What istiod mode shares with the stats.
@@ -222,12 +246,14 @@ impl EnvoyStats {
         let g = |scope: Scope, stat, value: u64| EnvoyStat {
             scope,
             stat,
+            code: None,
             kind: Kind::Gauge,
             value,
         };
         let c = |scope: Scope, stat, value: u64| EnvoyStat {
             scope,
             stat,
+            code: None,
             kind: Kind::Counter,
             value,
         };
@@ -272,7 +298,7 @@ impl EnvoyStats {
             stats.push(c(l(), "downstream_cx_total", d.opened.get()));
             stats.push(g(l(), "downstream_cx_active", active(d)));
             stats.push(c(l(), "downstream_cx_destroy", d.closed.get()));
-            let cl = || Scope::Cluster(cluster);
+            let cl = || Scope::Cluster(cluster.to_string());
             stats.push(c(
                 cl(),
                 "upstream_cx_connect_fail",
@@ -321,7 +347,34 @@ impl EnvoyStats {
                 stats.push(g(s(), "update_time", t.update_time));
             }
         }
+        if let Some(upstreams) = self.clusters.get() {
+            cluster_stats(&mut stats, upstreams);
+        }
         stats
+    }
+}
+
+/// The xDS clusters' statistics (`cluster.<stat name>.upstream_rq_total`, …). A name the fixed
+/// list above already has (PassthroughCluster's connect failures) is not given twice.
+fn cluster_stats(stats: &mut Vec<EnvoyStat>, upstreams: &crate::upstream::Upstreams) {
+    let before: std::collections::HashSet<String> = stats
+        .iter()
+        .filter(|s| matches!(s.scope, Scope::Cluster(_)))
+        .map(EnvoyStat::dotted_name)
+        .collect();
+    for (cluster, gauges) in upstreams.clusters.envoy_stats() {
+        for s in cluster.envoy_stats(&gauges) {
+            let stat = EnvoyStat {
+                scope: Scope::Cluster(cluster.name.to_string()),
+                stat: s.stat,
+                code: s.code,
+                kind: if s.gauge { Kind::Gauge } else { Kind::Counter },
+                value: s.value,
+            };
+            if !before.contains(&stat.dotted_name()) {
+                stats.push(stat);
+            }
+        }
     }
 }
 
@@ -358,14 +411,14 @@ const RBAC_STATS: [&str; 4] = [
 ];
 
 /// One Prometheus sample: its scope label, if any, and its value.
-type Sample = (Option<(&'static str, String)>, u64);
+type Sample = (Vec<(&'static str, String)>, u64);
 
 impl Collector for EnvoyStats {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         // One descriptor per name, with every labelled sample under it.
         let mut families: BTreeMap<String, (Kind, Vec<Sample>)> = BTreeMap::new();
         for s in self.snapshot() {
-            let (name, label) = s.prometheus();
+            let (name, labels) = s.prometheus();
             // Envoy counters without `_total` keep their name as gauges here (see the module doc).
             let kind = if s.kind == Kind::Counter && name.ends_with("_total") {
                 Kind::Counter
@@ -376,7 +429,7 @@ impl Collector for EnvoyStats {
                 .entry(name)
                 .or_insert_with(|| (kind, Vec::new()))
                 .1
-                .push((label, s.value));
+                .push((labels, s.value));
         }
         for (name, (kind, samples)) in families {
             match kind {
@@ -389,12 +442,13 @@ impl Collector for EnvoyStats {
                         None,
                         probe.metric_type(),
                     )?;
-                    if let [(None, v)] = samples[..] {
-                        ConstCounter::new(v).encode(m)?;
-                        continue;
+                    if let [(ref labels, v)] = samples[..] {
+                        if labels.is_empty() {
+                            ConstCounter::new(v).encode(m)?;
+                            continue;
+                        }
                     }
-                    for (label, v) in samples {
-                        let labels: Vec<_> = label.into_iter().collect();
+                    for (labels, v) in samples {
                         ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
                     }
                 }
@@ -407,12 +461,13 @@ impl Collector for EnvoyStats {
                         probe.metric_type(),
                     )?;
                     let gauge = |v: u64| ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
-                    if let [(None, v)] = samples[..] {
-                        gauge(v).encode(m)?;
-                        continue;
+                    if let [(ref labels, v)] = samples[..] {
+                        if labels.is_empty() {
+                            gauge(v).encode(m)?;
+                            continue;
+                        }
                     }
-                    for (label, v) in samples {
-                        let labels: Vec<_> = label.into_iter().collect();
+                    for (labels, v) in samples {
                         gauge(v).encode(m.encode_family(&labels)?)?;
                     }
                 }

@@ -341,6 +341,7 @@ impl Metrics {
             outbound_listener: listeners.outbound,
             inbound_listener: listeners.inbound,
             control_plane: Arc::default(),
+            clusters: Arc::default(),
         };
         registry.register_collector(Box::new(envoy.clone()));
         Metrics {
@@ -398,6 +399,13 @@ impl Metrics {
     pub fn set_control_plane(&self, cp: ControlPlane) {
         if self.envoy.control_plane.set(cp).is_err() {
             tracing::warn!("control-plane statistics already set; the first kept");
+        }
+    }
+
+    /// Export the xDS clusters' statistics (set once, at start-up).
+    pub fn set_clusters(&self, upstreams: Arc<crate::upstream::Upstreams>) {
+        if self.envoy.clusters.set(upstreams).is_err() {
+            tracing::warn!("cluster statistics already set; the first kept");
         }
     }
 

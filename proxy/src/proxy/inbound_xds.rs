@@ -20,6 +20,7 @@ use crate::tls::client_hello::{self, ClientHello, Parsed};
 use crate::tls::stream::Rewind;
 use crate::tls::{HandshakeFailure, Peer, ALPN_PEER_EXCHANGE};
 use crate::upstream::dial::{self, Connected};
+use crate::upstream::Outcome as Attempt;
 use crate::upstream::UpstreamError;
 use remora_xds::model::cluster::SanType;
 use remora_xds::model::listener::{DownstreamTls, NetworkFilter};
@@ -337,6 +338,7 @@ impl Proxy {
                     UpstreamError::NoHealthyUpstream(_) | UpstreamError::Transport { .. } => {
                         End::NoHealthyUpstream
                     }
+                    UpstreamError::Overflow(_) | UpstreamError::ConnectionsFull(_) => End::Overflow,
                 };
                 return refused(Some(hop.destination), end);
             }
@@ -346,6 +348,14 @@ impl Proxy {
             ..hop
         };
         let connected = dial::dial(self, &config.tls, &selected, hop.dir, None, hop.source).await;
+        // What Envoy's TCP proxy tells outlier detection: the connect, and that is all.
+        match &connected {
+            Ok(_) => selected.in_flight.report(Attempt::ConnectedFinal),
+            Err(_) => {
+                selected.in_flight.connect_failed();
+                selected.in_flight.report(Attempt::ConnectFailed);
+            }
+        }
         let copied = match (&mut downstream, connected) {
             (Downstream::Plain(d), Ok(Connected::Plain(up))) => {
                 let copied = tcp::copy_bidirectional_after(prefix, d, &up.stream, hop.idle).await;

@@ -9,6 +9,7 @@ use super::*;
 use crate::route::{self, ChainDecision};
 use crate::tls::client_hello::{self, ClientHello, Parsed};
 use crate::upstream::dial::{self, Connected};
+use crate::upstream::Outcome as Attempt;
 use crate::upstream::UpstreamError;
 use remora_xds::model::listener::{ConnectionFacts, Listener};
 use remora_xds::snapshot::Snapshot;
@@ -69,6 +70,7 @@ impl Proxy {
                     UpstreamError::NoHealthyUpstream(_) | UpstreamError::Transport { .. } => {
                         End::NoHealthyUpstream
                     }
+                    UpstreamError::Overflow(_) | UpstreamError::ConnectionsFull(_) => End::Overflow,
                 };
                 return refused(Some(hop.destination), end);
             }
@@ -80,6 +82,14 @@ impl Proxy {
             ..hop
         };
         let connected = dial::dial(self, &config.tls, &selected, hop.dir, None, None).await;
+        // What Envoy's TCP proxy tells outlier detection: the connect, and that is all.
+        match &connected {
+            Ok(_) => selected.in_flight.report(Attempt::ConnectedFinal),
+            Err(_) => {
+                selected.in_flight.connect_failed();
+                selected.in_flight.report(Attempt::ConnectFailed);
+            }
+        }
         match connected {
             Ok(Connected::Plain(up)) => {
                 // No mesh peer to learn: Istio's open is counted now, for an unknown peer.

@@ -4,27 +4,36 @@
 //! mTLS with the SNI, ALPN and SAN check of the cluster's matching transport socket), and then
 //! an open connection to it ([`dial`]).
 //!
-//! HTTP selects once per request, TCP once per connection: what is in flight per endpoint
-//! ([`InFlight`]) is what LEAST_REQUEST compares.
+//! HTTP selects once per attempt, TCP once per connection. A selection first takes the
+//! cluster's circuit-breaker slots ([`state`]; over a limit it is refused with Envoy's `UO`),
+//! then a host that outlier detection has not ejected ([`outlier`], [`balance`]). The
+//! [`InFlight`] it returns holds the slots and the host's in-flight count (what LEAST_REQUEST
+//! compares) until dropped, and takes the attempt's outcome, which counts in Envoy's cluster
+//! statistics ([`stats`]) and may eject the host at once.
 
-use remora_xds::model::cluster::{Cluster, Discovery, LbPolicy};
+use remora_xds::model::cluster::{Cluster, Discovery, LbPolicy, UpstreamHttpProtocol};
 use remora_xds::model::endpoint::{ClusterLoadAssignment, Endpoint};
 use remora_xds::snapshot::Snapshot;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 pub mod balance;
 pub mod dial;
 pub mod dns;
+pub mod outlier;
+pub mod state;
+pub mod stats;
 pub mod transport;
 
+pub use outlier::Outcome;
+pub use state::ClusterState;
 pub use transport::{MeshTls, Transport, TransportError};
 
-/// Round-robin positions are kept for at most this many clusters; past it they start again
-/// (istiod may name clusters without end over a long life; a restart of a rotation costs
-/// nothing but evenness for one turn).
+/// Mesh TLS parameter sets and service peers are kept for at most this many; past it they
+/// start again (istiod may name clusters without end over a long life).
 const ROUND_ROBIN_CLUSTERS: usize = 4096;
 
 /// Bound on the picks again of one retry's host selection (`host_selection_retry_max_attempts`,
@@ -35,11 +44,9 @@ const MAX_HOST_SELECTION_ATTEMPTS: u32 = 64;
 /// The balancers' state, shared by every connection.
 #[derive(Debug, Default)]
 pub struct Upstreams {
-    /// Requests (HTTP) or connections (TCP) in flight per endpoint. An entry lives only while
-    /// something is in flight, so the map is bounded by what is in flight.
-    active: Mutex<HashMap<SocketAddr, u32>>,
-    /// The next position per round-robin cluster.
-    round_robin: Mutex<HashMap<String, u64>>,
+    /// Per cluster: circuit breakers, outlier detection, in-flight counts per host (what
+    /// LEAST_REQUEST compares), the round-robin position and Envoy's statistics.
+    pub clusters: state::ClusterStates,
     /// A small number per set of mesh TLS parameters, for the pool's key: connections made
     /// with one SNI and SAN check never serve a request that wants another.
     tls_ids: Mutex<TlsIds>,
@@ -66,7 +73,8 @@ pub struct Selected {
     pub address: SocketAddr,
     pub transport: Transport,
     pub connect_timeout: Duration,
-    /// Counts the request (or connection) against the endpoint until dropped.
+    /// Counts the request (or connection) against the endpoint and the cluster's circuit
+    /// breakers until dropped; takes the attempt's outcome for outlier detection.
     pub in_flight: InFlight,
 }
 
@@ -82,6 +90,13 @@ pub enum UpstreamError {
         cluster: String,
         error: TransportError,
     },
+    /// A circuit breaker is open: answered at once, never sent upstream.
+    #[error("cluster {0}: circuit breaker open")]
+    Overflow(String),
+    /// Every connection the cluster may have is in use: an HTTP request waits for one as
+    /// a pending request ([`Upstreams::wait_for_connection`]).
+    #[error("cluster {0}: connection limit reached")]
+    ConnectionsFull(String),
 }
 
 impl UpstreamError {
@@ -91,6 +106,7 @@ impl UpstreamError {
             UpstreamError::NoCluster(_) => "NC",
             UpstreamError::NoHealthyUpstream(_) => "UH",
             UpstreamError::Transport { .. } => "UF",
+            UpstreamError::Overflow(_) | UpstreamError::ConnectionsFull(_) => "UO",
         }
     }
 }
@@ -104,8 +120,15 @@ pub struct Avoid<'a> {
     pub attempts: u32,
 }
 
+/// What a selection is for: an HTTP request attempt, or a TCP connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Traffic {
+    Http,
+    Tcp,
+}
+
 impl Upstreams {
-    /// Choose an endpoint of `cluster` for a connection whose original destination is
+    /// Choose an endpoint of `cluster` for a TCP connection whose original destination is
     /// `original_dst`.
     pub fn select(
         self: &Arc<Self>,
@@ -113,10 +136,14 @@ impl Upstreams {
         cluster: &str,
         original_dst: SocketAddr,
     ) -> Result<Selected, UpstreamError> {
-        self.select_avoiding(snapshot, cluster, original_dst, Avoid::default())
+        let c = snapshot
+            .cluster(cluster)
+            .ok_or_else(|| UpstreamError::NoCluster(cluster.to_string()))?;
+        self.choose(snapshot, c, original_dst, Avoid::default(), Traffic::Tcp)
     }
 
-    /// [`Upstreams::select`] for a retry, avoiding the hosts already tried as `avoid` says.
+    /// Choose an endpoint for one HTTP request attempt, avoiding the hosts already tried as
+    /// `avoid` says.
     pub fn select_avoiding(
         self: &Arc<Self>,
         snapshot: &Snapshot,
@@ -127,7 +154,7 @@ impl Upstreams {
         let c = snapshot
             .cluster(cluster)
             .ok_or_else(|| UpstreamError::NoCluster(cluster.to_string()))?;
-        self.select_in(snapshot, c, original_dst, avoid)
+        self.choose(snapshot, c, original_dst, avoid, Traffic::Http)
     }
 
     /// [`Upstreams::select_avoiding`] of a cluster already found (a request's route decision
@@ -139,7 +166,24 @@ impl Upstreams {
         original_dst: SocketAddr,
         avoid: Avoid<'_>,
     ) -> Result<Selected, UpstreamError> {
+        self.choose(snapshot, c, original_dst, avoid, Traffic::Http)
+    }
+
+    /// Circuit breakers first (a request over a limit never reaches a host), then the host.
+    fn choose(
+        self: &Arc<Self>,
+        snapshot: &Snapshot,
+        c: &Arc<Cluster>,
+        original_dst: SocketAddr,
+        avoid: Avoid<'_>,
+        traffic: Traffic,
+    ) -> Result<Selected, UpstreamError> {
         let cluster = c.name.as_str();
+        let state = self
+            .clusters
+            .get(c, |name| snapshot.cluster(name).is_some());
+        let mut in_flight = InFlight::admit(state, c, traffic)?;
+        let state = &in_flight.state;
         // Outlives the match: a DNS cluster's endpoint is borrowed from it.
         let dns_hosts;
         let (address, tls_mode) = match &c.discovery {
@@ -149,11 +193,11 @@ impl Upstreams {
             }
             Discovery::Eds { .. } | Discovery::Static => {
                 let cla = snapshot.endpoints_of(c);
-                let mut endpoint = cla.and_then(|cla| self.pick(c, cla));
+                let mut endpoint = cla.and_then(|cla| pick(state, c, cla));
                 for _ in 0..avoid.attempts.min(MAX_HOST_SELECTION_ATTEMPTS) {
                     match endpoint {
                         Some(e) if avoid.hosts.contains(&e.address) => {
-                            endpoint = cla.and_then(|cla| self.pick(c, cla));
+                            endpoint = cla.and_then(|cla| pick(state, c, cla));
                         }
                         _ => break,
                     }
@@ -167,7 +211,7 @@ impl Upstreams {
                 dns_hosts = self.dns.get(cluster);
                 let endpoint = dns_hosts
                     .as_deref()
-                    .and_then(|cla| self.pick(c, cla))
+                    .and_then(|cla| pick(state, c, cla))
                     .ok_or_else(|| UpstreamError::NoHealthyUpstream(cluster.to_string()))?;
                 (endpoint.address, endpoint.tls_mode.as_deref())
             }
@@ -177,66 +221,50 @@ impl Upstreams {
                 cluster: cluster.to_string(),
                 error,
             })?;
+        // An original destination is no host of the cluster's: it has no state of its own
+        // (the converter refuses per-host limits and outlier detection there).
+        if !matches!(c.discovery, Discovery::OriginalDst { .. }) {
+            in_flight.on_host(address)?;
+        }
         Ok(Selected {
             cluster: Arc::clone(c),
             address,
             transport,
             connect_timeout: c.connect_timeout,
-            in_flight: self.start(address),
+            in_flight,
         })
     }
 
-    /// One endpoint of the highest priority that has a healthy one (or of every host of it, in
-    /// panic mode), by the cluster's policy.
-    fn pick<'a>(&self, c: &Cluster, cla: &'a ClusterLoadAssignment) -> Option<&'a Endpoint> {
-        let threshold = c
-            .common_lb
-            .healthy_panic_threshold
-            .unwrap_or(balance::DEFAULT_PANIC_THRESHOLD);
-        let candidates = balance::candidates(cla, threshold);
-        if candidates.is_empty() {
-            return None;
+    /// Wait, as one of the cluster's pending requests, until a connection slot is free
+    /// (Envoy queues a request its pool cannot open a connection for). Past
+    /// `max_pending_requests` waiting, the request overflows. The wait is bounded by the
+    /// request's own (its timeout, or the client going away).
+    pub async fn wait_for_connection(
+        &self,
+        snapshot: &Snapshot,
+        cluster: &str,
+    ) -> Result<(), UpstreamError> {
+        let c = snapshot
+            .cluster(cluster)
+            .ok_or_else(|| UpstreamError::NoCluster(cluster.to_string()))?;
+        let state = self
+            .clusters
+            .get(c, |name| snapshot.cluster(name).is_some());
+        if state.rq_pending.fetch_add(1, Ordering::AcqRel) >= state.limits.max_pending_requests {
+            state.rq_pending.fetch_sub(1, Ordering::AcqRel);
+            stats::inc(&state.stats.rq_pending_overflow);
+            return Err(UpstreamError::Overflow(cluster.to_string()));
         }
-        let mut rng = fastrand::Rng::new();
-        let index = match c.lb_policy {
-            LbPolicy::RoundRobin => {
-                let position = {
-                    let mut rr = self
-                        .round_robin
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner);
-                    if rr.len() >= ROUND_ROBIN_CLUSTERS && !rr.contains_key(&c.name) {
-                        rr.clear();
-                    }
-                    let next = rr.entry(c.name.clone()).or_insert(0);
-                    let at = *next;
-                    *next = next.wrapping_add(1);
-                    at
-                };
-                balance::round_robin(&candidates, position)
+        stats::inc(&state.stats.rq_pending_total);
+        // Envoy counts the connection its pool could not open for the pending request.
+        stats::inc(&state.stats.cx_overflow);
+        let _pending = Decrement(&state.rq_pending);
+        loop {
+            let released = state.cx_released.notified();
+            if state.cx_active.load(Ordering::Acquire) < state.limits.max_connections {
+                return Ok(());
             }
-            LbPolicy::Random => balance::random(&candidates, rng.u64(..)),
-            LbPolicy::LeastRequest { choice_count } => {
-                let active = self.active.lock().unwrap_or_else(PoisonError::into_inner);
-                let load = |a: &SocketAddr| active.get(a).copied().unwrap_or(0);
-                balance::least_request(&candidates, choice_count, &load, &mut rng)
-            }
-            // Only ORIGINAL_DST clusters provide their host, and they do not get here.
-            LbPolicy::ClusterProvided => balance::random(&candidates, rng.u64(..)),
-        };
-        candidates.get(index).copied()
-    }
-
-    fn start(self: &Arc<Self>, address: SocketAddr) -> InFlight {
-        *self
-            .active
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(address)
-            .or_insert(0) += 1;
-        InFlight {
-            upstreams: Arc::clone(self),
-            address,
+            released.await;
         }
     }
 
@@ -283,39 +311,239 @@ impl Upstreams {
         Some(peer)
     }
 
-    /// What is in flight to `address` (tests, `/clusters`).
+    /// Whether an HTTP request to `cluster` would find every connection it may have in use.
+    /// One look-up, no lock: asked before every routed HTTP attempt.
+    pub fn connections_full(&self, cluster: &str) -> bool {
+        self.clusters.connections_full(cluster)
+    }
+
+    /// Count a request to `cluster` that timed out, against `host` its last attempt went to.
+    pub fn timed_out(&self, cluster: &str, host: Option<SocketAddr>) {
+        if let Some(state) = self.clusters.find(cluster) {
+            let host = host.and_then(|h| state.known_host(&h));
+            state.report(host.as_deref(), Outcome::Timeout, true);
+        }
+    }
+
+    /// Count a retry to `cluster`, if its `max_retries` allows one more in flight; the guard
+    /// holds it until the retry is over. `None`: the breaker is open (counted as
+    /// `upstream_rq_retry_overflow`).
+    pub fn retry(&self, cluster: &str) -> Option<RetryGuard> {
+        let Some(s) = self.clusters.find(cluster) else {
+            return Some(RetryGuard(None));
+        };
+        if s.retries_active.fetch_add(1, Ordering::AcqRel) >= s.limits.max_retries {
+            s.retries_active.fetch_sub(1, Ordering::AcqRel);
+            stats::inc(&s.stats.rq_retry_overflow);
+            return None;
+        }
+        stats::inc(&s.stats.rq_retry);
+        Some(RetryGuard(Some(s)))
+    }
+
+    /// What is in flight to `address`, over every cluster (tests).
     pub fn active(&self, address: SocketAddr) -> u32 {
-        self.active
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&address)
-            .copied()
-            .unwrap_or(0)
+        self.clusters
+            .all()
+            .iter()
+            .filter_map(|c| c.known_host(&address))
+            .map(|h| h.rq_active.load(Ordering::Relaxed))
+            .sum()
     }
 }
 
-/// One request or connection counted against its endpoint; dropping it ends the count.
-#[derive(Debug)]
-pub struct InFlight {
-    upstreams: Arc<Upstreams>,
-    address: SocketAddr,
+/// One endpoint of the highest priority that has a healthy one not ejected (or of every host
+/// of it, in panic mode), by the cluster's policy. Allocates nothing.
+fn pick<'a>(
+    state: &ClusterState,
+    c: &Cluster,
+    cla: &'a ClusterLoadAssignment,
+) -> Option<&'a Endpoint> {
+    let threshold = c
+        .common_lb
+        .healthy_panic_threshold
+        .unwrap_or(balance::DEFAULT_PANIC_THRESHOLD);
+    let total: usize = cla.localities.iter().map(|l| l.endpoints.len()).sum();
+    let total_u32 = u32::try_from(total).unwrap_or(u32::MAX);
+    if state.endpoints.load(Ordering::Relaxed) != total_u32 {
+        state.endpoints.store(total_u32, Ordering::Relaxed);
+    }
+    state.prune_hosts(total, |a| cla.endpoints().any(|(_, e)| e.address == *a));
+    let now = state.now_ms();
+    let any_ejected = state.any_ejected(now);
+    let usable = move |e: &Endpoint| !any_ejected || !state.ejected(&e.address, now);
+    let candidates = balance::Candidates::new(cla, threshold, usable);
+    if candidates.is_empty() {
+        return None;
+    }
+    let mut rng = fastrand::Rng::new();
+    let hosts = candidates.iter();
+    let index = match c.lb_policy {
+        LbPolicy::RoundRobin => {
+            let position = state.round_robin.fetch_add(1, Ordering::Relaxed);
+            balance::round_robin(hosts.clone(), position)
+        }
+        LbPolicy::Random => balance::random(hosts.clone(), rng.u64(..)),
+        LbPolicy::LeastRequest { choice_count } => {
+            let load = |a: &SocketAddr| {
+                state
+                    .known_host(a)
+                    .map_or(0, |h| h.rq_active.load(Ordering::Relaxed))
+            };
+            balance::least_request(hosts.clone(), choice_count, &load, &mut rng)
+        }
+        // Only ORIGINAL_DST clusters provide their host, and they do not get here.
+        LbPolicy::ClusterProvided => balance::random(hosts.clone(), rng.u64(..)),
+    };
+    // Bound before returning: the iterator borrows `usable`, which borrows `state`.
+    #[allow(clippy::let_and_return)]
+    let chosen = hosts.clone().nth(index);
+    chosen
 }
 
-impl Drop for InFlight {
+/// Subtracts one when dropped.
+struct Decrement<'a>(&'a AtomicU32);
+
+impl Drop for Decrement<'_> {
     fn drop(&mut self) {
-        let mut active = self
-            .upstreams
-            .active
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(n) = active.get_mut(&self.address) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                active.remove(&self.address);
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One request or connection counted against its cluster's circuit breakers and its endpoint;
+/// dropping it ends the counts. It takes the attempt's outcome for outlier detection and the
+/// cluster's statistics.
+#[derive(Debug)]
+pub struct InFlight {
+    state: Arc<ClusterState>,
+    host: Option<Arc<outlier::HostState>>,
+    /// Holds one of the cluster's requests (`max_requests`).
+    request: bool,
+    /// Holds one of the cluster's connection slots (`max_connections`).
+    connection: bool,
+}
+
+impl InFlight {
+    /// Take the cluster-wide slots `traffic` needs, or overflow.
+    fn admit(
+        state: Arc<ClusterState>,
+        c: &Cluster,
+        traffic: Traffic,
+    ) -> Result<InFlight, UpstreamError> {
+        let mut f = InFlight {
+            state,
+            host: None,
+            request: false,
+            connection: false,
+        };
+        let s = &f.state;
+        if traffic == Traffic::Http {
+            // Envoy counts a request over `max_requests` as a pending overflow.
+            if s.rq_active.fetch_add(1, Ordering::AcqRel) >= s.limits.max_requests {
+                s.rq_active.fetch_sub(1, Ordering::AcqRel);
+                stats::inc(&s.stats.rq_pending_overflow);
+                return Err(UpstreamError::Overflow(c.name.clone()));
             }
+            f.request = true;
+        }
+        // An HTTP/1.1 attempt holds a connection for itself; an HTTP/2 cluster's requests share
+        // one per endpoint, which the limit never holds back. A TCP connection is one.
+        let holds_connection =
+            traffic == Traffic::Tcp || c.http_protocol != UpstreamHttpProtocol::Http2;
+        if holds_connection && s.limits.limits_connections() {
+            if s.cx_active.fetch_add(1, Ordering::AcqRel) >= s.limits.max_connections {
+                s.cx_active.fetch_sub(1, Ordering::AcqRel);
+                stats::inc(&s.stats.cx_overflow);
+                return Err(match traffic {
+                    Traffic::Http => UpstreamError::ConnectionsFull(c.name.clone()),
+                    Traffic::Tcp => UpstreamError::Overflow(c.name.clone()),
+                });
+            }
+            f.connection = true;
+        }
+        if traffic == Traffic::Tcp {
+            stats::inc(&f.state.stats.cx_total);
+        }
+        Ok(f)
+    }
+
+    /// The chosen endpoint: counted in flight, and against its per-host connection limit.
+    fn on_host(&mut self, address: SocketAddr) -> Result<(), UpstreamError> {
+        let host = self.state.host(address);
+        if let (true, Some(max)) = (self.connection, self.state.limits.per_host_max_connections) {
+            // Not waited for: the next pick may well be another host.
+            if host.cx_active.fetch_add(1, Ordering::AcqRel) >= max {
+                host.cx_active.fetch_sub(1, Ordering::AcqRel);
+                stats::inc(&self.state.stats.cx_overflow);
+                return Err(UpstreamError::Overflow(self.state.name()));
+            }
+        } else if self.connection {
+            host.cx_active.fetch_add(1, Ordering::AcqRel);
+        }
+        host.rq_active.fetch_add(1, Ordering::AcqRel);
+        self.host = Some(host);
+        Ok(())
+    }
+
+    /// Report what the attempt came to: counted in the cluster's statistics, and by outlier
+    /// detection, which may eject the host now.
+    pub fn report(&self, outcome: Outcome) {
+        self.state
+            .report(self.host.as_deref(), outcome, self.request);
+    }
+
+    /// The connection failed to open (TCP, or an HTTP attempt's dial).
+    pub fn connect_failed(&self) {
+        stats::inc(&self.state.stats.cx_connect_fail);
+    }
+}
+
+/// One retry in flight against the cluster's `max_retries`.
+#[derive(Debug)]
+pub struct RetryGuard(Option<Arc<ClusterState>>);
+
+impl RetryGuard {
+    /// A retry of nothing counted (a request not routed by xDS).
+    pub fn none() -> Self {
+        RetryGuard(None)
+    }
+
+    /// The retry got an answer that ends the request well (`upstream_rq_retry_success`).
+    pub fn succeeded(&self) {
+        if let Some(s) = &self.0 {
+            stats::inc(&s.stats.rq_retry_success);
         }
     }
 }
 
+impl Drop for RetryGuard {
+    fn drop(&mut self) {
+        if let Some(s) = &self.0 {
+            s.retries_active.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let s = &self.state;
+        if self.request {
+            s.rq_active.fetch_sub(1, Ordering::AcqRel);
+        }
+        if let Some(h) = &self.host {
+            h.rq_active.fetch_sub(1, Ordering::AcqRel);
+            if self.connection {
+                h.cx_active.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        if self.connection {
+            s.cx_active.fetch_sub(1, Ordering::AcqRel);
+            s.cx_released.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod limits_tests;
 #[cfg(test)]
 mod tests;

@@ -95,8 +95,32 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
         .map(|d| duration(d, "connect_timeout"))
         .transpose()?
         .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
-    if let Some(cb) = &c.circuit_breakers {
-        circuit_breakers(cb)?;
+    let circuit_breakers = c
+        .circuit_breakers
+        .as_ref()
+        .map(limits::circuit_breakers)
+        .transpose()?
+        .unwrap_or_default();
+    let outlier_detection = c
+        .outlier_detection
+        .as_ref()
+        .map(limits::outlier_detection)
+        .transpose()?;
+    // An original destination is no host the cluster keeps: nothing to eject or to count
+    // connections of (istiod never writes these there).
+    if matches!(discovery, Discovery::OriginalDst { .. }) {
+        if outlier_detection.is_some() {
+            return Err(Fault::new(
+                "outlier_detection",
+                "outlier detection of ORIGINAL_DST hosts not supported",
+            ));
+        }
+        if circuit_breakers.per_host_max_connections.is_some() {
+            return Err(Fault::new(
+                "circuit_breakers.per_host_thresholds",
+                "per-host limits of ORIGINAL_DST hosts not supported",
+            ));
+        }
     }
     if let Some(r) = &c.typed_dns_resolver_config {
         dns_resolver(r)?;
@@ -273,6 +297,8 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
         upstream_bind_address,
         alt_stat_name: (!c.alt_stat_name.is_empty()).then(|| c.alt_stat_name.clone()),
         common_lb,
+        circuit_breakers,
+        outlier_detection,
     })
 }
 
@@ -519,36 +545,6 @@ fn lb_policy(c: &pb::Cluster, discovery: &Discovery) -> Result<LbPolicy, Fault> 
     }
 }
 
-/// Circuit breakers are accepted only at istiod's "unlimited" defaults, where they limit
-/// nothing; a real limit is something Remora would not enforce.
-fn circuit_breakers(cb: &pb::CircuitBreakers) -> Result<(), Fault> {
-    if !cb.per_host_thresholds.is_empty() {
-        return Err(Fault::new(
-            "circuit_breakers.per_host_thresholds",
-            "circuit breaker limits not supported",
-        ));
-    }
-    for (i, t) in cb.thresholds.iter().enumerate() {
-        let at = format!("circuit_breakers.thresholds[{i}]");
-        let limits = [
-            ("max_connections", &t.max_connections),
-            ("max_pending_requests", &t.max_pending_requests),
-            ("max_requests", &t.max_requests),
-            ("max_retries", &t.max_retries),
-        ];
-        for (field, value) in limits {
-            // Unset means Envoy's own limit (1024, or 3 retries), which is a real limit too.
-            if value.as_ref().map(|v| v.value) != Some(u32::MAX) {
-                return Err(Fault::new(
-                    format!("{at}.{field}"),
-                    "circuit breaker limits not supported (only istiod's unlimited 4294967295)",
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
 fn istio_metadata(c: &pb::Cluster) -> IstioClusterMetadata {
     let Some(istio) = filter_metadata(c.metadata.as_ref(), "istio") else {
         return IstioClusterMetadata::default();
@@ -568,5 +564,6 @@ fn istio_metadata(c: &pb::Cluster) -> IstioClusterMetadata {
     }
 }
 
+mod limits;
 #[cfg(test)]
 mod tests;

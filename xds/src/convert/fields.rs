@@ -6,7 +6,7 @@
 //! reads (see `descriptors.rs`). Bytes that no descriptor declares are refused everywhere.
 //!
 //! A listed field is not yet accepted whatever its value: the converters refuse values they
-//! cannot honour (a circuit-breaker limit, a tracing provider, a Wasm module file…).
+//! cannot honour (success-rate ejection, a tracing provider, a Wasm module file…).
 
 use super::any::unpack;
 use super::read::READ;
@@ -97,11 +97,11 @@ mod tests {
         let value = serde_json::json!({
             "name": "c",
             "connect_timeout": "1s",
-            "outlier_detection": {"consecutive_5xx": 3}
+            "lb_subset_config": {"fallback_policy": "ANY_ENDPOINT"}
         });
         let msg = crate::json::from_json(&value, "envoy.config.cluster.v3.Cluster").expect("json");
         let fault = check(&msg, "").expect_err("refused");
-        assert_eq!(fault.path, "outlier_detection");
+        assert_eq!(fault.path, "lb_subset_config");
         let nested = serde_json::json!({
             "name": "l",
             "filter_chains": [{"filters": [{

@@ -43,6 +43,10 @@ pub struct Cluster {
     pub alt_stat_name: Option<String>,
     /// `common_lb_config`: what of it Remora honours (istiod writes it empty on every cluster).
     pub common_lb: CommonLb,
+    /// `circuit_breakers` (none: Envoy's own limits).
+    pub circuit_breakers: super::circuit_breakers::CircuitBreakers,
+    /// `outlier_detection` (none: no host is ever ejected).
+    pub outlier_detection: Option<super::outlier::OutlierDetection>,
 }
 
 /// The parts of `common_lb_config` Remora keeps (every other part is refused by name).
@@ -298,6 +302,8 @@ mod tests {
             upstream_bind_address: None,
             alt_stat_name: None,
             common_lb: CommonLb::default(),
+            circuit_breakers: Default::default(),
+            outlier_detection: None,
         };
         assert_eq!(
             cluster.transport_socket_for(Some("istio")),

@@ -8,18 +8,21 @@
 //! - [`fault`]: fault injection (delays and aborts) per route;
 //! - [`retry`]: retry policies (conditions, retries, per-try timeout, back-off);
 //! - [`cluster`]: discovery, balancing, connect timeout, the transport socket per endpoint;
+//! - [`circuit_breakers`], [`outlier`]: a cluster's limits and its passive health checking;
 //! - [`endpoint`]: EDS host sets: localities, priorities, weights, health, tlsMode;
 //! - [`rbac`]: Envoy's RBAC policies as data, for the authorization step to enforce;
 //! - [`secret`]: SDS secrets (certificates and trust anchors);
 //! - [`header_format`]: header values with Envoy's `%…%` substitutions;
 //! - [`matcher`]: string, header and address matchers the others share.
 
+pub mod circuit_breakers;
 pub mod cluster;
 pub mod endpoint;
 pub mod fault;
 pub mod header_format;
 pub mod listener;
 pub mod matcher;
+pub mod outlier;
 pub mod rbac;
 pub mod retry;
 pub mod route;

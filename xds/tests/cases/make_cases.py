@@ -215,9 +215,13 @@ write("dns-static", "clusters", [
 def gap_cluster(name, extra, lb="LEAST_REQUEST"):
     c = eds_cluster(f"{name}.{NS}.svc.cluster.local", 9080, "", lb, [f"spiffe://cluster.local/ns/{NS}/sa/{name}"])
     c.update(extra); return c
-write("gaps", "clusters", [
+# ---- resilience: DestinationRule outlierDetection and connectionPool limits, once gaps, which Remora honours.
+write("resilience", "clusters", [
     gap_cluster("outlier", {"outlier_detection": {"consecutive_5xx": 5, "interval": "10s", "base_ejection_time": "30s",
         "max_ejection_percent": 100, "enforcing_consecutive_5xx": 100, "enforcing_success_rate": 0}}),
+    gap_cluster("pool-limits", {"circuit_breakers": {"thresholds": [{
+        "max_connections": 100, "max_pending_requests": 10, "max_requests": 1000, "max_retries": 3, "track_remaining": True}]}})])
+write("gaps", "clusters", [
     gap_cluster("ring-hash", {"ring_hash_lb_config": {"minimum_ring_size": "1024"}}, "RING_HASH"),
     gap_cluster("keepalive", {"upstream_connection_options": {"tcp_keepalive": {"keepalive_time": 300}}})])
 G = f"outbound|9080||gaps.{NS}.svc.cluster.local"
@@ -309,8 +313,6 @@ write("traffic-split", "listeners", [{
 
 # ---- gaps: DestinationRule connectionPool limits (finite circuit-breaker thresholds)
 gaps_clusters = json.load(open(os.path.join(OUT, "gaps", "clusters.json")))
-gaps_clusters.append(gap_cluster("pool-limits", {"circuit_breakers": {"thresholds": [{
-    "max_connections": 100, "max_pending_requests": 10, "max_requests": 1000, "max_retries": 3, "track_remaining": True}]}}))
 gaps_clusters.append(
     # DestinationRule tls {mode: SIMPLE, sni: tls.example.com}: TLS origination, system roots.
     {"@type": TYPE("envoy.config.cluster.v3.Cluster"), "name": TLS_O, "type": "STRICT_DNS", "connect_timeout": "10s",

@@ -19,9 +19,10 @@ pub fn cases_dir() -> PathBuf {
 }
 
 /// The cases, by folder name.
-pub const CASES: [&str; 8] = [
+pub const CASES: [&str; 9] = [
     "traffic-split",
     "faults-retries",
+    "resilience",
     "redirect-rewrite",
     "dns-static",
     "tcp-split",

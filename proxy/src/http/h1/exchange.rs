@@ -120,7 +120,14 @@ async fn attempts(
     let mut stale_retry = req.idempotent;
     // After a stale pooled connection, the next attempt dials: its siblings are likely stale too.
     let mut dial = false;
+    // The retry under way, held against the routed cluster's `max_retries`.
+    let mut retrying: Option<crate::upstream::RetryGuard> = None;
     let (up, response) = loop {
+        if let Some(r) = req.routed.as_deref() {
+            routed::admit(ctx, &r.routed)
+                .await
+                .map_err(|e| Failed::Local(e.kind))?;
+        }
         let next = match next_connection(ctx, req.routed.as_deref_mut(), early, dial, end) {
             Ok(next) => next,
             // No cluster or no healthy endpoint: answered at once, as hyper's path does.
@@ -135,6 +142,11 @@ async fn attempts(
                 Err(kind) => {
                     if kind.retryable() && retries > 0 {
                         if attempt <= retries {
+                            // Past `max_retries`, the connect failure is the answer.
+                            let Some(guard) = retry(ctx, req, &mut end.flags) else {
+                                return Err(Failed::Local(kind));
+                            };
+                            retrying = Some(guard);
                             backoff(ctx, attempt).await;
                             attempt += 1;
                             continue;
@@ -186,20 +198,31 @@ async fn attempts(
             Err(e) => Err(ResponseError::Io(e)),
         };
         let response = match answered {
-            Ok(r) => r,
+            Ok(r) => {
+                routed::report(end, crate::upstream::Outcome::Status(r.status));
+                r
+            }
             Err(e) => {
                 if reused && stale_retry && rbuf.is_empty() && matches!(e, ResponseError::Io(_)) {
+                    // A pooled connection the server had closed: not the host's failure (hyper's
+                    // path resends such a request unreported too).
                     stale_retry = false;
                     dial = true;
                     tracing::debug!(dst = %ctx.key.destination, "pooled connection closed; opening another");
                     continue;
                 }
                 tracing::debug!(dst = %ctx.key.destination, error = %e, "upstream request failed");
+                routed::report(end, crate::upstream::Outcome::LocalFailure);
                 return Err(Failed::Local(e.kind()));
             }
         };
         if retries > 0 && retry_503 && response.status == 503 {
             if attempt <= retries {
+                // Past the cluster's `max_retries`, the 503 itself is the answer (flagged UO).
+                let Some(guard) = retry(ctx, req, &mut end.flags) else {
+                    break (up, response);
+                };
+                retrying = Some(guard);
                 // Its body is not read: the connection goes with it.
                 drop(up);
                 backoff(ctx, attempt).await;
@@ -210,6 +233,9 @@ async fn attempts(
         }
         break (up, response);
     };
+    if let Some(r) = retrying.filter(|_| response.status < 500) {
+        r.succeeded();
+    }
     if let Some(log) = &mut end.log {
         log.status = response.status;
         log.upstream = Some(req.key(ctx).destination);
@@ -436,6 +462,18 @@ async fn open(
             )
             .await;
             counting(end, selected.in_flight);
+            routed::report(
+                end,
+                match dialled {
+                    Ok(_) => crate::upstream::Outcome::Connected,
+                    Err(_) => crate::upstream::Outcome::ConnectFailed,
+                },
+            );
+            if dialled.is_err() {
+                if let Some(f) = end.routed.as_ref().and_then(|r| r.in_flight.as_ref()) {
+                    f.connect_failed();
+                }
+            }
             match dialled {
                 Ok(Connected::Plain(up)) => Ok(Up::Plain(up)),
                 Ok(Connected::Mesh(tls, registration)) => {
@@ -572,6 +610,15 @@ async fn response_head(
             Err(e) => return Err(ResponseError::Io(e)),
         }
     }
+}
+
+/// A retry, counted against the routed cluster's `max_retries` (`None` past it).
+fn retry(
+    ctx: &ConnContext,
+    req: &Request<'_>,
+    flags: &mut Flags,
+) -> Option<crate::upstream::RetryGuard> {
+    routed::retry_counted(ctx, req.routed.as_deref().map(|r| &r.routed), flags)
 }
 
 async fn backoff(ctx: &ConnContext, attempt: u32) {

@@ -471,7 +471,12 @@ fn request<'a, C: Client>(
             .ok()
             {
                 Some(outcome) => outcome,
-                None if end.status == 0 => Err(Failed::Local(ErrorKind::Timeout)),
+                None if end.status == 0 => {
+                    if let Some(r) = &p.routed {
+                        crate::http::routed::timed_out(ctx, &r.routed);
+                    }
+                    Err(Failed::Local(ErrorKind::Timeout))
+                }
                 None => {
                     end.flags.insert(Flags::UT);
                     Err(Failed::Cut)

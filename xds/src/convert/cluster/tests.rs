@@ -92,33 +92,13 @@ fn dns_clusters_keep_their_names() {
 }
 
 #[test]
-fn real_limits_and_unsupported_policies_are_refused() {
-    let mut limited = unlimited();
-    limited["thresholds"][0]["max_connections"] = json!(100);
-    let err = convert(json!({"name": "c", "type": "STATIC", "circuit_breakers": limited}))
-        .expect_err("refused");
-    assert!(
-        err.contains("circuit_breakers.thresholds[0].max_connections"),
-        "{err}"
-    );
-    // Unset thresholds are Envoy's own real limits.
-    let err = convert(json!({"name": "c", "circuit_breakers": {"thresholds": [{}]}}))
-        .expect_err("refused");
-    assert!(
-        err.contains("circuit breaker limits not supported"),
-        "{err}"
-    );
+fn unsupported_policies_are_refused() {
     let err = convert(json!({"name": "c", "type": "EDS"})).expect_err("refused");
     assert!(err.contains("only ADS endpoint sources"), "{err}");
     let err = convert(json!({"name": "c", "lb_policy": "RING_HASH"})).expect_err("refused");
     assert!(err.contains("RING_HASH not supported"), "{err}");
     let err = convert(json!({"name": "c", "lb_policy": "CLUSTER_PROVIDED"})).expect_err("refused");
     assert!(err.contains("lb_policy"), "{err}");
-    let err = convert(json!({"name": "c", "outlier_detection": {}})).expect_err("refused");
-    assert!(
-        err.contains("outlier_detection: field not supported"),
-        "{err}"
-    );
     let err = convert(json!({"name": "c", "transport_socket": {"name": "tls", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
         "common_tls_context": {"tls_certificate_sds_secret_configs": [{"name": "kubernetes://my-cert"}]}}}}))

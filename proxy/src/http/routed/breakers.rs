@@ -1,0 +1,93 @@
+//! What a routed request tells its cluster's circuit breakers and outlier detection, for
+//! both HTTP paths: admission while connections are short (a pending request), each attempt's
+//! outcome, retries against `max_retries`, and timeouts.
+
+use super::Routed;
+use crate::http::body::RequestEnd;
+use crate::http::errors::{ErrorKind, Flags, ProxyError};
+use crate::http::ConnContext;
+use crate::upstream::{Outcome, RetryGuard, Selected};
+
+/// `e`, after reporting it to the attempt's cluster: a failure before any answer is a local
+/// one to outlier detection (Envoy's connect failures and resets).
+pub(super) fn reported(selected: &Selected, e: ProxyError) -> ProxyError {
+    selected.in_flight.report(Outcome::LocalFailure);
+    e
+}
+
+/// `e`, a connection that could not be opened, after reporting it to the attempt's cluster.
+pub(super) fn connect_failed(selected: &Selected, e: ProxyError) -> ProxyError {
+    selected.in_flight.connect_failed();
+    selected.in_flight.report(Outcome::ConnectFailed);
+    e
+}
+
+/// Wait while every connection the routed cluster may have is in use, as Envoy's pool holds a
+/// pending request (`max_connections`, `max_pending_requests`); both paths admit here.
+pub(in crate::http) async fn admit(ctx: &ConnContext, routed: &Routed) -> Result<(), ProxyError> {
+    if !ctx.proxy.upstreams.connections_full(&routed.cluster.name) {
+        return Ok(());
+    }
+    let Some(store) = &ctx.proxy.xds else {
+        return Ok(());
+    };
+    let snapshot = store.current();
+    ctx.proxy
+        .upstreams
+        .wait_for_connection(&snapshot, &routed.cluster.name)
+        .await
+        .map_err(|e| ProxyError::new(ErrorKind::Overflow, ctx.key.destination, e))
+}
+
+/// Count a timeout of the routed request (Envoy's `upstream_rq_timeout`), and report it to
+/// outlier detection against the host its last attempt went to.
+pub(in crate::http) fn timed_out(ctx: &ConnContext, routed: &Routed) {
+    let host = routed
+        .tried
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_slice()
+        .last()
+        .copied();
+    ctx.proxy.upstreams.timed_out(&routed.cluster.name, host);
+}
+
+/// A retry of the routed request, counted and held against its cluster's `max_retries`;
+/// `Err` when the breaker is open (the request ends with what it has, flagged `UO`).
+pub(in crate::http) fn retry(
+    ctx: &ConnContext,
+    routed: Option<&Routed>,
+) -> Result<Option<RetryGuard>, ()> {
+    match routed {
+        None => Ok(None),
+        Some(r) => match ctx.proxy.upstreams.retry(&r.cluster.name) {
+            Some(guard) => Ok(Some(guard)),
+            None => Err(()),
+        },
+    }
+}
+
+/// Report an attempt's outcome to its cluster, through the request's count against it.
+pub(in crate::http) fn report(end: &RequestEnd, outcome: Outcome) {
+    if let Some(f) = end.routed.as_ref().and_then(|r| r.in_flight.as_ref()) {
+        f.report(outcome);
+    }
+}
+
+/// A retry of a request (counted against its routed cluster's `max_retries`); `None` past
+/// it: the request ends with its last answer or failure, flagged `UO` as Envoy's router
+/// flags it.
+pub(in crate::http) fn retry_counted(
+    ctx: &ConnContext,
+    routed: Option<&Routed>,
+    flags: &mut Flags,
+) -> Option<RetryGuard> {
+    match retry(ctx, routed) {
+        Ok(Some(guard)) => Some(guard),
+        Ok(None) => Some(RetryGuard::none()),
+        Err(()) => {
+            flags.insert(Flags::UO);
+            None
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! Envoy's per-cluster statistics (`cluster.<name>.upstream_rq_total`, `upstream_rq_200`,
+//! `outlier_detection.ejections_active`, …) as atomics, one set per cluster name, kept across
+//! versions of the cluster as Envoy keeps its stats. The data path only adds to them; the admin
+//! pages read them ([`ClusterStats::envoy_stats`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The HTTP status codes counted one by one (`upstream_rq_<code>`).
+const CODES: std::ops::RangeInclusive<u16> = 100..=599;
+
+/// One cluster's counters.
+#[derive(Debug)]
+pub struct ClusterStats {
+    /// The name Envoy files them under: `alt_stat_name`, else the cluster's name.
+    pub name: Box<str>,
+    pub rq_total: AtomicU64,
+    pub rq_completed: AtomicU64,
+    /// Per status class, 1xx to 5xx.
+    rq_class: [AtomicU64; 5],
+    /// Per status code, 100 to 599.
+    rq_code: Box<[AtomicU64]>,
+    pub rq_retry: AtomicU64,
+    pub rq_retry_success: AtomicU64,
+    pub rq_retry_overflow: AtomicU64,
+    pub rq_timeout: AtomicU64,
+    pub rq_pending_overflow: AtomicU64,
+    pub rq_pending_total: AtomicU64,
+    pub cx_overflow: AtomicU64,
+    pub cx_total: AtomicU64,
+    pub cx_connect_fail: AtomicU64,
+    pub outlier: OutlierStats,
+}
+
+/// `outlier_detection.*`, as Envoy counts them.
+#[derive(Debug, Default)]
+pub struct OutlierStats {
+    pub ejections_enforced_total: AtomicU64,
+    pub ejections_enforced_consecutive_5xx: AtomicU64,
+    pub ejections_enforced_consecutive_gateway_failure: AtomicU64,
+    pub ejections_enforced_consecutive_local_origin_failure: AtomicU64,
+    pub ejections_detected_consecutive_5xx: AtomicU64,
+    pub ejections_detected_consecutive_gateway_failure: AtomicU64,
+    pub ejections_detected_consecutive_local_origin_failure: AtomicU64,
+    pub ejections_overflow: AtomicU64,
+    /// Deprecated in Envoy, still printed: detections of consecutive 5xx (`ejections_total`
+    /// counts those that passed the ejection-percent check).
+    pub ejections_total: AtomicU64,
+    pub ejections_consecutive_5xx: AtomicU64,
+}
+
+/// Add one.
+pub fn inc(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+impl ClusterStats {
+    pub fn new(name: &str) -> Self {
+        ClusterStats {
+            name: name.into(),
+            rq_total: AtomicU64::new(0),
+            rq_completed: AtomicU64::new(0),
+            rq_class: Default::default(),
+            rq_code: CODES.map(|_| AtomicU64::new(0)).collect(),
+            rq_retry: AtomicU64::new(0),
+            rq_retry_success: AtomicU64::new(0),
+            rq_retry_overflow: AtomicU64::new(0),
+            rq_timeout: AtomicU64::new(0),
+            rq_pending_overflow: AtomicU64::new(0),
+            rq_pending_total: AtomicU64::new(0),
+            cx_overflow: AtomicU64::new(0),
+            cx_total: AtomicU64::new(0),
+            cx_connect_fail: AtomicU64::new(0),
+            outlier: OutlierStats::default(),
+        }
+    }
+
+    /// An upstream response (or Envoy's local answer for the upstream's failure) with `status`.
+    pub fn response(&self, status: u16) {
+        inc(&self.rq_completed);
+        if let Some(c) = usize::from(status / 100)
+            .checked_sub(1)
+            .and_then(|i| self.rq_class.get(i))
+        {
+            inc(c);
+        }
+        if let Some(c) = status
+            .checked_sub(*CODES.start())
+            .and_then(|i| self.rq_code.get(usize::from(i)))
+        {
+            inc(c);
+        }
+    }
+
+    /// Every counter with Envoy's name (`upstream_rq_200` as `("upstream_rq", Some("200"))`:
+    /// Istio's bootstrap turns the code into a `response_code` or `response_code_class` tag),
+    /// and the gauges given.
+    pub fn envoy_stats(&self, gauges: &[(&'static str, u64)]) -> Vec<ClusterStat> {
+        let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let o = &self.outlier;
+        let mut out: Vec<ClusterStat> = [
+            ("upstream_rq_total", v(&self.rq_total)),
+            ("upstream_rq_completed", v(&self.rq_completed)),
+            ("upstream_rq_retry", v(&self.rq_retry)),
+            ("upstream_rq_retry_success", v(&self.rq_retry_success)),
+            ("upstream_rq_retry_overflow", v(&self.rq_retry_overflow)),
+            ("upstream_rq_timeout", v(&self.rq_timeout)),
+            ("upstream_rq_pending_overflow", v(&self.rq_pending_overflow)),
+            ("upstream_rq_pending_total", v(&self.rq_pending_total)),
+            ("upstream_cx_overflow", v(&self.cx_overflow)),
+            ("upstream_cx_total", v(&self.cx_total)),
+            ("upstream_cx_connect_fail", v(&self.cx_connect_fail)),
+            (
+                "outlier_detection.ejections_enforced_total",
+                v(&o.ejections_enforced_total),
+            ),
+            (
+                "outlier_detection.ejections_enforced_consecutive_5xx",
+                v(&o.ejections_enforced_consecutive_5xx),
+            ),
+            (
+                "outlier_detection.ejections_enforced_consecutive_gateway_failure",
+                v(&o.ejections_enforced_consecutive_gateway_failure),
+            ),
+            (
+                "outlier_detection.ejections_enforced_consecutive_local_origin_failure",
+                v(&o.ejections_enforced_consecutive_local_origin_failure),
+            ),
+            (
+                "outlier_detection.ejections_detected_consecutive_5xx",
+                v(&o.ejections_detected_consecutive_5xx),
+            ),
+            (
+                "outlier_detection.ejections_detected_consecutive_gateway_failure",
+                v(&o.ejections_detected_consecutive_gateway_failure),
+            ),
+            (
+                "outlier_detection.ejections_detected_consecutive_local_origin_failure",
+                v(&o.ejections_detected_consecutive_local_origin_failure),
+            ),
+            (
+                "outlier_detection.ejections_overflow",
+                v(&o.ejections_overflow),
+            ),
+            ("outlier_detection.ejections_total", v(&o.ejections_total)),
+            (
+                "outlier_detection.ejections_consecutive_5xx",
+                v(&o.ejections_consecutive_5xx),
+            ),
+        ]
+        .into_iter()
+        .map(|(stat, value)| ClusterStat {
+            stat,
+            code: None,
+            gauge: false,
+            value,
+        })
+        .collect();
+        out.extend(gauges.iter().map(|&(stat, value)| ClusterStat {
+            stat,
+            code: None,
+            gauge: true,
+            value,
+        }));
+        // Envoy creates a code's counter when it is first seen; so are they printed here.
+        for (i, c) in self.rq_class.iter().enumerate() {
+            if v(c) != 0 {
+                out.push(ClusterStat {
+                    stat: "upstream_rq",
+                    code: Some(format!("{}xx", i + 1)),
+                    gauge: false,
+                    value: v(c),
+                });
+            }
+        }
+        for (code, c) in CODES.zip(self.rq_code.iter()) {
+            if v(c) != 0 {
+                out.push(ClusterStat {
+                    stat: "upstream_rq",
+                    code: Some(code.to_string()),
+                    gauge: false,
+                    value: v(c),
+                });
+            }
+        }
+        out
+    }
+}
+
+/// One of a cluster's statistics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterStat {
+    pub stat: &'static str,
+    /// `200` or `2xx` for `upstream_rq_200` and `upstream_rq_2xx`.
+    pub code: Option<String>,
+    pub gauge: bool,
+    pub value: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_and_classes_are_counted_as_seen() {
+        let s = ClusterStats::new("c");
+        s.response(200);
+        s.response(200);
+        s.response(503);
+        s.response(42);
+        let stats = s.envoy_stats(&[("upstream_rq_active", 1)]);
+        let get = |stat: &str, code: Option<&str>| {
+            stats
+                .iter()
+                .find(|s| s.stat == stat && s.code.as_deref() == code)
+                .map(|s| s.value)
+        };
+        assert_eq!(get("upstream_rq", Some("200")), Some(2));
+        assert_eq!(get("upstream_rq", Some("2xx")), Some(2));
+        assert_eq!(get("upstream_rq", Some("503")), Some(1));
+        assert_eq!(get("upstream_rq", Some("5xx")), Some(1));
+        assert_eq!(get("upstream_rq", Some("404")), None);
+        assert_eq!(get("upstream_rq_completed", None), Some(4));
+        assert_eq!(get("upstream_rq_active", None), Some(1));
+    }
+}
