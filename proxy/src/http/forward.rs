@@ -184,7 +184,7 @@ pub async fn handle(
             r = sending => r,
             () = d.as_mut() => {
                 if let Some(routed) = &routed {
-                    super::routed::timed_out(&ctx, routed);
+                    super::routed::timed_out(routed);
                 }
                 Err(ProxyError {
                     kind: ErrorKind::Timeout,
@@ -398,7 +398,7 @@ async fn attempts(
         }
         // The cluster's `max_retries` (counted as Envoy's `upstream_rq_retry`): past it, the
         // request ends with what it has, flagged as Envoy's router flags it.
-        match super::routed::retry(ctx, routed) {
+        match super::routed::retry(routed) {
             Ok(guard) => retrying = guard,
             Err(()) => {
                 flags.insert(Flags::UO);

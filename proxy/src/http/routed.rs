@@ -57,6 +57,8 @@ static EXPECTED_TIMEOUT: HeaderName = HeaderName::from_static("x-envoy-expected-
 pub struct Routed {
     /// The cluster, as the snapshot of the route decision holds it.
     pub cluster: Arc<Cluster>,
+    /// Its run-time state (breakers, outlier detection, statistics), found once.
+    pub state: Arc<crate::upstream::ClusterState>,
     /// The route's timeout (`None`: no deadline).
     pub timeout: Option<Duration>,
     /// `max_stream_duration.grpc_timeout_header_max` (or `max_grpc_timeout`): a gRPC
@@ -336,6 +338,7 @@ pub fn decide_request(
     let rules = super::retry_policy::RetryRules::of(retry);
     let routed = Routed {
         cluster: Arc::clone(model),
+        state: ctx.proxy.upstreams.state_of(&snapshot, model),
         timeout: forward.timeout,
         grpc_timeout_header_max: forward.grpc_timeout_header_max,
         max_stream_duration: forward.max_stream_duration.filter(|d| !d.is_zero()),
@@ -497,10 +500,13 @@ pub(super) fn select(
             hosts: tried.as_slice(),
             attempts: routed.avoid_previous.unwrap_or(0),
         };
-        let selected =
-            ctx.proxy
-                .upstreams
-                .select_in(&snapshot, &routed.cluster, ctx.key.destination, avoid);
+        let selected = ctx.proxy.upstreams.select_in(
+            &snapshot,
+            &routed.state,
+            &routed.cluster,
+            ctx.key.destination,
+            avoid,
+        );
         if let Ok(s) = &selected {
             tried.push(s.address);
         }

@@ -14,7 +14,6 @@
 use remora_xds::model::cluster::{Cluster, Discovery, LbPolicy, UpstreamHttpProtocol};
 use remora_xds::model::endpoint::{ClusterLoadAssignment, Endpoint};
 use remora_xds::snapshot::Snapshot;
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -52,14 +51,14 @@ pub struct Upstreams {
     tls_ids: Mutex<TlsIds>,
     /// The server side of Istio's request metrics per service host a cluster stands for, made
     /// once and shared, so that a request's series is found without an allocation.
-    service_peers: Mutex<HashMap<String, Arc<crate::tls::Peer>>>,
+    service_peers: Mutex<foldhash::HashMap<String, Arc<crate::tls::Peer>>>,
     /// The DNS clusters' host sets, kept resolved by [`dns::run`].
     pub dns: Arc<dns::DnsHosts>,
 }
 
 #[derive(Debug, Default)]
 struct TlsIds {
-    ids: HashMap<Arc<MeshTls>, u32>,
+    ids: foldhash::HashMap<Arc<MeshTls>, u32>,
     /// The last number given. Never reused: when the table is full it starts again with fresh
     /// numbers, so a pooled connection under an old number can never be taken for another's
     /// parameters. Starts above 0, which is plaintext's.
@@ -139,7 +138,14 @@ impl Upstreams {
         let c = snapshot
             .cluster(cluster)
             .ok_or_else(|| UpstreamError::NoCluster(cluster.to_string()))?;
-        self.choose(snapshot, c, original_dst, Avoid::default(), Traffic::Tcp)
+        self.choose(
+            snapshot,
+            c,
+            None,
+            original_dst,
+            Avoid::default(),
+            Traffic::Tcp,
+        )
     }
 
     /// Choose an endpoint for one HTTP request attempt, avoiding the hosts already tried as
@@ -154,7 +160,7 @@ impl Upstreams {
         let c = snapshot
             .cluster(cluster)
             .ok_or_else(|| UpstreamError::NoCluster(cluster.to_string()))?;
-        self.choose(snapshot, c, original_dst, avoid, Traffic::Http)
+        self.choose(snapshot, c, None, original_dst, avoid, Traffic::Http)
     }
 
     /// [`Upstreams::select_avoiding`] of a cluster already found (a request's route decision
@@ -162,26 +168,37 @@ impl Upstreams {
     pub fn select_in(
         self: &Arc<Self>,
         snapshot: &Snapshot,
+        state: &Arc<ClusterState>,
         c: &Arc<Cluster>,
         original_dst: SocketAddr,
         avoid: Avoid<'_>,
     ) -> Result<Selected, UpstreamError> {
-        self.choose(snapshot, c, original_dst, avoid, Traffic::Http)
+        self.choose(snapshot, c, Some(state), original_dst, avoid, Traffic::Http)
+    }
+
+    /// The run-time state of `c` (breakers, outlier detection, statistics), as the snapshot
+    /// has it: found once per request by its route decision.
+    pub fn state_of(&self, snapshot: &Snapshot, c: &Arc<Cluster>) -> Arc<ClusterState> {
+        self.clusters
+            .get(c, |name| snapshot.cluster(name).is_some())
     }
 
     /// Circuit breakers first (a request over a limit never reaches a host), then the host.
+    /// `state`: the cluster's, when the caller found it already.
     fn choose(
         self: &Arc<Self>,
         snapshot: &Snapshot,
         c: &Arc<Cluster>,
+        state: Option<&Arc<ClusterState>>,
         original_dst: SocketAddr,
         avoid: Avoid<'_>,
         traffic: Traffic,
     ) -> Result<Selected, UpstreamError> {
         let cluster = c.name.as_str();
-        let state = self
-            .clusters
-            .get(c, |name| snapshot.cluster(name).is_some());
+        let state = match state {
+            Some(state) => Arc::clone(state),
+            None => self.state_of(snapshot, c),
+        };
         let mut in_flight = InFlight::admit(state, c, traffic)?;
         let state = &in_flight.state;
         // Outlives the match: a DNS cluster's endpoint is borrowed from it.
@@ -317,21 +334,18 @@ impl Upstreams {
         self.clusters.connections_full(cluster)
     }
 
-    /// Count a request to `cluster` that timed out, against `host` its last attempt went to.
-    pub fn timed_out(&self, cluster: &str, host: Option<SocketAddr>) {
-        if let Some(state) = self.clusters.find(cluster) {
-            let host = host.and_then(|h| state.known_host(&h));
-            state.report(host.as_deref(), Outcome::Timeout, true);
-        }
+    /// Count a request to the cluster of `state` that timed out, against `host` its last
+    /// attempt went to.
+    pub fn timed_out(state: &ClusterState, host: Option<SocketAddr>) {
+        let host = host.and_then(|h| state.known_host(&h));
+        state.report(host.as_deref(), Outcome::Timeout, true);
     }
 
-    /// Count a retry to `cluster`, if its `max_retries` allows one more in flight; the guard
-    /// holds it until the retry is over. `None`: the breaker is open (counted as
+    /// Count a retry to the cluster of `s`, if its `max_retries` allows one more in flight;
+    /// the guard holds it until the retry is over. `None`: the breaker is open (counted as
     /// `upstream_rq_retry_overflow`).
-    pub fn retry(&self, cluster: &str) -> Option<RetryGuard> {
-        let Some(s) = self.clusters.find(cluster) else {
-            return Some(RetryGuard(None));
-        };
+    pub fn retry(s: &Arc<ClusterState>) -> Option<RetryGuard> {
+        let s = Arc::clone(s);
         if s.retries_active.fetch_add(1, Ordering::AcqRel) >= s.limits.max_retries {
             s.retries_active.fetch_sub(1, Ordering::AcqRel);
             stats::inc(&s.stats.rq_retry_overflow);

@@ -27,7 +27,8 @@ pub type Gauges = Vec<(&'static str, u64)>;
 /// Every cluster's state.
 #[derive(Debug, Default)]
 pub struct ClusterStates {
-    by_name: ArcSwap<HashMap<Box<str>, Arc<ClusterState>>>,
+    /// foldhash, not SipHash: looked up on every request, keyed by what istiod names.
+    by_name: ArcSwap<foldhash::HashMap<Box<str>, Arc<ClusterState>>>,
     /// By stat name, outliving the cluster versions that count into them.
     stats: Mutex<HashMap<Box<str>, Arc<ClusterStats>>>,
     /// Serializes the rare making of a state.
@@ -57,7 +58,8 @@ pub struct ClusterState {
     pub round_robin: AtomicU64,
     /// The clock of ejections (ms from here; outlier detection's interval ticks start here).
     started: Instant,
-    hosts: ArcSwap<HashMap<SocketAddr, Arc<HostState>>>,
+    /// foldhash, as `by_name`: looked up on every pick.
+    hosts: ArcSwap<foldhash::HashMap<SocketAddr, Arc<HostState>>>,
     /// The latest end of any ejection (ms; only ever raised): until then a pick looks its
     /// hosts up, after it none can be out. No count that a racing pick could lower.
     pub ejected_until: AtomicU64,
@@ -102,7 +104,7 @@ impl ClusterStates {
             )
         };
         let state = Arc::new(ClusterState::new(Arc::clone(cluster), stats));
-        let mut next: HashMap<Box<str>, Arc<ClusterState>> = current
+        let mut next: foldhash::HashMap<Box<str>, Arc<ClusterState>> = current
             .iter()
             .filter(|(name, _)| names(name))
             .map(|(name, s)| (name.clone(), Arc::clone(s)))
@@ -115,9 +117,10 @@ impl ClusterStates {
     /// Whether an HTTP request to the cluster named `name` would find every connection slot
     /// in use (an HTTP/2 cluster's requests hold none).
     pub fn connections_full(&self, name: &str) -> bool {
-        self.by_name.load().get(name).is_some_and(|s| {
-            !s.http2 && s.cx_active.load(Ordering::Acquire) >= s.limits.max_connections
-        })
+        self.by_name
+            .load()
+            .get(name)
+            .is_some_and(|s| s.connections_full())
     }
 
     /// The state of the cluster named `name` now, if it was ever used.
@@ -238,6 +241,12 @@ impl ClusterState {
         self.config.load().name.clone()
     }
 
+    /// Whether an HTTP request to this cluster would find every connection slot in use (an
+    /// HTTP/2 cluster's requests hold none).
+    pub fn connections_full(&self) -> bool {
+        !self.http2 && self.cx_active.load(Ordering::Acquire) >= self.limits.max_connections
+    }
+
     /// Now, on the ejection clock (ms, never 0).
     pub fn now_ms(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis())
@@ -299,7 +308,7 @@ impl ClusterState {
             return;
         }
         let _write = self.ejecting.lock().unwrap_or_else(PoisonError::into_inner);
-        let next: HashMap<_, _> = self
+        let next: foldhash::HashMap<_, _> = self
             .hosts
             .load()
             .iter()

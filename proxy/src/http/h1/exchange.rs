@@ -143,7 +143,7 @@ async fn attempts(
                     if kind.retryable() && retries > 0 {
                         if attempt <= retries {
                             // Past `max_retries`, the connect failure is the answer.
-                            let Some(guard) = retry(ctx, req, &mut end.flags) else {
+                            let Some(guard) = retry(req, &mut end.flags) else {
                                 return Err(Failed::Local(kind));
                             };
                             retrying = Some(guard);
@@ -219,7 +219,7 @@ async fn attempts(
         if retries > 0 && retry_503 && response.status == 503 {
             if attempt <= retries {
                 // Past the cluster's `max_retries`, the 503 itself is the answer (flagged UO).
-                let Some(guard) = retry(ctx, req, &mut end.flags) else {
+                let Some(guard) = retry(req, &mut end.flags) else {
                     break (up, response);
                 };
                 retrying = Some(guard);
@@ -613,12 +613,8 @@ async fn response_head(
 }
 
 /// A retry, counted against the routed cluster's `max_retries` (`None` past it).
-fn retry(
-    ctx: &ConnContext,
-    req: &Request<'_>,
-    flags: &mut Flags,
-) -> Option<crate::upstream::RetryGuard> {
-    routed::retry_counted(ctx, req.routed.as_deref().map(|r| &r.routed), flags)
+fn retry(req: &Request<'_>, flags: &mut Flags) -> Option<crate::upstream::RetryGuard> {
+    routed::retry_counted(req.routed.as_deref().map(|r| &r.routed), flags)
 }
 
 async fn backoff(ctx: &ConnContext, attempt: u32) {

@@ -473,7 +473,7 @@ fn request<'a, C: Client>(
                 Some(outcome) => outcome,
                 None if end.status == 0 => {
                     if let Some(r) = &p.routed {
-                        crate::http::routed::timed_out(ctx, &r.routed);
+                        crate::http::routed::timed_out(&r.routed);
                     }
                     Err(Failed::Local(ErrorKind::Timeout))
                 }

@@ -25,7 +25,7 @@ pub(super) fn connect_failed(selected: &Selected, e: ProxyError) -> ProxyError {
 /// Wait while every connection the routed cluster may have is in use, as Envoy's pool holds a
 /// pending request (`max_connections`, `max_pending_requests`); both paths admit here.
 pub(in crate::http) async fn admit(ctx: &ConnContext, routed: &Routed) -> Result<(), ProxyError> {
-    if !ctx.proxy.upstreams.connections_full(&routed.cluster.name) {
+    if !routed.state.connections_full() {
         return Ok(());
     }
     let Some(store) = &ctx.proxy.xds else {
@@ -41,7 +41,7 @@ pub(in crate::http) async fn admit(ctx: &ConnContext, routed: &Routed) -> Result
 
 /// Count a timeout of the routed request (Envoy's `upstream_rq_timeout`), and report it to
 /// outlier detection against the host its last attempt went to.
-pub(in crate::http) fn timed_out(ctx: &ConnContext, routed: &Routed) {
+pub(in crate::http) fn timed_out(routed: &Routed) {
     let host = routed
         .tried
         .lock()
@@ -49,18 +49,15 @@ pub(in crate::http) fn timed_out(ctx: &ConnContext, routed: &Routed) {
         .as_slice()
         .last()
         .copied();
-    ctx.proxy.upstreams.timed_out(&routed.cluster.name, host);
+    crate::upstream::Upstreams::timed_out(&routed.state, host);
 }
 
 /// A retry of the routed request, counted and held against its cluster's `max_retries`;
 /// `Err` when the breaker is open (the request ends with what it has, flagged `UO`).
-pub(in crate::http) fn retry(
-    ctx: &ConnContext,
-    routed: Option<&Routed>,
-) -> Result<Option<RetryGuard>, ()> {
+pub(in crate::http) fn retry(routed: Option<&Routed>) -> Result<Option<RetryGuard>, ()> {
     match routed {
         None => Ok(None),
-        Some(r) => match ctx.proxy.upstreams.retry(&r.cluster.name) {
+        Some(r) => match crate::upstream::Upstreams::retry(&r.state) {
             Some(guard) => Ok(Some(guard)),
             None => Err(()),
         },
@@ -78,11 +75,10 @@ pub(in crate::http) fn report(end: &RequestEnd, outcome: Outcome) {
 /// it: the request ends with its last answer or failure, flagged `UO` as Envoy's router
 /// flags it.
 pub(in crate::http) fn retry_counted(
-    ctx: &ConnContext,
     routed: Option<&Routed>,
     flags: &mut Flags,
 ) -> Option<RetryGuard> {
-    match retry(ctx, routed) {
+    match retry(routed) {
         Ok(Some(guard)) => Some(guard),
         Ok(None) => Some(RetryGuard::none()),
         Err(()) => {

@@ -61,6 +61,7 @@ fn grpc_timeout_header_max_and_max_stream_duration_bound_the_deadline() {
         .expect("bookinfo's reviews");
     let routed = |timeout, header_max, stream| Routed {
         cluster: Arc::clone(cluster),
+        state: crate::upstream::Upstreams::default().state_of(&snapshot, cluster),
         timeout,
         grpc_timeout_header_max: header_max,
         max_stream_duration: stream,
@@ -273,6 +274,7 @@ fn attempts_are_told_the_deadline_left_within_the_per_try_timeout() {
         .expect("bookinfo's reviews");
     let routed = |timeout, per_try| Routed {
         cluster: Arc::clone(cluster),
+        state: crate::upstream::Upstreams::default().state_of(&snapshot, cluster),
         timeout,
         grpc_timeout_header_max: None,
         max_stream_duration: None,
