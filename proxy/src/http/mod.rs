@@ -23,6 +23,7 @@ pub mod headers;
 pub mod io;
 pub mod originate;
 pub mod pool;
+pub mod premature_reset;
 pub mod protocol;
 pub mod retry;
 pub mod routed;
@@ -95,6 +96,8 @@ pub struct ConnContext {
     /// Whether, and how, each request is logged: the config file's access log, or the one the
     /// xDS listeners ask for ([`Proxy::access_log_format`]).
     log_format: Option<remora_config::AccessLogFormat>,
+    /// HTTP/2: streams the client reset early, against Rapid Reset ([`premature_reset`]).
+    pub resets: premature_reset::PrematureResets,
 }
 
 impl ConnContext {
@@ -130,6 +133,7 @@ impl ConnContext {
             closing: AtomicBool::new(false),
             series: crate::metrics::SeriesCache::default(),
             early_failed: AtomicBool::new(false),
+            resets: premature_reset::PrematureResets::default(),
         }
     }
 
@@ -505,6 +509,12 @@ where
     loop {
         tokio::select! {
             result = &mut conn => return result,
+            // Rapid Reset: the connection is dropped at once, streams and all.
+            () = ctx.resets.tripped() => {
+                tracing::warn!(peer = %ctx.peer, "closing an HTTP/2 connection: too many streams reset early by the client");
+                ctx.proxy.metrics.direction(ctx.direction).premature_reset_closes.inc();
+                return Ok(());
+            }
             () = &mut draining, if !ctx.closing() => {
                 ctx.closing.store(true, Ordering::Relaxed);
                 if ctx.key.version == HttpVersion::Http2 {
