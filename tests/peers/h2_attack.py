@@ -21,11 +21,13 @@ Attacks:
                     again and again (1 byte per reference)
   cookie-crumbs     requests whose cookie crumbs are each small but joined exceed the limit
   empty-data        a request stream then DATA frames with no payload forever
+  request           one request with the headers and body given (--header, --body)
   ping              PING frames forever
   settings          SETTINGS frames forever
 """
 
 import argparse
+import codecs
 import json
 import socket
 import sys
@@ -307,6 +309,24 @@ def cookie_crumbs(conn, path, crumbs, size, same):
     return units
 
 
+def one_request(conn, path, headers, body, end_after):
+    """One request with headers as given (any bytes: hpack encodes what h2 clients refuse to
+    send), a body, and nothing after; the report says how the server answered."""
+    extra = []
+    for h in headers:
+        name, value = h.split(":", 1)
+        extra.append((name, codecs.decode(value, "unicode_escape")))
+    frames = conn.headers(1, path, end_stream=body is None, extra=extra)
+    if body is not None:
+        frames.append(DataFrame(1, data=body.encode(), flags=["END_STREAM"]))
+    conn.send(*frames)
+    end = time.monotonic() + end_after
+    while time.monotonic() < end and not conn.stopped() and not conn.statuses and not conn.received.get("RstStreamFrame"):
+        time.sleep(0.02)
+    time.sleep(0.2)
+    return 1
+
+
 def empty_data(conn, path):
     conn.send(*conn.headers(1, path, end_stream=False))
     return loop(conn, 100, lambda i: [DataFrame(1, data=b"")])
@@ -336,6 +356,8 @@ def run(attack, host, port, authority, deadline, args):
         units = hpack_bomb(conn, "/bomb")
     elif attack == "cookie-crumbs":
         units = cookie_crumbs(conn, "/cookies", args.crumbs, args.size, args.same)
+    elif attack == "request":
+        units = one_request(conn, args.path, args.header, args.body, 5)
     elif attack == "empty-data":
         units = empty_data(conn, path)
     elif attack == "ping":
@@ -367,6 +389,11 @@ def main():
     parser.add_argument(
         "--no-read", action="store_true", help="never read what the server sends"
     )
+    parser.add_argument("--path", default="/a", help="request: the path")
+    parser.add_argument(
+        "--header", action="append", default=[], help="request: NAME:VALUE, with escapes"
+    )
+    parser.add_argument("--body", help="request: a body (DATA with END_STREAM)")
     parser.add_argument("--same", action="store_true", help="cookie-crumbs: all alike")
     parser.add_argument("--crumbs", type=int, default=200)
     parser.add_argument("--size", type=int, default=100)
