@@ -188,6 +188,31 @@ fn run(fast_path: bool) {
     let tag = if fast_path { "fast path" } else { "hyper" };
     check(&net, &remora, &rec, tag);
     refused_websocket_upgrade_leaves_an_http_connection(&net, &remora, &rec, tag);
+    cookies_over_the_header_limits_never_reach_the_origin(&net, &rec, tag);
+}
+
+/// HTTP/1.1's side of the cookie-crumb limits: many `Cookie` lines count one each against
+/// `http.max_headers`, and their bytes against `http.max_header_bytes`.
+fn cookies_over_the_header_limits_never_reach_the_origin(net: &PodNet, rec: &Record, tag: &str) {
+    let to = net.peer_addr(ORIGIN_PORT);
+    let many: String = (0..150).map(|i| format!("Cookie: c{i}=v\r\n")).collect();
+    let big: String = (0..100)
+        .map(|i| format!("Cookie: c{i}={}\r\n", "k".repeat(700)))
+        .collect();
+    for (what, cookies) in [("150 Cookie lines", many), ("70 KiB of Cookie lines", big)] {
+        let before = record(rec).requests.len();
+        let bytes = format!("GET /cookies HTTP/1.1\r\nHost: origin\r\n{cookies}\r\n");
+        let (answer, closed) = exchange(net, to, bytes.as_bytes());
+        assert!(
+            answer.starts_with("HTTP/1.1 431") && closed,
+            "{tag} {what}: {answer:?}"
+        );
+        assert_eq!(
+            record(rec).requests.len(),
+            before,
+            "{tag} {what}: forwarded"
+        );
+    }
 }
 
 /// The origin refuses a WebSocket upgrade (403): the connection is still HTTP/1.1, so what
