@@ -7,19 +7,26 @@ closes the connection or sends GOAWAY (or a bound of its own passes), and prints
 
   {"attack": ..., "units": N, "bytes_sent": B, "goaway": {"error_code": E, "last_stream_id": S,
    "debug": "..."} | null, "closed": true|false, "seconds": T, "frames_received": {...},
-   "statuses": {"200": n, ...}}
+   "statuses": {"200": n, ...}, "blocked": true|false, "cpu_seconds": C}
+
+`blocked` says a write timed out (with --no-read: the server stopped reading); `cpu_seconds`
+is the CPU this client spent. With --repeat, a new connection follows each stopped one, each
+with its line.
 
 `units` counts what the attack repeats (resets, streams, frames), as written to the socket
 before the server stopped it; the server's GOAWAY last_stream_id says how far it got.
 
 Attacks:
   rapid-reset       HEADERS then RST_STREAM(CANCEL) on each new stream (CVE-2023-44487)
-  made-you-reset    a stream then a frame the server must reset it for: WINDOW_UPDATE(0), or
-                    DATA after END_STREAM, alternately (CVE-2025-8671)
+  made-you-reset    a stream then a frame the server must reset it for (CVE-2025-8671):
+                    --variant window (WINDOW_UPDATE 0), data (DATA after END_STREAM),
+                    overflow (stream window past 2^31-1), length (body over content-length),
+                    both (overflow and length in turn)
   continuation      one HEADERS without END_HEADERS, then CONTINUATION frames forever
   hpack-bomb        one large header in the dynamic table, then header blocks that reference it
                     again and again (1 byte per reference)
-  cookie-crumbs     requests whose cookie crumbs are each small but joined exceed the limit
+  cookie-crumbs     50 requests with --crumbs cookie fields of --size bytes (--same: all alike,
+                    so HPACK sends one and indexes the rest)
   empty-data        a request stream then DATA frames with no payload forever
   request           one request with the headers and body given (--header, --body)
   ping              PING frames forever
