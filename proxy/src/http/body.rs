@@ -283,8 +283,16 @@ impl Drop for RequestEnd {
             }
         }
         let upstream_failed = self.flags.contains(Flags::UR) || self.flags.contains(Flags::UT);
-        if !self.complete && !upstream_failed {
+        let downstream_reset = !self.complete && !upstream_failed;
+        if downstream_reset {
             self.flags.insert(Flags::DC);
+        }
+        if self.conn.key.version == crate::detect::HttpVersion::Http2 {
+            // Rapid Reset: reset by the client before any response head, and young.
+            let premature = downstream_reset
+                && self.status == 0
+                && self.started.elapsed() < super::premature_reset::MIN_STREAM_LIFETIME;
+            self.conn.resets.stream_closed(premature);
         }
         self.conn.proxy.metrics.request_finished(
             &self.conn.series,

@@ -11,6 +11,8 @@ pub static ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-attempt-
 static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+/// An h2c upgrade's settings (RFC 7540 3.2): hop-by-hop, and never forwarded (below).
+static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 static GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 /// The gRPC status trailer (or header, in a trailers-only response).
@@ -80,7 +82,15 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
 
 /// Whether an HTTP/1.1 request asks to switch protocols (`Connection: upgrade` + `Upgrade`).
 pub fn wants_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE)
+    // `Upgrade: h2c` is not passed on, as Envoy's codec drops it: an origin that accepted it
+    // would take the rest of the connection as HTTP/2 straight from the client, past the
+    // proxy's per-request checks (h2c smuggling). The request is served as plain HTTP/1.1,
+    // its upgrade headers removed with the other hop-by-hop ones.
+    let h2c = headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .any(|v| has_token(v, b"h2c"));
+    !h2c && headers.contains_key(header::UPGRADE)
         && headers
             .get_all(header::CONNECTION)
             .iter()
@@ -168,6 +178,7 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
         || name == header::PROXY_AUTHENTICATE
         || name == KEEP_ALIVE
         || name == PROXY_CONNECTION
+        || name == HTTP2_SETTINGS
 }
 
 fn has_token(value: &HeaderValue, token: &[u8]) -> bool {
@@ -249,6 +260,26 @@ mod tests {
             );
         }
         h
+    }
+
+    #[test]
+    fn an_h2c_upgrade_is_not_an_upgrade_and_its_headers_go() {
+        let mut h = map(&[
+            ("connection", "Upgrade, HTTP2-Settings"),
+            ("upgrade", "h2c"),
+            ("http2-settings", "AAMAAABkAAQAAP__"),
+            ("x-kept", "1"),
+        ]);
+        assert!(!wants_upgrade(&h));
+        prepare_request(&mut h, false);
+        for gone in ["connection", "upgrade", "http2-settings"] {
+            assert!(!h.contains_key(gone), "{gone}: {h:?}");
+        }
+        assert!(h.contains_key("x-kept"));
+        assert!(wants_upgrade(&map(&[
+            ("connection", "upgrade"),
+            ("upgrade", "websocket")
+        ])));
     }
 
     #[test]

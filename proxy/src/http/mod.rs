@@ -24,6 +24,7 @@ pub mod headers;
 pub mod io;
 pub mod originate;
 pub mod pool;
+pub mod premature_reset;
 pub mod protocol;
 pub mod retry;
 pub mod retry_policy;
@@ -100,6 +101,8 @@ pub struct ConnContext {
     /// Whether, and how, each request is logged: the config file's access log, or the one the
     /// xDS listeners ask for ([`Proxy::access_log_format`]).
     log_format: Option<remora_config::AccessLogFormat>,
+    /// HTTP/2: streams the client reset early, against Rapid Reset ([`premature_reset`]).
+    pub resets: premature_reset::PrematureResets,
 }
 
 impl ConnContext {
@@ -136,6 +139,7 @@ impl ConnContext {
             closing: AtomicBool::new(false),
             series: crate::metrics::SeriesCache::default(),
             early_failed: AtomicBool::new(false),
+            resets: premature_reset::PrematureResets::default(),
         }
     }
 
@@ -483,11 +487,24 @@ async fn serve_hyper(
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(http.max_concurrent_streams)
                 .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX))
+                // Against Rapid Reset and MadeYouReset, named rather than left to defaults
+                // that may move (docs/hardening.md says why each value).
+                .max_pending_accept_reset_streams(H2_MAX_PENDING_ACCEPT_RESET_STREAMS)
+                .max_local_error_reset_streams(H2_MAX_LOCAL_ERROR_RESET_STREAMS)
                 .serve_connection(TokioIo::new(Coalesced::new(io)), service);
             drive(conn, ctx, |c| c.graceful_shutdown()).await
         }
     }
 }
+
+/// HTTP/2 client connections: streams the client may reset before hyper accepts them, before
+/// GOAWAY(ENHANCE_YOUR_CALM) (Rapid Reset in one write; h2's own default).
+const H2_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+/// HTTP/2 client connections: streams the proxy may have to reset for the client's protocol
+/// errors over the connection's life, before GOAWAY(ENHANCE_YOUR_CALM) (MadeYouReset,
+/// CVE-2025-8671). A well-behaved client causes none; under the 250 early resets of
+/// [`premature_reset`], so that this attack ends with h2's GOAWAY rather than a plain close.
+const H2_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 100;
 
 /// Run a server connection until it ends, shutting it down gracefully (GOAWAY, or
 /// `Connection: close` after the request in flight) when it has been idle — no request in
@@ -514,6 +531,12 @@ where
     loop {
         tokio::select! {
             result = &mut conn => return result,
+            // Rapid Reset: the connection is dropped at once, streams and all.
+            () = ctx.resets.tripped() => {
+                tracing::warn!(peer = %ctx.peer, "closing an HTTP/2 connection: too many streams reset early by the client");
+                ctx.proxy.metrics.direction(ctx.direction).premature_reset_closes.inc();
+                return Ok(());
+            }
             () = &mut draining, if !ctx.closing() => {
                 ctx.closing.store(true, Ordering::Relaxed);
                 if ctx.key.version == HttpVersion::Http2 {

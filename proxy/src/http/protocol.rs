@@ -80,6 +80,29 @@ fn to_http1<B>(req: &mut Request<B>) {
     if let Ok(origin) = origin {
         *req.uri_mut() = origin;
     }
+    join_cookies(req.headers_mut());
+}
+
+/// HTTP/2 clients send each cookie as a field of its own for HPACK's sake; HTTP/1.1 allows one
+/// `Cookie` line, so the crumbs are joined with "; " (RFC 9113 §8.2.3, as Envoy's codec does).
+/// Origins that keep the last of several cookie lines would otherwise lose the others. The
+/// header limits were applied to the crumbs already (each one counted, with its bytes).
+fn join_cookies(headers: &mut http::HeaderMap) {
+    let mut crumbs = headers.get_all(http::header::COOKIE).iter();
+    if crumbs.nth(1).is_none() {
+        return;
+    }
+    let mut joined = Vec::new();
+    for crumb in headers.get_all(http::header::COOKIE) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(crumb.as_bytes());
+    }
+    // Each crumb was a valid value, and "; " is too: the join cannot fail.
+    if let Ok(value) = HeaderValue::from_bytes(&joined) {
+        headers.insert(http::header::COOKIE, value);
+    }
 }
 
 /// The ALPN offered inside Istio mTLS for a request going upstream as `version`: istiod's
@@ -121,6 +144,21 @@ mod tests {
         assert_eq!(req.uri(), "http://greeter:50051/svc.Greeter/Hello?x=1");
         assert!(req.headers().get(HOST).is_none());
         assert_eq!(req.headers()["te"], "trailers");
+    }
+
+    #[test]
+    fn http2_to_http1_joins_cookie_crumbs_into_one_line() {
+        let mut req = Request::builder()
+            .version(Version::HTTP_2)
+            .uri("http://reviews:9080/")
+            .header("cookie", "a=1")
+            .header("cookie", "b=2")
+            .header("cookie", "c=3")
+            .body(())
+            .expect("request");
+        translate(&mut req, HttpVersion::Http1);
+        let cookies: Vec<_> = req.headers().get_all("cookie").iter().collect();
+        assert_eq!(cookies, ["a=1; b=2; c=3"]);
     }
 
     #[test]

@@ -93,6 +93,8 @@ pub struct DirectionMetrics {
     pub connect_failures: Counter,
     /// Opaque TCP connections closed by `tcp.idle_timeout`.
     pub idle_timeouts: Counter,
+    /// HTTP/2 client connections closed for Rapid Reset (`http::premature_reset`).
+    pub premature_reset_closes: Counter,
     /// Bytes from downstream to upstream.
     pub sent_bytes: Counter,
     /// Bytes from upstream to downstream.
@@ -236,6 +238,7 @@ impl Metrics {
         let active = Family::<Labels, Gauge>::default();
         let connect_failures = Family::<Labels, Counter>::default();
         let idle_timeouts = Family::<Labels, Counter>::default();
+        let premature_reset_closes = Family::<Labels, Counter>::default();
         let sent = Family::<Labels, Counter>::default();
         let received = Family::<Labels, Counter>::default();
         let loop_refused = Family::<Labels, Counter>::default();
@@ -286,6 +289,11 @@ impl Metrics {
             idle_timeouts.clone(),
         );
         registry.register(
+            "remora_http2_premature_reset_closes",
+            "HTTP/2 client connections closed because the client reset too many streams early (Rapid Reset)",
+            premature_reset_closes.clone(),
+        );
+        registry.register(
             "remora_tcp_sent_bytes",
             "Bytes copied from downstream to upstream",
             sent.clone(),
@@ -319,6 +327,7 @@ impl Metrics {
                 active: active.get_or_create(&l).clone(),
                 connect_failures: connect_failures.get_or_create(&l).clone(),
                 idle_timeouts: idle_timeouts.get_or_create(&l).clone(),
+                premature_reset_closes: premature_reset_closes.get_or_create(&l).clone(),
                 sent_bytes: sent.get_or_create(&l).clone(),
                 received_bytes: received.get_or_create(&l).clone(),
                 istio: Arc::new(istio_tcp.resolve(own, d)),
