@@ -55,10 +55,11 @@ static EXPECTED_TIMEOUT: HeaderName = HeaderName::from_static("x-envoy-expected-
 /// Where a routed request goes.
 #[derive(Debug)]
 pub struct Routed {
-    /// The cluster, as the snapshot of the route decision holds it.
-    pub cluster: Arc<Cluster>,
-    /// Its run-time state (breakers, outlier detection, statistics), found once.
-    pub state: Arc<crate::upstream::ClusterState>,
+    /// The cluster, as the snapshot of the route decision holds it, and its run-time state;
+    /// `None`: the snapshot has no cluster of the route's name, so each attempt fails `NC`
+    /// (after the route's fault and with its header edits, as Envoy's router answers after
+    /// the filters before it).
+    pub cluster: Option<RoutedCluster>,
     /// The route's timeout (`None`: no deadline).
     pub timeout: Option<Duration>,
     /// `max_stream_duration.grpc_timeout_header_max` (or `max_grpc_timeout`): a gRPC
@@ -123,6 +124,14 @@ impl Routed {
             headers.insert(EXPECTED_TIMEOUT.clone(), HeaderValue::from(ms));
         }
     }
+}
+
+/// A routed request's cluster and its run-time state (breakers, outlier detection,
+/// statistics), found once by the route decision.
+#[derive(Debug)]
+pub struct RoutedCluster {
+    pub model: Arc<Cluster>,
+    pub state: Arc<crate::upstream::ClusterState>,
 }
 
 /// The endpoints a request's attempts went to: the first held inline, so a request that is
@@ -325,20 +334,21 @@ pub fn decide_request(
         .prefix_rewrite
         .as_deref()
         .and_then(|to| rewrite::prefix(&route.matcher.path, req.path_and_query, to));
-    // Envoy's router answers a route to a cluster it does not know `NC` before any upstream.
-    let Some(model) = snapshot.cluster(cluster) else {
-        return Err(Answer::Error(ErrorKind::NoCluster));
-    };
-    let plain_http1_upstream =
-        protocol::upstream_version(model.http_protocol, ctx.key.version, false)
+    let model = snapshot.cluster(cluster);
+    // (No such cluster: either path answers `NC` when it selects.)
+    let plain_http1_upstream = model.is_none_or(|c| {
+        protocol::upstream_version(c.http_protocol, ctx.key.version, false)
             == crate::detect::HttpVersion::Http1
-            && model.max_requests_per_connection.is_none()
-            && pool_idle_timeout(model.http_idle_timeout, ctx.config.http.pool_idle_timeout)
-                == ctx.config.http.pool_idle_timeout;
+            && c.max_requests_per_connection.is_none()
+            && pool_idle_timeout(c.http_idle_timeout, ctx.config.http.pool_idle_timeout)
+                == ctx.config.http.pool_idle_timeout
+    });
     let rules = super::retry_policy::RetryRules::of(retry);
     let routed = Routed {
-        cluster: Arc::clone(model),
-        state: ctx.proxy.upstreams.state_of(&snapshot, model),
+        cluster: model.map(|c| RoutedCluster {
+            model: Arc::clone(c),
+            state: ctx.proxy.upstreams.state_of(&snapshot, c),
+        }),
         timeout: forward.timeout,
         grpc_timeout_header_max: forward.grpc_timeout_header_max,
         max_stream_duration: forward.max_stream_duration.filter(|d| !d.is_zero()),
@@ -355,7 +365,7 @@ pub fn decide_request(
         tried: std::sync::Mutex::default(),
         attempt_count: vhost.include_request_attempt_count,
         response_edits,
-        metrics_peer: ctx.proxy.upstreams.service_peer(model),
+        metrics_peer: model.and_then(|c| ctx.proxy.upstreams.service_peer(c)),
     };
     Ok(Decided {
         routed,
@@ -490,6 +500,13 @@ pub(super) fn select(
             "no xDS",
         ));
     };
+    let Some(target) = &routed.cluster else {
+        return Err(ProxyError::new(
+            ErrorKind::NoCluster,
+            ctx.key.destination,
+            "the route's cluster is not known",
+        ));
+    };
     let snapshot = store.current();
     let selected = {
         let mut tried = routed
@@ -502,8 +519,8 @@ pub(super) fn select(
         };
         let selected = ctx.proxy.upstreams.select_in(
             &snapshot,
-            &routed.state,
-            &routed.cluster,
+            &target.state,
+            &target.model,
             ctx.key.destination,
             avoid,
         );

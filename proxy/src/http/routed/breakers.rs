@@ -25,16 +25,20 @@ pub(super) fn connect_failed(selected: &Selected, e: ProxyError) -> ProxyError {
 /// Wait while every connection the routed cluster may have is in use, as Envoy's pool holds a
 /// pending request (`max_connections`, `max_pending_requests`); both paths admit here.
 pub(in crate::http) async fn admit(ctx: &ConnContext, routed: &Routed) -> Result<(), ProxyError> {
-    if !routed.state.connections_full() {
+    let Some(target) = routed
+        .cluster
+        .as_ref()
+        .filter(|t| t.state.connections_full())
+    else {
         return Ok(());
-    }
+    };
     let Some(store) = &ctx.proxy.xds else {
         return Ok(());
     };
     let snapshot = store.current();
     ctx.proxy
         .upstreams
-        .wait_for_connection(&snapshot, &routed.cluster.name)
+        .wait_for_connection(&snapshot, &target.model.name)
         .await
         .map_err(|e| ProxyError::new(ErrorKind::Overflow, ctx.key.destination, e))
 }
@@ -49,15 +53,17 @@ pub(in crate::http) fn timed_out(routed: &Routed) {
         .as_slice()
         .last()
         .copied();
-    crate::upstream::Upstreams::timed_out(&routed.state, host);
+    if let Some(target) = &routed.cluster {
+        crate::upstream::Upstreams::timed_out(&target.state, host);
+    }
 }
 
 /// A retry of the routed request, counted and held against its cluster's `max_retries`;
 /// `Err` when the breaker is open (the request ends with what it has, flagged `UO`).
 pub(in crate::http) fn retry(routed: Option<&Routed>) -> Result<Option<RetryGuard>, ()> {
-    match routed {
+    match routed.and_then(|r| r.cluster.as_ref()) {
         None => Ok(None),
-        Some(r) => match crate::upstream::Upstreams::retry(&r.state) {
+        Some(target) => match crate::upstream::Upstreams::retry(&target.state) {
             Some(guard) => Ok(Some(guard)),
             None => Err(()),
         },

@@ -60,8 +60,10 @@ fn grpc_timeout_header_max_and_max_stream_duration_bound_the_deadline() {
         .cluster("outbound|9080||reviews.default.svc.cluster.local")
         .expect("bookinfo's reviews");
     let routed = |timeout, header_max, stream| Routed {
-        cluster: Arc::clone(cluster),
-        state: crate::upstream::Upstreams::default().state_of(&snapshot, cluster),
+        cluster: Some(RoutedCluster {
+            model: Arc::clone(cluster),
+            state: crate::upstream::Upstreams::default().state_of(&snapshot, cluster),
+        }),
         timeout,
         grpc_timeout_header_max: header_max,
         max_stream_duration: stream,
@@ -273,8 +275,10 @@ fn attempts_are_told_the_deadline_left_within_the_per_try_timeout() {
         .cluster("outbound|9080||reviews.default.svc.cluster.local")
         .expect("bookinfo's reviews");
     let routed = |timeout, per_try| Routed {
-        cluster: Arc::clone(cluster),
-        state: crate::upstream::Upstreams::default().state_of(&snapshot, cluster),
+        cluster: Some(RoutedCluster {
+            model: Arc::clone(cluster),
+            state: crate::upstream::Upstreams::default().state_of(&snapshot, cluster),
+        }),
         timeout,
         grpc_timeout_header_max: None,
         max_stream_duration: None,
