@@ -170,6 +170,11 @@ pub async fn handle(
 
     // Phase 2: upstream.
     headers::upstream_version(&mut parts);
+    // The route's mirrors: copies of the head as it goes upstream, sent on their own.
+    if let Some(mirrors) = routed.as_ref().and_then(|r| r.mirrors.as_deref()) {
+        let timeout = routed.as_ref().and_then(|r| r.timeout);
+        super::mirror::shadow(&ctx, mirrors, &parts, body.is_end_stream(), timeout);
+    }
     let sending = attempts(
         &ctx,
         parts,

@@ -197,8 +197,8 @@ pub struct Forward {
     pub host_rewrite: Option<String>,
     /// `request_mirror_policies`: each a copy of the request sent, fire-and-forget, to
     /// another cluster (Istio's VirtualService `mirror` / `mirrors`). Empty for nearly every
-    /// route.
-    pub mirrors: Vec<MirrorPolicy>,
+    /// route (shared: a request of a mirrored route holds them without a copy).
+    pub mirrors: Arc<[MirrorPolicy]>,
 }
 
 /// One of a route's `request_mirror_policies`: a copy of a share of its requests sent to

@@ -75,7 +75,7 @@ mod tests {
     fn mirrors(policies: Value) -> Vec<MirrorPolicy> {
         let table = convert(policies).expect("accepted");
         match &table.virtual_hosts[0].routes[0].action {
-            Action::Forward(f) => f.mirrors.clone(),
+            Action::Forward(f) => f.mirrors.to_vec(),
             other => panic!("{other:?}"),
         }
     }
