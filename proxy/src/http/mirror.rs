@@ -14,7 +14,7 @@
 
 use super::body::UpstreamBody;
 use super::ConnContext;
-use http::header::{HeaderValue, HOST};
+use http::header::{HeaderMap, HeaderName, HeaderValue, HOST};
 use http::request::Parts;
 use http::Request;
 use http_body_util::BodyExt as _;
@@ -22,6 +22,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use remora_xds::model::cluster::Cluster;
 use remora_xds::model::route::MirrorPolicy;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,7 +122,8 @@ pub(super) fn shadow(
             continue;
         }
         stats.sent.inc();
-        let req = copy(parts, policy);
+        let mut req = copy(parts, policy);
+        internal(req.headers_mut(), local_ip(ctx));
         let ctx = Arc::clone(ctx);
         let limit = timeout.unwrap_or(SHADOW_TIMEOUT);
         tokio::spawn(async move {
@@ -168,6 +170,32 @@ fn copy(parts: &Parts, policy: &MirrorPolicy) -> Request<UpstreamBody> {
     *req.uri_mut() = uri;
     req
 }
+
+/// This proxy's address as Envoy's async client names it in a shadow's `x-forwarded-for`
+/// (its node's address, the pod's): the client's for an outbound connection (the
+/// application shares the pod's address), the connection's destination for an inbound one.
+fn local_ip(ctx: &ConnContext) -> IpAddr {
+    match ctx.direction {
+        crate::Direction::Outbound => ctx.peer.ip(),
+        crate::Direction::Inbound => ctx.key.destination.ip(),
+    }
+}
+
+/// Envoy sends a shadow as an internal request of its own: `x-envoy-internal: true`, and
+/// its address appended to `x-forwarded-for`.
+fn internal(headers: &mut HeaderMap, local: IpAddr) {
+    headers.insert(ENVOY_INTERNAL.clone(), HeaderValue::from_static("true"));
+    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(before) if !before.trim().is_empty() => format!("{before},{local}"),
+        _ => local.to_string(),
+    };
+    if let Ok(v) = HeaderValue::try_from(xff) {
+        headers.insert(X_FORWARDED_FOR.clone(), v);
+    }
+}
+
+static ENVOY_INTERNAL: HeaderName = HeaderName::from_static("x-envoy-internal");
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// One copy through the upstream layer, as an attempt of a route to `cluster` with no
 /// retries; its response read to the end and discarded. Whether it got a whole response.
@@ -246,5 +274,18 @@ mod tests {
         assert!(copy.headers().get(HOST).is_none());
         let plain = super::copy(&parts, &policy(false));
         assert_eq!(plain.headers()[HOST], "httpbin:8000");
+    }
+
+    #[test]
+    fn the_copy_says_it_is_internal_and_where_it_came_from() {
+        let local: IpAddr = "10.1.2.3".parse().expect("an address");
+        let mut h = HeaderMap::new();
+        internal(&mut h, local);
+        assert_eq!(h["x-envoy-internal"], "true");
+        assert_eq!(h[&X_FORWARDED_FOR], "10.1.2.3");
+        let mut h = HeaderMap::new();
+        h.insert(X_FORWARDED_FOR.clone(), HeaderValue::from_static("1.1.1.1"));
+        internal(&mut h, local);
+        assert_eq!(h[&X_FORWARDED_FOR], "1.1.1.1,10.1.2.3");
     }
 }
