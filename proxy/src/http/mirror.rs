@@ -124,18 +124,30 @@ pub(super) fn shadow(
         stats.sent.inc();
         let mut req = copy(parts, policy);
         internal(req.headers_mut(), local_ip(ctx));
-        let ctx = Arc::clone(ctx);
+        let slot = Slot(Arc::clone(ctx));
         let limit = timeout.unwrap_or(SHADOW_TIMEOUT);
         tokio::spawn(async move {
-            let ok = tokio::time::timeout(limit, send(&ctx, cluster, req))
+            let ok = tokio::time::timeout(limit, send(&slot.0, cluster, req))
                 .await
                 .unwrap_or(false);
-            let stats = &ctx.proxy.metrics.mirror;
             if !ok {
-                stats.failed.inc();
+                slot.0.proxy.metrics.mirror.failed.inc();
             }
-            stats.in_flight.fetch_sub(1, Ordering::AcqRel);
         });
+    }
+}
+
+/// One of [`MAX_SHADOWS`], given back when its task ends however it ends.
+struct Slot(Arc<ConnContext>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0
+            .proxy
+            .metrics
+            .mirror
+            .in_flight
+            .fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -226,8 +238,16 @@ async fn send(ctx: &Arc<ConnContext>, cluster: Arc<Cluster>, req: Request<Upstre
     let (response, pooled, idle, in_flight) =
         (up.response, up.pooled, up.pool_idle_timeout, up.in_flight);
     let whole = response.into_body().collect().await.is_ok();
+    // Into the proxy's pool of xDS upstream connections (never a connection's own mesh pool,
+    // which a shadow to another cluster does not belong in).
     if let (true, Some((key, sender))) = (whole, pooled) {
-        ctx.return_to_pool(key, sender, idle);
+        let http = &ctx.config.http;
+        ctx.proxy.pool.checkin(
+            key,
+            sender,
+            idle.unwrap_or(http.pool_idle_timeout),
+            http.pool_max_idle_per_upstream,
+        );
     }
     drop(in_flight);
     whole
