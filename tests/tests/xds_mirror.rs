@@ -3,8 +3,7 @@
 //! real Envoy 1.40 given the same resources: the mirror's backend sees a copy of every request
 //! with `-shadow` before the port of its authority, the client gets the primary's answer and
 //! never waits for a slow or failing mirror, and a 50 % mirror copies about half of the
-//! requests. One known difference, checked as Remora's own: a request with a body is not
-//! copied by Remora (Envoy streams a copy of the body) and is counted instead.
+//! requests. A request's body is copied too.
 
 use remora_e2e::backend;
 use remora_e2e::envoy::{self, Envoy};
@@ -14,7 +13,7 @@ use remora_e2e::peer::{self, read_request_head, Server};
 use remora_e2e::xds_resources::eds_cluster;
 use remora_e2e::{PodNet, Remora};
 use serde_json::{json, Value};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -98,10 +97,11 @@ fn resources() -> Resources {
 
 /// What the mirror's backend saw: each request's method, path and Host.
 type Seen = Arc<Mutex<Vec<(String, String, String)>>>;
-/// The headers of the copy of `/headers/0` (names lowercased, sorted; `x-request-id`'s value
-/// left out, each proxy making its own). Envoy sends a shadow as an internal request of its
-/// own: `x-envoy-internal` and the pod's address in `x-forwarded-for`.
-type Head = Arc<Mutex<Vec<(String, String)>>>;
+/// The headers of the copies of `/headers/0` and `/posted`, by path (names lowercased,
+/// sorted; `x-request-id`'s value left out, each proxy making its own), and the body as
+/// `<body>`. Envoy sends a shadow as an internal request of its own: `x-envoy-internal` and
+/// the pod's address in `x-forwarded-for`.
+type Head = Arc<Mutex<Vec<(String, Vec<(String, String)>)>>>;
 
 /// The mirror's backend: records each request and answers it (after [`MIRROR_SLOW`] on
 /// `/lagging-shadow…`, and 500 on `/fail-shadow…`, so that the primary's answer is told apart).
@@ -123,7 +123,17 @@ fn mirror_backend(net: &PodNet, seen: Seen, first: Head) -> Server {
                 .find(|(k, _)| k.trim().eq_ignore_ascii_case("host"))
                 .map(|(_, v)| v.trim().to_string())
                 .unwrap_or_default();
-            if path == "/headers/0" {
+            let length = text
+                .split("\r\n")
+                .filter_map(|l| l.split_once(':'))
+                .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+                .and_then(|(_, v)| v.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            let mut body = Vec::new();
+            (&mut stream)
+                .take(length.min(1 << 20))
+                .read_to_end(&mut body)?;
+            if path == "/headers/0" || path == "/posted" {
                 let mut headers: Vec<(String, String)> = text
                     .split("\r\n")
                     .skip(1)
@@ -133,8 +143,12 @@ fn mirror_backend(net: &PodNet, seen: Seen, first: Head) -> Server {
                         k => (k, v.trim().to_string()),
                     })
                     .collect();
+                headers.push(("<body>".into(), String::from_utf8_lossy(&body).into()));
                 headers.sort();
-                *first.lock().unwrap_or_else(PoisonError::into_inner) = headers;
+                first
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push((path.clone(), headers));
             }
             seen.lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -298,8 +312,8 @@ struct Mirrored {
     answers: Vec<(u16, Option<String>)>,
     /// What the mirror saw of the fully mirrored requests: method, path, Host.
     copies: Vec<(String, String, String)>,
-    /// The headers of one copy.
-    head: Vec<(String, String)>,
+    /// The headers (and body) of the copies of a GET and a POST.
+    heads: Vec<(String, Vec<(String, String)>)>,
 }
 
 /// The fully mirrored part of the task: plain requests, requests whose copy is slow or
@@ -330,26 +344,47 @@ fn mirror_all(w: &World) -> Mirrored {
         assert!(took < MIRROR_SLOW / 2, "{}: /dead took {took:?}", w.name());
         answers.push((status, backend));
     }
+    // A request with a body: the copy gets the body too.
+    let mut client = http_client::Client::connect(&w.net.pod, SocketAddr::from((VIP, 80)))
+        .unwrap_or_else(|e| panic!("{}: {e}", w.name()));
+    let post = format!(
+        "POST /posted HTTP/1.1\r\nHost: {HOST}\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello"
+    );
+    let answer = client
+        .send_raw(post.as_bytes())
+        .unwrap_or_else(|e| panic!("{}: POST: {e}\n{}", w.name(), w.output()));
+    answers.push((
+        answer.status,
+        answer.header("x-backend").map(str::to_string),
+    ));
     let mut copies = w.seen("/headers/", 10);
+    copies.extend(w.seen("/posted", 1));
     copies.extend(w.seen("/lagging-shadow/", 3));
     copies.extend(w.seen("/fail-shadow/", 3));
     copies.extend(w.seen("/dead/", 0));
     // The proxy's own address (the pod's) in `x-forwarded-for`: each world has its own.
     let pod = w.net.pod_ip.to_string();
-    let head = w
+    let mut heads: Vec<(String, Vec<(String, String)>)> = w
         .first
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .iter()
-        .map(|(k, v)| match k.as_str() {
-            "x-forwarded-for" if *v == pod => (k.clone(), "<pod>".to_string()),
-            _ => (k.clone(), v.clone()),
+        .map(|(path, head)| {
+            let head = head
+                .iter()
+                .map(|(k, v)| match k.as_str() {
+                    "x-forwarded-for" if *v == pod => (k.clone(), "<pod>".to_string()),
+                    _ => (k.clone(), v.clone()),
+                })
+                .collect();
+            (path.clone(), head)
         })
         .collect();
+    heads.sort();
     Mirrored {
         answers,
         copies,
-        head,
+        heads,
     }
 }
 
@@ -383,17 +418,22 @@ fn mirroring_has_envoys_outcome() {
         expected.answers.iter().all(|a| *a == primary),
         "envoy: {expected:?}"
     );
-    assert_eq!(expected.copies.len(), 16, "envoy: {expected:?}");
+    assert_eq!(expected.copies.len(), 17, "envoy: {expected:?}");
     assert!(
         expected
             .copies
             .iter()
-            .all(|(m, _, h)| m == "GET" && h == SHADOW_HOST),
+            .all(|(m, p, h)| (m == "GET" || p == "/posted") && h == SHADOW_HOST),
+        "envoy: {expected:?}"
+    );
+    assert!(
+        expected.heads.iter().any(|(p, head)| p == "/posted"
+            && head.contains(&("<body>".to_string(), "hello".to_string()))),
         "envoy: {expected:?}"
     );
     let got = mirror_all(&remora);
     assert_eq!(got, expected, "remora:\n{}", remora.output());
-    // Remora counts what became of its copies: 19 sent, the 3 to the unreachable mirror
+    // Remora counts what became of its copies: 20 sent, the 3 to the unreachable mirror
     // failed (a 500 from the mirror is a response, not a failure).
     let url = format!(
         "http://127.0.0.1:{}/stats/prometheus",
@@ -402,32 +442,12 @@ fn mirroring_has_envoys_outcome() {
     let (status, stats) = peer::curl_status(&nets.0.pod, &[&url], Duration::from_secs(5));
     assert_eq!(status, 200, "{stats}");
     for line in [
-        "remora_mirror_requests_sent_total 19",
+        "remora_mirror_requests_sent_total 20",
         "remora_mirror_requests_failed_total 3",
         "remora_mirror_requests_overflow_total 0",
     ] {
         assert!(stats.lines().any(|l| l == line), "{line}:\n{stats}");
     }
-    // A request with a body is answered as usual and not copied (Envoy streams a copy of
-    // the body; Remora does not yet, and counts it).
-    let mut client =
-        http_client::Client::connect(&nets.0.pod, SocketAddr::from((VIP, 80))).expect("connect");
-    let post = format!(
-        "POST /posted HTTP/1.1\r\nHost: {HOST}\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello"
-    );
-    let answer = client.send_raw(post.as_bytes()).expect("POST");
-    assert_eq!(
-        (answer.status, answer.header("x-backend")),
-        (200, Some("primary"))
-    );
-    assert!(remora.seen("/posted", 1).is_empty());
-    let (_, stats) = peer::curl_status(&nets.0.pod, &[&url], Duration::from_secs(5));
-    assert!(
-        stats
-            .lines()
-            .any(|l| l == "remora_mirror_requests_body_skipped_total 1"),
-        "{stats}"
-    );
 }
 
 /// `mirrorPercentage: 50`: each proxy copies about half of 200 requests. The count is

@@ -171,10 +171,13 @@ pub async fn handle(
     // Phase 2: upstream.
     headers::upstream_version(&mut parts);
     // The route's mirrors: copies of the head as it goes upstream, sent on their own.
-    if let Some(mirrors) = routed.as_ref().and_then(|r| r.mirrors.as_deref()) {
-        let timeout = routed.as_ref().and_then(|r| r.timeout);
-        super::mirror::shadow(&ctx, mirrors, &parts, body.is_end_stream(), timeout);
-    }
+    let body = match routed.as_ref().and_then(|r| r.mirrors.as_deref()) {
+        None => super::mirror::ClientBody::Plain(body),
+        Some(mirrors) => {
+            let timeout = routed.as_ref().and_then(|r| r.timeout);
+            super::mirror::shadow(&ctx, mirrors, &parts, body, timeout)
+        }
+    };
     let sending = attempts(
         &ctx,
         parts,
@@ -287,7 +290,7 @@ pub async fn handle(
 async fn attempts(
     ctx: &ConnContext,
     parts: Parts,
-    body: Incoming,
+    body: super::mirror::ClientBody,
     received: Option<Arc<BodyCounter>>,
     upgrade: bool,
     flags: &mut Flags,

@@ -6,26 +6,32 @@
 //! discarded; the original request never waits for it and never sees its failure.
 //!
 //! Bounds: at most [`MAX_SHADOWS`] copies in flight per proxy (more are dropped and counted),
-//! each within the route's timeout or [`SHADOW_TIMEOUT`] when the route has none. Bodies: a
-//! request whose body is empty (GET, HEAD, DELETE… as the head arrives) is mirrored whole; one
-//! with a body is not mirrored and counted (`remora_mirror_requests_body_skipped`), so the
-//! original's body is never held back or buffered for its copy (Envoy streams a copy; Remora
-//! does not yet).
+//! each within the route's timeout or [`SHADOW_TIMEOUT`] when the route has none. Bodies are
+//! streamed to the copies as the original reads them (a [`Tee`]), as Envoy streams a shadow's:
+//! frames are shared (`Bytes`), never copied, and never wait for a copy; a copy more than
+//! [`COPY_FRAMES`] frames behind is abandoned (its upstream request fails, counted), as is
+//! every copy of a body the client cuts short.
 
 use super::body::UpstreamBody;
 use super::ConnContext;
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, HOST};
 use http::request::Parts;
 use http::Request;
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use remora_xds::model::cluster::Cluster;
 use remora_xds::model::route::MirrorPolicy;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
+use tokio::sync::mpsc;
 
 /// The most shadow requests in flight at once, per proxy: past it, a copy is dropped (and
 /// counted) rather than queued, so a slow mirror cluster costs bounded memory.
@@ -43,11 +49,10 @@ pub struct MirrorStats {
     pub sent: Counter,
     /// Copies not sent: [`MAX_SHADOWS`] already in flight.
     pub overflow: Counter,
-    /// Copies not sent: the request has a body.
-    pub body_skipped: Counter,
     /// Copies not sent: the mirror cluster is not in the snapshot.
     pub no_cluster: Counter,
-    /// Copies that got no response (no endpoint, connect failure, reset, timeout).
+    /// Copies that got no response (no endpoint, connect failure, reset, timeout, a body
+    /// cut short or fallen [`COPY_FRAMES`] behind).
     pub failed: Counter,
 }
 
@@ -67,11 +72,6 @@ impl MirrorStats {
                 &stats.overflow,
             ),
             (
-                "remora_mirror_requests_body_skipped",
-                "Requests with a body that a mirror policy would have copied (bodies are not mirrored)",
-                &stats.body_skipped,
-            ),
-            (
                 "remora_mirror_requests_no_cluster",
                 "Shadow copies not sent because the mirror cluster is unknown",
                 &stats.no_cluster,
@@ -88,22 +88,21 @@ impl MirrorStats {
     }
 }
 
-/// Send the copies of a request (its head as it goes upstream, `empty_body`: it has no
-/// body) that `policies` ask for, each in a task of its own; returns at once.
+/// Send the copies of a request (its head as it goes upstream, and its `body`) that
+/// `policies` ask for, each in a task of its own; returns at once, with the body the
+/// original goes on with (teed to the copies when it has one).
 pub(super) fn shadow(
     ctx: &Arc<ConnContext>,
     policies: &[MirrorPolicy],
     parts: &Parts,
-    empty_body: bool,
+    body: Incoming,
     timeout: Option<Duration>,
-) {
+) -> ClientBody {
     let stats = &ctx.proxy.metrics.mirror;
+    let empty_body = body.is_end_stream();
+    let mut copies = Vec::new();
     for policy in policies {
         if !policy.fraction.hits(fastrand::u64(..)) {
-            continue;
-        }
-        if !empty_body {
-            stats.body_skipped.inc();
             continue;
         }
         let Some(cluster) = ctx
@@ -124,6 +123,11 @@ pub(super) fn shadow(
         stats.sent.inc();
         let mut req = copy(parts, policy);
         internal(req.headers_mut(), local_ip(ctx));
+        if !empty_body {
+            let (tx, rx) = mpsc::channel(COPY_FRAMES);
+            copies.push(tx);
+            *req.body_mut() = UpstreamBody::Shadow(ShadowBody { rx, done: false });
+        }
         let slot = Slot(Arc::clone(ctx));
         let limit = timeout.unwrap_or(SHADOW_TIMEOUT);
         tokio::spawn(async move {
@@ -134,6 +138,141 @@ pub(super) fn shadow(
                 slot.0.proxy.metrics.mirror.failed.inc();
             }
         });
+    }
+    if copies.is_empty() {
+        ClientBody::Plain(body)
+    } else {
+        ClientBody::Teed(Box::new(Tee {
+            inner: body,
+            copies,
+        }))
+    }
+}
+
+/// How many frames of the client's body a copy may be behind the original: past it, the copy
+/// is abandoned (its request reset upstream and counted failed), never the original slowed.
+pub const COPY_FRAMES: usize = 64;
+
+/// The client's body as the original request reads it: as received, or teed to copies.
+#[derive(Debug)]
+pub enum ClientBody {
+    Plain(Incoming),
+    Teed(Box<Tee>),
+}
+
+/// The client's body, each frame also handed to the copies that keep up.
+#[derive(Debug)]
+pub struct Tee {
+    inner: Incoming,
+    copies: Vec<mpsc::Sender<Piece>>,
+}
+
+/// What a copy's body receives: a frame, or the end of a body that ended well. A channel
+/// closed without [`Piece::End`] is a body cut short: the copy fails rather than sending a
+/// truncated body as if whole.
+#[derive(Debug)]
+pub enum Piece {
+    Frame(Frame<Bytes>),
+    End,
+}
+
+impl Tee {
+    /// Hand `piece` to each copy that has room; a copy without is dropped.
+    fn hand(&mut self, piece: impl Fn() -> Piece) {
+        self.copies.retain(|tx| tx.try_send(piece()).is_ok());
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            ClientBody::Plain(inner) => Pin::new(inner).poll_frame(cx),
+            ClientBody::Teed(tee) => {
+                let frame = ready!(Pin::new(&mut tee.inner).poll_frame(cx));
+                match &frame {
+                    Some(Ok(f)) => {
+                        if let Some(d) = f.data_ref() {
+                            tee.hand(|| Piece::Frame(Frame::data(d.clone())));
+                        } else if let Some(t) = f.trailers_ref() {
+                            tee.hand(|| Piece::Frame(Frame::trailers(t.clone())));
+                        }
+                        // The last frame: the original's reader may not poll again.
+                        if tee.inner.is_end_stream() {
+                            tee.hand(|| Piece::End);
+                            tee.copies.clear();
+                        }
+                    }
+                    None => {
+                        tee.hand(|| Piece::End);
+                        tee.copies.clear();
+                    }
+                    // The copies' channels close without an end: they fail too.
+                    Some(Err(_)) => tee.copies.clear(),
+                }
+                Poll::Ready(frame)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Plain(inner) => inner.is_end_stream(),
+            ClientBody::Teed(tee) => tee.inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ClientBody::Plain(inner) => inner.size_hint(),
+            ClientBody::Teed(tee) => tee.inner.size_hint(),
+        }
+    }
+}
+
+/// A copy's body: the frames the [`Tee`] handed it.
+#[derive(Debug)]
+pub struct ShadowBody {
+    rx: mpsc::Receiver<Piece>,
+    done: bool,
+}
+
+/// The original's body ended before the copy's did (cut short, or the copy fell behind).
+#[derive(Debug, thiserror::Error)]
+#[error("the mirrored body was cut short")]
+struct CutShort;
+
+impl Body for ShadowBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match ready!(self.rx.poll_recv(cx)) {
+            Some(Piece::Frame(f)) => Poll::Ready(Some(Ok(f))),
+            Some(Piece::End) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            None => {
+                self.done = true;
+                Poll::Ready(Some(Err(CutShort.into())))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
     }
 }
 
