@@ -34,6 +34,8 @@ const SHADOW_HOST: &str = "web.test.svc.cluster.local-shadow:80";
 const V1: &str = "outbound|80|v1|web.test.svc.cluster.local";
 const V2: &str = "outbound|80|v2|web.test.svc.cluster.local";
 const DEAD: &str = "outbound|80|dead|web.test.svc.cluster.local";
+/// The length of the body of `/big`.
+const BIG: usize = 256 * 1024;
 /// How long the mirror's backend takes on `/lagging-shadow…`.
 const MIRROR_SLOW: Duration = Duration::from_secs(3);
 
@@ -133,6 +135,13 @@ fn mirror_backend(net: &PodNet, seen: Seen, first: Head) -> Server {
             (&mut stream)
                 .take(length.min(1 << 20))
                 .read_to_end(&mut body)?;
+            if path == "/big" {
+                let length = vec![("<length>".to_string(), body.len().to_string())];
+                first
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push((path.clone(), length));
+            }
             if path == "/headers/0" || path == "/posted" {
                 let mut headers: Vec<(String, String)> = text
                     .split("\r\n")
@@ -357,8 +366,24 @@ fn mirror_all(w: &World) -> Mirrored {
         answer.status,
         answer.header("x-backend").map(str::to_string),
     ));
+    // A body of many frames, longer than what a retry keeps (`http.retry_buffer_bytes`).
+    let mut client = http_client::Client::connect(&w.net.pod, SocketAddr::from((VIP, 80)))
+        .unwrap_or_else(|e| panic!("{}: {e}", w.name()));
+    let mut big = format!(
+        "POST /big HTTP/1.1\r\nHost: {HOST}\r\ncontent-length: {BIG}\r\nconnection: close\r\n\r\n"
+    )
+    .into_bytes();
+    big.extend(std::iter::repeat_n(b'x', BIG));
+    let answer = client
+        .send_raw(&big)
+        .unwrap_or_else(|e| panic!("{}: POST /big: {e}\n{}", w.name(), w.output()));
+    answers.push((
+        answer.status,
+        answer.header("x-backend").map(str::to_string),
+    ));
     let mut copies = w.seen("/headers/", 10);
     copies.extend(w.seen("/posted", 1));
+    copies.extend(w.seen("/big", 1));
     copies.extend(w.seen("/lagging-shadow/", 3));
     copies.extend(w.seen("/fail-shadow/", 3));
     copies.extend(w.seen("/dead/", 0));
@@ -418,12 +443,12 @@ fn mirroring_has_envoys_outcome() {
         expected.answers.iter().all(|a| *a == primary),
         "envoy: {expected:?}"
     );
-    assert_eq!(expected.copies.len(), 17, "envoy: {expected:?}");
+    assert_eq!(expected.copies.len(), 18, "envoy: {expected:?}");
     assert!(
         expected
             .copies
             .iter()
-            .all(|(m, p, h)| (m == "GET" || p == "/posted") && h == SHADOW_HOST),
+            .all(|(m, p, h)| (m == "GET" || p == "/posted" || p == "/big") && h == SHADOW_HOST),
         "envoy: {expected:?}"
     );
     assert!(
@@ -431,9 +456,15 @@ fn mirroring_has_envoys_outcome() {
             && head.contains(&("<body>".to_string(), "hello".to_string()))),
         "envoy: {expected:?}"
     );
+    let whole = vec![("<length>".to_string(), BIG.to_string())];
+    assert!(
+        expected.heads.contains(&("/big".to_string(), whole)),
+        "envoy: {:?}",
+        expected.heads
+    );
     let got = mirror_all(&remora);
     assert_eq!(got, expected, "remora:\n{}", remora.output());
-    // Remora counts what became of its copies: 20 sent, the 3 to the unreachable mirror
+    // Remora counts what became of its copies: 21 sent, the 3 to the unreachable mirror
     // failed (a 500 from the mirror is a response, not a failure).
     let url = format!(
         "http://127.0.0.1:{}/stats/prometheus",
@@ -442,7 +473,7 @@ fn mirroring_has_envoys_outcome() {
     let (status, stats) = peer::curl_status(&nets.0.pod, &[&url], Duration::from_secs(5));
     assert_eq!(status, 200, "{stats}");
     for line in [
-        "remora_mirror_requests_sent_total 20",
+        "remora_mirror_requests_sent_total 21",
         "remora_mirror_requests_failed_total 3",
         "remora_mirror_requests_overflow_total 0",
     ] {
