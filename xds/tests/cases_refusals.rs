@@ -25,6 +25,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
         "istiod-defaults",
         "faults-retries",
         "resilience",
+        "mirror",
     ] {
         let verdicts = verdicts(case);
         let want = ["listeners", "clusters", "routes", "endpoints"]
@@ -40,7 +41,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
 
 /// Each resource of `gaps`: its kind and name, the field refused and why. What istiod writes
 /// it for is in the comment.
-const GAPS: [(Kind, &str, &str, &str); 11] = [
+const GAPS: [(Kind, &str, &str, &str); 10] = [
     // DestinationRule loadBalancer.consistentHash (ring hash): the field check refuses its
     // config before the converter sees `lb_policy: RING_HASH`.
     (
@@ -64,13 +65,6 @@ const GAPS: [(Kind, &str, &str, &str); 11] = [
         "transport_socket.typed_config.common_tls_context.combined_validation_context\
          .validation_context_sds_secret_config.name",
         "SDS secret \"file-root:system\" not supported (only Istio's workload secrets `default` and `ROOTCA`)",
-    ),
-    // VirtualService http.mirror / mirrors.
-    (
-        Kind::Route,
-        "mirror",
-        "virtual_hosts[0].routes[0].route.request_mirror_policies",
-        "field not supported (in envoy.config.route.v3.RouteAction)",
     ),
     // VirtualService rewrite.uriRegexRewrite (and GAMMA's rewrite to `/`).
     (

@@ -425,3 +425,23 @@ fn faults_and_retries_as_istiod_writes_them() {
         (AbortStatus::Grpc(14), 500_000)
     );
 }
+
+/// VirtualService `mirror` and `mirrors` as istiod writes them: each policy's cluster and
+/// fraction, every copy's authority with `-shadow`.
+#[test]
+fn mirrors_as_istiod_writes_them() {
+    let one = table("mirror", "mirror");
+    let f = forward(&one.virtual_hosts[0].routes[0]);
+    assert_eq!(f.mirrors.len(), 1);
+    assert_eq!(
+        f.mirrors[0].cluster,
+        "outbound|9080|v2|gaps.default.svc.cluster.local"
+    );
+    assert_eq!(f.mirrors[0].fraction.per_million(), 1_000_000);
+    assert_eq!(f.mirrors[0].shadow_host("gaps:9080"), "gaps-shadow:9080");
+    let two = table("mirror", "mirrors");
+    let f = forward(&two.virtual_hosts[0].routes[0]);
+    let fractions: Vec<u32> = f.mirrors.iter().map(|m| m.fraction.per_million()).collect();
+    assert_eq!(fractions, [250_000, 500_000]);
+    assert!(f.mirrors.iter().all(|m| m.shadow_suffix));
+}

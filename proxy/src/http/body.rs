@@ -31,11 +31,13 @@ pub enum UpstreamBody {
     Empty,
     /// The client's body, streamed as it arrives.
     Streamed {
-        inner: Incoming,
+        inner: super::mirror::ClientBody,
         received: Option<Arc<BodyCounter>>,
     },
     /// The client's body, kept for replay while it is short enough.
     Replay(ReplayBody),
+    /// A mirror's copy of the client's body ([`super::mirror`]).
+    Shadow(super::mirror::ShadowBody),
 }
 
 impl Body for UpstreamBody {
@@ -58,6 +60,7 @@ impl Body for UpstreamBody {
                 Poll::Ready(frame.map(|r| r.map_err(Into::into)))
             }
             UpstreamBody::Replay(r) => Pin::new(r).poll_frame(cx),
+            UpstreamBody::Shadow(s) => Pin::new(s).poll_frame(cx),
         }
     }
 
@@ -66,6 +69,7 @@ impl Body for UpstreamBody {
             UpstreamBody::Empty => true,
             UpstreamBody::Streamed { inner, .. } => inner.is_end_stream(),
             UpstreamBody::Replay(r) => r.is_end_stream(),
+            UpstreamBody::Shadow(s) => s.is_end_stream(),
         }
     }
 
@@ -74,6 +78,7 @@ impl Body for UpstreamBody {
             UpstreamBody::Empty => SizeHint::with_exact(0),
             UpstreamBody::Streamed { inner, .. } => inner.size_hint(),
             UpstreamBody::Replay(r) => r.size_hint(),
+            UpstreamBody::Shadow(s) => s.size_hint(),
         }
     }
 }

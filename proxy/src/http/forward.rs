@@ -170,6 +170,14 @@ pub async fn handle(
 
     // Phase 2: upstream.
     headers::upstream_version(&mut parts);
+    // The route's mirrors: copies of the head as it goes upstream, sent on their own.
+    let body = match routed.as_ref().and_then(|r| r.mirrors.as_deref()) {
+        None => super::mirror::ClientBody::Plain(body),
+        Some(mirrors) => {
+            let timeout = routed.as_ref().and_then(|r| r.timeout);
+            super::mirror::shadow(&ctx, mirrors, &parts, body, timeout)
+        }
+    };
     let sending = attempts(
         &ctx,
         parts,
@@ -282,7 +290,7 @@ pub async fn handle(
 async fn attempts(
     ctx: &ConnContext,
     parts: Parts,
-    body: Incoming,
+    body: super::mirror::ClientBody,
     received: Option<Arc<BodyCounter>>,
     upgrade: bool,
     flags: &mut Flags,

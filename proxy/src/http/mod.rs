@@ -22,6 +22,7 @@ pub mod h1;
 pub mod header_format;
 pub mod headers;
 pub mod io;
+pub mod mirror;
 pub mod originate;
 pub mod pool;
 pub mod premature_reset;

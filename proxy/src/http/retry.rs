@@ -9,10 +9,10 @@
 
 use super::counting::BodyCounter;
 use super::headers;
+use super::mirror::ClientBody;
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
@@ -59,7 +59,7 @@ pub struct ReplayBody {
 
 #[derive(Debug)]
 struct Shared {
-    inner: Incoming,
+    inner: ClientBody,
     /// The chunks read so far, from chunk number `discarded` on.
     chunks: Vec<Bytes>,
     discarded: usize,
@@ -80,7 +80,7 @@ pub struct NotReplayable;
 
 impl ReplayBody {
     /// Wrap the client's body, keeping at most `limit` bytes of it for replays.
-    pub fn new(inner: Incoming, limit: usize, received: Option<Arc<BodyCounter>>) -> Self {
+    pub fn new(inner: ClientBody, limit: usize, received: Option<Arc<BodyCounter>>) -> Self {
         let exact_len = inner.size_hint().exact();
         ReplayBody {
             shared: Arc::new(Mutex::new(Shared {

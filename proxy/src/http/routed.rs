@@ -91,6 +91,9 @@ pub struct Routed {
     pub response_edits: Edits,
     /// The destination as Istio's metrics label it, from the cluster's Istio metadata.
     pub metrics_peer: Option<Arc<crate::tls::Peer>>,
+    /// The route's mirror policies ([`super::mirror`]), shared with the route; `None` for
+    /// nearly every route.
+    pub mirrors: Option<Arc<[remora_xds::model::route::MirrorPolicy]>>,
 }
 
 impl Routed {
@@ -217,10 +220,12 @@ impl Decided {
     /// Whether the HTTP/1.1 fast path serves this request as hyper's path would: it forwards
     /// heads as received (so only routes that edit nothing) on its own pool of HTTP/1.1
     /// connections (so only clusters that ask nothing more of them), retrying as Istio's
-    /// default policy says and injecting no fault (so only routes that ask no more).
+    /// default policy says, injecting no fault and mirroring nothing (so only routes that ask
+    /// no more).
     pub fn fits_fast_path(&self) -> bool {
         self.plain_http1_upstream
             && self.routed.fault.is_none()
+            && self.routed.mirrors.is_none()
             && self.routed.retry.per_try_timeout().is_none()
             && (self.routed.retries == 0 || self.routed.retry.is_istio_default())
             && self.request_edits.is_empty()
@@ -366,6 +371,7 @@ pub fn decide_request(
         attempt_count: vhost.include_request_attempt_count,
         response_edits,
         metrics_peer: model.and_then(|c| ctx.proxy.upstreams.service_peer(c)),
+        mirrors: (!forward.mirrors.is_empty()).then(|| Arc::clone(&forward.mirrors)),
     };
     Ok(Decided {
         routed,

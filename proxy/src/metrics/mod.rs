@@ -69,6 +69,8 @@ pub struct Metrics {
     pub xds_tls_without_identity: Counter,
     /// HTTP/1.1 requests served by Remora's own exchange (`http::h1`), not hyper.
     pub http1_fast_path: Counter,
+    /// Shadow copies of requests (route mirror policies).
+    pub mirror: crate::http::mirror::MirrorStats,
     /// Protocol detection outcomes, by `DETECTION_RESULTS` index, and how long they took.
     detections: Vec<Counter>,
     detection_seconds: prometheus_client::metrics::histogram::Histogram,
@@ -247,6 +249,7 @@ impl Metrics {
         let xds_file_refusals = Counter::default();
         let xds_tls_without_identity = Counter::default();
         let http1_fast_path = Counter::default();
+        let mirror = crate::http::mirror::MirrorStats::register(&mut registry);
         registry.register(
             "remora_http1_fast_path_requests",
             "HTTP/1.1 requests served by the fast path (the rest of HTTP is served by hyper)",
@@ -373,6 +376,7 @@ impl Metrics {
             xds_file_refusals,
             xds_tls_without_identity,
             http1_fast_path,
+            mirror,
         }
     }
 

@@ -286,7 +286,21 @@ pub const READ: &[(&str, &[&str])] = &[
             "upgrade_configs",
             "prefix_rewrite",
             "host_rewrite_literal",
+            "request_mirror_policies",
         ],
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.RequestMirrorPolicy",
+        &[
+            "cluster",
+            "runtime_fraction",
+            "trace_sampled",
+            "disable_shadow_host_suffix_append",
+        ],
+    ),
+    (
+        "envoy.config.core.v3.RuntimeFractionalPercent",
+        &["default_value"],
     ),
     (
         "envoy.config.route.v3.RouteAction.MaxStreamDuration",

@@ -195,6 +195,39 @@ pub struct Forward {
     pub grpc_timeout_header_max: Option<Duration>,
     pub prefix_rewrite: Option<String>,
     pub host_rewrite: Option<String>,
+    /// `request_mirror_policies`: each a copy of the request sent, fire-and-forget, to
+    /// another cluster (Istio's VirtualService `mirror` / `mirrors`). Empty for nearly every
+    /// route (shared: a request of a mirrored route holds them without a copy).
+    pub mirrors: Arc<[MirrorPolicy]>,
+}
+
+/// One of a route's `request_mirror_policies`: a copy of a share of its requests sent to
+/// `cluster`, its response discarded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MirrorPolicy {
+    pub cluster: String,
+    /// The share of requests mirrored (`runtime_fraction.default_value`; unset: all).
+    pub fraction: super::fault::Fraction,
+    /// Whether the copy's authority gets `-shadow` before its port (`host-shadow:port`), as
+    /// Envoy does unless `disable_shadow_host_suffix_append` says not to.
+    pub shadow_suffix: bool,
+}
+
+impl MirrorPolicy {
+    /// The copy's authority for the request's `host`: `-shadow` inserted before the port
+    /// (`reviews:9080` → `reviews-shadow:9080`, `[::1]:80` → `[::1]-shadow:80`), as Envoy's
+    /// router writes it; unchanged without the suffix.
+    pub fn shadow_host(&self, host: &str) -> String {
+        if !self.shadow_suffix {
+            return host.to_string();
+        }
+        let (name, port) = match host.rfind(':') {
+            // A colon inside brackets is part of an IPv6 address, not a port.
+            Some(i) if !host[i..].contains(']') => host.split_at(i),
+            _ => (host, ""),
+        };
+        format!("{name}-shadow{port}")
+    }
 }
 
 /// An upgrade a route allows.

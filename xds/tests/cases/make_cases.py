@@ -231,8 +231,6 @@ def gap_rc(name, match_extra=None, action_extra=None, route_extra=None, target=N
     return rc(name, [{"name": name, "domains": ["*"], "routes": [
         route(name, m, fwd(target or {"cluster": G}, "0s", retry, action_extra), name, f"gaps:9080/*", route_extra)]}])
 write("gaps", "routes", [
-    gap_rc("mirror", action_extra={"request_mirror_policies": [{"cluster": f"outbound|9080|v2|gaps.{NS}.svc.cluster.local",
-        "runtime_fraction": {"default_value": {"numerator": 100}}, "trace_sampled": False}]}),
     gap_rc("regex-rewrite", action_extra={"regex_rewrite": {"pattern": {"regex": "^/v1/(.*)"}, "substitution": "/v2/\\1"}}),
     gap_rc("consistent-hash", action_extra={"hash_policy": [{"header": {"header_name": "x-user"}}]},
            retry={k: v for k, v in DEFAULT_RETRY.items() if k != "retry_host_predicate"}),
@@ -265,6 +263,20 @@ write("faults-retries", "routes", [
         "@type": TYPE("envoy.extensions.filters.http.fault.v3.HTTPFault"),
         "delay": {"fixed_delay": "7s", "percentage": {"numerator": 1000000, "denominator": "MILLION"}},
         "abort": {"grpc_status": 14, "percentage": {"numerator": 500000, "denominator": "MILLION"}}}}}),
+])
+
+# ---- mirror: VirtualService mirror / mirrors with mirrorPercentage, once a gap, which Remora honours.
+write("mirror", "routes", [
+    # mirror: {host: gaps, subset: v2} (no percentage: istiod writes 100 %).
+    gap_rc("mirror", action_extra={"request_mirror_policies": [{"cluster": f"outbound|9080|v2|gaps.{NS}.svc.cluster.local",
+        "runtime_fraction": {"default_value": {"numerator": 100}}, "trace_sampled": False}]}),
+    # mirrors: [{destination: {host: gaps, subset: v2}, percentage: {value: 25}}, {destination: {host: gaps}}]
+    # with mirrorPercentage 50 on the second (istiod writes millionths).
+    gap_rc("mirrors", action_extra={"request_mirror_policies": [
+        {"cluster": f"outbound|9080|v2|gaps.{NS}.svc.cluster.local",
+         "runtime_fraction": {"default_value": {"numerator": 250000, "denominator": "MILLION"}}, "trace_sampled": False},
+        {"cluster": G, "runtime_fraction": {"default_value": {"numerator": 500000, "denominator": "MILLION"}},
+         "trace_sampled": False}]}),
 ])
 
 # ---- envoy-rejects: Envoy refuses each (it is the oracle); Remora must too. One resource per fault.

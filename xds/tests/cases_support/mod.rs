@@ -19,9 +19,10 @@ pub fn cases_dir() -> PathBuf {
 }
 
 /// The cases, by folder name.
-pub const CASES: [&str; 9] = [
+pub const CASES: [&str; 10] = [
     "traffic-split",
     "faults-retries",
+    "mirror",
     "resilience",
     "redirect-rewrite",
     "dns-static",

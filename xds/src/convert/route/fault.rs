@@ -131,7 +131,7 @@ fn abort(a: &pb::FaultAbort, path: &str) -> Result<FaultAbort, Fault> {
 
 /// A `FractionalPercent`. Unset is Envoy's default, 0 % (the fault never fires). Envoy caps a
 /// numerator above its denominator at 100 %; Remora refuses it as a mistake.
-fn fraction(p: Option<&FractionalPercent>, path: &str) -> Result<Fraction, Fault> {
+pub(super) fn fraction(p: Option<&FractionalPercent>, path: &str) -> Result<Fraction, Fault> {
     use envoy_types::pb::envoy::r#type::v3::fractional_percent::DenominatorType as D;
     let Some(p) = p else {
         return Fraction::new(0, 100).ok_or_else(|| Fault::new(path, "unreachable"));

@@ -104,10 +104,6 @@ fn what_remora_cannot_honour_is_refused() {
             "omit_canary_hosts",
         ),
         (
-            json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "request_mirror_policies": [{"cluster": "m"}]}}]),
-            "request_mirror_policies: field not supported",
-        ),
-        (
             json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "hash_policy": [{"header": {"header_name": "x"}}]}}]),
             "hash_policy: field not supported",
         ),
