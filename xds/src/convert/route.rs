@@ -6,6 +6,7 @@ use super::common::{
     timeout,
 };
 use super::join;
+use crate::model::domains::DomainIndex;
 use crate::model::fault::FaultPolicy;
 use crate::model::route::{
     Action, ClusterTarget, Forward, PathMatch, QueryParameterMatcher, Redirect, Route,
@@ -27,7 +28,7 @@ pub fn route_configuration(
         &rc.typed_per_filter_config,
         &join(path, "typed_per_filter_config"),
     )?;
-    let virtual_hosts = rc
+    let virtual_hosts: Vec<_> = rc
         .virtual_hosts
         .iter()
         .enumerate()
@@ -42,6 +43,7 @@ pub fn route_configuration(
     direct_response_bodies_fit(rc, path)?;
     Ok(RouteConfiguration {
         name: rc.name.clone(),
+        domains: DomainIndex::of(&virtual_hosts),
         virtual_hosts,
         ignore_port_in_host_matching: rc.ignore_port_in_host_matching,
         validate_clusters: rc.validate_clusters.as_ref().is_some_and(|b| b.value),

@@ -17,6 +17,7 @@
 
 pub mod circuit_breakers;
 pub mod cluster;
+pub mod domains;
 pub mod endpoint;
 pub mod fault;
 pub mod header_format;

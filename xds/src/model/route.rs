@@ -1,6 +1,7 @@
 //! Route tables: which virtual host a Host header reaches, which route of it a request takes,
 //! and what that route does (cluster or weighted clusters, timeout, retries, header edits).
 
+use super::domains::DomainIndex;
 use super::fault::FaultPolicy;
 use super::matcher::{HeaderMatcher, Pattern, StringMatcher};
 use std::sync::Arc;
@@ -23,6 +24,8 @@ pub struct RouteConfiguration {
     pub request_headers_to_remove: Vec<String>,
     pub response_headers_to_add: Vec<HeaderEdit>,
     pub response_headers_to_remove: Vec<String>,
+    /// `virtual_hosts`' domains, indexed ([`DomainIndex::of`] them).
+    pub domains: DomainIndex,
 }
 
 /// A virtual host: domains and their routes.
@@ -271,50 +274,15 @@ impl RouteConfiguration {
         } else {
             host
         };
-        let mut best: Option<((u8, usize), &VirtualHost)> = None;
-        for vh in &self.virtual_hosts {
-            for domain in &vh.domains {
-                let Some(rank) = domain_rank(domain, host) else {
-                    continue;
-                };
-                if best.is_none_or(|(b, _)| rank > b) {
-                    best = Some((rank, vh));
-                }
-            }
-        }
-        best.map(|(_, vh)| vh)
+        self.domains
+            .find(host)
+            .and_then(|at| self.virtual_hosts.get(at))
     }
 }
 
 /// Whether `s` starts with `prefix`, ignoring ASCII case.
 fn starts_with_ignore_case(s: &str, prefix: &str) -> bool {
     s.len() >= prefix.len() && s.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
-}
-
-/// Whether `s` ends with `suffix`, ignoring ASCII case.
-fn ends_with_ignore_case(s: &str, suffix: &str) -> bool {
-    s.len() >= suffix.len()
-        && s.as_bytes()[s.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())
-}
-
-/// `(class, length)` of a domain that matches `host` (hosts and domains compare without
-/// regard to ASCII case): exact 3, suffix 2, prefix 1, `*` 0.
-fn domain_rank(domain: &str, host: &str) -> Option<(u8, usize)> {
-    if domain == "*" {
-        return Some((0, 0));
-    }
-    if let Some(suffix) = domain.strip_prefix('*') {
-        // Envoy's suffix wildcard must match at least one character before the suffix.
-        return (host.len() > suffix.len() && ends_with_ignore_case(host, suffix))
-            .then_some((2, domain.len()));
-    }
-    if let Some(prefix) = domain.strip_suffix('*') {
-        return (host.len() > prefix.len() && starts_with_ignore_case(host, prefix))
-            .then_some((1, domain.len()));
-    }
-    domain
-        .eq_ignore_ascii_case(host)
-        .then_some((3, domain.len()))
 }
 
 /// `host:port` → `host`; `[v6]:port` → `[v6]`; a bare IPv6 address stays whole.
@@ -429,14 +397,16 @@ mod tests {
     }
 
     fn table(ignore_port: bool) -> RouteConfiguration {
+        let virtual_hosts = vec![
+            vh("all", &["*"]),
+            vh("reviews", &["reviews", "reviews.default.svc.cluster.local"]),
+            vh("suffix", &["*.example.com"]),
+            vh("prefix", &["api.*"]),
+        ];
         RouteConfiguration {
             name: "9080".into(),
-            virtual_hosts: vec![
-                vh("all", &["*"]),
-                vh("reviews", &["reviews", "reviews.default.svc.cluster.local"]),
-                vh("suffix", &["*.example.com"]),
-                vh("prefix", &["api.*"]),
-            ],
+            domains: DomainIndex::of(&virtual_hosts),
+            virtual_hosts,
             ignore_port_in_host_matching: ignore_port,
             validate_clusters: false,
             request_headers_to_add: vec![],
