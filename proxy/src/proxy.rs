@@ -428,7 +428,7 @@ impl Proxy {
                 early,
                 originate,
                 xds_routes: None,
-                xds_fault_filter: false,
+                xds_chain: Default::default(),
                 xds_inbound: None,
             },
         )

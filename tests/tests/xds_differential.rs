@@ -180,6 +180,10 @@ const RAW_CASES: &[&str] = &[
     "GET /edits HTTP/1.1\r\nHost: web\r\nx-forwarded-proto: https\r\nx-forwarded-for: 192.0.2.1\r\nx-request-id: given\r\nConnection: close\r\n\r\n",
     "GET /old HTTP/1.1\r\nHost: web\r\nx-forwarded-proto: https\r\nConnection: close\r\n\r\n",
     "GET /a/../exact HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
+    // istiod's `normalize_path`: dot segments, escaped dots and unreserved characters,
+    // backslashes; the query kept as written.
+    "GET /x/./y/%2e%2e/../edits?a=/../b HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
+    "GET /v1/%69tems%2Fz\\w HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
 ];
 
 /// A pod whose sidecar is Remora or Envoy, with the backends in its peer namespace.

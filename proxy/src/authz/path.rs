@@ -53,6 +53,11 @@ pub fn normalize(
     if mode == PathNormalization::None || !path_and_query.starts_with('/') {
         return Ok(Cow::Borrowed(path_and_query));
     }
+    // Nearly every path is plain: none of the bytes canonicalisation acts on, so (merging no
+    // slashes) nothing to do, and no allocation to find that out.
+    if mode == PathNormalization::Base && is_plain(path_and_query) {
+        return Ok(Cow::Borrowed(path_and_query));
+    }
     let (path, query) = match path_and_query.find('?') {
         Some(i) => path_and_query.split_at(i),
         None => (path_and_query, ""),
@@ -99,6 +104,15 @@ fn decode_slashes(path: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// Whether the path of `path_and_query` holds only bytes canonicalisation keeps as they are
+/// (no dot, `%`, backslash, or byte it escapes), so it is already in normal form.
+fn is_plain(path_and_query: &str) -> bool {
+    path_and_query
+        .bytes()
+        .take_while(|b| *b != b'?')
+        .all(|b| matches!(class(b), Class::Pass | Class::Unreserved))
 }
 
 fn hex(b: u8) -> Option<u8> {

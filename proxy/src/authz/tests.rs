@@ -596,3 +596,32 @@ fn other_kinds_are_skipped_and_errors_name_file_line_and_field() {
     assert_eq!(err.line(), Some(1));
     assert!(Path::new("p.yaml").extension().is_some());
 }
+
+/// The plain-path shortcut changes nothing: a path of bytes canonicalisation keeps is returned
+/// as it is, and any other still goes through it.
+#[test]
+fn plain_paths_are_kept_and_others_still_normalised() {
+    use std::borrow::Cow;
+    for plain in [
+        "/",
+        "/a/b",
+        "//a//b",
+        "/A-b_c~d/9:@!$&'()*+,;=",
+        "/api?x=/../y%41",
+    ] {
+        assert!(
+            matches!(normalize(plain, PathNormalization::Base), Ok(Cow::Borrowed(p)) if p == plain),
+            "{plain}"
+        );
+    }
+    for (path, normal) in [
+        ("/a/./b", "/a/b"),
+        ("/a/%2e%2E/b?q=/./", "/b?q=/./"),
+        ("/%41b\\c", "/Ab/c"),
+        ("/index.html", "/index.html"),
+    ] {
+        let got = normalize(path, PathNormalization::Base).expect("normalisable");
+        assert_eq!(got, normal, "{path}");
+    }
+    assert!(normalize("/a%00", PathNormalization::Base).is_err());
+}

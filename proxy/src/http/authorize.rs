@@ -23,17 +23,7 @@ pub(super) fn inbound(ctx: &ConnContext, parts: &mut Parts) -> Result<(), ErrorK
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
     }
-    const UNNORMALIZABLE: ErrorKind = ErrorKind::MalformedRequest("path_normalization_failed");
-    let mode = ctx.config.authorization.path_normalization;
-    if let Some(pq) = parts.uri.path_and_query() {
-        let normalized = path::normalize(pq.as_str(), mode).map_err(|_| UNNORMALIZABLE)?;
-        if let Cow::Owned(new) = normalized {
-            let pq = PathAndQuery::try_from(new).map_err(|_| UNNORMALIZABLE)?;
-            let mut uri = std::mem::take(&mut parts.uri).into_parts();
-            uri.path_and_query = Some(pq);
-            parts.uri = Uri::from_parts(uri).map_err(|_| UNNORMALIZABLE)?;
-        }
-    }
+    normalize_path(parts, ctx.config.authorization.path_normalization)?;
     let authz = &ctx.proxy.authz;
     // Inbound by xDS: the chain's RBAC filters decide, and only they (the policy files are
     // the config file's way of saying the same, for when istiod does not).
@@ -73,4 +63,23 @@ pub(super) fn inbound(ctx: &ConnContext, parts: &mut Parts) -> Result<(), ErrorK
         Verdict::Allowed => Ok(()),
         Verdict::Denied(_) => Err(ErrorKind::AccessDenied),
     }
+}
+
+/// Normalise the request's path as `mode` says; `Err` is the local reply (Envoy's 400
+/// `path_normalization_failed`) to send instead.
+pub(super) fn normalize_path(
+    parts: &mut Parts,
+    mode: remora_config::PathNormalization,
+) -> Result<(), ErrorKind> {
+    const UNNORMALIZABLE: ErrorKind = ErrorKind::MalformedRequest("path_normalization_failed");
+    if let Some(pq) = parts.uri.path_and_query() {
+        let normalized = path::normalize(pq.as_str(), mode).map_err(|_| UNNORMALIZABLE)?;
+        if let Cow::Owned(new) = normalized {
+            let pq = PathAndQuery::try_from(new).map_err(|_| UNNORMALIZABLE)?;
+            let mut uri = std::mem::take(&mut parts.uri).into_parts();
+            uri.path_and_query = Some(pq);
+            parts.uri = Uri::from_parts(uri).map_err(|_| UNNORMALIZABLE)?;
+        }
+    }
+    Ok(())
 }

@@ -26,6 +26,7 @@ use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use http_body::Body as _;
 use hyper::body::Incoming;
+use remora_config::PathNormalization;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -98,6 +99,10 @@ pub async fn handle(
     }
     let refused = match ctx.direction {
         Direction::Inbound => super::authorize::inbound(&ctx, &mut parts).err(),
+        // istiod's connection managers normalise every path before routing (`normalize_path`).
+        Direction::Outbound if ctx.xds_chain.normalize_path => {
+            super::authorize::normalize_path(&mut parts, PathNormalization::Base).err()
+        }
         Direction::Outbound => None,
     };
     if ctx.logging() {

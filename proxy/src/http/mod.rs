@@ -52,6 +52,27 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// What of its HTTP connection manager a connection routed by xDS keeps for each request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct XdsChainFlags {
+    /// The chain has Envoy's fault filter, without which a route's fault config injects
+    /// nothing (as in Envoy).
+    pub fault_filter: bool,
+    /// `normalize_path` (istiod's `true`): an outbound path is normalised before it is routed
+    /// and sent, as Envoy's connection manager does (inbound paths always are, as the config
+    /// file's `authorization.path_normalization` says).
+    pub normalize_path: bool,
+}
+
+impl XdsChainFlags {
+    pub fn of(chain: &remora_xds::model::listener::HttpChain) -> XdsChainFlags {
+        XdsChainFlags {
+            fault_filter: chain.has_fault_filter(),
+            normalize_path: chain.normalize_path,
+        }
+    }
+}
+
 /// Everything the requests of one downstream connection share.
 #[derive(Debug)]
 pub struct ConnContext {
@@ -71,9 +92,8 @@ pub struct ConnContext {
     pub originate: Option<Box<originate::Originate>>,
     /// Routed by xDS: each request is routed by this table and balanced ([`routed`]).
     pub xds_routes: Option<Box<remora_xds::model::listener::RouteSource>>,
-    /// Routed by xDS: the chain has Envoy's fault filter, without which a route's fault
-    /// config injects nothing (as in Envoy).
-    pub xds_fault_filter: bool,
+    /// Routed by xDS: what of its connection manager each request needs.
+    pub xds_chain: XdsChainFlags,
     /// Inbound by xDS: the `virtualInbound` chain that took the connection, whose HTTP RBAC
     /// filters decide each request (the policy files do not).
     pub xds_inbound: Option<crate::route::ChainRef>,
@@ -128,7 +148,7 @@ impl ConnContext {
             sni: None,
             originate: None,
             xds_routes: None,
-            xds_fault_filter: false,
+            xds_chain: Default::default(),
             xds_inbound: None,
             described_client: std::sync::OnceLock::new(),
             in_flight: AtomicUsize::new(0),
@@ -328,8 +348,8 @@ pub struct Connection {
     pub originate: Option<Box<originate::Originate>>,
     /// Routed by xDS: the chain's route table, by which each request is routed and balanced.
     pub xds_routes: Option<Box<remora_xds::model::listener::RouteSource>>,
-    /// Routed by xDS: the chain has the fault filter (routes' faults apply).
-    pub xds_fault_filter: bool,
+    /// Routed by xDS: what of its connection manager each request needs.
+    pub xds_chain: XdsChainFlags,
     /// Inbound by xDS: the chain whose HTTP RBAC filters decide each request.
     pub xds_inbound: Option<crate::route::ChainRef>,
 }
@@ -372,7 +392,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         sni,
         originate: c.originate,
         xds_routes: c.xds_routes,
-        xds_fault_filter: c.xds_fault_filter,
+        xds_chain: c.xds_chain,
         xds_inbound: c.xds_inbound,
         early_failed: AtomicBool::new(early_failed),
         ..ConnContext::new(proxy, config, c.direction, c.peer, key, c.connect_timeout)

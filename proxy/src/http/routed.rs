@@ -299,7 +299,7 @@ pub fn decide_request(
             };
             let mut local = answer(table, other, request, &format_request);
             if let Answer::Local { fault, .. } = &mut local {
-                *fault = fault.take().filter(|_| ctx.xds_fault_filter);
+                *fault = fault.take().filter(|_| ctx.xds_chain.fault_filter);
             }
             return Err(local);
         }
@@ -322,7 +322,7 @@ pub fn decide_request(
                     edits: local_edits(table, vhost, route, &format_request),
                     fault: route
                         .fault_for(cluster)
-                        .filter(|_| ctx.xds_fault_filter)
+                        .filter(|_| ctx.xds_chain.fault_filter)
                         .cloned(),
                 });
             }
@@ -362,7 +362,7 @@ pub fn decide_request(
         retry: rules,
         fault: route
             .fault_for(cluster)
-            .filter(|_| ctx.xds_fault_filter)
+            .filter(|_| ctx.xds_chain.fault_filter)
             .cloned(),
         avoid_previous: retry
             .filter(|r| r.avoid_previous_hosts)

@@ -281,7 +281,7 @@ impl Proxy {
                         early: None,
                         originate: None,
                         xds_routes: Some(Box::new(chain.routes.clone())),
-                        xds_fault_filter: chain.has_fault_filter(),
+                        xds_chain: crate::http::XdsChainFlags::of(chain),
                         xds_inbound: served.chain,
                     },
                 )

@@ -42,7 +42,7 @@ async fn connection_future_stays_small() {
             early: None,
             originate: None,
             xds_routes: None,
-            xds_fault_filter: false,
+            xds_chain: Default::default(),
             xds_inbound: None,
         },
     );

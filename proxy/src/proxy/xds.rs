@@ -49,7 +49,10 @@ impl Proxy {
                 // A chain of HTTP that detection did not see as HTTP: Envoy's connection
                 // manager would answer it 400; as HTTP/1.1 the parser does the same.
                 let version = http.unwrap_or(HttpVersion::Http1);
-                let routes = Some((Box::new(chain.routes.clone()), chain.has_fault_filter()));
+                let routes = Some((
+                    Box::new(chain.routes.clone()),
+                    crate::http::XdsChainFlags::of(chain),
+                ));
                 let downstream = Downstream::Plain(downstream);
                 let http = (version, prefix, None);
                 let served = Box::pin(self.http_routed(config, downstream, hop, http, routes));
@@ -129,8 +132,11 @@ impl Proxy {
             BytesMut,
             Option<Result<Upstream, ConnectError>>,
         ),
-        // The chain's route table, and whether it has the fault filter.
-        routes: Option<(Box<remora_xds::model::listener::RouteSource>, bool)>,
+        // The chain's route table, and what of its connection manager each request needs.
+        routes: Option<(
+            Box<remora_xds::model::listener::RouteSource>,
+            crate::http::XdsChainFlags,
+        )>,
     ) -> Outcome {
         let (version, prefix, early) = http;
         let (end, transfer) = http::serve(
@@ -148,7 +154,7 @@ impl Proxy {
                 prefix,
                 early,
                 originate: None,
-                xds_fault_filter: routes.as_ref().is_some_and(|(_, fault)| *fault),
+                xds_chain: routes.as_ref().map(|(_, flags)| *flags).unwrap_or_default(),
                 xds_routes: routes.map(|(r, _)| r),
                 xds_inbound: None,
             },

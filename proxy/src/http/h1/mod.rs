@@ -44,6 +44,7 @@ use crate::connect::Upstream;
 use crate::Direction;
 use bytes::{Buf, BytesMut};
 use exchange::{exchange, retries, Failed, Request, RoutedRequest};
+use remora_config::PathNormalization;
 use std::borrow::Cow;
 use std::future::Future;
 use std::io;
@@ -313,6 +314,17 @@ fn prepare(
         .and_then(|n| n.checked_add(head.len))
         .filter(|total| *total <= buf.len())?;
     if ctx.direction == Direction::Inbound && !inbound_as_is(ctx, head.target) {
+        return None;
+    }
+    // An xDS connection manager that normalises paths (istiod's): hyper's path sends a path
+    // that is not in normal form normalised.
+    if ctx.direction == Direction::Outbound
+        && ctx.xds_chain.normalize_path
+        && !matches!(
+            crate::authz::path::normalize(head.target, PathNormalization::Base),
+            Ok(Cow::Borrowed(_))
+        )
+    {
         return None;
     }
     let (routed, local) = match &ctx.xds_routes {

@@ -166,7 +166,7 @@ fn spawn_served(
             early: None,
             originate: None,
             xds_routes: None,
-            xds_fault_filter: false,
+            xds_chain: Default::default(),
             xds_inbound: None,
         },
     ));

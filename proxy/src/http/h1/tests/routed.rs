@@ -87,7 +87,10 @@ async fn routed_client(proxy: &Arc<Proxy>) -> TcpStream {
             early: None,
             originate: None,
             xds_routes: Some(Box::new(RouteSource::Rds("80".into()))),
-            xds_fault_filter: true,
+            xds_chain: crate::http::XdsChainFlags {
+                fault_filter: true,
+                normalize_path: false,
+            },
             xds_inbound: None,
         },
     ));
