@@ -39,6 +39,10 @@ fuzz_target!(|data: &[u8]| {
         max_headers: MAX_REQUEST_HEADERS,
         ..limits
     };
+    // Our line may take a head at the header limit over it (see h1_response_head).
+    if out.iter().filter(|&&b| b == b'\n').count() > MAX_REQUEST_HEADERS + 1 {
+        return;
+    }
     let again = parse_request(&out, &relaxed)
         .unwrap_or_else(|| panic!("the head written upstream does not parse: {out:?}"));
     assert_eq!(

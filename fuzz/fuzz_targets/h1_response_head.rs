@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use remora::http::h1::head::{parse_response_from, Framing};
+use remora::http::h1::head::{parse_response_from, Framing, MAX_RESPONSE_HEADERS};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&flags, buf)) = data.split_first() else {
@@ -24,6 +24,11 @@ fuzz_target!(|data: &[u8]| {
     let close = flags & 4 != 0 || head.framing == Framing::Close;
     let mut out = Vec::new();
     head.write_downstream(buf, &[b"x-extra: 1\r\n"], close, &mut out);
+    // Our lines may take a head at the header limit over it; the parser then refuses it, as
+    // a client with the same limit would (not a parsing error).
+    if out.iter().filter(|&&b| b == b'\n').count() > MAX_RESPONSE_HEADERS + 1 {
+        return;
+    }
     let again = match parse_response_from(&out, head_request, false) {
         Ok(Some(again)) => again,
         other => panic!("the head written downstream does not parse ({other:?}): {out:?}"),
