@@ -21,9 +21,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEEDS = os.path.join(ROOT, "fuzz", "seeds")
 CONFORMANCE = os.environ.get("REMORA_CONFORMANCE", "/work/shared/conformance")
 MAX_PER_TARGET = 40
+# `seeds.py TARGET…` rewrites only those (ClientHellos differ on every run).
+ONLY = set(sys.argv[1:])
 
 
 def write(target, items):
+    if ONLY and target not in ONLY:
+        return
     d = os.path.join(SEEDS, target)
     os.makedirs(d, exist_ok=True)
     for old in glob.glob(os.path.join(d, "*")):
@@ -324,6 +328,13 @@ def main():
     write("inject_manifest", inject_manifest_seeds())
     write("authz_policy", authz_seeds())
     write("inject_admission", admission_seeds_from_manifests())
+    write("proxy_serve", [bytes([sel]) + r for sel, r in
+                          [(i % 3, r) for i, r in enumerate(REQUESTS)]
+                          + [(0, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"),
+                             (0, client_hellos()[0]), (2, b"\x00\x01binary"), (0, b"SSH-2.0-x\r\n"),
+                             (1, REQUESTS[0] + REQUESTS[2] + REQUESTS[7])]])
+    if ONLY and "xds_resource" not in ONLY:
+        return
     xds = xds_json_seeds()
     d = os.path.join(SEEDS, "xds_resource")
     proto = sorted(glob.glob(os.path.join(d, "proto-*")))
