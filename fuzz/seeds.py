@@ -3,8 +3,9 @@
 (/work/shared/conformance, or $REMORA_CONFORMANCE), the repository's docs and deploy files, and
 messages built here the way the tests build them (HTTP heads, chunked bodies, TLS
 ClientHellos from Python's own TLS stack, DNS queries, metadata-exchange payloads). The seeds
-are committed; run this again only to regenerate them. xDS protobuf seeds come from
-fuzz/xds_seeds (see docs/fuzzing.md)."""
+are committed; run this again only to regenerate them (`fuzz/seeds.py [TARGET...]`). The xDS
+protobuf seeds (`seeds/xds_resource/proto-*`) are kept as they are: they were encoded once from
+the same JSON resources with `remora_xds::json::from_json` and `encode_to_vec`."""
 
 import base64
 import glob
