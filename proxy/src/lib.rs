@@ -20,6 +20,8 @@ pub mod connect;
 pub mod detect;
 pub mod dns;
 pub mod drain;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod identity;
 pub mod istio_env;

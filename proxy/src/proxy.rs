@@ -100,8 +100,10 @@ struct Outcome {
 }
 
 impl Proxy {
-    /// A proxy with `config`, no mesh identity and no policies (tests).
-    #[cfg(test)]
+    /// A proxy with `config`, no mesh identity and no policies (tests, and the whole-proxy
+    /// fuzz target: cargo-fuzz builds with `--cfg fuzzing`).
+    #[cfg(any(test, fuzzing))]
+    #[doc(hidden)]
     pub fn for_tests(config: Config) -> Arc<Self> {
         let metrics = Arc::new(Metrics::default());
         Arc::new(Proxy {

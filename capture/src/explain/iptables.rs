@@ -190,7 +190,9 @@ pub fn parse_rule(words: &[String]) -> TraceRule {
             "--comment" => None,
             "-j" | "--jump" | "-g" | "--goto" => {
                 let goto = w == "-g" || w == "--goto";
-                let (actions, used) = target(value, &words[i + 2..], goto);
+                // `-j` may be the last word (a truncated rule): no target arguments then.
+                let rest = words.get(i + 2..).unwrap_or_default();
+                let (actions, used) = target(value, rest, goto);
                 rule.actions.extend(actions);
                 consumed = 2 + used;
                 None

@@ -126,3 +126,19 @@ fn restore_input_inserts_and_unknown_options() {
     );
     assert!(matches!(&x.rules[1].actions[0], Action::Unknown(t) if t.contains("SNAT")));
 }
+
+/// Found by the capture_explain fuzz target: a rule whose last word is `-j` (a truncated
+/// line) made the reader slice past the end of the rule.
+#[test]
+fn a_rule_ending_in_a_bare_jump_is_read_without_a_target() {
+    let set = parse("*nat\n-A ISTIO_OUTPUT -p tcp -j\nCOMMIT\n", Family::V4);
+    let rules = &set.tables[0]
+        .chain("ISTIO_OUTPUT")
+        .expect("the chain")
+        .rules;
+    assert_eq!(rules.len(), 1, "{set:?}");
+    assert_eq!(rules[0].text, "-A ISTIO_OUTPUT -p tcp -j");
+    let goto = parse("*nat\n-A ISTIO_OUTPUT --goto\nCOMMIT\n", Family::V4);
+    let chain = goto.tables[0].chain("ISTIO_OUTPUT").expect("the chain");
+    assert_eq!(chain.rules.len(), 1);
+}

@@ -12,7 +12,7 @@
 //! bounds what a client can make it hold (queries in flight, connections open) with a config
 //! value. A DNS proxy that answers mesh names itself will sit in front of [`Forwarder`].
 
-mod message;
+pub(crate) mod message;
 mod resolv_conf;
 mod tcp;
 mod udp;

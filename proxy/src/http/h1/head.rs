@@ -324,6 +324,9 @@ pub struct ResponseHead {
     pub close: bool,
     /// The upstream spoke HTTP/1.0: the client is answered in HTTP/1.1.
     http10: bool,
+    /// Where the status line starts: httparse skips empty lines before it, and they are not
+    /// passed on.
+    start: usize,
     dropped: Vec<Span>,
     /// From a mesh server: where in the head its sidecar's `x-envoy-peer-metadata` value is.
     pub peer_metadata: Option<Span>,
@@ -343,10 +346,10 @@ impl ResponseHead {
     /// The head for the client: received lines minus hop-by-hop ones, `extra` header lines,
     /// `Connection: close` when `close`, then the blank line.
     pub fn write_downstream(&self, buf: &[u8], extra: &[&[u8]], close: bool, out: &mut Vec<u8>) {
-        let mut from = 0;
+        let mut from = self.start;
         if self.http10 {
             out.extend_from_slice(b"HTTP/1.1");
-            from = b"HTTP/1.0".len();
+            from += b"HTTP/1.0".len();
         }
         copy_without_from(buf, from, self.len, &self.dropped, out);
         for e in extra {
@@ -385,6 +388,11 @@ pub fn parse_response_from(
     }
     let status = res.code.ok_or(BadResponse)?;
     let http10 = res.version == Some(0);
+    // Only CR and LF can come before a status line httparse accepted.
+    let start = buf
+        .iter()
+        .position(|b| !matches!(b, b'\r' | b'\n'))
+        .unwrap_or(0);
     let mut content_length: Option<u64> = None;
     let mut chunked = false;
     let mut other_coding = false;
@@ -467,6 +475,7 @@ pub fn parse_response_from(
         framing,
         close,
         http10,
+        start,
         dropped,
         peer_metadata,
     }))

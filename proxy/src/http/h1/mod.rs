@@ -29,7 +29,7 @@
 //! the same metrics, access-log lines and draining.
 
 pub mod buffers;
-mod chunked;
+pub(crate) mod chunked;
 mod exchange;
 pub mod head;
 

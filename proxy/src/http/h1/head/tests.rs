@@ -287,3 +287,20 @@ fn a_headers_value_is_found_in_the_raw_head_for_route_matching() {
     let req = b"GET / HTTP/1.1\r\nhost: a\r\nx-envoy-attempt-count: 3\r\n\r\n";
     assert!(parse_request(req, &LIMITS).is_some_and(|h| h.attempt_count));
 }
+
+/// Found by the h1_response_head fuzz target: empty lines before an HTTP/1.0 status line
+/// (which httparse skips) made the head for the client start `HTTP/1.1/1.0 200`, because the
+/// version was replaced at offset 0 rather than where the status line starts. They are not
+/// passed on at all now.
+#[test]
+fn empty_lines_before_the_status_line_are_not_passed_on() {
+    let (h, out) = downstream(
+        b"\r\n\nHTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        false,
+        false,
+    );
+    assert_eq!(out, "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n");
+    assert_eq!(h.framing, Framing::Length(2));
+    let (_, out) = downstream(b"\r\nHTTP/1.1 204 No Content\r\n\r\n", false, false);
+    assert_eq!(out, "HTTP/1.1 204 No Content\r\n\r\n");
+}

@@ -1,0 +1,37 @@
+//! HTTP/1.1 request framing read beside hyper (`remora::http::framing::RequestFraming`): any
+//! bytes a client sends on a connection, fed in pieces. Which request (if any) carries both
+//! `Content-Length` and `Transfer-Encoding` must not depend on how the bytes were cut.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use remora::http::framing::RequestFraming;
+
+fn smuggled(pieces: &[&[u8]]) -> (Option<u64>, bool) {
+    let mut framing = RequestFraming::new();
+    for piece in pieces {
+        if let Some(n) = framing.feed(piece) {
+            assert!(n >= 1);
+            return (Some(n), framing.in_head());
+        }
+    }
+    (None, framing.in_head())
+}
+
+fuzz_target!(|data: &[u8]| {
+    let (pieces, whole) = remora_fuzz::pieces(data);
+    let at_once = smuggled(&[whole]);
+    let in_pieces = smuggled(&pieces);
+    assert_eq!(
+        at_once.0, in_pieces.0,
+        "the verdict depends on how the bytes were read"
+    );
+    if at_once.0.is_none() {
+        assert_eq!(at_once.1, in_pieces.1);
+    }
+    let mut stopped = RequestFraming::stopped();
+    assert_eq!(stopped.feed(whole), None);
+    let mut after = RequestFraming::after(3);
+    if let Some(n) = after.feed(whole) {
+        assert!(n >= 4);
+    }
+});
