@@ -298,7 +298,6 @@ fn per_proxy(name: &str) -> bool {
             name,
             "x-request-id"
                 | "date"
-                | "server"
                 | "content-length"
                 | "transfer-encoding"
                 | "connection"

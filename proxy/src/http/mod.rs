@@ -53,7 +53,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// What of its HTTP connection manager a connection routed by xDS keeps for each request.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct XdsChainFlags {
     /// The chain has Envoy's fault filter, without which a route's fault config injects
     /// nothing (as in Envoy).
@@ -62,13 +62,18 @@ pub struct XdsChainFlags {
     /// and sent, as Envoy's connection manager does (inbound paths always are, as the config
     /// file's `authorization.path_normalization` says).
     pub normalize_path: bool,
+    /// The `server` header of every response, as Envoy's connection manager writes it over
+    /// the upstream's (`server_name`, istiod's `istio-envoy`; Envoy's own `envoy` when unset).
+    pub server: Option<http::HeaderValue>,
 }
 
 impl XdsChainFlags {
     pub fn of(chain: &remora_xds::model::listener::HttpChain) -> XdsChainFlags {
+        let server = chain.server_name.as_deref().unwrap_or("envoy");
         XdsChainFlags {
             fault_filter: chain.has_fault_filter(),
             normalize_path: chain.normalize_path,
+            server: http::HeaderValue::try_from(server).ok(),
         }
     }
 }
@@ -475,7 +480,18 @@ async fn serve_hyper(
         // Boxed: hyper's HTTP/1.1 server allocates room for one service future per connection
         // up front and keeps it while the connection idles; a request's state (several KiB)
         // should cost memory only while the request runs.
-        service_fn(move |req| Box::pin(forward::handle(Arc::clone(&ctx), req)))
+        service_fn(move |req| {
+            let ctx = Arc::clone(&ctx);
+            Box::pin(async move {
+                let mut response = forward::handle(Arc::clone(&ctx), req).await;
+                // Every response, the upstream's and our own, as Envoy's connection manager
+                // writes it (`server_name`; a connection not routed by xDS has none).
+                if let (Ok(r), Some(server)) = (&mut response, &ctx.xds_chain.server) {
+                    r.headers_mut().insert(http::header::SERVER, server.clone());
+                }
+                response
+            })
+        })
     };
     let http = &ctx.config.http;
     match version {

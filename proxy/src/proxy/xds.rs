@@ -154,7 +154,10 @@ impl Proxy {
                 prefix,
                 early,
                 originate: None,
-                xds_chain: routes.as_ref().map(|(_, flags)| *flags).unwrap_or_default(),
+                xds_chain: routes
+                    .as_ref()
+                    .map(|(_, flags)| flags.clone())
+                    .unwrap_or_default(),
                 xds_routes: routes.map(|(r, _)| r),
                 xds_inbound: None,
             },

@@ -314,6 +314,7 @@ fn http_listener(port: u16, access_log: &Value, fault_filter: bool) -> Value {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": format!("outbound_0.0.0.0_{port}"),
         "normalize_path": true,
+        "server_name": "istio-envoy",
         "rds": {"config_source": {"ads": {}, "resource_api_version": "V3"}, "route_config_name": port.to_string()},
         "access_log": access_log,
         "http_filters": filters}}]}]})

@@ -277,7 +277,14 @@ fn relay<'a, C: Client>(
                 .response_lines(req.described),
             None => [b"" as &[u8]; 2],
         };
-        response.write_downstream(rbuf, &extra, !keep_client, &mut out);
+        let server = ctx.xds_chain.server.as_ref();
+        response.write_downstream(
+            rbuf,
+            &extra,
+            server.map(|v| v.as_bytes()),
+            !keep_client,
+            &mut out,
+        );
         rbuf.advance(response.len);
         let mut body = Body::new(response.framing);
         // Nothing is written yet: a body that starts malformed is answered 502 like a bad head.

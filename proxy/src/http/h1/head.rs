@@ -326,7 +326,7 @@ pub struct ResponseHead {
     http10: bool,
     /// Where the status line starts: httparse skips empty lines before it, and they are not
     /// passed on.
-    start: usize,
+    start: u32,
     dropped: Vec<Span>,
     /// From a mesh server: where in the head its sidecar's `x-envoy-peer-metadata` value is.
     pub peer_metadata: Option<Span>,
@@ -344,16 +344,33 @@ impl ResponseHead {
     }
 
     /// The head for the client: received lines minus hop-by-hop ones, `extra` header lines,
-    /// `Connection: close` when `close`, then the blank line.
-    pub fn write_downstream(&self, buf: &[u8], extra: &[&[u8]], close: bool, out: &mut Vec<u8>) {
-        let mut from = self.start;
+    /// `server` (in place of the upstream's) when given, `Connection: close` when `close`,
+    /// then the blank line.
+    pub fn write_downstream(
+        &self,
+        buf: &[u8],
+        extra: &[&[u8]],
+        server: Option<&[u8]>,
+        close: bool,
+        out: &mut Vec<u8>,
+    ) {
+        let mut from = self.start as usize;
         if self.http10 {
             out.extend_from_slice(b"HTTP/1.1");
             from += b"HTTP/1.0".len();
         }
+        let begin = out.len();
         copy_without_from(buf, from, self.len, &self.dropped, out);
         for e in extra {
             out.extend_from_slice(e);
+        }
+        if let Some(server) = server {
+            // Envoy's OVERWRITE: the upstream's own go (found here rather than kept from the
+            // parse: this head is in every request's state, and only xDS connections ask).
+            remove_lines(out, begin, b"server");
+            out.extend_from_slice(b"server: ");
+            out.extend_from_slice(server);
+            out.extend_from_slice(b"\r\n");
         }
         if close {
             out.extend_from_slice(b"connection: close\r\n");
@@ -392,6 +409,7 @@ pub fn parse_response_from(
     let start = buf
         .iter()
         .position(|b| !matches!(b, b'\r' | b'\n'))
+        .and_then(|at| u32::try_from(at).ok())
         .unwrap_or(0);
     let mut content_length: Option<u64> = None;
     let mut chunked = false;
@@ -538,6 +556,29 @@ fn copy_without_from(buf: &[u8], from: usize, len: usize, dropped: &[Span], out:
         at = stop;
     }
     out.extend_from_slice(&buf[at..end]);
+}
+
+/// Remove from the head written at `out[begin..]` (its status line first, each line ending in
+/// CRLF) every header line named `name`.
+fn remove_lines(out: &mut Vec<u8>, begin: usize, name: &[u8]) {
+    let Some(first) = out[begin..].windows(2).position(|w| w == b"\r\n") else {
+        return;
+    };
+    let mut at = begin + first + 2;
+    while at < out.len() {
+        let Some(eol) = out[at..].windows(2).position(|w| w == b"\r\n") else {
+            return;
+        };
+        let line = &out[at..at + eol];
+        let named = line.len() > name.len()
+            && line[..name.len()].eq_ignore_ascii_case(name)
+            && line[name.len()] == b':';
+        if named {
+            out.drain(at..at + eol + 2);
+        } else {
+            at += eol + 2;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -558,6 +558,10 @@ async fn local_reply<C: Client>(
     // response by it.
     out.extend_from_slice(b"\r\ndate: ");
     out.extend_from_slice(httpdate::fmt_http_date(SystemTime::now()).as_bytes());
+    if let Some(server) = &ctx.xds_chain.server {
+        out.extend_from_slice(b"\r\nserver: ");
+        out.extend_from_slice(server.as_bytes());
+    }
     if !keep {
         out.extend_from_slice(b"\r\nconnection: close");
     }

@@ -128,7 +128,7 @@ fn heads_over_the_limits_are_left_to_the_general_path() {
 fn downstream(res: &[u8], head_request: bool, close: bool) -> (ResponseHead, String) {
     let head = parse_response(res, head_request).unwrap().unwrap();
     let mut out = Vec::new();
-    head.write_downstream(res, &[], close, &mut out);
+    head.write_downstream(res, &[], None, close, &mut out);
     (head, String::from_utf8(out).unwrap())
 }
 
@@ -257,7 +257,7 @@ fn a_mesh_servers_metadata_headers_are_read_and_not_passed_on() {
     let (from, to) = head.peer_metadata.unwrap();
     assert_eq!(&res[from..to], b"Cg0K");
     let mut out = Vec::new();
-    head.write_downstream(res, &[], false, &mut out);
+    head.write_downstream(res, &[], None, false, &mut out);
     assert_eq!(
         String::from_utf8(out).unwrap(),
         "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-app: 1\r\n\r\n"
@@ -303,4 +303,33 @@ fn empty_lines_before_the_status_line_are_not_passed_on() {
     assert_eq!(h.framing, Framing::Length(2));
     let (_, out) = downstream(b"\r\nHTTP/1.1 204 No Content\r\n\r\n", false, false);
     assert_eq!(out, "HTTP/1.1 204 No Content\r\n\r\n");
+}
+
+#[test]
+fn a_connection_managers_server_replaces_the_upstreams_among_dropped_lines() {
+    let res = b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nServer: nginx\r\nx-a: 1\r\nConnection: keep-alive\r\ncontent-length: 0\r\n\r\n";
+    let head = parse_response(res, false)
+        .expect("valid")
+        .expect("complete");
+    let mut out = Vec::new();
+    head.write_downstream(res, &[], Some(b"istio-envoy"), false, &mut out);
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        "HTTP/1.1 200 OK\r\nx-a: 1\r\ncontent-length: 0\r\nserver: istio-envoy\r\n\r\n"
+    );
+    // Without one of its own, the upstream's passes.
+    let mut out = Vec::new();
+    head.write_downstream(res, &[], None, false, &mut out);
+    assert!(String::from_utf8_lossy(&out).contains("Server: nginx\r\n"));
+    // None from the upstream: ours is added.
+    let res = b"HTTP/1.1 204 No Content\r\n\r\n";
+    let head = parse_response(res, false)
+        .expect("valid")
+        .expect("complete");
+    let mut out = Vec::new();
+    head.write_downstream(res, &[], Some(b"envoy"), false, &mut out);
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        "HTTP/1.1 204 No Content\r\nserver: envoy\r\n\r\n"
+    );
 }

@@ -89,7 +89,7 @@ async fn routed_client(proxy: &Arc<Proxy>) -> TcpStream {
             xds_routes: Some(Box::new(RouteSource::Rds("80".into()))),
             xds_chain: crate::http::XdsChainFlags {
                 fault_filter: true,
-                normalize_path: false,
+                ..Default::default()
             },
             xds_inbound: None,
         },
