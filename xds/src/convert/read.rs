@@ -286,7 +286,35 @@ pub const READ: &[(&str, &[&str])] = &[
             "upgrade_configs",
             "prefix_rewrite",
             "host_rewrite_literal",
+            "hash_policy",
         ],
+    ),
+    // Consistent hashing: filter_state and a header's regex_rewrite are left out, refused.
+    (
+        "envoy.config.route.v3.RouteAction.HashPolicy",
+        &[
+            "header",
+            "cookie",
+            "connection_properties",
+            "query_parameter",
+            "terminal",
+        ],
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.HashPolicy.Header",
+        &["header_name"],
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.HashPolicy.Cookie",
+        &["name", "ttl", "path", "attributes"],
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.HashPolicy.ConnectionProperties",
+        &["source_ip"],
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.HashPolicy.QueryParameter",
+        &["name"],
     ),
     (
         "envoy.config.route.v3.RouteAction.MaxStreamDuration",
@@ -389,6 +417,11 @@ pub const READ: &[(&str, &[&str])] = &[
     ("envoy.config.core.v3.JsonFormatOptions", &["sort_properties"]),
     // Clusters.
     (
+        "envoy.config.cluster.v3.Cluster.RingHashLbConfig",
+        &["minimum_ring_size", "maximum_ring_size", "hash_function"],
+    ),
+    ("envoy.config.cluster.v3.Cluster.MaglevLbConfig", &["table_size"]),
+    (
         "envoy.config.cluster.v3.Cluster",
         &[
             "name",
@@ -397,6 +430,8 @@ pub const READ: &[(&str, &[&str])] = &[
             "connect_timeout",
             "lb_policy",
             "least_request_lb_config",
+            "ring_hash_lb_config",
+            "maglev_lb_config",
             "circuit_breakers",
             "metadata",
             "filters",

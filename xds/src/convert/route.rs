@@ -368,6 +368,7 @@ fn forward(
         grpc_timeout_header_max,
         prefix_rewrite: (!a.prefix_rewrite.is_empty()).then(|| a.prefix_rewrite.clone()),
         host_rewrite,
+        hash_policy: hash::hash_policies(a, path)?,
     })
 }
 
@@ -480,6 +481,7 @@ fn redirect(r: &pb::RedirectAction, path: &str) -> Result<Redirect, Fault> {
 }
 
 mod fault;
+mod hash;
 mod retry;
 #[cfg(test)]
 mod tests;

@@ -195,6 +195,8 @@ pub struct Forward {
     pub grpc_timeout_header_max: Option<Duration>,
     pub prefix_rewrite: Option<String>,
     pub host_rewrite: Option<String>,
+    /// What a consistent-hash cluster hashes of the request (empty: nothing, a random pick).
+    pub hash_policy: Vec<super::hash::HashPolicy>,
 }
 
 /// An upgrade a route allows.
