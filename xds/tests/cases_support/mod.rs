@@ -19,10 +19,11 @@ pub fn cases_dir() -> PathBuf {
 }
 
 /// The cases, by folder name.
-pub const CASES: [&str; 9] = [
+pub const CASES: [&str; 10] = [
     "traffic-split",
     "faults-retries",
     "resilience",
+    "consistent-hash",
     "redirect-rewrite",
     "dns-static",
     "tcp-split",
