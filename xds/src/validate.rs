@@ -261,7 +261,9 @@ mod tests {
         assert_eq!(lines.len(), 3, "{lines:?}");
         assert_eq!(lines[0], "accepted cluster BlackHoleCluster");
         assert!(
-            lines[1].starts_with("refused cluster odd: lb_policy: LOAD_BALANCING_POLICY_CONFIG not supported"),
+            lines[1].starts_with(
+                "refused cluster odd: lb_policy: LOAD_BALANCING_POLICY_CONFIG not supported"
+            ),
             "{}",
             lines[1]
         );

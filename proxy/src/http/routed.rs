@@ -88,6 +88,9 @@ pub struct Routed {
     pub response_edits: Edits,
     /// The destination as Istio's metrics label it, from the cluster's Istio metadata.
     pub metrics_peer: Option<Arc<crate::tls::Peer>>,
+    /// The request's hash by the route's hash policies, for a RING_HASH or MAGLEV cluster
+    /// (`None` for every other, and when no policy found its input: a random pick).
+    pub hash: Option<u64>,
 }
 
 impl Routed {
@@ -353,6 +356,17 @@ pub fn decide_request(
         attempt_count: vhost.include_request_attempt_count,
         response_edits,
         metrics_peer: ctx.proxy.upstreams.service_peer(model),
+        // Only a consistent-hash cluster reads it: no work for any other.
+        hash: if model.lb_policy.hashes() && !forward.hash_policy.is_empty() {
+            crate::upstream::hash::request_hash(
+                &forward.hash_policy,
+                req,
+                parts.map(|p| &p.headers),
+                ctx.peer.ip(),
+            )
+        } else {
+            None
+        },
     };
     Ok(Decided {
         routed,
@@ -496,6 +510,7 @@ pub(super) fn select(
         let avoid = Avoid {
             hosts: tried.as_slice(),
             attempts: routed.avoid_previous.unwrap_or(0),
+            hash: routed.hash,
         };
         let selected =
             ctx.proxy

@@ -23,7 +23,9 @@ use std::time::Duration;
 pub mod balance;
 pub mod dial;
 pub mod dns;
+pub mod hash;
 pub mod outlier;
+pub mod ring;
 pub mod state;
 pub mod stats;
 pub mod transport;
@@ -114,10 +116,14 @@ impl UpstreamError {
 /// Hosts a retry should stay away from: Envoy's `previous_hosts` retry predicate, which
 /// rejects a pick that was already tried and picks again, up to `attempts` more times, the
 /// last pick standing when every one was rejected.
+///
+/// It carries the request's hash too ([`hash::request_hash`]), which a RING_HASH or MAGLEV
+/// cluster picks by (`None`: a random pick, as Envoy's without one).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Avoid<'a> {
     pub hosts: &'a [SocketAddr],
     pub attempts: u32,
+    pub hash: Option<u64>,
 }
 
 /// What a selection is for: an HTTP request attempt, or a TCP connection.
@@ -193,11 +199,11 @@ impl Upstreams {
             }
             Discovery::Eds { .. } | Discovery::Static => {
                 let cla = snapshot.endpoints_of(c);
-                let mut endpoint = cla.and_then(|cla| pick(state, c, cla));
-                for _ in 0..avoid.attempts.min(MAX_HOST_SELECTION_ATTEMPTS) {
+                let mut endpoint = cla.and_then(|cla| pick(state, c, cla, avoid.hash, 0));
+                for attempt in 1..=avoid.attempts.min(MAX_HOST_SELECTION_ATTEMPTS) {
                     match endpoint {
                         Some(e) if avoid.hosts.contains(&e.address) => {
-                            endpoint = cla.and_then(|cla| pick(state, c, cla));
+                            endpoint = cla.and_then(|cla| pick(state, c, cla, avoid.hash, attempt));
                         }
                         _ => break,
                     }
@@ -211,7 +217,7 @@ impl Upstreams {
                 dns_hosts = self.dns.get(cluster);
                 let endpoint = dns_hosts
                     .as_deref()
-                    .and_then(|cla| pick(state, c, cla))
+                    .and_then(|cla| pick(state, c, cla, avoid.hash, 0))
                     .ok_or_else(|| UpstreamError::NoHealthyUpstream(cluster.to_string()))?;
                 (endpoint.address, endpoint.tls_mode.as_deref())
             }
@@ -353,11 +359,15 @@ impl Upstreams {
 }
 
 /// One endpoint of the highest priority that has a healthy one not ejected (or of every host
-/// of it, in panic mode), by the cluster's policy. Allocates nothing.
+/// of it, in panic mode), by the cluster's policy. Allocates nothing, but for a
+/// consistent-hash cluster whose candidates changed (its table is built again). `hash` is the
+/// request's, for such a cluster; `attempt` counts a retry's picks again.
 fn pick<'a>(
     state: &ClusterState,
     c: &Cluster,
     cla: &'a ClusterLoadAssignment,
+    hash: Option<u64>,
+    attempt: u32,
 ) -> Option<&'a Endpoint> {
     let threshold = c
         .common_lb
@@ -394,6 +404,21 @@ fn pick<'a>(
         }
         // Only ORIGINAL_DST clusters provide their host, and they do not get here.
         LbPolicy::ClusterProvided => balance::random(hosts.clone(), rng.u64(..)),
+        LbPolicy::RingHash { .. } | LbPolicy::Maglev { .. } => {
+            let hash = hash.unwrap_or_else(|| rng.u64(..));
+            let fingerprint = ring::fingerprint(hosts.clone());
+            let table = state.hash_table.load();
+            match table.as_deref().filter(|t| t.fingerprint == fingerprint) {
+                Some(t) => t.choose(hash, attempt),
+                None => {
+                    let built = ring::HashTable::build(c.lb_policy, hosts.clone());
+                    let index = built.as_ref().and_then(|t| t.choose(hash, attempt));
+                    state.hash_table.store(built.map(Arc::new));
+                    index
+                }
+            }
+            .unwrap_or(0)
+        }
     };
     // Bound before returning: the iterator borrows `usable`, which borrows `state`.
     #[allow(clippy::let_and_return)]

@@ -256,12 +256,12 @@ fn a_clusters_panic_threshold_is_honoured_by_select() {
     let cla = s.endpoints(v2).expect("v2 endpoints");
     let state = up.clusters.get(&Arc::new(cluster.clone()), |_| true);
     assert!(
-        pick(&state, &cluster, cla).is_none(),
+        pick(&state, &cluster, cla, None, 0).is_none(),
         "panic disabled: no host"
     );
     cluster.common_lb.healthy_panic_threshold = None;
     assert!(
-        pick(&state, &cluster, cla).is_some(),
+        pick(&state, &cluster, cla, None, 0).is_some(),
         "Envoy's default 50 %"
     );
 }
@@ -277,6 +277,7 @@ fn a_retry_avoids_the_hosts_already_tried() {
     let avoid = Avoid {
         hosts: &[tried],
         attempts: 64,
+        hash: None,
     };
     for _ in 0..200 {
         let sel = up
@@ -287,6 +288,7 @@ fn a_retry_avoids_the_hosts_already_tried() {
     let without = Avoid {
         hosts: &[tried],
         attempts: 0,
+        hash: None,
     };
     let again = (0..200)
         .filter(|_| {

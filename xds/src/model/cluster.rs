@@ -135,7 +135,9 @@ pub enum LbPolicy {
         maximum_ring_size: u64,
     },
     /// Consistent hashing by Maglev's lookup table of `table_size` (a prime) entries.
-    Maglev { table_size: u64 },
+    Maglev {
+        table_size: u64,
+    },
 }
 
 impl LbPolicy {

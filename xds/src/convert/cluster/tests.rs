@@ -278,8 +278,10 @@ fn consistent_hash_policies_with_envoy_defaults_and_bounds() {
     );
     let c = convert(json!({"name": "c", "lb_policy": "MAGLEV"})).expect("maglev");
     assert_eq!(c.lb_policy, LbPolicy::Maglev { table_size: 65537 });
-    let c = convert(json!({"name": "c", "lb_policy": "MAGLEV", "maglev_lb_config": {"table_size": "251"}}))
-        .expect("maglev");
+    let c = convert(
+        json!({"name": "c", "lb_policy": "MAGLEV", "maglev_lb_config": {"table_size": "251"}}),
+    )
+    .expect("maglev");
     assert_eq!(c.lb_policy, LbPolicy::Maglev { table_size: 251 });
     for (cluster, refusal) in [
         (

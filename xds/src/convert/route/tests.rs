@@ -152,13 +152,15 @@ fn what_remora_cannot_honour_is_refused() {
 #[test]
 fn hash_policies_as_istiod_writes_them() {
     use crate::model::hash::{HashKind, HashPolicy};
-    let rc = convert(json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "hash_policy": [
-        {"header": {"header_name": "X-User"}},
-        {"cookie": {"name": "session", "path": "/"}, "terminal": true},
-        {"connection_properties": {"source_ip": true}},
-        {"connection_properties": {"source_ip": false}},
-        {"query_parameter": {"name": "user"}}
-    ]}}]))
+    let rc = convert(
+        json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "hash_policy": [
+            {"header": {"header_name": "X-User"}},
+            {"cookie": {"name": "session", "path": "/"}, "terminal": true},
+            {"connection_properties": {"source_ip": true}},
+            {"connection_properties": {"source_ip": false}},
+            {"query_parameter": {"name": "user"}}
+        ]}}]),
+    )
     .expect("accepted");
     let Action::Forward(f) = &rc.virtual_hosts[0].routes[0].action else {
         panic!("forward")
