@@ -85,7 +85,10 @@ pub fn maglev(c: &pb::Cluster) -> Result<LbPolicy, Fault> {
 }
 
 fn prime(n: u64) -> bool {
-    n >= 2 && (2..).take_while(|d| d * d <= n).all(|d| n % d != 0)
+    n >= 2
+        && (2..)
+            .take_while(|d| d * d <= n)
+            .all(|d| !n.is_multiple_of(d))
 }
 
 #[cfg(test)]
