@@ -1,7 +1,9 @@
 //! DestinationRule `loadBalancer.consistentHash`, as the xDS resources istiod writes for it,
 //! through Remora behind `remora capture` and through a real Envoy 1.40 given the same
 //! resources: a RING_HASH and a MAGLEV cluster over four backends (one of weight 2), routes
-//! hashing the `x-user` header or the `user` query parameter.
+//! hashing the `x-user` header or the `user` query parameter; a TCP service whose
+//! `tcp_proxy` hashes the client's IP to a RING_HASH cluster (the two worlds' clients have
+//! different addresses: each sticks to one backend, not compared).
 //!
 //! The same key always reaches the same backend, keys spread over the backends, and each key
 //! reaches the backend Envoy chooses for it (Remora builds Envoy's ring and table, with
@@ -25,6 +27,9 @@ const PORTS: [u16; 4] = [8001, 8002, 8003, 8004];
 const WEB: &str = "web.test.svc.cluster.local";
 const RING: &str = "outbound|80|ring|web.test.svc.cluster.local";
 const MAGLEV: &str = "outbound|80|maglev|web.test.svc.cluster.local";
+/// A TCP service whose DestinationRule hashes the source IP (`useSourceIp`).
+const TCP_RING: &str = "outbound|9000||tcp.test.svc.cluster.local";
+const TCP_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 20);
 /// Keys asked for, each twice.
 const KEYS: usize = 40;
 
@@ -54,6 +59,13 @@ fn resources() -> Resources {
     let mut maglev = eds_cluster(MAGLEV);
     maglev["lb_policy"] = json!("MAGLEV");
     maglev["maglev_lb_config"] = json!({"table_size": "65537"});
+    let mut tcp_ring = eds_cluster(TCP_RING);
+    tcp_ring["lb_policy"] = json!("RING_HASH");
+    tcp_ring["ring_hash_lb_config"] = json!({"minimum_ring_size": "1024"});
+    let mut tcp =
+        remora_e2e::xds_resources::tcp_listener(SocketAddr::from((TCP_VIP, 9000)), TCP_RING);
+    tcp["filter_chains"][0]["filters"][0]["typed_config"]["hash_policy"] =
+        json!([{"source_ip": {}}]);
     let route = |prefix: &str, cluster: &str, hash: Value| {
         json!({"match": {"prefix": prefix}, "route": {"cluster": cluster, "timeout": "0s",
                "retry_policy": retry_policy(), "hash_policy": [hash]}})
@@ -76,16 +88,18 @@ fn resources() -> Resources {
                 "stat_prefix": "outbound_0.0.0.0_80",
                 "rds": {"config_source": {"ads": {}, "resource_api_version": "V3"}, "route_config_name": "80"},
                 "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]},
+            tcp
         ]),
-        clusters: json!([ring, maglev, {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
+        clusters: json!([ring, maglev, tcp_ring, {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
         routes: json!([{"name": "80", "virtual_hosts": [
             {"name": "web.test.svc.cluster.local:80", "domains": [WEB, "web", VIP.to_string()],
              "routes": [route("/ring-query", RING, query), route("/ring", RING, header.clone()),
                         route("/maglev", MAGLEV, header)]}]}]),
         endpoints: json!([
             {"cluster_name": RING, "endpoints": endpoints()},
-            {"cluster_name": MAGLEV, "endpoints": endpoints()}
+            {"cluster_name": MAGLEV, "endpoints": endpoints()},
+            {"cluster_name": TCP_RING, "endpoints": endpoints()}
         ]),
     }
 }
@@ -174,6 +188,20 @@ impl World<'_> {
         out
     }
 
+    /// The backends that TCP connections to the source-IP-hashed service reach (an HTTP
+    /// request through `tcp_proxy`, answered by the backend itself).
+    fn tcp_backends(&self) -> BTreeSet<String> {
+        let vip = SocketAddr::from((TCP_VIP, 9000));
+        (0..6)
+            .map(
+                |_| match http_client::get_once(&self.net.pod, vip, WEB, "/", &[]) {
+                    Ok(r) => r.header("x-backend").unwrap_or("(none)").to_string(),
+                    Err(e) => panic!("{}: tcp: {e}\n{}", self.name(), self.output()),
+                },
+            )
+            .collect()
+    }
+
     /// Backends reached by requests without the header (no hash: a random pick).
     fn unhashed(&self) -> BTreeSet<String> {
         (0..24).map(|_| self.backend("/ring", &[])).collect()
@@ -232,6 +260,13 @@ fn each_key_reaches_the_backend_envoy_chooses() {
             got, expected,
             "{path}: Remora's backend per key, then Envoy's"
         );
+    }
+    // One client address: one backend, for every connection (random picks over four
+    // would all but never agree six times). The two worlds' pods have different addresses,
+    // so which backend is not compared here; the HTTP keys above are.
+    for w in [&remora, &envoy] {
+        let tcp = w.tcp_backends();
+        assert_eq!(tcp.len(), 1, "{}: tcp connections on {tcp:?}", w.name());
     }
     for w in [&remora, &envoy] {
         let seen = w.unhashed();

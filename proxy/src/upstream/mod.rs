@@ -142,10 +142,26 @@ impl Upstreams {
         cluster: &str,
         original_dst: SocketAddr,
     ) -> Result<Selected, UpstreamError> {
+        self.select_hashed(snapshot, cluster, original_dst, None)
+    }
+
+    /// [`Upstreams::select`] with the connection's hash (`tcp_proxy`'s source-IP policy), for
+    /// a RING_HASH or MAGLEV cluster.
+    pub fn select_hashed(
+        self: &Arc<Self>,
+        snapshot: &Snapshot,
+        cluster: &str,
+        original_dst: SocketAddr,
+        hash: Option<u64>,
+    ) -> Result<Selected, UpstreamError> {
         let c = snapshot
             .cluster(cluster)
             .ok_or_else(|| UpstreamError::NoCluster(cluster.to_string()))?;
-        self.choose(snapshot, c, original_dst, Avoid::default(), Traffic::Tcp)
+        let avoid = Avoid {
+            hash,
+            ..Avoid::default()
+        };
+        self.choose(snapshot, c, original_dst, avoid, Traffic::Tcp)
     }
 
     /// Choose an endpoint for one HTTP request attempt, avoiding the hosts already tried as

@@ -62,8 +62,11 @@ pub const READ: &[(&str, &[&str])] = &[
             "weighted_clusters",
             "idle_timeout",
             "access_log",
+            "hash_policy",
         ],
     ),
+    // `tcp_proxy`'s hash policy: the source IP only (filter_state refused).
+    ("envoy.type.v3.HashPolicy", &["source_ip"]),
     (
         "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy.WeightedCluster.ClusterWeight",
         &["name", "weight"],
