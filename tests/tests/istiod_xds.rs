@@ -230,10 +230,16 @@ fn config_from_istiod(delta: bool) {
     assert!(metrics.value("envoy_listener_manager_lds_update_success", &[]) >= 1.0);
 
     // An unsupported field: NACKed naming the resource and the field; the old one stays.
-    ads.set(type_url::CLUSTER, "v2", &[cluster("MAGLEV")]);
-    wait_until("a NACK of the MAGLEV cluster", STEP_TIME, || {
-        !answers(&ads, type_url::CLUSTER, true).is_empty()
-    });
+    ads.set(
+        type_url::CLUSTER,
+        "v2",
+        &[cluster("LOAD_BALANCING_POLICY_CONFIG")],
+    );
+    wait_until(
+        "a NACK of the LOAD_BALANCING_POLICY_CONFIG cluster",
+        STEP_TIME,
+        || !answers(&ads, type_url::CLUSTER, true).is_empty(),
+    );
     let nack = answers(&ads, type_url::CLUSTER, true).remove(0);
     let detail = nack.error_detail.unwrap_or_default();
     assert!(
@@ -256,7 +262,7 @@ fn config_from_istiod(delta: bool) {
     assert!(
         error["details"]
             .as_str()
-            .is_some_and(|d| d.contains("MAGLEV")),
+            .is_some_and(|d| d.contains("LOAD_BALANCING_POLICY_CONFIG")),
         "{dump}"
     );
 

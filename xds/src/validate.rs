@@ -244,7 +244,7 @@ mod tests {
              "dynamic_active_clusters": [
                 {"version_info": "1", "cluster": cluster("BlackHoleCluster")},
                 {"version_info": "1", "cluster": {"@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster",
-                    "name": "odd", "lb_policy": "MAGLEV"}}
+                    "name": "odd", "lb_policy": "LOAD_BALANCING_POLICY_CONFIG"}}
              ]},
             {"@type": "type.googleapis.com/envoy.admin.v3.EndpointsConfigDump",
              "dynamic_endpoint_configs": [{"endpoint_config": {
@@ -261,7 +261,9 @@ mod tests {
         assert_eq!(lines.len(), 3, "{lines:?}");
         assert_eq!(lines[0], "accepted cluster BlackHoleCluster");
         assert!(
-            lines[1].starts_with("refused cluster odd: lb_policy: MAGLEV not supported"),
+            lines[1].starts_with(
+                "refused cluster odd: lb_policy: LOAD_BALANCING_POLICY_CONFIG not supported"
+            ),
             "{}",
             lines[1]
         );
@@ -283,7 +285,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(
             dir.path().join("clusters.yaml"),
-            "- name: a\n  type: STATIC\n- name: b\n  lb_policy: RING_HASH\n",
+            "- name: a\n  type: STATIC\n- name: b\n  lb_policy: CLUSTER_PROVIDED\n",
         )
         .expect("write");
         let lines: Vec<String> = validate_path(dir.path())

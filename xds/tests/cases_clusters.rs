@@ -279,3 +279,25 @@ fn a_tcp_route_splits_by_weight_across_subsets() {
         );
     }
 }
+
+/// DestinationRule `loadBalancer.consistentHash` as istiod writes it: RING_HASH with its
+/// minimum ring size, MAGLEV with its table size.
+#[test]
+fn consistent_hash_clusters_as_istiod_writes_them() {
+    let snap = snapshot("consistent-hash");
+    let lb = |name: &str| {
+        cluster(
+            &snap,
+            &format!("outbound|9080||{name}.default.svc.cluster.local"),
+        )
+        .lb_policy
+    };
+    assert_eq!(
+        lb("ring-hash"),
+        LbPolicy::RingHash {
+            minimum_ring_size: 1024,
+            maximum_ring_size: 8 * 1024 * 1024
+        }
+    );
+    assert_eq!(lb("maglev"), LbPolicy::Maglev { table_size: 65537 });
+}

@@ -26,6 +26,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
         "faults-retries",
         "resilience",
         "mirror",
+        "consistent-hash",
     ] {
         let verdicts = verdicts(case);
         let want = ["listeners", "clusters", "routes", "endpoints"]
@@ -41,15 +42,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
 
 /// Each resource of `gaps`: its kind and name, the field refused and why. What istiod writes
 /// it for is in the comment.
-const GAPS: [(Kind, &str, &str, &str); 10] = [
-    // DestinationRule loadBalancer.consistentHash (ring hash): the field check refuses its
-    // config before the converter sees `lb_policy: RING_HASH`.
-    (
-        Kind::Cluster,
-        "outbound|9080||ring-hash.default.svc.cluster.local",
-        "ring_hash_lb_config",
-        "field not supported (in envoy.config.cluster.v3.Cluster)",
-    ),
+const GAPS: [(Kind, &str, &str, &str); 8] = [
     // DestinationRule connectionPool.tcp.tcpKeepalive.
     (
         Kind::Cluster,
@@ -71,13 +64,6 @@ const GAPS: [(Kind, &str, &str, &str); 10] = [
         Kind::Route,
         "regex-rewrite",
         "virtual_hosts[0].routes[0].route.regex_rewrite",
-        "field not supported (in envoy.config.route.v3.RouteAction)",
-    ),
-    // DestinationRule consistentHash, on the route.
-    (
-        Kind::Route,
-        "consistent-hash",
-        "virtual_hosts[0].routes[0].route.hash_policy",
         "field not supported (in envoy.config.route.v3.RouteAction)",
     ),
     // VirtualService match.withoutHeaders.

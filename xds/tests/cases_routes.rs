@@ -445,3 +445,20 @@ fn mirrors_as_istiod_writes_them() {
     assert_eq!(fractions, [250_000, 500_000]);
     assert!(f.mirrors.iter().all(|m| m.shadow_suffix));
 }
+
+/// DestinationRule `consistentHash` on the route: what each route hashes.
+#[test]
+fn hash_policies_as_istiod_writes_them() {
+    use remora_xds::model::hash::HashKind;
+    let kind = |name: &str| {
+        let t = table("consistent-hash", name);
+        let f = forward(&t.virtual_hosts[0].routes[0]);
+        assert_eq!(f.hash_policy.len(), 1, "{name}");
+        assert!(!f.hash_policy[0].terminal, "{name}");
+        f.hash_policy[0].kind.clone()
+    };
+    assert_eq!(kind("consistent-hash"), HashKind::Header("x-user".into()));
+    assert_eq!(kind("hash-source-ip"), HashKind::SourceIp);
+    assert_eq!(kind("hash-query"), HashKind::QueryParameter("user".into()));
+    assert_eq!(kind("hash-cookie"), HashKind::Cookie("session".into()));
+}

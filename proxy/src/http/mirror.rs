@@ -373,6 +373,7 @@ async fn send(ctx: &Arc<ConnContext>, cluster: Arc<Cluster>, req: Request<Upstre
         tried: std::sync::Mutex::default(),
         response_edits: super::routed::Edits::default(),
         mirrors: None,
+        hash: None,
     };
     let up = match super::routed::send(ctx, &routed, req).await {
         Ok(up) => up,

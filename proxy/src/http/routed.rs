@@ -94,6 +94,9 @@ pub struct Routed {
     /// The route's mirror policies ([`super::mirror`]), shared with the route; `None` for
     /// nearly every route.
     pub mirrors: Option<Arc<[remora_xds::model::route::MirrorPolicy]>>,
+    /// The request's hash by the route's hash policies, for a RING_HASH or MAGLEV cluster
+    /// (`None` for every other, and when no policy found its input: a random pick).
+    pub hash: Option<u64>,
 }
 
 impl Routed {
@@ -372,6 +375,17 @@ pub fn decide_request(
         response_edits,
         metrics_peer: model.and_then(|c| ctx.proxy.upstreams.service_peer(c)),
         mirrors: (!forward.mirrors.is_empty()).then(|| Arc::clone(&forward.mirrors)),
+        // Only a consistent-hash cluster reads it: no work for any other.
+        hash: if model.is_some_and(|c| c.lb_policy.hashes()) && !forward.hash_policy.is_empty() {
+            crate::upstream::hash::request_hash(
+                &forward.hash_policy,
+                req,
+                parts.map(|p| &p.headers),
+                ctx.peer.ip(),
+            )
+        } else {
+            None
+        },
     };
     Ok(Decided {
         routed,
@@ -522,6 +536,7 @@ pub(super) fn select(
         let avoid = Avoid {
             hosts: tried.as_slice(),
             attempts: routed.avoid_previous.unwrap_or(0),
+            hash: routed.hash,
         };
         let selected = ctx.proxy.upstreams.select_in(
             &snapshot,

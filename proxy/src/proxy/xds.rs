@@ -11,7 +11,7 @@ use crate::tls::client_hello::{self, ClientHello, Parsed};
 use crate::upstream::dial::{self, Connected};
 use crate::upstream::Outcome as Attempt;
 use crate::upstream::UpstreamError;
-use remora_xds::model::listener::{ConnectionFacts, Listener};
+use remora_xds::model::listener::{ChainKind, ConnectionFacts, Listener};
 use remora_xds::snapshot::Snapshot;
 
 impl Proxy {
@@ -38,7 +38,7 @@ impl Proxy {
         };
         let alpn = application_protocols(hello.as_ref(), http, true);
         let facts = connection_facts(hop.destination, hello.as_ref(), &alpn);
-        let (cluster, idle) = match route::outbound(&snapshot, &facts, fastrand::u64(..)) {
+        let (cluster, idle, hash) = match route::outbound(&snapshot, &facts, fastrand::u64(..)) {
             ChainDecision::NoChain => {
                 tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no xDS listener or filter chain");
                 // Closed, not reset: Envoy's tcp_proxy closes a connection it cannot serve.
@@ -59,10 +59,20 @@ impl Proxy {
                 return served.await;
             }
             ChainDecision::Tcp { cluster, chain } => {
-                (cluster.to_string(), tcp_idle(chain, hop.idle))
+                // As Envoy's source-IP hash: xxHash64 of the address as text.
+                let hashed = matches!(&chain.kind, ChainKind::Tcp(t) if t.hash_source_ip);
+                let hash = hashed.then(|| {
+                    crate::upstream::hash::xxhash64(hop.peer.ip().to_string().as_bytes(), 0)
+                });
+                (cluster.to_string(), tcp_idle(chain, hop.idle), hash)
             }
         };
-        let selected = match self.upstreams.select(&snapshot, &cluster, hop.destination) {
+        let selected = match self.upstreams.select_hashed(
+            &snapshot,
+            &cluster,
+            hop.destination,
+            hash,
+        ) {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "no upstream");

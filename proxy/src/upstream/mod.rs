@@ -22,7 +22,9 @@ use std::time::Duration;
 pub mod balance;
 pub mod dial;
 pub mod dns;
+pub mod hash;
 pub mod outlier;
+pub mod ring;
 pub mod state;
 pub mod stats;
 pub mod transport;
@@ -113,10 +115,14 @@ impl UpstreamError {
 /// Hosts a retry should stay away from: Envoy's `previous_hosts` retry predicate, which
 /// rejects a pick that was already tried and picks again, up to `attempts` more times, the
 /// last pick standing when every one was rejected.
+///
+/// It carries the request's hash too ([`hash::request_hash`]), which a RING_HASH or MAGLEV
+/// cluster picks by (`None`: a random pick, as Envoy's without one).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Avoid<'a> {
     pub hosts: &'a [SocketAddr],
     pub attempts: u32,
+    pub hash: Option<u64>,
 }
 
 /// What a selection is for: an HTTP request attempt, or a TCP connection.
@@ -135,17 +141,26 @@ impl Upstreams {
         cluster: &str,
         original_dst: SocketAddr,
     ) -> Result<Selected, UpstreamError> {
+        self.select_hashed(snapshot, cluster, original_dst, None)
+    }
+
+    /// [`Upstreams::select`] with the connection's hash (`tcp_proxy`'s source-IP policy), for
+    /// a RING_HASH or MAGLEV cluster.
+    pub fn select_hashed(
+        self: &Arc<Self>,
+        snapshot: &Snapshot,
+        cluster: &str,
+        original_dst: SocketAddr,
+        hash: Option<u64>,
+    ) -> Result<Selected, UpstreamError> {
         let c = snapshot
             .cluster(cluster)
             .ok_or_else(|| UpstreamError::NoCluster(cluster.to_string()))?;
-        self.choose(
-            snapshot,
-            c,
-            None,
-            original_dst,
-            Avoid::default(),
-            Traffic::Tcp,
-        )
+        let avoid = Avoid {
+            hash,
+            ..Avoid::default()
+        };
+        self.choose(snapshot, c, None, original_dst, avoid, Traffic::Tcp)
     }
 
     /// Choose an endpoint for one HTTP request attempt, avoiding the hosts already tried as
@@ -210,11 +225,11 @@ impl Upstreams {
             }
             Discovery::Eds { .. } | Discovery::Static => {
                 let cla = snapshot.endpoints_of(c);
-                let mut endpoint = cla.and_then(|cla| pick(state, c, cla));
-                for _ in 0..avoid.attempts.min(MAX_HOST_SELECTION_ATTEMPTS) {
+                let mut endpoint = cla.and_then(|cla| pick(state, c, cla, avoid.hash, 0));
+                for attempt in 1..=avoid.attempts.min(MAX_HOST_SELECTION_ATTEMPTS) {
                     match endpoint {
                         Some(e) if avoid.hosts.contains(&e.address) => {
-                            endpoint = cla.and_then(|cla| pick(state, c, cla));
+                            endpoint = cla.and_then(|cla| pick(state, c, cla, avoid.hash, attempt));
                         }
                         _ => break,
                     }
@@ -228,7 +243,7 @@ impl Upstreams {
                 dns_hosts = self.dns.get(cluster);
                 let endpoint = dns_hosts
                     .as_deref()
-                    .and_then(|cla| pick(state, c, cla))
+                    .and_then(|cla| pick(state, c, cla, avoid.hash, 0))
                     .ok_or_else(|| UpstreamError::NoHealthyUpstream(cluster.to_string()))?;
                 (endpoint.address, endpoint.tls_mode.as_deref())
             }
@@ -367,11 +382,15 @@ impl Upstreams {
 }
 
 /// One endpoint of the highest priority that has a healthy one not ejected (or of every host
-/// of it, in panic mode), by the cluster's policy. Allocates nothing.
+/// of it, in panic mode), by the cluster's policy. Allocates nothing, but for a
+/// consistent-hash cluster whose candidates changed (its table is built again). `hash` is the
+/// request's, for such a cluster; `attempt` counts a retry's picks again.
 fn pick<'a>(
     state: &ClusterState,
     c: &Cluster,
     cla: &'a ClusterLoadAssignment,
+    hash: Option<u64>,
+    attempt: u32,
 ) -> Option<&'a Endpoint> {
     let threshold = c
         .common_lb
@@ -408,6 +427,21 @@ fn pick<'a>(
         }
         // Only ORIGINAL_DST clusters provide their host, and they do not get here.
         LbPolicy::ClusterProvided => balance::random(hosts.clone(), rng.u64(..)),
+        LbPolicy::RingHash { .. } | LbPolicy::Maglev { .. } => {
+            let hash = hash.unwrap_or_else(|| rng.u64(..));
+            let fingerprint = ring::fingerprint(hosts.clone());
+            let table = state.hash_table.load();
+            match table.as_deref().filter(|t| t.fingerprint == fingerprint) {
+                Some(t) => t.choose(hash, attempt),
+                None => {
+                    let built = ring::HashTable::build(c.lb_policy, hosts.clone());
+                    let index = built.as_ref().and_then(|t| t.choose(hash, attempt));
+                    state.hash_table.store(built.map(Arc::new));
+                    index
+                }
+            }
+            .unwrap_or(0)
+        }
     };
     // Bound before returning: the iterator borrows `usable`, which borrows `state`.
     #[allow(clippy::let_and_return)]

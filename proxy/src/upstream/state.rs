@@ -56,6 +56,9 @@ pub struct ClusterState {
     /// Woken when a connection slot is given back, for the requests pending on one.
     pub cx_released: tokio::sync::Notify,
     pub round_robin: AtomicU64,
+    /// A RING_HASH or MAGLEV cluster's table, for the candidates it was built over (built
+    /// again when they change: endpoints, health, ejections).
+    pub hash_table: arc_swap::ArcSwapOption<super::ring::HashTable>,
     /// The clock of ejections (ms from here; outlier detection's interval ticks start here).
     started: Instant,
     /// foldhash, as `by_name`: looked up on every pick.
@@ -167,6 +170,7 @@ impl ClusterState {
             retries_active: AtomicU32::new(0),
             cx_released: tokio::sync::Notify::new(),
             round_robin: AtomicU64::new(0),
+            hash_table: arc_swap::ArcSwapOption::empty(),
             started: Instant::now(),
             hosts: ArcSwap::default(),
             ejected_until: AtomicU64::new(0),

@@ -256,12 +256,12 @@ fn a_clusters_panic_threshold_is_honoured_by_select() {
     let cla = s.endpoints(v2).expect("v2 endpoints");
     let state = up.clusters.get(&Arc::new(cluster.clone()), |_| true);
     assert!(
-        pick(&state, &cluster, cla).is_none(),
+        pick(&state, &cluster, cla, None, 0).is_none(),
         "panic disabled: no host"
     );
     cluster.common_lb.healthy_panic_threshold = None;
     assert!(
-        pick(&state, &cluster, cla).is_some(),
+        pick(&state, &cluster, cla, None, 0).is_some(),
         "Envoy's default 50 %"
     );
 }
@@ -277,6 +277,7 @@ fn a_retry_avoids_the_hosts_already_tried() {
     let avoid = Avoid {
         hosts: &[tried],
         attempts: 64,
+        hash: None,
     };
     for _ in 0..200 {
         let sel = up
@@ -287,6 +288,7 @@ fn a_retry_avoids_the_hosts_already_tried() {
     let without = Avoid {
         hosts: &[tried],
         attempts: 0,
+        hash: None,
     };
     let again = (0..200)
         .filter(|_| {
@@ -297,4 +299,58 @@ fn a_retry_avoids_the_hosts_already_tried() {
         })
         .count();
     assert!(again > 0, "without re-picks the tried host still comes");
+}
+
+/// A RING_HASH cluster: the request's hash picks the same host every time, from a ring built
+/// once for the hosts that take traffic and again only when they change.
+#[test]
+fn a_hashed_cluster_keeps_its_ring_until_its_hosts_change() {
+    use remora_xds::model::cluster::{DEFAULT_MAX_RING_SIZE, DEFAULT_MIN_RING_SIZE};
+    let store = bookinfo();
+    let s = store.snapshot();
+    let up = Arc::new(Upstreams::default());
+    let mut cluster = (**s.cluster(REVIEWS).expect("reviews")).clone();
+    cluster.lb_policy = LbPolicy::RingHash {
+        minimum_ring_size: DEFAULT_MIN_RING_SIZE,
+        maximum_ring_size: DEFAULT_MAX_RING_SIZE,
+    };
+    let cluster = Arc::new(cluster);
+    let state = up.clusters.get(&cluster, |_| true);
+    let mut cla = assignment(vec![vec![
+        host(1, Health::Healthy),
+        host(2, Health::Healthy),
+        host(3, Health::Healthy),
+    ]]);
+    let hash = hash::xxhash64(b"alice", 0);
+    let first = pick(&state, &cluster, &cla, Some(hash), 0)
+        .expect("host")
+        .address;
+    let ring = state.hash_table.load_full().expect("built");
+    for _ in 0..20 {
+        assert_eq!(
+            pick(&state, &cluster, &cla, Some(hash), 0)
+                .expect("host")
+                .address,
+            first
+        );
+    }
+    let same = state.hash_table.load_full().expect("kept");
+    assert!(Arc::ptr_eq(&ring, &same), "not rebuilt per request");
+    // Without a hash, the pick is random: more than one host over many picks.
+    let random: std::collections::BTreeSet<_> = (0..60)
+        .map(|_| pick(&state, &cluster, &cla, None, 0).expect("host").address)
+        .collect();
+    assert!(random.len() > 1, "{random:?}");
+    // The chosen host goes unhealthy: the ring is built again without it.
+    for e in &mut cla.localities[0].endpoints {
+        if e.address == first {
+            e.health = Health::Unhealthy;
+        }
+    }
+    let moved = pick(&state, &cluster, &cla, Some(hash), 0)
+        .expect("host")
+        .address;
+    assert_ne!(moved, first);
+    let rebuilt = state.hash_table.load_full().expect("rebuilt");
+    assert!(!Arc::ptr_eq(&ring, &rebuilt));
 }

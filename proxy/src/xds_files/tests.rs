@@ -3,7 +3,7 @@ use super::*;
 const CLUSTERS: &str = r#"[
   {"name": "outbound|80||a.default.svc.cluster.local", "type": "EDS",
    "eds_cluster_config": {"eds_config": {"ads": {}}}, "connect_timeout": "1s"},
-  {"name": "odd", "type": "STATIC", "lb_policy": "MAGLEV"},
+  {"name": "odd", "type": "STATIC", "lb_policy": "LOAD_BALANCING_POLICY_CONFIG"},
   {"name": "bad", "type": "NOPE"}
 ]"#;
 

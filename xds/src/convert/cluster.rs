@@ -521,11 +521,13 @@ fn lb_policy(c: &pb::Cluster, discovery: &Discovery) -> Result<LbPolicy, Fault> 
         Ok(P::ClusterProvided) if matches!(discovery, Discovery::OriginalDst { .. }) => {
             LbPolicy::ClusterProvided
         }
+        Ok(P::RingHash) => hashing::ring_hash(c)?,
+        Ok(P::Maglev) => hashing::maglev(c)?,
         Ok(other) => {
             return Err(Fault::new(
                 "lb_policy",
                 format!(
-                    "{} not supported (LEAST_REQUEST, ROUND_ROBIN, RANDOM)",
+                    "{} not supported (LEAST_REQUEST, ROUND_ROBIN, RANDOM, RING_HASH, MAGLEV)",
                     other.as_str_name()
                 ),
             ))
@@ -535,6 +537,8 @@ fn lb_policy(c: &pb::Cluster, discovery: &Discovery) -> Result<LbPolicy, Fault> 
     match (&c.lb_config, policy) {
         (None, _)
         | (Some(pb::cluster::LbConfig::LeastRequestLbConfig(_)), LbPolicy::LeastRequest { .. })
+        | (Some(pb::cluster::LbConfig::RingHashLbConfig(_)), LbPolicy::RingHash { .. })
+        | (Some(pb::cluster::LbConfig::MaglevLbConfig(_)), LbPolicy::Maglev { .. })
         | (Some(pb::cluster::LbConfig::OriginalDstLbConfig(_)), LbPolicy::ClusterProvided) => {
             Ok(policy)
         }
@@ -564,6 +568,7 @@ fn istio_metadata(c: &pb::Cluster) -> IstioClusterMetadata {
     }
 }
 
+mod hashing;
 mod limits;
 #[cfg(test)]
 mod tests;

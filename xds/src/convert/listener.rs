@@ -328,6 +328,19 @@ fn tcp_proxy(t: &tcp::TcpProxy, path: &str) -> Result<TcpChain, Fault> {
         ),
         None => return Err(Fault::new(path, "tcp_proxy without a cluster")),
     };
+    // Envoy takes one policy at most; the field check leaves only `source_ip` to it.
+    if t.hash_policy.len() > 1 {
+        return Err(Fault::new(
+            format!("{path}.hash_policy"),
+            "more than one hash policy (Envoy takes one)",
+        ));
+    }
+    let hash_source_ip = t.hash_policy.iter().any(|h| {
+        matches!(
+            h.policy_specifier,
+            Some(envoy_types::pb::envoy::r#type::v3::hash_policy::PolicySpecifier::SourceIp(_))
+        )
+    });
     Ok(TcpChain {
         stat_prefix: t.stat_prefix.clone(),
         target,
@@ -338,6 +351,7 @@ fn tcp_proxy(t: &tcp::TcpProxy, path: &str) -> Result<TcpChain, Fault> {
             .transpose()?,
 
         access_log: super::access_log::access_logs(&t.access_log, &format!("{path}.access_log"))?,
+        hash_source_ip,
     })
 }
 
@@ -429,6 +443,30 @@ mod tests {
         );
         let err = refusal(listener(json!([])));
         assert!(err.contains("a filter chain without filters"), "{err}");
+    }
+
+    /// DestinationRule `consistentHash.useSourceIp` on a TCP port: `tcp_proxy`'s hash policy.
+    #[test]
+    fn tcp_proxy_hashes_the_source_ip_only() {
+        use crate::model::listener::ChainKind;
+        let with = |policies: Value| {
+            let mut t = tcp_proxy();
+            t["typed_config"]["hash_policy"] = policies;
+            listener(json!([t]))
+        };
+        let l = from_json::<ListenerProto>(&with(json!([{"source_ip": {}}]))).expect("accepted");
+        let ChainKind::Tcp(chain) = &l.model.filter_chains[0].kind else {
+            panic!("tcp chain")
+        };
+        assert!(chain.hash_source_ip);
+        let err = refusal(with(json!([{"filter_state": {"key": "k"}}])));
+        assert!(
+            err.contains("hash_policy[0].filter_state (")
+                && err.ends_with("field not supported (in envoy.type.v3.HashPolicy)"),
+            "{err}"
+        );
+        let err = refusal(with(json!([{"source_ip": {}}, {"source_ip": {}}])));
+        assert!(err.contains("more than one hash policy"), "{err}");
     }
 
     #[test]

@@ -62,8 +62,11 @@ pub const READ: &[(&str, &[&str])] = &[
             "weighted_clusters",
             "idle_timeout",
             "access_log",
+            "hash_policy",
         ],
     ),
+    // `tcp_proxy`'s hash policy: the source IP only (filter_state refused).
+    ("envoy.type.v3.HashPolicy", &["source_ip"]),
     (
         "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy.WeightedCluster.ClusterWeight",
         &["name", "weight"],
@@ -287,7 +290,35 @@ pub const READ: &[(&str, &[&str])] = &[
             "prefix_rewrite",
             "host_rewrite_literal",
             "request_mirror_policies",
+            "hash_policy",
         ],
+    ),
+    // Consistent hashing: filter_state and a header's regex_rewrite are left out, refused.
+    (
+        "envoy.config.route.v3.RouteAction.HashPolicy",
+        &[
+            "header",
+            "cookie",
+            "connection_properties",
+            "query_parameter",
+            "terminal",
+        ],
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.HashPolicy.Header",
+        &["header_name"],
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.HashPolicy.Cookie",
+        &["name", "ttl", "path", "attributes"],
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.HashPolicy.ConnectionProperties",
+        &["source_ip"],
+    ),
+    (
+        "envoy.config.route.v3.RouteAction.HashPolicy.QueryParameter",
+        &["name"],
     ),
     (
         "envoy.config.route.v3.RouteAction.RequestMirrorPolicy",
@@ -403,6 +434,11 @@ pub const READ: &[(&str, &[&str])] = &[
     ("envoy.config.core.v3.JsonFormatOptions", &["sort_properties"]),
     // Clusters.
     (
+        "envoy.config.cluster.v3.Cluster.RingHashLbConfig",
+        &["minimum_ring_size", "maximum_ring_size", "hash_function"],
+    ),
+    ("envoy.config.cluster.v3.Cluster.MaglevLbConfig", &["table_size"]),
+    (
         "envoy.config.cluster.v3.Cluster",
         &[
             "name",
@@ -411,6 +447,8 @@ pub const READ: &[(&str, &[&str])] = &[
             "connect_timeout",
             "lb_policy",
             "least_request_lb_config",
+            "ring_hash_lb_config",
+            "maglev_lb_config",
             "circuit_breakers",
             "metadata",
             "filters",

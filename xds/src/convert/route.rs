@@ -371,6 +371,7 @@ fn forward(
         prefix_rewrite: (!a.prefix_rewrite.is_empty()).then(|| a.prefix_rewrite.clone()),
         host_rewrite,
         mirrors: mirror::mirror_policies(&a.request_mirror_policies, path)?.into(),
+        hash_policy: hash::hash_policies(a, path)?,
     })
 }
 
@@ -483,6 +484,7 @@ fn redirect(r: &pb::RedirectAction, path: &str) -> Result<Redirect, Fault> {
 }
 
 mod fault;
+mod hash;
 mod mirror;
 mod retry;
 #[cfg(test)]

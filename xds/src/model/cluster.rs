@@ -128,7 +128,29 @@ pub enum LbPolicy {
     Random,
     /// The cluster picks the host itself: ORIGINAL_DST clusters (the original destination).
     ClusterProvided,
+    /// Consistent hashing on a ring (Envoy's ketama ring, xxHash64): the request's hash
+    /// ([`crate::model::hash::HashPolicy`]) picks the host; a request with none picks at random.
+    RingHash {
+        minimum_ring_size: u64,
+        maximum_ring_size: u64,
+    },
+    /// Consistent hashing by Maglev's lookup table of `table_size` (a prime) entries.
+    Maglev {
+        table_size: u64,
+    },
 }
+
+impl LbPolicy {
+    /// Whether the policy picks by the request's hash.
+    pub fn hashes(&self) -> bool {
+        matches!(self, LbPolicy::RingHash { .. } | LbPolicy::Maglev { .. })
+    }
+}
+
+/// Envoy's defaults for RING_HASH and MAGLEV.
+pub const DEFAULT_MIN_RING_SIZE: u64 = 1024;
+pub const DEFAULT_MAX_RING_SIZE: u64 = 8 * 1024 * 1024;
+pub const DEFAULT_MAGLEV_TABLE_SIZE: u64 = 65537;
 
 /// Which HTTP version to use upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -195,6 +195,9 @@ pub struct TcpChain {
     pub idle_timeout: Option<Duration>,
     /// `tcp_proxy`'s access logs (istiod's, when the mesh sets `accessLogFile`).
     pub access_log: Vec<AccessLog>,
+    /// `hash_policy` `source_ip` (DestinationRule `consistentHash.useSourceIp` on a TCP
+    /// port): a RING_HASH or MAGLEV cluster picks by the client's IP.
+    pub hash_source_ip: bool,
 }
 
 /// Where a TCP chain sends the connection.
@@ -485,6 +488,7 @@ mod tests {
                 target: TcpTarget::Cluster(name.into()),
                 idle_timeout: None,
                 access_log: vec![],
+                hash_source_ip: false,
             }),
         }
     }

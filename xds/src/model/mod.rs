@@ -6,6 +6,7 @@
 //! - [`route`]: route tables: virtual host by Host, route by path, headers and query, then the
 //!   cluster, timeout and retries;
 //! - [`fault`]: fault injection (delays and aborts) per route;
+//! - [`hash`]: a route's hash policies, for consistent-hash clusters;
 //! - [`retry`]: retry policies (conditions, retries, per-try timeout, back-off);
 //! - [`cluster`]: discovery, balancing, connect timeout, the transport socket per endpoint;
 //! - [`circuit_breakers`], [`outlier`]: a cluster's limits and its passive health checking;
@@ -20,6 +21,7 @@ pub mod cluster;
 pub mod domains;
 pub mod endpoint;
 pub mod fault;
+pub mod hash;
 pub mod header_format;
 pub mod listener;
 pub mod matcher;

@@ -202,6 +202,8 @@ pub struct Forward {
     /// another cluster (Istio's VirtualService `mirror` / `mirrors`). Empty for nearly every
     /// route (shared: a request of a mirrored route holds them without a copy).
     pub mirrors: Arc<[MirrorPolicy]>,
+    /// What a consistent-hash cluster hashes of the request (empty: nothing, a random pick).
+    pub hash_policy: Vec<super::hash::HashPolicy>,
 }
 
 /// One of a route's `request_mirror_policies`: a copy of a share of its requests sent to

@@ -221,8 +221,11 @@ write("resilience", "clusters", [
         "max_ejection_percent": 100, "enforcing_consecutive_5xx": 100, "enforcing_success_rate": 0}}),
     gap_cluster("pool-limits", {"circuit_breakers": {"thresholds": [{
         "max_connections": 100, "max_pending_requests": 10, "max_requests": 1000, "max_retries": 3, "track_remaining": True}]}})])
-write("gaps", "clusters", [
+# ---- consistent-hash: DestinationRule loadBalancer.consistentHash, once a gap, which Remora honours.
+write("consistent-hash", "clusters", [
     gap_cluster("ring-hash", {"ring_hash_lb_config": {"minimum_ring_size": "1024"}}, "RING_HASH"),
+    gap_cluster("maglev", {"maglev_lb_config": {"table_size": "65537"}}, "MAGLEV")])
+write("gaps", "clusters", [
     gap_cluster("keepalive", {"upstream_connection_options": {"tcp_keepalive": {"keepalive_time": 300}}})])
 G = f"outbound|9080||gaps.{NS}.svc.cluster.local"
 def gap_rc(name, match_extra=None, action_extra=None, route_extra=None, target=None, retry=DEFAULT_RETRY):
@@ -232,8 +235,6 @@ def gap_rc(name, match_extra=None, action_extra=None, route_extra=None, target=N
         route(name, m, fwd(target or {"cluster": G}, "0s", retry, action_extra), name, f"gaps:9080/*", route_extra)]}])
 write("gaps", "routes", [
     gap_rc("regex-rewrite", action_extra={"regex_rewrite": {"pattern": {"regex": "^/v1/(.*)"}, "substitution": "/v2/\\1"}}),
-    gap_rc("consistent-hash", action_extra={"hash_policy": [{"header": {"header_name": "x-user"}}]},
-           retry={k: v for k, v in DEFAULT_RETRY.items() if k != "retry_host_predicate"}),
     gap_rc("without-headers", match_extra={"headers": [{"name": "x-block", "string_match": {"exact": "1"},
         "invert_match": True, "treat_missing_header_as_empty": True}]}),
     gap_rc("retry-remote-localities", retry=dict(DEFAULT_RETRY, retry_priority={"name": "envoy.retry_priorities.previous_priorities",
@@ -247,6 +248,15 @@ write("gaps", "routes", [
         "allow_origin_string_match": [{"exact": "https://example.com"}], "allow_methods": "GET,POST",
         "forward_not_matching_preflights": True}}}),
     gap_rc("x-forwarded-host", action_extra={"append_x_forwarded_host": True, "host_rewrite_literal": "b.example.com"}),
+])
+
+# istiod leaves out the previous_hosts predicate when the route hashes (a retry goes to the same host).
+NO_PREV = {k: v for k, v in DEFAULT_RETRY.items() if k != "retry_host_predicate"}
+write("consistent-hash", "routes", [
+    gap_rc("consistent-hash", action_extra={"hash_policy": [{"header": {"header_name": "x-user"}}]}, retry=NO_PREV),
+    gap_rc("hash-source-ip", action_extra={"hash_policy": [{"connection_properties": {"source_ip": True}}]}, retry=NO_PREV),
+    gap_rc("hash-query", action_extra={"hash_policy": [{"query_parameter": {"name": "user"}}]}, retry=NO_PREV),
+    gap_rc("hash-cookie", action_extra={"hash_policy": [{"cookie": {"name": "session", "path": "/"}}]}, retry=NO_PREV),
 ])
 
 # ---- faults-retries: VirtualService fault and retries, once gaps, which Remora honours.

@@ -19,11 +19,12 @@ pub fn cases_dir() -> PathBuf {
 }
 
 /// The cases, by folder name.
-pub const CASES: [&str; 10] = [
+pub const CASES: [&str; 11] = [
     "traffic-split",
     "faults-retries",
     "mirror",
     "resilience",
+    "consistent-hash",
     "redirect-rewrite",
     "dns-static",
     "tcp-split",

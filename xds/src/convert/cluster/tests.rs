@@ -95,8 +95,12 @@ fn dns_clusters_keep_their_names() {
 fn unsupported_policies_are_refused() {
     let err = convert(json!({"name": "c", "type": "EDS"})).expect_err("refused");
     assert!(err.contains("only ADS endpoint sources"), "{err}");
-    let err = convert(json!({"name": "c", "lb_policy": "RING_HASH"})).expect_err("refused");
-    assert!(err.contains("RING_HASH not supported"), "{err}");
+    let err = convert(json!({"name": "c", "lb_policy": "LOAD_BALANCING_POLICY_CONFIG"}))
+        .expect_err("refused");
+    assert!(
+        err.contains("LOAD_BALANCING_POLICY_CONFIG not supported"),
+        "{err}"
+    );
     let err = convert(json!({"name": "c", "lb_policy": "CLUSTER_PROVIDED"})).expect_err("refused");
     assert!(err.contains("lb_policy"), "{err}");
     let err = convert(json!({"name": "c", "transport_socket": {"name": "tls", "typed_config": {
@@ -250,4 +254,62 @@ fn least_request_choice_count_and_typed_sans() {
         Some(crate::model::cluster::SanType::Uri)
     );
     assert_eq!(tls.validation_secret.as_deref(), Some("ROOTCA"));
+}
+
+#[test]
+fn consistent_hash_policies_with_envoy_defaults_and_bounds() {
+    let c = convert(json!({"name": "c", "lb_policy": "RING_HASH"})).expect("ring");
+    assert_eq!(
+        c.lb_policy,
+        LbPolicy::RingHash {
+            minimum_ring_size: 1024,
+            maximum_ring_size: 8 * 1024 * 1024
+        }
+    );
+    let c = convert(json!({"name": "c", "lb_policy": "RING_HASH",
+        "ring_hash_lb_config": {"minimum_ring_size": "2048", "maximum_ring_size": "4096", "hash_function": "XX_HASH"}}))
+    .expect("ring");
+    assert_eq!(
+        c.lb_policy,
+        LbPolicy::RingHash {
+            minimum_ring_size: 2048,
+            maximum_ring_size: 4096
+        }
+    );
+    let c = convert(json!({"name": "c", "lb_policy": "MAGLEV"})).expect("maglev");
+    assert_eq!(c.lb_policy, LbPolicy::Maglev { table_size: 65537 });
+    let c = convert(
+        json!({"name": "c", "lb_policy": "MAGLEV", "maglev_lb_config": {"table_size": "251"}}),
+    )
+    .expect("maglev");
+    assert_eq!(c.lb_policy, LbPolicy::Maglev { table_size: 251 });
+    for (cluster, refusal) in [
+        (
+            json!({"name": "c", "lb_policy": "RING_HASH", "ring_hash_lb_config": {"hash_function": "MURMUR_HASH_2"}}),
+            "ring_hash_lb_config.hash_function: MURMUR_HASH_2 not supported",
+        ),
+        (
+            json!({"name": "c", "lb_policy": "RING_HASH", "ring_hash_lb_config": {"minimum_ring_size": "5000", "maximum_ring_size": "100"}}),
+            "ring_hash_lb_config.minimum_ring_size: 5000 is over maximum_ring_size 100",
+        ),
+        (
+            json!({"name": "c", "lb_policy": "RING_HASH", "ring_hash_lb_config": {"maximum_ring_size": "9000000"}}),
+            "ring_hash_lb_config.maximum_ring_size: must be in",
+        ),
+        (
+            json!({"name": "c", "lb_policy": "MAGLEV", "maglev_lb_config": {"table_size": "1000"}}),
+            "maglev_lb_config.table_size: 1000 is not a prime",
+        ),
+        (
+            json!({"name": "c", "lb_policy": "ROUND_ROBIN", "maglev_lb_config": {"table_size": "251"}}),
+            "lb_config: LB config does not fit the LB policy",
+        ),
+        (
+            json!({"name": "c", "lb_policy": "MAGLEV", "ring_hash_lb_config": {}}),
+            "lb_config: LB config does not fit the LB policy",
+        ),
+    ] {
+        let err = convert(cluster).expect_err("refused");
+        assert!(err.contains(refusal), "{err} / {refusal}");
+    }
 }

@@ -104,8 +104,17 @@ fn what_remora_cannot_honour_is_refused() {
             "omit_canary_hosts",
         ),
         (
-            json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "hash_policy": [{"header": {"header_name": "x"}}]}}]),
-            "hash_policy: field not supported",
+            json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "hash_policy": [{"filter_state": {"key": "x"}}]}}]),
+            "hash_policy[0].filter_state: field not supported",
+        ),
+        (
+            json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "hash_policy": [{"cookie": {"name": "s", "ttl": "0s"}}]}}]),
+            "hash_policy[0].cookie.ttl: generated hash cookies (a cookie with a ttl) not supported",
+        ),
+        (
+            json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "hash_policy": [{"header": {"header_name": "x",
+                "regex_rewrite": {"pattern": {"regex": "a"}, "substitution": "b"}}}]}}]),
+            "hash_policy[0].header.regex_rewrite: field not supported",
         ),
         (
             json!([{"match": {"prefix": "/"}, "route": {"weighted_clusters": {"total_weight": 100,
@@ -134,4 +143,32 @@ fn what_remora_cannot_honour_is_refused() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn hash_policies_as_istiod_writes_them() {
+    use crate::model::hash::{HashKind, HashPolicy};
+    let rc = convert(
+        json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "hash_policy": [
+            {"header": {"header_name": "X-User"}},
+            {"cookie": {"name": "session", "path": "/"}, "terminal": true},
+            {"connection_properties": {"source_ip": true}},
+            {"connection_properties": {"source_ip": false}},
+            {"query_parameter": {"name": "user"}}
+        ]}}]),
+    )
+    .expect("accepted");
+    let Action::Forward(f) = &rc.virtual_hosts[0].routes[0].action else {
+        panic!("forward")
+    };
+    let policy = |kind, terminal| HashPolicy { kind, terminal };
+    assert_eq!(
+        f.hash_policy,
+        [
+            policy(HashKind::Header("x-user".into()), false),
+            policy(HashKind::Cookie("session".into()), true),
+            policy(HashKind::SourceIp, false),
+            policy(HashKind::QueryParameter("user".into()), false),
+        ]
+    );
 }

@@ -1,0 +1,25 @@
+//! A route's hash policies (`RouteAction.hash_policy`): what of a request a consistent-hash
+//! cluster (RING_HASH, MAGLEV) hashes to pick its host, as istiod writes them from a
+//! DestinationRule's `loadBalancer.consistentHash`.
+
+/// One hash policy. The request's hash combines those that yield one, in order, stopping
+/// after a `terminal` one that did (Envoy's rule); none yielding one leaves the pick random.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HashPolicy {
+    pub kind: HashKind,
+    pub terminal: bool,
+}
+
+/// What a policy hashes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashKind {
+    /// Every value of the header (name in lower case); absent, no hash.
+    Header(String),
+    /// The value of the request cookie of this name; absent, no hash (a cookie Envoy would
+    /// generate, with a TTL, is refused by the converter).
+    Cookie(String),
+    /// The downstream peer's IP address, as text.
+    SourceIp,
+    /// The first value of the query parameter of this name; absent, no hash.
+    QueryParameter(String),
+}
