@@ -181,7 +181,7 @@ fn fast_path_heads(c: &mut Criterion) {
             let h = head::parse_response(std::hint::black_box(&response[..]), false)
                 .unwrap()
                 .unwrap();
-            h.write_downstream(response, &[], false, &mut out);
+            h.write_downstream(response, &[], None, false, &mut out);
             out.len()
         })
     });
