@@ -1,6 +1,7 @@
 //! The HTTP/1.1 fast path's response head parser (`parse_response_from`): any bytes an
 //! upstream sends. A head it accepts is written to the client without its hop-by-hop lines;
-//! that head must parse again with the same status and framing.
+//! that head must parse again with the same status and framing (and, with a `server` of ours,
+//! carry exactly that one).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -22,8 +23,17 @@ fuzz_target!(|data: &[u8]| {
     let _ = head.interim();
     // As the fast path calls it: a body that ends with the connection closes the client's.
     let close = flags & 4 != 0 || head.framing == Framing::Close;
+    // An xDS connection manager's own `server` in place of the upstream's.
+    let server = (flags & 8 != 0).then_some(b"istio-envoy".as_slice());
     let mut out = Vec::new();
-    head.write_downstream(buf, &[b"x-extra: 1\r\n"], close, &mut out);
+    head.write_downstream(buf, &[b"x-extra: 1\r\n"], server, close, &mut out);
+    if server.is_some() {
+        let ours = out
+            .split(|&b| b == b'\n')
+            .filter(|line| line.len() > 7 && line[..7].eq_ignore_ascii_case(b"server:"))
+            .count();
+        assert_eq!(ours, 1, "not exactly our one server line: {out:?}");
+    }
     // Our lines may take a head at the header limit over it; the parser then refuses it, as
     // a client with the same limit would (not a parsing error).
     if out.iter().filter(|&&b| b == b'\n').count() > MAX_RESPONSE_HEADERS + 1 {
