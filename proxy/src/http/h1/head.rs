@@ -558,25 +558,23 @@ fn copy_without_from(buf: &[u8], from: usize, len: usize, dropped: &[Span], out:
     out.extend_from_slice(&buf[at..end]);
 }
 
-/// Remove from the head written at `out[begin..]` (its status line first, each line ending in
-/// CRLF) every header line named `name`.
+/// Remove from the head written at `out[begin..]` (its status line first) every header line
+/// named `name`. A line ends at LF, with or without CR before it: the upstream's lines are
+/// copied as they came, and a head may end its lines with a bare LF.
 fn remove_lines(out: &mut Vec<u8>, begin: usize, name: &[u8]) {
-    let Some(first) = out[begin..].windows(2).position(|w| w == b"\r\n") else {
+    let Some(first) = out[begin..].iter().position(|&b| b == b'\n') else {
         return;
     };
-    let mut at = begin + first + 2;
-    while at < out.len() {
-        let Some(eol) = out[at..].windows(2).position(|w| w == b"\r\n") else {
-            return;
-        };
+    let mut at = begin + first + 1;
+    while let Some(eol) = out[at..].iter().position(|&b| b == b'\n') {
         let line = &out[at..at + eol];
         let named = line.len() > name.len()
             && line[..name.len()].eq_ignore_ascii_case(name)
             && line[name.len()] == b':';
         if named {
-            out.drain(at..at + eol + 2);
+            out.drain(at..at + eol + 1);
         } else {
-            at += eol + 2;
+            at += eol + 1;
         }
     }
 }

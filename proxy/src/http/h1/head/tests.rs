@@ -321,6 +321,17 @@ fn a_connection_managers_server_replaces_the_upstreams_among_dropped_lines() {
     let mut out = Vec::new();
     head.write_downstream(res, &[], None, false, &mut out);
     assert!(String::from_utf8_lossy(&out).contains("Server: nginx\r\n"));
+    // Lines ended by a bare LF are found too.
+    let res = b"HTTP/1.1 200 OK\nServer: a\nx-a: 1\nserver: b\r\n\r\n";
+    let head = parse_response(res, false)
+        .expect("valid")
+        .expect("complete");
+    let mut out = Vec::new();
+    head.write_downstream(res, &[], Some(b"ours"), false, &mut out);
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        "HTTP/1.1 200 OK\nx-a: 1\nserver: ours\r\n\r\n"
+    );
     // None from the upstream: ours is added.
     let res = b"HTTP/1.1 204 No Content\r\n\r\n";
     let head = parse_response(res, false)
