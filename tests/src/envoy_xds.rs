@@ -143,3 +143,42 @@ fn write_discovery(path: &Path, type_url: &str, resource: &Value) {
     std::fs::write(path, response.to_string())
         .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
+
+impl Resources {
+    /// Remora as `net`'s sidecar, reading these from files, ready, having refused none of them
+    /// (a refusal would make any comparison with Envoy meaningless).
+    pub fn start_remora<'n>(&self, net: &'n crate::PodNet) -> crate::Remora<'n> {
+        let dir = net.binary().make_dir("xds");
+        self.write_for_remora(&dir);
+        let remora = net
+            .remora()
+            .config(&format!("xds:\n  resources_dir: {}\n", dir.display()))
+            .start_ready();
+        let refused = remora.stderr();
+        assert!(
+            !refused.contains("refused an xDS resource"),
+            "Remora refused resources Envoy takes:\n{refused}"
+        );
+        remora
+    }
+
+    /// A real Envoy (`binary`) as `net`'s sidecar, with the same resources.
+    pub fn start_envoy<'n>(
+        &self,
+        net: &'n crate::PodNet,
+        binary: &Path,
+    ) -> crate::envoy::Envoy<'n> {
+        let dir = net.binary().make_dir("envoy-xds");
+        let bootstrap = self.envoy_bootstrap(&dir, crate::envoy::ADMIN_PORT);
+        crate::envoy::Envoy::start_sidecar(&net.pod, binary, net.binary(), &bootstrap)
+    }
+}
+
+/// Envoy's binary and two pods, one for each proxy, or `None` (the test skipped) when this
+/// machine cannot run them.
+pub fn nets_or_skip() -> Option<(std::path::PathBuf, (crate::PodNet, crate::PodNet))> {
+    let binary = crate::envoy::binary_or_skip()?;
+    let remora = crate::PodNet::create_or_skip()?;
+    let envoy = crate::PodNet::create_or_skip()?;
+    Some((binary, (remora, envoy)))
+}

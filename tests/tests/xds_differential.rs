@@ -22,14 +22,15 @@ mod differential;
 
 use differential::*;
 use remora_e2e::backend;
-use remora_e2e::envoy::{self, Envoy};
+use remora_e2e::envoy::Envoy;
+use remora_e2e::envoy_xds::nets_or_skip;
 use remora_e2e::http_client::{self, Response};
 use remora_e2e::peer::{self, Server};
 use remora_e2e::{PodNet, Remora};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Requests per statistical case.
@@ -243,17 +244,7 @@ fn prepare(net: &PodNet) -> Vec<Server> {
 
 fn remora_world(net: &PodNet) -> World<'_> {
     let servers = prepare(net);
-    let dir = net.binary().make_dir("xds");
-    resources().write_for_remora(&dir);
-    let remora = net
-        .remora()
-        .config(&format!("xds:\n  resources_dir: {}\n", dir.display()))
-        .start_ready();
-    let refused = remora.stderr();
-    assert!(
-        !refused.contains("refused an xDS resource"),
-        "Remora refused resources Envoy takes:\n{refused}"
-    );
+    let remora = resources().start_remora(net);
     World {
         net,
         proxy: Proxy::Remora(remora),
@@ -263,9 +254,7 @@ fn remora_world(net: &PodNet) -> World<'_> {
 
 fn envoy_world<'n>(net: &'n PodNet, binary: &Path) -> World<'n> {
     let servers = prepare(net);
-    let dir = net.binary().make_dir("envoy-xds");
-    let bootstrap = resources().envoy_bootstrap(&dir, envoy::ADMIN_PORT);
-    let envoy = Envoy::start_sidecar(&net.pod, binary, net.binary(), &bootstrap);
+    let envoy = resources().start_envoy(net, binary);
     World {
         net,
         proxy: Proxy::Envoy(envoy),
@@ -414,14 +403,6 @@ impl World<'_> {
 /// Remora's world and Envoy's.
 fn worlds<'n>(nets: &'n (PodNet, PodNet), binary: &Path) -> (World<'n>, World<'n>) {
     (remora_world(&nets.0), envoy_world(&nets.1, binary))
-}
-
-/// Envoy and two pods, or `None` (the test skipped) when this machine cannot run them.
-fn nets_or_skip() -> Option<(PathBuf, (PodNet, PodNet))> {
-    let binary = envoy::binary_or_skip()?;
-    let remora = PodNet::create_or_skip()?;
-    let envoy = PodNet::create_or_skip()?;
-    Some((binary, (remora, envoy)))
 }
 
 #[test]

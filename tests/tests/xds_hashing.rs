@@ -10,8 +10,8 @@
 //! xxHash64). Without the header a request has no hash, and both proxies pick at random.
 
 use remora_e2e::backend;
-use remora_e2e::envoy::{self, Envoy};
-use remora_e2e::envoy_xds::Resources;
+use remora_e2e::envoy::Envoy;
+use remora_e2e::envoy_xds::{nets_or_skip, Resources};
 use remora_e2e::http_client;
 use remora_e2e::peer::Server;
 use remora_e2e::xds_resources::eds_cluster;
@@ -19,7 +19,7 @@ use remora_e2e::{PodNet, Remora};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -210,17 +210,7 @@ impl World<'_> {
 
 fn remora_world(net: &PodNet) -> World<'_> {
     let backends = prepare(net);
-    let dir = net.binary().make_dir("xds");
-    resources().write_for_remora(&dir);
-    let remora = net
-        .remora()
-        .config(&format!("xds:\n  resources_dir: {}\n", dir.display()))
-        .start_ready();
-    let refused = remora.stderr();
-    assert!(
-        !refused.contains("refused an xDS resource"),
-        "Remora refused resources Envoy takes:\n{refused}"
-    );
+    let remora = resources().start_remora(net);
     World {
         net,
         proxy: Proxy::Remora(remora),
@@ -230,21 +220,12 @@ fn remora_world(net: &PodNet) -> World<'_> {
 
 fn envoy_world<'n>(net: &'n PodNet, binary: &Path) -> World<'n> {
     let backends = prepare(net);
-    let dir = net.binary().make_dir("envoy-xds");
-    let bootstrap = resources().envoy_bootstrap(&dir, envoy::ADMIN_PORT);
-    let envoy = Envoy::start_sidecar(&net.pod, binary, net.binary(), &bootstrap);
+    let envoy = resources().start_envoy(net, binary);
     World {
         net,
         proxy: Proxy::Envoy(envoy),
         _backends: backends,
     }
-}
-
-fn nets_or_skip() -> Option<(PathBuf, (PodNet, PodNet))> {
-    let binary = envoy::binary_or_skip()?;
-    let remora = PodNet::create_or_skip()?;
-    let envoy = PodNet::create_or_skip()?;
-    Some((binary, (remora, envoy)))
 }
 
 #[test]
