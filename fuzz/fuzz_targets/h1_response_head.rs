@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
     };
     assert!(head.len <= buf.len());
     if let Some((from, to)) = head.peer_metadata {
-        assert!(from <= to && to <= head.len);
+        assert!(from <= to && to as usize <= head.len);
     }
     let _ = head.interim();
     // As the fast path calls it: a body that ends with the connection closes the client's.

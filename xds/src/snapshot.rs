@@ -245,6 +245,12 @@ impl Snapshot {
         }
     }
 
+    /// The EDS assignment of an EDS cluster already found, shared (`None` for any other
+    /// cluster, and before EDS delivered it).
+    pub fn eds_of(&self, c: &Cluster) -> Option<&Arc<ClusterLoadAssignment>> {
+        self.endpoints.get(c.eds_service_name()?).map(|e| &e.model)
+    }
+
     /// The EDS names the held clusters need.
     pub fn wanted_endpoints(&self) -> BTreeSet<String> {
         self.clusters

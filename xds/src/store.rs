@@ -8,6 +8,7 @@ use crate::sink::{type_url, Applied, Rejection, Resource as Delivered, Sink, Upd
 use crate::snapshot::{Entry, Resources, Snapshot};
 use arc_swap::ArcSwap;
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -15,6 +16,9 @@ use std::time::SystemTime;
 #[derive(Debug, Default)]
 pub struct Store {
     current: ArcSwap<Snapshot>,
+    /// Counts the snapshots published: a reader that found something in generation `g` may
+    /// keep it while this still says `g`, with no load of the snapshot itself.
+    generation: AtomicU64,
     /// Serialises writers: each builds the next snapshot from the one it read.
     writer: Mutex<()>,
 }
@@ -34,6 +38,13 @@ impl Store {
     /// guard: no reference-count traffic between cores). Do not hold it across awaits.
     pub fn current(&self) -> arc_swap::Guard<Arc<Snapshot>> {
         self.current.load()
+    }
+
+    /// How many snapshots have been published. Read before [`Store::current`], it is never
+    /// newer than the snapshot that returns: what was found in that snapshot may be used for
+    /// as long as this is unchanged.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 }
 
@@ -152,6 +163,7 @@ impl Sink for Store {
             }
         }
         self.current.store(Arc::new(next));
+        self.generation.fetch_add(1, Ordering::Release);
         applied
     }
 }

@@ -354,13 +354,10 @@ async fn send(ctx: &Arc<ConnContext>, cluster: Arc<Cluster>, req: Request<Upstre
     let Some(store) = &ctx.proxy.xds else {
         return false;
     };
-    let state = ctx.proxy.upstreams.state_of(&store.current(), &cluster);
+    let generation = store.generation();
+    let target = super::routed::RoutedCluster::resolve(ctx, &store.current(), &cluster, generation);
     let routed = super::routed::Routed {
-        metrics_peer: ctx.proxy.upstreams.service_peer(&cluster),
-        cluster: Some(super::routed::RoutedCluster {
-            model: cluster,
-            state,
-        }),
+        cluster: Some(Arc::new(target)),
         timeout: None,
         grpc_timeout_header_max: None,
         max_stream_duration: None,

@@ -121,6 +121,8 @@ pub struct ConnContext {
     closing: AtomicBool,
     /// The Istio series this connection's last request was counted in.
     series: crate::metrics::SeriesCache,
+    /// Routed by xDS: what the last request's route decision found, for the next.
+    route_memo: routed::memo::RouteMemo,
     /// The connect detection started failed: that was the first request's first attempt, as
     /// it would have been had the request dialled it (Envoy's router dials only then).
     early_failed: AtomicBool,
@@ -164,6 +166,7 @@ impl ConnContext {
             served: AtomicU64::new(0),
             closing: AtomicBool::new(false),
             series: crate::metrics::SeriesCache::default(),
+            route_memo: routed::memo::RouteMemo::default(),
             early_failed: AtomicBool::new(false),
             resets: premature_reset::PrematureResets::default(),
         }

@@ -25,6 +25,7 @@ use http::{Request, Response};
 use remora_xds::model::cluster::Cluster;
 use remora_xds::model::listener::RouteSource;
 use remora_xds::model::route::{Forward, RequestParts, RouteConfiguration};
+use remora_xds::snapshot::Snapshot;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -59,7 +60,7 @@ pub struct Routed {
     /// `None`: the snapshot has no cluster of the route's name, so each attempt fails `NC`
     /// (after the route's fault and with its header edits, as Envoy's router answers after
     /// the filters before it).
-    pub cluster: Option<RoutedCluster>,
+    pub cluster: Option<Arc<RoutedCluster>>,
     /// The route's timeout (`None`: no deadline).
     pub timeout: Option<Duration>,
     /// `max_stream_duration.grpc_timeout_header_max` (or `max_grpc_timeout`): a gRPC
@@ -89,8 +90,6 @@ pub struct Routed {
     pub tried: std::sync::Mutex<Tried>,
     /// The route's, virtual host's and table's response header edits.
     pub response_edits: Edits,
-    /// The destination as Istio's metrics label it, from the cluster's Istio metadata.
-    pub metrics_peer: Option<Arc<crate::tls::Peer>>,
     /// The route's mirror policies ([`super::mirror`]), shared with the route; `None` for
     /// nearly every route.
     pub mirrors: Option<Arc<[remora_xds::model::route::MirrorPolicy]>>,
@@ -133,11 +132,49 @@ impl Routed {
 }
 
 /// A routed request's cluster and its run-time state (breakers, outlier detection,
-/// statistics), found once by the route decision.
+/// statistics), found once by the route decision (and kept by the connection's
+/// [`memo::RouteMemo`] for its next requests).
 #[derive(Debug)]
 pub struct RoutedCluster {
     pub model: Arc<Cluster>,
     pub state: Arc<crate::upstream::ClusterState>,
+    /// The destination as Istio's metrics label it, from the cluster's Istio metadata.
+    pub metrics_peer: Option<Arc<crate::tls::Peer>>,
+    /// Whether the cluster's upstream connections are what the HTTP/1.1 fast path's pool
+    /// keeps (see [`Decided::plain_http1_upstream`]).
+    pub plain_http1_upstream: bool,
+    /// The store's generation it was resolved in, and the cluster's EDS endpoints then: an
+    /// attempt made while the store is still at that generation selects among them.
+    pub generation: u64,
+    pub eds: Option<Arc<remora_xds::model::endpoint::ClusterLoadAssignment>>,
+}
+
+impl RoutedCluster {
+    /// `model` of `snapshot` (of the store's `generation` or later), with its state and
+    /// endpoints, for the requests of `ctx`.
+    pub fn resolve(
+        ctx: &ConnContext,
+        snapshot: &Snapshot,
+        model: &Arc<Cluster>,
+        generation: u64,
+    ) -> RoutedCluster {
+        let c = &**model;
+        RoutedCluster {
+            generation,
+            eds: snapshot.eds_of(c).cloned(),
+            model: Arc::clone(model),
+            state: ctx.proxy.upstreams.state_of(snapshot, model),
+            metrics_peer: ctx.proxy.upstreams.service_peer(c),
+            plain_http1_upstream: protocol::upstream_version(
+                c.http_protocol,
+                ctx.key.version,
+                false,
+            ) == crate::detect::HttpVersion::Http1
+                && c.max_requests_per_connection.is_none()
+                && pool_idle_timeout(c.http_idle_timeout, ctx.config.http.pool_idle_timeout)
+                    == ctx.config.http.pool_idle_timeout,
+        }
+    }
 }
 
 /// The endpoints a request's attempts went to: the first held inline, so a request that is
@@ -243,7 +280,7 @@ impl Routed {
     pub fn end(&self) -> Box<super::body::RoutedEnd> {
         Box::new(super::body::RoutedEnd {
             in_flight: None,
-            metrics_peer: self.metrics_peer.clone(),
+            metrics_peer: self.cluster.as_ref().and_then(|c| c.metrics_peer.clone()),
             pool_idle_timeout: None,
         })
     }
@@ -264,11 +301,12 @@ pub fn decide_request(
     let Some(store) = &ctx.proxy.xds else {
         return Err(Answer::Error(ErrorKind::NoRoute));
     };
-    let snapshot = store.current();
-    let Some(table) = route::route_table(&snapshot, routes) else {
+    let mut memo = ctx.route_memo.lock();
+    let (table, mut clusters) = memo::Memo::of(&mut memo, store, routes).split(store, host);
+    let Some(memo::Table { table, vhost }) = table else {
         return Err(Answer::Error(ErrorKind::NoRoute));
     };
-    let decision = route::http_route(table, host, req, fastrand::u64(..));
+    let decision = route::http_route_in(vhost, req, fastrand::u64(..));
     let (cluster, route, forward, retry, vhost) = match decision {
         HttpDecision::Forward {
             cluster,
@@ -342,21 +380,13 @@ pub fn decide_request(
         .prefix_rewrite
         .as_deref()
         .and_then(|to| rewrite::prefix(&route.matcher.path, req.path_and_query, to));
-    let model = snapshot.cluster(cluster);
     // (No such cluster: either path answers `NC` when it selects.)
-    let plain_http1_upstream = model.is_none_or(|c| {
-        protocol::upstream_version(c.http_protocol, ctx.key.version, false)
-            == crate::detect::HttpVersion::Http1
-            && c.max_requests_per_connection.is_none()
-            && pool_idle_timeout(c.http_idle_timeout, ctx.config.http.pool_idle_timeout)
-                == ctx.config.http.pool_idle_timeout
-    });
+    let target = clusters.get(ctx, cluster);
+    let plain_http1_upstream = target.as_ref().is_none_or(|c| c.plain_http1_upstream);
+    let hashes = target.as_ref().is_some_and(|c| c.model.lb_policy.hashes());
     let rules = super::retry_policy::RetryRules::of(retry);
     let routed = Routed {
-        cluster: model.map(|c| RoutedCluster {
-            model: Arc::clone(c),
-            state: ctx.proxy.upstreams.state_of(&snapshot, c),
-        }),
+        cluster: target,
         timeout: forward.timeout,
         grpc_timeout_header_max: forward.grpc_timeout_header_max,
         max_stream_duration: forward.max_stream_duration.filter(|d| !d.is_zero()),
@@ -373,10 +403,9 @@ pub fn decide_request(
         tried: std::sync::Mutex::default(),
         attempt_count: vhost.include_request_attempt_count,
         response_edits,
-        metrics_peer: model.and_then(|c| ctx.proxy.upstreams.service_peer(c)),
         mirrors: (!forward.mirrors.is_empty()).then(|| Arc::clone(&forward.mirrors)),
         // Only a consistent-hash cluster reads it: no work for any other.
-        hash: if model.is_some_and(|c| c.lb_policy.hashes()) && !forward.hash_policy.is_empty() {
+        hash: if hashes && !forward.hash_policy.is_empty() {
             crate::upstream::hash::request_hash(
                 &forward.hash_policy,
                 req,
@@ -527,7 +556,17 @@ pub(super) fn select(
             "the route's cluster is not known",
         ));
     };
-    let snapshot = store.current();
+    // The endpoints the decision found while no push came since; else the store's now.
+    let now;
+    let cla = if store.generation() == target.generation {
+        match target.model.eds_service_name() {
+            Some(_) => target.eds.as_deref(),
+            None => target.model.load_assignment.as_ref(),
+        }
+    } else {
+        now = store.current();
+        now.endpoints_of(&target.model)
+    };
     let selected = {
         let mut tried = routed
             .tried
@@ -539,7 +578,7 @@ pub(super) fn select(
             hash: routed.hash,
         };
         let selected = ctx.proxy.upstreams.select_in(
-            &snapshot,
+            cla,
             &target.state,
             &target.model,
             ctx.key.destination,
@@ -738,5 +777,6 @@ pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response
 
 mod breakers;
 mod edits;
+pub mod memo;
 #[cfg(test)]
 mod tests;

@@ -223,7 +223,16 @@ pub fn http_route<'s>(
     req: &RequestParts<'_>,
     pick: u64,
 ) -> HttpDecision<'s> {
-    let Some(vhost) = table.virtual_host(host) else {
+    http_route_in(table.virtual_host(host), req, pick)
+}
+
+/// [`http_route`] once the virtual host is known (`None`: none takes the request's Host).
+pub fn http_route_in<'s>(
+    vhost: Option<&'s VirtualHost>,
+    req: &RequestParts<'_>,
+    pick: u64,
+) -> HttpDecision<'s> {
+    let Some(vhost) = vhost else {
         return HttpDecision::NoRoute;
     };
     let Some(route) = vhost.route(req) else {

@@ -160,7 +160,9 @@ impl Upstreams {
             hash,
             ..Avoid::default()
         };
-        self.choose(snapshot, c, None, original_dst, avoid, Traffic::Tcp)
+        let state = self.state_of(snapshot, c);
+        let cla = snapshot.endpoints_of(c);
+        self.choose(cla, c, state, original_dst, avoid, Traffic::Tcp)
     }
 
     /// Choose an endpoint for one HTTP request attempt, avoiding the hosts already tried as
@@ -175,20 +177,30 @@ impl Upstreams {
         let c = snapshot
             .cluster(cluster)
             .ok_or_else(|| UpstreamError::NoCluster(cluster.to_string()))?;
-        self.choose(snapshot, c, None, original_dst, avoid, Traffic::Http)
+        let state = self.state_of(snapshot, c);
+        let cla = snapshot.endpoints_of(c);
+        self.choose(cla, c, state, original_dst, avoid, Traffic::Http)
     }
 
-    /// [`Upstreams::select_avoiding`] of a cluster already found (a request's route decision
-    /// holds its cluster, so each attempt need not look it up by name again).
+    /// [`Upstreams::select_avoiding`] of a cluster already found, with its state and its
+    /// endpoints (`cla`, as [`Snapshot::endpoints_of`] gives them): a request's route
+    /// decision holds them, so each attempt need not look them up again.
     pub fn select_in(
         self: &Arc<Self>,
-        snapshot: &Snapshot,
+        cla: Option<&ClusterLoadAssignment>,
         state: &Arc<ClusterState>,
         c: &Arc<Cluster>,
         original_dst: SocketAddr,
         avoid: Avoid<'_>,
     ) -> Result<Selected, UpstreamError> {
-        self.choose(snapshot, c, Some(state), original_dst, avoid, Traffic::Http)
+        self.choose(
+            cla,
+            c,
+            Arc::clone(state),
+            original_dst,
+            avoid,
+            Traffic::Http,
+        )
     }
 
     /// The run-time state of `c` (breakers, outlier detection, statistics), as the snapshot
@@ -198,22 +210,18 @@ impl Upstreams {
             .get(c, |name| snapshot.cluster(name).is_some())
     }
 
-    /// Circuit breakers first (a request over a limit never reaches a host), then the host.
-    /// `state`: the cluster's, when the caller found it already.
+    /// Circuit breakers first (a request over a limit never reaches a host), then the host:
+    /// one of `cla`, the cluster's endpoints (an EDS or static cluster's).
     fn choose(
         self: &Arc<Self>,
-        snapshot: &Snapshot,
+        cla: Option<&ClusterLoadAssignment>,
         c: &Arc<Cluster>,
-        state: Option<&Arc<ClusterState>>,
+        state: Arc<ClusterState>,
         original_dst: SocketAddr,
         avoid: Avoid<'_>,
         traffic: Traffic,
     ) -> Result<Selected, UpstreamError> {
         let cluster = c.name.as_str();
-        let state = match state {
-            Some(state) => Arc::clone(state),
-            None => self.state_of(snapshot, c),
-        };
         let mut in_flight = InFlight::admit(state, c, traffic)?;
         let state = &in_flight.state;
         // Outlives the match: a DNS cluster's endpoint is borrowed from it.
@@ -224,7 +232,6 @@ impl Upstreams {
                 (SocketAddr::new(original_dst.ip(), port), None)
             }
             Discovery::Eds { .. } | Discovery::Static => {
-                let cla = snapshot.endpoints_of(c);
                 let mut endpoint = cla.and_then(|cla| pick(state, c, cla, avoid.hash, 0));
                 for attempt in 1..=avoid.attempts.min(MAX_HOST_SELECTION_ATTEMPTS) {
                     match endpoint {

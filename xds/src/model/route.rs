@@ -269,6 +269,12 @@ impl RouteConfiguration {
     /// The virtual host for a request's Host (or `:authority`), chosen as Envoy chooses:
     /// an exact domain, then the longest `*.suffix`, then the longest `prefix.*`, then `*`.
     pub fn virtual_host(&self, host: &str) -> Option<&VirtualHost> {
+        self.virtual_host_index(host)
+            .and_then(|at| self.virtual_hosts.get(at))
+    }
+
+    /// [`RouteConfiguration::virtual_host`]'s position in `virtual_hosts`.
+    pub fn virtual_host_index(&self, host: &str) -> Option<usize> {
         // Envoy retries without the port only when ignore_port is set; without it a
         // `Host: a:80` must name `a:80` or fall to a wildcard.
         let host = if self.ignore_port_in_host_matching {
@@ -276,9 +282,7 @@ impl RouteConfiguration {
         } else {
             host
         };
-        self.domains
-            .find(host)
-            .and_then(|at| self.virtual_hosts.get(at))
+        self.domains.find(host)
     }
 }
 
@@ -289,6 +293,17 @@ fn starts_with_ignore_case(s: &str, prefix: &str) -> bool {
 
 /// `host:port` → `host`; `[v6]:port` → `[v6]`; a bare IPv6 address stays whole.
 fn strip_port(host: &str) -> &str {
+    let b = host.as_bytes();
+    let digits = b.iter().rev().take_while(|c| c.is_ascii_digit()).count();
+    let colon = b.len() - digits;
+    // The common forms, in one look at each byte: `name:port`, and `name`.
+    let plain = |s: &[u8]| !s.iter().any(|&c| c == b':' || c == b']');
+    if colon > 0 && b[colon - 1] == b':' && plain(&b[..colon - 1]) {
+        return &host[..colon - 1];
+    }
+    if plain(b) {
+        return host;
+    }
     if let Some(end) = host.rfind(']') {
         return &host[..=end];
     }
@@ -434,6 +449,19 @@ mod tests {
         );
         assert_eq!(strip_port("[::1]:80"), "[::1]");
         assert_eq!(strip_port("::1"), "::1");
+        for (host, stripped) in [
+            ("reviews:9080", "reviews"),
+            ("reviews", "reviews"),
+            ("reviews:", "reviews"),
+            ("reviews:90a", "reviews:90a"),
+            ("a:b:80", "a:b:80"),
+            ("[::1]", "[::1]"),
+            ("[::1]:8080", "[::1]"),
+            ("", ""),
+            ("80", "80"),
+        ] {
+            assert_eq!(strip_port(host), stripped, "{host}");
+        }
     }
 
     fn matcher(path: PathMatch, case_sensitive: bool) -> RouteMatch {

@@ -243,7 +243,7 @@ async fn attempts(
     }
     end.status = response.status;
     if let (Some((from, to)), Some(originate)) = (response.peer_metadata, &ctx.originate) {
-        originate.learn_server_value(&rbuf[from..to]);
+        originate.learn_server_value(&rbuf[from as usize..to as usize]);
     }
     Ok((up, response))
 }

@@ -328,8 +328,23 @@ pub struct ResponseHead {
     /// passed on.
     start: u32,
     dropped: Vec<Span>,
-    /// From a mesh server: where in the head its sidecar's `x-envoy-peer-metadata` value is.
-    pub peer_metadata: Option<Span>,
+    /// From a mesh server: where in the head its sidecar's `x-envoy-peer-metadata` value is
+    /// (in `u32`s: this head is in every request's state).
+    pub peer_metadata: Option<(u32, u32)>,
+    /// The upstream's `server` lines, found as the head is parsed: a connection manager
+    /// that writes its own drops them without looking for them again.
+    server: ServerLines,
+}
+
+/// Where a response head's `server` lines are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum ServerLines {
+    #[default]
+    None,
+    /// One line, the span of `buf` it takes (its line feed included).
+    One(u32, u32),
+    /// More than one (rare): looked for again in what is written.
+    Many,
 }
 
 /// Why a response cannot be forwarded.
@@ -360,14 +375,19 @@ impl ResponseHead {
             from += b"HTTP/1.0".len();
         }
         let begin = out.len();
-        copy_without_from(buf, from, self.len, &self.dropped, out);
+        // Envoy's OVERWRITE: the upstream's own `server` goes when we write ours.
+        let also = match (server, self.server) {
+            (Some(_), ServerLines::One(start, stop)) => Some((start as usize, stop as usize)),
+            _ => None,
+        };
+        copy_without_from(buf, from, self.len, &self.dropped, also, out);
+        if server.is_some() && self.server == ServerLines::Many {
+            remove_lines(out, begin, b"server");
+        }
         for e in extra {
             out.extend_from_slice(e);
         }
         if let Some(server) = server {
-            // Envoy's OVERWRITE: the upstream's own go (found here rather than kept from the
-            // parse: this head is in every request's state, and only xDS connections ask).
-            remove_lines(out, begin, b"server");
             out.extend_from_slice(b"server: ");
             out.extend_from_slice(server);
             out.extend_from_slice(b"\r\n");
@@ -418,6 +438,7 @@ pub fn parse_response_from(
     let mut nominated: Vec<&[u8]> = Vec::new();
     let mut any_hop_by_hop = false;
     let mut peer_metadata = None;
+    let mut server = ServerLines::None;
     let exchanged = |name: &[u8]| {
         mesh_server
             && (name.eq_ignore_ascii_case(b"x-envoy-peer-metadata")
@@ -430,7 +451,9 @@ pub fn parse_response_from(
             if name.len() == b"x-envoy-peer-metadata".len() {
                 // httparse's values are slices of `buf`.
                 let at = h.value.as_ptr() as usize - buf.as_ptr() as usize;
-                peer_metadata = Some((at, at + h.value.len()));
+                peer_metadata = u32::try_from(at)
+                    .ok()
+                    .zip(u32::try_from(at + h.value.len()).ok());
             }
         } else if name.eq_ignore_ascii_case(b"content-length") {
             let n = parse_length(h.value).ok_or(BadResponse)?;
@@ -456,6 +479,16 @@ pub fn parse_response_from(
             }
         } else if is_hop_by_hop_response(name) {
             any_hop_by_hop = true;
+        } else if name.eq_ignore_ascii_case(b"server") {
+            server = match (server, line_span(buf, name)) {
+                (ServerLines::None, Some((start, stop))) => {
+                    match (u32::try_from(start), u32::try_from(stop)) {
+                        (Ok(start), Ok(stop)) => ServerLines::One(start, stop),
+                        _ => ServerLines::Many,
+                    }
+                }
+                _ => ServerLines::Many,
+            };
         }
     }
     let no_body = head_request || status == 204 || status == 304 || (100..200).contains(&status);
@@ -496,6 +529,7 @@ pub fn parse_response_from(
         start,
         dropped,
         peer_metadata,
+        server,
     }))
 }
 
@@ -545,15 +579,33 @@ fn ends_with_crlf(buf: &[u8], len: usize) -> bool {
 
 /// Copy the head of `len` bytes without its blank line and without the `dropped` lines.
 fn copy_without(buf: &[u8], len: usize, dropped: &[Span], out: &mut Vec<u8>) {
-    copy_without_from(buf, 0, len, dropped, out);
+    copy_without_from(buf, 0, len, dropped, None, out);
 }
 
-fn copy_without_from(buf: &[u8], from: usize, len: usize, dropped: &[Span], out: &mut Vec<u8>) {
+/// [`copy_without`] from `from`, also without the line `also` (which is in none of
+/// `dropped`, both in the order of the head).
+fn copy_without_from(
+    buf: &[u8],
+    from: usize,
+    len: usize,
+    dropped: &[Span],
+    mut also: Option<Span>,
+    out: &mut Vec<u8>,
+) {
     let end = len - 2;
     let mut at = from;
     for &(start, stop) in dropped {
+        if let Some((a, b)) = also.filter(|&(a, _)| a < start) {
+            out.extend_from_slice(&buf[at..a]);
+            at = b;
+            also = None;
+        }
         out.extend_from_slice(&buf[at..start]);
         at = stop;
+    }
+    if let Some((a, b)) = also {
+        out.extend_from_slice(&buf[at..a]);
+        at = b;
     }
     out.extend_from_slice(&buf[at..end]);
 }

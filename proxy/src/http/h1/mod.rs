@@ -412,7 +412,17 @@ fn route(
     head: &head::RequestHead<'_>,
 ) -> Option<Result<Routed, ErrorKind>> {
     let host = std::str::from_utf8(head.host?).ok()?;
-    let method = std::str::from_utf8(head.method).ok()?;
+    // The usual methods without a UTF-8 check (httparse took only token bytes).
+    let method = match head.method {
+        b"GET" => "GET",
+        b"POST" => "POST",
+        b"PUT" => "PUT",
+        b"DELETE" => "DELETE",
+        b"PATCH" => "PATCH",
+        b"HEAD" => "HEAD",
+        b"OPTIONS" => "OPTIONS",
+        other => std::str::from_utf8(other).ok()?,
+    };
     let header = |name: &str| match name {
         ":authority" => Some(host),
         ":method" => Some(method),

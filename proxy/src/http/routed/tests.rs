@@ -60,10 +60,14 @@ fn grpc_timeout_header_max_and_max_stream_duration_bound_the_deadline() {
         .cluster("outbound|9080||reviews.default.svc.cluster.local")
         .expect("bookinfo's reviews");
     let routed = |timeout, header_max, stream| Routed {
-        cluster: Some(RoutedCluster {
+        cluster: Some(Arc::new(RoutedCluster {
             model: Arc::clone(cluster),
             state: crate::upstream::Upstreams::default().state_of(&snapshot, cluster),
-        }),
+            metrics_peer: None,
+            plain_http1_upstream: true,
+            generation: 0,
+            eds: None,
+        })),
         timeout,
         grpc_timeout_header_max: header_max,
         max_stream_duration: stream,
@@ -72,7 +76,6 @@ fn grpc_timeout_header_max_and_max_stream_duration_bound_the_deadline() {
         retry: Default::default(),
         fault: None,
         response_edits: Edits::default(),
-        metrics_peer: None,
         hash: None,
         attempt_count: false,
         avoid_previous: None,
@@ -277,10 +280,14 @@ fn attempts_are_told_the_deadline_left_within_the_per_try_timeout() {
         .cluster("outbound|9080||reviews.default.svc.cluster.local")
         .expect("bookinfo's reviews");
     let routed = |timeout, per_try| Routed {
-        cluster: Some(RoutedCluster {
+        cluster: Some(Arc::new(RoutedCluster {
             model: Arc::clone(cluster),
             state: crate::upstream::Upstreams::default().state_of(&snapshot, cluster),
-        }),
+            metrics_peer: None,
+            plain_http1_upstream: true,
+            generation: 0,
+            eds: None,
+        })),
         timeout,
         grpc_timeout_header_max: None,
         max_stream_duration: None,
@@ -295,7 +302,6 @@ fn attempts_are_told_the_deadline_left_within_the_per_try_timeout() {
         },
         fault: None,
         response_edits: Edits::default(),
-        metrics_peer: None,
         hash: None,
         attempt_count: false,
         avoid_previous: None,

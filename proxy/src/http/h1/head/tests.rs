@@ -255,7 +255,7 @@ fn a_mesh_servers_metadata_headers_are_read_and_not_passed_on() {
     let res = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-envoy-peer-metadata-id: sidecar~b\r\nX-Envoy-Peer-Metadata: Cg0K\r\nx-app: 1\r\n\r\nok";
     let head = parse_response_from(res, false, true).unwrap().unwrap();
     let (from, to) = head.peer_metadata.unwrap();
-    assert_eq!(&res[from..to], b"Cg0K");
+    assert_eq!(&res[from as usize..to as usize], b"Cg0K");
     let mut out = Vec::new();
     head.write_downstream(res, &[], None, false, &mut out);
     assert_eq!(
@@ -331,6 +331,17 @@ fn a_connection_managers_server_replaces_the_upstreams_among_dropped_lines() {
     assert_eq!(
         String::from_utf8_lossy(&out),
         "HTTP/1.1 200 OK\nx-a: 1\nserver: ours\r\n\r\n"
+    );
+    // One, after a dropped line and a line ended by a bare LF.
+    let res = b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nx-a: 1\nServer: a\r\n\r\n";
+    let head = parse_response(res, false)
+        .expect("valid")
+        .expect("complete");
+    let mut out = Vec::new();
+    head.write_downstream(res, &[], Some(b"ours"), false, &mut out);
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        "HTTP/1.1 200 OK\r\nx-a: 1\nserver: ours\r\n\r\n"
     );
     // None from the upstream: ours is added.
     let res = b"HTTP/1.1 204 No Content\r\n\r\n";
