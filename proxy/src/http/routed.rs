@@ -294,7 +294,7 @@ impl Routed {
 pub fn decide_request(
     ctx: &ConnContext,
     routes: &RouteSource,
-    host: &str,
+    host: &[u8],
     req: &RequestParts<'_>,
     parts: Option<&Parts>,
 ) -> Result<Decided, Answer> {
@@ -302,8 +302,12 @@ pub fn decide_request(
         return Err(Answer::Error(ErrorKind::NoRoute));
     };
     let mut memo = ctx.route_memo.lock();
-    let (table, mut clusters) = memo::Memo::of(&mut memo, store, routes).split(store, host);
-    let Some(memo::Table { table, vhost }) = table else {
+    let Some((table, mut clusters)) = memo::Memo::of(&mut memo, store, routes).split(store, host)
+    else {
+        // Not UTF-8: hyper's path answers it.
+        return Err(Answer::Handover);
+    };
+    let Some(memo::Table { table, vhost, host }) = table else {
         return Err(Answer::Error(ErrorKind::NoRoute));
     };
     let decision = route::http_route_in(vhost, req, fastrand::u64(..));
@@ -451,7 +455,7 @@ pub fn decide(
             path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
             header: &header,
         };
-        decide_request(ctx, routes, host, &req, Some(&*parts))?
+        decide_request(ctx, routes, host.as_bytes(), &req, Some(&*parts))?
     };
     end.routed = Some(decided.routed.end());
     decided.request_edits.apply(&mut parts.headers);

@@ -411,7 +411,8 @@ fn route(
     buf: &[u8],
     head: &head::RequestHead<'_>,
 ) -> Option<Result<Routed, ErrorKind>> {
-    let host = std::str::from_utf8(head.host?).ok()?;
+    // Checked for UTF-8 by the route decision, only when it is not the connection's last.
+    let host = head.host?;
     // The usual methods without a UTF-8 check (httparse took only token bytes).
     let method = match head.method {
         b"GET" => "GET",
@@ -424,7 +425,7 @@ fn route(
         other => std::str::from_utf8(other).ok()?,
     };
     let header = |name: &str| match name {
-        ":authority" => Some(host),
+        ":authority" => std::str::from_utf8(host).ok(),
         ":method" => Some(method),
         ":path" => Some(head.target),
         _ => head::header_value(buf, head.len, name),

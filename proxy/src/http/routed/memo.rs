@@ -59,27 +59,32 @@ impl Memo {
     }
 
     /// The route table and the virtual host for `host` in it (`None`: no table), and the
-    /// clusters, apart so that both can be used at once.
+    /// clusters, apart so that both can be used at once. `host` is the request's Host as
+    /// received: it is checked for UTF-8 only when it is not the last one (`None`: it is not
+    /// UTF-8).
+    #[allow(clippy::type_complexity)] // two views of one memo
     pub fn split<'m>(
         &'m mut self,
         store: &'m Store,
-        host: &str,
-    ) -> (Option<Table<'m>>, Clusters<'m>) {
+        host: &[u8],
+    ) -> Option<(Option<Table<'m>>, Clusters<'m>)> {
         let clusters = Clusters {
             store,
             generation: self.generation,
             last: &mut self.cluster,
         };
         let Some(table) = self.table.as_deref() else {
-            return (None, clusters);
+            return Some((None, clusters));
         };
-        if self.host.is_empty() || self.host != host {
+        if self.host.is_empty() || self.host.as_bytes() != host {
+            let host = std::str::from_utf8(host).ok()?;
             self.vhost = table.virtual_host_index(host);
             self.host.clear();
             self.host.push_str(host);
         }
         let vhost = self.vhost.and_then(|i| table.virtual_hosts.get(i));
-        (Some(Table { table, vhost }), clusters)
+        let host = self.host.as_str();
+        Some((Some(Table { table, vhost, host }), clusters))
     }
 }
 
@@ -88,6 +93,8 @@ impl Memo {
 pub struct Table<'m> {
     pub table: &'m RouteConfiguration,
     pub vhost: Option<&'m VirtualHost>,
+    /// The request's Host, checked.
+    pub host: &'m str,
 }
 
 /// The store's clusters, the last one resolved kept.
@@ -136,8 +143,14 @@ mod tests {
             path_and_query: path,
             header: &header,
         };
-        decide_request(ctx, &RouteSource::Rds("9080".into()), host, &req, None)
-            .unwrap_or_else(|_| panic!("{host}{path} is routed"))
+        decide_request(
+            ctx,
+            &RouteSource::Rds("9080".into()),
+            host.as_bytes(),
+            &req,
+            None,
+        )
+        .unwrap_or_else(|_| panic!("{host}{path} is routed"))
     }
 
     fn cluster_of(d: &Decided) -> Arc<super::RoutedCluster> {
@@ -199,12 +212,21 @@ mod tests {
         let wild = decide_request(
             &ctx,
             &RouteSource::Rds("9080".into()),
-            "a.example.com",
+            b"a.example.com",
             &req,
             None,
         );
         // (its direct response is hyper's path's to answer)
         assert!(matches!(wild, Err(Answer::Handover)), "{wild:?}");
+        // A Host that is not UTF-8 is left to hyper's path, which refuses it.
+        let bad = decide_request(
+            &ctx,
+            &RouteSource::Rds("9080".into()),
+            b"revi\xffews",
+            &req,
+            None,
+        );
+        assert!(matches!(bad, Err(Answer::Handover)), "{bad:?}");
         let other = cluster_of(&decide(&ctx, "elsewhere:80", "/"));
         assert_eq!(other.model.name, "PassthroughCluster");
         assert_eq!(
