@@ -24,6 +24,7 @@ pub mod dial;
 pub mod dns;
 pub mod hash;
 pub mod outlier;
+pub mod priority;
 pub mod ring;
 pub mod state;
 pub mod stats;
@@ -381,8 +382,9 @@ impl Upstreams {
     }
 }
 
-/// One endpoint of the highest priority that has a healthy one not ejected (or of every host
-/// of it, in panic mode), by the cluster's policy. Allocates nothing, but for a
+/// One endpoint of the priority (and with locality weighting, the locality) Envoy's loads
+/// choose, among its healthy hosts not ejected (or every host of it, in panic mode), by the
+/// cluster's policy. Allocates nothing, but for a
 /// consistent-hash cluster whose candidates changed (its table is built again). `hash` is the
 /// request's, for such a cluster; `attempt` counts a retry's picks again.
 fn pick<'a>(
@@ -405,11 +407,25 @@ fn pick<'a>(
     let now = state.now_ms();
     let any_ejected = state.any_ejected(now);
     let usable = move |e: &Endpoint| !any_ejected || !state.ejected(&e.address, now);
-    let candidates = balance::Candidates::new(cla, threshold, usable);
+    let mut rng = fastrand::Rng::new();
+    // A consistent-hash cluster chooses its priority by the request's hash too, as Envoy's.
+    let hashing = matches!(
+        c.lb_policy,
+        LbPolicy::RingHash { .. } | LbPolicy::Maglev { .. }
+    );
+    let hash = hash.unwrap_or_else(|| rng.u64(..));
+    let draws = balance::Draws {
+        priority: if hashing { hash } else { rng.u64(..) },
+        locality: rng.u64(..),
+    };
+    let spread = balance::Spread {
+        panic_threshold: threshold,
+        locality_weighted: c.common_lb.locality_weighted,
+    };
+    let candidates = balance::Candidates::choose(cla, spread, usable, draws);
     if candidates.is_empty() {
         return None;
     }
-    let mut rng = fastrand::Rng::new();
     let hosts = candidates.iter();
     let index = match c.lb_policy {
         LbPolicy::RoundRobin => {
@@ -428,7 +444,6 @@ fn pick<'a>(
         // Only ORIGINAL_DST clusters provide their host, and they do not get here.
         LbPolicy::ClusterProvided => balance::random(hosts.clone(), rng.u64(..)),
         LbPolicy::RingHash { .. } | LbPolicy::Maglev { .. } => {
-            let hash = hash.unwrap_or_else(|| rng.u64(..));
             let fingerprint = ring::fingerprint(hosts.clone());
             let table = state.hash_table.load();
             match table.as_deref().filter(|t| t.fingerprint == fingerprint) {

@@ -189,12 +189,19 @@ fn what_changes_balancing_or_resolution_is_refused_by_name() {
     )
     .expect("accepted");
     assert_eq!(some.common_lb.healthy_panic_threshold, Some(25.5));
-    let err =
-        refused(json!({"name": "c", "common_lb_config": {"locality_weighted_lb_config": {}}}));
-    assert!(
-        err.contains("locality-weighted balancing not supported yet"),
-        "{err}"
-    );
+    // Locality weights (a `distribute` setting) are honoured, but not with a hashing policy.
+    let weighted =
+        convert(json!({"name": "c", "common_lb_config": {"locality_weighted_lb_config": {}}}))
+            .expect("accepted");
+    assert!(weighted.common_lb.locality_weighted);
+    for policy in ["RING_HASH", "MAGLEV"] {
+        let err = refused(json!({"name": "c", "lb_policy": policy,
+            "common_lb_config": {"locality_weighted_lb_config": {}}}));
+        assert!(
+            err.contains("locality-weighted balancing with RING_HASH or MAGLEV not supported"),
+            "{err}"
+        );
+    }
     let cares = |extra: Value| {
         let mut t = json!({"@type": "type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig"});
         t.as_object_mut()
