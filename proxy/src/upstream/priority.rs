@@ -190,14 +190,14 @@ impl Loads {
 fn distribute(levels: &mut [Level], factor: u64, threshold: f64) {
     let scaled = |n: u64, hosts: u64| -> u32 {
         // `hosts` is never 0: a priority is kept only with a host.
-        u32::try_from((factor * n / hosts.max(1)).min(100)).unwrap_or(100)
+        u32::try_from((factor.saturating_mul(n) / hosts.max(1)).min(100)).unwrap_or(100)
     };
-    let availability: u32 = levels
+    let availability = levels
         .iter()
         .map(|l| scaled(l.healthy, l.hosts) + scaled(l.degraded, l.hosts))
-        .sum::<u32>()
+        .fold(0u32, u32::saturating_add)
         .min(100);
-    if availability > 0 {
+    if let Some(share) = std::num::NonZeroU32::new(availability) {
         let mut left = 100u32;
         let mut first_healthy = None;
         for (i, l) in levels.iter_mut().enumerate() {
@@ -205,7 +205,7 @@ fn distribute(levels: &mut [Level], factor: u64, threshold: f64) {
             if h > 0 && first_healthy.is_none() {
                 first_healthy = Some(i);
             }
-            l.healthy_load = (h * 100 / availability).min(left);
+            l.healthy_load = (h * 100 / share).min(left);
             left -= l.healthy_load;
         }
         let mut first_degraded = None;
@@ -214,7 +214,7 @@ fn distribute(levels: &mut [Level], factor: u64, threshold: f64) {
             if d > 0 && first_degraded.is_none() {
                 first_degraded = Some(i);
             }
-            l.degraded_load = (d * 100 / availability).min(left);
+            l.degraded_load = (d * 100 / share).min(left);
             left -= l.degraded_load;
         }
         match (first_healthy, first_degraded) {

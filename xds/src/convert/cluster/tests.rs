@@ -194,6 +194,14 @@ fn what_changes_balancing_or_resolution_is_refused_by_name() {
         convert(json!({"name": "c", "common_lb_config": {"locality_weighted_lb_config": {}}}))
             .expect("accepted");
     assert!(weighted.common_lb.locality_weighted);
+    // An overprovisioning factor of 0 (Envoy's validation refuses it) would make every
+    // priority unhealthy.
+    let err = refused(json!({"name": "c", "type": "STATIC", "load_assignment": {
+        "cluster_name": "c", "policy": {"overprovisioning_factor": 0}, "endpoints": []}}));
+    assert!(
+        err.contains("overprovisioning_factor") && err.contains("must be above 0"),
+        "{err}"
+    );
     for policy in ["RING_HASH", "MAGLEV"] {
         let err = refused(json!({"name": "c", "lb_policy": policy,
             "common_lb_config": {"locality_weighted_lb_config": {}}}));
