@@ -478,6 +478,17 @@ fn dns(c: &pb::Cluster) -> Result<Dns, Fault> {
                 weight: e.load_balancing_weight.as_ref().map_or(1, |w| w.value),
                 tls_mode: filter_metadata(e.metadata.as_ref(), "envoy.transport_socket_match")
                     .and_then(|s| struct_string(s, "tlsMode")),
+                locality: l
+                    .locality
+                    .as_ref()
+                    .map(|l| crate::model::endpoint::Locality {
+                        region: l.region.clone(),
+                        zone: l.zone.clone(),
+                        sub_zone: l.sub_zone.clone(),
+                    })
+                    .unwrap_or_default(),
+                priority: l.priority,
+                locality_weight: l.load_balancing_weight.as_ref().map(|w| w.value),
             });
         }
     }

@@ -89,6 +89,22 @@ fn dns_clusters_keep_their_names() {
     assert_eq!(dns.refresh_jitter, std::time::Duration::ZERO);
     assert!(c.load_assignment.is_none());
     assert_eq!(c.lb_policy, LbPolicy::Random);
+    // A target keeps its entry's locality, priority and weight (istiod's failover applies).
+    let c = convert(json!({
+        "name": "d", "type": "STRICT_DNS",
+        "load_assignment": {"cluster_name": "d", "endpoints": [
+            {"locality": {"region": "r1", "zone": "z1"}, "priority": 1, "load_balancing_weight": 7,
+             "lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "a.example.com", "port_value": 443}}}}]}]}
+    }))
+    .expect("accepted");
+    let Discovery::StrictDns(dns) = &c.discovery else {
+        panic!("{:?}", c.discovery)
+    };
+    let t = &dns.targets[0];
+    assert_eq!(
+        (t.locality.zone.as_str(), t.priority, t.locality_weight),
+        ("z1", 1, Some(7))
+    );
 }
 
 #[test]
