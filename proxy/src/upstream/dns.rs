@@ -13,9 +13,7 @@
 //! failed lookup keeps the name's previous addresses, as Envoy keeps them.
 
 use remora_xds::model::cluster::{Cluster, Discovery, Dns, DnsLookupFamily, DnsTarget};
-use remora_xds::model::endpoint::{
-    ClusterLoadAssignment, Endpoint, Health, Locality, LocalityEndpoints,
-};
+use remora_xds::model::endpoint::{ClusterLoadAssignment, Endpoint, Health, LocalityEndpoints};
 use remora_xds::store::Store;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -249,6 +247,7 @@ pub(crate) fn host_set(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use remora_xds::model::endpoint::Locality;
 
     fn target(host: &str, port: u16) -> DnsTarget {
         DnsTarget {
