@@ -445,12 +445,23 @@ fn pick<'a>(
         LbPolicy::ClusterProvided => balance::random(hosts.clone(), rng.u64(..)),
         LbPolicy::RingHash { .. } | LbPolicy::Maglev { .. } => {
             let fingerprint = ring::fingerprint(hosts.clone());
-            let table = state.hash_table.load();
-            match table.as_deref().filter(|t| t.fingerprint == fingerprint) {
+            let current = state.hash_table.load();
+            let previous;
+            let found = match current.as_deref().filter(|t| t.fingerprint == fingerprint) {
+                Some(t) => Some(t),
+                None => {
+                    previous = state.previous_hash_table.load();
+                    previous.as_deref().filter(|t| t.fingerprint == fingerprint)
+                }
+            };
+            match found {
                 Some(t) => t.choose(hash, attempt),
                 None => {
                     let built = ring::HashTable::build(c.lb_policy, hosts.clone());
                     let index = built.as_ref().and_then(|t| t.choose(hash, attempt));
+                    // The current one becomes the previous: two priorities sharing the
+                    // traffic keep a table each instead of building one per request.
+                    state.previous_hash_table.store(current.clone());
                     state.hash_table.store(built.map(Arc::new));
                     index
                 }

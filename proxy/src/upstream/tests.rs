@@ -361,3 +361,43 @@ fn a_hashed_cluster_keeps_its_ring_until_its_hosts_change() {
     let rebuilt = state.hash_table.load_full().expect("rebuilt");
     assert!(!Arc::ptr_eq(&ring, &rebuilt));
 }
+
+#[test]
+fn a_hashing_cluster_spilling_over_two_priorities_keeps_a_table_for_each() {
+    let store = bookinfo();
+    let s = store.snapshot();
+    let up = Arc::new(Upstreams::default());
+    let mut cluster = (**s.cluster(REVIEWS).expect("reviews")).clone();
+    cluster.lb_policy = LbPolicy::Maglev { table_size: 65537 };
+    let cluster = Arc::new(cluster);
+    let state = up.clusters.get(&cluster, |_| true);
+    // Priority 0 has 1 of 2 healthy: 70 % stays, 30 % goes to priority 1.
+    let cla = assignment(vec![
+        vec![host(1, Health::Healthy), host(2, Health::Unhealthy)],
+        vec![host(3, Health::Healthy)],
+    ]);
+    let mut seen = std::collections::BTreeSet::new();
+    let mut tables = Vec::new();
+    for i in 0..200u64 {
+        let hash = hash::xxhash64(&i.to_le_bytes(), 0);
+        let chosen = pick(&state, &cluster, &cla, Some(hash), 0).expect("host");
+        seen.insert(chosen.address.ip().to_string());
+        // The same hash goes to the same host every time.
+        let again = pick(&state, &cluster, &cla, Some(hash), 0).expect("host");
+        assert_eq!(again.address, chosen.address);
+        if let Some(t) = state.hash_table.load_full() {
+            if !tables.iter().any(|k| Arc::ptr_eq(k, &t)) {
+                tables.push(t);
+            }
+        }
+    }
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        ["10.0.0.1", "10.0.0.3"]
+    );
+    assert_eq!(
+        tables.len(),
+        2,
+        "one table per priority, not one per request"
+    );
+}
