@@ -426,6 +426,9 @@ fn pick<'a>(
     if candidates.is_empty() {
         return None;
     }
+    if candidates.panic() {
+        stats::inc(&state.stats.lb_healthy_panic);
+    }
     let hosts = candidates.iter();
     let index = match c.lb_policy {
         LbPolicy::RoundRobin => {

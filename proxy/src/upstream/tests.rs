@@ -266,11 +266,15 @@ fn a_clusters_panic_threshold_is_honoured_by_select() {
         pick(&state, &cluster, cla, None, 0).is_none(),
         "panic disabled: no host"
     );
+    let panics = || state.stats.lb_healthy_panic.load(Ordering::Relaxed);
+    assert_eq!(panics(), 0);
     cluster.common_lb.healthy_panic_threshold = None;
     assert!(
         pick(&state, &cluster, cla, None, 0).is_some(),
         "Envoy's default 50 %"
     );
+    // Counted as Envoy's `lb_healthy_panic`.
+    assert_eq!(panics(), 1);
 }
 
 /// Envoy's `previous_hosts` predicate: a retry's pick of a host already tried is made again,
