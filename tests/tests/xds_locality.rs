@@ -18,6 +18,9 @@
 //! - Locality-weighted distribution (`distribute: [{from: region1/zone1/*, to:
 //!   {region1/zone1/*: 80, region1/zone2/*: 20}}]`, `locality_weighted_lb_config`): 80 % of
 //!   400 requests to the client's zone (70–90 %), the rest to zone2.
+//! - Priorities by EDS health with Envoy's default panic threshold: the overprovisioned spill
+//!   (1 of 3 healthy keeps 46 %) and total panic (split by host count), with Envoy's
+//!   `lb_healthy_panic` count.
 
 use remora_e2e::envoy::Envoy;
 use remora_e2e::envoy_xds::{nets_or_skip, Resources};
@@ -41,6 +44,10 @@ const WEB: &str = "helloworld.sample.svc.cluster.local";
 const FAILOVER: &str = "outbound|80|failover|helloworld.sample.svc.cluster.local";
 /// The DestinationRule with `distribute`.
 const DISTRIBUTE: &str = "outbound|80|distribute|helloworld.sample.svc.cluster.local";
+/// Health from EDS, Envoy's default panic threshold: priority 0 with 1 of 3 healthy.
+const SPILL: &str = "outbound|80|spill|helloworld.sample.svc.cluster.local";
+/// As `SPILL`, with nothing healthy at priority 1: every priority in panic.
+const PANIC: &str = "outbound|80|panic|helloworld.sample.svc.cluster.local";
 /// How long an ejected backend stays out: long enough for the spill and failover checks to
 /// run while it is, short enough to wait for its return.
 const EJECTION: Duration = Duration::from_secs(20);
@@ -103,6 +110,16 @@ fn locality_entry(names: &[&str], priority: u32, weight: u32) -> Value {
            "lb_endpoints": hosts, "load_balancing_weight": weight, "priority": priority})
 }
 
+/// A locality entry whose hosts EDS reports with these health statuses.
+fn with_health(mut entry: Value, health: &[&str]) -> Value {
+    if let Some(hosts) = entry["lb_endpoints"].as_array_mut() {
+        for (h, status) in hosts.iter_mut().zip(health) {
+            h["health_status"] = json!(status);
+        }
+    }
+    entry
+}
+
 fn resources() -> Resources {
     let outlier = json!({"consecutive_5xx": 1, "enforcing_consecutive_5xx": 100,
         "interval": "1s", "base_ejection_time": format!("{}s", EJECTION.as_secs()),
@@ -145,12 +162,13 @@ fn resources() -> Resources {
                 "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}
         ]),
-        clusters: json!([failover, distribute,
+        clusters: json!([failover, distribute, eds_cluster(SPILL), eds_cluster(PANIC),
             {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
         routes: json!([{"name": "80", "virtual_hosts": [
             {"name": "helloworld.sample.svc.cluster.local:80",
              "domains": [WEB, "helloworld.sample", VIP.to_string()],
-             "routes": [route("/distribute", DISTRIBUTE), route("/", FAILOVER)]}]}]),
+             "routes": [route("/distribute", DISTRIBUTE), route("/spill", SPILL),
+                        route("/panic", PANIC), route("/", FAILOVER)]}]}]),
         endpoints: json!([
             // failover from region1 to region3: region1/zone1 0, region1 1, region3 2, the rest 3.
             {"cluster_name": FAILOVER, "endpoints": [
@@ -160,6 +178,12 @@ fn resources() -> Resources {
                 locality_entry(&["r3z4"], 2, 1)]},
             // distribute: the weights scaled to 80 and 20 (istiod's ceil(2 × 80 / 2) and
             // ceil(1 × 20 / 1)); the localities it names no weight for lose their hosts.
+            {"cluster_name": SPILL, "endpoints": [
+                with_health(locality_entry(&["r1z1-a", "r1z1-b", "r1z2"], 0, 3), &["HEALTHY", "UNHEALTHY", "UNHEALTHY"]),
+                with_health(locality_entry(&["r3z4"], 1, 1), &["HEALTHY"])]},
+            {"cluster_name": PANIC, "endpoints": [
+                with_health(locality_entry(&["r1z1-a", "r1z1-b", "r1z2"], 0, 3), &["HEALTHY", "UNHEALTHY", "UNHEALTHY"]),
+                with_health(locality_entry(&["r3z4"], 1, 1), &["UNHEALTHY"])]},
             {"cluster_name": DISTRIBUTE, "endpoints": [
                 locality_entry(&["r1z1-a", "r1z1-b"], 0, 80),
                 locality_entry(&["r1z2"], 0, 20),
@@ -517,5 +541,54 @@ fn locality_weighted_distribution_has_envoys_outcome() {
             w.output()
         );
         assert_eq!(zone1 + zone2, total(&t), "{}: {t:?}", w.name());
+    }
+}
+
+/// Per backend, how many of `n` requests to `path` it answered 200; and the cluster's
+/// `lb_healthy_panic` after.
+fn spread(w: &World, path: &str, cluster: &str, n: usize) -> (BTreeMap<String, usize>, u64) {
+    let t = w.tally(path, n);
+    let mut by_backend = BTreeMap::new();
+    for ((status, backend), count) in &t {
+        assert_eq!(*status, 200, "{}: {t:?}", w.name());
+        by_backend.insert(backend.clone(), *count);
+    }
+    (by_backend, w.stat(cluster, "lb_healthy_panic"))
+}
+
+/// Priorities by EDS health, as Envoy computes their load:
+/// - 1 of 3 healthy at priority 0 is 140 × 1 / 3 = 46 % of the traffic; priority 1, all
+///   healthy, takes the other 54 %. No panic: the availability adds up to 100.
+/// - With priority 1's only host unhealthy too, the availability is 46 %, both priorities are
+///   under the 50 % panic threshold: total panic, the traffic split by host count (3 : 1), each
+///   over all its hosts, healthy or not: 25 % to each of the four.
+#[test]
+fn priority_spill_and_panic_have_envoys_distribution() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora, envoy) = (remora_world(&nets.0), envoy_world(&nets.1, &binary));
+    const N: usize = 400;
+    for w in [&envoy, &remora] {
+        let (spill, panics) = spread(w, "/spill", SPILL, N);
+        eprintln!("{}: spill {spill:?}", w.name());
+        let local = spill.get("r1z1-a").copied().unwrap_or(0);
+        // 46 % of 400 is 184; tolerance 34–58 % (136–232).
+        assert!((136..=232).contains(&local), "{}: {spill:?}", w.name());
+        assert_eq!(
+            local + spill.get("r3z4").copied().unwrap_or(0),
+            N,
+            "{}: {spill:?}",
+            w.name()
+        );
+        assert_eq!(panics, 0, "{}", w.name());
+        let (panic, panics) = spread(w, "/panic", PANIC, N);
+        eprintln!("{}: panic {panic:?}, lb_healthy_panic {panics}", w.name());
+        // 25 % of 400 is 100 each; tolerance 15–35 % (60–140).
+        for b in ["r1z1-a", "r1z1-b", "r1z2", "r3z4"] {
+            let n = panic.get(b).copied().unwrap_or(0);
+            assert!((60..=140).contains(&n), "{}: {b}: {panic:?}", w.name());
+        }
+        assert_eq!(panics, N as u64, "{}: every pick in panic", w.name());
     }
 }
