@@ -20,7 +20,7 @@
 //!   400 requests to the client's zone (70–90 %), the rest to zone2.
 //! - Priorities by EDS health with Envoy's default panic threshold: the overprovisioned spill
 //!   (1 of 3 healthy keeps 46 %) and total panic (split by host count), with Envoy's
-//!   `lb_healthy_panic` count.
+//!   `lb_healthy_panic` count; a DEGRADED host taking the 30 % its healthy peer cannot.
 
 use remora_e2e::envoy::Envoy;
 use remora_e2e::envoy_xds::{nets_or_skip, Resources};
@@ -48,6 +48,8 @@ const DISTRIBUTE: &str = "outbound|80|distribute|helloworld.sample.svc.cluster.l
 const SPILL: &str = "outbound|80|spill|helloworld.sample.svc.cluster.local";
 /// As `SPILL`, with nothing healthy at priority 1: every priority in panic.
 const PANIC: &str = "outbound|80|panic|helloworld.sample.svc.cluster.local";
+/// One healthy host and one DEGRADED.
+const DEGRADED: &str = "outbound|80|degraded|helloworld.sample.svc.cluster.local";
 /// How long an ejected backend stays out: long enough for the spill and failover checks to
 /// run while it is, short enough to wait for its return.
 const EJECTION: Duration = Duration::from_secs(20);
@@ -162,13 +164,14 @@ fn resources() -> Resources {
                 "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}
         ]),
-        clusters: json!([failover, distribute, eds_cluster(SPILL), eds_cluster(PANIC),
+        clusters: json!([failover, distribute, eds_cluster(SPILL), eds_cluster(PANIC), eds_cluster(DEGRADED),
             {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
         routes: json!([{"name": "80", "virtual_hosts": [
             {"name": "helloworld.sample.svc.cluster.local:80",
              "domains": [WEB, "helloworld.sample", VIP.to_string()],
              "routes": [route("/distribute", DISTRIBUTE), route("/spill", SPILL),
-                        route("/panic", PANIC), route("/", FAILOVER)]}]}]),
+                        route("/panic", PANIC), route("/degraded", DEGRADED),
+                        route("/", FAILOVER)]}]}]),
         endpoints: json!([
             // failover from region1 to region3: region1/zone1 0, region1 1, region3 2, the rest 3.
             {"cluster_name": FAILOVER, "endpoints": [
@@ -184,6 +187,8 @@ fn resources() -> Resources {
             {"cluster_name": PANIC, "endpoints": [
                 with_health(locality_entry(&["r1z1-a", "r1z1-b", "r1z2"], 0, 3), &["HEALTHY", "UNHEALTHY", "UNHEALTHY"]),
                 with_health(locality_entry(&["r3z4"], 1, 1), &["UNHEALTHY"])]},
+            {"cluster_name": DEGRADED, "endpoints": [
+                with_health(locality_entry(&["r1z1-a", "r1z1-b"], 0, 2), &["HEALTHY", "DEGRADED"])]},
             {"cluster_name": DISTRIBUTE, "endpoints": [
                 locality_entry(&["r1z1-a", "r1z1-b"], 0, 80),
                 locality_entry(&["r1z2"], 0, 20),
@@ -562,6 +567,7 @@ fn spread(w: &World, path: &str, cluster: &str, n: usize) -> (BTreeMap<String, u
 /// - With priority 1's only host unhealthy too, the availability is 46 %, both priorities are
 ///   under the 50 % panic threshold: total panic, the traffic split by host count (3 : 1), each
 ///   over all its hosts, healthy or not: 25 % to each of the four.
+/// - One healthy and one DEGRADED: 70 % and 30 %.
 #[test]
 fn priority_spill_and_panic_have_envoys_distribution() {
     let Some((binary, nets)) = nets_or_skip() else {
@@ -590,5 +596,12 @@ fn priority_spill_and_panic_have_envoys_distribution() {
             assert!((60..=140).contains(&n), "{}: {b}: {panic:?}", w.name());
         }
         assert_eq!(panics, N as u64, "{}: every pick in panic", w.name());
+        // A DEGRADED host takes what the healthy ones cannot: 1 of 2 healthy carries
+        // 140 × 1 / 2 = 70 % (tolerance 60–80 %, 240–320), the degraded one the other 30 %.
+        let (degraded, _) = spread(w, "/degraded", DEGRADED, N);
+        eprintln!("{}: degraded {degraded:?}", w.name());
+        let healthy = degraded.get("r1z1-a").copied().unwrap_or(0);
+        assert!((240..=320).contains(&healthy), "{}: {degraded:?}", w.name());
+        assert_eq!(healthy + degraded.get("r1z1-b").copied().unwrap_or(0), N);
     }
 }
