@@ -6,7 +6,8 @@
 //!
 //! HTTP selects once per attempt, TCP once per connection. A selection first takes the
 //! cluster's circuit-breaker slots ([`state`]; over a limit it is refused with Envoy's `UO`),
-//! then a host that outlier detection has not ejected ([`outlier`], [`balance`]). The
+//! then a host that outlier detection has not ejected ([`outlier`], [`balance`]), of the
+//! priority (and locality) Envoy's priority load gives the request ([`priority`]). The
 //! [`InFlight`] it returns holds the slots and the host's in-flight count (what LEAST_REQUEST
 //! compares) until dropped, and takes the attempt's outcome, which counts in Envoy's cluster
 //! statistics ([`stats`]) and may eject the host at once.
