@@ -448,29 +448,7 @@ fn pick<'a>(
         // Only ORIGINAL_DST clusters provide their host, and they do not get here.
         LbPolicy::ClusterProvided => balance::random(hosts.clone(), rng.u64(..)),
         LbPolicy::RingHash { .. } | LbPolicy::Maglev { .. } => {
-            let fingerprint = ring::fingerprint(hosts.clone());
-            let current = state.hash_table.load();
-            let previous;
-            let found = match current.as_deref().filter(|t| t.fingerprint == fingerprint) {
-                Some(t) => Some(t),
-                None => {
-                    previous = state.previous_hash_table.load();
-                    previous.as_deref().filter(|t| t.fingerprint == fingerprint)
-                }
-            };
-            match found {
-                Some(t) => t.choose(hash, attempt),
-                None => {
-                    let built = ring::HashTable::build(c.lb_policy, hosts.clone());
-                    let index = built.as_ref().and_then(|t| t.choose(hash, attempt));
-                    // The current one becomes the previous: two priorities sharing the
-                    // traffic keep a table each instead of building one per request.
-                    state.previous_hash_table.store(current.clone());
-                    state.hash_table.store(built.map(Arc::new));
-                    index
-                }
-            }
-            .unwrap_or(0)
+            ring::choose_kept(state, c.lb_policy, hosts.clone(), hash, attempt).unwrap_or(0)
         }
     };
     // Bound before returning: the iterator borrows `usable`, which borrows `state`.
