@@ -14,11 +14,13 @@ pub const DEFAULT_PANIC_THRESHOLD: f64 = 50.0;
 
 /// How a cluster spreads its traffic over priorities and localities.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Spread {
+pub struct Spread<'a> {
     /// `healthy_panic_threshold` in percent (Envoy's 50 when unset, 0 never panics).
     pub panic_threshold: f64,
     /// `locality_weighted_lb_config`: a locality is chosen first, by its effective weight.
     pub locality_weighted: bool,
+    /// Priorities a retry's load leaves out (Envoy's `previous_priorities`); usually none.
+    pub excluded_priorities: &'a [u32],
 }
 
 /// The random numbers (or hash) one pick spends choosing a priority and a locality.
@@ -60,12 +62,18 @@ impl<'a, U: Fn(&Endpoint) -> bool + Copy> Candidates<'a, U> {
         let spread = Spread {
             panic_threshold,
             locality_weighted: false,
+            excluded_priorities: &[],
         };
         Self::choose(cla, spread, usable, Draws::default())
     }
 
     /// The candidates of `cla` for one request, its priority and locality chosen by `draws`.
-    pub fn choose(cla: &'a ClusterLoadAssignment, spread: Spread, usable: U, draws: Draws) -> Self {
+    pub fn choose(
+        cla: &'a ClusterLoadAssignment,
+        spread: Spread<'_>,
+        usable: U,
+        draws: Draws,
+    ) -> Self {
         let mut c = Candidates {
             cla,
             priority: 0,
@@ -74,7 +82,8 @@ impl<'a, U: Fn(&Endpoint) -> bool + Copy> Candidates<'a, U> {
             usable,
             len: 0,
         };
-        let loads = Loads::new(cla, spread.panic_threshold, usable);
+        let mut loads = Loads::new(cla, spread.panic_threshold, usable);
+        loads.exclude(spread.excluded_priorities, cla.overprovisioning_factor);
         let Some((level, availability)) = loads.choose(draws.priority) else {
             return c;
         };

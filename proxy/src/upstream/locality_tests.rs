@@ -43,10 +43,14 @@ fn cla(localities: Vec<LocalityEndpoints>) -> ClusterLoadAssignment {
 const WEIGHTED: Spread = Spread {
     panic_threshold: 50.0,
     locality_weighted: true,
+    excluded_priorities: &[],
 };
 
 /// Over 1024 evenly spread locality draws, how many picks land on each port.
-fn shares(cla: &ClusterLoadAssignment, spread: Spread) -> std::collections::BTreeMap<u16, usize> {
+fn shares(
+    cla: &ClusterLoadAssignment,
+    spread: Spread<'_>,
+) -> std::collections::BTreeMap<u16, usize> {
     let mut out = std::collections::BTreeMap::new();
     for i in 0..1024u64 {
         let draws = Draws {

@@ -125,6 +125,30 @@ pub struct Avoid<'a> {
     pub hosts: &'a [SocketAddr],
     pub attempts: u32,
     pub hash: Option<u64>,
+    /// Envoy's `previous_priorities` retry priority: every this many attempts (`hosts`), the
+    /// priorities they went to are left out of the next picks' load.
+    pub previous_priorities: Option<u32>,
+}
+
+impl Avoid<'_> {
+    /// The priorities of `cla` a pick leaves out: those of the hosts tried, counted in whole
+    /// rounds of the update frequency, as Envoy updates them. Allocates only when there are.
+    fn excluded_priorities(&self, cla: &ClusterLoadAssignment) -> Vec<u32> {
+        let Some(every) = self.previous_priorities.filter(|f| *f > 0) else {
+            return Vec::new();
+        };
+        let every = usize::try_from(every).unwrap_or(usize::MAX);
+        let counted = self.hosts.len() / every * every;
+        let mut out = Vec::new();
+        for tried in &self.hosts[..counted] {
+            if let Some((l, _)) = cla.endpoints().find(|(_, e)| e.address == *tried) {
+                if !out.contains(&l.priority) {
+                    out.push(l.priority);
+                }
+            }
+        }
+        out
+    }
 }
 
 /// What a selection is for: an HTTP request attempt, or a TCP connection.
@@ -227,11 +251,15 @@ impl Upstreams {
             }
             Discovery::Eds { .. } | Discovery::Static => {
                 let cla = snapshot.endpoints_of(c);
-                let mut endpoint = cla.and_then(|cla| pick(state, c, cla, avoid.hash, 0));
+                let excluded = cla
+                    .map(|cla| avoid.excluded_priorities(cla))
+                    .unwrap_or_default();
+                let pick = |cla, attempt| pick(state, c, cla, avoid.hash, &excluded, attempt);
+                let mut endpoint = cla.and_then(|cla| pick(cla, 0));
                 for attempt in 1..=avoid.attempts.min(MAX_HOST_SELECTION_ATTEMPTS) {
                     match endpoint {
                         Some(e) if avoid.hosts.contains(&e.address) => {
-                            endpoint = cla.and_then(|cla| pick(state, c, cla, avoid.hash, attempt));
+                            endpoint = cla.and_then(|cla| pick(cla, attempt));
                         }
                         _ => break,
                     }
@@ -245,7 +273,10 @@ impl Upstreams {
                 dns_hosts = self.dns.get(cluster);
                 let endpoint = dns_hosts
                     .as_deref()
-                    .and_then(|cla| pick(state, c, cla, avoid.hash, 0))
+                    .and_then(|cla| {
+                        let excluded = avoid.excluded_priorities(cla);
+                        pick(state, c, cla, avoid.hash, &excluded, 0)
+                    })
                     .ok_or_else(|| UpstreamError::NoHealthyUpstream(cluster.to_string()))?;
                 (endpoint.address, endpoint.tls_mode.as_deref())
             }
@@ -393,6 +424,7 @@ fn pick<'a>(
     c: &Cluster,
     cla: &'a ClusterLoadAssignment,
     hash: Option<u64>,
+    excluded_priorities: &[u32],
     attempt: u32,
 ) -> Option<&'a Endpoint> {
     let threshold = c
@@ -422,6 +454,7 @@ fn pick<'a>(
     let spread = balance::Spread {
         panic_threshold: threshold,
         locality_weighted: c.common_lb.locality_weighted,
+        excluded_priorities,
     };
     let candidates = balance::Candidates::choose(cla, spread, usable, draws);
     if candidates.is_empty() {

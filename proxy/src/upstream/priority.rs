@@ -116,6 +116,20 @@ impl Loads {
         loads
     }
 
+    /// Envoy's `previous_priorities` retry: the load handed out again as if the `excluded`
+    /// priorities had no healthy host, each keeping its panic mode. When that leaves nothing,
+    /// the loads stay as they were (Envoy starts over with every priority).
+    pub fn exclude(&mut self, excluded: &[u32], factor: u32) {
+        if excluded.is_empty() {
+            return;
+        }
+        let before = self.clone();
+        let included = |l: &Level| !excluded.contains(&l.priority);
+        if hand_out(self.levels_mut(), u64::from(factor), included) == 0 {
+            *self = before;
+        }
+    }
+
     fn add(&mut self, counts: Level) {
         if let Some(l) = self
             .levels_mut()
@@ -186,43 +200,62 @@ impl Loads {
     }
 }
 
-/// Envoy's per-priority health, load and panic, over `levels` sorted by priority.
-fn distribute(levels: &mut [Level], factor: u64, threshold: f64) {
-    let scaled = |n: u64, hosts: u64| -> u32 {
-        // `hosts` is never 0: a priority is kept only with a host.
-        u32::try_from((factor.saturating_mul(n) / hosts.max(1)).min(100)).unwrap_or(100)
-    };
+/// A priority's health (or degraded availability) from `n` of its `hosts`, in whole percent.
+fn scaled(factor: u64, n: u64, hosts: u64) -> u32 {
+    // `hosts` is never 0: a priority is kept only with a host.
+    u32::try_from((factor.saturating_mul(n) / hosts.max(1)).min(100)).unwrap_or(100)
+}
+
+/// Hand the traffic out over the `included` levels by their health, then their degraded
+/// availability, the remainder to the first healthy one; the others take none. The normalized
+/// availability, 0 when nothing was handed out.
+fn hand_out(levels: &mut [Level], factor: u64, included: impl Fn(&Level) -> bool) -> u32 {
     let availability = levels
         .iter()
-        .map(|l| scaled(l.healthy, l.hosts) + scaled(l.degraded, l.hosts))
+        .filter(|l| included(l))
+        .map(|l| scaled(factor, l.healthy, l.hosts) + scaled(factor, l.degraded, l.hosts))
         .fold(0u32, u32::saturating_add)
         .min(100);
-    if let Some(share) = std::num::NonZeroU32::new(availability) {
-        let mut left = 100u32;
-        let mut first_healthy = None;
-        for (i, l) in levels.iter_mut().enumerate() {
-            let h = scaled(l.healthy, l.hosts);
-            if h > 0 && first_healthy.is_none() {
-                first_healthy = Some(i);
-            }
-            l.healthy_load = (h * 100 / share).min(left);
-            left -= l.healthy_load;
+    let Some(share) = std::num::NonZeroU32::new(availability) else {
+        return 0;
+    };
+    let mut left = 100u32;
+    let (mut first_healthy, mut first_degraded) = (None, None);
+    for (i, l) in levels.iter_mut().enumerate() {
+        let h = if included(l) {
+            scaled(factor, l.healthy, l.hosts)
+        } else {
+            0
+        };
+        if h > 0 && first_healthy.is_none() {
+            first_healthy = Some(i);
         }
-        let mut first_degraded = None;
-        for (i, l) in levels.iter_mut().enumerate() {
-            let d = scaled(l.degraded, l.hosts);
-            if d > 0 && first_degraded.is_none() {
-                first_degraded = Some(i);
-            }
-            l.degraded_load = (d * 100 / share).min(left);
-            left -= l.degraded_load;
-        }
-        match (first_healthy, first_degraded) {
-            (Some(i), _) => levels[i].healthy_load += left,
-            (None, Some(i)) => levels[i].degraded_load += left,
-            (None, None) => {}
-        }
+        l.healthy_load = (h * 100 / share).min(left);
+        left -= l.healthy_load;
     }
+    for (i, l) in levels.iter_mut().enumerate() {
+        let d = if included(l) {
+            scaled(factor, l.degraded, l.hosts)
+        } else {
+            0
+        };
+        if d > 0 && first_degraded.is_none() {
+            first_degraded = Some(i);
+        }
+        l.degraded_load = (d * 100 / share).min(left);
+        left -= l.degraded_load;
+    }
+    match (first_healthy, first_degraded) {
+        (Some(i), _) => levels[i].healthy_load += left,
+        (None, Some(i)) => levels[i].degraded_load += left,
+        (None, None) => {}
+    }
+    availability
+}
+
+/// Envoy's per-priority health, load and panic, over `levels` sorted by priority.
+fn distribute(levels: &mut [Level], factor: u64, threshold: f64) {
+    let availability = hand_out(levels, factor, |_| true);
     if threshold == 0.0 && availability == 0 {
         return;
     }

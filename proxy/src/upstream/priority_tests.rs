@@ -159,3 +159,24 @@ fn priorities_are_ordered_by_number_and_many_are_counted() {
     assert_eq!(l.choose(99).map(|c| c.0.priority), Some(9));
     assert_eq!(l.levels()[9].healthy_load, 100);
 }
+
+#[test]
+fn a_retry_hands_out_the_load_without_the_priorities_tried() {
+    // All healthy: without priority 0, priority 1 takes everything.
+    let cla = assignment(140, &[(1, 0, 0), (1, 0, 0), (1, 0, 0)]);
+    let mut l = Loads::new(&cla, 50.0, |_| true);
+    l.exclude(&[0], 140);
+    let got: Vec<u32> = l.levels().iter().map(|l| l.healthy_load).collect();
+    assert_eq!(got, [0, 100, 0]);
+    // 1 of 2 healthy at 0 (70) and priority 1 left out: 70 × 100 / 70 = all of it to 0.
+    let cla = assignment(140, &[(1, 0, 1), (1, 0, 0)]);
+    let mut l = Loads::new(&cla, 50.0, |_| true);
+    l.exclude(&[1], 140);
+    let got: Vec<u32> = l.levels().iter().map(|l| l.healthy_load).collect();
+    assert_eq!(got, [100, 0]);
+    // Every priority left out: the loads stay (70 / 30).
+    let mut l = Loads::new(&cla, 50.0, |_| true);
+    l.exclude(&[0, 1], 140);
+    let got: Vec<u32> = l.levels().iter().map(|l| l.healthy_load).collect();
+    assert_eq!(got, [70, 30]);
+}
