@@ -20,21 +20,20 @@
 //!   400 requests to the client's zone (70–90 %), the rest to zone2.
 //! - Priorities by EDS health with Envoy's default panic threshold: the overprovisioned spill
 //!   (1 of 3 healthy keeps 46 %) and total panic (split by host count), with Envoy's
-//!   `lb_healthy_panic` count; a DEGRADED host taking the 30 % its healthy peer cannot.
+//!   `lb_healthy_panic` count; a DEGRADED host taking the 30 % its healthy peer cannot;
+//!   `retryRemoteLocalities` (Envoy's `previous_priorities`) sending the third attempt past a
+//!   failing local host to the next priority.
 
 use remora_e2e::envoy::Envoy;
 use remora_e2e::envoy_xds::{nets_or_skip, Resources};
 use remora_e2e::http_client;
-use remora_e2e::peer::{read_request_head, Server};
+use remora_e2e::switchable::Backend;
 use remora_e2e::xds_resources::eds_cluster;
-use remora_e2e::{netns::Netns, PodNet, Remora};
+use remora_e2e::{PodNet, Remora};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
@@ -50,13 +49,18 @@ const SPILL: &str = "outbound|80|spill|helloworld.sample.svc.cluster.local";
 const PANIC: &str = "outbound|80|panic|helloworld.sample.svc.cluster.local";
 /// One healthy host and one DEGRADED.
 const DEGRADED: &str = "outbound|80|degraded|helloworld.sample.svc.cluster.local";
+/// A failing local host at priority 0, a good one at priority 1, behind a route whose retries
+/// go to remote localities.
+const REMOTE: &str = "outbound|80|remote|helloworld.sample.svc.cluster.local";
 /// How long an ejected backend stays out: long enough for the spill and failover checks to
 /// run while it is, short enough to wait for its return.
 const EJECTION: Duration = Duration::from_secs(20);
 
 /// The backends: name, port, (region, zone, sub_zone).
-const BACKENDS: [(&str, u16, (&str, &str, &str)); 5] = [
+const BACKENDS: [(&str, u16, (&str, &str, &str)); 6] = [
     ("r1z1-a", 8001, ("region1", "zone1", "subzone1")),
+    // Answers every request 500 (for the retries to remote localities).
+    ("r1z1-c", 8006, ("region1", "zone1", "subzone1")),
     ("r1z1-b", 8002, ("region1", "zone1", "subzone1")),
     ("r1z2", 8003, ("region1", "zone2", "subzone1")),
     ("r2z3", 8004, ("region2", "zone3", "subzone1")),
@@ -145,6 +149,14 @@ fn resources() -> Resources {
         json!({"match": {"prefix": prefix},
                "route": {"cluster": cluster, "timeout": "0s", "retry_policy": istio_retry_policy()}})
     };
+    // A VirtualService's `retries: {attempts: 2, retryOn: 5xx, retryRemoteLocalities: true}`.
+    let mut remote_retries = istio_retry_policy();
+    remote_retries["retry_on"] = json!("5xx");
+    remote_retries["retry_priority"] = json!({"name": "envoy.retry_priorities.previous_priorities",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
+            "update_frequency": 2}});
+    let remote_route = json!({"match": {"prefix": "/remote"},
+        "route": {"cluster": REMOTE, "timeout": "0s", "retry_policy": remote_retries}});
     Resources {
         listeners: json!([
             {"name": "virtualOutbound", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15001}},
@@ -164,13 +176,13 @@ fn resources() -> Resources {
                 "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}
         ]),
-        clusters: json!([failover, distribute, eds_cluster(SPILL), eds_cluster(PANIC), eds_cluster(DEGRADED),
+        clusters: json!([failover, distribute, eds_cluster(SPILL), eds_cluster(PANIC), eds_cluster(DEGRADED), eds_cluster(REMOTE),
             {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
         routes: json!([{"name": "80", "virtual_hosts": [
             {"name": "helloworld.sample.svc.cluster.local:80",
              "domains": [WEB, "helloworld.sample", VIP.to_string()],
              "routes": [route("/distribute", DISTRIBUTE), route("/spill", SPILL),
-                        route("/panic", PANIC), route("/degraded", DEGRADED),
+                        route("/panic", PANIC), route("/degraded", DEGRADED), remote_route,
                         route("/", FAILOVER)]}]}]),
         endpoints: json!([
             // failover from region1 to region3: region1/zone1 0, region1 1, region3 2, the rest 3.
@@ -187,6 +199,8 @@ fn resources() -> Resources {
             {"cluster_name": PANIC, "endpoints": [
                 with_health(locality_entry(&["r1z1-a", "r1z1-b", "r1z2"], 0, 3), &["HEALTHY", "UNHEALTHY", "UNHEALTHY"]),
                 with_health(locality_entry(&["r3z4"], 1, 1), &["UNHEALTHY"])]},
+            {"cluster_name": REMOTE, "endpoints": [
+                locality_entry(&["r1z1-c"], 0, 1), locality_entry(&["r1z2"], 1, 1)]},
             {"cluster_name": DEGRADED, "endpoints": [
                 with_health(locality_entry(&["r1z1-a", "r1z1-b"], 0, 2), &["HEALTHY", "DEGRADED"])]},
             {"cluster_name": DISTRIBUTE, "endpoints": [
@@ -197,80 +211,6 @@ fn resources() -> Resources {
                 {"locality": {"region": "region3", "zone": "zone4", "sub_zone": "subzone1"},
                  "load_balancing_weight": 1}]}
         ]),
-    }
-}
-
-/// A backend that answers `x-backend: <name>` with 200, or 500 once told to fail, and can be
-/// killed (its listener closed, its open connections shut, as when the process dies) and
-/// brought back on the same address.
-struct Backend {
-    name: &'static str,
-    addr: SocketAddr,
-    failing: Arc<AtomicBool>,
-    connections: Arc<Mutex<Vec<TcpStream>>>,
-    server: Option<Server>,
-}
-
-impl Backend {
-    fn start(ns: &Netns, name: &'static str, port: u16) -> Backend {
-        let mut b = Backend {
-            name,
-            addr: backend_addr(port),
-            failing: Arc::new(AtomicBool::new(false)),
-            connections: Arc::new(Mutex::new(Vec::new())),
-            server: None,
-        };
-        b.revive(ns);
-        b
-    }
-
-    fn revive(&mut self, ns: &Netns) {
-        self.failing.store(false, Ordering::SeqCst);
-        // A live one's listener goes first (its connections stay, answering 200 again).
-        self.server = None;
-        let (name, failing, connections) = (
-            self.name,
-            Arc::clone(&self.failing),
-            Arc::clone(&self.connections),
-        );
-        self.server = Some(Server::start(ns, self.addr, move |mut stream| {
-            if let Ok(clone) = stream.try_clone() {
-                connections
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(clone);
-            }
-            while read_request_head(&mut stream).is_ok() {
-                let status = if failing.load(Ordering::SeqCst) {
-                    "500 Internal Server Error"
-                } else {
-                    "200 OK"
-                };
-                let answer = format!(
-                    "HTTP/1.1 {status}\r\ncontent-length: 2\r\nx-backend: {name}\r\n\r\nok"
-                );
-                stream.write_all(answer.as_bytes())?;
-            }
-            // Closed for the proxy too, though `kill` holds a clone of it.
-            let _ = stream.shutdown(Shutdown::Both);
-            Ok(())
-        }));
-    }
-
-    fn fail(&self) {
-        self.failing.store(true, Ordering::SeqCst);
-    }
-
-    fn kill(&mut self) {
-        self.server = None;
-        for c in self
-            .connections
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain(..)
-        {
-            let _ = c.shutdown(Shutdown::Both);
-        }
     }
 }
 
@@ -297,7 +237,13 @@ fn prepare(net: &PodNet) -> Vec<Backend> {
     }
     BACKENDS
         .iter()
-        .map(|(name, port, _)| Backend::start(&net.peer, name, *port))
+        .map(|(name, port, _)| {
+            let b = Backend::start(&net.peer, name, backend_addr(*port));
+            if *name == "r1z1-c" {
+                b.fail();
+            }
+            b
+        })
         .collect()
 }
 
@@ -569,7 +515,7 @@ fn spread(w: &World, path: &str, cluster: &str, n: usize) -> (BTreeMap<String, u
 ///   over all its hosts, healthy or not: 25 % to each of the four.
 /// - One healthy and one DEGRADED: 70 % and 30 %.
 #[test]
-fn priority_spill_and_panic_have_envoys_distribution() {
+fn priorities_by_health_and_remote_retries_have_envoys_outcome() {
     let Some((binary, nets)) = nets_or_skip() else {
         return;
     };
@@ -604,4 +550,21 @@ fn priority_spill_and_panic_have_envoys_distribution() {
         assert!((240..=320).contains(&healthy), "{}: {degraded:?}", w.name());
         assert_eq!(healthy + degraded.get("r1z1-b").copied().unwrap_or(0), N);
     }
+    // Retries to remote localities (update frequency 2): the first two attempts go to the
+    // failing local host (500, retried on 5xx), the third leaves priority 0 out and reaches
+    // region1/zone2. Two retries per request.
+    let mut outcomes = Vec::new();
+    for w in [&envoy, &remora] {
+        let answers: Vec<(u16, String)> = (0..20).map(|_| w.get("/remote")).collect();
+        let retries = w.stat(REMOTE, "upstream_rq_retry");
+        eprintln!("{}: remote retries {retries}, {:?}", w.name(), answers[0]);
+        assert!(
+            answers.iter().all(|a| *a == (200, "r1z2".to_string())),
+            "{}: {answers:?}\n{}",
+            w.name(),
+            w.output()
+        );
+        outcomes.push(retries);
+    }
+    assert_eq!(outcomes, [40, 40], "retries (envoy, remora)");
 }
