@@ -57,7 +57,7 @@ pub struct Candidates<'a, U> {
 
 impl<'a, U: Fn(&Endpoint) -> bool + Copy> Candidates<'a, U> {
     /// The candidates of `cla` for the first share of the traffic (the highest priority that
-    /// takes any), with no locality weighting: what tests and the admin pages show.
+    /// takes any), with no locality weighting (what the tests look at).
     pub fn new(cla: &'a ClusterLoadAssignment, panic_threshold: f64, usable: U) -> Self {
         let spread = Spread {
             panic_threshold,
