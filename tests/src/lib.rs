@@ -31,6 +31,7 @@ pub mod process;
 pub mod promtool;
 pub mod service;
 pub mod sniff;
+pub mod switchable;
 pub mod xds_resources;
 
 pub use environment::{has_command, missing_capability, skip};

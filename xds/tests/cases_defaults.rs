@@ -54,8 +54,8 @@ fn every_cluster_keeps_its_stat_name_and_load_balancing_settings() {
     let ratings = snap.cluster(RATINGS).expect("ratings");
     assert_eq!(ratings.common_lb, CommonLb::default());
     assert_eq!(ratings.common_lb.healthy_panic_threshold, None);
-    // minHealthPercent 50, Envoy's own default: accepted. Any other value, and locality
-    // weights, are refused until the balancer honours them (convert/cluster.rs's tests).
+    // minHealthPercent 50, Envoy's own default: accepted, as any other percentage and
+    // locality weights are (convert/cluster.rs's tests).
     let details = snap.cluster(DETAILS).expect("details");
     assert_eq!(
         details.common_lb,

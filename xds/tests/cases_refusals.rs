@@ -42,7 +42,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
 
 /// Each resource of `gaps`: its kind and name, the field refused and why. What istiod writes
 /// it for is in the comment.
-const GAPS: [(Kind, &str, &str, &str); 8] = [
+const GAPS: [(Kind, &str, &str, &str); 7] = [
     // DestinationRule connectionPool.tcp.tcpKeepalive.
     (
         Kind::Cluster,
@@ -72,13 +72,6 @@ const GAPS: [(Kind, &str, &str, &str); 8] = [
         "without-headers",
         "virtual_hosts[0].routes[0].match.headers[0].treat_missing_header_as_empty",
         "field not supported (in envoy.config.route.v3.HeaderMatcher)",
-    ),
-    // VirtualService retries.retryRemoteLocalities.
-    (
-        Kind::Route,
-        "retry-remote-localities",
-        "virtual_hosts[0].routes[0].route.retry_policy.retry_priority",
-        "field not supported (in envoy.config.route.v3.RetryPolicy)",
     ),
     // VirtualService route[].headers.request.set `:authority` on a weighted destination.
     (

@@ -402,6 +402,14 @@ fn faults_and_retries_as_istiod_writes_them() {
             Some(Duration::from_millis(250))
         )
     );
+    assert_eq!(p.previous_priorities, None);
+    // retryRemoteLocalities: Envoy's previous_priorities, istiod's update frequency 2.
+    let remote = table("faults-retries", "retry-remote-localities");
+    let p = forward(&remote.virtual_hosts[0].routes[0])
+        .retry_policy
+        .as_ref()
+        .expect("policy");
+    assert_eq!(p.previous_priorities, Some(2));
     let abort = table("faults-retries", "fault");
     let fault = abort.virtual_hosts[0].routes[0]
         .fault

@@ -215,6 +215,9 @@ fn clusters_list_a_dns_clusters_resolved_addresses() {
         port: 443,
         weight: 1,
         tls_mode: None,
+        locality: Default::default(),
+        priority: 0,
+        locality_weight: None,
     }];
     let found = vec![vec!["203.0.113.7:443".parse().expect("addr")]];
     hosts.set(

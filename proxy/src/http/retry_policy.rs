@@ -33,6 +33,9 @@ pub struct RetryTiming {
     pub per_try_timeout: Option<Duration>,
     /// `retry_back_off`: base and cap (`None`: Remora's `http.retry_backoff`, ten times it).
     pub backoff: Option<(Duration, Duration)>,
+    /// `retryRemoteLocalities`: Envoy's `previous_priorities` update frequency (a retry's
+    /// priority load leaves out the priorities earlier attempts went to).
+    pub previous_priorities: Option<u32>,
 }
 
 impl RetryRules {
@@ -50,6 +53,7 @@ impl RetryRules {
                         .unwrap_or(base.saturating_mul(DEFAULT_MAX_FACTOR)),
                 )
             }),
+            previous_priorities: p.previous_priorities,
         };
         RetryRules {
             on: p.conditions,
@@ -62,6 +66,11 @@ impl RetryRules {
     /// Each attempt's deadline for its response head.
     pub fn per_try_timeout(&self) -> Option<Duration> {
         self.timing.as_ref().and_then(|t| t.per_try_timeout)
+    }
+
+    /// The `previous_priorities` update frequency, when the policy has one.
+    pub fn previous_priorities(&self) -> Option<u32> {
+        self.timing.as_ref().and_then(|t| t.previous_priorities)
     }
 
     /// Whether a 503 is retried (what the HTTP/1.1 fast path asks).
@@ -309,6 +318,7 @@ mod tests {
             timing: Some(Box::new(RetryTiming {
                 per_try_timeout: None,
                 backoff: Some((Duration::from_millis(100), Duration::from_millis(150))),
+                previous_priorities: None,
             })),
             ..RetryRules::default()
         };

@@ -580,6 +580,7 @@ pub(super) fn select(
             hosts: tried.as_slice(),
             attempts: routed.avoid_previous.unwrap_or(0),
             hash: routed.hash,
+            previous_priorities: routed.retry.previous_priorities(),
         };
         let selected = ctx.proxy.upstreams.select_in(
             cla,

@@ -1,113 +1,167 @@
-//! Choosing among a cluster's endpoints: the candidates (hosts that take traffic at the best
-//! priority) and Envoy's policies over them. Pure: randomness, load and which hosts are
-//! ejected come in as arguments. Nothing here allocates: the candidates are a view over the
+//! Choosing among a cluster's endpoints: the candidates (the hosts of one priority, and with
+//! locality-weighted balancing of one locality, that a request may go to) and Envoy's policies
+//! over them. Pure: randomness, load and which hosts are ejected come in as arguments. Nothing
+//! here allocates for a cluster of up to eight priorities: the candidates are a view over the
 //! endpoints, walked again by each policy, which is cheaper than a vector per request for the
 //! handful of hosts a cluster has.
 
-use remora_xds::model::endpoint::{ClusterLoadAssignment, Endpoint};
+use super::priority::{Availability, Loads};
+use remora_xds::model::endpoint::{ClusterLoadAssignment, Endpoint, LocalityEndpoints};
 use std::net::SocketAddr;
 
 /// Envoy's panic threshold when a cluster sets none, in percent.
 pub const DEFAULT_PANIC_THRESHOLD: f64 = 50.0;
 
-/// Distinct priorities counted on the stack; more (istiod writes a handful at most) spill to
-/// the heap.
-const STACK_PRIORITIES: usize = 8;
+/// How a cluster spreads its traffic over priorities and localities.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread<'a> {
+    /// `healthy_panic_threshold` in percent (Envoy's 50 when unset, 0 never panics).
+    pub panic_threshold: f64,
+    /// `locality_weighted_lb_config`: a locality is chosen first, by its effective weight.
+    pub locality_weighted: bool,
+    /// Priorities a retry's load leaves out (Envoy's `previous_priorities`); usually none.
+    pub excluded_priorities: &'a [u32],
+}
 
-/// The endpoints that may take traffic at the highest priority that has any: a view over the
-/// assignment, with no copy of it.
+/// The random numbers (or hash) one pick spends choosing a priority and a locality.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Draws {
+    pub priority: u64,
+    pub locality: u64,
+}
+
+/// The endpoints one request may go to: a view over the assignment, with no copy of it.
 ///
-/// A host takes traffic when its EDS health does (HEALTHY, UNKNOWN or DEGRADED, as Envoy counts
-/// them) and `usable` says so (not ejected by outlier detection). Envoy spills part of the
-/// traffic to the next priority as the share of healthy hosts falls under
-/// 100/overprovisioning; Remora moves only once a priority has none left.
+/// The priority is Envoy's choice ([`super::priority`]): each takes a share of the traffic by
+/// how healthy it is, scaled by the overprovisioning factor, so that a priority with fewer than
+/// 1/1.4 of its hosts healthy (by default) passes part of its traffic to the next. A host is
+/// healthy when its EDS health is HEALTHY or UNKNOWN and `usable` says so (not ejected by
+/// outlier detection); DEGRADED hosts take what healthy ones cannot. In panic mode, every host
+/// of the chosen priority is a candidate.
 ///
-/// Panic mode, as Envoy's: when the priorities together are not healthy enough to carry all the
-/// traffic (normalized availability under 100 %) and the chosen priority's healthy share is
-/// under `panic_threshold` percent, health is disregarded and every host of that priority is a
-/// candidate; with no healthy host anywhere, that is every host of the highest priority.
-/// A threshold of 0 never panics.
+/// With locality-weighted balancing (and no panic), one locality of that priority is chosen,
+/// at random in proportion to its effective weight as Envoy computes it: its
+/// `load_balancing_weight` times `min(1, factor × eligible / hosts)`. A locality without a
+/// weight takes nothing; when none has any effective weight, the whole priority is the set, as
+/// in Envoy.
 #[derive(Clone, Copy)]
 pub struct Candidates<'a, U> {
     cla: &'a ClusterLoadAssignment,
     priority: u32,
-    panic: bool,
+    availability: Availability,
+    /// The chosen locality entry (its index in the assignment), or every one of the priority.
+    locality: Option<usize>,
     usable: U,
     len: usize,
 }
 
 impl<'a, U: Fn(&Endpoint) -> bool + Copy> Candidates<'a, U> {
-    /// The candidates of `cla`, with `usable` excluding hosts beyond their EDS health.
+    /// The candidates of `cla` for the first share of the traffic (the highest priority that
+    /// takes any), with no locality weighting (what the tests look at).
     pub fn new(cla: &'a ClusterLoadAssignment, panic_threshold: f64, usable: U) -> Self {
-        let healthy = |e: &Endpoint| e.health.takes_traffic() && usable(e);
-        // (priority, healthy, total) per priority with a host of non-zero weight.
-        let mut stack = [(0u32, 0u64, 0u64); STACK_PRIORITIES];
-        let mut spilled: Vec<(u32, u64, u64)> = Vec::new();
-        let mut n = 0;
-        for l in &cla.localities {
-            let (mut h, mut t) = (0u64, 0u64);
-            for e in l.endpoints.iter().filter(|e| e.weight > 0) {
-                t += 1;
-                h += u64::from(healthy(e));
-            }
-            if t == 0 {
-                continue;
-            }
-            let slot = stack[..n]
-                .iter_mut()
-                .chain(spilled.iter_mut())
-                .find(|(p, _, _)| *p == l.priority);
-            match slot {
-                Some(s) => {
-                    s.1 += h;
-                    s.2 += t;
-                }
-                None if n < STACK_PRIORITIES => {
-                    stack[n] = (l.priority, h, t);
-                    n += 1;
-                }
-                None => spilled.push((l.priority, h, t)),
-            }
-        }
-        let counts = || stack[..n].iter().chain(spilled.iter());
-        let factor = f64::from(cla.overprovisioning_factor) / 100.0;
-        // Envoy's normalized total availability: each priority's healthy share scaled by the
-        // overprovisioning factor, capped at 100 %, summed.
-        let availability: f64 = counts()
-            .map(|(_, h, t)| (factor * 100.0 * *h as f64 / *t as f64).min(100.0))
-            .sum();
-        // The priority that takes the traffic: the best with a healthy host, else the best (all
-        // of Envoy's load goes to priority 0 when nothing is healthy).
-        let best_healthy = counts()
-            .filter(|(_, h, _)| *h > 0)
-            .min_by_key(|(p, _, _)| *p);
-        let chosen = best_healthy.or_else(|| counts().min_by_key(|(p, _, _)| *p));
+        let spread = Spread {
+            panic_threshold,
+            locality_weighted: false,
+            excluded_priorities: &[],
+        };
+        Self::choose(cla, spread, usable, Draws::default())
+    }
+
+    /// The candidates of `cla` for one request, its priority and locality chosen by `draws`.
+    pub fn choose(
+        cla: &'a ClusterLoadAssignment,
+        spread: Spread<'_>,
+        usable: U,
+        draws: Draws,
+    ) -> Self {
         let mut c = Candidates {
             cla,
             priority: 0,
-            panic: false,
+            availability: Availability::Healthy,
+            locality: None,
             usable,
             len: 0,
         };
-        let Some(&(priority, h, t)) = chosen else {
+        let mut loads = Loads::new(cla, spread.panic_threshold, usable);
+        loads.exclude(spread.excluded_priorities, cla.overprovisioning_factor);
+        let Some((level, availability)) = loads.choose(draws.priority) else {
             return c;
         };
-        let share = 100.0 * h as f64 / t as f64;
-        c.priority = priority;
-        c.panic = availability < 100.0 && share < panic_threshold;
-        c.len = if c.panic { t } else { h } as usize;
+        c.priority = level.priority;
+        c.availability = availability;
+        let count = match availability {
+            Availability::Healthy => level.healthy,
+            Availability::Degraded => level.degraded,
+            Availability::Panic => level.hosts,
+        };
+        c.len = usize::try_from(count).unwrap_or(usize::MAX);
+        if spread.locality_weighted && availability != Availability::Panic {
+            if let Some((index, eligible)) = c.choose_locality(draws.locality) {
+                c.locality = Some(index);
+                c.len = eligible;
+            }
+        }
         c
+    }
+
+    /// A locality entry of the chosen priority by effective weight, with how many eligible
+    /// hosts it has; `None` when no locality has any effective weight.
+    fn choose_locality(&self, draw: u64) -> Option<(usize, usize)> {
+        let factor = f64::from(self.cla.overprovisioning_factor) / 100.0;
+        let effective = |l: &LocalityEndpoints| -> (f64, usize) {
+            let (mut eligible, mut hosts) = (0usize, 0usize);
+            for e in l.endpoints.iter().filter(|e| e.weight > 0) {
+                hosts += 1;
+                eligible += usize::from(self.admits(e));
+            }
+            if hosts == 0 {
+                return (0.0, 0);
+            }
+            let availability = (factor * eligible as f64 / hosts as f64).min(1.0);
+            (f64::from(l.weight.unwrap_or(0)) * availability, eligible)
+        };
+        let at_priority = || {
+            self.cla
+                .localities
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.priority == self.priority)
+        };
+        let total: f64 = at_priority().map(|(_, l)| effective(l).0).sum();
+        if total <= 0.0 {
+            return None;
+        }
+        // A uniform point in [0, total) from the draw's top 53 bits.
+        let mut at = (draw >> 11) as f64 / (1u64 << 53) as f64 * total;
+        let mut last = None;
+        for (i, l) in at_priority() {
+            let (w, eligible) = effective(l);
+            if w <= 0.0 {
+                continue;
+            }
+            if at < w {
+                return Some((i, eligible));
+            }
+            at -= w;
+            last = Some((i, eligible));
+        }
+        last
+    }
+
+    fn admits(&self, e: &Endpoint) -> bool {
+        e.weight > 0 && self.availability.admits(e, &self.usable)
     }
 
     /// The candidates, in the assignment's order.
     pub fn iter(&self) -> impl Iterator<Item = &'a Endpoint> + Clone + '_ {
-        let (priority, panic, usable) = (self.priority, self.panic, &self.usable);
+        let (priority, locality) = (self.priority, self.locality);
         self.cla
             .localities
             .iter()
-            .filter(move |l| l.priority == priority)
-            .flat_map(|l| l.endpoints.iter())
-            .filter(move |e| e.weight > 0 && (panic || (e.health.takes_traffic() && usable(e))))
+            .enumerate()
+            .filter(move |(i, l)| l.priority == priority && locality.is_none_or(|c| c == *i))
+            .flat_map(|(_, l)| l.endpoints.iter())
+            .filter(move |e| self.admits(e))
     }
 
     pub fn len(&self) -> usize {
@@ -120,7 +174,12 @@ impl<'a, U: Fn(&Endpoint) -> bool + Copy> Candidates<'a, U> {
 
     /// Whether health was disregarded (Envoy's panic mode).
     pub fn panic(&self) -> bool {
-        self.panic
+        self.availability == Availability::Panic
+    }
+
+    /// The chosen priority.
+    pub fn priority(&self) -> u32 {
+        self.priority
     }
 }
 
@@ -205,3 +264,7 @@ pub fn least_request<'a>(
     }
     0
 }
+
+#[cfg(test)]
+#[path = "locality_tests.rs"]
+mod locality_tests;

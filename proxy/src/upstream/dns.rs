@@ -13,9 +13,7 @@
 //! failed lookup keeps the name's previous addresses, as Envoy keeps them.
 
 use remora_xds::model::cluster::{Cluster, Discovery, Dns, DnsLookupFamily, DnsTarget};
-use remora_xds::model::endpoint::{
-    ClusterLoadAssignment, Endpoint, Health, Locality, LocalityEndpoints,
-};
+use remora_xds::model::endpoint::{ClusterLoadAssignment, Endpoint, Health, LocalityEndpoints};
 use remora_xds::store::Store;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -206,11 +204,28 @@ pub(crate) fn host_set(
     addresses: &[Vec<SocketAddr>],
     strict: bool,
 ) -> ClusterLoadAssignment {
-    let mut endpoints = Vec::new();
+    // One locality entry per run of targets from the same `load_assignment` entry.
+    let mut localities: Vec<LocalityEndpoints> = Vec::new();
     for (target, found) in targets.iter().zip(addresses) {
         let take = if strict { found.len() } else { 1 };
+        let same = localities.last().is_some_and(|l| {
+            l.locality == target.locality
+                && l.priority == target.priority
+                && l.weight == target.locality_weight
+        });
+        if !same {
+            localities.push(LocalityEndpoints {
+                locality: target.locality.clone(),
+                priority: target.priority,
+                weight: target.locality_weight,
+                endpoints: Vec::new(),
+            });
+        }
+        let Some(entry) = localities.last_mut() else {
+            continue;
+        };
         for address in found.iter().take(take) {
-            endpoints.push(Endpoint {
+            entry.endpoints.push(Endpoint {
                 address: *address,
                 health: Health::Healthy,
                 weight: target.weight.max(1),
@@ -218,18 +233,13 @@ pub(crate) fn host_set(
                 workload: None,
             });
         }
-        if !strict && !endpoints.is_empty() {
+        if !strict && !entry.endpoints.is_empty() {
             break;
         }
     }
     ClusterLoadAssignment {
         cluster_name: name.to_string(),
-        localities: vec![LocalityEndpoints {
-            locality: Locality::default(),
-            priority: 0,
-            weight: None,
-            endpoints,
-        }],
+        localities,
         overprovisioning_factor: 140,
     }
 }
@@ -237,6 +247,7 @@ pub(crate) fn host_set(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use remora_xds::model::endpoint::Locality;
 
     fn target(host: &str, port: u16) -> DnsTarget {
         DnsTarget {
@@ -244,6 +255,9 @@ mod tests {
             port,
             weight: 3,
             tls_mode: Some("istio".into()),
+            locality: Locality::default(),
+            priority: 0,
+            locality_weight: None,
         }
     }
 
@@ -315,6 +329,34 @@ mod tests {
             .map(|(_, e)| e.address.to_string())
             .collect();
         assert_eq!(hosts, ["10.0.0.1:80"]);
+    }
+
+    #[test]
+    fn targets_keep_their_localitys_priority_and_weight() {
+        let mut far = target("b", 80);
+        far.locality.region = "region2".into();
+        far.priority = 1;
+        far.locality_weight = Some(5);
+        let targets = [target("a", 80), target("a2", 80), far];
+        let found = vec![
+            vec!["10.0.0.1:80".parse().expect("addr")],
+            vec!["10.0.0.2:80".parse().expect("addr")],
+            vec!["10.0.0.3:80".parse().expect("addr")],
+        ];
+        let set = host_set("c", &targets, &found, true);
+        let entries: Vec<(u32, Option<u32>, usize, &str)> = set
+            .localities
+            .iter()
+            .map(|l| {
+                (
+                    l.priority,
+                    l.weight,
+                    l.endpoints.len(),
+                    l.locality.region.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(entries, [(0, None, 2, ""), (1, Some(5), 1, "region2")]);
     }
 
     /// The resolver task follows the store: a STRICT_DNS cluster of `localhost` gets its

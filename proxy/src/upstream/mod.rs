@@ -6,7 +6,8 @@
 //!
 //! HTTP selects once per attempt, TCP once per connection. A selection first takes the
 //! cluster's circuit-breaker slots ([`state`]; over a limit it is refused with Envoy's `UO`),
-//! then a host that outlier detection has not ejected ([`outlier`], [`balance`]). The
+//! then a host that outlier detection has not ejected ([`outlier`], [`balance`]), of the
+//! priority (and locality) Envoy's priority load gives the request ([`priority`]). The
 //! [`InFlight`] it returns holds the slots and the host's in-flight count (what LEAST_REQUEST
 //! compares) until dropped, and takes the attempt's outcome, which counts in Envoy's cluster
 //! statistics ([`stats`]) and may eject the host at once.
@@ -24,6 +25,7 @@ pub mod dial;
 pub mod dns;
 pub mod hash;
 pub mod outlier;
+pub mod priority;
 pub mod ring;
 pub mod state;
 pub mod stats;
@@ -123,6 +125,30 @@ pub struct Avoid<'a> {
     pub hosts: &'a [SocketAddr],
     pub attempts: u32,
     pub hash: Option<u64>,
+    /// Envoy's `previous_priorities` retry priority: every this many attempts (`hosts`), the
+    /// priorities they went to are left out of the next picks' load.
+    pub previous_priorities: Option<u32>,
+}
+
+impl Avoid<'_> {
+    /// The priorities of `cla` a pick leaves out: those of the hosts tried, counted in whole
+    /// rounds of the update frequency, as Envoy updates them. Allocates only when there are.
+    fn excluded_priorities(&self, cla: &ClusterLoadAssignment) -> Vec<u32> {
+        let Some(every) = self.previous_priorities.filter(|f| *f > 0) else {
+            return Vec::new();
+        };
+        let every = usize::try_from(every).unwrap_or(usize::MAX);
+        let counted = self.hosts.len() / every * every;
+        let mut out = Vec::new();
+        for tried in &self.hosts[..counted] {
+            if let Some((l, _)) = cla.endpoints().find(|(_, e)| e.address == *tried) {
+                if !out.contains(&l.priority) {
+                    out.push(l.priority);
+                }
+            }
+        }
+        out
+    }
 }
 
 /// What a selection is for: an HTTP request attempt, or a TCP connection.
@@ -232,11 +258,15 @@ impl Upstreams {
                 (SocketAddr::new(original_dst.ip(), port), None)
             }
             Discovery::Eds { .. } | Discovery::Static => {
-                let mut endpoint = cla.and_then(|cla| pick(state, c, cla, avoid.hash, 0));
+                let excluded = cla
+                    .map(|cla| avoid.excluded_priorities(cla))
+                    .unwrap_or_default();
+                let pick = |cla, attempt| pick(state, c, cla, avoid.hash, &excluded, attempt);
+                let mut endpoint = cla.and_then(|cla| pick(cla, 0));
                 for attempt in 1..=avoid.attempts.min(MAX_HOST_SELECTION_ATTEMPTS) {
                     match endpoint {
                         Some(e) if avoid.hosts.contains(&e.address) => {
-                            endpoint = cla.and_then(|cla| pick(state, c, cla, avoid.hash, attempt));
+                            endpoint = cla.and_then(|cla| pick(cla, attempt));
                         }
                         _ => break,
                     }
@@ -250,7 +280,10 @@ impl Upstreams {
                 dns_hosts = self.dns.get(cluster);
                 let endpoint = dns_hosts
                     .as_deref()
-                    .and_then(|cla| pick(state, c, cla, avoid.hash, 0))
+                    .and_then(|cla| {
+                        let excluded = avoid.excluded_priorities(cla);
+                        pick(state, c, cla, avoid.hash, &excluded, 0)
+                    })
                     .ok_or_else(|| UpstreamError::NoHealthyUpstream(cluster.to_string()))?;
                 (endpoint.address, endpoint.tls_mode.as_deref())
             }
@@ -388,8 +421,9 @@ impl Upstreams {
     }
 }
 
-/// One endpoint of the highest priority that has a healthy one not ejected (or of every host
-/// of it, in panic mode), by the cluster's policy. Allocates nothing, but for a
+/// One endpoint of the priority (and with locality weighting, the locality) Envoy's loads
+/// choose, among its healthy hosts not ejected (or every host of it, in panic mode), by the
+/// cluster's policy. Allocates nothing, but for a
 /// consistent-hash cluster whose candidates changed (its table is built again). `hash` is the
 /// request's, for such a cluster; `attempt` counts a retry's picks again.
 fn pick<'a>(
@@ -397,6 +431,7 @@ fn pick<'a>(
     c: &Cluster,
     cla: &'a ClusterLoadAssignment,
     hash: Option<u64>,
+    excluded_priorities: &[u32],
     attempt: u32,
 ) -> Option<&'a Endpoint> {
     let threshold = c
@@ -412,11 +447,29 @@ fn pick<'a>(
     let now = state.now_ms();
     let any_ejected = state.any_ejected(now);
     let usable = move |e: &Endpoint| !any_ejected || !state.ejected(&e.address, now);
-    let candidates = balance::Candidates::new(cla, threshold, usable);
+    let mut rng = fastrand::Rng::new();
+    // A consistent-hash cluster chooses its priority by the request's hash too, as Envoy's.
+    let hashing = matches!(
+        c.lb_policy,
+        LbPolicy::RingHash { .. } | LbPolicy::Maglev { .. }
+    );
+    let hash = hash.unwrap_or_else(|| rng.u64(..));
+    let draws = balance::Draws {
+        priority: if hashing { hash } else { rng.u64(..) },
+        locality: rng.u64(..),
+    };
+    let spread = balance::Spread {
+        panic_threshold: threshold,
+        locality_weighted: c.common_lb.locality_weighted,
+        excluded_priorities,
+    };
+    let candidates = balance::Candidates::choose(cla, spread, usable, draws);
     if candidates.is_empty() {
         return None;
     }
-    let mut rng = fastrand::Rng::new();
+    if candidates.panic() {
+        stats::inc(&state.stats.lb_healthy_panic);
+    }
     let hosts = candidates.iter();
     let index = match c.lb_policy {
         LbPolicy::RoundRobin => {
@@ -435,19 +488,7 @@ fn pick<'a>(
         // Only ORIGINAL_DST clusters provide their host, and they do not get here.
         LbPolicy::ClusterProvided => balance::random(hosts.clone(), rng.u64(..)),
         LbPolicy::RingHash { .. } | LbPolicy::Maglev { .. } => {
-            let hash = hash.unwrap_or_else(|| rng.u64(..));
-            let fingerprint = ring::fingerprint(hosts.clone());
-            let table = state.hash_table.load();
-            match table.as_deref().filter(|t| t.fingerprint == fingerprint) {
-                Some(t) => t.choose(hash, attempt),
-                None => {
-                    let built = ring::HashTable::build(c.lb_policy, hosts.clone());
-                    let index = built.as_ref().and_then(|t| t.choose(hash, attempt));
-                    state.hash_table.store(built.map(Arc::new));
-                    index
-                }
-            }
-            .unwrap_or(0)
+            ring::choose_kept(state, c.lb_policy, hosts.clone(), hash, attempt).unwrap_or(0)
         }
     };
     // Bound before returning: the iterator borrows `usable`, which borrows `state`.

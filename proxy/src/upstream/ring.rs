@@ -11,11 +11,43 @@
 //!   `hash % table_size`.
 //!
 //! A table is built once per set of candidates ([`fingerprint`]) and kept in the cluster's
-//! state; entries are indices into the candidates, in their order.
+//! state with the one before it ([`choose_kept`]); entries are indices into the candidates, in
+//! their order.
 
 use super::hash::xxhash64;
 use remora_xds::model::cluster::LbPolicy;
 use remora_xds::model::endpoint::Endpoint;
+
+/// The index among `candidates` that `hash` picks, by a table `state` keeps for them: the
+/// current one or the one before it when either was built for these candidates, else one
+/// built now, which becomes the current (two priorities sharing the traffic keep a table each,
+/// as Envoy keeps one per priority, instead of building one per request).
+pub fn choose_kept<'a>(
+    state: &super::ClusterState,
+    policy: LbPolicy,
+    candidates: impl Iterator<Item = &'a Endpoint> + Clone,
+    hash: u64,
+    attempt: u32,
+) -> Option<usize> {
+    let fingerprint = fingerprint(candidates.clone());
+    let current = state.hash_table.load();
+    let previous;
+    let kept = match current.as_deref().filter(|t| t.fingerprint == fingerprint) {
+        Some(t) => Some(t),
+        None => {
+            previous = state.previous_hash_table.load();
+            previous.as_deref().filter(|t| t.fingerprint == fingerprint)
+        }
+    };
+    if let Some(t) = kept {
+        return t.choose(hash, attempt);
+    }
+    let built = HashTable::build(policy, candidates);
+    let index = built.as_ref().and_then(|t| t.choose(hash, attempt));
+    state.previous_hash_table.store(current.clone());
+    state.hash_table.store(built.map(std::sync::Arc::new));
+    index
+}
 
 /// One built table, for the candidates whose [`fingerprint`] it carries.
 #[derive(Debug)]

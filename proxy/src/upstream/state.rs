@@ -59,6 +59,9 @@ pub struct ClusterState {
     /// A RING_HASH or MAGLEV cluster's table, for the candidates it was built over (built
     /// again when they change: endpoints, health, ejections).
     pub hash_table: arc_swap::ArcSwapOption<super::ring::HashTable>,
+    /// The table before it: a cluster whose traffic spills over two priorities uses one table
+    /// per priority (as Envoy keeps one per priority), and alternates between them.
+    pub previous_hash_table: arc_swap::ArcSwapOption<super::ring::HashTable>,
     /// The clock of ejections (ms from here; outlier detection's interval ticks start here).
     started: Instant,
     /// foldhash, as `by_name`: looked up on every pick.
@@ -171,6 +174,7 @@ impl ClusterState {
             cx_released: tokio::sync::Notify::new(),
             round_robin: AtomicU64::new(0),
             hash_table: arc_swap::ArcSwapOption::empty(),
+            previous_hash_table: arc_swap::ArcSwapOption::empty(),
             started: Instant::now(),
             hosts: ArcSwap::default(),
             ejected_until: AtomicU64::new(0),

@@ -28,6 +28,8 @@ pub struct ClusterStats {
     pub cx_overflow: AtomicU64,
     pub cx_total: AtomicU64,
     pub cx_connect_fail: AtomicU64,
+    /// Host picks made in panic mode, over every host of a priority, healthy or not.
+    pub lb_healthy_panic: AtomicU64,
     pub outlier: OutlierStats,
 }
 
@@ -70,6 +72,7 @@ impl ClusterStats {
             cx_overflow: AtomicU64::new(0),
             cx_total: AtomicU64::new(0),
             cx_connect_fail: AtomicU64::new(0),
+            lb_healthy_panic: AtomicU64::new(0),
             outlier: OutlierStats::default(),
         }
     }
@@ -109,6 +112,7 @@ impl ClusterStats {
             ("upstream_cx_overflow", v(&self.cx_overflow)),
             ("upstream_cx_total", v(&self.cx_total)),
             ("upstream_cx_connect_fail", v(&self.cx_connect_fail)),
+            ("lb_healthy_panic", v(&self.lb_healthy_panic)),
             (
                 "outlier_detection.ejections_enforced_total",
                 v(&o.ejections_enforced_total),

@@ -11,19 +11,26 @@ fn dst() -> SocketAddr {
 }
 
 #[test]
-fn only_healthy_endpoints_of_the_best_priority_are_chosen() {
+fn the_best_priority_spills_what_its_healthy_share_cannot_carry() {
     let store = bookinfo();
     let s = store.snapshot();
     let up = Arc::new(Upstreams::default());
     let mut seen = BTreeMap::new();
-    for _ in 0..200 {
+    for _ in 0..1000 {
         let sel = up.select(&s, REVIEWS, dst()).expect("an endpoint");
         *seen.entry(sel.address.to_string()).or_insert(0) += 1;
     }
-    // 10.0.1.3 is UNHEALTHY; 10.0.9.1 is priority 1, not needed while priority 0 has hosts.
+    // 10.0.1.3 is UNHEALTHY, so priority 0 has 2 of 3 healthy: 140 × 2 / 3 = 93 % of the
+    // traffic, and 10.0.9.1 (priority 1) takes the other 7 % (70 of 1000 expected).
     let hosts: Vec<&str> = seen.keys().map(String::as_str).collect();
-    assert_eq!(hosts, ["10.0.1.1:9080", "10.0.1.2:9080"], "{seen:?}");
-    assert!(seen.values().all(|n| *n > 50), "{seen:?}");
+    assert_eq!(
+        hosts,
+        ["10.0.1.1:9080", "10.0.1.2:9080", "10.0.9.1:9080"],
+        "{seen:?}"
+    );
+    assert!((30..130).contains(&seen["10.0.9.1:9080"]), "{seen:?}");
+    assert!(seen["10.0.1.1:9080"] > 350, "{seen:?}");
+    assert!(seen["10.0.1.2:9080"] > 350, "{seen:?}");
 }
 
 #[test]
@@ -256,14 +263,18 @@ fn a_clusters_panic_threshold_is_honoured_by_select() {
     let cla = s.endpoints(v2).expect("v2 endpoints");
     let state = up.clusters.get(&Arc::new(cluster.clone()), |_| true);
     assert!(
-        pick(&state, &cluster, cla, None, 0).is_none(),
+        pick(&state, &cluster, cla, None, &[], 0).is_none(),
         "panic disabled: no host"
     );
+    let panics = || state.stats.lb_healthy_panic.load(Ordering::Relaxed);
+    assert_eq!(panics(), 0);
     cluster.common_lb.healthy_panic_threshold = None;
     assert!(
-        pick(&state, &cluster, cla, None, 0).is_some(),
+        pick(&state, &cluster, cla, None, &[], 0).is_some(),
         "Envoy's default 50 %"
     );
+    // Counted as Envoy's `lb_healthy_panic`.
+    assert_eq!(panics(), 1);
 }
 
 /// Envoy's `previous_hosts` predicate: a retry's pick of a host already tried is made again,
@@ -277,7 +288,7 @@ fn a_retry_avoids_the_hosts_already_tried() {
     let avoid = Avoid {
         hosts: &[tried],
         attempts: 64,
-        hash: None,
+        ..Avoid::default()
     };
     for _ in 0..200 {
         let sel = up
@@ -288,7 +299,7 @@ fn a_retry_avoids_the_hosts_already_tried() {
     let without = Avoid {
         hosts: &[tried],
         attempts: 0,
-        hash: None,
+        ..Avoid::default()
     };
     let again = (0..200)
         .filter(|_| {
@@ -322,13 +333,13 @@ fn a_hashed_cluster_keeps_its_ring_until_its_hosts_change() {
         host(3, Health::Healthy),
     ]]);
     let hash = hash::xxhash64(b"alice", 0);
-    let first = pick(&state, &cluster, &cla, Some(hash), 0)
+    let first = pick(&state, &cluster, &cla, Some(hash), &[], 0)
         .expect("host")
         .address;
     let ring = state.hash_table.load_full().expect("built");
     for _ in 0..20 {
         assert_eq!(
-            pick(&state, &cluster, &cla, Some(hash), 0)
+            pick(&state, &cluster, &cla, Some(hash), &[], 0)
                 .expect("host")
                 .address,
             first
@@ -338,7 +349,11 @@ fn a_hashed_cluster_keeps_its_ring_until_its_hosts_change() {
     assert!(Arc::ptr_eq(&ring, &same), "not rebuilt per request");
     // Without a hash, the pick is random: more than one host over many picks.
     let random: std::collections::BTreeSet<_> = (0..60)
-        .map(|_| pick(&state, &cluster, &cla, None, 0).expect("host").address)
+        .map(|_| {
+            pick(&state, &cluster, &cla, None, &[], 0)
+                .expect("host")
+                .address
+        })
         .collect();
     assert!(random.len() > 1, "{random:?}");
     // The chosen host goes unhealthy: the ring is built again without it.
@@ -347,10 +362,101 @@ fn a_hashed_cluster_keeps_its_ring_until_its_hosts_change() {
             e.health = Health::Unhealthy;
         }
     }
-    let moved = pick(&state, &cluster, &cla, Some(hash), 0)
+    let moved = pick(&state, &cluster, &cla, Some(hash), &[], 0)
         .expect("host")
         .address;
     assert_ne!(moved, first);
     let rebuilt = state.hash_table.load_full().expect("rebuilt");
     assert!(!Arc::ptr_eq(&ring, &rebuilt));
+}
+
+#[test]
+fn a_hashing_cluster_spilling_over_two_priorities_keeps_a_table_for_each() {
+    let store = bookinfo();
+    let s = store.snapshot();
+    let up = Arc::new(Upstreams::default());
+    let mut cluster = (**s.cluster(REVIEWS).expect("reviews")).clone();
+    cluster.lb_policy = LbPolicy::Maglev { table_size: 65537 };
+    let cluster = Arc::new(cluster);
+    let state = up.clusters.get(&cluster, |_| true);
+    // Priority 0 has 1 of 2 healthy: 70 % stays, 30 % goes to priority 1.
+    let cla = assignment(vec![
+        vec![host(1, Health::Healthy), host(2, Health::Unhealthy)],
+        vec![host(3, Health::Healthy)],
+    ]);
+    let mut seen = std::collections::BTreeSet::new();
+    let mut tables = Vec::new();
+    for i in 0..200u64 {
+        let hash = hash::xxhash64(&i.to_le_bytes(), 0);
+        let chosen = pick(&state, &cluster, &cla, Some(hash), &[], 0).expect("host");
+        seen.insert(chosen.address.ip().to_string());
+        // The same hash goes to the same host every time.
+        let again = pick(&state, &cluster, &cla, Some(hash), &[], 0).expect("host");
+        assert_eq!(again.address, chosen.address);
+        if let Some(t) = state.hash_table.load_full() {
+            if !tables.iter().any(|k| Arc::ptr_eq(k, &t)) {
+                tables.push(t);
+            }
+        }
+    }
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        ["10.0.0.1", "10.0.0.3"]
+    );
+    assert_eq!(
+        tables.len(),
+        2,
+        "one table per priority, not one per request"
+    );
+}
+
+/// Envoy's `previous_priorities` (istiod's `retryRemoteLocalities`, update frequency 2): once
+/// two attempts went to priority 0, a retry's load leaves it out and goes to priority 1; with
+/// one attempt made, or every priority tried, the load is as before.
+#[test]
+fn a_retry_leaves_out_the_priorities_tried_every_update_frequency() {
+    let store = bookinfo();
+    let s = store.snapshot();
+    let up = Arc::new(Upstreams::default());
+    let mut cluster = (**s.cluster(REVIEWS).expect("reviews")).clone();
+    cluster.lb_policy = LbPolicy::Random;
+    let cluster = Arc::new(cluster);
+    let state = up.clusters.get(&cluster, |_| true);
+    let cla = assignment(vec![
+        vec![host(1, Health::Healthy)],
+        vec![host(2, Health::Healthy)],
+    ]);
+    let local: SocketAddr = "10.0.0.1:80".parse().expect("addr");
+    let remote: SocketAddr = "10.0.0.2:80".parse().expect("addr");
+    let picks = |tried: &[SocketAddr]| {
+        let avoid = Avoid {
+            hosts: tried,
+            previous_priorities: Some(2),
+            ..Avoid::default()
+        };
+        let excluded = avoid.excluded_priorities(&cla);
+        (0..50)
+            .map(|_| {
+                pick(&state, &cluster, &cla, None, &excluded, 0)
+                    .expect("host")
+                    .address
+            })
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert_eq!(picks(&[local]), [local].into(), "one attempt: not yet");
+    assert_eq!(
+        picks(&[local, local]),
+        [remote].into(),
+        "priority 0 left out"
+    );
+    assert_eq!(
+        picks(&[local, local, remote]),
+        [remote].into(),
+        "updated every 2 attempts"
+    );
+    assert_eq!(
+        picks(&[local, local, remote, remote]),
+        [local].into(),
+        "every priority tried: the load as before"
+    );
 }

@@ -131,6 +131,19 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
         .map(common_lb)
         .transpose()?
         .unwrap_or_default();
+    // Envoy's ring and Maglev table scale each host's weight by its locality's instead of
+    // picking a locality first; Remora's tables do not.
+    if common_lb.locality_weighted
+        && matches!(
+            lb_policy,
+            LbPolicy::RingHash { .. } | LbPolicy::Maglev { .. }
+        )
+    {
+        return Err(Fault::new(
+            "common_lb_config.locality_weighted_lb_config",
+            "locality-weighted balancing with RING_HASH or MAGLEV not supported",
+        ));
+    }
     let transport_socket = match &c.transport_socket {
         None => TransportSocket::Plaintext,
         Some(s) => socket(upstream_socket(s, "transport_socket")?),
@@ -332,9 +345,9 @@ const ENVOY_MAX_CONCURRENT_STREAMS: u32 = 2_147_483_647;
 
 /// `common_lb_config`: istiod writes it empty on every cluster, with `healthy_panic_threshold`
 /// when a DestinationRule sets outlier detection, with `locality_weighted_lb_config` for a
-/// locality `distribute` setting. The balancer honours any panic threshold (0 disables panic
-/// mode) but not locality weights yet, which are refused by name rather than held and ignored.
-/// The read list refuses its other fields by name.
+/// locality `distribute` setting. The balancer honours both (`proxy/src/upstream/balance.rs`):
+/// any panic threshold (0 disables panic mode), and locality weights within the chosen
+/// priority. The read list refuses its other fields by name.
 fn common_lb(l: &pb::cluster::CommonLbConfig) -> Result<CommonLb, Fault> {
     use pb::cluster::common_lb_config::LocalityConfigSpecifier as L;
     let healthy_panic_threshold = match &l.healthy_panic_threshold {
@@ -347,14 +360,10 @@ fn common_lb(l: &pb::cluster::CommonLbConfig) -> Result<CommonLb, Fault> {
             ))
         }
     };
+    let mut locality_weighted = false;
     match &l.locality_config_specifier {
         None => {}
-        Some(L::LocalityWeightedLbConfig(_)) => {
-            return Err(Fault::new(
-                "common_lb_config.locality_weighted_lb_config",
-                "locality-weighted balancing not supported yet",
-            ))
-        }
+        Some(L::LocalityWeightedLbConfig(_)) => locality_weighted = true,
         // The read list refuses it first; kept for a cluster built in code.
         Some(L::ZoneAwareLbConfig(_)) => {
             return Err(Fault::new(
@@ -365,7 +374,7 @@ fn common_lb(l: &pb::cluster::CommonLbConfig) -> Result<CommonLb, Fault> {
     }
     Ok(CommonLb {
         healthy_panic_threshold,
-        locality_weighted: false,
+        locality_weighted,
     })
 }
 
@@ -469,6 +478,17 @@ fn dns(c: &pb::Cluster) -> Result<Dns, Fault> {
                 weight: e.load_balancing_weight.as_ref().map_or(1, |w| w.value),
                 tls_mode: filter_metadata(e.metadata.as_ref(), "envoy.transport_socket_match")
                     .and_then(|s| struct_string(s, "tlsMode")),
+                locality: l
+                    .locality
+                    .as_ref()
+                    .map(|l| crate::model::endpoint::Locality {
+                        region: l.region.clone(),
+                        zone: l.zone.clone(),
+                        sub_zone: l.sub_zone.clone(),
+                    })
+                    .unwrap_or_default(),
+                priority: l.priority,
+                locality_weight: l.load_balancing_weight.as_ref().map(|w| w.value),
             });
         }
     }

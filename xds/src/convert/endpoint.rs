@@ -26,6 +26,13 @@ pub fn load_assignment(
         .as_ref()
         .and_then(|p| p.overprovisioning_factor.as_ref())
         .map_or(140, |f| f.value);
+    // Envoy's validation: a factor of 0 would make every priority unhealthy.
+    if overprovisioning_factor == 0 {
+        return Err(Fault::new(
+            join(path, "policy.overprovisioning_factor"),
+            "must be above 0",
+        ));
+    }
     Ok(ClusterLoadAssignment {
         cluster_name: cla.cluster_name.clone(),
         localities,

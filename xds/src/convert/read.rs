@@ -348,6 +348,7 @@ pub const READ: &[(&str, &[&str])] = &[
             "num_retries",
             "per_try_timeout",
             "retry_host_predicate",
+            "retry_priority",
             "host_selection_retry_max_attempts",
             "retriable_status_codes",
             "retry_back_off",
@@ -364,6 +365,14 @@ pub const READ: &[(&str, &[&str])] = &[
     (
         "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate",
         &[],
+    ),
+    (
+        "envoy.config.route.v3.RetryPolicy.RetryPriority",
+        &["name", "typed_config"],
+    ),
+    (
+        "envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
+        &["update_frequency"],
     ),
     ("envoy.config.route.v3.WeightedCluster", &["clusters", "total_weight"]),
     (

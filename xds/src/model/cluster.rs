@@ -1,7 +1,7 @@
 //! Clusters: where their endpoints come from, how one is picked, how long a connect may take,
 //! and which transport socket (Istio mTLS or plaintext) each endpoint gets.
 
-use super::endpoint::ClusterLoadAssignment;
+use super::endpoint::{ClusterLoadAssignment, Locality};
 use super::matcher::StringMatcher;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -105,6 +105,12 @@ pub struct DnsTarget {
     pub weight: u32,
     /// As an endpoint's, picks the transport socket.
     pub tls_mode: Option<String>,
+    /// Its `load_assignment` entry's locality, priority and locality weight, which its
+    /// addresses take as EDS hosts would (istiod's locality failover and `distribute` apply
+    /// to DNS ServiceEntries too).
+    pub locality: Locality,
+    pub priority: u32,
+    pub locality_weight: Option<u32>,
 }
 
 /// Which address families a DNS lookup asks for.

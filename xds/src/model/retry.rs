@@ -109,6 +109,10 @@ pub struct RetryPolicy {
     pub avoid_previous_hosts: bool,
     /// How many times to pick again when the predicate rejects a host.
     pub host_selection_retry_max_attempts: u32,
+    /// `envoy.retry_priorities.previous_priorities` (a VirtualService's
+    /// `retryRemoteLocalities`, istiod's `update_frequency` 2): every this many attempts, the
+    /// priorities they went to take no more of a retry's load.
+    pub previous_priorities: Option<u32>,
     /// `retry_back_off`: the base interval and the cap (`None`: Envoy's 25 ms and ten times it).
     pub backoff_base: Option<Duration>,
     pub backoff_max: Option<Duration>,

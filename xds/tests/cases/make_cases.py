@@ -237,9 +237,6 @@ write("gaps", "routes", [
     gap_rc("regex-rewrite", action_extra={"regex_rewrite": {"pattern": {"regex": "^/v1/(.*)"}, "substitution": "/v2/\\1"}}),
     gap_rc("without-headers", match_extra={"headers": [{"name": "x-block", "string_match": {"exact": "1"},
         "invert_match": True, "treat_missing_header_as_empty": True}]}),
-    gap_rc("retry-remote-localities", retry=dict(DEFAULT_RETRY, retry_priority={"name": "envoy.retry_priorities.previous_priorities",
-        "typed_config": {"@type": TYPE("envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig"),
-                         "update_frequency": 2}})),
     gap_rc("weighted-authority", target={"weighted_clusters": {"clusters": [
         {"name": G, "weight": 50, "host_rewrite_literal": "a.example.com"},
         {"name": f"outbound|9080|v2|gaps.{NS}.svc.cluster.local", "weight": 50}]}}),
@@ -259,7 +256,7 @@ write("consistent-hash", "routes", [
     gap_rc("hash-cookie", action_extra={"hash_policy": [{"cookie": {"name": "session", "path": "/"}}]}, retry=NO_PREV),
 ])
 
-# ---- faults-retries: VirtualService fault and retries, once gaps, which Remora honours.
+# ---- faults-retries: VirtualService fault and retries (retryRemoteLocalities too), once gaps, which Remora honours.
 write("faults-retries", "routes", [
     # VirtualService retries {attempts: 3, perTryTimeout: 1s, retryOn: "5xx,gateway-error,503"}.
     gap_rc("custom-retries", retry={"retry_on": "5xx,gateway-error,retriable-status-codes", "num_retries": 3,
@@ -273,6 +270,10 @@ write("faults-retries", "routes", [
         "@type": TYPE("envoy.extensions.filters.http.fault.v3.HTTPFault"),
         "delay": {"fixed_delay": "7s", "percentage": {"numerator": 1000000, "denominator": "MILLION"}},
         "abort": {"grpc_status": 14, "percentage": {"numerator": 500000, "denominator": "MILLION"}}}}}),
+    # retries {retryRemoteLocalities: true}: Envoy's previous_priorities, updated every 2 attempts.
+    gap_rc("retry-remote-localities", retry=dict(DEFAULT_RETRY, retry_priority={"name": "envoy.retry_priorities.previous_priorities",
+        "typed_config": {"@type": TYPE("envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig"),
+                         "update_frequency": 2}})),
 ])
 
 # ---- mirror: VirtualService mirror / mirrors with mirrorPercentage, once a gap, which Remora honours.

@@ -297,6 +297,7 @@ fn attempts_are_told_the_deadline_left_within_the_per_try_timeout() {
             timing: Some(Box::new(crate::http::retry_policy::RetryTiming {
                 per_try_timeout: per_try,
                 backoff: None,
+                previous_priorities: None,
             })),
             ..Default::default()
         },

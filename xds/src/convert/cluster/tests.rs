@@ -89,6 +89,22 @@ fn dns_clusters_keep_their_names() {
     assert_eq!(dns.refresh_jitter, std::time::Duration::ZERO);
     assert!(c.load_assignment.is_none());
     assert_eq!(c.lb_policy, LbPolicy::Random);
+    // A target keeps its entry's locality, priority and weight (istiod's failover applies).
+    let c = convert(json!({
+        "name": "d", "type": "STRICT_DNS",
+        "load_assignment": {"cluster_name": "d", "endpoints": [
+            {"locality": {"region": "r1", "zone": "z1"}, "priority": 1, "load_balancing_weight": 7,
+             "lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "a.example.com", "port_value": 443}}}}]}]}
+    }))
+    .expect("accepted");
+    let Discovery::StrictDns(dns) = &c.discovery else {
+        panic!("{:?}", c.discovery)
+    };
+    let t = &dns.targets[0];
+    assert_eq!(
+        (t.locality.zone.as_str(), t.priority, t.locality_weight),
+        ("z1", 1, Some(7))
+    );
 }
 
 #[test]
@@ -189,12 +205,27 @@ fn what_changes_balancing_or_resolution_is_refused_by_name() {
     )
     .expect("accepted");
     assert_eq!(some.common_lb.healthy_panic_threshold, Some(25.5));
-    let err =
-        refused(json!({"name": "c", "common_lb_config": {"locality_weighted_lb_config": {}}}));
+    // Locality weights (a `distribute` setting) are honoured, but not with a hashing policy.
+    let weighted =
+        convert(json!({"name": "c", "common_lb_config": {"locality_weighted_lb_config": {}}}))
+            .expect("accepted");
+    assert!(weighted.common_lb.locality_weighted);
+    // An overprovisioning factor of 0 (Envoy's validation refuses it) would make every
+    // priority unhealthy.
+    let err = refused(json!({"name": "c", "type": "STATIC", "load_assignment": {
+        "cluster_name": "c", "policy": {"overprovisioning_factor": 0}, "endpoints": []}}));
     assert!(
-        err.contains("locality-weighted balancing not supported yet"),
+        err.contains("overprovisioning_factor") && err.contains("must be above 0"),
         "{err}"
     );
+    for policy in ["RING_HASH", "MAGLEV"] {
+        let err = refused(json!({"name": "c", "lb_policy": policy,
+            "common_lb_config": {"locality_weighted_lb_config": {}}}));
+        assert!(
+            err.contains("locality-weighted balancing with RING_HASH or MAGLEV not supported"),
+            "{err}"
+        );
+    }
     let cares = |extra: Value| {
         let mut t = json!({"@type": "type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig"});
         t.as_object_mut()

@@ -14,6 +14,39 @@ const PREVIOUS_HOSTS: &str = "envoy.retry_host_predicates.previous_hosts";
 const PREVIOUS_HOSTS_TYPE: &str =
     "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate";
 
+const PREVIOUS_PRIORITIES: &str = "envoy.retry_priorities.previous_priorities";
+const PREVIOUS_PRIORITIES_TYPE: &str =
+    "envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig";
+
+/// `retry_priority`: only `previous_priorities`, with its `update_frequency` (above 0, as
+/// Envoy validates it).
+fn previous_priorities(p: &pb::retry_policy::RetryPriority, path: &str) -> Result<u32, Fault> {
+    use envoy_types::pb::envoy::extensions::retry::priority::previous_priorities::v3::PreviousPrioritiesConfig;
+    if p.name != PREVIOUS_PRIORITIES {
+        return Err(Fault::new(
+            path,
+            format!("retry priority {:?} not supported", p.name),
+        ));
+    }
+    let at = format!("{path}.typed_config");
+    let Some(pb::retry_policy::retry_priority::ConfigType::TypedConfig(any)) = &p.config_type
+    else {
+        return Err(Fault::new(
+            at,
+            "previous_priorities needs its update_frequency",
+        ));
+    };
+    let u = unpack(any, &at)?;
+    if u.message_name() != PREVIOUS_PRIORITIES_TYPE {
+        return Err(Fault::new(at, "not a previous_priorities config").with_type(&u.type_url));
+    }
+    let config: PreviousPrioritiesConfig = u.to(&at)?;
+    u32::try_from(config.update_frequency)
+        .ok()
+        .filter(|f| *f > 0)
+        .ok_or_else(|| Fault::new(format!("{at}.update_frequency"), "must be above 0"))
+}
+
 /// Envoy's back-off cap when `retry_back_off` sets none: ten times the base.
 const DEFAULT_BACKOFF_MAX_FACTOR: u32 = 10;
 
@@ -100,6 +133,11 @@ pub fn retry_policy(r: &pb::RetryPolicy, path: &str) -> Result<RetryPolicy, Faul
         )?,
         retriable_status_codes: retriable_status_codes.into(),
         avoid_previous_hosts,
+        previous_priorities: r
+            .retry_priority
+            .as_ref()
+            .map(|p| previous_priorities(p, &format!("{path}.retry_priority")))
+            .transpose()?,
         host_selection_retry_max_attempts: u32::try_from(
             r.host_selection_retry_max_attempts.max(0),
         )
@@ -185,6 +223,17 @@ mod tests {
         );
         assert!(p.avoid_previous_hosts);
         assert_eq!(p.host_selection_retry_max_attempts, 5);
+        assert_eq!(p.previous_priorities, None);
+        // `retryRemoteLocalities: true`: istiod's previous_priorities, update_frequency 2.
+        let remote = |frequency: i32| {
+            policy(json!({"retry_on": "5xx", "retry_priority": {
+                "name": "envoy.retry_priorities.previous_priorities",
+                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
+                    "update_frequency": frequency}}}))
+        };
+        assert_eq!(remote(2).expect("accepted").previous_priorities, Some(2));
+        let zero = remote(0).expect_err("refused");
+        assert!(zero.contains("update_frequency: must be above 0"), "{zero}");
         let default = policy(json!({
             "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
             "num_retries": 2

@@ -96,7 +96,12 @@ fn what_remora_cannot_honour_is_refused() {
         (
             json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {"retry_on": "5xx",
             "retry_priority": {"name": "envoy.retry_priorities.previous_priorities"}}}}]),
-            "retry_priority: field not supported",
+            "previous_priorities needs its update_frequency",
+        ),
+        (
+            json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {"retry_on": "5xx",
+            "retry_priority": {"name": "envoy.retry_priorities.other"}}}}]),
+            "retry priority \"envoy.retry_priorities.other\" not supported",
         ),
         (
             json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "retry_policy": {
