@@ -540,6 +540,13 @@ impl Config {
                 "must be at least 8192".into(),
             ));
         }
+        if self.http.request_body_min_rate == 0 {
+            return Err((
+                "http.request_body_min_rate".into(),
+                "must be greater than zero (turn the bound off with http.request_body_timeout: 0s)"
+                    .into(),
+            ));
+        }
         for (name, n) in [
             ("http.max_headers", self.http.max_headers),
             (

@@ -328,3 +328,167 @@ fn accept_backs_off_when_descriptors_run_out_and_recovers_when_they_are_freed() 
         remora.stderr()
     );
 }
+
+/// The origin's port (tests/peers/http_server.py).
+const ORIGIN_PORT: u16 = 8080;
+
+/// Send `first`, then `rest` a byte at a time every `pace` until the proxy answers or closes
+/// (at most `bound`); returns what it answered and when, counted from the first write.
+fn dribble(
+    stream: &mut TcpStream,
+    first: &[u8],
+    rest: &[u8],
+    pace: Duration,
+    bound: Duration,
+) -> (String, Duration) {
+    let started = Instant::now();
+    stream.write_all(first).expect("first bytes");
+    stream.set_nonblocking(true).expect("non-blocking");
+    let mut response = Vec::new();
+    let mut bytes = rest.iter().cycle();
+    while started.elapsed() < bound {
+        std::thread::sleep(pace);
+        let mut buf = [0u8; 4096];
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                response.extend_from_slice(&buf[..n]);
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => break,
+        }
+        if !response.is_empty() {
+            break;
+        }
+        let Some(b) = bytes.next() else { break };
+        if stream.write_all(&[*b]).is_err() {
+            break;
+        }
+    }
+    let took = started.elapsed();
+    stream.set_nonblocking(false).expect("blocking");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("read timeout");
+    let _ = stream.read_to_end(&mut response);
+    (String::from_utf8_lossy(&response).into_owned(), took)
+}
+
+/// A good client's request, answered 200 while the slow ones are held.
+fn assert_good_client_served(net: &PodNet, dst: SocketAddr, what: &str) {
+    let url = format!("http://{dst}/upload");
+    let (status, body) = peer::curl_status(
+        &net.pod,
+        &["--data-binary", &"x".repeat(100_000), &url],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status, 200, "{what}: a good upload: {body}");
+    assert!(body.starts_with("100000 "), "{what}: {body}");
+}
+
+/// Slowloris in the head and in the body, with the fast path on (slow requests are handed to
+/// hyper's path) and off (hyper's path from the start): each is cut with a 408 after its
+/// bound, and a good client is served meanwhile.
+#[test]
+fn slow_heads_and_slow_bodies_are_cut_on_both_http1_paths() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let _origin = remora_e2e::service::http_origin(&net.peer, net.peer_addr(ORIGIN_PORT));
+    let dst = net.peer_addr(ORIGIN_PORT);
+    for fast_path in [true, false] {
+        let what = format!("fast_path {fast_path}");
+        let remora = net
+            .remora()
+            .config(&format!(
+                "ports:\n  {ORIGIN_PORT}: http\n\
+                 http:\n  fast_path: {fast_path}\n  header_read_timeout: 2s\n  \
+                 request_body_timeout: 2s\n  request_body_min_rate: 100\n"
+            ))
+            .start_ready();
+
+        // A head a byte every 200 ms: cut at 2 s after its first byte. (The port is declared
+        // HTTP: on a detected one, detection reads the request line first, within
+        // `detection.timeout`, and the head's clock starts after it.)
+        let mut slow_head = peer::connect(&net.pod, dst).expect("connect");
+        let head = b"GET /hello HTTP/1.1\r\nHost: a\r\nX-Slow: ";
+        let (response, took) = dribble(
+            &mut slow_head,
+            b"G",
+            &head[1..]
+                .iter()
+                .chain(b"vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv".iter())
+                .copied()
+                .collect::<Vec<u8>>(),
+            Duration::from_millis(200),
+            Duration::from_secs(10),
+        );
+        assert!(
+            response.starts_with("HTTP/1.1 408"),
+            "{what}: slow head: {response:?}\n{}",
+            remora.stderr()
+        );
+        assert!(
+            took >= Duration::from_millis(1800) && took < Duration::from_secs(5),
+            "{what}: slow head cut after {took:?}"
+        );
+
+        // A body a byte every 200 ms (5 bytes/s, far under 100): its budget is 2 s plus 10 ms
+        // a byte, so it is cut at about 2.1 s after its head, though bytes keep coming. A good
+        // client is served while it dribbles.
+        let mut slow_body = peer::connect(&net.pod, dst).expect("connect");
+        let good = std::thread::scope(|s| {
+            let good = s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(500));
+                assert_good_client_served(&net, dst, &what);
+            });
+            let (response, took) = dribble(
+                &mut slow_body,
+                b"POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 1000\r\n\r\nx",
+                b"x",
+                Duration::from_millis(200),
+                Duration::from_secs(15),
+            );
+            assert!(
+                response.starts_with("HTTP/1.1 408"),
+                "{what}: slow body: {response:?}\n{}",
+                remora.stderr()
+            );
+            assert!(
+                took >= Duration::from_millis(1800) && took < Duration::from_secs(6),
+                "{what}: slow body cut after {took:?}"
+            );
+            good.join()
+        });
+        assert!(good.is_ok(), "{what}: the good client failed");
+
+        // A body sent in two halves a second apart goes through (its pace is far above the
+        // floor), on a keep-alive connection that is then used again.
+        let mut halves = peer::connect(&net.pod, dst).expect("connect");
+        let body = "y".repeat(20_000);
+        halves
+            .write_all(
+                format!(
+                    "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n{}",
+                    body.len(),
+                    &body[..10_000]
+                )
+                .as_bytes(),
+            )
+            .expect("first half");
+        std::thread::sleep(Duration::from_secs(1));
+        halves
+            .write_all(&body.as_bytes()[10_000..])
+            .expect("second half");
+        let mut response = [0u8; 512];
+        halves
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let n = halves.read(&mut response).expect("a response");
+        let response = String::from_utf8_lossy(&response[..n]);
+        assert!(response.starts_with("HTTP/1.1 200"), "{what}: {response:?}");
+        assert!(response.contains("20000 "), "{what}: {response:?}");
+    }
+}

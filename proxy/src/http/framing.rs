@@ -132,6 +132,20 @@ impl RequestFraming {
         )
     }
 
+    /// Whether a request body (or its chunked trailers) has begun and not ended.
+    pub fn in_body(&self) -> bool {
+        matches!(
+            self.state,
+            State::Body { .. }
+                | State::ChunkSize { .. }
+                | State::ChunkData { .. }
+                | State::ChunkDataEnd { .. }
+                | State::TrailerLineStart
+                | State::TrailerBlankCr
+                | State::TrailerLine
+        )
+    }
+
     /// Follow the next bytes the client sent. Returns the position on the connection (from 1)
     /// of a request head that ended in them carrying both `Content-Length` and
     /// `Transfer-Encoding`; inspection stops after it.

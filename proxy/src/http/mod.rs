@@ -12,6 +12,7 @@
 pub mod access_log;
 mod authorize;
 pub mod body;
+pub mod body_pace;
 pub mod coalesce;
 pub mod counting;
 pub mod errors;
