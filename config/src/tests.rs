@@ -422,3 +422,15 @@ fn overload_limits_parse_and_are_checked() {
     );
     assert_eq!(err.line(), Some(3), "{err}");
 }
+
+#[test]
+fn request_body_pace_has_defaults_and_refuses_a_zero_rate() {
+    let c = Config::default();
+    assert_eq!(c.http.request_body_timeout, Duration::from_secs(30));
+    assert_eq!(c.http.request_body_min_rate, 1024);
+    let c = parse_str("http:\n  request_body_timeout: 0s\n").unwrap();
+    assert!(c.http.request_body_timeout.is_zero());
+    let err = parse_str("http:\n  request_body_min_rate: 0\n").unwrap_err();
+    assert_eq!(err.field(), Some("http.request_body_min_rate"), "{err}");
+    assert_eq!(err.line(), Some(2), "{err}");
+}

@@ -492,3 +492,128 @@ fn slow_heads_and_slow_bodies_are_cut_on_both_http1_paths() {
         assert!(response.contains("20000 "), "{what}: {response:?}");
     }
 }
+
+/// Resident memory of process `pid`, in KiB (`VmRSS`).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// The size of each slow reader's response.
+const LARGE_RESPONSE: usize = 1 << 20;
+/// Slow readers at once.
+const SLOW_READERS: usize = 500;
+/// Where the peer sends `LARGE_RESPONSE` bytes of opaque TCP to each connection.
+const BULK_PORT: u16 = 9100;
+/// What Remora may hold per stalled reader, over its memory before them, in KiB, by path: the
+/// per-connection buffer bounds of docs/hardening.md ("Overload") with room for the
+/// connection's own state and allocator slack. The fast path lends one 8 KiB buffer at a time
+/// (measured: 24 KiB per connection in all); hyper's path buffers at most 64 KiB each way on
+/// each leg, its read buffer and its queue (measured: 266 KiB, 828 KiB before those bounds);
+/// opaque TCP reads at most 1 MiB at a time per direction, but the kernel's socket buffers
+/// take a stalled 1 MiB response first (measured: 7 KiB), so a copy that held what it read
+/// whole would show here.
+const FAST_PATH_KIB: u64 = 64;
+const HYPER_PATH_KIB: u64 = 384;
+const TCP_KIB: u64 = 128;
+
+/// Open `SLOW_READERS` connections to `dst`, send `request` on each and read nothing for a
+/// while; returns Remora's memory growth meanwhile (KiB), then reads every response whole.
+fn stalled_readers(net: &PodNet, pid: u32, dst: SocketAddr, request: &[u8], what: &str) -> u64 {
+    let before = rss_kib(pid);
+    let mut streams: Vec<TcpStream> = (0..SLOW_READERS)
+        .map(|i| {
+            let mut s = peer::connect(&net.pod, dst)
+                .unwrap_or_else(|e| panic!("{what}: connection {i}: {e}"));
+            s.write_all(request).expect("request");
+            s
+        })
+        .collect();
+    // Let every response run into whatever holds it: the kernel's socket buffers, then the
+    // proxy's own.
+    let mut peak = 0;
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(300));
+        peak = peak.max(rss_kib(pid));
+    }
+    let grew = peak.saturating_sub(before);
+    eprintln!(
+        "{what}: {SLOW_READERS} stalled readers of {LARGE_RESPONSE} bytes: RSS {before} KiB -> \
+         {peak} KiB (+{grew} KiB, {} KiB each)",
+        grew / SLOW_READERS as u64
+    );
+    for (i, s) in streams.iter_mut().enumerate() {
+        let mut got = Vec::new();
+        s.read_to_end(&mut got)
+            .unwrap_or_else(|e| panic!("{what}: reading response {i}: {e}"));
+        assert!(
+            got.len() >= LARGE_RESPONSE,
+            "{what}: response {i} was {} bytes",
+            got.len()
+        );
+    }
+    grew
+}
+
+/// 500 clients each ask for 1 MiB and do not read it: Remora's memory stays within a stated
+/// bound per connection, over HTTP (the fast path, and hyper's) and over opaque TCP, and every
+/// response is delivered whole once the clients read. Each case runs on a fresh Remora, so
+/// that memory one case freed does not hide the next one's.
+#[test]
+fn stalled_readers_of_large_responses_keep_memory_bounded() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    // Servers on a thread per connection with Rust's backlog (the Python origin's is five).
+    let _origin = Server::start(&net.peer, net.peer_addr(ORIGIN_PORT), |mut s| {
+        peer::read_request_head(&mut s)?;
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {LARGE_RESPONSE}\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(head.as_bytes())?;
+        s.write_all(&vec![b'y'; LARGE_RESPONSE])
+    });
+    let _bulk = Server::start(&net.peer, net.peer_addr(BULK_PORT), |mut s| {
+        let mut go = [0u8; 2];
+        s.read_exact(&mut go)?;
+        s.write_all(&vec![b'z'; LARGE_RESPONSE])
+    });
+    let get = &b"GET /large HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"[..];
+    for (what, fast_path, port, request, per_reader) in [
+        ("HTTP, fast path", true, ORIGIN_PORT, get, FAST_PATH_KIB),
+        (
+            "HTTP, hyper's path",
+            false,
+            ORIGIN_PORT,
+            get,
+            HYPER_PATH_KIB,
+        ),
+        ("TCP", true, BULK_PORT, &b"go"[..], TCP_KIB),
+    ] {
+        let bound = per_reader * SLOW_READERS as u64;
+        let remora = net
+            .remora()
+            .config(&format!(
+                "ports:\n  {BULK_PORT}: tcp\nhttp:\n  fast_path: {fast_path}\n"
+            ))
+            .start_ready();
+        let dst = net.peer_addr(port);
+        // Warm up: the pools, the allocator's arenas and the worker's first buffers.
+        for _ in 0..5 {
+            let mut s = peer::connect(&net.pod, dst).expect("connect");
+            s.write_all(request).expect("request");
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).expect("warm-up response");
+        }
+        let grew = stalled_readers(&net, remora.pid(), dst, request, what);
+        assert!(
+            grew < bound,
+            "{what}: RSS grew {grew} KiB with {SLOW_READERS} stalled readers (bound {bound} KiB)"
+        );
+    }
+}

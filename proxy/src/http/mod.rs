@@ -507,6 +507,9 @@ async fn serve_hyper(
                     .timer(TokioTimer::new())
                     .header_read_timeout(None)
                     .max_header_size(http.max_header_bytes)
+                    // hyper's default (about 400 KiB) would let a client that does not read
+                    // hold that much of a response here per connection.
+                    .max_buf_size(downstream_h1_buffer(http.max_header_bytes))
                     // As Envoy's parser: `GET /a  HTTP/1.1` is served, and goes on with one space.
                     .allow_multiple_spaces_in_request_line_delimiters(true);
                 // hyper's default is 100 on the stack; another number costs a heap allocation.
@@ -533,6 +536,17 @@ async fn serve_hyper(
             drive(conn, ctx, |c| c.graceful_shutdown()).await
         }
     }
+}
+
+/// The most an HTTP/1.1 client connection on hyper's path buffers either way (hyper's
+/// `max_buf_size`, its read buffer and its queue of response bytes not yet written): what a
+/// client that reads slowly can make Remora hold, as Envoy's `per_connection_buffer_limit_bytes`
+/// bounds it. 64 KiB keeps a stream at full speed (it is four times the largest TLS record),
+/// and is room for the largest request head `http.max_header_bytes` allows, plus a read.
+const DOWNSTREAM_H1_BUFFER: usize = 64 * 1024;
+
+fn downstream_h1_buffer(max_header_bytes: usize) -> usize {
+    DOWNSTREAM_H1_BUFFER.max(max_header_bytes.saturating_add(8 * 1024))
 }
 
 /// HTTP/2 client connections: streams the client may reset before hyper accepts them, before
