@@ -245,7 +245,7 @@ fn accept_backs_off_when_descriptors_run_out_and_recovers_when_they_are_freed() 
             "the table never filled: {}",
             remora.stderr()
         );
-        let attempt = peer::connect(&net.pod, dst).and_then(|mut s| {
+        let attempt = peer::connect(&net.pod, dst).and_then(|s| {
             s.set_read_timeout(Some(Duration::from_secs(2)))?;
             Ok(s)
         });
@@ -616,4 +616,267 @@ fn stalled_readers_of_large_responses_keep_memory_bounded() {
             "{what}: RSS grew {grew} KiB with {SLOW_READERS} stalled readers (bound {bound} KiB)"
         );
     }
+}
+
+/// Idle keep-alive connections held at once.
+const IDLE_CONNECTIONS: usize = 10_000;
+/// What Remora may hold per idle keep-alive HTTP/1.1 connection, in KiB: the connection's
+/// task and socket, no buffer (docs/hardening.md, "Overload"; measured: 7.2 KiB).
+const PER_IDLE_CONNECTION_KIB: u64 = 12;
+
+/// The hard open-file limit of this process, after raising its soft limit to it (which needs
+/// no privilege).
+fn raise_own_nofile() -> u64 {
+    let limits = std::fs::read_to_string("/proc/self/limits").expect("/proc/self/limits");
+    let hard: u64 = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(4))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024);
+    let _ = Command::new("prlimit")
+        .args([
+            "--pid",
+            &std::process::id().to_string(),
+            &format!("--nofile={hard}:{hard}"),
+        ])
+        .status();
+    hard
+}
+
+/// 10,000 keep-alive connections that made one request each and went idle: Remora's memory
+/// per connection stays within a stated bound, a new request is still served at once, and
+/// `http.idle_timeout` closes them all.
+#[test]
+fn ten_thousand_idle_keep_alive_connections_cost_little_and_are_closed_when_idle() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    // This process holds the clients; Remora inherits the same hard limit and needs one
+    // descriptor per idle connection.
+    let hard = raise_own_nofile();
+    if hard < IDLE_CONNECTIONS as u64 + 2_000 {
+        remora_e2e::skip::<()>(&format!(
+            "the open-file limit ({hard}) is too low for {IDLE_CONNECTIONS} connections"
+        ));
+        return;
+    }
+    net.capture_default();
+    let remora = net
+        .remora()
+        .config(&format!(
+            "http:\n  idle_timeout: 20s\noverload:\n  max_connections: {IDLE_CONNECTIONS}0\n"
+        ))
+        .start_ready();
+    let _origin = Server::start(&net.peer, net.peer_addr(ORIGIN_PORT), |mut s| {
+        // Keep-alive: answer every request on the connection until the proxy closes it.
+        loop {
+            if peer::read_request_head(&mut s).is_err() {
+                return Ok(());
+            }
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")?;
+        }
+    });
+    let dst = net.peer_addr(ORIGIN_PORT);
+    let get = b"GET /idle HTTP/1.1\r\nHost: a\r\n\r\n";
+    let request = |s: &mut TcpStream| -> io::Result<()> {
+        s.write_all(get)?;
+        let head = peer::read_request_head(s)?;
+        let mut body = [0u8; 3];
+        s.read_exact(&mut body)?;
+        if !head.starts_with(b"HTTP/1.1 200") {
+            return Err(io::Error::other(
+                String::from_utf8_lossy(&head).into_owned(),
+            ));
+        }
+        Ok(())
+    };
+    let pid = remora.pid();
+    // Warm up the pool and the worker, then measure from there.
+    for _ in 0..50 {
+        let mut s = peer::connect(&net.pod, dst).expect("connect");
+        request(&mut s).expect("warm-up request");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let before = rss_kib(pid);
+    let started = Instant::now();
+    let mut idle: Vec<TcpStream> = Vec::with_capacity(IDLE_CONNECTIONS);
+    for i in 0..IDLE_CONNECTIONS {
+        let mut s = peer::connect(&net.pod, dst).unwrap_or_else(|e| panic!("connection {i}: {e}"));
+        request(&mut s).unwrap_or_else(|e| panic!("request {i}: {e}\n{}", remora.stderr()));
+        idle.push(s);
+    }
+    let opened_in = started.elapsed();
+    std::thread::sleep(Duration::from_millis(500));
+    let after = rss_kib(pid);
+    let per_connection = (after.saturating_sub(before)) * 1024 / IDLE_CONNECTIONS as u64;
+    eprintln!(
+        "{IDLE_CONNECTIONS} idle keep-alive connections (opened in {opened_in:?}): RSS {before} \
+         KiB -> {after} KiB, {per_connection} bytes each"
+    );
+    let m = remora.metrics();
+    let open = m.value("remora_connections_active", &[("direction", "outbound")]);
+    assert!(
+        open >= IDLE_CONNECTIONS as f64,
+        "{open} open: some were closed early"
+    );
+    assert!(
+        per_connection < PER_IDLE_CONNECTION_KIB * 1024,
+        "{per_connection} bytes per idle connection (bound {PER_IDLE_CONNECTION_KIB} KiB)"
+    );
+
+    // A new client is served at once beside them, and an idle one still is.
+    let asked = Instant::now();
+    let mut fresh = peer::connect(&net.pod, dst).expect("connect beside the idle ones");
+    request(&mut fresh).expect("a new request");
+    request(&mut idle[0]).expect("an idle connection's next request");
+    drop(fresh);
+    eprintln!("a new connection's request took {:?}", asked.elapsed());
+
+    // The idle timeout (20 s; closed within 1 to 2 times that) closes every one.
+    remora.wait_for_metrics(
+        "every idle connection closed",
+        Duration::from_secs(60),
+        |m| m.value("remora_connections_active", &[("direction", "outbound")]) == 0.0,
+    );
+    let mut buf = [0u8; 1];
+    let mut closed = 0;
+    for s in &mut idle {
+        if matches!(s.read(&mut buf), Ok(0) | Err(_)) {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, IDLE_CONNECTIONS, "connections the proxy left open");
+}
+
+/// Stalled TLS clients held at once on the inbound mesh port.
+const STALLED_HELLOS: usize = 300;
+
+/// A flood of connections to the inbound mesh port that stall in their handshake, half after
+/// the first bytes of a ClientHello and half silent: each is closed within the handshake bound
+/// (`tls.handshake_timeout`, 2 s here; at most twice that: while the ClientHello is read, and
+/// again for the rest of the handshake), and a mesh client with a good certificate is served
+/// meanwhile.
+#[test]
+fn stalled_client_hellos_on_the_mesh_port_time_out_and_good_clients_are_served() {
+    use remora_e2e::certs::MeshCa;
+    use remora_e2e::mesh::{has_openssl, s_client, CLIENT_ID, SERVER_ID};
+    if !has_openssl() {
+        return;
+    }
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    let ca = MeshCa::new("cluster.local");
+    let server_dir = net.binary().make_dir("server-certs");
+    ca.install(&server_dir, &ca.workload(SERVER_ID));
+    let good = net.binary().make_dir("good-client");
+    ca.install(&good, &ca.workload(CLIENT_ID));
+    net.capture_default();
+    let remora = net
+        .remora()
+        .config(&format!(
+            "tls:\n  cert_dir: {}\n  handshake_timeout: 2s\nmesh:\n  mtls_mode: strict\n",
+            server_dir.display()
+        ))
+        .start_ready();
+    let _app = Server::http(&net.pod, any_addr(ORIGIN_PORT), "hello from the pod");
+    let target = net.pod_addr(ORIGIN_PORT);
+
+    // A TLS record header and the start of a ClientHello announcing far more than is sent.
+    let partial_hello: &[u8] = &[
+        0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03, 0x11, 0x22,
+    ];
+    let started = Instant::now();
+    let mut stalled: Vec<TcpStream> = (0..STALLED_HELLOS)
+        .map(|i| {
+            let mut s = peer::connect(&net.peer, target)
+                .unwrap_or_else(|e| panic!("stalled client {i}: {e}"));
+            if i % 2 == 0 {
+                s.write_all(partial_hello).expect("a partial ClientHello");
+            }
+            s
+        })
+        .collect();
+
+    // A mesh client is served while they stall.
+    let file = |f: &str| good.join(f).to_string_lossy().into_owned();
+    let (chain, key, root) = (
+        file("cert-chain.pem"),
+        file("key.pem"),
+        file("root-cert.pem"),
+    );
+    let out = s_client(
+        &net.peer,
+        target,
+        &[
+            "-alpn",
+            "istio-http/1.1,istio",
+            "-cert",
+            &chain,
+            "-key",
+            &key,
+            "-CAfile",
+            &root,
+            "-verify_return_error",
+        ],
+        b"GET / HTTP/1.1\r\nHost: httpbin\r\nConnection: close\r\n\r\n",
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("hello from the pod"),
+        "a mesh client was not served during the flood: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        remora.stderr()
+    );
+    let good_served_after = started.elapsed();
+
+    // Every stalled client is closed by the bound: twice the handshake timeout, and a margin.
+    let bound = Duration::from_secs(2 * 2 + 2);
+    let mut latest = Duration::ZERO;
+    for (i, s) in stalled.iter_mut().enumerate() {
+        s.set_read_timeout(Some(
+            bound
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(10)),
+        ))
+        .unwrap();
+        let mut buf = [0u8; 64];
+        let ended = loop {
+            match s.read(&mut buf) {
+                // An alert, if any, then the close.
+                Ok(n) if n > 0 => continue,
+                Ok(_) => break true,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break false,
+                Err(_) => break true,
+            }
+        };
+        assert!(
+            ended,
+            "stalled client {i} still open after {:?}",
+            started.elapsed()
+        );
+        latest = started.elapsed();
+    }
+    eprintln!(
+        "{STALLED_HELLOS} stalled handshakes all closed by {latest:?}; a good client was served \
+         after {good_served_after:?}"
+    );
+    // Under STRICT, detection waits `tls.handshake_timeout` for a whole ClientHello; a client
+    // that never completes one is refused there (counted as detection timeouts, and as
+    // handshakes refused for want of mesh TLS).
+    let m = remora.wait_for_metrics("stalled handshakes counted", Duration::from_secs(5), |m| {
+        m.value("remora_protocol_detection_total", &[("result", "timeout")])
+            >= STALLED_HELLOS as f64
+    });
+    assert!(
+        m.value(
+            "remora_tls_handshakes_total",
+            &[("direction", "inbound"), ("result", "ok")]
+        ) >= 1.0,
+        "{m}"
+    );
+    assert!(
+        latest >= Duration::from_millis(1800),
+        "closed before the handshake timeout: {latest:?}"
+    );
 }
