@@ -50,7 +50,8 @@ fn assert_refused(ns: &Netns, addr: SocketAddr, what: &str) {
         Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return,
         Err(e) => panic!("{what}: connect: {e}"),
     };
-    s.set_read_timeout(Some(REFUSAL_BOUND)).unwrap();
+    s.set_read_timeout(Some(REFUSAL_BOUND))
+        .expect("read timeout");
     let _ = s.write_all(b"hello");
     let mut buf = [0; 16];
     match s.read(&mut buf) {
@@ -173,7 +174,8 @@ fn cpu_ticks(pid: u32) -> u64 {
     let after = &stat[stat.rfind(')').expect("a command name") + 2..];
     let fields: Vec<&str> = after.split(' ').collect();
     // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    let ticks = |i: usize| fields[i].parse::<u64>().expect("a tick count");
+    ticks(11) + ticks(12)
 }
 
 fn clock_ticks_per_second() -> u64 {
@@ -304,7 +306,7 @@ fn accept_backs_off_when_descriptors_run_out_and_recovers_when_they_are_freed() 
     let mut pending = pending;
     pending
         .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+        .expect("read timeout");
     let mut back = [0; 5];
     pending.read_exact(&mut back).unwrap_or_else(|e| {
         panic!(
@@ -485,7 +487,7 @@ fn slow_heads_and_slow_bodies_are_cut_on_both_http1_paths() {
         let mut response = [0u8; 512];
         halves
             .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
+            .expect("read timeout");
         let n = halves.read(&mut response).expect("a response");
         let response = String::from_utf8_lossy(&response[..n]);
         assert!(response.starts_with("HTTP/1.1 200"), "{what}: {response:?}");
@@ -839,7 +841,7 @@ fn stalled_client_hellos_on_the_mesh_port_time_out_and_good_clients_are_served()
                 .saturating_sub(started.elapsed())
                 .max(Duration::from_millis(10)),
         ))
-        .unwrap();
+        .expect("read timeout");
         let mut buf = [0u8; 64];
         let ended = loop {
             match s.read(&mut buf) {
