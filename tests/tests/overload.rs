@@ -892,3 +892,100 @@ fn stalled_client_hellos_on_the_mesh_port_time_out_and_good_clients_are_served()
         "closed before the handshake timeout: {latest:?}"
     );
 }
+
+/// Opaque TCP connections held open across two sidecars in mesh TLS.
+const IDLE_MESH_CONNECTIONS: usize = 1_000;
+/// What each sidecar may hold per idle mesh TLS connection, in KiB: rustls keeps its own
+/// buffers and session state per connection (measured: 17.8 KiB on the client's sidecar,
+/// 20.2 KiB on the server's; docs/hardening.md, "Overload").
+const PER_IDLE_MESH_CONNECTION_KIB: u64 = 32;
+
+/// 1,000 opaque TCP connections through the client's sidecar, mesh TLS, and the server's
+/// sidecar, idle after one echo each: memory per connection on each sidecar stays within a
+/// stated bound, a new connection is served beside them, and `tcp.idle_timeout` closes them.
+#[test]
+fn idle_mesh_tls_connections_cost_a_bounded_amount_and_are_closed_when_idle() {
+    use remora_e2e::certs::MeshCa;
+    use remora_e2e::mesh::{client_config, server_config, two_pods, SERVER_ID};
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    let hard = raise_own_nofile();
+    if hard < 3 * IDLE_MESH_CONNECTIONS as u64 {
+        remora_e2e::skip::<()>(&format!(
+            "the open-file limit ({hard}) is too low for {IDLE_MESH_CONNECTIONS} connections"
+        ));
+        return;
+    }
+    let ca = MeshCa::new("cluster.local");
+    let (server_dir, client_dir) = two_pods(&net, &ca);
+    let extra = format!("ports:\n  {ECHO_PORT}: tcp\ntcp:\n  idle_timeout: 30s\n");
+    let server = net
+        .remora()
+        .config(&(server_config(&server_dir, "strict") + &extra))
+        .start_ready();
+    let client = net
+        .peer_remora()
+        .config(&(client_config(&client_dir, net.pod_ip, SERVER_ID) + &extra))
+        .start_ready();
+    // An echo that waits as long as it takes: the shared one gives up after 10 s of silence.
+    let _echo = Server::start(&net.pod, any_addr(ECHO_PORT), |mut s| {
+        s.set_read_timeout(None)?;
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            s.write_all(&buf[..n])?;
+        }
+    });
+    let dst = net.pod_addr(ECHO_PORT);
+    for _ in 0..20 {
+        drop(hold(&net.peer, dst).expect("warm-up connection"));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let before = (rss_kib(client.pid()), rss_kib(server.pid()));
+    let started = Instant::now();
+    let mut idle: Vec<TcpStream> = (0..IDLE_MESH_CONNECTIONS)
+        .map(|i| {
+            hold(&net.peer, dst)
+                .unwrap_or_else(|e| panic!("mesh connection {i}: {e}\n{}", server.stderr()))
+        })
+        .collect();
+    let opened_in = started.elapsed();
+    std::thread::sleep(Duration::from_millis(500));
+    let after = (rss_kib(client.pid()), rss_kib(server.pid()));
+    let each = |b: u64, a: u64| a.saturating_sub(b) * 1024 / IDLE_MESH_CONNECTIONS as u64;
+    let (client_each, server_each) = (each(before.0, after.0), each(before.1, after.1));
+    eprintln!(
+        "{IDLE_MESH_CONNECTIONS} idle mesh TLS connections (opened in {opened_in:?}): client \
+         sidecar {client_each} bytes each, server sidecar {server_each} bytes each"
+    );
+    let inbound_open =
+        |m: &remora_e2e::Metrics| m.value("remora_connections_active", &[("direction", "inbound")]);
+    assert!(inbound_open(&server.metrics()) >= IDLE_MESH_CONNECTIONS as f64);
+    for (side, bytes) in [("client", client_each), ("server", server_each)] {
+        assert!(
+            bytes < PER_IDLE_MESH_CONNECTION_KIB * 1024,
+            "{side} sidecar: {bytes} bytes per idle mesh connection"
+        );
+    }
+    let mut fresh = hold(&net.peer, dst).expect("a new connection beside the idle ones");
+    round_trip(&mut fresh, b"again").expect("served");
+    round_trip(&mut idle[0], b"still").expect("an idle connection still echoes");
+    drop(fresh);
+    server.wait_for_metrics(
+        "every idle mesh connection closed",
+        Duration::from_secs(60),
+        |m| inbound_open(m) == 0.0,
+    );
+    let mut buf = [0u8; 1];
+    let mut closed = 0;
+    for s in &mut idle {
+        if matches!(s.read(&mut buf), Ok(0) | Err(_)) {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, IDLE_MESH_CONNECTIONS, "connections left open");
+}
