@@ -405,7 +405,7 @@ fn slow_heads_and_slow_bodies_are_cut_on_both_http1_paths() {
         let remora = net
             .remora()
             .config(&format!(
-                "ports:\n  {ORIGIN_PORT}: http\n\
+                "access_log:\n  enabled: true\nports:\n  {ORIGIN_PORT}: http\n\
                  http:\n  fast_path: {fast_path}\n  header_read_timeout: 2s\n  \
                  request_body_timeout: 2s\n  request_body_min_rate: 100\n"
             ))
@@ -465,6 +465,15 @@ fn slow_heads_and_slow_bodies_are_cut_on_both_http1_paths() {
             good.join()
         });
         assert!(good.is_ok(), "{what}: the good client failed");
+        // Recorded with the status the client got, as a head cut for its pace is.
+        remora.wait_for_access_log("\"POST /upload HTTP/1.1\" 408 - ");
+        remora.wait_for_access_log("\"- - HTTP/1.1\" 408 - ");
+        let m = remora.metrics();
+        assert_eq!(
+            m.value("istio_requests_total", &[("response_code", "408")]),
+            2.0,
+            "{what}: {m}"
+        );
 
         // A body sent in two halves a second apart goes through (its pace is far above the
         // floor), on a keep-alive connection that is then used again.

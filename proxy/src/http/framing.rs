@@ -132,6 +132,12 @@ impl RequestFraming {
         )
     }
 
+    /// Request heads completed so far on the connection: the position of the request whose
+    /// body is being read.
+    pub fn heads(&self) -> u64 {
+        self.heads
+    }
+
     /// Whether a request body (or its chunked trailers) has begun and not ended.
     pub fn in_body(&self) -> bool {
         matches!(

@@ -147,6 +147,9 @@ impl DownstreamIo {
                 answered = n == HEADER_TIMEOUT_RESPONSE.len();
             }
         }
+        if answered {
+            self.ctx.cut_body(self.framing.heads());
+        }
         let e = pace.timed_out(answered);
         self.body = None;
         Some(e)

@@ -112,6 +112,9 @@ pub struct ConnContext {
     /// Content-Length and Transfer-Encoding; 0 while there is none. Set by the downstream IO
     /// when the head's last byte is read, before hyper can parse it.
     smuggled_head: AtomicU64,
+    /// The position of a request whose body was cut for its pace and answered 408 by the
+    /// downstream IO (0: none), so that the request is recorded with that status.
+    body_cut: AtomicU64,
     /// Bytes read from the client; with `bytes_out`, also what tells an idle connection.
     bytes_in: AtomicU64,
     /// Bytes written to the client.
@@ -160,6 +163,7 @@ impl ConnContext {
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             smuggled_head: AtomicU64::new(0),
+            body_cut: AtomicU64::new(0),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
             served: AtomicU64::new(0),
@@ -237,6 +241,16 @@ impl ConnContext {
     /// ours of requests agree.
     fn smuggled(&self, position: u64) -> bool {
         self.smuggled_head.load(Ordering::Relaxed) == position
+    }
+
+    /// The request at `position` had its body cut for its pace and the client was answered 408.
+    fn cut_body(&self, position: u64) {
+        self.body_cut.store(position, Ordering::Relaxed);
+    }
+
+    /// Whether the request at `position` is the one whose body was cut and answered 408.
+    fn body_was_cut(&self, position: u64) -> bool {
+        self.body_cut.load(Ordering::Relaxed) == position
     }
 
     fn request_ended(&self) {
