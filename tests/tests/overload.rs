@@ -6,6 +6,8 @@
 //! stalled TLS handshakes) are in `overload/slow_clients.rs`; memory under stalled readers and
 //! idle connections in `overload/memory.rs`.
 
+#[path = "overload/h2_stalled.rs"]
+mod h2_stalled;
 #[path = "overload/memory.rs"]
 mod memory;
 #[path = "overload/slow_clients.rs"]
