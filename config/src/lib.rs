@@ -12,6 +12,7 @@ mod istiod;
 mod locate;
 mod mesh;
 mod model;
+mod overload;
 mod traffic;
 mod xds;
 

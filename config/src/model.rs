@@ -5,6 +5,7 @@ pub use crate::authz::*;
 pub use crate::dns::*;
 pub use crate::istiod::*;
 pub use crate::mesh::*;
+pub use crate::overload::*;
 pub use crate::traffic::*;
 pub use crate::xds::*;
 use serde::{Deserialize, Serialize};
@@ -76,6 +77,9 @@ pub struct Config {
     pub istiod: IstiodConfig,
     /// Envoy discovery resources from files (routing without a control plane).
     pub xds: XdsConfig,
+    /// Connection limits: how many downstream connections are kept open before new ones are
+    /// refused.
+    pub overload: OverloadConfig,
 }
 
 impl Default for Config {
@@ -105,6 +109,7 @@ impl Default for Config {
             authorization: AuthorizationConfig::default(),
             istiod: IstiodConfig::default(),
             xds: XdsConfig::default(),
+            overload: OverloadConfig::default(),
         }
     }
 }
@@ -535,6 +540,13 @@ impl Config {
                 "must be at least 8192".into(),
             ));
         }
+        if self.http.request_body_min_rate == 0 {
+            return Err((
+                "http.request_body_min_rate".into(),
+                "must be greater than zero (turn the bound off with http.request_body_timeout: 0s)"
+                    .into(),
+            ));
+        }
         for (name, n) in [
             ("http.max_headers", self.http.max_headers),
             (
@@ -564,6 +576,7 @@ impl Config {
         self.authorization.validate()?;
         self.istiod.validate()?;
         self.xds.validate()?;
+        self.overload.validate()?;
         self.mesh.validate(self.has_identity_source())
     }
 

@@ -405,3 +405,32 @@ fn xds_resources_dir_is_off_by_default_and_checked() {
     let e = parse_str("xds:\n  dir: /x\n").unwrap_err().to_string();
     assert!(e.contains("xds") && e.contains("dir"), "{e}");
 }
+
+#[test]
+fn overload_limits_parse_and_are_checked() {
+    let c = parse_str("overload:\n  max_connections: 1000\n  max_connections_per_listener: 600\n")
+        .unwrap();
+    assert_eq!(c.overload.limits(1_048_576), (1000, 600));
+    let err = parse_str("overload:\n  max_connections: 0\n").unwrap_err();
+    assert_eq!(err.field(), Some("overload.max_connections"), "{err}");
+    let err = parse_str("overload:\n  max_connections: 10\n  max_connections_per_listener: 11\n")
+        .unwrap_err();
+    assert_eq!(
+        err.field(),
+        Some("overload.max_connections_per_listener"),
+        "{err}"
+    );
+    assert_eq!(err.line(), Some(3), "{err}");
+}
+
+#[test]
+fn request_body_pace_has_defaults_and_refuses_a_zero_rate() {
+    let c = Config::default();
+    assert_eq!(c.http.request_body_timeout, Duration::from_secs(30));
+    assert_eq!(c.http.request_body_min_rate, 1024);
+    let c = parse_str("http:\n  request_body_timeout: 0s\n").unwrap();
+    assert!(c.http.request_body_timeout.is_zero());
+    let err = parse_str("http:\n  request_body_min_rate: 0\n").unwrap_err();
+    assert_eq!(err.field(), Some("http.request_body_min_rate"), "{err}");
+    assert_eq!(err.line(), Some(2), "{err}");
+}

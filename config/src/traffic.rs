@@ -70,6 +70,15 @@ pub struct HttpConfig {
     /// malformed or slow heads) to the general HTTP server. `false` sends every connection
     /// through the general server.
     pub fast_path: bool,
+    /// Bound on waiting for an HTTP/1.1 request body, from the end of its head, extended by
+    /// one second per `request_body_min_rate` bytes received (against slow bodies); a body
+    /// past it is cut, answered 408 if no response has begun. Only time spent waiting for the
+    /// client counts. `0s` turns the bound off.
+    #[serde(with = "humantime_serde")]
+    pub request_body_timeout: Duration,
+    /// The pace, in bytes per second, that earns a request body more time past
+    /// `request_body_timeout`.
+    pub request_body_min_rate: u64,
 }
 
 impl Default for HttpConfig {
@@ -87,6 +96,8 @@ impl Default for HttpConfig {
             retry_buffer_bytes: 64 * 1024,
             retry_backoff: Duration::from_millis(25),
             fast_path: true,
+            request_body_timeout: Duration::from_secs(30),
+            request_body_min_rate: 1024,
         }
     }
 }

@@ -501,18 +501,32 @@ async fn serve(
     let mut sigint = signal(SignalKind::interrupt()).context("handling SIGINT")?;
     let drain = Arc::clone(&proxy.drain);
 
+    let global = listener::admission::GlobalCount::new(
+        Arc::clone(&proxy.config),
+        proxy.metrics.overload.clone(),
+    );
+    // One count per listener: the addresses of one port share it.
+    let mut admissions: Vec<(Route, listener::admission::Admission)> = Vec::new();
     for (route, l) in routes {
         let l = TcpListener::from_std(l)?;
         tracing::info!(local = ?l.local_addr().ok(), ?route, "listening");
         let proxy = Arc::clone(&proxy);
         let drain = Arc::clone(&drain);
+        let admission = match admissions.iter().find(|(r, _)| *r == route) {
+            Some((_, a)) => a.clone(),
+            None => {
+                let a = global.listener(route.direction());
+                admissions.push((route.clone(), a.clone()));
+                a
+            }
+        };
         if route == Route::Capture(Direction::Inbound) {
             let stop = async move { drain.inbound_closed().await };
-            tokio::spawn(listener::accept_loop(l, route, proxy, stop));
+            tokio::spawn(listener::accept_loop(l, route, proxy, admission, stop));
         } else {
             // Outbound keeps serving while draining: the application may still need its peers.
             let stop = async move { drain.all_listeners_closed().await };
-            tokio::spawn(listener::accept_loop(l, route, proxy, stop));
+            tokio::spawn(listener::accept_loop(l, route, proxy, admission, stop));
         }
     }
     if let Some(dns) = dns {

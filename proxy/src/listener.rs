@@ -1,4 +1,9 @@
-//! Binding listeners on every configured address, and the accept loop of a capture listener.
+//! Binding listeners on every configured address, and the accept loop of a data-path listener
+//! (with its connection limits, `admission`, and its handling of failed accepts,
+//! `accept_errors`).
+
+pub mod accept_errors;
+pub mod admission;
 
 use crate::proxy::{Proxy, Route};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
@@ -6,7 +11,6 @@ use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::net::TcpListener;
 
 // The kernel caps the backlog at net.core.somaxconn anyway; ask for plenty so bursts of
@@ -98,26 +102,40 @@ fn bind_as(addr: SocketAddr, transparency: Transparency) -> io::Result<std::net:
 }
 
 /// Accept connections on `listener` and serve each in its own task, until `stop` resolves.
-/// Returning drops the listener, so connections arriving later are refused by the kernel.
+/// A connection past `admission`'s limits is reset at once. Returning drops the listener, so
+/// connections arriving later are refused by the kernel.
 pub async fn accept_loop(
     listener: TcpListener,
     route: Route,
     proxy: Arc<Proxy>,
+    admission: admission::Admission,
     stop: impl Future<Output = ()>,
 ) {
     tokio::pin!(stop);
+    let label = match route {
+        Route::Capture(crate::Direction::Outbound) => "outbound",
+        Route::Capture(crate::Direction::Inbound) => "inbound",
+        Route::Fixed(_) => "explicit",
+    };
+    let mut errors = accept_errors::AcceptErrors::new(label, proxy.metrics.overload.clone());
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    tokio::spawn(Arc::clone(&proxy).serve(stream, peer, route.clone()));
-                }
-                Err(e) => {
-                    // Out of file descriptors or memory: back off instead of spinning; the
-                    // pending connection stays in the backlog until we can take it.
-                    tracing::warn!(error = %e, ?route, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+                Ok((stream, peer)) => match admission.admit() {
+                    Ok(admitted) => {
+                        let served = Arc::clone(&proxy).serve(stream, peer, route.clone());
+                        tokio::spawn(async move {
+                            served.await;
+                            // The place under the limits is given back when the connection ends.
+                            drop(admitted);
+                        });
+                    }
+                    Err(limit) => {
+                        tracing::debug!(%peer, ?limit, ?route, "connection refused: at the connection limit");
+                        admission::reset(stream);
+                    }
+                },
+                Err(e) => errors.failed(&e).await,
             },
             () = &mut stop => {
                 tracing::info!(?route, local = ?listener.local_addr().ok(), "listener closed");

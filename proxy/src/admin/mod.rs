@@ -364,17 +364,33 @@ pub fn spawn(
 }
 
 async fn serve(listener: TcpListener, role: Role, state: Arc<AdminState>) {
+    use crate::listener::{accept_errors::AcceptErrors, admission};
+    let label = match role {
+        Role::Admin => "admin",
+        Role::Metrics => "metrics",
+        Role::Readiness => "readiness",
+        Role::Agent => "agent",
+    };
+    let mut errors = AcceptErrors::new(label, state.metrics.overload.clone());
+    let open = Arc::new(tokio::sync::Semaphore::new(
+        admission::SIDE_PORT_MAX_CONNECTIONS,
+    ));
     loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(s) => s,
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
             Err(e) => {
-                tracing::warn!(error = %e, ?role, "admin accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                errors.failed(&e).await;
                 continue;
             }
         };
+        let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
+            state.metrics.overload.side_port_overflow.inc();
+            admission::reset(stream);
+            continue;
+        };
         let state = Arc::clone(&state);
         tokio::spawn(async move {
+            let _permit = permit;
             let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                 let path = req
                     .uri()

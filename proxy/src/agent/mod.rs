@@ -77,17 +77,28 @@ pub struct Agent {
 
 /// Accept and serve agent-port connections until the process ends.
 pub async fn serve(listener: TcpListener, agent: Arc<Agent>) {
+    use crate::listener::{accept_errors::AcceptErrors, admission};
+    let overload = agent.state.metrics.overload.clone();
+    let mut errors = AcceptErrors::new("agent", overload.clone());
+    let open = Arc::new(tokio::sync::Semaphore::new(
+        admission::SIDE_PORT_MAX_CONNECTIONS,
+    ));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(error = %e, "agent accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                errors.failed(&e).await;
                 continue;
             }
         };
+        let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
+            overload.side_port_overflow.inc();
+            admission::reset(stream);
+            continue;
+        };
         let agent = Arc::clone(&agent);
         tokio::spawn(async move {
+            let _permit = permit;
             let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                 let agent = Arc::clone(&agent);
                 let path = req

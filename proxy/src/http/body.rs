@@ -288,7 +288,18 @@ impl Drop for RequestEnd {
             }
         }
         let upstream_failed = self.flags.contains(Flags::UR) || self.flags.contains(Flags::UT);
-        let downstream_reset = !self.complete && !upstream_failed;
+        // A body too slow for `http.request_body_*`: the client was answered 408 by the
+        // downstream IO, which is what the request is recorded with (not a disconnect).
+        let body_cut = self.status == 0 && self.conn.body_was_cut(self.position);
+        if body_cut {
+            // The connection's end after the cut is ours, not the client's going away.
+            self.flags.remove(Flags::DC);
+            self.status = 408;
+            if let Some(log) = self.log.as_mut() {
+                log.status = 408;
+            }
+        }
+        let downstream_reset = !self.complete && !upstream_failed && !body_cut;
         if downstream_reset {
             self.flags.insert(Flags::DC);
         }

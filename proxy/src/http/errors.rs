@@ -69,6 +69,11 @@ impl Flags {
         self.0 |= other.0;
     }
 
+    /// Clear `other`'s flags.
+    pub fn remove(&mut self, other: Flags) {
+        self.0 &= !other.0;
+    }
+
     /// Whether every flag of `other` is set.
     pub fn contains(self, other: Flags) -> bool {
         self.0 & other.0 == other.0

@@ -132,6 +132,26 @@ impl RequestFraming {
         )
     }
 
+    /// Request heads completed so far on the connection: the position of the request whose
+    /// body is being read.
+    pub fn heads(&self) -> u64 {
+        self.heads
+    }
+
+    /// Whether a request body (or its chunked trailers) has begun and not ended.
+    pub fn in_body(&self) -> bool {
+        matches!(
+            self.state,
+            State::Body { .. }
+                | State::ChunkSize { .. }
+                | State::ChunkData { .. }
+                | State::ChunkDataEnd { .. }
+                | State::TrailerLineStart
+                | State::TrailerBlankCr
+                | State::TrailerLine
+        )
+    }
+
     /// Follow the next bytes the client sent. Returns the position on the connection (from 1)
     /// of a request head that ended in them carrying both `Content-Length` and
     /// `Transfer-Encoding`; inspection stops after it.

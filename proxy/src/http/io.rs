@@ -5,8 +5,11 @@
 //! On HTTP/1.x connections the bytes are also followed before hyper parses them
 //! ([`RequestFraming`]): a head with both `Content-Length` and `Transfer-Encoding` is reported
 //! to the service, and a head that takes longer than `http.header_read_timeout` from its first
-//! byte is answered 408 and the connection closed (Envoy's `request_headers_timeout`).
+//! byte is answered 408 and the connection closed (Envoy's `request_headers_timeout`); a body
+//! that comes slower than `http.request_body_timeout` and `http.request_body_min_rate` allow
+//! ([`BodyPace`]) is cut likewise (408 when no response has begun).
 
+use super::body_pace::BodyPace;
 use super::framing::RequestFraming;
 use super::ConnContext;
 use crate::tls::stream::Downstream;
@@ -43,6 +46,8 @@ pub struct DownstreamIo {
     /// arrive in one read, and reset for later ones.
     head_deadline: Option<Pin<Box<Sleep>>>,
     head_timer_armed: bool,
+    /// The request body in progress, timed (the deadline above is its timer then).
+    body: Option<BodyPace>,
     /// The last write could not complete: hyper holds response bytes we have not written, so
     /// nothing may be written in front of them.
     write_blocked: bool,
@@ -65,6 +70,7 @@ impl DownstreamIo {
             framing,
             head_deadline: None,
             head_timer_armed: false,
+            body: None,
             write_blocked: false,
         }
     }
@@ -83,6 +89,70 @@ impl DownstreamIo {
             }
         }
         self.head_timer_armed = in_head;
+        self.pace_body(read.len());
+    }
+
+    /// Start, follow or end the clock of a request body.
+    fn pace_body(&mut self, n: usize) {
+        let in_body = self.framing.in_body();
+        let http = &self.ctx.config.http;
+        match &mut self.body {
+            Some(pace) if in_body => pace.received(n, Instant::now()),
+            Some(_) => self.body = None,
+            None if in_body && !http.request_body_timeout.is_zero() => {
+                let sent = self.ctx.transfer().received;
+                self.body = Some(BodyPace::new(
+                    http.request_body_timeout,
+                    http.request_body_min_rate,
+                    sent,
+                ));
+                let deadline = Instant::now() + http.request_body_timeout;
+                match &mut self.head_deadline {
+                    Some(sleep) => sleep.as_mut().reset(deadline),
+                    None => self.head_deadline = Some(Box::pin(tokio::time::sleep_until(deadline))),
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// The timeout, if the body in progress is out of time; otherwise registers for a wake-up
+    /// when it may be. The timer is set lazily: when it fires early (bytes arrived since, or
+    /// the upstream held the body back), it is set again for what is left.
+    fn body_timed_out(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Option<super::body_pace::BodyReadTimeout> {
+        let pace = self.body.as_mut()?;
+        let now = Instant::now();
+        pace.waiting(now);
+        let sleep = self.head_deadline.as_mut()?;
+        loop {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return None;
+            }
+            let left = pace.remaining(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            sleep.as_mut().reset(Instant::now() + left);
+        }
+        // A 408 only if nothing of a response was written since the body began.
+        let mut answered = false;
+        if !self.write_blocked && self.ctx.transfer().received == pace.sent_at_start {
+            let stream = Pin::new(&mut self.stream);
+            if let Poll::Ready(Ok(n)) = stream.poll_write(cx, HEADER_TIMEOUT_RESPONSE) {
+                self.ctx.count_sent(n);
+                let _ = Pin::new(&mut self.stream).poll_flush(cx);
+                answered = n == HEADER_TIMEOUT_RESPONSE.len();
+            }
+        }
+        if answered {
+            self.ctx.cut_body(self.framing.heads());
+        }
+        let e = pace.timed_out(answered);
+        self.body = None;
+        Some(e)
     }
 
     /// The timeout, if the head in progress is out of time; otherwise registers for a wake-up
@@ -138,13 +208,15 @@ impl AsyncRead for DownstreamIo {
             match Pin::new(&mut this.stream).poll_read(cx, buf) {
                 Poll::Ready(result) => result?,
                 Poll::Pending => {
-                    return match this.head_timed_out(cx) {
-                        Some(e) => {
-                            tracing::debug!(peer = %this.ctx.peer, error = %e, "request head cut");
-                            Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, e)))
-                        }
-                        None => Poll::Pending,
-                    };
+                    if let Some(e) = this.head_timed_out(cx) {
+                        tracing::debug!(peer = %this.ctx.peer, error = %e, "request head cut");
+                        return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, e)));
+                    }
+                    if let Some(e) = this.body_timed_out(cx) {
+                        tracing::debug!(peer = %this.ctx.peer, error = %e, "request body cut");
+                        return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, e)));
+                    }
+                    return Poll::Pending;
                 }
             }
         }

@@ -12,6 +12,7 @@
 pub mod access_log;
 mod authorize;
 pub mod body;
+pub mod body_pace;
 pub mod coalesce;
 pub mod counting;
 pub mod errors;
@@ -111,6 +112,9 @@ pub struct ConnContext {
     /// Content-Length and Transfer-Encoding; 0 while there is none. Set by the downstream IO
     /// when the head's last byte is read, before hyper can parse it.
     smuggled_head: AtomicU64,
+    /// The position of a request whose body was cut for its pace and answered 408 by the
+    /// downstream IO (0: none), so that the request is recorded with that status.
+    body_cut: AtomicU64,
     /// Bytes read from the client; with `bytes_out`, also what tells an idle connection.
     bytes_in: AtomicU64,
     /// Bytes written to the client.
@@ -161,6 +165,7 @@ impl ConnContext {
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             smuggled_head: AtomicU64::new(0),
+            body_cut: AtomicU64::new(0),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
             served: AtomicU64::new(0),
@@ -239,6 +244,16 @@ impl ConnContext {
     /// ours of requests agree.
     fn smuggled(&self, position: u64) -> bool {
         self.smuggled_head.load(Ordering::Relaxed) == position
+    }
+
+    /// The request at `position` had its body cut for its pace and the client was answered 408.
+    fn cut_body(&self, position: u64) {
+        self.body_cut.store(position, Ordering::Relaxed);
+    }
+
+    /// Whether the request at `position` is the one whose body was cut and answered 408.
+    fn body_was_cut(&self, position: u64) -> bool {
+        self.body_cut.load(Ordering::Relaxed) == position
     }
 
     fn request_ended(&self) {
@@ -509,6 +524,9 @@ async fn serve_hyper(
                     .timer(TokioTimer::new())
                     .header_read_timeout(None)
                     .max_header_size(http.max_header_bytes)
+                    // hyper's default (about 400 KiB) would let a client that does not read
+                    // hold that much of a response here per connection.
+                    .max_buf_size(downstream_h1_buffer(http.max_header_bytes))
                     // As Envoy's parser: `GET /a  HTTP/1.1` is served, and goes on with one space.
                     .allow_multiple_spaces_in_request_line_delimiters(true);
                 // hyper's default is 100 on the stack; another number costs a heap allocation.
@@ -531,11 +549,31 @@ async fn serve_hyper(
                 // that may move (docs/hardening.md says why each value).
                 .max_pending_accept_reset_streams(H2_MAX_PENDING_ACCEPT_RESET_STREAMS)
                 .max_local_error_reset_streams(H2_MAX_LOCAL_ERROR_RESET_STREAMS)
+                .max_send_buf_size(H2_MAX_SEND_BUF)
                 .serve_connection(TokioIo::new(Coalesced::new(io)), service);
             drive(conn, ctx, |c| c.graceful_shutdown()).await
         }
     }
 }
+
+/// The most an HTTP/1.1 client connection on hyper's path buffers either way (hyper's
+/// `max_buf_size`, its read buffer and its queue of response bytes not yet written): what a
+/// client that reads slowly can make Remora hold, as Envoy's `per_connection_buffer_limit_bytes`
+/// bounds it. 64 KiB keeps a stream at full speed (it is four times the largest TLS record),
+/// and is room for the largest request head `http.max_header_bytes` allows, plus a read.
+const DOWNSTREAM_H1_BUFFER: usize = 64 * 1024;
+
+fn downstream_h1_buffer(max_header_bytes: usize) -> usize {
+    DOWNSTREAM_H1_BUFFER.max(max_header_bytes.saturating_add(8 * 1024))
+}
+
+/// HTTP/2 client connections: response bytes queued per stream while the client's socket
+/// does not take them (hyper's `max_send_buf_size`, about 400 KiB by default). A client that
+/// grants every window and then reads nothing makes Remora hold that per stream; 64 KiB is four
+/// full DATA frames, enough to keep a stream moving while the socket drains. Measured with 400
+/// stalled streams of 1 MiB: 232 to 440 KiB of RSS per stream with the default, 58 to 338 KiB
+/// with this (docs/hardening.md, "Overload": most of what remains is elsewhere).
+const H2_MAX_SEND_BUF: usize = 64 * 1024;
 
 /// HTTP/2 client connections: streams the client may reset before hyper accepts them, before
 /// GOAWAY(ENHANCE_YOUR_CALM) (Rapid Reset in one write; h2's own default).

@@ -255,6 +255,13 @@ async fn reap<C: Pooled, K: PoolKey + Send + Sync + 'static>(pool: Weak<Pool<C, 
     }
 }
 
+/// The most an upstream HTTP/1.1 connection reads ahead (hyper's `max_buf_size`): with a
+/// client that does not read, a response waits here at most this much at a time (Envoy's
+/// `per_connection_buffer_limit_bytes` idea), where hyper's default let it read 400 KiB
+/// chunks. It also bounds a response head, and the fast path's
+/// [`super::h1::head::MAX_RESPONSE_HEAD`] follows it (Envoy's default is 60 KiB).
+pub const UPSTREAM_H1_BUFFER: usize = 64 * 1024;
+
 /// Start the HTTP client on a new upstream connection; the connection runs in a task of its own.
 pub async fn handshake(upstream: Upstream, version: HttpVersion) -> Result<Sender, hyper::Error> {
     let (stream, registration) = upstream.into_parts();
@@ -273,7 +280,10 @@ where
 {
     match version {
         HttpVersion::Http1 => {
-            let (sender, conn) = http1::Builder::new().handshake(TokioIo::new(io)).await?;
+            let (sender, conn) = http1::Builder::new()
+                .max_buf_size(UPSTREAM_H1_BUFFER)
+                .handshake(TokioIo::new(io))
+                .await?;
             tokio::spawn(async move {
                 let _keep = keep;
                 // Upgrades (WebSocket) hand the socket to the tunnel, which keeps it open.

@@ -213,6 +213,8 @@ pub struct EnvoyStats {
     pub authz: super::AuthzMetrics,
     /// Mesh TLS handshakes, for the inbound listener's `ssl.*` stats.
     pub tls: super::TlsMetrics,
+    /// Connections refused at the connection limits, for the listeners' overflow stats.
+    pub overload: super::OverloadMetrics,
     pub outbound: DirectionMetrics,
     pub inbound: DirectionMetrics,
     /// Envoy's stat prefixes of the outbound and inbound listeners.
@@ -290,12 +292,32 @@ impl EnvoyStats {
                 }),
             ),
         ];
-        for (listener, cluster, d) in [
-            (&self.outbound_listener, OUTBOUND_CLUSTER, &self.outbound),
-            (&self.inbound_listener, INBOUND_CLUSTER, &self.inbound),
+        for (listener, cluster, d, dir) in [
+            (
+                &self.outbound_listener,
+                OUTBOUND_CLUSTER,
+                &self.outbound,
+                crate::Direction::Outbound,
+            ),
+            (
+                &self.inbound_listener,
+                INBOUND_CLUSTER,
+                &self.inbound,
+                crate::Direction::Inbound,
+            ),
         ] {
             let l = || Scope::Listener(listener.clone());
             stats.push(c(l(), "downstream_cx_total", d.opened.get()));
+            stats.push(c(
+                l(),
+                "downstream_cx_overflow",
+                self.overload.listener_overflow(dir).get(),
+            ));
+            stats.push(c(
+                l(),
+                "downstream_global_cx_overflow",
+                self.overload.global_overflow(dir).get(),
+            ));
             stats.push(g(l(), "downstream_cx_active", active(d)));
             stats.push(c(l(), "downstream_cx_destroy", d.closed.get()));
             let cl = || Scope::Cluster(cluster.to_string());

@@ -11,6 +11,7 @@ mod envoy;
 pub mod exposition;
 mod istio;
 mod istio_http;
+mod overload;
 mod process;
 mod tls;
 
@@ -21,6 +22,7 @@ pub use envoy::{
 };
 pub use istio::{IstioLabels, IstioTcp, FLAGS};
 pub use istio_http::{RequestOutcome, SeriesCache};
+pub use overload::{OverloadMetrics, ACCEPTING_LISTENERS};
 pub use process::{sample as process_sample, Sample as ProcessSample};
 pub use tls::TlsMetrics;
 
@@ -83,6 +85,8 @@ pub struct Metrics {
     pub tls: TlsMetrics,
     /// Authorization decisions and the policies in force.
     pub authz: AuthzMetrics,
+    /// Connections refused at the connection limits, and failed accepts.
+    pub overload: OverloadMetrics,
     envoy: envoy::EnvoyStats,
 }
 
@@ -344,7 +348,9 @@ impl Metrics {
         let authz = AuthzMetrics::register(&mut registry);
         let dns = DnsMetrics::register(&mut registry);
         let tls = TlsMetrics::register(&mut registry);
+        let overload = OverloadMetrics::register(&mut registry);
         let envoy = envoy::EnvoyStats {
+            overload: overload.clone(),
             authz: authz.clone(),
             tls: tls.clone(),
             server: Arc::clone(&server),
@@ -361,6 +367,7 @@ impl Metrics {
             detection_seconds,
             tls,
             authz,
+            overload,
             requests,
             server,
             dns,

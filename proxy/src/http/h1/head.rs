@@ -10,8 +10,9 @@ use memchr::memchr;
 pub const MAX_REQUEST_HEADERS: usize = 100;
 /// Response headers accepted, as hyper's client accepts (100); more is a protocol error.
 pub const MAX_RESPONSE_HEADERS: usize = 100;
-/// Largest response head: hyper's client buffers up to about 400 KiB before giving up.
-pub const MAX_RESPONSE_HEAD: usize = 400 * 1024;
+/// Largest response head: as on hyper's path, whose client reads at most
+/// [`crate::http::pool::UPSTREAM_H1_BUFFER`] before giving up (Envoy's default is 60 KiB).
+pub const MAX_RESPONSE_HEAD: usize = crate::http::pool::UPSTREAM_H1_BUFFER;
 
 /// What the request's side of the proxy needs to know to judge a head.
 #[derive(Debug, Clone, Copy)]
