@@ -14,7 +14,8 @@
 //! h2load and iperf3; [`scenarios`] puts these together per scenario (interleaved rounds,
 //! reduced to medians with their spread), [`report`] renders the tables and their ratio
 //! matrices as markdown and JSON, and [`targets`] judges the targets from them.
-//! [`xds_scale`] writes istiod-shaped xDS resources for N services (the config-scale scenario).
+//! [`xds_scale`] writes istiod-shaped xDS resources for N services (the config-scale scenario);
+//! [`route_scale`] the large route table and cluster of the traffic micro-benchmarks.
 
 pub mod cores;
 pub mod floor;
@@ -24,6 +25,7 @@ pub mod open_loop;
 pub mod process;
 pub mod proxy_config;
 pub mod report;
+pub mod route_scale;
 pub mod scenarios;
 pub mod targets;
 pub mod tcp_load;

@@ -8,6 +8,8 @@ use std::fmt::Write as _;
 
 /// The row the targets are about.
 pub const REMORA: &str = "remora";
+/// Remora routed by xDS: the row of the traffic-management targets (issue #32).
+pub const REMORA_XDS: &str = "remora-xds";
 /// The reference row that relays bytes and nothing else ([`crate::floor`]).
 pub const FLOOR: &str = "floor";
 
@@ -39,6 +41,9 @@ impl Bound {
 /// One target: `figure` (the first of `sources` that was measured) against `against`.
 struct Target {
     name: &'static str,
+    /// Whose figure: [`REMORA`], or Remora routed by xDS ([`REMORA_XDS`]) where the table is
+    /// about the routed path.
+    ours: &'static str,
     /// (table id, column name), in order of preference.
     sources: &'static [(&'static str, &'static str)],
     against: Against,
@@ -50,33 +55,38 @@ const GRPC_PER_CORE: &[(&str, &str)] = &[("throughput-grpc", "req/s per proxy co
 const H2C_PER_CORE: &[(&str, &str)] = &[("throughput-h2c", "req/s per proxy core")];
 
 /// The issue's list (one worker each, ratios in the same run).
-const TARGETS: [Target; 12] = [
+const TARGETS: [Target; 14] = [
     Target {
         name: "HTTP/1.1 rps per core ≥ 1.0× HAProxy's",
+        ours: REMORA,
         sources: HTTP1_PER_CORE,
         against: Against::Row("haproxy"),
         bound: Bound::AtLeast(1.0),
     },
     Target {
         name: "HTTP/1.1 rps per core ≥ 3× Envoy's",
+        ours: REMORA,
         sources: HTTP1_PER_CORE,
         against: Against::Row("envoy"),
         bound: Bound::AtLeast(3.0),
     },
     Target {
         name: "added p50 at 1000 rps ≤ 1.0× HAProxy's",
+        ours: REMORA,
         sources: &[("latency", "added p50")],
         against: Against::Row("haproxy"),
         bound: Bound::AtMost(1.0),
     },
     Target {
         name: "added p99 at 1000 rps ≤ 1.0× HAProxy's",
+        ours: REMORA,
         sources: &[("latency", "added p99")],
         against: Against::Row("haproxy"),
         bound: Bound::AtMost(1.0),
     },
     Target {
         name: "CPU per 1000 requests ≤ 0.85× HAProxy's",
+        ours: REMORA,
         sources: &[
             ("cost", "CPU / 1000 req at 1000 rps"),
             ("latency", "proxy CPU / 1000 req"),
@@ -86,30 +96,35 @@ const TARGETS: [Target; 12] = [
     },
     Target {
         name: "RSS idle ≤ 0.6× HAProxy's",
+        ours: REMORA,
         sources: &[("cost", "RSS idle")],
         against: Against::Row("haproxy"),
         bound: Bound::AtMost(0.6),
     },
     Target {
         name: "RSS under load ≤ 0.6× HAProxy's",
+        ours: REMORA,
         sources: &[("cost", "RSS at 1000 rps"), ("latency", "proxy RSS")],
         against: Against::Row("haproxy"),
         bound: Bound::AtMost(0.6),
     },
     Target {
         name: "≤ 4 KiB per idle TCP connection",
+        ours: REMORA,
         sources: &[("cost", "per idle TCP conn")],
         against: Against::Absolute("KiB"),
         bound: Bound::AtMost(4.0),
     },
     Target {
         name: "≤ 16 KiB per idle HTTP keep-alive connection",
+        ours: REMORA,
         sources: &[("cost", "per idle HTTP conn")],
         against: Against::Absolute("KiB"),
         bound: Bound::AtMost(16.0),
     },
     Target {
         name: "TCP bulk ≥ 0.8× no proxy",
+        ours: REMORA,
         sources: &[("tcp-bulk", "throughput")],
         against: Against::Row(NO_PROXY),
         bound: Bound::AtLeast(0.8),
@@ -117,15 +132,32 @@ const TARGETS: [Target; 12] = [
     // The issue names both: plain HTTP/2 (h2c) and gRPC over it, each its own table.
     Target {
         name: "h2c throughput per core ≥ Envoy's",
+        ours: REMORA,
         sources: H2C_PER_CORE,
         against: Against::Row("envoy"),
         bound: Bound::AtLeast(1.0),
     },
     Target {
         name: "gRPC throughput per core ≥ Envoy's",
+        ours: REMORA,
         sources: GRPC_PER_CORE,
         against: Against::Row("envoy"),
         bound: Bound::AtLeast(1.0),
+    },
+    // Issue #32: the same, through a weighted route with Istio's retries and outlier detection.
+    Target {
+        name: "traffic management: HTTP/1.1 rps per core ≥ 1.0× HAProxy's",
+        ours: REMORA_XDS,
+        sources: &[("traffic-http1", "req/s per proxy core")],
+        against: Against::Row("haproxy"),
+        bound: Bound::AtLeast(1.0),
+    },
+    Target {
+        name: "traffic management: CPU per request ≤ 0.25× Envoy's",
+        ours: REMORA_XDS,
+        sources: &[("traffic-http1", "CPU / 1000 req at 1000 rps")],
+        against: Against::Row("envoy"),
+        bound: Bound::AtMost(0.25),
     },
 ];
 
@@ -172,7 +204,7 @@ fn judge_one(target: &Target, tables: &[Table]) -> Verdict {
     };
     let found = target.sources.iter().find_map(|(id, column)| {
         let table = tables.iter().find(|t| t.id == *id)?;
-        let ours = table.figure(REMORA, column)?;
+        let ours = table.figure(target.ours, column)?;
         Some((table, *id, *column, ours))
     });
     let Some((table, id, column, ours)) = found else {
@@ -322,7 +354,7 @@ fn saved_figures(
     };
     target.sources.iter().find_map(|(id, column)| {
         let table = run["tables"].as_array()?.iter().find(|t| t["id"] == *id)?;
-        let ours = figure(table, REMORA, column)?;
+        let ours = figure(table, target.ours, column)?;
         match target.against {
             Against::Absolute(_) => Some((ours, None)),
             Against::Row(other) => Some((ours, Some(figure(table, other, column)?))),
@@ -412,6 +444,28 @@ mod tests {
             .iter()
             .find(|v| v.target.starts_with(name))
             .unwrap()
+    }
+
+    /// The traffic-management targets read the row routed by xDS, never the explicit one.
+    #[test]
+    fn traffic_targets_read_the_routed_row() {
+        let mut t = Table::new(
+            "traffic-http1",
+            "t",
+            vec![
+                Column::new("req/s per proxy core", "", 0).with_peer_ratios(),
+                Column::new("CPU / 1000 req at 1000 rps", "ms", 1).with_peer_ratios(),
+            ],
+        );
+        t.push(REMORA, vec![f(1.0), f(1.0)], None);
+        t.push(REMORA_XDS, vec![f(30_000.0), f(30.0)], None);
+        t.push("haproxy", vec![f(25_000.0), f(40.0)], None);
+        t.push("envoy", vec![f(10_000.0), f(100.0)], None);
+        let verdicts = judge(&[t]);
+        let rps = verdict(&verdicts, "traffic management: HTTP/1.1 rps per core");
+        assert_eq!((rps.measured, rps.result.as_str()), (Some(1.2), "pass"));
+        let cpu = verdict(&verdicts, "traffic management: CPU per request");
+        assert_eq!((cpu.measured, cpu.result.as_str()), (Some(0.3), "fail"));
     }
 
     #[test]

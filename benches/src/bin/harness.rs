@@ -109,6 +109,8 @@ enum Scenario {
     Cost,
     /// 5. Two Remoras back to back over mTLS against two Envoys, 2 workers each.
     Mtls,
+    /// 6. HTTP/1.1, weighted route, Istio's retries, outlier detection (not in the default run).
+    Traffic,
 }
 
 const ALL_SCENARIOS: [Scenario; 5] = [
@@ -396,6 +398,7 @@ fn run(cli: Cli, registry: Registry) -> anyhow::Result<()> {
             Scenario::Tcp => scenarios::tcp::run(&bench),
             Scenario::Cost => vec![scenarios::cost::run(&bench)],
             Scenario::Mtls => scenarios::mtls::run(&bench),
+            Scenario::Traffic => vec![scenarios::traffic::run(&bench)],
         };
         for table in tables {
             println!("{}", table.markdown());

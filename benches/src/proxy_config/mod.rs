@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
 
+pub mod traffic;
 pub mod xds;
 
 /// One contender in a scenario.

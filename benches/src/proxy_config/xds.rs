@@ -87,13 +87,13 @@ pub fn resources(mode: Mode, upstream: SocketAddr) -> Resources {
     r
 }
 
-fn unlimited_circuit_breakers() -> Value {
+pub(super) fn unlimited_circuit_breakers() -> Value {
     let max = u32::MAX;
     json!({"thresholds": [{"max_connections": max, "max_pending_requests": max,
         "max_requests": max, "max_retries": max, "track_remaining": true}]})
 }
 
-fn service_cluster(name: &str, port: u16) -> Value {
+pub(super) fn service_cluster(name: &str, port: u16) -> Value {
     json!({
         "@type": CLUSTER,
         "name": name,
@@ -117,7 +117,7 @@ fn tcp_proxy(cluster: &str) -> Value {
            "typed_config": {"@type": TCP_PROXY, "stat_prefix": cluster, "cluster": cluster}})
 }
 
-fn http_listener(port: u16) -> Value {
+pub(super) fn http_listener(port: u16) -> Value {
     let filter = |name: &str, ty: &str| json!({"name": name, "typed_config": {"@type": format!("type.googleapis.com/{ty}")}});
     let hcm = json!({
         "@type": HCM,

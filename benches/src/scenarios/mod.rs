@@ -11,6 +11,7 @@ pub mod mtls;
 mod rounds;
 pub mod tcp;
 pub mod throughput;
+pub mod traffic;
 
 use crate::process::{self, Registry, Spawned, Usage, LOAD_CPU, PROXY_CPU};
 use crate::proxy_config::{self as config, Mode, NginxLimits, Proxy, RemoraPorts};
@@ -267,9 +268,21 @@ impl Bench {
             mode
         };
         let started = Instant::now();
-        let (mut spawned, addr) = self
+        let launched = self
             .launch(proxy, mode, upstream)
             .map_err(|e| format!("{e:#}"))?;
+        self.wait_ready(proxy, mode, ready, started, launched)
+    }
+
+    /// Waits until a contender just launched is ready.
+    fn wait_ready(
+        &self,
+        proxy: Proxy,
+        mode: Mode,
+        ready: Ready,
+        started: Instant,
+        (mut spawned, addr): (Spawned, SocketAddr),
+    ) -> Result<Contender, String> {
         let deadline = started + READY_TIMEOUT;
         loop {
             let up = match ready {

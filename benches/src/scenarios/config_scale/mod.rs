@@ -331,7 +331,7 @@ fn brief(line: &str) -> String {
 }
 
 /// One GET to 127.0.0.1:`port`; the status and body, or `None` if it did not answer.
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
+pub(crate) fn get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
