@@ -125,7 +125,13 @@ fn cluster_pick(c: &mut Criterion) {
                 b.iter(|| {
                     n += 1;
                     let selected = up
-                        .select_in(&snapshot, &state, &cluster, dst, Avoid::default())
+                        .select_in(
+                            snapshot.endpoints_of(&cluster),
+                            &state,
+                            &cluster,
+                            dst,
+                            Avoid::default(),
+                        )
                         .unwrap();
                     let status = if fail_every > 0 && n.is_multiple_of(fail_every) {
                         503
