@@ -90,6 +90,10 @@ pub struct Routed {
     pub tried: std::sync::Mutex<Tried>,
     /// The route's, virtual host's and table's response header edits.
     pub response_edits: Edits,
+    /// The cors filter's response headers (`access-control-allow-origin`, …), set after
+    /// `response_edits` on the upstream's response and the router's own replies, not on a
+    /// fault's abort (the fault filter comes before the cors filter in istiod's chain).
+    pub cors_response: Edits,
     /// The route's mirror policies ([`super::mirror`]), shared with the route; `None` for
     /// nearly every route.
     pub mirrors: Option<Arc<[remora_xds::model::route::MirrorPolicy]>>,
@@ -270,6 +274,7 @@ impl Decided {
             && (self.routed.retries == 0 || self.routed.retry.is_istio_default())
             && self.request_edits.is_empty()
             && self.routed.response_edits.is_empty()
+            && self.routed.cors_response.is_empty()
             && self.path.is_none()
             && self.host.is_none()
     }
@@ -349,6 +354,7 @@ pub fn decide_request(
             return Err(local);
         }
     };
+    let cors = cors_outcome(ctx, route, cluster, parts)?;
     let (request_edits, response_edits) = match parts {
         Some(parts) => {
             let format_request = header_format::Request {
@@ -360,11 +366,13 @@ pub fn decide_request(
             if upgrade_disabled(forward, &parts.headers) {
                 // Envoy's answer to an upgrade its route turns off (`upgrade_failed`), with the
                 // response edits of its other local replies.
+                let mut edits = local_edits(table, vhost, route, &format_request);
+                edits.set_after(&cors);
                 return Err(Answer::Local {
                     status: 403,
                     body: None,
                     location: None,
-                    edits: local_edits(table, vhost, route, &format_request),
+                    edits,
                     fault: route
                         .fault_for(cluster)
                         .filter(|_| ctx.xds_chain.fault_filter)
@@ -380,6 +388,8 @@ pub fn decide_request(
         }
         None => return Err(Answer::Handover),
     };
+    let mut cors_response = Edits::default();
+    cors_response.set_after(&cors);
     let path = forward
         .prefix_rewrite
         .as_deref()
@@ -407,6 +417,7 @@ pub fn decide_request(
         tried: std::sync::Mutex::default(),
         attempt_count: vhost.include_request_attempt_count,
         response_edits,
+        cors_response,
         mirrors: (!forward.mirrors.is_empty()).then(|| Arc::clone(&forward.mirrors)),
         // Only a consistent-hash cluster reads it: no work for any other.
         hash: if hashes && !forward.hash_policy.is_empty() {
@@ -473,6 +484,53 @@ pub fn decide(
         parts.headers.insert(http::header::HOST, host);
     }
     Ok(decided.routed)
+}
+
+/// What the chain's cors filter does to a forwarded request of `route` (Envoy's filter acts
+/// only on routes that forward): a preflight it answers is the `Err`; otherwise the headers
+/// to set on the response (none for nearly every request). The HTTP/1.1 fast path, which
+/// gives no `parts`, hands a route with a CORS policy over to hyper's path.
+fn cors_outcome(
+    ctx: &ConnContext,
+    route: &remora_xds::model::route::Route,
+    cluster: &str,
+    parts: Option<&Parts>,
+) -> Result<Vec<(&'static str, String)>, Answer> {
+    use remora_xds::model::cors::{CorsOutcome, CorsRequest};
+    let Some(cors) = route.cors.as_ref().filter(|_| ctx.xds_chain.cors_filter) else {
+        return Ok(Vec::new());
+    };
+    let Some(parts) = parts else {
+        return Err(Answer::Handover);
+    };
+    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    let req = CorsRequest {
+        method: parts.method.as_str(),
+        origin: header("origin"),
+        request_method: header("access-control-request-method"),
+        request_headers: header("access-control-request-headers"),
+        request_private_network: header("access-control-request-private-network"),
+    };
+    match cors.evaluate(&req, fastrand::u64(..)) {
+        CorsOutcome::Pass => Ok(Vec::new()),
+        CorsOutcome::Response(headers) => Ok(headers),
+        // Answered after the fault filter (which comes first in istiod's chain: its fault
+        // applies) and before the router (none of the route's header edits).
+        CorsOutcome::Preflight(headers) => {
+            let mut edits = Edits::default();
+            edits.set_after(&headers);
+            Err(Answer::Local {
+                status: 200,
+                body: None,
+                location: None,
+                edits,
+                fault: route
+                    .fault_for(cluster)
+                    .filter(|_| ctx.xds_chain.fault_filter)
+                    .cloned(),
+            })
+        }
+    }
 }
 
 /// Whether the request asks for an HTTP/1.1 upgrade (WebSocket) that the route's

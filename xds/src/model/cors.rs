@@ -52,7 +52,8 @@ pub struct CorsRequest<'a> {
 pub enum CorsOutcome {
     /// Nothing: the request goes on and its response is not touched.
     Pass,
-    /// A preflight answered here: 200 with these headers, nothing forwarded.
+    /// A preflight answered here: 200 with these headers (and none of the route's header
+    /// edits), nothing forwarded.
     Preflight(Vec<(&'static str, String)>),
     /// Forward the request; set these headers on its response (the upstream's or a local
     /// reply of the router).
@@ -152,6 +153,12 @@ impl Cors {
         {
             headers.push((ALLOW_PRIVATE_NETWORK, "true".to_string()));
         }
+        // Envoy's answer passes through the filter's own response side too, which adds the
+        // exposed headers when the origin is allowed.
+        let expose = self.text(|p| &p.expose_headers);
+        if allowed && !expose.is_empty() {
+            headers.push((EXPOSE_HEADERS, expose.to_string()));
+        }
         CorsOutcome::Preflight(headers)
     }
 }
@@ -228,6 +235,7 @@ mod tests {
                 (ALLOW_METHODS, "GET,POST".into()),
                 (ALLOW_HEADERS, "x-custom".into()),
                 (MAX_AGE, "600".into()),
+                (EXPOSE_HEADERS, "x-exposed".into()),
             ])
         );
     }
@@ -244,7 +252,9 @@ mod tests {
         let CorsOutcome::Preflight(h) = c.evaluate(&preflight("https://evil"), 0) else {
             panic!("not answered");
         };
-        assert!(h.iter().all(|(n, _)| *n != ALLOW_ORIGIN));
+        assert!(h
+            .iter()
+            .all(|(n, _)| *n != ALLOW_ORIGIN && *n != EXPOSE_HEADERS));
         assert!(h.contains(&(ALLOW_METHODS, "GET,POST".into())));
     }
 
