@@ -163,6 +163,8 @@ const CASES: &[Case] = &[
     (WEB, "/cors", &[("origin", "https://evil.example")]),
     (WEB, "/cors", &[("origin", "")]),
     (WEB, "/cors", &[]),
+    (WEB, "/cors-fault", &[("origin", "https://a.example")]),
+    (WEB, "/cors-no-cluster", &[("origin", "https://a.example")]),
 ];
 
 /// Requests to the VIP's port 8080, whose table matches the Host's port.
@@ -206,6 +208,7 @@ const RAW_CASES: &[&str] = &[
     "OPTIONS /cors HTTP/1.1\r\nHost: web\r\nOrigin: https://evil.example\r\nAccess-Control-Request-Method: PUT\r\nConnection: close\r\n\r\n",
     "OPTIONS /cors-strict HTTP/1.1\r\nHost: web\r\nOrigin: https://evil.example\r\nAccess-Control-Request-Method: PUT\r\nConnection: close\r\n\r\n",
     "OPTIONS /cors HTTP/1.1\r\nHost: web\r\nOrigin: https://b.x\r\nConnection: close\r\n\r\n",
+    "OPTIONS /cors-fault HTTP/1.1\r\nHost: web\r\nOrigin: https://a.example\r\nAccess-Control-Request-Method: PUT\r\nConnection: close\r\n\r\n",
 ];
 
 /// A pod whose sidecar is Remora or Envoy, with the backends in its peer namespace.

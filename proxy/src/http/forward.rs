@@ -157,6 +157,8 @@ pub async fn handle(
             // a redirect's or direct response's, which have no such route entry).
             if let Some(r) = &routed {
                 r.response_edits.apply(reply.headers_mut());
+            } else if let Some(edits) = answered.as_ref().and_then(|a| a.abort_edits()) {
+                edits.apply(reply.headers_mut());
             }
             return Ok(reply);
         }

@@ -316,10 +316,20 @@ fn cors_policy(extra: Value) -> Value {
     json!({"envoy.filters.http.cors": policy})
 }
 
-/// Routes with a CORS policy: istiod's, and one that answers preflights from other origins
-/// (`unmatchedPreflights: IGNORE`) instead of forwarding them.
+/// Routes with a CORS policy: istiod's, one that answers preflights from other origins
+/// (`unmatchedPreflights: IGNORE`) instead of forwarding them, one with a fault's abort, one
+/// to a cluster that does not exist.
 fn cors_routes() -> Vec<Value> {
+    // With a fault that aborts every request too: the fault filter comes first.
+    let mut faulty = cors_policy(json!({}));
+    if let (Some(p), Some(f)) = (faulty.as_object_mut(), traffic::abort_all().as_object()) {
+        p.extend(f.clone());
+    }
     vec![
+        json!({"match": {"prefix": "/cors-fault"}, "route": to(A), "typed_per_filter_config": faulty}),
+        // The router's own reply (no such cluster).
+        json!({"match": {"prefix": "/cors-no-cluster"}, "route": to(MISSING),
+               "typed_per_filter_config": cors_policy(json!({}))}),
         json!({"match": {"prefix": "/cors-strict"}, "route": to(A),
                "typed_per_filter_config": cors_policy(json!({"forward_not_matching_preflights": false}))}),
         json!({"match": {"prefix": "/cors"}, "route": to(A),
