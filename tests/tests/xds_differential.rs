@@ -155,6 +155,16 @@ const CASES: &[Case] = &[
     (WEB, "/503-once-retried", &[]),
     (WEB, "/503-once", &[]),
     (WEB, "/503-once", &[]),
+    // CORS (istiod's policy on the route): an allowed origin (exact, prefix, regex), one
+    // that is not, none; a preflight is OPTIONS (in RAW_CASES).
+    (WEB, "/cors", &[("origin", "https://a.example")]),
+    (WEB, "/cors", &[("origin", "https://b.test")]),
+    (WEB, "/cors-strict", &[("origin", "https://c42.example")]),
+    (WEB, "/cors", &[("origin", "https://evil.example")]),
+    (WEB, "/cors", &[("origin", "")]),
+    (WEB, "/cors", &[]),
+    (WEB, "/cors-fault", &[("origin", "https://a.example")]),
+    (WEB, "/cors-no-cluster", &[("origin", "https://a.example")]),
 ];
 
 /// Requests to the VIP's port 8080, whose table matches the Host's port.
@@ -165,6 +175,12 @@ const CASES_8080: &[Case] = &[
     ("web", "/", &[]),
     ("web.test.svc.cluster.local:9999", "/", &[]),
     ("other.test", "/", &[]),
+    // A CORS policy where the chain has no cors filter: nothing.
+    (
+        "web.test.svc.cluster.local",
+        "/cors",
+        &[("origin", "https://a.example")],
+    ),
 ];
 
 /// Requests written byte for byte, each on a connection of its own: protocol versions, forms
@@ -185,6 +201,14 @@ const RAW_CASES: &[&str] = &[
     // backslashes; the query kept as written.
     "GET /x/./y/%2e%2e/../edits?a=/../b HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
     "GET /v1/%69tems%2Fz\\w HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
+    // CORS preflights: from an allowed origin (answered by the proxy), from another (forwarded,
+    // or answered without an allowed origin where unmatched preflights are not forwarded);
+    // OPTIONS without a requested method is no preflight.
+    "OPTIONS /cors HTTP/1.1\r\nHost: web\r\nOrigin: https://a.example\r\nAccess-Control-Request-Method: PUT\r\nAccess-Control-Request-Headers: x-custom\r\nConnection: close\r\n\r\n",
+    "OPTIONS /cors HTTP/1.1\r\nHost: web\r\nOrigin: https://evil.example\r\nAccess-Control-Request-Method: PUT\r\nConnection: close\r\n\r\n",
+    "OPTIONS /cors-strict HTTP/1.1\r\nHost: web\r\nOrigin: https://evil.example\r\nAccess-Control-Request-Method: PUT\r\nConnection: close\r\n\r\n",
+    "OPTIONS /cors HTTP/1.1\r\nHost: web\r\nOrigin: https://b.x\r\nConnection: close\r\n\r\n",
+    "OPTIONS /cors-fault HTTP/1.1\r\nHost: web\r\nOrigin: https://a.example\r\nAccess-Control-Request-Method: PUT\r\nConnection: close\r\n\r\n",
 ];
 
 /// A pod whose sidecar is Remora or Envoy, with the backends in its peer namespace.
@@ -377,7 +401,7 @@ impl World<'_> {
             .output()
             .lines()
             .filter_map(|l| {
-                let start = l.find("\"GET ")?;
+                let start = l.find("\"GET ").or_else(|| l.find("\"OPTIONS "))?;
                 let rest = &l[start..];
                 let end = rest[1..].find('"')? + 2;
                 let mut after = rest[end..].split_whitespace();

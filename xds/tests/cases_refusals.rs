@@ -24,6 +24,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
         "tcp-split",
         "istiod-defaults",
         "faults-retries",
+        "cors",
         "resilience",
         "mirror",
         "consistent-hash",
@@ -42,7 +43,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
 
 /// Each resource of `gaps`: its kind and name, the field refused and why. What istiod writes
 /// it for is in the comment.
-const GAPS: [(Kind, &str, &str, &str); 7] = [
+const GAPS: [(Kind, &str, &str, &str); 6] = [
     // DestinationRule connectionPool.tcp.tcpKeepalive.
     (
         Kind::Cluster,
@@ -79,13 +80,6 @@ const GAPS: [(Kind, &str, &str, &str); 7] = [
         "weighted-authority",
         "virtual_hosts[0].routes[0].route.weighted_clusters.clusters[0].host_rewrite_literal",
         "field not supported (in envoy.config.route.v3.WeightedCluster.ClusterWeight)",
-    ),
-    // VirtualService corsPolicy.
-    (
-        Kind::Route,
-        "cors",
-        "virtual_hosts[0].routes[0].typed_per_filter_config[envoy.filters.http.cors]",
-        "per-route config of HTTP filter \"envoy.filters.http.cors\" not supported (only envoy.filters.http.fault)",
     ),
     // A rewrite with ProxyConfig's X-Forwarded-Host on.
     (

@@ -382,6 +382,57 @@ fn header_prefix_authority_and_query_presence() {
     assert_eq!(f.timeout, Some(Duration::from_secs(1)));
 }
 
+/// VirtualService `corsPolicy` as istiod writes it: a preflight from an allowed origin (exact,
+/// prefix, regex) answered, one from another forwarded or (`unmatchedPreflights: IGNORE`)
+/// answered without an allowed origin; a simple request's response headers.
+#[test]
+fn cors_as_istiod_writes_it() {
+    use remora_xds::model::cors::{CorsOutcome, CorsRequest, ALLOW_ORIGIN};
+    let preflight = |origin| CorsRequest {
+        method: "OPTIONS",
+        origin: Some(origin),
+        request_method: Some("POST"),
+        ..CorsRequest::default()
+    };
+    let forwarding = table("cors", "cors");
+    let cors = forwarding.virtual_hosts[0].routes[0]
+        .cors
+        .clone()
+        .expect("cors");
+    for origin in [
+        "https://example.com",
+        "https://app.x",
+        "https://web.example.org",
+    ] {
+        let CorsOutcome::Preflight(h) = cors.evaluate(&preflight(origin), 0) else {
+            panic!("{origin}: not answered");
+        };
+        assert!(
+            h.contains(&(ALLOW_ORIGIN, origin.to_string())),
+            "{origin}: {h:?}"
+        );
+    }
+    assert_eq!(
+        cors.evaluate(&preflight("https://evil.org"), 0),
+        CorsOutcome::Pass
+    );
+    let get = CorsRequest {
+        method: "GET",
+        origin: Some("https://example.com"),
+        ..CorsRequest::default()
+    };
+    assert!(matches!(cors.evaluate(&get, 0), CorsOutcome::Response(h) if h.len() == 3));
+    let ignoring = table("cors", "cors-ignore-unmatched");
+    let cors = ignoring.virtual_hosts[0].routes[0]
+        .cors
+        .clone()
+        .expect("cors");
+    let CorsOutcome::Preflight(h) = cors.evaluate(&preflight("https://evil.org"), 0) else {
+        panic!("not answered");
+    };
+    assert!(h.iter().all(|(n, _)| *n != ALLOW_ORIGIN), "{h:?}");
+}
+
 /// VirtualService `fault` and `retries` as istiod writes them: the retries with their own
 /// conditions, per-try timeout, status codes and back-off; the faults with their fractions.
 #[test]

@@ -157,6 +157,8 @@ pub async fn handle(
             // a redirect's or direct response's, which have no such route entry).
             if let Some(r) = &routed {
                 r.response_edits.apply(reply.headers_mut());
+            } else if let Some(edits) = answered.as_ref().and_then(|a| a.abort_edits()) {
+                edits.apply(reply.headers_mut());
             }
             return Ok(reply);
         }
@@ -235,6 +237,7 @@ pub async fn handle(
             // Envoy's router edits its own replies as it edits the upstream's.
             if let Some(routed) = &routed {
                 routed.response_edits.apply(reply.headers_mut());
+                routed.cors_response.apply(reply.headers_mut());
             }
             return Ok(reply);
         }
@@ -248,6 +251,7 @@ pub async fn handle(
     headers::prepare_response(&mut parts.headers, upgraded);
     if let Some(routed) = &routed {
         routed.response_edits.apply(&mut parts.headers);
+        routed.cors_response.apply(&mut parts.headers);
     }
     if let Some(originate) = &ctx.originate {
         if let (_, Some(value)) = exchange::take(&mut parts.headers) {

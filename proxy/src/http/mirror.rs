@@ -369,6 +369,7 @@ async fn send(ctx: &Arc<ConnContext>, cluster: Arc<Cluster>, req: Request<Upstre
         avoid_previous: None,
         tried: std::sync::Mutex::default(),
         response_edits: super::routed::Edits::default(),
+        cors_response: super::routed::Edits::default(),
         mirrors: None,
         hash: None,
     };

@@ -59,6 +59,9 @@ pub struct XdsChainFlags {
     /// The chain has Envoy's fault filter, without which a route's fault config injects
     /// nothing (as in Envoy).
     pub fault_filter: bool,
+    /// The chain has Envoy's cors filter, without which a route's CORS policy does nothing
+    /// (as in Envoy).
+    pub cors_filter: bool,
     /// `normalize_path` (istiod's `true`): an outbound path is normalised before it is routed
     /// and sent, as Envoy's connection manager does (inbound paths always are, as the config
     /// file's `authorization.path_normalization` says).
@@ -73,6 +76,7 @@ impl XdsChainFlags {
         let server = chain.server_name.as_deref().unwrap_or("envoy");
         XdsChainFlags {
             fault_filter: chain.has_fault_filter(),
+            cors_filter: chain.has_cors_filter(),
             normalize_path: chain.normalize_path,
             server: http::HeaderValue::try_from(server).ok(),
         }

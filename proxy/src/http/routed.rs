@@ -23,6 +23,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http::{Request, Response};
 use remora_xds::model::cluster::Cluster;
+use remora_xds::model::cors::{CorsOutcome, CorsRequest};
 use remora_xds::model::listener::RouteSource;
 use remora_xds::model::route::{Forward, RequestParts, RouteConfiguration};
 use remora_xds::snapshot::Snapshot;
@@ -90,6 +91,10 @@ pub struct Routed {
     pub tried: std::sync::Mutex<Tried>,
     /// The route's, virtual host's and table's response header edits.
     pub response_edits: Edits,
+    /// The cors filter's response headers (`access-control-allow-origin`, …), set after
+    /// `response_edits` on the upstream's response and the router's own replies, not on a
+    /// fault's abort (the fault filter comes before the cors filter in istiod's chain).
+    pub cors_response: Edits,
     /// The route's mirror policies ([`super::mirror`]), shared with the route; `None` for
     /// nearly every route.
     pub mirrors: Option<Arc<[remora_xds::model::route::MirrorPolicy]>>,
@@ -224,6 +229,13 @@ pub enum Answer {
         /// its router answers.
         fault: Option<Arc<remora_xds::model::fault::FaultPolicy>>,
     },
+    /// A CORS preflight the cors filter answers: 200 with `headers`. `route_edits` are its
+    /// forwarding route's response edits, for the abort of the route's `fault`.
+    Preflight {
+        headers: Edits,
+        route_edits: Edits,
+        fault: Option<Arc<remora_xds::model::fault::FaultPolicy>>,
+    },
     /// For the HTTP/1.1 fast path, which gives [`decide_request`] no request parts: the
     /// route needs them (header values to fill in, a local answer), so hyper's path serves
     /// the request.
@@ -234,7 +246,15 @@ impl Answer {
     /// The fault to inject before answering.
     pub fn fault(&self) -> Option<&Arc<remora_xds::model::fault::FaultPolicy>> {
         match self {
-            Answer::Local { fault, .. } => fault.as_ref(),
+            Answer::Local { fault, .. } | Answer::Preflight { fault, .. } => fault.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The response edits of the fault's abort, when it has any.
+    pub fn abort_edits(&self) -> Option<&Edits> {
+        match self {
+            Answer::Preflight { route_edits, .. } => Some(route_edits),
             _ => None,
         }
     }
@@ -270,6 +290,7 @@ impl Decided {
             && (self.routed.retries == 0 || self.routed.retry.is_istio_default())
             && self.request_edits.is_empty()
             && self.routed.response_edits.is_empty()
+            && self.routed.cors_response.is_empty()
             && self.path.is_none()
             && self.host.is_none()
     }
@@ -349,6 +370,11 @@ pub fn decide_request(
             return Err(local);
         }
     };
+    let cors = cors_outcome(ctx, route, parts)?;
+    let cors_headers = match &cors {
+        CorsOutcome::Response(headers) => &headers[..],
+        _ => &[],
+    };
     let (request_edits, response_edits) = match parts {
         Some(parts) => {
             let format_request = header_format::Request {
@@ -357,14 +383,31 @@ pub fn decide_request(
                 started: SystemTime::now(),
                 parts,
             };
+            if let CorsOutcome::Preflight(headers) = &cors {
+                // Answered by the cors filter, after the fault filter (first in istiod's
+                // chain: its fault applies, its abort edited as this forwarding route's local
+                // replies) and before the router (none of the route's edits on the answer).
+                let mut answer = Edits::default();
+                answer.set_after(headers);
+                return Err(Answer::Preflight {
+                    headers: answer,
+                    route_edits: edits(table, vhost, route, forward, cluster, &format_request).1,
+                    fault: route
+                        .fault_for(cluster)
+                        .filter(|_| ctx.xds_chain.fault_filter)
+                        .cloned(),
+                });
+            }
             if upgrade_disabled(forward, &parts.headers) {
                 // Envoy's answer to an upgrade its route turns off (`upgrade_failed`), with the
                 // response edits of its other local replies.
+                let mut edits = local_edits(table, vhost, route, &format_request);
+                edits.set_after(cors_headers);
                 return Err(Answer::Local {
                     status: 403,
                     body: None,
                     location: None,
-                    edits: local_edits(table, vhost, route, &format_request),
+                    edits,
                     fault: route
                         .fault_for(cluster)
                         .filter(|_| ctx.xds_chain.fault_filter)
@@ -380,6 +423,8 @@ pub fn decide_request(
         }
         None => return Err(Answer::Handover),
     };
+    let mut cors_response = Edits::default();
+    cors_response.set_after(cors_headers);
     let path = forward
         .prefix_rewrite
         .as_deref()
@@ -407,6 +452,7 @@ pub fn decide_request(
         tried: std::sync::Mutex::default(),
         attempt_count: vhost.include_request_attempt_count,
         response_edits,
+        cors_response,
         mirrors: (!forward.mirrors.is_empty()).then(|| Arc::clone(&forward.mirrors)),
         // Only a consistent-hash cluster reads it: no work for any other.
         hash: if hashes && !forward.hash_policy.is_empty() {
@@ -473,6 +519,31 @@ pub fn decide(
         parts.headers.insert(http::header::HOST, host);
     }
     Ok(decided.routed)
+}
+
+/// What the chain's cors filter does to a forwarded request of `route` (Envoy's filter acts
+/// only on routes that forward): nothing for nearly every request. The HTTP/1.1 fast path,
+/// which gives no `parts`, hands a route with a CORS policy over to hyper's path.
+fn cors_outcome(
+    ctx: &ConnContext,
+    route: &remora_xds::model::route::Route,
+    parts: Option<&Parts>,
+) -> Result<CorsOutcome, Answer> {
+    let Some(cors) = route.cors.as_ref().filter(|_| ctx.xds_chain.cors_filter) else {
+        return Ok(CorsOutcome::Pass);
+    };
+    let Some(parts) = parts else {
+        return Err(Answer::Handover);
+    };
+    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    let req = CorsRequest {
+        method: parts.method.as_str(),
+        origin: header("origin"),
+        request_method: header("access-control-request-method"),
+        request_headers: header("access-control-request-headers"),
+        request_private_network: header("access-control-request-private-network"),
+    };
+    Ok(cors.evaluate(&req, fastrand::u64(..)))
 }
 
 /// Whether the request asks for an HTTP/1.1 upgrade (WebSocket) that the route's
@@ -756,6 +827,7 @@ pub(super) fn reply(answer: Answer, grpc: bool, mut end: RequestEnd) -> Response
             edits,
             fault: _,
         } => (status, body, location, edits),
+        Answer::Preflight { headers, .. } => (200, None, None, headers),
     };
     end.status = status;
     if let Some(log) = &mut end.log {

@@ -259,6 +259,7 @@ pub fn routes() -> Value {
         ),
     ];
     let mut web_routes = web_routes;
+    web_routes.extend(cors_routes());
     web_routes.extend(traffic::routes());
     web_routes.push(route(any.clone(), json!({"route": to(A)})));
     let answer = |name: &str| json!([{"match": any.clone(), "direct_response": direct(200, name)}]);
@@ -287,10 +288,53 @@ pub fn routes() -> Value {
              "routes": answer("with-port")},
             {"name": "without-port", "domains": [WEB], "routes": [
                 {"match": {"prefix": "/flaky/"}, "route": to(A), "typed_per_filter_config": traffic::abort_all()},
+                // No cors filter on this port: the policy does nothing.
+                {"match": {"prefix": "/cors"}, "route": to(A), "typed_per_filter_config": cors_policy(json!({}))},
                 {"match": {"prefix": "/"}, "route": to(A)}]},
             {"name": "allow_any", "domains": ["*"], "routes": answer("catch-all")}
         ]
     }])
+}
+
+/// istiod's cors config for a VirtualService's `corsPolicy` (`translateCORSPolicy`), with
+/// `extra` fields over it.
+fn cors_policy(extra: Value) -> Value {
+    let mut policy = json!({
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy",
+        "allow_origin_string_match": [{"exact": "https://a.example"}, {"prefix": "https://b."},
+            {"safe_regex": {"regex": "https://c[0-9]+\\.example"}}],
+        "allow_methods": "GET,PUT",
+        "allow_headers": "x-custom,content-type",
+        "expose_headers": "x-exposed",
+        "max_age": "86400",
+        "allow_credentials": true,
+        "filter_enabled": {"default_value": {"numerator": 100, "denominator": "HUNDRED"}}
+    });
+    if let (Some(p), Some(e)) = (policy.as_object_mut(), extra.as_object()) {
+        p.extend(e.clone());
+    }
+    json!({"envoy.filters.http.cors": policy})
+}
+
+/// Routes with a CORS policy: istiod's, one that answers preflights from other origins
+/// (`unmatchedPreflights: IGNORE`) instead of forwarding them, one with a fault's abort, one
+/// to a cluster that does not exist.
+fn cors_routes() -> Vec<Value> {
+    // With a fault that aborts every request too: the fault filter comes first.
+    let mut faulty = cors_policy(json!({}));
+    if let (Some(p), Some(f)) = (faulty.as_object_mut(), traffic::abort_all().as_object()) {
+        p.extend(f.clone());
+    }
+    vec![
+        json!({"match": {"prefix": "/cors-fault"}, "route": to(A), "typed_per_filter_config": faulty}),
+        // The router's own reply (no such cluster).
+        json!({"match": {"prefix": "/cors-no-cluster"}, "route": to(MISSING),
+               "typed_per_filter_config": cors_policy(json!({}))}),
+        json!({"match": {"prefix": "/cors-strict"}, "route": to(A),
+               "typed_per_filter_config": cors_policy(json!({"forward_not_matching_preflights": false}))}),
+        json!({"match": {"prefix": "/cors"}, "route": to(A),
+               "typed_per_filter_config": cors_policy(json!({}))}),
+    ]
 }
 
 /// istiod's outbound HTTP listener for a port: `0.0.0.0_<port>`, RDS `<port>`, with istiod's
@@ -302,6 +346,9 @@ fn http_listener(port: u16, access_log: &Value, fault_filter: bool) -> Value {
         // fault); port 8080's leaves it out to show that.
         filters.push(json!({"name": "envoy.filters.http.fault", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault"}}));
+        // After the fault filter, as istiod orders them; port 8080's leaves it out too.
+        filters.push(json!({"name": "envoy.filters.http.cors", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors"}}));
     }
     filters.push(
         json!({"name": "envoy.filters.http.router", "typed_config": {

@@ -154,6 +154,22 @@ pub const READ: &[(&str, &[&str])] = &[
         &["http_status", "grpc_status", "percentage"],
     ),
     ("envoy.extensions.filters.http.cors.v3.Cors", &[]),
+    // A route's, virtual host's or table's cors config (`route/cors.rs`); `shadow_enabled`
+    // is not read.
+    (
+        "envoy.extensions.filters.http.cors.v3.CorsPolicy",
+        &[
+            "allow_origin_string_match",
+            "allow_methods",
+            "allow_headers",
+            "expose_headers",
+            "max_age",
+            "allow_credentials",
+            "filter_enabled",
+            "allow_private_network_access",
+            "forward_not_matching_preflights",
+        ],
+    ),
     (
         "envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
         &["emit_filter_state", "stats_for_all_methods"],

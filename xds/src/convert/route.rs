@@ -6,6 +6,7 @@ use super::common::{
     timeout,
 };
 use super::join;
+use crate::model::cors::{Cors, CorsPolicy};
 use crate::model::domains::DomainIndex;
 use crate::model::fault::FaultPolicy;
 use crate::model::route::{
@@ -24,10 +25,11 @@ pub fn route_configuration(
     rc: &pb::RouteConfiguration,
     path: &str,
 ) -> Result<RouteConfiguration, Fault> {
-    let fault = per_filter_configs(
+    let per_filter = per_filter_configs(
         &rc.typed_per_filter_config,
         &join(path, "typed_per_filter_config"),
     )?;
+    let table_cors: Vec<_> = per_filter.cors.into_iter().collect();
     let virtual_hosts: Vec<_> = rc
         .virtual_hosts
         .iter()
@@ -36,7 +38,8 @@ pub fn route_configuration(
             virtual_host(
                 vh,
                 &join(path, &format!("virtual_hosts[{i}]")),
-                fault.as_ref(),
+                per_filter.fault.as_ref(),
+                &table_cors,
             )
         })
         .collect::<Result<_, _>>()?;
@@ -96,22 +99,29 @@ fn direct_response_bodies_fit(rc: &pb::RouteConfiguration, path: &str) -> Result
     Ok(())
 }
 
-/// A virtual host; `table_fault` is its table's fault config, which its own replaces.
+/// A virtual host; `table_fault` is its table's fault config, which its own replaces;
+/// `table_cors` its table's cors config, if any, which its own comes before.
 fn virtual_host(
     vh: &pb::VirtualHost,
     path: &str,
     table_fault: Option<&Arc<FaultPolicy>>,
+    table_cors: &[Arc<CorsPolicy>],
 ) -> Result<VirtualHost, Fault> {
     let own = per_filter_configs(
         &vh.typed_per_filter_config,
         &format!("{path}.typed_per_filter_config"),
     )?;
-    let fault = own.as_ref().or(table_fault);
+    let fault = own.fault.as_ref().or(table_fault);
+    let cors: Vec<_> = own
+        .cors
+        .into_iter()
+        .chain(table_cors.iter().cloned())
+        .collect();
     let routes = vh
         .routes
         .iter()
         .enumerate()
-        .map(|(i, r)| route(r, &format!("{path}.routes[{i}]"), fault).map(Arc::new))
+        .map(|(i, r)| route(r, &format!("{path}.routes[{i}]"), fault, &cors).map(Arc::new))
         .collect::<Result<_, _>>()?;
     Ok(VirtualHost {
         name: vh.name.clone(),
@@ -136,17 +146,25 @@ fn virtual_host(
     })
 }
 
-/// A route; `vhost_fault` is the fault config it inherits, which its own replaces.
+/// A route; `vhost_fault` is the fault config it inherits, which its own replaces;
+/// `vhost_cors` the cors configs it inherits (most specific first), which its own comes before.
 fn route(
     r: &pb::Route,
     path: &str,
     vhost_fault: Option<&Arc<FaultPolicy>>,
+    vhost_cors: &[Arc<CorsPolicy>],
 ) -> Result<Route, Fault> {
     let own = per_filter_configs(
         &r.typed_per_filter_config,
         &format!("{path}.typed_per_filter_config"),
     )?;
-    let fault = own.or_else(|| vhost_fault.cloned());
+    let fault = own.fault.or_else(|| vhost_fault.cloned());
+    let policies: Vec<_> = own
+        .cors
+        .into_iter()
+        .chain(vhost_cors.iter().cloned())
+        .collect();
+    let cors = (!policies.is_empty()).then(|| Arc::new(Cors { policies }));
     let matcher = route_match(
         r.r#match
             .as_ref()
@@ -210,6 +228,7 @@ fn route(
         istio_config,
         fault,
         fault_per_cluster,
+        cors,
         request_headers_to_add: header_edits(
             &r.request_headers_to_add,
             &format!("{path}.request_headers_to_add"),
@@ -399,10 +418,16 @@ fn weighted(
                 &c.typed_per_filter_config,
                 &format!("{at}.typed_per_filter_config"),
             )?;
+            if own.cors.is_some() {
+                return Err(Fault::new(
+                    format!("{at}.typed_per_filter_config[{}]", cors::CORS_FILTER),
+                    "a weighted cluster's cors config not supported (a route's or virtual host's only)",
+                ));
+            }
             Ok(WeightedCluster {
                 name: c.name.clone(),
                 weight: c.weight.as_ref().map_or(0, |w| w.value),
-                fault: own.or_else(|| route_fault.cloned()),
+                fault: own.fault.or_else(|| route_fault.cloned()),
                 request_headers_to_add: header_edits(
                     &c.request_headers_to_add,
                     &format!("{at}.request_headers_to_add"),
@@ -483,6 +508,7 @@ fn redirect(r: &pb::RedirectAction, path: &str) -> Result<Redirect, Fault> {
     })
 }
 
+mod cors;
 mod fault;
 mod hash;
 mod mirror;

@@ -256,6 +256,15 @@ impl HttpChain {
     }
 }
 
+impl HttpChain {
+    /// Whether the chain has Envoy's cors filter: routes' CORS policies act only then.
+    pub fn has_cors_filter(&self) -> bool {
+        self.http_filters
+            .iter()
+            .any(|f| matches!(f, HttpFilter::Cors))
+    }
+}
+
 /// Where an HTTP chain's routes come from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RouteSource {
@@ -308,8 +317,8 @@ pub enum HttpFilter {
     /// Envoy's fault filter with no fault of its own (istiod's default): routes' per-filter
     /// fault configs inject through it (a chain without it injects none, as Envoy).
     Fault,
-    /// Envoy's CORS filter with no policy of its own (istiod's default): only a route's or
-    /// virtual host's CORS policy would act, and Remora refuses those.
+    /// Envoy's CORS filter with no policy of its own (istiod's default): routes' and virtual
+    /// hosts' CORS policies ([`super::cors`]) act only when it is in the chain.
     Cors,
 }
 

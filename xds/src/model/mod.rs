@@ -18,6 +18,7 @@
 
 pub mod circuit_breakers;
 pub mod cluster;
+pub mod cors;
 pub mod domains;
 pub mod endpoint;
 pub mod fault;

@@ -61,6 +61,9 @@ pub struct Route {
     /// Some weighted cluster of the route has a fault config of its own
     /// ([`WeightedCluster::fault`] then says which applies).
     pub fault_per_cluster: bool,
+    /// The cors filter's configs for this route: its own, its virtual host's and its
+    /// table's, most specific first; `None` when no level has one.
+    pub cors: Option<Arc<super::cors::Cors>>,
     pub request_headers_to_add: Vec<HeaderEdit>,
     pub request_headers_to_remove: Vec<String>,
     pub response_headers_to_add: Vec<HeaderEdit>,

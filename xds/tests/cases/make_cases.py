@@ -240,10 +240,6 @@ write("gaps", "routes", [
     gap_rc("weighted-authority", target={"weighted_clusters": {"clusters": [
         {"name": G, "weight": 50, "host_rewrite_literal": "a.example.com"},
         {"name": f"outbound|9080|v2|gaps.{NS}.svc.cluster.local", "weight": 50}]}}),
-    gap_rc("cors", route_extra={"typed_per_filter_config": {"envoy.filters.http.cors": {
-        "@type": TYPE("envoy.extensions.filters.http.cors.v3.CorsPolicy"),
-        "allow_origin_string_match": [{"exact": "https://example.com"}], "allow_methods": "GET,POST",
-        "forward_not_matching_preflights": True}}}),
     gap_rc("x-forwarded-host", action_extra={"append_x_forwarded_host": True, "host_rewrite_literal": "b.example.com"}),
 ])
 
@@ -274,6 +270,21 @@ write("faults-retries", "routes", [
     gap_rc("retry-remote-localities", retry=dict(DEFAULT_RETRY, retry_priority={"name": "envoy.retry_priorities.previous_priorities",
         "typed_config": {"@type": TYPE("envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig"),
                          "update_frequency": 2}})),
+])
+
+# ---- cors: VirtualService corsPolicy, once a gap, which Remora honours (istiod's
+# translateCORSPolicy: origins as string matchers, lists joined by commas, max_age in seconds,
+# filter_enabled at 100 %; `unmatchedPreflights: IGNORE` writes forward_not_matching_preflights false).
+CORS = lambda extra: {"typed_per_filter_config": {"envoy.filters.http.cors": dict({
+    "@type": TYPE("envoy.extensions.filters.http.cors.v3.CorsPolicy"),
+    "allow_origin_string_match": [{"exact": "https://example.com"}, {"prefix": "https://app."},
+                                  {"safe_regex": {"regex": "https://[a-z]+\\.example\\.org"}}],
+    "allow_methods": "GET,POST", "allow_headers": "x-custom,content-type", "expose_headers": "x-exposed",
+    "max_age": "86400", "allow_credentials": True,
+    "filter_enabled": {"default_value": {"numerator": 100, "denominator": "HUNDRED"}}}, **extra)}}
+write("cors", "routes", [
+    gap_rc("cors", route_extra=CORS({"forward_not_matching_preflights": True})),
+    gap_rc("cors-ignore-unmatched", route_extra=CORS({"forward_not_matching_preflights": False})),
 ])
 
 # ---- mirror: VirtualService mirror / mirrors with mirrorPercentage, once a gap, which Remora honours.

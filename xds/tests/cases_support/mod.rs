@@ -19,9 +19,10 @@ pub fn cases_dir() -> PathBuf {
 }
 
 /// The cases, by folder name.
-pub const CASES: [&str; 11] = [
+pub const CASES: [&str; 12] = [
     "traffic-split",
     "faults-retries",
+    "cors",
     "mirror",
     "resilience",
     "consistent-hash",

@@ -446,7 +446,7 @@ fn route(
                 && head::header_value(buf, head.len, "x-envoy-expected-rq-timeout-ms").is_some();
             (!own_count && !own_deadline).then_some(Ok(routed))
         }
-        Ok(_) | Err(Answer::Local { .. } | Answer::Handover) => None,
+        Ok(_) | Err(Answer::Local { .. } | Answer::Preflight { .. } | Answer::Handover) => None,
         Err(Answer::Error(kind)) => Some(Err(kind)),
     }
 }

@@ -146,6 +146,22 @@ impl Edits {
         Edits(Some(Box::new(edits)))
     }
 
+    /// Also set these headers, after every other edit (the cors filter's, which Envoy sets
+    /// on a response after its router has edited it). A value that cannot be sent is dropped.
+    pub(super) fn set_after(&mut self, headers: &[(&'static str, String)]) {
+        if headers.is_empty() {
+            return;
+        }
+        let edits = self.0.get_or_insert_with(Box::default);
+        for (name, value) in headers {
+            if let Ok(value) = HeaderValue::try_from(value.as_str()) {
+                edits
+                    .add
+                    .push((HeaderName::from_static(name), value, false));
+            }
+        }
+    }
+
     /// Whether there is nothing to apply.
     pub fn is_empty(&self) -> bool {
         self.0.is_none()

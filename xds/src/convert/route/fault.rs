@@ -5,8 +5,10 @@
 //! `max_active_faults`, runtime keys, node and cluster conditions) is refused by the field
 //! check (`read.rs` lists only these fields), and per-route configs of other filters here.
 
+use super::cors::{cors_policy, CORS_FILTER};
 use crate::convert::any::unpack;
 use crate::convert::common::duration;
+use crate::model::cors::CorsPolicy;
 use crate::model::fault::{AbortStatus, FaultAbort, FaultDelay, FaultPolicy, Fraction};
 use crate::refusal::Fault;
 use envoy_types::pb::envoy::extensions::filters::common::fault::v3 as common;
@@ -20,39 +22,46 @@ use std::sync::Arc;
 pub const FAULT_FILTER: &str = "envoy.filters.http.fault";
 const HTTP_FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
 
-/// The fault config among one level's `typed_per_filter_config` (at `path`): `None` without
-/// one. A config for any other filter is refused: Remora honours per-route configs of the
-/// fault filter only.
-pub fn per_filter_configs(
-    configs: &HashMap<String, Any>,
-    path: &str,
-) -> Result<Option<Arc<FaultPolicy>>, Fault> {
-    let mut fault = None;
+/// What one level's `typed_per_filter_config` says to the filters Remora honours there.
+#[derive(Debug, Default)]
+pub struct PerFilter {
+    pub fault: Option<Arc<FaultPolicy>>,
+    pub cors: Option<Arc<CorsPolicy>>,
+}
+
+/// The fault and cors configs among one level's `typed_per_filter_config` (at `path`). A
+/// config for any other filter is refused: Remora honours per-route configs of these two only.
+pub fn per_filter_configs(configs: &HashMap<String, Any>, path: &str) -> Result<PerFilter, Fault> {
+    let mut out = PerFilter::default();
     // Sorted, so that the first refusal is the same every time.
     let mut names: Vec<&String> = configs.keys().collect();
     names.sort();
     for name in names {
         let at = format!("{path}[{name}]");
         let any = &configs[name];
-        if name != FAULT_FILTER {
+        if name != FAULT_FILTER && name != CORS_FILTER {
             return Err(Fault::new(
                 at,
                 format!(
-                    "per-route config of HTTP filter {name:?} not supported (only {FAULT_FILTER})"
+                    "per-route config of HTTP filter {name:?} not supported (only {FAULT_FILTER} and {CORS_FILTER})"
                 ),
             )
             .with_type(&any.type_url));
         }
         let u = unpack(any, &at)?;
+        if name == CORS_FILTER {
+            out.cors = Some(Arc::new(cors_policy(&u, &at)?));
+            continue;
+        }
         if u.message_name() != HTTP_FAULT {
             return Err(Fault::new(&at, "not an HTTPFault").with_type(&u.type_url));
         }
         let config: pb::HttpFault = u.to(&at)?;
-        fault = http_fault(&config, &at)
+        out.fault = http_fault(&config, &at)
             .map_err(|e| e.with_type(&u.type_url))?
             .map(Arc::new);
     }
-    Ok(fault)
+    Ok(out)
 }
 
 /// One fault config: `None` when it injects nothing.
@@ -322,14 +331,14 @@ mod tests {
                 "{err}"
             );
         }
-        // Another filter's per-route config (istiod's CORS policy) is refused by name.
-        let cors = json!({"name": "80", "virtual_hosts": [{"name": "vh", "domains": ["*"], "routes": [
-            {"match": {"prefix": "/"}, "route": {"cluster": "c"}, "typed_per_filter_config": {"envoy.filters.http.cors": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy"}}}]}]});
-        let err = convert(cors).expect_err("cors");
+        // Another filter's per-route config is refused by name.
+        let other = json!({"name": "80", "virtual_hosts": [{"name": "vh", "domains": ["*"], "routes": [
+            {"match": {"prefix": "/"}, "route": {"cluster": "c"}, "typed_per_filter_config": {"envoy.filters.http.router": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}}]}]});
+        let err = convert(other).expect_err("router");
         assert!(
             err.contains(
-                "per-route config of HTTP filter \"envoy.filters.http.cors\" not supported"
+                "per-route config of HTTP filter \"envoy.filters.http.router\" not supported"
             ),
             "{err}"
         );

@@ -12,8 +12,8 @@ const UNAVAILABLE: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length:
 /// A proxy routing port 80 by table `80`: `svc` (telling the upstream the attempt, as istiod's
 /// virtual hosts do) to a ROUND_ROBIN cluster of `endpoints` (Istio's default retries, 503
 /// among them), `/plain-retries` the same without 503, `/nowhere` to a cluster that does not
-/// exist, `/edited` adding a request header, `/h2` to the same endpoints in a cluster speaking
-/// HTTP/2 upstream; `quiet` (no attempt count) to the first cluster with a 5 s timeout; any
+/// exist, `/cors` with a CORS policy, `/edited` adding a request header, `/h2` to the same
+/// endpoints in a cluster speaking HTTP/2 upstream; `quiet` (no attempt count) to the first cluster with a 5 s timeout; any
 /// other host has no virtual host.
 fn routed_proxy(endpoints: &[SocketAddr]) -> Arc<Proxy> {
     let cluster = "outbound|80||svc.default.svc.cluster.local";
@@ -53,6 +53,10 @@ fn routed_proxy(endpoints: &[SocketAddr]) -> Arc<Proxy> {
                 {"match": {"path": "/nowhere"}, "route": {"cluster": "outbound|80||nowhere"}},
                 {"match": {"path": "/h2"}, "route": {"cluster": h2}},
                 {"match": {"path": "/plain-retries"}, "route": {"cluster": cluster, "retry_policy": retry(false)}},
+                {"match": {"path": "/cors"}, "route": {"cluster": cluster},
+                 "typed_per_filter_config": {"envoy.filters.http.cors": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy",
+                    "allow_origin_string_match": [{"exact": "https://a.test"}], "allow_methods": "GET,PUT"}}},
                 {"match": {"path": "/edited"}, "route": {"cluster": cluster},
                  "request_headers_to_add": [{"header": {"key": "x-edited", "value": "yes"}}]},
                 {"match": {"prefix": "/"}, "route": {"cluster": cluster, "retry_policy": retry(true)}}]}]}]),
@@ -89,6 +93,7 @@ async fn routed_client(proxy: &Arc<Proxy>) -> TcpStream {
             xds_routes: Some(Box::new(RouteSource::Rds("80".into()))),
             xds_chain: crate::http::XdsChainFlags {
                 fault_filter: true,
+                cors_filter: true,
                 ..Default::default()
             },
             xds_inbound: None,
@@ -200,6 +205,48 @@ async fn a_route_that_edits_headers_hands_the_connection_to_hyper() {
     assert!(get(&mut c, &mut buf, "svc", "/x")
         .await
         .starts_with("HTTP/1.1 200"));
+    assert_eq!(proxy.metrics.http1_fast_path.get(), 1);
+}
+
+#[tokio::test]
+async fn a_route_with_a_cors_policy_hands_the_connection_to_hyper() {
+    let (a, mut seen) = upstream(vec![Answer::Reply(OK_A)]).await;
+    let proxy = routed_proxy(&[a]);
+    let mut c = routed_client(&proxy).await;
+    let mut buf = Vec::new();
+    assert!(get(&mut c, &mut buf, "svc", "/x")
+        .await
+        .starts_with("HTTP/1.1 200"));
+    let _ = seen.recv().await.unwrap();
+    // A preflight from the allowed origin is answered here: the upstream sees nothing.
+    let preflight = "OPTIONS /cors HTTP/1.1\r\nhost: svc\r\norigin: https://a.test\r\naccess-control-request-method: PUT\r\n\r\n";
+    c.write_all(preflight.as_bytes()).await.unwrap();
+    let r = response(&mut c, &mut buf).await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(
+        r.contains("access-control-allow-origin: https://a.test\r\n"),
+        "{r}"
+    );
+    assert!(
+        r.contains("access-control-allow-methods: GET,PUT\r\n"),
+        "{r}"
+    );
+    // A simple request is forwarded and its response names the origin.
+    let req = "GET /cors HTTP/1.1\r\nhost: svc\r\norigin: https://a.test\r\n\r\n";
+    c.write_all(req.as_bytes()).await.unwrap();
+    let r = response(&mut c, &mut buf).await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(
+        r.contains("access-control-allow-origin: https://a.test\r\n"),
+        "{r}"
+    );
+    let forwarded = seen.recv().await.unwrap();
+    assert!(
+        forwarded.head.starts_with("GET /cors"),
+        "{}",
+        forwarded.head
+    );
+    // Only the first request was the fast path's.
     assert_eq!(proxy.metrics.http1_fast_path.get(), 1);
 }
 
