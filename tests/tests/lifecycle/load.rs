@@ -54,6 +54,8 @@ pub struct Tally {
     pub refused: AtomicU64,
     /// HTTP/2 connections that received a GOAWAY.
     pub h2_goaway_connections: AtomicU64,
+    /// HTTP/1.1 answers by the backend that gave them (`x-backend`, the routing tests' backend).
+    pub backends: Mutex<std::collections::BTreeMap<String, u64>>,
     /// Every GOAWAY frame received.
     pub goaways: Mutex<Vec<GoAway>>,
     /// What went wrong, one line per failure.
@@ -93,7 +95,7 @@ impl Tally {
     /// The counts as one line for the test's output.
     pub fn summary(&self) -> String {
         format!(
-            "ok={} failures={} resets={} connections={} closes={} refused={} h2_goaway_connections={} goaways={:?}",
+            "ok={} failures={} resets={} connections={} closes={} refused={} h2_goaway_connections={} backends={:?} goaways={:?}",
             self.ok.load(Ordering::Relaxed),
             self.failures.lock().unwrap_or_else(PoisonError::into_inner).len(),
             self.resets.load(Ordering::Relaxed),
@@ -101,6 +103,7 @@ impl Tally {
             self.closes.load(Ordering::Relaxed),
             self.refused.load(Ordering::Relaxed),
             self.h2_goaway_connections.load(Ordering::Relaxed),
+            self.backends.lock().unwrap_or_else(PoisonError::into_inner),
             self.goaways.lock().unwrap_or_else(PoisonError::into_inner).iter().take(8).collect::<Vec<_>>(),
         )
     }
@@ -168,6 +171,14 @@ pub fn http1_client(
             match client.get(host, "/", headers) {
                 Ok(r) if r.status == 200 => {
                     tally.ok.fetch_add(1, Ordering::Relaxed);
+                    if let Some(name) = r.header("x-backend") {
+                        *tally
+                            .backends
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .entry(name.to_string())
+                            .or_default() += 1;
+                    }
                     let close = r
                         .header("connection")
                         .is_some_and(|c| c.eq_ignore_ascii_case("close"));
