@@ -117,7 +117,7 @@ fn push(ads: &Ads, i: usize) {
             "rds": {"config_source": {"ads": {}}, "route_config_name": "80"},
             "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]});
-    let cluster = if i % 2 == 0 { A } else { B };
+    let cluster = if i.is_multiple_of(2) { A } else { B };
     let route: Value = json!({"name": "80", "virtual_hosts": [{"name": "web", "domains": [HOST],
         "routes": [{"match": {"prefix": "/"}, "route": {"cluster": cluster}}]}]});
     ads.set(
