@@ -8,6 +8,8 @@
 mod load;
 #[path = "lifecycle/mesh.rs"]
 mod mesh;
+#[path = "lifecycle/rotation.rs"]
+mod rotation;
 
 use load::{Tally, H1};
 use nix::sys::signal::{kill, Signal};
@@ -286,6 +288,6 @@ fn a_hundred_xds_pushes_under_load_lose_no_request_and_reset_no_connection() {
 }
 
 #[test]
-fn a_workload_certificate_rotation_under_mtls_load_fails_no_handshake() {
-    mesh::rotation_under_load();
+fn a_workload_certificate_rotation_under_mtls_load_both_ways_fails_no_handshake() {
+    rotation::rotation_under_load();
 }
