@@ -189,6 +189,26 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn closing_takes_the_queued_connections_and_refuses_later_ones() {
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let listener = TcpListener::from_std(listener).unwrap();
+        // connect(2) returns once the kernel has completed the handshake and queued the
+        // connection: these three wait in the backlog, their requests sent.
+        let mut clients = Vec::new();
+        for _ in 0..3 {
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            std::io::Write::write_all(&mut c, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+            clients.push(c);
+        }
+        let proxy = Proxy::for_tests(remora_config::Config::default());
+        let route = Route::Capture(crate::Direction::Inbound);
+        assert_eq!(take_queued(listener, &route, &proxy), 3);
+        let refused = std::net::TcpStream::connect(addr).unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused);
+    }
+
     #[test]
     fn a_taken_port_is_an_error_naming_the_address() {
         let held = bind("127.0.0.1:0".parse().unwrap()).unwrap();
