@@ -7,12 +7,14 @@ use remora_e2e::backend;
 use remora_e2e::certs::MeshCa;
 use remora_e2e::istiod::ads::type_url;
 use remora_e2e::istiod::{Ads, ControlPlane, HostsFile, ISTIOD_HOST, ISTIOD_PORT};
-use remora_e2e::xds_resources::endpoint;
+use remora_e2e::peer::any_addr;
+use remora_e2e::xds_resources::{endpoint, http_rbac, inbound_clusters, virtual_inbound};
 use remora_e2e::{PodNet, RemoraCommand};
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +25,10 @@ const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const HOST: &str = "web.test.svc.cluster.local";
 const A: &str = "outbound|80|a|web.test.svc.cluster.local";
 const B: &str = "outbound|80|b|web.test.svc.cluster.local";
+/// The pod application's port, reached inbound through `virtualInbound` (PERMISSIVE: plaintext).
+const INBOUND_PORT: u16 = 9080;
+/// The listeners change every this many pushes.
+const LISTENER_EVERY: usize = 10;
 
 /// The pod's sidecar in istiod mode, as the injector configures it (delta ADS, Istio's
 /// default); `extra` is more of its config file.
@@ -92,9 +98,12 @@ fn acked(ads: &Ads, type_url: &str, version: &str) -> bool {
     })
 }
 
-/// Push `i`: cluster A's connect timeout and the route's cluster change every time (a new
-/// cluster version and a new route table, the two resources istiod pushes most), in istiod's
-/// order (clusters, endpoints, listeners, routes).
+/// Push `i`, in istiod's order (clusters, endpoints, listeners, routes): cluster A's connect
+/// timeout and the outbound route's cluster change every time (a new cluster version and a
+/// new route table, the two resources istiod pushes most); every [`LISTENER_EVERY`] pushes the
+/// listeners change too: the outbound one's stat prefix, and the inbound HTTP chain's RBAC
+/// policy (a DENY for a principal no client has, renamed), which makes the inbound
+/// connections on that chain drain.
 fn push(ads: &Ads, i: usize) {
     let version = format!("v{i}");
     let mut a = remora_e2e::xds_resources::eds_cluster(A);
@@ -103,29 +112,34 @@ fn push(ads: &Ads, i: usize) {
         json!({"cluster_name": cluster, "endpoints": [{"lb_endpoints": [
             endpoint(SocketAddr::from((BACKEND_IP, port)), None)]}]})
     };
-    let listener = json!({
+    let generation = (i / LISTENER_EVERY) % 2;
+    let outbound = json!({
         "name": "0.0.0.0_80", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 80}},
         "traffic_direction": "OUTBOUND", "bind_to_port": false,
         "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-            "stat_prefix": "outbound_0.0.0.0_80",
+            "stat_prefix": format!("outbound_0.0.0.0_80_{generation}"),
             "rds": {"config_source": {"ads": {}}, "route_config_name": "80"},
             "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]});
+    let deny = http_rbac(
+        "DENY",
+        &format!("ns[test]-policy[deny-{generation}]-rule[0]"),
+        "spiffe://cluster.local/ns/test/sa/nobody",
+    );
+    let inbound = virtual_inbound(INBOUND_PORT, false, &[deny], &[]);
     let cluster = if i.is_multiple_of(2) { A } else { B };
     let route: Value = json!({"name": "80", "virtual_hosts": [{"name": "web", "domains": [HOST],
         "routes": [{"match": {"prefix": "/"}, "route": {"cluster": cluster}}]}]});
-    ads.set(
-        type_url::CLUSTER,
-        &version,
-        &[a, remora_e2e::xds_resources::eds_cluster(B)],
-    );
+    let mut clusters = vec![a, remora_e2e::xds_resources::eds_cluster(B)];
+    clusters.extend(inbound_clusters(INBOUND_PORT));
+    ads.set(type_url::CLUSTER, &version, &clusters);
     ads.set(
         type_url::ENDPOINT,
         &version,
         &[assignment(A, 8001), assignment(B, 8002)],
     );
-    ads.set(type_url::LISTENER, &version, &[listener]);
+    ads.set(type_url::LISTENER, &version, &[outbound, inbound]);
     ads.set(type_url::ROUTE, &version, &[route]);
 }
 
@@ -150,32 +164,52 @@ pub fn xds_pushes_under_load() {
     backend_routes(&net);
     let _a = backend::start(&net.peer, SocketAddr::from((BACKEND_IP, 8001)), "a");
     let _b = backend::start(&net.peer, SocketAddr::from((BACKEND_IP, 8002)), "b");
+    let _app = backend::start(&net.pod, any_addr(INBOUND_PORT), "app");
     let ads = Arc::clone(plane.ads());
     push(&ads, 0);
     let mut sidecar = istiod_sidecar(&net, &files, "").start();
     sidecar.wait_ready(STEP_TIME);
     let vip = SocketAddr::from(SocketAddrV4::new(VIP, 80));
+    let app = net.pod_addr(INBOUND_PORT);
 
-    let (took, tally) = super::with_load(&net.pod, vip, vip, HOST, |tally| {
-        wait_answers(tally, 200, &sidecar);
-        let started = Instant::now();
-        for i in 1..=PUSHES {
-            push(&ads, i);
-            let version = format!("v{i}");
-            wait_until(&format!("push {i} ACKed"), STEP_TIME, || {
-                acked(&ads, type_url::ROUTE, &version) && acked(&ads, type_url::CLUSTER, &version)
-            });
-            // A few dozen requests per version, rather than all 100 within a second.
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        started.elapsed()
+    // The application's clients, outbound to the service; the peer's, inbound to the pod.
+    let ((took, inbound), outbound) = super::with_load(&net.pod, vip, vip, HOST, |outbound| {
+        super::with_load(&net.peer, app, app, "app", |inbound| {
+            wait_answers(outbound, 200, &sidecar);
+            wait_answers(inbound, 200, &sidecar);
+            let started = Instant::now();
+            for i in 1..=PUSHES {
+                push(&ads, i);
+                let version = format!("v{i}");
+                wait_until(&format!("push {i} ACKed"), STEP_TIME, || {
+                    acked(&ads, type_url::ROUTE, &version)
+                        && acked(&ads, type_url::CLUSTER, &version)
+                        && (!i.is_multiple_of(LISTENER_EVERY)
+                            || acked(&ads, type_url::LISTENER, &version))
+                });
+                // A few dozen requests per version, rather than all 100 within a second.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            started.elapsed()
+        })
     });
     println!(
-        "{PUSHES} xDS pushes (cluster and route each) in {took:?} under load: {}",
-        tally.summary()
+        "{PUSHES} xDS pushes (cluster and route each, listeners every {LISTENER_EVERY}) in \
+         {took:?} under load: outbound {}; inbound {}",
+        outbound.summary(),
+        inbound.summary()
     );
-    assert_no_failure("xDS pushes", &tally, &sidecar);
-    super::assert_connections_kept("xDS pushes", &tally);
+    assert_no_failure("xDS pushes, outbound", &outbound, &sidecar);
+    assert_no_failure("xDS pushes, inbound", &inbound, &sidecar);
+    // Outbound, no connection was told to go; inbound, every change of the chain drained each
+    // keep-alive connection on it once (`connection: close`, then a new connection, served).
+    super::assert_connections_kept("xDS pushes, outbound", &outbound);
+    assert_eq!(
+        inbound.closes.load(Ordering::Relaxed) as usize,
+        super::KEEP_ALIVE_CLIENTS * (PUSHES / LISTENER_EVERY),
+        "{}",
+        inbound.summary()
+    );
     let nacks: Vec<_> = ads
         .requests()
         .into_iter()
@@ -183,7 +217,7 @@ pub fn xds_pushes_under_load() {
         .collect();
     assert!(nacks.is_empty(), "{nacks:?}");
     // The pushes took effect: the route sent the traffic to each cluster in turn.
-    let backends = tally.backends.lock().expect("backends").clone();
+    let backends = outbound.backends.lock().expect("backends").clone();
     assert!(
         backends.get("a").copied().unwrap_or(0) > 0 && backends.get("b").copied().unwrap_or(0) > 0,
         "{backends:?}"
