@@ -37,6 +37,8 @@ const H2_ORIGIN_DELAY: Duration = Duration::from_millis(20);
 const LOAD_BOUND: Duration = Duration::from_secs(40);
 /// The drain period of the SIGTERM test.
 const DRAIN: Duration = Duration::from_secs(3);
+/// The minimum drain period of the exit-on-zero SIGTERM test.
+const MINIMUM_DRAIN: Duration = Duration::from_secs(1);
 
 /// The load against `h1` and `h2` (addresses as the clients dial them) from `ns`, run by
 /// `during` (which gets the tally and returns once its event is over); the clients stop when
@@ -141,14 +143,33 @@ fn runtime() -> tokio::runtime::Runtime {
 
 #[test]
 fn sigterm_under_http1_and_http2_load_loses_no_request_and_exits_after_the_drain_period() {
+    sigterm_under_load(
+        &format!("drain:\n  duration: {}s\n", DRAIN.as_secs()),
+        DRAIN,
+    );
+}
+
+/// Istio's `EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true`: the drained connections close, so the proxy
+/// exits once `MINIMUM_DRAIN_DURATION` has passed, well before the drain period.
+#[test]
+fn sigterm_with_exit_on_zero_connections_loses_no_request_and_exits_after_the_minimum() {
+    sigterm_under_load(
+        &format!(
+            "drain:\n  duration: 30s\n  exit_on_zero_active_connections: true\n  minimum_duration: {}s\n",
+            MINIMUM_DRAIN.as_secs()
+        ),
+        MINIMUM_DRAIN,
+    );
+}
+
+/// SIGTERM under load with `config`; the process must exit `exits_after` the signal (and
+/// within 1.5 s more).
+fn sigterm_under_load(config: &str, exits_after: Duration) {
     let Some(net) = PodNet::create_or_skip() else {
         return;
     };
     net.capture_default();
-    let mut remora = net
-        .remora()
-        .config(&format!("drain:\n  duration: {}s\n", DRAIN.as_secs()))
-        .start_ready();
+    let mut remora = net.remora().config(config).start_ready();
     let rt = runtime();
     let _app = applications(&net, &rt);
     let (h1, h2) = (net.pod_addr(H1_PORT), net.pod_addr(H2_PORT));
@@ -160,7 +181,7 @@ fn sigterm_under_http1_and_http2_load_loses_no_request_and_exits_after_the_drain
         tally.refusal_expected.store(true, Ordering::Relaxed);
         let signalled = Instant::now();
         remora.terminate();
-        let exit = remora.wait_exit(DRAIN + Duration::from_secs(10));
+        let exit = remora.wait_exit(exits_after + Duration::from_secs(10));
         (before, exit, signalled.elapsed())
     });
     let stderr = remora.stderr();
@@ -182,11 +203,11 @@ fn sigterm_under_http1_and_http2_load_loses_no_request_and_exits_after_the_drain
     let exit = exit.unwrap_or_else(|| panic!("still running {exited_after:?} after SIGTERM"));
     assert!(exit.success(), "{exit:?}\n{}", remora.stderr());
     // Not before the drain period (Istio's terminationDrainDuration is waited out whole unless
-    // EXIT_ON_ZERO_ACTIVE_CONNECTIONS), and promptly after it.
+    // EXIT_ON_ZERO_ACTIVE_CONNECTIONS, then its minimum), and promptly after it.
     assert!(
-        exited_after >= DRAIN - Duration::from_millis(100)
-            && exited_after <= DRAIN + Duration::from_millis(1500),
-        "exited {exited_after:?} after SIGTERM, drain period {DRAIN:?}"
+        exited_after >= exits_after - Duration::from_millis(100)
+            && exited_after <= exits_after + Duration::from_millis(1500),
+        "exited {exited_after:?} after SIGTERM, expected {exits_after:?}"
     );
     // Every client was running at SIGTERM and ended only when refused a new connection: each
     // keep-alive one was told `connection: close`, each HTTP/2 one got GOAWAY(NO_ERROR).
