@@ -1,7 +1,8 @@
 //! Well-behaved clients for the lifecycle tests, counting everything that happens to them.
 //!
 //! - HTTP/1.1 keep-alive: requests one after another on one connection; a response carrying
-//!   `connection: close` ends the connection (the client closes it and opens another).
+//!   `connection: close` ends the connection (the client closes it and opens another). One of
+//!   them asks for `/./`, which inbound is served by hyper's HTTP/1.1 rather than Remora's own.
 //! - HTTP/1.1 one connection per request (`connection: close` sent), so that connections, and
 //!   with mesh TLS handshakes, are opened all the time.
 //! - HTTP/2: a few streams at once on one connection (the `h2` crate). Its reads go through
@@ -54,6 +55,9 @@ pub struct Tally {
     pub refused: AtomicU64,
     /// HTTP/2 connections that received a GOAWAY.
     pub h2_goaway_connections: AtomicU64,
+    /// Answers to the `/./` client whose backend saw `/`: the proxy normalised the path (inbound),
+    /// so that client's connection was on hyper's HTTP/1.1.
+    pub normalised: AtomicU64,
     /// HTTP/1.1 answers by the backend that gave them (`x-backend`, the routing tests' backend).
     pub backends: Mutex<std::collections::BTreeMap<String, u64>>,
     /// Every GOAWAY frame received.
@@ -133,6 +137,9 @@ impl Tally {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum H1 {
     KeepAlive,
+    /// Keep-alive, asking for `/./` rather than `/`: inbound, a path to normalise hands the
+    /// connection from Remora's own HTTP/1.1 exchange to hyper's, so that both are drained.
+    KeepAliveDotted,
     ConnectionPerRequest,
 }
 
@@ -161,16 +168,26 @@ pub fn http1_client(
         };
         tally.connections.fetch_add(1, Ordering::Relaxed);
         let headers: &[(&str, &str)] = match mode {
-            H1::KeepAlive => &[],
+            H1::KeepAlive | H1::KeepAliveDotted => &[],
             H1::ConnectionPerRequest => &[("connection", "close")],
+        };
+        let path = match mode {
+            H1::KeepAliveDotted => "/./",
+            _ => "/",
         };
         let mut on_this = 0;
         while !tally.stopped() && Instant::now() < deadline && sent < MAX_REQUESTS {
             sent += 1;
             on_this += 1;
-            match client.get(host, "/", headers) {
+            match client.get(host, path, headers) {
                 Ok(r) if r.status == 200 => {
                     tally.ok.fetch_add(1, Ordering::Relaxed);
+                    if mode == H1::KeepAliveDotted {
+                        let seen: Option<serde_json::Value> = serde_json::from_slice(&r.body).ok();
+                        if seen.is_some_and(|v| v["path"] == "/") {
+                            tally.normalised.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                     if let Some(name) = r.header("x-backend") {
                         *tally
                             .backends
@@ -182,7 +199,7 @@ pub fn http1_client(
                     let close = r
                         .header("connection")
                         .is_some_and(|c| c.eq_ignore_ascii_case("close"));
-                    if close && mode == H1::KeepAlive {
+                    if close && mode != H1::ConnectionPerRequest {
                         tally.closes.fetch_add(1, Ordering::Relaxed);
                     }
                     if close {
