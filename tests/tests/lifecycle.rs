@@ -318,6 +318,11 @@ fn a_hundred_xds_pushes_under_load_lose_no_request_and_reset_no_connection() {
 }
 
 #[test]
+fn sigterm_to_a_sidecar_configured_by_istiod_drains_inbound_and_keeps_outbound_serving() {
+    mesh::sigterm_by_istiod_under_load();
+}
+
+#[test]
 fn a_workload_certificate_rotation_under_mtls_load_both_ways_fails_no_handshake() {
     rotation::rotation_under_load();
 }

@@ -223,3 +223,84 @@ pub fn xds_pushes_under_load() {
         "{backends:?}"
     );
 }
+
+/// SIGTERM to a sidecar configured by istiod, under load both ways: inbound (through
+/// `virtualInbound`) drains as with the config file, while outbound (the application's own
+/// calls, routed by xDS) keeps serving through the drain period, as Envoy's
+/// `drain_listeners?inboundonly` leaves outbound; the application stops its calls a second
+/// before the drain period ends, as one shutting down would.
+pub fn sigterm_by_istiod_under_load() {
+    let drain = Duration::from_secs(3);
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    let (plane, _hosts, files, _ca) = control_plane(&net);
+    net.capture_default();
+    backend_routes(&net);
+    let _a = backend::start(&net.peer, SocketAddr::from((BACKEND_IP, 8001)), "a");
+    let _b = backend::start(&net.peer, SocketAddr::from((BACKEND_IP, 8002)), "b");
+    let _app = backend::start(&net.pod, any_addr(INBOUND_PORT), "app");
+    push(plane.ads(), 0);
+    let mut sidecar = istiod_sidecar(
+        &net,
+        &files,
+        &format!("drain:\n  duration: {}s\n", drain.as_secs()),
+    )
+    .start();
+    sidecar.wait_ready(STEP_TIME);
+    let vip = SocketAddr::from(SocketAddrV4::new(VIP, 80));
+    let app = net.pod_addr(INBOUND_PORT);
+
+    let (((exit, exited_after, outbound_after), inbound), outbound) =
+        super::with_load(&net.pod, vip, vip, HOST, |outbound| {
+            super::with_load(&net.peer, app, app, "app", |inbound| {
+                wait_answers(outbound, 200, &sidecar);
+                wait_answers(inbound, 200, &sidecar);
+                inbound.refusal_expected.store(true, Ordering::Relaxed);
+                let signalled = Instant::now();
+                let outbound_before = outbound.ok();
+                sidecar.terminate();
+                std::thread::sleep(drain - Duration::from_secs(1));
+                outbound.stop.store(true, Ordering::Relaxed);
+                let outbound_after = outbound.ok() - outbound_before;
+                let exit = sidecar.wait_exit(drain + Duration::from_secs(10));
+                (exit, signalled.elapsed(), outbound_after)
+            })
+        });
+    println!(
+        "SIGTERM (istiod) under load: exit {exit:?} after {exited_after:?}; outbound answered \
+         {outbound_after} after the signal: {}; inbound: {}",
+        outbound.summary(),
+        inbound.summary()
+    );
+    assert_no_failure("SIGTERM (istiod), outbound", &outbound, &sidecar);
+    assert_no_failure("SIGTERM (istiod), inbound", &inbound, &sidecar);
+    let exit = exit.unwrap_or_else(|| panic!("still running {exited_after:?} after SIGTERM"));
+    assert!(exit.success(), "{exit:?}\n{}", sidecar.stderr());
+    assert!(
+        exited_after >= drain - Duration::from_millis(100)
+            && exited_after <= drain + Duration::from_millis(1500),
+        "exited {exited_after:?} after SIGTERM, drain period {drain:?}"
+    );
+    // Outbound served on through the drain, on the same connections.
+    assert!(outbound_after > 0, "{}", outbound.summary());
+    super::assert_connections_kept("SIGTERM (istiod), outbound", &outbound);
+    // Inbound drained: each client told to go, then refused a new connection.
+    let clients = super::KEEP_ALIVE_CLIENTS + super::PER_REQUEST_CLIENTS + super::H2_CLIENTS;
+    assert_eq!(
+        inbound.refused.load(Ordering::Relaxed) as usize,
+        clients,
+        "{}",
+        inbound.summary()
+    );
+    assert!(
+        inbound.closes.load(Ordering::Relaxed) as usize >= super::KEEP_ALIVE_CLIENTS,
+        "{}",
+        inbound.summary()
+    );
+    assert!(
+        inbound.h2_goaway_connections.load(Ordering::Relaxed) as usize >= super::H2_CLIENTS,
+        "{}",
+        inbound.summary()
+    );
+}
