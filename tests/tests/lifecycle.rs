@@ -1,0 +1,328 @@
+//! No request lost across a lifecycle event (issue #33): SIGTERM, config reloads, xDS pushes and
+//! a workload-certificate rotation, each while well-behaved clients (`lifecycle/load.rs`)
+//! send HTTP/1.1 (keep-alive, and a connection per request) and HTTP/2 without pause through
+//! the pod's sidecar. Every request the clients send is counted; the counts are printed
+//! (`--nocapture`) and docs/hardening.md's "Lifecycle" section quotes them.
+
+#[path = "lifecycle/load.rs"]
+mod load;
+#[path = "lifecycle/mesh.rs"]
+mod mesh;
+#[path = "lifecycle/rotation.rs"]
+mod rotation;
+
+use load::{Tally, H1};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use remora_e2e::backend;
+use remora_e2e::peer::any_addr;
+use remora_e2e::{Netns, PodNet, Remora};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The application's HTTP/1.1 and HTTP/2 (h2c) ports in the pod (detected, not declared).
+const H1_PORT: u16 = 8080;
+const H2_PORT: u16 = 8082;
+/// Clients of each kind.
+const KEEP_ALIVE_CLIENTS: usize = 3;
+const PER_REQUEST_CLIENTS: usize = 2;
+const H2_CLIENTS: usize = 2;
+/// Streams each HTTP/2 client keeps in flight.
+const H2_STREAMS: usize = 4;
+/// How long the HTTP/2 origin takes over each answer, so streams are in flight at the event.
+const H2_ORIGIN_DELAY: Duration = Duration::from_millis(20);
+/// Bound on the load of one test.
+const LOAD_BOUND: Duration = Duration::from_secs(40);
+/// The drain period of the SIGTERM test.
+const DRAIN: Duration = Duration::from_secs(3);
+/// The minimum drain period of the exit-on-zero SIGTERM test.
+const MINIMUM_DRAIN: Duration = Duration::from_secs(1);
+
+/// The load against `h1` and `h2` (addresses as the clients dial them) from `ns`, run by
+/// `during` (which gets the tally and returns once its event is over); the clients stop when
+/// it returns or when refused while refusal is expected.
+fn with_load<T>(
+    ns: &Netns,
+    h1: SocketAddr,
+    h2: SocketAddr,
+    host: &str,
+    during: impl FnOnce(&Arc<Tally>) -> T,
+) -> (T, Arc<Tally>) {
+    let tally = Arc::new(Tally::default());
+    let deadline = Instant::now() + LOAD_BOUND;
+    let result = std::thread::scope(|scope| {
+        for i in 0..KEEP_ALIVE_CLIENTS + PER_REQUEST_CLIENTS {
+            let mode = if i + 1 < KEEP_ALIVE_CLIENTS {
+                H1::KeepAlive
+            } else if i + 1 == KEEP_ALIVE_CLIENTS {
+                H1::KeepAliveDotted
+            } else {
+                H1::ConnectionPerRequest
+            };
+            let tally = Arc::clone(&tally);
+            scope.spawn(move || load::http1_client(ns, h1, host, mode, &tally, deadline));
+        }
+        for _ in 0..H2_CLIENTS {
+            let tally = Arc::clone(&tally);
+            scope.spawn(move || load::http2_client(ns, h2, host, H2_STREAMS, &tally, deadline));
+        }
+        let result = during(&tally);
+        tally.stop.store(true, Ordering::Relaxed);
+        result
+    });
+    (result, tally)
+}
+
+/// Wait until the clients have had `n` answers in all (they are up and running).
+fn wait_answers(tally: &Tally, n: u64, remora: &Remora) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while tally.ok() < n {
+        assert!(
+            Instant::now() < deadline,
+            "the load did not start: {}\nfailures: {:?}\n{}",
+            tally.summary(),
+            tally.failures(),
+            remora.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn assert_no_failure(what: &str, tally: &Tally, remora: &Remora) {
+    let failures = tally.failures();
+    assert!(
+        failures.is_empty(),
+        "{what}: {} failed requests ({}): {:?}\n{}",
+        failures.len(),
+        tally.summary(),
+        &failures[..failures.len().min(10)],
+        remora.stderr()
+    );
+    assert_eq!(
+        tally.resets.load(Ordering::Relaxed),
+        0,
+        "{what}: {}",
+        tally.summary()
+    );
+}
+
+/// No connection was told to go: each keep-alive and HTTP/2 connection lasted the whole event.
+fn assert_connections_kept(what: &str, tally: &Tally) {
+    assert_eq!(
+        tally.closes.load(Ordering::Relaxed),
+        0,
+        "{what}: {}",
+        tally.summary()
+    );
+    assert_eq!(
+        tally.h2_goaway_connections.load(Ordering::Relaxed),
+        0,
+        "{what}: {}",
+        tally.summary()
+    );
+}
+
+/// The pod's application: an HTTP/1.1 server and an h2c one, the h2c one served by `runtime`.
+fn applications(net: &PodNet, runtime: &tokio::runtime::Runtime) -> remora_e2e::peer::Server {
+    let h1 = backend::start(&net.pod, any_addr(H1_PORT), "app");
+    let h2 = net
+        .pod
+        .bind(any_addr(H2_PORT))
+        .expect("bind the h2c origin");
+    runtime.spawn(load::h2_origin(h2, H2_ORIGIN_DELAY));
+    h1
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+#[test]
+fn sigterm_under_http1_and_http2_load_loses_no_request_and_exits_after_the_drain_period() {
+    sigterm_under_load(
+        &format!("drain:\n  duration: {}s\n", DRAIN.as_secs()),
+        DRAIN,
+    );
+}
+
+/// Istio's `EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true`: the drained connections close, so the proxy
+/// exits once `MINIMUM_DRAIN_DURATION` has passed, well before the drain period.
+#[test]
+fn sigterm_with_exit_on_zero_connections_loses_no_request_and_exits_after_the_minimum() {
+    sigterm_under_load(
+        &format!(
+            "drain:\n  duration: 30s\n  exit_on_zero_active_connections: true\n  minimum_duration: {}s\n",
+            MINIMUM_DRAIN.as_secs()
+        ),
+        MINIMUM_DRAIN,
+    );
+}
+
+/// SIGTERM under load with `config`; the process must exit `exits_after` the signal (and
+/// within 1.5 s more).
+fn sigterm_under_load(config: &str, exits_after: Duration) {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let mut remora = net.remora().config(config).start_ready();
+    let rt = runtime();
+    let _app = applications(&net, &rt);
+    let (h1, h2) = (net.pod_addr(H1_PORT), net.pod_addr(H2_PORT));
+
+    let ((before, exit, exited_after), tally) = with_load(&net.peer, h1, h2, "app", |tally| {
+        wait_answers(tally, 300, &remora);
+        let before = tally.ok();
+        // From now on a new connection may be refused: the inbound listener closes.
+        tally.refusal_expected.store(true, Ordering::Relaxed);
+        let signalled = Instant::now();
+        remora.terminate();
+        let exit = remora.wait_exit(exits_after + Duration::from_secs(10));
+        (before, exit, signalled.elapsed())
+    });
+    let stderr = remora.stderr();
+    let closed: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("listener closed"))
+        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("taken=")))
+        .collect();
+    println!(
+        "SIGTERM under load: {} answered before the signal, {} after; exit {:?} after {:?}; \
+         queued connections served at close {closed:?}; {}",
+        before,
+        tally.ok() - before,
+        exit,
+        exited_after,
+        tally.summary()
+    );
+    assert_no_failure("SIGTERM", &tally, &remora);
+    let exit = exit.unwrap_or_else(|| panic!("still running {exited_after:?} after SIGTERM"));
+    assert!(exit.success(), "{exit:?}\n{}", remora.stderr());
+    // Not before the drain period (Istio's terminationDrainDuration is waited out whole unless
+    // EXIT_ON_ZERO_ACTIVE_CONNECTIONS, then its minimum), and promptly after it.
+    assert!(
+        exited_after >= exits_after - Duration::from_millis(100)
+            && exited_after <= exits_after + Duration::from_millis(1500),
+        "exited {exited_after:?} after SIGTERM, expected {exits_after:?}"
+    );
+    // Every client was running at SIGTERM and ended only when refused a new connection: each
+    // keep-alive one was told `connection: close`, each HTTP/2 one got GOAWAY(NO_ERROR).
+    let clients = KEEP_ALIVE_CLIENTS + PER_REQUEST_CLIENTS + H2_CLIENTS;
+    assert_eq!(
+        tally.refused.load(Ordering::Relaxed) as usize,
+        clients,
+        "{}",
+        tally.summary()
+    );
+    assert!(
+        tally.closes.load(Ordering::Relaxed) as usize >= KEEP_ALIVE_CLIENTS,
+        "{}",
+        tally.summary()
+    );
+    assert!(
+        tally.h2_goaway_connections.load(Ordering::Relaxed) as usize >= H2_CLIENTS,
+        "{}",
+        tally.summary()
+    );
+    // One keep-alive connection was on hyper's HTTP/1.1 (its path normalised), the others on
+    // Remora's own exchange: both were drained.
+    assert!(
+        tally.normalised.load(Ordering::Relaxed) > 0,
+        "{}",
+        tally.summary()
+    );
+    let goaways = tally.goaways.lock().expect("goaways").clone();
+    assert!(goaways.iter().all(|g| g.error_code == 0), "{goaways:?}");
+    // Requests in flight at the signal, and the next one on each keep-alive connection, were
+    // answered after it.
+    assert!(tally.ok() > before, "{}", tally.summary());
+}
+
+/// The config file of the reload test, variant `i`: each differs from the one before in
+/// settings every new connection reads (idle timeouts, header limits, the drain period).
+fn reload_config(i: usize) -> String {
+    format!(
+        "http:\n  idle_timeout: {}s\n  max_headers: {}\ntcp:\n  idle_timeout: {}s\ndrain:\n  duration: {}s\n",
+        30 + i % 7,
+        100 + i % 2,
+        3600 - i % 5,
+        5 + i % 3
+    )
+}
+
+#[test]
+fn a_hundred_config_reloads_under_load_lose_no_request_and_reset_no_connection() {
+    const RELOADS: usize = 100;
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let file = net
+        .binary()
+        .write_file("lifecycle-reload.yaml", &reload_config(0));
+    let remora = net.remora().arg("--config").arg(&file).start_ready();
+    let rt = runtime();
+    let _app = applications(&net, &rt);
+    let (h1, h2) = (net.pod_addr(H1_PORT), net.pod_addr(H2_PORT));
+    let reloads = || {
+        remora
+            .metrics()
+            .value("remora_config_reloads_total", &[("result", "success")])
+    };
+    let pid = Pid::from_raw(i32::try_from(remora.pid()).expect("a PID"));
+
+    let (started, tally) = with_load(&net.peer, h1, h2, "app", |tally| {
+        wait_answers(tally, 200, &remora);
+        let started = Instant::now();
+        for i in 1..=RELOADS {
+            std::fs::write(&file, reload_config(i)).expect("rewrite the config");
+            kill(pid, Signal::SIGHUP).expect("SIGHUP");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while reloads() < i as f64 {
+                assert!(
+                    Instant::now() < deadline,
+                    "reload {i} not taken\n{}",
+                    remora.stderr()
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            // A few dozen requests per config, rather than all 100 reloads within a second.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        started.elapsed()
+    });
+    println!(
+        "{RELOADS} reloads in {started:?} under load: {}",
+        tally.summary()
+    );
+    assert_no_failure("reloads", &tally, &remora);
+    assert_connections_kept("reloads", &tally);
+    let metrics = remora.metrics();
+    assert_eq!(
+        metrics.value("remora_config_reloads_total", &[("result", "failure")]),
+        0.0
+    );
+    assert!(reloads() >= RELOADS as f64);
+    assert!(tally.ok() > 0);
+}
+
+#[test]
+fn a_hundred_xds_pushes_under_load_lose_no_request_and_reset_no_connection() {
+    mesh::xds_pushes_under_load();
+}
+
+#[test]
+fn sigterm_to_a_sidecar_configured_by_istiod_drains_inbound_and_keeps_outbound_serving() {
+    mesh::sigterm_by_istiod_under_load();
+}
+
+#[test]
+fn a_workload_certificate_rotation_under_mtls_load_both_ways_fails_no_handshake() {
+    rotation::rotation_under_load();
+}
