@@ -121,20 +121,9 @@ pub async fn accept_loop(
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => match admission.admit() {
-                    Ok(admitted) => {
-                        let served = Arc::clone(&proxy).serve(stream, peer, route.clone());
-                        tokio::spawn(async move {
-                            served.await;
-                            // The place under the limits is given back when the connection ends.
-                            drop(admitted);
-                        });
-                    }
-                    Err(limit) => {
-                        tracing::debug!(%peer, ?limit, ?route, "connection refused: at the connection limit");
-                        admission::reset(stream);
-                    }
-                },
+                Ok((stream, peer)) => {
+                    admit_and_serve(&proxy, &admission, stream, peer, &route);
+                }
                 Err(e) => errors.failed(&e).await,
             },
             () = &mut stop => {
@@ -143,6 +132,33 @@ pub async fn accept_loop(
                 tracing::info!(?route, ?local, taken, "listener closed");
                 return;
             }
+        }
+    }
+}
+
+/// Serve an accepted connection in its own task, holding a place under `admission`'s limits
+/// until it ends; past them, reset it at once. Whether it is served.
+fn admit_and_serve(
+    proxy: &Arc<Proxy>,
+    admission: &admission::Admission,
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    route: &Route,
+) -> bool {
+    match admission.admit() {
+        Ok(admitted) => {
+            let served = Arc::clone(proxy).serve(stream, peer, route.clone());
+            tokio::spawn(async move {
+                served.await;
+                // The place under the limits is given back when the connection ends.
+                drop(admitted);
+            });
+            true
+        }
+        Err(limit) => {
+            tracing::debug!(%peer, ?limit, ?route, "connection refused: at the connection limit");
+            admission::reset(stream);
+            false
         }
     }
 }
@@ -182,18 +198,9 @@ fn take_queued(
             .set_nonblocking(true)
             .and_then(|()| tokio::net::TcpStream::from_std(stream));
         match stream {
-            // Past the connection limits, as any other: reset.
-            Ok(stream) => match admission.admit() {
-                Ok(admitted) => {
-                    taken += 1;
-                    let served = Arc::clone(proxy).serve(stream, peer, route.clone());
-                    tokio::spawn(async move {
-                        served.await;
-                        drop(admitted);
-                    });
-                }
-                Err(_) => admission::reset(stream),
-            },
+            Ok(stream) => {
+                taken += usize::from(admit_and_serve(proxy, admission, stream, peer, route));
+            }
             Err(e) => tracing::warn!(error = %e, ?route, "serving a queued connection"),
         }
     }

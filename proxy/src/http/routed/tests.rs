@@ -1,4 +1,5 @@
 use super::*;
+use http::Request;
 use remora_xds::model::header_format::HeaderFormat;
 use remora_xds::model::route::HeaderEdit;
 

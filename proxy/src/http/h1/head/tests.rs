@@ -305,53 +305,44 @@ fn empty_lines_before_the_status_line_are_not_passed_on() {
     assert_eq!(out, "HTTP/1.1 204 No Content\r\n\r\n");
 }
 
+/// The head written to the client of response `res`, with our `server` when given.
+fn with_server(res: &[u8], server: Option<&[u8]>) -> String {
+    let head = parse_response(res, false)
+        .expect("valid")
+        .expect("complete");
+    let mut out = Vec::new();
+    head.write_downstream(res, &[], server, false, &mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 #[test]
 fn a_connection_managers_server_replaces_the_upstreams_among_dropped_lines() {
     let res = b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nServer: nginx\r\nx-a: 1\r\nConnection: keep-alive\r\ncontent-length: 0\r\n\r\n";
-    let head = parse_response(res, false)
-        .expect("valid")
-        .expect("complete");
-    let mut out = Vec::new();
-    head.write_downstream(res, &[], Some(b"istio-envoy"), false, &mut out);
     assert_eq!(
-        String::from_utf8_lossy(&out),
+        with_server(res, Some(b"istio-envoy")),
         "HTTP/1.1 200 OK\r\nx-a: 1\r\ncontent-length: 0\r\nserver: istio-envoy\r\n\r\n"
     );
     // Without one of its own, the upstream's passes.
-    let mut out = Vec::new();
-    head.write_downstream(res, &[], None, false, &mut out);
-    assert!(String::from_utf8_lossy(&out).contains("Server: nginx\r\n"));
+    assert!(with_server(res, None).contains("Server: nginx\r\n"));
     // Lines ended by a bare LF are found too.
-    let res = b"HTTP/1.1 200 OK\nServer: a\nx-a: 1\nserver: b\r\n\r\n";
-    let head = parse_response(res, false)
-        .expect("valid")
-        .expect("complete");
-    let mut out = Vec::new();
-    head.write_downstream(res, &[], Some(b"ours"), false, &mut out);
     assert_eq!(
-        String::from_utf8_lossy(&out),
+        with_server(
+            b"HTTP/1.1 200 OK\nServer: a\nx-a: 1\nserver: b\r\n\r\n",
+            Some(b"ours")
+        ),
         "HTTP/1.1 200 OK\nx-a: 1\nserver: ours\r\n\r\n"
     );
     // One, after a dropped line and a line ended by a bare LF.
-    let res = b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nx-a: 1\nServer: a\r\n\r\n";
-    let head = parse_response(res, false)
-        .expect("valid")
-        .expect("complete");
-    let mut out = Vec::new();
-    head.write_downstream(res, &[], Some(b"ours"), false, &mut out);
     assert_eq!(
-        String::from_utf8_lossy(&out),
+        with_server(
+            b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nx-a: 1\nServer: a\r\n\r\n",
+            Some(b"ours")
+        ),
         "HTTP/1.1 200 OK\r\nx-a: 1\nserver: ours\r\n\r\n"
     );
     // None from the upstream: ours is added.
-    let res = b"HTTP/1.1 204 No Content\r\n\r\n";
-    let head = parse_response(res, false)
-        .expect("valid")
-        .expect("complete");
-    let mut out = Vec::new();
-    head.write_downstream(res, &[], Some(b"envoy"), false, &mut out);
     assert_eq!(
-        String::from_utf8_lossy(&out),
+        with_server(b"HTTP/1.1 204 No Content\r\n\r\n", Some(b"envoy")),
         "HTTP/1.1 204 No Content\r\nserver: envoy\r\n\r\n"
     );
 }
