@@ -217,10 +217,12 @@ impl Body for ResponseBody {
 #[derive(Debug)]
 pub struct RequestEnd {
     pub conn: Arc<ConnContext>,
-    pub pooled: Option<(Key, Sender)>,
-    /// xDS only (boxed: every request's state carries this field, and the fast path's must
-    /// stay within the allocator's per-thread cache).
-    pub routed: Option<Box<RoutedEnd>>,
+    /// hyper's path only (boxed: the HTTP/1.1 fast path's state carries this field too, and
+    /// must stay within the allocator's per-thread cache; see `h1::tests`).
+    pub pooled: Option<Box<ToPool>>,
+    /// xDS only. Inline: the fast path's requests routed by xDS would otherwise allocate it
+    /// once each.
+    pub routed: Option<RoutedEnd>,
     pub log: Option<Box<RequestLog>>,
     pub flags: Flags,
     pub sent: u64,
@@ -246,8 +248,16 @@ pub struct RoutedEnd {
     pub in_flight: Option<crate::upstream::InFlight>,
     /// The destination as Istio's metrics name it (else the connection's peer).
     pub metrics_peer: Option<Arc<crate::tls::Peer>>,
-    /// How long the upstream connection may stay pooled (the cluster's idle timeout).
-    pub pool_idle_timeout: Option<std::time::Duration>,
+}
+
+/// An HTTP/1.1 upstream connection of hyper's path, pooled again when its response was read to
+/// its end.
+#[derive(Debug)]
+pub struct ToPool {
+    pub key: Key,
+    pub sender: Sender,
+    /// How long it may stay pooled: a routed cluster's idle timeout (`None`: the config's).
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 impl RequestEnd {
@@ -280,11 +290,15 @@ impl RequestEnd {
 
 impl Drop for RequestEnd {
     fn drop(&mut self) {
-        if let Some((key, sender)) = self.pooled.take() {
+        if let Some(pooled) = self.pooled.take() {
             // A response abandoned half way leaves the connection mid-message: not reusable.
             if self.complete {
-                let idle = self.routed.as_ref().and_then(|r| r.pool_idle_timeout);
-                self.conn.return_to_pool(key, sender, idle);
+                let ToPool {
+                    key,
+                    sender,
+                    idle_timeout,
+                } = *pooled;
+                self.conn.return_to_pool(key, sender, idle_timeout);
             }
         }
         let upstream_failed = self.flags.contains(Flags::UR) || self.flags.contains(Flags::UT);

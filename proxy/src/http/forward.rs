@@ -277,10 +277,17 @@ pub async fn handle(
             .insert(CONNECTION, HeaderValue::from_static("close"));
     }
     // An upgraded connection belongs to the tunnel now, and so does the request's end.
-    end.pooled = pooled.filter(|_| !upgraded);
+    // Routed by xDS, the cluster's idle timeout bounds the connection's stay in the pool.
+    let idle_timeout = pool_idle_timeout.filter(|_| end.routed.is_some());
+    end.pooled = pooled.filter(|_| !upgraded).map(|(key, sender)| {
+        Box::new(crate::http::body::ToPool {
+            key,
+            sender,
+            idle_timeout,
+        })
+    });
     if let Some(r) = &mut end.routed {
         r.in_flight = in_flight;
-        r.pool_idle_timeout = pool_idle_timeout;
     }
     if let Some((downstream, upstream)) = tunnel {
         upgrade::tunnel(downstream, upstream, ctx.proxy.drain.track(), end);

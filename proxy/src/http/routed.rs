@@ -294,12 +294,11 @@ impl Decided {
 
 impl Routed {
     /// What the request holds until it ends, to be counted under the cluster's service.
-    pub fn end(&self) -> Box<super::body::RoutedEnd> {
-        Box::new(super::body::RoutedEnd {
+    pub fn end(&self) -> super::body::RoutedEnd {
+        super::body::RoutedEnd {
             in_flight: None,
             metrics_peer: self.cluster.as_ref().and_then(|c| c.metrics_peer.clone()),
-            pool_idle_timeout: None,
-        })
+        }
     }
 }
 

@@ -74,6 +74,22 @@ impl<'a, U: Fn(&Endpoint) -> bool + Copy> Candidates<'a, U> {
         usable: U,
         draws: Draws,
     ) -> Self {
+        let mut loads = Loads::new(cla, spread.panic_threshold, usable);
+        loads.exclude(spread.excluded_priorities, cla.overprovisioning_factor);
+        Self::choose_by(cla, &loads, spread.locality_weighted, usable, draws)
+    }
+
+    /// [`Candidates::choose`] with the priority loads already known: `loads` must be those of
+    /// `cla` with `usable` (and the spread's excluded priorities), as [`Loads::new`] gives
+    /// them. A cluster keeps the loads of its assignment while no host is ejected, so that a
+    /// request need not count every host again.
+    pub fn choose_by(
+        cla: &'a ClusterLoadAssignment,
+        loads: &Loads,
+        locality_weighted: bool,
+        usable: U,
+        draws: Draws,
+    ) -> Self {
         let mut c = Candidates {
             cla,
             priority: 0,
@@ -82,8 +98,6 @@ impl<'a, U: Fn(&Endpoint) -> bool + Copy> Candidates<'a, U> {
             usable,
             len: 0,
         };
-        let mut loads = Loads::new(cla, spread.panic_threshold, usable);
-        loads.exclude(spread.excluded_priorities, cla.overprovisioning_factor);
         let Some((level, availability)) = loads.choose(draws.priority) else {
             return c;
         };
@@ -95,7 +109,7 @@ impl<'a, U: Fn(&Endpoint) -> bool + Copy> Candidates<'a, U> {
             Availability::Panic => level.hosts,
         };
         c.len = usize::try_from(count).unwrap_or(usize::MAX);
-        if spread.locality_weighted && availability != Availability::Panic {
+        if locality_weighted && availability != Availability::Panic {
             if let Some((index, eligible)) = c.choose_locality(draws.locality) {
                 c.locality = Some(index);
                 c.len = eligible;

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+pub mod assignment;
 pub mod balance;
 pub mod dial;
 pub mod dns;
@@ -31,6 +32,7 @@ pub mod state;
 pub mod stats;
 pub mod transport;
 
+pub use assignment::Assignment;
 pub use outlier::Outcome;
 pub use state::ClusterState;
 pub use transport::{MeshTls, Transport, TransportError};
@@ -187,8 +189,8 @@ impl Upstreams {
             ..Avoid::default()
         };
         let state = self.state_of(snapshot, c);
-        let cla = snapshot.endpoints_of(c);
-        self.choose(cla, c, state, original_dst, avoid, Traffic::Tcp)
+        let eds = snapshot.eds_of(c);
+        self.choose(eds, c, state, original_dst, avoid, Traffic::Tcp)
     }
 
     /// Choose an endpoint for one HTTP request attempt, avoiding the hosts already tried as
@@ -204,23 +206,23 @@ impl Upstreams {
             .cluster(cluster)
             .ok_or_else(|| UpstreamError::NoCluster(cluster.to_string()))?;
         let state = self.state_of(snapshot, c);
-        let cla = snapshot.endpoints_of(c);
-        self.choose(cla, c, state, original_dst, avoid, Traffic::Http)
+        let eds = snapshot.eds_of(c);
+        self.choose(eds, c, state, original_dst, avoid, Traffic::Http)
     }
 
     /// [`Upstreams::select_avoiding`] of a cluster already found, with its state and its
-    /// endpoints (`cla`, as [`Snapshot::endpoints_of`] gives them): a request's route
+    /// EDS endpoints (`eds`, as [`Snapshot::eds_of`] gives them): a request's route
     /// decision holds them, so each attempt need not look them up again.
     pub fn select_in(
         self: &Arc<Self>,
-        cla: Option<&ClusterLoadAssignment>,
+        eds: Option<&Arc<ClusterLoadAssignment>>,
         state: &Arc<ClusterState>,
         c: &Arc<Cluster>,
         original_dst: SocketAddr,
         avoid: Avoid<'_>,
     ) -> Result<Selected, UpstreamError> {
         self.choose(
-            cla,
+            eds,
             c,
             Arc::clone(state),
             original_dst,
@@ -237,10 +239,10 @@ impl Upstreams {
     }
 
     /// Circuit breakers first (a request over a limit never reaches a host), then the host:
-    /// one of `cla`, the cluster's endpoints (an EDS or static cluster's).
+    /// one of the cluster's endpoints: `eds` for an EDS cluster, its own for a static one.
     fn choose(
         self: &Arc<Self>,
-        cla: Option<&ClusterLoadAssignment>,
+        eds: Option<&Arc<ClusterLoadAssignment>>,
         c: &Arc<Cluster>,
         state: Arc<ClusterState>,
         original_dst: SocketAddr,
@@ -258,15 +260,16 @@ impl Upstreams {
                 (SocketAddr::new(original_dst.ip(), port), None)
             }
             Discovery::Eds { .. } | Discovery::Static => {
-                let excluded = cla
-                    .map(|cla| avoid.excluded_priorities(cla))
+                let assignment = Assignment::of(c, eds);
+                let excluded = assignment
+                    .map(|a| avoid.excluded_priorities(a.cla()))
                     .unwrap_or_default();
-                let pick = |cla, attempt| pick(state, c, cla, avoid.hash, &excluded, attempt);
-                let mut endpoint = cla.and_then(|cla| pick(cla, 0));
+                let pick = |a, attempt| pick(state, c, a, avoid.hash, &excluded, attempt);
+                let mut endpoint = assignment.and_then(|a| pick(a, 0));
                 for attempt in 1..=avoid.attempts.min(MAX_HOST_SELECTION_ATTEMPTS) {
                     match endpoint {
                         Some(e) if avoid.hosts.contains(&e.address) => {
-                            endpoint = cla.and_then(|cla| pick(cla, attempt));
+                            endpoint = assignment.and_then(|a| pick(a, attempt));
                         }
                         _ => break,
                     }
@@ -279,10 +282,10 @@ impl Upstreams {
             Discovery::StrictDns(_) | Discovery::LogicalDns(_) => {
                 dns_hosts = self.dns.get(cluster);
                 let endpoint = dns_hosts
-                    .as_deref()
+                    .as_ref()
                     .and_then(|cla| {
                         let excluded = avoid.excluded_priorities(cla);
-                        pick(state, c, cla, avoid.hash, &excluded, 0)
+                        pick(state, c, Assignment::Shared(cla), avoid.hash, &excluded, 0)
                     })
                     .ok_or_else(|| UpstreamError::NoHealthyUpstream(cluster.to_string()))?;
                 (endpoint.address, endpoint.tls_mode.as_deref())
@@ -429,7 +432,7 @@ impl Upstreams {
 fn pick<'a>(
     state: &ClusterState,
     c: &Cluster,
-    cla: &'a ClusterLoadAssignment,
+    assignment: Assignment<'a>,
     hash: Option<u64>,
     excluded_priorities: &[u32],
     attempt: u32,
@@ -438,13 +441,13 @@ fn pick<'a>(
         .common_lb
         .healthy_panic_threshold
         .unwrap_or(balance::DEFAULT_PANIC_THRESHOLD);
-    let total: usize = cla.localities.iter().map(|l| l.endpoints.len()).sum();
-    let total_u32 = u32::try_from(total).unwrap_or(u32::MAX);
-    if state.endpoints.load(Ordering::Relaxed) != total_u32 {
-        state.endpoints.store(total_u32, Ordering::Relaxed);
-    }
-    state.prune_hosts(total, |a| cla.endpoints().any(|(_, e)| e.address == *a));
-    let now = state.now_ms();
+    let cla = assignment.cla();
+    // No clock read while no host was ever ejected (nearly every cluster, nearly always).
+    let now = if state.ejected_until.load(Ordering::Acquire) == 0 {
+        0
+    } else {
+        state.now_ms()
+    };
     let any_ejected = state.any_ejected(now);
     let usable = move |e: &Endpoint| !any_ejected || !state.ejected(&e.address, now);
     let mut rng = fastrand::Rng::new();
@@ -458,12 +461,22 @@ fn pick<'a>(
         priority: if hashing { hash } else { rng.u64(..) },
         locality: rng.u64(..),
     };
-    let spread = balance::Spread {
-        panic_threshold: threshold,
-        locality_weighted: c.common_lb.locality_weighted,
-        excluded_priorities,
+    let locality_weighted = c.common_lb.locality_weighted;
+    let candidates = if !any_ejected && excluded_priorities.is_empty() {
+        state.with_loads(assignment, threshold, |loads| {
+            balance::Candidates::choose_by(cla, loads, locality_weighted, usable, draws)
+        })
+    } else {
+        // The loads depend on the moment (which hosts are out) or on the request (the
+        // priorities its retries left out): counted for this pick.
+        state.note_assignment(cla);
+        let spread = balance::Spread {
+            panic_threshold: threshold,
+            locality_weighted,
+            excluded_priorities,
+        };
+        balance::Candidates::choose(cla, spread, usable, draws)
     };
-    let candidates = balance::Candidates::choose(cla, spread, usable, draws);
     if candidates.is_empty() {
         return None;
     }

@@ -5,10 +5,13 @@
 //! `ArcSwap`ed map by name); a new version of the cluster gets a fresh state (Envoy builds a
 //! new cluster too), keeping its statistics.
 
+use super::assignment::{Assignment, KeptLoads};
 use super::outlier::HostState;
+use super::priority::Loads;
 use super::stats::ClusterStats;
 use arc_swap::ArcSwap;
 use remora_xds::model::circuit_breakers::CircuitBreakers;
+use remora_xds::model::endpoint::ClusterLoadAssignment;
 use remora_xds::model::outlier::OutlierDetection;
 use remora_xds::model::Cluster;
 use std::collections::HashMap;
@@ -62,6 +65,8 @@ pub struct ClusterState {
     /// The table before it: a cluster whose traffic spills over two priorities uses one table
     /// per priority (as Envoy keeps one per priority), and alternates between them.
     pub previous_hash_table: arc_swap::ArcSwapOption<super::ring::HashTable>,
+    /// The priority loads of the assignment last picked from with no host ejected.
+    kept_loads: arc_swap::ArcSwapOption<KeptLoads>,
     /// The clock of ejections (ms from here; outlier detection's interval ticks start here).
     started: Instant,
     /// foldhash, as `by_name`: looked up on every pick.
@@ -175,6 +180,7 @@ impl ClusterState {
             round_robin: AtomicU64::new(0),
             hash_table: arc_swap::ArcSwapOption::empty(),
             previous_hash_table: arc_swap::ArcSwapOption::empty(),
+            kept_loads: arc_swap::ArcSwapOption::empty(),
             started: Instant::now(),
             hosts: ArcSwap::default(),
             ejected_until: AtomicU64::new(0),
@@ -307,6 +313,38 @@ impl ClusterState {
             .values()
             .filter(|h| h.ejected(now))
             .count()
+    }
+
+    /// `f` over the priority loads of `a` with no host ejected: those kept when `a` is the
+    /// assignment this cluster last picked from, else counted now, when the hosts `a` no
+    /// longer has are forgotten too ([`ClusterState::note_assignment`]).
+    pub fn with_loads<R>(
+        &self,
+        a: Assignment<'_>,
+        panic_threshold: f64,
+        f: impl FnOnce(&Loads) -> R,
+    ) -> R {
+        let kept = self.kept_loads.load();
+        if let Some(k) = kept.as_deref().filter(|k| k.are_of(a, panic_threshold)) {
+            return f(k.loads());
+        }
+        drop(kept);
+        self.note_assignment(a.cla());
+        let fresh = Arc::new(KeptLoads::new(a, panic_threshold));
+        let out = f(fresh.loads());
+        self.kept_loads.store(Some(fresh));
+        out
+    }
+
+    /// Take `cla` as the cluster's hosts: their number (the whole `max_ejection_percent` is a
+    /// share of), and the state of hosts it no longer has forgotten.
+    pub fn note_assignment(&self, cla: &ClusterLoadAssignment) {
+        let total: usize = cla.localities.iter().map(|l| l.endpoints.len()).sum();
+        let total_u32 = u32::try_from(total).unwrap_or(u32::MAX);
+        if self.endpoints.load(Ordering::Relaxed) != total_u32 {
+            self.endpoints.store(total_u32, Ordering::Relaxed);
+        }
+        self.prune_hosts(total, |a| cla.endpoints().any(|(_, e)| e.address == *a));
     }
 
     /// Forget hosts no longer in the cluster's endpoints (`keep`), when there are many more

@@ -260,7 +260,8 @@ fn a_clusters_panic_threshold_is_honoured_by_select() {
     let v2 = "outbound|9080|v2|reviews.default.svc.cluster.local";
     let mut cluster = (**s.cluster(v2).expect("v2")).clone();
     cluster.common_lb.healthy_panic_threshold = Some(0.0);
-    let cla = s.endpoints(v2).expect("v2 endpoints");
+    let cla = Arc::new(s.endpoints(v2).expect("v2 endpoints").clone());
+    let cla = Assignment::Shared(&cla);
     let state = up.clusters.get(&Arc::new(cluster.clone()), |_| true);
     assert!(
         pick(&state, &cluster, cla, None, &[], 0).is_none(),
@@ -327,21 +328,35 @@ fn a_hashed_cluster_keeps_its_ring_until_its_hosts_change() {
     };
     let cluster = Arc::new(cluster);
     let state = up.clusters.get(&cluster, |_| true);
-    let mut cla = assignment(vec![vec![
+    let mut cla = Arc::new(assignment(vec![vec![
         host(1, Health::Healthy),
         host(2, Health::Healthy),
         host(3, Health::Healthy),
-    ]]);
+    ]]));
     let hash = hash::xxhash64(b"alice", 0);
-    let first = pick(&state, &cluster, &cla, Some(hash), &[], 0)
-        .expect("host")
-        .address;
+    let first = pick(
+        &state,
+        &cluster,
+        Assignment::Shared(&cla),
+        Some(hash),
+        &[],
+        0,
+    )
+    .expect("host")
+    .address;
     let ring = state.hash_table.load_full().expect("built");
     for _ in 0..20 {
         assert_eq!(
-            pick(&state, &cluster, &cla, Some(hash), &[], 0)
-                .expect("host")
-                .address,
+            pick(
+                &state,
+                &cluster,
+                Assignment::Shared(&cla),
+                Some(hash),
+                &[],
+                0
+            )
+            .expect("host")
+            .address,
             first
         );
     }
@@ -350,21 +365,29 @@ fn a_hashed_cluster_keeps_its_ring_until_its_hosts_change() {
     // Without a hash, the pick is random: more than one host over many picks.
     let random: std::collections::BTreeSet<_> = (0..60)
         .map(|_| {
-            pick(&state, &cluster, &cla, None, &[], 0)
+            pick(&state, &cluster, Assignment::Shared(&cla), None, &[], 0)
                 .expect("host")
                 .address
         })
         .collect();
     assert!(random.len() > 1, "{random:?}");
-    // The chosen host goes unhealthy: the ring is built again without it.
-    for e in &mut cla.localities[0].endpoints {
+    // The chosen host goes unhealthy (a new assignment, as EDS sends): the ring is built
+    // again without it.
+    for e in &mut Arc::make_mut(&mut cla).localities[0].endpoints {
         if e.address == first {
             e.health = Health::Unhealthy;
         }
     }
-    let moved = pick(&state, &cluster, &cla, Some(hash), &[], 0)
-        .expect("host")
-        .address;
+    let moved = pick(
+        &state,
+        &cluster,
+        Assignment::Shared(&cla),
+        Some(hash),
+        &[],
+        0,
+    )
+    .expect("host")
+    .address;
     assert_ne!(moved, first);
     let rebuilt = state.hash_table.load_full().expect("rebuilt");
     assert!(!Arc::ptr_eq(&ring, &rebuilt));
@@ -380,18 +403,34 @@ fn a_hashing_cluster_spilling_over_two_priorities_keeps_a_table_for_each() {
     let cluster = Arc::new(cluster);
     let state = up.clusters.get(&cluster, |_| true);
     // Priority 0 has 1 of 2 healthy: 70 % stays, 30 % goes to priority 1.
-    let cla = assignment(vec![
+    let cla = Arc::new(assignment(vec![
         vec![host(1, Health::Healthy), host(2, Health::Unhealthy)],
         vec![host(3, Health::Healthy)],
-    ]);
+    ]));
     let mut seen = std::collections::BTreeSet::new();
     let mut tables = Vec::new();
     for i in 0..200u64 {
         let hash = hash::xxhash64(&i.to_le_bytes(), 0);
-        let chosen = pick(&state, &cluster, &cla, Some(hash), &[], 0).expect("host");
+        let chosen = pick(
+            &state,
+            &cluster,
+            Assignment::Shared(&cla),
+            Some(hash),
+            &[],
+            0,
+        )
+        .expect("host");
         seen.insert(chosen.address.ip().to_string());
         // The same hash goes to the same host every time.
-        let again = pick(&state, &cluster, &cla, Some(hash), &[], 0).expect("host");
+        let again = pick(
+            &state,
+            &cluster,
+            Assignment::Shared(&cla),
+            Some(hash),
+            &[],
+            0,
+        )
+        .expect("host");
         assert_eq!(again.address, chosen.address);
         if let Some(t) = state.hash_table.load_full() {
             if !tables.iter().any(|k| Arc::ptr_eq(k, &t)) {
@@ -422,10 +461,10 @@ fn a_retry_leaves_out_the_priorities_tried_every_update_frequency() {
     cluster.lb_policy = LbPolicy::Random;
     let cluster = Arc::new(cluster);
     let state = up.clusters.get(&cluster, |_| true);
-    let cla = assignment(vec![
+    let cla = Arc::new(assignment(vec![
         vec![host(1, Health::Healthy)],
         vec![host(2, Health::Healthy)],
-    ]);
+    ]));
     let local: SocketAddr = "10.0.0.1:80".parse().expect("addr");
     let remote: SocketAddr = "10.0.0.2:80".parse().expect("addr");
     let picks = |tried: &[SocketAddr]| {
@@ -437,9 +476,16 @@ fn a_retry_leaves_out_the_priorities_tried_every_update_frequency() {
         let excluded = avoid.excluded_priorities(&cla);
         (0..50)
             .map(|_| {
-                pick(&state, &cluster, &cla, None, &excluded, 0)
-                    .expect("host")
-                    .address
+                pick(
+                    &state,
+                    &cluster,
+                    Assignment::Shared(&cla),
+                    None,
+                    &excluded,
+                    0,
+                )
+                .expect("host")
+                .address
             })
             .collect::<std::collections::BTreeSet<_>>()
     };

@@ -469,10 +469,12 @@ async fn a_requests_state_is_small_enough_for_the_allocators_cache() {
     let size = std::mem::size_of_val(&fut);
     eprintln!("a request's state: {size} bytes");
     // 1,008 bytes in a release build and 1,040 in this one before xDS routing (its route
-    // and attempt key live in a box beside the state, one pointer in it), 1,056 in this one
-    // with it; 2,984 with the connect and the timer inline, 1,448 with them apart but as
-    // `async fn`s.
-    assert!(size <= 1088, "a request's state is {size} bytes");
+    // and attempt key live in a box beside the state, one pointer in it), 1,056 in both with
+    // it, which took every request's state past the cache (glibc's own allocator then: about
+    // 300 instructions more per request); 1,016 since hyper's pooled connection is boxed in
+    // `RequestEnd` and the routed request's end is inline. 2,984 with the connect and the
+    // timer inline, 1,448 with them apart but as `async fn`s.
+    assert!(size <= 1032, "a request's state is {size} bytes");
 }
 
 #[tokio::test]

@@ -40,14 +40,11 @@ pub(in crate::http) fn select(
     };
     // The endpoints the decision found while no push came since; else the store's now.
     let now;
-    let cla = if store.generation() == target.generation {
-        match target.model.eds_service_name() {
-            Some(_) => target.eds.as_deref(),
-            None => target.model.load_assignment.as_ref(),
-        }
+    let eds = if store.generation() == target.generation {
+        target.eds.as_ref()
     } else {
         now = store.current();
-        now.endpoints_of(&target.model)
+        now.eds_of(&target.model)
     };
     let selected = {
         let mut tried = routed
@@ -61,7 +58,7 @@ pub(in crate::http) fn select(
             previous_priorities: routed.retry.previous_priorities(),
         };
         let selected = ctx.proxy.upstreams.select_in(
-            cla,
+            eds,
             &target.state,
             &target.model,
             ctx.key.destination,

@@ -1,0 +1,96 @@
+//! The endpoints a pick chooses among, with what keeps them alive, and a cluster's priority
+//! loads kept for them.
+//!
+//! Envoy computes a cluster's priority loads ([`super::priority`]) when its host set changes
+//! (an EDS update, a health change, an ejection or its end), not per request. Remora keeps the
+//! loads of the assignment a cluster last picked from with no host ejected, and counts the
+//! hosts again only when another assignment comes (a push) or while a host is out, where the
+//! loads depend on the moment. The assignment is named by its address; the entry holds the
+//! `Arc` that owns it, so that no other assignment can take that address while the entry
+//! lives.
+
+use super::priority::Loads;
+use remora_xds::model::endpoint::ClusterLoadAssignment;
+use remora_xds::model::Cluster;
+use std::sync::Arc;
+
+/// The endpoints of one cluster as one pick sees them.
+#[derive(Debug, Clone, Copy)]
+pub enum Assignment<'a> {
+    /// An EDS assignment, or a DNS cluster's resolution: shared, replaced whole on change.
+    Shared(&'a Arc<ClusterLoadAssignment>),
+    /// A static cluster's own `load_assignment`, which lives as long as its cluster.
+    Inline(&'a Arc<Cluster>, &'a ClusterLoadAssignment),
+}
+
+impl<'a> Assignment<'a> {
+    /// The assignment of `c`: EDS's (`eds`, as the snapshot has it for the cluster's service
+    /// name) for an EDS cluster, else the cluster's own, as [`remora_xds::snapshot::Snapshot::endpoints_of`]
+    /// decides.
+    pub fn of(c: &'a Arc<Cluster>, eds: Option<&'a Arc<ClusterLoadAssignment>>) -> Option<Self> {
+        match c.eds_service_name() {
+            Some(_) => eds.map(Assignment::Shared),
+            None => c
+                .load_assignment
+                .as_ref()
+                .map(|cla| Assignment::Inline(c, cla)),
+        }
+    }
+
+    pub fn cla(self) -> &'a ClusterLoadAssignment {
+        match self {
+            Assignment::Shared(cla) => cla,
+            Assignment::Inline(_, cla) => cla,
+        }
+    }
+
+    fn owner(self) -> Owner {
+        match self {
+            Assignment::Shared(cla) => Owner::Shared(Arc::clone(cla)),
+            Assignment::Inline(c, _) => Owner::Inline(Arc::clone(c)),
+        }
+    }
+
+    fn is(self, owner: &Owner) -> bool {
+        match (self, owner) {
+            (Assignment::Shared(a), Owner::Shared(b)) => Arc::ptr_eq(a, b),
+            (Assignment::Inline(a, _), Owner::Inline(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+/// What keeps a kept assignment alive.
+#[derive(Debug)]
+enum Owner {
+    Shared(Arc<ClusterLoadAssignment>),
+    Inline(Arc<Cluster>),
+}
+
+/// The priority loads of one assignment with every host in.
+#[derive(Debug)]
+pub struct KeptLoads {
+    owner: Owner,
+    panic_threshold: f64,
+    loads: Loads,
+}
+
+impl KeptLoads {
+    /// The loads of `a` with no host ejected, Envoy's panic threshold `panic_threshold`.
+    pub fn new(a: Assignment<'_>, panic_threshold: f64) -> Self {
+        KeptLoads {
+            owner: a.owner(),
+            panic_threshold,
+            loads: Loads::new(a.cla(), panic_threshold, |_| true),
+        }
+    }
+
+    /// Whether these are `a`'s loads with that threshold.
+    pub fn are_of(&self, a: Assignment<'_>, panic_threshold: f64) -> bool {
+        a.is(&self.owner) && self.panic_threshold == panic_threshold
+    }
+
+    pub fn loads(&self) -> &Loads {
+        &self.loads
+    }
+}
