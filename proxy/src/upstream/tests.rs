@@ -506,3 +506,51 @@ fn a_retry_leaves_out_the_priorities_tried_every_update_frequency() {
         "every priority tried: the load as before"
     );
 }
+
+/// The priority loads a cluster keeps are those of the assignment it picks from: a new
+/// assignment (an EDS push) is counted again, and while a host is ejected they are counted
+/// per pick, so the traffic follows health at once either way.
+#[test]
+fn kept_priority_loads_follow_a_new_assignment_and_ejections() {
+    use Health::{Healthy, Unhealthy};
+    let store = bookinfo();
+    let s = store.snapshot();
+    let up = Arc::new(Upstreams::default());
+    let mut cluster = (**s.cluster(REVIEWS).expect("reviews")).clone();
+    cluster.lb_policy = LbPolicy::Random;
+    let mut od = remora_xds::model::outlier::OutlierDetection::ENVOY_DEFAULT;
+    od.consecutive_5xx.threshold = 1;
+    od.consecutive_5xx.enforcing = 100;
+    od.max_ejection_percent = 100;
+    cluster.outlier_detection = Some(od);
+    let cluster = Arc::new(cluster);
+    let state = up.clusters.get(&cluster, |_| true);
+    let picks = |cla: &Arc<ClusterLoadAssignment>| {
+        (0..40)
+            .map(|_| {
+                pick(&state, &cluster, Assignment::Shared(cla), None, &[], 0)
+                    .map(|e| e.address.ip().to_string())
+            })
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    let first = Arc::new(assignment(vec![
+        vec![host(1, Healthy)],
+        vec![host(2, Healthy)],
+    ]));
+    assert_eq!(picks(&first), [Some("10.0.0.1".to_string())].into());
+    // The same hosts, priority 0 now unhealthy: the loads of the first would send every
+    // request to priority 0 and find no healthy host there.
+    let second = Arc::new(assignment(vec![
+        vec![host(1, Unhealthy)],
+        vec![host(2, Healthy)],
+    ]));
+    assert_eq!(picks(&second), [Some("10.0.0.2".to_string())].into());
+    assert_eq!(picks(&second), [Some("10.0.0.2".to_string())].into());
+    // Back to the first: counted again, not left on the second's loads.
+    assert_eq!(picks(&first), [Some("10.0.0.1".to_string())].into());
+    // Priority 0's host ejected: priority 1 takes the traffic while the ejection lasts.
+    let h1 = state.host(SocketAddr::from(([10, 0, 0, 1], 80)));
+    state.report(Some(&h1), Outcome::Status(503), true);
+    assert!(h1.ejected(state.now_ms()), "one 5xx ejects it");
+    assert_eq!(picks(&first), [Some("10.0.0.2".to_string())].into());
+}
