@@ -460,7 +460,9 @@ mod tests {
         );
         assert_eq!(applied.rejected.len(), 1);
         assert!(
-            applied.rejected[0].reason.contains("table[b.example.com].ips[0]"),
+            applied.rejected[0]
+                .reason
+                .contains("table[b.example.com].ips[0]"),
             "{}",
             applied.rejected[0].reason
         );

@@ -60,6 +60,7 @@ async fn tcp_resolver() -> SocketAddr {
 
 fn forwarder(upstreams: Vec<SocketAddr>) -> Arc<Forwarder> {
     Arc::new(Forwarder {
+        names: None,
         upstreams,
         upstream_timeout: SHORT,
         metrics: DnsMetrics::default(),

@@ -301,7 +301,9 @@ mod tests {
     #[test]
     fn nds_starts_with_lds_and_only_when_asked_for() {
         let mut subs = Subscriptions::new(true);
-        assert!(subs.get(type_url::NAME_TABLE).is_some_and(|n| n.wildcard && !n.started));
+        assert!(subs
+            .get(type_url::NAME_TABLE)
+            .is_some_and(|n| n.wildcard && !n.started));
         let changed = subs.after_response(type_url::CLUSTER, &Applied::default(), &BTreeSet::new());
         assert_eq!(changed, vec![type_url::LISTENER, type_url::NAME_TABLE]);
         assert!(subs.open_gate().is_empty(), "each starts once");

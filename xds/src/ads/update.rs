@@ -152,7 +152,10 @@ mod tests {
             name: "outbound|80||a".to_owned(),
             ..Cluster::default()
         });
-        assert_eq!(resource_name(type_url::CLUSTER, &body).ok(), Some("outbound|80||a".to_owned()));
+        assert_eq!(
+            resource_name(type_url::CLUSTER, &body).ok(),
+            Some("outbound|80||a".to_owned())
+        );
         assert!(resource_name(type_url::CLUSTER, &[0x0a, 0xff, 0x01]).is_err());
     }
 }

@@ -55,8 +55,12 @@ pub(super) fn name_table(proto: &NameTableProto) -> Result<NameTable, Fault> {
             .iter()
             .enumerate()
             .map(|(i, ip)| {
-                ip.parse()
-                    .map_err(|_| Fault::new(format!("{at}.ips[{i}]"), format!("{ip:?} is not an IP address")))
+                ip.parse().map_err(|_| {
+                    Fault::new(
+                        format!("{at}.ips[{i}]"),
+                        format!("{ip:?} is not an IP address"),
+                    )
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         hosts.insert(
@@ -104,7 +108,10 @@ mod tests {
         let reviews = &converted.model.hosts["reviews.bookinfo.svc.cluster.local"];
         assert_eq!(
             reviews.ips,
-            vec!["10.96.0.7".parse::<std::net::IpAddr>().unwrap(), "fd00::7".parse().unwrap()]
+            vec![
+                "10.96.0.7".parse::<std::net::IpAddr>().unwrap(),
+                "fd00::7".parse().unwrap()
+            ]
         );
         assert!(reviews.is_kubernetes());
         assert!(!converted.model.hosts["api.example.com"].is_kubernetes());
@@ -126,19 +133,24 @@ mod tests {
             .insert("a.example.com".into(), info(&["10.0.0.1", "ten"], ""));
         let refusal = from_bytes::<NameTableProto>(&proto.encode_to_vec()).expect_err("refused");
         assert_eq!(refusal.path, "table[a.example.com].ips[1]");
-        assert!(refusal.to_string().starts_with("name_table : "), "{refusal}");
+        assert!(
+            refusal.to_string().starts_with("name_table : "),
+            "{refusal}"
+        );
         let per_name = NameTableProto {
             table: BTreeMap::new(),
             name_info: Some(info(&["10.0.0.1"], "")),
         };
-        let refusal =
-            from_bytes::<NameTableProto>(&per_name.encode_to_vec()).expect_err("refused");
+        let refusal = from_bytes::<NameTableProto>(&per_name.encode_to_vec()).expect_err("refused");
         assert_eq!(refusal.path, "name_info");
         // A field istio/istio's proto does not have (say, a newer one) is refused too.
         let mut bytes = NameTableProto::default().encode_to_vec();
         prost::encoding::encode_key(9, prost::encoding::WireType::Varint, &mut bytes);
         prost::encoding::encode_varint(1, &mut bytes);
         let refusal = from_bytes::<NameTableProto>(&bytes).expect_err("refused");
-        assert!(refusal.reason.contains("unknown field number 9"), "{refusal}");
+        assert!(
+            refusal.reason.contains("unknown field number 9"),
+            "{refusal}"
+        );
     }
 }
