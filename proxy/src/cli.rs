@@ -319,8 +319,10 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     let exchange_header = crate::metadata_exchange::LocalHeader::new(&own);
     let node_id = own.node_id(&std::env::var("INSTANCE_IP").unwrap_or_default());
     let exchange_headers = crate::metadata_exchange::http::LocalHeaders::new(&own, &node_id);
-    let dns = match config.dns.enabled {
-        true => Some(dns::bind(&config.dns, metrics.dns.clone()).context("starting DNS")?),
+    // Read now so that a missing resolv.conf fails the start; bound once the name table's
+    // source (istiod's store or the xDS files) is known.
+    let resolv_conf = match config.dns.enabled {
+        true => Some(dns::read_resolv_conf(&config.dns).context("starting DNS")?),
         false => None,
     };
     let drain = Drain::new();
@@ -346,6 +348,20 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
             crate::xds_files::Watcher::start(dir, store.load().xds.watch_interval, &metrics)
                 .context("loading xDS resources (xds.resources_dir)")?,
         ),
+        None => None,
+    };
+    let dns = match &resolv_conf {
+        Some(text) => {
+            let dns_config = store.load().dns.clone();
+            let names = dns_names(
+                text,
+                &own,
+                agent_settings.as_ref(),
+                xds.as_ref(),
+                xds_files.as_ref(),
+            );
+            Some(dns::bind(&dns_config, text, names, metrics.dns.clone()).context("starting DNS")?)
+        }
         None => None,
     };
     let state = Arc::new(AdminState {
@@ -460,6 +476,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
                 &metrics_handle,
                 Arc::clone(&state),
                 xds,
+                resolv_conf.is_some(),
             )?)
         }
         None => None,
@@ -488,6 +505,32 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     // Connections still open after the drain period are cut here.
     runtime.shutdown_timeout(Duration::from_millis(100));
     result
+}
+
+/// The mesh's names for the DNS proxy: the name table of whichever xDS store there is (istiod's,
+/// where it comes over NDS and queries wait for the first one, or the files'), for this pod's
+/// namespace and search domains.
+fn dns_names(
+    resolv_conf: &str,
+    own: &Workload,
+    settings: Option<&crate::istiod::AgentSettings>,
+    istiod: Option<&Arc<remora_xds::store::Store>>,
+    files: Option<&crate::xds_files::Watcher>,
+) -> Option<dns::Names> {
+    let search = dns::search_domains(resolv_conf);
+    let (namespace, dns_domain) = match settings {
+        Some(s) => (s.node.namespace.clone(), s.node.dns_domain.clone()),
+        None => (
+            own.namespace.clone(),
+            format!("{}.svc.cluster.local", own.namespace),
+        ),
+    };
+    let context = dns::table::Context::new(&namespace, &dns_domain, &search);
+    match (istiod, files) {
+        (Some(store), _) => Some(dns::Names::new(Arc::clone(store), context, true)),
+        (None, Some(files)) => Some(dns::Names::new(Arc::clone(&files.store), context, false)),
+        (None, None) => None,
+    }
 }
 
 async fn serve(

@@ -30,12 +30,14 @@ use std::time::{Duration, SystemTime};
 
 /// The kinds read from a directory, in the order Envoy applies them: clusters before the
 /// endpoints they name, listeners before the route tables they name (applying a type drops
-/// what no held resource of the type before it wants).
-const ORDER: [(&str, Kind, &str); 4] = [
+/// what no held resource of the type before it wants). Then the name table (istiod's NDS,
+/// for the DNS proxy; one resource, unnamed), which nothing else depends on.
+const ORDER: [(&str, Kind, &str); 5] = [
     ("clusters", Kind::Cluster, type_url::CLUSTER),
     ("endpoints", Kind::Endpoint, type_url::ENDPOINT),
     ("listeners", Kind::Listener, type_url::LISTENER),
     ("routes", Kind::Route, type_url::ROUTE),
+    ("name_tables", Kind::NameTable, type_url::NAME_TABLE),
 ];
 
 /// A file that could not be read as a whole.
@@ -100,7 +102,7 @@ struct Held {
 #[derive(Debug)]
 pub struct Source {
     dir: PathBuf,
-    held: [Held; 4],
+    held: [Held; ORDER.len()],
 }
 
 /// What one [`Source::sync`] did.
@@ -127,12 +129,12 @@ impl Source {
         }
     }
 
-    fn stamps(&self) -> [Option<Stamp>; 4] {
+    fn stamps(&self) -> [Option<Stamp>; ORDER.len()] {
         ORDER.map(|(base, _, _)| stamp(&self.dir, base))
     }
 
     /// Whether a file changed since it was last read.
-    fn changed(&self, stamps: &[Option<Stamp>; 4]) -> bool {
+    fn changed(&self, stamps: &[Option<Stamp>; ORDER.len()]) -> bool {
         self.held.iter().zip(stamps).any(|(h, s)| &h.stamp != s)
     }
 
@@ -149,7 +151,8 @@ impl Source {
             return out;
         }
         let stamps = self.stamps();
-        let mut read: [bool; 4] = std::array::from_fn(|i| self.held[i].stamp != stamps[i]);
+        let mut read: [bool; ORDER.len()] =
+            std::array::from_fn(|i| self.held[i].stamp != stamps[i]);
         // Applying clusters prunes the endpoints no cluster wants, and listeners the route
         // tables: the file after each is read again, so that what it still holds for a cluster
         // or listener that came back is delivered again.
@@ -288,6 +291,7 @@ fn holds(snapshot: &Snapshot, url: &str, name: &str) -> bool {
         type_url::CLUSTER => snapshot.clusters.contains_key(name),
         type_url::ENDPOINT => snapshot.endpoints.contains_key(name),
         type_url::LISTENER => snapshot.listeners.contains_key(name),
+        type_url::NAME_TABLE => snapshot.name_tables.contains_key(name),
         _ => snapshot.routes.contains_key(name),
     }
 }

@@ -77,7 +77,7 @@ fn the_client_fills_the_store_and_readiness_and_a_refused_token_gets_nothing() {
         let store = Arc::new(Store::new());
         let readiness = Arc::new(Readiness::default());
         readiness.require(FIRST_CONFIG);
-        let client = XdsClient::new(&settings, &channels.xds, Arc::clone(&store));
+        let client = XdsClient::new(&settings, &channels.xds, Arc::clone(&store), false);
         let stats = client.stats();
         tokio::spawn(client.run(Arc::clone(&readiness)));
         eventually("ready", || readiness.pending().is_empty()).await;
@@ -103,7 +103,7 @@ fn the_client_fills_the_store_and_readiness_and_a_refused_token_gets_nothing() {
         let other = Arc::new(Store::new());
         let waiting = Arc::new(Readiness::default());
         waiting.require(FIRST_CONFIG);
-        let client = XdsClient::new(&settings, &channels.xds, Arc::clone(&other));
+        let client = XdsClient::new(&settings, &channels.xds, Arc::clone(&other), false);
         tokio::spawn(client.run(Arc::clone(&waiting)));
         eventually("a refused stream", || !ads.refused().is_empty()).await;
         assert!(ads.refused()[0].contains("stolen"), "{:?}", ads.refused());

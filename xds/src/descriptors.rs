@@ -2,7 +2,8 @@
 //! envoy-types generated them (copied by build.rs), and the few that only Istio's Envoy build
 //! knows but istiod sends to every sidecar (`stats.PluginConfig`, metadata exchange, the ALPN
 //! override, peer metadata, `istio_authn`, and HBONE's `connect_authority`, `connect_baggage`
-//! and `set_internal_dst_address`) plus the `TypedStruct` wrappers.
+//! and `set_internal_dst_address`) plus the `TypedStruct` wrappers, and the name table istiod
+//! sends pilot-agent over the same stream (NDS, `istio.networking.nds.v1.NameTable`).
 //!
 //! The Istio ones are built here as `FileDescriptorProto`s rather than compiled from `.proto`
 //! text with protox: they are six small messages, and building them in code costs no build-time
@@ -15,7 +16,7 @@ use prost_reflect::DescriptorPool;
 use prost_types::field_descriptor_proto::{Label, Type};
 use prost_types::{
     DescriptorProto, EnumDescriptorProto, EnumValueDescriptorProto, FieldDescriptorProto,
-    FileDescriptorProto,
+    FileDescriptorProto, MessageOptions,
 };
 use std::sync::OnceLock;
 
@@ -120,6 +121,49 @@ fn file(
         syntax: Some("proto3".into()),
         ..Default::default()
     }
+}
+
+/// istio/istio's `pkg/dns/proto/nds.proto`: `map<string, NameInfo> table = 1` (a map is a
+/// repeated entry message marked `map_entry`) and `NameInfo name_info = 2`.
+fn name_table() -> DescriptorProto {
+    const INFO: &str = ".istio.networking.nds.v1.NameTable.NameInfo";
+    let mut entry = message(
+        "TableEntry",
+        vec![
+            field("key", 1, Type::String, None),
+            field("value", 2, Type::Message, Some(INFO)),
+        ],
+    );
+    entry.options = Some(MessageOptions {
+        map_entry: Some(true),
+        ..Default::default()
+    });
+    let mut table = message(
+        "NameTable",
+        vec![
+            repeated(field(
+                "table",
+                1,
+                Type::Message,
+                Some(".istio.networking.nds.v1.NameTable.TableEntry"),
+            )),
+            field("name_info", 2, Type::Message, Some(INFO)),
+        ],
+    );
+    table.nested_type = vec![
+        message(
+            "NameInfo",
+            vec![
+                repeated(field("ips", 1, Type::String, None)),
+                field("registry", 2, Type::String, None),
+                field("shortname", 3, Type::String, None),
+                field("namespace", 4, Type::String, None),
+                repeated(field("alt_hosts", 5, Type::String, None)),
+            ],
+        ),
+        entry,
+    ];
+    table
 }
 
 const STRUCT: &str = "google/protobuf/struct.proto";
@@ -313,6 +357,13 @@ fn extra_files() -> Vec<FileDescriptorProto> {
             vec![],
         ),
         file(
+            "remora/istio/nds.proto",
+            "istio.networking.nds.v1",
+            &[],
+            vec![name_table()],
+            vec![],
+        ),
+        file(
             "remora/istio/authn.proto",
             "io.istio.network.authn",
             &[],
@@ -347,6 +398,7 @@ mod tests {
             "io.istio.http.connect_authority.Config",
             "io.istio.http.connect_baggage.Config",
             "istio.set_internal_dst_address.v1.Config",
+            "istio.networking.nds.v1.NameTable",
         ] {
             assert!(pool.get_message_by_name(name).is_some(), "{name}");
         }

@@ -13,6 +13,7 @@ pub enum Kind {
     Endpoint,
     Secret,
     ExtensionConfig,
+    NameTable,
 }
 
 impl Kind {
@@ -25,6 +26,7 @@ impl Kind {
             Kind::Endpoint => "envoy.config.endpoint.v3.ClusterLoadAssignment",
             Kind::Secret => "envoy.extensions.transport_sockets.tls.v3.Secret",
             Kind::ExtensionConfig => "envoy.config.core.v3.TypedExtensionConfig",
+            Kind::NameTable => "istio.networking.nds.v1.NameTable",
         }
     }
 
@@ -32,6 +34,7 @@ impl Kind {
     pub fn name_field(self) -> &'static str {
         match self {
             Kind::Endpoint => "cluster_name",
+            // A name table has no name field: istiod sends one, unnamed.
             _ => "name",
         }
     }
@@ -45,6 +48,7 @@ impl Kind {
             Kind::Endpoint => "endpoint",
             Kind::Secret => "secret",
             Kind::ExtensionConfig => "extension_config",
+            Kind::NameTable => "name_table",
         }
     }
 }

@@ -12,6 +12,8 @@ pub mod type_url {
     pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
     pub const ROUTE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
     pub const ENDPOINT: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+    /// istiod's name table (NDS), which pilot-agent asks for when DNS capture is on.
+    pub const NAME_TABLE: &str = "type.googleapis.com/istio.networking.nds.v1.NameTable";
 }
 
 /// One resource as the control plane sent it.

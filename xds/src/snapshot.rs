@@ -2,6 +2,7 @@
 //! makes. A new snapshot replaces the old one whole ([`crate::store::Store`] publishes it
 //! through `arc-swap`), so a connection reads one consistent world without a lock.
 
+use crate::convert::name_table::NameTableProto;
 use crate::convert::Resource;
 use crate::json::{self, JsonError};
 use crate::model::listener::{AccessLogFormat, ChainKind, Direction, RouteSource};
@@ -81,6 +82,8 @@ pub struct Snapshot {
     pub clusters: Arc<Resources<ClusterProto>>,
     pub routes: Arc<Resources<RouteProto>>,
     pub endpoints: Arc<Resources<ClaProto>>,
+    /// istiod's name table (NDS): one resource, unnamed, when DNS capture asked for it.
+    pub name_tables: Arc<Resources<NameTableProto>>,
     index: Arc<ListenerIndex>,
 }
 
@@ -156,6 +159,7 @@ impl Snapshot {
             clusters: Arc::new(clusters),
             routes: Arc::new(routes),
             endpoints: Arc::new(endpoints),
+            name_tables: Arc::default(),
         }
     }
 
@@ -249,6 +253,15 @@ impl Snapshot {
     /// cluster, and before EDS delivered it).
     pub fn eds_of(&self, c: &Cluster) -> Option<&Arc<ClusterLoadAssignment>> {
         self.endpoints.get(c.eds_service_name()?).map(|e| &e.model)
+    }
+
+    /// The name table in force: istiod's one, unnamed (or, should a source name it, the first
+    /// by name). The entry, not only the model: its identity tells a reader whether the table
+    /// changed since it last looked.
+    pub fn name_table(&self) -> Option<&Arc<Entry<NameTableProto>>> {
+        self.name_tables
+            .get("")
+            .or_else(|| self.name_tables.values().next())
     }
 
     /// The EDS names the held clusters need.

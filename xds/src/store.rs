@@ -150,6 +150,11 @@ impl Sink for Store {
             type_url::ENDPOINT => {
                 applied.rejected = apply_to(Arc::make_mut(&mut next.endpoints), update, false, now);
             }
+            // One table, the whole of it each time (pilot-agent replaces its table whole).
+            type_url::NAME_TABLE => {
+                applied.rejected =
+                    apply_to(Arc::make_mut(&mut next.name_tables), update, true, now);
+            }
             other => {
                 applied.rejected = update
                     .resources
@@ -419,6 +424,57 @@ mod tests {
                 .map(|l| l.name.as_str()),
             Some("0.0.0.0_80")
         );
+    }
+
+    #[test]
+    fn the_name_table_is_replaced_whole_and_a_refused_one_keeps_the_last() {
+        use crate::convert::name_table::{NameInfoProto, NameTableProto};
+        use prost::Message;
+        let table = |host: &str, ip: &str| {
+            let mut t = NameTableProto::default();
+            t.table.insert(
+                host.into(),
+                NameInfoProto {
+                    ips: vec![ip.into()],
+                    ..Default::default()
+                },
+            );
+            Delivered {
+                name: String::new(),
+                version: "v".into(),
+                body: t.encode_to_vec(),
+            }
+        };
+        let store = Store::new();
+        assert!(store.snapshot().name_table().is_none());
+        let applied = store.apply(
+            type_url::NAME_TABLE,
+            update(vec![table("a.example.com", "240.240.0.1")], true),
+        );
+        assert!(applied.rejected.is_empty(), "{:?}", applied.rejected);
+        let first = Arc::clone(store.snapshot().name_table().expect("held"));
+        assert!(first.model.hosts.contains_key("a.example.com"));
+        let applied = store.apply(
+            type_url::NAME_TABLE,
+            update(vec![table("b.example.com", "not-an-ip")], true),
+        );
+        assert_eq!(applied.rejected.len(), 1);
+        assert!(
+            applied.rejected[0]
+                .reason
+                .contains("table[b.example.com].ips[0]"),
+            "{}",
+            applied.rejected[0].reason
+        );
+        let snap = store.snapshot();
+        assert!(Arc::ptr_eq(snap.name_table().expect("kept"), &first));
+        store.apply(
+            type_url::NAME_TABLE,
+            update(vec![table("b.example.com", "240.240.0.2")], true),
+        );
+        let snap = store.snapshot();
+        let hosts = &snap.name_table().expect("held").model.hosts;
+        assert!(hosts.contains_key("b.example.com") && !hosts.contains_key("a.example.com"));
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! `remora xds validate`: check resources offline, as `envoy --mode validate` checks a config.
 //! Reads a directory laid out as the conformance set's cases (`listeners.json`,
 //! `clusters.json`, `routes.json`, `endpoints.json`, `secrets.json`,
-//! `extension_configs.json`, each a JSON or YAML array of resources) or an Envoy
+//! `extension_configs.json`, `name_tables.json`, each a JSON or YAML array of resources) or an Envoy
 //! `/config_dump` JSON, and says of each resource whether Remora accepts it, and if not why.
 
+use crate::convert::name_table::NameTableProto;
 use crate::convert::{from_json, Resource};
 use crate::json::yaml_to_json;
 use crate::refusal::{Kind, Refusal};
@@ -18,13 +19,14 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// The files of a resource directory, by kind.
-pub const FILES: [(&str, Kind); 6] = [
+pub const FILES: [(&str, Kind); 7] = [
     ("listeners", Kind::Listener),
     ("clusters", Kind::Cluster),
     ("routes", Kind::Route),
     ("endpoints", Kind::Endpoint),
     ("secrets", Kind::Secret),
     ("extension_configs", Kind::ExtensionConfig),
+    ("name_tables", Kind::NameTable),
 ];
 
 /// The verdict on one resource.
@@ -217,6 +219,7 @@ pub fn validate_one(kind: Kind, value: &Value) -> Verdict {
         Kind::Endpoint => run::<ClusterLoadAssignment>(&body),
         Kind::Secret => run::<Secret>(&body),
         Kind::ExtensionConfig => run::<TypedExtensionConfig>(&body),
+        Kind::NameTable => run::<NameTableProto>(&body),
     };
     Verdict {
         kind,

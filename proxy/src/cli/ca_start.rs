@@ -71,8 +71,9 @@ impl IstiodMode {
 /// Open the channels (lazily: nothing is dialled yet) and, with `ca_roots` (no
 /// `tls.cert_dir`), the CA client and its rotation loop, readiness told when the first
 /// certificate is held; the ADS client delivering into `xds`, its statistics exported and
-/// readiness waiting for its first clusters and listeners. Call inside the runtime: the
-/// channels' tasks need it, and before the server is ready.
+/// readiness waiting for its first clusters and listeners; with `name_table`, istiod's name
+/// table asked for too (the DNS proxy runs). Call inside the runtime: the channels' tasks
+/// need it, and before the server is ready.
 pub(super) fn istiod_mode(
     settings: istiod::AgentSettings,
     ca_roots: Option<Vec<u8>>,
@@ -80,9 +81,10 @@ pub(super) fn istiod_mode(
     metrics: &Metrics,
     state: Arc<AdminState>,
     xds: Arc<remora_xds::store::Store>,
+    name_table: bool,
 ) -> anyhow::Result<IstiodMode> {
     let channels = istiod::IstiodChannels::new(&settings)?;
-    let ads = istiod::xds::XdsClient::new(&settings, &channels.xds, Arc::clone(&xds));
+    let ads = istiod::xds::XdsClient::new(&settings, &channels.xds, Arc::clone(&xds), name_table);
     metrics.set_control_plane(crate::metrics::ControlPlane {
         stats: ads.stats(),
         store: xds,

@@ -1,4 +1,4 @@
-//! The DNS forwarder behind `remora capture --redirect-dns`.
+//! The DNS proxy behind `remora capture --redirect-dns`.
 //!
 //! Capture redirects the application's port-53 traffic to 15053, so without a server there the
 //! pod has no DNS at all. We listen on `127.0.0.1` and `::1` (where `REDIRECT` delivers locally
@@ -8,19 +8,28 @@
 //! A query no resolver answers gets SERVFAIL. Our own queries leave as UID/GID 1337, which the
 //! capture rules exempt, so they are not captured again.
 //!
+//! With a name table (istiod's NDS, subscribed when DNS capture is on; or a file in file
+//! mode), mesh names are answered here first, as pilot-agent answers them ([`table`] says
+//! which names and how; [`answer`] writes the response; [`names`] keeps the table current
+//! from the xDS store). Everything else is forwarded as above.
+//!
 //! [`udp`] and [`tcp`] each hold a listener loop and the matching upstream exchange; each
 //! bounds what a client can make it hold (queries in flight, connections open) with a config
-//! value. A DNS proxy that answers mesh names itself will sit in front of [`Forwarder`].
+//! value.
 
+mod answer;
 pub(crate) mod message;
+pub mod names;
 mod resolv_conf;
+pub mod table;
 mod tcp;
 mod udp;
 
 #[cfg(test)]
 mod tests;
 
-pub use resolv_conf::nameservers;
+pub use names::Names;
+pub use resolv_conf::{nameservers, search_domains};
 
 use crate::listener::{self, BindError};
 use crate::metrics::DnsMetrics;
@@ -69,9 +78,12 @@ pub enum Transport {
     Tcp,
 }
 
-/// Passes queries to the upstream resolvers.
+/// Answers queries: mesh names from the name table when there is one, the rest from the
+/// upstream resolvers.
 #[derive(Debug)]
 pub struct Forwarder {
+    /// The mesh's names; `None` without a name table source (no istiod, no xDS files).
+    pub names: Option<Names>,
     /// The resolvers, in resolv.conf order.
     pub upstreams: Vec<SocketAddr>,
     /// Bound on one exchange with one resolver.
@@ -80,13 +92,24 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    /// The answer to `query`: the first resolver's answer as it came, or SERVFAIL when none
-    /// answered. `None` when `query` is not a DNS query, which is dropped as a resolver would.
+    /// The answer to `query`: from the name table for a mesh name, else the first resolver's
+    /// answer as it came, or SERVFAIL when none answered. `None` when `query` is not a DNS
+    /// query, which is dropped as a resolver would.
     pub async fn forward(&self, query: &[u8], transport: Transport) -> Option<Vec<u8>> {
         if !message::is_query(query) {
             return None;
         }
         self.metrics.requests.inc();
+        if let Some(names) = &self.names {
+            match names.answer(query, transport) {
+                names::Verdict::Answer(answer) => return Some(answer),
+                names::Verdict::NotSynced => {
+                    tracing::debug!("DNS query before the first name table from istiod");
+                    return Some(message::servfail(query));
+                }
+                names::Verdict::Forward => {}
+            }
+        }
         for &upstream in &self.upstreams {
             self.metrics.upstream_requests.inc();
             let exchanged = match transport {
@@ -127,15 +150,25 @@ const LOOPBACKS: [IpAddr; 2] = [
     IpAddr::V6(Ipv6Addr::LOCALHOST),
 ];
 
-/// Read the resolvers and bind the listeners, so that a missing resolv.conf or a port in use
-/// fails the start.
-pub fn bind(config: &DnsConfig, metrics: DnsMetrics) -> Result<Dns, DnsError> {
+/// The pod's resolv.conf, read once at start.
+pub fn read_resolv_conf(config: &DnsConfig) -> Result<String, DnsError> {
     let path = &config.resolv_conf;
-    let text = std::fs::read_to_string(path).map_err(|source| DnsError::ResolvConf {
+    std::fs::read_to_string(path).map_err(|source| DnsError::ResolvConf {
         path: path.clone(),
         source,
-    })?;
-    let upstreams = nameservers(&text);
+    })
+}
+
+/// Bind the listeners with the resolvers of `resolv_conf` (its text), so that a port in use
+/// fails the start. `names` answers mesh names first.
+pub fn bind(
+    config: &DnsConfig,
+    resolv_conf: &str,
+    names: Option<Names>,
+    metrics: DnsMetrics,
+) -> Result<Dns, DnsError> {
+    let path = &config.resolv_conf;
+    let upstreams = nameservers(resolv_conf);
     tracing::info!(?upstreams, resolv_conf = %path.display(), "DNS resolvers");
     let port = config.port.get();
     let tcp = listener::bind_all(&LOOPBACKS, port)?;
@@ -144,6 +177,7 @@ pub fn bind(config: &DnsConfig, metrics: DnsMetrics) -> Result<Dns, DnsError> {
         udp,
         tcp,
         forwarder: Arc::new(Forwarder {
+            names,
             upstreams,
             upstream_timeout: config.upstream_timeout,
             metrics,

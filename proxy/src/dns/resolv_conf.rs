@@ -1,7 +1,9 @@
-//! The pod's upstream resolvers, from the `nameserver` lines of its resolv.conf.
+//! The pod's upstream resolvers, from the `nameserver` lines of its resolv.conf, and its
+//! search domains.
 //!
-//! Only `nameserver` matters to a forwarder: the application's own resolver has already applied
+//! Forwarding needs only `nameserver`: the application's own resolver has already applied
 //! `search` and `ndots` and sends us one query per candidate name, which we pass on as they are.
+//! The name table reads `search` to know which expanded names the application asks first.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV6};
 
@@ -25,6 +27,21 @@ pub fn nameservers(text: &str) -> Vec<SocketAddr> {
         servers.push(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), DNS_PORT));
     }
     servers
+}
+
+/// The search domains of `text`: the last `search` or `domain` line wins, as glibc (and the
+/// DNS library pilot-agent reads resolv.conf with) has it.
+pub fn search_domains(text: &str) -> Vec<String> {
+    let mut domains = Vec::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("search") => domains = words.map(str::to_string).collect(),
+            Some("domain") => domains = words.next().map(str::to_string).into_iter().collect(),
+            _ => {}
+        }
+    }
+    domains
 }
 
 fn nameserver(line: &str) -> Option<SocketAddr> {
@@ -77,6 +94,18 @@ mod tests {
     fn numeric_ipv6_scope_is_kept() {
         let got = nameservers("nameserver fe80::1%2\n");
         assert_eq!(got[0].to_string(), "[fe80::1%2]:53");
+    }
+
+    #[test]
+    fn search_domains_from_the_last_search_or_domain_line() {
+        let kubelet =
+            "search ns.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\n";
+        assert_eq!(
+            search_domains(kubelet),
+            ["ns.svc.cluster.local", "svc.cluster.local", "cluster.local"]
+        );
+        assert_eq!(search_domains("search a.b\ndomain corp\n"), ["corp"]);
+        assert!(search_domains("nameserver 1.1.1.1\n").is_empty());
     }
 
     #[test]

@@ -60,6 +60,7 @@ async fn tcp_resolver() -> SocketAddr {
 
 fn forwarder(upstreams: Vec<SocketAddr>) -> Arc<Forwarder> {
     Arc::new(Forwarder {
+        names: None,
         upstreams,
         upstream_timeout: SHORT,
         metrics: DnsMetrics::default(),
@@ -182,5 +183,88 @@ async fn udp_queries_beyond_the_in_flight_bound_are_dropped() {
             .await
             .is_err(),
         "the dropped query got an answer"
+    );
+}
+
+/// A store holding a name table with one Kubernetes service of namespace `client`.
+fn store_with_table() -> Arc<remora_xds::store::Store> {
+    use prost::Message;
+    use remora_xds::convert::name_table::{NameInfoProto, NameTableProto};
+    use remora_xds::sink::{type_url, Resource, Sink, Update};
+    let mut table = NameTableProto::default();
+    table.table.insert(
+        "reviews.client.svc.cluster.local".into(),
+        NameInfoProto {
+            ips: vec!["240.240.0.5".into()],
+            registry: "Kubernetes".into(),
+            shortname: "reviews".into(),
+            namespace: "client".into(),
+            alt_hosts: vec![],
+        },
+    );
+    let store = Arc::new(remora_xds::store::Store::new());
+    let applied = store.apply(
+        type_url::NAME_TABLE,
+        Update {
+            resources: vec![Resource {
+                name: String::new(),
+                version: "1".into(),
+                body: table.encode_to_vec(),
+            }],
+            removed: vec![],
+            complete: true,
+        },
+    );
+    assert!(applied.rejected.is_empty(), "{:?}", applied.rejected);
+    store
+}
+
+fn names(store: Arc<remora_xds::store::Store>, awaits_table: bool) -> Names {
+    let context = table::Context::new("client", "client.svc.cluster.local", &[]);
+    Names::new(store, context, awaits_table)
+}
+
+#[tokio::test]
+async fn mesh_names_are_answered_locally_the_rest_forwarded() {
+    let f = Forwarder {
+        names: Some(names(store_with_table(), true)),
+        upstreams: vec![udp_resolver(false).await],
+        upstream_timeout: SHORT,
+        metrics: DnsMetrics::default(),
+    };
+    let q = query(0x4242, "reviews");
+    let answer = f.forward(&q, Transport::Udp).await.unwrap();
+    assert!(message::answers(&answer, 0x4242));
+    assert_eq!(&answer[6..8], &[0, 1], "one record");
+    assert_eq!(&answer[answer.len() - 4..], &[240, 240, 0, 5]);
+    assert_eq!(f.metrics.upstream_requests.get(), 0, "not forwarded");
+    let external = query(7, "www.example.org");
+    assert_eq!(
+        f.forward(&external, Transport::Udp).await.unwrap(),
+        answer_to(&external, false)
+    );
+    assert_eq!(f.metrics.upstream_requests.get(), 1);
+    assert_eq!(f.metrics.requests.get(), 2);
+}
+
+#[tokio::test]
+async fn before_istiods_first_table_servfail_but_file_mode_forwards() {
+    let empty = Arc::new(remora_xds::store::Store::new());
+    let resolver = udp_resolver(false).await;
+    let forwarder = |awaits| Forwarder {
+        names: Some(names(Arc::clone(&empty), awaits)),
+        upstreams: vec![resolver],
+        upstream_timeout: SHORT,
+        metrics: DnsMetrics::default(),
+    };
+    let q = query(3, "reviews");
+    let istiod = forwarder(true);
+    let answer = istiod.forward(&q, Transport::Udp).await.unwrap();
+    assert_eq!(answer[3] & 0x0F, 2, "SERVFAIL");
+    assert_eq!(istiod.metrics.upstream_requests.get(), 0);
+    let files = forwarder(false);
+    assert_eq!(
+        files.forward(&q, Transport::Udp).await.unwrap(),
+        answer_to(&q, false)
     );
 }

@@ -72,12 +72,20 @@ impl Refusals {
 }
 
 impl XdsClient {
-    /// A client for `settings` over `channel`, delivering into `store`.
-    pub fn new(settings: &AgentSettings, channel: &IstiodChannel, store: Arc<Store>) -> XdsClient {
+    /// A client for `settings` over `channel`, delivering into `store`; with `name_table`
+    /// (the DNS proxy runs: DNS capture is on), istiod's name table is asked for too, as
+    /// pilot-agent asks for it.
+    pub fn new(
+        settings: &AgentSettings,
+        channel: &IstiodChannel,
+        store: Arc<Store>,
+        name_table: bool,
+    ) -> XdsClient {
         let credentials = channel.credentials.clone();
         // Each new stream reads the token again (kubelet rotates it), as pilot-agent does.
         let metadata = move || credentials.metadata().map_err(MetadataError::new);
-        let config = AdsConfig::new(ads_node(&settings.node), settings.xds_mode);
+        let mut config = AdsConfig::new(ads_node(&settings.node), settings.xds_mode);
+        config.name_table = name_table;
         let refusals = Arc::new(Refusals::default());
         let sink = LoggedStore {
             store,
@@ -211,9 +219,10 @@ impl Sink for LoggedStore {
     }
 }
 
-/// Envoy's short names for the four types, for logs.
+/// Envoy's short names for the four types (and pilot-agent's NDS), for logs.
 pub fn short_type(type_url: &str) -> &'static str {
     match type_url {
+        type_url::NAME_TABLE => "NDS",
         type_url::CLUSTER => "CDS",
         type_url::LISTENER => "LDS",
         type_url::ROUTE => "RDS",

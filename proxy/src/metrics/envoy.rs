@@ -360,7 +360,12 @@ impl EnvoyStats {
                 "connected_state",
                 snap.connected_state,
             ));
-            for t in &snap.types {
+            // NDS is pilot-agent's, not Envoy's: Envoy has no statistics of it to mirror.
+            let envoys = snap
+                .types
+                .iter()
+                .filter(|t| t.type_url != remora_xds::sink::type_url::NAME_TABLE);
+            for t in envoys {
                 let s = || Scope::Subscription(t.prefix);
                 stats.push(c(s(), "update_attempt", t.update_attempt));
                 stats.push(c(s(), "update_success", t.update_success));

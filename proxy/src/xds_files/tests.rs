@@ -150,3 +150,38 @@ fn resources_with_their_any_type_are_read() {
     assert!(refused[0].reason.contains("not a cluster"), "{refused:?}");
     assert!(store.snapshot().cluster("typed").is_some());
 }
+
+#[test]
+fn a_name_table_file_is_istiods_name_table() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("name_tables.json"),
+        r#"[{"table": {"api.example.com": {"ips": ["240.240.0.1"], "registry": "External"}}}]"#,
+    )
+    .expect("write");
+    let store = Store::new();
+    let mut source = Source::new(dir.path().to_path_buf());
+    assert!(sync(&mut source, &store, "1").is_empty());
+    let snap = store.snapshot();
+    let table = snap.name_table().expect("a name table");
+    assert_eq!(
+        table.model.hosts["api.example.com"].ips,
+        vec!["240.240.0.1".parse::<std::net::IpAddr>().expect("ip")]
+    );
+    // A bad address is refused by field; the table in force stays.
+    std::fs::write(
+        dir.path().join("name_tables.json"),
+        r#"[{"table": {"api.example.com": {"ips": ["nope"]}}}]"#,
+    )
+    .expect("write");
+    let refused = source.sync(&store, "2").refused;
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        refused[0].reason.contains("table[api.example.com].ips[0]"),
+        "{refused:?}"
+    );
+    assert!(Arc::ptr_eq(
+        store.snapshot().name_table().expect("kept"),
+        snap.name_table().expect("first")
+    ));
+}

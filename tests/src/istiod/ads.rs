@@ -100,9 +100,12 @@ pub fn resource(type_url: &str, json: &serde_json::Value) -> (String, Vec<u8>) {
     }
     let message = remora_xds::json::from_json(&json, remora_xds::json::message_name(type_url))
         .unwrap_or_else(|e| panic!("a test resource of {type_url}: {e}"));
+    // istiod sends its name table unnamed.
+    let unnamed = (type_url == type_url::NAME_TABLE).then_some("");
     let name = json["name"]
         .as_str()
         .or_else(|| json["cluster_name"].as_str())
+        .or(unnamed)
         .unwrap_or_else(|| panic!("a test resource without a name: {json}"))
         .to_string();
     (name, prost::Message::encode_to_vec(&message))
@@ -247,7 +250,9 @@ impl Ads {
 
 /// CDS and LDS are subscribed to as a whole (wildcard), EDS and RDS by name.
 fn wildcard(type_url: &str) -> bool {
-    type_url == type_url::CLUSTER || type_url == type_url::LISTENER
+    type_url == type_url::CLUSTER
+        || type_url == type_url::LISTENER
+        || type_url == type_url::NAME_TABLE
 }
 
 /// What one delta stream has subscribed to and been sent, per type.

@@ -226,7 +226,7 @@ impl Protocol for Delta {
                 });
                 continue;
             };
-            if let Err(e) = check_body(&body.value) {
+            if let Err(e) = check_body(state.type_url, &body.value) {
                 refused.push(Rejection {
                     name: resource.name,
                     reason: format!("cannot decode {}: {e}", body.type_url),

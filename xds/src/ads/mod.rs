@@ -1,5 +1,5 @@
 //! The aggregated discovery (ADS) client: one gRPC stream to istiod carrying clusters,
-//! endpoints, listeners and routes, in delta (Istio's agent's default) or state-of-the-world
+//! endpoints, listeners and routes (and, for the DNS proxy, istiod's name table), in delta (Istio's agent's default) or state-of-the-world
 //! mode. It owns the protocol — subscriptions, versions, nonces, ACK and NACK, reconnects — and
 //! hands every response's resources to a [`Sink`], which owns their meaning.
 //!
@@ -106,6 +106,9 @@ pub struct AdsConfig {
     pub backoff_base: Duration,
     /// Largest back-off interval (Envoy: 30 s).
     pub backoff_max: Duration,
+    /// Also subscribe to istiod's name table (NDS), as pilot-agent does when DNS capture is
+    /// on: one wildcard request when LDS starts, ACKed and NACKed like the rest.
+    pub name_table: bool,
 }
 
 impl AdsConfig {
@@ -118,6 +121,7 @@ impl AdsConfig {
             initial_fetch_timeout: DEFAULT_INITIAL_FETCH_TIMEOUT,
             backoff_base: backoff::DEFAULT_BASE,
             backoff_max: backoff::DEFAULT_MAX,
+            name_table: false,
         }
     }
 }
@@ -244,7 +248,7 @@ where
     /// back-off after every failure, resubscribing with the versions held.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
-        let mut subs = Subscriptions::new();
+        let mut subs = Subscriptions::new(self.config.name_table);
         // CDS's subscription starts here (EDS, LDS and RDS count theirs when they start).
         self.stats.attempt(type_url::CLUSTER);
         let mut backoff = Backoff::new(self.config.backoff_base, self.config.backoff_max);
@@ -325,9 +329,10 @@ where
                 message = inbound.message() => message,
                 () = sleep_until(gate_deadline) => {
                     warn!("clusters and endpoints not all received within the initial fetch timeout; requesting listeners");
-                    let lds = subs.open_gate();
-                    let request = lds.and_then(|lds| proto.subscription_request(subs, &self.stats, lds));
-                    if let Some(request) = request {
+                    for started in subs.open_gate() {
+                        let Some(request) = proto.subscription_request(subs, &self.stats, started) else {
+                            continue;
+                        };
                         if tx.send(request).await.is_err() {
                             return StreamError::RequestsClosed;
                         }

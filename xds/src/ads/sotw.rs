@@ -91,7 +91,7 @@ fn read_resource(type_url: &str, index: usize, any: Any) -> Result<(String, Vec<
     if inner_type != type_url {
         return Err(sotw_type_mismatch(&inner_type, type_url));
     }
-    let name = resource_name(&body)
+    let name = resource_name(type_url, &body)
         .map_err(|e| format!("{type_url}: resource [{index}] cannot be decoded: {e}"))?;
     Ok((wrapped_name.filter(|n| !n.is_empty()).unwrap_or(name), body))
 }

@@ -15,6 +15,8 @@
 //!   that has no endpoints yet. The LDS request goes out before the ACK of the EDS response
 //!   that completed start-up, as Envoy sends it.
 //! - RDS follows LDS the way EDS follows CDS.
+//! - NDS (istiod's name table), when asked for, starts with LDS: pilot-agent sends its one
+//!   wildcard request right after Envoy's first LDS request goes through it.
 //! - After start-up, a CDS answer is held while the clusters it added warm (see
 //!   `AdsClient::handle`), as Envoy holds it. Listeners warm too, waiting for their route
 //!   tables, but Envoy answers LDS at once, and so do we.
@@ -82,7 +84,8 @@ enum InitGate {
     Open,
 }
 
-/// Every type's subscription, in Envoy's subscription order (CDS, EDS, LDS, RDS).
+/// Every type's subscription, in Envoy's subscription order (CDS, EDS, LDS, RDS), then NDS
+/// when the DNS proxy wants the name table.
 #[derive(Debug)]
 pub(crate) struct Subscriptions {
     types: Vec<TypeState>,
@@ -90,13 +93,18 @@ pub(crate) struct Subscriptions {
 }
 
 impl Subscriptions {
-    pub fn new() -> Self {
+    /// The subscriptions of a sidecar; with `name_table`, NDS too (pilot-agent asks for it
+    /// only with DNS capture on).
+    pub fn new(name_table: bool) -> Self {
         let mut types = vec![
             TypeState::new(type_url::CLUSTER, true),
             TypeState::new(type_url::ENDPOINT, false),
             TypeState::new(type_url::LISTENER, true),
             TypeState::new(type_url::ROUTE, false),
         ];
+        if name_table {
+            types.push(TypeState::new(type_url::NAME_TABLE, true));
+        }
         if let Some(cds) = types.first_mut() {
             cds.started = true;
         }
@@ -201,22 +209,23 @@ impl Subscriptions {
     pub fn after_refusal(&mut self, type_url: &str) -> Vec<&'static str> {
         match (&self.gate, type_url) {
             (InitGate::AwaitingClusters, type_url::CLUSTER)
-            | (InitGate::AwaitingEndpoints(_), type_url::ENDPOINT) => {
-                self.open_gate().into_iter().collect()
-            }
+            | (InitGate::AwaitingEndpoints(_), type_url::ENDPOINT) => self.open_gate(),
             _ => Vec::new(),
         }
     }
 
-    /// Start LDS now (start-up finished, or its bound passed). Returns LDS if it started.
-    pub fn open_gate(&mut self) -> Option<&'static str> {
+    /// Start LDS now (start-up finished, or its bound passed), and NDS with it when asked for.
+    /// Returns the types that started, in order.
+    pub fn open_gate(&mut self) -> Vec<&'static str> {
         self.gate = InitGate::Open;
-        let lds = self.get_mut(type_url::LISTENER)?;
-        if lds.started {
-            return None;
+        let mut started = Vec::new();
+        for type_url in [type_url::LISTENER, type_url::NAME_TABLE] {
+            if let Some(state) = self.get_mut(type_url).filter(|s| !s.started) {
+                state.started = true;
+                started.push(state.type_url);
+            }
         }
-        lds.started = true;
-        Some(lds.type_url)
+        started
     }
 }
 
@@ -238,7 +247,7 @@ mod tests {
 
     #[test]
     fn lds_waits_for_the_endpoints_of_the_first_clusters() {
-        let mut subs = Subscriptions::new();
+        let mut subs = Subscriptions::new(false);
         let started: Vec<_> = subs.started().map(|t| t.type_url).collect();
         assert_eq!(started, vec![type_url::CLUSTER]);
 
@@ -259,21 +268,21 @@ mod tests {
 
     #[test]
     fn lds_starts_at_once_without_eds_clusters() {
-        let mut subs = Subscriptions::new();
+        let mut subs = Subscriptions::new(false);
         let changed = subs.after_response(type_url::CLUSTER, &Applied::default(), &BTreeSet::new());
         assert_eq!(changed, vec![type_url::LISTENER]);
     }
 
     #[test]
     fn a_refused_first_cds_or_eds_response_does_not_hold_lds_back() {
-        let mut subs = Subscriptions::new();
+        let mut subs = Subscriptions::new(false);
         assert!(subs.after_refusal(type_url::LISTENER).is_empty());
         assert_eq!(
             subs.after_refusal(type_url::CLUSTER),
             vec![type_url::LISTENER]
         );
 
-        let mut subs = Subscriptions::new();
+        let mut subs = Subscriptions::new(false);
         subs.after_response(
             type_url::CLUSTER,
             &wanted(type_url::ENDPOINT, &["a"]),
@@ -290,8 +299,27 @@ mod tests {
     }
 
     #[test]
+    fn nds_starts_with_lds_and_only_when_asked_for() {
+        let mut subs = Subscriptions::new(true);
+        assert!(subs
+            .get(type_url::NAME_TABLE)
+            .is_some_and(|n| n.wildcard && !n.started));
+        let changed = subs.after_response(type_url::CLUSTER, &Applied::default(), &BTreeSet::new());
+        assert_eq!(changed, vec![type_url::LISTENER, type_url::NAME_TABLE]);
+        assert!(subs.open_gate().is_empty(), "each starts once");
+        let started: Vec<_> = subs.started().map(|t| t.type_url).collect();
+        assert_eq!(
+            started,
+            vec![type_url::CLUSTER, type_url::LISTENER, type_url::NAME_TABLE]
+        );
+        let mut without = Subscriptions::new(false);
+        assert_eq!(without.open_gate(), vec![type_url::LISTENER]);
+        assert!(without.get(type_url::NAME_TABLE).is_none());
+    }
+
+    #[test]
     fn rds_follows_the_listeners_and_changes_with_them() {
-        let mut subs = Subscriptions::new();
+        let mut subs = Subscriptions::new(false);
         subs.open_gate();
         let changed = subs.after_response(
             type_url::LISTENER,

@@ -20,12 +20,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::sink::type_url;
 
-/// The four types a sidecar subscribes to, in Envoy's subscription order.
-pub const TYPES: [&str; 4] = [
+/// The four types a sidecar subscribes to, in Envoy's subscription order, then istiod's name
+/// table (pilot-agent's NDS, which Envoy never sees: it appears in a [`StatsSnapshot`] only
+/// once subscribed).
+pub const TYPES: [&str; 5] = [
     type_url::CLUSTER,
     type_url::ENDPOINT,
     type_url::LISTENER,
     type_url::ROUTE,
+    type_url::NAME_TABLE,
 ];
 
 /// Envoy's stat prefix for a type's subscription.
@@ -35,6 +38,7 @@ pub fn stat_prefix(type_url: &str) -> &'static str {
         type_url::LISTENER => "listener_manager.lds",
         type_url::ROUTE => "rds",
         type_url::ENDPOINT => "eds",
+        type_url::NAME_TABLE => "nds",
         _ => "unknown",
     }
 }
@@ -85,7 +89,7 @@ pub struct Stats {
     /// `control_plane.connected_state`.
     pub connected_state: AtomicU64,
     identifier: Mutex<String>,
-    types: [TypeStats; 4],
+    types: [TypeStats; 5],
 }
 
 /// A point-in-time copy of one type's statistics.
@@ -116,7 +120,7 @@ pub struct StatsSnapshot {
     pub connected_state: u64,
     /// `control_plane.identifier`; empty until a response carries one.
     pub identifier: String,
-    /// One per type, in subscription order (CDS, EDS, LDS, RDS).
+    /// One per type, in subscription order (CDS, EDS, LDS, RDS, then NDS if subscribed).
     pub types: Vec<TypeSnapshot>,
 }
 
@@ -142,6 +146,10 @@ impl Stats {
             types: TYPES
                 .iter()
                 .zip(self.types.iter())
+                .filter(|(type_url, stats)| {
+                    **type_url != type_url::NAME_TABLE
+                        || stats.update_attempt.load(Ordering::Relaxed) > 0
+                })
                 .map(|(type_url, stats)| TypeSnapshot {
                     type_url,
                     prefix: stat_prefix(type_url),

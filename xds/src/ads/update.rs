@@ -88,14 +88,19 @@ struct Named {
     name: String,
 }
 
-/// The name of a serialised resource of one of the four sidecar types.
-pub fn resource_name(body: &[u8]) -> Result<String, prost::DecodeError> {
+/// The name of a serialised resource of `type_url`: one of the four sidecar types, or the
+/// name table, which has no name field (its field 1 is the map) and is named "" as istiod
+/// sends it; its framing is checked all the same.
+pub fn resource_name(type_url: &str, body: &[u8]) -> Result<String, prost::DecodeError> {
+    if type_url == type_url::NAME_TABLE {
+        return <() as prost::Message>::decode(body).map(|()| String::new());
+    }
     <Named as prost::Message>::decode(body).map(|n| n.name)
 }
 
 /// Checks the body's framing; see [`Named`].
-pub fn check_body(body: &[u8]) -> Result<(), prost::DecodeError> {
-    resource_name(body).map(|_| ())
+pub fn check_body(type_url: &str, body: &[u8]) -> Result<(), prost::DecodeError> {
+    resource_name(type_url, body).map(|_| ())
 }
 
 #[cfg(test)]
@@ -147,7 +152,10 @@ mod tests {
             name: "outbound|80||a".to_owned(),
             ..Cluster::default()
         });
-        assert_eq!(resource_name(&body).ok(), Some("outbound|80||a".to_owned()));
-        assert!(resource_name(&[0x0a, 0xff, 0x01]).is_err());
+        assert_eq!(
+            resource_name(type_url::CLUSTER, &body).ok(),
+            Some("outbound|80||a".to_owned())
+        );
+        assert!(resource_name(type_url::CLUSTER, &[0x0a, 0xff, 0x01]).is_err());
     }
 }

@@ -28,6 +28,7 @@ mod hcm_fixed;
 pub mod header_format;
 mod http;
 mod listener;
+pub mod name_table;
 mod rbac;
 mod read;
 mod route;
@@ -137,6 +138,18 @@ impl Resource for ExtensionConfigProto {
     }
     fn convert(&self) -> Result<model::listener::ExtensionConfig, Fault> {
         secret::extension_config(self)
+    }
+}
+
+impl Resource for name_table::NameTableProto {
+    const KIND: Kind = Kind::NameTable;
+    type Model = model::NameTable;
+    /// istiod sends one table, unnamed.
+    fn name(&self) -> &str {
+        ""
+    }
+    fn convert(&self) -> Result<model::NameTable, Fault> {
+        name_table::name_table(self)
     }
 }
 

@@ -14,7 +14,8 @@
 //! - [`rbac`]: Envoy's RBAC policies as data, for the authorization step to enforce;
 //! - [`secret`]: SDS secrets (certificates and trust anchors);
 //! - [`header_format`]: header values with Envoy's `%…%` substitutions;
-//! - [`matcher`]: string, header and address matchers the others share.
+//! - [`matcher`]: string, header and address matchers the others share;
+//! - [`name_table`]: istiod's name table (NDS), which the DNS proxy answers mesh names from.
 
 pub mod circuit_breakers;
 pub mod cluster;
@@ -26,6 +27,7 @@ pub mod hash;
 pub mod header_format;
 pub mod listener;
 pub mod matcher;
+pub mod name_table;
 pub mod outlier;
 pub mod rbac;
 pub mod retry;
@@ -35,4 +37,5 @@ pub mod secret;
 pub use cluster::Cluster;
 pub use endpoint::ClusterLoadAssignment;
 pub use listener::Listener;
+pub use name_table::NameTable;
 pub use route::RouteConfiguration;
