@@ -8,6 +8,8 @@
 mod load;
 #[path = "lifecycle/mesh.rs"]
 mod mesh;
+#[path = "lifecycle/oracle.rs"]
+mod oracle;
 #[path = "lifecycle/rotation.rs"]
 mod rotation;
 
@@ -260,6 +262,12 @@ pub fn assert_drained_and_reconnected(tally: &Tally) {
     );
     let goaways = tally.goaways.lock().expect("goaways").clone();
     assert!(goaways.iter().all(|g| g.error_code == 0), "{goaways:?}");
+}
+
+/// The drain compared with a real Envoy's under pilot-agent's drain (`lifecycle/oracle.rs`).
+#[test]
+fn sigterm_drain_tells_old_and_new_inbound_connections_what_envoy_under_pilot_agent_tells_them() {
+    oracle::sigterm_drain_matches_envoy();
 }
 
 /// The config file of the reload test, variant `i`: each differs from the one before in
