@@ -8,6 +8,8 @@
 mod load;
 #[path = "lifecycle/mesh.rs"]
 mod mesh;
+#[path = "lifecycle/mesh_tls.rs"]
+mod mesh_tls;
 #[path = "lifecycle/oracle.rs"]
 mod oracle;
 #[path = "lifecycle/rotation.rs"]
@@ -222,6 +224,14 @@ fn sigterm_under_load(config: &str, stop_after: Duration, exits_after: Duration)
     );
     // The inbound listener accepted through the drain: a refused connection would have been
     // a failure above.
+    if config.contains("exit_on_zero_active_connections: true") {
+        // A count after the minimum found the reconnecting clients' connections open.
+        assert!(
+            remora.stderr().contains("draining: connections still open"),
+            "{}",
+            remora.stderr()
+        );
+    }
     assert_drained_and_reconnected(&tally);
     // One keep-alive connection was on hyper's HTTP/1.1 (its path normalised), the others on
     // Remora's own exchange: both were drained.
@@ -262,6 +272,12 @@ pub fn assert_drained_and_reconnected(tally: &Tally) {
     );
     let goaways = tally.goaways.lock().expect("goaways").clone();
     assert!(goaways.iter().all(|g| g.error_code == 0), "{goaways:?}");
+}
+
+/// Mesh TLS inbound: new mesh connections are handshaken and served while draining.
+#[test]
+fn sigterm_to_a_mesh_tls_server_sidecar_serves_new_mesh_connections_through_the_drain() {
+    mesh_tls::sigterm_serves_new_mesh_connections();
 }
 
 /// The drain compared with a real Envoy's under pilot-agent's drain (`lifecycle/oracle.rs`).
