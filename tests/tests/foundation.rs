@@ -358,7 +358,8 @@ fn exit_on_zero_active_connections_exits_well_before_the_drain_period() {
     let status = remora.wait_exit(Duration::from_secs(10));
     assert!(
         status.is_some_and(|s| s.success()),
-        "with no connection open, remora should exit 0 at once, got {status:?}; stderr:\n{}",
+        "with no connection open, remora should exit 0 at the first count (a second after \
+         SIGTERM), got {status:?}; stderr:\n{}",
         remora.stderr()
     );
 }

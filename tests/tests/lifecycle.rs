@@ -274,6 +274,50 @@ pub fn assert_drained_and_reconnected(tally: &Tally) {
     assert!(goaways.iter().all(|g| g.error_code == 0), "{goaways:?}");
 }
 
+/// A native sidecar's preStop (`remora drain`: the agent's `POST /drain`, pilot-agent's
+/// `drain_listeners?inboundonly&graceful&skip_exit`) drains with the listeners accepting, and the
+/// SIGTERM that follows once the application has stopped exits at once, as pilot-agent does.
+#[test]
+fn sigterm_after_the_agents_drain_exits_at_once() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let mut remora = net
+        .remora()
+        .config("drain:\n  duration: 30s\n")
+        .start_ready();
+    let _app = backend::start(&net.pod, any_addr(H1_PORT), "app");
+    let (status, body) = remora_e2e::peer::curl_status(
+        &net.pod,
+        &["-X", "POST", "http://127.0.0.1:15020/drain"],
+        Duration::from_secs(5),
+    );
+    assert_eq!(status, 200, "{body}\n{}", remora.stderr());
+    assert_eq!(remora.readiness(), Some(503));
+    // Draining, the inbound listener accepting: a new connection is served and told to go.
+    let mut client = remora_e2e::http_client::Client::connect(&net.peer, net.pod_addr(H1_PORT))
+        .expect("an inbound connection after /drain");
+    let answer = client.get("app", "/", &[]).expect("an answer after /drain");
+    assert_eq!(
+        (answer.status, answer.header("connection")),
+        (200, Some("close"))
+    );
+    let signalled = Instant::now();
+    remora.terminate();
+    let exit = remora.wait_exit(Duration::from_secs(10));
+    let exited_after = signalled.elapsed();
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "{exit:?}\n{}",
+        remora.stderr()
+    );
+    assert!(
+        exited_after < Duration::from_secs(1),
+        "exited {exited_after:?} after SIGTERM, the drain period being 30 s"
+    );
+}
+
 /// Mesh TLS inbound: new mesh connections are handshaken and served while draining.
 #[test]
 fn sigterm_to_a_mesh_tls_server_sidecar_serves_new_mesh_connections_through_the_drain() {
