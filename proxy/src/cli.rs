@@ -193,13 +193,15 @@ pub fn grpc_bootstrap(args: &remora_inject::grpc::BootstrapArgs) -> ExitCode {
 
 fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     raise_nofile_limit();
+    let istio_exit_on_zero = istio_env::boolean("EXIT_ON_ZERO_ACTIVE_CONNECTIONS");
+    let minimum_drain_duration = args
+        .minimum_drain_duration
+        .or_else(|| istio_env::duration("MINIMUM_DRAIN_DURATION"));
     let overrides = Overrides {
         access_log: args.access_log,
-        exit_on_zero_active_connections: args.exit_on_zero_active_connections
-            || istio_env::boolean("EXIT_ON_ZERO_ACTIVE_CONNECTIONS"),
-        minimum_drain_duration: args
-            .minimum_drain_duration
-            .or_else(|| istio_env::duration("MINIMUM_DRAIN_DURATION")),
+        exit_on_zero_active_connections: args.exit_on_zero_active_connections || istio_exit_on_zero,
+        minimum_drain_duration,
+        istio_minimum_drain_default: istio_exit_on_zero && minimum_drain_duration.is_none(),
         idle_timeout: istio_env::duration("ISTIO_META_IDLE_TIMEOUT"),
         dns_capture: args.dns_capture || istio_env::boolean("ISTIO_META_DNS_CAPTURE"),
         agent_port: args.status_port.and_then(std::num::NonZeroU16::new),
