@@ -344,12 +344,16 @@ pub struct DrainConfig {
     /// `terminationDrainDuration`, 5 s).
     #[serde(with = "humantime_serde")]
     pub duration: Duration,
-    /// Exit as soon as no connection is left instead of waiting out `duration`.
-    /// The `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` environment variable, as in Istio, also sets it.
+    /// Exit once no connection is left instead of waiting out `duration`: the open
+    /// connections are counted once a second after `minimum_duration`, as pilot-agent counts
+    /// Envoy's. The `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` environment variable, as in Istio, also
+    /// sets it.
     pub exit_on_zero_active_connections: bool,
     /// With `exit_on_zero_active_connections`, stay at least this long (Istio's
     /// `MINIMUM_DRAIN_DURATION`, which defaults to 5 s there), giving load balancers time to
-    /// stop sending new connections before the count is trusted. 0 here: exit as soon as idle.
+    /// stop sending new connections before the count is trusted. 0 here, unless Istio's
+    /// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` asked for exit-on-zero without a minimum: then
+    /// pilot-agent's 5 s.
     #[serde(with = "humantime_serde")]
     pub minimum_duration: Duration,
 }

@@ -193,13 +193,15 @@ pub fn grpc_bootstrap(args: &remora_inject::grpc::BootstrapArgs) -> ExitCode {
 
 fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
     raise_nofile_limit();
+    let istio_exit_on_zero = istio_env::boolean("EXIT_ON_ZERO_ACTIVE_CONNECTIONS");
+    let minimum_drain_duration = args
+        .minimum_drain_duration
+        .or_else(|| istio_env::duration("MINIMUM_DRAIN_DURATION"));
     let overrides = Overrides {
         access_log: args.access_log,
-        exit_on_zero_active_connections: args.exit_on_zero_active_connections
-            || istio_env::boolean("EXIT_ON_ZERO_ACTIVE_CONNECTIONS"),
-        minimum_drain_duration: args
-            .minimum_drain_duration
-            .or_else(|| istio_env::duration("MINIMUM_DRAIN_DURATION")),
+        exit_on_zero_active_connections: args.exit_on_zero_active_connections || istio_exit_on_zero,
+        minimum_drain_duration,
+        istio_minimum_drain_default: istio_exit_on_zero && minimum_drain_duration.is_none(),
         idle_timeout: istio_env::duration("ISTIO_META_IDLE_TIMEOUT"),
         dns_capture: args.dns_capture || istio_env::boolean("ISTIO_META_DNS_CAPTURE"),
         agent_port: args.status_port.and_then(std::num::NonZeroU16::new),
@@ -563,11 +565,15 @@ async fn serve(
                 a
             }
         };
-        if route == Route::Capture(Direction::Inbound) {
-            let stop = async move { drain.inbound_closed().await };
+        // Draining closes no listener: as Envoy under Istio (`drain_listeners?inboundonly&graceful`)
+        // the inbound ones keep accepting, so a client told to go can reconnect and be served
+        // (and told again), and outbound keeps serving the application. Only the admin API's
+        // `/drain_listeners` closes them: the inbound ones (capture, and explicit listeners
+        // terminating mesh TLS) for `?inboundonly`, all otherwise.
+        if route.direction() == Direction::Inbound {
+            let stop = async move { drain.inbound_listeners_closed().await };
             tokio::spawn(listener::accept_loop(l, route, proxy, admission, stop));
         } else {
-            // Outbound keeps serving while draining: the application may still need its peers.
             let stop = async move { drain.all_listeners_closed().await };
             tokio::spawn(listener::accept_loop(l, route, proxy, admission, stop));
         }
@@ -606,6 +612,13 @@ async fn serve(
         }
     }
 
+    // A native sidecar drained by its preStop hook (`remora drain`, the agent's `/drain`) gets
+    // SIGTERM once the application has stopped: nothing is left to drain for, and pilot-agent
+    // exits at once then.
+    if drain.drained_ahead() {
+        tracing::info!("SIGTERM: already drained (/drain): exiting now");
+        return Ok(());
+    }
     let config = proxy.config.load_full();
     drain.start();
     state.metrics.server.set_state(ServerState::Draining);
@@ -617,12 +630,10 @@ async fn serve(
             ?minimum,
             "SIGTERM: draining until no connection is left"
         );
-        let idle = async {
-            tokio::time::sleep(minimum).await;
-            drain.idle().await
-        };
         tokio::select! {
-            () = idle => tracing::info!("no connection left: exiting"),
+            () = drain.no_connection_left(minimum) => {
+                tracing::info!("no connection left: exiting");
+            }
             () = quit_requested(&state) => tracing::info!("quitquitquit: exiting now"),
             _ = sigint.recv() => tracing::info!("SIGINT: exiting now"),
         }

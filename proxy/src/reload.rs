@@ -16,6 +16,11 @@ use tokio::signal::unix::{signal, SignalKind};
 /// How long a changed file must stay unchanged before it is read as a new config.
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// pilot-agent's `MINIMUM_DRAIN_DURATION` when the variable is unset
+/// (`pilot/cmd/pilot-agent/options`): with `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`, the connections
+/// are not counted before it has passed, so load balancers stop sending new ones first.
+pub const ISTIO_MINIMUM_DRAIN_DURATION: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Settings given on the command line or in the environment; they win over every loaded file.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
@@ -25,6 +30,10 @@ pub struct Overrides {
     pub exit_on_zero_active_connections: bool,
     /// `MINIMUM_DRAIN_DURATION`.
     pub minimum_drain_duration: Option<std::time::Duration>,
+    /// Exit-on-zero was asked for by Istio's `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` without a
+    /// minimum: pilot-agent's own default ([`ISTIO_MINIMUM_DRAIN_DURATION`]) applies unless
+    /// the file sets one.
+    pub istio_minimum_drain_default: bool,
     /// `ISTIO_META_IDLE_TIMEOUT`.
     pub idle_timeout: Option<std::time::Duration>,
     /// `ISTIO_META_DNS_CAPTURE=true`: serve DNS.
@@ -48,6 +57,8 @@ impl Overrides {
         }
         if let Some(minimum) = self.minimum_drain_duration {
             config.drain.minimum_duration = minimum;
+        } else if self.istio_minimum_drain_default && config.drain.minimum_duration.is_zero() {
+            config.drain.minimum_duration = ISTIO_MINIMUM_DRAIN_DURATION;
         }
         if let Some(idle) = self.idle_timeout {
             // Istio's metadata sets Envoy's TCP and HTTP connection idle timeouts alike; zero
@@ -184,6 +195,33 @@ mod tests {
             metrics: Arc::new(Metrics::default()),
             last: None,
         }
+    }
+
+    #[test]
+    fn istios_exit_on_zero_without_a_minimum_takes_pilot_agents_five_seconds() {
+        let istio = Overrides {
+            exit_on_zero_active_connections: true,
+            istio_minimum_drain_default: true,
+            ..Overrides::default()
+        };
+        let c = istio.apply(Config::default());
+        assert!(c.drain.exit_on_zero_active_connections);
+        assert_eq!(c.drain.minimum_duration, Duration::from_secs(5));
+        // A minimum in the file, or in MINIMUM_DRAIN_DURATION, wins.
+        let mut file = Config::default();
+        file.drain.minimum_duration = Duration::from_secs(2);
+        assert_eq!(
+            istio.apply(file).drain.minimum_duration,
+            Duration::from_secs(2)
+        );
+        let given = Overrides {
+            minimum_drain_duration: Some(Duration::ZERO),
+            ..istio.clone()
+        };
+        assert_eq!(
+            given.apply(Config::default()).drain.minimum_duration,
+            Duration::ZERO
+        );
     }
 
     #[test]

@@ -110,6 +110,20 @@ impl<'a> Envoy<'a> {
         Envoy::spawn(ns, cmd, work, yaml)
     }
 
+    /// [`Envoy::start`] with more command-line flags (`--drain-strategy immediate`, as
+    /// pilot-agent starts it).
+    pub fn start_with_args(
+        ns: &'a Netns,
+        binary: &Path,
+        work: &RemoraBinary,
+        yaml: &str,
+        args: &[&str],
+    ) -> Envoy<'a> {
+        let mut cmd = ns.command(binary);
+        cmd.args(args);
+        Envoy::spawn(ns, cmd, work, yaml)
+    }
+
     fn spawn(ns: &'a Netns, mut cmd: Command, work: &RemoraBinary, yaml: &str) -> Envoy<'a> {
         let config = work.write_file("envoy.yaml", yaml);
         let log = config.with_extension("log");
@@ -163,6 +177,17 @@ impl<'a> Envoy<'a> {
         peer::curl_status(
             self.ns,
             &[&format!("http://{addr}{path}")],
+            Duration::from_secs(2),
+        )
+    }
+
+    /// The status and body of `POST path` on the admin API (0 when it does not answer), as
+    /// pilot-agent posts `/drain_listeners?inboundonly&graceful` on SIGTERM.
+    pub fn admin_post(&self, path: &str) -> (u16, String) {
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, ADMIN_PORT));
+        peer::curl_status(
+            self.ns,
+            &["-X", "POST", &format!("http://{addr}{path}")],
             Duration::from_secs(2),
         )
     }

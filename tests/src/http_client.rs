@@ -51,6 +51,11 @@ impl Client {
         })
     }
 
+    /// The connection, to read what follows a response (its end, when the server closed it).
+    pub fn into_inner(self) -> TcpStream {
+        self.reader.into_inner()
+    }
+
     /// `GET path` with `Host: host` and `headers`, and its response.
     pub fn get(
         &mut self,

@@ -1,6 +1,7 @@
 //! The foundation, end to end: capture rules written by `remora capture`, `remora run` as UID
 //! 1337 in a pod namespace, and real clients and servers on both sides of a veth pair.
 
+use remora_e2e::http_client::Client;
 use remora_e2e::peer::{self, any_addr, curl_ok, Server};
 use remora_e2e::{PodNet, DEFAULT_CAPTURE_ARGS};
 use std::io::{self, Read};
@@ -21,6 +22,8 @@ const METRICS_SETTLE: Duration = Duration::from_secs(3);
 const CURL_TIME: Duration = Duration::from_secs(5);
 /// The app's port inside the pod, and the service port on the peer.
 const APP_PORT: u16 = 8080;
+/// A keep-alive HTTP/1.1 application in the pod (the SIGTERM test).
+const WEB_PORT: u16 = 8081;
 
 #[test]
 fn outbound_http_from_the_pod_reaches_the_peer_through_the_outbound_listener() {
@@ -207,14 +210,15 @@ fn capture_without_owner_exclusion_is_stopped_by_the_own_upstream_loop_guard() {
 }
 
 #[test]
-fn sigterm_drains_an_inflight_transfer_refuses_new_inbound_and_exits_zero() {
+fn sigterm_drains_an_inflight_transfer_serves_new_inbound_told_to_close_and_exits_zero() {
     let Some(net) = PodNet::create_or_skip() else {
         return;
     };
     net.capture_default();
+    let drain = Duration::from_secs(5);
     let mut remora = net
         .remora()
-        .config("drain:\n  duration: 5s\n")
+        .config(&format!("drain:\n  duration: {}s\n", drain.as_secs()))
         .start_ready();
     let data: Arc<[u8]> = peer::pattern(4 << 20).into();
     let app = Server::paced(
@@ -223,65 +227,124 @@ fn sigterm_drains_an_inflight_transfer_refuses_new_inbound_and_exits_zero() {
         data.clone(),
         Duration::from_millis(1500),
     );
+    // The pod's keep-alive HTTP/1.1 application.
+    let _web = remora_e2e::backend::start(&net.pod, any_addr(WEB_PORT), "web");
     let service = Server::http(&net.peer, net.peer_addr(APP_PORT), "still here\n");
 
-    // An inbound download, well under way when SIGTERM arrives.
+    // An inbound download, well under way when SIGTERM arrives, and an inbound keep-alive
+    // connection that has had one answer.
     let mut download = peer::connect(&net.peer, net.pod_addr(APP_PORT)).expect("inbound connect");
     let mut received = vec![0; 64 << 10];
     download
         .read_exact(&mut received)
         .unwrap_or_else(|e| panic!("first bytes of the download: {e}\n{}", remora.stderr()));
+    let mut kept = Client::connect(&net.peer, net.pod_addr(WEB_PORT)).expect("inbound connect");
+    let first = kept.get("web", "/", &[]).expect("a keep-alive answer");
+    assert_eq!((first.status, first.header("connection")), (200, None));
     remora.terminate();
     let terminated = Instant::now();
+    // Signal handling takes a moment: draining has begun once readiness says so.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while remora.readiness() != Some(503) {
+        assert!(Instant::now() < deadline, "readiness not 503 after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
-    // The inbound listener stops accepting: a new inbound connection is refused. Signal
-    // handling takes a moment, so look for a while.
-    let mut outcomes = Vec::new();
-    let refused = (0..20).any(|_| {
-        let outcome = peer::connect(&net.peer, net.pod_addr(APP_PORT));
-        let refused = matches!(&outcome, Err(e) if e.kind() == io::ErrorKind::ConnectionRefused);
-        outcomes.push(format!(
-            "{:?}: {:?}",
-            terminated.elapsed(),
-            outcome.map(|_| "connected")
-        ));
-        if !refused {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        refused
-    });
-    assert!(
-        refused,
-        "new inbound connections were not refused after SIGTERM: {outcomes:#?}\nremora stderr:\n{}",
+    // The keep-alive connection's next answer tells it to go, and it is closed after.
+    let told = kept
+        .get("web", "/", &[])
+        .expect("the next answer on the kept connection");
+    assert_eq!(
+        (told.status, told.header("connection")),
+        (200, Some("close")),
+        "{}",
         remora.stderr()
     );
-    assert_eq!(remora.readiness(), Some(503), "readiness while draining");
+    assert_closed(kept, "the kept connection after its `connection: close`");
 
-    // Outbound keeps serving while draining.
-    let out = peer::curl(
-        &net.pod,
-        &[&format!("http://{}/", service.addr())],
-        CURL_TIME,
+    // As Envoy under Istio (`drain_listeners?inboundonly&graceful`), the inbound listener keeps
+    // accepting: a client connecting now is served, told to go, and its connection closed.
+    let mut late = Client::connect(&net.peer, net.pod_addr(WEB_PORT)).unwrap_or_else(|e| {
+        panic!(
+            "a new inbound connection while draining: {e}\n{}",
+            remora.stderr()
+        )
+    });
+    let answer = late.get("web", "/", &[]).expect("an answer while draining");
+    assert_eq!(
+        (answer.status, answer.header("connection")),
+        (200, Some("close")),
+        "{}",
+        remora.stderr()
     );
-    assert_eq!(curl_ok(&out, "outbound GET while draining"), "still here\n");
+    assert_closed(late, "a connection opened while draining, after its answer");
+    // Opaque TCP is not told anything (Envoy's tcp_proxy ignores draining): a new inbound
+    // download while draining completes too.
+    let late_download = std::thread::scope(|scope| {
+        let fetch = scope.spawn(|| {
+            let mut s = peer::connect(&net.peer, net.pod_addr(APP_PORT))?;
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).map(|_| got)
+        });
+        // Outbound keeps serving while draining.
+        let out = peer::curl(
+            &net.pod,
+            &[&format!("http://{}/", service.addr())],
+            CURL_TIME,
+        );
+        assert_eq!(curl_ok(&out, "outbound GET while draining"), "still here\n");
+        fetch.join().expect("the download thread")
+    });
+    let late_download = late_download.unwrap_or_else(|e| {
+        panic!(
+            "a download started while draining: {e}\n{}",
+            remora.stderr()
+        )
+    });
+    peer::assert_same_bytes("download started while draining", &data, &late_download);
 
     // The download that was open at SIGTERM completes, byte-exact.
     download
         .read_to_end(&mut received)
         .unwrap_or_else(|e| panic!("rest of the download: {e}\n{}", remora.stderr()));
     peer::assert_same_bytes("download across SIGTERM", &data, &received);
-    assert_eq!(app.peers()[0].ip(), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 6)));
+    assert!(app
+        .peers()
+        .iter()
+        .all(|p| p.ip() == IpAddr::V4(Ipv4Addr::new(127, 0, 0, 6))));
 
+    // Served until the end of the drain period, then exit 0.
+    assert!(
+        terminated.elapsed() < drain,
+        "the checks outlasted the drain period"
+    );
     let status = remora.wait_exit(Duration::from_secs(15));
+    let exited_after = terminated.elapsed();
     assert!(
         status.is_some_and(|s| s.success()),
-        "remora should exit 0 at the end of the drain period, got {status:?} after {:?}; \
-         stderr:\n{}",
-        terminated.elapsed(),
+        "remora should exit 0 at the end of the drain period, got {status:?} after \
+         {exited_after:?}; stderr:\n{}",
         remora.stderr()
+    );
+    assert!(
+        exited_after >= drain - Duration::from_millis(100),
+        "exited {exited_after:?} after SIGTERM, before the drain period {drain:?}"
     );
 }
 
+/// The proxy closed `client`'s connection: a read finds its end.
+fn assert_closed(client: Client, what: &str) {
+    let mut stream = client.into_inner();
+    let mut rest = Vec::new();
+    match stream.read_to_end(&mut rest) {
+        Ok(_) => assert!(rest.is_empty(), "{what}: {} more bytes", rest.len()),
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
+/// Istio's `EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true` without `MINIMUM_DRAIN_DURATION`: as
+/// pilot-agent, the connections are counted once a second after its default minimum (5 s), and
+/// the first count finds none.
 #[test]
 fn exit_on_zero_active_connections_exits_well_before_the_drain_period() {
     let Some(net) = PodNet::create_or_skip() else {
@@ -294,11 +357,18 @@ fn exit_on_zero_active_connections_exits_well_before_the_drain_period() {
         .start_ready();
 
     remora.terminate();
+    let terminated = Instant::now();
 
-    let status = remora.wait_exit(Duration::from_secs(10));
+    let status = remora.wait_exit(Duration::from_secs(15));
+    let exited_after = terminated.elapsed();
     assert!(
         status.is_some_and(|s| s.success()),
-        "with no connection open, remora should exit 0 at once, got {status:?}; stderr:\n{}",
+        "with no connection open, remora should exit 0 at the first count after pilot-agent's \
+         minimum, got {status:?} after {exited_after:?}; stderr:\n{}",
         remora.stderr()
+    );
+    assert!(
+        exited_after >= Duration::from_millis(5900) && exited_after <= Duration::from_secs(8),
+        "exited {exited_after:?} after SIGTERM: expected at the count 1 s after the 5 s minimum"
     );
 }

@@ -460,31 +460,33 @@ pub(super) fn config_dump(state: &AdminState, req: &AdminRequest) -> Response<Bo
     json(StatusCode::OK, &json!({ "configs": configs }))
 }
 
-/// `/drain_listeners`: `?inboundonly` closes the inbound listener (draining), otherwise every
-/// data-path listener closes; `?graceful` waits out the drain duration first, as Envoy's
-/// graceful drain does, while already reporting DRAINING.
+/// `/drain_listeners`, as Envoy's: draining starts at once (every inbound connection is told
+/// to go, as under `--drain-strategy immediate`, which Istio runs Envoy with); `?inboundonly`
+/// closes the inbound listeners, otherwise every data-path listener closes; `?graceful` keeps
+/// them accepting through the drain duration first (new connections are served and told to go
+/// too), and `?skip_exit` with it leaves them open.
 pub(super) fn drain_listeners(state: &AdminState, req: &AdminRequest) -> Response<Body> {
     let inbound_only = req.param("inboundonly").is_some();
     let graceful = req.param("graceful").is_some();
+    let skip_exit = req.param("skip_exit").is_some();
     let drain = std::sync::Arc::clone(&state.drain);
-    let close = move || {
-        if inbound_only {
-            drain.start();
-        } else {
-            drain.start();
-            drain.close_all_listeners();
-        }
-    };
+    drain.start();
     state.metrics.server.set_state(ServerState::Draining);
-    if graceful {
-        let wait = state.config.load().drain.duration;
-        // Runs on the admin runtime; the handler is always called inside it.
-        tokio::spawn(async move {
-            tokio::time::sleep(wait).await;
-            close();
-        });
-    } else {
-        close();
+    let close = move || match inbound_only {
+        true => drain.close_inbound_listeners(),
+        false => drain.close_all_listeners(),
+    };
+    match (graceful, skip_exit) {
+        (_, true) => {}
+        (true, false) => {
+            let wait = state.config.load().drain.duration;
+            // Runs on the admin runtime; the handler is always called inside it.
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                close();
+            });
+        }
+        (false, false) => close(),
     }
     text(StatusCode::OK, "OK\n".into())
 }

@@ -269,9 +269,48 @@ fn drain_listeners_inboundonly_drains_and_full_closes_all() {
         StatusCode::OK
     );
     assert!(s.drain.is_draining());
+    assert!(s.drain.inbound_listeners_are_closed());
+    assert!(!s.drain.all_listeners_are_closed());
     let s = state();
     assert_eq!(post(&s, "/drain_listeners").status(), StatusCode::OK);
     assert!(s.drain.is_draining());
+    assert!(s.drain.all_listeners_are_closed());
+}
+
+/// As Envoy's graceful drain, which Istio's pilot-agent asks for on SIGTERM: connections are
+/// told to go at once, and the listeners keep accepting through the drain duration.
+#[tokio::test]
+async fn graceful_drain_starts_at_once_and_closes_the_listeners_after_the_duration() {
+    let s = state();
+    s.config.store(Arc::new(remora_config::Config {
+        drain: remora_config::DrainConfig {
+            duration: std::time::Duration::from_millis(50),
+            ..Default::default()
+        },
+        ..Default::default()
+    }));
+    assert_eq!(
+        post(&s, "/drain_listeners?inboundonly&graceful").status(),
+        StatusCode::OK
+    );
+    assert!(s.drain.is_draining());
+    assert!(!s.drain.inbound_listeners_are_closed());
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        s.drain.inbound_listeners_closed(),
+    )
+    .await
+    .expect("the inbound listeners close after the drain duration");
+    assert!(!s.drain.all_listeners_are_closed());
+    // `skip_exit` (pilot-agent's `/drain` for a native sidecar) leaves them open.
+    let s = state();
+    assert_eq!(
+        post(&s, "/drain_listeners?inboundonly&graceful&skip_exit").status(),
+        StatusCode::OK
+    );
+    assert!(s.drain.is_draining());
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(!s.drain.inbound_listeners_are_closed());
 }
 
 #[test]

@@ -150,7 +150,7 @@ pub async fn respond(
             text(StatusCode::OK, "OK\n".into())
         }
         "/drain" => {
-            agent.state.drain.start();
+            agent.state.drain.start_ahead();
             agent.state.metrics.server.set_state(ServerState::Draining);
             text(StatusCode::OK, "OK\n".into())
         }

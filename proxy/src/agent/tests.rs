@@ -120,6 +120,10 @@ async fn quit_and_drain_only_from_localhost() {
     let r = respond(&a, Method::POST, "/drain", LOCAL.parse().unwrap()).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert!(a.state.drain.is_draining());
+    // As pilot-agent's `/drain` (Envoy's `skip_exit`): the listeners stay open, and SIGTERM
+    // will exit at once.
+    assert!(a.state.drain.drained_ahead());
+    assert!(!a.state.drain.inbound_listeners_are_closed());
     let r = respond(&a, Method::GET, "/healthz/ready", REMOTE.parse().unwrap()).await;
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     let r = respond(

@@ -127,6 +127,9 @@ pub struct ConnContext {
     served: AtomicU64,
     /// Draining: HTTP/1.1 responses carry `Connection: close` from now on.
     closing: AtomicBool,
+    /// Woken when the connection's first request starts: an HTTP/2 connection that has had none
+    /// when draining starts gets its GOAWAY then ([`drive`]).
+    first_request: tokio::sync::Notify,
     /// The Istio series this connection's last request was counted in.
     series: crate::metrics::SeriesCache,
     /// Routed by xDS: what the last request's route decision found, for the next.
@@ -174,6 +177,7 @@ impl ConnContext {
             bytes_out: AtomicU64::new(0),
             served: AtomicU64::new(0),
             closing: AtomicBool::new(false),
+            first_request: tokio::sync::Notify::new(),
             series: crate::metrics::SeriesCache::default(),
             route_memo: routed::memo::RouteMemo::default(),
             early_failed: AtomicBool::new(false),
@@ -228,7 +232,19 @@ impl ConnContext {
     /// Count a request in; returns its position on the connection (from 1).
     fn request_started(&self) -> u64 {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.started.fetch_add(1, Ordering::Relaxed) + 1
+        let position = self.started.fetch_add(1, Ordering::Relaxed) + 1;
+        if position == 1 {
+            // A permit: kept if nothing waits yet.
+            self.first_request.notify_one();
+        }
+        position
+    }
+
+    /// Resolves once the connection's first request has started.
+    async fn first_request_started(&self) {
+        if self.started.load(Ordering::Relaxed) == 0 {
+            self.first_request.notified().await;
+        }
     }
 
     /// Whether no request is in flight.
@@ -590,11 +606,14 @@ const H2_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 100;
 
 /// Run a server connection until it ends, shutting it down gracefully (GOAWAY, or
 /// `Connection: close` after the request in flight) when it has been idle — no request in
-/// flight and no traffic — for `http.idle_timeout`. When draining starts, an inbound HTTP/2
-/// connection gets its GOAWAY, and an inbound HTTP/1.1 one stays open with its next response
-/// carrying `Connection: close`, as Envoy drains them: the listener no longer accepts, so a
-/// client cut while idle would have nowhere to send its next request. Outbound keeps serving
-/// while draining: the application may still need its peers.
+/// flight and no traffic — for `http.idle_timeout`. While draining, as Envoy's connection
+/// manager drains (`--drain-strategy immediate`), an inbound HTTP/1.1 connection stays open with
+/// its next response carrying `Connection: close` (a client cut while idle could lose the
+/// request it is writing), and an inbound HTTP/2 one gets its GOAWAY once it has had a request:
+/// at once if it had one, else when its first starts — so a connection opened while draining,
+/// the listener accepting on, is served its first streams and then told to go (a GOAWAY before
+/// its preface would end it unserved). Outbound keeps serving while draining: the application
+/// may still need its peers.
 async fn drive<C>(
     conn: C,
     ctx: &ConnContext,
@@ -610,6 +629,11 @@ where
     let mut idle_check = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     let mut last_activity = u64::MAX;
     let mut shutting_down = false;
+    // HTTP/2 while draining: the GOAWAY waits for the connection's first request.
+    let mut drain_seen = false;
+    let mut goaway_due = false;
+    let first_request = ctx.first_request_started();
+    tokio::pin!(first_request);
     loop {
         tokio::select! {
             result = &mut conn => return result,
@@ -619,12 +643,14 @@ where
                 ctx.proxy.metrics.direction(ctx.direction).premature_reset_closes.inc();
                 return Ok(());
             }
-            () = &mut draining, if !ctx.closing() => {
+            () = &mut draining, if !drain_seen => {
+                drain_seen = true;
                 ctx.closing.store(true, Ordering::Relaxed);
-                if ctx.key.version == HttpVersion::Http2 {
-                    shutdown(conn.as_mut());
-                    shutting_down = true;
-                }
+                goaway_due = ctx.key.version == HttpVersion::Http2;
+            }
+            () = &mut first_request, if goaway_due && !shutting_down => {
+                shutdown(conn.as_mut());
+                shutting_down = true;
             }
             _ = idle_check.tick(), if !shutting_down => {
                 let activity = ctx.activity();

@@ -12,9 +12,9 @@
 //!
 //! A *failure* is a request written on a connection that did not get a whole 200 back
 //! (refused, reset, cut, another status), or a connection that broke without a GOAWAY or a
-//! `connection: close` telling the client first. A connection refused at `connect()` once
-//! the test has said it expects that (the inbound listener is closed while draining) is
-//! counted apart: nothing was sent on it.
+//! `connection: close` telling the client first; so is a refused `connect()`. Once the test
+//! says a drain has begun, connections opened from then on that were served and then told to
+//! go are counted apart too.
 
 use bytes::Bytes;
 use remora_e2e::http_client::Client;
@@ -51,8 +51,6 @@ pub struct Tally {
     pub resets: AtomicU64,
     /// Keep-alive responses that carried `connection: close` (the client did not ask for it).
     pub closes: AtomicU64,
-    /// Connections refused at `connect()` while refusal was expected.
-    pub refused: AtomicU64,
     /// HTTP/2 connections that received a GOAWAY.
     pub h2_goaway_connections: AtomicU64,
     /// Answers to the `/./` client whose backend saw `/`: the proxy normalised the path (inbound),
@@ -64,8 +62,14 @@ pub struct Tally {
     pub goaways: Mutex<Vec<GoAway>>,
     /// What went wrong, one line per failure.
     pub failures: Mutex<Vec<String>>,
-    /// Set by the test when a refused `connect()` is expected from now on.
-    pub refusal_expected: AtomicBool,
+    /// Set by the test as it starts a drain (SIGTERM): connections opened from then on are
+    /// counted apart below.
+    pub signalled: AtomicBool,
+    /// Keep-alive HTTP/1.1 connections opened once `signalled`, answered 200 and then told
+    /// `connection: close`.
+    pub late_h1_told: AtomicU64,
+    /// HTTP/2 connections opened once `signalled`, answered 200 and then given GOAWAY.
+    pub late_h2_told: AtomicU64,
     /// Set by the test to stop every client after its current request.
     pub stop: AtomicBool,
 }
@@ -99,14 +103,15 @@ impl Tally {
     /// The counts as one line for the test's output.
     pub fn summary(&self) -> String {
         format!(
-            "ok={} failures={} resets={} connections={} closes={} refused={} h2_goaway_connections={} backends={:?} goaways={:?}",
+            "ok={} failures={} resets={} connections={} closes={} h2_goaway_connections={} late_h1_told={} late_h2_told={} backends={:?} goaways={:?}",
             self.ok.load(Ordering::Relaxed),
             self.failures.lock().unwrap_or_else(PoisonError::into_inner).len(),
             self.resets.load(Ordering::Relaxed),
             self.connections.load(Ordering::Relaxed),
             self.closes.load(Ordering::Relaxed),
-            self.refused.load(Ordering::Relaxed),
             self.h2_goaway_connections.load(Ordering::Relaxed),
+            self.late_h1_told.load(Ordering::Relaxed),
+            self.late_h2_told.load(Ordering::Relaxed),
             self.backends.lock().unwrap_or_else(PoisonError::into_inner),
             self.goaways.lock().unwrap_or_else(PoisonError::into_inner).iter().take(8).collect::<Vec<_>>(),
         )
@@ -120,17 +125,6 @@ impl Tally {
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
     }
-
-    /// A refused connect: counted apart when expected, a failure otherwise.
-    fn connect_failed(&self, e: &io::Error) {
-        if e.kind() == io::ErrorKind::ConnectionRefused
-            && self.refusal_expected.load(Ordering::Relaxed)
-        {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.fail_io("connect", e);
-        }
-    }
 }
 
 /// How an HTTP/1.1 client uses its connections.
@@ -143,8 +137,7 @@ pub enum H1 {
     ConnectionPerRequest,
 }
 
-/// An HTTP/1.1 client from `ns` to `addr`, until told to stop, its connection is refused
-/// while refusal is expected, or `deadline`.
+/// An HTTP/1.1 client from `ns` to `addr`, until told to stop or `deadline`.
 pub fn http1_client(
     ns: &Netns,
     addr: SocketAddr,
@@ -158,15 +151,13 @@ pub fn http1_client(
         let mut client = match Client::connect(ns, addr) {
             Ok(c) => c,
             Err(e) => {
-                tally.connect_failed(&e);
-                if tally.refusal_expected.load(Ordering::Relaxed) {
-                    return;
-                }
+                tally.fail_io("connect", &e);
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
         };
         tally.connections.fetch_add(1, Ordering::Relaxed);
+        let late = tally.signalled.load(Ordering::Relaxed);
         let headers: &[(&str, &str)] = match mode {
             H1::KeepAlive | H1::KeepAliveDotted => &[],
             H1::ConnectionPerRequest => &[("connection", "close")],
@@ -201,6 +192,9 @@ pub fn http1_client(
                         .is_some_and(|c| c.eq_ignore_ascii_case("close"));
                     if close && mode != H1::ConnectionPerRequest {
                         tally.closes.fetch_add(1, Ordering::Relaxed);
+                        if late {
+                            tally.late_h1_told.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     if close {
                         break;
@@ -221,8 +215,7 @@ pub fn http1_client(
 }
 
 /// An HTTP/2 client from `ns` to `addr` with `streams` requests in flight at a time, taking a
-/// new connection after each GOAWAY, until told to stop, refused while refusal is expected, or
-/// `deadline`. It runs a runtime of its own on the calling thread.
+/// new connection after each GOAWAY, until told to stop or `deadline`. It runs a runtime of its own on the calling thread.
 pub fn http2_client(
     ns: &Netns,
     addr: SocketAddr,
@@ -239,10 +232,7 @@ pub fn http2_client(
         let socket = match ns.connect(addr, H2_STEP) {
             Ok(s) => s,
             Err(e) => {
-                tally.connect_failed(&e);
-                if tally.refusal_expected.load(Ordering::Relaxed) {
-                    return;
-                }
+                tally.fail_io("connect", &e);
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
@@ -265,6 +255,8 @@ async fn http2_connection(
     tally: &Arc<Tally>,
     deadline: Instant,
 ) -> Result<(), String> {
+    let late = tally.signalled.load(Ordering::Relaxed);
+    let answered_here = Arc::new(AtomicU64::new(0));
     socket.set_nonblocking(true).map_err(|e| e.to_string())?;
     let socket = tokio::net::TcpStream::from_std(socket).map_err(|e| e.to_string())?;
     let goaways = Arc::new(Mutex::new(Vec::new()));
@@ -277,6 +269,7 @@ async fn http2_connection(
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..streams {
         let (send, tally, goaways) = (send.clone(), Arc::clone(tally), Arc::clone(&goaways));
+        let answered = Arc::clone(&answered_here);
         let uri = format!("http://{authority}/");
         tasks.spawn(async move {
             let seen_goaway = || {
@@ -310,6 +303,7 @@ async fn http2_connection(
                 match tokio::time::timeout(H2_STEP, answer(response)).await {
                     Ok(Ok(http::StatusCode::OK)) => {
                         tally.ok.fetch_add(1, Ordering::Relaxed);
+                        answered.fetch_add(1, Ordering::Relaxed);
                     }
                     Ok(Ok(status)) => return tally.fail(format!("h2 status {status}")),
                     Ok(Err(e)) => {
@@ -331,6 +325,9 @@ async fn http2_connection(
         .clone();
     if !seen.is_empty() {
         tally.h2_goaway_connections.fetch_add(1, Ordering::Relaxed);
+        if late && answered_here.load(Ordering::Relaxed) > 0 {
+            tally.late_h2_told.fetch_add(1, Ordering::Relaxed);
+        }
         tally
             .goaways
             .lock()

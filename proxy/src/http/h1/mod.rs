@@ -190,9 +190,10 @@ pub async fn serve<C: Client>(
                         }
                         () = &mut draining, if !drained => {
                             // The connection stays, and its next request is answered with
-                            // `Connection: close`, as Envoy drains HTTP/1.1: the listener no
-                            // longer accepts, so a client cut here would have nowhere to send
-                            // the request it may be writing. It ends with the process, or idle.
+                            // `Connection: close`, as Envoy drains HTTP/1.1: a client cut here
+                            // could lose the request it may be writing. A connection opened
+                            // while draining (the listener accepts on) is served so too. It
+                            // ends after that response, with the process, or idle.
                             drained = true;
                             ctx.closing.store(true, Ordering::Relaxed);
                         }
