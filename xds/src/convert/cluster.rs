@@ -312,6 +312,12 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
         common_lb,
         circuit_breakers,
         outlier_detection,
+        tcp_keepalive: c
+            .upstream_connection_options
+            .as_ref()
+            .map(keepalive::upstream_connection_options)
+            .transpose()?
+            .flatten(),
     })
 }
 
@@ -589,6 +595,7 @@ fn istio_metadata(c: &pb::Cluster) -> IstioClusterMetadata {
 }
 
 mod hashing;
+mod keepalive;
 mod limits;
 #[cfg(test)]
 mod tests;
