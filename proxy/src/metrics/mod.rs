@@ -63,7 +63,7 @@ pub struct Metrics {
     pub reloads_ok: Counter,
     /// Config reloads refused (the running config stayed).
     pub reloads_failed: Counter,
-    /// Access-log lines dropped because the writer fell behind.
+    /// Access-log lines dropped: the writer fell behind, or the file could not be written.
     pub access_log_dropped: Counter,
     /// xDS resources from files refused (each time a file is applied), and files unreadable.
     pub xds_file_refusals: Counter,
@@ -322,7 +322,7 @@ impl Metrics {
         );
         registry.register(
             "remora_access_log_dropped",
-            "Access-log lines dropped because the writer fell behind",
+            "Access-log lines dropped: the writer fell behind, or the file could not be written",
             dropped.clone(),
         );
 
