@@ -251,6 +251,11 @@ pub async fn handle(
     headers::prepare_response(&mut parts.headers, upgraded);
     if let Some(routed) = &routed {
         routed.response_edits.apply(&mut parts.headers);
+        for cookie in &routed.set_cookies {
+            parts
+                .headers
+                .append(http::header::SET_COOKIE, cookie.clone());
+        }
         routed.cors_response.apply(&mut parts.headers);
     }
     if let Some(originate) = &ctx.originate {

@@ -329,6 +329,10 @@ pub const READ: &[(&str, &[&str])] = &[
         &["name", "ttl", "path", "attributes"],
     ),
     (
+        "envoy.config.route.v3.RouteAction.HashPolicy.CookieAttribute",
+        &["name", "value"],
+    ),
+    (
         "envoy.config.route.v3.RouteAction.HashPolicy.ConnectionProperties",
         &["source_ip"],
     ),

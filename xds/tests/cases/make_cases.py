@@ -252,6 +252,8 @@ write("consistent-hash", "routes", [
     gap_rc("hash-source-ip", action_extra={"hash_policy": [{"connection_properties": {"source_ip": True}}]}, retry=NO_PREV),
     gap_rc("hash-query", action_extra={"hash_policy": [{"query_parameter": {"name": "user"}}]}, retry=NO_PREV),
     gap_rc("hash-cookie", action_extra={"hash_policy": [{"cookie": {"name": "session", "path": "/"}}]}, retry=NO_PREV),
+    # httpCookie {name: sticky, path: /, ttl: 3600s}: Envoy makes the cookie; once a gap.
+    gap_rc("hash-cookie-ttl", action_extra={"hash_policy": [{"cookie": {"name": "sticky", "path": "/", "ttl": "3600s"}}]}, retry=NO_PREV),
 ])
 
 # ---- faults-retries: VirtualService fault and retries (retryRemoteLocalities too), once gaps, which Remora honours.
