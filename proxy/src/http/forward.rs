@@ -236,6 +236,7 @@ pub async fn handle(
             let mut reply = local_reply(e.kind, grpc, end);
             // Envoy's router edits its own replies as it edits the upstream's.
             if let Some(routed) = &routed {
+                super::routed::charge_local_answer(routed, e.kind);
                 routed.response_edits.apply(reply.headers_mut());
                 routed.cors_response.apply(reply.headers_mut());
             }

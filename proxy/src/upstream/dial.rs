@@ -66,6 +66,7 @@ pub async fn dial(
     alpn: Option<&[&[u8]]>,
     source: Option<connect::Source>,
 ) -> Result<Connected, DialError> {
+    selected.in_flight.connecting();
     // Outbound hops are not captured again (UID 1337): any source will do, unless the
     // cluster binds one; inbound ones come from the passthrough source the caller gives.
     let upstream = connect::connect(
