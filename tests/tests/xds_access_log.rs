@@ -2,8 +2,10 @@
 //! HTTP connection manager and on `tcp_proxy` pointing at a path other than `/dev/stdout`.
 //! Remora appends its lines to that file (opened once, never truncated), opens it again after
 //! SIGHUP so a rotated log goes on in a new file, and refuses a listener whose path cannot be
-//! opened (as Envoy 1.40 rejects it: `unable to open file`), keeping the previous one.
+//! opened (as Envoy 1.40 rejects it: `unable to open file`), keeping the previous one. Envoy
+//! 1.40 given the same listeners appends its line for the same request to its file too.
 
+use remora_e2e::envoy_xds::{nets_or_skip, Resources};
 use remora_e2e::peer::{self, curl, curl_ok, Server};
 use remora_e2e::xds_resources::{eds_cluster, endpoint};
 use remora_e2e::PodNet;
@@ -57,25 +59,55 @@ fn listeners(log: &Path) -> Value {
     ])
 }
 
-fn write_resources(dir: &Path, log: &Path, web: SocketAddr, echo: SocketAddr) {
+/// The resources: the listeners logging to `log`, `virtualOutbound` (which hands Envoy's
+/// connections to them), the route, and the two services' clusters and endpoints.
+fn resources(log: &Path, web: SocketAddr, echo: SocketAddr) -> Resources {
     let routes = json!([{"name": "80", "ignore_port_in_host_matching": true, "virtual_hosts": [{
         "name": "web.test.svc.cluster.local:80", "domains": ["web.test.svc.cluster.local", HTTP_VIP],
-        "routes": [{"match": {"prefix": "/"}, "route": {"cluster": WEB}}]}]}]);
+        "routes": [{"match": {"prefix": "/"}, "route": {"cluster": WEB, "timeout": "0s"}}]}]}]);
     let assignment = |name: &str, a: SocketAddr| json!({"cluster_name": name, "endpoints": [{"lb_endpoints": [endpoint(a, None)]}]});
-    for (file, value) in [
-        ("listeners.json", listeners(log)),
-        ("routes.json", routes),
-        (
-            "clusters.json",
-            json!([eds_cluster(WEB), eds_cluster(ECHO)]),
-        ),
-        (
-            "endpoints.json",
-            json!([assignment(WEB, web), assignment(ECHO, echo)]),
-        ),
-    ] {
-        std::fs::write(dir.join(file), value.to_string()).expect("write a resource file");
+    let mut listeners = listeners(log);
+    if let Some(all) = listeners.as_array_mut() {
+        all.push(json!({"name": "virtualOutbound",
+            "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15001}},
+            "use_original_dst": true, "traffic_direction": "OUTBOUND",
+            "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [
+                {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                    "stat_prefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}]}));
     }
+    Resources {
+        listeners,
+        routes,
+        clusters: json!([eds_cluster(WEB), eds_cluster(ECHO),
+            {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
+        endpoints: json!([assignment(WEB, web), assignment(ECHO, echo)]),
+    }
+}
+
+fn write_resources(dir: &Path, log: &Path, web: SocketAddr, echo: SocketAddr) {
+    resources(log, web, echo).write_for_remora(dir);
+}
+
+/// Give `ns` a default route out of its veth, so a connect to a VIP reaches the capture rules.
+fn route_vips(ns: &remora_e2e::Netns) {
+    let out = ns
+        .command("ip")
+        .args(["route", "add", "default", "dev", "eth0"])
+        .output()
+        .expect("ip route");
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// A directory UID 1337 (the proxy) may create files in, as a pod's log volume, holding
+/// `access.log` with a line already in it.
+fn log_dir(net: &PodNet) -> (std::path::PathBuf, std::path::PathBuf) {
+    let logs = net.binary().make_dir("logs");
+    std::os::unix::fs::chown(&logs, Some(1337), Some(1337)).expect("chown");
+    let log = logs.join("access.log");
+    std::fs::write(&log, "before\n").expect("write");
+    std::os::unix::fs::chown(&log, Some(1337), Some(1337)).expect("chown");
+    (logs, log)
 }
 
 /// The file's content, empty when it does not exist.
@@ -104,23 +136,12 @@ fn the_access_log_goes_to_the_file_the_listeners_name() {
         return;
     };
     net.capture_default();
-    let out = net
-        .pod
-        .command("ip")
-        .args(["route", "add", "default", "dev", "eth0"])
-        .output()
-        .expect("ip route");
-    assert!(out.status.success(), "{out:?}");
+    route_vips(&net.pod);
     let web = Server::http(&net.peer, net.peer_addr(8081), "web");
     let echo = Server::echo(&net.peer, net.peer_addr(9000));
     let dir = net.binary().make_dir("xds");
-    // A directory UID 1337 (the proxy) may create files in, as a pod's log volume.
-    let logs = net.binary().make_dir("logs");
-    std::os::unix::fs::chown(&logs, Some(1337), Some(1337)).expect("chown");
-    let log = logs.join("access.log");
     // An existing file is appended to, never truncated.
-    std::fs::write(&log, "before\n").expect("write");
-    std::os::unix::fs::chown(&log, Some(1337), Some(1337)).expect("chown");
+    let (logs, log) = log_dir(&net);
     write_resources(&dir, &log, web.addr(), echo.addr());
     let remora = net
         .remora()
@@ -185,4 +206,52 @@ fn the_access_log_goes_to_the_file_the_listeners_name() {
     wait_for_line(&log, "\"GET /third HTTP/1.1\" 200", stderr);
     assert!(!logs.join("no-such-dir").exists());
     drop(remora);
+}
+
+/// The request part of the line one request left in the world's file (`"GET /file HTTP/1.1"
+/// 200 -`: method, path, protocol, status, flags), after the line that was there before.
+fn logged_request(net: &PodNet, log: &Path, output: impl Fn() -> String) -> String {
+    let url = format!("http://{HTTP_VIP}/file");
+    let out = curl(&net.pod, &[&url], CURL_TIME);
+    assert_eq!(curl_ok(&out, "through the VIP"), "web", "{}", output());
+    wait_for_line(log, "\"GET /file HTTP/1.1\"", &output);
+    let text = read(log);
+    assert!(text.starts_with("before\n"), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("\"GET /file HTTP/1.1\""))
+        .unwrap_or_default();
+    // Past the start time: the request, the status and the flags.
+    line.split("] ")
+        .nth(1)
+        .map(|rest| rest.split(' ').take(5).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// Envoy 1.40, given the same listeners, appends its line for a request to the file named
+/// (keeping what was there), as Remora does: the same request, status and flags.
+#[test]
+fn envoy_appends_to_the_file_as_remora_does() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let mut got = Vec::new();
+    for (i, net) in [&nets.0, &nets.1].into_iter().enumerate() {
+        net.capture_default();
+        route_vips(&net.pod);
+        let web = Server::http(&net.peer, net.peer_addr(8081), "web");
+        let echo = Server::echo(&net.peer, net.peer_addr(9000));
+        let (_logs, log) = log_dir(net);
+        let resources = resources(&log, web.addr(), echo.addr());
+        let line = if i == 0 {
+            let remora = resources.start_remora(net);
+            logged_request(net, &log, || remora.stderr())
+        } else {
+            let envoy = resources.start_envoy(net, &binary);
+            logged_request(net, &log, || envoy.logs())
+        };
+        got.push(line);
+    }
+    assert_eq!(got[0], "\"GET /file HTTP/1.1\" 200 -", "remora");
+    assert_eq!(got[0], got[1], "Remora's line, then Envoy's");
 }
