@@ -151,7 +151,9 @@ pub async fn handle(
         (None, None) => None,
     };
     if let Some(fault) = fault {
-        if let Some(abort) = Box::pin(super::fault::inject(fault, &mut end.flags)).await {
+        let counters = ctx.xds_chain.fault_stats.as_ref();
+        let counters = counters.map(|p| ctx.proxy.metrics.faults.of(p));
+        if let Some(abort) = Box::pin(super::fault::inject(fault, &mut end.flags, counters)).await {
             let mut reply = super::fault::abort_reply(abort, grpc, end);
             // Envoy edits the fault filter's reply as a forwarding route's local replies (not
             // a redirect's or direct response's, which have no such route entry).

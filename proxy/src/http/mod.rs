@@ -59,6 +59,8 @@ pub struct XdsChainFlags {
     /// The chain has Envoy's fault filter, without which a route's fault config injects
     /// nothing (as in Envoy).
     pub fault_filter: bool,
+    /// The connection manager's stat prefix, for its fault filter's statistics (with it).
+    pub fault_stats: Option<Arc<str>>,
     /// The chain has Envoy's cors filter, without which a route's CORS policy does nothing
     /// (as in Envoy).
     pub cors_filter: bool,
@@ -76,6 +78,9 @@ impl XdsChainFlags {
         let server = chain.server_name.as_deref().unwrap_or("envoy");
         XdsChainFlags {
             fault_filter: chain.has_fault_filter(),
+            fault_stats: chain
+                .has_fault_filter()
+                .then(|| Arc::clone(&chain.stat_prefix)),
             cors_filter: chain.has_cors_filter(),
             normalize_path: chain.normalize_path,
             server: http::HeaderValue::try_from(server).ok(),

@@ -73,6 +73,8 @@ pub struct Metrics {
     pub http1_fast_path: Counter,
     /// Shadow copies of requests (route mirror policies).
     pub mirror: crate::http::mirror::MirrorStats,
+    /// Envoy's fault filter statistics, per connection manager.
+    pub faults: Arc<crate::http::fault::FaultStats>,
     /// Protocol detection outcomes, by `DETECTION_RESULTS` index, and how long they took.
     detections: Vec<Counter>,
     detection_seconds: prometheus_client::metrics::histogram::Histogram,
@@ -360,9 +362,11 @@ impl Metrics {
             inbound_listener: listeners.inbound,
             control_plane: Arc::default(),
             clusters: Arc::default(),
+            faults: Arc::default(),
         };
         registry.register_collector(Box::new(envoy.clone()));
         Metrics {
+            faults: Arc::clone(&envoy.faults),
             detections,
             detection_seconds,
             tls,

@@ -225,7 +225,8 @@ impl TcpTarget {
 /// A chain that ends in the HTTP connection manager.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HttpChain {
-    pub stat_prefix: String,
+    /// The connection manager's statistics go under `http.<stat_prefix>.`.
+    pub stat_prefix: std::sync::Arc<str>,
     pub routes: RouteSource,
     /// The HTTP filters before the router, in order.
     pub http_filters: Vec<HttpFilter>,
