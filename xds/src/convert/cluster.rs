@@ -312,12 +312,7 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
         common_lb,
         circuit_breakers,
         outlier_detection,
-        tcp_keepalive: c
-            .upstream_connection_options
-            .as_ref()
-            .map(keepalive::upstream_connection_options)
-            .transpose()?
-            .flatten(),
+        tcp_keepalive: keepalive::of(c)?,
     })
 }
 

@@ -13,12 +13,15 @@ use std::time::Duration;
 const MAX_PROBES: u32 = 127;
 const MAX_SECONDS: u32 = 32767;
 
-/// `upstream_connection_options`: only `tcp_keepalive` is read (the read list refuses
-/// happy eyeballs and interface names). No `tcp_keepalive`: keepalive stays off, as Envoy.
-pub(super) fn upstream_connection_options(
-    o: &pb::UpstreamConnectionOptions,
-) -> Result<Option<TcpKeepalive>, Fault> {
-    let Some(k) = &o.tcp_keepalive else {
+/// A cluster's `upstream_connection_options`: only `tcp_keepalive` is read (the read list
+/// refuses happy eyeballs and interface names). No `tcp_keepalive`: keepalive stays off, as
+/// Envoy leaves it.
+pub(super) fn of(c: &pb::Cluster) -> Result<Option<TcpKeepalive>, Fault> {
+    let Some(k) = c
+        .upstream_connection_options
+        .as_ref()
+        .and_then(|o| o.tcp_keepalive.as_ref())
+    else {
         return Ok(None);
     };
     let at = "upstream_connection_options.tcp_keepalive";
