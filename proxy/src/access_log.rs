@@ -1,14 +1,18 @@
-//! The per-connection access log: one line on stdout when a connection closes.
+//! The per-connection access log: one line when a connection closes (or per request), on
+//! stdout or appended to the file the xDS listeners name (the mesh's `accessLogFile`).
 //!
 //! Lines are handed to a writer thread through a bounded queue, so a slow stdout (a full pipe, a
-//! stalled log collector) never blocks the data path; when the queue is full the line is dropped
-//! and counted, as Envoy's access loggers do under back-pressure.
+//! stalled log collector) or disk never blocks the data path; when the queue is full the line is
+//! dropped and counted, as Envoy's access loggers do under back-pressure. The file is opened
+//! once and appended to, and opened again after SIGHUP (log rotation), as Envoy's are after
+//! `/reopen_logs`.
 
 use crate::metrics::Metrics;
 use crate::Direction;
-use remora_config::AccessLogFormat;
+use remora_config::{AccessLogFormat, Config};
 use std::io::Write;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -143,49 +147,188 @@ impl Entry {
     }
 }
 
+/// Where and how lines are written: the config file's access log (standard output), or the
+/// file the xDS listeners name in their format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sink {
+    pub format: AccessLogFormat,
+    /// The file lines are appended to; `None`: standard output (also for `/dev/stdout`).
+    pub file: Option<Arc<str>>,
+}
+
+impl Sink {
+    /// Whether connections and requests are logged, and how: as the config file's
+    /// `access_log` says, or else as the xDS listeners ask (istiod writes the mesh's
+    /// `accessLogFile` into every chain; Remora renders it as its own Envoy-style line or JSON
+    /// and appends it to the file named).
+    pub fn of(config: &Config, xds: Option<&remora_xds::store::Store>) -> Option<Sink> {
+        use remora_xds::model::listener::AccessLogFormat as Xds;
+        if config.access_log.enabled {
+            return Some(Sink {
+                format: config.access_log.format,
+                file: None,
+            });
+        }
+        let snapshot = xds?.snapshot();
+        let log = snapshot.access_log()?;
+        Some(Sink {
+            format: match log.format {
+                Xds::Text => AccessLogFormat::Text,
+                Xds::Json => AccessLogFormat::Json,
+            },
+            file: (&*log.path != STDOUT).then(|| Arc::clone(&log.path)),
+        })
+    }
+}
+
+/// istiod's path for standard output, which the writer keeps as the process's own.
+const STDOUT: &str = "/dev/stdout";
+
+/// One line for the writer, and where it goes.
+struct Line {
+    file: Option<Arc<str>>,
+    text: String,
+}
+
 /// The sending end of the access log.
 #[derive(Debug, Clone)]
 pub struct AccessLog {
-    tx: SyncSender<String>,
+    tx: SyncSender<Line>,
+    /// Bumped to make the writer reopen its file (log rotation on SIGHUP).
+    reopen: Arc<AtomicU64>,
     metrics: Arc<Metrics>,
 }
 
 impl AccessLog {
-    /// Start the writer thread, writing to stdout.
+    /// Start the writer thread.
     pub fn start(metrics: Arc<Metrics>) -> std::io::Result<Self> {
-        let (tx, rx) = sync_channel::<String>(QUEUE_LINES);
+        let (tx, rx) = sync_channel::<Line>(QUEUE_LINES);
+        let reopen = Arc::new(AtomicU64::new(0));
+        let mut writer = Writer {
+            open: None,
+            reopen: Arc::clone(&reopen),
+            metrics: Arc::clone(&metrics),
+        };
         std::thread::Builder::new()
             .name("access-log".into())
             .spawn(move || {
-                let stdout = std::io::stdout();
                 for line in rx {
-                    let mut out = stdout.lock();
-                    if out
-                        .write_all(line.as_bytes())
-                        .and_then(|_| out.flush())
-                        .is_err()
-                    {
-                        // stdout is gone; nothing useful left to do with access logs.
-                        return;
-                    }
+                    writer.write(line);
                 }
             })?;
-        Ok(AccessLog { tx, metrics })
+        Ok(AccessLog {
+            tx,
+            reopen,
+            metrics,
+        })
     }
 
     /// Queue one entry; drops it (and counts the drop) if the writer is behind.
-    pub fn log(&self, entry: &Entry, format: AccessLogFormat) {
-        self.log_line(entry.format(format));
+    pub fn log(&self, entry: &Entry, sink: &Sink) {
+        self.log_line(entry.format(sink.format), sink);
     }
 
     /// Queue one formatted line (an HTTP request's); dropped and counted if the writer is behind.
-    pub fn log_line(&self, line: String) {
+    pub fn log_line(&self, text: String, sink: &Sink) {
+        let line = Line {
+            file: sink.file.clone(),
+            text,
+        };
         match self.tx.try_send(line) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.metrics.access_log_dropped.inc();
             }
         }
+    }
+
+    /// Close and open the file again before the next line, as Envoy's `/reopen_logs` does,
+    /// so that a log rotated by renaming goes on in a new file.
+    pub fn reopen(&self) {
+        self.reopen.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Reopen the access log file on every SIGHUP (Remora's reload signal, which logrotate's
+/// `postrotate` sends), as Envoy's `/reopen_logs`.
+pub fn reopen_on_sighup(log: &AccessLog) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup())?;
+    let log = log.clone();
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            log.reopen();
+        }
+    });
+    Ok(())
+}
+
+/// The writer thread's state: the file open now (opened once, appended to, kept until a line
+/// names another file or a reopen is asked for).
+struct Writer {
+    open: Option<OpenFile>,
+    reopen: Arc<AtomicU64>,
+    metrics: Arc<Metrics>,
+}
+
+struct OpenFile {
+    path: Arc<str>,
+    /// The reopen count it was opened under.
+    generation: u64,
+    /// `None`: the last open failed (retried at the next reopen or another path).
+    file: Option<std::fs::File>,
+}
+
+impl Writer {
+    fn write(&mut self, line: Line) {
+        let written = match &line.file {
+            None => {
+                let stdout = std::io::stdout();
+                let mut out = stdout.lock();
+                out.write_all(line.text.as_bytes())
+                    .and_then(|_| out.flush())
+                    .is_ok()
+            }
+            Some(path) => match self.file(path) {
+                Some(f) => f.write_all(line.text.as_bytes()).is_ok(),
+                None => false,
+            },
+        };
+        if !written {
+            // A full disk or a vanished stdout: the line is lost, counted as Envoy counts
+            // its `filesystem.write_failed`.
+            self.metrics.access_log_dropped.inc();
+        }
+    }
+
+    /// The open file for `path`, opened (append, created if absent) when it is not yet, when
+    /// another path was open, or when a reopen was asked for since.
+    fn file(&mut self, path: &Arc<str>) -> Option<&mut std::fs::File> {
+        let generation = self.reopen.load(Ordering::Relaxed);
+        let current = self
+            .open
+            .as_ref()
+            .is_some_and(|o| o.path == *path && o.generation == generation);
+        if !current {
+            self.open = None;
+            let file = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(&**path);
+            let file = match file {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    tracing::warn!(path = %path, error = %e, "cannot open the access log file");
+                    None
+                }
+            };
+            self.open = Some(OpenFile {
+                path: Arc::clone(path),
+                generation,
+                file,
+            });
+        }
+        self.open.as_mut().and_then(|o| o.file.as_mut())
     }
 }
 
@@ -213,6 +356,66 @@ mod tests {
             line,
             "[2023-11-14T22:13:20.000Z] outbound src=10.0.0.1:40000 dst=10.0.0.2:80 sent=12 received=3456 duration_ms=42 end=connect_failed flags=UF\n"
         );
+    }
+
+    /// Wait (up to 5 s) for the writer thread to have written `want` to `path`.
+    fn wait_for(path: &std::path::Path, want: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let got = std::fs::read_to_string(path).unwrap_or_default();
+            if got == want {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{got:?}, want {want:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn lines_are_appended_to_the_file_and_it_is_reopened_when_asked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("access.log");
+        std::fs::write(&path, "before\n").expect("write");
+        let metrics = Arc::new(Metrics::default());
+        let log = AccessLog::start(Arc::clone(&metrics)).expect("writer");
+        let sink = Sink {
+            format: AccessLogFormat::Text,
+            file: Some(path.to_str().expect("utf-8").into()),
+        };
+        log.log_line("one\n".into(), &sink);
+        log.log_line("two\n".into(), &sink);
+        wait_for(&path, "before\none\ntwo\n");
+        // Renamed away (rotation): lines follow the open file until a reopen is asked for.
+        let rotated = dir.path().join("access.log.1");
+        std::fs::rename(&path, &rotated).expect("rename");
+        log.log_line("three\n".into(), &sink);
+        wait_for(&rotated, "before\none\ntwo\nthree\n");
+        log.reopen();
+        log.log_line("four\n".into(), &sink);
+        wait_for(&path, "four\n");
+        // A file that cannot be opened loses its lines, counted.
+        let gone = Sink {
+            file: Some(
+                dir.path()
+                    .join("no/such.log")
+                    .to_str()
+                    .expect("utf-8")
+                    .into(),
+            ),
+            ..sink.clone()
+        };
+        log.log_line("five\n".into(), &gone);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while metrics.access_log_dropped.get() == 0 {
+            assert!(std::time::Instant::now() < deadline, "not counted");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // And the named file takes lines again after it.
+        log.log_line("six\n".into(), &sink);
+        wait_for(&path, "four\nsix\n");
     }
 
     #[test]

@@ -544,6 +544,7 @@ async fn serve(
 ) -> anyhow::Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("handling SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("handling SIGINT")?;
+    crate::access_log::reopen_on_sighup(&proxy.access_log).context("handling SIGHUP")?;
     let drain = Arc::clone(&proxy.drain);
 
     let global = listener::admission::GlobalCount::new(

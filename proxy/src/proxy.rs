@@ -144,7 +144,7 @@ impl Proxy {
             outcome.transfer.received,
         );
         // HTTP connections log each request instead.
-        if let (Some(format), false) = (self.access_log_format(&config), outcome.http) {
+        if let (Some(sink), false) = (self.access_log_sink(&config), outcome.http) {
             let entry = Entry {
                 start: started.0,
                 direction: dir,
@@ -155,23 +155,13 @@ impl Proxy {
                 duration: started.1.elapsed(),
                 end: outcome.end,
             };
-            self.access_log.log(&entry, format);
+            self.access_log.log(&entry, &sink);
         }
     }
 
-    /// Whether connections and requests are logged, and how: as the config file's
-    /// `access_log` says, or else as the xDS listeners ask (istiod writes the mesh's
-    /// `accessLogFile` into every chain; Remora renders it as its own Envoy-style line or JSON).
-    pub fn access_log_format(&self, config: &Config) -> Option<remora_config::AccessLogFormat> {
-        use remora_xds::model::listener::AccessLogFormat as Xds;
-        if config.access_log.enabled {
-            return Some(config.access_log.format);
-        }
-        let xds = self.xds.as_ref()?.snapshot().access_log()?;
-        Some(match xds {
-            Xds::Text => remora_config::AccessLogFormat::Text,
-            Xds::Json => remora_config::AccessLogFormat::Json,
-        })
+    /// Whether connections and requests are logged, and how ([`crate::access_log::Sink::of`]).
+    pub fn access_log_sink(&self, config: &Config) -> Option<crate::access_log::Sink> {
+        crate::access_log::Sink::of(config, self.xds.as_deref())
     }
 
     async fn proxy(

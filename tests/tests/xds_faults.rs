@@ -1,10 +1,11 @@
 //! A VirtualService fault through Remora behind `remora capture`, its route table updated
 //! from `xds.resources_dir`: an abort answered without reaching the backend, a table whose
 //! fault percentage is over 100 % refused with the field named while the previous table stays
-//! in force, and a table without the fault serving the backend again.
+//! in force, and a table without the fault serving the backend again. And the fault filter's
+//! statistics, against Envoy 1.40 with the same resources and requests.
 
 use remora_e2e::backend::{self, SEEN_HEADER};
-use remora_e2e::envoy_xds::Resources;
+use remora_e2e::envoy_xds::{nets_or_skip, Resources};
 use remora_e2e::http_client;
 use remora_e2e::xds_resources::eds_cluster;
 use remora_e2e::PodNet;
@@ -134,4 +135,80 @@ fn a_fault_is_injected_and_a_bad_one_refused_by_field_keeping_the_previous() {
         "{last:?}\n{}",
         remora.stderr()
     );
+}
+
+/// One proxy's `http.outbound_0.0.0.0_80.fault.*` statistics from its admin `/stats`
+/// (`aborts_injected`, `delays_injected`; 0 when absent).
+fn fault_stats(net: &PodNet, admin_port: u16) -> (u64, u64) {
+    let url = format!("http://127.0.0.1:{admin_port}/stats");
+    let (status, body) = remora_e2e::peer::curl_status(&net.pod, &[&url], Duration::from_secs(5));
+    assert_eq!(status, 200, "{body}");
+    let stat = |name: &str| {
+        let full = format!("http.outbound_0.0.0.0_80.fault.{name}: ");
+        body.lines()
+            .find_map(|l| l.strip_prefix(&full))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (stat("aborts_injected"), stat("delays_injected"))
+}
+
+/// Envoy's fault filter statistics: with the same resources (a delay and an abort on every
+/// request) and the same requests, Remora counts the faults it injected as Envoy does, under
+/// the connection manager's stat prefix.
+#[test]
+fn fault_statistics_count_as_envoys() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let fault = json!({"@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+        "delay": {"fixed_delay": "0.010s", "percentage": {"numerator": 1_000_000, "denominator": "MILLION"}},
+        "abort": {"http_status": 503, "percentage": {"numerator": 1_000_000, "denominator": "MILLION"}}});
+    let mut counted = Vec::new();
+    for (i, net) in [&nets.0, &nets.1].into_iter().enumerate() {
+        net.capture_default();
+        for (ns, args) in [
+            (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
+            (&net.peer, vec!["addr", "add", "10.1.0.2/32", "dev", "eth0"]),
+        ] {
+            let out = ns.command("ip").args(&args).output().expect("ip");
+            assert!(out.status.success(), "ip {args:?}: {out:?}");
+        }
+        let _a = backend::start(&net.peer, SocketAddr::from((BACKEND_IP, 8001)), "a");
+        let mut resources = resources(Some(fault.clone()));
+        // Envoy reaches the service's listener through `virtualOutbound`, as istiod's sidecar.
+        if let (Some(listeners), Some(clusters)) = (
+            resources.listeners.as_array_mut(),
+            resources.clusters.as_array_mut(),
+        ) {
+            listeners.push(json!({"name": "virtualOutbound",
+                "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15001}},
+                "use_original_dst": true, "traffic_direction": "OUTBOUND",
+                "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [
+                    {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                        "stat_prefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}]}));
+            clusters.push(
+                json!({"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}),
+            );
+        }
+        let (_remora, _envoy, port) = if i == 0 {
+            let r = resources.start_remora(net);
+            (Some(r), None, remora_e2e::ADMIN_PORT)
+        } else {
+            let e = resources.start_envoy(net, &binary);
+            (None, Some(e), remora_e2e::envoy::ADMIN_PORT)
+        };
+        for n in 0..3 {
+            let (status, body, _) = get(net, &format!("/f/{n}"));
+            assert_eq!(
+                (status, body.as_str()),
+                (503, "fault filter abort"),
+                "world {i}"
+            );
+        }
+        counted.push(fault_stats(net, port));
+    }
+    assert_eq!(counted[1], (3, 3), "envoy: aborts, delays");
+    assert_eq!(counted[0], counted[1], "Remora's, then Envoy's");
 }

@@ -70,6 +70,9 @@ fn resources() -> Resources {
         json!({"match": {"prefix": prefix}, "route": {"cluster": cluster, "timeout": "0s",
                "retry_policy": retry_policy(), "hash_policy": [hash]}})
     };
+    // DestinationRule httpCookie {name: sticky, path: /cookie, ttl: 3600s} with attributes.
+    let cookie = json!({"cookie": {"name": "sticky", "path": "/cookie", "ttl": "3600s",
+        "attributes": [{"name": "SameSite", "value": "Strict"}, {"name": "Secure"}]}});
     let header = json!({"header": {"header_name": "x-user"}});
     let query = json!({"query_parameter": {"name": "user"}});
     Resources {
@@ -94,7 +97,8 @@ fn resources() -> Resources {
         clusters: json!([ring, maglev, tcp_ring, {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
         routes: json!([{"name": "80", "virtual_hosts": [
             {"name": "web.test.svc.cluster.local:80", "domains": [WEB, "web", VIP.to_string()],
-             "routes": [route("/ring-query", RING, query), route("/ring", RING, header.clone()),
+             "routes": [route("/cookie", RING, cookie), route("/ring-query", RING, query),
+                        route("/ring", RING, header.clone()),
                         route("/maglev", MAGLEV, header)]}]}]),
         endpoints: json!([
             {"cluster_name": RING, "endpoints": endpoints()},
@@ -202,6 +206,26 @@ impl World<'_> {
             .collect()
     }
 
+    /// One request to the cookie-hashed route (with `cookie`, when given): the backend, and
+    /// the response's `Set-Cookie` (if any).
+    fn cookie_request(&self, cookie: Option<&str>) -> (String, Option<String>) {
+        let vip = SocketAddr::from((VIP, 80));
+        let headers: Vec<(&str, &str)> = cookie.map(|c| ("cookie", c)).into_iter().collect();
+        match http_client::get_once(&self.net.pod, vip, WEB, "/cookie", &headers) {
+            Ok(r) if r.status == 200 => (
+                r.header("x-backend").unwrap_or("(none)").to_string(),
+                r.header("set-cookie").map(str::to_string),
+            ),
+            Ok(r) => panic!(
+                "{}: /cookie: status {}\n{}",
+                self.name(),
+                r.status,
+                self.output()
+            ),
+            Err(e) => panic!("{}: /cookie: {e}\n{}", self.name(), self.output()),
+        }
+    }
+
     /// Backends reached by requests without the header (no hash: a random pick).
     fn unhashed(&self) -> BTreeSet<String> {
         (0..24).map(|_| self.backend("/ring", &[])).collect()
@@ -256,5 +280,64 @@ fn each_key_reaches_the_backend_envoy_chooses() {
             "{}: no hash, yet always {seen:?}",
             w.name()
         );
+    }
+}
+
+/// The cookie a `Set-Cookie` of the cookie-hashed route gives (`sticky="<16 hex>"`), after
+/// checking the rest of its shape: Envoy's `Max-Age`, `Path`, attributes and `HttpOnly`.
+fn generated_cookie(who: &str, set_cookie: Option<&str>) -> String {
+    let set_cookie = set_cookie.unwrap_or_else(|| panic!("{who}: no set-cookie"));
+    let (cookie, rest) = set_cookie
+        .split_once("; ")
+        .unwrap_or_else(|| panic!("{who}: {set_cookie}"));
+    assert_eq!(
+        rest, "Max-Age=3600; Path=/cookie; SameSite=Strict; Secure; HttpOnly",
+        "{who}: {set_cookie}"
+    );
+    let value = cookie
+        .strip_prefix("sticky=\"")
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("{who}: {set_cookie}"));
+    assert!(
+        value.len() == 16
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+        "{who}: {set_cookie}"
+    );
+    cookie.to_string()
+}
+
+/// DestinationRule `httpCookie` with a `ttl`: a request without the cookie gets one made by
+/// the proxy (`Set-Cookie` in Envoy's shape) and goes to the backend that cookie hashes to;
+/// sent back, it keeps the client there and no cookie is set again. The made value depends on
+/// the connection's addresses (the two worlds' differ), so it is not compared; the backend
+/// of a given cookie value is.
+#[test]
+fn a_cookie_with_a_ttl_is_made_and_keeps_the_client_as_envoys() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora, envoy) = (remora_world(&nets.0), envoy_world(&nets.1, &binary));
+    for w in [&remora, &envoy] {
+        let (first, set) = w.cookie_request(None);
+        let cookie = generated_cookie(w.name(), set.as_deref());
+        for _ in 0..5 {
+            let (backend, set) = w.cookie_request(Some(&cookie));
+            assert_eq!(backend, first, "{}: {cookie} moved", w.name());
+            assert_eq!(set, None, "{}: a cookie set again", w.name());
+        }
+        // Each new connection has other addresses: other cookies, spread over backends.
+        let made: BTreeSet<String> = (0..12)
+            .map(|_| generated_cookie(w.name(), w.cookie_request(None).1.as_deref()))
+            .collect();
+        assert!(made.len() >= 10, "{}: cookies {made:?}", w.name());
+    }
+    // A given cookie reaches the same backend through both.
+    for k in 0..KEYS {
+        let cookie = format!("sticky=\"{:016x}\"", k * 7919);
+        let (r, _) = remora.cookie_request(Some(&cookie));
+        let (e, _) = envoy.cookie_request(Some(&cookie));
+        assert_eq!(r, e, "{cookie}: Remora's backend, then Envoy's");
     }
 }

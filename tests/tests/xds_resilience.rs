@@ -40,6 +40,8 @@ const TCP_CB: &str = "outbound|9000||echo.test.svc.cluster.local";
 /// one that answers every request 500.
 const OD5: &str = "outbound|80|od5|web.test.svc.cluster.local";
 const FAILING_PORT: u16 = 8002;
+/// A cluster whose only endpoint refuses every connection: each request ends 503 `URX,UF`.
+const DEAD: &str = "outbound|80|dead|web.test.svc.cluster.local";
 const TCP_VIP: &str = "10.96.0.20:9000";
 const ECHO_PORT: u16 = 9000;
 
@@ -93,7 +95,8 @@ fn clusters() -> Value {
     od5["name"] = json!(OD5);
     od5["eds_cluster_config"]["service_name"] = json!(OD5);
     od5["outlier_detection"]["consecutive_5xx"] = json!(2);
-    json!([cb, od, od5, tcp, {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}])
+    let dead = eds_cluster(DEAD);
+    json!([cb, od, od5, tcp, dead, {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}])
 }
 
 fn resources() -> Resources {
@@ -132,12 +135,14 @@ fn resources() -> Resources {
         clusters: clusters(),
         routes: json!([{"name": "80", "virtual_hosts": [
             {"name": "web.test.svc.cluster.local:80", "domains": [WEB, "web", VIP.to_string()],
-             "routes": [route("/slow", CB), route("/od5", OD5), route("/od", OD)]}]}]),
+             "routes": [route("/slow", CB), route("/od5", OD5), route("/od", OD),
+                        route("/dead", DEAD)]}]}]),
         endpoints: json!([
             {"cluster_name": CB, "endpoints": [{"lb_endpoints": [endpoint(LIVE_PORT)]}]},
             {"cluster_name": OD, "endpoints": [{"lb_endpoints": [endpoint(DEAD_PORT), endpoint(LIVE_PORT)]}]},
             {"cluster_name": OD5, "endpoints": [{"lb_endpoints": [endpoint(LIVE_PORT), endpoint(FAILING_PORT)]}]},
-            {"cluster_name": TCP_CB, "endpoints": [{"lb_endpoints": [endpoint(ECHO_PORT)]}]}
+            {"cluster_name": TCP_CB, "endpoints": [{"lb_endpoints": [endpoint(ECHO_PORT)]}]},
+            {"cluster_name": DEAD, "endpoints": [{"lb_endpoints": [endpoint(DEAD_PORT)]}]}
         ]),
     }
 }
@@ -269,6 +274,11 @@ struct Breaking {
     pending_overflow: u64,
     cx_overflow: u64,
     rq_total: u64,
+    /// Connections opened (the one the first two requests share).
+    cx_total: u64,
+    /// `upstream_rq_503`, `upstream_rq_5xx`, `upstream_rq_completed`: the overflows are
+    /// charged their 503 though they never went out.
+    codes: (u64, u64, u64),
 }
 
 fn circuit_breaking(w: &World) -> Breaking {
@@ -292,6 +302,12 @@ fn circuit_breaking(w: &World) -> Breaking {
         pending_overflow: w.stat(CB, "upstream_rq_pending_overflow"),
         cx_overflow: w.stat(CB, "upstream_cx_overflow"),
         rq_total: w.stat(CB, "upstream_rq_total"),
+        cx_total: w.stat(CB, "upstream_cx_total"),
+        codes: (
+            w.stat(CB, "upstream_rq_503"),
+            w.stat(CB, "upstream_rq_5xx"),
+            w.stat(CB, "upstream_rq_completed"),
+        ),
     }
 }
 
@@ -413,7 +429,7 @@ fn outlier_detection_has_envoys_outcome() {
 
 /// What one world made of a TCP service allowed one connection: the first echoes, a second
 /// opened meanwhile is closed without reaching the backend.
-fn tcp_breaking(w: &World) -> (Vec<u8>, String, u64) {
+fn tcp_breaking(w: &World) -> (Vec<u8>, String, u64, u64) {
     use std::io::{Read, Write};
     let vip: SocketAddr = TCP_VIP.parse().expect("addr");
     let mut first = peer::connect(&w.net.pod, vip).expect("first connection");
@@ -433,6 +449,7 @@ fn tcp_breaking(w: &World) -> (Vec<u8>, String, u64) {
         echoed.to_vec(),
         second,
         w.stat(TCP_CB, "upstream_cx_overflow"),
+        w.stat(TCP_CB, "upstream_cx_total"),
     )
 }
 
@@ -445,7 +462,7 @@ fn tcp_circuit_breaking_has_envoys_outcome() {
     let expected = tcp_breaking(&envoy);
     assert_eq!(
         expected,
-        (b"ping".to_vec(), "closed".to_string(), 1),
+        (b"ping".to_vec(), "closed".to_string(), 1, 1),
         "envoy"
     );
     let got = tcp_breaking(&remora);
@@ -494,4 +511,65 @@ fn consecutive_5xx_ejection_has_envoys_outcome() {
     );
     let got = failing_5xx(&remora);
     assert_eq!(got, expected, "remora:\n{}", remora.output());
+}
+
+/// What one world counted for requests to an endpoint that refuses every connection.
+#[derive(Debug, PartialEq, Eq)]
+struct Refused {
+    statuses: Vec<u16>,
+    /// `upstream_cx_total`, `upstream_cx_connect_fail`: every attempt's connection.
+    connections: (u64, u64),
+    /// `upstream_rq_503`, `upstream_rq_5xx`, `upstream_rq_completed`, `upstream_rq_total`:
+    /// each request's final 503 charged, though none went out.
+    codes: (u64, u64, u64, u64),
+    retries: u64,
+}
+
+fn refused(w: &World) -> Refused {
+    let statuses = (0..3).map(|_| w.get("/dead").0).collect();
+    Refused {
+        statuses,
+        connections: (
+            w.stat(DEAD, "upstream_cx_total"),
+            w.stat(DEAD, "upstream_cx_connect_fail"),
+        ),
+        codes: (
+            w.stat(DEAD, "upstream_rq_503"),
+            w.stat(DEAD, "upstream_rq_5xx"),
+            w.stat(DEAD, "upstream_rq_completed"),
+            w.stat(DEAD, "upstream_rq_total"),
+        ),
+        retries: w.stat(DEAD, "upstream_rq_retry"),
+    }
+}
+
+/// A request whose every attempt fails to connect ends with the router's own 503, which
+/// Envoy charges to the cluster (`upstream_rq_503`) once per request, its retries not; every
+/// attempt opens a connection (`upstream_cx_total`) that fails.
+#[test]
+fn a_connect_failure_is_charged_as_envoy_charges_it() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora, envoy) = (remora_world(&nets.0), envoy_world(&nets.1, &binary));
+    let expected = refused(&envoy);
+    // Envoy: three requests, each tried three times (Istio's two retries).
+    assert_eq!(
+        expected,
+        Refused {
+            statuses: vec![503; 3],
+            connections: (9, 9),
+            codes: (3, 3, 3, 0),
+            retries: 6,
+        },
+        "envoy"
+    );
+    let got = refused(&remora);
+    assert_eq!(
+        got,
+        expected,
+        "remora:\n{}\n{}",
+        remora.output(),
+        remora.admin("/stats")
+    );
 }

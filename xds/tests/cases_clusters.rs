@@ -301,3 +301,21 @@ fn consistent_hash_clusters_as_istiod_writes_them() {
     );
     assert_eq!(lb("maglev"), LbPolicy::Maglev { table_size: 65537 });
 }
+
+/// DestinationRule `connectionPool.tcp.tcpKeepalive` as istiod writes it
+/// (`upstream_connection_options.tcp_keepalive`, seconds).
+#[test]
+fn tcp_keepalive_as_istiod_writes_it() {
+    let snap = snapshot("resilience");
+    let keepalive = cluster(&snap, "outbound|9080||keepalive.default.svc.cluster.local")
+        .tcp_keepalive
+        .expect("kept");
+    assert_eq!(keepalive.probes, Some(3));
+    assert_eq!(keepalive.time, Some(Duration::from_secs(300)));
+    assert_eq!(keepalive.interval, Some(Duration::from_secs(30)));
+    let pool = cluster(
+        &snap,
+        "outbound|9080||pool-limits.default.svc.cluster.local",
+    );
+    assert_eq!(pool.tcp_keepalive, None);
+}

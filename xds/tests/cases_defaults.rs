@@ -20,6 +20,7 @@ fn log(format: AccessLogFormat, nr: bool) -> AccessLog {
     AccessLog {
         format,
         filter: nr.then(|| AccessLogFilter::ResponseFlags(vec!["NR".into()])),
+        path: "/dev/stdout".into(),
     }
 }
 
@@ -108,13 +109,11 @@ fn access_logs_map_to_text_or_json_with_the_listeners_nr_filter() {
 #[test]
 fn the_snapshot_says_whether_the_listeners_ask_for_an_access_log() {
     let with = snapshot("istiod-defaults");
+    let log = with.access_log().expect("asked for");
     assert!(
-        matches!(
-            with.access_log(),
-            Some(AccessLogFormat::Text | AccessLogFormat::Json)
-        ),
-        "{:?}",
-        with.access_log()
+        matches!(log.format, AccessLogFormat::Text | AccessLogFormat::Json),
+        "{log:?}"
     );
+    assert_eq!(&*log.path, "/dev/stdout");
     assert_eq!(snapshot("traffic-split").access_log(), None);
 }

@@ -43,14 +43,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
 
 /// Each resource of `gaps`: its kind and name, the field refused and why. What istiod writes
 /// it for is in the comment.
-const GAPS: [(Kind, &str, &str, &str); 6] = [
-    // DestinationRule connectionPool.tcp.tcpKeepalive.
-    (
-        Kind::Cluster,
-        "outbound|9080||keepalive.default.svc.cluster.local",
-        "upstream_connection_options",
-        "field not supported (in envoy.config.cluster.v3.Cluster)",
-    ),
+const GAPS: [(Kind, &str, &str, &str); 5] = [
     // DestinationRule tls {mode: SIMPLE} (TLS origination): the system roots come from
     // pilot-agent's file SDS as `file-root:system`.
     (

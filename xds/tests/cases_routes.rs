@@ -520,4 +520,13 @@ fn hash_policies_as_istiod_writes_them() {
     assert_eq!(kind("hash-source-ip"), HashKind::SourceIp);
     assert_eq!(kind("hash-query"), HashKind::QueryParameter("user".into()));
     assert_eq!(kind("hash-cookie"), HashKind::Cookie("session".into()));
+    assert_eq!(
+        kind("hash-cookie-ttl"),
+        HashKind::GeneratedCookie(remora_xds::model::hash::GeneratedCookie {
+            name: "sticky".into(),
+            ttl_seconds: 3600,
+            path: "/".into(),
+            attributes: vec![],
+        })
+    );
 }

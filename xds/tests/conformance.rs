@@ -244,7 +244,7 @@ fn check_chain(fact: &Value, chain: &FilterChain, at: &str) {
                 }
                 (other, _) => panic!("{at}: routes {other:?}"),
             }
-            assert_eq!(http.stat_prefix, s(&fact["stat_prefix"]), "{at}");
+            assert_eq!(&*http.stat_prefix, s(&fact["stat_prefix"]), "{at}");
             // virtualInbound is read without its ext_authz filters (see authz_listeners).
             let filters: Vec<&Value> = fact["http_filters"]
                 .as_array()

@@ -13,24 +13,72 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 use remora_xds::model::fault::{AbortStatus, FaultPolicy};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Envoy's text for an aborted request (its body, and a gRPC client's `grpc-message`).
 const ABORT_TEXT: &str = "fault filter abort";
 
 /// Serve the fault's delay if this request draws it, then draw the abort: the abort's
-/// answer if it fires. Each draw is independent, as Envoy's runtime draws them.
-pub async fn inject(fault: &FaultPolicy, flags: &mut Flags) -> Option<AbortStatus> {
+/// answer if it fires. Each draw is independent, as Envoy's runtime draws them. Each fault
+/// injected is counted in `counters` (the connection manager's, as Envoy's filter counts).
+pub async fn inject(
+    fault: &FaultPolicy,
+    flags: &mut Flags,
+    counters: Option<Arc<FaultCounters>>,
+) -> Option<AbortStatus> {
+    let count = |c: fn(&FaultCounters) -> &AtomicU64| {
+        if let Some(counters) = &counters {
+            c(counters).fetch_add(1, Ordering::Relaxed);
+        }
+    };
     if let Some(delay) = fault.delay.as_ref() {
         if delay.fraction.hits(fastrand::u64(..)) {
             flags.insert(Flags::DI);
+            count(|c| &c.delays_injected);
             tokio::time::sleep(delay.duration).await;
         }
     }
     let abort = fault.abort.as_ref()?;
-    abort
-        .fraction
-        .hits(fastrand::u64(..))
-        .then_some(abort.status)
+    let fired = abort.fraction.hits(fastrand::u64(..));
+    if fired {
+        count(|c| &c.aborts_injected);
+    }
+    fired.then_some(abort.status)
+}
+
+/// Envoy's fault filter statistics of one connection manager
+/// (`http.<stat_prefix>.fault.delays_injected`, `aborts_injected`).
+#[derive(Debug, Default)]
+pub struct FaultCounters {
+    pub delays_injected: AtomicU64,
+    pub aborts_injected: AtomicU64,
+}
+
+/// The fault counters of every connection manager with the fault filter, by stat prefix:
+/// made when a fault is first injected on one (as Envoy's appear with the filter), kept
+/// across config versions as Envoy keeps its stats. As many as the chains' stat prefixes.
+#[derive(Debug, Default)]
+pub struct FaultStats(Mutex<BTreeMap<Arc<str>, Arc<FaultCounters>>>);
+
+impl FaultStats {
+    /// The counters of the connection manager `stat_prefix`.
+    pub fn of(&self, stat_prefix: &Arc<str>) -> Arc<FaultCounters> {
+        let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(all.entry(Arc::clone(stat_prefix)).or_default())
+    }
+
+    /// Each connection manager's `(stat prefix, delays injected, aborts injected)`.
+    pub fn snapshot(&self) -> Vec<(Arc<str>, u64, u64)> {
+        let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        all.iter()
+            .map(|(p, c)| {
+                let v = |a: &AtomicU64| a.load(Ordering::Relaxed);
+                (Arc::clone(p), v(&c.delays_injected), v(&c.aborts_injected))
+            })
+            .collect()
+    }
 }
 
 /// The answer to an aborted request.
@@ -106,18 +154,24 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_delay_then_an_abort_with_both_flags() {
+        let stats = FaultStats::default();
+        let counters = || Some(stats.of(&Arc::from("outbound_0.0.0.0_80")));
         let mut flags = Flags::default();
         let started = tokio::time::Instant::now();
-        let abort = inject(&policy(Some(1_000_000), Some(1_000_000)), &mut flags).await;
+        let both = policy(Some(1_000_000), Some(1_000_000));
+        let abort = inject(&both, &mut flags, counters()).await;
         assert_eq!(abort, Some(AbortStatus::Http(503)));
         assert_eq!(started.elapsed(), Duration::from_millis(200));
         // FI is the answer's (`abort_reply`).
         assert_eq!(flags.to_string(), "DI");
         let mut flags = Flags::default();
         let started = tokio::time::Instant::now();
-        assert_eq!(inject(&policy(Some(0), Some(0)), &mut flags).await, None);
+        let never = policy(Some(0), Some(0));
+        assert_eq!(inject(&never, &mut flags, counters()).await, None);
         assert!(flags.is_empty());
         assert_eq!(started.elapsed(), Duration::ZERO);
+        // One delay and one abort counted, under the connection manager's prefix.
+        assert_eq!(stats.snapshot(), [(Arc::from("outbound_0.0.0.0_80"), 1, 1)]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -125,7 +179,7 @@ mod tests {
         let half = policy(None, Some(500_000));
         let mut aborted = 0;
         for _ in 0..2000 {
-            if inject(&half, &mut Flags::default()).await.is_some() {
+            if inject(&half, &mut Flags::default(), None).await.is_some() {
                 aborted += 1;
             }
         }

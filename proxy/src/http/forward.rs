@@ -151,7 +151,9 @@ pub async fn handle(
         (None, None) => None,
     };
     if let Some(fault) = fault {
-        if let Some(abort) = Box::pin(super::fault::inject(fault, &mut end.flags)).await {
+        let counters = ctx.xds_chain.fault_stats.as_ref();
+        let counters = counters.map(|p| ctx.proxy.metrics.faults.of(p));
+        if let Some(abort) = Box::pin(super::fault::inject(fault, &mut end.flags, counters)).await {
             let mut reply = super::fault::abort_reply(abort, grpc, end);
             // Envoy edits the fault filter's reply as a forwarding route's local replies (not
             // a redirect's or direct response's, which have no such route entry).
@@ -236,6 +238,7 @@ pub async fn handle(
             let mut reply = local_reply(e.kind, grpc, end);
             // Envoy's router edits its own replies as it edits the upstream's.
             if let Some(routed) = &routed {
+                super::routed::charge_local_answer(routed, e.kind);
                 routed.response_edits.apply(reply.headers_mut());
                 routed.cors_response.apply(reply.headers_mut());
             }
@@ -251,6 +254,11 @@ pub async fn handle(
     headers::prepare_response(&mut parts.headers, upgraded);
     if let Some(routed) = &routed {
         routed.response_edits.apply(&mut parts.headers);
+        for cookie in &routed.set_cookies {
+            parts
+                .headers
+                .append(http::header::SET_COOKIE, cookie.clone());
+        }
         routed.cors_response.apply(&mut parts.headers);
     }
     if let Some(originate) = &ctx.originate {

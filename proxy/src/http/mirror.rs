@@ -372,6 +372,7 @@ async fn send(ctx: &Arc<ConnContext>, cluster: Arc<Cluster>, req: Request<Upstre
         cors_response: super::routed::Edits::default(),
         mirrors: None,
         hash: None,
+        set_cookies: Vec::new(),
     };
     let up = match super::routed::send(ctx, &routed, req).await {
         Ok(up) => up,

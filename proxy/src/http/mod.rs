@@ -59,6 +59,8 @@ pub struct XdsChainFlags {
     /// The chain has Envoy's fault filter, without which a route's fault config injects
     /// nothing (as in Envoy).
     pub fault_filter: bool,
+    /// The connection manager's stat prefix, for its fault filter's statistics (with it).
+    pub fault_stats: Option<Arc<str>>,
     /// The chain has Envoy's cors filter, without which a route's CORS policy does nothing
     /// (as in Envoy).
     pub cors_filter: bool,
@@ -76,6 +78,9 @@ impl XdsChainFlags {
         let server = chain.server_name.as_deref().unwrap_or("envoy");
         XdsChainFlags {
             fault_filter: chain.has_fault_filter(),
+            fault_stats: chain
+                .has_fault_filter()
+                .then(|| Arc::clone(&chain.stat_prefix)),
             cors_filter: chain.has_cors_filter(),
             normalize_path: chain.normalize_path,
             server: http::HeaderValue::try_from(server).ok(),
@@ -138,8 +143,8 @@ pub struct ConnContext {
     /// it would have been had the request dialled it (Envoy's router dials only then).
     early_failed: AtomicBool,
     /// Whether, and how, each request is logged: the config file's access log, or the one the
-    /// xDS listeners ask for ([`Proxy::access_log_format`]).
-    log_format: Option<remora_config::AccessLogFormat>,
+    /// xDS listeners ask for ([`Proxy::access_log_sink`]).
+    log_sink: Option<crate::access_log::Sink>,
     /// HTTP/2: streams the client reset early, against Rapid Reset ([`premature_reset`]).
     pub resets: premature_reset::PrematureResets,
 }
@@ -155,7 +160,7 @@ impl ConnContext {
         connect_timeout: Duration,
     ) -> Self {
         ConnContext {
-            log_format: proxy.access_log_format(&config),
+            log_sink: proxy.access_log_sink(&config),
             proxy,
             config,
             direction,
@@ -358,13 +363,14 @@ impl ConnContext {
     }
 
     fn write_log(&self, log: access_log::RequestLog, flags: Flags, sent: u64) {
-        let format = self.log_format.unwrap_or(self.config.access_log.format);
-        let line = log.format(flags, sent, format);
-        self.proxy.access_log.log_line(line);
+        if let Some(sink) = &self.log_sink {
+            let line = log.format(flags, sent, sink.format);
+            self.proxy.access_log.log_line(line, sink);
+        }
     }
 
     fn logging(&self) -> bool {
-        self.log_format.is_some()
+        self.log_sink.is_some()
     }
 }
 

@@ -12,7 +12,7 @@ use super::pool::Sender;
 use super::{header_format, protocol, ConnContext};
 use crate::route::rewrite::{self, RedirectRequest};
 use crate::route::{self, HttpDecision};
-pub(super) use breakers::{admit, report, retry, retry_counted, timed_out};
+pub(super) use breakers::{admit, charge_local_answer, report, retry, retry_counted, timed_out};
 use breakers::{connect_failed, reported};
 pub use edits::Edits;
 use edits::{edits, edits_none, local_edits};
@@ -97,6 +97,10 @@ pub struct Routed {
     /// The request's hash by the route's hash policies, for a RING_HASH or MAGLEV cluster
     /// (`None` for every other, and when no policy found its input: a random pick).
     pub hash: Option<u64>,
+    /// The `Set-Cookie` values of hash cookies made for this request (a policy with a TTL
+    /// whose cookie it lacked), added to the upstream's response after its edits, as Envoy's
+    /// router adds them (not to local replies).
+    pub set_cookies: Vec<http::HeaderValue>,
 }
 
 impl Routed {
@@ -287,6 +291,7 @@ impl Decided {
             && self.request_edits.is_empty()
             && self.routed.response_edits.is_empty()
             && self.routed.cors_response.is_empty()
+            && self.routed.set_cookies.is_empty()
             && self.path.is_none()
             && self.host.is_none()
     }
@@ -429,6 +434,22 @@ pub fn decide_request(
     let plain_http1_upstream = target.as_ref().is_none_or(|c| c.plain_http1_upstream);
     let hashes = target.as_ref().is_some_and(|c| c.model.lb_policy.hashes());
     let rules = super::retry_policy::RetryRules::of(retry);
+    // Only a consistent-hash cluster reads it: no work for any other.
+    let mut made = Vec::new();
+    let hash = (hashes && !forward.hash_policy.is_empty())
+        .then(|| {
+            let conn = crate::upstream::hash::Downstream {
+                peer: ctx.peer,
+                local: ctx.key.destination,
+            };
+            let headers = parts.map(|p| &p.headers);
+            crate::upstream::hash::request_hash(&forward.hash_policy, req, headers, conn, &mut made)
+        })
+        .flatten();
+    let set_cookies = made
+        .into_iter()
+        .filter_map(|c| http::HeaderValue::try_from(c).ok())
+        .collect();
     let routed = Routed {
         cluster: target,
         timeout: forward.timeout,
@@ -449,17 +470,8 @@ pub fn decide_request(
         response_edits,
         cors_response,
         mirrors: (!forward.mirrors.is_empty()).then(|| Arc::clone(&forward.mirrors)),
-        // Only a consistent-hash cluster reads it: no work for any other.
-        hash: if hashes && !forward.hash_policy.is_empty() {
-            crate::upstream::hash::request_hash(
-                &forward.hash_policy,
-                req,
-                parts.map(|p| &p.headers),
-                ctx.peer.ip(),
-            )
-        } else {
-            None
-        },
+        hash,
+        set_cookies,
     };
     Ok(Decided {
         routed,

@@ -225,6 +225,8 @@ pub struct EnvoyStats {
     /// The xDS clusters' state (circuit breakers, outlier detection, request counts), for
     /// their `cluster.<name>.*` stats.
     pub clusters: Arc<OnceLock<Arc<crate::upstream::Upstreams>>>,
+    /// The fault filters' counters, for their `http.<prefix>.fault.*` stats.
+    pub faults: Arc<crate::http::fault::FaultStats>,
 }
 
 /// What istiod mode shares with the stats.
@@ -376,6 +378,11 @@ impl EnvoyStats {
         }
         if let Some(upstreams) = self.clusters.get() {
             cluster_stats(&mut stats, upstreams);
+        }
+        for (prefix, delays, aborts) in self.faults.snapshot() {
+            let http = || Scope::HttpConnManager(prefix.to_string());
+            stats.push(c(http(), "fault.aborts_injected", aborts));
+            stats.push(c(http(), "fault.delays_injected", delays));
         }
         stats
     }

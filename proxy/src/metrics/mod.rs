@@ -63,7 +63,7 @@ pub struct Metrics {
     pub reloads_ok: Counter,
     /// Config reloads refused (the running config stayed).
     pub reloads_failed: Counter,
-    /// Access-log lines dropped because the writer fell behind.
+    /// Access-log lines dropped: the writer fell behind, or the file could not be written.
     pub access_log_dropped: Counter,
     /// xDS resources from files refused (each time a file is applied), and files unreadable.
     pub xds_file_refusals: Counter,
@@ -73,6 +73,8 @@ pub struct Metrics {
     pub http1_fast_path: Counter,
     /// Shadow copies of requests (route mirror policies).
     pub mirror: crate::http::mirror::MirrorStats,
+    /// Envoy's fault filter statistics, per connection manager.
+    pub faults: Arc<crate::http::fault::FaultStats>,
     /// Protocol detection outcomes, by `DETECTION_RESULTS` index, and how long they took.
     detections: Vec<Counter>,
     detection_seconds: prometheus_client::metrics::histogram::Histogram,
@@ -322,7 +324,7 @@ impl Metrics {
         );
         registry.register(
             "remora_access_log_dropped",
-            "Access-log lines dropped because the writer fell behind",
+            "Access-log lines dropped: the writer fell behind, or the file could not be written",
             dropped.clone(),
         );
 
@@ -360,9 +362,11 @@ impl Metrics {
             inbound_listener: listeners.inbound,
             control_plane: Arc::default(),
             clusters: Arc::default(),
+            faults: Arc::default(),
         };
         registry.register_collector(Box::new(envoy.clone()));
         Metrics {
+            faults: Arc::clone(&envoy.faults),
             detections,
             detection_seconds,
             tls,

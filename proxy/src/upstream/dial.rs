@@ -11,6 +11,7 @@ use crate::proxy::Proxy;
 use crate::tls::{self, stream::ClientStream, HandshakeFailure};
 use crate::Direction;
 use remora_config::TlsConfig;
+use remora_xds::model::cluster::TcpKeepalive;
 use rustls::pki_types::ServerName;
 use std::net::SocketAddr;
 
@@ -65,6 +66,7 @@ pub async fn dial(
     alpn: Option<&[&[u8]]>,
     source: Option<connect::Source>,
 ) -> Result<Connected, DialError> {
+    selected.in_flight.connecting();
     // Outbound hops are not captured again (UID 1337): any source will do, unless the
     // cluster binds one; inbound ones come from the passthrough source the caller gives.
     let upstream = connect::connect(
@@ -75,6 +77,12 @@ pub async fn dial(
         &proxy.loop_guard,
     )
     .await?;
+    if let Some(k) = &selected.cluster.tcp_keepalive {
+        keepalive(&upstream.stream, k).map_err(|source| ConnectError::Io {
+            dst: selected.address,
+            source,
+        })?;
+    }
     let mesh = match &selected.transport {
         Transport::Plaintext => return Ok(Connected::Plain(upstream)),
         Transport::Mesh(mesh) => mesh,
@@ -126,6 +134,24 @@ pub async fn dial(
     }
 }
 
+/// The cluster's TCP keepalive (`upstream_connection_options.tcp_keepalive`) on a connection
+/// it opened: `SO_KEEPALIVE`, and each setting given in place of the kernel's, as Envoy sets
+/// them. A setting the kernel refuses fails the connection, as it does Envoy's (the converter
+/// refuses the values Linux would).
+fn keepalive(stream: &tokio::net::TcpStream, k: &TcpKeepalive) -> std::io::Result<()> {
+    let mut params = socket2::TcpKeepalive::new();
+    if let Some(time) = k.time {
+        params = params.with_time(time);
+    }
+    if let Some(interval) = k.interval {
+        params = params.with_interval(interval);
+    }
+    if let Some(probes) = k.probes {
+        params = params.with_retries(probes);
+    }
+    socket2::SockRef::from(stream).set_tcp_keepalive(&params)
+}
+
 /// The source of a connection to the selected endpoint: the cluster's `upstream_bind_config`
 /// address (istiod's `127.0.0.6` on inbound clusters, so the application sees traffic from
 /// the sidecar), else `otherwise` (the caller's: inbound, the passthrough source).
@@ -143,4 +169,106 @@ pub fn server_name(mesh: &MeshTls, address: SocketAddr) -> ServerName<'static> {
         .as_ref()
         .and_then(|sni| ServerName::try_from(sni.clone()).ok())
         .unwrap_or_else(|| ServerName::IpAddress(address.ip().into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upstream::Upstreams;
+    use serde_json::json;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A STATIC cluster to `to`, with `options` as its `upstream_connection_options`.
+    fn cluster(name: &str, to: SocketAddr, options: serde_json::Value) -> serde_json::Value {
+        let mut c = json!({"name": name, "type": "STATIC", "connect_timeout": "1s",
+            "lb_policy": "ROUND_ROBIN", "load_assignment": {"cluster_name": name, "endpoints": [
+                {"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+                    "address": to.ip().to_string(), "port_value": to.port()}}}}]}]}});
+        if !options.is_null() {
+            c["upstream_connection_options"] = options;
+        }
+        c
+    }
+
+    /// The options as the kernel holds them on the socket the dial opened (getsockopt).
+    async fn dialled_keepalive(
+        proxy: &Proxy,
+        snapshot: &remora_xds::snapshot::Snapshot,
+        name: &str,
+        to: SocketAddr,
+    ) -> (bool, Duration, Duration, u32) {
+        let upstreams = Arc::new(Upstreams::default());
+        let selected = upstreams.select(snapshot, name, to).expect("selected");
+        let tls = proxy.config.load().tls.clone();
+        let connected = dial(proxy, &tls, &selected, Direction::Outbound, None, None)
+            .await
+            .expect("connected");
+        let Connected::Plain(upstream) = connected else {
+            panic!("plaintext cluster dialled with TLS");
+        };
+        let sock = socket2::SockRef::from(&upstream.stream);
+        (
+            sock.keepalive().expect("SO_KEEPALIVE"),
+            sock.tcp_keepalive_time().expect("TCP_KEEPIDLE"),
+            sock.tcp_keepalive_interval().expect("TCP_KEEPINTVL"),
+            sock.tcp_keepalive_retries().expect("TCP_KEEPCNT"),
+        )
+    }
+
+    #[tokio::test]
+    async fn the_clusters_tcp_keepalive_is_on_the_dialled_socket() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("listener");
+        let to = listener.local_addr().expect("addr");
+        let accepting = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let store = crate::xds_files::store_of(
+            json!([
+                cluster(
+                    "keepalive",
+                    to,
+                    json!({"tcp_keepalive": {"keepalive_probes": 3,
+                    "keepalive_time": 300, "keepalive_interval": 30}})
+                ),
+                cluster(
+                    "time-only",
+                    to,
+                    json!({"tcp_keepalive": {"keepalive_time": 77}})
+                ),
+                cluster("none", to, serde_json::Value::Null),
+            ]),
+            json!([]),
+            json!([]),
+            json!([]),
+        );
+        let snapshot = store.snapshot();
+        let proxy = Proxy::for_tests(Default::default());
+        // A fresh socket's kernel defaults, for what a cluster leaves unset.
+        let fresh = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        let (idle, intvl, cnt) = (
+            fresh.tcp_keepalive_time().expect("idle"),
+            fresh.tcp_keepalive_interval().expect("intvl"),
+            fresh.tcp_keepalive_retries().expect("cnt"),
+        );
+        assert_eq!(
+            dialled_keepalive(&proxy, &snapshot, "keepalive", to).await,
+            (true, Duration::from_secs(300), Duration::from_secs(30), 3)
+        );
+        assert_eq!(
+            dialled_keepalive(&proxy, &snapshot, "time-only", to).await,
+            (true, Duration::from_secs(77), intvl, cnt)
+        );
+        assert_eq!(
+            dialled_keepalive(&proxy, &snapshot, "none", to).await,
+            (false, idle, intvl, cnt)
+        );
+        accepting.abort();
+    }
 }

@@ -5,9 +5,9 @@
 //! random, as Envoy's.
 
 use http::HeaderMap;
-use remora_xds::model::hash::{HashKind, HashPolicy};
+use remora_xds::model::hash::{GeneratedCookie, HashKind, HashPolicy};
 use remora_xds::model::route::RequestParts;
-use std::net::IpAddr;
+use std::net::SocketAddr;
 use twox_hash::XxHash64;
 
 /// xxHash64 of `bytes` with `seed` (Envoy's `HashUtil::xxHash64`).
@@ -15,21 +15,37 @@ pub fn xxhash64(bytes: &[u8], seed: u64) -> u64 {
     XxHash64::oneshot(seed, bytes)
 }
 
+/// The downstream connection a request came on: its peer (whose IP the source-IP policy
+/// hashes) and its local end (the original destination), of which a generated cookie's value
+/// is made.
+#[derive(Debug, Clone, Copy)]
+pub struct Downstream {
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+}
+
 /// The hash of a request by `policies`. `headers`, when there are (hyper's path), give
 /// every value of a repeated header; without them (the HTTP/1.1 fast path) `req`'s lookup
-/// gives the first. `peer` is the downstream address the source-IP policy hashes.
+/// gives the first. A cookie policy with a TTL whose cookie the request lacks makes one, as
+/// Envoy's router does, and pushes its `Set-Cookie` value onto `set_cookies`.
 pub fn request_hash(
     policies: &[HashPolicy],
     req: &RequestParts<'_>,
     headers: Option<&HeaderMap>,
-    peer: IpAddr,
+    conn: Downstream,
+    set_cookies: &mut Vec<String>,
 ) -> Option<u64> {
     let mut hash: Option<u64> = None;
     for p in policies {
         let new = match &p.kind {
             HashKind::Header(name) => header_hash(name, req, headers),
             HashKind::Cookie(name) => cookie_hash(name, req, headers),
-            HashKind::SourceIp => Some(xxhash64(peer.to_string().as_bytes(), 0)),
+            HashKind::GeneratedCookie(c) => cookie_hash(&c.name, req, headers).or_else(|| {
+                let value = generated_value(conn);
+                set_cookies.push(set_cookie(c, &value));
+                Some(xxhash64(value.as_bytes(), 0))
+            }),
+            HashKind::SourceIp => Some(xxhash64(conn.peer.ip().to_string().as_bytes(), 0)),
             HashKind::QueryParameter(name) => {
                 query_parameter(req.path_and_query, name).map(|v| xxhash64(v.as_bytes(), 0))
             }
@@ -43,6 +59,35 @@ pub fn request_hash(
         }
     }
     hash
+}
+
+/// The value Envoy's router gives a cookie it makes: xxHash64 of the connection's remote and
+/// local addresses (`ip:port`, `[ip]:port`), in 16 lower-case hex digits. The same for every
+/// request of a connection, so that concurrent requests on it get the same cookie.
+fn generated_value(conn: Downstream) -> String {
+    let addresses = format!("{}{}", conn.peer, conn.local);
+    format!("{:016x}", xxhash64(addresses.as_bytes(), 0))
+}
+
+/// A generated cookie's `Set-Cookie` value, as Envoy writes it: the value quoted, `Max-Age`
+/// (unless the TTL is zero), `Path` (unless empty), the attributes in order, `HttpOnly`.
+fn set_cookie(c: &GeneratedCookie, value: &str) -> String {
+    let mut out = format!("{}=\"{value}\"", c.name);
+    if c.ttl_seconds != 0 {
+        out.push_str(&format!("; Max-Age={}", c.ttl_seconds));
+    }
+    if !c.path.is_empty() {
+        out.push_str(&format!("; Path={}", c.path));
+    }
+    for (name, value) in &c.attributes {
+        if value.is_empty() {
+            out.push_str(&format!("; {name}"));
+        } else {
+            out.push_str(&format!("; {name}={value}"));
+        }
+    }
+    out.push_str("; HttpOnly");
+    out
 }
 
 /// Every value of the header, sorted (the same hash whatever their order), each hashed with
@@ -115,13 +160,77 @@ mod tests {
             path_and_query: path,
             header: &header,
         };
-        let peer: IpAddr = "10.1.2.3".parse().expect("ip");
-        let full = request_hash(policies, &req, Some(headers), peer);
-        let fast = request_hash(policies, &req, None, peer);
+        let mut cookies = Vec::new();
+        let full = request_hash(policies, &req, Some(headers), conn(), &mut cookies);
+        let fast = request_hash(policies, &req, None, conn(), &mut cookies);
         if headers.get_all("x-user").iter().count() <= 1 {
             assert_eq!(full, fast, "both paths hash alike");
         }
         full
+    }
+
+    fn conn() -> Downstream {
+        Downstream {
+            peer: "10.1.2.3:40000".parse().expect("addr"),
+            local: "10.96.0.10:80".parse().expect("addr"),
+        }
+    }
+
+    #[test]
+    fn a_cookie_with_a_ttl_is_made_when_absent_and_hashed_as_if_sent() {
+        let sticky = GeneratedCookie {
+            name: "sticky".into(),
+            ttl_seconds: 3600,
+            path: "/app".into(),
+            attributes: vec![
+                ("SameSite".into(), "Strict".into()),
+                ("Secure".into(), String::new()),
+            ],
+        };
+        let policies = [policy(HashKind::GeneratedCookie(sticky.clone()), false)];
+        let header = |_: &str| None;
+        let req = RequestParts {
+            method: "GET",
+            path_and_query: "/app",
+            header: &header,
+        };
+        let mut cookies = Vec::new();
+        let hash = request_hash(
+            &policies,
+            &req,
+            Some(&HeaderMap::new()),
+            conn(),
+            &mut cookies,
+        );
+        // Envoy's value: xxHash64 of "10.1.2.3:4000010.96.0.10:80", as 16 hex digits.
+        let value = format!("{:016x}", xxhash64(b"10.1.2.3:4000010.96.0.10:80", 0));
+        assert_eq!(
+            cookies,
+            [format!(
+                "sticky=\"{value}\"; Max-Age=3600; Path=/app; SameSite=Strict; Secure; HttpOnly"
+            )]
+        );
+        assert_eq!(hash, Some(xxhash64(value.as_bytes(), 0)));
+        // Sent back, the cookie hashes to the same host, and none is made.
+        let mut back = HeaderMap::new();
+        back.insert(
+            "cookie",
+            format!("sticky=\"{value}\"").parse().expect("value"),
+        );
+        let mut again = Vec::new();
+        let sent = request_hash(&policies, &req, Some(&back), conn(), &mut again);
+        assert_eq!((sent, again.len()), (hash, 0));
+        // A zero TTL and no path: a session cookie, Envoy's shape.
+        let session = GeneratedCookie {
+            ttl_seconds: 0,
+            path: String::new(),
+            attributes: vec![],
+            ..sticky
+        };
+        let mut cookies = Vec::new();
+        let policies = [policy(HashKind::GeneratedCookie(session), false)];
+        request_hash(&policies, &req, None, conn(), &mut cookies);
+        assert_eq!(cookies, [format!("sticky=\"{value}\"; HttpOnly")]);
     }
 
     /// xxHash64's published check values: Envoy's hash, so that a key picks Envoy's host.

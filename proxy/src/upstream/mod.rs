@@ -570,9 +570,6 @@ impl InFlight {
             }
             f.connection = true;
         }
-        if traffic == Traffic::Tcp {
-            stats::inc(&f.state.stats.cx_total);
-        }
         Ok(f)
     }
 
@@ -599,6 +596,12 @@ impl InFlight {
     pub fn report(&self, outcome: Outcome) {
         self.state
             .report(self.host.as_deref(), outcome, self.request);
+    }
+
+    /// A connection to the endpoint is being opened (Envoy's `upstream_cx_total`: every new
+    /// connection, HTTP or TCP, counted as it starts, whether or not it opens).
+    pub fn connecting(&self) {
+        stats::inc(&self.state.stats.cx_total);
     }
 
     /// The connection failed to open (TCP, or an HTTP attempt's dial).

@@ -1,9 +1,10 @@
 //! `access_log` (listeners, HTTP connection managers, `tcp_proxy`) into
-//! [`crate::model::listener::AccessLog`]. istiod writes Envoy's file logger to `/dev/stdout`
-//! whenever the mesh sets `accessLogFile`, in its default text format or, with
-//! `accessLogEncoding: JSON`, its default JSON labels; Remora writes its own access lines in
-//! those two shapes. Another logger (gRPC ALS, OpenTelemetry), another path, a custom format or
-//! a filter Remora cannot evaluate is refused by name.
+//! [`crate::model::listener::AccessLog`]. istiod writes Envoy's file logger to the mesh's
+//! `accessLogFile` (`/dev/stdout` in Istio's profiles) whenever the mesh sets it, in its default
+//! text format or, with `accessLogEncoding: JSON`, its default JSON labels; Remora writes its
+//! own access lines in those two shapes to that file. Another logger (gRPC ALS, OpenTelemetry),
+//! a path that cannot be opened, a custom format or a filter Remora cannot evaluate is refused
+//! by name.
 
 use super::any::unpack;
 use crate::model::listener::{AccessLog, AccessLogFilter, AccessLogFormat};
@@ -15,7 +16,7 @@ use envoy_types::pb::google::protobuf::value::Kind;
 
 const FILE_ACCESS_LOG: &str = "envoy.extensions.access_loggers.file.v3.FileAccessLog";
 
-/// The only path Remora writes access lines to.
+/// istiod's path for the mesh's `accessLogFile: /dev/stdout`: the process's standard output.
 pub const STDOUT: &str = "/dev/stdout";
 
 /// istiod's default text format (`EnvoyTextLogFormat`, Istio 1.9 onwards).
@@ -88,20 +89,15 @@ fn access_log(l: &pb::AccessLog, path: &str) -> Result<AccessLog, Fault> {
         return Err(Fault::new(
             at,
             format!(
-                "access logger {:?} not supported (only envoy.access_loggers.file to {STDOUT})",
+                "access logger {:?} not supported (only envoy.access_loggers.file)",
                 l.name
             ),
         )
         .with_type(&u.type_url));
     }
     let f: file::FileAccessLog = u.to(&at)?;
-    if f.path != STDOUT {
-        return Err(Fault::new(
-            format!("{at}.path"),
-            format!("access log path {:?} not supported (only {STDOUT})", f.path),
-        )
-        .with_type(&u.type_url));
-    }
+    writable(&f.path)
+        .map_err(|reason| Fault::new(format!("{at}.path"), reason).with_type(&u.type_url))?;
     let format = match &f.access_log_format {
         Some(file::file_access_log::AccessLogFormat::LogFormat(s)) => {
             format_string(s, &format!("{at}.log_format")).map_err(|e| e.with_type(&u.type_url))?
@@ -120,7 +116,31 @@ fn access_log(l: &pb::AccessLog, path: &str) -> Result<AccessLog, Fault> {
         .as_ref()
         .map(|f| filter(f, &format!("{path}.filter")))
         .transpose()?;
-    Ok(AccessLog { format, filter })
+    Ok(AccessLog {
+        format,
+        filter,
+        path: f.path.as_str().into(),
+    })
+}
+
+/// Whether lines can be appended to `path`. Envoy opens an access log's file (creating it, in
+/// append mode) when it builds the listener, and rejects the listener when it cannot: Remora
+/// does the same here, so that a path it could never write is refused by name and the
+/// previous listener stays, rather than every line being lost. The file is created if absent,
+/// as Envoy's is; its directory is not.
+fn writable(path: &str) -> Result<(), String> {
+    if path.is_empty() {
+        return Err("an access log needs a path".into());
+    }
+    if path == STDOUT {
+        return Ok(());
+    }
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .map(drop)
+        .map_err(|e| format!("unable to open access log file {path:?}: {e}"))
 }
 
 fn format_string(s: &core::SubstitutionFormatString, path: &str) -> Result<AccessLogFormat, Fault> {
@@ -222,10 +242,12 @@ mod tests {
                 AccessLog {
                     format: AccessLogFormat::Text,
                     filter: Some(AccessLogFilter::ResponseFlags(vec!["NR".into()])),
+                    path: STDOUT.into(),
                 },
                 AccessLog {
                     format: AccessLogFormat::Json,
-                    filter: None
+                    filter: None,
+                    path: STDOUT.into(),
                 },
             ]
         );
@@ -236,12 +258,38 @@ mod tests {
     }
 
     #[test]
-    fn other_loggers_paths_formats_and_filters_are_refused() {
+    fn a_file_is_opened_for_append_and_one_that_cannot_be_is_refused() {
         let istio_text = json!({"text_format_source": {"inline_string": ISTIO_TEXT_FORMAT}});
-        let err =
-            convert(json!([file("/var/log/envoy.log", istio_text.clone())])).expect_err("refused");
-        assert_eq!(err.path, "access_log[0].typed_config.path");
-        assert!(err.reason.contains("\"/var/log/envoy.log\""), "{err:?}");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let existing = dir.path().join("existing.log");
+        std::fs::write(&existing, "kept\n").expect("write");
+        let created = dir.path().join("created.log");
+        for path in [&existing, &created] {
+            let p = path.to_str().expect("utf-8");
+            let logs = convert(json!([file(p, istio_text.clone())])).expect("accepted");
+            assert_eq!(&*logs[0].path, p);
+        }
+        // Opened as Envoy opens it: created when absent, never truncated.
+        assert_eq!(std::fs::read_to_string(&existing).expect("read"), "kept\n");
+        assert_eq!(std::fs::read_to_string(&created).expect("read"), "");
+        for path in [
+            dir.path().join("no-such-dir/envoy.log"),
+            dir.path().to_path_buf(),
+        ] {
+            let p = path.to_str().expect("utf-8");
+            let err = convert(json!([file(p, istio_text.clone())])).expect_err("refused");
+            assert_eq!(err.path, "access_log[0].typed_config.path");
+            assert!(
+                err.reason
+                    .starts_with(&format!("unable to open access log file {p:?}: ")),
+                "{err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_loggers_formats_and_filters_are_refused() {
+        let istio_text = json!({"text_format_source": {"inline_string": ISTIO_TEXT_FORMAT}});
         let err = convert(json!([file(
             STDOUT,
             json!({"text_format_source": {"inline_string": "%START_TIME% %REQ(:PATH)%\n"}})

@@ -312,6 +312,7 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
         common_lb,
         circuit_breakers,
         outlier_detection,
+        tcp_keepalive: keepalive::of(c)?,
     })
 }
 
@@ -589,6 +590,7 @@ fn istio_metadata(c: &pb::Cluster) -> IstioClusterMetadata {
 }
 
 mod hashing;
+mod keepalive;
 mod limits;
 #[cfg(test)]
 mod tests;

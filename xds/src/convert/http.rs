@@ -132,7 +132,7 @@ pub fn connection_manager(m: &hcm::HttpConnectionManager, path: &str) -> Result<
     };
     let details = m.set_current_client_cert_details.unwrap_or_default();
     Ok(HttpChain {
-        stat_prefix: m.stat_prefix.clone(),
+        stat_prefix: m.stat_prefix.as_str().into(),
         routes,
         http_filters: http_filters(&m.http_filters, path)?,
         codec,

@@ -329,6 +329,10 @@ pub const READ: &[(&str, &[&str])] = &[
         &["name", "ttl", "path", "attributes"],
     ),
     (
+        "envoy.config.route.v3.RouteAction.HashPolicy.CookieAttribute",
+        &["name", "value"],
+    ),
+    (
         "envoy.config.route.v3.RouteAction.HashPolicy.ConnectionProperties",
         &["source_ip"],
     ),
@@ -492,7 +496,18 @@ pub const READ: &[(&str, &[&str])] = &[
             "alt_stat_name",
             "common_lb_config",
             "outlier_detection",
+            "upstream_connection_options",
         ],
+    ),
+    // DestinationRule `connectionPool.tcp.tcpKeepalive`; happy eyeballs and interface names
+    // are not read.
+    (
+        "envoy.config.cluster.v3.UpstreamConnectionOptions",
+        &["tcp_keepalive"],
+    ),
+    (
+        "envoy.config.core.v3.TcpKeepalive",
+        &["keepalive_probes", "keepalive_time", "keepalive_interval"],
     ),
     // Only what istiod writes: the panic threshold (with outlier detection) and locality
     // weights (a locality `distribute` setting), both kept in the model.

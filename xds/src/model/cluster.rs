@@ -47,6 +47,21 @@ pub struct Cluster {
     pub circuit_breakers: super::circuit_breakers::CircuitBreakers,
     /// `outlier_detection` (none: no host is ever ejected).
     pub outlier_detection: Option<super::outlier::OutlierDetection>,
+    /// `upstream_connection_options.tcp_keepalive` (DestinationRule
+    /// `connectionPool.tcp.tcpKeepalive`; none: the kernel's default, keepalive off).
+    pub tcp_keepalive: Option<TcpKeepalive>,
+}
+
+/// TCP keepalive on every upstream connection of a cluster: `SO_KEEPALIVE` on, and each
+/// setting given replaces the kernel's (`net.ipv4.tcp_keepalive_*`), as Envoy sets them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TcpKeepalive {
+    /// Unanswered probes before the connection is dropped (`TCP_KEEPCNT`).
+    pub probes: Option<u32>,
+    /// Idle time before the first probe (`TCP_KEEPIDLE`), whole seconds.
+    pub time: Option<Duration>,
+    /// Time between probes (`TCP_KEEPINTVL`), whole seconds.
+    pub interval: Option<Duration>,
 }
 
 /// The parts of `common_lb_config` Remora keeps (every other part is refused by name).
@@ -332,6 +347,7 @@ mod tests {
             common_lb: CommonLb::default(),
             circuit_breakers: Default::default(),
             outlier_detection: None,
+            tcp_keepalive: None,
         };
         assert_eq!(
             cluster.transport_socket_for(Some("istio")),

@@ -32,13 +32,16 @@ pub struct Listener {
     pub access_log: Vec<AccessLog>,
 }
 
-/// One access log (`access_log`): Envoy's file logger to `/dev/stdout` in Istio's default
-/// text or JSON format, which Remora's own access log lines render.
+/// One access log (`access_log`): Envoy's file logger to a path (istiod's `/dev/stdout`, or the
+/// mesh's `accessLogFile`) in Istio's default text or JSON format, which Remora's own access
+/// log lines render.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AccessLog {
     pub format: AccessLogFormat,
     /// Log only what this filter admits (`None`: everything).
     pub filter: Option<AccessLogFilter>,
+    /// The file lines are appended to (`/dev/stdout`: the process's standard output).
+    pub path: std::sync::Arc<str>,
 }
 
 /// The line format: istiod's `EnvoyTextLogFormat` or its JSON labels.
@@ -222,7 +225,8 @@ impl TcpTarget {
 /// A chain that ends in the HTTP connection manager.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HttpChain {
-    pub stat_prefix: String,
+    /// The connection manager's statistics go under `http.<stat_prefix>.`.
+    pub stat_prefix: std::sync::Arc<str>,
     pub routes: RouteSource,
     /// The HTTP filters before the router, in order.
     pub http_filters: Vec<HttpFilter>,

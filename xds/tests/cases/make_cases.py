@@ -220,13 +220,15 @@ write("resilience", "clusters", [
     gap_cluster("outlier", {"outlier_detection": {"consecutive_5xx": 5, "interval": "10s", "base_ejection_time": "30s",
         "max_ejection_percent": 100, "enforcing_consecutive_5xx": 100, "enforcing_success_rate": 0}}),
     gap_cluster("pool-limits", {"circuit_breakers": {"thresholds": [{
-        "max_connections": 100, "max_pending_requests": 10, "max_requests": 1000, "max_retries": 3, "track_remaining": True}]}})])
+        "max_connections": 100, "max_pending_requests": 10, "max_requests": 1000, "max_retries": 3, "track_remaining": True}]}}),
+    # connectionPool.tcp.tcpKeepalive {probes: 3, time: 300s, interval: 30s}, once a gap.
+    gap_cluster("keepalive", {"upstream_connection_options": {"tcp_keepalive": {
+        "keepalive_probes": 3, "keepalive_time": 300, "keepalive_interval": 30}}})])
 # ---- consistent-hash: DestinationRule loadBalancer.consistentHash, once a gap, which Remora honours.
 write("consistent-hash", "clusters", [
     gap_cluster("ring-hash", {"ring_hash_lb_config": {"minimum_ring_size": "1024"}}, "RING_HASH"),
     gap_cluster("maglev", {"maglev_lb_config": {"table_size": "65537"}}, "MAGLEV")])
-write("gaps", "clusters", [
-    gap_cluster("keepalive", {"upstream_connection_options": {"tcp_keepalive": {"keepalive_time": 300}}})])
+write("gaps", "clusters", [])
 G = f"outbound|9080||gaps.{NS}.svc.cluster.local"
 def gap_rc(name, match_extra=None, action_extra=None, route_extra=None, target=None, retry=DEFAULT_RETRY):
     m = {"prefix": "/", "case_sensitive": True}
@@ -250,6 +252,8 @@ write("consistent-hash", "routes", [
     gap_rc("hash-source-ip", action_extra={"hash_policy": [{"connection_properties": {"source_ip": True}}]}, retry=NO_PREV),
     gap_rc("hash-query", action_extra={"hash_policy": [{"query_parameter": {"name": "user"}}]}, retry=NO_PREV),
     gap_rc("hash-cookie", action_extra={"hash_policy": [{"cookie": {"name": "session", "path": "/"}}]}, retry=NO_PREV),
+    # httpCookie {name: sticky, path: /, ttl: 3600s}: Envoy makes the cookie; once a gap.
+    gap_rc("hash-cookie-ttl", action_extra={"hash_policy": [{"cookie": {"name": "sticky", "path": "/", "ttl": "3600s"}}]}, retry=NO_PREV),
 ])
 
 # ---- faults-retries: VirtualService fault and retries (retryRemoteLocalities too), once gaps, which Remora honours.

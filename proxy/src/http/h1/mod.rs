@@ -509,7 +509,12 @@ fn request<'a, C: Client>(
         };
         match outcome {
             Ok(keep) => keep,
-            Err(Failed::Local(kind)) => local_reply(ctx, client, kind, end).await,
+            Err(Failed::Local(kind)) => {
+                if let Some(r) = &p.routed {
+                    crate::http::routed::charge_local_answer(&r.routed, kind);
+                }
+                local_reply(ctx, client, kind, end).await
+            }
             Err(Failed::Cut) => false,
         }
     }

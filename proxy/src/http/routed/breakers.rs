@@ -93,3 +93,26 @@ pub(in crate::http) fn retry_counted(
         }
     }
 }
+
+/// Charge the routed cluster with the code of the router's own answer to an upstream failure,
+/// as Envoy's router does (`chargeUpstreamAbort` after the last attempt's connect failure,
+/// reset or overflow; `sendNoHealthyUpstreamResponse`): the request's final answer counts in
+/// `upstream_rq_<code>`, `upstream_rq_<class>` and `upstream_rq_completed`, though no request
+/// went out (`upstream_rq_total` unchanged). A timeout is charged its 504 where it is counted
+/// ([`timed_out`]); a route to no cluster has none to charge.
+pub(in crate::http) fn charge_local_answer(routed: &Routed, kind: ErrorKind) {
+    let upstream_failure = matches!(
+        kind,
+        ErrorKind::ConnectFailed
+            | ErrorKind::ConnectTimeout
+            | ErrorKind::ConnectionTerminated
+            | ErrorKind::RefusedStream
+            | ErrorKind::RemoteReset
+            | ErrorKind::UpstreamProtocol
+            | ErrorKind::NoHealthyUpstream
+            | ErrorKind::Overflow
+    );
+    if let (true, Some(target)) = (upstream_failure, &routed.cluster) {
+        target.state.stats.response(kind.status().as_u16());
+    }
+}

@@ -1,6 +1,7 @@
 //! A route's `hash_policy` into [`crate::model::hash`].
 
-use crate::model::hash::{HashKind, HashPolicy};
+use super::super::common::duration;
+use crate::model::hash::{GeneratedCookie, HashKind, HashPolicy};
 use crate::refusal::Fault;
 use envoy_types::pb::envoy::config::route::v3 as pb;
 
@@ -18,18 +19,27 @@ pub fn hash_policies(a: &pb::RouteAction, path: &str) -> Result<Vec<HashPolicy>,
                 HashKind::Header(header.header_name.to_ascii_lowercase())
             }
             Some(P::Cookie(c)) => {
-                // With a TTL Envoy makes the cookie when the request has none and sets it on
-                // the response; Remora does not, and would spread such clients at random.
-                if c.ttl.is_some() {
-                    return Err(Fault::new(
-                        format!("{at}.cookie.ttl"),
-                        "generated hash cookies (a cookie with a ttl) not supported",
-                    ));
-                }
                 if c.name.is_empty() {
                     return Err(Fault::new(format!("{at}.cookie.name"), "empty"));
                 }
-                HashKind::Cookie(c.name.clone())
+                match &c.ttl {
+                    // Without a TTL, `path` and `attributes` are of no use (no cookie is made).
+                    None => HashKind::Cookie(c.name.clone()),
+                    Some(ttl) => {
+                        let ttl = duration(ttl, &format!("{at}.cookie.ttl"))?;
+                        HashKind::GeneratedCookie(GeneratedCookie {
+                            name: c.name.clone(),
+                            // Envoy takes the TTL's whole seconds for Max-Age.
+                            ttl_seconds: ttl.as_secs(),
+                            path: c.path.clone(),
+                            attributes: c
+                                .attributes
+                                .iter()
+                                .map(|a| (a.name.clone(), a.value.clone()))
+                                .collect(),
+                        })
+                    }
+                }
             }
             // Envoy adds no method for `source_ip: false`: the policy yields nothing.
             Some(P::ConnectionProperties(p)) if !p.source_ip => continue,

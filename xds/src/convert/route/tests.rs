@@ -113,8 +113,8 @@ fn what_remora_cannot_honour_is_refused() {
             "hash_policy[0].filter_state: field not supported",
         ),
         (
-            json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "hash_policy": [{"cookie": {"name": "s", "ttl": "0s"}}]}}]),
-            "hash_policy[0].cookie.ttl: generated hash cookies (a cookie with a ttl) not supported",
+            json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "hash_policy": [{"cookie": {"name": "", "ttl": "60s"}}]}}]),
+            "hash_policy[0].cookie.name: empty",
         ),
         (
             json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "hash_policy": [{"header": {"header_name": "x",
@@ -152,14 +152,18 @@ fn what_remora_cannot_honour_is_refused() {
 
 #[test]
 fn hash_policies_as_istiod_writes_them() {
-    use crate::model::hash::{HashKind, HashPolicy};
+    use crate::model::hash::{GeneratedCookie, HashKind, HashPolicy};
     let rc = convert(
         json!([{"match": {"prefix": "/"}, "route": {"cluster": "c", "hash_policy": [
             {"header": {"header_name": "X-User"}},
             {"cookie": {"name": "session", "path": "/"}, "terminal": true},
             {"connection_properties": {"source_ip": true}},
             {"connection_properties": {"source_ip": false}},
-            {"query_parameter": {"name": "user"}}
+            {"query_parameter": {"name": "user"}},
+            // DestinationRule httpCookie {name: sticky, path: /app, ttl: 3600.5s, attributes}.
+            {"cookie": {"name": "sticky", "path": "/app", "ttl": "3600.500s",
+                "attributes": [{"name": "SameSite", "value": "Strict"}, {"name": "Secure"}]}},
+            {"cookie": {"name": "session-only", "ttl": "0s"}}
         ]}}]),
     )
     .expect("accepted");
@@ -174,6 +178,27 @@ fn hash_policies_as_istiod_writes_them() {
             policy(HashKind::Cookie("session".into()), true),
             policy(HashKind::SourceIp, false),
             policy(HashKind::QueryParameter("user".into()), false),
+            policy(
+                HashKind::GeneratedCookie(GeneratedCookie {
+                    name: "sticky".into(),
+                    ttl_seconds: 3600,
+                    path: "/app".into(),
+                    attributes: vec![
+                        ("SameSite".into(), "Strict".into()),
+                        ("Secure".into(), String::new())
+                    ],
+                }),
+                false
+            ),
+            policy(
+                HashKind::GeneratedCookie(GeneratedCookie {
+                    name: "session-only".into(),
+                    ttl_seconds: 0,
+                    path: String::new(),
+                    attributes: vec![],
+                }),
+                false
+            ),
         ]
     );
 }
