@@ -6,8 +6,8 @@ mod cases_support;
 
 use cases_support::*;
 use remora_xds::model::cluster::{
-    Cluster, Discovery, DnsLookupFamily, LbPolicy, SanMatcher, TlsVersion, TransportSocket,
-    UpstreamHttpProtocol, DEFAULT_CONNECT_TIMEOUT,
+    Cluster, Discovery, DnsLookupFamily, LbPolicy, SanMatcher, SdsSecret, TlsVersion,
+    TransportSocket, UpstreamHttpProtocol, DEFAULT_CONNECT_TIMEOUT,
 };
 use remora_xds::model::endpoint::Health;
 use remora_xds::model::matcher::StringMatcher;
@@ -101,8 +101,8 @@ fn each_subset_has_its_own_sni_and_the_service_account_sans() {
             }]
         );
         assert_eq!(tls.alpn, ["istio-peer-exchange", "istio"]);
-        assert_eq!(tls.certificate_secret.as_deref(), Some("default"));
-        assert_eq!(tls.validation_secret.as_deref(), Some("ROOTCA"));
+        assert_eq!(tls.certificate_secret, Some(SdsSecret::Workload));
+        assert_eq!(tls.validation_secret, Some(SdsSecret::MeshRoots));
         assert_eq!(
             (tls.min_version, tls.max_version),
             (Some(TlsVersion::Tls1_2), Some(TlsVersion::Tls1_3))

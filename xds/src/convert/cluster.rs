@@ -585,6 +585,7 @@ fn istio_metadata(c: &pb::Cluster) -> IstioClusterMetadata {
         subset: struct_string(istio, "subset"),
         config: struct_string(istio, "config"),
         default_original_port: struct_u32(istio, "default_original_port"),
+        keeps_alpn: struct_string(istio, "alpn_override").as_deref() == Some("false"),
     }
 }
 

@@ -614,6 +614,7 @@ pub const READ: &[(&str, &[&str])] = &[
             "alpn_protocols",
             "tls_certificate_sds_secret_configs",
             "combined_validation_context",
+            "validation_context",
             "validation_context_sds_secret_config",
         ],
     ),

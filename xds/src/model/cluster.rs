@@ -4,6 +4,7 @@
 use super::endpoint::{ClusterLoadAssignment, Locality};
 use super::matcher::StringMatcher;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Envoy's connect timeout when a cluster sets none.
@@ -195,12 +196,56 @@ pub struct UpstreamTls {
     pub alpn: Vec<String>,
     /// The peer certificate must carry a SAN matching one of these (empty: any).
     pub subject_alt_names: Vec<SanMatcher>,
-    /// SDS secret of our certificate (`default`).
-    pub certificate_secret: Option<String>,
-    /// SDS secret of the trusted roots (`ROOTCA`).
-    pub validation_secret: Option<String>,
+    /// SDS secret of our certificate: `default` (Istio mTLS) or a DestinationRule's
+    /// `file-cert:` (MUTUAL).
+    pub certificate_secret: Option<SdsSecret>,
+    /// SDS secret of the trusted roots: `ROOTCA` (Istio mTLS) or a DestinationRule's
+    /// `file-root:` (SIMPLE, MUTUAL). `None`: the server's certificate is not checked
+    /// (`insecureSkipVerify`, which istiod writes as an empty `validation_context`).
+    pub validation_secret: Option<SdsSecret>,
     pub min_version: Option<TlsVersion>,
     pub max_version: Option<TlsVersion>,
+}
+
+impl UpstreamTls {
+    /// Whether this is Istio mTLS (the workload's own secrets), not a DestinationRule's TLS
+    /// origination with files of the pod.
+    pub fn is_mesh(&self) -> bool {
+        matches!(self.certificate_secret, Some(SdsSecret::Workload))
+            || matches!(self.validation_secret, Some(SdsSecret::MeshRoots))
+    }
+}
+
+/// An SDS secret a transport socket names, resolved as pilot-agent's SDS server resolves it
+/// (`security.SdsCertificateConfigFromResourceName`): Remora reads the files itself.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SdsSecret {
+    /// `default`: the workload certificate Remora holds.
+    Workload,
+    /// `ROOTCA`: the mesh roots Remora holds.
+    MeshRoots,
+    /// `file-cert:CHAIN~KEY`: a client certificate chain and key mounted in the pod
+    /// (DestinationRule `clientCertificate`, `privateKey`).
+    FileCertificate { chain: PathBuf, key: PathBuf },
+    /// `file-root:PATH`: roots mounted in the pod (DestinationRule `caCertificates`).
+    FileRoots(PathBuf),
+    /// `file-root:system`: the operating system's roots (no `caCertificates`).
+    SystemRoots,
+}
+
+impl SdsSecret {
+    /// The name istiod gave it.
+    pub fn name(&self) -> String {
+        match self {
+            SdsSecret::Workload => "default".into(),
+            SdsSecret::MeshRoots => "ROOTCA".into(),
+            SdsSecret::FileCertificate { chain, key } => {
+                format!("file-cert:{}~{}", chain.display(), key.display())
+            }
+            SdsSecret::FileRoots(path) => format!("file-root:{}", path.display()),
+            SdsSecret::SystemRoots => "file-root:system".into(),
+        }
+    }
 }
 
 /// A SAN check.
@@ -238,6 +283,9 @@ pub struct IstioClusterMetadata {
     /// The DestinationRule's path (`/apis/networking.istio.io/…`).
     pub config: Option<String>,
     pub default_original_port: Option<u32>,
+    /// `alpn_override: "false"` (istiod's, on clusters with a DestinationRule's SIMPLE or
+    /// MUTUAL TLS): Istio's ALPN filter leaves the socket's own ALPN offer alone.
+    pub keeps_alpn: bool,
 }
 
 /// A Kubernetes service a cluster stands for.
@@ -291,8 +339,8 @@ mod tests {
             sni: Some(sni.into()),
             alpn: vec![],
             subject_alt_names: vec![],
-            certificate_secret: Some("default".into()),
-            validation_secret: Some("ROOTCA".into()),
+            certificate_secret: Some(SdsSecret::Workload),
+            validation_secret: Some(SdsSecret::MeshRoots),
             min_version: None,
             max_version: None,
         }))

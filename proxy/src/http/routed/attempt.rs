@@ -9,7 +9,7 @@ use crate::http::forward::{send_on, SendError, Upstreamed};
 use crate::http::pool::{self, Key, Sender};
 use crate::http::{protocol, ConnContext};
 use crate::upstream::dial::{self, Connected};
-use crate::upstream::{Avoid, Outcome, Transport, UpstreamError};
+use crate::upstream::{Avoid, Outcome, UpstreamError};
 use http::Request;
 use std::time::{Duration, Instant};
 
@@ -89,10 +89,7 @@ pub(in crate::http) fn select(
         destination: selected.address,
         source: dial::source(&selected, ctx.key.source),
         version,
-        tls: match &selected.transport {
-            Transport::Plaintext => 0,
-            Transport::Mesh(mesh) => ctx.proxy.upstreams.tls_id(mesh),
-        },
+        tls: ctx.proxy.upstreams.tls_id(&selected.transport),
     };
     Ok((selected, key))
 }
