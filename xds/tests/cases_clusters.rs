@@ -301,3 +301,50 @@ fn consistent_hash_clusters_as_istiod_writes_them() {
     );
     assert_eq!(lb("maglev"), LbPolicy::Maglev { table_size: 65537 });
 }
+
+/// DestinationRule `trafficPolicy.tls` SIMPLE and MUTUAL as istiod writes them: the pod's files
+/// named as pilot-agent's SDS names them, resolved in the model; not Istio mTLS.
+#[test]
+fn destination_rule_tls_names_the_pods_files() {
+    let snap = snapshot("tls-origination");
+    let tls = |name: &str| {
+        let c = cluster(&snap, name);
+        assert!(c.istio.keeps_alpn, "{name}: alpn_override false");
+        assert!(c.istio_mtls().is_none_or(|t| !t.is_mesh()), "{name}");
+        match &c.transport_socket {
+            TransportSocket::Tls(t) => (**t).clone(),
+            TransportSocket::Plaintext => panic!("{name}: plaintext"),
+        }
+    };
+    let system = tls("outbound|443||tls.example.com");
+    assert_eq!(system.sni.as_deref(), Some("tls.example.com"));
+    assert_eq!(system.validation_secret, Some(SdsSecret::SystemRoots));
+    assert!(system.subject_alt_names.is_empty() && system.certificate_secret.is_none());
+    let ca = tls("outbound|443||ca.example.com");
+    assert_eq!(
+        ca.validation_secret,
+        Some(SdsSecret::FileRoots("/etc/certs/ca.pem".into()))
+    );
+    assert_eq!(
+        ca.subject_alt_names,
+        [SanMatcher {
+            san_type: None,
+            matcher: StringMatcher::exact("api.example.com"),
+        }]
+    );
+    let insecure = tls("outbound|443||insecure.example.com");
+    assert_eq!(insecure.validation_secret, None);
+    let mutual = tls("outbound|8443||mutual.example.com");
+    assert_eq!(
+        mutual.certificate_secret,
+        Some(SdsSecret::FileCertificate {
+            chain: "/etc/certs/client.pem".into(),
+            key: "/etc/certs/client-key.pem".into(),
+        })
+    );
+    assert_eq!(mutual.alpn, ["h2"]);
+    assert_eq!(
+        cluster(&snap, "outbound|8443||mutual.example.com").http_protocol,
+        UpstreamHttpProtocol::Http2
+    );
+}
