@@ -11,7 +11,10 @@
 //! right SAN answers 200 with the SNI seen by the origin; a wrong SAN fails the handshake
 //! (HTTP 503, counted as a connect failure; a TCP connection closed with nothing sent);
 //! `insecureSkipVerify` (an empty `validation_context`) answers whatever the certificate;
-//! an origin requiring a client certificate answers only the MUTUAL cluster, which presents it.
+//! an origin requiring a client certificate answers only the MUTUAL cluster, which presents it;
+//! without `sni` and `subjectAltNames` (istiod's `auto_sni` and `auto_san_validation`) the
+//! request's host is both, so a host the certificate does not name fails (503) right after
+//! one it names succeeded on the same cluster.
 
 use remora_e2e::certs::{install_files, MeshCa};
 use remora_e2e::envoy_xds::{nets_or_skip, Resources};
@@ -38,8 +41,11 @@ const CLIENT_NAME: &str = "client.example.com";
 /// Bound on one exchange through a proxy.
 const EXCHANGE_TIME: Duration = Duration::from_secs(10);
 
+/// A host the `auto_sni` cluster also serves, which the origin's certificate does not name.
+const AUTO_WRONG: &str = "auto-wrong.example.com";
+
 /// The HTTP cases: the service host (and so its cluster), the origin's port, the TLS.
-const HTTP_CASES: [(&str, u16, Tls); 5] = [
+const HTTP_CASES: [(&str, u16, Tls); 6] = [
     ("simple.example.com", SIMPLE_PORT, Tls::Simple(ORIGIN_NAME)),
     (
         "wrong-san.example.com",
@@ -53,6 +59,7 @@ const HTTP_CASES: [(&str, u16, Tls); 5] = [
         MUTUAL_PORT,
         Tls::Simple(ORIGIN_NAME),
     ),
+    (ORIGIN_NAME, SIMPLE_PORT, Tls::Auto),
 ];
 
 #[derive(Debug, Clone, Copy)]
@@ -63,6 +70,9 @@ enum Tls {
     Insecure,
     /// MUTUAL with `caCertificates`, the origin's name as SAN, and the client certificate.
     Mutual,
+    /// SIMPLE with `caCertificates` and neither `sni` nor `subjectAltNames`: istiod asks for
+    /// the request's host as both (`auto_sni`, `auto_san_validation`).
+    Auto,
 }
 
 /// Where the certificates are: the origin's (and its CA's roots), the client's.
@@ -97,6 +107,10 @@ fn tls_cluster(name: &str, tls: Tls, certs: &Certs) -> Value {
         "tls_maximum_protocol_version": "TLSv1_3"}});
     match tls {
         Tls::Simple(san) => common["combined_validation_context"] = validated(san),
+        Tls::Auto => {
+            common["combined_validation_context"] = json!({"default_validation_context": {},
+                "validation_context_sds_secret_config": sds(&roots)});
+        }
         Tls::Insecure => common["validation_context"] = json!({}),
         Tls::Mutual => {
             common["combined_validation_context"] = validated(ORIGIN_NAME);
@@ -110,9 +124,18 @@ fn tls_cluster(name: &str, tls: Tls, certs: &Certs) -> Value {
     }
     let mut c = eds_cluster(name);
     c["metadata"] = json!({"filter_metadata": {"istio": {"alpn_override": "false"}}});
-    c["transport_socket"] = json!({"name": "envoy.transport_sockets.tls", "typed_config": {
+    let mut context = json!({
         "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-        "common_tls_context": common, "sni": ORIGIN_NAME}});
+        "common_tls_context": common});
+    if let Tls::Auto = tls {
+        c["typed_extension_protocol_options"] = json!({"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "upstream_http_protocol_options": {"auto_sni": true, "auto_san_validation": true},
+            "explicit_http_config": {"http_protocol_options": {}}}});
+    } else {
+        context["sni"] = json!(ORIGIN_NAME);
+    }
+    c["transport_socket"] = json!({"name": "envoy.transport_sockets.tls", "typed_config": context});
     c
 }
 
@@ -150,11 +173,13 @@ fn resources(certs: &Certs) -> Resources {
         let name = cluster_name(host, 80);
         clusters.push(tls_cluster(&name, tls, certs));
         cla.push(endpoints(&name, port));
-        hosts.push(
-            json!({"name": format!("{host}:80"), "domains": [host, format!("{host}:80")],
+        let mut domains = vec![host.to_string(), format!("{host}:80")];
+        if let Tls::Auto = tls {
+            domains.push(AUTO_WRONG.to_string());
+        }
+        hosts.push(json!({"name": format!("{host}:80"), "domains": domains,
             "routes": [{"name": "default", "match": {"prefix": "/"},
-                "route": {"cluster": name, "timeout": "0s"}}]}),
-        );
+                "route": {"cluster": name, "timeout": "0s"}}]}));
     }
     Resources {
         listeners: json!([
@@ -309,7 +334,7 @@ fn expected(host: &str) -> Outcome {
         client: client.iter().map(|s| s.to_string()).collect(),
     };
     match host {
-        "simple.example.com" | "insecure.example.com" => ok(&[]),
+        "simple.example.com" | "insecure.example.com" | ORIGIN_NAME => ok(&[]),
         "mutual.example.com" => ok(&[CLIENT_NAME]),
         _ => Outcome::of(503, ""),
     }
@@ -321,6 +346,9 @@ fn outcomes(net: &PodNet) -> Vec<(String, Outcome)> {
         .iter()
         .map(|(host, _, _)| (format!("http {host}"), http(net, host)))
         .collect();
+    // The auto_sni cluster again, for a host its origin's certificate does not name: its own
+    // SNI, its own SAN check, never the connection pooled for the other host.
+    all.push((format!("http {AUTO_WRONG}"), http(net, AUTO_WRONG)));
     all.push(("tcp".into(), tcp(net, TCP_VIP)));
     all.push(("tcp wrong SAN".into(), tcp(net, TCP_WRONG_SAN_VIP)));
     all

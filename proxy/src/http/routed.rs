@@ -97,6 +97,10 @@ pub struct Routed {
     /// The request's hash by the route's hash policies, for a RING_HASH or MAGLEV cluster
     /// (`None` for every other, and when no policy found its input: a random pick).
     pub hash: Option<u64>,
+    /// The host (after the route's host rewrite, without the port) a TLS origination takes
+    /// as SNI and SAN, for a cluster with `auto_sni` or `auto_san_validation`; `None` for
+    /// every other.
+    pub origin_host: Option<Arc<str>>,
 }
 
 impl Routed {
@@ -429,6 +433,13 @@ pub fn decide_request(
     let target = clusters.get(ctx, cluster);
     let plain_http1_upstream = target.as_ref().is_none_or(|c| c.plain_http1_upstream);
     let hashes = target.as_ref().is_some_and(|c| c.model.lb_policy.hashes());
+    let origin_host = target
+        .as_ref()
+        .filter(|c| c.model.auto_sni || c.model.auto_san_validation)
+        .map(|_| {
+            let authority = forward.host_rewrite.as_deref().unwrap_or(host);
+            Arc::from(crate::upstream::transport::host_of(authority))
+        });
     let rules = super::retry_policy::RetryRules::of(retry);
     let routed = Routed {
         cluster: target,
@@ -461,6 +472,7 @@ pub fn decide_request(
         } else {
             None
         },
+        origin_host,
     };
     Ok(Decided {
         routed,

@@ -44,6 +44,37 @@ pub struct OriginTls {
     pub tls13_only: bool,
 }
 
+impl OriginTls {
+    /// This origination for a request to `host` (its authority without the port), as the
+    /// cluster's `auto_sni` and `auto_san_validation` make Envoy's router set it: `host` as
+    /// SNI (not an IP address), and the server's certificate checked for `host` in place of
+    /// the socket's SAN matchers.
+    pub fn for_host(&self, host: &str, auto_sni: bool, auto_san_validation: bool) -> OriginTls {
+        let mut tls = self.clone();
+        if auto_sni && host.parse::<std::net::IpAddr>().is_err() && !host.is_empty() {
+            tls.sni = Some(host.to_string());
+        }
+        if auto_san_validation {
+            tls.subject_alt_names = vec![SanMatcher {
+                san_type: None,
+                matcher: remora_xds::model::matcher::StringMatcher::exact(host),
+            }];
+        }
+        tls
+    }
+}
+
+/// An authority without its port (`[::1]:80` → `::1`).
+pub fn host_of(authority: &str) -> &str {
+    if let Some(rest) = authority.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match authority.rsplit_once(':') {
+        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
+        _ => authority,
+    }
+}
+
 // The SAN matchers hold compiled regexes, which have no hash; leaving them out of the hash
 // keeps it consistent with equality (equal values hash the same).
 impl Eq for OriginTls {}

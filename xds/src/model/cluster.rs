@@ -36,6 +36,14 @@ pub struct Cluster {
     pub max_requests_per_connection: Option<u32>,
     /// HTTP/2 streams per upstream connection (`None`: Envoy's default).
     pub http2_max_concurrent_streams: Option<u32>,
+    /// `upstream_http_protocol_options.auto_sni`: an HTTP request's TLS origination sends its
+    /// host (after the route's host rewrite, without the port; not an IP address) as SNI
+    /// (istiod's, for a DestinationRule's SIMPLE or MUTUAL TLS without `sni`).
+    pub auto_sni: bool,
+    /// `upstream_http_protocol_options.auto_san_validation`: the server's certificate must
+    /// name that host, in place of the socket's SAN matchers (istiod's, with `auto_sni`,
+    /// when the DestinationRule lists no `subjectAltNames`).
+    pub auto_san_validation: bool,
     /// Bind upstream connections to this source address (istiod's `127.0.0.6` for inbound
     /// passthrough, so the application sees traffic from the sidecar).
     pub upstream_bind_address: Option<std::net::IpAddr>,
@@ -375,6 +383,8 @@ mod tests {
             http_idle_timeout: None,
             max_requests_per_connection: None,
             http2_max_concurrent_streams: None,
+            auto_sni: false,
+            auto_san_validation: false,
             upstream_bind_address: None,
             alt_stat_name: None,
             common_lb: CommonLb::default(),

@@ -70,7 +70,7 @@ pub(in crate::http) fn select(
         if let Ok(s) = &selected {
             tried.push(s.address);
         }
-        selected
+        selected.map(|s| for_origin_host(s, routed))
     }
     .map_err(|e| {
         let kind = match e {
@@ -92,6 +92,22 @@ pub(in crate::http) fn select(
         tls: ctx.proxy.upstreams.tls_id(&selected.transport),
     };
     Ok((selected, key))
+}
+
+/// A TLS origination of a cluster with `auto_sni` / `auto_san_validation` takes the request's
+/// host as SNI and SAN; the pool key then keeps its connections apart from another host's.
+fn for_origin_host(
+    mut selected: crate::upstream::Selected,
+    routed: &Routed,
+) -> crate::upstream::Selected {
+    if let (Some(host), crate::upstream::Transport::Origin(tls)) =
+        (&routed.origin_host, &selected.transport)
+    {
+        let c = &selected.cluster;
+        let tls = tls.for_host(host, c.auto_sni, c.auto_san_validation);
+        selected.transport = crate::upstream::Transport::Origin(std::sync::Arc::new(tls));
+    }
+    selected
 }
 
 /// What a failed dial of an endpoint answers (and whether it is retried).

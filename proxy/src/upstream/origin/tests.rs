@@ -287,3 +287,56 @@ fn san_matchers_follow_envoys_rules() {
     assert!(san_matches(&suffix, &dns("api.example.com")));
     assert!(!san_matches(&suffix, &dns("api.example.org")));
 }
+
+#[tokio::test]
+async fn auto_sni_and_san_validation_take_the_requests_host() {
+    use crate::upstream::transport::host_of;
+    assert_eq!(host_of("api.example.com:443"), "api.example.com");
+    assert_eq!(host_of("api.example.com"), "api.example.com");
+    assert_eq!(host_of("[2001:db8::1]:80"), "2001:db8::1");
+    assert_eq!(host_of("10.0.0.1:80"), "10.0.0.1");
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("origin");
+    std::fs::write(dir.path().join("ca.pem"), ca.cert.pem()).unwrap();
+    let (chain, key) = ca.leaf(&["api.example.com"]);
+    let server = Arc::new(Server {
+        cert: certified(&chain, &key),
+        sni: StdMutex::default(),
+    });
+    let sc = server_config(Arc::clone(&server), None);
+    let base = OriginTls {
+        sni: None,
+        ..(*origin(dir.path(), &[], false)).clone()
+    };
+    // An IP address is no SNI; the SAN check still asks for it.
+    let by_ip = base.for_host("10.0.0.1", true, true);
+    assert_eq!(by_ip.sni, None);
+    assert_eq!(by_ip.subject_alt_names.len(), 1);
+    let origins = Origins::default();
+    for (host, ok) in [("api.example.com", true), ("other.example.com", false)] {
+        let tls = Arc::new(base.for_host(host, true, true));
+        assert_eq!(tls.sni.as_deref(), Some(host));
+        let config = origins.client_config(&tls, &[]).unwrap();
+        assert_eq!(handshake(config, Arc::clone(&sc), host).await, ok, "{host}");
+        assert_eq!(
+            server
+                .sni
+                .lock()
+                .unwrap()
+                .last()
+                .cloned()
+                .flatten()
+                .as_deref(),
+            Some(host)
+        );
+    }
+    // auto_sni alone: the socket's SAN matchers stay.
+    let kept =
+        origin(dir.path(), &["api.example.com"], false).for_host("x.example.com", true, false);
+    assert_eq!(kept.sni.as_deref(), Some("x.example.com"));
+    assert_eq!(
+        kept.subject_alt_names[0].matcher,
+        StringMatcher::exact("api.example.com")
+    );
+}

@@ -217,3 +217,45 @@ fn file_secrets_are_for_upstream_contexts_only() {
         .to_string();
     assert!(err.contains("\"file-cert:/c~/k\" not supported"), "{err}");
 }
+
+/// A SIMPLE cluster without `sni` (istiod's `setAutoSniAndAutoSanValidation`), with these
+/// `upstream_http_protocol_options` and this common context.
+fn auto(options: Value, common: Value) -> Result<crate::model::Cluster, String> {
+    let cluster = json!({"name": "outbound|443||api.example.com",
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "upstream_http_protocol_options": options}},
+        "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
+            "@type": UPSTREAM, "common_tls_context": common}}});
+    from_json::<ClusterProto>(&cluster)
+        .map(|c| c.model)
+        .map_err(|r| r.to_string())
+}
+
+#[test]
+fn auto_sni_and_auto_san_validation_for_origination_only() {
+    let system = json!({"tls_params": params(), "combined_validation_context": {
+        "default_validation_context": {},
+        "validation_context_sds_secret_config": sds("file-root:system")}});
+    let c = auto(
+        json!({"auto_sni": true, "auto_san_validation": true}),
+        system.clone(),
+    )
+    .expect("accepted");
+    assert!(c.auto_sni && c.auto_san_validation);
+    let c = auto(json!({"auto_sni": true}), system.clone()).expect("accepted");
+    assert!(c.auto_sni && !c.auto_san_validation);
+    let err = auto(
+        json!({"auto_sni": true, "override_auto_sni_header": "x-sni"}),
+        system,
+    )
+    .expect_err("refused");
+    assert!(err.contains("override_auto_sni_header"), "{err}");
+    let mesh = json!({"tls_certificate_sds_secret_configs": [sds("default")],
+        "validation_context_sds_secret_config": sds("ROOTCA")});
+    let err = auto(json!({"auto_sni": true}), mesh).expect_err("refused");
+    assert!(
+        err.contains("upstream_http_protocol_options") && err.contains("Istio mTLS"),
+        "{err}"
+    );
+}
