@@ -347,4 +347,9 @@ fn destination_rule_tls_names_the_pods_files() {
         cluster(&snap, "outbound|8443||mutual.example.com").http_protocol,
         UpstreamHttpProtocol::Http2
     );
+    // Neither sni nor subjectAltNames: the request's host is both.
+    let auto = cluster(&snap, "outbound|80||edition.example.com");
+    assert!(auto.auto_sni && auto.auto_san_validation);
+    assert_eq!(tls("outbound|80||edition.example.com").sni, None);
+    assert!(!cluster(&snap, "outbound|443||tls.example.com").auto_sni);
 }

@@ -375,9 +375,10 @@ write("gaps", "clusters", gaps_clusters)
 # constructUpstreamTLS (cluster_tls.go) writes them for a sidecar: the pod's files as pilot-agent's SDS
 # names them (file-root:PATH, file-root:system without caCertificates, file-cert:CHAIN~KEY), an empty
 # validation_context for insecureSkipVerify, `h2` ALPN on an HTTP/2 port, alpn_override "false" in
-# the cluster's Istio metadata (AddALPNOverrideToMetadata). Each sets `sni`, so istiod writes no
-# auto_sni / auto_san_validation (which Remora refuses: cases_refusals.rs).
-def tls_cluster(host, port, common, proto=None):
+# the cluster's Istio metadata (AddALPNOverrideToMetadata). Without `sni` istiod asks for the
+# request's host as SNI (auto_sni) and, without subjectAltNames either, as the SAN to check
+# (auto_san_validation), in the cluster's HttpProtocolOptions.
+def tls_cluster(host, port, common, proto=None, sni=True):
     name = f"outbound|{port}||{host}"
     c = {"@type": TYPE("envoy.config.cluster.v3.Cluster"), "name": name, "type": "STRICT_DNS", "connect_timeout": "10s",
          "lb_policy": "LEAST_REQUEST", "circuit_breakers": UNLIMITED, "metadata": tls_meta(host, port),
@@ -388,7 +389,8 @@ def tls_cluster(host, port, common, proto=None):
     common = dict({"tls_params": {"tls_minimum_protocol_version": "TLSv1_2", "tls_maximum_protocol_version": "TLSv1_3"}}, **common)
     c["transport_socket"] = {"name": "envoy.transport_sockets.tls", "typed_config": {
         "@type": TYPE("envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"),
-        "common_tls_context": common, "sni": host}}
+        "common_tls_context": common}}
+    if sni: c["transport_socket"]["typed_config"]["sni"] = host
     return c
 H2 = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
     "@type": TYPE("envoy.extensions.upstreams.http.v3.HttpProtocolOptions"),
@@ -409,6 +411,13 @@ write("tls-origination", "clusters", [
         "combined_validation_context": {
             "default_validation_context": {"match_subject_alt_names": [{"exact": "mutual.example.com"}]},
             "validation_context_sds_secret_config": SDS("file-root:/etc/certs/ca.pem")}}, proto=H2),
+    # tls {mode: SIMPLE} alone on an HTTP port (Istio's egress TLS origination task): no sni, no SANs.
+    tls_cluster("edition.example.com", 80, {"combined_validation_context": {"default_validation_context": {},
+        "validation_context_sds_secret_config": SDS("file-root:system")}}, sni=False,
+        proto={"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": TYPE("envoy.extensions.upstreams.http.v3.HttpProtocolOptions"),
+            "upstream_http_protocol_options": {"auto_sni": True, "auto_san_validation": True},
+            "explicit_http_config": {"http_protocol_options": {}}}}),
 ])
 
 # ---- tcp-split: VirtualService tcp route with weighted subsets, on a TCP-only service listener
