@@ -2,7 +2,9 @@
 """A TLS origin outside the mesh, for the TLS-origination tests (a DestinationRule's SIMPLE and
 MUTUAL): HTTP/1.1 over TLS with Python's ssl (OpenSSL), answering every request 200 with JSON
 naming the SNI the client sent and the DNS names of the client certificate it presented (none
-unless CLIENT_CA is given, which then requires one chaining to it). Bound with
+unless CLIENT_CA is given, which then requires one chaining to it); under `/close-delimited`
+without a length, the body ending with the connection, closed without a TLS close_notify as
+many servers do. Bound with
 `tls_origin.py PORT CERT KEY [CLIENT_CA]`; stops after LIFETIME seconds."""
 
 import json
@@ -28,7 +30,12 @@ class Handler(BaseHTTPRequestHandler):
         }).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
+        if self.path.startswith("/close-delimited"):
+            # A body that ends where the connection does, closed without close_notify.
+            self.send_header("connection", "close")
+            self.close_connection = True
+        else:
+            self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 

@@ -301,7 +301,12 @@ impl Outcome {
 
 /// `GET /` to the HTTP service `host` through the pod's sidecar.
 fn http(net: &PodNet, host: &str) -> Outcome {
-    match http_client::get_once(&net.pod, SocketAddr::from((HTTP_VIP, 80)), host, "/", &[]) {
+    http_at(net, host, "/")
+}
+
+/// `GET path` to the HTTP service `host` through the pod's sidecar.
+fn http_at(net: &PodNet, host: &str, path: &str) -> Outcome {
+    match http_client::get_once(&net.pod, SocketAddr::from((HTTP_VIP, 80)), host, path, &[]) {
         Ok(r) => Outcome::of(r.status, &r.text()),
         Err(_) => Outcome::of(0, ""),
     }
@@ -349,6 +354,11 @@ fn outcomes(net: &PodNet) -> Vec<(String, Outcome)> {
     // The auto_sni cluster again, for a host its origin's certificate does not name: its own
     // SNI, its own SAN check, never the connection pooled for the other host.
     all.push((format!("http {AUTO_WRONG}"), http(net, AUTO_WRONG)));
+    // An answer whose body ends with the connection, closed without close_notify: whole.
+    all.push((
+        "http close-delimited".into(),
+        http_at(net, "simple.example.com", "/close-delimited"),
+    ));
     all.push(("tcp".into(), tcp(net, TCP_VIP)));
     all.push(("tcp wrong SAN".into(), tcp(net, TCP_WRONG_SAN_VIP)));
     all
@@ -385,6 +395,7 @@ fn destination_rule_tls_has_envoys_outcome() {
     let mut differences = Vec::new();
     for ((what, e), (_, r)) in from_envoy.iter().zip(&from_remora) {
         let want = match what.strip_prefix("http ") {
+            Some("close-delimited") => expected("simple.example.com"),
             Some(host) => expected(host),
             None if what == "tcp" => Outcome {
                 status: 200,
