@@ -15,6 +15,11 @@
 //! without `sni` and `subjectAltNames` (istiod's `auto_sni` and `auto_san_validation`) the
 //! request's host is both, so a host the certificate does not name fails (503) right after
 //! one it names succeeded on the same cluster.
+//!
+//! A failed handshake is a connect failure, as in Envoy: over two endpoints of one cluster, one
+//! presenting a certificate for another name, every request is answered 200 after a retry on
+//! `connect-failure`, and outlier detection ejects that endpoint after its second failure; the
+//! failures, retries and ejections counted are Envoy's.
 
 use remora_e2e::certs::{install_files, MeshCa};
 use remora_e2e::envoy_xds::{nets_or_skip, Resources};
@@ -31,6 +36,8 @@ const ORIGIN_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
 /// The origin that takes any client; the one that requires a client certificate.
 const SIMPLE_PORT: u16 = 8443;
 const MUTUAL_PORT: u16 = 9443;
+/// An origin whose certificate (of the same CA) names another host.
+const OTHER_NAME_PORT: u16 = 7443;
 /// The HTTP service's VIP (port 80), and the TCP services' (port 443).
 const HTTP_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const TCP_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 20);
@@ -78,6 +85,8 @@ enum Tls {
 /// Where the certificates are: the origin's (and its CA's roots), the client's.
 struct Certs {
     origin: PathBuf,
+    /// The same CA's certificate for `other.example.com`.
+    other: PathBuf,
     client: PathBuf,
     client_ca: PathBuf,
 }
@@ -213,12 +222,18 @@ fn certs(net: &PodNet) -> Certs {
     let client_ca = MeshCa::new("client CA");
     let certs = Certs {
         origin: net.binary().make_dir("origin-certs"),
+        other: net.binary().make_dir("other-certs"),
         client: net.binary().make_dir("client-certs"),
         client_ca: net.binary().make_dir("client-ca"),
     };
     install_files(
         &certs.origin,
         &origin_ca.dns_server(ORIGIN_NAME),
+        &origin_ca.root_pem(),
+    );
+    install_files(
+        &certs.other,
+        &origin_ca.dns_server("other.example.com"),
         &origin_ca.root_pem(),
     );
     install_files(
@@ -231,7 +246,7 @@ fn certs(net: &PodNet) -> Certs {
     certs
 }
 
-/// The pod with capture rules and a route for the VIPs; the two origins in its peer.
+/// The pod with capture rules and a route for the VIPs; the three origins in its peer.
 fn prepare(net: &PodNet) -> (Certs, Vec<Service>) {
     net.capture_default();
     for (ns, args) in [
@@ -251,7 +266,22 @@ fn prepare(net: &PodNet) -> (Certs, Vec<Service>) {
     let client_ca = certs.client_ca.join("root-cert.pem");
     let simple_port = SIMPLE_PORT.to_string();
     let mutual_port = MUTUAL_PORT.to_string();
+    let (other_cert, other_key) = (
+        certs.other.join("cert-chain.pem"),
+        certs.other.join("key.pem"),
+    );
     let origins = vec![
+        Service::start(
+            &net.peer,
+            "python3",
+            &[
+                &script,
+                &OTHER_NAME_PORT.to_string(),
+                &other_cert.to_string_lossy(),
+                &other_key.to_string_lossy(),
+            ],
+            SocketAddr::from((ORIGIN_IP, OTHER_NAME_PORT)),
+        ),
         Service::start(
             &net.peer,
             "python3",
@@ -444,5 +474,92 @@ fn destination_rule_tls_has_envoys_outcome() {
     assert!(
         !remora.stderr().contains(secret_line) && !remora.stdout().contains(secret_line),
         "the client key appears in Remora's output"
+    );
+}
+
+const PAIR: &str = "outbound|80||pair.example.com";
+
+/// One SIMPLE cluster over two endpoints, one of whose certificates names another host, with
+/// a VirtualService's retries on `connect-failure` (to another host) and a DestinationRule's
+/// outlier detection (2 consecutive 5xx, which a connect failure counts as).
+fn failover_resources(certs: &Certs) -> Resources {
+    let mut cluster = tls_cluster(PAIR, Tls::Simple(ORIGIN_NAME), certs);
+    cluster["lb_policy"] = json!("ROUND_ROBIN");
+    cluster["outlier_detection"] = json!({"consecutive_5xx": 2, "interval": "10s",
+        "base_ejection_time": "60s", "max_ejection_percent": 100, "enforcing_success_rate": 0});
+    cluster["common_lb_config"] = json!({"healthy_panic_threshold": {}});
+    let mut r = resources(certs);
+    r.clusters = json!([cluster,
+        {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]);
+    let hosts: Vec<Value> = [SIMPLE_PORT, OTHER_NAME_PORT]
+        .iter()
+        .map(|port| {
+            json!({"endpoint": {"address": {"socket_address": {
+                "address": ORIGIN_IP.to_string(), "port_value": port}}}, "health_status": "HEALTHY"})
+        })
+        .collect();
+    r.endpoints = json!([{"cluster_name": PAIR, "endpoints": [{"lb_endpoints": hosts}]}]);
+    r.listeners = json!([r.listeners[0].clone(), r.listeners[1].clone()]);
+    r.routes = json!([{"name": "80", "virtual_hosts": [{"name": "pair.example.com:80",
+        "domains": ["pair.example.com"], "routes": [{"name": "default", "match": {"prefix": "/"},
+            "route": {"cluster": PAIR, "timeout": "0s", "retry_policy": {
+                "retry_on": "connect-failure", "num_retries": 2,
+                "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
+                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
+                "host_selection_retry_max_attempts": "5"}}}]}]}]);
+    r
+}
+
+/// Requests through one proxy, then its statuses and the cluster's counts: connect failures,
+/// retries, ejections.
+fn failover(net: &PodNet, admin_port: u16) -> (Vec<u16>, [u64; 3]) {
+    let statuses = (0..12)
+        .map(|_| http(net, "pair.example.com").status)
+        .collect();
+    let stats = admin(net, admin_port, "/stats");
+    let counts = [
+        "upstream_cx_connect_fail",
+        "upstream_rq_retry",
+        "outlier_detection.ejections_enforced_total",
+    ]
+    .map(|name| stat(&stats, PAIR, name));
+    (statuses, counts)
+}
+
+#[test]
+fn a_failed_handshake_is_retried_and_ejects_the_host_as_in_envoy() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora_net, envoy_net) = (&nets.0, &nets.1);
+    let (remora_certs, _remora_origins) = prepare(remora_net);
+    let (envoy_certs, _envoy_origins) = prepare(envoy_net);
+    let remora = failover_resources(&remora_certs).start_remora(remora_net);
+    let envoy = failover_resources(&envoy_certs).start_envoy(envoy_net, Path::new(&binary));
+    let (e_statuses, e) = failover(envoy_net, remora_e2e::envoy::ADMIN_PORT);
+    let (r_statuses, r) = failover(remora_net, remora_e2e::ADMIN_PORT);
+    let diagnostics = || {
+        format!(
+            "remora stderr:\n{}\n\nenvoy log:\n{}",
+            remora.stderr(),
+            envoy.logs()
+        )
+    };
+    // Every request answered by the good host, after a retry when it first met the other.
+    assert!(
+        e_statuses.iter().all(|s| *s == 200),
+        "envoy {e_statuses:?}\n{}",
+        diagnostics()
+    );
+    assert_eq!(r_statuses, e_statuses, "{}", diagnostics());
+    // [connect failures, retries, ejections]: the host whose certificate names another is
+    // ejected after its second failed handshake, each failure having been retried.
+    eprintln!("envoy {e:?}, remora {r:?}");
+    assert_eq!(e[2], 1, "envoy ejects once: {e:?}\n{}", diagnostics());
+    assert!((2..=3).contains(&e[0]) && e[1] == e[0], "envoy {e:?}");
+    assert_eq!(r[2], e[2], "remora {r:?}, envoy {e:?}\n{}", diagnostics());
+    assert!(
+        (2..=3).contains(&r[0]) && r[1] == r[0],
+        "remora {r:?}, envoy {e:?}"
     );
 }
