@@ -1,47 +1,12 @@
 use super::verify::{san_matches, San};
 use super::*;
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-};
+use crate::tls::test_certs::Ca;
 use remora_xds::model::cluster::{SanMatcher, SanType};
 use remora_xds::model::matcher::StringMatcher;
 use rustls::pki_types::ServerName;
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
 use std::sync::Mutex as StdMutex;
-
-struct Ca {
-    cert: rcgen::Certificate,
-    key: KeyPair,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name = DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::OrganizationName, name);
-        let cert = params.self_signed(&key).unwrap();
-        Ca { cert, key }
-    }
-
-    /// A leaf for these DNS names: (chain PEM, key PEM).
-    fn leaf(&self, names: &[&str]) -> (String, String) {
-        let key = KeyPair::generate().unwrap();
-        let mut params =
-            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
 
 fn certified(chain: &str, key: &str) -> Arc<CertifiedKey> {
     let chain = CertificateDer::pem_slice_iter(chain.as_bytes())
@@ -127,7 +92,7 @@ async fn simple_checks_the_roots_and_the_sans_and_sends_the_sni() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("origin");
     std::fs::write(dir.path().join("ca.pem"), ca.cert.pem()).unwrap();
-    let (chain, key) = ca.leaf(&["api.example.com"]);
+    let (chain, key) = ca.dns(&["api.example.com"]);
     let server = Arc::new(Server {
         cert: certified(&chain, &key),
         sni: StdMutex::default(),
@@ -182,8 +147,8 @@ async fn mutual_presents_the_client_certificate_from_the_files() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("origin");
     std::fs::write(dir.path().join("ca.pem"), ca.cert.pem()).unwrap();
-    let (chain, key) = ca.leaf(&["api.example.com"]);
-    let (client_chain, client_key) = ca.leaf(&["client.example.com"]);
+    let (chain, key) = ca.dns(&["api.example.com"]);
+    let (client_chain, client_key) = ca.dns(&["client.example.com"]);
     std::fs::write(dir.path().join("client.pem"), &client_chain).unwrap();
     std::fs::write(dir.path().join("client-key.pem"), &client_key).unwrap();
     let server = Arc::new(Server {
@@ -204,7 +169,7 @@ async fn mutual_presents_the_client_certificate_from_the_files() {
         &first,
         &origins.client_config(&with, &[]).unwrap()
     ));
-    let (rotated_chain, rotated_key) = ca.leaf(&["client.example.com", "rotated.example.com"]);
+    let (rotated_chain, rotated_key) = ca.dns(&["client.example.com", "rotated.example.com"]);
     std::fs::write(dir.path().join("client.pem"), &rotated_chain).unwrap();
     std::fs::write(dir.path().join("client-key.pem"), &rotated_key).unwrap();
     let second = origins.client_config(&with, &[]).unwrap();
@@ -221,8 +186,8 @@ fn unreadable_or_mismatched_files_fail_naming_the_file_not_the_key() {
     let err = origins.client_config(&tls, &[]).unwrap_err().to_string();
     assert!(err.contains("ca.pem"), "{err}");
     std::fs::write(dir.path().join("ca.pem"), ca.cert.pem()).unwrap();
-    let (chain, _) = ca.leaf(&["client.example.com"]);
-    let (_, other_key) = ca.leaf(&["client.example.com"]);
+    let (chain, _) = ca.dns(&["client.example.com"]);
+    let (_, other_key) = ca.dns(&["client.example.com"]);
     std::fs::write(dir.path().join("client.pem"), &chain).unwrap();
     std::fs::write(dir.path().join("client-key.pem"), &other_key).unwrap();
     let err = origins.client_config(&tls, &[]).unwrap_err().to_string();
@@ -299,7 +264,7 @@ async fn auto_sni_and_san_validation_take_the_requests_host() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("origin");
     std::fs::write(dir.path().join("ca.pem"), ca.cert.pem()).unwrap();
-    let (chain, key) = ca.leaf(&["api.example.com"]);
+    let (chain, key) = ca.dns(&["api.example.com"]);
     let server = Arc::new(Server {
         cert: certified(&chain, &key),
         sni: StdMutex::default(),
