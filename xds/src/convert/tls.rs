@@ -162,6 +162,15 @@ fn upstream(ctx: &tls::UpstreamTlsContext, path: &str) -> Result<UpstreamTls, Fa
             "an upstream maximum TLS version below 1.3 not supported",
         ));
     }
+    if !ctx.sni.is_empty() && !sendable_sni(&ctx.sni) {
+        return Err(Fault::new(
+            format!("{path}.sni"),
+            format!(
+                "SNI {:?} not supported (TLS sends a DNS name: letters, digits, `-`, `_`, dots)",
+                ctx.sni
+            ),
+        ));
+    }
     Ok(UpstreamTls {
         sni: (!ctx.sni.is_empty()).then(|| ctx.sni.clone()),
         alpn: common.alpn,
@@ -213,6 +222,21 @@ fn version(v: i32, path: &str) -> Result<Option<TlsVersion>, Fault> {
         Ok(P::TlSv13) => Some(TlsVersion::Tls1_3),
         Err(_) => return Err(Fault::new(path, "unknown TLS version")),
     })
+}
+
+/// Whether `sni` is a name TLS can carry (RFC 6066: a DNS host name, not an address), which
+/// rustls sends as written; Envoy would send any string, Remora refuses what it could not.
+fn sendable_sni(sni: &str) -> bool {
+    let name = sni.strip_suffix('.').unwrap_or(sni);
+    name.len() <= 253
+        && name.parse::<std::net::IpAddr>().is_err()
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
 }
 
 /// A downstream context's secret: only the workload's own.

@@ -260,6 +260,16 @@ async fn auto_sni_and_san_validation_take_the_requests_host() {
     assert_eq!(host_of("api.example.com"), "api.example.com");
     assert_eq!(host_of("[2001:db8::1]:80"), "2001:db8::1");
     assert_eq!(host_of("10.0.0.1:80"), "10.0.0.1");
+    // What the converter lets through as an SNI, rustls sends.
+    for sni in ["api.example.com.", "outbound_.80_._.a.b"] {
+        assert!(
+            matches!(
+                ServerName::try_from(sni.to_string()),
+                Ok(ServerName::DnsName(_))
+            ),
+            "{sni}"
+        );
+    }
 
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("origin");

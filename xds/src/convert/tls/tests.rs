@@ -259,3 +259,28 @@ fn auto_sni_and_auto_san_validation_for_origination_only() {
         "{err}"
     );
 }
+
+#[test]
+fn an_sni_tls_cannot_carry_is_refused() {
+    for sni in ["10.0.0.1", "api example.com", "a..b", "::1"] {
+        let err = convert(
+            json!({"tls_params": params(), "validation_context": {}}),
+            Some(sni),
+        )
+        .expect_err(sni);
+        assert!(
+            err.contains(".sni") && err.contains("not supported"),
+            "{sni}: {err}"
+        );
+    }
+    for sni in [
+        "outbound_.9080_.v1_.reviews.default.svc.cluster.local",
+        "api.example.com.",
+    ] {
+        convert(
+            json!({"tls_params": params(), "validation_context": {}}),
+            Some(sni),
+        )
+        .unwrap_or_else(|e| panic!("{sni}: {e}"));
+    }
+}
