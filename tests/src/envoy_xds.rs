@@ -3,12 +3,18 @@
 //! those resources, with each `ads` source they name (a listener's RDS, a cluster's EDS)
 //! pointed at a file holding that route table or load assignment (Envoy's filesystem
 //! subscription). Nothing else of a resource changes, so both proxies route by one config.
+//!
+//! The SDS secrets a DestinationRule's TLS names (`file-cert:CHAIN~KEY`, `file-root:PATH`),
+//! which pilot-agent's SDS server reads from the pod's files and serves to Envoy, are served
+//! the same way: each becomes a file holding the `Secret` pilot-agent would send (the chain and
+//! key, or the roots, read from those paths), and the reference reads it from there.
 
 use serde_json::{json, Value};
 use std::path::Path;
 
 const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 const ENDPOINT_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+const SECRET_TYPE: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 
 /// A set of resources, each a JSON array as Envoy prints them.
 #[derive(Debug, Clone)]
@@ -72,6 +78,7 @@ impl Resources {
                 if let Some(eds) = c.pointer_mut("/eds_cluster_config/eds_config") {
                     *eds = file_source(&dir.join(format!("eds-{}.json", file_name(&name))));
                 }
+                serve_file_secrets(&mut c, dir);
                 c
             })
             .collect();
@@ -129,6 +136,41 @@ fn point_rds_at_files(v: &mut Value, dir: &Path) {
             o.values_mut().for_each(|v| point_rds_at_files(v, dir));
         }
         Value::Array(a) => a.iter_mut().for_each(|v| point_rds_at_files(v, dir)),
+        _ => {}
+    }
+}
+
+/// The `Secret` pilot-agent's SDS server makes of a file secret's name
+/// (`SdsCertificateConfigFromResourceName`), its data read from the files, as pilot-agent
+/// reads them (here by Envoy itself, from the same paths); `None` for any other name.
+fn file_secret(name: &str) -> Option<Value> {
+    if let Some(files) = name.strip_prefix("file-cert:") {
+        let (chain, key) = files.split_once('~')?;
+        return Some(json!({"name": name, "tls_certificate": {
+            "certificate_chain": {"filename": chain}, "private_key": {"filename": key}}}));
+    }
+    let roots = name.strip_prefix("file-root:")?;
+    Some(json!({"name": name, "validation_context": {"trusted_ca": {"filename": roots}}}))
+}
+
+/// Every SDS reference in `v` to a file secret reads it from a file in `dir`.
+fn serve_file_secrets(v: &mut Value, dir: &Path) {
+    match v {
+        Value::Object(o) => {
+            let secret = o
+                .get("name")
+                .and_then(Value::as_str)
+                .filter(|_| o.contains_key("sds_config"))
+                .and_then(file_secret);
+            if let Some(secret) = secret {
+                let name = secret["name"].as_str().unwrap_or_default().to_string();
+                let path = dir.join(format!("sds-{}.json", file_name(&name)));
+                write_discovery(&path, SECRET_TYPE, &secret);
+                o.insert("sds_config".into(), file_source(&path));
+            }
+            o.values_mut().for_each(|v| serve_file_secrets(v, dir));
+        }
+        Value::Array(a) => a.iter_mut().for_each(|v| serve_file_secrets(v, dir)),
         _ => {}
     }
 }

@@ -6,8 +6,8 @@ mod cases_support;
 
 use cases_support::*;
 use remora_xds::model::cluster::{
-    Cluster, Discovery, DnsLookupFamily, LbPolicy, SanMatcher, TlsVersion, TransportSocket,
-    UpstreamHttpProtocol, DEFAULT_CONNECT_TIMEOUT,
+    Cluster, Discovery, DnsLookupFamily, LbPolicy, SanMatcher, SdsSecret, TlsVersion,
+    TransportSocket, UpstreamHttpProtocol, DEFAULT_CONNECT_TIMEOUT,
 };
 use remora_xds::model::endpoint::Health;
 use remora_xds::model::matcher::StringMatcher;
@@ -101,8 +101,8 @@ fn each_subset_has_its_own_sni_and_the_service_account_sans() {
             }]
         );
         assert_eq!(tls.alpn, ["istio-peer-exchange", "istio"]);
-        assert_eq!(tls.certificate_secret.as_deref(), Some("default"));
-        assert_eq!(tls.validation_secret.as_deref(), Some("ROOTCA"));
+        assert_eq!(tls.certificate_secret, Some(SdsSecret::Workload));
+        assert_eq!(tls.validation_secret, Some(SdsSecret::MeshRoots));
         assert_eq!(
             (tls.min_version, tls.max_version),
             (Some(TlsVersion::Tls1_2), Some(TlsVersion::Tls1_3))
@@ -318,4 +318,56 @@ fn tcp_keepalive_as_istiod_writes_it() {
         "outbound|9080||pool-limits.default.svc.cluster.local",
     );
     assert_eq!(pool.tcp_keepalive, None);
+}
+
+/// DestinationRule `trafficPolicy.tls` SIMPLE and MUTUAL as istiod writes them: the pod's files
+/// named as pilot-agent's SDS names them, resolved in the model; not Istio mTLS.
+#[test]
+fn destination_rule_tls_names_the_pods_files() {
+    let snap = snapshot("tls-origination");
+    let tls = |name: &str| {
+        let c = cluster(&snap, name);
+        assert!(c.istio.keeps_alpn, "{name}: alpn_override false");
+        assert!(c.istio_mtls().is_none_or(|t| !t.is_mesh()), "{name}");
+        match &c.transport_socket {
+            TransportSocket::Tls(t) => (**t).clone(),
+            TransportSocket::Plaintext => panic!("{name}: plaintext"),
+        }
+    };
+    let system = tls("outbound|443||tls.example.com");
+    assert_eq!(system.sni.as_deref(), Some("tls.example.com"));
+    assert_eq!(system.validation_secret, Some(SdsSecret::SystemRoots));
+    assert!(system.subject_alt_names.is_empty() && system.certificate_secret.is_none());
+    let ca = tls("outbound|443||ca.example.com");
+    assert_eq!(
+        ca.validation_secret,
+        Some(SdsSecret::FileRoots("/etc/certs/ca.pem".into()))
+    );
+    assert_eq!(
+        ca.subject_alt_names,
+        [SanMatcher {
+            san_type: None,
+            matcher: StringMatcher::exact("api.example.com"),
+        }]
+    );
+    let insecure = tls("outbound|443||insecure.example.com");
+    assert_eq!(insecure.validation_secret, None);
+    let mutual = tls("outbound|8443||mutual.example.com");
+    assert_eq!(
+        mutual.certificate_secret,
+        Some(SdsSecret::FileCertificate {
+            chain: "/etc/certs/client.pem".into(),
+            key: "/etc/certs/client-key.pem".into(),
+        })
+    );
+    assert_eq!(mutual.alpn, ["h2"]);
+    assert_eq!(
+        cluster(&snap, "outbound|8443||mutual.example.com").http_protocol,
+        UpstreamHttpProtocol::Http2
+    );
+    // Neither sni nor subjectAltNames: the request's host is both.
+    let auto = cluster(&snap, "outbound|80||edition.example.com");
+    assert!(auto.auto_sni && auto.auto_san_validation);
+    assert_eq!(tls("outbound|80||edition.example.com").sni, None);
+    assert!(!cluster(&snap, "outbound|443||tls.example.com").auto_sni);
 }

@@ -28,6 +28,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
         "resilience",
         "mirror",
         "consistent-hash",
+        "tls-origination",
     ] {
         let verdicts = verdicts(case);
         let want = ["listeners", "clusters", "routes", "endpoints"]
@@ -44,14 +45,16 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
 /// Each resource of `gaps`: its kind and name, the field refused and why. What istiod writes
 /// it for is in the comment.
 const GAPS: [(Kind, &str, &str, &str); 5] = [
-    // DestinationRule tls {mode: SIMPLE} (TLS origination): the system roots come from
-    // pilot-agent's file SDS as `file-root:system`.
+    // DestinationRule tls {mode: MUTUAL, credentialName} with a workloadSelector: secrets
+    // istiod serves over SDS (`kubernetes://…`), which Remora does not subscribe to. (The
+    // pod's files, `file-cert:`/`file-root:`, are the accepted case `tls-origination`.)
     (
         Kind::Cluster,
-        "outbound|443||tls.example.com",
-        "transport_socket.typed_config.common_tls_context.combined_validation_context\
-         .validation_context_sds_secret_config.name",
-        "SDS secret \"file-root:system\" not supported (only Istio's workload secrets `default` and `ROOTCA`)",
+        "outbound|443||credential.example.com",
+        "transport_socket.typed_config.common_tls_context.tls_certificate_sds_secret_configs[0].name",
+        "SDS secret \"kubernetes://client-credential\" not supported (the workload's `default` and \
+         `ROOTCA`, and pilot-agent's `file-cert:`/`file-root:` files; a DestinationRule's \
+         credentialName, served by istiod over SDS, is not)",
     ),
     // VirtualService rewrite.uriRegexRewrite (and GAMMA's rewrite to `/`).
     (

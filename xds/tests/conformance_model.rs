@@ -220,12 +220,15 @@ fn clusters_reproduce_their_facts() {
         assert_eq!(tls.sni.as_deref(), mtls["sni"].as_str(), "{at}");
         assert_eq!(tls.alpn, strings(&mtls["alpn"]), "{at}");
         assert_eq!(
-            tls.certificate_secret.iter().cloned().collect::<Vec<_>>(),
+            tls.certificate_secret
+                .iter()
+                .map(|s| s.name())
+                .collect::<Vec<_>>(),
             strings(&mtls["certificate_sds"]),
             "{at}"
         );
         assert_eq!(
-            tls.validation_secret.as_deref(),
+            tls.validation_secret.as_ref().map(|s| s.name()).as_deref(),
             mtls["validation_sds"].as_str(),
             "{at}"
         );

@@ -356,6 +356,18 @@ async fn send(ctx: &Arc<ConnContext>, cluster: Arc<Cluster>, req: Request<Upstre
     };
     let generation = store.generation();
     let target = super::routed::RoutedCluster::resolve(ctx, &store.current(), &cluster, generation);
+    // The shadow's own authority (`host-shadow`), as Envoy's router reads the shadow's
+    // headers for `auto_sni`.
+    let origin_host = (cluster.auto_sni || cluster.auto_san_validation)
+        .then(|| {
+            req.uri().host().or_else(|| {
+                req.headers()
+                    .get(http::header::HOST)
+                    .and_then(|v| v.to_str().ok())
+            })
+        })
+        .flatten()
+        .map(|a| Arc::from(crate::upstream::transport::host_of(a)));
     let routed = super::routed::Routed {
         cluster: Some(Arc::new(target)),
         timeout: None,
@@ -373,6 +385,7 @@ async fn send(ctx: &Arc<ConnContext>, cluster: Arc<Cluster>, req: Request<Upstre
         mirrors: None,
         hash: None,
         set_cookies: Vec::new(),
+        origin_host,
     };
     let up = match super::routed::send(ctx, &routed, req).await {
         Ok(up) => up,

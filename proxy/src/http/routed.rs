@@ -101,6 +101,10 @@ pub struct Routed {
     /// whose cookie it lacked), added to the upstream's response after its edits, as Envoy's
     /// router adds them (not to local replies).
     pub set_cookies: Vec<http::HeaderValue>,
+    /// The host (after the route's host rewrite, without the port) a TLS origination takes
+    /// as SNI and SAN, for a cluster with `auto_sni` or `auto_san_validation`; `None` for
+    /// every other.
+    pub origin_host: Option<Arc<str>>,
 }
 
 impl Routed {
@@ -433,6 +437,13 @@ pub fn decide_request(
     let target = clusters.get(ctx, cluster);
     let plain_http1_upstream = target.as_ref().is_none_or(|c| c.plain_http1_upstream);
     let hashes = target.as_ref().is_some_and(|c| c.model.lb_policy.hashes());
+    let origin_host = target
+        .as_ref()
+        .filter(|c| c.model.auto_sni || c.model.auto_san_validation)
+        .map(|_| {
+            let authority = forward.host_rewrite.as_deref().unwrap_or(host);
+            Arc::from(crate::upstream::transport::host_of(authority))
+        });
     let rules = super::retry_policy::RetryRules::of(retry);
     // Only a consistent-hash cluster reads it: no work for any other.
     let mut made = Vec::new();
@@ -472,6 +483,7 @@ pub fn decide_request(
         mirrors: (!forward.mirrors.is_empty()).then(|| Arc::clone(&forward.mirrors)),
         hash,
         set_cookies,
+        origin_host,
     };
     Ok(Decided {
         routed,

@@ -70,7 +70,7 @@ static TLS13_ONLY: [&rustls::SupportedProtocolVersion; 1] = [&rustls::version::T
 static TLS12_AND_13: [&rustls::SupportedProtocolVersion; 2] =
     [&rustls::version::TLS13, &rustls::version::TLS12];
 
-fn versions(min: TlsVersion) -> &'static [&'static rustls::SupportedProtocolVersion] {
+pub(crate) fn versions(min: TlsVersion) -> &'static [&'static rustls::SupportedProtocolVersion] {
     match min {
         TlsVersion::Tls13 => &TLS13_ONLY,
         TlsVersion::Tls12 => &TLS12_AND_13,
@@ -273,7 +273,7 @@ fn build_server(identity: &Identity, min: TlsVersion) -> Result<ServerConfig, Co
 
 /// Presents the same certificate to every peer.
 #[derive(Debug)]
-struct Fixed(Arc<CertifiedKey>);
+pub(crate) struct Fixed(pub(crate) Arc<CertifiedKey>);
 
 impl rustls::server::ResolvesServerCert for Fixed {
     fn resolve(&self, _: rustls::server::ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
@@ -367,7 +367,7 @@ pub async fn originate(
     o.metrics.handshake(o.direction, failure.as_str());
     tracing::warn!(
         destination = %o.destination, reason = failure.as_str(), %error,
-        "outbound mesh TLS handshake failed"
+        "outbound TLS handshake failed"
     );
     Err(failure)
 }

@@ -15,6 +15,48 @@ pub type ServerStream = tokio_rustls::server::TlsStream<Rewind<TcpStream>>;
 /// A TLS client stream to a mesh destination.
 pub type ClientStream = tokio_rustls::client::TlsStream<TcpStream>;
 
+/// An originated TLS stream whose server may end it without a `close_notify`: that end is
+/// read as the end of the stream, passed on as a half-close, as Envoy closes the downstream
+/// after what it read (many servers outside the mesh close the socket straight away). Without
+/// this, rustls reports the truncation as an error, the copy resets the client, and the reset
+/// throws away the answer still in the client socket's send buffer.
+#[derive(Debug)]
+pub struct EndWithoutCloseNotify<S>(pub S);
+
+impl<S: AsyncRead + Unpin> AsyncRead for EndWithoutCloseNotify<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match Pin::new(&mut self.get_mut().0).poll_read(cx, buf) {
+            Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                tracing::debug!("upstream TLS ended without close_notify; read as its end");
+                Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for EndWithoutCloseNotify<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write(cx, data)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
+}
+
 /// A stream with bytes already read from it put back in front.
 #[derive(Debug)]
 pub struct Rewind<S> {

@@ -1,5 +1,6 @@
 //! Certificates for the unit tests: a mesh CA and workload certificates shaped as Istio's
-//! (a SPIFFE ID as the only SAN, both TLS usages), made with rcgen.
+//! (a SPIFFE ID as the only SAN, both TLS usages), and DNS-named ones for servers outside the
+//! mesh, made with rcgen.
 
 use crate::identity::{Files, Identity, Paths};
 use rcgen::{
@@ -41,6 +42,21 @@ impl Ca {
             params.not_before = rcgen::date_time_ymd(2019, 1, 1);
             params.not_after = rcgen::date_time_ymd(2020, 1, 1);
         }
+        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// A certificate for these DNS names (a server outside the mesh, or its client), both
+    /// TLS usages: (chain PEM, key PEM).
+    pub fn dns(&self, names: &[&str]) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
         let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
         (cert.pem(), key.serialize_pem())
     }

@@ -2,8 +2,10 @@
 //! timeout, registered with the loop guard), then, for an Istio mTLS endpoint, the handshake
 //! with the socket's SNI, ALPN and SAN check, presenting the workload identity. Without an
 //! identity the connection fails, counted and logged: it never goes out in plaintext instead.
+//! A DestinationRule's origination shakes hands the same way with the config built from the
+//! pod's files ([`super::origin`]); a file that cannot be read fails the connection.
 
-use super::{MeshTls, Selected, Transport};
+use super::{origin::OriginError, MeshTls, OriginTls, Selected, Transport};
 use crate::access_log::End;
 use crate::connect::{self, ConnectError, Upstream};
 use crate::loop_guard::Registration;
@@ -19,7 +21,8 @@ use std::net::SocketAddr;
 #[derive(Debug)]
 pub enum Connected {
     Plain(Upstream),
-    /// Inside Istio mTLS; the registration lives as long as the connection.
+    /// Inside TLS (Istio mTLS, or a DestinationRule's origination); the registration lives
+    /// as long as the connection.
     Mesh(Box<ClientStream>, Registration),
 }
 
@@ -32,7 +35,12 @@ pub enum DialError {
     NoIdentity { address: SocketAddr },
     #[error("{address}: building the mTLS client config: {reason}")]
     Config { address: SocketAddr, reason: String },
-    #[error("{address}: mTLS handshake failed ({})", failure.as_str())]
+    #[error("{address}: TLS origination: {error}")]
+    Origin {
+        address: SocketAddr,
+        error: OriginError,
+    },
+    #[error("{address}: TLS handshake failed ({})", failure.as_str())]
     Handshake {
         address: SocketAddr,
         failure: HandshakeFailure,
@@ -86,6 +94,12 @@ pub async fn dial(
     let mesh = match &selected.transport {
         Transport::Plaintext => return Ok(Connected::Plain(upstream)),
         Transport::Mesh(mesh) => mesh,
+        Transport::Origin(origin) => {
+            return originate(
+                proxy, tls_config, selected, origin, direction, alpn, upstream,
+            )
+            .await
+        }
     };
     let address = selected.address;
     let offered: Vec<&[u8]> = match alpn {
@@ -150,6 +164,47 @@ fn keepalive(stream: &tokio::net::TcpStream, k: &TcpKeepalive) -> std::io::Resul
         params = params.with_retries(probes);
     }
     socket2::SockRef::from(stream).set_tcp_keepalive(&params)
+}
+
+/// Originate a DestinationRule's TLS on `upstream`. Istio's ALPN filter replaces the offer
+/// (`alpn`) unless the cluster keeps its own (istiod's `alpn_override: "false"`).
+async fn originate(
+    proxy: &Proxy,
+    tls_config: &TlsConfig,
+    selected: &Selected,
+    origin: &std::sync::Arc<OriginTls>,
+    direction: Direction,
+    alpn: Option<&[&[u8]]>,
+    upstream: Upstream,
+) -> Result<Connected, DialError> {
+    let address = selected.address;
+    let offered: Vec<&[u8]> = match alpn {
+        Some(a) if !origin.keeps_alpn => a.to_vec(),
+        _ => origin.alpn.iter().map(|a| a.as_bytes()).collect(),
+    };
+    let client = proxy
+        .upstreams
+        .origins
+        .client_config(origin, &offered)
+        .map_err(|error| DialError::Origin { address, error })?;
+    let name = origin
+        .sni
+        .as_ref()
+        .and_then(|sni| ServerName::try_from(sni.clone()).ok())
+        .unwrap_or_else(|| ServerName::IpAddress(address.ip().into()));
+    let (stream, registration) = upstream.into_parts();
+    let originating = tls::Originating {
+        client,
+        name,
+        timeout: tls_config.handshake_timeout,
+        destination: address,
+        direction,
+        metrics: &proxy.metrics.tls,
+    };
+    match tls::originate(stream, originating).await {
+        Ok(tls) => Ok(Connected::Mesh(Box::new(tls), registration)),
+        Err(failure) => Err(DialError::Handshake { address, failure }),
+    }
 }
 
 /// The source of a connection to the selected endpoint: the cluster's `upstream_bind_config`

@@ -1,8 +1,9 @@
 //! The upstream layer, when xDS configures the proxy: a cluster name (from the route decision,
 //! [`crate::route`]) becomes one endpoint, chosen among the cluster's healthy ones by its
-//! balancing policy, with the transport Envoy would give that endpoint (plaintext, or Istio
-//! mTLS with the SNI, ALPN and SAN check of the cluster's matching transport socket), and then
-//! an open connection to it ([`dial`]).
+//! balancing policy, with the transport Envoy would give that endpoint (plaintext, Istio
+//! mTLS with the SNI, ALPN and SAN check of the cluster's matching transport socket, or a
+//! DestinationRule's TLS origination with the pod's files, [`origin`]), and then an open
+//! connection to it ([`dial`]).
 //!
 //! HTTP selects once per attempt, TCP once per connection. A selection first takes the
 //! cluster's circuit-breaker slots ([`state`]; over a limit it is refused with Envoy's `UO`),
@@ -25,6 +26,7 @@ pub mod balance;
 pub mod dial;
 pub mod dns;
 pub mod hash;
+pub mod origin;
 pub mod outlier;
 pub mod priority;
 pub mod ring;
@@ -35,9 +37,9 @@ pub mod transport;
 pub use assignment::Assignment;
 pub use outlier::Outcome;
 pub use state::ClusterState;
-pub use transport::{MeshTls, Transport, TransportError};
+pub use transport::{MeshTls, OriginTls, Transport, TransportError};
 
-/// Mesh TLS parameter sets and service peers are kept for at most this many; past it they
+/// TLS parameter sets and service peers are kept for at most this many; past it they
 /// start again (istiod may name clusters without end over a long life).
 const ROUND_ROBIN_CLUSTERS: usize = 4096;
 
@@ -52,9 +54,11 @@ pub struct Upstreams {
     /// Per cluster: circuit breakers, outlier detection, in-flight counts per host (what
     /// LEAST_REQUEST compares), the round-robin position and Envoy's statistics.
     pub clusters: state::ClusterStates,
-    /// A small number per set of mesh TLS parameters, for the pool's key: connections made
+    /// A small number per set of TLS parameters, for the pool's key: connections made
     /// with one SNI and SAN check never serve a request that wants another.
     tls_ids: Mutex<TlsIds>,
+    /// The client configs of DestinationRule originations, built from the pod's files.
+    pub origins: origin::Origins,
     /// The server side of Istio's request metrics per service host a cluster stands for, made
     /// once and shared, so that a request's series is found without an allocation.
     service_peers: Mutex<foldhash::HashMap<String, Arc<crate::tls::Peer>>>,
@@ -64,11 +68,18 @@ pub struct Upstreams {
 
 #[derive(Debug, Default)]
 struct TlsIds {
-    ids: foldhash::HashMap<Arc<MeshTls>, u32>,
+    ids: foldhash::HashMap<TlsParams, u32>,
     /// The last number given. Never reused: when the table is full it starts again with fresh
     /// numbers, so a pooled connection under an old number can never be taken for another's
     /// parameters. Starts above 0, which is plaintext's.
     last: u32,
+}
+
+/// What a pooled TLS connection was made with.
+#[derive(Debug, PartialEq, Eq, Hash)]
+enum TlsParams {
+    Mesh(Arc<MeshTls>),
+    Origin(Arc<OriginTls>),
 }
 
 /// The endpoint chosen for one request or connection.
@@ -343,10 +354,16 @@ impl Upstreams {
         }
     }
 
-    /// The pool-key number of these mesh TLS parameters (never 0).
-    pub fn tls_id(&self, mesh: &Arc<MeshTls>) -> u32 {
+    /// The pool-key number of a transport: 0 for plaintext, one per set of TLS parameters
+    /// otherwise.
+    pub fn tls_id(&self, transport: &Transport) -> u32 {
+        let params = match transport {
+            Transport::Plaintext => return 0,
+            Transport::Mesh(mesh) => TlsParams::Mesh(Arc::clone(mesh)),
+            Transport::Origin(origin) => TlsParams::Origin(Arc::clone(origin)),
+        };
         let mut t = self.tls_ids.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(id) = t.ids.get(mesh) {
+        if let Some(id) = t.ids.get(&params) {
             return *id;
         }
         if t.ids.len() >= ROUND_ROBIN_CLUSTERS {
@@ -355,7 +372,7 @@ impl Upstreams {
         // Four billion parameter sets would have to be seen before a number came back.
         t.last = t.last.checked_add(1).unwrap_or(1);
         let id = t.last;
-        t.ids.insert(Arc::clone(mesh), id);
+        t.ids.insert(params, id);
         id
     }
 

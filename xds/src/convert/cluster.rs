@@ -182,7 +182,7 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
                 socket,
             })
         })
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<Vec<_>, _>>()?;
     let mut metadata_exchange = None;
     for (i, f) in c.filters.iter().enumerate() {
         let at = format!("filters[{i}].typed_config");
@@ -203,6 +203,7 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
     let mut http_idle_timeout = None;
     let mut max_requests_per_connection = None;
     let mut http2_max_concurrent_streams = None;
+    let (mut auto_sni, mut auto_san_validation) = (false, false);
     for (key, any) in &c.typed_extension_protocol_options {
         let at = format!("typed_extension_protocol_options[{key}]");
         let u = unpack(any, &at)?;
@@ -227,6 +228,19 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
                 .as_ref()
                 .map(|v| v.value)
                 .filter(|n| *n > 0);
+        }
+        if let Some(u) = &o.upstream_http_protocol_options {
+            (auto_sni, auto_san_validation) = (u.auto_sni, u.auto_san_validation);
+            let mesh = std::iter::once(&transport_socket)
+                .chain(transport_socket_matches.iter().map(|m| &m.socket))
+                .any(|s| matches!(s, TransportSocket::Tls(t) if t.is_mesh()));
+            if (auto_sni || auto_san_validation) && mesh {
+                return Err(Fault::new(
+                    format!("{at}.upstream_http_protocol_options"),
+                    "auto_sni / auto_san_validation on an Istio mTLS cluster not supported \
+                     (only with a DestinationRule's SIMPLE or MUTUAL TLS)",
+                ));
+            }
         }
         use upstream_http::http_protocol_options::UpstreamProtocolOptions as P;
         http_protocol = match &o.upstream_protocol_options {
@@ -307,6 +321,8 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
         http_idle_timeout,
         max_requests_per_connection,
         http2_max_concurrent_streams,
+        auto_sni,
+        auto_san_validation,
         upstream_bind_address,
         alt_stat_name: (!c.alt_stat_name.is_empty()).then(|| c.alt_stat_name.clone()),
         common_lb,
@@ -586,6 +602,7 @@ fn istio_metadata(c: &pb::Cluster) -> IstioClusterMetadata {
         subset: struct_string(istio, "subset"),
         config: struct_string(istio, "config"),
         default_original_port: struct_u32(istio, "default_original_port"),
+        keeps_alpn: struct_string(istio, "alpn_override").as_deref() == Some("false"),
     }
 }
 

@@ -600,9 +600,16 @@ pub const READ: &[(&str, &[&str])] = &[
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
         &[
             "common_http_protocol_options",
+            "upstream_http_protocol_options",
             "explicit_http_config",
             "use_downstream_protocol_config",
         ],
+    ),
+    // istiod's for a DestinationRule's TLS without `sni` (`setAutoSniAndAutoSanValidation`);
+    // `override_auto_sni_header` is refused.
+    (
+        "envoy.config.core.v3.UpstreamHttpProtocolOptions",
+        &["auto_sni", "auto_san_validation"],
     ),
     (
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions.ExplicitHttpConfig",
@@ -629,6 +636,7 @@ pub const READ: &[(&str, &[&str])] = &[
             "alpn_protocols",
             "tls_certificate_sds_secret_configs",
             "combined_validation_context",
+            "validation_context",
             "validation_context_sds_secret_config",
         ],
     ),

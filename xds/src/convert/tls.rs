@@ -1,18 +1,28 @@
-//! TLS transport sockets: the upstream context of Istio's mTLS cluster match and the downstream
-//! context of virtualInbound's chains. Certificates come only from SDS, by the two names
-//! istiod uses for the workload's own (`default`) and the mesh roots (`ROOTCA`), which Remora
-//! resolves to what its CA client holds.
+//! TLS transport sockets: the upstream context of Istio's mTLS cluster match, a
+//! DestinationRule's TLS origination (SIMPLE, MUTUAL), and the downstream context of
+//! virtualInbound's chains. Certificates come only from SDS: by the two names istiod uses for
+//! the workload's own (`default`) and the mesh roots (`ROOTCA`), which Remora resolves to what
+//! its CA client holds, and, upstream, by the names of files in the pod that pilot-agent's SDS
+//! server reads (`file-cert:CHAIN~KEY`, `file-root:PATH`, `file-root:system`), which Remora
+//! reads itself. Secrets istiod serves over SDS (`kubernetes://…`, a DestinationRule's
+//! `credentialName`) are refused by name.
 
 use super::any::unpack;
 use super::common::string_matcher;
-use crate::model::cluster::{SanMatcher, SanType, TlsVersion, UpstreamTls};
+use crate::model::cluster::{SanMatcher, SanType, SdsSecret, TlsVersion, UpstreamTls};
 use crate::model::listener::DownstreamTls;
 use crate::refusal::Fault;
 use envoy_types::pb::envoy::config::core::v3 as core;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3 as tls;
 
-/// The SDS secret names Remora can serve.
+/// The SDS secret names of the workload's own certificate and roots.
 pub const SECRET_NAMES: [&str; 2] = ["default", "ROOTCA"];
+
+/// pilot-agent's prefixes for files of the pod it serves as secrets.
+const FILE_CERT: &str = "file-cert:";
+const FILE_ROOT: &str = "file-root:";
+/// pilot-agent's separator of a `file-cert:` name's chain and key paths.
+const FILE_SEPARATOR: char = '~';
 
 const UPSTREAM: &str = "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
 const DOWNSTREAM: &str = "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext";
@@ -62,13 +72,21 @@ pub fn downstream_socket(
     }
 }
 
+/// An SDS secret's name and where in the resource it was.
+struct Named {
+    name: String,
+    path: String,
+}
+
 struct Common {
     alpn: Vec<String>,
     min_version: Option<TlsVersion>,
     max_version: Option<TlsVersion>,
     cipher_suites: Vec<String>,
-    certificate_secrets: Vec<String>,
-    validation_secret: Option<String>,
+    certificate_secrets: Vec<Named>,
+    validation_secret: Option<Named>,
+    /// Where an empty `validation_context` was (istiod's `insecureSkipVerify`).
+    no_validation: Option<String>,
     subject_alt_names: Vec<SanMatcher>,
 }
 
@@ -89,6 +107,53 @@ fn upstream(ctx: &tls::UpstreamTlsContext, path: &str) -> Result<UpstreamTls, Fa
             "more than one client certificate",
         ));
     }
+    let certificate_secret = common
+        .certificate_secrets
+        .first()
+        .map(upstream_secret)
+        .transpose()?;
+    let validation_secret = common
+        .validation_secret
+        .as_ref()
+        .map(upstream_secret)
+        .transpose()?;
+    match (&certificate_secret, &validation_secret) {
+        (Some(SdsSecret::MeshRoots | SdsSecret::FileRoots(_) | SdsSecret::SystemRoots), _) => {
+            return Err(Fault::new(
+                format!("{path}.common_tls_context.tls_certificate_sds_secret_configs[0].name"),
+                "a root secret named as the client certificate",
+            ))
+        }
+        (_, Some(SdsSecret::Workload | SdsSecret::FileCertificate { .. })) => {
+            return Err(Fault::new(
+                format!("{path}.common_tls_context"),
+                "a certificate secret named as the validation context",
+            ))
+        }
+        // Istio mTLS is the workload's certificate and the mesh roots together: the workload
+        // certificate checked against file roots, or the reverse, is no shape istiod writes.
+        (Some(SdsSecret::Workload), Some(v)) if *v != SdsSecret::MeshRoots => {
+            return Err(Fault::new(
+                format!("{path}.common_tls_context"),
+                "the workload certificate `default` with roots other than `ROOTCA` not supported",
+            ))
+        }
+        (Some(SdsSecret::FileCertificate { .. }), Some(SdsSecret::MeshRoots)) => {
+            return Err(Fault::new(
+                format!("{path}.common_tls_context"),
+                "a `file-cert:` certificate with the mesh roots `ROOTCA` not supported",
+            ))
+        }
+        _ => {}
+    }
+    // Envoy checks SAN matchers only against a chain it verified; istiod never writes them
+    // without roots (insecureSkipVerify drops both).
+    if validation_secret.is_none() && !common.subject_alt_names.is_empty() {
+        return Err(Fault::new(
+            format!("{path}.common_tls_context.combined_validation_context"),
+            "subject alt name matchers without trusted roots not supported",
+        ));
+    }
     // The mesh client offers TLS 1.3 and, unless the minimum is 1.3, 1.2: a lower minimum is
     // met (nothing older is negotiated), a maximum below 1.3 could not be.
     if common.max_version.is_some_and(|v| v < TlsVersion::Tls1_3) {
@@ -97,12 +162,21 @@ fn upstream(ctx: &tls::UpstreamTlsContext, path: &str) -> Result<UpstreamTls, Fa
             "an upstream maximum TLS version below 1.3 not supported",
         ));
     }
+    if !ctx.sni.is_empty() && !sendable_sni(&ctx.sni) {
+        return Err(Fault::new(
+            format!("{path}.sni"),
+            format!(
+                "SNI {:?} not supported (TLS sends a DNS name: letters, digits, `-`, `_`, dots)",
+                ctx.sni
+            ),
+        ));
+    }
     Ok(UpstreamTls {
         sni: (!ctx.sni.is_empty()).then(|| ctx.sni.clone()),
         alpn: common.alpn,
         subject_alt_names: common.subject_alt_names,
-        certificate_secret: common.certificate_secrets.into_iter().next(),
-        validation_secret: common.validation_secret,
+        certificate_secret,
+        validation_secret,
         min_version: common.min_version,
         max_version: common.max_version,
     })
@@ -113,13 +187,23 @@ fn downstream(ctx: &tls::DownstreamTlsContext, path: &str) -> Result<DownstreamT
         ctx.common_tls_context.as_ref(),
         &format!("{path}.common_tls_context"),
     )?;
+    if let Some(at) = common.no_validation {
+        return Err(Fault::new(
+            at,
+            "validation context not supported (only SDS `ROOTCA` with SAN matchers)",
+        ));
+    }
     Ok(DownstreamTls {
         alpn: common.alpn,
         min_version: common.min_version,
         max_version: common.max_version,
         cipher_suites: common.cipher_suites,
-        certificate_secrets: common.certificate_secrets,
-        validation_secret: common.validation_secret,
+        certificate_secrets: common
+            .certificate_secrets
+            .into_iter()
+            .map(mesh_secret)
+            .collect::<Result<_, _>>()?,
+        validation_secret: common.validation_secret.map(mesh_secret).transpose()?,
         subject_alt_names: common.subject_alt_names,
         require_client_certificate: ctx
             .require_client_certificate
@@ -140,17 +224,91 @@ fn version(v: i32, path: &str) -> Result<Option<TlsVersion>, Fault> {
     })
 }
 
-fn secret(s: &tls::SdsSecretConfig, path: &str) -> Result<String, Fault> {
+/// Whether `sni` is a name TLS can carry (RFC 6066: a DNS host name, not an address), which
+/// rustls sends as written; Envoy would send any string, Remora refuses what it could not.
+fn sendable_sni(sni: &str) -> bool {
+    let name = sni.strip_suffix('.').unwrap_or(sni);
+    name.len() <= 253
+        && name.parse::<std::net::IpAddr>().is_err()
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
+/// A downstream context's secret: only the workload's own.
+fn mesh_secret(s: Named) -> Result<String, Fault> {
     if !SECRET_NAMES.contains(&s.name.as_str()) {
         return Err(Fault::new(
-            format!("{path}.name"),
+            format!("{}.name", s.path),
             format!(
                 "SDS secret {:?} not supported (only Istio's workload secrets `default` and `ROOTCA`)",
                 s.name
             ),
         ));
     }
-    Ok(s.name.clone())
+    Ok(s.name)
+}
+
+/// An upstream context's secret: the workload's own, or a file of the pod as pilot-agent's
+/// SDS server names it.
+fn upstream_secret(s: &Named) -> Result<SdsSecret, Fault> {
+    let at = format!("{}.name", s.path);
+    let name = s.name.as_str();
+    let file = |p: &str| -> Result<std::path::PathBuf, Fault> {
+        if p.is_empty() {
+            return Err(Fault::new(
+                &at,
+                format!("SDS secret {name:?} names no file"),
+            ));
+        }
+        Ok(p.into())
+    };
+    match name {
+        "default" => return Ok(SdsSecret::Workload),
+        "ROOTCA" => return Ok(SdsSecret::MeshRoots),
+        "file-root:system" => return Ok(SdsSecret::SystemRoots),
+        _ => {}
+    }
+    if let Some(files) = name.strip_prefix(FILE_CERT) {
+        let mut parts = files.split(FILE_SEPARATOR);
+        return match (parts.next(), parts.next(), parts.next()) {
+            (Some(chain), Some(key), None) => Ok(SdsSecret::FileCertificate {
+                chain: file(chain)?,
+                key: file(key)?,
+            }),
+            _ => Err(Fault::new(
+                &at,
+                format!("SDS secret {name:?} is not `file-cert:CHAIN~KEY`"),
+            )),
+        };
+    }
+    if let Some(path) = name.strip_prefix(FILE_ROOT) {
+        if path.contains(FILE_SEPARATOR) {
+            return Err(Fault::new(
+                &at,
+                format!("SDS secret {name:?} is not `file-root:PATH`"),
+            ));
+        }
+        return Ok(SdsSecret::FileRoots(file(path)?));
+    }
+    Err(Fault::new(
+        at,
+        format!(
+            "SDS secret {name:?} not supported (the workload's `default` and `ROOTCA`, and pilot-agent's \
+             `file-cert:`/`file-root:` files; a DestinationRule's credentialName, served by istiod over SDS, is not)"
+        ),
+    ))
+}
+
+fn named(s: &tls::SdsSecretConfig, path: &str) -> Named {
+    Named {
+        name: s.name.clone(),
+        path: path.to_string(),
+    }
 }
 
 fn common(ctx: Option<&tls::CommonTlsContext>, path: &str) -> Result<Common, Fault> {
@@ -167,29 +325,34 @@ fn common(ctx: Option<&tls::CommonTlsContext>, path: &str) -> Result<Common, Fau
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            secret(
+            named(
                 s,
                 &format!("{path}.tls_certificate_sds_secret_configs[{i}]"),
             )
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect();
     let mut validation_secret = None;
+    let mut no_validation = None;
     let mut subject_alt_names = Vec::new();
     match &ctx.validation_context_type {
         None => {}
+        // istiod's insecureSkipVerify: an empty context, no roots, nothing checked.
+        Some(V::ValidationContext(v)) if *v == tls::CertificateValidationContext::default() => {
+            no_validation = Some(format!("{path}.validation_context"));
+        }
         Some(V::ValidationContextSdsSecretConfig(s)) => {
-            validation_secret = Some(secret(
+            validation_secret = Some(named(
                 s,
                 &format!("{path}.validation_context_sds_secret_config"),
-            )?);
+            ));
         }
         Some(V::CombinedValidationContext(c)) => {
             let at = format!("{path}.combined_validation_context");
             if let Some(s) = &c.validation_context_sds_secret_config {
-                validation_secret = Some(secret(
+                validation_secret = Some(named(
                     s,
                     &format!("{at}.validation_context_sds_secret_config"),
-                )?);
+                ));
             }
             if let Some(d) = &c.default_validation_context {
                 let at = format!("{at}.default_validation_context");
@@ -234,10 +397,16 @@ fn common(ctx: Option<&tls::CommonTlsContext>, path: &str) -> Result<Common, Fau
                 }
             }
         }
+        Some(V::ValidationContext(_)) => {
+            return Err(Fault::new(
+                format!("{path}.validation_context"),
+                "an inline validation context not supported (only an SDS secret with SAN matchers, or an empty one)",
+            ))
+        }
         Some(_) => {
             return Err(Fault::new(
                 path,
-                "validation context not supported (only SDS `ROOTCA` with SAN matchers)",
+                "validation context not supported (only an SDS secret with SAN matchers, or none)",
             ))
         }
     }
@@ -254,6 +423,10 @@ fn common(ctx: Option<&tls::CommonTlsContext>, path: &str) -> Result<Common, Fau
         cipher_suites: params.cipher_suites.clone(),
         certificate_secrets,
         validation_secret,
+        no_validation,
         subject_alt_names,
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -4,6 +4,7 @@
 use super::endpoint::{ClusterLoadAssignment, Locality};
 use super::matcher::StringMatcher;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Envoy's connect timeout when a cluster sets none.
@@ -35,6 +36,14 @@ pub struct Cluster {
     pub max_requests_per_connection: Option<u32>,
     /// HTTP/2 streams per upstream connection (`None`: Envoy's default).
     pub http2_max_concurrent_streams: Option<u32>,
+    /// `upstream_http_protocol_options.auto_sni`: an HTTP request's TLS origination sends its
+    /// host (after the route's host rewrite, without the port; not an IP address) as SNI
+    /// (istiod's, for a DestinationRule's SIMPLE or MUTUAL TLS without `sni`).
+    pub auto_sni: bool,
+    /// `upstream_http_protocol_options.auto_san_validation`: the server's certificate must
+    /// name that host, in place of the socket's SAN matchers (istiod's, with `auto_sni`,
+    /// when the DestinationRule lists no `subjectAltNames`).
+    pub auto_san_validation: bool,
     /// Bind upstream connections to this source address (istiod's `127.0.0.6` for inbound
     /// passthrough, so the application sees traffic from the sidecar).
     pub upstream_bind_address: Option<std::net::IpAddr>,
@@ -210,12 +219,56 @@ pub struct UpstreamTls {
     pub alpn: Vec<String>,
     /// The peer certificate must carry a SAN matching one of these (empty: any).
     pub subject_alt_names: Vec<SanMatcher>,
-    /// SDS secret of our certificate (`default`).
-    pub certificate_secret: Option<String>,
-    /// SDS secret of the trusted roots (`ROOTCA`).
-    pub validation_secret: Option<String>,
+    /// SDS secret of our certificate: `default` (Istio mTLS) or a DestinationRule's
+    /// `file-cert:` (MUTUAL).
+    pub certificate_secret: Option<SdsSecret>,
+    /// SDS secret of the trusted roots: `ROOTCA` (Istio mTLS) or a DestinationRule's
+    /// `file-root:` (SIMPLE, MUTUAL). `None`: the server's certificate is not checked
+    /// (`insecureSkipVerify`, which istiod writes as an empty `validation_context`).
+    pub validation_secret: Option<SdsSecret>,
     pub min_version: Option<TlsVersion>,
     pub max_version: Option<TlsVersion>,
+}
+
+impl UpstreamTls {
+    /// Whether this is Istio mTLS (the workload's own secrets), not a DestinationRule's TLS
+    /// origination with files of the pod.
+    pub fn is_mesh(&self) -> bool {
+        matches!(self.certificate_secret, Some(SdsSecret::Workload))
+            || matches!(self.validation_secret, Some(SdsSecret::MeshRoots))
+    }
+}
+
+/// An SDS secret a transport socket names, resolved as pilot-agent's SDS server resolves it
+/// (`security.SdsCertificateConfigFromResourceName`): Remora reads the files itself.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SdsSecret {
+    /// `default`: the workload certificate Remora holds.
+    Workload,
+    /// `ROOTCA`: the mesh roots Remora holds.
+    MeshRoots,
+    /// `file-cert:CHAIN~KEY`: a client certificate chain and key mounted in the pod
+    /// (DestinationRule `clientCertificate`, `privateKey`).
+    FileCertificate { chain: PathBuf, key: PathBuf },
+    /// `file-root:PATH`: roots mounted in the pod (DestinationRule `caCertificates`).
+    FileRoots(PathBuf),
+    /// `file-root:system`: the operating system's roots (no `caCertificates`).
+    SystemRoots,
+}
+
+impl SdsSecret {
+    /// The name istiod gave it.
+    pub fn name(&self) -> String {
+        match self {
+            SdsSecret::Workload => "default".into(),
+            SdsSecret::MeshRoots => "ROOTCA".into(),
+            SdsSecret::FileCertificate { chain, key } => {
+                format!("file-cert:{}~{}", chain.display(), key.display())
+            }
+            SdsSecret::FileRoots(path) => format!("file-root:{}", path.display()),
+            SdsSecret::SystemRoots => "file-root:system".into(),
+        }
+    }
 }
 
 /// A SAN check.
@@ -253,6 +306,9 @@ pub struct IstioClusterMetadata {
     /// The DestinationRule's path (`/apis/networking.istio.io/…`).
     pub config: Option<String>,
     pub default_original_port: Option<u32>,
+    /// `alpn_override: "false"` (istiod's, on clusters with a DestinationRule's SIMPLE or
+    /// MUTUAL TLS): Istio's ALPN filter leaves the socket's own ALPN offer alone.
+    pub keeps_alpn: bool,
 }
 
 /// A Kubernetes service a cluster stands for.
@@ -306,8 +362,8 @@ mod tests {
             sni: Some(sni.into()),
             alpn: vec![],
             subject_alt_names: vec![],
-            certificate_secret: Some("default".into()),
-            validation_secret: Some("ROOTCA".into()),
+            certificate_secret: Some(SdsSecret::Workload),
+            validation_secret: Some(SdsSecret::MeshRoots),
             min_version: None,
             max_version: None,
         }))
@@ -342,6 +398,8 @@ mod tests {
             http_idle_timeout: None,
             max_requests_per_connection: None,
             http2_max_concurrent_streams: None,
+            auto_sni: false,
+            auto_san_validation: false,
             upstream_bind_address: None,
             alt_stat_name: None,
             common_lb: CommonLb::default(),

@@ -197,6 +197,8 @@ write("redirect-rewrite", "endpoints", [cla(C2, [({}, [ep("10.244.3.20", 80, "ht
 # ---- dns-static: ServiceEntry resolution DNS (STRICT_DNS) and STATIC (WorkloadEntry addresses)
 def se_meta(host, port): return {"filter_metadata": {"istio": {"default_original_port": port,
     "services": [{"host": host, "name": host, "namespace": NS}]}}}
+def tls_meta(host, port):
+    m = se_meta(host, port); m["filter_metadata"]["istio"]["alpn_override"] = "false"; return m
 def inline_cla(name, eps): return {"cluster_name": name, "endpoints": [{"locality": {}, "lb_endpoints": eps}]}
 DNS = "outbound|443||api.example.com"; ST = "outbound|80||static.example.com"; TLS_O = "outbound|443||tls.example.com"
 write("dns-static", "clusters", [
@@ -351,22 +353,76 @@ write("traffic-split", "listeners", [{
 
 # ---- gaps: DestinationRule connectionPool limits (finite circuit-breaker thresholds)
 gaps_clusters = json.load(open(os.path.join(OUT, "gaps", "clusters.json")))
+# DestinationRule tls {mode: MUTUAL, credentialName: client-credential, sni} with a workloadSelector
+# (sec_model.ApplyCustomSDSToClientCommonTLSContext): the secrets istiod itself serves over SDS
+# on the ADS stream, `kubernetes://NAME` and `kubernetes://NAME-cacert`.
+ADS_SDS = lambda name: {"name": name, "sds_config": {"ads": {}, "resource_api_version": "V3"}}
+TLS_K = "outbound|443||credential.example.com"
 gaps_clusters.append(
-    # DestinationRule tls {mode: SIMPLE, sni: tls.example.com}: TLS origination, system roots.
-    {"@type": TYPE("envoy.config.cluster.v3.Cluster"), "name": TLS_O, "type": "STRICT_DNS", "connect_timeout": "10s",
-     "lb_policy": "LEAST_REQUEST", "circuit_breakers": UNLIMITED, "metadata": se_meta("tls.example.com", 443),
-     "load_assignment": inline_cla(TLS_O, [{"endpoint": {"address": {"socket_address": {"address": "tls.example.com", "port_value": 443}}},
+    {"@type": TYPE("envoy.config.cluster.v3.Cluster"), "name": TLS_K, "type": "STRICT_DNS", "connect_timeout": "10s",
+     "lb_policy": "LEAST_REQUEST", "circuit_breakers": UNLIMITED, "metadata": tls_meta("credential.example.com", 443),
+     "load_assignment": inline_cla(TLS_K, [{"endpoint": {"address": {"socket_address": {"address": "credential.example.com", "port_value": 443}}},
                                             "load_balancing_weight": 1}]),
      "dns_refresh_rate": "60s", "respect_dns_ttl": True, "dns_lookup_family": "V4_ONLY",
      "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
          "@type": TYPE("envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"),
          "common_tls_context": {
              "tls_params": {"tls_minimum_protocol_version": "TLSv1_2", "tls_maximum_protocol_version": "TLSv1_3"},
+             "tls_certificate_sds_secret_configs": [ADS_SDS("kubernetes://client-credential")],
              "combined_validation_context": {"default_validation_context": {},
-                                             "validation_context_sds_secret_config": SDS("file-root:system")}},
-         "sni": "tls.example.com"}}}
+                                             "validation_context_sds_secret_config": ADS_SDS("kubernetes://client-credential-cacert")}},
+         "sni": "credential.example.com"}}}
 )
 write("gaps", "clusters", gaps_clusters)
+
+# ---- tls-origination: DestinationRule trafficPolicy.tls SIMPLE and MUTUAL on ServiceEntry hosts, as
+# constructUpstreamTLS (cluster_tls.go) writes them for a sidecar: the pod's files as pilot-agent's SDS
+# names them (file-root:PATH, file-root:system without caCertificates, file-cert:CHAIN~KEY), an empty
+# validation_context for insecureSkipVerify, `h2` ALPN on an HTTP/2 port, alpn_override "false" in
+# the cluster's Istio metadata (AddALPNOverrideToMetadata). Without `sni` istiod asks for the
+# request's host as SNI (auto_sni) and, without subjectAltNames either, as the SAN to check
+# (auto_san_validation), in the cluster's HttpProtocolOptions.
+def tls_cluster(host, port, common, proto=None, sni=True):
+    name = f"outbound|{port}||{host}"
+    c = {"@type": TYPE("envoy.config.cluster.v3.Cluster"), "name": name, "type": "STRICT_DNS", "connect_timeout": "10s",
+         "lb_policy": "LEAST_REQUEST", "circuit_breakers": UNLIMITED, "metadata": tls_meta(host, port),
+         "load_assignment": inline_cla(name, [{"endpoint": {"address": {"socket_address": {"address": host, "port_value": 443}}},
+                                               "load_balancing_weight": 1}]),
+         "dns_refresh_rate": "60s", "respect_dns_ttl": True, "dns_lookup_family": "V4_ONLY"}
+    if proto: c["typed_extension_protocol_options"] = proto
+    common = dict({"tls_params": {"tls_minimum_protocol_version": "TLSv1_2", "tls_maximum_protocol_version": "TLSv1_3"}}, **common)
+    c["transport_socket"] = {"name": "envoy.transport_sockets.tls", "typed_config": {
+        "@type": TYPE("envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"),
+        "common_tls_context": common}}
+    if sni: c["transport_socket"]["typed_config"]["sni"] = host
+    return c
+H2 = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+    "@type": TYPE("envoy.extensions.upstreams.http.v3.HttpProtocolOptions"),
+    "explicit_http_config": {"http2_protocol_options": {}}}}
+write("tls-origination", "clusters", [
+    # tls {mode: SIMPLE, sni: tls.example.com}: no caCertificates, the system roots.
+    tls_cluster("tls.example.com", 443, {"combined_validation_context": {"default_validation_context": {},
+        "validation_context_sds_secret_config": SDS("file-root:system")}}),
+    # tls {mode: SIMPLE, caCertificates: /etc/certs/ca.pem, subjectAltNames: [api.example.com], sni}.
+    tls_cluster("ca.example.com", 443, {"combined_validation_context": {
+        "default_validation_context": {"match_subject_alt_names": [{"exact": "api.example.com"}]},
+        "validation_context_sds_secret_config": SDS("file-root:/etc/certs/ca.pem")}}),
+    # tls {mode: SIMPLE, insecureSkipVerify: true, sni}.
+    tls_cluster("insecure.example.com", 443, {"validation_context": {}}),
+    # tls {mode: MUTUAL, clientCertificate, privateKey, caCertificates, sni} on an HTTP/2 port.
+    tls_cluster("mutual.example.com", 8443, {"alpn_protocols": ["h2"],
+        "tls_certificate_sds_secret_configs": [SDS("file-cert:/etc/certs/client.pem~/etc/certs/client-key.pem")],
+        "combined_validation_context": {
+            "default_validation_context": {"match_subject_alt_names": [{"exact": "mutual.example.com"}]},
+            "validation_context_sds_secret_config": SDS("file-root:/etc/certs/ca.pem")}}, proto=H2),
+    # tls {mode: SIMPLE} alone on an HTTP port (Istio's egress TLS origination task): no sni, no SANs.
+    tls_cluster("edition.example.com", 80, {"combined_validation_context": {"default_validation_context": {},
+        "validation_context_sds_secret_config": SDS("file-root:system")}}, sni=False,
+        proto={"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": TYPE("envoy.extensions.upstreams.http.v3.HttpProtocolOptions"),
+            "upstream_http_protocol_options": {"auto_sni": True, "auto_san_validation": True},
+            "explicit_http_config": {"http_protocol_options": {}}}}),
+])
 
 # ---- tcp-split: VirtualService tcp route with weighted subsets, on a TCP-only service listener
 HM = f"mongo.{NS}.svc.cluster.local"; PM = 27017

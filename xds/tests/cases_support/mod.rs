@@ -19,7 +19,7 @@ pub fn cases_dir() -> PathBuf {
 }
 
 /// The cases, by folder name.
-pub const CASES: [&str; 12] = [
+pub const CASES: [&str; 13] = [
     "traffic-split",
     "faults-retries",
     "cors",
@@ -30,6 +30,7 @@ pub const CASES: [&str; 12] = [
     "dns-static",
     "tcp-split",
     "istiod-defaults",
+    "tls-origination",
     "gaps",
     "envoy-rejects",
 ];

@@ -424,7 +424,7 @@ fn next_connection(
             .pool
             .checkout(&key, now, idle_timeout)
             .map(Up::Plain),
-        crate::upstream::Transport::Mesh(_) => ctx
+        crate::upstream::Transport::Mesh(_) | crate::upstream::Transport::Origin(_) => ctx
             .proxy
             .h1
             .mesh

@@ -9,7 +9,7 @@ use crate::http::forward::{send_on, SendError, Upstreamed};
 use crate::http::pool::{self, Key, Sender};
 use crate::http::{protocol, ConnContext};
 use crate::upstream::dial::{self, Connected};
-use crate::upstream::{Avoid, Outcome, Transport, UpstreamError};
+use crate::upstream::{Avoid, Outcome, UpstreamError};
 use http::Request;
 use std::time::{Duration, Instant};
 
@@ -67,7 +67,7 @@ pub(in crate::http) fn select(
         if let Ok(s) = &selected {
             tried.push(s.address);
         }
-        selected
+        selected.map(|s| for_origin_host(s, routed))
     }
     .map_err(|e| {
         let kind = match e {
@@ -86,12 +86,25 @@ pub(in crate::http) fn select(
         destination: selected.address,
         source: dial::source(&selected, ctx.key.source),
         version,
-        tls: match &selected.transport {
-            Transport::Plaintext => 0,
-            Transport::Mesh(mesh) => ctx.proxy.upstreams.tls_id(mesh),
-        },
+        tls: ctx.proxy.upstreams.tls_id(&selected.transport),
     };
     Ok((selected, key))
+}
+
+/// A TLS origination of a cluster with `auto_sni` / `auto_san_validation` takes the request's
+/// host as SNI and SAN; the pool key then keeps its connections apart from another host's.
+fn for_origin_host(
+    mut selected: crate::upstream::Selected,
+    routed: &Routed,
+) -> crate::upstream::Selected {
+    if let (Some(host), crate::upstream::Transport::Origin(tls)) =
+        (&routed.origin_host, &selected.transport)
+    {
+        let c = &selected.cluster;
+        let tls = tls.for_host(host, c.auto_sni, c.auto_san_validation);
+        selected.transport = crate::upstream::Transport::Origin(std::sync::Arc::new(tls));
+    }
+    selected
 }
 
 /// What a failed dial of an endpoint answers (and whether it is retried).

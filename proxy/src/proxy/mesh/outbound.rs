@@ -141,7 +141,8 @@ impl Proxy {
         }
         let istio = self.metrics.direction(hop.dir).istio_opened(peer.as_ref());
         let copied = {
-            let mut upstream = Rewind::new(unread, &mut tls);
+            let mut upstream =
+                Rewind::new(unread, crate::tls::stream::EndWithoutCloseNotify(&mut tls));
             tcp::copy_streams(prefix, &mut downstream, &mut upstream, hop.idle).await
         };
         copy_outcome(hop, copied, &downstream, tls.get_ref().0).counted_in(istio)

@@ -284,7 +284,10 @@ fn least_request_choice_count_and_typed_sans() {
         tls.subject_alt_names[0].san_type,
         Some(crate::model::cluster::SanType::Uri)
     );
-    assert_eq!(tls.validation_secret.as_deref(), Some("ROOTCA"));
+    assert_eq!(
+        tls.validation_secret,
+        Some(crate::model::cluster::SdsSecret::MeshRoots)
+    );
 }
 
 #[test]

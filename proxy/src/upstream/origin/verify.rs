@@ -1,0 +1,181 @@
+//! Checking an origin server's certificate as Envoy's default validator does for a
+//! DestinationRule's TLS: the chain must lead to the given roots, and when SAN matchers are
+//! given one SAN of the leaf must match one of them. The SNI is not compared with the
+//! certificate (Envoy checks names only through the matchers), and with no roots
+//! (`insecureSkipVerify`) nothing about the certificate is checked, only the handshake's
+//! signature by its key.
+
+use remora_xds::model::cluster::{SanMatcher, SanType};
+use remora_xds::model::matcher::StringMatch;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::server::ParsedCertificate;
+use rustls::{CertificateError, DigitallySignedStruct, Error, RootCertStore, SignatureScheme};
+use std::net::IpAddr;
+use std::sync::Arc;
+use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+
+/// A server verifier for a DestinationRule's origination.
+#[derive(Debug)]
+pub struct OriginVerifier {
+    /// `None`: the chain is not checked.
+    roots: Option<Arc<RootCertStore>>,
+    provider: Arc<CryptoProvider>,
+    sans: Vec<SanMatcher>,
+}
+
+impl OriginVerifier {
+    pub fn new(
+        roots: Option<Arc<RootCertStore>>,
+        provider: Arc<CryptoProvider>,
+        sans: Vec<SanMatcher>,
+    ) -> Self {
+        OriginVerifier {
+            roots,
+            provider,
+            sans,
+        }
+    }
+}
+
+/// One SAN of a certificate, by type.
+#[derive(Debug, PartialEq)]
+pub(super) enum San {
+    Dns(String),
+    Uri(String),
+    Email(String),
+    Ip(IpAddr),
+}
+
+/// The SANs of a DER certificate.
+pub(super) fn sans(der: &[u8]) -> Result<Vec<San>, Error> {
+    let bad = || Error::InvalidCertificate(CertificateError::BadEncoding);
+    let (_, cert) = X509Certificate::from_der(der).map_err(|_| bad())?;
+    let mut out = Vec::new();
+    if let Ok(Some(ext)) = cert.subject_alternative_name() {
+        for name in &ext.value.general_names {
+            match name {
+                GeneralName::DNSName(d) => out.push(San::Dns(d.to_string())),
+                GeneralName::URI(u) => out.push(San::Uri(u.to_string())),
+                GeneralName::RFC822Name(e) => out.push(San::Email(e.to_string())),
+                GeneralName::IPAddress(bytes) => {
+                    let ip = match bytes.len() {
+                        4 => <[u8; 4]>::try_from(*bytes).ok().map(IpAddr::from),
+                        16 => <[u8; 16]>::try_from(*bytes).ok().map(IpAddr::from),
+                        _ => None,
+                    };
+                    out.extend(ip.map(San::Ip));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `san` satisfies `m`, as Envoy's SAN matchers decide: of the matcher's type (any
+/// type for the untyped `match_subject_alt_names`, which Envoy applies to each), and for a
+/// DNS SAN an exact value also matches a certificate's wildcard for one label.
+pub(super) fn san_matches(m: &SanMatcher, san: &San) -> bool {
+    let (kind, value) = match san {
+        San::Dns(v) => (SanType::Dns, v.clone()),
+        San::Uri(v) => (SanType::Uri, v.clone()),
+        San::Email(v) => (SanType::Email, v.clone()),
+        San::Ip(ip) => (SanType::IpAddress, ip.to_string()),
+    };
+    if m.san_type.is_some_and(|t| t != kind) {
+        return false;
+    }
+    match (&m.matcher.kind, kind) {
+        (StringMatch::Exact(want), SanType::Dns) if !m.matcher.ignore_case => {
+            dns_name_matches(want, &value)
+        }
+        _ => m.matcher.matches(&value),
+    }
+}
+
+/// Envoy's `dnsNameMatch`: the name equals the certificate's DNS SAN, ignoring case, or the
+/// SAN is `*.rest` and the name is one label followed by `.rest`.
+fn dns_name_matches(name: &str, san: &str) -> bool {
+    if name.eq_ignore_ascii_case(san) {
+        return true;
+    }
+    let Some(rest) = san.strip_prefix("*.") else {
+        return false;
+    };
+    match name.split_once('.') {
+        Some((label, suffix)) => !label.is_empty() && suffix.eq_ignore_ascii_case(rest),
+        None => false,
+    }
+}
+
+impl ServerCertVerifier for OriginVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, Error> {
+        let Some(roots) = &self.roots else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        let cert = ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &cert,
+            roots,
+            intermediates,
+            now,
+            self.provider.signature_verification_algorithms.all,
+        )?;
+        if self.sans.is_empty() {
+            return Ok(ServerCertVerified::assertion());
+        }
+        let presented = sans(end_entity)?;
+        if presented
+            .iter()
+            .any(|san| self.sans.iter().any(|m| san_matches(m, san)))
+        {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            tracing::debug!(?presented, "origin server's SANs match none expected");
+            Err(Error::InvalidCertificate(CertificateError::NotValidForName))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
