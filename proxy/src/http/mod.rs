@@ -31,6 +31,7 @@ pub mod protocol;
 pub mod retry;
 pub mod retry_policy;
 pub mod routed;
+pub mod send_budget;
 pub mod upgrade;
 
 use crate::access_log::End;
@@ -139,6 +140,9 @@ pub struct ConnContext {
     log_format: Option<remora_config::AccessLogFormat>,
     /// HTTP/2: streams the client reset early, against Rapid Reset ([`premature_reset`]).
     pub resets: premature_reset::PrematureResets,
+    /// HTTP/2: the response bytes queued for the client over all streams
+    /// ([`send_budget`]); unset on HTTP/1.1.
+    send_budget: std::sync::OnceLock<Arc<send_budget::SendBudget>>,
 }
 
 impl ConnContext {
@@ -178,6 +182,7 @@ impl ConnContext {
             route_memo: routed::memo::RouteMemo::default(),
             early_failed: AtomicBool::new(false),
             resets: premature_reset::PrematureResets::default(),
+            send_budget: std::sync::OnceLock::new(),
         }
     }
 
@@ -283,6 +288,9 @@ impl ConnContext {
 
     fn count_sent(&self, n: usize) {
         self.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(budget) = self.send_budget.get() {
+            budget.written(n);
+        }
     }
 
     /// The bytes the connection carried so far.
@@ -497,6 +505,9 @@ async fn serve_hyper(
         Arc::clone(ctx),
         version == HttpVersion::Http1,
     );
+    // HTTP/2: every stream's response within the connection's budget.
+    let budget = (version == HttpVersion::Http2)
+        .then(|| Arc::clone(ctx.send_budget.get_or_init(Default::default)));
     let service = {
         let ctx = Arc::clone(ctx);
         // Boxed: hyper's HTTP/1.1 server allocates room for one service future per connection
@@ -504,6 +515,7 @@ async fn serve_hyper(
         // should cost memory only while the request runs.
         service_fn(move |req| {
             let ctx = Arc::clone(&ctx);
+            let budget = budget.clone();
             Box::pin(async move {
                 let mut response = forward::handle(Arc::clone(&ctx), req).await;
                 // Every response, the upstream's and our own, as Envoy's connection manager
@@ -511,7 +523,7 @@ async fn serve_hyper(
                 if let (Ok(r), Some(server)) = (&mut response, &ctx.xds_chain.server) {
                     r.headers_mut().insert(http::header::SERVER, server.clone());
                 }
-                response
+                response.map(|r| r.map(|body| send_budget::Budgeted::new(body, budget)))
             })
         })
     };
@@ -554,6 +566,8 @@ async fn serve_hyper(
                 .max_pending_accept_reset_streams(H2_MAX_PENDING_ACCEPT_RESET_STREAMS)
                 .max_local_error_reset_streams(H2_MAX_LOCAL_ERROR_RESET_STREAMS)
                 .max_send_buf_size(H2_MAX_SEND_BUF)
+                .initial_stream_window_size(H2_RECEIVE_WINDOW)
+                .initial_connection_window_size(H2_RECEIVE_WINDOW)
                 .serve_connection(TokioIo::new(Coalesced::new(io)), service);
             drive(conn, ctx, |c| c.graceful_shutdown()).await
         }
@@ -574,10 +588,17 @@ fn downstream_h1_buffer(max_header_bytes: usize) -> usize {
 /// HTTP/2 client connections: response bytes queued per stream while the client's socket
 /// does not take them (hyper's `max_send_buf_size`, about 400 KiB by default). A client that
 /// grants every window and then reads nothing makes Remora hold that per stream; 64 KiB is four
-/// full DATA frames, enough to keep a stream moving while the socket drains. Measured with 400
-/// stalled streams of 1 MiB: 232 to 440 KiB of RSS per stream with the default, 58 to 338 KiB
-/// with this (docs/hardening.md, "Overload": most of what remains is elsewhere).
+/// full DATA frames, enough to keep a stream moving while the socket drains. Over all the
+/// connection's streams, [`send_budget`] bounds it to 1 MiB.
 const H2_MAX_SEND_BUF: usize = 64 * 1024;
+
+/// HTTP/2 client connections: the receive window of each stream and of the whole connection,
+/// so what a client can make Remora hold of its request bodies while the upstream does not
+/// take them: 1 MiB per connection over all its streams, as Envoy's default
+/// `per_connection_buffer_limit_bytes` (hyper's defaults, named so that an upgrade cannot move
+/// them). Past the client's window, each stream's upstream send buffer
+/// ([`pool::UPSTREAM_H2_SEND_BUF`]) holds what the upstream has not taken.
+const H2_RECEIVE_WINDOW: u32 = 1 << 20;
 
 /// HTTP/2 client connections: streams the client may reset before hyper accepts them, before
 /// GOAWAY(ENHANCE_YOUR_CALM) (Rapid Reset in one write; h2's own default).
