@@ -70,6 +70,10 @@ pub struct XdsChainFlags {
     /// The `server` header of every response, as Envoy's connection manager writes it over
     /// the upstream's (`server_name`, istiod's `istio-envoy`; Envoy's own `envoy` when unset).
     pub server: Option<http::HeaderValue>,
+    /// `http2_protocol_options.max_concurrent_streams` (istiod writes it only from a
+    /// ProxyConfig's `connectionSettings`): the HTTP/2 stream limit in place of
+    /// `http.max_concurrent_streams`.
+    pub max_concurrent_streams: Option<u32>,
 }
 
 impl XdsChainFlags {
@@ -80,6 +84,7 @@ impl XdsChainFlags {
             cors_filter: chain.has_cors_filter(),
             normalize_path: chain.normalize_path,
             server: http::HeaderValue::try_from(server).ok(),
+            max_concurrent_streams: chain.http2_max_concurrent_streams,
         }
     }
 }
@@ -559,7 +564,11 @@ async fn serve_hyper(
         HttpVersion::Http2 => {
             let conn = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
-                .max_concurrent_streams(http.max_concurrent_streams)
+                .max_concurrent_streams(
+                    ctx.xds_chain
+                        .max_concurrent_streams
+                        .unwrap_or(http.max_concurrent_streams),
+                )
                 .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX))
                 // Against Rapid Reset and MadeYouReset, named rather than left to defaults
                 // that may move (docs/hardening.md says why each value).
