@@ -21,6 +21,8 @@ pub struct Store {
     generation: AtomicU64,
     /// Serialises writers: each builds the next snapshot from the one it read.
     writer: Mutex<()>,
+    /// Wakes whoever waits for the next snapshot ([`Store::changed`]).
+    published: tokio::sync::Notify,
 }
 
 impl Store {
@@ -45,6 +47,13 @@ impl Store {
     /// as long as this is unchanged.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    /// Resolves when a snapshot is published after this future is polled or
+    /// [enabled](tokio::sync::futures::Notified::enable): enable it, look at the current
+    /// snapshot, then await it, and no publication in between is missed.
+    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.published.notified()
     }
 }
 
@@ -164,6 +173,7 @@ impl Sink for Store {
         }
         self.current.store(Arc::new(next));
         self.generation.fetch_add(1, Ordering::Release);
+        self.published.notify_waiters();
         applied
     }
 }

@@ -214,6 +214,24 @@ impl ConnContext {
         }
     }
 
+    /// Resolves once an xDS update changed or removed the `virtualInbound` chain this
+    /// connection started on; never for a connection not decided by one.
+    async fn chain_retired(&self) {
+        let (Some(chain), Some(store)) = (&self.xds_inbound, &self.proxy.xds) else {
+            return std::future::pending().await;
+        };
+        loop {
+            let changed = store.changed();
+            tokio::pin!(changed);
+            // Registered before the look, so that an update between the two is not missed.
+            changed.as_mut().enable();
+            if !chain.is_current(&store.current()) {
+                return;
+            }
+            changed.await;
+        }
+    }
+
     /// Open a new upstream connection to the destination.
     async fn connect_upstream(&self) -> Result<Upstream, errors::ProxyError> {
         let dst = self.key.destination;
@@ -636,6 +654,8 @@ where
     tokio::pin!(conn);
     let draining = ctx.drain_started();
     tokio::pin!(draining);
+    let retired = ctx.chain_retired();
+    tokio::pin!(retired);
     let every = ctx.config.http.idle_timeout;
     let mut idle_check = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     let mut last_activity = u64::MAX;
@@ -652,6 +672,18 @@ where
             () = &mut draining, if !ctx.closing() => {
                 ctx.closing.store(true, Ordering::Relaxed);
                 if ctx.key.version == HttpVersion::Http2 {
+                    shutdown(conn.as_mut());
+                    shutting_down = true;
+                }
+            }
+            // istiod changed or removed the connection's chain: drained as Envoy drains a
+            // chain's connections (HTTP/2: GOAWAY, the streams in flight finish; HTTP/1.1:
+            // `Connection: close` on the next response), so the client's next connection
+            // takes the chain in force.
+            () = &mut retired, if !ctx.closing() => {
+                tracing::debug!(peer = %ctx.peer, "draining a connection whose chain an update changed");
+                ctx.closing.store(true, Ordering::Relaxed);
+                if ctx.key.version == HttpVersion::Http2 && !shutting_down {
                     shutdown(conn.as_mut());
                     shutting_down = true;
                 }
