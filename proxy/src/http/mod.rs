@@ -15,11 +15,13 @@ pub mod body;
 pub mod body_pace;
 pub mod coalesce;
 pub mod counting;
+mod drive;
 pub mod errors;
 pub mod fault;
 pub mod forward;
 pub mod framing;
 pub mod h1;
+pub mod h2_server;
 pub mod header_format;
 pub mod headers;
 pub mod io;
@@ -43,13 +45,11 @@ use crate::Direction;
 use bytes::BytesMut;
 use coalesce::Coalesced;
 use errors::Flags;
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use remora_config::Config;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -211,24 +211,6 @@ impl ConnContext {
         match self.direction {
             Direction::Inbound => self.proxy.drain.started().await,
             Direction::Outbound => std::future::pending().await,
-        }
-    }
-
-    /// Resolves once an xDS update changed or removed the `virtualInbound` chain this
-    /// connection started on; never for a connection not decided by one.
-    async fn chain_retired(&self) {
-        let (Some(chain), Some(store)) = (&self.xds_inbound, &self.proxy.xds) else {
-            return std::future::pending().await;
-        };
-        loop {
-            let changed = store.changed();
-            tokio::pin!(changed);
-            // Registered before the look, so that an update between the two is not missed.
-            changed.as_mut().enable();
-            if !chain.is_current(&store.current()) {
-                return;
-            }
-            changed.await;
         }
     }
 
@@ -574,29 +556,19 @@ async fn serve_hyper(
                 }
                 builder.serve_connection(io, service).with_upgrades()
             };
-            drive(conn(TokioIo::new(io), service), ctx, |c| {
+            drive::drive(conn(TokioIo::new(io), service), ctx, |c| {
                 c.graceful_shutdown()
             })
             .await
         }
         HttpVersion::Http2 => {
-            let conn = http2::Builder::new(TokioExecutor::new())
-                .timer(TokioTimer::new())
-                .max_concurrent_streams(
-                    ctx.xds_chain
-                        .max_concurrent_streams
-                        .unwrap_or(http.max_concurrent_streams),
-                )
-                .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX))
-                // Against Rapid Reset and MadeYouReset, named rather than left to defaults
-                // that may move (docs/hardening.md says why each value).
-                .max_pending_accept_reset_streams(H2_MAX_PENDING_ACCEPT_RESET_STREAMS)
-                .max_local_error_reset_streams(H2_MAX_LOCAL_ERROR_RESET_STREAMS)
-                .max_send_buf_size(H2_MAX_SEND_BUF)
-                .initial_stream_window_size(H2_RECEIVE_WINDOW)
-                .initial_connection_window_size(H2_RECEIVE_WINDOW)
+            let streams = ctx
+                .xds_chain
+                .max_concurrent_streams
+                .unwrap_or(http.max_concurrent_streams);
+            let conn = h2_server::builder(streams, http.max_header_bytes)
                 .serve_connection(TokioIo::new(Coalesced::new(io)), service);
-            drive(conn, ctx, |c| c.graceful_shutdown()).await
+            drive::drive(conn, ctx, |c| c.graceful_shutdown()).await
         }
     }
 }
@@ -610,93 +582,4 @@ const DOWNSTREAM_H1_BUFFER: usize = 64 * 1024;
 
 fn downstream_h1_buffer(max_header_bytes: usize) -> usize {
     DOWNSTREAM_H1_BUFFER.max(max_header_bytes.saturating_add(8 * 1024))
-}
-
-/// HTTP/2 client connections: response bytes queued per stream while the client's socket
-/// does not take them (hyper's `max_send_buf_size`, about 400 KiB by default). A client that
-/// grants every window and then reads nothing makes Remora hold that per stream; 64 KiB is four
-/// full DATA frames, enough to keep a stream moving while the socket drains. Over all the
-/// connection's streams, [`send_budget`] bounds it to 1 MiB.
-const H2_MAX_SEND_BUF: usize = 64 * 1024;
-
-/// HTTP/2 client connections: the receive window of each stream and of the whole connection,
-/// so what a client can make Remora hold of its request bodies while the upstream does not
-/// take them: 1 MiB per connection over all its streams, as Envoy's default
-/// `per_connection_buffer_limit_bytes` (hyper's defaults, named so that an upgrade cannot move
-/// them). Past the client's window, each stream's upstream send buffer
-/// ([`pool::UPSTREAM_H2_SEND_BUF`]) holds what the upstream has not taken.
-const H2_RECEIVE_WINDOW: u32 = 1 << 20;
-
-/// HTTP/2 client connections: streams the client may reset before hyper accepts them, before
-/// GOAWAY(ENHANCE_YOUR_CALM) (Rapid Reset in one write; h2's own default).
-const H2_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
-/// HTTP/2 client connections: streams the proxy may have to reset for the client's protocol
-/// errors over the connection's life, before GOAWAY(ENHANCE_YOUR_CALM) (MadeYouReset,
-/// CVE-2025-8671). A well-behaved client causes none; under the 250 early resets of
-/// [`premature_reset`], so that this attack ends with h2's GOAWAY rather than a plain close.
-const H2_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 100;
-
-/// Run a server connection until it ends, shutting it down gracefully (GOAWAY, or
-/// `Connection: close` after the request in flight) when it has been idle — no request in
-/// flight and no traffic — for `http.idle_timeout`. When draining starts, an inbound HTTP/2
-/// connection gets its GOAWAY, and an inbound HTTP/1.1 one stays open with its next response
-/// carrying `Connection: close`, as Envoy drains them: the listener no longer accepts, so a
-/// client cut while idle would have nowhere to send its next request. Outbound keeps serving
-/// while draining: the application may still need its peers.
-async fn drive<C>(
-    conn: C,
-    ctx: &ConnContext,
-    shutdown: impl Fn(Pin<&mut C>),
-) -> Result<(), hyper::Error>
-where
-    C: Future<Output = Result<(), hyper::Error>>,
-{
-    tokio::pin!(conn);
-    let draining = ctx.drain_started();
-    tokio::pin!(draining);
-    let retired = ctx.chain_retired();
-    tokio::pin!(retired);
-    let every = ctx.config.http.idle_timeout;
-    let mut idle_check = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    let mut last_activity = u64::MAX;
-    let mut shutting_down = false;
-    loop {
-        tokio::select! {
-            result = &mut conn => return result,
-            // Rapid Reset: the connection is dropped at once, streams and all.
-            () = ctx.resets.tripped() => {
-                tracing::warn!(peer = %ctx.peer, "closing an HTTP/2 connection: too many streams reset early by the client");
-                ctx.proxy.metrics.direction(ctx.direction).premature_reset_closes.inc();
-                return Ok(());
-            }
-            () = &mut draining, if !ctx.closing() => {
-                ctx.closing.store(true, Ordering::Relaxed);
-                if ctx.key.version == HttpVersion::Http2 {
-                    shutdown(conn.as_mut());
-                    shutting_down = true;
-                }
-            }
-            // istiod changed or removed the connection's chain: drained as Envoy drains a
-            // chain's connections (HTTP/2: GOAWAY, the streams in flight finish; HTTP/1.1:
-            // `Connection: close` on the next response), so the client's next connection
-            // takes the chain in force.
-            () = &mut retired, if !ctx.closing() => {
-                tracing::debug!(peer = %ctx.peer, "draining a connection whose chain an update changed");
-                ctx.closing.store(true, Ordering::Relaxed);
-                if ctx.key.version == HttpVersion::Http2 && !shutting_down {
-                    shutdown(conn.as_mut());
-                    shutting_down = true;
-                }
-            }
-            _ = idle_check.tick(), if !shutting_down => {
-                let activity = ctx.activity();
-                if ctx.in_flight.load(Ordering::Relaxed) == 0 && activity == last_activity {
-                    tracing::debug!(peer = %ctx.peer, "closing idle HTTP connection");
-                    shutdown(conn.as_mut());
-                    shutting_down = true;
-                }
-                last_activity = activity;
-            }
-        }
-    }
 }

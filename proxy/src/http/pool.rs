@@ -281,7 +281,7 @@ pub const UPSTREAM_H2_CONNECTION_WINDOW: u32 = (1 << 31) - 1;
 
 /// Request bytes queued per stream for an upstream HTTP/2 connection that does not take them
 /// (hyper's `max_send_buf_size`, 1 MiB by default): the same as the client side's
-/// ([`super::H2_MAX_SEND_BUF`]).
+/// ([`super::h2_server::MAX_SEND_BUF`]).
 pub const UPSTREAM_H2_SEND_BUF: usize = 64 * 1024;
 
 /// Start the HTTP client on a new upstream connection; the connection runs in a task of its own.

@@ -28,7 +28,7 @@ use std::task::{Context, Poll, Waker};
 
 /// Response bytes an HTTP/2 client connection queues at most before its streams wait: Envoy's
 /// default `per_connection_buffer_limit_bytes`, which Istio leaves for sidecars. It is sixteen
-/// of h2's per-stream send buffers ([`super::H2_MAX_SEND_BUF`]), so that many streams, or one
+/// of h2's per-stream send buffers ([`super::h2_server::MAX_SEND_BUF`]), so that many streams, or one
 /// stream with the socket as far behind, keep moving at full speed.
 pub const CONNECTION_SEND_BUDGET: usize = 1 << 20;
 
@@ -94,7 +94,7 @@ impl SendBudget {
 
 /// The most h2 queues for one stream: its send buffer and the chunk that went past it
 /// (hyper hands h2 a whole chunk once the stream has any room).
-const MAX_QUEUED_PER_STREAM: usize = super::H2_MAX_SEND_BUF + 64 * 1024;
+const MAX_QUEUED_PER_STREAM: usize = super::h2_server::MAX_SEND_BUF + 64 * 1024;
 
 /// A response body on an HTTP/2 client connection, which takes its chunks within the
 /// connection's [`SendBudget`]; on an HTTP/1.1 connection (no budget), the body as it is.
