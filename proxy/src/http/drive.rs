@@ -80,7 +80,7 @@ async fn chain_retired(ctx: &ConnContext) {
         return std::future::pending().await;
     };
     loop {
-        let changed = store.changed();
+        let changed = store.listeners_changed();
         tokio::pin!(changed);
         // Registered before the look, so that an update between the two is not missed.
         changed.as_mut().enable();
