@@ -15,7 +15,10 @@
 //!   than the DATA leaves (it never goes below zero, so they cannot build up credit);
 //! - a stream reset by the client has its queue dropped by h2 unwritten: its body, dropped
 //!   before its end, gives back what it took, up to what h2 can have queued for one stream
-//!   (without this a connection's count would leak towards the budget with each reset).
+//!   (without this a connection's count would leak towards the budget with each reset, and
+//!   could stall the connection). What it gives back may already have been written, so a
+//!   client that resets streams it read part of can bring the count below the truth; h2's
+//!   per-stream bound still holds then.
 //!
 //! Streams polled in the same instant may each take a chunk past the budget, by at most a
 //! chunk (a DATA frame of 16 KiB, or a read of an HTTP/1.1 upstream's 64 KiB) per worker thread.
