@@ -4,10 +4,14 @@
 //! connection alongside. The origin is an `h2` server that counts what reaches it and which of
 //! its streams the proxy cancelled. docs/hardening.md says which setting guards each attack.
 
+#[path = "h2_attacks/resets.rs"]
+mod resets;
 #[path = "h2_attacks/support.rs"]
 mod support;
 
+use remora_e2e::peer::any_addr;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 use support::*;
 
@@ -269,4 +273,37 @@ fn empty_data_ping_and_settings_floods_are_closed_or_held_back_with_cpu_bounded(
             assert!(r.bytes_sent() <= 32 << 20, "{} {name}: {r}", leg.name);
         }
     }
+}
+
+/// A stream the client resets, and a client connection that dies, each while its response
+/// streams from the origin: the proxy resets the upstream stream with CANCEL on the upstream
+/// connection it shares, and the other stream on that connection goes on (both directions).
+#[test]
+fn a_reset_stream_or_a_dead_client_connection_cancels_its_upstream_stream_only() {
+    let _serial = lock();
+    let Some(net) = setup() else {
+        return;
+    };
+    net.capture_default();
+    let _remora = net.remora().start_ready();
+    let outbound = Arc::new(resets::Streams::default());
+    let inbound = Arc::new(resets::Streams::default());
+    let out_listener = net
+        .peer
+        .bind(net.peer_addr(ORIGIN_PORT))
+        .expect("bind the outbound origin");
+    let in_listener = net
+        .pod
+        .bind(any_addr(ORIGIN_PORT))
+        .expect("bind the inbound origin");
+    for (streams, listener) in [(&outbound, out_listener), (&inbound, in_listener)] {
+        let streams = Arc::clone(streams);
+        std::thread::spawn(move || runtime().block_on(resets::streaming_origin(listener, streams)));
+    }
+    runtime().block_on(async {
+        let to_peer = net.peer_addr(ORIGIN_PORT);
+        resets::resets_reach_the_upstream("outbound", &net.pod, to_peer, &outbound).await;
+        let to_pod = net.pod_addr(ORIGIN_PORT);
+        resets::resets_reach_the_upstream("inbound", &net.peer, to_pod, &inbound).await;
+    });
 }

@@ -1,13 +1,15 @@
 //! Upstream connections kept for the next client, end to end: HTTP/1.0 clients' requests on
 //! a pooled upstream connection, and a pooled mesh connection the server's sidecar closed
-//! replaced rather than used. Reuse within one client connection is in `http.rs` and
-//! `mtls.rs`.
+//! replaced rather than used, and an upstream's HTTP/2 stream limit respected on the shared
+//! connection. Reuse within one client connection is in `http.rs` and `mtls.rs`.
 
 use remora_e2e::certs::MeshCa;
 use remora_e2e::mesh::{client_config, handshakes, server_config, two_pods, SERVER_ID};
 use remora_e2e::peer::{self, any_addr, curl_ok};
 use remora_e2e::service::http_origin as origin;
 use remora_e2e::PodNet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Bound on one client exchange.
@@ -128,4 +130,139 @@ fn a_pooled_mesh_connection_the_server_closed_is_replaced() {
         before + 1.0,
         "the dead pooled connection was not replaced by one new mesh connection"
     );
+}
+
+/// The origin's HTTP/2 port, declared `http2`.
+const H2_PORT: u16 = 8082;
+/// The streams the HTTP/2 origin takes at once per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
+const ORIGIN_STREAM_LIMIT: u32 = 2;
+/// How long the origin holds each stream before answering.
+const ORIGIN_HOLD: Duration = Duration::from_millis(300);
+
+/// Streams the origin holds now and held at most at once, on any one connection.
+#[derive(Debug, Default)]
+struct StreamCounts {
+    connections: AtomicUsize,
+    most_at_once: AtomicUsize,
+    answered: AtomicUsize,
+}
+
+/// An h2c origin that advertises [`ORIGIN_STREAM_LIMIT`] and answers each stream after
+/// [`ORIGIN_HOLD`], counting how many streams each connection carried at once.
+async fn limited_origin(listener: std::net::TcpListener, counts: Arc<StreamCounts>) {
+    listener.set_nonblocking(true).expect("non-blocking");
+    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+    while let Ok((socket, _)) = listener.accept().await {
+        counts.connections.fetch_add(1, Ordering::SeqCst);
+        let counts = Arc::clone(&counts);
+        tokio::spawn(async move {
+            let mut builder = h2::server::Builder::new();
+            builder.max_concurrent_streams(ORIGIN_STREAM_LIMIT);
+            let Ok(mut conn) = builder.handshake(socket).await else {
+                return;
+            };
+            let at_once = Arc::new(AtomicUsize::new(0));
+            while let Some(Ok((_, mut respond))) = conn.accept().await {
+                let now = at_once.fetch_add(1, Ordering::SeqCst) + 1;
+                counts.most_at_once.fetch_max(now, Ordering::SeqCst);
+                let (counts, at_once) = (Arc::clone(&counts), Arc::clone(&at_once));
+                tokio::spawn(async move {
+                    tokio::time::sleep(ORIGIN_HOLD).await;
+                    at_once.fetch_sub(1, Ordering::SeqCst);
+                    let ok = http::Response::builder().status(200).body(());
+                    if let Ok(mut body) = respond.send_response(ok.expect("response"), false) {
+                        let _ = body.send_data(bytes::Bytes::from_static(b"ok"), true);
+                        counts.answered.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+    }
+}
+
+/// An upstream that takes two streams at a time on a connection (its SETTINGS) gets no more
+/// from the proxy's shared HTTP/2 connection, however many the client sends at once: the
+/// requests past the limit wait for a stream to end (the `h2` client queues them), none is
+/// refused, and every one is answered.
+#[test]
+fn an_upstream_http2_stream_limit_is_respected_and_every_request_answered() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    net.capture_default();
+    let _remora = net
+        .remora()
+        .config(&format!("ports:\n  {H2_PORT}: http2\n"))
+        .start_ready();
+    let counts = Arc::new(StreamCounts::default());
+    let listener = net
+        .peer
+        .bind(net.peer_addr(H2_PORT))
+        .expect("bind the origin");
+    let origin_counts = Arc::clone(&counts);
+    std::thread::spawn(move || runtime().block_on(limited_origin(listener, origin_counts)));
+    const REQUESTS: usize = 8;
+    let dst = net.peer_addr(H2_PORT);
+    let socket = net.pod.connect(dst, CLIENT_TIME).expect("connect");
+    socket.set_nonblocking(true).expect("non-blocking");
+    let (statuses, took) = runtime().block_on(async move {
+        let socket = tokio::net::TcpStream::from_std(socket).expect("tokio stream");
+        let (send, conn) = h2::client::handshake(socket).await.expect("handshake");
+        tokio::spawn(conn);
+        // One request first, so that the proxy has its upstream connection pooled and shares
+        // it with the requests that follow (at a cold start each would dial its own).
+        let mut first = send.clone().ready().await.expect("ready");
+        let request = http::Request::get(format!("http://{dst}/first"))
+            .body(())
+            .expect("request");
+        let (response, _) = first.send_request(request, true).expect("send");
+        let response = tokio::time::timeout(CLIENT_TIME, response).await;
+        assert_eq!(response.expect("in time").expect("response").status(), 200);
+        let started = std::time::Instant::now();
+        let requests = (0..REQUESTS).map(|i| {
+            let send = send.clone();
+            tokio::spawn(async move {
+                let mut send = send.ready().await.expect("ready");
+                let request = http::Request::get(format!("http://{dst}/{i}"))
+                    .body(())
+                    .expect("request");
+                let (response, _) = send.send_request(request, true).expect("send");
+                let response = tokio::time::timeout(CLIENT_TIME, response).await;
+                response
+                    .expect("answered in time")
+                    .expect("response")
+                    .status()
+            })
+        });
+        let mut statuses = Vec::new();
+        for r in requests.collect::<Vec<_>>() {
+            statuses.push(r.await.expect("request task"));
+        }
+        (statuses, started.elapsed())
+    });
+    let [connections, most, answered] =
+        [&counts.connections, &counts.most_at_once, &counts.answered]
+            .map(|c| c.load(Ordering::SeqCst));
+    eprintln!(
+        "{REQUESTS} requests at once to an origin taking {ORIGIN_STREAM_LIMIT} streams at a \
+         time: {statuses:?} in {took:?}; {connections} upstream connection(s), at most {most} \
+         streams at once on one, {answered} answered"
+    );
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    assert!(
+        most <= ORIGIN_STREAM_LIMIT as usize,
+        "{most} streams at once"
+    );
+    assert_eq!(
+        answered,
+        REQUESTS + 1,
+        "each request reached the origin once"
+    );
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
 }

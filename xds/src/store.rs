@@ -21,6 +21,8 @@ pub struct Store {
     generation: AtomicU64,
     /// Serialises writers: each builds the next snapshot from the one it read.
     writer: Mutex<()>,
+    /// Wakes whoever waits for the next listener update ([`Store::listeners_changed`]).
+    listeners_published: tokio::sync::Notify,
 }
 
 impl Store {
@@ -45,6 +47,15 @@ impl Store {
     /// as long as this is unchanged.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    /// Resolves when a snapshot with a listener update is published after this future is
+    /// polled or [enabled](tokio::sync::futures::Notified::enable): enable it, look at the
+    /// current snapshot, then await it, and no publication in between is missed. Only listener
+    /// updates: they are what changes a connection's filter chain, and the other types come
+    /// far more often.
+    pub fn listeners_changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.listeners_published.notified()
     }
 }
 
@@ -169,6 +180,9 @@ impl Sink for Store {
         }
         self.current.store(Arc::new(next));
         self.generation.fetch_add(1, Ordering::Release);
+        if type_url == type_url::LISTENER {
+            self.listeners_published.notify_waiters();
+        }
         applied
     }
 }
@@ -248,6 +262,37 @@ mod tests {
             removed: vec![],
             complete,
         }
+    }
+
+    #[test]
+    fn a_listener_update_wakes_who_waits_for_one_and_other_types_do_not() {
+        use std::future::Future;
+        use std::task::{Context, Poll, Waker};
+        let store = Store::new();
+        let waiting = store.listeners_changed();
+        tokio::pin!(waiting);
+        waiting.as_mut().enable();
+        let mut cx = Context::from_waker(Waker::noop());
+        store.apply(
+            type_url::CLUSTER,
+            update(
+                vec![delivered::<ClusterProto>("a", "1", eds_cluster("a", "1s"))],
+                true,
+            ),
+        );
+        assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        store.apply(
+            type_url::LISTENER,
+            update(
+                vec![delivered::<ListenerProto>(
+                    "l",
+                    "1",
+                    tcp_listener("l", "0.0.0.0", 80, "a"),
+                )],
+                true,
+            ),
+        );
+        assert_eq!(waiting.as_mut().poll(&mut cx), Poll::Ready(()));
     }
 
     #[test]

@@ -15,11 +15,13 @@ pub mod body;
 pub mod body_pace;
 pub mod coalesce;
 pub mod counting;
+mod drive;
 pub mod errors;
 pub mod fault;
 pub mod forward;
 pub mod framing;
 pub mod h1;
+pub mod h2_server;
 pub mod header_format;
 pub mod headers;
 pub mod io;
@@ -31,6 +33,7 @@ pub mod protocol;
 pub mod retry;
 pub mod retry_policy;
 pub mod routed;
+pub mod send_budget;
 pub mod upgrade;
 
 use crate::access_log::End;
@@ -42,13 +45,11 @@ use crate::Direction;
 use bytes::BytesMut;
 use coalesce::Coalesced;
 use errors::Flags;
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use remora_config::Config;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,6 +72,10 @@ pub struct XdsChainFlags {
     /// The `server` header of every response, as Envoy's connection manager writes it over
     /// the upstream's (`server_name`, istiod's `istio-envoy`; Envoy's own `envoy` when unset).
     pub server: Option<http::HeaderValue>,
+    /// `http2_protocol_options.max_concurrent_streams` (istiod writes it only from a
+    /// ProxyConfig's `connectionSettings`): the HTTP/2 stream limit in place of
+    /// `http.max_concurrent_streams`.
+    pub max_concurrent_streams: Option<u32>,
 }
 
 impl XdsChainFlags {
@@ -84,6 +89,7 @@ impl XdsChainFlags {
             cors_filter: chain.has_cors_filter(),
             normalize_path: chain.normalize_path,
             server: http::HeaderValue::try_from(server).ok(),
+            max_concurrent_streams: chain.http2_max_concurrent_streams,
         }
     }
 }
@@ -147,6 +153,9 @@ pub struct ConnContext {
     log_sink: Option<crate::access_log::Sink>,
     /// HTTP/2: streams the client reset early, against Rapid Reset ([`premature_reset`]).
     pub resets: premature_reset::PrematureResets,
+    /// HTTP/2: the response bytes queued for the client over all streams
+    /// ([`send_budget`]); unset on HTTP/1.1.
+    send_budget: std::sync::OnceLock<Arc<send_budget::SendBudget>>,
 }
 
 impl ConnContext {
@@ -187,6 +196,7 @@ impl ConnContext {
             route_memo: routed::memo::RouteMemo::default(),
             early_failed: AtomicBool::new(false),
             resets: premature_reset::PrematureResets::default(),
+            send_budget: std::sync::OnceLock::new(),
         }
     }
 
@@ -304,6 +314,9 @@ impl ConnContext {
 
     fn count_sent(&self, n: usize) {
         self.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(budget) = self.send_budget.get() {
+            budget.written(n);
+        }
     }
 
     /// The bytes the connection carried so far.
@@ -519,6 +532,9 @@ async fn serve_hyper(
         Arc::clone(ctx),
         version == HttpVersion::Http1,
     );
+    // HTTP/2: every stream's response within the connection's budget.
+    let budget = (version == HttpVersion::Http2)
+        .then(|| Arc::clone(ctx.send_budget.get_or_init(Default::default)));
     let service = {
         let ctx = Arc::clone(ctx);
         // Boxed: hyper's HTTP/1.1 server allocates room for one service future per connection
@@ -526,6 +542,7 @@ async fn serve_hyper(
         // should cost memory only while the request runs.
         service_fn(move |req| {
             let ctx = Arc::clone(&ctx);
+            let budget = budget.clone();
             Box::pin(async move {
                 let mut response = forward::handle(Arc::clone(&ctx), req).await;
                 // Every response, the upstream's and our own, as Envoy's connection manager
@@ -533,7 +550,7 @@ async fn serve_hyper(
                 if let (Ok(r), Some(server)) = (&mut response, &ctx.xds_chain.server) {
                     r.headers_mut().insert(http::header::SERVER, server.clone());
                 }
-                response
+                response.map(|r| r.map(|body| send_budget::Budgeted::new(body, budget)))
             })
         })
     };
@@ -561,23 +578,19 @@ async fn serve_hyper(
                 }
                 builder.serve_connection(io, service).with_upgrades()
             };
-            drive(conn(TokioIo::new(io), service), ctx, |c| {
+            drive::drive(conn(TokioIo::new(io), service), ctx, |c| {
                 c.graceful_shutdown()
             })
             .await
         }
         HttpVersion::Http2 => {
-            let conn = http2::Builder::new(TokioExecutor::new())
-                .timer(TokioTimer::new())
-                .max_concurrent_streams(http.max_concurrent_streams)
-                .max_header_list_size(u32::try_from(http.max_header_bytes).unwrap_or(u32::MAX))
-                // Against Rapid Reset and MadeYouReset, named rather than left to defaults
-                // that may move (docs/hardening.md says why each value).
-                .max_pending_accept_reset_streams(H2_MAX_PENDING_ACCEPT_RESET_STREAMS)
-                .max_local_error_reset_streams(H2_MAX_LOCAL_ERROR_RESET_STREAMS)
-                .max_send_buf_size(H2_MAX_SEND_BUF)
+            let streams = ctx
+                .xds_chain
+                .max_concurrent_streams
+                .unwrap_or(http.max_concurrent_streams);
+            let conn = h2_server::builder(streams, http.max_header_bytes)
                 .serve_connection(TokioIo::new(Coalesced::new(io)), service);
-            drive(conn, ctx, |c| c.graceful_shutdown()).await
+            drive::drive(conn, ctx, |c| c.graceful_shutdown()).await
         }
     }
 }
@@ -591,82 +604,4 @@ const DOWNSTREAM_H1_BUFFER: usize = 64 * 1024;
 
 fn downstream_h1_buffer(max_header_bytes: usize) -> usize {
     DOWNSTREAM_H1_BUFFER.max(max_header_bytes.saturating_add(8 * 1024))
-}
-
-/// HTTP/2 client connections: response bytes queued per stream while the client's socket
-/// does not take them (hyper's `max_send_buf_size`, about 400 KiB by default). A client that
-/// grants every window and then reads nothing makes Remora hold that per stream; 64 KiB is four
-/// full DATA frames, enough to keep a stream moving while the socket drains. Measured with 400
-/// stalled streams of 1 MiB: 232 to 440 KiB of RSS per stream with the default, 58 to 338 KiB
-/// with this (docs/hardening.md, "Overload": most of what remains is elsewhere).
-const H2_MAX_SEND_BUF: usize = 64 * 1024;
-
-/// HTTP/2 client connections: streams the client may reset before hyper accepts them, before
-/// GOAWAY(ENHANCE_YOUR_CALM) (Rapid Reset in one write; h2's own default).
-const H2_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
-/// HTTP/2 client connections: streams the proxy may have to reset for the client's protocol
-/// errors over the connection's life, before GOAWAY(ENHANCE_YOUR_CALM) (MadeYouReset,
-/// CVE-2025-8671). A well-behaved client causes none; under the 250 early resets of
-/// [`premature_reset`], so that this attack ends with h2's GOAWAY rather than a plain close.
-const H2_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 100;
-
-/// Run a server connection until it ends, shutting it down gracefully (GOAWAY, or
-/// `Connection: close` after the request in flight) when it has been idle — no request in
-/// flight and no traffic — for `http.idle_timeout`. While draining, as Envoy's connection
-/// manager drains (`--drain-strategy immediate`), an inbound HTTP/1.1 connection stays open with
-/// its next response carrying `Connection: close` (a client cut while idle could lose the
-/// request it is writing), and an inbound HTTP/2 one gets its GOAWAY once it has had a request:
-/// at once if it had one, else when its first starts — so a connection opened while draining,
-/// the listener accepting on, is served its first streams and then told to go (a GOAWAY before
-/// its preface would end it unserved). Outbound keeps serving while draining: the application
-/// may still need its peers.
-async fn drive<C>(
-    conn: C,
-    ctx: &ConnContext,
-    shutdown: impl Fn(Pin<&mut C>),
-) -> Result<(), hyper::Error>
-where
-    C: Future<Output = Result<(), hyper::Error>>,
-{
-    tokio::pin!(conn);
-    let draining = ctx.drain_started();
-    tokio::pin!(draining);
-    let every = ctx.config.http.idle_timeout;
-    let mut idle_check = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    let mut last_activity = u64::MAX;
-    let mut shutting_down = false;
-    // HTTP/2 while draining: the GOAWAY waits for the connection's first request.
-    let mut drain_seen = false;
-    let mut goaway_due = false;
-    let first_request = ctx.first_request_started();
-    tokio::pin!(first_request);
-    loop {
-        tokio::select! {
-            result = &mut conn => return result,
-            // Rapid Reset: the connection is dropped at once, streams and all.
-            () = ctx.resets.tripped() => {
-                tracing::warn!(peer = %ctx.peer, "closing an HTTP/2 connection: too many streams reset early by the client");
-                ctx.proxy.metrics.direction(ctx.direction).premature_reset_closes.inc();
-                return Ok(());
-            }
-            () = &mut draining, if !drain_seen => {
-                drain_seen = true;
-                ctx.closing.store(true, Ordering::Relaxed);
-                goaway_due = ctx.key.version == HttpVersion::Http2;
-            }
-            () = &mut first_request, if goaway_due && !shutting_down => {
-                shutdown(conn.as_mut());
-                shutting_down = true;
-            }
-            _ = idle_check.tick(), if !shutting_down => {
-                let activity = ctx.activity();
-                if ctx.in_flight.load(Ordering::Relaxed) == 0 && activity == last_activity {
-                    tracing::debug!(peer = %ctx.peer, "closing idle HTTP connection");
-                    shutdown(conn.as_mut());
-                    shutting_down = true;
-                }
-                last_activity = activity;
-            }
-        }
-    }
 }

@@ -262,6 +262,28 @@ async fn reap<C: Pooled, K: PoolKey + Send + Sync + 'static>(pool: Weak<Pool<C, 
 /// [`super::h1::head::MAX_RESPONSE_HEAD`] follows it (Envoy's default is 60 KiB).
 pub const UPSTREAM_H1_BUFFER: usize = 64 * 1024;
 
+/// The receive window of each stream on an upstream HTTP/2 connection: what the upstream may
+/// send of a response that nobody takes (its client reads nothing, or its client connection
+/// has its [`super::send_budget`] queued), so what a stalled stream holds here. Envoy's edge
+/// value (`initial_stream_window_size`, and Istio's EDGE connection profile); hyper's default
+/// of 2 MiB let a client that reads nothing hold that per stream. Window updates go out as
+/// the response is taken, so a reading client's stream keeps 64 KiB in flight.
+pub const UPSTREAM_H2_STREAM_WINDOW: u32 = 64 * 1024;
+
+/// The receive window of a whole upstream HTTP/2 connection: the largest there is, so that it
+/// never closes and only the stream windows bound what waits. The connection is shared by
+/// every client with a request to that destination, and h2 gives connection window back only
+/// as streams take their data, so a smaller one would let clients that read nothing close it
+/// on everyone else (hyper's default, 5 MiB, was closed by three stalled streams of 2 MiB).
+/// What the connection holds is then at most a stream window per stream it carries (Envoy's
+/// default windows are 256 MiB each, stream and connection).
+pub const UPSTREAM_H2_CONNECTION_WINDOW: u32 = (1 << 31) - 1;
+
+/// Request bytes queued per stream for an upstream HTTP/2 connection that does not take them
+/// (hyper's `max_send_buf_size`, 1 MiB by default): the same as the client side's
+/// ([`super::h2_server::MAX_SEND_BUF`]).
+pub const UPSTREAM_H2_SEND_BUF: usize = 64 * 1024;
+
 /// Start the HTTP client on a new upstream connection; the connection runs in a task of its own.
 pub async fn handshake(upstream: Upstream, version: HttpVersion) -> Result<Sender, hyper::Error> {
     let (stream, registration) = upstream.into_parts();
@@ -296,6 +318,9 @@ where
         HttpVersion::Http2 => {
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
+                .initial_stream_window_size(UPSTREAM_H2_STREAM_WINDOW)
+                .initial_connection_window_size(UPSTREAM_H2_CONNECTION_WINDOW)
+                .max_send_buf_size(UPSTREAM_H2_SEND_BUF)
                 .handshake(TokioIo::new(super::coalesce::Coalesced::new(io)))
                 .await?;
             tokio::spawn(async move {

@@ -204,7 +204,9 @@ pub fn xds_pushes_under_load() {
     // Outbound, no connection was told to go; inbound, a change of the chain drains each
     // keep-alive connection on it (`connection: close`, then a new connection, served): once
     // per change and connection (30 when every connection sent a request between two
-    // changes, as it does unless the machine stalls it for the 200 ms between them).
+    // changes, as it does unless the machine stalls it for the 200 ms between them). Each
+    // HTTP/2 connection on it is drained too, as Envoy drains a changed chain: GOAWAY
+    // (NO_ERROR), its streams finish, and the client's next connection takes the new chain.
     super::assert_connections_kept("xDS pushes, outbound", &outbound);
     let closes = inbound.closes.load(Ordering::Relaxed) as usize;
     let changes = PUSHES / LISTENER_EVERY;
@@ -214,6 +216,14 @@ pub fn xds_pushes_under_load() {
         "{}",
         inbound.summary()
     );
+    let goaway = inbound.h2_goaway_connections.load(Ordering::Relaxed) as usize;
+    assert!(
+        goaway >= super::H2_CLIENTS * changes / 2 && goaway <= super::H2_CLIENTS * changes,
+        "{}",
+        inbound.summary()
+    );
+    let goaways = inbound.goaways.lock().expect("goaways").clone();
+    assert!(goaways.iter().all(|g| g.error_code == 0), "{goaways:?}");
     let nacks: Vec<_> = ads
         .requests()
         .into_iter()

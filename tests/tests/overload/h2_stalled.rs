@@ -1,5 +1,6 @@
 //! HTTP/2 clients that open many streams for large responses, grant every window, and then read
-//! nothing: what Remora holds for them.
+//! nothing: what Remora holds for them, per stream and per connection, while a client that
+//! reads gets its responses from the same origin.
 
 use super::*;
 
@@ -13,6 +14,18 @@ const H2_RESPONSE: usize = 1 << 20;
 /// the 64 KiB send buffer, 232 to 440 KiB with hyper's default; the spread is wide from run to
 /// run (docs/hardening.md, "Overload", known gaps).
 const PER_STALLED_STREAM_KIB: u64 = 512;
+/// Remora's documented bound on what one HTTP/2 client connection that reads nothing makes it
+/// hold (docs/hardening.md, "Buffers per connection"), in KiB: the connection's send budget
+/// (`http::send_budget::CONNECTION_SEND_BUDGET`, 1 MiB, over all its streams) and, for each of
+/// its streams, the upstream stream window (`pool::UPSTREAM_H2_STREAM_WINDOW`, 64 KiB) where
+/// the rest of the response waits.
+const PER_CONNECTION_BOUND_KIB: u64 = 1024 + H2_STREAMS as u64 * 64;
+/// What a stream costs besides its buffered bytes, in KiB: its request's state in Remora, the
+/// h2 stream on both legs, and the read buffers its DATA frames keep (measured: 10 to 16 KiB
+/// above the bound's share; twice that, for a machine the test shares).
+const PER_STREAM_STATE_KIB: u64 = 32;
+/// The client that reads: streams it asks for, one after another, on a connection of its own.
+const READER_STREAMS: usize = 8;
 /// Where the HTTP/2 origin answers every request with `H2_RESPONSE` bytes.
 const H2_ORIGIN_PORT: u16 = 8082;
 
@@ -120,14 +133,83 @@ fn stalled_http2_readers_with_open_windows_keep_memory_bounded() {
         std::thread::sleep(Duration::from_millis(300));
         peak = peak.max(rss_kib(pid));
     }
+    // A client that reads, while the stalled ones hold their streams: the upstream connection
+    // they share with it, and the proxy, still carry its responses.
+    let started = Instant::now();
+    let read = read_responses(&net.pod, dst, READER_STREAMS);
+    let reading = started.elapsed();
+    peak = peak.max(rss_kib(pid));
     let streams = (H2_CONNECTIONS * H2_STREAMS) as u64;
-    let per_stream = peak.saturating_sub(before) / streams;
+    let grown = peak.saturating_sub(before);
+    let per_stream = grown / streams;
+    let per_connection = grown / H2_CONNECTIONS as u64;
     eprintln!(
         "{H2_CONNECTIONS} stalled HTTP/2 clients x {H2_STREAMS} streams of {H2_RESPONSE} \
-         bytes: RSS {before} KiB -> {peak} KiB ({per_stream} KiB per stream)"
+         bytes: RSS {before} KiB -> {peak} KiB ({per_stream} KiB per stream, \
+         {per_connection} KiB per connection); a reading client beside them: \
+         {READER_STREAMS} x {H2_RESPONSE} bytes in {reading:?}"
+    );
+    assert_eq!(
+        read,
+        Ok(READER_STREAMS * H2_RESPONSE),
+        "the reading client's responses"
+    );
+    assert!(
+        reading < Duration::from_secs(10),
+        "the reading client took {reading:?}"
     );
     assert!(
         per_stream < PER_STALLED_STREAM_KIB,
         "{per_stream} KiB per stalled HTTP/2 stream (bound {PER_STALLED_STREAM_KIB} KiB)"
     );
+    let bound = PER_CONNECTION_BOUND_KIB + H2_STREAMS as u64 * PER_STREAM_STATE_KIB;
+    assert!(
+        grown < bound * H2_CONNECTIONS as u64,
+        "{grown} KiB for {H2_CONNECTIONS} stalled HTTP/2 connections (bound {bound} KiB each)"
+    );
+}
+
+/// An HTTP/2 client (the `h2` crate) that asks `n` times, one stream after another, for the
+/// origin's response and reads each whole: the bytes it read, or what failed.
+fn read_responses(ns: &Netns, dst: SocketAddr, n: usize) -> Result<usize, String> {
+    let socket = peer::connect(ns, dst).map_err(|e| format!("connect: {e}"))?;
+    socket.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let socket = tokio::net::TcpStream::from_std(socket).map_err(|e| e.to_string())?;
+        let (mut send, conn) = h2::client::handshake(socket)
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+        tokio::spawn(conn);
+        let mut total = 0;
+        for _ in 0..n {
+            let request = http::Request::get(format!("http://{dst}/large"))
+                .body(())
+                .map_err(|e| e.to_string())?;
+            send = send.ready().await.map_err(|e| format!("ready: {e}"))?;
+            let (response, _) = send
+                .send_request(request, true)
+                .map_err(|e| format!("send: {e}"))?;
+            let response = tokio::time::timeout(Duration::from_secs(10), response)
+                .await
+                .map_err(|_| "no response head within 10 s".to_string())?
+                .map_err(|e| format!("response: {e}"))?;
+            if response.status() != 200 {
+                return Err(format!("status {}", response.status()));
+            }
+            let mut body = response.into_body();
+            while let Some(chunk) = tokio::time::timeout(Duration::from_secs(10), body.data())
+                .await
+                .map_err(|_| format!("body stalled after {total} bytes"))?
+            {
+                let chunk = chunk.map_err(|e| format!("body: {e}"))?;
+                total += chunk.len();
+                let _ = body.flow_control().release_capacity(chunk.len());
+            }
+        }
+        Ok(total)
+    })
 }

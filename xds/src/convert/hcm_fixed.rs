@@ -83,18 +83,13 @@ fn upgrades(m: &hcm::HttpConnectionManager, path: &str) -> Result<(), Fault> {
     Ok(())
 }
 
-/// Remora's downstream HTTP/2 codec takes its stream limit from its own configuration
-/// (`http.max_concurrent_streams`) and does not accept extended CONNECT.
+/// Remora's downstream HTTP/2 codec does not accept extended CONNECT. Its stream limit is
+/// honoured (`HttpChain::http2_max_concurrent_streams`, what istiod writes from a ProxyConfig's
+/// `connectionSettings`), in place of Remora's `http.max_concurrent_streams`.
 fn http2(m: &hcm::HttpConnectionManager, path: &str) -> Result<(), Fault> {
     let Some(h2) = &m.http2_protocol_options else {
         return Ok(());
     };
-    if h2.max_concurrent_streams.is_some() {
-        return Err(Fault::new(
-            format!("{path}.http2_protocol_options.max_concurrent_streams"),
-            "not supported: Remora always uses its http.max_concurrent_streams",
-        ));
-    }
     if h2.allow_connect {
         return Err(Fault::new(
             format!("{path}.http2_protocol_options.allow_connect"),

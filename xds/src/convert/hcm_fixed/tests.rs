@@ -115,15 +115,23 @@ fn upgrades_other_than_websocket_alone_are_refused() {
 }
 
 #[test]
-fn http2_stream_limit_and_extended_connect_are_refused() {
-    assert_eq!(
-        refused_at(json!({"http2_protocol_options": {"max_concurrent_streams": 100}})),
-        "hcm.http2_protocol_options.max_concurrent_streams"
-    );
+fn extended_connect_is_refused_and_a_stream_limit_accepted() {
     assert_eq!(
         refused_at(json!({"http2_protocol_options": {"allow_connect": true}})),
         "hcm.http2_protocol_options.allow_connect"
     );
+    // istiod's ProxyConfig connectionSettings: honoured by the downstream codec.
+    let limited = hcm_with(json!({
+        "http2_protocol_options": {"max_concurrent_streams": 100},
+        "route_config": {"name": "r"},
+        "http_filters": [{
+            "name": "envoy.filters.http.router",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
+        }]
+    }));
+    assert_eq!(check(&limited, "hcm"), Ok(()));
+    let chain = super::super::http::connection_manager(&limited, "hcm").expect("converted");
+    assert_eq!(chain.http2_max_concurrent_streams, Some(100));
 }
 
 #[test]
