@@ -126,7 +126,7 @@ fn cluster_pick(c: &mut Criterion) {
                     n += 1;
                     let selected = up
                         .select_in(
-                            snapshot.endpoints_of(&cluster),
+                            snapshot.eds_of(&cluster),
                             &state,
                             &cluster,
                             dst,
