@@ -119,6 +119,20 @@ pub async fn handle(
         tracing::debug!(peer = %ctx.peer, reason = kind.details(), "inbound request refused");
         return Ok(local_reply(kind, grpc, end));
     }
+    // The chain's external authorizer (AuthorizationPolicy CUSTOM) and the RBAC filters
+    // after it, as Envoy runs its ext_authz filter. Boxed: only such chains pay for it.
+    let body = if ctx.direction == Direction::Inbound
+        && ctx.xds_inbound.as_ref().is_some_and(|c| c.has_ext_authz())
+    {
+        use super::ext_authz::{inbound, reply, Refused};
+        match Box::pin(inbound(&ctx, &mut parts, body)).await {
+            Ok(body) => body,
+            Err(Refused::Kind(kind)) => return Ok(local_reply(kind, grpc, end)),
+            Err(Refused::Reply(denial)) => return Ok(reply(denial, grpc, end)),
+        }
+    } else {
+        super::mirror::ClientBody::Plain(body)
+    };
     if let Some(log) = &mut end.log {
         log.received = Arc::clone(&end.received);
     }
@@ -179,7 +193,7 @@ pub async fn handle(
     headers::upstream_version(&mut parts);
     // The route's mirrors: copies of the head as it goes upstream, sent on their own.
     let body = match routed.as_ref().and_then(|r| r.mirrors.as_deref()) {
-        None => super::mirror::ClientBody::Plain(body),
+        None => body,
         Some(mirrors) => {
             let timeout = routed.as_ref().and_then(|r| r.timeout);
             super::mirror::shadow(&ctx, mirrors, &parts, body, timeout)

@@ -16,6 +16,7 @@ pub mod body_pace;
 pub mod coalesce;
 pub mod counting;
 pub mod errors;
+pub mod ext_authz;
 pub mod fault;
 pub mod forward;
 pub mod framing;

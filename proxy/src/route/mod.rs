@@ -138,20 +138,37 @@ impl ChainRef {
         })
     }
 
-    /// The HTTP RBAC filters of the chain's connection manager, in order (none for TCP).
+    /// The HTTP RBAC filters of the chain's connection manager before its first ext_authz
+    /// filter (all of them when it has none), in order (none for TCP): what decides a
+    /// request before any external authorizer is asked.
     pub fn http_rbac(&self) -> impl Iterator<Item = &Rbac> {
+        self.http_filters()
+            .take_while(|f| !matches!(f, HttpFilter::ExtAuthz(_)))
+            .filter_map(|f| match f {
+                HttpFilter::Rbac(r) => Some(r),
+                _ => None,
+            })
+    }
+
+    /// The chain's HTTP filters from its first ext_authz filter on (none without one).
+    pub fn from_ext_authz(&self) -> impl Iterator<Item = &HttpFilter> {
+        self.http_filters()
+            .skip_while(|f| !matches!(f, HttpFilter::ExtAuthz(_)))
+    }
+
+    /// Whether the chain calls an external authorizer (AuthorizationPolicy CUSTOM).
+    pub fn has_ext_authz(&self) -> bool {
+        self.from_ext_authz().next().is_some()
+    }
+
+    fn http_filters(&self) -> impl Iterator<Item = &HttpFilter> {
         self.chain()
             .into_iter()
             .filter_map(|c| match &c.kind {
                 ChainKind::Http(http) => Some(http),
                 ChainKind::Tcp(_) => None,
             })
-            .flat_map(|http| {
-                http.http_filters.iter().filter_map(|f| match f {
-                    HttpFilter::Rbac(r) => Some(r),
-                    _ => None,
-                })
-            })
+            .flat_map(|http| http.http_filters.iter())
     }
 }
 

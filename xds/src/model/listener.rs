@@ -307,6 +307,8 @@ pub enum HttpFilter {
     /// Istio's HTTP metadata exchange, in either form istiod has sent.
     MetadataExchange(MetadataExchangeForm),
     Rbac(Rbac),
+    /// The external authorizer (AuthorizationPolicy CUSTOM).
+    ExtAuthz(Box<super::ext_authz::ExtAuthz>),
     /// Istio's ALPN override for upstream mTLS: per upstream HTTP version, the ALPN to offer.
     AlpnOverride(Vec<AlpnOverride>),
     IstioStats(IstioStats),

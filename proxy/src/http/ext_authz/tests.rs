@@ -1,0 +1,1 @@
+//! Tests of the ext_authz filter's pure parts.
