@@ -3,11 +3,14 @@
 //! selects, and the `ext_authz` filter it switches on) given to Remora and to a real Envoy 1.40,
 //! each the sidecar of a captured pod with the same workload and the same external authorizer
 //! (`peers/ext_authz_http.py`, Envoy's HTTP flavour, on the pod's loopback, reached as the
-//! cluster `outbound|9000||ext-authz.foo.svc.cluster.local`). The same plaintext requests from
-//! the peer reach each pod; status, body, the authorizer's header in the answer and the one
-//! it adds for the workload must be the same, and what is expected.
+//! cluster `outbound|9000||ext-authz.foo.svc.cluster.local`), and Envoy's gRPC flavour
+//! ([`GrpcAuthorizer`], on another host: 10.1.0.2 in the peer namespace, as istiod's
+//! `outbound|9191||…` cluster reaches a service) with istiod's `with_request_body`. The same
+//! plaintext requests from the peer reach each pod; status, body, the authorizer's header in
+//! the answer and the ones it adds for the workload must be the same, and what is expected.
 
 use remora_e2e::envoy_xds::{nets_or_skip, Resources};
+use remora_e2e::ext_authz::GrpcAuthorizer;
 use remora_e2e::peer::{self, any_addr};
 use remora_e2e::service::{peer_program, Service};
 use remora_e2e::xds_resources::inbound_cluster;
@@ -22,12 +25,39 @@ const UP: u16 = 8080;
 const DOWN: u16 = 8081;
 /// The same, with `failure_mode_allow`.
 const DOWN_OPEN: u16 = 8082;
+/// The gRPC authorizer, sent the first [`MAX_BODY`] bytes of the body.
+const GRPC: u16 = 8083;
+const GRPC_AUTHZ: &str = "10.1.0.2:9191";
+const MAX_BODY: usize = 8000;
 const CLIENT_TIME: Duration = Duration::from_secs(10);
 
-fn authz_cluster(name: &str, port: u16) -> Value {
+fn authz_cluster(name: &str, address: &str, port: u16) -> Value {
     json!({"name": name, "type": "STATIC", "connect_timeout": "1s",
         "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint":
-            {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]}})
+            {"address": {"socket_address": {"address": address, "port_value": port}}}}]}]}})
+}
+
+/// istiod's cluster for a gRPC service port: HTTP/2.
+fn grpc_cluster(name: &str) -> Value {
+    let mut c = authz_cluster(name, "10.1.0.2", 9191);
+    c["typed_extension_protocol_options"] = json!({"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": {"http2_protocol_options": {}}}});
+    c
+}
+
+/// istiod's ext_authz filter for an `envoyExtAuthzGrpc` provider with
+/// `includeRequestBodyInCheck`.
+fn grpc_ext_authz(cluster: &str) -> Value {
+    json!({"name": "envoy.filters.http.ext_authz", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz",
+        "grpc_service": {"envoy_grpc": {"cluster_name": cluster,
+            "authority": cluster.replace('|', "_.")}, "timeout": "600s"},
+        "with_request_body": {"max_request_bytes": MAX_BODY, "allow_partial_message": true},
+        "transport_api_version": "V3",
+        "filter_enabled_metadata": {"filter": "envoy.filters.http.rbac",
+            "path": [{"key": "istio_ext_authz_shadow_effective_policy_id"}],
+            "value": {"string_match": {"prefix": "istio-ext-authz"}}}}})
 }
 
 /// istiod's shadow RBAC filter for a CUSTOM policy selecting requests with `x-select: ext`
@@ -82,6 +112,7 @@ fn chain(port: u16, authz: Value) -> Value {
 fn resources() -> Resources {
     let up = "outbound|9000||ext-authz.foo.svc.cluster.local";
     let down = "outbound|9001||ext-authz-down.foo.svc.cluster.local";
+    let grpc = "outbound|9191||ext-authz-grpc.foo.svc.cluster.local";
     let listener = json!({"name": "virtualInbound", "traffic_direction": "INBOUND",
         "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15006}},
         "listener_filters": [{"name": "envoy.filters.listener.original_dst", "typed_config": {
@@ -89,13 +120,15 @@ fn resources() -> Resources {
         "filter_chains": [
             chain(UP, ext_authz(up, false, None)),
             chain(DOWN, ext_authz(down, false, Some(503))),
-            chain(DOWN_OPEN, ext_authz(down, true, None))]});
-    let mut clusters: Vec<Value> = [UP, DOWN, DOWN_OPEN]
+            chain(DOWN_OPEN, ext_authz(down, true, None)),
+            chain(GRPC, grpc_ext_authz(grpc))]});
+    let mut clusters: Vec<Value> = [UP, DOWN, DOWN_OPEN, GRPC]
         .iter()
         .map(|p| inbound_cluster(&format!("inbound|{p}||")))
         .collect();
-    clusters.push(authz_cluster(up, AUTHZ_PORT));
-    clusters.push(authz_cluster(down, AUTHZ_PORT + 1));
+    clusters.push(authz_cluster(up, "127.0.0.1", AUTHZ_PORT));
+    clusters.push(authz_cluster(down, "127.0.0.1", AUTHZ_PORT + 1));
+    clusters.push(grpc_cluster(grpc));
     Resources {
         listeners: json!([listener]),
         clusters: Value::Array(clusters),
@@ -104,16 +137,25 @@ fn resources() -> Resources {
     }
 }
 
-/// The workload on each port and the authorizer, in `net`'s pod.
-fn workload(net: &PodNet) -> Vec<Service> {
+/// The workload on each port and the HTTP authorizer, in `net`'s pod; the gRPC authorizer
+/// on 10.1.0.2 in its peer namespace.
+fn workload(net: &PodNet) -> (Vec<Service>, GrpcAuthorizer) {
     net.capture_default();
+    for (ns, args) in [
+        (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
+        (&net.peer, vec!["addr", "add", "10.1.0.2/32", "dev", "eth0"]),
+    ] {
+        let out = ns.command("ip").args(&args).output().expect("ip");
+        assert!(out.status.success(), "ip {args:?}: {out:?}");
+    }
+    let grpc = GrpcAuthorizer::start(&net.peer, GRPC_AUTHZ.parse().expect("address"));
     let app = peer_program("http_server.py")
         .to_string_lossy()
         .into_owned();
     let authz = peer_program("ext_authz_http.py")
         .to_string_lossy()
         .into_owned();
-    let mut services: Vec<Service> = [UP, DOWN, DOWN_OPEN]
+    let mut services: Vec<Service> = [UP, DOWN, DOWN_OPEN, GRPC]
         .iter()
         .map(|p| Service::start(&net.pod, "python3", &[&app, &p.to_string()], any_addr(*p)))
         .collect();
@@ -123,7 +165,7 @@ fn workload(net: &PodNet) -> Vec<Service> {
         &[&authz, &AUTHZ_PORT.to_string()],
         any_addr(AUTHZ_PORT),
     ));
-    services
+    (services, grpc)
 }
 
 /// What a proxy made of one request: status, the authorizer's header in the answer, the
@@ -133,22 +175,30 @@ struct Outcome {
     status: u16,
     answer_header: Option<String>,
     upstream_header: Option<String>,
+    /// The body bytes the gRPC authorizer said it was sent.
+    checked_bytes: Option<String>,
     body: String,
 }
 
 /// A request to `path` on `port`, selected by the CUSTOM policy when `select`.
 fn request(net: &PodNet, port: u16, path: &str, select: bool) -> Outcome {
+    post(net, port, path, select, 0)
+}
+
+/// The same with a body of `body` bytes (a POST), when not zero.
+fn post(net: &PodNet, port: u16, path: &str, select: bool, body: usize) -> Outcome {
     let url = format!("http://{}:{port}{path}", net.pod_ip);
     let select = if select {
         "x-select: ext"
     } else {
         "x-select: no"
     };
-    let out = peer::curl(
-        &net.peer,
-        &["-i", "-H", "x-ext-authz: please", "-H", select, &url],
-        CLIENT_TIME,
-    );
+    let data = "a".repeat(body);
+    let mut args = vec!["-i", "-H", "x-ext-authz: please", "-H", select, &url];
+    if body > 0 {
+        args.extend(["--data-binary", &data]);
+    }
+    let out = peer::curl(&net.peer, &args, CLIENT_TIME);
     let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
     let (head, body) = text.split_once("\n\n").unwrap_or((&text, ""));
     let status = head
@@ -166,10 +216,14 @@ fn request(net: &PodNet, port: u16, path: &str, select: bool) -> Outcome {
     let upstream_header = json
         .as_ref()
         .and_then(|j| j["x-ext-authz-check-result"].as_str().map(str::to_string));
+    let checked_bytes = json
+        .as_ref()
+        .and_then(|j| j["x-ext-authz-body-bytes"].as_str().map(str::to_string));
     Outcome {
         status,
         answer_header,
         upstream_header,
+        checked_bytes,
         body: if json.is_some() {
             String::new()
         } else {
@@ -184,32 +238,40 @@ fn custom_authorization_has_envoys_outcome() {
         return;
     };
     let resources = resources();
-    let _r = workload(&remora_net);
+    let (_r, remora_grpc) = workload(&remora_net);
     let remora = resources.start_remora(&remora_net);
-    let _e = workload(&envoy_net);
+    let (_e, _envoy_grpc) = workload(&envoy_net);
     let envoy = resources.start_envoy(&envoy_net, &binary);
-    let cases: &[(u16, &str, bool)] = &[
+    let cases: &[(u16, &str, bool, usize)] = &[
         // Not selected by the CUSTOM policy: never sent to the authorizer.
-        (UP, "/hello", false),
-        (UP, "/headers", false),
-        (DOWN, "/hello", false),
+        (UP, "/hello", false, 0),
+        (UP, "/headers", false, 0),
+        (DOWN, "/hello", false, 0),
         // Allowed: the authorizer's header reaches the workload, not the client.
-        (UP, "/headers", true),
-        (UP, "/hello", true),
+        (UP, "/headers", true, 0),
+        (UP, "/hello", true, 0),
         // Denied: the authorizer's status, body and allowed client header.
-        (UP, "/deny", true),
+        (UP, "/deny", true, 0),
         // The authorizer unreachable: status_on_error, or through with failure_mode_allow.
-        (DOWN, "/hello", true),
-        (DOWN_OPEN, "/hello", true),
+        (DOWN, "/hello", true, 0),
+        (DOWN_OPEN, "/hello", true, 0),
+        // gRPC: allowed with the authorizer's headers, the body's bytes checked (all of a
+        // short one, the first MAX_BODY of a long one) and all of it forwarded; denied with
+        // the denied_response's status, header and body.
+        (GRPC, "/headers", true, 0),
+        (GRPC, "/headers", false, 0),
+        (GRPC, "/upload", true, 100),
+        (GRPC, "/upload", true, 3 * MAX_BODY),
+        (GRPC, "/deny", true, 100),
     ];
     let mut report = Vec::new();
     let mut differ = false;
-    for (port, path, select) in cases {
-        let r = request(&remora_net, *port, path, *select);
-        let e = request(&envoy_net, *port, path, *select);
+    for (port, path, select, body) in cases {
+        let r = post(&remora_net, *port, path, *select, *body);
+        let e = post(&envoy_net, *port, path, *select, *body);
         differ |= r != e;
         report.push(format!(
-            "{port} {path} selected={select}\n  remora {r:?}\n  envoy  {e:?}"
+            "{port} {path} selected={select} body={body}\n  remora {r:?}\n  envoy  {e:?}"
         ));
     }
     let report = report.join("\n");
@@ -245,4 +307,41 @@ fn custom_authorization_has_envoys_outcome() {
             && m.value("remora_ext_authz_failure_mode_allowed_total", &[]) >= 2.0
     });
     drop(m);
+    // gRPC.
+    let allowed = request(&remora_net, GRPC, "/headers", true);
+    assert_eq!(
+        (
+            allowed.status,
+            allowed.upstream_header.as_deref(),
+            allowed.checked_bytes.as_deref()
+        ),
+        (200, Some("allowed"), Some("0"))
+    );
+    let denied = post(&remora_net, GRPC, "/deny", true, 10);
+    assert_eq!(
+        (
+            denied.status,
+            denied.body.as_str(),
+            denied.answer_header.as_deref()
+        ),
+        (401, "denied by ext_authz\n", Some("denied"))
+    );
+    let long = post(&remora_net, GRPC, "/upload", true, 3 * MAX_BODY);
+    assert_eq!(long.status, 200, "{long:?}");
+    assert!(
+        long.body.starts_with(&format!("{} ", 3 * MAX_BODY)),
+        "{long:?}"
+    );
+    let checks = remora_grpc.checks();
+    let sizes: Vec<usize> = checks
+        .iter()
+        .filter_map(|c| c.attributes.as_ref()?.request.as_ref()?.http.as_ref())
+        .filter(|h| h.path == "/upload")
+        .map(|h| h.body.len())
+        .collect();
+    assert!(
+        sizes.contains(&100) && sizes.contains(&MAX_BODY),
+        "{sizes:?}"
+    );
+    assert!(sizes.iter().all(|s| *s <= MAX_BODY), "{sizes:?}");
 }

@@ -97,6 +97,9 @@ pub struct Routed {
     /// The request's hash by the route's hash policies, for a RING_HASH or MAGLEV cluster
     /// (`None` for every other, and when no policy found its input: a random pick).
     pub hash: Option<u64>,
+    /// Sent as this proxy's own request (an external authorizer's check), not the client's:
+    /// dialled as outbound, from no passthrough source, whichever way the client came.
+    pub own_request: bool,
 }
 
 impl Routed {
@@ -119,6 +122,7 @@ impl Routed {
             cors_response: Edits::default(),
             mirrors: None,
             hash: None,
+            own_request: false,
         }
     }
 
@@ -483,6 +487,7 @@ pub fn decide_request(
         } else {
             None
         },
+        own_request: false,
     };
     Ok(Decided {
         routed,

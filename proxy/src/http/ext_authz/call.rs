@@ -35,7 +35,10 @@ pub(super) async fn call(
         return Err(format!("cluster {cluster:?} does not exist"));
     };
     let target = RoutedCluster::resolve(ctx, &snapshot, model, generation);
-    let routed = Routed::single_attempt(target);
+    let routed = Routed {
+        own_request: true,
+        ..Routed::single_attempt(target)
+    };
     let up = routed::send(ctx, &routed, req)
         .await
         .map_err(|e| e.to_string())?;
