@@ -176,7 +176,7 @@ pub(super) fn check_request(input: &CheckInput<'_>) -> CheckRequest {
     }
 }
 
-fn verdict(answer: Answer) -> Verdict {
+pub(super) fn verdict(answer: Answer) -> Verdict {
     let Answer {
         head,
         body,

@@ -66,7 +66,7 @@ fn any(matchers: &[StringMatcher], name: &HeaderName) -> bool {
     matchers.iter().any(|m| m.matches(name.as_str()))
 }
 
-fn verdict(answer: Answer, s: &HttpService) -> Verdict {
+pub(super) fn verdict(answer: Answer, s: &HttpService) -> Verdict {
     let Answer { head, body, .. } = answer;
     let status = head.status;
     if status.is_server_error() {
