@@ -29,6 +29,10 @@ const DOWN_OPEN: u16 = 8082;
 const GRPC: u16 = 8083;
 const GRPC_AUTHZ: &str = "10.1.0.2:9191";
 const MAX_BODY: usize = 8000;
+/// The HTTP authorizer with a DENY RBAC filter after it (paths under `/blocked`), and the body
+/// sent along, at most [`SMALL_BODY`] bytes and no partial message (413 past it).
+const ORDERED: u16 = 8084;
+const SMALL_BODY: usize = 10;
 const CLIENT_TIME: Duration = Duration::from_secs(10);
 
 fn authz_cluster(name: &str, address: &str, port: u16) -> Value {
@@ -95,7 +99,26 @@ fn ext_authz(cluster: &str, fail_open: bool, status_on_error: Option<u16>) -> Va
     json!({"name": "envoy.filters.http.ext_authz", "typed_config": config})
 }
 
+/// A DENY policy on paths under `/blocked`, as istiod writes it after the CUSTOM filters.
+fn deny_blocked() -> Value {
+    json!({"name": "envoy.filters.http.rbac", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
+        "rules": {"action": "DENY", "policies": {"ns[server]-policy[block]-rule[0]": {
+            "permissions": [{"url_path": {"path": {"prefix": "/blocked"}}}],
+            "principals": [{"any": true}]}}}}})
+}
+
 fn chain(port: u16, authz: Value) -> Value {
+    chain_with(port, &[authz])
+}
+
+fn chain_with(port: u16, filters: &[Value]) -> Value {
+    let mut http_filters = vec![shadow_rbac()];
+    http_filters.extend_from_slice(filters);
+    http_filters.push(
+        json!({"name": "envoy.filters.http.router", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}),
+    );
     let cluster = format!("inbound|{port}||");
     json!({"name": format!("0.0.0.0_{port}"),
         "filter_chain_match": {"destination_port": port, "transport_protocol": "raw_buffer"},
@@ -104,9 +127,7 @@ fn chain(port: u16, authz: Value) -> Value {
             "stat_prefix": format!("inbound_0.0.0.0_{port}"),
             "route_config": {"name": cluster, "virtual_hosts": [{"name": "inbound", "domains": ["*"],
                 "routes": [{"match": {"prefix": "/"}, "route": {"cluster": cluster, "timeout": "0s"}}]}]},
-            "http_filters": [shadow_rbac(), authz,
-                {"name": "envoy.filters.http.router", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]})
+            "http_filters": http_filters}}]})
 }
 
 fn resources() -> Resources {
@@ -121,8 +142,9 @@ fn resources() -> Resources {
             chain(UP, ext_authz(up, false, None)),
             chain(DOWN, ext_authz(down, false, Some(503))),
             chain(DOWN_OPEN, ext_authz(down, true, None)),
-            chain(GRPC, grpc_ext_authz(grpc))]});
-    let mut clusters: Vec<Value> = [UP, DOWN, DOWN_OPEN, GRPC]
+            chain(GRPC, grpc_ext_authz(grpc)),
+            chain_with(ORDERED, &[small_body(ext_authz(up, false, None)), deny_blocked()])]});
+    let mut clusters: Vec<Value> = [UP, DOWN, DOWN_OPEN, GRPC, ORDERED]
         .iter()
         .map(|p| inbound_cluster(&format!("inbound|{p}||")))
         .collect();
@@ -135,6 +157,12 @@ fn resources() -> Resources {
         routes: json!([]),
         endpoints: json!([]),
     }
+}
+
+/// `filter` sending at most [`SMALL_BODY`] bytes of the body, none past it.
+fn small_body(mut filter: Value) -> Value {
+    filter["typed_config"]["with_request_body"] = json!({"max_request_bytes": SMALL_BODY});
+    filter
 }
 
 /// The workload on each port and the HTTP authorizer, in `net`'s pod; the gRPC authorizer
@@ -155,7 +183,7 @@ fn workload(net: &PodNet) -> (Vec<Service>, GrpcAuthorizer) {
     let authz = peer_program("ext_authz_http.py")
         .to_string_lossy()
         .into_owned();
-    let mut services: Vec<Service> = [UP, DOWN, DOWN_OPEN, GRPC]
+    let mut services: Vec<Service> = [UP, DOWN, DOWN_OPEN, GRPC, ORDERED]
         .iter()
         .map(|p| Service::start(&net.pod, "python3", &[&app, &p.to_string()], any_addr(*p)))
         .collect();
@@ -263,6 +291,15 @@ fn custom_authorization_has_envoys_outcome() {
         (GRPC, "/upload", true, 100),
         (GRPC, "/upload", true, 3 * MAX_BODY),
         (GRPC, "/deny", true, 100),
+        // The RBAC filter after the authorizer decides after it: allowed by the authorizer,
+        // denied by RBAC; denied by the authorizer first.
+        (ORDERED, "/blocked", true, 0),
+        (ORDERED, "/blocked/deny", true, 0),
+        (ORDERED, "/blocked", false, 0),
+        // A body over max_request_bytes without partial messages: 413; within: checked.
+        (ORDERED, "/upload", true, SMALL_BODY * 10),
+        (ORDERED, "/upload", true, SMALL_BODY / 2),
+        (ORDERED, "/upload", false, SMALL_BODY * 10),
     ];
     let mut report = Vec::new();
     let mut differ = false;
@@ -344,4 +381,23 @@ fn custom_authorization_has_envoys_outcome() {
         "{sizes:?}"
     );
     assert!(sizes.iter().all(|s| *s <= MAX_BODY), "{sizes:?}");
+    // Order: the authorizer, then RBAC.
+    let blocked = request(&remora_net, ORDERED, "/blocked", true);
+    assert_eq!(
+        (blocked.status, blocked.body.as_str()),
+        (403, "RBAC: access denied")
+    );
+    let first = request(&remora_net, ORDERED, "/blocked/deny", true);
+    assert_eq!(
+        (first.status, first.answer_header.as_deref()),
+        (403, Some("denied"))
+    );
+    assert_eq!(
+        post(&remora_net, ORDERED, "/upload", true, SMALL_BODY * 10).status,
+        413
+    );
+    assert_eq!(
+        post(&remora_net, ORDERED, "/upload", false, SMALL_BODY * 10).status,
+        200
+    );
 }

@@ -299,10 +299,9 @@ impl ErrorKind {
     /// empty (no route, no cluster, no Host; the details are only for the log).
     pub fn body(self) -> &'static str {
         match self {
-            ErrorKind::NoRoute
-            | ErrorKind::NoCluster
-            | ErrorKind::MissingHost
-            | ErrorKind::PayloadTooLarge => "",
+            ErrorKind::NoRoute | ErrorKind::NoCluster | ErrorKind::MissingHost => "",
+            // Envoy's ext_authz answers its status's name.
+            ErrorKind::PayloadTooLarge => "Payload Too Large",
             other => other.details(),
         }
     }
