@@ -1,11 +1,13 @@
 """An external authorizer of Envoy's HTTP flavour (ext_authz `http_service`), for tests.
 
 Every check is answered from its path: one containing `/deny` is denied (403, a body and a
-header for the client), anything else allowed (200 with a header for the upstream).
+header for the client), anything else allowed (200 with a header for the upstream); one
+containing `/slow` is answered after 3 s.
 Usage: ext_authz_http.py PORT
 """
 
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -16,6 +18,8 @@ class Handler(BaseHTTPRequestHandler):
         left = int(self.headers.get("Content-Length", "0"))
         if left:
             self.rfile.read(left)
+        if "/slow" in self.path:
+            time.sleep(3)
         if "/deny" in self.path:
             body = b"denied by ext_authz\n"
             self.send_response(403)

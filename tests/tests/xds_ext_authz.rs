@@ -33,6 +33,8 @@ const MAX_BODY: usize = 8000;
 /// sent along, at most [`SMALL_BODY`] bytes and no partial message (413 past it).
 const ORDERED: u16 = 8084;
 const SMALL_BODY: usize = 10;
+/// The HTTP authorizer with a 500 ms timeout.
+const HASTY: u16 = 8085;
 const CLIENT_TIME: Duration = Duration::from_secs(10);
 
 fn authz_cluster(name: &str, address: &str, port: u16) -> Value {
@@ -143,8 +145,9 @@ fn resources() -> Resources {
             chain(DOWN, ext_authz(down, false, Some(503))),
             chain(DOWN_OPEN, ext_authz(down, true, None)),
             chain(GRPC, grpc_ext_authz(grpc)),
-            chain_with(ORDERED, &[small_body(ext_authz(up, false, None)), deny_blocked()])]});
-    let mut clusters: Vec<Value> = [UP, DOWN, DOWN_OPEN, GRPC, ORDERED]
+            chain_with(ORDERED, &[small_body(ext_authz(up, false, None)), deny_blocked()]),
+            chain(HASTY, hasty(ext_authz(up, false, None)))]});
+    let mut clusters: Vec<Value> = [UP, DOWN, DOWN_OPEN, GRPC, ORDERED, HASTY]
         .iter()
         .map(|p| inbound_cluster(&format!("inbound|{p}||")))
         .collect();
@@ -157,6 +160,12 @@ fn resources() -> Resources {
         routes: json!([]),
         endpoints: json!([]),
     }
+}
+
+/// `filter` with a check timeout of 500 ms.
+fn hasty(mut filter: Value) -> Value {
+    filter["typed_config"]["http_service"]["server_uri"]["timeout"] = json!("0.5s");
+    filter
 }
 
 /// `filter` sending at most [`SMALL_BODY`] bytes of the body, none past it.
@@ -183,7 +192,7 @@ fn workload(net: &PodNet) -> (Vec<Service>, GrpcAuthorizer) {
     let authz = peer_program("ext_authz_http.py")
         .to_string_lossy()
         .into_owned();
-    let mut services: Vec<Service> = [UP, DOWN, DOWN_OPEN, GRPC, ORDERED]
+    let mut services: Vec<Service> = [UP, DOWN, DOWN_OPEN, GRPC, ORDERED, HASTY]
         .iter()
         .map(|p| Service::start(&net.pod, "python3", &[&app, &p.to_string()], any_addr(*p)))
         .collect();
@@ -223,6 +232,10 @@ fn post(net: &PodNet, port: u16, path: &str, select: bool, body: usize) -> Outco
     };
     let data = "a".repeat(body);
     let mut args = vec!["-i", "-H", "x-ext-authz: please", "-H", select, &url];
+    // HTTP/2 (h2c) to the gRPC authorizer's port, HTTP/1.1 elsewhere.
+    if port == GRPC {
+        args.push("--http2-prior-knowledge");
+    }
     if body > 0 {
         args.extend(["--data-binary", &data]);
     }
@@ -300,6 +313,9 @@ fn custom_authorization_has_envoys_outcome() {
         (ORDERED, "/upload", true, SMALL_BODY * 10),
         (ORDERED, "/upload", true, SMALL_BODY / 2),
         (ORDERED, "/upload", false, SMALL_BODY * 10),
+        // A check slower than its timeout failed: status_on_error; a quick one allowed.
+        (HASTY, "/slow", true, 0),
+        (HASTY, "/hello", true, 0),
     ];
     let mut report = Vec::new();
     let mut differ = false;
