@@ -2,7 +2,9 @@
 //! tonic with envoy-types' service), served in a network namespace for the CUSTOM
 //! authorization tests. Every check is answered from its path: one containing `/deny` is
 //! denied (401, a body and a header for the client), anything else allowed with a header for
-//! the upstream naming how many body bytes the check carried.
+//! the upstream naming how many body bytes the check carried. A connection's check (the
+//! network filter's: no HTTP request) is denied when its destination port is
+//! [`DENIED_TCP_PORT`].
 
 use crate::netns::Netns;
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
@@ -17,6 +19,9 @@ use envoy_types::pb::envoy::service::auth::v3::{
 use envoy_types::pb::google::rpc::Status;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+
+/// The destination port whose connections are denied.
+pub const DENIED_TCP_PORT: u32 = 9101;
 
 /// The authorizer, serving until dropped.
 pub struct GrpcAuthorizer {
@@ -51,12 +56,26 @@ impl Authorization for Checker {
             .attributes
             .as_ref()
             .and_then(|a| a.request.as_ref())
-            .and_then(|r| r.http.clone())
-            .unwrap_or_default();
+            .and_then(|r| r.http.clone());
+        let port = check
+            .attributes
+            .as_ref()
+            .and_then(|a| a.destination.as_ref()?.address.as_ref()?.address.as_ref())
+            .and_then(|a| match a {
+                envoy_types::pb::envoy::config::core::v3::address::Address::SocketAddress(s) => {
+                    match s.port_specifier {
+                        Some(envoy_types::pb::envoy::config::core::v3::socket_address::PortSpecifier::PortValue(p)) => Some(p),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            });
+        let tcp_denied = http.is_none() && port == Some(DENIED_TCP_PORT);
+        let http = http.unwrap_or_default();
         if let Ok(mut checks) = self.checks.lock() {
             checks.push(check);
         }
-        let response = if http.path.contains("/deny") {
+        let response = if tcp_denied || http.path.contains("/deny") {
             CheckResponse {
                 status: Some(Status {
                     code: 7,

@@ -10,7 +10,7 @@
 //! the answer and the ones it adds for the workload must be the same, and what is expected.
 
 use remora_e2e::envoy_xds::{nets_or_skip, Resources};
-use remora_e2e::ext_authz::GrpcAuthorizer;
+use remora_e2e::ext_authz::{GrpcAuthorizer, DENIED_TCP_PORT};
 use remora_e2e::peer::{self, any_addr};
 use remora_e2e::service::{peer_program, Service};
 use remora_e2e::xds_resources::inbound_cluster;
@@ -35,6 +35,11 @@ const ORDERED: u16 = 8084;
 const SMALL_BODY: usize = 10;
 /// The HTTP authorizer with a 500 ms timeout.
 const HASTY: u16 = 8085;
+/// TCP ports with the network ext_authz filter (the gRPC authorizer): allowed, denied.
+const TCP_ALLOWED: u16 = 9100;
+const TCP_DENIED: u16 = DENIED_TCP_PORT as u16;
+/// A TCP port the CUSTOM policy does not select.
+const TCP_UNSELECTED: u16 = 9102;
 const CLIENT_TIME: Duration = Duration::from_secs(10);
 
 fn authz_cluster(name: &str, address: &str, port: u16) -> Value {
@@ -110,6 +115,34 @@ fn deny_blocked() -> Value {
             "principals": [{"any": true}]}}}}})
 }
 
+/// A TCP chain as istiod writes it for a CUSTOM policy with a gRPC provider: the network
+/// shadow RBAC filter selecting ports 9100 and 9101, the network ext_authz, `tcp_proxy`.
+fn tcp_chain(port: u16, grpc: &str) -> Value {
+    let cluster = format!("inbound|{port}||");
+    let shadow = json!({"name": "envoy.filters.network.rbac", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC",
+        "stat_prefix": "tcp.",
+        "shadow_rules": {"action": "DENY", "policies": {
+            "istio-ext-authz-ns[server]-policy[ext-tcp]-rule[0]": {
+                "permissions": [{"destination_port_range": {"start": 9100, "end": 9102}}],
+                "principals": [{"any": true}]}}},
+        "shadow_rules_stat_prefix": "istio_ext_authz_"}});
+    let ext_authz = json!({"name": "envoy.filters.network.ext_authz", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.ext_authz.v3.ExtAuthz",
+        "stat_prefix": "tcp.",
+        "grpc_service": {"envoy_grpc": {"cluster_name": grpc,
+            "authority": grpc.replace('|', "_.")}, "timeout": "600s"},
+        "transport_api_version": "V3",
+        "filter_enabled_metadata": {"filter": "envoy.filters.network.rbac",
+            "path": [{"key": "istio_ext_authz_shadow_effective_policy_id"}],
+            "value": {"string_match": {"prefix": "istio-ext-authz"}}}}});
+    json!({"name": format!("0.0.0.0_{port}"),
+        "filter_chain_match": {"destination_port": port, "transport_protocol": "raw_buffer"},
+        "filters": [shadow, ext_authz, {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            "stat_prefix": cluster, "cluster": cluster}}]})
+}
+
 fn chain(port: u16, authz: Value) -> Value {
     chain_with(port, &[authz])
 }
@@ -146,11 +179,24 @@ fn resources() -> Resources {
             chain(DOWN_OPEN, ext_authz(down, true, None)),
             chain(GRPC, grpc_ext_authz(grpc)),
             chain_with(ORDERED, &[small_body(ext_authz(up, false, None)), deny_blocked()]),
-            chain(HASTY, hasty(ext_authz(up, false, None)))]});
-    let mut clusters: Vec<Value> = [UP, DOWN, DOWN_OPEN, GRPC, ORDERED, HASTY]
-        .iter()
-        .map(|p| inbound_cluster(&format!("inbound|{p}||")))
-        .collect();
+            chain(HASTY, hasty(ext_authz(up, false, None))),
+            tcp_chain(TCP_ALLOWED, grpc),
+            tcp_chain(TCP_DENIED, grpc),
+            tcp_chain(TCP_UNSELECTED, grpc)]});
+    let mut clusters: Vec<Value> = [
+        UP,
+        DOWN,
+        DOWN_OPEN,
+        GRPC,
+        ORDERED,
+        HASTY,
+        TCP_ALLOWED,
+        TCP_DENIED,
+        TCP_UNSELECTED,
+    ]
+    .iter()
+    .map(|p| inbound_cluster(&format!("inbound|{p}||")))
+    .collect();
     clusters.push(authz_cluster(up, "127.0.0.1", AUTHZ_PORT));
     clusters.push(authz_cluster(down, "127.0.0.1", AUTHZ_PORT + 1));
     clusters.push(grpc_cluster(grpc));
@@ -174,9 +220,9 @@ fn small_body(mut filter: Value) -> Value {
     filter
 }
 
-/// The workload on each port and the HTTP authorizer, in `net`'s pod; the gRPC authorizer
-/// on 10.1.0.2 in its peer namespace.
-fn workload(net: &PodNet) -> (Vec<Service>, GrpcAuthorizer) {
+/// The workload on each port (HTTP servers, TCP echo servers) and the HTTP authorizer, in
+/// `net`'s pod; the gRPC authorizer on 10.1.0.2 in its peer namespace.
+fn workload(net: &PodNet) -> (Vec<Service>, Vec<peer::Server>, GrpcAuthorizer) {
     net.capture_default();
     for (ns, args) in [
         (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
@@ -202,7 +248,18 @@ fn workload(net: &PodNet) -> (Vec<Service>, GrpcAuthorizer) {
         &[&authz, &AUTHZ_PORT.to_string()],
         any_addr(AUTHZ_PORT),
     ));
-    (services, grpc)
+    let echoes = [TCP_ALLOWED, TCP_DENIED, TCP_UNSELECTED]
+        .iter()
+        .map(|p| peer::Server::echo(&net.pod, any_addr(*p)))
+        .collect();
+    (services, echoes, grpc)
+}
+
+/// Whether bytes sent to `port` of the pod come back.
+fn echoes(net: &PodNet, port: u16) -> bool {
+    let data = peer::pattern(4096);
+    let addr = std::net::SocketAddr::new(net.pod_ip.into(), port);
+    peer::echo_exchange(&net.peer, addr, &data).is_ok_and(|back| back == data)
 }
 
 /// What a proxy made of one request: status, the authorizer's header in the answer, the
@@ -279,9 +336,9 @@ fn custom_authorization_has_envoys_outcome() {
         return;
     };
     let resources = resources();
-    let (_r, remora_grpc) = workload(&remora_net);
+    let (_r, _r_echo, remora_grpc) = workload(&remora_net);
     let remora = resources.start_remora(&remora_net);
-    let (_e, _envoy_grpc) = workload(&envoy_net);
+    let (_e, _e_echo, _envoy_grpc) = workload(&envoy_net);
     let envoy = resources.start_envoy(&envoy_net, &binary);
     let cases: &[(u16, &str, bool, usize)] = &[
         // Not selected by the CUSTOM policy: never sent to the authorizer.
@@ -397,6 +454,26 @@ fn custom_authorization_has_envoys_outcome() {
         "{sizes:?}"
     );
     assert!(sizes.iter().all(|s| *s <= MAX_BODY), "{sizes:?}");
+    // TCP: the network filter checks each selected connection.
+    let tcp: Vec<(u16, bool, bool)> = [TCP_ALLOWED, TCP_DENIED, TCP_UNSELECTED]
+        .iter()
+        .map(|p| (*p, echoes(&remora_net, *p), echoes(&envoy_net, *p)))
+        .collect();
+    assert!(
+        tcp.iter().all(|(_, r, e)| r == e),
+        "Remora and Envoy differ on TCP: {tcp:?}"
+    );
+    assert_eq!(
+        tcp.iter().map(|t| t.1).collect::<Vec<_>>(),
+        [true, false, true],
+        "{tcp:?}"
+    );
+    let tcp_checks = remora_grpc
+        .checks()
+        .iter()
+        .filter(|c| c.attributes.as_ref().is_some_and(|a| a.request.is_none()))
+        .count();
+    assert_eq!(tcp_checks, 2, "one check per selected connection");
     // Order: the authorizer, then RBAC.
     let blocked = request(&remora_net, ORDERED, "/blocked", true);
     assert_eq!(

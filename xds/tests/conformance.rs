@@ -175,6 +175,7 @@ fn check_chain(fact: &Value, chain: &FilterChain, at: &str) {
             }
             NetworkFilter::IstioAuthn { shared } => !shared && name.starts_with("istio_authn"),
             NetworkFilter::Rbac(_) => name.starts_with("envoy.filters.network.rbac"),
+            NetworkFilter::ExtAuthz(_) => name.starts_with("envoy.filters.network.ext_authz"),
         };
         assert!(ok, "{at}: {model:?} for {name}");
     }

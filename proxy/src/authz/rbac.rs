@@ -37,8 +37,11 @@ pub fn matched<'r>(rules: &'r Rules, a: &Attributes<'_>) -> Option<&'r str> {
 
 /// The dynamic-metadata namespace Envoy's HTTP RBAC filters write their results under.
 pub const HTTP_RBAC_METADATA: &str = "envoy.filters.http.rbac";
+/// The same for the network RBAC filters.
+pub const NETWORK_RBAC_METADATA: &str = "envoy.filters.network.rbac";
 
-/// The string value `filters` leave under `key` of [`HTTP_RBAC_METADATA`], as Envoy's RBAC
+/// The string value `filters` leave under `key` of [`HTTP_RBAC_METADATA`] (network filters:
+/// [`NETWORK_RBAC_METADATA`]), as Envoy's RBAC
 /// filter writes it for its shadow rules: `<shadow_rules_stat_prefix>shadow_effective_policy_id`
 /// (the shadow policy that matched; not written when none did) and
 /// `<shadow_rules_stat_prefix>shadow_engine_result` (`allowed` or `denied`). A later filter's

@@ -17,6 +17,7 @@
 mod call;
 mod grpc;
 mod http_service;
+pub mod network;
 
 use super::authorize::attributes;
 use super::body::{RequestEnd, ResponseBody, UpstreamBody};

@@ -128,14 +128,25 @@ impl ChainRef {
             .is_some_and(|mine| now.all_chains().any(|c| c == mine))
     }
 
-    /// The chain's network RBAC filters, in order.
+    /// The chain's network RBAC filters before its first network ext_authz filter (all of
+    /// them when it has none), in order.
     pub fn network_rbac(&self) -> impl Iterator<Item = &Rbac> {
-        self.chain().into_iter().flat_map(|c| {
-            c.filters.iter().filter_map(|f| match f {
+        self.network_filters()
+            .take_while(|f| !matches!(f, NetworkFilter::ExtAuthz(_)))
+            .filter_map(|f| match f {
                 NetworkFilter::Rbac(r) => Some(r),
                 _ => None,
             })
-        })
+    }
+
+    /// The chain's network filters from its first ext_authz filter on (none without one).
+    pub fn network_from_ext_authz(&self) -> impl Iterator<Item = &NetworkFilter> {
+        self.network_filters()
+            .skip_while(|f| !matches!(f, NetworkFilter::ExtAuthz(_)))
+    }
+
+    fn network_filters(&self) -> impl Iterator<Item = &NetworkFilter> {
+        self.chain().into_iter().flat_map(|c| c.filters.iter())
     }
 
     /// The HTTP RBAC filters of the chain's connection manager before its first ext_authz

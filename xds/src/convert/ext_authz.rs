@@ -59,6 +59,37 @@ pub fn http(f: &pb::ExtAuthz, path: &str) -> Result<ExtAuthz, Fault> {
     })
 }
 
+/// The network ext_authz filter at `path` (its `typed_config`): istiod writes it for a
+/// CUSTOM policy on a TCP port with a gRPC provider.
+pub fn network(
+    f: &envoy_types::pb::envoy::extensions::filters::network::ext_authz::v3::ExtAuthz,
+    path: &str,
+) -> Result<ExtAuthz, Fault> {
+    if !matches!(f.transport_api_version, 0 | 2) {
+        return Err(Fault::new(
+            format!("{path}.transport_api_version"),
+            "only the V3 authorization API is supported",
+        ));
+    }
+    let Some(g) = &f.grpc_service else {
+        return Err(Fault::new(format!("{path}.grpc_service"), "required"));
+    };
+    let (service, timeout) = grpc(g, &format!("{path}.grpc_service"))?;
+    let enabled_by = f
+        .filter_enabled_metadata
+        .as_ref()
+        .map(|m| enabled_by(m, &format!("{path}.filter_enabled_metadata")))
+        .transpose()?;
+    Ok(ExtAuthz {
+        service,
+        timeout,
+        failure_mode_allow: f.failure_mode_allow,
+        status_on_error: DEFAULT_STATUS_ON_ERROR,
+        with_request_body: None,
+        enabled_by,
+    })
+}
+
 fn grpc(g: &core::GrpcService, path: &str) -> Result<(Service, Duration), Fault> {
     use core::grpc_service::TargetSpecifier;
     let Some(TargetSpecifier::EnvoyGrpc(e)) = &g.target_specifier else {
@@ -262,6 +293,36 @@ mod tests {
         assert!(a.failure_mode_allow);
         assert_eq!(a.status_on_error, 503);
         assert_eq!(a.enabled_by, None);
+    }
+
+    /// The network filter istiod writes for a CUSTOM policy on a TCP port.
+    #[test]
+    fn istiods_network_filter_becomes_data() {
+        let f: envoy_types::pb::envoy::extensions::filters::network::ext_authz::v3::ExtAuthz =
+            crate::json::from_json_typed(
+                &json!({
+                    "stat_prefix": "tcp.",
+                    "grpc_service": {"envoy_grpc": {"cluster_name": "outbound|9191||authz",
+                        "authority": "outbound_.9191_._.authz"}, "timeout": "2s"},
+                    "failure_mode_allow": true,
+                    "transport_api_version": "V3",
+                    "filter_enabled_metadata": {"filter": "envoy.filters.network.rbac",
+                        "path": [{"key": "istio_ext_authz_shadow_effective_policy_id"}],
+                        "value": {"string_match": {"prefix": "istio-ext-authz"}}}
+                }),
+                "envoy.extensions.filters.network.ext_authz.v3.ExtAuthz",
+            )
+            .expect("reads");
+        let a = network(&f, "p").expect("accepted");
+        assert!(
+            matches!(&a.service, Service::Grpc { cluster, .. } if cluster == "outbound|9191||authz")
+        );
+        assert_eq!(a.timeout, Duration::from_secs(2));
+        assert!(a.failure_mode_allow);
+        assert_eq!(
+            a.enabled_by.map(|e| e.filter),
+            Some("envoy.filters.network.rbac".to_string())
+        );
     }
 
     #[test]

@@ -33,10 +33,6 @@ const CORS: &str = "envoy.extensions.filters.http.cors.v3.Cors";
 const UUID: &str = "envoy.extensions.request_id.uuid.v3.UuidRequestIdConfig";
 const METADATA_EXCHANGE_PLUGIN: &str = "envoy.wasm.metadata_exchange";
 
-/// The reason the network ext_authz filter (CUSTOM authorization of TCP) is refused with.
-pub const EXT_AUTHZ_REASON: &str =
-    "network ext_authz (CUSTOM authorization of TCP connections) not supported yet";
-
 /// Envoy's stream idle timeout when the connection manager sets none.
 const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 

@@ -3,7 +3,7 @@
 
 use super::any::{unpack, Unpacked};
 use super::common::{cidr, duration, socket_address, timeout};
-use super::http::{connection_manager, EXT_AUTHZ_REASON, HCM, STATS};
+use super::http::{connection_manager, HCM, STATS};
 use super::rbac;
 use super::tls::downstream_socket;
 use crate::model::listener::{
@@ -259,7 +259,9 @@ fn network_filter(name: &str, u: &Unpacked, path: &str) -> Result<NetworkFilter,
             shared: u.bool("shared"),
         },
         NETWORK_RBAC => NetworkFilter::Rbac(rbac::network(&u.to(path)?, path)?),
-        NETWORK_EXT_AUTHZ => return Err(Fault::new(path, EXT_AUTHZ_REASON)),
+        NETWORK_EXT_AUTHZ => {
+            NetworkFilter::ExtAuthz(Box::new(super::ext_authz::network(&u.to(path)?, path)?))
+        }
         HCM | TCP_PROXY => {
             return Err(Fault::new(
                 path,
@@ -357,7 +359,7 @@ fn tcp_proxy(t: &tcp::TcpProxy, path: &str) -> Result<TcpChain, Fault> {
 
 #[cfg(test)]
 mod tests {
-    use crate::convert::{from_json, EXT_AUTHZ_REASON, HBONE_REASON};
+    use crate::convert::{from_json, HBONE_REASON};
     use serde_json::{json, Value};
 
     type ListenerProto = envoy_types::pb::envoy::config::listener::v3::Listener;
@@ -421,12 +423,12 @@ mod tests {
 
     #[test]
     fn network_filters_remora_does_not_run_are_refused_by_name() {
+        // A network ext_authz without its authorizer: refused where it is, with its type.
         let ext_authz = json!({"name": "envoy.filters.network.ext_authz", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.ext_authz.v3.ExtAuthz",
             "stat_prefix": "x"}});
         let err = refusal(listener(json!([ext_authz, tcp_proxy()])));
-        assert!(err.ends_with(EXT_AUTHZ_REASON), "{err}");
-        assert!(err.contains("filter_chains[0].filters[0].typed_config (type.googleapis.com/envoy.extensions.filters.network.ext_authz.v3.ExtAuthz)"), "{err}");
+        assert!(err.contains("filter_chains[0].filters[0].typed_config.grpc_service (type.googleapis.com/envoy.extensions.filters.network.ext_authz.v3.ExtAuthz): required"), "{err}");
         let mongo = json!({"name": "envoy.filters.network.mongo_proxy", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.mongo_proxy.v3.MongoProxy",
             "stat_prefix": "m"}});

@@ -195,6 +195,16 @@ pub const READ: &[(&str, &[&str])] = &[
             "filter_enabled_metadata",
         ],
     ),
+    (
+        "envoy.extensions.filters.network.ext_authz.v3.ExtAuthz",
+        &[
+            "stat_prefix",
+            "grpc_service",
+            "failure_mode_allow",
+            "transport_api_version",
+            "filter_enabled_metadata",
+        ],
+    ),
     ("envoy.config.core.v3.GrpcService", &["envoy_grpc", "timeout"]),
     (
         "envoy.config.core.v3.GrpcService.EnvoyGrpc",

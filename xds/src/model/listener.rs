@@ -156,6 +156,9 @@ pub enum NetworkFilter {
         shared: bool,
     },
     Rbac(Rbac),
+    /// The external authorizer (AuthorizationPolicy CUSTOM on a TCP port): always a gRPC
+    /// service, never a body; `status_on_error` unused (a connection is closed).
+    ExtAuthz(Box<super::ext_authz::ExtAuthz>),
 }
 
 /// Istio's TCP metadata exchange (`envoy.tcp.metadataexchange.config.MetadataExchange`), as a

@@ -25,26 +25,36 @@ use std::net::SocketAddr;
 const CHECK_PATH: &str = "/envoy.service.auth.v3.Authorization/Check";
 
 pub(super) async fn check(input: &CheckInput<'_>, cluster: &str, authority: &str) -> Verdict {
+    send(input.ctx, &check_request(input), cluster, authority).await
+}
+
+/// Call `Check` with `message` on `cluster`.
+pub(super) async fn send(
+    ctx: &super::ConnContext,
+    message: &CheckRequest,
+    cluster: &str,
+    authority: &str,
+) -> Verdict {
     let authority = if authority.is_empty() {
         cluster
     } else {
         authority
     };
-    let req = match request(input, authority) {
+    let req = match request(message, authority) {
         Ok(req) => req,
         Err(e) => return Verdict::Error(e),
     };
-    match call(input.ctx, cluster, req).await {
+    match call(ctx, cluster, req).await {
         Ok(answer) => verdict(answer),
         Err(e) => Verdict::Error(e),
     }
 }
 
 fn request(
-    input: &CheckInput<'_>,
+    message: &CheckRequest,
     authority: &str,
 ) -> Result<Request<super::UpstreamBody>, String> {
-    let message = check_request(input).encode_to_vec();
+    let message = message.encode_to_vec();
     let mut framed = BytesMut::with_capacity(5 + message.len());
     framed.put_u8(0);
     framed.put_u32(u32::try_from(message.len()).map_err(|_| "check too large")?);
@@ -64,7 +74,7 @@ fn request(
     Ok(req)
 }
 
-fn peer(address: SocketAddr, principal: Option<&str>) -> Peer {
+pub(super) fn peer(address: SocketAddr, principal: Option<&str>) -> Peer {
     Peer {
         address: Some(Address {
             address: Some(address::Address::SocketAddress(SocketAddress {
