@@ -271,6 +271,8 @@ struct Outcome {
     upstream_header: Option<String>,
     /// The body bytes the gRPC authorizer said it was sent.
     checked_bytes: Option<String>,
+    /// A gRPC client's status and message (a trailers-only answer's head).
+    grpc: Option<(String, String)>,
     body: String,
 }
 
@@ -289,9 +291,13 @@ fn post(net: &PodNet, port: u16, path: &str, select: bool, body: usize) -> Outco
     };
     let data = "a".repeat(body);
     let mut args = vec!["-i", "-H", "x-ext-authz: please", "-H", select, &url];
-    // HTTP/2 (h2c) to the gRPC authorizer's port, HTTP/1.1 elsewhere.
+    // HTTP/2 (h2c) to the gRPC authorizer's port, HTTP/1.1 elsewhere; a gRPC client's
+    // request on a path under `/grpc`.
     if port == GRPC {
         args.push("--http2-prior-knowledge");
+    }
+    if path.starts_with("/grpc") {
+        args.extend(["-H", "content-type: application/grpc", "-H", "te: trailers"]);
     }
     if body > 0 {
         args.extend(["--data-binary", &data]);
@@ -305,11 +311,14 @@ fn post(net: &PodNet, port: u16, path: &str, select: bool, body: usize) -> Outco
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let answer_header = head.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.eq_ignore_ascii_case("x-ext-authz-check-result")
-            .then(|| v.trim().to_string())
-    });
+    let header = |name: &str| {
+        head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    };
+    let answer_header = header("x-ext-authz-check-result");
+    let grpc = header("grpc-status").map(|s| (s, header("grpc-message").unwrap_or_default()));
     let json: Option<Value> = serde_json::from_str(body).ok();
     let upstream_header = json
         .as_ref()
@@ -322,6 +331,7 @@ fn post(net: &PodNet, port: u16, path: &str, select: bool, body: usize) -> Outco
         answer_header,
         upstream_header,
         checked_bytes,
+        grpc,
         body: if json.is_some() {
             String::new()
         } else {
@@ -361,6 +371,9 @@ fn custom_authorization_has_envoys_outcome() {
         (GRPC, "/upload", true, 100),
         (GRPC, "/upload", true, 3 * MAX_BODY),
         (GRPC, "/deny", true, 100),
+        // A gRPC client denied: its status as gRPC's.
+        (GRPC, "/grpc/deny", true, 0),
+        (UP, "/grpc/deny", true, 0),
         // The RBAC filter after the authorizer decides after it: allowed by the authorizer,
         // denied by RBAC; denied by the authorizer first.
         (ORDERED, "/blocked", true, 0),

@@ -292,6 +292,12 @@ pub(super) fn reply(d: Denial, grpc: bool, mut end: RequestEnd) -> Response<Resp
             super::headers::GRPC_STATUS.clone(),
             HeaderValue::from(grpc_status(d.status)),
         );
+        // The body goes as the message, percent-encoded as gRPC says.
+        if let Ok(message) = HeaderValue::try_from(grpc_message(&d.body)) {
+            if !d.body.is_empty() {
+                h.insert(super::headers::GRPC_MESSAGE.clone(), message);
+            }
+        }
         end.grpc_status = Some(grpc_status(d.status));
     } else {
         *response.status_mut() = d.status;
@@ -300,12 +306,13 @@ pub(super) fn reply(d: Denial, grpc: bool, mut end: RequestEnd) -> Response<Resp
                 .headers_mut()
                 .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         }
-        for (name, value) in d.headers {
-            if is_hop_by_hop(&name) {
-                continue;
-            }
-            response.headers_mut().insert(name, value);
+    }
+    // The authorizer's headers, set on the reply (a gRPC client's keeps its content type).
+    for (name, value) in d.headers {
+        if is_hop_by_hop(&name) || (grpc && name == CONTENT_TYPE) {
+            continue;
         }
+        response.headers_mut().insert(name, value);
     }
     if end.conn.closing() {
         response
@@ -326,6 +333,19 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
         name.as_str(),
         "connection" | "keep-alive" | "transfer-encoding" | "content-length" | "upgrade"
     )
+}
+
+/// gRPC's percent-encoding of a status message: bytes outside printable ASCII, and `%`.
+fn grpc_message(body: &[u8]) -> String {
+    let mut out = String::with_capacity(body.len());
+    for &b in body {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// Envoy's mapping of an HTTP status to a gRPC status for local replies.

@@ -205,4 +205,9 @@ fn a_denial_reaches_a_grpc_client_as_its_grpc_status() {
     assert_eq!(grpc_status(StatusCode::UNAUTHORIZED), 16);
     assert_eq!(grpc_status(StatusCode::SERVICE_UNAVAILABLE), 14);
     assert_eq!(grpc_status(StatusCode::IM_A_TEAPOT), 2);
+    assert_eq!(
+        grpc_message(b"denied by ext_authz\n"),
+        "denied by ext_authz%0A"
+    );
+    assert_eq!(grpc_message("100% é".as_bytes()), "100%25 %C3%A9");
 }
