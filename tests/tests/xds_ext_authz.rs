@@ -467,6 +467,62 @@ fn custom_authorization_has_envoys_outcome() {
         "{sizes:?}"
     );
     assert!(sizes.iter().all(|s| *s <= MAX_BODY), "{sizes:?}");
+    // What a check says of the request.
+    let headers_check = checks
+        .iter()
+        .filter_map(|c| c.attributes.as_ref())
+        .find(|a| {
+            a.request
+                .as_ref()
+                .and_then(|r| r.http.as_ref())
+                .is_some_and(|h| h.path == "/headers")
+        })
+        .expect("a check of /headers");
+    let http = headers_check
+        .request
+        .as_ref()
+        .and_then(|r| r.http.as_ref())
+        .expect("http");
+    assert_eq!(
+        (
+            http.method.as_str(),
+            http.host.as_str(),
+            http.protocol.as_str()
+        ),
+        (
+            "GET",
+            format!("{}:{GRPC}", remora_net.pod_ip).as_str(),
+            "HTTP/2"
+        )
+    );
+    assert_eq!(
+        http.headers.get("x-ext-authz").map(String::as_str),
+        Some("please")
+    );
+    assert_eq!(
+        http.headers.get(":path").map(String::as_str),
+        Some("/headers")
+    );
+    assert!(headers_check
+        .request
+        .as_ref()
+        .is_some_and(|r| r.time.is_some()));
+    let address = |p: Option<
+        &envoy_types::pb::envoy::service::auth::v3::attribute_context::Peer,
+    >| match p.and_then(|p| p.address.as_ref()?.address.as_ref()) {
+        Some(envoy_types::pb::envoy::config::core::v3::address::Address::SocketAddress(s)) => {
+            s.address.clone()
+        }
+        _ => String::new(),
+    };
+    assert_eq!(
+        address(headers_check.destination.as_ref()),
+        remora_net.pod_ip.to_string()
+    );
+    assert_eq!(
+        address(headers_check.source.as_ref()),
+        remora_net.peer_ip.to_string()
+    );
     // TCP: the network filter checks each selected connection.
     let tcp: Vec<(u16, bool, bool)> = [TCP_ALLOWED, TCP_DENIED, TCP_UNSELECTED]
         .iter()

@@ -161,11 +161,23 @@ pub(super) fn check_request(input: &CheckInput<'_>) -> CheckRequest {
         .as_ref()
         .and_then(|(peer, _)| peer.spiffe_id.as_ref())
         .map(crate::identity::SpiffeId::as_str);
+    let time = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| envoy_types::pb::google::protobuf::Timestamp {
+            seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+        });
     CheckRequest {
         attributes: Some(AttributeContext {
             source: Some(peer(ctx.peer, principal)),
-            destination: Some(peer(ctx.key.destination, None)),
+            // Our own identity, as Envoy names its local certificate's URI SAN.
+            destination: Some(peer(
+                ctx.key.destination,
+                ctx.mesh_peer.as_ref().map(|(_, own)| own.as_str()),
+            )),
             request: Some(AttrRequest {
+                time,
                 http: Some(HttpRequest {
                     id,
                     method: parts.method.as_str().into(),
@@ -179,7 +191,6 @@ pub(super) fn check_request(input: &CheckInput<'_>) -> CheckRequest {
                     raw_body,
                     ..Default::default()
                 }),
-                ..Default::default()
             }),
             ..Default::default()
         }),
