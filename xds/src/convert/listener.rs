@@ -7,8 +7,8 @@ use super::http::{connection_manager, HCM, STATS};
 use super::rbac;
 use super::tls::downstream_socket;
 use crate::model::listener::{
-    ChainKind, ChainMatch, Direction, FilterChain, InspectorScope, IstioStats, Listener,
-    ListenerFilters, MetadataExchange, NetworkFilter, TcpChain, TcpTarget,
+    ChainKind, ChainMatch, Direction, FilterChain, HttpFilter, InspectorScope, IstioStats,
+    Listener, ListenerFilters, MetadataExchange, NetworkFilter, TcpChain, TcpTarget,
 };
 use crate::refusal::Fault;
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
@@ -86,6 +86,28 @@ pub fn listener(l: &pb::Listener) -> Result<Listener, Fault> {
         .as_ref()
         .map(|c| filter_chain(c, "default_filter_chain"))
         .transpose()?;
+    // The external authorizer is asked only on the inbound listener's chains (istiod's CUSTOM
+    // policies protect a workload); anywhere else it would be accepted and never asked.
+    if direction != Direction::Inbound {
+        let chains: &Vec<FilterChain> = &filter_chains;
+        let named = chains
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (format!("filter_chains[{i}]"), c))
+            .chain(
+                default_filter_chain
+                    .iter()
+                    .map(|c| ("default_filter_chain".to_string(), c)),
+            );
+        for (at, chain) in named {
+            if has_ext_authz(chain) {
+                return Err(Fault::new(
+                    at,
+                    "ext_authz on a listener other than the inbound one not supported (CUSTOM authorization is enforced on virtualInbound)",
+                ));
+            }
+        }
+    }
     Ok(Listener {
         name: l.name.clone(),
         address,
@@ -249,6 +271,16 @@ fn filter_config(f: &pb::Filter, path: &str) -> Result<Unpacked, Fault> {
             format!("network filter {:?} needs a typed_config", f.name),
         )),
     }
+}
+
+/// Whether `chain` has an ext_authz filter, network or HTTP.
+fn has_ext_authz(chain: &FilterChain) -> bool {
+    chain
+        .filters
+        .iter()
+        .any(|f| matches!(f, NetworkFilter::ExtAuthz(_)))
+        || matches!(&chain.kind, ChainKind::Http(h)
+            if h.http_filters.iter().any(|f| matches!(f, HttpFilter::ExtAuthz(_))))
 }
 
 fn network_filter(name: &str, u: &Unpacked, path: &str) -> Result<NetworkFilter, Fault> {
@@ -419,6 +451,24 @@ mod tests {
                 && err.contains("access logger \"otel\" not supported"),
             "{err}"
         );
+    }
+
+    /// CUSTOM authorization is enforced on the inbound listener; elsewhere it is refused
+    /// rather than accepted and never asked.
+    #[test]
+    fn ext_authz_only_on_the_inbound_listener() {
+        let ext_authz = json!({"name": "envoy.filters.network.ext_authz", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.ext_authz.v3.ExtAuthz",
+            "stat_prefix": "tcp.", "grpc_service": {"envoy_grpc": {"cluster_name": "authz"}}}});
+        let mut l = listener(json!([ext_authz, tcp_proxy()]));
+        let err = refusal(l.clone());
+        assert!(
+            err.contains("filter_chains[0]: ext_authz on a listener other than the inbound one"),
+            "{err}"
+        );
+        l["traffic_direction"] = json!("INBOUND");
+        let converted = from_json::<ListenerProto>(&l).expect("accepted").model;
+        assert!(super::has_ext_authz(&converted.filter_chains[0]));
     }
 
     #[test]
