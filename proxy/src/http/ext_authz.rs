@@ -123,20 +123,15 @@ pub(super) async fn inbound(
         return Ok(ClientBody::Plain(body));
     };
     let mut body = ClientBody::Plain(body);
-    let mut rbac_before = Vec::new();
+    // Every RBAC filter before the current one writes metadata; those after the last
+    // ext_authz filter decide once it has.
+    let mut rbac_before: Vec<_> = chain.http_rbac().collect();
     let mut rbac_after = Vec::new();
-    let mut seen = false;
-    for filter in chain.http_rbac() {
-        rbac_before.push(filter);
-    }
     for filter in chain.from_ext_authz() {
         match filter {
             HttpFilter::ExtAuthz(ext) => {
                 // RBAC filters between two ext_authz filters decide before the second.
-                if seen && !rbac_after.is_empty() {
-                    check_rbac(ctx, parts, rbac_after.drain(..))?;
-                }
-                seen = true;
+                check_rbac(ctx, parts, rbac_after.drain(..))?;
                 let enabled = match &ext.enabled_by {
                     None => true,
                     Some(on) => {
