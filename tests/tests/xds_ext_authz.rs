@@ -41,6 +41,31 @@ const TCP_DENIED: u16 = DENIED_TCP_PORT as u16;
 /// A TCP port the CUSTOM policy does not select.
 const TCP_UNSELECTED: u16 = 9102;
 const CLIENT_TIME: Duration = Duration::from_secs(10);
+/// Istio's default access-log format, which both proxies write; request line, status and
+/// flags are compared.
+const LOG_FORMAT: &str = concat!(
+    "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" ",
+    "%RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% ",
+    "\"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %BYTES_RECEIVED% %BYTES_SENT% %DURATION% ",
+    "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" ",
+    "\"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\" %UPSTREAM_CLUSTER_RAW% ",
+    "%UPSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_REMOTE_ADDRESS% ",
+    "%REQUESTED_SERVER_NAME% %ROUTE_NAME%\n",
+);
+
+/// `"METHOD PATH PROTOCOL" STATUS FLAGS` of each request line of an access log.
+fn access_lines(log: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|l| {
+            let start = l.find("\"GET ").or_else(|| l.find("\"POST "))?;
+            let rest = &l[start..];
+            let end = rest[1..].find('"')? + 2;
+            let mut after = rest[end..].split_whitespace();
+            let (status, flags) = (after.next()?, after.next()?);
+            Some(format!("{} {status} {flags}", &rest[..end]))
+        })
+        .collect()
+}
 
 fn authz_cluster(name: &str, address: &str, port: u16) -> Value {
     json!({"name": name, "type": "STATIC", "connect_timeout": "1s",
@@ -162,7 +187,11 @@ fn chain_with(port: u16, filters: &[Value]) -> Value {
             "stat_prefix": format!("inbound_0.0.0.0_{port}"),
             "route_config": {"name": cluster, "virtual_hosts": [{"name": "inbound", "domains": ["*"],
                 "routes": [{"match": {"prefix": "/"}, "route": {"cluster": cluster, "timeout": "0s"}}]}]},
-            "http_filters": http_filters}}]})
+            "http_filters": http_filters,
+            "access_log": [{"name": "envoy.access_loggers.file", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                "path": "/dev/stdout",
+                "log_format": {"text_format_source": {"inline_string": LOG_FORMAT}}}}]}}]})
 }
 
 fn resources() -> Resources {
@@ -397,6 +426,18 @@ fn custom_authorization_has_envoys_outcome() {
             "{port} {path} selected={select} body={body}\n  remora {r:?}\n  envoy  {e:?}"
         ));
     }
+    // What each logged of those requests: statuses and Envoy's response flags (UAEX).
+    std::thread::sleep(Duration::from_millis(1500));
+    let (r_log, e_log) = (access_lines(&remora.stdout()), access_lines(&envoy.logs()));
+    differ |= r_log != e_log;
+    report.push(format!(
+        "access logs\n  remora {r_log:#?}\n  envoy  {e_log:#?}"
+    ));
+    assert!(
+        r_log.iter().any(|l| l.ends_with(" 401 UAEX"))
+            && r_log.iter().any(|l| l.ends_with(" 503 UAEX")),
+        "{r_log:#?}"
+    );
     let report = report.join("\n");
     eprintln!("{report}");
     assert!(
