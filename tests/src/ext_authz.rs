@@ -2,12 +2,13 @@
 //! tonic with envoy-types' service), served in a network namespace for the CUSTOM
 //! authorization tests. Every check is answered from its path: one containing `/deny` is
 //! denied (401, a body and a header for the client), anything else allowed with a header for
-//! the upstream naming how many body bytes the check carried. A connection's check (the
+//! the upstream naming how many body bytes the check carried, one for the client
+//! (`x-ext-authz-response: seen`), and the query edited (`checked=yes` set, `drop` removed). A connection's check (the
 //! network filter's: no HTTP request) is denied when its destination port is
 //! [`DENIED_TCP_PORT`].
 
 use crate::netns::Netns;
-use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, QueryParameter};
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::auth::v3::authorization_server::{
     Authorization, AuthorizationServer,
@@ -97,6 +98,12 @@ impl Authorization for Checker {
                         header("x-ext-authz-check-result", "allowed"),
                         header("x-ext-authz-body-bytes", &bytes),
                     ],
+                    response_headers_to_add: vec![header("x-ext-authz-response", "seen")],
+                    query_parameters_to_set: vec![QueryParameter {
+                        key: "checked".into(),
+                        value: "yes".into(),
+                    }],
+                    query_parameters_to_remove: vec!["drop".into()],
                     ..Default::default()
                 })),
                 ..Default::default()

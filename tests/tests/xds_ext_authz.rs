@@ -40,7 +40,7 @@ fn workload(net: &PodNet) -> (Vec<Service>, Vec<peer::Server>, GrpcAuthorizer) {
     let authz = peer_program("ext_authz_http.py")
         .to_string_lossy()
         .into_owned();
-    let mut services: Vec<Service> = [UP, DOWN, DOWN_OPEN, GRPC, ORDERED, HASTY]
+    let mut services: Vec<Service> = [UP, DOWN, DOWN_OPEN, GRPC, ORDERED, HASTY, CHAINED]
         .iter()
         .map(|p| Service::start(&net.pod, "python3", &[&app, &p.to_string()], any_addr(*p)))
         .collect();
@@ -75,6 +75,10 @@ struct Outcome {
     checked_bytes: Option<String>,
     /// A gRPC client's status and message (a trailers-only answer's head).
     grpc: Option<(String, String)>,
+    /// The gRPC authorizer's header for the client, and the path the HTTP authorizer was
+    /// asked about (after the gRPC one's query edits), as the workload was told.
+    response_header: Option<String>,
+    seen_path: Option<String>,
     body: String,
 }
 
@@ -125,6 +129,10 @@ fn post(net: &PodNet, port: u16, path: &str, select: bool, body: usize) -> Outco
     let upstream_header = json
         .as_ref()
         .and_then(|j| j["x-ext-authz-check-result"].as_str().map(str::to_string));
+    let response_header = header("x-ext-authz-response");
+    let seen_path = json
+        .as_ref()
+        .and_then(|j| j["x-ext-authz-seen-path"].as_str().map(str::to_string));
     let checked_bytes = json
         .as_ref()
         .and_then(|j| j["x-ext-authz-body-bytes"].as_str().map(str::to_string));
@@ -134,6 +142,8 @@ fn post(net: &PodNet, port: u16, path: &str, select: bool, body: usize) -> Outco
         upstream_header,
         checked_bytes,
         grpc,
+        response_header,
+        seen_path,
         body: if json.is_some() {
             String::new()
         } else {
@@ -188,6 +198,9 @@ fn custom_authorization_has_envoys_outcome() {
         // A check slower than its timeout failed: status_on_error; a quick one allowed.
         (HASTY, "/slow", true, 0),
         (HASTY, "/hello", true, 0),
+        // The gRPC authorizer's query edits (seen by the next authorizer) and response header.
+        (CHAINED, "/headers?z=2&drop=1&a=1", true, 0),
+        (CHAINED, "/headers", true, 0),
     ];
     let mut report = Vec::new();
     let mut differ = false;

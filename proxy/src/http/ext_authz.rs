@@ -71,30 +71,73 @@ pub(super) struct Edits {
     pub set: Vec<(HeaderName, HeaderValue)>,
     /// Added beside the request's own values.
     pub append: Vec<(HeaderName, HeaderValue)>,
-    /// Set only where the request has none (`ADD_IF_ABSENT`).
-    pub if_absent: Vec<(HeaderName, HeaderValue)>,
-    /// Replace only where the request has one (`OVERWRITE_IF_EXISTS`).
-    pub if_present: Vec<(HeaderName, HeaderValue)>,
     pub remove: Vec<HeaderName>,
+    /// Query parameters replaced or added, and removed (gRPC `ok_response`).
+    pub query_set: Vec<(String, String)>,
+    pub query_remove: Vec<String>,
+    /// Headers for the client's response (gRPC `response_headers_to_add`).
+    pub response: ResponseHeaders,
+}
+
+/// Headers an allowed request's response gets from the authorizer: set (replacing the
+/// response's), or added beside them.
+#[derive(Debug, Default)]
+pub struct ResponseHeaders {
+    pub set: Vec<(HeaderName, HeaderValue)>,
+    pub append: Vec<(HeaderName, HeaderValue)>,
+    /// Set only where the response has none (`ADD_IF_ABSENT`).
+    pub if_absent: Vec<(HeaderName, HeaderValue)>,
+    /// Replace only where the response has one (`OVERWRITE_IF_EXISTS`).
+    pub if_present: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl ResponseHeaders {
+    /// Onto the response going to the client.
+    pub fn apply(&self, headers: &mut http::HeaderMap) {
+        for (name, value) in &self.set {
+            headers.insert(name.clone(), value.clone());
+        }
+        for (name, value) in &self.append {
+            headers.append(name.clone(), value.clone());
+        }
+        for (name, value) in &self.if_absent {
+            if !headers.contains_key(name) {
+                headers.insert(name.clone(), value.clone());
+            }
+        }
+        for (name, value) in &self.if_present {
+            if headers.contains_key(name) {
+                headers.insert(name.clone(), value.clone());
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.set.is_empty()
+            && self.append.is_empty()
+            && self.if_absent.is_empty()
+            && self.if_present.is_empty()
+    }
 }
 
 impl Edits {
+    /// Onto the request (headers, and the query when it changes one), giving back what the
+    /// response gets.
+    fn apply_to(mut self, parts: &mut Parts) -> ResponseHeaders {
+        if !self.query_set.is_empty() || !self.query_remove.is_empty() {
+            edit_query(parts, &self.query_set, &self.query_remove);
+        }
+        let response = std::mem::take(&mut self.response);
+        self.apply(&mut parts.headers);
+        response
+    }
+
     fn apply(self, headers: &mut http::HeaderMap) {
         for name in self.remove {
             headers.remove(name);
         }
         for (name, _) in &self.set {
             headers.remove(name);
-        }
-        for (name, value) in self.if_present {
-            if headers.contains_key(&name) {
-                headers.insert(name, value);
-            }
-        }
-        for (name, value) in self.if_absent {
-            if !headers.contains_key(&name) {
-                headers.insert(name, value);
-            }
         }
         for (name, value) in self.set.into_iter().chain(self.append) {
             headers.append(name, value);
@@ -113,16 +156,18 @@ pub(super) struct CheckInput<'a> {
 
 /// Run the chain's filters from its first ext_authz filter on (its RBAC filters before it
 /// have allowed the request). `Ok` is the body to forward, which the filter may have read
-/// ahead of the request to send the authorizer.
+/// ahead of the request to send the authorizer, and the headers the authorizer adds to the
+/// response (boxed: rare).
 pub(super) async fn inbound(
     ctx: &Arc<ConnContext>,
     parts: &mut Parts,
     body: Incoming,
-) -> Result<ClientBody, Refused> {
+) -> Result<(ClientBody, Option<Box<ResponseHeaders>>), Refused> {
     let Some(chain) = ctx.xds_inbound.as_ref() else {
-        return Ok(ClientBody::Plain(body));
+        return Ok((ClientBody::Plain(body), None));
     };
     let mut body = ClientBody::Plain(body);
+    let mut response: Option<Box<ResponseHeaders>> = None;
     // Every RBAC filter before the current one writes metadata; those after the last
     // ext_authz filter decide once it has.
     let mut rbac_before: Vec<_> = chain.http_rbac().collect();
@@ -146,7 +191,15 @@ pub(super) async fn inbound(
                     }
                 };
                 if enabled {
-                    body = check(ctx, ext, parts, body).await?;
+                    let (checked, added) = check(ctx, ext, parts, body).await?;
+                    body = checked;
+                    if let Some(added) = added {
+                        let r = response.get_or_insert_with(Default::default);
+                        r.set.extend(added.set);
+                        r.append.extend(added.append);
+                        r.if_absent.extend(added.if_absent);
+                        r.if_present.extend(added.if_present);
+                    }
                 }
             }
             HttpFilter::Rbac(r) => {
@@ -157,7 +210,7 @@ pub(super) async fn inbound(
         }
     }
     check_rbac(ctx, parts, rbac_after.into_iter())?;
-    Ok(body)
+    Ok((body, response))
 }
 
 fn check_rbac<'r>(
@@ -175,13 +228,50 @@ fn check_rbac<'r>(
     }
 }
 
-/// One ext_authz filter's check of the request.
+/// The query with `set` replacing (or adding) and `remove` taking out parameters, written back
+/// in key order as Envoy's parameter map writes it.
+fn edit_query(parts: &mut Parts, set: &[(String, String)], remove: &[String]) {
+    let mut params: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for (k, v) in form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes()) {
+        params
+            .entry(k.into_owned())
+            .or_default()
+            .push(v.into_owned());
+    }
+    for key in remove {
+        params.remove(key);
+    }
+    for (key, value) in set {
+        params.insert(key.clone(), vec![value.clone()]);
+    }
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    for (key, values) in &params {
+        for value in values {
+            query.append_pair(key, value);
+        }
+    }
+    let query = query.finish();
+    let path = parts.uri.path();
+    let target = if query.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{query}")
+    };
+    let mut uri = std::mem::take(&mut parts.uri).into_parts();
+    uri.path_and_query = http::uri::PathAndQuery::try_from(target).ok();
+    if let Ok(new) = http::Uri::from_parts(uri) {
+        parts.uri = new;
+    }
+}
+
+/// One ext_authz filter's check of the request: the body to forward, and what the
+/// response gets.
 async fn check(
     ctx: &Arc<ConnContext>,
     ext: &ExtAuthz,
     parts: &mut Parts,
     body: ClientBody,
-) -> Result<ClientBody, Refused> {
+) -> Result<(ClientBody, Option<Box<ResponseHeaders>>), Refused> {
     let (head, body) = match (ext.with_request_body, body) {
         (Some(settings), ClientBody::Plain(incoming)) => {
             let (head, body) = read_ahead(incoming, settings).await?;
@@ -203,8 +293,8 @@ async fn check(
     match verdict {
         Verdict::Ok(edits) => {
             stats.ok.inc();
-            edits.apply(&mut parts.headers);
-            Ok(body)
+            let response = edits.apply_to(parts);
+            Ok((body, (!response.is_empty()).then(|| Box::new(response))))
         }
         Verdict::Denied(d) => {
             stats.denied.inc();
@@ -216,7 +306,7 @@ async fn check(
             tracing::debug!(peer = %ctx.peer, error = %why, allow = ext.failure_mode_allow, "external authorizer failed");
             if ext.failure_mode_allow {
                 stats.failure_mode_allowed.inc();
-                return Ok(body);
+                return Ok((body, None));
             }
             Err(Refused::Reply(Denial {
                 status: StatusCode::from_u16(ext.status_on_error).unwrap_or(StatusCode::FORBIDDEN),

@@ -23,6 +23,9 @@ pub const ORDERED: u16 = 8084;
 pub const SMALL_BODY: usize = 10;
 /// The HTTP authorizer with a 500 ms timeout.
 pub const HASTY: u16 = 8085;
+/// The gRPC authorizer (which edits the query), then the HTTP one, which tells the workload
+/// the path it was asked about.
+pub const CHAINED: u16 = 8086;
 /// TCP ports with the network ext_authz filter (the gRPC authorizer): allowed, denied.
 pub const TCP_ALLOWED: u16 = 9100;
 pub const TCP_DENIED: u16 = DENIED_TCP_PORT as u16;
@@ -196,6 +199,7 @@ pub fn resources() -> Resources {
             chain(GRPC, grpc_ext_authz(grpc)),
             chain_with(ORDERED, &[small_body(ext_authz(up, false, None)), deny_blocked()]),
             chain(HASTY, hasty(ext_authz(up, false, None))),
+            chain_with(CHAINED, &[grpc_ext_authz(grpc), seen_path(ext_authz(up, false, None))]),
             tcp_chain(TCP_ALLOWED, grpc),
             tcp_chain(TCP_DENIED, grpc),
             tcp_chain(TCP_UNSELECTED, grpc)]});
@@ -206,6 +210,7 @@ pub fn resources() -> Resources {
         GRPC,
         ORDERED,
         HASTY,
+        CHAINED,
         TCP_ALLOWED,
         TCP_DENIED,
         TCP_UNSELECTED,
@@ -222,6 +227,14 @@ pub fn resources() -> Resources {
         routes: json!([]),
         endpoints: json!([]),
     }
+}
+
+/// `filter` passing the authorizer's `x-ext-authz-seen-path` to the workload too.
+fn seen_path(mut filter: Value) -> Value {
+    filter["typed_config"]["http_service"]["authorization_response"]["allowed_upstream_headers"]
+        ["patterns"] =
+        json!([{"exact": "x-ext-authz-check-result"}, {"exact": "x-ext-authz-seen-path"}]);
+    filter
 }
 
 /// `filter` with a check timeout of 500 ms.

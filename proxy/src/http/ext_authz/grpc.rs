@@ -233,6 +233,15 @@ pub(super) fn verdict(answer: Answer) -> Verdict {
                         .iter()
                         .filter_map(|n| HeaderName::try_from(n.as_str()).ok()),
                 );
+                edits.query_set = r
+                    .query_parameters_to_set
+                    .iter()
+                    .map(|q| (q.key.clone(), q.value.clone()))
+                    .collect();
+                edits.query_remove = r.query_parameters_to_remove.clone();
+                for option in &r.response_headers_to_add {
+                    edits.push_response(option);
+                }
             }
             Verdict::Ok(edits)
         }
@@ -282,22 +291,36 @@ fn header(option: &HeaderValueOption) -> Option<(HeaderName, HeaderValue)> {
 }
 
 impl Edits {
-    /// One of `ok_response.headers`: `append: true` adds a value; otherwise as its
-    /// `append_action` says, where this message's default is to overwrite (Envoy's docs:
-    /// `append` defaults to false here). Authorizers still write the deprecated `append`.
+    /// One of `ok_response.headers` (or a denial's): added beside the request's values with
+    /// `append: true`, else replacing them (Envoy reads no `append_action` here).
     #[allow(deprecated)]
     fn push(&mut self, option: &HeaderValueOption) {
         let Some(h) = header(option) else {
             return;
         };
+        if option.append.as_ref().is_some_and(|b| b.value) {
+            self.append.push(h);
+        } else {
+            self.set.push(h);
+        }
+    }
+
+    /// One of `response_headers_to_add`: `append` when set, else its `append_action`
+    /// (appending by default).
+    #[allow(deprecated)]
+    fn push_response(&mut self, option: &HeaderValueOption) {
+        let Some(h) = header(option) else {
+            return;
+        };
+        let r = &mut self.response;
         match (
             option.append.as_ref().map(|b| b.value),
             option.append_action,
         ) {
-            (Some(true), _) => self.append.push(h),
-            (Some(false), _) | (None, 0 | 2) => self.set.push(h),
-            (None, 1) => self.if_absent.push(h),
-            (None, _) => self.if_present.push(h),
+            (Some(true), _) | (None, 0) => r.append.push(h),
+            (Some(false), _) | (None, 2) => r.set.push(h),
+            (None, 1) => r.if_absent.push(h),
+            (None, _) => r.if_present.push(h),
         }
     }
 }

@@ -159,6 +159,17 @@ fn a_grpc_check_allows_denies_or_fails() {
         http_response: Some(HttpResponse::OkResponse(OkHttpResponse {
             headers: vec![option("x-a", "1", None), option("x-b", "2", Some(true))],
             headers_to_remove: vec!["x-gone".into()],
+            response_headers_to_add: vec![
+                option("x-r", "1", None),
+                option("x-s", "2", Some(false)),
+            ],
+            query_parameters_to_set: vec![
+                envoy_types::pb::envoy::config::core::v3::QueryParameter {
+                    key: "k".into(),
+                    value: "v w".into(),
+                },
+            ],
+            query_parameters_to_remove: vec!["gone".into()],
             ..Default::default()
         })),
         ..Default::default()
@@ -169,6 +180,23 @@ fn a_grpc_check_allows_denies_or_fails() {
     assert_eq!(named(&edits.set), [("x-a", "1")]);
     assert_eq!(named(&edits.append), [("x-b", "2")]);
     assert_eq!(edits.remove, ["x-gone"]);
+    // The response's: appended by default, replaced with `append: false`.
+    assert_eq!(named(&edits.response.append), [("x-r", "1")]);
+    assert_eq!(named(&edits.response.set), [("x-s", "2")]);
+    // The query: rewritten in key order, as Envoy's parameter map writes it.
+    let (mut parts, ()) = http::Request::get("/p?z=1&gone=x&a=2")
+        .body(())
+        .expect("request")
+        .into_parts();
+    let response = edits.apply_to(&mut parts);
+    assert_eq!(parts.uri, "/p?a=2&k=v+w&z=1");
+    assert_eq!(parts.headers["x-a"], "1");
+    let mut answer = http::HeaderMap::new();
+    answer.insert("x-r", HeaderValue::from_static("0"));
+    answer.insert("x-s", HeaderValue::from_static("0"));
+    response.apply(&mut answer);
+    assert_eq!(answer.get_all("x-r").iter().count(), 2);
+    assert_eq!(answer["x-s"], "2");
     let denied = CheckResponse {
         status: Some(Status {
             code: 7,
