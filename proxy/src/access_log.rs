@@ -42,6 +42,9 @@ pub enum End {
     TlsHandshakeFailed,
     /// An authorization policy denied the connection (Envoy's network RBAC filter).
     RbacDenied,
+    /// The external authorizer denied the connection, or failed and failure was not allowed
+    /// (Envoy's network ext_authz filter).
+    ExtAuthzDenied,
     /// Nothing moved either way for `tcp.idle_timeout`; both sides were closed.
     IdleTimeout,
     /// xDS: no listener or filter chain took the connection.
@@ -69,6 +72,7 @@ impl End {
             End::MtlsRequired => "mtls_required",
             End::TlsHandshakeFailed => "tls_handshake_failed",
             End::RbacDenied => "rbac_access_denied",
+            End::ExtAuthzDenied => "ext_authz_denied",
             End::IdleTimeout => "idle_timeout",
             End::NoRoute => "no_route",
             End::NoCluster => "no_cluster",
@@ -96,6 +100,7 @@ impl End {
             End::NoCluster => "NC",
             End::NoHealthyUpstream => "UH",
             End::Overflow => "UO",
+            End::ExtAuthzDenied => "UAEX",
         }
     }
 }

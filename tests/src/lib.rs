@@ -21,6 +21,7 @@ pub mod environment;
 pub mod envoy;
 pub mod envoy_config;
 pub mod envoy_xds;
+pub mod ext_authz;
 pub mod http_client;
 pub mod istiod;
 pub mod mesh;

@@ -7,10 +7,12 @@
 //! before the first listeners nothing is served; STRICT refuses plaintext; mesh TLS from Envoy
 //! is terminated and the application gets plaintext HTTP; an HTTP RBAC filter, as istiod
 //! compiles an AuthorizationPolicy, denies (403 `RBAC: access denied`) or allows the Envoy
-//! client's SPIFFE principal.
+//! client's SPIFFE principal; a CUSTOM policy for that principal sends its requests to a gRPC
+//! external authorizer, which is told the client's and the workload's SPIFFE IDs.
 
 use remora_e2e::certs::MeshCa;
 use remora_e2e::envoy::{self, Envoy};
+use remora_e2e::ext_authz::GrpcAuthorizer;
 use remora_e2e::istiod::ads::type_url;
 use remora_e2e::istiod::{ControlPlane, HostsFile, ISTIOD_HOST, ISTIOD_PORT};
 use remora_e2e::peer::{self, any_addr};
@@ -288,6 +290,64 @@ fn an_envoy_sidecar_reaches_the_workload_as_virtual_inbound_says() {
         || lds_answers(&plane, &sidecar),
     );
     assert_eq!(through_envoy(&net, "/hello").0, 200);
+
+    // A CUSTOM policy selecting the client's principal: istiod's shadow RBAC filter and the
+    // ext_authz filter of a gRPC provider in the peer namespace.
+    let authz_cluster = "outbound|9191||ext-authz.server.svc.cluster.local";
+    let authorizer = GrpcAuthorizer::start(&net.peer, net.peer_addr(9191));
+    let shadow = json!({"name": "envoy.filters.http.rbac", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
+        "shadow_rules": {"action": "DENY", "policies": {
+            "istio-ext-authz-ns[server]-policy[ext]-rule[0]": {
+                "permissions": [{"and_rules": {"rules": [{"any": true}]}}],
+                "principals": [{"and_ids": {"ids": [{"or_ids": {"ids": [{"filter_state": {
+                    "key": "io.istio.peer_principal",
+                    "string_match": {"exact": CLIENT_ID}}}]}}]}}]}}},
+        "shadow_rules_stat_prefix": "istio_ext_authz_"}});
+    let ext_authz = json!({"name": "envoy.filters.http.ext_authz", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz",
+        "grpc_service": {"envoy_grpc": {"cluster_name": authz_cluster,
+            "authority": authz_cluster.replace('|', "_.")}, "timeout": "600s"},
+        "transport_api_version": "V3",
+        "filter_enabled_metadata": {"filter": "envoy.filters.http.rbac",
+            "path": [{"key": "istio_ext_authz_shadow_effective_policy_id"}],
+            "value": {"string_match": {"prefix": "istio-ext-authz"}}}}});
+    let mut clusters = inbound_clusters(HTTP_PORT);
+    clusters.push(json!({"name": authz_cluster, "type": "STATIC", "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": authz_cluster, "endpoints": [{"lb_endpoints": [{"endpoint":
+            {"address": {"socket_address": {"address": net.peer_ip.to_string(), "port_value": 9191}}}}]}]},
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}}}));
+    let ads = plane.ads();
+    ads.set(type_url::CLUSTER, "v6", &clusters);
+    ads.set(
+        type_url::LISTENER,
+        "v6",
+        &[virtual_inbound(HTTP_PORT, true, &[shadow, ext_authz], &[])],
+    );
+    wait_or(
+        "the CUSTOM policy in force",
+        || through_envoy(&net, "/deny").0 == 401,
+        || lds_answers(&plane, &sidecar),
+    );
+    let (status, body) = through_envoy(&net, "/headers");
+    assert_eq!(status, 200, "{body}");
+    let headers: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(headers["x-ext-authz-check-result"], "allowed", "{body}");
+    let (status, body) = through_envoy(&net, "/deny");
+    assert_eq!((status, body.as_str()), (401, "denied by ext_authz\n"));
+    let check = authorizer
+        .checks()
+        .into_iter()
+        .filter_map(|c| c.attributes)
+        .next_back()
+        .expect("a check");
+    let principal = |p: Option<
+        &envoy_types::pb::envoy::service::auth::v3::attribute_context::Peer,
+    >| { p.map(|p| p.principal.clone()).unwrap_or_default() };
+    assert_eq!(principal(check.source.as_ref()), CLIENT_ID);
+    assert_eq!(principal(check.destination.as_ref()), SERVER_ID);
 
     let m = sidecar.wait_for_metrics("RBAC decisions", STEP_TIME, |m| {
         m.value(

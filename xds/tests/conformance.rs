@@ -2,8 +2,9 @@
 //! is accepted except the three named exceptions, and the model reproduces the facts the set
 //! records (facts/<case>.json).
 
-use remora_xds::convert::{from_json, EXT_AUTHZ_REASON, HBONE_REASON};
+use remora_xds::convert::{from_json, HBONE_REASON};
 use remora_xds::model::cluster::TlsVersion;
+use remora_xds::model::ext_authz::Service as ExtAuthzService;
 use remora_xds::model::listener::{
     ChainKind, ConnectionFacts, Direction, FilterChain, HttpFilter, Listener, NetworkFilter,
     RouteSource, TcpTarget,
@@ -57,20 +58,14 @@ fn every_resource_is_accepted_except_the_three_named_exceptions() {
     for hbone in ["connect_terminate", "main_internal", "connect_originate"] {
         expect(Kind::Listener, hbone, HBONE_REASON);
     }
-    expect(Kind::Listener, "virtualInbound", EXT_AUTHZ_REASON);
     for wasm in ["default.httpbin-rate-limiting", "default.display-metadata"] {
         expect(Kind::ExtensionConfig, wasm, "Wasm module file");
     }
-    assert_eq!(refused.len(), 6, "only the named exceptions: {refused:#?}");
-    // The ext_authz refusal names where it is and what type.
-    let (_, _, _, line) = refused
-        .iter()
-        .find(|r| r.1 == "virtualInbound")
-        .expect("refused");
-    assert!(line.contains("http_filters[3].typed_config"), "{line}");
+    assert_eq!(refused.len(), 5, "only the named exceptions: {refused:#?}");
+    // virtualInbound, with the ext_authz filters of its CUSTOM policy, is accepted.
     assert!(
-        line.contains("type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz"),
-        "{line}"
+        !refused.iter().any(|r| r.1 == "virtualInbound"),
+        "{refused:#?}"
     );
 }
 
@@ -180,6 +175,7 @@ fn check_chain(fact: &Value, chain: &FilterChain, at: &str) {
             }
             NetworkFilter::IstioAuthn { shared } => !shared && name.starts_with("istio_authn"),
             NetworkFilter::Rbac(_) => name.starts_with("envoy.filters.network.rbac"),
+            NetworkFilter::ExtAuthz(_) => name.starts_with("envoy.filters.network.ext_authz"),
         };
         assert!(ok, "{at}: {model:?} for {name}");
     }
@@ -245,12 +241,10 @@ fn check_chain(fact: &Value, chain: &FilterChain, at: &str) {
                 (other, _) => panic!("{at}: routes {other:?}"),
             }
             assert_eq!(&*http.stat_prefix, s(&fact["stat_prefix"]), "{at}");
-            // virtualInbound is read without its ext_authz filters (see authz_listeners).
             let filters: Vec<&Value> = fact["http_filters"]
                 .as_array()
                 .expect("http filters")
                 .iter()
-                .filter(|f| !s(f).starts_with("envoy.filters.http.ext_authz"))
                 .collect();
             // The router ends the chain and is not a filter of the model's.
             assert_eq!(
@@ -273,6 +267,18 @@ fn check_chain(fact: &Value, chain: &FilterChain, at: &str) {
                     }
                     HttpFilter::Fault => name.starts_with("envoy.filters.http.fault"),
                     HttpFilter::Cors => name.starts_with("envoy.filters.http.cors"),
+                    // istiod's gRPC provider, switched on by its shadow RBAC filter's policy id.
+                    HttpFilter::ExtAuthz(a) => {
+                        name.starts_with("envoy.filters.http.ext_authz")
+                            && matches!(&a.service, ExtAuthzService::Grpc { cluster, .. }
+                                if cluster == "outbound|9191||sample-ext-authz-grpc")
+                            && a.enabled_by.as_ref().is_some_and(|e| {
+                                e.key == "istio_ext_authz_shadow_effective_policy_id"
+                                    && e.matcher.matches(
+                                        "istio-ext-authz-ns[default]-policy[ext-authz]-rule[0]",
+                                    )
+                            })
+                    }
                 };
                 assert!(ok, "{at}: {model:?} for {name}");
             }
@@ -535,17 +541,12 @@ fn the_listeners_as_ads_delivers_them_apply_but_the_named_exceptions() {
         .map(|r| (r.name.as_str(), r.reason.as_str()))
         .collect();
     rejected.sort();
-    assert_eq!(rejected.len(), 4, "{rejected:#?}");
+    assert_eq!(rejected.len(), 3, "{rejected:#?}");
     for (name, reason) in &rejected {
-        let want = if *name == "virtualInbound" {
-            EXT_AUTHZ_REASON
-        } else {
-            HBONE_REASON
-        };
-        assert!(reason.ends_with(want), "{name}: {reason}");
+        assert!(reason.ends_with(HBONE_REASON), "{name}: {reason}");
     }
     let snapshot = store.snapshot();
-    assert_eq!(snapshot.listeners.len(), 23);
+    assert_eq!(snapshot.listeners.len(), 24);
     let wanted = &applied.wanted[type_url::ROUTE];
     assert!(
         wanted.contains("9080") && wanted.contains("80"),

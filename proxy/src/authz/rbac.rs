@@ -35,6 +35,48 @@ pub fn matched<'r>(rules: &'r Rules, a: &Attributes<'_>) -> Option<&'r str> {
         .map(|(name, _)| name.as_str())
 }
 
+/// The dynamic-metadata namespace Envoy's HTTP RBAC filters write their results under.
+pub const HTTP_RBAC_METADATA: &str = "envoy.filters.http.rbac";
+/// The same for the network RBAC filters.
+pub const NETWORK_RBAC_METADATA: &str = "envoy.filters.network.rbac";
+
+/// The string value `filters` leave under `key` of [`HTTP_RBAC_METADATA`] (network filters:
+/// [`NETWORK_RBAC_METADATA`]), as Envoy's RBAC
+/// filter writes it for its shadow rules: `<shadow_rules_stat_prefix>shadow_effective_policy_id`
+/// (the shadow policy that matched; not written when none did) and
+/// `<shadow_rules_stat_prefix>shadow_engine_result` (`allowed` or `denied`). A later filter's
+/// value replaces an earlier one's. This is how istiod's shadow RBAC filter names the requests
+/// its CUSTOM policies send to the external authorizer.
+pub fn shadow_metadata<'r>(
+    filters: impl IntoIterator<Item = &'r Rbac>,
+    a: &Attributes<'_>,
+    key: &str,
+) -> Option<&'r str> {
+    let mut value = None;
+    for filter in filters {
+        let Some(shadow) = &filter.shadow_rules else {
+            continue;
+        };
+        let Some(field) = key.strip_prefix(filter.shadow_rules_stat_prefix.as_str()) else {
+            continue;
+        };
+        let hit = matched(shadow, a);
+        match field {
+            "shadow_effective_policy_id" if hit.is_some() => value = hit,
+            "shadow_engine_result" => {
+                let allowed = match shadow.action {
+                    Action::Allow => hit.is_some(),
+                    Action::Deny => hit.is_none(),
+                    Action::Log => true,
+                };
+                value = Some(if allowed { "allowed" } else { "denied" });
+            }
+            _ => {}
+        }
+    }
+    value
+}
+
 /// What the filters decided, before it is counted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome<'r> {

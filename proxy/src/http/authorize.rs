@@ -1,8 +1,9 @@
 //! Inbound requests before they go upstream: the path is normalised as Istio's
 //! `pathNormalization` says (and the application receives the normalised path, as from Envoy),
 //! then the authorization policies decide (Envoy's HTTP RBAC filter): the policy files', or
-//! under xDS the `virtualInbound` chain's RBAC filters. A denied request is answered
-//! `403 RBAC: access denied`.
+//! under xDS the `virtualInbound` chain's RBAC filters (those before an `ext_authz` filter:
+//! the rest run in [`super::ext_authz`], after the external authorizer). A denied request is
+//! answered `403 RBAC: access denied`.
 
 use super::errors::ErrorKind;
 use super::ConnContext;
@@ -31,6 +32,19 @@ pub(super) fn inbound(ctx: &ConnContext, parts: &mut Parts) -> Result<(), ErrorK
     if xds_rbac.is_none() && !authz.is_active() {
         return Ok(());
     }
+    let attributes = attributes(ctx, parts);
+    let verdict = match xds_rbac {
+        Some(filters) => authz.check_rbac(filters, &attributes),
+        None => authz.check(&attributes),
+    };
+    match verdict {
+        Verdict::Allowed => Ok(()),
+        Verdict::Denied(_) => Err(ErrorKind::AccessDenied),
+    }
+}
+
+/// What the policies see of an inbound request.
+pub(super) fn attributes<'a>(ctx: &'a ConnContext, parts: &'a Parts) -> Attributes<'a> {
     let host = match parts.uri.authority() {
         Some(a) => Some(a.as_str()),
         None => parts
@@ -38,7 +52,7 @@ pub(super) fn inbound(ctx: &ConnContext, parts: &mut Parts) -> Result<(), ErrorK
             .get(http::header::HOST)
             .and_then(|h| h.to_str().ok()),
     };
-    let attributes = Attributes {
+    Attributes {
         source: ctx.peer,
         destination: ctx.key.destination,
         principal: ctx
@@ -54,14 +68,6 @@ pub(super) fn inbound(ctx: &ConnContext, parts: &mut Parts) -> Result<(), ErrorK
             host,
             headers: &parts.headers,
         }),
-    };
-    let verdict = match xds_rbac {
-        Some(filters) => authz.check_rbac(filters, &attributes),
-        None => authz.check(&attributes),
-    };
-    match verdict {
-        Verdict::Allowed => Ok(()),
-        Verdict::Denied(_) => Err(ErrorKind::AccessDenied),
     }
 }
 

@@ -38,6 +38,8 @@ pub enum UpstreamBody {
     Replay(ReplayBody),
     /// A mirror's copy of the client's body ([`super::mirror`]).
     Shadow(super::mirror::ShadowBody),
+    /// A check sent to the external authorizer, in one piece ([`super::ext_authz`]).
+    Check(Option<Bytes>),
 }
 
 impl Body for UpstreamBody {
@@ -61,6 +63,7 @@ impl Body for UpstreamBody {
             }
             UpstreamBody::Replay(r) => Pin::new(r).poll_frame(cx),
             UpstreamBody::Shadow(s) => Pin::new(s).poll_frame(cx),
+            UpstreamBody::Check(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
         }
     }
 
@@ -70,6 +73,7 @@ impl Body for UpstreamBody {
             UpstreamBody::Streamed { inner, .. } => inner.is_end_stream(),
             UpstreamBody::Replay(r) => r.is_end_stream(),
             UpstreamBody::Shadow(s) => s.is_end_stream(),
+            UpstreamBody::Check(b) => b.is_none(),
         }
     }
 
@@ -79,6 +83,9 @@ impl Body for UpstreamBody {
             UpstreamBody::Streamed { inner, .. } => inner.size_hint(),
             UpstreamBody::Replay(r) => r.size_hint(),
             UpstreamBody::Shadow(s) => s.size_hint(),
+            UpstreamBody::Check(b) => {
+                SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64))
+            }
         }
     }
 }

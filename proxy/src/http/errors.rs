@@ -38,11 +38,14 @@ impl Flags {
     pub const FI: Flags = Flags(1 << 12);
     /// Upstream overflow: a circuit breaker of the cluster was open.
     pub const UO: Flags = Flags(1 << 13);
+    /// The external authorizer denied the request, or failed and failure was not allowed
+    /// (Envoy's `UAEX`, set by its ext_authz filter).
+    pub const UAEX: Flags = Flags(1 << 14);
 
     /// In the order Envoy 1.40 prints them: as it sets them, so the fault filter's first
     /// (a delay before its abort), and the retry limit before the failure of the last attempt
     /// (`URX,UF`).
-    const NAMES: [(Flags, &'static str); 14] = [
+    const NAMES: [(Flags, &'static str); 15] = [
         (Flags::DI, "DI"),
         (Flags::FI, "FI"),
         (Flags::URX, "URX"),
@@ -57,6 +60,7 @@ impl Flags {
         (Flags::NC, "NC"),
         (Flags::UH, "UH"),
         (Flags::UO, "UO"),
+        (Flags::UAEX, "UAEX"),
     ];
 
     /// The set as bits, one per flag.
@@ -141,6 +145,9 @@ pub enum ErrorKind {
     /// The client's request body ended early (it reset or closed) while it went upstream: no
     /// response reaches it, and Envoy logs response code 0 with `DC`.
     DownstreamAborted,
+    /// ext_authz's `with_request_body`: the body is over `max_request_bytes` and partial
+    /// messages are not allowed (413, never forwarded).
+    PayloadTooLarge,
     /// xDS: no virtual host or route matches the request (404 `NR`).
     NoRoute,
     /// xDS: the route's cluster does not exist (503 `NC`).
@@ -160,7 +167,8 @@ impl ErrorKind {
             | ErrorKind::MissingHost
             | ErrorKind::HeadersTooLarge
             | ErrorKind::AccessDenied
-            | ErrorKind::DownstreamAborted => Origin::Downstream,
+            | ErrorKind::DownstreamAborted
+            | ErrorKind::PayloadTooLarge => Origin::Downstream,
             ErrorKind::Timeout
             | ErrorKind::NoRoute
             | ErrorKind::NoCluster
@@ -181,6 +189,7 @@ impl ErrorKind {
             // Envoy's RBAC filter sets no flag, only its response code details.
             ErrorKind::AccessDenied | ErrorKind::MissingHost => Flags::default(),
             ErrorKind::DownstreamAborted => Flags::DC,
+            ErrorKind::PayloadTooLarge => Flags::default(),
             ErrorKind::NoRoute => Flags::NR,
             ErrorKind::NoCluster => Flags::NC,
             ErrorKind::NoHealthyUpstream => Flags::UH,
@@ -209,6 +218,7 @@ impl ErrorKind {
             ErrorKind::NoRoute => StatusCode::NOT_FOUND,
             // Nobody reads it; the request's metrics and log say 0, as Envoy's do.
             ErrorKind::DownstreamAborted => StatusCode::BAD_REQUEST,
+            ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             _ => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -229,6 +239,8 @@ impl ErrorKind {
             ErrorKind::NoRoute => 12,
             // CANCELLED: the client went away.
             ErrorKind::DownstreamAborted => 1,
+            // UNKNOWN, as Envoy maps a 413.
+            ErrorKind::PayloadTooLarge => 2,
             // UNAVAILABLE: the call may be retried by the client.
             _ => 14,
         }
@@ -259,6 +271,7 @@ impl ErrorKind {
             ErrorKind::HeadersTooLarge => "request headers too large",
             ErrorKind::AccessDenied => "RBAC: access denied",
             ErrorKind::DownstreamAborted => "downstream_remote_disconnect",
+            ErrorKind::PayloadTooLarge => "request_payload_too_large",
             ErrorKind::NoRoute => "route_not_found",
             ErrorKind::NoCluster => "cluster_not_found",
             ErrorKind::NoHealthyUpstream => "no healthy upstream",
@@ -287,6 +300,8 @@ impl ErrorKind {
     pub fn body(self) -> &'static str {
         match self {
             ErrorKind::NoRoute | ErrorKind::NoCluster | ErrorKind::MissingHost => "",
+            // Envoy's ext_authz answers its status's name.
+            ErrorKind::PayloadTooLarge => "Payload Too Large",
             other => other.details(),
         }
     }

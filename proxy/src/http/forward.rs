@@ -119,6 +119,27 @@ pub async fn handle(
         tracing::debug!(peer = %ctx.peer, reason = kind.details(), "inbound request refused");
         return Ok(local_reply(kind, grpc, end));
     }
+    // The chain's external authorizer (AuthorizationPolicy CUSTOM) and the RBAC filters
+    // after it, as Envoy runs its ext_authz filter. Boxed: only such chains pay for it.
+    let (body, authz_response) = if ctx.direction == Direction::Inbound
+        && ctx.xds_inbound.as_ref().is_some_and(|c| c.has_ext_authz())
+    {
+        use super::ext_authz::{inbound, reply, Refused};
+        match Box::pin(inbound(&ctx, &mut parts, body)).await {
+            Ok(checked) => {
+                // Envoy logs the request as the authorizer left it (its headers and query).
+                if end.log.is_some() {
+                    let (m, u, v, h) = (&parts.method, &parts.uri, parts.version, &parts.headers);
+                    end.log = Some(Box::new(RequestLog::new(start, m, u, v, h)));
+                }
+                checked
+            }
+            Err(Refused::Kind(kind)) => return Ok(local_reply(kind, grpc, end)),
+            Err(Refused::Reply(denial)) => return Ok(reply(denial, grpc, end)),
+        }
+    } else {
+        (super::mirror::ClientBody::Plain(body), None)
+    };
     if let Some(log) = &mut end.log {
         log.received = Arc::clone(&end.received);
     }
@@ -181,7 +202,7 @@ pub async fn handle(
     headers::upstream_version(&mut parts);
     // The route's mirrors: copies of the head as it goes upstream, sent on their own.
     let body = match routed.as_ref().and_then(|r| r.mirrors.as_deref()) {
-        None => super::mirror::ClientBody::Plain(body),
+        None => body,
         Some(mirrors) => {
             let timeout = routed.as_ref().and_then(|r| r.timeout);
             super::mirror::shadow(&ctx, mirrors, &parts, body, timeout)
@@ -242,6 +263,9 @@ pub async fn handle(
                 routed.response_edits.apply(reply.headers_mut());
                 routed.cors_response.apply(reply.headers_mut());
             }
+            if let Some(added) = &authz_response {
+                added.apply(reply.headers_mut());
+            }
             return Ok(reply);
         }
     };
@@ -260,6 +284,11 @@ pub async fn handle(
                 .append(http::header::SET_COOKIE, cookie.clone());
         }
         routed.cors_response.apply(&mut parts.headers);
+    }
+    // The external authorizer's headers for the client: its filter adds them as the response
+    // passes it, after the router's edits.
+    if let Some(added) = &authz_response {
+        added.apply(&mut parts.headers);
     }
     if let Some(originate) = &ctx.originate {
         if let (_, Some(value)) = exchange::take(&mut parts.headers) {

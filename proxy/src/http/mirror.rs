@@ -95,7 +95,7 @@ pub(super) fn shadow(
     ctx: &Arc<ConnContext>,
     policies: &[MirrorPolicy],
     parts: &Parts,
-    body: Incoming,
+    body: ClientBody,
     timeout: Option<Duration>,
 ) -> ClientBody {
     let stats = &ctx.proxy.metrics.mirror;
@@ -140,7 +140,7 @@ pub(super) fn shadow(
         });
     }
     if copies.is_empty() {
-        ClientBody::Plain(body)
+        body
     } else {
         ClientBody::Teed(Box::new(Tee {
             inner: body,
@@ -157,13 +157,65 @@ pub const COPY_FRAMES: usize = 64;
 #[derive(Debug)]
 pub enum ClientBody {
     Plain(Incoming),
+    /// Read ahead (the external authorizer was sent its first bytes), then the rest.
+    Buffered(Box<Buffered>),
     Teed(Box<Tee>),
+}
+
+/// A body partly read ahead: what was read, then what was not.
+#[derive(Debug)]
+pub struct Buffered {
+    pub head: Option<Bytes>,
+    /// The body's trailers, when they were read ahead too.
+    pub trailers: Option<HeaderMap>,
+    /// `None` when the body ended within what was read.
+    pub rest: Option<Incoming>,
+}
+
+impl Body for Buffered {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if let Some(head) = self.head.take() {
+            return Poll::Ready(Some(Ok(Frame::data(head))));
+        }
+        if let Some(rest) = &mut self.rest {
+            return Pin::new(rest).poll_frame(cx);
+        }
+        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.head.is_none()
+            && self.trailers.is_none()
+            && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let head = self.head.as_ref().map_or(0, |h| h.len() as u64);
+        match &self.rest {
+            None => SizeHint::with_exact(head),
+            Some(rest) => {
+                let r = rest.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(r.lower() + head);
+                if let Some(upper) = r.upper() {
+                    hint.set_upper(upper + head);
+                }
+                hint
+            }
+        }
+    }
 }
 
 /// The client's body, each frame also handed to the copies that keep up.
 #[derive(Debug)]
 pub struct Tee {
-    inner: Incoming,
+    inner: ClientBody,
     copies: Vec<mpsc::Sender<Piece>>,
 }
 
@@ -193,6 +245,7 @@ impl Body for ClientBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
             ClientBody::Plain(inner) => Pin::new(inner).poll_frame(cx),
+            ClientBody::Buffered(b) => Pin::new(&mut **b).poll_frame(cx),
             ClientBody::Teed(tee) => {
                 let frame = ready!(Pin::new(&mut tee.inner).poll_frame(cx));
                 match &frame {
@@ -223,6 +276,7 @@ impl Body for ClientBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ClientBody::Plain(inner) => inner.is_end_stream(),
+            ClientBody::Buffered(b) => b.is_end_stream(),
             ClientBody::Teed(tee) => tee.inner.is_end_stream(),
         }
     }
@@ -230,6 +284,7 @@ impl Body for ClientBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             ClientBody::Plain(inner) => inner.size_hint(),
+            ClientBody::Buffered(b) => b.size_hint(),
             ClientBody::Teed(tee) => tee.inner.size_hint(),
         }
     }
@@ -368,25 +423,8 @@ async fn send(ctx: &Arc<ConnContext>, cluster: Arc<Cluster>, req: Request<Upstre
         })
         .flatten()
         .map(|a| Arc::from(crate::upstream::transport::host_of(a)));
-    let routed = super::routed::Routed {
-        cluster: Some(Arc::new(target)),
-        timeout: None,
-        grpc_timeout_header_max: None,
-        max_stream_duration: None,
-        retries: 0,
-        retry_503: false,
-        retry: super::retry_policy::RetryRules::default(),
-        fault: None,
-        attempt_count: false,
-        avoid_previous: None,
-        tried: std::sync::Mutex::default(),
-        response_edits: super::routed::Edits::default(),
-        cors_response: super::routed::Edits::default(),
-        mirrors: None,
-        hash: None,
-        set_cookies: Vec::new(),
-        origin_host,
-    };
+    let mut routed = super::routed::Routed::single_attempt(target);
+    routed.origin_host = origin_host;
     let up = match super::routed::send(ctx, &routed, req).await {
         Ok(up) => up,
         Err(e) => {

@@ -17,6 +17,7 @@ pub mod coalesce;
 pub mod counting;
 mod drive;
 pub mod errors;
+pub mod ext_authz;
 pub mod fault;
 pub mod forward;
 pub mod framing;

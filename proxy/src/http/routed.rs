@@ -105,9 +105,37 @@ pub struct Routed {
     /// as SNI and SAN, for a cluster with `auto_sni` or `auto_san_validation`; `None` for
     /// every other.
     pub origin_host: Option<Arc<str>>,
+    /// Sent as this proxy's own request (an external authorizer's check), not the client's:
+    /// dialled as outbound, from no passthrough source, whichever way the client came.
+    pub own_request: bool,
 }
 
 impl Routed {
+    /// One attempt to `cluster` with no route around it: no timeout, retries, fault, edits or
+    /// mirrors (a mirror's copy, an external authorizer's check).
+    pub fn single_attempt(cluster: RoutedCluster) -> Routed {
+        Routed {
+            cluster: Some(Arc::new(cluster)),
+            timeout: None,
+            grpc_timeout_header_max: None,
+            max_stream_duration: None,
+            retries: 0,
+            retry_503: false,
+            retry: super::retry_policy::RetryRules::default(),
+            fault: None,
+            attempt_count: false,
+            avoid_previous: None,
+            tried: std::sync::Mutex::default(),
+            response_edits: Edits::default(),
+            cors_response: Edits::default(),
+            mirrors: None,
+            hash: None,
+            set_cookies: Vec::new(),
+            origin_host: None,
+            own_request: false,
+        }
+    }
+
     /// The request's deadline, as Envoy's router computes it: the route's timeout, or for a
     /// gRPC request with `grpc_timeout_header_max` set, its `grpc-timeout` (`header`) bounded
     /// by that maximum (a zero header takes the maximum; zero everywhere is no deadline); then
@@ -484,6 +512,7 @@ pub fn decide_request(
         hash,
         set_cookies,
         origin_host,
+        own_request: false,
     };
     Ok(Decided {
         routed,

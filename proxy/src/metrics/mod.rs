@@ -75,6 +75,7 @@ pub struct Metrics {
     pub mirror: crate::http::mirror::MirrorStats,
     /// Envoy's fault filter statistics, per connection manager.
     pub faults: Arc<crate::http::fault::FaultStats>,
+    pub ext_authz: crate::http::ext_authz::ExtAuthzStats,
     /// Protocol detection outcomes, by `DETECTION_RESULTS` index, and how long they took.
     detections: Vec<Counter>,
     detection_seconds: prometheus_client::metrics::histogram::Histogram,
@@ -256,6 +257,7 @@ impl Metrics {
         let xds_tls_without_identity = Counter::default();
         let http1_fast_path = Counter::default();
         let mirror = crate::http::mirror::MirrorStats::register(&mut registry);
+        let ext_authz = crate::http::ext_authz::ExtAuthzStats::register(&mut registry);
         registry.register(
             "remora_http1_fast_path_requests",
             "HTTP/1.1 requests served by the fast path (the rest of HTTP is served by hyper)",
@@ -388,6 +390,7 @@ impl Metrics {
             xds_tls_without_identity,
             http1_fast_path,
             mirror,
+            ext_authz,
         }
     }
 

@@ -252,15 +252,23 @@ impl Proxy {
             request: None,
         };
         let filters = served.chain.iter().flat_map(ChainRef::network_rbac);
-        let denied = matches!(
+        let mut denied = matches!(
             self.authz.check_rbac(filters, &attributes),
             Verdict::Denied(_)
-        );
+        )
+        .then_some(End::RbacDenied);
+        if denied.is_none() {
+            if let Some(chain) = &served.chain {
+                denied = self
+                    .network_ext_authz(config, chain, &attributes, hop.timeout)
+                    .await;
+            }
+        }
         match served.decision {
             ChainDecision::Http { http: chain, .. } => {
-                if denied {
+                if let Some(end) = denied {
                     close(&downstream);
-                    return refused(Some(hop.destination), End::RbacDenied);
+                    return refused(Some(hop.destination), end);
                 }
                 // A chain of HTTP that detection did not see as HTTP: Envoy's connection
                 // manager would answer it 400; as HTTP/1.1 the parser does the same.
@@ -299,9 +307,9 @@ impl Proxy {
                     .metrics
                     .direction(hop.dir)
                     .istio_opened(served.peer.as_deref());
-                if denied {
+                if let Some(end) = denied {
                     close(&downstream);
-                    return refused(Some(hop.destination), End::RbacDenied).counted_in(istio);
+                    return refused(Some(hop.destination), end).counted_in(istio);
                 }
                 let hop = Hop {
                     idle: super::xds::tcp_idle(chain, hop.idle),
@@ -316,6 +324,58 @@ impl Proxy {
                 refused(Some(hop.destination), End::NoRoute)
             }
         }
+    }
+
+    /// The chain's network filters from its first ext_authz filter on (AuthorizationPolicy
+    /// CUSTOM on a TCP port), in order: each ext_authz filter that the shadow RBAC filters
+    /// before it enable asks the authorizer, then the RBAC filters after it decide. What
+    /// ends the connection, if anything.
+    async fn network_ext_authz(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        chain: &ChainRef,
+        attributes: &Attributes<'_>,
+        connect_timeout: std::time::Duration,
+    ) -> Option<End> {
+        use crate::authz::rbac::{shadow_metadata, NETWORK_RBAC_METADATA};
+        let mut before: Vec<&remora_xds::model::rbac::Rbac> = chain.network_rbac().collect();
+        let mut after = Vec::new();
+        for filter in chain.network_from_ext_authz() {
+            match filter {
+                NetworkFilter::ExtAuthz(ext) => {
+                    if !after.is_empty()
+                        && matches!(
+                            self.authz.check_rbac(after.drain(..), attributes),
+                            Verdict::Denied(_)
+                        )
+                    {
+                        return Some(End::RbacDenied);
+                    }
+                    let enabled = ext.enabled_by.as_ref().is_none_or(|on| {
+                        on.filter == NETWORK_RBAC_METADATA
+                            && shadow_metadata(before.iter().copied(), attributes, &on.key)
+                                .is_some_and(|v| on.matcher.matches(v))
+                    });
+                    let conn = http::ext_authz::network::Connection {
+                        peer: attributes.source,
+                        destination: attributes.destination,
+                        principal: attributes.principal,
+                        connect_timeout,
+                    };
+                    if enabled && !http::ext_authz::network::allows(self, config, ext, &conn).await
+                    {
+                        return Some(End::ExtAuthzDenied);
+                    }
+                }
+                NetworkFilter::Rbac(r) => {
+                    after.push(r);
+                    before.push(r);
+                }
+                _ => {}
+            }
+        }
+        matches!(self.authz.check_rbac(after, attributes), Verdict::Denied(_))
+            .then_some(End::RbacDenied)
     }
 
     /// Copy the connection to one endpoint of `cluster`.

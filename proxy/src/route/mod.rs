@@ -128,30 +128,58 @@ impl ChainRef {
             .is_some_and(|mine| now.all_chains().any(|c| c == mine))
     }
 
-    /// The chain's network RBAC filters, in order.
+    /// The chain's network RBAC filters before its first network ext_authz filter (all of
+    /// them when it has none), in order.
     pub fn network_rbac(&self) -> impl Iterator<Item = &Rbac> {
-        self.chain().into_iter().flat_map(|c| {
-            c.filters.iter().filter_map(|f| match f {
+        self.network_filters()
+            .take_while(|f| !matches!(f, NetworkFilter::ExtAuthz(_)))
+            .filter_map(|f| match f {
                 NetworkFilter::Rbac(r) => Some(r),
                 _ => None,
             })
-        })
     }
 
-    /// The HTTP RBAC filters of the chain's connection manager, in order (none for TCP).
+    /// The chain's network filters from its first ext_authz filter on (none without one).
+    pub fn network_from_ext_authz(&self) -> impl Iterator<Item = &NetworkFilter> {
+        self.network_filters()
+            .skip_while(|f| !matches!(f, NetworkFilter::ExtAuthz(_)))
+    }
+
+    fn network_filters(&self) -> impl Iterator<Item = &NetworkFilter> {
+        self.chain().into_iter().flat_map(|c| c.filters.iter())
+    }
+
+    /// The HTTP RBAC filters of the chain's connection manager before its first ext_authz
+    /// filter (all of them when it has none), in order (none for TCP): what decides a
+    /// request before any external authorizer is asked.
     pub fn http_rbac(&self) -> impl Iterator<Item = &Rbac> {
+        self.http_filters()
+            .take_while(|f| !matches!(f, HttpFilter::ExtAuthz(_)))
+            .filter_map(|f| match f {
+                HttpFilter::Rbac(r) => Some(r),
+                _ => None,
+            })
+    }
+
+    /// The chain's HTTP filters from its first ext_authz filter on (none without one).
+    pub fn from_ext_authz(&self) -> impl Iterator<Item = &HttpFilter> {
+        self.http_filters()
+            .skip_while(|f| !matches!(f, HttpFilter::ExtAuthz(_)))
+    }
+
+    /// Whether the chain calls an external authorizer (AuthorizationPolicy CUSTOM).
+    pub fn has_ext_authz(&self) -> bool {
+        self.from_ext_authz().next().is_some()
+    }
+
+    fn http_filters(&self) -> impl Iterator<Item = &HttpFilter> {
         self.chain()
             .into_iter()
             .filter_map(|c| match &c.kind {
                 ChainKind::Http(http) => Some(http),
                 ChainKind::Tcp(_) => None,
             })
-            .flat_map(|http| {
-                http.http_filters.iter().filter_map(|f| match f {
-                    HttpFilter::Rbac(r) => Some(r),
-                    _ => None,
-                })
-            })
+            .flat_map(|http| http.http_filters.iter())
     }
 }
 

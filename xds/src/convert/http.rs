@@ -33,9 +33,6 @@ const CORS: &str = "envoy.extensions.filters.http.cors.v3.Cors";
 const UUID: &str = "envoy.extensions.request_id.uuid.v3.UuidRequestIdConfig";
 const METADATA_EXCHANGE_PLUGIN: &str = "envoy.wasm.metadata_exchange";
 
-/// The reason every ext_authz filter is refused with.
-pub const EXT_AUTHZ_REASON: &str = "ext_authz (CUSTOM authorization) not supported yet";
-
 /// Envoy's stream idle timeout when the connection manager sets none.
 const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -211,7 +208,9 @@ pub fn http_filter(name: &str, u: &Unpacked, path: &str) -> Result<HttpFilter, F
             peer_metadata(&u.message),
         )),
         HTTP_RBAC => HttpFilter::Rbac(rbac::http(&u.to(path)?, path)?),
-        HTTP_EXT_AUTHZ => return Err(Fault::new(path, EXT_AUTHZ_REASON)),
+        HTTP_EXT_AUTHZ => {
+            HttpFilter::ExtAuthz(Box::new(super::ext_authz::http(&u.to(path)?, path)?))
+        }
         ALPN => HttpFilter::AlpnOverride(alpn(&u.message, path)?),
         STATS => HttpFilter::IstioStats(super::listener::istio_stats(u, path)?),
         GRPC_STATS => {

@@ -3,12 +3,12 @@
 
 use super::any::{unpack, Unpacked};
 use super::common::{cidr, duration, socket_address, timeout};
-use super::http::{connection_manager, EXT_AUTHZ_REASON, HCM, STATS};
+use super::http::{connection_manager, HCM, STATS};
 use super::rbac;
 use super::tls::downstream_socket;
 use crate::model::listener::{
-    ChainKind, ChainMatch, Direction, FilterChain, InspectorScope, IstioStats, Listener,
-    ListenerFilters, MetadataExchange, NetworkFilter, TcpChain, TcpTarget,
+    ChainKind, ChainMatch, Direction, FilterChain, HttpFilter, InspectorScope, IstioStats,
+    Listener, ListenerFilters, MetadataExchange, NetworkFilter, TcpChain, TcpTarget,
 };
 use crate::refusal::Fault;
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
@@ -86,6 +86,28 @@ pub fn listener(l: &pb::Listener) -> Result<Listener, Fault> {
         .as_ref()
         .map(|c| filter_chain(c, "default_filter_chain"))
         .transpose()?;
+    // The external authorizer is asked only on the inbound listener's chains (istiod's CUSTOM
+    // policies protect a workload); anywhere else it would be accepted and never asked.
+    if direction != Direction::Inbound {
+        let chains: &Vec<FilterChain> = &filter_chains;
+        let named = chains
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (format!("filter_chains[{i}]"), c))
+            .chain(
+                default_filter_chain
+                    .iter()
+                    .map(|c| ("default_filter_chain".to_string(), c)),
+            );
+        for (at, chain) in named {
+            if has_ext_authz(chain) {
+                return Err(Fault::new(
+                    at,
+                    "ext_authz on a listener other than the inbound one not supported (CUSTOM authorization is enforced on virtualInbound)",
+                ));
+            }
+        }
+    }
     Ok(Listener {
         name: l.name.clone(),
         address,
@@ -251,6 +273,16 @@ fn filter_config(f: &pb::Filter, path: &str) -> Result<Unpacked, Fault> {
     }
 }
 
+/// Whether `chain` has an ext_authz filter, network or HTTP.
+fn has_ext_authz(chain: &FilterChain) -> bool {
+    chain
+        .filters
+        .iter()
+        .any(|f| matches!(f, NetworkFilter::ExtAuthz(_)))
+        || matches!(&chain.kind, ChainKind::Http(h)
+            if h.http_filters.iter().any(|f| matches!(f, HttpFilter::ExtAuthz(_))))
+}
+
 fn network_filter(name: &str, u: &Unpacked, path: &str) -> Result<NetworkFilter, Fault> {
     Ok(match u.message_name() {
         STATS => NetworkFilter::IstioStats(istio_stats(u, path)?),
@@ -259,7 +291,9 @@ fn network_filter(name: &str, u: &Unpacked, path: &str) -> Result<NetworkFilter,
             shared: u.bool("shared"),
         },
         NETWORK_RBAC => NetworkFilter::Rbac(rbac::network(&u.to(path)?, path)?),
-        NETWORK_EXT_AUTHZ => return Err(Fault::new(path, EXT_AUTHZ_REASON)),
+        NETWORK_EXT_AUTHZ => {
+            NetworkFilter::ExtAuthz(Box::new(super::ext_authz::network(&u.to(path)?, path)?))
+        }
         HCM | TCP_PROXY => {
             return Err(Fault::new(
                 path,
@@ -357,7 +391,7 @@ fn tcp_proxy(t: &tcp::TcpProxy, path: &str) -> Result<TcpChain, Fault> {
 
 #[cfg(test)]
 mod tests {
-    use crate::convert::{from_json, EXT_AUTHZ_REASON, HBONE_REASON};
+    use crate::convert::{from_json, HBONE_REASON};
     use serde_json::{json, Value};
 
     type ListenerProto = envoy_types::pb::envoy::config::listener::v3::Listener;
@@ -419,14 +453,32 @@ mod tests {
         );
     }
 
+    /// CUSTOM authorization is enforced on the inbound listener; elsewhere it is refused
+    /// rather than accepted and never asked.
+    #[test]
+    fn ext_authz_only_on_the_inbound_listener() {
+        let ext_authz = json!({"name": "envoy.filters.network.ext_authz", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.ext_authz.v3.ExtAuthz",
+            "stat_prefix": "tcp.", "grpc_service": {"envoy_grpc": {"cluster_name": "authz"}}}});
+        let mut l = listener(json!([ext_authz, tcp_proxy()]));
+        let err = refusal(l.clone());
+        assert!(
+            err.contains("filter_chains[0]: ext_authz on a listener other than the inbound one"),
+            "{err}"
+        );
+        l["traffic_direction"] = json!("INBOUND");
+        let converted = from_json::<ListenerProto>(&l).expect("accepted").model;
+        assert!(super::has_ext_authz(&converted.filter_chains[0]));
+    }
+
     #[test]
     fn network_filters_remora_does_not_run_are_refused_by_name() {
+        // A network ext_authz without its authorizer: refused where it is, with its type.
         let ext_authz = json!({"name": "envoy.filters.network.ext_authz", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.ext_authz.v3.ExtAuthz",
             "stat_prefix": "x"}});
         let err = refusal(listener(json!([ext_authz, tcp_proxy()])));
-        assert!(err.ends_with(EXT_AUTHZ_REASON), "{err}");
-        assert!(err.contains("filter_chains[0].filters[0].typed_config (type.googleapis.com/envoy.extensions.filters.network.ext_authz.v3.ExtAuthz)"), "{err}");
+        assert!(err.contains("filter_chains[0].filters[0].typed_config.grpc_service (type.googleapis.com/envoy.extensions.filters.network.ext_authz.v3.ExtAuthz): required"), "{err}");
         let mongo = json!({"name": "envoy.filters.network.mongo_proxy", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.mongo_proxy.v3.MongoProxy",
             "stat_prefix": "m"}});

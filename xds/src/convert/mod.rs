@@ -9,10 +9,10 @@
 //!   null-VM Wasm, TypedStruct and `peer_metadata` forms), `istio.alpn`, `istio_authn`,
 //!   `grpc_stats`, empty `fault` and `cors`, `router`, the `original_dst`, `tls_inspector` and
 //!   `http_inspector` listener filters, `HttpProtocolOptions`, the `uuid` request id, the
-//!   `previous_hosts` retry predicate (typed or by name), RBAC (as data);
+//!   `previous_hosts` retry predicate (typed or by name), RBAC and `ext_authz` (as data);
 //! - accepted as no-ops: circuit breakers at istiod's unlimited thresholds, HCM tracing without
 //!   a provider, `health_check_config: {}` on endpoints;
-//! - refused with a named reason: the HBONE listeners, ext_authz, Wasm modules, anything else.
+//! - refused with a named reason: the HBONE listeners, Wasm modules, anything else.
 
 // istiod still writes fields Envoy has deprecated (`match_subject_alt_names`, header
 // `exact_match`, `max_grpc_timeout`, `use_original_dst`…): they must be read, not warned about.
@@ -23,6 +23,7 @@ mod any;
 mod cluster;
 mod common;
 mod endpoint;
+mod ext_authz;
 pub mod fields;
 mod hcm_fixed;
 pub mod header_format;
@@ -36,7 +37,6 @@ mod secret;
 mod tls;
 
 pub use any::{unpack, Unpacked};
-pub use http::EXT_AUTHZ_REASON;
 pub use listener::HBONE_REASON;
 pub use tls::SECRET_NAMES;
 

@@ -182,6 +182,57 @@ pub const READ: &[(&str, &[&str])] = &[
         "envoy.extensions.filters.network.rbac.v3.RBAC",
         &["rules", "shadow_rules", "stat_prefix", "shadow_rules_stat_prefix"],
     ),
+    // ext_authz (AuthorizationPolicy CUSTOM).
+    (
+        "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz",
+        &[
+            "grpc_service",
+            "http_service",
+            "transport_api_version",
+            "failure_mode_allow",
+            "status_on_error",
+            "with_request_body",
+            "filter_enabled_metadata",
+        ],
+    ),
+    (
+        "envoy.extensions.filters.network.ext_authz.v3.ExtAuthz",
+        &[
+            "stat_prefix",
+            "grpc_service",
+            "failure_mode_allow",
+            "transport_api_version",
+            "filter_enabled_metadata",
+        ],
+    ),
+    ("envoy.config.core.v3.GrpcService", &["envoy_grpc", "timeout"]),
+    (
+        "envoy.config.core.v3.GrpcService.EnvoyGrpc",
+        &["cluster_name", "authority"],
+    ),
+    (
+        "envoy.extensions.filters.http.ext_authz.v3.HttpService",
+        &[
+            "server_uri",
+            "path_prefix",
+            "authorization_request",
+            "authorization_response",
+        ],
+    ),
+    ("envoy.config.core.v3.HttpUri", &["uri", "cluster", "timeout"]),
+    (
+        "envoy.extensions.filters.http.ext_authz.v3.AuthorizationRequest",
+        &["allowed_headers"],
+    ),
+    (
+        "envoy.extensions.filters.http.ext_authz.v3.AuthorizationResponse",
+        &["allowed_upstream_headers", "allowed_client_headers"],
+    ),
+    (
+        "envoy.extensions.filters.http.ext_authz.v3.BufferSettings",
+        &["max_request_bytes", "allow_partial_message", "pack_as_bytes"],
+    ),
+    ("envoy.type.matcher.v3.ListStringMatcher", &["patterns"]),
     // RBAC policies.
     ("envoy.config.rbac.v3.RBAC", &["action", "policies"]),
     ("envoy.config.rbac.v3.Policy", &["permissions", "principals"]),

@@ -159,6 +159,9 @@ pub enum NetworkFilter {
         shared: bool,
     },
     Rbac(Rbac),
+    /// The external authorizer (AuthorizationPolicy CUSTOM on a TCP port): always a gRPC
+    /// service, never a body; `status_on_error` unused (a connection is closed).
+    ExtAuthz(Box<super::ext_authz::ExtAuthz>),
 }
 
 /// Istio's TCP metadata exchange (`envoy.tcp.metadataexchange.config.MetadataExchange`), as a
@@ -311,6 +314,8 @@ pub enum HttpFilter {
     /// Istio's HTTP metadata exchange, in either form istiod has sent.
     MetadataExchange(MetadataExchangeForm),
     Rbac(Rbac),
+    /// The external authorizer (AuthorizationPolicy CUSTOM).
+    ExtAuthz(Box<super::ext_authz::ExtAuthz>),
     /// Istio's ALPN override for upstream mTLS: per upstream HTTP version, the ALPN to offer.
     AlpnOverride(Vec<AlpnOverride>),
     IstioStats(IstioStats),

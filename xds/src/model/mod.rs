@@ -12,6 +12,7 @@
 //! - [`circuit_breakers`], [`outlier`]: a cluster's limits and its passive health checking;
 //! - [`endpoint`]: EDS host sets: localities, priorities, weights, health, tlsMode;
 //! - [`rbac`]: Envoy's RBAC policies as data, for the authorization step to enforce;
+//! - [`ext_authz`]: the external authorizer istiod's CUSTOM policies call, and when;
 //! - [`secret`]: SDS secrets (certificates and trust anchors);
 //! - [`header_format`]: header values with Envoy's `%…%` substitutions;
 //! - [`matcher`]: string, header and address matchers the others share;
@@ -22,6 +23,7 @@ pub mod cluster;
 pub mod cors;
 pub mod domains;
 pub mod endpoint;
+pub mod ext_authz;
 pub mod fault;
 pub mod hash;
 pub mod header_format;

@@ -62,33 +62,16 @@ pub fn strings(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The case's listeners as the model reads them. virtualInbound is refused whole for its
-/// ext_authz filters; to check the rest of its facts it is read with them taken out.
+/// The case's listeners as the model reads them (all but the HBONE ones, which are refused).
 pub fn authz_listeners(dir: &Path) -> Vec<Listener> {
     let mut out = Vec::new();
-    for mut l in resources(dir, "authz-sidecar", "listeners") {
+    for l in resources(dir, "authz-sidecar", "listeners") {
         let name = s(&l["name"]).to_string();
         if ["connect_terminate", "main_internal", "connect_originate"].contains(&name.as_str()) {
             continue;
-        }
-        if name == "virtualInbound" {
-            strip_ext_authz(&mut l);
         }
         let converted = from_json::<ListenerProto>(&l).unwrap_or_else(|r| panic!("{r}"));
         out.push(converted.model);
     }
     out
-}
-
-pub fn strip_ext_authz(v: &mut Value) {
-    match v {
-        Value::Object(map) => {
-            if let Some(Value::Array(filters)) = map.get_mut("http_filters") {
-                filters.retain(|f| s(&f["name"]) != "envoy.filters.http.ext_authz");
-            }
-            map.values_mut().for_each(strip_ext_authz);
-        }
-        Value::Array(items) => items.iter_mut().for_each(strip_ext_authz),
-        _ => {}
-    }
 }

@@ -285,3 +285,65 @@ fn request_headers_as_envoy_sees_them() {
     };
     assert!(principal(&Principal::Header(absent), &a));
 }
+
+/// istiod's shadow RBAC filter for a CUSTOM policy names the requests it selects in the
+/// metadata key the ext_authz filter reads; another filter's shadow rules (dry-run ALLOW)
+/// write under their own prefix.
+#[test]
+fn shadow_rules_leave_envoys_metadata() {
+    let h = http::HeaderMap::new();
+    let custom = Rbac {
+        shadow_rules_stat_prefix: "istio_ext_authz_".into(),
+        ..filter(
+            None,
+            Some(rules(
+                Action::Deny,
+                &[(
+                    "istio-ext-authz-ns[default]-policy[ext]-rule[0]",
+                    allow_sleep(),
+                )],
+            )),
+        )
+    };
+    let dry_run = Rbac {
+        shadow_rules_stat_prefix: "istio_dry_run_allow_".into(),
+        ..filter(
+            None,
+            Some(rules(
+                Action::Allow,
+                &[("ns[default]-policy[dry]-rule[0]", allow_sleep())],
+            )),
+        )
+    };
+    let filters = [dry_run, custom];
+    let key = "istio_ext_authz_shadow_effective_policy_id";
+    let selected = request(Some(SLEEP), "GET", "/info/x", &h);
+    assert_eq!(
+        shadow_metadata(&filters, &selected, key),
+        Some("istio-ext-authz-ns[default]-policy[ext]-rule[0]")
+    );
+    assert_eq!(
+        shadow_metadata(&filters, &selected, "istio_ext_authz_shadow_engine_result"),
+        Some("denied")
+    );
+    assert_eq!(
+        shadow_metadata(
+            &filters,
+            &selected,
+            "istio_dry_run_allow_shadow_effective_policy_id"
+        ),
+        Some("ns[default]-policy[dry]-rule[0]")
+    );
+    // Not selected: no policy id is written, the engine result says allowed.
+    let other = request(Some(OTHER), "GET", "/info/x", &h);
+    assert_eq!(shadow_metadata(&filters, &other, key), None);
+    assert_eq!(
+        shadow_metadata(&filters, &other, "istio_ext_authz_shadow_engine_result"),
+        Some("allowed")
+    );
+    // A key no filter writes.
+    assert_eq!(
+        shadow_metadata(&filters, &selected, "shadow_effective_policy_id"),
+        None
+    );
+}

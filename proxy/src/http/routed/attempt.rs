@@ -84,7 +84,7 @@ pub(in crate::http) fn select(
         protocol::upstream_version(selected.cluster.http_protocol, ctx.key.version, upgrade);
     let key = Key {
         destination: selected.address,
-        source: dial::source(&selected, ctx.key.source),
+        source: dial::source(&selected, source(ctx, routed)),
         version,
         tls: ctx.proxy.upstreams.tls_id(&selected.transport),
     };
@@ -105,6 +105,16 @@ fn for_origin_host(
         selected.transport = crate::upstream::Transport::Origin(std::sync::Arc::new(tls));
     }
     selected
+}
+
+/// Where an attempt is dialled from: the client's passthrough source (inbound, 127.0.0.6),
+/// but none for a request of this proxy's own.
+fn source(ctx: &ConnContext, routed: &Routed) -> Option<crate::connect::Source> {
+    if routed.own_request {
+        None
+    } else {
+        ctx.key.source
+    }
 }
 
 /// What a failed dial of an endpoint answers (and whether it is retried).
@@ -158,9 +168,13 @@ pub(in crate::http) async fn send(
         &ctx.proxy,
         &ctx.config.tls,
         &selected,
-        ctx.direction,
+        if routed.own_request {
+            crate::Direction::Outbound
+        } else {
+            ctx.direction
+        },
         Some(&alpn),
-        ctx.key.source,
+        source(ctx, routed),
     ))
     .await
     .map_err(|e| {
