@@ -17,6 +17,8 @@ const BULK_PORT: u16 = 9100;
 /// opaque TCP reads at most 1 MiB at a time per direction, but the kernel's socket buffers
 /// take a stalled 1 MiB response first (measured: 7 KiB), so a copy that held what it read
 /// whole would show here.
+/// How long the origins of the stalled readers wait for a write to go through.
+const STALLED_WRITE_TIMEOUT: Duration = Duration::from_secs(120);
 const FAST_PATH_KIB: u64 = 64;
 const HYPER_PATH_KIB: u64 = 384;
 const TCP_KIB: u64 = 128;
@@ -70,7 +72,11 @@ fn stalled_readers_of_large_responses_keep_memory_bounded() {
     };
     net.capture_default();
     // Servers on a thread per connection with Rust's backlog (the Python origin's is five).
+    // The clients stall on purpose, then read the responses one after the other: on a busy
+    // machine the last ones wait longer than the servers' usual 10 s write timeout, which
+    // would cut them (seen in CI: a reset on the 126th TCP reader).
     let _origin = Server::start(&net.peer, net.peer_addr(ORIGIN_PORT), |mut s| {
+        s.set_write_timeout(Some(STALLED_WRITE_TIMEOUT))?;
         peer::read_request_head(&mut s)?;
         let head = format!(
             "HTTP/1.1 200 OK\r\nContent-Length: {LARGE_RESPONSE}\r\nConnection: close\r\n\r\n"
@@ -79,6 +85,7 @@ fn stalled_readers_of_large_responses_keep_memory_bounded() {
         s.write_all(&vec![b'y'; LARGE_RESPONSE])
     });
     let _bulk = Server::start(&net.peer, net.peer_addr(BULK_PORT), |mut s| {
+        s.set_write_timeout(Some(STALLED_WRITE_TIMEOUT))?;
         let mut go = [0u8; 2];
         s.read_exact(&mut go)?;
         s.write_all(&vec![b'z'; LARGE_RESPONSE])
