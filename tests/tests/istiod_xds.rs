@@ -287,15 +287,20 @@ fn config_from_istiod(delta: bool) {
         TOKEN,
         Arc::clone(&ads),
     );
-    wait_until("a new ADS stream", Duration::from_secs(60), || {
-        ads.streams() > streams
-    });
-    let resumed = ads
-        .requests()
-        .into_iter()
-        .filter(|r| r.stream > streams)
-        .find(|r| r.type_url == type_url::CLUSTER)
-        .expect("the new stream asks for clusters");
+    // The stream is counted when it opens, before its first request is read: wait for the
+    // request, not only for the stream (CI once looked in between).
+    let resumed_cluster_request = || {
+        ads.requests()
+            .into_iter()
+            .filter(|r| r.stream > streams)
+            .find(|r| r.type_url == type_url::CLUSTER)
+    };
+    wait_until(
+        "a new ADS stream asking for clusters",
+        Duration::from_secs(60),
+        || resumed_cluster_request().is_some(),
+    );
+    let resumed = resumed_cluster_request().expect("the new stream asks for clusters");
     assert_eq!(resumed.node_id, node_id);
     if delta {
         assert_eq!(
