@@ -485,10 +485,14 @@ pub fn decide_request(
             crate::upstream::hash::request_hash(&forward.hash_policy, req, headers, conn, &mut made)
         })
         .flatten();
-    let set_cookies = made
-        .into_iter()
-        .filter_map(|c| http::HeaderValue::try_from(c).ok())
-        .collect();
+    // Nearly always none made: no collecting on the request's path then.
+    let set_cookies = if made.is_empty() {
+        Vec::new()
+    } else {
+        made.into_iter()
+            .filter_map(|c| http::HeaderValue::try_from(c).ok())
+            .collect()
+    };
     let routed = Routed {
         cluster: target,
         timeout: forward.timeout,

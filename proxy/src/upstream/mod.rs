@@ -13,7 +13,7 @@
 //! compares) until dropped, and takes the attempt's outcome, which counts in Envoy's cluster
 //! statistics ([`stats`]) and may eject the host at once.
 
-use remora_xds::model::cluster::{Cluster, Discovery, LbPolicy, UpstreamHttpProtocol};
+use remora_xds::model::cluster::{Cluster, Discovery, LbPolicy};
 use remora_xds::model::endpoint::{ClusterLoadAssignment, Endpoint};
 use remora_xds::snapshot::Snapshot;
 use std::net::SocketAddr;
@@ -26,6 +26,7 @@ pub mod balance;
 pub mod dial;
 pub mod dns;
 pub mod hash;
+mod in_flight;
 pub mod origin;
 pub mod outlier;
 pub mod priority;
@@ -35,6 +36,7 @@ pub mod stats;
 pub mod transport;
 
 pub use assignment::Assignment;
+pub use in_flight::{InFlight, RetryGuard};
 pub use outlier::Outcome;
 pub use state::ClusterState;
 pub use transport::{MeshTls, OriginTls, Transport, TransportError};
@@ -533,142 +535,6 @@ struct Decrement<'a>(&'a AtomicU32);
 impl Drop for Decrement<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// One request or connection counted against its cluster's circuit breakers and its endpoint;
-/// dropping it ends the counts. It takes the attempt's outcome for outlier detection and the
-/// cluster's statistics.
-#[derive(Debug)]
-pub struct InFlight {
-    state: Arc<ClusterState>,
-    host: Option<Arc<outlier::HostState>>,
-    /// Holds one of the cluster's requests (`max_requests`).
-    request: bool,
-    /// Holds one of the cluster's connection slots (`max_connections`).
-    connection: bool,
-}
-
-impl InFlight {
-    /// Take the cluster-wide slots `traffic` needs, or overflow.
-    fn admit(
-        state: Arc<ClusterState>,
-        c: &Cluster,
-        traffic: Traffic,
-    ) -> Result<InFlight, UpstreamError> {
-        let mut f = InFlight {
-            state,
-            host: None,
-            request: false,
-            connection: false,
-        };
-        let s = &f.state;
-        if traffic == Traffic::Http {
-            // Envoy counts a request over `max_requests` as a pending overflow.
-            if s.rq_active.fetch_add(1, Ordering::AcqRel) >= s.limits.max_requests {
-                s.rq_active.fetch_sub(1, Ordering::AcqRel);
-                stats::inc(&s.stats.rq_pending_overflow);
-                return Err(UpstreamError::Overflow(c.name.clone()));
-            }
-            f.request = true;
-        }
-        // An HTTP/1.1 attempt holds a connection for itself; an HTTP/2 cluster's requests share
-        // one per endpoint, which the limit never holds back. A TCP connection is one.
-        let holds_connection =
-            traffic == Traffic::Tcp || c.http_protocol != UpstreamHttpProtocol::Http2;
-        if holds_connection && s.limits.limits_connections() {
-            if s.cx_active.fetch_add(1, Ordering::AcqRel) >= s.limits.max_connections {
-                s.cx_active.fetch_sub(1, Ordering::AcqRel);
-                stats::inc(&s.stats.cx_overflow);
-                return Err(match traffic {
-                    Traffic::Http => UpstreamError::ConnectionsFull(c.name.clone()),
-                    Traffic::Tcp => UpstreamError::Overflow(c.name.clone()),
-                });
-            }
-            f.connection = true;
-        }
-        Ok(f)
-    }
-
-    /// The chosen endpoint: counted in flight, and against its per-host connection limit.
-    fn on_host(&mut self, address: SocketAddr) -> Result<(), UpstreamError> {
-        let host = self.state.host(address);
-        if let (true, Some(max)) = (self.connection, self.state.limits.per_host_max_connections) {
-            // Not waited for: the next pick may well be another host.
-            if host.cx_active.fetch_add(1, Ordering::AcqRel) >= max {
-                host.cx_active.fetch_sub(1, Ordering::AcqRel);
-                stats::inc(&self.state.stats.cx_overflow);
-                return Err(UpstreamError::Overflow(self.state.name()));
-            }
-        } else if self.connection {
-            host.cx_active.fetch_add(1, Ordering::AcqRel);
-        }
-        host.rq_active.fetch_add(1, Ordering::AcqRel);
-        self.host = Some(host);
-        Ok(())
-    }
-
-    /// Report what the attempt came to: counted in the cluster's statistics, and by outlier
-    /// detection, which may eject the host now.
-    pub fn report(&self, outcome: Outcome) {
-        self.state
-            .report(self.host.as_deref(), outcome, self.request);
-    }
-
-    /// A connection to the endpoint is being opened (Envoy's `upstream_cx_total`: every new
-    /// connection, HTTP or TCP, counted as it starts, whether or not it opens).
-    pub fn connecting(&self) {
-        stats::inc(&self.state.stats.cx_total);
-    }
-
-    /// The connection failed to open (TCP, or an HTTP attempt's dial).
-    pub fn connect_failed(&self) {
-        stats::inc(&self.state.stats.cx_connect_fail);
-    }
-}
-
-/// One retry in flight against the cluster's `max_retries`.
-#[derive(Debug)]
-pub struct RetryGuard(Option<Arc<ClusterState>>);
-
-impl RetryGuard {
-    /// A retry of nothing counted (a request not routed by xDS).
-    pub fn none() -> Self {
-        RetryGuard(None)
-    }
-
-    /// The retry got an answer that ends the request well (`upstream_rq_retry_success`).
-    pub fn succeeded(&self) {
-        if let Some(s) = &self.0 {
-            stats::inc(&s.stats.rq_retry_success);
-        }
-    }
-}
-
-impl Drop for RetryGuard {
-    fn drop(&mut self) {
-        if let Some(s) = &self.0 {
-            s.retries_active.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let s = &self.state;
-        if self.request {
-            s.rq_active.fetch_sub(1, Ordering::AcqRel);
-        }
-        if let Some(h) = &self.host {
-            h.rq_active.fetch_sub(1, Ordering::AcqRel);
-            if self.connection {
-                h.cx_active.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        if self.connection {
-            s.cx_active.fetch_sub(1, Ordering::AcqRel);
-            s.cx_released.notify_one();
-        }
     }
 }
 

@@ -171,6 +171,19 @@ fn weighted_random_and_least_request_with_weights_lean_to_the_heavy() {
     assert!((250..420).contains(&heavy), "{heavy}");
 }
 
+/// The bookinfo snapshot's `reviews` cluster changed by `edit`, and its state in `up`.
+fn reviews_with(
+    up: &Upstreams,
+    s: &Snapshot,
+    edit: impl FnOnce(&mut Cluster),
+) -> (Arc<Cluster>, Arc<ClusterState>) {
+    let mut c = (**s.cluster(REVIEWS).expect("reviews")).clone();
+    edit(&mut c);
+    let c = Arc::new(c);
+    let state = up.clusters.get(&c, |_| true);
+    (c, state)
+}
+
 fn host(last: u8, health: Health) -> Endpoint {
     Endpoint {
         address: SocketAddr::from(([10, 0, 0, last], 80)),
@@ -321,13 +334,12 @@ fn a_hashed_cluster_keeps_its_ring_until_its_hosts_change() {
     let store = bookinfo();
     let s = store.snapshot();
     let up = Arc::new(Upstreams::default());
-    let mut cluster = (**s.cluster(REVIEWS).expect("reviews")).clone();
-    cluster.lb_policy = LbPolicy::RingHash {
-        minimum_ring_size: DEFAULT_MIN_RING_SIZE,
-        maximum_ring_size: DEFAULT_MAX_RING_SIZE,
-    };
-    let cluster = Arc::new(cluster);
-    let state = up.clusters.get(&cluster, |_| true);
+    let (cluster, state) = reviews_with(&up, &s, |c| {
+        c.lb_policy = LbPolicy::RingHash {
+            minimum_ring_size: DEFAULT_MIN_RING_SIZE,
+            maximum_ring_size: DEFAULT_MAX_RING_SIZE,
+        };
+    });
     let mut cla = Arc::new(assignment(vec![vec![
         host(1, Health::Healthy),
         host(2, Health::Healthy),
@@ -398,10 +410,9 @@ fn a_hashing_cluster_spilling_over_two_priorities_keeps_a_table_for_each() {
     let store = bookinfo();
     let s = store.snapshot();
     let up = Arc::new(Upstreams::default());
-    let mut cluster = (**s.cluster(REVIEWS).expect("reviews")).clone();
-    cluster.lb_policy = LbPolicy::Maglev { table_size: 65537 };
-    let cluster = Arc::new(cluster);
-    let state = up.clusters.get(&cluster, |_| true);
+    let (cluster, state) = reviews_with(&up, &s, |c| {
+        c.lb_policy = LbPolicy::Maglev { table_size: 65537 };
+    });
     // Priority 0 has 1 of 2 healthy: 70 % stays, 30 % goes to priority 1.
     let cla = Arc::new(assignment(vec![
         vec![host(1, Health::Healthy), host(2, Health::Unhealthy)],
@@ -457,10 +468,9 @@ fn a_retry_leaves_out_the_priorities_tried_every_update_frequency() {
     let store = bookinfo();
     let s = store.snapshot();
     let up = Arc::new(Upstreams::default());
-    let mut cluster = (**s.cluster(REVIEWS).expect("reviews")).clone();
-    cluster.lb_policy = LbPolicy::Random;
-    let cluster = Arc::new(cluster);
-    let state = up.clusters.get(&cluster, |_| true);
+    let (cluster, state) = reviews_with(&up, &s, |c| {
+        c.lb_policy = LbPolicy::Random;
+    });
     let cla = Arc::new(assignment(vec![
         vec![host(1, Health::Healthy)],
         vec![host(2, Health::Healthy)],
@@ -516,15 +526,14 @@ fn kept_priority_loads_follow_a_new_assignment_and_ejections() {
     let store = bookinfo();
     let s = store.snapshot();
     let up = Arc::new(Upstreams::default());
-    let mut cluster = (**s.cluster(REVIEWS).expect("reviews")).clone();
-    cluster.lb_policy = LbPolicy::Random;
-    let mut od = remora_xds::model::outlier::OutlierDetection::ENVOY_DEFAULT;
-    od.consecutive_5xx.threshold = 1;
-    od.consecutive_5xx.enforcing = 100;
-    od.max_ejection_percent = 100;
-    cluster.outlier_detection = Some(od);
-    let cluster = Arc::new(cluster);
-    let state = up.clusters.get(&cluster, |_| true);
+    let (cluster, state) = reviews_with(&up, &s, |c| {
+        c.lb_policy = LbPolicy::Random;
+        let mut od = remora_xds::model::outlier::OutlierDetection::ENVOY_DEFAULT;
+        od.consecutive_5xx.threshold = 1;
+        od.consecutive_5xx.enforcing = 100;
+        od.max_ejection_percent = 100;
+        c.outlier_detection = Some(od);
+    });
     let picks = |cla: &Arc<ClusterLoadAssignment>| {
         (0..40)
             .map(|_| {
