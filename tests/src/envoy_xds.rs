@@ -224,3 +224,26 @@ pub fn nets_or_skip() -> Option<(std::path::PathBuf, (crate::PodNet, crate::PodN
     let envoy = crate::PodNet::create_or_skip()?;
     Some((binary, (remora, envoy)))
 }
+
+/// Istio's default access-log text format (`meshConfig.accessLogFormat` unset), as istiod
+/// writes it inline for the file logger: both proxies write it in the differential tests.
+pub const ISTIO_TEXT_FORMAT: &str = concat!(
+    "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" ",
+    "%RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% ",
+    "\"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %BYTES_RECEIVED% %BYTES_SENT% %DURATION% ",
+    "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" ",
+    "\"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\" %UPSTREAM_CLUSTER_RAW% ",
+    "%UPSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_REMOTE_ADDRESS% ",
+    "%REQUESTED_SERVER_NAME% %ROUTE_NAME%\n",
+);
+
+/// Istio's default retry policy, as istiod writes it on every HTTP route.
+pub fn istio_retry_policy() -> Value {
+    json!({
+        "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+        "num_retries": 2,
+        "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
+        "host_selection_retry_max_attempts": "5"
+    })
+}

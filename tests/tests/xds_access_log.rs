@@ -5,7 +5,7 @@
 //! opened (as Envoy 1.40 rejects it: `unable to open file`), keeping the previous one. Envoy
 //! 1.40 given the same listeners appends its line for the same request to its file too.
 
-use remora_e2e::envoy_xds::{nets_or_skip, Resources};
+use remora_e2e::envoy_xds::{nets_or_skip, Resources, ISTIO_TEXT_FORMAT};
 use remora_e2e::peer::{self, curl, curl_ok, Server};
 use remora_e2e::xds_resources::{eds_cluster, endpoint};
 use remora_e2e::PodNet;
@@ -19,17 +19,6 @@ const HTTP_VIP: &str = "10.96.0.10";
 const TCP_VIP: &str = "10.96.0.20:9000";
 const WEB: &str = "outbound|80||web.test.svc.cluster.local";
 const ECHO: &str = "outbound|9000||echo.test.svc.cluster.local";
-
-/// Istio's default access-log format, as istiod writes it.
-const ISTIO_TEXT_FORMAT: &str = concat!(
-    "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" ",
-    "%RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% ",
-    "\"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %BYTES_RECEIVED% %BYTES_SENT% %DURATION% ",
-    "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" ",
-    "\"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\" %UPSTREAM_CLUSTER_RAW% ",
-    "%UPSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_REMOTE_ADDRESS% ",
-    "%REQUESTED_SERVER_NAME% %ROUTE_NAME%\n",
-);
 
 /// istiod's file access logger to `path`.
 fn file_log(path: &Path) -> Value {

@@ -25,7 +25,7 @@
 //!   failing local host to the next priority.
 
 use remora_e2e::envoy::Envoy;
-use remora_e2e::envoy_xds::{nets_or_skip, Resources};
+use remora_e2e::envoy_xds::{istio_retry_policy, nets_or_skip, Resources, ISTIO_TEXT_FORMAT};
 use remora_e2e::http_client;
 use remora_e2e::switchable::Backend;
 use remora_e2e::xds_resources::eds_cluster;
@@ -67,30 +67,8 @@ const BACKENDS: [(&str, u16, (&str, &str, &str)); 6] = [
     ("r3z4", 8005, ("region3", "zone4", "subzone1")),
 ];
 
-/// Istio's default access-log format, which both proxies write.
-const ISTIO_TEXT_FORMAT: &str = concat!(
-    "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" ",
-    "%RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% ",
-    "\"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %BYTES_RECEIVED% %BYTES_SENT% %DURATION% ",
-    "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" ",
-    "\"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\" %UPSTREAM_CLUSTER_RAW% ",
-    "%UPSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_REMOTE_ADDRESS% ",
-    "%REQUESTED_SERVER_NAME% %ROUTE_NAME%\n",
-);
-
 fn backend_addr(port: u16) -> SocketAddr {
     SocketAddrV4::new(BACKEND_IP, port).into()
-}
-
-/// Istio's default retry policy, as istiod writes it on every HTTP route.
-fn istio_retry_policy() -> Value {
-    json!({
-        "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
-        "num_retries": 2,
-        "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
-            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
-        "host_selection_retry_max_attempts": "5"
-    })
 }
 
 /// One locality's entry as istiod writes it: the locality, its hosts (each of weight 1), their

@@ -7,7 +7,7 @@
 
 use remora_e2e::backend;
 use remora_e2e::envoy::Envoy;
-use remora_e2e::envoy_xds::{nets_or_skip, Resources};
+use remora_e2e::envoy_xds::{istio_retry_policy, nets_or_skip, Resources};
 use remora_e2e::http_client;
 use remora_e2e::peer::{self, read_request_head, Server};
 use remora_e2e::xds_resources::eds_cluster;
@@ -38,17 +38,6 @@ const DEAD: &str = "outbound|80|dead|web.test.svc.cluster.local";
 const BIG: usize = 256 * 1024;
 /// How long the mirror's backend takes on `/lagging-shadow…`.
 const MIRROR_SLOW: Duration = Duration::from_secs(3);
-
-/// Istio's default retry policy, as istiod writes it on every HTTP route.
-fn istio_retry_policy() -> Value {
-    json!({
-        "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
-        "num_retries": 2,
-        "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
-            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
-        "host_selection_retry_max_attempts": "5"
-    })
-}
 
 /// A route to v1 mirrored to `mirror` for `per_million` of its requests, as istiod writes
 /// `mirror: {host: web, subset: …}` with `mirrorPercentage`.

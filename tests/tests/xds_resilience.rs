@@ -14,7 +14,7 @@
 
 use remora_e2e::backend;
 use remora_e2e::envoy::{self, Envoy};
-use remora_e2e::envoy_xds::{nets_or_skip, Resources};
+use remora_e2e::envoy_xds::{istio_retry_policy, nets_or_skip, Resources, ISTIO_TEXT_FORMAT};
 use remora_e2e::http_client;
 use remora_e2e::peer::{self, Server};
 use remora_e2e::xds_resources::eds_cluster;
@@ -45,30 +45,8 @@ const DEAD: &str = "outbound|80|dead|web.test.svc.cluster.local";
 const TCP_VIP: &str = "10.96.0.20:9000";
 const ECHO_PORT: u16 = 9000;
 
-/// Istio's default access-log format, which both proxies write.
-const ISTIO_TEXT_FORMAT: &str = concat!(
-    "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" ",
-    "%RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% ",
-    "\"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %BYTES_RECEIVED% %BYTES_SENT% %DURATION% ",
-    "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" ",
-    "\"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\" %UPSTREAM_CLUSTER_RAW% ",
-    "%UPSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_REMOTE_ADDRESS% ",
-    "%REQUESTED_SERVER_NAME% %ROUTE_NAME%\n",
-);
-
 fn backend_addr(port: u16) -> SocketAddr {
     SocketAddrV4::new(BACKEND_IP, port).into()
-}
-
-/// Istio's default retry policy, as istiod writes it on every HTTP route.
-fn istio_retry_policy() -> Value {
-    json!({
-        "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
-        "num_retries": 2,
-        "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
-            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
-        "host_selection_retry_max_attempts": "5"
-    })
 }
 
 /// The clusters as istiod writes them for the two DestinationRules.
