@@ -13,15 +13,15 @@ use super::access_log::RequestLog;
 use super::body::{RequestEnd, ResponseBody, UpstreamBody};
 use super::counting::BodyCounter;
 use super::errors::{ErrorKind, Flags, ProxyError};
-use super::headers::{self, ATTEMPT_COUNT, GRPC_MESSAGE, GRPC_STATUS};
+use super::headers::{self, ATTEMPT_COUNT};
 use super::pool::{self, Key, Sender};
+use super::replies::local_reply;
 use super::retry::{self, ReplayBody};
 use super::{upgrade, ConnContext};
 use crate::detect::HttpVersion;
 use crate::metadata_exchange::http as exchange;
 use crate::Direction;
-use bytes::Bytes;
-use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE};
+use http::header::{HeaderValue, CONNECTION};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use http_body::Body as _;
@@ -657,101 +657,6 @@ async fn open(ctx: &ConnContext) -> Result<Sender, ProxyError> {
     pool::handshake(up, ctx.key.version)
         .await
         .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, dst, e))
-}
-
-/// Record a request head that never became a request, as Envoy records a codec error: one
-/// access-log line without method or path, and one request in the metrics. hyper answered a
-/// malformed head 400 and one over the limits 431 itself (`DPE` both); a head that did not
-/// arrive within `http.header_read_timeout` was answered 408 by the downstream IO.
-pub fn record_refused_head(ctx: &Arc<ConnContext>, e: &hyper::Error) {
-    let (status, flags) = if e.is_parse_too_large() {
-        (431, Flags::DPE)
-    } else if e.is_parse() {
-        (400, Flags::DPE)
-    } else if header_timeout_answered(e) {
-        (408, Flags::default())
-    } else {
-        return;
-    };
-    let started = Instant::now();
-    let log = ctx
-        .logging()
-        .then(|| Box::new(RequestLog::unparsed((SystemTime::now(), started), status)));
-    let mut end = RequestEnd::new(Arc::clone(ctx), log, false, started);
-    end.status = status;
-    end.flags = flags;
-    // Answered in full; dropping `end` records it.
-    end.complete = true;
-}
-
-/// Whether the connection ended with the downstream IO's 408 for a slow request head.
-fn header_timeout_answered(e: &hyper::Error) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    // Source chains are short; the bound only guards against a cycle.
-    for _ in 0..8 {
-        let Some(c) = cause else {
-            return false;
-        };
-        // An io::Error's `source` skips the error it wraps: look inside it instead.
-        if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            return io
-                .get_ref()
-                .and_then(|inner| inner.downcast_ref::<super::io::HeaderReadTimeout>())
-                .is_some_and(|t| t.answered);
-        }
-        cause = c.source();
-    }
-    false
-}
-
-/// A reply written by the proxy. gRPC clients get a trailers-only response (HTTP 200 with
-/// `grpc-status`), which every gRPC library reads as the call's status; others get Envoy's
-/// status and text. A malformed request also closes the connection, as Envoy does.
-pub(super) fn local_reply(
-    kind: ErrorKind,
-    grpc: bool,
-    mut end: RequestEnd,
-) -> Response<ResponseBody> {
-    let mut builder = Response::builder();
-    let body = if grpc {
-        builder = builder
-            .status(StatusCode::OK)
-            .header(CONTENT_TYPE, "application/grpc")
-            .header(
-                &GRPC_STATUS,
-                HeaderValue::from(u16::from(kind.grpc_status())),
-            )
-            .header(&GRPC_MESSAGE, HeaderValue::from_static(kind.details()));
-        Bytes::new()
-    } else {
-        builder = builder.status(kind.status());
-        // As Envoy's local replies: a content type only with a body.
-        if !kind.body().is_empty() {
-            builder = builder.header(CONTENT_TYPE, "text/plain");
-        }
-        match kind.reply_body(end.flags.contains(Flags::URX)) {
-            std::borrow::Cow::Borrowed(b) => Bytes::from_static(b.as_bytes()),
-            std::borrow::Cow::Owned(b) => Bytes::from(b),
-        }
-    };
-    if matches!(kind, ErrorKind::MalformedRequest(_)) || end.conn.closing() {
-        builder = builder.header(CONNECTION, "close");
-    }
-    end.flags.insert(kind.flag());
-    end.status = match kind {
-        ErrorKind::DownstreamAborted => 0,
-        _ if grpc => 200,
-        _ => kind.status().as_u16(),
-    };
-    end.grpc_status = grpc.then(|| u32::from(kind.grpc_status()));
-    if let Some(log) = &mut end.log {
-        log.status = end.status;
-    }
-    match builder.body(()) {
-        Ok(r) => r.map(|()| ResponseBody::local(body, end)),
-        // Every header above is a valid constant; this is unreachable in practice.
-        Err(_) => Response::new(ResponseBody::local(body, end)),
-    }
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ pub mod originate;
 pub mod pool;
 pub mod premature_reset;
 pub mod protocol;
+pub mod replies;
 pub mod retry;
 pub mod retry_policy;
 pub mod routed;
@@ -499,7 +500,7 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         Ok(()) => (End::Closed, transfer),
         Err(e) => {
             tracing::debug!(peer = %ctx.peer, error = %e, "HTTP connection ended with an error");
-            forward::record_refused_head(&ctx, &e);
+            replies::record_refused_head(&ctx, &e);
             (End::DownstreamReset, transfer)
         }
     }

@@ -78,10 +78,10 @@ pub(in crate::http) fn reply(
     mut end: RequestEnd,
 ) -> Response<ResponseBody> {
     let (status, body, location, edits) = match answer {
-        Answer::Error(kind) => return crate::http::forward::local_reply(kind, grpc, end),
+        Answer::Error(kind) => return crate::http::replies::local_reply(kind, grpc, end),
         // Never given by `decide`, which has the parts.
         Answer::Handover => {
-            return crate::http::forward::local_reply(ErrorKind::NoRoute, grpc, end)
+            return crate::http::replies::local_reply(ErrorKind::NoRoute, grpc, end)
         }
         Answer::Local {
             status,
