@@ -15,7 +15,7 @@ use crate::route::{self, HttpDecision};
 pub(super) use breakers::{admit, charge_local_answer, report, retry, retry_counted, timed_out};
 use breakers::{connect_failed, reported};
 pub use edits::Edits;
-use edits::{edits, edits_none, local_edits};
+use edits::{edits, local_edits};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use remora_xds::model::cluster::Cluster;
@@ -50,39 +50,11 @@ impl Upstreamed {
 /// The deadline Envoy's router tells the upstream, in milliseconds.
 static EXPECTED_TIMEOUT: HeaderName = HeaderName::from_static("x-envoy-expected-rq-timeout-ms");
 
-/// Where a routed request goes.
+/// Where a routed request goes: its route's plan ([`RoutePlan`], shared by the route's
+/// requests on the connection, and read through this), and what this request adds to it.
 #[derive(Debug)]
 pub struct Routed {
-    /// The cluster, as the snapshot of the route decision holds it, and its run-time state;
-    /// `None`: the snapshot has no cluster of the route's name, so each attempt fails `NC`
-    /// (after the route's fault and with its header edits, as Envoy's router answers after
-    /// the filters before it).
-    pub cluster: Option<Arc<RoutedCluster>>,
-    /// The route's timeout (`None`: no deadline).
-    pub timeout: Option<Duration>,
-    /// `max_stream_duration.grpc_timeout_header_max` (or `max_grpc_timeout`): a gRPC
-    /// request's `grpc-timeout` replaces the route's timeout, bounded by this (zero: not
-    /// bounded); `None`: the header is not read.
-    pub grpc_timeout_header_max: Option<Duration>,
-    /// `max_stream_duration.max_stream_duration`: the longest the request may take.
-    pub max_stream_duration: Option<Duration>,
-    /// How many times a failed attempt may be tried again: the route's (or virtual host's)
-    /// `num_retries`, none without a policy. Which failures are retried is Istio's default set
-    /// (`retry_on` is not read yet).
-    pub retries: u32,
-    /// Whether a 503 is retried (what the HTTP/1.1 fast path's retries ask; current istiod's
-    /// default policy lists no status code).
-    pub retry_503: bool,
-    /// Which failures are retried, each attempt's deadline and the back-off: the policy's.
-    pub retry: super::retry_policy::RetryRules,
-    /// The fault the route injects (`None` for nearly every route).
-    pub fault: Option<Arc<remora_xds::model::fault::FaultPolicy>>,
-    /// Whether the upstream is told the attempt (`x-envoy-attempt-count`): the virtual
-    /// host's `include_request_attempt_count`.
-    pub attempt_count: bool,
-    /// The policy's `previous_hosts` predicate: how many times a retry's pick of an endpoint
-    /// already tried is made again (`None`: no predicate, a retry may pick any).
-    pub avoid_previous: Option<u32>,
+    pub plan: Arc<RoutePlan>,
     /// The endpoints this request's attempts went to, for `avoid_previous` (one per attempt).
     pub tried: std::sync::Mutex<Tried>,
     /// The route's, virtual host's and table's response header edits.
@@ -91,9 +63,6 @@ pub struct Routed {
     /// `response_edits` on the upstream's response and the router's own replies, not on a
     /// fault's abort (the fault filter comes before the cors filter in istiod's chain).
     pub cors_response: Edits,
-    /// The route's mirror policies ([`super::mirror`]), shared with the route; `None` for
-    /// nearly every route.
-    pub mirrors: Option<Arc<[remora_xds::model::route::MirrorPolicy]>>,
     /// The request's hash by the route's hash policies, for a RING_HASH or MAGLEV cluster
     /// (`None` for every other, and when no policy found its input: a random pick).
     pub hash: Option<u64>,
@@ -110,30 +79,35 @@ pub struct Routed {
     pub own_request: bool,
 }
 
+/// A routed request reads its route's decisions (cluster, deadlines, retries, fault) as its
+/// own: they are the same for every request of the route.
+impl std::ops::Deref for Routed {
+    type Target = RoutePlan;
+
+    fn deref(&self) -> &RoutePlan {
+        &self.plan
+    }
+}
+
 impl Routed {
-    /// One attempt to `cluster` with no route around it: no timeout, retries, fault, edits or
-    /// mirrors (a mirror's copy, an external authorizer's check).
-    pub fn single_attempt(cluster: RoutedCluster) -> Routed {
+    /// A request of `plan`, with nothing of its own added yet.
+    pub fn of(plan: Arc<RoutePlan>) -> Routed {
         Routed {
-            cluster: Some(Arc::new(cluster)),
-            timeout: None,
-            grpc_timeout_header_max: None,
-            max_stream_duration: None,
-            retries: 0,
-            retry_503: false,
-            retry: super::retry_policy::RetryRules::default(),
-            fault: None,
-            attempt_count: false,
-            avoid_previous: None,
+            plan,
             tried: std::sync::Mutex::default(),
             response_edits: Edits::default(),
             cors_response: Edits::default(),
-            mirrors: None,
             hash: None,
             set_cookies: Vec::new(),
             origin_host: None,
             own_request: false,
         }
+    }
+
+    /// One attempt to `cluster` with no route around it: no timeout, retries, fault, edits or
+    /// mirrors (a mirror's copy, an external authorizer's check).
+    pub fn single_attempt(cluster: RoutedCluster) -> Routed {
+        Routed::of(Arc::new(RoutePlan::single_attempt(cluster)))
     }
 
     /// The request's deadline, as Envoy's router computes it: the route's timeout, or for a
@@ -302,10 +276,6 @@ pub struct Decided {
     pub path: Option<String>,
     /// `host_rewrite`'s Host.
     pub host: Option<String>,
-    /// Whether the cluster's upstream connections are what the HTTP/1.1 fast path's pool
-    /// keeps: HTTP/1.1 for an HTTP/1.1 client, no `max_requests_per_connection`, and no
-    /// idle timeout shorter than Remora's own.
-    pub plain_http1_upstream: bool,
 }
 
 impl Decided {
@@ -313,13 +283,10 @@ impl Decided {
     /// heads as received (so only routes that edit nothing) on its own pool of HTTP/1.1
     /// connections (so only clusters that ask nothing more of them), retrying as Istio's
     /// default policy says, injecting no fault and mirroring nothing (so only routes that ask
-    /// no more).
+    /// no more): what the route's plan says ([`RoutePlan::fast`]), and nothing this request
+    /// adds.
     pub fn fits_fast_path(&self) -> bool {
-        self.plain_http1_upstream
-            && self.routed.fault.is_none()
-            && self.routed.mirrors.is_none()
-            && self.routed.retry.per_try_timeout().is_none()
-            && (self.routed.retries == 0 || self.routed.retry.is_istio_default())
+        self.routed.plan.fast
             && self.request_edits.is_empty()
             && self.routed.response_edits.is_empty()
             && self.routed.cors_response.is_empty()
@@ -403,6 +370,18 @@ pub fn decide_request(
         }
     };
     let cors = cors_outcome(ctx, route, parts)?;
+    let plan = clusters.plan(
+        ctx,
+        &plan::Source {
+            table,
+            route,
+            forward,
+            vhost,
+            retry,
+            cluster,
+            fault_filter: ctx.xds_chain.fault_filter,
+        },
+    );
     let cors_headers = match &cors {
         CorsOutcome::Response(headers) => &headers[..],
         _ => &[],
@@ -424,10 +403,7 @@ pub fn decide_request(
                 return Err(Answer::Preflight {
                     headers: answer,
                     route_edits: edits(table, vhost, route, forward, cluster, &format_request).1,
-                    fault: route
-                        .fault_for(cluster)
-                        .filter(|_| ctx.xds_chain.fault_filter)
-                        .cloned(),
+                    fault: plan.fault.clone(),
                 });
             }
             if upgrade_disabled(forward, &parts.headers) {
@@ -440,39 +416,32 @@ pub fn decide_request(
                     body: None,
                     location: None,
                     edits,
-                    fault: route
-                        .fault_for(cluster)
-                        .filter(|_| ctx.xds_chain.fault_filter)
-                        .cloned(),
+                    fault: plan.fault.clone(),
                 });
             }
             edits(table, vhost, route, forward, cluster, &format_request)
         }
         // The fast path takes no upgrades (hyper's path checks them); edits it leaves to
         // hyper's path, which has the request's parts to fill their values in from.
-        None if edits_none(table, vhost, route, forward, cluster) => {
-            (Edits::default(), Edits::default())
-        }
+        None if plan.edits_none => (Edits::default(), Edits::default()),
         None => return Err(Answer::Handover),
     };
     let mut cors_response = Edits::default();
-    cors_response.set_after(cors_headers);
+    if !cors_headers.is_empty() {
+        cors_response.set_after(cors_headers);
+    }
     let path = forward
         .prefix_rewrite
         .as_deref()
         .and_then(|to| rewrite::prefix(&route.matcher.path, req.path_and_query, to));
-    // (No such cluster: either path answers `NC` when it selects.)
-    let target = clusters.get(ctx, cluster);
-    let plain_http1_upstream = target.as_ref().is_none_or(|c| c.plain_http1_upstream);
-    let hashes = target.as_ref().is_some_and(|c| c.model.lb_policy.hashes());
+    let target = plan.cluster.as_deref();
+    let hashes = target.is_some_and(|c| c.model.lb_policy.hashes());
     let origin_host = target
-        .as_ref()
         .filter(|c| c.model.auto_sni || c.model.auto_san_validation)
         .map(|_| {
             let authority = forward.host_rewrite.as_deref().unwrap_or(host);
             Arc::from(crate::upstream::transport::host_of(authority))
         });
-    let rules = super::retry_policy::RetryRules::of(retry);
     // Only a consistent-hash cluster reads it: no work for any other.
     let mut made = Vec::new();
     let hash = (hashes && !forward.hash_policy.is_empty())
@@ -493,37 +462,18 @@ pub fn decide_request(
             .filter_map(|c| http::HeaderValue::try_from(c).ok())
             .collect()
     };
-    let routed = Routed {
-        cluster: target,
-        timeout: forward.timeout,
-        grpc_timeout_header_max: forward.grpc_timeout_header_max,
-        max_stream_duration: forward.max_stream_duration.filter(|d| !d.is_zero()),
-        retries: retry.map_or(0, |r| r.num_retries),
-        retry_503: rules.retries_503(),
-        retry: rules,
-        fault: route
-            .fault_for(cluster)
-            .filter(|_| ctx.xds_chain.fault_filter)
-            .cloned(),
-        avoid_previous: retry
-            .filter(|r| r.avoid_previous_hosts)
-            .map(|r| r.host_selection_retry_max_attempts),
-        tried: std::sync::Mutex::default(),
-        attempt_count: vhost.include_request_attempt_count,
-        response_edits,
-        cors_response,
-        mirrors: (!forward.mirrors.is_empty()).then(|| Arc::clone(&forward.mirrors)),
-        hash,
-        set_cookies,
-        origin_host,
-        own_request: false,
-    };
     Ok(Decided {
-        routed,
+        routed: Routed {
+            response_edits,
+            cors_response,
+            hash,
+            set_cookies,
+            origin_host,
+            ..Routed::of(plan)
+        },
         request_edits,
         path,
         host: forward.host_rewrite.clone(),
-        plain_http1_upstream,
     })
 }
 
@@ -622,9 +572,11 @@ mod breakers;
 mod edits;
 mod local;
 pub mod memo;
+mod plan;
 use attempt::pool_idle_timeout;
 pub(super) use attempt::{dial_failure, select, send};
 use local::answer;
 pub(super) use local::{reply, upgrade_required};
+pub use plan::RoutePlan;
 #[cfg(test)]
 mod tests;

@@ -1,16 +1,18 @@
 //! What a connection keeps of its last route decision, so the next request on it (nearly
 //! always to the same host, and mostly to the same cluster) does not look them up again: the
-//! route table, the virtual host of the last Host, and the last cluster resolved with its
-//! run-time state and endpoints. All of it is valid for one generation of the store
+//! route table, the virtual host of the last Host, the last cluster resolved with its
+//! run-time state and endpoints, and the plan of the last route and cluster forwarded by
+//! ([`RoutePlan`]). All of it is valid for one generation of the store
 //! ([`Store::generation`]): a push makes it again on the next request. It holds what it
 //! found (a table, a cluster), never a whole snapshot, so an idle connection keeps no old
 //! snapshot alive. One per connection, locked only while a request is decided (never across
 //! an await), so contended by nothing but the streams of one HTTP/2 connection.
 
+use super::plan::{RoutePlan, Source};
 use super::RoutedCluster;
 use crate::http::ConnContext;
 use remora_xds::model::listener::RouteSource;
-use remora_xds::model::route::{RouteConfiguration, VirtualHost};
+use remora_xds::model::route::{Route, RouteConfiguration, VirtualHost};
 use remora_xds::store::Store;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -37,6 +39,27 @@ pub struct Memo {
     vhost: Option<usize>,
     /// The last cluster a request was routed to, resolved.
     cluster: Option<Arc<RoutedCluster>>,
+    /// The plan of the last route and cluster a request was forwarded by.
+    plan: Option<(PlanKey, Arc<RoutePlan>)>,
+}
+
+/// A route of the memo's table and one of its clusters, by address: both live in the table
+/// the memo holds, so no other route or name can take their addresses while it is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PlanKey {
+    route: usize,
+    cluster: usize,
+    cluster_len: usize,
+}
+
+impl PlanKey {
+    fn of(route: &Route, cluster: &str) -> PlanKey {
+        PlanKey {
+            route: std::ptr::from_ref(route) as usize,
+            cluster: cluster.as_ptr() as usize,
+            cluster_len: cluster.len(),
+        }
+    }
 }
 
 impl Memo {
@@ -55,6 +78,7 @@ impl Memo {
             host: String::new(),
             vhost: None,
             cluster: None,
+            plan: None,
         })
     }
 
@@ -72,6 +96,7 @@ impl Memo {
             store,
             generation: self.generation,
             last: &mut self.cluster,
+            plan: &mut self.plan,
         };
         let Some(table) = self.table.as_deref() else {
             return Some((None, clusters));
@@ -103,6 +128,7 @@ pub struct Clusters<'m> {
     store: &'m Store,
     generation: u64,
     last: &'m mut Option<Arc<RoutedCluster>>,
+    plan: &'m mut Option<(PlanKey, Arc<RoutePlan>)>,
 }
 
 impl Clusters<'_> {
@@ -118,6 +144,20 @@ impl Clusters<'_> {
         let resolved = Arc::new(resolved);
         *self.last = Some(Arc::clone(&resolved));
         Some(resolved)
+    }
+
+    /// The plan of a forwarding decision (`source`: a route of the memo's table and one of
+    /// its clusters): the last one's again when it is the same route and cluster, else made
+    /// now, its cluster resolved.
+    pub(super) fn plan(&mut self, ctx: &ConnContext, source: &Source<'_>) -> Arc<RoutePlan> {
+        let key = PlanKey::of(source.route, source.cluster);
+        if let Some((_, plan)) = self.plan.as_ref().filter(|(k, _)| *k == key) {
+            return Arc::clone(plan);
+        }
+        let target = self.get(ctx, source.cluster);
+        let plan = Arc::new(RoutePlan::new(source, target));
+        *self.plan = Some((key, Arc::clone(&plan)));
+        plan
     }
 }
 
@@ -193,14 +233,21 @@ mod tests {
         );
         let store = proxy.xds.as_deref().expect("the store");
 
-        // The same cluster again: resolved once, shared.
-        let first = cluster_of(&decide(&ctx, "reviews:9080", "/a"));
-        let again = cluster_of(&decide(&ctx, "reviews:9080", "/b"));
+        // The same cluster again: resolved once, shared; so is the route's plan.
+        let (a, b) = (
+            decide(&ctx, "reviews:9080", "/a"),
+            decide(&ctx, "reviews:9080", "/b"),
+        );
+        assert!(Arc::ptr_eq(&a.routed.plan, &b.routed.plan), "planned again");
+        let first = cluster_of(&a);
+        let again = cluster_of(&b);
         assert_eq!(first.model.name, REVIEWS);
         assert!(Arc::ptr_eq(&first, &again), "resolved again without a push");
         assert_eq!(first.generation, store.generation());
-        // Another route of the same virtual host, to another cluster.
-        let v1 = cluster_of(&decide(&ctx, "reviews:9080", "/?v=1"));
+        // Another route of the same virtual host, to another cluster: its own plan.
+        let to_v1 = decide(&ctx, "reviews:9080", "/?v=1");
+        assert!(!Arc::ptr_eq(&to_v1.routed.plan, &b.routed.plan));
+        let v1 = cluster_of(&to_v1);
         assert_eq!(v1.model.name, V1);
         // Another Host is looked up, not taken from the last one.
         let header = |_: &str| None;
@@ -238,7 +285,12 @@ mod tests {
         let before = store.generation();
         push_route_to(store, V1);
         assert!(store.generation() > before);
-        let pushed = cluster_of(&decide(&ctx, "reviews", "/a"));
+        let pushed = decide(&ctx, "reviews", "/a");
+        assert!(
+            !Arc::ptr_eq(&pushed.routed.plan, &a.routed.plan),
+            "a plan of the table before the push"
+        );
+        let pushed = cluster_of(&pushed);
         assert_eq!(pushed.model.name, V1, "the pushed table routes");
         assert_eq!(pushed.generation, store.generation());
         assert!(!Arc::ptr_eq(&pushed, &v1), "resolved again after the push");

@@ -60,32 +60,13 @@ fn grpc_timeout_header_max_and_max_stream_duration_bound_the_deadline() {
     let cluster = snapshot
         .cluster("outbound|9080||reviews.default.svc.cluster.local")
         .expect("bookinfo's reviews");
-    let routed = |timeout, header_max, stream| Routed {
-        cluster: Some(Arc::new(RoutedCluster {
-            model: Arc::clone(cluster),
-            state: crate::upstream::Upstreams::default().state_of(&snapshot, cluster),
-            metrics_peer: None,
-            plain_http1_upstream: true,
-            generation: 0,
-            eds: None,
-        })),
-        timeout,
-        grpc_timeout_header_max: header_max,
-        max_stream_duration: stream,
-        retries: 0,
-        retry_503: false,
-        retry: Default::default(),
-        fault: None,
-        response_edits: Edits::default(),
-        cors_response: Edits::default(),
-        hash: None,
-        set_cookies: Vec::new(),
-        origin_host: None,
-        own_request: false,
-        attempt_count: false,
-        avoid_previous: None,
-        tried: Default::default(),
-        mirrors: None,
+    let routed = |timeout, header_max, stream| {
+        Routed::of(Arc::new(RoutePlan {
+            timeout,
+            grpc_timeout_header_max: header_max,
+            max_stream_duration: stream,
+            ..reviews_plan(&snapshot, cluster)
+        }))
     };
     // No header max: the header is not read.
     assert_eq!(
@@ -284,39 +265,20 @@ fn attempts_are_told_the_deadline_left_within_the_per_try_timeout() {
     let cluster = snapshot
         .cluster("outbound|9080||reviews.default.svc.cluster.local")
         .expect("bookinfo's reviews");
-    let routed = |timeout, per_try| Routed {
-        cluster: Some(Arc::new(RoutedCluster {
-            model: Arc::clone(cluster),
-            state: crate::upstream::Upstreams::default().state_of(&snapshot, cluster),
-            metrics_peer: None,
-            plain_http1_upstream: true,
-            generation: 0,
-            eds: None,
-        })),
-        timeout,
-        grpc_timeout_header_max: None,
-        max_stream_duration: None,
-        retries: 2,
-        retry_503: false,
-        retry: crate::http::retry_policy::RetryRules {
-            timing: Some(Box::new(crate::http::retry_policy::RetryTiming {
-                per_try_timeout: per_try,
-                backoff: None,
-                previous_priorities: None,
-            })),
-            ..Default::default()
-        },
-        fault: None,
-        response_edits: Edits::default(),
-        cors_response: Edits::default(),
-        hash: None,
-        set_cookies: Vec::new(),
-        origin_host: None,
-        own_request: false,
-        attempt_count: false,
-        avoid_previous: None,
-        tried: Default::default(),
-        mirrors: None,
+    let routed = |timeout, per_try| {
+        Routed::of(Arc::new(RoutePlan {
+            timeout,
+            retries: 2,
+            retry: crate::http::retry_policy::RetryRules {
+                timing: Some(Box::new(crate::http::retry_policy::RetryTiming {
+                    per_try_timeout: per_try,
+                    backoff: None,
+                    previous_priorities: None,
+                })),
+                ..Default::default()
+            },
+            ..reviews_plan(&snapshot, cluster)
+        }))
     };
     let r = routed(Some(ms(1000)), Some(ms(300)));
     assert_eq!(r.expected_timeout(ms(0)), Some(ms(300)));
@@ -331,4 +293,20 @@ fn attempts_are_told_the_deadline_left_within_the_per_try_timeout() {
         Some(ms(400))
     );
     assert_eq!(routed(None, None).expected_timeout(ms(0)), None);
+}
+
+/// A plan of one attempt to bookinfo's `reviews` (`cluster` of `snapshot`), for tests to
+/// change.
+fn reviews_plan(
+    snapshot: &remora_xds::snapshot::Snapshot,
+    cluster: &Arc<remora_xds::model::cluster::Cluster>,
+) -> RoutePlan {
+    RoutePlan::single_attempt(RoutedCluster {
+        model: Arc::clone(cluster),
+        state: crate::upstream::Upstreams::default().state_of(snapshot, cluster),
+        metrics_peer: None,
+        plain_http1_upstream: true,
+        generation: 0,
+        eds: None,
+    })
 }
