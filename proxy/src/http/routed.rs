@@ -464,12 +464,14 @@ pub fn decide_request(
     };
     Ok(Decided {
         routed: Routed {
+            plan,
+            tried: std::sync::Mutex::default(),
             response_edits,
             cors_response,
             hash,
             set_cookies,
             origin_host,
-            ..Routed::of(plan)
+            own_request: false,
         },
         request_edits,
         path,

@@ -503,6 +503,14 @@ fn pick<'a>(
         stats::inc(&state.stats.lb_healthy_panic);
     }
     let hosts = candidates.iter();
+    // One candidate is every policy's pick: no weights summed, loads read or table kept.
+    // (`len` counts what `iter` yields: the level's hosts of the availability chosen, or the
+    // locality's eligible ones.)
+    if candidates.len() == 1 {
+        #[allow(clippy::let_and_return)] // as below
+        let only = hosts.clone().next();
+        return only;
+    }
     let index = match c.lb_policy {
         LbPolicy::RoundRobin => {
             let position = state.round_robin.fetch_add(1, Ordering::Relaxed);

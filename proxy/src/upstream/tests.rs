@@ -413,10 +413,16 @@ fn a_hashing_cluster_spilling_over_two_priorities_keeps_a_table_for_each() {
     let (cluster, state) = reviews_with(&up, &s, |c| {
         c.lb_policy = LbPolicy::Maglev { table_size: 65537 };
     });
-    // Priority 0 has 1 of 2 healthy: 70 % stays, 30 % goes to priority 1.
+    // Priority 0 has 2 of 4 healthy: 70 % stays, 30 % goes to priority 1. (Two candidates
+    // in each: a single one is every policy's pick, with no table.)
     let cla = Arc::new(assignment(vec![
-        vec![host(1, Health::Healthy), host(2, Health::Unhealthy)],
-        vec![host(3, Health::Healthy)],
+        vec![
+            host(1, Health::Healthy),
+            host(2, Health::Unhealthy),
+            host(4, Health::Healthy),
+            host(5, Health::Unhealthy),
+        ],
+        vec![host(3, Health::Healthy), host(6, Health::Healthy)],
     ]));
     let mut seen = std::collections::BTreeSet::new();
     let mut tables = Vec::new();
@@ -451,7 +457,7 @@ fn a_hashing_cluster_spilling_over_two_priorities_keeps_a_table_for_each() {
     }
     assert_eq!(
         seen.into_iter().collect::<Vec<_>>(),
-        ["10.0.0.1", "10.0.0.3"]
+        ["10.0.0.1", "10.0.0.3", "10.0.0.4", "10.0.0.6"]
     );
     assert_eq!(
         tables.len(),
@@ -562,4 +568,42 @@ fn kept_priority_loads_follow_a_new_assignment_and_ejections() {
     state.report(Some(&h1), Outcome::Status(503), true);
     assert!(h1.ejected(state.now_ms()), "one 5xx ejects it");
     assert_eq!(picks(&first), [Some("10.0.0.2".to_string())].into());
+}
+
+/// A pick with one candidate takes it without its policy; that rests on `len` counting
+/// exactly what `iter` yields, whichever hosts are left out (weight 0, unhealthy, degraded,
+/// ejected) and whichever availability the priority is in.
+#[test]
+fn the_candidates_count_is_what_they_yield() {
+    let mut zero = host(4, Health::Healthy);
+    zero.weight = 0;
+    let cases = [
+        vec![vec![host(1, Health::Healthy), zero.clone()]],
+        vec![vec![host(1, Health::Degraded), host(2, Health::Unhealthy)]],
+        vec![vec![host(1, Health::Unhealthy), host(2, Health::Unhealthy)]],
+        vec![
+            vec![host(1, Health::Healthy), host(2, Health::Unhealthy)],
+            vec![host(3, Health::Healthy), zero],
+        ],
+    ];
+    for (i, priorities) in cases.into_iter().enumerate() {
+        let cla = assignment(priorities);
+        // Host 1 ejected, or none.
+        for ejected in [false, true] {
+            let usable = |e: &Endpoint| !(ejected && e.address.ip().to_string() == "10.0.0.1");
+            for draw in 0..100 {
+                let spread = balance::Spread {
+                    panic_threshold: 50.0,
+                    locality_weighted: false,
+                    excluded_priorities: &[],
+                };
+                let draws = balance::Draws {
+                    priority: draw,
+                    locality: 0,
+                };
+                let c = balance::Candidates::choose(&cla, spread, usable, draws);
+                assert_eq!(c.len(), c.iter().count(), "case {i}, ejected {ejected}");
+            }
+        }
+    }
 }

@@ -336,8 +336,13 @@ impl VirtualHost {
 impl RouteMatch {
     /// Whether a request matches.
     pub fn matches(&self, req: &RequestParts<'_>) -> bool {
-        let (path, query) = match req.path_and_query.split_once('?') {
-            Some((p, q)) => (p, Some(q)),
+        // A byte search (`?` is ASCII): `str::split_once` costs several times more on the
+        // short paths nearly every request has.
+        let (path, query) = match req.path_and_query.bytes().position(|b| b == b'?') {
+            Some(at) => (
+                &req.path_and_query[..at],
+                Some(&req.path_and_query[at + 1..]),
+            ),
             None => (req.path_and_query, None),
         };
         // Per request: compare in place, never allocate.
