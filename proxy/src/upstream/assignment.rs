@@ -7,10 +7,12 @@
 //! hosts again only when another assignment comes (a push) or while a host is out, where the
 //! loads depend on the moment. The assignment is named by its address; the entry holds the
 //! `Arc` that owns it, so that no other assignment can take that address while the entry
-//! lives.
+//! lives. The entry also holds the state of each of its hosts, in the assignment's order, so
+//! that the host a pick chooses is found by its place, not looked up by address.
 
+use super::outlier::HostState;
 use super::priority::Loads;
-use remora_xds::model::endpoint::ClusterLoadAssignment;
+use remora_xds::model::endpoint::{ClusterLoadAssignment, Endpoint};
 use remora_xds::model::Cluster;
 use std::sync::Arc;
 
@@ -67,22 +69,44 @@ enum Owner {
     Inline(Arc<Cluster>),
 }
 
-/// The priority loads of one assignment with every host in.
+/// The priority loads of one assignment with every host in, and its hosts' run-time state.
 #[derive(Debug)]
 pub struct KeptLoads {
     owner: Owner,
     panic_threshold: f64,
     loads: Loads,
+    /// The state of each endpoint of the assignment, in its order (locality by locality), so
+    /// that a pick finds the chosen host's without looking its address up.
+    hosts: Box<[Arc<HostState>]>,
 }
 
 impl KeptLoads {
-    /// The loads of `a` with no host ejected, Envoy's panic threshold `panic_threshold`.
-    pub fn new(a: Assignment<'_>, panic_threshold: f64) -> Self {
+    /// The loads of `a` with no host ejected, Envoy's panic threshold `panic_threshold`;
+    /// `hosts`: the state of each endpoint of `a`, in its order.
+    pub fn new(a: Assignment<'_>, panic_threshold: f64, hosts: Box<[Arc<HostState>]>) -> Self {
         KeptLoads {
             owner: a.owner(),
             panic_threshold,
             loads: Loads::new(a.cla(), panic_threshold, |_| true),
+            hosts,
         }
+    }
+
+    /// The state of `e`, an endpoint of `cla` (the kept assignment's), found by its place in
+    /// the assignment; `None` for an endpoint that is not one of its own.
+    pub fn host_of(&self, cla: &ClusterLoadAssignment, e: &Endpoint) -> Option<&Arc<HostState>> {
+        let at = std::ptr::from_ref(e) as usize;
+        let size = std::mem::size_of::<Endpoint>().max(1);
+        let mut offset = 0;
+        for l in &cla.localities {
+            let start = l.endpoints.as_ptr() as usize;
+            let end = start + l.endpoints.len() * size;
+            if (start..end).contains(&at) {
+                return self.hosts.get(offset + (at - start) / size);
+            }
+            offset += l.endpoints.len();
+        }
+        None
     }
 
     /// Whether these are `a`'s loads with that threshold.

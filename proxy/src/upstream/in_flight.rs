@@ -3,8 +3,9 @@
 //! a retry's slot against `max_retries`; each given back when dropped. The attempt's outcome
 //! goes through it to the cluster's statistics and outlier detection.
 
+use super::outlier::{self, HostState};
 use super::state::ClusterState;
-use super::{outlier, stats, Outcome, Traffic, UpstreamError};
+use super::{stats, Outcome, Traffic, UpstreamError};
 use remora_xds::model::cluster::{Cluster, UpstreamHttpProtocol};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -64,9 +65,14 @@ impl InFlight {
         Ok(f)
     }
 
-    /// The chosen endpoint: counted in flight, and against its per-host connection limit.
-    pub(super) fn on_host(&mut self, address: SocketAddr) -> Result<(), UpstreamError> {
-        let host = self.state.host(address);
+    /// The chosen endpoint (its state `known` when the pick found it): counted in flight, and
+    /// against its per-host connection limit.
+    pub(super) fn on_host(
+        &mut self,
+        address: SocketAddr,
+        known: Option<Arc<HostState>>,
+    ) -> Result<(), UpstreamError> {
+        let host = known.unwrap_or_else(|| self.state.host(address));
         if let (true, Some(max)) = (self.connection, self.state.limits.per_host_max_connections) {
             // Not waited for: the next pick may well be another host.
             if host.cx_active.fetch_add(1, Ordering::AcqRel) >= max {

@@ -13,6 +13,7 @@
 //! compares) until dropped, and takes the attempt's outcome, which counts in Envoy's cluster
 //! statistics ([`stats`]) and may eject the host at once.
 
+use outlier::HostState;
 use remora_xds::model::cluster::{Cluster, Discovery, LbPolicy};
 use remora_xds::model::endpoint::{ClusterLoadAssignment, Endpoint};
 use remora_xds::snapshot::Snapshot;
@@ -267,6 +268,8 @@ impl Upstreams {
         let state = &in_flight.state;
         // Outlives the match: a DNS cluster's endpoint is borrowed from it.
         let dns_hosts;
+        // The chosen host's state, when the pick found it without a look-up.
+        let mut known = None;
         let (address, tls_mode) = match &c.discovery {
             Discovery::OriginalDst { port_override, .. } => {
                 let port = port_override.unwrap_or(original_dst.port());
@@ -277,18 +280,19 @@ impl Upstreams {
                 let excluded = assignment
                     .map(|a| avoid.excluded_priorities(a.cla()))
                     .unwrap_or_default();
-                let pick = |a, attempt| pick(state, c, a, avoid.hash, &excluded, attempt);
+                let pick = |a, attempt| pick_host(state, c, a, avoid.hash, &excluded, attempt);
                 let mut endpoint = assignment.and_then(|a| pick(a, 0));
                 for attempt in 1..=avoid.attempts.min(MAX_HOST_SELECTION_ATTEMPTS) {
-                    match endpoint {
-                        Some(e) if avoid.hosts.contains(&e.address) => {
+                    match &endpoint {
+                        Some((e, _)) if avoid.hosts.contains(&e.address) => {
                             endpoint = assignment.and_then(|a| pick(a, attempt));
                         }
                         _ => break,
                     }
                 }
-                let endpoint = endpoint
+                let (endpoint, host) = endpoint
                     .ok_or_else(|| UpstreamError::NoHealthyUpstream(cluster.to_string()))?;
+                known = host;
                 (endpoint.address, endpoint.tls_mode.as_deref())
             }
             // Before its first resolution, as in Envoy, no host.
@@ -312,7 +316,7 @@ impl Upstreams {
         // An original destination is no host of the cluster's: it has no state of its own
         // (the converter refuses per-host limits and outlier detection there).
         if !matches!(c.discovery, Discovery::OriginalDst { .. }) {
-            in_flight.on_host(address)?;
+            in_flight.on_host(address, known)?;
         }
         Ok(Selected {
             cluster: Arc::clone(c),
@@ -456,6 +460,19 @@ fn pick<'a>(
     excluded_priorities: &[u32],
     attempt: u32,
 ) -> Option<&'a Endpoint> {
+    pick_host(state, c, assignment, hash, excluded_priorities, attempt).map(|(e, _)| e)
+}
+
+/// [`pick`], with the chosen host's state when the cluster's kept assignment had it (so that
+/// it need not be looked up by address).
+fn pick_host<'a>(
+    state: &ClusterState,
+    c: &Cluster,
+    assignment: Assignment<'a>,
+    hash: Option<u64>,
+    excluded_priorities: &[u32],
+    attempt: u32,
+) -> Option<(&'a Endpoint, Option<Arc<HostState>>)> {
     let threshold = c
         .common_lb
         .healthy_panic_threshold
@@ -481,21 +498,35 @@ fn pick<'a>(
         locality: rng.u64(..),
     };
     let locality_weighted = c.common_lb.locality_weighted;
-    let candidates = if !any_ejected && excluded_priorities.is_empty() {
-        state.with_loads(assignment, threshold, |loads| {
-            balance::Candidates::choose_by(cla, loads, locality_weighted, usable, draws)
-        })
-    } else {
-        // The loads depend on the moment (which hosts are out) or on the request (the
-        // priorities its retries left out): counted for this pick.
-        state.note_assignment(cla);
-        let spread = balance::Spread {
-            panic_threshold: threshold,
-            locality_weighted,
-            excluded_priorities,
-        };
-        balance::Candidates::choose(cla, spread, usable, draws)
+    if !any_ejected && excluded_priorities.is_empty() {
+        return state.with_loads(assignment, threshold, |kept| {
+            let candidates =
+                balance::Candidates::choose_by(cla, kept.loads(), locality_weighted, usable, draws);
+            let chosen = choose_among(state, c, &candidates, hash, attempt, &mut rng)?;
+            Some((chosen, kept.host_of(cla, chosen).cloned()))
+        });
+    }
+    // The loads depend on the moment (which hosts are out) or on the request (the priorities
+    // its retries left out): counted for this pick.
+    state.note_assignment(cla);
+    let spread = balance::Spread {
+        panic_threshold: threshold,
+        locality_weighted,
+        excluded_priorities,
     };
+    let candidates = balance::Candidates::choose(cla, spread, usable, draws);
+    choose_among(state, c, &candidates, hash, attempt, &mut rng).map(|e| (e, None))
+}
+
+/// The cluster's policy's pick among `candidates` (`None`: there are none).
+fn choose_among<'a, U: Fn(&Endpoint) -> bool + Copy>(
+    state: &ClusterState,
+    c: &Cluster,
+    candidates: &balance::Candidates<'a, U>,
+    hash: u64,
+    attempt: u32,
+    rng: &mut fastrand::Rng,
+) -> Option<&'a Endpoint> {
     if candidates.is_empty() {
         return None;
     }
@@ -523,7 +554,7 @@ fn pick<'a>(
                     .known_host(a)
                     .map_or(0, |h| h.rq_active.load(Ordering::Relaxed))
             };
-            balance::least_request(hosts.clone(), choice_count, &load, &mut rng)
+            balance::least_request(hosts.clone(), choice_count, &load, rng)
         }
         // Only ORIGINAL_DST clusters provide their host, and they do not get here.
         LbPolicy::ClusterProvided => balance::random(hosts.clone(), rng.u64(..)),

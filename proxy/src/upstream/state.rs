@@ -7,7 +7,6 @@
 
 use super::assignment::{Assignment, KeptLoads};
 use super::outlier::HostState;
-use super::priority::Loads;
 use super::stats::ClusterStats;
 use arc_swap::ArcSwap;
 use remora_xds::model::circuit_breakers::CircuitBreakers;
@@ -315,25 +314,56 @@ impl ClusterState {
             .count()
     }
 
-    /// `f` over the priority loads of `a` with no host ejected: those kept when `a` is the
-    /// assignment this cluster last picked from, else counted now, when the hosts `a` no
-    /// longer has are forgotten too ([`ClusterState::note_assignment`]).
+    /// `f` over the priority loads of `a` with no host ejected and the state of its hosts:
+    /// those kept when `a` is the assignment this cluster last picked from, else counted (and
+    /// the states made) now, when the hosts `a` no longer has are forgotten too
+    /// ([`ClusterState::note_assignment`]).
     pub fn with_loads<R>(
         &self,
         a: Assignment<'_>,
         panic_threshold: f64,
-        f: impl FnOnce(&Loads) -> R,
+        f: impl FnOnce(&KeptLoads) -> R,
     ) -> R {
         let kept = self.kept_loads.load();
         if let Some(k) = kept.as_deref().filter(|k| k.are_of(a, panic_threshold)) {
-            return f(k.loads());
+            return f(k);
         }
         drop(kept);
         self.note_assignment(a.cla());
-        let fresh = Arc::new(KeptLoads::new(a, panic_threshold));
-        let out = f(fresh.loads());
+        let hosts = self.hosts_of(a.cla());
+        let fresh = Arc::new(KeptLoads::new(a, panic_threshold, hosts));
+        let out = f(&fresh);
         self.kept_loads.store(Some(fresh));
         out
+    }
+
+    /// The state of each endpoint of `cla`, in its order, made for those never picked (one
+    /// copy of the map for all of them).
+    fn hosts_of(&self, cla: &ClusterLoadAssignment) -> Box<[Arc<HostState>]> {
+        let current = self.hosts.load();
+        if cla
+            .endpoints()
+            .all(|(_, e)| current.contains_key(&e.address))
+        {
+            return cla
+                .endpoints()
+                .filter_map(|(_, e)| current.get(&e.address).cloned())
+                .collect();
+        }
+        drop(current);
+        let _write = self.ejecting.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut next = HashMap::clone(&self.hosts.load());
+        let hosts = cla
+            .endpoints()
+            .map(|(_, e)| {
+                Arc::clone(
+                    next.entry(e.address)
+                        .or_insert_with(|| Arc::new(HostState::new(e.address))),
+                )
+            })
+            .collect();
+        self.hosts.store(Arc::new(next));
+        hosts
     }
 
     /// Take `cla` as the cluster's hosts: their number (the whole `max_ejection_percent` is a
