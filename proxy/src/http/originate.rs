@@ -413,7 +413,9 @@ impl Drop for Originate {
 /// time.
 fn sender_handle(sender: &Sender) -> Option<Sender> {
     match sender {
-        Sender::Http2(shared) => Some(Sender::Http2(shared.clone())),
+        Sender::Http2(shared, share) => {
+            Some(Sender::Http2(shared.clone(), share.streams().handle()))
+        }
         Sender::Http1(..) => None,
     }
 }

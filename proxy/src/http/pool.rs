@@ -3,7 +3,10 @@
 //! One pool for the whole proxy, keyed by destination, source address (inbound connections come
 //! from the passthrough source) and HTTP version, so a lookup is one hash. HTTP/1.1 connections
 //! carry one request at a time: a request takes one out and the end of its response body puts
-//! it back. An HTTP/2 connection is shared by every request to its destination.
+//! it back. An HTTP/2 connection is shared by every request to its destination while it has
+//! room for another stream ([`super::stream_capacity`]: its peer's
+//! `SETTINGS_MAX_CONCURRENT_STREAMS`); when every one is full, the request's path opens
+//! another, which is shared too, as Envoy's HTTP/2 pool does.
 //!
 //! The same pool holds the raw sockets of Remora's own HTTP/1.1 exchange ([`super::h1`]),
 //! in a pool of their own: [`Pooled`] is what the pool needs of either kind.
@@ -14,10 +17,12 @@
 //! connection the server is closing fails.
 
 use super::body::UpstreamBody;
+use super::stream_capacity::{Share, Streams};
 use crate::connect::Upstream;
 use crate::detect::HttpVersion;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -56,31 +61,83 @@ pub enum Sender {
     /// With the number of requests the connection has carried (a cluster's
     /// `max_requests_per_connection` retires it at its limit).
     Http1(http1::SendRequest<UpstreamBody>, u32),
-    Http2(http2::SendRequest<UpstreamBody>),
+    /// With its share of the connection's streams: one held for a request, or none (the
+    /// handle the pool keeps).
+    Http2(http2::SendRequest<UpstreamBody>, Share),
+}
+
+impl Sender {
+    /// Another handle on this HTTP/2 connection holding one of its streams for a request,
+    /// whatever the count (the first request of a connection opened for it).
+    pub fn first_stream(&self) -> Option<Sender> {
+        match self {
+            Sender::Http2(s, share) => Some(Sender::Http2(s.clone(), share.streams().take_first())),
+            Sender::Http1(..) => None,
+        }
+    }
+
+    /// The HTTP/2 connection's streams.
+    pub fn streams(&self) -> Option<&Arc<Streams>> {
+        match self {
+            Sender::Http2(_, share) => Some(share.streams()),
+            Sender::Http1(..) => None,
+        }
+    }
 }
 
 /// What the pool needs of a connection it keeps.
 pub trait Pooled: Sized + Send + 'static {
     /// Whether the connection is known to be closed (by the server, or an error).
     fn is_closed(&self) -> bool;
-    /// Another handle on a connection that serves several requests at once (HTTP/2), when it
-    /// can take one more now; `None` for connections that carry one request at a time.
+    /// Another handle on a connection that serves several requests at once (HTTP/2), holding
+    /// a stream of it, when it can take one more now; `None` for connections that carry one
+    /// request at a time.
     fn share(&mut self) -> Option<Self>;
+    /// Whether `other` is a handle on the same connection (HTTP/2).
+    fn same_connection(&self, _other: &Self) -> bool {
+        false
+    }
+    /// Whether requests hold streams of it now (a shared connection is not idle then).
+    fn in_use(&self) -> bool {
+        false
+    }
+    /// Whether it takes no more requests (retired: GOAWAY, or its request limit).
+    fn is_retired(&self) -> bool {
+        false
+    }
 }
 
 impl Pooled for Sender {
     fn is_closed(&self) -> bool {
         match self {
             Sender::Http1(s, _) => s.is_closed(),
-            Sender::Http2(s) => s.is_closed(),
+            Sender::Http2(s, _) => s.is_closed(),
         }
     }
 
     fn share(&mut self) -> Option<Self> {
         match self {
-            Sender::Http2(s) if s.is_ready() => Some(Sender::Http2(s.clone())),
+            Sender::Http2(s, share) if s.is_ready() => share
+                .streams()
+                .try_take()
+                .map(|held| Sender::Http2(s.clone(), held)),
             _ => None,
         }
+    }
+
+    fn same_connection(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Sender::Http2(_, a), Sender::Http2(_, b)) => a.same_connection(b),
+            _ => false,
+        }
+    }
+
+    fn in_use(&self) -> bool {
+        self.streams().is_some_and(|s| s.active() > 0)
+    }
+
+    fn is_retired(&self) -> bool {
+        self.streams().is_some_and(|s| s.is_retired())
     }
 }
 
@@ -109,8 +166,9 @@ impl<C, K> Default for Pool<C, K> {
 }
 
 impl<C: Pooled, K: PoolKey + Send + Sync + 'static> Pool<C, K> {
-    /// A connection to `key`'s destination, if one is idle (HTTP/1.1) or shared (HTTP/2).
-    /// A shared HTTP/2 connection's idle clock restarts with each request it is given.
+    /// A connection to `key`'s destination, if one is idle (HTTP/1.1) or shared with room
+    /// for another stream (HTTP/2: the first that has, holding one for the caller). A shared
+    /// HTTP/2 connection's idle clock restarts with each request it is given.
     pub fn checkout(&self, key: &K, now: Instant, idle_timeout: Duration) -> Option<C> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let list = idle.get_mut(key)?;
@@ -123,8 +181,8 @@ impl<C: Pooled, K: PoolKey + Send + Sync + 'static> Pool<C, K> {
                 }
             },
             HttpVersion::Http2 => {
-                list.retain(|e| !e.sender.is_closed());
-                list.first_mut().and_then(|e| {
+                list.retain(|e| !e.sender.is_closed() && !e.sender.is_retired());
+                list.iter_mut().find_map(|e| {
                     let shared = e.sender.share()?;
                     e.expires = now + idle_timeout;
                     Some(shared)
@@ -151,9 +209,14 @@ impl<C: Pooled, K: PoolKey + Send + Sync + 'static> Pool<C, K> {
             let list = idle.entry(key).or_default();
             let full = match version {
                 HttpVersion::Http1 => list.len() >= max_idle,
-                // One shared connection per destination is enough; a second stays private to
-                // the requests that opened it and closes when they finish.
-                HttpVersion::Http2 => list.iter().any(|e| !e.sender.is_closed()),
+                // A connection shared already (a request giving its stream back), one that
+                // takes no more requests, or more than `max_idle` to one destination: not
+                // kept (the last stays private to its requests and closes after them).
+                HttpVersion::Http2 => {
+                    sender.is_retired()
+                        || list.iter().any(|e| e.sender.same_connection(&sender))
+                        || list.iter().filter(|e| !e.sender.is_closed()).count() >= max_idle
+                }
             };
             if full {
                 Some(sender)
@@ -202,7 +265,12 @@ impl<C: Pooled, K: PoolKey + Send + Sync + 'static> Pool<C, K> {
             idle.retain(|_, list| {
                 let mut i = 0;
                 while i < list.len() {
-                    if list[i].expires <= now || list[i].sender.is_closed() {
+                    let e = &mut list[i];
+                    // A shared connection carrying streams is not idle, whatever its clock.
+                    if e.expires <= now && e.sender.in_use() && !e.sender.is_retired() {
+                        e.expires = now + REAP_INTERVAL;
+                    }
+                    if e.expires <= now || e.sender.is_closed() || e.sender.is_retired() {
                         expired.push(list.swap_remove(i));
                     } else {
                         i += 1;
@@ -323,13 +391,32 @@ where
                 .max_send_buf_size(UPSTREAM_H2_SEND_BUF)
                 .handshake(TokioIo::new(super::coalesce::Coalesced::new(io)))
                 .await?;
+            // hyper keeps the peer's SETTINGS to itself but for an accessor on the
+            // connection, whose task polls it: shared with the pool's look, which reads the
+            // peer's limit there (0 once the connection is over).
+            let conn = Arc::new(Mutex::new(Box::pin(conn)));
+            let reader = Arc::downgrade(&conn);
+            let streams = Arc::new(Streams::new(Box::new(move || {
+                reader.upgrade().map_or(0, |conn| {
+                    let conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
+                    conn.as_ref().get_ref().current_max_send_streams()
+                })
+            })));
+            let share = streams.handle();
             tokio::spawn(async move {
                 let _keep = keep;
-                if let Err(e) = conn.await {
+                let ended = std::future::poll_fn(|cx| {
+                    let mut conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
+                    conn.as_mut().poll(cx)
+                })
+                .await;
+                // A connection that ended takes no more requests, even before hyper says so.
+                streams.retire();
+                if let Err(e) = ended {
                     tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
                 }
             });
-            Ok(Sender::Http2(sender))
+            Ok(Sender::Http2(sender, share))
         }
     }
 }

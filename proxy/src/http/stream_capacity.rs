@@ -1,0 +1,244 @@
+//! How many streams an upstream HTTP/2 connection may carry now, and how many it carries: what
+//! the pool needs to give a request a connection with room for it, and to open another one
+//! when every connection to the endpoint is at its peer's limit, as Envoy's HTTP/2 pool does
+//! (a connection is "busy" at its peer's `SETTINGS_MAX_CONCURRENT_STREAMS`, and a request
+//! that finds none "ready" makes a new one within the cluster's `max_connections`).
+//!
+//! The streams counted are the ones this proxy's requests hold: a request takes one when it
+//! is given the connection and gives it back when its response is over ([`Share`] dropped).
+//! That is never earlier than `h2` closes the stream, so the count never lets a request past
+//! the peer's limit into `h2`'s own queue.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+
+pub use crate::upstream::StreamWaiters;
+
+/// The peer's `SETTINGS_MAX_CONCURRENT_STREAMS`, read from the connection when asked.
+pub type PeerLimit = Box<dyn Fn() -> usize + Send + Sync>;
+
+/// One upstream HTTP/2 connection's streams.
+pub struct Streams {
+    /// Streams held by this proxy's requests now.
+    active: AtomicU32,
+    /// The peer's limit now: read at each look, since a SETTINGS frame may lower (or raise)
+    /// it at any time, and the connection's own task is not told when one arrives.
+    peer_limit: PeerLimit,
+    /// Streams the connection was given in all.
+    served: AtomicU32,
+    /// A cluster's `max_requests_per_connection` (`u32::MAX`: none).
+    max_requests: AtomicU32,
+    /// Gives no more streams: it carried `max_requests`, or the peer said GOAWAY.
+    retired: AtomicBool,
+    /// The routed cluster's pending requests, woken when a stream is given back.
+    waiters: OnceLock<Arc<dyn StreamWaiters>>,
+}
+
+impl std::fmt::Debug for Streams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Streams")
+            .field("active", &self.active)
+            .field("served", &self.served)
+            .field("retired", &self.retired)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Streams {
+    /// A new connection's streams, its peer's limit read by `peer_limit`.
+    pub fn new(peer_limit: PeerLimit) -> Self {
+        Streams {
+            active: AtomicU32::new(0),
+            peer_limit,
+            served: AtomicU32::new(0),
+            max_requests: AtomicU32::new(u32::MAX),
+            retired: AtomicBool::new(false),
+            waiters: OnceLock::new(),
+        }
+    }
+
+    /// Take one stream if the connection has room for it now (under the peer's limit and
+    /// its `max_requests_per_connection`); the connection is retired by the last one.
+    pub fn try_take(self: &Arc<Self>) -> Option<Share> {
+        if self.retired.load(Ordering::Acquire) {
+            return None;
+        }
+        let limit = u32::try_from((self.peer_limit)()).unwrap_or(u32::MAX);
+        self.active
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()?;
+        Some(self.served_one())
+    }
+
+    /// Take one stream whatever the count: the first stream of a connection opened for it.
+    pub fn take_first(self: &Arc<Self>) -> Share {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        self.served_one()
+    }
+
+    fn served_one(self: &Arc<Self>) -> Share {
+        let served = self.served.fetch_add(1, Ordering::AcqRel).saturating_add(1);
+        if served >= self.max_requests.load(Ordering::Acquire)
+            && !self.retired.swap(true, Ordering::AcqRel)
+        {
+            if let Some(w) = self.waiters.get() {
+                w.retired_at_limit();
+            }
+        }
+        Share {
+            streams: Arc::clone(self),
+            holds: true,
+        }
+    }
+
+    /// A handle on the connection that holds no stream (what the pool keeps).
+    pub fn handle(self: &Arc<Self>) -> Share {
+        Share {
+            streams: Arc::clone(self),
+            holds: false,
+        }
+    }
+
+    /// The connection carries at most `max` streams in all (a cluster's
+    /// `max_requests_per_connection`), and wakes `waiters` when it gives one back.
+    pub fn bind(&self, max: Option<u32>, waiters: Option<Arc<dyn StreamWaiters>>) {
+        if let Some(max) = max {
+            self.max_requests.store(max.max(1), Ordering::Release);
+        }
+        if let Some(w) = waiters {
+            let _ = self.waiters.set(w);
+        }
+    }
+
+    /// Give no more streams (the peer said GOAWAY).
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+    }
+
+    /// Whether the connection gives no more streams.
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
+    /// Streams held now.
+    pub fn active(&self) -> u32 {
+        self.active.load(Ordering::Acquire)
+    }
+
+    fn wake(&self) {
+        if let Some(w) = self.waiters.get() {
+            w.released();
+        }
+    }
+}
+
+/// A handle on an upstream HTTP/2 connection's streams, holding one of them or none.
+#[derive(Debug)]
+pub struct Share {
+    streams: Arc<Streams>,
+    holds: bool,
+}
+
+impl Share {
+    /// The connection's streams.
+    pub fn streams(&self) -> &Arc<Streams> {
+        &self.streams
+    }
+
+    /// Whether this handle and `other` are on one connection.
+    pub fn same_connection(&self, other: &Share) -> bool {
+        Arc::ptr_eq(&self.streams, &other.streams)
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        if self.holds {
+            self.streams.active.fetch_sub(1, Ordering::AcqRel);
+            self.streams.wake();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[derive(Debug, Default)]
+    struct Counted {
+        released: AtomicUsize,
+        retired: AtomicUsize,
+    }
+
+    impl StreamWaiters for Counted {
+        fn released(&self) {
+            self.released.fetch_add(1, Ordering::SeqCst);
+        }
+        fn retired_at_limit(&self) {
+            self.retired.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A connection whose peer's limit the test sets, and what it wakes.
+    fn connection(max: Option<u32>) -> (Arc<Streams>, Arc<AtomicUsize>, Arc<Counted>) {
+        let limit = Arc::new(AtomicUsize::new(usize::MAX));
+        let peer = Arc::clone(&limit);
+        let streams = Arc::new(Streams::new(Box::new(move || peer.load(Ordering::SeqCst))));
+        let waiters = Arc::new(Counted::default());
+        streams.bind(max, Some(Arc::clone(&waiters) as Arc<dyn StreamWaiters>));
+        (streams, limit, waiters)
+    }
+
+    #[test]
+    fn a_connection_at_its_peers_limit_gives_no_stream_until_one_ends() {
+        let (streams, limit, waiters) = connection(None);
+        limit.store(2, Ordering::SeqCst);
+        let first = streams.try_take().expect("room for one");
+        let second = streams.try_take().expect("room for two");
+        assert!(streams.try_take().is_none(), "over the peer's limit of 2");
+        assert_eq!(streams.active(), 2);
+        drop(first);
+        assert_eq!(waiters.released.load(Ordering::SeqCst), 1);
+        let third = streams.try_take().expect("room again");
+        // The peer lowers its limit: the streams held stay, no new one is given.
+        limit.store(1, Ordering::SeqCst);
+        drop(second);
+        assert!(streams.try_take().is_none(), "at the lowered limit");
+        drop(third);
+        let fourth = streams.try_take().expect("under the lowered limit");
+        // And raises it again.
+        limit.store(3, Ordering::SeqCst);
+        assert!(streams.try_take().is_some());
+        drop(fourth);
+        // A handle the pool keeps holds none.
+        let handle = streams.handle();
+        drop(handle);
+        assert_eq!(streams.active(), 0);
+    }
+
+    #[test]
+    fn max_requests_per_connection_retires_the_connection_at_its_last_stream() {
+        let (streams, _, waiters) = connection(Some(2));
+        let a = streams.take_first();
+        let b = streams.try_take().expect("second of two");
+        assert!(streams.is_retired());
+        assert!(
+            streams.try_take().is_none(),
+            "retired after its second stream"
+        );
+        assert_eq!(waiters.retired.load(Ordering::SeqCst), 1);
+        drop((a, b));
+        assert!(streams.try_take().is_none(), "retired for good");
+    }
+
+    #[test]
+    fn a_retired_connection_gives_no_stream() {
+        let (streams, _, _) = connection(None);
+        assert!(streams.try_take().is_some());
+        streams.retire();
+        assert!(streams.try_take().is_none());
+    }
+}
