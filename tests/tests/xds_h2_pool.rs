@@ -10,6 +10,10 @@
 //! - `maxConnections: 1`, `http1MaxPendingRequests: 1` (Istio's circuit-breaking task on an
 //!   HTTP/2 service): the first holds the connection, the second waits for its stream as a
 //!   pending request, the third overflows 503 `UO` at once.
+//! - Four slow requests at once at a cold start: four connections, all at once. Envoy sends
+//!   some of them on the first connection before its peer's SETTINGS arrive, has them
+//!   refused and retries them; Remora shares a new connection only once it knows its peer's
+//!   limit, so each goes out once.
 //! - `maxRequestsPerConnection: 2`: three requests one after another take two connections.
 //!
 //! The origins count connections and streams at once; both proxies' cluster statistics
@@ -38,8 +42,10 @@ const OPEN: &str = "outbound|80|open|web.test.svc.cluster.local";
 const ONE: &str = "outbound|80|one|web.test.svc.cluster.local";
 /// Two requests per connection.
 const LIMITED: &str = "outbound|80|limited|web.test.svc.cluster.local";
+/// No connection limit, for a burst at a cold start.
+const BURST: &str = "outbound|80|burst|web.test.svc.cluster.local";
 /// Each cluster's origin, so that each origin's counts are one cluster's.
-const PORTS: [(&str, u16); 3] = [(OPEN, 8001), (ONE, 8002), (LIMITED, 8003)];
+const PORTS: [(&str, u16); 4] = [(OPEN, 8001), (ONE, 8002), (LIMITED, 8003), (BURST, 8004)];
 /// The streams each origin takes at once per connection.
 const ORIGIN_STREAM_LIMIT: u32 = 1;
 /// How long an origin holds a slow request.
@@ -106,12 +112,13 @@ fn resources() -> Resources {
         clusters: json!([
             h2_cluster(OPEN, unlimited.clone(), idle.clone()),
             h2_cluster(ONE, one, idle),
-            h2_cluster(LIMITED, unlimited, limited),
+            h2_cluster(LIMITED, unlimited.clone(), limited),
+            h2_cluster(BURST, unlimited, json!({"idle_timeout": "3600s"})),
             {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}
         ]),
         routes: json!([{"name": "80", "virtual_hosts": [
             {"name": "web.test.svc.cluster.local:80", "domains": [WEB, "web", VIP.to_string()],
-             "routes": [route("/open", OPEN), route("/one", ONE), route("/limited", LIMITED)]}]}]),
+             "routes": [route("/open", OPEN), route("/one", ONE), route("/limited", LIMITED), route("/burst", BURST)]}]}]),
         endpoints: Value::Array(endpoints),
     }
 }
@@ -269,6 +276,20 @@ fn breaking(w: &World) -> Seen {
     seen(w, ONE, statuses)
 }
 
+/// Four slow requests at once, at a cold start.
+fn burst(w: &World) -> Seen {
+    let statuses = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| s.spawn(move || w.get("/burst/slow").0))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("request thread"))
+            .collect()
+    });
+    seen(w, BURST, statuses)
+}
+
 /// Three quick requests one after another, two per connection: the connection each came on.
 fn retiring(w: &World) -> (Seen, Vec<Option<String>>) {
     let answers: Vec<_> = (0..3).map(|_| w.get("/limited/quick")).collect();
@@ -319,6 +340,28 @@ fn http2_connections_at_the_peers_stream_limit_are_added_as_envoy_adds_them() {
     assert_eq!(open.2, 4, "envoy: all four at once");
     let one = envoy.origin(ONE).read();
     assert_eq!(one.0, 1, "envoy: max_connections 1");
+
+    // A burst at a cold start: the same connections, each stream at once.
+    let (expected, got) = (burst(&envoy), burst(&remora));
+    eprintln!("burst: envoy {expected:?}\nburst: remora {got:?}");
+    let same = |s: &Seen| {
+        (
+            s.statuses.clone(),
+            s.origin,
+            s.stats.cx_total,
+            s.stats.cx_active,
+        )
+    };
+    assert_eq!(same(&got), same(&expected), "burst");
+    assert_eq!(
+        got.origin,
+        (4, 1, 4, 4),
+        "remora: one connection per request, all at once"
+    );
+    // Envoy sends some of them on the first connection before its SETTINGS come, which the
+    // origin refuses, and retries them (how many varies): Remora waits for the SETTINGS and
+    // sends each once.
+    assert_eq!(got.stats.rq_total, 4, "remora: {got:?}");
 
     let (expected, on_envoy) = retiring(&envoy);
     let (got, on_remora) = retiring(&remora);

@@ -11,8 +11,20 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 pub use crate::upstream::StreamWaiters;
+
+/// What the connection says of its peer's limit until the peer's SETTINGS arrive: the `h2`
+/// client starts with it (hyper's `initial_max_send_streams`), and no peer can send it (a
+/// SETTINGS value is 32 bits; one without the setting makes it `usize::MAX`). Until then a
+/// connection is not shared: Envoy assumes no limit and lets a burst pile onto a new
+/// connection, which the peer then refuses or its codec queues past the limit.
+pub const UNKNOWN_PEER_LIMIT: usize = usize::MAX - 1;
+
+/// How often a new connection looks whether its peer's SETTINGS have arrived (hyper gives no
+/// signal); about a round trip inside a cluster.
+const SETTINGS_LOOK: Duration = Duration::from_millis(1);
 
 /// The peer's `SETTINGS_MAX_CONCURRENT_STREAMS`, read from the connection when asked.
 pub type PeerLimit = Box<dyn Fn() -> usize + Send + Sync>;
@@ -63,7 +75,10 @@ impl Streams {
         if self.retired.load(Ordering::Acquire) {
             return None;
         }
-        let limit = u32::try_from((self.peer_limit)()).unwrap_or(u32::MAX);
+        let limit = match (self.peer_limit)() {
+            UNKNOWN_PEER_LIMIT => return None,
+            known => u32::try_from(known).unwrap_or(u32::MAX),
+        };
         self.active
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < limit).then_some(n + 1)
@@ -109,6 +124,20 @@ impl Streams {
         }
         if let Some(w) = waiters {
             let _ = self.waiters.set(w);
+        }
+    }
+
+    /// Whether the peer's SETTINGS have been read.
+    pub fn peer_limit_known(&self) -> bool {
+        (self.peer_limit)() != UNKNOWN_PEER_LIMIT
+    }
+
+    /// Wait until the peer's SETTINGS have been read, at most `bound` (a peer that sends
+    /// none leaves the connection to the request that opened it).
+    pub async fn settled(&self, bound: Duration) {
+        let deadline = tokio::time::Instant::now() + bound;
+        while !self.peer_limit_known() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(SETTINGS_LOOK).await;
         }
     }
 
@@ -232,6 +261,17 @@ mod tests {
         assert_eq!(waiters.retired.load(Ordering::SeqCst), 1);
         drop((a, b));
         assert!(streams.try_take().is_none(), "retired for good");
+    }
+
+    #[test]
+    fn a_connection_is_not_shared_before_its_peers_settings() {
+        let (streams, limit, _) = connection(None);
+        limit.store(UNKNOWN_PEER_LIMIT, Ordering::SeqCst);
+        let _first = streams.take_first();
+        assert!(!streams.peer_limit_known());
+        assert!(streams.try_take().is_none());
+        limit.store(usize::MAX, Ordering::SeqCst);
+        assert!(streams.try_take().is_some(), "a peer with no limit");
     }
 
     #[test]

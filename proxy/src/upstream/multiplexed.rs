@@ -8,7 +8,7 @@
 use super::outlier::HostState;
 use super::state::ClusterState;
 use super::{stats, InFlight, UpstreamError};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Something woken when a stream of a shared connection is given back, for the requests
@@ -96,12 +96,15 @@ impl InFlight {
     }
 
     /// Wait, as one of the cluster's pending requests, until `ready` finds a stream or a
-    /// connection slot (Envoy's pool holds a request it has no ready connection for and
-    /// cannot open one for). Past `max_pending_requests` waiting, the request overflows. The
+    /// connection slot (Envoy's pool holds a request it has no ready connection for, while
+    /// one is being opened or none may be). Past `max_pending_requests` waiting, the request overflows. The
     /// wait is bounded by the request's own (its timeout, or the client going away).
+    /// `refused`: a connection slot was refused to it (counted, once it is pending, as the
+    /// connection Envoy's pool could not open for it: `upstream_cx_overflow`).
     pub async fn wait_pending<T>(
         &self,
         mut ready: impl FnMut() -> Option<T>,
+        refused: &AtomicBool,
     ) -> Result<T, UpstreamError> {
         let s = &self.state;
         if s.rq_pending.fetch_add(1, Ordering::AcqRel) >= s.limits.max_pending_requests {
@@ -110,8 +113,9 @@ impl InFlight {
             return Err(UpstreamError::Overflow(s.name()));
         }
         stats::inc(&s.stats.rq_pending_total);
-        // Envoy counts the connection its pool could not open for the pending request.
-        stats::inc(&s.stats.cx_overflow);
+        if refused.load(Ordering::Relaxed) {
+            stats::inc(&s.stats.cx_overflow);
+        }
         let _pending = super::Decrement(&s.rq_pending);
         loop {
             // Made before the look, so that a release between the two is not missed.

@@ -7,7 +7,7 @@ use crate::detect::HttpVersion;
 use crate::http::body::UpstreamBody;
 use crate::http::errors::{ErrorKind, ProxyError};
 use crate::http::forward::{send_on, SendError, Upstreamed};
-use crate::http::pool::{self, Key, Sender};
+use crate::http::pool::{self, Dialing, Key, Sender};
 use crate::http::{protocol, ConnContext};
 use crate::upstream::dial::{self, Connected};
 use crate::upstream::{Avoid, ConnectionSlot, Outcome, UpstreamError};
@@ -130,7 +130,7 @@ pub(in crate::http) fn dial_failure(e: &dial::DialError) -> ErrorKind {
 /// or a new one (for a shared HTTP/2 connection, with the cluster's connection slot it holds).
 enum Connection {
     Pooled(Sender),
-    New(Option<ConnectionSlot>),
+    New(Option<ConnectionSlot>, Option<Dialing<Key>>),
 }
 
 /// One attempt of a routed request: an endpoint chosen now, a pooled connection to it if one
@@ -160,36 +160,53 @@ pub(in crate::http) async fn send(
     // The connections hold the cluster's slots, not the requests.
     let multiplexed = version == HttpVersion::Http2 && !selected.in_flight.holds_connection();
     let mut use_pool = true;
-    let slot = loop {
+    // Whether a connection slot was refused to the request (Envoy's `upstream_cx_overflow`,
+    // counted once it is pending).
+    let refused = std::sync::atomic::AtomicBool::new(false);
+    // Whether it waited as a pending request (counted once, however it then goes out).
+    let mut waited = false;
+    let (slot, dialing) = loop {
         let pool = &ctx.proxy.pool;
         let found = if multiplexed {
             let look = || {
-                use_pool
+                if let Some(sender) = use_pool
                     .then(|| pool.checkout(&key, Instant::now(), idle_timeout))
                     .flatten()
-                    .map(Connection::Pooled)
-                    .or_else(|| {
-                        let slot = selected.in_flight.connection_slot()?;
-                        Some(Connection::New(Some(slot)))
-                    })
+                {
+                    return Some(Connection::Pooled(sender));
+                }
+                // Another request is opening one: its room is waited for.
+                if pool.is_dialing(&key) {
+                    return None;
+                }
+                let Some(slot) = selected.in_flight.connection_slot() else {
+                    refused.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return None;
+                };
+                let waiters = selected.in_flight.stream_waiters();
+                let dialing = pool.start_dial(key, Some(waiters))?;
+                Some(Connection::New(Some(slot), Some(dialing)))
             };
             match look() {
                 Some(found) => found,
-                None => selected
-                    .in_flight
-                    .wait_pending(look)
-                    .await
-                    .map_err(|e| ProxyError::new(ErrorKind::Overflow, key.destination, e))?,
+                None => {
+                    waited = true;
+                    selected
+                        .in_flight
+                        .wait_pending(look, &refused)
+                        .await
+                        .map_err(|e| ProxyError::new(ErrorKind::Overflow, key.destination, e))?
+                }
             }
         } else {
             use_pool
                 .then(|| pool.checkout(&key, Instant::now(), idle_timeout))
                 .flatten()
-                .map_or(Connection::New(None), Connection::Pooled)
+                .map_or(Connection::New(None, None), Connection::Pooled)
         };
         let sender = match found {
             Connection::Pooled(sender) => sender,
-            Connection::New(slot) => break slot,
+            Connection::New(slot, dialing) => break (slot, dialing),
         };
         match send_on(ctx, key, sender, req).await {
             Ok(up) => {
@@ -207,7 +224,7 @@ pub(in crate::http) async fn send(
             Err(SendError::Failed(e)) => return Err(reported(&selected, e)),
         }
     };
-    if multiplexed {
+    if multiplexed && !waited {
         selected.in_flight.pending_for_connect();
     }
     let alpn = protocol::mesh_alpn(req.version());
@@ -259,6 +276,15 @@ pub(in crate::http) async fn send(
         }
         None => sender,
     };
+    // The requests that waited for it look again once its peer's limit is known.
+    if let (Some(dialing), Some(streams)) = (dialing, sender.streams()) {
+        let streams = std::sync::Arc::clone(streams);
+        let bound = selected.connect_timeout;
+        tokio::spawn(async move {
+            streams.settled(bound).await;
+            drop(dialing);
+        });
+    }
     match send_on(ctx, key, sender, req).await {
         Ok(up) => {
             selected
