@@ -18,7 +18,7 @@ pub use crate::upstream::StreamWaiters;
 /// What the connection says of its peer's limit until the peer's SETTINGS arrive: the `h2`
 /// client starts with it (hyper's `initial_max_send_streams`), and no peer can send it (a
 /// SETTINGS value is 32 bits; one without the setting makes it `usize::MAX`). Until then a
-/// connection is not shared: Envoy assumes no limit and lets a burst pile onto a new
+/// connection carries one stream: Envoy assumes no limit and lets a burst pile onto a new
 /// connection, which the peer then refuses or its codec queues past the limit.
 pub const UNKNOWN_PEER_LIMIT: usize = usize::MAX - 1;
 
@@ -40,6 +40,9 @@ pub struct Streams {
     served: AtomicU32,
     /// A cluster's `max_requests_per_connection` (`u32::MAX`: none).
     max_requests: AtomicU32,
+    /// A cluster's own limit on streams at once (`http2_protocol_options.max_concurrent_streams`,
+    /// `u32::MAX`: none), below the peer's when lower.
+    max_streams: AtomicU32,
     /// Gives no more streams: it carried `max_requests`, or the peer said GOAWAY.
     retired: AtomicBool,
     /// The routed cluster's pending requests, woken when a stream is given back.
@@ -64,6 +67,7 @@ impl Streams {
             peer_limit,
             served: AtomicU32::new(0),
             max_requests: AtomicU32::new(u32::MAX),
+            max_streams: AtomicU32::new(u32::MAX),
             retired: AtomicBool::new(false),
             waiters: OnceLock::new(),
         }
@@ -76,8 +80,12 @@ impl Streams {
             return None;
         }
         let limit = match (self.peer_limit)() {
-            UNKNOWN_PEER_LIMIT => return None,
-            known => u32::try_from(known).unwrap_or(u32::MAX),
+            // One stream: a connection opened ahead of its first request (while detection
+            // read the client's bytes) serves that request, whatever its peer then says.
+            UNKNOWN_PEER_LIMIT => 1,
+            known => u32::try_from(known)
+                .unwrap_or(u32::MAX)
+                .min(self.max_streams.load(Ordering::Acquire)),
         };
         self.active
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -117,10 +125,19 @@ impl Streams {
     }
 
     /// The connection carries at most `max` streams in all (a cluster's
-    /// `max_requests_per_connection`), and wakes `waiters` when it gives one back.
-    pub fn bind(&self, max: Option<u32>, waiters: Option<Arc<dyn StreamWaiters>>) {
+    /// `max_requests_per_connection`) and `at_once` at a time (its
+    /// `max_concurrent_streams`), and wakes `waiters` when it gives one back.
+    pub fn bind(
+        &self,
+        max: Option<u32>,
+        at_once: Option<u32>,
+        waiters: Option<Arc<dyn StreamWaiters>>,
+    ) {
         if let Some(max) = max {
             self.max_requests.store(max.max(1), Ordering::Release);
+        }
+        if let Some(n) = at_once {
+            self.max_streams.store(n.max(1), Ordering::Release);
         }
         if let Some(w) = waiters {
             let _ = self.waiters.set(w);
@@ -217,7 +234,11 @@ mod tests {
         let peer = Arc::clone(&limit);
         let streams = Arc::new(Streams::new(Box::new(move || peer.load(Ordering::SeqCst))));
         let waiters = Arc::new(Counted::default());
-        streams.bind(max, Some(Arc::clone(&waiters) as Arc<dyn StreamWaiters>));
+        streams.bind(
+            max,
+            None,
+            Some(Arc::clone(&waiters) as Arc<dyn StreamWaiters>),
+        );
         (streams, limit, waiters)
     }
 
@@ -267,11 +288,22 @@ mod tests {
     fn a_connection_is_not_shared_before_its_peers_settings() {
         let (streams, limit, _) = connection(None);
         limit.store(UNKNOWN_PEER_LIMIT, Ordering::SeqCst);
-        let _first = streams.take_first();
+        let first = streams.try_take().expect("one stream before the SETTINGS");
         assert!(!streams.peer_limit_known());
-        assert!(streams.try_take().is_none());
+        assert!(streams.try_take().is_none(), "no second");
+        drop(first);
+        let _first = streams.take_first();
         limit.store(usize::MAX, Ordering::SeqCst);
         assert!(streams.try_take().is_some(), "a peer with no limit");
+    }
+
+    #[test]
+    fn the_clusters_own_limit_applies_below_the_peers() {
+        let (streams, limit, _) = connection(None);
+        streams.bind(None, Some(1), None);
+        limit.store(100, Ordering::SeqCst);
+        let _one = streams.try_take().expect("one");
+        assert!(streams.try_take().is_none(), "the cluster's limit of 1");
     }
 
     #[test]

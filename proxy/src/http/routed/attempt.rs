@@ -263,7 +263,11 @@ pub(in crate::http) async fn send(
         Some(first) => {
             if let Some(streams) = sender.streams() {
                 let waiters = multiplexed.then(|| selected.in_flight.stream_waiters());
-                streams.bind(limit, waiters);
+                streams.bind(
+                    limit,
+                    selected.cluster.http2_max_concurrent_streams,
+                    waiters,
+                );
             }
             // Shared from now on by every request to this endpoint, while it has room.
             ctx.proxy.pool.checkin(
