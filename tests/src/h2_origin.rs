@@ -3,7 +3,8 @@
 //! connections opened, the streams each carried at once, the streams in flight over all
 //! connections at once, and the requests answered. A path holding `slow` is answered after
 //! the origin's hold; any other at once. Every answer names the connection it came on
-//! (`x-connection: N`, from 1).
+//! (`x-connection: N`, from 1); a gRPC request is answered an empty message and
+//! `grpc-status: 0`.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -79,6 +80,10 @@ async fn serve(
                 let all = counts.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
                 counts.most_in_flight.fetch_max(all, Ordering::SeqCst);
                 let slow = request.uri().path().contains("slow");
+                let grpc = request
+                    .headers()
+                    .get("content-type")
+                    .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
                 let (counts, at_once) = (Arc::clone(&counts), Arc::clone(&at_once));
                 tokio::spawn(async move {
                     if slow {
@@ -86,15 +91,26 @@ async fn serve(
                     }
                     at_once.fetch_sub(1, Ordering::SeqCst);
                     counts.in_flight.fetch_sub(1, Ordering::SeqCst);
-                    let ok = http::Response::builder()
+                    let mut ok = http::Response::builder()
                         .status(200)
-                        .header("x-connection", number.to_string())
-                        .body(())
-                        .expect("response");
-                    if let Ok(mut body) = respond.send_response(ok, false) {
-                        let _ = body.send_data(bytes::Bytes::from_static(b"ok"), true);
-                        counts.answered.fetch_add(1, Ordering::SeqCst);
+                        .header("x-connection", number.to_string());
+                    if grpc {
+                        ok = ok.header("content-type", "application/grpc");
                     }
+                    let ok = ok.body(()).expect("response");
+                    let Ok(mut body) = respond.send_response(ok, false) else {
+                        return;
+                    };
+                    if grpc {
+                        // An empty message, then `grpc-status: 0` in the trailers.
+                        let _ = body.send_data(bytes::Bytes::from_static(&[0; 5]), false);
+                        let mut trailers = http::HeaderMap::new();
+                        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                        let _ = body.send_trailers(trailers);
+                    } else {
+                        let _ = body.send_data(bytes::Bytes::from_static(b"ok"), true);
+                    }
+                    counts.answered.fetch_add(1, Ordering::SeqCst);
                 });
             }
         });

@@ -14,6 +14,10 @@
 //!   some of them on the first connection before its peer's SETTINGS arrive, has them
 //!   refused and retries them; Remora shares a new connection only once it knows its peer's
 //!   limit, so each goes out once.
+//! - `maxConcurrentStreams: 1` to an origin taking a hundred: the cluster's own limit, as the
+//!   peer's above, three requests in flight on three connections.
+//! - gRPC: four slow calls multiplexed on one client HTTP/2 connection, each started while the
+//!   earlier ones are in flight, run at once on four upstream connections.
 //! - `maxRequestsPerConnection: 2`: three requests one after another take two connections.
 //!
 //! The origins count connections and streams at once; both proxies' cluster statistics
@@ -44,10 +48,21 @@ const ONE: &str = "outbound|80|one|web.test.svc.cluster.local";
 const LIMITED: &str = "outbound|80|limited|web.test.svc.cluster.local";
 /// No connection limit, for a burst at a cold start.
 const BURST: &str = "outbound|80|burst|web.test.svc.cluster.local";
-/// Each cluster's origin, so that each origin's counts are one cluster's.
-const PORTS: [(&str, u16); 4] = [(OPEN, 8001), (ONE, 8002), (LIMITED, 8003), (BURST, 8004)];
-/// The streams each origin takes at once per connection.
-const ORIGIN_STREAM_LIMIT: u32 = 1;
+/// Its own limit of one stream per connection (`maxConcurrentStreams: 1`), to an origin
+/// taking many.
+const CAPPED: &str = "outbound|80|capped|web.test.svc.cluster.local";
+/// Each cluster's origin, so that each origin's counts are one cluster's, and the streams
+/// it takes at once per connection.
+const PORTS: [(&str, u16, u32); 6] = [
+    (OPEN, 8001, 1),
+    (ONE, 8002, 1),
+    (LIMITED, 8003, 1),
+    (BURST, 8004, 1),
+    (CAPPED, 8005, 100),
+    (GRPC, 8006, 1),
+];
+/// A gRPC service (no connection limit), its calls multiplexed on one client connection.
+const GRPC: &str = "outbound|80|grpc|web.test.svc.cluster.local";
 /// How long an origin holds a slow request.
 const HOLD: Duration = Duration::from_millis(1500);
 /// Between the starts of requests sent while the earlier ones are in flight: long enough for
@@ -58,15 +73,16 @@ fn backend_addr(port: u16) -> SocketAddr {
     SocketAddrV4::new(BACKEND_IP, port).into()
 }
 
-/// An EDS cluster speaking HTTP/2 upstream, with these circuit-breaker thresholds.
-fn h2_cluster(name: &str, thresholds: Value, common: Value) -> Value {
+/// An EDS cluster speaking HTTP/2 upstream, with these circuit-breaker thresholds, common
+/// HTTP options and HTTP/2 options.
+fn h2_cluster(name: &str, thresholds: Value, common: Value, h2: Value) -> Value {
     let mut c = eds_cluster(name);
     c["circuit_breakers"] = json!({"thresholds": [thresholds]});
     c["typed_extension_protocol_options"] = json!({
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
             "common_http_protocol_options": common,
-            "explicit_http_config": {"http2_protocol_options": {}}}});
+            "explicit_http_config": {"http2_protocol_options": h2}}});
     c
 }
 
@@ -84,7 +100,7 @@ fn resources() -> Resources {
     };
     let endpoints: Vec<Value> = PORTS
         .iter()
-        .map(|(cluster, port)| {
+        .map(|(cluster, port, _)| {
             json!({"cluster_name": cluster, "endpoints": [{"lb_endpoints": [
                 {"endpoint": {"address": {"socket_address": {
                     "address": BACKEND_IP.to_string(), "port_value": port}}},
@@ -110,15 +126,17 @@ fn resources() -> Resources {
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}
         ]),
         clusters: json!([
-            h2_cluster(OPEN, unlimited.clone(), idle.clone()),
-            h2_cluster(ONE, one, idle),
-            h2_cluster(LIMITED, unlimited.clone(), limited),
-            h2_cluster(BURST, unlimited, json!({"idle_timeout": "3600s"})),
+            h2_cluster(OPEN, unlimited.clone(), idle.clone(), json!({})),
+            h2_cluster(ONE, one, idle.clone(), json!({})),
+            h2_cluster(LIMITED, unlimited.clone(), limited, json!({})),
+            h2_cluster(BURST, unlimited.clone(), idle.clone(), json!({})),
+            h2_cluster(CAPPED, unlimited.clone(), idle.clone(), json!({"max_concurrent_streams": 1})),
+            h2_cluster(GRPC, unlimited, idle, json!({})),
             {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}
         ]),
         routes: json!([{"name": "80", "virtual_hosts": [
             {"name": "web.test.svc.cluster.local:80", "domains": [WEB, "web", VIP.to_string()],
-             "routes": [route("/open", OPEN), route("/one", ONE), route("/limited", LIMITED), route("/burst", BURST)]}]}]),
+             "routes": [route("/open", OPEN), route("/one", ONE), route("/limited", LIMITED), route("/burst", BURST), route("/capped", CAPPED), route("/test.Echo", GRPC)]}]}]),
         endpoints: Value::Array(endpoints),
     }
 }
@@ -147,9 +165,7 @@ fn prepare(net: &PodNet) -> Vec<Arc<Counts>> {
     }
     PORTS
         .iter()
-        .map(|(_, port)| {
-            h2_origin::start(&net.peer, backend_addr(*port), ORIGIN_STREAM_LIMIT, HOLD)
-        })
+        .map(|(_, port, limit)| h2_origin::start(&net.peer, backend_addr(*port), *limit, HOLD))
         .collect()
 }
 
@@ -171,7 +187,7 @@ impl World<'_> {
     fn origin(&self, cluster: &str) -> &Counts {
         let i = PORTS
             .iter()
-            .position(|(c, _)| *c == cluster)
+            .position(|(c, _, _)| *c == cluster)
             .expect("a cluster of the test");
         &self.origins[i]
     }
@@ -270,6 +286,71 @@ fn spread(w: &World) -> Seen {
     seen(w, OPEN, statuses)
 }
 
+/// Three slow requests, each sent while the earlier ones are in flight, to the cluster
+/// allowing one stream per connection.
+fn capped(w: &World) -> Seen {
+    let statuses = w.staggered("/capped/slow", 3);
+    seen(w, CAPPED, statuses)
+}
+
+/// Four slow gRPC calls on one HTTP/2 client connection, each started while the earlier ones
+/// are in flight: the `grpc-status` of each.
+fn grpc(w: &World) -> Seen {
+    let vip = SocketAddr::from((VIP, 80));
+    let socket = w
+        .net
+        .pod
+        .connect(vip, Duration::from_secs(5))
+        .expect("connect");
+    socket.set_nonblocking(true).expect("non-blocking");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let statuses = runtime.block_on(async move {
+        let socket = tokio::net::TcpStream::from_std(socket).expect("tokio stream");
+        let (send, conn) = h2::client::handshake(socket).await.expect("handshake");
+        tokio::spawn(conn);
+        let mut calls = Vec::new();
+        for i in 0..4 {
+            if i > 0 {
+                tokio::time::sleep(STAGGER).await;
+            }
+            let send = send.clone();
+            calls.push(tokio::spawn(async move {
+                let mut send = send.ready().await.expect("ready");
+                let call = http::Request::post(format!("http://{WEB}/test.Echo/slow"))
+                    .header("content-type", "application/grpc")
+                    .header("te", "trailers")
+                    .body(())
+                    .expect("request");
+                let (response, mut body) = send.send_request(call, false).expect("send");
+                let _ = body.send_data(bytes::Bytes::from_static(&[0; 5]), true);
+                let response = tokio::time::timeout(Duration::from_secs(10), response)
+                    .await
+                    .expect("answered in time")
+                    .expect("response");
+                let mut body = response.into_body();
+                while let Some(chunk) = body.data().await {
+                    let chunk = chunk.expect("body");
+                    let _ = body.flow_control().release_capacity(chunk.len());
+                }
+                let trailers = body.trailers().await.expect("trailers").unwrap_or_default();
+                trailers
+                    .get("grpc-status")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(u16::MAX)
+            }));
+        }
+        let mut statuses = Vec::new();
+        for call in calls {
+            statuses.push(call.await.expect("call task"));
+        }
+        statuses
+    });
+    seen(w, GRPC, statuses)
+}
+
 /// Three slow requests to the cluster allowed one connection and one pending request.
 fn breaking(w: &World) -> Seen {
     let statuses = w.staggered("/one/slow", 3);
@@ -318,10 +399,13 @@ fn http2_connections_at_the_peers_stream_limit_are_added_as_envoy_adds_them() {
     };
     let envoy = world(&nets.1, Some(&binary));
     let remora = world(&nets.0, None);
-    for (name, scenario) in [
+    let scenarios = [
         ("spread", spread as fn(&World) -> Seen),
         ("breaking", breaking),
-    ] {
+        ("capped", capped),
+        ("grpc", grpc),
+    ];
+    for (name, scenario) in scenarios {
         let expected = scenario(&envoy);
         let got = scenario(&remora);
         eprintln!("{name}: envoy {expected:?}\n{name}: remora {got:?}");
@@ -340,6 +424,10 @@ fn http2_connections_at_the_peers_stream_limit_are_added_as_envoy_adds_them() {
     assert_eq!(open.2, 4, "envoy: all four at once");
     let one = envoy.origin(ONE).read();
     assert_eq!(one.0, 1, "envoy: max_connections 1");
+    let capped = envoy.origin(CAPPED).read();
+    assert_eq!(capped.0, 3, "envoy: maxConcurrentStreams 1");
+    let grpc = envoy.origin(GRPC).read();
+    assert_eq!((grpc.0, grpc.2), (4, 4), "envoy: four calls at once");
 
     // A burst at a cold start: the same connections, each stream at once.
     let (expected, got) = (burst(&envoy), burst(&remora));

@@ -595,15 +595,24 @@ pub(super) async fn send_on(
                 Some((key, Sender::Http1(tx, served.saturating_add(1)))),
             )
         }
-        Sender::Http2(mut tx, share) => {
+        Sender::Http2(mut tx, streams) => {
             match tokio::time::timeout(bound, tx.ready()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(SendError::Unsent(Box::new(req), e)),
                 Err(_) => return Err(stuck()),
             }
-            // The stream is held until the request ends (its share given back to the pool).
             let sent = tx.try_send_request(req).await;
-            (sent, Some((key, Sender::Http2(tx, share))))
+            (sent, Some((key, Sender::Http2(tx, streams))))
+        }
+        Sender::Http2Stream(mut tx, held) => {
+            match tokio::time::timeout(bound, tx.ready()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(SendError::Unsent(Box::new(req), e)),
+                Err(_) => return Err(stuck()),
+            }
+            // The stream is held until the request ends (given back to the pool then).
+            let sent = tx.try_send_request(req).await;
+            (sent, Some((key, Sender::Http2Stream(tx, held))))
         }
     };
     match sent {

@@ -339,7 +339,7 @@ impl ConnContext {
     fn return_to_pool(&self, key: pool::Key, sender: pool::Sender, idle: Option<Duration>) {
         if let Some(originate) = &self.originate {
             // A client's own HTTP/2 mesh connection: its handle stays with the client.
-            if matches!(sender, pool::Sender::Http2(..)) {
+            if !matches!(sender, pool::Sender::Http1(..)) {
                 return;
             }
             originate.checkin(self, sender);

@@ -17,7 +17,7 @@
 //! connection the server is closing fails.
 
 use super::body::UpstreamBody;
-use super::stream_capacity::{Share, Streams};
+use super::stream_capacity::{Held, Streams};
 use crate::connect::Upstream;
 use crate::detect::HttpVersion;
 use hyper::client::conn::{http1, http2};
@@ -61,25 +61,35 @@ pub enum Sender {
     /// With the number of requests the connection has carried (a cluster's
     /// `max_requests_per_connection` retires it at its limit).
     Http1(http1::SendRequest<UpstreamBody>, u32),
-    /// With its share of the connection's streams: one held for a request, or none (the
-    /// handle the pool keeps).
-    Http2(http2::SendRequest<UpstreamBody>, Share),
+    /// A handle on the connection that holds no stream (what the pool keeps).
+    Http2(http2::SendRequest<UpstreamBody>, Arc<Streams>),
+    /// A handle holding one of the connection's streams for a request.
+    Http2Stream(http2::SendRequest<UpstreamBody>, Held),
 }
 
 impl Sender {
     /// Another handle on this HTTP/2 connection holding one of its streams for a request,
     /// whatever the count (the first request of a connection opened for it).
     pub fn first_stream(&self) -> Option<Sender> {
-        match self {
-            Sender::Http2(s, share) => Some(Sender::Http2(s.clone(), share.streams().take_first())),
-            Sender::Http1(..) => None,
-        }
+        let (s, streams) = self.http2()?;
+        Some(Sender::Http2Stream(s.clone(), streams.take_first()))
     }
 
     /// The HTTP/2 connection's streams.
     pub fn streams(&self) -> Option<&Arc<Streams>> {
+        self.http2().map(|(_, streams)| streams)
+    }
+
+    /// A handle on the same HTTP/2 connection that holds no stream.
+    pub fn handle(&self) -> Option<Sender> {
+        let (s, streams) = self.http2()?;
+        Some(Sender::Http2(s.clone(), Arc::clone(streams)))
+    }
+
+    fn http2(&self) -> Option<(&http2::SendRequest<UpstreamBody>, &Arc<Streams>)> {
         match self {
-            Sender::Http2(_, share) => Some(share.streams()),
+            Sender::Http2(s, streams) => Some((s, streams)),
+            Sender::Http2Stream(s, held) => Some((s, held.streams())),
             Sender::Http1(..) => None,
         }
     }
@@ -105,29 +115,32 @@ pub trait Pooled: Sized + Send + 'static {
     fn is_retired(&self) -> bool {
         false
     }
+    /// What the pool keeps of it: a handle holding no stream (HTTP/2).
+    fn into_idle(self) -> Self {
+        self
+    }
 }
 
 impl Pooled for Sender {
     fn is_closed(&self) -> bool {
-        match self {
-            Sender::Http1(s, _) => s.is_closed(),
-            Sender::Http2(s, _) => s.is_closed(),
+        match self.http2() {
+            Some((s, _)) => s.is_closed(),
+            None => matches!(self, Sender::Http1(s, _) if s.is_closed()),
         }
     }
 
     fn share(&mut self) -> Option<Self> {
-        match self {
-            Sender::Http2(s, share) if s.is_ready() => share
-                .streams()
-                .try_take()
-                .map(|held| Sender::Http2(s.clone(), held)),
-            _ => None,
+        let (s, streams) = self.http2()?;
+        if !s.is_ready() {
+            return None;
         }
+        let held = streams.try_take()?;
+        Some(Sender::Http2Stream(s.clone(), held))
     }
 
     fn same_connection(&self, other: &Self) -> bool {
-        match (self, other) {
-            (Sender::Http2(_, a), Sender::Http2(_, b)) => a.same_connection(b),
+        match (self.streams(), other.streams()) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -138,6 +151,13 @@ impl Pooled for Sender {
 
     fn is_retired(&self) -> bool {
         self.streams().is_some_and(|s| s.is_retired())
+    }
+
+    fn into_idle(self) -> Self {
+        match self {
+            Sender::Http2Stream(s, held) => Sender::Http2(s, Arc::clone(held.streams())),
+            other => other,
+        }
     }
 }
 
@@ -248,7 +268,10 @@ impl<C: Pooled, K: PoolKey + Send + Sync + 'static> Pool<C, K> {
             if full {
                 Some(sender)
             } else {
-                list.push(Idle { sender, expires });
+                list.push(Idle {
+                    sender: sender.into_idle(),
+                    expires,
+                });
                 None
             }
         };
@@ -451,7 +474,7 @@ where
                     conn.as_ref().get_ref().current_max_send_streams()
                 })
             })));
-            let share = streams.handle();
+            let handle = Arc::clone(&streams);
             tokio::spawn(async move {
                 let _keep = keep;
                 let ended = std::future::poll_fn(|cx| {
@@ -465,7 +488,7 @@ where
                     tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
                 }
             });
-            Ok(Sender::Http2(sender, share))
+            Ok(Sender::Http2(sender, handle))
         }
     }
 }

@@ -5,7 +5,7 @@
 //! that finds none "ready" makes a new one within the cluster's `max_connections`).
 //!
 //! The streams counted are the ones this proxy's requests hold: a request takes one when it
-//! is given the connection and gives it back when its response is over ([`Share`] dropped).
+//! is given the connection and gives it back when its response is over ([`Held`] dropped).
 //! That is never earlier than `h2` closes the stream, so the count never lets a request past
 //! the peer's limit into `h2`'s own queue.
 
@@ -75,7 +75,7 @@ impl Streams {
 
     /// Take one stream if the connection has room for it now (under the peer's limit and
     /// its `max_requests_per_connection`); the connection is retired by the last one.
-    pub fn try_take(self: &Arc<Self>) -> Option<Share> {
+    pub fn try_take(self: &Arc<Self>) -> Option<Held> {
         if self.retired.load(Ordering::Acquire) {
             return None;
         }
@@ -96,12 +96,12 @@ impl Streams {
     }
 
     /// Take one stream whatever the count: the first stream of a connection opened for it.
-    pub fn take_first(self: &Arc<Self>) -> Share {
+    pub fn take_first(self: &Arc<Self>) -> Held {
         self.active.fetch_add(1, Ordering::AcqRel);
         self.served_one()
     }
 
-    fn served_one(self: &Arc<Self>) -> Share {
+    fn served_one(self: &Arc<Self>) -> Held {
         let served = self.served.fetch_add(1, Ordering::AcqRel).saturating_add(1);
         if served >= self.max_requests.load(Ordering::Acquire)
             && !self.retired.swap(true, Ordering::AcqRel)
@@ -110,18 +110,7 @@ impl Streams {
                 w.retired_at_limit();
             }
         }
-        Share {
-            streams: Arc::clone(self),
-            holds: true,
-        }
-    }
-
-    /// A handle on the connection that holds no stream (what the pool keeps).
-    pub fn handle(self: &Arc<Self>) -> Share {
-        Share {
-            streams: Arc::clone(self),
-            holds: false,
-        }
+        Held(Arc::clone(self))
     }
 
     /// The connection carries at most `max` streams in all (a cluster's
@@ -180,31 +169,21 @@ impl Streams {
     }
 }
 
-/// A handle on an upstream HTTP/2 connection's streams, holding one of them or none.
+/// One stream of an upstream HTTP/2 connection, held for a request; given back when dropped.
 #[derive(Debug)]
-pub struct Share {
-    streams: Arc<Streams>,
-    holds: bool,
-}
+pub struct Held(Arc<Streams>);
 
-impl Share {
+impl Held {
     /// The connection's streams.
     pub fn streams(&self) -> &Arc<Streams> {
-        &self.streams
-    }
-
-    /// Whether this handle and `other` are on one connection.
-    pub fn same_connection(&self, other: &Share) -> bool {
-        Arc::ptr_eq(&self.streams, &other.streams)
+        &self.0
     }
 }
 
-impl Drop for Share {
+impl Drop for Held {
     fn drop(&mut self) {
-        if self.holds {
-            self.streams.active.fetch_sub(1, Ordering::AcqRel);
-            self.streams.wake();
-        }
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+        self.0.wake();
     }
 }
 
@@ -263,9 +242,6 @@ mod tests {
         limit.store(3, Ordering::SeqCst);
         assert!(streams.try_take().is_some());
         drop(fourth);
-        // A handle the pool keeps holds none.
-        let handle = streams.handle();
-        drop(handle);
         assert_eq!(streams.active(), 0);
     }
 
