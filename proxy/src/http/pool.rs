@@ -492,3 +492,6 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
