@@ -9,10 +9,17 @@
 //!   without the owner exclusion for our UID; without this guard each hop opens another, until
 //!   file descriptors run out. Both ends are compared because Linux gives one ephemeral port to
 //!   several sockets with different destinations: an application's connection can share a
-//!   local address with one of ours and must not be refused for it.
+//!   local address with one of ours and must not be refused for it. Even both can match a
+//!   connection that is not ours: the capture's NAT may give a client a new source port, and
+//!   that port may be the local port of one of our upstream connections to the same place
+//!   (`sock_diag`). So a match whose upstream has already received bytes is not a loop: our
+//!   upstream captured again has no peer but the connection being checked, which has been sent
+//!   nothing.
 //!
 //! The record of open upstream connections the second guard keeps is also what the admin
 //! `/clusters` page lists as each cluster's hosts.
+
+mod sock_diag;
 
 use crate::Direction;
 use std::io;
@@ -96,10 +103,25 @@ impl LoopGuard {
 
     /// Whether `peer` → `orig_dst` is one of our own upstream connections, accepted by us.
     fn is_own_upstream(&self, peer: SocketAddr, orig_dst: SocketAddr) -> bool {
-        self.upstreams
+        let registered = self
+            .upstreams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .contains_key(&(peer, orig_dst))
+            .contains_key(&(peer, orig_dst));
+        // Asked only on a match: the kernel knows whether that upstream has heard from its
+        // peer. If it cannot say, the match stands.
+        registered
+            && match sock_diag::bytes_received(peer, orig_dst) {
+                Some(received) if received > 0 => {
+                    tracing::debug!(
+                        %peer, %orig_dst, received,
+                        "a connection shares its addresses with one of our upstream connections \
+                         (its source port rewritten by NAT), which has heard from its peer: not a loop"
+                    );
+                    false
+                }
+                _ => true,
+            }
     }
 
     /// Record an upstream connection from `local` to `remote`, serving `direction`, for as long
@@ -250,6 +272,27 @@ mod tests {
         assert_eq!(guard.check(local, dst), Some(Guard::OwnUpstream));
         assert_eq!(guard.check(addr("10.0.0.5:43211"), dst), None);
         drop(registration);
+        assert_eq!(guard.check(local, dst), None);
+    }
+
+    #[test]
+    fn a_match_whose_upstream_has_heard_from_its_peer_is_not_refused() {
+        // A client whose source port NAT rewrote to the local port of one of our upstream
+        // connections to the same destination: that upstream has received bytes, which our
+        // own upstream captured again cannot have.
+        use std::io::{Read, Write};
+        let guard = LoopGuard::new(vec![]);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dst = listener.local_addr().unwrap();
+        let mut upstream = std::net::TcpStream::connect(dst).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        let local = upstream.local_addr().unwrap();
+        let _registration = guard.register(local, dst, Direction::Outbound);
+        // Nothing received yet: as our upstream captured again would be.
+        assert_eq!(guard.check(local, dst), Some(Guard::OwnUpstream));
+        server.write_all(b"hi").unwrap();
+        let mut got = [0u8; 2];
+        upstream.read_exact(&mut got).unwrap();
         assert_eq!(guard.check(local, dst), None);
     }
 
