@@ -28,12 +28,15 @@ const SOCKET_ID_LEN: usize = 4 + 32 + 4 + 8;
 const MESSAGE_LEN: usize = 4 + SOCKET_ID_LEN + 20;
 /// `INET_DIAG_INFO`: the attribute carrying `struct tcp_info`.
 const INET_DIAG_INFO: u16 = 2;
-/// Offset of `tcpi_bytes_received` (a `u64`, Linux 4.1 and later) in `struct tcp_info`.
-const TCPI_BYTES_RECEIVED: usize = 128;
+/// Offset of `tcpi_data_segs_in` (a `u32`, Linux 4.6 and later) in `struct tcp_info`: the
+/// segments received that carried data. Not `tcpi_bytes_received`, which a connection dialled
+/// from a bound source was seen to start at 1 with nothing received.
+const TCPI_DATA_SEGS_IN: usize = 152;
 
-/// Bytes received so far by the TCP socket from `local` to `remote` in this network namespace;
-/// `None` when the kernel does not say (no such socket, no `inet_diag`, an older kernel).
-pub fn bytes_received(local: SocketAddr, remote: SocketAddr) -> Option<u64> {
+/// Segments with data received so far by the TCP socket from `local` to `remote` in this
+/// network namespace; `None` when the kernel does not say (no such socket, no `inet_diag`, an
+/// older kernel).
+pub fn data_segments_received(local: SocketAddr, remote: SocketAddr) -> Option<u32> {
     match query(local, remote) {
         Ok(found) => found,
         Err(e) => {
@@ -43,7 +46,7 @@ pub fn bytes_received(local: SocketAddr, remote: SocketAddr) -> Option<u64> {
     }
 }
 
-fn query(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<u64>> {
+fn query(local: SocketAddr, remote: SocketAddr) -> io::Result<Option<u32>> {
     let socket = Socket::new(
         Domain::from(libc::AF_NETLINK),
         Type::DGRAM.cloexec(),
@@ -95,9 +98,9 @@ fn address(ip: IpAddr) -> [u8; 16] {
     out
 }
 
-/// `tcpi_bytes_received` from the kernel's answer, if it is one socket's `inet_diag_msg` with
-/// a `tcp_info` long enough to hold it.
-fn parse(reply: &[u8]) -> Option<u64> {
+/// `tcpi_data_segs_in` from the kernel's answer, if it is one socket's `inet_diag_msg` with a
+/// `tcp_info` long enough to hold it.
+fn parse(reply: &[u8]) -> Option<u32> {
     let header = reply.get(..NLMSG_HEADER)?;
     let len = u32::from_ne_bytes(header[..4].try_into().ok()?) as usize;
     let kind = u16::from_ne_bytes(header[4..6].try_into().ok()?);
@@ -114,8 +117,8 @@ fn parse(reply: &[u8]) -> Option<u64> {
         }
         if attr_type == INET_DIAG_INFO {
             let info = &attributes[4..attr_len];
-            let bytes = info.get(TCPI_BYTES_RECEIVED..TCPI_BYTES_RECEIVED + 8)?;
-            return Some(u64::from_ne_bytes(bytes.try_into().ok()?));
+            let segments = info.get(TCPI_DATA_SEGS_IN..TCPI_DATA_SEGS_IN + 4)?;
+            return Some(u32::from_ne_bytes(segments.try_into().ok()?));
         }
         attributes = attributes
             .get(attr_len.next_multiple_of(4)..)
@@ -131,21 +134,21 @@ mod tests {
     use std::net::{TcpListener, TcpStream};
 
     #[test]
-    fn counts_what_a_socket_has_received() {
+    fn counts_the_data_a_socket_has_received() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (mut server, _) = listener.accept().unwrap();
         let (local, remote) = (client.local_addr().unwrap(), client.peer_addr().unwrap());
-        assert_eq!(bytes_received(local, remote), Some(0));
+        assert_eq!(data_segments_received(local, remote), Some(0));
         server.write_all(b"hello").unwrap();
         let mut got = [0u8; 5];
         client.read_exact(&mut got).unwrap();
-        assert_eq!(bytes_received(local, remote), Some(5));
+        assert_eq!(data_segments_received(local, remote), Some(1));
         // The other end has received nothing, and the ends are not interchangeable.
-        assert_eq!(bytes_received(remote, local), Some(0));
+        assert_eq!(data_segments_received(remote, local), Some(0));
         client.write_all(b"x").unwrap();
         server.read_exact(&mut got[..1]).unwrap();
-        assert_eq!(bytes_received(remote, local), Some(1));
+        assert_eq!(data_segments_received(remote, local), Some(1));
     }
 
     #[test]
@@ -153,7 +156,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let remote = listener.local_addr().unwrap();
         let local: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        assert_eq!(bytes_received(local, remote), None);
+        assert_eq!(data_segments_received(local, remote), None);
     }
 
     #[test]
@@ -168,6 +171,6 @@ mod tests {
         let mut got = [0u8; 3];
         c.read_exact(&mut got).unwrap();
         let (local, remote) = (client.local_addr().unwrap(), client.peer_addr().unwrap());
-        assert_eq!(bytes_received(local, remote), Some(3));
+        assert_eq!(data_segments_received(local, remote), Some(1));
     }
 }
