@@ -138,9 +138,9 @@ mod tests {
         let (_, peer) = listener.accept().await.unwrap();
         assert_eq!(peer.ip(), source);
         // While open, its local address is known to the loop guard.
-        assert!(guard.check(peer, dst).is_some());
+        assert_ne!(guard.check(peer, dst), crate::loop_guard::Verdict::Pass);
         drop(up);
-        assert!(guard.check(peer, dst).is_none());
+        assert_eq!(guard.check(peer, dst), crate::loop_guard::Verdict::Pass);
     }
 
     #[tokio::test]

@@ -9,10 +9,21 @@
 //!   without the owner exclusion for our UID; without this guard each hop opens another, until
 //!   file descriptors run out. Both ends are compared because Linux gives one ephemeral port to
 //!   several sockets with different destinations: an application's connection can share a
-//!   local address with one of ours and must not be refused for it.
+//!   local address with one of ours and must not be refused for it. Even both can match a
+//!   connection that is not ours: the capture's NAT may give a client a new source port, and
+//!   that port may be the local port of one of our upstream connections to the same place
+//!   (`sock_diag`). So a match whose upstream has already received bytes is not a loop: our
+//!   upstream captured again has no peer but the connection being checked, which has been sent
+//!   nothing. A match on an upstream that has heard nothing yet is still not proof (the
+//!   upstream's server may not have answered yet), so the first one is served, marked: the
+//!   upstream connections its task dials are suspects, and a connection that matches a suspect
+//!   is refused. A real loop is stopped one hop later; a client NAT happened to give our port
+//!   is refused only if that happens twice in a row along one chain of connections.
 //!
 //! The record of open upstream connections the second guard keeps is also what the admin
 //! `/clusters` page lists as each cluster's hosts.
+
+mod sock_diag;
 
 use crate::Direction;
 use std::io;
@@ -36,13 +47,63 @@ impl Guard {
     }
 }
 
+tokio::task_local! {
+    /// Set while a connection that matched one of our upstream connections for the first time
+    /// is served: the upstream connections its task dials are suspects.
+    static SERVING_SUSPECT: ();
+}
+
+/// What the guards make of a captured connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not a loop.
+    Pass,
+    /// Its peer and destination are those of one of our upstream connections that has heard
+    /// nothing yet, which was not itself dialled by such a connection: serve it inside
+    /// [`serve_suspect`], so that a loop is caught at its next hop.
+    Suspect,
+    /// A loop: refused by this guard.
+    Refuse(Guard),
+}
+
+impl Verdict {
+    /// The guard that refuses the connection, if one does.
+    pub fn refused(self) -> Option<Guard> {
+        match self {
+            Verdict::Refuse(g) => Some(g),
+            Verdict::Pass | Verdict::Suspect => None,
+        }
+    }
+}
+
+/// Serve a connection the own-upstream guard suspects ([`Verdict::Suspect`]).
+pub async fn serve_suspect<F: std::future::Future>(serving: F) -> F::Output {
+    SERVING_SUSPECT.scope((), serving).await
+}
+
+/// Whether this task serves a suspected connection: a task it spawns to dial (a mirror)
+/// carries that on with [`carry_suspicion`].
+pub fn serving_suspect() -> bool {
+    SERVING_SUSPECT.try_with(|()| ()).is_ok()
+}
+
+/// Run `work` as a suspected connection's task if `suspect`.
+pub async fn carry_suspicion<F: std::future::Future>(suspect: bool, work: F) -> F::Output {
+    if suspect {
+        SERVING_SUSPECT.scope((), work).await
+    } else {
+        work.await
+    }
+}
+
 /// The (local, remote) address pairs of Remora's open upstream connections, each with the
 /// direction it serves, and the ports Remora listens on.
 #[derive(Debug, Default)]
 pub struct LoopGuard {
     own_ports: Vec<u16>,
     // A plain mutex: held for one hash operation, never across an await.
-    upstreams: Mutex<foldhash::HashMap<(SocketAddr, SocketAddr), Direction>>,
+    /// Each with the direction it serves and whether a suspected connection dialled it.
+    upstreams: Mutex<foldhash::HashMap<(SocketAddr, SocketAddr), (Direction, bool)>>,
 }
 
 /// How many upstream connections are open to one destination, for one direction.
@@ -63,11 +124,14 @@ impl LoopGuard {
     }
 
     /// Which guard, if any, refuses a captured connection from `peer` to `orig_dst`.
-    pub fn check(&self, peer: SocketAddr, orig_dst: SocketAddr) -> Option<Guard> {
-        if self.is_own_upstream(peer, orig_dst) {
-            return Some(Guard::OwnUpstream);
+    pub fn check(&self, peer: SocketAddr, orig_dst: SocketAddr) -> Verdict {
+        match self.own_upstream(peer, orig_dst) {
+            Verdict::Pass => match self.check_destination(orig_dst) {
+                Some(g) => Verdict::Refuse(g),
+                None => Verdict::Pass,
+            },
+            matched => matched,
         }
-        self.check_destination(orig_dst)
     }
 
     /// Which guard, if any, refuses a connection from `peer` to an explicit listener at
@@ -81,11 +145,12 @@ impl LoopGuard {
         peer: SocketAddr,
         dialled: Option<SocketAddr>,
         upstream: SocketAddr,
-    ) -> Option<Guard> {
-        dialled
-            .filter(|d| self.is_own_upstream(peer, *d))
-            .map(|_| Guard::OwnUpstream)
-            .or_else(|| self.check_destination(upstream))
+    ) -> Verdict {
+        let matched = dialled.map_or(Verdict::Pass, |d| self.own_upstream(peer, d));
+        match (matched, self.check_destination(upstream)) {
+            (Verdict::Pass, Some(g)) => Verdict::Refuse(g),
+            (matched, _) => matched,
+        }
     }
 
     /// Whether proxying to `dst` would connect to one of our own capture listeners.
@@ -95,11 +160,37 @@ impl LoopGuard {
     }
 
     /// Whether `peer` → `orig_dst` is one of our own upstream connections, accepted by us.
-    fn is_own_upstream(&self, peer: SocketAddr, orig_dst: SocketAddr) -> bool {
-        self.upstreams
+    fn own_upstream(&self, peer: SocketAddr, orig_dst: SocketAddr) -> Verdict {
+        let registered = self
+            .upstreams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .contains_key(&(peer, orig_dst))
+            .get(&(peer, orig_dst))
+            .map(|&(_, suspect)| suspect);
+        let Some(suspect) = registered else {
+            return Verdict::Pass;
+        };
+        // Asked only on a match: the kernel knows whether that upstream has heard from its
+        // peer. If it cannot say, the match stands.
+        if let Some(received) = sock_diag::data_segments_received(peer, orig_dst).filter(|&n| n > 0)
+        {
+            tracing::debug!(
+                %peer, %orig_dst, received,
+                "a connection shares its addresses with one of our upstream connections, which \
+                 has heard from its peer: not a loop (NAT rewrote the client's source port)"
+            );
+            return Verdict::Pass;
+        }
+        if suspect {
+            Verdict::Refuse(Guard::OwnUpstream)
+        } else {
+            tracing::debug!(
+                %peer, %orig_dst,
+                "a connection shares its addresses with one of our upstream connections: served \
+                 as a suspect, a loop if what it dials comes back too"
+            );
+            Verdict::Suspect
+        }
     }
 
     /// Record an upstream connection from `local` to `remote`, serving `direction`, for as long
@@ -114,7 +205,7 @@ impl LoopGuard {
         self.upstreams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(pair, direction);
+            .insert(pair, (direction, serving_suspect()));
         Registration {
             guard: Arc::clone(self),
             pair: Box::new(pair),
@@ -129,7 +220,7 @@ impl LoopGuard {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .map(|(&(_, remote), &direction)| (direction, remote))
+            .map(|(&(_, remote), &(direction, _))| (direction, remote))
             .collect();
         open.sort_unstable_by_key(|&(d, a)| (d == Direction::Inbound, a));
         let mut counted: Vec<OpenUpstreams> = Vec::new();
@@ -195,17 +286,20 @@ mod tests {
         let _registration = guard.register(ours, upstream, Direction::Outbound);
         // A client that happens to use the port of our upstream socket to the same upstream.
         let dialled = Some(listener);
-        assert_eq!(guard.check_explicit(ours, dialled, upstream), None);
+        assert_eq!(
+            guard.check_explicit(ours, dialled, upstream).refused(),
+            None
+        );
         // Our upstream socket dialled this listener: its upstream is itself.
         let _back = guard.register(ours, listener, Direction::Outbound);
         assert_eq!(
             guard.check_explicit(ours, dialled, listener),
-            Some(Guard::OwnUpstream)
+            Verdict::Suspect
         );
         // An upstream that is one of our capture ports.
         let capture: SocketAddr = "127.0.0.1:15001".parse().unwrap();
         assert_eq!(
-            guard.check_explicit(listener, dialled, capture),
+            guard.check_explicit(listener, dialled, capture).refused(),
             Some(Guard::OwnListener)
         );
     }
@@ -219,14 +313,14 @@ mod tests {
         let guard = LoopGuard::new(vec![15001, 15006]);
         let peer = addr("10.0.0.9:40000");
         assert_eq!(
-            guard.check(peer, addr("127.0.0.1:15001")),
+            guard.check(peer, addr("127.0.0.1:15001")).refused(),
             Some(Guard::OwnListener)
         );
         assert_eq!(
-            guard.check(peer, addr("[::1]:15006")),
+            guard.check(peer, addr("[::1]:15006")).refused(),
             Some(Guard::OwnListener)
         );
-        assert_eq!(guard.check(peer, addr("127.0.0.1:8080")), None);
+        assert_eq!(guard.check(peer, addr("127.0.0.1:8080")).refused(), None);
     }
 
     #[test]
@@ -235,7 +329,9 @@ mod tests {
         let guard = LoopGuard::new(vec![15001]);
         // TEST-NET-1: never assigned to this machine.
         assert_eq!(
-            guard.check(addr("10.0.0.9:1"), addr("192.0.2.1:15001")),
+            guard
+                .check(addr("10.0.0.9:1"), addr("192.0.2.1:15001"))
+                .refused(),
             None
         );
     }
@@ -245,12 +341,49 @@ mod tests {
         let guard = LoopGuard::new(vec![]);
         let local = addr("10.0.0.5:43210");
         let dst = addr("10.0.0.7:80");
-        assert_eq!(guard.check(local, dst), None);
+        assert_eq!(guard.check(local, dst).refused(), None);
+        // Dialled by a connection served as usual: a match is a suspect, served marked.
         let registration = guard.register(local, dst, Direction::Outbound);
-        assert_eq!(guard.check(local, dst), Some(Guard::OwnUpstream));
-        assert_eq!(guard.check(addr("10.0.0.5:43211"), dst), None);
+        assert_eq!(guard.check(local, dst), Verdict::Suspect);
         drop(registration);
-        assert_eq!(guard.check(local, dst), None);
+        // Dialled by a suspected connection: a match is a loop.
+        let registration = block_on(serve_suspect(async {
+            assert!(serving_suspect());
+            guard.register(local, dst, Direction::Outbound)
+        }));
+        assert!(!serving_suspect());
+        assert_eq!(guard.check(local, dst).refused(), Some(Guard::OwnUpstream));
+        assert_eq!(guard.check(addr("10.0.0.5:43211"), dst), Verdict::Pass);
+        drop(registration);
+        assert_eq!(guard.check(local, dst), Verdict::Pass);
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime")
+            .block_on(f)
+    }
+
+    #[test]
+    fn a_match_whose_upstream_has_heard_from_its_peer_is_not_refused() {
+        // A client whose source port NAT rewrote to the local port of one of our upstream
+        // connections to the same destination: that upstream has received bytes, which our
+        // own upstream captured again cannot have.
+        use std::io::{Read, Write};
+        let guard = LoopGuard::new(vec![]);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dst = listener.local_addr().unwrap();
+        let mut upstream = std::net::TcpStream::connect(dst).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        let local = upstream.local_addr().unwrap();
+        let _registration = guard.register(local, dst, Direction::Outbound);
+        // Nothing received yet, as our upstream captured again would be: a suspect.
+        assert_eq!(guard.check(local, dst), Verdict::Suspect);
+        server.write_all(b"hi").unwrap();
+        let mut got = [0u8; 2];
+        upstream.read_exact(&mut got).unwrap();
+        assert_eq!(guard.check(local, dst), Verdict::Pass);
     }
 
     #[test]
@@ -260,7 +393,7 @@ mod tests {
         let guard = LoopGuard::new(vec![]);
         let local = addr("10.0.0.5:43210");
         let _ours = guard.register(local, addr("10.0.0.7:80"), Direction::Outbound);
-        assert_eq!(guard.check(local, addr("10.0.0.8:443")), None);
+        assert_eq!(guard.check(local, addr("10.0.0.8:443")).refused(), None);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use crate::connect::{self, ConnectError, Upstream};
 use crate::detect::{self, HttpVersion, Verdict};
 use crate::drain::Drain;
 use crate::http::{self, pool::Pool};
-use crate::loop_guard::{Guard, LoopGuard};
+use crate::loop_guard::{self, Guard, LoopGuard};
 use crate::metrics::{IstioOpen, Metrics};
 use crate::tcp::{self, CopyError, Transfer};
 use crate::tls::stream::Downstream;
@@ -167,7 +167,7 @@ impl Proxy {
     async fn proxy(
         self: &Arc<Self>,
         config: &Arc<Config>,
-        mut downstream: TcpStream,
+        downstream: TcpStream,
         peer: SocketAddr,
         route: &Route,
     ) -> Outcome {
@@ -182,26 +182,49 @@ impl Proxy {
                 }
             },
         };
-        let guard = match &route {
+        let verdict = match &route {
             Route::Capture(_) => self.loop_guard.check(peer, destination),
             Route::Fixed(_) => {
                 let dialled = downstream.local_addr().ok();
                 self.loop_guard.check_explicit(peer, dialled, destination)
             }
         };
-        if let Some(guard) = guard {
-            let counter = match guard {
-                Guard::OwnListener => &self.metrics.loop_refused_own_listener,
-                Guard::OwnUpstream => &self.metrics.loop_refused_own_upstream,
-            };
-            counter.inc();
-            tracing::warn!(
-                %peer, %destination, guard = guard.as_str(), direction = dir.as_str(),
-                "refused a connection that would loop into Remora"
-            );
-            reset(&downstream);
-            return refused(Some(destination), End::LoopRefused(guard));
+        match verdict {
+            loop_guard::Verdict::Pass => {
+                self.proxy_to(config, downstream, peer, route, destination)
+                    .await
+            }
+            // On the heap: rare, and the common path should not carry a second copy.
+            loop_guard::Verdict::Suspect => {
+                let serving = self.proxy_to(config, downstream, peer, route, destination);
+                Box::pin(loop_guard::serve_suspect(serving)).await
+            }
+            loop_guard::Verdict::Refuse(guard) => {
+                let counter = match guard {
+                    Guard::OwnListener => &self.metrics.loop_refused_own_listener,
+                    Guard::OwnUpstream => &self.metrics.loop_refused_own_upstream,
+                };
+                counter.inc();
+                tracing::warn!(
+                    %peer, %destination, guard = guard.as_str(), direction = dir.as_str(),
+                    "refused a connection that would loop into Remora"
+                );
+                reset(&downstream);
+                refused(Some(destination), End::LoopRefused(guard))
+            }
         }
+    }
+
+    /// Proxy a connection the loop guards let through to `destination`.
+    async fn proxy_to(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        mut downstream: TcpStream,
+        peer: SocketAddr,
+        route: &Route,
+        destination: SocketAddr,
+    ) -> Outcome {
+        let dir = route.direction();
         let _ = downstream.set_nodelay(true);
 
         let (source, timeout) = upstream_settings(config, route, peer, destination);

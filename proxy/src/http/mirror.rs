@@ -130,14 +130,16 @@ pub(super) fn shadow(
         }
         let slot = Slot(Arc::clone(ctx));
         let limit = timeout.unwrap_or(SHADOW_TIMEOUT);
-        tokio::spawn(async move {
+        // A suspected connection's mirrors dial as suspects too (crate::loop_guard).
+        let suspect = crate::loop_guard::serving_suspect();
+        tokio::spawn(crate::loop_guard::carry_suspicion(suspect, async move {
             let ok = tokio::time::timeout(limit, send(&slot.0, cluster, req))
                 .await
                 .unwrap_or(false);
             if !ok {
                 slot.0.proxy.metrics.mirror.failed.inc();
             }
-        });
+        }));
     }
     if copies.is_empty() {
         body
