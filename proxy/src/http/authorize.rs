@@ -77,7 +77,7 @@ pub(super) fn normalize_path(
     parts: &mut Parts,
     mode: remora_config::PathNormalization,
 ) -> Result<(), ErrorKind> {
-    const UNNORMALIZABLE: ErrorKind = ErrorKind::MalformedRequest("path_normalization_failed");
+    const UNNORMALIZABLE: ErrorKind = ErrorKind::UnnormalizablePath;
     if let Some(pq) = parts.uri.path_and_query() {
         let normalized = path::normalize(pq.as_str(), mode).map_err(|_| UNNORMALIZABLE)?;
         if let Cow::Owned(new) = normalized {
