@@ -60,6 +60,7 @@ pub(super) fn attributes<'a>(ctx: &'a ConnContext, parts: &'a Parts) -> Attribut
             .as_ref()
             .and_then(|(peer, _)| peer.spiffe_id.as_ref())
             .map(crate::identity::SpiffeId::as_str),
+        peer: ctx.mesh_peer.as_ref().map(|(peer, _)| &**peer),
         sni: ctx.sni.as_deref(),
         request: Some(Request {
             method: parts.method.as_str(),
