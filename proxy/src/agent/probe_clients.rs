@@ -7,8 +7,7 @@ use bytes::{Buf, Bytes};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::client::danger::ServerCertVerified;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::ServerName;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -22,14 +21,8 @@ const MAX_BODY: usize = 64 * 1024;
 struct AnyCertificate;
 
 impl CertificateCheck for AnyCertificate {
-    fn check(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _now: UnixTime,
-        _provider: &rustls::crypto::CryptoProvider,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
+    fn check(&self, _: &crate::tls::verify::Presented<'_>) -> Result<(), rustls::Error> {
+        Ok(())
     }
 }
 

@@ -17,15 +17,31 @@ use std::sync::Arc;
 
 /// What a server's certificate must be, for one kind of verifier.
 pub trait CertificateCheck: std::fmt::Debug + Send + Sync {
-    /// Accept or refuse the certificate (leaf and intermediates) at `now`; `provider`'s
-    /// algorithms check the chain's signatures.
-    fn check(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-        provider: &CryptoProvider,
-    ) -> Result<ServerCertVerified, Error>;
+    /// Accept (`Ok`) or refuse the certificate presented.
+    fn check(&self, presented: &Presented<'_>) -> Result<(), Error>;
+}
+
+/// The certificate a server presented (leaf and intermediates), when, and the algorithms
+/// that check its chain's signatures.
+pub struct Presented<'a> {
+    pub end_entity: &'a CertificateDer<'a>,
+    pub intermediates: &'a [CertificateDer<'a>],
+    pub now: UnixTime,
+    pub provider: &'a CryptoProvider,
+}
+
+impl Presented<'_> {
+    /// Whether it chains to `roots`, as every certificate must.
+    pub fn chains_to(&self, roots: &RootCertStore) -> Result<(), Error> {
+        let cert = ParsedCertificate::try_from(self.end_entity)?;
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &cert,
+            roots,
+            self.intermediates,
+            self.now,
+            self.provider.signature_verification_algorithms.all,
+        )
+    }
 }
 
 /// A rustls server verifier: the certificate by its check, the handshake's signatures by the
@@ -51,8 +67,14 @@ impl<C: CertificateCheck> ServerCertVerifier for Verifier<C> {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, Error> {
-        self.check
-            .check(end_entity, intermediates, now, &self.provider)
+        let presented = Presented {
+            end_entity,
+            intermediates,
+            now,
+            provider: &self.provider,
+        };
+        self.check.check(&presented)?;
+        Ok(ServerCertVerified::assertion())
     }
 
     fn verify_tls12_signature(
@@ -90,25 +112,6 @@ impl<C: CertificateCheck> ServerCertVerifier for Verifier<C> {
     }
 }
 
-/// Chains to `roots`, as every certificate must: the leaf parsed, for a further check.
-pub fn chains_to<'a>(
-    end_entity: &'a CertificateDer<'a>,
-    intermediates: &[CertificateDer<'_>],
-    roots: &RootCertStore,
-    now: UnixTime,
-    provider: &CryptoProvider,
-) -> Result<ParsedCertificate<'a>, Error> {
-    let cert = ParsedCertificate::try_from(end_entity)?;
-    rustls::client::verify_server_cert_signed_by_trust_anchor(
-        &cert,
-        roots,
-        intermediates,
-        now,
-        provider.signature_verification_algorithms.all,
-    )?;
-    Ok(cert)
-}
-
 /// A mesh server: chains to the mesh roots and carries one of the expected SPIFFE IDs.
 #[derive(Debug)]
 pub struct SpiffeIds {
@@ -131,22 +134,16 @@ impl SpiffeServerVerifier {
 }
 
 impl CertificateCheck for SpiffeIds {
-    fn check(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-        provider: &CryptoProvider,
-    ) -> Result<ServerCertVerified, Error> {
-        chains_to(end_entity, intermediates, &self.roots, now, provider)?;
+    fn check(&self, presented: &Presented<'_>) -> Result<(), Error> {
+        presented.chains_to(&self.roots)?;
         if self.expected.is_empty() {
-            return Ok(ServerCertVerified::assertion());
+            return Ok(());
         }
-        let uris = CertSummary::parse(end_entity)
+        let uris = CertSummary::parse(presented.end_entity)
             .map(|s| s.uri_sans)
             .map_err(|_| Error::InvalidCertificate(CertificateError::BadEncoding))?;
         if uris.iter().any(|u| self.expected.contains(u)) {
-            Ok(ServerCertVerified::assertion())
+            Ok(())
         } else {
             tracing::debug!(presented = ?uris, expected = ?self.expected, "server SPIFFE ID not expected");
             Err(Error::InvalidCertificate(CertificateError::NotValidForName))

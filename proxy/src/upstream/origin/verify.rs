@@ -5,12 +5,10 @@
 //! (`insecureSkipVerify`) nothing about the certificate is checked, only the handshake's
 //! signature by its key.
 
-use crate::tls::verify::{chains_to, CertificateCheck, Verifier};
+use crate::tls::verify::{CertificateCheck, Presented, Verifier};
 use remora_xds::model::cluster::{SanMatcher, SanType};
 use remora_xds::model::matcher::StringMatch;
-use rustls::client::danger::ServerCertVerified;
 use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::{CertificateError, Error, RootCertStore};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -109,28 +107,22 @@ fn dns_name_matches(name: &str, san: &str) -> bool {
 }
 
 impl CertificateCheck for OriginCheck {
-    fn check(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-        provider: &CryptoProvider,
-    ) -> Result<ServerCertVerified, Error> {
+    fn check(&self, presented: &Presented<'_>) -> Result<(), Error> {
         let Some(roots) = &self.roots else {
-            return Ok(ServerCertVerified::assertion());
+            return Ok(());
         };
-        chains_to(end_entity, intermediates, roots, now, provider)?;
+        presented.chains_to(roots)?;
         if self.sans.is_empty() {
-            return Ok(ServerCertVerified::assertion());
+            return Ok(());
         }
-        let presented = sans(end_entity)?;
-        if presented
+        let names = sans(presented.end_entity)?;
+        if names
             .iter()
             .any(|san| self.sans.iter().any(|m| san_matches(m, san)))
         {
-            Ok(ServerCertVerified::assertion())
+            Ok(())
         } else {
-            tracing::debug!(?presented, "origin server's SANs match none expected");
+            tracing::debug!(presented = ?names, "origin server's SANs match none expected");
             Err(Error::InvalidCertificate(CertificateError::NotValidForName))
         }
     }
