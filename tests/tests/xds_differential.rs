@@ -254,14 +254,7 @@ impl Proxy<'_> {
 /// Make `net` a pod with capture rules, a route for the VIPs, and the backends reachable at
 /// [`BACKEND_IP`] in its peer namespace.
 fn prepare(net: &PodNet) -> Vec<Server> {
-    net.capture_default();
-    for (ns, args) in [
-        (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
-        (&net.peer, vec!["addr", "add", "10.1.0.2/32", "dev", "eth0"]),
-    ] {
-        let out = ns.command("ip").args(&args).output().expect("ip");
-        assert!(out.status.success(), "ip {args:?}: {out:?}");
-    }
+    remora_e2e::sidecars::prepare(net);
     let mut servers: Vec<Server> = BACKENDS
         .iter()
         .map(|(name, port)| backend::start(&net.peer, backend_addr(*port), name))
