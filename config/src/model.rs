@@ -392,7 +392,8 @@ pub enum AccessLogFormat {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ReloadConfig {
-    /// How often the file is checked for changes; SIGHUP reloads at once.
+    /// How often the file is polled where its directory cannot be watched (inotify); SIGHUP
+    /// reloads at once.
     #[serde(with = "humantime_serde")]
     pub watch_interval: Duration,
 }

@@ -13,7 +13,7 @@ pub struct XdsConfig {
     /// `clusters…`, `routes…`, `endpoints…`, each an array of Envoy resources). Setting it
     /// routes outbound traffic by those resources.
     pub resources_dir: Option<PathBuf>,
-    /// How often the directory's files are checked for changes.
+    /// How often the directory's files are polled where it cannot be watched (inotify).
     #[serde(with = "humantime_serde")]
     pub watch_interval: Duration,
 }

@@ -8,7 +8,7 @@
 //! is terminated inbound and originated outbound around that same path, and on TCP the two
 //! sidecars tell each other which workload they are (`metadata_exchange`). Inbound requests
 //! and connections are decided by Istio's authorization policies (`authz`). Around that: `admin` serves readiness, metrics and the admin API on
-//! its own thread, `agent` serves Istio's agent port (merged metrics, application probes), `dns` forwards the DNS queries capture redirects to 15053, `drain` carries SIGTERM's shutdown, `reload` swaps in new configs, `lifecycle` holds the
+//! its own thread, `agent` serves Istio's agent port (merged metrics, application probes), `dns` forwards the DNS queries capture redirects to 15053, `drain` carries SIGTERM's shutdown, `reload` swaps in new configs (woken by `file_watch`, as `xds_files` is), `lifecycle` holds the
 //! commands the injected container's hooks run, and `cli` is the binary's edge. See ARCHITECTURE.md for the whole picture.
 
 pub mod access_log;
@@ -20,6 +20,7 @@ pub mod connect;
 pub mod detect;
 pub mod dns;
 pub mod drain;
+pub mod file_watch;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;

@@ -1,11 +1,14 @@
 //! Reloading the config file on SIGHUP and when its content changes.
 //!
-//! The file is polled rather than watched with inotify: Kubernetes updates a mounted ConfigMap by
-//! swapping a symlink in the parent directory, which file-level watches miss, and comparing the
-//! bytes of one small file once a second costs nothing. A valid new config is swapped in whole
+//! The file's directory is watched (`file_watch`: inotify, as Envoy watches its config; a
+//! watch on the file itself would miss Kubernetes' ConfigMap update, which swaps a symlink in
+//! the parent directory), and polled every `reload.watch_interval` only where no watch can be
+//! set. Whatever woke it, the bytes are compared with the last ones acted upon. A valid new
+//! config is swapped in whole
 //! and new connections use it; an invalid one is logged with its file, line and field, counted,
 //! and the running config stays.
 
+use crate::file_watch::DirWatch;
 use crate::metrics::Metrics;
 use arc_swap::ArcSwap;
 use remora_config::Config;
@@ -101,10 +104,11 @@ impl Reloader {
         let mut hup = match signal(SignalKind::hangup()) {
             Ok(s) => Some(s),
             Err(e) => {
-                tracing::warn!(error = %e, "cannot handle SIGHUP; the config file is still polled");
+                tracing::warn!(error = %e, "cannot handle SIGHUP; the config file is still watched");
                 None
             }
         };
+        let watch = DirWatch::new(&DirWatch::dirs_of_file(&self.path), "config file");
         loop {
             let interval = self.store.load().reload.watch_interval;
             tokio::select! {
@@ -112,7 +116,7 @@ impl Reloader {
                     let content = tokio::fs::read(&self.path).await;
                     self.reload(content.ok(), "SIGHUP");
                 }
-                () = tokio::time::sleep(interval) => {
+                () = watch.changed(interval) => {
                     let content = tokio::fs::read(&self.path).await.ok();
                     if content == self.last {
                         continue;

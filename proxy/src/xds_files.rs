@@ -4,9 +4,10 @@
 //! ADS client uses: what Remora refuses is logged and counted and the rest applies, exactly as a
 //! NACK from istiod would leave it.
 //!
-//! The directory is polled, as the config file is (`reload.rs` says why not inotify), but only
-//! with `stat`: a file is read again when its size, times or inode change (a rename over it, as
-//! a Kubernetes ConfigMap update does, changes the inode). A file read again applies only what
+//! The directory is watched (`file_watch`: inotify, as Envoy watches a `watched_directory`;
+//! polled every `xds.watch_interval` only where no watch can be set), and what woke it is
+//! checked with `stat`: a file is read again when its size, times or inode change (a rename
+//! over it, as a Kubernetes ConfigMap update does, changes the inode). A file read again applies only what
 //! differs from its last reading, as a delta update would: each resource's JSON is hashed, and
 //! only new or changed ones are converted and delivered, with the names that went as removals.
 //! So one moved endpoint costs the parse of the endpoints file and the conversion of one
@@ -397,13 +398,15 @@ fn report(dir: &Path, refused: &[Rejection], metrics: &crate::metrics::Metrics) 
     }
 }
 
-/// Polls the directory and applies what changed in its files.
+/// Watches the directory and applies what changed in its files.
 #[derive(Debug)]
 pub struct Watcher {
     pub interval: Duration,
     pub store: Arc<Store>,
     pub metrics: Arc<crate::metrics::Metrics>,
     source: Source,
+    /// Set at start, so that no change after the first load is missed.
+    watch: crate::file_watch::DirWatch,
 }
 
 impl Watcher {
@@ -414,12 +417,15 @@ impl Watcher {
         interval: Duration,
         metrics: &Arc<crate::metrics::Metrics>,
     ) -> Result<Watcher, FilesError> {
+        let watch =
+            crate::file_watch::DirWatch::new(std::slice::from_ref(&dir), "xDS resource files");
         let (store, source) = load(&dir, metrics)?;
         Ok(Watcher {
             interval,
             store,
             metrics: Arc::clone(metrics),
             source,
+            watch,
         })
     }
 
@@ -427,7 +433,7 @@ impl Watcher {
     pub async fn watch(mut self) {
         let mut version: u64 = 1;
         loop {
-            tokio::time::sleep(self.interval).await;
+            self.watch.changed(self.interval).await;
             let now = self.source.stamps();
             if !self.source.changed(&now) {
                 continue;

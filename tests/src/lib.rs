@@ -32,6 +32,7 @@ pub mod peer;
 pub mod process;
 pub mod promtool;
 pub mod service;
+pub mod sidecars;
 pub mod sniff;
 pub mod switchable;
 pub mod xds_resources;

@@ -184,8 +184,7 @@ const CASES_8080: &[Case] = &[
 ];
 
 /// Requests written byte for byte, each on a connection of its own: protocol versions, forms
-/// of target, hop-by-hop headers, bodies. (Not yet here: a target with a `#fragment`, which
-/// Envoy answers 400 and Remora forwards without it; docs/xds.md.)
+/// of target (a fragment among them), hop-by-hop headers, bodies.
 const RAW_CASES: &[&str] = &[
     "GET / HTTP/1.0\r\nHost: web.test.svc.cluster.local\r\n\r\n",
     "GET http://web.test.svc.cluster.local/absolute HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n",
@@ -197,6 +196,11 @@ const RAW_CASES: &[&str] = &[
     "GET /edits HTTP/1.1\r\nHost: web\r\nx-forwarded-proto: https\r\nx-forwarded-for: 192.0.2.1\r\nx-request-id: given\r\nConnection: close\r\n\r\n",
     "GET /old HTTP/1.1\r\nHost: web\r\nx-forwarded-proto: https\r\nConnection: close\r\n\r\n",
     "GET /a/../exact HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
+    // A fragment: Envoy answers 400 with no body and no flag (`path_normalization_failed`),
+    // and logs the path as sent. Escaped, `#` is part of the path.
+    "GET /exact#frag HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
+    "GET /query?canary=true#x HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
+    "GET /exact%23frag HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
     // istiod's `normalize_path`: dot segments, escaped dots and unreserved characters,
     // backslashes; the query kept as written.
     "GET /x/./y/%2e%2e/../edits?a=/../b HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
@@ -250,14 +254,7 @@ impl Proxy<'_> {
 /// Make `net` a pod with capture rules, a route for the VIPs, and the backends reachable at
 /// [`BACKEND_IP`] in its peer namespace.
 fn prepare(net: &PodNet) -> Vec<Server> {
-    net.capture_default();
-    for (ns, args) in [
-        (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
-        (&net.peer, vec!["addr", "add", "10.1.0.2/32", "dev", "eth0"]),
-    ] {
-        let out = ns.command("ip").args(&args).output().expect("ip");
-        assert!(out.status.success(), "ip {args:?}: {out:?}");
-    }
+    remora_e2e::sidecars::prepare(net);
     let mut servers: Vec<Server> = BACKENDS
         .iter()
         .map(|(name, port)| backend::start(&net.peer, backend_addr(*port), name))

@@ -25,14 +25,7 @@ const CLIENT_TIME: Duration = Duration::from_secs(10);
 /// The workload on each port (HTTP servers, TCP echo servers) and the HTTP authorizer, in
 /// `net`'s pod; the gRPC authorizer on 10.1.0.2 in its peer namespace.
 fn workload(net: &PodNet) -> (Vec<Service>, Vec<peer::Server>, GrpcAuthorizer) {
-    net.capture_default();
-    for (ns, args) in [
-        (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
-        (&net.peer, vec!["addr", "add", "10.1.0.2/32", "dev", "eth0"]),
-    ] {
-        let out = ns.command("ip").args(&args).output().expect("ip");
-        assert!(out.status.success(), "ip {args:?}: {out:?}");
-    }
+    remora_e2e::sidecars::prepare(net);
     let grpc = GrpcAuthorizer::start(&net.peer, GRPC_AUTHZ.parse().expect("address"));
     let app = peer_program("http_server.py")
         .to_string_lossy()

@@ -74,14 +74,7 @@ fn a_fault_is_injected_and_a_bad_one_refused_by_field_keeping_the_previous() {
     let Some(net) = PodNet::create_or_skip() else {
         return;
     };
-    net.capture_default();
-    for (ns, args) in [
-        (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
-        (&net.peer, vec!["addr", "add", "10.1.0.2/32", "dev", "eth0"]),
-    ] {
-        let out = ns.command("ip").args(&args).output().expect("ip");
-        assert!(out.status.success(), "ip {args:?}: {out:?}");
-    }
+    remora_e2e::sidecars::prepare(&net);
     let _a = backend::start(&net.peer, SocketAddr::from((BACKEND_IP, 8001)), "a");
     let dir = net.binary().make_dir("xds");
     write(&dir, Some(abort(1_000_000)));

@@ -10,18 +10,17 @@
 //! xxHash64). Without the header a request has no hash, and both proxies pick at random.
 
 use remora_e2e::backend;
-use remora_e2e::envoy::Envoy;
 use remora_e2e::envoy_xds::{nets_or_skip, Resources};
 use remora_e2e::http_client;
 use remora_e2e::peer::Server;
+use remora_e2e::sidecars::{self, Sidecar, BACKEND_IP};
 use remora_e2e::xds_resources::eds_cluster;
-use remora_e2e::{PodNet, Remora};
+use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
 
-const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const PORTS: [u16; 4] = [8001, 8002, 8003, 8004];
 const WEB: &str = "web.test.svc.cluster.local";
@@ -108,26 +107,14 @@ fn resources() -> Resources {
     }
 }
 
-enum Proxy<'n> {
-    Remora(Remora<'n>),
-    Envoy(Envoy<'n>),
-}
-
 struct World<'n> {
     net: &'n PodNet,
-    proxy: Proxy<'n>,
+    proxy: Sidecar<'n>,
     _backends: Vec<Server>,
 }
 
 fn prepare(net: &PodNet) -> Vec<Server> {
-    net.capture_default();
-    for (ns, args) in [
-        (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
-        (&net.peer, vec!["addr", "add", "10.1.0.2/32", "dev", "eth0"]),
-    ] {
-        let out = ns.command("ip").args(&args).output().expect("ip");
-        assert!(out.status.success(), "ip {args:?}: {out:?}");
-    }
+    sidecars::prepare(net);
     PORTS
         .iter()
         .map(|p| {
@@ -138,32 +125,16 @@ fn prepare(net: &PodNet) -> Vec<Server> {
 }
 
 impl World<'_> {
-    fn name(&self) -> &'static str {
-        match self.proxy {
-            Proxy::Remora(_) => "remora",
-            Proxy::Envoy(_) => "envoy",
-        }
-    }
-
-    fn output(&self) -> String {
-        match &self.proxy {
-            Proxy::Remora(r) => format!("{}\n{}", r.stdout(), r.stderr()),
-            Proxy::Envoy(e) => e.logs(),
-        }
-    }
-
     /// The backend that answered one request.
     fn backend(&self, path: &str, headers: &[(&str, &str)]) -> String {
         let vip = SocketAddr::from((VIP, 80));
-        match http_client::get_once(&self.net.pod, vip, WEB, path, headers) {
-            Ok(r) if r.status == 200 => r.header("x-backend").unwrap_or("(none)").to_string(),
-            Ok(r) => panic!(
-                "{}: {path}: status {}\n{}",
-                self.name(),
-                r.status,
-                self.output()
+        match sidecars::answer(self.net, &self.proxy, vip, WEB, path, headers) {
+            (200, backend) => backend.unwrap_or_else(|| "(none)".to_string()),
+            other => panic!(
+                "{}: {path}: {other:?}\n{}",
+                self.proxy.name(),
+                self.proxy.output()
             ),
-            Err(e) => panic!("{}: {path}: {e}\n{}", self.name(), self.output()),
         }
     }
 
@@ -180,14 +151,14 @@ impl World<'_> {
                 }
             };
             let (first, second) = (ask(), ask());
-            assert_eq!(first, second, "{}: {path}: {key} moved", self.name());
+            assert_eq!(first, second, "{}: {path}: {key} moved", self.proxy.name());
             out.insert(key, first);
         }
         let spread: BTreeSet<&String> = out.values().collect();
         assert!(
             spread.len() >= 3,
             "{}: {path}: keys on {spread:?}",
-            self.name()
+            self.proxy.name()
         );
         out
     }
@@ -197,12 +168,10 @@ impl World<'_> {
     fn tcp_backends(&self) -> BTreeSet<String> {
         let vip = SocketAddr::from((TCP_VIP, 9000));
         (0..6)
-            .map(
-                |_| match http_client::get_once(&self.net.pod, vip, WEB, "/", &[]) {
-                    Ok(r) => r.header("x-backend").unwrap_or("(none)").to_string(),
-                    Err(e) => panic!("{}: tcp: {e}\n{}", self.name(), self.output()),
-                },
-            )
+            .map(|_| {
+                let (_, backend) = sidecars::answer(self.net, &self.proxy, vip, WEB, "/", &[]);
+                backend.unwrap_or_else(|| "(none)".to_string())
+            })
             .collect()
     }
 
@@ -218,11 +187,15 @@ impl World<'_> {
             ),
             Ok(r) => panic!(
                 "{}: /cookie: status {}\n{}",
-                self.name(),
+                self.proxy.name(),
                 r.status,
-                self.output()
+                self.proxy.output()
             ),
-            Err(e) => panic!("{}: /cookie: {e}\n{}", self.name(), self.output()),
+            Err(e) => panic!(
+                "{}: /cookie: {e}\n{}",
+                self.proxy.name(),
+                self.proxy.output()
+            ),
         }
     }
 
@@ -237,7 +210,7 @@ fn remora_world(net: &PodNet) -> World<'_> {
     let remora = resources().start_remora(net);
     World {
         net,
-        proxy: Proxy::Remora(remora),
+        proxy: Sidecar::Remora(remora),
         _backends: backends,
     }
 }
@@ -247,7 +220,7 @@ fn envoy_world<'n>(net: &'n PodNet, binary: &Path) -> World<'n> {
     let envoy = resources().start_envoy(net, binary);
     World {
         net,
-        proxy: Proxy::Envoy(envoy),
+        proxy: Sidecar::Envoy(envoy),
         _backends: backends,
     }
 }
@@ -271,14 +244,19 @@ fn each_key_reaches_the_backend_envoy_chooses() {
     // so which backend is not compared here; the HTTP keys above are.
     for w in [&remora, &envoy] {
         let tcp = w.tcp_backends();
-        assert_eq!(tcp.len(), 1, "{}: tcp connections on {tcp:?}", w.name());
+        assert_eq!(
+            tcp.len(),
+            1,
+            "{}: tcp connections on {tcp:?}",
+            w.proxy.name()
+        );
     }
     for w in [&remora, &envoy] {
         let seen = w.unhashed();
         assert!(
             seen.len() >= 2,
             "{}: no hash, yet always {seen:?}",
-            w.name()
+            w.proxy.name()
         );
     }
 }
@@ -321,17 +299,17 @@ fn a_cookie_with_a_ttl_is_made_and_keeps_the_client_as_envoys() {
     let (remora, envoy) = (remora_world(&nets.0), envoy_world(&nets.1, &binary));
     for w in [&remora, &envoy] {
         let (first, set) = w.cookie_request(None);
-        let cookie = generated_cookie(w.name(), set.as_deref());
+        let cookie = generated_cookie(w.proxy.name(), set.as_deref());
         for _ in 0..5 {
             let (backend, set) = w.cookie_request(Some(&cookie));
-            assert_eq!(backend, first, "{}: {cookie} moved", w.name());
-            assert_eq!(set, None, "{}: a cookie set again", w.name());
+            assert_eq!(backend, first, "{}: {cookie} moved", w.proxy.name());
+            assert_eq!(set, None, "{}: a cookie set again", w.proxy.name());
         }
         // Each new connection has other addresses: other cookies, spread over backends.
         let made: BTreeSet<String> = (0..12)
-            .map(|_| generated_cookie(w.name(), w.cookie_request(None).1.as_deref()))
+            .map(|_| generated_cookie(w.proxy.name(), w.cookie_request(None).1.as_deref()))
             .collect();
-        assert!(made.len() >= 10, "{}: cookies {made:?}", w.name());
+        assert!(made.len() >= 10, "{}: cookies {made:?}", w.proxy.name());
     }
     // A given cookie reaches the same backend through both.
     for k in 0..KEYS {

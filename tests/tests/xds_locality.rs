@@ -24,19 +24,17 @@
 //!   `retryRemoteLocalities` (Envoy's `previous_priorities`) sending the third attempt past a
 //!   failing local host to the next priority.
 
-use remora_e2e::envoy::Envoy;
 use remora_e2e::envoy_xds::{istio_retry_policy, nets_or_skip, Resources, ISTIO_TEXT_FORMAT};
-use remora_e2e::http_client;
+use remora_e2e::sidecars::{self, Sidecar, Tally, BACKEND_IP};
 use remora_e2e::switchable::Backend;
 use remora_e2e::xds_resources::eds_cluster;
-use remora_e2e::{PodNet, Remora};
+use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const WEB: &str = "helloworld.sample.svc.cluster.local";
 /// The DestinationRule with `failover` and outlier detection.
@@ -192,27 +190,15 @@ fn resources() -> Resources {
     }
 }
 
-enum Proxy<'n> {
-    Remora(Remora<'n>),
-    Envoy(Envoy<'n>),
-}
-
 /// A pod whose sidecar is Remora or Envoy, the backends in its peer namespace.
 struct World<'n> {
     net: &'n PodNet,
-    proxy: Proxy<'n>,
+    proxy: Sidecar<'n>,
     backends: Vec<Backend>,
 }
 
 fn prepare(net: &PodNet) -> Vec<Backend> {
-    net.capture_default();
-    for (ns, args) in [
-        (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
-        (&net.peer, vec!["addr", "add", "10.1.0.2/32", "dev", "eth0"]),
-    ] {
-        let out = ns.command("ip").args(&args).output().expect("ip");
-        assert!(out.status.success(), "ip {args:?}: {out:?}");
-    }
+    sidecars::prepare(net);
     BACKENDS
         .iter()
         .map(|(name, port, _)| {
@@ -229,7 +215,7 @@ fn remora_world(net: &PodNet) -> World<'_> {
     let backends = prepare(net);
     World {
         net,
-        proxy: Proxy::Remora(resources().start_remora(net)),
+        proxy: Sidecar::Remora(resources().start_remora(net)),
         backends,
     }
 }
@@ -238,29 +224,12 @@ fn envoy_world<'n>(net: &'n PodNet, binary: &Path) -> World<'n> {
     let backends = prepare(net);
     World {
         net,
-        proxy: Proxy::Envoy(resources().start_envoy(net, binary)),
+        proxy: Sidecar::Envoy(resources().start_envoy(net, binary)),
         backends,
     }
 }
 
-/// Who answered how many of a run of requests: `(status, backend)` to a count.
-type Tally = BTreeMap<(u16, String), usize>;
-
 impl World<'_> {
-    fn name(&self) -> &'static str {
-        match self.proxy {
-            Proxy::Remora(_) => "remora",
-            Proxy::Envoy(_) => "envoy",
-        }
-    }
-
-    fn output(&self) -> String {
-        match &self.proxy {
-            Proxy::Remora(r) => format!("{}\n{}", r.stdout(), r.stderr()),
-            Proxy::Envoy(e) => e.logs(),
-        }
-    }
-
     fn backend(&mut self, name: &str) -> &mut Backend {
         self.backends
             .iter_mut()
@@ -269,23 +238,13 @@ impl World<'_> {
     }
 
     /// One request; its status and the backend that answered.
-    fn get(&self, path: &str) -> (u16, String) {
+    fn get(&self, path: &str) -> (u16, Option<String>) {
         let vip = SocketAddr::from((VIP, 80));
-        match http_client::get_once(&self.net.pod, vip, WEB, path, &[]) {
-            Ok(r) => (
-                r.status,
-                r.header("x-backend").unwrap_or("(none)").to_string(),
-            ),
-            Err(e) => panic!("{}: {path}: {e}\n{}", self.name(), self.output()),
-        }
+        sidecars::answer(self.net, &self.proxy, vip, WEB, path, &[])
     }
 
     fn tally(&self, path: &str, requests: usize) -> Tally {
-        let mut t = Tally::new();
-        for _ in 0..requests {
-            *t.entry(self.get(path)).or_insert(0) += 1;
-        }
-        t
+        sidecars::tally(requests, || self.get(path))
     }
 
     /// Requests until one is answered `status`, at most `limit`; how many it took.
@@ -300,13 +259,13 @@ impl World<'_> {
     /// A counter or gauge of `cluster` from `/stats` (0 when absent).
     fn stat(&self, cluster: &str, name: &str) -> u64 {
         let port = match self.proxy {
-            Proxy::Remora(_) => remora_e2e::ADMIN_PORT,
-            Proxy::Envoy(_) => remora_e2e::envoy::ADMIN_PORT,
+            Sidecar::Remora(_) => remora_e2e::ADMIN_PORT,
+            Sidecar::Envoy(_) => remora_e2e::envoy::ADMIN_PORT,
         };
         let url = format!("http://127.0.0.1:{port}/stats");
         let (status, body) =
             remora_e2e::peer::curl_status(&self.net.pod, &[&url], Duration::from_secs(5));
-        assert_eq!(status, 200, "{}: /stats: {body}", self.name());
+        assert_eq!(status, 200, "{}: /stats: {body}", self.proxy.name());
         let full = format!("cluster.{cluster}.{name}: ");
         body.lines()
             .find_map(|l| l.strip_prefix(&full))
@@ -427,7 +386,8 @@ fn locality_failover_has_envoys_outcome() {
         )
     });
     let not_ok = |w: &World| {
-        w.output()
+        w.proxy
+            .output()
             .lines()
             .filter(|l| l.contains("\"GET ") && !l.contains("\" 200 "))
             .collect::<Vec<_>>()
@@ -460,16 +420,16 @@ fn locality_weighted_distribution_has_envoys_outcome() {
         let t = w.tally("/distribute", 400);
         let zone1 = served(&t, "r1z1-a") + served(&t, "r1z1-b");
         let zone2 = served(&t, "r1z2");
-        eprintln!("{}: zone1 {zone1}, zone2 {zone2}", w.name());
+        eprintln!("{}: zone1 {zone1}, zone2 {zone2}", w.proxy.name());
         // 80 % of 400 to the client's zone, tolerance 70–90 % (280–360); nothing to the
         // localities `distribute` left out.
         assert!(
             (280..=360).contains(&zone1),
             "{}: {t:?}\n{}",
-            w.name(),
-            w.output()
+            w.proxy.name(),
+            w.proxy.output()
         );
-        assert_eq!(zone1 + zone2, total(&t), "{}: {t:?}", w.name());
+        assert_eq!(zone1 + zone2, total(&t), "{}: {t:?}", w.proxy.name());
     }
 }
 
@@ -479,7 +439,7 @@ fn spread(w: &World, path: &str, cluster: &str, n: usize) -> (BTreeMap<String, u
     let t = w.tally(path, n);
     let mut by_backend = BTreeMap::new();
     for ((status, backend), count) in &t {
-        assert_eq!(*status, 200, "{}: {t:?}", w.name());
+        assert_eq!(*status, 200, "{}: {t:?}", w.proxy.name());
         by_backend.insert(backend.clone(), *count);
     }
     (by_backend, w.stat(cluster, "lb_healthy_panic"))
@@ -501,31 +461,46 @@ fn priorities_by_health_and_remote_retries_have_envoys_outcome() {
     const N: usize = 400;
     for w in [&envoy, &remora] {
         let (spill, panics) = spread(w, "/spill", SPILL, N);
-        eprintln!("{}: spill {spill:?}", w.name());
+        eprintln!("{}: spill {spill:?}", w.proxy.name());
         let local = spill.get("r1z1-a").copied().unwrap_or(0);
         // 46 % of 400 is 184; tolerance 34–58 % (136–232).
-        assert!((136..=232).contains(&local), "{}: {spill:?}", w.name());
+        assert!(
+            (136..=232).contains(&local),
+            "{}: {spill:?}",
+            w.proxy.name()
+        );
         assert_eq!(
             local + spill.get("r3z4").copied().unwrap_or(0),
             N,
             "{}: {spill:?}",
-            w.name()
+            w.proxy.name()
         );
-        assert_eq!(panics, 0, "{}", w.name());
+        assert_eq!(panics, 0, "{}", w.proxy.name());
         let (panic, panics) = spread(w, "/panic", PANIC, N);
-        eprintln!("{}: panic {panic:?}, lb_healthy_panic {panics}", w.name());
+        eprintln!(
+            "{}: panic {panic:?}, lb_healthy_panic {panics}",
+            w.proxy.name()
+        );
         // 25 % of 400 is 100 each; tolerance 15–35 % (60–140).
         for b in ["r1z1-a", "r1z1-b", "r1z2", "r3z4"] {
             let n = panic.get(b).copied().unwrap_or(0);
-            assert!((60..=140).contains(&n), "{}: {b}: {panic:?}", w.name());
+            assert!(
+                (60..=140).contains(&n),
+                "{}: {b}: {panic:?}",
+                w.proxy.name()
+            );
         }
-        assert_eq!(panics, N as u64, "{}: every pick in panic", w.name());
+        assert_eq!(panics, N as u64, "{}: every pick in panic", w.proxy.name());
         // A DEGRADED host takes what the healthy ones cannot: 1 of 2 healthy carries
         // 140 × 1 / 2 = 70 % (tolerance 60–80 %, 240–320), the degraded one the other 30 %.
         let (degraded, _) = spread(w, "/degraded", DEGRADED, N);
-        eprintln!("{}: degraded {degraded:?}", w.name());
+        eprintln!("{}: degraded {degraded:?}", w.proxy.name());
         let healthy = degraded.get("r1z1-a").copied().unwrap_or(0);
-        assert!((240..=320).contains(&healthy), "{}: {degraded:?}", w.name());
+        assert!(
+            (240..=320).contains(&healthy),
+            "{}: {degraded:?}",
+            w.proxy.name()
+        );
         assert_eq!(healthy + degraded.get("r1z1-b").copied().unwrap_or(0), N);
     }
     // Retries to remote localities (update frequency 2): the first two attempts go to the
@@ -533,14 +508,20 @@ fn priorities_by_health_and_remote_retries_have_envoys_outcome() {
     // region1/zone2. Two retries per request.
     let mut outcomes = Vec::new();
     for w in [&envoy, &remora] {
-        let answers: Vec<(u16, String)> = (0..20).map(|_| w.get("/remote")).collect();
+        let answers: Vec<(u16, Option<String>)> = (0..20).map(|_| w.get("/remote")).collect();
         let retries = w.stat(REMOTE, "upstream_rq_retry");
-        eprintln!("{}: remote retries {retries}, {:?}", w.name(), answers[0]);
+        eprintln!(
+            "{}: remote retries {retries}, {:?}",
+            w.proxy.name(),
+            answers[0]
+        );
         assert!(
-            answers.iter().all(|a| *a == (200, "r1z2".to_string())),
+            answers
+                .iter()
+                .all(|a| *a == (200, Some("r1z2".to_string()))),
             "{}: {answers:?}\n{}",
-            w.name(),
-            w.output()
+            w.proxy.name(),
+            w.proxy.output()
         );
         outcomes.push(retries);
     }

@@ -6,12 +6,12 @@
 //! requests. A request's body is copied too.
 
 use remora_e2e::backend;
-use remora_e2e::envoy::Envoy;
 use remora_e2e::envoy_xds::{istio_retry_policy, nets_or_skip, Resources};
 use remora_e2e::http_client;
 use remora_e2e::peer::{self, read_request_head, Server};
+use remora_e2e::sidecars::{self, Sidecar, BACKEND_IP};
 use remora_e2e::xds_resources::eds_cluster;
-use remora_e2e::{PodNet, Remora};
+use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -19,7 +19,6 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const PRIMARY_PORT: u16 = 8001;
 /// The mirror's backend: records every request; slow on `/lagging-shadow…`.
@@ -170,46 +169,21 @@ fn mirror_backend(net: &PodNet, seen: Seen, first: Head) -> Server {
     })
 }
 
-enum Proxy<'n> {
-    Remora(Remora<'n>),
-    Envoy(Envoy<'n>),
-}
-
 struct World<'n> {
     net: &'n PodNet,
-    proxy: Proxy<'n>,
+    proxy: Sidecar<'n>,
     seen: Seen,
     first: Head,
     _backends: (Server, Server),
 }
 
 impl World<'_> {
-    fn name(&self) -> &'static str {
-        match self.proxy {
-            Proxy::Remora(_) => "remora",
-            Proxy::Envoy(_) => "envoy",
-        }
-    }
-
-    fn output(&self) -> String {
-        match &self.proxy {
-            Proxy::Remora(r) => format!("{}\n{}", r.stdout(), r.stderr()),
-            Proxy::Envoy(e) => e.logs(),
-        }
-    }
-
     /// One request; its status, the backend that answered and how long it took.
     fn get(&self, path: &str) -> (u16, Option<String>, Duration) {
         let vip = SocketAddr::from((VIP, 80));
         let started = Instant::now();
-        match http_client::get_once(&self.net.pod, vip, HOST, path, &[]) {
-            Ok(r) => (
-                r.status,
-                r.header("x-backend").map(str::to_string),
-                started.elapsed(),
-            ),
-            Err(e) => panic!("{}: {path}: {e}\n{}", self.name(), self.output()),
-        }
+        let (status, backend) = sidecars::answer(self.net, &self.proxy, vip, HOST, path, &[]);
+        (status, backend, started.elapsed())
     }
 
     /// What the mirror saw of paths starting `prefix`, sorted, once `want` of them arrived
@@ -242,14 +216,7 @@ impl World<'_> {
 }
 
 fn prepare(net: &PodNet) -> (Seen, Head, (Server, Server)) {
-    net.capture_default();
-    for (ns, args) in [
-        (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
-        (&net.peer, vec!["addr", "add", "10.1.0.2/32", "dev", "eth0"]),
-    ] {
-        let out = ns.command("ip").args(&args).output().expect("ip");
-        assert!(out.status.success(), "ip {args:?}: {out:?}");
-    }
+    sidecars::prepare(net);
     let seen = Seen::default();
     let first = Head::default();
     let primary = SocketAddr::from(SocketAddrV4::new(BACKEND_IP, PRIMARY_PORT));
@@ -265,7 +232,7 @@ fn remora_world(net: &PodNet) -> World<'_> {
     let remora = resources().start_remora(net);
     World {
         net,
-        proxy: Proxy::Remora(remora),
+        proxy: Sidecar::Remora(remora),
         seen,
         first,
         _backends: backends,
@@ -277,7 +244,7 @@ fn envoy_world<'n>(net: &'n PodNet, binary: &Path) -> World<'n> {
     let envoy = resources().start_envoy(net, binary);
     World {
         net,
-        proxy: Proxy::Envoy(envoy),
+        proxy: Sidecar::Envoy(envoy),
         seen,
         first,
         _backends: backends,
@@ -309,8 +276,8 @@ fn mirror_all(w: &World) -> Mirrored {
         assert!(
             took < MIRROR_SLOW / 2,
             "{}: /lagging-shadow/{i} took {took:?}\n{}",
-            w.name(),
-            w.output()
+            w.proxy.name(),
+            w.proxy.output()
         );
         answers.push((status, backend));
     }
@@ -320,25 +287,29 @@ fn mirror_all(w: &World) -> Mirrored {
     }
     for i in 0..3 {
         let (status, backend, took) = w.get(&format!("/dead/{i}"));
-        assert!(took < MIRROR_SLOW / 2, "{}: /dead took {took:?}", w.name());
+        assert!(
+            took < MIRROR_SLOW / 2,
+            "{}: /dead took {took:?}",
+            w.proxy.name()
+        );
         answers.push((status, backend));
     }
     // A request with a body: the copy gets the body too.
     let mut client = http_client::Client::connect(&w.net.pod, SocketAddr::from((VIP, 80)))
-        .unwrap_or_else(|e| panic!("{}: {e}", w.name()));
+        .unwrap_or_else(|e| panic!("{}: {e}", w.proxy.name()));
     let post = format!(
         "POST /posted HTTP/1.1\r\nHost: {HOST}\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello"
     );
     let answer = client
         .send_raw(post.as_bytes())
-        .unwrap_or_else(|e| panic!("{}: POST: {e}\n{}", w.name(), w.output()));
+        .unwrap_or_else(|e| panic!("{}: POST: {e}\n{}", w.proxy.name(), w.proxy.output()));
     answers.push((
         answer.status,
         answer.header("x-backend").map(str::to_string),
     ));
     // A body of many frames, longer than what a retry keeps (`http.retry_buffer_bytes`).
     let mut client = http_client::Client::connect(&w.net.pod, SocketAddr::from((VIP, 80)))
-        .unwrap_or_else(|e| panic!("{}: {e}", w.name()));
+        .unwrap_or_else(|e| panic!("{}: {e}", w.proxy.name()));
     let mut big = format!(
         "POST /big HTTP/1.1\r\nHost: {HOST}\r\ncontent-length: {BIG}\r\nconnection: close\r\n\r\n"
     )
@@ -346,7 +317,7 @@ fn mirror_all(w: &World) -> Mirrored {
     big.extend(std::iter::repeat_n(b'x', BIG));
     let answer = client
         .send_raw(&big)
-        .unwrap_or_else(|e| panic!("{}: POST /big: {e}\n{}", w.name(), w.output()));
+        .unwrap_or_else(|e| panic!("{}: POST /big: {e}\n{}", w.proxy.name(), w.proxy.output()));
     answers.push((
         answer.status,
         answer.header("x-backend").map(str::to_string),
@@ -393,7 +364,7 @@ fn mirror_half(w: &World) -> usize {
             (status, backend.as_deref()),
             (200, Some("primary")),
             "{}",
-            w.name()
+            w.proxy.name()
         );
     }
     w.seen("/half/", HALF_REQUESTS).len()
@@ -433,7 +404,7 @@ fn mirroring_has_envoys_outcome() {
         expected.heads
     );
     let got = mirror_all(&remora);
-    assert_eq!(got, expected, "remora:\n{}", remora.output());
+    assert_eq!(got, expected, "remora:\n{}", remora.proxy.output());
     // Remora counts what became of its copies: 21 sent, the 3 to the unreachable mirror
     // failed (a 500 from the mirror is a response, not a failure).
     let url = format!(
@@ -464,8 +435,8 @@ fn a_mirror_percentage_is_honoured_as_envoy_honours_it() {
         assert!(
             (60..=140).contains(&copies),
             "{}: {copies} of {HALF_REQUESTS} mirrored\n{}",
-            w.name(),
-            w.output()
+            w.proxy.name(),
+            w.proxy.output()
         );
     }
 }

@@ -138,14 +138,7 @@ struct World<'n> {
 }
 
 fn prepare(net: &PodNet) -> (Server, Server, Server) {
-    net.capture_default();
-    for (ns, args) in [
-        (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
-        (&net.peer, vec!["addr", "add", "10.1.0.2/32", "dev", "eth0"]),
-    ] {
-        let out = ns.command("ip").args(&args).output().expect("ip");
-        assert!(out.status.success(), "ip {args:?}: {out:?}");
-    }
+    remora_e2e::sidecars::prepare(net);
     (
         backend::start(&net.peer, backend_addr(LIVE_PORT), "live"),
         Server::echo(&net.peer, backend_addr(ECHO_PORT)),

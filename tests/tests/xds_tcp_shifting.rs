@@ -75,14 +75,7 @@ fn tcp_echo(net: &PodNet, port: u16, prefix: &'static str) -> Server {
 }
 
 fn prepare(net: &PodNet) -> (Server, Server) {
-    net.capture_default();
-    for (ns, args) in [
-        (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
-        (&net.peer, vec!["addr", "add", "10.1.0.2/32", "dev", "eth0"]),
-    ] {
-        let out = ns.command("ip").args(&args).output().expect("ip");
-        assert!(out.status.success(), "ip {args:?}: {out:?}");
-    }
+    remora_e2e::sidecars::prepare(net);
     (tcp_echo(net, V1_PORT, "one"), tcp_echo(net, V2_PORT, "two"))
 }
 

@@ -248,14 +248,7 @@ fn certs(net: &PodNet) -> Certs {
 
 /// The pod with capture rules and a route for the VIPs; the three origins in its peer.
 fn prepare(net: &PodNet) -> (Certs, Vec<Service>) {
-    net.capture_default();
-    for (ns, args) in [
-        (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
-        (&net.peer, vec!["addr", "add", "10.1.0.2/32", "dev", "eth0"]),
-    ] {
-        let out = ns.command("ip").args(&args).output().expect("ip");
-        assert!(out.status.success(), "ip {args:?}: {out:?}");
-    }
+    remora_e2e::sidecars::prepare(net);
     let certs = certs(net);
     let script = peer_program("tls_origin.py").to_string_lossy().into_owned();
     let (cert, key) = (

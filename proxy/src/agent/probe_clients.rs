@@ -2,13 +2,12 @@
 //! as kubelet probes) and gRPC health checks (`grpc.health.v1.Health/Check` over h2c).
 
 use super::probe::Target;
+use crate::tls::verify::{CertificateCheck, Verifier};
 use bytes::{Buf, Bytes};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::ServerName;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -16,52 +15,14 @@ use std::sync::Arc;
 const MAX_BODY: usize = 64 * 1024;
 
 /// kubelet does not verify an HTTPS probe's certificate: the application's certificate is
-/// usually for its service name, not the pod IP. Neither do we, for probes only.
+/// usually for its service name, not the pod IP. Neither do we, for probes only (the
+/// handshake's signatures are still checked).
 #[derive(Debug)]
-struct AcceptAnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+struct AnyCertificate;
 
-impl ServerCertVerifier for AcceptAnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+impl CertificateCheck for AnyCertificate {
+    fn check(&self, _: &crate::tls::verify::Presented<'_>) -> Result<(), rustls::Error> {
+        Ok(())
     }
 }
 
@@ -78,7 +39,7 @@ pub async fn https_get(
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS config: {e}"))?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
+        .with_custom_certificate_verifier(Arc::new(Verifier::with_check(AnyCertificate, provider)))
         .with_no_client_auth();
     let name = ServerName::try_from(host.to_string())
         .unwrap_or_else(|_| ServerName::IpAddress(addr.ip().into()));

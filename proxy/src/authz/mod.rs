@@ -35,6 +35,9 @@ pub struct Attributes<'a> {
     pub destination: SocketAddr,
     /// The peer's SPIFFE ID (`spiffe://…`), when mutual TLS proved one.
     pub principal: Option<&'a str>,
+    /// The peer's certificate, when mutual TLS proved one: what an xDS RBAC `authenticated`
+    /// principal matches (its URI SANs, DNS SANs, subject), as Envoy's does.
+    pub peer: Option<&'a crate::tls::Peer>,
     /// The TLS server name the client asked for, when it spoke TLS.
     pub sni: Option<&'a str>,
     /// The HTTP request; `None` for a TCP connection.

@@ -230,9 +230,14 @@ pub fn principal(p: &Principal, a: &Attributes<'_>) -> bool {
         Principal::And(all) => all.iter().all(|x| principal(x, a)),
         Principal::Or(any) => any.iter().any(|x| principal(x, a)),
         Principal::Not(x) => !principal(x, a),
-        // The peer certificate's URI SAN: the SPIFFE ID mesh TLS proved.
-        Principal::Authenticated(None) => a.principal.is_some(),
-        Principal::Authenticated(Some(m)) => a.principal.is_some_and(|id| m.matches(id)),
+        // Envoy: any peer that mutual TLS authenticated; with a name, one of its certificate's
+        // URI SANs, else one of its DNS SANs, else its subject (RFC 2253, as Envoy prints it).
+        Principal::Authenticated(None) => a.peer.is_some(),
+        Principal::Authenticated(Some(m)) => a.peer.is_some_and(|peer| {
+            peer.uri_sans.iter().any(|u| m.matches(u))
+                || peer.dns_sans.iter().any(|d| m.matches(d))
+                || m.matches(&peer.subject)
+        }),
         Principal::FilterState { key, matcher } if key == PEER_PRINCIPAL => {
             a.principal.is_some_and(|id| matcher.matches(id))
         }

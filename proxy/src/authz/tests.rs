@@ -76,6 +76,7 @@ fn http(set: &PolicySet, r: &Req<'_>) -> bool {
         source: source(),
         destination: SocketAddr::from(([10, 1, 0, 9], r.port)),
         principal: r.principal,
+        peer: None,
         sni: None,
         request: Some(Request {
             method: r.method,
@@ -93,6 +94,7 @@ fn tcp(set: &PolicySet, principal: Option<&str>, port: u16) -> bool {
         source: source(),
         destination: SocketAddr::from(([10, 1, 0, 9], port)),
         principal,
+        peer: None,
         sni: None,
         request: None,
     };
@@ -192,6 +194,7 @@ fn deny_wins_over_allow_and_names_its_rule() {
         source: source(),
         destination: "10.1.0.9:8080".parse().expect("address"),
         principal: None,
+        peer: None,
         sni: None,
         request: Some(Request {
             method: "DELETE",

@@ -26,6 +26,9 @@ pub struct RequestLog {
     /// `None` for a head that never became a request (malformed, too large, too slow).
     pub method: Option<Method>,
     pub uri: Option<Uri>,
+    /// The target's fragment as the client sent it (the URI cannot hold one): the path is
+    /// logged as sent, as Envoy logs it.
+    pub fragment: Option<Box<str>>,
     pub version: Version,
     pub authority: Option<HeaderValue>,
     pub user_agent: Option<HeaderValue>,
@@ -58,6 +61,7 @@ impl RequestLog {
             started: start.1,
             method: Some(method.clone()),
             uri: Some(uri.clone()),
+            fragment: None,
             version,
             authority,
             user_agent: headers.get(header::USER_AGENT).cloned(),
@@ -78,6 +82,7 @@ impl RequestLog {
             started: start.1,
             method: None,
             uri: None,
+            fragment: None,
             version: Version::HTTP_11,
             authority: None,
             user_agent: None,
@@ -98,6 +103,14 @@ impl RequestLog {
             .uri
             .as_ref()
             .map_or("-", |u| u.path_and_query().map_or("/", |p| p.as_str()));
+        let with_fragment;
+        let path = match &self.fragment {
+            Some(f) => {
+                with_fragment = format!("{path}{f}");
+                with_fragment.as_str()
+            }
+            None => path,
+        };
         let protocol = match self.version {
             Version::HTTP_10 => "HTTP/1.0",
             Version::HTTP_2 => "HTTP/2",

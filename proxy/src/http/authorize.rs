@@ -60,6 +60,7 @@ pub(super) fn attributes<'a>(ctx: &'a ConnContext, parts: &'a Parts) -> Attribut
             .as_ref()
             .and_then(|(peer, _)| peer.spiffe_id.as_ref())
             .map(crate::identity::SpiffeId::as_str),
+        peer: ctx.mesh_peer.as_ref().map(|(peer, _)| &**peer),
         sni: ctx.sni.as_deref(),
         request: Some(Request {
             method: parts.method.as_str(),
@@ -77,7 +78,7 @@ pub(super) fn normalize_path(
     parts: &mut Parts,
     mode: remora_config::PathNormalization,
 ) -> Result<(), ErrorKind> {
-    const UNNORMALIZABLE: ErrorKind = ErrorKind::MalformedRequest("path_normalization_failed");
+    const UNNORMALIZABLE: ErrorKind = ErrorKind::UnnormalizablePath;
     if let Some(pq) = parts.uri.path_and_query() {
         let normalized = path::normalize(pq.as_str(), mode).map_err(|_| UNNORMALIZABLE)?;
         if let Cow::Owned(new) = normalized {

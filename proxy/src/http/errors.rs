@@ -135,6 +135,10 @@ pub enum ErrorKind {
     Timeout,
     /// The request is malformed; it is answered here and never forwarded.
     MalformedRequest(&'static str),
+    /// The path cannot be normalised (a NUL) or holds a fragment: Envoy's connection manager
+    /// answers 400 with no body and no flag (`path_normalization_failed`), closing an HTTP/1.1
+    /// connection.
+    UnnormalizablePath,
     /// An HTTP/1.1 request without a Host: Envoy's connection manager answers it 400 with no
     /// body and no flag (`missing_host_header`), not as a protocol error.
     MissingHost,
@@ -164,6 +168,7 @@ impl ErrorKind {
     pub fn origin(self) -> Origin {
         match self {
             ErrorKind::MalformedRequest(_)
+            | ErrorKind::UnnormalizablePath
             | ErrorKind::MissingHost
             | ErrorKind::HeadersTooLarge
             | ErrorKind::AccessDenied
@@ -187,7 +192,9 @@ impl ErrorKind {
             ErrorKind::Timeout => Flags::UT,
             ErrorKind::MalformedRequest(_) | ErrorKind::HeadersTooLarge => Flags::DPE,
             // Envoy's RBAC filter sets no flag, only its response code details.
-            ErrorKind::AccessDenied | ErrorKind::MissingHost => Flags::default(),
+            ErrorKind::AccessDenied | ErrorKind::MissingHost | ErrorKind::UnnormalizablePath => {
+                Flags::default()
+            }
             ErrorKind::DownstreamAborted => Flags::DC,
             ErrorKind::PayloadTooLarge => Flags::default(),
             ErrorKind::NoRoute => Flags::NR,
@@ -212,7 +219,9 @@ impl ErrorKind {
         match self {
             ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
             ErrorKind::UpstreamProtocol => StatusCode::BAD_GATEWAY,
-            ErrorKind::MalformedRequest(_) | ErrorKind::MissingHost => StatusCode::BAD_REQUEST,
+            ErrorKind::MalformedRequest(_)
+            | ErrorKind::MissingHost
+            | ErrorKind::UnnormalizablePath => StatusCode::BAD_REQUEST,
             ErrorKind::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ErrorKind::AccessDenied => StatusCode::FORBIDDEN,
             ErrorKind::NoRoute => StatusCode::NOT_FOUND,
@@ -231,6 +240,7 @@ impl ErrorKind {
             // INTERNAL
             ErrorKind::MalformedRequest(_)
             | ErrorKind::MissingHost
+            | ErrorKind::UnnormalizablePath
             | ErrorKind::HeadersTooLarge
             | ErrorKind::UpstreamProtocol => 13,
             // PERMISSION_DENIED, as Envoy maps a 403.
@@ -268,6 +278,7 @@ impl ErrorKind {
             ErrorKind::Timeout => "upstream request timeout",
             ErrorKind::MalformedRequest(why) => why,
             ErrorKind::MissingHost => "missing_host_header",
+            ErrorKind::UnnormalizablePath => "path_normalization_failed",
             ErrorKind::HeadersTooLarge => "request headers too large",
             ErrorKind::AccessDenied => "RBAC: access denied",
             ErrorKind::DownstreamAborted => "downstream_remote_disconnect",
@@ -299,7 +310,10 @@ impl ErrorKind {
     /// empty (no route, no cluster, no Host; the details are only for the log).
     pub fn body(self) -> &'static str {
         match self {
-            ErrorKind::NoRoute | ErrorKind::NoCluster | ErrorKind::MissingHost => "",
+            ErrorKind::NoRoute
+            | ErrorKind::NoCluster
+            | ErrorKind::MissingHost
+            | ErrorKind::UnnormalizablePath => "",
             // Envoy's ext_authz answers its status's name.
             ErrorKind::PayloadTooLarge => "Payload Too Large",
             other => other.details(),

@@ -13,6 +13,7 @@ use super::access_log::RequestLog;
 use super::body::{RequestEnd, ResponseBody, UpstreamBody};
 use super::counting::BodyCounter;
 use super::errors::{ErrorKind, Flags, ProxyError};
+use super::framing::HeadFault;
 use super::headers::{self, ATTEMPT_COUNT};
 use super::pool::{self, Key, Sender};
 use super::replies::local_reply;
@@ -55,10 +56,9 @@ pub async fn handle(
 
     // Phase 1: the request.
     origin_form(&mut req);
-    let refused = if ctx.smuggled(end.position) {
-        Err(ErrorKind::MalformedRequest(
-            "content-length with transfer-encoding",
-        ))
+    let refused_head = ctx.refused(end.position);
+    let refused = if let Some(head) = refused_head {
+        Err(head.why.reply())
     } else if req.headers().len() > ctx.config.http.max_headers {
         // hyper refuses this on HTTP/1.1 before the request is ours; HTTP/2 bounds only the
         // size of the header list.
@@ -71,7 +71,11 @@ pub async fn handle(
     if let Err(kind) = refused {
         if ctx.logging() {
             let (m, u, v) = (req.method(), req.uri(), req.version());
-            end.log = Some(Box::new(RequestLog::new(start, m, u, v, req.headers())));
+            let mut log = RequestLog::new(start, m, u, v, req.headers());
+            if let Some(HeadFault::Fragment(f)) = refused_head.map(|h| &h.why) {
+                log.fragment = Some(f.clone());
+            }
+            end.log = Some(Box::new(log));
         }
         tracing::debug!(peer = %ctx.peer, reason = kind.details(), "request refused");
         return Ok(local_reply(kind, grpc, end));

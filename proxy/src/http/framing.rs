@@ -6,6 +6,12 @@
 //! classic request-smuggling shape, and Envoy refuses it (400 `DPE`). So the raw bytes are
 //! followed here, and each head that had both is reported by its position on the connection.
 //!
+//! hyper also drops a fragment (`#…`) from the request target as it parses it (the `http`
+//! crate's URI does), where Envoy's connection manager refuses the request (400,
+//! `path_normalization_failed`): a path rule on `/a` must not be dodged or confused by
+//! `/a#x`. So a request line holding `#` is reported the same way, with the fragment (for the
+//! access log, which shows the path as the client sent it, as Envoy's does).
+//!
 //! Following the bytes also tells when a request head is being read, which is what the header
 //! read timeout bounds: from a head's first byte to its end, never the idle time between
 //! requests (hyper's own timeout runs from the moment it starts waiting for a head, which
@@ -29,6 +35,8 @@ const LONGEST_NAME: usize = 17;
 /// The one request line prefix that ends HTTP on the connection, matched byte by byte.
 const CONNECT: &[u8] = b"CONNECT ";
 const CHUNKED: &[u8] = b"chunked";
+/// The most of a fragment kept for the access log.
+const MAX_FRAGMENT: usize = 1024;
 
 /// Follows the framing of the requests on one HTTP/1.x connection.
 #[derive(Debug, Clone)]
@@ -37,6 +45,10 @@ pub struct RequestFraming {
     /// Request heads completed so far.
     heads: u64,
     head: Head,
+    /// The fragment of the head being read (from its `#`), while `head.fragment`.
+    fragment: Vec<u8>,
+    /// The fragment goes on in the next bytes (the request line has not ended, nor the target).
+    in_fragment: bool,
 }
 
 /// What the head being read has said about its framing.
@@ -48,6 +60,37 @@ struct Head {
     transfer_encoding: bool,
     /// The head ends the inspection: an upgrade, CONNECT, or framing hyper or the proxy refuses.
     last: bool,
+    /// The request line holds a `#`: a fragment in the target (no method has one).
+    fragment: bool,
+}
+
+/// A request head the proxy refuses though hyper would take it, found in the raw bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedHead {
+    /// Its position on the connection, from 1.
+    pub position: u64,
+    pub why: HeadFault,
+}
+
+/// Why a head is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeadFault {
+    /// Both `Content-Length` and `Transfer-Encoding`.
+    LengthAndChunked,
+    /// A fragment in the request target: the fragment from its `#` (at most 1 KiB of it).
+    Fragment(Box<str>),
+}
+
+impl HeadFault {
+    /// The local reply, as Envoy's codec or connection manager answers.
+    pub fn reply(&self) -> super::errors::ErrorKind {
+        match self {
+            HeadFault::LengthAndChunked => {
+                super::errors::ErrorKind::MalformedRequest("content-length with transfer-encoding")
+            }
+            HeadFault::Fragment(_) => super::errors::ErrorKind::UnnormalizablePath,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +141,8 @@ impl RequestFraming {
             state: State::Idle,
             heads: 0,
             head: Head::default(),
+            fragment: Vec::new(),
+            in_fragment: false,
         }
     }
 
@@ -152,10 +197,10 @@ impl RequestFraming {
         )
     }
 
-    /// Follow the next bytes the client sent. Returns the position on the connection (from 1)
-    /// of a request head that ended in them carrying both `Content-Length` and
-    /// `Transfer-Encoding`; inspection stops after it.
-    pub fn feed(&mut self, mut bytes: &[u8]) -> Option<u64> {
+    /// Follow the next bytes the client sent. Returns a request head that ended in them and is
+    /// refused (both `Content-Length` and `Transfer-Encoding`, or a fragment in its target);
+    /// inspection stops after it.
+    pub fn feed(&mut self, mut bytes: &[u8]) -> Option<RefusedHead> {
         while !bytes.is_empty() {
             match self.state {
                 State::Stopped => return None,
@@ -172,7 +217,16 @@ impl RequestFraming {
                         _ => State::ChunkData { remaining },
                     };
                 }
-                State::RequestLine { connect: u8::MAX } | State::SkipLine => {
+                State::RequestLine { connect: u8::MAX } => {
+                    // The rest of a request line: one scan for its end, one for a fragment.
+                    let end = memchr::memchr(b'\n', bytes);
+                    self.follow_fragment(&bytes[..end.unwrap_or(bytes.len())]);
+                    let i = end?;
+                    self.in_fragment = false;
+                    bytes = &bytes[i + 1..];
+                    self.state = State::LineStart;
+                }
+                State::SkipLine => {
                     // Most header lines say nothing about framing: go from one to the next
                     // while the next one can be neither tracked nor the blank line.
                     loop {
@@ -209,6 +263,29 @@ impl RequestFraming {
             }
         }
         None
+    }
+
+    /// Part of a request line (after the method's first byte): find a fragment, and keep it.
+    fn follow_fragment(&mut self, line: &[u8]) {
+        let mut rest = line;
+        if !self.head.fragment {
+            let Some(at) = memchr::memchr(b'#', line) else {
+                return;
+            };
+            self.head.fragment = true;
+            self.in_fragment = true;
+            self.fragment.clear();
+            rest = &line[at..];
+        }
+        if self.in_fragment {
+            // The target ends at the space before the version.
+            let end = rest.iter().position(|b| matches!(b, b' ' | b'\r'));
+            let part = &rest[..end.unwrap_or(rest.len())];
+            let room = MAX_FRAGMENT.saturating_sub(self.fragment.len());
+            self.fragment
+                .extend_from_slice(&part[..part.len().min(room)]);
+            self.in_fragment = end.is_none();
+        }
     }
 
     /// At the start of a header line (not the blank one) with room in `bytes` for the longest
@@ -248,7 +325,7 @@ impl RequestFraming {
     }
 
     /// One byte of a head, a size line, a chunk's CRLF or a trailer.
-    fn step(&mut self, b: u8) -> Option<u64> {
+    fn step(&mut self, b: u8) -> Option<RefusedHead> {
         self.state = match self.state {
             State::Idle if b == b'\r' || b == b'\n' => State::Idle,
             State::Idle => {
@@ -446,12 +523,23 @@ impl RequestFraming {
     }
 
     /// The blank line after the headers: what follows is the body, then the next request.
-    fn head_ended(&mut self) -> Option<u64> {
+    fn head_ended(&mut self) -> Option<RefusedHead> {
         self.heads += 1;
         let head = self.head;
-        if head.has_content_length && head.transfer_encoding {
+        let why = if head.has_content_length && head.transfer_encoding {
+            Some(HeadFault::LengthAndChunked)
+        } else if head.fragment {
+            let fragment = String::from_utf8_lossy(&self.fragment).into();
+            Some(HeadFault::Fragment(fragment))
+        } else {
+            None
+        };
+        if let Some(why) = why {
             self.state = State::Stopped;
-            return Some(self.heads);
+            return Some(RefusedHead {
+                position: self.heads,
+                why,
+            });
         }
         self.state = if head.last {
             State::Stopped

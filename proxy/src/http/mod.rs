@@ -126,10 +126,10 @@ pub struct ConnContext {
     in_flight: AtomicUsize,
     /// Requests started on this connection.
     started: AtomicU64,
-    /// The position (from 1) of the first HTTP/1.1 request head that carried both
-    /// Content-Length and Transfer-Encoding; 0 while there is none. Set by the downstream IO
-    /// when the head's last byte is read, before hyper can parse it.
-    smuggled_head: AtomicU64,
+    /// The position (from 1) of the first HTTP/1.1 request head refused in its raw bytes
+    /// (`framing::RefusedHead`); 0 while there is none. Set by the downstream IO when the
+    /// head's last byte is read, before hyper can parse it.
+    refused_head: std::sync::OnceLock<framing::RefusedHead>,
     /// The position of a request whose body was cut for its pace and answered 408 by the
     /// downstream IO (0: none), so that the request is recorded with that status.
     body_cut: AtomicU64,
@@ -188,7 +188,7 @@ impl ConnContext {
             described_client: std::sync::OnceLock::new(),
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
-            smuggled_head: AtomicU64::new(0),
+            refused_head: std::sync::OnceLock::new(),
             body_cut: AtomicU64::new(0),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
@@ -270,18 +270,16 @@ impl ConnContext {
         self.in_flight.load(Ordering::Relaxed) == 0
     }
 
-    /// The HTTP/1.1 request head at `position` had both Content-Length and Transfer-Encoding.
-    fn refuse_head(&self, position: u64) {
-        let _ =
-            self.smuggled_head
-                .compare_exchange(0, position, Ordering::Relaxed, Ordering::Relaxed);
+    /// The HTTP/1.1 request head at `head.position` is refused (the IO saw its raw bytes).
+    fn refuse_head(&self, head: framing::RefusedHead) {
+        // Only the first: the IO inspects nothing after it.
+        let _ = self.refused_head.set(head);
     }
 
-    /// Whether the request at `position` is one whose head had both Content-Length and
-    /// Transfer-Encoding. HTTP/1.1 requests are served in order, so the IO's count of heads and
-    /// ours of requests agree.
-    fn smuggled(&self, position: u64) -> bool {
-        self.smuggled_head.load(Ordering::Relaxed) == position
+    /// The head of the request at `position`, if its raw bytes were refused. HTTP/1.1
+    /// requests are served in order, so the IO's count of heads and ours of requests agree.
+    fn refused(&self, position: u64) -> Option<&framing::RefusedHead> {
+        self.refused_head.get().filter(|h| h.position == position)
     }
 
     /// The request at `position` had its body cut for its pace and the client was answered 408.

@@ -88,7 +88,11 @@ pub(in crate::http) fn local_reply(
             std::borrow::Cow::Owned(b) => Bytes::from(b),
         }
     };
-    if matches!(kind, ErrorKind::MalformedRequest(_)) || end.conn.closing() {
+    if matches!(
+        kind,
+        ErrorKind::MalformedRequest(_) | ErrorKind::UnnormalizablePath
+    ) || end.conn.closing()
+    {
         builder = builder.header(CONNECTION, "close");
     }
     end.flags.insert(kind.flag());

@@ -378,6 +378,7 @@ mod tests {
     fn cart(metadata: Option<WorkloadMetadata>) -> Peer {
         Peer {
             spiffe_id: crate::identity::SpiffeId::parse("spiffe://cluster.local/ns/shop/sa/cart"),
+            uri_sans: vec!["spiffe://cluster.local/ns/shop/sa/cart".into()],
             cert_hash: String::new(),
             subject: String::new(),
             dns_sans: vec![],

@@ -28,6 +28,7 @@ impl Proxy {
             principal: peer
                 .and_then(|p| p.spiffe_id.as_ref())
                 .map(crate::identity::SpiffeId::as_str),
+            peer,
             sni: sni.as_deref(),
             request: None,
         };

@@ -248,6 +248,7 @@ impl Proxy {
             source: hop.peer,
             destination: hop.destination,
             principal,
+            peer: served.peer.as_deref(),
             sni: served.sni.as_deref(),
             request: None,
         };

@@ -300,6 +300,9 @@ impl rustls::client::ResolvesClientCert for Fixed {
 pub struct Peer {
     /// The SPIFFE ID of its certificate; `None` if it has none.
     pub spiffe_id: Option<SpiffeId>,
+    /// Its certificate's URI SANs in order, the SPIFFE ID among them (what an RBAC
+    /// `authenticated` principal matches first).
+    pub uri_sans: Vec<String>,
     /// SHA-256 of its certificate, lower-case hex (`Hash=` in x-forwarded-client-cert).
     pub cert_hash: String,
     /// Its certificate's subject, as Envoy prints it (`""` when empty).
@@ -321,6 +324,7 @@ impl Peer {
         let digest = ring::digest::digest(&ring::digest::SHA256, leaf);
         Some(Peer {
             spiffe_id: summary.spiffe_id(),
+            uri_sans: summary.uri_sans,
             cert_hash: digest.as_ref().iter().map(|b| format!("{b:02x}")).collect(),
             subject: xfcc::subject(leaf),
             dns_sans: summary.dns_sans,

@@ -114,6 +114,7 @@ mod tests {
     fn peer() -> Peer {
         Peer {
             spiffe_id: SpiffeId::parse("spiffe://cluster.local/ns/foo/sa/sleep"),
+            uri_sans: vec!["spiffe://cluster.local/ns/foo/sa/sleep".into()],
             cert_hash: "ab12".into(),
             subject: String::new(),
             dns_sans: vec![],

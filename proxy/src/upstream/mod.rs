@@ -400,6 +400,7 @@ impl Upstreams {
         }
         let peer = Arc::new(crate::tls::Peer {
             spiffe_id: None,
+            uri_sans: Vec::new(),
             cert_hash: String::new(),
             subject: String::new(),
             dns_sans: Vec::new(),

@@ -185,3 +185,37 @@ fn a_name_table_file_is_istiods_name_table() {
         snap.name_table().expect("first")
     ));
 }
+
+/// Watched, not polled: a file renamed into place (as a ConfigMap update or `mv` does) is
+/// applied at once though the polling interval is an hour.
+#[tokio::test]
+async fn a_file_renamed_into_place_is_applied_without_waiting_for_a_poll() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = |base: &str, v: &Value| {
+        let tmp = dir.path().join(format!(".{base}.json.tmp"));
+        std::fs::write(&tmp, v.to_string()).expect("write");
+        std::fs::rename(&tmp, dir.path().join(format!("{base}.json"))).expect("rename");
+    };
+    write("clusters", &serde_json::json!([eds("a")]));
+    write("endpoints", &serde_json::json!([cla("a", "10.0.0.1")]));
+    let metrics = Arc::new(crate::metrics::Metrics::default());
+    let hour = Duration::from_secs(3600);
+    let watcher = Watcher::start(dir.path().to_path_buf(), hour, &metrics).expect("start");
+    let store = Arc::clone(&watcher.store);
+    let address = || {
+        store
+            .snapshot()
+            .endpoints("a")
+            .map(|a| a.localities[0].endpoints[0].address)
+    };
+    assert_eq!(address(), Some("10.0.0.1:80".parse().expect("addr")));
+    let task = tokio::spawn(watcher.watch());
+    write("endpoints", &serde_json::json!([cla("a", "10.0.0.9")]));
+    let moved = Some("10.0.0.9:80".parse().expect("addr"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while address() != moved && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    task.abort();
+    assert_eq!(address(), moved, "the renamed file was not applied");
+}

@@ -14,6 +14,39 @@ fn peer_is(m: StringMatcher) -> Principal {
     }
 }
 
+/// A peer as mutual TLS describes it, from a certificate with these SANs and common name.
+fn peer_with(sans: Vec<rcgen::SanType>, common_name: &str) -> crate::tls::Peer {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.subject_alt_names = sans;
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    if !common_name.is_empty() {
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, common_name);
+    }
+    let cert = params.self_signed(&key).expect("certificate");
+    crate::tls::Peer::from_chain(&[cert.der().clone()], None).expect("a peer")
+}
+
+/// The peer whose certificate names `id` (SLEEP or OTHER) as its one SAN.
+fn known_peer(id: &str) -> &'static crate::tls::Peer {
+    static PEERS: std::sync::LazyLock<Vec<crate::tls::Peer>> =
+        std::sync::LazyLock::new(|| [SLEEP, OTHER].map(|id| peer_with(vec![uri(id)], "")).into());
+    PEERS
+        .iter()
+        .find(|p| p.uri_sans.first().is_some_and(|u| u == id))
+        .expect("a known peer")
+}
+
+fn uri(u: &str) -> rcgen::SanType {
+    rcgen::SanType::URI(u.try_into().expect("a URI"))
+}
+
+fn dns(d: &str) -> rcgen::SanType {
+    rcgen::SanType::DnsName(d.try_into().expect("a DNS name"))
+}
+
 fn method(m: &str) -> Permission {
     Permission::Header(HeaderMatcher {
         name: ":method".into(),
@@ -70,6 +103,7 @@ fn request<'a>(
         source: "10.1.0.7:40000".parse().expect("addr"),
         destination: "10.1.0.9:8080".parse().expect("addr"),
         principal,
+        peer: principal.map(known_peer),
         sni: None,
         request: Some(Request {
             method,
@@ -196,10 +230,12 @@ fn a_denial_is_counted_and_named() {
 fn connections_have_no_request_fields() {
     // Network RBAC: a path or header never matches a TCP connection, an inverted one does;
     // ports, addresses, SNI and the peer do.
+    let sleep = peer_with(vec![uri(SLEEP)], "");
     let tcp = Attributes {
         source: "10.1.0.7:40000".parse().expect("addr"),
         destination: "10.1.0.9:9000".parse().expect("addr"),
         principal: Some(SLEEP),
+        peer: Some(&sleep),
         sni: Some("outbound_.9000_._.echo.default.svc.cluster.local"),
         request: None,
     };
@@ -239,6 +275,7 @@ fn connections_have_no_request_fields() {
     assert!(principal(&Principal::Authenticated(Some(regex)), &tcp));
     let plaintext = Attributes {
         principal: None,
+        peer: None,
         ..tcp
     };
     assert!(!principal(&Principal::Authenticated(None), &plaintext));
@@ -346,4 +383,50 @@ fn shadow_rules_leave_envoys_metadata() {
         shadow_metadata(&filters, &selected, "shadow_effective_policy_id"),
         None
     );
+}
+
+#[test]
+fn authenticated_principals_match_uri_sans_then_dns_sans_then_the_subject() {
+    // Envoy's rule: any URI SAN, else any DNS SAN, else the subject (RFC 2253).
+    let spiffe = peer_with(vec![uri(SLEEP), dns("sleep.default.svc")], "sleep");
+    let dns_only = peer_with(vec![dns("a.example.com"), dns("b.example.com")], "client");
+    let subject_only = peer_with(vec![], "legacy-client");
+    let base = Attributes {
+        source: "10.1.0.7:40000".parse().expect("addr"),
+        destination: "10.1.0.9:9000".parse().expect("addr"),
+        principal: None,
+        peer: None,
+        sni: None,
+        request: None,
+    };
+    let of = |peer: &crate::tls::Peer, m: StringMatcher| {
+        let a = Attributes {
+            principal: peer
+                .spiffe_id
+                .as_ref()
+                .map(crate::identity::SpiffeId::as_str),
+            peer: Some(peer),
+            ..base
+        };
+        principal(&Principal::Authenticated(Some(m)), &a)
+    };
+    assert!(of(&spiffe, StringMatcher::exact(SLEEP)));
+    assert!(of(&spiffe, StringMatcher::exact("sleep.default.svc")));
+    assert!(of(&spiffe, StringMatcher::exact("CN=sleep")));
+    assert!(!of(&spiffe, StringMatcher::exact(OTHER)));
+    assert!(of(&dns_only, StringMatcher::exact("b.example.com")));
+    assert!(of(&dns_only, prefix("a.example")));
+    assert!(of(&dns_only, StringMatcher::exact("CN=client")));
+    assert!(!of(&dns_only, prefix("spiffe://")));
+    assert!(of(&subject_only, StringMatcher::exact("CN=legacy-client")));
+    assert!(!of(&subject_only, StringMatcher::exact("legacy-client")));
+    // Any authenticated peer, whatever its certificate names; none without mutual TLS.
+    for peer in [&spiffe, &dns_only, &subject_only] {
+        let a = Attributes {
+            peer: Some(peer),
+            ..base
+        };
+        assert!(principal(&Principal::Authenticated(None), &a));
+    }
+    assert!(!principal(&Principal::Authenticated(None), &base));
 }

@@ -1,7 +1,7 @@
 use super::*;
 
 /// Feed `bytes` whole, then again split at every position, and check both agree.
-fn feed_all(bytes: &[u8]) -> (Option<u64>, RequestFraming) {
+fn feed_all(bytes: &[u8]) -> (Option<RefusedHead>, RequestFraming) {
     let mut whole = RequestFraming::new();
     let found = whole.feed(bytes);
     for split in 0..=bytes.len() {
@@ -15,6 +15,14 @@ fn feed_all(bytes: &[u8]) -> (Option<u64>, RequestFraming) {
     let found_bytewise = bytes.chunks(1).find_map(|b| bytewise.feed(b));
     assert_eq!(found, found_bytewise, "byte by byte");
     (found, whole)
+}
+
+/// The head at `position` refused for both Content-Length and Transfer-Encoding.
+fn both(position: u64) -> RefusedHead {
+    RefusedHead {
+        position,
+        why: HeadFault::LengthAndChunked,
+    }
 }
 
 #[test]
@@ -32,17 +40,17 @@ fn content_length_with_transfer_encoding_is_reported_in_either_order() {
     let (found, f) = feed_all(
         b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
     );
-    assert_eq!(found, Some(1));
+    assert_eq!(found, Some(both(1)));
     assert_eq!(f.state, State::Stopped);
     let (found, _) = feed_all(
         b"POST / HTTP/1.1\r\ntransfer-encoding: CHUNKED\r\ncontent-LENGTH: 3\r\n\r\n0\r\n\r\n",
     );
-    assert_eq!(found, Some(1));
+    assert_eq!(found, Some(both(1)));
     // hyper does not even parse a length that comes after the encoding; it is still refused.
     let (found, _) = feed_all(
         b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: x\r\n\r\n0\r\n\r\n",
     );
-    assert_eq!(found, Some(1));
+    assert_eq!(found, Some(both(1)));
 }
 
 #[test]
@@ -59,7 +67,7 @@ fn a_content_length_body_is_skipped_even_when_it_looks_like_a_head() {
     stream.extend_from_slice(
         b"POST /c HTTP/1.1\r\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n",
     );
-    assert_eq!(feed_all(&stream).0, Some(3));
+    assert_eq!(feed_all(&stream).0, Some(both(3)));
 }
 
 #[test]
@@ -72,7 +80,7 @@ fn a_chunked_body_with_extensions_and_trailers_is_skipped() {
         b"\r\n0\r\nContent-Length: 9\r\n\r\n\
           \r\nPUT /b HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n",
     );
-    assert_eq!(feed_all(&stream).0, Some(2));
+    assert_eq!(feed_all(&stream).0, Some(both(2)));
 }
 
 #[test]
@@ -137,4 +145,22 @@ fn http2_is_never_inspected() {
         None
     );
     assert!(!f.in_head());
+}
+
+#[test]
+fn a_fragment_in_the_target_is_refused_by_its_position() {
+    let (found, f) =
+        feed_all(b"GET /a HTTP/1.1\r\nHost: a#b\r\n\r\nGET /a?q#frag HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert_eq!(
+        found,
+        Some(RefusedHead {
+            position: 2,
+            why: HeadFault::Fragment("#frag".into())
+        })
+    );
+    assert_eq!(f.state, State::Stopped);
+    // A `#` escaped, or in a header, is no fragment.
+    let (found, f) = feed_all(b"GET /a%23b HTTP/1.1\r\nX-A: #\r\n\r\n");
+    assert_eq!(found, None);
+    assert_eq!(f.heads(), 1);
 }

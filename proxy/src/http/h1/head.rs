@@ -115,8 +115,9 @@ pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'
         return None;
     }
     let target = req.path?;
-    // Origin form only: CONNECT, `*` and absolute forms are hyper's.
-    if !target.starts_with('/') {
+    // Origin form only: CONNECT, `*` and absolute forms are hyper's. A fragment too: hyper's
+    // path refuses it as Envoy does (`http::framing`).
+    if !target.starts_with('/') || memchr(b'#', target.as_bytes()).is_some() {
         return None;
     }
     let mut head = RequestHead {

@@ -5,25 +5,25 @@
 //! (`insecureSkipVerify`) nothing about the certificate is checked, only the handshake's
 //! signature by its key.
 
+use crate::tls::verify::{CertificateCheck, Presented, Verifier};
 use remora_xds::model::cluster::{SanMatcher, SanType};
 use remora_xds::model::matcher::StringMatch;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::server::ParsedCertificate;
-use rustls::{CertificateError, DigitallySignedStruct, Error, RootCertStore, SignatureScheme};
+use rustls::{CertificateError, Error, RootCertStore};
 use std::net::IpAddr;
 use std::sync::Arc;
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
-/// A server verifier for a DestinationRule's origination.
+/// What an origin server's certificate must be for a DestinationRule's origination.
 #[derive(Debug)]
-pub struct OriginVerifier {
+pub struct OriginCheck {
     /// `None`: the chain is not checked.
     roots: Option<Arc<RootCertStore>>,
-    provider: Arc<CryptoProvider>,
     sans: Vec<SanMatcher>,
 }
+
+/// A server verifier for a DestinationRule's origination.
+pub type OriginVerifier = Verifier<OriginCheck>;
 
 impl OriginVerifier {
     pub fn new(
@@ -31,11 +31,7 @@ impl OriginVerifier {
         provider: Arc<CryptoProvider>,
         sans: Vec<SanMatcher>,
     ) -> Self {
-        OriginVerifier {
-            roots,
-            provider,
-            sans,
-        }
+        Verifier::with_check(OriginCheck { roots, sans }, provider)
     }
 }
 
@@ -110,72 +106,24 @@ fn dns_name_matches(name: &str, san: &str) -> bool {
     }
 }
 
-impl ServerCertVerifier for OriginVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, Error> {
+impl CertificateCheck for OriginCheck {
+    fn check(&self, presented: &Presented<'_>) -> Result<(), Error> {
         let Some(roots) = &self.roots else {
-            return Ok(ServerCertVerified::assertion());
+            return Ok(());
         };
-        let cert = ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            roots,
-            intermediates,
-            now,
-            self.provider.signature_verification_algorithms.all,
-        )?;
+        presented.chains_to(roots)?;
         if self.sans.is_empty() {
-            return Ok(ServerCertVerified::assertion());
+            return Ok(());
         }
-        let presented = sans(end_entity)?;
-        if presented
+        let names = sans(presented.end_entity)?;
+        if names
             .iter()
             .any(|san| self.sans.iter().any(|m| san_matches(m, san)))
         {
-            Ok(ServerCertVerified::assertion())
+            Ok(())
         } else {
-            tracing::debug!(?presented, "origin server's SANs match none expected");
+            tracing::debug!(presented = ?names, "origin server's SANs match none expected");
             Err(Error::InvalidCertificate(CertificateError::NotValidForName))
         }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
     }
 }

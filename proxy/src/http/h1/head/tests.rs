@@ -346,3 +346,14 @@ fn a_connection_managers_server_replaces_the_upstreams_among_dropped_lines() {
         "HTTP/1.1 204 No Content\r\nserver: envoy\r\n\r\n"
     );
 }
+
+#[test]
+fn a_target_with_a_fragment_is_left_to_hyper() {
+    for target in ["/a#b", "/a?q=1#", "/#"] {
+        let req = format!("GET {target} HTTP/1.1\r\nHost: svc\r\n\r\n");
+        assert!(parse_request(req.as_bytes(), &LIMITS).is_none(), "{target}");
+    }
+    // Escaped, it is part of the path.
+    let req = b"GET /a%23b HTTP/1.1\r\nHost: svc\r\n\r\n";
+    assert_eq!(parse_request(req, &LIMITS).unwrap().target, "/a%23b");
+}
