@@ -6,13 +6,18 @@
 //! DURATION UPSTREAM_SERVICE_TIME "X-FORWARDED-FOR" "USER-AGENT" "X-REQUEST-ID" "AUTHORITY"
 //! "UPSTREAM_HOST"
 //! ```
-//! (on one line). Absent values print as `-`, as Envoy prints them.
+//! (on one line). Absent values print as `-`, as Envoy prints them. A log the xDS listeners
+//! ask for is written in the Envoy text format they give ([`crate::access_log::envoy_format`]),
+//! from the request's facts here and its connection's.
 
 use super::counting::BodyCounter;
 use super::errors::Flags;
+use crate::access_log::envoy_format::{self, RequestHeaders};
+use crate::access_log::LineFormat;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Uri, Version};
 use remora_config::AccessLogFormat;
+use remora_xds::model::log_format::{RequestHeader, TextFormat};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,6 +43,58 @@ pub struct RequestLog {
     pub upstream_time: Option<Duration>,
     /// Request body bytes read from the client.
     pub received: Arc<BodyCounter>,
+    /// What only Envoy's formats print (the route, the cluster, the details).
+    pub envoy: EnvoyFacts,
+}
+
+/// What a request's line in an Envoy format needs beyond Remora's own line.
+#[derive(Debug, Default)]
+pub struct EnvoyFacts {
+    /// `x-envoy-original-path`, as the request came.
+    pub original_path: Option<HeaderValue>,
+    /// The headers the format's `%REQ(…)%` names beyond the ones kept anyway, in the format's
+    /// order ([`TextFormat::extra_request_headers`]).
+    pub other_headers: Vec<Option<HeaderValue>>,
+    /// Envoy's `response_code_details` for a reply made here (`None`: `via_upstream` when the
+    /// upstream answered).
+    pub details: Option<&'static str>,
+    /// The cluster the route chose.
+    pub cluster: Option<Arc<remora_xds::model::Cluster>>,
+    /// The route's `name`.
+    pub route_name: Option<Arc<str>>,
+    /// This side of the upstream connection the response came on.
+    pub upstream_local: Option<SocketAddr>,
+    /// Why the upstream connection failed, in Envoy's words
+    /// (`delayed_connect_error:_Connection_refused`).
+    pub transport_failure: Option<Box<str>>,
+}
+
+impl RequestHeaders for RequestLog {
+    fn header(&self, which: &RequestHeader) -> Option<&[u8]> {
+        fn bytes(v: &Option<HeaderValue>) -> Option<&[u8]> {
+            v.as_ref().map(HeaderValue::as_bytes)
+        }
+        match which {
+            RequestHeader::Method => self.method.as_ref().map(|m| m.as_str().as_bytes()),
+            RequestHeader::Path => self
+                .uri
+                .as_ref()
+                .map(|u| u.path_and_query().map_or("/", |p| p.as_str()).as_bytes()),
+            RequestHeader::Authority => bytes(&self.authority),
+            RequestHeader::Scheme => self.method.as_ref().map(|_| {
+                self.uri
+                    .as_ref()
+                    .and_then(Uri::scheme_str)
+                    .unwrap_or("http")
+                    .as_bytes()
+            }),
+            RequestHeader::UserAgent => bytes(&self.user_agent),
+            RequestHeader::RequestId => bytes(&self.request_id),
+            RequestHeader::ForwardedFor => bytes(&self.forwarded_for),
+            RequestHeader::OriginalPath => bytes(&self.envoy.original_path),
+            RequestHeader::Other(i) => self.envoy.other_headers.get(*i).and_then(bytes),
+        }
+    }
 }
 
 impl RequestLog {
@@ -67,7 +124,92 @@ impl RequestLog {
             upstream: None,
             upstream_time: None,
             received: Arc::new(BodyCounter::default()),
+            envoy: EnvoyFacts {
+                original_path: headers.get("x-envoy-original-path").cloned(),
+                ..EnvoyFacts::default()
+            },
         }
+    }
+
+    /// The connection to `endpoint` failed with `e`: Envoy names the endpoint and why.
+    pub fn dial_failed(&mut self, endpoint: SocketAddr, e: &crate::upstream::dial::DialError) {
+        use crate::connect::ConnectError;
+        use crate::upstream::dial::DialError;
+        self.upstream = Some(endpoint);
+        if let DialError::Connect(ConnectError::Io { source, .. }) = e {
+            self.envoy.transport_failure = Some(envoy_format::connect_failure(source).into());
+        }
+    }
+
+    /// Keep the request headers `format` names beyond the ones kept anyway.
+    pub fn keep_headers(&mut self, format: &LineFormat, headers: &HeaderMap) {
+        if let LineFormat::Envoy(f) = format {
+            self.envoy.other_headers = f
+                .extra_request_headers
+                .iter()
+                .map(|name| headers.get(&**name).cloned())
+                .collect();
+        }
+    }
+
+    /// The line for a request that ended with `flags` after `sent` response body bytes, on a
+    /// connection from `remote` to `local` (`sni`: the name its TLS asked for).
+    pub fn line(
+        &self,
+        flags: Flags,
+        sent: u64,
+        format: &LineFormat,
+        conn: (SocketAddr, SocketAddr, Option<&str>),
+    ) -> String {
+        match format {
+            LineFormat::Remora(f) => self.format(flags, sent, *f),
+            LineFormat::Envoy(f) => self.envoy_line(f, flags, sent, conn),
+        }
+    }
+
+    fn envoy_line(
+        &self,
+        format: &TextFormat,
+        flags: Flags,
+        sent: u64,
+        (remote, local, sni): (SocketAddr, SocketAddr, Option<&str>),
+    ) -> String {
+        let details = self
+            .envoy
+            .details
+            .or_else(|| self.upstream_time.map(|_| "via_upstream"));
+        let failure = self.envoy.transport_failure.as_deref();
+        // Envoy's details of a reset before the response carry the transport's failure too:
+        // `upstream_reset_before_response_started{remote_connection_failure|<why>}`.
+        let joined = match (details, failure) {
+            (Some(d), Some(why)) if d.ends_with('}') => {
+                Some(format!("{}|{why}}}", &d[..d.len() - 1]))
+            }
+            _ => None,
+        };
+        let details = joined.as_deref().or(details);
+        let record = envoy_format::Record {
+            start: self.start,
+            duration: self.started.elapsed(),
+            request: Some(self),
+            protocol: Some(protocol(self.version)),
+            status: self.status,
+            flags: &flags,
+            details,
+            termination_details: None,
+            transport_failure: failure,
+            received: self.received.bytes(),
+            sent,
+            upstream_service_time: self.upstream_time,
+            upstream_host: self.upstream,
+            cluster: self.envoy.cluster.as_deref().map(|c| c.name.as_str()),
+            upstream_local: self.envoy.upstream_local,
+            downstream_local: Some(local),
+            downstream_remote: Some(remote),
+            sni,
+            route_name: self.envoy.route_name.as_deref(),
+        };
+        envoy_format::line(format, &record)
     }
 
     /// A request head that never became a request: Envoy logs a codec error with no method or
@@ -87,6 +229,7 @@ impl RequestLog {
             upstream: None,
             upstream_time: None,
             received: Arc::new(BodyCounter::default()),
+            envoy: EnvoyFacts::default(),
         }
     }
 
@@ -98,11 +241,7 @@ impl RequestLog {
             .uri
             .as_ref()
             .map_or("-", |u| u.path_and_query().map_or("/", |p| p.as_str()));
-        let protocol = match self.version {
-            Version::HTTP_10 => "HTTP/1.0",
-            Version::HTTP_2 => "HTTP/2",
-            _ => "HTTP/1.1",
-        };
+        let protocol = protocol(self.version);
         let received = self.received.bytes();
         let duration = self.started.elapsed().as_millis();
         let upstream_time = self
@@ -164,6 +303,15 @@ impl RequestLog {
             }
         }
         line
+    }
+}
+
+/// The protocol as Envoy's `%PROTOCOL%` prints it.
+fn protocol(version: Version) -> &'static str {
+    match version {
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_2 => "HTTP/2",
+        _ => "HTTP/1.1",
     }
 }
 

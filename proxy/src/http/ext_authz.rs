@@ -407,6 +407,7 @@ pub(super) fn reply(d: Denial, grpc: bool, mut end: RequestEnd) -> Response<Resp
     end.status = response.status().as_u16();
     if let Some(log) = &mut end.log {
         log.status = end.status;
+        log.envoy.details = Some("ext_authz_denied");
     }
     let body = if grpc { Bytes::new() } else { d.body };
     response.map(|()| ResponseBody::local(body, end))

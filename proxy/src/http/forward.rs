@@ -9,7 +9,6 @@
 //! 3. **response**: drop hop-by-hop headers and stream the body back, or answer locally with
 //!    Envoy's status and flag (gRPC clients get HTTP 200 with a `grpc-status`).
 
-use super::access_log::RequestLog;
 use super::body::{RequestEnd, ResponseBody, UpstreamBody};
 use super::counting::BodyCounter;
 use super::errors::{ErrorKind, Flags, ProxyError};
@@ -71,7 +70,7 @@ pub async fn handle(
     if let Err(kind) = refused {
         if ctx.logging() {
             let (m, u, v) = (req.method(), req.uri(), req.version());
-            end.log = Some(Box::new(RequestLog::new(start, m, u, v, req.headers())));
+            end.log = Some(ctx.request_log(start, (m, u, v, req.headers())));
         }
         tracing::debug!(peer = %ctx.peer, reason = kind.details(), "request refused");
         return Ok(local_reply(kind, grpc, end));
@@ -106,14 +105,8 @@ pub async fn handle(
         Direction::Outbound => None,
     };
     if ctx.logging() {
-        let log = RequestLog::new(
-            start,
-            &parts.method,
-            &parts.uri,
-            parts.version,
-            &parts.headers,
-        );
-        end.log = Some(Box::new(log));
+        let (m, u, v, h) = (&parts.method, &parts.uri, parts.version, &parts.headers);
+        end.log = Some(ctx.request_log(start, (m, u, v, h)));
     }
     if let Some(kind) = refused {
         tracing::debug!(peer = %ctx.peer, reason = kind.details(), "inbound request refused");
@@ -130,7 +123,7 @@ pub async fn handle(
                 // Envoy logs the request as the authorizer left it (its headers and query).
                 if end.log.is_some() {
                     let (m, u, v, h) = (&parts.method, &parts.uri, parts.version, &parts.headers);
-                    end.log = Some(Box::new(RequestLog::new(start, m, u, v, h)));
+                    end.log = Some(ctx.request_log(start, (m, u, v, h)));
                 }
                 checked
             }
@@ -164,6 +157,9 @@ pub async fn handle(
             Err(answer) => return Ok(super::routed::reply(answer, grpc, end)),
         },
     };
+    if let (Some(log), Some(r)) = (&mut end.log, &routed) {
+        r.log_to(log);
+    }
     // The route's fault, before the request goes on and before its timeout starts, as
     // Envoy's fault filter runs before its router. Boxed: only routes with a fault pay for it.
     let fault = match (&routed, &answered) {
@@ -255,6 +251,12 @@ pub async fn handle(
             end.flags.insert(e.kind.flag());
             if let Some(log) = &mut end.log {
                 log.upstream = Some(ctx.key.destination);
+                if routed.is_some() {
+                    log.upstream = None;
+                    if let Some(dial) = e.source.as_deref().and_then(|s| s.downcast_ref()) {
+                        log.dial_failed(e.upstream, dial);
+                    }
+                }
             }
             let mut reply = local_reply(e.kind, grpc, end);
             // Envoy's router edits its own replies as it edits the upstream's.

@@ -379,13 +379,36 @@ impl ConnContext {
 
     fn write_log(&self, log: access_log::RequestLog, flags: Flags, sent: u64) {
         if let Some(sink) = &self.log_sink {
-            let line = log.format(flags, sent, sink.format);
+            let conn = (self.peer, self.key.destination, self.sni.as_deref());
+            let line = log.line(flags, sent, &sink.format, conn);
             self.proxy.access_log.log_line(line, sink);
         }
     }
 
     fn logging(&self) -> bool {
         self.log_sink.is_some()
+    }
+
+    /// A request's log record, keeping what the log's format reads of its headers.
+    fn request_log(
+        &self,
+        start: (std::time::SystemTime, std::time::Instant),
+        parts: (&http::Method, &http::Uri, http::Version, &http::HeaderMap),
+    ) -> Box<access_log::RequestLog> {
+        let (m, u, v, h) = parts;
+        let mut log = access_log::RequestLog::new(start, m, u, v, h);
+        if let Some(sink) = &self.log_sink {
+            log.keep_headers(&sink.format, h);
+        }
+        Box::new(log)
+    }
+
+    /// Whether the log's format reads request headers the HTTP/1.1 fast path does not keep
+    /// (an Envoy format's `%REQ(…)%` of another header): hyper's path serves those requests.
+    fn log_reads_other_headers(&self) -> bool {
+        matches!(&self.log_sink, Some(crate::access_log::Sink {
+            format: crate::access_log::LineFormat::Envoy(f), ..
+        }) if !f.extra_request_headers.is_empty())
     }
 }
 

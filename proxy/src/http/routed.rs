@@ -108,6 +108,8 @@ pub struct Routed {
     /// Sent as this proxy's own request (an external authorizer's check), not the client's:
     /// dialled as outbound, from no passthrough source, whichever way the client came.
     pub own_request: bool,
+    /// The route's `name`, kept only when requests are logged (Envoy's `%ROUTE_NAME%`).
+    pub route_name: Option<Arc<str>>,
 }
 
 impl Routed {
@@ -133,6 +135,7 @@ impl Routed {
             set_cookies: Vec::new(),
             origin_host: None,
             own_request: false,
+            route_name: None,
         }
     }
 
@@ -330,6 +333,12 @@ impl Decided {
 }
 
 impl Routed {
+    /// Tell the request's log record the route and cluster it went by.
+    pub fn log_to(&self, log: &mut super::access_log::RequestLog) {
+        log.envoy.cluster = self.cluster.as_ref().map(|c| Arc::clone(&c.model));
+        log.envoy.route_name.clone_from(&self.route_name);
+    }
+
     /// What the request holds until it ends, to be counted under the cluster's service.
     pub fn end(&self) -> super::body::RoutedEnd {
         super::body::RoutedEnd {
@@ -517,6 +526,11 @@ pub fn decide_request(
         set_cookies,
         origin_host,
         own_request: false,
+        route_name: route
+            .name
+            .as_deref()
+            .filter(|n| !n.is_empty() && ctx.logging())
+            .map(Arc::from),
     };
     Ok(Decided {
         routed,

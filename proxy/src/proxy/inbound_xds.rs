@@ -300,6 +300,7 @@ impl Proxy {
                     end,
                     http: true,
                     istio: IstioOpen::NotTcp,
+                    xds: None,
                 }
             }
             ChainDecision::Tcp { cluster, chain } => {

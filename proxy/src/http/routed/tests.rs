@@ -86,6 +86,7 @@ fn grpc_timeout_header_max_and_max_stream_duration_bound_the_deadline() {
         avoid_previous: None,
         tried: Default::default(),
         mirrors: None,
+        route_name: None,
     };
     // No header max: the header is not read.
     assert_eq!(
@@ -317,6 +318,7 @@ fn attempts_are_told_the_deadline_left_within_the_per_try_timeout() {
         avoid_previous: None,
         tried: Default::default(),
         mirrors: None,
+        route_name: None,
     };
     let r = routed(Some(ms(1000)), Some(ms(300)));
     assert_eq!(r.expected_timeout(ms(0)), Some(ms(300)));
