@@ -154,7 +154,10 @@ pub async fn handle(
                 answered = Some(Box::new(answer));
                 None
             }
-            Err(answer) => return Ok(super::routed::reply(answer, grpc, end)),
+            Err(answer) => {
+                super::routed::count_cors(&ctx, answer.cors_origin());
+                return Ok(super::routed::reply(answer, grpc, end));
+            }
         },
     };
     if let (Some(log), Some(r)) = (&mut end.log, &routed) {
@@ -181,6 +184,12 @@ pub async fn handle(
             }
             return Ok(reply);
         }
+    }
+    // The cors filter after the fault filter: it judged the origin of a request not aborted.
+    match (&routed, &answered) {
+        (Some(r), _) => super::routed::count_cors(&ctx, r.cors_origin),
+        (None, Some(a)) => super::routed::count_cors(&ctx, a.cors_origin()),
+        (None, None) => {}
     }
     if let Some(answer) = answered {
         return Ok(super::routed::reply(*answer, grpc, end));

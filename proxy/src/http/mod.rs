@@ -14,6 +14,7 @@ mod authorize;
 pub mod body;
 pub mod body_pace;
 pub mod coalesce;
+pub mod cors_stats;
 pub mod counting;
 mod drive;
 pub mod errors;
@@ -64,6 +65,8 @@ pub struct XdsChainFlags {
     pub fault_filter: bool,
     /// The connection manager's stat prefix, for its fault filter's statistics (with it).
     pub fault_stats: Option<Arc<str>>,
+    /// The connection manager's stat prefix, for its cors filter's statistics (with it).
+    pub cors_stats: Option<Arc<str>>,
     /// The chain has Envoy's cors filter, without which a route's CORS policy does nothing
     /// (as in Envoy).
     pub cors_filter: bool,
@@ -89,6 +92,9 @@ impl XdsChainFlags {
                 .has_fault_filter()
                 .then(|| Arc::clone(&chain.stat_prefix)),
             cors_filter: chain.has_cors_filter(),
+            cors_stats: chain
+                .has_cors_filter()
+                .then(|| Arc::clone(&chain.stat_prefix)),
             normalize_path: chain.normalize_path,
             server: http::HeaderValue::try_from(server).ok(),
             max_concurrent_streams: chain.http2_max_concurrent_streams,

@@ -110,6 +110,9 @@ pub struct Routed {
     pub own_request: bool,
     /// The route's `name`, kept only when requests are logged (Envoy's `%ROUTE_NAME%`).
     pub route_name: Option<Arc<str>>,
+    /// Whether the cors filter found the request's origin allowed, when it judged it: counted
+    /// once the fault filter before it has let the request go on ([`count_cors`]).
+    pub cors_origin: Option<bool>,
 }
 
 impl Routed {
@@ -136,6 +139,7 @@ impl Routed {
             origin_host: None,
             own_request: false,
             route_name: None,
+            cors_origin: None,
         }
     }
 
@@ -263,6 +267,8 @@ pub enum Answer {
         /// The route's fault, injected before the answer as Envoy's fault filter does before
         /// its router answers.
         fault: Option<Arc<remora_xds::model::fault::FaultPolicy>>,
+        /// Whether the cors filter found the request's origin allowed, when it judged it.
+        cors_origin: Option<bool>,
     },
     /// A CORS preflight the cors filter answers: 200 with `headers`. `route_edits` are its
     /// forwarding route's response edits, for the abort of the route's `fault`.
@@ -270,6 +276,8 @@ pub enum Answer {
         headers: Edits,
         route_edits: Edits,
         fault: Option<Arc<remora_xds::model::fault::FaultPolicy>>,
+        /// Whether the cors filter found the preflight's origin allowed.
+        origin_valid: bool,
     },
     /// For the HTTP/1.1 fast path, which gives [`decide_request`] no request parts: the
     /// route needs them (header values to fill in, a local answer), so hyper's path serves
@@ -278,6 +286,16 @@ pub enum Answer {
 }
 
 impl Answer {
+    /// Whether the cors filter found the request's origin allowed, when it judged it: counted
+    /// once the fault filter before it has let the request go on.
+    pub fn cors_origin(&self) -> Option<bool> {
+        match self {
+            Answer::Local { cors_origin, .. } => *cors_origin,
+            Answer::Preflight { origin_valid, .. } => Some(*origin_valid),
+            _ => None,
+        }
+    }
+
     /// The fault to inject before answering.
     pub fn fault(&self) -> Option<&Arc<remora_xds::model::fault::FaultPolicy>> {
         match self {
@@ -411,7 +429,7 @@ pub fn decide_request(
             return Err(local);
         }
     };
-    let cors = cors_outcome(ctx, route, parts)?;
+    let (cors, cors_origin) = cors_outcome(ctx, route, parts)?;
     let cors_headers = match &cors {
         CorsOutcome::Response(headers) => &headers[..],
         _ => &[],
@@ -437,6 +455,7 @@ pub fn decide_request(
                         .fault_for(cluster)
                         .filter(|_| ctx.xds_chain.fault_filter)
                         .cloned(),
+                    origin_valid: cors_origin == Some(true),
                 });
             }
             if upgrade_disabled(forward, &parts.headers) {
@@ -453,6 +472,7 @@ pub fn decide_request(
                         .fault_for(cluster)
                         .filter(|_| ctx.xds_chain.fault_filter)
                         .cloned(),
+                    cors_origin,
                 });
             }
             edits(table, vhost, route, forward, cluster, &format_request)
@@ -531,6 +551,7 @@ pub fn decide_request(
             .as_deref()
             .filter(|n| !n.is_empty() && ctx.logging())
             .map(Arc::from),
+        cors_origin,
     };
     Ok(Decided {
         routed,
@@ -587,6 +608,14 @@ pub fn decide(
     Ok(decided.routed)
 }
 
+/// Count the cors filter's judgement of a request's origin, as Envoy's filter counts it
+/// (`http.<stat_prefix>.cors.origin_valid`, `origin_invalid`).
+pub fn count_cors(ctx: &ConnContext, origin_valid: Option<bool>) {
+    if let (Some(valid), Some(prefix)) = (origin_valid, &ctx.xds_chain.cors_stats) {
+        ctx.proxy.metrics.cors.of(prefix).count(valid);
+    }
+}
+
 /// What the chain's cors filter does to a forwarded request of `route` (Envoy's filter acts
 /// only on routes that forward): nothing for nearly every request. The HTTP/1.1 fast path,
 /// which gives no `parts`, hands a route with a CORS policy over to hyper's path.
@@ -594,9 +623,9 @@ fn cors_outcome(
     ctx: &ConnContext,
     route: &remora_xds::model::route::Route,
     parts: Option<&Parts>,
-) -> Result<CorsOutcome, Answer> {
+) -> Result<(CorsOutcome, Option<bool>), Answer> {
     let Some(cors) = route.cors.as_ref().filter(|_| ctx.xds_chain.cors_filter) else {
-        return Ok(CorsOutcome::Pass);
+        return Ok((CorsOutcome::Pass, None));
     };
     let Some(parts) = parts else {
         return Err(Answer::Handover);
@@ -609,7 +638,7 @@ fn cors_outcome(
         request_headers: header("access-control-request-headers"),
         request_private_network: header("access-control-request-private-network"),
     };
-    Ok(cors.evaluate(&req, fastrand::u64(..)))
+    Ok(cors.evaluate_origin(&req, fastrand::u64(..)))
 }
 
 /// Whether the request asks for an HTTP/1.1 upgrade (WebSocket) that the route's

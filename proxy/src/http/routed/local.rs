@@ -35,6 +35,8 @@ pub(in crate::http) fn answer(
             location: None,
             edits: local_edits(table, vhost, route, format),
             fault: route.fault.clone(),
+            // Envoy's cors filter acts only on routes that forward.
+            cors_origin: None,
         },
         HttpDecision::Redirect {
             redirect,
@@ -50,6 +52,8 @@ pub(in crate::http) fn answer(
             )),
             edits: local_edits(table, vhost, route, format),
             fault: route.fault.clone(),
+            // Envoy's cors filter acts only on routes that forward.
+            cors_origin: None,
         },
     }
 }
@@ -88,7 +92,7 @@ pub(in crate::http) fn reply(
             body,
             location,
             edits,
-            fault: _,
+            ..
         } => (status, body, location, edits, "direct_response"),
         Answer::Preflight { headers, .. } => (200, None, None, headers, "cors_response"),
     };

@@ -87,6 +87,7 @@ fn grpc_timeout_header_max_and_max_stream_duration_bound_the_deadline() {
         tried: Default::default(),
         mirrors: None,
         route_name: None,
+        cors_origin: None,
     };
     // No header max: the header is not read.
     assert_eq!(
@@ -319,6 +320,7 @@ fn attempts_are_told_the_deadline_left_within_the_per_try_timeout() {
         tried: Default::default(),
         mirrors: None,
         route_name: None,
+        cors_origin: None,
     };
     let r = routed(Some(ms(1000)), Some(ms(300)));
     assert_eq!(r.expected_timeout(ms(0)), Some(ms(300)));
