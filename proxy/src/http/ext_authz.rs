@@ -162,12 +162,18 @@ pub(super) async fn inbound(
     ctx: &Arc<ConnContext>,
     parts: &mut Parts,
     body: Incoming,
-) -> Result<(ClientBody, Option<Box<ResponseHeaders>>), Refused> {
+) -> Result<Checked, Refused> {
     let Some(chain) = ctx.xds_inbound.as_ref() else {
-        return Ok((ClientBody::Plain(body), None));
+        return Ok((ClientBody::Plain(body), None, None));
     };
     let mut body = ClientBody::Plain(body);
     let mut response: Option<Box<ResponseHeaders>> = None;
+    // The request the route is chosen on: as it was before the first check (Envoy's filters
+    // before it have chosen the route by then), or after the edits of an authorizer whose
+    // filter clears the route cache (the route is chosen again at the next look, on the
+    // request as it is then).
+    let mut basis = RouteBasis::of(parts);
+    let mut cleared = false;
     // Every RBAC filter before the current one writes metadata; those after the last
     // ext_authz filter decide once it has.
     let mut rbac_before: Vec<_> = chain.http_rbac().collect();
@@ -191,7 +197,11 @@ pub(super) async fn inbound(
                     }
                 };
                 if enabled {
+                    if std::mem::take(&mut cleared) {
+                        basis = RouteBasis::of(parts);
+                    }
                     let (checked, added) = check(ctx, ext, parts, body).await?;
+                    cleared = ext.clear_route_cache;
                     body = checked;
                     if let Some(added) = added {
                         let r = response.get_or_insert_with(Default::default);
@@ -210,7 +220,32 @@ pub(super) async fn inbound(
         }
     }
     check_rbac(ctx, parts, rbac_after.into_iter())?;
-    Ok((body, response))
+    Ok((body, response, (!cleared).then_some(basis)))
+}
+
+/// What the checks let through: the body (read ahead or not), the authorizers' headers for
+/// the response, and the request the route is chosen on when it is not the request as the
+/// authorizers left it.
+pub(super) type Checked = (
+    ClientBody,
+    Option<Box<ResponseHeaders>>,
+    Option<Box<RouteBasis>>,
+);
+
+/// The parts of a request a route matches on, kept from before an authorizer's edits.
+#[derive(Debug)]
+pub struct RouteBasis {
+    pub uri: http::Uri,
+    pub headers: http::HeaderMap,
+}
+
+impl RouteBasis {
+    fn of(parts: &Parts) -> Box<RouteBasis> {
+        Box::new(RouteBasis {
+            uri: parts.uri.clone(),
+            headers: parts.headers.clone(),
+        })
+    }
 }
 
 fn check_rbac<'r>(

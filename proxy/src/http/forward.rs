@@ -114,7 +114,7 @@ pub async fn handle(
     }
     // The chain's external authorizer (AuthorizationPolicy CUSTOM) and the RBAC filters
     // after it, as Envoy runs its ext_authz filter. Boxed: only such chains pay for it.
-    let (body, authz_response) = if ctx.direction == Direction::Inbound
+    let (body, authz_response, route_basis) = if ctx.direction == Direction::Inbound
         && ctx.xds_inbound.as_ref().is_some_and(|c| c.has_ext_authz())
     {
         use super::ext_authz::{inbound, reply, Refused};
@@ -131,7 +131,7 @@ pub async fn handle(
             Err(Refused::Reply(denial)) => return Ok(reply(denial, grpc, end)),
         }
     } else {
-        (super::mirror::ClientBody::Plain(body), None)
+        (super::mirror::ClientBody::Plain(body), None, None)
     };
     if let Some(log) = &mut end.log {
         log.received = Arc::clone(&end.received);
@@ -148,17 +148,20 @@ pub async fn handle(
         Some(_) if parts.version == http::Version::HTTP_10 => {
             return Ok(super::routed::upgrade_required(end));
         }
-        Some(routes) => match super::routed::decide(&ctx, routes, &mut parts, &mut end) {
-            Ok(routed) => Some(routed),
-            Err(answer) if answer.fault().is_some() => {
-                answered = Some(Box::new(answer));
-                None
+        Some(routes) => {
+            match super::routed::decide(&ctx, routes, &mut parts, &mut end, route_basis.as_deref())
+            {
+                Ok(routed) => Some(routed),
+                Err(answer) if answer.fault().is_some() => {
+                    answered = Some(Box::new(answer));
+                    None
+                }
+                Err(answer) => {
+                    super::routed::count_cors(&ctx, answer.cors_origin());
+                    return Ok(super::routed::reply(answer, grpc, end));
+                }
             }
-            Err(answer) => {
-                super::routed::count_cors(&ctx, answer.cors_origin());
-                return Ok(super::routed::reply(answer, grpc, end));
-            }
-        },
+        }
     };
     if let (Some(log), Some(r)) = (&mut end.log, &routed) {
         r.log_to(log);

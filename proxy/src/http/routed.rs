@@ -564,28 +564,35 @@ pub fn decide_request(
 
 /// Route one request by the connection's table in the snapshot in force now; a forwarded
 /// one's end records what it holds until it ends.
+///
+/// `basis`: the request the route is matched on when it is not `parts` (an external
+/// authorizer edited it and its filter keeps the route chosen before).
 pub fn decide(
     ctx: &ConnContext,
     routes: &RouteSource,
     parts: &mut Parts,
     end: &mut RequestEnd,
+    basis: Option<&super::ext_authz::RouteBasis>,
 ) -> Result<Routed, Answer> {
     let decided = {
-        let host = parts
-            .headers
+        let (uri, headers) = match basis {
+            Some(b) => (&b.uri, &b.headers),
+            None => (&parts.uri, &parts.headers),
+        };
+        let host = headers
             .get(http::header::HOST)
             .and_then(|h| h.to_str().ok())
-            .or_else(|| parts.uri.authority().map(|a| a.as_str()))
+            .or_else(|| uri.authority().map(|a| a.as_str()))
             .unwrap_or_default();
         let header = |name: &str| match name {
             ":authority" => Some(host),
             ":method" => Some(parts.method.as_str()),
-            ":path" => parts.uri.path_and_query().map(|p| p.as_str()),
-            _ => parts.headers.get(name).and_then(|v| v.to_str().ok()),
+            ":path" => uri.path_and_query().map(|p| p.as_str()),
+            _ => headers.get(name).and_then(|v| v.to_str().ok()),
         };
         let req = RequestParts {
             method: parts.method.as_str(),
-            path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+            path_and_query: uri.path_and_query().map_or("/", |p| p.as_str()),
             header: &header,
         };
         decide_request(ctx, routes, host.as_bytes(), &req, Some(&*parts))?
