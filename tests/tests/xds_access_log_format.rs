@@ -2,7 +2,8 @@
 //! file logger of the HTTP connection manager and of `tcp_proxy`), written by Remora as it was
 //! given, against Envoy 1.40 with the same resources and the same traffic: a 200 from the
 //! upstream, a 503 `UF` (the endpoint refuses), a 503 `UH` (no endpoint), a fault abort `FI`,
-//! and a TCP connection. Each line is compared field by field; only what must differ between
+//! a TCP connection out, and one in (the peer to the pod's own port, through
+//! `virtualInbound`). Each line is compared field by field; only what must differ between
 //! two runs is masked (start time, durations, request ids, ephemeral ports and each pod's own
 //! addresses, which are named by role).
 //!
@@ -11,7 +12,7 @@
 
 use remora_e2e::envoy_xds::{nets_or_skip, Resources, ISTIO_TEXT_FORMAT};
 use remora_e2e::peer::{self, curl_status, Server};
-use remora_e2e::xds_resources::{eds_cluster, endpoint};
+use remora_e2e::xds_resources::{eds_cluster, endpoint, inbound_cluster};
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -26,6 +27,9 @@ const WEB: &str = "outbound|80||web.test.svc.cluster.local";
 const DOWN: &str = "outbound|80||down.test.svc.cluster.local";
 const EMPTY: &str = "outbound|80||empty.test.svc.cluster.local";
 const ECHO: &str = "outbound|9000||echo.test.svc.cluster.local";
+/// The pod's own TCP port, reached inbound through `virtualInbound`.
+const INBOUND_PORT: u16 = 9100;
+const INBOUND: &str = "inbound|9100||";
 
 /// A second format: another header, lengths, addresses without ports.
 const OTHER_FORMAT: &str = "%REQ(X-B3-TRACEID)% %REQ(:PATH):4% %REQ(X-MISSING?USER-AGENT):6% %UPSTREAM_CLUSTER% %DOWNSTREAM_LOCAL_ADDRESS_WITHOUT_PORT% %RESPONSE_CODE% %PROTOCOL%\n";
@@ -78,7 +82,16 @@ fn resources(
          "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [
             {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
-                "stat_prefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}]}
+                "stat_prefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}]},
+        {"name": "virtualInbound", "traffic_direction": "INBOUND",
+         "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15006}},
+         "listener_filters": [{"name": "envoy.filters.listener.original_dst", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.listener.original_dst.v3.OriginalDst"}}],
+         "filter_chains": [{"name": "0.0.0.0_9100",
+            "filter_chain_match": {"destination_port": INBOUND_PORT, "transport_protocol": "raw_buffer"},
+            "filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                "stat_prefix": INBOUND, "cluster": INBOUND, "access_log": file_log(log, format)}}]}]}
     ]);
     let assignment = |name: &str, a: Option<SocketAddr>| {
         let hosts: Vec<Value> = a.into_iter().map(|a| endpoint(a, None)).collect();
@@ -88,6 +101,7 @@ fn resources(
         listeners,
         routes,
         clusters: json!([eds_cluster(WEB), eds_cluster(DOWN), eds_cluster(EMPTY), eds_cluster(ECHO),
+            inbound_cluster(INBOUND),
             {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
         endpoints: json!([
             assignment(WEB, Some(web)),
@@ -165,7 +179,12 @@ fn traffic(net: &PodNet, log: &Path, output: &dyn Fn() -> String) -> (Vec<u16>, 
     let vip: SocketAddr = TCP_VIP.parse().expect("addr");
     let back = peer::echo_exchange(&net.pod, vip, b"hello").expect("TCP through the VIP");
     assert_eq!(back, b"hello");
-    (statuses, wait_for_lines(log, 5, output))
+    wait_for_lines(log, 5, output);
+    // Inbound: the peer to the pod's own port, through `virtualInbound`.
+    let back = peer::echo_exchange(&net.peer, net.pod_addr(INBOUND_PORT), b"inbound!")
+        .expect("TCP to the pod");
+    assert_eq!(back, b"inbound!");
+    (statuses, wait_for_lines(log, 6, output))
 }
 
 /// A line's fields: space-separated, a quoted one (`"GET /ok HTTP/1.1"`) kept whole.
@@ -204,6 +223,7 @@ fn remora_then_envoy(format: &str) -> Option<[Run; 2]> {
         route_vips(&net.pod);
         let web = Server::http(&net.peer, net.peer_addr(8081), "web");
         let echo = Server::echo(&net.peer, net.peer_addr(9000));
+        let _inbound = Server::echo(&net.pod, peer::any_addr(INBOUND_PORT));
         // Nothing listens there: the connection is refused.
         let down = net.peer_addr(8099);
         let log = log_file(net);
@@ -293,13 +313,26 @@ fn istios_default_format_is_written_field_by_field_as_envoy_writes_it() {
 }
 
 /// Another format, as the mesh's `accessLogFormat` gives it: another request header, lengths,
-/// addresses without ports. Nothing in it differs between runs: the lines are the same.
+/// a fallback, addresses without ports. Only the pod's own address differs between runs.
 #[test]
 fn another_format_is_written_as_envoy_writes_it() {
     let Some([remora, envoy]) = remora_then_envoy(OTHER_FORMAT) else {
         return;
     };
-    assert_eq!(remora.lines, envoy.lines);
+    // Each pod's own address named by role: the inbound line's local address is it.
+    let named = |run: &Run| -> Vec<String> {
+        run.lines
+            .iter()
+            .map(|l| l.replace(&run.pod, "POD"))
+            .collect()
+    };
+    assert_eq!(named(&remora), named(&envoy));
+    assert_eq!(
+        named(&remora)[5],
+        "- - - inbound|9100|| POD 0 -",
+        "{:?}",
+        remora.lines
+    );
     assert_eq!(
         remora.lines[0],
         format!("80f198ee56343ba8 /ok remora {WEB} 10.96.0.10 200 HTTP/1.1")
