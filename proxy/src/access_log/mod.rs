@@ -232,6 +232,8 @@ pub enum LineFormat {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sink {
     pub format: LineFormat,
+    /// The format prints `%UPSTREAM_LOCAL_ADDRESS%`: worth a `getsockname` per request.
+    pub upstream_local: bool,
     /// The file lines are appended to; `None`: standard output (also for `/dev/stdout`).
     pub file: Option<Arc<str>>,
 }
@@ -246,12 +248,15 @@ impl Sink {
         if config.access_log.enabled {
             return Some(Sink {
                 format: LineFormat::Remora(config.access_log.format),
+                upstream_local: false,
                 file: None,
             });
         }
         let snapshot = xds?.snapshot();
         let log = snapshot.access_log()?;
         Some(Sink {
+            upstream_local: matches!(&log.format,
+                Xds::Text(f) if f.uses(&remora_xds::model::log_format::Operator::UpstreamLocalAddress)),
             format: match &log.format {
                 Xds::Text(f) => LineFormat::Envoy(f.clone()),
                 Xds::Json => LineFormat::Remora(AccessLogFormat::Json),
@@ -464,6 +469,7 @@ mod tests {
         let log = AccessLog::start(Arc::clone(&metrics)).expect("writer");
         let sink = Sink {
             format: LineFormat::Remora(AccessLogFormat::Text),
+            upstream_local: false,
             file: Some(path.to_str().expect("utf-8").into()),
         };
         log.log_line("one\n".into(), &sink);

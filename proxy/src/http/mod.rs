@@ -409,6 +409,11 @@ impl ConnContext {
         Box::new(log)
     }
 
+    /// Whether the log's format prints this side of the upstream connection.
+    fn log_wants_upstream_local(&self) -> bool {
+        self.log_sink.as_ref().is_some_and(|s| s.upstream_local)
+    }
+
     /// Whether the log's format reads request headers the HTTP/1.1 fast path does not keep
     /// (an Envoy format's `%REQ(…)%` of another header): hyper's path serves those requests.
     fn log_reads_other_headers(&self) -> bool {

@@ -16,6 +16,13 @@ pub struct TextFormat {
     pub extra_request_headers: Arc<[Box<str>]>,
 }
 
+impl TextFormat {
+    /// Whether any piece renders `op`.
+    pub fn uses(&self, op: &Operator) -> bool {
+        self.pieces.iter().any(|p| p.operator.as_ref() == Some(op))
+    }
+}
+
 /// One piece of a format.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Piece {

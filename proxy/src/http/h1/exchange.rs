@@ -157,7 +157,7 @@ async fn attempts(
                 }
             },
         };
-        if let Some(log) = &mut end.log {
+        if let Some(log) = end.log.as_mut().filter(|_| ctx.log_wants_upstream_local()) {
             log.envoy.upstream_local = up.local_addr();
         }
         req.head.truncate(base);
