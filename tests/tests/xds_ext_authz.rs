@@ -235,8 +235,8 @@ fn custom_authorization_has_envoys_outcome() {
         "access logs\n  remora {r_log:#?}\n  envoy  {e_log:#?}"
     ));
     assert!(
-        r_log.iter().any(|l| l.ends_with(" 401 UAEX"))
-            && r_log.iter().any(|l| l.ends_with(" 503 UAEX")),
+        r_log.iter().any(|l| l.contains(" 401 UAEX "))
+            && r_log.iter().any(|l| l.contains(" 503 UAEX ")),
         "{r_log:#?}"
     );
     let report = report.join("\n");

@@ -64,6 +64,9 @@ pub struct EnvoyFacts {
     pub route_name: Option<Arc<str>>,
     /// This side of the upstream connection the response came on.
     pub upstream_local: Option<SocketAddr>,
+    /// An authorization policy's denial, in Envoy's words
+    /// (`rbac_access_denied_matched_policy[none]`).
+    pub denial: Option<Box<str>>,
     /// Why the upstream connection failed, in Envoy's words
     /// (`delayed_connect_error:_Connection_refused`).
     pub transport_failure: Option<Box<str>>,
@@ -187,7 +190,10 @@ impl RequestLog {
             }
             _ => None,
         };
-        let details = joined.as_deref().or(details);
+        let details = joined
+            .as_deref()
+            .or(self.envoy.denial.as_deref())
+            .or(details);
         let record = envoy_format::Record {
             start: self.start,
             duration: self.started.elapsed(),
@@ -383,6 +389,49 @@ mod tests {
         assert!(
             line.starts_with("[2023-11-14T22:13:20.000Z] \"- - HTTP/1.1\" 431 DPE 0 0 "),
             "{line}"
+        );
+    }
+
+    /// The details Envoy's format prints: the upstream's answer, a policy's denial, and a
+    /// failed connect's reason joined to the reset's details.
+    #[test]
+    fn envoy_format_details() {
+        let format = LineFormat::Envoy(
+            remora_xds::convert::log_format::parse(
+                "%RESPONSE_CODE_DETAILS% \"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %UPSTREAM_HOST%",
+            )
+            .expect("parsed"),
+        );
+        let conn = (
+            "10.0.0.1:40000".parse().unwrap(),
+            "10.0.0.2:80".parse().unwrap(),
+            None,
+        );
+        let mut e = entry();
+        e.upstream_time = Some(Duration::from_millis(3));
+        assert_eq!(
+            e.line(Flags::default(), 0, &format, conn),
+            "via_upstream \"-\" 10.0.0.7:8080"
+        );
+        let mut denied = entry();
+        denied.upstream = None;
+        denied.envoy.details = super::super::errors::ErrorKind::AccessDenied.code_details();
+        denied.envoy.denial = Some("rbac_access_denied_matched_policy[none]".into());
+        assert_eq!(
+            denied.line(Flags::default(), 0, &format, conn),
+            "rbac_access_denied_matched_policy[none] \"-\" -"
+        );
+        let mut refused = entry();
+        refused.envoy.details = super::super::errors::ErrorKind::ConnectFailed.code_details();
+        refused.envoy.transport_failure = Some(
+            crate::access_log::envoy_format::connect_failure(&std::io::Error::from_raw_os_error(
+                111,
+            ))
+            .into(),
+        );
+        assert_eq!(
+            refused.line(Flags::UF, 0, &format, conn),
+            "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused} \"delayed_connect_error:_Connection_refused\" 10.0.0.7:8080"
         );
     }
 

@@ -39,11 +39,14 @@ use std::sync::Arc;
 /// Why a request is not forwarded.
 #[derive(Debug)]
 pub(super) enum Refused {
-    /// A local reply of Remora's own (RBAC after the authorizer, a body over the limit, a
-    /// client gone).
+    /// A local reply of Remora's own (a body over the limit, a client gone).
     Kind(ErrorKind),
-    /// The authorizer's answer, or `status_on_error`.
+    /// An RBAC filter after the authorizer denied it: Envoy's details for the denial.
+    Policy(Box<str>),
+    /// The authorizer's answer.
     Reply(Denial),
+    /// The check failed and failure is not allowed: `status_on_error`.
+    Failed(Denial),
 }
 
 /// The reply the filter sends instead of forwarding.
@@ -259,7 +262,7 @@ fn check_rbac<'r>(
     }
     match ctx.proxy.authz.check_rbac(filters, &attributes(ctx, parts)) {
         crate::authz::Verdict::Allowed => Ok(()),
-        crate::authz::Verdict::Denied(_) => Err(Refused::Kind(ErrorKind::AccessDenied)),
+        crate::authz::Verdict::Denied(details) => Err(Refused::Policy(details.into())),
     }
 }
 
@@ -343,7 +346,7 @@ async fn check(
                 stats.failure_mode_allowed.inc();
                 return Ok((body, None));
             }
-            Err(Refused::Reply(Denial {
+            Err(Refused::Failed(Denial {
                 status: StatusCode::from_u16(ext.status_on_error).unwrap_or(StatusCode::FORBIDDEN),
                 headers: Vec::new(),
                 body: Bytes::new(),
@@ -401,7 +404,22 @@ async fn read_ahead(
 
 /// The filter's reply: the authorizer's status, headers and body (or `status_on_error`), as
 /// Envoy's local reply (a gRPC client gets the status as its gRPC equivalent).
-pub(super) fn reply(d: Denial, grpc: bool, mut end: RequestEnd) -> Response<ResponseBody> {
+pub(super) fn reply(d: Denial, grpc: bool, end: RequestEnd) -> Response<ResponseBody> {
+    reply_with(d, grpc, end, "ext_authz_denied")
+}
+
+/// The reply to a failed check without `failure_mode_allow` (`status_on_error`).
+pub(super) fn reply_failed(d: Denial, grpc: bool, end: RequestEnd) -> Response<ResponseBody> {
+    reply_with(d, grpc, end, "ext_authz_error")
+}
+
+/// The filter's reply, logged with Envoy's `details`.
+fn reply_with(
+    d: Denial,
+    grpc: bool,
+    mut end: RequestEnd,
+    details: &'static str,
+) -> Response<ResponseBody> {
     end.flags.insert(Flags::UAEX);
     let mut response = Response::new(());
     if grpc {
@@ -442,7 +460,7 @@ pub(super) fn reply(d: Denial, grpc: bool, mut end: RequestEnd) -> Response<Resp
     end.status = response.status().as_u16();
     if let Some(log) = &mut end.log {
         log.status = end.status;
-        log.envoy.details = Some("ext_authz_denied");
+        log.envoy.details = Some(details);
     }
     let body = if grpc { Bytes::new() } else { d.body };
     response.map(|()| ResponseBody::local(body, end))

@@ -100,7 +100,9 @@ pub async fn handle(
         Direction::Inbound => super::authorize::inbound(&ctx, &mut parts).err(),
         // istiod's connection managers normalise every path before routing (`normalize_path`).
         Direction::Outbound if ctx.xds_chain.normalize_path => {
-            super::authorize::normalize_path(&mut parts, PathNormalization::Base).err()
+            super::authorize::normalize_path(&mut parts, PathNormalization::Base)
+                .err()
+                .map(|k| (k, None))
         }
         Direction::Outbound => None,
     };
@@ -108,10 +110,15 @@ pub async fn handle(
         let (m, u, v, h) = (&parts.method, &parts.uri, parts.version, &parts.headers);
         end.log = Some(ctx.request_log(start, (m, u, v, h)));
     }
-    if let Some(kind) = refused {
+    if let Some((kind, details)) = refused {
         tracing::debug!(peer = %ctx.peer, reason = kind.details(), "inbound request refused");
+        if let Some(log) = &mut end.log {
+            log.envoy.denial = details;
+        }
         return Ok(local_reply(kind, grpc, end));
     }
+    // Not held across the awaits below (a policy's details would be).
+    drop(refused);
     // The chain's external authorizer (AuthorizationPolicy CUSTOM) and the RBAC filters
     // after it, as Envoy runs its ext_authz filter. Boxed: only such chains pay for it.
     let (body, authz_response, route_basis) = if ctx.direction == Direction::Inbound
@@ -128,7 +135,16 @@ pub async fn handle(
                 checked
             }
             Err(Refused::Kind(kind)) => return Ok(local_reply(kind, grpc, end)),
+            Err(Refused::Policy(details)) => {
+                if let Some(log) = &mut end.log {
+                    log.envoy.denial = Some(details);
+                }
+                return Ok(local_reply(ErrorKind::AccessDenied, grpc, end));
+            }
             Err(Refused::Reply(denial)) => return Ok(reply(denial, grpc, end)),
+            Err(Refused::Failed(denial)) => {
+                return Ok(super::ext_authz::reply_failed(denial, grpc, end))
+            }
         }
     } else {
         (super::mirror::ClientBody::Plain(body), None, None)
@@ -163,6 +179,8 @@ pub async fn handle(
             }
         }
     };
+    // Not held across the awaits below: a request's state is copied whole into its box.
+    drop(route_basis);
     if let (Some(log), Some(r)) = (&mut end.log, &routed) {
         r.log_to(log);
     }

@@ -37,8 +37,8 @@ pub const TCP_ALLOWED: u16 = 9100;
 pub const TCP_DENIED: u16 = DENIED_TCP_PORT as u16;
 /// A TCP port the CUSTOM policy does not select.
 pub const TCP_UNSELECTED: u16 = 9102;
-/// Istio's default access-log format, which both proxies write; request line, status and
-/// flags are compared.
+/// Istio's default access-log format, which both proxies write; request line, status, flags
+/// and response code details are compared.
 pub const LOG_FORMAT: &str = concat!(
     "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" ",
     "%RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% ",
@@ -49,7 +49,7 @@ pub const LOG_FORMAT: &str = concat!(
     "%REQUESTED_SERVER_NAME% %ROUTE_NAME%\n",
 );
 
-/// `"METHOD PATH PROTOCOL" STATUS FLAGS` of each request line of an access log.
+/// `"METHOD PATH PROTOCOL" STATUS FLAGS DETAILS` of each request line of an access log.
 pub fn access_lines(log: &str) -> Vec<String> {
     log.lines()
         .filter_map(|l| {
@@ -57,8 +57,8 @@ pub fn access_lines(log: &str) -> Vec<String> {
             let rest = &l[start..];
             let end = rest[1..].find('"')? + 2;
             let mut after = rest[end..].split_whitespace();
-            let (status, flags) = (after.next()?, after.next()?);
-            Some(format!("{} {status} {flags}", &rest[..end]))
+            let (status, flags, details) = (after.next()?, after.next()?, after.next()?);
+            Some(format!("{} {status} {flags} {details}", &rest[..end]))
         })
         .collect()
 }
