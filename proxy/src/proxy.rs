@@ -97,6 +97,8 @@ struct Outcome {
     /// Where Istio's open was counted: once plaintext is known to be TCP, once the peer is
     /// known for mesh connections; never for HTTP.
     istio: IstioOpen,
+    /// Routed by xDS: its cluster and addresses, for Envoy's access-log format.
+    xds: Option<Box<crate::access_log::XdsFacts>>,
 }
 
 impl Proxy {
@@ -154,6 +156,7 @@ impl Proxy {
                 received: outcome.transfer.received,
                 duration: started.1.elapsed(),
                 end: outcome.end,
+                xds: outcome.xds,
             };
             self.access_log.log(&entry, &sink);
         }
@@ -454,6 +457,7 @@ impl Proxy {
             end,
             http: true,
             istio: IstioOpen::NotTcp,
+            xds: None,
         }
     }
 }
@@ -590,6 +594,12 @@ impl Outcome {
         self.istio = istio;
         self
     }
+
+    /// This outcome, for a connection routed by xDS with these facts.
+    fn with_xds(mut self, facts: crate::access_log::XdsFacts) -> Outcome {
+        self.xds = Some(Box::new(facts));
+        self
+    }
 }
 
 fn refused(destination: Option<SocketAddr>, end: End) -> Outcome {
@@ -599,6 +609,7 @@ fn refused(destination: Option<SocketAddr>, end: End) -> Outcome {
         end,
         http: false,
         istio: IstioOpen::Pending,
+        xds: None,
     }
 }
 
@@ -633,6 +644,7 @@ fn copy_outcome(
         end,
         http: false,
         istio: IstioOpen::Pending,
+        xds: None,
     }
 }
 

@@ -147,8 +147,9 @@ fn the_access_log_goes_to_the_file_the_listeners_name() {
     let vip: SocketAddr = TCP_VIP.parse().expect("addr");
     let back = peer::echo_exchange(&net.pod, vip, b"hello").expect("TCP through the VIP");
     assert_eq!(back, b"hello");
-    let tcp_line = format!("dst={} sent=5 received=5", echo.addr());
-    wait_for_line(&log, &tcp_line, stderr);
+    // In istiod's format: no request, the bytes each way, the upstream host and cluster.
+    wait_for_line(&log, "\"- - -\" 0 - - - \"-\" 5 5 ", stderr);
+    wait_for_line(&log, &format!("\"{}\" {ECHO} ", echo.addr()), stderr);
     // Nothing on stdout: the log is the file's.
     assert!(
         !remora.stdout().contains("GET /first"),

@@ -13,7 +13,8 @@
 //! status, which backend answered, the path and headers it received (per-proxy headers
 //! aside: `x-request-id`, `x-envoy-*`), the response headers (`date`, `server`, `x-envoy-*`
 //! and framing aside), the body of an answer the proxy made itself, and the response flags
-//! of its access-log line (istiod's text format, which both write). Weighted clusters and
+//! of its access-log line (istiod's text format, which both write), and in the end the cors
+//! filter's counts of the origins it judged. Weighted clusters and
 //! retries, whose single outcome is random, are compared by distribution and by the set of
 //! outcomes over many requests. Adding a case is one line in [`CASES`] (and, for a new kind
 //! of route, one route in [`differential::routes`]).
@@ -408,6 +409,33 @@ impl World<'_> {
             .collect()
     }
 
+    /// The body of `GET path` on the proxy's admin port.
+    fn admin(&self, path: &str) -> String {
+        let port = match self.proxy {
+            Proxy::Remora(_) => remora_e2e::ADMIN_PORT,
+            Proxy::Envoy(_) => remora_e2e::envoy::ADMIN_PORT,
+        };
+        let url = format!("http://127.0.0.1:{port}{path}");
+        let (status, body) = peer::curl_status(&self.net.pod, &[&url], Duration::from_secs(5));
+        assert_eq!(status, 200, "{} {path}: {body}", self.proxy.name());
+        body
+    }
+
+    /// The cors filter's `(origin_valid, origin_invalid)` of port 80's connection manager, from
+    /// the admin `/stats` (0 when absent).
+    fn cors_stats(&self) -> (u64, u64) {
+        let stats = self.admin("/stats");
+        let stat = |name: &str| {
+            let full = format!("http.outbound_0.0.0.0_80.cors.{name}: ");
+            stats
+                .lines()
+                .find_map(|l| l.strip_prefix(&full))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        (stat("origin_valid"), stat("origin_invalid"))
+    }
+
     /// The access-log lines once there are `n` of them (Envoy flushes its log every second).
     fn wait_access_lines(&self, n: usize) -> Vec<String> {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -481,6 +509,26 @@ fn every_case_has_envoys_outcome() {
     for (e, r) in e.iter().zip(&r) {
         if e != r {
             differences.push(format!("access log\n  envoy:  {e}\n  remora: {r}"));
+        }
+    }
+    // The cors filter's counts of the origins it judged: every request on a route with a
+    // policy and an `Origin` (preflight or not), none where the fault filter before it aborted,
+    // none on port 8080's chain, which has no cors filter.
+    let (expected, got) = (envoy.cors_stats(), remora.cors_stats());
+    if expected != got {
+        differences.push(format!(
+            "cors.origin_valid, origin_invalid\n  envoy:  {expected:?}\n  remora: {got:?}"
+        ));
+    }
+    assert!(expected.0 > 0 && expected.1 > 0, "{expected:?}");
+    // The same counts in Prometheus' exposition, by the connection manager's prefix.
+    let prometheus = remora.admin("/stats/prometheus");
+    for (name, want) in [("origin_valid", expected.0), ("origin_invalid", expected.1)] {
+        let line = format!(
+            "envoy_http_cors_{name}{{http_conn_manager_prefix=\"outbound_0.0.0.0_80\"}} {want}"
+        );
+        if !prometheus.lines().any(|l| l == line) {
+            differences.push(format!("remora's /stats/prometheus has no {line:?}"));
         }
     }
     assert!(

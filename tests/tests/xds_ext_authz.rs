@@ -33,10 +33,20 @@ fn workload(net: &PodNet) -> (Vec<Service>, Vec<peer::Server>, GrpcAuthorizer) {
     let authz = peer_program("ext_authz_http.py")
         .to_string_lossy()
         .into_owned();
-    let mut services: Vec<Service> = [UP, DOWN, DOWN_OPEN, GRPC, ORDERED, HASTY, CHAINED]
-        .iter()
-        .map(|p| Service::start(&net.pod, "python3", &[&app, &p.to_string()], any_addr(*p)))
-        .collect();
+    let mut services: Vec<Service> = [
+        UP,
+        DOWN,
+        DOWN_OPEN,
+        GRPC,
+        ORDERED,
+        HASTY,
+        CHAINED,
+        REROUTE,
+        REROUTE_CLEARED,
+    ]
+    .iter()
+    .map(|p| Service::start(&net.pod, "python3", &[&app, &p.to_string()], any_addr(*p)))
+    .collect();
     services.push(Service::start(
         &net.pod,
         "python3",
@@ -194,6 +204,11 @@ fn custom_authorization_has_envoys_outcome() {
         // The gRPC authorizer's query edits (seen by the next authorizer) and response header.
         (CHAINED, "/headers?z=2&drop=1&a=1", true, 0),
         (CHAINED, "/headers", true, 0),
+        // The authorizer's header matches another route: taken only where the filter clears
+        // the route cache; the route chosen before the check otherwise.
+        (REROUTE, "/hello", true, 0),
+        (REROUTE_CLEARED, "/hello", true, 0),
+        (REROUTE_CLEARED, "/hello", false, 0),
     ];
     let mut report = Vec::new();
     let mut differ = false;
@@ -213,8 +228,8 @@ fn custom_authorization_has_envoys_outcome() {
         "access logs\n  remora {r_log:#?}\n  envoy  {e_log:#?}"
     ));
     assert!(
-        r_log.iter().any(|l| l.ends_with(" 401 UAEX"))
-            && r_log.iter().any(|l| l.ends_with(" 503 UAEX")),
+        r_log.iter().any(|l| l.contains(" 401 UAEX "))
+            && r_log.iter().any(|l| l.contains(" 503 UAEX ")),
         "{r_log:#?}"
     );
     let report = report.join("\n");
@@ -242,6 +257,18 @@ fn custom_authorization_has_envoys_outcome() {
         (403, "denied by ext_authz\n", Some("denied"))
     );
     assert_eq!(request(&remora_net, DOWN, "/hello", true).status, 503);
+    let kept = request(&remora_net, REROUTE, "/hello", true);
+    assert_eq!(
+        (kept.status, kept.body.as_str()),
+        (200, "hello\n"),
+        "{kept:?}"
+    );
+    let chosen_again = request(&remora_net, REROUTE_CLEARED, "/hello", true);
+    assert_eq!(
+        (chosen_again.status, chosen_again.body.as_str()),
+        (200, "rerouted\n"),
+        "{chosen_again:?}"
+    );
     assert_eq!(request(&remora_net, DOWN, "/hello", false).status, 200);
     assert_eq!(request(&remora_net, DOWN_OPEN, "/hello", true).status, 200);
     let m = remora.wait_for_metrics("ext_authz counted", Duration::from_secs(10), |m| {

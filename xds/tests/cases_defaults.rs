@@ -1,7 +1,7 @@
 //! `istiod-defaults`: what every current istiod config carries, through `remora_xds`. Clusters
 //! keep their `alt_stat_name` and what Remora honours of `common_lb_config`; a DNS cluster's
-//! c-ares options change nothing; access logs map to "on, text or JSON", with the `NR` filter
-//! that istiod puts on listener-level logs.
+//! c-ares options change nothing; access logs map to istiod's text format (parsed) or its JSON
+//! labels, with the `NR` filter that istiod puts on listener-level logs.
 
 mod cases_support;
 
@@ -15,6 +15,24 @@ use std::time::Duration;
 const RATINGS: &str = "outbound|9080||ratings.default.svc.cluster.local";
 const DETAILS: &str = "outbound|9080||details.default.svc.cluster.local";
 const CARES: &str = "outbound|443||cares.example.com";
+
+/// istiod's default text format, as Remora parses it.
+fn text() -> AccessLogFormat {
+    AccessLogFormat::Text(
+        remora_xds::convert::log_format::parse(ISTIO_TEXT_FORMAT).expect("Istio's format parses"),
+    )
+}
+
+/// Istio's default access-log text format (`EnvoyTextLogFormat`).
+const ISTIO_TEXT_FORMAT: &str = concat!(
+    "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" ",
+    "%RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% ",
+    "\"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %BYTES_RECEIVED% %BYTES_SENT% %DURATION% ",
+    "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" ",
+    "\"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\" %UPSTREAM_CLUSTER_RAW% ",
+    "%UPSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_REMOTE_ADDRESS% ",
+    "%REQUESTED_SERVER_NAME% %ROUTE_NAME%\n",
+);
 
 fn log(format: AccessLogFormat, nr: bool) -> AccessLog {
     AccessLog {
@@ -81,16 +99,13 @@ fn access_logs_map_to_text_or_json_with_the_listeners_nr_filter() {
     let snap = snapshot("istiod-defaults");
     let l = snap.listener("0.0.0.0_9080").expect("0.0.0.0_9080");
     // The listener's own log: only connections no chain took (NR).
-    assert_eq!(l.access_log, vec![log(AccessLogFormat::Text, true)]);
+    assert_eq!(l.access_log, vec![log(text(), true)]);
     assert_eq!(
         http(&l.filter_chains[0]).access_log,
-        vec![log(AccessLogFormat::Text, false)]
+        vec![log(text(), false)]
     );
     let passthrough = l.default_filter_chain.as_ref().expect("passthrough chain");
-    assert_eq!(
-        tcp(passthrough).access_log,
-        vec![log(AccessLogFormat::Text, false)]
-    );
+    assert_eq!(tcp(passthrough).access_log, vec![log(text(), false)]);
     let nr = l.access_log[0].filter.as_ref().expect("NR filter");
     assert!(nr.admits(&["NR"]));
     assert!(!nr.admits(&["UF"]));
@@ -111,7 +126,7 @@ fn the_snapshot_says_whether_the_listeners_ask_for_an_access_log() {
     let with = snapshot("istiod-defaults");
     let log = with.access_log().expect("asked for");
     assert!(
-        matches!(log.format, AccessLogFormat::Text | AccessLogFormat::Json),
+        matches!(log.format, AccessLogFormat::Text(_) | AccessLogFormat::Json),
         "{log:?}"
     );
     assert_eq!(&*log.path, "/dev/stdout");

@@ -6,13 +6,18 @@
 //! DURATION UPSTREAM_SERVICE_TIME "X-FORWARDED-FOR" "USER-AGENT" "X-REQUEST-ID" "AUTHORITY"
 //! "UPSTREAM_HOST"
 //! ```
-//! (on one line). Absent values print as `-`, as Envoy prints them.
+//! (on one line). Absent values print as `-`, as Envoy prints them. A log the xDS listeners
+//! ask for is written in the Envoy text format they give ([`crate::access_log::envoy_format`]),
+//! from the request's facts here and its connection's.
 
 use super::counting::BodyCounter;
 use super::errors::Flags;
+use crate::access_log::envoy_format::{self, RequestHeaders};
+use crate::access_log::LineFormat;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Uri, Version};
 use remora_config::AccessLogFormat;
+use remora_xds::model::log_format::{RequestHeader, TextFormat};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,8 +31,9 @@ pub struct RequestLog {
     /// `None` for a head that never became a request (malformed, too large, too slow).
     pub method: Option<Method>,
     pub uri: Option<Uri>,
-    /// The target's fragment as the client sent it (the URI cannot hold one): the path is
-    /// logged as sent, as Envoy logs it.
+    /// The path (with query) and fragment as the client sent them, for a target with a
+    /// fragment (the URI cannot hold one): the path is logged as sent, as Envoy logs it, in
+    /// every format.
     pub fragment: Option<Box<str>>,
     pub version: Version,
     pub authority: Option<HeaderValue>,
@@ -41,6 +47,64 @@ pub struct RequestLog {
     pub upstream_time: Option<Duration>,
     /// Request body bytes read from the client.
     pub received: Arc<BodyCounter>,
+    /// What only Envoy's formats print (the route, the cluster, the details).
+    pub envoy: EnvoyFacts,
+}
+
+/// What a request's line in an Envoy format needs beyond Remora's own line.
+#[derive(Debug, Default)]
+pub struct EnvoyFacts {
+    /// `x-envoy-original-path`, as the request came.
+    pub original_path: Option<HeaderValue>,
+    /// The headers the format's `%REQ(…)%` names beyond the ones kept anyway, in the format's
+    /// order ([`TextFormat::extra_request_headers`]).
+    pub other_headers: Vec<Option<HeaderValue>>,
+    /// Envoy's `response_code_details` for a reply made here (`None`: `via_upstream` when the
+    /// upstream answered).
+    pub details: Option<&'static str>,
+    /// The cluster the route chose.
+    pub cluster: Option<Arc<remora_xds::model::Cluster>>,
+    /// The route's `name`.
+    pub route_name: Option<Arc<str>>,
+    /// This side of the upstream connection the response came on.
+    pub upstream_local: Option<SocketAddr>,
+    /// An authorization policy's denial, in Envoy's words
+    /// (`rbac_access_denied_matched_policy[none]`).
+    pub denial: Option<Box<str>>,
+    /// Why the upstream connection failed, in Envoy's words
+    /// (`delayed_connect_error:_Connection_refused`).
+    pub transport_failure: Option<Box<str>>,
+}
+
+impl RequestHeaders for RequestLog {
+    fn header(&self, which: &RequestHeader) -> Option<&[u8]> {
+        fn bytes(v: &Option<HeaderValue>) -> Option<&[u8]> {
+            v.as_ref().map(HeaderValue::as_bytes)
+        }
+        match which {
+            RequestHeader::Method => self.method.as_ref().map(|m| m.as_str().as_bytes()),
+            RequestHeader::Path => match &self.fragment {
+                Some(sent) => Some(sent.as_bytes()),
+                None => self
+                    .uri
+                    .as_ref()
+                    .map(|u| u.path_and_query().map_or("/", |p| p.as_str()).as_bytes()),
+            },
+            RequestHeader::Authority => bytes(&self.authority),
+            RequestHeader::Scheme => self.method.as_ref().map(|_| {
+                self.uri
+                    .as_ref()
+                    .and_then(Uri::scheme_str)
+                    .unwrap_or("http")
+                    .as_bytes()
+            }),
+            RequestHeader::UserAgent => bytes(&self.user_agent),
+            RequestHeader::RequestId => bytes(&self.request_id),
+            RequestHeader::ForwardedFor => bytes(&self.forwarded_for),
+            RequestHeader::OriginalPath => bytes(&self.envoy.original_path),
+            RequestHeader::Other(i) => self.envoy.other_headers.get(*i).and_then(bytes),
+        }
+    }
 }
 
 impl RequestLog {
@@ -71,7 +135,95 @@ impl RequestLog {
             upstream: None,
             upstream_time: None,
             received: Arc::new(BodyCounter::default()),
+            envoy: EnvoyFacts {
+                original_path: headers.get("x-envoy-original-path").cloned(),
+                ..EnvoyFacts::default()
+            },
         }
+    }
+
+    /// The connection to `endpoint` failed with `e`: Envoy names the endpoint and why.
+    pub fn dial_failed(&mut self, endpoint: SocketAddr, e: &crate::upstream::dial::DialError) {
+        use crate::connect::ConnectError;
+        use crate::upstream::dial::DialError;
+        self.upstream = Some(endpoint);
+        if let DialError::Connect(ConnectError::Io { source, .. }) = e {
+            self.envoy.transport_failure = Some(envoy_format::connect_failure(source).into());
+        }
+    }
+
+    /// Keep the request headers `format` names beyond the ones kept anyway.
+    pub fn keep_headers(&mut self, format: &LineFormat, headers: &HeaderMap) {
+        if let LineFormat::Envoy(f) = format {
+            self.envoy.other_headers = f
+                .extra_request_headers
+                .iter()
+                .map(|name| headers.get(&**name).cloned())
+                .collect();
+        }
+    }
+
+    /// The line for a request that ended with `flags` after `sent` response body bytes, on a
+    /// connection from `remote` to `local` (`sni`: the name its TLS asked for).
+    pub fn line(
+        &self,
+        flags: Flags,
+        sent: u64,
+        format: &LineFormat,
+        conn: (SocketAddr, SocketAddr, Option<&str>),
+    ) -> String {
+        match format {
+            LineFormat::Remora(f) => self.format(flags, sent, *f),
+            LineFormat::Envoy(f) => self.envoy_line(f, flags, sent, conn),
+        }
+    }
+
+    fn envoy_line(
+        &self,
+        format: &TextFormat,
+        flags: Flags,
+        sent: u64,
+        (remote, local, sni): (SocketAddr, SocketAddr, Option<&str>),
+    ) -> String {
+        let details = self
+            .envoy
+            .details
+            .or_else(|| self.upstream_time.map(|_| "via_upstream"));
+        let failure = self.envoy.transport_failure.as_deref();
+        // Envoy's details of a reset before the response carry the transport's failure too:
+        // `upstream_reset_before_response_started{remote_connection_failure|<why>}`.
+        let joined = match (details, failure) {
+            (Some(d), Some(why)) if d.ends_with('}') => {
+                Some(format!("{}|{why}}}", &d[..d.len() - 1]))
+            }
+            _ => None,
+        };
+        let details = joined
+            .as_deref()
+            .or(self.envoy.denial.as_deref())
+            .or(details);
+        let record = envoy_format::Record {
+            start: self.start,
+            duration: self.started.elapsed(),
+            request: Some(self),
+            protocol: Some(protocol(self.version)),
+            status: self.status,
+            flags: &flags,
+            details,
+            termination_details: None,
+            transport_failure: failure,
+            received: self.received.bytes(),
+            sent,
+            upstream_service_time: self.upstream_time,
+            upstream_host: self.upstream,
+            cluster: self.envoy.cluster.as_deref().map(|c| c.name.as_str()),
+            upstream_local: self.envoy.upstream_local,
+            downstream_local: Some(local),
+            downstream_remote: Some(remote),
+            sni,
+            route_name: self.envoy.route_name.as_deref(),
+        };
+        envoy_format::line(format, &record)
     }
 
     /// A request head that never became a request: Envoy logs a codec error with no method or
@@ -92,6 +244,7 @@ impl RequestLog {
             upstream: None,
             upstream_time: None,
             received: Arc::new(BodyCounter::default()),
+            envoy: EnvoyFacts::default(),
         }
     }
 
@@ -103,19 +256,8 @@ impl RequestLog {
             .uri
             .as_ref()
             .map_or("-", |u| u.path_and_query().map_or("/", |p| p.as_str()));
-        let with_fragment;
-        let path = match &self.fragment {
-            Some(f) => {
-                with_fragment = format!("{path}{f}");
-                with_fragment.as_str()
-            }
-            None => path,
-        };
-        let protocol = match self.version {
-            Version::HTTP_10 => "HTTP/1.0",
-            Version::HTTP_2 => "HTTP/2",
-            _ => "HTTP/1.1",
-        };
+        let path = self.fragment.as_deref().unwrap_or(path);
+        let protocol = protocol(self.version);
         let received = self.received.bytes();
         let duration = self.started.elapsed().as_millis();
         let upstream_time = self
@@ -177,6 +319,15 @@ impl RequestLog {
             }
         }
         line
+    }
+}
+
+/// The protocol as Envoy's `%PROTOCOL%` prints it.
+fn protocol(version: Version) -> &'static str {
+    match version {
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_2 => "HTTP/2",
+        _ => "HTTP/1.1",
     }
 }
 
@@ -248,6 +399,49 @@ mod tests {
         assert!(
             line.starts_with("[2023-11-14T22:13:20.000Z] \"- - HTTP/1.1\" 431 DPE 0 0 "),
             "{line}"
+        );
+    }
+
+    /// The details Envoy's format prints: the upstream's answer, a policy's denial, and a
+    /// failed connect's reason joined to the reset's details.
+    #[test]
+    fn envoy_format_details() {
+        let format = LineFormat::Envoy(
+            remora_xds::convert::log_format::parse(
+                "%RESPONSE_CODE_DETAILS% \"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %UPSTREAM_HOST%",
+            )
+            .expect("parsed"),
+        );
+        let conn = (
+            "10.0.0.1:40000".parse().unwrap(),
+            "10.0.0.2:80".parse().unwrap(),
+            None,
+        );
+        let mut e = entry();
+        e.upstream_time = Some(Duration::from_millis(3));
+        assert_eq!(
+            e.line(Flags::default(), 0, &format, conn),
+            "via_upstream \"-\" 10.0.0.7:8080"
+        );
+        let mut denied = entry();
+        denied.upstream = None;
+        denied.envoy.details = super::super::errors::ErrorKind::AccessDenied.code_details();
+        denied.envoy.denial = Some("rbac_access_denied_matched_policy[none]".into());
+        assert_eq!(
+            denied.line(Flags::default(), 0, &format, conn),
+            "rbac_access_denied_matched_policy[none] \"-\" -"
+        );
+        let mut refused = entry();
+        refused.envoy.details = super::super::errors::ErrorKind::ConnectFailed.code_details();
+        refused.envoy.transport_failure = Some(
+            crate::access_log::envoy_format::connect_failure(&std::io::Error::from_raw_os_error(
+                111,
+            ))
+            .into(),
+        );
+        assert_eq!(
+            refused.line(Flags::UF, 0, &format, conn),
+            "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused} \"delayed_connect_error:_Connection_refused\" 10.0.0.7:8080"
         );
     }
 

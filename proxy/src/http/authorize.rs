@@ -12,8 +12,12 @@ use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
 use std::borrow::Cow;
 
-/// Normalise the request's path and decide it; `Err` is the local reply to send instead.
-pub(super) fn inbound(ctx: &ConnContext, parts: &mut Parts) -> Result<(), ErrorKind> {
+/// Normalise the request's path and decide it; `Err` is the local reply to send instead, with
+/// Envoy's `response_code_details` for a policy's denial.
+pub(super) fn inbound(
+    ctx: &ConnContext,
+    parts: &mut Parts,
+) -> Result<(), (ErrorKind, Option<Box<str>>)> {
     if let (Some(chain), Some(store)) = (&ctx.xds_inbound, &ctx.proxy.xds) {
         // istiod changed or removed the connection's chain: as Envoy drains such a chain's
         // connections, this request is decided as the connection started and the client
@@ -24,7 +28,7 @@ pub(super) fn inbound(ctx: &ConnContext, parts: &mut Parts) -> Result<(), ErrorK
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
     }
-    normalize_path(parts, ctx.config.authorization.path_normalization)?;
+    normalize_path(parts, ctx.config.authorization.path_normalization).map_err(|k| (k, None))?;
     let authz = &ctx.proxy.authz;
     // Inbound by xDS: the chain's RBAC filters decide, and only they (the policy files are
     // the config file's way of saying the same, for when istiod does not).
@@ -39,7 +43,7 @@ pub(super) fn inbound(ctx: &ConnContext, parts: &mut Parts) -> Result<(), ErrorK
     };
     match verdict {
         Verdict::Allowed => Ok(()),
-        Verdict::Denied(_) => Err(ErrorKind::AccessDenied),
+        Verdict::Denied(details) => Err((ErrorKind::AccessDenied, Some(details.into()))),
     }
 }
 

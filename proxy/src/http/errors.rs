@@ -292,6 +292,39 @@ impl ErrorKind {
         }
     }
 
+    /// Envoy's `response_code_details` for a reply to this failure (`None` where Remora does
+    /// not know Envoy's exact words: a malformed request's codec detail, a policy's match).
+    pub fn code_details(self) -> Option<&'static str> {
+        Some(match self {
+            ErrorKind::ConnectFailed => {
+                "upstream_reset_before_response_started{remote_connection_failure}"
+            }
+            ErrorKind::ConnectTimeout => {
+                "upstream_reset_before_response_started{connection_timeout}"
+            }
+            ErrorKind::ConnectionTerminated => {
+                "upstream_reset_before_response_started{connection_termination}"
+            }
+            ErrorKind::RefusedStream => {
+                "upstream_reset_before_response_started{remote_refused_stream_reset}"
+            }
+            ErrorKind::RemoteReset => "upstream_reset_before_response_started{remote_reset}",
+            ErrorKind::UpstreamProtocol => "upstream_reset_before_response_started{protocol_error}",
+            ErrorKind::Timeout => "upstream_response_timeout",
+            ErrorKind::MissingHost => "missing_host_header",
+            ErrorKind::UnnormalizablePath => "path_normalization_failed",
+            ErrorKind::DownstreamAborted => "downstream_remote_disconnect",
+            ErrorKind::PayloadTooLarge => "request_payload_too_large",
+            ErrorKind::NoRoute => "route_not_found",
+            ErrorKind::NoCluster => "cluster_not_found",
+            ErrorKind::NoHealthyUpstream => "no_healthy_upstream",
+            ErrorKind::Overflow => "upstream_reset_before_response_started{overflow}",
+            ErrorKind::MalformedRequest(_)
+            | ErrorKind::HeadersTooLarge
+            | ErrorKind::AccessDenied => return None,
+        })
+    }
+
     /// The body of the local reply to a request whose retries ran out (`retried`) or not:
     /// Envoy's reply to a reset before the response then names the latest reason.
     pub fn reply_body(self, retried: bool) -> std::borrow::Cow<'static, str> {

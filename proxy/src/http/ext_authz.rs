@@ -39,11 +39,14 @@ use std::sync::Arc;
 /// Why a request is not forwarded.
 #[derive(Debug)]
 pub(super) enum Refused {
-    /// A local reply of Remora's own (RBAC after the authorizer, a body over the limit, a
-    /// client gone).
+    /// A local reply of Remora's own (a body over the limit, a client gone).
     Kind(ErrorKind),
-    /// The authorizer's answer, or `status_on_error`.
+    /// An RBAC filter after the authorizer denied it: Envoy's details for the denial.
+    Policy(Box<str>),
+    /// The authorizer's answer.
     Reply(Denial),
+    /// The check failed and failure is not allowed: `status_on_error`.
+    Failed(Denial),
 }
 
 /// The reply the filter sends instead of forwarding.
@@ -162,12 +165,18 @@ pub(super) async fn inbound(
     ctx: &Arc<ConnContext>,
     parts: &mut Parts,
     body: Incoming,
-) -> Result<(ClientBody, Option<Box<ResponseHeaders>>), Refused> {
+) -> Result<Checked, Refused> {
     let Some(chain) = ctx.xds_inbound.as_ref() else {
-        return Ok((ClientBody::Plain(body), None));
+        return Ok((ClientBody::Plain(body), None, None));
     };
     let mut body = ClientBody::Plain(body);
     let mut response: Option<Box<ResponseHeaders>> = None;
+    // The request the route is chosen on: as it was before the first check (Envoy's filters
+    // before it have chosen the route by then), or after the edits of an authorizer whose
+    // filter clears the route cache (the route is chosen again at the next look, on the
+    // request as it is then).
+    let mut basis = RouteBasis::of(parts);
+    let mut cleared = false;
     // Every RBAC filter before the current one writes metadata; those after the last
     // ext_authz filter decide once it has.
     let mut rbac_before: Vec<_> = chain.http_rbac().collect();
@@ -191,7 +200,11 @@ pub(super) async fn inbound(
                     }
                 };
                 if enabled {
+                    if std::mem::take(&mut cleared) {
+                        basis = RouteBasis::of(parts);
+                    }
                     let (checked, added) = check(ctx, ext, parts, body).await?;
+                    cleared = ext.clear_route_cache;
                     body = checked;
                     if let Some(added) = added {
                         let r = response.get_or_insert_with(Default::default);
@@ -210,7 +223,32 @@ pub(super) async fn inbound(
         }
     }
     check_rbac(ctx, parts, rbac_after.into_iter())?;
-    Ok((body, response))
+    Ok((body, response, (!cleared).then_some(basis)))
+}
+
+/// What the checks let through: the body (read ahead or not), the authorizers' headers for
+/// the response, and the request the route is chosen on when it is not the request as the
+/// authorizers left it.
+pub(super) type Checked = (
+    ClientBody,
+    Option<Box<ResponseHeaders>>,
+    Option<Box<RouteBasis>>,
+);
+
+/// The parts of a request a route matches on, kept from before an authorizer's edits.
+#[derive(Debug)]
+pub struct RouteBasis {
+    pub uri: http::Uri,
+    pub headers: http::HeaderMap,
+}
+
+impl RouteBasis {
+    fn of(parts: &Parts) -> Box<RouteBasis> {
+        Box::new(RouteBasis {
+            uri: parts.uri.clone(),
+            headers: parts.headers.clone(),
+        })
+    }
 }
 
 fn check_rbac<'r>(
@@ -224,7 +262,7 @@ fn check_rbac<'r>(
     }
     match ctx.proxy.authz.check_rbac(filters, &attributes(ctx, parts)) {
         crate::authz::Verdict::Allowed => Ok(()),
-        crate::authz::Verdict::Denied(_) => Err(Refused::Kind(ErrorKind::AccessDenied)),
+        crate::authz::Verdict::Denied(details) => Err(Refused::Policy(details.into())),
     }
 }
 
@@ -308,7 +346,7 @@ async fn check(
                 stats.failure_mode_allowed.inc();
                 return Ok((body, None));
             }
-            Err(Refused::Reply(Denial {
+            Err(Refused::Failed(Denial {
                 status: StatusCode::from_u16(ext.status_on_error).unwrap_or(StatusCode::FORBIDDEN),
                 headers: Vec::new(),
                 body: Bytes::new(),
@@ -366,7 +404,22 @@ async fn read_ahead(
 
 /// The filter's reply: the authorizer's status, headers and body (or `status_on_error`), as
 /// Envoy's local reply (a gRPC client gets the status as its gRPC equivalent).
-pub(super) fn reply(d: Denial, grpc: bool, mut end: RequestEnd) -> Response<ResponseBody> {
+pub(super) fn reply(d: Denial, grpc: bool, end: RequestEnd) -> Response<ResponseBody> {
+    reply_with(d, grpc, end, "ext_authz_denied")
+}
+
+/// The reply to a failed check without `failure_mode_allow` (`status_on_error`).
+pub(super) fn reply_failed(d: Denial, grpc: bool, end: RequestEnd) -> Response<ResponseBody> {
+    reply_with(d, grpc, end, "ext_authz_error")
+}
+
+/// The filter's reply, logged with Envoy's `details`.
+fn reply_with(
+    d: Denial,
+    grpc: bool,
+    mut end: RequestEnd,
+    details: &'static str,
+) -> Response<ResponseBody> {
     end.flags.insert(Flags::UAEX);
     let mut response = Response::new(());
     if grpc {
@@ -407,6 +460,7 @@ pub(super) fn reply(d: Denial, grpc: bool, mut end: RequestEnd) -> Response<Resp
     end.status = response.status().as_u16();
     if let Some(log) = &mut end.log {
         log.status = end.status;
+        log.envoy.details = Some(details);
     }
     let body = if grpc { Bytes::new() } else { d.body };
     response.map(|()| ResponseBody::local(body, end))

@@ -107,6 +107,7 @@ pub fn abort_reply(status: AbortStatus, grpc: bool, mut end: RequestEnd) -> Resp
     };
     if let Some(log) = &mut end.log {
         log.status = end.status;
+        log.envoy.details = Some("fault_filter_abort");
     }
     match builder.body(()) {
         Ok(r) => r.map(|()| ResponseBody::local(body, end)),

@@ -9,7 +9,6 @@
 //! 3. **response**: drop hop-by-hop headers and stream the body back, or answer locally with
 //!    Envoy's status and flag (gRPC clients get HTTP 200 with a `grpc-status`).
 
-use super::access_log::RequestLog;
 use super::body::{RequestEnd, ResponseBody, UpstreamBody};
 use super::counting::BodyCounter;
 use super::errors::{ErrorKind, Flags, ProxyError};
@@ -71,11 +70,12 @@ pub async fn handle(
     if let Err(kind) = refused {
         if ctx.logging() {
             let (m, u, v) = (req.method(), req.uri(), req.version());
-            let mut log = RequestLog::new(start, m, u, v, req.headers());
+            let mut log = ctx.request_log(start, (m, u, v, req.headers()));
             if let Some(HeadFault::Fragment(f)) = refused_head.map(|h| &h.why) {
-                log.fragment = Some(f.clone());
+                let path = u.path_and_query().map_or("/", |p| p.as_str());
+                log.fragment = Some(format!("{path}{f}").into());
             }
-            end.log = Some(Box::new(log));
+            end.log = Some(log);
         }
         tracing::debug!(peer = %ctx.peer, reason = kind.details(), "request refused");
         return Ok(local_reply(kind, grpc, end));
@@ -105,27 +105,28 @@ pub async fn handle(
         Direction::Inbound => super::authorize::inbound(&ctx, &mut parts).err(),
         // istiod's connection managers normalise every path before routing (`normalize_path`).
         Direction::Outbound if ctx.xds_chain.normalize_path => {
-            super::authorize::normalize_path(&mut parts, PathNormalization::Base).err()
+            super::authorize::normalize_path(&mut parts, PathNormalization::Base)
+                .err()
+                .map(|k| (k, None))
         }
         Direction::Outbound => None,
     };
     if ctx.logging() {
-        let log = RequestLog::new(
-            start,
-            &parts.method,
-            &parts.uri,
-            parts.version,
-            &parts.headers,
-        );
-        end.log = Some(Box::new(log));
+        let (m, u, v, h) = (&parts.method, &parts.uri, parts.version, &parts.headers);
+        end.log = Some(ctx.request_log(start, (m, u, v, h)));
     }
-    if let Some(kind) = refused {
+    if let Some((kind, details)) = refused {
         tracing::debug!(peer = %ctx.peer, reason = kind.details(), "inbound request refused");
+        if let Some(log) = &mut end.log {
+            log.envoy.denial = details;
+        }
         return Ok(local_reply(kind, grpc, end));
     }
+    // Not held across the awaits below (a policy's details would be).
+    drop(refused);
     // The chain's external authorizer (AuthorizationPolicy CUSTOM) and the RBAC filters
     // after it, as Envoy runs its ext_authz filter. Boxed: only such chains pay for it.
-    let (body, authz_response) = if ctx.direction == Direction::Inbound
+    let (body, authz_response, route_basis) = if ctx.direction == Direction::Inbound
         && ctx.xds_inbound.as_ref().is_some_and(|c| c.has_ext_authz())
     {
         use super::ext_authz::{inbound, reply, Refused};
@@ -134,15 +135,24 @@ pub async fn handle(
                 // Envoy logs the request as the authorizer left it (its headers and query).
                 if end.log.is_some() {
                     let (m, u, v, h) = (&parts.method, &parts.uri, parts.version, &parts.headers);
-                    end.log = Some(Box::new(RequestLog::new(start, m, u, v, h)));
+                    end.log = Some(ctx.request_log(start, (m, u, v, h)));
                 }
                 checked
             }
             Err(Refused::Kind(kind)) => return Ok(local_reply(kind, grpc, end)),
+            Err(Refused::Policy(details)) => {
+                if let Some(log) = &mut end.log {
+                    log.envoy.denial = Some(details);
+                }
+                return Ok(local_reply(ErrorKind::AccessDenied, grpc, end));
+            }
             Err(Refused::Reply(denial)) => return Ok(reply(denial, grpc, end)),
+            Err(Refused::Failed(denial)) => {
+                return Ok(super::ext_authz::reply_failed(denial, grpc, end))
+            }
         }
     } else {
-        (super::mirror::ClientBody::Plain(body), None)
+        (super::mirror::ClientBody::Plain(body), None, None)
     };
     if let Some(log) = &mut end.log {
         log.received = Arc::clone(&end.received);
@@ -159,15 +169,26 @@ pub async fn handle(
         Some(_) if parts.version == http::Version::HTTP_10 => {
             return Ok(super::routed::upgrade_required(end));
         }
-        Some(routes) => match super::routed::decide(&ctx, routes, &mut parts, &mut end) {
-            Ok(routed) => Some(routed),
-            Err(answer) if answer.fault().is_some() => {
-                answered = Some(Box::new(answer));
-                None
+        Some(routes) => {
+            match super::routed::decide(&ctx, routes, &mut parts, &mut end, route_basis.as_deref())
+            {
+                Ok(routed) => Some(routed),
+                Err(answer) if answer.fault().is_some() => {
+                    answered = Some(Box::new(answer));
+                    None
+                }
+                Err(answer) => {
+                    super::routed::count_cors(&ctx, answer.cors_origin());
+                    return Ok(super::routed::reply(answer, grpc, end));
+                }
             }
-            Err(answer) => return Ok(super::routed::reply(answer, grpc, end)),
-        },
+        }
     };
+    // Not held across the awaits below: a request's state is copied whole into its box.
+    drop(route_basis);
+    if let (Some(log), Some(r)) = (&mut end.log, &routed) {
+        r.log_to(log);
+    }
     // The route's fault, before the request goes on and before its timeout starts, as
     // Envoy's fault filter runs before its router. Boxed: only routes with a fault pay for it.
     let fault = match (&routed, &answered) {
@@ -189,6 +210,12 @@ pub async fn handle(
             }
             return Ok(reply);
         }
+    }
+    // The cors filter after the fault filter: it judged the origin of a request not aborted.
+    match (&routed, &answered) {
+        (Some(r), _) => super::routed::count_cors(&ctx, r.cors_origin),
+        (None, Some(a)) => super::routed::count_cors(&ctx, a.cors_origin()),
+        (None, None) => {}
     }
     if let Some(answer) = answered {
         return Ok(super::routed::reply(*answer, grpc, end));
@@ -259,6 +286,12 @@ pub async fn handle(
             end.flags.insert(e.kind.flag());
             if let Some(log) = &mut end.log {
                 log.upstream = Some(ctx.key.destination);
+                if routed.is_some() {
+                    log.upstream = None;
+                    if let Some(dial) = e.source.as_deref().and_then(|s| s.downcast_ref()) {
+                        log.dial_failed(e.upstream, dial);
+                    }
+                }
             }
             let mut reply = local_reply(e.kind, grpc, end);
             // Envoy's router edits its own replies as it edits the upstream's.

@@ -14,6 +14,7 @@ mod authorize;
 pub mod body;
 pub mod body_pace;
 pub mod coalesce;
+pub mod cors_stats;
 pub mod counting;
 mod drive;
 pub mod errors;
@@ -65,6 +66,8 @@ pub struct XdsChainFlags {
     pub fault_filter: bool,
     /// The connection manager's stat prefix, for its fault filter's statistics (with it).
     pub fault_stats: Option<Arc<str>>,
+    /// The connection manager's stat prefix, for its cors filter's statistics (with it).
+    pub cors_stats: Option<Arc<str>>,
     /// The chain has Envoy's cors filter, without which a route's CORS policy does nothing
     /// (as in Envoy).
     pub cors_filter: bool,
@@ -90,6 +93,9 @@ impl XdsChainFlags {
                 .has_fault_filter()
                 .then(|| Arc::clone(&chain.stat_prefix)),
             cors_filter: chain.has_cors_filter(),
+            cors_stats: chain
+                .has_cors_filter()
+                .then(|| Arc::clone(&chain.stat_prefix)),
             normalize_path: chain.normalize_path,
             server: http::HeaderValue::try_from(server).ok(),
             max_concurrent_streams: chain.http2_max_concurrent_streams,
@@ -382,13 +388,41 @@ impl ConnContext {
 
     fn write_log(&self, log: access_log::RequestLog, flags: Flags, sent: u64) {
         if let Some(sink) = &self.log_sink {
-            let line = log.format(flags, sent, sink.format);
+            let conn = (self.peer, self.key.destination, self.sni.as_deref());
+            let line = log.line(flags, sent, &sink.format, conn);
             self.proxy.access_log.log_line(line, sink);
         }
     }
 
     fn logging(&self) -> bool {
         self.log_sink.is_some()
+    }
+
+    /// A request's log record, keeping what the log's format reads of its headers.
+    fn request_log(
+        &self,
+        start: (std::time::SystemTime, std::time::Instant),
+        parts: (&http::Method, &http::Uri, http::Version, &http::HeaderMap),
+    ) -> Box<access_log::RequestLog> {
+        let (m, u, v, h) = parts;
+        let mut log = access_log::RequestLog::new(start, m, u, v, h);
+        if let Some(sink) = &self.log_sink {
+            log.keep_headers(&sink.format, h);
+        }
+        Box::new(log)
+    }
+
+    /// Whether the log's format prints this side of the upstream connection.
+    fn log_wants_upstream_local(&self) -> bool {
+        self.log_sink.as_ref().is_some_and(|s| s.upstream_local)
+    }
+
+    /// Whether the log's format reads request headers the HTTP/1.1 fast path does not keep
+    /// (an Envoy format's `%REQ(…)%` of another header): hyper's path serves those requests.
+    fn log_reads_other_headers(&self) -> bool {
+        matches!(&self.log_sink, Some(crate::access_log::Sink {
+            format: crate::access_log::LineFormat::Envoy(f), ..
+        }) if !f.extra_request_headers.is_empty())
     }
 }
 

@@ -104,6 +104,7 @@ pub(in crate::http) fn local_reply(
     end.grpc_status = grpc.then(|| u32::from(kind.grpc_status()));
     if let Some(log) = &mut end.log {
         log.status = end.status;
+        log.envoy.details = kind.code_details();
     }
     match builder.body(()) {
         Ok(r) => r.map(|()| ResponseBody::local(body, end)),

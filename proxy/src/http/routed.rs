@@ -77,6 +77,9 @@ pub struct Routed {
     /// Sent as this proxy's own request (an external authorizer's check), not the client's:
     /// dialled as outbound, from no passthrough source, whichever way the client came.
     pub own_request: bool,
+    /// Whether the cors filter found the request's origin allowed, when it judged it: counted
+    /// once the fault filter before it has let the request go on ([`count_cors`]).
+    pub cors_origin: Option<bool>,
 }
 
 /// A routed request reads its route's decisions (cluster, deadlines, retries, fault) as its
@@ -101,6 +104,7 @@ impl Routed {
             set_cookies: Vec::new(),
             origin_host: None,
             own_request: false,
+            cors_origin: None,
         }
     }
 
@@ -234,6 +238,8 @@ pub enum Answer {
         /// The route's fault, injected before the answer as Envoy's fault filter does before
         /// its router answers.
         fault: Option<Arc<remora_xds::model::fault::FaultPolicy>>,
+        /// Whether the cors filter found the request's origin allowed, when it judged it.
+        cors_origin: Option<bool>,
     },
     /// A CORS preflight the cors filter answers: 200 with `headers`. `route_edits` are its
     /// forwarding route's response edits, for the abort of the route's `fault`.
@@ -241,6 +247,8 @@ pub enum Answer {
         headers: Edits,
         route_edits: Edits,
         fault: Option<Arc<remora_xds::model::fault::FaultPolicy>>,
+        /// Whether the cors filter found the preflight's origin allowed.
+        origin_valid: bool,
     },
     /// For the HTTP/1.1 fast path, which gives [`decide_request`] no request parts: the
     /// route needs them (header values to fill in, a local answer), so hyper's path serves
@@ -249,6 +257,16 @@ pub enum Answer {
 }
 
 impl Answer {
+    /// Whether the cors filter found the request's origin allowed, when it judged it: counted
+    /// once the fault filter before it has let the request go on.
+    pub fn cors_origin(&self) -> Option<bool> {
+        match self {
+            Answer::Local { cors_origin, .. } => *cors_origin,
+            Answer::Preflight { origin_valid, .. } => Some(*origin_valid),
+            _ => None,
+        }
+    }
+
     /// The fault to inject before answering.
     pub fn fault(&self) -> Option<&Arc<remora_xds::model::fault::FaultPolicy>> {
         match self {
@@ -297,6 +315,12 @@ impl Decided {
 }
 
 impl Routed {
+    /// Tell the request's log record the route and cluster it went by.
+    pub fn log_to(&self, log: &mut super::access_log::RequestLog) {
+        log.envoy.cluster = self.cluster.as_ref().map(|c| Arc::clone(&c.model));
+        log.envoy.route_name.clone_from(&self.route_name);
+    }
+
     /// What the request holds until it ends, to be counted under the cluster's service.
     pub fn end(&self) -> super::body::RoutedEnd {
         super::body::RoutedEnd {
@@ -369,7 +393,7 @@ pub fn decide_request(
             return Err(local);
         }
     };
-    let cors = cors_outcome(ctx, route, parts)?;
+    let (cors, cors_origin) = cors_outcome(ctx, route, parts)?;
     let plan = clusters.plan(
         ctx,
         &plan::Source {
@@ -380,6 +404,7 @@ pub fn decide_request(
             retry,
             cluster,
             fault_filter: ctx.xds_chain.fault_filter,
+            logging: ctx.logging(),
         },
     );
     let cors_headers = match &cors {
@@ -404,6 +429,7 @@ pub fn decide_request(
                     headers: answer,
                     route_edits: edits(table, vhost, route, forward, cluster, &format_request).1,
                     fault: plan.fault.clone(),
+                    origin_valid: cors_origin == Some(true),
                 });
             }
             if upgrade_disabled(forward, &parts.headers) {
@@ -417,6 +443,7 @@ pub fn decide_request(
                     location: None,
                     edits,
                     fault: plan.fault.clone(),
+                    cors_origin,
                 });
             }
             edits(table, vhost, route, forward, cluster, &format_request)
@@ -472,6 +499,7 @@ pub fn decide_request(
             set_cookies,
             origin_host,
             own_request: false,
+            cors_origin,
         },
         request_edits,
         path,
@@ -481,28 +509,35 @@ pub fn decide_request(
 
 /// Route one request by the connection's table in the snapshot in force now; a forwarded
 /// one's end records what it holds until it ends.
+///
+/// `basis`: the request the route is matched on when it is not `parts` (an external
+/// authorizer edited it and its filter keeps the route chosen before).
 pub fn decide(
     ctx: &ConnContext,
     routes: &RouteSource,
     parts: &mut Parts,
     end: &mut RequestEnd,
+    basis: Option<&super::ext_authz::RouteBasis>,
 ) -> Result<Routed, Answer> {
     let decided = {
-        let host = parts
-            .headers
+        let (uri, headers) = match basis {
+            Some(b) => (&b.uri, &b.headers),
+            None => (&parts.uri, &parts.headers),
+        };
+        let host = headers
             .get(http::header::HOST)
             .and_then(|h| h.to_str().ok())
-            .or_else(|| parts.uri.authority().map(|a| a.as_str()))
+            .or_else(|| uri.authority().map(|a| a.as_str()))
             .unwrap_or_default();
         let header = |name: &str| match name {
             ":authority" => Some(host),
             ":method" => Some(parts.method.as_str()),
-            ":path" => parts.uri.path_and_query().map(|p| p.as_str()),
-            _ => parts.headers.get(name).and_then(|v| v.to_str().ok()),
+            ":path" => uri.path_and_query().map(|p| p.as_str()),
+            _ => headers.get(name).and_then(|v| v.to_str().ok()),
         };
         let req = RequestParts {
             method: parts.method.as_str(),
-            path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+            path_and_query: uri.path_and_query().map_or("/", |p| p.as_str()),
             header: &header,
         };
         decide_request(ctx, routes, host.as_bytes(), &req, Some(&*parts))?
@@ -525,6 +560,14 @@ pub fn decide(
     Ok(decided.routed)
 }
 
+/// Count the cors filter's judgement of a request's origin, as Envoy's filter counts it
+/// (`http.<stat_prefix>.cors.origin_valid`, `origin_invalid`).
+pub fn count_cors(ctx: &ConnContext, origin_valid: Option<bool>) {
+    if let (Some(valid), Some(prefix)) = (origin_valid, &ctx.xds_chain.cors_stats) {
+        ctx.proxy.metrics.cors.of(prefix).count(valid);
+    }
+}
+
 /// What the chain's cors filter does to a forwarded request of `route` (Envoy's filter acts
 /// only on routes that forward): nothing for nearly every request. The HTTP/1.1 fast path,
 /// which gives no `parts`, hands a route with a CORS policy over to hyper's path.
@@ -532,9 +575,9 @@ fn cors_outcome(
     ctx: &ConnContext,
     route: &remora_xds::model::route::Route,
     parts: Option<&Parts>,
-) -> Result<CorsOutcome, Answer> {
+) -> Result<(CorsOutcome, Option<bool>), Answer> {
     let Some(cors) = route.cors.as_ref().filter(|_| ctx.xds_chain.cors_filter) else {
-        return Ok(CorsOutcome::Pass);
+        return Ok((CorsOutcome::Pass, None));
     };
     let Some(parts) = parts else {
         return Err(Answer::Handover);
@@ -547,7 +590,7 @@ fn cors_outcome(
         request_headers: header("access-control-request-headers"),
         request_private_network: header("access-control-request-private-network"),
     };
-    Ok(cors.evaluate(&req, fastrand::u64(..)))
+    Ok(cors.evaluate_origin(&req, fastrand::u64(..)))
 }
 
 /// Whether the request asks for an HTTP/1.1 upgrade (WebSocket) that the route's

@@ -227,6 +227,8 @@ pub struct EnvoyStats {
     pub clusters: Arc<OnceLock<Arc<crate::upstream::Upstreams>>>,
     /// The fault filters' counters, for their `http.<prefix>.fault.*` stats.
     pub faults: Arc<crate::http::fault::FaultStats>,
+    /// The cors filters' counters, for their `http.<prefix>.cors.*` stats.
+    pub cors: Arc<crate::http::cors_stats::CorsStats>,
 }
 
 /// What istiod mode shares with the stats.
@@ -383,6 +385,11 @@ impl EnvoyStats {
             let http = || Scope::HttpConnManager(prefix.to_string());
             stats.push(c(http(), "fault.aborts_injected", aborts));
             stats.push(c(http(), "fault.delays_injected", delays));
+        }
+        for (prefix, valid, invalid) in self.cors.snapshot() {
+            let http = || Scope::HttpConnManager(prefix.to_string());
+            stats.push(c(http(), "cors.origin_invalid", invalid));
+            stats.push(c(http(), "cors.origin_valid", valid));
         }
         stats
     }

@@ -75,6 +75,8 @@ pub struct Metrics {
     pub mirror: crate::http::mirror::MirrorStats,
     /// Envoy's fault filter statistics, per connection manager.
     pub faults: Arc<crate::http::fault::FaultStats>,
+    /// Envoy's cors filter statistics, per connection manager.
+    pub cors: Arc<crate::http::cors_stats::CorsStats>,
     pub ext_authz: crate::http::ext_authz::ExtAuthzStats,
     /// Protocol detection outcomes, by `DETECTION_RESULTS` index, and how long they took.
     detections: Vec<Counter>,
@@ -365,10 +367,12 @@ impl Metrics {
             control_plane: Arc::default(),
             clusters: Arc::default(),
             faults: Arc::default(),
+            cors: Arc::default(),
         };
         registry.register_collector(Box::new(envoy.clone()));
         Metrics {
             faults: Arc::clone(&envoy.faults),
+            cors: Arc::clone(&envoy.cors),
             detections,
             detection_seconds,
             tls,

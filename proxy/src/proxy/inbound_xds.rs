@@ -301,6 +301,7 @@ impl Proxy {
                     end,
                     http: true,
                     istio: IstioOpen::NotTcp,
+                    xds: None,
                 }
             }
             ChainDecision::Tcp { cluster, chain } => {
@@ -389,6 +390,12 @@ impl Proxy {
         snapshot: &Snapshot,
         cluster: &str,
     ) -> Outcome {
+        // What Envoy's access-log format names of the connection.
+        let mut facts = crate::access_log::XdsFacts {
+            downstream_local: Some(hop.destination),
+            cluster: Some(Arc::from(cluster)),
+            upstream_local: None,
+        };
         let selected = match self.upstreams.select(snapshot, cluster, hop.destination) {
             Ok(s) => s,
             Err(e) => {
@@ -401,7 +408,10 @@ impl Proxy {
                     }
                     UpstreamError::Overflow(_) | UpstreamError::ConnectionsFull(_) => End::Overflow,
                 };
-                return refused(Some(hop.destination), end);
+                if end == End::NoCluster {
+                    facts.cluster = None;
+                }
+                return refused(Some(hop.destination), end).with_xds(facts);
             }
         };
         let hop = Hop {
@@ -419,8 +429,9 @@ impl Proxy {
         }
         let copied = match (&mut downstream, connected) {
             (Downstream::Plain(d), Ok(Connected::Plain(up))) => {
+                facts.upstream_local = up.stream.local_addr().ok();
                 let copied = tcp::copy_bidirectional_after(prefix, d, &up.stream, hop.idle).await;
-                return copy_outcome(&hop, copied, d, &up.stream);
+                return copy_outcome(&hop, copied, d, &up.stream).with_xds(facts);
             }
             (Downstream::Mesh(d), Ok(Connected::Plain(up))) => {
                 let (mut stream, _registration) = up.into_parts();
@@ -439,11 +450,12 @@ impl Proxy {
                 self.metrics.direction(hop.dir).connect_failures.inc();
                 tracing::debug!(peer = %hop.peer, error = %e, "inbound upstream connect failed");
                 close(&downstream);
-                return refused(Some(hop.destination), e.end());
+                return refused(Some(hop.destination), e.end()).with_xds(facts);
             }
         };
         let (copied, upstream) = copied;
-        copy_outcome(&hop, copied, downstream_socket(&downstream), &upstream)
+        facts.upstream_local = upstream.local_addr().ok();
+        copy_outcome(&hop, copied, downstream_socket(&downstream), &upstream).with_xds(facts)
     }
 }
 

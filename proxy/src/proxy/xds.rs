@@ -6,6 +6,7 @@
 //! request routed and balanced on its own ([`crate::http::routed`]).
 
 use super::*;
+use crate::access_log::XdsFacts;
 use crate::route::{self, ChainDecision};
 use crate::tls::client_hello::{self, ClientHello, Parsed};
 use crate::upstream::dial::{self, Connected};
@@ -67,6 +68,13 @@ impl Proxy {
                 (cluster.to_string(), tcp_idle(chain, hop.idle), hash)
             }
         };
+        // What Envoy's access-log format names of the connection: where the client was
+        // going, and the cluster (and, once connected, this side of the upstream connection).
+        let mut facts = XdsFacts {
+            downstream_local: Some(hop.destination),
+            cluster: Some(Arc::from(cluster.as_str())),
+            upstream_local: None,
+        };
         let selected = match self.upstreams.select_hashed(
             &snapshot,
             &cluster,
@@ -85,7 +93,10 @@ impl Proxy {
                     }
                     UpstreamError::Overflow(_) | UpstreamError::ConnectionsFull(_) => End::Overflow,
                 };
-                return refused(Some(hop.destination), end);
+                if end == End::NoCluster {
+                    facts.cluster = None;
+                }
+                return refused(Some(hop.destination), end).with_xds(facts);
             }
         };
         // The endpoint is this connection's upstream from here on.
@@ -107,9 +118,12 @@ impl Proxy {
             Ok(Connected::Plain(up)) => {
                 // No mesh peer to learn: Istio's open is counted now, for an unknown peer.
                 let _ = self.metrics.direction(hop.dir).istio_opened(None);
+                facts.upstream_local = up.stream.local_addr().ok();
                 let copied =
                     tcp::copy_bidirectional_after(&prefix, &downstream, &up.stream, hop.idle).await;
-                copy_outcome(&hop, copied, &downstream, &up.stream).counted_in(IstioOpen::Unknown)
+                copy_outcome(&hop, copied, &downstream, &up.stream)
+                    .counted_in(IstioOpen::Unknown)
+                    .with_xds(facts)
             }
             Ok(Connected::Mesh(tls, _registration)) => {
                 let service = selected
@@ -118,15 +132,17 @@ impl Proxy {
                     .services
                     .first()
                     .map(|s| Arc::from(s.host.as_str()));
+                facts.upstream_local = tls.get_ref().0.local_addr().ok();
                 self.serve_originated(config, &hop, downstream, &prefix, *tls, service)
                     .await
+                    .with_xds(facts)
             }
             Err(e) => {
                 self.metrics.direction(hop.dir).connect_failures.inc();
                 tracing::debug!(peer = %hop.peer, error = %e, "xDS upstream connect failed");
                 // Closed, not reset: Envoy's tcp_proxy closes a connection it cannot serve.
                 drop(downstream);
-                refused(Some(hop.destination), e.end())
+                refused(Some(hop.destination), e.end()).with_xds(facts)
             }
         }
     }
@@ -179,6 +195,7 @@ impl Proxy {
             end,
             http: true,
             istio: IstioOpen::NotTcp,
+            xds: None,
         }
     }
 }

@@ -26,13 +26,19 @@ pub const HASTY: u16 = 8085;
 /// The gRPC authorizer (which edits the query), then the HTTP one, which tells the workload
 /// the path it was asked about.
 pub const CHAINED: u16 = 8086;
+/// The HTTP authorizer (whose allowed requests get `x-ext-authz-check-result: allowed`) before
+/// a route matching that header, which answers `rerouted` itself: the filter keeps the route
+/// chosen before its check (istiod's, `clear_route_cache` unset), or, on the second port,
+/// clears it so the route is chosen again on the edited request.
+pub const REROUTE: u16 = 8087;
+pub const REROUTE_CLEARED: u16 = 8088;
 /// TCP ports with the network ext_authz filter (the gRPC authorizer): allowed, denied.
 pub const TCP_ALLOWED: u16 = 9100;
 pub const TCP_DENIED: u16 = DENIED_TCP_PORT as u16;
 /// A TCP port the CUSTOM policy does not select.
 pub const TCP_UNSELECTED: u16 = 9102;
-/// Istio's default access-log format, which both proxies write; request line, status and
-/// flags are compared.
+/// Istio's default access-log format, which both proxies write; request line, status, flags
+/// and response code details are compared.
 pub const LOG_FORMAT: &str = concat!(
     "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" ",
     "%RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% ",
@@ -43,7 +49,7 @@ pub const LOG_FORMAT: &str = concat!(
     "%REQUESTED_SERVER_NAME% %ROUTE_NAME%\n",
 );
 
-/// `"METHOD PATH PROTOCOL" STATUS FLAGS` of each request line of an access log.
+/// `"METHOD PATH PROTOCOL" STATUS FLAGS DETAILS` of each request line of an access log.
 pub fn access_lines(log: &str) -> Vec<String> {
     log.lines()
         .filter_map(|l| {
@@ -51,8 +57,8 @@ pub fn access_lines(log: &str) -> Vec<String> {
             let rest = &l[start..];
             let end = rest[1..].find('"')? + 2;
             let mut after = rest[end..].split_whitespace();
-            let (status, flags) = (after.next()?, after.next()?);
-            Some(format!("{} {status} {flags}", &rest[..end]))
+            let (status, flags, details) = (after.next()?, after.next()?, after.next()?);
+            Some(format!("{} {status} {flags} {details}", &rest[..end]))
         })
         .collect()
 }
@@ -200,6 +206,8 @@ pub fn resources() -> Resources {
             chain_with(ORDERED, &[small_body(ext_authz(up, false, None)), deny_blocked()]),
             chain(HASTY, hasty(ext_authz(up, false, None))),
             chain_with(CHAINED, &[grpc_ext_authz(grpc), seen_path(ext_authz(up, false, None))]),
+            rerouting(REROUTE, ext_authz(up, false, None)),
+            rerouting(REROUTE_CLEARED, clearing(ext_authz(up, false, None))),
             tcp_chain(TCP_ALLOWED, grpc),
             tcp_chain(TCP_DENIED, grpc),
             tcp_chain(TCP_UNSELECTED, grpc)]});
@@ -211,6 +219,8 @@ pub fn resources() -> Resources {
         ORDERED,
         HASTY,
         CHAINED,
+        REROUTE,
+        REROUTE_CLEARED,
         TCP_ALLOWED,
         TCP_DENIED,
         TCP_UNSELECTED,
@@ -234,6 +244,28 @@ fn seen_path(mut filter: Value) -> Value {
     filter["typed_config"]["http_service"]["authorization_response"]["allowed_upstream_headers"]
         ["patterns"] =
         json!([{"exact": "x-ext-authz-check-result"}, {"exact": "x-ext-authz-seen-path"}]);
+    filter
+}
+
+/// A chain with `authz` whose route table first sends a request carrying the authorizer's
+/// `x-ext-authz-check-result: allowed` to a direct response (`rerouted`).
+fn rerouting(port: u16, authz: Value) -> Value {
+    let mut chain = chain(port, authz);
+    let routes = "/filters/0/typed_config/route_config/virtual_hosts/0/routes";
+    if let Some(Value::Array(routes)) = chain.pointer_mut(routes) {
+        routes.insert(
+            0,
+            json!({"name": "authorized", "match": {"prefix": "/", "headers": [{
+                "name": "x-ext-authz-check-result", "string_match": {"exact": "allowed"}}]},
+                "direct_response": {"status": 200, "body": {"inline_string": "rerouted\n"}}}),
+        );
+    }
+    chain
+}
+
+/// `filter` clearing the route cache when its authorizer allows.
+fn clearing(mut filter: Value) -> Value {
+    filter["typed_config"]["clear_route_cache"] = json!(true);
     filter
 }
 

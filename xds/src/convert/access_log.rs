@@ -1,10 +1,11 @@
 //! `access_log` (listeners, HTTP connection managers, `tcp_proxy`) into
 //! [`crate::model::listener::AccessLog`]. istiod writes Envoy's file logger to the mesh's
 //! `accessLogFile` (`/dev/stdout` in Istio's profiles) whenever the mesh sets it, in its default
-//! text format or, with `accessLogEncoding: JSON`, its default JSON labels; Remora writes its
-//! own access lines in those two shapes to that file. Another logger (gRPC ALS, OpenTelemetry),
-//! a path that cannot be opened, a custom format or a filter Remora cannot evaluate is refused
-//! by name.
+//! text format (or the mesh's `accessLogFormat`) or, with `accessLogEncoding: JSON`, its default
+//! JSON labels; Remora writes the text format as given, its operators parsed once here
+//! ([`super::log_format`]), to that file. Another logger (gRPC ALS, OpenTelemetry), a path that
+//! cannot be opened, an operator Remora cannot render, a custom JSON format or a filter Remora
+//! cannot evaluate is refused by name.
 
 use super::any::unpack;
 use crate::model::listener::{AccessLog, AccessLogFilter, AccessLogFormat};
@@ -20,6 +21,7 @@ const FILE_ACCESS_LOG: &str = "envoy.extensions.access_loggers.file.v3.FileAcces
 pub const STDOUT: &str = "/dev/stdout";
 
 /// istiod's default text format (`EnvoyTextLogFormat`, Istio 1.9 onwards).
+#[cfg(test)]
 const ISTIO_TEXT_FORMAT: &str = concat!(
     "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" ",
     "%RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% ",
@@ -68,7 +70,7 @@ const ISTIO_JSON_FORMAT: [(&str, &str); 24] = [
 ];
 
 const CUSTOM_FORMAT: &str =
-    "custom access log format not supported (only Istio's default text or JSON format)";
+    "custom access log format not supported (only a text format, or Istio's default JSON format)";
 
 /// Convert the `access_log` list at `path`.
 pub fn access_logs(logs: &[pb::AccessLog], path: &str) -> Result<Vec<AccessLog>, Fault> {
@@ -151,13 +153,13 @@ fn format_string(s: &core::SubstitutionFormatString, path: &str) -> Result<Acces
     }
     match &s.format {
         Some(F::TextFormatSource(d)) => match &d.specifier {
-            Some(core::data_source::Specifier::InlineString(text)) if text == ISTIO_TEXT_FORMAT => {
-                Ok(AccessLogFormat::Text)
+            Some(core::data_source::Specifier::InlineString(text)) => {
+                super::log_format::parse(text)
+                    .map(AccessLogFormat::Text)
+                    .map_err(|reason| {
+                        Fault::new(format!("{path}.text_format_source.inline_string"), reason)
+                    })
             }
-            Some(core::data_source::Specifier::InlineString(_)) => Err(Fault::new(
-                format!("{path}.text_format_source.inline_string"),
-                CUSTOM_FORMAT,
-            )),
             _ => Err(Fault::new(
                 format!("{path}.text_format_source"),
                 "only an inline_string format is supported",
@@ -240,7 +242,9 @@ mod tests {
             logs,
             vec![
                 AccessLog {
-                    format: AccessLogFormat::Text,
+                    format: AccessLogFormat::Text(
+                        super::super::log_format::parse(ISTIO_TEXT_FORMAT).expect("istio's")
+                    ),
                     filter: Some(AccessLogFilter::ResponseFlags(vec!["NR".into()])),
                     path: STDOUT.into(),
                 },
@@ -292,14 +296,17 @@ mod tests {
         let istio_text = json!({"text_format_source": {"inline_string": ISTIO_TEXT_FORMAT}});
         let err = convert(json!([file(
             STDOUT,
-            json!({"text_format_source": {"inline_string": "%START_TIME% %REQ(:PATH)%\n"}})
+            json!({"text_format_source": {"inline_string": "%START_TIME% %UPSTREAM_PEER_CERT%\n"}})
         )]))
         .expect_err("refused");
         assert_eq!(
             err.path,
             "access_log[0].typed_config.log_format.text_format_source.inline_string"
         );
-        assert_eq!(err.reason, CUSTOM_FORMAT);
+        assert_eq!(
+            err.reason,
+            "access log operator %UPSTREAM_PEER_CERT% not supported"
+        );
         let mut custom_json = istio_json();
         custom_json["extra"] = json!("%REQ(X-B3-TRACEID)%");
         let err = convert(json!([file(STDOUT, json!({"json_format": custom_json}))]))

@@ -56,6 +56,7 @@ pub fn http(f: &pb::ExtAuthz, path: &str) -> Result<ExtAuthz, Fault> {
         status_on_error,
         with_request_body,
         enabled_by,
+        clear_route_cache: f.clear_route_cache,
     })
 }
 
@@ -87,6 +88,7 @@ pub fn network(
         status_on_error: DEFAULT_STATUS_ON_ERROR,
         with_request_body: None,
         enabled_by,
+        clear_route_cache: false,
     })
 }
 
@@ -242,6 +244,10 @@ mod tests {
         );
         assert_eq!(a.timeout, Duration::from_secs(600));
         assert!(!a.failure_mode_allow);
+        assert!(
+            !a.clear_route_cache,
+            "istiod's: the route chosen before the check"
+        );
         assert_eq!(a.status_on_error, 403);
         assert_eq!(
             a.with_request_body,
@@ -278,6 +284,7 @@ mod tests {
                     "allowed_upstream_headers": {"patterns": [{"exact": "x-ext-authz-check-result"}]},
                     "allowed_client_headers": {"patterns": [{"exact": "x-ext-authz-check-result"}]}}},
             "failure_mode_allow": true,
+            "clear_route_cache": true,
             "status_on_error": {"code": 503},
             "transport_api_version": "V3"
         }))
@@ -291,6 +298,7 @@ mod tests {
         assert!(h.allowed_upstream_headers[0].matches("x-ext-authz-check-result"));
         assert_eq!(h.allowed_client_headers.len(), 1);
         assert!(a.failure_mode_allow);
+        assert!(a.clear_route_cache);
         assert_eq!(a.status_on_error, 503);
         assert_eq!(a.enabled_by, None);
     }

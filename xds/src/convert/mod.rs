@@ -29,6 +29,7 @@ mod hcm_fixed;
 pub mod header_format;
 mod http;
 mod listener;
+pub mod log_format;
 pub mod name_table;
 mod rbac;
 mod read;

@@ -193,6 +193,7 @@ pub const READ: &[(&str, &[&str])] = &[
             "status_on_error",
             "with_request_body",
             "filter_enabled_metadata",
+            "clear_route_cache",
         ],
     ),
     (

@@ -93,16 +93,28 @@ impl Cors {
 
     /// What CORS does to `req`; `roll` is a uniformly random number for `filter_enabled`.
     pub fn evaluate(&self, req: &CorsRequest<'_>, roll: u64) -> CorsOutcome {
+        self.evaluate_origin(req, roll).0
+    }
+
+    /// What CORS does to `req`, and whether its origin was found allowed (`None`: not judged,
+    /// the filter being off for it or the request having no `Origin`), which Envoy's filter
+    /// counts (`cors.origin_valid`, `cors.origin_invalid`).
+    pub fn evaluate_origin(&self, req: &CorsRequest<'_>, roll: u64) -> (CorsOutcome, Option<bool>) {
         let Some(first) = self.policies.first() else {
-            return CorsOutcome::Pass;
+            return (CorsOutcome::Pass, None);
         };
         if !first.enabled.hits(roll) {
-            return CorsOutcome::Pass;
+            return (CorsOutcome::Pass, None);
         }
         let Some(origin) = req.origin.filter(|o| !o.is_empty()) else {
-            return CorsOutcome::Pass;
+            return (CorsOutcome::Pass, None);
         };
         let allowed = self.origin_allowed(origin);
+        (self.outcome(req, origin, allowed), Some(allowed))
+    }
+
+    /// What CORS does to `req` from `origin`, allowed or not.
+    fn outcome(&self, req: &CorsRequest<'_>, origin: &str, allowed: bool) -> CorsOutcome {
         let credentials = self.flag(|p| p.allow_credentials) == Some(true);
         let request_method = req.request_method.unwrap_or("");
         let preflight = req.method == "OPTIONS" && !request_method.is_empty();

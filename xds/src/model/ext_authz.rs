@@ -25,6 +25,10 @@ pub struct ExtAuthz {
     /// Only requests whose dynamic metadata matches this are checked (istiod's shadow RBAC
     /// filter names the requests its CUSTOM policies select); `None`: every request.
     pub enabled_by: Option<EnabledBy>,
+    /// `clear_route_cache`: the route is chosen again on the request as the authorizer left
+    /// it. Unset (istiod's), the route stays the one chosen before the check, on the request
+    /// as the client sent it (Envoy's filters before it, RBAC's, have chosen it by then).
+    pub clear_route_cache: bool,
 }
 
 /// Where the authorizer is and which protocol it speaks.

@@ -33,8 +33,7 @@ pub struct Listener {
 }
 
 /// One access log (`access_log`): Envoy's file logger to a path (istiod's `/dev/stdout`, or the
-/// mesh's `accessLogFile`) in Istio's default text or JSON format, which Remora's own access
-/// log lines render.
+/// mesh's `accessLogFile`) in the text format given, or Istio's default JSON labels.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AccessLog {
     pub format: AccessLogFormat,
@@ -44,10 +43,11 @@ pub struct AccessLog {
     pub path: std::sync::Arc<str>,
 }
 
-/// The line format: istiod's `EnvoyTextLogFormat` or its JSON labels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The line format: a text format string (istiod's `EnvoyTextLogFormat`, or the mesh's
+/// `accessLogFormat`), parsed, or istiod's default JSON labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AccessLogFormat {
-    Text,
+    Text(super::log_format::TextFormat),
     Json,
 }
 

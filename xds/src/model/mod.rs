@@ -28,6 +28,7 @@ pub mod fault;
 pub mod hash;
 pub mod header_format;
 pub mod listener;
+pub mod log_format;
 pub mod matcher;
 pub mod name_table;
 pub mod outlier;

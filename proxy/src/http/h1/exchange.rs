@@ -157,6 +157,9 @@ async fn attempts(
                 }
             },
         };
+        if let Some(log) = end.log.as_mut().filter(|_| ctx.log_wants_upstream_local()) {
+            log.envoy.upstream_local = up.local_addr();
+        }
         req.head.truncate(base);
         // Routed by xDS, the upstream is told the attempt when the virtual host asks
         // (`include_request_attempt_count`) and the route's deadline (on a retry, what is left
@@ -349,6 +352,14 @@ pub(super) enum Up {
 }
 
 impl Up {
+    /// This side of the connection (for the access log).
+    fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Up::Plain(up) => up.stream.local_addr().ok(),
+            Up::Mesh(conn) => conn.0.get_ref().0.local_addr().ok(),
+        }
+    }
+
     /// Write all of `bytes`; mesh TLS is flushed, so nothing waits in rustls.
     async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
         match self {
@@ -488,6 +499,9 @@ async fn open(
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "upstream connect failed");
+                    if let Some(log) = &mut end.log {
+                        log.dial_failed(selected.address, &e);
+                    }
                     Err(routed::dial_failure(&e))
                 }
             }

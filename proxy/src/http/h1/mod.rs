@@ -307,6 +307,10 @@ fn prepare(
     mesh: Option<&MeshHeaders>,
 ) -> Option<Prepared> {
     let started = Instant::now();
+    // An access-log format reading headers the fast path does not keep: hyper's path logs them.
+    if ctx.log_reads_other_headers() {
+        return None;
+    }
     // Without Host an HTTP/1.1 request is malformed: hyper's path answers it 400.
     let head = head::parse_request(buf, limits).filter(|h| h.host.is_some())?;
     // The body must be here whole; hyper streams a longer one.
@@ -380,7 +384,11 @@ fn prepare(
     // The blank line goes back on per attempt, after the attempt count.
     upstream_head.truncate(upstream_head.len() - 2);
     if ctx.logging() {
-        end.log = Some(Box::new(request_log(started, &head, id.as_ref(), &end)));
+        let mut log = Box::new(request_log(started, &head, id.as_ref(), &end));
+        if let Some(r) = &routed {
+            r.routed.log_to(&mut log);
+        }
+        end.log = Some(log);
     }
     Some(Prepared {
         total,
@@ -533,9 +541,14 @@ async fn local_reply<C: Client>(
     out.extend_from_slice(details.as_bytes());
     end.flags.insert(kind.flag());
     end.status = status.as_u16();
+    let routed = end.routed.is_some();
     if let Some(log) = &mut end.log {
         log.status = end.status;
-        log.upstream = Some(ctx.key.destination);
+        // Routed, the endpoint tried (if one was: none for `UH`, `NC`, `UO`) is recorded.
+        if !routed {
+            log.upstream = Some(ctx.key.destination);
+        }
+        log.envoy.details = kind.code_details();
     }
     match write_out(client, &out).await {
         Ok(()) => {
@@ -581,6 +594,7 @@ fn request_log(
         upstream: None,
         upstream_time: None,
         received: Arc::clone(&end.received),
+        envoy: Default::default(),
     }
 }
 

@@ -35,6 +35,8 @@ pub(in crate::http) fn answer(
             location: None,
             edits: local_edits(table, vhost, route, format),
             fault: route.fault.clone(),
+            // Envoy's cors filter acts only on routes that forward.
+            cors_origin: None,
         },
         HttpDecision::Redirect {
             redirect,
@@ -50,6 +52,8 @@ pub(in crate::http) fn answer(
             )),
             edits: local_edits(table, vhost, route, format),
             fault: route.fault.clone(),
+            // Envoy's cors filter acts only on routes that forward.
+            cors_origin: None,
         },
     }
 }
@@ -77,7 +81,7 @@ pub(in crate::http) fn reply(
     grpc: bool,
     mut end: RequestEnd,
 ) -> Response<ResponseBody> {
-    let (status, body, location, edits) = match answer {
+    let (status, body, location, edits, details) = match answer {
         Answer::Error(kind) => return crate::http::replies::local_reply(kind, grpc, end),
         // Never given by `decide`, which has the parts.
         Answer::Handover => {
@@ -88,13 +92,14 @@ pub(in crate::http) fn reply(
             body,
             location,
             edits,
-            fault: _,
-        } => (status, body, location, edits),
-        Answer::Preflight { headers, .. } => (200, None, None, headers),
+            ..
+        } => (status, body, location, edits, "direct_response"),
+        Answer::Preflight { headers, .. } => (200, None, None, headers, "cors_response"),
     };
     end.status = status;
     if let Some(log) = &mut end.log {
         log.status = status;
+        log.envoy.details = Some(details);
     }
     let mut builder = Response::builder().status(status);
     if let Some(location) = location.and_then(|l| HeaderValue::try_from(l).ok()) {

@@ -48,6 +48,8 @@ pub struct RoutePlan {
     /// The route's mirror policies ([`crate::http::mirror`]), shared with the route; `None`
     /// for nearly every route.
     pub mirrors: Option<Arc<[MirrorPolicy]>>,
+    /// The route's `name`, kept only when requests are logged (Envoy's `%ROUTE_NAME%`).
+    pub route_name: Option<Arc<str>>,
     /// Whether the route edits no header at any level (the picked weighted cluster's, the
     /// route's, the virtual host's, the table's).
     pub edits_none: bool,
@@ -69,6 +71,8 @@ pub(super) struct Source<'a> {
     pub cluster: &'a str,
     /// Whether the connection's chain has the fault filter (istiod's outbound chains do).
     pub fault_filter: bool,
+    /// Whether the connection's requests are logged.
+    pub logging: bool,
 }
 
 impl RoutePlan {
@@ -82,6 +86,7 @@ impl RoutePlan {
             retry,
             cluster,
             fault_filter,
+            logging,
         } = *source;
         let edits_none = super::edits::edits_none(table, vhost, route, forward, cluster);
         let rules = RetryRules::of(retry);
@@ -108,6 +113,11 @@ impl RoutePlan {
                 .filter(|r| r.avoid_previous_hosts)
                 .map(|r| r.host_selection_retry_max_attempts),
             mirrors,
+            route_name: route
+                .name
+                .as_deref()
+                .filter(|n| !n.is_empty() && logging)
+                .map(Arc::from),
             edits_none,
             fast,
         }
@@ -128,6 +138,7 @@ impl RoutePlan {
             attempt_count: false,
             avoid_previous: None,
             mirrors: None,
+            route_name: None,
             edits_none: true,
             fast: false,
         }

@@ -6,6 +6,11 @@
 //! dropped and counted, as Envoy's access loggers do under back-pressure. The file is opened
 //! once and appended to, and opened again after SIGHUP (log rotation), as Envoy's are after
 //! `/reopen_logs`.
+//!
+//! The line is Remora's own (the config file's `access_log`), or, for a log the xDS listeners
+//! ask for, the Envoy text format they give ([`envoy_format`]).
+
+pub mod envoy_format;
 
 use crate::metrics::Metrics;
 use crate::Direction;
@@ -58,6 +63,19 @@ pub enum End {
 }
 
 impl End {
+    /// Whether the connection reached its upstream (Envoy names the upstream host then).
+    pub fn reached_upstream(self) -> bool {
+        matches!(
+            self,
+            End::Closed
+                | End::DownstreamReset
+                | End::UpstreamReset
+                | End::IdleTimeout
+                | End::ConnectFailed
+                | End::ConnectTimeout
+        )
+    }
+
     /// The `end` field of the log line.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -105,6 +123,18 @@ impl End {
     }
 }
 
+/// What a connection routed by xDS adds to its line, for the operators of Envoy's format
+/// that name them.
+#[derive(Debug, Clone, Default)]
+pub struct XdsFacts {
+    /// The address the client connected to (the original destination).
+    pub downstream_local: Option<SocketAddr>,
+    /// The cluster the chain sent it to.
+    pub cluster: Option<Arc<str>>,
+    /// This side of the upstream connection.
+    pub upstream_local: Option<SocketAddr>,
+}
+
 /// One finished connection.
 #[derive(Debug, Clone)]
 pub struct Entry {
@@ -116,9 +146,45 @@ pub struct Entry {
     pub received: u64,
     pub duration: Duration,
     pub end: End,
+    /// Routed by xDS: what its chain and upstream were.
+    pub xds: Option<Box<XdsFacts>>,
 }
 
 impl Entry {
+    /// The line in `format`.
+    fn line(&self, format: &LineFormat) -> String {
+        match format {
+            LineFormat::Remora(f) => self.format(*f),
+            LineFormat::Envoy(f) => {
+                let xds = self.xds.as_deref();
+                let flags = self.end.response_flag();
+                let record = envoy_format::Record {
+                    start: self.start,
+                    duration: self.duration,
+                    request: None,
+                    protocol: None,
+                    status: 0,
+                    flags: &flags,
+                    details: None,
+                    termination_details: None,
+                    transport_failure: None,
+                    // Envoy's meaning: received from the client, sent back to it.
+                    received: self.received,
+                    sent: self.sent,
+                    upstream_service_time: None,
+                    upstream_host: self.destination.filter(|_| self.end.reached_upstream()),
+                    cluster: xds.and_then(|x| x.cluster.as_deref()),
+                    upstream_local: xds.and_then(|x| x.upstream_local),
+                    downstream_local: xds.and_then(|x| x.downstream_local),
+                    downstream_remote: Some(self.source),
+                    sni: None,
+                    route_name: None,
+                };
+                envoy_format::line(f, &record)
+            }
+        }
+    }
+
     fn format(&self, format: AccessLogFormat) -> String {
         let start = humantime::format_rfc3339_millis(self.start);
         let dst = self
@@ -152,11 +218,22 @@ impl Entry {
     }
 }
 
+/// How a line is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LineFormat {
+    /// Remora's own text or JSON line (the config file's `access_log`, or istiod's JSON labels).
+    Remora(AccessLogFormat),
+    /// The Envoy text format the xDS listeners gave, as it is.
+    Envoy(remora_xds::model::log_format::TextFormat),
+}
+
 /// Where and how lines are written: the config file's access log (standard output), or the
 /// file the xDS listeners name in their format.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sink {
-    pub format: AccessLogFormat,
+    pub format: LineFormat,
+    /// The format prints `%UPSTREAM_LOCAL_ADDRESS%`: worth a `getsockname` per request.
+    pub upstream_local: bool,
     /// The file lines are appended to; `None`: standard output (also for `/dev/stdout`).
     pub file: Option<Arc<str>>,
 }
@@ -170,16 +247,19 @@ impl Sink {
         use remora_xds::model::listener::AccessLogFormat as Xds;
         if config.access_log.enabled {
             return Some(Sink {
-                format: config.access_log.format,
+                format: LineFormat::Remora(config.access_log.format),
+                upstream_local: false,
                 file: None,
             });
         }
         let snapshot = xds?.snapshot();
         let log = snapshot.access_log()?;
         Some(Sink {
-            format: match log.format {
-                Xds::Text => AccessLogFormat::Text,
-                Xds::Json => AccessLogFormat::Json,
+            upstream_local: matches!(&log.format,
+                Xds::Text(f) if f.uses(&remora_xds::model::log_format::Operator::UpstreamLocalAddress)),
+            format: match &log.format {
+                Xds::Text(f) => LineFormat::Envoy(f.clone()),
+                Xds::Json => LineFormat::Remora(AccessLogFormat::Json),
             },
             file: (&*log.path != STDOUT).then(|| Arc::clone(&log.path)),
         })
@@ -230,7 +310,7 @@ impl AccessLog {
 
     /// Queue one entry; drops it (and counts the drop) if the writer is behind.
     pub fn log(&self, entry: &Entry, sink: &Sink) {
-        self.log_line(entry.format(sink.format), sink);
+        self.log_line(entry.line(&sink.format), sink);
     }
 
     /// Queue one formatted line (an HTTP request's); dropped and counted if the writer is behind.
@@ -351,6 +431,7 @@ mod tests {
             received: 3456,
             duration: Duration::from_millis(42),
             end: End::ConnectFailed,
+            xds: None,
         }
     }
 
@@ -387,7 +468,8 @@ mod tests {
         let metrics = Arc::new(Metrics::default());
         let log = AccessLog::start(Arc::clone(&metrics)).expect("writer");
         let sink = Sink {
-            format: AccessLogFormat::Text,
+            format: LineFormat::Remora(AccessLogFormat::Text),
+            upstream_local: false,
             file: Some(path.to_str().expect("utf-8").into()),
         };
         log.log_line("one\n".into(), &sink);

@@ -1,0 +1,340 @@
+//! Istio's default access-log format (istiod's `EnvoyTextLogFormat`, as an inline string on the
+//! file logger of the HTTP connection manager and of `tcp_proxy`), written by Remora as it was
+//! given, against Envoy 1.40 with the same resources and the same traffic: a 200 from the
+//! upstream, a 503 `UF` (the endpoint refuses), a 503 `UH` (no endpoint), a fault abort `FI`,
+//! a TCP connection out, and one in (the peer to the pod's own port, through
+//! `virtualInbound`). Each line is compared field by field; only what must differ between
+//! two runs is masked (start time, durations, request ids, ephemeral ports and each pod's own
+//! addresses, which are named by role).
+//!
+//! A format naming another header (`%REQ(X-B3-TRACEID)%`) and a length (`:N`) is written the
+//! same way too, and a format with an operator Remora does not render is refused by name.
+
+use remora_e2e::envoy_xds::{nets_or_skip, Resources, ISTIO_TEXT_FORMAT};
+use remora_e2e::peer::{self, curl_status, Server};
+use remora_e2e::xds_resources::{eds_cluster, endpoint, inbound_cluster};
+use remora_e2e::PodNet;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const CURL_TIME: Duration = Duration::from_secs(20);
+const HTTP_VIP: &str = "10.96.0.10";
+const TCP_VIP: &str = "10.96.0.20:9000";
+const HOST: &str = "web.test.svc.cluster.local";
+const WEB: &str = "outbound|80||web.test.svc.cluster.local";
+const DOWN: &str = "outbound|80||down.test.svc.cluster.local";
+const EMPTY: &str = "outbound|80||empty.test.svc.cluster.local";
+const ECHO: &str = "outbound|9000||echo.test.svc.cluster.local";
+/// The pod's own TCP port, reached inbound through `virtualInbound`.
+const INBOUND_PORT: u16 = 9100;
+const INBOUND: &str = "inbound|9100||";
+
+/// A second format: another header, lengths, addresses without ports.
+const OTHER_FORMAT: &str = "%REQ(X-B3-TRACEID)% %REQ(:PATH):4% %REQ(X-MISSING?USER-AGENT):6% %UPSTREAM_CLUSTER% %DOWNSTREAM_LOCAL_ADDRESS_WITHOUT_PORT% %RESPONSE_CODE% %PROTOCOL%\n";
+
+fn file_log(path: &Path, format: &str) -> Value {
+    json!([{"name": "envoy.access_loggers.file", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+        "path": path.to_str().expect("utf-8 path"),
+        "log_format": {"text_format_source": {"inline_string": format}}}}])
+}
+
+fn resources(
+    log: &Path,
+    format: &str,
+    web: SocketAddr,
+    down: SocketAddr,
+    echo: SocketAddr,
+) -> Resources {
+    let abort = json!({"envoy.filters.http.fault": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+        "abort": {"http_status": 503, "percentage": {"numerator": 100, "denominator": "HUNDRED"}}}});
+    let routes = json!([{"name": "80", "ignore_port_in_host_matching": true, "virtual_hosts": [{
+        "name": "web.test.svc.cluster.local:80", "domains": [HOST, HTTP_VIP],
+        "routes": [
+            {"name": "ok", "match": {"prefix": "/ok"}, "route": {"cluster": WEB, "timeout": "0s"}},
+            {"name": "down", "match": {"prefix": "/down"}, "route": {"cluster": DOWN, "timeout": "0s"}},
+            {"name": "empty", "match": {"prefix": "/empty"}, "route": {"cluster": EMPTY, "timeout": "0s"}},
+            {"name": "abort", "match": {"prefix": "/abort"}, "route": {"cluster": WEB, "timeout": "0s"},
+             "typed_per_filter_config": abort}]}]}]);
+    let listeners = json!([
+        {"name": "0.0.0.0_80", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 80}},
+         "traffic_direction": "OUTBOUND", "bind_to_port": false,
+         "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "outbound_0.0.0.0_80", "access_log": file_log(log, format),
+            "rds": {"config_source": {"ads": {}}, "route_config_name": "80"},
+            "http_filters": [
+                {"name": "envoy.filters.http.fault", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault"}},
+                {"name": "envoy.filters.http.router", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]},
+        {"name": "10.96.0.20_9000", "address": {"socket_address": {"address": "10.96.0.20", "port_value": 9000}},
+         "traffic_direction": "OUTBOUND", "bind_to_port": false,
+         "filter_chains": [{"filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            "stat_prefix": ECHO, "cluster": ECHO, "access_log": file_log(log, format)}}]}]},
+        {"name": "virtualOutbound",
+         "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15001}},
+         "use_original_dst": true, "traffic_direction": "OUTBOUND",
+         "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [
+            {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                "stat_prefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}]},
+        {"name": "virtualInbound", "traffic_direction": "INBOUND",
+         "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15006}},
+         "listener_filters": [{"name": "envoy.filters.listener.original_dst", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.listener.original_dst.v3.OriginalDst"}}],
+         "filter_chains": [{"name": "0.0.0.0_9100",
+            "filter_chain_match": {"destination_port": INBOUND_PORT, "transport_protocol": "raw_buffer"},
+            "filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                "stat_prefix": INBOUND, "cluster": INBOUND, "access_log": file_log(log, format)}}]}]}
+    ]);
+    let assignment = |name: &str, a: Option<SocketAddr>| {
+        let hosts: Vec<Value> = a.into_iter().map(|a| endpoint(a, None)).collect();
+        json!({"cluster_name": name, "endpoints": [{"lb_endpoints": hosts}]})
+    };
+    Resources {
+        listeners,
+        routes,
+        clusters: json!([eds_cluster(WEB), eds_cluster(DOWN), eds_cluster(EMPTY), eds_cluster(ECHO),
+            inbound_cluster(INBOUND),
+            {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
+        endpoints: json!([
+            assignment(WEB, Some(web)),
+            assignment(DOWN, Some(down)),
+            assignment(EMPTY, None),
+            assignment(ECHO, Some(echo))
+        ]),
+    }
+}
+
+/// Give `ns` a default route out of its veth, so a connect to a VIP reaches the capture rules.
+fn route_vips(ns: &remora_e2e::Netns) {
+    let out = ns
+        .command("ip")
+        .args(["route", "add", "default", "dev", "eth0"])
+        .output()
+        .expect("ip route");
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// A file UID 1337 (the proxy) may append to.
+fn log_file(net: &PodNet) -> PathBuf {
+    let logs = net.binary().make_dir("logs");
+    std::os::unix::fs::chown(&logs, Some(1337), Some(1337)).expect("chown");
+    let log = logs.join("access.log");
+    std::fs::write(&log, "").expect("write");
+    std::os::unix::fs::chown(&log, Some(1337), Some(1337)).expect("chown");
+    log
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// Wait (up to 5 s) for `path` to hold `n` lines.
+fn wait_for_lines(path: &Path, n: usize, output: &dyn Fn() -> String) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = read(path);
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} lines in {}:\n{text}\n{}",
+            lines.len(),
+            path.display(),
+            output()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The traffic: four requests (each waited for in the log, so lines come in this order) and
+/// a TCP exchange. The statuses are returned.
+fn traffic(net: &PodNet, log: &Path, output: &dyn Fn() -> String) -> (Vec<u16>, Vec<String>) {
+    let mut statuses = Vec::new();
+    for (i, path) in ["/ok", "/down", "/empty", "/abort"].into_iter().enumerate() {
+        let url = format!("http://{HTTP_VIP}{path}");
+        let (status, _) = curl_status(
+            &net.pod,
+            &[
+                "-A",
+                "remora-e2e",
+                "-H",
+                "x-b3-traceid: 80f198ee56343ba8",
+                &url,
+            ],
+            CURL_TIME,
+        );
+        statuses.push(status);
+        wait_for_lines(log, i + 1, output);
+    }
+    let vip: SocketAddr = TCP_VIP.parse().expect("addr");
+    let back = peer::echo_exchange(&net.pod, vip, b"hello").expect("TCP through the VIP");
+    assert_eq!(back, b"hello");
+    wait_for_lines(log, 5, output);
+    // Inbound: the peer to the pod's own port, through `virtualInbound`.
+    let back = peer::echo_exchange(&net.peer, net.pod_addr(INBOUND_PORT), b"inbound!")
+        .expect("TCP to the pod");
+    assert_eq!(back, b"inbound!");
+    (statuses, wait_for_lines(log, 6, output))
+}
+
+/// A line's fields: space-separated, a quoted one (`"GET /ok HTTP/1.1"`) kept whole.
+fn fields(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = line;
+    while !rest.is_empty() {
+        rest = rest.trim_start_matches(' ');
+        if let Some(quoted) = rest.strip_prefix('"') {
+            let end = quoted.find("\" ").unwrap_or(quoted.len().saturating_sub(1));
+            out.push(format!("\"{}\"", &quoted[..end]));
+            rest = quoted.get(end + 1..).unwrap_or_default();
+        } else {
+            let end = rest.find(' ').unwrap_or(rest.len());
+            out.push(rest[..end].to_string());
+            rest = &rest[end..];
+        }
+    }
+    out
+}
+
+/// One run's lines, and its pod's and peer's addresses.
+struct Run {
+    lines: Vec<String>,
+    pod: String,
+    peer: String,
+}
+
+/// The same resources (logging in `format`) and traffic through Remora, then Envoy; `None`
+/// when this machine cannot run them.
+fn remora_then_envoy(format: &str) -> Option<[Run; 2]> {
+    let (binary, nets) = nets_or_skip()?;
+    let mut runs = Vec::new();
+    for (i, net) in [&nets.0, &nets.1].into_iter().enumerate() {
+        net.capture_default();
+        route_vips(&net.pod);
+        let web = Server::http(&net.peer, net.peer_addr(8081), "web");
+        let echo = Server::echo(&net.peer, net.peer_addr(9000));
+        let _inbound = Server::echo(&net.pod, peer::any_addr(INBOUND_PORT));
+        // Nothing listens there: the connection is refused.
+        let down = net.peer_addr(8099);
+        let log = log_file(net);
+        let resources = resources(&log, format, web.addr(), down, echo.addr());
+        let (statuses, lines) = if i == 0 {
+            let remora = resources.start_remora(net);
+            traffic(net, &log, &|| remora.stderr())
+        } else {
+            let envoy = resources.start_envoy(net, &binary);
+            traffic(net, &log, &|| envoy.logs())
+        };
+        assert_eq!(statuses, [200, 503, 503, 503], "proxy {i}:\n{lines:#?}");
+        runs.push(Run {
+            lines,
+            pod: net.pod_ip.to_string(),
+            peer: net.peer_ip.to_string(),
+        });
+    }
+    let envoy = runs.pop()?;
+    let remora = runs.pop()?;
+    Some([remora, envoy])
+}
+
+/// What of a field must be the same in both runs: its value with each pod's own addresses
+/// named by role, and what necessarily differs (times, ids, ephemeral ports) by its shape.
+fn comparable(index: usize, field: &str, run: &Run) -> String {
+    let named = field.replace(&run.peer, "PEER").replace(&run.pod, "POD");
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    match index {
+        // [START_TIME]
+        0 => {
+            let ok = named.starts_with("[20") && named.ends_with("Z]") && named.len() == 26;
+            format!("time:{ok}")
+        }
+        // DURATION, and the upstream service time (a number, or `-` when none)
+        9 | 10 if digits(&named) => "ms".into(),
+        // "X-REQUEST-ID": each proxy makes its own
+        13 => format!("uuid:{}", named.len() == 38),
+        // UPSTREAM_LOCAL_ADDRESS, DOWNSTREAM_REMOTE_ADDRESS: ephemeral ports
+        17 | 19 => named
+            .rsplit_once(':')
+            .map_or(named.clone(), |(ip, _)| format!("{ip}:PORT")),
+        _ => named,
+    }
+}
+
+#[test]
+fn istios_default_format_is_written_field_by_field_as_envoy_writes_it() {
+    let Some([remora, envoy]) = remora_then_envoy(ISTIO_TEXT_FORMAT) else {
+        return;
+    };
+    let compared = |run: &Run| -> Vec<Vec<String>> {
+        run.lines
+            .iter()
+            .map(|l| {
+                let f = fields(l);
+                assert_eq!(f.len(), 22, "22 fields in {l:?}");
+                f.iter()
+                    .enumerate()
+                    .map(|(n, v)| comparable(n, v, run))
+                    .collect()
+            })
+            .collect()
+    };
+    let (r, e) = (compared(&remora), compared(&envoy));
+    let mut differences = Vec::new();
+    for (n, (r, e)) in r.iter().zip(&e).enumerate() {
+        for (field, (a, b)) in r.iter().zip(e).enumerate() {
+            if a != b {
+                differences.push(format!(
+                    "line {n}, field {field}: remora {a:?}, envoy {b:?}"
+                ));
+            }
+        }
+    }
+    assert!(
+        differences.is_empty(),
+        "{}\nremora:\n{}\nenvoy:\n{}",
+        differences.join("\n"),
+        remora.lines.join("\n"),
+        envoy.lines.join("\n")
+    );
+    // The masked fields are there: the 200's upstream connection, its service time.
+    let ok = fields(&remora.lines[0]);
+    assert!(ok[17].starts_with(&format!("{}:", remora.pod)), "{ok:?}");
+    assert_ne!(ok[10], "-", "{ok:?}");
+}
+
+/// Another format, as the mesh's `accessLogFormat` gives it: another request header, lengths,
+/// a fallback, addresses without ports. Only the pod's own address differs between runs.
+#[test]
+fn another_format_is_written_as_envoy_writes_it() {
+    let Some([remora, envoy]) = remora_then_envoy(OTHER_FORMAT) else {
+        return;
+    };
+    // Each pod's own address named by role: the inbound line's local address is it.
+    let named = |run: &Run| -> Vec<String> {
+        run.lines
+            .iter()
+            .map(|l| l.replace(&run.pod, "POD"))
+            .collect()
+    };
+    assert_eq!(named(&remora), named(&envoy));
+    assert_eq!(
+        named(&remora)[5],
+        "- - - inbound|9100|| POD 0 -",
+        "{:?}",
+        remora.lines
+    );
+    assert_eq!(
+        remora.lines[0],
+        format!("80f198ee56343ba8 /ok remora {WEB} 10.96.0.10 200 HTTP/1.1")
+    );
+}
