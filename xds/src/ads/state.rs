@@ -78,13 +78,13 @@ impl TypeState {
 enum InitGate {
     /// No CDS response handled yet.
     AwaitingClusters,
-    /// CDS handled; these endpoint sets have not arrived yet.
-    AwaitingEndpoints(BTreeSet<String>),
+    /// CDS handled; these endpoint sets and secrets (by type and name) have not arrived yet.
+    AwaitingEndpoints(BTreeSet<(&'static str, String)>),
     /// LDS has started.
     Open,
 }
 
-/// Every type's subscription, in Envoy's subscription order (CDS, EDS, LDS, RDS), then NDS
+/// Every type's subscription, in Envoy's subscription order (CDS, EDS, SDS, LDS, RDS), then NDS
 /// when the DNS proxy wants the name table.
 #[derive(Debug)]
 pub(crate) struct Subscriptions {
@@ -99,6 +99,7 @@ impl Subscriptions {
         let mut types = vec![
             TypeState::new(type_url::CLUSTER, true),
             TypeState::new(type_url::ENDPOINT, false),
+            TypeState::new(type_url::SECRET, false),
             TypeState::new(type_url::LISTENER, true),
             TypeState::new(type_url::ROUTE, false),
         ];
@@ -184,16 +185,14 @@ impl Subscriptions {
         }
         match (&mut self.gate, type_url) {
             (InitGate::AwaitingClusters, type_url::CLUSTER) => {
-                let endpoints = self
-                    .get(type_url::ENDPOINT)
-                    .map(|e| e.wanted.clone())
-                    .unwrap_or_default();
-                self.gate = InitGate::AwaitingEndpoints(endpoints);
+                let waiting = [type_url::ENDPOINT, type_url::SECRET]
+                    .into_iter()
+                    .flat_map(|t| self.wanted(t).into_iter().map(move |name| (t, name)))
+                    .collect();
+                self.gate = InitGate::AwaitingEndpoints(waiting);
             }
-            (InitGate::AwaitingEndpoints(waiting), type_url::ENDPOINT) => {
-                for name in delivered {
-                    waiting.remove(name);
-                }
+            (InitGate::AwaitingEndpoints(waiting), type_url::ENDPOINT | type_url::SECRET) => {
+                waiting.retain(|(t, name)| *t != type_url || !delivered.contains(name));
             }
             _ => {}
         }
@@ -204,12 +203,15 @@ impl Subscriptions {
     }
 
     /// After a whole response of `type_url` was refused. Envoy's cluster manager counts a
-    /// refused CDS or EDS update as an answer (the subscription's initialisation completes on
-    /// failure too), so start-up moves on rather than waiting for a push that may never come.
+    /// refused CDS, EDS or SDS update as an answer (the subscription's initialisation
+    /// completes on failure too), so start-up moves on rather than waiting for a push that may
+    /// never come.
     pub fn after_refusal(&mut self, type_url: &str) -> Vec<&'static str> {
         match (&self.gate, type_url) {
             (InitGate::AwaitingClusters, type_url::CLUSTER)
-            | (InitGate::AwaitingEndpoints(_), type_url::ENDPOINT) => self.open_gate(),
+            | (InitGate::AwaitingEndpoints(_), type_url::ENDPOINT | type_url::SECRET) => {
+                self.open_gate()
+            }
             _ => Vec::new(),
         }
     }
@@ -264,6 +266,39 @@ mod tests {
         let changed = subs.after_response(type_url::ENDPOINT, &Applied::default(), &set(&["b"]));
         assert_eq!(changed, vec![type_url::LISTENER]);
         assert!(!subs.awaiting_init());
+    }
+
+    #[test]
+    fn sds_follows_the_clusters_and_lds_waits_for_the_secrets_too() {
+        let mut subs = Subscriptions::new(false);
+        let mut applied = wanted(type_url::ENDPOINT, &["a"]);
+        applied.wanted.insert(
+            type_url::SECRET,
+            set(&["kubernetes://c", "kubernetes://c-cacert"]),
+        );
+        let changed = subs.after_response(type_url::CLUSTER, &applied, &set(&["a"]));
+        assert_eq!(changed, vec![type_url::ENDPOINT, type_url::SECRET]);
+        let started: Vec<_> = subs.started().map(|t| t.type_url).collect();
+        assert_eq!(
+            started,
+            vec![type_url::CLUSTER, type_url::ENDPOINT, type_url::SECRET],
+            "Envoy's order: SDS after EDS"
+        );
+        let changed = subs.after_response(type_url::ENDPOINT, &Applied::default(), &set(&["a"]));
+        assert!(changed.is_empty(), "the secrets have not arrived");
+        // A secret named like an endpoint set is still awaited under its own type.
+        let changed = subs.after_response(
+            type_url::SECRET,
+            &Applied::default(),
+            &set(&["kubernetes://c"]),
+        );
+        assert!(changed.is_empty());
+        let changed = subs.after_response(
+            type_url::SECRET,
+            &Applied::default(),
+            &set(&["kubernetes://c-cacert"]),
+        );
+        assert_eq!(changed, vec![type_url::LISTENER]);
     }
 
     #[test]
