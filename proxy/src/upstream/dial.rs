@@ -188,7 +188,10 @@ async fn originate(
         .upstreams
         .origins
         .client_config(origin, &offered, snapshot.as_deref().map(|s| &**s))
-        .map_err(|error| DialError::Origin { address, error })?;
+        .map_err(|error| {
+            super::origin::log_failure(address, &error);
+            DialError::Origin { address, error }
+        })?;
     let name = origin
         .sni
         .as_ref()

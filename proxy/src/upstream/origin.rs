@@ -22,7 +22,7 @@ use rustls::{ClientConfig, RootCertStore};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 /// Where pilot-agent looks for the operating system's roots for `file-root:system`
 /// (`security.GetOSRootFilePath`, after Go's list): the first that exists.
@@ -187,6 +187,23 @@ impl Origins {
         );
         Ok(config)
     }
+}
+
+/// At most one warning per this long: every connection of a cluster fails the same way
+/// while its file or secret is missing, and the log must not grow with the traffic.
+const LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Logs why an origination's config could not be had (the file or secret and what is wrong,
+/// never a key), at most once per [`LOG_EVERY`].
+pub fn log_failure(address: std::net::SocketAddr, error: &OriginError) {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(PoisonError::into_inner);
+    let now = Instant::now();
+    if last.is_some_and(|at| now.duration_since(at) < LOG_EVERY) {
+        return;
+    }
+    *last = Some(now);
+    tracing::warn!(%address, "TLS origination failed: {error}");
 }
 
 fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
