@@ -404,6 +404,42 @@ fn remora_story(net: &PodNet) -> Vec<(&'static str, Outcome)> {
         assert!(asked.contains(&name), "{name} not asked for: {asked:?}");
     }
     let steps = story(net, &world);
+    // The config dump lists them as Envoy's does, the key redacted.
+    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, remora_e2e::ADMIN_PORT));
+    let dump = remora_e2e::peer::http_get(&net.pod, admin, "/config_dump", STEP_TIME)
+        .map(|r| r.body)
+        .unwrap_or_default();
+    let dump: Value = serde_json::from_str(&dump).unwrap_or(Value::Null);
+    let secrets = dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| {
+            c["@type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("SecretsConfigDump"))
+        })
+        .map(|c| c["dynamic_active_secrets"].clone())
+        .unwrap_or(Value::Null);
+    let named = |n: &str| {
+        secrets
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["name"] == n)
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(
+        named(&credential(CREDENTIAL))["secret"]["tls_certificate"]["private_key"]["inline_bytes"],
+        "W3JlZGFjdGVkXQ==",
+        "the key shown redacted: {secrets}"
+    );
+    assert!(
+        named(&credential_roots(CREDENTIAL))["secret"]["validation_context"]["trusted_ca"]
+            .is_object(),
+        "{secrets}"
+    );
     let nacks = secret_nacks(ads);
     assert!(
         nacks.iter().any(|n| n.contains(&format!(
