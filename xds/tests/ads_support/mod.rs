@@ -15,6 +15,7 @@ use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
@@ -208,6 +209,7 @@ fn decodes(type_url: &str, body: &[u8]) -> bool {
         type_url::LISTENER => Listener::decode(body).is_ok(),
         type_url::ROUTE => RouteConfiguration::decode(body).is_ok(),
         type_url::ENDPOINT => ClusterLoadAssignment::decode(body).is_ok(),
+        type_url::SECRET => Secret::decode(body).is_ok(),
         _ => false,
     }
 }
@@ -245,6 +247,13 @@ impl Sink for TestSink {
         let held_names: BTreeSet<String> = held.keys().cloned().collect();
         match type_url {
             type_url::CLUSTER => {
+                // A cluster named `tls-…` names the secret `secret-tls-…`, served over ADS.
+                let secrets = held_names
+                    .iter()
+                    .filter(|c| c.starts_with("tls-"))
+                    .map(|c| format!("secret-{c}"))
+                    .collect();
+                applied.wanted.insert(type_url::SECRET, secrets);
                 applied.wanted.insert(type_url::ENDPOINT, held_names);
             }
             type_url::LISTENER => {
@@ -274,6 +283,11 @@ pub fn body(type_url: &str, name: &str) -> Vec<u8> {
         type_url::ROUTE => RouteConfiguration {
             name: name.to_owned(),
             ..RouteConfiguration::default()
+        }
+        .encode_to_vec(),
+        type_url::SECRET => Secret {
+            name: name.to_owned(),
+            ..Secret::default()
         }
         .encode_to_vec(),
         _ => ClusterLoadAssignment {
