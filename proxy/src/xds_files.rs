@@ -159,8 +159,9 @@ impl Source {
         // tables: the file after each is read again, so that what it still holds for a cluster
         // or listener that came back is delivered again.
         read[1] |= read[0];
-        // Secrets are rare in files: only a file that is there is read again for new clusters.
-        read[2] |= read[0] && stamps[2].is_some();
+        // A cluster wants its secrets once its endpoints are held (as Envoy asks for them):
+        // a secrets file that is there is read again when either changed.
+        read[2] |= (read[0] || read[1]) && stamps[2].is_some();
         read[4] |= read[3];
         for (i, stamp) in stamps.into_iter().enumerate() {
             if !read[i] {

@@ -277,10 +277,18 @@ impl Snapshot {
         self.secrets.get(name)
     }
 
-    /// The SDS names the held clusters' sockets need from the control plane.
+    /// The SDS names the held clusters' sockets need from the control plane. Envoy asks for a
+    /// cluster's secrets when the cluster initialises, which for an EDS cluster is once its
+    /// endpoints have arrived (seen on the wire from Envoy 1.40, `tests/ads_envoy.rs`): so
+    /// only the clusters whose endpoints are held (or that need none) want theirs.
     pub fn wanted_secrets(&self) -> BTreeSet<String> {
         self.clusters
             .values()
+            .filter(|e| {
+                e.model
+                    .eds_service_name()
+                    .is_none_or(|n| self.endpoints.contains_key(n))
+            })
             .flat_map(|e| {
                 e.model
                     .ads_secrets()

@@ -163,6 +163,10 @@ impl Sink for Store {
             }
             type_url::ENDPOINT => {
                 applied.rejected = apply_to(Arc::make_mut(&mut next.endpoints), update, false, now);
+                // A cluster whose endpoints arrived initialises: now it wants its secrets.
+                applied
+                    .wanted
+                    .insert(type_url::SECRET, next.wanted_secrets());
             }
             // SDS is asked for by name as EDS is: absence is no removal.
             type_url::SECRET => {

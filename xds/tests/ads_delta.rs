@@ -174,8 +174,9 @@ async fn subscribes_in_envoys_order_and_acks_with_the_nonce() {
 }
 
 /// Secrets istiod serves itself (a DestinationRule's `credentialName`): asked for by name
-/// after EDS, before the CDS ACK; start-up and, later, a new cluster's CDS ACK wait for them as
-/// for endpoints (Envoy's cluster warms on its SDS subscriptions).
+/// once the cluster's endpoints have arrived, before their ACK; start-up and, later, a new
+/// cluster's CDS ACK wait for them as for endpoints (Envoy's cluster warms on its SDS
+/// subscriptions; `ads_envoy.rs` compares the whole exchange with Envoy's).
 #[tokio::test]
 async fn secrets_are_asked_for_after_the_endpoints_and_clusters_warm_on_them() {
     let mut server = Server::start().await;
@@ -193,11 +194,6 @@ async fn secrets_are_asked_for_after_the_endpoints_and_clusters_warm_on_them() {
         (eds.type_url.as_str(), eds.resource_names_subscribe),
         (ENDPOINT, names(&["tls-a"]))
     );
-    let sds = stream.request().await;
-    assert_eq!(
-        (sds.type_url.as_str(), sds.resource_names_subscribe),
-        (SECRET, names(&["secret-tls-a"]))
-    );
     assert_eq!(stream.request().await.response_nonce, "n1");
     stream.respond(delta_response(
         ENDPOINT,
@@ -205,6 +201,11 @@ async fn secrets_are_asked_for_after_the_endpoints_and_clusters_warm_on_them() {
         vec![delta_resource(ENDPOINT, "tls-a", "e1")],
         &[],
     ));
+    let sds = stream.request().await;
+    assert_eq!(
+        (sds.type_url.as_str(), sds.resource_names_subscribe),
+        (SECRET, names(&["secret-tls-a"]))
+    );
     assert_eq!(stream.request().await.response_nonce, "n2");
     assert!(
         stream.quiet_for(Duration::from_millis(200)).await,
@@ -219,7 +220,7 @@ async fn secrets_are_asked_for_after_the_endpoints_and_clusters_warm_on_them() {
     assert_eq!(stream.request().await.type_url, LISTENER);
     assert_eq!(stream.request().await.response_nonce, "n3");
 
-    // After start-up: a new cluster's CDS ACK waits for its endpoints and its secret.
+    // After start-up: a new cluster's CDS ACK waits for its endpoints, then its secret.
     stream.respond(delta_response(
         CLUSTER,
         "n4",
@@ -227,17 +228,17 @@ async fn secrets_are_asked_for_after_the_endpoints_and_clusters_warm_on_them() {
         &[],
     ));
     assert_eq!(stream.request().await.type_url, ENDPOINT);
-    let sds = stream.request().await;
-    assert_eq!(
-        (sds.type_url.as_str(), sds.resource_names_subscribe),
-        (SECRET, names(&["secret-tls-b"]))
-    );
     stream.respond(delta_response(
         ENDPOINT,
         "n5",
         vec![delta_resource(ENDPOINT, "tls-b", "e1")],
         &[],
     ));
+    let sds = stream.request().await;
+    assert_eq!(
+        (sds.type_url.as_str(), sds.resource_names_subscribe),
+        (SECRET, names(&["secret-tls-b"]))
+    );
     assert_eq!(stream.request().await.response_nonce, "n5");
     assert!(
         stream.quiet_for(Duration::from_millis(300)).await,

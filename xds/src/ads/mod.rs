@@ -421,6 +421,12 @@ where
         // Only a CDS push after start-up can start clusters warming; only then is the EDS
         // interest before it worth copying.
         let holds = type_url == type_url::CLUSTER && initialised;
+        // Endpoints arriving may make a warming cluster ask for its secrets: the held CDS
+        // answer then waits for those too.
+        let secrets_before = match (type_url, held.is_some()) {
+            (type_url::ENDPOINT, true) => Some(subs.wanted(type_url::SECRET)),
+            _ => None,
+        };
         let warm_before = match holds {
             true => warming_interest(subs),
             false => BTreeSet::new(),
@@ -435,6 +441,13 @@ where
             .collect();
         if type_url == type_url::ENDPOINT || type_url == type_url::SECRET {
             if let Some(mut answers) = held.take() {
+                if let Some(before) = secrets_before {
+                    let now = subs.wanted(type_url::SECRET);
+                    answers.awaiting.extend(
+                        now.difference(&before)
+                            .map(|name| (type_url::SECRET, name.clone())),
+                    );
+                }
                 answers
                     .awaiting
                     .retain(|(t, name)| *t != type_url || !delivered.contains(name));

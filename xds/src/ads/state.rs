@@ -8,8 +8,12 @@
 //!   request goes out before that response's ACK or NACK: Envoy pauses EDS while it applies CDS
 //!   and resumes it as the update finishes, before the answer is queued (seen on the wire from
 //!   Envoy 1.40 in `tests/ads_envoy.rs`).
+//! - SDS (secrets istiod serves itself, a DestinationRule's `credentialName`) is requested
+//!   for the names the clusters' sockets give once each cluster initialises, which for an EDS
+//!   cluster is when its endpoints arrive: the SDS request goes out before that EDS response's
+//!   ACK (Envoy 1.40 on the wire, `tests/ads_envoy.rs`).
 //! - LDS starts once the cluster manager has initialised: the first CDS response is handled and
-//!   every endpoint set it asked for has arrived (or was refused), or `initial_fetch_timeout`
+//!   every endpoint set and secret it asked for has arrived (or was refused), or `initial_fetch_timeout`
 //!   has passed, whichever comes first. istiod pushes listeners that name clusters; asking for
 //!   them after the clusters are warm is what keeps the first requests from reaching a cluster
 //!   that has no endpoints yet. The LDS request goes out before the ACK of the EDS response
@@ -165,6 +169,22 @@ impl Subscriptions {
         delivered: &BTreeSet<String>,
     ) -> Vec<&'static str> {
         let mut changed = Vec::new();
+        // Secrets first wanted while start-up waits (a cluster's endpoints arrived, so it
+        // initialises and asks for them) are waited for too.
+        if let (InitGate::AwaitingEndpoints(waiting), Some(secrets)) =
+            (&mut self.gate, applied.wanted.get(type_url::SECRET))
+        {
+            let before = self
+                .types
+                .iter()
+                .find(|t| t.type_url == type_url::SECRET)
+                .map(|t| &t.wanted);
+            for name in secrets {
+                if before.is_none_or(|b| !b.contains(name)) {
+                    waiting.insert((type_url::SECRET, name.clone()));
+                }
+            }
+        }
         for (dependent, names) in &applied.wanted {
             let Some(state) = self.get_mut(dependent) else {
                 continue;

@@ -245,15 +245,20 @@ impl Sink for TestSink {
             held.remove(&name);
         }
         let held_names: BTreeSet<String> = held.keys().cloned().collect();
+        // A cluster named `tls-…` names the secret `secret-tls-…`, served over ADS, and asks
+        // for it once its endpoints are held (as the store does, after Envoy).
+        if matches!(type_url, type_url::CLUSTER | type_url::ENDPOINT) {
+            let clusters = all.get(type_url::CLUSTER).cloned().unwrap_or_default();
+            let endpoints = all.get(type_url::ENDPOINT).cloned().unwrap_or_default();
+            let secrets = clusters
+                .keys()
+                .filter(|c| c.starts_with("tls-") && endpoints.contains_key(*c))
+                .map(|c| format!("secret-{c}"))
+                .collect();
+            applied.wanted.insert(type_url::SECRET, secrets);
+        }
         match type_url {
             type_url::CLUSTER => {
-                // A cluster named `tls-…` names the secret `secret-tls-…`, served over ADS.
-                let secrets = held_names
-                    .iter()
-                    .filter(|c| c.starts_with("tls-"))
-                    .map(|c| format!("secret-{c}"))
-                    .collect();
-                applied.wanted.insert(type_url::SECRET, secrets);
                 applied.wanted.insert(type_url::ENDPOINT, held_names);
             }
             type_url::LISTENER => {
