@@ -30,12 +30,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// The kinds read from a directory, in the order Envoy applies them: clusters before the
-/// endpoints they name, listeners before the route tables they name (applying a type drops
-/// what no held resource of the type before it wants). Then the name table (istiod's NDS,
-/// for the DNS proxy; one resource, unnamed), which nothing else depends on.
-const ORDER: [(&str, Kind, &str); 5] = [
+/// endpoints and secrets (istiod's, for a DestinationRule's `credentialName`) they name,
+/// listeners before the route tables they name (applying a type drops what no held resource
+/// of the type before it wants). Then the name table (istiod's NDS, for the DNS proxy; one
+/// resource, unnamed), which nothing else depends on.
+const ORDER: [(&str, Kind, &str); 6] = [
     ("clusters", Kind::Cluster, type_url::CLUSTER),
     ("endpoints", Kind::Endpoint, type_url::ENDPOINT),
+    ("secrets", Kind::Secret, type_url::SECRET),
     ("listeners", Kind::Listener, type_url::LISTENER),
     ("routes", Kind::Route, type_url::ROUTE),
     ("name_tables", Kind::NameTable, type_url::NAME_TABLE),
@@ -158,7 +160,10 @@ impl Source {
         // tables: the file after each is read again, so that what it still holds for a cluster
         // or listener that came back is delivered again.
         read[1] |= read[0];
-        read[3] |= read[2];
+        // A cluster wants its secrets once its endpoints are held (as Envoy asks for them):
+        // a secrets file that is there is read again when either changed.
+        read[2] |= (read[0] || read[1]) && stamps[2].is_some();
+        read[4] |= read[3];
         for (i, stamp) in stamps.into_iter().enumerate() {
             if !read[i] {
                 continue;
@@ -189,6 +194,7 @@ impl Source {
         let wanted = || {
             wanted.get_or_init(|| match url {
                 type_url::ENDPOINT => Some(snapshot.wanted_endpoints()),
+                type_url::SECRET => Some(snapshot.wanted_secrets()),
                 type_url::ROUTE => Some(snapshot.wanted_routes()),
                 _ => None,
             })
@@ -293,6 +299,7 @@ fn holds(snapshot: &Snapshot, url: &str, name: &str) -> bool {
         type_url::ENDPOINT => snapshot.endpoints.contains_key(name),
         type_url::LISTENER => snapshot.listeners.contains_key(name),
         type_url::NAME_TABLE => snapshot.name_tables.contains_key(name),
+        type_url::SECRET => snapshot.secrets.contains_key(name),
         _ => snapshot.routes.contains_key(name),
     }
 }

@@ -76,11 +76,19 @@ impl MeshCa {
     /// A server certificate for a DNS name, as an application's own TLS would use (not a mesh
     /// identity).
     pub fn dns_server(&self, name: &str) -> WorkloadCert {
+        self.dns_names(&[name])
+    }
+
+    /// A certificate for several DNS names (the first also its common name).
+    pub fn dns_names(&self, names: &[&str]) -> WorkloadCert {
         let key = KeyPair::generate().expect("generate a server key");
         let mut params =
-            CertificateParams::new(vec![name.to_string()]).expect("server certificate parameters");
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .expect("server certificate parameters");
         params.distinguished_name = DistinguishedName::new();
-        params.distinguished_name.push(DnType::CommonName, name);
+        if let Some(first) = names.first() {
+            params.distinguished_name.push(DnType::CommonName, *first);
+        }
         let cert = params
             .signed_by(&key, &self.cert, &self.key)
             .expect("sign the server certificate");

@@ -5,7 +5,9 @@
 //! It serves Istio's CA (`IstioCertificateService/CreateCertificate`): it checks the
 //! `authorization: Bearer` token and the `clusterid` header as istiod does, signs the CSR with
 //! the test CA and answers `[leaf, root]` with the lifetime asked for. It serves ADS too
-//! ([`ads`]: the resources the test gives it, both protocols, every request recorded). One
+//! ([`ads`]: the resources the test gives it, both protocols, every request recorded), the
+//! secrets of a DestinationRule's `credentialName` among them in istiod's shapes
+//! ([`secrets`]). One
 //! service routes every call by its path (`ControlPlaneService::call`).
 //!
 //! The CA messages are written here again rather than taken from Remora: the test's side of
@@ -26,6 +28,7 @@ use tonic::server::{Grpc, UnaryService};
 use tonic::{Request, Response, Status};
 
 pub mod ads;
+pub mod secrets;
 pub use ads::{Ads, AdsRequest, AdsResponse};
 
 /// istiod's service name, the server name its certificate carries.

@@ -12,6 +12,9 @@ pub mod type_url {
     pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
     pub const ROUTE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
     pub const ENDPOINT: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+    /// Secrets istiod serves itself (SDS on the ADS stream: a DestinationRule's
+    /// `credentialName`), asked for by name once a cluster names them.
+    pub const SECRET: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
     /// istiod's name table (NDS), which pilot-agent asks for when DNS capture is on.
     pub const NAME_TABLE: &str = "type.googleapis.com/istio.networking.nds.v1.NameTable";
 }
@@ -54,7 +57,7 @@ pub struct Applied {
     /// Resources refused; their previous versions stay in force, the others of the update are
     /// applied (as Envoy does).
     pub rejected: Vec<Rejection>,
-    /// For each type the held resources depend on (ENDPOINT, ROUTE), the full set of names
+    /// For each type the held resources depend on (ENDPOINT, SECRET, ROUTE), the full set of names
     /// now wanted. A type absent from the map keeps its current subscription.
     pub wanted: BTreeMap<&'static str, BTreeSet<String>>,
 }

@@ -11,6 +11,7 @@ use envoy_types::pb::envoy::config::cluster::v3::Cluster as ClusterProto;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment as ClaProto;
 use envoy_types::pb::envoy::config::listener::v3::Listener as ListenerProto;
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration as RouteProto;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret as SecretProto;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -84,6 +85,8 @@ pub struct Snapshot {
     pub endpoints: Arc<Resources<ClaProto>>,
     /// istiod's name table (NDS): one resource, unnamed, when DNS capture asked for it.
     pub name_tables: Arc<Resources<NameTableProto>>,
+    /// Secrets istiod serves over ADS (SDS), for the clusters that name them.
+    pub secrets: Arc<Resources<SecretProto>>,
     index: Arc<ListenerIndex>,
 }
 
@@ -163,6 +166,7 @@ impl Snapshot {
             routes: Arc::new(routes),
             endpoints: Arc::new(endpoints),
             name_tables: Arc::default(),
+            secrets: Arc::default(),
         }
     }
 
@@ -265,6 +269,33 @@ impl Snapshot {
         self.name_tables
             .get("")
             .or_else(|| self.name_tables.values().next())
+    }
+
+    /// A secret served over ADS, by name: its entry, whose identity tells a reader that
+    /// built something from it whether it changed (a rotation).
+    pub fn secret(&self, name: &str) -> Option<&Arc<Entry<SecretProto>>> {
+        self.secrets.get(name)
+    }
+
+    /// The SDS names the held clusters' sockets need from the control plane. Envoy asks for a
+    /// cluster's secrets when the cluster initialises, which for an EDS cluster is once its
+    /// endpoints have arrived (seen on the wire from Envoy 1.40, `tests/ads_envoy.rs`): so
+    /// only the clusters whose endpoints are held (or that need none) want theirs.
+    pub fn wanted_secrets(&self) -> BTreeSet<String> {
+        self.clusters
+            .values()
+            .filter(|e| {
+                e.model
+                    .eds_service_name()
+                    .is_none_or(|n| self.endpoints.contains_key(n))
+            })
+            .flat_map(|e| {
+                e.model
+                    .ads_secrets()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     /// The EDS names the held clusters need.

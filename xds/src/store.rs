@@ -152,6 +152,9 @@ impl Sink for Store {
                 let wanted = next.wanted_endpoints();
                 prune(&mut next.endpoints, &wanted);
                 applied.wanted.insert(type_url::ENDPOINT, wanted);
+                let wanted = next.wanted_secrets();
+                prune(&mut next.secrets, &wanted);
+                applied.wanted.insert(type_url::SECRET, wanted);
             }
             // State of the world for RDS and EDS carries only what was asked: absence is no
             // removal; what no listener or cluster wants any more is pruned above.
@@ -160,6 +163,14 @@ impl Sink for Store {
             }
             type_url::ENDPOINT => {
                 applied.rejected = apply_to(Arc::make_mut(&mut next.endpoints), update, false, now);
+                // A cluster whose endpoints arrived initialises: now it wants its secrets.
+                applied
+                    .wanted
+                    .insert(type_url::SECRET, next.wanted_secrets());
+            }
+            // SDS is asked for by name as EDS is: absence is no removal.
+            type_url::SECRET => {
+                applied.rejected = apply_to(Arc::make_mut(&mut next.secrets), update, false, now);
             }
             // One table, the whole of it each time (pilot-agent replaces its table whole).
             type_url::NAME_TABLE => {

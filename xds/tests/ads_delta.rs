@@ -9,7 +9,7 @@ use ads_support::*;
 use envoy_types::pb::envoy::config::core::v3::ControlPlane;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use remora_xds::ads::Mode;
-use remora_xds::sink::type_url::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
+use remora_xds::sink::type_url::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
 
 fn sorted(mut names: Vec<String>) -> Vec<String> {
     names.sort();
@@ -171,6 +171,87 @@ async fn subscribes_in_envoys_order_and_acks_with_the_nonce() {
     assert_eq!((cds.update_success, cds.update_rejected), (3, 0));
     assert_eq!(cds.status.version_text, "sys-n6");
     assert_eq!(stats.of(ENDPOINT).map(|s| s.update_success), Some(3));
+}
+
+/// Secrets istiod serves itself (a DestinationRule's `credentialName`): asked for by name
+/// once the cluster's endpoints have arrived, before their ACK; start-up and, later, a new
+/// cluster's CDS ACK wait for them as for endpoints (Envoy's cluster warms on its SDS
+/// subscriptions; `ads_envoy.rs` compares the whole exchange with Envoy's).
+#[tokio::test]
+async fn secrets_are_asked_for_after_the_endpoints_and_clusters_warm_on_them() {
+    let mut server = Server::start().await;
+    let _client = start_client(&server, Mode::Delta, Duration::from_millis(50));
+    let mut stream = server.delta_stream().await;
+    assert_eq!(stream.request().await.type_url, CLUSTER);
+    stream.respond(delta_response(
+        CLUSTER,
+        "n1",
+        vec![delta_resource(CLUSTER, "tls-a", "1")],
+        &[],
+    ));
+    let eds = stream.request().await;
+    assert_eq!(
+        (eds.type_url.as_str(), eds.resource_names_subscribe),
+        (ENDPOINT, names(&["tls-a"]))
+    );
+    assert_eq!(stream.request().await.response_nonce, "n1");
+    stream.respond(delta_response(
+        ENDPOINT,
+        "n2",
+        vec![delta_resource(ENDPOINT, "tls-a", "e1")],
+        &[],
+    ));
+    let sds = stream.request().await;
+    assert_eq!(
+        (sds.type_url.as_str(), sds.resource_names_subscribe),
+        (SECRET, names(&["secret-tls-a"]))
+    );
+    assert_eq!(stream.request().await.response_nonce, "n2");
+    assert!(
+        stream.quiet_for(Duration::from_millis(200)).await,
+        "LDS waits for the secret too"
+    );
+    stream.respond(delta_response(
+        SECRET,
+        "n3",
+        vec![delta_resource(SECRET, "secret-tls-a", "s1")],
+        &[],
+    ));
+    assert_eq!(stream.request().await.type_url, LISTENER);
+    assert_eq!(stream.request().await.response_nonce, "n3");
+
+    // After start-up: a new cluster's CDS ACK waits for its endpoints, then its secret.
+    stream.respond(delta_response(
+        CLUSTER,
+        "n4",
+        vec![delta_resource(CLUSTER, "tls-b", "1")],
+        &[],
+    ));
+    assert_eq!(stream.request().await.type_url, ENDPOINT);
+    stream.respond(delta_response(
+        ENDPOINT,
+        "n5",
+        vec![delta_resource(ENDPOINT, "tls-b", "e1")],
+        &[],
+    ));
+    let sds = stream.request().await;
+    assert_eq!(
+        (sds.type_url.as_str(), sds.resource_names_subscribe),
+        (SECRET, names(&["secret-tls-b"]))
+    );
+    assert_eq!(stream.request().await.response_nonce, "n5");
+    assert!(
+        stream.quiet_for(Duration::from_millis(300)).await,
+        "the CDS ACK waits while tls-b's secret is awaited"
+    );
+    stream.respond(delta_response(
+        SECRET,
+        "n6",
+        vec![delta_resource(SECRET, "secret-tls-b", "s1")],
+        &[],
+    ));
+    assert_eq!(stream.request().await.response_nonce, "n4");
+    assert_eq!(stream.request().await.response_nonce, "n6");
 }
 
 #[tokio::test]

@@ -24,7 +24,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 use envoy_types::pb::google::protobuf::Any;
 use prost_reflect::DynamicMessage;
 use remora_xds::ads::Mode;
-use remora_xds::sink::type_url::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
+use remora_xds::sink::type_url::{CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET};
 use serde_json::json;
 
 /// How long a client must stay silent for a step's requests to count as complete.
@@ -131,6 +131,13 @@ fn cluster(name: &str) -> Vec<u8> {
     if name.starts_with("bad") {
         cluster["transport_socket"] = json!({"name": "x", "typed_config": foreign_config()});
     }
+    // A DestinationRule's `credentialName` roots, which istiod serves over ADS.
+    if name.starts_with("tls-") {
+        cluster["transport_socket"] = json!({"name": "envoy.transport_sockets.tls", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "common_tls_context": {"validation_context_sds_secret_config":
+                {"name": format!("secret-{name}"), "sds_config": ads()}}}});
+    }
     encode("envoy.config.cluster.v3.Cluster", cluster)
 }
 
@@ -169,6 +176,16 @@ fn resource_body(type_url: &str, name: &str) -> Vec<u8> {
             "envoy.config.route.v3.RouteConfiguration",
             json!({"name": name, "virtual_hosts": [{"name": "all", "domains": ["*"]}]}),
         ),
+        SECRET => {
+            let ca = rcgen::generate_simple_self_signed(vec!["ca.example.com".to_owned()])
+                .expect("a certificate")
+                .cert
+                .pem();
+            encode(
+                "envoy.extensions.transport_sockets.tls.v3.Secret",
+                json!({"name": name, "validation_context": {"trusted_ca": {"inline_string": ca}}}),
+            )
+        }
         _ => encode(
             "envoy.config.endpoint.v3.ClusterLoadAssignment",
             json!({"cluster_name": name}),
@@ -283,10 +300,24 @@ const SCRIPT: &[Step] = &[
     Step::Reconnect,
 ];
 
-async fn run_delta(server: &mut Server) -> Vec<Vec<Shape>> {
+/// Secrets istiod serves itself (a DestinationRule's `credentialName`): Envoy asks for a
+/// cluster's once its endpoints have arrived (the cluster initialises), before the EDS ACK;
+/// start-up (LDS) and a new cluster's CDS answer wait for them; a new stream asks for them
+/// after the endpoints.
+const SECRETS_SCRIPT: &[Step] = &[
+    Step::Respond(CLUSTER, "n1", &["tls-a"], &[]),
+    Step::Respond(ENDPOINT, "n2", &["tls-a"], &[]),
+    Step::Respond(SECRET, "n3", &["secret-tls-a"], &[]),
+    Step::Respond(CLUSTER, "n4", &["tls-a", "tls-b"], &[]),
+    Step::Respond(ENDPOINT, "n5", &["tls-a", "tls-b"], &[]),
+    Step::Respond(SECRET, "n6", &["secret-tls-a", "secret-tls-b"], &[]),
+    Step::Reconnect,
+];
+
+async fn run_delta(server: &mut Server, script: &[Step]) -> Vec<Vec<Shape>> {
     let mut stream = server.delta_stream().await;
     let mut steps = vec![drain(&mut stream).await];
-    for step in SCRIPT {
+    for step in script {
         match step {
             Step::Respond(type_url, nonce, names, removed) => {
                 let resources = names
@@ -317,10 +348,10 @@ async fn run_delta(server: &mut Server) -> Vec<Vec<Shape>> {
     steps
 }
 
-async fn run_sotw(server: &mut Server) -> Vec<Vec<Shape>> {
+async fn run_sotw(server: &mut Server, script: &[Step]) -> Vec<Vec<Shape>> {
     let mut stream = server.sotw_stream().await;
     let mut steps = vec![drain(&mut stream).await];
-    for step in SCRIPT {
+    for step in script {
         match step {
             Step::Respond(type_url, nonce, names, _) => {
                 stream.respond(DiscoveryResponse {
@@ -361,7 +392,7 @@ fn envoy_reason(steps: &[Vec<Shape>], name: &str) -> String {
     panic!("Envoy did not refuse {name}: {steps:#?}");
 }
 
-async fn differential(mode: Mode) {
+async fn differential(mode: Mode, script: &[Step]) {
     let Some(binary) = envoy_binary() else {
         return;
     };
@@ -373,15 +404,17 @@ async fn differential(mode: Mode) {
     let mut server = Server::start().await;
     let envoy_steps = {
         let _envoy = Envoy::start(&binary, server.addr.port(), api_type);
-        run(mode, &mut server).await
+        run(mode, &mut server, script).await
     };
 
     let mut server = Server::start().await;
     let remora = start_client(&server, mode, Duration::from_millis(500));
-    for name in ["bad1", "bad2", "bad-l1", "bad-l2"] {
-        remora.sink.refuse(name, &envoy_reason(&envoy_steps, name));
+    if std::ptr::eq(script, SCRIPT) {
+        for name in ["bad1", "bad2", "bad-l1", "bad-l2"] {
+            remora.sink.refuse(name, &envoy_reason(&envoy_steps, name));
+        }
     }
-    let remora_steps = run(mode, &mut server).await;
+    let remora_steps = run(mode, &mut server, script).await;
 
     for (index, (envoy, ours)) in envoy_steps.iter().zip(&remora_steps).enumerate() {
         assert_eq!(
@@ -392,19 +425,29 @@ async fn differential(mode: Mode) {
     assert_eq!(envoy_steps.len(), remora_steps.len());
 }
 
-async fn run(mode: Mode, server: &mut Server) -> Vec<Vec<Shape>> {
+async fn run(mode: Mode, server: &mut Server, script: &[Step]) -> Vec<Vec<Shape>> {
     match mode {
-        Mode::Delta => run_delta(server).await,
-        Mode::StateOfTheWorld => run_sotw(server).await,
+        Mode::Delta => run_delta(server, script).await,
+        Mode::StateOfTheWorld => run_sotw(server, script).await,
     }
 }
 
 #[tokio::test]
 async fn delta_requests_match_envoy() {
-    differential(Mode::Delta).await;
+    differential(Mode::Delta, SCRIPT).await;
 }
 
 #[tokio::test]
 async fn state_of_the_world_requests_match_envoy() {
-    differential(Mode::StateOfTheWorld).await;
+    differential(Mode::StateOfTheWorld, SCRIPT).await;
+}
+
+#[tokio::test]
+async fn delta_secret_requests_match_envoy() {
+    differential(Mode::Delta, SECRETS_SCRIPT).await;
+}
+
+#[tokio::test]
+async fn state_of_the_world_secret_requests_match_envoy() {
+    differential(Mode::StateOfTheWorld, SECRETS_SCRIPT).await;
 }

@@ -370,4 +370,24 @@ fn destination_rule_tls_names_the_pods_files() {
     assert!(auto.auto_sni && auto.auto_san_validation);
     assert_eq!(tls("outbound|80||edition.example.com").sni, None);
     assert!(!cluster(&snap, "outbound|443||tls.example.com").auto_sni);
+    // MUTUAL with credentialName (a DestinationRule with a workloadSelector): the two secrets
+    // istiod serves itself over ADS, which the clusters make the store ask for.
+    let credential = tls("outbound|443||credential.example.com");
+    assert_eq!(
+        credential.certificate_secret,
+        Some(SdsSecret::Ads("kubernetes://client-credential".into()))
+    );
+    assert_eq!(
+        credential.validation_secret,
+        Some(SdsSecret::Ads(
+            "kubernetes://client-credential-cacert".into()
+        ))
+    );
+    assert_eq!(
+        snap.wanted_secrets().into_iter().collect::<Vec<_>>(),
+        [
+            "kubernetes://client-credential",
+            "kubernetes://client-credential-cacert"
+        ]
+    );
 }

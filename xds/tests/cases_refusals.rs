@@ -44,18 +44,7 @@ fn remora_accepts_every_resource_of_the_behaviour_cases() {
 
 /// Each resource of `gaps`: its kind and name, the field refused and why. What istiod writes
 /// it for is in the comment.
-const GAPS: [(Kind, &str, &str, &str); 5] = [
-    // DestinationRule tls {mode: MUTUAL, credentialName} with a workloadSelector: secrets
-    // istiod serves over SDS (`kubernetes://…`), which Remora does not subscribe to. (The
-    // pod's files, `file-cert:`/`file-root:`, are the accepted case `tls-origination`.)
-    (
-        Kind::Cluster,
-        "outbound|443||credential.example.com",
-        "transport_socket.typed_config.common_tls_context.tls_certificate_sds_secret_configs[0].name",
-        "SDS secret \"kubernetes://client-credential\" not supported (the workload's `default` and \
-         `ROOTCA`, and pilot-agent's `file-cert:`/`file-root:` files; a DestinationRule's \
-         credentialName, served by istiod over SDS, is not)",
-    ),
+const GAPS: [(Kind, &str, &str, &str); 4] = [
     // VirtualService rewrite.uriRegexRewrite (and GAMMA's rewrite to `/`).
     (
         Kind::Route,

@@ -137,7 +137,7 @@ pub(super) fn dynamic(state: &AdminState, snapshot: &Snapshot) -> Dynamic {
             "endpoint_config",
             refusals,
         )),
-        secrets: secrets(state),
+        secrets: secrets(state, snapshot),
         cds_version: version(type_url::CLUSTER),
         lds_version: version(type_url::LISTENER),
     }
@@ -146,10 +146,51 @@ pub(super) fn dynamic(state: &AdminState, snapshot: &Snapshot) -> Dynamic {
 /// Envoy's private keys are shown as `[redacted]`; so is ours.
 const REDACTED: &str = "[redacted]";
 
-/// The two secrets istiod's resources name, `default` and `ROOTCA`, resolved to the workload
-/// certificate held (Remora is its own SDS server; see docs/config.md). Envoy shows the chain
+/// The secrets in force: the workload's, then those istiod served. Envoy shows the chain
 /// and roots inline (base64 of the PEM) and the key redacted; so does this.
-fn secrets(state: &AdminState) -> Vec<Value> {
+fn secrets(state: &AdminState, snapshot: &Snapshot) -> Vec<Value> {
+    let mut out = workload_secrets(state);
+    out.extend(istiod_secrets(snapshot));
+    out
+}
+
+/// The secrets istiod served over ADS (a DestinationRule's `credentialName`), keys redacted.
+fn istiod_secrets(snapshot: &Snapshot) -> Vec<Value> {
+    use remora_xds::model::secret::SecretKind;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let secret_type = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+    snapshot
+        .secrets
+        .iter()
+        .map(|(name, e)| {
+            let mut secret = json!({ "@type": secret_type, "name": name });
+            match &e.model.kind {
+                SecretKind::TlsCertificate {
+                    certificate_chain, ..
+                } => {
+                    secret["tls_certificate"] = json!({
+                        "certificate_chain": { "inline_bytes": b64(certificate_chain) },
+                        "private_key": { "inline_bytes": b64(REDACTED.as_bytes()) },
+                    });
+                }
+                SecretKind::ValidationContext { trusted_ca, .. } => {
+                    secret["validation_context"] =
+                        json!({ "trusted_ca": { "inline_bytes": b64(trusted_ca) } });
+                }
+            }
+            json!({
+                "name": name,
+                "version_info": e.version,
+                "last_updated": timestamp(e.last_updated),
+                "secret": secret,
+            })
+        })
+        .collect()
+}
+
+/// The two secrets istiod's resources name, `default` and `ROOTCA`, resolved to the workload
+/// certificate held (Remora is its own SDS server; see docs/config.md).
+fn workload_secrets(state: &AdminState) -> Vec<Value> {
     let Some(identity) = state.identity.current() else {
         return Vec::new();
     };

@@ -227,6 +227,7 @@ pub fn short_type(type_url: &str) -> &'static str {
         type_url::LISTENER => "LDS",
         type_url::ROUTE => "RDS",
         type_url::ENDPOINT => "EDS",
+        type_url::SECRET => "SDS",
         _ => "other",
     }
 }

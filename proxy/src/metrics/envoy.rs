@@ -365,10 +365,11 @@ impl EnvoyStats {
                 snap.connected_state,
             ));
             // NDS is pilot-agent's, not Envoy's: Envoy has no statistics of it to mirror.
-            let envoys = snap
-                .types
-                .iter()
-                .filter(|t| t.type_url != remora_xds::sink::type_url::NAME_TABLE);
+            // Envoy counts SDS per secret (`sds.<name>.*`), not per type: not mirrored yet.
+            let envoys = snap.types.iter().filter(|t| {
+                t.type_url != remora_xds::sink::type_url::NAME_TABLE
+                    && t.type_url != remora_xds::sink::type_url::SECRET
+            });
             for t in envoys {
                 let s = || Scope::Subscription(t.prefix);
                 stats.push(c(s(), "update_attempt", t.update_attempt));

@@ -182,11 +182,16 @@ async fn originate(
         Some(a) if !origin.keeps_alpn => a.to_vec(),
         _ => origin.alpn.iter().map(|a| a.as_bytes()).collect(),
     };
+    // Secrets istiod serves over ADS (a `credentialName`) are in the store's snapshot.
+    let snapshot = proxy.xds.as_ref().map(|store| store.current());
     let client = proxy
         .upstreams
         .origins
-        .client_config(origin, &offered)
-        .map_err(|error| DialError::Origin { address, error })?;
+        .client_config(origin, &offered, snapshot.as_deref().map(|s| &**s))
+        .map_err(|error| {
+            super::origin::log_failure(address, &error);
+            DialError::Origin { address, error }
+        })?;
     let name = origin
         .sni
         .as_ref()

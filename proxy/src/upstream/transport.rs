@@ -39,7 +39,7 @@ pub struct OriginTls {
     /// One of the server certificate's SANs must match one of these (empty: any).
     pub subject_alt_names: Vec<SanMatcher>,
     /// The client certificate presented (MUTUAL).
-    pub client_certificate: Option<ClientFiles>,
+    pub client_certificate: Option<ClientCertificate>,
     /// The socket's `tls_minimum_protocol_version` is 1.3: TLS 1.2 is not offered.
     pub tls13_only: bool,
 }
@@ -98,6 +98,17 @@ pub enum Roots {
     File(PathBuf),
     /// `file-root:system`: the operating system's bundle, found where pilot-agent looks.
     System,
+    /// A validation-context secret istiod serves over ADS (`kubernetes://NAME-cacert`).
+    Secret(String),
+}
+
+/// Where an origination's client certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ClientCertificate {
+    /// Files of the pod (`file-cert:CHAIN~KEY`).
+    Files(ClientFiles),
+    /// A TLS-certificate secret istiod serves over ADS (`kubernetes://NAME`).
+    Secret(String),
 }
 
 /// A client certificate chain and its key, PEM files of the pod (`file-cert:CHAIN~KEY`).
@@ -124,7 +135,7 @@ pub struct MeshTls {
 /// A TLS socket Remora cannot originate as written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TransportError {
-    #[error("secret {0:?} does not fit the socket (the workload's `default`/`ROOTCA`, or files)")]
+    #[error("secret {0:?} does not fit the socket (the workload's `default`/`ROOTCA`, files, or secrets from ADS)")]
     UnknownSecret(String),
     #[error("subject alt name check {0} is not an exact URI")]
     UnsupportedSan(String),
@@ -151,14 +162,18 @@ fn origin_tls(tls: &UpstreamTls, keeps_alpn: bool) -> Result<OriginTls, Transpor
         None => None,
         Some(SdsSecret::FileRoots(path)) => Some(Roots::File(path.clone())),
         Some(SdsSecret::SystemRoots) => Some(Roots::System),
+        Some(SdsSecret::Ads(name)) => Some(Roots::Secret(name.clone())),
         Some(other) => return Err(TransportError::UnknownSecret(other.name())),
     };
     let client_certificate = match &tls.certificate_secret {
         None => None,
-        Some(SdsSecret::FileCertificate { chain, key }) => Some(ClientFiles {
-            chain: chain.clone(),
-            key: key.clone(),
-        }),
+        Some(SdsSecret::FileCertificate { chain, key }) => {
+            Some(ClientCertificate::Files(ClientFiles {
+                chain: chain.clone(),
+                key: key.clone(),
+            }))
+        }
+        Some(SdsSecret::Ads(name)) => Some(ClientCertificate::Secret(name.clone())),
         Some(other) => return Err(TransportError::UnknownSecret(other.name())),
     };
     Ok(OriginTls {

@@ -219,3 +219,42 @@ async fn a_file_renamed_into_place_is_applied_without_waiting_for_a_poll() {
     task.abort();
     assert_eq!(address(), moved, "the renamed file was not applied");
 }
+
+#[test]
+fn secrets_for_the_clusters_come_from_their_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cluster = serde_json::json!([{"name": "outbound|443||api.example.com", "type": "STATIC",
+        "connect_timeout": "1s",
+        "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "common_tls_context": {"validation_context_sds_secret_config":
+                {"name": "kubernetes://api-cacert", "sds_config": {"ads": {}}}}}}}]);
+    std::fs::write(dir.path().join("clusters.json"), cluster.to_string()).expect("write");
+    let ca = rcgen::generate_simple_self_signed(vec!["api.example.com".to_string()])
+        .expect("certificate")
+        .cert
+        .pem();
+    let secret = |name: &str| {
+        use base64::Engine;
+        serde_json::json!({"name": name, "validation_context": {"trusted_ca":
+            {"inline_bytes": base64::engine::general_purpose::STANDARD.encode(&ca)}}})
+    };
+    let secrets = serde_json::json!([
+        secret("kubernetes://api-cacert"),
+        secret("kubernetes://unused")
+    ]);
+    std::fs::write(dir.path().join("secrets.json"), secrets.to_string()).expect("write");
+    let store = Store::new();
+    let mut source = Source::new(dir.path().to_path_buf());
+    assert!(sync(&mut source, &store, "1").is_empty());
+    let snapshot = store.snapshot();
+    assert!(snapshot.secret("kubernetes://api-cacert").is_some());
+    // Clusters applied again prune what none names, as for endpoints.
+    let mut renamed = cluster.clone();
+    renamed[0]["name"] = serde_json::json!("outbound|443||other.example.com");
+    std::fs::write(dir.path().join("clusters.json"), renamed.to_string()).expect("write");
+    assert!(sync(&mut source, &store, "2").is_empty());
+    let snapshot = store.snapshot();
+    assert!(snapshot.secret("kubernetes://api-cacert").is_some());
+    assert!(snapshot.secret("kubernetes://unused").is_none());
+}

@@ -5,7 +5,8 @@
 //! `error_detail`, `initial_resource_versions`) for the test to assert on.
 //!
 //! It serves as istiod does in the parts a sidecar depends on: CDS and LDS are wildcard
-//! subscriptions, EDS and RDS are by name; delta sends only what changed (per resource
+//! subscriptions, EDS, RDS and SDS (the secrets istiod serves itself, `super::secrets`) are by
+//! name; delta sends only what changed (per resource
 //! versions, removals named) and honours the versions a reconnecting client says it holds;
 //! state of the world sends the whole subscribed set with the type's version. Unlike istiod it
 //! never waits for an ACK before pushing again.

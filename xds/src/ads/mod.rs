@@ -1,5 +1,6 @@
 //! The aggregated discovery (ADS) client: one gRPC stream to istiod carrying clusters,
-//! endpoints, listeners and routes (and, for the DNS proxy, istiod's name table), in delta (Istio's agent's default) or state-of-the-world
+//! endpoints, listeners and routes (the secrets istiod serves itself, once a cluster names
+//! one; and, for the DNS proxy, istiod's name table), in delta (Istio's agent's default) or state-of-the-world
 //! mode. It owns the protocol — subscriptions, versions, nonces, ACK and NACK, reconnects — and
 //! hands every response's resources to a [`Sink`], which owns their meaning.
 //!
@@ -23,7 +24,8 @@
 //! - a type-mismatch NACK does not echo the whole response as text after Envoy's sentence;
 //! - in delta, a body that is not a protobuf message is refused by name by the client while the
 //!   rest of the response is applied (Envoy fails the whole response while decoding);
-//! - a cluster counts as warming when its endpoint name is new to the EDS interest (Envoy also
+//! - a cluster counts as warming when its endpoint name (or a secret it names) is new to the
+//!   EDS (SDS) interest (Envoy also
 //!   re-warms a changed cluster, served from its EDS cache);
 //! - LDS's wait for the first clusters' endpoints is bounded by `initial_fetch_timeout`
 //!   measured from the client's start (Envoy's is per subscription; Istio sets it to 0, no
@@ -400,8 +402,9 @@ where
                     .filter_map(|changed| proto.subscription_request(subs, &self.stats, changed))
                     .collect();
                 match (type_url, held.as_mut()) {
-                    // A refused EDS response ends the warming of every cluster waiting on it.
-                    (type_url::ENDPOINT, Some(_)) => {
+                    // A refused EDS (SDS) response ends the warming of every cluster waiting
+                    // on it.
+                    (type_url::ENDPOINT | type_url::SECRET, Some(_)) => {
                         requests.extend(held.take().map(|h| h.requests).unwrap_or_default());
                         requests.push(nack);
                     }
@@ -418,8 +421,14 @@ where
         // Only a CDS push after start-up can start clusters warming; only then is the EDS
         // interest before it worth copying.
         let holds = type_url == type_url::CLUSTER && initialised;
-        let endpoints_before = match holds {
-            true => subs.wanted(type_url::ENDPOINT),
+        // Endpoints arriving may make a warming cluster ask for its secrets: the held CDS
+        // answer then waits for those too.
+        let secrets_before = match (type_url, held.is_some()) {
+            (type_url::ENDPOINT, true) => Some(subs.wanted(type_url::SECRET)),
+            _ => None,
+        };
+        let warm_before = match holds {
+            true => warming_interest(subs),
             false => BTreeSet::new(),
         };
         let applied = self
@@ -430,9 +439,18 @@ where
             .into_iter()
             .filter_map(|changed| proto.subscription_request(subs, &self.stats, changed))
             .collect();
-        if type_url == type_url::ENDPOINT {
+        if type_url == type_url::ENDPOINT || type_url == type_url::SECRET {
             if let Some(mut answers) = held.take() {
-                answers.awaiting.retain(|name| !delivered.contains(name));
+                if let Some(before) = secrets_before {
+                    let now = subs.wanted(type_url::SECRET);
+                    answers.awaiting.extend(
+                        now.difference(&before)
+                            .map(|name| (type_url::SECRET, name.clone())),
+                    );
+                }
+                answers
+                    .awaiting
+                    .retain(|(t, name)| *t != type_url || !delivered.contains(name));
                 match answers.awaiting.is_empty() {
                     true => requests.extend(answers.requests),
                     false => *held = Some(answers),
@@ -444,8 +462,8 @@ where
             requests.push(answer);
             return requests;
         }
-        let endpoints = subs.wanted(type_url::ENDPOINT);
-        let warming: Vec<String> = endpoints.difference(&endpoints_before).cloned().collect();
+        let interest = warming_interest(subs);
+        let warming: Vec<_> = interest.difference(&warm_before).cloned().collect();
         let mut answers = held.take().unwrap_or_default();
         if !warming.is_empty() {
             let timeout = self.config.initial_fetch_timeout;
@@ -453,7 +471,7 @@ where
             answers.awaiting.extend(warming);
         }
         // Clusters removed before they warmed hold nothing back.
-        answers.awaiting.retain(|name| endpoints.contains(name));
+        answers.awaiting.retain(|key| interest.contains(key));
         answers.hold(answer, P::QUEUES_ANSWERS);
         if answers.awaiting.is_empty() {
             requests.extend(answers.requests);
@@ -496,10 +514,19 @@ where
     }
 }
 
-/// CDS ACKs or NACKs waiting for the endpoints of the clusters they added.
+/// What a cluster warms on: its endpoint set and the secrets its sockets name, by type and
+/// name (Envoy's cluster initialises once both have arrived).
+fn warming_interest(subs: &Subscriptions) -> BTreeSet<(&'static str, String)> {
+    [type_url::ENDPOINT, type_url::SECRET]
+        .into_iter()
+        .flat_map(|t| subs.wanted(t).into_iter().map(move |name| (t, name)))
+        .collect()
+}
+
+/// CDS ACKs or NACKs waiting for the endpoints and secrets of the clusters they added.
 struct HeldAnswers<R> {
     requests: Vec<R>,
-    awaiting: BTreeSet<String>,
+    awaiting: BTreeSet<(&'static str, String)>,
     deadline: Option<Instant>,
 }
 

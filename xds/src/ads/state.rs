@@ -8,8 +8,12 @@
 //!   request goes out before that response's ACK or NACK: Envoy pauses EDS while it applies CDS
 //!   and resumes it as the update finishes, before the answer is queued (seen on the wire from
 //!   Envoy 1.40 in `tests/ads_envoy.rs`).
+//! - SDS (secrets istiod serves itself, a DestinationRule's `credentialName`) is requested
+//!   for the names the clusters' sockets give once each cluster initialises, which for an EDS
+//!   cluster is when its endpoints arrive: the SDS request goes out before that EDS response's
+//!   ACK (Envoy 1.40 on the wire, `tests/ads_envoy.rs`).
 //! - LDS starts once the cluster manager has initialised: the first CDS response is handled and
-//!   every endpoint set it asked for has arrived (or was refused), or `initial_fetch_timeout`
+//!   every endpoint set and secret it asked for has arrived (or was refused), or `initial_fetch_timeout`
 //!   has passed, whichever comes first. istiod pushes listeners that name clusters; asking for
 //!   them after the clusters are warm is what keeps the first requests from reaching a cluster
 //!   that has no endpoints yet. The LDS request goes out before the ACK of the EDS response
@@ -78,13 +82,13 @@ impl TypeState {
 enum InitGate {
     /// No CDS response handled yet.
     AwaitingClusters,
-    /// CDS handled; these endpoint sets have not arrived yet.
-    AwaitingEndpoints(BTreeSet<String>),
+    /// CDS handled; these endpoint sets and secrets (by type and name) have not arrived yet.
+    AwaitingEndpoints(BTreeSet<(&'static str, String)>),
     /// LDS has started.
     Open,
 }
 
-/// Every type's subscription, in Envoy's subscription order (CDS, EDS, LDS, RDS), then NDS
+/// Every type's subscription, in Envoy's subscription order (CDS, EDS, SDS, LDS, RDS), then NDS
 /// when the DNS proxy wants the name table.
 #[derive(Debug)]
 pub(crate) struct Subscriptions {
@@ -99,6 +103,7 @@ impl Subscriptions {
         let mut types = vec![
             TypeState::new(type_url::CLUSTER, true),
             TypeState::new(type_url::ENDPOINT, false),
+            TypeState::new(type_url::SECRET, false),
             TypeState::new(type_url::LISTENER, true),
             TypeState::new(type_url::ROUTE, false),
         ];
@@ -164,6 +169,22 @@ impl Subscriptions {
         delivered: &BTreeSet<String>,
     ) -> Vec<&'static str> {
         let mut changed = Vec::new();
+        // Secrets first wanted while start-up waits (a cluster's endpoints arrived, so it
+        // initialises and asks for them) are waited for too.
+        if let (InitGate::AwaitingEndpoints(waiting), Some(secrets)) =
+            (&mut self.gate, applied.wanted.get(type_url::SECRET))
+        {
+            let before = self
+                .types
+                .iter()
+                .find(|t| t.type_url == type_url::SECRET)
+                .map(|t| &t.wanted);
+            for name in secrets {
+                if before.is_none_or(|b| !b.contains(name)) {
+                    waiting.insert((type_url::SECRET, name.clone()));
+                }
+            }
+        }
         for (dependent, names) in &applied.wanted {
             let Some(state) = self.get_mut(dependent) else {
                 continue;
@@ -184,16 +205,14 @@ impl Subscriptions {
         }
         match (&mut self.gate, type_url) {
             (InitGate::AwaitingClusters, type_url::CLUSTER) => {
-                let endpoints = self
-                    .get(type_url::ENDPOINT)
-                    .map(|e| e.wanted.clone())
-                    .unwrap_or_default();
-                self.gate = InitGate::AwaitingEndpoints(endpoints);
+                let waiting = [type_url::ENDPOINT, type_url::SECRET]
+                    .into_iter()
+                    .flat_map(|t| self.wanted(t).into_iter().map(move |name| (t, name)))
+                    .collect();
+                self.gate = InitGate::AwaitingEndpoints(waiting);
             }
-            (InitGate::AwaitingEndpoints(waiting), type_url::ENDPOINT) => {
-                for name in delivered {
-                    waiting.remove(name);
-                }
+            (InitGate::AwaitingEndpoints(waiting), type_url::ENDPOINT | type_url::SECRET) => {
+                waiting.retain(|(t, name)| *t != type_url || !delivered.contains(name));
             }
             _ => {}
         }
@@ -204,12 +223,15 @@ impl Subscriptions {
     }
 
     /// After a whole response of `type_url` was refused. Envoy's cluster manager counts a
-    /// refused CDS or EDS update as an answer (the subscription's initialisation completes on
-    /// failure too), so start-up moves on rather than waiting for a push that may never come.
+    /// refused CDS, EDS or SDS update as an answer (the subscription's initialisation
+    /// completes on failure too), so start-up moves on rather than waiting for a push that may
+    /// never come.
     pub fn after_refusal(&mut self, type_url: &str) -> Vec<&'static str> {
         match (&self.gate, type_url) {
             (InitGate::AwaitingClusters, type_url::CLUSTER)
-            | (InitGate::AwaitingEndpoints(_), type_url::ENDPOINT) => self.open_gate(),
+            | (InitGate::AwaitingEndpoints(_), type_url::ENDPOINT | type_url::SECRET) => {
+                self.open_gate()
+            }
             _ => Vec::new(),
         }
     }
@@ -264,6 +286,39 @@ mod tests {
         let changed = subs.after_response(type_url::ENDPOINT, &Applied::default(), &set(&["b"]));
         assert_eq!(changed, vec![type_url::LISTENER]);
         assert!(!subs.awaiting_init());
+    }
+
+    #[test]
+    fn sds_follows_the_clusters_and_lds_waits_for_the_secrets_too() {
+        let mut subs = Subscriptions::new(false);
+        let mut applied = wanted(type_url::ENDPOINT, &["a"]);
+        applied.wanted.insert(
+            type_url::SECRET,
+            set(&["kubernetes://c", "kubernetes://c-cacert"]),
+        );
+        let changed = subs.after_response(type_url::CLUSTER, &applied, &set(&["a"]));
+        assert_eq!(changed, vec![type_url::ENDPOINT, type_url::SECRET]);
+        let started: Vec<_> = subs.started().map(|t| t.type_url).collect();
+        assert_eq!(
+            started,
+            vec![type_url::CLUSTER, type_url::ENDPOINT, type_url::SECRET],
+            "Envoy's order: SDS after EDS"
+        );
+        let changed = subs.after_response(type_url::ENDPOINT, &Applied::default(), &set(&["a"]));
+        assert!(changed.is_empty(), "the secrets have not arrived");
+        // A secret named like an endpoint set is still awaited under its own type.
+        let changed = subs.after_response(
+            type_url::SECRET,
+            &Applied::default(),
+            &set(&["kubernetes://c"]),
+        );
+        assert!(changed.is_empty());
+        let changed = subs.after_response(
+            type_url::SECRET,
+            &Applied::default(),
+            &set(&["kubernetes://c-cacert"]),
+        );
+        assert_eq!(changed, vec![type_url::LISTENER]);
     }
 
     #[test]

@@ -23,9 +23,10 @@ use crate::sink::type_url;
 /// The four types a sidecar subscribes to, in Envoy's subscription order, then istiod's name
 /// table (pilot-agent's NDS, which Envoy never sees: it appears in a [`StatsSnapshot`] only
 /// once subscribed).
-pub const TYPES: [&str; 5] = [
+pub const TYPES: [&str; 6] = [
     type_url::CLUSTER,
     type_url::ENDPOINT,
+    type_url::SECRET,
     type_url::LISTENER,
     type_url::ROUTE,
     type_url::NAME_TABLE,
@@ -39,6 +40,7 @@ pub fn stat_prefix(type_url: &str) -> &'static str {
         type_url::ROUTE => "rds",
         type_url::ENDPOINT => "eds",
         type_url::NAME_TABLE => "nds",
+        type_url::SECRET => "sds",
         _ => "unknown",
     }
 }
@@ -89,7 +91,7 @@ pub struct Stats {
     /// `control_plane.connected_state`.
     pub connected_state: AtomicU64,
     identifier: Mutex<String>,
-    types: [TypeStats; 5],
+    types: [TypeStats; TYPES.len()],
 }
 
 /// A point-in-time copy of one type's statistics.
@@ -147,7 +149,7 @@ impl Stats {
                 .iter()
                 .zip(self.types.iter())
                 .filter(|(type_url, stats)| {
-                    **type_url != type_url::NAME_TABLE
+                    (**type_url != type_url::NAME_TABLE && **type_url != type_url::SECRET)
                         || stats.update_attempt.load(Ordering::Relaxed) > 0
                 })
                 .map(|(type_url, stats)| TypeSnapshot {

@@ -722,6 +722,16 @@ pub const READ: &[(&str, &[&str])] = &[
         "envoy.extensions.transport_sockets.tls.v3.SdsSecretConfig",
         &["name", "sds_config"],
     ),
+    // SDS secrets (istiod's `credentialName` ones; `remora xds validate`'s `secrets.json`).
+    // A CRL or an OCSP staple is refused by name: Remora checks no revocation, staples none.
+    (
+        "envoy.extensions.transport_sockets.tls.v3.Secret",
+        &["name", "tls_certificate", "validation_context"],
+    ),
+    (
+        "envoy.extensions.transport_sockets.tls.v3.TlsCertificate",
+        &["certificate_chain", "private_key"],
+    ),
     // Endpoints.
     (
         "envoy.config.endpoint.v3.ClusterLoadAssignment",

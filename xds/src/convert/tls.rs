@@ -4,8 +4,9 @@
 //! the workload's own (`default`) and the mesh roots (`ROOTCA`), which Remora resolves to what
 //! its CA client holds, and, upstream, by the names of files in the pod that pilot-agent's SDS
 //! server reads (`file-cert:CHAIN~KEY`, `file-root:PATH`, `file-root:system`), which Remora
-//! reads itself. Secrets istiod serves over SDS (`kubernetes://…`, a DestinationRule's
-//! `credentialName`) are refused by name.
+//! reads itself; and, upstream, any secret whose `sds_config` is the ADS stream: what istiod
+//! serves itself (`kubernetes://NAME`, `kubernetes://NAME-cacert` for a DestinationRule's
+//! `credentialName`), which Remora asks istiod for (`SdsSecret::Ads`).
 
 use super::any::unpack;
 use super::common::string_matcher;
@@ -76,6 +77,8 @@ pub fn downstream_socket(
 struct Named {
     name: String,
     path: String,
+    /// Its `sds_config` is the ADS stream (`ads: {}`): the control plane serves it.
+    ads: bool,
 }
 
 struct Common {
@@ -142,6 +145,12 @@ fn upstream(ctx: &tls::UpstreamTlsContext, path: &str) -> Result<UpstreamTls, Fa
             return Err(Fault::new(
                 format!("{path}.common_tls_context"),
                 "a `file-cert:` certificate with the mesh roots `ROOTCA` not supported",
+            ))
+        }
+        (Some(SdsSecret::Ads(_)), Some(SdsSecret::MeshRoots)) => {
+            return Err(Fault::new(
+                format!("{path}.common_tls_context"),
+                "a certificate served over ADS with the mesh roots `ROOTCA` not supported",
             ))
         }
         _ => {}
@@ -253,11 +262,20 @@ fn mesh_secret(s: Named) -> Result<String, Fault> {
     Ok(s.name)
 }
 
-/// An upstream context's secret: the workload's own, or a file of the pod as pilot-agent's
-/// SDS server names it.
+/// An upstream context's secret: the workload's own, a file of the pod as pilot-agent's
+/// SDS server names it, or one the control plane serves over ADS (by any name: Envoy asks
+/// for the name as written, and istiod answers what it knows).
 fn upstream_secret(s: &Named) -> Result<SdsSecret, Fault> {
     let at = format!("{}.name", s.path);
     let name = s.name.as_str();
+    // The workload's own two are Remora's whatever the source says: Remora is their SDS
+    // server, as pilot-agent is Envoy's.
+    match name {
+        "default" => return Ok(SdsSecret::Workload),
+        "ROOTCA" => return Ok(SdsSecret::MeshRoots),
+        _ if s.ads && !name.is_empty() => return Ok(SdsSecret::Ads(name.to_string())),
+        _ => {}
+    }
     let file = |p: &str| -> Result<std::path::PathBuf, Fault> {
         if p.is_empty() {
             return Err(Fault::new(
@@ -267,11 +285,8 @@ fn upstream_secret(s: &Named) -> Result<SdsSecret, Fault> {
         }
         Ok(p.into())
     };
-    match name {
-        "default" => return Ok(SdsSecret::Workload),
-        "ROOTCA" => return Ok(SdsSecret::MeshRoots),
-        "file-root:system" => return Ok(SdsSecret::SystemRoots),
-        _ => {}
+    if name == "file-root:system" {
+        return Ok(SdsSecret::SystemRoots);
     }
     if let Some(files) = name.strip_prefix(FILE_CERT) {
         let mut parts = files.split(FILE_SEPARATOR);
@@ -298,16 +313,23 @@ fn upstream_secret(s: &Named) -> Result<SdsSecret, Fault> {
     Err(Fault::new(
         at,
         format!(
-            "SDS secret {name:?} not supported (the workload's `default` and `ROOTCA`, and pilot-agent's \
-             `file-cert:`/`file-root:` files; a DestinationRule's credentialName, served by istiod over SDS, is not)"
+            "SDS secret {name:?} not supported (the workload's `default` and `ROOTCA`, pilot-agent's \
+             `file-cert:`/`file-root:` files, and secrets served over ADS)"
         ),
     ))
 }
 
 fn named(s: &tls::SdsSecretConfig, path: &str) -> Named {
+    use core::config_source::ConfigSourceSpecifier as Source;
     Named {
         name: s.name.clone(),
         path: path.to_string(),
+        ads: matches!(
+            s.sds_config
+                .as_ref()
+                .and_then(|c| c.config_source_specifier.as_ref()),
+            Some(Source::Ads(_))
+        ),
     }
 }
 

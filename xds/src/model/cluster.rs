@@ -237,6 +237,16 @@ impl UpstreamTls {
         matches!(self.certificate_secret, Some(SdsSecret::Workload))
             || matches!(self.validation_secret, Some(SdsSecret::MeshRoots))
     }
+
+    /// The names of the secrets the control plane serves over ADS that this socket needs.
+    pub fn ads_secrets(&self) -> impl Iterator<Item = &str> {
+        [&self.certificate_secret, &self.validation_secret]
+            .into_iter()
+            .filter_map(|s| match s {
+                Some(SdsSecret::Ads(name)) => Some(name.as_str()),
+                _ => None,
+            })
+    }
 }
 
 /// An SDS secret a transport socket names, resolved as pilot-agent's SDS server resolves it
@@ -254,6 +264,10 @@ pub enum SdsSecret {
     FileRoots(PathBuf),
     /// `file-root:system`: the operating system's roots (no `caCertificates`).
     SystemRoots,
+    /// A secret the control plane serves over the ADS stream itself (`sds_config: {ads: {}}`):
+    /// istiod's `kubernetes://NAME` and `kubernetes://NAME-cacert` for a DestinationRule's
+    /// `credentialName`. Remora asks for it as Envoy does, once a cluster names it.
+    Ads(String),
 }
 
 impl SdsSecret {
@@ -267,6 +281,7 @@ impl SdsSecret {
             }
             SdsSecret::FileRoots(path) => format!("file-root:{}", path.display()),
             SdsSecret::SystemRoots => "file-root:system".into(),
+            SdsSecret::Ads(name) => name.clone(),
         }
     }
 }
@@ -333,6 +348,18 @@ impl Cluster {
             }
         }
         &self.transport_socket
+    }
+
+    /// The secrets served over ADS that any of this cluster's sockets names (what Envoy
+    /// subscribes to when it builds the cluster's transport socket factories).
+    pub fn ads_secrets(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(&self.transport_socket)
+            .chain(self.transport_socket_matches.iter().map(|m| &m.socket))
+            .filter_map(|s| match s {
+                TransportSocket::Tls(tls) => Some(tls.ads_secrets()),
+                TransportSocket::Plaintext => None,
+            })
+            .flatten()
     }
 
     /// The Istio mTLS settings: the socket of the `{"tlsMode": "istio"}` match, or of the

@@ -15,6 +15,7 @@ use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
@@ -208,6 +209,7 @@ fn decodes(type_url: &str, body: &[u8]) -> bool {
         type_url::LISTENER => Listener::decode(body).is_ok(),
         type_url::ROUTE => RouteConfiguration::decode(body).is_ok(),
         type_url::ENDPOINT => ClusterLoadAssignment::decode(body).is_ok(),
+        type_url::SECRET => Secret::decode(body).is_ok(),
         _ => false,
     }
 }
@@ -243,6 +245,18 @@ impl Sink for TestSink {
             held.remove(&name);
         }
         let held_names: BTreeSet<String> = held.keys().cloned().collect();
+        // A cluster named `tls-…` names the secret `secret-tls-…`, served over ADS, and asks
+        // for it once its endpoints are held (as the store does, after Envoy).
+        if matches!(type_url, type_url::CLUSTER | type_url::ENDPOINT) {
+            let clusters = all.get(type_url::CLUSTER).cloned().unwrap_or_default();
+            let endpoints = all.get(type_url::ENDPOINT).cloned().unwrap_or_default();
+            let secrets = clusters
+                .keys()
+                .filter(|c| c.starts_with("tls-") && endpoints.contains_key(*c))
+                .map(|c| format!("secret-{c}"))
+                .collect();
+            applied.wanted.insert(type_url::SECRET, secrets);
+        }
         match type_url {
             type_url::CLUSTER => {
                 applied.wanted.insert(type_url::ENDPOINT, held_names);
@@ -274,6 +288,11 @@ pub fn body(type_url: &str, name: &str) -> Vec<u8> {
         type_url::ROUTE => RouteConfiguration {
             name: name.to_owned(),
             ..RouteConfiguration::default()
+        }
+        .encode_to_vec(),
+        type_url::SECRET => Secret {
+            name: name.to_owned(),
+            ..Secret::default()
         }
         .encode_to_vec(),
         _ => ClusterLoadAssignment {

@@ -355,10 +355,11 @@ write("traffic-split", "listeners", [{
 gaps_clusters = json.load(open(os.path.join(OUT, "gaps", "clusters.json")))
 # DestinationRule tls {mode: MUTUAL, credentialName: client-credential, sni} with a workloadSelector
 # (sec_model.ApplyCustomSDSToClientCommonTLSContext): the secrets istiod itself serves over SDS
-# on the ADS stream, `kubernetes://NAME` and `kubernetes://NAME-cacert`.
+# on the ADS stream, `kubernetes://NAME` and `kubernetes://NAME-cacert`. Once a gap, now the last
+# cluster of the accepted case `tls-origination`.
 ADS_SDS = lambda name: {"name": name, "sds_config": {"ads": {}, "resource_api_version": "V3"}}
 TLS_K = "outbound|443||credential.example.com"
-gaps_clusters.append(
+credential_cluster = (
     {"@type": TYPE("envoy.config.cluster.v3.Cluster"), "name": TLS_K, "type": "STRICT_DNS", "connect_timeout": "10s",
      "lb_policy": "LEAST_REQUEST", "circuit_breakers": UNLIMITED, "metadata": tls_meta("credential.example.com", 443),
      "load_assignment": inline_cla(TLS_K, [{"endpoint": {"address": {"socket_address": {"address": "credential.example.com", "port_value": 443}}},
@@ -422,6 +423,7 @@ write("tls-origination", "clusters", [
             "@type": TYPE("envoy.extensions.upstreams.http.v3.HttpProtocolOptions"),
             "upstream_http_protocol_options": {"auto_sni": True, "auto_san_validation": True},
             "explicit_http_config": {"http_protocol_options": {}}}}),
+    credential_cluster,
 ])
 
 # ---- tcp-split: VirtualService tcp route with weighted subsets, on a TCP-only service listener

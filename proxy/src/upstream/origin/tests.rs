@@ -79,9 +79,11 @@ fn origin(dir: &Path, sans: &[&str], client: bool) -> Arc<OriginTls> {
                 matcher: StringMatcher::exact(s),
             })
             .collect(),
-        client_certificate: client.then(|| ClientFiles {
-            chain: dir.join("client.pem"),
-            key: dir.join("client-key.pem"),
+        client_certificate: client.then(|| {
+            ClientCertificate::Files(ClientFiles {
+                chain: dir.join("client.pem"),
+                key: dir.join("client-key.pem"),
+            })
         }),
         tls13_only: false,
     })
@@ -101,7 +103,7 @@ async fn simple_checks_the_roots_and_the_sans_and_sends_the_sni() {
     let sc = server_config(Arc::clone(&server), None);
 
     let right = origins
-        .client_config(&origin(dir.path(), &["api.example.com"], false), &[])
+        .client_config(&origin(dir.path(), &["api.example.com"], false), &[], None)
         .unwrap();
     assert!(handshake(right, Arc::clone(&sc), "api.example.com").await);
     assert_eq!(
@@ -116,12 +118,16 @@ async fn simple_checks_the_roots_and_the_sans_and_sends_the_sni() {
         Some("api.example.com")
     );
     let wrong = origins
-        .client_config(&origin(dir.path(), &["other.example.com"], false), &[])
+        .client_config(
+            &origin(dir.path(), &["other.example.com"], false),
+            &[],
+            None,
+        )
         .unwrap();
     assert!(!handshake(wrong, Arc::clone(&sc), "api.example.com").await);
     // No SAN matcher: any certificate of the roots; the SNI is not compared with it.
     let any = origins
-        .client_config(&origin(dir.path(), &[], false), &[])
+        .client_config(&origin(dir.path(), &[], false), &[], None)
         .unwrap();
     assert!(handshake(any, Arc::clone(&sc), "elsewhere.example.org").await);
 
@@ -129,7 +135,11 @@ async fn simple_checks_the_roots_and_the_sans_and_sends_the_sni() {
     let other = tempfile::tempdir().unwrap();
     std::fs::write(other.path().join("ca.pem"), Ca::new("other").cert.pem()).unwrap();
     let untrusted = origins
-        .client_config(&origin(other.path(), &["api.example.com"], false), &[])
+        .client_config(
+            &origin(other.path(), &["api.example.com"], false),
+            &[],
+            None,
+        )
         .unwrap();
     assert!(!handshake(untrusted, Arc::clone(&sc), "api.example.com").await);
     // insecureSkipVerify: no roots, nothing checked.
@@ -138,7 +148,7 @@ async fn simple_checks_the_roots_and_the_sans_and_sends_the_sni() {
         subject_alt_names: vec![],
         ..(*origin(other.path(), &[], false)).clone()
     });
-    let insecure = origins.client_config(&insecure, &[]).unwrap();
+    let insecure = origins.client_config(&insecure, &[], None).unwrap();
     assert!(handshake(insecure, sc, "api.example.com").await);
 }
 
@@ -158,21 +168,21 @@ async fn mutual_presents_the_client_certificate_from_the_files() {
     let sc = server_config(server, Some(&ca));
     let origins = Origins::default();
     let without = origins
-        .client_config(&origin(dir.path(), &["api.example.com"], false), &[])
+        .client_config(&origin(dir.path(), &["api.example.com"], false), &[], None)
         .unwrap();
     assert!(!handshake(without, Arc::clone(&sc), "api.example.com").await);
     let with = origin(dir.path(), &["api.example.com"], true);
-    let first = origins.client_config(&with, &[]).unwrap();
+    let first = origins.client_config(&with, &[], None).unwrap();
     assert!(handshake(Arc::clone(&first), Arc::clone(&sc), "api.example.com").await);
     // Unchanged files: the same config. A rotated certificate: a new one, read again.
     assert!(Arc::ptr_eq(
         &first,
-        &origins.client_config(&with, &[]).unwrap()
+        &origins.client_config(&with, &[], None).unwrap()
     ));
     let (rotated_chain, rotated_key) = ca.dns(&["client.example.com", "rotated.example.com"]);
     std::fs::write(dir.path().join("client.pem"), &rotated_chain).unwrap();
     std::fs::write(dir.path().join("client-key.pem"), &rotated_key).unwrap();
-    let second = origins.client_config(&with, &[]).unwrap();
+    let second = origins.client_config(&with, &[], None).unwrap();
     assert!(!Arc::ptr_eq(&first, &second));
     assert!(handshake(second, sc, "api.example.com").await);
 }
@@ -183,14 +193,20 @@ fn unreadable_or_mismatched_files_fail_naming_the_file_not_the_key() {
     let ca = Ca::new("origin");
     let origins = Origins::default();
     let tls = origin(dir.path(), &[], true);
-    let err = origins.client_config(&tls, &[]).unwrap_err().to_string();
+    let err = origins
+        .client_config(&tls, &[], None)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("ca.pem"), "{err}");
     std::fs::write(dir.path().join("ca.pem"), ca.cert.pem()).unwrap();
     let (chain, _) = ca.dns(&["client.example.com"]);
     let (_, other_key) = ca.dns(&["client.example.com"]);
     std::fs::write(dir.path().join("client.pem"), &chain).unwrap();
     std::fs::write(dir.path().join("client-key.pem"), &other_key).unwrap();
-    let err = origins.client_config(&tls, &[]).unwrap_err().to_string();
+    let err = origins
+        .client_config(&tls, &[], None)
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("client-key.pem") && err.contains("does not match"),
         "{err}"
@@ -201,7 +217,10 @@ fn unreadable_or_mismatched_files_fail_naming_the_file_not_the_key() {
         .collect();
     assert!(!err.contains(&body[..16]), "the key is never in an error");
     std::fs::write(dir.path().join("client-key.pem"), "not a key").unwrap();
-    let err = origins.client_config(&tls, &[]).unwrap_err().to_string();
+    let err = origins
+        .client_config(&tls, &[], None)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("not a PEM private key"), "{err}");
 }
 
@@ -292,7 +311,7 @@ async fn auto_sni_and_san_validation_take_the_requests_host() {
     for (host, ok) in [("api.example.com", true), ("other.example.com", false)] {
         let tls = Arc::new(base.for_host(host, true, true));
         assert_eq!(tls.sni.as_deref(), Some(host));
-        let config = origins.client_config(&tls, &[]).unwrap();
+        let config = origins.client_config(&tls, &[], None).unwrap();
         assert_eq!(handshake(config, Arc::clone(&sc), host).await, ok, "{host}");
         assert_eq!(
             server
@@ -313,5 +332,160 @@ async fn auto_sni_and_san_validation_take_the_requests_host() {
     assert_eq!(
         kept.subject_alt_names[0].matcher,
         StringMatcher::exact("api.example.com")
+    );
+}
+
+/// A store holding `secrets` (name, then the secret's PEM parts), as istiod's SDS delivers
+/// them over ADS.
+fn store_with(store: &remora_xds::store::Store, secrets: &[(&str, Secret)]) {
+    use prost::Message;
+    use remora_xds::sink::{type_url, Resource, Sink, Update};
+    let resources = secrets
+        .iter()
+        .map(|(name, secret)| {
+            let proto = secret_proto(name, secret);
+            Resource {
+                name: (*name).to_string(),
+                version: "1".into(),
+                body: proto.encode_to_vec(),
+            }
+        })
+        .collect();
+    let applied = store.apply(
+        type_url::SECRET,
+        Update {
+            resources,
+            removed: vec![],
+            complete: false,
+        },
+    );
+    assert!(applied.rejected.is_empty(), "{:?}", applied.rejected);
+}
+
+enum Secret {
+    Certificate(String, String),
+    Roots(String),
+}
+
+fn secret_proto(
+    name: &str,
+    secret: &Secret,
+) -> envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::Secret {
+    use envoy_types::pb::envoy::config::core::v3::{data_source::Specifier, DataSource};
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3 as tls;
+    let inline = |s: &str| DataSource {
+        specifier: Some(Specifier::InlineBytes(s.as_bytes().to_vec())),
+        ..Default::default()
+    };
+    let r#type = match secret {
+        Secret::Certificate(chain, key) => tls::secret::Type::TlsCertificate(tls::TlsCertificate {
+            certificate_chain: Some(inline(chain)),
+            private_key: Some(inline(key)),
+            ..Default::default()
+        }),
+        Secret::Roots(ca) => {
+            tls::secret::Type::ValidationContext(tls::CertificateValidationContext {
+                trusted_ca: Some(inline(ca)),
+                ..Default::default()
+            })
+        }
+    };
+    tls::Secret {
+        name: name.to_string(),
+        r#type: Some(r#type),
+    }
+}
+
+#[tokio::test]
+async fn credential_secrets_from_the_store_originate_and_rotate() {
+    let ca = Ca::new("origin");
+    let (chain, key) = ca.dns(&["api.example.com"]);
+    let server = Arc::new(Server {
+        cert: certified(&chain, &key),
+        sni: StdMutex::default(),
+    });
+    let sc = server_config(server, Some(&ca));
+    let tls = Arc::new(OriginTls {
+        sni: Some("api.example.com".into()),
+        alpn: vec![],
+        keeps_alpn: true,
+        roots: Some(Roots::Secret("kubernetes://cred-cacert".into())),
+        subject_alt_names: vec![SanMatcher {
+            san_type: None,
+            matcher: StringMatcher::exact("api.example.com"),
+        }],
+        client_certificate: Some(ClientCertificate::Secret("kubernetes://cred".into())),
+        tls13_only: false,
+    });
+    let origins = Origins::default();
+    let store = remora_xds::store::Store::new();
+    // Nothing received yet: the connection fails, naming the secret, as Envoy's does once
+    // its cluster stops waiting for it.
+    let err = origins
+        .client_config(&tls, &[], Some(&store.snapshot()))
+        .unwrap_err();
+    assert!(
+        matches!(&err, OriginError::SecretMissing { name } if name == "kubernetes://cred-cacert"),
+        "{err}"
+    );
+    let (client_chain, client_key) = ca.dns(&["client.example.com"]);
+    store_with(
+        &store,
+        &[
+            ("kubernetes://cred-cacert", Secret::Roots(ca.cert.pem())),
+            (
+                "kubernetes://cred",
+                Secret::Certificate(client_chain, client_key),
+            ),
+        ],
+    );
+    let first = origins
+        .client_config(&tls, &[], Some(&store.snapshot()))
+        .unwrap();
+    assert!(handshake(Arc::clone(&first), Arc::clone(&sc), "api.example.com").await);
+    assert!(Arc::ptr_eq(
+        &first,
+        &origins
+            .client_config(&tls, &[], Some(&store.snapshot()))
+            .unwrap()
+    ));
+    // A rotated client certificate: a new config for the next connection.
+    let (rotated_chain, rotated_key) = ca.dns(&["client.example.com", "rotated.example.com"]);
+    store_with(
+        &store,
+        &[(
+            "kubernetes://cred",
+            Secret::Certificate(rotated_chain, rotated_key),
+        )],
+    );
+    let second = origins
+        .client_config(&tls, &[], Some(&store.snapshot()))
+        .unwrap();
+    assert!(!Arc::ptr_eq(&first, &second));
+    assert!(handshake(second, Arc::clone(&sc), "api.example.com").await);
+    // Roots of another CA: the server's chain leads nowhere.
+    store_with(
+        &store,
+        &[(
+            "kubernetes://cred-cacert",
+            Secret::Roots(Ca::new("other").cert.pem()),
+        )],
+    );
+    let untrusted = origins
+        .client_config(&tls, &[], Some(&store.snapshot()))
+        .unwrap();
+    assert!(!handshake(untrusted, sc, "api.example.com").await);
+    // A secret of the wrong kind in a socket's place fails naming it.
+    let swapped = Arc::new(OriginTls {
+        roots: Some(Roots::Secret("kubernetes://cred".into())),
+        ..(*tls).clone()
+    });
+    let err = origins
+        .client_config(&swapped, &[], Some(&store.snapshot()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("kubernetes://cred") && err.contains("named as the trusted roots"),
+        "{err}"
     );
 }

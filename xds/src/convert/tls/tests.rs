@@ -144,24 +144,76 @@ fn istio_mutual_is_still_the_mesh() {
     assert!(tls.is_mesh());
 }
 
+/// istiod's SDS reference to a secret it serves itself (`SDSAdsConfig`: a DestinationRule's
+/// `credentialName`).
+fn ads(name: &str) -> Value {
+    json!({"name": name, "sds_config": {"ads": {}, "resource_api_version": "V3"}})
+}
+
+#[test]
+fn credential_name_secrets_come_from_ads() {
+    // MUTUAL with credentialName, as `ApplyCustomSDSToClientCommonTLSContext` writes it.
+    let tls = convert(
+        json!({"tls_params": {"tls_minimum_protocol_version": "TLSv1_2", "tls_maximum_protocol_version": "TLSv1_3"},
+            "tls_certificate_sds_secret_configs": [ads("kubernetes://client-credential")],
+            "combined_validation_context": {
+                "default_validation_context": {"match_subject_alt_names": [{"exact": "api.example.com"}]},
+                "validation_context_sds_secret_config": ads("kubernetes://client-credential-cacert")}}),
+        Some("api.example.com"),
+    )
+    .expect("accepted");
+    assert!(!tls.is_mesh());
+    assert_eq!(
+        tls.certificate_secret,
+        Some(SdsSecret::Ads("kubernetes://client-credential".into()))
+    );
+    assert_eq!(
+        tls.validation_secret,
+        Some(SdsSecret::Ads(
+            "kubernetes://client-credential-cacert".into()
+        ))
+    );
+    assert_eq!(
+        tls.ads_secrets().collect::<Vec<_>>(),
+        vec![
+            "kubernetes://client-credential",
+            "kubernetes://client-credential-cacert"
+        ]
+    );
+    // SIMPLE with insecureSkipVerify: no validation context at all, nothing from ADS.
+    let tls = convert(json!({}), None).expect("accepted");
+    assert_eq!(tls.ads_secrets().count(), 0);
+    // The workload's own names stay Remora's, whatever source a hand-written resource gives.
+    let tls = convert(
+        json!({"tls_certificate_sds_secret_configs": [ads("default")],
+            "validation_context_sds_secret_config": ads("ROOTCA")}),
+        None,
+    )
+    .expect("accepted");
+    assert!(tls.is_mesh());
+}
+
 fn refused(common: Value) -> String {
     convert(common, None).expect_err("refused")
 }
 
 #[test]
 fn what_cannot_be_honoured_is_refused_by_name() {
-    // A DestinationRule's credentialName (with a workloadSelector): istiod serves it over SDS.
-    let err = refused(json!({"tls_certificate_sds_secret_configs": [
-        {"name": "kubernetes://client-credential", "sds_config": {"ads": {}, "resource_api_version": "V3"}}],
-        "combined_validation_context": {"default_validation_context": {},
-            "validation_context_sds_secret_config": {"name": "kubernetes://client-credential-cacert",
-                "sds_config": {"ads": {}, "resource_api_version": "V3"}}}}));
+    // A name Remora's SDS has no meaning for, from the agent's server rather than ADS.
+    let err = refused(
+        json!({"tls_certificate_sds_secret_configs": [sds("kubernetes://client-credential")]}),
+    );
     assert!(
         err.contains("tls_certificate_sds_secret_configs[0].name")
-            && err.contains("\"kubernetes://client-credential\" not supported")
-            && err.contains("credentialName"),
+            && err.contains("\"kubernetes://client-credential\" not supported"),
         "{err}"
     );
+    // A certificate from ADS checked against the mesh roots: no shape istiod writes.
+    let err = refused(
+        json!({"tls_certificate_sds_secret_configs": [ads("kubernetes://c")],
+        "validation_context_sds_secret_config": sds("ROOTCA")}),
+    );
+    assert!(err.contains("served over ADS with the mesh roots"), "{err}");
     // Malformed file names.
     let err = refused(
         json!({"tls_certificate_sds_secret_configs": [sds("file-cert:/only-a-chain.pem")]}),

@@ -1,0 +1,527 @@
+//! TLS origination with a DestinationRule's `credentialName`, end to end: istiod writes the
+//! cluster's TLS with SDS references to the ADS stream (`kubernetes://NAME` for the client
+//! certificate, `kubernetes://NAME-cacert` for the roots) and serves those secrets itself
+//! (pilot/pkg/xds/sds.go). The pod's sidecar, behind `remora capture`, takes its certificate,
+//! its configuration and those secrets from the harness's control plane (`remora_e2e::istiod`,
+//! gRPC over TLS in the peer namespace) and originates MUTUAL TLS to an origin outside the
+//! mesh (Python's `ssl`, i.e. OpenSSL, requiring a client certificate of its CA). A real
+//! Envoy 1.40, given the same resources over ADS by its own control plane, is the oracle.
+//!
+//! Per proxy, in order, each outcome compared with Envoy's and with the expected one:
+//! - the request reaches the origin with the DestinationRule's SNI and the client
+//!   certificate of the secret (its names seen by the origin);
+//! - the secret is rotated (a certificate with another name): the next connections present
+//!   the new one;
+//! - a secret whose key does not match its certificate is NACKed (Remora names the resource
+//!   and the field) and the running one stays: requests still present the rotated one;
+//! - a cluster added later naming a secret istiod does not have: its requests fail (503),
+//!   nothing reaches the origin without the certificate. (Envoy keeps such a cluster warming,
+//!   answering 503 `NC` with no body while it has no cluster of that name, for up to its 15 s
+//!   initial fetch timeout; Remora applies the cluster and fails its connections `UF`, as
+//!   Envoy does once warming ends: the status is the same, the flag is not compared.)
+//!
+//! Envoy's NACK of the mismatched key says what failed (`Failed to load private key from
+//! <inline>, … KEY_VALUES_MISMATCH`) without the resource; Remora's names the secret and the
+//! field, which the test checks.
+
+use remora_e2e::certs::MeshCa;
+use remora_e2e::envoy::Envoy;
+use remora_e2e::http_client;
+use remora_e2e::istiod::ads::type_url;
+use remora_e2e::istiod::secrets::{ads_sds, ca_secret, credential, credential_roots, tls_secret};
+use remora_e2e::istiod::{Ads, ControlPlane, HostsFile, ISTIOD_HOST, ISTIOD_PORT};
+use remora_e2e::service::{peer_program, Service};
+use remora_e2e::xds_resources::eds_cluster;
+use remora_e2e::PodNet;
+use serde_json::{json, Value};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "projected-token-for-sleep";
+const ORIGIN_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
+const ORIGIN_PORT: u16 = 9443;
+/// The HTTP services' VIP.
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+/// The ServiceEntry host whose DestinationRule names the credential.
+const HOST: &str = "mutual.example.com";
+/// A host added later, whose DestinationRule names a secret that does not exist.
+const PENDING_HOST: &str = "pending.example.com";
+/// The Kubernetes secrets' names.
+const CREDENTIAL: &str = "client-credential";
+const ABSENT: &str = "absent-credential";
+/// The origin's certificate names this; the DestinationRule sends it as SNI and checks it.
+const ORIGIN_NAME: &str = "api.example.com";
+const CLIENT_NAME: &str = "client.example.com";
+const ROTATED_NAME: &str = "rotated.example.com";
+/// Bound on each step's wait.
+const STEP_TIME: Duration = Duration::from_secs(20);
+
+fn cluster_name(host: &str) -> String {
+    format!("outbound|80||{host}")
+}
+
+/// The cluster istiod builds for `host` with `tls: {mode: MUTUAL, credentialName, sni,
+/// subjectAltNames}` and a `workloadSelector` (`ApplyCustomSDSToClientCommonTLSContext`).
+fn credential_cluster(host: &str, secret: &str) -> Value {
+    let mut c = eds_cluster(&cluster_name(host));
+    c["metadata"] = json!({"filter_metadata": {"istio": {"alpn_override": "false"}}});
+    c["transport_socket"] = json!({"name": "envoy.transport_sockets.tls", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+        "common_tls_context": {
+            "tls_params": {"tls_minimum_protocol_version": "TLSv1_2",
+                "tls_maximum_protocol_version": "TLSv1_3"},
+            "tls_certificate_sds_secret_configs": [ads_sds(&credential(secret))],
+            "combined_validation_context": {
+                "default_validation_context": {"match_subject_alt_names": [{"exact": ORIGIN_NAME}]},
+                "validation_context_sds_secret_config": ads_sds(&credential_roots(secret))}},
+        "sni": ORIGIN_NAME}});
+    c
+}
+
+fn endpoints(host: &str) -> Value {
+    json!({"cluster_name": cluster_name(host), "endpoints": [{"lb_endpoints": [{"endpoint":
+        {"address": {"socket_address": {"address": ORIGIN_IP.to_string(), "port_value": ORIGIN_PORT}}},
+        "health_status": "HEALTHY"}]}]})
+}
+
+/// Envoy's capture listener (Remora takes 15001 itself): what no listener of the original
+/// destination takes goes nowhere.
+fn virtual_outbound() -> Value {
+    json!({"name": "virtualOutbound",
+        "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15001}},
+        "use_original_dst": true, "traffic_direction": "OUTBOUND",
+        "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [
+            {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                "stat_prefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}]})
+}
+
+fn listener() -> Value {
+    json!({"name": "0.0.0.0_80",
+        "address": {"socket_address": {"address": "0.0.0.0", "port_value": 80}},
+        "traffic_direction": "OUTBOUND", "bind_to_port": false,
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "outbound_0.0.0.0_80",
+            "rds": {"config_source": {"ads": {}, "resource_api_version": "V3"}, "route_config_name": "80"},
+            "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]})
+}
+
+fn route(hosts: &[&str]) -> Value {
+    let vhosts: Vec<Value> = hosts
+        .iter()
+        .map(|h| {
+            json!({"name": format!("{h}:80"), "domains": [h, format!("{h}:80")],
+            "routes": [{"match": {"prefix": "/"}, "route": {"cluster": cluster_name(h), "timeout": "0s"}}]})
+        })
+        .collect();
+    json!({"name": "80", "virtual_hosts": vhosts})
+}
+
+/// The configuration for `hosts`, each cluster naming its secret.
+fn serve_config(ads: &Ads, version: &str, hosts: &[(&str, &str)]) {
+    let names: Vec<&str> = hosts.iter().map(|(h, _)| *h).collect();
+    let clusters: Vec<Value> = hosts
+        .iter()
+        .map(|(h, s)| credential_cluster(h, s))
+        .collect();
+    let mut clusters = clusters;
+    clusters.push(json!({"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}));
+    let cla: Vec<Value> = names.iter().map(|h| endpoints(h)).collect();
+    ads.set(type_url::ENDPOINT, version, &cla);
+    ads.set(type_url::ROUTE, version, &[route(&names)]);
+    ads.set(type_url::CLUSTER, version, &clusters);
+    ads.set(
+        type_url::LISTENER,
+        version,
+        &[virtual_outbound(), listener()],
+    );
+}
+
+/// The credential's two secrets as istiod's SecretGen sends them.
+fn serve_secrets(ads: &Ads, version: &str, client: (&str, &str), roots: &str) {
+    ads.set(
+        type_url::SECRET,
+        version,
+        &[
+            tls_secret(&credential(CREDENTIAL), client.0, client.1),
+            ca_secret(&credential_roots(CREDENTIAL), roots),
+        ],
+    );
+}
+
+/// One pod and what it talks to: its control plane (its own CA for the workload and
+/// istiod's serving certificate), and the origin in the peer namespace.
+struct World {
+    plane: ControlPlane,
+    _origin: Service,
+    _hosts: HostsFile,
+    mesh_root: PathBuf,
+    token: PathBuf,
+    origin_ca: MeshCa,
+    client_ca: MeshCa,
+}
+
+fn world(net: &PodNet) -> World {
+    net.capture_default();
+    for (ns, args) in [
+        (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
+        (&net.peer, vec!["addr", "add", "10.1.0.2/32", "dev", "eth0"]),
+    ] {
+        let out = ns.command("ip").args(&args).output().expect("ip");
+        assert!(out.status.success(), "ip {args:?}: {out:?}");
+    }
+    let mesh = Arc::new(MeshCa::new("cluster.local"));
+    let origin_ca = MeshCa::new("origin CA");
+    let client_ca = MeshCa::new("client CA");
+    let dir = net.binary().make_dir("origin");
+    let server = origin_ca.dns_server(ORIGIN_NAME);
+    let files = [
+        ("cert.pem", server.chain.as_str()),
+        ("key.pem", server.key.as_str()),
+        ("client-ca.pem", &client_ca.root_pem()),
+    ];
+    for (name, pem) in files {
+        std::fs::write(dir.join(name), pem).expect("write the origin's files");
+    }
+    let script = peer_program("tls_origin.py");
+    let path = |n: &str| dir.join(n).to_string_lossy().into_owned();
+    let origin = Service::start(
+        &net.peer,
+        "python3",
+        &[
+            &script.to_string_lossy(),
+            &ORIGIN_PORT.to_string(),
+            &path("cert.pem"),
+            &path("key.pem"),
+            &path("client-ca.pem"),
+        ],
+        SocketAddr::from((ORIGIN_IP, ORIGIN_PORT)),
+    );
+    let token = net
+        .binary()
+        .write_file("istio-token", &format!("{TOKEN}\n"));
+    let mesh_root = net.binary().write_file("root-cert.pem", &mesh.root_pem());
+    let hosts = HostsFile::write(&net.pod, &[(net.peer_ip.into(), ISTIOD_HOST)])
+        .expect("name istiod inside the pod");
+    let plane = ControlPlane::start(&net.peer, net.peer_addr(ISTIOD_PORT), mesh, TOKEN);
+    World {
+        plane,
+        _origin: origin,
+        _hosts: hosts,
+        mesh_root,
+        token,
+        origin_ca,
+        client_ca,
+    }
+}
+
+/// What one request came to: the status, and from the origin's answer the SNI it saw and the
+/// names of the client certificate presented.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Outcome {
+    status: u16,
+    sni: Option<String>,
+    client: Vec<String>,
+}
+
+/// `GET` through the sidecar. The origin closes the connection after each answer
+/// (`/close-delimited`), so every request is a new upstream connection: a rotated secret
+/// applies to new connections (in Envoy too), never to one already pooled.
+fn get(net: &PodNet, host: &str) -> Outcome {
+    let r = http_client::get_once(
+        &net.pod,
+        SocketAddr::from((VIP, 80)),
+        host,
+        "/close-delimited",
+        &[],
+    );
+    let (status, body) = match r {
+        Ok(r) => (r.status, r.text()),
+        Err(_) => (0, String::new()),
+    };
+    let origin: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    Outcome {
+        status,
+        sni: origin["sni"].as_str().map(str::to_string),
+        client: origin["client"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect(),
+    }
+}
+
+fn ok(client: &[&str]) -> Outcome {
+    Outcome {
+        status: 200,
+        sni: Some(ORIGIN_NAME.into()),
+        client: client.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// Requests `host` until the outcome is `want` (bounded); the last outcome.
+fn until(net: &PodNet, host: &str, want: &Outcome) -> Outcome {
+    let deadline = Instant::now() + STEP_TIME;
+    loop {
+        let got = get(net, host);
+        if got == *want || Instant::now() > deadline {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn wait_until(what: &str, ok: impl Fn() -> bool) {
+    let deadline = Instant::now() + STEP_TIME;
+    while !ok() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {STEP_TIME:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The NACKs of secrets so far.
+fn secret_nacks(ads: &Ads) -> Vec<String> {
+    ads.requests()
+        .into_iter()
+        .filter(|r| r.type_url == type_url::SECRET)
+        .filter_map(|r| r.error_detail)
+        .collect()
+}
+
+/// The steps of the module's story through the sidecar of `net`, once it is configured:
+/// (what, outcome) per step.
+fn story(net: &PodNet, world: &World) -> Vec<(&'static str, Outcome)> {
+    let ads = world.plane.ads();
+    let mut steps = Vec::new();
+    steps.push(("first", until(net, HOST, &ok(&[CLIENT_NAME]))));
+
+    // Rotation: a certificate that also names ROTATED_NAME.
+    let rotated = world.client_ca.dns_names(&[CLIENT_NAME, ROTATED_NAME]);
+    serve_secrets(
+        ads,
+        "v2",
+        (&rotated.chain, &rotated.key),
+        &world.origin_ca.root_pem(),
+    );
+    steps.push((
+        "rotated",
+        until(net, HOST, &ok(&[CLIENT_NAME, ROTATED_NAME])),
+    ));
+
+    // A key that is not the certificate's: refused, the rotated one stays.
+    let other = world.client_ca.dns_server(CLIENT_NAME);
+    let before = secret_nacks(ads).len();
+    serve_secrets(
+        ads,
+        "v3",
+        (&rotated.chain, &other.key),
+        &world.origin_ca.root_pem(),
+    );
+    wait_until("the mismatched secret NACKed", || {
+        secret_nacks(ads).len() > before
+    });
+    steps.push(("mismatched key refused", get(net, HOST)));
+
+    // A cluster naming a secret istiod does not have.
+    serve_config(ads, "v2", &[(HOST, CREDENTIAL), (PENDING_HOST, ABSENT)]);
+    wait_until("the absent secret asked for", || {
+        ads.requests().iter().any(|r| {
+            r.type_url == type_url::SECRET && r.resource_names.contains(&credential(ABSENT))
+        })
+    });
+    steps.push(("secret never served", get(net, PENDING_HOST)));
+    steps.push(("the other cluster still served", get(net, HOST)));
+    steps
+}
+
+fn expected() -> Vec<(&'static str, Outcome)> {
+    let failed = Outcome {
+        status: 503,
+        sni: None,
+        client: vec![],
+    };
+    vec![
+        ("first", ok(&[CLIENT_NAME])),
+        ("rotated", ok(&[CLIENT_NAME, ROTATED_NAME])),
+        ("mismatched key refused", ok(&[CLIENT_NAME, ROTATED_NAME])),
+        ("secret never served", failed),
+        (
+            "the other cluster still served",
+            ok(&[CLIENT_NAME, ROTATED_NAME]),
+        ),
+    ]
+}
+
+/// The first configuration and secrets.
+fn serve_first(world: &World) {
+    let client = world.client_ca.dns_server(CLIENT_NAME);
+    serve_secrets(
+        world.plane.ads(),
+        "v1",
+        (&client.chain, &client.key),
+        &world.origin_ca.root_pem(),
+    );
+    serve_config(world.plane.ads(), "v1", &[(HOST, CREDENTIAL)]);
+}
+
+fn remora_story(net: &PodNet) -> Vec<(&'static str, Outcome)> {
+    let world = world(net);
+    serve_first(&world);
+    let sidecar = net
+        .remora()
+        .config(&format!(
+            "istiod:\n  token_file: {}\n  root_cert_file: {}\n",
+            world.token.display(),
+            world.mesh_root.display(),
+        ))
+        .env(
+            "PROXY_CONFIG",
+            format!(r#"{{"discoveryAddress":"{ISTIOD_HOST}:{ISTIOD_PORT}"}}"#),
+        )
+        .env("POD_NAME", "sleep-6d8b7c9f4-x2k4p")
+        .env("POD_NAMESPACE", "client")
+        .env("SERVICE_ACCOUNT", "sleep")
+        .env("INSTANCE_IP", net.pod_ip.to_string())
+        .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
+        .start_ready();
+    let ads = world.plane.ads();
+    // Asked for as Envoy asks: both names, on the ADS stream, once the cluster named them.
+    let asked: Vec<String> = ads
+        .requests()
+        .into_iter()
+        .filter(|r| r.type_url == type_url::SECRET)
+        .flat_map(|r| r.resource_names)
+        .collect();
+    for name in [credential(CREDENTIAL), credential_roots(CREDENTIAL)] {
+        assert!(asked.contains(&name), "{name} not asked for: {asked:?}");
+    }
+    let steps = story(net, &world);
+    // The config dump lists them as Envoy's does, the key redacted.
+    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, remora_e2e::ADMIN_PORT));
+    let dump = remora_e2e::peer::http_get(&net.pod, admin, "/config_dump", STEP_TIME)
+        .map(|r| r.body)
+        .unwrap_or_default();
+    let dump: Value = serde_json::from_str(&dump).unwrap_or(Value::Null);
+    let secrets = dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| {
+            c["@type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("SecretsConfigDump"))
+        })
+        .map(|c| c["dynamic_active_secrets"].clone())
+        .unwrap_or(Value::Null);
+    let named = |n: &str| {
+        secrets
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["name"] == n)
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(
+        named(&credential(CREDENTIAL))["secret"]["tls_certificate"]["private_key"]["inline_bytes"],
+        "W3JlZGFjdGVkXQ==",
+        "the key shown redacted: {secrets}"
+    );
+    assert!(
+        named(&credential_roots(CREDENTIAL))["secret"]["validation_context"]["trusted_ca"]
+            .is_object(),
+        "{secrets}"
+    );
+    let nacks = secret_nacks(ads);
+    assert!(
+        nacks.iter().any(|n| n.contains(&format!(
+            "secret {}: tls_certificate.private_key: does not match",
+            credential(CREDENTIAL)
+        ))),
+        "the NACK names the resource and the field: {nacks:?}"
+    );
+    let logs = sidecar.stderr();
+    assert!(
+        logs.contains(&credential(ABSENT)) && logs.contains("not received from the control plane"),
+        "the failed connection names the secret awaited:\n{logs}"
+    );
+    steps
+}
+
+/// Envoy as pilot-agent starts it for a sidecar, but talking to the control plane directly
+/// (pilot-agent's xDS proxy only forwards): delta ADS over TLS to istiod with the token and
+/// cluster ID as headers, clusters and listeners from ADS.
+fn envoy_bootstrap(net: &PodNet, world: &World) -> String {
+    let xds = net.peer_addr(ISTIOD_PORT);
+    json!({
+        "node": {"id": format!("sidecar~{}~sleep.client~client.svc.cluster.local", net.pod_ip),
+            "cluster": "sleep.client"},
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1",
+            "port_value": remora_e2e::envoy::ADMIN_PORT}}},
+        "dynamic_resources": {
+            "ads_config": {"api_type": "DELTA_GRPC", "transport_api_version": "V3",
+                "set_node_on_first_message_only": true,
+                "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"},
+                    "initial_metadata": [
+                        {"key": "authorization", "value": format!("Bearer {TOKEN}")},
+                        {"key": "clusterid", "value": "Kubernetes"}]}]},
+            "cds_config": {"ads": {}, "resource_api_version": "V3"},
+            "lds_config": {"ads": {}, "resource_api_version": "V3"}},
+        "static_resources": {"clusters": [{"name": "xds-grpc", "type": "STATIC", "connect_timeout": "1s",
+            "load_assignment": {"cluster_name": "xds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint":
+                {"address": {"socket_address": {"address": xds.ip().to_string(), "port_value": xds.port()}}}}]}]},
+            "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}}}},
+            "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": ISTIOD_HOST,
+                "common_tls_context": {"alpn_protocols": ["h2"], "validation_context": {
+                    "trusted_ca": {"filename": world.mesh_root.to_string_lossy()},
+                    "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": ISTIOD_HOST}}]}}}}}]}
+    })
+    .to_string()
+}
+
+fn envoy_story(net: &PodNet, binary: &std::path::Path) -> Vec<(&'static str, Outcome)> {
+    let world = world(net);
+    serve_first(&world);
+    let envoy = Envoy::start_sidecar(
+        &net.pod,
+        binary,
+        net.binary(),
+        &envoy_bootstrap(net, &world),
+    );
+    let steps = story(net, &world);
+    assert!(
+        !secret_nacks(world.plane.ads()).is_empty(),
+        "Envoy NACKs the mismatched key too:\n{}",
+        envoy.logs()
+    );
+    steps
+}
+
+#[test]
+fn credential_name_secrets_from_istiod_originate_as_envoy_does() {
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    let remora = remora_story(&net);
+    assert_eq!(remora, expected(), "Remora");
+    let Some(binary) = remora_e2e::envoy::binary_or_skip() else {
+        return;
+    };
+    let Some(envoy_net) = PodNet::create_or_skip() else {
+        return;
+    };
+    let envoy = envoy_story(&envoy_net, &binary);
+    assert_eq!(remora, envoy, "Remora and Envoy");
+}
