@@ -34,6 +34,7 @@ fuzz_target!(|data: &[u8]| {
         source,
         destination,
         principal: Some("spiffe://cluster.local/ns/client/sa/sleep"),
+        peer: None,
         sni: Some("httpbin.server.svc.cluster.local"),
         request: Some(Request {
             method: "GET",
@@ -48,6 +49,7 @@ fuzz_target!(|data: &[u8]| {
         source,
         destination,
         principal: None,
+        peer: None,
         sni: None,
         request: None,
     };

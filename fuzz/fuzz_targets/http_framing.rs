@@ -1,17 +1,18 @@
 //! HTTP/1.1 request framing read beside hyper (`remora::http::framing::RequestFraming`): any
-//! bytes a client sends on a connection, fed in pieces. Which request (if any) carries both
-//! `Content-Length` and `Transfer-Encoding` must not depend on how the bytes were cut.
+//! bytes a client sends on a connection, fed in pieces. Which request (if any) is refused and
+//! why (both `Content-Length` and `Transfer-Encoding`, a fragment in its target, with the
+//! fragment's text) must not depend on how the bytes were cut.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use remora::http::framing::RequestFraming;
+use remora::http::framing::{RefusedHead, RequestFraming};
 
-fn smuggled(pieces: &[&[u8]]) -> (Option<u64>, bool) {
+fn smuggled(pieces: &[&[u8]]) -> (Option<RefusedHead>, bool) {
     let mut framing = RequestFraming::new();
     for piece in pieces {
-        if let Some(n) = framing.feed(piece) {
-            assert!(n >= 1);
-            return (Some(n), framing.in_head());
+        if let Some(refused) = framing.feed(piece) {
+            assert!(refused.position >= 1);
+            return (Some(refused), framing.in_head());
         }
     }
     (None, framing.in_head())
@@ -31,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
     let mut stopped = RequestFraming::stopped();
     assert_eq!(stopped.feed(whole), None);
     let mut after = RequestFraming::after(3);
-    if let Some(n) = after.feed(whole) {
-        assert!(n >= 4);
+    if let Some(refused) = after.feed(whole) {
+        assert!(refused.position >= 4);
     }
 });
