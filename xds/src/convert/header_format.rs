@@ -42,15 +42,16 @@ pub fn header_format(value: &str, at: &str) -> Result<HeaderFormat, Fault> {
 }
 
 /// A command as written: `NAME(argument):max`.
-struct Command<'a> {
-    name: &'a str,
-    argument: Option<&'a str>,
-    max_length: Option<usize>,
+pub(super) struct Command<'a> {
+    pub name: &'a str,
+    pub argument: Option<&'a str>,
+    pub max_length: Option<usize>,
 }
 
 /// The command at the start of `s` (just after its opening `%`) and how many bytes it takes
 /// with its closing `%`, as Envoy's grammar reads it: `[A-Z0-9_]+(\([^)]*\))?(:[0-9]+)?%`.
-fn command_at(s: &str) -> Option<(Command<'_>, usize)> {
+/// (The one reading of that grammar: header values and access-log formats both use it.)
+pub(super) fn command_at(s: &str) -> Option<(Command<'_>, usize)> {
     let name_len = s
         .bytes()
         .take_while(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || *b == b'_')

@@ -15,8 +15,9 @@ pub fn parse(text: &str) -> Result<TextFormat, String> {
         literal.push_str(&rest[..at]);
         let position = text.len() - rest.len() + at;
         let command = &rest[at + 1..];
-        let (name, args, max_len, len) = command_at(command)
+        let (c, len) = super::header_format::command_at(command)
             .ok_or_else(|| format!("no valid command operator at position {position}"))?;
+        let (name, args, max_len) = (c.name, c.argument, c.max_length);
         let operator = operator(name, args, max_len, &mut extra)?;
         pieces.push(Piece {
             literal: std::mem::take(&mut literal).into(),
@@ -37,38 +38,6 @@ pub fn parse(text: &str) -> Result<TextFormat, String> {
         pieces: pieces.into(),
         extra_request_headers: extra.into(),
     })
-}
-
-/// The operator at the start of `s` (just past its opening `%`): its name, its arguments,
-/// its `:N` length, and how many bytes it took up to and including the closing `%`.
-fn command_at(s: &str) -> Option<(&str, Option<&str>, Option<usize>, usize)> {
-    let name_len = s
-        .bytes()
-        .take_while(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || *b == b'_')
-        .count();
-    if name_len == 0 {
-        return None;
-    }
-    let name = &s[..name_len];
-    let mut at = name_len;
-    let mut args = None;
-    if s[at..].starts_with('(') {
-        let close = s[at..].find(')')?;
-        args = Some(&s[at + 1..at + close]);
-        at += close + 1;
-    }
-    let mut max_len = None;
-    if let Some(after) = s[at..].strip_prefix(':') {
-        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return None;
-        }
-        max_len = Some(after[..digits].parse().ok()?);
-        at += 1 + digits;
-    }
-    s[at..]
-        .starts_with('%')
-        .then_some((name, args, max_len, at + 1))
 }
 
 /// The operator `name` with its arguments and length, checked as Envoy 1.40 checks them: the
