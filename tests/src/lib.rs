@@ -22,6 +22,7 @@ pub mod envoy;
 pub mod envoy_config;
 pub mod envoy_xds;
 pub mod ext_authz;
+pub mod h2_origin;
 pub mod http_client;
 pub mod istiod;
 pub mod mesh;

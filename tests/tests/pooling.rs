@@ -1,7 +1,7 @@
 //! Upstream connections kept for the next client, end to end: HTTP/1.0 clients' requests on
 //! a pooled upstream connection, and a pooled mesh connection the server's sidecar closed
-//! replaced rather than used, and an upstream's HTTP/2 stream limit respected on the shared
-//! connection. Reuse within one client connection is in `http.rs` and `mtls.rs`.
+//! replaced rather than used, and an upstream's HTTP/2 stream limit respected, with more
+//! connections opened past it. Reuse within one client connection is in `http.rs` and `mtls.rs`.
 
 use remora_e2e::certs::MeshCa;
 use remora_e2e::mesh::{client_config, handshakes, server_config, two_pods, SERVER_ID};
@@ -181,9 +181,9 @@ async fn limited_origin(listener: std::net::TcpListener, counts: Arc<StreamCount
 }
 
 /// An upstream that takes two streams at a time on a connection (its SETTINGS) gets no more
-/// from the proxy's shared HTTP/2 connection, however many the client sends at once: the
-/// requests past the limit wait for a stream to end (the `h2` client queues them), none is
-/// refused, and every one is answered.
+/// on any of the proxy's HTTP/2 connections, however many the client sends at once: the
+/// requests past the limit go on other connections (as Envoy's pool opens another when every
+/// connection is at its peer's limit), none is refused, and every one is answered.
 #[test]
 fn an_upstream_http2_stream_limit_is_respected_and_every_request_answered() {
     let Some(net) = PodNet::create_or_skip() else {
@@ -252,6 +252,11 @@ fn an_upstream_http2_stream_limit_is_respected_and_every_request_answered() {
     assert!(
         most <= ORIGIN_STREAM_LIMIT as usize,
         "{most} streams at once"
+    );
+    // Eight at once cannot all go on one connection taking two.
+    assert!(
+        connections >= REQUESTS / ORIGIN_STREAM_LIMIT as usize,
+        "{connections} connections"
     );
     assert_eq!(
         answered,

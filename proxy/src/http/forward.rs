@@ -572,15 +572,19 @@ async fn send(
         Some(originate) => Box::pin(originate.open(ctx)).await?,
         None => Box::pin(open(ctx)).await?,
     };
-    if let (Sender::Http2(s), None) = (&sender, &ctx.originate) {
-        // Shared from now on by every request to this destination.
-        ctx.proxy.pool.checkin(
-            key,
-            Sender::Http2(s.clone()),
-            idle_timeout,
-            ctx.config.http.pool_max_idle_per_upstream,
-        );
-    }
+    let sender = match (sender.first_stream(), &ctx.originate) {
+        (Some(first), None) => {
+            // Shared from now on by every request to this destination, while it has room.
+            ctx.proxy.pool.checkin(
+                key,
+                sender,
+                idle_timeout,
+                ctx.config.http.pool_max_idle_per_upstream,
+            );
+            first
+        }
+        _ => sender,
+    };
     match send_on(ctx, key, sender, req).await {
         Ok(up) => Ok(up),
         Err(SendError::Unsent(_, e)) => Err(forget_if_gone(ctx, ProxyError::from_send(dst, e))),
@@ -628,13 +632,24 @@ pub(super) async fn send_on(
                 Some((key, Sender::Http1(tx, served.saturating_add(1)))),
             )
         }
-        Sender::Http2(mut tx) => {
+        Sender::Http2(mut tx, streams) => {
             match tokio::time::timeout(bound, tx.ready()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(SendError::Unsent(Box::new(req), e)),
                 Err(_) => return Err(stuck()),
             }
-            (tx.try_send_request(req).await, None)
+            let sent = tx.try_send_request(req).await;
+            (sent, Some((key, Sender::Http2(tx, streams))))
+        }
+        Sender::Http2Stream(mut tx, held) => {
+            match tokio::time::timeout(bound, tx.ready()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(SendError::Unsent(Box::new(req), e)),
+                Err(_) => return Err(stuck()),
+            }
+            // The stream is held until the request ends (given back to the pool then).
+            let sent = tx.try_send_request(req).await;
+            (sent, Some((key, Sender::Http2Stream(tx, held))))
         }
     };
     match sent {

@@ -37,6 +37,7 @@ pub mod retry;
 pub mod retry_policy;
 pub mod routed;
 pub mod send_budget;
+pub mod stream_capacity;
 pub mod upgrade;
 
 use crate::access_log::End;
@@ -341,6 +342,10 @@ impl ConnContext {
     /// `http.pool_idle_timeout`.
     fn return_to_pool(&self, key: pool::Key, sender: pool::Sender, idle: Option<Duration>) {
         if let Some(originate) = &self.originate {
+            // A client's own HTTP/2 mesh connection: its handle stays with the client.
+            if !matches!(sender, pool::Sender::Http1(..)) {
+                return;
+            }
             originate.checkin(self, sender);
             return;
         }

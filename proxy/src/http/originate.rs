@@ -412,10 +412,7 @@ impl Drop for Originate {
 /// Another handle on an HTTP/2 connection; `None` for HTTP/1.1, which carries one request at a
 /// time.
 fn sender_handle(sender: &Sender) -> Option<Sender> {
-    match sender {
-        Sender::Http2(shared) => Some(Sender::Http2(shared.clone())),
-        Sender::Http1(..) => None,
-    }
+    sender.handle()
 }
 
 /// Istio's outbound ALPN values for mesh HTTP of `version`: the application's protocol, then

@@ -3,7 +3,10 @@
 //! One pool for the whole proxy, keyed by destination, source address (inbound connections come
 //! from the passthrough source) and HTTP version, so a lookup is one hash. HTTP/1.1 connections
 //! carry one request at a time: a request takes one out and the end of its response body puts
-//! it back. An HTTP/2 connection is shared by every request to its destination.
+//! it back. An HTTP/2 connection is shared by every request to its destination while it has
+//! room for another stream ([`super::stream_capacity`]: its peer's
+//! `SETTINGS_MAX_CONCURRENT_STREAMS`); when every one is full, the request's path opens
+//! another, which is shared too, as Envoy's HTTP/2 pool does.
 //!
 //! The same pool holds the raw sockets of Remora's own HTTP/1.1 exchange ([`super::h1`]),
 //! in a pool of their own: [`Pooled`] is what the pool needs of either kind.
@@ -14,10 +17,12 @@
 //! connection the server is closing fails.
 
 use super::body::UpstreamBody;
+use super::stream_capacity::{Held, Streams};
 use crate::connect::Upstream;
 use crate::detect::HttpVersion;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -56,30 +61,102 @@ pub enum Sender {
     /// With the number of requests the connection has carried (a cluster's
     /// `max_requests_per_connection` retires it at its limit).
     Http1(http1::SendRequest<UpstreamBody>, u32),
-    Http2(http2::SendRequest<UpstreamBody>),
+    /// A handle on the connection that holds no stream (what the pool keeps).
+    Http2(http2::SendRequest<UpstreamBody>, Arc<Streams>),
+    /// A handle holding one of the connection's streams for a request.
+    Http2Stream(http2::SendRequest<UpstreamBody>, Held),
+}
+
+impl Sender {
+    /// Another handle on this HTTP/2 connection holding one of its streams for a request,
+    /// whatever the count (the first request of a connection opened for it).
+    pub fn first_stream(&self) -> Option<Sender> {
+        let (s, streams) = self.http2()?;
+        Some(Sender::Http2Stream(s.clone(), streams.take_first()))
+    }
+
+    /// The HTTP/2 connection's streams.
+    pub fn streams(&self) -> Option<&Arc<Streams>> {
+        self.http2().map(|(_, streams)| streams)
+    }
+
+    /// A handle on the same HTTP/2 connection that holds no stream.
+    pub fn handle(&self) -> Option<Sender> {
+        let (s, streams) = self.http2()?;
+        Some(Sender::Http2(s.clone(), Arc::clone(streams)))
+    }
+
+    fn http2(&self) -> Option<(&http2::SendRequest<UpstreamBody>, &Arc<Streams>)> {
+        match self {
+            Sender::Http2(s, streams) => Some((s, streams)),
+            Sender::Http2Stream(s, held) => Some((s, held.streams())),
+            Sender::Http1(..) => None,
+        }
+    }
 }
 
 /// What the pool needs of a connection it keeps.
 pub trait Pooled: Sized + Send + 'static {
     /// Whether the connection is known to be closed (by the server, or an error).
     fn is_closed(&self) -> bool;
-    /// Another handle on a connection that serves several requests at once (HTTP/2), when it
-    /// can take one more now; `None` for connections that carry one request at a time.
+    /// Another handle on a connection that serves several requests at once (HTTP/2), holding
+    /// a stream of it, when it can take one more now; `None` for connections that carry one
+    /// request at a time.
     fn share(&mut self) -> Option<Self>;
+    /// Whether `other` is a handle on the same connection (HTTP/2).
+    fn same_connection(&self, _other: &Self) -> bool {
+        false
+    }
+    /// Whether requests hold streams of it now (a shared connection is not idle then).
+    fn in_use(&self) -> bool {
+        false
+    }
+    /// Whether it takes no more requests (retired: GOAWAY, or its request limit).
+    fn is_retired(&self) -> bool {
+        false
+    }
+    /// What the pool keeps of it: a handle holding no stream (HTTP/2).
+    fn into_idle(self) -> Self {
+        self
+    }
 }
 
 impl Pooled for Sender {
     fn is_closed(&self) -> bool {
-        match self {
-            Sender::Http1(s, _) => s.is_closed(),
-            Sender::Http2(s) => s.is_closed(),
+        match self.http2() {
+            Some((s, _)) => s.is_closed(),
+            None => matches!(self, Sender::Http1(s, _) if s.is_closed()),
         }
     }
 
     fn share(&mut self) -> Option<Self> {
+        let (s, streams) = self.http2()?;
+        if !s.is_ready() {
+            return None;
+        }
+        let held = streams.try_take()?;
+        Some(Sender::Http2Stream(s.clone(), held))
+    }
+
+    fn same_connection(&self, other: &Self) -> bool {
+        match (self.streams(), other.streams()) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    fn in_use(&self) -> bool {
+        self.streams().is_some_and(|s| s.active() > 0)
+    }
+
+    fn is_retired(&self) -> bool {
+        self.streams().is_some_and(|s| s.is_retired())
+    }
+
+    fn into_idle(self) -> Self {
         match self {
-            Sender::Http2(s) if s.is_ready() => Some(Sender::Http2(s.clone())),
-            _ => None,
+            Sender::Http2Stream(s, held) => Sender::Http2(s, Arc::clone(held.streams())),
+            other => other,
         }
     }
 }
@@ -97,6 +174,32 @@ pub struct Pool<C = Sender, K = Key> {
     // foldhash: every request looks its key up twice, and SipHash was a visible share of it.
     idle: Mutex<foldhash::HashMap<K, Vec<Idle<C>>>>,
     reaper_started: AtomicBool,
+    /// Destinations a shared (HTTP/2) connection is being opened to now: the requests that
+    /// find no room wait for it rather than each opening one ([`Dialing`]).
+    dialing: Arc<Mutex<foldhash::HashSet<K>>>,
+}
+
+/// A shared connection to a destination being opened: while it lives, requests to that
+/// destination that find no room on its open connections wait for this one (what Envoy's
+/// pool counts as connecting capacity), so that a burst opens connections one after
+/// another, each taken up to its peer's limit, not one per request. Dropped once the new
+/// connection is in the pool (or failed), waking them.
+pub struct Dialing<K: PoolKey> {
+    dialing: Weak<Mutex<foldhash::HashSet<K>>>,
+    key: K,
+    waiters: Option<Arc<dyn super::stream_capacity::StreamWaiters>>,
+}
+
+impl<K: PoolKey> Drop for Dialing<K> {
+    fn drop(&mut self) {
+        if let Some(dialing) = self.dialing.upgrade() {
+            let mut d = dialing.lock().unwrap_or_else(PoisonError::into_inner);
+            d.remove(&self.key);
+        }
+        if let Some(w) = &self.waiters {
+            w.released();
+        }
+    }
 }
 
 impl<C, K> Default for Pool<C, K> {
@@ -104,13 +207,15 @@ impl<C, K> Default for Pool<C, K> {
         Pool {
             idle: Mutex::default(),
             reaper_started: AtomicBool::new(false),
+            dialing: Arc::default(),
         }
     }
 }
 
 impl<C: Pooled, K: PoolKey + Send + Sync + 'static> Pool<C, K> {
-    /// A connection to `key`'s destination, if one is idle (HTTP/1.1) or shared (HTTP/2).
-    /// A shared HTTP/2 connection's idle clock restarts with each request it is given.
+    /// A connection to `key`'s destination, if one is idle (HTTP/1.1) or shared with room
+    /// for another stream (HTTP/2: the first that has, holding one for the caller). A shared
+    /// HTTP/2 connection's idle clock restarts with each request it is given.
     pub fn checkout(&self, key: &K, now: Instant, idle_timeout: Duration) -> Option<C> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let list = idle.get_mut(key)?;
@@ -123,8 +228,8 @@ impl<C: Pooled, K: PoolKey + Send + Sync + 'static> Pool<C, K> {
                 }
             },
             HttpVersion::Http2 => {
-                list.retain(|e| !e.sender.is_closed());
-                list.first_mut().and_then(|e| {
+                list.retain(|e| !e.sender.is_closed() && !e.sender.is_retired());
+                list.iter_mut().find_map(|e| {
                     let shared = e.sender.share()?;
                     e.expires = now + idle_timeout;
                     Some(shared)
@@ -151,20 +256,49 @@ impl<C: Pooled, K: PoolKey + Send + Sync + 'static> Pool<C, K> {
             let list = idle.entry(key).or_default();
             let full = match version {
                 HttpVersion::Http1 => list.len() >= max_idle,
-                // One shared connection per destination is enough; a second stays private to
-                // the requests that opened it and closes when they finish.
-                HttpVersion::Http2 => list.iter().any(|e| !e.sender.is_closed()),
+                // A connection shared already (a request giving its stream back), one that
+                // takes no more requests, or more than `max_idle` to one destination: not
+                // kept (the last stays private to its requests and closes after them).
+                HttpVersion::Http2 => {
+                    sender.is_retired()
+                        || list.iter().any(|e| e.sender.same_connection(&sender))
+                        || list.iter().filter(|e| !e.sender.is_closed()).count() >= max_idle
+                }
             };
             if full {
                 Some(sender)
             } else {
-                list.push(Idle { sender, expires });
+                list.push(Idle {
+                    sender: sender.into_idle(),
+                    expires,
+                });
                 None
             }
         };
         // Dropped outside the lock: dropping the last sender closes the connection.
         drop(refused);
         self.start_reaper();
+    }
+
+    /// Whether a shared connection to `key` is being opened now.
+    pub fn is_dialing(&self, key: &K) -> bool {
+        let dialing = self.dialing.lock().unwrap_or_else(PoisonError::into_inner);
+        dialing.contains(key)
+    }
+
+    /// Record that a shared connection to `key` is being opened, until the guard is dropped
+    /// (waking `waiters`); `None` when one is already.
+    pub fn start_dial(
+        &self,
+        key: K,
+        waiters: Option<Arc<dyn super::stream_capacity::StreamWaiters>>,
+    ) -> Option<Dialing<K>> {
+        let mut dialing = self.dialing.lock().unwrap_or_else(PoisonError::into_inner);
+        dialing.insert(key.clone()).then(|| Dialing {
+            dialing: Arc::downgrade(&self.dialing),
+            key,
+            waiters,
+        })
     }
 
     /// Stop sharing the HTTP/2 connection to `key`: it said GOAWAY, and the streams on their way
@@ -202,7 +336,12 @@ impl<C: Pooled, K: PoolKey + Send + Sync + 'static> Pool<C, K> {
             idle.retain(|_, list| {
                 let mut i = 0;
                 while i < list.len() {
-                    if list[i].expires <= now || list[i].sender.is_closed() {
+                    let e = &mut list[i];
+                    // A shared connection carrying streams is not idle, whatever its clock.
+                    if e.expires <= now && e.sender.in_use() && !e.sender.is_retired() {
+                        e.expires = now + REAP_INTERVAL;
+                    }
+                    if e.expires <= now || e.sender.is_closed() || e.sender.is_retired() {
                         expired.push(list.swap_remove(i));
                     } else {
                         i += 1;
@@ -321,15 +460,38 @@ where
                 .initial_stream_window_size(UPSTREAM_H2_STREAM_WINDOW)
                 .initial_connection_window_size(UPSTREAM_H2_CONNECTION_WINDOW)
                 .max_send_buf_size(UPSTREAM_H2_SEND_BUF)
+                .initial_max_send_streams(super::stream_capacity::UNKNOWN_PEER_LIMIT)
                 .handshake(TokioIo::new(super::coalesce::Coalesced::new(io)))
                 .await?;
+            // hyper keeps the peer's SETTINGS to itself but for an accessor on the
+            // connection, whose task polls it: shared with the pool's look, which reads the
+            // peer's limit there (0 once the connection is over).
+            let conn = Arc::new(Mutex::new(Box::pin(conn)));
+            let reader = Arc::downgrade(&conn);
+            let streams = Arc::new(Streams::new(Box::new(move || {
+                reader.upgrade().map_or(0, |conn| {
+                    let conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
+                    conn.as_ref().get_ref().current_max_send_streams()
+                })
+            })));
+            let handle = Arc::clone(&streams);
             tokio::spawn(async move {
                 let _keep = keep;
-                if let Err(e) = conn.await {
+                let ended = std::future::poll_fn(|cx| {
+                    let mut conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
+                    conn.as_mut().poll(cx)
+                })
+                .await;
+                // A connection that ended takes no more requests, even before hyper says so.
+                streams.retire();
+                if let Err(e) = ended {
                     tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
                 }
             });
-            Ok(Sender::Http2(sender))
+            Ok(Sender::Http2(sender, handle))
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

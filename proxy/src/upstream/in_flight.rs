@@ -17,11 +17,11 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct InFlight {
     pub(super) state: Arc<ClusterState>,
-    host: Option<Arc<outlier::HostState>>,
+    pub(super) host: Option<Arc<outlier::HostState>>,
     /// Holds one of the cluster's requests (`max_requests`).
     request: bool,
     /// Holds one of the cluster's connection slots (`max_connections`).
-    connection: bool,
+    pub(super) connection: bool,
 }
 
 impl InFlight {
@@ -48,7 +48,8 @@ impl InFlight {
             f.request = true;
         }
         // An HTTP/1.1 attempt holds a connection for itself; an HTTP/2 cluster's requests share
-        // one per endpoint, which the limit never holds back. A TCP connection is one.
+        // connections, each of which holds a slot of its own (`multiplexed`). A TCP
+        // connection is one.
         let holds_connection =
             traffic == Traffic::Tcp || c.http_protocol != UpstreamHttpProtocol::Http2;
         if holds_connection && s.limits.limits_connections() {

@@ -28,6 +28,7 @@ pub mod dial;
 pub mod dns;
 pub mod hash;
 mod in_flight;
+pub mod multiplexed;
 pub mod origin;
 pub mod outlier;
 pub mod priority;
@@ -38,6 +39,7 @@ pub mod transport;
 
 pub use assignment::Assignment;
 pub use in_flight::{InFlight, RetryGuard};
+pub use multiplexed::{ConnectionSlot, StreamWaiters};
 pub use outlier::Outcome;
 pub use state::ClusterState;
 pub use transport::{MeshTls, OriginTls, Transport, TransportError};

@@ -28,6 +28,8 @@ pub struct ClusterStats {
     pub cx_overflow: AtomicU64,
     pub cx_total: AtomicU64,
     pub cx_connect_fail: AtomicU64,
+    /// Connections retired at `max_requests_per_connection`.
+    pub cx_max_requests: AtomicU64,
     /// Host picks made in panic mode, over every host of a priority, healthy or not.
     pub lb_healthy_panic: AtomicU64,
     pub outlier: OutlierStats,
@@ -72,6 +74,7 @@ impl ClusterStats {
             cx_overflow: AtomicU64::new(0),
             cx_total: AtomicU64::new(0),
             cx_connect_fail: AtomicU64::new(0),
+            cx_max_requests: AtomicU64::new(0),
             lb_healthy_panic: AtomicU64::new(0),
             outlier: OutlierStats::default(),
         }
@@ -112,6 +115,7 @@ impl ClusterStats {
             ("upstream_cx_overflow", v(&self.cx_overflow)),
             ("upstream_cx_total", v(&self.cx_total)),
             ("upstream_cx_connect_fail", v(&self.cx_connect_fail)),
+            ("upstream_cx_max_requests", v(&self.cx_max_requests)),
             ("lb_healthy_panic", v(&self.lb_healthy_panic)),
             (
                 "outlier_detection.ejections_enforced_total",

@@ -332,11 +332,11 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
     })
 }
 
-/// An upstream `http2_protocol_options.max_concurrent_streams`. Remora shares one HTTP/2
-/// connection per endpoint and opens no second one when a limit of its own is reached (the
-/// server's SETTINGS still bound the streams), so a limit below Envoy's default of 2^31-1
-/// (DestinationRule `maxConcurrentStreams`) is refused rather than not enforced. Remora
-/// never carries an upgrade inside HTTP/2 extended CONNECT, so `allow_connect` is refused too.
+/// An upstream `http2_protocol_options.max_concurrent_streams` (DestinationRule
+/// `maxConcurrentStreams`): the streams a connection carries at once, with the server's own
+/// SETTINGS the lower bound, past which the pool opens another connection, as Envoy's does
+/// (`proxy/src/http/stream_capacity.rs`); 0 is refused as Envoy refuses it. Remora never
+/// carries an upgrade inside HTTP/2 extended CONNECT, so `allow_connect` is refused.
 fn h2_streams(
     h2: &envoy_types::pb::envoy::config::core::v3::Http2ProtocolOptions,
     at: &str,
@@ -349,11 +349,12 @@ fn h2_streams(
     }
     match h2.max_concurrent_streams.as_ref().map(|v| v.value) {
         None => Ok(None),
-        Some(n) if n >= ENVOY_MAX_CONCURRENT_STREAMS => Ok(Some(n)),
-        Some(_) => Err(Fault::new(
+        Some(0) => Err(Fault::new(
             format!("{at}.max_concurrent_streams"),
-            "a limit on streams per upstream connection not supported",
+            "must be at least 1",
         )),
+        Some(n) if n >= ENVOY_MAX_CONCURRENT_STREAMS => Ok(None),
+        Some(n) => Ok(Some(n)),
     }
 }
 

@@ -3,13 +3,14 @@
 //! or a new one.
 
 use super::{admit, connect_failed, reported, Routed};
+use crate::detect::HttpVersion;
 use crate::http::body::UpstreamBody;
 use crate::http::errors::{ErrorKind, ProxyError};
 use crate::http::forward::{send_on, SendError, Upstreamed};
-use crate::http::pool::{self, Key, Sender};
+use crate::http::pool::{self, Dialing, Key, Sender};
 use crate::http::{protocol, ConnContext};
 use crate::upstream::dial::{self, Connected};
-use crate::upstream::{Avoid, Outcome, UpstreamError};
+use crate::upstream::{Avoid, ConnectionSlot, Outcome, UpstreamError};
 use http::Request;
 use std::time::{Duration, Instant};
 
@@ -125,8 +126,19 @@ pub(in crate::http) fn dial_failure(e: &dial::DialError) -> ErrorKind {
     }
 }
 
+/// What an attempt goes out on: a pooled connection (holding a stream of it, for HTTP/2),
+/// or a new one (for a shared HTTP/2 connection, with the cluster's connection slot it holds).
+enum Connection {
+    Pooled(Sender),
+    New(Option<ConnectionSlot>, Option<Dialing<Key>>),
+}
+
 /// One attempt of a routed request: an endpoint chosen now, a pooled connection to it if one
-/// is idle, else a new one.
+/// is idle (HTTP/1.1) or has room for another stream (HTTP/2), else a new one. An HTTP/2
+/// cluster's connections are shared, each holding one of the cluster's connection slots:
+/// with every connection to the endpoint at its peer's stream limit the request opens another
+/// if a slot is free, else waits for a stream or a slot as a pending request, as Envoy's
+/// HTTP/2 pool does.
 pub(in crate::http) async fn send(
     ctx: &ConnContext,
     routed: &Routed,
@@ -143,11 +155,59 @@ pub(in crate::http) async fn send(
         ctx.config.http.pool_idle_timeout,
     );
     // `max_requests_per_connection`: an HTTP/1.1 connection is retired once it has carried
-    // that many; an HTTP/2 one, whose streams are not counted, is then not shared at all, so
-    // none carries more than the limit.
+    // that many; an HTTP/2 one once it was given that many streams.
     let limit = selected.cluster.max_requests_per_connection;
-    let pooled = ctx.proxy.pool.checkout(&key, Instant::now(), idle_timeout);
-    if let Some(sender) = pooled {
+    // The connections hold the cluster's slots, not the requests.
+    let multiplexed = version == HttpVersion::Http2 && !selected.in_flight.holds_connection();
+    let mut use_pool = true;
+    // Whether a connection slot was refused to the request (Envoy's `upstream_cx_overflow`,
+    // counted once it is pending).
+    let refused = std::sync::atomic::AtomicBool::new(false);
+    // Whether it waited as a pending request (counted once, however it then goes out).
+    let mut waited = false;
+    let (slot, dialing) = loop {
+        let pool = &ctx.proxy.pool;
+        let found = if multiplexed {
+            let look = || {
+                if let Some(sender) = use_pool
+                    .then(|| pool.checkout(&key, Instant::now(), idle_timeout))
+                    .flatten()
+                {
+                    return Some(Connection::Pooled(sender));
+                }
+                // Another request is opening one: its room is waited for.
+                if pool.is_dialing(&key) {
+                    return None;
+                }
+                let Some(slot) = selected.in_flight.connection_slot() else {
+                    refused.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return None;
+                };
+                let waiters = selected.in_flight.stream_waiters();
+                let dialing = pool.start_dial(key, Some(waiters))?;
+                Some(Connection::New(Some(slot), Some(dialing)))
+            };
+            match look() {
+                Some(found) => found,
+                None => {
+                    waited = true;
+                    selected
+                        .in_flight
+                        .wait_pending(look, &refused)
+                        .await
+                        .map_err(|e| ProxyError::new(ErrorKind::Overflow, key.destination, e))?
+                }
+            }
+        } else {
+            use_pool
+                .then(|| pool.checkout(&key, Instant::now(), idle_timeout))
+                .flatten()
+                .map_or(Connection::New(None, None), Connection::Pooled)
+        };
+        let sender = match found {
+            Connection::Pooled(sender) => sender,
+            Connection::New(slot, dialing) => break (slot, dialing),
+        };
         match send_on(ctx, key, sender, req).await {
             Ok(up) => {
                 selected
@@ -159,9 +219,13 @@ pub(in crate::http) async fn send(
             Err(SendError::Unsent(back, e)) => {
                 tracing::debug!(endpoint = %key.destination, error = %e, "pooled connection closed; opening another");
                 req = *back;
+                use_pool = false;
             }
             Err(SendError::Failed(e)) => return Err(reported(&selected, e)),
         }
+    };
+    if multiplexed && !waited {
+        selected.in_flight.pending_for_connect();
     }
     let alpn = protocol::mesh_alpn(req.version());
     let connected = Box::pin(dial::dial(
@@ -183,23 +247,47 @@ pub(in crate::http) async fn send(
     })?;
     selected.in_flight.report(Outcome::Connected);
     let sender = match connected {
-        Connected::Plain(up) => pool::handshake(up, version).await,
+        Connected::Plain(up) => {
+            let (io, registration) = up.into_parts();
+            pool::handshake_over(io, (registration, slot), version).await
+        }
         Connected::Mesh(tls, registration) => {
-            pool::handshake_over(*tls, registration, version).await
+            pool::handshake_over(*tls, (registration, slot), version).await
         }
     }
     .map_err(|e| {
         let e = ProxyError::new(ErrorKind::ConnectFailed, selected.address, e);
         connect_failed(&selected, e)
     })?;
-    if let (Sender::Http2(s), None) = (&sender, limit) {
-        // Shared from now on by every request to this endpoint.
-        ctx.proxy.pool.checkin(
-            key,
-            Sender::Http2(s.clone()),
-            idle_timeout,
-            ctx.config.http.pool_max_idle_per_upstream,
-        );
+    let sender = match sender.first_stream() {
+        Some(first) => {
+            if let Some(streams) = sender.streams() {
+                let waiters = multiplexed.then(|| selected.in_flight.stream_waiters());
+                streams.bind(
+                    limit,
+                    selected.cluster.http2_max_concurrent_streams,
+                    waiters,
+                );
+            }
+            // Shared from now on by every request to this endpoint, while it has room.
+            ctx.proxy.pool.checkin(
+                key,
+                sender,
+                idle_timeout,
+                ctx.config.http.pool_max_idle_per_upstream,
+            );
+            first
+        }
+        None => sender,
+    };
+    // The requests that waited for it look again once its peer's limit is known.
+    if let (Some(dialing), Some(streams)) = (dialing, sender.streams()) {
+        let streams = std::sync::Arc::clone(streams);
+        let bound = selected.connect_timeout;
+        tokio::spawn(async move {
+            streams.settled(bound).await;
+            drop(dialing);
+        });
     }
     match send_on(ctx, key, sender, req).await {
         Ok(up) => {

@@ -134,15 +134,21 @@ fn unsupported_policies_are_refused() {
     )
     .expect_err("refused");
     assert!(err.contains("maximum TLS version below 1.3"), "{err}");
-    // HttpProtocolOptions: an upstream stream limit below Envoy's default is refused.
-    let err = convert(json!({"name": "c", "typed_extension_protocol_options": {
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-        "explicit_http_config": {"http2_protocol_options": {"max_concurrent_streams": 100}}}}}))
-    .expect_err("refused");
+    // HttpProtocolOptions: an upstream stream limit (DestinationRule `maxConcurrentStreams`)
+    // is kept; Envoy's default is none; 0 is refused, as Envoy refuses it.
+    let streams = |n: u32| {
+        convert(json!({"name": "c", "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {"max_concurrent_streams": n}}}}}))
+    };
+    let limited = streams(100).expect("a stream limit is honoured");
+    assert_eq!(limited.http2_max_concurrent_streams, Some(100));
+    let default = streams(2_147_483_647).expect("Envoy's default");
+    assert_eq!(default.http2_max_concurrent_streams, None);
+    let err = streams(0).expect_err("refused");
     assert!(
-        err.contains("http2_protocol_options.max_concurrent_streams")
-            && err.contains("limit on streams per upstream connection"),
+        err.contains("http2_protocol_options.max_concurrent_streams") && err.contains("at least 1"),
         "{err}"
     );
     let err = convert(json!({"name": "c", "typed_extension_protocol_options": {
