@@ -552,8 +552,22 @@ async fn send(
     let dst = key.destination;
     let idle_timeout = ctx.config.http.pool_idle_timeout;
     let mut req = req;
+    // A new HTTP/2 connection to this destination the requests that follow wait for.
+    let mut dialing = None;
     let idle = match &ctx.originate {
         Some(originate) => originate.checkout(ctx),
+        // Shared: a request that finds no room while another opens a connection waits for
+        // that one, as a routed request does, so that a cold burst does not dial per stream.
+        None if key.version == HttpVersion::Http2 => {
+            let bound = ctx.connect_timeout.saturating_mul(2);
+            match ctx.proxy.pool.shared(&key, idle_timeout, bound).await {
+                pool::Shared::Pooled(sender) => Some(sender),
+                pool::Shared::Dial((), d) => {
+                    dialing = d;
+                    None
+                }
+            }
+        }
         None => ctx.proxy.pool.checkout(&key, Instant::now(), idle_timeout),
     };
     if let Some(sender) = idle {
@@ -572,18 +586,17 @@ async fn send(
         Some(originate) => Box::pin(originate.open(ctx)).await?,
         None => Box::pin(open(ctx)).await?,
     };
-    let sender = match (sender.first_stream(), &ctx.originate) {
-        (Some(first), None) => {
-            // Shared from now on by every request to this destination, while it has room.
-            ctx.proxy.pool.checkin(
-                key,
-                sender,
-                idle_timeout,
-                ctx.config.http.pool_max_idle_per_upstream,
-            );
-            first
-        }
-        _ => sender,
+    let sender = match &ctx.originate {
+        // Shared from now on by every request to this destination, while it has room.
+        None => ctx.proxy.pool.share_new(
+            key,
+            sender,
+            idle_timeout,
+            ctx.config.http.pool_max_idle_per_upstream,
+            dialing,
+            ctx.connect_timeout,
+        ),
+        Some(_) => sender,
     };
     match send_on(ctx, key, sender, req).await {
         Ok(up) => Ok(up),

@@ -26,6 +26,9 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+mod dialing;
+pub use dialing::{Dialing, PoolWaiters, Shared};
 use std::time::{Duration, Instant};
 
 // How often expired idle connections are looked for. Expiry is therefore late by up to this.
@@ -177,29 +180,9 @@ pub struct Pool<C = Sender, K = Key> {
     /// Destinations a shared (HTTP/2) connection is being opened to now: the requests that
     /// find no room wait for it rather than each opening one ([`Dialing`]).
     dialing: Arc<Mutex<foldhash::HashSet<K>>>,
-}
-
-/// A shared connection to a destination being opened: while it lives, requests to that
-/// destination that find no room on its open connections wait for this one (what Envoy's
-/// pool counts as connecting capacity), so that a burst opens connections one after
-/// another, each taken up to its peer's limit, not one per request. Dropped once the new
-/// connection is in the pool (or failed), waking them.
-pub struct Dialing<K: PoolKey> {
-    dialing: Weak<Mutex<foldhash::HashSet<K>>>,
-    key: K,
-    waiters: Option<Arc<dyn super::stream_capacity::StreamWaiters>>,
-}
-
-impl<K: PoolKey> Drop for Dialing<K> {
-    fn drop(&mut self) {
-        if let Some(dialing) = self.dialing.upgrade() {
-            let mut d = dialing.lock().unwrap_or_else(PoisonError::into_inner);
-            d.remove(&self.key);
-        }
-        if let Some(w) = &self.waiters {
-            w.released();
-        }
-    }
+    /// What wakes the requests without a cluster ([`Pool::shared`]) waiting for a dial or a
+    /// stream.
+    waiters: Arc<PoolWaiters>,
 }
 
 impl<C, K> Default for Pool<C, K> {
@@ -208,6 +191,7 @@ impl<C, K> Default for Pool<C, K> {
             idle: Mutex::default(),
             reaper_started: AtomicBool::new(false),
             dialing: Arc::default(),
+            waiters: Arc::default(),
         }
     }
 }
@@ -278,27 +262,6 @@ impl<C: Pooled, K: PoolKey + Send + Sync + 'static> Pool<C, K> {
         // Dropped outside the lock: dropping the last sender closes the connection.
         drop(refused);
         self.start_reaper();
-    }
-
-    /// Whether a shared connection to `key` is being opened now.
-    pub fn is_dialing(&self, key: &K) -> bool {
-        let dialing = self.dialing.lock().unwrap_or_else(PoisonError::into_inner);
-        dialing.contains(key)
-    }
-
-    /// Record that a shared connection to `key` is being opened, until the guard is dropped
-    /// (waking `waiters`); `None` when one is already.
-    pub fn start_dial(
-        &self,
-        key: K,
-        waiters: Option<Arc<dyn super::stream_capacity::StreamWaiters>>,
-    ) -> Option<Dialing<K>> {
-        let mut dialing = self.dialing.lock().unwrap_or_else(PoisonError::into_inner);
-        dialing.insert(key.clone()).then(|| Dialing {
-            dialing: Arc::downgrade(&self.dialing),
-            key,
-            waiters,
-        })
     }
 
     /// Stop sharing the HTTP/2 connection to `key`: it said GOAWAY, and the streams on their way

@@ -147,9 +147,11 @@ impl Streams {
         }
     }
 
-    /// Give no more streams (the peer said GOAWAY).
+    /// Give no more streams (the peer said GOAWAY, or the connection ended); the requests
+    /// waiting for one of its streams look elsewhere.
     pub fn retire(&self) {
         self.retired.store(true, Ordering::Release);
+        self.wake();
     }
 
     /// Whether the connection gives no more streams.

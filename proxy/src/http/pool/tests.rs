@@ -85,3 +85,74 @@ async fn only_one_shared_connection_is_opened_to_a_destination_at_a_time() {
     drop(dialing);
     assert!(!pool.is_dialing(&key()));
 }
+
+/// A cold burst of `burst` requests through [`Pool::shared`] to a server taking `limit`
+/// streams at a time, each request holding its stream: the connections dialled.
+async fn cold_burst(burst: usize, limit: u32) -> usize {
+    let pool = Arc::new(Pool::<Sender, Key>::default());
+    let dials = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let idle = Duration::from_secs(30);
+    let (held_tx, mut held_rx) = tokio::sync::mpsc::unbounded_channel();
+    let tasks: Vec<_> = (0..burst)
+        .map(|_| {
+            let (pool, dials, held_tx) = (Arc::clone(&pool), Arc::clone(&dials), held_tx.clone());
+            tokio::spawn(async move {
+                let bound = Duration::from_secs(5);
+                let sender = match pool.shared(&key(), idle, bound).await {
+                    Shared::Pooled(sender) => sender,
+                    Shared::Dial((), dialing) => {
+                        assert!(dialing.is_some(), "a dial waited past its bound");
+                        dials.fetch_add(1, Ordering::SeqCst);
+                        // Not waiting for the peer's SETTINGS: share_new does.
+                        let (client, server) = tokio::io::duplex(64 * 1024);
+                        tokio::spawn(serve_held(server, limit));
+                        let sender = handshake_over(client, (), HttpVersion::Http2)
+                            .await
+                            .expect("handshake");
+                        pool.share_new(key(), sender, idle, 64, dialing, bound)
+                    }
+                };
+                let _ = held_tx.send(sender);
+            })
+        })
+        .collect();
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(10), t)
+            .await
+            .expect("every request given a connection in time")
+            .expect("request task");
+    }
+    drop(held_tx);
+    let mut held = Vec::new();
+    while let Some(s) = held_rx.recv().await {
+        held.push(s);
+    }
+    assert_eq!(held.len(), burst);
+    dials.load(Ordering::SeqCst)
+}
+
+/// An `h2` server taking `limit` streams at a time that holds every stream.
+async fn serve_held(io: tokio::io::DuplexStream, limit: u32) {
+    let mut builder = h2::server::Builder::new();
+    builder.max_concurrent_streams(limit);
+    let Ok(mut conn) = builder.handshake::<_, bytes::Bytes>(io).await else {
+        return;
+    };
+    let mut held = Vec::new();
+    while let Some(Ok(stream)) = conn.accept().await {
+        held.push(stream);
+    }
+}
+
+/// A cold burst to one destination without a cluster (a port declared `http2`) waits for the
+/// dial under way: one connection for a peer with room for the whole burst, as many as the
+/// peer's limit requires for one without, never one per request.
+#[tokio::test]
+async fn a_cold_burst_dials_one_connection_per_peer_limit_not_per_request() {
+    assert_eq!(cold_burst(8, 100).await, 1, "a peer taking 100 streams");
+    assert_eq!(
+        cold_burst(8, 2).await,
+        4,
+        "a peer taking 2 streams at a time"
+    );
+}

@@ -7,7 +7,7 @@ use crate::detect::HttpVersion;
 use crate::http::body::UpstreamBody;
 use crate::http::errors::{ErrorKind, ProxyError};
 use crate::http::forward::{send_on, SendError, Upstreamed};
-use crate::http::pool::{self, Dialing, Key, Sender};
+use crate::http::pool::{self, Dialing, Key, Sender, Shared};
 use crate::http::{protocol, ConnContext};
 use crate::upstream::dial::{self, Connected};
 use crate::upstream::{Avoid, ConnectionSlot, Outcome, UpstreamError};
@@ -169,23 +169,20 @@ pub(in crate::http) async fn send(
         let pool = &ctx.proxy.pool;
         let found = if multiplexed {
             let look = || {
-                if let Some(sender) = use_pool
-                    .then(|| pool.checkout(&key, Instant::now(), idle_timeout))
-                    .flatten()
-                {
-                    return Some(Connection::Pooled(sender));
-                }
-                // Another request is opening one: its room is waited for.
-                if pool.is_dialing(&key) {
-                    return None;
-                }
-                let Some(slot) = selected.in_flight.connection_slot() else {
-                    refused.store(true, std::sync::atomic::Ordering::Relaxed);
-                    return None;
+                let slot = || {
+                    let slot = selected.in_flight.connection_slot();
+                    if slot.is_none() {
+                        refused.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    slot
                 };
-                let waiters = selected.in_flight.stream_waiters();
-                let dialing = pool.start_dial(key, Some(waiters))?;
-                Some(Connection::New(Some(slot), Some(dialing)))
+                let waiters = || selected.in_flight.stream_waiters();
+                Some(
+                    match pool.look_shared(&key, idle_timeout, use_pool, slot, waiters)? {
+                        Shared::Pooled(sender) => Connection::Pooled(sender),
+                        Shared::Dial(slot, dialing) => Connection::New(Some(slot), dialing),
+                    },
+                )
             };
             match look() {
                 Some(found) => found,
@@ -259,36 +256,24 @@ pub(in crate::http) async fn send(
         let e = ProxyError::new(ErrorKind::ConnectFailed, selected.address, e);
         connect_failed(&selected, e)
     })?;
-    let sender = match sender.first_stream() {
-        Some(first) => {
-            if let Some(streams) = sender.streams() {
-                let waiters = multiplexed.then(|| selected.in_flight.stream_waiters());
-                streams.bind(
-                    limit,
-                    selected.cluster.http2_max_concurrent_streams,
-                    waiters,
-                );
-            }
-            // Shared from now on by every request to this endpoint, while it has room.
-            ctx.proxy.pool.checkin(
-                key,
-                sender,
-                idle_timeout,
-                ctx.config.http.pool_max_idle_per_upstream,
-            );
-            first
-        }
-        None => sender,
-    };
-    // The requests that waited for it look again once its peer's limit is known.
-    if let (Some(dialing), Some(streams)) = (dialing, sender.streams()) {
-        let streams = std::sync::Arc::clone(streams);
-        let bound = selected.connect_timeout;
-        tokio::spawn(async move {
-            streams.settled(bound).await;
-            drop(dialing);
-        });
+    if let Some(streams) = sender.streams() {
+        let waiters = multiplexed.then(|| selected.in_flight.stream_waiters());
+        streams.bind(
+            limit,
+            selected.cluster.http2_max_concurrent_streams,
+            waiters,
+        );
     }
+    // An HTTP/2 connection is shared from now on by every request to this endpoint, while it
+    // has room; the requests that waited for it look again once its peer's limit is known.
+    let sender = ctx.proxy.pool.share_new(
+        key,
+        sender,
+        idle_timeout,
+        ctx.config.http.pool_max_idle_per_upstream,
+        dialing,
+        selected.connect_timeout,
+    );
     match send_on(ctx, key, sender, req).await {
         Ok(up) => {
             selected
