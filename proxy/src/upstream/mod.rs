@@ -149,6 +149,7 @@ pub struct Avoid<'a> {
 impl Avoid<'_> {
     /// The priorities of `cla` a pick leaves out: those of the hosts tried, counted in whole
     /// rounds of the update frequency, as Envoy updates them. Allocates only when there are.
+    #[inline]
     fn excluded_priorities(&self, cla: &ClusterLoadAssignment) -> Vec<u32> {
         let Some(every) = self.previous_priorities.filter(|f| *f > 0) else {
             return Vec::new();
