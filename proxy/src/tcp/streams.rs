@@ -30,6 +30,21 @@ where
     D: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
 {
+    copy_streams_until(prefix, downstream, upstream, idle, std::future::pending()).await
+}
+
+/// As [`copy_streams`], ended early ([`CopyError::Stopped`]) when `stop` resolves.
+pub async fn copy_streams_until<D, U>(
+    prefix: &[u8],
+    downstream: &mut D,
+    upstream: &mut U,
+    idle: Option<Duration>,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<Transfer, CopyError>
+where
+    D: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
     let (down_read, up_read) = (AtomicU64::new(0), AtomicU64::new(0));
     let mut down = Watched::new(downstream, &down_read);
     let mut up = Watched::new(upstream, &up_read);
@@ -45,7 +60,8 @@ where
         idle = std::future::poll_fn(|cx| {
             let moved = down_read.load(Ordering::Relaxed) + up_read.load(Ordering::Relaxed);
             timer.poll_idle(cx, moved)
-        }) => Err(idle),
+        }) => Err(Some(idle)),
+        () = stop => Err(None),
     };
     let transfer = Transfer {
         sent: down_read.load(Ordering::Relaxed) + prefix.len() as u64,
@@ -53,7 +69,8 @@ where
     };
     let result = match result {
         Ok(r) => r,
-        Err(idle) => return Err(CopyError::Idle { idle, transfer }),
+        Err(Some(idle)) => return Err(CopyError::Idle { idle, transfer }),
+        Err(None) => return Err(CopyError::Stopped { transfer }),
     };
     match result {
         Ok(_) => Ok(transfer),
