@@ -76,7 +76,9 @@ impl ChainDrains {
             }
             watched.next += 1;
             let id = watched.next;
-            watched.by_id.insert(id, (chain.clone(), Arc::clone(&signal)));
+            watched
+                .by_id
+                .insert(id, (chain.clone(), Arc::clone(&signal)));
             id
         };
         // Registered first, looked at second: an update the task swept before this watch was

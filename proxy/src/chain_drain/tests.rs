@@ -1,7 +1,7 @@
 use super::*;
 use crate::route::tests::{virtual_inbound_listeners, virtual_inbound_with};
-use remora_xds::model::listener::ConnectionFacts;
 use prost::Message as _;
+use remora_xds::model::listener::ConnectionFacts;
 use remora_xds::sink::{type_url, Resource, Sink, Update};
 
 /// The chain a connection to `dst` over `transport` takes in `store` now.

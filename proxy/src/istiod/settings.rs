@@ -90,7 +90,10 @@ pub fn drain_duration(proxy_config: Option<&str>) -> Result<Option<Duration>, Se
     let Some(text) = proxy_config.filter(|t| !t.trim().is_empty()) else {
         return Ok(None);
     };
-    match ProxyConfig::parse(text)?.drain_duration.filter(|d| !d.is_empty()) {
+    match ProxyConfig::parse(text)?
+        .drain_duration
+        .filter(|d| !d.is_empty())
+    {
         None => Ok(None),
         Some(d) => humantime::parse_duration(&d)
             .map(Some)

@@ -439,7 +439,8 @@ impl Proxy {
             }
             (Downstream::Mesh(d), Ok(Connected::Plain(up))) => {
                 let (mut stream, _registration) = up.into_parts();
-                let copied = tcp::copy_streams_until(prefix, &mut **d, &mut stream, hop.idle, stop).await;
+                let copied =
+                    tcp::copy_streams_until(prefix, &mut **d, &mut stream, hop.idle, stop).await;
                 (copied, stream)
             }
             (Downstream::Plain(d), Ok(Connected::Mesh(mut tls, _registration))) => {
@@ -447,7 +448,8 @@ impl Proxy {
                 (copied, tls.into_inner().0)
             }
             (Downstream::Mesh(d), Ok(Connected::Mesh(mut tls, _registration))) => {
-                let copied = tcp::copy_streams_until(prefix, &mut **d, &mut *tls, hop.idle, stop).await;
+                let copied =
+                    tcp::copy_streams_until(prefix, &mut **d, &mut *tls, hop.idle, stop).await;
                 (copied, tls.into_inner().0)
             }
             (_, Err(e)) => {

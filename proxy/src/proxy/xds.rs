@@ -39,7 +39,11 @@ impl Proxy {
         };
         let alpn = application_protocols(hello.as_ref(), http, true);
         let facts = connection_facts(hop.destination, hello.as_ref(), &alpn);
-        let (cluster, idle, hash, chain) = match route::outbound(&snapshot, &facts, fastrand::u64(..)) {
+        let (cluster, idle, hash, chain) = match route::outbound(
+            &snapshot,
+            &facts,
+            fastrand::u64(..),
+        ) {
             ChainDecision::NoChain => {
                 tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no xDS listener or filter chain");
                 // Closed, not reset: Envoy's tcp_proxy closes a connection it cannot serve.
@@ -130,14 +134,9 @@ impl Proxy {
                 facts.upstream_local = up.stream.local_addr().ok();
                 let watch = self.watch_chain(chain.as_ref());
                 let stop = crate::chain_drain::deadline(watch.as_ref(), config.drain.drain_time);
-                let copied = tcp::copy_bidirectional_until(
-                    &prefix,
-                    &downstream,
-                    &up.stream,
-                    hop.idle,
-                    stop,
-                )
-                .await;
+                let copied =
+                    tcp::copy_bidirectional_until(&prefix, &downstream, &up.stream, hop.idle, stop)
+                        .await;
                 copy_outcome(&hop, copied, &downstream, &up.stream)
                     .counted_in(IstioOpen::Unknown)
                     .with_xds(facts)

@@ -9,8 +9,8 @@
 //! passed in, so every decision is reproducible in a test.
 
 use remora_xds::model::listener::{
-    ChainKind, ConnectionFacts, Direction, DownstreamTls, FilterChain, HttpChain, HttpFilter, Listener,
-    NetworkFilter, RouteSource, TcpTarget,
+    ChainKind, ConnectionFacts, Direction, DownstreamTls, FilterChain, HttpChain, HttpFilter,
+    Listener, NetworkFilter, RouteSource, TcpTarget,
 };
 use remora_xds::model::rbac::Rbac;
 use remora_xds::model::route::{

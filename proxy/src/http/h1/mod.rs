@@ -522,8 +522,7 @@ fn closing(ctx: &ConnContext) -> bool {
         .chain_watch
         .as_ref()
         .is_some_and(crate::chain_drain::Watch::is_retired);
-    let draining =
-        retired || ctx.direction == Direction::Inbound && ctx.proxy.drain.is_draining();
+    let draining = retired || ctx.direction == Direction::Inbound && ctx.proxy.drain.is_draining();
     if draining {
         ctx.closing.store(true, Ordering::Relaxed);
     }

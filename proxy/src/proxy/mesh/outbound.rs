@@ -99,7 +99,15 @@ impl Proxy {
             Ok(tls) => {
                 let service = dest.hostname.as_deref().map(Arc::from);
                 return self
-                    .serve_originated(config, &hop, downstream, &prefix, tls, service, std::future::pending())
+                    .serve_originated(
+                        config,
+                        &hop,
+                        downstream,
+                        &prefix,
+                        tls,
+                        service,
+                        std::future::pending(),
+                    )
                     .await;
             }
             Err(HandshakeFailure::Timeout) => End::ConnectTimeout,

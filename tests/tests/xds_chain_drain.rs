@@ -1,0 +1,262 @@
+//! A listener update that removes or changes the filter chain an open TCP connection took:
+//! as Envoy does, the connection keeps going on its old chain for the drain time
+//! (`drain.drain_time` here, `--drain-time-s` for Envoy: pilot-agent's from ProxyConfig's
+//! `drainDuration`), then is closed (`filter_chain_is_being_removed`); a connection whose chain
+//! the update left as it was stays open.
+//!
+//! Three services of one TCP echo backend, each istiod's per-VIP outbound listener
+//! (`bind_to_port: false`, reached through `virtualOutbound`): a connection is held open to
+//! each, then one update removes the first listener, changes the cluster of the second's only
+//! chain (Envoy's in-place filter chain update) and leaves the third alone. With a drain time
+//! of 2 s, the first two connections still echo 1.5 s after the update was written and are
+//! closed within a few seconds after the drain time (the update is picked up within Remora's
+//! one-second poll of its directory, Envoy's inotify at once); the third still echoes after
+//! they are gone. Run through Remora behind `remora capture`, and through a real Envoy 1.40
+//! given the same resources (its listeners over LDS from a file), which must agree.
+
+use remora_e2e::envoy_xds::{nets_or_skip, Resources};
+use remora_e2e::peer::{self, Server};
+use remora_e2e::xds_resources::{eds_cluster, tcp_listener};
+use remora_e2e::PodNet;
+use serde_json::{json, Value};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
+const BACKEND_PORT: u16 = 9100;
+const A: &str = "outbound|9000||a.test.svc.cluster.local";
+const B: &str = "outbound|9000||b.test.svc.cluster.local";
+/// Its listener is removed by the update.
+const REMOVED: &str = "10.96.0.41:9000";
+/// Its listener's chain goes to another cluster after the update.
+const CHANGED: &str = "10.96.0.42:9000";
+/// Its listener is the same after the update.
+const KEPT: &str = "10.96.0.43:9000";
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+/// When the connections of retired chains are checked to be still open, after the update was
+/// written: before the drain time could have run out, however soon the update was seen.
+const STILL_OPEN_AT: Duration = Duration::from_millis(1500);
+/// Bound on the close after the update was written: the drain time, Remora's one-second poll
+/// of its directory and its settling, and slack for a loaded machine.
+const CLOSED_BY: Duration = Duration::from_secs(7);
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().expect("addr")
+}
+
+/// The services' listeners: before the update all three to cluster A; after it, the first
+/// gone and the second to cluster B.
+fn resources(updated: bool) -> Resources {
+    let endpoint = json!({"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+        "address": BACKEND_IP.to_string(), "port_value": BACKEND_PORT}}}, "health_status": "HEALTHY"}]});
+    let mut listeners = vec![json!({"name": "virtualOutbound",
+        "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15001}},
+        "use_original_dst": true, "traffic_direction": "OUTBOUND",
+        "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [
+            {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                "stat_prefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}]})];
+    if !updated {
+        listeners.push(tcp_listener(addr(REMOVED), A));
+    }
+    listeners.push(tcp_listener(addr(CHANGED), if updated { B } else { A }));
+    listeners.push(tcp_listener(addr(KEPT), A));
+    Resources {
+        listeners: Value::Array(listeners),
+        clusters: json!([eds_cluster(A), eds_cluster(B),
+            {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
+        routes: json!([]),
+        endpoints: json!([
+            {"cluster_name": A, "endpoints": [endpoint.clone()]},
+            {"cluster_name": B, "endpoints": [endpoint]}
+        ]),
+    }
+}
+
+/// An echo of lines that keeps its connection open until the client closes it.
+fn line_echo(net: &PodNet) -> Server {
+    Server::start(
+        &net.peer,
+        SocketAddrV4::new(BACKEND_IP, BACKEND_PORT).into(),
+        |stream| {
+            let mut reader = BufReader::new(stream.try_clone()?);
+            let mut stream = stream;
+            // Bounded: a test sends a handful of lines.
+            for _ in 0..1000 {
+                let mut line = String::new();
+                if reader.read_line(&mut line)? == 0 {
+                    return Ok(());
+                }
+                stream.write_all(line.as_bytes())?;
+            }
+            Ok(())
+        },
+    )
+}
+
+/// Whether `line` comes back over `stream`.
+fn echoes(stream: &mut TcpStream, line: &str) -> io::Result<()> {
+    stream.write_all(format!("{line}\n").as_bytes())?;
+    let mut got = vec![0u8; line.len() + 1];
+    stream.read_exact(&mut got)?;
+    match got == format!("{line}\n").as_bytes() {
+        true => Ok(()),
+        false => Err(io::Error::other(format!("echoed {got:?}"))),
+    }
+}
+
+/// How the proxy closed a connection: with an end of stream, or a reset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Close {
+    End,
+    Reset,
+}
+
+/// Wait, up to `until` after `written`, for the proxy to close `stream`; how long after
+/// `written` it did, and how, or `None`.
+fn closed_after(
+    stream: &mut TcpStream,
+    written: Instant,
+    until: Duration,
+) -> Option<(Duration, Close)> {
+    loop {
+        let left = until.checked_sub(written.elapsed())?;
+        stream
+            .set_read_timeout(Some(left.max(Duration::from_millis(10))))
+            .ok()?;
+        let mut byte = [0u8; 1];
+        match stream.read(&mut byte) {
+            Ok(0) => return Some((written.elapsed(), Close::End)),
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                if written.elapsed() >= until {
+                    return None;
+                }
+            }
+            Err(_) => return Some((written.elapsed(), Close::Reset)),
+        }
+    }
+}
+
+/// What a proxy did with the three connections.
+#[derive(Debug)]
+struct Seen {
+    /// Each retired chain's connection still echoed at [`STILL_OPEN_AT`].
+    open_before_deadline: [bool; 2],
+    /// When each was closed after the update was written.
+    closed: [Option<(Duration, Close)>; 2],
+    /// The kept chain's connection still echoed after both were closed.
+    kept_open: bool,
+}
+
+/// Open a connection to each service, apply the update (`push`), and watch them.
+fn run(net: &PodNet, push: impl FnOnce()) -> Seen {
+    let connect = |vip: &str| {
+        let mut s = peer::connect(&net.pod, addr(vip)).expect("connect through the proxy");
+        echoes(&mut s, &format!("hello {vip}")).expect("echo before the update");
+        s
+    };
+    let (mut removed, mut changed, mut kept) = (connect(REMOVED), connect(CHANGED), connect(KEPT));
+    // Taken before the write: the proxy cannot see the update earlier.
+    let written = Instant::now();
+    push();
+    std::thread::sleep(STILL_OPEN_AT.saturating_sub(written.elapsed()));
+    let open_before_deadline = [
+        echoes(&mut removed, "still here").is_ok(),
+        echoes(&mut changed, "still here").is_ok(),
+    ];
+    let closed = [
+        closed_after(&mut removed, written, CLOSED_BY),
+        closed_after(&mut changed, written, CLOSED_BY),
+    ];
+    let kept_open = echoes(&mut kept, "after the drain").is_ok();
+    Seen {
+        open_before_deadline,
+        closed,
+        kept_open,
+    }
+}
+
+fn check(who: &str, seen: &Seen, logs: impl Fn() -> String) {
+    eprintln!("{who}: {seen:?}");
+    assert_eq!(
+        seen.open_before_deadline,
+        [true, true],
+        "{who}: a retired chain's connection was closed before its drain time\n{}",
+        logs()
+    );
+    for (what, closed) in ["removed", "changed"].iter().zip(seen.closed) {
+        let Some((after, _)) = closed else {
+            panic!(
+                "{who}: the connection of the {what} chain was still open {CLOSED_BY:?} after the update\n{}",
+                logs()
+            );
+        };
+        assert!(
+            // A timer's own granularity aside (Envoy's are in milliseconds).
+            after >= DRAIN_TIME - Duration::from_millis(20),
+            "{who}: the {what} chain's connection closed {after:?} after the update, before the drain time\n{}",
+            logs()
+        );
+    }
+    assert!(
+        seen.kept_open,
+        "{who}: the connection of the unchanged chain was closed\n{}",
+        logs()
+    );
+}
+
+#[test]
+fn a_retired_chains_connections_close_after_the_drain_time_as_envoys_do() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora_net, envoy_net) = (&nets.0, &nets.1);
+    for net in [remora_net, envoy_net] {
+        remora_e2e::sidecars::prepare(net);
+    }
+    let _remora_backend = line_echo(remora_net);
+    let _envoy_backend = line_echo(envoy_net);
+
+    // The oracle first: Envoy as pilot-agent runs it, with the short drain time.
+    let drain = DRAIN_TIME.as_secs().to_string();
+    let (envoy, dir) = resources(false).start_envoy_lds(
+        envoy_net,
+        Path::new(&binary),
+        &["--drain-time-s", &drain, "--drain-strategy", "immediate"],
+    );
+    let seen = run(envoy_net, || {
+        resources(true).write_envoy_listeners(&dir, "2")
+    });
+    check("envoy", &seen, || envoy.logs());
+
+    let (remora, dir) = resources(false).start_remora_with(
+        remora_net,
+        &format!("drain:\n  drain_time: {}s\n", DRAIN_TIME.as_secs()),
+    );
+    let got = run(remora_net, || resources(true).write_for_remora(&dir));
+    let logs = || format!("{}\n{}", remora.stdout(), remora.stderr());
+    check("remora", &got, logs);
+    // Closed as Envoy closes them (an end of stream: Envoy's close without flush is not a
+    // reset).
+    let how = |s: &Seen| s.closed.map(|c| c.map(|(_, how)| how));
+    assert_eq!(
+        how(&got),
+        how(&seen),
+        "remora closed them otherwise than envoy\n{}",
+        logs()
+    );
+    remora.wait_for_metrics("the two closes counted", Duration::from_secs(5), |m| {
+        m.value(
+            "remora_filter_chain_drain_closes_total",
+            &[("direction", "outbound")],
+        ) == 2.0
+    });
+}
