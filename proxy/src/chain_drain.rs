@@ -17,9 +17,11 @@
 use crate::route::ChainRef;
 use remora_xds::snapshot::Snapshot;
 use remora_xds::store::Store;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 /// The connections watched for the retirement of their chain.
@@ -143,14 +145,14 @@ impl Watch {
         // loop that wakes for its bytes takes no lock here.
         let mut registered: Option<Waker> = None;
         std::future::poll_fn(|cx| {
-            if self.signal.retired.load(Ordering::Acquire) {
+            if self.is_retired() {
                 return Poll::Ready(());
             }
             if !registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                 *lock(&self.signal.waker) = Some(cx.waker().clone());
                 registered = Some(cx.waker().clone());
                 // Retired meanwhile: the sweep took no waker, or the old one.
-                if self.signal.retired.load(Ordering::Acquire) {
+                if self.is_retired() {
                     return Poll::Ready(());
                 }
             }
@@ -175,10 +177,22 @@ impl Drop for Watch {
 
 /// Resolves `drain_time` after the chain `watch` follows is retired; never without a watch
 /// (a connection not decided by an xDS chain).
-pub async fn deadline(watch: Option<&Watch>, drain_time: Duration) {
-    match watch {
-        Some(w) => w.deadline(drain_time).await,
-        None => std::future::pending().await,
+pub fn deadline(watch: Option<&Watch>, drain_time: Duration) -> Deadline<'_> {
+    Deadline(watch.map(|w| Box::pin(w.deadline(drain_time)) as _))
+}
+
+/// The future of [`deadline`]: boxed, and only for a connection on a chain, as every
+/// connection's future holds one (two words here).
+pub struct Deadline<'a>(Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>);
+
+impl Future for Deadline<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        match self.0.as_mut() {
+            Some(cut) => cut.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
     }
 }
 

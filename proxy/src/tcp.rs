@@ -104,13 +104,15 @@ pub async fn copy_bidirectional(
 
 /// Send `prefix` (bytes already read from `downstream` while detecting) to `upstream`, then
 /// copy between them until both directions end, or until nothing has moved for `idle`.
-pub async fn copy_bidirectional_after(
-    prefix: &[u8],
-    downstream: &TcpStream,
-    upstream: &TcpStream,
+/// (Not an `async fn`: a wrapper future would keep a second copy of the arguments in every
+/// connection's future.)
+pub fn copy_bidirectional_after<'a>(
+    prefix: &'a [u8],
+    downstream: &'a TcpStream,
+    upstream: &'a TcpStream,
     idle: Option<Duration>,
-) -> Result<Transfer, CopyError> {
-    copy_bidirectional_until(prefix, downstream, upstream, idle, std::future::pending()).await
+) -> impl Future<Output = Result<Transfer, CopyError>> + 'a {
+    copy_bidirectional_until(prefix, downstream, upstream, idle, std::future::pending())
 }
 
 /// As [`copy_bidirectional_after`], ended early (both sides closed, [`CopyError::Stopped`])

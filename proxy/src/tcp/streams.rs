@@ -20,17 +20,18 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 /// Send `prefix` (bytes detection read from `downstream`) to `upstream`, then copy both ways
 /// until both directions end, or until nothing has moved for `idle`.
-pub async fn copy_streams<D, U>(
-    prefix: &[u8],
-    downstream: &mut D,
-    upstream: &mut U,
+/// (Not an `async fn`: a wrapper future would keep a second copy of the arguments.)
+pub fn copy_streams<'a, D, U>(
+    prefix: &'a [u8],
+    downstream: &'a mut D,
+    upstream: &'a mut U,
     idle: Option<Duration>,
-) -> Result<Transfer, CopyError>
+) -> impl std::future::Future<Output = Result<Transfer, CopyError>> + 'a
 where
     D: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
 {
-    copy_streams_until(prefix, downstream, upstream, idle, std::future::pending()).await
+    copy_streams_until(prefix, downstream, upstream, idle, std::future::pending())
 }
 
 /// As [`copy_streams`], ended early ([`CopyError::Stopped`]) when `stop` resolves.
