@@ -13,8 +13,16 @@
 //! one-second poll of its directory, Envoy's inotify at once); the third still echoes after
 //! they are gone. Run through Remora behind `remora capture`, and through a real Envoy 1.40
 //! given the same resources (its listeners over LDS from a file), which must agree.
+//!
+//! The same for HTTP/1.1 keep-alive connections on an HTTP chain the update changes: the next
+//! request on one is answered with `connection: close`, and an idle one is closed when the
+//! drain time has run out, as Envoy does. (After that answer Envoy 1.40 leaves the connection
+//! to the client, closing it at the drain time; Remora closes it once the answer is written,
+//! as on SIGTERM's drain.)
 
+use remora_e2e::backend;
 use remora_e2e::envoy_xds::{nets_or_skip, Resources};
+use remora_e2e::http_client::Client;
 use remora_e2e::peer::{self, Server};
 use remora_e2e::xds_resources::{eds_cluster, tcp_listener};
 use remora_e2e::PodNet;
@@ -258,5 +266,143 @@ fn a_retired_chains_connections_close_after_the_drain_time_as_envoys_do() {
             "remora_filter_chain_drain_closes_total",
             &[("direction", "outbound")],
         ) == 2.0
+    });
+}
+
+const HTTP_VIP: &str = "10.96.0.10:80";
+const HOST: &str = "web.test.svc.cluster.local";
+const HTTP_BACKEND_PORT: u16 = 8001;
+/// Longer than [`DRAIN_TIME`]: the request on the connection to be told to go is sent
+/// [`STILL_OPEN_AT`] after the update, well before this runs out.
+const HTTP_DRAIN_TIME: Duration = Duration::from_secs(3);
+
+/// istiod's outbound HTTP listener for port 80, its chain as of `generation` (the connection
+/// manager's stat prefix differs between generations: a changed chain).
+fn http_resources(generation: u8) -> Resources {
+    Resources {
+        listeners: json!([
+            {"name": "virtualOutbound", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15001}},
+             "use_original_dst": true, "traffic_direction": "OUTBOUND",
+             "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [
+                {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                    "stat_prefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}]},
+            {"name": "0.0.0.0_80", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 80}},
+             "traffic_direction": "OUTBOUND", "bind_to_port": false,
+             "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": format!("outbound_0.0.0.0_80_{generation}"),
+                "rds": {"config_source": {"ads": {}}, "route_config_name": "80"},
+                "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}
+        ]),
+        clusters: json!([eds_cluster(A),
+            {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
+        routes: json!([{"name": "80", "virtual_hosts": [{"name": "web", "domains": [HOST],
+            "routes": [{"match": {"prefix": "/"}, "route": {"cluster": A}}]}]}]),
+        endpoints: json!([{"cluster_name": A, "endpoints": [{"lb_endpoints": [{"endpoint": {"address":
+            {"socket_address": {"address": BACKEND_IP.to_string(), "port_value": HTTP_BACKEND_PORT}}}}]}]}]),
+    }
+}
+
+/// What a proxy did with two keep-alive connections on the changed chain.
+#[derive(Debug)]
+struct SeenHttp {
+    /// The `connection` header of the answer to a request sent on the first after the
+    /// update, before the drain time ran out (`None`: no answer).
+    told: Option<Option<String>>,
+    /// When the first was closed after the update: Envoy leaves it open until the client
+    /// closes it or the drain time runs out, Remora closes it after that answer (as on
+    /// SIGTERM's drain); either way by the drain time.
+    told_closed: Option<Duration>,
+    /// When the second, idle since before the update, was closed after the update.
+    idle_closed: Option<Duration>,
+}
+
+fn run_http(net: &PodNet, push: impl FnOnce()) -> SeenHttp {
+    let connect = || {
+        let mut c = Client::connect(&net.pod, addr(HTTP_VIP)).expect("connect through the proxy");
+        let r = c
+            .get(HOST, "/before", &[])
+            .expect("an answer before the update");
+        assert_eq!(r.status, 200, "{}", r.text());
+        c
+    };
+    let (mut told, idle) = (connect(), connect());
+    let written = Instant::now();
+    push();
+    std::thread::sleep(STILL_OPEN_AT.saturating_sub(written.elapsed()));
+    let answer = told.get(HOST, "/after", &[]);
+    let told_header = answer
+        .ok()
+        .map(|r| r.header("connection").map(str::to_ascii_lowercase));
+    let mut rest = told.into_inner();
+    let told_closed = closed_after(&mut rest, written, CLOSED_BY).map(|(after, _)| after);
+    let mut idle = idle.into_inner();
+    let idle_closed = closed_after(&mut idle, written, CLOSED_BY).map(|(after, _)| after);
+    SeenHttp {
+        told: told_header,
+        told_closed,
+        idle_closed,
+    }
+}
+
+fn check_http(who: &str, seen: &SeenHttp, logs: impl Fn() -> String) {
+    eprintln!("{who}: {seen:?}");
+    assert_eq!(
+        seen.told,
+        Some(Some("close".to_string())),
+        "{who}: a request on a drained connection is answered with `connection: close`\n{}",
+        logs()
+    );
+    assert!(
+        seen.told_closed.is_some(),
+        "{who}: the told connection outlived the drain time\n{}",
+        logs()
+    );
+    let after = seen.idle_closed.unwrap_or_else(|| {
+        panic!(
+            "{who}: the idle connection was still open {CLOSED_BY:?} after the update\n{}",
+            logs()
+        )
+    });
+    assert!(
+        after >= HTTP_DRAIN_TIME - Duration::from_millis(20),
+        "{who}: the idle connection closed {after:?} after the update, before the drain time\n{}",
+        logs()
+    );
+}
+
+#[test]
+fn a_changed_http_chains_connections_are_told_to_go_and_closed_after_the_drain_time() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora_net, envoy_net) = (&nets.0, &nets.1);
+    let backend_addr = SocketAddr::from(SocketAddrV4::new(BACKEND_IP, HTTP_BACKEND_PORT));
+    for net in [remora_net, envoy_net] {
+        remora_e2e::sidecars::prepare(net);
+    }
+    let _remora_backend = backend::start(&remora_net.peer, backend_addr, "a");
+    let _envoy_backend = backend::start(&envoy_net.peer, backend_addr, "a");
+
+    let drain = HTTP_DRAIN_TIME.as_secs().to_string();
+    let (envoy, dir) = http_resources(0).start_envoy_lds(
+        envoy_net,
+        Path::new(&binary),
+        &["--drain-time-s", &drain, "--drain-strategy", "immediate"],
+    );
+    let seen = run_http(envoy_net, || {
+        http_resources(1).write_envoy_listeners(&dir, "2")
+    });
+    check_http("envoy", &seen, || envoy.logs());
+
+    let (remora, dir) = http_resources(0).start_remora_with(
+        remora_net,
+        &format!("drain:\n  drain_time: {}s\n", HTTP_DRAIN_TIME.as_secs()),
+    );
+    let got = run_http(remora_net, || http_resources(1).write_for_remora(&dir));
+    check_http("remora", &got, || {
+        format!("{}\n{}", remora.stdout(), remora.stderr())
     });
 }
