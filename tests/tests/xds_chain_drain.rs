@@ -11,8 +11,9 @@
 //! of 2 s, the first two connections still echo 1.5 s after the update was written and are
 //! closed within a few seconds after the drain time (the update is picked up within Remora's
 //! one-second poll of its directory, Envoy's inotify at once); the third still echoes after
-//! they are gone. Run through Remora behind `remora capture`, and through a real Envoy 1.40
-//! given the same resources (its listeners over LDS from a file), which must agree.
+//! they are gone, and each connection's access-log line (Envoy's format) is the same in both.
+//! Run through Remora behind `remora capture`, and through a real Envoy 1.40 given the same
+//! resources (its listeners over LDS from a file), which must agree.
 //!
 //! The same for HTTP/1.1 keep-alive connections on an HTTP chain the update changes: the next
 //! request on one is answered with `connection: close`, and an idle one is closed when the
@@ -43,6 +44,9 @@ const CHANGED: &str = "10.96.0.42:9000";
 /// Its listener is the same after the update.
 const KEPT: &str = "10.96.0.43:9000";
 const DRAIN_TIME: Duration = Duration::from_secs(2);
+/// The access-log line of each TCP connection: how it ended, in Envoy's words.
+const LOG_FORMAT: &str =
+    "chain-drain %DOWNSTREAM_LOCAL_ADDRESS% flags=%RESPONSE_FLAGS% details=%CONNECTION_TERMINATION_DETAILS%\n";
 /// When the connections of retired chains are checked to be still open, after the update was
 /// written: before the drain time could have run out, however soon the update was seen.
 const STILL_OPEN_AT: Duration = Duration::from_millis(1500);
@@ -66,11 +70,20 @@ fn resources(updated: bool) -> Resources {
             {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
                 "stat_prefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}]})];
+    let logged = |vip: &str, cluster: &str| {
+        let mut l = tcp_listener(addr(vip), cluster);
+        l["filter_chains"][0]["filters"][0]["typed_config"]["access_log"] = json!([
+            {"name": "envoy.access_loggers.file", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                "path": "/dev/stdout",
+                "log_format": {"text_format_source": {"inline_string": LOG_FORMAT}}}}]);
+        l
+    };
     if !updated {
-        listeners.push(tcp_listener(addr(REMOVED), A));
+        listeners.push(logged(REMOVED, A));
     }
-    listeners.push(tcp_listener(addr(CHANGED), if updated { B } else { A }));
-    listeners.push(tcp_listener(addr(KEPT), A));
+    listeners.push(logged(CHANGED, if updated { B } else { A }));
+    listeners.push(logged(KEPT, A));
     Resources {
         listeners: Value::Array(listeners),
         clusters: json!([eds_cluster(A), eds_cluster(B),
@@ -221,6 +234,23 @@ fn check(who: &str, seen: &Seen, logs: impl Fn() -> String) {
     );
 }
 
+/// The access-log lines of the three connections, sorted, once all are written (the logs are
+/// flushed a little after the connections end), or as they are after a few seconds.
+fn log_lines(logs: impl Fn() -> String) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let mut lines: Vec<String> = logs()
+            .lines()
+            .filter_map(|l| l.find("chain-drain ").map(|at| l[at..].to_string()))
+            .collect();
+        lines.sort();
+        if lines.len() >= 3 || Instant::now() >= deadline {
+            return lines;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn a_retired_chains_connections_close_after_the_drain_time_as_envoys_do() {
     let Some((binary, nets)) = nets_or_skip() else {
@@ -244,6 +274,7 @@ fn a_retired_chains_connections_close_after_the_drain_time_as_envoys_do() {
         resources(true).write_envoy_listeners(&dir, "2")
     });
     check("envoy", &seen, || envoy.logs());
+    let envoy_lines = log_lines(|| envoy.logs());
 
     let (remora, dir) = resources(false).start_remora_with(
         remora_net,
@@ -261,6 +292,9 @@ fn a_retired_chains_connections_close_after_the_drain_time_as_envoys_do() {
         "remora closed them otherwise than envoy\n{}",
         logs()
     );
+    // Logged as Envoy logs them: no response flag, no termination details.
+    let remora_lines = log_lines(|| remora.stdout());
+    assert_eq!(remora_lines, envoy_lines, "access-log lines\n{}", logs());
     remora.wait_for_metrics("the two closes counted", Duration::from_secs(5), |m| {
         m.value(
             "remora_filter_chain_drain_closes_total",
