@@ -4,7 +4,7 @@
 //! it was, the connection is told to go at once (HTTP: `connection: close` on the next
 //! response, or GOAWAY; see `http::drive` and the HTTP/1.1 fast path) and closed when
 //! `drain.drain_time` has passed (Envoy's `--drain-time-s`, from ProxyConfig's
-//! `drainDuration`), HTTP and TCP alike, with Envoy's detail `filter_chain_is_being_removed`.
+//! `drainDuration`), HTTP and TCP alike: the close Envoy names `filter_chain_is_being_removed`.
 //! Connections of chains an update left as they were keep going.
 //!
 //! One task per proxy looks at each listener update ([`Store::listeners_changed`]) and
