@@ -235,6 +235,24 @@ mod tests {
     }
 
     #[test]
+    fn proxy_configs_drain_duration_wins_over_the_files_drain_time() {
+        let mut file = Config::default();
+        file.drain.drain_time = Duration::from_secs(10);
+        assert_eq!(
+            Overrides::default().apply(file.clone()).drain.drain_time,
+            Duration::from_secs(10)
+        );
+        let istio = Overrides {
+            drain_time: Some(Duration::from_secs(3)),
+            ..Overrides::default()
+        };
+        let c = istio.apply(file);
+        assert_eq!(c.drain.drain_time, Duration::from_secs(3));
+        // SIGTERM's drain period is another setting (terminationDrainDuration).
+        assert_eq!(c.drain.duration, Config::default().drain.duration);
+    }
+
+    #[test]
     fn istios_idle_timeout_sets_tcps_and_https_but_zero_only_tcps() {
         let minutes = Overrides {
             idle_timeout: Some(Duration::from_secs(600)),
