@@ -19,7 +19,8 @@
 //! request on one is answered with `connection: close`, and an idle one is closed when the
 //! drain time has run out, as Envoy does. (After that answer Envoy 1.40 leaves the connection
 //! to the client, closing it at the drain time; Remora closes it once the answer is written,
-//! as on SIGTERM's drain.)
+//! as on SIGTERM's drain.) And an HTTP/2 connection's stream still waiting for its answer is
+//! cut when the connection is closed at the drain time, in both.
 
 use remora_e2e::backend;
 use remora_e2e::envoy_xds::{nets_or_skip, Resources};
@@ -439,4 +440,132 @@ fn a_changed_http_chains_connections_are_told_to_go_and_closed_after_the_drain_t
     check_http("remora", &got, || {
         format!("{}\n{}", remora.stdout(), remora.stderr())
     });
+}
+
+/// What a proxy did with an HTTP/2 connection on the changed chain.
+#[derive(Debug)]
+struct SeenH2 {
+    /// A stream sent before the update to `/slow` (answered 3 s later, after the drain time):
+    /// `Ok(status)`, or `Err(())` when the connection was closed under it.
+    slow: Result<u16, ()>,
+    /// A stream opened [`STILL_OPEN_AT`] after the update was refused. Not compared: Remora
+    /// sends its GOAWAY when the update comes (and, as hyper does, the final one a round trip
+    /// later), Envoy with the connection's next response, so Envoy serves this stream.
+    told: bool,
+    /// The connection ended by the drain time (and not before it).
+    closed_at_drain_time: bool,
+}
+
+async fn h2_connection(socket: std::net::TcpStream, push: impl FnOnce()) -> SeenH2 {
+    socket.set_nonblocking(true).expect("non-blocking");
+    let socket = tokio::net::TcpStream::from_std(socket).expect("a tokio socket");
+    let (send, conn) = h2::client::handshake(socket)
+        .await
+        .expect("an HTTP/2 handshake");
+    let driver = tokio::spawn(conn);
+    let get = |path: &str| {
+        http::Request::get(format!("http://{HOST}{path}"))
+            .body(())
+            .expect("a request")
+    };
+    // Answered, so the connection is up and routed before the update.
+    let (first, _) = send
+        .clone()
+        .ready()
+        .await
+        .expect("ready")
+        .send_request(get("/before"), true)
+        .expect("a stream");
+    assert_eq!(first.await.expect("an answer").status(), 200);
+    let (slow, _) = send
+        .clone()
+        .ready()
+        .await
+        .expect("ready")
+        .send_request(get("/slow"), true)
+        .expect("a stream");
+    let slow = tokio::spawn(async move { slow.await.map(|r| r.status().as_u16()) });
+    let written = Instant::now();
+    push();
+    tokio::time::sleep(STILL_OPEN_AT.saturating_sub(written.elapsed())).await;
+    let told = match send.clone().ready().await {
+        Err(_) => true,
+        Ok(mut s) => match s.send_request(get("/after"), true) {
+            Err(_) => true,
+            Ok((r, _)) => match r.await {
+                Ok(r) => r.status() != 200,
+                Err(e) => e.is_go_away() || e.is_remote(),
+            },
+        },
+    };
+    let slow = match tokio::time::timeout(CLOSED_BY, slow).await {
+        Ok(Ok(Ok(status))) => Ok(status),
+        _ => Err(()),
+    };
+    let ended = tokio::time::timeout(CLOSED_BY, driver).await.is_ok();
+    let at = written.elapsed();
+    SeenH2 {
+        slow,
+        told,
+        closed_at_drain_time: ended && at >= DRAIN_TIME - Duration::from_millis(20),
+    }
+}
+
+fn run_h2(net: &PodNet, push: impl FnOnce()) -> SeenH2 {
+    let socket = net
+        .pod
+        .connect(addr(HTTP_VIP), Duration::from_secs(5))
+        .expect("connect through the proxy");
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(h2_connection(socket, push))
+}
+
+#[test]
+fn a_changed_http_chains_http2_connection_gets_goaway_and_its_stream_is_cut_at_the_drain_time() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora_net, envoy_net) = (&nets.0, &nets.1);
+    let backend_addr = SocketAddr::from(SocketAddrV4::new(BACKEND_IP, HTTP_BACKEND_PORT));
+    for net in [remora_net, envoy_net] {
+        remora_e2e::sidecars::prepare(net);
+    }
+    let _remora_backend = backend::start(&remora_net.peer, backend_addr, "a");
+    let _envoy_backend = backend::start(&envoy_net.peer, backend_addr, "a");
+
+    // Shorter than the slow answer takes (`backend::SLOW`), so the drain time cuts it.
+    let drain = DRAIN_TIME.as_secs().to_string();
+    let (envoy, dir) = http_resources(0).start_envoy_lds(
+        envoy_net,
+        Path::new(&binary),
+        &["--drain-time-s", &drain, "--drain-strategy", "immediate"],
+    );
+    let expected = run_h2(envoy_net, || {
+        http_resources(1).write_envoy_listeners(&dir, "2")
+    });
+    eprintln!("envoy: {expected:?}");
+    let (remora, dir) = http_resources(0).start_remora_with(
+        remora_net,
+        &format!("drain:\n  drain_time: {}s\n", DRAIN_TIME.as_secs()),
+    );
+    let got = run_h2(remora_net, || http_resources(1).write_for_remora(&dir));
+    eprintln!("remora: {got:?}");
+    assert_eq!(
+        expected.slow,
+        Err(()),
+        "envoy cut the stream\n{}",
+        envoy.logs()
+    );
+    assert!(expected.closed_at_drain_time, "{}", envoy.logs());
+    assert_eq!(
+        (got.slow, got.closed_at_drain_time),
+        (expected.slow, expected.closed_at_drain_time),
+        "remora\n{}\n{}\nenvoy\n{}",
+        remora.stdout(),
+        remora.stderr(),
+        envoy.logs()
+    );
 }
