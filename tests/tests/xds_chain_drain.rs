@@ -560,6 +560,8 @@ fn a_changed_http_chains_http2_connection_gets_goaway_and_its_stream_is_cut_at_t
         envoy.logs()
     );
     assert!(expected.closed_at_drain_time, "{}", envoy.logs());
+    // Remora's GOAWAY came when the update did (see `SeenH2::told`).
+    assert!(got.told, "remora\n{}", remora.stderr());
     assert_eq!(
         (got.slow, got.closed_at_drain_time),
         (expected.slow, expected.closed_at_drain_time),
