@@ -110,6 +110,22 @@ impl<'a> Envoy<'a> {
         Envoy::spawn(ns, cmd, work, yaml)
     }
 
+    /// [`Envoy::start_sidecar`] with more command-line flags (`--drain-time-s`).
+    pub fn start_sidecar_with_args(
+        ns: &'a Netns,
+        binary: &Path,
+        work: &RemoraBinary,
+        yaml: &str,
+        args: &[&str],
+    ) -> Envoy<'a> {
+        let mut cmd = ns.command("setpriv");
+        let gid = crate::PROXY_UID.to_string();
+        cmd.args(["--regid", &gid, "--clear-groups"])
+            .arg(binary)
+            .args(args);
+        Envoy::spawn(ns, cmd, work, yaml)
+    }
+
     /// [`Envoy::start`] with more command-line flags (`--drain-strategy immediate`, as
     /// pilot-agent starts it).
     pub fn start_with_args(

@@ -60,6 +60,10 @@ pub enum End {
     NoHealthyUpstream,
     /// xDS: a circuit breaker of the cluster is open (`max_connections`).
     Overflow,
+    /// xDS: an update changed or removed the filter chain the connection started on, and the
+    /// drain time (`drain.drain_time`) ran out; both sides were closed (Envoy's
+    /// `filter_chain_is_being_removed`).
+    FilterChainRemoved,
 }
 
 impl End {
@@ -71,6 +75,7 @@ impl End {
                 | End::DownstreamReset
                 | End::UpstreamReset
                 | End::IdleTimeout
+                | End::FilterChainRemoved
                 | End::ConnectFailed
                 | End::ConnectTimeout
         )
@@ -96,6 +101,7 @@ impl End {
             End::NoCluster => "no_cluster",
             End::NoHealthyUpstream => "no_healthy_upstream",
             End::Overflow => "upstream_overflow",
+            End::FilterChainRemoved => "filter_chain_is_being_removed",
         }
     }
 
@@ -104,7 +110,7 @@ impl End {
     pub fn response_flag(self) -> &'static str {
         match self {
             // Envoy's tcp_proxy closes an idle session without a flag.
-            End::Closed | End::IdleTimeout => "-",
+            End::Closed | End::IdleTimeout | End::FilterChainRemoved => "-",
             End::DownstreamReset => "DC",
             End::UpstreamReset => "UC",
             End::ConnectFailed | End::ConnectTimeout => "UF",

@@ -63,7 +63,7 @@ pub(super) fn server_info(state: &AdminState) -> Response<Body> {
             "hot_restart_version": "disabled",
             "command_line_options": {
                 "concurrency": state.concurrency,
-                "drain_time": format!("{}s", config.drain.duration.as_secs_f64()),
+                "drain_time": format!("{}s", config.drain.drain_time.as_secs_f64()),
                 "log_level": state.logging.as_ref().map(|l| l.current()),
             },
             "node": node(state),

@@ -81,6 +81,9 @@ pub struct XdsChainFlags {
     /// ProxyConfig's `connectionSettings`): the HTTP/2 stream limit in place of
     /// `http.max_concurrent_streams`.
     pub max_concurrent_streams: Option<u32>,
+    /// Outbound: the filter chain that took the connection, drained when an xDS update
+    /// changes or removes it (inbound, `Connection::xds_inbound` is that chain).
+    pub chain: Option<crate::route::ChainRef>,
 }
 
 impl XdsChainFlags {
@@ -98,6 +101,7 @@ impl XdsChainFlags {
             normalize_path: chain.normalize_path,
             server: http::HeaderValue::try_from(server).ok(),
             max_concurrent_streams: chain.http2_max_concurrent_streams,
+            chain: None,
         }
     }
 }
@@ -126,6 +130,9 @@ pub struct ConnContext {
     /// Inbound by xDS: the `virtualInbound` chain that took the connection, whose HTTP RBAC
     /// filters decide each request (the policy files do not).
     pub xds_inbound: Option<crate::route::ChainRef>,
+    /// Routed by xDS: the watch on the connection's filter chain, which an update may retire
+    /// (drained: told to go, then closed after `drain.drain_time`).
+    pub chain_watch: Option<crate::chain_drain::Watch>,
     /// The client's sidecar as its metadata headers described it (mesh TLS terminated).
     described_client: std::sync::OnceLock<Arc<crate::tls::Peer>>,
     in_flight: AtomicUsize,
@@ -190,6 +197,7 @@ impl ConnContext {
             xds_routes: None,
             xds_chain: Default::default(),
             xds_inbound: None,
+            chain_watch: None,
             described_client: std::sync::OnceLock::new(),
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
@@ -483,9 +491,11 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         crate::tls::stream::Downstream::Mesh(tls) => tls.get_ref().1.server_name().map(Into::into),
         crate::tls::stream::Downstream::Plain(_) => None,
     };
+    let chain_watch = proxy.watch_chain(c.xds_inbound.as_ref().or(c.xds_chain.chain.as_ref()));
     let ctx = Arc::new(ConnContext {
         mesh_peer,
         sni,
+        chain_watch,
         originate: c.originate,
         xds_routes: c.xds_routes,
         xds_chain: c.xds_chain,

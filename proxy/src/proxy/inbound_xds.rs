@@ -317,7 +317,8 @@ impl Proxy {
                     idle: super::xds::tcp_idle(chain, hop.idle),
                     ..hop
                 };
-                self.inbound_tcp(config, downstream, &prefix, hop, served.snapshot, cluster)
+                let target = (served.snapshot, cluster, served.chain.as_ref());
+                self.inbound_tcp(config, downstream, &prefix, hop, target)
                     .await
                     .counted_in(istio)
             }
@@ -380,15 +381,15 @@ impl Proxy {
             .then_some(End::RbacDenied)
     }
 
-    /// Copy the connection to one endpoint of `cluster`.
+    /// Copy the connection to one endpoint of `cluster`, until the end of the drain time of
+    /// `chain` once an update retires it.
     async fn inbound_tcp(
         &self,
         config: &Config,
         mut downstream: Downstream,
         prefix: &[u8],
         hop: Hop,
-        snapshot: &Snapshot,
-        cluster: &str,
+        (snapshot, cluster, chain): (&Snapshot, &str, Option<&ChainRef>),
     ) -> Outcome {
         // What Envoy's access-log format names of the connection.
         let mut facts = crate::access_log::XdsFacts {
@@ -427,23 +428,28 @@ impl Proxy {
                 selected.in_flight.report(Attempt::ConnectFailed);
             }
         }
+        let watch = self.watch_chain(chain);
+        let stop = crate::chain_drain::deadline(watch.as_ref(), config.drain.drain_time);
         let copied = match (&mut downstream, connected) {
             (Downstream::Plain(d), Ok(Connected::Plain(up))) => {
                 facts.upstream_local = up.stream.local_addr().ok();
-                let copied = tcp::copy_bidirectional_after(prefix, d, &up.stream, hop.idle).await;
+                let copied =
+                    tcp::copy_bidirectional_until(prefix, d, &up.stream, hop.idle, stop).await;
                 return copy_outcome(&hop, copied, d, &up.stream).with_xds(facts);
             }
             (Downstream::Mesh(d), Ok(Connected::Plain(up))) => {
                 let (mut stream, _registration) = up.into_parts();
-                let copied = tcp::copy_streams(prefix, &mut **d, &mut stream, hop.idle).await;
+                let copied =
+                    tcp::copy_streams_until(prefix, &mut **d, &mut stream, hop.idle, stop).await;
                 (copied, stream)
             }
             (Downstream::Plain(d), Ok(Connected::Mesh(mut tls, _registration))) => {
-                let copied = tcp::copy_streams(prefix, d, &mut *tls, hop.idle).await;
+                let copied = tcp::copy_streams_until(prefix, d, &mut *tls, hop.idle, stop).await;
                 (copied, tls.into_inner().0)
             }
             (Downstream::Mesh(d), Ok(Connected::Mesh(mut tls, _registration))) => {
-                let copied = tcp::copy_streams(prefix, &mut **d, &mut *tls, hop.idle).await;
+                let copied =
+                    tcp::copy_streams_until(prefix, &mut **d, &mut *tls, hop.idle, stop).await;
                 (copied, tls.into_inner().0)
             }
             (_, Err(e)) => {
