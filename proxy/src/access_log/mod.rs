@@ -133,6 +133,9 @@ pub struct XdsFacts {
     pub cluster: Option<Arc<str>>,
     /// This side of the upstream connection.
     pub upstream_local: Option<SocketAddr>,
+    /// The server name of the client's ClientHello, as the listener's TLS inspector reads
+    /// it (Envoy's `%REQUESTED_SERVER_NAME%`); `None` without one or without the inspector.
+    pub sni: Option<Box<str>>,
 }
 
 /// One finished connection.
@@ -177,7 +180,7 @@ impl Entry {
                     upstream_local: xds.and_then(|x| x.upstream_local),
                     downstream_local: xds.and_then(|x| x.downstream_local),
                     downstream_remote: Some(self.source),
-                    sni: None,
+                    sni: xds.and_then(|x| x.sni.as_deref()),
                     route_name: None,
                 };
                 envoy_format::line(f, &record)

@@ -35,6 +35,9 @@ struct Served<'a> {
     /// The client's sidecar, when mesh TLS was terminated with its certificate.
     peer: Option<Arc<Peer>>,
     sni: Option<String>,
+    /// The listener's TLS inspector ran: the server name is the connection's
+    /// `%REQUESTED_SERVER_NAME%`.
+    tls_inspected: bool,
 }
 
 impl Proxy {
@@ -88,6 +91,7 @@ impl Proxy {
             chain: inbound.chain,
             peer: None,
             sni: None,
+            tls_inspected,
         };
         let Some(tls) = inbound.terminate else {
             // A plaintext chain (or TLS passed through as bytes).
@@ -317,9 +321,17 @@ impl Proxy {
                     idle: super::xds::tcp_idle(chain, hop.idle),
                     ..hop
                 };
-                self.inbound_tcp(config, downstream, &prefix, hop, served.snapshot, cluster)
-                    .await
-                    .counted_in(istio)
+                let sni = served.sni.as_deref().filter(|_| served.tls_inspected);
+                self.inbound_tcp(
+                    config,
+                    downstream,
+                    &prefix,
+                    hop,
+                    served.snapshot,
+                    (cluster, sni),
+                )
+                .await
+                .counted_in(istio)
             }
             ChainDecision::NoChain => {
                 close(&downstream);
@@ -380,7 +392,8 @@ impl Proxy {
             .then_some(End::RbacDenied)
     }
 
-    /// Copy the connection to one endpoint of `cluster`.
+    /// Copy the connection to one endpoint of `cluster` (`sni`: the server name the listener's
+    /// TLS inspector read).
     async fn inbound_tcp(
         &self,
         config: &Config,
@@ -388,13 +401,14 @@ impl Proxy {
         prefix: &[u8],
         hop: Hop,
         snapshot: &Snapshot,
-        cluster: &str,
+        (cluster, sni): (&str, Option<&str>),
     ) -> Outcome {
         // What Envoy's access-log format names of the connection.
         let mut facts = crate::access_log::XdsFacts {
             downstream_local: Some(hop.destination),
             cluster: Some(Arc::from(cluster)),
             upstream_local: None,
+            sni: sni.map(Box::from),
         };
         let selected = match self.upstreams.select(snapshot, cluster, hop.destination) {
             Ok(s) => s,
