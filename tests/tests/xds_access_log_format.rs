@@ -36,6 +36,9 @@ const ECHO: &str = "outbound|9000||echo.test.svc.cluster.local";
 /// The pod's own TCP port, reached inbound through `virtualInbound`.
 const INBOUND_PORT: u16 = 9100;
 const INBOUND: &str = "inbound|9100||";
+/// The pod's port whose chain's network RBAC filter denies every connection.
+const DENIED_PORT: u16 = 9101;
+const DENIED: &str = "inbound|9101||";
 
 /// A second format: another header, lengths, addresses without ports.
 const OTHER_FORMAT: &str = "%REQ(X-B3-TRACEID)% %REQ(:PATH):4% %REQ(X-MISSING?USER-AGENT):6% %UPSTREAM_CLUSTER% %DOWNSTREAM_LOCAL_ADDRESS_WITHOUT_PORT% %RESPONSE_CODE% %PROTOCOL%\n";
@@ -105,7 +108,18 @@ fn resources(
             "filter_chain_match": {"destination_port": INBOUND_PORT, "transport_protocol": "raw_buffer"},
             "filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
-                "stat_prefix": INBOUND, "cluster": INBOUND, "access_log": file_log(log, format)}}]}]}
+                "stat_prefix": INBOUND, "cluster": INBOUND, "access_log": file_log(log, format)}}]},
+            {"name": "0.0.0.0_9101",
+            "filter_chain_match": {"destination_port": DENIED_PORT, "transport_protocol": "raw_buffer"},
+            "filters": [
+                {"name": "envoy.filters.network.rbac", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC",
+                    "stat_prefix": "tcp.", "rules": {"action": "DENY", "policies": {
+                        "ns[test]-policy[deny-all]-rule[0]": {
+                            "permissions": [{"any": true}], "principals": [{"any": true}]}}}}},
+                {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                "stat_prefix": DENIED, "cluster": DENIED, "access_log": file_log(log, format)}}]}]}
     ]);
     let assignment = |name: &str, a: Option<SocketAddr>| {
         let hosts: Vec<Value> = a.into_iter().map(|a| endpoint(a, None)).collect();
@@ -115,7 +129,7 @@ fn resources(
         listeners,
         routes,
         clusters: json!([eds_cluster(WEB), eds_cluster(DOWN), eds_cluster(EMPTY), eds_cluster(ECHO),
-            inbound_cluster(INBOUND),
+            inbound_cluster(INBOUND), inbound_cluster(DENIED),
             {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
         endpoints: json!([
             assignment(WEB, Some(web)),
@@ -275,11 +289,15 @@ fn traffic(net: &PodNet, log: &Path, output: &dyn Fn() -> String) -> (Vec<u16>, 
         statuses.push(answer.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0));
         wait_for_lines(log, 10 + i, output);
     }
-    (
-        statuses,
-        wait_for_lines(log, REFUSED_HEADS_FROM + refused.len(), output),
-    )
+    wait_for_lines(log, DENIED_LINE, output);
+    // Refused by the chain's RBAC filter once the client's first bytes are read: whether
+    // they come back or the connection is reset first is the filter's race.
+    let _ = peer::echo_exchange(&net.peer, net.pod_addr(DENIED_PORT), b"denied!");
+    (statuses, wait_for_lines(log, DENIED_LINE + 1, output))
 }
+
+/// The line of the connection the RBAC filter refused, after the refused heads.
+const DENIED_LINE: usize = REFUSED_HEADS_FROM + 5;
 
 /// The line of the first refused head.
 const REFUSED_HEADS_FROM: usize = 9;
@@ -331,6 +349,7 @@ fn remora_then_envoy(format: &str) -> Option<[Run; 2]> {
         let web = Server::http(&net.peer, net.peer_addr(8081), "web");
         let echo = Server::echo(&net.peer, net.peer_addr(9000));
         let _inbound = Server::echo(&net.pod, peer::any_addr(INBOUND_PORT));
+        let _denied = Server::echo(&net.pod, peer::any_addr(DENIED_PORT));
         // Nothing listens there: the connection is refused.
         let down = net.peer_addr(8099);
         let log = log_file(net);
@@ -405,8 +424,12 @@ fn istios_default_format_is_written_field_by_field_as_envoy_writes_it() {
         for (field, (a, b)) in r.iter().zip(e).enumerate() {
             // Envoy answers a refused head with its status's text as the body; hyper, which
             // answers it in Remora, with none (`docs/xds.md`): only BYTES_SENT differs.
-            let reply_body = n >= REFUSED_HEADS_FROM && field == 8;
-            if a != b && !reply_body {
+            let reply_body = (REFUSED_HEADS_FROM..DENIED_LINE).contains(&n) && field == 8;
+            // Envoy's TCP proxy dials the upstream before its RBAC filter reads the client's
+            // bytes and refuses them; Remora refuses before it dials (`docs/xds.md`), so it
+            // has no upstream host or local address to print.
+            let never_dialled = n == DENIED_LINE && matches!(field, 15 | 17);
+            if a != b && !reply_body && !never_dialled {
                 differences.push(format!(
                     "line {n}, field {field}: remora {a:?}, envoy {b:?}"
                 ));
@@ -437,7 +460,7 @@ fn istios_default_format_is_written_field_by_field_as_envoy_writes_it() {
         "{h2:?}"
     );
     // The codec's words for each refused head.
-    let details: Vec<String> = remora.lines[REFUSED_HEADS_FROM..]
+    let details: Vec<String> = remora.lines[REFUSED_HEADS_FROM..DENIED_LINE]
         .iter()
         .map(|l| fields(l)[4].clone())
         .collect();
@@ -453,6 +476,12 @@ fn istios_default_format_is_written_field_by_field_as_envoy_writes_it() {
         "{:?}",
         remora.lines
     );
+    let denied = fields(&remora.lines[DENIED_LINE]);
+    assert_eq!(
+        denied[5], "rbac_access_denied_matched_policy[ns[test]-policy[deny-all]-rule[0]]",
+        "{denied:?}"
+    );
+    assert_eq!((&*denied[7], &*denied[8]), ("7", "0"), "{denied:?}");
     let tls = fields(&remora.lines[8]);
     assert_eq!(tls[20], SNI, "{tls:?}");
     assert_eq!(tls[15], format!("\"{}:9000\"", remora.peer), "{tls:?}");

@@ -80,12 +80,12 @@ impl Proxy {
         let mut facts = XdsFacts {
             downstream_local: Some(hop.destination),
             cluster: Some(Arc::from(cluster.as_str())),
-            upstream_local: None,
             sni: hello
                 .as_ref()
                 .filter(|_| tls_inspected)
                 .and_then(|h| h.server_name.as_deref())
                 .map(Box::from),
+            ..Default::default()
         };
         let selected = match self.upstreams.select_hashed(
             &snapshot,
