@@ -39,7 +39,7 @@ pub(super) struct Upstreamed {
     /// The endpoint that answered.
     endpoint: std::net::SocketAddr,
     /// This side of the connection it answered on.
-    local: Option<std::net::SocketAddr>,
+    local: pool::LocalAddr,
     /// xDS: the request counted against its endpoint until it ends (LEAST_REQUEST).
     pub(super) in_flight: Option<crate::upstream::InFlight>,
     /// xDS: how long the connection may stay pooled (the cluster's idle timeout).
@@ -347,7 +347,7 @@ pub async fn handle(
         log.status = parts.status.as_u16();
         log.upstream = Some(endpoint);
         log.upstream_time = Some(start.1.elapsed());
-        log.envoy.upstream_local = local;
+        log.envoy.upstream_local = local.get();
     }
     if ctx.closing() && ctx.key.version == HttpVersion::Http1 && !upgraded {
         parts
@@ -580,7 +580,7 @@ async fn send(
         // Shared from now on by every request to this destination.
         ctx.proxy.pool.checkin(
             key,
-            Sender::Http2(s.clone(), *local),
+            Sender::Http2(s.clone(), local.clone()),
             idle_timeout,
             ctx.config.http.pool_max_idle_per_upstream,
         );

@@ -57,16 +57,31 @@ impl PoolKey for Key {
 pub enum Sender {
     /// With the number of requests the connection has carried (a cluster's
     /// `max_requests_per_connection` retires it at its limit).
-    Http1(http1::SendRequest<UpstreamBody>, u32, Option<SocketAddr>),
-    Http2(http2::SendRequest<UpstreamBody>, Option<SocketAddr>),
+    Http1(http1::SendRequest<UpstreamBody>, u32, LocalAddr),
+    Http2(http2::SendRequest<UpstreamBody>, LocalAddr),
 }
 
 impl Sender {
     /// This side's address of the connection.
-    pub fn local_addr(&self) -> Option<SocketAddr> {
+    pub fn local_addr(&self) -> LocalAddr {
         match self {
-            Sender::Http1(_, _, local) | Sender::Http2(_, local) => *local,
+            Sender::Http1(_, _, local) | Sender::Http2(_, local) => local.clone(),
         }
+    }
+}
+
+/// This side's address of an upstream connection, shared by its handles: a pointer, not the
+/// 32 bytes of an address, in every request's state that holds a sender or a response.
+#[derive(Debug, Clone, Default)]
+pub struct LocalAddr(Option<Arc<SocketAddr>>);
+
+impl LocalAddr {
+    pub fn new(addr: Option<SocketAddr>) -> Self {
+        LocalAddr(addr.map(Arc::new))
+    }
+
+    pub fn get(&self) -> Option<SocketAddr> {
+        self.0.as_deref().copied()
     }
 }
 
@@ -89,7 +104,9 @@ impl Pooled for Sender {
 
     fn share(&mut self) -> Option<Self> {
         match self {
-            Sender::Http2(s, local) if s.is_ready() => Some(Sender::Http2(s.clone(), *local)),
+            Sender::Http2(s, local) if s.is_ready() => {
+                Some(Sender::Http2(s.clone(), local.clone()))
+            }
             _ => None,
         }
     }
@@ -298,7 +315,7 @@ pub const UPSTREAM_H2_SEND_BUF: usize = 64 * 1024;
 /// Start the HTTP client on a new upstream connection; the connection runs in a task of its own.
 pub async fn handshake(upstream: Upstream, version: HttpVersion) -> Result<Sender, hyper::Error> {
     let (stream, registration) = upstream.into_parts();
-    let local = stream.local_addr().ok();
+    let local = LocalAddr::new(stream.local_addr().ok());
     handshake_over(stream, registration, version, local).await
 }
 
@@ -309,7 +326,7 @@ pub async fn handshake_over<T>(
     io: T,
     keep: impl Send + 'static,
     version: HttpVersion,
-    local: Option<SocketAddr>,
+    local: LocalAddr,
 ) -> Result<Sender, hyper::Error>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,

@@ -185,7 +185,7 @@ pub(in crate::http) async fn send(
     let sender = match connected {
         Connected::Plain(up) => pool::handshake(up, version).await,
         Connected::Mesh(tls, registration) => {
-            let local = tls.get_ref().0.local_addr().ok();
+            let local = pool::LocalAddr::new(tls.get_ref().0.local_addr().ok());
             pool::handshake_over(*tls, registration, version, local).await
         }
     }
@@ -197,7 +197,7 @@ pub(in crate::http) async fn send(
         // Shared from now on by every request to this endpoint.
         ctx.proxy.pool.checkin(
             key,
-            Sender::Http2(s.clone(), *local),
+            Sender::Http2(s.clone(), local.clone()),
             idle_timeout,
             ctx.config.http.pool_max_idle_per_upstream,
         );
