@@ -51,12 +51,38 @@ impl PoolKey for Key {
 }
 
 /// The sending half of an upstream connection; the connection itself runs in its own task.
+/// Each carries this side's address of the connection (`None` if the socket could not tell
+/// it), which Envoy's `%UPSTREAM_LOCAL_ADDRESS%` prints for the requests it carries.
 #[derive(Debug)]
 pub enum Sender {
     /// With the number of requests the connection has carried (a cluster's
     /// `max_requests_per_connection` retires it at its limit).
-    Http1(http1::SendRequest<UpstreamBody>, u32),
-    Http2(http2::SendRequest<UpstreamBody>),
+    Http1(http1::SendRequest<UpstreamBody>, u32, LocalAddr),
+    Http2(http2::SendRequest<UpstreamBody>, LocalAddr),
+}
+
+impl Sender {
+    /// This side's address of the connection.
+    pub fn local_addr(&self) -> LocalAddr {
+        match self {
+            Sender::Http1(_, _, local) | Sender::Http2(_, local) => local.clone(),
+        }
+    }
+}
+
+/// This side's address of an upstream connection, shared by its handles: a pointer, not the
+/// 32 bytes of an address, in every request's state that holds a sender or a response.
+#[derive(Debug, Clone, Default)]
+pub struct LocalAddr(Option<Arc<SocketAddr>>);
+
+impl LocalAddr {
+    pub fn new(addr: Option<SocketAddr>) -> Self {
+        LocalAddr(addr.map(Arc::new))
+    }
+
+    pub fn get(&self) -> Option<SocketAddr> {
+        self.0.as_deref().copied()
+    }
 }
 
 /// What the pool needs of a connection it keeps.
@@ -71,14 +97,16 @@ pub trait Pooled: Sized + Send + 'static {
 impl Pooled for Sender {
     fn is_closed(&self) -> bool {
         match self {
-            Sender::Http1(s, _) => s.is_closed(),
-            Sender::Http2(s) => s.is_closed(),
+            Sender::Http1(s, ..) => s.is_closed(),
+            Sender::Http2(s, _) => s.is_closed(),
         }
     }
 
     fn share(&mut self) -> Option<Self> {
         match self {
-            Sender::Http2(s) if s.is_ready() => Some(Sender::Http2(s.clone())),
+            Sender::Http2(s, local) if s.is_ready() => {
+                Some(Sender::Http2(s.clone(), local.clone()))
+            }
             _ => None,
         }
     }
@@ -287,15 +315,18 @@ pub const UPSTREAM_H2_SEND_BUF: usize = 64 * 1024;
 /// Start the HTTP client on a new upstream connection; the connection runs in a task of its own.
 pub async fn handshake(upstream: Upstream, version: HttpVersion) -> Result<Sender, hyper::Error> {
     let (stream, registration) = upstream.into_parts();
-    handshake_over(stream, registration, version).await
+    let local = LocalAddr::new(stream.local_addr().ok());
+    handshake_over(stream, registration, version, local).await
 }
 
 /// Start the HTTP client on `io` (a socket, or mesh TLS on one); `keep` lives as long as the
-/// connection (the loop guard's registration of its socket).
+/// connection (the loop guard's registration of its socket); `local` is this side's address
+/// of the socket under it.
 pub async fn handshake_over<T>(
     io: T,
     keep: impl Send + 'static,
     version: HttpVersion,
+    local: LocalAddr,
 ) -> Result<Sender, hyper::Error>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
@@ -313,7 +344,7 @@ where
                     tracing::debug!(error = %e, "upstream HTTP/1.1 connection ended");
                 }
             });
-            Ok(Sender::Http1(sender, 0))
+            Ok(Sender::Http1(sender, 0, local))
         }
         HttpVersion::Http2 => {
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())
@@ -329,7 +360,7 @@ where
                     tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
                 }
             });
-            Ok(Sender::Http2(sender))
+            Ok(Sender::Http2(sender, local))
         }
     }
 }

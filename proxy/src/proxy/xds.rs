@@ -24,9 +24,16 @@ impl Proxy {
         hop: Hop,
         snapshot: Arc<Snapshot>,
     ) -> Outcome {
-        let inspect = snapshot
-            .outbound_listener(hop.destination)
-            .is_some_and(|l| inspects(l));
+        let listener = snapshot.outbound_listener(hop.destination);
+        // The listener's TLS inspector reads the ClientHello whether or not a chain matches
+        // on it: the server name it finds is the connection's `%REQUESTED_SERVER_NAME%`.
+        let tls_inspected = listener.is_some_and(|l| {
+            l.listener_filters
+                .tls_inspector
+                .as_ref()
+                .is_some_and(|s| s.applies_to(hop.destination.port()))
+        });
+        let inspect = tls_inspected || listener.is_some_and(|l| inspects(l));
         let Ok((prefix, http)) = self
             .first_bytes(config, &mut downstream, hop, inspect)
             .await
@@ -86,7 +93,12 @@ impl Proxy {
         let mut facts = XdsFacts {
             downstream_local: Some(hop.destination),
             cluster: Some(Arc::from(cluster.as_str())),
-            upstream_local: None,
+            sni: hello
+                .as_ref()
+                .filter(|_| tls_inspected)
+                .and_then(|h| h.server_name.as_deref())
+                .map(Box::from),
+            ..Default::default()
         };
         let selected = match self.upstreams.select_hashed(
             &snapshot,

@@ -32,6 +32,7 @@ pub mod buffers;
 pub(crate) mod chunked;
 mod exchange;
 pub mod head;
+pub(crate) mod refused;
 mod route;
 
 use super::access_log::RequestLog;
@@ -233,6 +234,9 @@ pub async fn serve<C: Client>(
             }
         }
         let Some(prepared) = prepare(ctx, &buf, &limits, mesh.as_ref()) else {
+            if let Some(details) = refused::details(&buf, &limits) {
+                ctx.handed_refused_head(details);
+            }
             return Served::HandOff { prefix: buf, early };
         };
         let (total, client_close) = (prepared.total, prepared.close);

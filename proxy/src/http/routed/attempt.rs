@@ -185,18 +185,19 @@ pub(in crate::http) async fn send(
     let sender = match connected {
         Connected::Plain(up) => pool::handshake(up, version).await,
         Connected::Mesh(tls, registration) => {
-            pool::handshake_over(*tls, registration, version).await
+            let local = pool::LocalAddr::new(tls.get_ref().0.local_addr().ok());
+            pool::handshake_over(*tls, registration, version, local).await
         }
     }
     .map_err(|e| {
         let e = ProxyError::new(ErrorKind::ConnectFailed, selected.address, e);
         connect_failed(&selected, e)
     })?;
-    if let (Sender::Http2(s), None) = (&sender, limit) {
+    if let (Sender::Http2(s, local), None) = (&sender, limit) {
         // Shared from now on by every request to this endpoint.
         ctx.proxy.pool.checkin(
             key,
-            Sender::Http2(s.clone()),
+            Sender::Http2(s.clone(), local.clone()),
             idle_timeout,
             ctx.config.http.pool_max_idle_per_upstream,
         );
