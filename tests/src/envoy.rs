@@ -188,7 +188,7 @@ impl<'a> Envoy<'a> {
 
     /// The status and body of `GET path` on the admin API (0 when it does not answer). With
     /// curl: Envoy's admin refuses HTTP/1.0.
-    fn admin(&self, path: &str) -> (u16, String) {
+    pub fn admin(&self, path: &str) -> (u16, String) {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, ADMIN_PORT));
         peer::curl_status(
             self.ns,

@@ -536,6 +536,7 @@ mod tests {
             ("rds.update_success", 0),
             ("eds.update_failure", 0),
             ("cluster_manager.active_clusters", 0),
+            ("cluster_manager.warming_clusters", 0),
         ] {
             assert!(
                 dotted.contains(&(name.to_string(), value)),
