@@ -356,6 +356,12 @@ pub struct DrainConfig {
     /// pilot-agent's 5 s.
     #[serde(with = "humantime_serde")]
     pub minimum_duration: Duration,
+    /// How long the connections of a listener filter chain that an xDS update changed or
+    /// removed keep going: told to go at once (HTTP/1.1 `connection: close`, HTTP/2 GOAWAY),
+    /// closed when this has passed (Envoy's `--drain-time-s`, which pilot-agent sets from
+    /// ProxyConfig's `drainDuration`, 45 s). `drainDuration` in `PROXY_CONFIG` wins over it.
+    #[serde(with = "humantime_serde")]
+    pub drain_time: Duration,
 }
 
 impl Default for DrainConfig {
@@ -364,6 +370,7 @@ impl Default for DrainConfig {
             duration: Duration::from_secs(5),
             exit_on_zero_active_connections: false,
             minimum_duration: Duration::ZERO,
+            drain_time: Duration::from_secs(45),
         }
     }
 }

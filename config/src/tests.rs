@@ -16,6 +16,7 @@ fn defaults_are_istios_sidecar() {
     assert_eq!(c.admin.address.to_string(), "127.0.0.1:15000");
     assert_eq!(c.outbound.connect_timeout, Duration::from_secs(10));
     assert_eq!(c.drain.duration, Duration::from_secs(5));
+    assert_eq!(c.drain.drain_time, Duration::from_secs(45));
     assert_eq!(c.inbound.passthrough_source_v4.to_string(), "127.0.0.6");
     assert_eq!(c.inbound.passthrough_source_v6.to_string(), "::6");
     assert!(!c.access_log.enabled);
@@ -42,7 +43,10 @@ fn partial_file_overrides_only_what_it_names() {
     assert_eq!(c.outbound.connect_timeout, Duration::from_millis(250));
     assert_eq!(c.outbound.port.get(), 15001);
     assert_eq!(c.drain.duration, Duration::from_secs(60));
+    assert_eq!(c.drain.drain_time, Duration::from_secs(45));
     assert_eq!(c.inbound, InboundConfig::default());
+    let c = parse_str("drain:\n  drain_time: 2s\n").unwrap();
+    assert_eq!(c.drain.drain_time, Duration::from_secs(2));
 }
 
 #[test]

@@ -202,6 +202,9 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
         exit_on_zero_active_connections: args.exit_on_zero_active_connections || istio_exit_on_zero,
         minimum_drain_duration,
         istio_minimum_drain_default: istio_exit_on_zero && minimum_drain_duration.is_none(),
+        drain_time: crate::istiod::settings::drain_duration(
+            std::env::var("PROXY_CONFIG").ok().as_deref(),
+        )?,
         idle_timeout: istio_env::duration("ISTIO_META_IDLE_TIMEOUT"),
         dns_capture: args.dns_capture || istio_env::boolean("ISTIO_META_DNS_CAPTURE"),
         agent_port: args.status_port.and_then(std::num::NonZeroU16::new),
@@ -442,6 +445,7 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
             .clone()
             .or_else(|| xds_files.as_ref().map(|w| Arc::clone(&w.store))),
         upstreams,
+        chain_drains: Arc::default(),
     });
     let metrics_handle = Arc::clone(&metrics);
     let identity_store = identity;

@@ -15,6 +15,7 @@ pub mod access_log;
 pub mod admin;
 pub mod agent;
 pub mod authz;
+pub mod chain_drain;
 pub mod cli;
 pub mod connect;
 pub mod detect;

@@ -51,6 +51,8 @@ pub struct Proxy {
     pub xds: Option<Arc<remora_xds::store::Store>>,
     /// With `xds`: the balancers' state and the pooled connections to endpoints.
     pub upstreams: Arc<crate::upstream::Upstreams>,
+    /// With `xds`: the connections watched for an update that retires their filter chain.
+    pub chain_drains: Arc<crate::chain_drain::ChainDrains>,
 }
 
 /// Where a listener's connections go.
@@ -121,6 +123,7 @@ impl Proxy {
             authz: Arc::new(crate::authz::Authorizer::new(Default::default())),
             xds: None,
             upstreams: Arc::default(),
+            chain_drains: Arc::default(),
         })
     }
 
@@ -135,9 +138,11 @@ impl Proxy {
         let peer = orig_dst::canonical(peer);
 
         let outcome = self.proxy(&config, downstream, peer, &route).await;
-        if matches!(outcome.end, End::IdleTimeout) {
-            m.idle_timeouts.inc();
-        }
+        match outcome.end {
+            End::IdleTimeout => m.idle_timeouts.inc(),
+            End::FilterChainRemoved => m.chain_drain_closes.inc(),
+            _ => 0,
+        };
 
         m.connection_closed(
             &outcome.istio,
@@ -627,13 +632,19 @@ fn copy_outcome(
             tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "closed an idle connection");
             (e.transfer(), End::IdleTimeout)
         }
+        Err(e @ CopyError::Stopped { .. }) => {
+            tracing::info!(peer = %hop.peer, destination = %hop.destination, "closed a connection whose filter chain an xDS update changed or removed: its drain time ran out");
+            (e.transfer(), End::FilterChainRemoved)
+        }
         Err(e) => {
             tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "connection ended with an error");
             reset(downstream);
             reset(upstream);
             let end = match e {
                 CopyError::Upstream { .. } => End::UpstreamReset,
-                CopyError::Downstream { .. } | CopyError::Idle { .. } => End::DownstreamReset,
+                CopyError::Downstream { .. }
+                | CopyError::Idle { .. }
+                | CopyError::Stopped { .. } => End::DownstreamReset,
             };
             (e.transfer(), end)
         }

@@ -37,6 +37,9 @@ pub struct Overrides {
     /// minimum: pilot-agent's own default ([`ISTIO_MINIMUM_DRAIN_DURATION`]) applies unless
     /// the file sets one.
     pub istio_minimum_drain_default: bool,
+    /// ProxyConfig's `drainDuration` (in `PROXY_CONFIG`): how long the connections of a
+    /// filter chain an xDS update retired keep going (`drain.drain_time`).
+    pub drain_time: Option<std::time::Duration>,
     /// `ISTIO_META_IDLE_TIMEOUT`.
     pub idle_timeout: Option<std::time::Duration>,
     /// `ISTIO_META_DNS_CAPTURE=true`: serve DNS.
@@ -62,6 +65,9 @@ impl Overrides {
             config.drain.minimum_duration = minimum;
         } else if self.istio_minimum_drain_default && config.drain.minimum_duration.is_zero() {
             config.drain.minimum_duration = ISTIO_MINIMUM_DRAIN_DURATION;
+        }
+        if let Some(drain_time) = self.drain_time {
+            config.drain.drain_time = drain_time;
         }
         if let Some(idle) = self.idle_timeout {
             // Istio's metadata sets Envoy's TCP and HTTP connection idle timeouts alike; zero
@@ -226,6 +232,24 @@ mod tests {
             given.apply(Config::default()).drain.minimum_duration,
             Duration::ZERO
         );
+    }
+
+    #[test]
+    fn proxy_configs_drain_duration_wins_over_the_files_drain_time() {
+        let mut file = Config::default();
+        file.drain.drain_time = Duration::from_secs(10);
+        assert_eq!(
+            Overrides::default().apply(file.clone()).drain.drain_time,
+            Duration::from_secs(10)
+        );
+        let istio = Overrides {
+            drain_time: Some(Duration::from_secs(3)),
+            ..Overrides::default()
+        };
+        let c = istio.apply(file);
+        assert_eq!(c.drain.drain_time, Duration::from_secs(3));
+        // SIGTERM's drain period is another setting (terminationDrainDuration).
+        assert_eq!(c.drain.duration, Config::default().drain.duration);
     }
 
     #[test]

@@ -13,10 +13,11 @@ mod idle;
 mod local;
 mod streams;
 
-pub use streams::{copy_streams, relay};
+pub use streams::{copy_streams, copy_streams_until, relay};
 
 use bytes::BytesMut;
 use socket2::SockRef;
+use std::future::Future;
 use std::io;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -67,6 +68,11 @@ pub enum CopyError {
     /// Envoy closes an idle `tcp_proxy` session.
     #[error("idle for {idle:?}")]
     Idle { idle: Duration, transfer: Transfer },
+    /// The caller's stop signal fired (the drain time of a filter chain an xDS update changed
+    /// or removed ran out). Both sides are closed, not reset, as Envoy closes the connections
+    /// of a removed chain (`filter_chain_is_being_removed`).
+    #[error("stopped: the filter chain was removed")]
+    Stopped { transfer: Transfer },
 }
 
 impl CopyError {
@@ -75,7 +81,8 @@ impl CopyError {
         match self {
             CopyError::Downstream { transfer, .. }
             | CopyError::Upstream { transfer, .. }
-            | CopyError::Idle { transfer, .. } => *transfer,
+            | CopyError::Idle { transfer, .. }
+            | CopyError::Stopped { transfer } => *transfer,
         }
     }
 }
@@ -97,11 +104,25 @@ pub async fn copy_bidirectional(
 
 /// Send `prefix` (bytes already read from `downstream` while detecting) to `upstream`, then
 /// copy between them until both directions end, or until nothing has moved for `idle`.
-pub async fn copy_bidirectional_after(
+/// (Not an `async fn`: a wrapper future would keep a second copy of the arguments in every
+/// connection's future.)
+pub fn copy_bidirectional_after<'a>(
+    prefix: &'a [u8],
+    downstream: &'a TcpStream,
+    upstream: &'a TcpStream,
+    idle: Option<Duration>,
+) -> impl Future<Output = Result<Transfer, CopyError>> + 'a {
+    copy_bidirectional_until(prefix, downstream, upstream, idle, std::future::pending())
+}
+
+/// As [`copy_bidirectional_after`], ended early (both sides closed, [`CopyError::Stopped`])
+/// when `stop` resolves.
+pub async fn copy_bidirectional_until(
     prefix: &[u8],
     downstream: &TcpStream,
     upstream: &TcpStream,
     idle: Option<Duration>,
+    stop: impl Future<Output = ()>,
 ) -> Result<Transfer, CopyError> {
     let mut transfer = Transfer::default();
     // Each direction's bytes so far, readable when the other direction fails first and this
@@ -120,10 +141,17 @@ pub async fn copy_bidirectional_after(
         &received,
     );
     let mut idle = idle::IdleTimer::new(idle);
-    tokio::pin!(up, down);
+    tokio::pin!(up, down, stop);
     let (mut up_done, mut down_done) = (false, false);
     let failed = loop {
         tokio::select! {
+            () = &mut stop => {
+                let transfer = Transfer {
+                    sent: sent.load(Ordering::Relaxed),
+                    received: received.load(Ordering::Relaxed),
+                };
+                return Err(CopyError::Stopped { transfer });
+            }
             idle = std::future::poll_fn(|cx| {
                 let moved = sent.load(Ordering::Relaxed) + received.load(Ordering::Relaxed);
                 idle.poll_idle(cx, moved)

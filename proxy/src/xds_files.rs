@@ -375,7 +375,8 @@ pub fn load(
     dir: &Path,
     metrics: &crate::metrics::Metrics,
 ) -> Result<(Arc<Store>, Source), FilesError> {
-    let store = Arc::new(Store::new());
+    // The files are read whole: a cluster whose secret `secrets.json` lacks does not warm.
+    let store = Arc::new(Store::with_secret_fetch_timeout(Some(Duration::ZERO)));
     let mut source = Source::new(dir.to_path_buf());
     let mut synced = source.sync(&store, "1");
     // What reading the files left free in the heap goes back to the system (see

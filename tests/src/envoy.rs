@@ -110,6 +110,22 @@ impl<'a> Envoy<'a> {
         Envoy::spawn(ns, cmd, work, yaml)
     }
 
+    /// [`Envoy::start_sidecar`] with more command-line flags (`--drain-time-s`).
+    pub fn start_sidecar_with_args(
+        ns: &'a Netns,
+        binary: &Path,
+        work: &RemoraBinary,
+        yaml: &str,
+        args: &[&str],
+    ) -> Envoy<'a> {
+        let mut cmd = ns.command("setpriv");
+        let gid = crate::PROXY_UID.to_string();
+        cmd.args(["--regid", &gid, "--clear-groups"])
+            .arg(binary)
+            .args(args);
+        Envoy::spawn(ns, cmd, work, yaml)
+    }
+
     /// [`Envoy::start`] with more command-line flags (`--drain-strategy immediate`, as
     /// pilot-agent starts it).
     pub fn start_with_args(
@@ -172,7 +188,7 @@ impl<'a> Envoy<'a> {
 
     /// The status and body of `GET path` on the admin API (0 when it does not answer). With
     /// curl: Envoy's admin refuses HTTP/1.0.
-    fn admin(&self, path: &str) -> (u16, String) {
+    pub fn admin(&self, path: &str) -> (u16, String) {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, ADMIN_PORT));
         peer::curl_status(
             self.ns,

@@ -204,6 +204,81 @@ impl Resources {
         remora
     }
 
+    /// [`Resources::start_remora`] with `extra` appended to its config file; the directory
+    /// its resources are read from, to write updates into ([`Resources::write_for_remora`]).
+    pub fn start_remora_with<'n>(
+        &self,
+        net: &'n crate::PodNet,
+        extra: &str,
+    ) -> (crate::Remora<'n>, std::path::PathBuf) {
+        let dir = net.binary().make_dir("xds");
+        self.write_for_remora(&dir);
+        let remora = net
+            .remora()
+            .config(&format!(
+                "xds:\n  resources_dir: {}\n{extra}",
+                dir.display()
+            ))
+            .start_ready();
+        let refused = remora.stderr();
+        assert!(
+            !refused.contains("refused an xDS resource"),
+            "Remora refused resources Envoy takes:\n{refused}"
+        );
+        (remora, dir)
+    }
+
+    /// A real Envoy (`binary`) as `net`'s sidecar whose listeners come from a file (LDS over
+    /// Envoy's filesystem subscription, so they can be updated:
+    /// [`Resources::write_envoy_listeners`]), the rest as [`Resources::start_envoy`] has it,
+    /// with more command-line flags (`--drain-time-s`); the directory of its files.
+    pub fn start_envoy_lds<'n>(
+        &self,
+        net: &'n crate::PodNet,
+        binary: &Path,
+        args: &[&str],
+    ) -> (crate::envoy::Envoy<'n>, std::path::PathBuf) {
+        let dir = net.binary().make_dir("envoy-xds");
+        let static_only = Resources {
+            listeners: json!([]),
+            ..self.clone()
+        };
+        let mut bootstrap: Value =
+            serde_json::from_str(&static_only.envoy_bootstrap(&dir, crate::envoy::ADMIN_PORT))
+                .expect("the bootstrap is JSON");
+        self.write_envoy_listeners(&dir, "1");
+        bootstrap["dynamic_resources"] = json!({"lds_config": file_source(&dir.join("lds.json"))});
+        let envoy = crate::envoy::Envoy::start_sidecar_with_args(
+            &net.pod,
+            binary,
+            net.binary(),
+            &bootstrap.to_string(),
+            args,
+        );
+        (envoy, dir)
+    }
+
+    /// Write the listeners for [`Resources::start_envoy_lds`]'s Envoy as LDS version
+    /// `version`, moved into place whole (Envoy watches for the file being moved in).
+    pub fn write_envoy_listeners(&self, dir: &Path, version: &str) {
+        const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+        let listeners: Vec<Value> = items(&self.listeners)
+            .map(|l| {
+                let mut l = without_type(l);
+                point_rds_at_files(&mut l, dir);
+                if let Some(o) = l.as_object_mut() {
+                    o.insert("@type".into(), Value::String(LISTENER_TYPE.into()));
+                }
+                l
+            })
+            .collect();
+        let response = json!({"version_info": version, "type_url": LISTENER_TYPE,
+            "resources": listeners});
+        let tmp = dir.join(".lds.json.tmp");
+        std::fs::write(&tmp, response.to_string()).expect("write the listeners");
+        std::fs::rename(&tmp, dir.join("lds.json")).expect("move the listeners in place");
+    }
+
     /// A real Envoy (`binary`) as `net`'s sidecar, with the same resources.
     pub fn start_envoy<'n>(
         &self,

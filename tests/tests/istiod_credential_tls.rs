@@ -14,11 +14,13 @@
 //!   the new one;
 //! - a secret whose key does not match its certificate is NACKed (Remora names the resource
 //!   and the field) and the running one stays: requests still present the rotated one;
-//! - a cluster added later naming a secret istiod does not have: its requests fail (503),
-//!   nothing reaches the origin without the certificate. (Envoy keeps such a cluster warming,
-//!   answering 503 `NC` with no body while it has no cluster of that name, for up to its 15 s
-//!   initial fetch timeout; Remora applies the cluster and fails its connections `UF`, as
-//!   Envoy does once warming ends: the status is the same, the flag is not compared.)
+//! - a cluster added later naming a secret istiod does not have warms, as Envoy's does: it is
+//!   listed under `/config_dump`'s `dynamic_warming_clusters`, and its requests find no
+//!   cluster (503, access-log flag `NC`), nothing reaching the origin;
+//! - the other cluster is still served meanwhile;
+//! - once the secret's initial fetch times out (Envoy's 15 s default, which istiod's
+//!   `SDSAdsConfig` leaves in place) the cluster is in force without it and its connections
+//!   fail (503 `UF`).
 //!
 //! Envoy's NACK of the mismatched key says what failed (`Failed to load private key from
 //! <inline>, … KEY_VALUES_MISMATCH`) without the resource; Remora's names the secret and the
@@ -107,7 +109,71 @@ fn listener() -> Value {
             "stat_prefix": "outbound_0.0.0.0_80",
             "rds": {"config_source": {"ads": {}, "resource_api_version": "V3"}, "route_config_name": "80"},
             "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]})
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+            "access_log": [{"name": "envoy.access_loggers.file", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                "path": "/dev/stdout",
+                "log_format": {"text_format_source": {"inline_string": ACCESS_FORMAT}}}}]}}]}]})
+}
+
+/// One access-log line per request, with the authority last so that a line is found by host.
+const ACCESS_FORMAT: &str = "ACCESS %RESPONSE_CODE% %RESPONSE_FLAGS% %REQ(:AUTHORITY)%\n";
+
+/// What a proxy shows besides its answers: its access log and its admin pages.
+struct Views<'a> {
+    access_log: &'a dyn Fn() -> String,
+    admin: &'a dyn Fn(&str) -> String,
+}
+
+impl Views<'_> {
+    /// The response flags of the last request to `host` logged (waiting a little for the line:
+    /// a proxy logs after it answered).
+    fn flags(&self, host: &str, before: usize) -> Option<String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let log = (self.access_log)();
+            let found = log
+                .lines()
+                .filter(|l| l.starts_with("ACCESS ") && l.ends_with(host))
+                .nth(before)
+                .and_then(|l| l.split(' ').nth(2).map(str::to_string));
+            if found.is_some() || Instant::now() > deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// How many requests to `host` were logged.
+    fn logged(&self, host: &str) -> usize {
+        (self.access_log)()
+            .lines()
+            .filter(|l| l.starts_with("ACCESS ") && l.ends_with(host))
+            .count()
+    }
+
+    /// The clusters `/config_dump` lists as warming.
+    fn warming(&self) -> Vec<String> {
+        let dump: Value =
+            serde_json::from_str(&(self.admin)("/config_dump")).unwrap_or(Value::Null);
+        dump["configs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| {
+                c["@type"]
+                    .as_str()
+                    .is_some_and(|t| t.ends_with("ClustersConfigDump"))
+            })
+            .flat_map(|c| {
+                c["dynamic_warming_clusters"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|c| c["cluster"]["name"].as_str().map(str::to_string))
+            .collect()
+    }
 }
 
 fn route(hosts: &[&str]) -> Value {
@@ -226,6 +292,10 @@ struct Outcome {
     status: u16,
     sni: Option<String>,
     client: Vec<String>,
+    /// The access log's response flags, where the step looks at them.
+    flags: Option<String>,
+    /// The clusters `/config_dump` lists as warming, where the step looks at them.
+    warming: Vec<String>,
 }
 
 /// `GET` through the sidecar. The origin closes the connection after each answer
@@ -253,7 +323,18 @@ fn get(net: &PodNet, host: &str) -> Outcome {
             .flatten()
             .filter_map(|v| v.as_str().map(str::to_string))
             .collect(),
+        flags: None,
+        warming: Vec::new(),
     }
+}
+
+/// `get`, with the flags the access log gives the request and the warming clusters.
+fn get_logged(net: &PodNet, host: &str, views: &Views) -> Outcome {
+    let before = views.logged(host);
+    let mut outcome = get(net, host);
+    outcome.flags = views.flags(host, before);
+    outcome.warming = views.warming();
+    outcome
 }
 
 fn ok(client: &[&str]) -> Outcome {
@@ -261,6 +342,8 @@ fn ok(client: &[&str]) -> Outcome {
         status: 200,
         sni: Some(ORIGIN_NAME.into()),
         client: client.iter().map(|s| s.to_string()).collect(),
+        flags: None,
+        warming: Vec::new(),
     }
 }
 
@@ -298,7 +381,7 @@ fn secret_nacks(ads: &Ads) -> Vec<String> {
 
 /// The steps of the module's story through the sidecar of `net`, once it is configured:
 /// (what, outcome) per step.
-fn story(net: &PodNet, world: &World) -> Vec<(&'static str, Outcome)> {
+fn story(net: &PodNet, world: &World, views: &Views) -> Vec<(&'static str, Outcome)> {
     let ads = world.plane.ads();
     let mut steps = Vec::new();
     steps.push(("first", until(net, HOST, &ok(&[CLIENT_NAME]))));
@@ -337,26 +420,44 @@ fn story(net: &PodNet, world: &World) -> Vec<(&'static str, Outcome)> {
             r.type_url == type_url::SECRET && r.resource_names.contains(&credential(ABSENT))
         })
     });
-    steps.push(("secret never served", get(net, PENDING_HOST)));
+    steps.push((
+        "secret never served: the cluster warms",
+        get_logged(net, PENDING_HOST, views),
+    ));
     steps.push(("the other cluster still served", get(net, HOST)));
+    // The secret's initial fetch times out: the cluster goes in force without it.
+    let deadline = Instant::now() + STEP_TIME;
+    while !views.warming().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    steps.push((
+        "after the initial fetch timeout",
+        get_logged(net, PENDING_HOST, views),
+    ));
     steps
 }
 
 fn expected() -> Vec<(&'static str, Outcome)> {
-    let failed = Outcome {
+    let failed = |flags: &str, warming: &[&str]| Outcome {
         status: 503,
         sni: None,
         client: vec![],
+        flags: Some(flags.into()),
+        warming: warming.iter().map(|s| s.to_string()).collect(),
     };
     vec![
         ("first", ok(&[CLIENT_NAME])),
         ("rotated", ok(&[CLIENT_NAME, ROTATED_NAME])),
         ("mismatched key refused", ok(&[CLIENT_NAME, ROTATED_NAME])),
-        ("secret never served", failed),
+        (
+            "secret never served: the cluster warms",
+            failed("NC", &[&cluster_name(PENDING_HOST)]),
+        ),
         (
             "the other cluster still served",
             ok(&[CLIENT_NAME, ROTATED_NAME]),
         ),
+        ("after the initial fetch timeout", failed("UF", &[])),
     ]
 }
 
@@ -403,9 +504,19 @@ fn remora_story(net: &PodNet) -> Vec<(&'static str, Outcome)> {
     for name in [credential(CREDENTIAL), credential_roots(CREDENTIAL)] {
         assert!(asked.contains(&name), "{name} not asked for: {asked:?}");
     }
-    let steps = story(net, &world);
-    // The config dump lists them as Envoy's does, the key redacted.
     let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, remora_e2e::ADMIN_PORT));
+    let access_log = || sidecar.stdout();
+    let admin_page = |path: &str| {
+        remora_e2e::peer::http_get(&net.pod, admin, path, STEP_TIME)
+            .map(|r| r.body)
+            .unwrap_or_default()
+    };
+    let views = Views {
+        access_log: &access_log,
+        admin: &admin_page,
+    };
+    let steps = story(net, &world, &views);
+    // The config dump lists them as Envoy's does, the key redacted.
     let dump = remora_e2e::peer::http_get(&net.pod, admin, "/config_dump", STEP_TIME)
         .map(|r| r.body)
         .unwrap_or_default();
@@ -500,7 +611,13 @@ fn envoy_story(net: &PodNet, binary: &std::path::Path) -> Vec<(&'static str, Out
         net.binary(),
         &envoy_bootstrap(net, &world),
     );
-    let steps = story(net, &world);
+    let access_log = || envoy.logs();
+    let admin_page = |path: &str| envoy.admin(path).1;
+    let views = Views {
+        access_log: &access_log,
+        admin: &admin_page,
+    };
+    let steps = story(net, &world, &views);
     assert!(
         !secret_nacks(world.plane.ads()).is_empty(),
         "Envoy NACKs the mismatched key too:\n{}",

@@ -23,3 +23,4 @@ pub mod sink;
 pub mod snapshot;
 pub mod store;
 pub mod validate;
+pub mod warming;

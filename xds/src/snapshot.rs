@@ -80,7 +80,14 @@ pub type Resources<T> = BTreeMap<String, Arc<Entry<T>>>;
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     pub listeners: Arc<Resources<ListenerProto>>,
+    /// The clusters in force: what routing, balancing and `/config_dump`'s
+    /// `dynamic_active_clusters` see.
     pub clusters: Arc<Resources<ClusterProto>>,
+    /// Clusters (or new versions of clusters) received but not yet in force, as Envoy warms
+    /// them: their sockets name SDS secrets from the control plane that have neither arrived
+    /// nor timed out (see `crate::warming`). Routing does not see them; an older version in
+    /// `clusters` keeps serving meanwhile. `/config_dump`'s `dynamic_warming_clusters`.
+    pub warming_clusters: Arc<Resources<ClusterProto>>,
     pub routes: Arc<Resources<RouteProto>>,
     pub endpoints: Arc<Resources<ClaProto>>,
     /// istiod's name table (NDS): one resource, unnamed, when DNS capture asked for it.
@@ -163,6 +170,7 @@ impl Snapshot {
             index: Arc::new(ListenerIndex::new(&listeners)),
             listeners: Arc::new(listeners),
             clusters: Arc::new(clusters),
+            warming_clusters: Arc::default(),
             routes: Arc::new(routes),
             endpoints: Arc::new(endpoints),
             name_tables: Arc::default(),
@@ -210,7 +218,24 @@ impl Snapshot {
         self.listeners.get(name).map(|e| &e.model)
     }
 
-    /// A cluster by name.
+    /// Every cluster held, in force or warming (an old version and its warming successor
+    /// both).
+    pub fn all_clusters(&self) -> impl Iterator<Item = &Arc<Entry<ClusterProto>>> {
+        self.clusters.values().chain(self.warming_clusters.values())
+    }
+
+    /// The newest version held of each cluster: the warming one where there is one.
+    pub fn newest_clusters(&self) -> Resources<ClusterProto> {
+        let mut newest = Resources::clone(&self.clusters);
+        newest.extend(
+            self.warming_clusters
+                .iter()
+                .map(|(name, e)| (name.clone(), Arc::clone(e))),
+        );
+        newest
+    }
+
+    /// A cluster in force, by name (a warming one is not: Envoy's routing does not find it).
     pub fn cluster(&self, name: &str) -> Option<&Arc<Cluster>> {
         self.clusters.get(name).map(|e| &e.model)
     }
@@ -281,9 +306,9 @@ impl Snapshot {
     /// cluster's secrets when the cluster initialises, which for an EDS cluster is once its
     /// endpoints have arrived (seen on the wire from Envoy 1.40, `tests/ads_envoy.rs`): so
     /// only the clusters whose endpoints are held (or that need none) want theirs.
+    /// Warming clusters count: they are what waits for the secrets.
     pub fn wanted_secrets(&self) -> BTreeSet<String> {
-        self.clusters
-            .values()
+        self.all_clusters()
             .filter(|e| {
                 e.model
                     .eds_service_name()
@@ -298,10 +323,9 @@ impl Snapshot {
             .collect()
     }
 
-    /// The EDS names the held clusters need.
+    /// The EDS names the held clusters (warming ones too) need.
     pub fn wanted_endpoints(&self) -> BTreeSet<String> {
-        self.clusters
-            .values()
+        self.all_clusters()
             .filter_map(|e| e.model.eds_service_name().map(str::to_string))
             .collect()
     }

@@ -6,11 +6,12 @@
 use crate::convert::{from_bytes, Resource};
 use crate::sink::{type_url, Applied, Rejection, Resource as Delivered, Sink, Update};
 use crate::snapshot::{Entry, Resources, Snapshot};
+use crate::warming::{settle, SecretWaits};
 use arc_swap::ArcSwap;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 /// Holds the current snapshot; the ADS client's [`Sink`].
 #[derive(Debug, Default)]
@@ -19,8 +20,11 @@ pub struct Store {
     /// Counts the snapshots published: a reader that found something in generation `g` may
     /// keep it while this still says `g`, with no load of the snapshot itself.
     generation: AtomicU64,
-    /// Serialises writers: each builds the next snapshot from the one it read.
-    writer: Mutex<()>,
+    /// Serialises writers: each builds the next snapshot from the one it read. It guards the
+    /// clocks of the secrets warming clusters wait for.
+    writer: Mutex<SecretWaits>,
+    /// Wakes [`Store::run_warming_timeouts`] when a secret's clock may have started.
+    warming_started: tokio::sync::Notify,
     /// Wakes whoever waits for the next listener update ([`Store::listeners_changed`]).
     listeners_published: tokio::sync::Notify,
 }
@@ -29,6 +33,65 @@ impl Store {
     /// An empty store.
     pub fn new() -> Store {
         Store::default()
+    }
+
+    /// An empty store whose warming clusters wait `timeout` at most for each SDS secret
+    /// (Envoy's `initial_fetch_timeout`; `None`: for ever; zero: not at all).
+    pub fn with_secret_fetch_timeout(timeout: Option<Duration>) -> Store {
+        Store {
+            writer: Mutex::new(SecretWaits::new(timeout)),
+            ..Store::default()
+        }
+    }
+
+    /// Puts in force the warming clusters whose secrets' initial fetch has timed out by
+    /// `now`, as Envoy's SDS init target gives up waiting; returns the next instant this has
+    /// something to do.
+    pub fn expire_secret_waits(&self, now: Instant) -> Option<Instant> {
+        let mut waits = self
+            .writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let current = self.current.load_full();
+        if !current.warming_clusters.is_empty() {
+            let mut next = Snapshot::clone(&current);
+            if settle(&mut next, current.newest_clusters(), &mut waits, now) {
+                tracing::info!(
+                    warming = next.warming_clusters.len(),
+                    "initial fetch of an SDS secret timed out: its clusters are in force without it"
+                );
+                self.publish(next, false);
+            }
+        }
+        waits.next_deadline(&self.current.load(), now)
+    }
+
+    /// Runs for ever: ends the warming of clusters whose secrets did not arrive in time. The
+    /// ADS glue spawns it beside the client.
+    pub async fn run_warming_timeouts(&self) {
+        loop {
+            let started = self.warming_started.notified();
+            tokio::pin!(started);
+            started.as_mut().enable();
+            match self.expire_secret_waits(Instant::now()) {
+                Some(deadline) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {}
+                        _ = started => {}
+                    }
+                }
+                None => started.await,
+            }
+        }
+    }
+
+    /// Publishes `next` as the current snapshot.
+    fn publish(&self, next: Snapshot, listeners: bool) {
+        self.current.store(Arc::new(next));
+        self.generation.fetch_add(1, Ordering::Release);
+        if listeners {
+            self.listeners_published.notify_waiters();
+        }
     }
 
     /// The current snapshot, to keep (one atomic load and a reference count).
@@ -131,7 +194,7 @@ impl Sink for Store {
     fn apply(&self, type_url: &str, update: Update) -> Applied {
         // A poisoned lock only means another writer panicked; the snapshot it guards is
         // immutable and still whole, so carry on.
-        let _writer = self
+        let mut waits = self
             .writer
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -148,7 +211,10 @@ impl Sink for Store {
                 applied.wanted.insert(type_url::ROUTE, wanted);
             }
             type_url::CLUSTER => {
-                applied.rejected = apply_to(Arc::make_mut(&mut next.clusters), update, true, now);
+                // The update applies to the newest version of each cluster, warming or not.
+                let mut newest = next.newest_clusters();
+                applied.rejected = apply_to(&mut newest, update, true, now);
+                settle(&mut next, newest, &mut waits, Instant::now());
                 let wanted = next.wanted_endpoints();
                 prune(&mut next.endpoints, &wanted);
                 applied.wanted.insert(type_url::ENDPOINT, wanted);
@@ -163,7 +229,9 @@ impl Sink for Store {
             }
             type_url::ENDPOINT => {
                 applied.rejected = apply_to(Arc::make_mut(&mut next.endpoints), update, false, now);
-                // A cluster whose endpoints arrived initialises: now it wants its secrets.
+                // A cluster whose endpoints arrived initialises: now it wants its secrets (and
+                // their clocks start).
+                settle_warming(&mut next, &mut waits);
                 applied
                     .wanted
                     .insert(type_url::SECRET, next.wanted_secrets());
@@ -171,6 +239,8 @@ impl Sink for Store {
             // SDS is asked for by name as EDS is: absence is no removal.
             type_url::SECRET => {
                 applied.rejected = apply_to(Arc::make_mut(&mut next.secrets), update, false, now);
+                // Clusters warming on these secrets go in force.
+                settle_warming(&mut next, &mut waits);
             }
             // One table, the whole of it each time (pilot-agent replaces its table whole).
             type_url::NAME_TABLE => {
@@ -189,12 +259,21 @@ impl Sink for Store {
                 return applied;
             }
         }
-        self.current.store(Arc::new(next));
-        self.generation.fetch_add(1, Ordering::Release);
-        if type_url == type_url::LISTENER {
-            self.listeners_published.notify_waiters();
+        drop(waits);
+        self.publish(next, type_url == type_url::LISTENER);
+        if matches!(type_url, type_url::CLUSTER | type_url::ENDPOINT) {
+            self.warming_started.notify_waiters();
         }
         applied
+    }
+}
+
+/// After an update of another type, the warming clusters settle again (nothing to do when none
+/// warms).
+fn settle_warming(next: &mut Snapshot, waits: &mut SecretWaits) {
+    if !next.warming_clusters.is_empty() {
+        let newest = next.newest_clusters();
+        settle(next, newest, waits, Instant::now());
     }
 }
 

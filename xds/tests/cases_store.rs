@@ -80,8 +80,18 @@ fn the_store_takes_what_validate_takes_and_refuses_the_rest_alike() {
             );
         }
         let snap = store.snapshot();
-        let held =
-            snap.listeners.len() + snap.clusters.len() + snap.routes.len() + snap.endpoints.len();
+        // A cluster naming a secret of the ADS stream (which no case serves) is held warming.
+        let held = snap.listeners.len()
+            + snap.clusters.len()
+            + snap.warming_clusters.len()
+            + snap.routes.len()
+            + snap.endpoints.len();
+        for (name, e) in snap.warming_clusters.iter() {
+            assert!(
+                e.model.ads_secrets().next().is_some(),
+                "{case} cluster {name} warms on nothing"
+            );
+        }
         assert_eq!(
             held + rejected.len(),
             verdicts.len(),

@@ -60,6 +60,10 @@ pub enum End {
     NoHealthyUpstream,
     /// xDS: a circuit breaker of the cluster is open (`max_connections`).
     Overflow,
+    /// xDS: an update changed or removed the filter chain the connection started on, and the
+    /// drain time (`drain.drain_time`) ran out; both sides were closed (Envoy's
+    /// `filter_chain_is_being_removed`).
+    FilterChainRemoved,
 }
 
 impl End {
@@ -71,6 +75,7 @@ impl End {
                 | End::DownstreamReset
                 | End::UpstreamReset
                 | End::IdleTimeout
+                | End::FilterChainRemoved
                 | End::ConnectFailed
                 | End::ConnectTimeout
         )
@@ -96,6 +101,7 @@ impl End {
             End::NoCluster => "no_cluster",
             End::NoHealthyUpstream => "no_healthy_upstream",
             End::Overflow => "upstream_overflow",
+            End::FilterChainRemoved => "filter_chain_is_being_removed",
         }
     }
 
@@ -104,7 +110,7 @@ impl End {
     pub fn response_flag(self) -> &'static str {
         match self {
             // Envoy's tcp_proxy closes an idle session without a flag.
-            End::Closed | End::IdleTimeout => "-",
+            End::Closed | End::IdleTimeout | End::FilterChainRemoved => "-",
             End::DownstreamReset => "DC",
             End::UpstreamReset => "UC",
             End::ConnectFailed | End::ConnectTimeout => "UF",
@@ -133,6 +139,16 @@ pub struct XdsFacts {
     pub cluster: Option<Arc<str>>,
     /// This side of the upstream connection.
     pub upstream_local: Option<SocketAddr>,
+    /// The server name of the client's ClientHello, as the listener's TLS inspector reads
+    /// it (Envoy's `%REQUESTED_SERVER_NAME%`); `None` without one or without the inspector.
+    pub sni: Option<Box<str>>,
+    /// Why a filter ended the connection, in Envoy's words
+    /// (`%CONNECTION_TERMINATION_DETAILS%`: an RBAC filter's
+    /// `rbac_access_denied_matched_policy[…]`).
+    pub termination_details: Option<Box<str>>,
+    /// Bytes read from the client and never forwarded (the first bytes of a connection a
+    /// filter refused), which Envoy counts as received.
+    pub unforwarded: u64,
 }
 
 /// One finished connection.
@@ -166,18 +182,19 @@ impl Entry {
                     status: 0,
                     flags: &flags,
                     details: None,
-                    termination_details: None,
+                    termination_details: xds.and_then(|x| x.termination_details.as_deref()),
                     transport_failure: None,
-                    // Envoy's meaning: received from the client, sent back to it.
-                    received: self.received,
-                    sent: self.sent,
+                    // Envoy's meaning: received from the client (what was sent upstream),
+                    // sent back to it (what was received from upstream).
+                    received: self.sent + xds.map_or(0, |x| x.unforwarded),
+                    sent: self.received,
                     upstream_service_time: None,
                     upstream_host: self.destination.filter(|_| self.end.reached_upstream()),
                     cluster: xds.and_then(|x| x.cluster.as_deref()),
                     upstream_local: xds.and_then(|x| x.upstream_local),
                     downstream_local: xds.and_then(|x| x.downstream_local),
                     downstream_remote: Some(self.source),
-                    sni: None,
+                    sni: xds.and_then(|x| x.sni.as_deref()),
                     route_name: None,
                 };
                 envoy_format::line(f, &record)
@@ -503,6 +520,34 @@ mod tests {
         // And the named file takes lines again after it.
         log.log_line("six\n".into(), &sink);
         wait_for(&path, "four\nsix\n");
+    }
+
+    /// Envoy's format counts bytes from the client's side: received from it (what went
+    /// upstream, and what a refusing filter read), sent back to it.
+    #[test]
+    fn envoy_line_counts_bytes_as_the_client_sees_them() {
+        let format = LineFormat::Envoy(
+            remora_xds::convert::log_format::parse(
+                "%BYTES_RECEIVED% %BYTES_SENT% %CONNECTION_TERMINATION_DETAILS% %UPSTREAM_CLUSTER%",
+            )
+            .expect("parsed"),
+        );
+        let mut e = entry();
+        e.end = End::Closed;
+        assert_eq!(e.line(&format), "12 3456 - -");
+        e.sent = 0;
+        e.received = 0;
+        e.end = End::RbacDenied;
+        e.xds = Some(Box::new(XdsFacts {
+            cluster: Some("inbound|9101||".into()),
+            termination_details: Some("rbac_access_denied_matched_policy[none]".into()),
+            unforwarded: 7,
+            ..XdsFacts::default()
+        }));
+        assert_eq!(
+            e.line(&format),
+            "7 0 rbac_access_denied_matched_policy[none] inbound|9101||"
+        );
     }
 
     #[test]

@@ -63,7 +63,7 @@ pub(super) fn server_info(state: &AdminState) -> Response<Body> {
             "hot_restart_version": "disabled",
             "command_line_options": {
                 "concurrency": state.concurrency,
-                "drain_time": format!("{}s", config.drain.duration.as_secs_f64()),
+                "drain_time": format!("{}s", config.drain.drain_time.as_secs_f64()),
                 "log_level": state.logging.as_ref().map(|l| l.current()),
             },
             "node": node(state),
@@ -347,7 +347,7 @@ pub(super) fn clusters(state: &AdminState, req: &AdminRequest) -> Response<Body>
 /// type. In istiod mode istiod's resources are the dynamic entries (`xds_dump`); a static entry
 /// that istiod also names (`virtualOutbound`, `PassthroughCluster`) is then left to it.
 /// `?include_eds` adds the endpoints. `?resource=<field>` (`static_clusters`,
-/// `dynamic_active_clusters`, `dynamic_listeners`, `dynamic_route_configs`,
+/// `dynamic_active_clusters`, `dynamic_warming_clusters`, `dynamic_listeners`, `dynamic_route_configs`,
 /// `dynamic_endpoint_configs`, `dynamic_active_secrets`…) lists that field's entries alone,
 /// each `@type`d, as Envoy does.
 pub(super) fn config_dump(state: &AdminState, req: &AdminRequest) -> Response<Body> {
@@ -397,6 +397,10 @@ pub(super) fn config_dump(state: &AdminState, req: &AdminRequest) -> Response<Bo
             "static_clusters" => (clusters, "ClustersConfigDump.StaticCluster"),
             "static_listeners" => (listeners, "ListenersConfigDump.StaticListener"),
             "dynamic_active_clusters" => (dynamic.clusters, "ClustersConfigDump.DynamicCluster"),
+            "dynamic_warming_clusters" => (
+                dynamic.warming_clusters,
+                "ClustersConfigDump.DynamicCluster",
+            ),
             "dynamic_listeners" => (dynamic.listeners, "ListenersConfigDump.DynamicListener"),
             "dynamic_route_configs" => (dynamic.routes, "RoutesConfigDump.DynamicRouteConfig"),
             "dynamic_endpoint_configs" => (
@@ -434,6 +438,10 @@ pub(super) fn config_dump(state: &AdminState, req: &AdminRequest) -> Response<Bo
     if snapshot.is_some() {
         clusters_dump["version_info"] = Value::String(dynamic.cds_version);
         clusters_dump["dynamic_active_clusters"] = Value::Array(dynamic.clusters);
+        // Envoy leaves the field out when nothing warms.
+        if !dynamic.warming_clusters.is_empty() {
+            clusters_dump["dynamic_warming_clusters"] = Value::Array(dynamic.warming_clusters);
+        }
         listeners_dump["version_info"] = Value::String(dynamic.lds_version);
         listeners_dump["dynamic_listeners"] = Value::Array(dynamic.listeners);
         secrets_dump["dynamic_active_secrets"] = Value::Array(dynamic.secrets);

@@ -1,5 +1,5 @@
 //! What istiod configured, as Envoy's admin shows it: the dynamic parts of `/config_dump`
-//! (`dynamic_active_clusters`, `dynamic_listeners[].active_state`, `dynamic_route_configs`,
+//! (`dynamic_active_clusters`, `dynamic_warming_clusters`, `dynamic_listeners[].active_state`, `dynamic_route_configs`,
 //! `dynamic_endpoint_configs`, `dynamic_active_secrets`) and the xDS clusters' hosts on
 //! `/clusters`. `istioctl proxy-config cluster|listener|route|secret` read the first, `istioctl
 //! proxy-config endpoint` the second, so both keep Envoy's field names and proto3 JSON.
@@ -18,6 +18,8 @@ use std::time::SystemTime;
 #[derive(Debug, Default)]
 pub(super) struct Dynamic {
     pub clusters: Vec<Value>,
+    /// Clusters waiting for their SDS secrets (Envoy's `dynamic_warming_clusters`).
+    pub warming_clusters: Vec<Value>,
     pub listeners: Vec<Value>,
     pub routes: Vec<Value>,
     pub endpoints: Vec<Value>,
@@ -123,6 +125,13 @@ pub(super) fn dynamic(state: &AdminState, snapshot: &Snapshot) -> Dynamic {
             type_url::CLUSTER,
             "cluster",
             refusals,
+        )),
+        // A warming cluster's refusal is shown on its entry in force, as Envoy shows it.
+        warming_clusters: values(entries(
+            &snapshot.warming_clusters,
+            type_url::CLUSTER,
+            "cluster",
+            None,
         )),
         listeners,
         routes: values(entries(

@@ -134,6 +134,11 @@ fn config_dump_shows_istiods_resources_as_envoy_does() {
     assert_eq!(c["cluster"]["name"], CLUSTER);
     assert_eq!(c["cluster"]["lb_policy"], "LEAST_REQUEST");
     assert!(c["last_updated"].as_str().is_some_and(|t| t.ends_with('Z')));
+    // Nothing warms: Envoy leaves the field out.
+    assert!(
+        clusters.get("dynamic_warming_clusters").is_none(),
+        "{clusters}"
+    );
     let listeners = section(&dump, "ListenersConfigDump").expect("listeners");
     let l = &listeners["dynamic_listeners"][0];
     assert_eq!(l["name"], "0.0.0.0_9080");

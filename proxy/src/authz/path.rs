@@ -31,7 +31,7 @@ enum Class {
     Invalid,
 }
 
-fn class(b: u8) -> Class {
+const fn class(b: u8) -> Class {
     match b {
         0 => Class::Invalid,
         b'.' | b'\\' | b'%' => Class::Special,
@@ -112,8 +112,20 @@ fn is_plain(path_and_query: &str) -> bool {
     path_and_query
         .bytes()
         .take_while(|b| *b != b'?')
-        .all(|b| matches!(class(b), Class::Pass | Class::Unreserved))
+        .all(|b| PLAIN[usize::from(b)])
 }
+
+/// [`class`] `Pass` or `Unreserved`, by byte: one load per byte of every routed request's
+/// path, instead of a chain of range tests.
+const PLAIN: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = matches!(class(b as u8), Class::Pass | Class::Unreserved);
+        b += 1;
+    }
+    table
+};
 
 fn hex(b: u8) -> Option<u8> {
     (b as char).to_digit(16).map(|d| d as u8)

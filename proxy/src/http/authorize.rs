@@ -18,15 +18,16 @@ pub(super) fn inbound(
     ctx: &ConnContext,
     parts: &mut Parts,
 ) -> Result<(), (ErrorKind, Option<Box<str>>)> {
-    if let (Some(chain), Some(store)) = (&ctx.xds_inbound, &ctx.proxy.xds) {
-        // istiod changed or removed the connection's chain: as Envoy drains such a chain's
-        // connections, this request is decided as the connection started and the client
-        // told to reconnect (HTTP/1.1 `Connection: close`), its next connection taking the
-        // chain in force.
-        if !chain.is_current(&store.snapshot()) {
-            ctx.closing
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
+    // istiod changed or removed the connection's chain: as Envoy drains such a chain's
+    // connections, this request is decided as the connection started and the client told to
+    // reconnect (HTTP/1.1 `Connection: close`), its next connection taking the chain in force.
+    if ctx
+        .chain_watch
+        .as_ref()
+        .is_some_and(crate::chain_drain::Watch::is_retired)
+    {
+        ctx.closing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
     normalize_path(parts, ctx.config.authorization.path_normalization).map_err(|k| (k, None))?;
     let authz = &ctx.proxy.authz;

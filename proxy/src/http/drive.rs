@@ -1,6 +1,6 @@
 //! A hyper server connection driven to its end: shut down gracefully when idle, when draining
-//! starts (inbound), or when xDS retires the chain it started on; dropped at once when the
-//! client trips the Rapid Reset guard.
+//! starts (inbound), or when xDS retires the chain it started on (and closed when that chain's
+//! drain time has run out); dropped at once when the client trips the Rapid Reset guard.
 
 use super::ConnContext;
 use crate::detect::HttpVersion;
@@ -29,8 +29,15 @@ where
     tokio::pin!(conn);
     let draining = ctx.drain_started();
     tokio::pin!(draining);
-    let retired = chain_retired(ctx);
-    tokio::pin!(retired);
+    let watch = ctx.chain_watch.as_ref();
+    let retired = async {
+        match watch {
+            Some(w) => w.retired().await,
+            None => std::future::pending().await,
+        }
+    };
+    let cut = crate::chain_drain::deadline(watch, ctx.config.drain.drain_time);
+    tokio::pin!(retired, cut);
     let every = ctx.config.http.idle_timeout;
     let mut idle_check = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     let mut last_activity = u64::MAX;
@@ -70,6 +77,13 @@ where
                     shutting_down = true;
                 }
             }
+            // The chain's drain time ran out: closed, streams and all, as Envoy closes the
+            // connections of a removed chain (`filter_chain_is_being_removed`).
+            () = &mut cut => {
+                tracing::info!(peer = %ctx.peer, "closing an HTTP connection whose filter chain an xDS update changed or removed: its drain time ran out");
+                ctx.proxy.metrics.direction(ctx.direction).chain_drain_closes.inc();
+                return Ok(());
+            }
             _ = idle_check.tick(), if !shutting_down => {
                 let activity = ctx.activity();
                 if ctx.in_flight.load(Ordering::Relaxed) == 0 && activity == last_activity {
@@ -80,23 +94,5 @@ where
                 last_activity = activity;
             }
         }
-    }
-}
-
-/// Resolves once an xDS update changed or removed the `virtualInbound` chain this
-/// connection started on; never for a connection not decided by one.
-async fn chain_retired(ctx: &ConnContext) {
-    let (Some(chain), Some(store)) = (&ctx.xds_inbound, &ctx.proxy.xds) else {
-        return std::future::pending().await;
-    };
-    loop {
-        let changed = store.listeners_changed();
-        tokio::pin!(changed);
-        // Registered before the look, so that an update between the two is not missed.
-        changed.as_mut().enable();
-        if !chain.is_current(&store.current()) {
-            return;
-        }
-        changed.await;
     }
 }

@@ -38,6 +38,8 @@ pub(super) struct Upstreamed {
     pub(super) pooled: Option<(Key, Sender)>,
     /// The endpoint that answered.
     endpoint: std::net::SocketAddr,
+    /// This side of the connection it answered on.
+    local: pool::LocalAddr,
     /// xDS: the request counted against its endpoint until it ends (LEAST_REQUEST).
     pub(super) in_flight: Option<crate::upstream::InFlight>,
     /// xDS: how long the connection may stay pooled (the cluster's idle timeout).
@@ -270,6 +272,7 @@ pub async fn handle(
         mut response,
         pooled,
         endpoint,
+        local,
         in_flight,
         pool_idle_timeout,
     } = match result {
@@ -344,6 +347,7 @@ pub async fn handle(
         log.status = parts.status.as_u16();
         log.upstream = Some(endpoint);
         log.upstream_time = Some(start.1.elapsed());
+        log.envoy.upstream_local = local.get();
     }
     if ctx.closing() && ctx.key.version == HttpVersion::Http1 && !upgraded {
         parts
@@ -632,8 +636,9 @@ pub(super) async fn send_on(
             "upstream connection not ready in time",
         ))
     };
+    let local = sender.local_addr();
     let (sent, pooled) = match sender {
-        Sender::Http1(mut tx, served) => {
+        Sender::Http1(mut tx, served, local) => {
             match tokio::time::timeout(bound, tx.ready()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(SendError::Unsent(Box::new(req), e)),
@@ -642,19 +647,19 @@ pub(super) async fn send_on(
             let sent = tx.try_send_request(req).await;
             (
                 sent,
-                Some((key, Sender::Http1(tx, served.saturating_add(1)))),
+                Some((key, Sender::Http1(tx, served.saturating_add(1), local))),
             )
         }
-        Sender::Http2(mut tx, streams) => {
+        Sender::Http2(mut tx, streams, local) => {
             match tokio::time::timeout(bound, tx.ready()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(SendError::Unsent(Box::new(req), e)),
                 Err(_) => return Err(stuck()),
             }
             let sent = tx.try_send_request(req).await;
-            (sent, Some((key, Sender::Http2(tx, streams))))
+            (sent, Some((key, Sender::Http2(tx, streams, local))))
         }
-        Sender::Http2Stream(mut tx, held) => {
+        Sender::Http2Stream(mut tx, held, local) => {
             match tokio::time::timeout(bound, tx.ready()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(SendError::Unsent(Box::new(req), e)),
@@ -662,7 +667,7 @@ pub(super) async fn send_on(
             }
             // The stream is held until the request ends (given back to the pool then).
             let sent = tx.try_send_request(req).await;
-            (sent, Some((key, Sender::Http2Stream(tx, held))))
+            (sent, Some((key, Sender::Http2Stream(tx, held, local))))
         }
     };
     match sent {
@@ -670,6 +675,7 @@ pub(super) async fn send_on(
             response,
             pooled,
             endpoint: dst,
+            local,
             in_flight: None,
             pool_idle_timeout: None,
         }),

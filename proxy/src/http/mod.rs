@@ -82,6 +82,9 @@ pub struct XdsChainFlags {
     /// ProxyConfig's `connectionSettings`): the HTTP/2 stream limit in place of
     /// `http.max_concurrent_streams`.
     pub max_concurrent_streams: Option<u32>,
+    /// Outbound: the filter chain that took the connection, drained when an xDS update
+    /// changes or removes it (inbound, `Connection::xds_inbound` is that chain).
+    pub chain: Option<crate::route::ChainRef>,
 }
 
 impl XdsChainFlags {
@@ -99,6 +102,7 @@ impl XdsChainFlags {
             normalize_path: chain.normalize_path,
             server: http::HeaderValue::try_from(server).ok(),
             max_concurrent_streams: chain.http2_max_concurrent_streams,
+            chain: None,
         }
     }
 }
@@ -127,6 +131,9 @@ pub struct ConnContext {
     /// Inbound by xDS: the `virtualInbound` chain that took the connection, whose HTTP RBAC
     /// filters decide each request (the policy files do not).
     pub xds_inbound: Option<crate::route::ChainRef>,
+    /// Routed by xDS: the watch on the connection's filter chain, which an update may retire
+    /// (drained: told to go, then closed after `drain.drain_time`).
+    pub chain_watch: Option<crate::chain_drain::Watch>,
     /// The client's sidecar as its metadata headers described it (mesh TLS terminated).
     described_client: std::sync::OnceLock<Arc<crate::tls::Peer>>,
     in_flight: AtomicUsize,
@@ -136,6 +143,9 @@ pub struct ConnContext {
     /// (`framing::RefusedHead`); 0 while there is none. Set by the downstream IO when the
     /// head's last byte is read, before hyper can parse it.
     refused_head: std::sync::OnceLock<framing::RefusedHead>,
+    /// Envoy's details for a head the fast path handed to hyper that hyper will refuse, with
+    /// its position (`h1::refused`): hyper tells only that it refused.
+    refused_head_details: std::sync::OnceLock<(u64, &'static str)>,
     /// The position of a request whose body was cut for its pace and answered 408 by the
     /// downstream IO (0: none), so that the request is recorded with that status.
     body_cut: AtomicU64,
@@ -191,10 +201,12 @@ impl ConnContext {
             xds_routes: None,
             xds_chain: Default::default(),
             xds_inbound: None,
+            chain_watch: None,
             described_client: std::sync::OnceLock::new(),
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             refused_head: std::sync::OnceLock::new(),
+            refused_head_details: std::sync::OnceLock::new(),
             body_cut: AtomicU64::new(0),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
@@ -286,6 +298,21 @@ impl ConnContext {
     /// requests are served in order, so the IO's count of heads and ours of requests agree.
     fn refused(&self, position: u64) -> Option<&framing::RefusedHead> {
         self.refused_head.get().filter(|h| h.position == position)
+    }
+
+    /// The next request's head, handed to hyper, is one hyper refuses: Envoy says `details`.
+    fn handed_refused_head(&self, details: &'static str) {
+        let position = self.started.load(Ordering::Relaxed) + 1;
+        let _ = self.refused_head_details.set((position, details));
+    }
+
+    /// Envoy's details for the request at `position`, if its head was handed to hyper as one
+    /// hyper refuses.
+    fn refused_head_details(&self, position: u64) -> Option<&'static str> {
+        self.refused_head_details
+            .get()
+            .filter(|(p, _)| *p == position)
+            .map(|(_, d)| *d)
     }
 
     /// The request at `position` had its body cut for its pace and the client was answered 408.
@@ -488,9 +515,11 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         crate::tls::stream::Downstream::Mesh(tls) => tls.get_ref().1.server_name().map(Into::into),
         crate::tls::stream::Downstream::Plain(_) => None,
     };
+    let chain_watch = proxy.watch_chain(c.xds_inbound.as_ref().or(c.xds_chain.chain.as_ref()));
     let ctx = Arc::new(ConnContext {
         mesh_peer,
         sni,
+        chain_watch,
         originate: c.originate,
         xds_routes: c.xds_routes,
         xds_chain: c.xds_chain,

@@ -339,7 +339,8 @@ impl Originate {
             None => self.connect(ctx).await?,
         };
         let (stream, registration) = *conn;
-        let sender = pool::handshake_over(stream, registration, ctx.key.version)
+        let local = pool::LocalAddr::new(stream.get_ref().0.local_addr().ok());
+        let sender = pool::handshake_over(stream, registration, ctx.key.version, local)
             .await
             .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, dst, e))?;
         if let Some(handle) = sender_handle(&sender) {

@@ -59,15 +59,32 @@ impl PoolKey for Key {
 }
 
 /// The sending half of an upstream connection; the connection itself runs in its own task.
+/// Each carries this side's address of the connection (`None` if the socket could not tell
+/// it), which Envoy's `%UPSTREAM_LOCAL_ADDRESS%` prints for the requests it carries.
 #[derive(Debug)]
 pub enum Sender {
     /// With the number of requests the connection has carried (a cluster's
     /// `max_requests_per_connection` retires it at its limit).
-    Http1(http1::SendRequest<UpstreamBody>, u32),
+    Http1(http1::SendRequest<UpstreamBody>, u32, LocalAddr),
     /// A handle on the connection that holds no stream (what the pool keeps).
-    Http2(http2::SendRequest<UpstreamBody>, Arc<Streams>),
+    Http2(http2::SendRequest<UpstreamBody>, Arc<Streams>, LocalAddr),
     /// A handle holding one of the connection's streams for a request.
-    Http2Stream(http2::SendRequest<UpstreamBody>, Held),
+    Http2Stream(http2::SendRequest<UpstreamBody>, Held, LocalAddr),
+}
+
+/// This side's address of an upstream connection, shared by its handles: a pointer, not the
+/// 32 bytes of an address, in every request's state that holds a sender or a response.
+#[derive(Debug, Clone, Default)]
+pub struct LocalAddr(Option<Arc<SocketAddr>>);
+
+impl LocalAddr {
+    pub fn new(addr: Option<SocketAddr>) -> Self {
+        LocalAddr(addr.map(Arc::new))
+    }
+
+    pub fn get(&self) -> Option<SocketAddr> {
+        self.0.as_deref().copied()
+    }
 }
 
 impl Sender {
@@ -75,7 +92,19 @@ impl Sender {
     /// whatever the count (the first request of a connection opened for it).
     pub fn first_stream(&self) -> Option<Sender> {
         let (s, streams) = self.http2()?;
-        Some(Sender::Http2Stream(s.clone(), streams.take_first()))
+        Some(Sender::Http2Stream(
+            s.clone(),
+            streams.take_first(),
+            self.local_addr(),
+        ))
+    }
+
+    /// This side's address of the connection.
+    pub fn local_addr(&self) -> LocalAddr {
+        match self {
+            Sender::Http1(_, _, local) | Sender::Http2(_, _, local) => local.clone(),
+            Sender::Http2Stream(_, _, local) => local.clone(),
+        }
     }
 
     /// The HTTP/2 connection's streams.
@@ -86,13 +115,17 @@ impl Sender {
     /// A handle on the same HTTP/2 connection that holds no stream.
     pub fn handle(&self) -> Option<Sender> {
         let (s, streams) = self.http2()?;
-        Some(Sender::Http2(s.clone(), Arc::clone(streams)))
+        Some(Sender::Http2(
+            s.clone(),
+            Arc::clone(streams),
+            self.local_addr(),
+        ))
     }
 
     fn http2(&self) -> Option<(&http2::SendRequest<UpstreamBody>, &Arc<Streams>)> {
         match self {
-            Sender::Http2(s, streams) => Some((s, streams)),
-            Sender::Http2Stream(s, held) => Some((s, held.streams())),
+            Sender::Http2(s, streams, _) => Some((s, streams)),
+            Sender::Http2Stream(s, held, _) => Some((s, held.streams())),
             Sender::Http1(..) => None,
         }
     }
@@ -128,7 +161,7 @@ impl Pooled for Sender {
     fn is_closed(&self) -> bool {
         match self.http2() {
             Some((s, _)) => s.is_closed(),
-            None => matches!(self, Sender::Http1(s, _) if s.is_closed()),
+            None => matches!(self, Sender::Http1(s, ..) if s.is_closed()),
         }
     }
 
@@ -138,7 +171,7 @@ impl Pooled for Sender {
             return None;
         }
         let held = streams.try_take()?;
-        Some(Sender::Http2Stream(s.clone(), held))
+        Some(Sender::Http2Stream(s.clone(), held, self.local_addr()))
     }
 
     fn same_connection(&self, other: &Self) -> bool {
@@ -158,7 +191,9 @@ impl Pooled for Sender {
 
     fn into_idle(self) -> Self {
         match self {
-            Sender::Http2Stream(s, held) => Sender::Http2(s, Arc::clone(held.streams())),
+            Sender::Http2Stream(s, held, local) => {
+                Sender::Http2(s, Arc::clone(held.streams()), local)
+            }
             other => other,
         }
     }
@@ -389,15 +424,18 @@ pub const UPSTREAM_H2_SEND_BUF: usize = 64 * 1024;
 /// Start the HTTP client on a new upstream connection; the connection runs in a task of its own.
 pub async fn handshake(upstream: Upstream, version: HttpVersion) -> Result<Sender, hyper::Error> {
     let (stream, registration) = upstream.into_parts();
-    handshake_over(stream, registration, version).await
+    let local = LocalAddr::new(stream.local_addr().ok());
+    handshake_over(stream, registration, version, local).await
 }
 
 /// Start the HTTP client on `io` (a socket, or mesh TLS on one); `keep` lives as long as the
-/// connection (the loop guard's registration of its socket).
+/// connection (the loop guard's registration of its socket); `local` is this side's address
+/// of the socket under it.
 pub async fn handshake_over<T>(
     io: T,
     keep: impl Send + 'static,
     version: HttpVersion,
+    local: LocalAddr,
 ) -> Result<Sender, hyper::Error>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
@@ -415,7 +453,7 @@ where
                     tracing::debug!(error = %e, "upstream HTTP/1.1 connection ended");
                 }
             });
-            Ok(Sender::Http1(sender, 0))
+            Ok(Sender::Http1(sender, 0, local))
         }
         HttpVersion::Http2 => {
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())
@@ -451,7 +489,7 @@ where
                     tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
                 }
             });
-            Ok(Sender::Http2(sender, handle))
+            Ok(Sender::Http2(sender, handle, local))
         }
     }
 }

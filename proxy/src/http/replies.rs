@@ -34,6 +34,13 @@ pub fn record_refused_head(ctx: &Arc<ConnContext>, e: &hyper::Error) {
     let mut end = RequestEnd::new(Arc::clone(ctx), log, false, started);
     end.status = status;
     end.flags = flags;
+    if let Some(log) = end.log.as_mut().filter(|_| status != 408) {
+        // Envoy's codec's words for what it refused (its 408 for a slow head is not known
+        // here: `docs/xds.md`).
+        log.envoy.details = ctx
+            .refused_head_details(end.position)
+            .or_else(|| super::h1::refused::from_hyper(e));
+    }
     // Answered in full; dropping `end` records it.
     end.complete = true;
 }

@@ -37,7 +37,7 @@ impl Upstreamed {
     /// This response, whose HTTP/1.1 connection is pooled again for at most `idle` once it
     /// ends, unless it has carried `limit` requests (it then closes).
     pub(super) fn pooled_within(mut self, limit: Option<u32>, idle: Duration) -> Self {
-        if let (Some((_, Sender::Http1(_, served))), Some(limit)) = (&self.pooled, limit) {
+        if let (Some((_, Sender::Http1(_, served, _))), Some(limit)) = (&self.pooled, limit) {
             if *served >= limit {
                 self.pooled = None;
             }

@@ -68,6 +68,9 @@ pub struct ProxyConfig {
     /// injector renders them into it.
     #[serde(default)]
     pub proxy_metadata: BTreeMap<String, String>,
+    /// How long a retired filter chain's connections keep going (Envoy's `--drain-time-s`,
+    /// which pilot-agent sets from it): a protobuf JSON duration such as `45s`.
+    pub drain_duration: Option<String>,
 }
 
 impl ProxyConfig {
@@ -78,6 +81,27 @@ impl ProxyConfig {
         }
         // JSON is YAML, so one parser reads both.
         serde_yaml_ng::from_str(text).map_err(|e| SettingsError::ProxyConfig(e.to_string()))
+    }
+}
+
+/// ProxyConfig's `drainDuration` from the text of `PROXY_CONFIG` (`None` when unset or
+/// empty); a value that is not a duration is refused, as pilot-agent refuses it.
+pub fn drain_duration(proxy_config: Option<&str>) -> Result<Option<Duration>, SettingsError> {
+    let Some(text) = proxy_config.filter(|t| !t.trim().is_empty()) else {
+        return Ok(None);
+    };
+    match ProxyConfig::parse(text)?
+        .drain_duration
+        .filter(|d| !d.is_empty())
+    {
+        None => Ok(None),
+        Some(d) => humantime::parse_duration(&d)
+            .map(Some)
+            .map_err(|e| SettingsError::Variable {
+                variable: "PROXY_CONFIG drainDuration",
+                value: d,
+                why: e.to_string(),
+            }),
     }
 }
 

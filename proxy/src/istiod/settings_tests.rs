@@ -185,3 +185,19 @@ fn pod_labels_fill_in_when_the_environment_has_none() {
     let node = s.node.with_pod_labels(&labels);
     assert_eq!(node.metadata["LABELS"]["app"], "ratings");
 }
+
+#[test]
+fn drain_duration_comes_from_proxy_config() {
+    assert_eq!(drain_duration(None).unwrap(), None);
+    assert_eq!(drain_duration(Some("{}")).unwrap(), None);
+    assert_eq!(
+        drain_duration(Some(r#"{"drainDuration":"2s"}"#)).unwrap(),
+        Some(std::time::Duration::from_secs(2))
+    );
+    assert_eq!(
+        drain_duration(Some("drainDuration: 1m30s\n")).unwrap(),
+        Some(std::time::Duration::from_secs(90))
+    );
+    let e = drain_duration(Some(r#"{"drainDuration":"soon"}"#)).unwrap_err();
+    assert!(e.to_string().contains("drainDuration"), "{e}");
+}

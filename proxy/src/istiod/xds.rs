@@ -28,6 +28,9 @@ pub struct XdsClient {
     client: AdsClient<Channel>,
     stats: Arc<Stats>,
     refusals: Arc<Refusals>,
+    /// What the client delivers into, whose warming clusters' secret waits the client's run
+    /// bounds in time.
+    store: Arc<Store>,
 }
 
 /// One resource's last refused update, for the config dump's `error_state`.
@@ -88,7 +91,7 @@ impl XdsClient {
         config.name_table = name_table;
         let refusals = Arc::new(Refusals::default());
         let sink = LoggedStore {
-            store,
+            store: Arc::clone(&store),
             refusals: Arc::clone(&refusals),
         };
         let client = AdsClient::new(channel.channel.clone(), metadata, config, Arc::new(sink));
@@ -97,6 +100,7 @@ impl XdsClient {
             client,
             stats,
             refusals,
+            store,
         }
     }
 
@@ -121,6 +125,10 @@ impl XdsClient {
             tracing::info!("first clusters and listeners from istiod applied");
             readiness.satisfy(FIRST_CONFIG);
         });
+        // Clusters warming on an SDS secret that does not come go in force when its initial
+        // fetch times out, as Envoy's do.
+        let store = Arc::clone(&self.store);
+        tokio::spawn(async move { store.run_warming_timeouts().await });
         // The process ends the stream: xDS stays up through a drain (outbound still serves).
         self.client.run(std::future::pending()).await;
     }

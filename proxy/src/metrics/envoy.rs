@@ -295,6 +295,13 @@ impl EnvoyStats {
                     u64::try_from(cp.store.snapshot().clusters.len()).unwrap_or(u64::MAX)
                 }),
             ),
+            g(
+                Scope::ClusterManager,
+                "warming_clusters",
+                self.control_plane.get().map_or(0, |cp| {
+                    u64::try_from(cp.store.snapshot().warming_clusters.len()).unwrap_or(u64::MAX)
+                }),
+            ),
         ];
         for (listener, cluster, d, dir) in [
             (

@@ -106,6 +106,9 @@ pub struct DirectionMetrics {
     pub idle_timeouts: Counter,
     /// HTTP/2 client connections closed for Rapid Reset (`http::premature_reset`).
     pub premature_reset_closes: Counter,
+    /// Connections closed when the drain time of the filter chain they started on, which an
+    /// xDS update changed or removed, ran out (`chain_drain`).
+    pub chain_drain_closes: Counter,
     /// Bytes from downstream to upstream.
     pub sent_bytes: Counter,
     /// Bytes from upstream to downstream.
@@ -250,6 +253,7 @@ impl Metrics {
         let connect_failures = Family::<Labels, Counter>::default();
         let idle_timeouts = Family::<Labels, Counter>::default();
         let premature_reset_closes = Family::<Labels, Counter>::default();
+        let chain_drain_closes = Family::<Labels, Counter>::default();
         let sent = Family::<Labels, Counter>::default();
         let received = Family::<Labels, Counter>::default();
         let loop_refused = Family::<Labels, Counter>::default();
@@ -307,6 +311,11 @@ impl Metrics {
             premature_reset_closes.clone(),
         );
         registry.register(
+            "remora_filter_chain_drain_closes",
+            "Connections closed at the end of drain.drain_time because an xDS update changed or removed their filter chain (Envoy's filter_chain_is_being_removed)",
+            chain_drain_closes.clone(),
+        );
+        registry.register(
             "remora_tcp_sent_bytes",
             "Bytes copied from downstream to upstream",
             sent.clone(),
@@ -341,6 +350,7 @@ impl Metrics {
                 connect_failures: connect_failures.get_or_create(&l).clone(),
                 idle_timeouts: idle_timeouts.get_or_create(&l).clone(),
                 premature_reset_closes: premature_reset_closes.get_or_create(&l).clone(),
+                chain_drain_closes: chain_drain_closes.get_or_create(&l).clone(),
                 sent_bytes: sent.get_or_create(&l).clone(),
                 received_bytes: received.get_or_create(&l).clone(),
                 istio: Arc::new(istio_tcp.resolve(own, d)),
@@ -526,6 +536,7 @@ mod tests {
             ("rds.update_success", 0),
             ("eds.update_failure", 0),
             ("cluster_manager.active_clusters", 0),
+            ("cluster_manager.warming_clusters", 0),
         ] {
             assert!(
                 dotted.contains(&(name.to_string(), value)),

@@ -35,6 +35,9 @@ struct Served<'a> {
     /// The client's sidecar, when mesh TLS was terminated with its certificate.
     peer: Option<Arc<Peer>>,
     sni: Option<String>,
+    /// The listener's TLS inspector ran: the server name is the connection's
+    /// `%REQUESTED_SERVER_NAME%`.
+    tls_inspected: bool,
 }
 
 impl Proxy {
@@ -88,6 +91,7 @@ impl Proxy {
             chain: inbound.chain,
             peer: None,
             sni: None,
+            tls_inspected,
         };
         let Some(tls) = inbound.terminate else {
             // A plaintext chain (or TLS passed through as bytes).
@@ -253,11 +257,12 @@ impl Proxy {
             request: None,
         };
         let filters = served.chain.iter().flat_map(ChainRef::network_rbac);
-        let mut denied = matches!(
-            self.authz.check_rbac(filters, &attributes),
-            Verdict::Denied(_)
-        )
-        .then_some(End::RbacDenied);
+        // How the connection is refused, if it is, with Envoy's connection termination
+        // details (an RBAC filter's `rbac_access_denied_matched_policy[…]`).
+        let mut denied = match self.authz.check_rbac(filters, &attributes) {
+            Verdict::Denied(why) => Some((End::RbacDenied, Some(why))),
+            Verdict::Allowed => None,
+        };
         if denied.is_none() {
             if let Some(chain) = &served.chain {
                 denied = self
@@ -267,7 +272,7 @@ impl Proxy {
         }
         match served.decision {
             ChainDecision::Http { http: chain, .. } => {
-                if let Some(end) = denied {
+                if let Some((end, _)) = denied {
                     close(&downstream);
                     return refused(Some(hop.destination), end);
                 }
@@ -309,15 +314,34 @@ impl Proxy {
                     .metrics
                     .direction(hop.dir)
                     .istio_opened(served.peer.as_deref());
-                if let Some(end) = denied {
+                if let Some((end, why)) = denied {
                     close(&downstream);
-                    return refused(Some(hop.destination), end).counted_in(istio);
+                    // What Envoy's log says of it: its TCP proxy had taken the chain's
+                    // cluster (and had dialled it: Remora does not, `docs/xds.md`), its
+                    // filter had read the client's first bytes.
+                    let facts = crate::access_log::XdsFacts {
+                        downstream_local: Some(hop.destination),
+                        cluster: Some(Arc::from(cluster)),
+                        sni: served
+                            .sni
+                            .as_deref()
+                            .filter(|_| served.tls_inspected)
+                            .map(Box::from),
+                        termination_details: why.map(String::into_boxed_str),
+                        unforwarded: prefix.len() as u64,
+                        ..Default::default()
+                    };
+                    return refused(Some(hop.destination), end)
+                        .with_xds(facts)
+                        .counted_in(istio);
                 }
                 let hop = Hop {
                     idle: super::xds::tcp_idle(chain, hop.idle),
                     ..hop
                 };
-                self.inbound_tcp(config, downstream, &prefix, hop, served.snapshot, cluster)
+                let sni = served.sni.as_deref().filter(|_| served.tls_inspected);
+                let target = (served.snapshot, cluster, served.chain.as_ref());
+                self.inbound_tcp(config, downstream, &prefix, hop, target, sni)
                     .await
                     .counted_in(istio)
             }
@@ -338,20 +362,19 @@ impl Proxy {
         chain: &ChainRef,
         attributes: &Attributes<'_>,
         connect_timeout: std::time::Duration,
-    ) -> Option<End> {
+    ) -> Option<(End, Option<String>)> {
         use crate::authz::rbac::{shadow_metadata, NETWORK_RBAC_METADATA};
         let mut before: Vec<&remora_xds::model::rbac::Rbac> = chain.network_rbac().collect();
         let mut after = Vec::new();
         for filter in chain.network_from_ext_authz() {
             match filter {
                 NetworkFilter::ExtAuthz(ext) => {
-                    if !after.is_empty()
-                        && matches!(
-                            self.authz.check_rbac(after.drain(..), attributes),
-                            Verdict::Denied(_)
-                        )
-                    {
-                        return Some(End::RbacDenied);
+                    if !after.is_empty() {
+                        if let Verdict::Denied(why) =
+                            self.authz.check_rbac(after.drain(..), attributes)
+                        {
+                            return Some((End::RbacDenied, Some(why)));
+                        }
                     }
                     let enabled = ext.enabled_by.as_ref().is_none_or(|on| {
                         on.filter == NETWORK_RBAC_METADATA
@@ -366,7 +389,7 @@ impl Proxy {
                     };
                     if enabled && !http::ext_authz::network::allows(self, config, ext, &conn).await
                     {
-                        return Some(End::ExtAuthzDenied);
+                        return Some((End::ExtAuthzDenied, None));
                     }
                 }
                 NetworkFilter::Rbac(r) => {
@@ -376,25 +399,30 @@ impl Proxy {
                 _ => {}
             }
         }
-        matches!(self.authz.check_rbac(after, attributes), Verdict::Denied(_))
-            .then_some(End::RbacDenied)
+        match self.authz.check_rbac(after, attributes) {
+            Verdict::Denied(why) => Some((End::RbacDenied, Some(why))),
+            Verdict::Allowed => None,
+        }
     }
 
-    /// Copy the connection to one endpoint of `cluster`.
+    /// Copy the connection to one endpoint of `cluster` (`sni`: the server name the listener's
+    /// TLS inspector read), until the end of the drain time of `chain` once an update retires
+    /// it.
     async fn inbound_tcp(
         &self,
         config: &Config,
         mut downstream: Downstream,
         prefix: &[u8],
         hop: Hop,
-        snapshot: &Snapshot,
-        cluster: &str,
+        (snapshot, cluster, chain): (&Snapshot, &str, Option<&ChainRef>),
+        sni: Option<&str>,
     ) -> Outcome {
         // What Envoy's access-log format names of the connection.
         let mut facts = crate::access_log::XdsFacts {
             downstream_local: Some(hop.destination),
             cluster: Some(Arc::from(cluster)),
-            upstream_local: None,
+            sni: sni.map(Box::from),
+            ..Default::default()
         };
         let selected = match self.upstreams.select(snapshot, cluster, hop.destination) {
             Ok(s) => s,
@@ -427,23 +455,28 @@ impl Proxy {
                 selected.in_flight.report(Attempt::ConnectFailed);
             }
         }
+        let watch = self.watch_chain(chain);
+        let stop = crate::chain_drain::deadline(watch.as_ref(), config.drain.drain_time);
         let copied = match (&mut downstream, connected) {
             (Downstream::Plain(d), Ok(Connected::Plain(up))) => {
                 facts.upstream_local = up.stream.local_addr().ok();
-                let copied = tcp::copy_bidirectional_after(prefix, d, &up.stream, hop.idle).await;
+                let copied =
+                    tcp::copy_bidirectional_until(prefix, d, &up.stream, hop.idle, stop).await;
                 return copy_outcome(&hop, copied, d, &up.stream).with_xds(facts);
             }
             (Downstream::Mesh(d), Ok(Connected::Plain(up))) => {
                 let (mut stream, _registration) = up.into_parts();
-                let copied = tcp::copy_streams(prefix, &mut **d, &mut stream, hop.idle).await;
+                let copied =
+                    tcp::copy_streams_until(prefix, &mut **d, &mut stream, hop.idle, stop).await;
                 (copied, stream)
             }
             (Downstream::Plain(d), Ok(Connected::Mesh(mut tls, _registration))) => {
-                let copied = tcp::copy_streams(prefix, d, &mut *tls, hop.idle).await;
+                let copied = tcp::copy_streams_until(prefix, d, &mut *tls, hop.idle, stop).await;
                 (copied, tls.into_inner().0)
             }
             (Downstream::Mesh(d), Ok(Connected::Mesh(mut tls, _registration))) => {
-                let copied = tcp::copy_streams(prefix, &mut **d, &mut *tls, hop.idle).await;
+                let copied =
+                    tcp::copy_streams_until(prefix, &mut **d, &mut *tls, hop.idle, stop).await;
                 (copied, tls.into_inner().0)
             }
             (_, Err(e)) => {

@@ -7,7 +7,7 @@
 
 use super::*;
 use crate::access_log::XdsFacts;
-use crate::route::{self, ChainDecision};
+use crate::route::{self, ChainDecision, ChainRef};
 use crate::tls::client_hello::{self, ClientHello, Parsed};
 use crate::upstream::dial::{self, Connected};
 use crate::upstream::Outcome as Attempt;
@@ -24,9 +24,16 @@ impl Proxy {
         hop: Hop,
         snapshot: Arc<Snapshot>,
     ) -> Outcome {
-        let inspect = snapshot
-            .outbound_listener(hop.destination)
-            .is_some_and(|l| inspects(l));
+        let listener = snapshot.outbound_listener(hop.destination);
+        // The listener's TLS inspector reads the ClientHello whether or not a chain matches
+        // on it: the server name it finds is the connection's `%REQUESTED_SERVER_NAME%`.
+        let tls_inspected = listener.is_some_and(|l| {
+            l.listener_filters
+                .tls_inspector
+                .as_ref()
+                .is_some_and(|s| s.applies_to(hop.destination.port()))
+        });
+        let inspect = tls_inspected || listener.is_some_and(|l| inspects(l));
         let Ok((prefix, http)) = self
             .first_bytes(config, &mut downstream, hop, inspect)
             .await
@@ -39,21 +46,30 @@ impl Proxy {
         };
         let alpn = application_protocols(hello.as_ref(), http, true);
         let facts = connection_facts(hop.destination, hello.as_ref(), &alpn);
-        let (cluster, idle, hash) = match route::outbound(&snapshot, &facts, fastrand::u64(..)) {
+        let (cluster, idle, hash, chain) = match route::outbound(
+            &snapshot,
+            &facts,
+            fastrand::u64(..),
+        ) {
             ChainDecision::NoChain => {
                 tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no xDS listener or filter chain");
                 // Closed, not reset: Envoy's tcp_proxy closes a connection it cannot serve.
                 drop(downstream);
                 return refused(Some(hop.destination), End::NoRoute);
             }
-            ChainDecision::Http { http: chain, .. } => {
+            ChainDecision::Http {
+                http: chain,
+                chain: filter_chain,
+            } => {
                 // A chain of HTTP that detection did not see as HTTP: Envoy's connection
                 // manager would answer it 400; as HTTP/1.1 the parser does the same.
                 let version = http.unwrap_or(HttpVersion::Http1);
-                let routes = Some((
-                    Box::new(chain.routes.clone()),
-                    crate::http::XdsChainFlags::of(chain),
-                ));
+                let mut flags = crate::http::XdsChainFlags::of(chain);
+                // Kept for the drain of the chain, should an update change or remove it.
+                flags.chain = snapshot
+                    .outbound_listener(hop.destination)
+                    .and_then(|l| ChainRef::new(l, filter_chain));
+                let routes = Some((Box::new(chain.routes.clone()), flags));
                 let downstream = Downstream::Plain(downstream);
                 let http = (version, prefix, None);
                 let served = Box::pin(self.http_routed(config, downstream, hop, http, routes));
@@ -65,7 +81,11 @@ impl Proxy {
                 let hash = hashed.then(|| {
                     crate::upstream::hash::xxhash64(hop.peer.ip().to_string().as_bytes(), 0)
                 });
-                (cluster.to_string(), tcp_idle(chain, hop.idle), hash)
+                // Kept for the drain of the chain, should an update change or remove it.
+                let kept = snapshot
+                    .outbound_listener(hop.destination)
+                    .and_then(|l| ChainRef::new(l, chain));
+                (cluster.to_string(), tcp_idle(chain, hop.idle), hash, kept)
             }
         };
         // What Envoy's access-log format names of the connection: where the client was
@@ -73,7 +93,12 @@ impl Proxy {
         let mut facts = XdsFacts {
             downstream_local: Some(hop.destination),
             cluster: Some(Arc::from(cluster.as_str())),
-            upstream_local: None,
+            sni: hello
+                .as_ref()
+                .filter(|_| tls_inspected)
+                .and_then(|h| h.server_name.as_deref())
+                .map(Box::from),
+            ..Default::default()
         };
         let selected = match self.upstreams.select_hashed(
             &snapshot,
@@ -119,8 +144,11 @@ impl Proxy {
                 // No mesh peer to learn: Istio's open is counted now, for an unknown peer.
                 let _ = self.metrics.direction(hop.dir).istio_opened(None);
                 facts.upstream_local = up.stream.local_addr().ok();
+                let watch = self.watch_chain(chain.as_ref());
+                let stop = crate::chain_drain::deadline(watch.as_ref(), config.drain.drain_time);
                 let copied =
-                    tcp::copy_bidirectional_after(&prefix, &downstream, &up.stream, hop.idle).await;
+                    tcp::copy_bidirectional_until(&prefix, &downstream, &up.stream, hop.idle, stop)
+                        .await;
                 copy_outcome(&hop, copied, &downstream, &up.stream)
                     .counted_in(IstioOpen::Unknown)
                     .with_xds(facts)
@@ -133,7 +161,9 @@ impl Proxy {
                     .first()
                     .map(|s| Arc::from(s.host.as_str()));
                 facts.upstream_local = tls.get_ref().0.local_addr().ok();
-                self.serve_originated(config, &hop, downstream, &prefix, *tls, service)
+                let watch = self.watch_chain(chain.as_ref());
+                let stop = crate::chain_drain::deadline(watch.as_ref(), config.drain.drain_time);
+                self.serve_originated(config, &hop, downstream, &prefix, *tls, service, stop)
                     .await
                     .with_xds(facts)
             }
@@ -212,6 +242,17 @@ pub(super) fn tcp_idle(
             Some(d) => Some(d).filter(|d| !d.is_zero()),
         },
         remora_xds::model::listener::ChainKind::Http(_) => config,
+    }
+}
+
+impl Proxy {
+    /// Watch the chain a connection took for an xDS update that changes or removes it
+    /// ([`crate::chain_drain`]); none without xDS or a chain.
+    pub fn watch_chain(&self, chain: Option<&ChainRef>) -> Option<crate::chain_drain::Watch> {
+        let (Some(store), Some(chain)) = (&self.xds, chain) else {
+            return None;
+        };
+        Some(self.chain_drains.watch(store, chain.clone()))
     }
 }
 

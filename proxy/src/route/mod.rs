@@ -9,8 +9,8 @@
 //! passed in, so every decision is reproducible in a test.
 
 use remora_xds::model::listener::{
-    ChainKind, ConnectionFacts, DownstreamTls, FilterChain, HttpChain, HttpFilter, Listener,
-    NetworkFilter, RouteSource, TcpTarget,
+    ChainKind, ConnectionFacts, Direction, DownstreamTls, FilterChain, HttpChain, HttpFilter,
+    Listener, NetworkFilter, RouteSource, TcpTarget,
 };
 use remora_xds::model::rbac::Rbac;
 use remora_xds::model::route::{
@@ -111,14 +111,25 @@ impl ChainRef {
         })
     }
 
+    /// Identifies the chain as held: the same for every connection that took it from the
+    /// same listener version.
+    pub fn key(&self) -> (usize, usize) {
+        (Arc::as_ptr(&self.listener) as usize, self.index)
+    }
+
     pub fn chain(&self) -> Option<&FilterChain> {
         self.listener.all_chains().nth(self.index)
     }
 
-    /// Whether `snapshot`'s inbound listener still has this chain as it was: Envoy drains the
-    /// connections of a chain an update changed or removed, and keeps the others.
+    /// Whether `snapshot` still has this chain as it was, in the listener it came from
+    /// (`virtualInbound`, or the outbound listener of that name): Envoy drains the connections
+    /// of a chain an update changed or removed, and keeps the others.
     pub fn is_current(&self, snapshot: &Snapshot) -> bool {
-        let Some(now) = snapshot.inbound_listener() else {
+        let now = match self.listener.direction {
+            Direction::Inbound => snapshot.inbound_listener(),
+            _ => snapshot.listener(&self.listener.name),
+        };
+        let Some(now) = now else {
             return false;
         };
         if Arc::ptr_eq(now, &self.listener) {

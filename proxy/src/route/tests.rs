@@ -252,7 +252,13 @@ fn virtual_inbound() -> Store {
 }
 
 /// The same, with or without port 9080's plaintext chain (PERMISSIVE or STRICT for it).
-fn virtual_inbound_with(plaintext_9080: bool) -> Store {
+pub(crate) fn virtual_inbound_with(plaintext_9080: bool) -> Store {
+    let listeners = virtual_inbound_listeners(plaintext_9080);
+    crate::xds_files::store_of(json!([]), json!([]), listeners, json!([]))
+}
+
+/// The listeners of [`virtual_inbound_with`], as JSON.
+pub(crate) fn virtual_inbound_listeners(plaintext_9080: bool) -> serde_json::Value {
     let plaintext_port = if plaintext_9080 { 9080 } else { 9081 };
     let sds = |name: &str| {
         json!({"name": name, "sds_config": {"api_config_source": {"api_type": "GRPC",
@@ -281,7 +287,7 @@ fn virtual_inbound_with(plaintext_9080: bool) -> Store {
         "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]);
     let any = json!([{"address_prefix": "0.0.0.0", "prefix_len": 0}]);
-    let listeners = json!([{
+    json!([{
     "name": "virtualInbound", "traffic_direction": "INBOUND",
     "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15006}},
     "filter_chains": [
@@ -295,8 +301,7 @@ fn virtual_inbound_with(plaintext_9080: bool) -> Store {
          "transport_socket": tls, "filters": tcp("InboundPassthroughClusterIpv4")},
         {"name": "virtualInbound", "filter_chain_match": {"prefix_ranges": any, "transport_protocol": "raw_buffer"},
          "filters": tcp("InboundPassthroughClusterIpv4")}
-    ]}]);
-    crate::xds_files::store_of(json!([]), json!([]), listeners, json!([]))
+    ]}])
 }
 
 #[test]

@@ -20,11 +20,27 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 /// Send `prefix` (bytes detection read from `downstream`) to `upstream`, then copy both ways
 /// until both directions end, or until nothing has moved for `idle`.
-pub async fn copy_streams<D, U>(
+/// (Not an `async fn`: a wrapper future would keep a second copy of the arguments.)
+pub fn copy_streams<'a, D, U>(
+    prefix: &'a [u8],
+    downstream: &'a mut D,
+    upstream: &'a mut U,
+    idle: Option<Duration>,
+) -> impl std::future::Future<Output = Result<Transfer, CopyError>> + 'a
+where
+    D: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    copy_streams_until(prefix, downstream, upstream, idle, std::future::pending())
+}
+
+/// As [`copy_streams`], ended early ([`CopyError::Stopped`]) when `stop` resolves.
+pub async fn copy_streams_until<D, U>(
     prefix: &[u8],
     downstream: &mut D,
     upstream: &mut U,
     idle: Option<Duration>,
+    stop: impl std::future::Future<Output = ()>,
 ) -> Result<Transfer, CopyError>
 where
     D: AsyncRead + AsyncWrite + Unpin,
@@ -45,7 +61,8 @@ where
         idle = std::future::poll_fn(|cx| {
             let moved = down_read.load(Ordering::Relaxed) + up_read.load(Ordering::Relaxed);
             timer.poll_idle(cx, moved)
-        }) => Err(idle),
+        }) => Err(Some(idle)),
+        () = stop => Err(None),
     };
     let transfer = Transfer {
         sent: down_read.load(Ordering::Relaxed) + prefix.len() as u64,
@@ -53,7 +70,8 @@ where
     };
     let result = match result {
         Ok(r) => r,
-        Err(idle) => return Err(CopyError::Idle { idle, transfer }),
+        Err(Some(idle)) => return Err(CopyError::Idle { idle, transfer }),
+        Err(None) => return Err(CopyError::Stopped { transfer }),
     };
     match result {
         Ok(_) => Ok(transfer),

@@ -10,6 +10,7 @@
 //! lives. The entry also holds the state of each of its hosts, in the assignment's order, so
 //! that the host a pick chooses is found by its place, not looked up by address.
 
+use super::balance::{Candidates, Draws};
 use super::outlier::HostState;
 use super::priority::Loads;
 use remora_xds::model::endpoint::{ClusterLoadAssignment, Endpoint};
@@ -78,18 +79,51 @@ pub struct KeptLoads {
     /// The state of each endpoint of the assignment, in its order (locality by locality), so
     /// that a pick finds the chosen host's without looking its address up.
     hosts: Box<[Arc<HostState>]>,
+    /// Whether every pick with no host ejected chooses the assignment's one endpoint, healthy
+    /// (not panic), without locality weighting and with it (indexed by that flag). An inbound
+    /// cluster (the local workload) and a one-replica service are such: their picks then draw
+    /// no random numbers and walk no loads.
+    sole: [bool; 2],
 }
 
 impl KeptLoads {
     /// The loads of `a` with no host ejected, Envoy's panic threshold `panic_threshold`;
     /// `hosts`: the state of each endpoint of `a`, in its order.
     pub fn new(a: Assignment<'_>, panic_threshold: f64, hosts: Box<[Arc<HostState>]>) -> Self {
+        let cla = a.cla();
+        let loads = Loads::new(cla, panic_threshold, |_| true);
+        let one = cla.endpoints().nth(1).is_none() && hosts.len() == 1;
+        // With one endpoint, any draw lands on it or on none: a single draw tells which.
+        let sole = [false, true].map(|locality_weighted| {
+            let draws = Draws {
+                priority: 0,
+                locality: 0,
+            };
+            let candidates =
+                Candidates::choose_by(cla, &loads, locality_weighted, |_: &Endpoint| true, draws);
+            one && candidates.len() == 1 && !candidates.panic()
+        });
         KeptLoads {
             owner: a.owner(),
             panic_threshold,
-            loads: Loads::new(a.cla(), panic_threshold, |_| true),
+            loads,
             hosts,
+            sole,
         }
+    }
+
+    /// The one endpoint every pick with no host ejected chooses, with its state, when the
+    /// assignment (`cla`, the kept one's) has only that one and it is healthy.
+    pub fn sole<'c>(
+        &self,
+        cla: &'c ClusterLoadAssignment,
+        locality_weighted: bool,
+    ) -> Option<(&'c Endpoint, &Arc<HostState>)> {
+        if !self.sole[usize::from(locality_weighted)] {
+            return None;
+        }
+        let (_, e) = cla.endpoints().next()?;
+        Some((e, self.hosts.first()?))
     }
 
     /// The state of `e`, an endpoint of `cla` (the kept assignment's), found by its place in

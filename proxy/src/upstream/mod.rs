@@ -151,6 +151,7 @@ pub struct Avoid<'a> {
 impl Avoid<'_> {
     /// The priorities of `cla` a pick leaves out: those of the hosts tried, counted in whole
     /// rounds of the update frequency, as Envoy updates them. Allocates only when there are.
+    #[inline]
     fn excluded_priorities(&self, cla: &ClusterLoadAssignment) -> Vec<u32> {
         let Some(every) = self.previous_priorities.filter(|f| *f > 0) else {
             return Vec::new();
@@ -489,20 +490,27 @@ fn pick_host<'a>(
     };
     let any_ejected = state.any_ejected(now);
     let usable = move |e: &Endpoint| !any_ejected || !state.ejected(&e.address, now);
-    let mut rng = fastrand::Rng::new();
     // A consistent-hash cluster chooses its priority by the request's hash too, as Envoy's.
     let hashing = matches!(
         c.lb_policy,
         LbPolicy::RingHash { .. } | LbPolicy::Maglev { .. }
     );
-    let hash = hash.unwrap_or_else(|| rng.u64(..));
-    let draws = balance::Draws {
-        priority: if hashing { hash } else { rng.u64(..) },
-        locality: rng.u64(..),
+    let draw = |rng: &mut fastrand::Rng| {
+        let hash = hash.unwrap_or_else(|| rng.u64(..));
+        let draws = balance::Draws {
+            priority: if hashing { hash } else { rng.u64(..) },
+            locality: rng.u64(..),
+        };
+        (hash, draws)
     };
     let locality_weighted = c.common_lb.locality_weighted;
     if !any_ejected && excluded_priorities.is_empty() {
         return state.with_loads(assignment, threshold, |kept| {
+            if let Some((e, host)) = kept.sole(cla, locality_weighted) {
+                return Some((e, Some(Arc::clone(host))));
+            }
+            let mut rng = fastrand::Rng::new();
+            let (hash, draws) = draw(&mut rng);
             let candidates =
                 balance::Candidates::choose_by(cla, kept.loads(), locality_weighted, usable, draws);
             let chosen = choose_among(state, c, &candidates, hash, attempt, &mut rng)?;
@@ -517,6 +525,8 @@ fn pick_host<'a>(
         locality_weighted,
         excluded_priorities,
     };
+    let mut rng = fastrand::Rng::new();
+    let (hash, draws) = draw(&mut rng);
     let candidates = balance::Candidates::choose(cla, spread, usable, draws);
     choose_among(state, c, &candidates, hash, attempt, &mut rng).map(|e| (e, None))
 }
@@ -580,6 +590,8 @@ impl Drop for Decrement<'_> {
     }
 }
 
+#[cfg(test)]
+mod kept_tests;
 #[cfg(test)]
 mod limits_tests;
 #[cfg(test)]

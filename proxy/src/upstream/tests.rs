@@ -172,7 +172,7 @@ fn weighted_random_and_least_request_with_weights_lean_to_the_heavy() {
 }
 
 /// The bookinfo snapshot's `reviews` cluster changed by `edit`, and its state in `up`.
-fn reviews_with(
+pub(super) fn reviews_with(
     up: &Upstreams,
     s: &Snapshot,
     edit: impl FnOnce(&mut Cluster),
@@ -184,7 +184,7 @@ fn reviews_with(
     (c, state)
 }
 
-fn host(last: u8, health: Health) -> Endpoint {
+pub(super) fn host(last: u8, health: Health) -> Endpoint {
     Endpoint {
         address: SocketAddr::from(([10, 0, 0, last], 80)),
         health,
@@ -194,7 +194,7 @@ fn host(last: u8, health: Health) -> Endpoint {
     }
 }
 
-fn assignment(priorities: Vec<Vec<Endpoint>>) -> ClusterLoadAssignment {
+pub(super) fn assignment(priorities: Vec<Vec<Endpoint>>) -> ClusterLoadAssignment {
     ClusterLoadAssignment {
         cluster_name: "c".into(),
         localities: priorities
@@ -606,44 +606,4 @@ fn the_candidates_count_is_what_they_yield() {
             }
         }
     }
-}
-
-/// A pick from the kept assignment hands over the chosen host's state found by its place:
-/// the very state the cluster keeps for that address (in every locality of the assignment),
-/// made for a host never picked before, and none from an endpoint that is not the
-/// assignment's own.
-#[test]
-fn a_kept_pick_hands_over_the_chosen_hosts_own_state() {
-    let store = bookinfo();
-    let s = store.snapshot();
-    let up = Arc::new(Upstreams::default());
-    let (cluster, state) = reviews_with(&up, &s, |c| c.lb_policy = LbPolicy::RoundRobin);
-    let cla = Arc::new(assignment(vec![
-        vec![host(1, Health::Healthy), host(2, Health::Healthy)],
-        vec![host(3, Health::Healthy)],
-    ]));
-    let mut seen = BTreeMap::new();
-    for _ in 0..20 {
-        let (e, kept) =
-            pick_host(&state, &cluster, Assignment::Shared(&cla), None, &[], 0).expect("a host");
-        let kept = kept.expect("found by its place");
-        let known = state.known_host(&e.address).expect("made for the pick");
-        assert!(Arc::ptr_eq(&kept, &known), "{}", e.address);
-        *seen.entry(e.address).or_insert(0) += 1;
-    }
-    assert_eq!(seen.len(), 2, "round robin over priority 0: {seen:?}");
-    // Every endpoint's state was made, priority 1's included, and found by its place.
-    let kept = state.with_loads(Assignment::Shared(&cla), 0.0, |k| {
-        let last = &cla.localities[1].endpoints[0];
-        k.host_of(&cla, last).cloned()
-    });
-    let third = state
-        .known_host(&cla.localities[1].endpoints[0].address)
-        .expect("made with the assignment");
-    assert!(Arc::ptr_eq(&kept.expect("its place"), &third));
-    let stranger = host(9, Health::Healthy);
-    let none = state.with_loads(Assignment::Shared(&cla), 0.0, |k| {
-        k.host_of(&cla, &stranger).is_some()
-    });
-    assert!(!none, "an endpoint that is not the assignment's own");
 }

@@ -32,6 +32,7 @@ pub mod buffers;
 pub(crate) mod chunked;
 mod exchange;
 pub mod head;
+pub(crate) mod refused;
 mod route;
 
 use super::access_log::RequestLog;
@@ -166,7 +167,9 @@ pub async fn serve<C: Client>(
     let idle = tokio::time::sleep(idle_timeout);
     tokio::pin!(idle);
     let draining = ctx.drain_started();
-    tokio::pin!(draining);
+    // Routed by xDS: closed once the drain time of a chain an update retired runs out.
+    let cut = crate::chain_drain::deadline(ctx.chain_watch.as_ref(), ctx.config.drain.drain_time);
+    tokio::pin!(draining, cut);
     let mut drained = false;
     let buffers = &ctx.proxy.h1.buffers;
     loop {
@@ -196,6 +199,10 @@ pub async fn serve<C: Client>(
                             // ends after that response, with the process, or idle.
                             drained = true;
                             ctx.closing.store(true, Ordering::Relaxed);
+                        }
+                        () = &mut cut => {
+                            chain_drain_close(ctx);
+                            break false;
                         }
                     }
                 };
@@ -227,13 +234,24 @@ pub async fn serve<C: Client>(
             }
         }
         let Some(prepared) = prepare(ctx, &buf, &limits, mesh.as_ref()) else {
+            if let Some(details) = refused::details(&buf, &limits) {
+                ctx.handed_refused_head(details);
+            }
             return Served::HandOff { prefix: buf, early };
         };
         let (total, client_close) = (prepared.total, prepared.close);
         // Boxed: a request's state (about 1.5 KiB across its awaits) is held only while it is
         // in flight, not for the connection's life.
         let exchange = request(ctx, client, &buf[..total], prepared, &mut early);
-        let keep = Box::pin(exchange).await;
+        let keep = tokio::select! {
+            biased;
+            keep = Box::pin(exchange) => keep,
+            () = &mut cut => {
+                // Mid-request: the client sees the connection close, as Envoy's does.
+                chain_drain_close(ctx);
+                return Served::Ended(Ok(()));
+            }
+        };
         buf.advance(total);
         last_active = tokio::time::Instant::now();
         if !keep || client_close || ctx.closing() {
@@ -490,13 +508,25 @@ fn inbound_as_is(ctx: &ConnContext, target: &str) -> bool {
     )
 }
 
+/// The drain time of the connection's chain, which an xDS update retired, ran out.
+fn chain_drain_close(ctx: &ConnContext) {
+    tracing::info!(peer = %ctx.peer, "closing an HTTP connection whose filter chain an xDS update changed or removed: its drain time ran out");
+    let metrics = ctx.proxy.metrics.direction(ctx.direction);
+    metrics.chain_drain_closes.inc();
+}
+
 /// Whether responses should tell the client to close: inbound connections close as draining
-/// starts (outbound ones keep serving: the application may still need its peers).
+/// starts (outbound ones keep serving: the application may still need its peers), and any
+/// connection whose filter chain an xDS update retired.
 fn closing(ctx: &ConnContext) -> bool {
     if ctx.closing() {
         return true;
     }
-    let draining = ctx.direction == Direction::Inbound && ctx.proxy.drain.is_draining();
+    let retired = ctx
+        .chain_watch
+        .as_ref()
+        .is_some_and(crate::chain_drain::Watch::is_retired);
+    let draining = retired || ctx.direction == Direction::Inbound && ctx.proxy.drain.is_draining();
     if draining {
         ctx.closing.store(true, Ordering::Relaxed);
     }

@@ -246,10 +246,12 @@ pub(in crate::http) async fn send(
     let sender = match connected {
         Connected::Plain(up) => {
             let (io, registration) = up.into_parts();
-            pool::handshake_over(io, (registration, slot), version).await
+            let local = pool::LocalAddr::new(io.local_addr().ok());
+            pool::handshake_over(io, (registration, slot), version, local).await
         }
         Connected::Mesh(tls, registration) => {
-            pool::handshake_over(*tls, (registration, slot), version).await
+            let local = pool::LocalAddr::new(tls.get_ref().0.local_addr().ok());
+            pool::handshake_over(*tls, (registration, slot), version, local).await
         }
     }
     .map_err(|e| {

@@ -99,7 +99,15 @@ impl Proxy {
             Ok(tls) => {
                 let service = dest.hostname.as_deref().map(Arc::from);
                 return self
-                    .serve_originated(config, &hop, downstream, &prefix, tls, service)
+                    .serve_originated(
+                        config,
+                        &hop,
+                        downstream,
+                        &prefix,
+                        tls,
+                        service,
+                        std::future::pending(),
+                    )
                     .await;
             }
             Err(HandshakeFailure::Timeout) => End::ConnectTimeout,
@@ -112,7 +120,8 @@ impl Proxy {
 
     /// Name the server from its certificate, the `service` we dialled it as and, on
     /// `istio-peer-exchange`, its metadata; count the connection open for it; then copy the
-    /// client's bytes (`prefix` first) both ways.
+    /// client's bytes (`prefix` first) both ways, until `stop` (the drain of an xDS chain).
+    #[allow(clippy::too_many_arguments)]
     pub(in crate::proxy) async fn serve_originated(
         &self,
         config: &Config,
@@ -121,6 +130,7 @@ impl Proxy {
         prefix: &[u8],
         mut tls: tls::stream::ClientStream,
         service: Option<Arc<str>>,
+        stop: impl std::future::Future<Output = ()>,
     ) -> Outcome {
         let (_, session) = tls.get_ref();
         let chain = session.peer_certificates().unwrap_or_default();
@@ -143,7 +153,7 @@ impl Proxy {
         let copied = {
             let mut upstream =
                 Rewind::new(unread, crate::tls::stream::EndWithoutCloseNotify(&mut tls));
-            tcp::copy_streams(prefix, &mut downstream, &mut upstream, hop.idle).await
+            tcp::copy_streams_until(prefix, &mut downstream, &mut upstream, hop.idle, stop).await
         };
         copy_outcome(hop, copied, &downstream, tls.get_ref().0).counted_in(istio)
     }
