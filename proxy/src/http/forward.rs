@@ -636,7 +636,6 @@ pub(super) async fn send_on(
             "upstream connection not ready in time",
         ))
     };
-    let local = sender.local_addr();
     let (sent, pooled) = match sender {
         Sender::Http1(mut tx, served, local) => {
             match tokio::time::timeout(bound, tx.ready()).await {
@@ -650,16 +649,16 @@ pub(super) async fn send_on(
                 Some((key, Sender::Http1(tx, served.saturating_add(1), local))),
             )
         }
-        Sender::Http2(mut tx, streams, local) => {
+        Sender::Http2(mut tx, streams) => {
             match tokio::time::timeout(bound, tx.ready()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(SendError::Unsent(Box::new(req), e)),
                 Err(_) => return Err(stuck()),
             }
             let sent = tx.try_send_request(req).await;
-            (sent, Some((key, Sender::Http2(tx, streams, local))))
+            (sent, Some((key, Sender::Http2(tx, streams))))
         }
-        Sender::Http2Stream(mut tx, held, local) => {
+        Sender::Http2Stream(mut tx, held) => {
             match tokio::time::timeout(bound, tx.ready()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(SendError::Unsent(Box::new(req), e)),
@@ -667,15 +666,20 @@ pub(super) async fn send_on(
             }
             // The stream is held until the request ends (given back to the pool then).
             let sent = tx.try_send_request(req).await;
-            (sent, Some((key, Sender::Http2Stream(tx, held, local))))
+            (sent, Some((key, Sender::Http2Stream(tx, held))))
         }
     };
     match sent {
         Ok(response) => Ok(Upstreamed {
             response,
+            // Read from the handle kept, not held across the send: a request's state is
+            // sized by its largest moment.
+            local: pooled
+                .as_ref()
+                .map(|(_, s)| s.local_addr())
+                .unwrap_or_default(),
             pooled,
             endpoint: dst,
-            local,
             in_flight: None,
             pool_idle_timeout: None,
         }),

@@ -67,9 +67,9 @@ pub enum Sender {
     /// `max_requests_per_connection` retires it at its limit).
     Http1(http1::SendRequest<UpstreamBody>, u32, LocalAddr),
     /// A handle on the connection that holds no stream (what the pool keeps).
-    Http2(http2::SendRequest<UpstreamBody>, Arc<Streams>, LocalAddr),
+    Http2(http2::SendRequest<UpstreamBody>, Arc<Streams>),
     /// A handle holding one of the connection's streams for a request.
-    Http2Stream(http2::SendRequest<UpstreamBody>, Held, LocalAddr),
+    Http2Stream(http2::SendRequest<UpstreamBody>, Held),
 }
 
 /// This side's address of an upstream connection, shared by its handles: a pointer, not the
@@ -92,18 +92,15 @@ impl Sender {
     /// whatever the count (the first request of a connection opened for it).
     pub fn first_stream(&self) -> Option<Sender> {
         let (s, streams) = self.http2()?;
-        Some(Sender::Http2Stream(
-            s.clone(),
-            streams.take_first(),
-            self.local_addr(),
-        ))
+        Some(Sender::Http2Stream(s.clone(), streams.take_first()))
     }
 
     /// This side's address of the connection.
     pub fn local_addr(&self) -> LocalAddr {
         match self {
-            Sender::Http1(_, _, local) | Sender::Http2(_, _, local) => local.clone(),
-            Sender::Http2Stream(_, _, local) => local.clone(),
+            Sender::Http1(_, _, local) => local.clone(),
+            Sender::Http2(_, streams) => streams.local().clone(),
+            Sender::Http2Stream(_, held) => held.streams().local().clone(),
         }
     }
 
@@ -115,17 +112,13 @@ impl Sender {
     /// A handle on the same HTTP/2 connection that holds no stream.
     pub fn handle(&self) -> Option<Sender> {
         let (s, streams) = self.http2()?;
-        Some(Sender::Http2(
-            s.clone(),
-            Arc::clone(streams),
-            self.local_addr(),
-        ))
+        Some(Sender::Http2(s.clone(), Arc::clone(streams)))
     }
 
     fn http2(&self) -> Option<(&http2::SendRequest<UpstreamBody>, &Arc<Streams>)> {
         match self {
-            Sender::Http2(s, streams, _) => Some((s, streams)),
-            Sender::Http2Stream(s, held, _) => Some((s, held.streams())),
+            Sender::Http2(s, streams) => Some((s, streams)),
+            Sender::Http2Stream(s, held) => Some((s, held.streams())),
             Sender::Http1(..) => None,
         }
     }
@@ -171,7 +164,7 @@ impl Pooled for Sender {
             return None;
         }
         let held = streams.try_take()?;
-        Some(Sender::Http2Stream(s.clone(), held, self.local_addr()))
+        Some(Sender::Http2Stream(s.clone(), held))
     }
 
     fn same_connection(&self, other: &Self) -> bool {
@@ -191,9 +184,7 @@ impl Pooled for Sender {
 
     fn into_idle(self) -> Self {
         match self {
-            Sender::Http2Stream(s, held, local) => {
-                Sender::Http2(s, Arc::clone(held.streams()), local)
-            }
+            Sender::Http2Stream(s, held) => Sender::Http2(s, Arc::clone(held.streams())),
             other => other,
         }
     }
@@ -469,12 +460,15 @@ where
             // peer's limit there (0 once the connection is over).
             let conn = Arc::new(Mutex::new(Box::pin(conn)));
             let reader = Arc::downgrade(&conn);
-            let streams = Arc::new(Streams::new(Box::new(move || {
-                reader.upgrade().map_or(0, |conn| {
-                    let conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
-                    conn.as_ref().get_ref().current_max_send_streams()
-                })
-            })));
+            let streams = Arc::new(
+                Streams::new(Box::new(move || {
+                    reader.upgrade().map_or(0, |conn| {
+                        let conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
+                        conn.as_ref().get_ref().current_max_send_streams()
+                    })
+                }))
+                .with_local(local),
+            );
             let handle = Arc::clone(&streams);
             tokio::spawn(async move {
                 let _keep = keep;
@@ -489,7 +483,7 @@ where
                     tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
                 }
             });
-            Ok(Sender::Http2(sender, handle, local))
+            Ok(Sender::Http2(sender, handle))
         }
     }
 }

@@ -9,6 +9,7 @@
 //! That is never earlier than `h2` closes the stream, so the count never lets a request past
 //! the peer's limit into `h2`'s own queue.
 
+use super::pool::LocalAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -47,6 +48,9 @@ pub struct Streams {
     retired: AtomicBool,
     /// The routed cluster's pending requests, woken when a stream is given back.
     waiters: OnceLock<Arc<dyn StreamWaiters>>,
+    /// This side's address of the connection: kept here, once per connection, rather than
+    /// in each of its handles (every request's state holds one).
+    local: LocalAddr,
 }
 
 impl std::fmt::Debug for Streams {
@@ -70,7 +74,19 @@ impl Streams {
             max_streams: AtomicU32::new(u32::MAX),
             retired: AtomicBool::new(false),
             waiters: OnceLock::new(),
+            local: LocalAddr::default(),
         }
+    }
+
+    /// With this side's address of the connection.
+    pub fn with_local(mut self, local: LocalAddr) -> Self {
+        self.local = local;
+        self
+    }
+
+    /// This side's address of the connection.
+    pub fn local(&self) -> &LocalAddr {
+        &self.local
     }
 
     /// Take one stream if the connection has room for it now (under the peer's limit and
