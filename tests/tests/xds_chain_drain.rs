@@ -354,6 +354,15 @@ struct SeenHttp {
     idle_closed: Option<Duration>,
 }
 
+/// Both pods made ready for a sidecar, each with the HTTP backend its chain routes to.
+fn http_backends(remora_net: &PodNet, envoy_net: &PodNet) -> [Server; 2] {
+    let backend_addr = SocketAddr::from(SocketAddrV4::new(BACKEND_IP, HTTP_BACKEND_PORT));
+    [remora_net, envoy_net].map(|net| {
+        remora_e2e::sidecars::prepare(net);
+        backend::start(&net.peer, backend_addr, "a")
+    })
+}
+
 fn run_http(net: &PodNet, push: impl FnOnce()) -> SeenHttp {
     let connect = || {
         let mut c = Client::connect(&net.pod, addr(HTTP_VIP)).expect("connect through the proxy");
@@ -414,12 +423,7 @@ fn a_changed_http_chains_connections_are_told_to_go_and_closed_after_the_drain_t
         return;
     };
     let (remora_net, envoy_net) = (&nets.0, &nets.1);
-    let backend_addr = SocketAddr::from(SocketAddrV4::new(BACKEND_IP, HTTP_BACKEND_PORT));
-    for net in [remora_net, envoy_net] {
-        remora_e2e::sidecars::prepare(net);
-    }
-    let _remora_backend = backend::start(&remora_net.peer, backend_addr, "a");
-    let _envoy_backend = backend::start(&envoy_net.peer, backend_addr, "a");
+    let _backends = http_backends(remora_net, envoy_net);
 
     let drain = HTTP_DRAIN_TIME.as_secs().to_string();
     let (envoy, dir) = http_resources(0).start_envoy_lds(
@@ -529,12 +533,7 @@ fn a_changed_http_chains_http2_connection_gets_goaway_and_its_stream_is_cut_at_t
         return;
     };
     let (remora_net, envoy_net) = (&nets.0, &nets.1);
-    let backend_addr = SocketAddr::from(SocketAddrV4::new(BACKEND_IP, HTTP_BACKEND_PORT));
-    for net in [remora_net, envoy_net] {
-        remora_e2e::sidecars::prepare(net);
-    }
-    let _remora_backend = backend::start(&remora_net.peer, backend_addr, "a");
-    let _envoy_backend = backend::start(&envoy_net.peer, backend_addr, "a");
+    let _backends = http_backends(remora_net, envoy_net);
 
     // Shorter than the slow answer takes (`backend::SLOW`), so the drain time cuts it.
     let drain = DRAIN_TIME.as_secs().to_string();
