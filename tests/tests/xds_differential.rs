@@ -580,23 +580,43 @@ fn weighted_clusters_and_retries_have_envoys_distribution() {
     assert_eq!(distinct(&envoy), distinct(&remora));
 
     // Istio's retry policy over an endpoint that refuses and one that answers: every request
-    // answered, by the live one.
+    // answered, by the live one, but for the policy's own rare exhaustion. Each retry picks
+    // up to six times (`host_selection_retry_max_attempts` 5, `previous_hosts`), so with two
+    // hosts of equal load it lands on the refusing one again with odds 1/64, and a request
+    // exhausts its two retries with odds 1/2 × 1/64 × 1/64 = 1/8192, in Envoy as in Remora:
+    // about one run in eighty would see one. Such a 503 is set apart and bounded (three in
+    // fifty has odds of about 10^-8 when the retries avoid the refusing host as they should;
+    // without `previous_hosts` an eighth of the requests would exhaust them).
     // Which attempt answered is random (the first pick may be either host): compared apart.
-    let retried = |w: &World| -> (BTreeSet<Outcome>, BTreeSet<String>) {
+    let retried = |w: &World| -> (BTreeSet<Outcome>, BTreeSet<String>, usize) {
         let mut attempts = BTreeSet::new();
+        let mut exhausted = 0;
         let outcomes = (0..MANY / 4)
-            .map(|_| {
+            .filter_map(|_| {
                 let mut o = w.get(WEB, "/retry", &[]);
                 if let Some(n) = o.upstream_headers.remove("x-envoy-attempt-count") {
                     attempts.insert(n);
                 }
-                o
+                let gave_up = o.status == 503
+                    && o.local_body.as_deref().is_some_and(|b| {
+                        b.starts_with(
+                            "upstream connect error or disconnect/reset before headers. retried",
+                        )
+                    });
+                exhausted += usize::from(gave_up);
+                (!gave_up).then_some(o)
             })
             .collect();
-        (outcomes, attempts)
+        (outcomes, attempts, exhausted)
     };
-    let ((e, e_attempts), (r, r_attempts)) = (retried(&envoy), retried(&remora));
+    let ((e, e_attempts, e_exhausted), (r, r_attempts, r_exhausted)) =
+        (retried(&envoy), retried(&remora));
     assert_eq!(e, r, "{}", remora.proxy.diagnostics());
+    assert!(
+        e_exhausted <= 2 && r_exhausted <= 2,
+        "retries exhausted: envoy {e_exhausted}, remora {r_exhausted} of {}",
+        MANY / 4
+    );
     assert!(
         e.iter()
             .all(|o| o.status == 200 && o.backend.as_deref() == Some("c")),
