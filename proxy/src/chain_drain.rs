@@ -135,37 +135,40 @@ impl ChainDrains {
 
 impl Watch {
     /// Whether an xDS update has changed or removed the chain.
+    #[inline]
     pub fn is_retired(&self) -> bool {
         self.signal.retired.load(Ordering::Acquire)
     }
 
     /// Resolves once an xDS update changed or removed the chain.
     pub async fn retired(&self) {
-        // The waker last handed over: handed again only when the task's changes, so a copy
-        // loop that wakes for its bytes takes no lock here.
-        let mut registered: Option<Waker> = None;
-        std::future::poll_fn(|cx| {
+        let mut registered = None;
+        std::future::poll_fn(|cx| self.poll_retired(&mut registered, cx)).await;
+    }
+
+    /// Ready once the chain is retired; else the task's waker is handed over to the sweep,
+    /// only when it is not the one last handed (`registered`): a copy loop or an HTTP
+    /// connection that wakes for its bytes then pays one load and a compare, no lock.
+    #[inline]
+    fn poll_retired(&self, registered: &mut Option<Waker>, cx: &Context<'_>) -> Poll<()> {
+        if self.is_retired() {
+            return Poll::Ready(());
+        }
+        if !registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *lock(&self.signal.waker) = Some(cx.waker().clone());
+            *registered = Some(cx.waker().clone());
+            // Retired meanwhile: the sweep took no waker, or the old one.
             if self.is_retired() {
                 return Poll::Ready(());
             }
-            if !registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                *lock(&self.signal.waker) = Some(cx.waker().clone());
-                registered = Some(cx.waker().clone());
-                // Retired meanwhile: the sweep took no waker, or the old one.
-                if self.is_retired() {
-                    return Poll::Ready(());
-                }
-            }
-            Poll::Pending
-        })
-        .await;
+        }
+        Poll::Pending
     }
 
     /// Resolves `drain_time` after the chain is retired: when a connection still open on it
     /// is closed.
-    pub async fn deadline(&self, drain_time: Duration) {
-        self.retired().await;
-        tokio::time::sleep(drain_time).await;
+    pub fn deadline(&self, drain_time: Duration) -> Deadline<'_> {
+        deadline(Some(self), drain_time)
     }
 }
 
@@ -178,19 +181,41 @@ impl Drop for Watch {
 /// Resolves `drain_time` after the chain `watch` follows is retired; never without a watch
 /// (a connection not decided by an xDS chain).
 pub fn deadline(watch: Option<&Watch>, drain_time: Duration) -> Deadline<'_> {
-    Deadline(watch.map(|w| Box::pin(w.deadline(drain_time)) as _))
+    Deadline {
+        watch,
+        registered: None,
+        drain_time,
+        timer: None,
+    }
 }
 
-/// The future of [`deadline`]: boxed, and only for a connection on a chain, as every
-/// connection's future holds one (two words here).
-pub struct Deadline<'a>(Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>>);
+/// The future of [`deadline`]. Every connection's future holds one and polls it each time it
+/// wakes, so the wait for the retirement is polled in place; the timer (boxed: a `Sleep` is
+/// large) exists only once the chain is retired.
+pub struct Deadline<'a> {
+    watch: Option<&'a Watch>,
+    registered: Option<Waker>,
+    drain_time: Duration,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
 
 impl Future for Deadline<'_> {
     type Output = ();
 
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        match self.0.as_mut() {
-            Some(cut) => cut.as_mut().poll(cx),
+        let this = &mut *self;
+        let Some(watch) = this.watch else {
+            return Poll::Pending;
+        };
+        if this.timer.is_none() {
+            if watch.poll_retired(&mut this.registered, cx).is_pending() {
+                return Poll::Pending;
+            }
+            this.timer = Some(Box::pin(tokio::time::sleep(this.drain_time)));
+        }
+        match this.timer.as_mut() {
+            Some(timer) => timer.as_mut().poll(cx),
             None => Poll::Pending,
         }
     }
