@@ -2,13 +2,15 @@
 //! with `remora capture`'s rules) whose backends listen in its peer namespace at
 //! [`BACKEND_IP`], the address the tests' xDS resources name: the pod made ready for them,
 //! which proxy is its sidecar and what it wrote, and which backend answered a request (the
-//! `x-backend` header [`crate::backend`] and [`crate::switchable`] answer with).
+//! `x-backend` header [`crate::backend`] and [`crate::switchable`] answer with), and what its
+//! admin pages say (a cluster's statistics).
 
-use crate::envoy::Envoy;
-use crate::http_client;
+use crate::envoy::{self, Envoy};
+use crate::{http_client, peer};
 use crate::{PodNet, Remora};
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
 
 /// Where the backends listen, in the peer namespace.
 pub const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
@@ -52,6 +54,32 @@ impl Sidecar<'_> {
             Sidecar::Envoy(e) => e.logs(),
         }
     }
+
+    /// The port of its admin interface, on the pod's loopback.
+    pub fn admin_port(&self) -> u16 {
+        match self {
+            Sidecar::Remora(_) => crate::ADMIN_PORT,
+            Sidecar::Envoy(_) => envoy::ADMIN_PORT,
+        }
+    }
+}
+
+/// The admin page at `path` of `net`'s sidecar; anything but a 200 fails the test.
+pub fn admin(net: &PodNet, sidecar: &Sidecar<'_>, path: &str) -> String {
+    let url = format!("http://127.0.0.1:{}{path}", sidecar.admin_port());
+    let (status, body) = peer::curl_status(&net.pod, &[&url], Duration::from_secs(5));
+    assert_eq!(status, 200, "{}: {path}: {body}", sidecar.name());
+    body
+}
+
+/// A counter or gauge of `cluster` from the sidecar's `/stats` (0 when absent).
+pub fn cluster_stat(net: &PodNet, sidecar: &Sidecar<'_>, cluster: &str, name: &str) -> u64 {
+    let full = format!("cluster.{cluster}.{name}: ");
+    admin(net, sidecar, "/stats")
+        .lines()
+        .find_map(|l| l.strip_prefix(&full))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// One request through `net`'s sidecar to `vip` on a connection of its own: the status and

@@ -1,6 +1,6 @@
 //! Envoy resources in istiod's shape for the end-to-end tests that route by xDS, from files or
 //! from the test control plane: EDS clusters with istiod's auto-mTLS sockets, their endpoints,
-//! and TCP listeners.
+//! TCP listeners and the outbound HTTP listeners of port 80.
 
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -60,6 +60,35 @@ pub fn tcp_listener(address: SocketAddr, cluster: &str) -> Value {
         "filter_chains": [{"filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
             "stat_prefix": cluster, "cluster": cluster}}]}]})
+}
+
+/// istiod's outbound listeners for HTTP services on port 80: `virtualOutbound` (the capture
+/// port 15001, whose catch-all sends what no listener takes to `BlackHoleCluster`) and
+/// `0.0.0.0_80`, its connection manager routing by the RDS table `80` and writing
+/// `access_log` when given.
+pub fn outbound_http_listeners(access_log: Option<Value>) -> Vec<Value> {
+    let mut manager = json!({
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "outbound_0.0.0.0_80",
+        "rds": {"config_source": {"ads": {}, "resource_api_version": "V3"}, "route_config_name": "80"},
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]});
+    if let Some(access_log) = access_log {
+        manager["access_log"] = access_log;
+    }
+    vec![
+        json!({"name": "virtualOutbound", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15001}},
+            "use_original_dst": true, "traffic_direction": "OUTBOUND",
+            "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [
+                {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                    "stat_prefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}]}),
+        json!({"name": "0.0.0.0_80",
+            "address": {"socket_address": {"address": "0.0.0.0", "port_value": 80}},
+            "traffic_direction": "OUTBOUND", "bind_to_port": false,
+            "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                "typed_config": manager}]}]}),
+    ]
 }
 
 /// An SDS secret reference as istiod writes it (`default`: the workload certificate, `ROOTCA`).

@@ -24,20 +24,18 @@
 //! (`upstream_cx_total`, `upstream_cx_active`, `upstream_cx_overflow`,
 //! `upstream_rq_pending_*`, `upstream_cx_max_requests`) must say the same as Envoy's.
 
-use remora_e2e::envoy::{self, Envoy};
 use remora_e2e::envoy_xds::{istio_retry_policy, nets_or_skip, Resources};
 use remora_e2e::h2_origin::{self, Counts};
 use remora_e2e::http_client;
-use remora_e2e::peer;
-use remora_e2e::xds_resources::eds_cluster;
-use remora_e2e::{PodNet, Remora};
+use remora_e2e::sidecars::{self, Sidecar, BACKEND_IP};
+use remora_e2e::xds_resources::{eds_cluster, outbound_http_listeners};
+use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const WEB: &str = "web.test.svc.cluster.local";
 /// No connection limit (istiod's 4294967295).
@@ -108,23 +106,7 @@ fn resources() -> Resources {
         })
         .collect();
     Resources {
-        listeners: json!([
-            {"name": "virtualOutbound", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15001}},
-             "use_original_dst": true, "traffic_direction": "OUTBOUND",
-             "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [
-                {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
-                    "stat_prefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}]},
-            {"name": "0.0.0.0_80",
-             "address": {"socket_address": {"address": "0.0.0.0", "port_value": 80}},
-             "traffic_direction": "OUTBOUND", "bind_to_port": false,
-             "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                "stat_prefix": "outbound_0.0.0.0_80",
-                "rds": {"config_source": {"ads": {}, "resource_api_version": "V3"}, "route_config_name": "80"},
-                "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}
-        ]),
+        listeners: Value::Array(outbound_http_listeners(None)),
         clusters: json!([
             h2_cluster(OPEN, unlimited.clone(), idle.clone(), json!({})),
             h2_cluster(ONE, one, idle.clone(), json!({})),
@@ -141,28 +123,16 @@ fn resources() -> Resources {
     }
 }
 
-enum Proxy<'n> {
-    Remora(Remora<'n>),
-    Envoy(Envoy<'n>),
-}
-
 /// A pod whose sidecar is Remora or Envoy, the origins in its peer namespace.
 struct World<'n> {
     net: &'n PodNet,
-    proxy: Proxy<'n>,
+    proxy: Sidecar<'n>,
     /// Each cluster's origin's counts, in the order of [`PORTS`].
     origins: Vec<Arc<Counts>>,
 }
 
 fn prepare(net: &PodNet) -> Vec<Arc<Counts>> {
-    net.capture_default();
-    for (ns, args) in [
-        (&net.pod, vec!["route", "add", "default", "dev", "eth0"]),
-        (&net.peer, vec!["addr", "add", "10.1.0.2/32", "dev", "eth0"]),
-    ] {
-        let out = ns.command("ip").args(&args).output().expect("ip");
-        assert!(out.status.success(), "ip {args:?}: {out:?}");
-    }
+    sidecars::prepare(net);
     PORTS
         .iter()
         .map(|(_, port, limit)| h2_origin::start(&net.peer, backend_addr(*port), *limit, HOLD))
@@ -170,20 +140,6 @@ fn prepare(net: &PodNet) -> Vec<Arc<Counts>> {
 }
 
 impl World<'_> {
-    fn name(&self) -> &'static str {
-        match self.proxy {
-            Proxy::Remora(_) => "remora",
-            Proxy::Envoy(_) => "envoy",
-        }
-    }
-
-    fn output(&self) -> String {
-        match &self.proxy {
-            Proxy::Remora(r) => format!("{}\n{}", r.stdout(), r.stderr()),
-            Proxy::Envoy(e) => e.logs(),
-        }
-    }
-
     fn origin(&self, cluster: &str) -> &Counts {
         let i = PORTS
             .iter()
@@ -197,7 +153,11 @@ impl World<'_> {
         let vip = SocketAddr::from((VIP, 80));
         match http_client::get_once(&self.net.pod, vip, WEB, path, &[]) {
             Ok(r) => (r.status, r.header("x-connection").map(str::to_string)),
-            Err(e) => panic!("{}: {path}: {e}\n{}", self.name(), self.output()),
+            Err(e) => panic!(
+                "{}: {path}: {e}\n{}",
+                self.proxy.name(),
+                self.proxy.output()
+            ),
         }
     }
 
@@ -222,18 +182,7 @@ impl World<'_> {
 
     /// A counter or gauge of `cluster` from `/stats` (0 when absent).
     fn stat(&self, cluster: &str, name: &str) -> u64 {
-        let port = match self.proxy {
-            Proxy::Remora(_) => remora_e2e::ADMIN_PORT,
-            Proxy::Envoy(_) => envoy::ADMIN_PORT,
-        };
-        let url = format!("http://127.0.0.1:{port}/stats");
-        let (status, body) = peer::curl_status(&self.net.pod, &[&url], Duration::from_secs(5));
-        assert_eq!(status, 200, "{}: /stats: {body}", self.name());
-        let full = format!("cluster.{cluster}.{name}: ");
-        body.lines()
-            .find_map(|l| l.strip_prefix(&full))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
+        sidecars::cluster_stat(self.net, &self.proxy, cluster, name)
     }
 
     fn stats(&self, cluster: &str) -> Stats {
@@ -382,8 +331,8 @@ fn retiring(w: &World) -> (Seen, Vec<Option<String>>) {
 fn world<'n>(net: &'n PodNet, envoy: Option<&Path>) -> World<'n> {
     let origins = prepare(net);
     let proxy = match envoy {
-        Some(binary) => Proxy::Envoy(resources().start_envoy(net, binary)),
-        None => Proxy::Remora(resources().start_remora(net)),
+        Some(binary) => Sidecar::Envoy(resources().start_envoy(net, binary)),
+        None => Sidecar::Remora(resources().start_remora(net)),
     };
     World {
         net,
@@ -413,8 +362,8 @@ fn http2_connections_at_the_peers_stream_limit_are_added_as_envoy_adds_them() {
             got,
             expected,
             "{name}:\nremora:\n{}\nenvoy:\n{}",
-            remora.output(),
-            envoy.output()
+            remora.proxy.output(),
+            envoy.proxy.output()
         );
     }
     // Envoy itself, as the module says: what the comparison above holds Remora to.

@@ -14,7 +14,7 @@ use remora_e2e::envoy_xds::{nets_or_skip, Resources};
 use remora_e2e::http_client;
 use remora_e2e::peer::Server;
 use remora_e2e::sidecars::{self, Sidecar, BACKEND_IP};
-use remora_e2e::xds_resources::eds_cluster;
+use remora_e2e::xds_resources::{eds_cluster, outbound_http_listeners};
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -65,6 +65,8 @@ fn resources() -> Resources {
         remora_e2e::xds_resources::tcp_listener(SocketAddr::from((TCP_VIP, 9000)), TCP_RING);
     tcp["filter_chains"][0]["filters"][0]["typed_config"]["hash_policy"] =
         json!([{"source_ip": {}}]);
+    let mut listeners = outbound_http_listeners(None);
+    listeners.push(tcp);
     let route = |prefix: &str, cluster: &str, hash: Value| {
         json!({"match": {"prefix": prefix}, "route": {"cluster": cluster, "timeout": "0s",
                "retry_policy": retry_policy(), "hash_policy": [hash]}})
@@ -75,24 +77,7 @@ fn resources() -> Resources {
     let header = json!({"header": {"header_name": "x-user"}});
     let query = json!({"query_parameter": {"name": "user"}});
     Resources {
-        listeners: json!([
-            {"name": "virtualOutbound", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15001}},
-             "use_original_dst": true, "traffic_direction": "OUTBOUND",
-             "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [
-                {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
-                    "stat_prefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}]},
-            {"name": "0.0.0.0_80",
-             "address": {"socket_address": {"address": "0.0.0.0", "port_value": 80}},
-             "traffic_direction": "OUTBOUND", "bind_to_port": false,
-             "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                "stat_prefix": "outbound_0.0.0.0_80",
-                "rds": {"config_source": {"ads": {}, "resource_api_version": "V3"}, "route_config_name": "80"},
-                "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]},
-            tcp
-        ]),
+        listeners: Value::Array(listeners),
         clusters: json!([ring, maglev, tcp_ring, {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
         routes: json!([{"name": "80", "virtual_hosts": [
             {"name": "web.test.svc.cluster.local:80", "domains": [WEB, "web", VIP.to_string()],

@@ -27,7 +27,7 @@
 use remora_e2e::envoy_xds::{istio_retry_policy, nets_or_skip, Resources, ISTIO_TEXT_FORMAT};
 use remora_e2e::sidecars::{self, Sidecar, Tally, BACKEND_IP};
 use remora_e2e::switchable::Backend;
-use remora_e2e::xds_resources::eds_cluster;
+use remora_e2e::xds_resources::{eds_cluster, outbound_http_listeners};
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -134,24 +134,7 @@ fn resources() -> Resources {
     let remote_route = json!({"match": {"prefix": "/remote"},
         "route": {"cluster": REMOTE, "timeout": "0s", "retry_policy": remote_retries}});
     Resources {
-        listeners: json!([
-            {"name": "virtualOutbound", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15001}},
-             "use_original_dst": true, "traffic_direction": "OUTBOUND",
-             "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [
-                {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
-                    "stat_prefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}]},
-            {"name": "0.0.0.0_80",
-             "address": {"socket_address": {"address": "0.0.0.0", "port_value": 80}},
-             "traffic_direction": "OUTBOUND", "bind_to_port": false,
-             "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                "stat_prefix": "outbound_0.0.0.0_80",
-                "rds": {"config_source": {"ads": {}, "resource_api_version": "V3"}, "route_config_name": "80"},
-                "access_log": access_log,
-                "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}
-        ]),
+        listeners: Value::Array(outbound_http_listeners(Some(access_log))),
         clusters: json!([failover, distribute, eds_cluster(SPILL), eds_cluster(PANIC), eds_cluster(DEGRADED), eds_cluster(REMOTE),
             {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
         routes: json!([{"name": "80", "virtual_hosts": [
@@ -258,19 +241,7 @@ impl World<'_> {
 
     /// A counter or gauge of `cluster` from `/stats` (0 when absent).
     fn stat(&self, cluster: &str, name: &str) -> u64 {
-        let port = match self.proxy {
-            Sidecar::Remora(_) => remora_e2e::ADMIN_PORT,
-            Sidecar::Envoy(_) => remora_e2e::envoy::ADMIN_PORT,
-        };
-        let url = format!("http://127.0.0.1:{port}/stats");
-        let (status, body) =
-            remora_e2e::peer::curl_status(&self.net.pod, &[&url], Duration::from_secs(5));
-        assert_eq!(status, 200, "{}: /stats: {body}", self.proxy.name());
-        let full = format!("cluster.{cluster}.{name}: ");
-        body.lines()
-            .find_map(|l| l.strip_prefix(&full))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
+        sidecars::cluster_stat(self.net, &self.proxy, cluster, name)
     }
 }
 

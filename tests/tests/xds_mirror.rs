@@ -10,7 +10,7 @@ use remora_e2e::envoy_xds::{istio_retry_policy, nets_or_skip, Resources};
 use remora_e2e::http_client;
 use remora_e2e::peer::{self, read_request_head, Server};
 use remora_e2e::sidecars::{self, Sidecar, BACKEND_IP};
-use remora_e2e::xds_resources::eds_cluster;
+use remora_e2e::xds_resources::{eds_cluster, outbound_http_listeners};
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
@@ -54,23 +54,7 @@ fn resources() -> Resources {
             "address": BACKEND_IP.to_string(), "port_value": port}}}, "health_status": "HEALTHY"})
     };
     Resources {
-        listeners: json!([
-            {"name": "virtualOutbound", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15001}},
-             "use_original_dst": true, "traffic_direction": "OUTBOUND",
-             "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [
-                {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
-                    "stat_prefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}]},
-            {"name": "0.0.0.0_80",
-             "address": {"socket_address": {"address": "0.0.0.0", "port_value": 80}},
-             "traffic_direction": "OUTBOUND", "bind_to_port": false,
-             "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                "stat_prefix": "outbound_0.0.0.0_80",
-                "rds": {"config_source": {"ads": {}, "resource_api_version": "V3"}, "route_config_name": "80"},
-                "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}
-        ]),
+        listeners: Value::Array(outbound_http_listeners(None)),
         clusters: json!([eds_cluster(V1), eds_cluster(V2), eds_cluster(DEAD),
             {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
         routes: json!([{"name": "80", "virtual_hosts": [

@@ -13,18 +13,16 @@
 //!   live one); it stays out, comes back after its ejection time and is ejected again.
 
 use remora_e2e::backend;
-use remora_e2e::envoy::{self, Envoy};
 use remora_e2e::envoy_xds::{istio_retry_policy, nets_or_skip, Resources, ISTIO_TEXT_FORMAT};
-use remora_e2e::http_client;
 use remora_e2e::peer::{self, Server};
-use remora_e2e::xds_resources::eds_cluster;
-use remora_e2e::{PodNet, Remora};
+use remora_e2e::sidecars::{self, Sidecar, BACKEND_IP};
+use remora_e2e::xds_resources::{eds_cluster, outbound_http_listeners, tcp_listener};
+use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const LIVE_PORT: u16 = 8001;
 /// Nothing listens here: an endpoint whose every connect is refused.
@@ -90,26 +88,10 @@ fn resources() -> Resources {
         json!({"match": {"prefix": prefix},
                "route": {"cluster": cluster, "timeout": "0s", "retry_policy": istio_retry_policy()}})
     };
+    let mut listeners = outbound_http_listeners(Some(access_log));
+    listeners.push(tcp_listener(TCP_VIP.parse().expect("addr"), TCP_CB));
     Resources {
-        listeners: json!([
-            {"name": "virtualOutbound", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15001}},
-             "use_original_dst": true, "traffic_direction": "OUTBOUND",
-             "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [
-                {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
-                    "stat_prefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}]},
-            {"name": "0.0.0.0_80",
-             "address": {"socket_address": {"address": "0.0.0.0", "port_value": 80}},
-             "traffic_direction": "OUTBOUND", "bind_to_port": false,
-             "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                "stat_prefix": "outbound_0.0.0.0_80",
-                "rds": {"config_source": {"ads": {}, "resource_api_version": "V3"}, "route_config_name": "80"},
-                "access_log": access_log,
-                "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]},
-            remora_e2e::xds_resources::tcp_listener(TCP_VIP.parse().expect("addr"), TCP_CB)
-        ]),
+        listeners: Value::Array(listeners),
         clusters: clusters(),
         routes: json!([{"name": "80", "virtual_hosts": [
             {"name": "web.test.svc.cluster.local:80", "domains": [WEB, "web", VIP.to_string()],
@@ -125,20 +107,15 @@ fn resources() -> Resources {
     }
 }
 
-enum Proxy<'n> {
-    Remora(Remora<'n>),
-    Envoy(Envoy<'n>),
-}
-
 /// A pod whose sidecar is Remora or Envoy, the backend in its peer namespace.
 struct World<'n> {
     net: &'n PodNet,
-    proxy: Proxy<'n>,
+    proxy: Sidecar<'n>,
     _backends: (Server, Server, Server),
 }
 
 fn prepare(net: &PodNet) -> (Server, Server, Server) {
-    remora_e2e::sidecars::prepare(net);
+    sidecars::prepare(net);
     (
         backend::start(&net.peer, backend_addr(LIVE_PORT), "live"),
         Server::echo(&net.peer, backend_addr(ECHO_PORT)),
@@ -147,49 +124,20 @@ fn prepare(net: &PodNet) -> (Server, Server, Server) {
 }
 
 impl World<'_> {
-    fn name(&self) -> &'static str {
-        match self.proxy {
-            Proxy::Remora(_) => "remora",
-            Proxy::Envoy(_) => "envoy",
-        }
-    }
-
-    fn output(&self) -> String {
-        match &self.proxy {
-            Proxy::Remora(r) => format!("{}\n{}", r.stdout(), r.stderr()),
-            Proxy::Envoy(e) => e.logs(),
-        }
-    }
-
     /// One request; its status and the backend that answered.
     fn get(&self, path: &str) -> (u16, Option<String>) {
         let vip = SocketAddr::from((VIP, 80));
-        match http_client::get_once(&self.net.pod, vip, WEB, path, &[]) {
-            Ok(r) => (r.status, r.header("x-backend").map(str::to_string)),
-            Err(e) => panic!("{}: {path}: {e}\n{}", self.name(), self.output()),
-        }
+        sidecars::answer(self.net, &self.proxy, vip, WEB, path, &[])
     }
 
     /// The admin page at `path`.
     fn admin(&self, path: &str) -> String {
-        let port = match self.proxy {
-            Proxy::Remora(_) => remora_e2e::ADMIN_PORT,
-            Proxy::Envoy(_) => envoy::ADMIN_PORT,
-        };
-        let url = format!("http://127.0.0.1:{port}{path}");
-        let (status, body) = peer::curl_status(&self.net.pod, &[&url], Duration::from_secs(5));
-        assert_eq!(status, 200, "{}: {path}: {body}", self.name());
-        body
+        sidecars::admin(self.net, &self.proxy, path)
     }
 
     /// A counter or gauge of `cluster` from `/stats` (0 when absent).
     fn stat(&self, cluster: &str, name: &str) -> u64 {
-        let full = format!("cluster.{cluster}.{name}: ");
-        self.admin("/stats")
-            .lines()
-            .find_map(|l| l.strip_prefix(&full))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
+        sidecars::cluster_stat(self.net, &self.proxy, cluster, name)
     }
 
     /// The `health_flags` `/clusters` shows for `host` of `cluster`.
@@ -207,7 +155,7 @@ impl World<'_> {
         let needle = format!("\" {status} {flags} ");
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let n = self.output().matches(&needle).count();
+            let n = self.proxy.output().matches(&needle).count();
             if n >= at_least || Instant::now() > deadline {
                 return n;
             }
@@ -221,7 +169,7 @@ fn remora_world(net: &PodNet) -> World<'_> {
     let remora = resources().start_remora(net);
     World {
         net,
-        proxy: Proxy::Remora(remora),
+        proxy: Sidecar::Remora(remora),
         _backends: backend,
     }
 }
@@ -231,7 +179,7 @@ fn envoy_world<'n>(net: &'n PodNet, binary: &Path) -> World<'n> {
     let envoy = resources().start_envoy(net, binary);
     World {
         net,
-        proxy: Proxy::Envoy(envoy),
+        proxy: Sidecar::Envoy(envoy),
         _backends: backend,
     }
 }
@@ -300,7 +248,7 @@ fn circuit_breaking_has_envoys_outcome() {
         got,
         expected,
         "remora:\n{}\n{}\nenvoy:\n{}",
-        remora.output(),
+        remora.proxy.output(),
         remora.admin("/stats"),
         envoy.admin("/clusters")
     );
@@ -368,8 +316,8 @@ fn outlier_detection_has_envoys_outcome() {
             assert!(
                 round.answers.iter().all(|a| *a == (200, live.clone())),
                 "{}: {round:?}\n{}",
-                world.name(),
-                world.output()
+                world.proxy.name(),
+                world.proxy.output()
             );
         }
         rounds.push((first, second));
@@ -392,7 +340,7 @@ fn outlier_detection_has_envoys_outcome() {
         got,
         expected,
         "remora:\n{}\n{}\nenvoy:\n{}",
-        remora.output(),
+        remora.proxy.output(),
         remora.admin("/stats"),
         envoy.admin("/clusters")
     );
@@ -437,7 +385,7 @@ fn tcp_circuit_breaking_has_envoys_outcome() {
         "envoy"
     );
     let got = tcp_breaking(&remora);
-    assert_eq!(got, expected, "remora:\n{}", remora.output());
+    assert_eq!(got, expected, "remora:\n{}", remora.proxy.output());
 }
 
 /// What one world made of an endpoint answering 500: how many requests got its 500 before it
@@ -481,7 +429,7 @@ fn consecutive_5xx_ejection_has_envoys_outcome() {
         "envoy"
     );
     let got = failing_5xx(&remora);
-    assert_eq!(got, expected, "remora:\n{}", remora.output());
+    assert_eq!(got, expected, "remora:\n{}", remora.proxy.output());
 }
 
 /// What one world counted for requests to an endpoint that refuses every connection.
@@ -540,7 +488,7 @@ fn a_connect_failure_is_charged_as_envoy_charges_it() {
         got,
         expected,
         "remora:\n{}\n{}",
-        remora.output(),
+        remora.proxy.output(),
         remora.admin("/stats")
     );
 }

@@ -3,102 +3,19 @@
 //! one keep-alive client connection (HTTP) and per connection (TCP), with Envoy's answers when
 //! the route or cluster is missing.
 
+mod routing;
+
 use remora_e2e::certs::MeshCa;
 use remora_e2e::mesh::{client_config, handshakes, server_config, two_pods, CLIENT_ID, SERVER_ID};
 use remora_e2e::peer::{self, any_addr, curl, curl_ok, Server};
 use remora_e2e::service::{peer_program, Service};
 use remora_e2e::xds_resources::{eds_cluster, endpoint, inbound_cluster, mtls_cluster};
 use remora_e2e::PodNet;
+use routing::*;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::Duration;
-
-/// Bound on one curl run.
-const CURL_TIME: Duration = Duration::from_secs(20);
-/// The HTTP service's VIP, known only to the resources.
-const HTTP_VIP: &str = "10.96.0.10";
-/// The TCP service's VIP and port.
-const TCP_VIP: &str = "10.96.0.20:9000";
-const CLUSTER: &str = "outbound|80||web.test.svc.cluster.local";
-const TCP_CLUSTER: &str = "outbound|9000||echo.test.svc.cluster.local";
-
-fn assignment(name: &str, endpoints: &[SocketAddr]) -> Value {
-    let lb: Vec<Value> = endpoints.iter().map(|a| endpoint(*a, None)).collect();
-    json!({"cluster_name": name, "endpoints": [{"lb_endpoints": lb}]})
-}
-
-fn write_all(dir: &Path, listeners: Value, routes: Value, clusters: Value, endpoints: Value) {
-    for (file, value) in [
-        ("listeners.json", listeners),
-        ("routes.json", routes),
-        ("clusters.json", clusters),
-        ("endpoints.json", endpoints),
-    ] {
-        std::fs::write(dir.join(file), value.to_string()).expect("write a resource file");
-    }
-}
-
-/// Give `ns` a default route out of its veth, so a connect to a VIP reaches the capture rules.
-fn route_vips(ns: &remora_e2e::Netns) {
-    let out = ns
-        .command("ip")
-        .args(["route", "add", "default", "dev", "eth0"])
-        .output()
-        .expect("ip route");
-    assert!(out.status.success(), "{out:?}");
-}
-
-/// istiod's listeners: `0.0.0.0_80` with an HCM and RDS `80`, `10.96.0.20_9000` with
-/// tcp_proxy to `tcp_cluster`.
-fn listeners(tcp_cluster: &str) -> Value {
-    json!([
-        {"name": "0.0.0.0_80", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 80}},
-         "traffic_direction": "OUTBOUND", "bind_to_port": false,
-         "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-            "stat_prefix": "outbound_0.0.0.0_80",
-            "rds": {"config_source": {"ads": {}}, "route_config_name": "80"},
-            "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]},
-        {"name": "10.96.0.20_9000", "address": {"socket_address": {"address": "10.96.0.20", "port_value": 9000}},
-         "traffic_direction": "OUTBOUND", "bind_to_port": false,
-         "filter_chains": [{"filters": [{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
-            "stat_prefix": tcp_cluster, "cluster": tcp_cluster}}]}]}
-    ])
-}
-
-/// istiod's shape: `0.0.0.0_80` with an HCM and RDS `80`, `10.96.0.20_9000` with tcp_proxy.
-fn write_resources(dir: &Path, web: &[SocketAddr], echo: SocketAddr) {
-    let listeners = listeners(TCP_CLUSTER);
-    let routes = json!([{"name": "80", "ignore_port_in_host_matching": true, "virtual_hosts": [{
-    "name": "web.test.svc.cluster.local:80",
-    "domains": ["web.test.svc.cluster.local", "web", HTTP_VIP],
-    "routes": [
-        {"match": {"path": "/missing"}, "route": {"cluster": "outbound|80||nowhere.test.svc.cluster.local"}},
-        {"match": {"prefix": "/"}, "route": {"cluster": CLUSTER}}
-    ]}]}]);
-    let mut web_cluster = eds_cluster(CLUSTER);
-    web_cluster["metadata"] = json!({"filter_metadata": {"istio": {"services": [
-        {"host": "web.test.svc.cluster.local", "name": "web", "namespace": "test"}]}}});
-    let clusters = json!([web_cluster, eds_cluster(TCP_CLUSTER)]);
-    let endpoints = json!([assignment(CLUSTER, web), assignment(TCP_CLUSTER, &[echo])]);
-    write_all(dir, listeners, routes, clusters, endpoints);
-}
-
-/// Poll `done` for up to five seconds.
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !done() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
 
 #[test]
 fn a_vip_known_only_to_xds_is_balanced_per_request_over_one_connection() {
@@ -331,43 +248,6 @@ fn auto_mtls_per_endpoint_to_a_peer_sidecar_with_the_sockets_sni_and_san() {
     assert_eq!(echo.peers().len(), 1);
 }
 
-/// istiod's `virtualInbound` with only mTLS chains for `port` (STRICT) and both kinds for
-/// every other port (PERMISSIVE), all to `InboundPassthroughClusterIpv4`.
-fn strict_inbound(port: u16) -> Value {
-    let sds = |name: &str| {
-        json!({"name": name, "sds_config": {"api_config_source": {"api_type": "GRPC",
-            "grpc_services": [{"envoy_grpc": {"cluster_name": "sds-grpc"}}],
-            "transport_api_version": "V3"}, "resource_api_version": "V3"}})
-    };
-    let tls = json!({"name": "envoy.transport_sockets.tls", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
-        "common_tls_context": {
-            "alpn_protocols": ["h2", "http/1.1"],
-            "tls_certificate_sds_secret_configs": [sds("default")],
-            "combined_validation_context": {
-                "default_validation_context": {"match_subject_alt_names": [{"prefix": "spiffe://cluster.local/"}]},
-                "validation_context_sds_secret_config": sds("ROOTCA")}},
-        "require_client_certificate": true}});
-    let tcp = json!([{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
-        "stat_prefix": "InboundPassthroughClusterIpv4", "cluster": "InboundPassthroughClusterIpv4"}}]);
-    let any = json!([{"address_prefix": "0.0.0.0", "prefix_len": 0}]);
-    json!([{
-    "name": "virtualInbound", "traffic_direction": "INBOUND",
-    "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15006}},
-    // Without the TLS inspector no connection is known to be TLS, in Envoy as here.
-    "listener_filters": [{"name": "envoy.filters.listener.tls_inspector", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"}}],
-    "filter_chains": [
-        {"filter_chain_match": {"destination_port": port, "transport_protocol": "tls"},
-         "transport_socket": tls.clone(), "filters": tcp.clone()},
-        {"filter_chain_match": {"prefix_ranges": any.clone(), "transport_protocol": "tls"},
-         "transport_socket": tls, "filters": tcp.clone()},
-        {"filter_chain_match": {"prefix_ranges": any, "transport_protocol": "raw_buffer"},
-         "filters": tcp}
-    ]}])
-}
-
 #[test]
 fn inbound_mtls_mode_per_port_follows_virtual_inbound() {
     let Some(net) = PodNet::create_or_skip() else {
@@ -431,69 +311,6 @@ fn inbound_mtls_mode_per_port_follows_virtual_inbound() {
         "{}",
         server.stderr()
     );
-}
-
-/// An h2c-only origin (prior knowledge; an HTTP/1.1 request fails its handshake) answering
-/// each request with `h2 <authority> <path>`; counts its connections.
-fn h2c_origin(
-    ns: &remora_e2e::Netns,
-    addr: SocketAddr,
-) -> (
-    std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    std::thread::JoinHandle<()>,
-) {
-    let listener = ns.bind(addr).expect("bind the h2c origin");
-    listener.set_nonblocking(true).expect("non-blocking");
-    let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = std::sync::Arc::clone(&connections);
-    let thread = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-            while let Ok((socket, _)) = listener.accept().await {
-                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let Ok(mut conn) = h2::server::handshake(socket).await else {
-                        return;
-                    };
-                    while let Some(Ok((request, mut respond))) = conn.accept().await {
-                        let authority = request
-                            .uri()
-                            .authority()
-                            .map_or("-".to_string(), |a| a.to_string());
-                        let text = format!("h2 {authority} {}", request.uri().path());
-                        let response = http::Response::builder()
-                            .status(200)
-                            .body(())
-                            .expect("response");
-                        if let Ok(mut body) = respond.send_response(response, false) {
-                            let _ = body.send_data(bytes::Bytes::from(text), true);
-                        }
-                    }
-                });
-            }
-        });
-    });
-    (connections, thread)
-}
-
-/// A cluster with `HttpProtocolOptions` as istiod writes them: `explicit` HTTP/2 (a port
-/// declared `grpc`/`http2`) or the downstream's protocol (an auto-detected port).
-fn cluster_speaking(name: &str, protocol: Value) -> Value {
-    let mut options = json!({
-        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-        "common_http_protocol_options": {"idle_timeout": "3600s"}});
-    options
-        .as_object_mut()
-        .expect("object")
-        .extend(protocol.as_object().expect("object").clone());
-    let mut c = eds_cluster(name);
-    c["typed_extension_protocol_options"] =
-        json!({"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": options});
-    c
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! worlds share, and istiod-shaped listeners, clusters, route tables and endpoints, with a
 //! route per behaviour the cases exercise.
 
+pub mod cases;
 pub mod traffic;
 mod traffic_tests;
 

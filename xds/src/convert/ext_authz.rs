@@ -2,7 +2,7 @@
 //! for a CUSTOM AuthorizationPolicy's extension provider (`envoyExtAuthzGrpc`: a
 //! `grpc_service` on an `envoy_grpc` cluster; `envoyExtAuthzHttp`: an `http_service` with its
 //! header lists), switched on by istiod's shadow RBAC filter's metadata. The field check
-//! (`read.rs`) has already refused every field not read here.
+//! (`read/authz.rs`) has already refused every field not read here.
 
 use super::common::{duration, string_matcher};
 use crate::model::ext_authz::{BodySettings, EnabledBy, ExtAuthz, HttpService, Service};

@@ -1,5 +1,5 @@
 //! The field check. Before a resource is converted, every set field of the messages listed in
-//! [`READ`] is checked against this list (through every `Any` and
+//! [`super::read`] is checked against this list (through every `Any` and
 //! `TypedStruct`): one that is not listed is refused by name, so that nothing istiod sets is
 //! dropped on the floor. Messages not listed are values the converters read whole (durations,
 //! addresses, metadata, wrappers) or Istio-only types whose descriptors declare only what Remora
@@ -9,13 +9,13 @@
 //! cannot honour (success-rate ejection, a tracing provider, a Wasm module file…).
 
 use super::any::unpack;
-use super::read::READ;
+use super::read;
 use crate::refusal::Fault;
 use prost_reflect::{DynamicMessage, MapKey, ReflectMessage, Value};
 
 /// The fields Remora reads of `message`, when it is listed.
 pub fn read_fields(message: &str) -> Option<&'static [&'static str]> {
-    READ.iter().find(|(m, _)| *m == message).map(|(_, f)| *f)
+    read::all().find(|(m, _)| *m == message).map(|(_, f)| *f)
 }
 
 /// Check every set field of `message` (at `path`) and everything below it.
@@ -79,7 +79,7 @@ mod tests {
 
     #[test]
     fn every_listed_field_exists() {
-        for (message, fields) in READ {
+        for (message, fields) in read::all() {
             let desc = pool()
                 .get_message_by_name(message)
                 .unwrap_or_else(|| panic!("no message {message}"));

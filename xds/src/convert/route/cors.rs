@@ -1,7 +1,7 @@
 //! The cors filter's per-route config (`typed_per_filter_config["envoy.filters.http.cors"]`,
 //! `envoy.extensions.filters.http.cors.v3.CorsPolicy`) into [`CorsPolicy`], as istiod writes
 //! a VirtualService's `corsPolicy`. `shadow_enabled` (which only counts origins in Envoy's
-//! statistics) and a `filter_enabled.runtime_key` are refused by the field check (`read.rs`).
+//! statistics) and a `filter_enabled.runtime_key` are refused by the field check (`read/http.rs`).
 
 use crate::convert::any::Unpacked;
 use crate::convert::common::string_matcher;

@@ -3,7 +3,7 @@
 //! an abort (HTTP or gRPC status), each with its fraction, as istiod writes a VirtualService's
 //! `fault`. Everything else a fault config can say (header-controlled faults, rate limits,
 //! `max_active_faults`, runtime keys, node and cluster conditions) is refused by the field
-//! check (`read.rs` lists only these fields), and per-route configs of other filters here.
+//! check (`read/http.rs` lists only these fields), and per-route configs of other filters here.
 
 use super::cors::{cors_policy, CORS_FILTER};
 use crate::convert::any::unpack;
