@@ -143,9 +143,6 @@ pub struct ConnContext {
     /// (`framing::RefusedHead`); 0 while there is none. Set by the downstream IO when the
     /// head's last byte is read, before hyper can parse it.
     refused_head: std::sync::OnceLock<framing::RefusedHead>,
-    /// Envoy's details for a head the fast path handed to hyper that hyper will refuse, with
-    /// its position (`h1::refused`): hyper tells only that it refused.
-    refused_head_details: std::sync::OnceLock<(u64, &'static str)>,
     /// The position of a request whose body was cut for its pace and answered 408 by the
     /// downstream IO (0: none), so that the request is recorded with that status.
     body_cut: AtomicU64,
@@ -206,7 +203,6 @@ impl ConnContext {
             in_flight: AtomicUsize::new(0),
             started: AtomicU64::new(0),
             refused_head: std::sync::OnceLock::new(),
-            refused_head_details: std::sync::OnceLock::new(),
             body_cut: AtomicU64::new(0),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
@@ -298,21 +294,6 @@ impl ConnContext {
     /// requests are served in order, so the IO's count of heads and ours of requests agree.
     fn refused(&self, position: u64) -> Option<&framing::RefusedHead> {
         self.refused_head.get().filter(|h| h.position == position)
-    }
-
-    /// The next request's head, handed to hyper, is one hyper refuses: Envoy says `details`.
-    fn handed_refused_head(&self, details: &'static str) {
-        let position = self.started.load(Ordering::Relaxed) + 1;
-        let _ = self.refused_head_details.set((position, details));
-    }
-
-    /// Envoy's details for the request at `position`, if its head was handed to hyper as one
-    /// hyper refuses.
-    fn refused_head_details(&self, position: u64) -> Option<&'static str> {
-        self.refused_head_details
-            .get()
-            .filter(|(p, _)| *p == position)
-            .map(|(_, d)| *d)
     }
 
     /// The request at `position` had its body cut for its pace and the client was answered 408.

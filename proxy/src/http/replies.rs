@@ -15,8 +15,9 @@ use std::time::{Instant, SystemTime};
 
 /// Record a request head that never became a request, as Envoy records a codec error: one
 /// access-log line without method or path, and one request in the metrics. hyper answered a
-/// malformed head 400 and one over the limits 431 itself (`DPE` both); a head that did not
-/// arrive within `http.header_read_timeout` was answered 408 by the downstream IO.
+/// malformed head 400 and one over the limits 431 itself (`DPE` both: a head the fast path
+/// read whole it answers itself, [`super::h1::refused::answer`]); a head that did not arrive
+/// within `http.header_read_timeout` was answered 408 by the downstream IO.
 pub fn record_refused_head(ctx: &Arc<ConnContext>, e: &hyper::Error) {
     let (status, flags) = if e.is_parse_too_large() {
         (431, Flags::DPE)
@@ -27,6 +28,23 @@ pub fn record_refused_head(ctx: &Arc<ConnContext>, e: &hyper::Error) {
     } else {
         return;
     };
+    // Envoy's codec's words for what it refused (its 408 for a slow head is not known here:
+    // `docs/xds.md`).
+    let details = (status != 408)
+        .then(|| super::h1::refused::from_hyper(e))
+        .flatten();
+    record_unparsed(ctx, status, flags, details, 0);
+}
+
+/// Record a request head answered `status` before it became a request (`sent`: the bytes of
+/// the reply's body), with Envoy's `details` for it.
+pub fn record_unparsed(
+    ctx: &Arc<ConnContext>,
+    status: u16,
+    flags: Flags,
+    details: Option<&'static str>,
+    sent: u64,
+) {
     let started = Instant::now();
     let log = ctx
         .logging()
@@ -34,12 +52,9 @@ pub fn record_refused_head(ctx: &Arc<ConnContext>, e: &hyper::Error) {
     let mut end = RequestEnd::new(Arc::clone(ctx), log, false, started);
     end.status = status;
     end.flags = flags;
-    if let Some(log) = end.log.as_mut().filter(|_| status != 408) {
-        // Envoy's codec's words for what it refused (its 408 for a slow head is not known
-        // here: `docs/xds.md`).
-        log.envoy.details = ctx
-            .refused_head_details(end.position)
-            .or_else(|| super::h1::refused::from_hyper(e));
+    end.sent = sent;
+    if let Some(log) = end.log.as_mut() {
+        log.envoy.details = details;
     }
     // Answered in full; dropping `end` records it.
     end.complete = true;

@@ -33,6 +33,7 @@ pub(crate) mod chunked;
 mod exchange;
 pub mod head;
 pub(crate) mod refused;
+mod reply;
 mod route;
 
 use super::access_log::RequestLog;
@@ -235,7 +236,10 @@ pub async fn serve<C: Client>(
         }
         let Some(prepared) = prepare(ctx, &buf, &limits, mesh.as_ref()) else {
             if let Some(details) = refused::details(&buf, &limits) {
-                ctx.handed_refused_head(details);
+                // Answered here, as Envoy's codec answers it (its status's text as the body),
+                // rather than by hyper (no body).
+                refused::answer(ctx, client, details).await;
+                return Served::Ended(Ok(()));
             }
             return Served::HandOff { prefix: buf, early };
         };
@@ -545,30 +549,9 @@ async fn local_reply<C: Client>(
     let details = kind.reply_body(end.flags.contains(Flags::URX));
     let details = details.as_ref();
     let keep = !closing(ctx);
-    let mut out = Vec::with_capacity(160 + details.len());
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     // As Envoy's local replies: a content type only with a body (`NR`, `NC` have none).
-    if !kind.body().is_empty() {
-        out.extend_from_slice(b"\r\ncontent-type: text/plain");
-    }
-    out.extend_from_slice(b"\r\ncontent-length: ");
-    out.extend_from_slice(itoa_u32(details.len() as u32, &mut [0u8; 10]).as_bytes());
-    // As the general path's (hyper's) and Envoy's local replies do: caches and clients date a
-    // response by it.
-    out.extend_from_slice(b"\r\ndate: ");
-    out.extend_from_slice(httpdate::fmt_http_date(SystemTime::now()).as_bytes());
-    if let Some(server) = &ctx.xds_chain.server {
-        out.extend_from_slice(b"\r\nserver: ");
-        out.extend_from_slice(server.as_bytes());
-    }
-    if !keep {
-        out.extend_from_slice(b"\r\nconnection: close");
-    }
-    out.extend_from_slice(b"\r\n\r\n");
-    out.extend_from_slice(details.as_bytes());
+    let typed = !kind.body().is_empty();
+    let out = reply::bytes(ctx, status, details, typed, keep);
     end.flags.insert(kind.flag());
     end.status = status.as_u16();
     let routed = end.routed.is_some();

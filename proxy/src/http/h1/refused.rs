@@ -1,11 +1,17 @@
-//! Envoy's words for a request head its HTTP/1.1 codec refuses (`%RESPONSE_CODE_DETAILS%`):
+//! A request head the HTTP/1.1 codec refuses, answered as Envoy's codec answers it: 400 for
+//! a malformed head, 431 for one over the limits, the status's text as the body, the
+//! connection closed; logged with Envoy's words for it (`%RESPONSE_CODE_DETAILS%`):
 //! `http1.codec_error`, `http1.invalid_characters`, `http1.headers_too_large`,
-//! `http1.too_many_headers`. hyper answers such a head itself and tells only that it did not
-//! parse or was too large, so the words are found here, from the bytes the fast path read
-//! before it handed the connection to hyper; without them (a head that never reached the
-//! fast path whole), from hyper's error alone ([`from_hyper`]).
+//! `http1.too_many_headers`. The fast path answers a head it read whole ([`answer`]); one it
+//! never saw whole hyper refuses, without a body, and tells only that it did not parse or was
+//! too large ([`from_hyper`]).
 
 use super::head::{Limits, MAX_REQUEST_HEADERS};
+use super::{write_out, Client};
+use crate::http::errors::Flags;
+use crate::http::ConnContext;
+use http::StatusCode;
+use std::sync::Arc;
 
 /// The details for the head at the start of `buf`, when it is one hyper will refuse (`None`
 /// for a head that parses within the limits, or that is not all here and not yet too large).
@@ -41,6 +47,30 @@ pub fn from_hyper(e: &hyper::Error) -> Option<&'static str> {
         Some(CODEC_ERROR)
     } else {
         None
+    }
+}
+
+/// Answer the refused head at the start of the connection's bytes (`details`: Envoy's words
+/// for it, from [`details`]), record it, and leave the connection to be closed.
+pub async fn answer<C: Client>(ctx: &Arc<ConnContext>, client: &mut C, details: &'static str) {
+    let status = status_of(details);
+    let body = status.canonical_reason().unwrap_or("");
+    let out = super::reply::bytes(ctx, status, body, true, false);
+    let sent = match write_out(client, &out).await {
+        Ok(()) => {
+            ctx.count_sent(out.len());
+            body.len() as u64
+        }
+        Err(_) => 0,
+    };
+    crate::http::replies::record_unparsed(ctx, status.as_u16(), Flags::DPE, Some(details), sent);
+}
+
+/// Envoy's status for a head refused with `details`: over the limits 431, else 400.
+fn status_of(details: &str) -> StatusCode {
+    match details {
+        HEADERS_TOO_LARGE | TOO_MANY_HEADERS => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        _ => StatusCode::BAD_REQUEST,
     }
 }
 

@@ -543,3 +543,35 @@ async fn a_request_without_host_is_answered_400_and_never_forwarded() {
     assert!(r.starts_with("HTTP/1.1 400"), "{r}");
     assert!(seen.try_recv().is_err(), "the upstream saw the request");
 }
+
+#[tokio::test]
+async fn refused_heads_are_answered_with_envoys_status_text_and_closed() {
+    for (head, status, body) in [
+        (
+            &b"GET / HTTP/1.1\r\nhost: a\r\nfoo bar\r\n\r\n"[..],
+            "400 Bad Request",
+            "Bad Request",
+        ),
+        (
+            b"GET / HTTP/1.1\r\nhost: a\r\nx: a\x01b\r\n\r\n",
+            "400 Bad Request",
+            "Bad Request",
+        ),
+    ] {
+        let (addr, mut seen) = upstream(vec![Answer::Reply(b"HTTP/1.1 200 OK\r\n\r\n")]).await;
+        let p = proxy(Config::default());
+        let mut c = client(&p, addr).await;
+        c.write_all(head).await.unwrap();
+        let mut all = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut all))
+            .await
+            .expect("the connection is closed after the answer")
+            .unwrap();
+        let r = String::from_utf8_lossy(&all);
+        assert!(r.starts_with(&format!("HTTP/1.1 {status}\r\n")), "{r}");
+        assert!(r.contains("\r\nconnection: close\r\n"), "{r}");
+        assert!(r.contains("\r\ncontent-type: text/plain\r\n"), "{r}");
+        assert!(r.ends_with(&format!("\r\n\r\n{body}")), "{r}");
+        assert!(seen.try_recv().is_err(), "the upstream saw the request");
+    }
+}
