@@ -126,6 +126,39 @@ fn matters(kind: &EventKind) -> bool {
     )
 }
 
+/// Publish `files` as Kubernetes publishes a Secret or a CSI driver its volume: a fresh
+/// timestamped directory, a `..data` symlink renamed over the old one, and each file a symlink
+/// through `..data` (made once, removed with the file).
+#[cfg(test)]
+pub(crate) fn publish_atomically(dir: &Path, generation: u32, files: &[(&str, &str)]) {
+    let fresh = format!("..2026_11_28_20_00_{generation:02}.000000001");
+    std::fs::create_dir(dir.join(&fresh)).expect("mkdir");
+    for (name, contents) in files {
+        std::fs::write(dir.join(&fresh).join(name), contents).expect("write");
+    }
+    let tmp = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(&fresh, &tmp).expect("link ..data_tmp");
+    let old = std::fs::read_link(dir.join("..data")).ok();
+    std::fs::rename(&tmp, dir.join("..data")).expect("swap ..data");
+    for (name, _) in files {
+        let link = dir.join(name);
+        if link.symlink_metadata().is_err() {
+            std::os::unix::fs::symlink(Path::new("..data").join(name), &link).expect("link a file");
+        }
+    }
+    // Files the new set no longer has lose their links, as kubelet removes them.
+    for entry in std::fs::read_dir(dir).expect("list") {
+        let name = entry.expect("entry").file_name();
+        let name = name.to_string_lossy();
+        if !name.starts_with('.') && !files.iter().any(|(n, _)| *n == name) {
+            std::fs::remove_file(dir.join(&*name)).expect("remove a link");
+        }
+    }
+    if let Some(old) = old {
+        std::fs::remove_dir_all(dir.join(old)).expect("remove the old data");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,6 +180,21 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), watch.changed(never))
             .await
             .expect("the rename woke the watch");
+    }
+
+    #[tokio::test]
+    async fn a_configmaps_data_symlink_swap_wakes_the_watch_on_its_directory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        publish_atomically(dir.path(), 1, &[("a.yaml", "one")]);
+        let watch = DirWatch::new(&[dir.path().to_path_buf()], "test");
+        assert!(watch.is_watching());
+        let never = Duration::from_secs(3600);
+        publish_atomically(dir.path(), 2, &[("a.yaml", "two")]);
+        tokio::time::timeout(Duration::from_secs(5), watch.changed(never))
+            .await
+            .expect("the ..data swap woke the watch");
+        let read = std::fs::read_to_string(dir.path().join("a.yaml")).expect("read");
+        assert_eq!(read, "two");
     }
 
     #[test]

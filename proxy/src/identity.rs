@@ -2,11 +2,15 @@
 //! layout (`cert-chain.pem`, `key.pem`, `root-cert.pem` in one directory), and its SPIFFE ID,
 //! taken from the certificate's URI SAN.
 //!
-//! The files are polled: when their content changes, the new set is loaded whole and swapped in
-//! ([`Store`]), so new handshakes present the new certificate while open connections keep the
-//! one they were made with. A half-written rotation (a certificate whose key has not arrived
-//! yet) fails to load and is retried at the next look; the running identity stays meanwhile.
+//! The files' directories are watched ([`crate::file_watch::DirWatch`]: a file renamed into
+//! place, a Secret's or CSI volume's `..data` symlink swap), and polled every
+//! `tls.watch_interval` only where no watch can be set. When their content changes, the new
+//! set is loaded whole and swapped in ([`Store`]), so new handshakes present the new
+//! certificate while open connections keep the one they were made with. A half-written
+//! rotation (a certificate whose key has not arrived yet) fails to load and is retried when the
+//! files change again; the running identity stays meanwhile.
 
+use crate::file_watch::DirWatch;
 use arc_swap::ArcSwapOption;
 use remora_config::TlsConfig;
 use rustls::pki_types::pem::PemObject;
@@ -18,6 +22,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+
+/// How long after a change the files are read: the pause lets a rotation's three files land.
+const SETTLE: Duration = Duration::from_millis(100);
+/// How often the expiry gauge is brought up to date between changes.
+const EXPIRY_REFRESH: Duration = Duration::from_secs(1);
 
 /// A SPIFFE ID: `spiffe://<trust-domain>/<path>`; Istio's paths are `ns/<ns>/sa/<sa>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -187,6 +196,20 @@ impl Paths {
         })
     }
 
+    /// The directories whose entries change when one of the files does (each file's own and,
+    /// for a symlink, where it points), each once.
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for file in [&self.chain, &self.key, &self.roots] {
+            for dir in DirWatch::dirs_of_file(file) {
+                if !dirs.contains(&dir) {
+                    dirs.push(dir);
+                }
+            }
+        }
+        dirs
+    }
+
     /// Read the three files.
     pub fn read(&self) -> Result<Files, IdentityError> {
         let read = |path: &Path| {
@@ -334,6 +357,8 @@ pub struct Watcher {
     last: Files,
     /// A changed set that did not load, so it is reported once, not at every look.
     last_failed: Option<Files>,
+    /// Set before the first read, so that no change after it is missed.
+    watch: DirWatch,
 }
 
 impl Watcher {
@@ -343,6 +368,7 @@ impl Watcher {
         store: Arc<Store>,
         interval: Duration,
     ) -> Result<Watcher, IdentityError> {
+        let watch = DirWatch::new(&paths.dirs(), "workload certificate files");
         let files = paths.read()?;
         let identity = Identity::load(&paths, &files)?;
         tracing::info!(
@@ -358,23 +384,41 @@ impl Watcher {
             interval,
             last: files,
             last_failed: None,
+            watch,
         })
     }
 
-    /// Poll the files forever; a changed set that loads replaces the identity.
+    /// Whether the files' directories are watched (else they are polled every `interval`).
+    pub fn is_watching(&self) -> bool {
+        self.watch.is_watching()
+    }
+
+    /// Look at the files whenever they may have changed, forever; a changed set that loads
+    /// replaces the identity.
     pub async fn watch(mut self, metrics: Arc<crate::metrics::Metrics>) {
-        let mut tick = tokio::time::interval(self.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut refresh = tokio::time::interval(EXPIRY_REFRESH);
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
-            self.check(&metrics.tls);
+            tokio::select! {
+                () = self.watch.changed(self.interval) => {
+                    // A rotation writes three files: look once they have all landed, not at
+                    // the first, which would be a certificate beside the old key.
+                    tokio::time::sleep(SETTLE).await;
+                    self.check(&metrics.tls);
+                }
+                // Seconds until expiry move with the clock, not only with rotations.
+                _ = refresh.tick() => {
+                    if let Some(current) = self.store.current() {
+                        metrics.tls.identity_loaded(&current);
+                    }
+                }
+            }
         }
     }
 
     /// Look at the files once.
     pub fn check(&mut self, metrics: &crate::metrics::TlsMetrics) {
         if let Some(current) = self.store.current() {
-            // Seconds until expiry move with the clock, not only with rotations.
             metrics.identity_loaded(&current);
         }
         let files = match self.paths.read() {

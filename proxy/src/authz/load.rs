@@ -4,14 +4,19 @@
 //! As Istio does for a sidecar, a policy applies when it is in the pod's own namespace or in the
 //! root namespace, names no `targetRef` (those are for gateways and waypoints), and its
 //! `selector.matchLabels` are all among the pod's labels (no selector: every workload there).
-//! The directory is polled, like the config file: a mounted ConfigMap changes by a symlink swap
-//! that file watches miss. A set is built from all files at once; if any file is invalid, the
-//! whole change is refused, logged with its file, line and field, and the running set stays.
+//! The directory is watched like the config file ([`DirWatch`]: a file renamed into place, a
+//! mounted ConfigMap's `..data` symlink swap), and polled every `authorization.watch_interval`
+//! only where no watch can be set. What else the set depends on (the `authorization` settings
+//! of a reloaded config, the certificate's trust domain) is held in memory and compared every
+//! [`SETTINGS_CHECK`], without reading a file. A set is built from all files at once; if any
+//! file is invalid, the whole change is refused, logged with its file, line and field, and the
+//! running set stays.
 
 use super::compile::Context;
 use super::engine::{Action, Policy, PolicySet};
 use super::policy::{self, PolicyError};
 use super::Authorizer;
+use crate::file_watch::DirWatch;
 use crate::identity::Store;
 use arc_swap::ArcSwap;
 use remora_config::{AuthorizationConfig, Config};
@@ -22,6 +27,8 @@ use std::time::Duration;
 
 /// How long changed files must stay the same before they are read as a new set.
 const SETTLE: Duration = Duration::from_millis(100);
+/// How often the settings besides the files are compared with those the set was built from.
+const SETTINGS_CHECK: Duration = Duration::from_secs(1);
 /// Files read from the directory.
 const EXTENSIONS: [&str; 3] = ["yaml", "yml", "json"];
 
@@ -123,6 +130,23 @@ struct Inputs {
     files: Option<Vec<(PathBuf, Vec<u8>)>>,
 }
 
+impl Inputs {
+    /// Whether these inputs were taken with `settings`.
+    fn has_settings(&self, (dir, root, trust_domains): &Settings) -> bool {
+        self.dir == *dir && self.root == *root && self.trust_domains == *trust_domains
+    }
+}
+
+/// The directory, the root namespace, and the trust domains `cluster.local` stands for.
+type Settings = (Option<PathBuf>, String, Vec<String>);
+
+/// The watch on the policy directory, and which directory it is (a reload may name another).
+#[derive(Debug)]
+struct Watched {
+    dir: PathBuf,
+    watch: DirWatch,
+}
+
 /// Keeps the authorizer's set in step with the policy directory and the config.
 #[derive(Debug)]
 pub struct Watcher {
@@ -132,6 +156,10 @@ pub struct Watcher {
     pub identity: Arc<Store>,
     pub workload: Workload,
     last: Option<Inputs>,
+    watched: Option<Watched>,
+    /// The directory could not be read: watch it afresh (a watch on a removed directory sees
+    /// nothing more), polling until it can be watched again.
+    rewatch: bool,
 }
 
 impl Watcher {
@@ -147,33 +175,94 @@ impl Watcher {
             identity,
             workload,
             last: None,
+            watched: None,
+            rewatch: false,
+        }
+    }
+
+    /// Whether the policy directory is watched (else it is polled every `watch_interval`).
+    pub fn is_watching(&self) -> bool {
+        self.watched.as_ref().is_some_and(|w| w.watch.is_watching())
+    }
+
+    /// Watch `dir` (none: nothing to watch) unless it already is and the watch was not lost.
+    fn watch_dir(&mut self, dir: Option<&Path>) {
+        let current = self.watched.as_ref().map(|w| w.dir.as_path());
+        if current == dir && !self.rewatch {
+            return;
+        }
+        self.watched = dir.map(|dir| Watched {
+            dir: dir.to_path_buf(),
+            watch: DirWatch::new(&[dir.to_path_buf()], "authorization policy files"),
+        });
+    }
+
+    /// Resolves when the directory's files may have changed: never without a directory.
+    async fn files_changed(&self, poll: Duration) {
+        match &self.watched {
+            Some(w) => w.watch.changed(poll).await,
+            None => std::future::pending().await,
         }
     }
 
     /// Load the policies now (at start): an error is returned, so a broken policy fails the
-    /// start instead of leaving the workload open.
+    /// start instead of leaving the workload open. The directory's watch is set first, so that
+    /// no change after this read is missed.
     pub fn load(&mut self) -> Result<(), PolicyError> {
+        let dir = self.settings().0;
+        self.watch_dir(dir.as_deref());
         let inputs = self.inputs()?;
         let result = self.apply(&inputs);
         self.last = Some(inputs);
         result
     }
 
-    /// Poll until the process ends.
+    /// Keep the set in step until the process ends.
     pub async fn watch(mut self) {
+        let mut settings_check = tokio::time::interval(SETTINGS_CHECK);
+        settings_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let interval = self.config.load().authorization.watch_interval;
-            tokio::time::sleep(interval).await;
-            let inputs = match self.read_inputs().await {
-                Ok(i) => i,
-                Err(e) => {
-                    if self.last.as_ref().is_some_and(|l| l.files.is_some()) {
-                        self.refused(&e);
-                        // Logged once, until the directory reads again.
-                        if let Some(last) = &mut self.last {
-                            last.files = None;
-                        }
+            tokio::select! {
+                () = self.files_changed(interval) => {}
+                _ = settings_check.tick() => {
+                    let settings = self.settings();
+                    if self.last.as_ref().is_some_and(|l| l.has_settings(&settings)) {
+                        continue;
                     }
+                }
+            }
+            let settings = self.settings();
+            self.watch_dir(settings.0.as_deref());
+            let inputs = match self.read_inputs().await {
+                Ok(i) => {
+                    self.rewatch = false;
+                    i
+                }
+                Err(e) => {
+                    if !self.rewatch {
+                        // A watch on a directory that went away sees nothing more: set one
+                        // afresh (it polls while the directory is missing) at each look until
+                        // the directory reads again.
+                        self.rewatch = true;
+                        self.watch_dir(settings.0.as_deref());
+                    }
+                    let told = self
+                        .last
+                        .as_ref()
+                        .is_some_and(|l| l.files.is_none() && l.has_settings(&settings));
+                    if !told {
+                        self.refused(&e);
+                    }
+                    // Logged once, until the directory reads again or the settings change; the
+                    // set in force stays.
+                    let (dir, root, trust_domains) = settings;
+                    self.last = Some(Inputs {
+                        dir,
+                        root,
+                        trust_domains,
+                        files: None,
+                    });
                     continue;
                 }
             };
@@ -229,7 +318,7 @@ impl Watcher {
     }
 
     /// The directory, the root namespace, and the trust domains `cluster.local` stands for.
-    fn settings(&self) -> (Option<PathBuf>, String, Vec<String>) {
+    fn settings(&self) -> Settings {
         let config = self.config.load();
         let AuthorizationConfig {
             policy_dir,
@@ -272,3 +361,6 @@ impl Watcher {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

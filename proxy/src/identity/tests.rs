@@ -105,3 +105,78 @@ fn the_watcher_swaps_in_a_rotation_and_keeps_the_old_one_through_a_half_written_
     assert_ne!(first.chain[0].serial, second.chain[0].serial);
     assert_eq!(metrics.rotations.get(), 1);
 }
+
+/// Wait (bounded) for `store` to hold something other than `old`.
+async fn replaced(store: &Store, old: &Arc<Identity>) -> Option<Arc<Identity>> {
+    for _ in 0..100 {
+        let now = store.current()?;
+        if !Arc::ptr_eq(&now, old) {
+            return Some(now);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+#[tokio::test]
+async fn a_secret_volumes_data_swap_is_seen_by_the_watch_not_a_poll() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("mesh");
+    let id = "spiffe://cluster.local/ns/default/sa/sleep";
+    let roots = ca.cert.pem();
+    let set = |chain: &str, key: &str| {
+        [
+            ("cert-chain.pem", chain.to_string()),
+            ("key.pem", key.to_string()),
+            ("root-cert.pem", roots.clone()),
+        ]
+    };
+    let publish = |generation, files: &[(&str, String); 3]| {
+        let files: Vec<(&str, &str)> = files.iter().map(|(n, c)| (*n, c.as_str())).collect();
+        crate::file_watch::publish_atomically(dir.path(), generation, &files);
+    };
+    let (chain, key) = ca.workload(id, false);
+    publish(1, &set(&chain, &key));
+    let store = Arc::new(Store::default());
+    // An hour between polls: only the watch can see a change within the test's bound.
+    let watcher = Watcher::start(
+        paths(dir.path()),
+        Arc::clone(&store),
+        Duration::from_secs(3600),
+    )
+    .unwrap();
+    assert!(watcher.is_watching());
+    let metrics = Arc::new(crate::metrics::Metrics::default());
+    let task = tokio::spawn(watcher.watch(Arc::clone(&metrics)));
+    let first = store.current().unwrap();
+
+    let (chain2, key2) = ca.workload(id, false);
+    publish(2, &set(&chain2, &key2));
+    let second = replaced(&store, &first)
+        .await
+        .expect("the swapped certificate was not loaded");
+    assert_ne!(first.chain[0].serial, second.chain[0].serial);
+    assert_eq!(metrics.tls.rotations.get(), 1);
+
+    // A key that is not the certificate's: refused, the running one stays.
+    let (_, wrong_key) = ca.workload(id, false);
+    let (chain3, _) = ca.workload(id, false);
+    publish(3, &set(&chain3, &wrong_key));
+    for _ in 0..100 {
+        if metrics.tls.load_failures.get() >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(metrics.tls.load_failures.get(), 1);
+    assert!(Arc::ptr_eq(&second, &store.current().unwrap()));
+
+    // Mended: the next swap is loaded.
+    let (chain4, key4) = ca.workload(id, false);
+    publish(4, &set(&chain4, &key4));
+    let fourth = replaced(&store, &second)
+        .await
+        .expect("the mended certificate was not loaded");
+    assert_ne!(fourth.chain[0].serial, second.chain[0].serial);
+    task.abort();
+}
