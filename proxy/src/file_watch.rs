@@ -28,6 +28,9 @@ pub struct DirWatch {
     watcher: Option<notify::RecommendedWatcher>,
     /// One stored wake-up at most: a burst of events wakes the owner once more, not per event.
     changed: Arc<Notify>,
+    /// Polling: when the next look is due. Kept across calls, so an owner that also waits on
+    /// a shorter timer (and so drops the wait for this one) still looks at its interval.
+    next_poll: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl std::fmt::Debug for DirWatch {
@@ -58,6 +61,7 @@ impl DirWatch {
                 return DirWatch {
                     watcher: None,
                     changed,
+                    next_poll: Default::default(),
                 };
             }
         };
@@ -75,12 +79,14 @@ impl DirWatch {
             return DirWatch {
                 watcher: None,
                 changed,
+                next_poll: Default::default(),
             };
         }
         tracing::debug!(what, dirs = ?dirs, "watching for changes");
         DirWatch {
             watcher: Some(watcher),
             changed,
+            next_poll: Default::default(),
         }
     }
 
@@ -108,12 +114,21 @@ impl DirWatch {
 
     /// Resolves when something may have changed: at the next event, or after `poll` when
     /// nothing could be watched.
+    /// Either wait may be dropped and taken up again: a stored event stays stored, and a due
+    /// poll stays due.
     pub async fn changed(&self, poll: Duration) {
         if self.watcher.is_some() {
             self.changed.notified().await;
-        } else {
-            tokio::time::sleep(poll).await;
+            return;
         }
+        let next_poll = || {
+            self.next_poll
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        let due = *next_poll().get_or_insert_with(|| tokio::time::Instant::now() + poll);
+        tokio::time::sleep_until(due).await;
+        *next_poll() = None;
     }
 }
 
@@ -162,6 +177,31 @@ pub(crate) fn publish_atomically(dir: &Path, generation: u32, files: &[(&str, &s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With nothing watched (a directory that does not exist), a poll comes at its interval
+    /// even when every wait for it is dropped by a shorter timer first, as the certificate
+    /// and policy watchers drop it for their one-second checks.
+    #[tokio::test(start_paused = true)]
+    async fn a_poll_stays_due_when_its_wait_is_dropped() {
+        let watch = DirWatch::new(&[PathBuf::from("/nonexistent/remora-watch-test")], "test");
+        assert!(!watch.is_watching());
+        let start = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                () = watch.changed(Duration::from_secs(5)) => break,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(6),
+                "the poll never came"
+            );
+        }
+        assert!(
+            start.elapsed() >= Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+    }
 
     #[tokio::test]
     async fn a_rename_into_a_watched_directory_wakes_and_a_read_does_not() {
