@@ -22,7 +22,7 @@ pub struct AuthorizationConfig {
     /// Trust domains that count as the workload's own (Istio's `trustDomainAliases`): a policy
     /// naming `cluster.local/ns/foo/sa/bar` also matches them.
     pub trust_domain_aliases: Vec<String>,
-    /// How often the directory is checked for changes.
+    /// How often the directory is polled for changes where it cannot be watched (inotify).
     #[serde(with = "humantime_serde")]
     pub watch_interval: Duration,
     /// How inbound request paths are normalised, before policies match them and before they

@@ -22,8 +22,8 @@ pub struct TlsConfig {
     pub key_file: String,
     /// The mesh's trust roots in PEM.
     pub root_cert_file: String,
-    /// How often the files are checked for a rotated certificate; new handshakes use it,
-    /// open connections keep theirs.
+    /// How often the files are polled for a rotated certificate where their directory cannot
+    /// be watched (inotify); new handshakes use it, open connections keep theirs.
     #[serde(with = "humantime_serde")]
     pub watch_interval: Duration,
     /// Bound on a TLS handshake, both directions; a peer that takes longer is closed.
