@@ -191,6 +191,15 @@ impl Watcher {
         if current == dir && !self.rewatch {
             return;
         }
+        // A directory still missing is polled by the watch set when it went: another set now
+        // would only log again that it cannot be watched.
+        let polling = self
+            .watched
+            .as_ref()
+            .is_some_and(|w| !w.watch.is_watching());
+        if current == dir && polling && dir.is_some_and(|d| !d.is_dir()) {
+            return;
+        }
         self.watched = dir.map(|dir| Watched {
             dir: dir.to_path_buf(),
             watch: DirWatch::new(&[dir.to_path_buf()], "authorization policy files"),
