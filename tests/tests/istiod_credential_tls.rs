@@ -12,6 +12,9 @@
 //!   certificate of the secret (its names seen by the origin);
 //! - the secret is rotated (a certificate with another name): the next connections present
 //!   the new one;
+//! - a cluster added later whose endpoints are held back warms, as Envoy's does: listed
+//!   under `dynamic_warming_clusters`, its requests answered 503 `NC`; once its endpoints are
+//!   served it is in force and reaches the origin;
 //! - a secret whose key does not match its certificate is NACKed (Remora names the resource
 //!   and the field) and the running one stays: requests still present the rotated one;
 //! - a cluster added later naming a secret istiod does not have warms, as Envoy's does: it is
@@ -50,6 +53,8 @@ const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const HOST: &str = "mutual.example.com";
 /// A host added later, whose DestinationRule names a secret that does not exist.
 const PENDING_HOST: &str = "pending.example.com";
+/// A host added later whose endpoints the control plane holds back for a while.
+const LATE_HOST: &str = "late.example.com";
 /// The Kubernetes secrets' names.
 const CREDENTIAL: &str = "client-credential";
 const ABSENT: &str = "absent-credential";
@@ -189,6 +194,11 @@ fn route(hosts: &[&str]) -> Value {
 
 /// The configuration for `hosts`, each cluster naming its secret.
 fn serve_config(ads: &Ads, version: &str, hosts: &[(&str, &str)]) {
+    serve_config_withholding(ads, version, hosts, &[]);
+}
+
+/// The same, without the endpoints of the `withheld` hosts.
+fn serve_config_withholding(ads: &Ads, version: &str, hosts: &[(&str, &str)], withheld: &[&str]) {
     let names: Vec<&str> = hosts.iter().map(|(h, _)| *h).collect();
     let clusters: Vec<Value> = hosts
         .iter()
@@ -196,7 +206,11 @@ fn serve_config(ads: &Ads, version: &str, hosts: &[(&str, &str)]) {
         .collect();
     let mut clusters = clusters;
     clusters.push(json!({"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}));
-    let cla: Vec<Value> = names.iter().map(|h| endpoints(h)).collect();
+    let cla: Vec<Value> = names
+        .iter()
+        .filter(|h| !withheld.contains(h))
+        .map(|h| endpoints(h))
+        .collect();
     ads.set(type_url::ENDPOINT, version, &cla);
     ads.set(type_url::ROUTE, version, &[route(&names)]);
     ads.set(type_url::CLUSTER, version, &clusters);
@@ -399,6 +413,26 @@ fn story(net: &PodNet, world: &World, views: &Views) -> Vec<(&'static str, Outco
         until(net, HOST, &ok(&[CLIENT_NAME, ROTATED_NAME])),
     ));
 
+    // A new cluster whose endpoints have not arrived warms (its initial fetch timeout, 15 s,
+    // is far off), then goes in force when they do. Before the refused key below: Envoy
+    // NACKs a cluster added after it refused a secret the cluster names.
+    let late = [(HOST, CREDENTIAL), (LATE_HOST, CREDENTIAL)];
+    serve_config_withholding(ads, "v2", &late, &[LATE_HOST]);
+    wait_until("the late cluster's endpoints asked for", || {
+        ads.requests().iter().any(|r| {
+            r.type_url == type_url::ENDPOINT && r.resource_names.contains(&cluster_name(LATE_HOST))
+        })
+    });
+    steps.push((
+        "endpoints withheld: the cluster warms",
+        get_logged(net, LATE_HOST, views),
+    ));
+    serve_config(ads, "v3", &late);
+    steps.push((
+        "endpoints served: the cluster is in force",
+        until(net, LATE_HOST, &ok(&[CLIENT_NAME, ROTATED_NAME])),
+    ));
+
     // A key that is not the certificate's: refused, the rotated one stays.
     let other = world.client_ca.dns_server(CLIENT_NAME);
     let before = secret_nacks(ads).len();
@@ -414,7 +448,15 @@ fn story(net: &PodNet, world: &World, views: &Views) -> Vec<(&'static str, Outco
     steps.push(("mismatched key refused", get(net, HOST)));
 
     // A cluster naming a secret istiod does not have.
-    serve_config(ads, "v2", &[(HOST, CREDENTIAL), (PENDING_HOST, ABSENT)]);
+    serve_config(
+        ads,
+        "v4",
+        &[
+            (HOST, CREDENTIAL),
+            (LATE_HOST, CREDENTIAL),
+            (PENDING_HOST, ABSENT),
+        ],
+    );
     wait_until("the absent secret asked for", || {
         ads.requests().iter().any(|r| {
             r.type_url == type_url::SECRET && r.resource_names.contains(&credential(ABSENT))
@@ -448,6 +490,14 @@ fn expected() -> Vec<(&'static str, Outcome)> {
     vec![
         ("first", ok(&[CLIENT_NAME])),
         ("rotated", ok(&[CLIENT_NAME, ROTATED_NAME])),
+        (
+            "endpoints withheld: the cluster warms",
+            failed("NC", &[&cluster_name(LATE_HOST)]),
+        ),
+        (
+            "endpoints served: the cluster is in force",
+            ok(&[CLIENT_NAME, ROTATED_NAME]),
+        ),
         ("mismatched key refused", ok(&[CLIENT_NAME, ROTATED_NAME])),
         (
             "secret never served: the cluster warms",

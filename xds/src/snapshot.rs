@@ -84,12 +84,16 @@ pub struct Snapshot {
     /// `dynamic_active_clusters` see.
     pub clusters: Arc<Resources<ClusterProto>>,
     /// Clusters (or new versions of clusters) received but not yet in force, as Envoy warms
-    /// them: their sockets name SDS secrets from the control plane that have neither arrived
-    /// nor timed out (see `crate::warming`). Routing does not see them; an older version in
-    /// `clusters` keeps serving meanwhile. `/config_dump`'s `dynamic_warming_clusters`.
+    /// them: their endpoints (EDS) or the SDS secrets from the control plane their sockets name
+    /// have neither arrived nor timed out (see `crate::warming`). Routing does not see them; an
+    /// older version in `clusters` keeps serving meanwhile. `/config_dump`'s
+    /// `dynamic_warming_clusters`.
     pub warming_clusters: Arc<Resources<ClusterProto>>,
     pub routes: Arc<Resources<RouteProto>>,
     pub endpoints: Arc<Resources<ClaProto>>,
+    /// EDS names not held whose clusters' initial fetch timed out: those clusters initialised
+    /// without endpoints, and want their secrets.
+    pub endpoints_timed_out: Arc<BTreeSet<String>>,
     /// istiod's name table (NDS): one resource, unnamed, when DNS capture asked for it.
     pub name_tables: Arc<Resources<NameTableProto>>,
     /// Secrets istiod serves over ADS (SDS), for the clusters that name them.
@@ -171,6 +175,7 @@ impl Snapshot {
             listeners: Arc::new(listeners),
             clusters: Arc::new(clusters),
             warming_clusters: Arc::default(),
+            endpoints_timed_out: Arc::default(),
             routes: Arc::new(routes),
             endpoints: Arc::new(endpoints),
             name_tables: Arc::default(),
@@ -310,9 +315,9 @@ impl Snapshot {
     pub fn wanted_secrets(&self) -> BTreeSet<String> {
         self.all_clusters()
             .filter(|e| {
-                e.model
-                    .eds_service_name()
-                    .is_none_or(|n| self.endpoints.contains_key(n))
+                e.model.eds_service_name().is_none_or(|n| {
+                    self.endpoints.contains_key(n) || self.endpoints_timed_out.contains(n)
+                })
             })
             .flat_map(|e| {
                 e.model

@@ -6,7 +6,7 @@
 use crate::convert::{from_bytes, Resource};
 use crate::sink::{type_url, Applied, Rejection, Resource as Delivered, Sink, Update};
 use crate::snapshot::{Entry, Resources, Snapshot};
-use crate::warming::{settle, SecretWaits};
+use crate::warming::{settle, Waits};
 use arc_swap::ArcSwap;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,7 +22,7 @@ pub struct Store {
     generation: AtomicU64,
     /// Serialises writers: each builds the next snapshot from the one it read. It guards the
     /// clocks of the secrets warming clusters wait for.
-    writer: Mutex<SecretWaits>,
+    writer: Mutex<Waits>,
     /// Wakes [`Store::run_warming_timeouts`] when a secret's clock may have started.
     warming_started: tokio::sync::Notify,
     /// Wakes whoever waits for the next listener update ([`Store::listeners_changed`]).
@@ -36,18 +36,19 @@ impl Store {
     }
 
     /// An empty store whose warming clusters wait `timeout` at most for each SDS secret
-    /// (Envoy's `initial_fetch_timeout`; `None`: for ever; zero: not at all).
+    /// (Envoy's `initial_fetch_timeout`; `None`: for ever; zero: not at all, and then no
+    /// cluster waits for its endpoints either: resources read from files).
     pub fn with_secret_fetch_timeout(timeout: Option<Duration>) -> Store {
         Store {
-            writer: Mutex::new(SecretWaits::new(timeout)),
+            writer: Mutex::new(Waits::new(timeout)),
             ..Store::default()
         }
     }
 
-    /// Puts in force the warming clusters whose secrets' initial fetch has timed out by
-    /// `now`, as Envoy's SDS init target gives up waiting; returns the next instant this has
-    /// something to do.
-    pub fn expire_secret_waits(&self, now: Instant) -> Option<Instant> {
+    /// Puts in force the warming clusters whose secrets' or endpoints' initial fetch has timed
+    /// out by `now`, as Envoy's SDS and EDS init targets give up waiting; returns the next
+    /// instant this has something to do.
+    pub fn expire_waits(&self, now: Instant) -> Option<Instant> {
         let mut waits = self
             .writer
             .lock()
@@ -58,7 +59,7 @@ impl Store {
             if settle(&mut next, current.newest_clusters(), &mut waits, now) {
                 tracing::info!(
                     warming = next.warming_clusters.len(),
-                    "initial fetch of an SDS secret timed out: its clusters are in force without it"
+                    "initial fetch of an SDS secret or of a cluster's endpoints timed out: its clusters are in force without them"
                 );
                 self.publish(next, false);
             }
@@ -66,14 +67,14 @@ impl Store {
         waits.next_deadline(&self.current.load(), now)
     }
 
-    /// Runs for ever: ends the warming of clusters whose secrets did not arrive in time. The
-    /// ADS glue spawns it beside the client.
+    /// Runs for ever: ends the warming of clusters whose secrets or endpoints did not arrive in
+    /// time. The ADS glue spawns it beside the client.
     pub async fn run_warming_timeouts(&self) {
         loop {
             let started = self.warming_started.notified();
             tokio::pin!(started);
             started.as_mut().enable();
-            match self.expire_secret_waits(Instant::now()) {
+            match self.expire_waits(Instant::now()) {
                 Some(deadline) => {
                     tokio::select! {
                         _ = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {}
@@ -270,7 +271,7 @@ impl Sink for Store {
 
 /// After an update of another type, the warming clusters settle again (nothing to do when none
 /// warms).
-fn settle_warming(next: &mut Snapshot, waits: &mut SecretWaits) {
+fn settle_warming(next: &mut Snapshot, waits: &mut Waits) {
     if !next.warming_clusters.is_empty() {
         let newest = next.newest_clusters();
         settle(next, newest, waits, Instant::now());
@@ -419,14 +420,15 @@ mod tests {
             "{}",
             applied.rejected[0].reason
         );
-        let snap = store.snapshot();
-        let a = &snap.clusters["a"];
+        // Both warm on their endpoints (see `crate::warming`): look at the newest versions.
+        let newest = store.snapshot().newest_clusters();
+        let a = &newest["a"];
         assert_eq!(a.version, "1");
         assert_eq!(a.model.connect_timeout, std::time::Duration::from_secs(1));
-        assert_eq!(snap.clusters["b"].version, "2");
+        assert_eq!(newest["b"].version, "2");
         // The refused one is still present in the world: a complete update without it would
         // have removed it; this one named it, so it stays.
-        assert_eq!(snap.clusters.len(), 2);
+        assert_eq!(newest.len(), 2);
     }
 
     #[test]
@@ -551,8 +553,8 @@ mod tests {
         assert!(Arc::ptr_eq(&before.listeners, &after.listeners));
         assert!(!Arc::ptr_eq(&before.clusters, &after.clusters));
         // The old snapshot is untouched: readers holding it see one consistent world.
-        assert!(before.clusters.is_empty());
-        assert_eq!(after.clusters.len(), 1);
+        assert!(before.newest_clusters().is_empty());
+        assert_eq!(after.newest_clusters().len(), 1, "warming on its endpoints");
         assert_eq!(
             after
                 .outbound_listener("10.0.0.1:80".parse().expect("addr"))

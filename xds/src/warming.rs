@@ -1,9 +1,13 @@
-//! Cluster warming on secrets, as Envoy's cluster manager does it: a cluster whose transport
-//! sockets name SDS secrets served by the control plane (a DestinationRule's
-//! `credentialName`) is not put in force until each of those secrets has arrived, or its
-//! initial fetch has timed out. Until then the cluster is *warming*: routing does not find it
-//! (Envoy answers 503 `NC`), or, for a new version of a cluster in force, the old version keeps
-//! serving; `/config_dump` lists it under `dynamic_warming_clusters`.
+//! Cluster warming, as Envoy's cluster manager does it: a new cluster is not put in force
+//! until it has initialised. An EDS cluster initialises once its first ClusterLoadAssignment
+//! has arrived (an empty one counts) or its EDS `initial_fetch_timeout` has passed (Envoy's
+//! 15 s when unset; istiod writes `0s`, for ever); then a cluster whose transport sockets name
+//! SDS secrets served by the control plane (a DestinationRule's `credentialName`) waits for
+//! each of those secrets, or its initial fetch timeout. Until then the cluster is *warming*:
+//! routing does not find it (Envoy answers 503 `NC`), or, for a new version of a cluster in
+//! force, the old version keeps serving; `/config_dump` lists it under
+//! `dynamic_warming_clusters`. A cluster whose endpoints timed out goes in force with none (503
+//! `UH`) and fills in when they arrive.
 //!
 //! In Envoy each secret is an SDS subscription (`SdsApi`) whose init target sits in the
 //! cluster's init manager; the subscription starts when the cluster initialises (for an EDS
@@ -11,11 +15,13 @@
 //! `SDSAdsConfig` sets none: Envoy's 15 s default) marks it ready without a secret. Here the
 //! clock of a secret starts when the held clusters first want it ([`Snapshot::wanted_secrets`])
 //! and is forgotten when none does; a secret that timed out holds no cluster back any more
-//! (its connections then fail `UF`, as Envoy's do once the cluster is active without it).
+//! (its connections then fail `UF`, as Envoy's do once the cluster is active without it). The
+//! clock of a cluster's endpoints starts when the cluster is first held without them and is
+//! forgotten when they arrive or the cluster goes.
 
 use crate::snapshot::{Resources, Snapshot};
 use envoy_types::pb::envoy::config::cluster::v3::Cluster as ClusterProto;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,28 +30,48 @@ use std::time::{Duration, Instant};
 /// proxy may not read does not keep its cluster warming for ever).
 pub const DEFAULT_SECRET_FETCH_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// When each wanted secret's initial fetch times out.
+/// When each wanted secret's, and each warming cluster's endpoints', initial fetch times out.
 #[derive(Debug, Clone)]
-pub struct SecretWaits {
-    /// `None`: for ever (Envoy's `0s`).
+pub struct Waits {
+    /// `None`: for ever (Envoy's `0s`); zero: nothing warms at all (resources from files).
     timeout: Option<Duration>,
     deadlines: BTreeMap<String, Instant>,
+    /// (cluster, EDS name) of a cluster held without its endpoints → its wait for them.
+    endpoints: BTreeMap<(String, String), EndpointWait>,
 }
 
-impl Default for SecretWaits {
+/// A cluster's wait for its first assignment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EndpointWait {
+    Until(Instant),
+    /// Its `initial_fetch_timeout` is `0s`.
+    Forever,
+    /// Timed out: the cluster initialised without endpoints (and stays so while it waits).
+    Over,
+}
+
+impl Default for Waits {
     fn default() -> Self {
-        SecretWaits::new(Some(DEFAULT_SECRET_FETCH_TIMEOUT))
+        Waits::new(Some(DEFAULT_SECRET_FETCH_TIMEOUT))
     }
 }
 
-impl SecretWaits {
-    /// Waits bounded by `timeout`; `None` waits for ever (Envoy's `0s`), `Some(ZERO)` not at
-    /// all (resources read from files: there is nothing to wait for).
-    pub fn new(timeout: Option<Duration>) -> SecretWaits {
-        SecretWaits {
+impl Waits {
+    /// Waits for secrets bounded by `timeout`; `None` waits for ever (Envoy's `0s`),
+    /// `Some(ZERO)` not at all, and then no cluster waits for its endpoints either (resources
+    /// read from files: there is nothing to wait for). Endpoints are waited for as each
+    /// cluster's EDS config says.
+    pub fn new(timeout: Option<Duration>) -> Waits {
+        Waits {
             timeout,
             deadlines: BTreeMap::new(),
+            endpoints: BTreeMap::new(),
         }
+    }
+
+    /// Nothing warms (resources read from files).
+    fn never(&self) -> bool {
+        self.timeout.is_some_and(|t| t.is_zero())
     }
 
     /// Whether the initial fetch of `name` has timed out at `now`.
@@ -57,33 +83,90 @@ impl SecretWaits {
         }
     }
 
-    /// The next instant a secret still missing from `snapshot` times out, after `now`: when
-    /// [`settle`] may have a cluster to put in force without it.
+    /// Whether cluster `cluster`'s wait for the endpoints of `service` has timed out at `now`.
+    fn endpoints_timed_out(&self, cluster: &str, service: &str, now: Instant) -> bool {
+        self.never()
+            || match self
+                .endpoints
+                .get(&(cluster.to_string(), service.to_string()))
+            {
+                Some(EndpointWait::Until(d)) => *d <= now,
+                Some(EndpointWait::Over) => true,
+                Some(EndpointWait::Forever) | None => false,
+            }
+    }
+
+    /// The next instant a secret or a cluster's endpoints still missing from `snapshot` time
+    /// out, after `now`: when [`settle`] may have a cluster to put in force without them.
     pub fn next_deadline(&self, snapshot: &Snapshot, now: Instant) -> Option<Instant> {
-        self.timeout?;
-        self.deadlines
-            .iter()
+        let secrets = self
+            .timeout
+            .and(Some(&self.deadlines))
+            .into_iter()
+            .flatten()
             .filter(|(name, d)| **d > now && !snapshot.secrets.contains_key(*name))
-            .map(|(_, d)| *d)
-            .min()
+            .map(|(_, d)| *d);
+        let endpoints = self
+            .endpoints
+            .iter()
+            .filter(|((_, service), _)| !snapshot.endpoints.contains_key(service))
+            .filter_map(|(_, wait)| match wait {
+                EndpointWait::Until(d) if *d > now => Some(*d),
+                _ => None,
+            });
+        secrets.chain(endpoints).min()
     }
 }
 
 /// Splits `newest` (the newest version held of every cluster) into the clusters in force and
-/// those warming, in `next`: a cluster is in force when each ADS secret its sockets name is
-/// held or has timed out; otherwise it warms, and the version in force before (if any) stays.
-/// The secrets' clocks start as they become wanted. Returns whether the clusters in force or
-/// warming changed.
+/// those warming, in `next`: a cluster is in force when it is already (the same version), or
+/// when its endpoints (EDS) are held or timed out and each ADS secret its sockets name is held
+/// or has timed out; otherwise it warms, and the version in force before (if any) stays. The
+/// clocks start as the endpoints and secrets become wanted. Returns whether the clusters in
+/// force or warming, or the secrets they want, changed.
 pub fn settle(
     next: &mut Snapshot,
     newest: Resources<ClusterProto>,
-    waits: &mut SecretWaits,
+    waits: &mut Waits,
     now: Instant,
 ) -> bool {
     let in_force = Arc::clone(&next.clusters);
     let warming_before = Arc::clone(&next.warming_clusters);
-    // The newest clusters want their secrets (an EDS one once its endpoints are held): their
-    // clocks start now.
+    // A cluster held without its endpoints starts their clock (once); those that arrived, or
+    // whose cluster went, are forgotten.
+    let mut endpoint_waits = BTreeMap::new();
+    for (name, entry) in &newest {
+        let Some((service, timeout)) = entry.model.eds_wait() else {
+            continue;
+        };
+        if next.endpoints.contains_key(service) {
+            continue;
+        }
+        let key = (name.clone(), service.to_string());
+        let mut wait = match (waits.endpoints.remove(&key), timeout) {
+            (Some(started), _) => started,
+            (None, Some(t)) => EndpointWait::Until(now + t),
+            (None, None) => EndpointWait::Forever,
+        };
+        if matches!(wait, EndpointWait::Until(d) if d <= now) {
+            wait = EndpointWait::Over;
+        }
+        endpoint_waits.insert(key, wait);
+    }
+    waits.endpoints = endpoint_waits;
+    // A cluster whose endpoints timed out has initialised without them: it wants its secrets.
+    let timed_out: BTreeSet<String> = waits
+        .endpoints
+        .keys()
+        .filter(|(cluster, service)| waits.endpoints_timed_out(cluster, service, now))
+        .map(|(_, service)| service.clone())
+        .collect();
+    let initialised_now = timed_out != *next.endpoints_timed_out;
+    if initialised_now {
+        next.endpoints_timed_out = Arc::new(timed_out);
+    }
+    // The newest clusters want their secrets (an EDS one once initialised): their clocks
+    // start now.
     next.clusters = Arc::new(newest.clone());
     next.warming_clusters = Arc::default();
     for name in next.wanted_secrets() {
@@ -93,11 +176,17 @@ pub fn settle(
     let mut active = Resources::new();
     let mut warming = Resources::new();
     for (name, entry) in newest {
-        let ready = entry
+        // A version in force stays so (Envoy's active cluster does not warm again when its
+        // endpoints go).
+        let initialised = in_force.get(&name).is_some_and(|e| Arc::ptr_eq(e, &entry));
+        let endpoints = entry.model.eds_wait().is_none_or(|(service, _)| {
+            next.endpoints.contains_key(service) || waits.endpoints_timed_out(&name, service, now)
+        });
+        let secrets = entry
             .model
             .ads_secrets()
             .all(|s| next.secrets.contains_key(s) || waits.timed_out(s, now));
-        if ready {
+        if initialised || (endpoints && secrets) {
             active.insert(name, entry);
         } else {
             if let Some(previous) = in_force.get(&name) {
@@ -116,7 +205,8 @@ pub fn settle(
     // subscription would).
     let wanted = next.wanted_secrets();
     waits.deadlines.retain(|name, _| wanted.contains(name));
-    changed
+    // A cluster that initialised without endpoints wants its secrets: that too is news.
+    changed || initialised_now
 }
 
 /// Whether two maps hold the same entries (by identity).

@@ -47,7 +47,9 @@ fn subsets_keep_their_load_balancer_and_pool() {
         assert_eq!(
             c.discovery,
             Discovery::Eds {
-                service_name: reviews(subset)
+                service_name: reviews(subset),
+                // istiod's `0s`: the cluster waits for its endpoints for ever.
+                initial_fetch_timeout: None,
             }
         );
         assert_eq!(c.connect_timeout, Duration::from_secs(10));

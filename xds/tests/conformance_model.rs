@@ -204,7 +204,8 @@ fn clusters_reproduce_their_facts() {
         assert_eq!(
             c.discovery,
             Discovery::Eds {
-                service_name: s(&fact["eds_service_name"]).into()
+                service_name: s(&fact["eds_service_name"]).into(),
+                initial_fetch_timeout: None,
             },
             "{at}"
         );

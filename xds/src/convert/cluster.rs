@@ -1,13 +1,13 @@
 //! Cluster (CDS) into [`crate::model::cluster`].
 
 use super::any::unpack;
-use super::common::{duration, filter_metadata, struct_list, struct_string, struct_u32};
+use super::common::{duration, filter_metadata, struct_list, struct_string, struct_u32, timeout};
 use super::endpoint::load_assignment;
 use super::tls::upstream_socket;
 use crate::model::cluster::{
     Cluster, CommonLb, Discovery, Dns, DnsLookupFamily, DnsTarget, IstioClusterMetadata,
     IstioService, LbPolicy, TransportSocket, TransportSocketMatch, UpstreamHttpProtocol,
-    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_EDS_FETCH_TIMEOUT,
 };
 use crate::refusal::Fault;
 use envoy_types::pb::envoy::config::cluster::v3 as pb;
@@ -58,11 +58,12 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
                 }
             }
             Ok(D::Eds) => {
+                let eds_config = c
+                    .eds_cluster_config
+                    .as_ref()
+                    .and_then(|e| e.eds_config.as_ref());
                 let ads = matches!(
-                    c.eds_cluster_config
-                        .as_ref()
-                        .and_then(|e| e.eds_config.as_ref())
-                        .and_then(|s| s.config_source_specifier.as_ref()),
+                    eds_config.and_then(|s| s.config_source_specifier.as_ref()),
                     Some(envoy_types::pb::envoy::config::core::v3::config_source::ConfigSourceSpecifier::Ads(_))
                 );
                 if !ads {
@@ -77,7 +78,16 @@ pub fn cluster(c: &pb::Cluster) -> Result<Cluster, Fault> {
                     .map(|e| e.service_name.clone())
                     .filter(|s| !s.is_empty())
                     .unwrap_or_else(|| c.name.clone());
-                Discovery::Eds { service_name }
+                // How long the new cluster warms for its first assignment.
+                let initial_fetch_timeout = timeout(
+                    eds_config.and_then(|s| s.initial_fetch_timeout.as_ref()),
+                    Some(DEFAULT_EDS_FETCH_TIMEOUT),
+                    "eds_cluster_config.eds_config.initial_fetch_timeout",
+                )?;
+                Discovery::Eds {
+                    service_name,
+                    initial_fetch_timeout,
+                }
             }
             Err(_) => return Err(Fault::new("type", "unknown discovery type")),
         },

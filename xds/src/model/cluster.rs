@@ -10,6 +10,9 @@ use std::time::Duration;
 /// Envoy's connect timeout when a cluster sets none.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Envoy's default `initial_fetch_timeout` for a cluster's EDS subscription.
+pub const DEFAULT_EDS_FETCH_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// An upstream cluster.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Cluster {
@@ -91,6 +94,10 @@ pub enum Discovery {
     /// From EDS, under this name (`eds_service_name`, or the cluster's own name).
     Eds {
         service_name: String,
+        /// How long a new cluster warms waiting for its first assignment
+        /// (`eds_config.initial_fetch_timeout`, Envoy's 15 s when unset; `None`: for ever,
+        /// Envoy's `0s`, which istiod writes on every EDS cluster).
+        initial_fetch_timeout: Option<Duration>,
     },
     Static,
     /// The connection's original destination.
@@ -374,7 +381,19 @@ impl Cluster {
     /// The EDS name to subscribe to, for EDS clusters.
     pub fn eds_service_name(&self) -> Option<&str> {
         match &self.discovery {
-            Discovery::Eds { service_name } => Some(service_name),
+            Discovery::Eds { service_name, .. } => Some(service_name),
+            _ => None,
+        }
+    }
+
+    /// An EDS cluster's name for its endpoints and how long it warms waiting for them (`None`:
+    /// for ever); `None` for the other kinds, which do not wait.
+    pub fn eds_wait(&self) -> Option<(&str, Option<Duration>)> {
+        match &self.discovery {
+            Discovery::Eds {
+                service_name,
+                initial_fetch_timeout,
+            } => Some((service_name, *initial_fetch_timeout)),
             _ => None,
         }
     }
@@ -402,6 +421,7 @@ mod tests {
             name: "c".into(),
             discovery: Discovery::Eds {
                 service_name: "c".into(),
+                initial_fetch_timeout: Some(DEFAULT_EDS_FETCH_TIMEOUT),
             },
             lb_policy: LbPolicy::RoundRobin,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,

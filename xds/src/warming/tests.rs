@@ -1,4 +1,5 @@
-//! Warming through the store's real apply path: clusters naming ADS secrets wait for them (or
+//! Warming through the store's real apply path: new EDS clusters wait for their endpoints and
+//! clusters naming ADS secrets wait for them (or
 //! their initial fetch timeout), an older version serves meanwhile, and the secrets' clocks
 //! start when the clusters want them.
 
@@ -215,20 +216,14 @@ fn the_initial_fetch_timeout_puts_the_cluster_in_force_without_its_secret() {
         vec![cluster("c", "1", false, Some(CACERT))],
         true,
     );
-    let deadline = store
-        .expire_secret_waits(start)
-        .expect("a secret's clock runs");
+    let deadline = store.expire_waits(start).expect("a secret's clock runs");
     assert!(
         deadline >= start + Duration::from_secs(15),
         "Envoy's 15 s default"
     );
     assert!(deadline <= Instant::now() + Duration::from_secs(15));
     assert_eq!(warming(&store), ["c"], "not timed out yet");
-    assert_eq!(
-        store.expire_secret_waits(deadline),
-        None,
-        "nothing left to time"
-    );
+    assert_eq!(store.expire_waits(deadline), None, "nothing left to time");
     assert_eq!(in_force(&store, "c").as_deref(), Some("1"));
     assert!(warming(&store).is_empty());
     // A secret whose fetch timed out holds no later version back.
@@ -243,7 +238,7 @@ fn the_initial_fetch_timeout_puts_the_cluster_in_force_without_its_secret() {
         Some("1"),
         "the clock is not past yet"
     );
-    assert_eq!(store.expire_secret_waits(deadline), None);
+    assert_eq!(store.expire_waits(deadline), None);
     assert_eq!(in_force(&store, "c").as_deref(), Some("2"));
 }
 
@@ -257,7 +252,7 @@ fn no_timeout_waits_for_ever_and_a_zero_one_not_at_all() {
         true,
     );
     let later = Instant::now() + Duration::from_secs(3600);
-    assert_eq!(store.expire_secret_waits(later), None);
+    assert_eq!(store.expire_waits(later), None);
     assert_eq!(warming(&store), ["c"]);
     let files = Store::with_secret_fetch_timeout(Some(Duration::ZERO));
     apply(
@@ -281,18 +276,193 @@ fn an_eds_cluster_starts_its_secrets_clock_once_its_endpoints_arrive() {
     assert_eq!(warming(&store), ["e"]);
     assert!(store.snapshot().wanted_endpoints().contains("e"));
     assert!(!store.snapshot().wanted_secrets().contains(CACERT));
-    let later = Instant::now() + Duration::from_secs(3600);
-    assert_eq!(
-        store.expire_secret_waits(later),
-        None,
-        "no clock before the endpoints"
-    );
+    // Only the endpoints' clock runs (15 s), no secret's.
+    let soon = Instant::now() + Duration::from_secs(10);
+    let next = store.expire_waits(soon).expect("the endpoints' clock");
+    assert!(next > soon);
+    assert!(!store.snapshot().wanted_secrets().contains(CACERT));
     assert_eq!(warming(&store), ["e"]);
     apply(&store, type_url::ENDPOINT, vec![endpoints("e")], false);
     assert!(store.snapshot().wanted_secrets().contains(CACERT));
     assert_eq!(warming(&store), ["e"]);
-    let deadline = store.expire_secret_waits(Instant::now()).expect("a clock");
+    let deadline = store.expire_waits(Instant::now()).expect("a clock");
     assert!(deadline > Instant::now() + Duration::from_secs(10));
+    apply(&store, type_url::SECRET, vec![roots(CACERT)], false);
+    assert_eq!(in_force(&store, "e").as_deref(), Some("1"));
+}
+
+/// An EDS cluster whose `eds_config` says `initial_fetch_timeout` (istiod writes `0s`).
+fn eds_cluster_timing_out(name: &str, timeout: &str) -> Delivered {
+    let c = json!({"name": name, "type": "EDS", "connect_timeout": "1s",
+        "eds_cluster_config": {"service_name": name,
+            "eds_config": {"ads": {}, "initial_fetch_timeout": timeout, "resource_api_version": "V3"}}});
+    delivered(
+        name,
+        "1",
+        encoded::<ClusterProto>(&c, "envoy.config.cluster.v3.Cluster"),
+    )
+}
+
+fn no_endpoints(name: &str) -> Delivered {
+    let cla = json!({"cluster_name": name});
+    delivered(
+        name,
+        "1",
+        encoded::<ClaProto>(&cla, "envoy.config.endpoint.v3.ClusterLoadAssignment"),
+    )
+}
+
+#[test]
+fn a_new_eds_cluster_warms_until_its_endpoints_arrive() {
+    let store = Store::new();
+    apply(
+        &store,
+        type_url::CLUSTER,
+        vec![
+            cluster("e", "1", true, None),
+            cluster("plain", "1", false, None),
+        ],
+        true,
+    );
+    assert!(
+        store.snapshot().cluster("e").is_none(),
+        "routing does not find it (503 NC)"
+    );
+    assert_eq!(warming(&store), ["e"]);
+    assert_eq!(in_force(&store, "plain").as_deref(), Some("1"));
+    assert!(store.snapshot().wanted_endpoints().contains("e"));
+    apply(&store, type_url::ENDPOINT, vec![endpoints("e")], false);
+    assert_eq!(in_force(&store, "e").as_deref(), Some("1"));
+    assert!(warming(&store).is_empty());
+    // A new version of a cluster in force whose endpoints are held is in force at once.
+    apply(
+        &store,
+        type_url::CLUSTER,
+        vec![cluster("e", "2", true, None)],
+        true,
+    );
+    assert_eq!(in_force(&store, "e").as_deref(), Some("2"));
+    // Its endpoints removed, a cluster in force stays in force (with none: 503 UH).
+    let applied = store.apply(
+        type_url::ENDPOINT,
+        Update {
+            resources: Vec::new(),
+            removed: vec!["e".into()],
+            complete: false,
+        },
+    );
+    assert!(applied.rejected.is_empty());
+    assert!(!store.snapshot().endpoints.contains_key("e"));
+    assert_eq!(in_force(&store, "e").as_deref(), Some("2"));
+    assert!(warming(&store).is_empty());
+}
+
+#[test]
+fn an_empty_assignment_counts_as_arrived() {
+    let store = Store::new();
+    apply(
+        &store,
+        type_url::CLUSTER,
+        vec![cluster("e", "1", true, None)],
+        true,
+    );
+    assert_eq!(warming(&store), ["e"]);
+    apply(&store, type_url::ENDPOINT, vec![no_endpoints("e")], false);
+    assert_eq!(in_force(&store, "e").as_deref(), Some("1"));
+}
+
+#[test]
+fn the_eds_initial_fetch_timeout_puts_the_cluster_in_force_without_endpoints() {
+    let store = Store::new();
+    let start = Instant::now();
+    apply(
+        &store,
+        type_url::CLUSTER,
+        vec![
+            cluster("e", "1", true, None),
+            eds_cluster_timing_out("two", "2s"),
+        ],
+        true,
+    );
+    assert_eq!(warming(&store), ["e", "two"]);
+    let first = store
+        .expire_waits(start)
+        .expect("the endpoints' clocks run");
+    assert!(
+        first >= start + Duration::from_secs(2),
+        "the cluster's own 2 s"
+    );
+    assert!(first <= Instant::now() + Duration::from_secs(2));
+    let second = store.expire_waits(first).expect("e still waits");
+    assert_eq!(in_force(&store, "two").as_deref(), Some("1"));
+    assert_eq!(warming(&store), ["e"]);
+    assert!(
+        second >= start + Duration::from_secs(15),
+        "Envoy's 15 s default"
+    );
+    assert!(second <= Instant::now() + Duration::from_secs(15));
+    assert_eq!(store.expire_waits(second), None, "nothing left to time");
+    assert_eq!(in_force(&store, "e").as_deref(), Some("1"));
+    assert!(warming(&store).is_empty());
+    assert!(
+        !store.snapshot().endpoints.contains_key("e"),
+        "in force with no endpoints (503 UH)"
+    );
+    // The endpoints arriving later fill the cluster in.
+    apply(&store, type_url::ENDPOINT, vec![endpoints("e")], false);
+    assert_eq!(in_force(&store, "e").as_deref(), Some("1"));
+    assert!(store.snapshot().endpoints.contains_key("e"));
+}
+
+#[test]
+fn istiods_zero_eds_timeout_waits_for_ever() {
+    let store = Store::new();
+    apply(
+        &store,
+        type_url::CLUSTER,
+        vec![eds_cluster_timing_out("e", "0s")],
+        true,
+    );
+    let later = Instant::now() + Duration::from_secs(3600);
+    assert_eq!(store.expire_waits(later), None, "no clock to run");
+    assert_eq!(warming(&store), ["e"]);
+    apply(&store, type_url::ENDPOINT, vec![endpoints("e")], false);
+    assert_eq!(in_force(&store, "e").as_deref(), Some("1"));
+}
+
+#[test]
+fn resources_from_files_never_warm_on_endpoints() {
+    let files = Store::with_secret_fetch_timeout(Some(Duration::ZERO));
+    apply(
+        &files,
+        type_url::CLUSTER,
+        vec![eds_cluster_timing_out("e", "0s")],
+        true,
+    );
+    assert_eq!(in_force(&files, "e").as_deref(), Some("1"));
+    assert!(warming(&files).is_empty());
+}
+
+#[test]
+fn an_eds_cluster_whose_endpoints_timed_out_then_waits_for_its_secrets() {
+    let store = Store::new();
+    let start = Instant::now();
+    apply(
+        &store,
+        type_url::CLUSTER,
+        vec![cluster("e", "1", true, Some(CACERT))],
+        true,
+    );
+    let endpoints_deadline = store.expire_waits(start).expect("the endpoints' clock");
+    assert!(!store.snapshot().wanted_secrets().contains(CACERT));
+    // The endpoints time out: the cluster initialises and now wants its secret, whose own
+    // clock starts then.
+    let secret_deadline = store
+        .expire_waits(endpoints_deadline)
+        .expect("the secret's clock");
+    assert!(store.snapshot().wanted_secrets().contains(CACERT));
+    assert_eq!(warming(&store), ["e"], "still waiting for the secret");
+    assert!(secret_deadline > endpoints_deadline);
     apply(&store, type_url::SECRET, vec![roots(CACERT)], false);
     assert_eq!(in_force(&store, "e").as_deref(), Some("1"));
 }

@@ -353,3 +353,39 @@ fn consistent_hash_policies_with_envoy_defaults_and_bounds() {
         assert!(err.contains(refusal), "{err} / {refusal}");
     }
 }
+
+#[test]
+fn the_eds_initial_fetch_timeout_is_read() {
+    use std::time::Duration;
+    let with = |eds_config: Value| {
+        convert(
+            json!({"name": "c", "type": "EDS", "eds_cluster_config": {"eds_config": eds_config}}),
+        )
+        .expect("accepted")
+        .eds_wait()
+        .map(|(_, timeout)| timeout)
+    };
+    assert_eq!(
+        with(json!({"ads": {}})),
+        Some(Some(Duration::from_secs(15))),
+        "Envoy's default"
+    );
+    assert_eq!(
+        with(json!({"ads": {}, "initial_fetch_timeout": "2.5s"})),
+        Some(Some(Duration::from_millis(2500)))
+    );
+    assert_eq!(
+        with(json!({"ads": {}, "initial_fetch_timeout": "0s"})),
+        Some(None),
+        "istiod's: for ever"
+    );
+    let err = convert(
+        json!({"name": "c", "type": "EDS", "eds_cluster_config": {"eds_config":
+        {"ads": {}, "initial_fetch_timeout": "-1s"}}}),
+    )
+    .expect_err("refused");
+    assert!(
+        err.contains("eds_cluster_config.eds_config.initial_fetch_timeout"),
+        "{err}"
+    );
+}
