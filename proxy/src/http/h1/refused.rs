@@ -19,7 +19,10 @@ pub fn details(buf: &[u8], limits: &Limits) -> Option<&'static str> {
     // One more slot than the limits allow, to tell a head with too many headers.
     let mut headers = [httparse::EMPTY_HEADER; MAX_REQUEST_HEADERS + 1];
     let mut req = httparse::Request::new(&mut headers);
-    match req.parse(buf) {
+    // As hyper's path is configured (`http::serve`): a head it serves is never refused here.
+    let mut config = httparse::ParserConfig::default();
+    config.allow_multiple_spaces_in_request_line_delimiters(true);
+    match config.parse_request(&mut req, buf) {
         Ok(httparse::Status::Complete(len)) if len > limits.max_header_bytes => {
             Some(HEADERS_TOO_LARGE)
         }
@@ -102,6 +105,7 @@ mod tests {
         for (head, want) in [
             ("GET / HTTP/1.1\r\nHost: a\r\n\r\n", None),
             ("GET / HTTP/1.1\r\nHost: a\r\n", None),
+            ("GET /a  HTTP/1.1\r\nHost: a\r\n\r\n", None),
             ("GET / HTTP/1.1\r\nfoo bar\r\n\r\n", Some(CODEC_ERROR)),
             ("GE(T / HTTP/1.1\r\n\r\n", Some(CODEC_ERROR)),
             (
