@@ -156,6 +156,53 @@ fn a_failing_host_is_ejected_on_the_failure_and_never_picked() {
     assert_eq!(stat(&up, "outlier_detection.ejections_active"), 3);
 }
 
+/// An ejected host is picked again once its ejection is over (the list of hosts out that a
+/// pick reads is made again at the earliest end), and a second host ejected meanwhile stays
+/// out until its own end.
+#[test]
+fn an_ejected_host_comes_back_when_its_time_is_over() {
+    let store = store(json!({
+        "outlier_detection": {"consecutive_5xx": 1, "enforcing_consecutive_5xx": 100,
+            "interval": "0.25s", "base_ejection_time": "1s", "max_ejection_percent": 100,
+            "enforcing_success_rate": 0},
+        "common_lb_config": {"healthy_panic_threshold": {}}
+    }));
+    let s = store.snapshot();
+    let up = Arc::new(Upstreams::default());
+    let first = http(&up, &s).expect("pick");
+    let first_host = first.address;
+    first.in_flight.report(Outcome::Status(503));
+    drop(first);
+    let picked = |up: &Arc<Upstreams>, n| {
+        (0..n)
+            .map(|_| {
+                let sel = http(up, &s).expect("a host");
+                sel.in_flight.report(Outcome::Status(200));
+                sel.address
+            })
+            .collect::<Vec<_>>()
+    };
+    assert!(!picked(&up, 20).contains(&first_host));
+    // Half-way through the first ejection, a second host goes out too.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let second = http(&up, &s).expect("pick");
+    let second_host = second.address;
+    assert_ne!(second_host, first_host);
+    second.in_flight.report(Outcome::Status(503));
+    drop(second);
+    let hosts = picked(&up, 20);
+    assert!(!hosts.contains(&second_host));
+    // Past the first's end (1 s on, to the next 0.25 s tick: 1.25 s).
+    std::thread::sleep(std::time::Duration::from_millis(1050));
+    let hosts = picked(&up, 30);
+    assert!(hosts.contains(&first_host), "{hosts:?}");
+    // Past the second's end as well (1.3 s, to the 1.5 s tick).
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let hosts = picked(&up, 30);
+    assert!(hosts.contains(&second_host), "{hosts:?}");
+    assert_eq!(stat(&up, "outlier_detection.ejections_active"), 0);
+}
+
 #[test]
 fn max_ejection_percent_keeps_hosts_in() {
     let store = store(json!({

@@ -489,7 +489,6 @@ fn pick_host<'a>(
         state.now_ms()
     };
     let any_ejected = state.any_ejected(now);
-    let usable = move |e: &Endpoint| !any_ejected || !state.ejected(&e.address, now);
     // A consistent-hash cluster chooses its priority by the request's hash too, as Envoy's.
     let hashing = matches!(
         c.lb_policy,
@@ -504,31 +503,38 @@ fn pick_host<'a>(
         (hash, draws)
     };
     let locality_weighted = c.common_lb.locality_weighted;
-    if !any_ejected && excluded_priorities.is_empty() {
-        return state.with_loads(assignment, threshold, |kept| {
+    state.with_loads(assignment, threshold, |kept| {
+        if !any_ejected && excluded_priorities.is_empty() {
             if let Some((e, host)) = kept.sole(cla, locality_weighted) {
                 return Some((e, Some(Arc::clone(host))));
             }
             let mut rng = fastrand::Rng::new();
             let (hash, draws) = draw(&mut rng);
+            let usable = |_: &Endpoint| true;
             let candidates =
                 balance::Candidates::choose_by(cla, kept.loads(), locality_weighted, usable, draws);
             let chosen = choose_among(state, c, &candidates, hash, attempt, &mut rng)?;
-            Some((chosen, kept.host_of(cla, chosen).cloned()))
-        });
-    }
-    // The loads depend on the moment (which hosts are out) or on the request (the priorities
-    // its retries left out): counted for this pick.
-    state.note_assignment(cla);
-    let spread = balance::Spread {
-        panic_threshold: threshold,
-        locality_weighted,
-        excluded_priorities,
-    };
-    let mut rng = fastrand::Rng::new();
-    let (hash, draws) = draw(&mut rng);
-    let candidates = balance::Candidates::choose(cla, spread, usable, draws);
-    choose_among(state, c, &candidates, hash, attempt, &mut rng).map(|e| (e, None))
+            return Some((chosen, kept.host_of(cla, chosen).cloned()));
+        }
+        // The loads depend on the moment (which hosts are out) or on the request (the
+        // priorities its retries left out): counted for this pick. Whether a host is out is
+        // read from its state, found by its place in the assignment: a pick asks it of every
+        // endpoint it walks, several times over, which a look-up by address made most of the
+        // pick's time while hosts of a large cluster were out (the `traffic` bench).
+        let usable = move |e: &Endpoint| {
+            !any_ejected || kept.host_of(cla, e).is_none_or(|h| !h.ejected(now))
+        };
+        let spread = balance::Spread {
+            panic_threshold: threshold,
+            locality_weighted,
+            excluded_priorities,
+        };
+        let mut rng = fastrand::Rng::new();
+        let (hash, draws) = draw(&mut rng);
+        let candidates = balance::Candidates::choose(cla, spread, usable, draws);
+        let chosen = choose_among(state, c, &candidates, hash, attempt, &mut rng)?;
+        Some((chosen, kept.host_of(cla, chosen).cloned()))
+    })
 }
 
 /// The cluster's policy's pick among `candidates` (`None`: there are none).

@@ -294,17 +294,6 @@ impl ClusterState {
         now < self.ejected_until.load(Ordering::Acquire)
     }
 
-    /// Whether the host at `address` is ejected now (no look-up while none can be).
-    pub fn ejected(&self, address: &SocketAddr, now: u64) -> bool {
-        if !self.any_ejected(now) {
-            return false;
-        }
-        self.hosts
-            .load()
-            .get(address)
-            .is_some_and(|h| h.ejected(now))
-    }
-
     /// Hosts out now (ends the ejections that are over).
     pub fn count_ejected(&self, now: u64) -> usize {
         self.hosts
@@ -314,7 +303,8 @@ impl ClusterState {
             .count()
     }
 
-    /// `f` over the priority loads of `a` with no host ejected and the state of its hosts:
+    /// `f` over the priority loads of `a` with no host ejected and the state of its hosts (in
+    /// the assignment's order, which is how a pick reads whether a host is out):
     /// those kept when `a` is the assignment this cluster last picked from, else counted (and
     /// the states made) now, when the hosts `a` no longer has are forgotten too
     /// ([`ClusterState::note_assignment`]).
