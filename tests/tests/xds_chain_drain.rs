@@ -22,6 +22,9 @@
 //! as on SIGTERM's drain.) And an HTTP/2 connection's stream still waiting for its answer is
 //! cut when the connection is closed at the drain time, in both.
 
+mod chain_drain;
+
+use chain_drain::*;
 use remora_e2e::backend;
 use remora_e2e::envoy_xds::{nets_or_skip, Resources};
 use remora_e2e::http_client::Client;
@@ -29,8 +32,7 @@ use remora_e2e::peer::{self, Server};
 use remora_e2e::xds_resources::{eds_cluster, tcp_listener};
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -44,16 +46,9 @@ const REMOVED: &str = "10.96.0.41:9000";
 const CHANGED: &str = "10.96.0.42:9000";
 /// Its listener is the same after the update.
 const KEPT: &str = "10.96.0.43:9000";
-const DRAIN_TIME: Duration = Duration::from_secs(2);
 /// The access-log line of each TCP connection: how it ended, in Envoy's words.
 const LOG_FORMAT: &str =
     "chain-drain %DOWNSTREAM_LOCAL_ADDRESS% flags=%RESPONSE_FLAGS% details=%CONNECTION_TERMINATION_DETAILS%\n";
-/// When the connections of retired chains are checked to be still open, after the update was
-/// written: before the drain time could have run out, however soon the update was seen.
-const STILL_OPEN_AT: Duration = Duration::from_millis(1500);
-/// Bound on the close after the update was written: the drain time, Remora's one-second poll
-/// of its directory and its settling, and slack for a loaded machine.
-const CLOSED_BY: Duration = Duration::from_secs(7);
 
 fn addr(s: &str) -> SocketAddr {
     s.parse().expect("addr")
@@ -73,11 +68,8 @@ fn resources(updated: bool) -> Resources {
                 "stat_prefix": "BlackHoleCluster", "cluster": "BlackHoleCluster"}}]}]})];
     let logged = |vip: &str, cluster: &str| {
         let mut l = tcp_listener(addr(vip), cluster);
-        l["filter_chains"][0]["filters"][0]["typed_config"]["access_log"] = json!([
-            {"name": "envoy.access_loggers.file", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
-                "path": "/dev/stdout",
-                "log_format": {"text_format_source": {"inline_string": LOG_FORMAT}}}}]);
+        l["filter_chains"][0]["filters"][0]["typed_config"]["access_log"] =
+            stdout_access_log(LOG_FORMAT);
         l
     };
     if !updated {
@@ -94,76 +86,6 @@ fn resources(updated: bool) -> Resources {
             {"cluster_name": A, "endpoints": [endpoint.clone()]},
             {"cluster_name": B, "endpoints": [endpoint]}
         ]),
-    }
-}
-
-/// An echo of lines that keeps its connection open until the client closes it.
-fn line_echo(net: &PodNet) -> Server {
-    Server::start(
-        &net.peer,
-        SocketAddrV4::new(BACKEND_IP, BACKEND_PORT).into(),
-        |stream| {
-            let mut reader = BufReader::new(stream.try_clone()?);
-            let mut stream = stream;
-            // Bounded: a test sends a handful of lines.
-            for _ in 0..1000 {
-                let mut line = String::new();
-                if reader.read_line(&mut line)? == 0 {
-                    return Ok(());
-                }
-                stream.write_all(line.as_bytes())?;
-            }
-            Ok(())
-        },
-    )
-}
-
-/// Whether `line` comes back over `stream`.
-fn echoes(stream: &mut TcpStream, line: &str) -> io::Result<()> {
-    stream.write_all(format!("{line}\n").as_bytes())?;
-    let mut got = vec![0u8; line.len() + 1];
-    stream.read_exact(&mut got)?;
-    match got == format!("{line}\n").as_bytes() {
-        true => Ok(()),
-        false => Err(io::Error::other(format!("echoed {got:?}"))),
-    }
-}
-
-/// How the proxy closed a connection: with an end of stream, or a reset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Close {
-    End,
-    Reset,
-}
-
-/// Wait, up to `until` after `written`, for the proxy to close `stream`; how long after
-/// `written` it did, and how, or `None`.
-fn closed_after(
-    stream: &mut TcpStream,
-    written: Instant,
-    until: Duration,
-) -> Option<(Duration, Close)> {
-    loop {
-        let left = until.checked_sub(written.elapsed())?;
-        stream
-            .set_read_timeout(Some(left.max(Duration::from_millis(10))))
-            .ok()?;
-        let mut byte = [0u8; 1];
-        match stream.read(&mut byte) {
-            Ok(0) => return Some((written.elapsed(), Close::End)),
-            Ok(_) => continue,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                if written.elapsed() >= until {
-                    return None;
-                }
-            }
-            Err(_) => return Some((written.elapsed(), Close::Reset)),
-        }
     }
 }
 
@@ -235,23 +157,6 @@ fn check(who: &str, seen: &Seen, logs: impl Fn() -> String) {
     );
 }
 
-/// The access-log lines of the three connections, sorted, once all are written (the logs are
-/// flushed a little after the connections end), or as they are after a few seconds.
-fn log_lines(logs: impl Fn() -> String) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let mut lines: Vec<String> = logs()
-            .lines()
-            .filter_map(|l| l.find("chain-drain ").map(|at| l[at..].to_string()))
-            .collect();
-        lines.sort();
-        if lines.len() >= 3 || Instant::now() >= deadline {
-            return lines;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn a_retired_chains_connections_close_after_the_drain_time_as_envoys_do() {
     let Some((binary, nets)) = nets_or_skip() else {
@@ -261,26 +166,25 @@ fn a_retired_chains_connections_close_after_the_drain_time_as_envoys_do() {
     for net in [remora_net, envoy_net] {
         remora_e2e::sidecars::prepare(net);
     }
-    let _remora_backend = line_echo(remora_net);
-    let _envoy_backend = line_echo(envoy_net);
+    let backend = SocketAddr::from(SocketAddrV4::new(BACKEND_IP, BACKEND_PORT));
+    let _remora_backend = line_echo(&remora_net.peer, backend);
+    let _envoy_backend = line_echo(&envoy_net.peer, backend);
 
     // The oracle first: Envoy as pilot-agent runs it, with the short drain time.
-    let drain = DRAIN_TIME.as_secs().to_string();
+    let args = envoy_drain_args(DRAIN_TIME);
     let (envoy, dir) = resources(false).start_envoy_lds(
         envoy_net,
         Path::new(&binary),
-        &["--drain-time-s", &drain, "--drain-strategy", "immediate"],
+        &args.each_ref().map(String::as_str),
     );
     let seen = run(envoy_net, || {
         resources(true).write_envoy_listeners(&dir, "2")
     });
     check("envoy", &seen, || envoy.logs());
-    let envoy_lines = log_lines(|| envoy.logs());
+    let envoy_lines = log_lines("chain-drain ", 3, || envoy.logs());
 
-    let (remora, dir) = resources(false).start_remora_with(
-        remora_net,
-        &format!("drain:\n  drain_time: {}s\n", DRAIN_TIME.as_secs()),
-    );
+    let (remora, dir) =
+        resources(false).start_remora_with(remora_net, &remora_drain_config(DRAIN_TIME));
     let got = run(remora_net, || resources(true).write_for_remora(&dir));
     let logs = || format!("{}\n{}", remora.stdout(), remora.stderr());
     check("remora", &got, logs);
@@ -294,7 +198,7 @@ fn a_retired_chains_connections_close_after_the_drain_time_as_envoys_do() {
         logs()
     );
     // Logged as Envoy logs them: no response flag, no termination details.
-    let remora_lines = log_lines(|| remora.stdout());
+    let remora_lines = log_lines("chain-drain ", 3, || remora.stdout());
     assert_eq!(remora_lines, envoy_lines, "access-log lines\n{}", logs());
     remora.wait_for_metrics("the two closes counted", Duration::from_secs(5), |m| {
         m.value(
@@ -425,21 +329,19 @@ fn a_changed_http_chains_connections_are_told_to_go_and_closed_after_the_drain_t
     let (remora_net, envoy_net) = (&nets.0, &nets.1);
     let _backends = http_backends(remora_net, envoy_net);
 
-    let drain = HTTP_DRAIN_TIME.as_secs().to_string();
+    let args = envoy_drain_args(HTTP_DRAIN_TIME);
     let (envoy, dir) = http_resources(0).start_envoy_lds(
         envoy_net,
         Path::new(&binary),
-        &["--drain-time-s", &drain, "--drain-strategy", "immediate"],
+        &args.each_ref().map(String::as_str),
     );
     let seen = run_http(envoy_net, || {
         http_resources(1).write_envoy_listeners(&dir, "2")
     });
     check_http("envoy", &seen, || envoy.logs());
 
-    let (remora, dir) = http_resources(0).start_remora_with(
-        remora_net,
-        &format!("drain:\n  drain_time: {}s\n", HTTP_DRAIN_TIME.as_secs()),
-    );
+    let (remora, dir) =
+        http_resources(0).start_remora_with(remora_net, &remora_drain_config(HTTP_DRAIN_TIME));
     let got = run_http(remora_net, || http_resources(1).write_for_remora(&dir));
     check_http("remora", &got, || {
         format!("{}\n{}", remora.stdout(), remora.stderr())
@@ -536,20 +438,18 @@ fn a_changed_http_chains_http2_connection_gets_goaway_and_its_stream_is_cut_at_t
     let _backends = http_backends(remora_net, envoy_net);
 
     // Shorter than the slow answer takes (`backend::SLOW`), so the drain time cuts it.
-    let drain = DRAIN_TIME.as_secs().to_string();
+    let args = envoy_drain_args(DRAIN_TIME);
     let (envoy, dir) = http_resources(0).start_envoy_lds(
         envoy_net,
         Path::new(&binary),
-        &["--drain-time-s", &drain, "--drain-strategy", "immediate"],
+        &args.each_ref().map(String::as_str),
     );
     let expected = run_h2(envoy_net, || {
         http_resources(1).write_envoy_listeners(&dir, "2")
     });
     eprintln!("envoy: {expected:?}");
-    let (remora, dir) = http_resources(0).start_remora_with(
-        remora_net,
-        &format!("drain:\n  drain_time: {}s\n", DRAIN_TIME.as_secs()),
-    );
+    let (remora, dir) =
+        http_resources(0).start_remora_with(remora_net, &remora_drain_config(DRAIN_TIME));
     let got = run_h2(remora_net, || http_resources(1).write_for_remora(&dir));
     eprintln!("remora: {got:?}");
     assert_eq!(
