@@ -238,6 +238,7 @@ fn by_weight<'a>(candidates: impl Iterator<Item = &'a Endpoint>, mut at: u64) ->
 /// active-request bias of 1.0, drawn at random instead of scheduled).
 pub fn least_request<'a>(
     candidates: impl Iterator<Item = &'a Endpoint> + Clone,
+    len: usize,
     choice_count: u32,
     load: &dyn Fn(&SocketAddr) -> u32,
     rng: &mut fastrand::Rng,
@@ -246,12 +247,18 @@ pub fn least_request<'a>(
     let Some(first) = all.next() else {
         return 0;
     };
-    let len = 1 + all.clone().count();
-    if len == 1 {
+    if len <= 1 {
         return 0;
     }
     let equal = all.all(|e| e.weight == first.weight);
-    let nth = |i: usize| candidates.clone().nth(i).map_or(0, |e| load(&e.address));
+    // `len` was counted before this walk: a host ejected meanwhile by another request makes
+    // it one too many, and a place past the end must never win.
+    let nth = |i: usize| {
+        candidates
+            .clone()
+            .nth(i)
+            .map_or(u32::MAX, |e| load(&e.address))
+    };
     if equal {
         let mut best = rng.usize(..len);
         let mut best_load = nth(best);

@@ -573,7 +573,8 @@ fn choose_among<'a, U: Fn(&Endpoint) -> bool + Copy>(
                     .known_host(a)
                     .map_or(0, |h| h.rq_active.load(Ordering::Relaxed))
             };
-            balance::least_request(hosts.clone(), choice_count, &load, rng)
+            // `len` is what `hosts` yields (counted with the loads): no walk to count them.
+            balance::least_request(hosts.clone(), candidates.len(), choice_count, &load, rng)
         }
         // Only ORIGINAL_DST clusters provide their host, and they do not get here.
         LbPolicy::ClusterProvided => balance::random(hosts.clone(), rng.u64(..)),
@@ -581,9 +582,11 @@ fn choose_among<'a, U: Fn(&Endpoint) -> bool + Copy>(
             ring::choose_kept(state, c.lb_policy, hosts.clone(), hash, attempt).unwrap_or(0)
         }
     };
-    // Bound before returning: the iterator borrows `usable`, which borrows `state`.
+    // Bound before returning: the iterator borrows `usable`, which borrows `state`. (Past
+    // the end only when a host was ejected by another request since the candidates were
+    // counted: the first one then.)
     #[allow(clippy::let_and_return)]
-    let chosen = hosts.clone().nth(index);
+    let chosen = hosts.clone().nth(index).or_else(|| hosts.clone().next());
     chosen
 }
 

@@ -160,13 +160,29 @@ fn weighted_random_and_least_request_with_weights_lean_to_the_heavy() {
     let mut rng = fastrand::Rng::with_seed(7);
     let idle = |_: &SocketAddr| 0;
     let heavy = (0..1000)
-        .filter(|_| balance::least_request(candidates.iter().copied(), 2, &idle, &mut rng) == 0)
+        .filter(|_| {
+            balance::least_request(
+                candidates.iter().copied(),
+                candidates.len(),
+                2,
+                &idle,
+                &mut rng,
+            ) == 0
+        })
         .count();
     assert!((650..850).contains(&heavy), "{heavy}");
     // Loaded with 5 in flight, the heavy one's 3 becomes 0.5 against 1.
     let loaded = |a: &SocketAddr| u32::from(a.ip().to_string() == "10.0.3.1") * 5;
     let heavy = (0..1000)
-        .filter(|_| balance::least_request(candidates.iter().copied(), 2, &loaded, &mut rng) == 0)
+        .filter(|_| {
+            balance::least_request(
+                candidates.iter().copied(),
+                candidates.len(),
+                2,
+                &loaded,
+                &mut rng,
+            ) == 0
+        })
         .count();
     assert!((250..420).contains(&heavy), "{heavy}");
 }
