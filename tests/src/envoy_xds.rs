@@ -85,10 +85,25 @@ impl Resources {
         json!({
             "node": {"id": "sidecar~10.0.0.1~client.test~test.svc.cluster.local", "cluster": "client.test"},
             "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
-            "static_resources": {"listeners": listeners, "clusters": clusters}
+            "static_resources": {"listeners": listeners, "clusters": clusters},
+            "layered_runtime": istio_runtime()
         })
         .to_string()
     }
+}
+
+/// The runtime pilot-agent's bootstrap gives Envoy in every Istio sidecar (its static layer,
+/// then an admin layer): the oracle is Envoy as Istio runs it. Of these only the fragment
+/// switch changes what the tests send (a `#fragment` in a path is stripped, not answered 400).
+pub fn istio_runtime() -> Value {
+    json!({"layers": [
+        {"name": "global config", "static_layer": {
+            "envoy.reloadable_features.http_reject_path_with_fragment": false,
+            "envoy.reloadable_features.no_extension_lookup_by_name": false,
+            "overload.global_downstream_max_connections": 2147483647,
+            "re2.max_program_size.error_level": 32768}},
+        {"name": "admin", "admin_layer": {}}
+    ]})
 }
 
 fn items(v: &Value) -> impl Iterator<Item = &Value> {

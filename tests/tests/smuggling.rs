@@ -106,10 +106,11 @@ fn shapes() -> Vec<(&'static str, String, Expect)> {
         // Pipelining behind a body: both requests, each whole.
         ("pipelined behind a sized body", format!("POST /a HTTP/1.1\r\n{h}Content-Length: 5\r\n\r\nhelloGET /second HTTP/1.1\r\n{h}\r\n"), Requests(&["POST /a HTTP/1.1", "GET /second HTTP/1.1"], false)),
         ("pipelined behind a chunked body", format!("POST /a HTTP/1.1\r\n{h}Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET /second HTTP/1.1\r\n{h}\r\n"), Requests(&["POST /a HTTP/1.1", "GET /second HTTP/1.1"], false)),
-        // A fragment in the target: Envoy answers 400 (`path_normalization_failed`) and
-        // closes; hyper's URI would drop it and forward the rest. Escaped, `#` is a path's.
-        ("fragment", format!("GET /a#frag HTTP/1.1\r\n{h}\r\n"), Refused),
-        ("fragment after a query", format!("GET /a?q=1#frag HTTP/1.1\r\n{h}\r\n{smuggled}"), Refused),
+        // A fragment in the target: stripped, as Envoy strips it under Istio's bootstrap
+        // (`http_reject_path_with_fragment` off); the request behind it is a pipelined one.
+        // Escaped, `#` is a path's.
+        ("fragment", format!("GET /a#frag HTTP/1.1\r\n{h}\r\n"), Requests(GET, false)),
+        ("fragment after a query", format!("GET /a?q=1#frag HTTP/1.1\r\n{h}\r\n{smuggled}"), Requests(&["GET /a?q=1 HTTP/1.1", "GET /smuggled HTTP/1.1"], false)),
         ("escaped #", format!("GET /a%23b HTTP/1.1\r\n{h}\r\n"), Requests(&["GET /a%23b HTTP/1.1"], false)),
         // Upgrades: h2c is not the proxy's to hand to the origin.
         ("Upgrade: h2c", format!("GET /a HTTP/1.1\r\n{h}Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n"), Requests(GET, true)),

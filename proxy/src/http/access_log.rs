@@ -31,10 +31,6 @@ pub struct RequestLog {
     /// `None` for a head that never became a request (malformed, too large, too slow).
     pub method: Option<Method>,
     pub uri: Option<Uri>,
-    /// The path (with query) and fragment as the client sent them, for a target with a
-    /// fragment (the URI cannot hold one): the path is logged as sent, as Envoy logs it, in
-    /// every format.
-    pub fragment: Option<Box<str>>,
     pub version: Version,
     pub authority: Option<HeaderValue>,
     pub user_agent: Option<HeaderValue>,
@@ -83,13 +79,10 @@ impl RequestHeaders for RequestLog {
         }
         match which {
             RequestHeader::Method => self.method.as_ref().map(|m| m.as_str().as_bytes()),
-            RequestHeader::Path => match &self.fragment {
-                Some(sent) => Some(sent.as_bytes()),
-                None => self
-                    .uri
-                    .as_ref()
-                    .map(|u| u.path_and_query().map_or("/", |p| p.as_str()).as_bytes()),
-            },
+            RequestHeader::Path => self
+                .uri
+                .as_ref()
+                .map(|u| u.path_and_query().map_or("/", |p| p.as_str()).as_bytes()),
             RequestHeader::Authority => bytes(&self.authority),
             RequestHeader::Scheme => self.method.as_ref().map(|_| {
                 self.uri
@@ -125,7 +118,6 @@ impl RequestLog {
             started: start.1,
             method: Some(method.clone()),
             uri: Some(uri.clone()),
-            fragment: None,
             version,
             authority,
             user_agent: headers.get(header::USER_AGENT).cloned(),
@@ -234,7 +226,6 @@ impl RequestLog {
             started: start.1,
             method: None,
             uri: None,
-            fragment: None,
             version: Version::HTTP_11,
             authority: None,
             user_agent: None,
@@ -256,7 +247,6 @@ impl RequestLog {
             .uri
             .as_ref()
             .map_or("-", |u| u.path_and_query().map_or("/", |p| p.as_str()));
-        let path = self.fragment.as_deref().unwrap_or(path);
         let protocol = protocol(self.version);
         let received = self.received.bytes();
         let duration = self.started.elapsed().as_millis();

@@ -135,7 +135,7 @@ pub enum ErrorKind {
     Timeout,
     /// The request is malformed; it is answered here and never forwarded.
     MalformedRequest(&'static str),
-    /// The path cannot be normalised (a NUL) or holds a fragment: Envoy's connection manager
+    /// The path cannot be normalised (a NUL): Envoy's connection manager
     /// answers 400 with no body and no flag (`path_normalization_failed`), closing an HTTP/1.1
     /// connection.
     UnnormalizablePath,

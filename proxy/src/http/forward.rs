@@ -12,7 +12,6 @@
 use super::body::{RequestEnd, ResponseBody, UpstreamBody};
 use super::counting::BodyCounter;
 use super::errors::{ErrorKind, Flags, ProxyError};
-use super::framing::HeadFault;
 use super::headers::{self, ATTEMPT_COUNT};
 use super::pool::{self, Key, Sender};
 use super::replies::local_reply;
@@ -72,12 +71,7 @@ pub async fn handle(
     if let Err(kind) = refused {
         if ctx.logging() {
             let (m, u, v) = (req.method(), req.uri(), req.version());
-            let mut log = ctx.request_log(start, (m, u, v, req.headers()));
-            if let Some(HeadFault::Fragment(f)) = refused_head.map(|h| &h.why) {
-                let path = u.path_and_query().map_or("/", |p| p.as_str());
-                log.fragment = Some(format!("{path}{f}").into());
-            }
-            end.log = Some(log);
+            end.log = Some(ctx.request_log(start, (m, u, v, req.headers())));
         }
         tracing::debug!(peer = %ctx.peer, reason = kind.details(), "request refused");
         return Ok(local_reply(kind, grpc, end));

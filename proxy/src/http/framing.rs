@@ -6,11 +6,11 @@
 //! classic request-smuggling shape, and Envoy refuses it (400 `DPE`). So the raw bytes are
 //! followed here, and each head that had both is reported by its position on the connection.
 //!
-//! hyper also drops a fragment (`#…`) from the request target as it parses it (the `http`
-//! crate's URI does), where Envoy's connection manager refuses the request (400,
-//! `path_normalization_failed`): a path rule on `/a` must not be dodged or confused by
-//! `/a#x`. So a request line holding `#` is reported the same way, with the fragment (for the
-//! access log, which shows the path as the client sent it, as Envoy's does).
+//! A fragment (`#…`) in the request target is not looked for: hyper drops it as it parses
+//! the target (the `http` crate's URI does), so the request is routed, authorized, logged and
+//! sent on without it, which is what Envoy does under Istio's bootstrap (pilot-agent turns
+//! `envoy.reloadable_features.http_reject_path_with_fragment` off, and Envoy's connection
+//! manager then strips the fragment from `:path`).
 //!
 //! Following the bytes also tells when a request head is being read, which is what the header
 //! read timeout bounds: from a head's first byte to its end, never the idle time between
@@ -35,8 +35,6 @@ const LONGEST_NAME: usize = 17;
 /// The one request line prefix that ends HTTP on the connection, matched byte by byte.
 const CONNECT: &[u8] = b"CONNECT ";
 const CHUNKED: &[u8] = b"chunked";
-/// The most of a fragment kept for the access log.
-const MAX_FRAGMENT: usize = 1024;
 
 /// Follows the framing of the requests on one HTTP/1.x connection.
 #[derive(Debug, Clone)]
@@ -45,10 +43,6 @@ pub struct RequestFraming {
     /// Request heads completed so far.
     heads: u64,
     head: Head,
-    /// The fragment of the head being read (from its `#`), while `head.fragment`.
-    fragment: Vec<u8>,
-    /// The fragment goes on in the next bytes (the request line has not ended, nor the target).
-    in_fragment: bool,
 }
 
 /// What the head being read has said about its framing.
@@ -60,8 +54,6 @@ struct Head {
     transfer_encoding: bool,
     /// The head ends the inspection: an upgrade, CONNECT, or framing hyper or the proxy refuses.
     last: bool,
-    /// The request line holds a `#`: a fragment in the target (no method has one).
-    fragment: bool,
 }
 
 /// A request head the proxy refuses though hyper would take it, found in the raw bytes.
@@ -77,8 +69,6 @@ pub struct RefusedHead {
 pub enum HeadFault {
     /// Both `Content-Length` and `Transfer-Encoding`.
     LengthAndChunked,
-    /// A fragment in the request target: the fragment from its `#` (at most 1 KiB of it).
-    Fragment(Box<str>),
 }
 
 impl HeadFault {
@@ -88,7 +78,6 @@ impl HeadFault {
             HeadFault::LengthAndChunked => {
                 super::errors::ErrorKind::MalformedRequest("content-length with transfer-encoding")
             }
-            HeadFault::Fragment(_) => super::errors::ErrorKind::UnnormalizablePath,
         }
     }
 }
@@ -141,8 +130,6 @@ impl RequestFraming {
             state: State::Idle,
             heads: 0,
             head: Head::default(),
-            fragment: Vec::new(),
-            in_fragment: false,
         }
     }
 
@@ -198,7 +185,7 @@ impl RequestFraming {
     }
 
     /// Follow the next bytes the client sent. Returns a request head that ended in them and is
-    /// refused (both `Content-Length` and `Transfer-Encoding`, or a fragment in its target);
+    /// refused (both `Content-Length` and `Transfer-Encoding`);
     /// inspection stops after it.
     pub fn feed(&mut self, mut bytes: &[u8]) -> Option<RefusedHead> {
         while !bytes.is_empty() {
@@ -218,11 +205,8 @@ impl RequestFraming {
                     };
                 }
                 State::RequestLine { connect: u8::MAX } => {
-                    // The rest of a request line: one scan for its end, one for a fragment.
-                    let end = memchr::memchr(b'\n', bytes);
-                    self.follow_fragment(&bytes[..end.unwrap_or(bytes.len())]);
-                    let i = end?;
-                    self.in_fragment = false;
+                    // The rest of a request line: one scan for its end.
+                    let i = memchr::memchr(b'\n', bytes)?;
                     bytes = &bytes[i + 1..];
                     self.state = State::LineStart;
                 }
@@ -263,29 +247,6 @@ impl RequestFraming {
             }
         }
         None
-    }
-
-    /// Part of a request line (after the method's first byte): find a fragment, and keep it.
-    fn follow_fragment(&mut self, line: &[u8]) {
-        let mut rest = line;
-        if !self.head.fragment {
-            let Some(at) = memchr::memchr(b'#', line) else {
-                return;
-            };
-            self.head.fragment = true;
-            self.in_fragment = true;
-            self.fragment.clear();
-            rest = &line[at..];
-        }
-        if self.in_fragment {
-            // The target ends at the space before the version.
-            let end = rest.iter().position(|b| matches!(b, b' ' | b'\r'));
-            let part = &rest[..end.unwrap_or(rest.len())];
-            let room = MAX_FRAGMENT.saturating_sub(self.fragment.len());
-            self.fragment
-                .extend_from_slice(&part[..part.len().min(room)]);
-            self.in_fragment = end.is_none();
-        }
     }
 
     /// At the start of a header line (not the blank one) with room in `bytes` for the longest
@@ -528,9 +489,6 @@ impl RequestFraming {
         let head = self.head;
         let why = if head.has_content_length && head.transfer_encoding {
             Some(HeadFault::LengthAndChunked)
-        } else if head.fragment {
-            let fragment = String::from_utf8_lossy(&self.fragment).into();
-            Some(HeadFault::Fragment(fragment))
         } else {
             None
         };

@@ -165,8 +165,9 @@ pub const RAW_CASES: &[&str] = &[
     "GET /edits HTTP/1.1\r\nHost: web\r\nx-forwarded-proto: https\r\nx-forwarded-for: 192.0.2.1\r\nx-request-id: given\r\nConnection: close\r\n\r\n",
     "GET /old HTTP/1.1\r\nHost: web\r\nx-forwarded-proto: https\r\nConnection: close\r\n\r\n",
     "GET /a/../exact HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
-    // A fragment: Envoy answers 400 with no body and no flag (`path_normalization_failed`),
-    // and logs the path as sent. Escaped, `#` is part of the path.
+    // A fragment: stripped and the rest routed, by Envoy under Istio's bootstrap runtime
+    // (`http_reject_path_with_fragment` off) and logged without it. Escaped, `#` is part of
+    // the path.
     "GET /exact#frag HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
     "GET /query?canary=true#x HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
     "GET /exact%23frag HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",

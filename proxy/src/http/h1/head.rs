@@ -115,8 +115,8 @@ pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'
         return None;
     }
     let target = req.path?;
-    // Origin form only: CONNECT, `*` and absolute forms are hyper's. A fragment too: hyper's
-    // path refuses it as Envoy does (`http::framing`).
+    // Origin form only: CONNECT, `*` and absolute forms are hyper's. A fragment too (rare):
+    // hyper's URI drops it, as Envoy under Istio's bootstrap strips it (`http::framing`).
     if !target.starts_with('/') || memchr(b'#', target.as_bytes()).is_some() {
         return None;
     }

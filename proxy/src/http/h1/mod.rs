@@ -596,8 +596,6 @@ fn request_log(
         started,
         method: http::Method::from_bytes(head.method).ok(),
         uri: head.target.parse().ok(),
-        // A target with one is hyper's path's.
-        fragment: None,
         version: http::Version::HTTP_11,
         authority: head.host.and_then(value),
         user_agent: head.user_agent.and_then(value),
