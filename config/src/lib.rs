@@ -4,10 +4,13 @@
 //! into a validated [`Config`] or a [`ConfigError`] that names the file, the line and the field.
 //! The proxy never mutates a `Config`: a reload builds a new one and swaps it in whole.
 //! The schema is documented for users in `docs/config.md`; keep the two in step.
+//! [`file_watch`] wakes whoever holds file-backed config (the proxy's config, xDS files,
+//! certificates, policies; the webhook's certificate) when its directory changes.
 
 mod authz;
 mod dns;
 mod error;
+pub mod file_watch;
 mod istiod;
 mod locate;
 mod mesh;

@@ -21,7 +21,8 @@ pub mod connect;
 pub mod detect;
 pub mod dns;
 pub mod drain;
-pub mod file_watch;
+/// Directory watches, shared with the injector's webhook (its certificate files).
+pub use remora_config::file_watch;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;

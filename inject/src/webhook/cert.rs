@@ -3,12 +3,16 @@
 //! the new one without a restart, or the API server's calls fail once the old one expires.
 //!
 //! Each handshake takes the current certificate from an [`ArcSwap`] (a rustls
-//! [`ResolvesServerCert`]). A poll compares the files' bytes, as `remora run`'s config reload
-//! does: Kubernetes updates a mounted Secret by swapping a symlink, which file watches miss. A
+//! [`ResolvesServerCert`]). The files' directories are watched as the proxy watches its
+//! certificate directory ([`DirWatch`]): Kubernetes updates a mounted Secret by renaming a
+//! fresh `..data` symlink over the old one, an event of the mount's directory (a watch on the
+//! file itself would miss it), so the swap is seen at once. Where no watch can be set the
+//! files are polled. Either way the files' bytes are compared before anything is parsed. A
 //! new pair is swapped in only once both files parse and the key matches the certificate; a
 //! half-written or mismatched pair is logged and the old certificate stays.
 
 use arc_swap::ArcSwap;
+use remora_config::file_watch::DirWatch;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -89,12 +93,20 @@ impl RotatingCert {
         Ok(true)
     }
 
-    /// Polls the files every `interval` until the process ends.
-    pub async fn watch(self: Arc<Self>, interval: Duration) {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    /// Reloads the pair whenever its files' directories change (polling every `poll` where
+    /// they cannot be watched), until the process ends. The watch is set when this is called,
+    /// not when the future is first polled, so no rotation after the call is missed.
+    pub fn watch(
+        self: Arc<Self>,
+        poll: Duration,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let watch = DirWatch::new(&self.watched_dirs(), "webhook certificate");
+        async move { self.reload_on_change(&watch, poll).await }
+    }
+
+    async fn reload_on_change(&self, watch: &DirWatch, poll: Duration) {
         loop {
-            tick.tick().await;
+            watch.changed(poll).await;
             match self.reload() {
                 Ok(true) => {
                     tracing::info!(cert = %self.cert_path.display(), "serving the rotated certificate")
@@ -106,6 +118,18 @@ impl RotatingCert {
                 ),
             }
         }
+    }
+
+    /// The directories whose changes may change the pair: each file's own and, for a
+    /// Secret's symlinked files, where they point.
+    fn watched_dirs(&self) -> Vec<PathBuf> {
+        let mut dirs = DirWatch::dirs_of_file(&self.cert_path);
+        for dir in DirWatch::dirs_of_file(&self.key_path) {
+            if !dirs.contains(&dir) {
+                dirs.push(dir);
+            }
+        }
+        dirs
     }
 }
 
@@ -159,4 +183,54 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remora_config::file_watch::publish_atomically;
+
+    fn pair() -> (String, String) {
+        let c = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("cert");
+        (c.cert.pem(), c.key_pair.serialize_pem())
+    }
+
+    fn presented(cert: &RotatingCert) -> Vec<u8> {
+        cert.current.load().cert[0].to_vec()
+    }
+
+    /// A Secret volume's `..data` swap is picked up by the watch: the poll interval is an hour,
+    /// so only the watch can have reloaded the pair within the five seconds allowed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_secrets_data_swap_is_seen_by_the_watch_not_the_poll() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (first, second) = (pair(), pair());
+        publish_atomically(
+            dir.path(),
+            1,
+            &[("tls.crt", &first.0), ("tls.key", &first.1)],
+        );
+        let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let cert = Arc::new(RotatingCert::load(&cert_path, &key_path, provider).expect("load"));
+        let before = presented(&cert);
+        let watcher = tokio::spawn(Arc::clone(&cert).watch(Duration::from_secs(3600)));
+
+        publish_atomically(
+            dir.path(),
+            2,
+            &[("tls.crt", &second.0), ("tls.key", &second.1)],
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while presented(&cert) == before {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the swapped certificate was not picked up within 5 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let expected = CertificateDer::from_pem_slice(second.0.as_bytes()).expect("pem");
+        assert_eq!(presented(&cert), expected.to_vec());
+        watcher.abort();
+    }
 }

@@ -31,7 +31,8 @@ pub struct WebhookOptions {
     pub max_body: usize,
     /// Connections served at once; more wait to be accepted.
     pub max_connections: usize,
-    /// How often the certificate files are checked for a rotated pair.
+    /// How often the certificate files are checked for a rotated pair where their directories
+    /// cannot be watched (a watch sees a rotation at once).
     pub cert_poll_interval: Duration,
 }
 

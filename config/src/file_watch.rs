@@ -143,9 +143,10 @@ fn matters(kind: &EventKind) -> bool {
 
 /// Publish `files` as Kubernetes publishes a Secret or a CSI driver its volume: a fresh
 /// timestamped directory, a `..data` symlink renamed over the old one, and each file a symlink
-/// through `..data` (made once, removed with the file).
-#[cfg(test)]
-pub(crate) fn publish_atomically(dir: &Path, generation: u32, files: &[(&str, &str)]) {
+/// through `..data` (made once, removed with the file). For tests here and in the crates that
+/// watch files (feature `test-support`).
+#[cfg(any(test, feature = "test-support"))]
+pub fn publish_atomically(dir: &Path, generation: u32, files: &[(&str, &str)]) {
     let fresh = format!("..2026_11_28_20_00_{generation:02}.000000001");
     std::fs::create_dir(dir.join(&fresh)).expect("mkdir");
     for (name, contents) in files {
