@@ -47,14 +47,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::{Body, Bytes, StdError};
 use tonic::metadata::MetadataMap;
 use tracing::{debug, info, warn};
 
-use crate::sink::{type_url, Applied, Rejection, Sink, Update};
+use crate::sink::{type_url, Applied, Interest, Rejection, Sink, Update};
 pub use backoff::{
     Backoff, DEFAULT_BASE as DEFAULT_BACKOFF_BASE, DEFAULT_MAX as DEFAULT_BACKOFF_MAX,
 };
@@ -259,6 +259,7 @@ where
         let node = self.config.node.to_node();
         let mut delta = delta::Delta::new(node.clone());
         let mut sotw = sotw::Sotw::new(node);
+        let mut interest = self.sink.interest();
         loop {
             subs.stream_reset();
             let result = tokio::select! {
@@ -266,11 +267,11 @@ where
                 result = async {
                     match self.config.mode {
                         Mode::Delta => {
-                            self.serve_stream(&mut delta, &mut subs, &mut backoff, init_deadline)
+                            self.serve_stream(&mut delta, &mut subs, &mut backoff, init_deadline, &mut interest)
                                 .await
                         }
                         Mode::StateOfTheWorld => {
-                            self.serve_stream(&mut sotw, &mut subs, &mut backoff, init_deadline)
+                            self.serve_stream(&mut sotw, &mut subs, &mut backoff, init_deadline, &mut interest)
                                 .await
                         }
                     }
@@ -299,6 +300,7 @@ where
         subs: &mut Subscriptions,
         backoff: &mut Backoff,
         init_deadline: Option<Instant>,
+        interest: &mut Option<watch::Receiver<Interest>>,
     ) -> StreamError {
         let metadata = match self.metadata.call_metadata() {
             Ok(m) => m,
@@ -344,6 +346,20 @@ where
                 () = sleep_until(held_deadline) => {
                     warn!("new clusters did not all receive endpoints within the initial fetch timeout; answering CDS");
                     for request in held.take().map(|h| h.requests).unwrap_or_default() {
+                        if tx.send(request).await.is_err() {
+                            return StreamError::RequestsClosed;
+                        }
+                    }
+                    continue;
+                }
+                wanted = interest_changed(interest.as_mut()) => {
+                    // Interest changed with no response (a warming timeout): subscribe now,
+                    // as Envoy's cluster starts its SDS subscription when it initialises.
+                    let applied = Applied { rejected: Vec::new(), wanted };
+                    for changed in subs.after_response("", &applied, &BTreeSet::new()) {
+                        let Some(request) = proto.subscription_request(subs, &self.stats, changed) else {
+                            continue;
+                        };
                         if tx.send(request).await.is_err() {
                             return StreamError::RequestsClosed;
                         }
@@ -553,6 +569,16 @@ impl<R> HeldAnswers<R> {
         }
         self.requests.push(answer);
     }
+}
+
+/// The sink's interest once it changes; never, without a watch or once the sink dropped it.
+async fn interest_changed(interest: Option<&mut watch::Receiver<Interest>>) -> Interest {
+    if let Some(rx) = interest {
+        if rx.changed().await.is_ok() {
+            return rx.borrow_and_update().clone();
+        }
+    }
+    std::future::pending().await
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

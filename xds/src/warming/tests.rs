@@ -8,6 +8,7 @@ use crate::sink::{type_url, Resource as Delivered, Sink, Update};
 use crate::store::Store;
 use prost::Message;
 use serde_json::{json, Value};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 const CACERT: &str = "kubernetes://cred-cacert";
@@ -453,14 +454,25 @@ fn an_eds_cluster_whose_endpoints_timed_out_then_waits_for_its_secrets() {
         vec![cluster("e", "1", true, Some(CACERT))],
         true,
     );
+    let mut interest = store.interest().expect("the store tells its interest");
     let endpoints_deadline = store.expire_waits(start).expect("the endpoints' clock");
     assert!(!store.snapshot().wanted_secrets().contains(CACERT));
+    assert!(
+        !interest.has_changed().unwrap_or(true),
+        "no secret wanted yet, so the client is not woken"
+    );
     // The endpoints time out: the cluster initialises and now wants its secret, whose own
     // clock starts then.
     let secret_deadline = store
         .expire_waits(endpoints_deadline)
         .expect("the secret's clock");
     assert!(store.snapshot().wanted_secrets().contains(CACERT));
+    // The ADS client is told at once: no response need come for it to subscribe.
+    assert!(interest.has_changed().unwrap_or(false));
+    assert_eq!(
+        interest.borrow_and_update().get(type_url::SECRET),
+        Some(&BTreeSet::from([CACERT.to_string()]))
+    );
     assert_eq!(warming(&store), ["e"], "still waiting for the secret");
     assert!(secret_deadline > endpoints_deadline);
     apply(&store, type_url::SECRET, vec![roots(CACERT)], false);
