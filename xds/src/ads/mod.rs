@@ -36,6 +36,7 @@ mod backoff;
 mod delta;
 mod node;
 mod protocol;
+mod secret_stats;
 mod sotw;
 mod state;
 mod stats;
@@ -59,6 +60,7 @@ pub use backoff::{
     Backoff, DEFAULT_BASE as DEFAULT_BACKOFF_BASE, DEFAULT_MAX as DEFAULT_BACKOFF_MAX,
 };
 pub use node::{json_map_to_struct, sidecar_node_id, NodeInfo, NodeLocality, USER_AGENT_NAME};
+pub use secret_stats::{secret_stat_name, SecretCounters, SecretStats};
 pub use stats::{
     stat_prefix, Stats, StatsSnapshot, TypeSnapshot, TypeStats, TypeStatus, UpdateError,
 };
@@ -281,6 +283,7 @@ where
             for t in subs.started() {
                 self.stats.failure(t.type_url);
             }
+            self.stats.secrets.stream_failed();
             let delay = backoff.next_delay();
             match &result {
                 StreamError::Closed => info!(retry_in = ?delay, "{result}"),
@@ -356,7 +359,10 @@ where
                     // Interest changed with no response (a warming timeout): subscribe now,
                     // as Envoy's cluster starts its SDS subscription when it initialises.
                     let applied = Applied { rejected: Vec::new(), wanted };
-                    for changed in subs.after_response("", &applied, &BTreeSet::new()) {
+                    let secrets_before = subs.wanted(type_url::SECRET);
+                    let changed = subs.after_response("", &applied, &BTreeSet::new());
+                    self.stats.secrets.resubscribed(&secrets_before, &subs.wanted(type_url::SECRET));
+                    for changed in changed {
                         let Some(request) = proto.subscription_request(subs, &self.stats, changed) else {
                             continue;
                         };
@@ -412,6 +418,9 @@ where
         let mut pending = match proto.receive(subs, &self.stats, response) {
             Received::Ignore => return Vec::new(),
             Received::Refused(type_url, nack) => {
+                if type_url == type_url::SECRET {
+                    self.stats.secrets.answered([], "", true, []);
+                }
                 let mut requests: Vec<_> = subs
                     .after_refusal(type_url)
                     .into_iter()
@@ -450,8 +459,22 @@ where
         let applied = self
             .apply(type_url, std::mem::take(&mut pending.update))
             .await;
-        let mut requests: Vec<_> = subs
-            .after_response(type_url, &applied, &delivered)
+        let subscribed_secrets = subs.wanted(type_url::SECRET);
+        let changed = subs.after_response(type_url, &applied, &delivered);
+        self.stats
+            .secrets
+            .resubscribed(&subscribed_secrets, &subs.wanted(type_url::SECRET));
+        if type_url == type_url::SECRET {
+            // The answer below NACKs the whole response if any of it was refused.
+            let nacked = !applied.rejected.is_empty() || !pending.refused.is_empty();
+            let refused: BTreeSet<&String> = (applied.rejected.iter())
+                .chain(&pending.refused)
+                .map(|r| &r.name)
+                .collect();
+            let secrets = &self.stats.secrets;
+            secrets.answered(&delivered, &pending.version, nacked, refused);
+        }
+        let mut requests: Vec<_> = changed
             .into_iter()
             .filter_map(|changed| proto.subscription_request(subs, &self.stats, changed))
             .collect();

@@ -92,6 +92,8 @@ pub struct Stats {
     pub connected_state: AtomicU64,
     identifier: Mutex<String>,
     types: [TypeStats; TYPES.len()],
+    /// SDS counted per secret, as Envoy counts it (`sds.<name>.*`).
+    pub secrets: super::secret_stats::SecretStats,
 }
 
 /// A point-in-time copy of one type's statistics.

@@ -224,9 +224,19 @@ fn the_initial_fetch_timeout_puts_the_cluster_in_force_without_its_secret() {
     );
     assert!(deadline <= Instant::now() + Duration::from_secs(15));
     assert_eq!(warming(&store), ["c"], "not timed out yet");
+    assert!(store.secret_fetch_timeouts().is_empty());
     assert_eq!(store.expire_waits(deadline), None, "nothing left to time");
     assert_eq!(in_force(&store, "c").as_deref(), Some("1"));
     assert!(warming(&store).is_empty());
+    // Counted once per secret, as Envoy's `sds.<name>.init_fetch_timeout`, however often looked.
+    store.expire_waits(deadline + Duration::from_secs(1));
+    assert_eq!(
+        store
+            .secret_fetch_timeouts()
+            .into_iter()
+            .collect::<Vec<_>>(),
+        [(CACERT.to_string(), 1)]
+    );
     // A secret whose fetch timed out holds no later version back.
     apply(
         &store,
@@ -241,6 +251,16 @@ fn the_initial_fetch_timeout_puts_the_cluster_in_force_without_its_secret() {
     );
     assert_eq!(store.expire_waits(deadline), None);
     assert_eq!(in_force(&store, "c").as_deref(), Some("2"));
+    // No cluster names the secret any more: its count goes, as Envoy's statistics go with
+    // the secret's subscription.
+    apply(
+        &store,
+        type_url::CLUSTER,
+        vec![cluster("c", "3", false, None)],
+        true,
+    );
+    store.expire_waits(deadline);
+    assert!(store.secret_fetch_timeouts().is_empty());
 }
 
 #[test]
