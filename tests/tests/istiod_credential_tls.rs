@@ -23,7 +23,10 @@
 //! - the other cluster is still served meanwhile;
 //! - once the secret's initial fetch times out (Envoy's 15 s default, which istiod's
 //!   `SDSAdsConfig` leaves in place) the cluster is in force without it and its connections
-//!   fail (503 `UF`).
+//!   fail (503 `UF`);
+//! - at the end, each secret's SDS counters in `/stats` (`sds.<name>.update_success`,
+//!   `update_rejected`, `update_attempt`, `update_failure`, `init_fetch_timeout`) are
+//!   Envoy's.
 //!
 //! Envoy's NACK of the mismatched key says what failed (`Failed to load private key from
 //! <inline>, … KEY_VALUES_MISMATCH`) without the resource; Remora's names the secret and the

@@ -11,6 +11,8 @@
 //!   counts it), `update_success`, `update_rejected` (NACKs), `update_failure` (stream failures),
 //!   `update_time` (ms since the epoch of the last success) and `version_text`.
 //!
+//! SDS is also counted per secret ([`super::SecretStats`], Envoy's `sds.<name>.*`).
+//!
 //! A per-type [`TypeStatus`] keeps the current version and the last rejection for a
 //! `/config_dump`-style display.
 
