@@ -23,7 +23,10 @@
 //! - the other cluster is still served meanwhile;
 //! - once the secret's initial fetch times out (Envoy's 15 s default, which istiod's
 //!   `SDSAdsConfig` leaves in place) the cluster is in force without it and its connections
-//!   fail (503 `UF`).
+//!   fail (503 `UF`);
+//! - at the end, each secret's SDS counters in `/stats` (`sds.<name>.update_success`,
+//!   `update_rejected`, `update_attempt`, `update_failure`, `init_fetch_timeout`) are
+//!   Envoy's.
 //!
 //! Envoy's NACK of the mismatched key says what failed (`Failed to load private key from
 //! <inline>, … KEY_VALUES_MISMATCH`) without the resource; Remora's names the secret and the
@@ -45,6 +48,15 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The per-secret SDS counters on which Remora follows Envoy along this story.
+const SDS_COMPARED: [&str; 5] = [
+    "update_success",
+    "update_rejected",
+    "init_fetch_timeout",
+    "update_attempt",
+    "update_failure",
+];
 
 /// What a proxy shows besides its answers: its access log and its admin pages.
 struct Views<'a> {
@@ -77,6 +89,24 @@ impl Views<'_> {
             .lines()
             .filter(|l| l.starts_with("ACCESS ") && l.ends_with(host))
             .count()
+    }
+
+    /// Envoy's per-secret SDS counters from `/stats` (`sds.<name>.<counter>: value`) that the
+    /// two proxies are compared on, sorted by name.
+    fn sds_stats(&self) -> Vec<(String, u64)> {
+        let mut stats: Vec<(String, u64)> = (self.admin)("/stats")
+            .lines()
+            .filter(|l| l.starts_with("sds."))
+            .filter_map(|l| {
+                let (name, value) = l.split_once(": ")?;
+                let compared = SDS_COMPARED
+                    .iter()
+                    .any(|c| name.ends_with(&format!(".{c}")));
+                compared.then(|| Some((name.to_string(), value.trim().parse().ok()?)))?
+            })
+            .collect();
+        stats.sort();
+        stats
     }
 
     /// The clusters `/config_dump` lists as warming.
@@ -393,7 +423,10 @@ fn serve_first(world: &World) {
     serve_config(world.plane.ads(), "v1", &[(HOST, CREDENTIAL)]);
 }
 
-fn remora_story(net: &PodNet) -> Vec<(&'static str, Outcome)> {
+/// The steps of the story, and the proxy's per-secret SDS counters at its end.
+type Told = (Vec<(&'static str, Outcome)>, Vec<(String, u64)>);
+
+fn remora_story(net: &PodNet) -> Told {
     let world = world(net);
     serve_first(&world);
     let sidecar = net
@@ -484,7 +517,7 @@ fn remora_story(net: &PodNet) -> Vec<(&'static str, Outcome)> {
         logs.contains(&credential(ABSENT)) && logs.contains("not received from the control plane"),
         "the failed connection names the secret awaited:\n{logs}"
     );
-    steps
+    (steps, views.sds_stats())
 }
 
 /// Envoy as pilot-agent starts it for a sidecar, but talking to the control plane directly
@@ -522,7 +555,7 @@ fn envoy_bootstrap(net: &PodNet, world: &World) -> String {
     .to_string()
 }
 
-fn envoy_story(net: &PodNet, binary: &std::path::Path) -> Vec<(&'static str, Outcome)> {
+fn envoy_story(net: &PodNet, binary: &std::path::Path) -> Told {
     let world = world(net);
     serve_first(&world);
     let envoy = Envoy::start_sidecar(
@@ -543,7 +576,7 @@ fn envoy_story(net: &PodNet, binary: &std::path::Path) -> Vec<(&'static str, Out
         "Envoy NACKs the mismatched key too:\n{}",
         envoy.logs()
     );
-    steps
+    (steps, views.sds_stats())
 }
 
 #[test]
@@ -551,14 +584,38 @@ fn credential_name_secrets_from_istiod_originate_as_envoy_does() {
     let Some(net) = PodNet::create_or_skip() else {
         return;
     };
-    let remora = remora_story(&net);
+    let (remora, remora_sds) = remora_story(&net);
     assert_eq!(remora, expected(), "Remora");
+    // Each secret counts its own updates, under its stat name: the certificate's refused key
+    // is a rejection, and the secret never served timed out.
+    let stat = |name: &str, counter: &str| {
+        let name = format!("sds.kubernetes_{name}.{counter}");
+        remora_sds.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    };
+    assert!(
+        stat(CREDENTIAL, "update_success") >= Some(2),
+        "{remora_sds:?}"
+    );
+    assert_eq!(
+        stat(CREDENTIAL, "update_rejected"),
+        Some(1),
+        "{remora_sds:?}"
+    );
+    assert_eq!(
+        stat(ABSENT, "init_fetch_timeout"),
+        Some(1),
+        "{remora_sds:?}"
+    );
     let Some(binary) = remora_e2e::envoy::binary_or_skip() else {
         return;
     };
     let Some(envoy_net) = PodNet::create_or_skip() else {
         return;
     };
-    let envoy = envoy_story(&envoy_net, &binary);
+    let (envoy, envoy_sds) = envoy_story(&envoy_net, &binary);
     assert_eq!(remora, envoy, "Remora and Envoy");
+    assert_eq!(
+        remora_sds, envoy_sds,
+        "per-secret SDS statistics of Remora and Envoy"
+    );
 }

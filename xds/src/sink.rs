@@ -62,8 +62,20 @@ pub struct Applied {
     pub wanted: BTreeMap<&'static str, BTreeSet<String>>,
 }
 
+/// For each type the held resources depend on, the full set of names wanted (as in
+/// [`Applied::wanted`]).
+pub type Interest = BTreeMap<&'static str, BTreeSet<String>>;
+
 /// Where the discovery client delivers what it receives.
 pub trait Sink: Send + Sync + 'static {
     /// Convert and apply one response's resources of `type_url`.
     fn apply(&self, type_url: &str, update: Update) -> Applied;
+
+    /// Interest that changes with no response to apply (a cluster whose endpoints' initial
+    /// fetch timed out now wants its secrets): the client watches it and subscribes at once.
+    /// The value is the whole interest of the types it names; `None`, the default: interest
+    /// changes only through [`Sink::apply`].
+    fn interest(&self) -> Option<tokio::sync::watch::Receiver<Interest>> {
+        None
+    }
 }

@@ -4,11 +4,11 @@
 //! their previous version, and the rest of the update is applied regardless.
 
 use crate::convert::{from_bytes, Resource};
-use crate::sink::{type_url, Applied, Rejection, Resource as Delivered, Sink, Update};
+use crate::sink::{type_url, Applied, Interest, Rejection, Resource as Delivered, Sink, Update};
 use crate::snapshot::{Entry, Resources, Snapshot};
 use crate::warming::{settle, Waits};
 use arc_swap::ArcSwap;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -27,6 +27,12 @@ pub struct Store {
     warming_started: tokio::sync::Notify,
     /// Wakes whoever waits for the next listener update ([`Store::listeners_changed`]).
     listeners_published: tokio::sync::Notify,
+    /// The secrets the clusters held want, for the ADS client to follow between responses
+    /// ([`Sink::interest`]): a warming timeout can change them with no response applied.
+    interest: tokio::sync::watch::Sender<Interest>,
+    /// Per secret wanted, how many times its initial fetch timed out (Envoy's
+    /// `sds.<name>.init_fetch_timeout`).
+    secret_fetch_timeouts: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Store {
@@ -61,9 +67,12 @@ impl Store {
                     warming = next.warming_clusters.len(),
                     "initial fetch of an SDS secret or of a cluster's endpoints timed out: its clusters are in force without them"
                 );
+                let wanted = next.wanted_secrets();
                 self.publish(next, false);
+                self.want_secrets(wanted);
             }
         }
+        self.count_fetch_timeouts(&mut waits, now);
         waits.next_deadline(&self.current.load(), now)
     }
 
@@ -93,6 +102,43 @@ impl Store {
         if listeners {
             self.listeners_published.notify_waiters();
         }
+    }
+
+    /// Counts the secrets whose initial fetch timed out by `now`; forgets the counts of those
+    /// no longer wanted (Envoy's statistics go with the secret's subscription).
+    fn count_fetch_timeouts(&self, waits: &mut Waits, now: Instant) {
+        let expired = waits.secrets_timing_out(&self.current.load(), now);
+        let mut counts = self
+            .secret_fetch_timeouts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let timed: BTreeSet<&String> = waits.timed_secrets().collect();
+        counts.retain(|name, _| timed.contains(name));
+        for name in expired {
+            *counts.entry(name).or_default() += 1;
+        }
+    }
+
+    /// Per secret, how many times its initial fetch timed out (Envoy's
+    /// `sds.<name>.init_fetch_timeout`), for the secrets the clusters held still want.
+    pub fn secret_fetch_timeouts(&self) -> BTreeMap<String, u64> {
+        self.secret_fetch_timeouts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Tells the ADS client which secrets are wanted, waking it only when that changed.
+    fn want_secrets(&self, wanted: BTreeSet<String>) {
+        self.interest.send_if_modified(|interest| {
+            let changed = interest
+                .get(type_url::SECRET)
+                .map_or(!wanted.is_empty(), |held| *held != wanted);
+            if changed {
+                interest.insert(type_url::SECRET, wanted);
+            }
+            changed
+        });
     }
 
     /// The current snapshot, to keep (one atomic load and a reference count).
@@ -192,6 +238,10 @@ fn prune<T: Resource>(held: &mut Arc<Resources<T>>, wanted: &BTreeSet<String>) {
 }
 
 impl Sink for Store {
+    fn interest(&self) -> Option<tokio::sync::watch::Receiver<Interest>> {
+        Some(self.interest.subscribe())
+    }
+
     fn apply(&self, type_url: &str, update: Update) -> Applied {
         // A poisoned lock only means another writer panicked; the snapshot it guards is
         // immutable and still whole, so carry on.
@@ -259,6 +309,11 @@ impl Sink for Store {
                     .collect();
                 return applied;
             }
+        }
+        // The interest in secrets is published under the writer lock, so that the watch
+        // never goes back to an older set than the snapshot's.
+        if let Some(secrets) = applied.wanted.get(type_url::SECRET) {
+            self.want_secrets(secrets.clone());
         }
         drop(waits);
         self.publish(next, type_url == type_url::LISTENER);

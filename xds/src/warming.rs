@@ -36,6 +36,8 @@ pub struct Waits {
     /// `None`: for ever (Envoy's `0s`); zero: nothing warms at all (resources from files).
     timeout: Option<Duration>,
     deadlines: BTreeMap<String, Instant>,
+    /// Secrets whose initial fetch has been counted as timed out (once per clock).
+    expired: BTreeSet<String>,
     /// (cluster, EDS name) of a cluster held without its endpoints → its wait for them.
     endpoints: BTreeMap<(String, String), EndpointWait>,
 }
@@ -65,6 +67,7 @@ impl Waits {
         Waits {
             timeout,
             deadlines: BTreeMap::new(),
+            expired: BTreeSet::new(),
             endpoints: BTreeMap::new(),
         }
     }
@@ -94,6 +97,28 @@ impl Waits {
                 Some(EndpointWait::Over) => true,
                 Some(EndpointWait::Forever) | None => false,
             }
+    }
+
+    /// The secrets whose initial fetch has timed out by `now` without their arriving in
+    /// `snapshot`, each once per clock (Envoy's `init_fetch_timeout`, counted per secret).
+    pub fn secrets_timing_out(&mut self, snapshot: &Snapshot, now: Instant) -> Vec<String> {
+        if self.timeout.is_none_or(|t| t.is_zero()) {
+            return Vec::new();
+        }
+        let expired: Vec<String> = self
+            .deadlines
+            .iter()
+            .filter(|(name, d)| **d <= now && !snapshot.secrets.contains_key(*name))
+            .filter(|(name, _)| !self.expired.contains(*name))
+            .map(|(name, _)| name.clone())
+            .collect();
+        self.expired.extend(expired.iter().cloned());
+        expired
+    }
+
+    /// The secrets whose clocks run (those the clusters held want).
+    pub fn timed_secrets(&self) -> impl Iterator<Item = &String> {
+        self.deadlines.keys()
     }
 
     /// The next instant a secret or a cluster's endpoints still missing from `snapshot` time
@@ -205,6 +230,7 @@ pub fn settle(
     // subscription would).
     let wanted = next.wanted_secrets();
     waits.deadlines.retain(|name, _| wanted.contains(name));
+    waits.expired.retain(|name| wanted.contains(name));
     // A cluster that initialised without endpoints wants its secrets: that too is news.
     changed || initialised_now
 }

@@ -167,6 +167,10 @@ struct LoggedStore {
 }
 
 impl Sink for LoggedStore {
+    fn interest(&self) -> Option<tokio::sync::watch::Receiver<remora_xds::sink::Interest>> {
+        self.store.interest()
+    }
+
     fn apply(&self, type_url: &str, update: Update) -> Applied {
         let received = update.resources.len();
         let removed = update.removed.len();

@@ -123,6 +123,8 @@ pub enum Scope {
     /// A subscription, by Envoy's prefix (`cluster_manager.cds`, `listener_manager.lds`,
     /// and `rds`, `eds`, which Envoy keeps per route table and per cluster and Remora sums).
     Subscription(&'static str),
+    /// One SDS secret's subscription, by its stat name (`kubernetes_client-credential`).
+    Secret(String),
 }
 
 /// Counter or gauge, as Envoy types it.
@@ -165,6 +167,7 @@ impl EnvoyStat {
             Scope::Tcp => format!("tcp.{}", self.stat),
             Scope::ControlPlane => format!("control_plane.{}", self.stat),
             Scope::Subscription(p) => format!("{p}.{}", self.stat),
+            Scope::Secret(name) => format!("sds.{name}.{}", self.stat),
         }
     }
 
@@ -192,6 +195,11 @@ impl EnvoyStat {
             Scope::Subscription(p) => {
                 (format!("envoy_{}_{}", p.replace('.', "_"), self.stat), None)
             }
+            // Envoy's default tag extraction takes the secret's name out as this label.
+            Scope::Secret(name) => (
+                format!("envoy_sds_{}", self.stat),
+                Some(("envoy_xds_resource_name", name.clone())),
+            ),
         };
         let mut labels: Vec<(&'static str, String)> = label.into_iter().collect();
         if let Some(code) = &self.code {
@@ -371,8 +379,9 @@ impl EnvoyStats {
                 "connected_state",
                 snap.connected_state,
             ));
+            secret_stats(&mut stats, cp);
             // NDS is pilot-agent's, not Envoy's: Envoy has no statistics of it to mirror.
-            // Envoy counts SDS per secret (`sds.<name>.*`), not per type: not mirrored yet.
+            // Envoy counts SDS per secret (`sds.<name>.*`, above), not per type.
             let envoys = snap.types.iter().filter(|t| {
                 t.type_url != remora_xds::sink::type_url::NAME_TABLE
                     && t.type_url != remora_xds::sink::type_url::SECRET
@@ -400,6 +409,39 @@ impl EnvoyStats {
             stats.push(c(http(), "cors.origin_valid", valid));
         }
         stats
+    }
+}
+
+/// Envoy's per-secret SDS statistics (`sds.<name>.*`): what the ADS client counted of each
+/// subscribed secret, with the store's initial fetch timeouts (each also an attempt, as Envoy
+/// counts it).
+fn secret_stats(stats: &mut Vec<EnvoyStat>, cp: &ControlPlane) {
+    let timeouts = cp.store.secret_fetch_timeouts();
+    for (name, s) in cp.stats.secrets.snapshot() {
+        let timed_out = timeouts.get(&name).copied().unwrap_or(0);
+        let scope = Scope::Secret(remora_xds::ads::secret_stat_name(&name));
+        let mut push = |stat, kind, value| {
+            stats.push(EnvoyStat {
+                scope: scope.clone(),
+                stat,
+                code: None,
+                kind,
+                value,
+            })
+        };
+        push("init_fetch_timeout", Kind::Counter, timed_out);
+        // Envoy counts rotations of secrets read from files; one from the control plane never.
+        push("key_rotation_failed", Kind::Counter, 0);
+        push(
+            "update_attempt",
+            Kind::Counter,
+            s.update_attempt + timed_out,
+        );
+        push("update_failure", Kind::Counter, s.update_failure);
+        push("update_rejected", Kind::Counter, s.update_rejected);
+        push("update_success", Kind::Counter, s.update_success);
+        push("update_time", Kind::Gauge, s.update_time);
+        push("version", Kind::Gauge, s.version);
     }
 }
 

@@ -404,6 +404,45 @@ mod tests {
     }
 
     #[test]
+    fn each_sds_secret_has_envoys_stats_under_its_stat_name() {
+        let m = Metrics::default();
+        let stats = Arc::new(remora_xds::ads::Stats::default());
+        m.set_control_plane(ControlPlane {
+            stats: Arc::clone(&stats),
+            store: Arc::default(),
+            refusals: Arc::default(),
+        });
+        let name = "kubernetes://client-credential".to_string();
+        stats
+            .secrets
+            .resubscribed(&Default::default(), &[name.clone()].into());
+        stats.secrets.answered([&name], "v1", false, []);
+        stats.secrets.answered([&name], "v2", true, [&name]);
+        let dotted: Vec<(String, u64)> = m
+            .envoy_stats()
+            .into_iter()
+            .map(|s| (s.dotted_name(), s.value))
+            .collect();
+        for (stat, value) in [
+            ("update_attempt", 4),
+            ("update_success", 1),
+            ("update_rejected", 1),
+            ("update_failure", 0),
+            ("init_fetch_timeout", 0),
+            ("key_rotation_failed", 0),
+        ] {
+            let name = format!("sds.kubernetes_client-credential.{stat}");
+            assert!(
+                dotted.contains(&(name, value)),
+                "{stat} {value}: {dotted:?}"
+            );
+        }
+        let text = m.encode();
+        let line = "envoy_sds_update_success{envoy_xds_resource_name=\"kubernetes_client-credential\"} 1\n";
+        assert!(text.contains(line), "{text}");
+    }
+
+    #[test]
     fn inbound_handshakes_give_the_listeners_envoy_ssl_stats() {
         let m = Metrics::default();
         for result in ["ok", "ok", "unknown_ca", "no_client_certificate", "timeout"] {

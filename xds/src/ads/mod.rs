@@ -36,6 +36,7 @@ mod backoff;
 mod delta;
 mod node;
 mod protocol;
+mod secret_stats;
 mod sotw;
 mod state;
 mod stats;
@@ -47,18 +48,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::{Body, Bytes, StdError};
 use tonic::metadata::MetadataMap;
 use tracing::{debug, info, warn};
 
-use crate::sink::{type_url, Applied, Rejection, Sink, Update};
+use crate::sink::{type_url, Applied, Interest, Rejection, Sink, Update};
 pub use backoff::{
     Backoff, DEFAULT_BASE as DEFAULT_BACKOFF_BASE, DEFAULT_MAX as DEFAULT_BACKOFF_MAX,
 };
 pub use node::{json_map_to_struct, sidecar_node_id, NodeInfo, NodeLocality, USER_AGENT_NAME};
+pub use secret_stats::{secret_stat_name, SecretCounters, SecretStats};
 pub use stats::{
     stat_prefix, Stats, StatsSnapshot, TypeSnapshot, TypeStats, TypeStatus, UpdateError,
 };
@@ -259,6 +261,7 @@ where
         let node = self.config.node.to_node();
         let mut delta = delta::Delta::new(node.clone());
         let mut sotw = sotw::Sotw::new(node);
+        let mut interest = self.sink.interest();
         loop {
             subs.stream_reset();
             let result = tokio::select! {
@@ -266,11 +269,11 @@ where
                 result = async {
                     match self.config.mode {
                         Mode::Delta => {
-                            self.serve_stream(&mut delta, &mut subs, &mut backoff, init_deadline)
+                            self.serve_stream(&mut delta, &mut subs, &mut backoff, init_deadline, &mut interest)
                                 .await
                         }
                         Mode::StateOfTheWorld => {
-                            self.serve_stream(&mut sotw, &mut subs, &mut backoff, init_deadline)
+                            self.serve_stream(&mut sotw, &mut subs, &mut backoff, init_deadline, &mut interest)
                                 .await
                         }
                     }
@@ -280,6 +283,7 @@ where
             for t in subs.started() {
                 self.stats.failure(t.type_url);
             }
+            self.stats.secrets.stream_failed();
             let delay = backoff.next_delay();
             match &result {
                 StreamError::Closed => info!(retry_in = ?delay, "{result}"),
@@ -299,6 +303,7 @@ where
         subs: &mut Subscriptions,
         backoff: &mut Backoff,
         init_deadline: Option<Instant>,
+        interest: &mut Option<watch::Receiver<Interest>>,
     ) -> StreamError {
         let metadata = match self.metadata.call_metadata() {
             Ok(m) => m,
@@ -344,6 +349,23 @@ where
                 () = sleep_until(held_deadline) => {
                     warn!("new clusters did not all receive endpoints within the initial fetch timeout; answering CDS");
                     for request in held.take().map(|h| h.requests).unwrap_or_default() {
+                        if tx.send(request).await.is_err() {
+                            return StreamError::RequestsClosed;
+                        }
+                    }
+                    continue;
+                }
+                wanted = interest_changed(interest.as_mut()) => {
+                    // Interest changed with no response (a warming timeout): subscribe now,
+                    // as Envoy's cluster starts its SDS subscription when it initialises.
+                    let applied = Applied { rejected: Vec::new(), wanted };
+                    let secrets_before = subs.wanted(type_url::SECRET);
+                    let changed = subs.after_response("", &applied, &BTreeSet::new());
+                    self.stats.secrets.resubscribed(&secrets_before, &subs.wanted(type_url::SECRET));
+                    for changed in changed {
+                        let Some(request) = proto.subscription_request(subs, &self.stats, changed) else {
+                            continue;
+                        };
                         if tx.send(request).await.is_err() {
                             return StreamError::RequestsClosed;
                         }
@@ -396,6 +418,9 @@ where
         let mut pending = match proto.receive(subs, &self.stats, response) {
             Received::Ignore => return Vec::new(),
             Received::Refused(type_url, nack) => {
+                if type_url == type_url::SECRET {
+                    self.stats.secrets.answered([], "", true, []);
+                }
                 let mut requests: Vec<_> = subs
                     .after_refusal(type_url)
                     .into_iter()
@@ -434,8 +459,22 @@ where
         let applied = self
             .apply(type_url, std::mem::take(&mut pending.update))
             .await;
-        let mut requests: Vec<_> = subs
-            .after_response(type_url, &applied, &delivered)
+        let subscribed_secrets = subs.wanted(type_url::SECRET);
+        let changed = subs.after_response(type_url, &applied, &delivered);
+        self.stats
+            .secrets
+            .resubscribed(&subscribed_secrets, &subs.wanted(type_url::SECRET));
+        if type_url == type_url::SECRET {
+            // The answer below NACKs the whole response if any of it was refused.
+            let nacked = !applied.rejected.is_empty() || !pending.refused.is_empty();
+            let refused: BTreeSet<&String> = (applied.rejected.iter())
+                .chain(&pending.refused)
+                .map(|r| &r.name)
+                .collect();
+            let secrets = &self.stats.secrets;
+            secrets.answered(&delivered, &pending.version, nacked, refused);
+        }
+        let mut requests: Vec<_> = changed
             .into_iter()
             .filter_map(|changed| proto.subscription_request(subs, &self.stats, changed))
             .collect();
@@ -553,6 +592,16 @@ impl<R> HeldAnswers<R> {
         }
         self.requests.push(answer);
     }
+}
+
+/// The sink's interest once it changes; never, without a watch or once the sink dropped it.
+async fn interest_changed(interest: Option<&mut watch::Receiver<Interest>>) -> Interest {
+    if let Some(rx) = interest {
+        if rx.changed().await.is_ok() {
+            return rx.borrow_and_update().clone();
+        }
+    }
+    std::future::pending().await
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

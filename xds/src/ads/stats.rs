@@ -11,6 +11,8 @@
 //!   counts it), `update_success`, `update_rejected` (NACKs), `update_failure` (stream failures),
 //!   `update_time` (ms since the epoch of the last success) and `version_text`.
 //!
+//! SDS is also counted per secret ([`super::SecretStats`], Envoy's `sds.<name>.*`).
+//!
 //! A per-type [`TypeStatus`] keeps the current version and the last rejection for a
 //! `/config_dump`-style display.
 
@@ -92,6 +94,8 @@ pub struct Stats {
     pub connected_state: AtomicU64,
     identifier: Mutex<String>,
     types: [TypeStats; TYPES.len()],
+    /// SDS counted per secret, as Envoy counts it (`sds.<name>.*`).
+    pub secrets: super::secret_stats::SecretStats,
 }
 
 /// A point-in-time copy of one type's statistics.

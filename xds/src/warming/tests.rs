@@ -8,6 +8,7 @@ use crate::sink::{type_url, Resource as Delivered, Sink, Update};
 use crate::store::Store;
 use prost::Message;
 use serde_json::{json, Value};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 const CACERT: &str = "kubernetes://cred-cacert";
@@ -223,9 +224,19 @@ fn the_initial_fetch_timeout_puts_the_cluster_in_force_without_its_secret() {
     );
     assert!(deadline <= Instant::now() + Duration::from_secs(15));
     assert_eq!(warming(&store), ["c"], "not timed out yet");
+    assert!(store.secret_fetch_timeouts().is_empty());
     assert_eq!(store.expire_waits(deadline), None, "nothing left to time");
     assert_eq!(in_force(&store, "c").as_deref(), Some("1"));
     assert!(warming(&store).is_empty());
+    // Counted once per secret, as Envoy's `sds.<name>.init_fetch_timeout`, however often looked.
+    store.expire_waits(deadline + Duration::from_secs(1));
+    assert_eq!(
+        store
+            .secret_fetch_timeouts()
+            .into_iter()
+            .collect::<Vec<_>>(),
+        [(CACERT.to_string(), 1)]
+    );
     // A secret whose fetch timed out holds no later version back.
     apply(
         &store,
@@ -240,6 +251,16 @@ fn the_initial_fetch_timeout_puts_the_cluster_in_force_without_its_secret() {
     );
     assert_eq!(store.expire_waits(deadline), None);
     assert_eq!(in_force(&store, "c").as_deref(), Some("2"));
+    // No cluster names the secret any more: its count goes, as Envoy's statistics go with
+    // the secret's subscription.
+    apply(
+        &store,
+        type_url::CLUSTER,
+        vec![cluster("c", "3", false, None)],
+        true,
+    );
+    store.expire_waits(deadline);
+    assert!(store.secret_fetch_timeouts().is_empty());
 }
 
 #[test]
@@ -453,14 +474,25 @@ fn an_eds_cluster_whose_endpoints_timed_out_then_waits_for_its_secrets() {
         vec![cluster("e", "1", true, Some(CACERT))],
         true,
     );
+    let mut interest = store.interest().expect("the store tells its interest");
     let endpoints_deadline = store.expire_waits(start).expect("the endpoints' clock");
     assert!(!store.snapshot().wanted_secrets().contains(CACERT));
+    assert!(
+        !interest.has_changed().unwrap_or(true),
+        "no secret wanted yet, so the client is not woken"
+    );
     // The endpoints time out: the cluster initialises and now wants its secret, whose own
     // clock starts then.
     let secret_deadline = store
         .expire_waits(endpoints_deadline)
         .expect("the secret's clock");
     assert!(store.snapshot().wanted_secrets().contains(CACERT));
+    // The ADS client is told at once: no response need come for it to subscribe.
+    assert!(interest.has_changed().unwrap_or(false));
+    assert_eq!(
+        interest.borrow_and_update().get(type_url::SECRET),
+        Some(&BTreeSet::from([CACERT.to_string()]))
+    );
     assert_eq!(warming(&store), ["e"], "still waiting for the secret");
     assert!(secret_deadline > endpoints_deadline);
     apply(&store, type_url::SECRET, vec![roots(CACERT)], false);

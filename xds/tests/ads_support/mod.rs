@@ -25,7 +25,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use envoy_types::pb::google::protobuf::Any;
 use remora_xds::ads::{AdsClient, AdsConfig, MetadataError, Mode, NodeInfo, Stats};
-use remora_xds::sink::{type_url, Applied, Rejection, Sink, Update};
+use remora_xds::sink::{type_url, Applied, Interest, Rejection, Sink, Update};
 use tokio::sync::mpsc;
 use tonic::codegen::tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tonic::metadata::MetadataMap;
@@ -184,11 +184,22 @@ pub struct TestSink {
     refuse: Mutex<BTreeMap<String, String>>,
     held: Mutex<BTreeMap<String, BTreeMap<String, String>>>,
     pub applies: AtomicU64,
+    /// What [`TestSink::want`] says is wanted between responses.
+    interest: tokio::sync::watch::Sender<Interest>,
 }
 
 impl TestSink {
     pub fn refuse(&self, name: &str, reason: &str) {
         lock(&self.refuse).insert(name.to_owned(), reason.to_owned());
+    }
+
+    /// Changes the interest in `type_url` with no response applied, as the store does when a
+    /// cluster's endpoints time out.
+    pub fn want(&self, type_url: &'static str, names: &[&str]) {
+        let names = names.iter().map(|n| n.to_string()).collect();
+        self.interest.send_modify(|interest| {
+            interest.insert(type_url, names);
+        });
     }
 
     /// The held resources of a type, name → version.
@@ -215,6 +226,10 @@ fn decodes(type_url: &str, body: &[u8]) -> bool {
 }
 
 impl Sink for TestSink {
+    fn interest(&self) -> Option<tokio::sync::watch::Receiver<Interest>> {
+        Some(self.interest.subscribe())
+    }
+
     fn apply(&self, type_url: &str, update: Update) -> Applied {
         self.applies.fetch_add(1, Ordering::SeqCst);
         let refuse = lock(&self.refuse).clone();
