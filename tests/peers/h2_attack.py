@@ -74,8 +74,12 @@ class Conn:
         self.bytes_sent = 0
         self.goaway = None
         self.closed = False
+        self.close_error = None
         self.received = {}
         self.statuses = {}
+        # Per stream: its :status, or the error code of its RST_STREAM.
+        self.stream_statuses = {}
+        self.stream_resets = {}
         self.decoder = hpack.Decoder()
         self.decoder.max_header_list_size = 1 << 20
         self.lock = threading.Lock()
@@ -97,15 +101,21 @@ class Conn:
     def send(self, *frames):
         self.send_raw(b"".join(f.serialize() for f in frames))
 
-    def headers(self, stream_id, path, end_stream=True, extra=(), end_headers=True):
+    def headers(self, stream_id, path, end_stream=True, extra=(), end_headers=True, path_at=0,
+                never_index=False):
+        """`path_at`: 0 puts `:path` with the other pseudo-headers, 1 after the regular
+        headers (malformed), -1 leaves it out (malformed). `never_index`: no entry in the
+        dynamic table, so a header block the server refuses cannot leave the two tables
+        apart and garble the next stream's headers."""
+        pseudo = [
+            (":method", "GET" if end_stream else "POST"),
+            (":scheme", "http"),
+            (":authority", self.authority),
+        ]
+        first = [(":path", path)] if path_at == 0 else []
+        last = [(":path", path)] if path_at == 1 else []
         block = self.encoder.encode(
-            [
-                (":method", "GET" if end_stream else "POST"),
-                (":scheme", "http"),
-                (":authority", self.authority),
-                (":path", path),
-            ]
-            + list(extra)
+            [(n, v, never_index) for n, v in pseudo + first + list(extra) + last]
         )
         # Split at the default SETTINGS_MAX_FRAME_SIZE: HEADERS, then CONTINUATION frames.
         limit = 16384
@@ -123,7 +133,9 @@ class Conn:
         while True:
             try:
                 chunk = self.sock.recv(65536)
-            except OSError:
+            except OSError as e:
+                # ECONNRESET: the server closed with unread bytes or an abortive close.
+                self.close_error = type(e).__name__
                 chunk = b""
             if not chunk:
                 self.closed = True
@@ -137,6 +149,8 @@ class Conn:
                 buf = buf[9 + length :]
                 name = type(frame).__name__
                 self.received[name] = self.received.get(name, 0) + 1
+                if isinstance(frame, RstStreamFrame):
+                    self.stream_resets[str(frame.stream_id)] = frame.error_code
                 if isinstance(frame, GoAwayFrame):
                     self.goaway = {
                         "error_code": frame.error_code,
@@ -154,6 +168,7 @@ class Conn:
                             if name in (b":status", ":status"):
                                 key = value.decode() if isinstance(value, bytes) else value
                                 self.statuses[key] = self.statuses.get(key, 0) + 1
+                                self.stream_statuses[str(frame.stream_id)] = int(key)
                     except Exception:  # noqa: BLE001 - a CONTINUATION split; not needed here
                         pass
 
@@ -173,9 +188,12 @@ class Conn:
                     "bytes_sent": self.bytes_sent,
                     "goaway": self.goaway,
                     "closed": self.closed,
+                    "close_error": self.close_error,
                     "seconds": round(time.monotonic() - started, 3),
                     "frames_received": self.received,
                     "statuses": self.statuses,
+                    "stream_statuses": self.stream_statuses,
+                    "stream_resets": self.stream_resets,
                     "blocked": self.blocked,
                     "cpu_seconds": round(time.process_time(), 3),
                 }
@@ -316,14 +334,18 @@ def cookie_crumbs(conn, path, crumbs, size, same):
     return units
 
 
-def one_request(conn, path, headers, body, end_after):
+def one_request(conn, path, headers, body, end_after, path_at=0, then=None):
     """One request with headers as given (any bytes: hpack encodes what h2 clients refuse to
-    send), a body, and nothing after; the report says how the server answered."""
+    send), a body, and nothing after; the report says how the server answered. With `then`,
+    a well-formed GET of that path follows on stream 3 once the first is answered, to see
+    whether the connection outlived the first stream."""
     extra = []
     for h in headers:
         name, value = h.split(":", 1)
         extra.append((name, codecs.decode(value, "unicode_escape")))
-    frames = conn.headers(1, path, end_stream=body is None, extra=extra)
+    frames = conn.headers(
+        1, path, end_stream=body is None, extra=extra, path_at=path_at, never_index=True
+    )
     if body is not None:
         frames.append(DataFrame(1, data=body.encode(), flags=["END_STREAM"]))
     conn.send(*frames)
@@ -331,7 +353,16 @@ def one_request(conn, path, headers, body, end_after):
     while time.monotonic() < end and not conn.stopped() and not conn.statuses and not conn.received.get("RstStreamFrame"):
         time.sleep(0.02)
     time.sleep(0.2)
-    return 1
+    if then is None or conn.stopped():
+        return 1
+    try:
+        conn.send(*conn.headers(3, then, never_index=True))
+    except OSError:
+        return 1
+    end = time.monotonic() + end_after
+    while time.monotonic() < end and not conn.closed and "3" not in conn.stream_statuses and "3" not in conn.stream_resets:
+        time.sleep(0.02)
+    return 2
 
 
 def empty_data(conn, path):
@@ -364,7 +395,8 @@ def run(attack, host, port, authority, deadline, args):
     elif attack == "cookie-crumbs":
         units = cookie_crumbs(conn, "/cookies", args.crumbs, args.size, args.same)
     elif attack == "request":
-        units = one_request(conn, args.path, args.header, args.body, 5)
+        path_at = {"first": 0, "last": 1, "none": -1}[args.path_at]
+        units = one_request(conn, args.path, args.header, args.body, 5, path_at, args.then)
     elif attack == "empty-data":
         units = empty_data(conn, path)
     elif attack == "ping":
@@ -401,6 +433,15 @@ def main():
         "--header", action="append", default=[], help="request: NAME:VALUE, with escapes"
     )
     parser.add_argument("--body", help="request: a body (DATA with END_STREAM)")
+    parser.add_argument(
+        "--path-at",
+        choices=["first", "last", "none"],
+        default="first",
+        help="request: :path with the pseudo-headers, after the regular ones, or left out",
+    )
+    parser.add_argument(
+        "--then", help="request: a well-formed GET of this path on stream 3 afterwards"
+    )
     parser.add_argument("--same", action="store_true", help="cookie-crumbs: all alike")
     parser.add_argument("--crumbs", type=int, default=200)
     parser.add_argument("--size", type=int, default=100)
