@@ -244,13 +244,16 @@ def rapid_reset(conn, path, spacing):
 def made_you_reset(conn, path, spacing, variant):
     """Frames the server must answer with a reset of the stream, after a request that is on its
     way upstream. RFC 9113 makes the first two stream errors; h2 ends the whole connection for
-    them (PROTOCOL_ERROR). The last two are stream errors in h2 too."""
+    them (PROTOCOL_ERROR). The next two are stream errors in h2 too. `header`: a request
+    malformed by a connection-specific header (RFC 9113 8.2.2), which h2 resets before any
+    request exists, so nothing goes upstream."""
     variants = {
         "both": ["overflow", "length"],
         "window": ["window"],
         "data": ["data"],
         "overflow": ["overflow"],
         "length": ["length"],
+        "header": ["header"],
     }[variant]
 
     def step(i):
@@ -261,6 +264,9 @@ def made_you_reset(conn, path, spacing, variant):
             return conn.headers(sid, path, end_stream=False) + [
                 WindowUpdateFrame(sid, window_increment=0)
             ]
+        if kind == "header":
+            # Never indexed, so the refused block leaves the HPACK tables alike.
+            return conn.headers(sid, path, extra=[("connection", "keep-alive")], never_index=True)
         if kind == "data":
             # DATA after END_STREAM: STREAM_CLOSED (RFC 9113 5.1).
             return conn.headers(sid, path) + [DataFrame(sid, data=b"x")]
@@ -421,9 +427,9 @@ def main():
     )
     parser.add_argument(
         "--variant",
-        choices=["window", "data", "overflow", "length", "both"],
+        choices=["window", "data", "overflow", "length", "both", "header"],
         default="both",
-        help="made-you-reset: which frame gets the stream reset (both: overflow and length in turn)",
+        help="made-you-reset: which frame gets the stream reset (both: overflow and length in turn; header: a malformed request)",
     )
     parser.add_argument(
         "--no-read", action="store_true", help="never read what the server sends"

@@ -140,6 +140,32 @@ fn made_you_reset_ends_in_enhance_your_calm_and_cancels_the_upstream_work() {
         }
         assert!(leg.seen.requests.load(Ordering::SeqCst) > 0);
         wait_all_cancelled(leg, &remora);
+        // A request malformed by a connection-specific header, looped on one connection:
+        // h2 resets each stream before a request exists (where Envoy closes the connection at
+        // the first, `xds_h2_malformed`), and counts those resets with the others, so the
+        // connection still ends in GOAWAY(ENHANCE_YOUR_CALM); nothing reaches the origin.
+        let before = leg.seen.requests.load(Ordering::SeqCst);
+        let [r] = &attack(leg, "made-you-reset", &["--variant", "header"])[..] else {
+            panic!("one connection")
+        };
+        assert_eq!(
+            r.goaway_code(),
+            Some(ENHANCE_YOUR_CALM),
+            "{} header: {r}",
+            leg.name
+        );
+        // The server's count, whatever the client had on the wire (it writes 20 at a time).
+        assert!(
+            (1..=100).contains(&r.resets_received()),
+            "{}: malformed requests reset before GOAWAY: {r}",
+            leg.name
+        );
+        assert_eq!(
+            leg.seen.requests.load(Ordering::SeqCst),
+            before,
+            "{}: a malformed request reached the origin",
+            leg.name
+        );
     }
 }
 

@@ -174,6 +174,12 @@ impl Report {
     pub fn cpu(&self) -> Duration {
         Duration::from_secs_f64(self.0["cpu_seconds"].as_f64().unwrap_or(0.0))
     }
+    /// RST_STREAM frames the server sent.
+    pub fn resets_received(&self) -> u64 {
+        self.0["frames_received"]["RstStreamFrame"]
+            .as_u64()
+            .unwrap_or(0)
+    }
     pub fn status_count(&self, status: &str) -> u64 {
         self.0["statuses"][status].as_u64().unwrap_or(0)
     }
