@@ -7,12 +7,11 @@
 #[path = "smuggling/origin.rs"]
 mod origin;
 
-use origin::{origin, record, Received, Record};
+use origin::{record, Received, Record};
 use remora_e2e::peer;
 use remora_e2e::{PodNet, Remora};
 use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const ORIGIN_PORT: u16 = 8080;
@@ -182,15 +181,7 @@ fn run(fast_path: bool) {
             "access_log:\n  enabled: true\nhttp:\n  fast_path: {fast_path}\n  retries: 0\n"
         ))
         .start_ready();
-    let listener = net
-        .peer
-        .bind(net.peer_addr(ORIGIN_PORT))
-        .expect("bind the origin");
-    let rec = Record::default();
-    {
-        let rec = Arc::clone(&rec);
-        std::thread::spawn(move || origin(listener, rec));
-    }
+    let rec = origin::spawn(&net, net.peer_addr(ORIGIN_PORT));
     let tag = if fast_path { "fast path" } else { "hyper" };
     check(&net, &remora, &rec, tag);
     refused_websocket_upgrade_leaves_an_http_connection(&net, &remora, &rec, tag);

@@ -9,12 +9,11 @@
 #[path = "smuggling/origin.rs"]
 mod origin;
 
-use origin::{origin, record, Record};
+use origin::record;
 use remora_e2e::service::peer_program;
 use remora_e2e::xds_resources::{eds_cluster, endpoint};
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The service's VIP, known only to the resources.
@@ -89,12 +88,7 @@ fn http2_requests_downgraded_to_http1_carry_no_smuggled_framing_and_join_their_c
         .expect("ip route");
     assert!(out.status.success(), "{out:?}");
     let addr = net.peer_addr(ORIGIN_PORT);
-    let listener = net.peer.bind(addr).expect("bind the origin");
-    let rec = Record::default();
-    {
-        let rec = Arc::clone(&rec);
-        std::thread::spawn(move || origin(listener, rec));
-    }
+    let rec = origin::spawn(&net, addr);
     let dir = net.binary().make_dir("xds");
     write_resources(&dir, addr);
     let remora = net

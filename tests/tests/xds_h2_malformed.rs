@@ -13,7 +13,7 @@
 #[path = "smuggling/origin.rs"]
 mod origin;
 
-use origin::{origin, record, Record};
+use origin::{record, Record};
 use remora_e2e::envoy_xds::{nets_or_skip, Resources, ISTIO_TEXT_FORMAT};
 use remora_e2e::service::peer_program;
 use remora_e2e::xds_resources::{eds_cluster, endpoint};
@@ -21,7 +21,6 @@ use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 const VIP: &str = "10.96.0.10";
@@ -342,12 +341,7 @@ fn malformed_http2_requests_are_refused_as_envoy_refuses_them_or_as_documented()
             .expect("ip route");
         assert!(out.status.success(), "{out:?}");
         let addr = net.peer_addr(ORIGIN_PORT);
-        let listener = net.peer.bind(addr).expect("bind the origin");
-        let rec = Record::default();
-        {
-            let rec = Arc::clone(&rec);
-            std::thread::spawn(move || origin(listener, rec));
-        }
+        let rec = origin::spawn(net, addr);
         let log = log_file(net);
         let resources = resources(&log, addr);
         let seen = if i == 0 {

@@ -26,6 +26,17 @@ pub fn record(r: &Record) -> std::sync::MutexGuard<'_, Recorded> {
     r.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// [`origin`] on the peer's side at `addr`, in a thread of its own: what it records.
+pub fn spawn(net: &remora_e2e::PodNet, addr: std::net::SocketAddr) -> Record {
+    let listener = net.peer.bind(addr).expect("bind the origin");
+    let rec = Record::default();
+    {
+        let rec = Arc::clone(&rec);
+        std::thread::spawn(move || origin(listener, rec));
+    }
+    rec
+}
+
 /// A raw HTTP/1.1 origin that parses strictly, answers each request (403 to
 /// `/refuse-upgrade`, else 200) and records everything.
 pub fn origin(listener: TcpListener, rec: Record) {
