@@ -88,6 +88,7 @@ where
                 let activity = ctx.activity();
                 if ctx.in_flight.load(Ordering::Relaxed) == 0 && activity == last_activity {
                     tracing::debug!(peer = %ctx.peer, "closing idle HTTP connection");
+                    ctx.proxy.metrics.direction(ctx.direction).http_idle_timeouts.inc();
                     shutdown(conn.as_mut());
                     shutting_down = true;
                 }

@@ -19,6 +19,9 @@ pub struct DirectionMetrics {
     pub connect_failures: Counter,
     /// Opaque TCP connections closed by `tcp.idle_timeout`.
     pub idle_timeouts: Counter,
+    /// HTTP client connections closed by `http.idle_timeout` (Envoy's
+    /// `downstream_cx_idle_timeout`).
+    pub http_idle_timeouts: Counter,
     /// HTTP/2 client connections closed for Rapid Reset (`http::premature_reset`).
     pub premature_reset_closes: Counter,
     /// Connections closed when the drain time of the filter chain they started on, which an
@@ -102,6 +105,7 @@ pub(super) struct Families {
     active: Family<Labels, Gauge>,
     connect_failures: Family<Labels, Counter>,
     idle_timeouts: Family<Labels, Counter>,
+    http_idle_timeouts: Family<Labels, Counter>,
     premature_reset_closes: Family<Labels, Counter>,
     chain_drain_closes: Family<Labels, Counter>,
     sent: Family<Labels, Counter>,
@@ -116,6 +120,7 @@ impl Families {
         let active = Family::<Labels, Gauge>::default();
         let connect_failures = Family::<Labels, Counter>::default();
         let idle_timeouts = Family::<Labels, Counter>::default();
+        let http_idle_timeouts = Family::<Labels, Counter>::default();
         let premature_reset_closes = Family::<Labels, Counter>::default();
         let chain_drain_closes = Family::<Labels, Counter>::default();
         let sent = Family::<Labels, Counter>::default();
@@ -146,6 +151,11 @@ impl Families {
             idle_timeouts.clone(),
         );
         registry.register(
+            "remora_http_idle_timeouts",
+            "HTTP client connections closed after http.idle_timeout with no request in flight",
+            http_idle_timeouts.clone(),
+        );
+        registry.register(
             "remora_http2_premature_reset_closes",
             "HTTP/2 client connections closed because the client reset too many streams early (Rapid Reset)",
             premature_reset_closes.clone(),
@@ -171,6 +181,7 @@ impl Families {
             active,
             connect_failures,
             idle_timeouts,
+            http_idle_timeouts,
             premature_reset_closes,
             chain_drain_closes,
             sent,
@@ -192,6 +203,7 @@ impl Families {
             active: self.active.get_or_create(&l).clone(),
             connect_failures: self.connect_failures.get_or_create(&l).clone(),
             idle_timeouts: self.idle_timeouts.get_or_create(&l).clone(),
+            http_idle_timeouts: self.http_idle_timeouts.get_or_create(&l).clone(),
             premature_reset_closes: self.premature_reset_closes.get_or_create(&l).clone(),
             chain_drain_closes: self.chain_drain_closes.get_or_create(&l).clone(),
             sent_bytes: self.sent.get_or_create(&l).clone(),

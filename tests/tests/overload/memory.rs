@@ -234,10 +234,24 @@ fn ten_thousand_idle_keep_alive_connections_cost_little_and_are_closed_when_idle
     drop(fresh);
     eprintln!("a new connection's request took {:?}", asked.elapsed());
 
-    // The idle timeout (closed within 1 to 2 times it) closes every one.
-    remora.wait_for_metrics("every idle connection closed", IDLE_TIMEOUT * 3, |m| {
-        m.value("remora_connections_active", &[("direction", "outbound")]) == 0.0
-    });
+    // The idle timeout (closed within 1 to 2 times it) closes every one, and counts it.
+    let outbound = [("direction", "outbound")];
+    let deadline = Instant::now() + IDLE_TIMEOUT * 3;
+    let (open, idle_closed) = loop {
+        let m = remora.metrics();
+        let open = m.value("remora_connections_active", &outbound);
+        let idle_closed = m.value("remora_http_idle_timeouts_total", &outbound);
+        if open == 0.0 || Instant::now() >= deadline {
+            break (open, idle_closed);
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    assert_eq!(
+        (open, idle_closed),
+        (0.0, IDLE_CONNECTIONS as f64),
+        "(connections open, closed by http.idle_timeout) {:?} after the idle timeout",
+        IDLE_TIMEOUT * 3
+    );
     let mut buf = [0u8; 1];
     let mut closed = 0;
     for s in &mut idle {

@@ -184,13 +184,9 @@ pub async fn serve<C: Client>(
                     tokio::select! {
                         biased;
                         r = client.socket().readable() => break r.is_ok(),
-                        () = &mut idle => {
-                            let due = last_active + idle_timeout;
-                            if tokio::time::Instant::now() >= due {
-                                tracing::debug!(peer = %ctx.peer, "closing idle HTTP connection");
-                                break false;
-                            }
-                            idle.as_mut().reset(due);
+                        () = idle_for(idle.as_mut(), last_active, idle_timeout) => {
+                            idle_close(ctx);
+                            break false;
                         }
                         () = &mut draining, if !drained => {
                             // The connection stays, and its next request is answered with
@@ -226,7 +222,17 @@ pub async fn serve<C: Client>(
                     }
                 }
             } else {
-                client.read_buf(&mut buf).await
+                // Readiness can be stale (tokio keeps it when another event for the socket
+                // lands between a read and its clearing): the read then waits for new bytes,
+                // and the idle bound still holds while it does.
+                tokio::select! {
+                    biased;
+                    read = client.read_buf(&mut buf) => read,
+                    () = idle_for(idle.as_mut(), last_active, idle_timeout) => {
+                        idle_close(ctx);
+                        return Served::Ended(Ok(()));
+                    }
+                }
             };
             match read {
                 Ok(0) => return Served::Ended(Ok(())),
@@ -513,6 +519,29 @@ fn inbound_as_is(ctx: &ConnContext, target: &str) -> bool {
 }
 
 /// The drain time of the connection's chain, which an xDS update retired, ran out.
+/// Resolves once the connection has had nothing to do for `timeout` since `last_active`.
+/// `timer` is the connection's one idle timer: it is only moved when it fires early.
+async fn idle_for(
+    mut timer: std::pin::Pin<&mut tokio::time::Sleep>,
+    last_active: tokio::time::Instant,
+    timeout: std::time::Duration,
+) {
+    let due = last_active + timeout;
+    loop {
+        timer.as_mut().await;
+        if tokio::time::Instant::now() >= due {
+            return;
+        }
+        timer.as_mut().reset(due);
+    }
+}
+
+fn idle_close(ctx: &ConnContext) {
+    tracing::debug!(peer = %ctx.peer, "closing idle HTTP connection");
+    let metrics = ctx.proxy.metrics.direction(ctx.direction);
+    metrics.http_idle_timeouts.inc();
+}
+
 fn chain_drain_close(ctx: &ConnContext) {
     tracing::info!(peer = %ctx.peer, "closing an HTTP connection whose filter chain an xDS update changed or removed: its drain time ran out");
     let metrics = ctx.proxy.metrics.direction(ctx.direction);
