@@ -204,9 +204,14 @@ where
                 upstream = Some(result);
             }
             () = server_spoke(&upstream), if watch_server => {
-                watch_server = false;
-                if server_opened_http2(&upstream).await {
-                    continue;
+                match server_opened_http2(&upstream).await {
+                    // The readiness was stale: nothing has come yet, and the look cleared it.
+                    None => continue,
+                    Some(true) => {
+                        watch_server = false;
+                        continue;
+                    }
+                    Some(false) => watch_server = false,
                 }
                 if wait.after_server_spoke.is_zero() {
                     break Verdict::ServerFirst;
@@ -261,14 +266,21 @@ async fn server_spoke(upstream: &Option<Result<Upstream, ConnectError>>) {
 /// (RFC 9113 §3.4: a server's preface), read without taking it from the socket. The frame
 /// header alone decides: type 4, no ACK flag, stream 0, a length that holds whole settings.
 /// Server-first protocols open otherwise (MySQL's packet numbered 0, SMTP's `220`, SSH's `SSH-`).
-async fn server_opened_http2(upstream: &Option<Result<Upstream, ConnectError>>) -> bool {
+/// `None` when nothing is there after all: tokio's readiness can be stale, and a look that
+/// waited would hold detection (the client's bytes and the deadline) until the server spoke.
+async fn server_opened_http2(upstream: &Option<Result<Upstream, ConnectError>>) -> Option<bool> {
     let Some(Ok(up)) = upstream else {
-        return false;
+        return Some(false);
     };
     let mut header = [0u8; 9];
-    match up.stream.peek(&mut header).await {
-        Ok(9) => is_settings_frame_header(&header),
-        _ => false,
+    let mut seen = tokio::io::ReadBuf::new(&mut header);
+    // One look, never a wait: pending clears the stale readiness, so the next wait is real.
+    let peeked =
+        std::future::poll_fn(|cx| std::task::Poll::Ready(up.stream.poll_peek(cx, &mut seen))).await;
+    match peeked {
+        std::task::Poll::Pending => None,
+        std::task::Poll::Ready(Ok(9)) => Some(is_settings_frame_header(&header)),
+        std::task::Poll::Ready(_) => Some(false),
     }
 }
 

@@ -387,3 +387,50 @@ fn dial(
         guard,
     )
 }
+
+/// The upstream socket shows readable with nothing on it (tokio's readiness can be stale):
+/// the look at what the server sent finds nothing and detection goes on, so the client's
+/// request still decides at once (the look once waited for the server's bytes, holding the
+/// client's read and the deadline).
+#[tokio::test]
+async fn a_stale_readiness_of_the_upstream_does_not_hold_detection() {
+    let (mut client, mut downstream) = pair().await;
+    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = server.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = server.accept().await.unwrap();
+        s.write_all(b"taken").await.unwrap();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    });
+    let guard = LoopGuard::new(vec![]);
+    let connecting = async {
+        let up = dial(addr, &guard).await?;
+        // tokio sees the bytes arrive; they are then taken off behind its back.
+        up.stream.readable().await.unwrap();
+        let mut taken = [std::mem::MaybeUninit::<u8>::uninit(); 16];
+        let n = socket2::SockRef::from(&up.stream).recv(&mut taken).unwrap();
+        assert_eq!(n, 5);
+        Ok(up)
+    };
+    tokio::pin!(connecting);
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    });
+    let d = tokio::time::timeout(
+        Duration::from_secs(3),
+        detect(
+            &mut downstream,
+            connecting,
+            wait(Duration::from_secs(30)),
+            true,
+        ),
+    )
+    .await
+    .expect("the client's request decides; detection is not held by the upstream's look");
+    assert_eq!(d.verdict, Verdict::Http(HttpVersion::Http1));
+}

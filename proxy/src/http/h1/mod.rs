@@ -184,9 +184,13 @@ pub async fn serve<C: Client>(
                     tokio::select! {
                         biased;
                         r = client.socket().readable() => break r.is_ok(),
-                        () = idle_for(idle.as_mut(), last_active, idle_timeout) => {
-                            idle_close(ctx);
-                            break false;
+                        () = &mut idle => {
+                            let due = last_active + idle_timeout;
+                            if tokio::time::Instant::now() >= due {
+                                idle_close(ctx);
+                                break false;
+                            }
+                            idle.as_mut().reset(due);
                         }
                         () = &mut draining, if !drained => {
                             // The connection stays, and its next request is answered with
@@ -222,16 +226,17 @@ pub async fn serve<C: Client>(
                     }
                 }
             } else {
-                // Readiness can be stale (tokio keeps it when another event for the socket
-                // lands between a read and its clearing): the read then waits for new bytes,
-                // and the idle bound still holds while it does.
-                tokio::select! {
-                    biased;
-                    read = client.read_buf(&mut buf) => read,
-                    () = idle_for(idle.as_mut(), last_active, idle_timeout) => {
-                        idle_close(ctx);
-                        return Served::Ended(Ok(()));
-                    }
+                // One look, not a wait: tokio's readiness can be stale (kept when another event
+                // for the socket lands between a read and its clearing), and a read that waited
+                // would wait without the idle timer. A look that finds nothing clears it, and
+                // the connection goes back to waiting.
+                let mut reading = std::pin::pin!(client.read_buf(&mut buf));
+                let looked =
+                    std::future::poll_fn(|cx| std::task::Poll::Ready(reading.as_mut().poll(cx)))
+                        .await;
+                match looked {
+                    std::task::Poll::Ready(read) => read,
+                    std::task::Poll::Pending => continue,
                 }
             };
             match read {
@@ -519,23 +524,6 @@ fn inbound_as_is(ctx: &ConnContext, target: &str) -> bool {
 }
 
 /// The drain time of the connection's chain, which an xDS update retired, ran out.
-/// Resolves once the connection has had nothing to do for `timeout` since `last_active`.
-/// `timer` is the connection's one idle timer: it is only moved when it fires early.
-async fn idle_for(
-    mut timer: std::pin::Pin<&mut tokio::time::Sleep>,
-    last_active: tokio::time::Instant,
-    timeout: std::time::Duration,
-) {
-    let due = last_active + timeout;
-    loop {
-        timer.as_mut().await;
-        if tokio::time::Instant::now() >= due {
-            return;
-        }
-        timer.as_mut().reset(due);
-    }
-}
-
 fn idle_close(ctx: &ConnContext) {
     tracing::debug!(peer = %ctx.peer, "closing idle HTTP connection");
     let metrics = ctx.proxy.metrics.direction(ctx.direction);
