@@ -523,13 +523,14 @@ fn inbound_as_is(ctx: &ConnContext, target: &str) -> bool {
     )
 }
 
-/// The drain time of the connection's chain, which an xDS update retired, ran out.
+/// The connection had nothing to do for `http.idle_timeout`: it is closed, and counted.
 fn idle_close(ctx: &ConnContext) {
     tracing::debug!(peer = %ctx.peer, "closing idle HTTP connection");
     let metrics = ctx.proxy.metrics.direction(ctx.direction);
     metrics.http_idle_timeouts.inc();
 }
 
+/// The drain time of the connection's chain, which an xDS update retired, ran out.
 fn chain_drain_close(ctx: &ConnContext) {
     tracing::info!(peer = %ctx.peer, "closing an HTTP connection whose filter chain an xDS update changed or removed: its drain time ran out");
     let metrics = ctx.proxy.metrics.direction(ctx.direction);
