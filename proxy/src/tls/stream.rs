@@ -62,11 +62,23 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for EndWithoutCloseNotify<S> {
 pub struct Rewind<S> {
     prefix: BytesMut,
     inner: S,
+    /// Reads from `inner` that brought bytes, wrapping: a read above that waits tells by it
+    /// whether it took anything off the socket.
+    reads: u32,
 }
 
 impl<S> Rewind<S> {
     pub fn new(prefix: BytesMut, inner: S) -> Self {
-        Rewind { prefix, inner }
+        Rewind {
+            prefix,
+            inner,
+            reads: 0,
+        }
+    }
+
+    /// Reads from the stream underneath that brought bytes so far (wrapping).
+    pub fn reads(&self) -> u32 {
+        self.reads
     }
 
     /// The stream underneath.
@@ -93,7 +105,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if this.prefix.is_empty() {
-            return Pin::new(&mut this.inner).poll_read(cx, buf);
+            let filled = buf.filled().len();
+            let read = Pin::new(&mut this.inner).poll_read(cx, buf);
+            if buf.filled().len() > filled {
+                this.reads = this.reads.wrapping_add(1);
+            }
+            return read;
         }
         let n = this.prefix.len().min(buf.remaining());
         buf.put_slice(&this.prefix[..n]);

@@ -66,6 +66,10 @@ pub trait Client: AsyncRead + AsyncWrite + Unpin + Send {
     /// above it, which its readiness no longer shows.
     fn holds_data(&self) -> bool;
 
+    /// Reads that took bytes off the socket so far (wrapping), where a read can take some
+    /// and still wait ([`Client::READS_RECORDS`]).
+    fn socket_reads(&self) -> u32;
+
     /// Whether a read of a readable socket may still wait: TLS decrypts only whole records, and
     /// a client can stop in the middle of one.
     const READS_RECORDS: bool;
@@ -78,6 +82,10 @@ impl Client for TcpStream {
 
     fn holds_data(&self) -> bool {
         false
+    }
+
+    fn socket_reads(&self) -> u32 {
+        0
     }
 
     const READS_RECORDS: bool = false;
@@ -94,6 +102,10 @@ impl Client for crate::tls::stream::ServerStream {
     fn holds_data(&self) -> bool {
         let (rewind, tls) = self.get_ref();
         rewind.holds_data() || !tls.wants_read()
+    }
+
+    fn socket_reads(&self) -> u32 {
+        self.get_ref().0.reads()
     }
 
     const READS_RECORDS: bool = true;
@@ -212,31 +224,34 @@ pub async fn serve<C: Client>(
             }
             buf = buffers.take();
             // A read, not a `try_read`: a read that leaves room in the buffer tells tokio the
-            // socket is drained, which saves a system call that would find it empty.
-            let read = if C::READS_RECORDS {
-                // A record left unfinished holds the read (and its buffer): as long as hyper's
-                // path waits for a head to start, then the connection is closed as there.
-                match tokio::time::timeout(http.header_read_timeout, client.read_buf(&mut buf))
-                    .await
-                {
-                    Ok(read) => read,
-                    Err(_) => {
-                        tracing::debug!(peer = %ctx.peer, "closing a connection stalled inside a TLS record");
-                        return Served::Ended(Ok(()));
-                    }
-                }
-            } else {
-                // One look, not a wait: tokio's readiness can be stale (kept when another event
-                // for the socket lands between a read and its clearing), and a read that waited
-                // would wait without the idle timer. A look that finds nothing clears it, and
-                // the connection goes back to waiting.
+            // socket is drained, which saves a system call that would find it empty. One look
+            // first, not a wait: tokio's readiness can be stale (kept when another event for the
+            // socket lands between a read and its clearing), and a read that waited would wait
+            // without the idle timer. A look that finds nothing clears it, and the connection
+            // goes back to the idle wait.
+            let taken = client.socket_reads();
+            let looked = {
                 let mut reading = std::pin::pin!(client.read_buf(&mut buf));
-                let looked =
-                    std::future::poll_fn(|cx| std::task::Poll::Ready(reading.as_mut().poll(cx)))
-                        .await;
-                match looked {
-                    std::task::Poll::Ready(read) => read,
-                    std::task::Poll::Pending => continue,
+                std::future::poll_fn(|cx| std::task::Poll::Ready(reading.as_mut().poll(cx))).await
+            };
+            let read = match looked {
+                std::task::Poll::Ready(read) => read,
+                std::task::Poll::Pending if !C::READS_RECORDS || client.socket_reads() == taken => {
+                    continue
+                }
+                // Part of a TLS record came, and the read holds it (and its buffer): as long
+                // as hyper's path waits for a head to start, then the connection is closed as
+                // there.
+                std::task::Poll::Pending => {
+                    match tokio::time::timeout(http.header_read_timeout, client.read_buf(&mut buf))
+                        .await
+                    {
+                        Ok(read) => read,
+                        Err(_) => {
+                            tracing::debug!(peer = %ctx.peer, "closing a connection stalled inside a TLS record");
+                            return Served::Ended(Ok(()));
+                        }
+                    }
                 }
             };
             match read {

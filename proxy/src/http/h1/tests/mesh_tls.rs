@@ -13,8 +13,25 @@ async fn mesh_client(
     config: Config,
     destination: SocketAddr,
 ) -> tokio_rustls::client::TlsStream<TcpStream> {
-    let ca = Ca::new("mesh");
     let proxy = proxy(config);
+    let (client, stream, peer, mesh_peer) = mesh_pair(&proxy).await;
+    let downstream = (Downstream::Mesh(Box::new(stream)), Some(mesh_peer));
+    spawn_served(proxy, downstream, peer, Direction::Inbound, destination);
+    client
+}
+
+/// A mesh client's TLS connection to `proxy` as an inbound sidecar with identity
+/// `MESH_SERVER`, and the sidecar's end of it: the terminated stream, the client's address
+/// and its sidecar's identity.
+async fn mesh_pair(
+    proxy: &Arc<Proxy>,
+) -> (
+    tokio_rustls::client::TlsStream<TcpStream>,
+    crate::tls::stream::ServerStream,
+    SocketAddr,
+    Peer,
+) {
+    let ca = Ca::new("mesh");
     proxy.mesh.identity.set(Arc::new(ca.identity(MESH_SERVER)));
     let tls = remora_config::TlsConfig::default();
     let server = proxy.mesh.server_config(&tls).unwrap().unwrap();
@@ -50,9 +67,7 @@ async fn mesh_client(
         (stream, peer, mesh_peer)
     };
     let (client, (stream, peer, mesh_peer)) = tokio::join!(connect, accept);
-    let downstream = (Downstream::Mesh(Box::new(stream)), Some(mesh_peer));
-    spawn_served(proxy, downstream, peer, Direction::Inbound, destination);
-    client
+    (client, stream, peer, mesh_peer)
 }
 
 /// Send `request` and expect a 200.
@@ -156,4 +171,38 @@ async fn a_mesh_client_stalled_inside_a_tls_record_is_closed_after_the_header_ti
         closed.is_ok(),
         "the sidecar still holds a connection stalled mid-record"
     );
+}
+
+/// An idle mesh TLS connection whose socket readiness is stale is closed by
+/// `http.idle_timeout` and counted so, not after `http.header_read_timeout` as one stalled
+/// inside a record: the look that takes nothing off the socket goes back to the idle wait.
+#[tokio::test]
+async fn an_idle_mesh_connection_with_stale_readiness_is_closed_as_idle() {
+    let mut config = Config::default();
+    config.http.idle_timeout = Duration::from_millis(200);
+    config.http.header_read_timeout = Duration::from_secs(30);
+    let proxy = proxy(config);
+    let (mut client, mut stream, peer, _) = mesh_pair(&proxy).await;
+    // Stale readiness, for real: bytes under the TLS layer that tokio sees arrive and that are
+    // then taken off the socket behind its back, before rustls could read them.
+    client.get_mut().0.write_all(b"taken").await.unwrap();
+    let socket = stream.get_ref().0.inner();
+    socket.readable().await.unwrap();
+    let mut taken = [std::mem::MaybeUninit::<u8>::uninit(); 16];
+    assert_eq!(socket2::SockRef::from(socket).recv(&mut taken).unwrap(), 5);
+    socket.readable().await.unwrap();
+    let ctx = Arc::new(ConnContext::for_tests(Arc::clone(&proxy), peer, peer));
+    let served = tokio::time::timeout(
+        Duration::from_secs(5),
+        serve(&ctx, &mut stream, BytesMut::new(), None),
+    )
+    .await
+    .expect("closed by the idle timeout");
+    assert!(matches!(served, Served::Ended(Ok(()))), "{served:?}");
+    let idle_closes = proxy
+        .metrics
+        .direction(Direction::Outbound)
+        .http_idle_timeouts
+        .get();
+    assert_eq!(idle_closes, 1, "closed as idle, not as stalled in a record");
 }
