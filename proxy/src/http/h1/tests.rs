@@ -589,30 +589,42 @@ async fn an_idle_connection_with_stale_readiness_is_still_closed_when_idle() {
         .await
         .unwrap();
     let (mut far, peer) = listener.accept().await.unwrap();
-    // Stale readiness, for real: tokio sees the bytes arrive, and they are then taken off the
-    // socket behind its back, so it still holds the socket readable.
     near.write_all(b"taken").await.unwrap();
-    far.readable().await.unwrap();
-    let mut taken = [std::mem::MaybeUninit::<u8>::uninit(); 16];
-    let n = socket2::SockRef::from(&far).recv(&mut taken).unwrap();
-    assert_eq!(n, 5);
-    far.readable().await.unwrap();
-    let ctx = Arc::new(ConnContext::for_tests(Arc::clone(&proxy), peer, peer));
-    let served = tokio::time::timeout(
-        Duration::from_secs(5),
-        serve(&ctx, &mut far, BytesMut::new(), None),
-    )
-    .await
-    .expect("closed by the idle timeout, not left waiting on its read");
-    assert!(matches!(served, Served::Ended(Ok(()))), "{served:?}");
-    let idle_closes = proxy
-        .metrics
-        .direction(Direction::Outbound)
-        .http_idle_timeouts
-        .get();
-    assert_eq!(idle_closes, 1);
+    make_readiness_stale(&far).await;
+    assert_eq!(served_until_idle(&proxy, &mut far, peer).await, 1);
     // Ended as the server ends it, by dropping the socket: closed, not reset.
     drop(far);
     let mut rest = Vec::new();
     assert_eq!(near.read_to_end(&mut rest).await.unwrap(), 0);
+}
+
+/// Make `socket`'s readiness stale, for real: tokio sees the 5 bytes its peer sent arrive, and
+/// they are then taken off the socket behind its back, so it still holds the socket readable.
+pub(super) async fn make_readiness_stale(socket: &TcpStream) {
+    socket.readable().await.unwrap();
+    let mut taken = [std::mem::MaybeUninit::<u8>::uninit(); 16];
+    assert_eq!(socket2::SockRef::from(socket).recv(&mut taken).unwrap(), 5);
+    socket.readable().await.unwrap();
+}
+
+/// Serve `client` on the fast path until it ends (at most 5 s), and how many connections
+/// `http.idle_timeout` has closed so far.
+pub(super) async fn served_until_idle<C: Client>(
+    proxy: &Arc<Proxy>,
+    client: &mut C,
+    peer: SocketAddr,
+) -> u64 {
+    let ctx = Arc::new(ConnContext::for_tests(Arc::clone(proxy), peer, peer));
+    let served = tokio::time::timeout(
+        Duration::from_secs(5),
+        serve(&ctx, client, BytesMut::new(), None),
+    )
+    .await
+    .expect("closed by the idle timeout, not left waiting on a read");
+    assert!(matches!(served, Served::Ended(Ok(()))), "{served:?}");
+    proxy
+        .metrics
+        .direction(Direction::Outbound)
+        .http_idle_timeouts
+        .get()
 }

@@ -186,23 +186,7 @@ async fn an_idle_mesh_connection_with_stale_readiness_is_closed_as_idle() {
     // Stale readiness, for real: bytes under the TLS layer that tokio sees arrive and that are
     // then taken off the socket behind its back, before rustls could read them.
     client.get_mut().0.write_all(b"taken").await.unwrap();
-    let socket = stream.get_ref().0.inner();
-    socket.readable().await.unwrap();
-    let mut taken = [std::mem::MaybeUninit::<u8>::uninit(); 16];
-    assert_eq!(socket2::SockRef::from(socket).recv(&mut taken).unwrap(), 5);
-    socket.readable().await.unwrap();
-    let ctx = Arc::new(ConnContext::for_tests(Arc::clone(&proxy), peer, peer));
-    let served = tokio::time::timeout(
-        Duration::from_secs(5),
-        serve(&ctx, &mut stream, BytesMut::new(), None),
-    )
-    .await
-    .expect("closed by the idle timeout");
-    assert!(matches!(served, Served::Ended(Ok(()))), "{served:?}");
-    let idle_closes = proxy
-        .metrics
-        .direction(Direction::Outbound)
-        .http_idle_timeouts
-        .get();
+    make_readiness_stale(stream.get_ref().0.inner()).await;
+    let idle_closes = served_until_idle(&proxy, &mut stream, peer).await;
     assert_eq!(idle_closes, 1, "closed as idle, not as stalled in a record");
 }
