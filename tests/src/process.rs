@@ -387,17 +387,29 @@ impl Remora<'_> {
         timeout: Duration,
         ok: impl Fn(&Metrics) -> bool,
     ) -> Metrics {
+        self.metrics_until(timeout, ok).unwrap_or_else(|metrics| {
+            panic!(
+                "{what}: not seen within {timeout:?}; last scrape:\n{metrics}\nremora stderr:\n{}",
+                self.stderr()
+            )
+        })
+    }
+
+    /// Scrape until `ok` holds, at most `timeout`: the scrape that held, or the last one, for
+    /// a test to say in its own words what it missed.
+    pub fn metrics_until(
+        &self,
+        timeout: Duration,
+        ok: impl Fn(&Metrics) -> bool,
+    ) -> Result<Metrics, Metrics> {
         let deadline = Instant::now() + timeout;
         loop {
             let metrics = self.metrics();
             if ok(&metrics) {
-                return metrics;
+                return Ok(metrics);
             }
             if Instant::now() >= deadline {
-                panic!(
-                    "{what}: not seen within {timeout:?}; last scrape:\n{metrics}\nremora stderr:\n{}",
-                    self.stderr()
-                );
+                return Err(metrics);
             }
             std::thread::sleep(POLL_INTERVAL * 5);
         }

@@ -236,16 +236,13 @@ fn ten_thousand_idle_keep_alive_connections_cost_little_and_are_closed_when_idle
 
     // The idle timeout (closed within 1 to 2 times it) closes every one, and counts it.
     let outbound = [("direction", "outbound")];
-    let deadline = Instant::now() + IDLE_TIMEOUT * 3;
-    let (open, idle_closed) = loop {
-        let m = remora.metrics();
-        let open = m.value("remora_connections_active", &outbound);
-        let idle_closed = m.value("remora_http_idle_timeouts_total", &outbound);
-        if open == 0.0 || Instant::now() >= deadline {
-            break (open, idle_closed);
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    };
+    let m = remora
+        .metrics_until(IDLE_TIMEOUT * 3, |m| {
+            m.value("remora_connections_active", &outbound) == 0.0
+        })
+        .unwrap_or_else(|last| last);
+    let open = m.value("remora_connections_active", &outbound);
+    let idle_closed = m.value("remora_http_idle_timeouts_total", &outbound);
     assert_eq!(
         (open, idle_closed),
         (0.0, IDLE_CONNECTIONS as f64),

@@ -66,13 +66,10 @@ pub trait Client: AsyncRead + AsyncWrite + Unpin + Send {
     /// above it, which its readiness no longer shows.
     fn holds_data(&self) -> bool;
 
-    /// Reads that took bytes off the socket so far (wrapping), where a read can take some
-    /// and still wait ([`Client::READS_RECORDS`]).
+    /// Reads that took bytes off the socket so far (wrapping). A TLS read can take part of a
+    /// record and still wait (rustls decrypts whole records, and a client can stop inside
+    /// one); a plain read that waits took nothing, so a plain socket keeps this at 0.
     fn socket_reads(&self) -> u32;
-
-    /// Whether a read of a readable socket may still wait: TLS decrypts only whole records, and
-    /// a client can stop in the middle of one.
-    const READS_RECORDS: bool;
 }
 
 impl Client for TcpStream {
@@ -87,8 +84,6 @@ impl Client for TcpStream {
     fn socket_reads(&self) -> u32 {
         0
     }
-
-    const READS_RECORDS: bool = false;
 }
 
 impl Client for crate::tls::stream::ServerStream {
@@ -107,8 +102,6 @@ impl Client for crate::tls::stream::ServerStream {
     fn socket_reads(&self) -> u32 {
         self.get_ref().0.reads()
     }
-
-    const READS_RECORDS: bool = true;
 }
 
 /// Room a read asks for: a request or a response head and a short body in one go.
@@ -236,9 +229,7 @@ pub async fn serve<C: Client>(
             };
             let read = match looked {
                 std::task::Poll::Ready(read) => read,
-                std::task::Poll::Pending if !C::READS_RECORDS || client.socket_reads() == taken => {
-                    continue
-                }
+                std::task::Poll::Pending if client.socket_reads() == taken => continue,
                 // Part of a TLS record came, and the read holds it (and its buffer): as long
                 // as hyper's path waits for a head to start, then the connection is closed as
                 // there.
