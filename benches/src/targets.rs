@@ -55,7 +55,7 @@ const GRPC_PER_CORE: &[(&str, &str)] = &[("throughput-grpc", "req/s per proxy co
 const H2C_PER_CORE: &[(&str, &str)] = &[("throughput-h2c", "req/s per proxy core")];
 
 /// The issue's list (one worker each, ratios in the same run).
-const TARGETS: [Target; 14] = [
+const TARGETS: [Target; 15] = [
     Target {
         name: "HTTP/1.1 rps per core ≥ 1.0× HAProxy's",
         ours: REMORA,
@@ -152,8 +152,18 @@ const TARGETS: [Target; 14] = [
         against: Against::Row("haproxy"),
         bound: Bound::AtLeast(1.0),
     },
+    // The issue names no load: read at saturation, where a proxy's own work is what it
+    // costs, and at Istio's 1000 rps, where sleeping and waking is most of it (the floor row's
+    // ratio says what any proxy can reach there).
     Target {
-        name: "traffic management: CPU per request ≤ 0.25× Envoy's",
+        name: "traffic management: CPU per request at max ≤ 0.25× Envoy's",
+        ours: REMORA_XDS,
+        sources: &[("traffic-http1", "proxy CPU / 1000 req at max")],
+        against: Against::Row("envoy"),
+        bound: Bound::AtMost(0.25),
+    },
+    Target {
+        name: "traffic management: CPU per request at 1000 rps ≤ 0.25× Envoy's",
         ours: REMORA_XDS,
         sources: &[("traffic-http1", "CPU / 1000 req at 1000 rps")],
         against: Against::Row("envoy"),
@@ -446,7 +456,8 @@ mod tests {
             .unwrap()
     }
 
-    /// The traffic-management targets read the row routed by xDS, never the explicit one.
+    /// The traffic-management targets read the row routed by xDS, never the explicit one, and
+    /// CPU per request both at saturation and at 1000 rps.
     #[test]
     fn traffic_targets_read_the_routed_row() {
         let mut t = Table::new(
@@ -454,18 +465,27 @@ mod tests {
             "t",
             vec![
                 Column::new("req/s per proxy core", "", 0).with_peer_ratios(),
+                Column::new("proxy CPU / 1000 req at max", "ms", 1).with_peer_ratios(),
                 Column::new("CPU / 1000 req at 1000 rps", "ms", 1).with_peer_ratios(),
             ],
         );
-        t.push(REMORA, vec![f(1.0), f(1.0)], None);
-        t.push(REMORA_XDS, vec![f(30_000.0), f(30.0)], None);
-        t.push("haproxy", vec![f(25_000.0), f(40.0)], None);
-        t.push("envoy", vec![f(10_000.0), f(100.0)], None);
+        t.push(REMORA, vec![f(1.0), f(1.0), f(1.0)], None);
+        t.push(REMORA_XDS, vec![f(30_000.0), f(10.0), f(30.0)], None);
+        t.push("haproxy", vec![f(25_000.0), f(11.0), f(40.0)], None);
+        t.push("envoy", vec![f(10_000.0), f(50.0), f(100.0)], None);
         let verdicts = judge(&[t]);
         let rps = verdict(&verdicts, "traffic management: HTTP/1.1 rps per core");
         assert_eq!((rps.measured, rps.result.as_str()), (Some(1.2), "pass"));
-        let cpu = verdict(&verdicts, "traffic management: CPU per request");
-        assert_eq!((cpu.measured, cpu.result.as_str()), (Some(0.3), "fail"));
+        let at_max = verdict(&verdicts, "traffic management: CPU per request at max");
+        assert_eq!(
+            (at_max.measured, at_max.result.as_str()),
+            (Some(0.2), "pass")
+        );
+        let steady = verdict(&verdicts, "traffic management: CPU per request at 1000 rps");
+        assert_eq!(
+            (steady.measured, steady.result.as_str()),
+            (Some(0.3), "fail")
+        );
     }
 
     #[test]

@@ -109,16 +109,17 @@ enum Scenario {
     Cost,
     /// 5. Two Remoras back to back over mTLS against two Envoys, 2 workers each.
     Mtls,
-    /// 6. HTTP/1.1, weighted route, Istio's retries, outlier detection (not in the default run).
+    /// 6. HTTP/1.1, weighted route, Istio's retries, outlier detection.
     Traffic,
 }
 
-const ALL_SCENARIOS: [Scenario; 5] = [
+const ALL_SCENARIOS: [Scenario; 6] = [
     Scenario::Latency,
     Scenario::Throughput,
     Scenario::Tcp,
     Scenario::Cost,
     Scenario::Mtls,
+    Scenario::Traffic,
 ];
 
 /// A subcommand's exit status, its error printed under its name.

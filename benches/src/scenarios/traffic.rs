@@ -3,7 +3,8 @@
 //! route and a DestinationRule's outlier detection on both clusters
 //! ([`crate::proxy_config::traffic`]). Remora routed by xDS and Envoy get the same resources;
 //! HAProxy (its plain HTTP configuration, one backend) is the rps-per-core reference the issue
-//! names, and no proxy the physical limit.
+//! names, no proxy the physical limit, and the floor (a bare byte relay) what the machine
+//! charges any proxy at 1000 rps, where the CPU bound of the issue is read.
 //!
 //! Per round and contender: max throughput with wrk (64 keep-alive connections, as scenario 2)
 //! and, with a fresh proxy, CPU per request at 1000 rps (16 connections, as scenarios 1 and 4).
@@ -13,7 +14,9 @@
 
 use super::measure::{core_columns, CORES_NOTE};
 use super::throughput::{rounds_note, TOOL_GRACE};
-use super::{cpu_ms_per_1000, interleaved, latency, push_rows, Bench, Contender, Ready};
+use super::{
+    cpu_ms_per_1000, interleaved, latency, push_rows, Bench, Contender, Ready, FLOOR_NOTE,
+};
 use crate::load_tools;
 use crate::open_loop::{self, Plan};
 use crate::process::{self, Spawned, PROXY_CPU};
@@ -28,11 +31,12 @@ use std::time::Instant;
 const CONNECTIONS: usize = 64;
 
 /// The contenders this scenario runs, of those asked for.
-const CONTENDERS: [Proxy; 4] = [
+const CONTENDERS: [Proxy; 5] = [
     Proxy::NoProxy,
     Proxy::RemoraXds,
     Proxy::Envoy,
     Proxy::Haproxy,
+    Proxy::Floor,
 ];
 
 fn columns() -> Vec<Column> {
@@ -54,7 +58,7 @@ pub fn run(bench: &Bench) -> Table {
     let run = bench.settings.round;
     let contenders: Vec<Proxy> = bench
         .settings
-        .contenders(&[Proxy::RemoraXds])
+        .contenders(&[Proxy::RemoraXds, Proxy::Floor])
         .into_iter()
         .filter(|p| CONTENDERS.contains(p))
         .collect();
@@ -70,6 +74,9 @@ pub fn run(bench: &Bench) -> Table {
     ));
     table.notes.push("v2 share: upstream_rq_total of the v2 cluster ÷ both clusters', from the proxy's /stats after the wrk run (expected about 10%).".into());
     table.notes.push(rounds_note(bench));
+    if contenders.contains(&Proxy::Floor) {
+        table.notes.push(FLOOR_NOTE.into());
+    }
     table.notes.push(CORES_NOTE.into());
     let resources = traffic::resources(bench.upstream);
     let results = interleaved(
