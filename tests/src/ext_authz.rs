@@ -5,7 +5,11 @@
 //! the upstream naming how many body bytes the check carried, one for the client
 //! (`x-ext-authz-response: seen`), and the query edited (`checked=yes` set, `drop` removed). A connection's check (the
 //! network filter's: no HTTP request) is denied when its destination port is
-//! [`DENIED_TCP_PORT`].
+//! [`DENIED_TCP_PORT`], and fails with a gRPC error (`UNAVAILABLE`) when it is one of
+//! [`ERRORING_TCP_PORTS`].
+//!
+//! Also the resources istiod writes for a CUSTOM policy on a TCP port with a gRPC provider
+//! ([`tcp_chain`], [`grpc_cluster`]), which both proxies are given.
 
 use crate::netns::Netns;
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, QueryParameter};
@@ -18,11 +22,14 @@ use envoy_types::pb::envoy::service::auth::v3::{
     CheckRequest, CheckResponse, DeniedHttpResponse, OkHttpResponse,
 };
 use envoy_types::pb::google::rpc::Status;
+use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 /// The destination port whose connections are denied.
 pub const DENIED_TCP_PORT: u32 = 9101;
+/// Destination ports whose connections' checks fail (the authorizer erring).
+pub const ERRORING_TCP_PORTS: [u32; 2] = [9105, 9106];
 
 /// The authorizer, serving until dropped.
 pub struct GrpcAuthorizer {
@@ -72,9 +79,13 @@ impl Authorization for Checker {
                 _ => None,
             });
         let tcp_denied = http.is_none() && port == Some(DENIED_TCP_PORT);
+        let tcp_erring = http.is_none() && port.is_some_and(|p| ERRORING_TCP_PORTS.contains(&p));
         let http = http.unwrap_or_default();
         if let Ok(mut checks) = self.checks.lock() {
             checks.push(check);
+        }
+        if tcp_erring {
+            return Err(tonic::Status::unavailable("the authorizer is erring"));
         }
         let response = if tcp_denied || http.path.contains("/deny") {
             CheckResponse {
@@ -167,4 +178,70 @@ impl Drop for GrpcAuthorizer {
             runtime.shutdown_timeout(std::time::Duration::from_secs(1));
         }
     }
+}
+
+/// istiod's cluster for a gRPC service port at `address`: HTTP/2.
+pub fn grpc_cluster(name: &str, address: SocketAddr) -> Value {
+    json!({"name": name, "type": "STATIC", "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint":
+            {"address": {"socket_address": {"address": address.ip().to_string(),
+                "port_value": address.port()}}}}]}]},
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}}})
+}
+
+/// What a TCP chain of [`tcp_chain`] is given.
+#[derive(Debug, Clone, Copy)]
+pub struct TcpChain<'a> {
+    /// The gRPC authorizer's cluster.
+    pub grpc: &'a str,
+    /// The destination ports the CUSTOM policy selects, as port ranges (end excluded; one
+    /// permission each, any of which selects).
+    pub selected: &'a [(u16, u16)],
+    /// `failure_mode_allow` (the provider's `failOpen`).
+    pub fail_open: bool,
+    /// The `tcp_proxy`'s `access_log`, if any.
+    pub access_log: Option<&'a Value>,
+}
+
+/// A TCP chain on `port` as istiod writes it for a CUSTOM policy with a gRPC provider: the
+/// network shadow RBAC filter naming the selected ports, the network ext_authz filter it
+/// enables (stat prefix `tcp.`), `tcp_proxy` to `inbound|port||`.
+pub fn tcp_chain(port: u16, c: TcpChain<'_>) -> Value {
+    let cluster = format!("inbound|{port}||");
+    let ranges: Vec<Value> = c
+        .selected
+        .iter()
+        .map(|(start, end)| json!({"destination_port_range": {"start": start, "end": end}}))
+        .collect();
+    let shadow = json!({"name": "envoy.filters.network.rbac", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC",
+        "stat_prefix": "tcp.",
+        "shadow_rules": {"action": "DENY", "policies": {
+            "istio-ext-authz-ns[server]-policy[ext-tcp]-rule[0]": {
+                "permissions": ranges,
+                "principals": [{"any": true}]}}},
+        "shadow_rules_stat_prefix": "istio_ext_authz_"}});
+    let mut ext_authz = json!({"name": "envoy.filters.network.ext_authz", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.ext_authz.v3.ExtAuthz",
+        "stat_prefix": "tcp.",
+        "grpc_service": {"envoy_grpc": {"cluster_name": c.grpc,
+            "authority": c.grpc.replace('|', "_.")}, "timeout": "600s"},
+        "transport_api_version": "V3",
+        "filter_enabled_metadata": {"filter": "envoy.filters.network.rbac",
+            "path": [{"key": "istio_ext_authz_shadow_effective_policy_id"}],
+            "value": {"string_match": {"prefix": "istio-ext-authz"}}}}});
+    if c.fail_open {
+        ext_authz["typed_config"]["failure_mode_allow"] = json!(true);
+    }
+    let mut tcp_proxy = json!({"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+        "stat_prefix": cluster, "cluster": cluster}});
+    if let Some(log) = c.access_log {
+        tcp_proxy["typed_config"]["access_log"] = log.clone();
+    }
+    json!({"name": format!("0.0.0.0_{port}"),
+        "filter_chain_match": {"destination_port": port, "transport_protocol": "raw_buffer"},
+        "filters": [shadow, ext_authz, tcp_proxy]})
 }

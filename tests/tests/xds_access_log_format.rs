@@ -13,14 +13,15 @@
 //! A format naming another header (`%REQ(X-B3-TRACEID)%`) and a length (`:N`) is written the
 //! same way too, and a format with an operator Remora does not render is refused by name.
 
+use remora_e2e::access_log_file::{file_log, log_file, wait_for_lines};
 use remora_e2e::envoy_xds::{nets_or_skip, Resources, ISTIO_TEXT_FORMAT};
 use remora_e2e::peer::{self, curl_status, Server};
 use remora_e2e::xds_resources::{eds_cluster, endpoint, inbound_cluster};
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
 const CURL_TIME: Duration = Duration::from_secs(20);
 const HTTP_VIP: &str = "10.96.0.10";
@@ -42,13 +43,6 @@ const DENIED: &str = "inbound|9101||";
 
 /// A second format: another header, lengths, addresses without ports.
 const OTHER_FORMAT: &str = "%REQ(X-B3-TRACEID)% %REQ(:PATH):4% %REQ(X-MISSING?USER-AGENT):6% %UPSTREAM_CLUSTER% %DOWNSTREAM_LOCAL_ADDRESS_WITHOUT_PORT% %RESPONSE_CODE% %PROTOCOL%\n";
-
-fn file_log(path: &Path, format: &str) -> Value {
-    json!([{"name": "envoy.access_loggers.file", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
-        "path": path.to_str().expect("utf-8 path"),
-        "log_format": {"text_format_source": {"inline_string": format}}}}])
-}
 
 fn resources(
     log: &Path,
@@ -148,40 +142,6 @@ fn route_vips(ns: &remora_e2e::Netns) {
         .output()
         .expect("ip route");
     assert!(out.status.success(), "{out:?}");
-}
-
-/// A file UID 1337 (the proxy) may append to.
-fn log_file(net: &PodNet) -> PathBuf {
-    let logs = net.binary().make_dir("logs");
-    std::os::unix::fs::chown(&logs, Some(1337), Some(1337)).expect("chown");
-    let log = logs.join("access.log");
-    std::fs::write(&log, "").expect("write");
-    std::os::unix::fs::chown(&log, Some(1337), Some(1337)).expect("chown");
-    log
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
-/// Wait (up to 5 s) for `path` to hold `n` lines.
-fn wait_for_lines(path: &Path, n: usize, output: &dyn Fn() -> String) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let text = read(path);
-        let lines: Vec<String> = text.lines().map(str::to_string).collect();
-        if lines.len() >= n {
-            return lines;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} of {n} lines in {}:\n{text}\n{}",
-            lines.len(),
-            path.display(),
-            output()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// A TLS ClientHello naming `server` (TLS 1.2 framing, one cipher suite, the `server_name`

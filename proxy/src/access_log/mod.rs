@@ -146,6 +146,9 @@ pub struct XdsFacts {
     /// (`%CONNECTION_TERMINATION_DETAILS%`: an RBAC filter's
     /// `rbac_access_denied_matched_policy[…]`).
     pub termination_details: Option<Box<str>>,
+    /// A filter's response code details (`%RESPONSE_CODE_DETAILS%`: the network ext_authz
+    /// filter's `ext_authz_denied`, `ext_authz_error`).
+    pub response_details: Option<&'static str>,
     /// Bytes read from the client and never forwarded (the first bytes of a connection a
     /// filter refused), which Envoy counts as received.
     pub unforwarded: u64,
@@ -181,7 +184,7 @@ impl Entry {
                     protocol: None,
                     status: 0,
                     flags: &flags,
-                    details: None,
+                    details: xds.and_then(|x| x.response_details),
                     termination_details: xds.and_then(|x| x.termination_details.as_deref()),
                     transport_failure: None,
                     // Envoy's meaning: received from the client (what was sent upstream),

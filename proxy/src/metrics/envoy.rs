@@ -118,6 +118,8 @@ pub enum Scope {
     HttpConnManager(String),
     /// Istio's network RBAC filter (stat prefix `tcp.`).
     Tcp,
+    /// A network ext_authz filter, by its stat prefix (istiod's `tcp.`).
+    ExtAuthz(String),
     /// The xDS connection (`control_plane.`).
     ControlPlane,
     /// A subscription, by Envoy's prefix (`cluster_manager.cds`, `listener_manager.lds`,
@@ -165,6 +167,8 @@ impl EnvoyStat {
             Scope::Cluster(c) => format!("cluster.{c}.{}", self.stat),
             Scope::HttpConnManager(p) => format!("http.{p}.{}", self.stat),
             Scope::Tcp => format!("tcp.{}", self.stat),
+            // Envoy puts a dot after the prefix even when it ends in one (`ext_authz.tcp..ok`).
+            Scope::ExtAuthz(p) => format!("ext_authz.{p}.{}", self.stat),
             Scope::ControlPlane => format!("control_plane.{}", self.stat),
             Scope::Subscription(p) => format!("{p}.{}", self.stat),
             Scope::Secret(name) => format!("sds.{name}.{}", self.stat),
@@ -191,6 +195,16 @@ impl EnvoyStat {
                 Some(("http_conn_manager_prefix", p.clone())),
             ),
             Scope::Tcp => (format!("envoy_tcp_{}", self.stat.replace('.', "_")), None),
+            // No tag of Istio's takes the prefix out: it stays in the name, sanitized as
+            // Envoy sanitizes (anything but a letter, digit or `_` becomes `_`).
+            Scope::ExtAuthz(p) => {
+                let name = format!("envoy_ext_authz_{p}_{}", self.stat);
+                let sanitized = name
+                    .chars()
+                    .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                    .collect();
+                (sanitized, None)
+            }
             Scope::ControlPlane => (format!("envoy_control_plane_{}", self.stat), None),
             Scope::Subscription(p) => {
                 (format!("envoy_{}_{}", p.replace('.', "_"), self.stat), None)
@@ -237,6 +251,8 @@ pub struct EnvoyStats {
     pub faults: Arc<crate::http::fault::FaultStats>,
     /// The cors filters' counters, for their `http.<prefix>.cors.*` stats.
     pub cors: Arc<crate::http::cors_stats::CorsStats>,
+    /// The network ext_authz filters' counters, for their `ext_authz.<prefix>.*` stats.
+    pub network_ext_authz: Arc<crate::http::ext_authz::network::NetworkStats>,
 }
 
 /// What istiod mode shares with the stats.
@@ -402,6 +418,13 @@ impl EnvoyStats {
             let http = || Scope::HttpConnManager(prefix.to_string());
             stats.push(c(http(), "fault.aborts_injected", aborts));
             stats.push(c(http(), "fault.delays_injected", delays));
+        }
+        for (prefix, counters) in self.network_ext_authz.snapshot() {
+            let scope = || Scope::ExtAuthz(prefix.to_string());
+            for (stat, value) in counters.values() {
+                stats.push(c(scope(), stat, value));
+            }
+            stats.push(g(scope(), "active", counters.active()));
         }
         for (prefix, valid, invalid) in self.cors.snapshot() {
             let http = || Scope::HttpConnManager(prefix.to_string());

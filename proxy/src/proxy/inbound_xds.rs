@@ -40,6 +40,28 @@ struct Served<'a> {
     tls_inspected: bool,
 }
 
+/// How a chain's network filters refused a connection, in Envoy's words for its access-log
+/// line.
+struct Refusal {
+    end: End,
+    /// `%CONNECTION_TERMINATION_DETAILS%`: an RBAC filter's
+    /// `rbac_access_denied_matched_policy[…]`.
+    termination: Option<String>,
+    /// `%RESPONSE_CODE_DETAILS%`: the ext_authz filter's `ext_authz_denied` or
+    /// `ext_authz_error`.
+    details: Option<&'static str>,
+}
+
+impl Refusal {
+    fn rbac(why: String) -> Refusal {
+        Refusal {
+            end: End::RbacDenied,
+            termination: Some(why),
+            details: None,
+        }
+    }
+}
+
 impl Proxy {
     /// Serve an inbound connection by the xDS snapshot in force now.
     pub(super) async fn xds_inbound(
@@ -257,10 +279,9 @@ impl Proxy {
             request: None,
         };
         let filters = served.chain.iter().flat_map(ChainRef::network_rbac);
-        // How the connection is refused, if it is, with Envoy's connection termination
-        // details (an RBAC filter's `rbac_access_denied_matched_policy[…]`).
+        // How the connection is refused, if it is, in Envoy's words.
         let mut denied = match self.authz.check_rbac(filters, &attributes) {
-            Verdict::Denied(why) => Some((End::RbacDenied, Some(why))),
+            Verdict::Denied(why) => Some(Refusal::rbac(why)),
             Verdict::Allowed => None,
         };
         if denied.is_none() {
@@ -272,9 +293,9 @@ impl Proxy {
         }
         match served.decision {
             ChainDecision::Http { http: chain, .. } => {
-                if let Some((end, _)) = denied {
+                if let Some(refusal) = denied {
                     close(&downstream);
-                    return refused(Some(hop.destination), end);
+                    return refused(Some(hop.destination), refusal.end);
                 }
                 // A chain of HTTP that detection did not see as HTTP: Envoy's connection
                 // manager would answer it 400; as HTTP/1.1 the parser does the same.
@@ -314,7 +335,7 @@ impl Proxy {
                     .metrics
                     .direction(hop.dir)
                     .istio_opened(served.peer.as_deref());
-                if let Some((end, why)) = denied {
+                if let Some(refusal) = denied {
                     close(&downstream);
                     // What Envoy's log says of it: its TCP proxy had taken the chain's
                     // cluster (and had dialled it: Remora does not, `docs/xds.md`), its
@@ -327,11 +348,12 @@ impl Proxy {
                             .as_deref()
                             .filter(|_| served.tls_inspected)
                             .map(Box::from),
-                        termination_details: why.map(String::into_boxed_str),
+                        termination_details: refusal.termination.map(String::into_boxed_str),
+                        response_details: refusal.details,
                         unforwarded: prefix.len() as u64,
                         ..Default::default()
                     };
-                    return refused(Some(hop.destination), end)
+                    return refused(Some(hop.destination), refusal.end)
                         .with_xds(facts)
                         .counted_in(istio);
                 }
@@ -362,7 +384,7 @@ impl Proxy {
         chain: &ChainRef,
         attributes: &Attributes<'_>,
         connect_timeout: std::time::Duration,
-    ) -> Option<(End, Option<String>)> {
+    ) -> Option<Refusal> {
         use crate::authz::rbac::{shadow_metadata, NETWORK_RBAC_METADATA};
         let mut before: Vec<&remora_xds::model::rbac::Rbac> = chain.network_rbac().collect();
         let mut after = Vec::new();
@@ -373,7 +395,7 @@ impl Proxy {
                         if let Verdict::Denied(why) =
                             self.authz.check_rbac(after.drain(..), attributes)
                         {
-                            return Some((End::RbacDenied, Some(why)));
+                            return Some(Refusal::rbac(why));
                         }
                     }
                     let enabled = ext.enabled_by.as_ref().is_none_or(|on| {
@@ -387,9 +409,16 @@ impl Proxy {
                         principal: attributes.principal,
                         connect_timeout,
                     };
-                    if enabled && !http::ext_authz::network::allows(self, config, ext, &conn).await
+                    if !enabled {
+                        http::ext_authz::network::disabled(self, ext);
+                    } else if let Err(refused) =
+                        http::ext_authz::network::check(self, config, ext, &conn).await
                     {
-                        return Some((End::ExtAuthzDenied, None));
+                        return Some(Refusal {
+                            end: End::ExtAuthzDenied,
+                            termination: None,
+                            details: Some(refused.details()),
+                        });
                     }
                 }
                 NetworkFilter::Rbac(r) => {
@@ -400,7 +429,7 @@ impl Proxy {
             }
         }
         match self.authz.check_rbac(after, attributes) {
-            Verdict::Denied(why) => Some((End::RbacDenied, Some(why))),
+            Verdict::Denied(why) => Some(Refusal::rbac(why)),
             Verdict::Allowed => None,
         }
     }

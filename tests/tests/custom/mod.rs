@@ -2,7 +2,7 @@
 //! chain per case, and the authorizers' clusters, as both proxies are given them.
 
 use remora_e2e::envoy_xds::Resources;
-use remora_e2e::ext_authz::DENIED_TCP_PORT;
+use remora_e2e::ext_authz::{self, TcpChain, DENIED_TCP_PORT};
 use remora_e2e::xds_resources::inbound_cluster;
 use serde_json::{json, Value};
 
@@ -69,15 +69,6 @@ fn authz_cluster(name: &str, address: &str, port: u16) -> Value {
             {"address": {"socket_address": {"address": address, "port_value": port}}}}]}]}})
 }
 
-/// istiod's cluster for a gRPC service port: HTTP/2.
-fn grpc_cluster(name: &str) -> Value {
-    let mut c = authz_cluster(name, "10.1.0.2", 9191);
-    c["typed_extension_protocol_options"] = json!({"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-        "explicit_http_config": {"http2_protocol_options": {}}}});
-    c
-}
-
 /// istiod's ext_authz filter for an `envoyExtAuthzGrpc` provider with
 /// `includeRequestBodyInCheck`.
 fn grpc_ext_authz(cluster: &str) -> Value {
@@ -136,32 +127,16 @@ fn deny_blocked() -> Value {
             "principals": [{"any": true}]}}}}})
 }
 
-/// A TCP chain as istiod writes it for a CUSTOM policy with a gRPC provider: the network
-/// shadow RBAC filter selecting ports 9100 and 9101, the network ext_authz, `tcp_proxy`.
+/// A TCP chain with the network ext_authz filter; the CUSTOM policy selects ports 9100 and
+/// 9101.
 fn tcp_chain(port: u16, grpc: &str) -> Value {
-    let cluster = format!("inbound|{port}||");
-    let shadow = json!({"name": "envoy.filters.network.rbac", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC",
-        "stat_prefix": "tcp.",
-        "shadow_rules": {"action": "DENY", "policies": {
-            "istio-ext-authz-ns[server]-policy[ext-tcp]-rule[0]": {
-                "permissions": [{"destination_port_range": {"start": 9100, "end": 9102}}],
-                "principals": [{"any": true}]}}},
-        "shadow_rules_stat_prefix": "istio_ext_authz_"}});
-    let ext_authz = json!({"name": "envoy.filters.network.ext_authz", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.network.ext_authz.v3.ExtAuthz",
-        "stat_prefix": "tcp.",
-        "grpc_service": {"envoy_grpc": {"cluster_name": grpc,
-            "authority": grpc.replace('|', "_.")}, "timeout": "600s"},
-        "transport_api_version": "V3",
-        "filter_enabled_metadata": {"filter": "envoy.filters.network.rbac",
-            "path": [{"key": "istio_ext_authz_shadow_effective_policy_id"}],
-            "value": {"string_match": {"prefix": "istio-ext-authz"}}}}});
-    json!({"name": format!("0.0.0.0_{port}"),
-        "filter_chain_match": {"destination_port": port, "transport_protocol": "raw_buffer"},
-        "filters": [shadow, ext_authz, {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
-            "stat_prefix": cluster, "cluster": cluster}}]})
+    let chain = TcpChain {
+        grpc,
+        selected: &[(9100, 9102)],
+        fail_open: false,
+        access_log: None,
+    };
+    ext_authz::tcp_chain(port, chain)
 }
 
 fn chain(port: u16, authz: Value) -> Value {
@@ -230,7 +205,10 @@ pub fn resources() -> Resources {
     .collect();
     clusters.push(authz_cluster(up, "127.0.0.1", AUTHZ_PORT));
     clusters.push(authz_cluster(down, "127.0.0.1", AUTHZ_PORT + 1));
-    clusters.push(grpc_cluster(grpc));
+    clusters.push(ext_authz::grpc_cluster(
+        grpc,
+        GRPC_AUTHZ.parse().expect("an address"),
+    ));
     Resources {
         listeners: json!([listener]),
         clusters: Value::Array(clusters),

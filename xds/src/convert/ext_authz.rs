@@ -57,6 +57,7 @@ pub fn http(f: &pb::ExtAuthz, path: &str) -> Result<ExtAuthz, Fault> {
         with_request_body,
         enabled_by,
         clear_route_cache: f.clear_route_cache,
+        stat_prefix: f.stat_prefix.clone(),
     })
 }
 
@@ -89,6 +90,7 @@ pub fn network(
         with_request_body: None,
         enabled_by,
         clear_route_cache: false,
+        stat_prefix: f.stat_prefix.clone(),
     })
 }
 

@@ -29,6 +29,9 @@ pub struct ExtAuthz {
     /// it. Unset (istiod's), the route stays the one chosen before the check, on the request
     /// as the client sent it (Envoy's filters before it, RBAC's, have chosen it by then).
     pub clear_route_cache: bool,
+    /// `stat_prefix`: the network filter's statistics are `ext_authz.<stat_prefix>.*`
+    /// (istiod writes `tcp.`); the HTTP filter's, under its connection manager's.
+    pub stat_prefix: String,
 }
 
 /// Where the authorizer is and which protocol it speaks.
