@@ -6,7 +6,7 @@
 //! request routed and balanced on its own ([`crate::http::routed`]).
 
 use super::*;
-use crate::access_log::XdsFacts;
+use crate::access_log::{Loggers, XdsFacts};
 use crate::route::{self, ChainDecision, ChainRef};
 use crate::tls::client_hello::{self, ClientHello, Parsed};
 use crate::upstream::dial::{self, Connected};
@@ -16,13 +16,37 @@ use remora_xds::model::listener::{ChainKind, ConnectionFacts, Listener};
 use remora_xds::snapshot::Snapshot;
 
 impl Proxy {
-    /// Serve an outbound connection by the xDS snapshot in force now.
+    /// Serve an outbound connection by the xDS snapshot in force now; its line goes to the
+    /// loggers of the chain that took it, or, if none did, the listener's.
     pub(super) async fn xds_outbound(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        downstream: TcpStream,
+        hop: Hop,
+        snapshot: Arc<Snapshot>,
+    ) -> Outcome {
+        let mut chain_log = None;
+        let outcome = self
+            .outbound_chain(
+                config,
+                downstream,
+                hop,
+                Arc::clone(&snapshot),
+                &mut chain_log,
+            )
+            .await;
+        let listener = snapshot.outbound_listener(hop.destination);
+        outcome.logged_by(chain_log, listener.map(|l| &**l))
+    }
+
+    /// Serve an outbound connection by its chain; `chain_log` is set once one takes it.
+    async fn outbound_chain(
         self: &Arc<Self>,
         config: &Arc<Config>,
         mut downstream: TcpStream,
         hop: Hop,
         snapshot: Arc<Snapshot>,
+        chain_log: &mut Option<Loggers>,
     ) -> Outcome {
         let listener = snapshot.outbound_listener(hop.destination);
         // The listener's TLS inspector reads the ClientHello whether or not a chain matches
@@ -46,11 +70,9 @@ impl Proxy {
         };
         let alpn = application_protocols(hello.as_ref(), http, true);
         let facts = connection_facts(hop.destination, hello.as_ref(), &alpn);
-        let (cluster, idle, hash, chain) = match route::outbound(
-            &snapshot,
-            &facts,
-            fastrand::u64(..),
-        ) {
+        let decision = route::outbound(&snapshot, &facts, fastrand::u64(..));
+        *chain_log = connection_log(&decision);
+        let (cluster, idle, hash, chain) = match decision {
             ChainDecision::NoChain => {
                 tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no xDS listener or filter chain");
                 // Closed, not reset: Envoy's tcp_proxy closes a connection it cannot serve.
@@ -226,7 +248,22 @@ impl Proxy {
             http: true,
             istio: IstioOpen::NotTcp,
             xds: None,
+            log: Loggers::None,
         }
+    }
+}
+
+/// The loggers of a connection a chain took, as Envoy's: its `tcp_proxy`'s; none at the
+/// connection's end for HTTP (its connection manager's loggers write each request); `None`
+/// when no chain took it (the listener's loggers then, with their filter).
+pub(super) fn connection_log(decision: &ChainDecision<'_>) -> Option<Loggers> {
+    match decision {
+        ChainDecision::Tcp { chain, .. } => Some(match &chain.kind {
+            ChainKind::Tcp(tcp) => Loggers::xds(&tcp.access_log),
+            ChainKind::Http(_) => Loggers::None,
+        }),
+        ChainDecision::Http { .. } => Some(Loggers::None),
+        ChainDecision::NoChain => None,
     }
 }
 
