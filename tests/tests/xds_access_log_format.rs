@@ -13,14 +13,15 @@
 //! A format naming another header (`%REQ(X-B3-TRACEID)%`) and a length (`:N`) is written the
 //! same way too, and a format with an operator Remora does not render is refused by name.
 
+use remora_e2e::access_logs::{log_file, route_vips, wait_for_lines};
 use remora_e2e::envoy_xds::{nets_or_skip, Resources, ISTIO_TEXT_FORMAT};
 use remora_e2e::peer::{self, curl_status, Server};
 use remora_e2e::xds_resources::{eds_cluster, endpoint, inbound_cluster};
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
 const CURL_TIME: Duration = Duration::from_secs(20);
 const HTTP_VIP: &str = "10.96.0.10";
@@ -137,50 +138,6 @@ fn resources(
             assignment(EMPTY, None),
             assignment(ECHO, Some(echo))
         ]),
-    }
-}
-
-/// Give `ns` a default route out of its veth, so a connect to a VIP reaches the capture rules.
-fn route_vips(ns: &remora_e2e::Netns) {
-    let out = ns
-        .command("ip")
-        .args(["route", "add", "default", "dev", "eth0"])
-        .output()
-        .expect("ip route");
-    assert!(out.status.success(), "{out:?}");
-}
-
-/// A file UID 1337 (the proxy) may append to.
-fn log_file(net: &PodNet) -> PathBuf {
-    let logs = net.binary().make_dir("logs");
-    std::os::unix::fs::chown(&logs, Some(1337), Some(1337)).expect("chown");
-    let log = logs.join("access.log");
-    std::fs::write(&log, "").expect("write");
-    std::os::unix::fs::chown(&log, Some(1337), Some(1337)).expect("chown");
-    log
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
-/// Wait (up to 5 s) for `path` to hold `n` lines.
-fn wait_for_lines(path: &Path, n: usize, output: &dyn Fn() -> String) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let text = read(path);
-        let lines: Vec<String> = text.lines().map(str::to_string).collect();
-        if lines.len() >= n {
-            return lines;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} of {n} lines in {}:\n{text}\n{}",
-            lines.len(),
-            path.display(),
-            output()
-        );
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -352,7 +309,7 @@ fn remora_then_envoy(format: &str) -> Option<[Run; 2]> {
         let _denied = Server::echo(&net.pod, peer::any_addr(DENIED_PORT));
         // Nothing listens there: the connection is refused.
         let down = net.peer_addr(8099);
-        let log = log_file(net);
+        let log = log_file(net, "access.log");
         let resources = resources(&log, format, web.addr(), down, echo.addr());
         let (statuses, lines) = if i == 0 {
             let remora = resources.start_remora(net);

@@ -109,7 +109,8 @@ impl Proxy {
         else {
             tracing::debug!(peer = %hop.peer, destination = %hop.destination, alpn = ?alpn, "no virtualInbound filter chain");
             reset(&downstream);
-            return refused(Some(hop.destination), End::NoRoute);
+            return refused(Some(hop.destination), End::NoRoute)
+                .with_xds(super::xds::no_chain_facts(hop.destination));
         };
         let mut served = Served {
             hop,

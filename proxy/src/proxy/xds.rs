@@ -77,7 +77,8 @@ impl Proxy {
                 tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no xDS listener or filter chain");
                 // Closed, not reset: Envoy's tcp_proxy closes a connection it cannot serve.
                 drop(downstream);
-                return refused(Some(hop.destination), End::NoRoute);
+                return refused(Some(hop.destination), End::NoRoute)
+                    .with_xds(no_chain_facts(hop.destination));
             }
             ChainDecision::Http {
                 http: chain,
@@ -250,6 +251,14 @@ impl Proxy {
             xds: None,
             log: Loggers::None,
         }
+    }
+}
+
+/// What the listener's log says of a connection no chain took: where it was going.
+pub(super) fn no_chain_facts(destination: std::net::SocketAddr) -> XdsFacts {
+    XdsFacts {
+        downstream_local: Some(destination),
+        ..XdsFacts::default()
     }
 }
 

@@ -1,0 +1,57 @@
+//! Access-log files for the differential tests: a file the proxy (UID 1337) may append to,
+//! and waiting for it to hold a number of lines.
+
+use crate::PodNet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// A new, empty file named `name` (in a directory of its own) that UID 1337 may append to.
+pub fn log_file(net: &PodNet, name: &str) -> PathBuf {
+    let logs = net.binary().make_dir("logs");
+    std::os::unix::fs::chown(&logs, Some(1337), Some(1337)).expect("chown");
+    let log = logs.join(name);
+    std::fs::write(&log, "").expect("write");
+    std::os::unix::fs::chown(&log, Some(1337), Some(1337)).expect("chown");
+    log
+}
+
+/// The file's content, empty when it does not exist.
+pub fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// The file's lines.
+pub fn lines(path: &Path) -> Vec<String> {
+    read(path).lines().map(str::to_string).collect()
+}
+
+/// Wait (up to 5 s) for `path` to hold `n` lines; its lines. `output` (the proxy's own
+/// output) is printed if they do not come.
+pub fn wait_for_lines(path: &Path, n: usize, output: &dyn Fn() -> String) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let lines = lines(path);
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} lines in {}:\n{}\n{}",
+            lines.len(),
+            path.display(),
+            read(path),
+            output()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Give `ns` a default route out of its veth, so a connect to a VIP reaches the capture rules.
+pub fn route_vips(ns: &crate::Netns) {
+    let out = ns
+        .command("ip")
+        .args(["route", "add", "default", "dev", "eth0"])
+        .output()
+        .expect("ip route");
+    assert!(out.status.success(), "{out:?}");
+}
