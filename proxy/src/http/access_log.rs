@@ -55,7 +55,7 @@ pub struct EnvoyFacts {
     /// The headers each logger's format's `%REQ(…)%` names beyond the ones kept anyway: per
     /// format (by its list of names, shared with it), in that format's order
     /// ([`TextFormat::extra_request_headers`]).
-    pub other_headers: Vec<(Arc<[Box<str>]>, Vec<Option<HeaderValue>>)>,
+    pub other_headers: Vec<OtherHeaders>,
     /// Envoy's `response_code_details` for a reply made here (`None`: `via_upstream` when the
     /// upstream answered).
     pub details: Option<&'static str>,
@@ -72,6 +72,9 @@ pub struct EnvoyFacts {
     /// (`delayed_connect_error:_Connection_refused`).
     pub transport_failure: Option<Box<str>>,
 }
+
+/// One format's other headers: its list of names, and the request's values in that order.
+pub type OtherHeaders = (Arc<[Box<str>]>, Vec<Option<HeaderValue>>);
 
 impl RequestHeaders for RequestLog {
     fn header(&self, which: &RequestHeader) -> Option<&[u8]> {

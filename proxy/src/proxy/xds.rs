@@ -371,3 +371,7 @@ pub(super) fn inspects(listener: &Listener) -> bool {
             || matches!(c.kind, remora_xds::model::listener::ChainKind::Http(_))
     })
 }
+
+#[cfg(test)]
+#[path = "xds_log_tests.rs"]
+mod log_tests;
