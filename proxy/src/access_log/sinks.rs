@@ -40,11 +40,6 @@ impl Loggers {
             .then_some(Loggers::Remora(config.access_log.format))
     }
 
-    /// The config file's log if on, else the xDS loggers `xds` (a chain's or a listener's).
-    pub fn chosen(config: &Config, xds: &Arc<[XdsLog]>) -> Loggers {
-        Loggers::of_config(config).unwrap_or_else(|| Loggers::xds(xds))
-    }
-
     /// The loggers of a chain or listener.
     pub fn xds(logs: &Arc<[XdsLog]>) -> Loggers {
         if logs.is_empty() {
@@ -156,20 +151,21 @@ mod tests {
             .collect()
     }
 
+    /// The config file's log, when on, is Remora's line on standard output (the data path
+    /// takes it over any chain's); an empty list of loggers writes nothing.
     #[test]
-    fn the_config_files_log_wins_and_an_empty_chain_logs_nothing() {
-        let chain: Arc<[XdsLog]> = Arc::from([log("/tmp/a.log", "%RESPONSE_FLAGS%", false)]);
+    fn the_config_files_log_and_an_empty_chain() {
         let mut config = Config::default();
-        assert!(!Loggers::chosen(&config, &Arc::from([])).is_some());
-        let xds = Loggers::chosen(&config, &chain);
-        assert_eq!(files(xds.sinks()), ["/tmp/a.log"]);
+        assert!(Loggers::of_config(&config).is_none());
         config.access_log.enabled = true;
-        let own = Loggers::chosen(&config, &chain);
+        let own = Loggers::of_config(&config).expect("on");
         assert!(
             matches!(own, Loggers::Remora(AccessLogFormat::Text)),
             "{own:?}"
         );
         assert_eq!(files(own.sinks()), ["stdout"]);
+        assert!(!Loggers::xds(&Arc::from([])).is_some());
+        assert_eq!(files(Loggers::None.sinks()), Vec::<String>::new());
     }
 
     /// Every logger of the chain writes, each to its own file; `/dev/stdout` is standard output.

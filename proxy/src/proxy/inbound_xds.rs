@@ -52,13 +52,7 @@ impl Proxy {
     ) -> Outcome {
         let mut chain_log = None;
         let outcome = self
-            .inbound_chain(
-                config,
-                downstream,
-                hop,
-                Arc::clone(&snapshot),
-                &mut chain_log,
-            )
+            .inbound_chain(config, downstream, hop, &snapshot, &mut chain_log)
             .await;
         let listener = snapshot.inbound_listener();
         outcome.logged_by(chain_log, listener.map(|l| &**l))
@@ -70,7 +64,7 @@ impl Proxy {
         config: &Arc<Config>,
         mut downstream: TcpStream,
         hop: Hop,
-        snapshot: Arc<Snapshot>,
+        snapshot: &Snapshot,
         chain_log: &mut Option<crate::access_log::Loggers>,
     ) -> Outcome {
         let Some(listener) = snapshot.inbound_listener() else {
@@ -101,7 +95,7 @@ impl Proxy {
         };
         let alpn = super::xds::application_protocols(hello.as_ref(), http, http_inspected);
         let facts = super::xds::connection_facts(hop.destination, hello.as_ref(), &alpn);
-        let decided = route::inbound(&snapshot, &facts, fastrand::u64(..));
+        let decided = route::inbound(snapshot, &facts, fastrand::u64(..));
         *chain_log = decided
             .as_ref()
             .and_then(|i| super::xds::connection_log(&i.decision));
@@ -114,7 +108,7 @@ impl Proxy {
         };
         let mut served = Served {
             hop,
-            snapshot: &snapshot,
+            snapshot,
             decision: inbound.decision,
             chain: inbound.chain,
             peer: None,

@@ -27,13 +27,7 @@ impl Proxy {
     ) -> Outcome {
         let mut chain_log = None;
         let outcome = self
-            .outbound_chain(
-                config,
-                downstream,
-                hop,
-                Arc::clone(&snapshot),
-                &mut chain_log,
-            )
+            .outbound_chain(config, downstream, hop, &snapshot, &mut chain_log)
             .await;
         let listener = snapshot.outbound_listener(hop.destination);
         outcome.logged_by(chain_log, listener.map(|l| &**l))
@@ -45,7 +39,7 @@ impl Proxy {
         config: &Arc<Config>,
         mut downstream: TcpStream,
         hop: Hop,
-        snapshot: Arc<Snapshot>,
+        snapshot: &Snapshot,
         chain_log: &mut Option<Loggers>,
     ) -> Outcome {
         let listener = snapshot.outbound_listener(hop.destination);
@@ -70,7 +64,7 @@ impl Proxy {
         };
         let alpn = application_protocols(hello.as_ref(), http, true);
         let facts = connection_facts(hop.destination, hello.as_ref(), &alpn);
-        let decision = route::outbound(&snapshot, &facts, fastrand::u64(..));
+        let decision = route::outbound(snapshot, &facts, fastrand::u64(..));
         *chain_log = connection_log(&decision);
         let (cluster, idle, hash, chain) = match decision {
             ChainDecision::NoChain => {
@@ -123,12 +117,10 @@ impl Proxy {
                 .map(Box::from),
             ..Default::default()
         };
-        let selected = match self.upstreams.select_hashed(
-            &snapshot,
-            &cluster,
-            hop.destination,
-            hash,
-        ) {
+        let selected = match self
+            .upstreams
+            .select_hashed(snapshot, &cluster, hop.destination, hash)
+        {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "no upstream");
