@@ -2,7 +2,7 @@
 //! (detection, while the upstream connection is already being opened), then the copy of opaque
 //! bytes or the HTTP proxy, and the record of it (metrics, access log).
 
-use crate::access_log::{AccessLog, End, Entry};
+use crate::access_log::{AccessLog, End, Entry, Loggers};
 use crate::connect::{self, ConnectError, Upstream};
 use crate::detect::{self, HttpVersion};
 use crate::drain::Drain;
@@ -104,6 +104,8 @@ struct Outcome {
     istio: IstioOpen,
     /// Routed by xDS: its cluster and addresses, for Envoy's access-log format.
     xds: Option<Box<crate::access_log::XdsFacts>>,
+    /// Routed by xDS: the loggers of its chain, or of its listener when no chain took it.
+    log: Loggers,
 }
 
 impl Proxy {
@@ -153,8 +155,10 @@ impl Proxy {
             outcome.transfer.sent,
             outcome.transfer.received,
         );
-        // HTTP connections log each request instead.
-        if let (Some(sink), false) = (self.access_log_sink(&config), outcome.http) {
+        // HTTP connections log each request instead. The config file's log takes every
+        // connection; else the loggers of the chain (or listener) that served it.
+        let loggers = Loggers::of_config(&config).unwrap_or(outcome.log);
+        if loggers.is_some() && !outcome.http {
             let entry = Entry {
                 start: started.0,
                 direction: dir,
@@ -166,13 +170,8 @@ impl Proxy {
                 end: outcome.end,
                 xds: outcome.xds,
             };
-            self.access_log.log(&entry, &sink);
+            self.access_log.log(&entry, &loggers);
         }
-    }
-
-    /// Whether connections and requests are logged, and how ([`crate::access_log::Sink::of`]).
-    pub fn access_log_sink(&self, config: &Config) -> Option<crate::access_log::Sink> {
-        crate::access_log::Sink::of(config, self.xds.as_deref())
     }
 
     async fn proxy(
@@ -418,6 +417,7 @@ impl Proxy {
             http: true,
             istio: IstioOpen::NotTcp,
             xds: None,
+            log: Loggers::None,
         }
     }
 }
@@ -497,6 +497,18 @@ impl Outcome {
         self.xds = Some(Box::new(facts));
         self
     }
+
+    /// This outcome, logged by its chain's loggers (`chain`), or by `listener`'s when no
+    /// chain took the connection.
+    fn logged_by(
+        mut self,
+        chain: Option<Loggers>,
+        listener: Option<&remora_xds::model::listener::Listener>,
+    ) -> Outcome {
+        self.log = chain
+            .unwrap_or_else(|| listener.map_or(Loggers::None, |l| Loggers::xds(&l.access_log)));
+        self
+    }
 }
 
 fn refused(destination: Option<SocketAddr>, end: End) -> Outcome {
@@ -507,6 +519,7 @@ fn refused(destination: Option<SocketAddr>, end: End) -> Outcome {
         http: false,
         istio: IstioOpen::Pending,
         xds: None,
+        log: Loggers::None,
     }
 }
 
@@ -548,6 +561,7 @@ fn copy_outcome(
         http: false,
         istio: IstioOpen::Pending,
         xds: None,
+        log: Loggers::None,
     }
 }
 

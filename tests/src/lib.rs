@@ -14,7 +14,7 @@
 //! proxy fails a test instead of hanging it. Tests that need root call [`PodNet::create_or_skip`],
 //! which skips (or, under `CI=true`, fails) when the machine cannot run them.
 
-pub mod access_log_file;
+pub mod access_logs;
 pub mod backend;
 pub mod certs;
 pub mod dns;

@@ -13,7 +13,7 @@
 //! A format naming another header (`%REQ(X-B3-TRACEID)%`) and a length (`:N`) is written the
 //! same way too, and a format with an operator Remora does not render is refused by name.
 
-use remora_e2e::access_log_file::{file_log, log_file, wait_for_lines};
+use remora_e2e::access_logs::{file_log, log_file, route_vips, wait_for_lines};
 use remora_e2e::envoy_xds::{nets_or_skip, Resources, ISTIO_TEXT_FORMAT};
 use remora_e2e::peer::{self, curl_status, Server};
 use remora_e2e::xds_resources::{eds_cluster, endpoint, inbound_cluster};
@@ -132,16 +132,6 @@ fn resources(
             assignment(ECHO, Some(echo))
         ]),
     }
-}
-
-/// Give `ns` a default route out of its veth, so a connect to a VIP reaches the capture rules.
-fn route_vips(ns: &remora_e2e::Netns) {
-    let out = ns
-        .command("ip")
-        .args(["route", "add", "default", "dev", "eth0"])
-        .output()
-        .expect("ip route");
-    assert!(out.status.success(), "{out:?}");
 }
 
 /// A TLS ClientHello naming `server` (TLS 1.2 framing, one cipher suite, the `server_name`
@@ -312,7 +302,7 @@ fn remora_then_envoy(format: &str) -> Option<[Run; 2]> {
         let _denied = Server::echo(&net.pod, peer::any_addr(DENIED_PORT));
         // Nothing listens there: the connection is refused.
         let down = net.peer_addr(8099);
-        let log = log_file(net);
+        let log = log_file(net, "access.log");
         let resources = resources(&log, format, web.addr(), down, echo.addr());
         let (statuses, lines) = if i == 0 {
             let remora = resources.start_remora(net);

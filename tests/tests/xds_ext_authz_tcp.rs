@@ -9,7 +9,7 @@
 //! Envoy's `tcp_proxy` dials the workload before the filter decides, Remora decides before it
 //! dials, so a refused connection has an upstream host in Envoy's line only.
 
-use remora_e2e::access_log_file::{file_log, log_file, wait_for_lines};
+use remora_e2e::access_logs::{file_log, log_file, wait_for_lines};
 use remora_e2e::envoy_xds::{nets_or_skip, Resources};
 use remora_e2e::ext_authz::{
     grpc_cluster, tcp_chain, GrpcAuthorizer, TcpChain, DENIED_TCP_PORT, ERRORING_TCP_PORTS,
@@ -231,7 +231,7 @@ fn network_ext_authz_logs_and_counts_as_envoy_does() {
             .iter()
             .map(|(p, ..)| peer::Server::echo(&net.pod, any_addr(*p)))
             .collect();
-        let log = log_file(net);
+        let log = log_file(net, "access.log");
         let resources = resources(net, &log);
         let seen = if i == 0 {
             let remora = resources.start_remora(net);

@@ -5,7 +5,7 @@
 use crate::convert::name_table::NameTableProto;
 use crate::convert::Resource;
 use crate::json::{self, JsonError};
-use crate::model::listener::{AccessLog, ChainKind, Direction, RouteSource};
+use crate::model::listener::{Direction, RouteSource};
 use crate::model::{Cluster, ClusterLoadAssignment, Listener, RouteConfiguration};
 use envoy_types::pb::envoy::config::cluster::v3::Cluster as ClusterProto;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment as ClaProto;
@@ -110,8 +110,6 @@ struct ListenerIndex {
     by_port: HashMap<(bool, u16), Arc<Listener>>,
     /// The listener that hands connections on by original destination (`virtualOutbound`).
     original_dst: Option<Arc<Listener>>,
-    /// The access log the listeners ask for (see [`Snapshot::access_log`]).
-    access_log: Option<AccessLog>,
 }
 
 impl ListenerIndex {
@@ -119,9 +117,6 @@ impl ListenerIndex {
         let mut index = ListenerIndex::default();
         for entry in listeners.values() {
             let l = &entry.model;
-            if index.access_log.is_none() {
-                index.access_log = listener_access_log(l);
-            }
             if l.use_original_dst {
                 // istiod writes one; should there be more, the first by name is taken.
                 index.original_dst.get_or_insert_with(|| l.clone());
@@ -139,30 +134,7 @@ impl ListenerIndex {
     }
 }
 
-/// The first access log a listener, or one of its chains' connection managers or TCP proxies,
-/// carries.
-fn listener_access_log(l: &Listener) -> Option<AccessLog> {
-    l.access_log
-        .first()
-        .or_else(|| {
-            l.all_chains().find_map(|c| match &c.kind {
-                ChainKind::Http(http) => http.access_log.first(),
-                ChainKind::Tcp(tcp) => tcp.access_log.first(),
-            })
-        })
-        .cloned()
-}
-
 impl Snapshot {
-    /// Whether the listeners ask for an access log, in which format and to which file. istiod
-    /// writes the mesh's `accessLogFile` (or a Telemetry resource's) into every chain of a
-    /// sidecar alike, so Remora writes its access log for every connection and request while
-    /// any does (the listeners' own `NR`-filtered logs cover connections no chain took, which
-    /// Remora logs with their `NR` flag).
-    pub fn access_log(&self) -> Option<&AccessLog> {
-        self.index.access_log.as_ref()
-    }
-
     /// Build a snapshot (and its index) from the resources.
     pub fn new(
         listeners: Resources<ListenerProto>,

@@ -3,24 +3,28 @@
 //!
 //! Lines are handed to a writer thread through a bounded queue, so a slow stdout (a full pipe, a
 //! stalled log collector) or disk never blocks the data path; when the queue is full the line is
-//! dropped and counted, as Envoy's access loggers do under back-pressure. The file is opened
+//! dropped and counted, as Envoy's access loggers do under back-pressure. Each file is opened
 //! once and appended to, and opened again after SIGHUP (log rotation), as Envoy's are after
-//! `/reopen_logs`.
+//! `/reopen_logs` ([`writer`]).
 //!
-//! The line is Remora's own (the config file's `access_log`), or, for a log the xDS listeners
-//! ask for, the Envoy text format they give ([`envoy_format`]).
+//! Which loggers an entry goes to is the chain's (or listener's) to say ([`Loggers`]); the line
+//! is Remora's own (the config file's `access_log`), or, for a logger of istiod's, the Envoy
+//! text format it gives ([`envoy_format`]).
 
 pub mod envoy_format;
+mod sinks;
+mod writer;
 
 use crate::metrics::Metrics;
 use crate::Direction;
-use remora_config::{AccessLogFormat, Config};
-use std::io::Write;
+use remora_config::AccessLogFormat;
+pub use sinks::{LineFormat, Loggers, Sink};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+use writer::{Line, Writer};
 
 const QUEUE_LINES: usize = 4096;
 
@@ -171,9 +175,9 @@ pub struct Entry {
 
 impl Entry {
     /// The line in `format`.
-    fn line(&self, format: &LineFormat) -> String {
+    fn line(&self, format: LineFormat<'_>) -> String {
         match format {
-            LineFormat::Remora(f) => self.format(*f),
+            LineFormat::Remora(f) => self.format(f),
             LineFormat::Envoy(f) => {
                 let xds = self.xds.as_deref();
                 let flags = self.end.response_flag();
@@ -238,63 +242,6 @@ impl Entry {
     }
 }
 
-/// How a line is written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LineFormat {
-    /// Remora's own text or JSON line (the config file's `access_log`, or istiod's JSON labels).
-    Remora(AccessLogFormat),
-    /// The Envoy text format the xDS listeners gave, as it is.
-    Envoy(remora_xds::model::log_format::TextFormat),
-}
-
-/// Where and how lines are written: the config file's access log (standard output), or the
-/// file the xDS listeners name in their format.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sink {
-    pub format: LineFormat,
-    /// The format prints `%UPSTREAM_LOCAL_ADDRESS%`: worth a `getsockname` per request.
-    pub upstream_local: bool,
-    /// The file lines are appended to; `None`: standard output (also for `/dev/stdout`).
-    pub file: Option<Arc<str>>,
-}
-
-impl Sink {
-    /// Whether connections and requests are logged, and how: as the config file's
-    /// `access_log` says, or else as the xDS listeners ask (istiod writes the mesh's
-    /// `accessLogFile` into every chain; Remora renders it as its own Envoy-style line or JSON
-    /// and appends it to the file named).
-    pub fn of(config: &Config, xds: Option<&remora_xds::store::Store>) -> Option<Sink> {
-        use remora_xds::model::listener::AccessLogFormat as Xds;
-        if config.access_log.enabled {
-            return Some(Sink {
-                format: LineFormat::Remora(config.access_log.format),
-                upstream_local: false,
-                file: None,
-            });
-        }
-        let snapshot = xds?.snapshot();
-        let log = snapshot.access_log()?;
-        Some(Sink {
-            upstream_local: matches!(&log.format,
-                Xds::Text(f) if f.uses(&remora_xds::model::log_format::Operator::UpstreamLocalAddress)),
-            format: match &log.format {
-                Xds::Text(f) => LineFormat::Envoy(f.clone()),
-                Xds::Json => LineFormat::Remora(AccessLogFormat::Json),
-            },
-            file: (&*log.path != STDOUT).then(|| Arc::clone(&log.path)),
-        })
-    }
-}
-
-/// istiod's path for standard output, which the writer keeps as the process's own.
-const STDOUT: &str = "/dev/stdout";
-
-/// One line for the writer, and where it goes.
-struct Line {
-    file: Option<Arc<str>>,
-    text: String,
-}
-
 /// The sending end of the access log.
 #[derive(Debug, Clone)]
 pub struct AccessLog {
@@ -309,11 +256,7 @@ impl AccessLog {
     pub fn start(metrics: Arc<Metrics>) -> std::io::Result<Self> {
         let (tx, rx) = sync_channel::<Line>(QUEUE_LINES);
         let reopen = Arc::new(AtomicU64::new(0));
-        let mut writer = Writer {
-            open: None,
-            reopen: Arc::clone(&reopen),
-            metrics: Arc::clone(&metrics),
-        };
+        let mut writer = Writer::new(Arc::clone(&reopen), Arc::clone(&metrics));
         std::thread::Builder::new()
             .name("access-log".into())
             .spawn(move || {
@@ -328,15 +271,18 @@ impl AccessLog {
         })
     }
 
-    /// Queue one entry; drops it (and counts the drop) if the writer is behind.
-    pub fn log(&self, entry: &Entry, sink: &Sink) {
-        self.log_line(entry.line(&sink.format), sink);
+    /// Queue one entry for each of `loggers` whose filter admits it; a line is dropped (and
+    /// the drop counted) if the writer is behind.
+    pub fn log(&self, entry: &Entry, loggers: &Loggers) {
+        for sink in loggers.admitting([entry.end.response_flag()]) {
+            self.log_line(entry.line(sink.format), &sink);
+        }
     }
 
     /// Queue one formatted line (an HTTP request's); dropped and counted if the writer is behind.
-    pub fn log_line(&self, text: String, sink: &Sink) {
+    pub fn log_line(&self, text: String, sink: &Sink<'_>) {
         let line = Line {
-            file: sink.file.clone(),
+            file: sink.file.cloned(),
             text,
         };
         match self.tx.try_send(line) {
@@ -366,75 +312,6 @@ pub fn reopen_on_sighup(log: &AccessLog) -> std::io::Result<()> {
         }
     });
     Ok(())
-}
-
-/// The writer thread's state: the file open now (opened once, appended to, kept until a line
-/// names another file or a reopen is asked for).
-struct Writer {
-    open: Option<OpenFile>,
-    reopen: Arc<AtomicU64>,
-    metrics: Arc<Metrics>,
-}
-
-struct OpenFile {
-    path: Arc<str>,
-    /// The reopen count it was opened under.
-    generation: u64,
-    /// `None`: the last open failed (retried at the next reopen or another path).
-    file: Option<std::fs::File>,
-}
-
-impl Writer {
-    fn write(&mut self, line: Line) {
-        let written = match &line.file {
-            None => {
-                let stdout = std::io::stdout();
-                let mut out = stdout.lock();
-                out.write_all(line.text.as_bytes())
-                    .and_then(|_| out.flush())
-                    .is_ok()
-            }
-            Some(path) => match self.file(path) {
-                Some(f) => f.write_all(line.text.as_bytes()).is_ok(),
-                None => false,
-            },
-        };
-        if !written {
-            // A full disk or a vanished stdout: the line is lost, counted as Envoy counts
-            // its `filesystem.write_failed`.
-            self.metrics.access_log_dropped.inc();
-        }
-    }
-
-    /// The open file for `path`, opened (append, created if absent) when it is not yet, when
-    /// another path was open, or when a reopen was asked for since.
-    fn file(&mut self, path: &Arc<str>) -> Option<&mut std::fs::File> {
-        let generation = self.reopen.load(Ordering::Relaxed);
-        let current = self
-            .open
-            .as_ref()
-            .is_some_and(|o| o.path == *path && o.generation == generation);
-        if !current {
-            self.open = None;
-            let file = std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(&**path);
-            let file = match file {
-                Ok(f) => Some(f),
-                Err(e) => {
-                    tracing::warn!(path = %path, error = %e, "cannot open the access log file");
-                    None
-                }
-            };
-            self.open = Some(OpenFile {
-                path: Arc::clone(path),
-                generation,
-                file,
-            });
-        }
-        self.open.as_mut().and_then(|o| o.file.as_mut())
-    }
 }
 
 #[cfg(test)]
@@ -487,11 +364,8 @@ mod tests {
         std::fs::write(&path, "before\n").expect("write");
         let metrics = Arc::new(Metrics::default());
         let log = AccessLog::start(Arc::clone(&metrics)).expect("writer");
-        let sink = Sink {
-            format: LineFormat::Remora(AccessLogFormat::Text),
-            upstream_local: false,
-            file: Some(path.to_str().expect("utf-8").into()),
-        };
+        let file: Arc<str> = path.to_str().expect("utf-8").into();
+        let sink = Sink::remora_to(&file);
         log.log_line("one\n".into(), &sink);
         log.log_line("two\n".into(), &sink);
         wait_for(&path, "before\none\ntwo\n");
@@ -504,16 +378,13 @@ mod tests {
         log.log_line("four\n".into(), &sink);
         wait_for(&path, "four\n");
         // A file that cannot be opened loses its lines, counted.
-        let gone = Sink {
-            file: Some(
-                dir.path()
-                    .join("no/such.log")
-                    .to_str()
-                    .expect("utf-8")
-                    .into(),
-            ),
-            ..sink.clone()
-        };
+        let no_such: Arc<str> = dir
+            .path()
+            .join("no/such.log")
+            .to_str()
+            .expect("utf-8")
+            .into();
+        let gone = Sink::remora_to(&no_such);
         log.log_line("five\n".into(), &gone);
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while metrics.access_log_dropped.get() == 0 {
@@ -529,15 +400,14 @@ mod tests {
     /// upstream, and what a refusing filter read), sent back to it.
     #[test]
     fn envoy_line_counts_bytes_as_the_client_sees_them() {
-        let format = LineFormat::Envoy(
-            remora_xds::convert::log_format::parse(
-                "%BYTES_RECEIVED% %BYTES_SENT% %CONNECTION_TERMINATION_DETAILS% %UPSTREAM_CLUSTER%",
-            )
-            .expect("parsed"),
-        );
+        let parsed = remora_xds::convert::log_format::parse(
+            "%BYTES_RECEIVED% %BYTES_SENT% %CONNECTION_TERMINATION_DETAILS% %UPSTREAM_CLUSTER%",
+        )
+        .expect("parsed");
+        let format = LineFormat::Envoy(&parsed);
         let mut e = entry();
         e.end = End::Closed;
-        assert_eq!(e.line(&format), "12 3456 - -");
+        assert_eq!(e.line(format), "12 3456 - -");
         e.sent = 0;
         e.received = 0;
         e.end = End::RbacDenied;
@@ -548,7 +418,7 @@ mod tests {
             ..XdsFacts::default()
         }));
         assert_eq!(
-            e.line(&format),
+            e.line(format),
             "7 0 rbac_access_denied_matched_policy[none] inbound|9101||"
         );
     }

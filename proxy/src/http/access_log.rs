@@ -52,9 +52,10 @@ pub struct RequestLog {
 pub struct EnvoyFacts {
     /// `x-envoy-original-path`, as the request came.
     pub original_path: Option<HeaderValue>,
-    /// The headers the format's `%REQ(…)%` names beyond the ones kept anyway, in the format's
-    /// order ([`TextFormat::extra_request_headers`]).
-    pub other_headers: Vec<Option<HeaderValue>>,
+    /// The headers each logger's format's `%REQ(…)%` names beyond the ones kept anyway: per
+    /// format (by its list of names, shared with it), in that format's order
+    /// ([`TextFormat::extra_request_headers`]).
+    pub other_headers: Vec<OtherHeaders>,
     /// Envoy's `response_code_details` for a reply made here (`None`: `via_upstream` when the
     /// upstream answered).
     pub details: Option<&'static str>,
@@ -71,6 +72,9 @@ pub struct EnvoyFacts {
     /// (`delayed_connect_error:_Connection_refused`).
     pub transport_failure: Option<Box<str>>,
 }
+
+/// One format's other headers: its list of names, and the request's values in that order.
+pub type OtherHeaders = (Arc<[Box<str>]>, Vec<Option<HeaderValue>>);
 
 impl RequestHeaders for RequestLog {
     fn header(&self, which: &RequestHeader) -> Option<&[u8]> {
@@ -95,7 +99,27 @@ impl RequestHeaders for RequestLog {
             RequestHeader::RequestId => bytes(&self.request_id),
             RequestHeader::ForwardedFor => bytes(&self.forwarded_for),
             RequestHeader::OriginalPath => bytes(&self.envoy.original_path),
-            RequestHeader::Other(i) => self.envoy.other_headers.get(*i).and_then(bytes),
+            // Only a format knows which header its `Other(i)` is ([`ForFormat`]).
+            RequestHeader::Other(_) => None,
+        }
+    }
+}
+
+/// A request's headers as one format reads them: its other headers by its own indices.
+struct ForFormat<'a> {
+    log: &'a RequestLog,
+    other: &'a [Option<HeaderValue>],
+}
+
+impl RequestHeaders for ForFormat<'_> {
+    fn header(&self, which: &RequestHeader) -> Option<&[u8]> {
+        match which {
+            RequestHeader::Other(i) => self
+                .other
+                .get(*i)
+                .and_then(Option::as_ref)
+                .map(HeaderValue::as_bytes),
+            _ => self.log.header(which),
         }
     }
 }
@@ -144,15 +168,23 @@ impl RequestLog {
         }
     }
 
-    /// Keep the request headers `format` names beyond the ones kept anyway.
-    pub fn keep_headers(&mut self, format: &LineFormat, headers: &HeaderMap) {
-        if let LineFormat::Envoy(f) = format {
-            self.envoy.other_headers = f
-                .extra_request_headers
-                .iter()
-                .map(|name| headers.get(&**name).cloned())
-                .collect();
+    /// Keep the request headers `format` names beyond the ones kept anyway (once per format:
+    /// two loggers may share one).
+    pub fn keep_headers(&mut self, format: LineFormat<'_>, headers: &HeaderMap) {
+        let LineFormat::Envoy(f) = format else {
+            return;
+        };
+        let names = &f.extra_request_headers;
+        let kept = self
+            .envoy
+            .other_headers
+            .iter()
+            .any(|(n, _)| Arc::ptr_eq(n, names));
+        if names.is_empty() || kept {
+            return;
         }
+        let values = names.iter().map(|n| headers.get(&**n).cloned()).collect();
+        self.envoy.other_headers.push((Arc::clone(names), values));
     }
 
     /// The line for a request that ended with `flags` after `sent` response body bytes, on a
@@ -161,11 +193,11 @@ impl RequestLog {
         &self,
         flags: Flags,
         sent: u64,
-        format: &LineFormat,
+        format: LineFormat<'_>,
         conn: (SocketAddr, SocketAddr, Option<&str>),
     ) -> String {
         match format {
-            LineFormat::Remora(f) => self.format(flags, sent, *f),
+            LineFormat::Remora(f) => self.format(flags, sent, f),
             LineFormat::Envoy(f) => self.envoy_line(f, flags, sent, conn),
         }
     }
@@ -177,6 +209,12 @@ impl RequestLog {
         sent: u64,
         (remote, local, sni): (SocketAddr, SocketAddr, Option<&str>),
     ) -> String {
+        let other = self
+            .envoy
+            .other_headers
+            .iter()
+            .find(|(names, _)| Arc::ptr_eq(names, &format.extra_request_headers))
+            .map_or(&[][..], |(_, values)| values.as_slice());
         let details = self
             .envoy
             .details
@@ -197,7 +235,7 @@ impl RequestLog {
         let record = envoy_format::Record {
             start: self.start,
             duration: self.started.elapsed(),
-            request: Some(self),
+            request: Some(&ForFormat { log: self, other }),
             protocol: Some(protocol(self.version)),
             status: self.status,
             flags: &flags,
@@ -396,12 +434,11 @@ mod tests {
     /// failed connect's reason joined to the reset's details.
     #[test]
     fn envoy_format_details() {
-        let format = LineFormat::Envoy(
-            remora_xds::convert::log_format::parse(
-                "%RESPONSE_CODE_DETAILS% \"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %UPSTREAM_HOST%",
-            )
-            .expect("parsed"),
-        );
+        let parsed = remora_xds::convert::log_format::parse(
+            "%RESPONSE_CODE_DETAILS% \"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %UPSTREAM_HOST%",
+        )
+        .expect("parsed");
+        let format = LineFormat::Envoy(&parsed);
         let conn = (
             "10.0.0.1:40000".parse().unwrap(),
             "10.0.0.2:80".parse().unwrap(),
@@ -410,7 +447,7 @@ mod tests {
         let mut e = entry();
         e.upstream_time = Some(Duration::from_millis(3));
         assert_eq!(
-            e.line(Flags::default(), 0, &format, conn),
+            e.line(Flags::default(), 0, format, conn),
             "via_upstream \"-\" 10.0.0.7:8080"
         );
         let mut denied = entry();
@@ -418,7 +455,7 @@ mod tests {
         denied.envoy.details = super::super::errors::ErrorKind::AccessDenied.code_details();
         denied.envoy.denial = Some("rbac_access_denied_matched_policy[none]".into());
         assert_eq!(
-            denied.line(Flags::default(), 0, &format, conn),
+            denied.line(Flags::default(), 0, format, conn),
             "rbac_access_denied_matched_policy[none] \"-\" -"
         );
         let mut refused = entry();
@@ -430,7 +467,7 @@ mod tests {
             .into(),
         );
         assert_eq!(
-            refused.line(Flags::UF, 0, &format, conn),
+            refused.line(Flags::UF, 0, format, conn),
             "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused} \"delayed_connect_error:_Connection_refused\" 10.0.0.7:8080"
         );
     }
@@ -446,5 +483,28 @@ mod tests {
         assert!(line.contains("\"response_code\":503"), "{line}");
         assert!(line.contains("\"response_flags\":\"-\""), "{line}");
         assert!(line.ends_with("}\n"));
+    }
+
+    /// Two loggers' formats read different other headers, each by its own indices.
+    #[test]
+    fn each_format_reads_its_own_other_headers() {
+        let a = remora_xds::convert::log_format::parse("%REQ(X-A)% %REQ(X-B)%").expect("a");
+        let b = remora_xds::convert::log_format::parse("%REQ(X-B)%").expect("b");
+        let mut h = HeaderMap::new();
+        h.insert("x-a", HeaderValue::from_static("1"));
+        h.insert("x-b", HeaderValue::from_static("2"));
+        let mut e = entry();
+        for f in [&a, &b, &a] {
+            e.keep_headers(LineFormat::Envoy(f), &h);
+        }
+        assert_eq!(e.envoy.other_headers.len(), 2, "kept once per format");
+        let conn = (
+            "10.0.0.1:40000".parse().unwrap(),
+            "10.0.0.2:80".parse().unwrap(),
+            None,
+        );
+        let line = |f| e.line(Flags::default(), 0, LineFormat::Envoy(f), conn);
+        assert_eq!(line(&a), "1 2");
+        assert_eq!(line(&b), "2");
     }
 }

@@ -74,9 +74,10 @@ pub struct ConnContext {
     /// The connect detection started failed: that was the first request's first attempt, as
     /// it would have been had the request dialled it (Envoy's router dials only then).
     pub(super) early_failed: AtomicBool,
-    /// Whether, and how, each request is logged: the config file's access log, or the one the
-    /// xDS listeners ask for ([`Proxy::access_log_sink`]).
-    pub(super) log_sink: Option<crate::access_log::Sink>,
+    /// Which loggers each request is written to: the config file's access log, or the
+    /// loggers of the connection manager of the chain that took the connection (none: no
+    /// line).
+    pub(super) log_sink: crate::access_log::Loggers,
     /// HTTP/2: streams the client reset early, against Rapid Reset ([`premature_reset`]).
     pub resets: premature_reset::PrematureResets,
     /// HTTP/2: the response bytes queued for the client over all streams
@@ -95,7 +96,7 @@ impl ConnContext {
         connect_timeout: Duration,
     ) -> Self {
         ConnContext {
-            log_sink: proxy.access_log_sink(&config),
+            log_sink: crate::access_log::Loggers::of_config(&config).unwrap_or_default(),
             proxy,
             config,
             direction,
@@ -310,10 +311,10 @@ impl ConnContext {
     }
 
     pub(super) fn write_log(&self, log: access_log::RequestLog, flags: Flags, sent: u64) {
-        if let Some(sink) = &self.log_sink {
-            let conn = (self.peer, self.key.destination, self.sni.as_deref());
-            let line = log.line(flags, sent, &sink.format, conn);
-            self.proxy.access_log.log_line(line, sink);
+        let conn = (self.peer, self.key.destination, self.sni.as_deref());
+        for sink in self.log_sink.admitting(flags.names()) {
+            let line = log.line(flags, sent, sink.format, conn);
+            self.proxy.access_log.log_line(line, &sink);
         }
     }
 
@@ -321,7 +322,7 @@ impl ConnContext {
         self.log_sink.is_some()
     }
 
-    /// A request's log record, keeping what the log's format reads of its headers.
+    /// A request's log record, keeping what the loggers' formats read of its headers.
     pub(super) fn request_log(
         &self,
         start: (std::time::SystemTime, std::time::Instant),
@@ -329,22 +330,23 @@ impl ConnContext {
     ) -> Box<access_log::RequestLog> {
         let (m, u, v, h) = parts;
         let mut log = access_log::RequestLog::new(start, m, u, v, h);
-        if let Some(sink) = &self.log_sink {
-            log.keep_headers(&sink.format, h);
+        for sink in self.log_sink.sinks() {
+            log.keep_headers(sink.format, h);
         }
         Box::new(log)
     }
 
-    /// Whether the log's format prints this side of the upstream connection.
+    /// Whether a logger's format prints this side of the upstream connection.
     pub(super) fn log_wants_upstream_local(&self) -> bool {
-        self.log_sink.as_ref().is_some_and(|s| s.upstream_local)
+        self.log_sink.sinks().any(|s| s.upstream_local())
     }
 
     /// Whether the log's format reads request headers the HTTP/1.1 fast path does not keep
     /// (an Envoy format's `%REQ(…)%` of another header): hyper's path serves those requests.
     pub(super) fn log_reads_other_headers(&self) -> bool {
-        matches!(&self.log_sink, Some(crate::access_log::Sink {
-            format: crate::access_log::LineFormat::Envoy(f), ..
-        }) if !f.extra_request_headers.is_empty())
+        self.log_sink.sinks().any(|s| {
+            matches!(s.format,
+                crate::access_log::LineFormat::Envoy(f) if !f.extra_request_headers.is_empty())
+        })
     }
 }

@@ -87,6 +87,15 @@ impl Flags {
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
+
+    /// Envoy's name of each flag set, in Envoy's order (what an access log's
+    /// `response_flag_filter` compares).
+    pub fn names(self) -> impl Iterator<Item = &'static str> + Clone {
+        Flags::NAMES
+            .into_iter()
+            .filter(move |(flag, _)| self.contains(*flag))
+            .map(|(_, name)| name)
+    }
 }
 
 impl fmt::Display for Flags {

@@ -194,7 +194,7 @@ pub async fn handle(
         (None, None) => None,
     };
     if let Some(fault) = fault {
-        let counters = ctx.xds_chain.fault_stats.as_ref();
+        let counters = ctx.xds_chain.fault_stats();
         let counters = counters.map(|p| ctx.proxy.metrics.faults.of(p));
         if let Some(abort) = Box::pin(super::fault::inject(fault, &mut end.flags, counters)).await {
             let mut reply = super::fault::abort_reply(abort, grpc, end);

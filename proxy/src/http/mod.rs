@@ -66,10 +66,9 @@ pub struct XdsChainFlags {
     /// The chain has Envoy's fault filter, without which a route's fault config injects
     /// nothing (as in Envoy).
     pub fault_filter: bool,
-    /// The connection manager's stat prefix, for its fault filter's statistics (with it).
-    pub fault_stats: Option<Arc<str>>,
-    /// The connection manager's stat prefix, for its cors filter's statistics (with it).
-    pub cors_stats: Option<Arc<str>>,
+    /// The connection manager's stat prefix, for its fault and cors filters' statistics
+    /// (kept only with either filter; see [`XdsChainFlags::fault_stats`]).
+    pub stat_prefix: Option<Arc<str>>,
     /// The chain has Envoy's cors filter, without which a route's CORS policy does nothing
     /// (as in Envoy).
     pub cors_filter: bool,
@@ -87,6 +86,8 @@ pub struct XdsChainFlags {
     /// Outbound: the filter chain that took the connection, drained when an xDS update
     /// changes or removes it (inbound, `Connection::xds_inbound` is that chain).
     pub chain: Option<crate::route::ChainRef>,
+    /// The connection manager's access logs (shared with the snapshot; `None` without any).
+    pub access_log: Option<Arc<[remora_xds::model::listener::AccessLog]>>,
 }
 
 impl XdsChainFlags {
@@ -94,18 +95,25 @@ impl XdsChainFlags {
         let server = chain.server_name.as_deref().unwrap_or("envoy");
         XdsChainFlags {
             fault_filter: chain.has_fault_filter(),
-            fault_stats: chain
-                .has_fault_filter()
+            stat_prefix: (chain.has_fault_filter() || chain.has_cors_filter())
                 .then(|| Arc::clone(&chain.stat_prefix)),
             cors_filter: chain.has_cors_filter(),
-            cors_stats: chain
-                .has_cors_filter()
-                .then(|| Arc::clone(&chain.stat_prefix)),
             normalize_path: chain.normalize_path,
             server: http::HeaderValue::try_from(server).ok(),
             max_concurrent_streams: chain.http2_max_concurrent_streams,
             chain: None,
+            access_log: (!chain.access_log.is_empty()).then(|| Arc::clone(&chain.access_log)),
         }
+    }
+
+    /// The stat prefix of the chain's fault filter's statistics, with one.
+    pub fn fault_stats(&self) -> Option<&Arc<str>> {
+        self.stat_prefix.as_ref().filter(|_| self.fault_filter)
+    }
+
+    /// The stat prefix of the chain's cors filter's statistics, with one.
+    pub fn cors_stats(&self) -> Option<&Arc<str>> {
+        self.stat_prefix.as_ref().filter(|_| self.cors_filter)
     }
 }
 
@@ -141,7 +149,7 @@ pub struct Connection {
 /// Serve HTTP on a detected connection until it closes; how it ended and the bytes it carried
 /// (to upstream: read from the client; from upstream: written to it). Plain HTTP/1.1 starts on
 /// the fast path ([`h1`]); hyper serves everything else, and what the fast path hands over.
-pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (End, Transfer) {
+pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, mut c: Connection) -> (End, Transfer) {
     let key = pool::Key {
         destination: c.destination,
         source: c.source,
@@ -172,7 +180,15 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, c: Connection) -> (En
         crate::tls::stream::Downstream::Plain(_) => None,
     };
     let chain_watch = proxy.watch_chain(c.xds_inbound.as_ref().or(c.xds_chain.chain.as_ref()));
+    // The config file's access log wins; else the chain's connection manager's loggers.
+    let log_sink = crate::access_log::Loggers::of_config(&config).unwrap_or_else(|| {
+        c.xds_chain.access_log.take().map_or(
+            crate::access_log::Loggers::None,
+            crate::access_log::Loggers::Xds,
+        )
+    });
     let ctx = Arc::new(ConnContext {
+        log_sink,
         mesh_peer,
         sni,
         chain_watch,

@@ -563,7 +563,7 @@ pub fn decide(
 /// Count the cors filter's judgement of a request's origin, as Envoy's filter counts it
 /// (`http.<stat_prefix>.cors.origin_valid`, `origin_invalid`).
 pub fn count_cors(ctx: &ConnContext, origin_valid: Option<bool>) {
-    if let (Some(valid), Some(prefix)) = (origin_valid, &ctx.xds_chain.cors_stats) {
+    if let (Some(valid), Some(prefix)) = (origin_valid, ctx.xds_chain.cors_stats()) {
         ctx.proxy.metrics.cors.of(prefix).count(valid);
     }
 }

@@ -63,13 +63,31 @@ impl Refusal {
 }
 
 impl Proxy {
-    /// Serve an inbound connection by the xDS snapshot in force now.
+    /// Serve an inbound connection by the xDS snapshot in force now; its line goes to the
+    /// loggers of the chain that took it, or, if none did, the listener's.
     pub(super) async fn xds_inbound(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        downstream: TcpStream,
+        hop: Hop,
+        snapshot: Arc<Snapshot>,
+    ) -> Outcome {
+        let mut chain_log = None;
+        let outcome = self
+            .inbound_chain(config, downstream, hop, &snapshot, &mut chain_log)
+            .await;
+        let listener = snapshot.inbound_listener();
+        outcome.logged_by(chain_log, listener.map(|l| &**l))
+    }
+
+    /// Serve an inbound connection by its chain; `chain_log` is set once one takes it.
+    async fn inbound_chain(
         self: &Arc<Self>,
         config: &Arc<Config>,
         mut downstream: TcpStream,
         hop: Hop,
-        snapshot: Arc<Snapshot>,
+        snapshot: &Snapshot,
+        chain_log: &mut Option<crate::access_log::Loggers>,
     ) -> Outcome {
         let Some(listener) = snapshot.inbound_listener() else {
             tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no virtualInbound listener yet: refused, as Envoy has no inbound listener before LDS");
@@ -99,16 +117,20 @@ impl Proxy {
         };
         let alpn = super::xds::application_protocols(hello.as_ref(), http, http_inspected);
         let facts = super::xds::connection_facts(hop.destination, hello.as_ref(), &alpn);
-        let decided = route::inbound(&snapshot, &facts, fastrand::u64(..));
+        let decided = route::inbound(snapshot, &facts, fastrand::u64(..));
+        *chain_log = decided
+            .as_ref()
+            .and_then(|i| super::xds::connection_log(&i.decision));
         let Some(inbound) = decided.filter(|i| !matches!(i.decision, ChainDecision::NoChain))
         else {
             tracing::debug!(peer = %hop.peer, destination = %hop.destination, alpn = ?alpn, "no virtualInbound filter chain");
             reset(&downstream);
-            return refused(Some(hop.destination), End::NoRoute);
+            return refused(Some(hop.destination), End::NoRoute)
+                .with_xds(super::xds::no_chain_facts(hop.destination));
         };
         let mut served = Served {
             hop,
-            snapshot: &snapshot,
+            snapshot,
             decision: inbound.decision,
             chain: inbound.chain,
             peer: None,
@@ -328,6 +350,7 @@ impl Proxy {
                     http: true,
                     istio: IstioOpen::NotTcp,
                     xds: None,
+                    log: Loggers::None,
                 }
             }
             ChainDecision::Tcp { cluster, chain } => {

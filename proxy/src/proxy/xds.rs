@@ -6,7 +6,7 @@
 //! request routed and balanced on its own ([`crate::http::routed`]).
 
 use super::*;
-use crate::access_log::XdsFacts;
+use crate::access_log::{Loggers, XdsFacts};
 use crate::route::{self, ChainDecision, ChainRef};
 use crate::tls::client_hello::{self, ClientHello, Parsed};
 use crate::upstream::dial::{self, Connected};
@@ -16,13 +16,31 @@ use remora_xds::model::listener::{ChainKind, ConnectionFacts, Listener};
 use remora_xds::snapshot::Snapshot;
 
 impl Proxy {
-    /// Serve an outbound connection by the xDS snapshot in force now.
+    /// Serve an outbound connection by the xDS snapshot in force now; its line goes to the
+    /// loggers of the chain that took it, or, if none did, the listener's.
     pub(super) async fn xds_outbound(
+        self: &Arc<Self>,
+        config: &Arc<Config>,
+        downstream: TcpStream,
+        hop: Hop,
+        snapshot: Arc<Snapshot>,
+    ) -> Outcome {
+        let mut chain_log = None;
+        let outcome = self
+            .outbound_chain(config, downstream, hop, &snapshot, &mut chain_log)
+            .await;
+        let listener = snapshot.outbound_listener(hop.destination);
+        outcome.logged_by(chain_log, listener.map(|l| &**l))
+    }
+
+    /// Serve an outbound connection by its chain; `chain_log` is set once one takes it.
+    async fn outbound_chain(
         self: &Arc<Self>,
         config: &Arc<Config>,
         mut downstream: TcpStream,
         hop: Hop,
-        snapshot: Arc<Snapshot>,
+        snapshot: &Snapshot,
+        chain_log: &mut Option<Loggers>,
     ) -> Outcome {
         let listener = snapshot.outbound_listener(hop.destination);
         // The listener's TLS inspector reads the ClientHello whether or not a chain matches
@@ -46,16 +64,15 @@ impl Proxy {
         };
         let alpn = application_protocols(hello.as_ref(), http, true);
         let facts = connection_facts(hop.destination, hello.as_ref(), &alpn);
-        let (cluster, idle, hash, chain) = match route::outbound(
-            &snapshot,
-            &facts,
-            fastrand::u64(..),
-        ) {
+        let decision = route::outbound(snapshot, &facts, fastrand::u64(..));
+        *chain_log = connection_log(&decision);
+        let (cluster, idle, hash, chain) = match decision {
             ChainDecision::NoChain => {
                 tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no xDS listener or filter chain");
                 // Closed, not reset: Envoy's tcp_proxy closes a connection it cannot serve.
                 drop(downstream);
-                return refused(Some(hop.destination), End::NoRoute);
+                return refused(Some(hop.destination), End::NoRoute)
+                    .with_xds(no_chain_facts(hop.destination));
             }
             ChainDecision::Http {
                 http: chain,
@@ -100,12 +117,10 @@ impl Proxy {
                 .map(Box::from),
             ..Default::default()
         };
-        let selected = match self.upstreams.select_hashed(
-            &snapshot,
-            &cluster,
-            hop.destination,
-            hash,
-        ) {
+        let selected = match self
+            .upstreams
+            .select_hashed(snapshot, &cluster, hop.destination, hash)
+        {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "no upstream");
@@ -226,7 +241,30 @@ impl Proxy {
             http: true,
             istio: IstioOpen::NotTcp,
             xds: None,
+            log: Loggers::None,
         }
+    }
+}
+
+/// What the listener's log says of a connection no chain took: where it was going.
+pub(super) fn no_chain_facts(destination: std::net::SocketAddr) -> XdsFacts {
+    XdsFacts {
+        downstream_local: Some(destination),
+        ..XdsFacts::default()
+    }
+}
+
+/// The loggers of a connection a chain took, as Envoy's: its `tcp_proxy`'s; none at the
+/// connection's end for HTTP (its connection manager's loggers write each request); `None`
+/// when no chain took it (the listener's loggers then, with their filter).
+pub(super) fn connection_log(decision: &ChainDecision<'_>) -> Option<Loggers> {
+    match decision {
+        ChainDecision::Tcp { chain, .. } => Some(match &chain.kind {
+            ChainKind::Tcp(tcp) => Loggers::xds(&tcp.access_log),
+            ChainKind::Http(_) => Loggers::None,
+        }),
+        ChainDecision::Http { .. } => Some(Loggers::None),
+        ChainDecision::NoChain => None,
     }
 }
 
@@ -325,3 +363,7 @@ pub(super) fn inspects(listener: &Listener) -> bool {
             || matches!(c.kind, remora_xds::model::listener::ChainKind::Http(_))
     })
 }
+
+#[cfg(test)]
+#[path = "xds_log_tests.rs"]
+mod log_tests;

@@ -14,6 +14,7 @@ use envoy_types::pb::envoy::config::accesslog::v3 as pb;
 use envoy_types::pb::envoy::config::core::v3 as core;
 use envoy_types::pb::envoy::extensions::access_loggers::file::v3 as file;
 use envoy_types::pb::google::protobuf::value::Kind;
+use std::sync::Arc;
 
 const FILE_ACCESS_LOG: &str = "envoy.extensions.access_loggers.file.v3.FileAccessLog";
 
@@ -73,7 +74,7 @@ const CUSTOM_FORMAT: &str =
     "custom access log format not supported (only a text format, or Istio's default JSON format)";
 
 /// Convert the `access_log` list at `path`.
-pub fn access_logs(logs: &[pb::AccessLog], path: &str) -> Result<Vec<AccessLog>, Fault> {
+pub fn access_logs(logs: &[pb::AccessLog], path: &str) -> Result<Arc<[AccessLog]>, Fault> {
     logs.iter()
         .enumerate()
         .map(|(i, l)| access_log(l, &format!("{path}[{i}]")))
@@ -200,7 +201,7 @@ mod tests {
     use super::*;
     use serde_json::{json, Value};
 
-    fn convert(v: Value) -> Result<Vec<AccessLog>, Fault> {
+    fn convert(v: Value) -> Result<Arc<[AccessLog]>, Fault> {
         let msg =
             crate::json::from_json(&json!({"name": "l", "access_log": v}), LISTENER).expect("json");
         let l: envoy_types::pb::envoy::config::listener::v3::Listener =
@@ -239,8 +240,8 @@ mod tests {
         );
         let logs = convert(json!([text, json_log])).expect("accepted");
         assert_eq!(
-            logs,
-            vec![
+            *logs,
+            [
                 AccessLog {
                     format: AccessLogFormat::Text(
                         super::super::log_format::parse(ISTIO_TEXT_FORMAT).expect("istio's")
@@ -256,9 +257,9 @@ mod tests {
             ]
         );
         let nr = AccessLogFilter::ResponseFlags(vec!["NR".into()]);
-        assert!(nr.admits(&["NR"]));
-        assert!(!nr.admits(&["UF"]));
-        assert!(!nr.admits(&[]));
+        assert!(nr.admits(["NR"]));
+        assert!(!nr.admits(["UF"]));
+        assert!(!nr.admits([]));
     }
 
     #[test]

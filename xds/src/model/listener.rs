@@ -28,8 +28,8 @@ pub struct Listener {
     /// Taken when no chain matches.
     pub default_filter_chain: Option<FilterChain>,
     /// The listener's own access logs (istiod's carry the `NR` filter: connections no chain
-    /// took).
-    pub access_log: Vec<AccessLog>,
+    /// took). Shared: each connection logged by them holds the list, not a copy.
+    pub access_log: Arc<[AccessLog]>,
 }
 
 /// One access log (`access_log`): Envoy's file logger to a path (istiod's `/dev/stdout`, or the
@@ -60,14 +60,20 @@ pub enum AccessLogFilter {
 }
 
 impl AccessLogFilter {
-    /// Whether an entry with these response flags is logged.
-    pub fn admits(&self, flags: &[&str]) -> bool {
+    /// Whether an entry with these response flags (none: no flag, Envoy's `-`) is logged.
+    pub fn admits<'f>(&self, flags: impl IntoIterator<Item = &'f str>) -> bool {
+        let mut flags = flags.into_iter().filter(|f| *f != "-");
         match self {
-            AccessLogFilter::ResponseFlags(want) if want.is_empty() => !flags.is_empty(),
-            AccessLogFilter::ResponseFlags(want) => {
-                flags.iter().any(|f| want.iter().any(|w| w == f))
-            }
+            AccessLogFilter::ResponseFlags(want) if want.is_empty() => flags.next().is_some(),
+            AccessLogFilter::ResponseFlags(want) => flags.any(|f| want.iter().any(|w| w == f)),
         }
+    }
+}
+
+impl AccessLog {
+    /// Whether this logger writes an entry with these response flags (its filter's say).
+    pub fn admits<'f>(&self, flags: impl IntoIterator<Item = &'f str>) -> bool {
+        self.filter.as_ref().is_none_or(|f| f.admits(flags))
     }
 }
 
@@ -199,8 +205,9 @@ pub struct TcpChain {
     pub target: TcpTarget,
     /// `None`: Envoy's default of one hour; `Some(ZERO)`: none.
     pub idle_timeout: Option<Duration>,
-    /// `tcp_proxy`'s access logs (istiod's, when the mesh sets `accessLogFile`).
-    pub access_log: Vec<AccessLog>,
+    /// `tcp_proxy`'s access logs (istiod's, when the mesh sets `accessLogFile`), shared by
+    /// the connections the chain serves.
+    pub access_log: Arc<[AccessLog]>,
     /// `hash_policy` `source_ip` (DestinationRule `consistentHash.useSourceIp` on a TCP
     /// port): a RING_HASH or MAGLEV cluster picks by the client's IP.
     pub hash_source_ip: bool,
@@ -250,8 +257,9 @@ pub struct HttpChain {
     /// HTTP/2 settings of the downstream codec.
     pub http2_max_concurrent_streams: Option<u32>,
     pub http2_allow_connect: bool,
-    /// The connection manager's access logs, one line per request.
-    pub access_log: Vec<AccessLog>,
+    /// The connection manager's access logs, one line per request each, shared by the
+    /// connections the chain serves.
+    pub access_log: Arc<[AccessLog]>,
 }
 
 impl HttpChain {
@@ -505,7 +513,7 @@ mod tests {
                 stat_prefix: name.into(),
                 target: TcpTarget::Cluster(name.into()),
                 idle_timeout: None,
-                access_log: vec![],
+                access_log: Arc::from([]),
                 hash_source_ip: false,
             }),
         }
@@ -550,7 +558,7 @@ mod tests {
                 ),
             ],
             default_filter_chain: Some(chain("default", ChainMatch::default())),
-            access_log: vec![],
+            access_log: Arc::from([]),
         }
     }
 

@@ -1,6 +1,5 @@
-//! An access-log file both proxies append to, as the differential tests give them one: the
-//! file logger's JSON (an inline text format), a file the proxy's UID may write, and a bounded
-//! wait for its lines.
+//! Access-log files for the differential tests: Envoy's file logger as both proxies are given
+//! it, a file the proxy (UID 1337) may append to, and waiting for it to hold a number of lines.
 
 use crate::PodNet;
 use serde_json::{json, Value};
@@ -16,38 +15,53 @@ pub fn file_log(path: &Path, format: &str) -> Value {
         "log_format": {"text_format_source": {"inline_string": format}}}}])
 }
 
-/// An empty file UID 1337 (the proxy) may append to.
-pub fn log_file(net: &PodNet) -> PathBuf {
+/// A new, empty file named `name` (in a directory of its own) that UID 1337 may append to.
+pub fn log_file(net: &PodNet, name: &str) -> PathBuf {
     let logs = net.binary().make_dir("logs");
     std::os::unix::fs::chown(&logs, Some(crate::PROXY_UID), Some(crate::PROXY_UID)).expect("chown");
-    let log = logs.join("access.log");
+    let log = logs.join(name);
     std::fs::write(&log, "").expect("write");
     std::os::unix::fs::chown(&log, Some(crate::PROXY_UID), Some(crate::PROXY_UID)).expect("chown");
     log
 }
 
-/// The file's text (empty when it cannot be read).
+/// The file's content, empty when it does not exist.
 pub fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
-/// Wait (up to 5 s) for `path` to hold `n` lines; the test fails with them and `output` (the
-/// proxy's) otherwise.
+/// The file's lines.
+pub fn lines(path: &Path) -> Vec<String> {
+    read(path).lines().map(str::to_string).collect()
+}
+
+/// Wait (up to 5 s) for `path` to hold `n` lines; its lines. `output` (the proxy's own
+/// output) is printed if they do not come.
 pub fn wait_for_lines(path: &Path, n: usize, output: &dyn Fn() -> String) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let text = read(path);
-        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let lines = lines(path);
         if lines.len() >= n {
             return lines;
         }
         assert!(
             Instant::now() < deadline,
-            "{} of {n} lines in {}:\n{text}\n{}",
+            "{} of {n} lines in {}:\n{}\n{}",
             lines.len(),
             path.display(),
+            read(path),
             output()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Give `ns` a default route out of its veth, so a connect to a VIP reaches the capture rules.
+pub fn route_vips(ns: &crate::Netns) {
+    let out = ns
+        .command("ip")
+        .args(["route", "add", "default", "dev", "eth0"])
+        .output()
+        .expect("ip route");
+    assert!(out.status.success(), "{out:?}");
 }
