@@ -55,13 +55,3 @@ pub fn wait_for_lines(path: &Path, n: usize, output: &dyn Fn() -> String) -> Vec
         std::thread::sleep(Duration::from_millis(50));
     }
 }
-
-/// Give `ns` a default route out of its veth, so a connect to a VIP reaches the capture rules.
-pub fn route_vips(ns: &crate::Netns) {
-    let out = ns
-        .command("ip")
-        .args(["route", "add", "default", "dev", "eth0"])
-        .output()
-        .expect("ip route");
-    assert!(out.status.success(), "{out:?}");
-}

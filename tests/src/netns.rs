@@ -40,6 +40,17 @@ impl Netns {
         &self.name
     }
 
+    /// Give the namespace a default route out of its veth, so a connect to a VIP (an address
+    /// that exists only in the proxy's resources) reaches the capture rules.
+    pub fn route_vips(&self) {
+        let out = self
+            .command("ip")
+            .args(["route", "add", "default", "dev", "eth0"])
+            .output()
+            .expect("ip route");
+        assert!(out.status.success(), "{out:?}");
+    }
+
     /// `ip netns exec NAME program`: a command that runs inside the namespace.
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
         let mut cmd = Command::new("ip");

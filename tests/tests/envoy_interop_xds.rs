@@ -153,13 +153,7 @@ fn remora_xds_auto_mtls_to_envoy_server_presents_sni_alpn_and_spiffe_id() {
     net.capture_default();
     // The VIPs exist only in the resources: a route lets the application's connect reach
     // the capture rules.
-    let out = net
-        .pod
-        .command("ip")
-        .args(["route", "add", "default", "dev", "eth0"])
-        .output()
-        .expect("ip route");
-    assert!(out.status.success(), "{out:?}");
+    net.pod.route_vips();
 
     let (web, tcp) = (
         "outbound|8080||httpbin.server.svc.cluster.local",

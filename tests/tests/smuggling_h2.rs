@@ -80,13 +80,7 @@ fn http2_requests_downgraded_to_http1_carry_no_smuggled_framing_and_join_their_c
         return;
     };
     net.capture_default();
-    let out = net
-        .pod
-        .command("ip")
-        .args(["route", "add", "default", "dev", "eth0"])
-        .output()
-        .expect("ip route");
-    assert!(out.status.success(), "{out:?}");
+    net.pod.route_vips();
     let addr = net.peer_addr(ORIGIN_PORT);
     let rec = origin::spawn(&net, addr);
     let dir = net.binary().make_dir("xds");

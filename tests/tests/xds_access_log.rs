@@ -78,16 +78,6 @@ fn write_resources(dir: &Path, log: &Path, web: SocketAddr, echo: SocketAddr) {
     resources(log, web, echo).write_for_remora(dir);
 }
 
-/// Give `ns` a default route out of its veth, so a connect to a VIP reaches the capture rules.
-fn route_vips(ns: &remora_e2e::Netns) {
-    let out = ns
-        .command("ip")
-        .args(["route", "add", "default", "dev", "eth0"])
-        .output()
-        .expect("ip route");
-    assert!(out.status.success(), "{out:?}");
-}
-
 /// A directory UID 1337 (the proxy) may create files in, as a pod's log volume, holding
 /// `access.log` with a line already in it.
 fn log_dir(net: &PodNet) -> (std::path::PathBuf, std::path::PathBuf) {
@@ -125,7 +115,7 @@ fn the_access_log_goes_to_the_file_the_listeners_name() {
         return;
     };
     net.capture_default();
-    route_vips(&net.pod);
+    net.pod.route_vips();
     let web = Server::http(&net.peer, net.peer_addr(8081), "web");
     let echo = Server::echo(&net.peer, net.peer_addr(9000));
     let dir = net.binary().make_dir("xds");
@@ -228,7 +218,7 @@ fn envoy_appends_to_the_file_as_remora_does() {
     let mut got = Vec::new();
     for (i, net) in [&nets.0, &nets.1].into_iter().enumerate() {
         net.capture_default();
-        route_vips(&net.pod);
+        net.pod.route_vips();
         let web = Server::http(&net.peer, net.peer_addr(8081), "web");
         let echo = Server::echo(&net.peer, net.peer_addr(9000));
         let (_logs, log) = log_dir(net);

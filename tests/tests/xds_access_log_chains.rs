@@ -8,7 +8,7 @@
 //! to B: not). Each file must hold the same lines from both proxies, and nothing from the
 //! chains without a logger.
 
-use remora_e2e::access_logs::{lines, log_file, route_vips, wait_for_lines};
+use remora_e2e::access_logs::{lines, log_file, wait_for_lines};
 use remora_e2e::envoy_xds::{nets_or_skip, Resources};
 use remora_e2e::peer::{self, curl_status, Server};
 use remora_e2e::xds_resources::{eds_cluster, endpoint, inbound_cluster};
@@ -194,7 +194,7 @@ fn remora_then_envoy() -> Option<[[Vec<String>; 2]; 2]> {
     let mut runs = Vec::new();
     for (i, net) in [&nets.0, &nets.1].into_iter().enumerate() {
         net.capture_default();
-        route_vips(&net.pod);
+        net.pod.route_vips();
         let web = Server::http(&net.peer, net.peer_addr(8081), "web");
         let echo = Server::echo(&net.peer, net.peer_addr(9000));
         let _tcp = Server::echo(&net.pod, peer::any_addr(INBOUND_TCP));

@@ -13,7 +13,7 @@
 //! A format naming another header (`%REQ(X-B3-TRACEID)%`) and a length (`:N`) is written the
 //! same way too, and a format with an operator Remora does not render is refused by name.
 
-use remora_e2e::access_logs::{file_log, log_file, route_vips, wait_for_lines};
+use remora_e2e::access_logs::{file_log, log_file, wait_for_lines};
 use remora_e2e::envoy_xds::{nets_or_skip, Resources, ISTIO_TEXT_FORMAT};
 use remora_e2e::peer::{self, curl_status, Server};
 use remora_e2e::xds_resources::{eds_cluster, endpoint, inbound_cluster};
@@ -295,7 +295,7 @@ fn remora_then_envoy(format: &str) -> Option<[Run; 2]> {
     let mut runs = Vec::new();
     for (i, net) in [&nets.0, &nets.1].into_iter().enumerate() {
         net.capture_default();
-        route_vips(&net.pod);
+        net.pod.route_vips();
         let web = Server::http(&net.peer, net.peer_addr(8081), "web");
         let echo = Server::echo(&net.peer, net.peer_addr(9000));
         let _inbound = Server::echo(&net.pod, peer::any_addr(INBOUND_PORT));

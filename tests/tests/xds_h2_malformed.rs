@@ -333,13 +333,7 @@ fn malformed_http2_requests_are_refused_as_envoy_refuses_them_or_as_documented()
     let mut runs = Vec::new();
     for (i, net) in [&nets.0, &nets.1].into_iter().enumerate() {
         net.capture_default();
-        let out = net
-            .pod
-            .command("ip")
-            .args(["route", "add", "default", "dev", "eth0"])
-            .output()
-            .expect("ip route");
-        assert!(out.status.success(), "{out:?}");
+        net.pod.route_vips();
         let addr = net.peer_addr(ORIGIN_PORT);
         let rec = origin::spawn(net, addr);
         let log = log_file(net);

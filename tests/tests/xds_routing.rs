@@ -24,7 +24,7 @@ fn a_vip_known_only_to_xds_is_balanced_per_request_over_one_connection() {
     };
     net.capture_default();
     // The VIPs exist nowhere: a route lets the application's connect reach the capture rules.
-    route_vips(&net.pod);
+    net.pod.route_vips();
     let servers: Vec<Server> = (1..=3)
         .map(|i| Server::http(&net.peer, net.peer_addr(8080 + i), &format!("endpoint-{i}")))
         .collect();
@@ -145,7 +145,7 @@ fn auto_mtls_per_endpoint_to_a_peer_sidecar_with_the_sockets_sni_and_san() {
         .into_owned();
     let _http = Service::start(&net.pod, "python3", &[&script, "8080"], any_addr(8080));
     let echo = Server::echo(&net.pod, any_addr(7000));
-    route_vips(&net.peer);
+    net.peer.route_vips();
 
     let (h2_connections, _origin) = h2c_origin(&net.pod, any_addr(8090));
     let web = "outbound|80||httpbin.server.svc.cluster.local";
@@ -319,7 +319,7 @@ fn the_clusters_protocol_options_choose_the_upstream_http_version() {
         return;
     };
     net.capture_default();
-    route_vips(&net.pod);
+    net.pod.route_vips();
     let (h2_connections, _origin) = h2c_origin(&net.peer, net.peer_addr(8090));
     let h1 = Server::http(&net.peer, net.peer_addr(8091), "h1");
     let explicit = "outbound|80||grpc.test.svc.cluster.local";
@@ -451,7 +451,7 @@ fn a_strict_dns_clusters_name_is_resolved_and_its_address_served() {
         return;
     };
     net.capture_default();
-    route_vips(&net.pod);
+    net.pod.route_vips();
     let local = Server::http(
         &net.pod,
         "127.0.0.1:8093".parse().expect("addr"),
@@ -501,7 +501,7 @@ fn a_retry_avoids_the_endpoint_already_tried() {
         return;
     };
     net.capture_default();
-    route_vips(&net.pod);
+    net.pod.route_vips();
     let live = Server::http(&net.peer, net.peer_addr(8094), "live");
     // Nothing listens there: connections are refused.
     let dead = net.peer_addr(8095);

@@ -36,16 +36,6 @@ pub fn write_all(dir: &Path, listeners: Value, routes: Value, clusters: Value, e
     }
 }
 
-/// Give `ns` a default route out of its veth, so a connect to a VIP reaches the capture rules.
-pub fn route_vips(ns: &remora_e2e::Netns) {
-    let out = ns
-        .command("ip")
-        .args(["route", "add", "default", "dev", "eth0"])
-        .output()
-        .expect("ip route");
-    assert!(out.status.success(), "{out:?}");
-}
-
 /// istiod's listeners: `0.0.0.0_80` with an HCM and RDS `80`, `10.96.0.20_9000` with
 /// tcp_proxy to `tcp_cluster`.
 pub fn listeners(tcp_cluster: &str) -> Value {
