@@ -110,6 +110,8 @@ struct ListenerIndex {
     by_port: HashMap<(bool, u16), Arc<Listener>>,
     /// The listener that hands connections on by original destination (`virtualOutbound`).
     original_dst: Option<Arc<Listener>>,
+    /// The bound inbound listener (`virtualInbound`), looked up for every inbound connection.
+    inbound: Option<Arc<Listener>>,
 }
 
 impl ListenerIndex {
@@ -117,6 +119,10 @@ impl ListenerIndex {
         let mut index = ListenerIndex::default();
         for entry in listeners.values() {
             let l = &entry.model;
+            if l.direction == Direction::Inbound && l.bind_to_port {
+                // istiod writes one; should there be more, the first by name is taken.
+                index.inbound.get_or_insert_with(|| l.clone());
+            }
             if l.use_original_dst {
                 // istiod writes one; should there be more, the first by name is taken.
                 index.original_dst.get_or_insert_with(|| l.clone());
@@ -184,10 +190,7 @@ impl Snapshot {
 
     /// The inbound listener (`virtualInbound`): bound, INBOUND.
     pub fn inbound_listener(&self) -> Option<&Arc<Listener>> {
-        self.listeners
-            .values()
-            .map(|e| &e.model)
-            .find(|l| l.direction == Direction::Inbound && l.bind_to_port)
+        self.index.inbound.as_ref()
     }
 
     /// A listener by name.

@@ -3,9 +3,8 @@
 //! fault filter before it) from an allowed origin and from one not allowed, preflight or not
 //! (`http.<stat_prefix>.cors.origin_valid`, `origin_invalid`).
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 /// One connection manager's counters.
 #[derive(Debug, Default)]
@@ -27,26 +26,16 @@ impl CorsCounters {
 }
 
 /// The counters of every connection manager whose cors filter has judged an origin, by stat
-/// prefix, kept across config versions as Envoy keeps its stats. As many as the chains' stat
-/// prefixes.
-#[derive(Debug, Default)]
-pub struct CorsStats(Mutex<BTreeMap<Arc<str>, Arc<CorsCounters>>>);
+/// prefix.
+pub type CorsStats = crate::metrics::per_prefix::PerPrefix<CorsCounters>;
 
 impl CorsStats {
-    /// The counters of the connection manager `stat_prefix`.
-    pub fn of(&self, stat_prefix: &Arc<str>) -> Arc<CorsCounters> {
-        let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(all.entry(Arc::clone(stat_prefix)).or_default())
-    }
-
     /// Each connection manager's `(stat prefix, origin_valid, origin_invalid)`.
     pub fn snapshot(&self) -> Vec<(Arc<str>, u64, u64)> {
-        let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        all.iter()
-            .map(|(p, c)| {
-                let v = |a: &AtomicU64| a.load(Ordering::Relaxed);
-                (Arc::clone(p), v(&c.origin_valid), v(&c.origin_invalid))
-            })
+        let v = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        self.each()
+            .into_iter()
+            .map(|(p, c)| (p, v(&c.origin_valid), v(&c.origin_invalid)))
             .collect()
     }
 }

@@ -13,9 +13,8 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 use remora_xds::model::fault::{AbortStatus, FaultPolicy};
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 /// Envoy's text for an aborted request (its body, and a gRPC client's `grpc-message`).
 const ABORT_TEXT: &str = "fault filter abort";
@@ -56,27 +55,17 @@ pub struct FaultCounters {
     pub aborts_injected: AtomicU64,
 }
 
-/// The fault counters of every connection manager with the fault filter, by stat prefix:
-/// made when a fault is first injected on one (as Envoy's appear with the filter), kept
-/// across config versions as Envoy keeps its stats. As many as the chains' stat prefixes.
-#[derive(Debug, Default)]
-pub struct FaultStats(Mutex<BTreeMap<Arc<str>, Arc<FaultCounters>>>);
+/// The fault counters of every connection manager with the fault filter, by stat prefix,
+/// made when a fault is first injected on one (as Envoy's appear with the filter).
+pub type FaultStats = crate::metrics::per_prefix::PerPrefix<FaultCounters>;
 
 impl FaultStats {
-    /// The counters of the connection manager `stat_prefix`.
-    pub fn of(&self, stat_prefix: &Arc<str>) -> Arc<FaultCounters> {
-        let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(all.entry(Arc::clone(stat_prefix)).or_default())
-    }
-
     /// Each connection manager's `(stat prefix, delays injected, aborts injected)`.
     pub fn snapshot(&self) -> Vec<(Arc<str>, u64, u64)> {
-        let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        all.iter()
-            .map(|(p, c)| {
-                let v = |a: &AtomicU64| a.load(Ordering::Relaxed);
-                (Arc::clone(p), v(&c.delays_injected), v(&c.aborts_injected))
-            })
+        let v = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        self.each()
+            .into_iter()
+            .map(|(p, c)| (p, v(&c.delays_injected), v(&c.aborts_injected)))
             .collect()
     }
 }

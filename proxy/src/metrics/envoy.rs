@@ -419,7 +419,7 @@ impl EnvoyStats {
             stats.push(c(http(), "fault.aborts_injected", aborts));
             stats.push(c(http(), "fault.delays_injected", delays));
         }
-        for (prefix, counters) in self.network_ext_authz.snapshot() {
+        for (prefix, counters) in self.network_ext_authz.each() {
             let scope = || Scope::ExtAuthz(prefix.to_string());
             for (stat, value) in counters.values() {
                 stats.push(c(scope(), stat, value));

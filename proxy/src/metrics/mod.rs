@@ -13,6 +13,7 @@ pub mod exposition;
 mod istio;
 mod istio_http;
 mod overload;
+pub mod per_prefix;
 mod process;
 mod tls;
 

@@ -11,10 +11,9 @@ use crate::Direction;
 use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest};
 use remora_config::Config;
 use remora_xds::model::ext_authz::{ExtAuthz, Service};
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 /// The connection as the check describes it.
 pub struct Connection<'a> {
@@ -89,30 +88,9 @@ impl Counters {
     }
 }
 
-/// The counters of every network ext_authz filter that has seen a connection, by stat prefix,
-/// kept across config versions as Envoy keeps its stats (filters with the same prefix share
-/// them, as in Envoy). As many as the filters' stat prefixes.
-#[derive(Debug, Default)]
-pub struct NetworkStats(Mutex<BTreeMap<Arc<str>, Arc<Counters>>>);
-
-impl NetworkStats {
-    /// The counters of `stat_prefix`.
-    pub fn of(&self, stat_prefix: &str) -> Arc<Counters> {
-        let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(c) = all.get(stat_prefix) {
-            return Arc::clone(c);
-        }
-        Arc::clone(all.entry(Arc::from(stat_prefix)).or_default())
-    }
-
-    /// Each stat prefix with its counters.
-    pub fn snapshot(&self) -> Vec<(Arc<str>, Arc<Counters>)> {
-        let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        all.iter()
-            .map(|(p, c)| (Arc::clone(p), Arc::clone(c)))
-            .collect()
-    }
-}
+/// The counters of every network ext_authz filter that has seen a connection, by stat prefix
+/// (filters with the same prefix share them, as in Envoy).
+pub type NetworkStats = crate::metrics::per_prefix::PerPrefix<Counters>;
 
 /// A check in flight, counted in the `active` gauge until dropped (also when the client goes
 /// away during the check and the connection's future with it).
@@ -235,7 +213,7 @@ mod tests {
                 .find_map(|(n, v)| (*n == name).then_some(*v))
         };
         let snapshot: Vec<(String, Option<u64>, Option<u64>)> = stats
-            .snapshot()
+            .each()
             .iter()
             .map(|(p, c)| (p.to_string(), value(c, "ok"), value(c, "denied")))
             .collect();
