@@ -489,6 +489,15 @@ fn custom_authorization_counts_as_envoy_does() {
         (&envoy_net, remora_e2e::envoy::ADMIN_PORT),
     ];
     let mut before = sides.map(|(net, port)| http_ext_authz_stats(net, port));
+    let names = |s: &Stats| {
+        s.keys()
+            .filter(|n| n.starts_with("http."))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    // Made with the listener, before any request: 13 for each of the 9 HTTP chains.
+    assert_eq!(names(&before[0]), names(&before[1]));
+    assert_eq!(names(&before[0]).len(), 9 * 13);
     let mut seen = Vec::new();
     for (port, path, select, body) in COUNTED {
         let mut case = Vec::new();
@@ -532,15 +541,8 @@ fn custom_authorization_counts_as_envoy_does() {
         ]
     );
     assert_eq!(counted(11), ["http.inbound_0.0.0.0_8086.ext_authz.ok +2"]);
-    // The same names at the end (every chain has seen a request), and in Prometheus form.
-    let names = |s: &Stats| {
-        s.keys()
-            .filter(|n| n.starts_with("http."))
-            .cloned()
-            .collect::<Vec<_>>()
-    };
+    // The same names at the end, and in Prometheus form.
     assert_eq!(names(&before[0]), names(&before[1]), "{report}");
-    assert_eq!(names(&before[0]).len(), 9 * 13);
     let prometheus = sides.map(|(net, port)| prometheus_samples(net, port, "envoy_http_inbound"));
     // The filter's, not those of istiod's shadow RBAC filter (`rbac_istio_ext_authz_`).
     let authz = |lines: &[String]| -> Vec<String> {
@@ -568,5 +570,8 @@ fn custom_authorization_counts_as_envoy_does() {
         "Remora's Prometheus samples only, then Envoy's only"
     );
     assert_eq!(remora_prom.len(), 9 * (13 + 13));
+    if remora_e2e::promtool::available() {
+        remora_e2e::promtool::assert_valid(&remora.metrics().to_string());
+    }
     drop((remora, envoy));
 }

@@ -265,6 +265,9 @@ pub struct EnvoyStats {
     pub network_ext_authz: Arc<crate::http::ext_authz::network::NetworkStats>,
     /// The HTTP ext_authz filters' counters, for their `http.<prefix>.ext_authz.*` stats.
     pub http_ext_authz: Arc<crate::http::ext_authz::HttpStats>,
+    /// The xDS resources in force (istiod's or the files'), for the statistics Envoy makes
+    /// when it loads a listener.
+    pub xds: Arc<OnceLock<Arc<remora_xds::store::Store>>>,
 }
 
 /// What istiod mode shares with the stats.
@@ -437,6 +440,9 @@ impl EnvoyStats {
                 stats.push(c(scope(), stat, value));
             }
             stats.push(g(scope(), "active", counters.active()));
+        }
+        if let Some(store) = self.xds.get() {
+            crate::http::ext_authz::stats::make_configured(&self.http_ext_authz, &store.current());
         }
         for (stem, counters) in crate::http::ext_authz::stats::stems(&self.http_ext_authz) {
             for (stat, value) in counters.values() {

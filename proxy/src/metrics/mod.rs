@@ -234,6 +234,7 @@ impl Metrics {
             cors: Arc::default(),
             network_ext_authz: Arc::default(),
             http_ext_authz: Arc::default(),
+            xds: Arc::default(),
         };
         registry.register_collector(Box::new(envoy.clone()));
         Metrics {
@@ -305,6 +306,14 @@ impl Metrics {
     pub fn set_clusters(&self, upstreams: Arc<crate::upstream::Upstreams>) {
         if self.envoy.clusters.set(upstreams).is_err() {
             tracing::warn!("cluster statistics already set; the first kept");
+        }
+    }
+
+    /// Export the statistics Envoy makes when it loads a listener (the HTTP ext_authz
+    /// filters') for the xDS resources in `store`, istiod's or the files' (set once).
+    pub fn set_xds_store(&self, store: Arc<remora_xds::store::Store>) {
+        if self.envoy.xds.set(store).is_err() {
+            tracing::warn!("xDS store for the statistics already set; the first kept");
         }
     }
 

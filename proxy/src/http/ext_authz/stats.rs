@@ -80,6 +80,26 @@ pub fn stems(stats: &HttpStats) -> Vec<(String, Arc<HttpCounters>)> {
     all
 }
 
+/// Make the counters of every HTTP ext_authz filter of `snapshot`'s inbound listener (the
+/// only one istiod gives them), as Envoy makes them when it loads the listener: a filter that
+/// has seen no request yet shows 0s. Run at a scrape, off the data path.
+pub fn make_configured(stats: &HttpStats, snapshot: &remora_xds::snapshot::Snapshot) {
+    use remora_xds::model::listener::{ChainKind, HttpFilter};
+    let Some(listener) = snapshot.inbound_listener() else {
+        return;
+    };
+    for chain in listener.all_chains() {
+        let ChainKind::Http(http) = &chain.kind else {
+            continue;
+        };
+        for filter in &http.http_filters {
+            if let HttpFilter::ExtAuthz(ext) = filter {
+                stats.of(&http.stat_prefix).of(&ext.stat_prefix);
+            }
+        }
+    }
+}
+
 /// The filters' outcomes summed over every filter, for `/stats/prometheus`
 /// (`remora_ext_authz_*`).
 #[derive(Debug, Default)]
