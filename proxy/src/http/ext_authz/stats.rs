@@ -182,4 +182,34 @@ mod tests {
         sorted.sort_unstable();
         assert_eq!((names.len(), &names), (13, &sorted));
     }
+
+    #[test]
+    fn exported_under_envoys_names_and_in_istios_prometheus_form() {
+        let m = crate::metrics::Metrics::default();
+        HttpCounters::inc(&m.http_ext_authz.of("inbound_0.0.0.0_8080").of("").ok);
+        HttpCounters::inc(&m.http_ext_authz.of("outbound_0.0.0.0_80").of("mine").error);
+        let dotted: Vec<(String, u64)> = m
+            .envoy_stats()
+            .into_iter()
+            .map(|s| (s.dotted_name(), s.value))
+            .filter(|(n, _)| n.contains(".ext_authz."))
+            .collect();
+        assert_eq!(dotted.len(), 2 * 13, "{dotted:?}");
+        for stat in [
+            ("http.inbound_0.0.0.0_8080.ext_authz.ok", 1),
+            ("http.inbound_0.0.0.0_8080.ext_authz.shadow_error", 0),
+            ("http.outbound_0.0.0.0_80.ext_authz.mine.error", 1),
+        ] {
+            assert!(dotted.contains(&(stat.0.to_string(), stat.1)), "{stat:?}");
+        }
+        let text = m.encode();
+        for line in [
+            "# TYPE envoy_http_inbound_0_0_0_0_8080_ext_authz_ok counter\n",
+            "envoy_http_inbound_0_0_0_0_8080_ext_authz_ok 1\n",
+            "envoy_http_outbound_0_0_0_0_80_ext_authz_mine_error 1\n",
+            "envoy_http_inbound_0_0_0_0_8080_ext_authz{authz_dry_run_result=\"denied\"} 0\n",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
+    }
 }
