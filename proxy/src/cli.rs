@@ -384,6 +384,9 @@ fn start(args: RunArgs, logging: LogControl) -> anyhow::Result<()> {
             .or_else(|| xds_files.as_ref().map(|w| Arc::clone(&w.store))),
         ..AdminState::new(Arc::clone(&metrics), Arc::clone(&drain))
     });
+    if let Some(store) = &state.xds {
+        metrics.set_xds_store(Arc::clone(store));
+    }
     if ca_setup.is_some() {
         // Not ready until istiod's CA has issued the workload certificate: a pod that takes
         // traffic without it cannot speak mesh TLS.

@@ -300,9 +300,22 @@ impl Resources {
         net: &'n crate::PodNet,
         binary: &Path,
     ) -> crate::envoy::Envoy<'n> {
+        self.start_envoy_with(net, binary, |_| ())
+    }
+
+    /// [`Resources::start_envoy`] with the bootstrap as `edit` leaves it (`stats_config`).
+    pub fn start_envoy_with<'n>(
+        &self,
+        net: &'n crate::PodNet,
+        binary: &Path,
+        edit: impl FnOnce(&mut Value),
+    ) -> crate::envoy::Envoy<'n> {
         let dir = net.binary().make_dir("envoy-xds");
-        let bootstrap = self.envoy_bootstrap(&dir, crate::envoy::ADMIN_PORT);
-        crate::envoy::Envoy::start_sidecar(&net.pod, binary, net.binary(), &bootstrap)
+        let mut bootstrap: Value =
+            serde_json::from_str(&self.envoy_bootstrap(&dir, crate::envoy::ADMIN_PORT))
+                .expect("the bootstrap is JSON");
+        edit(&mut bootstrap);
+        crate::envoy::Envoy::start_sidecar(&net.pod, binary, net.binary(), &bootstrap.to_string())
     }
 }
 

@@ -35,6 +35,7 @@ pub mod promtool;
 pub mod service;
 pub mod sidecars;
 pub mod sniff;
+pub mod stat_deltas;
 pub mod switchable;
 pub mod xds_resources;
 

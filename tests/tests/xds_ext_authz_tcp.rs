@@ -15,10 +15,10 @@ use remora_e2e::ext_authz::{
     grpc_cluster, tcp_chain, GrpcAuthorizer, TcpChain, DENIED_TCP_PORT, ERRORING_TCP_PORTS,
 };
 use remora_e2e::peer::{self, any_addr};
+use remora_e2e::stat_deltas::{self, delta, prometheus_samples, Stats};
 use remora_e2e::xds_resources::inbound_cluster;
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -88,43 +88,8 @@ fn resources(net: &PodNet, log: &Path) -> Resources {
 }
 
 /// The `ext_authz.*` statistics of the sidecar whose admin API is on `port`.
-fn ext_authz_stats(net: &PodNet, port: u16) -> BTreeMap<String, i64> {
-    let url = format!("http://127.0.0.1:{port}/stats");
-    let (status, body) = peer::curl_status(&net.pod, &[&url], Duration::from_secs(5));
-    assert_eq!(status, 200, "{url}: {body}");
-    body.lines()
-        .filter(|l| l.starts_with("ext_authz."))
-        .filter_map(|l| {
-            let (name, value) = l.split_once(": ")?;
-            Some((name.to_string(), value.trim().parse().ok()?))
-        })
-        .collect()
-}
-
-/// The samples and types of the network filter's statistics on `/stats/prometheus` of the
-/// sidecar whose admin API is on `port`, sorted; an empty label set (Envoy's `{}`) as none, as
-/// Remora's exposition writes every sample without labels.
-fn prometheus_samples(net: &PodNet, port: u16) -> Vec<String> {
-    let url = format!("http://127.0.0.1:{port}/stats/prometheus");
-    let (status, body) = peer::curl_status(&net.pod, &[&url], Duration::from_secs(5));
-    assert_eq!(status, 200, "{url}: {body}");
-    body.lines()
-        .filter(|l| l.starts_with("envoy_ext_authz") || l.starts_with("# TYPE envoy_ext_authz"))
-        .map(|l| l.replace("{} ", " "))
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect()
-}
-
-/// What changed from `before` to `after` (a statistic absent before counts from 0).
-fn delta(before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>) -> Vec<String> {
-    after
-        .iter()
-        .filter_map(|(name, v)| {
-            let d = v - before.get(name).copied().unwrap_or(0);
-            (d != 0).then(|| format!("{name} {d:+}"))
-        })
-        .collect()
+fn ext_authz_stats(net: &PodNet, port: u16) -> Stats {
+    stat_deltas::stats(net, port, |name| name.starts_with("ext_authz."))
 }
 
 /// What one case did through one proxy.
@@ -162,7 +127,7 @@ fn run(
     admin: u16,
     log: &Path,
     output: &dyn Fn() -> String,
-) -> (Vec<Seen>, BTreeMap<String, i64>, Vec<String>) {
+) -> (Vec<Seen>, Stats, Vec<String>) {
     let data = peer::pattern(64);
     let mut before = ext_authz_stats(net, admin);
     let mut seen = Vec::new();
@@ -180,7 +145,11 @@ fn run(
         });
         before = after;
     }
-    (seen, before, prometheus_samples(net, admin))
+    (
+        seen,
+        before,
+        prometheus_samples(net, admin, "envoy_ext_authz"),
+    )
 }
 
 /// Where Envoy and Remora must differ, each asserted as observed and made the same:
@@ -256,7 +225,7 @@ fn network_ext_authz_logs_and_counts_as_envoy_does() {
         assert_eq!(r, e, "port {port}: Remora and Envoy differ:\n{report}");
     }
     // The same statistics in the end, none in flight; and what the filter is for.
-    let names = |s: &BTreeMap<String, i64>| s.keys().cloned().collect::<Vec<_>>();
+    let names = |s: &Stats| s.keys().cloned().collect::<Vec<_>>();
     assert_eq!(names(&remora_stats), names(&envoy_stats));
     assert_eq!(remora_stats.get("ext_authz.tcp..active"), Some(&0));
     // And in Prometheus form, with the same values but `disabled` (counted as above).

@@ -83,6 +83,9 @@ pub struct ConnContext {
     /// HTTP/2: the response bytes queued for the client over all streams
     /// ([`send_budget`]); unset on HTTP/1.1.
     pub(super) send_budget: std::sync::OnceLock<Arc<send_budget::SendBudget>>,
+    /// Inbound by xDS: the ext_authz counters of the chain's connection manager, looked up at
+    /// its first request through the filter, so that no request looks them up by name.
+    pub(super) ext_authz_stats: std::sync::OnceLock<Arc<super::ext_authz::HttpCounters>>,
 }
 
 impl ConnContext {
@@ -125,6 +128,7 @@ impl ConnContext {
             early_failed: AtomicBool::new(false),
             resets: premature_reset::PrematureResets::default(),
             send_budget: std::sync::OnceLock::new(),
+            ext_authz_stats: std::sync::OnceLock::new(),
         }
     }
 

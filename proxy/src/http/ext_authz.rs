@@ -12,12 +12,16 @@
 //! Its answer lets the request through with the headers it adds, or is the reply (its status,
 //! headers and body; flag `UAEX`); its failure (unreachable, timed out, a 5xx, a gRPC error)
 //! lets the request through with `failure_mode_allow`, else answers `status_on_error`.
-//! The RBAC filters after it decide last.
+//! The RBAC filters after it decide last. Each check and each request a filter does not
+//! select is counted under Envoy's names, per connection manager ([`stats`]).
 
 mod call;
 mod grpc;
 mod http_service;
 pub mod network;
+pub mod stats;
+
+pub use stats::{ExtAuthzStats, HttpCounters, HttpStats};
 
 use super::authorize::attributes;
 use super::body::{RequestEnd, ResponseBody, UpstreamBody};
@@ -30,8 +34,6 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::registry::Registry;
 use remora_xds::model::ext_authz::{BodySettings, ExtAuthz, Service};
 use remora_xds::model::listener::HttpFilter;
 use std::sync::Arc;
@@ -169,6 +171,23 @@ pub(super) async fn inbound(
     let Some(chain) = ctx.xds_inbound.as_ref() else {
         return Ok((ClientBody::Plain(body), None, None));
     };
+    // The counters of the chain's first ext_authz filter, which every filter istiod writes
+    // shares (none has a stat prefix of its own): looked up at the connection's first request.
+    let manager = chain.http_stat_prefix().unwrap_or_default();
+    let first_prefix = chain
+        .from_ext_authz()
+        .find_map(|f| match f {
+            HttpFilter::ExtAuthz(ext) => Some(ext.stat_prefix.as_str()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let shared = ctx.ext_authz_stats.get_or_init(|| {
+        ctx.proxy
+            .metrics
+            .http_ext_authz
+            .of(manager)
+            .of(first_prefix)
+    });
     let mut body = ClientBody::Plain(body);
     let mut response: Option<Box<ResponseHeaders>> = None;
     // The request the route is chosen on: as it was before the first check (Envoy's filters
@@ -186,6 +205,19 @@ pub(super) async fn inbound(
             HttpFilter::ExtAuthz(ext) => {
                 // RBAC filters between two ext_authz filters decide before the second.
                 check_rbac(ctx, parts, rbac_after.drain(..))?;
+                // Another stat prefix (not istiod's): its counters, looked up for the request.
+                let own;
+                let counters = if ext.stat_prefix == first_prefix {
+                    shared
+                } else {
+                    own = ctx
+                        .proxy
+                        .metrics
+                        .http_ext_authz
+                        .of(manager)
+                        .of(&ext.stat_prefix);
+                    &own
+                };
                 let enabled = match &ext.enabled_by {
                     None => true,
                     Some(on) => {
@@ -203,7 +235,7 @@ pub(super) async fn inbound(
                     if std::mem::take(&mut cleared) {
                         basis = RouteBasis::of(parts);
                     }
-                    let (checked, added) = check(ctx, ext, parts, body).await?;
+                    let (checked, added) = check(ctx, counters, ext, parts, body).await?;
                     cleared = ext.clear_route_cache;
                     body = checked;
                     if let Some(added) = added {
@@ -213,6 +245,8 @@ pub(super) async fn inbound(
                         r.if_absent.extend(added.if_absent);
                         r.if_present.extend(added.if_present);
                     }
+                } else {
+                    HttpCounters::inc(&counters.disabled);
                 }
             }
             HttpFilter::Rbac(r) => {
@@ -306,6 +340,7 @@ fn edit_query(parts: &mut Parts, set: &[(String, String)], remove: &[String]) {
 /// response gets.
 async fn check(
     ctx: &Arc<ConnContext>,
+    counters: &HttpCounters,
     ext: &ExtAuthz,
     parts: &mut Parts,
     body: ClientBody,
@@ -331,19 +366,23 @@ async fn check(
     match verdict {
         Verdict::Ok(edits) => {
             stats.ok.inc();
+            HttpCounters::inc(&counters.ok);
             let response = edits.apply_to(parts);
             Ok((body, (!response.is_empty()).then(|| Box::new(response))))
         }
         Verdict::Denied(d) => {
             stats.denied.inc();
+            HttpCounters::inc(&counters.denied);
             tracing::debug!(peer = %ctx.peer, status = %d.status, "denied by the external authorizer");
             Err(Refused::Reply(d))
         }
         Verdict::Error(why) => {
             stats.error.inc();
+            HttpCounters::inc(&counters.error);
             tracing::debug!(peer = %ctx.peer, error = %why, allow = ext.failure_mode_allow, "external authorizer failed");
             if ext.failure_mode_allow {
                 stats.failure_mode_allowed.inc();
+                HttpCounters::inc(&counters.failure_mode_allowed);
                 return Ok((body, None));
             }
             Err(Refused::Failed(Denial {
@@ -506,45 +545,3 @@ fn check_body(bytes: Bytes) -> UpstreamBody {
 
 #[cfg(test)]
 mod tests;
-
-/// The filter's outcomes, for `/stats/prometheus` (Envoy's `ext_authz.ok`, `.denied`,
-/// `.error`, `.failure_mode_allowed`).
-#[derive(Debug, Default)]
-pub struct ExtAuthzStats {
-    pub ok: Counter,
-    pub denied: Counter,
-    pub error: Counter,
-    pub failure_mode_allowed: Counter,
-}
-
-impl ExtAuthzStats {
-    /// The counters, registered.
-    pub fn register(registry: &mut Registry) -> Self {
-        let stats = ExtAuthzStats::default();
-        for (name, help, c) in [
-            (
-                "remora_ext_authz_ok",
-                "Requests the external authorizer allowed",
-                &stats.ok,
-            ),
-            (
-                "remora_ext_authz_denied",
-                "Requests the external authorizer denied",
-                &stats.denied,
-            ),
-            (
-                "remora_ext_authz_error",
-                "Checks that failed (authorizer unreachable, timed out, 5xx or gRPC error)",
-                &stats.error,
-            ),
-            (
-                "remora_ext_authz_failure_mode_allowed",
-                "Requests let through after a failed check (failure_mode_allow)",
-                &stats.failure_mode_allowed,
-            ),
-        ] {
-            registry.register(name, help, c.clone());
-        }
-        stats
-    }
-}

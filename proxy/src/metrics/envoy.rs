@@ -120,6 +120,9 @@ pub enum Scope {
     Tcp,
     /// A network ext_authz filter, by its stat prefix (istiod's `tcp.`).
     ExtAuthz(String),
+    /// An HTTP ext_authz filter, by the part of its names after `http.`
+    /// (`inbound_0.0.0.0_8080.ext_authz`).
+    HttpExtAuthz(String),
     /// The xDS connection (`control_plane.`).
     ControlPlane,
     /// A subscription, by Envoy's prefix (`cluster_manager.cds`, `listener_manager.lds`,
@@ -169,6 +172,7 @@ impl EnvoyStat {
             Scope::Tcp => format!("tcp.{}", self.stat),
             // Envoy puts a dot after the prefix even when it ends in one (`ext_authz.tcp..ok`).
             Scope::ExtAuthz(p) => format!("ext_authz.{p}.{}", self.stat),
+            Scope::HttpExtAuthz(stem) => format!("http.{stem}.{}", self.stat),
             Scope::ControlPlane => format!("control_plane.{}", self.stat),
             Scope::Subscription(p) => format!("{p}.{}", self.stat),
             Scope::Secret(name) => format!("sds.{name}.{}", self.stat),
@@ -197,14 +201,20 @@ impl EnvoyStat {
             Scope::Tcp => (format!("envoy_tcp_{}", self.stat.replace('.', "_")), None),
             // No tag of Istio's takes the prefix out: it stays in the name, sanitized as
             // Envoy sanitizes (anything but a letter, digit or `_` becomes `_`).
-            Scope::ExtAuthz(p) => {
-                let name = format!("envoy_ext_authz_{p}_{}", self.stat);
-                let sanitized = name
-                    .chars()
-                    .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-                    .collect();
-                (sanitized, None)
-            }
+            Scope::ExtAuthz(p) => (
+                sanitized(&format!("envoy_ext_authz_{p}_{}", self.stat)),
+                None,
+            ),
+            // Istio's `http_conn_manager_prefix` tag wants a `;` after the prefix, which
+            // istiod's prefixes have not: the prefix stays in the name. Its
+            // `authz_dry_run_result` tag takes `.shadow_denied` out of the name as a label.
+            Scope::HttpExtAuthz(stem) => match self.stat.strip_prefix("shadow_") {
+                Some(result @ ("allowed" | "denied")) => (
+                    sanitized(&format!("envoy_http_{stem}")),
+                    Some(("authz_dry_run_result", result.to_string())),
+                ),
+                _ => (sanitized(&format!("envoy_http_{stem}_{}", self.stat)), None),
+            },
             Scope::ControlPlane => (format!("envoy_control_plane_{}", self.stat), None),
             Scope::Subscription(p) => {
                 (format!("envoy_{}_{}", p.replace('.', "_"), self.stat), None)
@@ -253,6 +263,11 @@ pub struct EnvoyStats {
     pub cors: Arc<crate::http::cors_stats::CorsStats>,
     /// The network ext_authz filters' counters, for their `ext_authz.<prefix>.*` stats.
     pub network_ext_authz: Arc<crate::http::ext_authz::network::NetworkStats>,
+    /// The HTTP ext_authz filters' counters, for their `http.<prefix>.ext_authz.*` stats.
+    pub http_ext_authz: Arc<crate::http::ext_authz::HttpStats>,
+    /// The xDS resources in force (istiod's or the files'), for the statistics Envoy makes
+    /// when it loads a listener.
+    pub xds: Arc<OnceLock<Arc<remora_xds::store::Store>>>,
 }
 
 /// What istiod mode shares with the stats.
@@ -426,6 +441,14 @@ impl EnvoyStats {
             }
             stats.push(g(scope(), "active", counters.active()));
         }
+        if let Some(store) = self.xds.get() {
+            crate::http::ext_authz::stats::make_configured(&self.http_ext_authz, &store.current());
+        }
+        for (stem, counters) in crate::http::ext_authz::stats::stems(&self.http_ext_authz) {
+            for (stat, value) in counters.values() {
+                stats.push(c(Scope::HttpExtAuthz(stem.clone()), stat, value));
+            }
+        }
         for (prefix, valid, invalid) in self.cors.snapshot() {
             let http = || Scope::HttpConnManager(prefix.to_string());
             stats.push(c(http(), "cors.origin_invalid", invalid));
@@ -433,6 +456,13 @@ impl EnvoyStats {
         }
         stats
     }
+}
+
+/// A name as Envoy's Prometheus output writes it: anything but a letter, digit or `_` as `_`.
+fn sanitized(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
 }
 
 /// Envoy's per-secret SDS statistics (`sds.<name>.*`): what the ADS client counted of each

@@ -82,6 +82,8 @@ pub struct Metrics {
     pub cors: Arc<crate::http::cors_stats::CorsStats>,
     /// Envoy's network ext_authz filter statistics, per stat prefix.
     pub network_ext_authz: Arc<crate::http::ext_authz::network::NetworkStats>,
+    /// Envoy's HTTP ext_authz filter statistics, per connection manager.
+    pub http_ext_authz: Arc<crate::http::ext_authz::HttpStats>,
     pub ext_authz: crate::http::ext_authz::ExtAuthzStats,
     /// Protocol detection outcomes, by `DETECTION_RESULTS` index, and how long they took.
     detections: Vec<Counter>,
@@ -231,12 +233,15 @@ impl Metrics {
             faults: Arc::default(),
             cors: Arc::default(),
             network_ext_authz: Arc::default(),
+            http_ext_authz: Arc::default(),
+            xds: Arc::default(),
         };
         registry.register_collector(Box::new(envoy.clone()));
         Metrics {
             faults: Arc::clone(&envoy.faults),
             cors: Arc::clone(&envoy.cors),
             network_ext_authz: Arc::clone(&envoy.network_ext_authz),
+            http_ext_authz: Arc::clone(&envoy.http_ext_authz),
             detections,
             detection_seconds,
             tls,
@@ -301,6 +306,14 @@ impl Metrics {
     pub fn set_clusters(&self, upstreams: Arc<crate::upstream::Upstreams>) {
         if self.envoy.clusters.set(upstreams).is_err() {
             tracing::warn!("cluster statistics already set; the first kept");
+        }
+    }
+
+    /// Export the statistics Envoy makes when it loads a listener (the HTTP ext_authz
+    /// filters') for the xDS resources in `store`, istiod's or the files' (set once).
+    pub fn set_xds_store(&self, store: Arc<remora_xds::store::Store>) {
+        if self.envoy.xds.set(store).is_err() {
+            tracing::warn!("xDS store for the statistics already set; the first kept");
         }
     }
 

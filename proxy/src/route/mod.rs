@@ -172,6 +172,14 @@ impl ChainRef {
             })
     }
 
+    /// The stat prefix of the chain's HTTP connection manager (none on a TCP chain).
+    pub fn http_stat_prefix(&self) -> Option<&str> {
+        match &self.chain()?.kind {
+            ChainKind::Http(http) => Some(&http.stat_prefix),
+            ChainKind::Tcp(_) => None,
+        }
+    }
+
     /// The chain's HTTP filters from its first ext_authz filter on (none without one).
     pub fn from_ext_authz(&self) -> impl Iterator<Item = &HttpFilter> {
         self.http_filters()
