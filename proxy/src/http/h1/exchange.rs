@@ -17,7 +17,6 @@ use crate::Direction;
 use bytes::{Buf, BytesMut};
 use std::future::Future;
 use std::io;
-use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The retries an outbound request gets (Istio's default policy); inbound gets none.
@@ -405,7 +404,8 @@ fn next_connection(
         if let Some(up) = early.take() {
             return Ok(Next::Idle(Up::Plain(up)));
         }
-        let (idle_timeout, now) = (ctx.config.http.pool_idle_timeout, Instant::now());
+        // The request's start serves as now: microseconds old, and a clock read less.
+        let (idle_timeout, now) = (ctx.config.http.pool_idle_timeout, end.started);
         let idle = match ctx.originate.as_deref() {
             _ if dial => None,
             Some(originate) => originate.checkout_raw(ctx).map(Up::Mesh),
@@ -426,7 +426,7 @@ fn next_connection(
         e.kind
     })?;
     routed.key = key;
-    let (idle_timeout, now) = (ctx.config.http.pool_idle_timeout, Instant::now());
+    let (idle_timeout, now) = (ctx.config.http.pool_idle_timeout, end.started);
     let idle = match &selected.transport {
         _ if dial => None,
         crate::upstream::Transport::Plaintext => ctx

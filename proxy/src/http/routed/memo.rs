@@ -1,8 +1,9 @@
 //! What a connection keeps of its last route decision, so the next request on it (nearly
 //! always to the same host, and mostly to the same cluster) does not look them up again: the
-//! route table, the virtual host of the last Host, the last cluster resolved with its
-//! run-time state and endpoints, and the plan of the last route and cluster forwarded by
-//! ([`RoutePlan`]). All of it is valid for one generation of the store
+//! route table, the virtual host of the last Host, the last few clusters resolved with their
+//! run-time state and endpoints, and the plans of the last few routes and clusters forwarded
+//! by ([`RoutePlan`]): a few, as a weighted route (a canary's two subsets) alternates between
+//! its clusters, and kept alone the last one was made again on every change of cluster. All of it is valid for one generation of the store
 //! ([`Store::generation`]): a push makes it again on the next request. It holds what it
 //! found (a table, a cluster), never a whole snapshot, so an idle connection keeps no old
 //! snapshot alive. One per connection, locked only while a request is decided (never across
@@ -37,10 +38,41 @@ pub struct Memo {
     /// takes it); `host` is empty before any was looked up.
     host: String,
     vhost: Option<usize>,
-    /// The last cluster a request was routed to, resolved.
-    cluster: Option<Arc<RoutedCluster>>,
-    /// The plan of the last route and cluster a request was forwarded by.
-    plan: Option<(PlanKey, Arc<RoutePlan>)>,
+    /// The last clusters requests were routed to, resolved.
+    clusters: Kept<Arc<RoutedCluster>>,
+    /// The plans of the last routes and clusters requests were forwarded by.
+    plans: Kept<(PlanKey, Arc<RoutePlan>)>,
+}
+
+/// How many clusters and plans a memo keeps: a weighted route's clusters (istiod writes one
+/// per subset of a VirtualService's split; two for a canary, rarely more than four).
+const KEPT: usize = 4;
+
+/// The last [`KEPT`] values kept, the oldest replaced first.
+#[derive(Debug)]
+struct Kept<T> {
+    slots: [Option<T>; KEPT],
+    next: usize,
+}
+
+impl<T> Default for Kept<T> {
+    fn default() -> Self {
+        Kept {
+            slots: std::array::from_fn(|_| None),
+            next: 0,
+        }
+    }
+}
+
+impl<T> Kept<T> {
+    fn find(&self, wanted: impl Fn(&T) -> bool) -> Option<&T> {
+        self.slots.iter().flatten().find(|t| wanted(t))
+    }
+
+    fn keep(&mut self, value: T) {
+        self.slots[self.next] = Some(value);
+        self.next = (self.next + 1) % KEPT;
+    }
 }
 
 /// A route of the memo's table and one of its clusters, by address: both live in the table
@@ -77,8 +109,8 @@ impl Memo {
             table: crate::route::route_table(&snapshot, routes).cloned(),
             host: String::new(),
             vhost: None,
-            cluster: None,
-            plan: None,
+            clusters: Kept::default(),
+            plans: Kept::default(),
         })
     }
 
@@ -95,8 +127,8 @@ impl Memo {
         let clusters = Clusters {
             store,
             generation: self.generation,
-            last: &mut self.cluster,
-            plan: &mut self.plan,
+            last: &mut self.clusters,
+            plans: &mut self.plans,
         };
         let Some(table) = self.table.as_deref() else {
             return Some((None, clusters));
@@ -122,41 +154,41 @@ pub struct Table<'m> {
     pub host: &'m str,
 }
 
-/// The store's clusters, the last one resolved kept.
+/// The store's clusters, the last ones resolved kept.
 #[derive(Debug)]
 pub struct Clusters<'m> {
     store: &'m Store,
     generation: u64,
-    last: &'m mut Option<Arc<RoutedCluster>>,
-    plan: &'m mut Option<(PlanKey, Arc<RoutePlan>)>,
+    last: &'m mut Kept<Arc<RoutedCluster>>,
+    plans: &'m mut Kept<(PlanKey, Arc<RoutePlan>)>,
 }
 
 impl Clusters<'_> {
     /// The cluster named `name`, resolved for `ctx`'s requests (`None`: there is no such
     /// cluster).
     pub fn get(&mut self, ctx: &ConnContext, name: &str) -> Option<Arc<RoutedCluster>> {
-        if let Some(c) = self.last.as_ref().filter(|c| c.model.name == name) {
+        if let Some(c) = self.last.find(|c| c.model.name == name) {
             return Some(Arc::clone(c));
         }
         let snapshot = self.store.current();
         let model = snapshot.cluster(name)?;
         let resolved = RoutedCluster::resolve(ctx, &snapshot, model, self.generation);
         let resolved = Arc::new(resolved);
-        *self.last = Some(Arc::clone(&resolved));
+        self.last.keep(Arc::clone(&resolved));
         Some(resolved)
     }
 
     /// The plan of a forwarding decision (`source`: a route of the memo's table and one of
-    /// its clusters): the last one's again when it is the same route and cluster, else made
+    /// its clusters): a kept one's again when it is of the same route and cluster, else made
     /// now, its cluster resolved.
     pub(super) fn plan(&mut self, ctx: &ConnContext, source: &Source<'_>) -> Arc<RoutePlan> {
         let key = PlanKey::of(source.route, source.cluster);
-        if let Some((_, plan)) = self.plan.as_ref().filter(|(k, _)| *k == key) {
+        if let Some((_, plan)) = self.plans.find(|(k, _)| *k == key) {
             return Arc::clone(plan);
         }
         let target = self.get(ctx, source.cluster);
         let plan = Arc::new(RoutePlan::new(source, target));
-        *self.plan = Some((key, Arc::clone(&plan)));
+        self.plans.keep((key, Arc::clone(&plan)));
         plan
     }
 }
@@ -249,6 +281,14 @@ mod tests {
         assert!(!Arc::ptr_eq(&to_v1.routed.plan, &b.routed.plan));
         let v1 = cluster_of(&to_v1);
         assert_eq!(v1.model.name, V1);
+        // Back to the first route, as a weighted route alternates: its plan and its cluster
+        // were kept beside the other's, not made again.
+        let back = decide(&ctx, "reviews:9080", "/c");
+        assert!(
+            Arc::ptr_eq(&back.routed.plan, &b.routed.plan),
+            "planned again after another cluster"
+        );
+        assert!(Arc::ptr_eq(&cluster_of(&back), &first), "resolved again");
         // Another Host is looked up, not taken from the last one.
         let header = |_: &str| None;
         let req = RequestParts {
