@@ -70,6 +70,12 @@ fn rbac_results_and_dry_runs_are_labels() {
             ("authz_dry_run_result", "denied"),
         ],
     );
+    // A filter without a shadow rules' stat prefix (istiod's without dry-run policies).
+    check(
+        "http.outbound_0.0.0.0_80.rbac.shadow_allowed",
+        "envoy_http_outbound_0_0_0_0_80_rbac",
+        &[("authz_dry_run_result", "allowed")],
+    );
     check(
         "http.inbound_0.0.0.0_8080.ext_authz.shadow_allowed",
         "envoy_http_inbound_0_0_0_0_8080_ext_authz",
