@@ -328,6 +328,31 @@ pub fn nets_or_skip() -> Option<(std::path::PathBuf, (crate::PodNet, crate::PodN
     Some((binary, (remora, envoy)))
 }
 
+/// pilot-agent's bootstrap `stats_config` (`running_golden.json`): Envoy's own tags off, Istio's
+/// on, so that `/stats/prometheus` names and labels Envoy's statistics as an Istio sidecar's
+/// Envoy does. Its `stats_matcher` (which statistics exist at all) is left out, so that every
+/// statistic can be compared: an operator's `proxyStatsMatcher` brings them in.
+pub fn istio_stats_config(bootstrap: &mut Value) {
+    bootstrap["stats_config"] = json!({"use_all_default_tags": false, "stats_tags": [
+        {"tag_name": "cluster_name", "regex": "^cluster(\\.(.+);)"},
+        {"tag_name": "http_conn_manager_prefix", "regex": "^http\\.(((?:[_.[:digit:]\\w]*|[_\\[\\]aAbBcCdDeEfF[:digit:]\\w\\:]*));\\.)"},
+        {"tag_name": "thread_name", "regex": "^server(\\.(.+))\\.watchdog"},
+        {"tag_name": "tcp_prefix", "regex": "^tcp\\.((.*?)\\.)\\w+?$"},
+        {"tag_name": "response_code", "regex": "_rq(_(\\d{3}))$"},
+        {"tag_name": "response_code_class", "regex": "_rq(_(\\dxx))$"},
+        {"tag_name": "http_conn_manager_listener_prefix", "regex": "^listener(?=\\.).*?\\.http\\.(((?:[_.[:digit:]]*|[_\\[\\]aAbBcCdDeEfF[:digit:]]*))\\.)"},
+        {"tag_name": "listener_address", "regex": "^listener\\.(((?:[_.[:digit:]]*|[_\\[\\]aAbBcCdDeEfF[:digit:]]*))\\.)"},
+        {"tag_name": "mongo_prefix", "regex": "^mongo\\.(.+?)\\.(collection|cmd|cx_|op_|delays_|decoding_)(.*?)$"},
+        {"tag_name": "cache", "regex": "(cache\\.(.+?)\\.)"},
+        {"tag_name": "component", "regex": "(component\\.(.+?)\\.)"},
+        {"tag_name": "tag", "regex": "(tag\\.(.+?);\\.)"},
+        {"tag_name": "wasm_filter", "regex": "(wasm_filter\\.(.+?)\\.)"},
+        {"tag_name": "authz_enforce_result", "regex": "rbac(\\.(allowed|denied))"},
+        {"tag_name": "authz_dry_run_action", "regex": "(\\.istio_dry_run_(allow|deny)_)"},
+        {"tag_name": "authz_dry_run_result", "regex": "(\\.shadow_(allowed|denied))"}
+    ]});
+}
+
 /// Istio's default access-log text format (`meshConfig.accessLogFormat` unset), as istiod
 /// writes it inline for the file logger: both proxies write it in the differential tests.
 pub const ISTIO_TEXT_FORMAT: &str = concat!(

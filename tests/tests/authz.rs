@@ -209,7 +209,12 @@ fn http_requests_are_allowed_or_denied_as_the_policies_say() {
         ) >= 4.0,
         "{m}"
     );
-    assert!(m.value("envoy_http_rbac_denied", &[]) >= 4.0, "{m}");
+    // Under Istio's tags: the prefix in the name (no `;` after it), the result a label.
+    let rbac_denied = [("authz_enforce_result", "denied")];
+    assert!(
+        m.value("envoy_http_inbound_0_0_0_0_15006_rbac", &rbac_denied) >= 4.0,
+        "{m}"
+    );
 
     // The directory changes: DENY /admin only. Path tricks do not get around it, and the
     // application receives the normalised path.

@@ -7,7 +7,8 @@
 //! listener of its original destination decides. Both worlds have the same addresses where
 //! the resources name them (the VIPs, and the backends on 10.1.0.2 in the peer namespace), so
 //! the resources are byte for byte the same; Remora reads them from `xds.resources_dir`,
-//! Envoy from its bootstrap ([`remora_e2e::envoy_xds::Resources::envoy_bootstrap`]).
+//! Envoy from its bootstrap ([`remora_e2e::envoy_xds::Resources::envoy_bootstrap`]), which has
+//! pilot-agent's statistics tags ([`istio_stats_config`]).
 //!
 //! Every case in [`CASES`] is one request, and what each proxy made of it is compared: the
 //! status, which backend answered, the path and headers it received (per-proxy headers
@@ -18,15 +19,18 @@
 //! retries, whose single outcome is random, are compared by distribution and by the set of
 //! outcomes over many requests. Adding a case is one line in [`CASES`]
 //! (`differential/cases.rs`; and, for a new kind of route, one route in
-//! [`differential::routes`]).
+//! [`differential::routes`]). The statistics' Prometheus names and labels are compared in
+//! `differential/prometheus_tags.rs`.
 
 mod differential;
+#[path = "differential/prometheus_tags.rs"]
+mod prometheus_tags;
 
 use differential::cases::{CASES, CASES_8080, RAW_CASES};
 use differential::*;
 use remora_e2e::backend;
 use remora_e2e::envoy::Envoy;
-use remora_e2e::envoy_xds::nets_or_skip;
+use remora_e2e::envoy_xds::{istio_stats_config, nets_or_skip};
 use remora_e2e::http_client::{self, Response};
 use remora_e2e::peer::{self, Server};
 use remora_e2e::{PodNet, Remora};
@@ -99,7 +103,7 @@ fn remora_world(net: &PodNet) -> World<'_> {
 
 fn envoy_world<'n>(net: &'n PodNet, binary: &Path) -> World<'n> {
     let servers = prepare(net);
-    let envoy = resources().start_envoy(net, binary);
+    let envoy = resources().start_envoy_with(net, binary, istio_stats_config);
     World {
         net,
         proxy: Proxy::Envoy(envoy),
@@ -344,12 +348,11 @@ fn every_case_has_envoys_outcome() {
         ));
     }
     assert!(expected.0 > 0 && expected.1 > 0, "{expected:?}");
-    // The same counts in Prometheus' exposition, by the connection manager's prefix.
+    // The same counts in Prometheus' exposition, the connection manager's prefix in the name
+    // (Istio's `http_conn_manager_prefix` tag wants a `;` after it).
     let prometheus = remora.admin("/stats/prometheus");
     for (name, want) in [("origin_valid", expected.0), ("origin_invalid", expected.1)] {
-        let line = format!(
-            "envoy_http_cors_{name}{{http_conn_manager_prefix=\"outbound_0.0.0.0_80\"}} {want}"
-        );
+        let line = format!("envoy_http_outbound_0_0_0_0_80_cors_{name} {want}");
         if !prometheus.lines().any(|l| l == line) {
             differences.push(format!("remora's /stats/prometheus has no {line:?}"));
         }

@@ -15,7 +15,7 @@
 mod custom;
 
 use custom::*;
-use remora_e2e::envoy_xds::nets_or_skip;
+use remora_e2e::envoy_xds::{istio_stats_config, nets_or_skip};
 use remora_e2e::ext_authz::GrpcAuthorizer;
 use remora_e2e::peer::{self, any_addr};
 use remora_e2e::service::{peer_program, Service};
@@ -437,17 +437,6 @@ const COUNTED: [(u16, &str, bool, usize); 14] = [
     (REROUTE_CLEARED, "/hello", false, 0),
 ];
 
-/// Istio's bootstrap as it tags these statistics (`use_all_default_tags: false`): its
-/// `http_conn_manager_prefix` tag wants a `;` after the prefix, which istiod's prefixes have
-/// not, so the prefix stays in the Prometheus name; `authz_dry_run_result` takes
-/// `.shadow_denied` out as a label.
-fn istio_stats_tags(bootstrap: &mut Value) {
-    bootstrap["stats_config"] = serde_json::json!({"use_all_default_tags": false, "stats_tags": [
-        {"tag_name": "http_conn_manager_prefix",
-         "regex": "^http\\.(((?:[_.[:digit:]\\w]*|[_\\[\\]aAbBcCdDeEfF[:digit:]\\w\\:]*));\\.)"},
-        {"tag_name": "authz_dry_run_result", "regex": "(\\.shadow_(allowed|denied))"}]});
-}
-
 /// The HTTP filters' statistics (`http.<prefix>.ext_authz.*`) and the route clusters'
 /// (`cluster.<name>.ext_authz.*`) of the sidecar whose admin API is on `port`.
 fn http_ext_authz_stats(net: &PodNet, port: u16) -> Stats {
@@ -483,7 +472,7 @@ fn custom_authorization_counts_as_envoy_does() {
     let (_r, _r_echo, _r_grpc) = workload(&remora_net);
     let remora = resources.start_remora(&remora_net);
     let (_e, _e_echo, _e_grpc) = workload(&envoy_net);
-    let envoy = resources.start_envoy_with(&envoy_net, &binary, istio_stats_tags);
+    let envoy = resources.start_envoy_with(&envoy_net, &binary, istio_stats_config);
     let sides = [
         (&remora_net, remora_e2e::ADMIN_PORT),
         (&envoy_net, remora_e2e::envoy::ADMIN_PORT),

@@ -1,14 +1,16 @@
 //! Envoy's own statistics, named as Envoy names them, for the dashboards, alerts and the Istio
 //! agent that read them: dotted on the admin `/stats` page (`server.state`,
-//! `listener.0.0.0.0_15001.downstream_cx_total`), `envoy_`-prefixed with the scope turned into a
-//! label in Prometheus form (`envoy_listener_downstream_cx_total{listener_address=…}`). The
-//! labels are the tags Istio's bootstrap extracts (`use_all_default_tags: false`, then
-//! `cluster_name`, `listener_address`, `http_conn_manager_prefix`), not Envoy's defaults.
+//! `listener.0.0.0.0_15001.downstream_cx_total`), and in Prometheus form as an Envoy in an
+//! Istio sidecar prints them: the tags of pilot-agent's bootstrap taken out of the dotted name
+//! as labels, the rest `envoy_`-prefixed (`envoy_listener_downstream_cx_total{listener_address=…}`,
+//! `envoy_http_outbound_0_0_0_0_80_downstream_rq_total`; [`tags`]).
 //!
 //! Values are read from the data path's counters at scrape time; nothing here is on the data
 //! path. Envoy counters whose names do not end in `_total` keep Envoy's exact names, which
 //! queries use: they are written as gauges in OpenMetrics (where a counter's samples must end in
 //! `_total`) and typed counter in the 0.0.4 text `/stats/prometheus` serves, as Envoy types them.
+
+mod tags;
 
 use super::DirectionMetrics;
 use prometheus_client::collector::Collector;
@@ -179,61 +181,10 @@ impl EnvoyStat {
         }
     }
 
-    /// The Prometheus name and labels Envoy's `/stats/prometheus` prints.
+    /// The Prometheus name and labels Envoy's `/stats/prometheus` prints for this stat in an
+    /// Istio sidecar ([`tags`]).
     pub(crate) fn prometheus(&self) -> (String, Vec<(&'static str, String)>) {
-        let (name, label) = match &self.scope {
-            Scope::Server => (format!("envoy_server_{}", self.stat), None),
-            Scope::ListenerManager => (format!("envoy_listener_manager_{}", self.stat), None),
-            Scope::ClusterManager => (format!("envoy_cluster_manager_{}", self.stat), None),
-            Scope::Listener(a) => (
-                format!("envoy_listener_{}", self.stat.replace('.', "_")),
-                Some(("listener_address", a.clone())),
-            ),
-            // Istio's tag takes the name up to a `;` (its stat names end in one).
-            Scope::Cluster(c) => (
-                format!("envoy_cluster_{}", self.stat.replace('.', "_")),
-                Some(("cluster_name", c.trim_end_matches(';').to_string())),
-            ),
-            Scope::HttpConnManager(p) => (
-                format!("envoy_http_{}", self.stat.replace('.', "_")),
-                Some(("http_conn_manager_prefix", p.clone())),
-            ),
-            Scope::Tcp => (format!("envoy_tcp_{}", self.stat.replace('.', "_")), None),
-            // No tag of Istio's takes the prefix out: it stays in the name, sanitized as
-            // Envoy sanitizes (anything but a letter, digit or `_` becomes `_`).
-            Scope::ExtAuthz(p) => (
-                sanitized(&format!("envoy_ext_authz_{p}_{}", self.stat)),
-                None,
-            ),
-            // Istio's `http_conn_manager_prefix` tag wants a `;` after the prefix, which
-            // istiod's prefixes have not: the prefix stays in the name. Its
-            // `authz_dry_run_result` tag takes `.shadow_denied` out of the name as a label.
-            Scope::HttpExtAuthz(stem) => match self.stat.strip_prefix("shadow_") {
-                Some(result @ ("allowed" | "denied")) => (
-                    sanitized(&format!("envoy_http_{stem}")),
-                    Some(("authz_dry_run_result", result.to_string())),
-                ),
-                _ => (sanitized(&format!("envoy_http_{stem}_{}", self.stat)), None),
-            },
-            Scope::ControlPlane => (format!("envoy_control_plane_{}", self.stat), None),
-            Scope::Subscription(p) => {
-                (format!("envoy_{}_{}", p.replace('.', "_"), self.stat), None)
-            }
-            // Envoy's default tag extraction takes the secret's name out as this label.
-            Scope::Secret(name) => (
-                format!("envoy_sds_{}", self.stat),
-                Some(("envoy_xds_resource_name", name.clone())),
-            ),
-        };
-        let mut labels: Vec<(&'static str, String)> = label.into_iter().collect();
-        if let Some(code) = &self.code {
-            let tag = match code.ends_with("xx") {
-                true => "response_code_class",
-                false => "response_code",
-            };
-            labels.push((tag, code.clone()));
-        }
-        (name, labels)
+        tags::prometheus(&self.dotted_name())
     }
 }
 
@@ -456,13 +407,6 @@ impl EnvoyStats {
         }
         stats
     }
-}
-
-/// A name as Envoy's Prometheus output writes it: anything but a letter, digit or `_` as `_`.
-fn sanitized(name: &str) -> String {
-    name.chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect()
 }
 
 /// Envoy's per-secret SDS statistics (`sds.<name>.*`): what the ADS client counted of each

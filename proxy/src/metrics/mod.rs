@@ -456,7 +456,8 @@ mod tests {
             );
         }
         let text = m.encode();
-        let line = "envoy_sds_update_success{envoy_xds_resource_name=\"kubernetes_client-credential\"} 1\n";
+        // Under Istio's tags (no default ones) the secret's name stays in the name.
+        let line = "envoy_sds_kubernetes_client_credential_update_success 1\n";
         assert!(text.contains(line), "{text}");
     }
 
@@ -545,9 +546,12 @@ mod tests {
             ),
             "{text}"
         );
-        // Typed counter without `_total`, as Envoy types it.
+        // Typed counter without `_total`, as Envoy types it; Istio's `cluster_name` tag
+        // wants a `;` that PassthroughCluster's name has not, so the name keeps it.
         assert!(
-            text.contains("# TYPE envoy_cluster_upstream_cx_connect_fail counter"),
+            text.contains(
+                "# TYPE envoy_cluster_PassthroughCluster_upstream_cx_connect_fail counter"
+            ),
             "{text}"
         );
         assert!(text.contains("# TYPE envoy_server_state gauge"), "{text}");

@@ -261,7 +261,7 @@ fn a_selection_allocates_nothing() {
 }
 
 /// The cluster's statistics as `/stats` and `/stats/prometheus` print them: Envoy's dotted
-/// names, and `envoy_cluster_*` with Istio's `cluster_name`, `response_code` and
+/// names, and `envoy_cluster_<name>_*` with Istio's `response_code` and
 /// `response_code_class` tags.
 #[test]
 fn cluster_stats_are_exported_as_envoys() {
@@ -297,20 +297,21 @@ fn cluster_stats_are_exported_as_envoys() {
         );
     }
     let text = m.encode();
+    // istiod writes no `alt_stat_name` (the mesh sets no `outboundClusterStatName`): the name
+    // has no `;` for Istio's `cluster_name` tag to end at, and stays in the Prometheus name.
+    let stem = "envoy_cluster_outbound_8000__httpbin_default_svc_cluster_local";
     for line in [
-        format!("envoy_cluster_upstream_rq_total{{cluster_name=\"{C}\"}} 2\n"),
-        format!("envoy_cluster_upstream_rq{{cluster_name=\"{C}\",response_code=\"503\"}} 1\n"),
-        format!(
-            "envoy_cluster_upstream_rq{{cluster_name=\"{C}\",response_code_class=\"2xx\"}} 1\n"
-        ),
-        format!("envoy_cluster_upstream_rq_pending_overflow{{cluster_name=\"{C}\"}} 1\n"),
-        format!("envoy_cluster_outlier_detection_ejections_active{{cluster_name=\"{C}\"}} 0\n"),
+        format!("{stem}_upstream_rq_total 2\n"),
+        format!("{stem}_upstream_rq{{response_code=\"503\"}} 1\n"),
+        format!("{stem}_upstream_rq{{response_code_class=\"2xx\"}} 1\n"),
+        format!("{stem}_upstream_rq_pending_overflow 1\n"),
+        format!("{stem}_outlier_detection_ejections_active 0\n"),
     ] {
         assert!(text.contains(&line), "{line}: {text}");
     }
     // One family per name: the tagged codes and `upstream_rq_total` do not collide.
     assert_eq!(
-        text.matches("# TYPE envoy_cluster_upstream_rq counter\n")
+        text.matches(&format!("# TYPE {stem}_upstream_rq counter\n"))
             .count(),
         1,
         "{text}"
