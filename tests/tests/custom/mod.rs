@@ -127,6 +127,17 @@ fn deny_blocked() -> Value {
             "principals": [{"any": true}]}}}}})
 }
 
+/// istiod's filter for a dry-run (`istio.io/dry-run`) policy of `action` on paths under
+/// `path`: shadow rules only, counted under `istio_dry_run_<action>_`.
+fn dry_run(action: &str, path: &str) -> Value {
+    json!({"name": "envoy.filters.http.rbac", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
+        "shadow_rules": {"action": action.to_uppercase(), "policies": {"ns[server]-policy[dry]-rule[0]": {
+            "permissions": [{"url_path": {"path": {"prefix": path}}}],
+            "principals": [{"any": true}]}}},
+        "shadow_rules_stat_prefix": format!("istio_dry_run_{action}_")}})
+}
+
 /// A TCP chain with the network ext_authz filter; the CUSTOM policy selects ports 9100 and
 /// 9101.
 fn tcp_chain(port: u16, grpc: &str) -> Value {
@@ -178,9 +189,20 @@ pub fn resources() -> Resources {
             chain(DOWN, ext_authz(down, false, Some(503))),
             chain(DOWN_OPEN, ext_authz(down, true, None)),
             chain(GRPC, grpc_ext_authz(grpc)),
-            chain_with(ORDERED, &[small_body(ext_authz(up, false, None)), deny_blocked()]),
+            chain_with(
+                ORDERED,
+                &[small_body(ext_authz(up, false, None)), deny_blocked(), dry_run("allow", "/upload")],
+            ),
             chain(HASTY, hasty(ext_authz(up, false, None))),
-            chain_with(CHAINED, &[grpc_ext_authz(grpc), seen_path(ext_authz(up, false, None))]),
+            chain_with(
+                CHAINED,
+                &[
+                    grpc_ext_authz(grpc),
+                    seen_path(ext_authz(up, false, None)),
+                    deny_blocked(),
+                    dry_run("deny", "/headers"),
+                ],
+            ),
             rerouting(REROUTE, ext_authz(up, false, None)),
             rerouting(REROUTE_CLEARED, clearing(ext_authz(up, false, None))),
             tcp_chain(TCP_ALLOWED, grpc),
