@@ -48,6 +48,7 @@ fn workload(net: &PodNet) -> (Vec<Service>, Vec<peer::Server>, GrpcAuthorizer) {
         CHAINED,
         REROUTE,
         REROUTE_CLEARED,
+        PLAIN,
     ]
     .iter()
     .map(|p| Service::start(&net.pod, "python3", &[&app, &p.to_string()], any_addr(*p)))
@@ -421,8 +422,8 @@ fn custom_authorization_has_envoys_outcome() {
 /// (failing closed, then open), a check timing out, a body over the limit (413 before any
 /// check), one allowed then denied by the RBAC filter after the authorizer, two
 /// authorizers in one chain, and one no authorizer checks that a DENY policy lets through
-/// and a dry-run ALLOW policy would have allowed.
-const COUNTED: [(u16, &str, bool, usize); 15] = [
+/// and a dry-run ALLOW policy would have allowed, and one through a chain without filters.
+const COUNTED: [(u16, &str, bool, usize); 16] = [
     (UP, "/hello", false, 0),
     (UP, "/hello", true, 0),
     (UP, "/deny", true, 0),
@@ -438,6 +439,7 @@ const COUNTED: [(u16, &str, bool, usize); 15] = [
     (REROUTE, "/hello", true, 0),
     (REROUTE_CLEARED, "/hello", false, 0),
     (ORDERED, "/upload", false, 0),
+    (PLAIN, "/hello", false, 0),
 ];
 
 /// The HTTP filters' statistics (`http.<prefix>.ext_authz.*`) and the route clusters'
@@ -506,6 +508,8 @@ fn custom_authorization_counts_as_envoy_does() {
     // (`rbac.shadow_*`).
     assert_eq!(names(&rbac_before[0]), names(&rbac_before[1]));
     assert_eq!(names(&rbac_before[0]).len(), 9 * 4 + 2 * (2 + 2));
+    let plain = format!("http.inbound_0.0.0.0_{PLAIN}.");
+    assert!(!names(&rbac_before[0]).iter().any(|n| n.starts_with(&plain)));
     let mut seen = Vec::new();
     let mut rbac_seen = Vec::new();
     for (port, path, select, body) in COUNTED {
@@ -583,6 +587,9 @@ fn custom_authorization_counts_as_envoy_does() {
             "http.inbound_0.0.0.0_8086.rbac.istio_ext_authz_.shadow_denied +1",
         ]
     );
+    assert_eq!((seen[15].3 .0, &rbac_seen[15].3[0]), (200, &vec![]));
+    // Nor made for the chain without filters by a request through it.
+    assert!(!names(&rbac_before[0]).iter().any(|n| n.starts_with(&plain)));
     // What the filter is for, counted.
     let counted = |i: usize| seen[i].3 .1.clone();
     assert_eq!(

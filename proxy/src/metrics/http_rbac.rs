@@ -99,11 +99,18 @@ pub fn make_configured(stats: &HttpRbacStats, snapshot: &remora_xds::snapshot::S
         let ChainKind::Http(http) = &chain.kind else {
             continue;
         };
-        let rbac = http.http_filters.iter().filter_map(|f| match f {
-            HttpFilter::Rbac(r) => Some(r),
-            _ => None,
-        });
-        ChainRbac::resolve(stats, &http.stat_prefix, rbac);
+        let mut rbac = http
+            .http_filters
+            .iter()
+            .filter_map(|f| match f {
+                HttpFilter::Rbac(r) => Some(r),
+                _ => None,
+            })
+            .peekable();
+        // A chain without RBAC filters has none of their statistics.
+        if rbac.peek().is_some() {
+            ChainRbac::resolve(stats, &http.stat_prefix, rbac);
+        }
     }
 }
 

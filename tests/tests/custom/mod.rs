@@ -32,6 +32,8 @@ pub const CHAINED: u16 = 8086;
 /// clears it so the route is chosen again on the edited request.
 pub const REROUTE: u16 = 8087;
 pub const REROUTE_CLEARED: u16 = 8088;
+/// A chain no policy applies to: no RBAC filter, no authorizer (and so no statistics of them).
+pub const PLAIN: u16 = 8089;
 /// TCP ports with the network ext_authz filter (the gRPC authorizer): allowed, denied.
 pub const TCP_ALLOWED: u16 = 9100;
 pub const TCP_DENIED: u16 = DENIED_TCP_PORT as u16;
@@ -150,6 +152,16 @@ fn tcp_chain(port: u16, grpc: &str) -> Value {
     ext_authz::tcp_chain(port, chain)
 }
 
+/// A chain with the router only.
+fn plain_chain(port: u16) -> Value {
+    let mut chain = chain_with(port, &[]);
+    let filters = "/filters/0/typed_config/http_filters";
+    if let Some(Value::Array(filters)) = chain.pointer_mut(filters) {
+        filters.remove(0);
+    }
+    chain
+}
+
 fn chain(port: u16, authz: Value) -> Value {
     chain_with(port, &[authz])
 }
@@ -205,6 +217,7 @@ pub fn resources() -> Resources {
             ),
             rerouting(REROUTE, ext_authz(up, false, None)),
             rerouting(REROUTE_CLEARED, clearing(ext_authz(up, false, None))),
+            plain_chain(PLAIN),
             tcp_chain(TCP_ALLOWED, grpc),
             tcp_chain(TCP_DENIED, grpc),
             tcp_chain(TCP_UNSELECTED, grpc)]});
@@ -218,6 +231,7 @@ pub fn resources() -> Resources {
         CHAINED,
         REROUTE,
         REROUTE_CLEARED,
+        PLAIN,
         TCP_ALLOWED,
         TCP_DENIED,
         TCP_UNSELECTED,
