@@ -9,8 +9,9 @@
 //! plaintext requests from the peer reach each pod; status, body, the authorizer's header in
 //! the answer and the ones it adds for the workload must be the same, and what is expected.
 //! A second run compares what each request adds to the filter's statistics
-//! (`http.<prefix>.ext_authz.*`), and the statistics' names on `/stats` and
-//! `/stats/prometheus` (Envoy with the tags Istio's bootstrap gives it).
+//! (`http.<prefix>.ext_authz.*`) and to the RBAC filters' of its chain (`http.<prefix>.rbac.*`:
+//! istiod's shadow filter, a DENY policy, dry-run policies), and the statistics' names on
+//! `/stats` and `/stats/prometheus` (Envoy with the tags Istio's bootstrap gives it).
 
 mod custom;
 
@@ -47,6 +48,7 @@ fn workload(net: &PodNet) -> (Vec<Service>, Vec<peer::Server>, GrpcAuthorizer) {
         CHAINED,
         REROUTE,
         REROUTE_CLEARED,
+        PLAIN,
     ]
     .iter()
     .map(|p| Service::start(&net.pod, "python3", &[&app, &p.to_string()], any_addr(*p)))
@@ -418,9 +420,10 @@ fn custom_authorization_has_envoys_outcome() {
 /// Requests whose counting is compared (port, path, selected, body bytes): one a filter does
 /// not select, allowed and denied ones (HTTP and gRPC authorizers), the authorizer unreachable
 /// (failing closed, then open), a check timing out, a body over the limit (413 before any
-/// check), one allowed then denied by the RBAC filter after the authorizer, and two
-/// authorizers in one chain.
-const COUNTED: [(u16, &str, bool, usize); 14] = [
+/// check), one allowed then denied by the RBAC filter after the authorizer, two
+/// authorizers in one chain, and one no authorizer checks that a DENY policy lets through
+/// and a dry-run ALLOW policy would have allowed, and one through a chain without filters.
+const COUNTED: [(u16, &str, bool, usize); 16] = [
     (UP, "/hello", false, 0),
     (UP, "/hello", true, 0),
     (UP, "/deny", true, 0),
@@ -435,6 +438,8 @@ const COUNTED: [(u16, &str, bool, usize); 14] = [
     (CHAINED, "/headers", true, 0),
     (REROUTE, "/hello", true, 0),
     (REROUTE_CLEARED, "/hello", false, 0),
+    (ORDERED, "/upload", false, 0),
+    (PLAIN, "/hello", false, 0),
 ];
 
 /// The HTTP filters' statistics (`http.<prefix>.ext_authz.*`) and the route clusters'
@@ -442,6 +447,15 @@ const COUNTED: [(u16, &str, bool, usize); 14] = [
 fn http_ext_authz_stats(net: &PodNet, port: u16) -> Stats {
     stat_deltas::stats(net, port, |n| {
         (n.starts_with("http.") || n.starts_with("cluster.")) && n.contains(".ext_authz.")
+    })
+}
+
+/// The HTTP RBAC filters' statistics (`http.<prefix>.rbac.*`, istiod's shadow filter for the
+/// CUSTOM policy's and the dry-run filters' under their shadow stat prefixes) of the sidecar
+/// whose admin API is on `port`.
+fn http_rbac_stats(net: &PodNet, port: u16) -> Stats {
+    stat_deltas::stats(net, port, |n| {
+        n.starts_with("http.") && n.contains(".rbac.")
     })
 }
 
@@ -478,6 +492,7 @@ fn custom_authorization_counts_as_envoy_does() {
         (&envoy_net, remora_e2e::envoy::ADMIN_PORT),
     ];
     let mut before = sides.map(|(net, port)| http_ext_authz_stats(net, port));
+    let mut rbac_before = sides.map(|(net, port)| http_rbac_stats(net, port));
     let names = |s: &Stats| {
         s.keys()
             .filter(|n| n.starts_with("http."))
@@ -487,15 +502,29 @@ fn custom_authorization_counts_as_envoy_does() {
     // Made with the listener, before any request: 13 for each of the 9 HTTP chains.
     assert_eq!(names(&before[0]), names(&before[1]));
     assert_eq!(names(&before[0]).len(), 9 * 13);
+    // The RBAC filters' too: each chain's `rbac.allowed|denied` and its CUSTOM filter's
+    // `rbac.istio_ext_authz_.shadow_*`; on the two chains with a DENY policy and a dry-run
+    // one, the dry-run filter's shadow counts and the DENY filter's, without a prefix
+    // (`rbac.shadow_*`).
+    assert_eq!(names(&rbac_before[0]), names(&rbac_before[1]));
+    assert_eq!(names(&rbac_before[0]).len(), 9 * 4 + 2 * (2 + 2));
+    let plain = format!("http.inbound_0.0.0.0_{PLAIN}.");
+    assert!(!names(&rbac_before[0]).iter().any(|n| n.starts_with(&plain)));
     let mut seen = Vec::new();
+    let mut rbac_seen = Vec::new();
     for (port, path, select, body) in COUNTED {
         let mut case = Vec::new();
+        let mut rbac_case = Vec::new();
         for (i, (net, admin)) in sides.iter().enumerate() {
             let status = post(net, port, path, select, body).status;
             let after = http_ext_authz_stats(net, *admin);
             case.push((status, delta(&before[i], &after)));
             before[i] = after;
+            let after = http_rbac_stats(net, *admin);
+            rbac_case.push(delta(&rbac_before[i], &after));
+            rbac_before[i] = after;
         }
+        rbac_seen.push((port, path, select, rbac_case));
         let envoy_counts = without_cluster_counts(case[1].1.clone());
         seen.push((
             port,
@@ -516,6 +545,51 @@ fn custom_authorization_counts_as_envoy_does() {
     for (port, path, _, r, e) in &seen {
         assert_eq!(r, e, "{port} {path}: Remora and Envoy differ:\n{report}");
     }
+    let rbac_report: Vec<String> = rbac_seen
+        .iter()
+        .map(|(p, path, s, c)| {
+            format!(
+                "{p} {path} selected={s}\n  remora {:?}\n  envoy  {:?}",
+                c[0], c[1]
+            )
+        })
+        .collect();
+    let rbac_report = rbac_report.join("\n");
+    eprintln!("{rbac_report}");
+    for (port, path, _, c) in &rbac_seen {
+        assert_eq!(
+            c[0], c[1],
+            "{port} {path}: RBAC counts differ:\n{rbac_report}"
+        );
+    }
+    // Per connection manager, each filter counting its own, the shadow counts named with
+    // the filter's shadow_rules_stat_prefix.
+    assert_eq!(
+        rbac_seen[14].3[0],
+        [
+            "http.inbound_0.0.0.0_8084.rbac.allowed +1",
+            "http.inbound_0.0.0.0_8084.rbac.istio_dry_run_allow_.shadow_allowed +1",
+            "http.inbound_0.0.0.0_8084.rbac.istio_ext_authz_.shadow_allowed +1",
+        ]
+    );
+    assert_eq!(
+        rbac_seen[10].3[0],
+        [
+            "http.inbound_0.0.0.0_8084.rbac.denied +1",
+            "http.inbound_0.0.0.0_8084.rbac.istio_ext_authz_.shadow_denied +1",
+        ]
+    );
+    assert_eq!(
+        rbac_seen[11].3[0],
+        [
+            "http.inbound_0.0.0.0_8086.rbac.allowed +1",
+            "http.inbound_0.0.0.0_8086.rbac.istio_dry_run_deny_.shadow_denied +1",
+            "http.inbound_0.0.0.0_8086.rbac.istio_ext_authz_.shadow_denied +1",
+        ]
+    );
+    assert_eq!((seen[15].3 .0, &rbac_seen[15].3[0]), (200, &vec![]));
+    // Nor made for the chain without filters by a request through it.
+    assert!(!names(&rbac_before[0]).iter().any(|n| n.starts_with(&plain)));
     // What the filter is for, counted.
     let counted = |i: usize| seen[i].3 .1.clone();
     assert_eq!(
@@ -546,7 +620,7 @@ fn custom_authorization_counts_as_envoy_does() {
         "{:#?}",
         prometheus[0]
     );
-    let [remora_prom, envoy_prom] = prometheus.map(|p| authz(&p));
+    let [remora_prom, envoy_prom] = [&prometheus[0], &prometheus[1]].map(|p| authz(p));
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|l| !b.contains(l)).cloned().collect()
     };
@@ -559,6 +633,24 @@ fn custom_authorization_counts_as_envoy_does() {
         "Remora's Prometheus samples only, then Envoy's only"
     );
     assert_eq!(remora_prom.len(), 9 * (13 + 13));
+    // The RBAC filters' in Istio's Prometheus form, the same as Envoy's.
+    let rbac = |lines: &[String]| -> Vec<String> {
+        lines
+            .iter()
+            .filter(|l| l.contains("_rbac"))
+            .cloned()
+            .collect()
+    };
+    let [remora_rbac, envoy_rbac] = [&prometheus[0], &prometheus[1]].map(|p| rbac(p));
+    assert_eq!(
+        (
+            only(&remora_rbac, &envoy_rbac),
+            only(&envoy_rbac, &remora_rbac)
+        ),
+        (vec![], vec![]),
+        "RBAC: Remora's Prometheus samples only, then Envoy's only"
+    );
+    assert!(!remora_rbac.is_empty());
     if remora_e2e::promtool::available() {
         remora_e2e::promtool::assert_valid(&remora.metrics().to_string());
     }

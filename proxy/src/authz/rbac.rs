@@ -12,6 +12,7 @@
 //! here as anything but what Envoy would make of it.
 
 use super::{Attributes, Authorizer, Verdict};
+use crate::metrics::http_rbac::ChainRbac;
 use crate::metrics::{AuthzOutcome, AuthzProtocol};
 use remora_xds::model::matcher::HeaderMatcher;
 use remora_xds::model::rbac::{Action, Permission, Principal, Rbac, Rules};
@@ -104,6 +105,16 @@ pub fn evaluate<'r>(
     filters: impl IntoIterator<Item = &'r Rbac>,
     a: &Attributes<'_>,
 ) -> Outcome<'r> {
+    evaluate_counted(filters, a, None)
+}
+
+/// [`evaluate`], and count each filter's decisions as Envoy's filter counts them: its rules'
+/// (`allowed` or `denied`) and its shadow rules' under its `shadow_rules_stat_prefix`.
+pub fn evaluate_counted<'r>(
+    filters: impl IntoIterator<Item = &'r Rbac>,
+    a: &Attributes<'_>,
+    counts: Option<&ChainRbac>,
+) -> Outcome<'r> {
     let mut out = Outcome {
         decided: None,
         policy: None,
@@ -120,11 +131,22 @@ pub fn evaluate<'r>(
                 Action::Log => true,
             };
             out.shadow.push((deny, allowed, hit));
+            if let Some(c) = counts {
+                c.shadow(filter, allowed);
+            }
         }
         let Some(rules) = &filter.rules else {
             continue;
         };
         let hit = matched(rules, a);
+        if let Some(c) = counts {
+            // A LOG (AUDIT) filter lets everything through, and Envoy counts it so.
+            let denied = matches!(
+                (rules.action, hit),
+                (Action::Deny, Some(_)) | (Action::Allow, None)
+            );
+            c.enforced(!denied);
+        }
         match (rules.action, hit) {
             (Action::Deny, Some(p)) => {
                 out.decided = Some(AuthzOutcome::DenyMatched);
@@ -154,16 +176,19 @@ pub fn evaluate<'r>(
 impl Authorizer {
     /// Decide by xDS RBAC `filters`, count and log as [`Authorizer::check`] does for the
     /// policy files. With no filter, nothing is evaluated or counted.
+    /// `counts`: the HTTP filters' counters of the connection's chain (Envoy's
+    /// `http.<prefix>.rbac.*`); the network filters' are counted from [`Authorizer`]'s totals.
     pub fn check_rbac<'r>(
         &self,
         filters: impl IntoIterator<Item = &'r Rbac>,
         a: &Attributes<'_>,
+        counts: Option<&ChainRbac>,
     ) -> Verdict {
         let mut filters = filters.into_iter().peekable();
         if filters.peek().is_none() {
             return Verdict::Allowed;
         }
-        let outcome = evaluate(filters, a);
+        let outcome = evaluate_counted(filters, a, counts);
         let protocol = match a.request {
             Some(_) => AuthzProtocol::Http,
             None => AuthzProtocol::Tcp,

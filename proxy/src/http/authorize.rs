@@ -39,13 +39,32 @@ pub(super) fn inbound(
     }
     let attributes = attributes(ctx, parts);
     let verdict = match xds_rbac {
-        Some(filters) => authz.check_rbac(filters, &attributes),
+        Some(filters) => {
+            // A chain without RBAC filters has no RBAC statistics (none are made for it).
+            let mut filters = filters.peekable();
+            let counts = filters.peek().and_then(|_| rbac_counts(ctx));
+            authz.check_rbac(filters, &attributes, counts)
+        }
         None => authz.check(&attributes),
     };
     match verdict {
         Verdict::Allowed => Ok(()),
         Verdict::Denied(details) => Err((ErrorKind::AccessDenied, Some(details.into()))),
     }
+}
+
+/// Inbound by xDS: the counters of the RBAC filters of the connection's chain (Envoy's
+/// `http.<stat_prefix>.rbac.*`), looked up at its first request and kept for the next.
+pub(super) fn rbac_counts(ctx: &ConnContext) -> Option<&crate::metrics::http_rbac::ChainRbac> {
+    let chain = ctx.xds_inbound.as_ref()?;
+    let manager = chain.http_stat_prefix()?;
+    Some(ctx.rbac_stats.get_or_init(|| {
+        crate::metrics::http_rbac::ChainRbac::resolve(
+            &ctx.proxy.metrics.http_rbac,
+            manager,
+            chain.all_http_rbac(),
+        )
+    }))
 }
 
 /// What the policies see of an inbound request.

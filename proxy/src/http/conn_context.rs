@@ -86,6 +86,9 @@ pub struct ConnContext {
     /// Inbound by xDS: the ext_authz counters of the chain's connection manager, looked up at
     /// its first request through the filter, so that no request looks them up by name.
     pub(super) ext_authz_stats: std::sync::OnceLock<Arc<super::ext_authz::HttpCounters>>,
+    /// Inbound by xDS: the RBAC counters of the chain's connection manager, looked up at its
+    /// first request ([`super::authorize::rbac_counts`]).
+    pub(super) rbac_stats: std::sync::OnceLock<crate::metrics::http_rbac::ChainRbac>,
 }
 
 impl ConnContext {
@@ -129,6 +132,7 @@ impl ConnContext {
             resets: premature_reset::PrematureResets::default(),
             send_budget: std::sync::OnceLock::new(),
             ext_authz_stats: std::sync::OnceLock::new(),
+            rbac_stats: std::sync::OnceLock::new(),
         }
     }
 

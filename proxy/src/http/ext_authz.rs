@@ -294,7 +294,12 @@ fn check_rbac<'r>(
     if filters.peek().is_none() {
         return Ok(());
     }
-    match ctx.proxy.authz.check_rbac(filters, &attributes(ctx, parts)) {
+    let counts = super::authorize::rbac_counts(ctx);
+    match ctx
+        .proxy
+        .authz
+        .check_rbac(filters, &attributes(ctx, parts), counts)
+    {
         crate::authz::Verdict::Allowed => Ok(()),
         crate::authz::Verdict::Denied(details) => Err(Refused::Policy(details.into())),
     }

@@ -125,6 +125,9 @@ pub enum Scope {
     /// An HTTP ext_authz filter, by the part of its names after `http.`
     /// (`inbound_0.0.0.0_8080.ext_authz`).
     HttpExtAuthz(String),
+    /// An HTTP RBAC filter's counters under xDS, by the part of their names after `http.`
+    /// (`inbound_0.0.0.0_8080.rbac`, `inbound_0.0.0.0_8080.rbac.istio_dry_run_allow_`).
+    HttpRbac(String),
     /// The xDS connection (`control_plane.`).
     ControlPlane,
     /// A subscription, by Envoy's prefix (`cluster_manager.cds`, `listener_manager.lds`,
@@ -174,7 +177,9 @@ impl EnvoyStat {
             Scope::Tcp => format!("tcp.{}", self.stat),
             // Envoy puts a dot after the prefix even when it ends in one (`ext_authz.tcp..ok`).
             Scope::ExtAuthz(p) => format!("ext_authz.{p}.{}", self.stat),
-            Scope::HttpExtAuthz(stem) => format!("http.{stem}.{}", self.stat),
+            Scope::HttpExtAuthz(stem) | Scope::HttpRbac(stem) => {
+                format!("http.{stem}.{}", self.stat)
+            }
             Scope::ControlPlane => format!("control_plane.{}", self.stat),
             Scope::Subscription(p) => format!("{p}.{}", self.stat),
             Scope::Secret(name) => format!("sds.{name}.{}", self.stat),
@@ -216,6 +221,8 @@ pub struct EnvoyStats {
     pub network_ext_authz: Arc<crate::http::ext_authz::network::NetworkStats>,
     /// The HTTP ext_authz filters' counters, for their `http.<prefix>.ext_authz.*` stats.
     pub http_ext_authz: Arc<crate::http::ext_authz::HttpStats>,
+    /// The HTTP RBAC filters' counters under xDS, for their `http.<prefix>.rbac.*` stats.
+    pub http_rbac: Arc<super::http_rbac::HttpRbacStats>,
     /// The xDS resources in force (istiod's or the files'), for the statistics Envoy makes
     /// when it loads a listener.
     pub xds: Arc<OnceLock<Arc<remora_xds::store::Store>>>,
@@ -341,18 +348,26 @@ impl EnvoyStats {
             stats.push(c(l(), stat, value));
         }
         // Inbound authorization, as Istio's RBAC filters count it; only once policies are in
-        // force, as Envoy only has the filters then.
+        // force, as Envoy only has the filters then. Under xDS the HTTP filters are counted
+        // per connection manager (below); the policy files once, under virtualInbound's.
         if self.authz.policies_in_force() {
-            let http = || Scope::HttpConnManager(format!("inbound_{}", self.inbound_listener));
             let stats_of = |p| self.authz.envoy_rbac(p);
-            for (scope, values) in [
-                (http(), stats_of(super::AuthzProtocol::Http)),
-                (Scope::Tcp, stats_of(super::AuthzProtocol::Tcp)),
-            ] {
+            let mut scopes = vec![(Scope::Tcp, stats_of(super::AuthzProtocol::Tcp))];
+            if self.xds.get().is_none() {
+                let http = Scope::HttpConnManager(format!("inbound_{}", self.inbound_listener));
+                scopes.insert(0, (http, stats_of(super::AuthzProtocol::Http)));
+            }
+            for (scope, values) in scopes {
                 for (stat, v) in RBAC_STATS.into_iter().zip(values) {
                     stats.push(c(scope.clone(), stat, v));
                 }
             }
+        }
+        if let Some(store) = self.xds.get() {
+            super::http_rbac::make_configured(&self.http_rbac, &store.current());
+        }
+        for (stem, stat, value) in super::http_rbac::each(&self.http_rbac) {
+            stats.push(c(Scope::HttpRbac(stem), stat, value));
         }
         if let Some(cp) = self.control_plane.get() {
             let snap = cp.stats.snapshot();

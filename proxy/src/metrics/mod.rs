@@ -10,6 +10,7 @@ mod connection;
 mod dns;
 mod envoy;
 pub mod exposition;
+pub mod http_rbac;
 mod istio;
 mod istio_http;
 mod overload;
@@ -84,6 +85,8 @@ pub struct Metrics {
     pub network_ext_authz: Arc<crate::http::ext_authz::network::NetworkStats>,
     /// Envoy's HTTP ext_authz filter statistics, per connection manager.
     pub http_ext_authz: Arc<crate::http::ext_authz::HttpStats>,
+    /// Envoy's HTTP RBAC filter statistics under xDS, per connection manager.
+    pub http_rbac: Arc<http_rbac::HttpRbacStats>,
     pub ext_authz: crate::http::ext_authz::ExtAuthzStats,
     /// Protocol detection outcomes, by `DETECTION_RESULTS` index, and how long they took.
     detections: Vec<Counter>,
@@ -234,6 +237,7 @@ impl Metrics {
             cors: Arc::default(),
             network_ext_authz: Arc::default(),
             http_ext_authz: Arc::default(),
+            http_rbac: Arc::default(),
             xds: Arc::default(),
         };
         registry.register_collector(Box::new(envoy.clone()));
@@ -242,6 +246,7 @@ impl Metrics {
             cors: Arc::clone(&envoy.cors),
             network_ext_authz: Arc::clone(&envoy.network_ext_authz),
             http_ext_authz: Arc::clone(&envoy.http_ext_authz),
+            http_rbac: Arc::clone(&envoy.http_rbac),
             detections,
             detection_seconds,
             tls,

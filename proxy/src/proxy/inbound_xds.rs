@@ -302,7 +302,7 @@ impl Proxy {
         };
         let filters = served.chain.iter().flat_map(ChainRef::network_rbac);
         // How the connection is refused, if it is, in Envoy's words.
-        let mut denied = match self.authz.check_rbac(filters, &attributes) {
+        let mut denied = match self.authz.check_rbac(filters, &attributes, None) {
             Verdict::Denied(why) => Some(Refusal::rbac(why)),
             Verdict::Allowed => None,
         };
@@ -416,7 +416,7 @@ impl Proxy {
                 NetworkFilter::ExtAuthz(ext) => {
                     if !after.is_empty() {
                         if let Verdict::Denied(why) =
-                            self.authz.check_rbac(after.drain(..), attributes)
+                            self.authz.check_rbac(after.drain(..), attributes, None)
                         {
                             return Some(Refusal::rbac(why));
                         }
@@ -451,7 +451,7 @@ impl Proxy {
                 _ => {}
             }
         }
-        match self.authz.check_rbac(after, attributes) {
+        match self.authz.check_rbac(after, attributes, None) {
             Verdict::Denied(why) => Some(Refusal::rbac(why)),
             Verdict::Allowed => None,
         }

@@ -172,6 +172,14 @@ impl ChainRef {
             })
     }
 
+    /// Every HTTP RBAC filter of the chain, before its ext_authz filters and after.
+    pub fn all_http_rbac(&self) -> impl Iterator<Item = &Rbac> {
+        self.http_filters().filter_map(|f| match f {
+            HttpFilter::Rbac(r) => Some(r),
+            _ => None,
+        })
+    }
+
     /// The stat prefix of the chain's HTTP connection manager (none on a TCP chain).
     pub fn http_stat_prefix(&self) -> Option<&str> {
         match &self.chain()?.kind {

@@ -32,6 +32,8 @@ pub const CHAINED: u16 = 8086;
 /// clears it so the route is chosen again on the edited request.
 pub const REROUTE: u16 = 8087;
 pub const REROUTE_CLEARED: u16 = 8088;
+/// A chain no policy applies to: no RBAC filter, no authorizer (and so no statistics of them).
+pub const PLAIN: u16 = 8089;
 /// TCP ports with the network ext_authz filter (the gRPC authorizer): allowed, denied.
 pub const TCP_ALLOWED: u16 = 9100;
 pub const TCP_DENIED: u16 = DENIED_TCP_PORT as u16;
@@ -127,6 +129,17 @@ fn deny_blocked() -> Value {
             "principals": [{"any": true}]}}}}})
 }
 
+/// istiod's filter for a dry-run (`istio.io/dry-run`) policy of `action` on paths under
+/// `path`: shadow rules only, counted under `istio_dry_run_<action>_`.
+fn dry_run(action: &str, path: &str) -> Value {
+    json!({"name": "envoy.filters.http.rbac", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
+        "shadow_rules": {"action": action.to_uppercase(), "policies": {"ns[server]-policy[dry]-rule[0]": {
+            "permissions": [{"url_path": {"path": {"prefix": path}}}],
+            "principals": [{"any": true}]}}},
+        "shadow_rules_stat_prefix": format!("istio_dry_run_{action}_")}})
+}
+
 /// A TCP chain with the network ext_authz filter; the CUSTOM policy selects ports 9100 and
 /// 9101.
 fn tcp_chain(port: u16, grpc: &str) -> Value {
@@ -137,6 +150,16 @@ fn tcp_chain(port: u16, grpc: &str) -> Value {
         access_log: None,
     };
     ext_authz::tcp_chain(port, chain)
+}
+
+/// A chain with the router only.
+fn plain_chain(port: u16) -> Value {
+    let mut chain = chain_with(port, &[]);
+    let filters = "/filters/0/typed_config/http_filters";
+    if let Some(Value::Array(filters)) = chain.pointer_mut(filters) {
+        filters.remove(0);
+    }
+    chain
 }
 
 fn chain(port: u16, authz: Value) -> Value {
@@ -178,11 +201,23 @@ pub fn resources() -> Resources {
             chain(DOWN, ext_authz(down, false, Some(503))),
             chain(DOWN_OPEN, ext_authz(down, true, None)),
             chain(GRPC, grpc_ext_authz(grpc)),
-            chain_with(ORDERED, &[small_body(ext_authz(up, false, None)), deny_blocked()]),
+            chain_with(
+                ORDERED,
+                &[small_body(ext_authz(up, false, None)), deny_blocked(), dry_run("allow", "/upload")],
+            ),
             chain(HASTY, hasty(ext_authz(up, false, None))),
-            chain_with(CHAINED, &[grpc_ext_authz(grpc), seen_path(ext_authz(up, false, None))]),
+            chain_with(
+                CHAINED,
+                &[
+                    grpc_ext_authz(grpc),
+                    seen_path(ext_authz(up, false, None)),
+                    deny_blocked(),
+                    dry_run("deny", "/headers"),
+                ],
+            ),
             rerouting(REROUTE, ext_authz(up, false, None)),
             rerouting(REROUTE_CLEARED, clearing(ext_authz(up, false, None))),
+            plain_chain(PLAIN),
             tcp_chain(TCP_ALLOWED, grpc),
             tcp_chain(TCP_DENIED, grpc),
             tcp_chain(TCP_UNSELECTED, grpc)]});
@@ -196,6 +231,7 @@ pub fn resources() -> Resources {
         CHAINED,
         REROUTE,
         REROUTE_CLEARED,
+        PLAIN,
         TCP_ALLOWED,
         TCP_DENIED,
         TCP_UNSELECTED,

@@ -184,7 +184,7 @@ fn shadow_and_log_rules_never_deny() {
 
     // Counted as the policy files' decisions are: a dry-run denial, an audit, no decision.
     let authz = Authorizer::new(Default::default());
-    let verdict = authz.check_rbac(&filters, &request(Some(SLEEP), "GET", "/info", &h));
+    let verdict = authz.check_rbac(&filters, &request(Some(SLEEP), "GET", "/info", &h), None);
     assert_eq!(verdict, Verdict::Allowed);
     assert!(authz.metrics().policies_in_force());
     let [allowed, denied, shadow_allowed, shadow_denied] =
@@ -192,6 +192,49 @@ fn shadow_and_log_rules_never_deny() {
     assert_eq!(
         (allowed, denied, shadow_allowed, shadow_denied),
         (0, 0, 0, 1)
+    );
+}
+
+#[test]
+fn each_filter_counts_its_own_decision_as_envoys_does() {
+    use crate::metrics::http_rbac::{each, ChainRbac, HttpRbacStats};
+    let h = http::HeaderMap::new();
+    let mut dry_run = filter(None, Some(rules(Action::Allow, &[("dry", allow_sleep())])));
+    dry_run.shadow_rules_stat_prefix = "istio_dry_run_allow_".into();
+    let filters = [
+        filter(Some(rules(Action::Deny, &[("d", allow_sleep())])), None),
+        dry_run,
+        filter(Some(rules(Action::Allow, &[("a", allow_sleep())])), None),
+        filter(Some(rules(Action::Log, &[("audit", allow_sleep())])), None),
+    ];
+    let stats = HttpRbacStats::default();
+    let counts = ChainRbac::resolve(&stats, "inbound_0.0.0.0_8080", &filters);
+    let authz = Authorizer::new(Default::default());
+    // Another peer: the DENY filter lets it through, the dry-run one would not, the ALLOW
+    // one denies, and the LOG filter after it never runs.
+    let verdict = authz.check_rbac(
+        &filters,
+        &request(Some(OTHER), "GET", "/info", &h),
+        Some(&counts),
+    );
+    assert!(matches!(verdict, Verdict::Denied(_)));
+    // The policy files' totals count the request once.
+    assert_eq!(
+        authz.metrics().envoy_rbac(AuthzProtocol::Http),
+        [0, 1, 0, 1]
+    );
+    let counted: Vec<String> = each(&stats)
+        .into_iter()
+        .filter(|(_, _, v)| *v > 0)
+        .map(|(s, n, v)| format!("{s}.{n} {v}"))
+        .collect();
+    assert_eq!(
+        counted,
+        [
+            "inbound_0.0.0.0_8080.rbac.allowed 1",
+            "inbound_0.0.0.0_8080.rbac.denied 1",
+            "inbound_0.0.0.0_8080.rbac.istio_dry_run_allow_.shadow_denied 1",
+        ]
     );
 }
 
@@ -207,17 +250,17 @@ fn a_denial_is_counted_and_named() {
     // No filter at all: nothing is decided or counted.
     let none: [Rbac; 0] = [];
     assert_eq!(
-        authz.check_rbac(&none, &request(None, "GET", "/", &h)),
+        authz.check_rbac(&none, &request(None, "GET", "/", &h), None),
         Verdict::Allowed
     );
     assert!(!authz.metrics().policies_in_force());
-    let verdict = authz.check_rbac(&filters, &request(Some(OTHER), "GET", "/info", &h));
+    let verdict = authz.check_rbac(&filters, &request(Some(OTHER), "GET", "/info", &h), None);
     assert_eq!(
         verdict,
         Verdict::Denied("rbac_access_denied_matched_policy[none]".into())
     );
     assert_eq!(
-        authz.check_rbac(&filters, &request(Some(SLEEP), "GET", "/info", &h)),
+        authz.check_rbac(&filters, &request(Some(SLEEP), "GET", "/info", &h), None),
         Verdict::Allowed
     );
     assert_eq!(
