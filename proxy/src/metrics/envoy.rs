@@ -465,8 +465,8 @@ fn cluster_stats(stats: &mut Vec<EnvoyStat>, upstreams: &crate::upstream::Upstre
         .filter(|s| matches!(s.scope, Scope::Cluster(_)))
         .map(EnvoyStat::dotted_name)
         .collect();
-    for (cluster, gauges) in upstreams.clusters.envoy_stats() {
-        for s in cluster.envoy_stats(&gauges) {
+    for (cluster, gauges, outlier) in upstreams.clusters.envoy_stats() {
+        for s in cluster.envoy_stats(&gauges, outlier) {
             let stat = EnvoyStat {
                 scope: Scope::Cluster(cluster.name.to_string()),
                 stat: s.stat,

@@ -143,19 +143,21 @@ impl ClusterStates {
         self.by_name.load().values().cloned().collect()
     }
 
-    /// Every cluster's statistics by stat name, with the gauges of its current state.
-    pub fn envoy_stats(&self) -> Vec<(Arc<ClusterStats>, Gauges)> {
+    /// Every cluster's statistics by stat name, with the gauges of its current state and
+    /// whether it has outlier detection (Envoy makes `outlier_detection.*` only then; a
+    /// cluster no longer in force keeps them).
+    pub fn envoy_stats(&self) -> Vec<(Arc<ClusterStats>, Gauges, bool)> {
         let states = self.by_name.load();
         let all = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
         let mut out: Vec<_> = all
             .values()
             .map(|stats| {
-                let gauges = states
-                    .values()
-                    .find(|s| Arc::ptr_eq(&s.stats, stats))
+                let state = states.values().find(|s| Arc::ptr_eq(&s.stats, stats));
+                let gauges = state
                     .map(|s| s.gauges())
                     .unwrap_or_else(|| ClusterState::idle_gauges().to_vec());
-                (Arc::clone(stats), gauges)
+                let outlier = state.is_none_or(|s| s.outlier.is_some());
+                (Arc::clone(stats), gauges, outlier)
             })
             .collect();
         out.sort_by(|a, b| a.0.name.cmp(&b.0.name));

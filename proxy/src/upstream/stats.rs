@@ -99,11 +99,12 @@ impl ClusterStats {
 
     /// Every counter with Envoy's name (`upstream_rq_200` as `("upstream_rq", Some("200"))`:
     /// Istio's bootstrap turns the code into a `response_code` or `response_code_class` tag),
-    /// and the gauges given.
-    pub fn envoy_stats(&self, gauges: &[(&'static str, u64)]) -> Vec<ClusterStat> {
+    /// and the gauges given; `outlier_detection.*` only for a cluster with outlier detection
+    /// (`outlier`), as Envoy makes them only for one.
+    pub fn envoy_stats(&self, gauges: &[(&'static str, u64)], outlier: bool) -> Vec<ClusterStat> {
         let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let o = &self.outlier;
-        let mut out: Vec<ClusterStat> = [
+        let counters = [
             ("upstream_rq_total", v(&self.rq_total)),
             ("upstream_rq_completed", v(&self.rq_completed)),
             ("upstream_rq_retry", v(&self.rq_retry)),
@@ -154,21 +155,19 @@ impl ClusterStats {
                 "outlier_detection.ejections_consecutive_5xx",
                 v(&o.ejections_consecutive_5xx),
             ),
-        ]
-        .into_iter()
-        .map(|(stat, value)| ClusterStat {
-            stat,
-            code: None,
-            gauge: false,
-            value,
-        })
-        .collect();
-        out.extend(gauges.iter().map(|&(stat, value)| ClusterStat {
-            stat,
-            code: None,
-            gauge: true,
-            value,
-        }));
+        ];
+        let mut out: Vec<ClusterStat> = counters
+            .into_iter()
+            .map(|c| (c, false))
+            .chain(gauges.iter().map(|&g| (g, true)))
+            .filter(|((stat, _), _)| outlier || !stat.starts_with("outlier_detection."))
+            .map(|((stat, value), gauge)| ClusterStat {
+                stat,
+                code: None,
+                gauge,
+                value,
+            })
+            .collect();
         // Envoy creates a code's counter when it is first seen; so are they printed here.
         for (i, c) in self.rq_class.iter().enumerate() {
             if v(c) != 0 {
@@ -215,7 +214,7 @@ mod tests {
         s.response(200);
         s.response(503);
         s.response(42);
-        let stats = s.envoy_stats(&[("upstream_rq_active", 1)]);
+        let stats = s.envoy_stats(&[("upstream_rq_active", 1)], true);
         let get = |stat: &str, code: Option<&str>| {
             stats
                 .iter()
