@@ -91,14 +91,11 @@ impl ChainRbac {
 /// istiod gives them), as Envoy makes all four names of a filter when it loads the listener.
 /// Run at a scrape, off the data path.
 pub fn make_configured(stats: &HttpRbacStats, snapshot: &remora_xds::snapshot::Snapshot) {
-    use remora_xds::model::listener::{ChainKind, HttpFilter};
+    use remora_xds::model::listener::HttpFilter;
     let Some(listener) = snapshot.inbound_listener() else {
         return;
     };
-    for chain in listener.all_chains() {
-        let ChainKind::Http(http) = &chain.kind else {
-            continue;
-        };
+    for http in listener.http_chains() {
         let mut rbac = http
             .http_filters
             .iter()
@@ -132,6 +129,16 @@ pub fn each(stats: &HttpRbacStats) -> Vec<(String, &'static str, u64)> {
         }
     }
     all
+}
+
+/// The counters that are not 0, as `<name> <value>` (for tests).
+#[cfg(test)]
+pub(crate) fn counted(stats: &HttpRbacStats) -> Vec<String> {
+    each(stats)
+        .into_iter()
+        .filter(|(_, _, v)| *v > 0)
+        .map(|(s, n, v)| format!("{s}.{n} {v}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -170,13 +177,8 @@ mod tests {
         b.enforced(false);
         // Another connection to the first chain shares its counters.
         ChainRbac::resolve(&stats, "inbound_0.0.0.0_8080", [&dry]).enforced(false);
-        let counted: Vec<String> = each(&stats)
-            .into_iter()
-            .filter(|(_, _, v)| *v > 0)
-            .map(|(s, n, v)| format!("{s}.{n} {v}"))
-            .collect();
         assert_eq!(
-            counted,
+            counted(&stats),
             [
                 "inbound_0.0.0.0_15006.rbac.denied 1",
                 "inbound_0.0.0.0_8080.rbac.allowed 2",

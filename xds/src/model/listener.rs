@@ -439,6 +439,14 @@ impl Listener {
             .iter()
             .chain(self.default_filter_chain.as_ref())
     }
+
+    /// The HTTP connection managers of its chains, the default one's included.
+    pub fn http_chains(&self) -> impl Iterator<Item = &HttpChain> {
+        self.all_chains().filter_map(|c| match &c.kind {
+            ChainKind::Http(http) => Some(&**http),
+            _ => None,
+        })
+    }
 }
 
 /// The narrowing steps of the chain match, in Envoy's order.

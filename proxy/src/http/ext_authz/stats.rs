@@ -84,14 +84,11 @@ pub fn stems(stats: &HttpStats) -> Vec<(String, Arc<HttpCounters>)> {
 /// only one istiod gives them), as Envoy makes them when it loads the listener: a filter that
 /// has seen no request yet shows 0s. Run at a scrape, off the data path.
 pub fn make_configured(stats: &HttpStats, snapshot: &remora_xds::snapshot::Snapshot) {
-    use remora_xds::model::listener::{ChainKind, HttpFilter};
+    use remora_xds::model::listener::HttpFilter;
     let Some(listener) = snapshot.inbound_listener() else {
         return;
     };
-    for chain in listener.all_chains() {
-        let ChainKind::Http(http) = &chain.kind else {
-            continue;
-        };
+    for http in listener.http_chains() {
         for filter in &http.http_filters {
             if let HttpFilter::ExtAuthz(ext) = filter {
                 stats.of(&http.stat_prefix).of(&ext.stat_prefix);
