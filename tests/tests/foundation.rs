@@ -187,13 +187,16 @@ fn capture_without_owner_exclusion_is_stopped_by_the_own_upstream_loop_guard() {
     let refused = remora.wait_for_metrics("an own_upstream loop refusal", METRICS_SETTLE, |m| {
         m.value(LOOP_REFUSED, &[("guard", "own_upstream")]) >= 1.0
     });
-    // No loop: a little later the count of opened connections has not moved and stays small
-    // (the client's connection and the proxy's captured upstream).
+    // No loop: a little later the count of opened connections has not moved and stays small.
+    // The client's connection comes back once as a suspect, whose own upstream is refused.
+    // Whether an attempt fails as a connect failure (retried by the built-in policy, two
+    // retries) or as a reset (not retried) depends on when the refusal's RST lands, so each
+    // of the two hops makes one to three attempts: at most 1 + 3 × (1 + 3) = 13 connections.
     std::thread::sleep(Duration::from_millis(500));
     let later = remora.metrics();
     let opened = later.value(OPENED, &[OUTBOUND]);
     assert!(
-        opened <= 10.0,
+        opened <= 13.0,
         "{opened} outbound connections opened for one request:\n{later}"
     );
     assert_eq!(
