@@ -12,7 +12,7 @@
 //! here as anything but what Envoy would make of it.
 
 use super::{Attributes, Authorizer, Verdict};
-use crate::metrics::http_rbac::ChainRbac;
+use crate::metrics::rbac_filters::ChainRbac;
 use crate::metrics::{AuthzOutcome, AuthzProtocol};
 use remora_xds::model::matcher::HeaderMatcher;
 use remora_xds::model::rbac::{Action, Permission, Principal, Rbac, Rules};
@@ -145,7 +145,7 @@ pub fn evaluate_counted<'r>(
                 (rules.action, hit),
                 (Action::Deny, Some(_)) | (Action::Allow, None)
             );
-            c.enforced(!denied);
+            c.enforced(filter, !denied);
         }
         match (rules.action, hit) {
             (Action::Deny, Some(p)) => {
@@ -176,8 +176,8 @@ pub fn evaluate_counted<'r>(
 impl Authorizer {
     /// Decide by xDS RBAC `filters`, count and log as [`Authorizer::check`] does for the
     /// policy files. With no filter, nothing is evaluated or counted.
-    /// `counts`: the HTTP filters' counters of the connection's chain (Envoy's
-    /// `http.<prefix>.rbac.*`); the network filters' are counted from [`Authorizer`]'s totals.
+    /// `counts`: the counters of the connection's chain's RBAC filters (Envoy's
+    /// `http.<prefix>.rbac.*`, or the network filters' `tcp.rbac.*`).
     pub fn check_rbac<'r>(
         &self,
         filters: impl IntoIterator<Item = &'r Rbac>,

@@ -8,6 +8,7 @@
 use super::errors::ErrorKind;
 use super::ConnContext;
 use crate::authz::{path, Attributes, Request, Verdict};
+use crate::metrics::rbac_filters::{ChainRbac, Filters};
 use http::request::Parts;
 use http::uri::{PathAndQuery, Uri};
 use std::borrow::Cow;
@@ -55,13 +56,13 @@ pub(super) fn inbound(
 
 /// Inbound by xDS: the counters of the RBAC filters of the connection's chain (Envoy's
 /// `http.<stat_prefix>.rbac.*`), looked up at its first request and kept for the next.
-pub(super) fn rbac_counts(ctx: &ConnContext) -> Option<&crate::metrics::http_rbac::ChainRbac> {
+pub(super) fn rbac_counts(ctx: &ConnContext) -> Option<&ChainRbac> {
     let chain = ctx.xds_inbound.as_ref()?;
     let manager = chain.http_stat_prefix()?;
     Some(ctx.rbac_stats.get_or_init(|| {
-        crate::metrics::http_rbac::ChainRbac::resolve(
-            &ctx.proxy.metrics.http_rbac,
-            manager,
+        ChainRbac::resolve(
+            &ctx.proxy.metrics.rbac_filters,
+            Filters::Http(manager),
             chain.all_http_rbac(),
         )
     }))

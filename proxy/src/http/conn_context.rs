@@ -88,7 +88,7 @@ pub struct ConnContext {
     pub(super) ext_authz_stats: std::sync::OnceLock<Arc<super::ext_authz::HttpCounters>>,
     /// Inbound by xDS: the RBAC counters of the chain's connection manager, looked up at its
     /// first request ([`super::authorize::rbac_counts`]).
-    pub(super) rbac_stats: std::sync::OnceLock<crate::metrics::http_rbac::ChainRbac>,
+    pub(super) rbac_stats: std::sync::OnceLock<crate::metrics::rbac_filters::ChainRbac>,
 }
 
 impl ConnContext {

@@ -128,6 +128,9 @@ pub enum Scope {
     /// An HTTP RBAC filter's counters under xDS, by the part of their names after `http.`
     /// (`inbound_0.0.0.0_8080.rbac`, `inbound_0.0.0.0_8080.rbac.istio_dry_run_allow_`).
     HttpRbac(String),
+    /// A network RBAC filter's counters under xDS, by their names' first part (`tcp.rbac`,
+    /// `tcp.rbac.istio_dry_run_allow_`).
+    NetworkRbac(String),
     /// The xDS connection (`control_plane.`).
     ControlPlane,
     /// A subscription, by Envoy's prefix (`cluster_manager.cds`, `listener_manager.lds`,
@@ -180,6 +183,7 @@ impl EnvoyStat {
             Scope::HttpExtAuthz(stem) | Scope::HttpRbac(stem) => {
                 format!("http.{stem}.{}", self.stat)
             }
+            Scope::NetworkRbac(stem) => format!("{stem}.{}", self.stat),
             Scope::ControlPlane => format!("control_plane.{}", self.stat),
             Scope::Subscription(p) => format!("{p}.{}", self.stat),
             Scope::Secret(name) => format!("sds.{name}.{}", self.stat),
@@ -221,8 +225,9 @@ pub struct EnvoyStats {
     pub network_ext_authz: Arc<crate::http::ext_authz::network::NetworkStats>,
     /// The HTTP ext_authz filters' counters, for their `http.<prefix>.ext_authz.*` stats.
     pub http_ext_authz: Arc<crate::http::ext_authz::HttpStats>,
-    /// The HTTP RBAC filters' counters under xDS, for their `http.<prefix>.rbac.*` stats.
-    pub http_rbac: Arc<super::http_rbac::HttpRbacStats>,
+    /// The RBAC filters' counters under xDS, for their `http.<prefix>.rbac.*` and
+    /// `<prefix>rbac.*` (network: `tcp.rbac.*`) stats.
+    pub rbac_filters: Arc<super::rbac_filters::RbacFilterStats>,
     /// The xDS resources in force (istiod's or the files'), for the statistics Envoy makes
     /// when it loads a listener.
     pub xds: Arc<OnceLock<Arc<remora_xds::store::Store>>>,
@@ -347,27 +352,30 @@ impl EnvoyStats {
             let value = results.iter().map(|r| inbound_tls(r)).sum();
             stats.push(c(l(), stat, value));
         }
-        // Inbound authorization, as Istio's RBAC filters count it; only once policies are in
-        // force, as Envoy only has the filters then. Under xDS the HTTP filters are counted
-        // per connection manager (below); the policy files once, under virtualInbound's.
-        if self.authz.policies_in_force() {
-            let stats_of = |p| self.authz.envoy_rbac(p);
-            let mut scopes = vec![(Scope::Tcp, stats_of(super::AuthzProtocol::Tcp))];
-            if self.xds.get().is_none() {
-                let http = Scope::HttpConnManager(format!("inbound_{}", self.inbound_listener));
-                scopes.insert(0, (http, stats_of(super::AuthzProtocol::Http)));
-            }
-            for (scope, values) in scopes {
-                for (stat, v) in RBAC_STATS.into_iter().zip(values) {
+        // Inbound authorization, as Istio's RBAC filters count it. Under xDS each filter counts
+        // its own (per connection manager, or under a network filter's stat prefix); the
+        // policy files once, under virtualInbound's connection manager and `tcp.`, and only
+        // once policies are in force, as Envoy only has the filters then.
+        if self.xds.get().is_none() && self.authz.policies_in_force() {
+            let http = Scope::HttpConnManager(format!("inbound_{}", self.inbound_listener));
+            for (scope, p) in [
+                (http, super::AuthzProtocol::Http),
+                (Scope::Tcp, super::AuthzProtocol::Tcp),
+            ] {
+                for (stat, v) in RBAC_STATS.into_iter().zip(self.authz.envoy_rbac(p)) {
                     stats.push(c(scope.clone(), stat, v));
                 }
             }
         }
         if let Some(store) = self.xds.get() {
-            super::http_rbac::make_configured(&self.http_rbac, &store.current());
+            super::rbac_filters::make_configured(&self.rbac_filters, &store.current());
         }
-        for (stem, stat, value) in super::http_rbac::each(&self.http_rbac) {
+        let filters = &self.rbac_filters;
+        for (stem, stat, value) in super::rbac_filters::each(&filters.http) {
             stats.push(c(Scope::HttpRbac(stem), stat, value));
+        }
+        for (stem, stat, value) in super::rbac_filters::each(&filters.network) {
+            stats.push(c(Scope::NetworkRbac(stem), stat, value));
         }
         if let Some(cp) = self.control_plane.get() {
             let snap = cp.stats.snapshot();

@@ -10,12 +10,12 @@ mod connection;
 mod dns;
 mod envoy;
 pub mod exposition;
-pub mod http_rbac;
 mod istio;
 mod istio_http;
 mod overload;
 pub mod per_prefix;
 mod process;
+pub mod rbac_filters;
 mod tls;
 
 pub use authz::{AuthzMetrics, Outcome as AuthzOutcome, Protocol as AuthzProtocol};
@@ -85,8 +85,8 @@ pub struct Metrics {
     pub network_ext_authz: Arc<crate::http::ext_authz::network::NetworkStats>,
     /// Envoy's HTTP ext_authz filter statistics, per connection manager.
     pub http_ext_authz: Arc<crate::http::ext_authz::HttpStats>,
-    /// Envoy's HTTP RBAC filter statistics under xDS, per connection manager.
-    pub http_rbac: Arc<http_rbac::HttpRbacStats>,
+    /// Envoy's RBAC filter statistics under xDS, per connection manager or stat prefix.
+    pub rbac_filters: Arc<rbac_filters::RbacFilterStats>,
     pub ext_authz: crate::http::ext_authz::ExtAuthzStats,
     /// Protocol detection outcomes, by `DETECTION_RESULTS` index, and how long they took.
     detections: Vec<Counter>,
@@ -237,7 +237,7 @@ impl Metrics {
             cors: Arc::default(),
             network_ext_authz: Arc::default(),
             http_ext_authz: Arc::default(),
-            http_rbac: Arc::default(),
+            rbac_filters: Arc::default(),
             xds: Arc::default(),
         };
         registry.register_collector(Box::new(envoy.clone()));
@@ -246,7 +246,7 @@ impl Metrics {
             cors: Arc::clone(&envoy.cors),
             network_ext_authz: Arc::clone(&envoy.network_ext_authz),
             http_ext_authz: Arc::clone(&envoy.http_ext_authz),
-            http_rbac: Arc::clone(&envoy.http_rbac),
+            rbac_filters: Arc::clone(&envoy.rbac_filters),
             detections,
             detection_seconds,
             tls,
@@ -330,6 +330,15 @@ impl Metrics {
     /// Envoy's statistics, now, for the admin `/stats` page.
     pub fn envoy_stats(&self) -> Vec<EnvoyStat> {
         self.envoy.snapshot()
+    }
+
+    /// The dotted names and values of Envoy's statistics whose name `keep` takes (for tests).
+    #[cfg(test)]
+    pub(crate) fn dotted_stats(&self, keep: impl Fn(&str) -> bool) -> Vec<(String, u64)> {
+        let all = self.envoy_stats().into_iter();
+        all.map(|s| (s.dotted_name(), s.value))
+            .filter(|(n, _)| keep(n))
+            .collect()
     }
 
     /// Every metric in Prometheus text format 0.0.4, as Envoy serves it.

@@ -14,6 +14,7 @@
 
 use super::*;
 use crate::authz::{Attributes, Verdict};
+use crate::metrics::rbac_filters::{ChainRbac, Filters};
 use crate::route::{self, ChainDecision, ChainRef};
 use crate::tls;
 use crate::tls::client_hello::{self, ClientHello, Parsed};
@@ -301,15 +302,22 @@ impl Proxy {
             request: None,
         };
         let filters = served.chain.iter().flat_map(ChainRef::network_rbac);
+        // The chain's RBAC filters' counters (`tcp.rbac.*`), looked up once for the connection.
+        let counts = served.chain.as_ref().and_then(|chain| {
+            let mut all = chain.all_network_rbac().peekable();
+            all.peek()
+                .is_some()
+                .then(|| ChainRbac::resolve(&self.metrics.rbac_filters, Filters::Network, all))
+        });
         // How the connection is refused, if it is, in Envoy's words.
-        let mut denied = match self.authz.check_rbac(filters, &attributes, None) {
+        let mut denied = match self.authz.check_rbac(filters, &attributes, counts.as_ref()) {
             Verdict::Denied(why) => Some(Refusal::rbac(why)),
             Verdict::Allowed => None,
         };
         if denied.is_none() {
             if let Some(chain) = &served.chain {
                 denied = self
-                    .network_ext_authz(config, chain, &attributes, hop.timeout)
+                    .network_ext_authz(config, chain, &attributes, counts.as_ref(), hop.timeout)
                     .await;
             }
         }
@@ -399,13 +407,14 @@ impl Proxy {
 
     /// The chain's network filters from its first ext_authz filter on (AuthorizationPolicy
     /// CUSTOM on a TCP port), in order: each ext_authz filter that the shadow RBAC filters
-    /// before it enable asks the authorizer, then the RBAC filters after it decide. What
-    /// ends the connection, if anything.
+    /// before it enable asks the authorizer, then the RBAC filters after it decide (counted in
+    /// `counts`). What ends the connection, if anything.
     async fn network_ext_authz(
         self: &Arc<Self>,
         config: &Arc<Config>,
         chain: &ChainRef,
         attributes: &Attributes<'_>,
+        counts: Option<&ChainRbac>,
         connect_timeout: std::time::Duration,
     ) -> Option<Refusal> {
         use crate::authz::rbac::{shadow_metadata, NETWORK_RBAC_METADATA};
@@ -416,7 +425,7 @@ impl Proxy {
                 NetworkFilter::ExtAuthz(ext) => {
                     if !after.is_empty() {
                         if let Verdict::Denied(why) =
-                            self.authz.check_rbac(after.drain(..), attributes, None)
+                            self.authz.check_rbac(after.drain(..), attributes, counts)
                         {
                             return Some(Refusal::rbac(why));
                         }
@@ -451,7 +460,7 @@ impl Proxy {
                 _ => {}
             }
         }
-        match self.authz.check_rbac(after, attributes, None) {
+        match self.authz.check_rbac(after, attributes, counts) {
             Verdict::Denied(why) => Some(Refusal::rbac(why)),
             Verdict::Allowed => None,
         }

@@ -150,6 +150,14 @@ impl ChainRef {
             })
     }
 
+    /// Every network RBAC filter of the chain, before its ext_authz filters and after.
+    pub fn all_network_rbac(&self) -> impl Iterator<Item = &Rbac> {
+        self.network_filters().filter_map(|f| match f {
+            NetworkFilter::Rbac(r) => Some(r),
+            _ => None,
+        })
+    }
+
     /// The chain's network filters from its first ext_authz filter on (none without one).
     pub fn network_from_ext_authz(&self) -> impl Iterator<Item = &NetworkFilter> {
         self.network_filters()

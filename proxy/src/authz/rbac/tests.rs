@@ -197,7 +197,7 @@ fn shadow_and_log_rules_never_deny() {
 
 #[test]
 fn each_filter_counts_its_own_decision_as_envoys_does() {
-    use crate::metrics::http_rbac::{counted, ChainRbac, HttpRbacStats};
+    use crate::metrics::rbac_filters::{counted, ChainRbac, Filters, RbacFilterStats};
     let h = http::HeaderMap::new();
     let mut dry_run = filter(None, Some(rules(Action::Allow, &[("dry", allow_sleep())])));
     dry_run.shadow_rules_stat_prefix = "istio_dry_run_allow_".into();
@@ -207,8 +207,8 @@ fn each_filter_counts_its_own_decision_as_envoys_does() {
         filter(Some(rules(Action::Allow, &[("a", allow_sleep())])), None),
         filter(Some(rules(Action::Log, &[("audit", allow_sleep())])), None),
     ];
-    let stats = HttpRbacStats::default();
-    let counts = ChainRbac::resolve(&stats, "inbound_0.0.0.0_8080", &filters);
+    let stats = RbacFilterStats::default();
+    let counts = ChainRbac::resolve(&stats, Filters::Http("inbound_0.0.0.0_8080"), &filters);
     let authz = Authorizer::new(Default::default());
     // Another peer: the DENY filter lets it through, the dry-run one would not, the ALLOW
     // one denies, and the LOG filter after it never runs.
@@ -224,7 +224,7 @@ fn each_filter_counts_its_own_decision_as_envoys_does() {
         [0, 1, 0, 1]
     );
     assert_eq!(
-        counted(&stats),
+        counted(&stats.http),
         [
             "inbound_0.0.0.0_8080.rbac.allowed 1",
             "inbound_0.0.0.0_8080.rbac.denied 1",

@@ -185,12 +185,7 @@ mod tests {
         let m = crate::metrics::Metrics::default();
         HttpCounters::inc(&m.http_ext_authz.of("inbound_0.0.0.0_8080").of("").ok);
         HttpCounters::inc(&m.http_ext_authz.of("outbound_0.0.0.0_80").of("mine").error);
-        let dotted: Vec<(String, u64)> = m
-            .envoy_stats()
-            .into_iter()
-            .map(|s| (s.dotted_name(), s.value))
-            .filter(|(n, _)| n.contains(".ext_authz."))
-            .collect();
+        let dotted = m.dotted_stats(|n| n.contains(".ext_authz."));
         assert_eq!(dotted.len(), 2 * 13, "{dotted:?}");
         for stat in [
             ("http.inbound_0.0.0.0_8080.ext_authz.ok", 1),
