@@ -301,26 +301,27 @@ impl Proxy {
             sni: served.sni.as_deref(),
             request: None,
         };
-        let filters = served.chain.iter().flat_map(ChainRef::network_rbac);
-        // The chain's RBAC filters' counters (`tcp.rbac.*`), looked up once for the connection.
-        let counts = served.chain.as_ref().and_then(|chain| {
-            let mut all = chain.all_network_rbac().peekable();
-            all.peek()
-                .is_some()
-                .then(|| ChainRbac::resolve(&self.metrics.rbac_filters, Filters::Network, all))
-        });
-        // How the connection is refused, if it is, in Envoy's words.
-        let mut denied = match self.authz.check_rbac(filters, &attributes, counts.as_ref()) {
-            Verdict::Denied(why) => Some(Refusal::rbac(why)),
-            Verdict::Allowed => None,
-        };
-        if denied.is_none() {
-            if let Some(chain) = &served.chain {
+        // How the connection is refused, if it is, in Envoy's words. The chain's RBAC filters
+        // are counted (`tcp.rbac.*`) in counters looked up once, for this decision only.
+        let denied = {
+            let counts = served.chain.as_ref().and_then(|chain| {
+                let mut all = chain.all_network_rbac().peekable();
+                all.peek()
+                    .is_some()
+                    .then(|| ChainRbac::resolve(&self.metrics.rbac_filters, Filters::Network, all))
+            });
+            let filters = served.chain.iter().flat_map(ChainRef::network_rbac);
+            let mut denied = match self.authz.check_rbac(filters, &attributes, counts.as_ref()) {
+                Verdict::Denied(why) => Some(Refusal::rbac(why)),
+                Verdict::Allowed => None,
+            };
+            if let (None, Some(chain)) = (&denied, &served.chain) {
                 denied = self
                     .network_ext_authz(config, chain, &attributes, counts.as_ref(), hop.timeout)
                     .await;
             }
-        }
+            denied
+        };
         match served.decision {
             ChainDecision::Http { http: chain, .. } => {
                 if let Some(refusal) = denied {
