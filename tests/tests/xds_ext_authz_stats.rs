@@ -3,7 +3,8 @@
 //! and to Envoy (with the stats tags of Istio's bootstrap), the same requests sent to each one
 //! at a time, and what each request adds compared: to the HTTP ext_authz filter's statistics
 //! (`http.<prefix>.ext_authz.*`), to those it keeps on the cluster of the request's route
-//! (`cluster.<name>.ext_authz.*`), and to the RBAC filters' of its chain
+//! (`cluster.<name>.ext_authz.*`), to that cluster's response counts (a denial is charged
+//! there), and to the RBAC filters' of its chain
 //! (`http.<prefix>.rbac.*`: istiod's shadow filter, a DENY policy, dry-run policies); then the
 //! statistics' names on `/stats` and their samples on `/stats/prometheus`.
 
@@ -55,6 +56,46 @@ fn http_ext_authz_stats(net: &PodNet, port: u16) -> Stats {
     })
 }
 
+/// The inbound clusters' response counts (`cluster.inbound|…||.upstream_rq_completed`,
+/// `.upstream_rq_<code>`, `.upstream_rq_<class>`) of the sidecar whose admin API is on `port`;
+/// not Envoy's `internal.` and `external.` copies of them, which Remora does not keep.
+fn cluster_responses(net: &PodNet, port: u16) -> Stats {
+    let counted = |stat: &str| match stat.strip_prefix("upstream_rq_") {
+        Some("completed") => true,
+        Some(code) => {
+            let b = code.as_bytes();
+            b.len() == 3
+                && b[0].is_ascii_digit()
+                && (b[1..].iter().all(u8::is_ascii_digit) || &b[1..] == b"xx")
+        }
+        None => false,
+    };
+    stat_deltas::stats(net, port, |n| {
+        n.rsplit_once('.').is_some_and(|(scope, stat)| {
+            scope.starts_with("cluster.inbound|") && scope.ends_with("||") && counted(stat)
+        })
+    })
+}
+
+/// Assert that each request changed `what` on Remora as on Envoy (`seen`: each request and
+/// the changes on each side).
+fn assert_same(what: &str, seen: &[(u16, &str, bool, Vec<Vec<String>>)]) {
+    let report: Vec<String> = seen
+        .iter()
+        .map(|(p, path, s, c)| {
+            format!(
+                "{p} {path} selected={s}\n  remora {:?}\n  envoy  {:?}",
+                c[0], c[1]
+            )
+        })
+        .collect();
+    let report = report.join("\n");
+    eprintln!("{what}:\n{report}");
+    for (port, path, _, c) in seen {
+        assert_eq!(c[0], c[1], "{port} {path}: {what} differ:\n{report}");
+    }
+}
+
 /// The HTTP RBAC filters' statistics (`http.<prefix>.rbac.*`, istiod's shadow filter for the
 /// CUSTOM policy's and the dry-run filters' under their shadow stat prefixes) of the sidecar
 /// whose admin API is on `port`.
@@ -80,6 +121,7 @@ fn custom_authorization_counts_as_envoy_does() {
     ];
     let mut before = sides.map(|(net, port)| http_ext_authz_stats(net, port));
     let mut rbac_before = sides.map(|(net, port)| http_rbac_stats(net, port));
+    let mut responses_before = sides.map(|(net, port)| cluster_responses(net, port));
     let names = |s: &Stats| {
         s.keys()
             .filter(|n| n.starts_with("http."))
@@ -110,9 +152,11 @@ fn custom_authorization_counts_as_envoy_does() {
     assert!(!names(&rbac_before[0]).iter().any(|n| n.starts_with(&plain)));
     let mut seen = Vec::new();
     let mut rbac_seen = Vec::new();
+    let mut responses_seen = Vec::new();
     for (port, path, select, body, header) in COUNTED {
         let mut case = Vec::new();
         let mut rbac_case = Vec::new();
+        let mut responses_case = Vec::new();
         for (i, (net, admin)) in sides.iter().enumerate() {
             let status = post_with(net, port, path, select, body, header).status;
             let after = http_ext_authz_stats(net, *admin);
@@ -121,8 +165,12 @@ fn custom_authorization_counts_as_envoy_does() {
             let after = http_rbac_stats(net, *admin);
             rbac_case.push(delta(&rbac_before[i], &after));
             rbac_before[i] = after;
+            let after = cluster_responses(net, *admin);
+            responses_case.push(delta(&responses_before[i], &after));
+            responses_before[i] = after;
         }
         rbac_seen.push((port, path, select, rbac_case));
+        responses_seen.push((port, path, select, responses_case));
         let [remora_case, envoy_case] = [0, 1].map(|i| case[i].clone());
         seen.push((port, path, select, remora_case, envoy_case));
     }
@@ -137,23 +185,20 @@ fn custom_authorization_counts_as_envoy_does() {
     for (port, path, _, r, e) in &seen {
         assert_eq!(r, e, "{port} {path}: Remora and Envoy differ:\n{report}");
     }
-    let rbac_report: Vec<String> = rbac_seen
-        .iter()
-        .map(|(p, path, s, c)| {
-            format!(
-                "{p} {path} selected={s}\n  remora {:?}\n  envoy  {:?}",
-                c[0], c[1]
-            )
-        })
-        .collect();
-    let rbac_report = rbac_report.join("\n");
-    eprintln!("{rbac_report}");
-    for (port, path, _, c) in &rbac_seen {
-        assert_eq!(
-            c[0], c[1],
-            "{port} {path}: RBAC counts differ:\n{rbac_report}"
-        );
-    }
+    assert_same("RBAC counts", &rbac_seen);
+    assert_same("the clusters' response counts", &responses_seen);
+    // A denial is charged to the route's cluster as a response with the denial's status;
+    // not a failed check's reply, nor one denied by RBAC after the authorizer.
+    assert_eq!(
+        responses_seen[2].3[0],
+        [
+            "cluster.inbound|8080||.upstream_rq_403 +1",
+            "cluster.inbound|8080||.upstream_rq_4xx +1",
+            "cluster.inbound|8080||.upstream_rq_completed +1",
+        ]
+    );
+    assert_eq!(responses_seen[3].3[0], Vec::<String>::new());
+    assert_eq!(responses_seen[10].3[0], Vec::<String>::new());
     // Per connection manager, each filter counting its own, the shadow counts named with
     // the filter's shadow_rules_stat_prefix.
     assert_eq!(

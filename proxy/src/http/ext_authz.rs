@@ -33,7 +33,7 @@ use super::errors::{ErrorKind, Flags};
 use super::mirror::{Buffered, ClientBody};
 use super::routed::matched::{route_target, RouteTarget};
 use super::ConnContext;
-use crate::upstream::stats::{inc, ExtAuthzCounts};
+use crate::upstream::stats::{inc, ClusterStats, ExtAuthzCounts};
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::request::Parts;
@@ -262,13 +262,14 @@ pub(super) async fn inbound(
                     // Charged to the route's cluster, when it names one that exists.
                     let cluster = match target {
                         RouteTarget::Cluster(Some(c)) => {
-                            Some(c.state.stats.ext_authz(&ext.stat_prefix))
+                            let stats = &c.state.stats;
+                            Some((stats.ext_authz(&ext.stat_prefix), &**stats))
                         }
                         _ => None,
                     };
                     let counted = Counted {
                         filter: counters,
-                        cluster: cluster.as_deref(),
+                        cluster: cluster.as_ref().map(|(c, stats)| (&**c, *stats)),
                     };
                     let (checked, added, edited) = check(ctx, counted, ext, parts, body).await?;
                     // Envoy clears the route only when the authorizer edited the request.
@@ -326,11 +327,12 @@ impl RouteBasis {
 }
 
 /// Where one check's outcome is counted: its filter's connection manager, and the request's
-/// route cluster (`None`: the route names none that exists).
+/// route cluster, its ext_authz counts and its own statistics (`None`: the route names none
+/// that exists).
 #[derive(Clone, Copy)]
 struct Counted<'a> {
     filter: &'a HttpCounters,
-    cluster: Option<&'a ExtAuthzCounts>,
+    cluster: Option<(&'a ExtAuthzCounts, &'a ClusterStats)>,
 }
 
 impl Counted<'_> {
@@ -341,8 +343,18 @@ impl Counted<'_> {
         of_cluster: impl Fn(&ExtAuthzCounts) -> &AtomicU64,
     ) {
         HttpCounters::inc(of_filter(self.filter));
-        if let Some(c) = self.cluster {
+        if let Some((c, _)) = self.cluster {
             inc(of_cluster(c));
+        }
+    }
+
+    /// A denial's reply charged to the cluster's responses (`upstream_rq_<code>`, its class
+    /// and `upstream_rq_completed`), as Envoy's filter charges it while
+    /// `charge_cluster_response_stats` is on (istiod leaves it unset: on; Remora refuses the
+    /// field).
+    fn charge_denial(&self, status: StatusCode) {
+        if let Some((_, stats)) = self.cluster {
+            stats.response(status.as_u16());
         }
     }
 }
@@ -445,6 +457,7 @@ async fn check(
         Verdict::Denied(d) => {
             stats.denied.inc();
             counted.count(|f| &f.denied, |c| &c.denied);
+            counted.charge_denial(d.status);
             tracing::debug!(peer = %ctx.peer, status = %d.status, "denied by the external authorizer");
             Err(Refused::Reply(d))
         }
