@@ -17,6 +17,7 @@
 pub mod access_logs;
 pub mod backend;
 pub mod certs;
+pub mod custom_authz;
 pub mod dns;
 pub mod environment;
 pub mod envoy;

@@ -13,7 +13,11 @@
 //! headers and body; flag `UAEX`); its failure (unreachable, timed out, a 5xx, a gRPC error)
 //! lets the request through with `failure_mode_allow`, else answers `status_on_error`.
 //! The RBAC filters after it decide last. Each check and each request a filter does not
-//! select is counted under Envoy's names, per connection manager ([`stats`]).
+//! select is counted under Envoy's names, per connection manager ([`stats`]), and each check's
+//! outcome also on the cluster of the request's route as it was when the check began
+//! (`cluster.<name>.ext_authz.*`, [`crate::upstream::stats::ExtAuthzCounts`]), looked up
+//! before the router chooses it ([`super::routed::matched`]). A request no route takes is not
+//! checked, as Envoy's filter lets it through to the router's 404.
 
 mod call;
 mod grpc;
@@ -27,7 +31,9 @@ use super::authorize::attributes;
 use super::body::{RequestEnd, ResponseBody, UpstreamBody};
 use super::errors::{ErrorKind, Flags};
 use super::mirror::{Buffered, ClientBody};
+use super::routed::matched::{route_target, RouteTarget};
 use super::ConnContext;
+use crate::upstream::stats::{inc, ClusterStats, ExtAuthzCounts};
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::request::Parts;
@@ -36,6 +42,7 @@ use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use remora_xds::model::ext_authz::{BodySettings, ExtAuthz, Service};
 use remora_xds::model::listener::HttpFilter;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 /// Why a request is not forwarded.
@@ -126,6 +133,15 @@ impl ResponseHeaders {
 }
 
 impl Edits {
+    /// Whether they change the request (its headers or query), not only the response.
+    fn edits_request(&self) -> bool {
+        !(self.set.is_empty()
+            && self.append.is_empty()
+            && self.remove.is_empty()
+            && self.query_set.is_empty()
+            && self.query_remove.is_empty())
+    }
+
     /// Onto the request (headers, and the query when it changes one), giving back what the
     /// response gets.
     fn apply_to(mut self, parts: &mut Parts) -> ResponseHeaders {
@@ -196,6 +212,8 @@ pub(super) async fn inbound(
     // request as it is then).
     let mut basis = RouteBasis::of(parts);
     let mut cleared = false;
+    // The route of `basis`, looked up at the first filter (and again once `basis` is).
+    let mut target: Option<RouteTarget> = None;
     // Every RBAC filter before the current one writes metadata; those after the last
     // ext_authz filter decide once it has.
     let mut rbac_before: Vec<_> = chain.http_rbac().collect();
@@ -205,6 +223,15 @@ pub(super) async fn inbound(
             HttpFilter::ExtAuthz(ext) => {
                 // RBAC filters between two ext_authz filters decide before the second.
                 check_rbac(ctx, parts, rbac_after.drain(..))?;
+                if std::mem::take(&mut cleared) {
+                    basis = RouteBasis::of(parts);
+                    target = None;
+                }
+                let target = target.get_or_insert_with(|| route_target(ctx, &parts.method, &basis));
+                if matches!(target, RouteTarget::None) {
+                    // Envoy's filter skips a request without a route, counting nothing.
+                    continue;
+                }
                 // Another stat prefix (not istiod's): its counters, looked up for the request.
                 let own;
                 let counters = if ext.stat_prefix == first_prefix {
@@ -232,11 +259,21 @@ pub(super) async fn inbound(
                     }
                 };
                 if enabled {
-                    if std::mem::take(&mut cleared) {
-                        basis = RouteBasis::of(parts);
-                    }
-                    let (checked, added) = check(ctx, counters, ext, parts, body).await?;
-                    cleared = ext.clear_route_cache;
+                    // Charged to the route's cluster, when it names one that exists.
+                    let cluster = match target {
+                        RouteTarget::Cluster(Some(c)) => {
+                            let stats = &c.state.stats;
+                            Some((stats.ext_authz(&ext.stat_prefix), &**stats))
+                        }
+                        _ => None,
+                    };
+                    let counted = Counted {
+                        filter: counters,
+                        cluster: cluster.as_ref().map(|(c, stats)| (&**c, *stats)),
+                    };
+                    let (checked, added, edited) = check(ctx, counted, ext, parts, body).await?;
+                    // Envoy clears the route only when the authorizer edited the request.
+                    cleared = ext.clear_route_cache && edited;
                     body = checked;
                     if let Some(added) = added {
                         let r = response.get_or_insert_with(Default::default);
@@ -274,6 +311,9 @@ pub(super) type Checked = (
 pub struct RouteBasis {
     pub uri: http::Uri,
     pub headers: http::HeaderMap,
+    /// The random number a weighted route picks its cluster by: the same for the filter's
+    /// look at the route and the router's decision, as Envoy picks once per route choice.
+    pub pick: u64,
 }
 
 impl RouteBasis {
@@ -281,7 +321,41 @@ impl RouteBasis {
         Box::new(RouteBasis {
             uri: parts.uri.clone(),
             headers: parts.headers.clone(),
+            pick: fastrand::u64(..),
         })
+    }
+}
+
+/// Where one check's outcome is counted: its filter's connection manager, and the request's
+/// route cluster, its ext_authz counts and its own statistics (`None`: the route names none
+/// that exists).
+#[derive(Clone, Copy)]
+struct Counted<'a> {
+    filter: &'a HttpCounters,
+    cluster: Option<(&'a ExtAuthzCounts, &'a ClusterStats)>,
+}
+
+impl Counted<'_> {
+    /// Add one to the filter's counter and the cluster's of the same name.
+    fn count(
+        &self,
+        of_filter: impl Fn(&HttpCounters) -> &AtomicU64,
+        of_cluster: impl Fn(&ExtAuthzCounts) -> &AtomicU64,
+    ) {
+        HttpCounters::inc(of_filter(self.filter));
+        if let Some((c, _)) = self.cluster {
+            inc(of_cluster(c));
+        }
+    }
+
+    /// A denial's reply charged to the cluster's responses (`upstream_rq_<code>`, its class
+    /// and `upstream_rq_completed`), as Envoy's filter charges it while
+    /// `charge_cluster_response_stats` is on (istiod leaves it unset: on; Remora refuses the
+    /// field).
+    fn charge_denial(&self, status: StatusCode) {
+        if let Some((_, stats)) = self.cluster {
+            stats.response(status.as_u16());
+        }
     }
 }
 
@@ -341,15 +415,15 @@ fn edit_query(parts: &mut Parts, set: &[(String, String)], remove: &[String]) {
     }
 }
 
-/// One ext_authz filter's check of the request: the body to forward, and what the
-/// response gets.
+/// One ext_authz filter's check of the request: the body to forward, what the response
+/// gets, and whether the authorizer edited the request.
 async fn check(
     ctx: &Arc<ConnContext>,
-    counters: &HttpCounters,
+    counted: Counted<'_>,
     ext: &ExtAuthz,
     parts: &mut Parts,
     body: ClientBody,
-) -> Result<(ClientBody, Option<Box<ResponseHeaders>>), Refused> {
+) -> Result<(ClientBody, Option<Box<ResponseHeaders>>, bool), Refused> {
     let (head, body) = match (ext.with_request_body, body) {
         (Some(settings), ClientBody::Plain(incoming)) => {
             let (head, body) = read_ahead(incoming, settings).await?;
@@ -371,24 +445,30 @@ async fn check(
     match verdict {
         Verdict::Ok(edits) => {
             stats.ok.inc();
-            HttpCounters::inc(&counters.ok);
+            counted.count(|f| &f.ok, |c| &c.ok);
+            let edited = edits.edits_request();
             let response = edits.apply_to(parts);
-            Ok((body, (!response.is_empty()).then(|| Box::new(response))))
+            Ok((
+                body,
+                (!response.is_empty()).then(|| Box::new(response)),
+                edited,
+            ))
         }
         Verdict::Denied(d) => {
             stats.denied.inc();
-            HttpCounters::inc(&counters.denied);
+            counted.count(|f| &f.denied, |c| &c.denied);
+            counted.charge_denial(d.status);
             tracing::debug!(peer = %ctx.peer, status = %d.status, "denied by the external authorizer");
             Err(Refused::Reply(d))
         }
         Verdict::Error(why) => {
             stats.error.inc();
-            HttpCounters::inc(&counters.error);
+            counted.count(|f| &f.error, |c| &c.error);
             tracing::debug!(peer = %ctx.peer, error = %why, allow = ext.failure_mode_allow, "external authorizer failed");
             if ext.failure_mode_allow {
                 stats.failure_mode_allowed.inc();
-                HttpCounters::inc(&counters.failure_mode_allowed);
-                return Ok((body, None));
+                counted.count(|f| &f.failure_mode_allowed, |c| &c.failure_mode_allowed);
+                return Ok((body, None, false));
             }
             Err(Refused::Failed(Denial {
                 status: StatusCode::from_u16(ext.status_on_error).unwrap_or(StatusCode::FORBIDDEN),

@@ -334,13 +334,15 @@ impl Routed {
 /// connection's table in the snapshot in force now: the one decision hyper's path and the
 /// HTTP/1.1 fast path both take. Header values with Envoy's `%…%` formatters are filled in
 /// from the request's `parts`; without them (the fast path, which has none) a request whose
-/// route edits headers or answers locally is [`Answer::Handover`].
+/// route edits headers or answers locally is [`Answer::Handover`]. `pick` is the random
+/// number a weighted route picks its cluster by.
 pub fn decide_request(
     ctx: &ConnContext,
     routes: &RouteSource,
     host: &[u8],
     req: &RequestParts<'_>,
     parts: Option<&Parts>,
+    pick: u64,
 ) -> Result<Decided, Answer> {
     let Some(store) = &ctx.proxy.xds else {
         return Err(Answer::Error(ErrorKind::NoRoute));
@@ -354,7 +356,7 @@ pub fn decide_request(
     let Some(memo::Table { table, vhost, host }) = table else {
         return Err(Answer::Error(ErrorKind::NoRoute));
     };
-    let decision = route::http_route_in(vhost, req, fastrand::u64(..));
+    let decision = route::http_route_in(vhost, req, pick);
     let (cluster, route, forward, retry, vhost) = match decision {
         HttpDecision::Forward {
             cluster,
@@ -511,7 +513,8 @@ pub fn decide_request(
 /// one's end records what it holds until it ends.
 ///
 /// `basis`: the request the route is matched on when it is not `parts` (an external
-/// authorizer edited it and its filter keeps the route chosen before).
+/// authorizer edited it and its filter keeps the route chosen before), and the weighted pick
+/// its filter's look at the route made ([`matched::route_target`]).
 pub fn decide(
     ctx: &ConnContext,
     routes: &RouteSource,
@@ -520,27 +523,14 @@ pub fn decide(
     basis: Option<&super::ext_authz::RouteBasis>,
 ) -> Result<Routed, Answer> {
     let decided = {
-        let (uri, headers) = match basis {
-            Some(b) => (&b.uri, &b.headers),
-            None => (&parts.uri, &parts.headers),
+        let p: &Parts = parts;
+        let (uri, headers, pick) = match basis {
+            Some(b) => (&b.uri, &b.headers, b.pick),
+            None => (&p.uri, &p.headers, fastrand::u64(..)),
         };
-        let host = headers
-            .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .or_else(|| uri.authority().map(|a| a.as_str()))
-            .unwrap_or_default();
-        let header = |name: &str| match name {
-            ":authority" => Some(host),
-            ":method" => Some(parts.method.as_str()),
-            ":path" => uri.path_and_query().map(|p| p.as_str()),
-            _ => headers.get(name).and_then(|v| v.to_str().ok()),
-        };
-        let req = RequestParts {
-            method: parts.method.as_str(),
-            path_and_query: uri.path_and_query().map_or("/", |p| p.as_str()),
-            header: &header,
-        };
-        decide_request(ctx, routes, host.as_bytes(), &req, Some(&*parts))?
+        matched_on(&p.method, uri, headers, |host, req| {
+            decide_request(ctx, routes, host.as_bytes(), req, Some(p), pick)
+        })?
     };
     end.routed = Some(decided.routed.end());
     decided.request_edits.apply(&mut parts.headers);
@@ -616,12 +606,14 @@ mod attempt;
 mod breakers;
 mod edits;
 mod local;
+pub mod matched;
 pub mod memo;
 mod plan;
 use attempt::pool_idle_timeout;
 pub(super) use attempt::{dial_failure, select, send};
 use local::answer;
 pub(super) use local::{reply, upgrade_required};
+use matched::matched_on;
 pub use plan::RoutePlan;
 #[cfg(test)]
 mod tests;

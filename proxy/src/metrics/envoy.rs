@@ -116,6 +116,10 @@ pub enum Scope {
     Listener(String),
     /// A cluster by its stat name.
     Cluster(String),
+    /// A filter's counters in the scope of a cluster, by the part of their names after
+    /// `cluster.` (`inbound|8080||.ext_authz`: the HTTP ext_authz filter's, on the request's
+    /// route cluster).
+    ClusterFilter(String),
     /// An HTTP connection manager, by its stat prefix (`inbound_0.0.0.0_15006`).
     HttpConnManager(String),
     /// Istio's network RBAC filter (stat prefix `tcp.`).
@@ -175,7 +179,7 @@ impl EnvoyStat {
             Scope::ListenerManager => format!("listener_manager.{}", self.stat),
             Scope::ClusterManager => format!("cluster_manager.{}", self.stat),
             Scope::Listener(a) => format!("listener.{a}.{}", self.stat),
-            Scope::Cluster(c) => format!("cluster.{c}.{}", self.stat),
+            Scope::Cluster(c) | Scope::ClusterFilter(c) => format!("cluster.{c}.{}", self.stat),
             Scope::HttpConnManager(p) => format!("http.{p}.{}", self.stat),
             Scope::Tcp => format!("tcp.{}", self.stat),
             // Envoy puts a dot after the prefix even when it ends in one (`ext_authz.tcp..ok`).
@@ -485,6 +489,15 @@ fn cluster_stats(stats: &mut Vec<EnvoyStat>, upstreams: &crate::upstream::Upstre
             if !before.contains(&stat.dotted_name()) {
                 stats.push(stat);
             }
+        }
+        for (stem, stat, value) in cluster.ext_authz_stats() {
+            stats.push(EnvoyStat {
+                scope: Scope::ClusterFilter(format!("{}.{stem}", cluster.name)),
+                stat,
+                code: None,
+                kind: Kind::Counter,
+                value,
+            });
         }
     }
 }

@@ -324,4 +324,31 @@ fn cluster_stats_are_exported_as_envoys() {
         1,
         "{text}"
     );
+    // The ext_authz filter's counts on a request's route cluster: made at their first count,
+    // as Envoy makes them, under the filter's stat prefix when it has one.
+    assert!(
+        !dotted.iter().any(|(n, _)| n.contains(".ext_authz")),
+        "{dotted:?}"
+    );
+    let stats = &up.clusters.find(C).expect("in use").stats;
+    crate::upstream::stats::inc(&stats.ext_authz("").ok);
+    crate::upstream::stats::inc(&stats.ext_authz("waf").denied);
+    let dotted: Vec<(String, u64)> = m
+        .envoy_stats()
+        .into_iter()
+        .map(|s| (s.dotted_name(), s.value))
+        .filter(|(n, _)| n.contains(".ext_authz"))
+        .collect();
+    let named = |n: &str| (format!("cluster.{C}.{n}"), 1);
+    assert_eq!(
+        dotted,
+        [named("ext_authz.ok"), named("ext_authz.waf.denied")]
+    );
+    let text = m.encode();
+    for line in [
+        format!("{stem}_ext_authz_ok 1\n"),
+        format!("{stem}_ext_authz_waf_denied 1\n"),
+    ] {
+        assert!(text.contains(&line), "{line}: {text}");
+    }
 }

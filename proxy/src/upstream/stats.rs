@@ -3,7 +3,9 @@
 //! versions of the cluster as Envoy keeps its stats. The data path only adds to them; the admin
 //! pages read them ([`ClusterStats::envoy_stats`]).
 
+use crate::metrics::per_prefix::PerPrefix;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// The HTTP status codes counted one by one (`upstream_rq_<code>`).
 const CODES: std::ops::RangeInclusive<u16> = 100..=599;
@@ -33,6 +35,35 @@ pub struct ClusterStats {
     /// Host picks made in panic mode, over every host of a priority, healthy or not.
     pub lb_healthy_panic: AtomicU64,
     pub outlier: OutlierStats,
+    /// The HTTP ext_authz filters' outcomes for requests whose route named this cluster when
+    /// they were checked (`ext_authz.*`), of filters without a stat prefix (istiod's)…
+    ext_authz: Arc<ExtAuthzCounts>,
+    /// … and of those with one (`ext_authz.<prefix>.*`), by prefix.
+    ext_authz_named: PerPrefix<ExtAuthzCounts>,
+}
+
+/// What Envoy's HTTP ext_authz filter counts in the scope of the request's route cluster
+/// (`cluster.<name>.ext_authz.ok`, …). Envoy makes each at its first count, so one that is
+/// still 0 is not shown.
+#[derive(Debug, Default)]
+pub struct ExtAuthzCounts {
+    pub ok: AtomicU64,
+    pub denied: AtomicU64,
+    pub error: AtomicU64,
+    pub failure_mode_allowed: AtomicU64,
+}
+
+impl ExtAuthzCounts {
+    /// Envoy's names and the values.
+    fn values(&self) -> [(&'static str, u64); 4] {
+        let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        [
+            ("denied", v(&self.denied)),
+            ("error", v(&self.error)),
+            ("failure_mode_allowed", v(&self.failure_mode_allowed)),
+            ("ok", v(&self.ok)),
+        ]
+    }
 }
 
 /// `outlier_detection.*`, as Envoy counts them.
@@ -77,7 +108,38 @@ impl ClusterStats {
             cx_max_requests: AtomicU64::new(0),
             lb_healthy_panic: AtomicU64::new(0),
             outlier: OutlierStats::default(),
+            ext_authz: Arc::default(),
+            ext_authz_named: PerPrefix::default(),
         }
+    }
+
+    /// The ext_authz counts of filters with the stat prefix `prefix` (istiod's: empty,
+    /// looked up without a lock).
+    pub fn ext_authz(&self, prefix: &str) -> Arc<ExtAuthzCounts> {
+        match prefix {
+            "" => Arc::clone(&self.ext_authz),
+            named => self.ext_authz_named.of(named),
+        }
+    }
+
+    /// The ext_authz counts made so far, each as the part of its name after the cluster's
+    /// (`ext_authz`, or `ext_authz.<filter's prefix>`), its own name and its value.
+    pub fn ext_authz_stats(&self) -> Vec<(String, &'static str, u64)> {
+        let named = self.ext_authz_named.each();
+        let all = std::iter::once(("ext_authz".to_string(), &self.ext_authz)).chain(
+            named
+                .iter()
+                .map(|(prefix, c)| (format!("ext_authz.{prefix}"), c)),
+        );
+        let mut out = Vec::new();
+        for (stem, counts) in all {
+            for (stat, value) in counts.values() {
+                if value != 0 {
+                    out.push((stem.clone(), stat, value));
+                }
+            }
+        }
+        out
     }
 
     /// An upstream response (or Envoy's local answer for the upstream's failure) with `status`.
@@ -228,5 +290,27 @@ mod tests {
         assert_eq!(get("upstream_rq", Some("404")), None);
         assert_eq!(get("upstream_rq_completed", None), Some(4));
         assert_eq!(get("upstream_rq_active", None), Some(1));
+    }
+
+    #[test]
+    fn ext_authz_counts_are_shown_once_counted_by_filter_prefix() {
+        let s = ClusterStats::new("inbound|8080||");
+        assert_eq!(s.ext_authz_stats(), []);
+        inc(&s.ext_authz("").ok);
+        inc(&s.ext_authz("").ok);
+        inc(&s.ext_authz("").error);
+        inc(&s.ext_authz("").failure_mode_allowed);
+        inc(&s.ext_authz("waf").denied);
+        let stem = |s: &str| s.to_string();
+        assert_eq!(
+            s.ext_authz_stats(),
+            [
+                (stem("ext_authz"), "error", 1),
+                (stem("ext_authz"), "failure_mode_allowed", 1),
+                (stem("ext_authz"), "ok", 2),
+                (stem("ext_authz.waf"), "denied", 1),
+            ]
+        );
+        assert!(Arc::ptr_eq(&s.ext_authz("waf"), &s.ext_authz("waf")));
     }
 }

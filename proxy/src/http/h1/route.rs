@@ -43,7 +43,7 @@ pub(super) fn route(
         path_and_query: head.target,
         header: &header,
     };
-    match routed::decide_request(ctx, routes, host, &req, None) {
+    match routed::decide_request(ctx, routes, host, &req, None, fastrand::u64(..)) {
         Ok(decided) if decided.fits_fast_path() => {
             let routed = decided.routed;
             // The head loses a client's own count (hyper's path keeps it when the virtual

@@ -221,6 +221,7 @@ mod tests {
             host.as_bytes(),
             &req,
             None,
+            0,
         )
         .unwrap_or_else(|_| panic!("{host}{path} is routed"))
     }
@@ -302,6 +303,7 @@ mod tests {
             b"a.example.com",
             &req,
             None,
+            0,
         );
         // (its direct response is hyper's path's to answer)
         assert!(matches!(wild, Err(Answer::Handover)), "{wild:?}");
@@ -312,6 +314,7 @@ mod tests {
             b"revi\xffews",
             &req,
             None,
+            0,
         );
         assert!(matches!(bad, Err(Answer::Handover)), "{bad:?}");
         let other = cluster_of(&decide(&ctx, "elsewhere:80", "/"));

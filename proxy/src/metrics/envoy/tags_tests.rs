@@ -121,6 +121,12 @@ fn clusters_are_labelled_only_by_a_stat_name_ending_in_a_semicolon() {
         "envoy_cluster_PassthroughCluster_upstream_cx_connect_fail",
         &[],
     );
+    // The HTTP ext_authz filter's counts on istiod's inbound route cluster.
+    check(
+        "cluster.inbound|8086||.ext_authz.ok",
+        "envoy_cluster_inbound_8086___ext_authz_ok",
+        &[],
+    );
     check(
         "cluster.outbound|81||x.svc;.upstream_rq_total",
         "envoy_cluster_upstream_rq_total",

@@ -1,9 +1,13 @@
-//! The resources of `xds_ext_authz.rs`: istiod's `virtualInbound` for CUSTOM policies, one
-//! chain per case, and the authorizers' clusters, as both proxies are given them.
+//! AuthorizationPolicy's CUSTOM action as `xds_ext_authz.rs` and `xds_ext_authz_stats.rs` give
+//! it to Remora and Envoy: istiod's `virtualInbound` for CUSTOM policies, one chain per case,
+//! and the authorizers' clusters, as both proxies are given them; the pod's workload and the
+//! peer's requests ([`client`]).
 
-use remora_e2e::envoy_xds::Resources;
-use remora_e2e::ext_authz::{self, TcpChain, DENIED_TCP_PORT};
-use remora_e2e::xds_resources::inbound_cluster;
+pub mod client;
+
+use crate::envoy_xds::Resources;
+use crate::ext_authz::{self, TcpChain, DENIED_TCP_PORT};
+use crate::xds_resources::inbound_cluster;
 use serde_json::{json, Value};
 
 pub const AUTHZ_PORT: u16 = 9000;
@@ -262,11 +266,15 @@ fn seen_path(mut filter: Value) -> Value {
 }
 
 /// A chain with `authz` whose route table first sends a request carrying the authorizer's
-/// `x-ext-authz-check-result: allowed` to a direct response (`rerouted`).
+/// `x-ext-authz-check-result: allowed` to a direct response (`rerouted`), and has no route
+/// for any other outside `/hello`.
 fn rerouting(port: u16, authz: Value) -> Value {
     let mut chain = chain(port, authz);
     let routes = "/filters/0/typed_config/route_config/virtual_hosts/0/routes";
     if let Some(Value::Array(routes)) = chain.pointer_mut(routes) {
+        if let Some(to_cluster) = routes.first_mut() {
+            to_cluster["match"] = json!({"prefix": "/hello"});
+        }
         routes.insert(
             0,
             json!({"name": "authorized", "match": {"prefix": "/", "headers": [{
