@@ -7,16 +7,21 @@
 //! `virtualOutbound` hands the connection to) with a `tcp_proxy` over `weighted_clusters`, one
 //! per subset. A cluster is chosen per connection: of 400 connections, each echoing through
 //! the backend of the subset it reached, 80 % go to v1 (tolerance 70–90 %) and the rest to v2,
-//! with every echo intact, in both proxies.
+//! with every echo intact, in both proxies. Both count the connections and their bytes in
+//! the same `tcp_proxy` statistics (`tcp.<stat_prefix>.*`, and under Istio's tags on
+//! `/stats/prometheus`), a connection to no service (`virtualOutbound`'s `BlackHoleCluster`
+//! chain) included.
 
-use remora_e2e::envoy_xds::{nets_or_skip, Resources};
+use remora_e2e::envoy_xds::{istio_stats_config, nets_or_skip, Resources};
 use remora_e2e::peer::{self, Server};
+use remora_e2e::stat_deltas::{self, delta, prometheus_samples, Stats};
 use remora_e2e::xds_resources::eds_cluster;
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
 const VIP: &str = "10.96.0.30:9000";
@@ -113,6 +118,42 @@ fn check(who: &str, (one, two, other): &(usize, usize, Vec<String>)) {
     assert!((280..=360).contains(one), "{who}: v1 {one}, v2 {two}");
 }
 
+/// The `tcp_proxy` statistics of the sidecar whose admin API is on `port`.
+fn tcp_proxy_stats(net: &PodNet, port: u16) -> Stats {
+    stat_deltas::stats(net, port, |name| {
+        name.starts_with("tcp.") && !name.starts_with("tcp.rbac.")
+    })
+}
+
+/// What the shift and one connection to no service changed in the `tcp_proxy` statistics of
+/// the sidecar whose admin API is on `admin`, every name it has after, and its
+/// `envoy_tcp_*` samples (the RBAC filters' `envoy_tcp{…}` family left out).
+fn counted(net: &PodNet, admin: u16, who: &str) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let before = tcp_proxy_stats(net, admin);
+    let shifted = shift(net, who);
+    check(who, &shifted);
+    // Nothing listens for this address: virtualOutbound's catch-all chain takes it to
+    // BlackHoleCluster, which has no endpoint, and the connection is closed.
+    if let Ok(mut s) = peer::connect(&net.pod, "10.96.0.99:9000".parse().expect("addr")) {
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = std::io::Read::read(&mut s, &mut [0; 16]);
+    }
+    // A connection adds its bytes when it ends, just after the client has its answer.
+    let sent: usize = (0..CONNECTIONS).map(|i| format!("hello {i}\n").len()).sum();
+    let rx = "tcp.outbound|9000||tcp-echo.istio-io-tcp-traffic-shifting.svc.cluster.local.downstream_cx_rx_bytes_total";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let after = loop {
+        let after = tcp_proxy_stats(net, admin);
+        let counted = after.get(rx).copied().unwrap_or(0) - before.get(rx).copied().unwrap_or(0);
+        if counted == sent as i64 || Instant::now() > deadline {
+            break after;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let samples = prometheus_samples(net, admin, "envoy_tcp_");
+    (delta(&before, &after), after.into_keys().collect(), samples)
+}
+
 #[test]
 fn tcp_traffic_shifting_has_envoys_distribution() {
     let Some((binary, nets)) = nets_or_skip() else {
@@ -122,12 +163,26 @@ fn tcp_traffic_shifting_has_envoys_distribution() {
     let _remora_backends = prepare(remora_net);
     let _envoy_backends = prepare(envoy_net);
     let remora = resources().start_remora(remora_net);
-    let envoy = resources().start_envoy(envoy_net, Path::new(&binary));
-    let expected = shift(envoy_net, "envoy");
-    check(&format!("envoy\n{}", envoy.logs()), &expected);
-    let got = shift(remora_net, "remora");
-    check(
-        &format!("remora\n{}\n{}", remora.stdout(), remora.stderr()),
-        &got,
+    let envoy = resources().start_envoy_with(envoy_net, Path::new(&binary), istio_stats_config);
+    let expected = counted(envoy_net, remora_e2e::envoy::ADMIN_PORT, "envoy");
+    let got = counted(remora_net, remora_e2e::ADMIN_PORT, "remora");
+    let logs = || {
+        format!(
+            "envoy:\n{}\nremora:\n{}\n{}",
+            envoy.logs(),
+            remora.stdout(),
+            remora.stderr()
+        )
+    };
+    let (changed, names, samples) = &expected;
+    assert!(
+        changed.contains(&format!(
+            "tcp.outbound|9000||tcp-echo.istio-io-tcp-traffic-shifting.svc.cluster.local.downstream_cx_total +{CONNECTIONS}"
+        )) && changed.contains(&"tcp.BlackHoleCluster.downstream_cx_total +1".to_string()),
+        "Envoy counted the connections otherwise: {changed:#?}\n{}",
+        logs()
     );
+    assert_eq!(&got.0, changed, "what the traffic changed\n{}", logs());
+    assert_eq!(&got.1, names, "the tcp_proxy statistics\n{}", logs());
+    assert_eq!(&got.2, samples, "in Prometheus form\n{}", logs());
 }

@@ -193,6 +193,11 @@ impl Snapshot {
         self.index.inbound.as_ref()
     }
 
+    /// Every listener held, by name.
+    pub fn listeners(&self) -> impl Iterator<Item = &Arc<Listener>> {
+        self.listeners.values().map(|e| &e.model)
+    }
+
     /// A listener by name.
     pub fn listener(&self, name: &str) -> Option<&Arc<Listener>> {
         self.listeners.get(name).map(|e| &e.model)

@@ -124,6 +124,8 @@ pub enum Scope {
     HttpConnManager(String),
     /// Istio's network RBAC filter (stat prefix `tcp.`).
     Tcp,
+    /// A `tcp_proxy` filter, by its stat prefix (istiod's cluster name).
+    TcpProxy(String),
     /// A network ext_authz filter, by its stat prefix (istiod's `tcp.`).
     ExtAuthz(String),
     /// An HTTP ext_authz filter, by the part of its names after `http.`
@@ -182,6 +184,7 @@ impl EnvoyStat {
             Scope::Cluster(c) | Scope::ClusterFilter(c) => format!("cluster.{c}.{}", self.stat),
             Scope::HttpConnManager(p) => format!("http.{p}.{}", self.stat),
             Scope::Tcp => format!("tcp.{}", self.stat),
+            Scope::TcpProxy(p) => format!("tcp.{p}.{}", self.stat),
             // Envoy puts a dot after the prefix even when it ends in one (`ext_authz.tcp..ok`).
             Scope::ExtAuthz(p) => format!("ext_authz.{p}.{}", self.stat),
             Scope::HttpExtAuthz(stem) | Scope::HttpRbac(stem) => {
@@ -232,6 +235,8 @@ pub struct EnvoyStats {
     /// The RBAC filters' counters under xDS, for their `http.<prefix>.rbac.*` and
     /// `<prefix>rbac.*` (network: `tcp.rbac.*`) stats.
     pub rbac_filters: Arc<super::rbac_filters::RbacFilterStats>,
+    /// The `tcp_proxy` filters' counters under xDS, for their `tcp.<prefix>.*` stats.
+    pub tcp_proxy: Arc<super::tcp_proxy::TcpProxyStats>,
     /// The xDS resources in force (istiod's or the files'), for the statistics Envoy makes
     /// when it loads a listener.
     pub xds: Arc<OnceLock<Arc<remora_xds::store::Store>>>,
@@ -425,6 +430,18 @@ impl EnvoyStats {
         for (stem, counters) in crate::http::ext_authz::stats::stems(&self.http_ext_authz) {
             for (stat, value) in counters.values() {
                 stats.push(c(Scope::HttpExtAuthz(stem.clone()), stat, value));
+            }
+        }
+        if let Some(store) = self.xds.get() {
+            super::tcp_proxy::make_configured(&self.tcp_proxy, &store.current());
+        }
+        for (prefix, counters) in self.tcp_proxy.each() {
+            for (stat, kind, value) in counters.values() {
+                let scope = Scope::TcpProxy(prefix.to_string());
+                stats.push(match kind {
+                    Kind::Counter => c(scope, stat, value),
+                    Kind::Gauge => g(scope, stat, value),
+                });
             }
         }
         for (prefix, valid, invalid) in self.cors.snapshot() {

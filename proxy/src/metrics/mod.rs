@@ -16,6 +16,7 @@ mod overload;
 pub mod per_prefix;
 mod process;
 pub mod rbac_filters;
+pub mod tcp_proxy;
 mod tls;
 
 pub use authz::{AuthzMetrics, Outcome as AuthzOutcome, Protocol as AuthzProtocol};
@@ -87,6 +88,8 @@ pub struct Metrics {
     pub http_ext_authz: Arc<crate::http::ext_authz::HttpStats>,
     /// Envoy's RBAC filter statistics under xDS, per connection manager or stat prefix.
     pub rbac_filters: Arc<rbac_filters::RbacFilterStats>,
+    /// Envoy's `tcp_proxy` statistics under xDS, per stat prefix.
+    pub tcp_proxy: Arc<tcp_proxy::TcpProxyStats>,
     pub ext_authz: crate::http::ext_authz::ExtAuthzStats,
     /// Protocol detection outcomes, by `DETECTION_RESULTS` index, and how long they took.
     detections: Vec<Counter>,
@@ -238,6 +241,7 @@ impl Metrics {
             network_ext_authz: Arc::default(),
             http_ext_authz: Arc::default(),
             rbac_filters: Arc::default(),
+            tcp_proxy: Arc::default(),
             xds: Arc::default(),
         };
         registry.register_collector(Box::new(envoy.clone()));
@@ -247,6 +251,7 @@ impl Metrics {
             network_ext_authz: Arc::clone(&envoy.network_ext_authz),
             http_ext_authz: Arc::clone(&envoy.http_ext_authz),
             rbac_filters: Arc::clone(&envoy.rbac_filters),
+            tcp_proxy: Arc::clone(&envoy.tcp_proxy),
             detections,
             detection_seconds,
             tls,

@@ -73,22 +73,22 @@ impl Proxy {
         hop: Hop,
         snapshot: Arc<Snapshot>,
     ) -> Outcome {
-        let mut chain_log = None;
+        let mut took = super::xds::Took::default();
         let outcome = self
-            .inbound_chain(config, downstream, hop, &snapshot, &mut chain_log)
+            .inbound_chain(config, downstream, hop, &snapshot, &mut took)
             .await;
         let listener = snapshot.inbound_listener();
-        outcome.logged_by(chain_log, listener.map(|l| &**l))
+        took.finish(outcome, listener.map(|l| &**l))
     }
 
-    /// Serve an inbound connection by its chain; `chain_log` is set once one takes it.
+    /// Serve an inbound connection by its chain; `took` is set once one takes it.
     async fn inbound_chain(
         self: &Arc<Self>,
         config: &Arc<Config>,
         mut downstream: TcpStream,
         hop: Hop,
         snapshot: &Snapshot,
-        chain_log: &mut Option<crate::access_log::Loggers>,
+        took: &mut super::xds::Took,
     ) -> Outcome {
         let Some(listener) = snapshot.inbound_listener() else {
             tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no virtualInbound listener yet: refused, as Envoy has no inbound listener before LDS");
@@ -119,9 +119,10 @@ impl Proxy {
         let alpn = super::xds::application_protocols(hello.as_ref(), http, http_inspected);
         let facts = super::xds::connection_facts(hop.destination, hello.as_ref(), &alpn);
         let decided = route::inbound(snapshot, &facts, fastrand::u64(..));
-        *chain_log = decided
-            .as_ref()
-            .and_then(|i| super::xds::connection_log(&i.decision));
+        *took = super::xds::Took::of(
+            decided.as_ref().map(|i| &i.decision),
+            &self.metrics.tcp_proxy,
+        );
         let Some(inbound) = decided.filter(|i| !matches!(i.decision, ChainDecision::NoChain))
         else {
             tracing::debug!(peer = %hop.peer, destination = %hop.destination, alpn = ?alpn, "no virtualInbound filter chain");

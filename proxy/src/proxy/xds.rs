@@ -7,6 +7,7 @@
 
 use super::*;
 use crate::access_log::{Loggers, XdsFacts};
+use crate::metrics::tcp_proxy::{Closed, TcpProxyCounters, TcpProxyStats};
 use crate::route::{self, ChainDecision, ChainRef};
 use crate::tls::client_hello::{self, ClientHello, Parsed};
 use crate::upstream::dial::{self, Connected};
@@ -25,22 +26,22 @@ impl Proxy {
         hop: Hop,
         snapshot: Arc<Snapshot>,
     ) -> Outcome {
-        let mut chain_log = None;
+        let mut took = Took::default();
         let outcome = self
-            .outbound_chain(config, downstream, hop, &snapshot, &mut chain_log)
+            .outbound_chain(config, downstream, hop, &snapshot, &mut took)
             .await;
         let listener = snapshot.outbound_listener(hop.destination);
-        outcome.logged_by(chain_log, listener.map(|l| &**l))
+        took.finish(outcome, listener.map(|l| &**l))
     }
 
-    /// Serve an outbound connection by its chain; `chain_log` is set once one takes it.
+    /// Serve an outbound connection by its chain; `took` is set once one takes it.
     async fn outbound_chain(
         self: &Arc<Self>,
         config: &Arc<Config>,
         mut downstream: TcpStream,
         hop: Hop,
         snapshot: &Snapshot,
-        chain_log: &mut Option<Loggers>,
+        took: &mut Took,
     ) -> Outcome {
         let listener = snapshot.outbound_listener(hop.destination);
         // The listener's TLS inspector reads the ClientHello whether or not a chain matches
@@ -65,7 +66,7 @@ impl Proxy {
         let alpn = application_protocols(hello.as_ref(), http, true);
         let facts = connection_facts(hop.destination, hello.as_ref(), &alpn);
         let decision = route::outbound(snapshot, &facts, fastrand::u64(..));
-        *chain_log = connection_log(&decision);
+        *took = Took::of(Some(&decision), &self.metrics.tcp_proxy);
         let (cluster, idle, hash, chain) = match decision {
             ChainDecision::NoChain => {
                 tracing::debug!(peer = %hop.peer, destination = %hop.destination, "no xDS listener or filter chain");
@@ -254,10 +255,53 @@ pub(super) fn no_chain_facts(destination: std::net::SocketAddr) -> XdsFacts {
     }
 }
 
+/// What a connection keeps of the chain that took it until it ends: the loggers of its line
+/// and its `tcp_proxy`'s counters.
+#[derive(Default)]
+pub(super) struct Took {
+    log: Option<Loggers>,
+    tcp_proxy: Option<Arc<TcpProxyCounters>>,
+}
+
+impl Took {
+    /// What the chain of `decision` (`None`: no chain was decided) keeps; a chain that ends
+    /// in `tcp_proxy` counts the connection, as Envoy's filter does once made for it.
+    pub(super) fn of(decision: Option<&ChainDecision<'_>>, stats: &TcpProxyStats) -> Took {
+        let tcp_proxy = match decision {
+            Some(ChainDecision::Tcp { chain, .. }) => match &chain.kind {
+                ChainKind::Tcp(tcp) => Some(stats.of(&tcp.stat_prefix)),
+                ChainKind::Http(_) => None,
+            },
+            _ => None,
+        };
+        if let Some(counters) = &tcp_proxy {
+            counters.opened();
+        }
+        Took {
+            log: decision.and_then(connection_log),
+            tcp_proxy,
+        }
+    }
+
+    /// The connection ended with `outcome`: its `tcp_proxy` counts how, and its line goes to
+    /// the chain's loggers, or `listener`'s when no chain took it.
+    pub(super) fn finish(self, outcome: Outcome, listener: Option<&Listener>) -> Outcome {
+        if let Some(counters) = &self.tcp_proxy {
+            counters.closed(Closed {
+                received: outcome.transfer.sent,
+                sent: outcome.transfer.received,
+                idle_timeout: outcome.end == End::IdleTimeout,
+                no_route: outcome.end == End::NoCluster,
+            });
+        }
+        outcome.logged_by(self.log, listener)
+    }
+}
+
 /// The loggers of a connection a chain took, as Envoy's: its `tcp_proxy`'s; none at the
 /// connection's end for HTTP (its connection manager's loggers write each request); `None`
 /// when no chain took it (the listener's loggers then, with their filter).
-pub(super) fn connection_log(decision: &ChainDecision<'_>) -> Option<Loggers> {
+fn connection_log(decision: &ChainDecision<'_>) -> Option<Loggers> {
     match decision {
         ChainDecision::Tcp { chain, .. } => Some(match &chain.kind {
             ChainKind::Tcp(tcp) => Loggers::xds(&tcp.access_log),

@@ -62,11 +62,12 @@ fn a_connection_is_logged_by_its_chain_or_else_its_listener() {
         transport_protocol: "raw_buffer",
         application_protocols: &[],
     };
+    let counters = crate::metrics::tcp_proxy::TcpProxyStats::default();
     let decide = |dst: &str| {
         let d = route::outbound(&snapshot, &facts(dst), 0);
         let listener = snapshot.outbound_listener(facts(dst).destination);
-        refused(None, End::NoRoute)
-            .logged_by(super::xds::connection_log(&d), listener.map(|l| &**l))
+        super::xds::Took::of(Some(&d), &counters)
+            .finish(refused(None, End::NoRoute), listener.map(|l| &**l))
     };
 
     let tcp = decide("10.96.0.20:9000").log;
@@ -82,4 +83,14 @@ fn a_connection_is_logged_by_its_chain_or_else_its_listener() {
     assert_eq!(no_chain.admitting(["UF"]).count(), 0);
     // No listener at all: nothing.
     assert!(!decide("10.96.0.99:7").log.is_some());
+    // Only the connection the TCP chain took is counted by its `tcp_proxy`.
+    let taken = counters.each();
+    assert_eq!(taken.len(), 1, "one tcp_proxy stat prefix counted");
+    let (prefix, echo) = &taken[0];
+    assert_eq!(&**prefix, "echo");
+    let total = echo
+        .values()
+        .into_iter()
+        .find(|(n, _, _)| *n == "downstream_cx_total");
+    assert_eq!(total.map(|(_, _, v)| v), Some(1));
 }
