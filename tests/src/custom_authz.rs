@@ -43,17 +43,24 @@ pub const TCP_ALLOWED: u16 = 9100;
 pub const TCP_DENIED: u16 = DENIED_TCP_PORT as u16;
 /// A TCP port the CUSTOM policy does not select.
 pub const TCP_UNSELECTED: u16 = 9102;
+/// The HTTP services' ports, each behind its own inbound chain.
+pub const HTTP_PORTS: [u16; 10] = [
+    UP,
+    DOWN,
+    DOWN_OPEN,
+    GRPC,
+    ORDERED,
+    HASTY,
+    CHAINED,
+    REROUTE,
+    REROUTE_CLEARED,
+    PLAIN,
+];
+/// The TCP services' ports.
+pub const TCP_PORTS: [u16; 3] = [TCP_ALLOWED, TCP_DENIED, TCP_UNSELECTED];
 /// Istio's default access-log format, which both proxies write; request line, status, flags
 /// and response code details are compared.
-pub const LOG_FORMAT: &str = concat!(
-    "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" ",
-    "%RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% ",
-    "\"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %BYTES_RECEIVED% %BYTES_SENT% %DURATION% ",
-    "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" ",
-    "\"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\" %UPSTREAM_CLUSTER_RAW% ",
-    "%UPSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_REMOTE_ADDRESS% ",
-    "%REQUESTED_SERVER_NAME% %ROUTE_NAME%\n",
-);
+pub const LOG_FORMAT: &str = crate::envoy_xds::ISTIO_TEXT_FORMAT;
 
 /// `"METHOD PATH PROTOCOL" STATUS FLAGS DETAILS` of each request line of an access log.
 pub fn access_lines(log: &str) -> Vec<String> {
@@ -225,24 +232,11 @@ pub fn resources() -> Resources {
             tcp_chain(TCP_ALLOWED, grpc),
             tcp_chain(TCP_DENIED, grpc),
             tcp_chain(TCP_UNSELECTED, grpc)]});
-    let mut clusters: Vec<Value> = [
-        UP,
-        DOWN,
-        DOWN_OPEN,
-        GRPC,
-        ORDERED,
-        HASTY,
-        CHAINED,
-        REROUTE,
-        REROUTE_CLEARED,
-        PLAIN,
-        TCP_ALLOWED,
-        TCP_DENIED,
-        TCP_UNSELECTED,
-    ]
-    .iter()
-    .map(|p| inbound_cluster(&format!("inbound|{p}||")))
-    .collect();
+    let mut clusters: Vec<Value> = HTTP_PORTS
+        .iter()
+        .chain(&TCP_PORTS)
+        .map(|p| inbound_cluster(&format!("inbound|{p}||")))
+        .collect();
     clusters.push(authz_cluster(up, "127.0.0.1", AUTHZ_PORT));
     clusters.push(authz_cluster(down, "127.0.0.1", AUTHZ_PORT + 1));
     clusters.push(ext_authz::grpc_cluster(

@@ -22,28 +22,17 @@ pub fn workload(net: &PodNet) -> (Vec<Service>, Vec<peer::Server>, GrpcAuthorize
     let authz = peer_program("ext_authz_http.py")
         .to_string_lossy()
         .into_owned();
-    let mut services: Vec<Service> = [
-        UP,
-        DOWN,
-        DOWN_OPEN,
-        GRPC,
-        ORDERED,
-        HASTY,
-        CHAINED,
-        REROUTE,
-        REROUTE_CLEARED,
-        PLAIN,
-    ]
-    .iter()
-    .map(|p| Service::start(&net.pod, "python3", &[&app, &p.to_string()], any_addr(*p)))
-    .collect();
+    let mut services: Vec<Service> = HTTP_PORTS
+        .iter()
+        .map(|p| Service::start(&net.pod, "python3", &[&app, &p.to_string()], any_addr(*p)))
+        .collect();
     services.push(Service::start(
         &net.pod,
         "python3",
         &[&authz, &AUTHZ_PORT.to_string()],
         any_addr(AUTHZ_PORT),
     ));
-    let echoes = [TCP_ALLOWED, TCP_DENIED, TCP_UNSELECTED]
+    let echoes = TCP_PORTS
         .iter()
         .map(|p| peer::Server::echo(&net.pod, any_addr(*p)))
         .collect();

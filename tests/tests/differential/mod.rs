@@ -40,15 +40,7 @@ pub const TCP: &str = "outbound|9000||echo.test.svc.cluster.local";
 pub const WEB: &str = "web.test.svc.cluster.local";
 
 /// Istio's default access-log format, which both proxies write.
-pub const ISTIO_TEXT_FORMAT: &str = concat!(
-    "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" ",
-    "%RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% ",
-    "\"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %BYTES_RECEIVED% %BYTES_SENT% %DURATION% ",
-    "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" ",
-    "\"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\" %UPSTREAM_CLUSTER_RAW% ",
-    "%UPSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_REMOTE_ADDRESS% ",
-    "%REQUESTED_SERVER_NAME% %ROUTE_NAME%\n",
-);
+pub use remora_e2e::envoy_xds::ISTIO_TEXT_FORMAT;
 
 pub fn backend_addr(port: u16) -> SocketAddr {
     SocketAddrV4::new(BACKEND_IP, port).into()
