@@ -118,6 +118,9 @@ fn check(who: &str, (one, two, other): &(usize, usize, Vec<String>)) {
     assert!((280..=360).contains(one), "{who}: v1 {one}, v2 {two}");
 }
 
+const RX: &str = "tcp.outbound|9000||tcp-echo.istio-io-tcp-traffic-shifting.svc.cluster.local.downstream_cx_rx_bytes_total";
+const TX: &str = "tcp.outbound|9000||tcp-echo.istio-io-tcp-traffic-shifting.svc.cluster.local.downstream_cx_tx_bytes_total";
+
 /// The `tcp_proxy` statistics of the sidecar whose admin API is on `port`.
 fn tcp_proxy_stats(net: &PodNet, port: u16) -> Stats {
     stat_deltas::stats(net, port, |name| {
@@ -138,14 +141,19 @@ fn counted(net: &PodNet, admin: u16, who: &str) -> (Vec<String>, Vec<String>, Ve
         let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
         let _ = std::io::Read::read(&mut s, &mut [0; 16]);
     }
-    // A connection adds its bytes when it ends, just after the client has its answer.
+    // A connection adds its bytes when it ends, just after the client has its answer: wait
+    // for every byte each way (each answer is the line after a 4-byte version).
     let sent: usize = (0..CONNECTIONS).map(|i| format!("hello {i}\n").len()).sum();
-    let rx = "tcp.outbound|9000||tcp-echo.istio-io-tcp-traffic-shifting.svc.cluster.local.downstream_cx_rx_bytes_total";
+    let expected = [(RX, sent), (TX, sent + 4 * CONNECTIONS)];
     let deadline = Instant::now() + Duration::from_secs(5);
     let after = loop {
         let after = tcp_proxy_stats(net, admin);
-        let counted = after.get(rx).copied().unwrap_or(0) - before.get(rx).copied().unwrap_or(0);
-        if counted == sent as i64 || Instant::now() > deadline {
+        let counted = |name: &str| {
+            let value = |s: &Stats| s.get(name).copied().unwrap_or(0);
+            value(&after) - value(&before)
+        };
+        let all = expected.iter().all(|&(n, v)| counted(n) == v as i64);
+        if all || Instant::now() > deadline {
             break after;
         }
         std::thread::sleep(Duration::from_millis(50));
