@@ -56,9 +56,10 @@ fn http_ext_authz_stats(net: &PodNet, port: u16) -> Stats {
     })
 }
 
-/// The inbound clusters' response counts (`cluster.inbound|…||.upstream_rq_completed`,
-/// `.upstream_rq_<code>`, `.upstream_rq_<class>`) of the sidecar whose admin API is on `port`;
-/// not Envoy's `internal.` and `external.` copies of them, which Remora does not keep.
+/// The inbound and the authorizers' clusters' response counts
+/// (`cluster.inbound|…||.upstream_rq_completed`, `.upstream_rq_<code>`, `.upstream_rq_<class>`,
+/// and Envoy's `external.` and `internal.` copies of them) of the sidecar whose admin API is on
+/// `port`.
 fn cluster_responses(net: &PodNet, port: u16) -> Stats {
     let counted = |stat: &str| match stat.strip_prefix("upstream_rq_") {
         Some("completed") => true,
@@ -72,7 +73,14 @@ fn cluster_responses(net: &PodNet, port: u16) -> Stats {
     };
     stat_deltas::stats(net, port, |n| {
         n.rsplit_once('.').is_some_and(|(scope, stat)| {
-            scope.starts_with("cluster.inbound|") && scope.ends_with("||") && counted(stat)
+            let scope = scope
+                .strip_suffix(".external")
+                .or_else(|| scope.strip_suffix(".internal"))
+                .unwrap_or(scope);
+            let inbound = scope.starts_with("cluster.inbound|") && scope.ends_with("||");
+            // The authorizers' clusters: the checks are the proxy's own requests.
+            let authorizer = scope.starts_with("cluster.outbound|") && scope.contains("ext-authz");
+            (inbound || authorizer) && counted(stat)
         })
     })
 }
@@ -187,18 +195,35 @@ fn custom_authorization_counts_as_envoy_does() {
     }
     assert_same("RBAC counts", &rbac_seen);
     assert_same("the clusters' response counts", &responses_seen);
-    // A denial is charged to the route's cluster as a response with the denial's status;
-    // not a failed check's reply, nor one denied by RBAC after the authorizer.
+    // A denial is charged to the route's cluster as a response with the denial's status, as
+    // an internal request's (Envoy's filter charges it so); not a failed check's reply, nor
+    // one denied by RBAC after the authorizer. The check itself is charged to the
+    // authorizer's cluster as an internal request, the answer it got.
+    let inbound = |seen: &[String]| -> Vec<String> {
+        let inbound = seen.iter().filter(|l| l.starts_with("cluster.inbound|"));
+        inbound.cloned().collect()
+    };
+    assert!(
+        responses_seen[2].3[0].contains(
+            &"cluster.outbound|9000||ext-authz.foo.svc.cluster.local.internal.upstream_rq_403 +1"
+                .to_string()
+        ),
+        "{:?}",
+        responses_seen[2]
+    );
     assert_eq!(
-        responses_seen[2].3[0],
+        inbound(&responses_seen[2].3[0]),
         [
+            "cluster.inbound|8080||.internal.upstream_rq_403 +1",
+            "cluster.inbound|8080||.internal.upstream_rq_4xx +1",
+            "cluster.inbound|8080||.internal.upstream_rq_completed +1",
             "cluster.inbound|8080||.upstream_rq_403 +1",
             "cluster.inbound|8080||.upstream_rq_4xx +1",
             "cluster.inbound|8080||.upstream_rq_completed +1",
         ]
     );
-    assert_eq!(responses_seen[3].3[0], Vec::<String>::new());
-    assert_eq!(responses_seen[10].3[0], Vec::<String>::new());
+    assert_eq!(inbound(&responses_seen[3].3[0]), Vec::<String>::new());
+    assert_eq!(inbound(&responses_seen[10].3[0]), Vec::<String>::new());
     // Per connection manager, each filter counting its own, the shadow counts named with
     // the filter's shadow_rules_stat_prefix.
     assert_eq!(

@@ -10,6 +10,7 @@ use remora_e2e::envoy_xds::{istio_retry_policy, nets_or_skip, Resources};
 use remora_e2e::http_client;
 use remora_e2e::peer::{self, read_request_head, Server};
 use remora_e2e::sidecars::{self, Sidecar, BACKEND_IP};
+use remora_e2e::stat_deltas::{self, Stats};
 use remora_e2e::xds_resources::{eds_cluster, outbound_http_listeners};
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
@@ -389,6 +390,17 @@ fn mirroring_has_envoys_outcome() {
     );
     let got = mirror_all(&remora);
     assert_eq!(got, expected, "remora:\n{}", remora.proxy.output());
+    // The clusters count the client's requests as Envoy's external ones and the shadows as
+    // its internal ones, the refused shadows' 503 included.
+    let counted = charged(&envoy);
+    let mirror = format!("cluster.{V2}.internal.upstream_rq_completed");
+    assert!(counted.contains_key(&mirror), "envoy: {counted:#?}");
+    assert_eq!(
+        charged(&remora),
+        counted,
+        "the clusters' answers\n{}",
+        remora.proxy.output()
+    );
     // Remora counts what became of its copies: 21 sent, the 3 to the unreachable mirror
     // failed (a 500 from the mirror is a response, not a failure).
     let url = format!(
@@ -403,6 +415,33 @@ fn mirroring_has_envoys_outcome() {
         "remora_mirror_requests_overflow_total 0",
     ] {
         assert!(stats.lines().any(|l| l == line), "{line}:\n{stats}");
+    }
+}
+
+/// The answers charged to the service's clusters (`upstream_rq_completed`, by code and class,
+/// and Envoy's `external.` and `internal.` copies: a shadow is an internal request), once
+/// the slow copies have had their time and nothing has changed for half a second (a copy is
+/// charged when it is answered).
+fn charged(w: &World) -> Stats {
+    std::thread::sleep(MIRROR_SLOW);
+    let keep = |name: &str| {
+        name.starts_with("cluster.outbound|80|")
+            && name.rsplit_once('.').is_some_and(|(_, stat)| {
+                stat == "upstream_rq_completed"
+                    || stat
+                        .strip_prefix("upstream_rq_")
+                        .is_some_and(|c| c.len() == 3 && c.as_bytes()[0].is_ascii_digit())
+            })
+    };
+    let deadline = Instant::now() + MIRROR_SLOW * 3;
+    let mut last = stat_deltas::stats(w.net, w.proxy.admin_port(), keep);
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = stat_deltas::stats(w.net, w.proxy.admin_port(), keep);
+        if now == last || Instant::now() > deadline {
+            return now;
+        }
+        last = now;
     }
 }
 

@@ -173,6 +173,8 @@ pub(super) struct CheckInput<'a> {
     pub parts: &'a Parts,
     pub body: Option<&'a [u8]>,
     pub settings: Option<BodySettings>,
+    /// The filter's `timeout`: the whole answer is due within it.
+    pub timeout: std::time::Duration,
 }
 
 /// Run the chain's filters from its first ext_authz filter on (its RBAC filters before it
@@ -351,10 +353,10 @@ impl Counted<'_> {
     /// A denial's reply charged to the cluster's responses (`upstream_rq_<code>`, its class
     /// and `upstream_rq_completed`), as Envoy's filter charges it while
     /// `charge_cluster_response_stats` is on (istiod leaves it unset: on; Remora refuses the
-    /// field).
+    /// field). Envoy's filter charges it as an internal request's (`internal.*`).
     fn charge_denial(&self, status: StatusCode) {
         if let Some((_, stats)) = self.cluster {
-            stats.response(status.as_u16());
+            stats.response(status.as_u16(), true);
         }
     }
 }
@@ -436,11 +438,9 @@ async fn check(
         parts,
         body: head.as_deref(),
         settings: ext.with_request_body,
+        timeout: ext.timeout,
     };
-    let verdict = match tokio::time::timeout(ext.timeout, ask(&input, &ext.service)).await {
-        Ok(v) => v,
-        Err(_) => Verdict::Error("the check timed out".into()),
-    };
+    let verdict = ask(&input, &ext.service).await;
     let stats = &ctx.proxy.metrics.ext_authz;
     match verdict {
         Verdict::Ok(edits) => {

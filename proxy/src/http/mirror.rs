@@ -427,11 +427,15 @@ async fn send(ctx: &Arc<ConnContext>, cluster: Arc<Cluster>, req: Request<Upstre
         .map(|a| Arc::from(crate::upstream::transport::host_of(a)));
     let mut routed = super::routed::Routed::single_attempt(target);
     routed.origin_host = origin_host;
+    routed.internal = true;
     let up = match super::routed::send(ctx, &routed, req).await {
         Ok(up) => up,
         Err(e) => {
             let cluster = routed.cluster.as_ref().map(|c| c.model.name.as_str());
             tracing::debug!(?cluster, error = %e, "shadow request failed");
+            // Envoy's shadow is a request of its router's: a failure before any answer is
+            // charged to the cluster as the router's own answer (an internal one).
+            super::routed::charge_local_answer(&routed, e.kind);
             return false;
         }
     };

@@ -77,6 +77,9 @@ pub struct Routed {
     /// Sent as this proxy's own request (an external authorizer's check), not the client's:
     /// dialled as outbound, from no passthrough source, whichever way the client came.
     pub own_request: bool,
+    /// Sent as Envoy sends its own requests, `x-envoy-internal: true` (a shadow, a check):
+    /// its cluster counts its answers under `internal.*` as well, not `external.*`.
+    pub internal: bool,
     /// Whether the cors filter found the request's origin allowed, when it judged it: counted
     /// once the fault filter before it has let the request go on ([`count_cors`]).
     pub cors_origin: Option<bool>,
@@ -104,6 +107,7 @@ impl Routed {
             set_cookies: Vec::new(),
             origin_host: None,
             own_request: false,
+            internal: false,
             cors_origin: None,
         }
     }
@@ -501,6 +505,7 @@ pub fn decide_request(
             set_cookies,
             origin_host,
             own_request: false,
+            internal: false,
             cors_origin,
         },
         request_edits,

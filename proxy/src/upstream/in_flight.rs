@@ -5,7 +5,7 @@
 
 use super::outlier::{self, HostState};
 use super::state::ClusterState;
-use super::{stats, Outcome, Traffic, UpstreamError};
+use super::{stats, Charge, Outcome, Traffic, UpstreamError};
 use remora_xds::model::cluster::{Cluster, UpstreamHttpProtocol};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -22,6 +22,9 @@ pub struct InFlight {
     request: bool,
     /// Holds one of the cluster's connection slots (`max_connections`).
     pub(super) connection: bool,
+    /// One of Remora's own requests (a shadow, a check), as Envoy sends its own with
+    /// `x-envoy-internal: true`: its answers are counted under the cluster's `internal.*`.
+    pub internal: bool,
 }
 
 impl InFlight {
@@ -36,6 +39,7 @@ impl InFlight {
             host: None,
             request: false,
             connection: false,
+            internal: false,
         };
         let s = &f.state;
         if traffic == Traffic::Http {
@@ -92,8 +96,12 @@ impl InFlight {
     /// Report what the attempt came to: counted in the cluster's statistics, and by outlier
     /// detection, which may eject the host now.
     pub fn report(&self, outcome: Outcome) {
-        self.state
-            .report(self.host.as_deref(), outcome, self.request);
+        let charge = match (self.request, self.internal) {
+            (false, _) => Charge::None,
+            (true, false) => Charge::External,
+            (true, true) => Charge::Internal,
+        };
+        self.state.report(self.host.as_deref(), outcome, charge);
     }
 
     /// A connection to the endpoint is being opened (Envoy's `upstream_cx_total`: every new

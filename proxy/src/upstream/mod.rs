@@ -42,6 +42,7 @@ pub use in_flight::{InFlight, RetryGuard};
 pub use multiplexed::{ConnectionSlot, StreamWaiters};
 pub use outlier::Outcome;
 pub use state::ClusterState;
+pub use stats::Charge;
 pub use transport::{MeshTls, OriginTls, Transport, TransportError};
 
 /// TLS parameter sets and service peers are kept for at most this many; past it they
@@ -420,10 +421,15 @@ impl Upstreams {
     }
 
     /// Count a request to the cluster of `state` that timed out, against `host` its last
-    /// attempt went to.
-    pub fn timed_out(state: &ClusterState, host: Option<SocketAddr>) {
+    /// attempt went to (`internal`: one of Remora's own requests).
+    pub fn timed_out(state: &ClusterState, host: Option<SocketAddr>, internal: bool) {
         let host = host.and_then(|h| state.known_host(&h));
-        state.report(host.as_deref(), Outcome::Timeout, true);
+        let charge = if internal {
+            Charge::Internal
+        } else {
+            Charge::External
+        };
+        state.report(host.as_deref(), Outcome::Timeout, charge);
     }
 
     /// Count a retry to the cluster of `s`, if its `max_retries` allows one more in flight;

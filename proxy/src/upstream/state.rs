@@ -7,7 +7,7 @@
 
 use super::assignment::{Assignment, KeptLoads};
 use super::outlier::HostState;
-use super::stats::ClusterStats;
+use super::stats::{Charge, ClusterStats};
 use arc_swap::ArcSwap;
 use remora_xds::model::circuit_breakers::CircuitBreakers;
 use remora_xds::model::endpoint::ClusterLoadAssignment;
@@ -192,23 +192,24 @@ impl ClusterState {
 
     /// Count what an attempt on `host` (none: an original destination, or not known) came to,
     /// and let outlier detection eject the host on it.
-    /// Only HTTP requests are counted in the `upstream_rq_*` statistics (`http`), as Envoy
+    /// Only HTTP requests are counted in the `upstream_rq_*` statistics (`charge`), as Envoy
     /// counts them: a request once it went out on a connection (`upstream_rq_total`), the
     /// code of an answer, and a timeout as its 504; an attempt whose connection failed, or
     /// that was reset, adds no code (Envoy charges its 503 only as the request's own answer).
-    pub fn report(&self, host: Option<&HostState>, outcome: super::Outcome, http: bool) {
+    pub fn report(&self, host: Option<&HostState>, outcome: super::Outcome, charge: Charge) {
         use super::stats::inc;
         use super::Outcome;
+        let internal = charge == Charge::Internal;
         match outcome {
-            _ if !http => {}
+            _ if charge == Charge::None => {}
             Outcome::Status(code) => {
                 inc(&self.stats.rq_total);
-                self.stats.response(code);
+                self.stats.response(code, internal);
             }
             Outcome::LocalFailure => inc(&self.stats.rq_total),
             Outcome::Timeout => {
                 inc(&self.stats.rq_timeout);
-                self.stats.response(504);
+                self.stats.response(504, internal);
             }
             Outcome::ConnectFailed | Outcome::Connected | Outcome::ConnectedFinal => {}
         }

@@ -10,17 +10,93 @@ use std::sync::Arc;
 /// The HTTP status codes counted one by one (`upstream_rq_<code>`).
 const CODES: std::ops::RangeInclusive<u16> = 100..=599;
 
+/// How an attempt's outcome is charged to its cluster's `upstream_rq_*` statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Charge {
+    /// Not at all: a TCP connection.
+    None,
+    /// A client's request (Envoy's `external.*` copies).
+    External,
+    /// One of Remora's own (a shadow, a check), as Envoy sends its own with
+    /// `x-envoy-internal: true` (`internal.*`).
+    Internal,
+}
+
+/// The answers charged to a cluster: how many, and by class and code.
+#[derive(Debug)]
+struct Responses {
+    completed: AtomicU64,
+    /// Per status class, 1xx to 5xx.
+    class: [AtomicU64; 5],
+    /// Per status code, 100 to 599.
+    code: Box<[AtomicU64]>,
+}
+
+impl Default for Responses {
+    fn default() -> Self {
+        Responses {
+            completed: AtomicU64::new(0),
+            class: Default::default(),
+            code: CODES.map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl Responses {
+    fn add(&self, status: u16) {
+        inc(&self.completed);
+        if let Some(c) = usize::from(status / 100)
+            .checked_sub(1)
+            .and_then(|i| self.class.get(i))
+        {
+            inc(c);
+        }
+        if let Some(c) = status
+            .checked_sub(*CODES.start())
+            .and_then(|i| self.code.get(usize::from(i)))
+        {
+            inc(c);
+        }
+    }
+
+    /// `upstream_rq_completed`, then each class and code that is not 0 (Envoy makes a code's
+    /// counter when it first counts it), as `(stat, code, value)`; `minus` taken off each (the
+    /// external copies are every answer less the internal ones).
+    fn each(&self, minus: Option<&Responses>) -> Vec<(&'static str, Option<String>, u64)> {
+        let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let less = |c: &AtomicU64, of: Option<&AtomicU64>| v(c).saturating_sub(of.map_or(0, v));
+        let mut out = vec![(
+            "upstream_rq_completed",
+            None,
+            less(&self.completed, minus.map(|m| &m.completed)),
+        )];
+        for (i, c) in self.class.iter().enumerate() {
+            let value = less(c, minus.map(|m| &m.class[i]));
+            if value != 0 {
+                out.push(("upstream_rq", Some(format!("{}xx", i + 1)), value));
+            }
+        }
+        for (i, (code, c)) in CODES.zip(self.code.iter()).enumerate() {
+            let value = less(c, minus.and_then(|m| m.code.get(i)));
+            if value != 0 {
+                out.push(("upstream_rq", Some(code.to_string()), value));
+            }
+        }
+        out
+    }
+}
+
 /// One cluster's counters.
 #[derive(Debug)]
 pub struct ClusterStats {
     /// The name Envoy files them under: `alt_stat_name`, else the cluster's name.
     pub name: Box<str>,
     pub rq_total: AtomicU64,
-    pub rq_completed: AtomicU64,
-    /// Per status class, 1xx to 5xx.
-    rq_class: [AtomicU64; 5],
-    /// Per status code, 100 to 599.
-    rq_code: Box<[AtomicU64]>,
+    /// Every answer charged.
+    responses: Responses,
+    /// Those charged for Remora's own requests, made at the first (most clusters never have
+    /// one); the rest are the client's (`external.*`).
+    internal: std::sync::OnceLock<Box<Responses>>,
     pub rq_retry: AtomicU64,
     pub rq_retry_success: AtomicU64,
     pub rq_retry_overflow: AtomicU64,
@@ -93,9 +169,8 @@ impl ClusterStats {
         ClusterStats {
             name: name.into(),
             rq_total: AtomicU64::new(0),
-            rq_completed: AtomicU64::new(0),
-            rq_class: Default::default(),
-            rq_code: CODES.map(|_| AtomicU64::new(0)).collect(),
+            responses: Responses::default(),
+            internal: std::sync::OnceLock::new(),
             rq_retry: AtomicU64::new(0),
             rq_retry_success: AtomicU64::new(0),
             rq_retry_overflow: AtomicU64::new(0),
@@ -142,20 +217,12 @@ impl ClusterStats {
         out
     }
 
-    /// An upstream response (or Envoy's local answer for the upstream's failure) with `status`.
-    pub fn response(&self, status: u16) {
-        inc(&self.rq_completed);
-        if let Some(c) = usize::from(status / 100)
-            .checked_sub(1)
-            .and_then(|i| self.rq_class.get(i))
-        {
-            inc(c);
-        }
-        if let Some(c) = status
-            .checked_sub(*CODES.start())
-            .and_then(|i| self.rq_code.get(usize::from(i)))
-        {
-            inc(c);
+    /// An upstream response (or Envoy's local answer for the upstream's failure) with
+    /// `status`, to one of Remora's own requests (`internal`) or a client's.
+    pub fn response(&self, status: u16, internal: bool) {
+        self.responses.add(status);
+        if internal {
+            self.internal.get_or_init(Box::default).add(status);
         }
     }
 
@@ -168,7 +235,6 @@ impl ClusterStats {
         let o = &self.outlier;
         let counters = [
             ("upstream_rq_total", v(&self.rq_total)),
-            ("upstream_rq_completed", v(&self.rq_completed)),
             ("upstream_rq_retry", v(&self.rq_retry)),
             ("upstream_rq_retry_success", v(&self.rq_retry_success)),
             ("upstream_rq_retry_overflow", v(&self.rq_retry_overflow)),
@@ -230,28 +296,51 @@ impl ClusterStats {
                 value,
             })
             .collect();
-        // Envoy creates a code's counter when it is first seen; so are they printed here.
-        for (i, c) in self.rq_class.iter().enumerate() {
-            if v(c) != 0 {
-                out.push(ClusterStat {
-                    stat: "upstream_rq",
-                    code: Some(format!("{}xx", i + 1)),
-                    gauge: false,
-                    value: v(c),
-                });
+        // The answers, and Envoy's copies of them by who sent the request: `external.*` once
+        // a client's has been charged, `internal.*` once one of Remora's own has.
+        let internal = self.internal.get().map(|b| &**b);
+        let copies = [
+            ("", Some(self.responses.each(None))),
+            ("external.", Some(self.responses.each(internal))),
+            ("internal.", internal.map(|i| i.each(None))),
+        ];
+        for (copy, counts) in copies {
+            let Some(mut counts) = counts else { continue };
+            let charged = counts.first().is_some_and(|&(_, _, n)| n != 0);
+            if !copy.is_empty() && !charged {
+                continue;
             }
-        }
-        for (code, c) in CODES.zip(self.rq_code.iter()) {
-            if v(c) != 0 {
+            for (stat, code, value) in counts.drain(..) {
+                let stat = match copy {
+                    "" => stat,
+                    "external." => external(stat),
+                    _ => internal_name(stat),
+                };
                 out.push(ClusterStat {
-                    stat: "upstream_rq",
-                    code: Some(code.to_string()),
+                    stat,
+                    code,
                     gauge: false,
-                    value: v(c),
+                    value,
                 });
             }
         }
         out
+    }
+}
+
+/// The `external.` copy's name of an answer statistic.
+fn external(stat: &'static str) -> &'static str {
+    match stat {
+        "upstream_rq_completed" => "external.upstream_rq_completed",
+        _ => "external.upstream_rq",
+    }
+}
+
+/// The `internal.` copy's name of an answer statistic.
+fn internal_name(stat: &'static str) -> &'static str {
+    match stat {
+        "upstream_rq_completed" => "internal.upstream_rq_completed",
+        _ => "internal.upstream_rq",
     }
 }
 
@@ -272,10 +361,10 @@ mod tests {
     #[test]
     fn codes_and_classes_are_counted_as_seen() {
         let s = ClusterStats::new("c");
-        s.response(200);
-        s.response(200);
-        s.response(503);
-        s.response(42);
+        s.response(200, false);
+        s.response(200, false);
+        s.response(503, false);
+        s.response(42, false);
         let stats = s.envoy_stats(&[("upstream_rq_active", 1)], true);
         let get = |stat: &str, code: Option<&str>| {
             stats
@@ -290,6 +379,64 @@ mod tests {
         assert_eq!(get("upstream_rq", Some("404")), None);
         assert_eq!(get("upstream_rq_completed", None), Some(4));
         assert_eq!(get("upstream_rq_active", None), Some(1));
+        // All of them a client's: Envoy's external copies, and no internal ones yet.
+        assert_eq!(get("external.upstream_rq", Some("200")), Some(2));
+        assert_eq!(get("external.upstream_rq", Some("5xx")), Some(1));
+        assert_eq!(get("external.upstream_rq_completed", None), Some(4));
+        assert!(stats.iter().all(|s| !s.stat.starts_with("internal.")));
+    }
+
+    #[test]
+    fn remoras_own_requests_are_counted_apart_as_envoys_internal_ones() {
+        let s = ClusterStats::new("mirror");
+        s.response(200, true);
+        s.response(200, true);
+        s.response(404, true);
+        let stats = s.envoy_stats(&[], false);
+        let names: Vec<String> = stats
+            .iter()
+            .filter(|s| s.stat.contains("rq_completed") || s.code.is_some())
+            .map(|s| {
+                format!(
+                    "{}{} {}",
+                    s.stat,
+                    s.code.as_deref().map_or(String::new(), |c| format!("_{c}")),
+                    s.value
+                )
+            })
+            .collect();
+        // Only shadows (or checks) so far: no external copy, as Envoy has none until a
+        // client's request is charged.
+        assert_eq!(
+            names,
+            [
+                "upstream_rq_completed 3",
+                "upstream_rq_2xx 2",
+                "upstream_rq_4xx 1",
+                "upstream_rq_200 2",
+                "upstream_rq_404 1",
+                "internal.upstream_rq_completed 3",
+                "internal.upstream_rq_2xx 2",
+                "internal.upstream_rq_4xx 1",
+                "internal.upstream_rq_200 2",
+                "internal.upstream_rq_404 1",
+            ]
+        );
+        s.response(503, false);
+        let stats = s.envoy_stats(&[], false);
+        let external: Vec<(&str, Option<&str>, u64)> = stats
+            .iter()
+            .filter(|s| s.stat.starts_with("external."))
+            .map(|s| (s.stat, s.code.as_deref(), s.value))
+            .collect();
+        assert_eq!(
+            external,
+            [
+                ("external.upstream_rq_completed", None, 1),
+                ("external.upstream_rq", Some("5xx"), 1),
+                ("external.upstream_rq", Some("503"), 1),
+            ]
+        );
     }
 
     #[test]

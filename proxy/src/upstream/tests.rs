@@ -581,7 +581,7 @@ fn kept_priority_loads_follow_a_new_assignment_and_ejections() {
     assert_eq!(picks(&first), [Some("10.0.0.1".to_string())].into());
     // Priority 0's host ejected: priority 1 takes the traffic while the ejection lasts.
     let h1 = state.host(SocketAddr::from(([10, 0, 0, 1], 80)));
-    state.report(Some(&h1), Outcome::Status(503), true);
+    state.report(Some(&h1), Outcome::Status(503), Charge::External);
     assert!(h1.ejected(state.now_ms()), "one 5xx ejects it");
     assert_eq!(picks(&first), [Some("10.0.0.2".to_string())].into());
 }

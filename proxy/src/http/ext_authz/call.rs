@@ -7,10 +7,14 @@ use super::super::ConnContext;
 use bytes::Bytes;
 use http::{HeaderMap, Request};
 use http_body_util::{BodyExt as _, Limited};
+use std::time::Duration;
 
 /// The most of an authorizer's response body read (a denial's body goes to the client):
 /// past it the check fails.
 const MAX_RESPONSE_BYTES: usize = 1 << 20;
+
+/// Why a check whose answer did not come within the filter's `timeout` failed.
+const TIMED_OUT: &str = "the check timed out";
 
 /// The authorizer's whole answer.
 pub(super) struct Answer {
@@ -19,12 +23,15 @@ pub(super) struct Answer {
     pub trailers: Option<HeaderMap>,
 }
 
-/// Send `req` to `cluster`; `Err` says why no whole answer came.
+/// Send `req` to `cluster`, its whole answer due within `timeout`; `Err` says why no whole
+/// answer came.
 pub(super) async fn call(
     ctx: &ConnContext,
     cluster: &str,
     req: Request<UpstreamBody>,
+    timeout: Duration,
 ) -> Result<Answer, String> {
+    let deadline = tokio::time::Instant::now() + timeout;
     let Some(store) = &ctx.proxy.xds else {
         return Err("no xDS configuration".into());
     };
@@ -37,15 +44,27 @@ pub(super) async fn call(
     let target = RoutedCluster::resolve(ctx, &snapshot, model, generation);
     let routed = Routed {
         own_request: true,
+        internal: true,
         ..Routed::single_attempt(target)
     };
-    let up = routed::send(ctx, &routed, req)
-        .await
-        .map_err(|e| e.to_string())?;
+    // A failure or a timeout before the answer's head is charged to the cluster as Envoy's
+    // client's router charges its own answer (the check is an internal request).
+    let up = match tokio::time::timeout_at(deadline, routed::send(ctx, &routed, req)).await {
+        Ok(Ok(up)) => up,
+        Ok(Err(e)) => {
+            routed::charge_local_answer(&routed, e.kind);
+            return Err(e.to_string());
+        }
+        Err(_) => {
+            routed::timed_out(&routed);
+            return Err(TIMED_OUT.into());
+        }
+    };
     let (head, body) = up.response.into_parts();
-    let collected = Limited::new(body, MAX_RESPONSE_BYTES)
-        .collect()
+    let collected = Limited::new(body, MAX_RESPONSE_BYTES).collect();
+    let collected = tokio::time::timeout_at(deadline, collected)
         .await
+        .map_err(|_| TIMED_OUT.to_string())?
         .map_err(|e| format!("reading the answer: {e}"))?;
     if let Some((key, sender)) = up.pooled {
         let http = &ctx.config.http;

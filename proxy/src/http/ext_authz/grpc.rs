@@ -25,15 +25,16 @@ use std::net::SocketAddr;
 const CHECK_PATH: &str = "/envoy.service.auth.v3.Authorization/Check";
 
 pub(super) async fn check(input: &CheckInput<'_>, cluster: &str, authority: &str) -> Verdict {
-    send(input.ctx, &check_request(input), cluster, authority).await
+    let message = check_request(input);
+    send(input.ctx, &message, (cluster, authority), input.timeout).await
 }
 
-/// Call `Check` with `message` on `cluster`.
+/// Call `Check` with `message` on `cluster` (with `authority`), answered within `timeout`.
 pub(super) async fn send(
     ctx: &super::ConnContext,
     message: &CheckRequest,
-    cluster: &str,
-    authority: &str,
+    (cluster, authority): (&str, &str),
+    timeout: std::time::Duration,
 ) -> Verdict {
     let authority = if authority.is_empty() {
         cluster
@@ -44,7 +45,7 @@ pub(super) async fn send(
         Ok(req) => req,
         Err(e) => return Verdict::Error(e),
     };
-    match call(ctx, cluster, req).await {
+    match call(ctx, cluster, req, timeout).await {
         Ok(answer) => verdict(answer),
         Err(e) => Verdict::Error(e),
     }

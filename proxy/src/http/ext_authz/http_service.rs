@@ -20,7 +20,7 @@ pub(super) async fn check(input: &CheckInput<'_>, s: &HttpService) -> Verdict {
         Ok(req) => req,
         Err(e) => return Verdict::Error(e),
     };
-    match call(input.ctx, &s.cluster, req).await {
+    match call(input.ctx, &s.cluster, req, input.timeout).await {
         Ok(answer) => verdict(answer, s),
         Err(e) => Verdict::Error(e),
     }

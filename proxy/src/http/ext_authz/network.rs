@@ -157,13 +157,7 @@ pub async fn check(
             ..Default::default()
         }),
     };
-    let verdict =
-        match tokio::time::timeout(ext.timeout, grpc::send(&ctx, &message, cluster, authority))
-            .await
-        {
-            Ok(v) => v,
-            Err(_) => Verdict::Error("the check timed out".into()),
-        };
+    let verdict = grpc::send(&ctx, &message, (cluster, authority), ext.timeout).await;
     drop(in_flight);
     let stats = &proxy.metrics.ext_authz;
     let outcome = match verdict {

@@ -68,7 +68,10 @@ pub(in crate::http) fn select(
         if let Ok(s) = &selected {
             tried.push(s.address);
         }
-        selected.map(|s| for_origin_host(s, routed))
+        selected.map(|mut s| {
+            s.in_flight.internal = routed.internal;
+            for_origin_host(s, routed)
+        })
     }
     .map_err(|e| {
         let kind = match e {

@@ -54,7 +54,7 @@ pub(in crate::http) fn timed_out(routed: &Routed) {
         .last()
         .copied();
     if let Some(target) = &routed.cluster {
-        crate::upstream::Upstreams::timed_out(&target.state, host);
+        crate::upstream::Upstreams::timed_out(&target.state, host, routed.internal);
     }
 }
 
@@ -113,6 +113,9 @@ pub(in crate::http) fn charge_local_answer(routed: &Routed, kind: ErrorKind) {
             | ErrorKind::Overflow
     );
     if let (true, Some(target)) = (upstream_failure, &routed.cluster) {
-        target.state.stats.response(kind.status().as_u16());
+        target
+            .state
+            .stats
+            .response(kind.status().as_u16(), routed.internal);
     }
 }
