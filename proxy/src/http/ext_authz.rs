@@ -25,6 +25,7 @@ mod http_service;
 pub mod network;
 pub mod stats;
 
+use stats::Counted;
 pub use stats::{ExtAuthzStats, HttpCounters, HttpStats};
 
 use super::authorize::attributes;
@@ -33,7 +34,6 @@ use super::errors::{ErrorKind, Flags};
 use super::mirror::{Buffered, ClientBody};
 use super::routed::matched::{route_target, RouteTarget};
 use super::ConnContext;
-use crate::upstream::stats::{inc, ClusterStats, ExtAuthzCounts};
 use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::request::Parts;
@@ -42,7 +42,6 @@ use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use remora_xds::model::ext_authz::{BodySettings, ExtAuthz, Service};
 use remora_xds::model::listener::HttpFilter;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 /// Why a request is not forwarded.
@@ -325,39 +324,6 @@ impl RouteBasis {
             headers: parts.headers.clone(),
             pick: fastrand::u64(..),
         })
-    }
-}
-
-/// Where one check's outcome is counted: its filter's connection manager, and the request's
-/// route cluster, its ext_authz counts and its own statistics (`None`: the route names none
-/// that exists).
-#[derive(Clone, Copy)]
-struct Counted<'a> {
-    filter: &'a HttpCounters,
-    cluster: Option<(&'a ExtAuthzCounts, &'a ClusterStats)>,
-}
-
-impl Counted<'_> {
-    /// Add one to the filter's counter and the cluster's of the same name.
-    fn count(
-        &self,
-        of_filter: impl Fn(&HttpCounters) -> &AtomicU64,
-        of_cluster: impl Fn(&ExtAuthzCounts) -> &AtomicU64,
-    ) {
-        HttpCounters::inc(of_filter(self.filter));
-        if let Some((c, _)) = self.cluster {
-            inc(of_cluster(c));
-        }
-    }
-
-    /// A denial's reply charged to the cluster's responses (`upstream_rq_<code>`, its class
-    /// and `upstream_rq_completed`), as Envoy's filter charges it while
-    /// `charge_cluster_response_stats` is on (istiod leaves it unset: on; Remora refuses the
-    /// field). Envoy's filter charges it as an internal request's (`internal.*`).
-    fn charge_denial(&self, status: StatusCode) {
-        if let Some((_, stats)) = self.cluster {
-            stats.response(status.as_u16(), true);
-        }
     }
 }
 

@@ -10,6 +10,7 @@
 //! queries use: they are written as gauges in OpenMetrics (where a counter's samples must end in
 //! `_total`) and typed counter in the 0.0.4 text `/stats/prometheus` serves, as Envoy types them.
 
+mod filters;
 mod tags;
 
 use super::DirectionMetrics;
@@ -376,16 +377,6 @@ impl EnvoyStats {
                 }
             }
         }
-        if let Some(store) = self.xds.get() {
-            super::rbac_filters::make_configured(&self.rbac_filters, &store.current());
-        }
-        let filters = &self.rbac_filters;
-        for (stem, stat, value) in super::rbac_filters::each(&filters.http) {
-            stats.push(c(Scope::HttpRbac(stem), stat, value));
-        }
-        for (stem, stat, value) in super::rbac_filters::each(&filters.network) {
-            stats.push(c(Scope::NetworkRbac(stem), stat, value));
-        }
         if let Some(cp) = self.control_plane.get() {
             let snap = cp.stats.snapshot();
             stats.push(g(
@@ -412,43 +403,7 @@ impl EnvoyStats {
         if let Some(upstreams) = self.clusters.get() {
             cluster_stats(&mut stats, upstreams);
         }
-        for (prefix, delays, aborts) in self.faults.snapshot() {
-            let http = || Scope::HttpConnManager(prefix.to_string());
-            stats.push(c(http(), "fault.aborts_injected", aborts));
-            stats.push(c(http(), "fault.delays_injected", delays));
-        }
-        for (prefix, counters) in self.network_ext_authz.each() {
-            let scope = || Scope::ExtAuthz(prefix.to_string());
-            for (stat, value) in counters.values() {
-                stats.push(c(scope(), stat, value));
-            }
-            stats.push(g(scope(), "active", counters.active()));
-        }
-        if let Some(store) = self.xds.get() {
-            crate::http::ext_authz::stats::make_configured(&self.http_ext_authz, &store.current());
-        }
-        for (stem, counters) in crate::http::ext_authz::stats::stems(&self.http_ext_authz) {
-            for (stat, value) in counters.values() {
-                stats.push(c(Scope::HttpExtAuthz(stem.clone()), stat, value));
-            }
-        }
-        if let Some(store) = self.xds.get() {
-            super::tcp_proxy::make_configured(&self.tcp_proxy, &store.current());
-        }
-        for (prefix, counters) in self.tcp_proxy.each() {
-            for (stat, kind, value) in counters.values() {
-                let scope = Scope::TcpProxy(prefix.to_string());
-                stats.push(match kind {
-                    Kind::Counter => c(scope, stat, value),
-                    Kind::Gauge => g(scope, stat, value),
-                });
-            }
-        }
-        for (prefix, valid, invalid) in self.cors.snapshot() {
-            let http = || Scope::HttpConnManager(prefix.to_string());
-            stats.push(c(http(), "cors.origin_invalid", invalid));
-            stats.push(c(http(), "cors.origin_valid", valid));
-        }
+        self.filter_stats(&mut stats);
         stats
     }
 }

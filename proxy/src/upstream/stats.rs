@@ -60,30 +60,60 @@ impl Responses {
     }
 
     /// `upstream_rq_completed`, then each class and code that is not 0 (Envoy makes a code's
-    /// counter when it first counts it), as `(stat, code, value)`; `minus` taken off each (the
-    /// external copies are every answer less the internal ones).
-    fn each(&self, minus: Option<&Responses>) -> Vec<(&'static str, Option<String>, u64)> {
+    /// counter when it first counts it), named as `copy` names them; `minus` taken off each
+    /// (the external copies are every answer less the internal ones).
+    fn each(&self, copy: &Names, minus: Option<&Responses>) -> Vec<ClusterStat> {
         let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let less = |c: &AtomicU64, of: Option<&AtomicU64>| v(c).saturating_sub(of.map_or(0, v));
-        let mut out = vec![(
-            "upstream_rq_completed",
-            None,
-            less(&self.completed, minus.map(|m| &m.completed)),
-        )];
+        let stat = |stat, code, value| ClusterStat {
+            stat,
+            code,
+            gauge: false,
+            value,
+        };
+        let completed = less(&self.completed, minus.map(|m| &m.completed));
+        let mut out = vec![stat(copy.completed, None, completed)];
         for (i, c) in self.class.iter().enumerate() {
             let value = less(c, minus.map(|m| &m.class[i]));
             if value != 0 {
-                out.push(("upstream_rq", Some(format!("{}xx", i + 1)), value));
+                out.push(stat(copy.by_code, Some(format!("{}xx", i + 1)), value));
             }
         }
         for (i, (code, c)) in CODES.zip(self.code.iter()).enumerate() {
             let value = less(c, minus.and_then(|m| m.code.get(i)));
             if value != 0 {
-                out.push(("upstream_rq", Some(code.to_string()), value));
+                out.push(stat(copy.by_code, Some(code.to_string()), value));
             }
         }
         out
     }
+}
+
+/// The names of one copy of the answer statistics: Envoy's own, or its `external.` or
+/// `internal.` copy.
+struct Names {
+    completed: &'static str,
+    /// What a code or class is joined to (`upstream_rq` + `200`).
+    by_code: &'static str,
+}
+
+const ALL: Names = Names {
+    completed: "upstream_rq_completed",
+    by_code: "upstream_rq",
+};
+const EXTERNAL: Names = Names {
+    completed: "external.upstream_rq_completed",
+    by_code: "external.upstream_rq",
+};
+const INTERNAL: Names = Names {
+    completed: "internal.upstream_rq_completed",
+    by_code: "internal.upstream_rq",
+};
+
+/// Whether a copy, its completed count first, was ever charged (Envoy makes a copy's names
+/// at its first count).
+fn charged(copy: &[ClusterStat]) -> bool {
+    copy.first().is_some_and(|s| s.value != 0)
 }
 
 /// One cluster's counters.
@@ -299,48 +329,15 @@ impl ClusterStats {
         // The answers, and Envoy's copies of them by who sent the request: `external.*` once
         // a client's has been charged, `internal.*` once one of Remora's own has.
         let internal = self.internal.get().map(|b| &**b);
-        let copies = [
-            ("", Some(self.responses.each(None))),
-            ("external.", Some(self.responses.each(internal))),
-            ("internal.", internal.map(|i| i.each(None))),
-        ];
-        for (copy, counts) in copies {
-            let Some(mut counts) = counts else { continue };
-            let charged = counts.first().is_some_and(|&(_, _, n)| n != 0);
-            if !copy.is_empty() && !charged {
-                continue;
-            }
-            for (stat, code, value) in counts.drain(..) {
-                let stat = match copy {
-                    "" => stat,
-                    "external." => external(stat),
-                    _ => internal_name(stat),
-                };
-                out.push(ClusterStat {
-                    stat,
-                    code,
-                    gauge: false,
-                    value,
-                });
+        out.extend(self.responses.each(&ALL, None));
+        let external = self.responses.each(&EXTERNAL, internal);
+        let internal = internal.map_or_else(Vec::new, |i| i.each(&INTERNAL, None));
+        for copy in [external, internal] {
+            if charged(&copy) {
+                out.extend(copy);
             }
         }
         out
-    }
-}
-
-/// The `external.` copy's name of an answer statistic.
-fn external(stat: &'static str) -> &'static str {
-    match stat {
-        "upstream_rq_completed" => "external.upstream_rq_completed",
-        _ => "external.upstream_rq",
-    }
-}
-
-/// The `internal.` copy's name of an answer statistic.
-fn internal_name(stat: &'static str) -> &'static str {
-    match stat {
-        "upstream_rq_completed" => "internal.upstream_rq_completed",
-        _ => "internal.upstream_rq",
     }
 }
 

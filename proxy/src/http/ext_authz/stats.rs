@@ -2,10 +2,12 @@
 //! connection manager and filter stat prefix ([`HttpStats`]:
 //! `http.<manager's stat_prefix>.ext_authz.*`, or `….ext_authz.<filter's stat_prefix>.*` when
 //! the filter has one, which istiod does not write; filters with the same names share them, as
-//! in Envoy), and Remora's own totals over every filter, HTTP and network ([`ExtAuthzStats`],
+//! in Envoy), where one check adds to them and to its route cluster's ([`Counted`]), and
+//! Remora's own totals over every filter, HTTP and network ([`ExtAuthzStats`],
 //! `remora_ext_authz_*`).
 
 use crate::metrics::per_prefix::PerPrefix;
+use crate::upstream::stats::{inc, ClusterStats, ExtAuthzCounts};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -136,6 +138,39 @@ impl ExtAuthzStats {
             registry.register(name, help, c.clone());
         }
         stats
+    }
+}
+
+/// Where one check's outcome is counted: its filter's connection manager, and the request's
+/// route cluster, its ext_authz counts and its own statistics (`None`: the route names none
+/// that exists).
+#[derive(Clone, Copy)]
+pub(super) struct Counted<'a> {
+    pub filter: &'a HttpCounters,
+    pub cluster: Option<(&'a ExtAuthzCounts, &'a ClusterStats)>,
+}
+
+impl Counted<'_> {
+    /// Add one to the filter's counter and the cluster's of the same name.
+    pub fn count(
+        &self,
+        of_filter: impl Fn(&HttpCounters) -> &AtomicU64,
+        of_cluster: impl Fn(&ExtAuthzCounts) -> &AtomicU64,
+    ) {
+        HttpCounters::inc(of_filter(self.filter));
+        if let Some((c, _)) = self.cluster {
+            inc(of_cluster(c));
+        }
+    }
+
+    /// A denial's reply charged to the cluster's responses (`upstream_rq_<code>`, its class
+    /// and `upstream_rq_completed`), as Envoy's filter charges it while
+    /// `charge_cluster_response_stats` is on (istiod leaves it unset: on; Remora refuses the
+    /// field). Envoy's filter charges it as an internal request's (`internal.*`).
+    pub fn charge_denial(&self, status: http::StatusCode) {
+        if let Some((_, stats)) = self.cluster {
+            stats.response(status.as_u16(), true);
+        }
     }
 }
 
