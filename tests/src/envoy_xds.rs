@@ -41,6 +41,20 @@ impl Resources {
         }
     }
 
+    /// Write the load assignments an Envoy of [`Resources::envoy_bootstrap`] reads from `dir`,
+    /// as EDS version `version` (to update them: Envoy reads a file again when it is moved in).
+    pub fn write_envoy_endpoints(&self, dir: &Path, version: &str) {
+        for cla in items(&self.endpoints) {
+            let name = cla["cluster_name"].as_str().unwrap_or_default();
+            write_discovery(
+                &dir.join(format!("eds-{}.json", file_name(name))),
+                ENDPOINT_TYPE,
+                cla,
+                version,
+            );
+        }
+    }
+
     /// A bootstrap for a sidecar Envoy holding these resources, its admin on
     /// 127.0.0.1:`admin_port`; the route tables and load assignments go into files in `dir`.
     pub fn envoy_bootstrap(&self, dir: &Path, admin_port: u16) -> String {
@@ -50,16 +64,10 @@ impl Resources {
                 &dir.join(format!("rds-{}.json", file_name(name))),
                 ROUTE_TYPE,
                 route,
+                "1",
             );
         }
-        for cla in items(&self.endpoints) {
-            let name = cla["cluster_name"].as_str().unwrap_or_default();
-            write_discovery(
-                &dir.join(format!("eds-{}.json", file_name(name))),
-                ENDPOINT_TYPE,
-                cla,
-            );
-        }
+        self.write_envoy_endpoints(dir, "1");
         let listeners: Vec<Value> = items(&self.listeners)
             .map(|l| {
                 let mut l = without_type(l);
@@ -180,7 +188,7 @@ fn serve_file_secrets(v: &mut Value, dir: &Path) {
             if let Some(secret) = secret {
                 let name = secret["name"].as_str().unwrap_or_default().to_string();
                 let path = dir.join(format!("sds-{}.json", file_name(&name)));
-                write_discovery(&path, SECRET_TYPE, &secret);
+                write_discovery(&path, SECRET_TYPE, &secret, "1");
                 o.insert("sds_config".into(), file_source(&path));
             }
             o.values_mut().for_each(|v| serve_file_secrets(v, dir));
@@ -191,14 +199,18 @@ fn serve_file_secrets(v: &mut Value, dir: &Path) {
 }
 
 /// A DiscoveryResponse with one resource, as Envoy's filesystem subscription reads it.
-fn write_discovery(path: &Path, type_url: &str, resource: &Value) {
+/// A discovery response of one resource at `version`, moved into place whole: Envoy watches
+/// for the file being moved in.
+fn write_discovery(path: &Path, type_url: &str, resource: &Value, version: &str) {
     let mut r = without_type(resource);
     if let Some(o) = r.as_object_mut() {
         o.insert("@type".into(), Value::String(type_url.into()));
     }
-    let response = json!({"version_info": "1", "type_url": type_url, "resources": [r]});
-    std::fs::write(path, response.to_string())
-        .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    let response = json!({"version_info": version, "type_url": type_url, "resources": [r]});
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, response.to_string())
+        .unwrap_or_else(|e| panic!("write {}: {e}", tmp.display()));
+    std::fs::rename(&tmp, path).unwrap_or_else(|e| panic!("move {}: {e}", path.display()));
 }
 
 impl Resources {

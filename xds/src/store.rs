@@ -33,6 +33,8 @@ pub struct Store {
     /// Per secret wanted, how many times its initial fetch timed out (Envoy's
     /// `sds.<name>.init_fetch_timeout`).
     secret_fetch_timeouts: Mutex<BTreeMap<String, u64>>,
+    /// Per cluster in force, how often its hosts changed (Envoy's `membership_change`).
+    membership: crate::membership::MembershipChanges,
 }
 
 impl Store {
@@ -97,6 +99,7 @@ impl Store {
 
     /// Publishes `next` as the current snapshot.
     fn publish(&self, next: Snapshot, listeners: bool) {
+        self.membership.count(&self.current.load(), &next);
         self.current.store(Arc::new(next));
         self.generation.fetch_add(1, Ordering::Release);
         if listeners {
@@ -117,6 +120,12 @@ impl Store {
         for name in expired {
             *counts.entry(name).or_default() += 1;
         }
+    }
+
+    /// How often the hosts of the cluster named `cluster` changed since it came in force
+    /// (Envoy's `cluster.<name>.membership_change`; EDS and STATIC clusters only).
+    pub fn membership_changes(&self, cluster: &str) -> u64 {
+        self.membership.get(cluster)
     }
 
     /// Per secret, how many times its initial fetch timed out (Envoy's

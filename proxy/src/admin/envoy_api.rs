@@ -207,7 +207,7 @@ pub(super) fn clusters(state: &AdminState, req: &AdminRequest) -> Response<Body>
     let snapshot = state.xds.as_ref().map(|store| store.snapshot());
     let xds = snapshot
         .as_deref()
-        .map(|s| super::xds_dump::cluster_hosts(s, &state.dns_hosts, &state.balancers))
+        .map(|s| crate::upstream::membership::cluster_hosts(s, &state.dns_hosts, &state.balancers))
         .unwrap_or_default();
     let clusters: Vec<_> = clusters_with_hosts(state)
         .into_iter()

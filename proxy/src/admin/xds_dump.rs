@@ -258,68 +258,6 @@ fn workload_secrets(state: &AdminState) -> Vec<Value> {
     ]
 }
 
-/// One host of an xDS cluster, as `/clusters` shows it.
-pub(super) struct Host {
-    pub address: std::net::SocketAddr,
-    pub weight: u32,
-    pub priority: u32,
-    pub health: Health,
-    pub locality: remora_xds::model::endpoint::Locality,
-    /// Ejected by outlier detection now.
-    pub ejected: bool,
-    /// `cx_active`, `rq_active`, `rq_total`, `rq_error` (0 before the host's first pick).
-    pub counters: [u64; 4],
-}
-
-/// Each xDS cluster with its endpoints (EDS, or the cluster's own `load_assignment`), in
-/// name order.
-pub(super) fn cluster_hosts(
-    snapshot: &Snapshot,
-    dns: &crate::upstream::dns::DnsHosts,
-    balancers: &crate::upstream::Upstreams,
-) -> Vec<(String, Vec<Host>)> {
-    use std::sync::atomic::Ordering::Relaxed;
-    snapshot
-        .clusters
-        .keys()
-        .map(|name| {
-            let state = balancers.clusters.find(name);
-            let now = state.as_ref().map_or(0, |s| s.now_ms());
-            // A DNS cluster's hosts are what its names last resolved to.
-            let resolved = dns.get(name);
-            let hosts = snapshot
-                .endpoints(name)
-                .or(resolved.as_deref())
-                .map(|cla| {
-                    cla.endpoints()
-                        .map(|(locality, e)| {
-                            let host = state.as_ref().and_then(|s| s.known_host(&e.address));
-                            let counters = host.as_ref().map_or([0; 4], |h| {
-                                [
-                                    u64::from(h.cx_active.load(Relaxed)),
-                                    u64::from(h.rq_active.load(Relaxed)),
-                                    h.rq_total.load(Relaxed),
-                                    h.rq_error.load(Relaxed),
-                                ]
-                            });
-                            Host {
-                                address: e.address,
-                                weight: e.weight,
-                                priority: locality.priority,
-                                health: e.health,
-                                locality: locality.locality.clone(),
-                                ejected: host.is_some_and(|h| h.ejected(now)),
-                                counters,
-                            }
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            (name.clone(), hosts)
-        })
-        .collect()
-}
-
 /// Envoy's `health_flags` text for an EDS status and outlier detection's verdict, in Envoy's
 /// order (`/failed_outlier_check` before the EDS flags).
 pub(super) fn host_health_flags(health: Health, ejected: bool) -> String {

@@ -10,6 +10,7 @@
 //! queries use: they are written as gauges in OpenMetrics (where a counter's samples must end in
 //! `_total`) and typed counter in the 0.0.4 text `/stats/prometheus` serves, as Envoy types them.
 
+mod clusters;
 mod filters;
 mod tags;
 
@@ -401,7 +402,7 @@ impl EnvoyStats {
             }
         }
         if let Some(upstreams) = self.clusters.get() {
-            cluster_stats(&mut stats, upstreams);
+            clusters::cluster_stats(&mut stats, upstreams, self.xds.get().map(Arc::as_ref));
         }
         self.filter_stats(&mut stats);
         stats
@@ -438,39 +439,6 @@ fn secret_stats(stats: &mut Vec<EnvoyStat>, cp: &ControlPlane) {
         push("update_success", Kind::Counter, s.update_success);
         push("update_time", Kind::Gauge, s.update_time);
         push("version", Kind::Gauge, s.version);
-    }
-}
-
-/// The xDS clusters' statistics (`cluster.<stat name>.upstream_rq_total`, …). A name the fixed
-/// list above already has (PassthroughCluster's connect failures) is not given twice.
-fn cluster_stats(stats: &mut Vec<EnvoyStat>, upstreams: &crate::upstream::Upstreams) {
-    let before: std::collections::HashSet<String> = stats
-        .iter()
-        .filter(|s| matches!(s.scope, Scope::Cluster(_)))
-        .map(EnvoyStat::dotted_name)
-        .collect();
-    for (cluster, gauges, outlier) in upstreams.clusters.envoy_stats() {
-        for s in cluster.envoy_stats(&gauges, outlier) {
-            let stat = EnvoyStat {
-                scope: Scope::Cluster(cluster.name.to_string()),
-                stat: s.stat,
-                code: s.code,
-                kind: if s.gauge { Kind::Gauge } else { Kind::Counter },
-                value: s.value,
-            };
-            if !before.contains(&stat.dotted_name()) {
-                stats.push(stat);
-            }
-        }
-        for (stem, stat, value) in cluster.ext_authz_stats() {
-            stats.push(EnvoyStat {
-                scope: Scope::ClusterFilter(format!("{}.{stem}", cluster.name)),
-                stat,
-                code: None,
-                kind: Kind::Counter,
-                value,
-            });
-        }
     }
 }
 

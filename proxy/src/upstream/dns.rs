@@ -30,6 +30,10 @@ const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 #[derive(Debug, Default)]
 pub struct DnsHosts {
     resolved: Mutex<HashMap<String, Arc<ClusterLoadAssignment>>>,
+    /// Per DNS cluster in force, how often its hosts changed (Envoy's `membership_change`):
+    /// kept across a new version of the cluster, as Envoy's statistics outlive the cluster
+    /// object; gone with the cluster.
+    changes: Mutex<HashMap<String, u64>>,
 }
 
 impl DnsHosts {
@@ -48,6 +52,30 @@ impl DnsHosts {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(cluster.to_string(), Arc::new(hosts));
+    }
+
+    /// Record a resolution that changed `changes` of the cluster's host sets.
+    fn set_changed(&self, cluster: &str, hosts: ClusterLoadAssignment, changes: u64) {
+        if changes > 0 {
+            *self
+                .changes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(cluster.to_string())
+                .or_default() += changes;
+        }
+        self.set(cluster, hosts);
+    }
+
+    /// How often the hosts of the DNS cluster `cluster` changed (Envoy's
+    /// `membership_change`).
+    pub fn membership_changes(&self, cluster: &str) -> u64 {
+        self.changes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(cluster)
+            .copied()
+            .unwrap_or(0)
     }
 
     fn forget(&self, cluster: &str) {
@@ -91,6 +119,11 @@ pub async fn run(store: Arc<Store>, hosts: Arc<DnsHosts>) {
             }
             same
         });
+        hosts
+            .changes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|name, _| snapshot.cluster(name).is_some_and(|c| dns_of(c).is_some()));
         for (name, entry) in snapshot.clusters.iter() {
             let cluster = &entry.model;
             let Some((dns, strict)) = dns_of(cluster) else {
@@ -131,22 +164,42 @@ fn dns_of(c: &Cluster) -> Option<(&Dns, bool)> {
 async fn resolve_for_ever(name: String, dns: Dns, strict: bool, hosts: Arc<DnsHosts>) {
     // The last addresses of each target, kept when a later lookup of it fails.
     let mut last: Vec<Vec<SocketAddr>> = vec![Vec::new(); dns.targets.len()];
+    // LOGICAL_DNS: Envoy's one logical host is added at the first answer, then only readdressed.
+    let mut logical_host = false;
     loop {
+        // Envoy updates a STRICT_DNS cluster's hosts per name resolved: each name whose
+        // addresses changed is one membership change.
+        let mut changes = 0;
         for (target, kept) in dns.targets.iter().zip(last.iter_mut()) {
             match lookup(target, dns.lookup_family).await {
-                Ok(addresses) => *kept = addresses,
+                Ok(addresses) => {
+                    if strict && !same_addresses(kept, &addresses) {
+                        changes += 1;
+                    }
+                    *kept = addresses;
+                }
                 Err(e) => {
                     tracing::debug!(cluster = %name, error = %e, "DNS lookup failed; keeping the previous addresses");
                 }
             }
         }
-        hosts.set(&name, host_set(&name, &dns.targets, &last, strict));
+        let set = host_set(&name, &dns.targets, &last, strict);
+        if !strict && !logical_host && set.endpoints().next().is_some() {
+            logical_host = true;
+            changes = 1;
+        }
+        hosts.set_changed(&name, set, changes);
         let jitter = match dns.refresh_jitter.as_millis() {
             0 => Duration::ZERO,
             max => Duration::from_millis(fastrand::u64(..=u64::try_from(max).unwrap_or(u64::MAX))),
         };
         tokio::time::sleep(dns.refresh_rate.max(Duration::from_millis(1)) + jitter).await;
     }
+}
+
+/// Whether two answers hold the same addresses, in any order.
+fn same_addresses(a: &[SocketAddr], b: &[SocketAddr]) -> bool {
+    a.len() == b.len() && a.iter().all(|x| b.contains(x))
 }
 
 /// The addresses `target` resolves to, of the family the cluster asks for.
@@ -359,39 +412,67 @@ mod tests {
         assert_eq!(entries, [(0, None, 2, ""), (1, Some(5), 1, "region2")]);
     }
 
-    /// The resolver task follows the store: a STRICT_DNS cluster of `localhost` gets its
-    /// address, and loses it when the cluster goes.
+    /// The resolver task follows the store: a STRICT_DNS cluster of two names gets their
+    /// addresses, each name's first answer one membership change; a LOGICAL_DNS cluster's one
+    /// host is one change. The counts go when the clusters go.
     #[tokio::test]
     async fn the_task_resolves_the_stores_dns_clusters() {
-        let cluster = serde_json::json!({
-            "name": "outbound|80||local.test", "type": "STRICT_DNS", "dns_lookup_family": "V4_ONLY",
-            "dns_refresh_rate": "60s", "respect_dns_ttl": true,
-            "load_assignment": {"cluster_name": "outbound|80||local.test", "endpoints": [{"lb_endpoints": [
-                {"endpoint": {"address": {"socket_address": {"address": "localhost", "port_value": 8080}}}}]}]}
-        });
+        let endpoint = |host: &str| serde_json::json!({"endpoint": {"address": {"socket_address": {"address": host, "port_value": 8080}}}});
+        let cluster = |name: &str, kind: &str, hosts: &[&str]| {
+            let endpoints: Vec<_> = hosts.iter().map(|h| endpoint(h)).collect();
+            serde_json::json!({
+                "name": name, "type": kind, "dns_lookup_family": "V4_ONLY",
+                "dns_refresh_rate": "60s", "respect_dns_ttl": true,
+                "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": endpoints}]}
+            })
+        };
+        let (strict, logical) = ("outbound|80||local.test", "outbound|80||logical.test");
         let empty = serde_json::json!([]);
         let store = Arc::new(crate::xds_files::store_of(
-            serde_json::json!([cluster]),
+            serde_json::json!([
+                cluster(strict, "STRICT_DNS", &["localhost", "127.0.0.2"]),
+                cluster(logical, "LOGICAL_DNS", &["localhost"])
+            ]),
             empty.clone(),
             empty.clone(),
-            empty,
+            empty.clone(),
         ));
         let hosts = Arc::new(DnsHosts::default());
         let task = tokio::spawn(run(Arc::clone(&store), Arc::clone(&hosts)));
         let mut resolved = None;
         for _ in 0..50 {
-            resolved = hosts.get("outbound|80||local.test");
+            resolved = hosts.get(strict).zip(hosts.get(logical));
             if resolved.is_some() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let cla = resolved.expect("resolved");
+        let (cla, _) = resolved.expect("resolved");
         let hosts_found: Vec<String> = cla
             .endpoints()
             .map(|(_, e)| e.address.to_string())
             .collect();
-        assert_eq!(hosts_found, ["127.0.0.1:8080"]);
+        assert_eq!(hosts_found, ["127.0.0.1:8080", "127.0.0.2:8080"]);
+        assert_eq!(hosts.membership_changes(strict), 2);
+        assert_eq!(hosts.membership_changes(logical), 1);
+        remora_xds::sink::Sink::apply(
+            &*store,
+            remora_xds::sink::type_url::CLUSTER,
+            remora_xds::sink::Update {
+                resources: vec![],
+                removed: vec![],
+                complete: true,
+            },
+        );
+        for _ in 0..100 {
+            if hosts.get(strict).is_none() && hosts.membership_changes(strict) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(hosts.get(strict).is_none(), "the cluster went");
+        assert_eq!(hosts.membership_changes(strict), 0);
+        assert_eq!(hosts.membership_changes(logical), 0);
         task.abort();
     }
 }

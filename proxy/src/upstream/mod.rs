@@ -28,6 +28,7 @@ pub mod dial;
 pub mod dns;
 pub mod hash;
 mod in_flight;
+pub mod membership;
 pub mod multiplexed;
 pub mod origin;
 pub mod outlier;

@@ -424,7 +424,7 @@ impl ClusterState {
         ]
     }
 
-    fn idle_gauges() -> [(&'static str, u64); 4] {
+    pub fn idle_gauges() -> [(&'static str, u64); 4] {
         [
             ("upstream_rq_active", 0),
             ("upstream_rq_pending_active", 0),

@@ -366,3 +366,57 @@ fn unknown_types_and_misnamed_resources_are_refused() {
     );
     assert!(garbage.rejected[0].reason.contains("malformed"));
 }
+
+#[test]
+fn membership_changes_count_host_set_changes_per_priority_as_envoy_does() {
+    let store = Store::new();
+    let cla = |hosts: &[(u32, &str)]| {
+        let localities: Vec<Value> = hosts
+            .iter()
+            .map(|(priority, ip)| {
+                json!({"priority": priority, "lb_endpoints": [{"endpoint": {"address":
+                    {"socket_address": {"address": ip, "port_value": 80}}}}]})
+            })
+            .collect();
+        json!({"cluster_name": "a", "endpoints": localities})
+    };
+    let eds = |version: &str, hosts: &[(u32, &str)]| {
+        store.apply(
+            type_url::ENDPOINT,
+            update(vec![delivered::<ClaProto>("a", version, cla(hosts))], true),
+        )
+    };
+    let cds = |version: &str, timeout: &str| {
+        store.apply(
+            type_url::CLUSTER,
+            update(
+                vec![delivered::<ClusterProto>(
+                    "a",
+                    version,
+                    eds_cluster("a", timeout),
+                )],
+                true,
+            ),
+        )
+    };
+    cds("1", "1s");
+    // Warming: not in force, not counted.
+    assert_eq!(store.membership_changes("a"), 0);
+    eds("1", &[(0, "10.0.0.1"), (1, "10.0.0.2")]);
+    assert_eq!(
+        store.membership_changes("a"),
+        2,
+        "in force with two priorities"
+    );
+    eds("2", &[(0, "10.0.0.1"), (0, "10.0.0.3"), (1, "10.0.0.2")]);
+    assert_eq!(store.membership_changes("a"), 3, "a host joined priority 0");
+    // The same cluster pushed again: the same cluster object, its hosts kept.
+    cds("2", "1s");
+    assert_eq!(store.membership_changes("a"), 3);
+    // A new version: a new cluster, all of whose hosts are added.
+    cds("3", "2s");
+    assert_eq!(store.membership_changes("a"), 5);
+    // Gone: its count goes with it.
+    store.apply(type_url::CLUSTER, update(vec![], true));
+    assert_eq!(store.membership_changes("a"), 0);
+}
