@@ -354,6 +354,6 @@ impl Drop for RequestEnd {
         if let Some(log) = self.log.take() {
             self.conn.write_log(*log, self.flags, self.sent);
         }
-        self.conn.request_ended();
+        self.conn.request_ended(self.status);
     }
 }

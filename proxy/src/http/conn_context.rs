@@ -89,6 +89,25 @@ pub struct ConnContext {
     /// Inbound by xDS: the RBAC counters of the chain's connection manager, looked up at its
     /// first request ([`super::authorize::rbac_counts`]).
     pub(super) rbac_stats: std::sync::OnceLock<crate::metrics::rbac_filters::ChainRbac>,
+    /// Routed by xDS: the counters of the chain's connection manager (Envoy's
+    /// `http.<stat_prefix>.downstream_*`), counted into as requests start and end and as the
+    /// connection ends.
+    pub(super) hcm: Option<Arc<crate::metrics::http_conn_manager::HcmCounters>>,
+}
+
+/// Counts the connection's end into its connection manager's statistics when dropped: held
+/// by the task serving the connection, it counts however that ends (cancelled too).
+pub(super) struct CountsClose<'a>(pub &'a ConnContext);
+
+impl Drop for CountsClose<'_> {
+    fn drop(&mut self) {
+        let ctx = self.0;
+        if let Some(hcm) = &ctx.hcm {
+            // `transfer` names the bytes as the upstream side sees them.
+            let Transfer { sent, received } = ctx.transfer();
+            hcm.connection_closed(ctx.key.version, ctx.mesh_peer.is_some(), sent, received);
+        }
+    }
 }
 
 impl ConnContext {
@@ -133,6 +152,7 @@ impl ConnContext {
             send_budget: std::sync::OnceLock::new(),
             ext_authz_stats: std::sync::OnceLock::new(),
             rbac_stats: std::sync::OnceLock::new(),
+            hcm: None,
         }
     }
 
@@ -182,6 +202,9 @@ impl ConnContext {
 
     /// Count a request in; returns its position on the connection (from 1).
     pub(super) fn request_started(&self) -> u64 {
+        if let Some(hcm) = &self.hcm {
+            hcm.request_started(self.key.version);
+        }
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         let position = self.started.fetch_add(1, Ordering::Relaxed) + 1;
         if position == 1 {
@@ -225,7 +248,10 @@ impl ConnContext {
         self.body_cut.load(Ordering::Relaxed) == position
     }
 
-    pub(super) fn request_ended(&self) {
+    pub(super) fn request_ended(&self, status: u16) {
+        if let Some(hcm) = &self.hcm {
+            hcm.request_ended(status);
+        }
         self.served.fetch_add(1, Ordering::Relaxed);
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
     }

@@ -196,8 +196,12 @@ impl AsyncRead for DownstreamIo {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
+        // Replayed bytes were counted when they were read from the socket (by detection or the
+        // fast path): only the socket's own count here.
+        let mut replayed = 0;
         if !this.prefix.is_empty() {
             let n = this.prefix.len().min(buf.remaining());
+            replayed = n;
             buf.put_slice(&this.prefix[..n]);
             this.prefix.advance(n);
             if this.prefix.is_empty() {
@@ -221,7 +225,7 @@ impl AsyncRead for DownstreamIo {
             }
         }
         let n = buf.filled().len() - before;
-        this.ctx.count_received(n);
+        this.ctx.count_received(n - replayed);
         if n > 0 {
             this.inspect(&buf.filled()[before..]);
         }

@@ -66,8 +66,8 @@ pub struct XdsChainFlags {
     /// The chain has Envoy's fault filter, without which a route's fault config injects
     /// nothing (as in Envoy).
     pub fault_filter: bool,
-    /// The connection manager's stat prefix, for its fault and cors filters' statistics
-    /// (kept only with either filter; see [`XdsChainFlags::fault_stats`]).
+    /// The connection manager's stat prefix, for its statistics and its fault and cors
+    /// filters' ([`XdsChainFlags::fault_stats`]).
     pub stat_prefix: Option<Arc<str>>,
     /// The chain has Envoy's cors filter, without which a route's CORS policy does nothing
     /// (as in Envoy).
@@ -95,8 +95,7 @@ impl XdsChainFlags {
         let server = chain.server_name.as_deref().unwrap_or("envoy");
         XdsChainFlags {
             fault_filter: chain.has_fault_filter(),
-            stat_prefix: (chain.has_fault_filter() || chain.has_cors_filter())
-                .then(|| Arc::clone(&chain.stat_prefix)),
+            stat_prefix: Some(Arc::clone(&chain.stat_prefix)),
             cors_filter: chain.has_cors_filter(),
             normalize_path: chain.normalize_path,
             server: http::HeaderValue::try_from(server).ok(),
@@ -187,7 +186,14 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, mut c: Connection) ->
             crate::access_log::Loggers::Xds,
         )
     });
+    // The connection manager's statistics (xDS chains), looked up once for the connection.
+    let hcm = c.xds_chain.stat_prefix.as_deref().map(|prefix| {
+        let counters = proxy.metrics.http_conn_managers.of(prefix);
+        counters.connection_opened(c.version, mesh_peer.is_some());
+        counters
+    });
     let ctx = Arc::new(ConnContext {
+        hcm,
         log_sink,
         mesh_peer,
         sni,
@@ -199,6 +205,9 @@ pub async fn serve(proxy: Arc<Proxy>, config: Arc<Config>, mut c: Connection) ->
         early_failed: AtomicBool::new(early_failed),
         ..ConnContext::new(proxy, config, c.direction, c.peer, key, c.connect_timeout)
     });
+    let _counts_close = conn_context::CountsClose(&ctx);
+    // What detection read from the socket is the connection's first bytes.
+    ctx.count_received(c.prefix.len());
     let (downstream, prefix) = if fast {
         let mut downstream = c.downstream;
         let served = match &mut downstream {

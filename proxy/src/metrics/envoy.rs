@@ -239,6 +239,9 @@ pub struct EnvoyStats {
     pub rbac_filters: Arc<super::rbac_filters::RbacFilterStats>,
     /// The `tcp_proxy` filters' counters under xDS, for their `tcp.<prefix>.*` stats.
     pub tcp_proxy: Arc<super::tcp_proxy::TcpProxyStats>,
+    /// The HTTP connection managers' counters under xDS, for their `http.<prefix>.downstream_*`
+    /// stats.
+    pub http_conn_managers: Arc<super::http_conn_manager::HcmStats>,
     /// The xDS resources in force (istiod's or the files'), for the statistics Envoy makes
     /// when it loads a listener.
     pub xds: Arc<OnceLock<Arc<remora_xds::store::Store>>>,

@@ -10,6 +10,7 @@ mod connection;
 mod dns;
 mod envoy;
 pub mod exposition;
+pub mod http_conn_manager;
 mod istio;
 mod istio_http;
 mod overload;
@@ -90,6 +91,8 @@ pub struct Metrics {
     pub rbac_filters: Arc<rbac_filters::RbacFilterStats>,
     /// Envoy's `tcp_proxy` statistics under xDS, per stat prefix.
     pub tcp_proxy: Arc<tcp_proxy::TcpProxyStats>,
+    /// Envoy's HTTP connection manager statistics under xDS, per stat prefix.
+    pub http_conn_managers: Arc<http_conn_manager::HcmStats>,
     pub ext_authz: crate::http::ext_authz::ExtAuthzStats,
     /// Protocol detection outcomes, by `DETECTION_RESULTS` index, and how long they took.
     detections: Vec<Counter>,
@@ -242,6 +245,7 @@ impl Metrics {
             http_ext_authz: Arc::default(),
             rbac_filters: Arc::default(),
             tcp_proxy: Arc::default(),
+            http_conn_managers: Arc::default(),
             xds: Arc::default(),
         };
         registry.register_collector(Box::new(envoy.clone()));
@@ -252,6 +256,7 @@ impl Metrics {
             http_ext_authz: Arc::clone(&envoy.http_ext_authz),
             rbac_filters: Arc::clone(&envoy.rbac_filters),
             tcp_proxy: Arc::clone(&envoy.tcp_proxy),
+            http_conn_managers: Arc::clone(&envoy.http_conn_managers),
             detections,
             detection_seconds,
             tls,

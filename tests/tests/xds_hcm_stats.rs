@@ -1,0 +1,246 @@
+//! Envoy's HTTP connection manager statistics (`http.<stat_prefix>.downstream_*`, and the
+//! listener's copies of the answers, `listener.<address>.http.<stat_prefix>.downstream_rq_*`),
+//! through Remora and through a real Envoy 1.40 given the same resources and the same clients:
+//! the same counts, names and Prometheus samples (under Istio's tags).
+//!
+//! The traffic on istiod's outbound listener `0.0.0.0_80`: HTTP/1.1 requests on connections of
+//! their own (answered 200 by the backend, 200 by a direct response, 503 by a refusing
+//! endpoint, 404 for a host no route takes), two on one keep-alive connection, and one over
+//! h2c (HTTP/2 with prior knowledge).
+
+use remora_e2e::backend;
+use remora_e2e::envoy_xds::{istio_stats_config, nets_or_skip, Resources};
+use remora_e2e::peer::{self, Server};
+use remora_e2e::sidecars::{self, Sidecar, BACKEND_IP};
+use remora_e2e::stat_deltas::{self, prometheus_samples, Stats};
+use remora_e2e::xds_resources::{eds_cluster, outbound_http_listeners};
+use remora_e2e::PodNet;
+use serde_json::{json, Value};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const WEB: &str = "web.test.svc.cluster.local";
+const LIVE_PORT: u16 = 8001;
+/// Nothing listens here.
+const DEAD_PORT: u16 = 8009;
+const LIVE: &str = "outbound|80||web.test.svc.cluster.local";
+const DEAD: &str = "outbound|80|dead|web.test.svc.cluster.local";
+/// The connection manager's prefix on `0.0.0.0_80`, and the listener's.
+const HCM: &str = "http.outbound_0.0.0.0_80.";
+const LISTENER: &str = "listener.0.0.0.0_80.http.outbound_0.0.0.0_80.";
+
+fn resources() -> Resources {
+    let endpoint = |port: u16| {
+        json!({"endpoint": {"address": {"socket_address": {
+            "address": BACKEND_IP.to_string(), "port_value": port}}}})
+    };
+    let route = |prefix: &str, cluster: &str| json!({"match": {"prefix": prefix}, "route": {"cluster": cluster, "timeout": "0s"}});
+    Resources {
+        listeners: Value::Array(outbound_http_listeners(None)),
+        clusters: json!([eds_cluster(LIVE), eds_cluster(DEAD),
+            {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
+        routes: json!([{"name": "80", "virtual_hosts": [{"name": "web.test.svc.cluster.local:80",
+            "domains": [WEB, VIP.to_string()], "routes": [
+                {"match": {"prefix": "/direct"},
+                 "direct_response": {"status": 200, "body": {"inline_string": "here"}}},
+                route("/dead", DEAD), route("/", LIVE)]}]}]),
+        endpoints: json!([
+            {"cluster_name": LIVE, "endpoints": [{"lb_endpoints": [endpoint(LIVE_PORT)]}]},
+            {"cluster_name": DEAD, "endpoints": [{"lb_endpoints": [endpoint(DEAD_PORT)]}]}
+        ]),
+    }
+}
+
+struct World<'n> {
+    net: &'n PodNet,
+    proxy: Sidecar<'n>,
+    _live: Server,
+}
+
+impl World<'_> {
+    /// The connection manager's and its listener's statistics.
+    fn stats(&self) -> Stats {
+        stat_deltas::stats(self.net, self.proxy.admin_port(), |name| {
+            name.starts_with(HCM) || name.starts_with(LISTENER)
+        })
+    }
+
+    fn get(&self, host: &str, path: &str) -> u16 {
+        sidecars::answer(
+            self.net,
+            &self.proxy,
+            SocketAddr::from((VIP, 80)),
+            host,
+            path,
+            &[],
+        )
+        .0
+    }
+
+    /// The test's clients, one after another; the statuses they saw.
+    fn traffic(&self) -> Vec<u16> {
+        let mut statuses = vec![
+            self.get(WEB, "/ok"),
+            self.get(WEB, "/direct"),
+            self.get(WEB, "/dead"),
+            self.get("elsewhere.test", "/"),
+        ];
+        let url = |path: &str| format!("http://{VIP}{path}");
+        let (keep_alive, urls) = (url("/one"), url("/two"));
+        let (status, _) = peer::curl_status(
+            &self.net.pod,
+            &["-sS", "-H", &format!("Host: {WEB}"), &keep_alive, &urls],
+            Duration::from_secs(5),
+        );
+        statuses.push(status);
+        let (status, _) = peer::curl_status(
+            &self.net.pod,
+            &[
+                "-sS",
+                "--http2-prior-knowledge",
+                "-H",
+                &format!("Host: {WEB}"),
+                &url("/h2"),
+            ],
+            Duration::from_secs(5),
+        );
+        statuses.push(status);
+        statuses
+    }
+
+    /// The statistics once every connection of the traffic has ended (the proxy learns of a
+    /// client's close a moment after the client).
+    fn settled(&self) -> Stats {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stats = self.stats();
+            let active = |n: &str| stats.get(&format!("{HCM}{n}")).copied().unwrap_or(-1);
+            let idle = active("downstream_cx_active") == 0 && active("downstream_rq_active") == 0;
+            if idle || Instant::now() > deadline {
+                return stats;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn world<'n>(net: &'n PodNet, envoy: Option<&std::path::Path>) -> World<'n> {
+    sidecars::prepare(net);
+    let live = backend::start(
+        &net.peer,
+        SocketAddrV4::new(BACKEND_IP, LIVE_PORT).into(),
+        "live",
+    );
+    let proxy = match envoy {
+        None => Sidecar::Remora(resources().start_remora(net)),
+        Some(binary) => {
+            Sidecar::Envoy(resources().start_envoy_with(net, binary, istio_stats_config))
+        }
+    };
+    World {
+        net,
+        proxy,
+        _live: live,
+    }
+}
+
+/// The Prometheus samples of the connection manager's requests and connections, and of the
+/// listener's copies, which Istio's tags name (the class as `response_code_class`, the
+/// listener as `listener_address`).
+fn samples(w: &World) -> Vec<String> {
+    let port = w.proxy.admin_port();
+    let mut samples = Vec::new();
+    for family in [
+        "envoy_http_outbound_0_0_0_0_80_downstream_rq",
+        "envoy_http_outbound_0_0_0_0_80_downstream_cx_total",
+        "envoy_listener_http_outbound_0_0_0_0_80_downstream_rq",
+    ] {
+        samples.extend(prometheus_samples(w.net, port, family));
+    }
+    samples
+}
+
+/// The metric a sample or `# TYPE` line is of.
+fn metric(sample: &str) -> &str {
+    let name = sample.strip_prefix("# TYPE ").unwrap_or(sample);
+    name.split(['{', ' ']).next().unwrap_or(name)
+}
+
+#[test]
+fn connection_manager_statistics_are_counted_as_envoy_counts_them() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora, envoy) = (world(&nets.0, None), world(&nets.1, Some(&binary)));
+    let mut seen = Vec::new();
+    for w in [&envoy, &remora] {
+        let before = w.stats();
+        let statuses = w.traffic();
+        assert_eq!(
+            statuses,
+            [200, 200, 503, 404, 200, 200],
+            "{}:\n{}",
+            w.proxy.name(),
+            w.proxy.output()
+        );
+        let after = w.settled();
+        seen.push((before, after, samples(w)));
+    }
+    let (envoy_before, envoy_after, envoy_samples) = &seen[0];
+    let (ours_before, ours_after, our_samples) = &seen[1];
+    // Every name Remora keeps is one of Envoy's, existing from the start.
+    let missing: Vec<&String> = ours_after
+        .keys()
+        .filter(|n| !envoy_after.contains_key(*n))
+        .collect();
+    assert!(missing.is_empty(), "names Envoy does not have: {missing:?}");
+    for name in [
+        "downstream_rq_total",
+        "downstream_cx_http2_total",
+        "downstream_rq_5xx",
+    ] {
+        assert!(
+            ours_before.contains_key(&format!("{HCM}{name}")),
+            "{name}: {ours_before:?}"
+        );
+    }
+    assert!(ours_before.contains_key(&format!("{LISTENER}downstream_rq_2xx")));
+    // The same counts, the bytes written aside: the answers' headers differ (each proxy's
+    // `x-envoy-upstream-service-time`, HTTP/2 settings), so those only have to be there.
+    let change = |before: &Stats, after: &Stats| -> Stats {
+        after
+            .iter()
+            .filter(|(name, _)| ours_after.contains_key(*name))
+            .map(|(name, v)| (name.clone(), v - before.get(name).copied().unwrap_or(0)))
+            .collect()
+    };
+    let (mut expected, mut got) = (
+        change(envoy_before, envoy_after),
+        change(ours_before, ours_after),
+    );
+    let sent = format!("{HCM}downstream_cx_tx_bytes_total");
+    let (envoys_sent, ours_sent) = (expected.remove(&sent), got.remove(&sent));
+    assert!(
+        envoys_sent > Some(0) && ours_sent > Some(0),
+        "{envoys_sent:?} {ours_sent:?}"
+    );
+    assert_eq!(expected.get(&format!("{HCM}downstream_rq_total")), Some(&7));
+    assert_eq!(
+        got,
+        expected,
+        "remora:\n{}",
+        sidecars::admin(remora.net, &remora.proxy, "/stats")
+    );
+    // Envoy's samples of the metrics Remora has: the same names, labels and values.
+    let ours: std::collections::BTreeSet<&str> = our_samples.iter().map(|s| metric(s)).collect();
+    assert!(
+        ours.contains("envoy_listener_http_outbound_0_0_0_0_80_downstream_rq"),
+        "{ours:?}"
+    );
+    let envoys: Vec<&String> = envoy_samples
+        .iter()
+        .filter(|s| ours.contains(metric(s)))
+        .collect();
+    assert_eq!(our_samples.iter().collect::<Vec<_>>(), envoys);
+}
