@@ -3,6 +3,9 @@
 //! through Remora and through a real Envoy 1.40 given the same resources and the same clients:
 //! the same counts, names and Prometheus samples (under Istio's tags).
 //!
+//! The connections are counted, as in Envoy, on the listener `virtualOutbound` hands them to
+//! (`listener.0.0.0.0_80.downstream_cx_*`), not on `virtualOutbound`'s.
+//!
 //! The traffic on istiod's outbound listener `0.0.0.0_80`: HTTP/1.1 requests on connections of
 //! their own (answered 200 by the backend, 200 by a direct response, 503 by a refusing
 //! endpoint, 404 for a host no route takes), two on one keep-alive connection, and one over
@@ -62,7 +65,10 @@ impl World<'_> {
     /// The connection manager's and its listener's statistics.
     fn stats(&self) -> Stats {
         stat_deltas::stats(self.net, self.proxy.admin_port(), |name| {
-            name.starts_with(HCM) || name.starts_with(LISTENER)
+            name.starts_with(HCM)
+                || name.starts_with(LISTENER)
+                || name.starts_with("listener.0.0.0.0_80.downstream_cx_")
+                || name.starts_with("listener.0.0.0.0_15001.downstream_cx_")
         })
     }
 
@@ -116,7 +122,12 @@ impl World<'_> {
         loop {
             let stats = self.stats();
             let active = |n: &str| stats.get(&format!("{HCM}{n}")).copied().unwrap_or(-1);
-            let idle = active("downstream_cx_active") == 0 && active("downstream_rq_active") == 0;
+            let on_listener = stats
+                .get("listener.0.0.0.0_80.downstream_cx_active")
+                .copied();
+            let idle = active("downstream_cx_active") == 0
+                && active("downstream_rq_active") == 0
+                && on_listener == Some(0);
             if idle || Instant::now() > deadline {
                 return stats;
             }
@@ -226,6 +237,15 @@ fn connection_manager_statistics_are_counted_as_envoy_counts_them() {
         "{envoys_sent:?} {ours_sent:?}"
     );
     assert_eq!(expected.get(&format!("{HCM}downstream_rq_total")), Some(&7));
+    // Envoy counts the connections on the listener virtualOutbound handed them to.
+    assert_eq!(
+        expected.get("listener.0.0.0.0_80.downstream_cx_total"),
+        Some(&6)
+    );
+    assert_eq!(
+        expected.get("listener.0.0.0.0_15001.downstream_cx_total"),
+        Some(&0)
+    );
     assert_eq!(
         got,
         expected,

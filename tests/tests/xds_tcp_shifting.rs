@@ -121,10 +121,15 @@ fn check(who: &str, (one, two, other): &(usize, usize, Vec<String>)) {
 const RX: &str = "tcp.outbound|9000||tcp-echo.istio-io-tcp-traffic-shifting.svc.cluster.local.downstream_cx_rx_bytes_total";
 const TX: &str = "tcp.outbound|9000||tcp-echo.istio-io-tcp-traffic-shifting.svc.cluster.local.downstream_cx_tx_bytes_total";
 
-/// The `tcp_proxy` statistics of the sidecar whose admin API is on `port`.
+/// The `tcp_proxy` statistics of the sidecar whose admin API is on `port`, and its listeners'
+/// connection counts (Envoy counts a connection on the listener virtualOutbound hands it to).
 fn tcp_proxy_stats(net: &PodNet, port: u16) -> Stats {
     stat_deltas::stats(net, port, |name| {
-        name.starts_with("tcp.") && !name.starts_with("tcp.rbac.")
+        let listener = name.starts_with("listener.")
+            && name.contains(".downstream_cx_")
+            && !name.contains(".worker_")
+            && !name.starts_with("listener.admin.");
+        listener || (name.starts_with("tcp.") && !name.starts_with("tcp.rbac."))
     })
 }
 
@@ -152,14 +157,23 @@ fn counted(net: &PodNet, admin: u16, who: &str) -> (Vec<String>, Vec<String>, Ve
             let value = |s: &Stats| s.get(name).copied().unwrap_or(0);
             value(&after) - value(&before)
         };
-        let all = expected.iter().all(|&(n, v)| counted(n) == v as i64);
+        // And every connection has ended on its listener.
+        let ended = after
+            .iter()
+            .all(|(n, v)| !n.ends_with(".downstream_cx_active") || *v == 0);
+        let all = ended && expected.iter().all(|&(n, v)| counted(n) == v as i64);
         if all || Instant::now() > deadline {
             break after;
         }
         std::thread::sleep(Duration::from_millis(50));
     };
     let samples = prometheus_samples(net, admin, "envoy_tcp_");
-    (delta(&before, &after), after.into_keys().collect(), samples)
+    let changed = delta(&before, &after);
+    let names = after
+        .into_keys()
+        .filter(|n| n.starts_with("tcp."))
+        .collect();
+    (changed, names, samples)
 }
 
 #[test]

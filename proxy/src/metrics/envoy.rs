@@ -242,6 +242,9 @@ pub struct EnvoyStats {
     /// The HTTP connection managers' counters under xDS, for their `http.<prefix>.downstream_*`
     /// stats.
     pub http_conn_managers: Arc<super::http_conn_manager::HcmStats>,
+    /// The connections of the listeners `virtualOutbound` hands them to, for their
+    /// `listener.<address>.downstream_cx_*` stats (and to take out of virtualOutbound's own).
+    pub listeners: Arc<super::listeners::ListenerStats>,
     /// The xDS resources in force (istiod's or the files'), for the statistics Envoy makes
     /// when it loads a listener.
     pub xds: Arc<OnceLock<Arc<remora_xds::store::Store>>>,
@@ -319,6 +322,31 @@ impl EnvoyStats {
                 }),
             ),
         ];
+        if let Some(store) = self.xds.get() {
+            // The listeners connections may be handed to, at 0 while in force.
+            let snapshot = store.current();
+            self.listeners.make(
+                snapshot
+                    .listeners()
+                    .filter(|l| !l.bind_to_port && !l.use_original_dst)
+                    .map(|l| l.address),
+            );
+        }
+        let handed = self.listeners.each();
+        for (name, counters) in &handed {
+            let (opened, closed) = counters.counts();
+            let l = || Scope::Listener(name.clone());
+            stats.push(c(l(), "downstream_cx_total", opened));
+            stats.push(c(l(), "downstream_cx_destroy", closed));
+            stats.push(g(
+                l(),
+                "downstream_cx_active",
+                opened.saturating_sub(closed),
+            ));
+            // Refused before a hand-off: counted on virtualOutbound, as Envoy counts them.
+            stats.push(c(l(), "downstream_cx_overflow", 0));
+            stats.push(c(l(), "downstream_global_cx_overflow", 0));
+        }
         for (listener, cluster, d, dir) in [
             (
                 &self.outbound_listener,
@@ -334,7 +362,23 @@ impl EnvoyStats {
             ),
         ] {
             let l = || Scope::Listener(listener.clone());
-            stats.push(c(l(), "downstream_cx_total", d.opened.get()));
+            // Envoy counts a connection handed on by original destination on the listener
+            // that took it: virtualOutbound keeps the rest.
+            let (handed, handed_closed) = match dir {
+                crate::Direction::Outbound => handed.iter().fold((0, 0), |(o, c), (_, h)| {
+                    let (opened, closed) = h.counts();
+                    (o + opened, c + closed)
+                }),
+                crate::Direction::Inbound => (0, 0),
+            };
+            let active = |d: &DirectionMetrics| {
+                active(d).saturating_sub(handed.saturating_sub(handed_closed))
+            };
+            stats.push(c(
+                l(),
+                "downstream_cx_total",
+                d.opened.get().saturating_sub(handed),
+            ));
             stats.push(c(
                 l(),
                 "downstream_cx_overflow",
@@ -346,7 +390,11 @@ impl EnvoyStats {
                 self.overload.global_overflow(dir).get(),
             ));
             stats.push(g(l(), "downstream_cx_active", active(d)));
-            stats.push(c(l(), "downstream_cx_destroy", d.closed.get()));
+            stats.push(c(
+                l(),
+                "downstream_cx_destroy",
+                d.closed.get().saturating_sub(handed_closed),
+            ));
             let cl = || Scope::Cluster(cluster.to_string());
             stats.push(c(
                 cl(),

@@ -151,18 +151,9 @@ pub fn make_configured(
                     }
                 }
             }
-            (listener_stat_name(listener.address), prefixes)
+            (super::listeners::stat_name(listener.address), prefixes)
         })
         .collect()
-}
-
-/// The name Envoy files a listener's statistics under: its address (`0.0.0.0_80`,
-/// `[::]_80`).
-fn listener_stat_name(address: std::net::SocketAddr) -> String {
-    match address {
-        std::net::SocketAddr::V4(a) => format!("{}_{}", a.ip(), a.port()),
-        std::net::SocketAddr::V6(a) => format!("[{}]_{}", a.ip(), a.port()),
-    }
 }
 
 #[cfg(test)]
@@ -217,17 +208,5 @@ mod tests {
         ] {
             assert_eq!(value(&c, name), expected, "{name}");
         }
-    }
-
-    #[test]
-    fn listener_stat_names_are_envoys() {
-        assert_eq!(
-            listener_stat_name("0.0.0.0:80".parse().expect("addr")),
-            "0.0.0.0_80"
-        );
-        assert_eq!(
-            listener_stat_name("[::]:15006".parse().expect("addr")),
-            "[::]_15006"
-        );
     }
 }

@@ -13,6 +13,7 @@ pub mod exposition;
 pub mod http_conn_manager;
 mod istio;
 mod istio_http;
+pub mod listeners;
 mod overload;
 pub mod per_prefix;
 mod process;
@@ -93,6 +94,8 @@ pub struct Metrics {
     pub tcp_proxy: Arc<tcp_proxy::TcpProxyStats>,
     /// Envoy's HTTP connection manager statistics under xDS, per stat prefix.
     pub http_conn_managers: Arc<http_conn_manager::HcmStats>,
+    /// Envoy's connection statistics of the listeners `virtualOutbound` hands connections to.
+    pub listeners: Arc<listeners::ListenerStats>,
     pub ext_authz: crate::http::ext_authz::ExtAuthzStats,
     /// Protocol detection outcomes, by `DETECTION_RESULTS` index, and how long they took.
     detections: Vec<Counter>,
@@ -246,6 +249,7 @@ impl Metrics {
             rbac_filters: Arc::default(),
             tcp_proxy: Arc::default(),
             http_conn_managers: Arc::default(),
+            listeners: Arc::default(),
             xds: Arc::default(),
         };
         registry.register_collector(Box::new(envoy.clone()));
@@ -257,6 +261,7 @@ impl Metrics {
             rbac_filters: Arc::clone(&envoy.rbac_filters),
             tcp_proxy: Arc::clone(&envoy.tcp_proxy),
             http_conn_managers: Arc::clone(&envoy.http_conn_managers),
+            listeners: Arc::clone(&envoy.listeners),
             detections,
             detection_seconds,
             tls,

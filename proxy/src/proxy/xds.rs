@@ -26,11 +26,15 @@ impl Proxy {
         hop: Hop,
         snapshot: Arc<Snapshot>,
     ) -> Outcome {
+        let listener = snapshot.outbound_listener(hop.destination);
+        // Handed on to a listener of its own (not virtualOutbound's chains): counted there.
+        let _on_listener = listener
+            .filter(|l| !l.use_original_dst)
+            .map(|l| self.metrics.listeners.handed(l.address));
         let mut took = Took::default();
         let outcome = self
             .outbound_chain(config, downstream, hop, &snapshot, &mut took)
             .await;
-        let listener = snapshot.outbound_listener(hop.destination);
         took.finish(outcome, listener.map(|l| &**l))
     }
 
