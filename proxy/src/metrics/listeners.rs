@@ -77,12 +77,35 @@ impl ListenerStats {
     }
 }
 
-/// The name Envoy files a listener's statistics under: its address (`0.0.0.0_80`,
-/// `[::]_80`).
+/// Envoy's stat prefixes for the outbound and inbound listeners (`0.0.0.0_15001`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerNames {
+    pub outbound: String,
+    pub inbound: String,
+}
+
+impl Default for ListenerNames {
+    fn default() -> Self {
+        ListenerNames {
+            outbound: "0.0.0.0_15001".into(),
+            inbound: "0.0.0.0_15006".into(),
+        }
+    }
+}
+
+impl ListenerNames {
+    /// Envoy's stat prefix for a listener bound to `addr`.
+    pub fn prefix(addr: SocketAddr) -> String {
+        stat_name(addr)
+    }
+}
+
+/// The name Envoy files a listener's statistics under: its address, with the `:`s a stat
+/// name cannot hold as `_` (`0.0.0.0_80`, `[__]_80`).
 pub fn stat_name(address: SocketAddr) -> String {
     match address {
         SocketAddr::V4(a) => format!("{}_{}", a.ip(), a.port()),
-        SocketAddr::V6(a) => format!("[{}]_{}", a.ip(), a.port()),
+        SocketAddr::V6(a) => format!("[{}]_{}", a.ip().to_string().replace(':', "_"), a.port()),
     }
 }
 
@@ -97,10 +120,10 @@ mod tests {
         let one = stats.handed(web);
         let two = stats.handed(web);
         drop(one);
-        stats.make(["[::]:9000".parse().expect("addr")]);
+        stats.make(["[fd00::1]:9000".parse().expect("addr")]);
         let each = stats.each();
         let names: Vec<&str> = each.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["0.0.0.0_80", "[::]_9000"]);
+        assert_eq!(names, ["0.0.0.0_80", "[fd00__1]_9000"]);
         assert_eq!(each[0].1.counts(), (2, 1));
         drop(two);
         assert_eq!(each[0].1.counts(), (2, 2));

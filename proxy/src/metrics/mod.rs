@@ -14,6 +14,7 @@ pub mod http_conn_manager;
 mod istio;
 mod istio_http;
 pub mod listeners;
+pub use listeners::ListenerNames;
 mod overload;
 pub mod per_prefix;
 mod process;
@@ -117,29 +118,6 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new(&Workload::default(), ListenerNames::default())
-    }
-}
-
-/// Envoy's stat prefixes for the outbound and inbound listeners (`0.0.0.0_15001`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListenerNames {
-    pub outbound: String,
-    pub inbound: String,
-}
-
-impl Default for ListenerNames {
-    fn default() -> Self {
-        ListenerNames {
-            outbound: "0.0.0.0_15001".into(),
-            inbound: "0.0.0.0_15006".into(),
-        }
-    }
-}
-
-impl ListenerNames {
-    /// Envoy's stat prefix for a listener bound to `addr`.
-    pub fn prefix(addr: std::net::SocketAddr) -> String {
-        format!("{}_{}", addr.ip(), addr.port())
     }
 }
 
