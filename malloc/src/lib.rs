@@ -28,6 +28,37 @@ pub fn release_free_memory() -> bool {
     }
 }
 
+/// What the C allocator holds, in bytes, as Envoy's `server.memory_*` statistics report
+/// tcmalloc's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeapStats {
+    /// In use by the program: the chunks handed out, mmapped ones included.
+    pub allocated: u64,
+    /// Taken from the system for the heap: every arena's memory and the mmapped chunks.
+    pub heap_size: u64,
+}
+
+/// The allocator's totals over all its arenas now (glibc's `mallinfo2`: it takes each arena's
+/// lock in turn, so a scrape's call, not a request's). `None` where the C library is not glibc.
+pub fn heap_stats() -> Option<HeapStats> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 takes no argument and returns a struct by value, reading only the
+        // allocator's own state under its locks; safe from any thread at any time.
+        #[allow(unsafe_code)]
+        let info = unsafe { libc::mallinfo2() };
+        let bytes = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        Some(HeapStats {
+            allocated: bytes(info.uordblks).saturating_add(bytes(info.hblkhd)),
+            heap_size: bytes(info.arena).saturating_add(bytes(info.hblkhd)),
+        })
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        None
+    }
+}
+
 /// A global allocator for tests: the system's, counting the allocations of a thread while it
 /// asks ([`counting::allocations_in`]).
 #[cfg(feature = "counting")]

@@ -297,6 +297,13 @@ impl EnvoyStats {
                 "total_connections",
                 active(&self.outbound) + active(&self.inbound),
             ),
+        ];
+        stats.extend(
+            super::process::envoy_memory()
+                .into_iter()
+                .map(|(stat, value)| g(Scope::Server, stat, value)),
+        );
+        stats.extend([
             g(
                 Scope::ListenerManager,
                 "workers_started",
@@ -321,7 +328,7 @@ impl EnvoyStats {
                     u64::try_from(cp.store.snapshot().warming_clusters.len()).unwrap_or(u64::MAX)
                 }),
             ),
-        ];
+        ]);
         if let Some(store) = self.xds.get() {
             // The listeners connections may be handed to, at 0 while in force.
             let snapshot = store.current();

@@ -39,6 +39,8 @@ pub struct Sample {
     pub virtual_bytes: Option<i64>,
     pub open_fds: Option<i64>,
     pub max_fds: Option<i64>,
+    /// Anonymous memory resident (`RssAnon`): the heap's pages in RAM, and stacks.
+    pub anonymous_resident_bytes: Option<i64>,
 }
 
 /// Read the current values.
@@ -69,7 +71,27 @@ pub fn sample() -> Sample {
         virtual_bytes: kib("VmSize:"),
         open_fds,
         max_fds,
+        anonymous_resident_bytes: kib("RssAnon:"),
     }
+}
+
+/// Envoy's `server.memory_*` gauges: the C allocator's bytes in use and taken from the system
+/// (Envoy reads tcmalloc's), and the physical memory they stand on, estimated as the process's
+/// anonymous resident memory, at most the heap's size (glibc does not count the free pages it
+/// gave back). Absent where the allocator is not glibc's.
+pub fn envoy_memory() -> Vec<(&'static str, u64)> {
+    let Some(heap) = remora_malloc::heap_stats() else {
+        return Vec::new();
+    };
+    let resident = sample()
+        .anonymous_resident_bytes
+        .and_then(|b| u64::try_from(b).ok())
+        .unwrap_or(heap.heap_size);
+    vec![
+        ("memory_allocated", heap.allocated),
+        ("memory_heap_size", heap.heap_size),
+        ("memory_physical_size", resident.min(heap.heap_size)),
+    ]
 }
 
 impl Collector for ProcessCollector {
@@ -128,6 +150,27 @@ impl Collector for ProcessCollector {
 
 #[cfg(test)]
 mod tests {
+    /// Envoy's three names, the heap in use within the heap taken, on the heap's pages.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn envoys_memory_gauges_read_the_allocator() {
+        let memory = super::envoy_memory();
+        let names: Vec<&str> = memory.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            [
+                "memory_allocated",
+                "memory_heap_size",
+                "memory_physical_size"
+            ]
+        );
+        let [(_, allocated), (_, heap), (_, physical)] = memory[..] else {
+            panic!("{memory:?}");
+        };
+        assert!(0 < allocated && allocated <= heap, "{memory:?}");
+        assert!(0 < physical && physical <= heap, "{memory:?}");
+    }
+
     use super::*;
 
     #[test]

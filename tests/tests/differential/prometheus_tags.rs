@@ -154,8 +154,9 @@ fn envoy_statistics_have_envoys_prometheus_names_and_labels() {
         "{} statistics compared; remora's alone (not in this envoy): {only_remora:?}",
         expected.len()
     );
-    // The comparison reached every kind of name: the connection manager's filters, the
-    // clusters' per-code counts, the listeners, tcp_proxy's cluster.
+    // The comparison reached every kind of name: the connection manager's own and its
+    // filters', the clusters' per-code counts and membership, the listeners, tcp_proxy's
+    // cluster, the server's memory.
     for needle in [
         "http.outbound_0.0.0.0_80.cors.origin_valid",
         "http.outbound_0.0.0.0_80.fault.aborts_injected",
@@ -163,6 +164,12 @@ fn envoy_statistics_have_envoys_prometheus_names_and_labels() {
         ".upstream_rq_2xx",
         "listener.0.0.0.0_15001.downstream_cx_total",
         "cluster.outbound|9000||echo.test.svc.cluster.local.upstream_cx_total",
+        "cluster.outbound|9000||echo.test.svc.cluster.local.membership_healthy",
+        "http.outbound_0.0.0.0_80.downstream_rq_2xx",
+        "listener.0.0.0.0_80.http.outbound_0.0.0.0_80.downstream_rq_2xx",
+        "server.memory_allocated",
+        "server.memory_heap_size",
+        "server.memory_physical_size",
     ] {
         assert!(
             expected.keys().any(|n| n.contains(needle)),
