@@ -32,6 +32,8 @@ const DEAD: &str = "outbound|80|dead|web.test.svc.cluster.local";
 /// The connection manager's prefix on `0.0.0.0_80`, and the listener's.
 const HCM: &str = "http.outbound_0.0.0.0_80.";
 const LISTENER: &str = "listener.0.0.0.0_80.http.outbound_0.0.0.0_80.";
+/// Remora's client connections idle for 1 to 2 s are closed.
+const IDLE_CONFIG: &str = "http:\n  idle_timeout: 1s\n";
 
 fn resources() -> Resources {
     let endpoint = |port: u16| {
@@ -144,7 +146,8 @@ fn world<'n>(net: &'n PodNet, envoy: Option<&std::path::Path>) -> World<'n> {
         "live",
     );
     let proxy = match envoy {
-        None => Sidecar::Remora(resources().start_remora(net)),
+        // An idle timeout short enough to see one close (Remora's is the config file's).
+        None => Sidecar::Remora(resources().start_remora_with(net, IDLE_CONFIG).0),
         Some(binary) => {
             Sidecar::Envoy(resources().start_envoy_with(net, binary, istio_stats_config))
         }
@@ -263,4 +266,38 @@ fn connection_manager_statistics_are_counted_as_envoy_counts_them() {
         .filter(|s| ours.contains(metric(s)))
         .collect();
     assert_eq!(our_samples.iter().collect::<Vec<_>>(), envoys);
+}
+
+/// A kept-alive connection left idle is closed by the connection manager and counted as
+/// Envoy counts it (`downstream_cx_idle_timeout`; Remora's idle timeout is the config file's,
+/// Envoy's the connection manager's `common_http_protocol_options`, which istiod does not set:
+/// so Remora alone, with a short one).
+#[test]
+fn an_idle_connection_closed_is_counted_on_its_connection_manager() {
+    use std::io::{Read, Write};
+    let Some(net) = PodNet::create_or_skip() else {
+        return;
+    };
+    let w = world(&net, None);
+    let idle = format!("{HCM}downstream_cx_idle_timeout");
+    let before = w.stats();
+    assert_eq!(before.get(&idle), Some(&0), "{before:?}");
+    let mut s = peer::connect(&net.pod, SocketAddr::from((VIP, 80))).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    write!(s, "GET /direct HTTP/1.1\r\nHost: {WEB}\r\n\r\n").expect("request");
+    let mut answer = [0u8; 4096];
+    let n = s.read(&mut answer).expect("answer");
+    assert!(
+        answer[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+    // Nothing more: the proxy closes the connection within twice its idle timeout.
+    let started = Instant::now();
+    let closed = matches!(s.read(&mut answer), Ok(0));
+    assert!(closed, "not closed after {:?}", started.elapsed());
+    let after = w.settled();
+    assert_eq!(after.get(&idle), Some(&1), "{after:?}");
+    assert_eq!(after.get(&format!("{HCM}downstream_cx_destroy")), Some(&1));
 }

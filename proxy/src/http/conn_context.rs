@@ -248,6 +248,13 @@ impl ConnContext {
         self.body_cut.load(Ordering::Relaxed) == position
     }
 
+    /// The connection is closed here, for `why`: counted on its connection manager.
+    pub(super) fn closed_for(&self, why: crate::metrics::http_conn_manager::ClosedFor) {
+        if let Some(hcm) = &self.hcm {
+            hcm.closed_for(why);
+        }
+    }
+
     pub(super) fn request_ended(&self, status: u16) {
         if let Some(hcm) = &self.hcm {
             hcm.request_ended(status);

@@ -4,6 +4,7 @@
 
 use super::ConnContext;
 use crate::detect::HttpVersion;
+use crate::metrics::http_conn_manager::ClosedFor;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -54,6 +55,7 @@ where
             () = ctx.resets.tripped() => {
                 tracing::warn!(peer = %ctx.peer, "closing an HTTP/2 connection: too many streams reset early by the client");
                 ctx.proxy.metrics.direction(ctx.direction).premature_reset_closes.inc();
+                ctx.closed_for(ClosedFor::PrematureResets);
                 return Ok(());
             }
             () = &mut draining, if !drain_seen => {
@@ -89,6 +91,7 @@ where
                 if ctx.in_flight.load(Ordering::Relaxed) == 0 && activity == last_activity {
                     tracing::debug!(peer = %ctx.peer, "closing idle HTTP connection");
                     ctx.proxy.metrics.direction(ctx.direction).http_idle_timeouts.inc();
+                    ctx.closed_for(ClosedFor::IdleTimeout);
                     shutdown(conn.as_mut());
                     shutting_down = true;
                 }

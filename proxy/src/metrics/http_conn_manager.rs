@@ -29,6 +29,17 @@ pub struct HcmCounters {
     rq_ended: AtomicU64,
     /// Requests answered, by the class of the status sent (1xx to 5xx).
     rq_class: [AtomicU64; 5],
+    /// Connections closed for having nothing to do for the idle timeout.
+    idle_timeout: AtomicU64,
+    /// HTTP/2 connections closed for too many streams the client reset early (Rapid Reset).
+    premature_resets: AtomicU64,
+}
+
+/// Why the connection manager closed a connection itself, as Envoy counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClosedFor {
+    IdleTimeout,
+    PrematureResets,
 }
 
 fn protocol(version: HttpVersion) -> usize {
@@ -55,6 +66,15 @@ impl HcmCounters {
         }
         self.rx_bytes.fetch_add(received, Ordering::Relaxed);
         self.tx_bytes.fetch_add(sent, Ordering::Relaxed);
+    }
+
+    /// The connection manager closed a connection, for `why`.
+    pub fn closed_for(&self, why: ClosedFor) {
+        let counter = match why {
+            ClosedFor::IdleTimeout => &self.idle_timeout,
+            ClosedFor::PrematureResets => &self.premature_resets,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A request started on a connection speaking `version`.
@@ -113,6 +133,7 @@ impl HcmCounters {
             ("downstream_cx_http1_total", c, h1),
             ("downstream_cx_http2_active", g, active(h2, h2_closed)),
             ("downstream_cx_http2_total", c, h2),
+            ("downstream_cx_idle_timeout", c, v(&self.idle_timeout)),
             ("downstream_cx_rx_bytes_total", c, v(&self.rx_bytes)),
             ("downstream_cx_ssl_active", g, active(tls, tls_closed)),
             ("downstream_cx_ssl_total", c, tls),
@@ -121,6 +142,11 @@ impl HcmCounters {
             ("downstream_rq_active", g, active(rq_h1 + rq_h2, rq_ended)),
             ("downstream_rq_http1_total", c, rq_h1),
             ("downstream_rq_http2_total", c, rq_h2),
+            (
+                "downstream_rq_too_many_premature_resets",
+                c,
+                v(&self.premature_resets),
+            ),
             ("downstream_rq_total", c, rq_h1 + rq_h2),
         ];
         values.extend(self.answers().map(|(name, value)| (name, c, value)));
@@ -186,7 +212,11 @@ mod tests {
         c.request_started(HttpVersion::Http2);
         c.request_ended(0);
         c.request_started(HttpVersion::Http2);
+        c.closed_for(ClosedFor::IdleTimeout);
+        c.closed_for(ClosedFor::PrematureResets);
         for (name, expected) in [
+            ("downstream_cx_idle_timeout", 1),
+            ("downstream_rq_too_many_premature_resets", 1),
             ("downstream_cx_total", 2),
             ("downstream_cx_active", 1),
             ("downstream_cx_destroy", 1),

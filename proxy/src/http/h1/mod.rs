@@ -487,6 +487,7 @@ fn idle_close(ctx: &ConnContext) {
     tracing::debug!(peer = %ctx.peer, "closing idle HTTP connection");
     let metrics = ctx.proxy.metrics.direction(ctx.direction);
     metrics.http_idle_timeouts.inc();
+    ctx.closed_for(crate::metrics::http_conn_manager::ClosedFor::IdleTimeout);
 }
 
 /// The drain time of the connection's chain, which an xDS update retired, ran out.
