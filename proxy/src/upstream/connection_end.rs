@@ -1,5 +1,5 @@
-//! How an upstream connection of a cluster ended, as Envoy counts it in the cluster's
-//! `upstream_cx_destroy*`: closed by Remora (`local`: an idle timeout, a pool full, a retired
+//! How an upstream connection of a cluster (HTTP, or `tcp_proxy`'s) ended, as Envoy counts it
+//! in the cluster's `upstream_cx_destroy*`: closed by Remora (`local`: an idle timeout, a pool full, a retired
 //! connection, an attempt's timeout, a client gone) or by the peer (`remote`: its close or
 //! reset), and whether a request was on it then (`with_active_rq`).
 //!
@@ -34,6 +34,21 @@ impl ConnectionEnd {
             remote: false,
             active: false,
         }
+    }
+}
+
+impl ConnectionEnd {
+    /// A TCP connection's end from what its copy came to: the upstream's reset, or its end of
+    /// stream after ours, is its close; anything else (our end last, the client's reset, the
+    /// idle timeout, a drain) is ours. Envoy 1.40 counts a `tcp_proxy` connection as closed
+    /// with a request on it: its session holds it until it closes.
+    pub fn copied(&mut self, copied: &Result<crate::tcp::Transfer, crate::tcp::CopyError>) {
+        self.remote = match copied {
+            Ok(t) => t.upstream_ended_last,
+            Err(crate::tcp::CopyError::Upstream { .. }) => true,
+            Err(_) => false,
+        };
+        self.active = true;
     }
 }
 

@@ -76,14 +76,14 @@ pub async fn dial(
 ) -> Result<Connected, DialError> {
     selected.in_flight.connecting();
     let dialled = open(proxy, tls_config, selected, direction, alpn, source).await;
-    // How an HTTP connection of the cluster ends is counted as Envoy's pool counts it: the
+    // How a connection of the cluster ends is counted as Envoy's pools count it: the
     // connection carries its end from now on, and one that never opened ended already, as
     // the peer's refusal or reset, or by Remora's own timeout or refusal to go on.
     match dialled {
         Ok(mut connected) => {
-            if let Some(end) = selected.in_flight.connection_end() {
-                connected.registration_mut().watch(end);
-            }
+            connected
+                .registration_mut()
+                .watch(selected.in_flight.connection_end());
             Ok(connected)
         }
         Err(e) => {

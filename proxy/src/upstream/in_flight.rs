@@ -116,19 +116,16 @@ impl InFlight {
         stats::inc(&self.state.stats.cx_connect_fail);
     }
 
-    /// What an HTTP connection of the cluster opened for this attempt carries to count its
-    /// end (`upstream_cx_destroy*`); `None` for a TCP connection, whose end is not counted.
-    pub fn connection_end(&self) -> Option<ConnectionEnd> {
-        self.request
-            .then(|| ConnectionEnd::new(Arc::clone(&self.state.stats)))
+    /// What a connection of the cluster opened for this attempt (or TCP connection) carries
+    /// to count its end (`upstream_cx_destroy*`).
+    pub fn connection_end(&self) -> ConnectionEnd {
+        ConnectionEnd::new(Arc::clone(&self.state.stats))
     }
 
-    /// An HTTP connection that never opened: Envoy's pool counts its end too, by the peer
+    /// A connection that never opened: Envoy's pools count its end too, by the peer
     /// (`remote`: refused, reset in the handshake) or by itself (a connect timeout).
     pub fn never_opened(&self, remote: bool) {
-        if self.request {
-            self.state.stats.cx_destroyed(remote, false);
-        }
+        self.state.stats.cx_destroyed(remote, false);
     }
 }
 

@@ -6,7 +6,7 @@
 
 use super::traffic::{DELAY_MS, PER_TRY_MS, TIMEOUT_MS};
 use super::{A, WEB};
-use crate::{nets_or_skip, worlds, Outcome, Proxy, World};
+use crate::{nets_or_skip, worlds, Outcome, World};
 use remora_e2e::backend::{CLOSE_AFTER, SEEN_HEADER, SLOW};
 use remora_e2e::stat_deltas::{self, Stats};
 use std::time::{Duration, Instant};
@@ -299,15 +299,7 @@ const CLOSE_CASES: &[(&str, &str, &str)] = &[
 ];
 
 fn cluster_a(world: &World) -> Stats {
-    let port = match world.proxy {
-        Proxy::Remora(_) => remora_e2e::ADMIN_PORT,
-        Proxy::Envoy(_) => remora_e2e::envoy::ADMIN_PORT,
-    };
-    let prefix = format!("cluster.{A}.");
-    stat_deltas::stats(world.net, port, |n| {
-        n.strip_prefix(&prefix)
-            .is_some_and(|stat| CLOSE_STATS.contains(&stat))
-    })
+    world.cluster_stats(A, CLOSE_STATS)
 }
 
 /// What one case changed on cluster A, once the backend's closes have landed.
