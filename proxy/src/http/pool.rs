@@ -74,17 +74,40 @@ pub enum Sender {
 }
 
 /// This side's address of an upstream connection, shared by its handles: a pointer, not the
-/// 32 bytes of an address, in every request's state that holds a sender or a response.
+/// 32 bytes of an address, in every request's state that holds a sender or a response. An
+/// xDS cluster's HTTP/1.1 connection also shares here what its IO sees of it.
 #[derive(Debug, Clone, Default)]
-pub struct LocalAddr(Option<Arc<SocketAddr>>);
+pub struct LocalAddr(Option<Arc<Local>>);
+
+#[derive(Debug)]
+struct Local {
+    addr: Option<SocketAddr>,
+    seen: Option<Arc<Seen>>,
+}
 
 impl LocalAddr {
     pub fn new(addr: Option<SocketAddr>) -> Self {
-        LocalAddr(addr.map(Arc::new))
+        LocalAddr(addr.map(|addr| {
+            Arc::new(Local {
+                addr: Some(addr),
+                seen: None,
+            })
+        }))
     }
 
     pub fn get(&self) -> Option<SocketAddr> {
-        self.0.as_deref().copied()
+        self.0.as_ref().and_then(|l| l.addr)
+    }
+
+    /// The same address, with what the connection's IO sees.
+    fn watched(self, seen: Option<Arc<Seen>>) -> Self {
+        match seen {
+            None => self,
+            Some(seen) => LocalAddr(Some(Arc::new(Local {
+                addr: self.get(),
+                seen: Some(seen),
+            }))),
+        }
     }
 }
 
@@ -102,6 +125,16 @@ impl Sender {
             Sender::Http1(_, _, local) => local.clone(),
             Sender::Http2(_, streams) => streams.local().clone(),
             Sender::Http2Stream(_, held) => held.streams().local().clone(),
+        }
+    }
+
+    /// The request on this HTTP/1.1 connection is given up with its response not all read:
+    /// the connection closes with it on, as Envoy counts it (`with_active_rq`).
+    pub fn abandon(&self) {
+        if let Sender::Http1(_, _, LocalAddr(Some(local))) = self {
+            if let Some(seen) = &local.seen {
+                seen.abandon();
+            }
         }
     }
 
@@ -453,6 +486,7 @@ where
 {
     let seen = end.as_ref().map(|_| Arc::new(Seen::default()));
     let io = Watched::new(io, seen.clone());
+    let seen_by_sender = seen.clone();
     // Counted once the connection is over, from what its IO saw (`active`: HTTP/2's streams).
     let finish = move |active: Option<bool>| {
         if let (Some(mut end), Some(seen)) = (end, seen) {
@@ -473,7 +507,7 @@ where
                 }
                 finish(None);
             });
-            Ok(Sender::Http1(sender, 0, local))
+            Ok(Sender::Http1(sender, 0, local.watched(seen_by_sender)))
         }
         HttpVersion::Http2 => {
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())

@@ -67,6 +67,8 @@ pub struct Seen {
     /// The last that went across was ours (a request, or part of one) and no answer byte
     /// came after it: HTTP/1.1's request in flight.
     awaiting: AtomicBool,
+    /// The request was given up with its response not all read (HTTP/1.1).
+    abandoned: AtomicBool,
 }
 
 impl Seen {
@@ -74,7 +76,14 @@ impl Seen {
     /// in flight), else whether a request was awaiting its answer.
     pub fn finish(&self, end: &mut ConnectionEnd, active: Option<bool>) {
         end.remote |= self.remote.load(Ordering::Relaxed);
-        end.active = active.unwrap_or_else(|| self.awaiting.load(Ordering::Relaxed));
+        end.active = active.unwrap_or_else(|| {
+            self.awaiting.load(Ordering::Relaxed) || self.abandoned.load(Ordering::Relaxed)
+        });
+    }
+
+    /// The request on the connection is given up mid-response: it closes with it on.
+    pub fn abandon(&self) {
+        self.abandoned.store(true, Ordering::Relaxed);
     }
 
     /// Set `flag` to `to`, writing only on a change (most reads and writes change nothing).
@@ -227,8 +236,12 @@ mod tests {
         assert_eq!(io.read(&mut buf).await.expect("end"), 0);
         seen.finish(&mut end, None);
         assert!(!end.active && end.remote);
-        // HTTP/2: the streams in flight say.
-        seen.finish(&mut end, Some(true));
+        // A response given up unread leaves its request on the connection.
+        seen.abandon();
+        seen.finish(&mut end, None);
         assert!(end.active);
+        // HTTP/2: the streams in flight say.
+        seen.finish(&mut end, Some(false));
+        assert!(!end.active);
     }
 }

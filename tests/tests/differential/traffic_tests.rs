@@ -296,6 +296,12 @@ const CLOSE_CASES: &[(&str, &str, &str)] = &[
         "reset",
         "upstream_cx_destroy_remote_with_active_rq +3",
     ),
+    // A 503 retried: its connection let go with the answer's body unread.
+    (
+        "5xx",
+        "503x1",
+        "upstream_cx_destroy_local_with_active_rq +1",
+    ),
 ];
 
 fn cluster_a(world: &World) -> Stats {
@@ -327,10 +333,17 @@ fn per_try_timeouts_and_connection_closes_count_as_envoys() {
     let (remora, envoy) = worlds(&nets, &binary);
     let mut differences = Vec::new();
     for (id, (case, how, must)) in CLOSE_CASES.iter().enumerate() {
-        let (expected, got) = (
+        let (mut expected, mut got) = (
             close_case(&envoy, case, how, id),
             close_case(&remora, case, how, id),
         );
+        if *how == "503x1" {
+            // Only the close compared: hyper's path charges a retried answer's code too,
+            // which Envoy does not (docs/xds.md).
+            for deltas in [&mut expected, &mut got] {
+                deltas.retain(|d| d.starts_with("upstream_cx_destroy"));
+            }
+        }
         for (name, deltas) in [("envoy", &expected), ("remora", &got)] {
             if !deltas.iter().any(|d| d == must) {
                 differences.push(format!(

@@ -140,7 +140,14 @@ pub(super) async fn attempts(
             }
         }
         // Dropping a 503's body closes its HTTP/1.1 connection, which is what we want of a
-        // connection that just refused us.
+        // connection that just refused us (with the request on it, as Envoy counts it).
+        if let Ok(Upstreamed {
+            pooled: Some((_, sender)),
+            ..
+        }) = &result
+        {
+            sender.abandon();
+        }
         drop(result);
         tokio::time::sleep(backoff(attempt)).await;
         attempt += 1;
