@@ -24,6 +24,11 @@ impl Upstream {
     pub fn into_parts(self) -> (TcpStream, Registration) {
         (self.stream, self._registration)
     }
+
+    /// Its registration, which carries how the connection ends.
+    pub fn registration_mut(&mut self) -> &mut Registration {
+        &mut self._registration
+    }
 }
 
 /// Where an upstream connection comes from, when not from the kernel's choice.

@@ -25,6 +25,7 @@
 
 mod sock_diag;
 
+use crate::upstream::connection_end::ConnectionEnd;
 use crate::Direction;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -208,7 +209,7 @@ impl LoopGuard {
             .insert(pair, (direction, serving_suspect()));
         Registration {
             guard: Arc::clone(self),
-            pair: Box::new(pair),
+            held: Box::new(Held { pair, end: None }),
         }
     }
 
@@ -240,13 +241,38 @@ impl LoopGuard {
     }
 }
 
-/// Keeps an upstream's addresses registered; removes them when dropped.
+/// Keeps an upstream's addresses registered; removes them when dropped. It lives exactly as
+/// long as the connection, so it also carries how a cluster's connection ends
+/// ([`ConnectionEnd`], counted when dropped with it).
 #[derive(Debug)]
 pub struct Registration {
     guard: Arc<LoopGuard>,
     // Boxed: every open upstream holds a registration for its whole life, and two IPv6-sized
     // addresses inline would grow each connection's future by 64 bytes.
-    pair: Box<(SocketAddr, SocketAddr)>,
+    held: Box<Held>,
+}
+
+#[derive(Debug)]
+struct Held {
+    pair: (SocketAddr, SocketAddr),
+    end: Option<ConnectionEnd>,
+}
+
+impl Registration {
+    /// Count the connection's end in its cluster's statistics (an xDS cluster's connection).
+    pub fn watch(&mut self, end: ConnectionEnd) {
+        self.held.end = Some(end);
+    }
+
+    /// The connection's end, to mark what is seen of it (`None`: not counted).
+    pub fn end_mut(&mut self) -> Option<&mut ConnectionEnd> {
+        self.held.end.as_mut()
+    }
+
+    /// The connection's end, for an HTTP client that watches the connection itself.
+    pub fn take_end(&mut self) -> Option<ConnectionEnd> {
+        self.held.end.take()
+    }
 }
 
 impl Drop for Registration {
@@ -255,7 +281,7 @@ impl Drop for Registration {
             .upstreams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(&*self.pair);
+            .remove(&self.held.pair);
     }
 }
 

@@ -45,6 +45,9 @@ pub struct Transfer {
     pub sent: u64,
     /// Bytes read from upstream and written downstream.
     pub received: u64,
+    /// Both directions ended, the upstream's end of stream after ours was passed on to it:
+    /// the upstream closed the connection (Envoy's `upstream_cx_destroy_remote`), else we did.
+    pub upstream_ended_last: bool,
 }
 
 /// Why a copy ended early.
@@ -149,6 +152,7 @@ pub async fn copy_bidirectional_until(
                 let transfer = Transfer {
                     sent: sent.load(Ordering::Relaxed),
                     received: received.load(Ordering::Relaxed),
+                    ..Transfer::default()
                 };
                 return Err(CopyError::Stopped { transfer });
             }
@@ -159,20 +163,21 @@ pub async fn copy_bidirectional_until(
                 let transfer = Transfer {
                     sent: sent.load(Ordering::Relaxed),
                     received: received.load(Ordering::Relaxed),
+                    ..Transfer::default()
                 };
                 return Err(CopyError::Idle { idle, transfer });
             }
             r = &mut up, if !up_done => match r {
-                Ok(n) => { transfer.sent = n; up_done = true; }
+                Ok(n) => { transfer.sent = n; up_done = true; transfer.upstream_ended_last = false; }
                 Err((side, e, n)) => {
-                    transfer = Transfer { sent: n, received: received.load(Ordering::Relaxed) };
+                    transfer = Transfer { sent: n, received: received.load(Ordering::Relaxed), ..Transfer::default() };
                     break (side, e);
                 }
             },
             r = &mut down, if !down_done => match r {
-                Ok(n) => { transfer.received = n; down_done = true; }
+                Ok(n) => { transfer.received = n; down_done = true; transfer.upstream_ended_last = true; }
                 Err((side, e, n)) => {
-                    transfer = Transfer { sent: sent.load(Ordering::Relaxed), received: n };
+                    transfer = Transfer { sent: sent.load(Ordering::Relaxed), received: n, ..Transfer::default() };
                     break (side, e);
                 }
             },

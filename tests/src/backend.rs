@@ -10,7 +10,9 @@
 //! says so in `x-backend-seen`, and `/seen/flaky/<how>/<id>` tells it later), and misbehave
 //! as `<how>` says: `503` always, `503x<n>` the first `n` times, `status<code>` always that
 //! status, `grpc<code>` a trailers-only gRPC answer with that status, `reset` a reset every
-//! time, `slow` after [`SLOW`] every time, `slow-once` the first time; anything else answers.
+//! time, `slow` after [`SLOW`] every time, `slow-once` the first time, `close` answers and
+//! then closes the kept-alive connection ([`CLOSE_AFTER`] later, as a server's idle timeout
+//! would); anything else answers.
 
 use crate::netns::Netns;
 use crate::peer::{read_request_head, Server};
@@ -24,6 +26,8 @@ use std::time::Duration;
 
 /// How long `/slow…` waits before answering: longer than any route timeout a test sets.
 pub const SLOW: Duration = Duration::from_secs(3);
+/// How long after its answer `/flaky/close/…` closes the connection.
+pub const CLOSE_AFTER: Duration = Duration::from_millis(100);
 /// A response header every answer carries, for a route to remove.
 pub const SECRET_HEADER: &str = "x-backend-secret";
 /// Requests a connection serves at most, so a stuck client cannot keep a thread forever.
@@ -58,6 +62,7 @@ enum Misbehaviour {
     Reset,
     Sleep,
     Answer,
+    CloseAfter,
 }
 
 /// `how` for the `seen`-th sight of the path.
@@ -83,6 +88,7 @@ fn misbehaviour(how: &str, seen: u32) -> Misbehaviour {
         "reset" => Misbehaviour::Reset,
         "slow" => Misbehaviour::Sleep,
         "slow-once" if seen == 1 => Misbehaviour::Sleep,
+        "close" => Misbehaviour::CloseAfter,
         _ => Misbehaviour::Answer,
     }
 }
@@ -138,6 +144,7 @@ fn serve(mut stream: TcpStream, name: &str, state: &State) -> io::Result<()> {
             *n
         };
         let mut seen_header = String::new();
+        let mut close_after = false;
         if let Some(rest) = req.path.strip_prefix("/flaky/") {
             let seen = count(&req.path, 1);
             seen_header = format!("{SEEN_HEADER}: {seen}\r\n");
@@ -160,6 +167,7 @@ fn serve(mut stream: TcpStream, name: &str, state: &State) -> io::Result<()> {
                 }
                 Misbehaviour::Reset => return reset(stream),
                 Misbehaviour::Sleep => std::thread::sleep(SLOW),
+                Misbehaviour::CloseAfter => close_after = true,
                 Misbehaviour::Answer => {}
             }
         } else if let Some(rest) = req.path.strip_prefix("/seen/") {
@@ -211,6 +219,10 @@ fn serve(mut stream: TcpStream, name: &str, state: &State) -> io::Result<()> {
         );
         stream.write_all(response.as_bytes())?;
         if close {
+            return Ok(());
+        }
+        if close_after {
+            std::thread::sleep(CLOSE_AFTER);
             return Ok(());
         }
     }

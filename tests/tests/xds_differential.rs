@@ -236,6 +236,18 @@ impl World<'_> {
             .collect()
     }
 
+    /// The `/stats` counters of `cluster` named in `names`, by their full names.
+    fn cluster_stats(&self, cluster: &str, names: &[&str]) -> remora_e2e::stat_deltas::Stats {
+        let port = match self.proxy {
+            Proxy::Remora(_) => remora_e2e::ADMIN_PORT,
+            Proxy::Envoy(_) => remora_e2e::envoy::ADMIN_PORT,
+        };
+        let prefix = format!("cluster.{cluster}.");
+        remora_e2e::stat_deltas::stats(self.net, port, |n| {
+            n.strip_prefix(&prefix).is_some_and(|s| names.contains(&s))
+        })
+    }
+
     /// The body of `GET path` on the proxy's admin port.
     fn admin(&self, path: &str) -> String {
         let port = match self.proxy {
@@ -483,14 +495,50 @@ fn tcp_has_envoys_outcome() {
         assert_eq!(e, r, "{to}: envoy {e}, remora {r}");
     }
     let data = peer::pattern(64 * 1024);
+    // How the upstream connection ended, counted on the cluster as Envoy's tcp_proxy counts it:
+    // the echo server closes after the client's end of stream reached it, so remotely.
+    const DESTROY: &[&str] = &[
+        "upstream_cx_destroy",
+        "upstream_cx_destroy_local",
+        "upstream_cx_destroy_remote",
+        "upstream_cx_destroy_with_active_rq",
+        "upstream_cx_destroy_local_with_active_rq",
+        "upstream_cx_destroy_remote_with_active_rq",
+    ];
+    let mut closes = Vec::new();
     for world in [&remora, &envoy] {
         let name = world.proxy.name();
+        let before = world.cluster_stats(TCP, DESTROY);
         // tcp_proxy to the cluster's endpoint: every byte back.
         let tcp: SocketAddr = TCP_VIP.parse().expect("addr");
         let back = peer::echo_exchange(&world.net.pod, tcp, &data)
             .unwrap_or_else(|e| panic!("{name}: {e}\n{}", world.proxy.diagnostics()));
         peer::assert_same_bytes(name, &data, &back);
+        std::thread::sleep(Duration::from_millis(300));
+        let after = world.cluster_stats(TCP, DESTROY);
+        // A client that resets its connection: the proxy closes the upstream one, locally.
+        let mut stream = peer::connect(&world.net.pod, tcp).expect("connect");
+        std::io::Write::write_all(&mut stream, b"hello").expect("write");
+        std::thread::sleep(Duration::from_millis(200));
+        socket2::SockRef::from(&stream)
+            .set_linger(Some(Duration::ZERO))
+            .expect("linger");
+        drop(stream);
+        std::thread::sleep(Duration::from_millis(300));
+        let reset = world.cluster_stats(TCP, DESTROY);
+        closes.push([
+            remora_e2e::stat_deltas::delta(&before, &after),
+            remora_e2e::stat_deltas::delta(&after, &reset),
+        ]);
     }
+    let stat = |s: &str| format!("cluster.{TCP}.{s} +1");
+    let envoy = &closes[1];
+    assert!(
+        envoy[0].contains(&stat("upstream_cx_destroy_remote"))
+            && envoy[1].contains(&stat("upstream_cx_destroy_local_with_active_rq")),
+        "envoy: {envoy:?}"
+    );
+    assert_eq!(closes[0], closes[1], "remora's closes, then envoy's");
 }
 
 /// HTTP/2 in the clear (prior knowledge) from the application, to clusters that say nothing of

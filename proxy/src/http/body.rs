@@ -306,6 +306,8 @@ impl Drop for RequestEnd {
                     idle_timeout,
                 } = *pooled;
                 self.conn.return_to_pool(key, sender, idle_timeout);
+            } else {
+                pooled.sender.abandon();
             }
         }
         let upstream_failed = self.flags.contains(Flags::UR) || self.flags.contains(Flags::UT);

@@ -291,6 +291,7 @@ impl ConnContext {
         Transfer {
             sent: self.bytes_in.load(Ordering::Relaxed),
             received: self.bytes_out.load(Ordering::Relaxed),
+            ..Transfer::default()
         }
     }
 

@@ -340,7 +340,7 @@ impl Originate {
         };
         let (stream, registration) = *conn;
         let local = pool::LocalAddr::new(stream.get_ref().0.local_addr().ok());
-        let sender = pool::handshake_over(stream, registration, ctx.key.version, local)
+        let sender = pool::handshake_over(stream, registration, ctx.key.version, local, None)
             .await
             .map_err(|e| ProxyError::new(ErrorKind::ConnectFailed, dst, e))?;
         if let Some(handle) = sender_handle(&sender) {

@@ -20,6 +20,7 @@ use super::body::UpstreamBody;
 use super::stream_capacity::{Held, Streams};
 use crate::connect::Upstream;
 use crate::detect::HttpVersion;
+use crate::upstream::connection_end::{ConnectionEnd, Seen, Watched};
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::future::Future;
@@ -73,17 +74,40 @@ pub enum Sender {
 }
 
 /// This side's address of an upstream connection, shared by its handles: a pointer, not the
-/// 32 bytes of an address, in every request's state that holds a sender or a response.
+/// 32 bytes of an address, in every request's state that holds a sender or a response. An
+/// xDS cluster's HTTP/1.1 connection also shares here what its IO sees of it.
 #[derive(Debug, Clone, Default)]
-pub struct LocalAddr(Option<Arc<SocketAddr>>);
+pub struct LocalAddr(Option<Arc<Local>>);
+
+#[derive(Debug)]
+struct Local {
+    addr: Option<SocketAddr>,
+    seen: Option<Arc<Seen>>,
+}
 
 impl LocalAddr {
     pub fn new(addr: Option<SocketAddr>) -> Self {
-        LocalAddr(addr.map(Arc::new))
+        LocalAddr(addr.map(|addr| {
+            Arc::new(Local {
+                addr: Some(addr),
+                seen: None,
+            })
+        }))
     }
 
     pub fn get(&self) -> Option<SocketAddr> {
-        self.0.as_deref().copied()
+        self.0.as_ref().and_then(|l| l.addr)
+    }
+
+    /// The same address, with what the connection's IO sees.
+    fn watched(self, seen: Option<Arc<Seen>>) -> Self {
+        match seen {
+            None => self,
+            Some(seen) => LocalAddr(Some(Arc::new(Local {
+                addr: self.get(),
+                seen: Some(seen),
+            }))),
+        }
     }
 }
 
@@ -101,6 +125,16 @@ impl Sender {
             Sender::Http1(_, _, local) => local.clone(),
             Sender::Http2(_, streams) => streams.local().clone(),
             Sender::Http2Stream(_, held) => held.streams().local().clone(),
+        }
+    }
+
+    /// The request on this HTTP/1.1 connection is given up with its response not all read:
+    /// the connection closes with it on, as Envoy counts it (`with_active_rq`).
+    pub fn abandon(&self) {
+        if let Sender::Http1(_, _, LocalAddr(Some(local))) = self {
+            if let Some(seen) = &local.seen {
+                seen.abandon();
+            }
         }
     }
 
@@ -148,6 +182,9 @@ pub trait Pooled: Sized + Send + 'static {
     fn into_idle(self) -> Self {
         self
     }
+    /// The pool lets it go, found closed (`by_peer`) or not (its idle time is up, or the pool
+    /// is full): how its end is counted, for a connection that counts it itself.
+    fn let_go(&mut self, _by_peer: bool) {}
 }
 
 impl Pooled for Sender {
@@ -232,10 +269,14 @@ impl<C: Pooled, K: PoolKey + Send + Sync + 'static> Pool<C, K> {
         let found = match key.version() {
             HttpVersion::Http1 => loop {
                 // Most recently used first: the least likely to have been closed by the server.
-                let Some(entry) = list.pop() else { break None };
-                if !entry.sender.is_closed() && entry.expires > now {
+                let Some(mut entry) = list.pop() else {
+                    break None;
+                };
+                let closed = entry.sender.is_closed();
+                if !closed && entry.expires > now {
                     break Some(entry.sender);
                 }
+                entry.sender.let_go(closed);
             },
             HttpVersion::Http2 => {
                 list.retain(|e| !e.sender.is_closed() && !e.sender.is_retired());
@@ -253,9 +294,17 @@ impl<C: Pooled, K: PoolKey + Send + Sync + 'static> Pool<C, K> {
 
     /// Keep `sender` for the next request to `key`, for at most `idle_timeout`, unless
     /// `max_idle` connections to it are idle already.
-    pub fn checkin(self: &Arc<Self>, key: K, sender: C, idle_timeout: Duration, max_idle: usize) {
-        if sender.is_closed() || max_idle == 0 {
-            tracing::debug!(?key, closed = sender.is_closed(), "not pooled");
+    pub fn checkin(
+        self: &Arc<Self>,
+        key: K,
+        mut sender: C,
+        idle_timeout: Duration,
+        max_idle: usize,
+    ) {
+        let closed = sender.is_closed();
+        if closed || max_idle == 0 {
+            tracing::debug!(?key, closed, "not pooled");
+            sender.let_go(closed);
             return;
         }
         let expires = Instant::now() + idle_timeout;
@@ -329,7 +378,9 @@ impl<C: Pooled, K: PoolKey + Send + Sync + 'static> Pool<C, K> {
                     if e.expires <= now && e.sender.in_use() && !e.sender.is_retired() {
                         e.expires = now + REAP_INTERVAL;
                     }
-                    if e.expires <= now || e.sender.is_closed() || e.sender.is_retired() {
+                    let closed = e.sender.is_closed();
+                    if e.expires <= now || closed || e.sender.is_retired() {
+                        e.sender.let_go(closed);
                         expired.push(list.swap_remove(i));
                     } else {
                         i += 1;
@@ -416,21 +467,32 @@ pub const UPSTREAM_H2_SEND_BUF: usize = 64 * 1024;
 pub async fn handshake(upstream: Upstream, version: HttpVersion) -> Result<Sender, hyper::Error> {
     let (stream, registration) = upstream.into_parts();
     let local = LocalAddr::new(stream.local_addr().ok());
-    handshake_over(stream, registration, version, local).await
+    handshake_over(stream, registration, version, local, None).await
 }
 
 /// Start the HTTP client on `io` (a socket, or mesh TLS on one); `keep` lives as long as the
 /// connection (the loop guard's registration of its socket); `local` is this side's address
-/// of the socket under it.
+/// of the socket under it; `end`, for a connection of an xDS cluster, counts how it ends, as
+/// its IO sees it.
 pub async fn handshake_over<T>(
     io: T,
     keep: impl Send + 'static,
     version: HttpVersion,
     local: LocalAddr,
+    end: Option<ConnectionEnd>,
 ) -> Result<Sender, hyper::Error>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
+    let seen = end.as_ref().map(|_| Arc::new(Seen::default()));
+    let io = Watched::new(io, seen.clone());
+    let seen_by_sender = seen.clone();
+    // Counted once the connection is over, from what its IO saw (`active`: HTTP/2's streams).
+    let finish = move |active: Option<bool>| {
+        if let (Some(mut end), Some(seen)) = (end, seen) {
+            seen.finish(&mut end, active);
+        }
+    };
     match version {
         HttpVersion::Http1 => {
             let (sender, conn) = http1::Builder::new()
@@ -443,8 +505,9 @@ where
                 if let Err(e) = conn.with_upgrades().await {
                     tracing::debug!(error = %e, "upstream HTTP/1.1 connection ended");
                 }
+                finish(None);
             });
-            Ok(Sender::Http1(sender, 0, local))
+            Ok(Sender::Http1(sender, 0, local.watched(seen_by_sender)))
         }
         HttpVersion::Http2 => {
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())
@@ -479,6 +542,9 @@ where
                 .await;
                 // A connection that ended takes no more requests, even before hyper says so.
                 streams.retire();
+                // The requests on it when it ended still hold their streams: they learn of
+                // the end from their own tasks.
+                finish(Some(streams.active() > 0));
                 if let Err(e) = ended {
                     tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
                 }

@@ -12,7 +12,10 @@ use super::pool::Sender;
 use super::{header_format, protocol, ConnContext};
 use crate::route::rewrite::{self, RedirectRequest};
 use crate::route::{self, HttpDecision};
-pub(super) use breakers::{admit, charge_local_answer, report, retry, retry_counted, timed_out};
+pub(super) use breakers::{
+    admit, charge_local_answer, charge_per_try_answer, per_try_timed_out, report, retry,
+    retry_counted, timed_out,
+};
 use breakers::{connect_failed, reported};
 pub use edits::Edits;
 use edits::{edits, local_edits};

@@ -520,26 +520,36 @@ impl Proxy {
         }
         let watch = self.watch_chain(chain);
         let stop = crate::chain_drain::deadline(watch.as_ref(), config.drain.drain_time);
+        // How the upstream connection ends is counted from what the copy came to.
+        let ended = |registration: &mut crate::loop_guard::Registration, copied: &_| {
+            if let Some(end) = registration.end_mut() {
+                end.copied(copied);
+            }
+        };
         let copied = match (&mut downstream, connected) {
-            (Downstream::Plain(d), Ok(Connected::Plain(up))) => {
+            (Downstream::Plain(d), Ok(Connected::Plain(mut up))) => {
                 facts.upstream_local = up.stream.local_addr().ok();
                 let copied =
                     tcp::copy_bidirectional_until(prefix, d, &up.stream, hop.idle, stop).await;
+                ended(up.registration_mut(), &copied);
                 return copy_outcome(&hop, copied, d, &up.stream).with_xds(facts);
             }
             (Downstream::Mesh(d), Ok(Connected::Plain(up))) => {
-                let (mut stream, _registration) = up.into_parts();
+                let (mut stream, mut registration) = up.into_parts();
                 let copied =
                     tcp::copy_streams_until(prefix, &mut **d, &mut stream, hop.idle, stop).await;
+                ended(&mut registration, &copied);
                 (copied, stream)
             }
-            (Downstream::Plain(d), Ok(Connected::Mesh(mut tls, _registration))) => {
+            (Downstream::Plain(d), Ok(Connected::Mesh(mut tls, mut registration))) => {
                 let copied = tcp::copy_streams_until(prefix, d, &mut *tls, hop.idle, stop).await;
+                ended(&mut registration, &copied);
                 (copied, tls.into_inner().0)
             }
-            (Downstream::Mesh(d), Ok(Connected::Mesh(mut tls, _registration))) => {
+            (Downstream::Mesh(d), Ok(Connected::Mesh(mut tls, mut registration))) => {
                 let copied =
                     tcp::copy_streams_until(prefix, &mut **d, &mut *tls, hop.idle, stop).await;
+                ended(&mut registration, &copied);
                 (copied, tls.into_inner().0)
             }
             (_, Err(e)) => {

@@ -160,7 +160,7 @@ impl Proxy {
             }
         }
         match connected {
-            Ok(Connected::Plain(up)) => {
+            Ok(Connected::Plain(mut up)) => {
                 // No mesh peer to learn: Istio's open is counted now, for an unknown peer.
                 let _ = self.metrics.direction(hop.dir).istio_opened(None);
                 facts.upstream_local = up.stream.local_addr().ok();
@@ -169,11 +169,14 @@ impl Proxy {
                 let copied =
                     tcp::copy_bidirectional_until(&prefix, &downstream, &up.stream, hop.idle, stop)
                         .await;
+                if let Some(end) = up.registration_mut().end_mut() {
+                    end.copied(&copied);
+                }
                 copy_outcome(&hop, copied, &downstream, &up.stream)
                     .counted_in(IstioOpen::Unknown)
                     .with_xds(facts)
             }
-            Ok(Connected::Mesh(tls, _registration)) => {
+            Ok(Connected::Mesh(tls, mut registration)) => {
                 let service = selected
                     .cluster
                     .istio
@@ -183,7 +186,8 @@ impl Proxy {
                 facts.upstream_local = tls.get_ref().0.local_addr().ok();
                 let watch = self.watch_chain(chain.as_ref());
                 let stop = crate::chain_drain::deadline(watch.as_ref(), config.drain.drain_time);
-                self.serve_originated(config, &hop, downstream, &prefix, *tls, service, stop)
+                let end = registration.take_end();
+                self.serve_originated(config, &hop, downstream, &prefix, *tls, service, stop, end)
                     .await
                     .with_xds(facts)
             }

@@ -53,7 +53,7 @@ where
         if !prefix.is_empty() {
             up.write_all(prefix).await?;
         }
-        relay(&mut down, &mut up).await
+        relay_ordered(&mut down, &mut up).await
     };
     let mut timer = IdleTimer::new(idle);
     let result = tokio::select! {
@@ -64,9 +64,10 @@ where
         }) => Err(Some(idle)),
         () = stop => Err(None),
     };
-    let transfer = Transfer {
+    let mut transfer = Transfer {
         sent: down_read.load(Ordering::Relaxed) + prefix.len() as u64,
         received: up_read.load(Ordering::Relaxed),
+        upstream_ended_last: false,
     };
     let result = match result {
         Ok(r) => r,
@@ -74,7 +75,10 @@ where
         Err(None) => return Err(CopyError::Stopped { transfer }),
     };
     match result {
-        Ok(_) => Ok(transfer),
+        Ok((_, _, upstream_last)) => {
+            transfer.upstream_ended_last = upstream_last;
+            Ok(transfer)
+        }
         // The side whose own I/O failed is the one that broke; if neither recorded a failure
         // (tokio reports a write of zero bytes itself), blame the side written to.
         Err(source) if down.failed || !up.failed => Err(CopyError::Downstream { source, transfer }),
@@ -90,13 +94,37 @@ where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
 {
+    relay_ordered(a, b)
+        .await
+        .map(|(forth, back, _)| (forth, back))
+}
+
+/// [`relay`], and whether `b`'s end of stream came last (after `a`'s was passed on to it).
+async fn relay_ordered<A, B>(a: &mut A, b: &mut B) -> io::Result<(u64, u64, bool)>
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
     let (mut a_to_b, mut b_to_a) = (OneWay::default(), OneWay::default());
+    // The direction that ended first, while the other goes on.
+    let mut first: Option<bool> = None;
     std::future::poll_fn(|cx| {
         // Both directions are polled each time, so that each registers for its own wake-up.
         let forth = a_to_b.poll_copy(cx, &mut *a, &mut *b)?;
         let back = b_to_a.poll_copy(cx, &mut *b, &mut *a)?;
         match (forth, back) {
-            (Poll::Ready(()), Poll::Ready(())) => Poll::Ready(Ok((a_to_b.copied, b_to_a.copied))),
+            // Ending together, `b` is taken as last, as its end is read after ours is sent.
+            (Poll::Ready(()), Poll::Ready(())) => {
+                Poll::Ready(Ok((a_to_b.copied, b_to_a.copied, first != Some(false))))
+            }
+            (Poll::Ready(()), Poll::Pending) => {
+                first.get_or_insert(true);
+                Poll::Pending
+            }
+            (Poll::Pending, Poll::Ready(())) => {
+                first.get_or_insert(false);
+                Poll::Pending
+            }
             _ => Poll::Pending,
         }
     })

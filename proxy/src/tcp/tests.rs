@@ -53,6 +53,35 @@ async fn half_close_still_delivers_the_whole_response() {
     let transfer = copier.await.unwrap().unwrap();
     assert_eq!(transfer.sent, 2_000_000);
     assert_eq!(transfer.received, 2_000_000);
+    // The server closed after the client's end of stream reached it: its close.
+    assert!(transfer.upstream_ended_last);
+}
+
+#[tokio::test]
+async fn a_server_that_ends_first_leaves_the_close_to_us() {
+    for streams in [false, true] {
+        let (mut down, mut client) = pair().await;
+        let (mut up, mut server) = pair().await;
+        let copier = tokio::spawn(async move {
+            if streams {
+                copy_streams_until(&[], &mut down, &mut up, None, std::future::pending()).await
+            } else {
+                copy_bidirectional(&down, &up).await
+            }
+        });
+        server.write_all(b"bye").await.unwrap();
+        server.shutdown().await.unwrap();
+        // The client reads to the server's end, then ends its own.
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"bye");
+        client.write_all(b"ok").await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        server.read_to_end(&mut rest).await.unwrap();
+        let transfer = copier.await.unwrap().unwrap();
+        assert!(!transfer.upstream_ended_last, "streams: {streams}");
+    }
 }
 
 #[tokio::test]

@@ -75,6 +75,45 @@ pub async fn dial(
     source: Option<connect::Source>,
 ) -> Result<Connected, DialError> {
     selected.in_flight.connecting();
+    let dialled = open(proxy, tls_config, selected, direction, alpn, source).await;
+    // How a connection of the cluster ends is counted as Envoy's pools count it: the
+    // connection carries its end from now on, and one that never opened ended already, as
+    // the peer's refusal or reset, or by Remora's own timeout or refusal to go on.
+    match dialled {
+        Ok(mut connected) => {
+            connected
+                .registration_mut()
+                .watch(selected.in_flight.connection_end());
+            Ok(connected)
+        }
+        Err(e) => {
+            let remote = e.end() != End::ConnectTimeout
+                && matches!(e, DialError::Connect(_) | DialError::Handshake { .. });
+            selected.in_flight.never_opened(remote);
+            Err(e)
+        }
+    }
+}
+
+impl Connected {
+    /// The connection's loop-guard registration, which carries how it ends.
+    pub fn registration_mut(&mut self) -> &mut Registration {
+        match self {
+            Connected::Plain(up) => up.registration_mut(),
+            Connected::Mesh(_, registration) => registration,
+        }
+    }
+}
+
+/// The connection, and its handshake for TLS.
+async fn open(
+    proxy: &Proxy,
+    tls_config: &TlsConfig,
+    selected: &Selected,
+    direction: Direction,
+    alpn: Option<&[&[u8]]>,
+    source: Option<connect::Source>,
+) -> Result<Connected, DialError> {
     // Outbound hops are not captured again (UID 1337): any source will do, unless the
     // cluster binds one; inbound ones come from the passthrough source the caller gives.
     let upstream = connect::connect(

@@ -3,6 +3,7 @@
 //! a retry's slot against `max_retries`; each given back when dropped. The attempt's outcome
 //! goes through it to the cluster's statistics and outlier detection.
 
+use super::connection_end::ConnectionEnd;
 use super::outlier::{self, HostState};
 use super::state::ClusterState;
 use super::{stats, Charge, Outcome, Traffic, UpstreamError};
@@ -113,6 +114,18 @@ impl InFlight {
     /// The connection failed to open (TCP, or an HTTP attempt's dial).
     pub fn connect_failed(&self) {
         stats::inc(&self.state.stats.cx_connect_fail);
+    }
+
+    /// What a connection of the cluster opened for this attempt (or TCP connection) carries
+    /// to count its end (`upstream_cx_destroy*`).
+    pub fn connection_end(&self) -> ConnectionEnd {
+        ConnectionEnd::new(Arc::clone(&self.state.stats))
+    }
+
+    /// A connection that never opened: Envoy's pools count its end too, by the peer
+    /// (`remote`: refused, reset in the handshake) or by itself (a connect timeout).
+    pub fn never_opened(&self, remote: bool) {
+        self.state.stats.cx_destroyed(remote, false);
     }
 }
 

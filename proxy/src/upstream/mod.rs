@@ -24,6 +24,7 @@ use std::time::Duration;
 
 pub mod assignment;
 pub mod balance;
+pub mod connection_end;
 pub mod dial;
 pub mod dns;
 pub mod hash;
@@ -424,13 +425,23 @@ impl Upstreams {
     /// Count a request to the cluster of `state` that timed out, against `host` its last
     /// attempt went to (`internal`: one of Remora's own requests).
     pub fn timed_out(state: &ClusterState, host: Option<SocketAddr>, internal: bool) {
+        Self::timed_out_as(state, host, internal, Outcome::Timeout);
+    }
+
+    /// [`Self::timed_out`], as `outcome` (the request's timeout, or an attempt's).
+    pub fn timed_out_as(
+        state: &ClusterState,
+        host: Option<SocketAddr>,
+        internal: bool,
+        outcome: Outcome,
+    ) {
         let host = host.and_then(|h| state.known_host(&h));
         let charge = if internal {
             Charge::Internal
         } else {
             Charge::External
         };
-        state.report(host.as_deref(), Outcome::Timeout, charge);
+        state.report(host.as_deref(), outcome, charge);
     }
 
     /// Count a retry to the cluster of `s`, if its `max_retries` allows one more in flight;

@@ -26,6 +26,8 @@ pub enum Outcome {
     LocalFailure,
     /// No answer within the timeout.
     Timeout,
+    /// No answer within the route's per-try timeout: the attempt is cut (and may be retried).
+    PerTryTimeout,
 }
 
 /// The per-host state of one cluster: in flight, and outlier detection's counters.
@@ -140,7 +142,10 @@ pub fn count(host: &HostState, od: &OutlierDetection, outcome: Outcome) -> [Opti
                 reset(&host.consecutive_local);
                 [None, None]
             }
-            Outcome::ConnectFailed | Outcome::LocalFailure | Outcome::Timeout => {
+            Outcome::ConnectFailed
+            | Outcome::LocalFailure
+            | Outcome::Timeout
+            | Outcome::PerTryTimeout => {
                 let t = od.consecutive_local_origin_failure.threshold;
                 [
                     bump(&host.consecutive_local, t).then_some(Detector::LocalOrigin),
@@ -155,7 +160,7 @@ pub fn count(host: &HostState, od: &OutlierDetection, outcome: Outcome) -> [Opti
             Outcome::Connected => [None, None],
             Outcome::ConnectedFinal => http(200),
             Outcome::ConnectFailed | Outcome::LocalFailure => http(503),
-            Outcome::Timeout => http(504),
+            Outcome::Timeout | Outcome::PerTryTimeout => http(504),
         }
     }
 }

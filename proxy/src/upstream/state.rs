@@ -211,19 +211,30 @@ impl ClusterState {
                 inc(&self.stats.rq_timeout);
                 self.stats.response(504, internal);
             }
+            // As Envoy's router: the attempt went out, and is cut; its 504 is charged only
+            // as the request's answer, if it is not retried.
+            Outcome::PerTryTimeout => {
+                inc(&self.stats.rq_total);
+                inc(&self.stats.rq_per_try_timeout);
+            }
             Outcome::ConnectFailed | Outcome::Connected | Outcome::ConnectedFinal => {}
         }
         let Some(host) = host else {
             return;
         };
         match outcome {
-            Outcome::Status(_) | Outcome::LocalFailure => inc(&host.rq_total),
+            Outcome::Status(_) | Outcome::LocalFailure | Outcome::PerTryTimeout => {
+                inc(&host.rq_total)
+            }
             Outcome::ConnectFailed => inc(&host.cx_connect_fail),
             _ => {}
         }
         if matches!(
             outcome,
-            Outcome::ConnectFailed | Outcome::LocalFailure | Outcome::Timeout
+            Outcome::ConnectFailed
+                | Outcome::LocalFailure
+                | Outcome::Timeout
+                | Outcome::PerTryTimeout
         ) || matches!(outcome, Outcome::Status(c) if c >= 500)
         {
             inc(&host.rq_error);

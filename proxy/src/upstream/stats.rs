@@ -131,6 +131,8 @@ pub struct ClusterStats {
     pub rq_retry_success: AtomicU64,
     pub rq_retry_overflow: AtomicU64,
     pub rq_timeout: AtomicU64,
+    /// Attempts cut by the route's per-try timeout (`upstream_rq_per_try_timeout`).
+    pub rq_per_try_timeout: AtomicU64,
     pub rq_pending_overflow: AtomicU64,
     pub rq_pending_total: AtomicU64,
     pub cx_overflow: AtomicU64,
@@ -138,6 +140,9 @@ pub struct ClusterStats {
     pub cx_connect_fail: AtomicU64,
     /// Connections retired at `max_requests_per_connection`.
     pub cx_max_requests: AtomicU64,
+    /// Connections closed, by who closed them and whether a request was on them then
+    /// ([`ClusterStats::cx_destroyed`]); Envoy's six `upstream_cx_destroy*` are sums of these.
+    cx_destroyed: [AtomicU64; 4],
     /// Host picks made in panic mode, over every host of a priority, healthy or not.
     pub lb_healthy_panic: AtomicU64,
     pub outlier: OutlierStats,
@@ -205,12 +210,14 @@ impl ClusterStats {
             rq_retry_success: AtomicU64::new(0),
             rq_retry_overflow: AtomicU64::new(0),
             rq_timeout: AtomicU64::new(0),
+            rq_per_try_timeout: AtomicU64::new(0),
             rq_pending_overflow: AtomicU64::new(0),
             rq_pending_total: AtomicU64::new(0),
             cx_overflow: AtomicU64::new(0),
             cx_total: AtomicU64::new(0),
             cx_connect_fail: AtomicU64::new(0),
             cx_max_requests: AtomicU64::new(0),
+            cx_destroyed: Default::default(),
             lb_healthy_panic: AtomicU64::new(0),
             outlier: OutlierStats::default(),
             ext_authz: Arc::default(),
@@ -247,6 +254,34 @@ impl ClusterStats {
         out
     }
 
+    /// A connection of the cluster closed: by the peer (`remote`) or by Remora, with a request
+    /// on it (`active`) or not. One add, at the close.
+    pub fn cx_destroyed(&self, remote: bool, active: bool) {
+        inc(&self.cx_destroyed[usize::from(remote) * 2 + usize::from(active)]);
+    }
+
+    /// Envoy's `upstream_cx_destroy*`, each a sum of the closes counted.
+    fn destroyed(&self) -> [(&'static str, u64); 6] {
+        let [local, local_active, remote, remote_active] = self
+            .cx_destroyed
+            .each_ref()
+            .map(|c| c.load(Ordering::Relaxed));
+        [
+            (
+                "upstream_cx_destroy",
+                local + local_active + remote + remote_active,
+            ),
+            ("upstream_cx_destroy_local", local + local_active),
+            ("upstream_cx_destroy_remote", remote + remote_active),
+            (
+                "upstream_cx_destroy_with_active_rq",
+                local_active + remote_active,
+            ),
+            ("upstream_cx_destroy_local_with_active_rq", local_active),
+            ("upstream_cx_destroy_remote_with_active_rq", remote_active),
+        ]
+    }
+
     /// An upstream response (or Envoy's local answer for the upstream's failure) with
     /// `status`, to one of Remora's own requests (`internal`) or a client's.
     pub fn response(&self, status: u16, internal: bool) {
@@ -269,6 +304,7 @@ impl ClusterStats {
             ("upstream_rq_retry_success", v(&self.rq_retry_success)),
             ("upstream_rq_retry_overflow", v(&self.rq_retry_overflow)),
             ("upstream_rq_timeout", v(&self.rq_timeout)),
+            ("upstream_rq_per_try_timeout", v(&self.rq_per_try_timeout)),
             ("upstream_rq_pending_overflow", v(&self.rq_pending_overflow)),
             ("upstream_rq_pending_total", v(&self.rq_pending_total)),
             ("upstream_cx_overflow", v(&self.cx_overflow)),
@@ -316,6 +352,7 @@ impl ClusterStats {
         ];
         let mut out: Vec<ClusterStat> = counters
             .into_iter()
+            .chain(self.destroyed())
             .map(|c| (c, false))
             .chain(gauges.iter().map(|&g| (g, true)))
             .filter(|((stat, _), _)| outlier || !stat.starts_with("outlier_detection."))

@@ -56,17 +56,8 @@ pub(super) async fn attempts(
                 .insert(ATTEMPT_COUNT.clone(), HeaderValue::from(1u32));
         }
         let req = Request::from_parts(parts, body);
-        // Boxed: only routes with a per-try timeout pay for its timer.
-        return match crate::http::retry_policy::per_try(routed) {
-            None => send(ctx, req, routed).await,
-            Some((t, _)) => Box::pin(tokio::time::timeout(t, send(ctx, req, routed)))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(crate::http::retry_policy::per_try_expired(
-                        ctx.key.destination,
-                    ))
-                }),
-        };
+        let (result, cut) = within_per_try(ctx, req, routed).await;
+        return answered(result, cut, routed);
     }
     let replay =
         (!body.is_end_stream()).then(|| ReplayBody::new(body, http.retry_buffer_bytes, received));
@@ -103,16 +94,7 @@ pub(super) async fn attempts(
         if let Some(routed) = routed.filter(|_| attempt > 1) {
             routed.expect_remaining(req.headers_mut(), started.elapsed());
         }
-        let result = match crate::http::retry_policy::per_try(routed) {
-            None => send(ctx, req, routed).await,
-            Some((t, _)) => Box::pin(tokio::time::timeout(t, send(ctx, req, routed)))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(crate::http::retry_policy::per_try_expired(
-                        ctx.key.destination,
-                    ))
-                }),
-        };
+        let (result, cut) = within_per_try(ctx, req, routed).await;
         // The route's retry policy, else Istio's default as Remora's own config says it.
         let retriable = match (&result, routed) {
             (Ok(up), Some(r)) => r
@@ -128,7 +110,7 @@ pub(super) async fn attempts(
                     r.succeeded();
                 }
             }
-            return result;
+            return answered(result, cut, routed);
         }
         let replayable = replay.as_ref().is_none_or(|r| r.replay().is_some());
         // A stream the server refused with its GOAWAY never reached the application (RFC 9113
@@ -146,7 +128,7 @@ pub(super) async fn attempts(
             if attempt > retries {
                 flags.insert(Flags::URX);
             }
-            return result;
+            return answered(result, cut, routed);
         }
         // The cluster's `max_retries` (counted as Envoy's `upstream_rq_retry`): past it, the
         // request ends with what it has, flagged as Envoy's router flags it.
@@ -154,15 +136,56 @@ pub(super) async fn attempts(
             Ok(guard) => retrying = guard,
             Err(()) => {
                 flags.insert(Flags::UO);
-                return result;
+                return answered(result, cut, routed);
             }
         }
         // Dropping a 503's body closes its HTTP/1.1 connection, which is what we want of a
-        // connection that just refused us.
+        // connection that just refused us (with the request on it, as Envoy counts it).
+        if let Ok(Upstreamed {
+            pooled: Some((_, sender)),
+            ..
+        }) = &result
+        {
+            sender.abandon();
+        }
         drop(result);
         tokio::time::sleep(backoff(attempt)).await;
         attempt += 1;
     }
+}
+
+/// One attempt, within the route's per-try timeout when it has one (boxed: only such routes
+/// pay for its timer); `true` with an attempt the timeout cut, counted against its cluster as
+/// Envoy's router counts it.
+async fn within_per_try(
+    ctx: &ConnContext,
+    req: Request<UpstreamBody>,
+    routed: Option<&crate::http::routed::Routed>,
+) -> (Result<Upstreamed, ProxyError>, bool) {
+    match crate::http::retry_policy::per_try(routed) {
+        None => (send(ctx, req, routed).await, false),
+        Some((t, r)) => match Box::pin(tokio::time::timeout(t, send(ctx, req, routed))).await {
+            Ok(result) => (result, false),
+            Err(_) => {
+                crate::http::routed::per_try_timed_out(r);
+                let e = crate::http::retry_policy::per_try_expired(ctx.key.destination);
+                (Err(e), true)
+            }
+        },
+    }
+}
+
+/// The request's result from its last attempt: one the per-try timeout `cut` is answered
+/// with the router's 504, charged to the cluster as Envoy charges it.
+fn answered(
+    result: Result<Upstreamed, ProxyError>,
+    cut: bool,
+    routed: Option<&crate::http::routed::Routed>,
+) -> Result<Upstreamed, ProxyError> {
+    if let (true, Some(r)) = (cut, routed) {
+        crate::http::routed::charge_per_try_answer(r);
+    }
+    result
 }
 
 /// Why a request did not get a response from one connection.

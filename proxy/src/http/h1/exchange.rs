@@ -3,11 +3,11 @@
 
 use super::chunked::{self, ChunkedEnd};
 use super::head::{self, Framing, ResponseHead};
+use super::up::Up;
 use super::{closing, itoa_u32, write_out, Client, READ_SIZE};
 use crate::connect::Upstream;
 use crate::http::body::RequestEnd;
 use crate::http::errors::{ErrorKind, Flags};
-use crate::http::originate::MeshConn;
 use crate::http::pool::Key;
 use crate::http::routed::{self, Routed};
 use crate::http::ConnContext;
@@ -17,7 +17,6 @@ use crate::Direction;
 use bytes::{Buf, BytesMut};
 use std::future::Future;
 use std::io;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The retries an outbound request gets (Istio's default policy); inbound gets none.
 pub(super) fn retries(ctx: &ConnContext) -> u32 {
@@ -210,6 +209,10 @@ async fn attempts(
                     // path resends such a request unreported too).
                     stale_retry = false;
                     dial = true;
+                    // Envoy would have seen this close while the connection was idle.
+                    if let Some(end) = up.end() {
+                        end.active = false;
+                    }
                     tracing::debug!(dst = %ctx.key.destination, "pooled connection closed; opening another");
                     continue;
                 }
@@ -321,6 +324,9 @@ fn relay<'a, C: Client>(
             send(ctx, client, &rbuf[..now], end, now).await?;
         }
         end.complete = true;
+        if let Some(end) = up.end() {
+            end.active = false;
+        }
         if reusable {
             let key = req.key(ctx);
             match (up, ctx.originate.as_deref()) {
@@ -341,40 +347,6 @@ fn relay<'a, C: Client>(
             }
         }
         Ok(keep_client)
-    }
-}
-
-/// The upstream connection of one request: a plain socket, or mesh TLS we originated.
-pub(super) enum Up {
-    Plain(Upstream),
-    Mesh(MeshConn),
-}
-
-impl Up {
-    /// This side of the connection (for the access log).
-    fn local_addr(&self) -> Option<std::net::SocketAddr> {
-        match self {
-            Up::Plain(up) => up.stream.local_addr().ok(),
-            Up::Mesh(conn) => conn.0.get_ref().0.local_addr().ok(),
-        }
-    }
-
-    /// Write all of `bytes`; mesh TLS is flushed, so nothing waits in rustls.
-    async fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
-        match self {
-            Up::Plain(up) => up.stream.write_all(bytes).await,
-            Up::Mesh(conn) => {
-                conn.0.write_all(bytes).await?;
-                conn.0.flush().await
-            }
-        }
-    }
-
-    async fn read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        match self {
-            Up::Plain(up) => up.stream.read_buf(buf).await,
-            Up::Mesh(conn) => conn.0.read_buf(buf).await,
-        }
     }
 }
 

@@ -36,6 +36,7 @@ pub mod head;
 pub(crate) mod refused;
 mod reply;
 mod route;
+mod up;
 
 use super::access_log::RequestLog;
 use super::body::RequestEnd;
@@ -94,6 +95,12 @@ impl Pooled for Upstream {
     fn share(&mut self) -> Option<Self> {
         None
     }
+
+    fn let_go(&mut self, by_peer: bool) {
+        if let Some(end) = self.registration_mut().end_mut() {
+            end.remote |= by_peer;
+        }
+    }
 }
 
 /// An idle mesh connection to an xDS endpoint is closed as a mesh destination's is
@@ -105,6 +112,12 @@ impl Pooled for MeshConn {
 
     fn share(&mut self) -> Option<Self> {
         None
+    }
+
+    fn let_go(&mut self, by_peer: bool) {
+        if let Some(end) = self.1.end_mut() {
+            end.remote |= by_peer;
+        }
     }
 }
 

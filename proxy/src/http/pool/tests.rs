@@ -20,7 +20,7 @@ async fn connect(limit: u32) -> Sender {
             held.push(stream);
         }
     });
-    let sender = handshake_over(client, (), HttpVersion::Http2, LocalAddr::default())
+    let sender = handshake_over(client, (), HttpVersion::Http2, LocalAddr::default(), None)
         .await
         .expect("handshake");
     // The connection's task reads the peer's SETTINGS: wait for them, as the routed path
@@ -106,10 +106,15 @@ async fn cold_burst(burst: usize, limit: u32) -> usize {
                         // Not waiting for the peer's SETTINGS: share_new does.
                         let (client, server) = tokio::io::duplex(64 * 1024);
                         tokio::spawn(serve_held(server, limit));
-                        let sender =
-                            handshake_over(client, (), HttpVersion::Http2, LocalAddr::default())
-                                .await
-                                .expect("handshake");
+                        let sender = handshake_over(
+                            client,
+                            (),
+                            HttpVersion::Http2,
+                            LocalAddr::default(),
+                            None,
+                        )
+                        .await
+                        .expect("handshake");
                         pool.share_new(key(), sender, idle, 64, dialing, bound)
                     }
                 };

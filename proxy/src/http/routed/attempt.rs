@@ -248,13 +248,15 @@ pub(in crate::http) async fn send(
     selected.in_flight.report(Outcome::Connected);
     let sender = match connected {
         Connected::Plain(up) => {
-            let (io, registration) = up.into_parts();
+            let (io, mut registration) = up.into_parts();
             let local = pool::LocalAddr::new(io.local_addr().ok());
-            pool::handshake_over(io, (registration, slot), version, local).await
+            let end = registration.take_end();
+            pool::handshake_over(io, (registration, slot), version, local, end).await
         }
-        Connected::Mesh(tls, registration) => {
+        Connected::Mesh(tls, mut registration) => {
             let local = pool::LocalAddr::new(tls.get_ref().0.local_addr().ok());
-            pool::handshake_over(*tls, (registration, slot), version, local).await
+            let end = registration.take_end();
+            pool::handshake_over(*tls, (registration, slot), version, local, end).await
         }
     }
     .map_err(|e| {

@@ -46,6 +46,25 @@ pub(in crate::http) async fn admit(ctx: &ConnContext, routed: &Routed) -> Result
 /// Count a timeout of the routed request (Envoy's `upstream_rq_timeout`), and report it to
 /// outlier detection against the host its last attempt went to.
 pub(in crate::http) fn timed_out(routed: &Routed) {
+    timed_out_as(routed, Outcome::Timeout);
+}
+
+/// Count an attempt cut by the route's per-try timeout (Envoy's `upstream_rq_per_try_timeout`,
+/// and the attempt in `upstream_rq_total`; not `upstream_rq_timeout`), and report it to
+/// outlier detection against its host.
+pub(in crate::http) fn per_try_timed_out(routed: &Routed) {
+    timed_out_as(routed, Outcome::PerTryTimeout);
+}
+
+/// The request's answer is the router's 504 for its last attempt's per-try timeout (Envoy's
+/// `upstream_rq_504`), charged to its cluster.
+pub(in crate::http) fn charge_per_try_answer(routed: &Routed) {
+    if let Some(target) = &routed.cluster {
+        target.state.stats.response(504, routed.internal);
+    }
+}
+
+fn timed_out_as(routed: &Routed, outcome: Outcome) {
     let host = routed
         .tried
         .lock()
@@ -54,7 +73,7 @@ pub(in crate::http) fn timed_out(routed: &Routed) {
         .last()
         .copied();
     if let Some(target) = &routed.cluster {
-        crate::upstream::Upstreams::timed_out(&target.state, host, routed.internal);
+        crate::upstream::Upstreams::timed_out_as(&target.state, host, routed.internal, outcome);
     }
 }
 

@@ -107,6 +107,7 @@ impl Proxy {
                         tls,
                         service,
                         std::future::pending(),
+                        None,
                     )
                     .await;
             }
@@ -120,7 +121,8 @@ impl Proxy {
 
     /// Name the server from its certificate, the `service` we dialled it as and, on
     /// `istio-peer-exchange`, its metadata; count the connection open for it; then copy the
-    /// client's bytes (`prefix` first) both ways, until `stop` (the drain of an xDS chain).
+    /// client's bytes (`prefix` first) both ways, until `stop` (the drain of an xDS chain);
+    /// `end` counts how the connection ended, for an xDS cluster's.
     #[allow(clippy::too_many_arguments)]
     pub(in crate::proxy) async fn serve_originated(
         &self,
@@ -131,6 +133,7 @@ impl Proxy {
         mut tls: tls::stream::ClientStream,
         service: Option<Arc<str>>,
         stop: impl std::future::Future<Output = ()>,
+        end: Option<crate::upstream::connection_end::ConnectionEnd>,
     ) -> Outcome {
         let (_, session) = tls.get_ref();
         let chain = session.peer_certificates().unwrap_or_default();
@@ -155,6 +158,9 @@ impl Proxy {
                 Rewind::new(unread, crate::tls::stream::EndWithoutCloseNotify(&mut tls));
             tcp::copy_streams_until(prefix, &mut downstream, &mut upstream, hop.idle, stop).await
         };
+        if let Some(mut end) = end {
+            end.copied(&copied);
+        }
         copy_outcome(hop, copied, &downstream, tls.get_ref().0).counted_in(istio)
     }
 }
