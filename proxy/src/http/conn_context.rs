@@ -104,7 +104,7 @@ impl Drop for CountsClose<'_> {
         let ctx = self.0;
         if let Some(hcm) = &ctx.hcm {
             // `transfer` names the bytes as the upstream side sees them.
-            let Transfer { sent, received } = ctx.transfer();
+            let Transfer { sent, received, .. } = ctx.transfer();
             hcm.connection_closed(ctx.key.version, ctx.mesh_peer.is_some(), sent, received);
         }
     }
