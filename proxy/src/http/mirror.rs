@@ -429,7 +429,11 @@ async fn send(ctx: &Arc<ConnContext>, cluster: Arc<Cluster>, req: Request<Upstre
     routed.origin_host = origin_host;
     routed.internal = true;
     let up = match super::routed::send(ctx, &routed, req).await {
-        Ok(up) => up,
+        // A shadow is never retried: its answer is its own.
+        Ok(up) => {
+            up.charge_answer(false);
+            up
+        }
         Err(e) => {
             let cluster = routed.cluster.as_ref().map(|c| c.model.name.as_str());
             tracing::debug!(?cluster, error = %e, "shadow request failed");

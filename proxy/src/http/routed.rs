@@ -13,7 +13,7 @@ use super::{header_format, protocol, ConnContext};
 use crate::route::rewrite::{self, RedirectRequest};
 use crate::route::{self, HttpDecision};
 pub(super) use breakers::{
-    admit, charge_local_answer, charge_per_try_answer, per_try_timed_out, report, retry,
+    admit, answered, charge_local_answer, charge_per_try_answer, per_try_timed_out, report, retry,
     retry_counted, timed_out,
 };
 use breakers::{connect_failed, reported};
@@ -31,6 +31,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 impl Upstreamed {
+    /// Charge this answer's code to its cluster: the request's own (`retried` false), or one
+    /// the router retried (Envoy's `retry.*` copy). Every caller of [`send`] says which.
+    pub(super) fn charge_answer(&self, retried: bool) {
+        if let Some(f) = &self.in_flight {
+            f.answered(self.response.status().as_u16(), retried);
+        }
+    }
+
     /// This response, its request counted against its endpoint until the request ends.
     pub(super) fn counting(mut self, in_flight: crate::upstream::InFlight) -> Self {
         self.in_flight = Some(in_flight);

@@ -97,12 +97,22 @@ impl InFlight {
     /// Report what the attempt came to: counted in the cluster's statistics, and by outlier
     /// detection, which may eject the host now.
     pub fn report(&self, outcome: Outcome) {
-        let charge = match (self.request, self.internal) {
+        self.state
+            .report(self.host.as_deref(), outcome, self.charge());
+    }
+
+    /// The attempt's answer had `status`: the request's own, or `retried` (Envoy's `retry.*`).
+    /// Reported apart from its [`Outcome::Status`], which comes before the router decides.
+    pub fn answered(&self, status: u16, retried: bool) {
+        self.state.answer(status, self.charge(), retried);
+    }
+
+    fn charge(&self) -> Charge {
+        match (self.request, self.internal) {
             (false, _) => Charge::None,
             (true, false) => Charge::External,
             (true, true) => Charge::Internal,
-        };
-        self.state.report(self.host.as_deref(), outcome, charge);
+        }
     }
 
     /// A connection to the endpoint is being opened (Envoy's `upstream_cx_total`: every new

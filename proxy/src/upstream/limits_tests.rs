@@ -272,23 +272,32 @@ fn cluster_stats_are_exported_as_envoys() {
     m.set_clusters(Arc::clone(&up));
     let held = http(&up, &s).expect("pick");
     held.in_flight.report(Outcome::Status(503));
+    held.in_flight.answered(503, false);
     http(&up, &s).expect_err("overflow");
     drop(held);
-    http(&up, &s)
-        .expect("pick")
-        .in_flight
-        .report(Outcome::Status(200));
+    let retried = http(&up, &s).expect("pick");
+    retried.in_flight.report(Outcome::Status(502));
+    retried.in_flight.answered(502, true);
+    drop(retried);
+    let last = http(&up, &s).expect("pick");
+    last.in_flight.report(Outcome::Status(200));
+    last.in_flight.answered(200, false);
     let dotted: Vec<(String, u64)> = m
         .envoy_stats()
         .into_iter()
         .map(|s| (s.dotted_name(), s.value))
         .collect();
     for (name, value) in [
-        ("upstream_rq_total", 2),
+        ("upstream_rq_total", 3),
+        ("upstream_rq_completed", 2),
         ("upstream_rq_200", 1),
         ("upstream_rq_503", 1),
         ("upstream_rq_5xx", 1),
         ("upstream_rq_pending_overflow", 1),
+        // The retried answer, in Envoy's `retry.*` copy only.
+        ("retry.upstream_rq_completed", 1),
+        ("retry.upstream_rq_502", 1),
+        ("retry.upstream_rq_5xx", 1),
     ] {
         let name = format!("cluster.{C}.{name}");
         assert!(
@@ -301,7 +310,8 @@ fn cluster_stats_are_exported_as_envoys() {
     // has no `;` for Istio's `cluster_name` tag to end at, and stays in the Prometheus name.
     let stem = "envoy_cluster_outbound_8000__httpbin_default_svc_cluster_local";
     for line in [
-        format!("{stem}_upstream_rq_total 2\n"),
+        format!("{stem}_upstream_rq_total 3\n"),
+        format!("{stem}_retry_upstream_rq{{response_code=\"502\"}} 1\n"),
         format!("{stem}_upstream_rq{{response_code=\"503\"}} 1\n"),
         format!("{stem}_upstream_rq{{response_code_class=\"2xx\"}} 1\n"),
         format!("{stem}_upstream_rq_pending_overflow 1\n"),

@@ -190,6 +190,17 @@ impl ClusterState {
         }
     }
 
+    /// Charge an upstream answer's `status`: as the request's answer, or, `retried`, in Envoy's
+    /// `retry.*` copy only.
+    pub fn answer(&self, status: u16, charge: Charge, retried: bool) {
+        match charge {
+            Charge::None => {}
+            _ if retried => self.stats.retried_response(status),
+            Charge::External => self.stats.response(status, false),
+            Charge::Internal => self.stats.response(status, true),
+        }
+    }
+
     /// Count what an attempt on `host` (none: an original destination, or not known) came to,
     /// and let outlier detection eject the host on it.
     /// Only HTTP requests are counted in the `upstream_rq_*` statistics (`charge`), as Envoy
@@ -202,10 +213,9 @@ impl ClusterState {
         let internal = charge == Charge::Internal;
         match outcome {
             _ if charge == Charge::None => {}
-            Outcome::Status(code) => {
-                inc(&self.stats.rq_total);
-                self.stats.response(code, internal);
-            }
+            // Its code is charged when the router knows whether the answer is the request's
+            // or retried ([`ClusterState::answer`]).
+            Outcome::Status(_) => inc(&self.stats.rq_total),
             Outcome::LocalFailure => inc(&self.stats.rq_total),
             Outcome::Timeout => {
                 inc(&self.stats.rq_timeout);

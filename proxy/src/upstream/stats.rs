@@ -109,6 +109,10 @@ const INTERNAL: Names = Names {
     completed: "internal.upstream_rq_completed",
     by_code: "internal.upstream_rq",
 };
+const RETRY: Names = Names {
+    completed: "retry.upstream_rq_completed",
+    by_code: "retry.upstream_rq",
+};
 
 /// Whether a copy, its completed count first, was ever charged (Envoy makes a copy's names
 /// at its first count).
@@ -127,6 +131,9 @@ pub struct ClusterStats {
     /// Those charged for Remora's own requests, made at the first (most clusters never have
     /// one); the rest are the client's (`external.*`).
     internal: std::sync::OnceLock<Box<Responses>>,
+    /// Answers that were retried (Envoy's `retry.*` copy: not among the answers above, which
+    /// are the requests' own), made at the first.
+    retried: std::sync::OnceLock<Box<Responses>>,
     pub rq_retry: AtomicU64,
     pub rq_retry_success: AtomicU64,
     pub rq_retry_overflow: AtomicU64,
@@ -206,6 +213,7 @@ impl ClusterStats {
             rq_total: AtomicU64::new(0),
             responses: Responses::default(),
             internal: std::sync::OnceLock::new(),
+            retried: std::sync::OnceLock::new(),
             rq_retry: AtomicU64::new(0),
             rq_retry_success: AtomicU64::new(0),
             rq_retry_overflow: AtomicU64::new(0),
@@ -291,6 +299,12 @@ impl ClusterStats {
         }
     }
 
+    /// An upstream response with `status` that the router retried: Envoy counts it in its
+    /// `retry.*` copy only (the request's own answer comes later).
+    pub fn retried_response(&self, status: u16) {
+        self.retried.get_or_init(Box::default).add(status);
+    }
+
     /// Every counter with Envoy's name (`upstream_rq_200` as `("upstream_rq", Some("200"))`:
     /// Istio's bootstrap turns the code into a `response_code` or `response_code_class` tag),
     /// and the gauges given; `outlier_detection.*` only for a cluster with outlier detection
@@ -369,7 +383,11 @@ impl ClusterStats {
         out.extend(self.responses.each(&ALL, None));
         let external = self.responses.each(&EXTERNAL, internal);
         let internal = internal.map_or_else(Vec::new, |i| i.each(&INTERNAL, None));
-        for copy in [external, internal] {
+        let retried = self
+            .retried
+            .get()
+            .map_or_else(Vec::new, |r| r.each(&RETRY, None));
+        for copy in [external, internal, retried] {
             if charged(&copy) {
                 out.extend(copy);
             }

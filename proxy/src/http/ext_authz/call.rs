@@ -50,7 +50,10 @@ pub(super) async fn call(
     // A failure or a timeout before the answer's head is charged to the cluster as Envoy's
     // client's router charges its own answer (the check is an internal request).
     let up = match tokio::time::timeout_at(deadline, routed::send(ctx, &routed, req)).await {
-        Ok(Ok(up)) => up,
+        Ok(Ok(up)) => {
+            up.charge_answer(false);
+            up
+        }
         Ok(Err(e)) => {
             routed::charge_local_answer(&routed, e.kind);
             return Err(e.to_string());

@@ -139,6 +139,10 @@ pub(super) async fn attempts(
                 return answered(result, cut, routed);
             }
         }
+        // Retried: its answer counted apart, as Envoy's router counts a retried one.
+        if let Ok(up) = &result {
+            up.charge_answer(true);
+        }
         // Dropping a 503's body closes its HTTP/1.1 connection, which is what we want of a
         // connection that just refused us (with the request on it, as Envoy counts it).
         if let Ok(Upstreamed {
@@ -184,6 +188,9 @@ fn answered(
 ) -> Result<Upstreamed, ProxyError> {
     if let (true, Some(r)) = (cut, routed) {
         crate::http::routed::charge_per_try_answer(r);
+    }
+    if let Ok(up) = &result {
+        up.charge_answer(false);
     }
     result
 }

@@ -228,6 +228,7 @@ async fn attempts(
                     break (up, response);
                 };
                 retrying = Some(guard);
+                routed::answered(end, response.status, true);
                 // Its body is not read: the connection goes with it.
                 drop(up);
                 backoff(ctx, attempt).await;
@@ -238,6 +239,7 @@ async fn attempts(
         }
         break (up, response);
     };
+    routed::answered(end, response.status, false);
     if let Some(r) = retrying.filter(|_| response.status < 500) {
         r.succeeded();
     }

@@ -96,6 +96,15 @@ pub(in crate::http) fn report(end: &RequestEnd, outcome: Outcome) {
     }
 }
 
+/// The request's attempt was answered `status`: its own answer, or one `retried`, charged to
+/// the cluster as Envoy's router charges each (the fast path's counterpart of
+/// `Upstreamed::charge_answer`).
+pub(in crate::http) fn answered(end: &RequestEnd, status: u16, retried: bool) {
+    if let Some(f) = end.routed.as_ref().and_then(|r| r.in_flight.as_ref()) {
+        f.answered(status, retried);
+    }
+}
+
 /// A retry of a request (counted against its routed cluster's `max_retries`); `None` past
 /// it: the request ends with its last answer or failure, flagged `UO` as Envoy's router
 /// flags it.
