@@ -25,6 +25,7 @@ use detection::{detect_wait, Detected};
 
 mod authorize;
 mod detection;
+mod inbound_tls;
 mod inbound_xds;
 mod mesh;
 mod xds;

@@ -17,12 +17,14 @@ pub(super) use breakers::{
     retry_counted, timed_out,
 };
 use breakers::{connect_failed, reported};
+use cors::cors_outcome;
+pub use cors::count_cors;
 pub use edits::Edits;
 use edits::{edits, local_edits};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use remora_xds::model::cluster::Cluster;
-use remora_xds::model::cors::{CorsOutcome, CorsRequest};
+use remora_xds::model::cors::CorsOutcome;
 use remora_xds::model::listener::RouteSource;
 use remora_xds::model::route::{Forward, RequestParts};
 use remora_xds::snapshot::Snapshot;
@@ -566,39 +568,6 @@ pub fn decide(
     Ok(decided.routed)
 }
 
-/// Count the cors filter's judgement of a request's origin, as Envoy's filter counts it
-/// (`http.<stat_prefix>.cors.origin_valid`, `origin_invalid`).
-pub fn count_cors(ctx: &ConnContext, origin_valid: Option<bool>) {
-    if let (Some(valid), Some(prefix)) = (origin_valid, ctx.xds_chain.cors_stats()) {
-        ctx.proxy.metrics.cors.of(prefix).count(valid);
-    }
-}
-
-/// What the chain's cors filter does to a forwarded request of `route` (Envoy's filter acts
-/// only on routes that forward): nothing for nearly every request. The HTTP/1.1 fast path,
-/// which gives no `parts`, hands a route with a CORS policy over to hyper's path.
-fn cors_outcome(
-    ctx: &ConnContext,
-    route: &remora_xds::model::route::Route,
-    parts: Option<&Parts>,
-) -> Result<(CorsOutcome, Option<bool>), Answer> {
-    let Some(cors) = route.cors.as_ref().filter(|_| ctx.xds_chain.cors_filter) else {
-        return Ok((CorsOutcome::Pass, None));
-    };
-    let Some(parts) = parts else {
-        return Err(Answer::Handover);
-    };
-    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
-    let req = CorsRequest {
-        method: parts.method.as_str(),
-        origin: header("origin"),
-        request_method: header("access-control-request-method"),
-        request_headers: header("access-control-request-headers"),
-        request_private_network: header("access-control-request-private-network"),
-    };
-    Ok(cors.evaluate_origin(&req, fastrand::u64(..)))
-}
-
 /// Whether the request asks for an HTTP/1.1 upgrade (WebSocket) that the route's
 /// `upgrade_configs` turn off. A type the route does not name is left to the connection
 /// manager's `upgrade_configs` (istiod's: `websocket`).
@@ -620,6 +589,7 @@ fn upgrade_disabled(forward: &Forward, headers: &HeaderMap) -> bool {
 
 mod attempt;
 mod breakers;
+mod cors;
 mod edits;
 mod local;
 pub mod matched;

@@ -27,6 +27,7 @@ pub mod balance;
 pub mod connection_end;
 pub mod dial;
 pub mod dns;
+mod error;
 pub mod hash;
 mod in_flight;
 pub mod membership;
@@ -38,6 +39,8 @@ pub mod ring;
 pub mod state;
 pub mod stats;
 pub mod transport;
+
+pub use error::UpstreamError;
 
 pub use assignment::Assignment;
 pub use in_flight::{InFlight, RetryGuard};
@@ -100,39 +103,6 @@ pub struct Selected {
     /// Counts the request (or connection) against the endpoint and the cluster's circuit
     /// breakers until dropped; takes the attempt's outcome for outlier detection.
     pub in_flight: InFlight,
-}
-
-/// Why no endpoint was chosen; each is one of Envoy's response flags.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum UpstreamError {
-    #[error("cluster {0} not found")]
-    NoCluster(String),
-    #[error("cluster {0} has no healthy endpoint")]
-    NoHealthyUpstream(String),
-    #[error("cluster {cluster}: {error}")]
-    Transport {
-        cluster: String,
-        error: TransportError,
-    },
-    /// A circuit breaker is open: answered at once, never sent upstream.
-    #[error("cluster {0}: circuit breaker open")]
-    Overflow(String),
-    /// Every connection the cluster may have is in use: an HTTP request waits for one as
-    /// a pending request ([`Upstreams::wait_for_connection`]).
-    #[error("cluster {0}: connection limit reached")]
-    ConnectionsFull(String),
-}
-
-impl UpstreamError {
-    /// Envoy's response flag for it.
-    pub fn response_flag(&self) -> &'static str {
-        match self {
-            UpstreamError::NoCluster(_) => "NC",
-            UpstreamError::NoHealthyUpstream(_) => "UH",
-            UpstreamError::Transport { .. } => "UF",
-            UpstreamError::Overflow(_) | UpstreamError::ConnectionsFull(_) => "UO",
-        }
-    }
 }
 
 /// Hosts a retry should stay away from: Envoy's `previous_hosts` retry predicate, which

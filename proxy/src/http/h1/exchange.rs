@@ -1,8 +1,8 @@
 //! One request's trip: to the upstream on a pooled (or new) socket, with Istio's retries, and
 //! its response back to the client in the framing it came in.
 
-use super::chunked::{self, ChunkedEnd};
-use super::head::{self, Framing, ResponseHead};
+use super::head::{Framing, ResponseHead};
+use super::response::{response_head, Body, ResponseError};
 use super::up::Up;
 use super::{closing, itoa_u32, write_out, Client, READ_SIZE};
 use crate::connect::Upstream;
@@ -16,7 +16,6 @@ use crate::upstream::Selected;
 use crate::Direction;
 use bytes::{Buf, BytesMut};
 use std::future::Future;
-use std::io;
 
 /// The retries an outbound request gets (Istio's default policy); inbound gets none.
 pub(super) fn retries(ctx: &ConnContext) -> u32 {
@@ -514,97 +513,6 @@ async fn send<C: Client>(
     ctx.count_sent(bytes.len());
     end.sent += body as u64;
     Ok(())
-}
-
-/// How much of a response body is left.
-struct Body {
-    framing: Framing,
-    remaining: u64,
-    chunks: ChunkedEnd,
-}
-
-impl Body {
-    fn new(framing: Framing) -> Self {
-        Body {
-            framing,
-            remaining: match framing {
-                Framing::Length(n) => n,
-                _ => 0,
-            },
-            chunks: ChunkedEnd::default(),
-        }
-    }
-
-    /// Of `bytes` just read, how many belong to the body, and whether it is over with them.
-    fn take(&mut self, bytes: &[u8]) -> Result<(usize, bool), chunked::BadChunk> {
-        Ok(match self.framing {
-            Framing::None => (0, true),
-            Framing::Length(_) => {
-                let n = usize::try_from(self.remaining)
-                    .unwrap_or(usize::MAX)
-                    .min(bytes.len());
-                self.remaining -= n as u64;
-                (n, self.remaining == 0)
-            }
-            Framing::Chunked => match self.chunks.feed(bytes)? {
-                Some(n) => (n, true),
-                None => (bytes.len(), false),
-            },
-            Framing::Close => (bytes.len(), false),
-        })
-    }
-}
-
-/// Why no response head came back.
-#[derive(Debug, thiserror::Error)]
-enum ResponseError {
-    #[error("upstream connection: {0}")]
-    Io(io::Error),
-    #[error("upstream closed the connection before the response")]
-    Closed,
-    #[error(transparent)]
-    Bad(#[from] head::BadResponse),
-}
-
-impl ResponseError {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            ResponseError::Bad(_) => ErrorKind::UpstreamProtocol,
-            ResponseError::Io(_) | ResponseError::Closed => ErrorKind::ConnectionTerminated,
-        }
-    }
-}
-
-/// Read the response head into `rbuf`, skipping interim (1xx) responses; from a
-/// `mesh_server`, its sidecar's metadata headers are read, not passed on.
-async fn response_head(
-    up: &mut Up,
-    rbuf: &mut BytesMut,
-    head_request: bool,
-    mesh_server: bool,
-) -> Result<ResponseHead, ResponseError> {
-    loop {
-        if !rbuf.is_empty() {
-            if let Some(head) = head::parse_response_from(&rbuf[..], head_request, mesh_server)? {
-                if !head.interim() {
-                    if head.status == 101 {
-                        // No upgrade was asked for.
-                        return Err(ResponseError::Bad(head::BadResponse));
-                    }
-                    return Ok(head);
-                }
-                rbuf.advance(head.len);
-                continue;
-            }
-        }
-        rbuf.reserve(READ_SIZE);
-        match up.read_buf(rbuf).await {
-            Ok(0) if rbuf.is_empty() => return Err(ResponseError::Closed),
-            Ok(0) => return Err(ResponseError::Bad(head::BadResponse)),
-            Ok(_) => {}
-            Err(e) => return Err(ResponseError::Io(e)),
-        }
-    }
 }
 
 /// A retry, counted against the routed cluster's `max_retries` (`None` past it).

@@ -33,12 +33,13 @@ pub(crate) mod chunked;
 mod client;
 mod exchange;
 pub mod head;
+mod log;
 pub(crate) mod refused;
 mod reply;
+mod response;
 mod route;
 mod up;
 
-use super::access_log::RequestLog;
 use super::body::RequestEnd;
 use super::errors::{ErrorKind, Flags};
 use super::originate::MeshConn;
@@ -55,7 +56,7 @@ use std::future::Future;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Room a read asks for: a request or a response head and a short body in one go.
@@ -389,7 +390,7 @@ fn prepare(
     // The blank line goes back on per attempt, after the attempt count.
     upstream_head.truncate(upstream_head.len() - 2);
     if ctx.logging() {
-        let mut log = Box::new(request_log(started, &head, id.as_ref(), &end));
+        let mut log = Box::new(log::request_log(started, &head, id.as_ref(), &end));
         if let Some(r) = &routed {
             r.routed.log_to(&mut log);
         }
@@ -570,34 +571,6 @@ async fn local_reply<C: Client>(
 async fn write_out<C: Client>(client: &mut C, bytes: &[u8]) -> io::Result<()> {
     client.write_all(bytes).await?;
     client.flush().await
-}
-
-/// The access-log record of a request the fast path serves, as the general path records it.
-fn request_log(
-    started: Instant,
-    head: &head::RequestHead<'_>,
-    id: Option<&[u8; 36]>,
-    end: &RequestEnd,
-) -> RequestLog {
-    let value = |v: &[u8]| http::HeaderValue::from_bytes(v).ok();
-    RequestLog {
-        // Only a logged request reads the wall clock; the log prints it to the millisecond,
-        // and parsing the head took a few microseconds.
-        start: SystemTime::now(),
-        started,
-        method: http::Method::from_bytes(head.method).ok(),
-        uri: head.target.parse().ok(),
-        version: http::Version::HTTP_11,
-        authority: head.host.and_then(value),
-        user_agent: head.user_agent.and_then(value),
-        request_id: id.map(|id| &id[..]).or(head.request_id).and_then(value),
-        forwarded_for: head.forwarded_for.and_then(value),
-        status: 0,
-        upstream: None,
-        upstream_time: None,
-        received: Arc::clone(&end.received),
-        envoy: Default::default(),
-    }
 }
 
 /// `n` in decimal, in `buf`.
