@@ -72,7 +72,7 @@ fn hosts_in_snapshot(c: &Cluster) -> bool {
 }
 
 /// How many priorities' addresses differ between two assignments (none: no hosts).
-pub fn changed_priorities(
+fn changed_priorities(
     before: Option<&ClusterLoadAssignment>,
     now: Option<&ClusterLoadAssignment>,
 ) -> u64 {

@@ -39,8 +39,16 @@ pub struct Sample {
     pub virtual_bytes: Option<i64>,
     pub open_fds: Option<i64>,
     pub max_fds: Option<i64>,
-    /// Anonymous memory resident (`RssAnon`): the heap's pages in RAM, and stacks.
-    pub anonymous_resident_bytes: Option<i64>,
+}
+
+/// The byte count `/proc/self/status` gives for `key` (`VmRSS:`; the kernel writes kB).
+fn status_bytes(status: &str, key: &str) -> Option<i64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse::<i64>().ok())
+        .map(|n| n * 1024)
 }
 
 /// Read the current values.
@@ -51,14 +59,7 @@ pub fn sample() -> Sample {
         t(u.user_time()) + t(u.system_time())
     });
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib = |key: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|n| n.parse::<i64>().ok())
-            .map(|n| n * 1024)
-    };
+    let kib = |key: &str| status_bytes(&status, key);
     let open_fds = std::fs::read_dir("/proc/self/fd")
         .ok()
         .map(|d| d.count() as i64);
@@ -71,7 +72,6 @@ pub fn sample() -> Sample {
         virtual_bytes: kib("VmSize:"),
         open_fds,
         max_fds,
-        anonymous_resident_bytes: kib("RssAnon:"),
     }
 }
 
@@ -83,8 +83,10 @@ pub fn envoy_memory() -> Vec<(&'static str, u64)> {
     let Some(heap) = remora_malloc::heap_stats() else {
         return Vec::new();
     };
-    let resident = sample()
-        .anonymous_resident_bytes
+    // Only the status file: the rest of a process sample (file descriptors, rusage) is not
+    // needed here.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let resident = status_bytes(&status, "RssAnon:")
         .and_then(|b| u64::try_from(b).ok())
         .unwrap_or(heap.heap_size);
     vec![

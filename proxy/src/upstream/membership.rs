@@ -110,12 +110,15 @@ impl Membership {
     }
 }
 
-/// The membership of each cluster in force, by the name its statistics go under. ORIGINAL_DST
-/// clusters are left out: Envoy makes their hosts per destination as connections come, and
-/// Remora keeps no such host set.
-pub fn memberships(store: &Store, balancers: &super::Upstreams) -> Vec<(String, Membership)> {
-    let snapshot = store.snapshot();
-    cluster_hosts(&snapshot, &balancers.dns, balancers)
+/// The membership of each cluster in `snapshot` (the store's, in force), by the name its
+/// statistics go under. ORIGINAL_DST clusters are left out: Envoy makes their hosts per
+/// destination as connections come, and Remora keeps no such host set.
+pub fn memberships(
+    store: &Store,
+    snapshot: &Snapshot,
+    balancers: &super::Upstreams,
+) -> Vec<(String, Membership)> {
+    cluster_hosts(snapshot, &balancers.dns, balancers)
         .into_iter()
         .filter_map(|(name, hosts)| {
             let cluster = snapshot.cluster(&name)?;

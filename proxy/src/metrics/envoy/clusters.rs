@@ -49,19 +49,23 @@ pub(super) fn cluster_stats(
     // its connections are counted elsewhere (PassthroughCluster's, above), and zeros beside
     // them would say no connection went.
     let snapshot = store.snapshot();
+    // Every unused cluster's names and zeros are the same: made once, with and without
+    // outlier detection's.
     let idle = crate::upstream::state::ClusterState::idle_gauges();
+    let zeros = crate::upstream::stats::ClusterStats::new("");
+    let zeros = [false, true].map(|outlier| zeros.envoy_stats(&idle, outlier));
     for entry in snapshot.clusters.values() {
         let cluster = &entry.model;
         let name = cluster.alt_stat_name.as_deref().unwrap_or(&cluster.name);
         if named.contains(name) || matches!(cluster.discovery, Discovery::OriginalDst { .. }) {
             continue;
         }
-        let fresh = crate::upstream::stats::ClusterStats::new(name);
-        for s in fresh.envoy_stats(&idle, cluster.outlier_detection.is_some()) {
-            push(stats, cluster_stat(name, s));
+        let outlier = usize::from(cluster.outlier_detection.is_some());
+        for s in &zeros[outlier] {
+            push(stats, cluster_stat(name, s.clone()));
         }
     }
-    for (name, m) in crate::upstream::membership::memberships(store, upstreams) {
+    for (name, m) in crate::upstream::membership::memberships(store, &snapshot, upstreams) {
         for (stat, kind, value) in [
             ("membership_total", Kind::Gauge, m.total),
             ("membership_healthy", Kind::Gauge, m.healthy),
