@@ -24,6 +24,9 @@ const ECHO_PORT: u16 = 7000;
 /// Short enough that a test sees rotations: renewal at half of it.
 const SECRET_TTL: &str = "10s";
 const STEP_TIME: Duration = Duration::from_secs(30);
+/// Both sidecars log each mesh connection's steps (handshake, metadata exchange, copy), so a
+/// failed echo shows which hop held the bytes.
+const CONNECTION_LOG: &str = "info,remora::proxy=debug,remora::tls=debug,remora::tcp=debug";
 
 /// The pod's sidecar in istiod mode, configured as the injector configures it: Istio's
 /// environment; the file adds only where this test keeps the token and root (the real paths
@@ -48,6 +51,7 @@ fn istiod_sidecar<'a>(net: &'a PodNet, token_file: &Path, root_file: &Path) -> R
         .env("INSTANCE_IP", net.pod_ip.to_string())
         .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
         .env("SECRET_TTL", SECRET_TTL)
+        .env("REMORA_LOG", CONNECTION_LOG)
 }
 
 /// The server pod's sidecar: a file certificate for [`SERVER_ID`], terminating mesh TLS from
@@ -67,6 +71,7 @@ fn server_sidecar<'a>(net: &'a PodNet, ca: &MeshCa) -> (remora_e2e::Remora<'a>, 
             dir.display(),
             net.peer_addr(MESH_PORT)
         ))
+        .env("REMORA_LOG", CONNECTION_LOG)
         .start_ready();
     (sidecar, echo)
 }
@@ -139,7 +144,7 @@ fn a_certificate_from_istiod_gates_readiness_and_rotates_under_an_open_connectio
     let root = net.binary().write_file("root-cert.pem", &ca.root_pem());
     let _hosts = HostsFile::write(&net.pod, &[(net.peer_ip.into(), ISTIOD_HOST)])
         .expect("name istiod inside the pod");
-    let (_server, _echo) = server_sidecar(&net, &ca);
+    let (server, _echo) = server_sidecar(&net, &ca);
     net.capture_default();
 
     // istiod is not there yet: readiness answers, and answers 503.
@@ -180,8 +185,9 @@ fn a_certificate_from_istiod_gates_readiness_and_rotates_under_an_open_connectio
         .expect("a read timeout");
     assert!(
         echoes(&mut stream, b"before rotation"),
-        "{}",
-        sidecar.stderr()
+        "pod sidecar:\n{}\nserver sidecar:\n{}",
+        sidecar.stderr(),
+        server.stderr()
     );
 
     // Renewal at half of the 10 s lifetime: two more within a few lifetimes.
