@@ -533,7 +533,14 @@ fn copy_outcome(
     upstream: &TcpStream,
 ) -> Outcome {
     let (transfer, end) = match copied {
-        Ok(t) => (t, End::Closed),
+        Ok(t) => {
+            // With the bytes each way: which hop of a chain held a stream's bytes shows here.
+            tracing::debug!(
+                peer = %hop.peer, destination = %hop.destination, sent = t.sent,
+                received = t.received, "connection ended"
+            );
+            (t, End::Closed)
+        }
         Err(e @ CopyError::Idle { .. }) => {
             tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "closed an idle connection");
             (e.transfer(), End::IdleTimeout)
@@ -543,7 +550,11 @@ fn copy_outcome(
             (e.transfer(), End::FilterChainRemoved)
         }
         Err(e) => {
-            tracing::debug!(peer = %hop.peer, destination = %hop.destination, error = %e, "connection ended with an error");
+            let t = e.transfer();
+            tracing::debug!(
+                peer = %hop.peer, destination = %hop.destination, error = %e, sent = t.sent,
+                received = t.received, "connection ended with an error"
+            );
             reset(downstream);
             reset(upstream);
             let end = match e {
