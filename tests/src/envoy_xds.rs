@@ -76,19 +76,7 @@ impl Resources {
             })
             .collect();
         let clusters: Vec<Value> = items(&self.clusters)
-            .map(|c| {
-                let mut c = without_type(c);
-                let name = c["eds_cluster_config"]["service_name"]
-                    .as_str()
-                    .or(c["name"].as_str())
-                    .unwrap_or_default()
-                    .to_string();
-                if let Some(eds) = c.pointer_mut("/eds_cluster_config/eds_config") {
-                    *eds = file_source(&dir.join(format!("eds-{}.json", file_name(&name))));
-                }
-                serve_file_secrets(&mut c, dir);
-                c
-            })
+            .map(|c| envoy_cluster(c, dir))
             .collect();
         json!({
             "node": {"id": "sidecar~10.0.0.1~client.test~test.svc.cluster.local", "cluster": "client.test"},
@@ -98,6 +86,22 @@ impl Resources {
         })
         .to_string()
     }
+}
+
+/// A cluster as an Envoy of [`Resources::envoy_bootstrap`] holds it: its load assignments and
+/// secrets from files in `dir`.
+fn envoy_cluster(c: &Value, dir: &Path) -> Value {
+    let mut c = without_type(c);
+    let name = c["eds_cluster_config"]["service_name"]
+        .as_str()
+        .or(c["name"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    if let Some(eds) = c.pointer_mut("/eds_cluster_config/eds_config") {
+        *eds = file_source(&dir.join(format!("eds-{}.json", file_name(&name))));
+    }
+    serve_file_secrets(&mut c, dir);
+    c
 }
 
 /// The runtime pilot-agent's bootstrap gives Envoy in every Istio sidecar (its static layer,
@@ -283,6 +287,58 @@ impl Resources {
             args,
         );
         (envoy, dir)
+    }
+
+    /// [`Resources::start_envoy_lds`] with the clusters also from a file (CDS over Envoy's
+    /// filesystem subscription: [`Resources::write_envoy_clusters`]), and no flags more.
+    pub fn start_envoy_dynamic<'n>(
+        &self,
+        net: &'n crate::PodNet,
+        binary: &Path,
+    ) -> (crate::envoy::Envoy<'n>, std::path::PathBuf) {
+        let dir = net.binary().make_dir("envoy-xds");
+        let static_only = Resources {
+            listeners: json!([]),
+            clusters: json!([]),
+            ..self.clone()
+        };
+        let mut bootstrap: Value =
+            serde_json::from_str(&static_only.envoy_bootstrap(&dir, crate::envoy::ADMIN_PORT))
+                .expect("the bootstrap is JSON");
+        self.write_envoy_endpoints(&dir, "1");
+        self.write_envoy_clusters(&dir, "1");
+        self.write_envoy_listeners(&dir, "1");
+        bootstrap["dynamic_resources"] = json!({
+            "cds_config": file_source(&dir.join("cds.json")),
+            "lds_config": file_source(&dir.join("lds.json"))});
+        let envoy = crate::envoy::Envoy::start_sidecar_with_args(
+            &net.pod,
+            binary,
+            net.binary(),
+            &bootstrap.to_string(),
+            &[],
+        );
+        (envoy, dir)
+    }
+
+    /// Write the clusters for [`Resources::start_envoy_dynamic`]'s Envoy as CDS version
+    /// `version`, moved into place whole.
+    pub fn write_envoy_clusters(&self, dir: &Path, version: &str) {
+        const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+        let clusters: Vec<Value> = items(&self.clusters)
+            .map(|c| {
+                let mut c = envoy_cluster(c, dir);
+                if let Some(o) = c.as_object_mut() {
+                    o.insert("@type".into(), Value::String(CLUSTER_TYPE.into()));
+                }
+                c
+            })
+            .collect();
+        let response = json!({"version_info": version, "type_url": CLUSTER_TYPE,
+            "resources": clusters});
+        let tmp = dir.join(".cds.json.tmp");
+        std::fs::write(&tmp, response.to_string()).expect("write the clusters");
+        std::fs::rename(&tmp, dir.join("cds.json")).expect("move the clusters in place");
     }
 
     /// Write the listeners for [`Resources::start_envoy_lds`]'s Envoy as LDS version

@@ -17,6 +17,7 @@ pub mod ads;
 pub mod convert;
 pub mod descriptors;
 pub mod json;
+pub mod manager;
 pub mod membership;
 pub mod model;
 pub mod refusal;

@@ -57,6 +57,11 @@ impl<T: Resource> Entry<T> {
         Entry::new(model, proto.encode_to_vec(), version, last_updated)
     }
 
+    /// The resource as received, encoded.
+    pub fn encoded(&self) -> &[u8] {
+        &self.encoded
+    }
+
     /// The resource as received.
     pub fn proto(&self) -> Result<T, JsonError> {
         T::decode(&*self.encoded).map_err(|e| JsonError::Transcode {

@@ -35,6 +35,9 @@ pub struct Store {
     secret_fetch_timeouts: Mutex<BTreeMap<String, u64>>,
     /// Per cluster in force, how often its hosts changed (Envoy's `membership_change`).
     membership: crate::membership::MembershipChanges,
+    /// What the cluster and listener managers count of each change (Envoy's
+    /// `cluster_manager.cluster_added`…).
+    manager: crate::manager::ManagerChanges,
 }
 
 impl Store {
@@ -99,7 +102,10 @@ impl Store {
 
     /// Publishes `next` as the current snapshot.
     fn publish(&self, next: Snapshot, listeners: bool) {
-        self.membership.count(&self.current.load(), &next);
+        let prev = self.current.load();
+        self.membership.count(&prev, &next);
+        self.manager.count(&prev, &next);
+        drop(prev);
         self.current.store(Arc::new(next));
         self.generation.fetch_add(1, Ordering::Release);
         if listeners {
@@ -126,6 +132,12 @@ impl Store {
     /// (Envoy's `cluster.<name>.membership_change`; EDS and STATIC clusters only).
     pub fn membership_changes(&self, cluster: &str) -> u64 {
         self.membership.get(cluster)
+    }
+
+    /// The cluster and listener managers' change counts since start (Envoy's
+    /// `cluster_manager.cluster_added`, `listener_manager.listener_modified`…).
+    pub fn manager_counts(&self) -> crate::manager::ManagerCounts {
+        self.manager.get()
     }
 
     /// Per secret, how many times its initial fetch timed out (Envoy's

@@ -12,6 +12,7 @@
 
 mod clusters;
 mod filters;
+mod managers;
 mod tags;
 
 use super::DirectionMetrics;
@@ -303,32 +304,7 @@ impl EnvoyStats {
                 .into_iter()
                 .map(|(stat, value)| g(Scope::Server, stat, value)),
         );
-        stats.extend([
-            g(
-                Scope::ListenerManager,
-                "workers_started",
-                u64::from(state == ServerState::Live || state == ServerState::Draining),
-            ),
-            g(
-                Scope::ListenerManager,
-                "total_listeners_active",
-                u64::from(self.server.listeners_active.load(Ordering::Relaxed)),
-            ),
-            g(
-                Scope::ClusterManager,
-                "active_clusters",
-                self.control_plane.get().map_or(2, |cp| {
-                    u64::try_from(cp.store.snapshot().clusters.len()).unwrap_or(u64::MAX)
-                }),
-            ),
-            g(
-                Scope::ClusterManager,
-                "warming_clusters",
-                self.control_plane.get().map_or(0, |cp| {
-                    u64::try_from(cp.store.snapshot().warming_clusters.len()).unwrap_or(u64::MAX)
-                }),
-            ),
-        ]);
+        self.manager_stats(&mut stats, state);
         if let Some(store) = self.xds.get() {
             // The listeners connections may be handed to, at 0 while in force.
             let snapshot = store.current();

@@ -156,7 +156,7 @@ fn envoy_statistics_have_envoys_prometheus_names_and_labels() {
     );
     // The comparison reached every kind of name: the connection manager's own and its
     // filters', the clusters' per-code counts and membership, the listeners, tcp_proxy's
-    // cluster, the server's memory.
+    // cluster, the server's memory, the managers' change counts.
     for needle in [
         "http.outbound_0.0.0.0_80.cors.origin_valid",
         "http.outbound_0.0.0.0_80.fault.aborts_injected",
@@ -170,6 +170,8 @@ fn envoy_statistics_have_envoys_prometheus_names_and_labels() {
         "server.memory_allocated",
         "server.memory_heap_size",
         "server.memory_physical_size",
+        "cluster_manager.cluster_added",
+        "listener_manager.listener_in_place_updated",
     ] {
         assert!(
             expected.keys().any(|n| n.contains(needle)),
