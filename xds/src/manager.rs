@@ -56,9 +56,15 @@ impl ManagerChanges {
         }
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         if !clusters_same {
-            // A cluster warming is the newest version held of it, as in Envoy's manager.
-            let (before, after) = (prev.newest_clusters(), next.newest_clusters());
-            let diff = diff(&before, &after);
+            // A cluster warming is the newest version held of it, as in Envoy's manager. Most
+            // updates warm nothing: then the maps in force are compared as they are.
+            let warming = !prev.warming_clusters.is_empty() || !next.warming_clusters.is_empty();
+            let newest = warming.then(|| (prev.newest_clusters(), next.newest_clusters()));
+            let (before, after) = match &newest {
+                Some((before, after)) => (before, after),
+                None => (&*prev.clusters, &*next.clusters),
+            };
+            let diff = diff(before, after);
             counts.cluster_added += diff.added;
             counts.cluster_removed += diff.removed;
             counts.cluster_modified += len(&diff.modified);

@@ -477,12 +477,19 @@ async fn connected_state_drops_while_the_control_plane_is_away() {
     stream.respond(delta_response(CLUSTER, "n1", vec![], &[]));
     stream.request().await;
     assert_eq!(client.stats.snapshot().connected_state, 1);
+    // Away until told otherwise: the back-off's full jitter may retry within milliseconds,
+    // and a control plane that took the retry at once would close the gap before it is seen.
+    server.set_away(true);
     drop(stream);
     let deadline = Instant::now() + WAIT;
     while client.stats.snapshot().connected_state == 1 {
         assert!(Instant::now() < deadline, "connected_state never dropped");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // Refused retries keep it down.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(client.stats.snapshot().connected_state, 0);
+    server.set_away(false);
     let _stream = server.delta_stream().await;
     let deadline = Instant::now() + WAIT;
     while client.stats.snapshot().connected_state == 0 {

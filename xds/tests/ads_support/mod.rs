@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -91,6 +91,17 @@ type Streams<Req, Resp> = mpsc::UnboundedSender<StreamHandle<Req, Resp>>;
 struct ControlPlane {
     sotw: Streams<DiscoveryRequest, DiscoveryResponse>,
     delta: Streams<DeltaDiscoveryRequest, DeltaDiscoveryResponse>,
+    /// While set, every new stream is refused `UNAVAILABLE` ([`Server::set_away`]).
+    away: Arc<AtomicBool>,
+}
+
+impl ControlPlane {
+    fn refuse_if_away(&self) -> Result<(), Status> {
+        match self.away.load(Ordering::SeqCst) {
+            true => Err(Status::unavailable("the control plane is away")),
+            false => Ok(()),
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -104,6 +115,7 @@ impl AggregatedDiscoveryService for ControlPlane {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        self.refuse_if_away()?;
         let (tx, rx) = mpsc::unbounded_channel();
         let metadata = request.metadata().clone();
         let handle = StreamHandle {
@@ -121,6 +133,7 @@ impl AggregatedDiscoveryService for ControlPlane {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        self.refuse_if_away()?;
         let (tx, rx) = mpsc::unbounded_channel();
         let metadata = request.metadata().clone();
         let handle = StreamHandle {
@@ -140,6 +153,7 @@ pub struct Server {
     pub addr: SocketAddr,
     sotw: mpsc::UnboundedReceiver<StreamHandle<DiscoveryRequest, DiscoveryResponse>>,
     delta: mpsc::UnboundedReceiver<StreamHandle<DeltaDiscoveryRequest, DeltaDiscoveryResponse>>,
+    away: Arc<AtomicBool>,
 }
 
 impl Server {
@@ -150,15 +164,28 @@ impl Server {
         let addr = listener.local_addr().expect("local address");
         let (sotw_tx, sotw) = mpsc::unbounded_channel();
         let (delta_tx, delta) = mpsc::unbounded_channel();
+        let away = Arc::new(AtomicBool::new(false));
         let service = AggregatedDiscoveryServiceServer::new(ControlPlane {
             sotw: sotw_tx,
             delta: delta_tx,
+            away: Arc::clone(&away),
         });
         tokio::spawn(
             tonic::transport::Server::builder()
                 .serve_with_incoming(service, TcpListenerStream::new(listener)),
         );
-        Self { addr, sotw, delta }
+        Self {
+            addr,
+            sotw,
+            delta,
+            away,
+        }
+    }
+
+    /// While `away`, the control plane refuses every new stream, as one being restarted
+    /// does; streams already open go on.
+    pub fn set_away(&self, away: bool) {
+        self.away.store(away, Ordering::SeqCst);
     }
 
     pub async fn sotw_stream(&mut self) -> StreamHandle<DiscoveryRequest, DiscoveryResponse> {
