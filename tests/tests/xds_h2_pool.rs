@@ -21,7 +21,7 @@
 //! - `maxRequestsPerConnection: 2`: three requests one after another take two connections.
 //!
 //! The origins count connections and streams at once; both proxies' cluster statistics
-//! (`upstream_cx_total`, `upstream_cx_active`, `upstream_cx_overflow`,
+//! (`upstream_cx_total`, `upstream_cx_http2_total`, `upstream_cx_active`, `upstream_cx_overflow`,
 //! `upstream_rq_pending_*`, `upstream_cx_max_requests`) must say the same as Envoy's.
 
 use remora_e2e::envoy_xds::{istio_retry_policy, nets_or_skip, Resources};
@@ -189,6 +189,7 @@ impl World<'_> {
         let s = |name| self.stat(cluster, name);
         Stats {
             cx_total: s("upstream_cx_total"),
+            cx_http2_total: s("upstream_cx_http2_total"),
             cx_active: s("upstream_cx_active"),
             cx_overflow: s("upstream_cx_overflow"),
             cx_max_requests: s("upstream_cx_max_requests"),
@@ -203,6 +204,7 @@ impl World<'_> {
 #[derive(Debug, PartialEq, Eq)]
 struct Stats {
     cx_total: u64,
+    cx_http2_total: u64,
     cx_active: u64,
     cx_overflow: u64,
     cx_max_requests: u64,

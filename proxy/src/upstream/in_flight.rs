@@ -121,6 +121,17 @@ impl InFlight {
         stats::inc(&self.state.stats.cx_total);
     }
 
+    /// The connection being opened is to carry HTTP of `version` (Envoy's
+    /// `upstream_cx_http1_total`, `_http2_total`: counted as its pool makes the connection's
+    /// client, before the connect completes).
+    pub fn connecting_http(&self, version: crate::detect::HttpVersion) {
+        let protocol = match version {
+            crate::detect::HttpVersion::Http1 => 0,
+            crate::detect::HttpVersion::Http2 => 1,
+        };
+        stats::inc(&self.state.stats.cx_http[protocol]);
+    }
+
     /// The connection failed to open (TCP, or an HTTP attempt's dial).
     pub fn connect_failed(&self) {
         stats::inc(&self.state.stats.cx_connect_fail);

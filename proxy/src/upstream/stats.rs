@@ -144,6 +144,8 @@ pub struct ClusterStats {
     pub rq_pending_total: AtomicU64,
     pub cx_overflow: AtomicU64,
     pub cx_total: AtomicU64,
+    /// Of them, HTTP connections by protocol (`upstream_cx_http1_total`, `_http2_total`).
+    pub cx_http: [AtomicU64; 2],
     pub cx_connect_fail: AtomicU64,
     /// Connections retired at `max_requests_per_connection`.
     pub cx_max_requests: AtomicU64,
@@ -223,6 +225,7 @@ impl ClusterStats {
             rq_pending_total: AtomicU64::new(0),
             cx_overflow: AtomicU64::new(0),
             cx_total: AtomicU64::new(0),
+            cx_http: Default::default(),
             cx_connect_fail: AtomicU64::new(0),
             cx_max_requests: AtomicU64::new(0),
             cx_destroyed: Default::default(),
@@ -323,6 +326,8 @@ impl ClusterStats {
             ("upstream_rq_pending_total", v(&self.rq_pending_total)),
             ("upstream_cx_overflow", v(&self.cx_overflow)),
             ("upstream_cx_total", v(&self.cx_total)),
+            ("upstream_cx_http1_total", v(&self.cx_http[0])),
+            ("upstream_cx_http2_total", v(&self.cx_http[1])),
             ("upstream_cx_connect_fail", v(&self.cx_connect_fail)),
             ("upstream_cx_max_requests", v(&self.cx_max_requests)),
             ("lb_healthy_panic", v(&self.lb_healthy_panic)),

@@ -267,6 +267,7 @@ const CLOSE_STATS: &[&str] = &[
     "retry.upstream_rq_completed",
     "retry.upstream_rq_503",
     "retry.upstream_rq_5xx",
+    "upstream_cx_http1_total",
     "upstream_cx_destroy",
     "upstream_cx_destroy_local",
     "upstream_cx_destroy_remote",
@@ -275,8 +276,8 @@ const CLOSE_STATS: &[&str] = &[
     "upstream_cx_destroy_remote_with_active_rq",
 ];
 
-/// `x-case` (the route, and so the engine: a policy Istio's default is not goes through
-/// hyper's client, no policy through Remora's own HTTP/1.1 exchange), how the backend
+/// `x-case` (the route, and so the engine: Istio's default policy goes through Remora's own
+/// HTTP/1.1 exchange, any other policy or none through hyper's client), how the backend
 /// misbehaves, and a delta both proxies must show.
 const CLOSE_CASES: &[(&str, &str, &str)] = &[
     // A per-try timeout, retried, then answered: the cut attempt's connection closed by the
@@ -290,6 +291,8 @@ const CLOSE_CASES: &[(&str, &str, &str)] = &[
     ("per-try", "slow", "upstream_rq_per_try_timeout +3"),
     // The backend closes its kept-alive connection, idle.
     ("no-retries", "close", "upstream_cx_destroy_remote +1"),
+    // Istio's default policy: Remora's own HTTP/1.1 exchange opens the connection.
+    ("istio-default", "close", "upstream_cx_http1_total +1"),
     ("5xx", "close", "upstream_cx_destroy_remote +1"),
     // The backend resets the connection a request is on.
     (

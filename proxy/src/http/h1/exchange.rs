@@ -443,6 +443,9 @@ async fn open(
         (Some(selected), _) => {
             // As hyper's routed path offers it: the fast path's upstream speaks HTTP/1.1.
             let alpn = crate::http::protocol::mesh_alpn(http::Version::HTTP_11);
+            selected
+                .in_flight
+                .connecting_http(crate::detect::HttpVersion::Http1);
             let dialled = dial::dial(
                 &ctx.proxy,
                 &ctx.config.tls,

@@ -227,6 +227,7 @@ pub(in crate::http) async fn send(
     if multiplexed && !waited {
         selected.in_flight.pending_for_connect();
     }
+    selected.in_flight.connecting_http(version);
     let alpn = protocol::mesh_alpn(req.version());
     let connected = Box::pin(dial::dial(
         &ctx.proxy,
