@@ -154,9 +154,18 @@ fn made_you_reset_ends_in_enhance_your_calm_and_cancels_the_upstream_work() {
             "{} header: {r}",
             leg.name
         );
-        // The server's count, whatever the client had on the wire (it writes 20 at a time).
+        // Reset streams are what ended it, at the server's count, whatever the client had on
+        // the wire (it writes 20 at a time). How many of those resets went out before the
+        // GOAWAY depends on how many requests one read brought: h2 drops the resets it had not
+        // written yet when it goes away (a loaded machine saw none), so only the bound holds.
+        assert_eq!(
+            r.goaway_debug(),
+            Some("too_many_internal_resets"),
+            "{} header: {r}",
+            leg.name
+        );
         assert!(
-            (1..=100).contains(&r.resets_received()),
+            r.resets_received() <= 100,
             "{}: malformed requests reset before GOAWAY: {r}",
             leg.name
         );

@@ -159,6 +159,10 @@ impl Report {
     pub fn goaway_code(&self) -> Option<u64> {
         self.0["goaway"]["error_code"].as_u64()
     }
+    /// The GOAWAY's debug data, as text.
+    pub fn goaway_debug(&self) -> Option<&str> {
+        self.0["goaway"]["debug"].as_str()
+    }
     pub fn last_stream_id(&self) -> Option<u64> {
         self.0["goaway"]["last_stream_id"].as_u64()
     }
