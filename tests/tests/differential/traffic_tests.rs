@@ -276,9 +276,10 @@ const CLOSE_STATS: &[&str] = &[
     "upstream_cx_destroy_remote_with_active_rq",
 ];
 
-/// `x-case` (the route, and so the engine: Istio's default policy goes through Remora's own
-/// HTTP/1.1 exchange, any other policy or none through hyper's client), how the backend
-/// misbehaves, and a delta both proxies must show.
+/// `x-case` (the route, and so its retry policy), how the backend misbehaves, and a delta
+/// both proxies must show. The route table edits every request's headers, so each goes
+/// through hyper's client here; Remora's own HTTP/1.1 exchange (routes that edit nothing)
+/// counts its connections in `xds_hcm_stats`.
 const CLOSE_CASES: &[(&str, &str, &str)] = &[
     // A per-try timeout, retried, then answered: the cut attempt's connection closed by the
     // proxy with the request on it.
@@ -291,7 +292,7 @@ const CLOSE_CASES: &[(&str, &str, &str)] = &[
     ("per-try", "slow", "upstream_rq_per_try_timeout +3"),
     // The backend closes its kept-alive connection, idle.
     ("no-retries", "close", "upstream_cx_destroy_remote +1"),
-    // Istio's default policy: Remora's own HTTP/1.1 exchange opens the connection.
+    // Istio's default policy; the connection counted as HTTP/1.1.
     ("istio-default", "close", "upstream_cx_http1_total +1"),
     ("5xx", "close", "upstream_cx_destroy_remote +1"),
     // The backend resets the connection a request is on.
