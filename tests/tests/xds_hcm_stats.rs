@@ -315,3 +315,71 @@ fn an_idle_connection_closed_is_counted_on_its_connection_manager() {
     assert_eq!(after.get(&idle), Some(&1), "{after:?}");
     assert_eq!(after.get(&format!("{HCM}downstream_cx_destroy")), Some(&1));
 }
+
+/// The fast path's upstream connections (a route that edits nothing, no retry policy: Remora's
+/// own HTTP/1.1 exchange) end as Envoy's pool ends them: a backend closing a kept-alive
+/// connection after its answer, and one resetting the connection a request is on, change the
+/// cluster's connection and request counts as they change Envoy's. (Envoy sees an idle
+/// connection's close at once; Remora's fast path at its pool's next sweep, within a second.)
+#[test]
+fn the_fast_paths_upstream_connections_end_as_envoys_do() {
+    let Some((binary, nets)) = nets_or_skip() else {
+        return;
+    };
+    let (remora, envoy) = (world(&nets.0, None), world(&nets.1, Some(&binary)));
+    let prefix = format!("cluster.{LIVE}.");
+    let cluster = |w: &World| {
+        stat_deltas::stats(w.net, w.proxy.admin_port(), |name| {
+            name.strip_prefix(&prefix).is_some_and(|stat| {
+                stat.starts_with("upstream_cx_") && !stat.ends_with("_bytes_total")
+                    || stat.starts_with("upstream_rq_")
+            })
+        })
+    };
+    let changes = |w: &World, before: &Stats| -> Vec<String> {
+        stat_deltas::delta(before, &cluster(w))
+            .into_iter()
+            .map(|d| d.replacen(&prefix, "", 1))
+            // The time histograms Envoy keeps as counters on /stats (`upstream_cx_length_ms`…)
+            // are left out.
+            .filter(|d| !d.contains("_ms"))
+            .collect()
+    };
+    // Envoy's, once its pool has seen the backend's close; then Remora's, once they are the
+    // same or the sweep of its idle connections (every second) must have come.
+    let case = |w: &World, path: &str, like: Option<&[String]>| -> (u16, Vec<String>) {
+        let before = cluster(w);
+        let status = w.get(WEB, path);
+        std::thread::sleep(backend::CLOSE_AFTER * 4);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let now = changes(w, &before);
+            if like.is_none_or(|like| like == now) || Instant::now() > deadline {
+                return (status, now);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    for (path, status, must) in [
+        ("/flaky/close/1", 200, "upstream_cx_destroy_remote +1"),
+        (
+            "/flaky/reset/2",
+            503,
+            "upstream_cx_destroy_remote_with_active_rq +1",
+        ),
+    ] {
+        let expected = case(&envoy, path, None);
+        let got = case(&remora, path, Some(&expected.1));
+        assert_eq!(expected.0, status, "envoy {path}: {:?}", expected.1);
+        assert!(
+            expected.1.iter().any(|d| d == must),
+            "envoy {path}: {expected:?}"
+        );
+        assert_eq!(
+            got,
+            expected,
+            "{path}:\n{}",
+            sidecars::admin(remora.net, &remora.proxy, "/stats")
+        );
+    }
+}

@@ -268,6 +268,8 @@ const CLOSE_STATS: &[&str] = &[
     "retry.upstream_rq_503",
     "retry.upstream_rq_5xx",
     "upstream_cx_http1_total",
+    // A request opening a connection waits for it as a pending one.
+    "upstream_rq_pending_total",
     "upstream_cx_destroy",
     "upstream_cx_destroy_local",
     "upstream_cx_destroy_remote",

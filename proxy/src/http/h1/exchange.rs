@@ -120,8 +120,10 @@ async fn attempts(
     // The retry under way, held against the routed cluster's `max_retries`.
     let mut retrying: Option<crate::upstream::RetryGuard> = None;
     let (up, response) = loop {
+        // Whether the request waited for a connection slot (counted pending already).
+        let mut admitted_after_wait = false;
         if let Some(r) = req.routed.as_deref() {
-            routed::admit(ctx, &r.routed)
+            admitted_after_wait = routed::admit(ctx, &r.routed)
                 .await
                 .map_err(|e| Failed::Local(e.kind))?;
         }
@@ -134,25 +136,32 @@ async fn attempts(
             Next::Idle(up) => (up, true),
             // Boxed: a connect (inside mesh TLS, a handshake) is by far the largest state
             // a request can be in, and most requests take a pooled connection instead.
-            Next::Open(selected) => match Box::pin(open(ctx, selected, end)).await {
-                Ok(up) => (up, false),
-                Err(kind) => {
-                    if kind.retryable() && retries > 0 {
-                        if attempt <= retries {
-                            // Past `max_retries`, the connect failure is the answer.
-                            let Some(guard) = retry(req, &mut end.flags) else {
-                                return Err(Failed::Local(kind));
-                            };
-                            retrying = Some(guard);
-                            backoff(ctx, attempt).await;
-                            attempt += 1;
-                            continue;
-                        }
-                        end.flags.insert(Flags::URX);
-                    }
-                    return Err(Failed::Local(kind));
+            Next::Open(selected) => {
+                // Waiting for the connection it opens, the request is a pending one, as
+                // Envoy's pool counts it.
+                if let Some(s) = selected.as_deref().filter(|_| !admitted_after_wait) {
+                    s.in_flight.pending_for_connect();
                 }
-            },
+                match Box::pin(open(ctx, selected, end)).await {
+                    Ok(up) => (up, false),
+                    Err(kind) => {
+                        if kind.retryable() && retries > 0 {
+                            if attempt <= retries {
+                                // Past `max_retries`, the connect failure is the answer.
+                                let Some(guard) = retry(req, &mut end.flags) else {
+                                    return Err(Failed::Local(kind));
+                                };
+                                retrying = Some(guard);
+                                backoff(ctx, attempt).await;
+                                attempt += 1;
+                                continue;
+                            }
+                            end.flags.insert(Flags::URX);
+                        }
+                        return Err(Failed::Local(kind));
+                    }
+                }
+            }
         };
         if let Some(log) = end.log.as_mut().filter(|_| ctx.log_wants_upstream_local()) {
             log.envoy.upstream_local = up.local_addr();

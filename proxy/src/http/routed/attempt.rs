@@ -149,7 +149,7 @@ pub(in crate::http) async fn send(
 ) -> Result<Upstreamed, ProxyError> {
     let upgrade = ctx.key.version == crate::detect::HttpVersion::Http1
         && crate::http::headers::wants_upgrade(req.headers());
-    admit(ctx, routed).await?;
+    let admitted_after_wait = admit(ctx, routed).await?;
     let (selected, key) = select(ctx, routed, upgrade)?;
     let version = key.version;
     protocol::translate(&mut req, version);
@@ -224,7 +224,9 @@ pub(in crate::http) async fn send(
             Err(SendError::Failed(e)) => return Err(reported(&selected, e)),
         }
     };
-    if multiplexed && !waited {
+    // A request that opens a connection waits for it as a pending request, as Envoy's pools
+    // count it (HTTP/1.1 and HTTP/2), unless it was counted waiting already.
+    if !waited && !admitted_after_wait {
         selected.in_flight.pending_for_connect();
     }
     selected.in_flight.connecting_http(version);

@@ -24,23 +24,25 @@ pub(super) fn connect_failed(selected: &Selected, e: ProxyError) -> ProxyError {
 
 /// Wait while every connection the routed cluster may have is in use, as Envoy's pool holds a
 /// pending request (`max_connections`, `max_pending_requests`); both paths admit here.
-pub(in crate::http) async fn admit(ctx: &ConnContext, routed: &Routed) -> Result<(), ProxyError> {
+/// Whether the request waited (and so was counted a pending request already).
+pub(in crate::http) async fn admit(ctx: &ConnContext, routed: &Routed) -> Result<bool, ProxyError> {
     let Some(target) = routed
         .cluster
         .as_ref()
         .filter(|t| t.state.connections_full())
     else {
-        return Ok(());
+        return Ok(false);
     };
     let Some(store) = &ctx.proxy.xds else {
-        return Ok(());
+        return Ok(false);
     };
     let snapshot = store.current();
     ctx.proxy
         .upstreams
         .wait_for_connection(&snapshot, &target.model.name)
         .await
-        .map_err(|e| ProxyError::new(ErrorKind::Overflow, ctx.key.destination, e))
+        .map_err(|e| ProxyError::new(ErrorKind::Overflow, ctx.key.destination, e))?;
+    Ok(true)
 }
 
 /// Count a timeout of the routed request (Envoy's `upstream_rq_timeout`), and report it to
