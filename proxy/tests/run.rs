@@ -181,7 +181,12 @@ fn an_idle_tcp_connection_is_closed_both_ways_after_istios_idle_timeout() {
     let (got, end) = ended.recv_timeout(Duration::from_secs(20)).unwrap();
     assert_eq!(got, b"tick".repeat(6));
     assert_eq!(end, Ok(24));
+    // Counted as the connection's end is recorded, a moment after both sides were closed.
     let idle = "remora_tcp_idle_timeouts_total{direction=\"outbound\"}";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(proxy.ports.metrics, idle) != Some(1) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(metric(proxy.ports.metrics, idle), Some(1));
 }
 
