@@ -202,19 +202,35 @@ fn serve_file_secrets(v: &mut Value, dir: &Path) {
     }
 }
 
-/// A DiscoveryResponse with one resource, as Envoy's filesystem subscription reads it.
-/// A discovery response of one resource at `version`, moved into place whole: Envoy watches
-/// for the file being moved in.
-fn write_discovery(path: &Path, type_url: &str, resource: &Value, version: &str) {
-    let mut r = without_type(resource);
-    if let Some(o) = r.as_object_mut() {
-        o.insert("@type".into(), Value::String(type_url.into()));
-    }
-    let response = json!({"version_info": version, "type_url": type_url, "resources": [r]});
+const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+
+/// A discovery response of every one of `resources` (typed `type_url`) at `version`, moved
+/// into place whole at `path`: Envoy's filesystem subscription watches for that.
+fn write_all(path: &Path, type_url: &str, resources: impl Iterator<Item = Value>, version: &str) {
+    let typed: Vec<Value> = resources
+        .map(|mut r| {
+            if let Some(o) = r.as_object_mut() {
+                o.insert("@type".into(), Value::String(type_url.into()));
+            }
+            r
+        })
+        .collect();
+    let response = json!({"version_info": version, "type_url": type_url, "resources": typed});
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, response.to_string())
         .unwrap_or_else(|e| panic!("write {}: {e}", tmp.display()));
     std::fs::rename(&tmp, path).unwrap_or_else(|e| panic!("move {}: {e}", path.display()));
+}
+
+/// A discovery response of one resource at `version`, as [`write_all`] writes it.
+fn write_discovery(path: &Path, type_url: &str, resource: &Value, version: &str) {
+    write_all(
+        path,
+        type_url,
+        std::iter::once(without_type(resource)),
+        version,
+    );
 }
 
 impl Resources {
@@ -324,42 +340,19 @@ impl Resources {
     /// Write the clusters for [`Resources::start_envoy_dynamic`]'s Envoy as CDS version
     /// `version`, moved into place whole.
     pub fn write_envoy_clusters(&self, dir: &Path, version: &str) {
-        const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
-        let clusters: Vec<Value> = items(&self.clusters)
-            .map(|c| {
-                let mut c = envoy_cluster(c, dir);
-                if let Some(o) = c.as_object_mut() {
-                    o.insert("@type".into(), Value::String(CLUSTER_TYPE.into()));
-                }
-                c
-            })
-            .collect();
-        let response = json!({"version_info": version, "type_url": CLUSTER_TYPE,
-            "resources": clusters});
-        let tmp = dir.join(".cds.json.tmp");
-        std::fs::write(&tmp, response.to_string()).expect("write the clusters");
-        std::fs::rename(&tmp, dir.join("cds.json")).expect("move the clusters in place");
+        let clusters = items(&self.clusters).map(|c| envoy_cluster(c, dir));
+        write_all(&dir.join("cds.json"), CLUSTER_TYPE, clusters, version);
     }
 
     /// Write the listeners for [`Resources::start_envoy_lds`]'s Envoy as LDS version
     /// `version`, moved into place whole (Envoy watches for the file being moved in).
     pub fn write_envoy_listeners(&self, dir: &Path, version: &str) {
-        const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
-        let listeners: Vec<Value> = items(&self.listeners)
-            .map(|l| {
-                let mut l = without_type(l);
-                point_rds_at_files(&mut l, dir);
-                if let Some(o) = l.as_object_mut() {
-                    o.insert("@type".into(), Value::String(LISTENER_TYPE.into()));
-                }
-                l
-            })
-            .collect();
-        let response = json!({"version_info": version, "type_url": LISTENER_TYPE,
-            "resources": listeners});
-        let tmp = dir.join(".lds.json.tmp");
-        std::fs::write(&tmp, response.to_string()).expect("write the listeners");
-        std::fs::rename(&tmp, dir.join("lds.json")).expect("move the listeners in place");
+        let listeners = items(&self.listeners).map(|l| {
+            let mut l = without_type(l);
+            point_rds_at_files(&mut l, dir);
+            l
+        });
+        write_all(&dir.join("lds.json"), LISTENER_TYPE, listeners, version);
     }
 
     /// A real Envoy (`binary`) as `net`'s sidecar, with the same resources.

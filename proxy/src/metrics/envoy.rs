@@ -169,6 +169,17 @@ pub struct EnvoyStat {
 }
 
 impl EnvoyStat {
+    /// A statistic whose name ends in no response code.
+    pub fn new(kind: Kind, scope: Scope, stat: &'static str, value: u64) -> EnvoyStat {
+        EnvoyStat {
+            scope,
+            stat,
+            code: None,
+            kind,
+            value,
+        }
+    }
+
     /// The dotted name Envoy's `/stats` prints.
     pub fn dotted_name(&self) -> String {
         let name = self.scope_name();

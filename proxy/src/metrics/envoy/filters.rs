@@ -8,13 +8,7 @@ use super::{EnvoyStat, EnvoyStats, Kind, Scope};
 impl EnvoyStats {
     /// The filters' statistics, onto `stats`.
     pub(super) fn filter_stats(&self, stats: &mut Vec<EnvoyStat>) {
-        let stat = |kind, scope, stat, value| EnvoyStat {
-            scope,
-            stat,
-            code: None,
-            kind,
-            value,
-        };
+        let stat = EnvoyStat::new;
         let c = |scope, name, value| stat(Kind::Counter, scope, name, value);
         let mut listeners = Vec::new();
         if let Some(store) = self.xds.get() {

@@ -9,13 +9,7 @@ use std::sync::atomic::Ordering;
 impl EnvoyStats {
     /// The managers' statistics, onto `stats`.
     pub(super) fn manager_stats(&self, stats: &mut Vec<EnvoyStat>, state: ServerState) {
-        let stat = |kind, scope, stat, value| EnvoyStat {
-            scope,
-            stat,
-            code: None,
-            kind,
-            value,
-        };
+        let stat = EnvoyStat::new;
         let (c, g) = (Kind::Counter, Kind::Gauge);
         let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
         let xds = self.xds.get();
