@@ -285,24 +285,7 @@ impl Resources {
         binary: &Path,
         args: &[&str],
     ) -> (crate::envoy::Envoy<'n>, std::path::PathBuf) {
-        let dir = net.binary().make_dir("envoy-xds");
-        let static_only = Resources {
-            listeners: json!([]),
-            ..self.clone()
-        };
-        let mut bootstrap: Value =
-            serde_json::from_str(&static_only.envoy_bootstrap(&dir, crate::envoy::ADMIN_PORT))
-                .expect("the bootstrap is JSON");
-        self.write_envoy_listeners(&dir, "1");
-        bootstrap["dynamic_resources"] = json!({"lds_config": file_source(&dir.join("lds.json"))});
-        let envoy = crate::envoy::Envoy::start_sidecar_with_args(
-            &net.pod,
-            binary,
-            net.binary(),
-            &bootstrap.to_string(),
-            args,
-        );
-        (envoy, dir)
+        self.start_envoy_from_files(net, binary, args, false)
     }
 
     /// [`Resources::start_envoy_lds`] with the clusters also from a file (CDS over Envoy's
@@ -312,27 +295,45 @@ impl Resources {
         net: &'n crate::PodNet,
         binary: &Path,
     ) -> (crate::envoy::Envoy<'n>, std::path::PathBuf) {
+        self.start_envoy_from_files(net, binary, &[], true)
+    }
+
+    /// A real Envoy whose listeners, and with `cds` its clusters, come from files in the
+    /// directory returned; the rest is in its bootstrap.
+    fn start_envoy_from_files<'n>(
+        &self,
+        net: &'n crate::PodNet,
+        binary: &Path,
+        args: &[&str],
+        cds: bool,
+    ) -> (crate::envoy::Envoy<'n>, std::path::PathBuf) {
         let dir = net.binary().make_dir("envoy-xds");
-        let static_only = Resources {
+        let in_bootstrap = Resources {
             listeners: json!([]),
-            clusters: json!([]),
+            clusters: if cds {
+                json!([])
+            } else {
+                self.clusters.clone()
+            },
             ..self.clone()
         };
         let mut bootstrap: Value =
-            serde_json::from_str(&static_only.envoy_bootstrap(&dir, crate::envoy::ADMIN_PORT))
+            serde_json::from_str(&in_bootstrap.envoy_bootstrap(&dir, crate::envoy::ADMIN_PORT))
                 .expect("the bootstrap is JSON");
-        self.write_envoy_endpoints(&dir, "1");
-        self.write_envoy_clusters(&dir, "1");
+        let mut dynamic = json!({"lds_config": file_source(&dir.join("lds.json"))});
+        // The bootstrap's writing wrote the route tables and load assignments.
+        if cds {
+            self.write_envoy_clusters(&dir, "1");
+            dynamic["cds_config"] = file_source(&dir.join("cds.json"));
+        }
         self.write_envoy_listeners(&dir, "1");
-        bootstrap["dynamic_resources"] = json!({
-            "cds_config": file_source(&dir.join("cds.json")),
-            "lds_config": file_source(&dir.join("lds.json"))});
+        bootstrap["dynamic_resources"] = dynamic;
         let envoy = crate::envoy::Envoy::start_sidecar_with_args(
             &net.pod,
             binary,
             net.binary(),
             &bootstrap.to_string(),
-            &[],
+            args,
         );
         (envoy, dir)
     }
