@@ -13,6 +13,7 @@
 
 use remora_e2e::backend;
 use remora_e2e::envoy_xds::{istio_stats_config, nets_or_skip, Resources};
+use remora_e2e::http_client::{Client, Response};
 use remora_e2e::peer::{self, Server};
 use remora_e2e::sidecars::{self, Sidecar, BACKEND_IP};
 use remora_e2e::stat_deltas::{self, prometheus_samples, Stats};
@@ -29,6 +30,10 @@ const LIVE_PORT: u16 = 8001;
 const DEAD_PORT: u16 = 8009;
 const LIVE: &str = "outbound|80||web.test.svc.cluster.local";
 const DEAD: &str = "outbound|80|dead|web.test.svc.cluster.local";
+/// A cluster no CDS update has.
+const GONE: &str = "outbound|80|gone|web.test.svc.cluster.local";
+/// The origin the cors policy allows.
+const ORIGIN: &str = "http://app.test";
 /// The connection manager's prefix on `0.0.0.0_80`, and the listener's.
 const HCM: &str = "http.outbound_0.0.0.0_80.";
 const LISTENER: &str = "listener.0.0.0.0_80.http.outbound_0.0.0.0_80.";
@@ -41,15 +46,54 @@ fn resources() -> Resources {
             "address": BACKEND_IP.to_string(), "port_value": port}}}})
     };
     let route = |prefix: &str, cluster: &str| json!({"match": {"prefix": prefix}, "route": {"cluster": cluster, "timeout": "0s"}});
+    let fault = |mut fault: Value| {
+        fault["@type"] =
+            json!("type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault");
+        json!({"envoy.filters.http.fault": fault})
+    };
+    let abort = json!({"abort": {"http_status": 418, "percentage": {"numerator": 100}}});
+    let mut upgrade_off = route("/upgrade", LIVE);
+    upgrade_off["route"]["upgrade_configs"] =
+        json!([{"upgrade_type": "websocket", "enabled": false}]);
+    // Envoy's connection manager refuses the upgrade before its filters: the fault is not
+    // injected, the route's edits are made.
+    upgrade_off["typed_per_filter_config"] = fault(abort.clone());
+    upgrade_off["response_headers_to_add"] =
+        json!([{"header": {"key": "x-route", "value": "upgrade"}}]);
+    let mut aborted = route("/abort", LIVE);
+    aborted["typed_per_filter_config"] = fault(abort);
+    let mut delayed = route("/delay", LIVE);
+    delayed["typed_per_filter_config"] =
+        fault(json!({"delay": {"fixed_delay": "0.01s", "percentage": {"numerator": 100}}}));
+    let mut cors = route("/cors", LIVE);
+    cors["typed_per_filter_config"] = json!({"envoy.filters.http.cors": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy",
+        "allow_origin_string_match": [{"exact": ORIGIN}], "allow_methods": "GET"}});
+    // istiod's filters before the router on an outbound connection manager: fault, cors.
+    let mut listeners = outbound_http_listeners(None);
+    let filters =
+        &mut listeners[1]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"];
+    if let Some(filters) = filters.as_array_mut() {
+        for name in ["cors", "fault"] {
+            filters.insert(
+                0,
+                json!({"name": format!("envoy.filters.http.{name}"), "typed_config": {
+                "@type": format!("type.googleapis.com/envoy.extensions.filters.http.{name}.v3.{}",
+                    if name == "cors" { "Cors" } else { "HTTPFault" })}}),
+            );
+        }
+    }
     Resources {
-        listeners: Value::Array(outbound_http_listeners(None)),
+        listeners: Value::Array(listeners),
         clusters: json!([eds_cluster(LIVE), eds_cluster(DEAD),
             {"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}]),
         routes: json!([{"name": "80", "virtual_hosts": [{"name": "web.test.svc.cluster.local:80",
             "domains": [WEB, VIP.to_string()], "routes": [
                 {"match": {"prefix": "/direct"},
                  "direct_response": {"status": 200, "body": {"inline_string": "here"}}},
-                route("/dead", DEAD), route("/", LIVE)]}]}]),
+                {"match": {"prefix": "/redirect"}, "redirect": {"path_redirect": "/elsewhere"}},
+                route("/dead", DEAD), route("/nocluster", GONE), aborted, delayed, cors,
+                upgrade_off, route("/", LIVE)]}]}]),
         endpoints: json!([
             {"cluster_name": LIVE, "endpoints": [{"lb_endpoints": [endpoint(LIVE_PORT)]}]},
             {"cluster_name": DEAD, "endpoints": [{"lb_endpoints": [endpoint(DEAD_PORT)]}]}
@@ -116,7 +160,42 @@ impl World<'_> {
             Duration::from_secs(5),
         );
         statuses.push(status);
+        statuses.extend([
+            self.get(WEB, "/redirect"),
+            self.get(WEB, "/nocluster"),
+            self.get(WEB, "/abort"),
+            self.get(WEB, "/delay"),
+        ]);
+        let preflight = format!(
+            "OPTIONS /cors HTTP/1.1\r\nHost: {WEB}\r\nOrigin: {ORIGIN}\r\n\
+             Access-Control-Request-Method: GET\r\n\r\n"
+        );
+        statuses.push(self.send(preflight.as_bytes()).status);
         statuses
+    }
+
+    /// `request` sent as it is on a connection of its own, and its response.
+    fn send(&self, request: &[u8]) -> Response {
+        let answer = Client::connect(&self.net.pod, SocketAddr::from((VIP, 80)))
+            .and_then(|mut client| client.send_raw(request));
+        match answer {
+            Ok(r) => r,
+            Err(e) => panic!("{}: {e}\n{}", self.proxy.name(), self.proxy.output()),
+        }
+    }
+
+    /// A WebSocket upgrade its route turns off: the status, the route's header, and whether
+    /// the connection is to be closed.
+    fn refused_upgrade(&self) -> (u16, Option<String>, Option<String>) {
+        let r = self.send(
+            format!(
+                "GET /upgrade HTTP/1.1\r\nHost: {WEB}\r\nConnection: Upgrade\r\n\
+                 Upgrade: websocket\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        let header = |name: &str| r.header(name).map(str::to_string);
+        (r.status, header("x-route"), header("connection"))
     }
 
     /// The statistics once every connection of the traffic has ended (the proxy learns of a
@@ -195,10 +274,16 @@ fn connection_manager_statistics_are_counted_as_envoy_counts_them() {
         let statuses = w.traffic();
         assert_eq!(
             statuses,
-            [200, 200, 503, 404, 200, 200],
+            [200, 200, 503, 404, 200, 200, 301, 503, 418, 200, 200],
             "{}:\n{}",
             w.proxy.name(),
             w.proxy.output()
+        );
+        assert_eq!(
+            w.refused_upgrade(),
+            (403, Some("upgrade".into()), Some("close".into())),
+            "{}",
+            w.proxy.name()
         );
         let after = w.settled();
         seen.push((before, after, samples(w)));
@@ -253,11 +338,30 @@ fn connection_manager_statistics_are_counted_as_envoy_counts_them() {
         envoys_sent > Some(0) && ours_sent > Some(0),
         "{envoys_sent:?} {ours_sent:?}"
     );
-    assert_eq!(expected.get(&format!("{HCM}downstream_rq_total")), Some(&7));
+    // What Envoy's router counted: every request but the fault's abort, the cors filter's
+    // preflight answer and the connection manager's refused upgrade; the redirect is a
+    // direct response too.
+    for (name, count) in [
+        ("downstream_rq_total", 13),
+        ("rq_total", 10),
+        ("no_route", 1),
+        ("no_cluster", 1),
+        ("rq_direct_response", 2),
+        ("downstream_rq_ws_on_non_ws_route", 1),
+        ("fault.aborts_injected", 1),
+        ("fault.delays_injected", 1),
+        ("cors.origin_valid", 1),
+    ] {
+        assert_eq!(
+            expected.get(&format!("{HCM}{name}")),
+            Some(&count),
+            "{name}"
+        );
+    }
     // Envoy counts the connections on the listener virtualOutbound handed them to.
     assert_eq!(
         expected.get("listener.0.0.0.0_80.downstream_cx_total"),
-        Some(&6)
+        Some(&12)
     );
     assert_eq!(
         expected.get("listener.0.0.0.0_15001.downstream_cx_total"),

@@ -221,6 +221,21 @@ impl ConnContext {
         }
     }
 
+    /// A request reached the router, which made `what` of it (`None`: it did not reach it):
+    /// counted on the connection manager.
+    pub(super) fn at_router(&self, what: Option<crate::metrics::http_conn_manager::Routed>) {
+        if let (Some(hcm), Some(what)) = (&self.hcm, what) {
+            hcm.routed(what);
+        }
+    }
+
+    /// An upgrade its route turns off was refused: counted on the connection manager.
+    pub(super) fn upgrade_refused(&self) {
+        if let Some(hcm) = &self.hcm {
+            hcm.upgrade_refused();
+        }
+    }
+
     /// Whether no request is in flight.
     pub(super) fn idle(&self) -> bool {
         self.in_flight.load(Ordering::Relaxed) == 0

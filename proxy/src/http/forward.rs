@@ -176,6 +176,10 @@ pub async fn handle(
                 }
                 Err(answer) => {
                     super::routed::count_cors(&ctx, answer.cors_origin());
+                    if let super::routed::Answer::UpgradeRefused { .. } = answer {
+                        ctx.upgrade_refused();
+                    }
+                    ctx.at_router(answer.at_router());
                     return Ok(super::routed::reply(answer, grpc, end));
                 }
             }
@@ -214,8 +218,13 @@ pub async fn handle(
         (None, Some(a)) => super::routed::count_cors(&ctx, a.cors_origin()),
         (None, None) => {}
     }
+    // The router, after the fault and cors filters.
     if let Some(answer) = answered {
+        ctx.at_router(answer.at_router());
         return Ok(super::routed::reply(*answer, grpc, end));
+    }
+    if let Some(r) = &routed {
+        ctx.at_router(Some(r.at_router()));
     }
     let timeout = match &routed {
         Some(r) => r.deadline(grpc, headers::grpc_timeout(&parts.headers)),

@@ -267,6 +267,10 @@ pub enum Answer {
         /// Whether the cors filter found the preflight's origin allowed.
         origin_valid: bool,
     },
+    /// An upgrade (WebSocket) the route turns off: 403, with the route's response edits.
+    UpgradeRefused {
+        edits: Edits,
+    },
     /// For the HTTP/1.1 fast path, which gives [`decide_request`] no request parts: the
     /// route needs them (header values to fill in, a local answer), so hyper's path serves
     /// the request.
@@ -284,6 +288,18 @@ impl Answer {
         }
     }
 
+    /// What Envoy's router made of the request, when it reached the router: the fault filter
+    /// and the cors filter come first (a preflight is answered by the latter), and the
+    /// connection manager refuses an upgrade before any filter.
+    pub fn at_router(&self) -> Option<crate::metrics::http_conn_manager::Routed> {
+        use crate::metrics::http_conn_manager::Routed as R;
+        match self {
+            Answer::Error(kind) => error_at_router(*kind),
+            Answer::Local { .. } => Some(R::DirectResponse),
+            Answer::Preflight { .. } | Answer::UpgradeRefused { .. } | Answer::Handover => None,
+        }
+    }
+
     /// The fault to inject before answering.
     pub fn fault(&self) -> Option<&Arc<remora_xds::model::fault::FaultPolicy>> {
         match self {
@@ -298,6 +314,17 @@ impl Answer {
             Answer::Preflight { route_edits, .. } => Some(route_edits),
             _ => None,
         }
+    }
+}
+
+/// What Envoy's router made of a request the route decision answered with `kind`, when the
+/// router is where that answer comes from.
+pub fn error_at_router(kind: ErrorKind) -> Option<crate::metrics::http_conn_manager::Routed> {
+    use crate::metrics::http_conn_manager::Routed as R;
+    match kind {
+        ErrorKind::NoRoute => Some(R::NoRoute),
+        ErrorKind::NoCluster => Some(R::NoCluster),
+        _ => None,
     }
 }
 
@@ -332,6 +359,16 @@ impl Decided {
 }
 
 impl Routed {
+    /// What Envoy's router makes of the request: it forwards it, or answers 503 `NC` when its
+    /// route's cluster is not known.
+    pub fn at_router(&self) -> crate::metrics::http_conn_manager::Routed {
+        use crate::metrics::http_conn_manager::Routed as R;
+        match self.cluster {
+            Some(_) => R::Forwarded,
+            None => R::NoCluster,
+        }
+    }
+
     /// Tell the request's log record the route and cluster it went by.
     pub fn log_to(&self, log: &mut super::access_log::RequestLog) {
         log.envoy.cluster = self.cluster.as_ref().map(|c| Arc::clone(&c.model));
@@ -438,6 +475,13 @@ pub fn decide_request(
                 started: SystemTime::now(),
                 parts,
             };
+            if upgrade_disabled(forward, &parts.headers) {
+                // Envoy's connection manager refuses an upgrade its route turns off before any
+                // filter runs (no fault, no cors), with the route's local replies' edits.
+                return Err(Answer::UpgradeRefused {
+                    edits: local_edits(table, vhost, route, &format_request),
+                });
+            }
             if let CorsOutcome::Preflight(headers) = &cors {
                 // Answered by the cors filter, after the fault filter (first in istiod's
                 // chain: its fault applies, its abort edited as this forwarding route's local
@@ -449,20 +493,6 @@ pub fn decide_request(
                     route_edits: edits(table, vhost, route, forward, cluster, &format_request).1,
                     fault: plan.fault.clone(),
                     origin_valid: cors_origin == Some(true),
-                });
-            }
-            if upgrade_disabled(forward, &parts.headers) {
-                // Envoy's answer to an upgrade its route turns off (`upgrade_failed`), with the
-                // response edits of its other local replies.
-                let mut edits = local_edits(table, vhost, route, &format_request);
-                edits.set_after(cors_headers);
-                return Err(Answer::Local {
-                    status: 403,
-                    body: None,
-                    location: None,
-                    edits,
-                    fault: plan.fault.clone(),
-                    cors_origin,
                 });
             }
             edits(table, vhost, route, forward, cluster, &format_request)

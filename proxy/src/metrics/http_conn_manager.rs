@@ -1,8 +1,10 @@
 //! Envoy's HTTP connection manager statistics under xDS (`http.<stat_prefix>.downstream_*`,
-//! and the per-listener copies of the answers, `listener.<address>.http.<stat_prefix>.*`):
+//! its router's under the same prefix, `rq_total`, `no_route`…, and the per-listener copies of
+//! the answers, `listener.<address>.http.<stat_prefix>.*`):
 //! kept per stat prefix, shared by every chain with it, made at 0 with the listener that holds
 //! the chain, as Envoy makes them when it loads the listener. A connection looks its counters
-//! up once, when the chain takes it; a request adds one count as it starts and two as it ends.
+//! up once, when the chain takes it; a request adds one count as it starts, one if it reaches
+//! the router, and two as it ends.
 //! Totals, `_completed` and the gauges are sums and differences made at a scrape, so that the
 //! data path counts each fact once.
 
@@ -33,6 +35,25 @@ pub struct HcmCounters {
     idle_timeout: AtomicU64,
     /// HTTP/2 connections closed for too many streams the client reset early (Rapid Reset).
     premature_resets: AtomicU64,
+    /// Upgrade requests refused because their route turns the upgrade off.
+    ws_on_non_ws_route: AtomicU64,
+    /// Requests that reached the router (after the fault, RBAC, ext_authz and cors filters
+    /// let them on), by what it made of them: [`Routed`] in order.
+    routed: [AtomicU64; 4],
+}
+
+/// What Envoy's router made of a request that reached it, as its `http.<prefix>.*`
+/// statistics count it (`rq_total` is their sum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routed {
+    /// Sent on to its route's cluster.
+    Forwarded,
+    /// Its route's cluster is not known: answered 503 `NC` (`no_cluster`).
+    NoCluster,
+    /// No route took it: answered 404 `NR` (`no_route`).
+    NoRoute,
+    /// Answered by its route's direct response or redirect (`rq_direct_response`).
+    DirectResponse,
 }
 
 /// Why the connection manager closed a connection itself, as Envoy counts it.
@@ -75,6 +96,16 @@ impl HcmCounters {
             ClosedFor::PrematureResets => &self.premature_resets,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request reached the router, which made `what` of it.
+    pub fn routed(&self, what: Routed) {
+        self.routed[what as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An upgrade request was refused: its route turns the upgrade off.
+    pub fn upgrade_refused(&self) {
+        self.ws_on_non_ws_route.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A request started on a connection speaking `version`.
@@ -148,7 +179,23 @@ impl HcmCounters {
                 v(&self.premature_resets),
             ),
             ("downstream_rq_total", c, rq_h1 + rq_h2),
+            (
+                "downstream_rq_ws_on_non_ws_route",
+                c,
+                v(&self.ws_on_non_ws_route),
+            ),
         ];
+        let routed: [u64; 4] = std::array::from_fn(|i| v(&self.routed[i]));
+        values.extend([
+            ("no_cluster", c, routed[Routed::NoCluster as usize]),
+            ("no_route", c, routed[Routed::NoRoute as usize]),
+            (
+                "rq_direct_response",
+                c,
+                routed[Routed::DirectResponse as usize],
+            ),
+            ("rq_total", c, routed.iter().sum()),
+        ]);
         values.extend(self.answers().map(|(name, value)| (name, c, value)));
         values
     }
@@ -214,7 +261,17 @@ mod tests {
         c.request_started(HttpVersion::Http2);
         c.closed_for(ClosedFor::IdleTimeout);
         c.closed_for(ClosedFor::PrematureResets);
+        for what in [Routed::Forwarded, Routed::Forwarded, Routed::NoRoute] {
+            c.routed(what);
+        }
+        c.routed(Routed::DirectResponse);
+        c.upgrade_refused();
         for (name, expected) in [
+            ("rq_total", 4),
+            ("no_route", 1),
+            ("no_cluster", 0),
+            ("rq_direct_response", 1),
+            ("downstream_rq_ws_on_non_ws_route", 1),
             ("downstream_cx_idle_timeout", 1),
             ("downstream_rq_too_many_premature_resets", 1),
             ("downstream_cx_total", 2),

@@ -340,12 +340,17 @@ fn prepare(
     }
     let (routed, local) = match &ctx.xds_routes {
         None => (None, None),
+        // The fast path's requests meet no filter before the router.
         Some(routes) => match route::route(ctx, routes, buf, &head)? {
             Ok(routed) => {
+                ctx.at_router(Some(routed.at_router()));
                 let key = ctx.key;
                 (Some(Box::new(RoutedRequest { routed, key })), None)
             }
-            Err(kind) => (None, Some(kind)),
+            Err(kind) => {
+                ctx.at_router(crate::http::routed::error_at_router(kind));
+                (None, Some(kind))
+            }
         },
     };
     ctx.proxy.metrics.http1_fast_path.inc();

@@ -54,7 +54,13 @@ pub(super) fn route(
                 && head::header_value(buf, head.len, "x-envoy-expected-rq-timeout-ms").is_some();
             (!own_count && !own_deadline).then_some(Ok(routed))
         }
-        Ok(_) | Err(Answer::Local { .. } | Answer::Preflight { .. } | Answer::Handover) => None,
+        Ok(_)
+        | Err(
+            Answer::Local { .. }
+            | Answer::Preflight { .. }
+            | Answer::UpgradeRefused { .. }
+            | Answer::Handover,
+        ) => None,
         Err(Answer::Error(kind)) => Some(Err(kind)),
     }
 }

@@ -95,7 +95,12 @@ pub(in crate::http) fn reply(
             ..
         } => (status, body, location, edits, "direct_response"),
         Answer::Preflight { headers, .. } => (200, None, None, headers, "cors_response"),
+        Answer::UpgradeRefused { edits } => (403, None, None, edits, "upgrade_failed"),
     };
+    // An HTTP/1.1 connection that asked to switch protocols and was refused is not used
+    // again, as Envoy's codec has it.
+    let close =
+        details == "upgrade_failed" && end.conn.key.version == crate::detect::HttpVersion::Http1;
     end.status = status;
     if let Some(log) = &mut end.log {
         log.status = status;
@@ -113,6 +118,10 @@ pub(in crate::http) fn reply(
     match builder.body(()) {
         Ok(mut r) => {
             edits.apply(r.headers_mut());
+            if close {
+                r.headers_mut()
+                    .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+            }
             r.map(|()| ResponseBody::local(body, end))
         }
         // A status outside 100..=999 from the route: Envoy would have refused the table.
