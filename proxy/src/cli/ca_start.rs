@@ -89,6 +89,7 @@ pub(super) fn istiod_mode(
         stats: ads.stats(),
         store: xds,
         refusals: ads.refusals(),
+        connection: Arc::clone(&channels.xds.connection),
     });
     // Not ready before istiod's first clusters and listeners: until then Remora knows no
     // service, as Envoy has no listener.

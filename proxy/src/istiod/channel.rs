@@ -1,6 +1,7 @@
 //! The gRPC channel to istiod: HTTP/2 over TLS verified against the mesh root file, the server
 //! name taken from the address' host (`istiod.istio-system.svc`), the host resolved by the
-//! system resolver. The CA and the ADS client share one [`IstiodChannel`], and every call
+//! system resolver, the connection dialled and counted by [`super::connection`]. The CA and
+//! the ADS client share one [`IstiodChannel`], and every call
 //! carries [`CallCredentials`]: `authorization: Bearer <token>` (the token re-read for every
 //! call, as kubelet rotates it) and Istio's `clusterid`.
 //!
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
 
 /// Bound on one TCP connect and TLS handshake to istiod.
@@ -131,6 +132,8 @@ pub struct IstiodChannel {
     pub credentials: CallCredentials,
     /// `host:port`, for messages.
     pub address: String,
+    /// What was counted of its connections (Envoy's `xds-grpc` cluster's, for the xDS one).
+    pub connection: Arc<super::connection::ConnectionStats>,
 }
 
 impl IstiodChannel {
@@ -146,7 +149,7 @@ impl IstiodChannel {
             path: root_file.to_path_buf(),
             cause: e.to_string(),
         })?;
-        check_roots(&roots).map_err(|cause| ChannelError::Root {
+        let roots = root_store(&roots).map_err(|cause| ChannelError::Root {
             path: root_file.to_path_buf(),
             cause,
         })?;
@@ -155,19 +158,24 @@ impl IstiodChannel {
             cause,
         };
         let host = server_name(address).ok_or_else(|| bad_address("not host:port".into()))?;
-        let tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(roots))
-            .domain_name(host);
-        let endpoint = Endpoint::from_shared(format!("https://{address}"))
+        let host = rustls::pki_types::ServerName::try_from(host)
+            .map_err(|e| bad_address(format!("not a server name: {e}")))?;
+        let dialer = super::connection::Dialer::new(address, host, roots, CONNECT_TIMEOUT)
+            .map_err(|e| bad_address(format!("TLS: {e}")))?;
+        // The dialer makes the TLS connection, so tonic is given the plain scheme to dial by
+        // and the real one for its requests.
+        let origin = format!("https://{address}")
+            .parse::<http::Uri>()
+            .map_err(|e| bad_address(e.to_string()))?;
+        let endpoint = Endpoint::from_shared(format!("http://{address}"))
             .map_err(|e| bad_address(e.to_string()))?
-            .tls_config(tls)
-            .map_err(|e| bad_address(e.to_string()))?
-            .connect_timeout(CONNECT_TIMEOUT)
+            .origin(origin)
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true);
         Ok(IstiodChannel {
-            channel: endpoint.connect_lazy(),
+            connection: dialer.stats(),
+            channel: endpoint.connect_with_connector_lazy(dialer),
             credentials,
             address: address.into(),
         })
@@ -219,18 +227,20 @@ pub fn server_name(address: &str) -> Option<String> {
     (!host.is_empty()).then(|| host.to_string())
 }
 
-/// At least one PEM certificate, so a wrong file says so at start rather than as a failed
-/// handshake later.
-fn check_roots(pem: &[u8]) -> Result<(), String> {
+/// The PEM certificates of `pem` as trust anchors; at least one, so a wrong file says so at
+/// start rather than as a failed handshake later.
+fn root_store(pem: &[u8]) -> Result<rustls::RootCertStore, String> {
     use rustls::pki_types::pem::PemObject;
-    let mut n = 0;
+    let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::CertificateDer::pem_slice_iter(pem) {
-        cert.map_err(|e| format!("not PEM certificates: {e}"))?;
-        n += 1;
+        let cert = cert.map_err(|e| format!("not PEM certificates: {e}"))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("not a usable root certificate: {e}"))?;
     }
-    match n {
-        0 => Err("holds no certificate".into()),
-        _ => Ok(()),
+    match roots.is_empty() {
+        true => Err("holds no certificate".into()),
+        false => Ok(roots),
     }
 }
 

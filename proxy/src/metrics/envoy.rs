@@ -270,7 +270,14 @@ pub struct ControlPlane {
     pub store: Arc<remora_xds::store::Store>,
     /// Resources whose last update was refused, for `/config_dump`'s `error_state`.
     pub refusals: Arc<crate::istiod::xds::Refusals>,
+    /// The xDS channel's connections to istiod, counted as Envoy's `xds-grpc` cluster's.
+    pub connection: Arc<crate::istiod::connection::ConnectionStats>,
 }
+
+/// The stat name of Envoy's cluster for its xDS stream in an Istio sidecar (pilot-agent's
+/// bootstrap gives it this `alt_stat_name`, so Istio's tags make the cluster a label:
+/// `envoy_cluster_upstream_cx_active{cluster_name="xds-grpc"}`).
+const XDS_CLUSTER: &str = "xds-grpc;";
 
 /// Envoy's cluster for traffic to an original destination, and Istio's for inbound passthrough.
 const OUTBOUND_CLUSTER: &str = "PassthroughCluster";
@@ -431,6 +438,13 @@ impl EnvoyStats {
                 snap.connected_state,
             ));
             secret_stats(&mut stats, cp);
+            for (stat, gauge, value) in cp.connection.envoy_stats() {
+                let scope = Scope::Cluster(XDS_CLUSTER.to_string());
+                stats.push(match gauge {
+                    true => g(scope, stat, value),
+                    false => c(scope, stat, value),
+                });
+            }
             // NDS is pilot-agent's, not Envoy's: Envoy has no statistics of it to mirror.
             // Envoy counts SDS per secret (`sds.<name>.*`, above), not per type.
             let envoys = snap.types.iter().filter(|t| {

@@ -387,6 +387,7 @@ mod tests {
             stats: Arc::clone(&stats),
             store: Arc::default(),
             refusals: Arc::default(),
+            connection: Arc::default(),
         });
         stats.connected_state.store(1, Ordering::Relaxed);
         let bump = |t, n| {
@@ -411,6 +412,8 @@ mod tests {
             ("eds.update_failure", 0),
             ("cluster_manager.active_clusters", 0),
             ("cluster_manager.warming_clusters", 0),
+            ("cluster.xds-grpc;.upstream_cx_total", 0),
+            ("cluster.xds-grpc;.upstream_cx_active", 0),
         ] {
             assert!(
                 dotted.contains(&(name.to_string(), value)),
@@ -423,6 +426,8 @@ mod tests {
             "envoy_cluster_manager_cds_update_success 2\n",
             "envoy_listener_manager_lds_update_rejected 1\n",
             "# TYPE envoy_cluster_manager_cds_update_attempt counter\n",
+            "envoy_cluster_upstream_cx_connect_fail{cluster_name=\"xds-grpc\"} 0\n",
+            "# TYPE envoy_cluster_upstream_cx_active gauge\n",
         ] {
             assert!(text.contains(line), "{line}: {text}");
         }
@@ -436,6 +441,7 @@ mod tests {
             stats: Arc::clone(&stats),
             store: Arc::default(),
             refusals: Arc::default(),
+            connection: Arc::default(),
         });
         let name = "kubernetes://client-credential".to_string();
         stats
