@@ -503,7 +503,11 @@ fn dns(c: &pb::Cluster) -> Result<Dns, Fault> {
             targets.push(DnsTarget {
                 host: sa.address.clone(),
                 port,
-                weight: e.load_balancing_weight.as_ref().map_or(1, |w| w.value),
+                weight: super::endpoint::weight(
+                    e.load_balancing_weight.as_ref(),
+                    &format!("load_assignment.endpoints[{i}].lb_endpoints[{j}]"),
+                )?
+                .unwrap_or(1),
                 tls_mode: filter_metadata(e.metadata.as_ref(), "envoy.transport_socket_match")
                     .and_then(|s| struct_string(s, "tlsMode")),
                 locality: l
@@ -516,7 +520,10 @@ fn dns(c: &pb::Cluster) -> Result<Dns, Fault> {
                     })
                     .unwrap_or_default(),
                 priority: l.priority,
-                locality_weight: l.load_balancing_weight.as_ref().map(|w| w.value),
+                locality_weight: super::endpoint::weight(
+                    l.load_balancing_weight.as_ref(),
+                    &format!("load_assignment.endpoints[{i}]"),
+                )?,
             });
         }
     }

@@ -55,9 +55,25 @@ fn locality(l: &pb::LocalityLbEndpoints, path: &str) -> Result<LocalityEndpoints
             sub_zone: loc.sub_zone,
         },
         priority: l.priority,
-        weight: l.load_balancing_weight.as_ref().map(|w| w.value),
+        weight: weight(l.load_balancing_weight.as_ref(), path)?,
         endpoints,
     })
+}
+
+/// A locality's or an endpoint's `load_balancing_weight` (`path` is the message's): at least
+/// 1 when set, as Envoy's proto constraints have it (a weight of 0 is refused, not a host or
+/// locality that takes nothing).
+pub(super) fn weight(
+    w: Option<&envoy_types::pb::google::protobuf::UInt32Value>,
+    path: &str,
+) -> Result<Option<u32>, Fault> {
+    match w.map(|w| w.value) {
+        Some(0) => Err(Fault::new(
+            format!("{path}.load_balancing_weight"),
+            "must be at least 1",
+        )),
+        w => Ok(w),
+    }
 }
 
 fn endpoint(e: &pb::LbEndpoint, path: &str) -> Result<Endpoint, Fault> {
@@ -87,7 +103,7 @@ fn endpoint(e: &pb::LbEndpoint, path: &str) -> Result<Endpoint, Fault> {
     Ok(Endpoint {
         address,
         health,
-        weight: e.load_balancing_weight.as_ref().map_or(1, |w| w.value),
+        weight: weight(e.load_balancing_weight.as_ref(), path)?.unwrap_or(1),
         tls_mode,
         workload,
     })

@@ -224,6 +224,28 @@ fn what_changes_balancing_or_resolution_is_refused_by_name() {
         err.contains("overprovisioning_factor") && err.contains("must be above 0"),
         "{err}"
     );
+    // A weight of 0, an endpoint's or a locality's, is refused as Envoy's proto constraints
+    // refuse it (at least 1), naming where it is.
+    let endpoint = |weight: u32| {
+        json!({"endpoint": {"address": {"socket_address": {"address": "10.0.0.1", "port_value": 80}}},
+            "load_balancing_weight": weight})
+    };
+    for (locality, host, at) in [
+        (
+            1,
+            0,
+            "load_assignment.endpoints[0].lb_endpoints[0].load_balancing_weight",
+        ),
+        (0, 1, "load_assignment.endpoints[0].load_balancing_weight"),
+    ] {
+        let err = refused(json!({"name": "c", "type": "STATIC", "load_assignment": {
+            "cluster_name": "c", "endpoints": [{"load_balancing_weight": locality,
+                "lb_endpoints": [endpoint(host)]}]}}));
+        assert!(
+            err.contains(at) && err.contains("must be at least 1"),
+            "{err}"
+        );
+    }
     for policy in ["RING_HASH", "MAGLEV"] {
         let err = refused(json!({"name": "c", "lb_policy": policy,
             "common_lb_config": {"locality_weighted_lb_config": {}}}));
