@@ -363,3 +363,46 @@ impl Drop for HostsFile {
         }
     }
 }
+
+/// pilot-agent's bootstrap for an Envoy sidecar, but reaching this control plane directly
+/// (pilot-agent's xDS proxy only forwards): ADS (`delta`, or state of the world) over TLS to
+/// `istiod.istio-system.svc` verified against `root` (the mesh root file), with `token` and the
+/// cluster ID as headers, clusters and listeners from ADS, and pilot-agent's `xds-grpc`
+/// cluster (its `alt_stat_name` makes the cluster a Prometheus label). For `net`'s pod.
+pub fn envoy_bootstrap(
+    net: &crate::PodNet,
+    root: &std::path::Path,
+    token: &str,
+    delta: bool,
+) -> serde_json::Value {
+    let xds = net.peer_addr(ISTIOD_PORT);
+    serde_json::json!({
+        "node": {"id": format!("sidecar~{}~sleep.client~client.svc.cluster.local", net.pod_ip),
+            "cluster": "sleep.client"},
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1",
+            "port_value": crate::envoy::ADMIN_PORT}}},
+        "dynamic_resources": {
+            "ads_config": {"api_type": if delta { "DELTA_GRPC" } else { "GRPC" },
+                "transport_api_version": "V3",
+                "set_node_on_first_message_only": true,
+                "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"},
+                    "initial_metadata": [
+                        {"key": "authorization", "value": format!("Bearer {token}")},
+                        {"key": "clusterid", "value": CLUSTER_ID}]}]},
+            "cds_config": {"ads": {}, "resource_api_version": "V3"},
+            "lds_config": {"ads": {}, "resource_api_version": "V3"}},
+        "static_resources": {"clusters": [{"name": "xds-grpc", "alt_stat_name": "xds-grpc;",
+            "type": "STATIC", "connect_timeout": "1s",
+            "load_assignment": {"cluster_name": "xds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint":
+                {"address": {"socket_address": {"address": xds.ip().to_string(), "port_value": xds.port()}}}}]}]},
+            "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}}}},
+            "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": ISTIOD_HOST,
+                "common_tls_context": {"alpn_protocols": ["h2"], "validation_context": {
+                    "trusted_ca": {"filename": root.to_string_lossy()},
+                    "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": ISTIOD_HOST}}]}}}}}]}
+    })
+}

@@ -43,7 +43,7 @@ use remora_e2e::istiod::secrets::{credential, credential_roots};
 use remora_e2e::istiod::{Ads, ControlPlane, HostsFile, ISTIOD_HOST, ISTIOD_PORT};
 use remora_e2e::service::{peer_program, Service};
 use remora_e2e::PodNet;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -520,41 +520,6 @@ fn remora_story(net: &PodNet) -> Told {
     (steps, views.sds_stats())
 }
 
-/// Envoy as pilot-agent starts it for a sidecar, but talking to the control plane directly
-/// (pilot-agent's xDS proxy only forwards): delta ADS over TLS to istiod with the token and
-/// cluster ID as headers, clusters and listeners from ADS.
-fn envoy_bootstrap(net: &PodNet, world: &World) -> String {
-    let xds = net.peer_addr(ISTIOD_PORT);
-    json!({
-        "node": {"id": format!("sidecar~{}~sleep.client~client.svc.cluster.local", net.pod_ip),
-            "cluster": "sleep.client"},
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1",
-            "port_value": remora_e2e::envoy::ADMIN_PORT}}},
-        "dynamic_resources": {
-            "ads_config": {"api_type": "DELTA_GRPC", "transport_api_version": "V3",
-                "set_node_on_first_message_only": true,
-                "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"},
-                    "initial_metadata": [
-                        {"key": "authorization", "value": format!("Bearer {TOKEN}")},
-                        {"key": "clusterid", "value": "Kubernetes"}]}]},
-            "cds_config": {"ads": {}, "resource_api_version": "V3"},
-            "lds_config": {"ads": {}, "resource_api_version": "V3"}},
-        "static_resources": {"clusters": [{"name": "xds-grpc", "type": "STATIC", "connect_timeout": "1s",
-            "load_assignment": {"cluster_name": "xds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint":
-                {"address": {"socket_address": {"address": xds.ip().to_string(), "port_value": xds.port()}}}}]}]},
-            "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}}}},
-            "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                "sni": ISTIOD_HOST,
-                "common_tls_context": {"alpn_protocols": ["h2"], "validation_context": {
-                    "trusted_ca": {"filename": world.mesh_root.to_string_lossy()},
-                    "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": ISTIOD_HOST}}]}}}}}]}
-    })
-    .to_string()
-}
-
 fn envoy_story(net: &PodNet, binary: &std::path::Path) -> Told {
     let world = world(net);
     serve_first(&world);
@@ -562,7 +527,7 @@ fn envoy_story(net: &PodNet, binary: &std::path::Path) -> Told {
         &net.pod,
         binary,
         net.binary(),
-        &envoy_bootstrap(net, &world),
+        &remora_e2e::istiod::envoy_bootstrap(net, &world.mesh_root, TOKEN, true).to_string(),
     );
     let access_log = || envoy.logs();
     let admin_page = |path: &str| envoy.admin(path).1;

@@ -11,7 +11,7 @@ use remora_e2e::certs::MeshCa;
 use remora_e2e::envoy::Envoy;
 use remora_e2e::envoy_xds::{istio_stats_config, nets_or_skip};
 use remora_e2e::istiod::ads::type_url;
-use remora_e2e::istiod::{Ads, ControlPlane, HostsFile, ISTIOD_HOST, ISTIOD_PORT};
+use remora_e2e::istiod::{envoy_bootstrap, Ads, ControlPlane, HostsFile, ISTIOD_HOST, ISTIOD_PORT};
 use remora_e2e::stat_deltas::{self, prometheus_samples, Stats};
 use remora_e2e::PodNet;
 use serde_json::json;
@@ -79,39 +79,9 @@ fn start_plane(net: &PodNet, w: &World, ads: Option<&Arc<Ads>>) -> ControlPlane 
     }
 }
 
-/// pilot-agent's bootstrap for Envoy, its `xds-grpc` cluster as pilot-agent writes it (the
-/// `alt_stat_name` that makes the cluster a Prometheus label) but reaching the control plane
-/// over TLS, as Remora does, rather than pilot-agent's socket.
-fn envoy_bootstrap(net: &PodNet, w: &World) -> String {
-    let xds = net.peer_addr(ISTIOD_PORT);
-    let mut bootstrap = json!({
-        "node": {"id": format!("sidecar~{}~sleep.client~client.svc.cluster.local", net.pod_ip),
-            "cluster": "sleep.client"},
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1",
-            "port_value": remora_e2e::envoy::ADMIN_PORT}}},
-        "dynamic_resources": {
-            "ads_config": {"api_type": "DELTA_GRPC", "transport_api_version": "V3",
-                "set_node_on_first_message_only": true,
-                "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"},
-                    "initial_metadata": [
-                        {"key": "authorization", "value": format!("Bearer {TOKEN}")},
-                        {"key": "clusterid", "value": "Kubernetes"}]}]},
-            "cds_config": {"ads": {}, "resource_api_version": "V3"},
-            "lds_config": {"ads": {}, "resource_api_version": "V3"}},
-        "static_resources": {"clusters": [{"name": "xds-grpc", "alt_stat_name": "xds-grpc;",
-            "type": "STATIC", "connect_timeout": "1s",
-            "load_assignment": {"cluster_name": "xds-grpc", "endpoints": [{"lb_endpoints": [{"endpoint":
-                {"address": {"socket_address": {"address": xds.ip().to_string(), "port_value": xds.port()}}}}]}]},
-            "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}}}},
-            "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                "sni": ISTIOD_HOST,
-                "common_tls_context": {"alpn_protocols": ["h2"], "validation_context": {
-                    "trusted_ca": {"filename": w.root.to_string_lossy()},
-                    "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": ISTIOD_HOST}}]}}}}}]}
-    });
+/// pilot-agent's bootstrap for Envoy ([`envoy_bootstrap`]), with Istio's stats tags.
+fn bootstrap(net: &PodNet, w: &World) -> String {
+    let mut bootstrap = envoy_bootstrap(net, &w.root, TOKEN, true);
     istio_stats_config(&mut bootstrap);
     bootstrap.to_string()
 }
@@ -210,7 +180,7 @@ fn envoy_story(net: &PodNet, binary: &std::path::Path) -> Told {
     let w = world(net);
     let plane = start_plane(net, &w, None);
     serve(plane.ads());
-    let envoy = Envoy::start_sidecar(&net.pod, binary, net.binary(), &envoy_bootstrap(net, &w));
+    let envoy = Envoy::start_sidecar(&net.pod, binary, net.binary(), &bootstrap(net, &w));
     story(net, &w, plane, remora_e2e::envoy::ADMIN_PORT, &|| {
         envoy.logs()
     })

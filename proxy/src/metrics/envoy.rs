@@ -142,11 +142,16 @@ pub enum Scope {
     NetworkRbac(String),
     /// The xDS connection (`control_plane.`).
     ControlPlane,
-    /// A subscription, by Envoy's prefix (`cluster_manager.cds`, `listener_manager.lds`,
-    /// and `rds`, `eds`, which Envoy keeps per route table and per cluster and Remora sums).
+    /// A subscription, by Envoy's prefix (`cluster_manager.cds`, `listener_manager.lds`).
     Subscription(&'static str),
     /// One SDS secret's subscription, by its stat name (`kubernetes_client-credential`).
     Secret(String),
+    /// One RDS route table's subscription, in the scope of the connection manager that first
+    /// names it (`http.<stat prefix>.rds.<name>.`).
+    Rds {
+        prefix: String,
+        name: String,
+    },
 }
 
 /// Counter or gauge, as Envoy types it.
@@ -208,6 +213,7 @@ impl EnvoyStat {
             Scope::ControlPlane => format!("control_plane.{}", self.stat),
             Scope::Subscription(p) => format!("{p}.{}", self.stat),
             Scope::Secret(name) => format!("sds.{name}.{}", self.stat),
+            Scope::Rds { prefix, name } => format!("http.{prefix}.rds.{name}.{}", self.stat),
         }
     }
 
@@ -438,6 +444,7 @@ impl EnvoyStats {
                 snap.connected_state,
             ));
             secret_stats(&mut stats, cp);
+            endpoint_and_route_stats(&mut stats, cp);
             for (stat, gauge, value) in cp.connection.envoy_stats() {
                 let scope = Scope::Cluster(XDS_CLUSTER.to_string());
                 stats.push(match gauge {
@@ -446,10 +453,10 @@ impl EnvoyStats {
                 });
             }
             // NDS is pilot-agent's, not Envoy's: Envoy has no statistics of it to mirror.
-            // Envoy counts SDS per secret (`sds.<name>.*`, above), not per type.
+            // Envoy counts SDS, EDS and RDS per resource (above), not per type.
             let envoys = snap.types.iter().filter(|t| {
-                t.type_url != remora_xds::sink::type_url::NAME_TABLE
-                    && t.type_url != remora_xds::sink::type_url::SECRET
+                cp.stats.per_resource(t.type_url).is_none()
+                    && t.type_url != remora_xds::sink::type_url::NAME_TABLE
             });
             for t in envoys {
                 let s = || Scope::Subscription(t.prefix);
@@ -498,6 +505,68 @@ fn secret_stats(stats: &mut Vec<EnvoyStat>, cp: &ControlPlane) {
         push("update_success", Kind::Counter, s.update_success);
         push("update_time", Kind::Gauge, s.update_time);
         push("version", Kind::Gauge, s.version);
+    }
+}
+
+/// Envoy's per-cluster EDS and per-route-table RDS subscription statistics: what the ADS
+/// client counted of each endpoint name, under the stat name of each EDS cluster of the
+/// snapshot in force that takes it (`cluster.<stat name>.update_*`), and of each route table,
+/// in the scope of the first connection manager of the listeners in force that names it
+/// (`http.<stat prefix>.rds.<name>.*`, where Envoy makes the table's subscription).
+fn endpoint_and_route_stats(stats: &mut Vec<EnvoyStat>, cp: &ControlPlane) {
+    use remora_xds::model::listener::{ChainKind, RouteSource};
+    let snapshot = cp.store.snapshot();
+    let endpoints = cp.stats.endpoints.snapshot();
+    for entry in snapshot.clusters.values() {
+        let cluster = &entry.model;
+        let Some(s) = cluster.eds_service_name().and_then(|n| endpoints.get(n)) else {
+            continue;
+        };
+        let name = cluster.alt_stat_name.as_deref().unwrap_or(&cluster.name);
+        let scope = || Scope::Cluster(name.to_string());
+        for (stat, kind, value) in [
+            ("update_attempt", Kind::Counter, s.update_attempt),
+            ("update_empty", Kind::Counter, s.update_empty),
+            ("update_failure", Kind::Counter, s.update_failure),
+            ("update_no_rebuild", Kind::Counter, s.update_no_rebuild),
+            ("update_rejected", Kind::Counter, s.update_rejected),
+            ("update_success", Kind::Counter, s.update_success),
+            ("update_time", Kind::Gauge, s.update_time),
+            ("version", Kind::Gauge, s.version),
+        ] {
+            stats.push(EnvoyStat::new(kind, scope(), stat, value));
+        }
+    }
+    let routes = cp.stats.routes.snapshot();
+    let mut scoped = std::collections::HashSet::new();
+    for listener in snapshot.listeners() {
+        for chain in listener.all_chains() {
+            let ChainKind::Http(http) = &chain.kind else {
+                continue;
+            };
+            let RouteSource::Rds(name) = &http.routes else {
+                continue;
+            };
+            let Some(s) = routes.get(name).filter(|_| scoped.insert(name.clone())) else {
+                continue;
+            };
+            let scope = || Scope::Rds {
+                prefix: http.stat_prefix.to_string(),
+                name: name.clone(),
+            };
+            for (stat, kind, value) in [
+                ("config_reload", Kind::Counter, s.config_reload),
+                ("config_reload_time_ms", Kind::Gauge, s.config_reload_time),
+                ("update_attempt", Kind::Counter, s.update_attempt),
+                ("update_failure", Kind::Counter, s.update_failure),
+                ("update_rejected", Kind::Counter, s.update_rejected),
+                ("update_success", Kind::Counter, s.update_success),
+                ("update_time", Kind::Gauge, s.update_time),
+                ("version", Kind::Gauge, s.version),
+            ] {
+                stats.push(EnvoyStat::new(kind, scope(), stat, value));
+            }
+        }
     }
 }
 

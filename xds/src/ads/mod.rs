@@ -36,7 +36,7 @@ mod backoff;
 mod delta;
 mod node;
 mod protocol;
-mod secret_stats;
+mod resource_stats;
 mod sotw;
 mod state;
 mod stats;
@@ -60,7 +60,9 @@ pub use backoff::{
     Backoff, DEFAULT_BASE as DEFAULT_BACKOFF_BASE, DEFAULT_MAX as DEFAULT_BACKOFF_MAX,
 };
 pub use node::{json_map_to_struct, sidecar_node_id, NodeInfo, NodeLocality, USER_AGENT_NAME};
-pub use secret_stats::{secret_stat_name, SecretCounters, SecretStats};
+pub use resource_stats::{
+    body_hash, secret_stat_name, Carried, Refusals, ResourceCounters, ResourceStats,
+};
 pub use stats::{
     stat_prefix, Stats, StatsSnapshot, TypeSnapshot, TypeStats, TypeStatus, UpdateError,
 };
@@ -283,7 +285,9 @@ where
             for t in subs.started() {
                 self.stats.failure(t.type_url);
             }
-            self.stats.secrets.stream_failed();
+            for (_, stats) in self.stats.all_per_resource() {
+                stats.stream_failed();
+            }
             let delay = backoff.next_delay();
             match &result {
                 StreamError::Closed => info!(retry_in = ?delay, "{result}"),
@@ -359,9 +363,9 @@ where
                     // Interest changed with no response (a warming timeout): subscribe now,
                     // as Envoy's cluster starts its SDS subscription when it initialises.
                     let applied = Applied { rejected: Vec::new(), wanted };
-                    let secrets_before = subs.wanted(type_url::SECRET);
+                    let before = self.subscribed(subs);
                     let changed = subs.after_response("", &applied, &BTreeSet::new());
-                    self.stats.secrets.resubscribed(&secrets_before, &subs.wanted(type_url::SECRET));
+                    self.resubscribed(subs, before);
                     for changed in changed {
                         let Some(request) = proto.subscription_request(subs, &self.stats, changed) else {
                             continue;
@@ -418,8 +422,8 @@ where
         let mut pending = match proto.receive(subs, &self.stats, response) {
             Received::Ignore => return Vec::new(),
             Received::Refused(type_url, nack) => {
-                if type_url == type_url::SECRET {
-                    self.stats.secrets.answered([], "", true, []);
+                if let Some(stats) = self.stats.per_resource(type_url) {
+                    stats.answered([], "", true, &BTreeSet::new(), &BTreeSet::new());
                 }
                 let mut requests: Vec<_> = subs
                     .after_refusal(type_url)
@@ -443,6 +447,15 @@ where
         };
         let type_url = pending.type_url;
         let delivered = pending.delivered.clone();
+        // What the response carried of each resource counted per resource: its body, to tell
+        // a change from the same resource sent again, or its removal.
+        let carried: Vec<(String, Option<u64>)> = match self.stats.per_resource(type_url) {
+            None => Vec::new(),
+            Some(_) => (pending.update.resources.iter())
+                .map(|r| (r.name.clone(), Some(body_hash(&r.body))))
+                .chain(pending.update.removed.iter().map(|n| (n.clone(), None)))
+                .collect(),
+        };
         // Only a CDS push after start-up can start clusters warming; only then is the EDS
         // interest before it worth copying.
         let holds = type_url == type_url::CLUSTER && initialised;
@@ -459,20 +472,30 @@ where
         let applied = self
             .apply(type_url, std::mem::take(&mut pending.update))
             .await;
-        let subscribed_secrets = subs.wanted(type_url::SECRET);
+        let subscribed = self.subscribed(subs);
         let changed = subs.after_response(type_url, &applied, &delivered);
-        self.stats
-            .secrets
-            .resubscribed(&subscribed_secrets, &subs.wanted(type_url::SECRET));
-        if type_url == type_url::SECRET {
-            // The answer below NACKs the whole response if any of it was refused.
+        self.resubscribed(subs, subscribed);
+        if let Some(stats) = self.stats.per_resource(type_url) {
+            // The answer below NACKs the whole response if any of it was refused. A body that
+            // did not decode is refused as Envoy refuses it while decoding, except for secrets
+            // (a key that does not parse Envoy finds in the secret's update). Envoy's delta
+            // mux counts the update it began of a resource it refuses; its state-of-the-world
+            // mux does not (Envoy 1.40, seen by `istiod_subscription_stats`).
             let nacked = !applied.rejected.is_empty() || !pending.refused.is_empty();
             let refused: BTreeSet<&String> = (applied.rejected.iter())
                 .chain(&pending.refused)
                 .map(|r| &r.name)
                 .collect();
-            let secrets = &self.stats.secrets;
-            secrets.answered(&delivered, &pending.version, nacked, refused);
+            let undecoded = (type_url == type_url::SECRET).then_some(&pending.refused);
+            let begun: BTreeSet<&String> = match self.config.mode {
+                Mode::Delta => (applied.rejected.iter())
+                    .chain(undecoded.into_iter().flatten())
+                    .map(|r| &r.name)
+                    .collect(),
+                Mode::StateOfTheWorld => BTreeSet::new(),
+            };
+            let carried = carried.iter().map(|(name, body)| (name, *body));
+            stats.answered(carried, &pending.version, nacked, &refused, &begun);
         }
         let mut requests: Vec<_> = changed
             .into_iter()
@@ -522,6 +545,21 @@ where
             *held = Some(answers);
         }
         requests
+    }
+
+    /// The names subscribed now of each type counted per resource.
+    fn subscribed(&self, subs: &Subscriptions) -> [BTreeSet<String>; 3] {
+        self.stats
+            .all_per_resource()
+            .map(|(type_url, _)| subs.wanted(type_url))
+    }
+
+    /// The subscriptions changed from `before`: each type counted per resource counts its
+    /// names started (and forgets those no longer wanted).
+    fn resubscribed(&self, subs: &Subscriptions, before: [BTreeSet<String>; 3]) {
+        for ((type_url, stats), before) in self.stats.all_per_resource().into_iter().zip(before) {
+            stats.resubscribed(&before, &subs.wanted(type_url));
+        }
     }
 
     /// Runs the sink on the blocking pool: converting a large push takes long enough that it

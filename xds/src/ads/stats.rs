@@ -11,7 +11,9 @@
 //!   counts it), `update_success`, `update_rejected` (NACKs), `update_failure` (stream failures),
 //!   `update_time` (ms since the epoch of the last success) and `version_text`.
 //!
-//! SDS is also counted per secret ([`super::SecretStats`], Envoy's `sds.<name>.*`).
+//! SDS, EDS and RDS are also counted per resource ([`super::ResourceStats`]: Envoy's
+//! `sds.<name>.*`, `cluster.<stat name>.*`, `http.<stat prefix>.rds.<name>.*`); the per-type
+//! aggregates of EDS and RDS, which Envoy does not have, are not exported.
 //!
 //! A per-type [`TypeStatus`] keeps the current version and the last rejection for a
 //! `/config_dump`-style display.
@@ -88,14 +90,18 @@ pub struct UpdateError {
 }
 
 /// All the client's statistics; share it with `Arc` and read it at any time.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Stats {
     /// `control_plane.connected_state`.
     pub connected_state: AtomicU64,
     identifier: Mutex<String>,
     types: [TypeStats; TYPES.len()],
-    /// SDS counted per secret, as Envoy counts it (`sds.<name>.*`).
-    pub secrets: super::secret_stats::SecretStats,
+    /// SDS counted per secret, as Envoy counts it (`sds.<name>.*`)…
+    pub secrets: super::ResourceStats,
+    /// … EDS per cluster's endpoint name (`cluster.<stat name>.*`)…
+    pub endpoints: super::ResourceStats,
+    /// … and RDS per route table (`http.<stat prefix>.rds.<name>.*`).
+    pub routes: super::ResourceStats,
 }
 
 /// A point-in-time copy of one type's statistics.
@@ -117,6 +123,40 @@ pub struct TypeSnapshot {
     pub update_time: u64,
     /// The version in force and the last refusal.
     pub status: TypeStatus,
+}
+
+impl Default for Stats {
+    fn default() -> Stats {
+        Stats {
+            connected_state: AtomicU64::default(),
+            identifier: Mutex::default(),
+            types: Default::default(),
+            secrets: super::ResourceStats::new(super::Refusals::InUpdate),
+            endpoints: super::ResourceStats::new(super::Refusals::AtDecode),
+            routes: super::ResourceStats::new(super::Refusals::InUpdate),
+        }
+    }
+}
+
+impl Stats {
+    /// The per-resource statistics of `type_url`, for the types Envoy counts per resource.
+    pub fn per_resource(&self, type_url: &str) -> Option<&super::ResourceStats> {
+        match type_url {
+            type_url::SECRET => Some(&self.secrets),
+            type_url::ENDPOINT => Some(&self.endpoints),
+            type_url::ROUTE => Some(&self.routes),
+            _ => None,
+        }
+    }
+
+    /// Every per-resource statistics, with its type.
+    pub fn all_per_resource(&self) -> [(&'static str, &super::ResourceStats); 3] {
+        [
+            (type_url::SECRET, &self.secrets),
+            (type_url::ENDPOINT, &self.endpoints),
+            (type_url::ROUTE, &self.routes),
+        ]
+    }
 }
 
 /// A point-in-time copy of all statistics.
