@@ -69,10 +69,12 @@ fn resources() -> Resources {
     cors["typed_per_filter_config"] = json!({"envoy.filters.http.cors": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy",
         "allow_origin_string_match": [{"exact": ORIGIN}], "allow_methods": "GET"}});
-    // istiod's filters before the router on an outbound connection manager: fault, cors.
+    // istiod's filters before the router on an outbound connection manager (fault, cors), and
+    // its upgrades (websocket).
     let mut listeners = outbound_http_listeners(None);
-    let filters =
-        &mut listeners[1]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"];
+    let manager = &mut listeners[1]["filter_chains"][0]["filters"][0]["typed_config"];
+    manager["upgrade_configs"] = json!([{"upgrade_type": "websocket"}]);
+    let filters = &mut manager["http_filters"];
     if let Some(filters) = filters.as_array_mut() {
         for name in ["cors", "fault"] {
             filters.insert(
@@ -184,13 +186,13 @@ impl World<'_> {
         }
     }
 
-    /// A WebSocket upgrade its route turns off: the status, the route's header, and whether
-    /// the connection is to be closed.
-    fn refused_upgrade(&self) -> (u16, Option<String>, Option<String>) {
+    /// An upgrade of `kind` to `path`: the status, the route's header, and whether the
+    /// connection is to be closed.
+    fn upgrade(&self, path: &str, kind: &str) -> (u16, Option<String>, Option<String>) {
         let r = self.send(
             format!(
-                "GET /upgrade HTTP/1.1\r\nHost: {WEB}\r\nConnection: Upgrade\r\n\
-                 Upgrade: websocket\r\n\r\n"
+                "GET {path} HTTP/1.1\r\nHost: {WEB}\r\nConnection: Upgrade\r\n\
+                 Upgrade: {kind}\r\n\r\n"
             )
             .as_bytes(),
         );
@@ -279,12 +281,22 @@ fn connection_manager_statistics_are_counted_as_envoy_counts_them() {
             w.proxy.name(),
             w.proxy.output()
         );
+        // A WebSocket upgrade its route turns off; one of a type the connection manager's
+        // `upgrade_configs` (istiod's: websocket) do not name; one they do, which goes on
+        // (the backend answers it as a plain request).
         assert_eq!(
-            w.refused_upgrade(),
+            w.upgrade("/upgrade", "websocket"),
             (403, Some("upgrade".into()), Some("close".into())),
             "{}",
             w.proxy.name()
         );
+        assert_eq!(
+            w.upgrade("/other", "foo"),
+            (403, None, Some("close".into())),
+            "{}",
+            w.proxy.name()
+        );
+        assert_eq!(w.upgrade("/ws", "WebSocket").0, 200, "{}", w.proxy.name());
         let after = w.settled();
         seen.push((before, after, samples(w)));
     }
@@ -342,12 +354,12 @@ fn connection_manager_statistics_are_counted_as_envoy_counts_them() {
     // preflight answer and the connection manager's refused upgrade; the redirect is a
     // direct response too.
     for (name, count) in [
-        ("downstream_rq_total", 13),
-        ("rq_total", 10),
+        ("downstream_rq_total", 15),
+        ("rq_total", 11),
         ("no_route", 1),
         ("no_cluster", 1),
         ("rq_direct_response", 2),
-        ("downstream_rq_ws_on_non_ws_route", 1),
+        ("downstream_rq_ws_on_non_ws_route", 2),
         ("fault.aborts_injected", 1),
         ("fault.delays_injected", 1),
         ("cors.origin_valid", 1),
@@ -361,7 +373,7 @@ fn connection_manager_statistics_are_counted_as_envoy_counts_them() {
     // Envoy counts the connections on the listener virtualOutbound handed them to.
     assert_eq!(
         expected.get("listener.0.0.0.0_80.downstream_cx_total"),
-        Some(&12)
+        Some(&14)
     );
     assert_eq!(
         expected.get("listener.0.0.0.0_15001.downstream_cx_total"),

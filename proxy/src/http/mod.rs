@@ -88,6 +88,8 @@ pub struct XdsChainFlags {
     pub chain: Option<crate::route::ChainRef>,
     /// The connection manager's access logs (shared with the snapshot; `None` without any).
     pub access_log: Option<Arc<[remora_xds::model::listener::AccessLog]>>,
+    /// The HTTP/1.1 upgrades the connection manager allows (`upgrade_configs`).
+    pub upgrades: Arc<[remora_xds::model::route::Upgrade]>,
 }
 
 impl XdsChainFlags {
@@ -102,6 +104,7 @@ impl XdsChainFlags {
             max_concurrent_streams: chain.http2_max_concurrent_streams,
             chain: None,
             access_log: (!chain.access_log.is_empty()).then(|| Arc::clone(&chain.access_log)),
+            upgrades: chain.upgrades.as_slice().into(),
         }
     }
 

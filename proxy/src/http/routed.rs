@@ -26,7 +26,7 @@ use http::request::Parts;
 use remora_xds::model::cluster::Cluster;
 use remora_xds::model::cors::CorsOutcome;
 use remora_xds::model::listener::RouteSource;
-use remora_xds::model::route::{Forward, RequestParts};
+use remora_xds::model::route::RequestParts;
 use remora_xds::snapshot::Snapshot;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -411,6 +411,11 @@ pub fn decide_request(
         return Err(Answer::Error(ErrorKind::NoRoute));
     };
     let decision = route::http_route_in(vhost, req, pick);
+    if let Some(parts) = parts.filter(|p| super::headers::wants_upgrade(&p.headers)) {
+        if let Some(edits) = refused_upgrade(ctx, table, &decision, parts) {
+            return Err(Answer::UpgradeRefused { edits });
+        }
+    }
     let (cluster, route, forward, retry, vhost) = match decision {
         HttpDecision::Forward {
             cluster,
@@ -475,13 +480,6 @@ pub fn decide_request(
                 started: SystemTime::now(),
                 parts,
             };
-            if upgrade_disabled(forward, &parts.headers) {
-                // Envoy's connection manager refuses an upgrade its route turns off before any
-                // filter runs (no fault, no cors), with the route's local replies' edits.
-                return Err(Answer::UpgradeRefused {
-                    edits: local_edits(table, vhost, route, &format_request),
-                });
-            }
             if let CorsOutcome::Preflight(headers) = &cors {
                 // Answered by the cors filter, after the fault filter (first in istiod's
                 // chain: its fault applies, its abort edited as this forwarding route's local
@@ -598,23 +596,61 @@ pub fn decide(
     Ok(decided.routed)
 }
 
-/// Whether the request asks for an HTTP/1.1 upgrade (WebSocket) that the route's
-/// `upgrade_configs` turn off. A type the route does not name is left to the connection
-/// manager's `upgrade_configs` (istiod's: `websocket`).
-fn upgrade_disabled(forward: &Forward, headers: &HeaderMap) -> bool {
-    if forward.upgrades.is_empty() || !super::headers::wants_upgrade(headers) {
-        return false;
-    }
-    let Some(kind) = headers
+/// The response edits of Envoy's refusal of an HTTP/1.1 upgrade (`Upgrade: websocket`), when
+/// it is refused, as Envoy's connection manager decides before any filter runs: a route that
+/// forwards and names the upgrade's type allows it or not (`upgrade_configs` with `enabled`),
+/// else the connection manager's `upgrade_configs` must name it, enabled. Envoy edits the
+/// refusal as the forwarding route's local replies (none for another outcome).
+fn refused_upgrade(
+    ctx: &ConnContext,
+    table: &remora_xds::model::route::RouteConfiguration,
+    decision: &HttpDecision<'_>,
+    parts: &Parts,
+) -> Option<Edits> {
+    let kind = parts
+        .headers
         .get(http::header::UPGRADE)
         .and_then(|v| v.to_str().ok())
-    else {
-        return false;
+        .unwrap_or_default()
+        .trim();
+    let by_route = match decision {
+        HttpDecision::Forward { forward, .. } => Some(&forward.upgrades[..]),
+        _ => None,
     };
-    forward
-        .upgrades
-        .iter()
-        .any(|u| !u.enabled && u.upgrade_type.eq_ignore_ascii_case(kind.trim()))
+    if upgrade_allowed(kind, by_route, &ctx.xds_chain.upgrades) {
+        return None;
+    }
+    Some(match decision {
+        HttpDecision::Forward { route, vhost, .. } => {
+            let format_request = header_format::Request {
+                remote: ctx.peer,
+                local: ctx.key.destination,
+                started: SystemTime::now(),
+                parts,
+            };
+            local_edits(table, vhost, route, &format_request)
+        }
+        _ => Edits::default(),
+    })
+}
+
+/// Envoy's decision on an upgrade of type `kind`: the route's `upgrade_configs` (when it
+/// forwards) name it, enabled or not; else the connection manager's must, enabled.
+fn upgrade_allowed(
+    kind: &str,
+    route: Option<&[remora_xds::model::route::Upgrade]>,
+    manager: &[remora_xds::model::route::Upgrade],
+) -> bool {
+    let named = |upgrades: &[remora_xds::model::route::Upgrade]| {
+        upgrades
+            .iter()
+            .find(|u| u.upgrade_type.eq_ignore_ascii_case(kind))
+            .map(|u| u.enabled)
+    };
+    route
+        .and_then(named)
+        .or_else(|| named(manager))
+        .unwrap_or(false)
 }
 
 mod attempt;

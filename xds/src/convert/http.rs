@@ -118,7 +118,10 @@ pub fn connection_manager(m: &hcm::HttpConnectionManager, path: &str) -> Result<
     let upgrades = m
         .upgrade_configs
         .iter()
-        .map(|u| u.upgrade_type.clone())
+        .map(|u| crate::model::route::Upgrade {
+            upgrade_type: u.upgrade_type.clone(),
+            enabled: u.enabled.as_ref().is_none_or(|b| b.value),
+        })
         .collect();
     let (http2_max_concurrent_streams, http2_allow_connect) = match &m.http2_protocol_options {
         None => (None, false),

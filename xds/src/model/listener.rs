@@ -249,8 +249,9 @@ pub struct HttpChain {
     pub set_current_client_cert: ClientCertDetails,
     /// `server` response header.
     pub server_name: Option<String>,
-    /// Connection-level upgrades allowed (`websocket`, `CONNECT`).
-    pub upgrades: Vec<String>,
+    /// The HTTP/1.1 upgrades the connection manager allows (`upgrade_configs`: istiod's
+    /// `websocket`), each unless turned off; a route may override it for its own requests.
+    pub upgrades: Vec<crate::model::route::Upgrade>,
     pub normalize_path: bool,
     /// `x-request-id` is generated as a UUID (Envoy's and Istio's only form).
     pub generate_request_id: bool,

@@ -93,27 +93,36 @@ fn grpc_timeout_header_max_and_max_stream_duration_bound_the_deadline() {
 }
 
 #[test]
-fn a_route_can_turn_an_upgrade_off() {
-    type Proto = envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
-    let table = remora_xds::convert::from_json::<Proto>(&serde_json::json!({
-        "name": "80", "virtual_hosts": [{"name": "vh", "domains": ["*"], "routes": [
-            {"match": {"prefix": "/"}, "route": {"cluster": "c", "upgrade_configs": [
-                {"upgrade_type": "websocket", "enabled": false}]}}]}]
-    }))
-    .expect("accepted")
-    .model;
-    let remora_xds::model::route::Action::Forward(forward) =
-        &table.virtual_hosts[0].routes[0].action
-    else {
-        panic!("forward")
+fn upgrades_are_decided_as_envoys_connection_manager_decides_them() {
+    use remora_xds::model::route::Upgrade;
+    let up = |t: &str, enabled: bool| Upgrade {
+        upgrade_type: t.into(),
+        enabled,
     };
-    let mut headers = HeaderMap::new();
-    assert!(!upgrade_disabled(forward, &headers));
-    headers.insert("connection", HeaderValue::from_static("Upgrade"));
-    headers.insert("upgrade", HeaderValue::from_static("WebSocket"));
-    assert!(upgrade_disabled(forward, &headers));
-    headers.insert("upgrade", HeaderValue::from_static("h2c"));
-    assert!(!upgrade_disabled(forward, &headers));
+    let istiods = [up("websocket", true)];
+    // The connection manager's list, case aside; a type it does not name is refused.
+    assert!(upgrade_allowed("WebSocket", None, &istiods));
+    assert!(!upgrade_allowed("foo", None, &istiods));
+    assert!(!upgrade_allowed("websocket", None, &[]));
+    assert!(!upgrade_allowed(
+        "websocket",
+        None,
+        &[up("websocket", false)]
+    ));
+    // A route naming the type decides, either way; one that does not leaves it to the
+    // connection manager.
+    assert!(!upgrade_allowed(
+        "websocket",
+        Some(&[up("websocket", false)]),
+        &istiods
+    ));
+    assert!(upgrade_allowed("foo", Some(&[up("foo", true)]), &istiods));
+    assert!(upgrade_allowed(
+        "websocket",
+        Some(&[up("foo", false)]),
+        &istiods
+    ));
+    assert!(upgrade_allowed("websocket", Some(&[]), &istiods));
 }
 
 #[test]

@@ -96,19 +96,36 @@ fn client_cert_forwarding_other_than_remoras_is_refused() {
 }
 
 #[test]
-fn upgrades_other_than_websocket_alone_are_refused() {
-    assert_eq!(
-        check(&hcm_with(json!({"upgrade_configs": []})), "hcm"),
-        Ok(())
-    );
+fn connect_and_an_upgrades_own_filters_are_refused_other_upgrades_taken() {
     for upgrades in [
-        json!([{"upgrade_type": "CONNECT"}]),
-        json!([{"upgrade_type": "h2c"}]),
-        json!([{"upgrade_type": "websocket"}, {"upgrade_type": "CONNECT"}]),
+        json!([]),
+        json!([{"upgrade_type": "websocket", "enabled": false}]),
+        json!([{"upgrade_type": "websocket"}, {"upgrade_type": "spdy/3"}]),
+    ] {
+        let upgrades = json!({"upgrade_configs": upgrades});
+        assert_eq!(
+            check(&hcm_with(upgrades.clone()), "hcm"),
+            Ok(()),
+            "{upgrades}"
+        );
+    }
+    for (upgrades, at) in [
+        (
+            json!([{"upgrade_type": "CONNECT"}]),
+            "hcm.upgrade_configs[0].upgrade_type",
+        ),
+        (
+            json!([{"upgrade_type": "websocket"}, {"upgrade_type": "connect"}]),
+            "hcm.upgrade_configs[1].upgrade_type",
+        ),
+        (
+            json!([{"upgrade_type": "websocket", "filters": [{"name": "envoy.filters.http.router"}]}]),
+            "hcm.upgrade_configs[0].filters",
+        ),
     ] {
         assert_eq!(
             refused_at(json!({"upgrade_configs": upgrades})),
-            "hcm.upgrade_configs",
+            at,
             "{upgrades}"
         );
     }
