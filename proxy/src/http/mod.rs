@@ -82,14 +82,15 @@ pub struct XdsChainFlags {
     /// `http2_protocol_options.max_concurrent_streams` (istiod writes it only from a
     /// ProxyConfig's `connectionSettings`): the HTTP/2 stream limit in place of
     /// `http.max_concurrent_streams`.
-    pub max_concurrent_streams: Option<u32>,
+    pub max_concurrent_streams: Option<std::num::NonZeroU32>,
     /// Outbound: the filter chain that took the connection, drained when an xDS update
     /// changes or removes it (inbound, `Connection::xds_inbound` is that chain).
     pub chain: Option<crate::route::ChainRef>,
     /// The connection manager's access logs (shared with the snapshot; `None` without any).
     pub access_log: Option<Arc<[remora_xds::model::listener::AccessLog]>>,
-    /// The HTTP/1.1 upgrades the connection manager allows (`upgrade_configs`).
-    pub upgrades: Arc<[remora_xds::model::route::Upgrade]>,
+    /// The HTTP/1.1 upgrades the connection manager allows (`upgrade_configs`), shared with
+    /// the snapshot (a thin pointer: this is in every connection's state).
+    pub upgrades: Option<Arc<Vec<remora_xds::model::route::Upgrade>>>,
 }
 
 impl XdsChainFlags {
@@ -101,10 +102,13 @@ impl XdsChainFlags {
             cors_filter: chain.has_cors_filter(),
             normalize_path: chain.normalize_path,
             server: http::HeaderValue::try_from(server).ok(),
-            max_concurrent_streams: chain.http2_max_concurrent_streams,
+            // Envoy's range starts at 1 (the conversion refuses 0).
+            max_concurrent_streams: chain
+                .http2_max_concurrent_streams
+                .and_then(std::num::NonZeroU32::new),
             chain: None,
             access_log: (!chain.access_log.is_empty()).then(|| Arc::clone(&chain.access_log)),
-            upgrades: chain.upgrades.as_slice().into(),
+            upgrades: Some(Arc::clone(&chain.upgrades)),
         }
     }
 
@@ -339,7 +343,7 @@ async fn serve_hyper(
             let streams = ctx
                 .xds_chain
                 .max_concurrent_streams
-                .unwrap_or(http.max_concurrent_streams);
+                .map_or(http.max_concurrent_streams, std::num::NonZeroU32::get);
             let conn = h2_server::builder(streams, http.max_header_bytes)
                 .serve_connection(TokioIo::new(Coalesced::new(io)), service);
             drive::drive(conn, ctx, |c| c.graceful_shutdown()).await

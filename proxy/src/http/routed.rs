@@ -617,7 +617,12 @@ fn refused_upgrade(
         HttpDecision::Forward { forward, .. } => Some(&forward.upgrades[..]),
         _ => None,
     };
-    if upgrade_allowed(kind, by_route, &ctx.xds_chain.upgrades) {
+    let manager = ctx
+        .xds_chain
+        .upgrades
+        .as_deref()
+        .map_or(&[][..], Vec::as_slice);
+    if upgrade_allowed(kind, by_route, manager) {
         return None;
     }
     Some(match decision {

@@ -115,14 +115,15 @@ pub fn connection_manager(m: &hcm::HttpConnectionManager, path: &str) -> Result<
             true
         }
     };
-    let upgrades = m
-        .upgrade_configs
-        .iter()
-        .map(|u| crate::model::route::Upgrade {
-            upgrade_type: u.upgrade_type.clone(),
-            enabled: u.enabled.as_ref().is_none_or(|b| b.value),
-        })
-        .collect();
+    let upgrades = std::sync::Arc::new(
+        m.upgrade_configs
+            .iter()
+            .map(|u| crate::model::route::Upgrade {
+                upgrade_type: u.upgrade_type.clone(),
+                enabled: u.enabled.as_ref().is_none_or(|b| b.value),
+            })
+            .collect(),
+    );
     let (http2_max_concurrent_streams, http2_allow_connect) = match &m.http2_protocol_options {
         None => (None, false),
         Some(h2) => (
@@ -130,6 +131,13 @@ pub fn connection_manager(m: &hcm::HttpConnectionManager, path: &str) -> Result<
             h2.allow_connect,
         ),
     };
+    // Envoy's proto constraint: 1 to 2^31 - 1.
+    if http2_max_concurrent_streams.is_some_and(|n| n == 0 || n > 0x7fff_ffff) {
+        return Err(Fault::new(
+            format!("{path}.http2_protocol_options.max_concurrent_streams"),
+            "must be from 1 to 2147483647",
+        ));
+    }
     let details = m.set_current_client_cert_details.unwrap_or_default();
     Ok(HttpChain {
         stat_prefix: m.stat_prefix.as_str().into(),

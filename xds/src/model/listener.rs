@@ -251,7 +251,8 @@ pub struct HttpChain {
     pub server_name: Option<String>,
     /// The HTTP/1.1 upgrades the connection manager allows (`upgrade_configs`: istiod's
     /// `websocket`), each unless turned off; a route may override it for its own requests.
-    pub upgrades: Vec<crate::model::route::Upgrade>,
+    /// Shared: each connection the chain takes keeps it.
+    pub upgrades: std::sync::Arc<Vec<crate::model::route::Upgrade>>,
     pub normalize_path: bool,
     /// `x-request-id` is generated as a UUID (Envoy's and Istio's only form).
     pub generate_request_id: bool,

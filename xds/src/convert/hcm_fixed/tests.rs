@@ -149,6 +149,19 @@ fn extended_connect_is_refused_and_a_stream_limit_accepted() {
     assert_eq!(check(&limited, "hcm"), Ok(()));
     let chain = super::super::http::connection_manager(&limited, "hcm").expect("converted");
     assert_eq!(chain.http2_max_concurrent_streams, Some(100));
+    // Outside Envoy's range (1 to 2^31 - 1): refused, named.
+    for n in [0u64, 1 << 31] {
+        let mut bad = limited.clone();
+        if let Some(h2) = bad.http2_protocol_options.as_mut() {
+            h2.max_concurrent_streams =
+                Some(envoy_types::pb::google::protobuf::UInt32Value { value: n as u32 });
+        }
+        let e = super::super::http::connection_manager(&bad, "hcm").expect_err("refused");
+        assert_eq!(
+            e.path, "hcm.http2_protocol_options.max_concurrent_streams",
+            "{n}"
+        );
+    }
 }
 
 #[test]
