@@ -136,11 +136,21 @@ impl World<'_> {
 
     /// The test's clients, one after another; the statuses they saw.
     fn traffic(&self) -> Vec<u16> {
+        // No route for this one: answered by the HTTP/1.1 fast path, which, as Envoy, says it
+        // closes the connection the client asked to close.
+        let no_route =
+            self.send(b"GET / HTTP/1.1\r\nHost: elsewhere.test\r\nConnection: close\r\n\r\n");
+        assert_eq!(
+            no_route.header("connection"),
+            Some("close"),
+            "{}",
+            self.proxy.name()
+        );
         let mut statuses = vec![
             self.get(WEB, "/ok"),
             self.get(WEB, "/direct"),
             self.get(WEB, "/dead"),
-            self.get("elsewhere.test", "/"),
+            no_route.status,
         ];
         let url = |path: &str| format!("http://{VIP}{path}");
         let (keep_alive, urls) = (url("/one"), url("/two"));
@@ -173,6 +183,9 @@ impl World<'_> {
              Access-Control-Request-Method: GET\r\n\r\n"
         );
         statuses.push(self.send(preflight.as_bytes()).status);
+        // A target that is no path: the connection manager's 404, before any route.
+        let asterisk = format!("OPTIONS * HTTP/1.1\r\nHost: {WEB}\r\n\r\n");
+        statuses.push(self.send(asterisk.as_bytes()).status);
         statuses
     }
 
@@ -276,7 +289,7 @@ fn connection_manager_statistics_are_counted_as_envoy_counts_them() {
         let statuses = w.traffic();
         assert_eq!(
             statuses,
-            [200, 200, 503, 404, 200, 200, 301, 503, 418, 200, 200],
+            [200, 200, 503, 404, 200, 200, 301, 503, 418, 200, 200, 404],
             "{}:\n{}",
             w.proxy.name(),
             w.proxy.output()
@@ -354,7 +367,8 @@ fn connection_manager_statistics_are_counted_as_envoy_counts_them() {
     // preflight answer and the connection manager's refused upgrade; the redirect is a
     // direct response too.
     for (name, count) in [
-        ("downstream_rq_total", 15),
+        ("downstream_rq_total", 16),
+        ("downstream_rq_non_relative_path", 1),
         ("rq_total", 11),
         ("no_route", 1),
         ("no_cluster", 1),
@@ -373,7 +387,7 @@ fn connection_manager_statistics_are_counted_as_envoy_counts_them() {
     // Envoy counts the connections on the listener virtualOutbound handed them to.
     assert_eq!(
         expected.get("listener.0.0.0.0_80.downstream_cx_total"),
-        Some(&14)
+        Some(&15)
     );
     assert_eq!(
         expected.get("listener.0.0.0.0_15001.downstream_cx_total"),

@@ -229,6 +229,14 @@ impl ConnContext {
         }
     }
 
+    /// A request whose target is not a path was answered 404: counted on the connection
+    /// manager.
+    pub(super) fn non_relative_path(&self) {
+        if let Some(hcm) = &self.hcm {
+            hcm.non_relative_path();
+        }
+    }
+
     /// An upgrade its route turns off was refused: counted on the connection manager.
     pub(super) fn upgrade_refused(&self) {
         if let Some(hcm) = &self.hcm {

@@ -161,6 +161,9 @@ pub enum ErrorKind {
     /// ext_authz's `with_request_body`: the body is over `max_request_bytes` and partial
     /// messages are not allowed (413, never forwarded).
     PayloadTooLarge,
+    /// xDS: a target that is not a path (`OPTIONS *`): Envoy's connection manager answers it
+    /// 404 with no flag (`absolute_path`) before any filter or route.
+    NonRelativePath,
     /// xDS: no virtual host or route matches the request (404 `NR`).
     NoRoute,
     /// xDS: the route's cluster does not exist (503 `NC`).
@@ -182,6 +185,7 @@ impl ErrorKind {
             | ErrorKind::HeadersTooLarge
             | ErrorKind::AccessDenied
             | ErrorKind::DownstreamAborted
+            | ErrorKind::NonRelativePath
             | ErrorKind::PayloadTooLarge => Origin::Downstream,
             ErrorKind::Timeout
             | ErrorKind::NoRoute
@@ -205,7 +209,7 @@ impl ErrorKind {
                 Flags::default()
             }
             ErrorKind::DownstreamAborted => Flags::DC,
-            ErrorKind::PayloadTooLarge => Flags::default(),
+            ErrorKind::PayloadTooLarge | ErrorKind::NonRelativePath => Flags::default(),
             ErrorKind::NoRoute => Flags::NR,
             ErrorKind::NoCluster => Flags::NC,
             ErrorKind::NoHealthyUpstream => Flags::UH,
@@ -233,7 +237,7 @@ impl ErrorKind {
             | ErrorKind::UnnormalizablePath => StatusCode::BAD_REQUEST,
             ErrorKind::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ErrorKind::AccessDenied => StatusCode::FORBIDDEN,
-            ErrorKind::NoRoute => StatusCode::NOT_FOUND,
+            ErrorKind::NoRoute | ErrorKind::NonRelativePath => StatusCode::NOT_FOUND,
             // Nobody reads it; the request's metrics and log say 0, as Envoy's do.
             ErrorKind::DownstreamAborted => StatusCode::BAD_REQUEST,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -255,7 +259,7 @@ impl ErrorKind {
             // PERMISSION_DENIED, as Envoy maps a 403.
             ErrorKind::AccessDenied => 7,
             // UNIMPLEMENTED, as Envoy maps a 404.
-            ErrorKind::NoRoute => 12,
+            ErrorKind::NoRoute | ErrorKind::NonRelativePath => 12,
             // CANCELLED: the client went away.
             ErrorKind::DownstreamAborted => 1,
             // UNKNOWN, as Envoy maps a 413.
@@ -292,6 +296,7 @@ impl ErrorKind {
             ErrorKind::AccessDenied => "RBAC: access denied",
             ErrorKind::DownstreamAborted => "downstream_remote_disconnect",
             ErrorKind::PayloadTooLarge => "request_payload_too_large",
+            ErrorKind::NonRelativePath => "absolute_path",
             ErrorKind::NoRoute => "route_not_found",
             ErrorKind::NoCluster => "cluster_not_found",
             ErrorKind::NoHealthyUpstream => "no healthy upstream",
@@ -324,6 +329,7 @@ impl ErrorKind {
             ErrorKind::UnnormalizablePath => "path_normalization_failed",
             ErrorKind::DownstreamAborted => "downstream_remote_disconnect",
             ErrorKind::PayloadTooLarge => "request_payload_too_large",
+            ErrorKind::NonRelativePath => "absolute_path",
             ErrorKind::NoRoute => "route_not_found",
             ErrorKind::NoCluster => "cluster_not_found",
             ErrorKind::NoHealthyUpstream => "no_healthy_upstream",
@@ -355,6 +361,7 @@ impl ErrorKind {
             ErrorKind::NoRoute
             | ErrorKind::NoCluster
             | ErrorKind::MissingHost
+            | ErrorKind::NonRelativePath
             | ErrorKind::UnnormalizablePath => "",
             // Envoy's ext_authz answers its status's name.
             ErrorKind::PayloadTooLarge => "Payload Too Large",

@@ -68,8 +68,12 @@ pub async fn handle(
         headers::check_request(req.headers())
             .map_err(ErrorKind::MalformedRequest)
             .and_then(|()| headers::check_target(&req))
+            .and_then(|()| relative_path(&ctx, &req))
     };
     if let Err(kind) = refused {
+        if kind == ErrorKind::NonRelativePath {
+            ctx.non_relative_path();
+        }
         if ctx.logging() {
             let (m, u, v) = (req.method(), req.uri(), req.version());
             end.log = Some(ctx.request_log(start, (m, u, v, req.headers())));
@@ -180,7 +184,18 @@ pub async fn handle(
                         ctx.upgrade_refused();
                     }
                     ctx.at_router(answer.at_router());
-                    return Ok(super::routed::reply(answer, grpc, end));
+                    let mut reply = super::routed::reply(answer, grpc, end);
+                    // A CONNECT no route takes (none does: see `route::http_route_in`) ends
+                    // its HTTP/1.1 connection, as in Envoy.
+                    if parts.method == http::Method::CONNECT
+                        && parts.version < http::Version::HTTP_2
+                    {
+                        reply.headers_mut().insert(
+                            http::header::CONNECTION,
+                            http::HeaderValue::from_static("close"),
+                        );
+                    }
+                    return Ok(reply);
                 }
             }
         }
@@ -416,6 +431,17 @@ fn mesh_identity_headers(ctx: &ConnContext, headers: &mut http::HeaderMap) {
         None => {
             headers.remove(&crate::tls::xfcc::XFCC);
         }
+    }
+}
+
+/// Envoy's connection manager routes paths only: a target that is not one (`OPTIONS *`; not
+/// CONNECT's authority) is answered 404 before any filter, counted in
+/// `downstream_rq_non_relative_path`. Routed by xDS only: the config file's mode forwards it.
+fn relative_path<B>(ctx: &ConnContext, req: &Request<B>) -> Result<(), ErrorKind> {
+    let relative = req.uri().path().starts_with('/') || req.method() == http::Method::CONNECT;
+    match relative || ctx.xds_routes.is_none() {
+        true => Ok(()),
+        false => Err(ErrorKind::NonRelativePath),
     }
 }
 

@@ -37,6 +37,8 @@ pub struct HcmCounters {
     premature_resets: AtomicU64,
     /// Upgrade requests refused because their route turns the upgrade off.
     ws_on_non_ws_route: AtomicU64,
+    /// Requests whose target is not a path (`OPTIONS *`), answered 404.
+    non_relative_path: AtomicU64,
     /// Requests that reached the router (after the fault, RBAC, ext_authz and cors filters
     /// let them on), by what it made of them: [`Routed`] in order.
     routed: [AtomicU64; 4],
@@ -106,6 +108,11 @@ impl HcmCounters {
     /// An upgrade request was refused: its route turns the upgrade off.
     pub fn upgrade_refused(&self) {
         self.ws_on_non_ws_route.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request whose target is not a path was answered 404.
+    pub fn non_relative_path(&self) {
+        self.non_relative_path.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A request started on a connection speaking `version`.
@@ -183,6 +190,11 @@ impl HcmCounters {
                 "downstream_rq_ws_on_non_ws_route",
                 c,
                 v(&self.ws_on_non_ws_route),
+            ),
+            (
+                "downstream_rq_non_relative_path",
+                c,
+                v(&self.non_relative_path),
             ),
         ];
         let routed: [u64; 4] = std::array::from_fn(|i| v(&self.routed[i]));
@@ -266,7 +278,9 @@ mod tests {
         }
         c.routed(Routed::DirectResponse);
         c.upgrade_refused();
+        c.non_relative_path();
         for (name, expected) in [
+            ("downstream_rq_non_relative_path", 1),
             ("rq_total", 4),
             ("no_route", 1),
             ("no_cluster", 0),

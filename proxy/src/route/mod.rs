@@ -298,6 +298,11 @@ pub fn http_route_in<'s>(
     let Some(vhost) = vhost else {
         return HttpDecision::NoRoute;
     };
+    // Envoy matches a CONNECT request only against routes with a `connect_matcher`, which
+    // Remora refuses: none takes it (404 `NR`), where a path match would forward it.
+    if req.method == "CONNECT" {
+        return HttpDecision::NoRoute;
+    }
     let Some(route) = vhost.route(req) else {
         return HttpDecision::NoRoute;
     };

@@ -116,17 +116,35 @@ fn facts(dst: &str) -> ConnectionFacts<'static> {
 }
 
 fn route_of(snapshot: &Snapshot, host: &str, path: &str, headers: &[(&str, &str)]) -> String {
+    route_with(snapshot, "GET", host, path, headers)
+}
+
+fn route_with(
+    snapshot: &Snapshot,
+    method: &str,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> String {
     let ChainDecision::Http { http, .. } = outbound(snapshot, &facts("10.96.0.10:9080"), 0) else {
         panic!("an HTTP chain");
     };
     let table = route_table(snapshot, &http.routes).expect("the RDS table");
     let header = |name: &str| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
     let req = RequestParts {
-        method: "GET",
+        method,
         path_and_query: path,
         header: &header,
     };
     describe(&http_route(table, host, &req, 0))
+}
+
+#[test]
+fn connect_takes_no_path_route() {
+    let store = bookinfo();
+    let s = store.snapshot();
+    assert_eq!(route_with(&s, "CONNECT", "reviews:9080", "", &[]), "NR");
+    assert_eq!(route_with(&s, "POST", "reviews:9080", "/", &[]), REVIEWS);
 }
 
 fn describe(d: &HttpDecision<'_>) -> String {

@@ -183,4 +183,9 @@ pub const RAW_CASES: &[&str] = &[
     "OPTIONS /cors-strict HTTP/1.1\r\nHost: web\r\nOrigin: https://evil.example\r\nAccess-Control-Request-Method: PUT\r\nConnection: close\r\n\r\n",
     "OPTIONS /cors HTTP/1.1\r\nHost: web\r\nOrigin: https://b.x\r\nConnection: close\r\n\r\n",
     "OPTIONS /cors-fault HTTP/1.1\r\nHost: web\r\nOrigin: https://a.example\r\nAccess-Control-Request-Method: PUT\r\nConnection: close\r\n\r\n",
+    // CONNECT: no route takes it (Envoy matches only `connect_matcher` routes), and the
+    // connection ends; an upgrade the connection manager does not name is refused 403.
+    "CONNECT web:80 HTTP/1.1\r\nHost: web:80\r\n\r\n",
+    "GET /exact HTTP/1.1\r\nHost: web\r\nConnection: Upgrade\r\nUpgrade: foo\r\n\r\n",
+    "OPTIONS * HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n",
 ];

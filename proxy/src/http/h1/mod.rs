@@ -479,7 +479,7 @@ fn request<'a, C: Client>(
                 if let Some(r) = &p.routed {
                     crate::http::routed::charge_local_answer(&r.routed, kind);
                 }
-                local_reply(ctx, client, kind, end).await
+                local_reply(ctx, client, kind, end, p.close).await
             }
             Err(Failed::Cut) => false,
         }
@@ -541,11 +541,13 @@ async fn local_reply<C: Client>(
     client: &mut C,
     kind: ErrorKind,
     end: &mut RequestEnd,
+    close: bool,
 ) -> bool {
     let status = kind.status();
     let details = kind.reply_body(end.flags.contains(Flags::URX));
     let details = details.as_ref();
-    let keep = !closing(ctx);
+    // A request that asked to close the connection is told it is closing, as Envoy tells it.
+    let keep = !close && !closing(ctx);
     // As Envoy's local replies: a content type only with a body (`NR`, `NC` have none).
     let typed = !kind.body().is_empty();
     let out = reply::bytes(ctx, status, details, typed, keep);
