@@ -27,6 +27,7 @@ pub mod h1;
 pub mod h2_server;
 pub mod header_format;
 pub mod headers;
+pub mod internal_headers;
 pub mod io;
 pub mod mirror;
 pub mod originate;

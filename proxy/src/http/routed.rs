@@ -579,6 +579,8 @@ pub fn decide(
         })?
     };
     end.routed = Some(decided.routed.end());
+    // Envoy's connection manager takes the internal headers off before its router.
+    super::internal_headers::strip(&mut parts.headers);
     decided.request_edits.apply(&mut parts.headers);
     // Envoy's router tells the upstream its deadline (istiod's routes carry none by default).
     if let Some(t) = decided.routed.expected_timeout(Duration::ZERO) {

@@ -124,6 +124,20 @@ pub const CASES: &[Case] = &[
     (WEB, "/503-once-retried", &[]),
     (WEB, "/503-once", &[]),
     (WEB, "/503-once", &[]),
+    // Envoy's internal headers from a client: taken off before the router (under Istio's
+    // bootstrap no request is internal), so neither its deadline (0: none, in place of the
+    // route's 0.5 s) nor its retry on 5xx applies, and none goes upstream.
+    (
+        WEB,
+        "/slow-unbounded",
+        &[("x-envoy-upstream-rq-timeout-ms", "0")],
+    ),
+    (
+        WEB,
+        "/503-once-by-header",
+        &[("x-envoy-retry-on", "5xx"), ("x-envoy-max-retries", "1")],
+    ),
+    (WEB, "/exact", &[("x-envoy-internal", "true")]),
     // CORS (istiod's policy on the route): an allowed origin (exact, prefix, regex), one
     // that is not, none; a preflight is OPTIONS (in RAW_CASES).
     (WEB, "/cors", &[("origin", "https://a.example")]),

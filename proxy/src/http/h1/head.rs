@@ -294,7 +294,8 @@ pub fn header_value<'a>(buf: &'a [u8], head_len: usize, name: &str) -> Option<&'
 }
 
 /// Request headers whose meaning the fast path leaves to hyper: other framings, upgrades,
-/// `Expect: 100-continue`, and hop-by-hop headers it would have to strip.
+/// `Expect: 100-continue`, hop-by-hop headers it would have to strip, and the internal
+/// `x-envoy-*` headers a routed request loses ([`crate::http::internal_headers`]).
 fn is_handed_off(name: &[u8]) -> bool {
     const NAMES: [&[u8]; 7] = [
         b"transfer-encoding",
@@ -306,6 +307,7 @@ fn is_handed_off(name: &[u8]) -> bool {
         b"proxy-authenticate",
     ];
     NAMES.iter().any(|n| name.eq_ignore_ascii_case(n))
+        || crate::http::internal_headers::is_internal(name)
 }
 
 /// How a response body ends.

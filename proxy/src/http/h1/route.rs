@@ -11,8 +11,9 @@ use crate::http::ConnContext;
 /// hyper should serve it: the route edits headers or the path (this path forwards heads as
 /// received), answers with a direct response or a redirect, its cluster's upstream is not
 /// plain pooled HTTP/1.1 ([`routed::Decided::fits_fast_path`]), or the client sent its own
-/// `x-envoy-attempt-count` that hyper's path would keep (the virtual host asks for none) or its
-/// own `x-envoy-expected-rq-timeout-ms` beside the route's deadline.
+/// `x-envoy-attempt-count` that hyper's path would keep (the virtual host asks for none). (A
+/// client's `x-envoy-expected-rq-timeout-ms`, an internal header, never reaches here: the
+/// head parser hands such requests over.)
 pub(super) fn route(
     ctx: &ConnContext,
     routes: &remora_xds::model::listener::RouteSource,
@@ -47,12 +48,9 @@ pub(super) fn route(
         Ok(decided) if decided.fits_fast_path() => {
             let routed = decided.routed;
             // The head loses a client's own count (hyper's path keeps it when the virtual
-            // host asks for none), and a client's own deadline header would go beside the
-            // route's.
+            // host asks for none).
             let own_count = head.attempt_count && !routed.attempt_count;
-            let own_deadline = routed.timeout.is_some_and(|t| !t.is_zero())
-                && head::header_value(buf, head.len, "x-envoy-expected-rq-timeout-ms").is_some();
-            (!own_count && !own_deadline).then_some(Ok(routed))
+            (!own_count).then_some(Ok(routed))
         }
         Ok(_)
         | Err(
