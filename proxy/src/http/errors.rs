@@ -287,7 +287,9 @@ impl ErrorKind {
             ErrorKind::RemoteReset => {
                 "upstream connect error or disconnect/reset before headers. reset reason: remote reset"
             }
-            ErrorKind::UpstreamProtocol => "upstream protocol error",
+            ErrorKind::UpstreamProtocol => {
+                "upstream connect error or disconnect/reset before headers. reset reason: protocol error"
+            }
             ErrorKind::Timeout => "upstream request timeout",
             ErrorKind::MalformedRequest(why) => why,
             ErrorKind::MissingHost => "missing_host_header",

@@ -247,6 +247,46 @@ pub fn grpc_status(headers: &HeaderMap) -> Option<u32> {
         .ok()
 }
 
+/// Whether an HTTP/1.1 upstream response's framing is one Envoy's codec refuses (502 `UPE`),
+/// as the fast path's head parser refuses it (`h1::head::parse_response_from`): a length twice
+/// or beside a transfer coding, a coding other than chunked (but on a 304), a 204 announcing a
+/// body. What Envoy takes off a bodiless answer (a 204's zero length, a 304's coding) is taken
+/// off `headers`.
+pub fn refused_response_framing(status: http::StatusCode, headers: &mut HeaderMap) -> bool {
+    let lengths = headers.get_all(header::CONTENT_LENGTH).iter().count();
+    let last_coding = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .last()
+        .map(|v| {
+            v.as_bytes()
+                .rsplit(|b| *b == b',')
+                .next()
+                .unwrap_or_default()
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"chunked")
+        });
+    let coded = last_coding.is_some();
+    let other_coding = last_coding == Some(false);
+    let status = status.as_u16();
+    let nonzero_length = headers
+        .get(header::CONTENT_LENGTH)
+        .is_some_and(|v| v.as_bytes() != b"0");
+    let refused = lengths > 1
+        || (coded && lengths > 0)
+        || (other_coding && status != 304)
+        || (status == 204 && (coded || nonzero_length));
+    if !refused {
+        if status == 204 {
+            headers.remove(header::CONTENT_LENGTH);
+        }
+        if status == 304 {
+            headers.remove(header::TRANSFER_ENCODING);
+        }
+    }
+    refused
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,5 +440,36 @@ mod tests {
         assert_eq!(t("123456789S"), None);
         assert_eq!(t("m"), None);
         assert_eq!(t("10x"), None);
+    }
+
+    #[test]
+    fn response_framings_envoys_codec_refuses_are_refused() {
+        let framing = |status: u16, lines: &[(&str, &str)]| {
+            let mut headers = HeaderMap::new();
+            for (k, v) in lines {
+                headers.append(
+                    http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                    HeaderValue::from_str(v).expect("value"),
+                );
+            }
+            let status = http::StatusCode::from_u16(status).expect("status");
+            let refused = refused_response_framing(status, &mut headers);
+            (refused, headers.len())
+        };
+        let cl = ("content-length", "2");
+        let te = ("transfer-encoding", "chunked");
+        assert_eq!(framing(200, &[cl]), (false, 1));
+        assert_eq!(framing(200, &[te]), (false, 1));
+        assert!(framing(200, &[cl, cl]).0);
+        assert!(framing(200, &[cl, te]).0);
+        assert!(framing(200, &[("transfer-encoding", "gzip")]).0);
+        assert_eq!(
+            framing(200, &[("transfer-encoding", "gzip, chunked")]),
+            (false, 1)
+        );
+        assert!(framing(204, &[cl]).0 && framing(204, &[te]).0);
+        // What Envoy takes off a bodiless answer.
+        assert_eq!(framing(204, &[("content-length", "0")]), (false, 0));
+        assert_eq!(framing(304, &[te]), (false, 0));
     }
 }

@@ -329,8 +329,22 @@ pub(in crate::http) async fn send_on(
             (sent, Some((key, Sender::Http2Stream(tx, held))))
         }
     };
+    // hyper's HTTP/1.1 client takes framings Envoy's codec refuses; refused here as the fast
+    // path refuses them, the connection not reused.
+    let sent = sent.map(|mut response| {
+        let refused = key.version == HttpVersion::Http1 && {
+            let status = response.status();
+            super::headers::refused_response_framing(status, response.headers_mut())
+        };
+        (response, refused)
+    });
     match sent {
-        Ok(response) => Ok(Upstreamed {
+        Ok((_, true)) => Err(SendError::Failed(ProxyError::new(
+            ErrorKind::UpstreamProtocol,
+            dst,
+            "response framing refused",
+        ))),
+        Ok((response, false)) => Ok(Upstreamed {
             response,
             // Read from the handle kept, not held across the send: a request's state is
             // sized by its largest moment.

@@ -468,8 +468,9 @@ pub fn parse_response_from(
                     .zip(u32::try_from(at + h.value.len()).ok());
             }
         } else if name.eq_ignore_ascii_case(b"content-length") {
+            // Twice, even with one value, is refused, as Envoy's codec refuses it.
             let n = parse_length(h.value).ok_or(BadResponse)?;
-            if content_length.is_some_and(|m| m != n) {
+            if content_length.is_some() {
                 return Err(BadResponse);
             }
             content_length = Some(n);
@@ -478,6 +479,7 @@ pub fn parse_response_from(
             let last = tokens(h.value).last().unwrap_or_default();
             chunked = last.eq_ignore_ascii_case(b"chunked");
             other_coding = !chunked;
+            any_hop_by_hop |= status == 304;
         } else if name.eq_ignore_ascii_case(b"connection") {
             any_hop_by_hop = true;
             for token in tokens(h.value) {
@@ -503,6 +505,19 @@ pub fn parse_response_from(
             };
         }
     }
+    // Framings Envoy's codec answers 502 (`UPE`): a length beside a transfer coding (RFC 9112
+    // §6.3 lets a proxy drop the length; Envoy refuses the response, and so does Remora), a
+    // coding other than chunked, and a 204 that announces a body.
+    let coded = chunked || other_coding;
+    let refused = (coded && content_length.is_some())
+        || (other_coding && status != 304 && !head_request)
+        || (status == 204 && (coded || content_length.is_some_and(|n| n != 0)));
+    if refused {
+        return Err(BadResponse);
+    }
+    // What Envoy takes off a bodiless answer: a 204's zero length, a 304's coding.
+    let drop_length = status == 204 && content_length.is_some();
+    any_hop_by_hop |= drop_length;
     let no_body = head_request || status == 204 || status == 304 || (100..200).contains(&status);
     let framing = if no_body {
         Framing::None
@@ -517,15 +532,14 @@ pub fn parse_response_from(
         }
     };
     let mut dropped = Vec::new();
-    // A length beside chunked is dropped, as RFC 9112 §6.3 tells a proxy to.
-    let drop_length = chunked && content_length.is_some();
-    if any_hop_by_hop || drop_length {
+    if any_hop_by_hop {
         for h in res.headers.iter() {
             let name = h.name.as_bytes();
             let drop = name.eq_ignore_ascii_case(b"connection")
                 || is_hop_by_hop_response(name)
                 || exchanged(name)
                 || (drop_length && name.eq_ignore_ascii_case(b"content-length"))
+                || (status == 304 && name.eq_ignore_ascii_case(b"transfer-encoding"))
                 || nominated.iter().any(|n| name.eq_ignore_ascii_case(n));
             if drop {
                 dropped.push(line_span(buf, name).ok_or(BadResponse)?);
