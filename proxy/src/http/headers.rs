@@ -257,7 +257,7 @@ pub fn refused_response_framing(status: http::StatusCode, headers: &mut HeaderMa
     let last_coding = headers
         .get_all(header::TRANSFER_ENCODING)
         .iter()
-        .last()
+        .next_back()
         .map(|v| {
             v.as_bytes()
                 .rsplit(|b| *b == b',')
