@@ -406,3 +406,20 @@ pub fn envoy_bootstrap(
                     "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": ISTIOD_HOST}}]}}}}}]}
     })
 }
+
+/// `net`'s Remora given the environment Istio's injector gives a sidecar (pilot-agent's
+/// `PROXY_CONFIG` naming this control plane, the pod `sleep-6d8b7c9f4-x2k4p` of namespace
+/// `client` with service account `sleep`, its IP, the cluster ID); the caller adds its config
+/// file and anything more.
+pub fn injected_sidecar<'a>(net: &'a crate::PodNet) -> crate::RemoraCommand<'a> {
+    net.remora()
+        .env(
+            "PROXY_CONFIG",
+            format!(r#"{{"discoveryAddress":"{ISTIOD_HOST}:{ISTIOD_PORT}"}}"#),
+        )
+        .env("POD_NAME", "sleep-6d8b7c9f4-x2k4p")
+        .env("POD_NAMESPACE", "client")
+        .env("SERVICE_ACCOUNT", "sleep")
+        .env("INSTANCE_IP", net.pod_ip.to_string())
+        .env("ISTIO_META_CLUSTER_ID", CLUSTER_ID)
+}

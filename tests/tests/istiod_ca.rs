@@ -32,8 +32,7 @@ const CONNECTION_LOG: &str = "info,remora::proxy=debug,remora::tls=debug,remora:
 /// environment; the file adds only where this test keeps the token and root (the real paths
 /// are the pod's secret mounts) and the mesh destination.
 fn istiod_sidecar<'a>(net: &'a PodNet, token_file: &Path, root_file: &Path) -> RemoraCommand<'a> {
-    net.remora()
-        .config(&format!(
+    remora_e2e::istiod::injected_sidecar(net).config(&format!(
             "istiod:\n  discovery_address: {ISTIOD_HOST}:{ISTIOD_PORT}\n  token_file: {}\n  \
              root_cert_file: {}\nmesh:\n  destinations:\n    - cidrs: [\"{}\"]\n      \
              ports: [{MESH_PORT}]\n      hostname: {SERVER_HOST}\n      identities: [\"{SERVER_ID}\"]\n",
@@ -41,15 +40,6 @@ fn istiod_sidecar<'a>(net: &'a PodNet, token_file: &Path, root_file: &Path) -> R
             root_file.display(),
             net.peer_ip
         ))
-        .env(
-            "PROXY_CONFIG",
-            format!(r#"{{"discoveryAddress":"{ISTIOD_HOST}:{ISTIOD_PORT}"}}"#),
-        )
-        .env("POD_NAME", "sleep-6d8b7c9f4-x2k4p")
-        .env("POD_NAMESPACE", "client")
-        .env("SERVICE_ACCOUNT", "sleep")
-        .env("INSTANCE_IP", net.pod_ip.to_string())
-        .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
         .env("SECRET_TTL", SECRET_TTL)
         .env("REMORA_LOG", CONNECTION_LOG)
 }

@@ -429,22 +429,12 @@ type Told = (Vec<(&'static str, Outcome)>, Vec<(String, u64)>);
 fn remora_story(net: &PodNet) -> Told {
     let world = world(net);
     serve_first(&world);
-    let sidecar = net
-        .remora()
+    let sidecar = remora_e2e::istiod::injected_sidecar(net)
         .config(&format!(
             "istiod:\n  token_file: {}\n  root_cert_file: {}\n",
             world.token.display(),
             world.mesh_root.display(),
         ))
-        .env(
-            "PROXY_CONFIG",
-            format!(r#"{{"discoveryAddress":"{ISTIOD_HOST}:{ISTIOD_PORT}"}}"#),
-        )
-        .env("POD_NAME", "sleep-6d8b7c9f4-x2k4p")
-        .env("POD_NAMESPACE", "client")
-        .env("SERVICE_ACCOUNT", "sleep")
-        .env("INSTANCE_IP", net.pod_ip.to_string())
-        .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
         .start_ready();
     let ads = world.plane.ads();
     // Asked for as Envoy asks: both names, on the ADS stream, once the cluster named them.

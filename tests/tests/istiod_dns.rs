@@ -128,23 +128,13 @@ fn mesh_names_from_istiod(delta: bool) {
     );
     let ads: Arc<Ads> = Arc::clone(plane.ads());
     ads.set_empty();
-    let mut sidecar = net
-        .remora()
+    let mut sidecar = remora_e2e::istiod::injected_sidecar(&net)
         .config(&format!(
             "istiod:\n  token_file: {}\n  root_cert_file: {}\ndns:\n  resolv_conf: {}\n",
             token.display(),
             root.display(),
             resolv_conf.display()
         ))
-        .env(
-            "PROXY_CONFIG",
-            format!(r#"{{"discoveryAddress":"{ISTIOD_HOST}:{ISTIOD_PORT}"}}"#),
-        )
-        .env("POD_NAME", "sleep-6d8b7c9f4-x2k4p")
-        .env("POD_NAMESPACE", "client")
-        .env("SERVICE_ACCOUNT", "sleep")
-        .env("INSTANCE_IP", net.pod_ip.to_string())
-        .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
         .env("ISTIO_META_DNS_CAPTURE", "true")
         .env("ISTIO_META_DNS_AUTO_ALLOCATE", "true")
         .env("ISTIO_DELTA_XDS", delta.to_string())

@@ -223,22 +223,12 @@ fn remora_story(net: &PodNet, delta: bool) -> Told {
         .binary()
         .write_file("istio-token", &format!("{TOKEN}\n"));
     story(net, delta, remora_e2e::ADMIN_PORT, &|root| {
-        let sidecar = net
-            .remora()
+        let sidecar = remora_e2e::istiod::injected_sidecar(net)
             .config(&format!(
                 "istiod:\n  token_file: {}\n  root_cert_file: {}\n",
                 token.display(),
                 root.display(),
             ))
-            .env(
-                "PROXY_CONFIG",
-                format!(r#"{{"discoveryAddress":"{ISTIOD_HOST}:{ISTIOD_PORT}"}}"#),
-            )
-            .env("POD_NAME", "sleep-6d8b7c9f4-x2k4p")
-            .env("POD_NAMESPACE", "client")
-            .env("SERVICE_ACCOUNT", "sleep")
-            .env("INSTANCE_IP", net.pod_ip.to_string())
-            .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
             .env("ISTIO_DELTA_XDS", delta.to_string())
             .start_ready();
         Box::new(sidecar)

@@ -28,21 +28,13 @@ fn istiod_sidecar<'a>(
     root_file: &Path,
     delta: bool,
 ) -> RemoraCommand<'a> {
-    net.remora()
+    // The injector's pod name is this test's POD_NAME.
+    remora_e2e::istiod::injected_sidecar(net)
         .config(&format!(
             "istiod:\n  token_file: {}\n  root_cert_file: {}\n",
             token_file.display(),
             root_file.display(),
         ))
-        .env(
-            "PROXY_CONFIG",
-            format!(r#"{{"discoveryAddress":"{ISTIOD_HOST}:{ISTIOD_PORT}"}}"#),
-        )
-        .env("POD_NAME", POD_NAME)
-        .env("POD_NAMESPACE", "client")
-        .env("SERVICE_ACCOUNT", "sleep")
-        .env("INSTANCE_IP", net.pod_ip.to_string())
-        .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
         .env("ISTIO_DELTA_XDS", delta.to_string())
 }
 

@@ -156,22 +156,12 @@ fn remora_story(net: &PodNet) -> Told {
     let w = world(net);
     let plane = start_plane(net, &w, None);
     serve(plane.ads());
-    let sidecar = net
-        .remora()
+    let sidecar = remora_e2e::istiod::injected_sidecar(net)
         .config(&format!(
             "istiod:\n  token_file: {}\n  root_cert_file: {}\n",
             w.token.display(),
             w.root.display(),
         ))
-        .env(
-            "PROXY_CONFIG",
-            format!(r#"{{"discoveryAddress":"{ISTIOD_HOST}:{ISTIOD_PORT}"}}"#),
-        )
-        .env("POD_NAME", "sleep-6d8b7c9f4-x2k4p")
-        .env("POD_NAMESPACE", "client")
-        .env("SERVICE_ACCOUNT", "sleep")
-        .env("INSTANCE_IP", net.pod_ip.to_string())
-        .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
         .start_ready();
     story(net, &w, plane, remora_e2e::ADMIN_PORT, &|| sidecar.stderr())
 }

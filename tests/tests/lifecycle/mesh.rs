@@ -37,21 +37,12 @@ pub fn istiod_sidecar<'a>(
     files: &(PathBuf, PathBuf),
     extra: &str,
 ) -> RemoraCommand<'a> {
-    net.remora()
+    remora_e2e::istiod::injected_sidecar(net)
         .config(&format!(
             "istiod:\n  token_file: {}\n  root_cert_file: {}\n{extra}",
             files.0.display(),
             files.1.display(),
         ))
-        .env(
-            "PROXY_CONFIG",
-            format!(r#"{{"discoveryAddress":"{ISTIOD_HOST}:{ISTIOD_PORT}"}}"#),
-        )
-        .env("POD_NAME", "sleep-6d8b7c9f4-x2k4p")
-        .env("POD_NAMESPACE", "client")
-        .env("SERVICE_ACCOUNT", "sleep")
-        .env("INSTANCE_IP", net.pod_ip.to_string())
-        .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
         .env("ISTIO_DELTA_XDS", "true")
 }
 
