@@ -423,3 +423,32 @@ pub fn injected_sidecar<'a>(net: &'a crate::PodNet) -> crate::RemoraCommand<'a> 
         .env("INSTANCE_IP", net.pod_ip.to_string())
         .env("ISTIO_META_CLUSTER_ID", CLUSTER_ID)
 }
+
+/// What a pod in istiod mode is given: the mesh's CA (this control plane signs with it), the
+/// projected token and the root certificate file, and `istiod.istio-system.svc` naming the
+/// peer namespace inside the pod (kept while this lives).
+pub struct PodFiles {
+    pub ca: Arc<MeshCa>,
+    pub token: PathBuf,
+    pub root: PathBuf,
+    pub hosts: HostsFile,
+}
+
+impl PodFiles {
+    /// A new mesh CA, and `token` and its root written for `net`'s pod.
+    pub fn write(net: &crate::PodNet, token: &str) -> PodFiles {
+        let ca = Arc::new(MeshCa::new("cluster.local"));
+        let token = net
+            .binary()
+            .write_file("istio-token", &format!("{token}\n"));
+        let root = net.binary().write_file("root-cert.pem", &ca.root_pem());
+        let hosts = HostsFile::write(&net.pod, &[(net.peer_ip.into(), ISTIOD_HOST)])
+            .expect("name istiod inside the pod");
+        PodFiles {
+            ca,
+            token,
+            root,
+            hosts,
+        }
+    }
+}

@@ -10,11 +10,10 @@
 //! rebuilt); istiod goes away (every subscription counts the stream's failures). After each
 //! step both proxies' counts are the same.
 
-use remora_e2e::certs::MeshCa;
 use remora_e2e::envoy::Envoy;
 use remora_e2e::envoy_xds::nets_or_skip;
 use remora_e2e::istiod::ads::type_url;
-use remora_e2e::istiod::{envoy_bootstrap, Ads, ControlPlane, HostsFile, ISTIOD_HOST, ISTIOD_PORT};
+use remora_e2e::istiod::{envoy_bootstrap, Ads, ControlPlane, ISTIOD_PORT};
 use remora_e2e::stat_deltas::{self, Stats};
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
@@ -171,11 +170,9 @@ fn story<'n>(
     admin_port: u16,
     start: &dyn Fn(&std::path::Path) -> Box<dyn Held + 'n>,
 ) -> Told {
-    let ca = Arc::new(MeshCa::new("cluster.local"));
-    let root = net.binary().write_file("root-cert.pem", &ca.root_pem());
-    let _hosts = HostsFile::write(&net.pod, &[(net.peer_ip.into(), ISTIOD_HOST)])
-        .expect("name istiod inside the pod");
-    let plane = ControlPlane::start(&net.peer, net.peer_addr(ISTIOD_PORT), ca, TOKEN);
+    let files = remora_e2e::istiod::PodFiles::write(net, TOKEN);
+    let plane = ControlPlane::start(&net.peer, net.peer_addr(ISTIOD_PORT), files.ca, TOKEN);
+    let (root, _hosts) = (files.root, files.hosts);
     let ads = Arc::clone(plane.ads());
     ads.set(
         type_url::ENDPOINT,

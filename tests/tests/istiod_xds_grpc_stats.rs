@@ -7,11 +7,10 @@
 //! connection made and its bytes; istiod gone (its close counted, the dials that fail while it
 //! is away counted); istiod back (a new connection).
 
-use remora_e2e::certs::MeshCa;
 use remora_e2e::envoy::Envoy;
 use remora_e2e::envoy_xds::{istio_stats_config, nets_or_skip};
 use remora_e2e::istiod::ads::type_url;
-use remora_e2e::istiod::{envoy_bootstrap, Ads, ControlPlane, HostsFile, ISTIOD_HOST, ISTIOD_PORT};
+use remora_e2e::istiod::{envoy_bootstrap, Ads, ControlPlane, PodFiles, ISTIOD_PORT};
 use remora_e2e::stat_deltas::{self, prometheus_samples, Stats};
 use remora_e2e::PodNet;
 use serde_json::json;
@@ -44,32 +43,7 @@ fn serve(ads: &Ads) {
     );
 }
 
-/// The control plane's side of a pod: its CA, the pod's token and mesh root, and the name
-/// `istiod.istio-system.svc` resolving to it.
-struct World {
-    ca: Arc<MeshCa>,
-    token: std::path::PathBuf,
-    root: std::path::PathBuf,
-    _hosts: HostsFile,
-}
-
-fn world(net: &PodNet) -> World {
-    let ca = Arc::new(MeshCa::new("cluster.local"));
-    let token = net
-        .binary()
-        .write_file("istio-token", &format!("{TOKEN}\n"));
-    let root = net.binary().write_file("root-cert.pem", &ca.root_pem());
-    let hosts = HostsFile::write(&net.pod, &[(net.peer_ip.into(), ISTIOD_HOST)])
-        .expect("name istiod inside the pod");
-    World {
-        ca,
-        token,
-        root,
-        _hosts: hosts,
-    }
-}
-
-fn start_plane(net: &PodNet, w: &World, ads: Option<&Arc<Ads>>) -> ControlPlane {
+fn start_plane(net: &PodNet, w: &PodFiles, ads: Option<&Arc<Ads>>) -> ControlPlane {
     let addr = net.peer_addr(ISTIOD_PORT);
     match ads {
         None => ControlPlane::start(&net.peer, addr, Arc::clone(&w.ca), TOKEN),
@@ -80,7 +54,7 @@ fn start_plane(net: &PodNet, w: &World, ads: Option<&Arc<Ads>>) -> ControlPlane 
 }
 
 /// pilot-agent's bootstrap for Envoy ([`envoy_bootstrap`]), with Istio's stats tags.
-fn bootstrap(net: &PodNet, w: &World) -> String {
+fn bootstrap(net: &PodNet, w: &PodFiles) -> String {
     let mut bootstrap = envoy_bootstrap(net, &w.root, TOKEN, true);
     istio_stats_config(&mut bootstrap);
     bootstrap.to_string()
@@ -99,7 +73,7 @@ struct Told {
 /// already serving (`plane`).
 fn story(
     net: &PodNet,
-    w: &World,
+    w: &PodFiles,
     plane: ControlPlane,
     admin_port: u16,
     logs: &dyn Fn() -> String,
@@ -153,7 +127,7 @@ fn story(
 }
 
 fn remora_story(net: &PodNet) -> Told {
-    let w = world(net);
+    let w = PodFiles::write(net, TOKEN);
     let plane = start_plane(net, &w, None);
     serve(plane.ads());
     let sidecar = remora_e2e::istiod::injected_sidecar(net)
@@ -167,7 +141,7 @@ fn remora_story(net: &PodNet) -> Told {
 }
 
 fn envoy_story(net: &PodNet, binary: &std::path::Path) -> Told {
-    let w = world(net);
+    let w = PodFiles::write(net, TOKEN);
     let plane = start_plane(net, &w, None);
     serve(plane.ads());
     let envoy = Envoy::start_sidecar(&net.pod, binary, net.binary(), &bootstrap(net, &w));

@@ -412,7 +412,7 @@ pub fn decide_request(
     };
     let decision = route::http_route_in(vhost, req, pick);
     if let Some(parts) = parts.filter(|p| super::headers::wants_upgrade(&p.headers)) {
-        if let Some(edits) = refused_upgrade(ctx, table, &decision, parts) {
+        if let Some(edits) = upgrades::refused(ctx, table, &decision, parts) {
             return Err(Answer::UpgradeRefused { edits });
         }
     }
@@ -598,68 +598,6 @@ pub fn decide(
     Ok(decided.routed)
 }
 
-/// The response edits of Envoy's refusal of an HTTP/1.1 upgrade (`Upgrade: websocket`), when
-/// it is refused, as Envoy's connection manager decides before any filter runs: a route that
-/// forwards and names the upgrade's type allows it or not (`upgrade_configs` with `enabled`),
-/// else the connection manager's `upgrade_configs` must name it, enabled. Envoy edits the
-/// refusal as the forwarding route's local replies (none for another outcome).
-fn refused_upgrade(
-    ctx: &ConnContext,
-    table: &remora_xds::model::route::RouteConfiguration,
-    decision: &HttpDecision<'_>,
-    parts: &Parts,
-) -> Option<Edits> {
-    let kind = parts
-        .headers
-        .get(http::header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .trim();
-    let by_route = match decision {
-        HttpDecision::Forward { forward, .. } => Some(&forward.upgrades[..]),
-        _ => None,
-    };
-    let manager = ctx
-        .xds_chain
-        .upgrades
-        .as_deref()
-        .map_or(&[][..], Vec::as_slice);
-    if upgrade_allowed(kind, by_route, manager) {
-        return None;
-    }
-    Some(match decision {
-        HttpDecision::Forward { route, vhost, .. } => {
-            let format_request = header_format::Request {
-                remote: ctx.peer,
-                local: ctx.key.destination,
-                started: SystemTime::now(),
-                parts,
-            };
-            local_edits(table, vhost, route, &format_request)
-        }
-        _ => Edits::default(),
-    })
-}
-
-/// Envoy's decision on an upgrade of type `kind`: the route's `upgrade_configs` (when it
-/// forwards) name it, enabled or not; else the connection manager's must, enabled.
-fn upgrade_allowed(
-    kind: &str,
-    route: Option<&[remora_xds::model::route::Upgrade]>,
-    manager: &[remora_xds::model::route::Upgrade],
-) -> bool {
-    let named = |upgrades: &[remora_xds::model::route::Upgrade]| {
-        upgrades
-            .iter()
-            .find(|u| u.upgrade_type.eq_ignore_ascii_case(kind))
-            .map(|u| u.enabled)
-    };
-    route
-        .and_then(named)
-        .or_else(|| named(manager))
-        .unwrap_or(false)
-}
-
 mod attempt;
 mod breakers;
 mod cors;
@@ -668,6 +606,7 @@ mod local;
 pub mod matched;
 pub mod memo;
 mod plan;
+mod upgrades;
 use attempt::pool_idle_timeout;
 pub(super) use attempt::{dial_failure, select, send};
 use local::answer;

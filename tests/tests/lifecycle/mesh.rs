@@ -6,7 +6,7 @@ use super::{assert_no_failure, wait_answers};
 use remora_e2e::backend;
 use remora_e2e::certs::MeshCa;
 use remora_e2e::istiod::ads::type_url;
-use remora_e2e::istiod::{Ads, ControlPlane, HostsFile, ISTIOD_HOST, ISTIOD_PORT};
+use remora_e2e::istiod::{Ads, ControlPlane, HostsFile, ISTIOD_PORT};
 use remora_e2e::peer::any_addr;
 use remora_e2e::xds_resources::{endpoint, http_rbac, inbound_clusters, virtual_inbound};
 use remora_e2e::{PodNet, RemoraCommand};
@@ -49,13 +49,12 @@ pub fn istiod_sidecar<'a>(
 /// The control plane in the peer namespace, named `istiod.istio-system.svc` in the pod; the
 /// token and root files the sidecar reads; the mesh's CA.
 pub fn control_plane(net: &PodNet) -> (ControlPlane, HostsFile, (PathBuf, PathBuf), Arc<MeshCa>) {
-    let ca = Arc::new(MeshCa::new("cluster.local"));
-    let token = net
-        .binary()
-        .write_file("istio-token", &format!("{TOKEN}\n"));
-    let root = net.binary().write_file("root-cert.pem", &ca.root_pem());
-    let hosts = HostsFile::write(&net.pod, &[(net.peer_ip.into(), ISTIOD_HOST)])
-        .expect("name istiod inside the pod");
+    let remora_e2e::istiod::PodFiles {
+        ca,
+        token,
+        root,
+        hosts,
+    } = remora_e2e::istiod::PodFiles::write(net, TOKEN);
     let plane = ControlPlane::start(
         &net.peer,
         net.peer_addr(ISTIOD_PORT),

@@ -93,39 +93,6 @@ fn grpc_timeout_header_max_and_max_stream_duration_bound_the_deadline() {
 }
 
 #[test]
-fn upgrades_are_decided_as_envoys_connection_manager_decides_them() {
-    use remora_xds::model::route::Upgrade;
-    let up = |t: &str, enabled: bool| Upgrade {
-        upgrade_type: t.into(),
-        enabled,
-    };
-    let istiods = [up("websocket", true)];
-    // The connection manager's list, case aside; a type it does not name is refused.
-    assert!(upgrade_allowed("WebSocket", None, &istiods));
-    assert!(!upgrade_allowed("foo", None, &istiods));
-    assert!(!upgrade_allowed("websocket", None, &[]));
-    assert!(!upgrade_allowed(
-        "websocket",
-        None,
-        &[up("websocket", false)]
-    ));
-    // A route naming the type decides, either way; one that does not leaves it to the
-    // connection manager.
-    assert!(!upgrade_allowed(
-        "websocket",
-        Some(&[up("websocket", false)]),
-        &istiods
-    ));
-    assert!(upgrade_allowed("foo", Some(&[up("foo", true)]), &istiods));
-    assert!(upgrade_allowed(
-        "websocket",
-        Some(&[up("foo", false)]),
-        &istiods
-    ));
-    assert!(upgrade_allowed("websocket", Some(&[]), &istiods));
-}
-
-#[test]
 fn redirect_locations_keep_or_strip_the_query_as_envoy_does() {
     use remora_xds::model::route::{PathMatch, Redirect};
     let redirect = |path: Option<&str>, prefix: Option<&str>, strip: bool| Redirect {
