@@ -202,6 +202,47 @@ fn serve_file_secrets(v: &mut Value, dir: &Path) {
     }
 }
 
+/// Every SDS reference in `bootstrap` to the workload's own secrets, `default` (its
+/// certificate) and `ROOTCA` (the mesh roots), which pilot-agent serves Envoy from the
+/// certificate it holds, reads them from Istio's files in `cert_dir` instead (through a
+/// discovery file in `dir`): Envoy then terminates and originates mesh TLS with the same
+/// certificate a Remora given `tls.cert_dir: cert_dir` holds.
+pub fn serve_workload_secrets(bootstrap: &mut Value, cert_dir: &Path, dir: &Path) {
+    let file = |name: &str| cert_dir.join(name).to_string_lossy().into_owned();
+    let secrets = [
+        json!({"name": "default", "tls_certificate": {
+            "certificate_chain": {"filename": file("cert-chain.pem")},
+            "private_key": {"filename": file("key.pem")}}}),
+        json!({"name": "ROOTCA", "validation_context": {
+            "trusted_ca": {"filename": file("root-cert.pem")}}}),
+    ];
+    for secret in &secrets {
+        let name = secret["name"].as_str().unwrap_or_default();
+        write_discovery(
+            &dir.join(format!("sds-{name}.json")),
+            SECRET_TYPE,
+            secret,
+            "1",
+        );
+    }
+    point_secrets_at_files(bootstrap, dir);
+}
+
+fn point_secrets_at_files(v: &mut Value, dir: &Path) {
+    match v {
+        Value::Object(o) => {
+            let name = o.get("name").and_then(Value::as_str).unwrap_or_default();
+            if o.contains_key("sds_config") && matches!(name, "default" | "ROOTCA") {
+                let path = dir.join(format!("sds-{name}.json"));
+                o.insert("sds_config".into(), file_source(&path));
+            }
+            o.values_mut().for_each(|v| point_secrets_at_files(v, dir));
+        }
+        Value::Array(a) => a.iter_mut().for_each(|v| point_secrets_at_files(v, dir)),
+        _ => {}
+    }
+}
+
 const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 

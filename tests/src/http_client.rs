@@ -78,74 +78,82 @@ impl Client {
     }
 
     fn read_response(&mut self) -> io::Result<Response> {
-        let status_line = self.line()?;
-        let status = status_line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| io::Error::other(format!("bad status line {status_line:?}")))?;
-        let mut headers = Vec::new();
+        read_response(&mut self.reader)
+    }
+}
+
+/// The response at the start of `bytes` (what a TLS client such as `openssl s_client` printed).
+pub fn parse_response(bytes: &[u8]) -> io::Result<Response> {
+    read_response(&mut BufReader::new(bytes))
+}
+
+/// One response read from `reader`.
+fn read_response(reader: &mut impl BufRead) -> io::Result<Response> {
+    let status_line = read_line(reader)?;
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| io::Error::other(format!("bad status line {status_line:?}")))?;
+    let mut headers = Vec::new();
+    loop {
+        let line = read_line(reader)?;
+        if line.is_empty() {
+            break;
+        }
+        if headers.len() >= MAX_HEADERS {
+            return Err(io::Error::other("too many response headers"));
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
+    }
+    let find = |n: &str| {
+        headers
+            .iter()
+            .find(|(k, _): &&(String, String)| k == n)
+            .map(|(_, v)| v.clone())
+    };
+    let mut body = Vec::new();
+    if find("transfer-encoding").is_some_and(|t| t.eq_ignore_ascii_case("chunked")) {
         loop {
-            let line = self.line()?;
-            if line.is_empty() {
+            let size = read_line(reader)?;
+            let size = u64::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+                .map_err(|e| io::Error::other(format!("chunk size {size:?}: {e}")))?;
+            if size == 0 {
+                while !read_line(reader)?.is_empty() {}
                 break;
             }
-            if headers.len() >= MAX_HEADERS {
-                return Err(io::Error::other("too many response headers"));
+            if body.len() as u64 + size > MAX_BODY {
+                return Err(io::Error::other("response body too large"));
             }
-            if let Some((k, v)) = line.split_once(':') {
-                headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-            }
+            reader.take(size).read_to_end(&mut body)?;
+            read_line(reader)?;
         }
-        let find = |n: &str| {
-            headers
-                .iter()
-                .find(|(k, _): &&(String, String)| k == n)
-                .map(|(_, v)| v.clone())
-        };
-        let mut body = Vec::new();
-        if find("transfer-encoding").is_some_and(|t| t.eq_ignore_ascii_case("chunked")) {
-            loop {
-                let size = self.line()?;
-                let size = u64::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
-                    .map_err(|e| io::Error::other(format!("chunk size {size:?}: {e}")))?;
-                if size == 0 {
-                    while !self.line()?.is_empty() {}
-                    break;
-                }
-                if body.len() as u64 + size > MAX_BODY {
-                    return Err(io::Error::other("response body too large"));
-                }
-                (&mut self.reader).take(size).read_to_end(&mut body)?;
-                self.line()?;
-            }
-        } else if let Some(len) = find("content-length") {
-            let len: u64 = len
-                .parse()
-                .map_err(|e| io::Error::other(format!("content-length {len:?}: {e}")))?;
-            (&mut self.reader)
-                .take(len.min(MAX_BODY))
-                .read_to_end(&mut body)?;
-        } else if status != 204 && status != 304 {
-            (&mut self.reader).take(MAX_BODY).read_to_end(&mut body)?;
-        }
-        Ok(Response {
-            status,
-            headers,
-            body,
-        })
+    } else if let Some(len) = find("content-length") {
+        let len: u64 = len
+            .parse()
+            .map_err(|e| io::Error::other(format!("content-length {len:?}: {e}")))?;
+        reader.take(len.min(MAX_BODY)).read_to_end(&mut body)?;
+    } else if status != 204 && status != 304 {
+        reader.take(MAX_BODY).read_to_end(&mut body)?;
     }
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
+}
 
-    fn line(&mut self) -> io::Result<String> {
-        let mut line = String::new();
-        if self.reader.read_line(&mut line)? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed before the response",
-            ));
-        }
-        Ok(line.trim_end_matches(['\r', '\n']).to_string())
+fn read_line(reader: &mut impl BufRead) -> io::Result<String> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "connection closed before the response",
+        ));
     }
+    Ok(line.trim_end_matches(['\r', '\n']).to_string())
 }
 
 /// One request on a connection of its own.

@@ -395,6 +395,7 @@ mod tests {
             method: "GET",
             path_and_query: "/health?full=1",
             header: &none,
+            values: &|_: &str, _: &mut dyn FnMut(&str) -> bool| false,
         };
         // The inline table has no virtual hosts: no route (404 NR).
         assert!(snap.http_route(http, "anything", &request).is_none());

@@ -339,6 +339,9 @@ fn the_outbound_listener_leads_to_the_route_table() {
         method: "GET",
         path_and_query: "/reviews/1",
         header: &jason,
+        values: &|name: &str, visit: &mut dyn FnMut(&str) -> bool| {
+            jason(name).is_some_and(&mut *visit)
+        },
     };
     let route = snap
         .http_route(http, "reviews:9080", &parts)

@@ -153,6 +153,7 @@ fn route_tables_reproduce_their_facts() {
         method: "GET",
         path_and_query: path,
         header: &none,
+        values: &|_: &str, _: &mut dyn FnMut(&str) -> bool| false,
     };
     let route = vh.route(&req("/static/app.css")).expect("a route");
     assert!(matches!(&route.matcher.path, PathMatch::Prefix(p) if p == "/static"));

@@ -104,7 +104,8 @@ pub enum Matcher {
     Path(PathPattern),
     /// `:authority` (or `Host`), case-insensitive.
     Host(Pattern),
-    /// A request header by (lower-case) name: all its values joined with `,`, as Envoy does.
+    /// A request header by (lower-case) name: any of its values (a repeated header's values
+    /// each on its own, as Envoy 1.40 matches them).
     Header(http::HeaderName, HeaderPattern),
     /// A JWT's principal, audiences, presenter or claims. Remora validates no JWT (no
     /// `RequestAuthentication`), so a request never has one: never matches, as Envoy's
@@ -169,22 +170,13 @@ impl Matcher {
     }
 }
 
+/// Whether any value of the header matches (Envoy 1.40 matches a repeated header's values
+/// each on its own, never joined).
 fn header_matches(headers: &http::HeaderMap, name: &http::HeaderName, p: &Pattern) -> bool {
-    let mut values = headers.get_all(name).iter().peekable();
-    if values.peek().is_none() {
-        return false;
-    }
-    if *p == Pattern::Any {
-        return true;
-    }
-    let mut joined = String::new();
-    for (i, v) in values.enumerate() {
-        if i > 0 {
-            joined.push(',');
-        }
-        joined.push_str(&String::from_utf8_lossy(v.as_bytes()));
-    }
-    p.matches(&joined)
+    headers
+        .get_all(name)
+        .iter()
+        .any(|v| *p == Pattern::Any || p.matches(&String::from_utf8_lossy(v.as_bytes())))
 }
 
 /// One field of a rule: values it allows (any of) and values it refuses (none of).

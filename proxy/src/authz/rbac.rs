@@ -277,40 +277,26 @@ pub fn principal(p: &Principal, a: &Attributes<'_>) -> bool {
     }
 }
 
-/// Envoy's header matcher over the request (pseudo-headers included; several values joined
-/// with `,`); a TCP connection has no headers.
+/// Envoy's header matcher over the request (pseudo-headers included; a repeated header's
+/// values each on its own, as Envoy 1.40 matches them: [`HeaderMatcher::matches_each`]); a
+/// TCP connection has no headers.
 fn header(h: &HeaderMatcher, a: &Attributes<'_>) -> bool {
     let Some(r) = a.request else {
         return h.matches(None);
     };
-    let joined;
-    let value = match h.name.as_str() {
-        ":method" => Some(r.method),
-        ":authority" | "host" => r.host,
-        ":path" => {
-            joined = match r.query {
-                Some(q) => format!("{}?{q}", r.path),
-                None => r.path.to_string(),
-            };
-            Some(joined.as_str())
-        }
-        name => {
-            let mut values = r.headers.get_all(name).iter();
-            match values.next() {
-                None => None,
-                Some(first) => {
-                    let mut all = String::from_utf8_lossy(first.as_bytes()).into_owned();
-                    for v in values {
-                        all.push(',');
-                        all.push_str(&String::from_utf8_lossy(v.as_bytes()));
-                    }
-                    joined = all;
-                    Some(joined.as_str())
-                }
-            }
-        }
-    };
-    h.matches(value)
+    h.matches_each(|visit| match h.name.as_str() {
+        ":method" => visit(r.method),
+        ":authority" | "host" => r.host.is_some_and(&mut *visit),
+        ":path" => match r.query {
+            Some(q) => visit(&format!("{}?{q}", r.path)),
+            None => visit(r.path),
+        },
+        name => r
+            .headers
+            .get_all(name)
+            .iter()
+            .any(|v| visit(&String::from_utf8_lossy(v.as_bytes()))),
+    })
 }
 
 #[cfg(test)]

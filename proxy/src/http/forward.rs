@@ -102,6 +102,12 @@ pub async fn handle(
             .exchange_headers
             .add_to_request(&mut parts.headers);
     }
+    // Envoy's connection manager takes no HTTP/1.0 unless told to (`accept_http_10`, which
+    // Remora does not read: a resource setting it is refused): its codec answers 426 before
+    // any filter (no authorization counted) or route.
+    if ctx.xds_routes.is_some() && parts.version == http::Version::HTTP_10 {
+        return Ok(super::routed::upgrade_required(end));
+    }
     let refused = match ctx.direction {
         Direction::Inbound => super::authorize::inbound(&ctx, &mut parts).err(),
         // istiod's connection managers normalise every path before routing (`normalize_path`).
@@ -119,6 +125,9 @@ pub async fn handle(
     if let Some((kind, details)) = refused {
         tracing::debug!(peer = %ctx.peer, reason = kind.details(), "inbound request refused");
         if let Some(log) = &mut end.log {
+            if kind == ErrorKind::AccessDenied {
+                log.envoy.cluster = super::routed::matched::logged_cluster(&ctx, &parts);
+            }
             log.envoy.denial = details;
         }
         return Ok(local_reply(kind, grpc, end));
@@ -140,16 +149,21 @@ pub async fn handle(
                 }
                 checked
             }
-            Err(Refused::Kind(kind)) => return Ok(local_reply(kind, grpc, end)),
-            Err(Refused::Policy(details)) => {
+            Err(refused) => {
                 if let Some(log) = &mut end.log {
-                    log.envoy.denial = Some(details);
+                    log.envoy.cluster = super::routed::matched::logged_cluster(&ctx, &parts);
                 }
-                return Ok(local_reply(ErrorKind::AccessDenied, grpc, end));
-            }
-            Err(Refused::Reply(denial)) => return Ok(reply(denial, grpc, end)),
-            Err(Refused::Failed(denial)) => {
-                return Ok(super::ext_authz::reply_failed(denial, grpc, end))
+                return Ok(match refused {
+                    Refused::Kind(kind) => local_reply(kind, grpc, end),
+                    Refused::Policy(details) => {
+                        if let Some(log) = &mut end.log {
+                            log.envoy.denial = Some(details);
+                        }
+                        local_reply(ErrorKind::AccessDenied, grpc, end)
+                    }
+                    Refused::Reply(denial) => reply(denial, grpc, end),
+                    Refused::Failed(denial) => super::ext_authz::reply_failed(denial, grpc, end),
+                });
             }
         }
     } else {
@@ -165,11 +179,6 @@ pub async fn handle(
     let mut answered: Option<Box<super::routed::Answer>> = None;
     let routed = match &ctx.xds_routes {
         None => None,
-        // Envoy's connection manager takes no HTTP/1.0 unless told to (`accept_http_10`,
-        // which Remora does not read: a resource setting it is refused).
-        Some(_) if parts.version == http::Version::HTTP_10 => {
-            return Ok(super::routed::upgrade_required(end));
-        }
         Some(routes) => {
             match super::routed::decide(&ctx, routes, &mut parts, &mut end, route_basis.as_deref())
             {

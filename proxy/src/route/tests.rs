@@ -131,10 +131,17 @@ fn route_with(
     };
     let table = route_table(snapshot, &http.routes).expect("the RDS table");
     let header = |name: &str| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+    let values = |name: &str, visit: &mut dyn FnMut(&str) -> bool| {
+        headers
+            .iter()
+            .filter(|(n, _)| *n == name)
+            .any(|(_, v)| visit(v))
+    };
     let req = RequestParts {
         method,
         path_and_query: path,
         header: &header,
+        values: &values,
     };
     describe(&http_route(table, host, &req, 0))
 }
@@ -204,6 +211,7 @@ fn weighted_clusters_split_in_proportion() {
         method: "GET",
         path_and_query: "/split",
         header: &header,
+        values: &|_: &str, _: &mut dyn FnMut(&str) -> bool| false,
     };
     let v1 = (0..100u64)
         .filter(|pick| describe(&http_route(table, "reviews", &req, *pick)) == V1)
@@ -252,6 +260,7 @@ fn a_routes_retry_policy_wins_over_its_virtual_hosts() {
             method: "GET",
             path_and_query: path,
             header: &header,
+            values: &|_: &str, _: &mut dyn FnMut(&str) -> bool| false,
         };
         match http_route(table, host, &req, 0) {
             HttpDecision::Forward { retry, .. } => retry.map(|r| r.num_retries),
@@ -343,6 +352,7 @@ fn inbound_chains_decide_mtls_or_plaintext_per_port_and_the_local_cluster() {
                     method: "GET",
                     path_and_query: "/",
                     header: &header,
+                    values: &|_: &str, _: &mut dyn FnMut(&str) -> bool| false,
                 };
                 describe(&http_route(table, "app:9080", &req, 0))
             }

@@ -155,10 +155,18 @@ mod tests {
 
     fn hash_of(policies: &[HashPolicy], path: &str, headers: &HeaderMap) -> Option<u64> {
         let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+        let values = |n: &str, visit: &mut dyn FnMut(&str) -> bool| {
+            headers
+                .get_all(n)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .any(visit)
+        };
         let req = RequestParts {
             method: "GET",
             path_and_query: path,
             header: &header,
+            values: &values,
         };
         let mut cookies = Vec::new();
         let full = request_hash(policies, &req, Some(headers), conn(), &mut cookies);
@@ -193,6 +201,7 @@ mod tests {
             method: "GET",
             path_and_query: "/app",
             header: &header,
+            values: &|_: &str, _: &mut dyn FnMut(&str) -> bool| false,
         };
         let mut cookies = Vec::new();
         let hash = request_hash(

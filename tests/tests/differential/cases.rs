@@ -59,6 +59,10 @@ pub const CASES: &[Case] = &[
     (WEB, "/hdr-invert", &[("x-env", "dev")]),
     (WEB, "/hdr-invert", &[]),
     (WEB, "/hdr", &[("x-version", "v2"), ("x-version", "v3")]),
+    // A repeated header's values each on their own (Envoy 1.40): the second value matches,
+    // and an inverted matcher is not matched when any value is.
+    (WEB, "/hdr", &[("x-version", "v3"), ("x-version", "v2")]),
+    (WEB, "/hdr-invert", &[("x-env", "dev"), ("x-env", "prod")]),
     (WEB, "/hdr-prefix", &[("x-user", "user-1")]),
     (WEB, "/hdr-prefix", &[("x-user", "admin")]),
     (WEB, "/hdr-suffix", &[("x-host", "a.test")]),

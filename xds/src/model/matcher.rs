@@ -114,6 +114,30 @@ impl HeaderMatcher {
         };
         hit != self.invert
     }
+
+    /// Whether a request whose values for this header are those `each` visits matches, as
+    /// Envoy 1.40 matches a repeated header (since the fix of CVE-2026-26308): a value
+    /// matcher matches when any one value does (the values are not joined, so `a,b` never
+    /// matches two lines `a` and `b`), and `invert` then inverts that; a header sent with an
+    /// empty value is present. `each` hands every value to its visitor until the visitor
+    /// returns true, and says whether it did.
+    pub fn matches_each(&self, each: impl FnOnce(&mut dyn FnMut(&str) -> bool) -> bool) -> bool {
+        let hit = match &self.kind {
+            HeaderMatch::Present(want) => each(&mut |_| true) == *want,
+            HeaderMatch::Value(m) => {
+                let mut present = false;
+                let hit = each(&mut |v| {
+                    present = true;
+                    m.matches(v)
+                });
+                if !present {
+                    return false;
+                }
+                hit
+            }
+        };
+        hit != self.invert
+    }
 }
 
 /// An address range (`10.0.0.0/8`).
@@ -223,5 +247,27 @@ mod tests {
         };
         assert!(host.contains("fd00::1".parse().expect("ip")));
         assert!(!host.contains("fd00::2".parse().expect("ip")));
+    }
+
+    #[test]
+    fn a_repeated_header_is_matched_value_by_value_as_envoy_1_40_does() {
+        let m = |kind, invert| HeaderMatcher {
+            name: "x-role".into(),
+            kind,
+            invert,
+        };
+        let exact = |v: &str| HeaderMatch::Value(StringMatcher::exact(v));
+        let sent = |values: &'static [&'static str]| {
+            move |visit: &mut dyn FnMut(&str) -> bool| values.iter().any(|v| visit(v))
+        };
+        assert!(m(exact("admin"), false).matches_each(sent(&["user", "admin"])));
+        assert!(!m(exact("user,admin"), false).matches_each(sent(&["user", "admin"])));
+        assert!(!m(exact("admin"), false).matches_each(sent(&["user, admin"])));
+        // Inverted: no value may match; absent never matches a value matcher.
+        assert!(!m(exact("user"), true).matches_each(sent(&["user", "admin"])));
+        assert!(m(exact("user"), true).matches_each(sent(&["admin"])));
+        assert!(!m(exact("user"), true).matches_each(sent(&[])));
+        assert!(m(HeaderMatch::Present(true), false).matches_each(sent(&[""])));
+        assert!(m(HeaderMatch::Present(false), false).matches_each(sent(&[])));
     }
 }

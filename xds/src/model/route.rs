@@ -322,9 +322,16 @@ pub struct RequestParts<'a> {
     pub method: &'a str,
     /// Path with query (`/a/b?x=1`).
     pub path_and_query: &'a str,
-    /// A header's value by lower-case name (pseudo-headers `:method`, `:authority` too).
+    /// A header's first value by lower-case name (pseudo-headers `:method`, `:authority` too).
     pub header: &'a dyn Fn(&str) -> Option<&'a str>,
+    /// A header's values by lower-case name (pseudo-headers too), each as sent (a repeated
+    /// header is several values), handed in order to the visitor until it returns true;
+    /// whether it did. Header matchers read these ([`HeaderMatcher::matches_each`]).
+    pub values: &'a HeaderValues<'a>,
 }
+
+/// How a request's header values are visited: `(name, visitor)`, see [`RequestParts::values`].
+pub type HeaderValues<'a> = dyn Fn(&str, &mut dyn FnMut(&str) -> bool) -> bool + 'a;
 
 impl VirtualHost {
     /// The first route that matches, as Envoy takes them: in order.
@@ -380,7 +387,7 @@ impl RouteMatch {
         if !self
             .headers
             .iter()
-            .all(|h| h.matches((req.header)(&h.name)))
+            .all(|h| h.matches_each(|visit| (req.values)(&h.name, visit)))
         {
             return false;
         }
@@ -487,10 +494,16 @@ mod tests {
         path: &'a str,
         header: &'a dyn Fn(&str) -> Option<&'a str>,
     ) -> RequestParts<'a> {
+        // A header's one value, as `header` gives it (no test here repeats a header); leaked,
+        // a few bytes per test, to live as long as the parts.
+        let values = Box::leak(Box::new(
+            move |name: &str, visit: &mut dyn FnMut(&str) -> bool| header(name).is_some_and(visit),
+        ));
         RequestParts {
             method,
             path_and_query: path,
             header,
+            values,
         }
     }
 

@@ -131,10 +131,19 @@ pub fn lookup<'a>(rc: &'a RouteConfiguration, host: &str, req: &Request) -> Opti
                 .map(|(_, v)| *v),
         }
     };
+    let values = |name: &str, visit: &mut dyn FnMut(&str) -> bool| match name {
+        ":method" | ":authority" | ":path" => header(name).is_some_and(&mut *visit),
+        _ => req
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .any(|(_, v)| visit(v)),
+    };
     let parts = RequestParts {
         method: req.method,
         path_and_query: req.path,
         header: &header,
+        values: &values,
     };
     rc.virtual_host(host)?.route(&parts)
 }

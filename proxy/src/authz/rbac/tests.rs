@@ -341,10 +341,19 @@ fn request_headers_as_envoy_sees_them() {
             invert: false,
         })
     };
-    assert!(permission(
+    // A repeated header's values each on their own, never joined (Envoy 1.40, after
+    // CVE-2026-26308): any value matching is a match, and an inverted matcher inverts that.
+    assert!(!permission(
         &header("x-team", StringMatcher::exact("a,b")),
         &a
     ));
+    assert!(permission(&header("x-team", StringMatcher::exact("b")), &a));
+    let inverted = Permission::Header(HeaderMatcher {
+        name: "x-team".into(),
+        kind: HeaderMatch::Value(StringMatcher::exact("a")),
+        invert: true,
+    });
+    assert!(!permission(&inverted, &a));
     assert!(permission(
         &header(":path", StringMatcher::exact("/info?a=1")),
         &a

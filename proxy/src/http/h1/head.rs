@@ -280,9 +280,17 @@ pub fn parse_request<'a>(buf: &'a [u8], limits: &Limits) -> Option<RequestHead<'
 /// the start of `buf`, for the route decision's header matchers; `None` when absent or not
 /// text. The head was parsed whole already, so its lines end in CRLF.
 pub fn header_value<'a>(buf: &'a [u8], head_len: usize, name: &str) -> Option<&'a str> {
-    let head = buf.get(..head_len)?;
-    let mut lines = head.split(|b| *b == b'\n').skip(1);
-    lines.find_map(|line| {
+    header_values(buf, head_len, name).next()
+}
+
+/// Every value of header `name` in the head, in order (a value that is not UTF-8 skipped).
+pub fn header_values<'a, 'n>(
+    buf: &'a [u8],
+    head_len: usize,
+    name: &'n str,
+) -> impl Iterator<Item = &'a str> + use<'a, 'n> {
+    let head = buf.get(..head_len).unwrap_or_default();
+    head.split(|b| *b == b'\n').skip(1).filter_map(move |line| {
         let colon = memchr(b':', line)?;
         let (n, rest) = line.split_at(colon);
         if !n.eq_ignore_ascii_case(name.as_bytes()) {

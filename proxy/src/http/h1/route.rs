@@ -39,10 +39,15 @@ pub(super) fn route(
         ":path" => Some(head.target),
         _ => head::header_value(buf, head.len, name),
     };
+    let values = |name: &str, visit: &mut dyn FnMut(&str) -> bool| match name {
+        ":authority" | ":method" | ":path" => header(name).is_some_and(&mut *visit),
+        _ => head::header_values(buf, head.len, name).any(visit),
+    };
     let req = remora_xds::model::route::RequestParts {
         method,
         path_and_query: head.target,
         header: &header,
+        values: &values,
     };
     match routed::decide_request(ctx, routes, host, &req, None, fastrand::u64(..)) {
         Ok(decided) if decided.fits_fast_path() => {

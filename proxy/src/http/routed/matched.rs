@@ -11,6 +11,7 @@ use crate::http::ext_authz::RouteBasis;
 use crate::http::ConnContext;
 use crate::route::{self, HttpDecision};
 use http::{HeaderMap, Method, Uri};
+use remora_xds::model::cluster::Cluster;
 use remora_xds::model::listener::RouteSource;
 use remora_xds::model::route::RequestParts;
 use std::sync::Arc;
@@ -34,10 +35,19 @@ pub(super) fn matched_on<R>(
         ":path" => uri.path_and_query().map(|p| p.as_str()),
         _ => headers.get(name).and_then(|v| v.to_str().ok()),
     };
+    let values = |name: &str, visit: &mut dyn FnMut(&str) -> bool| match name {
+        ":authority" | ":method" | ":path" => header(name).is_some_and(&mut *visit),
+        _ => headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(visit),
+    };
     let req = RequestParts {
         method: method.as_str(),
         path_and_query: uri.path_and_query().map_or("/", |p| p.as_str()),
         header: &header,
+        values: &values,
     };
     f(host, &req)
 }
@@ -64,6 +74,22 @@ pub fn route_target(ctx: &ConnContext, method: &Method, basis: &RouteBasis) -> R
     matched_on(method, &basis.uri, &basis.headers, |host, req| {
         target_of(ctx, routes, store, host, req, basis.pick)
     })
+}
+
+/// The cluster of the request's route, for the access log of a request a filter answers:
+/// Envoy's connection manager resolves the route before its filters run, so such a request
+/// is logged with its route's cluster (`%UPSTREAM_CLUSTER%`). `None` without one.
+pub fn logged_cluster(ctx: &ConnContext, parts: &http::request::Parts) -> Option<Arc<Cluster>> {
+    let (Some(routes), Some(store)) = (ctx.xds_routes.as_deref(), &ctx.proxy.xds) else {
+        return None;
+    };
+    let target = matched_on(&parts.method, &parts.uri, &parts.headers, |host, req| {
+        target_of(ctx, routes, store, host, req, fastrand::u64(..))
+    });
+    match target {
+        RouteTarget::Cluster(Some(c)) => Some(Arc::clone(&c.model)),
+        _ => None,
+    }
 }
 
 fn target_of(

@@ -214,6 +214,7 @@ mod tests {
             method: "GET",
             path_and_query: path,
             header: &header,
+            values: &|_: &str, _: &mut dyn FnMut(&str) -> bool| false,
         };
         decide_request(
             ctx,
@@ -296,6 +297,7 @@ mod tests {
             method: "GET",
             path_and_query: "/",
             header: &header,
+            values: &|_: &str, _: &mut dyn FnMut(&str) -> bool| false,
         };
         let wild = decide_request(
             &ctx,
