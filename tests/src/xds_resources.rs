@@ -132,7 +132,7 @@ fn istio_authn() -> Value {
 /// An inbound HTTP connection manager for `port`: an inline route table sending everything
 /// to `inbound|PORT||`, the `x-forwarded-client-cert` istiod asks for, and `http_filters`
 /// (RBAC, as istiod compiles AuthorizationPolicies) before the router.
-fn inbound_hcm(port: u16, http_filters: &[Value]) -> Value {
+pub fn inbound_hcm(port: u16, http_filters: &[Value]) -> Value {
     let cluster = format!("inbound|{port}||");
     let mut filters = http_filters.to_vec();
     filters.push(

@@ -14,6 +14,8 @@
 //!
 //! Envoy upstream has no `istio_authn` filter, so the policies name their principals as
 //! `authenticated.principal_name` (the peer certificate's URI SAN), which both proxies take.
+//! Two differences docs/xds.md states are set aside: Envoy's `x-envoy-upstream-service-time`
+//! response header, and its log line for the HTTP/1.0 request both answer 426.
 
 use remora_e2e::access_logs::{self, file_log, log_file};
 use remora_e2e::backend;
@@ -24,7 +26,7 @@ use remora_e2e::mesh::s_client;
 use remora_e2e::peer::any_addr;
 use remora_e2e::sidecars::Sidecar;
 use remora_e2e::stat_deltas::{self, Stats};
-use remora_e2e::xds_resources::{inbound_cluster, inbound_tls};
+use remora_e2e::xds_resources::{inbound_cluster, inbound_hcm, inbound_tls, virtual_inbound};
 use remora_e2e::PodNet;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -171,32 +173,20 @@ fn rbac_filters() -> Vec<Value> {
     ]
 }
 
-/// istiod's inbound connection manager for [`PORT`], with the access log.
+/// istiod's inbound connection manager for [`PORT`] (its RBAC filters), with the rest of
+/// what istiod sets on it and the access log.
 fn hcm(log: &Path) -> Value {
-    let cluster = format!("inbound|{PORT}||");
-    let mut filters = rbac_filters();
-    filters.push(
-        json!({"name": "envoy.filters.http.router", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}),
-    );
-    json!({"name": "envoy.filters.network.http_connection_manager", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-        "stat_prefix": format!("inbound_0.0.0.0_{PORT}"),
-        "route_config": {"name": cluster, "virtual_hosts": [{"name": format!("inbound|http|{PORT}"),
-            "domains": ["*"], "routes": [{"name": "default", "match": {"prefix": "/"},
-                "route": {"cluster": cluster, "timeout": "0s", "max_stream_duration": {
-                    "max_stream_duration": "0s", "grpc_timeout_header_max": "0s"}}}]}],
-            "validate_clusters": false},
-        "http_filters": filters,
-        "server_name": "istio-envoy",
-        "use_remote_address": false,
-        "forward_client_cert_details": "APPEND_FORWARD",
-        "set_current_client_cert_details": {"subject": true, "dns": true, "uri": true},
-        "upgrade_configs": [{"upgrade_type": "websocket"}],
-        "stream_idle_timeout": "0s",
-        "normalize_path": true,
-        "path_with_escaped_slashes_action": "KEEP_UNCHANGED",
-        "access_log": file_log(log, FORMAT)}})
+    let mut hcm = inbound_hcm(PORT, &rbac_filters());
+    let c = &mut hcm["typed_config"];
+    c["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["max_stream_duration"] =
+        json!({"max_stream_duration": "0s", "grpc_timeout_header_max": "0s"});
+    c["route_config"]["validate_clusters"] = json!(false);
+    c["server_name"] = json!("istio-envoy");
+    c["upgrade_configs"] = json!([{"upgrade_type": "websocket"}]);
+    c["stream_idle_timeout"] = json!("0s");
+    c["path_with_escaped_slashes_action"] = json!("KEEP_UNCHANGED");
+    c["access_log"] = file_log(log, FORMAT);
+    hcm
 }
 
 fn resources(log: &Path) -> Resources {
@@ -212,21 +202,10 @@ fn resources(log: &Path) -> Resources {
         c["filter_chain_match"] = m;
         c
     };
-    let inspector = |name: &str, ty: &str| {
-        json!({"name": name, "typed_config": {"@type": ty},
-            "filter_disabled": {"destination_port_range": {"start": 15006, "end": 15007}}})
-    };
-    let listener = json!({"name": "virtualInbound", "traffic_direction": "INBOUND",
-        "address": {"socket_address": {"address": "0.0.0.0", "port_value": 15006}},
-        "listener_filters": [
-            {"name": "envoy.filters.listener.original_dst", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.listener.original_dst.v3.OriginalDst"}},
-            inspector("envoy.filters.listener.tls_inspector",
-                "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"),
-            inspector("envoy.filters.listener.http_inspector",
-                "type.googleapis.com/envoy.extensions.filters.listener.http_inspector.v3.HttpInspector")],
-        "listener_filters_timeout": "0s", "continue_on_listener_filters_timeout": true,
-        "filter_chains": [chain(true), chain(false)]});
+    // istiod's listener, its chains this port's two (no catch-all chains: every case is to
+    // the port).
+    let mut listener = virtual_inbound(PORT, false, &[], &[]);
+    listener["filter_chains"] = json!([chain(true), chain(false)]);
     Resources {
         listeners: json!([listener]),
         clusters: json!([inbound_cluster(&format!("inbound|{PORT}||"))]),
