@@ -13,6 +13,7 @@
 //! Every case in [`CASES`] is one request, and what each proxy made of it is compared: the
 //! status, which backend answered, the path and headers it received (per-proxy headers
 //! aside: `x-request-id`, `x-envoy-*`), the response headers (`date`, `server`, `x-envoy-*`
+//! but `x-envoy-upstream-service-time`, compared as present or not,
 //! and framing aside), the body of an answer the proxy made itself, and the response flags
 //! of its access-log line (istiod's text format, which both write), and in the end the cors
 //! filter's counts of the origins it judged. Weighted clusters and
@@ -162,8 +163,12 @@ fn outcome(result: std::io::Result<Response>) -> Outcome {
     let response_headers = r
         .headers
         .iter()
-        .filter(|(k, _)| !per_proxy(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .filter_map(|(k, v)| match k.as_str() {
+            // Envoy's router's, on what it forwards: present or not (its value is a time).
+            "x-envoy-upstream-service-time" => Some((k.clone(), "(ms)".into())),
+            _ if per_proxy(k) => None,
+            _ => Some((k.clone(), v.clone())),
+        })
         .collect();
     let echoed: Option<Value> = r
         .header("x-backend")

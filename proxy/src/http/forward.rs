@@ -345,6 +345,11 @@ pub async fn handle(
     let (mut parts, body) = response.into_parts();
     headers::prepare_response(&mut parts.headers, upgraded);
     if let Some(routed) = &routed {
+        // Envoy's router says how long the upstream took, in place of any the upstream said.
+        parts.headers.insert(
+            headers::SERVICE_TIME,
+            HeaderValue::from(headers::service_time_ms(start.1)),
+        );
         routed.response_edits.apply(&mut parts.headers);
         for cookie in &routed.set_cookies {
             parts

@@ -112,6 +112,17 @@ pub fn prepare_request(headers: &mut HeaderMap, upgrade: bool) {
     }
 }
 
+/// Envoy's router's `x-envoy-upstream-service-time`: the milliseconds from the request to
+/// the upstream's response head. Envoy counts from the request's end, Remora from its head:
+/// the same for a request without a body (docs/xds.md).
+pub const SERVICE_TIME: http::HeaderName =
+    http::HeaderName::from_static("x-envoy-upstream-service-time");
+
+/// The value of [`SERVICE_TIME`] for a request that started at `started`.
+pub fn service_time_ms(started: std::time::Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Rewrite a response's headers for the downstream hop.
 pub fn prepare_response(headers: &mut HeaderMap, upgraded: bool) {
     remove_hop_by_hop(headers, upgraded);

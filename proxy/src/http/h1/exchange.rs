@@ -297,6 +297,10 @@ fn relay<'a, C: Client>(
             rbuf,
             &extra,
             server.map(|v| v.as_bytes()),
+            // Routed by xDS, Envoy's router says how long the upstream took.
+            req.routed
+                .is_some()
+                .then(|| super::super::headers::service_time_ms(end.started)),
             !keep_client,
             &mut out,
         );

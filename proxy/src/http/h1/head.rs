@@ -341,7 +341,7 @@ pub struct ResponseHead {
     http10: bool,
     /// Where the status line starts: httparse skips empty lines before it, and they are not
     /// passed on.
-    start: u32,
+    start: u16,
     dropped: Vec<Span>,
     /// From a mesh server: where in the head its sidecar's `x-envoy-peer-metadata` value is
     /// (in `u32`s: this head is in every request's state).
@@ -349,6 +349,9 @@ pub struct ResponseHead {
     /// The upstream's `server` lines, found as the head is parsed: a connection manager
     /// that writes its own drops them without looking for them again.
     server: ServerLines,
+    /// The upstream sent an `x-envoy-upstream-service-time` (a sidecar in front of it did):
+    /// ours replaces it.
+    service_time: bool,
 }
 
 /// Where a response head's `server` lines are.
@@ -381,6 +384,7 @@ impl ResponseHead {
         buf: &[u8],
         extra: &[&[u8]],
         server: Option<&[u8]>,
+        service_time: Option<u64>,
         close: bool,
         out: &mut Vec<u8>,
     ) {
@@ -402,6 +406,16 @@ impl ResponseHead {
         for e in extra {
             out.extend_from_slice(e);
         }
+        // Envoy's router's own, in place of any the upstream sent.
+        if let Some(ms) = service_time {
+            if self.service_time {
+                remove_lines(out, begin, SERVICE_TIME);
+            }
+            out.extend_from_slice(SERVICE_TIME);
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(itoa::Buffer::new().format(ms).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
         if let Some(server) = server {
             out.extend_from_slice(b"server: ");
             out.extend_from_slice(server);
@@ -413,6 +427,9 @@ impl ResponseHead {
         out.extend_from_slice(b"\r\n");
     }
 }
+
+/// Envoy's router's response header: how long the upstream took to answer, in milliseconds.
+pub const SERVICE_TIME: &[u8] = b"x-envoy-upstream-service-time";
 
 /// Parse a response head at the start of `buf`: `Ok(None)` when more bytes are needed.
 /// `head_request` says the request was HEAD (no body follows whatever the head says).
@@ -449,7 +466,10 @@ pub fn parse_response_from(
     let start = buf
         .iter()
         .position(|b| !matches!(b, b'\r' | b'\n'))
-        .and_then(|at| u32::try_from(at).ok())
+        .map(u16::try_from)
+        .transpose()
+        // More blank lines than fit (64 KiB of them) is no response.
+        .map_err(|_| BadResponse)?
         .unwrap_or(0);
     let mut content_length: Option<u64> = None;
     let mut chunked = false;
@@ -459,6 +479,7 @@ pub fn parse_response_from(
     let mut any_hop_by_hop = false;
     let mut peer_metadata = None;
     let mut server = ServerLines::None;
+    let mut service_time = false;
     let exchanged = |name: &[u8]| {
         mesh_server
             && (name.eq_ignore_ascii_case(b"x-envoy-peer-metadata")
@@ -511,6 +532,8 @@ pub fn parse_response_from(
                 }
                 _ => ServerLines::Many,
             };
+        } else if name.eq_ignore_ascii_case(SERVICE_TIME) {
+            service_time = true;
         }
     }
     // Framings Envoy's codec answers 502 (`UPE`): a length beside a transfer coding (RFC 9112
@@ -564,6 +587,7 @@ pub fn parse_response_from(
         dropped,
         peer_metadata,
         server,
+        service_time,
     }))
 }
 

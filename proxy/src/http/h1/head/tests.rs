@@ -128,7 +128,7 @@ fn heads_over_the_limits_are_left_to_the_general_path() {
 fn downstream(res: &[u8], head_request: bool, close: bool) -> (ResponseHead, String) {
     let head = parse_response(res, head_request).unwrap().unwrap();
     let mut out = Vec::new();
-    head.write_downstream(res, &[], None, close, &mut out);
+    head.write_downstream(res, &[], None, None, close, &mut out);
     (head, String::from_utf8(out).unwrap())
 }
 
@@ -279,7 +279,7 @@ fn a_mesh_servers_metadata_headers_are_read_and_not_passed_on() {
     let (from, to) = head.peer_metadata.unwrap();
     assert_eq!(&res[from as usize..to as usize], b"Cg0K");
     let mut out = Vec::new();
-    head.write_downstream(res, &[], None, false, &mut out);
+    head.write_downstream(res, &[], None, None, false, &mut out);
     assert_eq!(
         String::from_utf8(out).unwrap(),
         "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-app: 1\r\n\r\n"
@@ -333,7 +333,7 @@ fn with_server(res: &[u8], server: Option<&[u8]>) -> String {
         .expect("valid")
         .expect("complete");
     let mut out = Vec::new();
-    head.write_downstream(res, &[], server, false, &mut out);
+    head.write_downstream(res, &[], server, None, false, &mut out);
     String::from_utf8_lossy(&out).into_owned()
 }
 
@@ -378,4 +378,30 @@ fn a_target_with_a_fragment_is_left_to_hyper() {
     // Escaped, it is part of the path.
     let req = b"GET /a%23b HTTP/1.1\r\nHost: svc\r\n\r\n";
     assert_eq!(parse_request(req, &LIMITS).unwrap().target, "/a%23b");
+}
+
+#[test]
+fn the_routers_service_time_replaces_the_upstreams() {
+    let write = |res: &[u8], ms: Option<u64>| {
+        let head = parse_response(res, false)
+            .expect("valid")
+            .expect("complete");
+        let mut out = Vec::new();
+        head.write_downstream(res, &[], None, ms, false, &mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    let plain = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+    assert_eq!(
+        write(plain, Some(12)),
+        "HTTP/1.1 200 OK\r\ncontent-length: 0\r\nx-envoy-upstream-service-time: 12\r\n\r\n"
+    );
+    // A sidecar in front of the upstream said its own: ours only.
+    let sidecar =
+        b"HTTP/1.1 200 OK\r\nX-Envoy-Upstream-Service-Time: 3\r\ncontent-length: 0\r\n\r\n";
+    assert_eq!(
+        write(sidecar, Some(5)),
+        "HTTP/1.1 200 OK\r\ncontent-length: 0\r\nx-envoy-upstream-service-time: 5\r\n\r\n"
+    );
+    // Not routed by xDS: the upstream's passes as it came.
+    assert!(write(sidecar, None).contains("X-Envoy-Upstream-Service-Time: 3\r\n"));
 }
