@@ -12,7 +12,7 @@
 //! listener until LDS brings it, so a captured connection finds nothing; here it is reset and
 //! counted as `NR`, rather than served by the config file's rules.
 
-use super::inbound_tls::{chain_params, san_allowed};
+use super::inbound_tls::chain_params;
 use super::*;
 use crate::authz::{Attributes, Verdict};
 use crate::metrics::rbac_filters::{ChainRbac, Filters};
@@ -252,18 +252,6 @@ impl Proxy {
                     let peer = session
                         .peer_certificates()
                         .and_then(|chain| Peer::from_chain(chain, session.alpn_protocol()));
-                    if !san_allowed(tls, peer.as_ref()) {
-                        self.metrics
-                            .tls
-                            .handshake(hop.dir, HandshakeFailure::WrongSan.as_str());
-                        tracing::warn!(
-                            peer = %hop.peer,
-                            principal = ?peer.as_ref().and_then(|p| p.spiffe_id.as_ref()),
-                            "refused: the client certificate's SAN is not one the chain accepts"
-                        );
-                        reset(stream.get_ref().0.inner());
-                        return Err(refused(Some(hop.destination), End::TlsHandshakeFailed));
-                    }
                     self.metrics.tls.handshake(hop.dir, "ok");
                     return Ok((Box::new(stream), peer));
                 }

@@ -6,6 +6,7 @@
 use super::{provider, versions, ConfigError, Fixed, Mesh, CACHED_CLIENTS};
 use crate::identity::Identity;
 use remora_config::TlsVersion;
+use remora_xds::model::cluster::SanMatcher;
 use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
 use rustls::{CipherSuite, ServerConfig, SupportedCipherSuite};
@@ -26,8 +27,9 @@ struct CachedChainServer {
     config: Arc<ServerConfig>,
 }
 
-/// What an xDS chain's `tls_params` ask of the handshake, as far as rustls has it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What an xDS chain's `tls_params` and validation context ask of the handshake, as far as
+/// rustls has it.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ChainParams {
     /// `tls_minimum_protocol_version` (rustls speaks nothing below 1.2).
     pub min: TlsVersion,
@@ -36,6 +38,8 @@ pub struct ChainParams {
     /// `cipher_suites` in Envoy's (BoringSSL's) names, for TLS 1.2; empty: the defaults.
     /// TLS 1.3's suites are not chosen by it, in Envoy as here.
     pub cipher_suites: Vec<String>,
+    /// `match_subject_alt_names`: a client certificate must carry one (none: any).
+    pub client_sans: Vec<SanMatcher>,
 }
 
 static TLS12_ONLY: [&rustls::SupportedProtocolVersion; 1] = [&rustls::version::TLS12];
@@ -148,7 +152,15 @@ fn build(
         true => builder,
         false => builder.allow_unauthenticated(),
     };
-    let verifier = builder.build().map_err(|e| ConfigError(e.to_string()))?;
+    let roots = builder.build().map_err(|e| ConfigError(e.to_string()))?;
+    let verifier: Arc<dyn rustls::server::danger::ClientCertVerifier> =
+        match params.client_sans.is_empty() {
+            true => roots,
+            false => Arc::new(super::client_sans::SanVerifier {
+                inner: roots,
+                sans: params.client_sans.clone(),
+            }),
+        };
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(params.protocols())
         .map_err(|e| ConfigError(e.to_string()))?
@@ -170,6 +182,7 @@ mod tests {
             min: TlsVersion::Tls12,
             tls12_only: false,
             cipher_suites: names.iter().map(|s| s.to_string()).collect(),
+            client_sans: Vec::new(),
         };
         params
             .provider()

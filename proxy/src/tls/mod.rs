@@ -12,6 +12,7 @@
 
 mod chain;
 pub mod client_hello;
+pub mod client_sans;
 pub mod stream;
 pub mod verify;
 pub mod xfcc;
@@ -412,6 +413,9 @@ impl HandshakeFailure {
                 HandshakeFailure::Expired
             }
             E::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
+                HandshakeFailure::WrongSan
+            }
+            E::InvalidCertificate(C::Other(o)) if o.0.is::<client_sans::WrongSan>() => {
                 HandshakeFailure::WrongSan
             }
             E::AlertReceived(

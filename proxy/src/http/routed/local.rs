@@ -4,6 +4,7 @@
 
 use super::edits::local_edits;
 use super::{header_format, Answer};
+use crate::http::access_log::RequestLog;
 use crate::http::body::{RequestEnd, ResponseBody};
 use crate::http::errors::ErrorKind;
 use crate::route::rewrite::{self, RedirectRequest};
@@ -59,9 +60,17 @@ pub(in crate::http) fn answer(
 }
 
 /// Envoy's answer to an HTTP/1.0 request on a connection manager that does not accept them:
-/// 426, written by its codec before any stream exists, so nothing is logged for it.
+/// 426, written by its codec before the request reaches any filter.
 pub(in crate::http) fn upgrade_required(mut end: RequestEnd) -> Response<ResponseBody> {
-    end.log = None;
+    // Envoy's codec refuses it before it is a request: logged as a head that never became
+    // one (`"- - HTTP/1.1" 426 DPE`, details `low_version`).
+    if end.conn.logging() {
+        let start = (std::time::SystemTime::now(), end.started);
+        let mut unparsed = RequestLog::unparsed(start, 426);
+        unparsed.envoy.details = Some("low_version");
+        end.log = Some(Box::new(unparsed));
+    }
+    end.flags.insert(crate::http::errors::Flags::DPE);
     end.status = 426;
     let body = Bytes::from_static(b"Upgrade Required");
     let mut r = Response::new(ResponseBody::local(body, end));
