@@ -329,11 +329,17 @@ fn empty_lines_before_the_status_line_are_not_passed_on() {
 
 /// The head written to the client of response `res`, with our `server` when given.
 fn with_server(res: &[u8], server: Option<&[u8]>) -> String {
+    written(res, server, None)
+}
+
+/// The head written to the client of response `res`, with our `server` and the router's
+/// service time when given.
+fn written(res: &[u8], server: Option<&[u8]>, service_time: Option<u64>) -> String {
     let head = parse_response(res, false)
         .expect("valid")
         .expect("complete");
     let mut out = Vec::new();
-    head.write_downstream(res, &[], server, None, false, &mut out);
+    head.write_downstream(res, &[], server, service_time, false, &mut out);
     String::from_utf8_lossy(&out).into_owned()
 }
 
@@ -382,14 +388,7 @@ fn a_target_with_a_fragment_is_left_to_hyper() {
 
 #[test]
 fn the_routers_service_time_replaces_the_upstreams() {
-    let write = |res: &[u8], ms: Option<u64>| {
-        let head = parse_response(res, false)
-            .expect("valid")
-            .expect("complete");
-        let mut out = Vec::new();
-        head.write_downstream(res, &[], None, ms, false, &mut out);
-        String::from_utf8_lossy(&out).into_owned()
-    };
+    let write = |res: &[u8], ms: Option<u64>| written(res, None, ms);
     let plain = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
     assert_eq!(
         write(plain, Some(12)),
