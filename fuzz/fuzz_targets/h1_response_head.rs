@@ -25,8 +25,27 @@ fuzz_target!(|data: &[u8]| {
     let close = flags & 4 != 0 || head.framing == Framing::Close;
     // An xDS connection manager's own `server` in place of the upstream's.
     let server = (flags & 8 != 0).then_some(b"istio-envoy".as_slice());
+    // Routed by xDS: the router's service time in place of the upstream's.
+    let service_time = (flags & 16 != 0).then_some(7);
     let mut out = Vec::new();
-    head.write_downstream(buf, &[b"x-extra: 1\r\n"], server, close, &mut out);
+    head.write_downstream(
+        buf,
+        &[b"x-extra: 1\r\n"],
+        server,
+        service_time,
+        close,
+        &mut out,
+    );
+    if service_time.is_some() {
+        let ours = out
+            .split(|&b| b == b'\n')
+            .filter(|line| {
+                line.len() > 30
+                    && line[..30].eq_ignore_ascii_case(b"x-envoy-upstream-service-time:")
+            })
+            .count();
+        assert_eq!(ours, 1, "not exactly our one service time: {out:?}");
+    }
     if server.is_some() {
         let ours = out
             .split(|&b| b == b'\n')
