@@ -88,6 +88,16 @@ const CASES: &[(Client, &str)] = &[
     (Client::Mesh(OTHER_ID), "GET /public/x HTTP/1.1\r\nHost: httpbin\r\nConnection: close\r\n\r\n"),
     (Client::Mesh(OTHER_ID), "GET /host HTTP/1.1\r\nHost: HTTPBIN.example.com\r\nConnection: close\r\n\r\n"),
     (Client::Mesh(OTHER_ID), "GET /host HTTP/1.1\r\nHost: httpbin.example.com:8080\r\nConnection: close\r\n\r\n"),
+    // A gRPC request RBAC denies: answered as gRPC (HTTP 200, grpc-status 7).
+    (Client::Mesh(OTHER_ID), "POST /pkg.Svc/Call HTTP/1.1\r\nHost: httpbin\r\ncontent-type: application/grpc\r\nte: trailers\r\nContent-Length: 5\r\nConnection: close\r\n\r\n\0\0\0\0\0"),
+    // Bodies: chunked, 100-continue, and a length beside chunked (refused).
+    (Client::Mesh(CLIENT_ID), "POST /data HTTP/1.1\r\nHost: httpbin\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n"),
+    (Client::Mesh(CLIENT_ID), "POST /data HTTP/1.1\r\nHost: httpbin\r\nExpect: 100-continue\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc"),
+    (Client::Mesh(CLIENT_ID), "POST /data HTTP/1.1\r\nHost: httpbin\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n"),
+    // A client naming XFCC hop-by-hop, and path parameters and an absolute-form target.
+    (Client::Mesh(CLIENT_ID), "GET /headers HTTP/1.1\r\nHost: httpbin\r\nx-forwarded-client-cert: By=spiffe://a\r\nConnection: close, x-forwarded-client-cert\r\n\r\n"),
+    (Client::Mesh(CLIENT_ID), "GET /admin;x=1 HTTP/1.1\r\nHost: httpbin\r\nConnection: close\r\n\r\n"),
+    (Client::Mesh(CLIENT_ID), "GET http://httpbin/admin HTTP/1.1\r\nHost: other\r\nConnection: close\r\n\r\n"),
     (Client::Mesh(FOREIGN_ID), "GET /public/x HTTP/1.1\r\nHost: httpbin\r\nConnection: close\r\n\r\n"),
     (Client::Mesh(FORGED_ID), "GET /public/x HTTP/1.1\r\nHost: httpbin\r\nConnection: close\r\n\r\n"),
     (Client::TlsWithoutCert, "GET /public/x HTTP/1.1\r\nHost: httpbin\r\nConnection: close\r\n\r\n"),
@@ -224,6 +234,8 @@ fn resources(log: &Path) -> Resources {
 /// What a proxy made of one request.
 #[derive(Debug, PartialEq)]
 struct Outcome {
+    /// An interim response before it (`100 Continue`).
+    interim: Option<u16>,
     status: Option<u16>,
     /// What the application received: its path and the headers of [`PROXY_HEADERS`].
     app: Option<BTreeMap<String, String>>,
@@ -242,6 +254,7 @@ fn outcome(response: Result<Response, String>, log: String) -> Outcome {
         Ok(r) => r,
         Err(e) => {
             return Outcome {
+                interim: None,
                 status: None,
                 app: None,
                 reply: Some(e),
@@ -250,6 +263,14 @@ fn outcome(response: Result<Response, String>, log: String) -> Outcome {
                 rbac: Vec::new(),
             }
         }
+    };
+    // An interim response: the final one follows it.
+    let (interim, r) = match r.status {
+        100..=199 => match http_client::parse_response(&r.body) {
+            Ok(last) => (Some(r.status), last),
+            Err(_) => (None, r),
+        },
+        _ => (None, r),
     };
     let echoed: Option<Value> = serde_json::from_slice(&r.body).ok();
     let app = echoed
@@ -292,6 +313,7 @@ fn outcome(response: Result<Response, String>, log: String) -> Outcome {
     headers.sort();
     let reply = app.is_none().then(|| r.text());
     Outcome {
+        interim,
         status: Some(r.status),
         app,
         reply,

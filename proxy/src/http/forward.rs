@@ -11,9 +11,10 @@
 
 use super::body::{RequestEnd, ResponseBody};
 use super::errors::{ErrorKind, ProxyError};
+use super::framing::HeadFault;
 use super::headers;
 use super::pool::{self, Key, Sender};
-use super::replies::local_reply;
+use super::replies::{local_reply, CodecRefusal};
 use super::{upgrade, ConnContext};
 use crate::detect::HttpVersion;
 use crate::metadata_exchange::http as exchange;
@@ -58,6 +59,15 @@ pub async fn handle(
     // Phase 1: the request.
     origin_form(&mut req);
     let refused_head = ctx.refused(end.position);
+    // On a connection manager, Envoy's codec answers a length beside chunked itself.
+    if refused_head.is_some_and(|h| h.why == HeadFault::LengthAndChunked)
+        && ctx.xds_routes.is_some()
+    {
+        return Ok(super::replies::codec_refusal(
+            CodecRefusal::LengthAndChunked,
+            end,
+        ));
+    }
     let refused = if let Some(head) = refused_head {
         Err(head.why.reply())
     } else if req.headers().len() > ctx.config.http.max_headers {
@@ -87,6 +97,8 @@ pub async fn handle(
     // Istio's metadata headers are the sidecars' own: taken from the client's request inbound,
     // added to ours for a mesh server.
     let mut described = exchange::Received::default();
+    // The client's hop-by-hop headers go before ours are set (`headers::finish_request`).
+    headers::remove_hop_by_hop(&mut parts.headers, upgrade);
     if ctx.direction == Direction::Inbound {
         mesh_identity_headers(&ctx, &mut parts.headers);
         let (received, value) = exchange::take(&mut parts.headers);
@@ -95,7 +107,7 @@ pub async fn handle(
         }
         described = received;
     }
-    headers::prepare_request(&mut parts.headers, upgrade);
+    headers::finish_request(&mut parts.headers);
     if ctx.originate.is_some() {
         ctx.proxy
             .mesh
@@ -106,7 +118,7 @@ pub async fn handle(
     // Remora does not read: a resource setting it is refused): its codec answers 426 before
     // any filter (no authorization counted) or route.
     if ctx.xds_routes.is_some() && parts.version == http::Version::HTTP_10 {
-        return Ok(super::routed::upgrade_required(end));
+        return Ok(super::replies::codec_refusal(CodecRefusal::Http10, end));
     }
     let refused = match ctx.direction {
         Direction::Inbound => super::authorize::inbound(&ctx, &mut parts).err(),

@@ -100,6 +100,15 @@ pub fn wants_upgrade(headers: &HeaderMap) -> bool {
 /// Rewrite a request's headers for the upstream hop.
 pub fn prepare_request(headers: &mut HeaderMap, upgrade: bool) {
     remove_hop_by_hop(headers, upgrade);
+    finish_request(headers);
+}
+
+/// The rest of [`prepare_request`], after [`remove_hop_by_hop`], for a request that gets
+/// headers of ours in between (inbound mesh TLS: `x-forwarded-proto`,
+/// `x-forwarded-client-cert`): the client's hop-by-hop headers go first, so a `Connection`
+/// naming one of ours cannot take it away, as Envoy's codec drops them before its connection
+/// manager sets its own.
+pub fn finish_request(headers: &mut HeaderMap) {
     // Envoy answers `Expect: 100-continue` itself (hyper sends the 100 when the body is first
     // read, which is when the upstream starts taking it) and does not forward it.
     headers.remove(header::EXPECT);
@@ -130,7 +139,7 @@ pub fn prepare_response(headers: &mut HeaderMap, upgraded: bool) {
 
 /// Remove the hop-by-hop headers and those the `Connection` header names. With `upgrade`, the
 /// `Upgrade` and `Connection: upgrade` headers stay: they are the point of the request.
-fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+pub fn remove_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     // Most messages carry none: one pass over the names is cheaper than a lookup per name.
     if !headers.keys().any(is_hop_by_hop) {
         if upgrade {

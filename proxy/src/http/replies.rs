@@ -36,6 +36,44 @@ pub fn record_refused_head(ctx: &Arc<ConnContext>, e: &hyper::Error) {
     record_unparsed(ctx, status, flags, details, 0);
 }
 
+/// What Envoy's HTTP/1.1 codec answers itself on a connection manager, before the request
+/// reaches any filter: an HTTP/1.0 request (426, `low_version`; `accept_http_10`, which
+/// Remora does not read, is refused), a length beside chunked (400,
+/// `http1.content_length_and_chunked_not_allowed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodecRefusal {
+    Http10,
+    LengthAndChunked,
+}
+
+/// The codec's answer to `why`: the status's text, the connection closed, flag `DPE`, logged
+/// as a head that never became a request (`"- - HTTP/1.1"`) with the codec's details.
+pub fn codec_refusal(why: CodecRefusal, mut end: RequestEnd) -> Response<ResponseBody> {
+    let (status, details) = match why {
+        CodecRefusal::Http10 => (StatusCode::UPGRADE_REQUIRED, "low_version"),
+        CodecRefusal::LengthAndChunked => (
+            StatusCode::BAD_REQUEST,
+            "http1.content_length_and_chunked_not_allowed",
+        ),
+    };
+    if end.conn.logging() {
+        let start = (SystemTime::now(), end.started);
+        let mut unparsed = RequestLog::unparsed(start, status.as_u16());
+        unparsed.envoy.details = Some(details);
+        end.log = Some(Box::new(unparsed));
+    }
+    end.flags.insert(Flags::DPE);
+    end.status = status.as_u16();
+    let body = Bytes::from_static(status.canonical_reason().unwrap_or("").as_bytes());
+    let mut r = Response::new(ResponseBody::local(body, end));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    r.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
 /// Record a request head answered `status` before it became a request (`sent`: the bytes of
 /// the reply's body), with Envoy's `details` for it.
 pub fn record_unparsed(

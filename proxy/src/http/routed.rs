@@ -610,7 +610,7 @@ mod upgrades;
 use attempt::pool_idle_timeout;
 pub(super) use attempt::{dial_failure, select, send};
 use local::answer;
-pub(super) use local::{reply, upgrade_required};
+pub(super) use local::reply;
 use matched::matched_on;
 pub use plan::RoutePlan;
 #[cfg(test)]

@@ -4,7 +4,6 @@
 
 use super::edits::local_edits;
 use super::{header_format, Answer};
-use crate::http::access_log::RequestLog;
 use crate::http::body::{RequestEnd, ResponseBody};
 use crate::http::errors::ErrorKind;
 use crate::route::rewrite::{self, RedirectRequest};
@@ -57,31 +56,6 @@ pub(in crate::http) fn answer(
             cors_origin: None,
         },
     }
-}
-
-/// Envoy's answer to an HTTP/1.0 request on a connection manager that does not accept them:
-/// 426, written by its codec before the request reaches any filter.
-pub(in crate::http) fn upgrade_required(mut end: RequestEnd) -> Response<ResponseBody> {
-    // Envoy's codec refuses it before it is a request: logged as a head that never became
-    // one (`"- - HTTP/1.1" 426 DPE`, details `low_version`).
-    if end.conn.logging() {
-        let start = (std::time::SystemTime::now(), end.started);
-        let mut unparsed = RequestLog::unparsed(start, 426);
-        unparsed.envoy.details = Some("low_version");
-        end.log = Some(Box::new(unparsed));
-    }
-    end.flags.insert(crate::http::errors::Flags::DPE);
-    end.status = 426;
-    let body = Bytes::from_static(b"Upgrade Required");
-    let mut r = Response::new(ResponseBody::local(body, end));
-    *r.status_mut() = http::StatusCode::UPGRADE_REQUIRED;
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain"),
-    );
-    r.headers_mut()
-        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-    r
 }
 
 /// The answer to a request the xDS route decision answers itself.
