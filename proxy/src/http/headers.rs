@@ -97,7 +97,9 @@ pub fn wants_upgrade(headers: &HeaderMap) -> bool {
             .any(|v| has_token(v, b"upgrade"))
 }
 
-/// Rewrite a request's headers for the upstream hop.
+/// Rewrite a request's headers for the upstream hop: [`remove_hop_by_hop`], then
+/// [`finish_request`] (which the data path calls apart, with its own headers between them).
+#[cfg(test)]
 pub fn prepare_request(headers: &mut HeaderMap, upgrade: bool) {
     remove_hop_by_hop(headers, upgrade);
     finish_request(headers);
