@@ -227,13 +227,17 @@ impl World<'_> {
         ))
     }
 
-    /// `"METHOD PATH PROTOCOL" STATUS FLAGS` of every request line in the access log so far.
+    /// `"METHOD PATH PROTOCOL" STATUS FLAGS` of every request line in the access log so far,
+    /// a head the codec refused (`"- - HTTP/1.1"`) among them.
     fn access_lines(&self) -> Vec<String> {
         self.proxy
             .output()
             .lines()
             .filter_map(|l| {
-                let start = l.find("\"GET ").or_else(|| l.find("\"OPTIONS "))?;
+                let start = l
+                    .find("\"GET ")
+                    .or_else(|| l.find("\"OPTIONS "))
+                    .or_else(|| l.find("\"- - HTTP"))?;
                 let rest = &l[start..];
                 let end = rest[1..].find('"')? + 2;
                 let mut after = rest[end..].split_whitespace();
