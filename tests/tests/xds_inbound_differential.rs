@@ -1,5 +1,6 @@
 //! Envoy is the oracle on the inbound side: the same `virtualInbound` (istiod's chains for an
-//! HTTP port in PERMISSIVE mode: mesh TLS with the workload's certificate, and plaintext),
+//! HTTP port in PERMISSIVE mode: mesh TLS with the workload's certificate, and plaintext; and
+//! the catch-all chains that pass any other port through as bytes),
 //! its connection manager as istiod writes it for a sidecar (`APPEND_FORWARD` of
 //! `x-forwarded-client-cert` with the subject, DNS and URI of the peer, path normalisation),
 //! and AuthorizationPolicies compiled into its RBAC filters (DENY, then ALLOW with a dry-run
@@ -32,6 +33,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const PORT: u16 = 8080;
+/// A port of the workload with no chain of its own: the catch-all chains pass it through.
+const TCP_PORT: u16 = 7000;
 const SERVER_ID: &str = "spiffe://cluster.local/ns/server/sa/httpbin";
 const CLIENT_ID: &str = "spiffe://cluster.local/ns/client/sa/sleep";
 const OTHER_ID: &str = "spiffe://cluster.local/ns/test/sa/other";
@@ -50,6 +53,9 @@ enum Client {
     /// TLS with Istio's ALPN, no client certificate.
     TlsWithoutCert,
     Plain,
+    /// To [`TCP_PORT`]: mesh TLS from this identity, or plaintext.
+    MeshToTcp(&'static str),
+    PlainToTcp,
 }
 
 /// Each case: who sends, and the request's bytes (each says `Connection: close`).
@@ -98,6 +104,10 @@ const CASES: &[(Client, &str)] = &[
     (Client::Mesh(CLIENT_ID), "GET /headers HTTP/1.1\r\nHost: httpbin\r\nx-forwarded-client-cert: By=spiffe://a\r\nConnection: close, x-forwarded-client-cert\r\n\r\n"),
     (Client::Mesh(CLIENT_ID), "GET /admin;x=1 HTTP/1.1\r\nHost: httpbin\r\nConnection: close\r\n\r\n"),
     (Client::Mesh(CLIENT_ID), "GET http://httpbin/admin HTTP/1.1\r\nHost: other\r\nConnection: close\r\n\r\n"),
+    // The catch-all chains: mesh TLS terminated and plaintext passed through, as bytes (no
+    // connection manager: no XFCC, no RBAC, no log line).
+    (Client::MeshToTcp(CLIENT_ID), "GET /tcp HTTP/1.1\r\nHost: httpbin\r\nx-forwarded-client-cert: By=spiffe://a\r\nConnection: close\r\n\r\n"),
+    (Client::PlainToTcp, "GET /tcp HTTP/1.1\r\nHost: httpbin\r\nConnection: close\r\n\r\n"),
     (Client::Mesh(FOREIGN_ID), "GET /public/x HTTP/1.1\r\nHost: httpbin\r\nConnection: close\r\n\r\n"),
     (Client::Mesh(FORGED_ID), "GET /public/x HTTP/1.1\r\nHost: httpbin\r\nConnection: close\r\n\r\n"),
     (Client::TlsWithoutCert, "GET /public/x HTTP/1.1\r\nHost: httpbin\r\nConnection: close\r\n\r\n"),
@@ -219,13 +229,29 @@ fn resources(log: &Path) -> Resources {
         c["filter_chain_match"] = m;
         c
     };
-    // istiod's listener, its chains this port's two (no catch-all chains: every case is to
-    // the port).
+    // istiod's catch-all chains for every other port, to the original destination over
+    // `tcp_proxy` (without `istio_authn`, which Envoy upstream does not have).
+    let passthrough = "InboundPassthroughClusterIpv4";
+    let tcp = json!([{"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+        "stat_prefix": passthrough, "cluster": passthrough}}]);
+    let any = json!([{"address_prefix": "0.0.0.0", "prefix_len": 0}]);
+    let catch_all_tls = json!({"name": "virtualInbound", "filter_chain_match": {
+            "prefix_ranges": any, "transport_protocol": "tls",
+            "application_protocols": ["istio-peer-exchange", "istio"]},
+        "transport_socket": inbound_tls(&["istio-peer-exchange", "h2", "http/1.1"]),
+        "filters": tcp});
+    let catch_all_plain = json!({"name": "virtualInbound", "filter_chain_match": {
+            "prefix_ranges": any, "transport_protocol": "raw_buffer"},
+        "filters": tcp});
     let mut listener = virtual_inbound(PORT, false, &[], &[]);
-    listener["filter_chains"] = json!([chain(true), chain(false)]);
+    listener["filter_chains"] = json!([chain(true), chain(false), catch_all_tls, catch_all_plain]);
     Resources {
         listeners: json!([listener]),
-        clusters: json!([inbound_cluster(&format!("inbound|{PORT}||"))]),
+        clusters: json!([
+            inbound_cluster(&format!("inbound|{PORT}||")),
+            inbound_cluster(passthrough)
+        ]),
         routes: json!([]),
         endpoints: json!([]),
     }
@@ -352,14 +378,18 @@ fn certs(net: &PodNet) -> Certs {
 }
 
 fn send(net: &PodNet, certs: &Certs, client: Client, raw: &str) -> Result<Response, String> {
-    let addr = net.pod_addr(PORT);
+    let port = match client {
+        Client::MeshToTcp(_) | Client::PlainToTcp => TCP_PORT,
+        _ => PORT,
+    };
+    let addr = net.pod_addr(port);
     match client {
-        Client::Plain => http_client::Client::connect(&net.peer, addr)
+        Client::Plain | Client::PlainToTcp => http_client::Client::connect(&net.peer, addr)
             .and_then(|mut c| c.send_raw(raw.as_bytes()))
             .map_err(|e| e.to_string()),
-        Client::Mesh(_) | Client::TlsWithoutCert => {
+        Client::Mesh(_) | Client::MeshToTcp(_) | Client::TlsWithoutCert => {
             let (cert, key) = match client {
-                Client::Mesh(id) => {
+                Client::Mesh(id) | Client::MeshToTcp(id) => {
                     let file = |n: &str| certs.clients[id].join(n).to_string_lossy().into_owned();
                     (Some(file("cert-chain.pem")), Some(file("key.pem")))
                 }
@@ -425,6 +455,7 @@ fn inbound_mesh_tls_xfcc_and_rbac_as_envoy() {
     for (i, net) in [&remora_net, &envoy_net].into_iter().enumerate() {
         net.capture_default();
         let _app = backend::start(&net.pod, any_addr(PORT), "app");
+        let _tcp_app = backend::start(&net.pod, any_addr(TCP_PORT), "tcp-app");
         let log = log_file(net, "access.log");
         let resources = resources(&log);
         let sidecar = if i == 0 {
