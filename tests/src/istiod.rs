@@ -412,14 +412,24 @@ pub fn envoy_bootstrap(
 /// `client` with service account `sleep`, its IP, the cluster ID); the caller adds its config
 /// file and anything more.
 pub fn injected_sidecar<'a>(net: &'a crate::PodNet) -> crate::RemoraCommand<'a> {
+    injected_sidecar_of(net, "sleep-6d8b7c9f4-x2k4p", "client", "sleep")
+}
+
+/// [`injected_sidecar`] for the pod `pod` of `namespace` with service account `account`.
+pub fn injected_sidecar_of<'a>(
+    net: &'a crate::PodNet,
+    pod: &str,
+    namespace: &str,
+    account: &str,
+) -> crate::RemoraCommand<'a> {
     net.remora()
         .env(
             "PROXY_CONFIG",
             format!(r#"{{"discoveryAddress":"{ISTIOD_HOST}:{ISTIOD_PORT}"}}"#),
         )
-        .env("POD_NAME", "sleep-6d8b7c9f4-x2k4p")
-        .env("POD_NAMESPACE", "client")
-        .env("SERVICE_ACCOUNT", "sleep")
+        .env("POD_NAME", pod)
+        .env("POD_NAMESPACE", namespace)
+        .env("SERVICE_ACCOUNT", account)
         .env("INSTANCE_IP", net.pod_ip.to_string())
         .env("ISTIO_META_CLUSTER_ID", CLUSTER_ID)
 }

@@ -10,11 +10,10 @@
 //! client's SPIFFE principal; a CUSTOM policy for that principal sends its requests to a gRPC
 //! external authorizer, which is told the client's and the workload's SPIFFE IDs.
 
-use remora_e2e::certs::MeshCa;
 use remora_e2e::envoy::{self, Envoy};
 use remora_e2e::ext_authz::GrpcAuthorizer;
 use remora_e2e::istiod::ads::type_url;
-use remora_e2e::istiod::{ControlPlane, HostsFile, ISTIOD_HOST, ISTIOD_PORT};
+use remora_e2e::istiod::{injected_sidecar_of, ControlPlane, PodFiles, ISTIOD_PORT};
 use remora_e2e::peer::{self, any_addr};
 use remora_e2e::service::{peer_program, Service};
 use remora_e2e::xds_resources::{http_rbac, inbound_clusters, network_rbac, virtual_inbound};
@@ -42,21 +41,11 @@ const CLIENT_ID: &str = "spiffe://cluster.local/ns/client/sa/sleep";
 
 /// The pod's sidecar in istiod mode, as the injector configures it.
 fn istiod_sidecar<'a>(net: &'a PodNet, token_file: &Path, root_file: &Path) -> RemoraCommand<'a> {
-    net.remora()
-        .config(&format!(
-            "istiod:\n  token_file: {}\n  root_cert_file: {}\n",
-            token_file.display(),
-            root_file.display(),
-        ))
-        .env(
-            "PROXY_CONFIG",
-            format!(r#"{{"discoveryAddress":"{ISTIOD_HOST}:{ISTIOD_PORT}"}}"#),
-        )
-        .env("POD_NAME", "httpbin-7c9f4d8b6-q2w3e")
-        .env("POD_NAMESPACE", "server")
-        .env("SERVICE_ACCOUNT", "httpbin")
-        .env("INSTANCE_IP", net.pod_ip.to_string())
-        .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
+    injected_sidecar_of(net, "httpbin-7c9f4d8b6-q2w3e", "server", "httpbin").config(&format!(
+        "istiod:\n  token_file: {}\n  root_cert_file: {}\n",
+        token_file.display(),
+        root_file.display(),
+    ))
 }
 
 /// The client pod's Envoy: the application's loopback listener, and istiod's outbound cluster
@@ -179,13 +168,12 @@ fn an_envoy_sidecar_reaches_the_workload_as_virtual_inbound_says() {
     let Some(net) = PodNet::create_or_skip() else {
         return;
     };
-    let ca = Arc::new(MeshCa::new("cluster.local"));
-    let token = net
-        .binary()
-        .write_file("istio-token", &format!("{TOKEN}\n"));
-    let root = net.binary().write_file("root-cert.pem", &ca.root_pem());
-    let _hosts = HostsFile::write(&net.pod, &[(net.peer_ip.into(), ISTIOD_HOST)])
-        .expect("name istiod inside the pod");
+    let PodFiles {
+        ca,
+        token,
+        root,
+        hosts: _hosts,
+    } = PodFiles::write(&net, TOKEN);
     net.capture_default();
     let plane = ControlPlane::start(
         &net.peer,

@@ -6,7 +6,7 @@
 //! a mesh connection proves the CA-issued identity is the one presented.
 
 use remora_e2e::certs::MeshCa;
-use remora_e2e::istiod::{ControlPlane, HostsFile, ISTIOD_HOST, ISTIOD_PORT};
+use remora_e2e::istiod::{ControlPlane, HostsFile, PodFiles, ISTIOD_HOST, ISTIOD_PORT};
 use remora_e2e::mesh::{CLIENT_ID, SERVER_HOST, SERVER_ID};
 use remora_e2e::peer::{http_get, Server};
 use remora_e2e::xds_resources::{endpoint, mtls_cluster, tcp_listener};
@@ -127,13 +127,12 @@ fn a_certificate_from_istiod_gates_readiness_and_rotates_under_an_open_connectio
     let Some(net) = PodNet::create_or_skip() else {
         return;
     };
-    let ca = Arc::new(MeshCa::new("cluster.local"));
-    let token = net
-        .binary()
-        .write_file("istio-token", &format!("{TOKEN}\n"));
-    let root = net.binary().write_file("root-cert.pem", &ca.root_pem());
-    let _hosts = HostsFile::write(&net.pod, &[(net.peer_ip.into(), ISTIOD_HOST)])
-        .expect("name istiod inside the pod");
+    let PodFiles {
+        ca,
+        token,
+        root,
+        hosts: _hosts,
+    } = PodFiles::write(&net, TOKEN);
     let (server, _echo) = server_sidecar(&net, &ca);
     net.capture_default();
 

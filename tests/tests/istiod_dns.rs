@@ -6,10 +6,9 @@
 //! are real: `dig`, and glibc's resolver through Python's `socket.getaddrinfo`, which applies
 //! the pod's resolv.conf search list and follows CNAMEs as an application's resolver does.
 
-use remora_e2e::certs::MeshCa;
 use remora_e2e::dns::{self, DnsServer};
 use remora_e2e::istiod::ads::type_url;
-use remora_e2e::istiod::{Ads, ControlPlane, HostsFile, ISTIOD_HOST, ISTIOD_PORT};
+use remora_e2e::istiod::{Ads, ControlPlane, PodFiles, ISTIOD_PORT};
 use remora_e2e::process::run_bounded;
 use remora_e2e::{has_command, skip, PodNet, DEFAULT_CAPTURE_ARGS};
 use serde_json::json;
@@ -93,13 +92,12 @@ fn mesh_names_from_istiod(delta: bool) {
         skip::<()>("dig is missing (Debian's bind9-dnsutils)");
         return;
     }
-    let ca = Arc::new(MeshCa::new("cluster.local"));
-    let token = net
-        .binary()
-        .write_file("istio-token", &format!("{TOKEN}\n"));
-    let root = net.binary().write_file("root-cert.pem", &ca.root_pem());
-    let _hosts = HostsFile::write(&net.pod, &[(net.peer_ip.into(), ISTIOD_HOST)])
-        .expect("name istiod inside the pod");
+    let PodFiles {
+        ca,
+        token,
+        root,
+        hosts: _hosts,
+    } = PodFiles::write(&net, TOKEN);
     // The pod's resolv.conf as kubelet writes it, bind-mounted by `ip netns exec` over
     // /etc/resolv.conf for the application (removed with the hosts file's directory).
     let resolv = format!(

@@ -6,7 +6,9 @@
 
 use remora_e2e::certs::MeshCa;
 use remora_e2e::istiod::ads::type_url;
-use remora_e2e::istiod::{Ads, AdsRequest, ControlPlane, HostsFile, ISTIOD_HOST, ISTIOD_PORT};
+use remora_e2e::istiod::{
+    Ads, AdsRequest, ControlPlane, HostsFile, PodFiles, ISTIOD_HOST, ISTIOD_PORT,
+};
 use remora_e2e::peer::http_get;
 use remora_e2e::{PodNet, RemoraCommand, ADMIN_PORT};
 use serde_json::{json, Value};
@@ -124,13 +126,12 @@ fn config_from_istiod(delta: bool) {
     let Some(net) = PodNet::create_or_skip() else {
         return;
     };
-    let ca = Arc::new(MeshCa::new("cluster.local"));
-    let token = net
-        .binary()
-        .write_file("istio-token", &format!("{TOKEN}\n"));
-    let root = net.binary().write_file("root-cert.pem", &ca.root_pem());
-    let _hosts = HostsFile::write(&net.pod, &[(net.peer_ip.into(), ISTIOD_HOST)])
-        .expect("name istiod inside the pod");
+    let PodFiles {
+        ca,
+        token,
+        root,
+        hosts: _hosts,
+    } = PodFiles::write(&net, TOKEN);
     net.capture_default();
     let plane = ControlPlane::start(
         &net.peer,
